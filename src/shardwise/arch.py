@@ -1,0 +1,354 @@
+"""Decoder-only Transformer architectures: `ModelSpec`, presets, Hugging Face configs,
+parameter counts and FLOPs per token (SPEC §1).
+
+Parameter count (biases ignored unless `bias=True`), per layer:
+
+    attention  h·h (Q) + 2·h·(a_kv·d) (K, V) + h·h (O)
+    MLP        3·h·f gated (SwiGLU), 2·h·f otherwise
+    norms      2·h
+    model      L·per_layer + V·h (embedding) + V·h (head, unless tied) + h (final norm)
+
+MoE layers count all experts in the *total* and `top_k` (+ shared) experts in the *active*
+count, plus the router `h·n_experts`.
+
+FLOPs: a `(n×k)·(k×m)` matmul costs `2nkm`. A forward pass costs 2 FLOPs per active matmul
+parameter per token plus attention (scores and P·V) `4·s·h` per token per layer when every query
+sees every key; causal attention halves it. Training = forward + backward = 3× forward.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from shardwise.errors import ShardwiseError
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only Transformer, dense or mixture-of-experts."""
+
+    name: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    d_ff: int
+    vocab: int
+    gated_mlp: bool = True
+    tie_embeddings: bool = False
+    norm: str = "rmsnorm"  # "rmsnorm" | "layernorm"
+    bias: bool = False
+    dropout: bool = False
+    learned_positions: int = 0  # rows of a learned position table (GPT-2/3); 0 for RoPE
+    max_seq: int = 4096
+    # Mixture of experts (n_experts == 0: dense).
+    n_experts: int = 0
+    top_k: int = 0
+    d_ff_expert: int = 0  # 0: same as d_ff
+    n_shared_experts: int = 0
+    moe_every: int = 1  # every k-th layer is MoE (1: all layers)
+
+    # ----------------------------------------------------------------------------- derived
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of K (and of V): `a_kv · d`."""
+        return self.n_kv_heads * self.head_dim
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 0
+
+    @property
+    def expert_d_ff(self) -> int:
+        return self.d_ff_expert or self.d_ff
+
+    @property
+    def n_moe_layers(self) -> int:
+        return self.n_layers // self.moe_every if self.is_moe else 0
+
+    @property
+    def n_dense_layers(self) -> int:
+        return self.n_layers - self.n_moe_layers
+
+    def validate(self) -> ModelSpec:
+        problems = []
+        for field in ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab"):
+            if getattr(self, field) < 1:
+                problems.append(f"{field} must be ≥ 1, got {getattr(self, field)}")
+        if not problems:
+            if self.d_model % self.n_heads:
+                problems.append(f"n_heads={self.n_heads} does not divide d_model={self.d_model}")
+            if self.n_heads % self.n_kv_heads:
+                problems.append(
+                    f"n_kv_heads={self.n_kv_heads} does not divide n_heads={self.n_heads}"
+                )
+        if self.norm not in ("rmsnorm", "layernorm"):
+            problems.append(f"norm must be 'rmsnorm' or 'layernorm', got {self.norm!r}")
+        if self.is_moe and not 1 <= self.top_k <= self.n_experts:
+            problems.append(f"top_k={self.top_k} must be in 1..n_experts={self.n_experts}")
+        if self.moe_every < 1:
+            problems.append(f"moe_every must be ≥ 1, got {self.moe_every}")
+        if problems:
+            raise ShardwiseError(f"model {self.name}: " + "; ".join(problems))
+        return self
+
+    def with_(self, **changes: object) -> ModelSpec:
+        """A copy with some fields changed, validated."""
+        return replace(self, **changes).validate()  # type: ignore[arg-type]
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    # ------------------------------------------------------------------------ param counts
+    def attention_params(self) -> int:
+        h = self.d_model
+        weights = 2 * h * h + 2 * h * self.kv_dim
+        biases = (h + 2 * self.kv_dim + h) if self.bias else 0
+        return weights + biases
+
+    def mlp_params(self, d_ff: int | None = None) -> int:
+        h, f = self.d_model, d_ff or self.d_ff
+        n_in = 2 if self.gated_mlp else 1
+        weights = (n_in + 1) * h * f
+        biases = (n_in * f + h) if self.bias else 0
+        return weights + biases
+
+    def norm_params(self) -> int:
+        """One norm: scale (and shift for LayerNorm)."""
+        return self.d_model * (2 if self.norm == "layernorm" else 1)
+
+    def router_params(self) -> int:
+        return self.d_model * self.n_experts
+
+    def moe_mlp_params(self, active: bool) -> int:
+        """Experts of one MoE layer (all of them, or the `top_k` a token uses) + shared + router."""
+        per_expert = self.mlp_params(self.expert_d_ff)
+        routed = self.top_k if active else self.n_experts
+        return (routed + self.n_shared_experts) * per_expert + self.router_params()
+
+    def dense_layer_params(self) -> int:
+        return self.attention_params() + self.mlp_params() + 2 * self.norm_params()
+
+    def moe_layer_params(self, active: bool = False) -> int:
+        return self.attention_params() + self.moe_mlp_params(active) + 2 * self.norm_params()
+
+    def embedding_params(self) -> int:
+        return self.vocab * self.d_model + self.learned_positions * self.d_model
+
+    def head_params(self) -> int:
+        return 0 if self.tie_embeddings else self.vocab * self.d_model
+
+    def count_params(self) -> ParamCount:
+        return count_params(self)
+
+    @staticmethod
+    def from_hf_config(path: str | Path) -> ModelSpec:
+        """Read a Hugging Face `config.json` on disk (see `from_hf_config`)."""
+        return from_hf_config(path)
+
+    # ------------------------------------------------------------------------------- FLOPs
+    def forward_flops_per_token(self, seq_len: int, causal: bool = False) -> float:
+        """Forward FLOPs per token: `2·(active matmul params) + L·4·s·h` (× ½ when causal).
+
+        Matmul parameters exclude the embedding lookup and the norms but include the output
+        head (tied or not: the head matmul runs either way).
+        """
+        counts = count_params(self)
+        tied_head = self.vocab * self.d_model if self.tie_embeddings else 0
+        matmul = counts.active - counts.embedding - counts.norms + tied_head
+        attention = self.n_layers * 4 * seq_len * self.d_model * (0.5 if causal else 1.0)
+        return 2 * matmul + attention
+
+    def training_flops_per_token(
+        self, seq_len: int, causal: bool = False, recompute: str = "none"
+    ) -> float:
+        """FLOPs per token of one training step.
+
+        Model FLOPs (MFU, `recompute="none"`): 3 × forward — backward costs two forwards.
+        Hardware FLOPs (HFU): full recompute adds the forward of every layer once more (not the
+        head), which is Narayanan et al. 2021's `96·B·s·l·h²·(1 + s/6h + V/16lh)` per
+        iteration; selective recompute adds the attention score/PV forward once more.
+        """
+        forward = self.forward_flops_per_token(seq_len, causal)
+        attention = self.n_layers * 4 * seq_len * self.d_model * (0.5 if causal else 1.0)
+        head = 2 * self.vocab * self.d_model  # the head is not recomputed
+        extra = {"none": 0.0, "selective": attention, "full": forward - head}
+        if recompute not in extra:
+            raise ShardwiseError(
+                f"recompute must be one of none, selective, full; got {recompute!r}"
+            )
+        return 3 * forward + extra[recompute]
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    """Parameters by component; `total` counts every expert, `active` those a token uses."""
+
+    attention: int
+    mlp: int
+    mlp_active: int
+    norms: int
+    embedding: int
+    head: int
+
+    @property
+    def total(self) -> int:
+        return self.attention + self.mlp + self.norms + self.embedding + self.head
+
+    @property
+    def active(self) -> int:
+        return self.attention + self.mlp_active + self.norms + self.embedding + self.head
+
+
+def count_params(model: ModelSpec) -> ParamCount:
+    """Parameters by component (SPEC §1)."""
+    dense, moe = model.n_dense_layers, model.n_moe_layers
+    return ParamCount(
+        attention=model.n_layers * model.attention_params(),
+        mlp=dense * model.mlp_params() + moe * model.moe_mlp_params(active=False),
+        mlp_active=dense * model.mlp_params() + moe * model.moe_mlp_params(active=True),
+        norms=(2 * model.n_layers + 1) * model.norm_params(),
+        embedding=model.embedding_params(),
+        head=model.head_params(),
+    )
+
+
+# ------------------------------------------------------------------------------------ presets
+def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
+    """GPT-3 family, Brown et al. 2020 Table 2.1: f = 4h, V = 50257, learned positions 2048,
+    tied embeddings, LayerNorm, GELU."""
+    return ModelSpec(
+        name, layers, hidden, heads, heads, 4 * hidden, 50257, gated_mlp=False,
+        tie_embeddings=True, norm="layernorm", dropout=True, learned_positions=2048, max_seq=2048,
+    )
+
+
+def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ff: int, vocab: int,
+           max_seq: int, **moe: int) -> ModelSpec:
+    return ModelSpec(name, layers, hidden, heads, kv, ff, vocab, max_seq=max_seq, **moe)
+
+
+PRESETS: dict[str, ModelSpec] = {
+    m.name: m
+    for m in (
+        _gpt3("gpt3-125m", 12, 768, 12),
+        _gpt3("gpt3-350m", 24, 1024, 16),
+        _gpt3("gpt3-1.3b", 24, 2048, 16),
+        _gpt3("gpt3-2.7b", 32, 2560, 32),
+        _gpt3("gpt3-6.7b", 32, 4096, 32),
+        _gpt3("gpt3-13b", 40, 5140, 40),
+        _gpt3("gpt3-175b", 96, 12288, 96),
+        # Touvron et al. 2023 (Llama 2), Table 1 / model cards.
+        _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
+        _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
+        _llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
+        # Llama 3 herd paper (Dubey et al. 2024), Table 3.
+        _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
+        _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
+        _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
+        # Mistral / Mixtral config.json on the Hugging Face hub.
+        _llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768),
+        _llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 32768, n_experts=8, top_k=2),
+        _llama("mixtral-8x22b", 56, 6144, 48, 8, 16384, 32768, 65536, n_experts=8, top_k=2),
+        # Qwen2.5 config.json (untied embeddings for 7B and 72B).
+        _llama("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, 32768),
+        _llama("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, 32768),
+        # Small models for the executable runtime.
+        _llama("tiny", 4, 64, 4, 2, 128, 256, 64),
+        _llama("tiny-moe", 4, 64, 4, 2, 128, 256, 64, n_experts=4, top_k=2),
+    )
+}
+
+DEFAULT_MODEL = "llama3-8b"
+
+
+def get_model(name_or_path: str) -> ModelSpec:
+    """A preset by name (case-insensitive) or a Hugging Face `config.json` on disk."""
+    key = name_or_path.lower()
+    if key in PRESETS:
+        return PRESETS[key]
+    path = Path(name_or_path)
+    if path.suffix == ".json" or path.is_dir() or path.exists():
+        return ModelSpec.from_hf_config(path)
+    close = difflib.get_close_matches(key, list(PRESETS), n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise ShardwiseError(
+        f"unknown model {name_or_path!r}{hint} (see `shardwise models`, or pass a config.json)"
+    )
+
+
+# --------------------------------------------------------------------- Hugging Face configs
+_LLAMA_LIKE = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe"}
+SUPPORTED_HF_TYPES = ("llama", "mistral", "mixtral", "qwen2", "gpt2", "gpt_neox")
+
+
+def _from_hf_dict(cfg: dict, name: str) -> ModelSpec:
+    kind = cfg.get("model_type")
+    if kind in _LLAMA_LIKE:
+        heads = cfg["num_attention_heads"]
+        moe = {}
+        if "num_local_experts" in cfg:
+            moe = {"n_experts": cfg["num_local_experts"], "top_k": cfg["num_experts_per_tok"]}
+        return ModelSpec(
+            name=name,
+            n_layers=cfg["num_hidden_layers"],
+            d_model=cfg["hidden_size"],
+            n_heads=heads,
+            n_kv_heads=cfg.get("num_key_value_heads") or heads,
+            d_ff=cfg["intermediate_size"],
+            vocab=cfg["vocab_size"],
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            max_seq=cfg.get("max_position_embeddings", 4096),
+            **moe,
+        )
+    if kind == "gpt2":
+        hidden = cfg["n_embd"]
+        return ModelSpec(
+            name=name, n_layers=cfg["n_layer"], d_model=hidden, n_heads=cfg["n_head"],
+            n_kv_heads=cfg["n_head"], d_ff=cfg.get("n_inner") or 4 * hidden,
+            vocab=cfg["vocab_size"], gated_mlp=False, tie_embeddings=True, norm="layernorm",
+            dropout=cfg.get("resid_pdrop", 0.0) > 0, learned_positions=cfg["n_positions"],
+            max_seq=cfg["n_positions"],
+        )
+    if kind == "gpt_neox":
+        heads = cfg["num_attention_heads"]
+        return ModelSpec(
+            name=name, n_layers=cfg["num_hidden_layers"], d_model=cfg["hidden_size"],
+            n_heads=heads, n_kv_heads=heads, d_ff=cfg["intermediate_size"],
+            vocab=cfg["vocab_size"], gated_mlp=False,
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)), norm="layernorm",
+            max_seq=cfg.get("max_position_embeddings", 2048),
+        )
+    raise ShardwiseError(
+        f"unsupported model_type {kind!r} in config; supported: {', '.join(SUPPORTED_HF_TYPES)}"
+    )
+
+
+def from_hf_config(path: str | Path) -> ModelSpec:
+    """Read a Hugging Face `config.json` (a file, or a folder that holds one). No network."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ShardwiseError(f"config file {str(path)!r} not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ShardwiseError(f"config file {str(path)!r} is not valid JSON: {exc}") from None
+    if not isinstance(cfg, dict):
+        raise ShardwiseError(f"config file {str(path)!r} must hold a JSON object")
+    name = path.parent.name if path.name == "config.json" else path.stem
+    try:
+        return _from_hf_dict(cfg, name or "model").validate()
+    except KeyError as exc:
+        raise ShardwiseError(
+            f"config file {str(path)!r} ({cfg.get('model_type')}) lacks the field {exc}"
+        ) from None
+

@@ -1,0 +1,246 @@
+"""`shardwise …` commands.
+
+Every command takes `--json`. Bad input — an unknown model, a malformed number, a layout that
+cannot run — prints one line on stderr and exits with code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, is_dataclass
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from shardwise.arch import DEFAULT_MODEL, PRESETS, get_model
+from shardwise.errors import ShardwiseError
+from shardwise.hardware import Cluster, get_link
+from shardwise.layout import RECOMPUTE, SCHEDULES, Layout, TrainSpec
+from shardwise.units import gb, gib, human_count, human_time, parse_batch, parse_size
+
+# Wide tables when piped (rich would wrap at 80 columns); the terminal width otherwise.
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+
+
+def _emit_json(payload: Any) -> None:
+    def default(obj: Any) -> Any:
+        if is_dataclass(obj):
+            return asdict(obj)  # type: ignore[arg-type]
+        raise TypeError(f"cannot serialise {type(obj).__name__}")
+
+    click.echo(json.dumps(payload, indent=2, default=default))
+
+
+def _table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for i, column in enumerate(columns):
+        table.add_column(column, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*(str(cell) for cell in row))
+    return table
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="shardwise")
+def cli() -> None:
+    """Plan, simulate and run distributed training of Transformer language models."""
+
+
+# ------------------------------------------------------------------------------------ models
+@cli.command()
+@json_option
+def models(as_json: bool) -> None:
+    """Presets with their parameter counts (total and active)."""
+    rows = []
+    for spec in PRESETS.values():
+        counts = spec.count_params()
+        rows.append({"name": spec.name, "layers": spec.n_layers, "hidden": spec.d_model,
+                     "heads": spec.n_heads, "kv_heads": spec.n_kv_heads, "ffn": spec.d_ff,
+                     "vocab": spec.vocab, "experts": spec.n_experts, "top_k": spec.top_k,
+                     "total_params": counts.total, "active_params": counts.active})
+    if as_json:
+        return _emit_json(rows)
+    console.print(_table(
+        "Model presets (parameters: total / active)",
+        ["model", "L", "h", "heads", "kv", "f", "V", "experts", "total", "active"],
+        [[r["name"], r["layers"], r["hidden"], r["heads"], r["kv_heads"], r["ffn"], r["vocab"],
+          f"{r['experts']}×top{r['top_k']}" if r["experts"] else "-",
+          human_count(r["total_params"]), human_count(r["active_params"])] for r in rows],
+    ))
+
+
+# ------------------------------------------------------------------------------------ memory
+def layout_options(func: Callable) -> Callable:
+    """The options that describe one layout (shared by memory, plan --layout, check…)."""
+    options = [
+        click.option("--tp", default=1, show_default=True, help="Tensor-parallel degree."),
+        click.option("--pp", default=1, show_default=True, help="Pipeline stages."),
+        click.option("--dp", default=None, type=int,
+                     help="Data-parallel degree [default: gpus / (tp·pp·cp)]."),
+        click.option("--cp", default=1, show_default=True, help="Context-parallel degree."),
+        click.option("--ep", default=1, show_default=True, help="Expert-parallel degree."),
+        click.option("--zero", default=0, show_default=True, type=click.IntRange(0, 3),
+                     help="ZeRO stage."),
+        click.option("--zero-group", default=0, help="Hybrid shard group size (0: all dp)."),
+        click.option("--sp", is_flag=True, help="Sequence parallelism (with tp > 1)."),
+        click.option("--schedule", default="1f1b", show_default=True,
+                     type=click.Choice(SCHEDULES)),
+        click.option("--chunks", default=1, show_default=True,
+                     help="Virtual chunks per stage (interleaved)."),
+        click.option("--recompute", default="none", show_default=True,
+                     type=click.Choice(RECOMPUTE)),
+        click.option("--mbs", "micro_batch", default=1, show_default=True,
+                     help="Micro-batch size (sequences)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def build_layout(gpus: int, **kw: Any) -> Layout:
+    model_parallel = kw["tp"] * kw["pp"] * kw["cp"]
+    dp = kw.pop("dp")
+    if dp is None:
+        if gpus % model_parallel:
+            raise ShardwiseError(
+                f"tp·pp·cp = {model_parallel} does not divide --gpus {gpus}"
+            )
+        dp = gpus // model_parallel
+    return Layout(dp=dp, **kw)
+
+
+@cli.command()
+@click.argument("model", default=DEFAULT_MODEL)
+@click.option("--gpus", default=8, show_default=True, help="Number of GPUs.")
+@click.option("--gpu", default="h100", show_default=True, help="Accelerator preset.")
+@click.option("--gpus-per-node", default=8, show_default=True)
+@layout_options
+@click.option("--seq", default=8192, show_default=True, help="Sequence length.")
+@click.option("--global-batch", default=None, help="Sequences (1024) or tokens (16M-tokens).")
+@click.option("--flash/--no-flash", default=True, show_default=True, help="FlashAttention.")
+@click.option("--dtype", default="bf16", show_default=True)
+@click.option("--grad-dtype", default=None, help="Gradient dtype [default: --dtype].")
+@click.option("--optimizer", default="adam", show_default=True)
+@click.option("--formula", default="generalised", show_default=True,
+              type=click.Choice(["generalised", "korthikanti"]), help="Activation count.")
+@click.option("--headroom", default=0.85, show_default=True,
+              help="Usable fraction of GPU memory.")
+@json_option
+def memory(model: str, gpus: int, gpu: str, gpus_per_node: int, seq: int,
+           global_batch: str | None, flash: bool, dtype: str, grad_dtype: str | None,
+           optimizer: str, formula: str, headroom: float, as_json: bool, **layout_kw: Any
+           ) -> None:
+    """Per-GPU training memory of MODEL (preset or config.json), stage by stage."""
+    from shardwise.estimate.memory import training_memory_per_gpu
+
+    spec = get_model(model)
+    cluster = Cluster.of(gpus, gpu, gpus_per_node)
+    layout = build_layout(gpus, **layout_kw)
+    batch = None if global_batch is None else parse_batch(global_batch, seq)
+    train = TrainSpec(seq_len=seq, global_batch=batch, dtype=dtype, grad_dtype=grad_dtype,
+                      optimizer=optimizer, flash_attention=flash).validate()
+    layout.validate(spec, cluster, train)
+    stages = training_memory_per_gpu(spec, layout, train, formula=formula)
+    budget = cluster.accelerator.memory_bytes * headroom
+    worst = max(stages, key=lambda s: s.total)
+    fits = worst.total <= budget
+    if as_json:
+        return _emit_json({
+            "model": spec.name, "layout": layout.to_dict(), "train": asdict(train),
+            "accelerator": cluster.accelerator.name, "budget_bytes": budget, "fits": fits,
+            "stages": [s.as_dict() | {"stage": s.stage, "layers": s.layers,
+                                      "in_flight": s.in_flight} for s in stages],
+        })
+    console.print(f"[bold]{spec.name}[/] on {gpus}× {cluster.accelerator.name}, "
+                  f"layout {layout.short()}, s={seq}, "
+                  f"{'FlashAttention' if flash else 'materialised attention'}, "
+                  f"{formula} activation count")
+    console.print(_table(
+        "Per-GPU memory by pipeline stage (GB = 10^9 bytes)",
+        ["stage", "layers", "in flight", "weights", "grads", "optimizer", "activations",
+         "logits", "workspace", "total", "total GiB"],
+        [[s.stage, s.layers, s.in_flight, *(f"{v / 1e9:.2f}" for v in (
+            s.weights, s.grads, s.optimizer, s.activations, s.logits, s.workspace, s.total)),
+          f"{s.total / 2**30:.2f}"] for s in stages],
+    ))
+    verdict = "[green]fits[/]" if fits else "[red]does not fit[/]"
+    console.print(f"Largest stage {worst.stage}: {gb(worst.total)} ({gib(worst.total)}) — "
+                  f"{verdict} in {gib(budget)} ({headroom:.0%} of "
+                  f"{gib(cluster.accelerator.memory_bytes)} on {cluster.accelerator.name}).")
+
+
+# -------------------------------------------------------------------------------------- comm
+@cli.command()
+@click.option("--op", default="all-reduce", show_default=True,
+              type=click.Choice(["all-reduce", "reduce-scatter", "all-gather", "all-to-all",
+                                 "broadcast"]))
+@click.option("--size", default="1GB", show_default=True, help="Tensor size, e.g. 13.5GB.")
+@click.option("--ranks", default=8, show_default=True, type=click.IntRange(1))
+@click.option("--link", default="nvlink4", show_default=True, help="Link preset.")
+@click.option("--algorithm", default="ring", show_default=True,
+              type=click.Choice(["ring", "tree", "hierarchical"]))
+@click.option("--nodes", default=1, show_default=True, help="Nodes (hierarchical).")
+@click.option("--inter", default="ndr", show_default=True, help="Inter-node link (hierarchical).")
+@json_option
+def comm(op: str, size: str, ranks: int, link: str, algorithm: str, nodes: int, inter: str,
+         as_json: bool) -> None:
+    """Bytes on the wire and alpha-beta time of one collective."""
+    from shardwise.estimate.comm import (
+        bus_bandwidth,
+        collective_time,
+        ring_bytes_on_wire,
+        ring_steps,
+    )
+
+    size_bytes = parse_size(size)
+    if algorithm == "hierarchical" and (nodes < 1 or ranks % nodes):
+        raise ShardwiseError(f"--nodes {nodes} must divide --ranks {ranks}")
+    chosen = get_link(link)
+    seconds = collective_time(op, size_bytes, ranks, chosen, algorithm, nodes=nodes,
+                              inter=get_link(inter))
+    result = {"op": op, "size_bytes": size_bytes, "ranks": ranks, "link": chosen.name,
+              "algorithm": algorithm, "rounds": ring_steps(op, ranks),
+              "bytes_sent_per_rank": ring_bytes_on_wire(op, size_bytes, ranks),
+              "seconds": seconds,
+              "bus_bandwidth": bus_bandwidth(op, size_bytes, ranks, seconds) if seconds else None}
+    if as_json:
+        return _emit_json(result)
+    console.print(_table(
+        f"{op} of {gb(size_bytes)} on {ranks} ranks over {chosen.name} ({algorithm})",
+        ["quantity", "value"],
+        [["ring rounds", result["rounds"]],
+         ["bytes sent per rank", f"{result['bytes_sent_per_rank']:,.0f} B "
+                                 f"({gb(result['bytes_sent_per_rank'])})"],
+         ["time (α-β)", human_time(seconds)],
+         ["bus bandwidth", f"{result['bus_bandwidth'] / 1e9:.1f} GB/s"
+          if result["bus_bandwidth"] else "-"]],
+    ))
+
+
+# ------------------------------------------------------------------------------------- entry
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: one line and exit 2 on bad input, never a traceback."""
+    try:
+        cli.main(args=argv, prog_name="shardwise", standalone_mode=False)
+    except ShardwiseError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        click.echo(f"error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()

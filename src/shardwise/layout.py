@@ -1,0 +1,225 @@
+"""`Layout` — how one training step is spread over the cluster — and `TrainSpec` — what is
+trained (sequence length, batch, dtypes, optimizer).
+
+World size = `dp · tp · pp · cp`; expert parallelism reuses ranks of `dp × cp`, so `ep`
+divides `dp · cp` and does not add ranks (SPEC notation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+
+from shardwise.arch import ModelSpec
+from shardwise.errors import LayoutError, ShardwiseError
+from shardwise.hardware import Cluster
+from shardwise.units import DTYPE_BYTES
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+RECOMPUTE = ("none", "selective", "full")
+OPTIMIZERS = ("adam", "sgd-momentum", "sgd", "adam-8bit", "adafactor")
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """The training target: sequence length, global batch (sequences), dtypes, optimizer."""
+
+    seq_len: int = 4096
+    global_batch: int | None = None  # sequences per optimizer step; None: one micro-batch per pp stage
+    dtype: str = "bf16"  # weights and activations
+    grad_dtype: str | None = None  # None: same as dtype (Megatron's default keeps fp32 grads)
+    optimizer: str = "adam"
+    flash_attention: bool = True
+
+    @property
+    def tokens_per_step(self) -> int | None:
+        return None if self.global_batch is None else self.global_batch * self.seq_len
+
+    def validate(self) -> TrainSpec:
+        problems = []
+        if self.seq_len < 1:
+            problems.append(f"seq_len must be ≥ 1, got {self.seq_len}")
+        if self.global_batch is not None and self.global_batch < 1:
+            problems.append(f"global_batch must be ≥ 1 sequence, got {self.global_batch}")
+        for name in ("dtype", "grad_dtype"):
+            value = getattr(self, name)
+            if value is not None and value not in DTYPE_BYTES:
+                problems.append(f"{name} {value!r} unknown; valid: {', '.join(DTYPE_BYTES)}")
+        if self.optimizer not in OPTIMIZERS:
+            problems.append(f"optimizer {self.optimizer!r} unknown; valid: {', '.join(OPTIMIZERS)}")
+        if problems:
+            raise ShardwiseError("; ".join(problems))
+        return self
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Parallel degrees and the per-rank choices that go with them."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    zero: int = 0  # ZeRO stage 0..3 over the data-parallel ranks
+    zero_group: int = 0  # hybrid shard: shard over groups of this many dp·cp ranks (0: all)
+    sp: bool = False  # Megatron sequence parallelism (with tp > 1)
+    schedule: str = "1f1b"
+    chunks: int = 1  # virtual pipeline chunks per stage (interleaved 1F1B)
+    recompute: str = "none"
+    micro_batch: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def model_parallel(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def zero_degree(self) -> int:
+        """Ranks a ZeRO shard spans: the dp×cp replicas, or the hybrid shard group."""
+        return self.zero_group or self.dp * self.cp
+
+    def microbatches(self, train: TrainSpec) -> int:
+        """Micro-batches per step `m = global_batch / (dp · micro_batch)`; with no global batch
+        one per pipeline stage (the smallest `m` that fills 1F1B's steady state)."""
+        if train.global_batch is None:
+            return self.pp
+        return max(1, train.global_batch // (self.dp * self.micro_batch))
+
+    def short(self) -> str:
+        """`dp8 tp8 pp16 z1 sp 1f1b mb1 sel`-style one-liner (degree-1 axes omitted)."""
+        parts = [f"{axis}{getattr(self, axis)}" for axis in ("dp", "tp", "pp", "cp", "ep")
+                 if getattr(self, axis) > 1] or ["single"]
+        if self.zero:
+            parts.append(f"zero{self.zero}" + (f"/{self.zero_group}" if self.zero_group else ""))
+        if self.sp:
+            parts.append("sp")
+        if self.pp > 1:
+            parts.append(self.schedule + (f"×{self.chunks}" if self.chunks > 1 else ""))
+        parts.append(f"mb{self.micro_batch}")
+        if self.recompute != "none":
+            parts.append(self.recompute)
+        return " ".join(parts)
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    @classmethod
+    def parse(cls, text: str, **defaults: object) -> Layout:
+        """`tp=8,pp=16,zero=1,schedule=interleaved,chunks=2,sp=1` → Layout."""
+        types = {f.name: f.type for f in fields(cls)}
+        aliases = {"mbs": "micro_batch", "mb": "micro_batch", "v": "chunks"}
+        values: dict[str, object] = dict(defaults)
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            key, sep, raw = item.partition("=")
+            key = aliases.get(key.strip(), key.strip())
+            if not sep or key not in types:
+                raise ShardwiseError(
+                    f"cannot read layout item {item!r}; write key=value with key in "
+                    f"{', '.join(types)}"
+                )
+            raw = raw.strip()
+            kind = types[key]
+            if kind in ("bool", bool):
+                values[key] = raw.lower() in ("1", "true", "yes", "on")
+            elif kind in ("int", int):
+                try:
+                    values[key] = int(raw)
+                except ValueError:
+                    raise ShardwiseError(f"layout {key}={raw!r} must be an integer") from None
+            else:
+                values[key] = raw
+        return cls(**values)  # type: ignore[arg-type]
+
+    def with_(self, **changes: object) -> Layout:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------------- validation
+    def problems(self, model: ModelSpec, cluster: Cluster | None = None,
+                 train: TrainSpec | None = None) -> list[str]:
+        """Every constraint this layout violates, one clear sentence each."""
+        out: list[str] = []
+        for axis in ("dp", "tp", "pp", "cp", "ep", "chunks", "micro_batch"):
+            if getattr(self, axis) < 1:
+                out.append(f"{axis} must be ≥ 1, got {getattr(self, axis)}")
+        if out:
+            return out
+        t = self.tp
+        if model.n_heads % t:
+            out.append(f"tp={t} does not divide n_heads={model.n_heads}")
+        if model.n_kv_heads % t and t % model.n_kv_heads:
+            out.append(
+                f"tp={t} neither divides n_kv_heads={model.n_kv_heads} nor is a multiple of it "
+                "(for replicated kv heads)"
+            )
+        if model.d_ff % t:
+            out.append(f"tp={t} does not divide d_ff={model.d_ff}")
+        if model.is_moe and model.expert_d_ff % t:
+            out.append(f"tp={t} does not divide the expert d_ff={model.expert_d_ff}")
+        stages = self.pp * self.chunks
+        if model.n_layers % stages:
+            out.append(
+                f"pp·chunks={self.pp}·{self.chunks} does not divide n_layers={model.n_layers}"
+            )
+        if self.schedule not in SCHEDULES:
+            out.append(f"schedule {self.schedule!r} unknown; valid: {', '.join(SCHEDULES)}")
+        elif self.schedule == "interleaved":
+            if self.chunks < 2:
+                out.append("the interleaved schedule needs chunks ≥ 2")
+            if self.pp < 2:
+                out.append("the interleaved schedule needs pp ≥ 2")
+        elif self.chunks != 1:
+            out.append(f"chunks={self.chunks} needs schedule=interleaved")
+        if self.recompute not in RECOMPUTE:
+            out.append(f"recompute {self.recompute!r} unknown; valid: {', '.join(RECOMPUTE)}")
+        if self.zero not in (0, 1, 2, 3):
+            out.append(f"zero stage must be 0, 1, 2 or 3, got {self.zero}")
+        if self.zero_group and (self.dp * self.cp) % self.zero_group:
+            out.append(f"zero_group={self.zero_group} does not divide dp·cp={self.dp * self.cp}")
+        if self.ep > 1 and not model.is_moe:
+            out.append(f"ep={self.ep} needs a mixture-of-experts model; {model.name} is dense")
+        if model.is_moe and model.n_experts % self.ep:
+            out.append(f"ep={self.ep} does not divide n_experts={model.n_experts}")
+        if (self.dp * self.cp) % self.ep:
+            out.append(f"ep={self.ep} must divide dp·cp={self.dp * self.cp} (experts reuse "
+                       "data/context-parallel ranks)")
+        if cluster is not None and self.world_size != cluster.n_gpus:
+            out.append(
+                f"dp·tp·pp·cp = {self.dp}·{self.tp}·{self.pp}·{self.cp} = {self.world_size} "
+                f"ranks, but the cluster has {cluster.n_gpus} GPUs"
+            )
+        if train is not None:
+            out.extend(self._train_problems(train))
+        return out
+
+    def _train_problems(self, train: TrainSpec) -> list[str]:
+        out = []
+        # Zigzag causal balancing splits the sequence into 2·cp chunks.
+        if self.cp > 1 and train.seq_len % (2 * self.cp):
+            out.append(f"2·cp={2 * self.cp} does not divide seq_len={train.seq_len}")
+        if self.sp and train.seq_len % (self.tp * self.cp):
+            out.append(f"tp·cp={self.tp * self.cp} does not divide seq_len={train.seq_len} "
+                       "(sequence parallel)")
+        if train.global_batch is not None:
+            per_step = self.dp * self.micro_batch
+            if train.global_batch % per_step:
+                out.append(
+                    f"global batch {train.global_batch} is not a multiple of dp·micro_batch="
+                    f"{self.dp}·{self.micro_batch}"
+                )
+            elif self.schedule == "interleaved" and self.microbatches(train) % self.pp:
+                out.append(
+                    f"interleaved 1F1B needs micro-batches ({self.microbatches(train)}) to be a "
+                    f"multiple of pp={self.pp}"
+                )
+        return out
+
+    def validate(self, model: ModelSpec, cluster: Cluster | None = None,
+                 train: TrainSpec | None = None) -> Layout:
+        """Raise `LayoutError` listing every violated constraint; return self when valid."""
+        problems = self.problems(model, cluster, train)
+        if problems:
+            raise LayoutError(problems)
+        return self

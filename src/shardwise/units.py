@@ -1,0 +1,119 @@
+"""Parsing and printing quantities with units: sizes, counts, dtypes.
+
+Library code works in bytes, seconds and FLOPs; this module is what the CLI and reports use
+to read `13.5GB`, `2GiB`, `16M-tokens`, `15T` and to print `30.1 GB` / `68.0 GiB`.
+`GB` = 10^9 bytes, `GiB` = 2^30 bytes, always.
+"""
+
+from __future__ import annotations
+
+import re
+
+from shardwise.errors import ShardwiseError
+
+DTYPE_BYTES: dict[str, float] = {
+    "fp32": 4,
+    "tf32": 4,
+    "fp16": 2,
+    "bf16": 2,
+    "fp8": 1,
+    "int8": 1,
+    "int4": 0.5,
+    "fp64": 8,
+}
+
+_DECIMAL = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+_BINARY = {"KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40, "PI": 2**50}
+_NUMBER = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
+
+
+def dtype_bytes(dtype: str) -> float:
+    """Bytes per element of a dtype name (`bf16` → 2)."""
+    try:
+        return DTYPE_BYTES[dtype.lower()]
+    except KeyError:
+        raise ShardwiseError(
+            f"unknown dtype {dtype!r}; valid: {', '.join(DTYPE_BYTES)}"
+        ) from None
+
+
+def parse_size(text: str | float | int) -> float:
+    """Bytes from `13.5GB`, `2GiB`, `512MB`, `4000`, `4000B` (GB decimal, GiB binary)."""
+    if isinstance(text, int | float):
+        return float(text)
+    match = _NUMBER.match(text)
+    if match:
+        value, unit = float(match.group(1)), match.group(2).upper()
+        unit = unit.removesuffix("B")
+        if unit in _BINARY:
+            return value * _BINARY[unit]
+        if unit in _DECIMAL:
+            return value * _DECIMAL[unit]
+    raise ShardwiseError(
+        f"cannot read size {text!r}; write e.g. 13.5GB, 2GiB, 512MB or a byte count"
+    )
+
+
+def parse_count(text: str | float | int, *, what: str = "count") -> float:
+    """A count with an optional decimal suffix: `15T`, `16M`, `2.5B` (billion), `1e6`."""
+    if isinstance(text, int | float):
+        return float(text)
+    cleaned = text.strip().upper()
+    for word in ("-TOKENS", "TOKENS", "-SEQS", "SEQS"):
+        cleaned = cleaned.removesuffix(word)
+    match = _NUMBER.match(cleaned)
+    if match:
+        value, unit = float(match.group(1)), match.group(2)
+        scale = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}.get(unit)
+        if scale is not None:
+            return value * scale
+    raise ShardwiseError(f"cannot read {what} {text!r}; write e.g. 16M, 15T, 2.5B or 4096")
+
+
+def parse_batch(text: str | int, seq_len: int) -> int:
+    """Global batch in sequences from `1024` (sequences) or `16M-tokens` (tokens ÷ seq_len)."""
+    if isinstance(text, int):
+        return text
+    if "token" in text.lower():
+        tokens = parse_count(text, what="global batch")
+        sequences = round(tokens / seq_len)
+        if sequences < 1:
+            raise ShardwiseError(f"global batch {text!r} is less than one sequence of {seq_len}")
+        return sequences
+    value = parse_count(text, what="global batch")
+    if value != int(value) or value < 1:
+        raise ShardwiseError(f"global batch {text!r} must be a whole number of sequences ≥ 1")
+    return int(value)
+
+
+def gb(n_bytes: float) -> str:
+    """`30.1 GB` (decimal)."""
+    return f"{n_bytes / 1e9:,.2f} GB"
+
+
+def gib(n_bytes: float) -> str:
+    """`68.0 GiB` (binary)."""
+    return f"{n_bytes / 2**30:,.2f} GiB"
+
+
+def human_count(n: float) -> str:
+    """`6.74B`, `125M`, `1.2K`."""
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{suffix}"
+    return f"{n:.3g}"
+
+
+def human_time(seconds: float) -> str:
+    """`52.5 ms`, `3.2 s`, `4.1 h`, `12.3 days`."""
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} µs"
+    if seconds < 1:
+        return f"{seconds * 1e3:.1f} ms"
+    if seconds < 120:
+        return f"{seconds:.2f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 3 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"

@@ -1,0 +1,108 @@
+"""SPEC §5: ring collectives, alpha-beta time, traffic per parallelism."""
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shardwise.errors import ShardwiseError
+from shardwise.estimate.comm import (
+    bus_bandwidth,
+    collective_time,
+    cp_comm_bytes_per_layer,
+    dp_step_comm_bytes,
+    ep_comm_bytes_per_layer,
+    hierarchical_all_reduce_time,
+    pp_comm_bytes_per_microbatch,
+    ring_bytes_on_wire,
+    ring_steps,
+    tp_comm_bytes_per_layer,
+)
+from shardwise.hardware import LINKS, Link
+
+
+def test_spec_all_reduce_4000_bytes_on_4_ranks():
+    assert ring_bytes_on_wire("all-reduce", 4000, 4) == 6000
+    assert ring_steps("all-reduce", 4) == 6
+
+
+@pytest.mark.parametrize("op", ["reduce-scatter", "all-gather", "all-to-all", "broadcast"])
+def test_single_pass_ops(op):
+    assert ring_bytes_on_wire(op, 8000, 8) == 7000
+    assert ring_steps(op, 8) == 7
+
+
+def test_spec_7b_gradients_all_reduce_time():
+    size = 13.5e9
+    nvlink = LINKS["nvlink4"]
+    ndr = LINKS["ndr"]
+    bandwidth_only = Link("x", nvlink.bandwidth, 0.0)
+    # "≈ 52 ms" and "≈ 470 ms", bandwidth term only: 2·7/8·13.5 GB / β.
+    assert collective_time("all-reduce", size, 8, bandwidth_only) == pytest.approx(0.052, abs=1e-3)
+    assert collective_time("all-reduce", size, 8, nvlink) == pytest.approx(0.052, abs=1e-3)
+    assert collective_time("all-reduce", size, 8, ndr) == pytest.approx(0.470, abs=5e-3)
+
+
+@given(st.floats(1, 1e12), st.integers(2, 1 << 20))
+def test_ring_bytes_tend_to_2S(size, n):
+    sent = ring_bytes_on_wire("all-reduce", size, n)
+    assert sent < 2 * size
+    assert sent == pytest.approx(2 * size * (n - 1) / n)
+
+
+def test_tree_wins_for_small_messages_on_many_ranks():
+    link = LINKS["ndr"]
+    small, big, n = 1e3, 1e10, 1024
+    assert collective_time("all-reduce", small, n, link, "tree") < collective_time(
+        "all-reduce", small, n, link)
+    assert collective_time("all-reduce", big, 64, link, "tree") > collective_time(
+        "all-reduce", big, 64, link)
+    assert collective_time("all-reduce", small, n, link, "tree") == pytest.approx(
+        2 * math.log2(n) * link.latency + 2 * small / link.bandwidth)
+
+
+def test_hierarchical_all_reduce():
+    nvlink, ndr, size = LINKS["nvlink4"], LINKS["ndr"], 1e9
+    expected = (2 * (7 * nvlink.latency + 7 / 8 * size / nvlink.bandwidth)
+                + 2 * 3 * ndr.latency + 2 * 3 / 4 * (size / 8) / ndr.bandwidth)
+    assert hierarchical_all_reduce_time(size, 4, 8, nvlink, ndr) == pytest.approx(expected)
+    assert collective_time("all-reduce", size, 32, nvlink, "hierarchical", nodes=4,
+                           inter=ndr) == pytest.approx(expected)
+    # Cheaper than a flat ring across the slow link.
+    assert expected < collective_time("all-reduce", size, 32, ndr)
+
+
+def test_bus_bandwidth_nccl_tests_definition():
+    # all-reduce of 1 GB on 8 ranks in 10 ms: algbw 100 GB/s, busbw 175 GB/s.
+    assert bus_bandwidth("all-reduce", 1e9, 8, 0.01) == pytest.approx(175e9)
+    assert bus_bandwidth("all-gather", 1e9, 8, 0.01) == pytest.approx(87.5e9)
+
+
+def test_dp_step_traffic_by_zero_stage():
+    P, n = 1e9, 8
+    ddp = 2 * 7 / 8 * 2 * P
+    assert dp_step_comm_bytes(P, n, 0) == pytest.approx(ddp)
+    assert dp_step_comm_bytes(P, n, 1) == pytest.approx(ddp)
+    assert dp_step_comm_bytes(P, n, 2) == pytest.approx(ddp)
+    assert dp_step_comm_bytes(P, n, 3) == pytest.approx(1.5 * ddp)
+
+
+def test_tp_pp_cp_ep_formulas():
+    s, b, h, t = 2048, 2, 4096, 8
+    act = s * b * h * 2
+    assert tp_comm_bytes_per_layer(s, b, h, t) == pytest.approx(4 * 2 * 7 / 8 * act)
+    assert tp_comm_bytes_per_layer(s, b, h, t, sp=True) == tp_comm_bytes_per_layer(s, b, h, t)
+    assert tp_comm_bytes_per_layer(s, b, h, 1) == 0
+    assert pp_comm_bytes_per_microbatch(s, b, h) == 2 * act
+    kv, c = 1024, 4
+    forward = 3 * 2 * (s / 4) * b * kv * 2
+    assert cp_comm_bytes_per_layer(s, b, kv, c, backward=False) == forward
+    assert ep_comm_bytes_per_layer(1000, 2, h, 4, backward=False) == 2 * 3 / 4 * 1000 * 2 * h * 2
+
+
+def test_bad_collective_inputs():
+    with pytest.raises(ShardwiseError, match="unknown collective 'allreduce'"):
+        ring_bytes_on_wire("allreduce", 1, 2)
+    with pytest.raises(ShardwiseError, match="modelled for all-reduce only"):
+        collective_time("all-gather", 1e6, 8, LINKS["ndr"], "tree")

@@ -1,0 +1,121 @@
+"""SPEC §1: parameter counts against published sizes, HF configs, FLOPs per token."""
+
+from pathlib import Path
+
+import pytest
+
+from shardwise.arch import PRESETS, ModelSpec, from_hf_config, get_model
+from shardwise.errors import ShardwiseError
+
+HF = Path(__file__).parent / "fixtures" / "hf"
+
+
+@pytest.mark.parametrize(
+    ("name", "billions"),
+    [("llama2-7b", 6.74), ("llama3-8b", 8.03), ("llama3-70b", 70.6), ("llama3-405b", 405.9)],
+)
+def test_spec_acceptance_param_counts(name, billions):
+    total = PRESETS[name].count_params().total / 1e9
+    decimals = len(str(billions).split(".")[1])
+    assert round(total, decimals) == billions
+
+
+@pytest.mark.parametrize(
+    ("name", "billions"),
+    [
+        # Published sizes (model cards / papers).
+        ("gpt3-125m", 0.125), ("gpt3-350m", 0.35), ("gpt3-1.3b", 1.3), ("gpt3-2.7b", 2.7),
+        ("gpt3-6.7b", 6.7), ("gpt3-13b", 13.0), ("gpt3-175b", 175.0), ("llama2-13b", 13.0),
+        ("llama2-70b", 69.0), ("mistral-7b", 7.24), ("qwen2.5-7b", 7.61), ("qwen2.5-72b", 72.7),
+        ("mixtral-8x22b", 141.0),
+    ],
+)
+def test_presets_match_published_sizes(name, billions):
+    assert PRESETS[name].count_params().total / 1e9 == pytest.approx(billions, rel=0.03)
+
+
+def test_llama2_7b_by_hand():
+    # 32 layers of (4·4096² + 3·4096·11008 + 2·4096) plus two 32000×4096 tables and a norm.
+    per_layer = 4 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096
+    assert PRESETS["llama2-7b"].count_params().total == 32 * per_layer + 2 * 32000 * 4096 + 4096
+
+
+def test_mixtral_total_and_active_from_config():
+    model = from_hf_config(HF / "mixtral-8x7b" / "config.json")
+    counts = model.count_params()
+    assert counts.total / 1e9 == pytest.approx(46.7, abs=0.05)
+    assert counts.active / 1e9 == pytest.approx(12.9, abs=0.05)
+    assert model.n_experts == 8 and model.top_k == 2
+
+
+@pytest.mark.parametrize(
+    ("folder", "billions"),
+    [("llama3-8b", 8.03), ("mistral-7b", 7.24), ("qwen2.5-7b", 7.62), ("gpt2", 0.124),
+     ("pythia-1.4b", 1.41)],
+)
+def test_hf_configs_match_published_sizes(folder, billions):
+    # A folder works as well as the file inside it.
+    model = get_model(str(HF / folder))
+    assert model.count_params().total / 1e9 == pytest.approx(billions, rel=0.005)
+
+
+def test_hf_config_equals_preset():
+    assert from_hf_config(HF / "llama3-8b").count_params() == PRESETS["llama3-8b"].count_params()
+
+
+def test_hf_config_errors(tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text('{"model_type": "t5", "d_model": 512}')
+    with pytest.raises(ShardwiseError, match="unsupported model_type 't5'.*llama.*gpt2"):
+        from_hf_config(bad)
+    bad.write_text("{not json")
+    with pytest.raises(ShardwiseError, match="not valid JSON"):
+        from_hf_config(bad)
+    bad.write_text('{"model_type": "llama", "hidden_size": 64}')
+    with pytest.raises(ShardwiseError, match="lacks the field"):
+        from_hf_config(bad)
+    with pytest.raises(ShardwiseError, match="not found"):
+        from_hf_config(tmp_path / "missing.json")
+
+
+def test_unknown_model_suggests_close_names():
+    with pytest.raises(ShardwiseError, match="did you mean llama3-8b"):
+        get_model("lama3-8b")
+
+
+def test_invalid_spec_is_reported():
+    with pytest.raises(ShardwiseError, match="n_heads=5 does not divide d_model=64"):
+        ModelSpec("bad", 2, 64, 5, 5, 128, 100).validate()
+
+
+def test_flops_per_token_closed_form():
+    # Dense, untied: forward = 2·(non-embedding params + head) + 4·s·h·L (non-causal).
+    model = PRESETS["llama2-7b"]
+    counts = model.count_params()
+    matmul = counts.total - counts.embedding - counts.norms
+    s = 4096
+    forward = 2 * matmul + 4 * s * model.d_model * model.n_layers
+    assert model.forward_flops_per_token(s) == forward
+    assert model.training_flops_per_token(s) == 3 * forward
+    causal = 2 * matmul + 2 * s * model.d_model * model.n_layers
+    assert model.forward_flops_per_token(s, causal=True) == causal
+
+
+def test_narayanan_hardware_flops_with_full_recompute():
+    # Narayanan et al. 2021: FLOPs per iteration with full recompute
+    # 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) for a GPT with f = 4h, tied embeddings.
+    l, h, s, V, B = 24, 2304, 2048, 51200, 1
+    model = ModelSpec("gpt", l, h, 24, 24, 4 * h, V, gated_mlp=False, tie_embeddings=True,
+                      norm="layernorm")
+    published = 96 * B * s * l * h**2 * (1 + s / (6 * h) + V / (16 * l * h))
+    ours = model.training_flops_per_token(s, recompute="full") * s * B
+    # Their count omits the norms and the ~h-sized terms: agree to well under 0.1 %.
+    assert ours == pytest.approx(published, rel=1e-3)
+
+
+def test_moe_active_flops_use_top_k():
+    model = PRESETS["mixtral-8x7b"]
+    counts = model.count_params()
+    dense_equivalent = 2 * (counts.active - counts.embedding - counts.norms)
+    assert model.forward_flops_per_token(1, causal=True) == pytest.approx(
+        dense_equivalent + 2 * 1 * model.d_model * model.n_layers)

@@ -1,0 +1,93 @@
+"""Accelerator/link presets, clusters, and `Layout.validate` messages."""
+
+import pytest
+
+from shardwise.arch import PRESETS
+from shardwise.errors import LayoutError, ShardwiseError
+from shardwise.hardware import ACCELERATORS, LINKS, Cluster, get_accelerator
+from shardwise.layout import Layout, TrainSpec
+
+LLAMA8 = PRESETS["llama3-8b"]
+
+
+def test_presets_are_complete():
+    for name in ("a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h200", "b200", "mi300x",
+                 "tpu-v5p"):
+        assert name in ACCELERATORS
+    for name in ("nvlink3", "nvlink4", "nvlink5", "hdr", "ndr", "roce400", "pcie4", "pcie5"):
+        assert name in LINKS
+    # SPEC §5 link figures.
+    assert LINKS["nvlink4"].bandwidth == 450e9 and LINKS["nvlink4"].latency == 2e-6
+    assert LINKS["ndr"].bandwidth == 50e9 and LINKS["ndr"].latency == 5e-6
+    assert LINKS["pcie5"].bandwidth == 64e9
+    assert get_accelerator("h100").peak_flops("bf16") == 989e12
+    assert get_accelerator("A100").memory_bytes == 80 * 2**30
+
+
+def test_cluster_of():
+    cluster = Cluster.of(16384, "h100")
+    assert (cluster.nodes, cluster.gpus_per_node, cluster.n_gpus) == (2048, 8, 16384)
+    assert cluster.intra.name == "nvlink4" and cluster.inter.name == "ndr"
+    assert Cluster.of(4, "a100").nodes == 1
+    with pytest.raises(ShardwiseError, match="do not fill whole nodes"):
+        Cluster.of(12, "h100")
+    with pytest.raises(ShardwiseError, match="unknown accelerator 'h1000'.*did you mean"):
+        Cluster.of(8, "h1000")
+
+
+def test_valid_layouts_pass():
+    Layout(dp=8, tp=8, pp=16, zero=1, sp=True).validate(PRESETS["llama3-70b"].with_(n_layers=80),
+                                                       Cluster.of(1024))
+    # kv heads replicated when tp is a multiple of them (8 kv heads, tp 16).
+    Layout(tp=16).validate(PRESETS["llama3-405b"].with_(n_layers=128))
+
+
+def test_every_problem_is_reported_at_once():
+    with pytest.raises(LayoutError) as info:
+        Layout(dp=2, tp=3, pp=5, ep=2, zero=4, schedule="interleaved").validate(
+            LLAMA8, Cluster.of(8))
+    problems = info.value.problems
+    text = " | ".join(problems)
+    assert "tp=3 does not divide n_heads=32" in text
+    assert "pp·chunks=5·1 does not divide n_layers=32" in text
+    assert "interleaved schedule needs chunks ≥ 2" in text
+    assert "zero stage must be 0, 1, 2 or 3, got 4" in text
+    assert "ep=2 needs a mixture-of-experts model" in text
+    assert "30 ranks, but the cluster has 8 GPUs" in text
+
+
+def test_kv_heads_neither_divided_nor_replicated():
+    model = PRESETS["llama3-8b"].with_(n_heads=48, d_model=6144, n_kv_heads=12)
+    with pytest.raises(LayoutError, match="tp=8 neither divides n_kv_heads=12"):
+        Layout(tp=8).validate(model)
+
+
+def test_train_dependent_checks():
+    train = TrainSpec(seq_len=4096, global_batch=100)
+    with pytest.raises(LayoutError, match="not a multiple of dp·micro_batch=8·1"):
+        Layout(dp=8).validate(LLAMA8, train=train)
+    with pytest.raises(LayoutError, match="2·cp=6 does not divide seq_len=4096"):
+        Layout(cp=3).validate(LLAMA8, train=TrainSpec(seq_len=4096))
+    with pytest.raises(LayoutError, match="multiple of pp=4"):
+        Layout(dp=2, pp=4, chunks=2, schedule="interleaved").validate(
+            LLAMA8, train=TrainSpec(global_batch=12))
+
+
+def test_moe_expert_parallel_checks():
+    mixtral = PRESETS["mixtral-8x7b"]
+    Layout(dp=8, ep=8).validate(mixtral)
+    with pytest.raises(LayoutError, match="ep=3 does not divide n_experts=8"):
+        Layout(dp=3, ep=3).validate(mixtral)
+    with pytest.raises(LayoutError, match="ep=4 must divide dp·cp=2"):
+        Layout(dp=2, ep=4).validate(mixtral)
+
+
+def test_layout_parse_and_microbatches():
+    layout = Layout.parse("tp=8, pp=16, zero=1, sp=1, schedule=interleaved, v=2, mbs=2", dp=4)
+    assert (layout.tp, layout.pp, layout.zero, layout.sp, layout.chunks, layout.micro_batch,
+            layout.dp) == (8, 16, 1, True, 2, 2, 4)
+    assert layout.microbatches(TrainSpec(global_batch=1024)) == 1024 // (4 * 2)
+    with pytest.raises(ShardwiseError, match="cannot read layout item 'foo=1'"):
+        Layout.parse("foo=1")
+    with pytest.raises(ShardwiseError, match="must be an integer"):
+        Layout.parse("tp=eight")

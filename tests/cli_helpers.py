@@ -1,0 +1,27 @@
+"""Run the real `shardwise` entry point in a subprocess."""
+
+import json
+import subprocess
+import sys
+
+
+def shardwise(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, "-m", "shardwise", *args], capture_output=True,
+                            text=True, timeout=120)
+    if check and result.returncode != 0:
+        raise AssertionError(f"shardwise {' '.join(args)} failed:\n{result.stderr}")
+    return result
+
+
+def shardwise_json(*args: str):
+    return json.loads(shardwise(*args, "--json").stdout)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert result.returncode == 2, result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]

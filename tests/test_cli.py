@@ -1,0 +1,69 @@
+"""The `shardwise` command through its real entry point, good input and bad."""
+
+from pathlib import Path
+
+import pytest
+
+from tests.cli_helpers import assert_one_line_error, shardwise, shardwise_json
+
+HF = Path(__file__).parent / "fixtures" / "hf"
+
+
+def test_models_lists_presets_with_counts():
+    rows = {r["name"]: r for r in shardwise_json("models")}
+    assert round(rows["llama2-7b"]["total_params"] / 1e9, 2) == 6.74
+    assert round(rows["mixtral-8x7b"]["active_params"] / 1e9, 1) == 12.9
+    text = shardwise("models").stdout
+    assert "llama3-405b" in text and "406B" in text
+
+
+def test_memory_json_matches_spec_example():
+    # SPEC §4: Llama-3-70B, TP 8 × DP 8, ZeRO-1, s=8192, mb 1, selective recompute + SP.
+    out = shardwise_json("memory", "llama3-70b", "--gpus", "64", "--tp", "8", "--zero", "1",
+                         "--sp", "--recompute", "selective", "--seq", "8192", "--no-flash",
+                         "--formula", "korthikanti")
+    stage = out["stages"][0]
+    assert round((stage["weights"] + stage["grads"]) / 1e9, 1) == 35.3
+    assert round(stage["optimizer"] / 1e9, 1) == 13.2
+    assert out["fits"] is True
+
+
+def test_memory_table_says_whether_it_fits():
+    text = shardwise("memory", "llama3-8b", "--zero", "2", "--mbs", "2").stdout
+    assert "does not fit" in text
+    text = shardwise("memory", "llama3-8b", "--zero", "2", "--mbs", "1").stdout
+    assert "fits" in text and "does not fit" not in text
+
+
+def test_memory_reads_config_json():
+    out = shardwise_json("memory", str(HF / "mixtral-8x7b" / "config.json"), "--ep", "8",
+                         "--zero", "3")
+    assert out["model"] == "mixtral-8x7b"
+
+
+def test_comm_spec_figure():
+    out = shardwise_json("comm", "--op", "all-reduce", "--size", "4000B", "--ranks", "4")
+    assert out["bytes_sent_per_rank"] == 6000
+    out = shardwise_json("comm", "--size", "13.5GB", "--ranks", "8", "--link", "ndr")
+    assert out["seconds"] == pytest.approx(0.47, abs=0.005)
+
+
+@pytest.mark.parametrize(("args", "fragments"), [
+    (["memory", "lama3-8b"], ["unknown model 'lama3-8b'", "did you mean llama3-8b"]),
+    (["memory", "--tp", "3"], ["tp·pp·cp = 3 does not divide --gpus 8"]),
+    (["memory", "--gpus", "64", "--tp", "64"], ["tp=64 does not divide n_heads=32"]),
+    (["memory", "--seq", "abc"], ["'abc' is not a valid integer"]),
+    (["memory", "--gpu", "h1000"], ["unknown accelerator 'h1000'"]),
+    (["memory", "/nonexistent/config.json"], ["not found"]),
+    (["comm", "--size", "13.5GX"], ["cannot read size '13.5GX'"]),
+    (["comm", "--link", "nvlink9"], ["unknown link 'nvlink9'"]),
+    (["memory", "--bogus"], ["No such option '--bogus'"]),
+])
+def test_bad_input_is_one_line_and_exit_2(args, fragments):
+    assert_one_line_error(shardwise(*args, check=False), *fragments)
+
+
+def test_malformed_config_json(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text("{oops")
+    assert_one_line_error(shardwise("memory", str(path), check=False), "not valid JSON")

@@ -67,3 +67,26 @@ def test_malformed_config_json(tmp_path):
     path = tmp_path / "config.json"
     path.write_text("{oops")
     assert_one_line_error(shardwise("memory", str(path), check=False), "not valid JSON")
+
+
+def test_schedule_spec_figures(tmp_path):
+    out = shardwise_json("schedule", "--stages", "4", "--microbatches", "8", "--schedule",
+                         "gpipe")
+    assert out["actions"] == 64 and out["makespan"] == 22
+    assert out["bubble_fraction"] == pytest.approx(3 / 11)
+    assert out["peak_in_flight"] == [8, 8, 8, 8]
+    svg = tmp_path / "zb.svg"
+    out = shardwise_json("schedule", "-p", "4", "-m", "8", "--schedule", "zb-h1", "--svg",
+                         str(svg))
+    assert out["peak_in_flight"] == [4, 3, 2, 1]
+    assert svg.read_text().startswith("<svg")
+    text = shardwise("schedule", "-p", "2", "-m", "2", "--schedule", "gpipe").stdout
+    assert "0 | F0 F1 .  .  B0 B1" in text
+
+
+def test_schedule_bad_input():
+    result = shardwise("schedule", "-p", "4", "-m", "6", "--schedule", "interleaved",
+                       check=False)
+    assert_one_line_error(result, "m=6, p=4")
+    assert_one_line_error(shardwise("schedule", "--schedule", "pipedream", check=False),
+                          "'pipedream' is not one of")

@@ -224,6 +224,67 @@ def comm(op: str, size: str, ranks: int, link: str, algorithm: str, nodes: int, 
     ))
 
 
+# ---------------------------------------------------------------------------------- schedule
+@cli.command()
+@click.option("--stages", "-p", default=4, show_default=True, type=click.IntRange(1))
+@click.option("--microbatches", "-m", default=8, show_default=True, type=click.IntRange(1))
+@click.option("--schedule", default="1f1b", show_default=True, type=click.Choice(SCHEDULES))
+@click.option("--chunks", "-v", default=None, type=click.IntRange(1),
+              help="Chunks per stage [default: 2 for interleaved, else 1].")
+@click.option("--tf", "t_f", default=1.0, show_default=True, help="Forward time per micro-batch.")
+@click.option("--tb", "t_b", default=1.0, show_default=True,
+              help="Backward time (input grad only when the schedule splits off W).")
+@click.option("--tw", "t_w", default=1.0, show_default=True, help="Weight-grad time (zb-h1).")
+@click.option("--p2p", "p2p_latency", default=0.0, show_default=True,
+              help="Latency between stages.")
+@click.option("--svg", "svg_path", type=click.Path(dir_okay=False, writable=True),
+              help="Write an SVG Gantt chart here.")
+@click.option("--width", default=160, show_default=True, help="Cut ASCII rows at this width.")
+@json_option
+def schedule(stages: int, microbatches: int, schedule: str, chunks: int | None, t_f: float,
+             t_b: float, t_w: float, p2p_latency: float, svg_path: str | None, width: int,
+             as_json: bool) -> None:
+    """Generate, simulate and draw a pipeline schedule."""
+    from pathlib import Path
+
+    from shardwise.schedules import (
+        bubble_fraction,
+        make_schedule,
+        render_ascii,
+        render_svg,
+        schedule_text,
+        simulate,
+        validate_schedule,
+    )
+
+    p, m = stages, microbatches
+    v = chunks or (2 if schedule == "interleaved" else 1)
+    actions = make_schedule(schedule, p, m, v)
+    validate_schedule(actions, p, m, v)
+    split = schedule == "zb-h1"
+    timeline = simulate(actions, t_f, t_b, t_w if split else None, p2p_latency)
+    result = {"schedule": schedule, "stages": p, "microbatches": m, "chunks": v,
+              "actions": sum(len(a) for a in actions.values()), "makespan": timeline.makespan,
+              "bubble_fraction": timeline.bubble_fraction,
+              "bubble_closed_form": None if split else bubble_fraction(p, m, v),
+              "peak_in_flight": list(timeline.peak_in_flight), "text": schedule_text(actions)}
+    if svg_path:
+        Path(svg_path).write_text(render_svg(timeline, title=f"{schedule} p={p} m={m} v={v}"))
+    if as_json:
+        return _emit_json(result)
+    console.print(render_ascii(timeline, width=width), soft_wrap=True)
+    closed = result["bubble_closed_form"]
+    console.print(_table(
+        f"{schedule}: {p} stages, {m} micro-batches, {v} chunk(s) per stage",
+        ["quantity", "value"],
+        [["actions", result["actions"]], ["makespan", f"{timeline.makespan:g}"],
+         ["bubble (simulated)", f"{timeline.bubble_fraction:.4f}"],
+         ["bubble (p-1)/(v·m+p-1)", "-" if closed is None else f"{closed:.4f}"],
+         ["peak in flight per stage", " ".join(map(str, timeline.peak_in_flight))]]
+        + ([["SVG", svg_path]] if svg_path else []),
+    ))
+
+
 # ------------------------------------------------------------------------------------- entry
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: one line and exit 2 on bad input, never a traceback."""

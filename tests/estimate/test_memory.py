@@ -228,3 +228,15 @@ def test_hybrid_shard_group():
     full = training_memory_per_gpu(model, Layout(dp=64, zero=3), train)[0]
     hybrid = training_memory_per_gpu(model, Layout(dp=64, zero=3, zero_group=8), train)[0]
     assert hybrid.state == pytest.approx(full.state * 8)
+
+
+@pytest.mark.parametrize(("schedule", "p", "m", "v"), [
+    ("gpipe", 4, 8, 1), ("1f1b", 4, 8, 1), ("1f1b", 8, 3, 1), ("zb-h1", 4, 8, 1),
+    ("interleaved", 4, 8, 2), ("interleaved", 4, 16, 3), ("interleaved", 2, 4, 4),
+])
+def test_in_flight_closed_form_equals_the_schedules(schedule, p, m, v):
+    # The memory model's closed form and the action lists the executor runs must agree.
+    from shardwise.schedules import make_schedule, peak_in_flight
+
+    assert in_flight_per_stage(schedule, p, m, v) == list(
+        peak_in_flight(make_schedule(schedule, p, m, v)))

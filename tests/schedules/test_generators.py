@@ -1,0 +1,119 @@
+"""Generators against SPEC §6's definitions and Megatron-LM's / Qi et al.'s schedules."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shardwise.schedules import (
+    SCHEDULES,
+    Action,
+    gpipe,
+    interleaved_1f1b,
+    make_schedule,
+    one_f_one_b,
+    parse_schedule,
+    validate_schedule,
+    zb_h1,
+)
+
+
+def _forwards_before_first_backward(actions):
+    return next(k for k, action in enumerate(actions) if action.kind == "B")
+
+
+def test_gpipe_runs_all_forwards_then_all_backwards():
+    schedule = gpipe(4, 8)
+    assert sum(len(actions) for actions in schedule.values()) == 64
+    expected = [Action("F", j) for j in range(8)] + [Action("B", j) for j in range(8)]
+    assert all(schedule[i] == expected for i in range(4))
+
+
+def test_1f1b_warms_up_p_minus_1_minus_i_forwards_then_alternates():
+    schedule = one_f_one_b(4, 8)
+    assert schedule == parse_schedule("""
+        0: 0F0 1F0 2F0 3F0 0B0 4F0 1B0 5F0 2B0 6F0 3B0 7F0 4B0 5B0 6B0 7B0
+        1: 0F0 1F0 2F0 0B0 3F0 1B0 4F0 2B0 5F0 3B0 6F0 4B0 7F0 5B0 6B0 7B0
+        2: 0F0 1F0 0B0 2F0 1B0 3F0 2B0 4F0 3B0 5F0 4B0 6F0 5B0 7F0 6B0 7B0
+        3: 0F0 0B0 1F0 1B0 2F0 2B0 3F0 3B0 4F0 4B0 5F0 5B0 6F0 6B0 7F0 7B0
+    """)
+
+
+def test_1f1b_with_fewer_micro_batches_than_stages_warms_up_m():
+    assert one_f_one_b(4, 2)[0] == parse_schedule("0: 0F0 1F0 0B0 1B0")[0]
+
+
+def test_interleaved_follows_megatron_order_and_warmup():
+    p, m, v = 4, 8, 2
+    schedule = interleaved_1f1b(p, m, v)
+    forwards = [a for a in schedule[0] if a.kind == "F"]
+    backwards = [a for a in schedule[0] if a.kind == "B"]
+    # Groups of p micro-batches through chunk 0, then chunk 1; backwards start at the last chunk.
+    assert [str(a) for a in forwards[:10]] == \
+        ["0F0", "1F0", "2F0", "3F0", "0F1", "1F1", "2F1", "3F1", "4F0", "5F0"]
+    assert [str(a) for a in backwards[:5]] == ["0B1", "1B1", "2B1", "3B1", "0B0"]
+    # Megatron: warm-up min(2(p-1-i) + (v-1)p, m·v), then one more forward before the first B.
+    warmups = [min(2 * (p - 1 - i) + (v - 1) * p, m * v) for i in range(p)]
+    assert warmups == [10, 8, 6, 4]
+    assert [_forwards_before_first_backward(schedule[i]) for i in range(p)] == \
+        [w + 1 for w in warmups]
+
+
+def test_interleaved_with_one_chunk_is_1f1b():
+    assert interleaved_1f1b(4, 6, 1) == one_f_one_b(4, 6)
+
+
+def test_interleaved_needs_m_divisible_by_p():
+    with pytest.raises(ValueError, match="m divisible by p.*m=6, p=4"):
+        interleaved_1f1b(4, 6, 2)
+
+
+def test_zb_h1_defers_i_weight_gradients_on_stage_i():
+    schedule = zb_h1(4, 8)
+    assert schedule[3] == parse_schedule(
+        "3: 0F0 0B0 1F0 1B0 2F0 2B0 3F0 3B0 0W0 4F0 4B0 1W0 5F0 5B0 2W0 6F0 6B0 3W0 7F0 7B0 4W0 "
+        "5W0 6W0 7W0")[3]
+    assert [str(a) for a in schedule[0][:8]] == \
+        ["0F0", "1F0", "2F0", "3F0", "0B0", "0W0", "4F0", "1B0"]
+    for i in range(4):
+        after_last_b = len(schedule[i]) - 1 - max(
+            k for k, a in enumerate(schedule[i]) if a.kind == "B")
+        assert after_last_b == i + 1  # the i deferred Ws and one more
+
+
+def test_make_schedule_dispatches_by_name():
+    assert make_schedule("gpipe", 2, 3) == gpipe(2, 3)
+    assert make_schedule("1f1b", 2, 3) == one_f_one_b(2, 3)
+    assert make_schedule("interleaved", 2, 4, 2) == interleaved_1f1b(2, 4, 2)
+    assert make_schedule("zb-h1", 2, 3) == zb_h1(2, 3)
+
+
+def test_make_schedule_lists_valid_names():
+    with pytest.raises(ValueError, match="unknown schedule 'pipedream'.*gpipe, 1f1b, interleaved, zb-h1"):
+        make_schedule("pipedream", 4, 8)
+
+
+def test_make_schedule_rejects_chunks_for_single_chunk_schedules():
+    with pytest.raises(ValueError, match="one chunk per stage.*'interleaved'"):
+        make_schedule("1f1b", 4, 8, v=2)
+
+
+@pytest.mark.parametrize("generator", [gpipe, one_f_one_b, zb_h1])
+@pytest.mark.parametrize(("p", "m"), [(0, 4), (4, 0), (-1, 4), (2.5, 4), (4, "8")])
+def test_generators_validate_arguments(generator, p, m):
+    with pytest.raises(ValueError, match="must be an integer ≥ 1"):
+        generator(p, m)
+
+
+def test_interleaved_validates_chunks():
+    with pytest.raises(ValueError, match=r"v \(chunks\) must be an integer ≥ 1, got 0"):
+        interleaved_1f1b(4, 8, 0)
+
+
+@given(name=st.sampled_from(SCHEDULES), p=st.integers(1, 8), m=st.integers(1, 24),
+       v=st.integers(1, 4))
+def test_every_generated_schedule_validates(name, p, m, v):
+    if name == "interleaved":
+        m = -(-m // p) * p
+    else:
+        v = 1
+    validate_schedule(make_schedule(name, p, m, v), p, m, v)

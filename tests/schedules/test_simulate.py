@@ -1,0 +1,164 @@
+"""Simulated timelines against SPEC §6's figures and the papers' closed forms."""
+
+from itertools import pairwise
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shardwise.schedules import (
+    Action,
+    gpipe,
+    interleaved_1f1b,
+    make_schedule,
+    one_f_one_b,
+    parse_schedule,
+    peak_in_flight,
+    simulate,
+    zb_h1,
+)
+
+times = st.floats(0.01, 100.0)
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+def test_p4_m8_unit_slots_bubble_3_over_11_makespan_22(name):
+    timeline = simulate(make_schedule(name, 4, 8), t_f=1.0, t_b=1.0)
+    assert timeline.bubble_fraction == pytest.approx(3 / 11)
+    assert round(timeline.bubble_fraction, 4) == 0.2727
+    assert timeline.makespan == 22
+    assert len(timeline.events) == 64
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize(("m", "expected"), [(8, 7 / 15), (16, 7 / 23), (32, 7 / 39), (64, 7 / 71)])
+@pytest.mark.parametrize("t_b", [1.0, 3.0])
+def test_p8_bubble_unchanged_by_backward_cost(name, m, expected, t_b):
+    assert simulate(make_schedule(name, 8, m), 1.0, t_b).bubble_fraction == pytest.approx(expected)
+
+
+@given(name=st.sampled_from(["gpipe", "1f1b"]), p=st.integers(1, 16), m=st.integers(1, 64),
+       t_f=times, t_b=times)
+def test_gpipe_1f1b_makespan_and_bubble_closed_form(name, p, m, t_f, t_b):
+    timeline = simulate(make_schedule(name, p, m), t_f, t_b)
+    assert timeline.makespan == pytest.approx((m + p - 1) * (t_f + t_b), rel=1e-9)
+    assert timeline.bubble_fraction == pytest.approx((p - 1) / (m + p - 1), rel=1e-9, abs=1e-12)
+
+
+def test_peak_in_flight_p4_m8():
+    assert simulate(gpipe(4, 8), 1, 1).peak_in_flight == (8, 8, 8, 8)
+    assert simulate(one_f_one_b(4, 8), 1, 1).peak_in_flight == (4, 3, 2, 1)
+
+
+def test_peak_in_flight_p4_m16_stage0():
+    assert peak_in_flight(gpipe(4, 16))[0] == 16
+    assert peak_in_flight(one_f_one_b(4, 16))[0] == 4
+
+
+@given(p=st.integers(1, 16), m=st.integers(1, 64))
+def test_1f1b_peak_in_flight_is_min_p_minus_i_m(p, m):
+    assert peak_in_flight(one_f_one_b(p, m)) == tuple(min(p - i, m) for i in range(p))
+
+
+@pytest.mark.parametrize(("p", "m", "v"), [(2, 4, 2), (4, 8, 2), (4, 8, 4), (4, 16, 3),
+                                           (8, 16, 2), (8, 8, 2), (3, 9, 3)])
+def test_interleaved_bubble_is_p_minus_1_over_vm_plus_p_minus_1(p, m, v):
+    # Unit time per chunk; a stage's forward is v units, so the ideal time is 2·v·m and the
+    # pipeline fills and drains in p-1 chunk-times each way.
+    timeline = simulate(interleaved_1f1b(p, m, v), t_f=1.0, t_b=1.0)
+    assert timeline.makespan == 2 * (v * m + p - 1)
+    assert timeline.bubble_fraction == pytest.approx((p - 1) / (v * m + p - 1))
+
+
+@given(p=st.integers(1, 8), groups=st.integers(1, 6), v=st.integers(2, 4), t_f=times, t_b=times)
+def test_interleaved_makespan_closed_form_for_any_times(p, groups, v, t_f, t_b):
+    m = groups * p
+    timeline = simulate(interleaved_1f1b(p, m, v), t_f, t_b)
+    assert timeline.makespan == pytest.approx((v * m + p - 1) * (t_f + t_b), rel=1e-9)
+
+
+@pytest.mark.parametrize(("p", "m", "v"), [(4, 8, 2), (4, 16, 4), (8, 16, 2), (2, 6, 3)])
+def test_interleaved_stage0_peak_is_vp_plus_p_minus_1_chunks(p, m, v):
+    peak = peak_in_flight(interleaved_1f1b(p, m, v))[0]
+    assert peak == v * p + p - 1
+    # Korthikanti et al. 2022: with L/(pv) layers per chunk, stage 0 holds L(1 + (p-1)/(pv)).
+    layers = 96
+    assert peak * layers / (p * v) == pytest.approx(layers * (1 + (p - 1) / (p * v)))
+
+
+def test_zb_h1_p4_m8_bubble_is_a_third_of_1f1b():
+    # Unit F, B, W: 1F1B's backward is B+W = 2, makespan 3(m+p-1) = 33, idle 3(p-1) per stage;
+    # ZB-H1 idles only (p-1)·t_b: makespan 3m + p - 1 = 27, bubble 3/27.
+    zb = simulate(zb_h1(4, 8), t_f=1.0, t_b=1.0, t_w=1.0)
+    baseline = simulate(one_f_one_b(4, 8), t_f=1.0, t_b=2.0)
+    assert baseline.makespan == 33
+    assert zb.makespan == 27
+    assert zb.bubble_fraction == pytest.approx(1 / 9)
+    assert zb.bubble_fraction < baseline.bubble_fraction == pytest.approx(3 / 11)
+    assert zb.makespan - 24 == (baseline.makespan - 24) / 3
+    assert zb.peak_in_flight == baseline.peak_in_flight == (4, 3, 2, 1)
+
+
+@given(p=st.integers(1, 12), m=st.integers(1, 48), t=times)
+def test_zb_h1_reaches_the_lower_bound_at_equal_times(p, m, t):
+    # Stage 0 may start at most p forwards before its first B, which cannot start before
+    # p·t_f + (p-1)·t_b: the makespan is at least max(m, p)·t_f + (p-1)·t_b + m(t_b + t_w).
+    timeline = simulate(zb_h1(p, m), t, t, t)
+    assert timeline.makespan == pytest.approx((max(m, p) + p - 1 + 2 * m) * t, rel=1e-9)
+    assert timeline.peak_in_flight == tuple(min(p - i, m) for i in range(p))
+
+
+@given(p=st.integers(2, 12), m=st.integers(1, 48), t_f=st.floats(0.1, 10.0),
+       t_b=st.floats(0.1, 10.0), t_w=st.floats(0.1, 10.0))
+def test_zb_h1_beats_1f1b_and_respects_the_bound_for_any_times(p, m, t_f, t_b, t_w):
+    makespan = simulate(zb_h1(p, m), t_f, t_b, t_w).makespan
+    assert makespan >= (max(m, p) * t_f + (p - 1) * t_b + m * (t_b + t_w)) * (1 - 1e-12)
+    assert makespan < (m + p - 1) * (t_f + t_b + t_w)  # 1F1B with a full backward t_b + t_w
+
+
+def test_events_follow_each_stage_order_and_dependencies():
+    timeline = simulate(one_f_one_b(3, 4), t_f=1.0, t_b=2.0)
+    by_stage = {s: [e for e in timeline.events if e.stage == s] for s in range(3)}
+    assert [e.action for e in by_stage[1]] == one_f_one_b(3, 4)[1]
+    assert all(a.end <= b.start for row in by_stage.values() for a, b in pairwise(row))
+    first = {(e.stage, e.action): e for e in timeline.events}
+    assert first[(1, Action("F", 0))].start == 1.0
+    assert first[(2, Action("B", 0))].start == 3.0
+    assert first[(0, Action("B", 0))].end == 3.0 + 3 * 2.0
+
+
+def test_p2p_latency_delays_cross_stage_dependencies_only():
+    # GPipe p=2, m=1: F on 0, F on 1 (+latency), B on 1, B on 0 (+latency).
+    timeline = simulate(gpipe(2, 1), t_f=1.0, t_b=2.0, p2p_latency=0.5)
+    assert timeline.makespan == 1 + 0.5 + 1 + 2 + 0.5 + 2
+    # Interleaved with one stage: every dependency stays on stage 0.
+    assert simulate(interleaved_1f1b(1, 2, 2), 1.0, 1.0, p2p_latency=5.0).makespan == 8
+
+
+def test_split_backward_needs_t_w():
+    with pytest.raises(ValueError, match="pass t_w"):
+        simulate(zb_h1(2, 2), 1.0, 1.0)
+
+
+def test_t_w_is_ignored_without_w_actions():
+    assert simulate(one_f_one_b(4, 8), 1.0, 1.0, t_w=5.0).makespan == 22
+
+
+@pytest.mark.parametrize(("t_f", "t_b", "t_w", "latency"),
+                         [(0, 1, 1, 0), (1, -1, 1, 0), (1, 1, 0, 0), (1, 1, 1, -1)])
+def test_times_must_be_positive(t_f, t_b, t_w, latency):
+    with pytest.raises(ValueError, match="must be"):
+        simulate(zb_h1(2, 2), t_f, t_b, t_w, p2p_latency=latency)
+
+
+def test_deadlock_names_the_stuck_actions():
+    schedule = parse_schedule("0: 0F0 0B0 1F0 1B0\n1: 1F0 1B0 0F0 0B0")
+    with pytest.raises(ValueError, match="deadlocks: stage 0 at 0B0 waits for 0B0 on stage 1; "
+                                         "stage 1 at 1F0 waits for 1F0 on stage 0"):
+        simulate(schedule, 1.0, 1.0)
+
+
+def test_missing_dependency_is_named():
+    schedule = parse_schedule("0: 0F0 0B0\n1: 0B0")
+    with pytest.raises(ValueError, match="stage 1 at 0B0 waits for 0F0 which no stage runs"):
+        simulate(schedule, 1.0, 1.0)

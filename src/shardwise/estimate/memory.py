@@ -163,10 +163,11 @@ def saved_tensors_per_layer(model: ModelSpec, seq_len: int, micro_batch: int, *,
 
     Walks the layer as Korthikanti et al. do, for the actual architecture: GQA widths for K and
     V, gated (SwiGLU: gate, up and their product) or plain MLP with the real `f`, RMSNorm (one
-    fp32 statistic per row) or LayerNorm (two), dropout masks only with dropout, attention
-    scores (softmax output, plus mask and dropout output with dropout) only without
-    FlashAttention or selective recompute, FlashAttention's fp32 log-sum-exp. MoE layers save
-    the router's fp32 probabilities and, per routed copy, the expert input, hidden and output.
+    statistic per row) or LayerNorm (two), dropout masks only with dropout, attention scores
+    (softmax output, plus mask and dropout output with dropout) only without FlashAttention or
+    selective recompute, FlashAttention's log-sum-exp. MoE layers save the router's
+    probabilities and, per routed copy, the expert input, hidden and output. Statistics,
+    log-sum-exp and router probabilities are kept in at least fp32.
 
     Replicated tensors (norm inputs, the inputs of QKV and of the MLP, dropout masks) are ÷t
     only with sequence parallelism; head- or f-sharded ones are always ÷t. K and V hold
@@ -181,7 +182,8 @@ def saved_tensors_per_layer(model: ModelSpec, seq_len: int, micro_batch: int, *,
     kv_heads = max(model.n_kv_heads // tp, 1)
     kv = kv_heads * model.head_dim
     heads = model.n_heads / tp
-    stats = 4 * (1 if model.norm == "rmsnorm" else 2)  # fp32 per row: rstd (and mean)
+    fp32 = max(4.0, ab)  # statistics are kept in at least fp32
+    stats = fp32 * (1 if model.norm == "rmsnorm" else 2)  # per row: rstd (and mean)
     out = {
         "norm1_input": sb * h * ab / rep,
         "norm1_stats": sb * stats / rep,
@@ -198,7 +200,7 @@ def saved_tensors_per_layer(model: ModelSpec, seq_len: int, micro_batch: int, *,
             out["attention_dropout_mask"] = scores * 1
             out["attention_dropout_output"] = scores * ab
     elif flash:
-        out["flash_logsumexp"] = heads * sb * 4
+        out["flash_logsumexp"] = heads * sb * fp32
     out["attention_output"] = sb * h * ab / tp
     if model.dropout:
         out["attention_residual_dropout_mask"] = sb * h / rep
@@ -227,7 +229,7 @@ def _moe_saved(model: ModelSpec, tokens: float, tp: int, ab: float) -> dict[str,
     """Router probabilities (fp32) and, per routed copy (top_k per token, balanced routing),
     the expert's input, its hidden activations and its output (kept for the gate product)."""
     h, k = model.d_model, model.top_k
-    out = {"router_probs": tokens * model.n_experts * 4,
+    out = {"router_probs": tokens * model.n_experts * max(4.0, ab),
            "expert_inputs": k * tokens * h * ab}
     out.update(_mlp_saved(model, k * tokens, model.expert_d_ff / tp, ab, "expert"))
     out["expert_outputs"] = k * tokens * h * ab

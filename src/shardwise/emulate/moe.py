@@ -1,0 +1,334 @@
+"""Mixture-of-experts layer and expert parallelism in one process (SPEC §8).
+
+The layer (Shazeer et al. 2017; Switch, Fedus et al. 2021; Mixtral, Jiang et al. 2024):
+
+    p(x)     = softmax(x W_r)                          router probabilities over E experts
+    T_k(x)   = the k experts with the largest p(x)     (as torch.topk picks them)
+    g_i(x)   = p_i(x) / Σ_{j∈T_k} p_j(x)               gates, renormalised over the top k as
+                                                       Mixtral does (`normalize=False`: g_i = p_i)
+    y(x)     = Σ_{i∈T_k(x), kept} g_i(x) · E_i(x),     E_i(x) = (SiLU(x W_g,i) ⊙ x W_u,i) W_d,i
+
+Capacity (GShard, Lepikhin et al. 2020; Switch): tokens are routed in *groups* (a group is one
+rank's local tokens under expert parallelism). With a capacity factor `cf`, each expert accepts
+at most `C = ⌈cf · T_g · k / E⌉` assignments from a group of `T_g` tokens. The drop rule is
+deterministic: an expert keeps the assignments in token order within the group (token t before
+t+1; a token picks an expert at most once) and drops the rest. A dropped assignment
+contributes nothing (its expert output is zero), so a token whose every choice is dropped
+passes through the layer as zero — the residual connection around the layer carries it.
+Gates are *not* renormalised after dropping.
+
+Load-balancing loss (Switch): per group `L_aux = E · Σ_i f_i · P_i` with `f_i` the fraction of
+the group's `T_g·k` assignments routed to expert i (before dropping; for k = 1 Switch's
+fraction of tokens) and `P_i` the mean router probability of expert i over the group; the
+layer's loss is the mean over groups. Perfectly balanced routing gives `L_aux = 1`.
+
+Expert parallelism (GShard): `e` ranks each hold `E/e` experts (rank r: experts
+[r·E/e, (r+1)·E/e)). A rank routes its tokens, drops over-capacity assignments locally, sorts
+the kept ones by expert, exchanges per-expert counts (so every receiver knows its uneven
+splits), then dispatches the token rows with one all-to-all, runs its experts, and returns the
+results with a second all-to-all (combine), where they are weighted by the gates. Backward runs
+the two all-to-alls in reverse. Each all-to-all moves `(e-1)/e · T·k·h·bytes` per rank when
+routing is balanced (SPEC §5).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from shardwise.errors import ShardwiseError
+
+
+# ------------------------------------------------------------------------------- params
+@dataclass
+class MoEParams:
+    """Router and SwiGLU experts: router (h, E); w_gate, w_up (E, h, f); w_down (E, f, h)."""
+
+    router: torch.Tensor
+    w_gate: torch.Tensor
+    w_up: torch.Tensor
+    w_down: torch.Tensor
+
+    @property
+    def num_experts(self) -> int:
+        return self.router.shape[1]
+
+    @property
+    def hidden(self) -> int:
+        return self.router.shape[0]
+
+    @classmethod
+    def random(cls, hidden: int, ffn: int, num_experts: int, *, seed: int = 0,
+               dtype: torch.dtype = torch.float64, requires_grad: bool = True) -> MoEParams:
+        """Deterministic random parameters (std 1/√fan_in)."""
+        gen = torch.Generator().manual_seed(seed)
+
+        def rand(*shape: int, fan_in: int) -> torch.Tensor:
+            t = torch.randn(*shape, generator=gen, dtype=dtype) / math.sqrt(fan_in)
+            return t.requires_grad_(requires_grad)
+
+        return cls(rand(hidden, num_experts, fan_in=hidden),
+                   rand(num_experts, hidden, ffn, fan_in=hidden),
+                   rand(num_experts, hidden, ffn, fan_in=hidden),
+                   rand(num_experts, ffn, hidden, fan_in=ffn))
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.router, self.w_gate, self.w_up, self.w_down]
+
+
+# ------------------------------------------------------------------------------ routing
+@dataclass
+class Routing:
+    """Router output for T tokens: probs (T, E), experts and gates (T, k)."""
+
+    probs: torch.Tensor
+    experts: torch.Tensor
+    gates: torch.Tensor
+
+
+def route(x: torch.Tensor, router: torch.Tensor, top_k: int, normalize: bool = True) -> Routing:
+    """Top-k softmax routing: `p = softmax(x W_r)`, the k largest, gates renormalised over them
+    (`normalize`, Mixtral) or the raw probabilities (Switch with k = 1, GShard)."""
+    num_experts = router.shape[1]
+    if not 1 <= top_k <= num_experts:
+        raise ShardwiseError(f"top_k={top_k} must be in 1..n_experts={num_experts}")
+    probs = torch.softmax(x @ router, dim=-1)  # (T, h) @ (h, E) -> (T, E)
+    top, experts = probs.topk(top_k, dim=-1)  # (T, k)
+    gates = top / top.sum(dim=-1, keepdim=True) if normalize else top
+    return Routing(probs, experts, gates)
+
+
+def expert_capacity(tokens: int, top_k: int, num_experts: int, capacity_factor: float) -> int:
+    """Assignments one expert accepts from a group of `tokens`: `⌈cf · T·k / E⌉`."""
+    if capacity_factor <= 0:
+        raise ShardwiseError(f"capacity_factor must be > 0, got {capacity_factor}")
+    return math.ceil(capacity_factor * tokens * top_k / num_experts)
+
+
+def capacity_keep(experts: torch.Tensor, num_experts: int, capacity: int | None) -> torch.Tensor:
+    """Which (token, slot) assignments an expert keeps: the first `capacity` in token order.
+
+    experts (T, k) -> keep (T, k) bool; `capacity=None` keeps everything.
+    """
+    if capacity is None:
+        return torch.ones_like(experts, dtype=torch.bool)
+    onehot = F.one_hot(experts.reshape(-1), num_experts)  # (T·k, E), token-major order
+    position = (onehot.cumsum(dim=0) - 1)[torch.arange(onehot.shape[0]), experts.reshape(-1)]
+    return (position < capacity).reshape(experts.shape)
+
+
+def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+    """Switch's auxiliary loss `E · Σ_i f_i · P_i` for one group of tokens.
+
+    f_i = (assignments to expert i) / (T·k) (counted before dropping, not differentiable),
+    P_i = mean over tokens of p_i(x).
+    """
+    num_experts = probs.shape[1]
+    counts = torch.bincount(experts.reshape(-1), minlength=num_experts).to(probs.dtype)
+    f = counts / experts.numel()
+    return num_experts * (f * probs.mean(dim=0)).sum()
+
+
+def expert_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
+               w_down: torch.Tensor) -> torch.Tensor:
+    """One SwiGLU expert: `(SiLU(x W_g) ⊙ x W_u) W_d`, x (n, h) -> (n, h)."""
+    return (F.silu(x @ w_gate) * (x @ w_up)) @ w_down
+
+
+# ------------------------------------------------------------------------ single device
+@dataclass
+class MoEResult:
+    """Output (T, h), auxiliary loss, per-expert assignment counts before (`routed`) and after
+    (`kept`) the capacity limit, and the number of dropped assignments."""
+
+    out: torch.Tensor
+    aux_loss: torch.Tensor
+    routed: torch.Tensor
+    kept: torch.Tensor
+
+    @property
+    def dropped(self) -> int:
+        return int((self.routed - self.kept).sum())
+
+    @property
+    def imbalance(self) -> float:
+        """max / mean of the routed per-expert counts (1.0 = perfectly balanced)."""
+        return imbalance(self.routed)
+
+
+def imbalance(counts: torch.Tensor) -> float:
+    """max / mean of per-expert counts; 1.0 is perfect balance."""
+    mean = counts.double().mean()
+    return float(counts.double().max() / mean) if mean > 0 else 1.0
+
+
+def moe_layer(x: torch.Tensor, params: MoEParams, top_k: int, *,
+              capacity_factor: float | None = None, normalize: bool = True,
+              groups: int = 1) -> MoEResult:
+    """The single-device MoE layer on x (T, h); `groups` equal slices of the tokens are routed
+    and capacity-limited independently (use `groups = e` to match `e` expert-parallel ranks)."""
+    tokens, _ = x.shape
+    if groups < 1 or tokens % groups:
+        raise ShardwiseError(f"groups={groups} must divide the {tokens} tokens")
+    num_experts = params.num_experts
+    outs, losses, routed, kept = [], [], [], []
+    for xg in x.chunk(groups):
+        r = route(xg, params.router, top_k, normalize)
+        cap = None if capacity_factor is None else expert_capacity(
+            xg.shape[0], top_k, num_experts, capacity_factor)
+        keep = capacity_keep(r.experts, num_experts, cap)
+        y = torch.zeros_like(xg)
+        for i in range(num_experts):
+            token, slot = ((r.experts == i) & keep).nonzero(as_tuple=True)
+            if token.numel():
+                yi = expert_mlp(xg[token], params.w_gate[i], params.w_up[i], params.w_down[i])
+                y = y.index_add(0, token, r.gates[token, slot, None] * yi)
+        outs.append(y)
+        losses.append(load_balancing_loss(r.probs, r.experts))
+        routed.append(torch.bincount(r.experts.reshape(-1), minlength=num_experts))
+        kept.append(torch.bincount(r.experts[keep], minlength=num_experts))
+    return MoEResult(torch.cat(outs), torch.stack(losses).mean(),
+                     torch.stack(routed).sum(0), torch.stack(kept).sum(0))
+
+
+def balanced_inputs(tokens: int, hidden: int, num_experts: int, top_k: int, *, seed: int = 0,
+                    dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens x (T, h) and a router (h, E) whose top-k routing is exactly balanced.
+
+    Token t prefers experts (t·k + j) mod E, j < k (a large logit on coordinate i of x selects
+    expert i through the identity block of the router), so any `tokens` with `T·k` divisible by
+    `E` — and every rank's slice of them when the slice is — sends `T·k/E` assignments to each
+    expert. Small noise keeps the logits distinct. Needs `hidden ≥ E`.
+    """
+    if hidden < num_experts or (tokens * top_k) % num_experts:
+        raise ShardwiseError("balanced routing needs hidden ≥ n_experts and E | tokens·top_k")
+    gen = torch.Generator().manual_seed(seed)
+    x = 0.1 * torch.randn(tokens, hidden, generator=gen, dtype=dtype)
+    for t in range(tokens):
+        for j in range(top_k):
+            x[t, (t * top_k + j) % num_experts] += 6.0 - 0.5 * j
+    router = torch.zeros(hidden, num_experts, dtype=dtype)
+    router[:num_experts] = torch.eye(num_experts, dtype=dtype)
+    router += 0.01 * torch.randn(hidden, num_experts, generator=gen, dtype=dtype)
+    return x, router
+
+
+# ------------------------------------------------------------- dispatch / combine pieces
+@dataclass
+class DispatchPlan:
+    """One rank's kept assignments sorted by expert (stable: token order within an expert).
+
+    token, gate, expert (N,): the token row, its gate and expert for each dispatched row;
+    per_expert (E,): kept rows per global expert; send (e,): rows for each destination rank;
+    routed (E,): assignments per expert before the capacity limit.
+    """
+
+    token: torch.Tensor
+    gate: torch.Tensor
+    expert: torch.Tensor
+    per_expert: torch.Tensor
+    send: torch.Tensor
+    routed: torch.Tensor
+
+
+def dispatch_plan(routing: Routing, num_ranks: int, capacity_factor: float | None) -> DispatchPlan:
+    """Drop over-capacity assignments and order the rest by destination (expert-major)."""
+    tokens, top_k = routing.experts.shape
+    num_experts = routing.probs.shape[1]
+    if num_experts % num_ranks:
+        raise ShardwiseError(f"ep={num_ranks} does not divide n_experts={num_experts}")
+    cap = None if capacity_factor is None else expert_capacity(
+        tokens, top_k, num_experts, capacity_factor)
+    keep = capacity_keep(routing.experts, num_experts, cap)
+    token, slot = keep.nonzero(as_tuple=True)  # token-major order
+    expert = routing.experts[token, slot]
+    order = torch.sort(expert, stable=True).indices
+    token, slot, expert = token[order], slot[order], expert[order]
+    per_expert = torch.bincount(expert, minlength=num_experts)
+    send = per_expert.reshape(num_ranks, -1).sum(dim=1)  # (e, E/e) -> (e,)
+    routed = torch.bincount(routing.experts.reshape(-1), minlength=num_experts)
+    return DispatchPlan(token, routing.gates[token, slot], expert, per_expert, send, routed)
+
+
+def run_local_experts(received: torch.Tensor, counts: torch.Tensor, w_gate: torch.Tensor,
+                      w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+    """Apply this rank's experts to the rows it received.
+
+    received (N, h) is ordered by source rank, then local expert, then token; counts
+    (e, E_local) the rows from each source for each local expert; w_* (E_local, …).
+    Returns the expert outputs (N, h) in the same order.
+    """
+    local = counts.shape[1]
+    which = torch.repeat_interleave(torch.arange(local).repeat(counts.shape[0]),
+                                    counts.reshape(-1))  # local expert of every received row
+    out = torch.zeros_like(received)
+    for j in range(local):
+        rows = (which == j).nonzero().flatten()
+        if rows.numel():
+            y = expert_mlp(received.index_select(0, rows), w_gate[j], w_up[j], w_down[j])
+            out = out.index_copy(0, rows, y)
+    return out
+
+
+def combine(expert_out: torch.Tensor, plan: DispatchPlan, tokens: int) -> torch.Tensor:
+    """Gate-weighted sum of the returned expert rows into (T, h); dropped tokens stay zero."""
+    y = expert_out.new_zeros(tokens, expert_out.shape[1])
+    return y.index_add(0, plan.token, plan.gate[:, None] * expert_out)
+
+
+# ------------------------------------------------------------------------ emulated EP
+@dataclass
+class EPEmulation:
+    """Per-rank outputs and aux losses, per-expert routed/kept counts (all ranks), and per rank
+    the bytes each all-to-all sent to other ranks (dispatch, combine; backward mirrors them)."""
+
+    outputs: list[torch.Tensor]
+    aux_losses: list[torch.Tensor]
+    routed: torch.Tensor
+    kept: torch.Tensor
+    dispatch_bytes: list[int]
+    combine_bytes: list[int]
+
+
+def emulated_all_to_all(chunks: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
+    """`chunks[src][dst]` -> `received[dst][src]` (differentiable: it only moves references)."""
+    n = len(chunks)
+    return [[chunks[src][dst] for src in range(n)] for dst in range(n)]
+
+
+def _offrank_bytes(chunks: list[list[torch.Tensor]]) -> list[int]:
+    return [sum(t.numel() * t.element_size() for dst, t in enumerate(row) if dst != src)
+            for src, row in enumerate(chunks)]
+
+
+def ep_moe_emulated(x_shards: list[torch.Tensor], params: MoEParams, top_k: int, *,
+                    capacity_factor: float | None = None,
+                    normalize: bool = True) -> EPEmulation:
+    """Expert parallelism over `len(x_shards)` emulated ranks, each with its own tokens."""
+    e = len(x_shards)
+    num_experts = params.num_experts
+    local = num_experts // e
+    routings = [route(x, params.router, top_k, normalize) for x in x_shards]
+    plans = [dispatch_plan(r, e, capacity_factor) for r in routings]
+    # Count exchange: rank dst learns, from each src, the rows for each of its experts.
+    counts = emulated_all_to_all([list(p.per_expert.reshape(e, local)) for p in plans])
+    # Dispatch: rows sorted by expert are already grouped by destination rank.
+    send = [list(x[p.token].split(p.send.tolist())) for x, p in zip(x_shards, plans)]
+    received = emulated_all_to_all(send)
+    results = []
+    for dst in range(e):
+        sl = slice(dst * local, (dst + 1) * local)
+        rows = torch.cat(received[dst])  # (N_recv, h): src-major, then expert, then token
+        out = run_local_experts(rows, torch.stack(counts[dst]), params.w_gate[sl],
+                                params.w_up[sl], params.w_down[sl])
+        results.append(list(out.split([int(c.sum()) for c in counts[dst]])))
+    returned = emulated_all_to_all(results)  # combine
+    outputs = [combine(torch.cat(returned[r]), plans[r], x_shards[r].shape[0]) for r in range(e)]
+    return EPEmulation(
+        outputs, [load_balancing_loss(r.probs, r.experts) for r in routings],
+        torch.stack([p.routed for p in plans]).sum(0),
+        torch.stack([p.per_expert for p in plans]).sum(0),
+        _offrank_bytes(send), _offrank_bytes(results))

@@ -285,6 +285,189 @@ def schedule(stages: int, microbatches: int, schedule: str, chunks: int | None, 
     ))
 
 
+# -------------------------------------------------------------------------------------- demo
+# name -> (module, function, default ranks); each function returns rows (dicts) of checks.
+DEMOS = {
+    "ring": ("shardwise.runtime.demos", "run_ring_demo", 4),
+    "ddp": ("shardwise.runtime.demos", "run_ddp_demo", 2),
+    "zero": ("shardwise.runtime.demos", "run_zero_demo", 2),
+    "tp": ("shardwise.runtime.demos", "run_tp_demo", 2),
+    "pipeline": ("shardwise.runtime.demos_pipeline", "run_pipeline_demo", 4),
+    "ring-attention": ("shardwise.runtime.demos_cp_ep", "run_ring_attention_demo", 4),
+    "moe": ("shardwise.runtime.demos_cp_ep", "run_moe_demo", 4),
+}
+
+
+def _import_runtime(module: str) -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.split(".")[0] == "torch":
+            raise ShardwiseError(
+                "the runtime needs torch: pip install 'shardwise[torch]'") from None
+        raise
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        exact = value.is_integer() and abs(value) < 1e15
+        return f"{value:,.0f}" if exact else f"{value:.3g}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    if isinstance(value, list | tuple):
+        return " ".join(_cell(v) for v in value)
+    return str(value)
+
+
+def print_rows(title: str, rows: list[dict[str, Any]]) -> None:
+    """A table with the union of the rows' keys as columns, in first-seen order."""
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    console.print(_table(title, columns, [[_cell(row.get(c, "")) for c in columns]
+                                          for row in rows]))
+
+
+@cli.command()
+@click.argument("name", type=click.Choice(list(DEMOS)))
+@click.option("--ranks", default=None, type=click.IntRange(1, 64),
+              help="Local CPU processes (gloo) [default depends on the demo].")
+@click.option("--schedule", default=None, type=click.Choice(SCHEDULES),
+              help="Pipeline schedule (pipeline demo).")
+@json_option
+def demo(name: str, ranks: int | None, schedule: str | None, as_json: bool) -> None:
+    """Run a parallelism for real on local processes and check it against one device."""
+    module, function, default_ranks = DEMOS[name]
+    run = getattr(_import_runtime(module), function)
+    kwargs = {"schedule": schedule} if schedule else {}
+    result = run(ranks or default_ranks, **kwargs)
+    payload = result if isinstance(result, dict) else {"rows": result}
+    if as_json:
+        return _emit_json(payload)
+    for key, value in payload.items():
+        if isinstance(value, list) and value and isinstance(value[0], dict):
+            print_rows(f"{name}: {key}", value)
+        elif isinstance(value, str) and "\n" in value:
+            console.print(f"[bold]{key}[/]\n{value}", soft_wrap=True)
+        else:
+            console.print(f"{key}: {_cell(value)}")
+    rows = [row for value in payload.values() if isinstance(value, list)
+            for row in value if isinstance(row, dict)]
+    if any(row.get("ok") is False for row in rows):
+        raise ShardwiseError(f"demo {name}: some checks failed (ok = False above)")
+
+
+# ---------------------------------------------------------------------------------------- plan
+def _plan_batch(text: str, seq: int) -> tuple[int, str | None]:
+    """Global batch in sequences; a token count that is not a whole number of sequences in
+    decimal units (16M = 16·10^6) but is in binary ones (16·2^20, as batch sizes are quoted,
+    e.g. Llama 3's "16M tokens" = 2048 × 8192) is read in binary, and said so."""
+    import re
+
+    from shardwise.units import parse_count
+
+    if "token" in text.lower():
+        tokens = parse_count(text, what="global batch")
+        match = re.match(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGBT]?)", text.upper())
+        if tokens % seq and match:
+            scale = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "B": 2**30, "T": 2**40}
+            binary = float(match.group(1)) * scale[match.group(2)]
+            if binary == int(binary) and int(binary) % seq == 0:
+                seqs = int(binary) // seq
+                return seqs, (f"{text} read as {match.group(1)}·2^"
+                              f"{int(scale[match.group(2)]).bit_length() - 1} = "
+                              f"{int(binary):,} tokens = {seqs:,} sequences of {seq} (the "
+                              f"decimal {tokens:,.0f} is not a whole number of sequences)")
+    return parse_batch(text, seq), None
+
+
+@cli.command()
+@click.argument("model", default=DEFAULT_MODEL)
+@click.option("--gpus", default=64, show_default=True, help="Number of GPUs.")
+@click.option("--gpu", default="h100", show_default=True, help="Accelerator preset.")
+@click.option("--gpus-per-node", default=8, show_default=True)
+@click.option("--intra", default=None, help="Intra-node link preset [default: the GPU's].")
+@click.option("--inter", default=None, help="Inter-node link preset [default: the GPU's].")
+@click.option("--seq", default=8192, show_default=True, help="Sequence length.")
+@click.option("--global-batch", default="4M-tokens", show_default=True,
+              help="Sequences (1024) or tokens (16M-tokens).")
+@click.option("--tokens", default=None, help="Training budget in tokens (15T) for time/cost.")
+@click.option("--price", default=None, type=float, help="Price per GPU-hour (with --tokens).")
+@click.option("--top", default=10, show_default=True, type=click.IntRange(1),
+              help="Layouts to show.")
+@click.option("--layout", "layout_text", default=None,
+              help="Evaluate this layout too, e.g. tp=8,pp=16,zero=1 (dp: the rest).")
+@click.option("--emit", default=None, type=click.Choice(["megatron", "torchtitan", "deepspeed"]),
+              help="Print only the launch configuration of the chosen layout.")
+@click.option("--flash/--no-flash", default=True, show_default=True, help="FlashAttention.")
+@click.option("--dtype", default="bf16", show_default=True)
+@click.option("--grad-dtype", default=None, help="Gradient dtype [default: --dtype].")
+@click.option("--optimizer", default="adam", show_default=True)
+@click.option("--headroom", default=0.85, show_default=True,
+              help="Usable fraction of GPU memory.")
+@click.option("--calibration", "calibration_path", default=None,
+              type=click.Path(dir_okay=False), help="JSON file overriding efficiency constants.")
+@json_option
+def plan(model: str, gpus: int, gpu: str, gpus_per_node: int, intra: str | None,
+         inter: str | None, seq: int, global_batch: str, tokens: str | None,
+         price: float | None, top: int, layout_text: str | None, emit: str | None,
+         flash: bool, dtype: str, grad_dtype: str | None, optimizer: str, headroom: float,
+         calibration_path: str | None, as_json: bool) -> None:
+    """Search every layout of MODEL (preset or config.json) and explain the best.
+
+    With no arguments: llama3-8b on 64 H100s (8 nodes), s=8192, a 4M-token batch.
+    """
+    from shardwise.calibration import load_calibration
+    from shardwise.emit import emit as emit_config
+    from shardwise.plan import plan as run_plan
+    from shardwise.report.plan_report import plan_json, render_plan
+    from shardwise.units import parse_count
+
+    spec = get_model(model)
+    cluster = Cluster.of(gpus, gpu, gpus_per_node, intra, inter)
+    batch, note = _plan_batch(global_batch, seq)
+    train = TrainSpec(seq_len=seq, global_batch=batch, dtype=dtype, grad_dtype=grad_dtype,
+                      optimizer=optimizer, flash_attention=flash).validate()
+    calib = load_calibration(cluster.accelerator.name, calibration_path)
+    given = None
+    if layout_text:
+        given = Layout.parse(layout_text)
+        if "dp=" not in layout_text.replace(" ", ""):
+            split = given.tp * given.pp * given.cp
+            if gpus % split:
+                raise ShardwiseError(f"tp·pp·cp = {split} does not divide --gpus {gpus}")
+            given = given.with_(dp=gpus // split)
+        given.validate(spec, cluster, train)
+    budget_tokens = parse_count(tokens, what="token budget") if tokens else None
+    if price is not None and budget_tokens is None:
+        raise ShardwiseError("--price needs --tokens (the training budget)")
+    interactive = console.is_terminal and not as_json and emit is None
+    if interactive:
+        with console.status("searching layouts…") as status:
+            result = run_plan(spec, cluster, train, top, headroom=headroom, calib=calib,
+                              layout=given, progress=lambda msg: status.update(msg + "…"))
+    else:
+        result = run_plan(spec, cluster, train, top, headroom=headroom, calib=calib,
+                          layout=given)
+    if emit:
+        chosen = result.given.layout if result.given is not None else result.best.layout
+        emitted = emit_config(emit, spec, chosen, train)
+        if as_json:
+            return _emit_json({"framework": emit, "layout": chosen.to_dict(),
+                               "config": emitted.text, "notes": list(emitted.notes)})
+        click.echo(emitted.text, nl=False)
+        for line in emitted.notes:
+            click.echo(f"note: {line}", err=True)
+        return None
+    if as_json:
+        payload = plan_json(result, tokens=budget_tokens, price=price)
+        payload["batch_note"] = note
+        return _emit_json(payload)
+    render_plan(result, console, tokens=budget_tokens, price=price,
+                notes=[note] if note else None)
+    return None
+
+
 # ------------------------------------------------------------------------------------- entry
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: one line and exit 2 on bad input, never a traceback."""

@@ -34,7 +34,8 @@ def _label(action: Action, chunked: bool) -> str:
 def render_ascii(source: Source, width: int | None = None, slot: float | None = None) -> str:
     """A grid with one row per stage and one cell per `slot` of time (default: the shortest
     action). An action shows its label in its first cell and `-` in the cells it continues into;
-    idle cells show `.`. Rows longer than `width` characters are cut and end in `>`.
+    idle cells show `.`; an action shorter than a slot still gets a cell (later ones shift).
+    Rows longer than `width` characters are cut and end in `>`.
 
         0 | F0 F1 F2 F3 .  .  B0 B1 B2 B3          (GPipe, p=2, m=4)
         1 | .  F0 F1 F2 F3 B0 B1 B2 B3 .
@@ -43,9 +44,16 @@ def render_ascii(source: Source, width: int | None = None, slot: float | None = 
     slot = slot or min(event.end - event.start for event in timeline.events)
     chunked = any(event.action.chunk for event in timeline.events)
     cell = max(len(_label(event.action, chunked)) for event in timeline.events)
-    spans = [(event, round(event.start / slot), round(event.end / slot))
-             for event in timeline.events]
-    slots = max(max(stop, first + 1) for _, first, stop in spans)
+    # Actions of a stage run one after another: each gets at least one cell, pushed right
+    # when rounding to the slot would make it collide with the one before.
+    cursor = [0] * timeline.stages
+    spans = []
+    for event in sorted(timeline.events, key=lambda e: (e.stage, e.start)):
+        first = max(round(event.start / slot), cursor[event.stage])
+        stop = max(round(event.end / slot), first + 1)
+        cursor[event.stage] = stop
+        spans.append((event, first, stop))
+    slots = max(stop for _, _, stop in spans)
     grid = [["."] * slots for _ in range(timeline.stages)]
     for event, first, stop in spans:
         grid[event.stage][first] = _label(event.action, chunked)

@@ -1,0 +1,201 @@
+"""`shardwise demo pipeline`: run a schedule on real ranks and check it (SPEC §6, §8, §9).
+
+Spawns `ranks` local gloo processes (or runs under `torchrun`), cuts a small LM with the sizes of
+the "tiny" preset into `p·v` virtual stages and runs one training step's forward and backward
+with `runtime.pipeline.run_pipeline` under the schedule's action lists. Every rank also computes
+the single-device model on the whole batch; the demo reports rows shaped like those of
+`runtime.demos`, `{"check": str, "measured", "expected", "ok": bool}` (per-stage peaks are
+given as strings such as "(4, 3, 2, 1)"):
+
+* the loss and every gradient against the single-device ones (float64, relative error ≤ 1e-12);
+* the peak micro-batch-chunks alive per stage, measured while running, against the
+  simulator's `peak_in_flight` (and, for ZB-H1, the count until W);
+* the bytes sent per stage boundary per micro-batch against
+  `estimate.comm.pp_comm_bytes_per_microbatch` (`2·s·b·h·8` bytes in float64);
+* with `dp > 1`, the number of data-parallel all-reduces in the step (one, after the last
+  micro-batch).
+
+It also returns the bubble fraction, measured and simulated with the measured mean action times
+(reported, not checked: a few CPU ranks sharing cores make noisy clocks), and both timelines as ASCII Gantt charts drawn on the same time grid (one cell is
+at least the shortest simulated action and small enough for the longer chart to fit `width`; an
+action shorter than a cell may be hidden by its neighbour). The measured step is the second one:
+the first pays one-off start-up costs.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+from statistics import mean
+from typing import Any
+
+from shardwise.arch import get_model
+from shardwise.errors import ShardwiseError
+from shardwise.estimate.comm import pp_comm_bytes_per_microbatch
+from shardwise.schedules import (
+    Timeline,
+    make_schedule,
+    peak_in_flight,
+    render_ascii,
+    simulate,
+    validate_schedule,
+)
+
+__all__ = ["format_pipeline_demo", "run_pipeline_demo"]
+
+_TOL = 1e-12
+_DTYPE_BYTES = 8  # float64
+
+
+def _demo_worker(p: int, dp: int, schedule: str, m: int, v: int, sizes: tuple[int, int, int, int],
+                 seq_len: int, micro_batch: int, seed: int) -> dict[str, Any]:
+    """One rank: the pipeline step, the single-device reference, what was measured."""
+    import torch
+
+    from shardwise.layout import Layout
+    from shardwise.runtime import collectives as C
+    from shardwise.runtime.mesh import Mesh
+    from shardwise.runtime.pipeline import PipelineModel, run_pipeline
+
+    n_layers, hidden, ffn, vocab = sizes
+    mesh = Mesh.from_layout(Layout(pp=p, dp=dp, schedule=schedule, chunks=v))
+    gen = torch.Generator().manual_seed(seed + 1)
+    rows = dp * m * micro_batch
+    tokens = torch.randint(0, vocab, (rows, seq_len), generator=gen)
+    targets = torch.randint(0, vocab, (rows, seq_len), generator=gen)
+    share = slice(mesh.rank("dp") * m * micro_batch, (mesh.rank("dp") + 1) * m * micro_batch)
+
+    model = PipelineModel.build(n_layers, hidden, ffn, vocab, seed)
+    plan = make_schedule(schedule, p, m, v)
+    dp_axis = "dp" if dp > 1 else None
+    # A warm-up step first: the first backward of a process pays one-off costs (autograd
+    # imports torch.fx/sympy lazily, ~1 s) that would dwarf the timeline. Its result is discarded.
+    with C.counting():
+        run_pipeline(model, plan, tokens[share], targets[share], "pp", dp_axis)
+    with C.counting() as counter:
+        result = run_pipeline(model, plan, tokens[share], targets[share], "pp", dp_axis)
+
+    reference = PipelineModel.build(n_layers, hidden, ffn, vocab, seed)
+    loss = reference.forward(tokens, targets)  # the whole batch on one device
+    loss.backward()
+    ref = reference.named_parameters()
+    rel = max(float((g - ref[n].grad).abs().max() / ref[n].grad.abs().max().clamp_min(1e-300))
+              for n, g in result.grads.items())
+    result.grads = {}  # the parent needs the measurements, not the tensors
+    return {"result": result, "dp_rank": mesh.rank("dp"), "host": socket.gethostname(),
+            "loss_ref": float(loss.detach()),
+            "grad_rel_error": rel, "pp_bytes": counter.bytes("pp", "send"),
+            "dp_allreduces": counter.calls("dp", "all-reduce")}
+
+
+def run_pipeline_demo(ranks: int = 4, schedule: str = "1f1b", microbatches: int = 8,
+                      chunks: int = 1, *, dp: int = 1, model: str = "tiny", seq_len: int = 32,
+                      micro_batch: int = 4, seed: int = 0, width: int = 160,
+                      timeout_s: float = 120) -> dict[str, Any]:
+    """Run `schedule` on `ranks` processes (`p = ranks / dp` pipeline stages) and check it.
+
+    Returns {"ranks", "dp", "p", "m", "v", "schedule", "model", "rows": [{"check", "measured",
+    "expected", "ok"}], "ok" (all rows ok), "measured_timeline", "simulated_timeline" (ASCII),
+    "measured_makespan_s", "simulated_makespan_s", "measured_bubble", "simulated_bubble"}.
+    `format_pipeline_demo(report)` prints it. Raises `ShardwiseError` for bad arguments before
+    starting any process.
+    """
+    from shardwise.runtime.launch import launch
+    from shardwise.runtime.pipeline import measured_timeline, peak_in_flight_until_w
+
+    if ranks < 1 or dp < 1 or ranks % dp:
+        raise ShardwiseError(f"ranks={ranks} must be a positive multiple of dp={dp}")
+    p, m, v = ranks // dp, microbatches, chunks
+    plan = make_schedule(schedule, p, m, v)
+    validate_schedule(plan, p, m, v)
+    spec = get_model(model)
+    n_layers = max(spec.n_layers, p * v)  # at least one layer per virtual stage
+    sizes = (n_layers, spec.d_model, spec.d_ff, spec.vocab)
+    outputs = launch(_demo_worker, ranks, p, dp, schedule, m, v, sizes, seq_len, micro_batch,
+                     seed, timeout_s=timeout_s)
+
+    replica = [o for o in outputs if o["dp_rank"] == 0]
+    results = [o["result"] for o in replica]
+    split = any(a.kind == "W" for actions in plan.values() for a in actions)
+    losses = [o["result"].loss for o in outputs if o["result"].loss is not None]
+    loss = sum(losses) / len(losses)  # replicas' means over equal shares
+    loss_ref = outputs[0]["loss_ref"]
+    grad_error = max(o["grad_rel_error"] for o in outputs)
+    peaks = tuple(r.peak_alive for r in sorted(results, key=lambda r: r.stage))
+    boundaries = p * v - 1
+    per_boundary = (sum(o["pp_bytes"] for o in replica) / (boundaries * m)) if boundaries else 0.0
+    expected_bytes = pp_comm_bytes_per_microbatch(seq_len, micro_batch, spec.d_model,
+                                                  _DTYPE_BYTES) if boundaries else 0.0
+
+    rows: list[dict[str, Any]] = [
+        {"check": "loss vs single device", "measured": loss,
+         "expected": loss_ref, "ok": abs(loss - loss_ref) <= _TOL * max(1.0, abs(loss_ref))},
+        {"check": "gradients vs single device (max rel. error)", "measured": grad_error,
+         "expected": f"≤ {_TOL:g}", "ok": grad_error <= _TOL},
+        {"check": "peak micro-batches alive per stage (F→B)", "measured": str(peaks),
+         "expected": str(peak_in_flight(plan)), "ok": peaks == peak_in_flight(plan)},
+    ]
+    if split:
+        peaks_w = tuple(r.peak_alive_until_w for r in sorted(results, key=lambda r: r.stage))
+        rows.append({"check": "peak alive counted until W", "measured": str(peaks_w),
+                     "expected": str(peak_in_flight_until_w(plan)),
+                     "ok": peaks_w == peak_in_flight_until_w(plan)})
+    rows.append({"check": "p2p bytes per boundary per micro-batch", "measured": per_boundary,
+                 "expected": expected_bytes, "ok": per_boundary == expected_bytes})
+    if dp > 1:
+        calls = sorted({o["dp_allreduces"] for o in outputs})
+        rows.append({"check": "dp all-reduces per rank per step (after the last micro-batch)",
+                     "measured": float(max(calls)), "expected": 1.0, "ok": calls == [1]})
+
+    measured = measured_timeline(results, same_clock=len({o["host"] for o in replica}) == 1)
+    simulated = _simulated_like(plan, measured)
+    # one time grid for both charts, coarse enough that the longer one fits in `width`
+    label = len(f"F{m - 1}") + (len(f".{v - 1}") if v > 1 else 0)
+    cells = max(8, (width - len(str(p - 1)) - 3) // (label + 1))
+    slot = max(min(e.end - e.start for e in simulated.events),
+               max(measured.makespan, simulated.makespan) / cells)
+    return {
+        "ranks": ranks, "dp": dp, "p": p, "m": m, "v": v, "schedule": schedule,
+        "model": {"n_layers": n_layers, "hidden": spec.d_model, "ffn": spec.d_ff,
+                  "vocab": spec.vocab, "seq_len": seq_len, "micro_batch": micro_batch,
+                  "dtype": "float64"},
+        "rows": rows,
+        "ok": all(row["ok"] for row in rows),
+        "measured_timeline": render_ascii(measured, width=width, slot=slot),
+        "simulated_timeline": render_ascii(simulated, width=width, slot=slot),
+        "measured_makespan_s": measured.makespan,
+        "simulated_makespan_s": simulated.makespan,
+        "measured_bubble": measured.bubble_fraction,
+        "simulated_bubble": simulated.bubble_fraction,
+    }
+
+
+def _simulated_like(plan: Mapping[int, Any], measured: Timeline) -> Timeline:
+    """The simulator's timeline with the measured mean time of each action kind."""
+    times = {kind: [e.end - e.start for e in measured.events if e.action.kind == kind]
+             for kind in "FBW"}
+    t = {kind: max(mean(values), 1e-9) if values else None for kind, values in times.items()}
+    return simulate(plan, t["F"] or 1e-9, t["B"] or 1e-9, t["W"])
+
+
+def format_pipeline_demo(report: Mapping[str, Any]) -> str:
+    """The demo's report as text: the rows, then the measured and simulated timelines."""
+    lines = [f"pipeline {report['schedule']}: p={report['p']} stages × dp={report['dp']}, "
+             f"m={report['m']} micro-batches, v={report['v']} chunks (float64, gloo)"]
+    for row in report["rows"]:
+        lines.append(f"  {'ok  ' if row['ok'] else 'FAIL'} {row['check']}: "
+                     f"{_fmt(row['measured'])} (expected {_fmt(row['expected'])})")
+    lines.append(f"measured timeline ({report['measured_makespan_s'] * 1e3:.2f} ms, bubble "
+                 f"{report['measured_bubble']:.2f}; a few CPU ranks sharing cores are noisy):")
+    lines.append(report["measured_timeline"])
+    lines.append(f"simulated timeline with the measured mean action times "
+                 f"({report['simulated_makespan_s'] * 1e3:.2f} ms, bubble "
+                 f"{report['simulated_bubble']:.2f}):")
+    lines.append(report["simulated_timeline"])
+    return "\n".join(lines)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)

@@ -1,0 +1,553 @@
+"""Pipeline parallelism: run a schedule's action lists with real send/recv (SPEC §6, §8).
+
+The model's layers are cut into `V = p·v` contiguous *virtual stages* with `partition_layers`
+(uneven splits allowed); virtual stage `vs` lives on pipeline rank `vs mod p` as its chunk
+`vs // p` (Megatron-LM's interleaving). The first virtual stage also holds the embedding, the
+last the LM head and the loss. A batch of `m·b` sequences is cut into `m` micro-batches of `b`.
+
+Every rank runs *its own* action list from `shardwise.schedules` — the very lists the simulator
+times — one action after the other:
+
+    F(j, c)  receive the activation of micro-batch j from virtual stage vs-1 (unless vs = 0),
+             run chunk c forward, keep what backward needs, send the output to vs+1 (or, on
+             the last virtual stage, keep the loss L_j)
+    B(j, c)  receive dL/d(output) from vs+1 (on the last virtual stage: the seed 1/m, so the
+             step's loss is Σ_j L_j / m, the mean over the whole batch), back-propagate through
+             chunk c, send dL/d(input) to vs-1. Without W in the schedule B is the whole backward
+             and accumulates the weight gradients too.
+    W(j, c)  (zero-bubble schedules only) the weight gradients of chunk c for micro-batch j.
+
+Schedules: GPipe (Huang et al. 2019) runs all forwards then all backwards and holds `m`
+micro-batches; 1F1B (PipeDream-Flush, Narayanan et al. 2021) warms up with `p-1-i` forwards then
+alternates, holding `min(p-i, m)`; interleaved 1F1B (Narayanan et al. 2021, §2.2) gives each rank
+`v` chunks and shrinks the bubble to `(p-1)/(v·m+p-1)`; ZB-H1 (Qi et al. 2023) splits the
+backward into B, the input gradient on the critical path, and W, the weight gradient, which
+fills the drain bubble.
+
+B and W, honestly split: in a ZB-H1 run every weight-bearing op (embedding, each linear, the
+head) records its input X and its output Y during F. B asks autograd for the gradients with
+respect to the stage input *and each Y only*, so no weight-gradient product is computed (autograd
+runs only the parts of the graph those inputs need); the graph is then freed and only (X, dY)
+stay. W computes `dW = dYᵀ·X`, `db = Σ dY` (and an index-add for the embedding): the weight
+gradient GEMMs of Qi et al.'s Figure 1.
+
+Communication and why it cannot deadlock: a rank *receives* with a blocking `recv` right before
+the action that needs the tensor and *sends* with a non-blocking `isend` right after the action
+that produced it (the handles are waited at the end of the step). Each message carries a tag
+naming (kind, micro-batch, virtual stage), so neighbours may order their traffic differently
+(e.g. with v > 1 rank 0 sends activations *and* gradients to rank 1). A rank therefore only ever
+waits for an action of another rank that does not itself wait on anything later — exactly the
+simulator's dependency graph, which `validate_schedule` proves acyclic before the first message.
+That proof covers one schedule, so the stages first all-gather a checksum of (schedule, layer
+partition, batch shape) and all raise if they differ, rather than wait forever. The isends go to
+torch.distributed directly (`collectives` offers blocking `send` only) and are counted under the
+key `collectives.send` uses. gloo needs CPU tensors and has no reliable `batch_isend_irecv`;
+neither is used.
+
+Measured, against the analytic side:
+
+* bytes: every send is recorded in the active `collectives` counter under ("pp", "send"); each
+  stage boundary carries `s·b·h` activation bytes forward and as many gradient bytes back per
+  micro-batch, `estimate.comm.pp_comm_bytes_per_microbatch` (`2·s·b·h·bytes`);
+* memory: the executor keeps each in-flight micro-batch-chunk's autograd state in a dictionary
+  from its F until its B (and the (X, dY) pairs of a split backward until its W); the peak size of
+  these dictionaries, read while running, is what the simulator's `peak_in_flight` predicts
+  (counted until B) and, for split schedules, its count until W;
+* time: wall-clock start (once its input has arrived) and end of every action, a `Timeline`
+  (`measured_timeline`) that `render_ascii` draws beside the simulated one.
+
+Pipeline + data parallel: each dp replica runs its own pipeline on its share of the batch; the
+gradients are averaged over the dp group with one all-reduce after the last micro-batch (SUM then
+divide), never per micro-batch.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from shardwise.arch import ModelSpec
+from shardwise.errors import ShardwiseError
+from shardwise.runtime import collectives as C
+from shardwise.schedules import (
+    Action,
+    Event,
+    Timeline,
+    num_stages,
+    partition_layers,
+    schedule_text,
+    validate_schedule,
+)
+
+__all__ = [
+    "PipelineModel",
+    "PipelineResult",
+    "SavedOp",
+    "VirtualStage",
+    "backward_input",
+    "backward_weight",
+    "measured_timeline",
+    "peak_in_flight_until_w",
+    "run_pipeline",
+    "sync_data_parallel",
+    "virtual_stages",
+]
+
+
+# ------------------------------------------------------------------------------------ model
+@dataclass(frozen=True)
+class VirtualStage:
+    """Virtual stage `index` of `count`: its layers, and whether it holds embedding / head."""
+
+    index: int
+    count: int
+    layers: tuple[int, ...]
+
+    @property
+    def first(self) -> bool:
+        return self.index == 0
+
+    @property
+    def last(self) -> bool:
+        return self.index == self.count - 1
+
+
+def virtual_stages(n_layers: int, p: int, v: int = 1, *, first_stage_extra: float = 0.0,
+                   last_stage_extra: float = 0.0) -> list[VirtualStage]:
+    """The `p·v` virtual stages, layers from `partition_layers` (contiguous, balanced)."""
+    count = p * v
+    parts = partition_layers(n_layers, count, first_stage_extra=first_stage_extra,
+                             last_stage_extra=last_stage_extra)
+    return [VirtualStage(vs, count, tuple(layers)) for vs, layers in enumerate(parts)]
+
+
+@dataclass
+class SavedOp:
+    """What a weight-bearing op keeps for W: its weight (and bias), input X and output Y."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    input: torch.Tensor  # linear: (..., k) activations; embedding: (b, s) token ids
+    output: torch.Tensor  # (..., n)
+    embedding: bool = False
+
+
+@dataclass
+class PipelineModel:
+    """A small LM the executor splits into stages, built identically from a seed on every rank.
+
+        x_0 = E[tokens]                                   embedding E (V, h)
+        x_k = x_{k-1} + tanh(x_{k-1} W1ᵀ + b1) W2ᵀ + b2   residual tanh-MLP block, W1 (f, h)
+        L   = cross_entropy(x_n Hᵀ, targets)              head H (V, h), mean over tokens
+
+    `forward` is the single-device model, the reference every pipeline run is compared with.
+    """
+
+    embed: torch.Tensor
+    blocks: list[dict[str, torch.Tensor]]
+    head: torch.Tensor
+
+    @classmethod
+    def build(cls, n_layers: int, hidden: int, ffn: int, vocab: int, seed: int = 0,
+              dtype: torch.dtype = torch.float64) -> PipelineModel:
+        if min(n_layers, hidden, ffn, vocab) < 1:
+            raise ShardwiseError(f"model sizes must be ≥ 1, got n_layers={n_layers}, "
+                                 f"hidden={hidden}, ffn={ffn}, vocab={vocab}")
+        gen = torch.Generator().manual_seed(seed)
+
+        def param(*shape: int, scale: float) -> torch.Tensor:
+            t = torch.randn(*shape, generator=gen, dtype=dtype) * scale
+            return t.requires_grad_()
+
+        embed = param(vocab, hidden, scale=1.0)
+        blocks = [{"w1": param(ffn, hidden, scale=hidden ** -0.5),
+                   "b1": param(ffn, scale=0.1),
+                   "w2": param(hidden, ffn, scale=ffn ** -0.5 / 2),
+                   "b2": param(hidden, scale=0.1)} for _ in range(n_layers)]
+        head = param(vocab, hidden, scale=hidden ** -0.5)
+        return cls(embed, blocks, head)
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec, n_layers: int | None = None, seed: int = 0,
+                  dtype: torch.dtype = torch.float64) -> PipelineModel:
+        """The sizes of a `ModelSpec` (d_model, d_ff, vocab, layers unless `n_layers`)."""
+        return cls.build(n_layers or spec.n_layers, spec.d_model, spec.d_ff, spec.vocab, seed,
+                         dtype)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def hidden(self) -> int:
+        return int(self.embed.shape[1])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+    def named_parameters(self, stage: VirtualStage | None = None) -> dict[str, torch.Tensor]:
+        """Every parameter by name ("embed", "blocks.3.w1", "head"), or one virtual stage's."""
+        layers = range(self.n_layers) if stage is None else stage.layers
+        out: dict[str, torch.Tensor] = {}
+        if stage is None or stage.first:
+            out["embed"] = self.embed
+        for k in layers:
+            out.update({f"blocks.{k}.{name}": t for name, t in self.blocks[k].items()})
+        if stage is None or stage.last:
+            out["head"] = self.head
+        return out
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The single-device model: mean cross-entropy over all `(b, s)` tokens."""
+        whole = VirtualStage(0, 1, tuple(range(self.n_layers)))
+        return self.forward_stage(whole, tokens, targets)
+
+    def forward_stage(self, stage: VirtualStage, inp: torch.Tensor,
+                      targets: torch.Tensor | None = None,
+                      saved: list[SavedOp] | None = None) -> torch.Tensor:
+        """Virtual stage `stage` on `inp` (token ids (b, s) on the first stage, else activations
+        (b, s, h)); returns activations (b, s, h), or the loss on the last stage. With `saved`,
+        every weight-bearing op appends its (weight, input, output) for a split backward."""
+        if stage.first:
+            x = F.embedding(inp, self.embed)  # (b, s) -> (b, s, h)
+            if saved is not None:
+                saved.append(SavedOp(self.embed, None, inp, x, embedding=True))
+        else:
+            x = inp
+        for k in stage.layers:
+            block = self.blocks[k]
+            hidden = torch.tanh(_linear(x, block["w1"], block["b1"], saved))  # (b, s, f)
+            x = x + _linear(hidden, block["w2"], block["b2"], saved)
+        if not stage.last:
+            return x
+        if targets is None:
+            raise ShardwiseError("the last stage needs the targets to compute the loss")
+        logits = _linear(x, self.head, None, saved)  # (b, s, V)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+            saved: list[SavedOp] | None) -> torch.Tensor:
+    y = F.linear(x, weight, bias)
+    if saved is not None:
+        saved.append(SavedOp(weight, bias, x, y))
+    return y
+
+
+def _accumulate(param: torch.Tensor, grad: torch.Tensor) -> None:
+    if param.grad is None:
+        param.grad = grad.clone()
+    else:
+        param.grad.add_(grad)
+
+
+def backward_input(out: torch.Tensor, inp: torch.Tensor | None, saved: list[SavedOp],
+                   grad_out: torch.Tensor) -> tuple[torch.Tensor | None,
+                                                    list[tuple[SavedOp, torch.Tensor]]]:
+    """ZB-H1's B: the gradient of `out` with respect to the stage input `inp` (None on the
+    first stage, whose input is token ids) and to the output Y of every op in `saved`, and
+    nothing else — autograd runs only the ops on the paths from `out` back to those tensors, so
+    no weight-gradient product is computed. Frees the graph; returns `dX` and the (op, dY)
+    pairs `backward_weight` needs."""
+    wanted = ([] if inp is None else [inp]) + [op.output for op in saved]
+    grads = torch.autograd.grad(out, wanted, grad_out)
+    for op in saved:  # the graph is freed: keep plain tensors, no autograd nodes
+        op.input, op.output = op.input.detach(), op.output.detach()
+    dys = grads[1:] if inp is not None else grads
+    return (grads[0] if inp is not None else None), list(zip(saved, dys))
+
+
+def backward_weight(pending: list[tuple[SavedOp, torch.Tensor]]) -> None:
+    """ZB-H1's W: for each op, `dW += dYᵀ·X`, `db += Σ_rows dY`; for the embedding
+    `dE[t] += dY` for every token t. Accumulates into `.grad`."""
+    for op, dy in pending:
+        weight = op.weight
+        if op.embedding:
+            grad = torch.zeros_like(weight)
+            grad.index_add_(0, op.input.reshape(-1), dy.reshape(-1, weight.shape[1]))
+            _accumulate(weight, grad)
+            continue
+        x2 = op.input.reshape(-1, weight.shape[1])  # (b, s, k) -> (b·s, k)
+        dy2 = dy.reshape(-1, weight.shape[0])  # (b, s, n) -> (b·s, n)
+        _accumulate(weight, dy2.T @ x2)  # (n, k)
+        if op.bias is not None:
+            _accumulate(op.bias, dy2.sum(0))
+
+
+# --------------------------------------------------------------------------------- executor
+@dataclass
+class PipelineResult:
+    """One rank's view of one pipeline step.
+
+    `loss` (the batch mean, `Σ_j L_j / m`) is set on the last pipeline stage only. `grads` holds
+    this rank's parameters' gradients after the step (after the dp all-reduce if any). `events`
+    are the measured actions in seconds since the step's start barrier. `peak_alive` counts
+    micro-batch-chunks from F until B (the simulator's convention), `peak_alive_until_w` until
+    their W has run (equal without W). `sent` is the bytes this rank sent, per direction.
+    """
+
+    stage: int
+    num_stages: int
+    chunks: int
+    microbatches: int
+    loss: float | None
+    grads: dict[str, torch.Tensor]
+    events: list[Event]
+    peak_alive: int
+    peak_alive_until_w: int
+    sent: dict[str, int] = field(default_factory=dict)
+    messages: int = 0
+    dp_syncs: int = 0
+    clock_origin: float = 0.0  # time.perf_counter() at the step's start on this rank
+
+
+class _Executor:
+    """The state of one rank during one step: stashes, mailbox for same-rank messages, handles."""
+
+    def __init__(self, model: PipelineModel, stages: list[VirtualStage], pp: Any, m: int,
+                 split: bool, shape: tuple[int, int, int]):
+        self.model, self.stages, self.pp, self.m, self.split = model, stages, pp, m, split
+        self.p = pp.size
+        self.shape = shape  # (b, s, h) of every message
+        self.stash: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor,
+                                                 list[SavedOp]]] = {}
+        self.pending_w: dict[tuple[int, int], list[tuple[SavedOp, torch.Tensor]]] = {}
+        self.mailbox: dict[int, torch.Tensor] = {}
+        self.handles: list[tuple[Any, torch.Tensor]] = []
+        self.losses: dict[int, torch.Tensor] = {}
+        self.sent = {"forward": 0, "backward": 0}
+        self.messages = 0
+        self.peak = self.peak_w = 0
+        self.started = 0.0  # perf_counter() when the current action's compute began
+
+    # -- messages --------------------------------------------------------------------------
+    def _tag(self, kind: str, j: int, vs: int) -> int:
+        """A tag unique within the step: the message produced by `kind` of `j` at `vs`."""
+        return (j * len(self.stages) + vs) * 2 + (kind == "B")
+
+    def _send(self, tensor: torch.Tensor, to_vs: int, tag: int, direction: str) -> None:
+        dst = self.pp.global_rank(to_vs % self.p)
+        payload = tensor.detach().contiguous()
+        if dst == dist.get_rank():
+            self.mailbox[tag] = payload  # p = 1: the "neighbour" is this rank
+            return
+        nbytes = payload.numel() * payload.element_size()
+        C.get_counter().add(self.pp.name, "send", nbytes)  # the key `collectives.send` uses
+        self.sent[direction] += nbytes
+        self.messages += 1
+        self.handles.append((dist.isend(payload, dst=dst, group=self.pp.group, tag=tag), payload))
+
+    def _recv(self, from_vs: int, tag: int) -> torch.Tensor:
+        if tag in self.mailbox:
+            return self.mailbox.pop(tag)
+        src = self.pp.global_rank(from_vs % self.p)
+        buf = torch.empty(self.shape, dtype=self.model.dtype)
+        dist.recv(buf, src=src, group=self.pp.group, tag=tag)
+        return buf
+
+    # -- actions ---------------------------------------------------------------------------
+    def forward(self, j: int, vs: int, tokens: torch.Tensor, targets: torch.Tensor) -> None:
+        stage = self.stages[vs]
+        if stage.first:
+            x, inp = None, tokens
+        else:
+            x = self._recv(vs - 1, self._tag("F", j, vs - 1)).requires_grad_()
+            inp = x
+        self.started = time.perf_counter()
+        saved: list[SavedOp] = []
+        out = self.model.forward_stage(stage, inp, targets if stage.last else None,
+                                       saved if self.split else None)
+        if stage.last:
+            self.losses[j] = out.detach()
+        else:
+            self._send(out, vs + 1, self._tag("F", j, vs), "forward")
+        self.stash[(j, vs)] = (x, out, saved)
+
+    def backward(self, j: int, vs: int) -> None:
+        stage = self.stages[vs]
+        x, out, saved = self.stash.pop((j, vs))
+        if stage.last:
+            grad_out = torch.full_like(out, 1.0 / self.m)  # loss = Σ_j L_j / m
+        else:
+            grad_out = self._recv(vs + 1, self._tag("B", j, vs + 1))
+        self.started = time.perf_counter()
+        if self.split:
+            dx, self.pending_w[(j, vs)] = backward_input(out, x, saved, grad_out)
+        else:
+            torch.autograd.backward(out, grad_out)  # input and weight gradients at once
+            dx = x.grad if x is not None else None
+        if dx is not None:
+            self._send(dx, vs - 1, self._tag("B", j, vs), "backward")
+
+    def weight(self, j: int, vs: int) -> None:
+        self.started = time.perf_counter()
+        backward_weight(self.pending_w.pop((j, vs)))
+
+    def account(self) -> None:
+        self.peak = max(self.peak, len(self.stash))
+        self.peak_w = max(self.peak_w, len(self.stash) + len(self.pending_w))
+        self.handles = [h for h in self.handles if not _completed(h[0])]
+
+
+def _completed(work: Any) -> bool:
+    try:
+        return bool(work.is_completed())
+    except RuntimeError:  # pragma: no cover - backends without is_completed
+        return False
+
+
+def run_pipeline(model: PipelineModel, schedule: Mapping[int, Sequence[Action]],
+                 tokens: torch.Tensor, targets: torch.Tensor, pp: C.GroupLike = "pp",
+                 dp: C.GroupLike | None = None, *, first_stage_extra: float = 0.0,
+                 last_stage_extra: float = 0.0) -> PipelineResult:
+    """Run one training step's forward and backward of `model` under `schedule` on this rank.
+
+    `pp` is the pipeline group (an `AxisGroup`, an axis name on the current mesh, …); this rank
+    runs `schedule[pp.rank]`. `tokens` and `targets` (m·b, s) are this data-parallel replica's
+    batch, the same on every stage (the first stage reads the tokens, the last the targets);
+    `m` and the chunks `v` come from the schedule. With `dp`, the gradients are averaged over
+    that group by one all-reduce after the last micro-batch. Parameter gradients are zeroed first
+    and left in `.grad` (and returned).
+
+    Raises `ShardwiseError`, before any message is sent, for a schedule that is incomplete or
+    would deadlock, and on every stage when the stages disagree on the schedule, the model
+    sizes or the batch shape (checked with one small all-gather, not counted): mismatched
+    action lists are the one way a pipeline could hang.
+    """
+    actions = [a for stage_actions in schedule.values() for a in stage_actions]
+    if not actions:
+        raise ShardwiseError("the schedule has no actions")
+    m = 1 + max(a.micro_batch for a in actions)
+    v = 1 + max(a.chunk for a in actions)
+    p = num_stages(schedule)
+    validate_schedule(schedule, p, m, v)  # complete and deadlock-free: the executor cannot hang
+    if tokens.shape != targets.shape or tokens.dim() != 2:
+        raise ShardwiseError(f"tokens and targets must both be (batch, seq), got "
+                             f"{tuple(tokens.shape)} and {tuple(targets.shape)}")
+    if tokens.shape[0] % m:
+        raise ShardwiseError(f"batch of {tokens.shape[0]} sequences does not split into "
+                             f"m={m} equal micro-batches")
+    stages = virtual_stages(model.n_layers, p, v, first_stage_extra=first_stage_extra,
+                            last_stage_extra=last_stage_extra)
+    group = C.resolve(pp)
+    if group.size != p:
+        raise ShardwiseError(f"schedule has {p} stages but the pipeline group has "
+                             f"{group.size} ranks")
+    b = tokens.shape[0] // m
+    _check_agreement(group, f"{schedule_text(schedule)}|{[s.layers for s in stages]}|"
+                            f"{model.hidden}|{model.dtype}|{tuple(tokens.shape)}")
+    me = group.rank
+    mine = [stages[c * p + me] for c in range(v)]
+    params = {name: t for stage in mine for name, t in model.named_parameters(stage).items()}
+    for t in params.values():
+        t.grad = torch.zeros_like(t)
+    split = any(a.kind == "W" for a in actions)
+    token_mbs, target_mbs = tokens.split(b), targets.split(b)  # m × (b, s)
+    ex = _Executor(model, stages, group, m, split, (b, tokens.shape[1], model.hidden))
+
+    t0 = time.perf_counter()  # just after the agreement all-gather: every stage starts now
+    events: list[Event] = []
+    for action in schedule[me]:
+        j, vs = action.micro_batch, action.chunk * p + me
+        if action.kind == "F":
+            ex.forward(j, vs, token_mbs[j], target_mbs[j])
+        elif action.kind == "B":
+            ex.backward(j, vs)
+        else:
+            ex.weight(j, vs)
+        # the action starts once its input has arrived: waiting for it is idle time (bubble)
+        events.append(Event(me, action, ex.started - t0, time.perf_counter() - t0))
+        ex.account()
+    for work, _ in ex.handles:
+        work.wait()
+    ex.handles.clear()
+
+    syncs = 0
+    if dp is not None and C.resolve(dp).size > 1:
+        sync_data_parallel(list(params.values()), dp)
+        syncs = 1
+    loss = float(sum(ex.losses.values()) / m) if ex.losses else None
+    grads = {name: t.grad.detach().clone() for name, t in params.items()}
+    return PipelineResult(me, p, v, m, loss, grads, events, ex.peak, ex.peak_w, dict(ex.sent),
+                          ex.messages, syncs, t0)
+
+
+def _check_agreement(group: Any, plan: str) -> None:
+    """All-gather a checksum of what this stage is about to run; raise on every stage if any
+    stage differs (instead of hanging in a receive that never completes)."""
+    if group.size == 1:
+        return
+    mine = torch.tensor([zlib.crc32(plan.encode())], dtype=torch.int64)
+    every = torch.empty(group.size, dtype=torch.int64)
+    C.all_gather(every, mine, group, counter=C.CommCounter())  # a check, not pipeline traffic
+    differ = [i for i, value in enumerate(every.tolist()) if value != mine.item()]
+    if differ:
+        raise ShardwiseError(f"pipeline stage {group.rank} and stages {differ} disagree on the "
+                             "schedule, the model's partition or the batch shape")
+
+
+def sync_data_parallel(params: Sequence[torch.Tensor], dp: C.GroupLike) -> None:
+    """Average `params`' gradients over `dp` with one flat all-reduce (SUM, then ÷ size)."""
+    group = C.resolve(dp)
+    if group.size == 1 or not params:
+        return
+    flat = torch.cat([t.grad.reshape(-1) for t in params])  # one buffer, one collective
+    C.all_reduce(flat, group)
+    flat /= group.size
+    offset = 0
+    for t in params:
+        n = t.grad.numel()
+        t.grad.copy_(flat[offset:offset + n].view_as(t.grad))
+        offset += n
+
+
+# ---------------------------------------------------------------------------- measurements
+def peak_in_flight_until_w(schedule: Mapping[int, Sequence[Action]]) -> tuple[int, ...]:
+    """Per stage, the most micro-batch-chunks alive from F until W (until B without W): what a
+    split backward holds when the (X, dY) pairs waiting for W are counted too."""
+    split = any(a.kind == "W" for actions in schedule.values() for a in actions)
+    release = "W" if split else "B"
+    peaks = []
+    for stage in range(num_stages(schedule)):
+        alive = peak = 0
+        for action in schedule[stage]:
+            if action.kind == "F":
+                alive += 1
+                peak = max(peak, alive)
+            elif action.kind == release:
+                alive -= 1
+        peaks.append(peak)
+    return tuple(peaks)
+
+
+def measured_timeline(results: Sequence[PipelineResult], same_clock: bool = True) -> Timeline:
+    """The measured `Timeline` of one pipeline (one result per stage, any order), shifted so the
+    first action starts at 0; bubble `1 - busy/(p·makespan)`; peak = the measured peaks.
+
+    `same_clock`: the ranks shared one host, whose monotonic clock (`time.perf_counter`) is the
+    same in every process, so each stage's events are placed by its own clock origin — exact.
+    Otherwise (several nodes) each stage's events count from its own start of the step, which
+    the agreement all-gather aligns to within a network latency."""
+    by_stage = sorted(results, key=lambda r: r.stage)
+    if [r.stage for r in by_stage] != list(range(len(by_stage))):
+        raise ShardwiseError("measured_timeline needs exactly one result per pipeline stage")
+    shift = {r.stage: r.clock_origin if same_clock else 0.0 for r in by_stage}
+    events = [Event(e.stage, e.action, e.start + shift[r.stage], e.end + shift[r.stage])
+              for r in by_stage for e in r.events]
+    if not events:
+        raise ShardwiseError("no measured events")
+    origin = min(e.start for e in events)
+    shifted = tuple(Event(e.stage, e.action, e.start - origin, e.end - origin) for e in events)
+    makespan = max(e.end for e in shifted)
+    busy = sum(e.end - e.start for e in shifted)
+    p = len(by_stage)
+    return Timeline(p, shifted, makespan, 1 - busy / (p * makespan) if makespan > 0 else 0.0,
+                    tuple(r.peak_alive for r in by_stage))

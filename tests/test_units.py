@@ -15,7 +15,9 @@ def test_parse_size(text, value):
 def test_parse_count_and_batch():
     assert parse_count("15T") == 15e12
     assert parse_count("2.5B") == 2.5e9
-    assert parse_batch("16M-tokens", 8192) == 1953  # 16e6 / 8192, rounded
+    # 16·10^6 / 8192 is not whole; 16·2^20 / 8192 = 2048 (Llama 3's batch) is.
+    assert parse_batch("16M-tokens", 8192) == 2048
+    assert parse_batch("4M-tokens", 8000) == 500  # decimal reading first
     assert parse_batch("1024", 8192) == 1024
 
 
@@ -28,5 +30,7 @@ def test_bad_sizes_are_one_clear_error(text):
 def test_bad_batches():
     with pytest.raises(ShardwiseError, match="whole number"):
         parse_batch("1.5", 4096)
-    with pytest.raises(ShardwiseError, match="less than one sequence"):
+    with pytest.raises(ShardwiseError, match="not a whole number of sequences"):
         parse_batch("10-tokens", 4096)
+    with pytest.raises(ShardwiseError, match="not a whole number of sequences"):
+        parse_batch("16.3M-tokens", 8192)

@@ -358,29 +358,6 @@ def demo(name: str, ranks: int | None, schedule: str | None, as_json: bool) -> N
 
 
 # ---------------------------------------------------------------------------------------- plan
-def _plan_batch(text: str, seq: int) -> tuple[int, str | None]:
-    """Global batch in sequences; a token count that is not a whole number of sequences in
-    decimal units (16M = 16·10^6) but is in binary ones (16·2^20, as batch sizes are quoted,
-    e.g. Llama 3's "16M tokens" = 2048 × 8192) is read in binary, and said so."""
-    import re
-
-    from shardwise.units import parse_count
-
-    if "token" in text.lower():
-        tokens = parse_count(text, what="global batch")
-        match = re.match(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGBT]?)", text.upper())
-        if tokens % seq and match:
-            scale = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "B": 2**30, "T": 2**40}
-            binary = float(match.group(1)) * scale[match.group(2)]
-            if binary == int(binary) and int(binary) % seq == 0:
-                seqs = int(binary) // seq
-                return seqs, (f"{text} read as {match.group(1)}·2^"
-                              f"{int(scale[match.group(2)]).bit_length() - 1} = "
-                              f"{int(binary):,} tokens = {seqs:,} sequences of {seq} (the "
-                              f"decimal {tokens:,.0f} is not a whole number of sequences)")
-    return parse_batch(text, seq), None
-
-
 @cli.command()
 @click.argument("model", default=DEFAULT_MODEL)
 @click.option("--gpus", default=64, show_default=True, help="Number of GPUs.")
@@ -425,7 +402,7 @@ def plan(model: str, gpus: int, gpu: str, gpus_per_node: int, intra: str | None,
 
     spec = get_model(model)
     cluster = Cluster.of(gpus, gpu, gpus_per_node, intra, inter)
-    batch, note = _plan_batch(global_batch, seq)
+    batch = parse_batch(global_batch, seq)
     train = TrainSpec(seq_len=seq, global_batch=batch, dtype=dtype, grad_dtype=grad_dtype,
                       optimizer=optimizer, flash_attention=flash).validate()
     calib = load_calibration(cluster.accelerator.name, calibration_path)
@@ -460,11 +437,8 @@ def plan(model: str, gpus: int, gpu: str, gpus_per_node: int, intra: str | None,
             click.echo(f"note: {line}", err=True)
         return None
     if as_json:
-        payload = plan_json(result, tokens=budget_tokens, price=price)
-        payload["batch_note"] = note
-        return _emit_json(payload)
-    render_plan(result, console, tokens=budget_tokens, price=price,
-                notes=[note] if note else None)
+        return _emit_json(plan_json(result, tokens=budget_tokens, price=price))
+    render_plan(result, console, tokens=budget_tokens, price=price)
     return None
 
 

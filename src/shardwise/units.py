@@ -71,15 +71,29 @@ def parse_count(text: str | float | int, *, what: str = "count") -> float:
 
 
 def parse_batch(text: str | int, seq_len: int) -> int:
-    """Global batch in sequences from `1024` (sequences) or `16M-tokens` (tokens ÷ seq_len)."""
+    """Global batch in sequences from `1024` (sequences) or `16M-tokens` (tokens ÷ seq_len).
+
+    A token count must be a whole number of sequences. Read in decimal units first
+    (`16M` = 16·10^6); when that is not whole but the binary reading is (`16M` = 16·2^20, as
+    batch sizes are usually quoted: Llama 3's "16M tokens" = 2048 × 8192), the binary one is
+    used. Callers print the resulting sequence count, so the reading is always visible.
+    """
     if isinstance(text, int):
         return text
     if "token" in text.lower():
         tokens = parse_count(text, what="global batch")
-        sequences = round(tokens / seq_len)
-        if sequences < 1:
-            raise ShardwiseError(f"global batch {text!r} is less than one sequence of {seq_len}")
-        return sequences
+        match = _NUMBER.match(text.upper().split("-TOKEN")[0].split("TOKEN")[0])
+        readings = [tokens]
+        if match and match.group(2) in ("K", "M", "G", "B", "T"):
+            binary = {"K": 2**10, "M": 2**20, "G": 2**30, "B": 2**30, "T": 2**40}
+            readings.append(float(match.group(1)) * binary[match.group(2)])
+        for value in readings:
+            if value >= seq_len and value % seq_len == 0:
+                return int(value // seq_len)
+        raise ShardwiseError(
+            f"global batch {text!r} is not a whole number of sequences of {seq_len} tokens "
+            f"({tokens:,.0f} / {seq_len} = {tokens / seq_len:,.2f}); give sequences instead"
+        )
     value = parse_count(text, what="global batch")
     if value != int(value) or value < 1:
         raise ShardwiseError(f"global batch {text!r} must be a whole number of sequences ≥ 1")

@@ -1,0 +1,144 @@
+"""Efficiency constants of the step-time model, in one place (`data/calibration.json`).
+
+The step-time model (`estimate.compute`, `estimate.step`) turns FLOPs and bytes into seconds
+with the accelerator's datasheet peak and bandwidth times a few *achievable-fraction* constants:
+
+    matmul_efficiency     fraction of peak a large, well-shaped GEMM reaches (cuBLAS/CUTLASS)
+    matmul_half_dim       a GEMM dimension `d` costs a factor `d/(d + d½)` (tile quantisation and
+                          prologue/epilogue overheads of small per-rank matmuls)
+    attention_efficiency  fraction of peak of fused (Flash) attention kernels
+    hbm_efficiency        achievable fraction of HBM bandwidth for memory-bound kernels
+    kernel_overhead       seconds per kernel launch (fixed cost per operation)
+    dp_bucket_bytes       gradient bucket for data-parallel overlap (Megatron: 40M params × 2 B)
+    overlap_contention    fraction of *overlapped* communication time still charged to the step:
+                          NCCL kernels running beside the GEMMs take SMs and HBM bandwidth from
+                          them (Calculon's `processor_usage`; measured slowdowns 5-20 %)
+    links[name]           achievable fraction of a link's bandwidth (NCCL bus bandwidth)
+
+One set, `default`, serves every accelerator: only the datasheet figures change between
+hardware generations. A JSON file with the same shape overrides any subset
+(`load_calibration(accelerator, path)`; `shardwise plan --calibration FILE`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from shardwise.errors import ShardwiseError
+from shardwise.hardware import Link
+
+__all__ = ["Calibration", "default_calibration", "load_calibration"]
+
+_SCALARS = ("matmul_efficiency", "matmul_half_dim", "attention_efficiency", "hbm_efficiency",
+            "kernel_overhead", "dp_bucket_bytes", "overlap_contention")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Achievable fractions of the datasheet figures (see the module docstring)."""
+
+    accelerator: str = "default"
+    matmul_efficiency: float = 0.84
+    matmul_half_dim: float = 40.0
+    attention_efficiency: float = 0.55
+    hbm_efficiency: float = 0.80
+    kernel_overhead: float = 5e-6
+    dp_bucket_bytes: float = 80e6
+    overlap_contention: float = 0.15
+    link_efficiency: dict[str, float] = field(default_factory=dict)
+    source: str = "built-in"
+
+    def link(self, link: Link) -> Link:
+        """The link at its achievable bandwidth (datasheet × efficiency; latency unchanged)."""
+        eff = self.link_efficiency.get(link.name, 1.0)
+        return Link(link.name, link.bandwidth * eff, link.latency)
+
+    def validate(self) -> Calibration:
+        problems = []
+        if not 0 <= self.overlap_contention <= 1:
+            problems.append(f"overlap_contention must be in [0, 1], got {self.overlap_contention}")
+        for name in ("matmul_efficiency", "attention_efficiency", "hbm_efficiency"):
+            value = getattr(self, name)
+            if not 0 < value <= 1:
+                problems.append(f"{name} must be in (0, 1], got {value}")
+        for name in ("matmul_half_dim", "kernel_overhead"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name} must be ≥ 0, got {getattr(self, name)}")
+        if self.dp_bucket_bytes <= 0:
+            problems.append(f"dp_bucket_bytes must be > 0, got {self.dp_bucket_bytes}")
+        for name, value in self.link_efficiency.items():
+            if not 0 < value <= 1:
+                problems.append(f"link efficiency of {name} must be in (0, 1], got {value}")
+        if problems:
+            raise ShardwiseError(f"calibration ({self.source}): " + "; ".join(problems))
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _read_builtin() -> dict[str, Any]:
+    text = resources.files("shardwise").joinpath("data/calibration.json").read_text()
+    return json.loads(text)
+
+
+def _apply(cal: Calibration, data: dict[str, Any], accelerator: str, source: str
+           ) -> Calibration:
+    if not isinstance(data, dict):
+        raise ShardwiseError(f"calibration file {source!r} must hold a JSON object")
+    unknown = set(data) - {"_doc", "default", "accelerators", "links"}
+    if unknown:
+        raise ShardwiseError(
+            f"calibration file {source!r}: unknown section(s) {', '.join(sorted(unknown))}; "
+            "valid: default, accelerators, links"
+        )
+    changes: dict[str, Any] = {}
+    for section in (data.get("default", {}), data.get("accelerators", {}).get(accelerator, {})):
+        bad = set(section) - set(_SCALARS)
+        if bad:
+            raise ShardwiseError(
+                f"calibration file {source!r}: unknown key(s) {', '.join(sorted(bad))}; "
+                f"valid: {', '.join(_SCALARS)}"
+            )
+        for key, value in section.items():
+            try:
+                changes[key] = float(value)
+            except (TypeError, ValueError):
+                raise ShardwiseError(
+                    f"calibration file {source!r}: {key} must be a number, got {value!r}"
+                ) from None
+    links = dict(cal.link_efficiency)
+    for name, value in data.get("links", {}).items():
+        try:
+            links[name] = float(value)
+        except (TypeError, ValueError):
+            raise ShardwiseError(
+                f"calibration file {source!r}: link {name} efficiency must be a number"
+            ) from None
+    return replace(cal, accelerator=accelerator, link_efficiency=links, source=source,
+                   **changes)
+
+
+def default_calibration(accelerator: str = "default") -> Calibration:
+    """The built-in constants for `accelerator` (`data/calibration.json`)."""
+    return _apply(Calibration(), _read_builtin(), accelerator, "built-in").validate()
+
+
+def load_calibration(accelerator: str = "default", path: str | Path | None = None
+                     ) -> Calibration:
+    """Built-in constants, then the keys a user file names (same JSON shape) on top."""
+    cal = default_calibration(accelerator)
+    if path is None:
+        return cal
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ShardwiseError(f"calibration file {str(path)!r} not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ShardwiseError(f"calibration file {str(path)!r} is not valid JSON: {exc}") from None
+    return _apply(cal, data, accelerator, str(path)).validate()

@@ -1,0 +1,268 @@
+"""Compute time of one Transformer layer, the LM head and the optimizer step, per rank (SPEC §7).
+
+Every function here is *array-polymorphic*: the layout quantities (`t`, `c`, `b`, `sp`, `rc`)
+may be Python numbers or NumPy arrays, and the result has their broadcast shape. The scalar
+`estimate_step` and the vectorised planner call the very same code, so they cannot disagree.
+
+Time of one matmul `(M×K)·(K×N)` (Williams et al. 2009, roofline):
+
+    t = max( 2·M·K·N / (peak · e(M,K,N)),  bytes(M·K + K·N + M·N) / (HBM · η_hbm) )
+    e(M,K,N) = e_max · M/(M+d½) · K/(K+d½) · N/(N+d½)
+
+`e_max` is what cuBLAS reaches on large, well-shaped GEMMs; the saturating factors capture why
+small per-rank matmuls (after tensor-parallel sharding, or attention's head-dim `K = d`) run
+below it: the fixed prologue/epilogue of each output tile and tile/wave quantisation weigh more
+when a dimension is short. The form is symmetric in `M, K, N`, so the two backward GEMMs
+(`dX = dY·Wᵀ`, `dW = Xᵀ·dY`) take the forward's time each: backward = 2 × forward.
+
+Memory-bound kernels (norms, activations, residual/dropout adds, softmax of materialised
+attention, the optimizer step) cost `bytes / (HBM · η_hbm)`; each kernel launch costs a fixed
+`kernel_overhead`. Attention with FlashAttention (Dao et al. 2022) is one fused kernel at
+`attention_efficiency · d/(d+d½)` of peak, its backward 2.5 × the forward's FLOPs (it
+recomputes `QKᵀ`); causal masking halves the work (blocks above the diagonal are skipped).
+Without FlashAttention (Megatron-LM 2021) the scores are materialised: two batched GEMMs with
+`K = d` and `K = s`, then scale-mask-softmax and dropout over `b·a·s²` elements in HBM, with
+no causal saving (the masked half is computed, then masked).
+
+Recomputation (Korthikanti et al. 2022): full repeats the layer's forward before its backward;
+selective repeats only the attention core (scores, softmax, dropout, `P·V`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from shardwise.arch import ModelSpec
+from shardwise.calibration import Calibration, default_calibration
+from shardwise.hardware import Accelerator
+from shardwise.layout import TrainSpec
+from shardwise.units import dtype_bytes
+
+__all__ = [
+    "RC_CODES",
+    "ComputeContext",
+    "LayerCost",
+    "embedding_cost",
+    "head_cost",
+    "layer_cost",
+    "layer_model_flops",
+    "matmul_efficiency",
+    "matmul_time",
+    "memory_time",
+    "optimizer_time",
+]
+
+RC_CODES = {"none": 0, "selective": 1, "full": 2}
+"""Recompute policy as an integer code (arrays of layouts carry codes, not strings)."""
+
+# Kernels launched per layer forward: QKV, out-proj, two MLP GEMMs (gate+up fused), two norms,
+# two residual/dropout adds, activation, QKV post-processing; attention core 1 (flash) or 4
+# (two batched GEMMs, softmax, dropout). Backward launches about twice as many.
+_KERNELS_FWD = 10
+_KERNELS_ATTN_FLASH = 1
+_KERNELS_ATTN_MATERIALISED = 4
+
+
+@dataclass(frozen=True)
+class ComputeContext:
+    """Everything the per-rank cost formulas need that does not depend on the layout."""
+
+    model: ModelSpec
+    accelerator: Accelerator
+    calibration: Calibration
+    seq_len: int
+    act_bytes: float
+    flash: bool
+    peak: float
+
+    @classmethod
+    def of(cls, model: ModelSpec, accelerator: Accelerator, train: TrainSpec,
+           calibration: Calibration | None = None) -> ComputeContext:
+        cal = calibration or default_calibration(accelerator.name)
+        return cls(model, accelerator, cal, train.seq_len, dtype_bytes(train.dtype),
+                   train.flash_attention, accelerator.peak_flops(train.dtype))
+
+    @property
+    def hbm(self) -> float:
+        """Achievable HBM bandwidth (bytes/s)."""
+        return self.accelerator.hbm_bandwidth * self.calibration.hbm_efficiency
+
+
+class LayerCost(NamedTuple):
+    """Seconds of compute per rank for one layer and one micro-batch.
+
+    `fwd`, `bwd` (the whole backward, input and weight gradients), `wgrad` (the weight-gradient
+    part of `bwd`: what zero-bubble schedules defer), `recompute` (added before the backward),
+    `attn_fwd`/`attn_bwd` (the attention core, which context parallelism overlaps with its ring
+    transfers).
+    """
+
+    fwd: Any
+    bwd: Any
+    wgrad: Any
+    recompute: Any
+    attn_fwd: Any
+    attn_bwd: Any
+
+
+def _sat(dim: Any, half: float) -> Any:
+    return dim / (dim + half)
+
+
+def matmul_efficiency(ctx: ComputeContext, m: Any, k: Any, n: Any) -> Any:
+    """`e_max · Π d/(d + d½)` over the three GEMM dimensions."""
+    cal = ctx.calibration
+    half = cal.matmul_half_dim
+    return cal.matmul_efficiency * _sat(m, half) * _sat(k, half) * _sat(n, half)
+
+
+def matmul_time(ctx: ComputeContext, m: Any, k: Any, n: Any, batch: Any = 1) -> Any:
+    """Roofline time of `batch` GEMMs `(m×k)·(k×n)`: compute at `peak·e(m,k,n)` or HBM traffic,
+    whichever is slower."""
+    flops = 2.0 * m * k * n * batch
+    compute = flops / (ctx.peak * matmul_efficiency(ctx, m, k, n))
+    traffic = batch * ctx.act_bytes * (m * k + k * n + m * n) / ctx.hbm
+    return np.maximum(compute, traffic)
+
+
+def memory_time(ctx: ComputeContext, n_bytes: Any) -> Any:
+    """`bytes / (HBM · η_hbm)`: a memory-bound kernel."""
+    return n_bytes / ctx.hbm
+
+
+def _kv_heads(model: ModelSpec, t: Any) -> Any:
+    """K/V heads per rank: `a_kv/t`, or one replicated head when `t > a_kv`."""
+    return np.maximum(model.n_kv_heads // t, 1)
+
+
+def _attention_core(ctx: ComputeContext, t: Any, c: Any, b: Any) -> tuple[Any, Any, int]:
+    """Forward and backward time of the attention core (scores, softmax, dropout, `P·V`) on one
+    rank for one micro-batch, and the kernels it launches.
+
+    Flash (also whenever c > 1: ring attention merges blocks with the online softmax):
+    forward FLOPs `4·(s/c·b)·s·(h/t)·½` (causal), backward 2.5 ×, at
+    `attention_efficiency·d/(d+d½)` of peak. Materialised (c = 1): batched GEMMs `QKᵀ`
+    `(s×d)·(d×s)` and `P·V` `(s×s)·(s×d)` over `b·a/t` heads, softmax over `b·(a/t)·s²` scores
+    (read + write), with dropout another read, write and a 1-byte mask; backward 2 × the GEMMs,
+    softmax backward 3 accesses, dropout backward 2 + mask.
+    """
+    model, s, ab = ctx.model, ctx.seq_len, ctx.act_bytes
+    d = model.head_dim
+    heads = model.n_heads / t
+    cal = ctx.calibration
+    flash_eff = cal.attention_efficiency * _sat(d, cal.matmul_half_dim)
+    flash_fwd = 4.0 * (s / c * b) * s * d * heads * 0.5 / (ctx.peak * flash_eff)
+    if ctx.flash:
+        return flash_fwd, 2.5 * flash_fwd, _KERNELS_ATTN_FLASH
+    batch = b * heads
+    gemms = matmul_time(ctx, s, d, s, batch) + matmul_time(ctx, s, s, d, batch)
+    scores = batch * s * s
+    fwd_bytes = 2 * ab * scores + ((2 * ab + 1) * scores if model.dropout else 0.0)
+    bwd_bytes = 3 * ab * scores + ((2 * ab + 1) * scores if model.dropout else 0.0)
+    fwd = gemms + memory_time(ctx, fwd_bytes)
+    bwd = 2 * gemms + memory_time(ctx, bwd_bytes)
+    # Ring attention (c > 1) always runs the online-softmax (flash-style) kernel.
+    materialised = c == 1
+    return (np.where(materialised, fwd, flash_fwd), np.where(materialised, bwd, 2.5 * flash_fwd),
+            _KERNELS_ATTN_MATERIALISED)
+
+
+def layer_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any,
+               moe: bool = False, ep: Any = 1) -> LayerCost:
+    """Compute time of one layer (dense, or MoE when `moe`) for one micro-batch on one rank.
+
+    Per rank the GEMMs see `T = s·b/c` token rows (sequence parallelism gathers the sequence
+    before each GEMM) and tensor-parallel shards of the weights:
+
+        QKV       (T × h)·(h × (h + 2·kv_r)/t… )   kv_r = max(a_kv/t, 1)·d per rank
+        out-proj  (T × h/t)·(h/t × h)
+        MLP in    (T × h)·(h × n_in·f/t)            n_in = 2 gated (SwiGLU), 1 otherwise
+        MLP out   (T × f/t)·(f/t × h)
+
+    MoE layers replace the MLP by a router `(T × h)·(h × E)` and `E/ep` local experts of
+    `T·top_k·ep/E` rows each (balanced routing; the all-to-alls are communication, step.py),
+    plus shared experts on all `T` rows. Memory-bound work per layer forward, in bytes
+    (`R = T·h`, ÷t under sequence parallelism, else every TP rank repeats it): two norms
+    `4R·ab`, two residual adds `6R·ab` (+ `2R` dropout masks), QKV post-processing (bias, RoPE,
+    head split) `2·ab·T·(q + 2kv)/t`, the activation `2·ab·T·f/t` (GELU) or `3·ab·T·f/t`
+    (SwiGLU); backward moves twice the forward's bytes.
+    """
+    model, ab, h = ctx.model, ctx.act_bytes, ctx.model.d_model
+    tokens = ctx.seq_len / c * b
+    replicated = tokens * h / np.where(sp, t, 1)
+    kv = _kv_heads(model, t) * model.head_dim
+    q = h / t
+    n_in = 2 if model.gated_mlp else 1
+
+    mm = matmul_time(ctx, tokens, h, q + 2 * kv) + matmul_time(ctx, tokens, q, h)
+    mem = (4 * ab + 6 * ab + (2 if model.dropout else 0)) * replicated
+    mem = mem + 2 * ab * tokens * (q + 2 * kv) + 2 * ab * tokens * q  # QKV in, attention out
+    if moe:
+        e, k_top = model.n_experts, model.top_k
+        f = model.expert_d_ff / t
+        rows = tokens * k_top * ep / e
+        local = e / ep
+        mm = mm + matmul_time(ctx, tokens, h, e)
+        mm = mm + local * (matmul_time(ctx, rows, h, n_in * f) + matmul_time(ctx, rows, f, h))
+        if model.n_shared_experts:
+            mm = mm + model.n_shared_experts * (matmul_time(ctx, tokens, h, n_in * f)
+                                                + matmul_time(ctx, tokens, f, h))
+        routed = tokens * k_top
+        mem = mem + 4 * ab * routed * h  # permute into and out of expert order
+        mem = mem + (n_in + 1) * ab * (routed + model.n_shared_experts * tokens) * f
+    else:
+        f = model.d_ff / t
+        mm = mm + matmul_time(ctx, tokens, h, n_in * f) + matmul_time(ctx, tokens, f, h)
+        mem = mem + (n_in + 1) * ab * tokens * f
+    attn_fwd, attn_bwd, attn_kernels = _attention_core(ctx, t, c, b)
+    kernels = (_KERNELS_FWD + attn_kernels) * ctx.calibration.kernel_overhead
+    fwd = mm + attn_fwd + memory_time(ctx, mem) + kernels
+    bwd = 2 * mm + attn_bwd + memory_time(ctx, 2 * mem) + 2 * kernels
+    recompute = np.where(rc == 2, fwd, np.where(rc == 1, attn_fwd, 0.0))
+    return LayerCost(fwd, bwd, mm, recompute, attn_fwd, attn_bwd)
+
+
+def head_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any) -> tuple[Any, Any, Any]:
+    """(forward, backward, weight-grad) seconds of the final norm, the vocabulary-parallel LM
+    head `(T × h)·(h × V/t)` and the fp32 cross-entropy over `T·V/t` logits (forward: read
+    the logits, write fp32 probabilities, ~`ab + 12` bytes per logit; backward `ab + 4`)."""
+    model, ab, h = ctx.model, ctx.act_bytes, ctx.model.d_model
+    tokens = ctx.seq_len / c * b
+    vocab = model.vocab / t
+    mm = matmul_time(ctx, tokens, h, vocab)
+    norm = 4 * ab * tokens * h / np.where(sp, t, 1)
+    fwd = mm + memory_time(ctx, norm + (ab + 12) * tokens * vocab)
+    bwd = 2 * mm + memory_time(ctx, 2 * norm + (ab + 4) * tokens * vocab)
+    overhead = 4 * ctx.calibration.kernel_overhead
+    return fwd + overhead, bwd + 2 * overhead, mm
+
+
+def embedding_cost(ctx: ComputeContext, t: Any, c: Any, b: Any) -> tuple[Any, Any]:
+    """(forward, backward) of the embedding lookup: a gather of `T` rows of `h` (read + write),
+    backward a scatter-add into the (vocab-parallel) table."""
+    tokens = ctx.seq_len / c * b
+    rows = 2 * ctx.act_bytes * tokens * ctx.model.d_model
+    overhead = ctx.calibration.kernel_overhead
+    return memory_time(ctx, rows) + overhead, memory_time(ctx, 2 * rows) + overhead
+
+
+def optimizer_time(ctx: ComputeContext, params: Any, grad_bytes: float, weight_bytes: float,
+                   master_bytes: float, moment_bytes: float) -> Any:
+    """The optimizer step, memory-bound: per parameter it reads the gradient, reads and writes
+    the fp32 master and the moments, writes the new weight, plus one more gradient read for the
+    global-norm clipping: `2g + w + 2·(master + moments)` bytes (Adam, bf16: 4 + 2 + 24 = 30 B/param)."""
+    per_param = 2 * grad_bytes + weight_bytes + 2 * (master_bytes + moment_bytes)
+    return memory_time(ctx, params * per_param) + 3 * ctx.calibration.kernel_overhead
+
+
+def layer_model_flops(model: ModelSpec, seq_len: int, micro_batch: int = 1,
+                      causal: bool = True) -> float:
+    """Model FLOPs of one dense layer's forward for one micro-batch (all ranks together):
+    `2·T·(matmul params) + 4·T·s·h·(½ if causal)`, `T = s·b` (SPEC §1)."""
+    tokens = seq_len * micro_batch
+    attention = 4 * tokens * seq_len * model.d_model * (0.5 if causal else 1.0)
+    matmul = model.attention_params() + model.mlp_params()
+    return 2 * tokens * matmul + attention

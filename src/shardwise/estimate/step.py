@@ -1,0 +1,473 @@
+"""Step time, throughput, MFU and HFU of one training step (SPEC §7).
+
+    step = compute + exposed TP + exposed CP + EP + PP p2p + bubble + exposed DP + optimizer
+
+All per rank, on the pipeline's critical path, for `m` micro-batches:
+
+* **compute** — `m · (t_f + t_b)` of the slowest stage (the last, which carries the LM head and
+  the loss; with `pp = 1` the one stage also carries the embedding). `t_f`, `t_b` come from
+  `estimate.compute` (GEMMs at a shape-dependent efficiency, attention, memory-bound kernels),
+  `t_b` includes recomputation.
+* **TP** (Shoeybi et al. 2019) — 2 all-reduces of the `(s/c, b, h)` activation per layer forward,
+  2 backward, 2 more when full recompute replays the forward; sequence parallelism swaps each for
+  a reduce-scatter + all-gather of the same bytes (Korthikanti et al. 2022). On the critical
+  path (not overlapped), inside the node when `tp ≤ gpus_per_node`.
+* **CP** (ring attention, Liu et al. 2023) — `c-1` K/V block transfers per layer forward, twice the
+  bytes backward; each hides behind one block of attention compute, only `max(0, transfer -
+  block)` is exposed.
+* **EP** — dispatch + combine all-to-alls per MoE layer forward, two backward (exposed).
+* **PP** — one activation (forward) and one gradient (backward) p2p per micro-batch and virtual
+  stage, `s/c·b·h/t` bytes (Megatron's scatter/gather): `2·(v·m + p - 1)` transfers exposed.
+* **bubble** — `(p-1)·(T_F + T_B)` for GPipe and 1F1B, `/v` interleaved (Narayanan et al.
+  2021), for ZB-H1 (Qi et al. 2023) `max((p-1)(T_F + B - T_W), (p-1)(T_F + B) - (m-1)·T_W)`
+  with `B = T_B - T_W` the input-gradient part of the backward — with the middle stage's
+  per-micro-batch times `T_*` (comm included). With equal stages these equal the schedule
+  simulator's makespans exactly (tested); `estimate_step(..., simulate=True)` runs it.
+* **overlap contention** — overlapped DP/ZeRO and CP traffic is not free: a calibrated
+  fraction `overlap_contention` of its time is charged (NCCL kernels take SMs and HBM
+  bandwidth from the GEMMs they overlap).
+* **DP / ZeRO** (Rajbhandari et al. 2020) over the `dp·cp` replicas, in gradient buckets
+  (`dp_bucket_bytes`, one latency term per bucket):
+  stage 0 all-reduce, overlapped with the last micro-batch's backward, only `max(C/buckets,
+  C - t_b)` exposed ("only the last bucket"); stages 1-2 reduce-scatter (stage 2 after *every*
+  micro-batch: its gradients are sharded, no full accumulation buffer) and one all-gather of
+  the updated weights overlapped with the next step's first forward; stage 3 gathers each
+  layer's weights in forward and again in backward, prefetched one layer ahead, and
+  reduce-scatters each layer's gradients: per micro-batch `L_s·max(0, gather - t_layer)` plus
+  the first gather / last reduce-scatter are exposed. Hybrid shard (`zero_group`) runs these
+  inside the group and all-reduces the shard across groups once per step. Collectives spanning
+  nodes are hierarchical (inside the node on NVLink, across on the inter-node link).
+* **optimizer** — memory-bound step over the parameters this rank updates.
+
+Ranks are placed tp fastest, then cp, dp (ep inside dp), pp (Megatron-LM's order), so the tp
+group is inside a node, the dp×cp group has `min(dp·c, gpus_per_node/t)` members per node.
+Link bandwidths are the datasheet figures times the calibrated achievable fraction.
+
+MFU = model FLOPs / (step · peak · GPUs) with model FLOPs = 3 × forward, attention counted as
+the causal half of the square (the work needed); HFU adds recomputation (SPEC §1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from shardwise.arch import ModelSpec
+from shardwise.calibration import Calibration, default_calibration
+from shardwise.errors import ShardwiseError
+from shardwise.estimate.compute import (
+    RC_CODES,
+    ComputeContext,
+    embedding_cost,
+    head_cost,
+    layer_cost,
+    optimizer_time,
+)
+from shardwise.estimate.memory import bytes_per_param_training
+from shardwise.hardware import Cluster
+from shardwise.layout import Layout, TrainSpec
+
+__all__ = [
+    "SCHEDULE_CODES",
+    "StepEstimate",
+    "compute_costs",
+    "estimate_step",
+    "group_collective_time",
+    "pipeline_bubble",
+    "step_terms",
+]
+
+SCHEDULE_CODES = {"gpipe": 0, "1f1b": 1, "interleaved": 2, "zb-h1": 3}
+
+BREAKDOWN = ("compute", "tp_comm", "cp_comm_exposed", "ep_comm", "pp_comm", "bubble",
+             "dp_comm_exposed", "optimizer")
+
+
+# ------------------------------------------------------------------------- collectives
+@dataclass(frozen=True)
+class Links:
+    """Achievable link figures of a cluster (calibrated) and the node size."""
+
+    intra_bw: float
+    intra_lat: float
+    inter_bw: float
+    inter_lat: float
+    gpus_per_node: int
+
+    @classmethod
+    def of(cls, cluster: Cluster, cal: Calibration) -> Links:
+        intra, inter = cal.link(cluster.intra), cal.link(cluster.inter)
+        return cls(intra.bandwidth, intra.latency, inter.bandwidth, inter.latency,
+                   cluster.gpus_per_node)
+
+
+def _ring(rounds_per_rank: Any, size: Any, n: Any, bw: float, lat: float) -> Any:
+    """Ring collective: `rounds·(α + S/(N·β))` — `rounds·α + bytes_on_wire/β` (SPEC §5)."""
+    rounds = rounds_per_rank * (n - 1)
+    return rounds * (lat + size / (n * bw))
+
+
+def group_collective_time(op: str, size: Any, n: Any, in_node: Any, links: Links) -> Any:
+    """Alpha-beta time of a collective over `n` ranks, `in_node` of them per node (SPEC §5).
+
+    All-reduce: reduce-scatter inside the node, ring all-reduce of `S/g` across the `n/g`
+    nodes, all-gather inside (hierarchical); with one node it is the plain ring on the intra
+    link, with one rank per node the plain ring on the inter link. Reduce-scatter / all-gather:
+    inside then across on `S/g`. All-to-all: the `(g-1)/n` share of `S` goes over the intra
+    link, the `(n-g)/n` share over the inter link, `n-1` latencies.
+    """
+    g = in_node
+    k = n / g
+    if op == "all-reduce":
+        return (2 * _ring(1, size, g, links.intra_bw, links.intra_lat)
+                + _ring(2, size / g, k, links.inter_bw, links.inter_lat))
+    if op in ("reduce-scatter", "all-gather"):
+        return (_ring(1, size, g, links.intra_bw, links.intra_lat)
+                + _ring(1, size / g, k, links.inter_bw, links.inter_lat))
+    if op == "all-to-all":
+        lat = np.where(k > 1, links.inter_lat, links.intra_lat)
+        return ((n - 1) * lat + size * (g - 1) / n / links.intra_bw
+                + size * (n - g) / n / links.inter_bw)
+    raise ShardwiseError(f"unknown collective {op!r}")
+
+
+def _bucketed(op: str, size: Any, n: Any, g: Any, links: Links, bucket: float) -> Any:
+    """`ceil(S/bucket)` collectives of one bucket each: bandwidth of `S`, one latency each."""
+    buckets = np.maximum(np.ceil(size / bucket), 1)
+    return buckets * group_collective_time(op, size / buckets, n, g, links), buckets
+
+
+def pipeline_bubble(sched: Any, p: Any, v: Any, m: Any, t_f: Any, t_b: Any, t_w: Any) -> Any:
+    """Idle time of the critical stage per step (closed forms, SPEC §6).
+
+    GPipe, 1F1B: `(p-1)·(t_f+t_b)`; interleaved: `(p-1)·(t_f+t_b)/v` (Narayanan et al. 2021);
+    ZB-H1 (Qi et al. 2023), with `t_b` the whole backward and `t_w` its weight-gradient part
+    (so the input-gradient pass is `B = t_b - t_w`):
+    `max((p-1)·(t_f + B - t_w), (p-1)·(t_f + B) - (m-1)·t_w)` — the paper's `(p-1)(T_F+T_B-T_W)`
+    once `m ≥ p`; with fewer micro-batches there are too few deferred W to fill the drain.
+    All equal the event simulator's makespan minus the busy time when stages are equal (tested).
+    """
+    ideal = (p - 1) * (t_f + t_b)
+    back = t_b - t_w
+    zb = np.maximum((p - 1) * (t_f + back - t_w), (p - 1) * (t_f + back) - (m - 1) * t_w)
+    return np.where(sched == SCHEDULE_CODES["interleaved"], ideal / v,
+                    np.where(sched == SCHEDULE_CODES["zb-h1"], np.maximum(zb, 0.0), ideal))
+
+
+# ------------------------------------------------------------------------- the step model
+def stage_param_counts(model: ModelSpec, t: Any, p: Any, e: Any) -> tuple[Any, Any]:
+    """(dense, expert) parameters per rank on the stage with the most: layers ÷ p (MoE layers
+    at their average share), dense weights ÷ t, experts ÷ (t·ep), plus the larger of the
+    embedding (first stage, vocab-parallel) and the head + final norm (last stage)."""
+    h = model.d_model
+    norm = model.norm_params()
+    kv = np.maximum(model.n_kv_heads // t, 1) * model.head_dim
+    attention = 2 * h * h / t + 2 * h * kv
+    dense_layer = attention + model.mlp_params() / t + 2 * norm
+    moe_dense = (attention + 2 * norm + model.router_params()
+                 + model.n_shared_experts * model.mlp_params(model.expert_d_ff) / t)
+    expert_layer = (model.n_experts / e * model.mlp_params(model.expert_d_ff) / t
+                    if model.is_moe else 0.0)
+    layers_dense = model.n_dense_layers / p * dense_layer + model.n_moe_layers / p * moe_dense
+    first = model.vocab * h / t + model.learned_positions * h
+    head = model.vocab * h / t if not model.tie_embeddings else 0.0
+    last = norm + np.where(p > 1, model.vocab * h / t, head)
+    ends = np.where(p > 1, np.maximum(first, last), first + last)
+    return layers_dense + ends, model.n_moe_layers / p * expert_layer
+
+
+def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, p: Any,
+               c: Any, e: Any, dp: Any, zero: Any, zg: Any, sp: Any, sched: Any, v: Any,
+               rc: Any, b: Any, m: Any, costs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every term of the step-time model for layouts given as numbers or arrays (codes for
+    `rc`, `sched`; `zg` = 0 for ZeRO over all dp·cp ranks). Returns seconds (and diagnostics)
+    with the broadcast shape of the inputs. `estimate_step` and the planner both call this.
+
+    `costs` may carry the compute costs already evaluated for these layouts (`compute_costs`;
+    the planner evaluates them once per distinct `(t, c, b, sp, rc, ep)` and gathers)."""
+    model, cal, s, ab = ctx.model, ctx.calibration, ctx.seq_len, ctx.act_bytes
+    h, gpn = model.d_model, links.gpus_per_node
+    state = bytes_per_param_training(train.dtype, train.grad_dtype, train.optimizer)
+    wb, gb_ = state.weight, state.grad
+    full = rc == RC_CODES["full"]
+
+    # ---- compute per micro-batch: one dense layer, one MoE layer, head, embedding
+    costs = costs if costs is not None else compute_costs(ctx, t, c, b, sp, rc, e)
+    dense = costs["dense"]
+    n_dense, n_moe = model.n_dense_layers / p, model.n_moe_layers / p
+    f_mid = n_dense * dense.fwd
+    b_mid = n_dense * (dense.bwd + dense.recompute)
+    w_mid = n_dense * dense.wgrad
+    attn_f, attn_b = n_dense * dense.attn_fwd, n_dense * dense.attn_bwd
+    if model.n_moe_layers:
+        moe = costs["moe"]
+        f_mid = f_mid + n_moe * moe.fwd
+        b_mid = b_mid + n_moe * (moe.bwd + moe.recompute)
+        w_mid = w_mid + n_moe * moe.wgrad
+        attn_f, attn_b = attn_f + n_moe * moe.attn_fwd, attn_b + n_moe * moe.attn_bwd
+    head_f, head_b = costs["head"][:2]
+    emb_f, emb_b = costs["embedding"]
+    single = p == 1
+    f_crit = f_mid + head_f + np.where(single, emb_f, 0.0)
+    b_crit = b_mid + head_b + np.where(single, emb_b, 0.0)
+
+    # ---- tensor parallel: all-reduces of the (s/c, b, h) activation, on the critical path
+    activation = s / c * b * h * ab
+    tp_ar = group_collective_time("all-reduce", activation, t, np.minimum(t, gpn), links)
+    layers = model.n_layers / p
+    tp_f = layers * 2 * tp_ar
+    tp_b = layers * (2 + 2 * full) * tp_ar
+    # head: the input-gradient all-reduce backward; embedding (pp = 1): its output all-reduce.
+    tp_crit = tp_f + tp_b + tp_ar * np.where(single, 2, 1)
+
+    # ---- context parallel: ring K/V transfers hidden behind block compute when possible
+    kv = np.maximum(model.n_kv_heads // t, 1) * model.head_dim
+    kv_block = 2 * s / c * b * kv * ab
+    cp_intra = t * c <= gpn
+    cp_step = (np.where(cp_intra, links.intra_lat, links.inter_lat)
+               + kv_block / np.where(cp_intra, links.intra_bw, links.inter_bw))
+    per_layer_f = attn_f / np.maximum(layers, 1e-30)  # attention time of one layer
+    per_layer_b = attn_b / np.maximum(layers, 1e-30)
+    kappa = cal.overlap_contention
+
+    def hidden(transfer: Any, block: Any) -> Any:
+        """Exposed part of a transfer overlapped with `block` compute (+ contention)."""
+        exposed = np.maximum(0.0, transfer - block)
+        return exposed + kappa * (transfer - exposed)
+
+    cp_f = layers * (c - 1) * hidden(cp_step, per_layer_f / c)
+    cp_b = layers * (c - 1) * (hidden(2 * cp_step, per_layer_b / c)
+                               + np.where(rc >= 1, hidden(cp_step, per_layer_f / c), 0.0))
+
+    # ---- expert parallel: dispatch + combine all-to-alls per MoE layer
+    if model.n_moe_layers:
+        routed = s / c * b * model.top_k * h * ab
+        ep_in_node = np.minimum(e, np.maximum(gpn // (t * c), 1))
+        a2a = group_collective_time("all-to-all", routed, e, ep_in_node, links)
+        ep_f = n_moe * 2 * a2a
+        ep_b = n_moe * (2 + 2 * full) * a2a
+    else:
+        ep_f = ep_b = 0.0 * t
+
+    # ---- pipeline: p2p per micro-batch and virtual stage, and the bubble
+    pp_intra = t * c * dp * p <= gpn
+    p2p_bytes = s / c * b * h * ab / t
+    p2p = (np.where(pp_intra, links.intra_lat, links.inter_lat)
+           + p2p_bytes / np.where(pp_intra, links.intra_bw, links.inter_bw))
+    pp_comm = np.where(p > 1, 2 * (v * m + p - 1) * p2p, 0.0)
+    big_f = f_mid + tp_f + cp_f + ep_f
+    big_b = b_mid + tp_b + cp_b + ep_b
+    bubble = np.where(p > 1, pipeline_bubble(sched, p, v, m, big_f, big_b, w_mid), 0.0)
+
+    # ---- data parallel / ZeRO over the dp·cp replicas
+    dense_params, expert_params = stage_param_counts(model, t, p, e)
+    replicas = dp * c
+    in_node = np.minimum(replicas, np.maximum(gpn // t, 1))
+    group = np.where(zg > 0, zg, replicas)
+    group_in = np.minimum(group, in_node)
+    across = replicas / group  # hybrid shard: replicas of each shard
+    across_in = np.maximum(in_node // group, 1)
+    window_b = b_crit + tp_b  # last micro-batch's backward
+    window_f = f_crit + tp_f  # next step's first forward
+    bucket = cal.dp_bucket_bytes
+    dp_total, dp_exposed = 0.0 * t, 0.0 * t
+    groups = [(dense_params, 1)] + ([(expert_params, e)] if model.n_moe_layers else [])
+    for params, n_shift in groups:
+        n = replicas / n_shift
+        g_all = np.maximum(in_node // n_shift, 1)
+        grp = np.maximum(group / n_shift, 1)
+        grp_in = np.maximum(group_in // n_shift, 1)
+        grads, weights = params * gb_, params * wb
+        # stage 0: bucketed all-reduce
+        ar, buckets = _bucketed("all-reduce", grads, n, g_all, links, bucket)
+        z0 = np.maximum(ar / buckets, ar - window_b)
+        # stages 1-2: reduce-scatter inside the shard group (+ all-reduce of the shard across
+        # groups when hybrid), all-gather of the updated weights
+        rs, buckets = _bucketed("reduce-scatter", grads, grp, grp_in, links, bucket)
+        xr, _ = _bucketed("all-reduce", grads / grp, across, across_in, links, bucket)
+        ag, ag_buckets = _bucketed("all-gather", weights, grp, grp_in, links, bucket)
+        rs_exposed = np.maximum(rs / buckets, rs - window_b)
+        xr_exposed = np.maximum(xr / buckets, xr - np.maximum(window_b - rs, 0.0))
+        ag_exposed = np.maximum(ag / ag_buckets, ag - window_f)
+        reductions = np.where(zero == 2, m, 1)
+        z12 = reductions * rs_exposed + np.where(across > 1, xr_exposed, 0.0) + ag_exposed
+        # stage 3: per-layer gathers (forward, backward) and reduce-scatters, prefetched
+        units = np.maximum(layers, 1.0)
+        ag_u = group_collective_time("all-gather", weights / units, grp, grp_in, links)
+        rs_u = group_collective_time("reduce-scatter", grads / units, grp, grp_in, links)
+        fwd_u, bwd_u = big_f / units, big_b / units
+        z3_mb = (units * np.maximum(0.0, ag_u - fwd_u) + ag_u
+                 + units * np.maximum(0.0, ag_u + rs_u - bwd_u) + rs_u)
+        z3 = m * z3_mb + np.where(across > 1, xr_exposed, 0.0)
+        exposed = np.where(zero == 0, z0, np.where(zero == 3, z3, z12))
+        total = np.where(zero == 0, ar,
+                         np.where(zero == 3, m * units * (2 * ag_u + rs_u),
+                                  reductions * rs + ag) + np.where(across > 1, xr, 0.0))
+        dp_exposed = dp_exposed + np.where(n > 1, exposed, 0.0)
+        dp_total = dp_total + np.where(n > 1, total, 0.0)
+    # Overlapped traffic still slows the GEMMs it runs beside (SM and HBM contention).
+    dp_exposed = dp_exposed + kappa * np.maximum(dp_total - dp_exposed, 0.0)
+
+    # ---- optimizer step over the parameters this rank updates
+    opt_dense = dense_params / np.where(zero >= 1, group, 1)
+    opt_expert = expert_params / np.where(zero >= 1, np.maximum(group / e, 1), 1)
+    optimizer = optimizer_time(ctx, opt_dense + opt_expert, gb_, wb, state.master,
+                               state.moments)
+
+    compute = m * (f_crit + b_crit)
+    tp_comm = m * tp_crit
+    cp_comm = m * (cp_f + cp_b)
+    ep_comm = m * (ep_f + ep_b)
+    total = compute + tp_comm + cp_comm + ep_comm + pp_comm + bubble + dp_exposed + optimizer
+    return {
+        "compute": compute, "tp_comm": tp_comm, "cp_comm_exposed": cp_comm,
+        "ep_comm": ep_comm, "pp_comm": pp_comm, "bubble": bubble,
+        "dp_comm_exposed": dp_exposed, "optimizer": optimizer, "total": total,
+        "dp_comm_total": dp_total, "t_forward": big_f, "t_backward": big_b, "t_wgrad": w_mid,
+    }
+
+
+def compute_costs(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any, e: Any
+                  ) -> dict[str, Any]:
+    """The compute costs `step_terms` needs: a dense layer, an MoE layer (MoE models), the
+    head and the embedding, per rank and micro-batch."""
+    return {
+        "dense": layer_cost(ctx, t, c, b, sp, rc),
+        "moe": layer_cost(ctx, t, c, b, sp, rc, moe=True, ep=e) if ctx.model.is_moe else None,
+        "head": head_cost(ctx, t, c, b, sp),
+        "embedding": embedding_cost(ctx, t, c, b),
+    }
+
+
+def flops_per_token(model: ModelSpec, seq_len: int) -> tuple[float, dict[int, float]]:
+    """(model FLOPs per token, hardware FLOPs per token by recompute code), causal attention."""
+    model_flops = model.training_flops_per_token(seq_len, causal=True)
+    hardware = {code: model.training_flops_per_token(seq_len, causal=True, recompute=name)
+                for name, code in RC_CODES.items()}
+    return model_flops, hardware
+
+
+# ------------------------------------------------------------------------ scalar interface
+@dataclass(frozen=True)
+class StepEstimate:
+    """One layout's predicted training step: seconds per component and the derived rates.
+
+    The components sum to `total`. `dp_comm_total` is the data-parallel traffic time before
+    overlap; `t_forward`/`t_backward` are one micro-batch on a middle stage (comm included).
+    """
+
+    compute: float
+    tp_comm: float
+    cp_comm_exposed: float
+    ep_comm: float
+    pp_comm: float
+    bubble: float
+    dp_comm_exposed: float
+    optimizer: float
+    total: float
+    tokens_per_step: float
+    tokens_per_s: float
+    model_flops_per_gpu: float
+    mfu: float
+    hfu: float
+    microbatches: int
+    n_gpus: int
+    dp_comm_total: float = 0.0
+    t_forward: float = 0.0
+    t_backward: float = 0.0
+    bubble_fraction: float = 0.0
+    bubble_source: str = "closed form"
+
+    def breakdown(self) -> dict[str, float]:
+        """Seconds per component (they sum to `total`)."""
+        return {name: getattr(self, name) for name in BREAKDOWN}
+
+    def time_to_train(self, tokens: float) -> float:
+        """Seconds to train on `tokens` tokens at this step's throughput."""
+        return tokens / self.tokens_per_s
+
+    def gpu_hours(self, tokens: float) -> float:
+        return self.time_to_train(tokens) * self.n_gpus / 3600
+
+    def cost(self, tokens: float, price_per_gpu_hour: float) -> float:
+        return self.gpu_hours(tokens) * price_per_gpu_hour
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def finish(terms: dict[str, Any], model_flops_token: float, hw_flops_token: Any, tokens: Any,
+           n_gpus: int, peak: float) -> dict[str, Any]:
+    """Throughput, model FLOP/s per GPU, MFU and HFU from the step time."""
+    total = terms["total"]
+    per_gpu = model_flops_token * tokens / (total * n_gpus)
+    mfu = per_gpu / peak
+    return {"tokens_per_step": tokens, "tokens_per_s": tokens / total,
+            "model_flops_per_gpu": per_gpu, "mfu": mfu,
+            "hfu": mfu * (hw_flops_token / model_flops_token)}
+
+
+def layout_codes(layout: Layout) -> dict[str, Any]:
+    """The keyword arrays of `step_terms` for one layout (without `m`)."""
+    return {"t": layout.tp, "p": layout.pp, "c": layout.cp, "e": layout.ep, "dp": layout.dp,
+            "zero": layout.zero, "zg": layout.zero_group, "sp": layout.sp,
+            "sched": SCHEDULE_CODES[layout.schedule], "v": layout.chunks,
+            "rc": RC_CODES[layout.recompute], "b": layout.micro_batch}
+
+
+def estimate_step(model: ModelSpec, cluster: Cluster, layout: Layout,
+                  train: TrainSpec | None = None, calib: Calibration | None = None, *,
+                  simulate: bool = False) -> StepEstimate:
+    """Predicted step time of `layout` training `model` on `cluster` (see the module docstring).
+
+    `simulate=True` takes the pipeline bubble from the schedule simulator
+    (`shardwise.schedules`) run with this layout's per-micro-batch stage times instead of the
+    closed form; with equal stages the two agree.
+    """
+    train = (train or TrainSpec()).validate()
+    layout.validate(model, cluster, train)
+    cal = calib or default_calibration(cluster.accelerator.name)
+    ctx = ComputeContext.of(model, cluster.accelerator, train, cal)
+    links = Links.of(cluster, cal)
+    m = layout.microbatches(train)
+    terms = {k: float(v) for k, v in step_terms(ctx, links, train, m=m,
+                                                **layout_codes(layout)).items()}
+    source = "closed form"
+    if simulate and layout.pp > 1:
+        simulated = simulated_bubble(layout, m, terms["t_forward"], terms["t_backward"],
+                                     terms["t_wgrad"])
+        terms["total"] += simulated - terms["bubble"]
+        terms["bubble"] = simulated
+        source = "simulator"
+    model_flops, hardware = flops_per_token(model, train.seq_len)
+    tokens = m * layout.micro_batch * layout.dp * train.seq_len
+    rates = finish(terms, model_flops, hardware[RC_CODES[layout.recompute]], tokens,
+                   cluster.n_gpus, ctx.peak)
+    busy = terms["total"] - terms["bubble"]
+    return StepEstimate(
+        **{name: terms[name] for name in (*BREAKDOWN, "total", "dp_comm_total", "t_forward",
+                                          "t_backward")},
+        **{k: float(v) for k, v in rates.items()},
+        microbatches=m, n_gpus=cluster.n_gpus,
+        bubble_fraction=terms["bubble"] / (terms["bubble"] + busy) if busy > 0 else 0.0,
+        bubble_source=source,
+    )
+
+
+def simulated_bubble(layout: Layout, m: int, t_f: float, t_b: float, t_w: float) -> float:
+    """The bubble from the event simulator: makespan minus the stage's busy time.
+
+    Stage times per action: F = `t_f/v`, B = `t_b/v` (or, for ZB-H1, B = `(t_b - t_w)` and
+    W = `t_w`). Imported lazily: the simulator is only needed here.
+    """
+    from shardwise.schedules import make_schedule, simulate
+
+    p, v = layout.pp, layout.chunks
+    schedule = make_schedule(layout.schedule, p, m, v)
+    if layout.schedule == "zb-h1":
+        timeline = simulate(schedule, t_f, max(t_b - t_w, 1e-12), max(t_w, 1e-12))
+    else:
+        timeline = simulate(schedule, t_f / v, t_b / v)
+    return timeline.makespan - m * (t_f + t_b)

@@ -1,0 +1,1 @@
+"""Presentation: tables, plots and explanations of what shardwise computes."""

@@ -1,0 +1,169 @@
+"""Per-rank compute costs (estimate/compute.py) and the calibration file, against hand-computed
+roofline values and the FLOP counts of arch.py."""
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from shardwise.arch import ModelSpec, get_model
+from shardwise.calibration import Calibration, default_calibration, load_calibration
+from shardwise.errors import ShardwiseError
+from shardwise.estimate.compute import (
+    ComputeContext,
+    layer_cost,
+    layer_model_flops,
+    matmul_efficiency,
+    matmul_time,
+    optimizer_time,
+)
+from shardwise.hardware import get_accelerator, get_link
+from shardwise.layout import TrainSpec
+
+H100 = get_accelerator("h100")
+
+
+def ctx_for(model="llama3-8b", seq=4096, flash=True, cal=None, acc=H100):
+    spec = get_model(model) if isinstance(model, str) else model
+    return ComputeContext.of(spec, acc, TrainSpec(seq_len=seq, flash_attention=flash), cal)
+
+
+def test_large_gemm_is_compute_bound_at_the_calibrated_efficiency():
+    cal = default_calibration("h100-sxm")
+    ctx = ctx_for(cal=cal)
+    m, k, n = 8192, 8192, 8192
+    half = cal.matmul_half_dim
+    eff = cal.matmul_efficiency * (m / (m + half)) ** 3
+    expected = 2 * m * k * n / (989e12 * eff)
+    assert matmul_time(ctx, m, k, n) == pytest.approx(expected, rel=1e-12)
+
+
+def test_skinny_gemm_is_memory_bound():
+    cal = default_calibration("h100-sxm")
+    ctx = ctx_for(cal=cal)
+    m, k, n = 1, 8192, 8192  # a GEMV: reads the whole weight for 2 FLOPs per element
+    traffic = 2 * (m * k + k * n + m * n) / (3.35e12 * cal.hbm_efficiency)
+    assert matmul_time(ctx, m, k, n) == pytest.approx(traffic, rel=1e-12)
+
+
+def test_efficiency_rises_with_size_and_saturates_below_the_maximum():
+    ctx = ctx_for()
+    sizes = np.array([64, 128, 512, 2048, 8192, 65536])
+    eff = matmul_efficiency(ctx, sizes, sizes, sizes)
+    assert np.all(np.diff(eff) > 0)
+    assert eff[-1] < ctx.calibration.matmul_efficiency
+    assert eff[-1] > 0.99 * ctx.calibration.matmul_efficiency
+
+
+def test_backward_matmuls_cost_twice_the_forward():
+    ctx = ctx_for()
+    cost = layer_cost(ctx, t=1, c=1, b=1, sp=False, rc=0)
+    # wgrad is the weight-gradient GEMMs, equal to the forward GEMMs (symmetric efficiency)
+    assert cost.bwd > 2 * cost.wgrad
+    assert cost.wgrad < cost.fwd
+
+
+def test_recompute_adds_the_forward_or_the_attention_core():
+    ctx = ctx_for()
+    none, sel, full = (layer_cost(ctx, 2, 1, 1, True, rc) for rc in (0, 1, 2))
+    assert none.recompute == 0
+    assert sel.recompute == pytest.approx(sel.attn_fwd)
+    assert full.recompute == pytest.approx(full.fwd)
+
+
+def test_flash_attention_halves_the_causal_square():
+    cal = replace(default_calibration("h100-sxm"), matmul_half_dim=0.0)
+    model = get_model("llama3-8b")
+    ctx = ctx_for(cal=cal, seq=8192)
+    cost = layer_cost(ctx, t=1, c=1, b=1, sp=False, rc=0)
+    flops = 4 * 8192 * 8192 * model.d_model * 0.5
+    assert cost.attn_fwd == pytest.approx(flops / (989e12 * cal.attention_efficiency))
+    assert cost.attn_bwd == pytest.approx(2.5 * cost.attn_fwd)
+
+
+def test_tensor_parallel_cuts_per_rank_time_but_not_linearly():
+    ctx = ctx_for("llama3-70b", seq=8192)
+    t1 = layer_cost(ctx, 1, 1, 1, False, 0).fwd
+    t8 = layer_cost(ctx, 8, 1, 1, True, 0).fwd
+    assert t8 < t1
+    assert 8 * t8 > t1  # smaller per-rank GEMMs run less efficiently
+
+
+def test_array_and_scalar_inputs_agree():
+    ctx = ctx_for()
+    arrays = layer_cost(ctx, np.array([1, 2, 4]), 1, np.array([1, 2, 1]), np.array([0, 1, 1]),
+                        np.array([0, 1, 2]))
+    for i, (t, b, sp, rc) in enumerate([(1, 1, 0, 0), (2, 2, 1, 1), (4, 1, 1, 2)]):
+        one = layer_cost(ctx, t, 1, b, sp, rc)
+        for field in one._fields:
+            assert getattr(arrays, field)[i] == pytest.approx(getattr(one, field), rel=1e-12)
+
+
+def test_layer_flops_add_up_to_the_model_forward():
+    model = get_model("llama2-7b")  # untied head, no learned positions
+    s, b = 4096, 2
+    per_layer = layer_model_flops(model, s, b, causal=True)
+    head = 2 * s * b * model.vocab * model.d_model
+    total = model.forward_flops_per_token(s, causal=True) * s * b
+    assert model.n_layers * per_layer + head == pytest.approx(total, rel=1e-12)
+
+
+def test_optimizer_step_reads_and_writes_30_bytes_per_param_for_bf16_adam():
+    cal = replace(default_calibration("h100-sxm"), kernel_overhead=0.0)
+    ctx = ctx_for(cal=cal)
+    seconds = optimizer_time(ctx, 1e9, grad_bytes=2, weight_bytes=2, master_bytes=4,
+                             moment_bytes=8)
+    assert seconds == pytest.approx(1e9 * 30 / (3.35e12 * cal.hbm_efficiency))
+
+
+# ------------------------------------------------------------------------------ calibration
+def test_builtin_calibration_is_one_set_for_every_accelerator():
+    a100, h100 = default_calibration("a100-80gb"), default_calibration("h100-sxm")
+    assert a100.matmul_efficiency == h100.matmul_efficiency
+    assert a100.link_efficiency == h100.link_efficiency
+    assert 0 < a100.matmul_efficiency <= 1 and 0 < a100.hbm_efficiency <= 1
+
+
+def test_calibration_file_overrides_only_the_keys_it_names(tmp_path):
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"default": {"matmul_efficiency": 0.5},
+                                "accelerators": {"h100-sxm": {"hbm_efficiency": 0.6}},
+                                "links": {"ndr": 0.5}}))
+    cal = load_calibration("h100-sxm", path)
+    base = default_calibration("h100-sxm")
+    assert cal.matmul_efficiency == 0.5 and cal.hbm_efficiency == 0.6
+    assert cal.matmul_half_dim == base.matmul_half_dim
+    assert cal.link(get_link("ndr")).bandwidth == pytest.approx(25e9)
+    assert load_calibration("a100-80gb", path).hbm_efficiency == base.hbm_efficiency
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ("{not json", "not valid JSON"),
+    ('{"default": {"matmul_eff": 0.5}}', "unknown key"),
+    ('{"default": {"matmul_efficiency": 1.5}}', "matmul_efficiency must be in"),
+    ('{"other": {}}', "unknown section"),
+])
+def test_bad_calibration_files_raise_one_clear_error(tmp_path, content, fragment):
+    path = tmp_path / "cal.json"
+    path.write_text(content)
+    with pytest.raises(ShardwiseError, match=fragment):
+        load_calibration("h100-sxm", path)
+
+
+def test_missing_calibration_file():
+    with pytest.raises(ShardwiseError, match="not found"):
+        load_calibration("h100-sxm", "/nonexistent/cal.json")
+
+
+def test_calibration_to_dict_round_trips():
+    cal = default_calibration("a100-80gb")
+    assert Calibration(**cal.to_dict()) == cal
+
+
+def test_materialised_attention_has_no_causal_saving():
+    model = ModelSpec("gpt-small", 2, 1024, 16, 16, 4096, 1000, gated_mlp=False,
+                      norm="layernorm", dropout=False)
+    flash = layer_cost(ctx_for(model, 2048, True), 1, 1, 1, False, 0).attn_fwd
+    dense = layer_cost(ctx_for(model, 2048, False), 1, 1, 1, False, 0).attn_fwd
+    assert dense > flash

@@ -1,0 +1,218 @@
+"""The step-time model (estimate/step.py) against SPEC figures, first-principles step times,
+the schedule simulator and monotonicity properties."""
+
+import itertools
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from shardwise.arch import ModelSpec, get_model
+from shardwise.calibration import default_calibration
+from shardwise.estimate.comm import collective_time, hierarchical_all_reduce_time
+from shardwise.estimate.step import (
+    SCHEDULE_CODES,
+    Links,
+    estimate_step,
+    group_collective_time,
+    pipeline_bubble,
+)
+from shardwise.hardware import Accelerator, Cluster, Link, get_link
+from shardwise.layout import Layout, TrainSpec
+from shardwise.schedules import bubble_fraction, make_schedule, simulate
+
+
+def links(intra_bw=450e9, inter_bw=50e9, lat=0.0, gpn=8):
+    return Links(intra_bw, lat, inter_bw, lat, gpn)
+
+
+# ------------------------------------------------------------------------------ SPEC §5
+def test_spec_gradient_all_reduce_figures():
+    # 7B bf16 gradients (13.5 GB) on 8 ranks: ≈ 52 ms at 450 GB/s, ≈ 470 ms at 50 GB/s.
+    nvlink = group_collective_time("all-reduce", 13.5e9, 8, 8, links())
+    assert nvlink == pytest.approx(2 * 7 / 8 * 13.5e9 / 450e9)
+    assert round(nvlink * 1e3) in (52, 53)
+    ib = group_collective_time("all-reduce", 13.5e9, 8, 1, links())  # one rank per node
+    assert abs(ib - 0.470) < 0.005
+
+
+def test_group_collectives_match_comm_module():
+    ndr, nvl = get_link("ndr"), get_link("nvlink4")
+    lk = Links(nvl.bandwidth, nvl.latency, ndr.bandwidth, ndr.latency, 8)
+    for op in ("all-reduce", "reduce-scatter", "all-gather"):
+        assert group_collective_time(op, 1e9, 8, 8, lk) == pytest.approx(
+            collective_time(op, 1e9, 8, nvl))
+        assert group_collective_time(op, 1e9, 16, 1, lk) == pytest.approx(
+            collective_time(op, 1e9, 16, ndr))
+    assert group_collective_time("all-reduce", 1e9, 64, 8, lk) == pytest.approx(
+        hierarchical_all_reduce_time(1e9, 8, 8, nvl, ndr))
+
+
+# ------------------------------------------------------------------------------ SPEC §6
+@pytest.mark.parametrize("p, m, v", [(4, 8, 1), (8, 8, 1), (8, 16, 1), (8, 32, 1),
+                                     (8, 64, 1), (4, 8, 2), (4, 16, 4)])
+def test_bubble_closed_forms(p, m, v):
+    sched = SCHEDULE_CODES["interleaved" if v > 1 else "1f1b"]
+    idle = pipeline_bubble(sched, p, v, m, 1.0, 1.0, 0.5)
+    fraction = idle / (idle + m * 2.0)
+    assert fraction == pytest.approx((p - 1) / (v * m + p - 1))
+    assert fraction == pytest.approx(bubble_fraction(p, m, v))
+
+
+def test_spec_bubble_figures():
+    for m, (num, den) in zip((8, 16, 32, 64), ((7, 15), (7, 23), (7, 39), (7, 71))):
+        idle = pipeline_bubble(SCHEDULE_CODES["1f1b"], 8, 1, m, 1.0, 3.0, 1.0)
+        assert idle / (idle + m * 4.0) == pytest.approx(num / den)
+
+
+@pytest.mark.parametrize("p, m", [(2, 2), (4, 1), (4, 3), (4, 8), (8, 5), (8, 16), (16, 64)])
+@pytest.mark.parametrize("t_f, t_b, t_w", [(1.0, 2.0, 1.0), (1.0, 2.1, 0.9), (1.3, 2.5, 0.5)])
+def test_zb_h1_closed_form_equals_the_simulator(p, m, t_f, t_b, t_w):
+    timeline = simulate(make_schedule("zb-h1", p, m), t_f, t_b - t_w, t_w)
+    simulated = timeline.makespan - m * (t_f + t_b)
+    closed = pipeline_bubble(SCHEDULE_CODES["zb-h1"], p, 1, m, t_f, t_b, t_w)
+    assert closed == pytest.approx(simulated, abs=1e-9)
+
+
+@pytest.mark.parametrize("text", ["pp=4,schedule=1f1b", "pp=4,schedule=zb-h1",
+                                  "pp=2,schedule=interleaved,chunks=2"])
+def test_estimate_with_simulator_equals_closed_form(text):
+    model = get_model("llama3-8b")
+    cluster = Cluster.of(16, "h100")
+    layout = Layout.parse(text + ",tp=2", dp=16 // (2 * int(text.split(",")[0][3:])))
+    train = TrainSpec(seq_len=4096, global_batch=32)
+    closed = estimate_step(model, cluster, layout, train)
+    sim = estimate_step(model, cluster, layout, train, simulate=True)
+    assert sim.bubble_source == "simulator"
+    assert sim.bubble == pytest.approx(closed.bubble, rel=1e-9)
+    assert sim.total == pytest.approx(closed.total, rel=1e-9)
+
+
+# ------------------------------------------------------------------------- first principles
+SMALL = ModelSpec("small", 4, 1024, 8, 8, 4096, 32000, gated_mlp=False, norm="layernorm")
+
+
+def test_single_gpu_step_is_flops_over_achieved_rate():
+    """With HBM so fast that memory-bound work is free, size-independent efficiency and no
+    launch overhead, one GPU's step is the training FLOPs at peak × efficiency."""
+    fast = Accelerator("ideal", 80 * 2**30, 1e30, 1e15)
+    cluster = Cluster(1, 1, fast, Link("x", 1e12, 0.0), Link("y", 1e12, 0.0))
+    eff = 0.5
+    cal = replace(default_calibration(), matmul_efficiency=eff, attention_efficiency=eff,
+                  matmul_half_dim=0.0, kernel_overhead=0.0)
+    s, b, m = 1024, 2, 3
+    train = TrainSpec(seq_len=s, global_batch=b * m, flash_attention=False)
+    est = estimate_step(SMALL, cluster, Layout(micro_batch=b), train, cal)
+    tokens = s * b * m
+    # materialised attention computes the whole square: non-causal FLOPs, 3 × forward
+    flops = 3 * SMALL.forward_flops_per_token(s, causal=False) * tokens
+    assert est.compute == pytest.approx(flops / (1e15 * eff), rel=1e-9)
+    assert est.total == pytest.approx(est.compute + est.optimizer, rel=1e-12)
+    assert est.tp_comm == est.bubble == est.dp_comm_exposed == est.pp_comm == 0
+
+
+def test_single_gpu_optimizer_step_moves_30_bytes_per_parameter():
+    h100 = Cluster.of(1, "h100")
+    cal = replace(default_calibration("h100-sxm"), kernel_overhead=0.0)
+    est = estimate_step(SMALL, h100, Layout(), TrainSpec(seq_len=1024, global_batch=1), cal)
+    params = SMALL.count_params().total
+    assert est.optimizer == pytest.approx(params * 30 / (3.35e12 * cal.hbm_efficiency))
+
+
+def test_breakdown_sums_to_total_and_rates_follow():
+    model = get_model("llama3-70b")
+    cluster = Cluster.of(64, "h100")
+    train = TrainSpec(seq_len=8192, global_batch=64)
+    est = estimate_step(model, cluster, Layout.parse("dp=4,tp=8,pp=2,zero=1,sp=1,"
+                                                     "recompute=selective"), train)
+    assert sum(est.breakdown().values()) == pytest.approx(est.total)
+    assert est.tokens_per_s == pytest.approx(64 * 8192 / est.total)
+    flops = model.training_flops_per_token(8192, causal=True) * 64 * 8192
+    assert est.mfu == pytest.approx(flops / (est.total * 989e12 * 64))
+    assert est.hfu > est.mfu
+    assert est.time_to_train(15e12) == pytest.approx(15e12 / est.tokens_per_s)
+    assert est.cost(15e12, 2.5) == pytest.approx(est.gpu_hours(15e12) * 2.5)
+
+
+def test_tp_inside_the_node_uses_nvlink():
+    model = get_model("llama3-70b")
+    train = TrainSpec(seq_len=8192, global_batch=16)
+    fast = estimate_step(model, Cluster.of(16, "h100"), Layout(dp=2, tp=8, sp=True), train)
+    slow = estimate_step(model, Cluster.of(16, "h100", intra="pcie4"),
+                         Layout(dp=2, tp=8, sp=True), train)
+    assert slow.tp_comm > 5 * fast.tp_comm
+    assert slow.compute == pytest.approx(fast.compute)
+
+
+# ------------------------------------------------------------------------- properties
+def test_more_gpus_never_make_compute_per_step_larger():
+    model = get_model("llama3-8b")
+    train = TrainSpec(seq_len=4096, global_batch=256)
+    for tp, pp in itertools.product((1, 2, 8), (1, 2)):
+        computes = []
+        for dp in (1, 2, 4, 8, 16):
+            cluster = Cluster.of(dp * tp * pp, "h100")
+            layout = Layout(dp=dp, tp=tp, pp=pp, sp=tp > 1)
+            computes.append(estimate_step(model, cluster, layout, train).compute)
+        assert all(b <= a for a, b in itertools.pairwise(computes)), (tp, pp, computes)
+    # tensor parallelism shares each layer among more GPUs
+    by_tp = [estimate_step(model, Cluster.of(tp, "h100"), Layout(tp=tp, sp=tp > 1),
+                           train).compute for tp in (1, 2, 4, 8)]
+    assert all(b <= a for a, b in itertools.pairwise(by_tp)), by_tp
+
+
+def test_mfu_and_hfu_are_fractions():
+    model = get_model("llama3-8b")
+    for s in (512, 8192, 131072):
+        for layout in (Layout(), Layout(recompute="full"), Layout(cp=8, dp=1)):
+            cluster = Cluster.of(layout.world_size, "h100")
+            est = estimate_step(model, cluster, layout, TrainSpec(seq_len=s, global_batch=1))
+            assert 0 < est.mfu <= est.hfu <= 1
+
+
+def test_context_parallel_transfers_hide_behind_attention():
+    model = get_model("llama3-8b")
+    train = TrainSpec(seq_len=131072, global_batch=1)
+    est = estimate_step(model, Cluster.of(8, "h100"), Layout(cp=8, dp=1), train)
+    cal = default_calibration("h100-sxm")
+    # long sequences: block compute ≫ transfer, only the contention share remains
+    no_contention = estimate_step(model, Cluster.of(8, "h100"), Layout(cp=8, dp=1), train,
+                                  replace(cal, overlap_contention=0.0))
+    assert no_contention.cp_comm_exposed == 0.0
+    assert 0 < est.cp_comm_exposed < 0.05 * est.compute
+
+
+def test_dp_exposure_is_at_most_the_traffic():
+    model = get_model("llama3-8b")
+    train = TrainSpec(seq_len=4096, global_batch=128)
+    for zero in (0, 1, 2, 3):
+        est = estimate_step(model, Cluster.of(64, "h100"), Layout(dp=64, zero=zero), train)
+        assert 0 < est.dp_comm_exposed <= est.dp_comm_total
+
+
+def test_zero3_regathers_per_micro_batch():
+    model = get_model("llama3-8b")
+    cluster = Cluster.of(64, "h100")
+    one = estimate_step(model, cluster, Layout(dp=64, zero=3),
+                        TrainSpec(seq_len=4096, global_batch=64))
+    four = estimate_step(model, cluster, Layout(dp=64, zero=3),
+                         TrainSpec(seq_len=4096, global_batch=256))
+    assert four.dp_comm_total == pytest.approx(4 * one.dp_comm_total, rel=1e-9)
+
+
+def test_arrays_broadcast_like_scalars():
+    from shardwise.estimate.compute import ComputeContext
+    from shardwise.estimate.step import step_terms
+
+    model = get_model("llama3-8b")
+    cluster = Cluster.of(16, "h100")
+    train = TrainSpec(seq_len=4096, global_batch=64)
+    ctx = ComputeContext.of(model, cluster.accelerator, train)
+    lk = Links.of(cluster, ctx.calibration)
+    kw = dict(t=np.array([1, 2]), p=np.array([1, 2]), c=1, e=1, dp=np.array([16, 4]),
+              zero=np.array([0, 1]), zg=0, sp=np.array([0, 1]), sched=1, v=1,
+              rc=np.array([0, 1]), b=1, m=np.array([4, 16]))
+    terms = step_terms(ctx, lk, train, **kw)
+    for i, text in enumerate(["dp=16", "dp=4,tp=2,pp=2,zero=1,sp=1,recompute=selective"]):
+        est = estimate_step(model, cluster, Layout.parse(text), train)
+        assert terms["total"][i] == pytest.approx(est.total, rel=1e-12)

@@ -7,6 +7,7 @@ cannot run — prints one line on stderr and exits with code 2, never a tracebac
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, is_dataclass
@@ -22,8 +23,9 @@ from shardwise.hardware import Cluster, get_link
 from shardwise.layout import RECOMPUTE, SCHEDULES, Layout, TrainSpec
 from shardwise.units import gb, gib, human_count, human_time, parse_batch, parse_size
 
-# Wide tables when piped (rich would wrap at 80 columns); the terminal width otherwise.
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+# Wide tables when piped (rich would wrap at 80 columns) unless COLUMNS says otherwise.
+console = Console(highlight=False,
+                  width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160)
 
 
 def _emit_json(payload: Any) -> None:

@@ -1,0 +1,13 @@
+"""In-process emulation of parallelism (SPEC §8, "teaching oracles").
+
+One process holds a list of shards; rank i is index i. No process group, no communication:
+each collective is written out step by step so the algorithm can be read and checked exactly
+against the unsharded computation.
+
+    collectives      ring all-reduce (reduce-scatter + all-gather, snapshotted steps)
+    data_parallel    data-parallel gradients == the full-batch gradient
+    tensor_parallel  Megatron MLP / SwiGLU / head-parallel attention, shard helpers, f and g
+    pipeline         micro-batch gradient accumulation == the full-batch gradient
+    ring_attention   online-softmax ring attention, causal layouts and their balance
+    moe              top-k routing, capacity, load-balancing loss, emulated expert parallelism
+"""

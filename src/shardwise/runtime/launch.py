@@ -1,0 +1,342 @@
+"""Start a process group: N local ranks (spawned here) or the ranks `torchrun` started.
+
+Public API (stable; other runtime modules import it):
+
+    spawn(fn, world_size, *args, timeout_s=60, backend=None, init="file",
+          start_method=None) -> list
+        Run `fn(*args)` on `world_size` fresh local processes after `init_process_group`;
+        return each rank's (picklable) result in rank order. The first rank that raises or
+        dies makes `spawn` raise `RankFailure` naming that rank and its message; the others
+        are killed. Nothing outlives `timeout_s` (then `RankFailure` too): a broken rank fails
+        the caller, it never hangs it. `init`: "file" (rendezvous file in a fresh temporary
+        directory) or "tcp" (a free port on 127.0.0.1). `start_method`: "spawn" (default) or
+        "forkserver" (ranks fork from a server that imported torch once; the
+        SHARDWISE_START_METHOD environment variable sets the default).
+    launch(fn, world_size, *args, timeout_s=60, backend=None, init="file") -> list
+        Under `torchrun` (RANK/WORLD_SIZE set, no group yet): init from the environment, run
+        `fn(*args)` here, return every rank's result (all-gathered) in rank order. Otherwise
+        `spawn`. The same demo code runs on a laptop and on a multi-node cluster.
+    init_from_env(backend=None, timeout_s=600) -> None
+        `init_process_group` from torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
+        MASTER_ADDR, MASTER_PORT); NCCL + `cuda.set_device(LOCAL_RANK)` when GPUs are there.
+    choose_backend(world_size) -> "nccl" | "gloo"
+    group_timeout() -> timedelta     the timeout every group of this run must use (mesh.py)
+    device() -> torch.device         cuda:LOCAL_RANK under NCCL, else cpu
+    rank() -> int, world_size() -> int   (0 and 1 when no group is initialised)
+    RankFailure                      a `RuntimeError` raised by `spawn`
+
+`fn` must be picklable (a module-level function) because ranks are started with the
+`spawn` method: each child imports a fresh interpreter, so nothing depends on fork-safety of
+the parent. Each rank sets `OMP_NUM_THREADS=1` (and `torch.set_num_threads(1)`), so N ranks
+on a few CPU cores do not oversubscribe them. Results travel back as bytes pickled with the
+standard pickler (not torch's shared-memory reducer), so a rank may exit right after sending.
+
+gloo realities (torch 2.x on CPU): a rendezvous on `file://` in a fresh temporary directory
+is race-free (`init="tcp"` picks a free port instead); the group timeout bounds every
+collective, so a peer that died turns into an exception on the survivors.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime as _dt
+import os
+import pickle
+import queue as _queue
+import shutil
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as tmp
+
+__all__ = [
+    "RankFailure",
+    "choose_backend",
+    "device",
+    "group_timeout",
+    "init_from_env",
+    "launch",
+    "rank",
+    "spawn",
+    "world_size",
+]
+
+_TIMEOUT = _dt.timedelta(seconds=600)
+
+
+class RankFailure(RuntimeError):
+    """A rank raised, died or timed out; `rank` is the first one that failed (-1: timeout)."""
+
+    def __init__(self, message: str, rank: int = -1):
+        super().__init__(message)
+        self.rank = rank
+
+
+# ------------------------------------------------------------------------------ helpers
+def rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def group_timeout() -> _dt.timedelta:
+    """The timeout this run's groups use; `mesh.py` passes it to every `new_group`."""
+    return _TIMEOUT
+
+
+def choose_backend(world_size: int) -> str:
+    """NCCL when this node has a GPU per local rank, gloo otherwise."""
+    if torch.cuda.is_available() and torch.cuda.device_count() >= world_size:
+        return "nccl"
+    return "gloo"
+
+
+def device() -> torch.device:
+    """Where this rank's tensors live: `cuda:LOCAL_RANK` under NCCL, else the CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _quiet_env() -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+
+
+# ------------------------------------------------------------------------------- torchrun
+def init_from_env(backend: str | None = None, timeout_s: float = 600) -> None:
+    """Initialise from torchrun's environment (single or multi node).
+
+    `torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint host:29500 script.py` sets RANK,
+    WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT for every process.
+    """
+    global _TIMEOUT
+    if dist.is_initialized():
+        return
+    _quiet_env()
+    ws = int(os.environ["WORLD_SIZE"])
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", ws))
+    backend = backend or choose_backend(local_world)
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    _TIMEOUT = _dt.timedelta(seconds=timeout_s)
+    dist.init_process_group(backend, init_method="env://", timeout=_TIMEOUT)
+    # Tear the group down before the interpreter exits: gloo's threads still running at
+    # exit end in std::terminate ("terminate called without an active exception").
+    atexit.register(_shutdown)
+
+
+def _shutdown() -> None:
+    if dist.is_initialized():
+        with contextlib.suppress(Exception):
+            dist.barrier()
+            dist.destroy_process_group()
+
+
+def _under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+
+
+def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 60,
+           backend: str | None = None, init: str = "file") -> list[Any]:
+    """`spawn` locally, or run in place under torchrun and all-gather the results.
+
+    Under torchrun `world_size` must equal the torchrun world (checked)."""
+    if _under_torchrun() and not dist.is_initialized():
+        init_from_env(backend, max(timeout_s, 60))
+        if dist.get_world_size() != world_size:
+            raise RankFailure(
+                f"torchrun started {dist.get_world_size()} ranks but {world_size} were asked for",
+                dist.get_rank(),
+            )
+        result = fn(*args)
+        gathered: list[Any] = [None] * world_size
+        dist.all_gather_object(gathered, result)
+        return gathered
+    return spawn(fn, world_size, *args, timeout_s=timeout_s, backend=backend, init=init)
+
+
+# ----------------------------------------------------------------------------------- spawn
+def _worker(local_rank: int, n: int, init_method: str, backend: str, timeout_s: float,
+            fn: Callable[..., Any], args: tuple[Any, ...], results: Any) -> None:
+    """One rank: init the group, run `fn`, send ("ok", pickled result) or ("error", text)."""
+    global _TIMEOUT
+    _quiet_env()
+    status, payload = "ok", b""
+    try:
+        if backend == "nccl":
+            torch.cuda.set_device(local_rank)
+        _TIMEOUT = _dt.timedelta(seconds=timeout_s)
+        dist.init_process_group(backend, init_method=init_method, rank=local_rank,
+                                world_size=n, timeout=_TIMEOUT)
+        payload = pickle.dumps(fn(*args))
+    except BaseException as exc:  # everything goes back to the parent
+        status = "error"
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        payload = f"{type(exc).__name__}: {exc}\n{text}".encode()
+    results.put((local_rank, status, payload))
+    if status == "ok":
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+    # On error skip destroy (it may block on dead peers); the parent reaps us.
+    results.close()
+    results.join_thread()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if status == "ok" else 1)
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else "(no message)"
+
+
+def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 60,
+          backend: str | None = None, init: str = "file",
+          start_method: str | None = None) -> list[Any]:
+    """Run `fn(*args)` on `world_size` local ranks; results in rank order.
+
+    Raises `RankFailure` (a `RuntimeError`) as soon as one rank raises or dies, naming that
+    rank and its original message (with its traceback), or when `timeout_s` passes; every
+    remaining process is terminated first. `timeout_s` is also the process-group timeout, so
+    a survivor blocked on a dead peer errors out by itself as well.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be ≥ 1, got {world_size}")
+    backend = backend or choose_backend(world_size)
+    if sys.platform.startswith("linux"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # children inherit it
+    ctx = _context(start_method)
+    results = ctx.Queue()
+    tmpdir = tempfile.mkdtemp(prefix="shardwise-")
+    if init == "file":
+        init_method = "file://" + os.path.join(tmpdir, "rendezvous")
+    elif init == "tcp":
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+    else:
+        raise ValueError(f"init must be 'file' or 'tcp', got {init!r}")
+    old_omp = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the children before torch loads
+    procs = []
+    try:
+        for r in range(world_size):
+            p = ctx.Process(target=_worker, daemon=True, name=f"shardwise-rank{r}",
+                            args=(r, world_size, init_method, backend, timeout_s, fn, args,
+                                  results))
+            p.start()
+            procs.append(p)
+        return _collect(procs, results, timeout_s)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(2)
+            if p.is_alive():
+                p.kill()
+                p.join(2)
+        results.close()
+        results.cancel_join_thread()
+        if old_omp is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = old_omp
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+_PRELOAD = ["torch", "torch.distributed", "shardwise.runtime.collectives"]
+
+
+def _context(start_method: str | None) -> Any:
+    """`spawn` (default): a fresh interpreter per rank. `forkserver`: ranks fork from a server
+    that imported torch once (seconds faster per rank on small machines; used by the tests).
+    `SHARDWISE_START_METHOD` sets the default."""
+    method = start_method or os.environ.get("SHARDWISE_START_METHOD", "spawn")
+    if method not in ("spawn", "forkserver"):
+        raise ValueError(f"start_method must be 'spawn' or 'forkserver', got {method!r}")
+    ctx = tmp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
+
+
+def _collect(procs: list[Any], results: Any, timeout_s: float) -> list[Any]:
+    n = len(procs)
+    # Starting interpreters is not the ranks' fault: allow a few seconds per rank for it.
+    deadline = time.monotonic() + timeout_s + 5 + 2 * n
+    done: dict[int, Any] = {}
+    dead_since: dict[int, float] = {}
+    while len(done) < n:
+        try:
+            r, status, payload = results.get(timeout=0.05)
+        except _queue.Empty:
+            pass
+        else:
+            if status == "error":
+                _fail(r, payload.decode(), results, procs, done)
+            done[r] = pickle.loads(payload)
+            continue
+        now = time.monotonic()
+        for r, p in enumerate(procs):
+            if r in done or p.exitcode is None:
+                continue
+            # Exited without a message: give the queue a moment to deliver one.
+            first = dead_since.setdefault(r, now)
+            if now - first > 1.0:
+                raise RankFailure(f"rank {r} died (exit code {p.exitcode}) without reporting "
+                                  "a result", r)
+        if now > deadline:
+            missing = [r for r in range(n) if r not in done]
+            raise RankFailure(f"timed out after {timeout_s:g} s waiting for ranks {missing}")
+    return [done[r] for r in range(n)]
+
+
+_CONSEQUENCES = ("Connection closed by peer", "Connection reset", "Broken pipe", "Timed out",
+                 "timed out", "Socket Timeout")
+
+
+def _fail(r: int, text: str, results: Any, procs: list[Any], done: dict[int, Any]) -> None:
+    """Raise for the rank that caused the failure.
+
+    After the first error, wait briefly for the others: a peer that died silently (killed,
+    `os._exit`) or raised on its own is the cause; "connection closed by peer" and timeouts
+    on the survivors are consequences.
+    """
+    errors = {r: text}
+    end = time.monotonic() + 0.5
+    while time.monotonic() < end:
+        try:
+            r2, status, payload = results.get(timeout=0.05)
+        except _queue.Empty:
+            continue
+        if status == "error":
+            errors[r2] = payload.decode()
+    dead = {q: p.exitcode for q, p in enumerate(procs)
+            if q not in errors and q not in done and p.exitcode not in (None, 0)}
+    if dead:
+        q = min(dead)
+        rest = "; ".join(f"rank {k}: {_first_line(v)}" for k, v in errors.items())
+        raise RankFailure(f"rank {q} died (exit code {dead[q]}) without reporting a result"
+                          f"\nother ranks: {rest}", q)
+    causes = [k for k, v in errors.items() if not any(c in v for c in _CONSEQUENCES)]
+    first = causes[0] if causes else r
+    others = [f"rank {k}: {_first_line(v)}" for k, v in errors.items() if k != first]
+    tail = ("\nother ranks: " + "; ".join(others)) if others else ""
+    raise RankFailure(f"rank {first} failed: {_first_line(errors[first])}{tail}\n"
+                      f"--- rank {first} traceback:\n{errors[first]}", first)

@@ -1,0 +1,265 @@
+"""A named device mesh built from a `Layout`: which ranks talk to which, per parallel axis.
+
+Public API (stable; other runtime modules import it):
+
+    MESH_AXES = ("pp", "dp", "cp", "tp")        rank numbering, outermost first (tp fastest)
+    AXES = MESH_AXES + ("ep", "edp", "dp_cp")   every name `Mesh.group`/`axis` accepts
+    MeshShape(pp=1, dp=1, cp=1, tp=1, ep=1)     pure arithmetic, no torch.distributed needed:
+        .world_size, .coord(rank) -> dict, .rank_of(**coord) -> int,
+        .groups(axis) -> list[tuple[int, ...]]  every group of that axis (global ranks),
+        .group_of(axis, rank) -> tuple[int, ...]; MeshShape.from_layout(layout)
+    Mesh.from_layout(layout, *, make_current=True) -> Mesh   (alias: build_mesh(layout))
+        collective: every rank must call it, in the same order. Creates one process group per
+        group of every axis of degree > 1 (with `launch.group_timeout()`); degree-1 axes
+        create none.
+    mesh.group(axis) -> ProcessGroup | None     None for a degree-1 axis
+    mesh.axis(axis) -> AxisGroup                what `collectives.py` takes: name, group, size,
+                                                 rank (index inside the group), ranks (global)
+    mesh.size(axis), mesh.rank(axis), mesh.ranks(axis), mesh.coord, mesh.global_rank
+    current_mesh() -> Mesh | None; set_current_mesh(mesh | None)
+    AxisGroup.world() / AxisGroup.of(process_group, name)
+
+Rank numbering (Megatron's order, tp fastest so a tensor-parallel group sits inside one
+NVLink domain): `rank = ((pp_i·dp + dp_i)·cp + cp_i)·tp + tp_i`. Expert parallelism reuses
+the `dp × cp` ranks (SPEC notation: world = dp·tp·pp·cp): flatten `(dp_i, cp_i)` to
+`j = dp_i·cp + cp_i`; an `ep` group is `ep` consecutive values of `j`, and `edp` (the
+expert-data-parallel group that all-reduces an expert's gradients) takes the ranks with the same
+position inside their ep group (`j mod ep`). `dp_cp` is the whole `dp × cp` block (ZeRO and the
+gradient all-reduce span it when cp > 1).
+
+Example, Layout(dp=2, tp=2, pp=2) on 8 ranks: tp groups (0,1) (2,3) (4,5) (6,7);
+dp groups (0,2) (1,3) (4,6) (5,7); pp groups (0,4) (1,5) (2,6) (3,7).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.distributed as dist
+
+from shardwise.errors import ShardwiseError
+from shardwise.layout import Layout
+from shardwise.runtime.launch import group_timeout
+
+__all__ = [
+    "AXES",
+    "MESH_AXES",
+    "AxisGroup",
+    "Mesh",
+    "MeshShape",
+    "build_mesh",
+    "current_mesh",
+    "set_current_mesh",
+]
+
+MESH_AXES: tuple[str, ...] = ("pp", "dp", "cp", "tp")
+AXES: tuple[str, ...] = (*MESH_AXES, "ep", "edp", "dp_cp")
+
+
+@dataclass(frozen=True)
+class MeshShape:
+    """Degrees of the mesh axes and the rank ↔ coordinate arithmetic (no processes)."""
+
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    tp: int = 1
+    ep: int = 1
+
+    def __post_init__(self) -> None:
+        for axis in ("pp", "dp", "cp", "tp", "ep"):
+            if getattr(self, axis) < 1:
+                raise ShardwiseError(f"mesh axis {axis} must be ≥ 1, got {getattr(self, axis)}")
+        if (self.dp * self.cp) % self.ep:
+            raise ShardwiseError(f"ep={self.ep} must divide dp·cp={self.dp * self.cp}")
+
+    @classmethod
+    def from_layout(cls, layout: Layout) -> MeshShape:
+        return cls(pp=layout.pp, dp=layout.dp, cp=layout.cp, tp=layout.tp, ep=layout.ep)
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp * self.cp * self.tp
+
+    def dims(self) -> tuple[int, ...]:
+        return tuple(getattr(self, a) for a in MESH_AXES)
+
+    def size(self, axis: str) -> int:
+        if axis in ("pp", "dp", "cp", "tp", "ep"):
+            return int(getattr(self, axis))
+        if axis == "edp":
+            return self.dp * self.cp // self.ep
+        if axis == "dp_cp":
+            return self.dp * self.cp
+        raise ShardwiseError(f"unknown mesh axis {axis!r}; valid: {', '.join(AXES)}")
+
+    def coord(self, rank: int) -> dict[str, int]:
+        """Global rank → {"pp": i, "dp": j, "cp": k, "tp": l} (tp varies fastest)."""
+        if not 0 <= rank < self.world_size:
+            raise ShardwiseError(f"rank {rank} outside a mesh of {self.world_size} ranks")
+        out: dict[str, int] = {}
+        for axis in reversed(MESH_AXES):
+            n = getattr(self, axis)
+            out[axis] = rank % n
+            rank //= n
+        return {axis: out[axis] for axis in MESH_AXES}
+
+    def rank_of(self, **coord: int) -> int:
+        rank = 0
+        for axis in MESH_AXES:
+            rank = rank * getattr(self, axis) + coord.get(axis, 0)
+        return rank
+
+    def groups(self, axis: str) -> list[tuple[int, ...]]:
+        """Every group of `axis`, each a tuple of global ranks in group-rank order."""
+        self.size(axis)  # validates the name
+        if axis in MESH_AXES:
+            others = [a for a in MESH_AXES if a != axis]
+            out = []
+            for rest in itertools.product(*(range(getattr(self, a)) for a in others)):
+                base = dict(zip(others, rest))
+                out.append(tuple(self.rank_of(**base, **{axis: i})
+                                 for i in range(getattr(self, axis))))
+            return out
+        # ep / edp / dp_cp live inside the dp × cp block of each (pp, tp) position;
+        # j = dp_i·cp + cp_i numbers that block.
+        out = []
+        for pp_i, tp_i in itertools.product(range(self.pp), range(self.tp)):
+            block = [self.rank_of(pp=pp_i, dp=j // self.cp, cp=j % self.cp, tp=tp_i)
+                     for j in range(self.dp * self.cp)]
+            if axis == "dp_cp":
+                out.append(tuple(block))
+            elif axis == "ep":
+                out.extend(tuple(block[i:i + self.ep]) for i in range(0, len(block), self.ep))
+            else:  # edp: same position inside the ep group
+                out.extend(tuple(block[i::self.ep]) for i in range(self.ep))
+        return out
+
+    def group_of(self, axis: str, rank: int) -> tuple[int, ...]:
+        for g in self.groups(axis):
+            if rank in g:
+                return g
+        raise ShardwiseError(f"rank {rank} is in no {axis} group")  # pragma: no cover
+
+
+@dataclass(frozen=True)
+class AxisGroup:
+    """One rank's view of one axis: what the collectives layer needs to talk and to count.
+
+    `group` is None exactly when `size == 1` (no process group; collectives are no-ops).
+    `rank` is this rank's index inside the group; `ranks` the group's global ranks.
+    """
+
+    name: str
+    group: Any
+    size: int
+    rank: int
+    ranks: tuple[int, ...]
+
+    @classmethod
+    def world(cls) -> AxisGroup:
+        n, r = dist.get_world_size(), dist.get_rank()
+        return cls("world", dist.group.WORLD if n > 1 else None, n, r, tuple(range(n)))
+
+    @classmethod
+    def of(cls, group: Any, name: str = "group") -> AxisGroup:
+        """Wrap a raw `ProcessGroup` (counted under `name`)."""
+        ranks = tuple(dist.get_process_group_ranks(group))
+        return cls(name, group if len(ranks) > 1 else None, len(ranks),
+                   ranks.index(dist.get_rank()), ranks)
+
+    def global_rank(self, index: int) -> int:
+        """Global rank of the group member at `index` (taken modulo the size: ring peers)."""
+        return self.ranks[index % self.size]
+
+
+@dataclass
+class Mesh:
+    """This rank's process groups along every named axis of a `MeshShape`."""
+
+    shape: MeshShape
+    global_rank: int
+    axes: dict[str, AxisGroup] = field(default_factory=dict)
+
+    @classmethod
+    def from_layout(cls, layout: Layout | MeshShape, *, make_current: bool = True) -> Mesh:
+        """Create every group of every axis of degree > 1 (a collective call: all ranks, same
+        order). Axes whose groups coincide with an earlier axis's reuse that process group."""
+        shape = layout if isinstance(layout, MeshShape) else MeshShape.from_layout(layout)
+        if not dist.is_initialized():
+            raise ShardwiseError("Mesh.from_layout needs an initialised process group "
+                                 "(launch.spawn or launch.init_from_env)")
+        n = dist.get_world_size()
+        if shape.world_size != n:
+            raise ShardwiseError(
+                f"layout needs pp·dp·cp·tp = {shape.pp}·{shape.dp}·{shape.cp}·{shape.tp} = "
+                f"{shape.world_size} ranks but the process group has {n}")
+        me = dist.get_rank()
+        made: dict[tuple[int, ...], Any] = {}
+        axes: dict[str, AxisGroup] = {}
+        for axis in AXES:
+            mine = shape.group_of(axis, me)
+            if len(mine) == 1:
+                axes[axis] = AxisGroup(axis, None, 1, 0, mine)
+                continue
+            for g in shape.groups(axis):
+                if g not in made:
+                    made[g] = dist.new_group(list(g), timeout=group_timeout())
+            axes[axis] = AxisGroup(axis, made[mine], len(mine), mine.index(me), mine)
+        mesh = cls(shape, me, axes)
+        if make_current:
+            set_current_mesh(mesh)
+        return mesh
+
+    def axis(self, name: str) -> AxisGroup:
+        if name == "world":
+            return AxisGroup.world()
+        if name not in self.axes:
+            raise ShardwiseError(f"unknown mesh axis {name!r}; valid: {', '.join(AXES)}")
+        return self.axes[name]
+
+    def group(self, name: str) -> Any:
+        """The process group of `name` containing this rank; None for a degree-1 axis."""
+        return self.axis(name).group
+
+    def size(self, name: str) -> int:
+        return self.axis(name).size
+
+    def rank(self, name: str) -> int:
+        """This rank's coordinate (index) along `name`."""
+        return self.axis(name).rank
+
+    def ranks(self, name: str) -> tuple[int, ...]:
+        """Global ranks of this rank's `name` group, in group order."""
+        return self.axis(name).ranks
+
+    @property
+    def coord(self) -> dict[str, int]:
+        return self.shape.coord(self.global_rank)
+
+    @property
+    def world_size(self) -> int:
+        return self.shape.world_size
+
+    def __repr__(self) -> str:
+        dims = " × ".join(f"{a}{getattr(self.shape, a)}" for a in MESH_AXES)
+        return f"Mesh({dims}, ep{self.shape.ep}, rank {self.global_rank} at {self.coord})"
+
+
+def build_mesh(layout: Layout | MeshShape, *, make_current: bool = True) -> Mesh:
+    return Mesh.from_layout(layout, make_current=make_current)
+
+
+_CURRENT: Mesh | None = None
+
+
+def current_mesh() -> Mesh | None:
+    """The mesh most recently built with `make_current=True` in this process (or None)."""
+    return _CURRENT
+
+
+def set_current_mesh(mesh: Mesh | None) -> None:
+    global _CURRENT
+    _CURRENT = mesh

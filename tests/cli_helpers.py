@@ -1,13 +1,15 @@
 """Run the real `shardwise` entry point in a subprocess."""
 
 import json
+import os
 import subprocess
 import sys
 
 
 def shardwise(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = os.environ | {"COLUMNS": "200"}  # wide tables, whatever the caller's terminal
     result = subprocess.run([sys.executable, "-m", "shardwise", *args], capture_output=True,
-                            text=True, timeout=120)
+                            text=True, timeout=120, env=env)
     if check and result.returncode != 0:
         raise AssertionError(f"shardwise {' '.join(args)} failed:\n{result.stderr}")
     return result

@@ -31,6 +31,7 @@ from torch import nn
 
 from shardwise.runtime import collectives as C
 from shardwise.runtime.collectives import GroupLike
+from shardwise.runtime.mesh import AxisGroup
 
 __all__ = ["BucketedDataParallel", "DDPConfig", "all_reduce_gradients"]
 
@@ -45,6 +46,16 @@ def all_reduce_gradients(model: nn.Module, group: GroupLike = "dp", *,
         if p.grad is not None:
             C.all_reduce(p.grad, g, impl=impl)
             p.grad.div_(g.size)
+
+
+def broadcast_parameters(module: nn.Module, group: AxisGroup) -> None:
+    """Start every replica from the group's first rank's weights, as DDP does (setup, not
+    counted as step traffic)."""
+    if group.size == 1:
+        return
+    with C.counting(), torch.no_grad():
+        for p in module.parameters():
+            C.broadcast(p.data, group.ranks[0], group)
 
 
 @dataclass(frozen=True)
@@ -89,7 +100,7 @@ class BucketedDataParallel(nn.Module):
         self._next = 0  # the next bucket to launch (launches go in index order)
         for p in params:
             p.register_post_accumulate_grad_hook(self._on_grad)
-        self._broadcast_parameters()
+        broadcast_parameters(self.module, self.group)
 
     def _make_buckets(self, params: list[nn.Parameter]) -> list[_Bucket]:
         buckets, current, size = [], [], 0
@@ -105,13 +116,6 @@ class BucketedDataParallel(nn.Module):
             buckets.append(_Bucket(current))
         return buckets
 
-    def _broadcast_parameters(self) -> None:
-        """Start from rank 0's weights, as DDP does (not counted as step traffic)."""
-        if self.group.size == 1:
-            return
-        with C.counting(), torch.no_grad():
-            for p in self.module.parameters():
-                C.broadcast(p.data, self.group.ranks[0], self.group)
 
     def forward(self, *args: object, **kwargs: object) -> object:
         return self.module(*args, **kwargs)

@@ -47,6 +47,7 @@ from torch import nn
 from shardwise.errors import ShardwiseError
 from shardwise.runtime import collectives as C
 from shardwise.runtime.collectives import GroupLike
+from shardwise.runtime.data_parallel import broadcast_parameters
 
 __all__ = ["ZeroConfig", "ZeroDataParallel"]
 
@@ -225,7 +226,7 @@ class ZeroDataParallel(nn.Module):
         # Stage 3's gathers and scatters in order, ("gather" | "prefetch" | "use-prefetch" |
         # "reduce-scatter", unit index): what the tests read to check the schedule.
         self.events: list[tuple[str, int]] = []
-        self._broadcast_parameters()
+        broadcast_parameters(self.module, self.group)
         unit_modules = list(units) if units is not None else [
             m for m in module.children() if any(True for _ in m.parameters())]
         self.units = self._make_units(unit_modules)
@@ -260,13 +261,6 @@ class ZeroDataParallel(nn.Module):
                 m.register_forward_hook(self._post_forward(unit))
 
     # -------------------------------------------------------------------------- setup
-    def _broadcast_parameters(self) -> None:
-        if self.group.size == 1:
-            return
-        with C.counting(), torch.no_grad():
-            for p in self.module.parameters():
-                C.broadcast(p.data, self.group.ranks[0], self.group)
-
     def _make_units(self, unit_modules: list[nn.Module]) -> list[_Unit]:
         qual = {id(p): name for name, p in self.module.named_parameters()}
         seen: set[int] = set()

@@ -348,7 +348,7 @@ def demo(name: str, ranks: int | None, schedule: str | None, as_json: bool) -> N
         return _emit_json(payload)
     for key, value in payload.items():
         if isinstance(value, list) and value and isinstance(value[0], dict):
-            print_rows(f"{name}: {key}", value)
+            print_rows(f"demo {name}: {'checks' if key == 'rows' else key}", value)
         elif isinstance(value, str) and "\n" in value:
             console.print(f"[bold]{key}[/]\n{value}", soft_wrap=True)
         else:

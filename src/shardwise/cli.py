@@ -359,6 +359,75 @@ def demo(name: str, ranks: int | None, schedule: str | None, as_json: bool) -> N
         raise ShardwiseError(f"demo {name}: some checks failed (ok = False above)")
 
 
+# --------------------------------------------------------------------------------------- train
+@cli.command()
+@click.option("--model", "model_name", default="tiny", show_default=True,
+              help="Preset or Hugging Face config.json (Llama-style).")
+@layout_options
+@click.option("--steps", default=20, show_default=True, type=click.IntRange(1))
+@click.option("--seq", default=64, show_default=True, type=click.IntRange(1),
+              help="Sequence length.")
+@click.option("--global-batch", default="8", show_default=True,
+              help="Sequences per step (8) or tokens (512-tokens).")
+@click.option("--lr", default=3e-3, show_default=True, help="Peak learning rate.")
+@click.option("--min-lr", default=3e-4, show_default=True, help="Final learning rate (cosine).")
+@click.option("--warmup", default=2, show_default=True, help="Warm-up steps.")
+@click.option("--weight-decay", default=0.1, show_default=True)
+@click.option("--clip", default=1.0, show_default=True, help="Max gradient norm (0: off).")
+@click.option("--seed", default=0, show_default=True, help="Initialisation and data order.")
+@click.option("--data", "data_path", default=None, type=click.Path(dir_okay=False),
+              help="Train on this text file [default: the built-in corpus].")
+@click.option("--dtype", default="fp32", show_default=True, type=click.Choice(["fp32", "fp64"]))
+@click.option("--flash/--no-flash", default=True, show_default=True,
+              help="Recompute attention scores in backward (FlashAttention-style).")
+@click.option("--log", "log_path", default=None, type=click.Path(dir_okay=False),
+              help="Write one JSON line per step here (rank 0).")
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
+              help="Write a loss-curve PNG here.")
+@click.option("--timeout", default=600.0, show_default=True,
+              help="Seconds before a stuck or failed run is stopped.")
+@click.option("--quiet", is_flag=True, help="No progress output.")
+@json_option
+def train(model_name: str, steps: int, seq: int, global_batch: str, lr: float, min_lr: float,
+          warmup: int, weight_decay: float, clip: float, seed: int, data_path: str | None,
+          dtype: str, flash: bool, log_path: str | None, plot_path: str | None, timeout: float,
+          quiet: bool, as_json: bool, **layout_kw: Any) -> None:
+    """Train --model for real on dp·tp·pp·cp local CPU ranks (gloo), or on the ranks torchrun
+    started (`torchrun … -m shardwise.runtime.train --dp 2 …`; NCCL on GPUs). The loss curve
+    equals one device's on the same data; --dp defaults to 1 here."""
+    rt = _import_runtime("shardwise.runtime.train")
+    from shardwise.runtime.launch import RankFailure, rank
+
+    layout = Layout(dp=layout_kw.pop("dp") or 1, **layout_kw)
+    config = rt.TrainConfig(
+        get_model(model_name), layout, steps=steps, seq_len=seq,
+        global_batch=parse_batch(global_batch, seq), lr=lr, min_lr=min_lr, warmup=warmup,
+        weight_decay=weight_decay, clip=clip, seed=seed, data=data_path, dtype=dtype,
+        flash=flash, log_path=log_path, progress=not quiet)
+    try:
+        records = rt.run(config, timeout_s=timeout)
+    except RankFailure as exc:  # a rank raised, died or hung: its message, no traceback
+        raise click.ClickException(str(exc).split("\n--- rank")[0]) from None
+    if rank() != 0:
+        return None
+    title = f"{config.model.name}, {layout.short()}, {layout.world_size} rank(s)"
+    if plot_path:
+        rt.plot_losses(records, plot_path, title)
+    if as_json:
+        return _emit_json({"model": config.model.name, "layout": layout.to_dict(),
+                           "ranks": layout.world_size,
+                           "records": [r.as_dict() for r in records]})
+    tail = records[len(records) // 2:]
+    seconds = sum(r.seconds for r in tail)
+    rows = [["loss first → last", f"{records[0].loss:.4f} → {records[-1].loss:.4f}"],
+            ["tokens/s (second half)", f"{sum(r.tokens for r in tail) / seconds:,.0f}"],
+            ["step time (second half)", human_time(seconds / len(tail))]]
+    rows += [["loss curve", plot_path]] if plot_path else []
+    rows += [["log", log_path]] if log_path else []
+    console.print(_table(title, ["quantity", "value"], rows))
+    return None
+
+
 # ---------------------------------------------------------------------------------------- plan
 @cli.command()
 @click.argument("model", default=DEFAULT_MODEL)

@@ -1,5 +1,5 @@
-"""A small Llama-style decoder (RMSNorm, RoPE, GQA attention, SwiGLU) defined once for one
-device, built from a `ModelSpec`.
+"""A small Llama-style decoder (RMSNorm, RoPE, GQA attention, SwiGLU or top-k MoE layers, tied
+or untied embeddings) defined once for one device, built from a `ModelSpec`.
 
 Each op that keeps tensors for backward is an autograd function that saves exactly what the
 generalised activation count of SPEC §3 says (`estimate.memory.saved_tensors_per_layer`):
@@ -11,8 +11,19 @@ generalised activation count of SPEC §3 says (`estimate.memory.saved_tensors_pe
     SwiGLU       gate and up projections; the down projection keeps silu(gate)·up
     linear       its input (the weight is a parameter, not an activation)
 
-so `runtime.measure.saved_bytes_per_layer` can hold the model to the formula. Parallel
-versions (tensor, context, pipeline, data) reuse these modules and functions.
+so `runtime.measure.saved_bytes_per_layer` can hold the model to the formula (dense layers;
+MoE layers are `emulate.moe.moe_layer`, autograd through plain torch ops).
+
+The parallel versions (`runtime.parallelize`) change this model in place, one axis at a time,
+through a few swap points and nothing else:
+
+    Attention.enter / .leave, SwiGLU.enter / .leave   identity here; Megatron's f and g (or
+                        sequence parallelism's all-gather and reduce-scatter) under TP
+    Attention.core      local attention here; ring attention under CP; checkpointed when
+                        recomputing selectively
+    MoE.experts         every expert on this device here; all-to-all dispatch under EP
+    Transformer.cross_entropy   per-token loss; vocabulary-parallel under TP
+    Block.recompute     full recompute of the block in backward
 """
 
 from __future__ import annotations
@@ -23,10 +34,23 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from shardwise.arch import ModelSpec
+from shardwise.emulate.moe import MoEParams, moe_layer
+from shardwise.errors import ShardwiseError
 
 AttentionCore = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+TensorMap = Callable[[torch.Tensor], torch.Tensor]
+
+
+def identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+def is_moe_layer(spec: ModelSpec, index: int) -> bool:
+    """Every `moe_every`-th layer is MoE, the last of each group (as `estimate.memory`)."""
+    return spec.is_moe and index % spec.moe_every == spec.moe_every - 1
 
 
 # ------------------------------------------------------------------------------------ RMSNorm
@@ -67,7 +91,8 @@ def rotary_tables(positions: torch.Tensor, head_dim: int, base: float = 10000.0,
                   dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of shape (s, d) for the given token positions (Su et al. 2021, the
     half-split convention of Llama/GPT-NeoX)."""
-    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64,
+                                      device=positions.device) / head_dim)
     angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]  # (s, d/2)
     angles = torch.cat([angles, angles], dim=-1)  # (s, d)
     return angles.cos().to(dtype), angles.sin().to(dtype)
@@ -122,7 +147,7 @@ def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor:
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     if causal:
         s_q, s_k = scores.shape[-2:]
-        future = torch.ones(s_q, s_k, dtype=torch.bool).triu(1 + s_k - s_q)
+        future = torch.ones(s_q, s_k, dtype=torch.bool, device=scores.device).triu(1 + s_k - s_q)
         scores = scores.masked_fill(future, float("-inf"))
     return scores
 
@@ -189,7 +214,8 @@ def local_attention(causal: bool, flash: bool) -> AttentionCore:
 
 class Attention(nn.Module):
     """GQA self-attention with RoPE. `core` computes softmax(QKᵀ/√d)V on (b, s, heads, d)
-    tensors; context parallelism swaps in ring attention, tensor parallelism shards heads."""
+    tensors; context parallelism swaps in ring attention, tensor parallelism shards heads and
+    sets `enter` (before Q, K, V) and `leave` (after O) to its conjugate operators."""
 
     def __init__(self, spec: ModelSpec, flash: bool, dtype: torch.dtype):
         super().__init__()
@@ -200,15 +226,18 @@ class Attention(nn.Module):
         self.wv = nn.Linear(h, spec.n_kv_heads * d, bias=False, dtype=dtype)
         self.wo = nn.Linear(spec.n_heads * d, h, bias=False, dtype=dtype)
         self.core: AttentionCore = local_attention(causal=True, flash=flash)
+        self.enter: TensorMap = identity
+        self.leave: TensorMap = identity
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = self.enter(x)
         b, s, _ = x.shape
         # (b, s, h) -> (b, s, heads, d); heads = what this rank holds
         q = self.wq(x).view(b, s, -1, self.head_dim)
         k = self.wk(x).view(b, s, -1, self.head_dim)
         v = self.wv(x).view(b, s, -1, self.head_dim)
         out = self.core(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v)
-        return self.wo(out.view(b, s, -1))  # (b, s, heads, d) -> (b, s, heads·d)
+        return self.leave(self.wo(out.reshape(b, s, -1)))  # (b, s, heads, d) -> (b, s, heads·d)
 
 
 # ------------------------------------------------------------------------------------- MLPs
@@ -229,34 +258,87 @@ class SwiGLUFunction(torch.autograd.Function):
 
 
 class SwiGLU(nn.Module):
+    """`W_down(silu(W_gate x)·W_up x)`; tensor parallelism splits f and sets `enter`/`leave`."""
+
     def __init__(self, d_model: int, d_ff: int, dtype: torch.dtype):
         super().__init__()
         self.w_gate = nn.Linear(d_model, d_ff, bias=False, dtype=dtype)
         self.w_up = nn.Linear(d_model, d_ff, bias=False, dtype=dtype)
         self.w_down = nn.Linear(d_ff, d_model, bias=False, dtype=dtype)
+        self.enter: TensorMap = identity
+        self.leave: TensorMap = identity
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w_down(SwiGLUFunction.apply(self.w_gate(x), self.w_up(x)))
+        x = self.enter(x)
+        return self.leave(self.w_down(SwiGLUFunction.apply(self.w_gate(x), self.w_up(x))))
+
+
+class MoE(nn.Module):
+    """Top-k routed SwiGLU experts (Shazeer et al. 2017; Mixtral's renormalised gates):
+    `y = Σ_{i ∈ topk(softmax(x W_r))} g_i · expert_i(x)`, per token, no capacity limit (no
+    token is dropped, so the output does not depend on how tokens are grouped) and no auxiliary
+    loss. Parameters as `emulate.moe.MoEParams`: router (h, E), w_gate, w_up (E, h, f),
+    w_down (E, f, h). `experts` maps tokens (T, h) -> (T, h); expert parallelism swaps it."""
+
+    def __init__(self, spec: ModelSpec, dtype: torch.dtype):
+        super().__init__()
+        if spec.n_shared_experts:
+            raise ShardwiseError(f"{spec.name}: shared experts are not supported by the "
+                                 "runtime model")
+        h, f, e = spec.d_model, spec.expert_d_ff, spec.n_experts
+        self.top_k = spec.top_k
+        self.router = nn.Parameter(torch.empty(h, e, dtype=dtype))
+        self.w_gate = nn.Parameter(torch.empty(e, h, f, dtype=dtype))
+        self.w_up = nn.Parameter(torch.empty(e, h, f, dtype=dtype))
+        self.w_down = nn.Parameter(torch.empty(e, f, h, dtype=dtype))
+        self.experts: TensorMap = self.all_experts
+
+    def all_experts(self, x: torch.Tensor) -> torch.Tensor:
+        params = MoEParams(self.router, self.w_gate, self.w_up, self.w_down)
+        return moe_layer(x, params, self.top_k).out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        return self.experts(x.reshape(-1, shape[-1])).view(shape)  # (b, s, h) <-> (b·s, h)
 
 
 class Block(nn.Module):
-    """Pre-norm residual block: `x + attn(norm(x))`, then `x + mlp(norm(x))`."""
+    """Pre-norm residual block: `x + attn(norm(x))`, then `x + mlp(norm(x))`. With
+    `recompute` set, backward recomputes the block's forward instead of keeping its
+    activations (full recompute; Chen et al. 2016)."""
 
-    def __init__(self, spec: ModelSpec, flash: bool, dtype: torch.dtype):
+    def __init__(self, spec: ModelSpec, flash: bool, dtype: torch.dtype, moe: bool = False):
         super().__init__()
         self.attention_norm = RMSNorm(spec.d_model, dtype=dtype)
         self.attention = Attention(spec, flash, dtype)
         self.mlp_norm = RMSNorm(spec.d_model, dtype=dtype)
-        self.mlp: nn.Module = SwiGLU(spec.d_model, spec.d_ff, dtype)
+        self.mlp: nn.Module = MoE(spec, dtype) if moe else SwiGLU(spec.d_model, spec.d_ff, dtype)
+        self.recompute = False
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.recompute:
+            return checkpoint(self._forward, x, cos, sin, use_reentrant=False)
+        return self._forward(x, cos, sin)
+
+    def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin)
         return x + self.mlp(self.mlp_norm(x))
 
 
+def token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per-token loss (b, s) from logits (b, s, V)."""
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(),
+                           reduction="none").view(targets.shape)
+
+
+def _positions(tokens: torch.Tensor) -> torch.Tensor:
+    return torch.arange(tokens.shape[1], device=tokens.device)  # (s,): 0, 1, …, s-1
+
+
 class Transformer(nn.Module):
     """Embedding → blocks → final norm → head. `forward(tokens)` returns logits (b, s, V);
-    `loss(tokens, targets)` the mean next-token cross-entropy."""
+    `loss(tokens, targets)` the mean next-token cross-entropy. `positions` (s,) are the global
+    positions of the tokens given (a context-parallel rank holds a subset)."""
 
     def __init__(self, spec: ModelSpec, *, flash: bool = True, dtype: torch.dtype = torch.float64,
                  seed: int = 0, rope_base: float = 10000.0):
@@ -267,27 +349,41 @@ class Transformer(nn.Module):
         torch.manual_seed(seed)
         self.spec, self.rope_base, self.dtype = spec, rope_base, dtype
         self.embedding = nn.Embedding(spec.vocab, spec.d_model, dtype=dtype)
-        self.blocks = nn.ModuleList(Block(spec, flash, dtype) for _ in range(spec.n_layers))
+        self.blocks = nn.ModuleList(Block(spec, flash, dtype, is_moe_layer(spec, i))
+                                    for i in range(spec.n_layers))
         self.norm = RMSNorm(spec.d_model, dtype=dtype)
         self.head = nn.Linear(spec.d_model, spec.vocab, bias=False, dtype=dtype)
         if spec.tie_embeddings:
             self.head.weight = self.embedding.weight
+        self.cross_entropy: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = (
+            token_cross_entropy)
         for param in self.parameters():
-            if param.dim() == 2:  # GPT-2's initialisation
+            if param.dim() >= 2:  # GPT-2's initialisation (experts too)
                 nn.init.normal_(param, std=0.02)
 
     def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return rotary_tables(positions, self.spec.head_dim, self.rope_base, self.dtype)
 
+    def run_blocks(self, x: torch.Tensor, layers: range | tuple[int, ...],
+                   positions: torch.Tensor) -> torch.Tensor:
+        """Blocks `layers` on activations x (b, s, h); a pipeline stage runs a subset."""
+        cos, sin = self.rotary(positions)
+        for k in layers:
+            x = self.blocks[k](x, cos, sin)
+        return x
+
+    def mean_loss(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Final norm, head and the mean cross-entropy over the tokens of `targets`."""
+        return self.cross_entropy(self.head(self.norm(x)), targets).mean()
+
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None
                 ) -> torch.Tensor:
-        positions = torch.arange(tokens.shape[1]) if positions is None else positions
-        cos, sin = self.rotary(positions)
+        positions = _positions(tokens) if positions is None else positions
         x = self.embedding(tokens)  # (b, s) -> (b, s, h)
-        for block in self.blocks:
-            x = block(x, cos, sin)
-        return self.head(self.norm(x))
+        return self.head(self.norm(self.run_blocks(x, range(len(self.blocks)), positions)))
 
-    def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = self(tokens)
-        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    def loss(self, tokens: torch.Tensor, targets: torch.Tensor,
+             positions: torch.Tensor | None = None) -> torch.Tensor:
+        positions = _positions(tokens) if positions is None else positions
+        x = self.run_blocks(self.embedding(tokens), range(len(self.blocks)), positions)
+        return self.mean_loss(x, targets)

@@ -1,5 +1,10 @@
 """Pipeline parallelism: run a schedule's action lists with real send/recv (SPEC §6, §8).
 
+The executor runs any `StageModel`: something that can list a virtual stage's parameters, run a
+virtual stage forward, and say the shape of the activation passed between stages. Two exist:
+`PipelineModel` below (a small tanh-MLP LM, the executor's own reference) and the Transformer
+stages of `runtime.parallelize`.
+
 The model's layers are cut into `V = p·v` contiguous *virtual stages* with `partition_layers`
 (uneven splits allowed); virtual stage `vs` lives on pipeline rank `vs mod p` as its chunk
 `vs // p` (Megatron-LM's interleaving). The first virtual stage also holds the embedding, the
@@ -67,7 +72,7 @@ import time
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -90,6 +95,7 @@ __all__ = [
     "PipelineModel",
     "PipelineResult",
     "SavedOp",
+    "StageModel",
     "VirtualStage",
     "backward_input",
     "backward_weight",
@@ -137,6 +143,26 @@ class SavedOp:
     input: torch.Tensor  # linear: (..., k) activations; embedding: (b, s) token ids
     output: torch.Tensor  # (..., n)
     embedding: bool = False
+
+
+class StageModel(Protocol):
+    """What `run_pipeline` needs of a model: its layer count and dtype, a virtual stage's
+    parameters by name, the stage's forward, and the shape of an inter-stage message."""
+
+    @property
+    def n_layers(self) -> int: ...
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    def named_parameters(self, stage: VirtualStage | None = None) -> dict[str, torch.Tensor]:
+        ...
+
+    def forward_stage(self, stage: VirtualStage, inp: torch.Tensor,
+                      targets: torch.Tensor | None = None,
+                      saved: list[SavedOp] | None = None) -> torch.Tensor: ...
+
+    def message_shape(self, batch: int, seq: int) -> tuple[int, ...]: ...
 
 
 @dataclass
@@ -192,6 +218,10 @@ class PipelineModel:
     @property
     def dtype(self) -> torch.dtype:
         return self.embed.dtype
+
+    def message_shape(self, batch: int, seq: int) -> tuple[int, ...]:
+        """Activations (b, s, h) between stages."""
+        return (batch, seq, self.hidden)
 
     def named_parameters(self, stage: VirtualStage | None = None) -> dict[str, torch.Tensor]:
         """Every parameter by name ("embed", "blocks.3.w1", "head"), or one virtual stage's."""
@@ -312,11 +342,11 @@ class PipelineResult:
 class _Executor:
     """The state of one rank during one step: stashes, mailbox for same-rank messages, handles."""
 
-    def __init__(self, model: PipelineModel, stages: list[VirtualStage], pp: Any, m: int,
-                 split: bool, shape: tuple[int, int, int]):
+    def __init__(self, model: StageModel, stages: list[VirtualStage], pp: Any, m: int,
+                 split: bool, shape: tuple[int, ...], device: torch.device):
         self.model, self.stages, self.pp, self.m, self.split = model, stages, pp, m, split
         self.p = pp.size
-        self.shape = shape  # (b, s, h) of every message
+        self.shape, self.device = shape, device  # of every message, e.g. (b, s, h)
         self.stash: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor,
                                                  list[SavedOp]]] = {}
         self.pending_w: dict[tuple[int, int], list[tuple[SavedOp, torch.Tensor]]] = {}
@@ -349,7 +379,7 @@ class _Executor:
         if tag in self.mailbox:
             return self.mailbox.pop(tag)
         src = self.pp.global_rank(from_vs % self.p)
-        buf = torch.empty(self.shape, dtype=self.model.dtype)
+        buf = torch.empty(self.shape, dtype=self.model.dtype, device=self.device)
         dist.recv(buf, src=src, group=self.pp.group, tag=tag)
         return buf
 
@@ -404,7 +434,7 @@ def _completed(work: Any) -> bool:
         return False
 
 
-def run_pipeline(model: PipelineModel, schedule: Mapping[int, Sequence[Action]],
+def run_pipeline(model: StageModel, schedule: Mapping[int, Sequence[Action]],
                  tokens: torch.Tensor, targets: torch.Tensor, pp: C.GroupLike = "pp",
                  dp: C.GroupLike | None = None, *, first_stage_extra: float = 0.0,
                  last_stage_extra: float = 0.0) -> PipelineResult:
@@ -442,8 +472,9 @@ def run_pipeline(model: PipelineModel, schedule: Mapping[int, Sequence[Action]],
         raise ShardwiseError(f"schedule has {p} stages but the pipeline group has "
                              f"{group.size} ranks")
     b = tokens.shape[0] // m
+    shape = model.message_shape(b, tokens.shape[1])
     _check_agreement(group, f"{schedule_text(schedule)}|{[s.layers for s in stages]}|"
-                            f"{model.hidden}|{model.dtype}|{tuple(tokens.shape)}")
+                            f"{shape}|{model.dtype}|{tuple(tokens.shape)}")
     me = group.rank
     mine = [stages[c * p + me] for c in range(v)]
     params = {name: t for stage in mine for name, t in model.named_parameters(stage).items()}
@@ -451,7 +482,7 @@ def run_pipeline(model: PipelineModel, schedule: Mapping[int, Sequence[Action]],
         t.grad = torch.zeros_like(t)
     split = any(a.kind == "W" for a in actions)
     token_mbs, target_mbs = tokens.split(b), targets.split(b)  # m × (b, s)
-    ex = _Executor(model, stages, group, m, split, (b, tokens.shape[1], model.hidden))
+    ex = _Executor(model, stages, group, m, split, shape, tokens.device)
 
     t0 = time.perf_counter()  # just after the agreement all-gather: every stage starts now
     events: list[Event] = []

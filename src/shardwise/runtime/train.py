@@ -1,0 +1,315 @@
+"""Train the runtime Transformer on any supported layout: the same loss curve as one device.
+
+One step (every rank, `train_step`):
+
+    1. data       this dp rank's rows of the step's global batch (`data.Batches`: a seeded
+                  permutation of the corpus's windows; the position is the step number)
+    2. fwd + bwd  `ParallelTransformer.forward_backward`: m = B/(dp·micro_batch) micro-batches,
+                  through the pipeline schedule when pp > 1, gradients accumulated
+    3. reduce     gradients summed/averaged over the mesh (see `runtime.parallelize`)
+    4. clip       by the global norm over every unique parameter (Pascanu et al. 2013):
+                  g ← g · min(1, c / (‖g‖ + 1e-6)), exactly `torch.nn.utils.clip_grad_norm_`
+    5. AdamW      decoupled weight decay (Loshchilov & Hutter 2019) on this rank's parameters
+                  (ZeRO: its flat shards; elementwise, so the same update as one device)
+                  at the learning rate of the step: linear warm-up over `warmup` steps, then
+                  cosine decay to `min_lr` at the last step
+    6. hooks      `hook(state, record)` after the step, on every rank (logging, progress,
+                  checkpoints: `TrainState` holds everything a resume needs)
+
+`run(config)` spawns the ranks locally (gloo on CPU) or, under `torchrun`, runs in place (NCCL
+on GPUs); `python -m shardwise.runtime.train --dp 2 …` is `shardwise train --dp 2 …`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from shardwise.arch import ModelSpec
+from shardwise.errors import LayoutError, ShardwiseError
+from shardwise.layout import Layout, TrainSpec
+from shardwise.runtime import launch
+from shardwise.runtime.data import BYTE_VOCAB, Batches, load_tokens
+from shardwise.runtime.mesh import Mesh
+from shardwise.runtime.model import Transformer
+from shardwise.runtime.parallelize import ParallelTransformer, parallelize, runtime_problems
+
+__all__ = ["DTYPES", "StepRecord", "TrainConfig", "TrainState", "build", "plot_losses", "run",
+           "train", "train_step"]
+
+DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What to train, on which layout, for how long, with which optimizer settings."""
+
+    model: ModelSpec
+    layout: Layout = field(default_factory=Layout)
+    steps: int = 20
+    seq_len: int = 64
+    global_batch: int = 8  # sequences per optimizer step
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup: int = 2  # steps of linear warm-up
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    clip: float = 1.0  # max global gradient norm; 0: no clipping
+    seed: int = 0  # model initialisation and data order
+    data: str | None = None  # a text file; None: the built-in corpus
+    dtype: str = "fp32"  # "fp32" | "fp64"
+    flash: bool = True
+    log_path: str | None = None  # JSON lines, one per step (rank 0)
+    progress: bool = False  # progress bar / lines on rank 0
+
+    def train_spec(self) -> TrainSpec:
+        return TrainSpec(seq_len=self.seq_len, global_batch=self.global_batch,
+                         dtype=self.dtype, flash_attention=self.flash)
+
+    def problems(self) -> list[str]:
+        out = []
+        for name in ("steps", "seq_len", "global_batch"):
+            if getattr(self, name) < 1:
+                out.append(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        if self.dtype not in DTYPES:
+            out.append(f"dtype {self.dtype!r} cannot train here; valid: {', '.join(DTYPES)}")
+        if not 0 <= self.min_lr <= self.lr:
+            out.append(f"need 0 ≤ min_lr ≤ lr, got min_lr={self.min_lr}, lr={self.lr}")
+        if self.warmup < 0 or self.clip < 0 or self.weight_decay < 0:
+            out.append("warmup, clip and weight_decay must be ≥ 0")
+        if self.model.vocab < BYTE_VOCAB:
+            out.append(f"the byte tokenizer needs a vocabulary ≥ {BYTE_VOCAB}; "
+                       f"{self.model.name} has {self.model.vocab}")
+        if out:
+            return out
+        return (self.layout.problems(self.model, train=self.train_spec())
+                or runtime_problems(self.layout, self.model))
+
+    def validate(self) -> TrainConfig:
+        problems = self.problems()
+        if problems:
+            raise LayoutError(problems)
+        return self
+
+    def lr_at(self, step: int) -> float:
+        """Linear warm-up to `lr` over `warmup` steps, then cosine decay to `min_lr`."""
+        if step < self.warmup:
+            return self.lr * (step + 1) / self.warmup
+        progress = (step - self.warmup) / max(1, self.steps - 1 - self.warmup)
+        return self.min_lr + 0.5 * (self.lr - self.min_lr) * (1 + math.cos(math.pi * progress))
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One optimizer step as logged: the global batch's mean loss, the gradient norm before
+    clipping, the learning rate used, tokens processed, wall time (rank 0)."""
+
+    step: int
+    loss: float
+    grad_norm: float
+    lr: float
+    tokens: int
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self) | {"tokens_per_s": self.tokens_per_s}
+
+
+@dataclass
+class TrainState:
+    """Everything a step reads and writes, and a checkpoint would hold: the step (= the data
+    position: step k reads global batch k), the model, the optimizer, the data, the RNG."""
+
+    config: TrainConfig
+    model: ParallelTransformer
+    optimizer: torch.optim.Optimizer
+    batches: Batches
+    step: int = 0
+    rng: torch.Tensor = field(default_factory=torch.get_rng_state)
+    records: list[StepRecord] = field(default_factory=list)
+
+
+Hook = Callable[[TrainState, StepRecord], None]
+
+
+# ---------------------------------------------------------------------------- the steps
+def build(config: TrainConfig, mesh: Mesh | None = None) -> TrainState:
+    """The training state on this rank (a process group must be up): the mesh, the model
+    built from the seed and parallelised, AdamW over this rank's parameters, the data."""
+    config.validate()
+    mesh = mesh or Mesh.from_layout(config.layout)
+    model = Transformer(config.model, flash=config.flash, dtype=DTYPES[config.dtype],
+                        seed=config.seed)
+    parallel = parallelize(model, mesh, config.layout, config.seq_len, launch.device())
+    optimizer = torch.optim.AdamW(parallel.parameters(), lr=config.lr, betas=config.betas,
+                                  eps=config.eps, weight_decay=config.weight_decay,
+                                  foreach=False)
+    batches = Batches(load_tokens(config.data), config.seq_len, config.global_batch,
+                      config.seed)
+    return TrainState(config, parallel, optimizer, batches)
+
+
+def _update(state: TrainState, lr: float) -> float:
+    """Clip by the global norm, then AdamW at `lr`; returns the norm before clipping."""
+    norm = state.model.grad_norm()
+    if state.config.clip:
+        coef = min(1.0, state.config.clip / (norm + 1e-6))
+        for p in state.model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(coef)
+    for group in state.optimizer.param_groups:
+        group["lr"] = lr
+    state.optimizer.step()
+    return norm
+
+
+def train_step(state: TrainState) -> StepRecord:
+    """One optimizer step on global batch `state.step`."""
+    config, model = state.config, state.model
+    start = time.perf_counter()
+    dp = model.axis("dp")
+    inputs, targets = state.batches.shard(state.step, dp.rank, dp.size)  # (B/dp, s) each
+    device = model.positions.device
+    model.zero_grad()
+    local = model.forward_backward(inputs.to(device), targets.to(device))
+    lr = config.lr_at(state.step)
+    norm: list[float] = []
+    model.step(lambda: norm.append(_update(state, lr)))
+    loss = model.global_loss(local)
+    record = StepRecord(state.step, loss, norm[0], lr, config.global_batch * config.seq_len,
+                        time.perf_counter() - start)
+    state.step += 1
+    state.rng = torch.get_rng_state()
+    state.records.append(record)
+    return record
+
+
+def train(config: TrainConfig, hooks: Sequence[Hook] = (), state: TrainState | None = None
+          ) -> TrainState:
+    """Train on this rank until `config.steps` (from `state.step` when resuming)."""
+    state = state or build(config)
+    hooks = [*_rank0_hooks(config), *hooks]
+    while state.step < config.steps:
+        record = train_step(state)
+        for hook in hooks:
+            hook(state, record)
+    for hook in hooks:
+        getattr(hook, "close", lambda: None)()
+    return state
+
+
+# ---------------------------------------------------------------------- logging (rank 0)
+class JsonLines:
+    """Append each step's record to a JSON-lines file (one object per line)."""
+
+    def __init__(self, path: str):
+        self.file = Path(path).open("w", encoding="utf-8")  # noqa: SIM115 (closed by close())
+
+    def __call__(self, state: TrainState, record: StepRecord) -> None:
+        self.file.write(json.dumps(record.as_dict()) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class ProgressBar:
+    """Loss, tokens/s and step time: a live bar on a terminal, else about 20 lines."""
+
+    def __init__(self, config: TrainConfig):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        self.console = Console(stderr=True)
+        self.total = config.steps
+        self.every = max(1, config.steps // 20)
+        self.progress = None
+        if self.console.is_terminal:
+            self.progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
+                                     TextColumn("{task.fields[info]}"), console=self.console)
+            self.task = self.progress.add_task("train", total=config.steps, info="")
+            self.progress.start()
+
+    def __call__(self, state: TrainState, record: StepRecord) -> None:
+        info = (f"loss {record.loss:.4f}  {record.tokens_per_s:,.0f} tok/s  "
+                f"{record.seconds * 1e3:.0f} ms/step")
+        if self.progress is not None:
+            self.progress.update(self.task, completed=record.step + 1, info=info)
+        elif record.step % self.every == 0 or record.step + 1 == self.total:
+            self.console.print(f"step {record.step + 1}/{self.total}  {info}")
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+def _rank0_hooks(config: TrainConfig) -> list[Hook]:
+    if launch.rank() != 0:
+        return []
+    hooks: list[Hook] = []
+    if config.log_path:
+        hooks.append(JsonLines(config.log_path))
+    if config.progress:
+        hooks.append(ProgressBar(config))
+    return hooks
+
+
+def plot_losses(records: Sequence[StepRecord], path: str, title: str) -> None:
+    """A loss-curve PNG (matplotlib, `pip install 'shardwise[plot]'`)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ShardwiseError("--plot needs matplotlib: pip install 'shardwise[plot]'") from None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([r.step + 1 for r in records], [r.loss for r in records], marker=".")
+    ax.set(xlabel="step", ylabel="loss (mean cross-entropy, nats)", title=title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------ launching
+def _rank_main(config: TrainConfig, hooks: tuple[Hook, ...]) -> list[StepRecord] | None:
+    state = train(config, hooks)
+    return state.records if launch.rank() == 0 else None
+
+
+def run(config: TrainConfig, *, hooks: Sequence[Hook] = (), timeout_s: float = 600
+        ) -> list[StepRecord]:
+    """Train on `config.layout.world_size` ranks (spawned here, or the torchrun world) and
+    return rank 0's records. `hooks` run on every rank after every step (module-level
+    functions: they travel to the ranks by name). A rank that fails or dies raises
+    `launch.RankFailure` on the caller within `timeout_s`."""
+    config.validate()
+    Batches(load_tokens(config.data), config.seq_len, config.global_batch)  # enough text?
+    layout, started = config.layout, os.environ.get("WORLD_SIZE")
+    if "RANK" in os.environ and started is not None and int(started) != layout.world_size:
+        raise ShardwiseError(
+            f"the layout needs dp·tp·pp·cp = {layout.dp}·{layout.tp}·{layout.pp}·{layout.cp} = "
+            f"{layout.world_size} ranks but torchrun started {started} (WORLD_SIZE)")
+    results = launch.launch(_rank_main, layout.world_size, config, tuple(hooks),
+                            timeout_s=timeout_s)
+    return results[0]
+
+
+if __name__ == "__main__":  # torchrun … -m shardwise.runtime.train --dp 2 …
+    from shardwise.cli import main
+
+    main(["train", *sys.argv[1:]])

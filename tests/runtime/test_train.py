@@ -1,0 +1,204 @@
+"""Composed N-D training on real gloo ranks equals single-device training on the same data.
+
+Every layout trains the `tiny` model (or `tiny-moe`, or `tiny` with tied embeddings) for 20
+steps in float64 — seq 32, global batch 8, AdamW with warm-up and cosine decay, gradients
+clipped to a global norm of `CLIP` — and is compared, step by step, with `reference`: the
+single-device `Transformer` trained on each step's whole global batch with torch's own AdamW
+and `clip_grad_norm_`, written out below (the parallel code produced none of it). Checked:
+
+* the loss of every step (the global batch's mean) and the gradient norm before clipping,
+  relative error ≤ 1e-10 (fp64; fp32: losses ≤ 1e-5, norms ≤ 1e-3, parameters ≤ 1e-4);
+* the learning rate of every step against the schedule written here;
+* the final parameters, gathered over tp, ep, ZeRO and the pipeline stages, against the
+  reference's, relative to each tensor's largest entry ≤ 1e-10;
+* that `CLIP` cuts some steps and not others in the reference, so both branches are compared.
+
+Layouts are grouped into one spawned world per size (2, 4, 8 ranks); each builds a fresh mesh.
+"""
+
+import functools
+import json
+import math
+import os
+import signal
+import time
+
+import pytest
+import torch
+from tests.cli_helpers import assert_one_line_error, shardwise, shardwise_json
+
+from shardwise.arch import get_model
+from shardwise.layout import Layout
+from shardwise.runtime.data import Batches, load_tokens
+from shardwise.runtime.launch import RankFailure, spawn
+from shardwise.runtime.model import Transformer
+from shardwise.runtime.train import DTYPES, TrainConfig, run, train
+
+STEPS, SEQ, BATCH, CLIP = 20, 32, 8, 1.25
+LR, MIN_LR, WARMUP = 3e-3, 3e-4, 3
+TOL = {"fp64": 1e-10, "fp32": 1e-5}
+NORM_TOL = {"fp64": 1e-10, "fp32": 1e-3}  # fp32: one steep step amplifies the rounding
+PARAM_TOL = {"fp64": 1e-10, "fp32": 1e-4}
+
+
+def config(layout: str = "", model: str = "tiny", dtype: str = "fp64", **kw) -> TrainConfig:
+    spec = get_model(model.removesuffix("-tied"))
+    if model.endswith("-tied"):
+        spec = spec.with_(name=model, tie_embeddings=True)
+    return TrainConfig(spec, Layout.parse(layout), steps=STEPS, seq_len=SEQ,
+                       global_batch=BATCH, lr=LR, min_lr=MIN_LR, warmup=WARMUP, clip=CLIP,
+                       dtype=dtype, **kw)
+
+
+def schedule(step: int) -> float:
+    """Linear warm-up to LR over WARMUP steps, cosine to MIN_LR at the last step."""
+    if step < WARMUP:
+        return LR * (step + 1) / WARMUP
+    t = (step - WARMUP) / (STEPS - 1 - WARMUP)
+    return MIN_LR + (LR - MIN_LR) * (1 + math.cos(math.pi * t)) / 2
+
+
+@functools.lru_cache
+def reference(model: str, dtype: str):
+    """Single device, whole global batch: losses, pre-clip norms, final parameters."""
+    cfg = config("", model, dtype)
+    net = Transformer(cfg.model, dtype=DTYPES[dtype], seed=cfg.seed)
+    opt = torch.optim.AdamW(net.parameters(), lr=LR, betas=cfg.betas, eps=cfg.eps,
+                            weight_decay=cfg.weight_decay)
+    batches = Batches(load_tokens(), SEQ, BATCH, cfg.seed)
+    losses, norms = [], []
+    for step in range(STEPS):
+        rows = batches.global_rows(step)  # (B, s + 1)
+        opt.zero_grad()
+        loss = net.loss(rows[:, :-1], rows[:, 1:])
+        loss.backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(net.parameters(), CLIP)))
+        for group in opt.param_groups:
+            group["lr"] = schedule(step)
+        opt.step()
+        losses.append(loss.item())
+    return losses, norms, {n: p.detach().clone() for n, p in net.named_parameters()}
+
+
+# ------------------------------------------------------------------------------ on the ranks
+def _train_layouts(configs: list[TrainConfig]) -> list[dict]:
+    """Every rank: train each config; return its records and, from one rank per pipeline
+    stage, the gathered parameters."""
+    rows = []
+    for cfg in configs:
+        state = train(cfg)
+        params = state.model.full_parameters()
+        speaks = state.model.axis("dp_cp").rank == 0 and state.model.axis("tp").rank == 0
+        rows.append({"records": state.records, "params": params if speaks else None})
+    return rows
+
+
+def _check(results: list[list[dict]], configs: list[TrainConfig]) -> None:
+    for i, cfg in enumerate(configs):
+        where = f"{cfg.model.name} {cfg.layout.short()} {cfg.dtype}"
+        losses, norms, params = reference(cfg.model.name, cfg.dtype)
+        records = results[0][i]["records"]
+        assert [r.step for r in records] == list(range(STEPS))
+        for rank_rows in results:  # every rank reports the same global loss
+            assert [r.loss for r in rank_rows[i]["records"]] == [r.loss for r in records]
+        for r in records:
+            assert r.loss == pytest.approx(losses[r.step], rel=TOL[cfg.dtype]), (where, r)
+            assert r.grad_norm == pytest.approx(norms[r.step], rel=NORM_TOL[cfg.dtype]), (
+                where, r)
+            assert r.lr == pytest.approx(schedule(r.step), rel=1e-15)
+        gathered: dict[str, torch.Tensor] = {}
+        for rank_rows in results:
+            gathered.update(rank_rows[i]["params"] or {})
+        assert sorted(gathered) == sorted(params), where
+        for name, want in params.items():
+            error = float((gathered[name] - want).abs().max() / want.abs().max())
+            assert error <= PARAM_TOL[cfg.dtype], (where, name, error)
+
+
+def test_reference_clips_some_steps_and_not_others():
+    _, norms, _ = reference("tiny", "fp64")
+    assert min(norms) < CLIP < max(norms)
+
+
+# ---------------------------------------------------------------------------------- worlds
+TWO = [config("dp=2"), config("tp=2"), config("tp=2,sp=1,recompute=full"),
+       config("pp=2"), config("pp=2,schedule=interleaved,chunks=2"),
+       config("pp=2,schedule=gpipe", "tiny-tied"), config("cp=2"),
+       config("dp=2,ep=2", "tiny-moe"), config("dp=2,zero=3"),
+       config("dp=2,tp=1,mbs=2", dtype="fp32"), config("tp=2", dtype="fp32")]
+
+
+@pytest.mark.slow
+def test_two_ranks_dp_tp_sp_pp_cp_ep_zero3_equal_single_device():
+    _check(spawn(_train_layouts, 2, TWO, timeout_s=240), TWO)
+
+
+FOUR = [config("tp=2,cp=2"), config("dp=2,cp=2,zero=2"), config("dp=2,tp=2,zero=3,sp=1"),
+        config("dp=2,pp=2,ep=2,recompute=selective", "tiny-moe")]
+
+
+@pytest.mark.slow
+def test_four_ranks_tp_cp_zero_sp_ep_pp_equal_single_device():
+    _check(spawn(_train_layouts, 4, FOUR, timeout_s=240), FOUR)
+
+
+EIGHT = [config("dp=2,tp=2,pp=2")]
+
+
+@pytest.mark.slow
+def test_eight_ranks_dp2_tp2_pp2_equal_single_device():
+    _check(spawn(_train_layouts, 8, EIGHT, timeout_s=240), EIGHT)
+
+
+# --------------------------------------------------------------------------------- failures
+def _die_on_rank_one(state, record) -> None:
+    if torch.distributed.get_rank() == 1 and record.step == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_killed_rank_fails_the_run_within_the_timeout():
+    start = time.monotonic()
+    with pytest.raises(RankFailure, match="rank 1 died"):
+        run(config("dp=2"), hooks=[_die_on_rank_one], timeout_s=30)
+    assert time.monotonic() - start < 30
+
+
+def test_impossible_layouts_are_one_line_errors():
+    assert_one_line_error(shardwise("train", "--tp", "3", check=False),
+                          "tp=3 does not divide n_heads=4")
+    assert_one_line_error(shardwise("train", "--pp", "2", "--schedule", "zb-h1", check=False),
+                          "zb-h1 is not supported")
+    assert_one_line_error(shardwise("train", "--dp", "2", "--zero", "1", "--pp", "2",
+                                    check=False), "ZeRO-1 with pp > 1")
+    assert_one_line_error(shardwise("train", "--ep", "2", "--dp", "2", check=False),
+                          "needs a mixture-of-experts model")
+
+
+def test_too_little_text_is_a_one_line_error(tmp_path):
+    text = tmp_path / "short.txt"
+    text.write_text("far too short")
+    assert_one_line_error(shardwise("train", "--data", str(text), check=False),
+                          "fewer than one global batch")
+
+
+def test_world_size_mismatch_under_torchrun_is_a_one_line_error(monkeypatch):
+    for name, value in {"RANK": "0", "WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": "29511"}.items():
+        monkeypatch.setenv(name, value)
+    assert_one_line_error(shardwise("train", "--dp", "2", check=False),
+                          "needs dp·tp·pp·cp = 2·1·1·1 = 2 ranks but torchrun started 4")
+
+
+@pytest.mark.slow
+def test_cli_trains_on_a_text_file_and_writes_log_and_plot(tmp_path):
+    text = tmp_path / "corpus.txt"
+    text.write_text("Every rank reads its own shard of the global batch. " * 40)
+    log, png = tmp_path / "log.jsonl", tmp_path / "loss.png"
+    out = shardwise_json("train", "--dp", "2", "--tp", "2", "--steps", "3", "--seq", "16",
+                         "--global-batch", "4", "--data", str(text), "--log", str(log),
+                         "--plot", str(png), "--quiet")
+    assert out["ranks"] == 4 and [r["step"] for r in out["records"]] == [0, 1, 2]
+    lines = log.read_text().splitlines()
+    assert [json.loads(line)["loss"] for line in lines] == [r["loss"] for r in out["records"]]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -129,6 +129,10 @@ def expert_parallel_moe(x: torch.Tensor, router: torch.Tensor, w_gate: torch.Ten
     send, recv = plan.send.tolist(), counts.sum(dim=1).tolist()
     received = all_to_all(x[plan.token], recv, send, g, counter=counter)  # (N_recv, h)
     expert_out = run_local_experts(received, counts, w_gate, w_up, w_down)  # (N_recv, h)
+    if received.requires_grad and not expert_out.requires_grad:
+        # No rows reached my experts: keep both all-to-alls in the graph (a zero-size term) so
+        # this rank still joins them in backward, where its peers wait for it.
+        expert_out = expert_out + 0 * received
     returned = all_to_all(expert_out, send, recv, g, counter=counter)  # (N_send, h)
     y = combine(returned, plan, x.shape[0])
     stats = EPStats(plan.routed, plan.per_expert, counts.sum(dim=0), send, recv)

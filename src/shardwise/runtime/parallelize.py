@@ -70,12 +70,11 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from shardwise.arch import ModelSpec
-from shardwise.emulate.moe import combine, dispatch_plan, route, run_local_experts
 from shardwise.errors import LayoutError
 from shardwise.layout import Layout
 from shardwise.runtime import collectives as C
 from shardwise.runtime.context_parallel import local_positions, ring_attention, shard_for_rank
-from shardwise.runtime.expert_parallel import COUNTS_OP, all_to_all
+from shardwise.runtime.expert_parallel import expert_parallel_moe
 from shardwise.runtime.mesh import AxisGroup, Mesh
 from shardwise.runtime.model import MoE, SwiGLU, Transformer
 from shardwise.runtime.pipeline import (
@@ -231,27 +230,10 @@ def apply_context_parallel(model: Transformer, cp: AxisGroup) -> None:
 
 
 def _ep_experts(moe: MoE, ep: AxisGroup, x: torch.Tensor) -> torch.Tensor:
-    """Tokens (T, h) through the experts of the whole ep group: `expert_parallel_moe`'s
-    route → count exchange → dispatch → experts → combine, with one difference: a rank whose
-    experts receive no rows keeps both all-to-alls in its autograd graph (a zero-size term),
-    so in backward it still takes part in them. (`expert_parallel_moe` leaves them out there:
-    its peers then wait in an all-to-all it never joins, and the gradients of its tokens never
-    reach the experts that served them.)"""
-    routing = route(x, moe.router, moe.top_k)
-    plan = dispatch_plan(routing, ep.size, None)
-    counts = torch.empty_like(plan.per_expert)  # (E,): rows from every source, my experts
-    C.all_to_all_single(counts, plan.per_expert.contiguous(), None, None, ep,
-                        counter=C.CommCounter())
-    if ep.size > 1:
-        C.get_counter().add(ep.name, COUNTS_OP, (ep.size - 1) / ep.size * counts.numel()
-                                * counts.element_size())
-    counts = counts.reshape(ep.size, -1)  # (e, E/e)
-    send, recv = plan.send.tolist(), counts.sum(dim=1).tolist()
-    received = all_to_all(x[plan.token], recv, send, ep)  # (N_recv, h)
-    out = run_local_experts(received, counts, moe.w_gate, moe.w_up, moe.w_down)
-    if received.requires_grad and not out.requires_grad:  # no rows here: stay in the graph
-        out = out + 0 * received
-    return combine(all_to_all(out, send, recv, ep), plan, x.shape[0])  # (T, h)
+    """Tokens (T, h) through the experts of the whole ep group (all-to-all dispatch/combine)."""
+    out, _aux, _stats = expert_parallel_moe(x, moe.router, moe.w_gate, moe.w_up, moe.w_down,
+                                            moe.top_k, ep)
+    return out
 
 
 def apply_expert_parallel(model: Transformer, ep: AxisGroup) -> None:

@@ -162,3 +162,11 @@ def test_missing_dependency_is_named():
     schedule = parse_schedule("0: 0F0 0B0\n1: 0B0")
     with pytest.raises(ValueError, match="stage 1 at 0B0 waits for 0F0 which no stage runs"):
         simulate(schedule, 1.0, 1.0)
+
+
+def test_peak_counted_until_w():
+    # Holding (X, dY) until W, ZB-H1 keeps p micro-batches on every stage (when m ≥ p);
+    # schedules without W are unchanged.
+    assert peak_in_flight(zb_h1(4, 8), until="W") == (4, 4, 4, 4)
+    assert peak_in_flight(zb_h1(4, 2), until="W") == (2, 2, 2, 2)
+    assert peak_in_flight(one_f_one_b(4, 8), until="W") == (4, 3, 2, 1)

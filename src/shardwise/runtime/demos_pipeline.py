@@ -101,7 +101,7 @@ def run_pipeline_demo(ranks: int = 4, schedule: str = "1f1b", microbatches: int 
     starting any process.
     """
     from shardwise.runtime.launch import launch
-    from shardwise.runtime.pipeline import measured_timeline, peak_in_flight_until_w
+    from shardwise.runtime.pipeline import measured_timeline
 
     if ranks < 1 or dp < 1 or ranks % dp:
         raise ShardwiseError(f"ranks={ranks} must be a positive multiple of dp={dp}")
@@ -138,8 +138,8 @@ def run_pipeline_demo(ranks: int = 4, schedule: str = "1f1b", microbatches: int 
     if split:
         peaks_w = tuple(r.peak_alive_until_w for r in sorted(results, key=lambda r: r.stage))
         rows.append({"check": "peak alive counted until W", "measured": str(peaks_w),
-                     "expected": str(peak_in_flight_until_w(plan)),
-                     "ok": peaks_w == peak_in_flight_until_w(plan)})
+                     "expected": str(peak_in_flight(plan, until="W")),
+                     "ok": peaks_w == peak_in_flight(plan, until="W")})
     rows.append({"check": "p2p bytes per boundary per micro-batch", "measured": per_boundary,
                  "expected": expected_bytes, "ok": per_boundary == expected_bytes})
     if dp > 1:

@@ -100,7 +100,6 @@ __all__ = [
     "backward_input",
     "backward_weight",
     "measured_timeline",
-    "peak_in_flight_until_w",
     "run_pipeline",
     "sync_data_parallel",
     "virtual_stages",
@@ -541,24 +540,6 @@ def sync_data_parallel(params: Sequence[torch.Tensor], dp: C.GroupLike) -> None:
 
 
 # ---------------------------------------------------------------------------- measurements
-def peak_in_flight_until_w(schedule: Mapping[int, Sequence[Action]]) -> tuple[int, ...]:
-    """Per stage, the most micro-batch-chunks alive from F until W (until B without W): what a
-    split backward holds when the (X, dY) pairs waiting for W are counted too."""
-    split = any(a.kind == "W" for actions in schedule.values() for a in actions)
-    release = "W" if split else "B"
-    peaks = []
-    for stage in range(num_stages(schedule)):
-        alive = peak = 0
-        for action in schedule[stage]:
-            if action.kind == "F":
-                alive += 1
-                peak = max(peak, alive)
-            elif action.kind == release:
-                alive -= 1
-        peaks.append(peak)
-    return tuple(peaks)
-
-
 def measured_timeline(results: Sequence[PipelineResult], same_clock: bool = True) -> Timeline:
     """The measured `Timeline` of one pipeline (one result per stage, any order), shifted so the
     first action starts at 0; bubble `1 - busy/(p·makespan)`; peak = the measured peaks.

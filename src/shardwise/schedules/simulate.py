@@ -60,9 +60,15 @@ class Timeline:
     peak_in_flight: tuple[int, ...]
 
 
-def peak_in_flight(schedule: Mapping[int, Sequence[Action]]) -> tuple[int, ...]:
+def peak_in_flight(schedule: Mapping[int, Sequence[Action]], until: str = "B"
+                   ) -> tuple[int, ...]:
     """Per stage, the most micro-batch-chunks alive at once (from F until B), from the action
-    order alone: GPipe `m` everywhere, 1F1B `min(p-i, m)` on stage `i`."""
+    order alone: GPipe `m` everywhere, 1F1B `min(p-i, m)` on stage `i`.
+
+    `until="W"` counts a micro-batch until its weight gradient instead, what a split backward
+    holds while (X, dY) pairs wait for W (schedules without W release at B either way)."""
+    split = any(a.kind == "W" for actions in schedule.values() for a in actions)
+    release = "W" if until == "W" and split else "B"
     peaks = []
     for stage in range(num_stages(schedule)):
         alive = peak = 0
@@ -70,7 +76,7 @@ def peak_in_flight(schedule: Mapping[int, Sequence[Action]]) -> tuple[int, ...]:
             if action.kind == "F":
                 alive += 1
                 peak = max(peak, alive)
-            elif action.kind == "B":
+            elif action.kind == release:
                 alive -= 1
         peaks.append(peak)
     return tuple(peaks)

@@ -2,7 +2,7 @@
 
 Each `run_*_demo` spawns real ranks (gloo on CPU), runs the parallel code and an independent
 reference in every rank — the single-process full-batch computation, PyTorch's
-DistributedDataParallel, the unsharded block — and returns rows for a table:
+DistributedDataParallel, the single-device model — and returns rows for a table:
 
     {"check": str, "measured": float, "expected": float | str, "ok": bool}
 
@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import copy
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
+from shardwise.arch import ModelSpec
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import dp_step_comm_bytes, ring_bytes_on_wire, tp_comm_bytes_per_layer
 from shardwise.estimate.memory import StateBytes, zero_state_bytes
@@ -41,15 +42,9 @@ from shardwise.runtime import collectives as C
 from shardwise.runtime.data_parallel import BucketedDataParallel, DDPConfig, all_reduce_gradients
 from shardwise.runtime.launch import launch
 from shardwise.runtime.mesh import Mesh
-from shardwise.runtime.tensor_parallel import (
-    BlockConfig,
-    ColumnParallelLinear,
-    ParallelBlock,
-    ReferenceBlock,
-    VocabParallelEmbedding,
-    allreduce_sequence_parallel_grads,
-    vocab_parallel_cross_entropy,
-)
+from shardwise.runtime.model import Transformer
+from shardwise.runtime.parallelize import ParallelTransformer, _gather, parallelize
+from shardwise.runtime.tensor_parallel import allreduce_sequence_parallel_grads
 from shardwise.runtime.zero import ZeroConfig, ZeroDataParallel
 
 __all__ = ["run_ddp_demo", "run_ring_demo", "run_tp_demo", "run_zero_demo"]
@@ -290,97 +285,147 @@ def run_zero_demo(ranks: int = 2, dtype: str = "float64", steps: int = 3,
 
 
 # --------------------------------------------------------------------------------- TP
-_S, _B, _V = 8, 2, 64  # sequence, micro-batch, vocabulary of the TP demo
+_S, _B = 8, 2  # sequence and micro-batch of the TP demo
+# One Llama-style layer: GQA (8 query heads over 4 kv heads) and SwiGLU; t ∈ {1, 2, 4} divides
+# the heads, the kv heads, d_ff, the sequence and the vocabulary.
+_TP_MODEL = ModelSpec("tp-demo", n_layers=1, d_model=32, n_heads=8, n_kv_heads=4, d_ff=64,
+                      vocab=64, max_seq=_S)
+
+# reference(model) -> (lm, block): an unsharded computation with the single-device weights of
+# `model`: `lm.loss(ids, targets)` the mean loss, `block(x)` its first block on (b, s, h), both
+# with the model's parameter names (see `_single_device_reference`).
+TPReference = Callable[[Transformer], tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor]]]
 
 
-def _gather_seq(x: torch.Tensor) -> torch.Tensor:
-    out = torch.empty((x.shape[0] * dist.get_world_size(), *x.shape[1:]), dtype=x.dtype)
+def _tp_model(dtype: torch.dtype) -> Transformer:
+    """The single-device demo model, identical on every rank, with O(1) weights (the model's
+    std-0.02 initialisation would leave the block close to its residual) and non-trivial norm
+    weights, so the checks see every layer."""
+    model = Transformer(_TP_MODEL, dtype=dtype)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:  # (out, in) linears, (V, h) embedding: std 1/√(last dim)
+                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
+            else:
+                p.copy_(torch.rand(p.shape, generator=gen) + 0.5)  # norms: U(0.5, 1.5)
+    return model
+
+
+def _tp_inputs(dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The block's input and upstream gradient (b, s, h); the LM's ids and targets (b, s)."""
+    gen = torch.Generator().manual_seed(5)
+    h, v = _TP_MODEL.d_model, _TP_MODEL.vocab
+    return {"x": torch.randn(_B, _S, h, generator=gen).to(dtype),
+            "upstream": torch.randn(_B, _S, h, generator=gen).to(dtype),
+            "ids": torch.randint(0, v, (_B, _S), generator=gen),
+            "targets": torch.randint(0, v, (_B, _S), generator=gen)}
+
+
+def _gathered_grads(par: ParallelTransformer) -> dict[str, torch.Tensor]:
+    """Every gradient at its single-device size (tp shards all-gathered; not counted)."""
+    tp, out = par.axis("tp"), {}
     with C.counting():
-        C.all_gather(out, x.contiguous(), "tp")
+        for name, p in par.model.named_parameters():
+            if p.grad is not None:
+                dim = par.shards[name].tp_dim
+                out[name] = p.grad if dim is None else _gather(p.grad, dim, tp)
     return out
 
 
-def _tp_worker(sp: bool, dtype_name: str = "float64",
-               cfg: BlockConfig | None = None) -> dict[str, Any]:
-    """A sharded block vs the unsharded one: output, input gradient, weight gradients and
-    bytes per layer; then a tiny LM (vocab-parallel embedding → block → column-parallel head
-    → vocab-parallel cross-entropy) vs nn.Embedding / nn.Linear / F.cross_entropy."""
-    dtype = _dtype(dtype_name)
-    cfg = cfg or BlockConfig()
-    r, t = dist.get_rank(), dist.get_world_size()
-    Mesh.from_layout(Layout(tp=t, sp=sp))
-    torch.manual_seed(0)
-    ref = ReferenceBlock(cfg, dtype)
-    block = ParallelBlock(cfg, "tp", sequence_parallel=sp, dtype=dtype).load_reference(ref)
-    gen = torch.Generator().manual_seed(5)
-    x = torch.randn(_S, _B, cfg.hidden, generator=gen).to(dtype)
-    upstream = torch.randn(_S, _B, cfg.hidden, generator=gen).to(dtype)
+def _tp_parallel(sp: bool, dtype: torch.dtype) -> dict[str, Any]:
+    """The demo model split over all ranks by `parallelize` (Megatron TP, + SP): its block's
+    output, input gradient and gathered weight gradients for `upstream`, the tp bytes and ops
+    of that forward and backward; then the LM's mean loss and gathered gradients."""
+    t = dist.get_world_size()
+    layout = Layout(tp=t, sp=sp)
+    par = parallelize(_tp_model(dtype), Mesh.from_layout(layout), layout, seq_len=_S)
+    tp, data = par.axis("tp"), _tp_inputs(dtype)
 
-    xr = x.clone().requires_grad_(True)
-    out_ref = ref(xr)
-    (out_ref * upstream).sum().backward()
+    def mine(z: torch.Tensor) -> torch.Tensor:  # SP: this rank's sequence slice (b, s/t, h)
+        return z.chunk(t, dim=1)[tp.rank] if sp else z
 
-    mine = (lambda z: z.chunk(t)[r]) if sp else (lambda z: z)
-    xp = mine(x).clone().requires_grad_(True)
+    def full(z: torch.Tensor) -> torch.Tensor:
+        if not sp:
+            return z
+        with C.counting():
+            return _gather(z, 1, tp)
+
+    x = mine(data["x"]).clone().requires_grad_(True)
     with C.counting() as counter:
-        out = block(xp)
-        (out * mine(upstream)).sum().backward()
-    layer_bytes = counter.bytes(axis="tp")
-    ops = {row["op"] for row in counter.rows()}
-    allreduce_sequence_parallel_grads(block)
-    assert xp.grad is not None and xr.grad is not None
-    out_full = _gather_seq(out.detach()) if sp else out.detach()
-    gx_full = _gather_seq(xp.grad) if sp else xp.grad
-    grads = block.gathered_grads()
-    ref_grads = {"norm1": ref.norm1.weight.grad, "norm2": ref.norm2.weight.grad,
-                 **{k: getattr(ref, k).weight.grad for k in
-                    ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")}}
-    elt = torch.finfo(dtype).bits // 8
-
-    # Vocabulary-parallel embedding and cross-entropy around the block.
-    torch.manual_seed(1)
-    emb_ref = nn.Embedding(_V, cfg.hidden, dtype=dtype)
-    head_ref = nn.Linear(cfg.hidden, _V, bias=False, dtype=dtype)
-    ids = torch.randint(0, _V, (_S, _B), generator=gen)
-    targets = torch.randint(0, _V, (_S, _B), generator=gen)
-    ref.zero_grad()
-    logits_ref = head_ref(ref(emb_ref(ids)))
-    loss_ref = F.cross_entropy(logits_ref.reshape(-1, _V), targets.reshape(-1))
-    loss_ref.backward()
-    emb = VocabParallelEmbedding(_V, cfg.hidden, "tp", sequence_parallel=sp, dtype=dtype)
-    head = ColumnParallelLinear(cfg.hidden, _V, "tp", sequence_parallel=sp, dtype=dtype)
-    rows = slice(r * _V // t, (r + 1) * _V // t)
-    with torch.no_grad():
-        emb.weight.copy_(emb_ref.weight[rows])
-        head.weight.copy_(head_ref.weight[rows])
-    block.zero_grad()
-    loss = vocab_parallel_cross_entropy(head(block(emb(ids))), targets, "tp").mean()
+        out = par.model.run_blocks(x, range(1), par.positions)
+        (out * mine(data["upstream"])).sum().backward()
+    allreduce_sequence_parallel_grads(par.model, tp)
+    assert x.grad is not None
+    result = {"out": full(out.detach()), "grad_x": full(x.grad), "grads": _gathered_grads(par),
+              "layer_bytes": counter.bytes(axis="tp"), "ops": {r["op"] for r in counter.rows()}}
+    par.zero_grad()
+    loss = par.model.loss(data["ids"], data["targets"], par.positions)
     loss.backward()
+    allreduce_sequence_parallel_grads(par.model, tp)
+    return {**result, "loss": loss.item(), "lm_grads": _gathered_grads(par)}
+
+
+def _single_device_reference(model: Transformer
+                             ) -> tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
+    """The unsharded single-device `model` itself."""
+    return model, lambda x: model.run_blocks(x, range(1), torch.arange(x.shape[1]))
+
+
+def _tp_unsharded(reference: TPReference, dtype: torch.dtype) -> dict[str, Any]:
+    """`_tp_parallel`'s computations by `reference`, unsharded."""
+    lm, block = reference(_tp_model(dtype))
+    data = _tp_inputs(dtype)
+    x = data["x"].clone().requires_grad_(True)
+    out = block(x)
+    (out * data["upstream"]).sum().backward()
+    grads = {n: p.grad for n, p in lm.named_parameters() if p.grad is not None}
+    lm.zero_grad(set_to_none=True)
+    loss = lm.loss(data["ids"], data["targets"])
+    loss.backward()
+    return {"out": out.detach(), "grad_x": x.grad, "grads": grads, "loss": loss.item(),
+            "lm_grads": {n: p.grad for n, p in lm.named_parameters()}}
+
+
+def _tp_worker(sp: bool, dtype_name: str = "float64",
+               reference: TPReference = _single_device_reference) -> dict[str, Any]:
+    """A sharded block vs `reference`: output, input gradient, weight gradients and bytes per
+    layer; then the whole LM (vocab-parallel embedding → block → norm → column-parallel head
+    → vocab-parallel cross-entropy): loss and embedding / head gradients."""
+    dtype = _dtype(dtype_name)
+    par = _tp_parallel(sp, dtype)
+    ref = _tp_unsharded(reference, dtype)
+    if set(par["grads"]) != set(ref["grads"]):
+        raise ShardwiseError(f"gradients of {sorted(par['grads'])} vs {sorted(ref['grads'])}")
+    t, elt = dist.get_world_size(), torch.finfo(dtype).bits // 8
     return {
-        "out": _rel(out_full, out_ref.detach()),
-        "grad_x": _rel(gx_full, xr.grad),
-        "grads": max(_rel(grads[k], v) for k, v in ref_grads.items()),
-        "layer_bytes": layer_bytes,
-        "ops": ops,
-        "predicted_bytes": tp_comm_bytes_per_layer(_S, _B, cfg.hidden, t, dtype_bytes=elt,
-                                                   sp=sp),
-        "loss": abs(float(loss) - float(loss_ref)) / abs(float(loss_ref)),
-        "emb_grad": _rel(emb.weight.grad, emb_ref.weight.grad[rows]),
-        "head_grad": _rel(head.weight.grad, head_ref.weight.grad[rows]),
+        "out": _rel(par["out"], ref["out"]),
+        "grad_x": _rel(par["grad_x"], ref["grad_x"]),
+        "grads": max(_rel(par["grads"][k], v) for k, v in ref["grads"].items()),
+        "layer_bytes": par["layer_bytes"],
+        "ops": par["ops"],
+        "predicted_bytes": tp_comm_bytes_per_layer(_S, _B, _TP_MODEL.d_model, t,
+                                                   dtype_bytes=elt, sp=sp),
+        "loss": abs(par["loss"] - ref["loss"]) / abs(ref["loss"]),
+        "emb_grad": _rel(par["lm_grads"]["embedding.weight"],
+                         ref["lm_grads"]["embedding.weight"]),
+        "head_grad": _rel(par["lm_grads"]["head.weight"], ref["lm_grads"]["head.weight"]),
     }
 
 
-def _tp_both(dtype_name: str) -> list[dict[str, Any]]:
-    return [_tp_worker(False, dtype_name), _tp_worker(True, dtype_name)]
+def _tp_both(dtype_name: str, reference: TPReference = _single_device_reference
+             ) -> list[dict[str, Any]]:
+    return [_tp_worker(False, dtype_name, reference), _tp_worker(True, dtype_name, reference)]
 
 
 def run_tp_demo(ranks: int = 2, dtype: str = "float64",
                 timeout_s: float = 120) -> list[dict[str, Any]]:
-    """A Llama-style block (GQA + SwiGLU) and a tiny vocab-parallel LM, t = `ranks` ways,
-    without and with sequence parallelism, vs the unsharded computation."""
-    cfg = BlockConfig()
-    sizes = {"n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads, "ffn": cfg.ffn,
-             "sequence": _S, "vocabulary": _V}
+    """The runtime's Llama-style block (GQA + SwiGLU) and a one-layer vocab-parallel LM, split
+    t = `ranks` ways by `parallelize` without and with sequence parallelism, vs the same model
+    on one device."""
+    m = _TP_MODEL
+    sizes = {"n_heads": m.n_heads, "n_kv_heads": m.n_kv_heads, "d_ff": m.d_ff,
+             "sequence": _S, "vocabulary": m.vocab}
     bad = [f"{k}={v}" for k, v in sizes.items() if v % ranks]
     if bad:
         raise ShardwiseError(f"the tp demo splits {', '.join(bad)} {ranks} ways; use ranks "
@@ -392,7 +437,7 @@ def run_tp_demo(ranks: int = 2, dtype: str = "float64",
         def worst(key: str, i: int = i) -> float:
             return max(o[i][key] for o in res)
         rows += [
-            _row(f"{mode} t={ranks}: block output vs unsharded ({dtype}, max rel. diff)",
+            _row(f"{mode} t={ranks}: block output vs single-device ({dtype}, max rel. diff)",
                  worst("out"), tol),
             _row(f"{mode}: input gradient", worst("grad_x"), tol),
             _row(f"{mode}: weight gradients (gathered)", worst("grads"), tol),

@@ -28,33 +28,27 @@ rows `[r·V/t, (r+1)·V/t)`; the embedding zeroes rows it does not own and `g` s
 cross-entropy never gathers the logits: max, Σexp and the target logit are each all-reduced
 over `(s, b)` (Megatron's `vocab_parallel_cross_entropy`).
 
-Attention is split by heads (t must divide both the query heads and the kv heads, GQA);
-QKV is one fused column-parallel weight laid out `[q_local; k_local; v_local]` and gate/up one
-fused `[gate_local; up_local]`, so each pair applies `f` once.
+These are the building blocks; `runtime.parallelize.apply_tensor_parallel` applies them to
+the one model (`runtime.model`): attention split by heads (t divides the query and the kv
+heads, GQA), the MLP by d_ff, the embedding and head by vocabulary.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shardwise.arch import ModelSpec
 from shardwise.errors import ShardwiseError
 from shardwise.runtime import collectives as C
 from shardwise.runtime.collectives import GroupLike
 from shardwise.runtime.mesh import AxisGroup
 
 __all__ = [
-    "BlockConfig",
     "ColumnParallelLinear",
-    "ParallelBlock",
-    "RMSNorm",
-    "ReferenceBlock",
     "RowParallelLinear",
     "VocabParallelEmbedding",
     "allreduce_sequence_parallel_grads",
@@ -168,22 +162,19 @@ class ColumnParallelLinear(nn.Module):
     """`Y_i = f(X)·A_iᵀ`: this rank's `out_features/t` output features; input full.
 
     With `sequence_parallel` the input is `(s/t, b, in)` and `f` is an all-gather along the
-    sequence. Output `(s, b, out/t)`, split along the last dim. `local_out` overrides the
-    per-rank width (fused layers whose blocks are not an even split of `out_features`)."""
+    sequence. Output `(s, b, out/t)`, split along the last dim."""
 
     def __init__(self, in_features: int, out_features: int, group: GroupLike = "tp", *,
                  bias: bool = False, sequence_parallel: bool = False,
-                 local_out: int | None = None, dtype: torch.dtype | None = None):
+                 dtype: torch.dtype | None = None):
         super().__init__()
         self.group = C.resolve(group)
         t = self.group.size
-        if local_out is None:
-            if out_features % t:
-                raise ShardwiseError(f"tp={t} does not divide out_features={out_features}")
-            local_out = out_features // t
+        if out_features % t:
+            raise ShardwiseError(f"tp={t} does not divide out_features={out_features}")
         self.sequence_parallel = sequence_parallel
-        self.weight = nn.Parameter(torch.empty(local_out, in_features, dtype=dtype))
-        self.bias = nn.Parameter(torch.zeros(local_out, dtype=dtype)) if bias else None
+        self.weight = nn.Parameter(torch.empty(out_features // t, in_features, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(out_features // t, dtype=dtype)) if bias else None
         nn.init.normal_(self.weight, std=1 / math.sqrt(in_features))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -295,184 +286,3 @@ def allreduce_sequence_parallel_grads(module: nn.Module, group: GroupLike = "tp"
     for p in module.parameters():
         if getattr(p, "sequence_parallel", False) and p.grad is not None:
             C.all_reduce(p.grad, g)
-
-
-# -------------------------------------------------------------------- Transformer block
-@dataclass(frozen=True)
-class BlockConfig:
-    """A Llama-style block: RMSNorm, GQA attention with RoPE, SwiGLU MLP."""
-
-    hidden: int = 32
-    n_heads: int = 8
-    n_kv_heads: int = 4
-    ffn: int = 64
-    rope_theta: float = 10000.0
-    eps: float = 1e-6
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.n_heads
-
-    @classmethod
-    def from_model(cls, model: ModelSpec) -> BlockConfig:
-        """One layer of a `ModelSpec` (e.g. the "tiny" preset)."""
-        return cls(hidden=model.d_model, n_heads=model.n_heads, n_kv_heads=model.n_kv_heads,
-                   ffn=model.d_ff)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-6, dtype: torch.dtype | None = None):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
-def _rope(x: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding (rotate-half form), x (s, b, heads, d), positions 0..s-1."""
-    s, d = x.shape[0], x.shape[-1]
-    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=x.dtype, device=x.device) / d)
-    ang = torch.arange(s, dtype=x.dtype, device=x.device)[:, None] * inv[None, :]  # (s, d/2)
-    cos = torch.cat([ang.cos(), ang.cos()], -1)[:, None, None, :]  # (s, 1, 1, d)
-    sin = torch.cat([ang.sin(), ang.sin()], -1)[:, None, None, :]
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
-    return x * cos + torch.cat([-x2, x1], -1) * sin
-
-
-class ReferenceBlock(nn.Module):
-    """The unsharded block, written plainly (explicit softmax attention): the reference."""
-
-    def __init__(self, cfg: BlockConfig, dtype: torch.dtype = torch.float64):
-        super().__init__()
-        self.cfg = cfg
-        h, d = cfg.hidden, cfg.head_dim
-        kv = cfg.n_kv_heads * d
-        self.norm1 = RMSNorm(h, cfg.eps, dtype)
-        self.wq = nn.Linear(h, h, bias=False, dtype=dtype)
-        self.wk = nn.Linear(h, kv, bias=False, dtype=dtype)
-        self.wv = nn.Linear(h, kv, bias=False, dtype=dtype)
-        self.wo = nn.Linear(h, h, bias=False, dtype=dtype)
-        self.norm2 = RMSNorm(h, cfg.eps, dtype)
-        self.w_gate = nn.Linear(h, cfg.ffn, bias=False, dtype=dtype)
-        self.w_up = nn.Linear(h, cfg.ffn, bias=False, dtype=dtype)
-        self.w_down = nn.Linear(cfg.ffn, h, bias=False, dtype=dtype)
-        with torch.no_grad():  # non-trivial norm weights, so their gradients are tested
-            self.norm1.weight.uniform_(0.5, 1.5)
-            self.norm2.weight.uniform_(0.5, 1.5)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x (s, b, h) → (s, b, h)."""
-        cfg = self.cfg
-        s, b, _ = x.shape
-        a, kv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        y = self.norm1(x)
-        q = _rope(self.wq(y).view(s, b, a, d), cfg.rope_theta)  # (s, b, h) -> (s, b, a, d)
-        k = _rope(self.wk(y).view(s, b, kv, d), cfg.rope_theta)
-        v = self.wv(y).view(s, b, kv, d)
-        k = k.repeat_interleave(a // kv, dim=2)  # (s, b, a_kv, d) -> (s, b, a, d)
-        v = v.repeat_interleave(a // kv, dim=2)
-        scores = torch.einsum("sbhd,tbhd->bhst", q, k) / math.sqrt(d)  # (b, a, s, s)
-        scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
-        o = torch.einsum("bhst,tbhd->sbhd", scores.softmax(-1), v).reshape(s, b, a * d)
-        x = x + self.wo(o)
-        y = self.norm2(x)
-        return x + self.w_down(F.silu(self.w_gate(y)) * self.w_up(y))
-
-
-class ParallelBlock(nn.Module):
-    """The same block split t ways over `group` (optionally sequence-parallel)."""
-
-    def __init__(self, cfg: BlockConfig, group: GroupLike = "tp", *,
-                 sequence_parallel: bool = False, dtype: torch.dtype = torch.float64):
-        super().__init__()
-        self.cfg, self.group, self.sp = cfg, C.resolve(group), sequence_parallel
-        t = self.group.size
-        if cfg.n_heads % t or cfg.n_kv_heads % t or cfg.ffn % t:
-            raise ShardwiseError(f"tp={t} must divide n_heads={cfg.n_heads}, n_kv_heads="
-                                 f"{cfg.n_kv_heads} and ffn={cfg.ffn}")
-        self.a_local, self.kv_local = cfg.n_heads // t, cfg.n_kv_heads // t
-        d, h = cfg.head_dim, cfg.hidden
-        sp = sequence_parallel
-        self.norm1 = RMSNorm(h, cfg.eps, dtype)
-        self.qkv = ColumnParallelLinear(h, 0, self.group, sequence_parallel=sp, dtype=dtype,
-                                        local_out=(self.a_local + 2 * self.kv_local) * d)
-        self.proj = RowParallelLinear(h, h, self.group, sequence_parallel=sp, dtype=dtype)
-        self.norm2 = RMSNorm(h, cfg.eps, dtype)
-        self.fc1 = ColumnParallelLinear(h, 2 * cfg.ffn, self.group, sequence_parallel=sp,
-                                        dtype=dtype)
-        self.fc2 = RowParallelLinear(cfg.ffn, h, self.group, sequence_parallel=sp, dtype=dtype)
-        for norm in (self.norm1, self.norm2):
-            norm.weight.sequence_parallel = sp  # type: ignore[attr-defined]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x (s, b, h) — or (s/t, b, h) with sequence parallelism — to the same shape."""
-        cfg, d = self.cfg, self.cfg.head_dim
-        a, kv = self.a_local, self.kv_local
-        qkv = self.qkv(self.norm1(x))  # (s, b, (a_l + 2·kv_l)·d), full sequence
-        s, b = qkv.shape[:2]
-        q, k, v = qkv.split([a * d, kv * d, kv * d], dim=-1)
-        q = _rope(q.reshape(s, b, a, d), cfg.rope_theta).permute(1, 2, 0, 3)  # (b, a_l, s, d)
-        k = _rope(k.reshape(s, b, kv, d), cfg.rope_theta).permute(1, 2, 0, 3)
-        v = v.reshape(s, b, kv, d).permute(1, 2, 0, 3)
-        k = k.repeat_interleave(a // kv, dim=1)  # (b, kv_l, s, d) -> (b, a_l, s, d)
-        v = v.repeat_interleave(a // kv, dim=1)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (b, a_l, s, d)
-        o = o.permute(2, 0, 1, 3).reshape(s, b, a * d)  # -> (s, b, a_l·d)
-        x = x + self.proj(o)
-        gate, up = self.fc1(self.norm2(x)).chunk(2, dim=-1)  # (s, b, f/t) each
-        return x + self.fc2(F.silu(gate) * up)
-
-    # ---------------------------------------------------- weights from / to the reference
-    def _blocks(self) -> dict[str, tuple[str, int, int, int]]:
-        """reference name -> (local param, dim sharded in the reference, start, length)."""
-        t, r, d, cfg = self.group.size, self.group.rank, self.cfg.head_dim, self.cfg
-        qn, kvn, fn = cfg.hidden // t, cfg.n_kv_heads * d // t, cfg.ffn // t
-        return {"wq": ("qkv", 0, r * qn, qn), "wk": ("qkv", 0, r * kvn, kvn),
-                "wv": ("qkv", 0, r * kvn, kvn), "wo": ("proj", 1, r * qn, qn),
-                "w_gate": ("fc1", 0, r * fn, fn), "w_up": ("fc1", 0, r * fn, fn),
-                "w_down": ("fc2", 1, r * fn, fn)}
-
-    _FUSED: ClassVar[frozenset[str]] = frozenset({"wq", "wk", "wv", "w_gate", "w_up"})
-
-    def _local_rows(self, name: str) -> slice:
-        """Where a reference weight's block sits inside a fused local weight (dim 0)."""
-        d, cfg, t = self.cfg.head_dim, self.cfg, self.group.size
-        widths = {"wq": self.a_local * d, "wk": self.kv_local * d, "wv": self.kv_local * d,
-                  "w_gate": cfg.ffn // t, "w_up": cfg.ffn // t}
-        order = ["wq", "wk", "wv"] if name in ("wq", "wk", "wv") else ["w_gate", "w_up"]
-        start = sum(widths[n] for n in order[: order.index(name)])
-        return slice(start, start + widths[name])
-
-    @torch.no_grad()
-    def load_reference(self, ref: ReferenceBlock) -> ParallelBlock:
-        """Copy this rank's slices of an unsharded block's weights."""
-        self.norm1.weight.copy_(ref.norm1.weight)
-        self.norm2.weight.copy_(ref.norm2.weight)
-        for name, (local, dim, start, length) in self._blocks().items():
-            full = getattr(ref, name).weight
-            piece = full.narrow(dim, start, length)
-            target = getattr(self, local).weight
-            if name in self._FUSED:
-                target[self._local_rows(name)].copy_(piece)
-            else:
-                target.copy_(piece)
-        return self
-
-    def gathered_grads(self) -> dict[str, torch.Tensor]:
-        """Full-size gradients under the reference's names (all-gathered; not counted).
-        Call `allreduce_sequence_parallel_grads` first under SP."""
-        out = {"norm1": self.norm1.weight.grad, "norm2": self.norm2.weight.grad}
-        with C.counting():
-            for name, (local, dim, _start, _length) in self._blocks().items():
-                grad = getattr(self, local).weight.grad
-                assert grad is not None
-                if name in self._FUSED:
-                    grad = grad[self._local_rows(name)]
-                piece = grad.movedim(dim, 0).contiguous()  # sharded dim first
-                full = torch.empty((piece.shape[0] * self.group.size, *piece.shape[1:]),
-                                   dtype=piece.dtype)
-                C.all_gather(full, piece, self.group)
-                out[name] = full.movedim(0, dim)
-        return {k: v for k, v in out.items() if v is not None}

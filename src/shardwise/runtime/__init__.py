@@ -13,6 +13,7 @@ The only package that imports torch.distributed. Modules, one per concern:
     expert_parallel   MoE with all-to-all dispatch and combine over the ep axis
     model             the single-device Llama-style model (saves exactly SPEC §3's count)
     data              built-in corpus, byte tokenizer, seeded data-parallel loader
+    checkpoint        sharded, layout-independent, atomic checkpoints (DCP); resume anywhere
     measure           what a run saves and moves, for SPEC §9's comparison
     demos*            the multi-process demonstrations behind `shardwise demo`
 

@@ -16,6 +16,11 @@ One step (every rank, `train_step`):
     6. hooks      `hook(state, record)` after the step, on every rank (logging, progress,
                   checkpoints: `TrainState` holds everything a resume needs)
 
+Checkpoints (`runtime.checkpoint`): with `checkpoint_dir`, every `checkpoint_every` steps and
+after the last one, a sharded, layout-independent, atomically published checkpoint; `resume`
+loads the newest one into the freshly built state (on any layout) and goes on from its step,
+the same trajectory as an uninterrupted run.
+
 `run(config)` spawns the ranks locally (gloo on CPU) or, under `torchrun`, runs in place (NCCL
 on GPUs); `python -m shardwise.runtime.train --dp 2 …` is `shardwise train --dp 2 …`.
 """
@@ -36,7 +41,7 @@ import torch
 from shardwise.arch import ModelSpec
 from shardwise.errors import LayoutError, ShardwiseError
 from shardwise.layout import Layout, TrainSpec
-from shardwise.runtime import launch
+from shardwise.runtime import checkpoint, launch
 from shardwise.runtime.data import BYTE_VOCAB, Batches, load_tokens
 from shardwise.runtime.mesh import Mesh
 from shardwise.runtime.model import Transformer
@@ -70,6 +75,10 @@ class TrainConfig:
     flash: bool = True
     log_path: str | None = None  # JSON lines, one per step (rank 0)
     progress: bool = False  # progress bar / lines on rank 0
+    checkpoint_dir: str | None = None  # sharded checkpoints here (runtime.checkpoint)
+    checkpoint_every: int = 0  # steps between checkpoints; 0: only after the last step
+    checkpoint_keep: int = 2  # the newest checkpoints kept
+    resume: bool = False  # start from the newest checkpoint in checkpoint_dir, if any
 
     def train_spec(self) -> TrainSpec:
         return TrainSpec(seq_len=self.seq_len, global_batch=self.global_batch,
@@ -86,6 +95,12 @@ class TrainConfig:
             out.append(f"need 0 ≤ min_lr ≤ lr, got min_lr={self.min_lr}, lr={self.lr}")
         if self.warmup < 0 or self.clip < 0 or self.weight_decay < 0:
             out.append("warmup, clip and weight_decay must be ≥ 0")
+        if self.checkpoint_every < 0 or self.checkpoint_keep < 1:
+            out.append(f"need checkpoint_every ≥ 0 and checkpoint_keep ≥ 1, got "
+                       f"{self.checkpoint_every} and {self.checkpoint_keep}")
+        if not self.checkpoint_dir and (self.resume or self.checkpoint_every):
+            out.append("resume and checkpoint_every need a checkpoint directory "
+                       "(checkpoint_dir, --checkpoint-dir)")
         if self.model.vocab < BYTE_VOCAB:
             out.append(f"the byte tokenizer needs a vocabulary ≥ {BYTE_VOCAB}; "
                        f"{self.model.name} has {self.model.vocab}")
@@ -199,9 +214,17 @@ def train_step(state: TrainState) -> StepRecord:
 
 def train(config: TrainConfig, hooks: Sequence[Hook] = (), state: TrainState | None = None
           ) -> TrainState:
-    """Train on this rank until `config.steps` (from `state.step` when resuming)."""
-    state = state or build(config)
-    hooks = [*_rank0_hooks(config), *hooks]
+    """Train on this rank until `config.steps`, from `state.step` (a given state), or from
+    the newest checkpoint when `config.resume` (from step 0 when there is none yet)."""
+    if state is None:
+        checkpoint.check_start(config)
+        state = build(config)
+        if config.resume:
+            checkpoint.load_checkpoint(state, str(config.checkpoint_dir))
+    saving = ([checkpoint.CheckpointEvery(config.checkpoint_dir, config.checkpoint_every,
+                                          config.checkpoint_keep)]
+              if config.checkpoint_dir else [])
+    hooks = [*_rank0_hooks(config, state.step), *saving, *hooks]
     while state.step < config.steps:
         record = train_step(state)
         for hook in hooks:
@@ -213,10 +236,22 @@ def train(config: TrainConfig, hooks: Sequence[Hook] = (), state: TrainState | N
 
 # ---------------------------------------------------------------------- logging (rank 0)
 class JsonLines:
-    """Append each step's record to a JSON-lines file (one object per line)."""
+    """Append each step's record to a JSON-lines file (one object per line).
 
-    def __init__(self, path: str):
+    A run resumed at step `start` > 0 keeps the file's lines of earlier steps and drops the
+    rest: the steps an interrupted run logged after its last checkpoint are trained again."""
+
+    def __init__(self, path: str, start: int = 0):
+        kept = []
+        if start and Path(path).is_file():
+            for line in Path(path).read_text(encoding="utf-8").splitlines():
+                try:
+                    if json.loads(line)["step"] < start:
+                        kept.append(line)
+                except (ValueError, KeyError, TypeError):  # a line torn by the interruption
+                    continue
         self.file = Path(path).open("w", encoding="utf-8")  # noqa: SIM115 (closed by close())
+        self.file.writelines(line + "\n" for line in kept)
 
     def __call__(self, state: TrainState, record: StepRecord) -> None:
         self.file.write(json.dumps(record.as_dict()) + "\n")
@@ -256,12 +291,12 @@ class ProgressBar:
             self.progress.stop()
 
 
-def _rank0_hooks(config: TrainConfig) -> list[Hook]:
+def _rank0_hooks(config: TrainConfig, start: int) -> list[Hook]:
     if launch.rank() != 0:
         return []
     hooks: list[Hook] = []
     if config.log_path:
-        hooks.append(JsonLines(config.log_path))
+        hooks.append(JsonLines(config.log_path, start))
     if config.progress:
         hooks.append(ProgressBar(config))
     return hooks
@@ -299,6 +334,7 @@ def run(config: TrainConfig, *, hooks: Sequence[Hook] = (), timeout_s: float = 6
     `launch.RankFailure` on the caller within `timeout_s`."""
     config.validate()
     Batches(load_tokens(config.data), config.seq_len, config.global_batch)  # enough text?
+    checkpoint.check_start(config)  # a checkpoint directory this run can use?
     layout, started = config.layout, os.environ.get("WORLD_SIZE")
     if "RANK" in os.environ and started is not None and int(started) != layout.world_size:
         raise ShardwiseError(

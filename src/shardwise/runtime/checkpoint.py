@@ -1,0 +1,497 @@
+"""Sharded checkpoints with torch.distributed.checkpoint (DCP): save on one layout, resume on
+any other, bit-identically on the same one.
+
+Content. Layout-independent: every tensor is a tensor of the single-device `Transformer`,
+keyed by its parameter name, so a checkpoint saved on dp4 loads on dp2×tp2, pp2, ZeRO-3 or
+one rank:
+
+    model.{name}               the parameter (the single-device shape)
+    optim.{name}.exp_avg       AdamW's first moment (same shape)
+    optim.{name}.exp_avg_sq    AdamW's second moment (same shape)
+    optim.{name}.step          AdamW's step count for the parameter (0-d)
+    rng                        the torch CPU generator (`torch.get_rng_state()`)
+    shardwise.json             {"format", "step", "world_size", "config": the TrainConfig with
+                               its model and layout}; `step` is also the data position
+                               (`data.Batches`: step k reads global batch k)
+
+What a rank writes. Each rank holds, of each parameter of its pipeline stage(s), a contiguous
+range of its local (tp / ep) shard flattened, at some offset of a flat tensor the optimizer
+steps on (`_Span`): the whole shard at offset 0 without ZeRO; under ZeRO the part of the
+parameter inside this rank's row of its unit's flat buffer (`runtime.zero`), which need not
+start or end on a row. A range of a row-major tensor is a few rectangular blocks (a partial
+first row, whole rows, a partial last row, recursively: at most 2·ndim − 1), each a plain view
+of the flat tensor; shifted by the shard's place in the full tensor (tp rank × the local size
+along the tp dim, ep rank × E/e experts along dim 0) each is one chunk of the full tensor
+(`_Blocks`, a tensor that tells DCP its chunks through DCP's checkpointable protocol, as
+DTensor does for its one regular shard). DCP writes each distinct chunk once (replicas over
+dp, cp and tp write the same chunk; it keeps one) and, on load, reads into every local block
+whatever saved chunks overlap it. So ZeRO's flat shards are saved and loaded in place, never
+gathered to full parameters, and no DeviceMesh or extra process group is needed: DCP plans
+over the default group. A tied embedding's copy on the last pipeline stage (`head.weight`)
+is stored under `embedding.weight`, whose value it equals.
+
+Atomicity. `save_checkpoint` writes into `dir/step-000012.tmp-<uuid>` (a name rank 0 picks
+and broadcasts): DCP's files, then `shardwise.json`. After a barrier (every rank's files are
+written) rank 0 renames it to `dir/step-000012` — one atomic rename — then rewrites the
+`latest` file atomically (a temporary file, fsync, `os.replace`) and prunes: it keeps the
+newest `keep` checkpoints and removes `.tmp` leftovers (renaming a victim to `.tmp-` before
+deleting it). So a directory named `step-N` is always complete; a crash at any point leaves the
+previous checkpoint intact, and `latest_checkpoint` (the complete `step-N` with the largest N,
+which the `latest` file names unless a crash fell between the rename and its update) never
+sees a partial one. A second barrier keeps every rank in `save_checkpoint` until the checkpoint
+is published.
+
+Resume. `load_checkpoint(state, directory)` fills a freshly `build`-ed state in place, on any
+layout: weights, AdamW moments and step counts, the step (data position), the RNG. The model
+and dtype must match the checkpoint's; the other settings are the new run's (more `steps`
+extends a run; its learning-rate schedule then follows the new step count). The RNG: model
+initialisation seeds the torch generator identically on every rank and no step draws from it,
+so rank 0's state is saved and restored on every rank (CUDA generators are not saved).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import uuid
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from shardwise.errors import ShardwiseError
+from shardwise.runtime import launch
+
+if TYPE_CHECKING:
+    from shardwise.runtime.parallelize import ParallelTransformer
+    from shardwise.runtime.train import StepRecord, TrainConfig, TrainState
+
+__all__ = ["FORMAT", "LATEST", "METADATA", "CheckpointEvery", "check_start", "checkpoint_name",
+           "complete_checkpoints", "latest_checkpoint", "load_checkpoint", "prune",
+           "read_metadata", "read_parameters", "save_checkpoint"]
+
+FORMAT = 1
+METADATA = "shardwise.json"  # our metadata, next to DCP's `.metadata`
+LATEST = "latest"  # a file naming the newest checkpoint directory
+_STEP_DIR = re.compile(r"step-(\d+)")
+_MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+# ---------------------------------------------------------------- the directory (no processes)
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+def complete_checkpoints(directory: str | Path) -> list[Path]:
+    """The complete checkpoints in `directory`, oldest first: directories named `step-N`
+    holding `shardwise.json` (`.tmp-…` directories are unfinished or being deleted)."""
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir()
+             if (m := _STEP_DIR.fullmatch(p.name)) and (p / METADATA).is_file()]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(directory: str | Path) -> Path | None:
+    """The newest complete checkpoint in `directory`, or None."""
+    found = complete_checkpoints(directory)
+    return found[-1] if found else None
+
+
+def read_metadata(path: str | Path) -> dict[str, Any]:
+    """A checkpoint's `shardwise.json`: format, step, world_size, config."""
+    meta: dict[str, Any] = json.loads((Path(path) / METADATA).read_text(encoding="utf-8"))
+    if meta.get("format") != FORMAT:
+        raise ShardwiseError(f"{path} is a checkpoint of format {meta.get('format')}; this "
+                             f"version of shardwise reads format {FORMAT}")
+    return meta
+
+
+def _write_durably(path: Path, text: str) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove(path: Path) -> None:
+    """Delete a checkpoint or leftover: first renamed to `.tmp-…`, so a crash mid-delete never
+    leaves a partial directory under a checkpoint's name."""
+    if not path.name.partition(".tmp-")[1]:
+        path = path.rename(path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex}"))
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _check_keep(keep: int) -> None:
+    if keep < 1:
+        raise ShardwiseError(f"keep must be ≥ 1 checkpoint, got {keep}")
+
+
+def prune(directory: str | Path, keep: int) -> list[Path]:
+    """Keep the newest `keep` complete checkpoints; remove the older ones and every `.tmp-…`
+    leftover (call it only while no save is in progress). Returns what was removed."""
+    _check_keep(keep)
+    root = Path(directory)
+    victims = complete_checkpoints(root)[:-keep] + sorted(root.glob("*.tmp-*"))
+    for path in victims:
+        _remove(path)
+    return victims
+
+
+def _publish(tmp: Path, final: Path, keep: int) -> None:
+    """Rank 0, once every rank has written `tmp`: make it the checkpoint `final` (one atomic
+    rename), point `latest` at it (atomically), prune."""
+    if final.exists():  # the same step saved again: the new one replaces it
+        _remove(final)
+    tmp.rename(final)
+    _fsync_dir(final.parent)
+    pointer = final.parent / f"{LATEST}.tmp-{uuid.uuid4().hex}"
+    _write_durably(pointer, final.name + "\n")
+    os.replace(pointer, final.parent / LATEST)
+    _fsync_dir(final.parent)
+    prune(final.parent, keep)
+
+
+def check_start(config: TrainConfig) -> Path | None:
+    """Where a run of `config` starts: the checkpoint it resumes from, or None (from step 0).
+
+    Refused with one sentence each: a fresh run into a directory that already holds
+    checkpoints (it would mix two runs), a checkpoint of another model or dtype or of other
+    data settings (sequence length, global batch, seed, text), one already at `config.steps`. Resuming from a directory with no checkpoint yet starts from step 0 (the
+    first launch of a job that is relaunched as it is after each failure)."""
+    if not config.checkpoint_dir:
+        return None
+    found = latest_checkpoint(config.checkpoint_dir)
+    if found is None:
+        return None
+    if not config.resume:
+        raise ShardwiseError(
+            f"{config.checkpoint_dir} already holds checkpoints (newest: {found.name}); resume "
+            "from them (--resume) or choose an empty directory")
+    meta = read_metadata(found)
+    _check_compatible(found, meta, config)
+    if meta["step"] >= config.steps:
+        raise ShardwiseError(f"{found} is already at step {meta['step']} of steps="
+                             f"{config.steps}; train for more steps to continue")
+    return found
+
+
+def _check_compatible(path: Path, meta: dict[str, Any], config: TrainConfig) -> None:
+    """The checkpoint at `path` holds this run's model in its dtype (the layout may differ)."""
+    saved = meta["config"]
+    if saved["model"] != asdict(config.model):
+        raise ShardwiseError(f"{path} holds model {saved['model']['name']!r}, not "
+                             f"{config.model.name!r} (or with other dimensions); it cannot "
+                             "resume this run")
+    if saved["dtype"] != config.dtype:
+        raise ShardwiseError(f"{path} was trained in {saved['dtype']}, this run in "
+                             f"{config.dtype}; use dtype {saved['dtype']}")
+    # The data position is the step number: another batch, length, seed or text would
+    # silently change which tokens the remaining steps read.
+    for key, option in (("seq_len", "--seq"), ("global_batch", "--global-batch"),
+                        ("seed", "--seed"), ("data", "--data")):
+        if saved[key] != getattr(config, key):
+            raise ShardwiseError(f"{path} was trained with {key}={saved[key]!r}, this run has "
+                                 f"{getattr(config, key)!r}; resume with {option} "
+                                 f"{saved[key]}")
+
+
+# ------------------------------------------------------------------------ the rank's share
+def _blocks(shape: tuple[int, ...], start: int, stop: int
+            ) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Elements [start, stop) of a row-major tensor of `shape` as rectangular blocks
+    (offsets, sizes), in memory order; each is contiguous in the flat tensor."""
+    if start >= stop:
+        return []
+    if not shape:
+        return [((), ())]
+    inner = math.prod(shape[1:])  # elements per row (row = index along dim 0)
+    rest = (0,) * (len(shape) - 1)
+    out = []
+    row, within = divmod(start, inner)
+    if within:  # a partial first row
+        end = min(stop, (row + 1) * inner)
+        out += [((row, *o), (1, *z)) for o, z in _blocks(shape[1:], within, end - row * inner)]
+        row, start = row + 1, end
+    whole = (stop - start) // inner
+    if start < stop and whole:  # whole rows
+        out.append(((row, *rest), (whole, *shape[1:])))
+        row, start = row + whole, start + whole * inner
+    if start < stop:  # a partial last row
+        out += [((row, *o), (1, *z)) for o, z in _blocks(shape[1:], 0, stop - start)]
+    return out
+
+
+@dataclass(frozen=True)
+class _Span:
+    """Elements [first, first + numel) of parameter `key`'s local shard (shape `local`, at
+    `base` in the full tensor of shape `full`) are elements [at, at + numel) of the flat
+    tensor number `tensor` (a parameter, a ZeRO shard, or their AdamW moments)."""
+
+    key: str
+    full: tuple[int, ...]
+    local: tuple[int, ...]
+    base: tuple[int, ...]
+    tensor: int
+    at: int
+    first: int
+    numel: int
+
+    def blocks(self, tensor: torch.Tensor) -> _Blocks:
+        """This span of `tensor` as chunks of the full tensor (views: writes land in place)."""
+        flat = tensor.detach().view(-1)
+        chunks, cursor = [], self.at
+        for offsets, sizes in _blocks(self.local, self.first, self.first + self.numel):
+            n = math.prod(sizes)
+            chunks.append((tuple(b + o for b, o in zip(self.base, offsets)),
+                           flat[cursor:cursor + n].view(sizes)))
+            cursor += n
+        return _Blocks(self.full, chunks)
+
+
+class _Blocks(torch.Tensor):
+    """A full tensor of `shape` of which this rank holds `chunks` — (global offsets, local
+    view) — for DCP: it implements DCP's checkpointable protocol (`__create_write_items__`,
+    `__create_chunk_list__`, `__get_tensor_shard__`), which DTensor implements for one regular
+    shard. A metadata-only wrapper: no tensor operation runs on it."""
+
+    _chunks: list[tuple[tuple[int, ...], torch.Tensor]]
+
+    @staticmethod
+    def __new__(cls, shape: tuple[int, ...], chunks: list[tuple[tuple[int, ...], torch.Tensor]]
+                ) -> _Blocks:
+        first = chunks[0][1]
+        out = torch.Tensor._make_wrapper_subclass(cls, torch.Size(shape), dtype=first.dtype,
+                                                  device=first.device)
+        out._chunks = chunks
+        return out
+
+    def _chunk_metadata(self) -> list[Any]:
+        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+
+        return [ChunkStorageMetadata(torch.Size(o), t.size()) for o, t in self._chunks]
+
+    def __create_write_items__(self, fqn: str, obj: Any) -> list[Any]:
+        from torch.distributed.checkpoint.metadata import MetadataIndex, TensorProperties
+        from torch.distributed.checkpoint.planner import (
+            TensorWriteData,
+            WriteItem,
+            WriteItemType,
+        )
+
+        return [WriteItem(index=MetadataIndex(fqn, chunk.offsets), type=WriteItemType.SHARD,
+                          tensor_data=TensorWriteData(
+                              chunk=chunk, properties=TensorProperties.create_from_tensor(t),
+                              size=self.size()))
+                for chunk, (_, t) in zip(self._chunk_metadata(), self._chunks)]
+
+    def __create_chunk_list__(self) -> list[Any]:
+        return self._chunk_metadata()
+
+    def __get_tensor_shard__(self, index: Any) -> torch.Tensor:
+        for offsets, t in self._chunks:
+            if torch.Size(offsets) == index.offset:
+                return t
+        raise ValueError(f"no local chunk of {index.fqn} at {tuple(index.offset)}")
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
+                           ) -> Any:
+        raise RuntimeError(f"_Blocks is checkpoint metadata, not a tensor to compute with "
+                           f"({func})")
+
+
+def _place(model: ParallelTransformer, name: str, local: tuple[int, ...]
+           ) -> tuple[str, tuple[int, ...], tuple[int, ...]]:
+    """(checkpoint key, full shape, offsets of this rank's shard) of parameter `name`."""
+    shard = model.shards[name]
+    full, base = list(local), [0] * len(local)
+    for dim, group in ((shard.tp_dim, "tp"), (0 if shard.expert else None, "ep")):
+        if dim is not None:  # an even split (parallelize._keep): shard r starts at r·size
+            axis = model.axis(group)
+            base[dim], full[dim] = axis.rank * local[dim], local[dim] * axis.size
+    key = "embedding.weight" if shard.tied_copy else name  # equal to the embedding it copies
+    return key, tuple(full), tuple(base)
+
+
+def _whole(model: ParallelTransformer) -> list[_Span]:
+    """One span per module parameter (`model.model.named_parameters()` order): the whole
+    local shard."""
+    spans = []
+    for i, (name, p) in enumerate(model.model.named_parameters()):
+        key, full, base = _place(model, name, tuple(p.shape))
+        spans.append(_Span(key, full, tuple(p.shape), base, i, 0, 0, p.numel()))
+    return spans
+
+
+def _flat(model: ParallelTransformer) -> list[_Span]:
+    """Spans of the ZeRO shards (`zero.shards` order): each parameter's part of this rank's
+    row of its unit's flat buffer (stage 0: the whole buffer)."""
+    zero = model.zero
+    assert zero is not None
+    spans = []
+    for i, unit in enumerate(zero.units):
+        lo, hi = (0, unit.padded) if zero.config.stage == 0 else (unit.lo, unit.hi)
+        for s in unit.slots:
+            a, b = max(lo, s.offset), min(hi, s.offset + s.numel)
+            if a < b:
+                key, full, base = _place(model, s.qualname, tuple(s.shape))
+                spans.append(_Span(key, full, tuple(s.shape), base, i, a - lo, a - s.offset,
+                                   b - a))
+    return spans
+
+
+def _layout(model: ParallelTransformer) -> tuple[list[torch.Tensor], list[_Span], list[_Span]]:
+    """(the tensors holding the weights, the weights' spans over them, the spans of the
+    optimizer's tensors `model.parameters()`). Without ZeRO both are the module parameters;
+    ZeRO 0–2 keep full weights in the module (views of the flat buffers) and step on flat
+    shards; ZeRO-3 keeps only the shards."""
+    if model.zero is None:
+        spans = _whole(model)
+        return [p for _, p in model.model.named_parameters()], spans, spans
+    if model.zero.config.stage < 3:
+        return [p for _, p in model.model.named_parameters()], _whole(model), _flat(model)
+    spans = _flat(model)
+    return list(model.zero.shards), spans, spans
+
+
+def _state_dict(state: TrainState, moments: list[dict[str, torch.Tensor]]) -> dict[str, Any]:
+    """The DCP state dict over this rank's tensors: the live weights, and `moments[i]` (the
+    exp_avg, exp_avg_sq and step of the optimizer's tensor i) for the optimizer state."""
+    weights, weight_spans, state_spans = _layout(state.model)
+    out: dict[str, Any] = {f"model.{s.key}": s.blocks(weights[s.tensor]) for s in weight_spans}
+    for s in state_spans:
+        for moment in _MOMENTS:
+            out[f"optim.{s.key}.{moment}"] = s.blocks(moments[s.tensor][moment])
+        # One count per parameter, as AdamW keeps it (a ZeRO shard's parameters share theirs;
+        # a shard of padding alone keeps 0, which moves nothing: its values stay 0).
+        out[f"optim.{s.key}.step"] = moments[s.tensor]["step"]
+    return out
+
+
+def _adamw_zeros(p: torch.Tensor) -> dict[str, torch.Tensor]:
+    """AdamW's state of `p` before its first step (what `torch.optim.AdamW` creates lazily;
+    stepping from it is stepping from no state)."""
+    return {"step": torch.zeros((), dtype=torch.float32),
+            "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+            "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
+
+
+# ------------------------------------------------------------------------- save and load
+def _world() -> bool:
+    return launch.world_size() > 1
+
+
+def _barrier() -> None:
+    if _world():
+        dist.barrier()  # the default group, with the run's timeout
+
+
+def _from_rank0(value: Any) -> Any:
+    """Rank 0's `value` on every rank."""
+    if not _world():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def save_checkpoint(state: TrainState, directory: str | Path, keep: int = 2) -> Path:
+    """Save `state` as `directory/step-N` (N = `state.step`), atomically; keep the newest
+    `keep` checkpoints. Collective: every rank calls it. Returns the checkpoint's path."""
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint import save as dcp_save
+
+    _check_keep(keep)  # before any collective: every rank refuses alike
+    final = Path(directory) / checkpoint_name(state.step)
+    tmp = Path(_from_rank0(str(final.with_name(f"{final.name}.tmp-{uuid.uuid4().hex}"))))
+    moments = [state.optimizer.state.get(p) or _adamw_zeros(p)  # none before the first step
+               for p in state.model.parameters()]
+    content = _state_dict(state, moments)
+    if launch.rank() == 0:
+        content["rng"] = torch.get_rng_state()
+    dcp_save(content, storage_writer=FileSystemWriter(tmp), no_dist=not dist.is_initialized())
+    if launch.rank() == 0:
+        meta = {"format": FORMAT, "step": state.step, "world_size": launch.world_size(),
+                "config": asdict(state.config)}
+        _write_durably(tmp / METADATA, json.dumps(meta, indent=1) + "\n")
+    _barrier()  # every rank's files are in tmp
+    if launch.rank() == 0:
+        _publish(tmp, final, keep)
+    _barrier()  # published before any rank goes on
+    return final
+
+
+def load_checkpoint(state: TrainState, directory: str | Path) -> bool:
+    """Load the newest checkpoint in `directory` (or the checkpoint `directory` itself) into
+    `state`, a freshly `build`-ed state on any layout, in place. Collective. Returns False
+    (and leaves `state` as built) when there is no checkpoint."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint import load as dcp_load
+
+    given = Path(directory)
+    found = given if (given / METADATA).is_file() else latest_checkpoint(given)
+    path = _from_rank0(None if found is None else str(found))  # every rank reads the same
+    if path is None:
+        return False
+    meta = read_metadata(path)
+    _check_compatible(Path(path), meta, state.config)
+    moments = [_adamw_zeros(p) for p in state.model.parameters()]  # loaded into
+    content = _state_dict(state, moments)
+    content["rng"] = torch.get_rng_state()
+    dcp_load(content, storage_reader=FileSystemReader(path), no_dist=not dist.is_initialized())
+    state.optimizer.load_state_dict({"state": dict(enumerate(moments)),
+                                     "param_groups": state.optimizer.state_dict()[
+                                         "param_groups"]})
+    torch.set_rng_state(content["rng"])
+    state.rng = content["rng"]
+    state.step = int(meta["step"])
+    return True
+
+
+def read_parameters(path: str | Path) -> dict[str, torch.Tensor]:
+    """The single-device parameters of checkpoint `path`, in this process (no process group
+    needed): what a single-device `Transformer` would load."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint import load as dcp_load
+
+    reader = FileSystemReader(path)
+    saved = reader.read_metadata().state_dict_metadata
+    out = {key: torch.empty(md.size, dtype=md.properties.dtype) for key, md in saved.items()
+           if key.startswith("model.")}
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
+        warnings.simplefilter("ignore", UserWarning)
+        dcp_load(out, storage_reader=reader, no_dist=True)
+    return {key.removeprefix("model."): t for key, t in out.items()}
+
+
+@dataclass(frozen=True)
+class CheckpointEvery:
+    """A training hook: save after every `every` steps (0: none in between) and after the last
+    step into `directory`, keeping the newest `keep`."""
+
+    directory: str
+    every: int = 0
+    keep: int = 2
+
+    def __call__(self, state: TrainState, record: StepRecord) -> None:
+        if state.step == state.config.steps or (self.every and state.step % self.every == 0):
+            save_checkpoint(state, self.directory, self.keep)

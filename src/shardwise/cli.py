@@ -360,54 +360,102 @@ def demo(name: str, ranks: int | None, schedule: str | None, as_json: bool) -> N
 
 
 # --------------------------------------------------------------------------------------- train
+def run_options(func: Callable) -> Callable:
+    """What to run on which layout, for the commands that run the runtime (train, check):
+    --model, the layout options, --seq, --global-batch, --seed, --data, --dtype, --flash,
+    --timeout."""
+    options = [
+        click.option("--model", "model_name", default="tiny", show_default=True,
+                     help="Preset or Hugging Face config.json (Llama-style)."),
+        layout_options,
+        click.option("--seq", default=64, show_default=True, type=click.IntRange(1),
+                     help="Sequence length."),
+        click.option("--global-batch", default="8", show_default=True,
+                     help="Sequences per step (8) or tokens (512-tokens)."),
+        click.option("--seed", default=0, show_default=True,
+                     help="Initialisation and data order."),
+        click.option("--data", "data_path", default=None, type=click.Path(dir_okay=False),
+                     help="Train on this text file [default: the built-in corpus]."),
+        click.option("--dtype", default="fp32", show_default=True,
+                     type=click.Choice(["fp32", "fp64"])),
+        click.option("--flash/--no-flash", default=True, show_default=True,
+                     help="Recompute attention scores in backward (FlashAttention-style)."),
+        click.option("--timeout", default=600.0, show_default=True,
+                     help="Seconds before a stuck or failed run is stopped."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _train_config(model_name: str, layout_kw: dict[str, Any], seq: int, global_batch: str,
+                  seed: int, data_path: str | None, dtype: str, flash: bool,
+                  **settings: Any) -> Any:
+    """The `runtime.train.TrainConfig` of `run_options` (--dp defaults to 1 here)."""
+    rt = _import_runtime("shardwise.runtime.train")
+    layout = Layout(dp=layout_kw.pop("dp") or 1, **layout_kw)
+    return rt.TrainConfig(get_model(model_name), layout, seq_len=seq,
+                          global_batch=parse_batch(global_batch, seq), seed=seed,
+                          data=data_path, dtype=dtype, flash=flash, **settings)
+
+
+def _on_ranks(run: Callable[[], Any]) -> Any:
+    """`run()` launches the ranks; a rank that raised, died or hung becomes its message on
+    one line (exit code 1), never a traceback."""
+    from shardwise.runtime.launch import RankFailure
+
+    try:
+        return run()
+    except RankFailure as exc:
+        raise click.ClickException(str(exc).split("\n--- rank")[0]) from None
+
+
 @cli.command()
-@click.option("--model", "model_name", default="tiny", show_default=True,
-              help="Preset or Hugging Face config.json (Llama-style).")
-@layout_options
+@run_options
 @click.option("--steps", default=20, show_default=True, type=click.IntRange(1))
-@click.option("--seq", default=64, show_default=True, type=click.IntRange(1),
-              help="Sequence length.")
-@click.option("--global-batch", default="8", show_default=True,
-              help="Sequences per step (8) or tokens (512-tokens).")
 @click.option("--lr", default=3e-3, show_default=True, help="Peak learning rate.")
 @click.option("--min-lr", default=3e-4, show_default=True, help="Final learning rate (cosine).")
 @click.option("--warmup", default=2, show_default=True, help="Warm-up steps.")
 @click.option("--weight-decay", default=0.1, show_default=True)
 @click.option("--clip", default=1.0, show_default=True, help="Max gradient norm (0: off).")
-@click.option("--seed", default=0, show_default=True, help="Initialisation and data order.")
-@click.option("--data", "data_path", default=None, type=click.Path(dir_okay=False),
-              help="Train on this text file [default: the built-in corpus].")
-@click.option("--dtype", default="fp32", show_default=True, type=click.Choice(["fp32", "fp64"]))
-@click.option("--flash/--no-flash", default=True, show_default=True,
-              help="Recompute attention scores in backward (FlashAttention-style).")
 @click.option("--log", "log_path", default=None, type=click.Path(dir_okay=False),
               help="Write one JSON line per step here (rank 0).")
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
               help="Write a loss-curve PNG here.")
-@click.option("--timeout", default=600.0, show_default=True,
-              help="Seconds before a stuck or failed run is stopped.")
+@click.option("--checkpoint-dir", "checkpoint_dir", default=None,
+              type=click.Path(file_okay=False), help="Save sharded checkpoints here.")
+@click.option("--checkpoint-every", default=0, show_default=True, type=click.IntRange(0),
+              help="Steps between checkpoints (0: only after the last step).")
+@click.option("--checkpoint-keep", default=2, show_default=True, type=click.IntRange(1),
+              help="Newest checkpoints kept.")
+@click.option("--resume", is_flag=True,
+              help="Continue from the newest checkpoint in --checkpoint-dir, on any layout "
+                   "(from step 0 when there is none yet).")
 @click.option("--quiet", is_flag=True, help="No progress output.")
 @json_option
 def train(model_name: str, steps: int, seq: int, global_batch: str, lr: float, min_lr: float,
           warmup: int, weight_decay: float, clip: float, seed: int, data_path: str | None,
           dtype: str, flash: bool, log_path: str | None, plot_path: str | None, timeout: float,
-          quiet: bool, as_json: bool, **layout_kw: Any) -> None:
+          checkpoint_dir: str | None, checkpoint_every: int, checkpoint_keep: int,
+          resume: bool, quiet: bool, as_json: bool, **layout_kw: Any) -> None:
     """Train --model for real on dp·tp·pp·cp local CPU ranks (gloo), or on the ranks torchrun
     started (`torchrun … -m shardwise.runtime.train --dp 2 …`; NCCL on GPUs). The loss curve
     equals one device's on the same data; --dp defaults to 1 here."""
     rt = _import_runtime("shardwise.runtime.train")
-    from shardwise.runtime.launch import RankFailure, rank
+    from shardwise.runtime.checkpoint import check_start
+    from shardwise.runtime.launch import rank
 
-    layout = Layout(dp=layout_kw.pop("dp") or 1, **layout_kw)
-    config = rt.TrainConfig(
-        get_model(model_name), layout, steps=steps, seq_len=seq,
-        global_batch=parse_batch(global_batch, seq), lr=lr, min_lr=min_lr, warmup=warmup,
-        weight_decay=weight_decay, clip=clip, seed=seed, data=data_path, dtype=dtype,
-        flash=flash, log_path=log_path, progress=not quiet)
-    try:
-        records = rt.run(config, timeout_s=timeout)
-    except RankFailure as exc:  # a rank raised, died or hung: its message, no traceback
-        raise click.ClickException(str(exc).split("\n--- rank")[0]) from None
+    config = _train_config(
+        model_name, layout_kw, seq, global_batch, seed, data_path, dtype, flash, steps=steps,
+        lr=lr, min_lr=min_lr, warmup=warmup, weight_decay=weight_decay, clip=clip,
+        log_path=log_path, progress=not quiet, checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep, resume=resume)
+    layout = config.layout
+    if resume and os.environ.get("RANK", "0") == "0":
+        start = check_start(config.validate())
+        click.echo(f"note: resuming from {start}" if start else
+                   f"note: no checkpoint in {checkpoint_dir} yet; starting from step 0", err=True)
+    records = _on_ranks(lambda: rt.run(config, timeout_s=timeout))
     if rank() != 0:
         return None
     title = f"{config.model.name}, {layout.short()}, {layout.world_size} rank(s)"
@@ -426,6 +474,63 @@ def train(model_name: str, steps: int, seq: int, global_batch: str, lr: float, m
     rows += [["log", log_path]] if log_path else []
     console.print(_table(title, ["quantity", "value"], rows))
     return None
+
+
+# --------------------------------------------------------------------------------------- check
+def _error_cell(row: Any) -> str:
+    error = row.error
+    if error is None:
+        return "-"
+    return "0" if error == 0 else f"{error:+.3%}"
+
+
+@cli.command()
+@run_options
+@click.option("--steps", default=2, show_default=True, type=click.IntRange(1),
+              help="Training steps to measure.")
+@click.option("--per-rank", is_flag=True,
+              help="One row per rank [default: per pipeline stage, the rank with the largest "
+                   "error].")
+@json_option
+def check(model_name: str, seq: int, global_batch: str, seed: int, data_path: str | None,
+          dtype: str, flash: bool, timeout: float, steps: int, per_rank: bool, as_json: bool,
+          **layout_kw: Any) -> None:
+    """Predicted versus measured (SPEC §9): train --model for a few steps on the layout, as
+    `shardwise train` does, and compare what the ranks really sent and kept with the analytic
+    model: bytes per mesh axis and collective (target: exact), bytes each layer saves for
+    backward (within 1 %), parameters, gradients and optimizer state per rank (exact), peak GPU
+    memory (reported). Exit code 0 when every target is met, 1 otherwise."""
+    measure = _import_runtime("shardwise.runtime.measure")
+    from shardwise.runtime.launch import rank
+
+    config = _train_config(model_name, layout_kw, seq, global_batch, seed, data_path, dtype,
+                           flash, steps=steps)
+    layout = config.layout
+    rows = _on_ranks(lambda: measure.run_check(config, steps, timeout_s=timeout,
+                                               per_rank=per_rank))
+    missed = [row for row in rows if not row.ok]
+    if rank() == 0 and as_json:
+        _emit_json({"model": config.model.name, "layout": layout.to_dict(),
+                    "ranks": layout.world_size, "steps": steps, "ok": not missed,
+                    "rows": [row.as_dict() for row in rows]})
+    elif rank() == 0:
+        where = "rank" if per_rank else "worst of"
+        console.print(_table(
+            f"{config.model.name}, {layout.short()}, {layout.world_size} rank(s), {dtype}: "
+            f"predicted vs measured over {steps} step(s) (bytes; comm per step, activations "
+            "per micro-batch)",
+            ["stage", where, "item", "what", "predicted", "measured", "error", "target", "ok",
+             "note"],
+            [[row.stage, row.rank if per_rank else f"{row.ranks} ranks", row.item, row.what,
+              "-" if row.predicted is None else _cell(row.predicted),
+              "-" if row.measured is None else _cell(row.measured), _error_cell(row),
+              row.target, "-" if row.target == "-" else "yes" if row.ok else "NO", row.note]
+             for row in rows]))
+        if not missed:
+            console.print(f"All {len(rows)} rows meet their targets.")
+    if missed:  # exit code 1, one line on stderr
+        raise click.ClickException(f"{len(missed)} of {len(rows)} rows miss their target "
+                                   "(see the notes)")
 
 
 # ---------------------------------------------------------------------------------------- plan

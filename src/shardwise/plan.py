@@ -414,8 +414,8 @@ def _activation_per_layer(model: ModelSpec, train: TrainSpec, t: Any, c: Any, b:
     flash, selective = train.flash_attention, rc == RC_CODES["selective"]
     total = 4 * sb * h * ab / rep + 2 * sb * stats / rep  # norm inputs (2), qkv/mlp inputs
     total = total + sb * h * ab / t + 2 * sb * kv * ab + sb * h * ab / t  # q, k, v, attn out
-    if flash:
-        total = total + heads * sb * 4
+    if flash:  # the log-sum-exp, unless selective recompute re-runs the core
+        total = total + np.where(selective, 0.0, heads * sb * 4)
     else:
         scores = heads * sb * s
         per = ab + ((1 + ab) if model.dropout else 0)
@@ -443,7 +443,7 @@ def _in_flight(sched: Any, p: Any, m: Any, v: Any, stage: Any) -> Any:
 
 
 def _moe_layers_on_stage(model: ModelSpec, p: Any, v: Any, stage: Any) -> Any:
-    """MoE layers among those `estimate.memory._stage_layers` gives `stage` (arrays)."""
+    """MoE layers among those `estimate.memory.stage_layers` gives `stage` (arrays)."""
     if not model.is_moe:
         return 0 * p
     q = model.moe_every

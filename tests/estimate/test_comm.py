@@ -12,12 +12,20 @@ from shardwise.estimate.comm import (
     collective_time,
     cp_comm_bytes_per_layer,
     dp_step_comm_bytes,
+    dp_step_comm_ops,
     ep_comm_bytes_per_layer,
+    ep_comm_bytes_routed,
+    ep_count_exchange_bytes,
     hierarchical_all_reduce_time,
     pp_comm_bytes_per_microbatch,
+    pp_send_bytes_per_step,
     ring_bytes_on_wire,
     ring_steps,
+    sequence_parallel_grad_comm_bytes,
+    tied_embedding_comm_bytes,
     tp_comm_bytes_per_layer,
+    tp_comm_ops_per_layer,
+    vocab_parallel_comm_ops,
 )
 from shardwise.hardware import LINKS, Link
 
@@ -99,6 +107,76 @@ def test_tp_pp_cp_ep_formulas():
     forward = 3 * 2 * (s / 4) * b * kv * 2
     assert cp_comm_bytes_per_layer(s, b, kv, c, backward=False) == forward
     assert ep_comm_bytes_per_layer(1000, 2, h, 4, backward=False) == 2 * 3 / 4 * 1000 * 2 * h * 2
+
+
+def test_zero_2_and_3_communicate_every_micro_batch():
+    P, n, m = 1e9, 8, 4
+    rs, ag = 7 / 8 * 2 * P, 7 / 8 * 2 * P  # one reduce-scatter / all-gather of bf16 P
+    assert dp_step_comm_ops(P, n, 0, 2, 2, m) == dp_step_comm_ops(P, n, 0, 2, 2)
+    assert dp_step_comm_ops(P, n, 1, 2, 2, m) == [("reduce-scatter", rs), ("all-gather", ag)]
+    assert dp_step_comm_ops(P, n, 2, 2, 2, m) == [("reduce-scatter", m * rs), ("all-gather", ag)]
+    ops = dp_step_comm_ops(P, n, 3, 2, 2, m)
+    assert sorted(ops) == sorted([("reduce-scatter", m * rs)] + [("all-gather", ag)] * 2 * m)
+    assert dp_step_comm_bytes(P, n, 3, microbatches=m) == pytest.approx(m * 1.5 * 2 * rs)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_tp_ops_per_layer(sp):
+    s, b, h, t = 2048, 2, 4096, 8
+    act = s * b * h * 2
+    ops = tp_comm_ops_per_layer(s, b, h, t, sp=sp)
+    assert sum(n for _, n, _ in ops) == pytest.approx(tp_comm_bytes_per_layer(s, b, h, t))
+    assert sum(n for _, n, fwd in ops if fwd) == pytest.approx(4 * 7 / 8 * act)  # 2 × 2(t-1)/t
+    names = {op for op, _, _ in ops}
+    assert names == ({"all-gather", "reduce-scatter"} if sp else {"all-reduce"})
+    # an MoE layer replicated over tp: only the attention pair
+    assert sum(n for _, n, _ in tp_comm_ops_per_layer(s, b, h, t, sp=sp, mlp_pair=False)) == (
+        pytest.approx(tp_comm_bytes_per_layer(s, b, h, t) / 2))
+    # full recompute (early stop) replays the attention's g (SP: its AG and RS, the MLP's AG)
+    full = tp_comm_ops_per_layer(s, b, h, t, sp=sp, recompute="full")
+    assert sum(n for _, n, _ in full) - sum(n for _, n, _ in ops) == pytest.approx(
+        (3 if sp else 2) * 7 / 8 * act)
+
+
+def test_vocab_parallel_ends_and_replicated_gradients():
+    s, b, h, t = 1024, 1, 512, 4
+    act, rows = s * b * h * 2, s * b * 2
+    assert vocab_parallel_comm_ops(s, b, h, t, head=False) == [("all-reduce", 1.5 * act)]
+    assert vocab_parallel_comm_ops(s, b, h, t, embedding=False) == [
+        ("all-reduce", 1.5 * act)] + [("all-reduce", 1.5 * rows)] * 3
+    assert vocab_parallel_comm_ops(s, b, h, t, sp=True, head=False) == [
+        ("reduce-scatter", 0.75 * act), ("all-gather", 0.75 * act)]
+    assert sequence_parallel_grad_comm_bytes(1000, 4, 2) == 3000
+    assert tied_embedding_comm_bytes(32000, 4096, 4, 2) == 1.5 * 16000 * 4096 * 2
+
+
+@pytest.mark.parametrize(("p", "v"), [(2, 1), (4, 1), (4, 2)])
+def test_pipeline_sends_per_rank_add_up_to_every_boundary(p, v):
+    s, b, h, m = 1024, 1, 512, 8
+    per_rank = [pp_send_bytes_per_step(s, b, h, m, p, stage, v) for stage in range(p)]
+    boundaries = p * v - 1
+    assert sum(per_rank) == m * boundaries * pp_comm_bytes_per_microbatch(s, b, h)
+    one_way = m * s * b * h * 2
+    if v == 1:  # the ends send one way, the middle both ways
+        assert per_rank == [one_way] + [2 * one_way] * (p - 2) + [one_way]
+    else:  # rank 0: out of virtual stages 0 and 4, back out of 4
+        assert per_rank[0] == 3 * one_way
+
+
+def test_ep_traffic_for_the_routing_drawn_and_the_count_exchange():
+    h, e = 512, 4
+    balanced = 3 / 4 * 1000 * 2  # rows leaving a rank of 1000 tokens, top-2
+    assert ep_comm_bytes_routed(balanced, balanced, h) == ep_comm_bytes_per_layer(1000, 2, h, e)
+    assert ep_comm_bytes_routed(10, 30, h, backward=False) == 40 * h * 2
+    assert ep_comm_bytes_routed(10, 30, h, recompute="full") == 3 * 40 * h * 2
+    assert ep_count_exchange_bytes(8, 4) == 3 / 4 * 8 * 8
+
+
+def test_cp_recompute_replays_one_forward():
+    s, b, kv, c = 4096, 1, 1024, 4
+    forward = cp_comm_bytes_per_layer(s, b, kv, c, backward=False)
+    assert cp_comm_bytes_per_layer(s, b, kv, c, recompute="selective") == 4 * forward
+    assert cp_comm_bytes_per_layer(s, b, kv, c, recompute="full") == 4 * forward
 
 
 def test_bad_collective_inputs():

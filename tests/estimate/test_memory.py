@@ -14,6 +14,7 @@ from shardwise.estimate.memory import (
     in_flight_per_stage,
     kv_cache_bytes_per_token,
     saved_tensors_per_layer,
+    stage_params,
     training_memory_bytes,
     training_memory_per_gpu,
     zero_memory_per_device,
@@ -34,6 +35,14 @@ def test_bytes_per_param():
     assert bytes_per_param_training("bf16", optimizer="sgd").total == 8
     with pytest.raises(ShardwiseError, match="optimizer 'lion' unknown"):
         bytes_per_param_training(optimizer="lion")
+
+
+def test_fp64_keeps_moments_in_fp64():
+    # torch's Adam keeps exp_avg and exp_avg_sq in the parameter's dtype; no master copy
+    state = bytes_per_param_training("fp64")
+    assert (state.weight, state.grad, state.master, state.moments) == (8, 8, 0, 16)
+    assert bytes_per_param_training("fp64", optimizer="sgd-momentum").moments == 8
+    assert bytes_per_param_training("fp32").total == 16
 
 
 def test_spec_7_5b_state():
@@ -143,6 +152,24 @@ def test_flash_and_selective_drop_the_score_term_and_cp_divides():
     assert flash - selective == 32 * 4096 * 4  # log-sum-exp
     assert activation_bytes_per_layer(model, 4096, 1, flash=True, cp=4) == pytest.approx(
         flash / 4)
+
+
+def test_selective_recompute_with_flash_keeps_no_log_sum_exp():
+    model = PRESETS["llama2-7b"]
+    saved = saved_tensors_per_layer(model, 4096, 1, flash=True, selective=True)
+    assert "flash_logsumexp" not in saved  # the recomputed core makes its own
+    assert activation_bytes_per_layer(model, 4096, 1, flash=True, recompute="selective") == (
+        activation_bytes_per_layer(model, 4096, 1, recompute="selective"))
+
+
+@pytest.mark.parametrize(("name", "layout"), [
+    ("llama3-8b", Layout(pp=4)), ("llama3-8b", Layout(tp=1, pp=2, chunks=2,
+                                                     schedule="interleaved")),
+    ("mixtral-8x7b", Layout(pp=4, dp=2, ep=2))])
+def test_stage_params_add_up_to_the_model(name, layout):
+    model = PRESETS[name]
+    dense, experts = zip(*(stage_params(model, layout, s) for s in range(layout.pp)))
+    assert sum(dense) + sum(experts) * layout.ep == model.count_params().total
 
 
 def test_kv_cache():

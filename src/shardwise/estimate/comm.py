@@ -90,7 +90,7 @@ def hierarchical_all_reduce_time(size: float, nodes: int, gpus_per_node: int, in
 
 # ------------------------------------------------------------------- traffic per parallelism
 def dp_step_comm_bytes(n_params: float, n: int, zero: int = 0, grad_bytes: float = 2,
-                       weight_bytes: float | None = None) -> float:
+                       weight_bytes: float | None = None, microbatches: int = 1) -> float:
     """Bytes each data-parallel rank sends per optimizer step (SPEC §2).
 
     stage 0 (DDP):  all-reduce of gradients             `2(N-1)/N · P·g`
@@ -98,21 +98,27 @@ def dp_step_comm_bytes(n_params: float, n: int, zero: int = 0, grad_bytes: float
                     (= DDP's bytes when `g = w`)
     stage 3:        all-gather weights in forward and again in backward + reduce-scatter
                     grads  `(N-1)/N · P·(2w + g)` (1.5× DDP when `g = w`)
+
+    With `m = microbatches` of gradient accumulation, stage 2 reduce-scatters after every
+    micro-batch (its gradients are sharded: there is no full buffer to accumulate into) and
+    stage 3 gathers and reduce-scatters every micro-batch: `m` times those terms.
     """
     w = grad_bytes if weight_bytes is None else weight_bytes
-    return sum(bytes_ for _, bytes_ in dp_step_comm_ops(n_params, n, zero, grad_bytes, w))
+    return sum(bytes_ for _, bytes_ in dp_step_comm_ops(n_params, n, zero, grad_bytes, w,
+                                                        microbatches))
 
 
 def dp_step_comm_ops(n_params: float, n: int, zero: int, grad_bytes: float,
-                     weight_bytes: float) -> list[tuple[str, float]]:
+                     weight_bytes: float, microbatches: int = 1) -> list[tuple[str, float]]:
     """The collectives of one data-parallel step and the bytes each sends per rank."""
     if zero not in (0, 1, 2, 3):
         raise ShardwiseError(f"zero stage must be 0..3, got {zero}")
     grads, weights = n_params * grad_bytes, n_params * weight_bytes
     if zero == 0:
         return [("all-reduce", ring_bytes_on_wire("all-reduce", grads, n))]
-    gathers = 2 if zero == 3 else 1
-    return [("reduce-scatter", ring_bytes_on_wire("reduce-scatter", grads, n))] + [
+    m = microbatches if zero >= 2 else 1
+    gathers = 2 * m if zero == 3 else 1
+    return [("reduce-scatter", m * ring_bytes_on_wire("reduce-scatter", grads, n))] + [
         ("all-gather", ring_bytes_on_wire("all-gather", weights, n))
     ] * gathers
 
@@ -127,10 +133,91 @@ def tp_comm_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, t: int,
     `4 · 2(t-1)/t · s·b·h·bytes`. Sequence parallelism (Korthikanti et al. 2022) turns each
     all-reduce into a reduce-scatter + all-gather, which moves the same bytes.
     """
+    ops = tp_comm_ops_per_layer(seq_len, micro_batch, hidden, t, dtype_bytes, sp)
+    forward = sum(bytes_ for _, bytes_, in_forward in ops if in_forward)
+    return sum(bytes_ for _, bytes_, _ in ops) if backward else forward
+
+
+def tp_comm_ops_per_layer(seq_len: int, micro_batch: int, hidden: int, t: int,
+                          dtype_bytes: float = 2, sp: bool = False, *, mlp_pair: bool = True,
+                          recompute: str = "none") -> list[tuple[str, float, bool]]:
+    """The tensor-parallel collectives of one layer and one micro-batch, one rank:
+    `(op, bytes sent, in the forward pass)` each, on the `(s, b, h)` activation `A`.
+
+    Each column→row pair (attention QKV→O, MLP gate/up→down) has Megatron's `g` (all-reduce
+    forward) and `f` (all-reduce backward): `2(t-1)/t · A` each. With sequence parallelism `f`
+    becomes an all-gather forward / reduce-scatter backward and `g` a reduce-scatter forward /
+    all-gather backward, `(t-1)/t · A` each. `mlp_pair=False`: an MoE layer that is replicated
+    over tp (as `runtime.parallelize` does) — only the attention pair communicates.
+
+    Full recompute replays the forward in backward. With PyTorch's non-reentrant checkpoint
+    the replay stops after the last tensor the block saves (early stop), the MLP's
+    down-projection input, so the MLP's closing `g` (or reduce-scatter) is not replayed.
+    Replayed: the attention's `g`, `2(t-1)/t · A` (an `f` forward moves nothing); with SP the
+    attention's all-gather and reduce-scatter and the MLP's all-gather, `3(t-1)/t · A`.
+    (Megatron's reentrant checkpoint replays the closing collective too.)
+    """
     activation = seq_len * micro_batch * hidden * dtype_bytes
-    per_pass = 2 * ring_bytes_on_wire("all-reduce", activation, t)
-    del sp  # same bytes either way
-    return per_pass * (2 if backward else 1)
+    pairs = 2 if mlp_pair else 1
+    if sp:
+        one = ring_bytes_on_wire("all-gather", activation, t)
+        ops = [("all-gather", one, True), ("reduce-scatter", one, True),
+               ("reduce-scatter", one, False), ("all-gather", one, False)] * pairs
+        if recompute == "full":
+            ops += [("all-gather", one, False), ("reduce-scatter", one, False)]
+            ops += [("all-gather", one, False)] if mlp_pair else []
+    else:
+        one = ring_bytes_on_wire("all-reduce", activation, t)
+        ops = [("all-reduce", one, True), ("all-reduce", one, False)] * pairs
+        if recompute == "full":
+            ops += [("all-reduce", one, False)]
+    return ops
+
+
+def vocab_parallel_comm_ops(seq_len: int, micro_batch: int, hidden: int, t: int,
+                            dtype_bytes: float = 2, sp: bool = False, *,
+                            embedding: bool = True, head: bool = True
+                            ) -> list[tuple[str, float]]:
+    """Tensor-parallel collectives at the two ends of the model per micro-batch, one rank
+    (Megatron's vocabulary-parallel embedding, output layer and cross-entropy).
+
+    embedding (first stage): rows outside a rank's vocabulary slice are zero, `g` sums the
+    `(s, b, h)` output `A`: an all-reduce `2(t-1)/t · A` forward (SP: a reduce-scatter forward
+    and its conjugate all-gather backward, `(t-1)/t · A` each).
+    head (last stage): the column-parallel output layer's `f`, an all-reduce of its input
+    gradient backward (SP: all-gather forward + reduce-scatter backward); then the
+    cross-entropy on vocabulary-split logits all-reduces three `(s, b)` tensors of logit dtype
+    (the max, the target logit, Σ exp): `3 · 2(t-1)/t · s·b·bytes`.
+    """
+    activation = seq_len * micro_batch * hidden * dtype_bytes
+    ops: list[tuple[str, float]] = []
+    for present in (embedding, head):
+        if not present:
+            continue
+        if sp:
+            one = ring_bytes_on_wire("all-gather", activation, t)
+            ops += [("reduce-scatter", one), ("all-gather", one)]
+        else:
+            ops.append(("all-reduce", ring_bytes_on_wire("all-reduce", activation, t)))
+    if head:
+        rows = seq_len * micro_batch * dtype_bytes
+        ops += [("all-reduce", ring_bytes_on_wire("all-reduce", rows, t))] * 3
+    return ops
+
+
+def sequence_parallel_grad_comm_bytes(n_params: float, t: int, grad_bytes: float = 2) -> float:
+    """Per step: parameters replicated over tp that see only a sequence slice under sequence
+    parallelism (the norms) have partial gradients, summed with an all-reduce over tp before
+    the optimizer (Korthikanti et al. 2022): `2(t-1)/t · P_sp·g`."""
+    return ring_bytes_on_wire("all-reduce", n_params * grad_bytes, t)
+
+
+def tied_embedding_comm_bytes(vocab: int, hidden: int, p: int, t: int = 1,
+                              grad_bytes: float = 2) -> float:
+    """Per step, every pipeline rank: tied input and output embeddings live on the first and
+    the last stage; their gradients are summed with an all-reduce over the pipeline group
+    (Megatron's embedding group; the middle stages add zeros): `2(p-1)/p · (V/t)·h·g`."""
+    return ring_bytes_on_wire("all-reduce", vocab / t * hidden * grad_bytes, p)
 
 
 def pp_comm_bytes_per_microbatch(seq_len: int, micro_batch: int, hidden: int,
@@ -142,18 +229,59 @@ def pp_comm_bytes_per_microbatch(seq_len: int, micro_batch: int, hidden: int,
     return 2 * seq_len * micro_batch * hidden * dtype_bytes / split
 
 
+def pp_send_bytes_per_step(seq_len: int, micro_batch: int, hidden: int, microbatches: int,
+                           p: int, stage: int, chunks: int = 1, dtype_bytes: float = 2,
+                           tp: int = 1, scatter_gather: bool = False) -> float:
+    """Bytes pipeline rank `stage` sends per optimizer step: every boundary carries half of
+    `pp_comm_bytes_per_microbatch` each way per micro-batch; the rank sends the activation out
+    of each of its `chunks` virtual stages but the last of the pipeline and the input
+    gradient out of each but the first (virtual stage `c·p + stage` is chunk c):
+    `m · (n_out + n_back) · s·b·h·bytes (/t)`."""
+    count = p * chunks
+    held = [c * p + stage for c in range(chunks)]
+    boundaries = sum(vs < count - 1 for vs in held) + sum(vs > 0 for vs in held)
+    one_way = pp_comm_bytes_per_microbatch(seq_len, micro_batch, hidden, dtype_bytes, tp,
+                                           scatter_gather) / 2
+    return microbatches * boundaries * one_way
+
+
 def cp_comm_bytes_per_layer(seq_len: int, micro_batch: int, kv_dim: int, c: int,
-                            dtype_bytes: float = 2, backward: bool = True) -> float:
+                            dtype_bytes: float = 2, backward: bool = True,
+                            recompute: str = "none") -> float:
     """Ring attention (Liu et al. 2023): each rank passes its K and V blocks `(s/c, b, kv)`
     around the ring `c-1` times per layer forward: `(c-1) · 2·(s/c)·b·kv·bytes`. Backward
-    rotates K, V again and their gradients dK, dV back: twice the forward bytes."""
+    rotates K, V again and their gradients dK, dV back: twice the forward bytes. Selective
+    or full recompute replays the attention forward in backward: once more the forward."""
     forward = (c - 1) * 2 * (seq_len / c) * micro_batch * kv_dim * dtype_bytes
-    return forward * (3 if backward else 1)
+    replays = 0 if recompute == "none" else 1
+    return forward * ((3 + replays) if backward else 1)
 
 
 def ep_comm_bytes_per_layer(tokens: int, top_k: int, hidden: int, e: int,
                             dtype_bytes: float = 2, backward: bool = True) -> float:
     """Expert parallelism: dispatch and combine all-to-alls per MoE layer forward (and two
     more backward), each `(e-1)/e · tokens·top_k·h·bytes` per rank (tokens = this rank's)."""
-    one = ring_bytes_on_wire("all-to-all", tokens * top_k * hidden * dtype_bytes, e)
-    return one * (4 if backward else 2)
+    rows = ring_bytes_on_wire("all-to-all", tokens * top_k, e)  # balanced: rows leaving
+    return ep_comm_bytes_routed(rows, rows, hidden, dtype_bytes, backward)
+
+
+def ep_comm_bytes_routed(rows_out: float, rows_in: float, hidden: int, dtype_bytes: float = 2,
+                         backward: bool = True, recompute: str = "none") -> float:
+    """The same for the routing actually drawn: dispatch sends the `rows_out` token copies
+    this rank routed to experts on other ranks, combine returns the `rows_in` rows its
+    experts computed for other ranks; backward sends each set back the other way:
+    `(rows_out + rows_in)·h·bytes` per pass. Balanced routing (`rows_out = rows_in =
+    (e-1)/e·T·k`) gives `ep_comm_bytes_per_layer`. Full recompute replays both forward
+    all-to-alls in backward."""
+    one_pass = (rows_out + rows_in) * hidden * dtype_bytes
+    forward = one_pass * (2 if recompute == "full" else 1)
+    return forward + (one_pass if backward else 0.0)
+
+
+def ep_count_exchange_bytes(n_experts: int, e: int, count_bytes: int = 8,
+                            recompute: str = "none") -> float:
+    """Before the dispatch every rank tells every other how many rows it will send to each of
+    their experts: an all-to-all of the `E` per-expert counts (int64), `(e-1)/e · E·8` per MoE
+    layer forward (again when full recompute replays it). Nothing backward."""
+    once = ring_bytes_on_wire("all-to-all", n_experts * count_bytes, e)
+    return once * (2 if recompute == "full" else 1)

@@ -27,6 +27,8 @@ __all__ = [
     "kv_cache_bytes_per_token",
     "peak_memory_per_gpu",
     "saved_tensors_per_layer",
+    "stage_layers",
+    "stage_params",
     "training_memory_bytes",
     "training_memory_per_gpu",
     "zero_memory_per_device",
@@ -67,13 +69,18 @@ def bytes_per_param_training(dtype: str = "bf16", grad_dtype: str | None = None,
 
     bf16 weights and grads with Adam: `2 + 2 + 4 + 4 + 4 = 16` B/param (Rajbhandari et al.
     2020); Megatron's fp32 gradient accumulation makes it 18; 8-bit moments make it 10.
+    Moments are kept in at least fp32: weights wider than fp32 (fp64) keep Adam's and
+    momentum's buffers in their own dtype, as torch's optimizers do (fp64 Adam: 8+8+0+16).
     """
     if optimizer not in MOMENT_BYTES:
         raise ShardwiseError(f"optimizer {optimizer!r} unknown; valid: {', '.join(MOMENT_BYTES)}")
     weight = dtype_bytes(dtype)
     grad = dtype_bytes(grad_dtype or dtype)
     master = 0.0 if weight >= 4 else 4.0
-    return StateBytes(weight, grad, master, MOMENT_BYTES[optimizer])
+    moments = MOMENT_BYTES[optimizer]
+    if optimizer in ("adam", "sgd-momentum") and weight > 4:
+        moments *= weight / 4  # one (momentum) or two (Adam) buffers of the weight dtype
+    return StateBytes(weight, grad, master, moments)
 
 
 def training_memory_bytes(n_params: float, state: StateBytes | None = None) -> dict[str, float]:
@@ -165,7 +172,8 @@ def saved_tensors_per_layer(model: ModelSpec, seq_len: int, micro_batch: int, *,
     V, gated (SwiGLU: gate, up and their product) or plain MLP with the real `f`, RMSNorm (one
     statistic per row) or LayerNorm (two), dropout masks only with dropout, attention scores
     (softmax output, plus mask and dropout output with dropout) only without FlashAttention or
-    selective recompute, FlashAttention's log-sum-exp. MoE layers save the router's
+    selective recompute, FlashAttention's log-sum-exp (not with selective recompute, which
+    re-runs the whole attention core in backward). MoE layers save the router's
     probabilities and, per routed copy, the expert input, hidden and output. Statistics,
     log-sum-exp and router probabilities are kept in at least fp32.
 
@@ -199,7 +207,7 @@ def saved_tensors_per_layer(model: ModelSpec, seq_len: int, micro_batch: int, *,
         if model.dropout:
             out["attention_dropout_mask"] = scores * 1
             out["attention_dropout_output"] = scores * ab
-    elif flash:
+    elif flash and not selective:  # selective recompute re-runs the core, lse included
         out["flash_logsumexp"] = heads * sb * fp32
     out["attention_output"] = sb * h * ab / tp
     if model.dropout:
@@ -316,7 +324,7 @@ class MemoryBreakdown:
                 "workspace": self.workspace, "total": self.total}
 
 
-def _stage_layers(model: ModelSpec, layout: Layout, stage: int) -> list[int]:
+def stage_layers(model: ModelSpec, layout: Layout, stage: int) -> list[int]:
     """Layer indices held by `stage`: chunk c holds virtual stage `c·p + stage`."""
     per_chunk = model.n_layers // (layout.pp * layout.chunks)
     return [
@@ -334,6 +342,36 @@ def _attention_params_per_rank(model: ModelSpec, tp: int) -> float:
     h = model.d_model
     kv = max(model.n_kv_heads // tp, 1) * model.head_dim
     return 2 * h * h / tp + 2 * h * kv
+
+
+def _layer_params(model: ModelSpec, layout: Layout) -> tuple[float, float, float]:
+    """Per rank: a dense layer, an MoE layer without its experts, one MoE layer's experts."""
+    t = layout.tp
+    attention = _attention_params_per_rank(model, t) + 2 * model.norm_params()
+    dense_layer = attention + model.mlp_params() / t
+    moe_layer = (attention + model.router_params()
+                 + model.n_shared_experts * model.mlp_params(model.expert_d_ff) / t)
+    expert_layer = model.n_experts / layout.ep * model.mlp_params(model.expert_d_ff) / t
+    return dense_layer, moe_layer, expert_layer
+
+
+def stage_params(model: ModelSpec, layout: Layout, stage: int) -> tuple[float, float]:
+    """(dense, expert) parameters one rank of pipeline `stage` holds (SPEC §4): its layers with
+    dense weights ÷ tp (norms and router replicated; K, V at `max(a_kv/t, 1)` heads) and
+    experts ÷ (tp·ep); the first stage adds the vocabulary-parallel embedding `V·h/t`, the
+    last the final norm and the head `V·h/t` (a tied head is a second copy when pp > 1)."""
+    t, h = layout.tp, model.d_model
+    dense_layer, moe_layer, expert_layer = _layer_params(model, layout)
+    layers = stage_layers(model, layout, stage)
+    moe_layers = sum(_is_moe_layer(model, i) for i in layers)
+    dense = (len(layers) - moe_layers) * dense_layer + moe_layers * moe_layer
+    if stage == 0:
+        dense += model.vocab * h / t + model.learned_positions * h
+    if stage == layout.pp - 1:
+        dense += model.norm_params()
+        if not model.tie_embeddings or layout.pp > 1:
+            dense += model.vocab * h / t
+    return dense, moe_layers * expert_layer
 
 
 def training_memory_per_gpu(model: ModelSpec, layout: Layout, train: TrainSpec | None = None,
@@ -367,25 +405,13 @@ def training_memory_per_gpu(model: ModelSpec, layout: Layout, train: TrainSpec |
             dtype=train.dtype, formula=formula, moe=moe)
 
     dense_act, moe_act = act(False), (act(True) if model.is_moe else 0.0)
-    norm = model.norm_params()
-    dense_layer = _attention_params_per_rank(model, t) + model.mlp_params() / t + 2 * norm
-    expert_layer = model.n_experts / layout.ep * model.mlp_params(model.expert_d_ff) / t
-    moe_layer_dense = (_attention_params_per_rank(model, t) + 2 * norm + model.router_params()
-                       + model.n_shared_experts * model.mlp_params(model.expert_d_ff) / t)
-
+    dense_layer, moe_layer, expert_layer = _layer_params(model, layout)
     stages = []
     for stage in range(p):
-        layers = _stage_layers(model, layout, stage)
+        layers = stage_layers(model, layout, stage)
         moe_layers = sum(_is_moe_layer(model, i) for i in layers)
-        dense_params = (len(layers) - moe_layers) * dense_layer + moe_layers * moe_layer_dense
-        expert_params = moe_layers * expert_layer
+        dense_params, expert_params = stage_params(model, layout, stage)
         first, last = stage == 0, stage == p - 1
-        if first:
-            dense_params += model.vocab * h / t + model.learned_positions * h
-        if last:
-            dense_params += norm
-            if not model.tie_embeddings or (p > 1):
-                dense_params += model.vocab * h / t
         w, g, o = zero_state_bytes(dense_params, zero_n, layout.zero, state)
         we, ge, oe = zero_state_bytes(expert_params, expert_zero_n, layout.zero, state)
         per_micro_batch = ((len(layers) - moe_layers) * dense_act + moe_layers * moe_act) / (
@@ -401,7 +427,7 @@ def training_memory_per_gpu(model: ModelSpec, layout: Layout, train: TrainSpec |
             logits = last_in_flight * sb * model.vocab * 4 / t
         workspace = 0.0
         if layout.zero == 3:
-            biggest = max(dense_layer, moe_layer_dense + expert_layer)
+            biggest = max(dense_layer, moe_layer + expert_layer)
             workspace = 2 * biggest * state.weight
         stages.append(MemoryBreakdown(stage, len(layers), w + we, g + ge, o + oe, activations,
                                       logits, workspace, in_flight[stage]))

@@ -109,6 +109,9 @@ class _RingAttention(torch.autograd.Function):
                 out, lse = attend_block(out, lse, q, held, plan, scale)
             if t < c - 1:
                 held = _shift(held, g, counter)
+        # Contiguous, so the caller's (b, n, h_q·d) view for the out-projection is this very
+        # tensor: one copy of the output is kept for backward, not two.
+        out = out.contiguous()
         ctx.save_for_backward(q, k, v, out, lse, positions)
         ctx.g, ctx.causal, ctx.scale, ctx.stats, ctx.counter = g, causal, scale, stats, counter
         return out

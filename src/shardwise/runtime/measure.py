@@ -1,33 +1,184 @@
-"""What a run really holds and moves, for comparison with the analytic model (SPEC §9).
+"""What a run really holds and moves, against the analytic model (SPEC §9).
 
-`saved_bytes_per_layer` counts the bytes each Transformer block keeps for backward, through
-autograd's saved-tensor hooks: every tensor an op saves is seen once (by storage), parameters
-and buffers excluded, so the figure is the activation memory the layer pins until backward.
+`check_layout(config, steps)` runs on every rank of a layout: it builds the training state
+(`runtime.train.build`), runs `steps` real optimizer steps (`train_step`) and measures
+
+    comm         bytes this rank sent per (mesh axis, op), from the counted collectives layer
+                 (`collectives.counting`), per optimizer step
+    activations  bytes each Transformer layer on the rank saves for backward per micro-batch,
+                 through autograd's saved-tensor hooks: one figure per forward call (a pipeline
+                 stage calls each of its layers once per micro-batch)
+    state        parameters, gradients and optimizer moments allocated on the rank after the
+                 last step, each storage once
+    peak memory  torch.cuda.max_memory_allocated on a GPU; on CPU the row says "no GPU"
+
+and predicts each from the analytic side for the same model, layout and pipeline stage:
+`estimate.comm` (per collective, `predicted_comm`), `estimate.memory.saved_tensors_per_layer`
+(`activation_bytes_per_layer` under full recompute), `estimate.memory.zero_state_bytes` over
+`stage_params` with `bytes_per_param_training(dtype)`, and `training_memory_per_gpu`.
+
+Targets (`CheckRow.target`): communication exact (to float rounding, 1e-12 relative), saved
+activations within 1 %, state exact. A row outside the §3/§5 model has target "-" and its note
+says why; a row that misses its target says why too. `run_check` launches the ranks and merges
+their rows: for each pipeline stage and item, the rank with the largest error.
+
+Not measured: the two scalar all-reduces per step over the world (the loss and the gradient
+norm, 8 bytes each) that `runtime.parallelize` issues on a private counter as bookkeeping, and
+setup traffic (the initial broadcast of ZeRO's weights, the pipeline's agreement check).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import math
+import weakref
+from collections.abc import Callable, Container, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 import torch
 from torch import nn
 
+from shardwise.arch import ModelSpec
+from shardwise.estimate.comm import (
+    cp_comm_bytes_per_layer,
+    dp_step_comm_ops,
+    ep_comm_bytes_per_layer,
+    ep_comm_bytes_routed,
+    ep_count_exchange_bytes,
+    pp_send_bytes_per_step,
+    sequence_parallel_grad_comm_bytes,
+    tied_embedding_comm_bytes,
+    tp_comm_ops_per_layer,
+    vocab_parallel_comm_ops,
+)
+from shardwise.estimate.memory import (
+    activation_bytes_per_layer,
+    bytes_per_param_training,
+    saved_tensors_per_layer,
+    stage_layers,
+    stage_params,
+    training_memory_per_gpu,
+    zero_state_bytes,
+)
+from shardwise.layout import Layout, TrainSpec
+from shardwise.runtime import collectives as C
+from shardwise.runtime import launch
+from shardwise.runtime.data import Batches, load_tokens
+from shardwise.runtime.expert_parallel import COUNTS_OP
+from shardwise.runtime.model import is_moe_layer
+from shardwise.runtime.parallelize import ParallelTransformer
+from shardwise.runtime.train import TrainConfig, build, train_step
+from shardwise.units import dtype_bytes
+
+__all__ = ["CheckRow", "LayerRecorder", "Term", "check_layout", "merge_rows", "predicted_comm",
+           "run_check", "saved_bytes_per_layer", "saved_tensor_bytes", "state_bytes"]
+
+EXACT, WITHIN_1PC, REPORTED = "exact", "1%", "-"
+_ROUNDING = 1e-12  # "exact": equal to float rounding
+
+
+# ------------------------------------------------------------------------------- the rows
+@dataclass(frozen=True)
+class CheckRow:
+    """One predicted-versus-measured item of one rank (or the worst rank, after merging).
+
+    item: "comm", "activations", "state" or "peak memory"; what: "tp all-reduce", "layer 3",
+    "weights"…; predicted, measured: bytes (None where there is nothing to compare); target:
+    "exact", "1%" or "-" (reported, outside the model); note: why they differ, or how the
+    prediction was composed; ranks: how many ranks the row stands for.
+    """
+
+    item: str
+    what: str
+    predicted: float | None
+    measured: float | None
+    target: str = EXACT
+    note: str = ""
+    rank: int = 0
+    stage: int = 0
+    ranks: int = 1
+
+    @property
+    def error(self) -> float | None:
+        """(measured − predicted) / predicted; 0 when both are 0; None without both."""
+        if self.predicted is None or self.measured is None:
+            return None
+        if self.predicted == 0:
+            return 0.0 if self.measured == 0 else math.inf
+        return (self.measured - self.predicted) / self.predicted
+
+    @property
+    def ok(self) -> bool:
+        """Whether the row meets its target (a "-" row always does)."""
+        error = self.error
+        if self.target == REPORTED:
+            return True
+        if error is None:
+            return False
+        return abs(error) <= (_ROUNDING if self.target == EXACT else 0.01)
+
+    def as_dict(self) -> dict[str, Any]:
+        error = self.error
+        return asdict(self) | {"error": None if error is None or math.isinf(error) else error,
+                               "ok": self.ok}
+
+
+def merge_rows(per_rank: Sequence[Sequence[CheckRow]]) -> list[CheckRow]:
+    """One row per (pipeline stage, item, what): the rank with the largest error (a row that
+    misses its target first), `ranks` set to how many ranks reported it."""
+    groups: dict[tuple[int, str, str], list[CheckRow]] = {}
+    for rows in per_rank:
+        for row in rows:
+            groups.setdefault((row.stage, row.item, row.what), []).append(row)
+
+    def badness(row: CheckRow) -> tuple[bool, float]:
+        error = row.error
+        return (not row.ok, abs(error) if error is not None else 0.0)
+
+    merged = [replace(max(rows, key=badness), ranks=len(rows)) for rows in groups.values()]
+    order = {"comm": 0, "activations": 1, "state": 2, "peak memory": 3}
+    return sorted(merged, key=lambda r: (r.stage, order.get(r.item, 9)))
+
+
+# ------------------------------------------------------------------ saved-tensor hooks
+def _storage(t: torch.Tensor) -> tuple[int, int]:
+    storage = t.untyped_storage()
+    return storage.data_ptr(), storage.nbytes()
+
 
 @contextlib.contextmanager
-def saved_tensor_bytes(exclude: set[int]) -> Iterator[dict[int, int]]:
+def _observe_saved(record: Callable[[torch.Tensor], None]) -> Iterator[None]:
+    """Call `record(t)` on every tensor autograd saves inside the block. Saved-tensor hooks do
+    not nest (only the innermost pair runs), so a pair already active — ZeRO-3's, which swaps
+    gathered weights for markers — still packs and unpacks every tensor through this one."""
+    outer = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    outer_pack, outer_unpack = outer if outer is not None else (_same, _same)
+
+    def pack(t: torch.Tensor) -> Any:
+        record(t)
+        return outer_pack(t)
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, outer_unpack):
+        yield
+
+
+def _same(x: Any) -> Any:
+    return x
+
+
+@contextlib.contextmanager
+def saved_tensor_bytes(exclude: Container[int]) -> Iterator[dict[int, int]]:
     """Inside the block, record `{storage pointer: bytes}` of every tensor autograd saves,
     each storage once, skipping the storages in `exclude` (parameters, buffers)."""
     seen: dict[int, int] = {}
 
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        pointer = storage.data_ptr()
+    def record(t: torch.Tensor) -> None:
+        pointer, nbytes = _storage(t)
         if pointer not in exclude:
-            seen.setdefault(pointer, storage.nbytes())
-        return tensor
+            seen.setdefault(pointer, nbytes)
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    with _observe_saved(record):
         yield seen
 
 
@@ -68,3 +219,409 @@ def saved_bytes_per_layer(model: nn.Module, layers: list[nn.Module], run) -> lis
         result.append(sum(n for pointer, n in seen.items() if pointer not in charged))
         charged.update(seen)
     return result
+
+
+@dataclass(frozen=True)
+class LayerCall:
+    """One forward call of one layer: bytes saved by the layer alone (`saved`; for an MoE
+    layer without its MoE block) and by its MoE block (`moe`, None for a dense layer)."""
+
+    layer: int
+    saved: int
+    moe: int | None = None
+
+
+@dataclass
+class LayerRecorder:
+    """While active (`with recorder:`), watches every Transformer block the rank holds.
+
+    One *pass* is one `Transformer.run_blocks` call: one micro-batch through the layers of one
+    virtual stage. Inside a pass a storage saved by one layer only is that layer's; one saved
+    by several (full recompute's checkpoints all keep the same RoPE tables) is the pass's
+    `shared`. Tensors for which `is_state` holds (weights) are skipped. MoE blocks are counted
+    apart, and the routing of every expert-parallel call (`MoE.ep_stats`, which
+    `runtime.parallelize` leaves there) is kept as `(layer, rows sent to other ranks, rows
+    computed for other ranks)`, `ep_rank` being this rank's place in its ep group. A full recompute's replay in backward runs outside
+    the block hooks and is not recorded (its tensors are freed as they are used).
+    """
+
+    model: nn.Module
+    is_state: Callable[[torch.Tensor], bool]
+    ep_rank: int = 0
+    calls: list[LayerCall] = field(default_factory=list)
+    shared: list[int] = field(default_factory=list)
+    routing: list[tuple[int, int, int]] = field(default_factory=list)
+    # (layer, part) -> {storage pointer: (bytes, the saved tensor, weakly)}
+    _pass: dict[tuple[int, str], dict[int, tuple[int, Any]]] = field(default_factory=dict)
+    _where: tuple[int, str] | None = None
+    _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    _handles: list[Any] = field(default_factory=list)
+
+    def __enter__(self) -> LayerRecorder:
+        model = self.model
+        run_blocks = model.run_blocks
+
+        def run_in_pass(*args: Any, **kwargs: Any) -> torch.Tensor:
+            self._pass = {}
+            try:
+                return run_blocks(*args, **kwargs)
+            finally:
+                self._close_pass()
+
+        model.run_blocks = run_in_pass  # an instance attribute: both call sites see it
+        for k, block in enumerate(model.blocks):
+            if not hasattr(block, "attention"):  # another stage's layer
+                continue
+            self._handles += [block.register_forward_pre_hook(self._enter(k)),
+                              block.register_forward_hook(self._leave, prepend=True)]
+            if hasattr(block.mlp, "router"):  # an MoE block
+                self._handles += [block.mlp.register_forward_pre_hook(self._part(k, "moe")),
+                                  block.mlp.register_forward_hook(self._moe_done(k))]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        del self.model.run_blocks
+
+    # ------------------------------------------------------------------------ hooks
+    def _record(self, t: torch.Tensor) -> None:
+        if self._where is None or self.is_state(t):
+            return
+        pointer, nbytes = _storage(t)
+        seen = self._pass.setdefault(self._where, {})
+        if pointer not in seen or seen[pointer][1]() is None:  # new, or a freed one's address
+            seen[pointer] = (nbytes, weakref.ref(t))
+
+    def _enter(self, k: int) -> Callable[..., None]:
+        def hook(module: nn.Module, args: object) -> None:
+            self._where = (k, "layer")
+            self._stack.enter_context(_observe_saved(self._record))
+        return hook
+
+    def _leave(self, module: nn.Module, args: object, output: object) -> None:
+        self._stack.close()
+        self._where = None
+
+    def _part(self, k: int, part: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: object) -> None:
+            if self._where is not None:  # not a recompute replay
+                self._where = (k, part)
+        return hook
+
+    def _moe_done(self, k: int) -> Callable[..., None]:
+        def hook(module: nn.Module, args: object, output: object) -> None:
+            stats = getattr(module, "ep_stats", None)
+            if self._where is None:
+                return
+            self._where = (k, "layer")
+            if stats is not None:
+                me = self.ep_rank
+                self.routing.append((k, sum(stats.sent_rows) - stats.sent_rows[me],
+                                     sum(stats.received_rows) - stats.received_rows[me]))
+                module.ep_stats = None
+        return hook
+
+    def _close_pass(self) -> None:
+        """Charge the pass's saved tensors. Only those still alive count: a tensor saved for
+        a graph that was dropped in the forward (the MoE's discarded auxiliary loss) is freed
+        with it, and its address may be reused by a later layer's."""
+        alive = {where: {p: n for p, (n, ref) in seen.items() if ref() is not None}
+                 for where, seen in self._pass.items()}
+        owners: dict[int, set[int]] = {}
+        for (k, _), seen in alive.items():
+            for pointer in seen:
+                owners.setdefault(pointer, set()).add(k)
+        shared = {p for p, layers in owners.items() if len(layers) > 1}
+        sizes = {p: n for seen in alive.values() for p, n in seen.items()}
+        if shared:
+            self.shared.append(sum(sizes[p] for p in shared))
+        for k in sorted({k for k, _ in alive}):
+            own = alive.get((k, "layer"), {})
+            moe = alive.get((k, "moe"))
+            self.calls.append(LayerCall(
+                k, sum(n for p, n in own.items() if p not in shared),
+                None if moe is None else sum(n for p, n in moe.items()
+                                             if p not in shared and p not in own)))
+        self._pass = {}
+
+
+# ------------------------------------------------------------------- state on the rank
+def state_bytes(modules: Sequence[nn.Module], optimizer: torch.optim.Optimizer
+                ) -> dict[str, int]:
+    """Bytes of persistent training state this rank holds: weights (every parameter of
+    `modules` and every tensor the optimizer updates — ZeRO's flat shards), their gradients,
+    and the optimizer's state tensors (AdamW's two moments; the scalar step excluded). Each
+    storage counted once, whole (a ZeRO flat buffer with its padding)."""
+    params = [p for m in modules for p in m.parameters()]
+    params += [p for group in optimizer.param_groups for p in group["params"]]
+    moments = [v for st in optimizer.state.values() for v in st.values()
+               if isinstance(v, torch.Tensor) and v.dim() > 0]
+
+    def total(tensors: Sequence[torch.Tensor | None]) -> int:
+        sizes = dict(_storage(t) for t in tensors if t is not None)
+        return sum(sizes.values())
+
+    return {"weights": total(params), "grads": total([p.grad for p in params]),
+            "optimizer": total(moments)}
+
+
+# ------------------------------------------------------------------------- predictions
+@dataclass(frozen=True)
+class Term:
+    """One analytic traffic term: bytes per optimizer step this rank sends on (axis, op)."""
+
+    axis: str
+    op: str
+    bytes: float
+    label: str
+
+
+def predicted_comm(model: ModelSpec, layout: Layout, train: TrainSpec, stage: int,
+                   routing: Sequence[tuple[int, int, int]] = (), steps: int = 1
+                   ) -> list[Term]:
+    """Every collective rank `stage` of the pipeline issues in one optimizer step, from
+    `estimate.comm` (pure arithmetic; no torch). `routing`: the `(layer, rows out, rows in)`
+    of each expert-parallel MoE call over `steps` steps (data-dependent; empty without ep). Axis names are the mesh's: gradients of dense weights are averaged over "dp"
+    ("dp_cp" when cp > 1), expert gradients over "edp"."""
+    ab = dtype_bytes(train.dtype)
+    t, p, c, e = layout.tp, layout.pp, layout.cp, layout.ep
+    m = layout.microbatches(train)
+    s, b, h = train.seq_len // c, layout.micro_batch, model.d_model
+    rc, sp = layout.recompute, layout.sp and t > 1
+    layers = stage_layers(model, layout, stage)
+    moe = [k for k in layers if is_moe_layer(model, k)]
+    first, last = stage == 0, stage == p - 1
+    terms: list[Term] = []
+    if t > 1:
+        for k in layers:
+            for op, nbytes, _ in tp_comm_ops_per_layer(s, b, h, t, ab, sp, mlp_pair=k not in moe,
+                                                      recompute=rc):
+                terms.append(Term("tp", op, m * nbytes, "f/g of the layers' pairs"))
+        for op, nbytes in vocab_parallel_comm_ops(s, b, h, t, ab, sp, embedding=first,
+                                                  head=last):
+            terms.append(Term("tp", op, m * nbytes, "vocab-parallel embedding/head/loss"))
+        if sp:
+            norms = (2 * len(layers) + last) * model.norm_params()
+            replicated = norms + len(moe) * model.router_params()
+            terms.append(Term("tp", "all-reduce",
+                              sequence_parallel_grad_comm_bytes(replicated, t, ab),
+                              "SP: norm (and router) gradients"))
+    if p > 1:
+        terms.append(Term("pp", "send", pp_send_bytes_per_step(
+            s, b, h, m, p, stage, layout.chunks, ab, t, sp), "activations and their gradients"))
+        if model.tie_embeddings:
+            terms.append(Term("pp", "all-reduce", tied_embedding_comm_bytes(
+                model.vocab, h, p, t, ab), "tied embedding gradients"))
+    if c > 1:
+        kv = max(model.n_kv_heads // t, 1) * model.head_dim
+        terms.append(Term("cp", "send", m * len(layers) * cp_comm_bytes_per_layer(
+            train.seq_len, b, kv, c, ab, recompute=rc), "ring attention K, V and dK, dV"))
+    if e > 1:
+        rows_out = sum(r[1] for r in routing) / steps
+        rows_in = sum(r[2] for r in routing) / steps
+        calls = len(routing) / steps
+        balanced = m * len(moe) * ep_comm_bytes_per_layer(s * b, model.top_k, h, e, ab)
+        terms.append(Term("ep", "all-to-all", ep_comm_bytes_routed(
+            rows_out, rows_in, h, ab, recompute=rc),
+            f"dispatch/combine of the routing drawn ({rows_out:g} rows out, {rows_in:g} in "
+            f"per step; balanced routing, SPEC §5: {balanced:,.0f} B)"))
+        terms.append(Term("ep", COUNTS_OP, calls * ep_count_exchange_bytes(
+            model.n_experts, e, recompute=rc), "per-expert row counts before each dispatch"))
+    dense, experts = stage_params(model, layout, stage)
+    replicas = layout.dp * c
+    dp_axis = "dp_cp" if c > 1 else "dp"
+    groups = [(dp_axis, dense, replicas)] + ([("edp", experts, replicas // e)] if e > 1 else [])
+    for axis, n_params, n in groups:
+        if n > 1:
+            for op, nbytes in dp_step_comm_ops(n_params, n, layout.zero, ab, ab, m):
+                what = f"ZeRO-{layout.zero}" if layout.zero else "gradient average"
+                terms.append(Term(axis, op, nbytes, what))
+    return terms
+
+
+def _comm_rows(terms: Sequence[Term], measured: dict[tuple[str, str], float], steps: int,
+               layout: Layout) -> list[CheckRow]:
+    predicted: dict[tuple[str, str], list[Term]] = {}
+    for term in terms:
+        predicted.setdefault((term.axis, term.op), []).append(term)
+    rows = []
+    for key in sorted(set(predicted) | set(measured)):
+        parts = predicted.get(key, [])
+        labels = list(dict.fromkeys(term.label for term in parts))
+        note = "; ".join(labels) if parts else "not in the analytic model"
+        row = CheckRow("comm", " ".join(key), sum(term.bytes for term in parts),
+                       measured.get(key, 0.0) / steps, EXACT, note)
+        if not row.ok and key == ("tp", "all-reduce") and layout.zero and layout.sp:
+            row = replace(row, note=note + "; ZeRO + SP: the runtime all-reduces over tp the "
+                          "whole ZeRO shard of every unit holding a sequence-parallel weight "
+                          "(other elements masked to zero), not only those weights' gradients")
+        rows.append(row)
+    return rows
+
+
+def _predicted_saved(model: ModelSpec, layout: Layout, train: TrainSpec, moe: bool
+                     ) -> tuple[float, float | None]:
+    """Bytes one layer saves per micro-batch on one rank (SPEC §3's generalised count): the
+    layer without its MoE block, and the MoE block (None for a dense layer, or under full
+    recompute, which keeps the layer input only)."""
+    t, c, rc = layout.tp, layout.cp, layout.recompute
+    s, b, sp = train.seq_len, layout.micro_batch, layout.sp and layout.tp > 1
+    if rc == "full":
+        return activation_bytes_per_layer(model, s, b, tp=t, sp=sp, cp=c, recompute=rc,
+                                          dtype=train.dtype), None
+    saved = saved_tensors_per_layer(model, s, b, tp=t, sp=sp, cp=c, flash=train.flash_attention,
+                                    selective=rc == "selective",
+                                    dtype_bytes_=dtype_bytes(train.dtype), moe=moe)
+    in_moe = {name for name in saved if name in ("mlp_input", "router_probs")
+              or name.startswith(("expert_", "shared_"))} if moe else set()
+    return (sum(v for name, v in saved.items() if name not in in_moe),
+            sum(saved[name] for name in in_moe) if moe else None)
+
+
+def _activation_rows(model: ModelSpec, layout: Layout, train: TrainSpec,
+                     recorder: LayerRecorder) -> list[CheckRow]:
+    """Per layer on the rank: the forward call with the largest error against the count."""
+    rows = []
+    for k in sorted({call.layer for call in recorder.calls}):
+        calls = [call for call in recorder.calls if call.layer == k]
+        predicted, predicted_moe = _predicted_saved(model, layout, train,
+                                                    is_moe_layer(model, k))
+        if predicted_moe is None:  # full recompute: the whole layer is its input
+            parts = [(f"layer {k}", predicted, [c.saved + (c.moe or 0) for c in calls])]
+        else:
+            parts = [(f"layer {k} attention", predicted, [c.saved for c in calls]),
+                     (f"layer {k} MoE", predicted_moe, [c.moe or 0 for c in calls])]
+        for what, expected, measured in parts:
+            worst = max(measured, key=lambda v: abs(v - expected))
+            row = CheckRow("activations", what, expected, worst, WITHIN_1PC)
+            why = _activation_note(row, model, layout, train, predicted_moe is not None)
+            rows.append(replace(row, note="; ".join(
+                [f"per micro-batch, worst of {len(measured)} forward calls", *why])))
+    if recorder.shared:
+        rows.append(CheckRow(
+            "activations", "shared by layers", 0.0, max(recorder.shared), REPORTED,
+            "per pass: storages several layers keep (full recompute: every checkpoint holds "
+            "the same RoPE cos/sin tables, 2·(s/c)·d·bytes); not a per-layer tensor of SPEC §3"))
+    return rows
+
+
+def _activation_note(row: CheckRow, model: ModelSpec, layout: Layout, train: TrainSpec,
+                     moe: bool) -> list[str]:
+    """Why an activation row differs: the runtime facts that make it differ, with their size."""
+    if row.what.endswith("MoE"):
+        return ["MoE blocks run through plain torch ops (emulate.moe, expert_parallel_moe): "
+                "besides the count's items they keep, per routed row, SiLU's output (f) and "
+                "the gate-weighted expert output (h), and index and top-k tensors; the count "
+                "walks a fused expert kernel with balanced routing (under ep a rank's experts "
+                "get the rows actually routed to them)"]
+    if row.error == 0 or layout.recompute == "full":
+        return []
+    notes = []
+    t, c = layout.tp, layout.cp
+    rows = train.seq_len / c * layout.micro_batch
+    if layout.sp and t > 1:
+        inputs = 1 if moe else 2  # an MoE block is not a tensor-parallel pair
+        extra = inputs * rows * model.d_model * (1 - 1 / t) * dtype_bytes(train.dtype)
+        notes.append(f"sequence parallelism here keeps the all-gathered input of QKV"
+                     f"{'' if moe else ' and of the MLP'} (s rows, not s/t: Megatron keeps the "
+                     f"shard and gathers it again in backward): +{extra:,.0f} B")
+    if c > 1:
+        notes.append(f"ring attention also saves the zigzag token positions, (c, s/c) int64: "
+                     f"+{8 * train.seq_len:,} B")
+        if not train.flash_attention:
+            notes.append("ring attention keeps its output and log-sum-exp, never the scores")
+    return notes
+
+
+def _state_rows(model: ModelSpec, layout: Layout, train: TrainSpec, stage: int,
+                measured: dict[str, int]) -> list[CheckRow]:
+    state = bytes_per_param_training(train.dtype, train.grad_dtype, train.optimizer)
+    dense, experts = stage_params(model, layout, stage)
+    n = layout.zero_degree
+    dense_state = zero_state_bytes(dense, n, layout.zero, state)
+    expert_state = zero_state_bytes(experts, max(n // layout.ep, 1), layout.zero, state)
+    note = (f"{dense:,.0f} dense + {experts:,.0f} expert params; "
+            f"{state.weight:g}/{state.grad:g}/{state.optimizer:g} B per param"
+            + (f", ZeRO-{layout.zero} over {n}" if layout.zero else ""))
+    rows = []
+    for i, name in enumerate(("weights", "grads", "optimizer")):
+        row = CheckRow("state", name, dense_state[i] + expert_state[i], measured[name],
+                       EXACT, note)
+        if not row.ok and layout.zero == 1 and name == "grads":
+            row = replace(row, note=note + "; ZeRO-1 keeps the full gradients and the "
+                                           "reduce-scattered shard it steps on (+1/N)")
+        rows.append(row)
+    return rows
+
+
+def _peak_row(model: ModelSpec, layout: Layout, train: TrainSpec, stage: int,
+              measured: float | None) -> CheckRow:
+    predicted = training_memory_per_gpu(model, layout, train)[stage].total
+    if measured is None:
+        return CheckRow("peak memory", "max_memory_allocated", predicted, None, REPORTED,
+                        "no GPU: this run is on CPU (gloo)")
+    return CheckRow("peak memory", "max_memory_allocated", predicted, measured, REPORTED,
+                    "allocator peak: the model's state and activations plus transient buffers "
+                    "(logits, collective and recompute buffers, fragmentation); CUDA context "
+                    "excluded")
+
+
+# -------------------------------------------------------------------------- on the ranks
+def _state_test(parallel: ParallelTransformer) -> Callable[[torch.Tensor], bool]:
+    """Is a saved tensor state rather than an activation? Parameters, buffers, the flat shards
+    the optimizer updates, and ZeRO-3's gathered weights of the unit running now."""
+    tensors = [*parallel.model.parameters(), *parallel.model.buffers(), *parallel.parameters()]
+    static = {_storage(t)[0] for t in tensors}
+    units = parallel.zero.units if parallel.zero is not None else []
+
+    def is_state(t: torch.Tensor) -> bool:
+        pointer = _storage(t)[0]
+        return pointer in static or any(
+            u.gathered is not None and _storage(u.gathered)[0] == pointer for u in units)
+
+    return is_state
+
+
+def check_layout(config: TrainConfig, steps: int = 2) -> list[CheckRow]:
+    """On every rank of `config.layout` (a process group up): `steps` training steps of
+    `config` measured against the analytic model; this rank's rows, in bytes per optimizer
+    step (comm), per micro-batch (activations), on the rank (state, peak)."""
+    device = launch.device()
+    gpu = device.type == "cuda"
+    if gpu:
+        torch.cuda.reset_peak_memory_stats(device)
+    state = build(config)
+    parallel = state.model
+    stage = parallel.axis("pp").rank
+    recorder = LayerRecorder(parallel.model, _state_test(parallel), parallel.axis("ep").rank)
+    with recorder, C.counting() as counter:
+        for _ in range(steps):
+            train_step(state)
+    held = state_bytes([parallel.model], state.optimizer)
+    peak = float(torch.cuda.max_memory_allocated(device)) if gpu else None
+    model, layout, train = config.model, config.layout, config.train_spec()
+    terms = predicted_comm(model, layout, train, stage, recorder.routing, steps)
+    rows = [*_comm_rows(terms, dict(counter.sent), steps, layout),
+            *_activation_rows(model, layout, train, recorder),
+            *_state_rows(model, layout, train, stage, held),
+            _peak_row(model, layout, train, stage, peak)]
+    if model.is_moe and layout.tp > 1:
+        caveat = "; MoE layers are replicated over tp here (the analytic model splits experts)"
+        rows = [replace(r, note=r.note + caveat) if not r.ok else r for r in rows]
+    return [replace(r, rank=launch.rank(), stage=stage) for r in rows]
+
+
+def run_check(config: TrainConfig, steps: int = 2, *, timeout_s: float = 600,
+              per_rank: bool = False) -> list[CheckRow]:
+    """`check_layout` on `config.layout.world_size` ranks (spawned here with gloo, or the
+    torchrun world: `torchrun … -m shardwise.cli check …`); the rows merged over ranks
+    (`merge_rows`: per pipeline stage, the rank with the largest error), or every rank's rows
+    with `per_rank`."""
+    config.validate()
+    Batches(load_tokens(config.data), config.seq_len, config.global_batch)  # enough text?
+    results = launch.launch(check_layout, config.layout.world_size, config, steps,
+                            timeout_s=timeout_s)
+    return [row for rows in results for row in rows] if per_rank else merge_rows(results)

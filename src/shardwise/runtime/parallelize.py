@@ -230,9 +230,10 @@ def apply_context_parallel(model: Transformer, cp: AxisGroup) -> None:
 
 
 def _ep_experts(moe: MoE, ep: AxisGroup, x: torch.Tensor) -> torch.Tensor:
-    """Tokens (T, h) through the experts of the whole ep group (all-to-all dispatch/combine)."""
-    out, _aux, _stats = expert_parallel_moe(x, moe.router, moe.w_gate, moe.w_up, moe.w_down,
-                                            moe.top_k, ep)
+    """Tokens (T, h) through the experts of the whole ep group (all-to-all dispatch/combine).
+    The routing of the call is left on `moe.ep_stats` (`runtime.measure` reads it)."""
+    out, _aux, moe.ep_stats = expert_parallel_moe(x, moe.router, moe.w_gate, moe.w_up,
+                                                  moe.w_down, moe.top_k, ep)
     return out
 
 

@@ -85,7 +85,8 @@ def layout_options(func: Callable) -> Callable:
         click.option("--tp", default=1, show_default=True, help="Tensor-parallel degree."),
         click.option("--pp", default=1, show_default=True, help="Pipeline stages."),
         click.option("--dp", default=None, type=int,
-                     help="Data-parallel degree [default: gpus / (tp·pp·cp)]."),
+                     help="Data-parallel degree [default: memory/plan: gpus / (tp·pp·cp); "
+                          "train/check: 1]."),
         click.option("--cp", default=1, show_default=True, help="Context-parallel degree."),
         click.option("--ep", default=1, show_default=True, help="Expert-parallel degree."),
         click.option("--zero", default=0, show_default=True, type=click.IntRange(0, 3),

@@ -101,6 +101,11 @@ def test_tp_pp_cp_ep_formulas():
     act = s * b * h * 2
     assert tp_comm_bytes_per_layer(s, b, h, t) == pytest.approx(4 * 2 * 7 / 8 * act)
     assert tp_comm_bytes_per_layer(s, b, h, t, sp=True) == tp_comm_bytes_per_layer(s, b, h, t)
+    # SP as implemented (Megatron): 2 more all-gathers of the QKV / gate-up input backward
+    assert tp_comm_bytes_per_layer(s, b, h, t, sp=True, regather=True) == pytest.approx(
+        (4 * 2 + 2) * 7 / 8 * act)
+    assert tp_comm_bytes_per_layer(s, b, h, t, regather=True) == tp_comm_bytes_per_layer(
+        s, b, h, t)  # nothing to re-gather without SP
     assert tp_comm_bytes_per_layer(s, b, h, 1) == 0
     assert pp_comm_bytes_per_microbatch(s, b, h) == 2 * act
     kv, c = 1024, 4
@@ -125,13 +130,19 @@ def test_tp_ops_per_layer(sp):
     s, b, h, t = 2048, 2, 4096, 8
     act = s * b * h * 2
     ops = tp_comm_ops_per_layer(s, b, h, t, sp=sp)
-    assert sum(n for _, n, _ in ops) == pytest.approx(tp_comm_bytes_per_layer(s, b, h, t))
+    implemented = tp_comm_bytes_per_layer(s, b, h, t, sp=sp, regather=True)
+    assert sum(n for _, n, _ in ops) == pytest.approx(implemented)
+    # SPEC §5's figure, without SP's backward re-gathers
+    textbook = tp_comm_ops_per_layer(s, b, h, t, sp=sp, regather=False)
+    assert sum(n for _, n, _ in textbook) == pytest.approx(tp_comm_bytes_per_layer(s, b, h, t))
+    assert implemented - tp_comm_bytes_per_layer(s, b, h, t) == pytest.approx(
+        2 * 7 / 8 * act if sp else 0)  # 2 all-gathers (t-1)/t · sbh backward
     assert sum(n for _, n, fwd in ops if fwd) == pytest.approx(4 * 7 / 8 * act)  # 2 × 2(t-1)/t
     names = {op for op, _, _ in ops}
     assert names == ({"all-gather", "reduce-scatter"} if sp else {"all-reduce"})
     # an MoE layer replicated over tp: only the attention pair
     assert sum(n for _, n, _ in tp_comm_ops_per_layer(s, b, h, t, sp=sp, mlp_pair=False)) == (
-        pytest.approx(tp_comm_bytes_per_layer(s, b, h, t) / 2))
+        pytest.approx(implemented / 2))
     # full recompute (early stop) replays the attention's g (SP: its AG and RS, the MLP's AG)
     full = tp_comm_ops_per_layer(s, b, h, t, sp=sp, recompute="full")
     assert sum(n for _, n, _ in full) - sum(n for _, n, _ in ops) == pytest.approx(

@@ -125,7 +125,9 @@ def test_block_and_lm_equal_unsharded(t: int) -> None:
             label = f"t={t} sp={sp}"
             for key in ("out", "grad_x", "grads", "loss", "emb_grad", "head_grad"):
                 assert o[key] <= TOL, f"{label}: {key} differs by {o[key]:g}"
-            # 4 · 2(t-1)/t · s·b·h·8 bytes: 2 all-reduces forward, 2 backward (or RS + AG)
+            # 4 · 2(t-1)/t · s·b·h·8 bytes: 2 all-reduces forward, 2 backward (or RS + AG);
+            # SP adds 2 · (t-1)/t · s·b·h·8: the backward re-gathers of the QKV and gate/up
+            # input (tp_comm_bytes_per_layer(..., regather=True), the implementation's bytes)
             assert o["layer_bytes"] == o["predicted_bytes"], label
             if t > 1:
                 assert o["ops"] == ({"all-gather", "reduce-scatter"} if sp else {"all-reduce"})

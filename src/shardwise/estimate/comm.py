@@ -125,22 +125,31 @@ def dp_step_comm_ops(n_params: float, n: int, zero: int, grad_bytes: float,
 
 def tp_comm_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, t: int,
                             dtype_bytes: float = 2, sp: bool = False,
-                            backward: bool = True) -> float:
+                            backward: bool = True, *, regather: bool = False) -> float:
     """Bytes one tensor-parallel rank sends per Transformer layer per micro-batch.
 
     Megatron (Shoeybi et al. 2019): 2 all-reduces forward (after attention, after MLP) and 2
     backward (the conjugate `f`), each on an `(s, b, h)` activation:
     `4 · 2(t-1)/t · s·b·h·bytes`. Sequence parallelism (Korthikanti et al. 2022) turns each
-    all-reduce into a reduce-scatter + all-gather, which moves the same bytes.
+    all-reduce into a reduce-scatter + all-gather, which moves the same bytes (SPEC §5's
+    figure, the default).
+
+    A real SP implementation (Megatron's, `runtime.tensor_parallel.gather_linears`) keeps only
+    the sequence shard of the QKV and gate/up input and all-gathers it again in backward for
+    the weight gradients: 2 more all-gathers of `(t-1)/t · s·b·h·bytes` per layer backward
+    (Megatron overlaps them with the input-gradient GEMMs). `regather=True` counts them — the
+    bytes the runtime sends (`tp_comm_ops_per_layer`).
     """
-    ops = tp_comm_ops_per_layer(seq_len, micro_batch, hidden, t, dtype_bytes, sp)
+    ops = tp_comm_ops_per_layer(seq_len, micro_batch, hidden, t, dtype_bytes, sp,
+                                regather=regather)
     forward = sum(bytes_ for _, bytes_, in_forward in ops if in_forward)
     return sum(bytes_ for _, bytes_, _ in ops) if backward else forward
 
 
 def tp_comm_ops_per_layer(seq_len: int, micro_batch: int, hidden: int, t: int,
                           dtype_bytes: float = 2, sp: bool = False, *, mlp_pair: bool = True,
-                          recompute: str = "none") -> list[tuple[str, float, bool]]:
+                          recompute: str = "none", regather: bool = True
+                          ) -> list[tuple[str, float, bool]]:
     """The tensor-parallel collectives of one layer and one micro-batch, one rank:
     `(op, bytes sent, in the forward pass)` each, on the `(s, b, h)` activation `A`.
 
@@ -149,6 +158,12 @@ def tp_comm_ops_per_layer(seq_len: int, micro_batch: int, hidden: int, t: int,
     becomes an all-gather forward / reduce-scatter backward and `g` a reduce-scatter forward /
     all-gather backward, `(t-1)/t · A` each. `mlp_pair=False`: an MoE layer that is replicated
     over tp (as `runtime.parallelize` does) — only the attention pair communicates.
+
+    `regather` (SP only; on by default: what Megatron and `runtime.parallelize` do): the
+    column linears after the all-gather keep only the `(s/t, b, h)` shard for their weight
+    gradients (SPEC §3's ÷t count of the QKV and MLP inputs) and all-gather it again in
+    backward — one more all-gather of `(t-1)/t · A` per pair backward, 2 per dense layer.
+    `regather=False` is the textbook count of SPEC §5 (`tp_comm_bytes_per_layer`'s default).
 
     Full recompute replays the forward in backward. With PyTorch's non-reentrant checkpoint
     the replay stops after the last tensor the block saves (early stop), the MLP's
@@ -163,6 +178,8 @@ def tp_comm_ops_per_layer(seq_len: int, micro_batch: int, hidden: int, t: int,
         one = ring_bytes_on_wire("all-gather", activation, t)
         ops = [("all-gather", one, True), ("reduce-scatter", one, True),
                ("reduce-scatter", one, False), ("all-gather", one, False)] * pairs
+        if regather:
+            ops += [("all-gather", one, False)] * pairs
         if recompute == "full":
             ops += [("all-gather", one, False), ("reduce-scatter", one, False)]
             ops += [("all-gather", one, False)] if mlp_pair else []

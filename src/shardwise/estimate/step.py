@@ -11,7 +11,10 @@ All per rank, on the pipeline's critical path, for `m` micro-batches:
 * **TP** (Shoeybi et al. 2019) — 2 all-reduces of the `(s/c, b, h)` activation per layer forward,
   2 backward, 2 more when full recompute replays the forward; sequence parallelism swaps each for
   a reduce-scatter + all-gather of the same bytes (Korthikanti et al. 2022). On the critical
-  path (not overlapped), inside the node when `tp ≤ gpus_per_node`.
+  path (not overlapped), inside the node when `tp ≤ gpus_per_node`. SP as implemented also
+  all-gathers the sequence-sharded QKV and gate/up input again in backward for the weight
+  gradients (2 all-gathers of `(t-1)/t · s·b·h` per layer, `comm.tp_comm_ops_per_layer`);
+  Megatron overlaps them with the input-gradient GEMMs, so they are not charged here.
 * **CP** (ring attention, Liu et al. 2023) — `c-1` K/V block transfers per layer forward, twice the
   bytes backward; each hides behind one block of attention compute, only `max(0, transfer -
   block)` is exposed.

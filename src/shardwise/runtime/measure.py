@@ -520,14 +520,7 @@ def _activation_note(row: CheckRow, model: ModelSpec, layout: Layout, train: Tra
     if row.error == 0 or layout.recompute == "full":
         return []
     notes = []
-    t, c = layout.tp, layout.cp
-    rows = train.seq_len / c * layout.micro_batch
-    if layout.sp and t > 1:
-        inputs = 1 if moe else 2  # an MoE block is not a tensor-parallel pair
-        extra = inputs * rows * model.d_model * (1 - 1 / t) * dtype_bytes(train.dtype)
-        notes.append(f"sequence parallelism here keeps the all-gathered input of QKV"
-                     f"{'' if moe else ' and of the MLP'} (s rows, not s/t: Megatron keeps the "
-                     f"shard and gathers it again in backward): +{extra:,.0f} B")
+    c = layout.cp
     if c > 1:
         notes.append(f"ring attention also saves the zigzag token positions, (c, s/c) int64: "
                      f"+{8 * train.seq_len:,} B")

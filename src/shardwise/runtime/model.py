@@ -18,7 +18,10 @@ The parallel versions (`runtime.parallelize`) change this model in place, one ax
 through a few swap points and nothing else:
 
     Attention.enter / .leave, SwiGLU.enter / .leave   identity here; Megatron's f and g (or
-                        sequence parallelism's all-gather and reduce-scatter) under TP
+                        sequence parallelism's reduce-scatter as `leave`) under TP
+    Attention.project, SwiGLU.project   the column linears (Q, K, V; gate, up) on the entered
+                        input: one nn.Linear each here; under sequence parallelism the
+                        all-gather fused with them, which keeps only the sequence shard
     Attention.core      local attention here; ring attention under CP; checkpointed when
                         recomputing selectively
     MoE.experts         every expert on this device here; all-to-all dispatch under EP
@@ -42,10 +45,18 @@ from shardwise.errors import ShardwiseError
 
 AttentionCore = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 TensorMap = Callable[[torch.Tensor], torch.Tensor]
+# (input, weights) -> one output per weight: the column linears that share an input
+Projection = Callable[[torch.Tensor, tuple[torch.Tensor, ...]], tuple[torch.Tensor, ...]]
 
 
 def identity(x: torch.Tensor) -> torch.Tensor:
     return x
+
+
+def separate_linears(x: torch.Tensor, weights: tuple[torch.Tensor, ...]
+                     ) -> tuple[torch.Tensor, ...]:
+    """`F.linear(x, w)` for each weight: each saves x for its weight gradient (one storage)."""
+    return tuple(F.linear(x, w) for w in weights)
 
 
 def is_moe_layer(spec: ModelSpec, index: int) -> bool:
@@ -215,7 +226,8 @@ def local_attention(causal: bool, flash: bool) -> AttentionCore:
 class Attention(nn.Module):
     """GQA self-attention with RoPE. `core` computes softmax(QKᵀ/√d)V on (b, s, heads, d)
     tensors; context parallelism swaps in ring attention, tensor parallelism shards heads and
-    sets `enter` (before Q, K, V) and `leave` (after O) to its conjugate operators."""
+    sets `enter` (before Q, K, V) and `leave` (after O) to its conjugate operators, sequence
+    parallelism `project` (Q, K, V from the entered input) to the fused all-gather."""
 
     def __init__(self, spec: ModelSpec, flash: bool, dtype: torch.dtype):
         super().__init__()
@@ -227,15 +239,15 @@ class Attention(nn.Module):
         self.wo = nn.Linear(spec.n_heads * d, h, bias=False, dtype=dtype)
         self.core: AttentionCore = local_attention(causal=True, flash=flash)
         self.enter: TensorMap = identity
+        self.project: Projection = separate_linears
         self.leave: TensorMap = identity
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = self.enter(x)
-        b, s, _ = x.shape
-        # (b, s, h) -> (b, s, heads, d); heads = what this rank holds
-        q = self.wq(x).view(b, s, -1, self.head_dim)
-        k = self.wk(x).view(b, s, -1, self.head_dim)
-        v = self.wv(x).view(b, s, -1, self.head_dim)
+        q, k, v = self.project(self.enter(x),
+                               (self.wq.weight, self.wk.weight, self.wv.weight))
+        b, s, _ = q.shape  # s: the whole sequence (SP's project gathers it)
+        # (b, s, heads·d) -> (b, s, heads, d); heads = what this rank holds
+        q, k, v = (t.view(b, s, -1, self.head_dim) for t in (q, k, v))
         out = self.core(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v)
         return self.leave(self.wo(out.reshape(b, s, -1)))  # (b, s, heads, d) -> (b, s, heads·d)
 
@@ -258,7 +270,8 @@ class SwiGLUFunction(torch.autograd.Function):
 
 
 class SwiGLU(nn.Module):
-    """`W_down(silu(W_gate x)·W_up x)`; tensor parallelism splits f and sets `enter`/`leave`."""
+    """`W_down(silu(W_gate x)·W_up x)`; tensor parallelism splits f and sets `enter`/`leave`
+    (and, with sequence parallelism, `project`: gate and up from the entered input)."""
 
     def __init__(self, d_model: int, d_ff: int, dtype: torch.dtype):
         super().__init__()
@@ -266,11 +279,12 @@ class SwiGLU(nn.Module):
         self.w_up = nn.Linear(d_model, d_ff, bias=False, dtype=dtype)
         self.w_down = nn.Linear(d_ff, d_model, bias=False, dtype=dtype)
         self.enter: TensorMap = identity
+        self.project: Projection = separate_linears
         self.leave: TensorMap = identity
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.enter(x)
-        return self.leave(self.w_down(SwiGLUFunction.apply(self.w_gate(x), self.w_up(x))))
+        gate, up = self.project(self.enter(x), (self.w_gate.weight, self.w_up.weight))
+        return self.leave(self.w_down(SwiGLUFunction.apply(gate, up)))
 
 
 class MoE(nn.Module):

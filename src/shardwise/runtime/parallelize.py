@@ -13,7 +13,10 @@ parameters keep their single-device names.
   `.leave` become `f` (identity fwd, all-reduce bwd) and `g` (all-reduce fwd, identity bwd);
   the embedding and the head are split by vocabulary and the loss is
   `vocab_parallel_cross_entropy`. With SP (Korthikanti et al. 2022) `f`/`g` become an
-  all-gather / reduce-scatter along the sequence and the residual stream stays (b, s/t, h).
+  all-gather / reduce-scatter along the sequence and the residual stream stays (b, s/t, h);
+  the all-gather is fused with the column linears (`Attention.project`, `SwiGLU.project` become
+  `gather_linears`), which keep the (b, s/t, h) shard and gather it again in backward for the
+  weight gradients (Megatron), so QKV and gate/up save s/t rows, not s.
   `runtime.tensor_parallel` lays activations out (s, b, h); this model is (b, s, h), so its
   primitives are called on the transposed view (a free view: dim 0 becomes the sequence).
   Weights outside the pairs (norms, router, experts) are replicated over tp; under SP they see
@@ -76,7 +79,7 @@ from shardwise.runtime import collectives as C
 from shardwise.runtime.context_parallel import local_positions, ring_attention, shard_for_rank
 from shardwise.runtime.expert_parallel import expert_parallel_moe
 from shardwise.runtime.mesh import AxisGroup, Mesh
-from shardwise.runtime.model import MoE, SwiGLU, Transformer
+from shardwise.runtime.model import MoE, SwiGLU, Transformer, identity
 from shardwise.runtime.pipeline import (
     SavedOp,
     VirtualStage,
@@ -89,7 +92,7 @@ from shardwise.runtime.tensor_parallel import (
     VocabParallelEmbedding,
     allreduce_sequence_parallel_grads,
     copy_to_tp,
-    gather_from_sequence,
+    gather_linears,
     reduce_from_tp,
     reduce_scatter_to_sequence,
     vocab_parallel_cross_entropy,
@@ -166,6 +169,13 @@ def _batch_first(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]
     return lambda x: fn(x.transpose(0, 1)).transpose(0, 1)
 
 
+def _batch_first_gather_linears(x: torch.Tensor, weights: tuple[torch.Tensor, ...],
+                                group: AxisGroup) -> tuple[torch.Tensor, ...]:
+    """`gather_linears` on (b, s/t, h) → (b, s, out_j) each (transposed views, no copies)."""
+    outs = gather_linears(x.transpose(0, 1), weights, group)
+    return tuple(y.transpose(0, 1) for y in outs)
+
+
 class _BatchFirstEmbedding(VocabParallelEmbedding):
     """`VocabParallelEmbedding` on ids (b, s) → (b, s, h), or (b, s/t, h) under SP."""
 
@@ -184,8 +194,10 @@ class _BatchFirstHead(ColumnParallelLinear):
 def apply_tensor_parallel(model: Transformer, tp: AxisGroup, sp: bool) -> None:
     """Megatron TP (+ SP) in place: shard the pairs, set f/g, vocab-parallel ends."""
     t, r = tp.size, tp.rank
-    if sp:
-        enter = _batch_first(partial(gather_from_sequence, group=tp))
+    project: Callable[..., tuple[torch.Tensor, ...]] | None = None
+    if sp:  # the all-gather happens inside `project`, fused with the column linears
+        enter: Callable[[torch.Tensor], torch.Tensor] = identity
+        project = partial(_batch_first_gather_linears, group=tp)
         leave = _batch_first(partial(reduce_scatter_to_sequence, group=tp))
     else:
         enter, leave = partial(copy_to_tp, group=tp), partial(reduce_from_tp, group=tp)
@@ -200,6 +212,8 @@ def apply_tensor_parallel(model: Transformer, tp: AxisGroup, sp: bool) -> None:
             for name in rows:  # input features split, weight columns
                 _keep(getattr(module, name), "weight", 1, r, t)
             module.enter, module.leave = enter, leave
+            if project is not None:
+                module.project = project
     spec, dtype = model.spec, model.dtype
     embedding = _BatchFirstEmbedding(spec.vocab, spec.d_model, tp, sequence_parallel=sp,
                                      dtype=dtype)

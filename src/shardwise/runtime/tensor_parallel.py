@@ -23,6 +23,15 @@ RS followed by an AG, so the bytes are the same while activation memory between 
 shrinks by t. The norms' weights then see only a slice of the sequence, so their gradients are
 partial and must be all-reduced over tp (`allreduce_sequence_parallel_grads`).
 
+The column-parallel linears right after SP's all-gather would keep the *gathered* `(s, b, h)`
+input for their weight gradients, undoing SP's saving on the largest activations of the layer.
+`gather_linears` (Megatron's `LinearWithGradAccumulationAndAsyncCommunication` with
+`sequence_parallel`) fuses the all-gather with the linears that share its output (Q, K, V; gate
+and up): it keeps only the `(s/t, b, h)` shard and all-gathers it again in backward for the
+weight gradients — one more all-gather of `(t-1)/t · s·b·h·bytes` per pair backward (Megatron
+overlaps it with the input-gradient GEMM; here it runs before it), counted like every other
+collective (`estimate.comm.tp_comm_ops_per_layer`).
+
 Vocabulary parallelism: the embedding table and the output projection are split by vocabulary
 rows `[r·V/t, (r+1)·V/t)`; the embedding zeroes rows it does not own and `g` sums; the
 cross-entropy never gathers the logits: max, Σexp and the target logit are each all-reduced
@@ -54,6 +63,7 @@ __all__ = [
     "allreduce_sequence_parallel_grads",
     "copy_to_tp",
     "gather_from_sequence",
+    "gather_linears",
     "reduce_from_tp",
     "reduce_scatter_to_sequence",
     "vocab_parallel_cross_entropy",
@@ -135,6 +145,41 @@ class _GatherFromSequence(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         return _rs_seq(grad, ctx.g), None
+
+
+class _GatherLinears(torch.autograd.Function):
+    """SP's `f` fused with the column-parallel linears that read its output:
+    `Y_j = AG(X)·W_jᵀ`, X `(s/t, b, h)`, each Y_j `(s, b, out_j)`. Saves the shard X only (and
+    the weights, which are parameters); backward all-gathers X again for `dW_j = dY_jᵀ·AG(X)`
+    and reduce-scatters `dX = Σ_j dY_j·W_j` along the sequence, as `_GatherFromSequence`."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, g: AxisGroup, *weights: torch.Tensor
+                ) -> tuple[torch.Tensor, ...]:
+        ctx.g = g
+        ctx.save_for_backward(x, *weights)
+        full = _ag_seq(x, g)  # (s, b, h), freed after the forward
+        return tuple(F.linear(full, w) for w in weights)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, *weights = ctx.saved_tensors
+        d_full = sum(dy.matmul(w) for dy, w in zip(grads, weights))  # (s, b, h)
+        d_x = _rs_seq(d_full, ctx.g) if ctx.needs_input_grad[0] else None
+        full = _ag_seq(x, ctx.g).flatten(0, -2) if any(ctx.needs_input_grad[2:]) else None
+        d_weights = tuple(dy.flatten(0, -2).t().matmul(full) if need else None
+                          for dy, need in zip(grads, ctx.needs_input_grad[2:]))
+        return (d_x, None, *d_weights)
+
+
+def gather_linears(x: torch.Tensor, weights: tuple[torch.Tensor, ...],
+                   group: GroupLike = "tp") -> tuple[torch.Tensor, ...]:
+    """`F.linear(gather_from_sequence(x), w)` for each of `weights`, the all-gathered input
+    shared and never saved: x `(s/t, b, h)` → `(s, b, out_j)` each (see `_GatherLinears`)."""
+    g = C.resolve(group)
+    if g.size == 1:
+        return tuple(F.linear(x, w) for w in weights)
+    return _GatherLinears.apply(x, g, *weights)
 
 
 def copy_to_tp(x: torch.Tensor, group: GroupLike = "tp") -> torch.Tensor:

@@ -43,7 +43,7 @@ from shardwise.runtime.data_parallel import BucketedDataParallel, DDPConfig, all
 from shardwise.runtime.launch import launch
 from shardwise.runtime.mesh import Mesh
 from shardwise.runtime.model import Transformer
-from shardwise.runtime.parallelize import ParallelTransformer, _gather, parallelize
+from shardwise.runtime.parallelize import ParallelTransformer, gather_shards, parallelize
 from shardwise.runtime.tensor_parallel import allreduce_sequence_parallel_grads
 from shardwise.runtime.zero import ZeroConfig, ZeroDataParallel
 
@@ -329,7 +329,7 @@ def _gathered_grads(par: ParallelTransformer) -> dict[str, torch.Tensor]:
         for name, p in par.model.named_parameters():
             if p.grad is not None:
                 dim = par.shards[name].tp_dim
-                out[name] = p.grad if dim is None else _gather(p.grad, dim, tp)
+                out[name] = p.grad if dim is None else gather_shards(p.grad, dim, tp)
     return out
 
 
@@ -349,7 +349,7 @@ def _tp_parallel(sp: bool, dtype: torch.dtype) -> dict[str, Any]:
         if not sp:
             return z
         with C.counting():
-            return _gather(z, 1, tp)
+            return gather_shards(z, 1, tp)
 
     x = mine(data["x"]).clone().requires_grad_(True)
     with C.counting() as counter:

@@ -497,7 +497,7 @@ def _activation_rows(model: ModelSpec, layout: Layout, train: TrainSpec,
         for what, expected, measured in parts:
             worst = max(measured, key=lambda v: abs(v - expected))
             row = CheckRow("activations", what, expected, worst, WITHIN_1PC)
-            why = _activation_note(row, model, layout, train, predicted_moe is not None)
+            why = _activation_note(row, layout, train)
             rows.append(replace(row, note="; ".join(
                 [f"per micro-batch, worst of {len(measured)} forward calls", *why])))
     if recorder.shared:
@@ -508,8 +508,7 @@ def _activation_rows(model: ModelSpec, layout: Layout, train: TrainSpec,
     return rows
 
 
-def _activation_note(row: CheckRow, model: ModelSpec, layout: Layout, train: TrainSpec,
-                     moe: bool) -> list[str]:
+def _activation_note(row: CheckRow, layout: Layout, train: TrainSpec) -> list[str]:
     """Why an activation row differs: the runtime facts that make it differ, with their size."""
     if row.what.endswith("MoE"):
         return ["MoE blocks run through plain torch ops (emulate.moe, expert_parallel_moe): "

@@ -105,6 +105,7 @@ __all__ = [
     "ParallelTransformer",
     "ParamShard",
     "TransformerStages",
+    "gather_shards",
     "parallelize",
     "runtime_problems",
 ]
@@ -507,9 +508,9 @@ class ParallelTransformer:
                 if shard.tied_copy:
                     continue
                 if shard.tp_dim is not None:
-                    t = _gather(t, shard.tp_dim, self.axis("tp"))
+                    t = gather_shards(t, shard.tp_dim, self.axis("tp"))
                 if shard.expert:
-                    t = _gather(t, 0, self.axis("ep"))
+                    t = gather_shards(t, 0, self.axis("ep"))
                 out[name] = t.clone()
         return out
 
@@ -521,7 +522,8 @@ class _Update:
         self.step = update
 
 
-def _gather(t: torch.Tensor, dim: int, group: AxisGroup) -> torch.Tensor:
+def gather_shards(t: torch.Tensor, dim: int, group: AxisGroup) -> torch.Tensor:
+    """The full tensor from every rank's shard along `dim` (an all-gather over `group`)."""
     if group.size == 1:
         return t
     piece = t.movedim(dim, 0).contiguous()  # the split dim first: flat chunks = shards

@@ -90,3 +90,15 @@ def test_schedule_bad_input():
     assert_one_line_error(result, "m=6, p=4")
     assert_one_line_error(shardwise("schedule", "--schedule", "pipedream", check=False),
                           "'pipedream' is not one of")
+
+
+def test_the_analytic_side_never_imports_torch():
+    # `pip install shardwise` must plan without torch: nothing outside runtime/ and emulate/
+    # may pull it in, not even indirectly.
+    import subprocess
+    import sys
+
+    code = ("import sys; import shardwise, shardwise.cli, shardwise.plan, shardwise.emit, "
+            "shardwise.estimate.step, shardwise.schedules, shardwise.report.plan_report; "
+            "sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

@@ -29,6 +29,13 @@ splits), then dispatches the token rows with one all-to-all, runs its experts, a
 results with a second all-to-all (combine), where they are weighted by the gates. Backward runs
 the two all-to-alls in reverse. Each all-to-all moves `(e-1)/e · T·k·h·bytes` per rank when
 routing is balanced (SPEC §5).
+
+Saved for backward (`moe_layer`, and `runtime.expert_parallel.expert_parallel_moe` through
+`gather_rows` / `weighted_combine`): exactly SPEC §3's MoE count — the router input and
+probabilities `p`; per routed row the expert input, SwiGLU gate and up (`SwiGLUFunction`) and
+the down projection's input; and the expert output for the gate product. The top-k choice,
+gates and dispatch order are not kept: `RoutingRule.plan` recomputes them from the saved `p`
+in backward (deterministically: the same ops on the same tensor).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from shardwise.emulate.functions import SwiGLUFunction
 from shardwise.errors import ShardwiseError
 
 
@@ -92,13 +100,22 @@ class Routing:
 def route(x: torch.Tensor, router: torch.Tensor, top_k: int, normalize: bool = True) -> Routing:
     """Top-k softmax routing: `p = softmax(x W_r)`, the k largest, gates renormalised over them
     (`normalize`, Mixtral) or the raw probabilities (Switch with k = 1, GShard)."""
-    num_experts = router.shape[1]
+    _check_top_k(top_k, router.shape[1])
+    probs = torch.softmax(x @ router, dim=-1)  # (T, h) @ (h, E) -> (T, E)
+    return Routing(probs, *_top_k(probs, top_k, normalize))
+
+
+def _check_top_k(top_k: int, num_experts: int) -> None:
     if not 1 <= top_k <= num_experts:
         raise ShardwiseError(f"top_k={top_k} must be in 1..n_experts={num_experts}")
-    probs = torch.softmax(x @ router, dim=-1)  # (T, h) @ (h, E) -> (T, E)
+
+
+def _top_k(probs: torch.Tensor, top_k: int, normalize: bool
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """probs (T, E) -> the k chosen experts (T, k) and their gates (T, k)."""
     top, experts = probs.topk(top_k, dim=-1)  # (T, k)
     gates = top / top.sum(dim=-1, keepdim=True) if normalize else top
-    return Routing(probs, experts, gates)
+    return experts, gates
 
 
 def expert_capacity(tokens: int, top_k: int, num_experts: int, capacity_factor: float) -> int:
@@ -134,8 +151,9 @@ def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor) -> torch.Ten
 
 def expert_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
                w_down: torch.Tensor) -> torch.Tensor:
-    """One SwiGLU expert: `(SiLU(x W_g) ⊙ x W_u) W_d`, x (n, h) -> (n, h)."""
-    return (F.silu(x @ w_gate) * (x @ w_up)) @ w_down
+    """One SwiGLU expert: `(SiLU(x W_g) ⊙ x W_u) W_d`, x (n, h) -> (n, h); saves x, the gate
+    and up projections and the down projection's input (SPEC §3)."""
+    return SwiGLUFunction.apply(x @ w_gate, x @ w_up) @ w_down
 
 
 # ------------------------------------------------------------------------ single device
@@ -173,23 +191,20 @@ def moe_layer(x: torch.Tensor, params: MoEParams, top_k: int, *,
     tokens, _ = x.shape
     if groups < 1 or tokens % groups:
         raise ShardwiseError(f"groups={groups} must divide the {tokens} tokens")
-    num_experts = params.num_experts
+    rule = RoutingRule(top_k, normalize, 1, capacity_factor)
     outs, losses, routed, kept = [], [], [], []
     for xg in x.chunk(groups):
-        r = route(xg, params.router, top_k, normalize)
-        cap = None if capacity_factor is None else expert_capacity(
-            xg.shape[0], top_k, num_experts, capacity_factor)
-        keep = capacity_keep(r.experts, num_experts, cap)
-        y = torch.zeros_like(xg)
-        for i in range(num_experts):
-            token, slot = ((r.experts == i) & keep).nonzero(as_tuple=True)
-            if token.numel():
-                yi = expert_mlp(xg[token], params.w_gate[i], params.w_up[i], params.w_down[i])
-                y = y.index_add(0, token, r.gates[token, slot, None] * yi)
-        outs.append(y)
-        losses.append(load_balancing_loss(r.probs, r.experts))
-        routed.append(torch.bincount(r.experts.reshape(-1), minlength=num_experts))
-        kept.append(torch.bincount(r.experts[keep], minlength=num_experts))
+        probs = rule.probs(xg, params.router)
+        routing, plan = rule.plan(probs)
+        rows = gather_rows(xg, probs, plan, rule)  # (N, h), sorted by expert
+        outputs = [expert_mlp(chunk, params.w_gate[i], params.w_up[i], params.w_down[i])
+                   for i, chunk in enumerate(rows.split(plan.per_expert.tolist()))
+                   if chunk.shape[0]]
+        expert_out = torch.cat(outputs) if outputs else rows
+        outs.append(weighted_combine(expert_out, probs, plan, rule))
+        losses.append(load_balancing_loss(probs, routing.experts))
+        routed.append(plan.routed)
+        kept.append(plan.per_expert)
     return MoEResult(torch.cat(outs), torch.stack(losses).mean(),
                      torch.stack(routed).sum(0), torch.stack(kept).sum(0))
 
@@ -223,7 +238,8 @@ class DispatchPlan:
 
     token, gate, expert (N,): the token row, its gate and expert for each dispatched row;
     per_expert (E,): kept rows per global expert; send (e,): rows for each destination rank;
-    routed (E,): assignments per expert before the capacity limit.
+    routed (E,): assignments per expert before the capacity limit; slot (N,): which of the
+    token's k choices each row is.
     """
 
     token: torch.Tensor
@@ -232,6 +248,7 @@ class DispatchPlan:
     per_expert: torch.Tensor
     send: torch.Tensor
     routed: torch.Tensor
+    slot: torch.Tensor | None = None
 
 
 def dispatch_plan(routing: Routing, num_ranks: int, capacity_factor: float | None) -> DispatchPlan:
@@ -250,7 +267,93 @@ def dispatch_plan(routing: Routing, num_ranks: int, capacity_factor: float | Non
     per_expert = torch.bincount(expert, minlength=num_experts)
     send = per_expert.reshape(num_ranks, -1).sum(dim=1)  # (e, E/e) -> (e,)
     routed = torch.bincount(routing.experts.reshape(-1), minlength=num_experts)
-    return DispatchPlan(token, routing.gates[token, slot], expert, per_expert, send, routed)
+    return DispatchPlan(token, routing.gates[token, slot], expert, per_expert, send, routed,
+                        slot)
+
+
+@dataclass(frozen=True)
+class RoutingRule:
+    """How a group of tokens is routed: top-k, renormalised gates or not, over `num_ranks`
+    expert-parallel ranks, with an optional capacity factor. `plan` derives everything from the
+    router probabilities alone, so backward recomputes it from the saved probabilities."""
+
+    top_k: int
+    normalize: bool = True
+    num_ranks: int = 1
+    capacity_factor: float | None = None
+
+    def probs(self, x: torch.Tensor, router: torch.Tensor) -> torch.Tensor:
+        """`softmax(x W_r)` (T, E); autograd saves x and the probabilities only."""
+        _check_top_k(self.top_k, router.shape[1])
+        return torch.softmax(x @ router, dim=-1)
+
+    def plan(self, probs: torch.Tensor) -> tuple[Routing, DispatchPlan]:
+        """Top-k choice, gates and dispatch order from probs (T, E); no autograd graph."""
+        with torch.no_grad():
+            probs = probs.detach()
+            routing = Routing(probs, *_top_k(probs, self.top_k, self.normalize))
+            return routing, dispatch_plan(routing, self.num_ranks, self.capacity_factor)
+
+
+class _GatherRows(torch.autograd.Function):
+    """x[plan.token] saving only the router probabilities (the order is recomputed)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, probs: torch.Tensor, token: torch.Tensor,
+                rule: RoutingRule) -> torch.Tensor:
+        ctx.save_for_backward(probs)
+        ctx.rule, ctx.rows = rule, x.shape[0]
+        return x[token]
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (probs,) = ctx.saved_tensors
+        token = ctx.rule.plan(probs)[1].token
+        grad_x = grad.new_zeros(ctx.rows, *grad.shape[1:]).index_add(0, token, grad)
+        return grad_x, None, None, None
+
+
+class _WeightedCombine(torch.autograd.Function):
+    """`y[t] = Σ_rows-of-t gate · expert_out` saving the expert outputs and the router
+    probabilities; the gates and the row order are recomputed from them in backward."""
+
+    @staticmethod
+    def forward(ctx, expert_out: torch.Tensor, probs: torch.Tensor, plan: DispatchPlan,
+                rule: RoutingRule) -> torch.Tensor:
+        ctx.save_for_backward(expert_out, probs)
+        ctx.rule = rule
+        y = expert_out.new_zeros(probs.shape[0], expert_out.shape[1])
+        return y.index_add(0, plan.token, plan.gate[:, None] * expert_out)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        expert_out, probs = ctx.saved_tensors
+        rule = ctx.rule
+        routing, plan = rule.plan(probs)
+        dy_rows = dy[plan.token]  # (N, h)
+        d_out = plan.gate[:, None] * dy_rows
+        d_gates = torch.zeros_like(routing.gates)  # (T, k)
+        d_gates[plan.token, plan.slot] = (dy_rows * expert_out).sum(dim=1)
+        if rule.normalize:  # g = top / Σ top: d_top = (d_g - Σ d_g·g) / Σ top
+            total = probs.gather(1, routing.experts).sum(dim=-1, keepdim=True)
+            d_top = (d_gates - (d_gates * routing.gates).sum(dim=-1, keepdim=True)) / total
+        else:
+            d_top = d_gates
+        d_probs = torch.zeros_like(probs).scatter(1, routing.experts, d_top)
+        return d_out, d_probs, None, None
+
+
+def gather_rows(x: torch.Tensor, probs: torch.Tensor, plan: DispatchPlan,
+                rule: RoutingRule) -> torch.Tensor:
+    """The dispatched rows x[plan.token] (N, h); `plan = rule.plan(probs)[1]`."""
+    return _GatherRows.apply(x, probs, plan.token, rule)
+
+
+def weighted_combine(expert_out: torch.Tensor, probs: torch.Tensor, plan: DispatchPlan,
+                     rule: RoutingRule) -> torch.Tensor:
+    """`combine` differentiable in the expert outputs and (through the gates) the router
+    probabilities, keeping only those two for backward; `plan = rule.plan(probs)[1]`."""
+    return _WeightedCombine.apply(expert_out, probs, plan, rule)
 
 
 def run_local_experts(received: torch.Tensor, counts: torch.Tensor, w_gate: torch.Tensor,
@@ -261,16 +364,16 @@ def run_local_experts(received: torch.Tensor, counts: torch.Tensor, w_gate: torc
     (e, E_local) the rows from each source for each local expert; w_* (E_local, …).
     Returns the expert outputs (N, h) in the same order.
     """
-    local = counts.shape[1]
-    which = torch.repeat_interleave(torch.arange(local).repeat(counts.shape[0]),
-                                    counts.reshape(-1))  # local expert of every received row
-    out = torch.zeros_like(received)
+    sources, local = counts.shape
+    sizes = counts.reshape(-1).tolist()  # (source, local expert) blocks of rows
+    blocks = list(received.split(sizes))
     for j in range(local):
-        rows = (which == j).nonzero().flatten()
-        if rows.numel():
-            y = expert_mlp(received.index_select(0, rows), w_gate[j], w_up[j], w_down[j])
-            out = out.index_copy(0, rows, y)
-    return out
+        mine = [s * local + j for s in range(sources)]
+        if sum(sizes[b] for b in mine):  # split / cat keep nothing for backward
+            y = expert_mlp(torch.cat([blocks[b] for b in mine]), w_gate[j], w_up[j], w_down[j])
+            for b, part in zip(mine, y.split([sizes[b] for b in mine])):
+                blocks[b] = part
+    return torch.cat(blocks)
 
 
 def combine(expert_out: torch.Tensor, plan: DispatchPlan, tokens: int) -> torch.Tensor:

@@ -37,12 +37,12 @@ import torch
 
 from shardwise.emulate.moe import (
     MoEParams,
-    combine,
-    dispatch_plan,
+    RoutingRule,
+    gather_rows,
     imbalance,
     load_balancing_loss,
-    route,
     run_local_experts,
+    weighted_combine,
 )
 from shardwise.errors import ShardwiseError
 from shardwise.runtime import collectives as C
@@ -117,8 +117,9 @@ def expert_parallel_moe(x: torch.Tensor, router: torch.Tensor, w_gate: torch.Ten
     num_experts = router.shape[1]
     if local * e != num_experts:
         raise ShardwiseError(f"{local} local experts × ep={e} ranks ≠ n_experts={num_experts}")
-    routing = route(x, router, top_k, normalize)
-    plan = dispatch_plan(routing, e, capacity_factor)
+    rule = RoutingRule(top_k, normalize, e, capacity_factor)
+    probs = rule.probs(x, router)  # saved: x and probs; the plan is recomputed in backward
+    routing, plan = rule.plan(probs)
     # Count exchange: (E,) = (e, E/e) per destination -> (e, E/e) per source, for my experts.
     counts = torch.empty_like(plan.per_expert)
     metadata = C.CommCounter()
@@ -127,16 +128,16 @@ def expert_parallel_moe(x: torch.Tensor, router: torch.Tensor, w_gate: torch.Ten
         (counter or C.get_counter()).add(g.name, COUNTS_OP, metadata.bytes())
     counts = counts.reshape(e, local)  # rows from source s for local expert j
     send, recv = plan.send.tolist(), counts.sum(dim=1).tolist()
-    received = all_to_all(x[plan.token], recv, send, g, counter=counter)  # (N_recv, h)
+    received = all_to_all(gather_rows(x, probs, plan, rule), recv, send, g, counter=counter)  # (N_recv, h)
     expert_out = run_local_experts(received, counts, w_gate, w_up, w_down)  # (N_recv, h)
     if received.requires_grad and not expert_out.requires_grad:
         # No rows reached my experts: keep both all-to-alls in the graph (a zero-size term) so
         # this rank still joins them in backward, where its peers wait for it.
         expert_out = expert_out + 0 * received
     returned = all_to_all(expert_out, send, recv, g, counter=counter)  # (N_send, h)
-    y = combine(returned, plan, x.shape[0])
+    y = weighted_combine(returned, probs, plan, rule)
     stats = EPStats(plan.routed, plan.per_expert, counts.sum(dim=0), send, recv)
-    return y, load_balancing_loss(routing.probs, routing.experts), stats
+    return y, load_balancing_loss(probs, routing.experts), stats
 
 
 def global_expert_counts(stats: EPStats, group: C.GroupLike = "ep", *,

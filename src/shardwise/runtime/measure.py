@@ -224,11 +224,15 @@ def saved_bytes_per_layer(model: nn.Module, layers: list[nn.Module], run) -> lis
 @dataclass(frozen=True)
 class LayerCall:
     """One forward call of one layer: bytes saved by the layer alone (`saved`; for an MoE
-    layer without its MoE block) and by its MoE block (`moe`, None for a dense layer)."""
+    layer without its MoE block) and by its MoE block (`moe`, None for a dense layer).
+    `extra_rows`: under expert parallelism, rows this rank's experts ran beyond the k·T
+    copies of its own tokens (rows received from other ranks minus rows sent to them; 0 when
+    routing is balanced)."""
 
     layer: int
     saved: int
     moe: int | None = None
+    extra_rows: int = 0
 
 
 @dataclass
@@ -254,6 +258,7 @@ class LayerRecorder:
     # (layer, part) -> {storage pointer: (bytes, the saved tensor, weakly)}
     _pass: dict[tuple[int, str], dict[int, tuple[int, Any]]] = field(default_factory=dict)
     _where: tuple[int, str] | None = None
+    _extra_rows: dict[int, int] = field(default_factory=dict)
     _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     _handles: list[Any] = field(default_factory=list)
 
@@ -319,8 +324,10 @@ class LayerRecorder:
             self._where = (k, "layer")
             if stats is not None:
                 me = self.ep_rank
-                self.routing.append((k, sum(stats.sent_rows) - stats.sent_rows[me],
-                                     sum(stats.received_rows) - stats.received_rows[me]))
+                out = sum(stats.sent_rows) - stats.sent_rows[me]
+                into = sum(stats.received_rows) - stats.received_rows[me]
+                self.routing.append((k, out, into))
+                self._extra_rows[k] = into - out
                 module.ep_stats = None
         return hook
 
@@ -344,8 +351,10 @@ class LayerRecorder:
             self.calls.append(LayerCall(
                 k, sum(n for p, n in own.items() if p not in shared),
                 None if moe is None else sum(n for p, n in moe.items()
-                                             if p not in shared and p not in own)))
+                                             if p not in shared and p not in own),
+                self._extra_rows.get(k, 0)))
         self._pass = {}
+        self._extra_rows = {}
 
 
 # ------------------------------------------------------------------- state on the rank
@@ -463,22 +472,26 @@ def _comm_rows(terms: Sequence[Term], measured: dict[tuple[str, str], float], st
 
 
 def _predicted_saved(model: ModelSpec, layout: Layout, train: TrainSpec, moe: bool
-                     ) -> tuple[float, float | None]:
+                     ) -> tuple[float, float | None, float]:
     """Bytes one layer saves per micro-batch on one rank (SPEC §3's generalised count): the
-    layer without its MoE block, and the MoE block (None for a dense layer, or under full
-    recompute, which keeps the layer input only)."""
+    layer without its MoE block, the MoE block (None for a dense layer, or under full
+    recompute, which keeps the layer input only), and the bytes the count keeps per row an
+    expert runs (its input, gate, up and down-projection input; 0 for a dense layer)."""
     t, c, rc = layout.tp, layout.cp, layout.recompute
     s, b, sp = train.seq_len, layout.micro_batch, layout.sp and layout.tp > 1
     if rc == "full":
         return activation_bytes_per_layer(model, s, b, tp=t, sp=sp, cp=c, recompute=rc,
-                                          dtype=train.dtype), None
+                                          dtype=train.dtype), None, 0.0
     saved = saved_tensors_per_layer(model, s, b, tp=t, sp=sp, cp=c, flash=train.flash_attention,
                                     selective=rc == "selective",
                                     dtype_bytes_=dtype_bytes(train.dtype), moe=moe)
     in_moe = {name for name in saved if name in ("mlp_input", "router_probs")
               or name.startswith(("expert_", "shared_"))} if moe else set()
+    per_row = sum(saved[name] for name in ("expert_inputs", "expert_gate", "expert_up",
+                                           "expert_activation_input", "expert_down_input")
+                  if name in saved) / (model.top_k * s / c * b) if moe else 0.0
     return (sum(v for name, v in saved.items() if name not in in_moe),
-            sum(saved[name] for name in in_moe) if moe else None)
+            sum(saved[name] for name in in_moe) if moe else None, per_row)
 
 
 def _activation_rows(model: ModelSpec, layout: Layout, train: TrainSpec,
@@ -487,19 +500,24 @@ def _activation_rows(model: ModelSpec, layout: Layout, train: TrainSpec,
     rows = []
     for k in sorted({call.layer for call in recorder.calls}):
         calls = [call for call in recorder.calls if call.layer == k]
-        predicted, predicted_moe = _predicted_saved(model, layout, train,
-                                                    is_moe_layer(model, k))
+        predicted, predicted_moe, per_row = _predicted_saved(model, layout, train,
+                                                             is_moe_layer(model, k))
         if predicted_moe is None:  # full recompute: the whole layer is its input
-            parts = [(f"layer {k}", predicted, [c.saved + (c.moe or 0) for c in calls])]
-        else:
-            parts = [(f"layer {k} attention", predicted, [c.saved for c in calls]),
-                     (f"layer {k} MoE", predicted_moe, [c.moe or 0 for c in calls])]
-        for what, expected, measured in parts:
-            worst = max(measured, key=lambda v: abs(v - expected))
+            parts = [(f"layer {k}", [(predicted, c.saved + (c.moe or 0)) for c in calls])]
+        else:  # the MoE count at the routing each call drew (balanced: extra_rows = 0)
+            parts = [(f"layer {k} attention", [(predicted, c.saved) for c in calls]),
+                     (f"layer {k} MoE", [(predicted_moe + c.extra_rows * per_row, c.moe or 0)
+                                         for c in calls])]
+        for what, pairs in parts:
+            expected, worst = max(pairs, key=lambda p: abs(p[1] - p[0]) / max(p[0], 1.0))
             row = CheckRow("activations", what, expected, worst, WITHIN_1PC)
             why = _activation_note(row, layout, train)
+            if any(e != pairs[0][0] for e, _ in pairs):
+                why = ["the count at the routing each call drew (under ep a rank's experts run "
+                       "the rows routed to them: ± rows × expert input, gate, up and "
+                       "down-projection input)", *why]
             rows.append(replace(row, note="; ".join(
-                [f"per micro-batch, worst of {len(measured)} forward calls", *why])))
+                [f"per micro-batch, worst of {len(pairs)} forward calls", *why])))
     if recorder.shared:
         rows.append(CheckRow(
             "activations", "shared by layers", 0.0, max(recorder.shared), REPORTED,
@@ -510,12 +528,6 @@ def _activation_rows(model: ModelSpec, layout: Layout, train: TrainSpec,
 
 def _activation_note(row: CheckRow, layout: Layout, train: TrainSpec) -> list[str]:
     """Why an activation row differs: the runtime facts that make it differ, with their size."""
-    if row.what.endswith("MoE"):
-        return ["MoE blocks run through plain torch ops (emulate.moe, expert_parallel_moe): "
-                "besides the count's items they keep, per routed row, SiLU's output (f) and "
-                "the gate-weighted expert output (h), and index and top-k tensors; the count "
-                "walks a fused expert kernel with balanced routing (under ep a rank's experts "
-                "get the rows actually routed to them)"]
     if row.error == 0 or layout.recompute == "full":
         return []
     notes = []

@@ -10,9 +10,10 @@ generalised activation count of SPEC §3 says (`estimate.memory.saved_tensors_pe
                  log-sum-exp per row (FlashAttention-style: the scores are recomputed)
     SwiGLU       gate and up projections; the down projection keeps silu(gate)·up
     linear       its input (the weight is a parameter, not an activation)
+    MoE          the router input and probabilities; per routed row the expert's input, gate,
+                 up and down-projection input, and its output (`emulate.moe.moe_layer`)
 
-so `runtime.measure.saved_bytes_per_layer` can hold the model to the formula (dense layers;
-MoE layers are `emulate.moe.moe_layer`, autograd through plain torch ops).
+so `runtime.measure.saved_bytes_per_layer` can hold the model to the formula.
 
 The parallel versions (`runtime.parallelize`) change this model in place, one axis at a time,
 through a few swap points and nothing else:
@@ -40,6 +41,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from shardwise.arch import ModelSpec
+from shardwise.emulate.functions import SwiGLUFunction
 from shardwise.emulate.moe import MoEParams, moe_layer
 from shardwise.errors import ShardwiseError
 
@@ -253,22 +255,6 @@ class Attention(nn.Module):
 
 
 # ------------------------------------------------------------------------------------- MLPs
-class SwiGLUFunction(torch.autograd.Function):
-    """`silu(g)·u` (Shazeer 2020) saving only g and u: `d_u = dy·silu(g)`,
-    `d_g = dy·u·σ(g)·(1 + g·(1 - σ(g)))`."""
-
-    @staticmethod
-    def forward(ctx, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(gate, up)
-        return F.silu(gate) * up
-
-    @staticmethod
-    def backward(ctx, dy: torch.Tensor):
-        gate, up = ctx.saved_tensors
-        sig = torch.sigmoid(gate)
-        return dy * up * sig * (1 + gate * (1 - sig)), dy * gate * sig
-
-
 class SwiGLU(nn.Module):
     """`W_down(silu(W_gate x)·W_up x)`; tensor parallelism splits f and sets `enter`/`leave`
     (and, with sequence parallelism, `project`: gate and up from the entered input)."""

@@ -143,11 +143,12 @@ def _assert_targets(rows: dict, comm: set[str]) -> None:
 
 
 TWO = [config("dp=2"), config("tp=2"), config("tp=2,sp=1"), config("pp=2"), config("cp=2"),
-       config("dp=2,ep=2", "tiny-moe"), config("dp=2,zero=3")]
+       config("dp=2,ep=2", "tiny-moe"), config("dp=2", "tiny-moe"), config("dp=2,zero=3")]
 COMM = [{"dp all-reduce"}, {"tp all-reduce"}, {"tp all-gather", "tp reduce-scatter",
                                                "tp all-reduce"},
         {"pp send"}, {"cp send", "dp_cp all-reduce"},
         {"dp all-reduce", "ep all-to-all", "ep all-to-all (counts)"},
+        {"dp all-reduce"},
         {"dp all-gather", "dp reduce-scatter"}]
 
 
@@ -157,10 +158,13 @@ def test_two_ranks_meet_every_target():
     rows = [_merged(results, i) for i in range(len(TWO))]
     for merged, comm in zip(rows, COMM):
         _assert_targets(merged, comm)
-    dp, tp, sp, pp, cp, ep, zero3 = rows
+    dp, tp, sp, pp, cp, ep, moe_dp, zero3 = rows
     # Measured, against figures worked out by hand.
     act = SEQ * 64 * F64
     assert dp[(0, "comm", "dp all-reduce")].measured == P_TINY * F64  # 2(N-1)/N = 1
+    # Without ep the experts are ordinary replicated weights: every parameter is averaged.
+    every = get_model("tiny-moe").count_params().total
+    assert moe_dp[(0, "comm", "dp all-reduce")].measured == every * F64
     assert tp[(0, "comm", "tp all-reduce")].measured == BATCH * (18 * act + 3 * SEQ * F64)
     assert zero3[(0, "comm", "dp all-gather")].measured == 2 * 2 * P_TINY * F64 / 2
     assert zero3[(0, "state", "weights")].measured == P_TINY * F64 / 2

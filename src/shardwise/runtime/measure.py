@@ -442,7 +442,9 @@ def predicted_comm(model: ModelSpec, layout: Layout, train: TrainSpec, stage: in
     dense, experts = stage_params(model, layout, stage)
     replicas = layout.dp * c
     dp_axis = "dp_cp" if c > 1 else "dp"
-    groups = [(dp_axis, dense, replicas)] + ([("edp", experts, replicas // e)] if e > 1 else [])
+    # Without expert parallelism the experts are ordinary replicated weights.
+    groups = ([(dp_axis, dense, replicas), ("edp", experts, replicas // e)] if e > 1
+              else [(dp_axis, dense + experts, replicas)])
     for axis, n_params, n in groups:
         if n > 1:
             for op, nbytes in dp_step_comm_ops(n_params, n, layout.zero, ab, ab, m):

@@ -10,4 +10,5 @@ against the unsharded computation.
     pipeline         micro-batch gradient accumulation == the full-batch gradient
     ring_attention   online-softmax ring attention, causal layouts and their balance
     moe              top-k routing, capacity, load-balancing loss, emulated expert parallelism
+    functions        autograd functions shared with the runtime model (SwiGLU)
 """

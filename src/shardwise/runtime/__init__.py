@@ -12,6 +12,8 @@ The only package that imports torch.distributed. Modules, one per concern:
     context_parallel  ring attention over the cp axis (exact log-sum-exp merge)
     expert_parallel   MoE with all-to-all dispatch and combine over the ep axis
     model             the single-device Llama-style model (saves exactly SPEC §3's count)
+    parallelize       TP/SP → CP → EP → PP → recompute → DP/ZeRO on a mesh, one axis at a time
+    train             the training loop (`shardwise train`, or under torchrun)
     data              built-in corpus, byte tokenizer, seeded data-parallel loader
     checkpoint        sharded, layout-independent, atomic checkpoints (DCP); resume anywhere
     measure           what a run saves and moves, for SPEC §9's comparison

@@ -19,11 +19,11 @@ sees every key; causal attention halves it. Training = forward + backward = 3× 
 from __future__ import annotations
 
 import difflib
-import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from shardwise.errors import ShardwiseError
+from shardwise.files import read_json
 
 
 @dataclass(frozen=True)
@@ -135,9 +135,6 @@ class ModelSpec:
 
     def dense_layer_params(self) -> int:
         return self.attention_params() + self.mlp_params() + 2 * self.norm_params()
-
-    def moe_layer_params(self, active: bool = False) -> int:
-        return self.attention_params() + self.moe_mlp_params(active) + 2 * self.norm_params()
 
     def embedding_params(self) -> int:
         return self.vocab * self.d_model + self.learned_positions * self.d_model
@@ -336,12 +333,7 @@ def from_hf_config(path: str | Path) -> ModelSpec:
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
-    try:
-        cfg = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ShardwiseError(f"config file {str(path)!r} not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ShardwiseError(f"config file {str(path)!r} is not valid JSON: {exc}") from None
+    cfg = read_json(path, "config file")
     if not isinstance(cfg, dict):
         raise ShardwiseError(f"config file {str(path)!r} must hold a JSON object")
     name = path.parent.name if path.name == "config.json" else path.stem

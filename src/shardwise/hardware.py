@@ -160,5 +160,3 @@ class Cluster:
             inter=get_link(inter or DEFAULT_INTER.get(accelerator.name, "ndr")),
         ).validate()
 
-
-DEFAULT_CLUSTER = {"gpus": 8, "gpu": "h100"}

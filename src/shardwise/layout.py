@@ -30,10 +30,6 @@ class TrainSpec:
     optimizer: str = "adam"
     flash_attention: bool = True
 
-    @property
-    def tokens_per_step(self) -> int | None:
-        return None if self.global_batch is None else self.global_batch * self.seq_len
-
     def validate(self) -> TrainSpec:
         problems = []
         if self.seq_len < 1:
@@ -71,10 +67,6 @@ class Layout:
     @property
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
-
-    @property
-    def model_parallel(self) -> int:
-        return self.tp * self.pp
 
     @property
     def zero_degree(self) -> int:

@@ -848,8 +848,3 @@ def choose_parallelism(model: ModelSpec, cluster: Cluster, train: TrainSpec, *,
         f"{budget / 2**30:.1f} GiB"
     )
 
-
-def summary_sequence(entries: Sequence[PlanEntry]) -> list[str]:
-    """One line per entry (for logs)."""
-    return [f"{e.rank or '-':>3} {e.layout.short():<48} {e.estimate.total:8.3f} s "
-            f"MFU {e.estimate.mfu:5.1%}" for e in entries]

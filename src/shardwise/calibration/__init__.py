@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from shardwise.errors import ShardwiseError
+from shardwise.files import read_json
 from shardwise.hardware import Link
 
 __all__ = ["Calibration", "default_calibration", "load_calibration"]
@@ -134,11 +135,5 @@ def load_calibration(accelerator: str = "default", path: str | Path | None = Non
     cal = default_calibration(accelerator)
     if path is None:
         return cal
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ShardwiseError(f"calibration file {str(path)!r} not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ShardwiseError(f"calibration file {str(path)!r} is not valid JSON: {exc}") from None
+    data = read_json(path, "calibration file")
     return _apply(cal, data, accelerator, str(path)).validate()

@@ -8,7 +8,7 @@ fp32 logits on the last stage and ZeRO-3's gather buffers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from shardwise.arch import ModelSpec, count_params
 from shardwise.errors import ShardwiseError
@@ -308,7 +308,6 @@ class MemoryBreakdown:
     logits: float = 0.0
     workspace: float = 0.0
     in_flight: int = 0
-    notes: tuple[str, ...] = field(default=())
 
     @property
     def state(self) -> float:

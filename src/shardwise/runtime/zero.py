@@ -105,7 +105,6 @@ class _Unit:
         self.flat: torch.Tensor | None = None  # stages 0-2: the persistent full buffer
         self.gathered: torch.Tensor | None = None  # stage 3: buffer alive during compute
         self.prefetched: tuple[torch.Tensor, Any] | None = None
-        self.markers = 0
         self.awaiting_backward = False  # ran forward with autograd; backward not done yet
         self.pending: set[int] = set()
 
@@ -155,7 +154,6 @@ class _Unit:
         g = self.gathered
         if (g is not None and t.device == g.device
                 and t.untyped_storage().data_ptr() == g.untyped_storage().data_ptr()):
-            self.markers += 1
             return _Marker(self, t)
         return t
 
@@ -201,7 +199,7 @@ class _GatherUnit(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_full: torch.Tensor) -> tuple[torch.Tensor, None]:
         unit: _Unit = ctx.unit
-        unit.gathered, unit.markers, unit.awaiting_backward = None, 0, False
+        unit.gathered, unit.awaiting_backward = None, False
         g = unit.engine.group
         grad_shard = torch.empty(unit.shard_numel, dtype=unit.dtype, device=unit.device)
         C.reduce_scatter(grad_shard, grad_full.contiguous(), g)
@@ -315,7 +313,7 @@ class ZeroDataParallel(nn.Module):
     def _pre_forward(self, unit: _Unit) -> Any:
         def hook(module: nn.Module, args: Any) -> None:
             full = _GatherUnit.apply(self.shards[unit.index], unit)
-            unit.gathered, unit.markers = full, 0
+            unit.gathered = full
             unit.set_views(full)
             nxt = unit.index + 1
             if (self.config.prefetch and nxt < len(self.units)

@@ -586,11 +586,8 @@ def plan(model: str, gpus: int, gpu: str, gpus_per_node: int, intra: str | None,
     given = None
     if layout_text:
         given = Layout.parse(layout_text)
-        if "dp=" not in layout_text.replace(" ", ""):
-            split = given.tp * given.pp * given.cp
-            if gpus % split:
-                raise ShardwiseError(f"tp·pp·cp = {split} does not divide --gpus {gpus}")
-            given = given.with_(dp=gpus // split)
+        if "dp=" not in layout_text.replace(" ", ""):  # the GPUs the other axes leave
+            given = build_layout(gpus, **(given.to_dict() | {"dp": None}))
         given.validate(spec, cluster, train)
     budget_tokens = parse_count(tokens, what="token budget") if tokens else None
     if price is not None and budget_tokens is None:

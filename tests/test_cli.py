@@ -99,6 +99,7 @@ def test_the_analytic_side_never_imports_torch():
     import sys
 
     code = ("import sys; import shardwise, shardwise.cli, shardwise.plan, shardwise.emit, "
-            "shardwise.estimate.step, shardwise.schedules, shardwise.report.plan_report; "
+            "shardwise.estimate.step, shardwise.schedules, shardwise.report.plan_report, "
+            "shardwise.report.builders, shardwise.report.text; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

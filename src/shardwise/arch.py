@@ -21,6 +21,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from shardwise.errors import ShardwiseError
 from shardwise.files import read_json
@@ -333,14 +334,22 @@ def from_hf_config(path: str | Path) -> ModelSpec:
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
-    cfg = read_json(path, "config file")
-    if not isinstance(cfg, dict):
-        raise ShardwiseError(f"config file {str(path)!r} must hold a JSON object")
     name = path.parent.name if path.name == "config.json" else path.stem
+    return from_hf_dict(read_json(path, "config file"), name or "model", str(path))
+
+
+def from_hf_dict(cfg: Any, name: str, where: str = "uploaded") -> ModelSpec:
+    """A parsed Hugging Face `config.json` (e.g. an upload to the web app) → `ModelSpec`;
+    `where` names its origin in error messages."""
+    if not isinstance(cfg, dict):
+        raise ShardwiseError(f"config file {where!r} must hold a JSON object")
     try:
-        return _from_hf_dict(cfg, name or "model").validate()
+        return _from_hf_dict(cfg, name).validate()
     except KeyError as exc:
         raise ShardwiseError(
-            f"config file {str(path)!r} ({cfg.get('model_type')}) lacks the field {exc}"
+            f"config file {where!r} ({cfg.get('model_type')}) lacks the field {exc}"
         ) from None
+    except (TypeError, ValueError) as exc:
+        raise ShardwiseError(f"config file {where!r} has a field of the wrong type ({exc})"
+                             ) from None
 

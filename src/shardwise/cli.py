@@ -15,13 +15,24 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.table import Table
 
-from shardwise.arch import DEFAULT_MODEL, PRESETS, get_model
+from shardwise.arch import DEFAULT_MODEL, get_model
 from shardwise.errors import ShardwiseError
-from shardwise.hardware import Cluster, get_link
-from shardwise.layout import RECOMPUTE, SCHEDULES, Layout, TrainSpec
-from shardwise.units import gb, gib, human_count, human_time, parse_batch, parse_size
+from shardwise.layout import RECOMPUTE, SCHEDULES, Layout
+from shardwise.report.builders import (
+    comm_payload,
+    emit_payload,
+    memory_payload,
+    models_payload,
+    plan_payload,
+    run_plan,
+    schedule_payload,
+    simulate_schedule,
+    training_budget,
+)
+from shardwise.report.text import render_comm, render_memory, render_models, render_schedule
+from shardwise.report.text import table as _table
+from shardwise.units import human_time, parse_batch
 
 # Wide tables when piped (rich would wrap at 80 columns) unless COLUMNS says otherwise.
 console = Console(highlight=False,
@@ -35,15 +46,6 @@ def _emit_json(payload: Any) -> None:
         raise TypeError(f"cannot serialise {type(obj).__name__}")
 
     click.echo(json.dumps(payload, indent=2, default=default))
-
-
-def _table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:
-    table = Table(title=title, title_justify="left")
-    for i, column in enumerate(columns):
-        table.add_column(column, justify="left" if i == 0 else "right")
-    for row in rows:
-        table.add_row(*(str(cell) for cell in row))
-    return table
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -60,22 +62,10 @@ def cli() -> None:
 @json_option
 def models(as_json: bool) -> None:
     """Presets with their parameter counts (total and active)."""
-    rows = []
-    for spec in PRESETS.values():
-        counts = spec.count_params()
-        rows.append({"name": spec.name, "layers": spec.n_layers, "hidden": spec.d_model,
-                     "heads": spec.n_heads, "kv_heads": spec.n_kv_heads, "ffn": spec.d_ff,
-                     "vocab": spec.vocab, "experts": spec.n_experts, "top_k": spec.top_k,
-                     "total_params": counts.total, "active_params": counts.active})
+    rows = models_payload()
     if as_json:
         return _emit_json(rows)
-    console.print(_table(
-        "Model presets (parameters: total / active)",
-        ["model", "L", "h", "heads", "kv", "f", "V", "experts", "total", "active"],
-        [[r["name"], r["layers"], r["hidden"], r["heads"], r["kv_heads"], r["ffn"], r["vocab"],
-          f"{r['experts']}×top{r['top_k']}" if r["experts"] else "-",
-          human_count(r["total_params"]), human_count(r["active_params"])] for r in rows],
-    ))
+    render_models(rows, console)
 
 
 # ------------------------------------------------------------------------------------ memory
@@ -107,18 +97,6 @@ def layout_options(func: Callable) -> Callable:
     return func
 
 
-def build_layout(gpus: int, **kw: Any) -> Layout:
-    model_parallel = kw["tp"] * kw["pp"] * kw["cp"]
-    dp = kw.pop("dp")
-    if dp is None:
-        if gpus % model_parallel:
-            raise ShardwiseError(
-                f"tp·pp·cp = {model_parallel} does not divide --gpus {gpus}"
-            )
-        dp = gpus // model_parallel
-    return Layout(dp=dp, **kw)
-
-
 @cli.command()
 @click.argument("model", default=DEFAULT_MODEL)
 @click.option("--gpus", default=8, show_default=True, help="Number of GPUs.")
@@ -141,42 +119,13 @@ def memory(model: str, gpus: int, gpu: str, gpus_per_node: int, seq: int,
            optimizer: str, formula: str, headroom: float, as_json: bool, **layout_kw: Any
            ) -> None:
     """Per-GPU training memory of MODEL (preset or config.json), stage by stage."""
-    from shardwise.estimate.memory import training_memory_per_gpu
-
-    spec = get_model(model)
-    cluster = Cluster.of(gpus, gpu, gpus_per_node)
-    layout = build_layout(gpus, **layout_kw)
-    batch = None if global_batch is None else parse_batch(global_batch, seq)
-    train = TrainSpec(seq_len=seq, global_batch=batch, dtype=dtype, grad_dtype=grad_dtype,
-                      optimizer=optimizer, flash_attention=flash).validate()
-    layout.validate(spec, cluster, train)
-    stages = training_memory_per_gpu(spec, layout, train, formula=formula)
-    budget = cluster.accelerator.memory_bytes * headroom
-    worst = max(stages, key=lambda s: s.total)
-    fits = worst.total <= budget
+    out = memory_payload(get_model(model), gpus=gpus, gpu=gpu, gpus_per_node=gpus_per_node,
+                         seq=seq, global_batch=global_batch, flash=flash, dtype=dtype,
+                         grad_dtype=grad_dtype, optimizer=optimizer, formula=formula,
+                         headroom=headroom, **layout_kw)
     if as_json:
-        return _emit_json({
-            "model": spec.name, "layout": layout.to_dict(), "train": asdict(train),
-            "accelerator": cluster.accelerator.name, "budget_bytes": budget, "fits": fits,
-            "stages": [s.as_dict() | {"stage": s.stage, "layers": s.layers,
-                                      "in_flight": s.in_flight} for s in stages],
-        })
-    console.print(f"[bold]{spec.name}[/] on {gpus}× {cluster.accelerator.name}, "
-                  f"layout {layout.short()}, s={seq}, "
-                  f"{'FlashAttention' if flash else 'materialised attention'}, "
-                  f"{formula} activation count")
-    console.print(_table(
-        "Per-GPU memory by pipeline stage (GB = 10^9 bytes)",
-        ["stage", "layers", "in flight", "weights", "grads", "optimizer", "activations",
-         "logits", "workspace", "total", "total GiB"],
-        [[s.stage, s.layers, s.in_flight, *(f"{v / 1e9:.2f}" for v in (
-            s.weights, s.grads, s.optimizer, s.activations, s.logits, s.workspace, s.total)),
-          f"{s.total / 2**30:.2f}"] for s in stages],
-    ))
-    verdict = "[green]fits[/]" if fits else "[red]does not fit[/]"
-    console.print(f"Largest stage {worst.stage}: {gb(worst.total)} ({gib(worst.total)}) — "
-                  f"{verdict} in {gib(budget)} ({headroom:.0%} of "
-                  f"{gib(cluster.accelerator.memory_bytes)} on {cluster.accelerator.name}).")
+        return _emit_json(out)
+    render_memory(out, console)
 
 
 # -------------------------------------------------------------------------------------- comm
@@ -195,36 +144,11 @@ def memory(model: str, gpus: int, gpu: str, gpus_per_node: int, seq: int,
 def comm(op: str, size: str, ranks: int, link: str, algorithm: str, nodes: int, inter: str,
          as_json: bool) -> None:
     """Bytes on the wire and alpha-beta time of one collective."""
-    from shardwise.estimate.comm import (
-        bus_bandwidth,
-        collective_time,
-        ring_bytes_on_wire,
-        ring_steps,
-    )
-
-    size_bytes = parse_size(size)
-    if algorithm == "hierarchical" and (nodes < 1 or ranks % nodes):
-        raise ShardwiseError(f"--nodes {nodes} must divide --ranks {ranks}")
-    chosen = get_link(link)
-    seconds = collective_time(op, size_bytes, ranks, chosen, algorithm, nodes=nodes,
-                              inter=get_link(inter))
-    result = {"op": op, "size_bytes": size_bytes, "ranks": ranks, "link": chosen.name,
-              "algorithm": algorithm, "rounds": ring_steps(op, ranks),
-              "bytes_sent_per_rank": ring_bytes_on_wire(op, size_bytes, ranks),
-              "seconds": seconds,
-              "bus_bandwidth": bus_bandwidth(op, size_bytes, ranks, seconds) if seconds else None}
+    out = comm_payload(op=op, size=size, ranks=ranks, link=link, algorithm=algorithm,
+                       nodes=nodes, inter=inter)
     if as_json:
-        return _emit_json(result)
-    console.print(_table(
-        f"{op} of {gb(size_bytes)} on {ranks} ranks over {chosen.name} ({algorithm})",
-        ["quantity", "value"],
-        [["ring rounds", result["rounds"]],
-         ["bytes sent per rank", f"{result['bytes_sent_per_rank']:,.0f} B "
-                                 f"({gb(result['bytes_sent_per_rank'])})"],
-         ["time (α-β)", human_time(seconds)],
-         ["bus bandwidth", f"{result['bus_bandwidth'] / 1e9:.1f} GB/s"
-          if result["bus_bandwidth"] else "-"]],
-    ))
+        return _emit_json(out)
+    render_comm(out, console)
 
 
 # ---------------------------------------------------------------------------------- schedule
@@ -250,42 +174,18 @@ def schedule(stages: int, microbatches: int, schedule: str, chunks: int | None, 
     """Generate, simulate and draw a pipeline schedule."""
     from pathlib import Path
 
-    from shardwise.schedules import (
-        bubble_fraction,
-        make_schedule,
-        render_ascii,
-        render_svg,
-        schedule_text,
-        simulate,
-        validate_schedule,
-    )
+    from shardwise.schedules import render_ascii, render_svg
 
-    p, m = stages, microbatches
-    v = chunks or (2 if schedule == "interleaved" else 1)
-    actions = make_schedule(schedule, p, m, v)
-    validate_schedule(actions, p, m, v)
-    split = schedule == "zb-h1"
-    timeline = simulate(actions, t_f, t_b, t_w if split else None, p2p_latency)
-    result = {"schedule": schedule, "stages": p, "microbatches": m, "chunks": v,
-              "actions": sum(len(a) for a in actions.values()), "makespan": timeline.makespan,
-              "bubble_fraction": timeline.bubble_fraction,
-              "bubble_closed_form": None if split else bubble_fraction(p, m, v),
-              "peak_in_flight": list(timeline.peak_in_flight), "text": schedule_text(actions)}
+    shape = {"stages": stages, "microbatches": microbatches, "schedule": schedule,
+             "chunks": chunks}
+    timeline = simulate_schedule(**shape, t_f=t_f, t_b=t_b, t_w=t_w, p2p_latency=p2p_latency)
+    out = schedule_payload(timeline, **shape)
     if svg_path:
-        Path(svg_path).write_text(render_svg(timeline, title=f"{schedule} p={p} m={m} v={v}"))
+        Path(svg_path).write_text(render_svg(
+            timeline, title=f"{schedule} p={stages} m={microbatches} v={out['chunks']}"))
     if as_json:
-        return _emit_json(result)
-    console.print(render_ascii(timeline, width=width), soft_wrap=True)
-    closed = result["bubble_closed_form"]
-    console.print(_table(
-        f"{schedule}: {p} stages, {m} micro-batches, {v} chunk(s) per stage",
-        ["quantity", "value"],
-        [["actions", result["actions"]], ["makespan", f"{timeline.makespan:g}"],
-         ["bubble (simulated)", f"{timeline.bubble_fraction:.4f}"],
-         ["bubble (p-1)/(v·m+p-1)", "-" if closed is None else f"{closed:.4f}"],
-         ["peak in flight per stage", " ".join(map(str, timeline.peak_in_flight))]]
-        + ([["SVG", svg_path]] if svg_path else []),
-    ))
+        return _emit_json(out)
+    render_schedule(out, render_ascii(timeline, width=width), console, svg_path)
 
 
 # -------------------------------------------------------------------------------------- demo
@@ -571,48 +471,30 @@ def plan(model: str, gpus: int, gpu: str, gpus_per_node: int, intra: str | None,
 
     With no arguments: llama3-8b on 64 H100s (8 nodes), s=8192, a 4M-token batch.
     """
-    from shardwise.calibration import load_calibration
-    from shardwise.emit import emit as emit_config
-    from shardwise.plan import plan as run_plan
-    from shardwise.report.plan_report import plan_json, render_plan
-    from shardwise.units import parse_count
+    from shardwise.report.plan_report import render_plan
 
     spec = get_model(model)
-    cluster = Cluster.of(gpus, gpu, gpus_per_node, intra, inter)
-    batch = parse_batch(global_batch, seq)
-    train = TrainSpec(seq_len=seq, global_batch=batch, dtype=dtype, grad_dtype=grad_dtype,
-                      optimizer=optimizer, flash_attention=flash).validate()
-    calib = load_calibration(cluster.accelerator.name, calibration_path)
-    given = None
-    if layout_text:
-        given = Layout.parse(layout_text)
-        if "dp=" not in layout_text.replace(" ", ""):  # the GPUs the other axes leave
-            given = build_layout(gpus, **(given.to_dict() | {"dp": None}))
-        given.validate(spec, cluster, train)
-    budget_tokens = parse_count(tokens, what="token budget") if tokens else None
-    if price is not None and budget_tokens is None:
-        raise ShardwiseError("--price needs --tokens (the training budget)")
-    interactive = console.is_terminal and not as_json and emit is None
-    if interactive:
+    options = {"gpus": gpus, "gpu": gpu, "gpus_per_node": gpus_per_node, "intra": intra,
+               "inter": inter, "seq": seq, "global_batch": global_batch, "tokens": tokens,
+               "price": price, "top": top, "layout_text": layout_text, "flash": flash,
+               "dtype": dtype, "grad_dtype": grad_dtype, "optimizer": optimizer,
+               "headroom": headroom, "calibration_path": calibration_path}
+    if console.is_terminal and not as_json and emit is None:
         with console.status("searching layouts…") as status:
-            result = run_plan(spec, cluster, train, top, headroom=headroom, calib=calib,
-                              layout=given, progress=lambda msg: status.update(msg + "…"))
+            result = run_plan(spec, **options, progress=lambda msg: status.update(msg + "…"))
     else:
-        result = run_plan(spec, cluster, train, top, headroom=headroom, calib=calib,
-                          layout=given)
+        result = run_plan(spec, **options)
     if emit:
-        chosen = result.given.layout if result.given is not None else result.best.layout
-        emitted = emit_config(emit, spec, chosen, train)
+        emitted = emit_payload(emit, result)
         if as_json:
-            return _emit_json({"framework": emit, "layout": chosen.to_dict(),
-                               "config": emitted.text, "notes": list(emitted.notes)})
-        click.echo(emitted.text, nl=False)
-        for line in emitted.notes:
+            return _emit_json(emitted)
+        click.echo(emitted["config"], nl=False)
+        for line in emitted["notes"]:
             click.echo(f"note: {line}", err=True)
         return None
     if as_json:
-        return _emit_json(plan_json(result, tokens=budget_tokens, price=price))
-    render_plan(result, console, tokens=budget_tokens, price=price)
+        return _emit_json(plan_payload(result, tokens=tokens, price=price))
+    render_plan(result, console, tokens=training_budget(tokens, price), price=price)
     return None
 
 

@@ -4,12 +4,11 @@ search statistics (rich tables; units named: GiB = 2^30 B, GB = 10^9 B)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.console import Console
 from rich.table import Table
 
 from shardwise.plan import Alternative, PlanEntry, PlanResult
+from shardwise.report.text import table as _table
 from shardwise.units import human_count, human_time
 
 __all__ = ["breakdown_table", "explain", "memory_table", "ranked_table", "render_plan",
@@ -19,13 +18,6 @@ _LABELS = {"compute": "compute", "tp_comm": "TP comm (exposed)",
            "cp_comm_exposed": "CP comm (exposed)", "ep_comm": "EP all-to-all",
            "pp_comm": "PP p2p", "bubble": "pipeline bubble",
            "dp_comm_exposed": "DP/ZeRO comm (exposed)", "optimizer": "optimizer step"}
-
-
-def _table(title: str, columns: list[str]) -> Table:
-    table = Table(title=title, title_justify="left", min_width=min(len(title) + 4, 100))
-    for i, column in enumerate(columns):
-        table.add_column(column, justify="left" if i == 0 else "right")
-    return table
 
 
 def _gib(n: float) -> str:
@@ -213,11 +205,3 @@ def render_plan(result: PlanResult, console: Console, *, tokens: float | None = 
     console.print(f"Searched {s.grid:,} grid points; evaluated {s.evaluated:,} valid layouts in "
                   f"{s.evaluation_seconds * 1e3:.0f} ms ({s.layouts_per_s / 1e6:.2f}M layouts/s),"
                   f" {s.seconds * 1e3:.0f} ms in all.")
-
-
-def plan_json(result: PlanResult, *, tokens: float | None = None,
-              price: float | None = None) -> dict[str, Any]:
-    out = result.to_dict()
-    out["explanation"] = explain(result)
-    out["training"] = training_summary(result.best, tokens, price)
-    return out

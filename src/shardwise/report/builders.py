@@ -1,0 +1,218 @@
+"""One builder per command: the payload `shardwise <command> --json` prints and `/api/<command>`
+answers. The CLI and the web API both call these functions, so every number on a page is the
+number the terminal shows for the same input (tests/web/test_api_matches_cli.py).
+
+Each builder takes the command's options by their CLI names (raw strings such as "1GB" or
+"4M-tokens" where the CLI takes strings), validates them with the same functions, and returns
+plain JSON types. Bad input raises `ShardwiseError` (CLI: one line, exit 2; API: HTTP 400).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+from shardwise.arch import PRESETS, ModelSpec
+from shardwise.errors import ShardwiseError
+from shardwise.hardware import Cluster, get_link
+from shardwise.layout import Layout, TrainSpec
+from shardwise.units import parse_batch, parse_count, parse_size
+
+__all__ = ["FRAMEWORKS", "build_layout", "comm_payload", "emit_payload", "memory_payload",
+           "model_row", "models_payload", "plan_payload", "run_plan", "schedule_payload",
+           "simulate_schedule"]
+
+FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
+
+
+# ------------------------------------------------------------------------------------ models
+def model_row(spec: ModelSpec) -> dict[str, Any]:
+    """A model's shape and parameter counts (total, and active per token for MoE)."""
+    counts = spec.count_params()
+    return {"name": spec.name, "layers": spec.n_layers, "hidden": spec.d_model,
+            "heads": spec.n_heads, "kv_heads": spec.n_kv_heads, "ffn": spec.d_ff,
+            "vocab": spec.vocab, "experts": spec.n_experts, "top_k": spec.top_k,
+            "total_params": counts.total, "active_params": counts.active}
+
+
+def models_payload() -> list[dict[str, Any]]:
+    """`shardwise models --json`: every preset."""
+    return [model_row(spec) for spec in PRESETS.values()]
+
+
+# ------------------------------------------------------------------------------------ memory
+def build_layout(gpus: int, **kw: Any) -> Layout:
+    """A `Layout` from the layout options; `dp=None` takes the GPUs tp·pp·cp leave."""
+    model_parallel = kw["tp"] * kw["pp"] * kw["cp"]
+    dp = kw.pop("dp")
+    if dp is None:
+        if gpus % model_parallel:
+            raise ShardwiseError(
+                f"tp·pp·cp = {model_parallel} does not divide --gpus {gpus}"
+            )
+        dp = gpus // model_parallel
+    return Layout(dp=dp, **kw)
+
+
+def memory_payload(spec: ModelSpec, *, gpus: int = 8, gpu: str = "h100", gpus_per_node: int = 8,
+                   seq: int = 8192, global_batch: str | None = None, flash: bool = True,
+                   dtype: str = "bf16", grad_dtype: str | None = None, optimizer: str = "adam",
+                   formula: str = "generalised", headroom: float = 0.85,
+                   **layout_kw: Any) -> dict[str, Any]:
+    """`shardwise memory --json`: per-GPU bytes of every pipeline stage (SPEC §2–§4) against
+    the budget `memory × headroom` (bytes; GB = 10^9, GiB = 2^30 when shown)."""
+    from shardwise.estimate.memory import training_memory_per_gpu
+
+    cluster = Cluster.of(gpus, gpu, gpus_per_node)
+    layout = build_layout(gpus, **layout_kw)
+    batch = None if global_batch is None else parse_batch(global_batch, seq)
+    train = TrainSpec(seq_len=seq, global_batch=batch, dtype=dtype, grad_dtype=grad_dtype,
+                      optimizer=optimizer, flash_attention=flash).validate()
+    layout.validate(spec, cluster, train)
+    stages = training_memory_per_gpu(spec, layout, train, formula=formula)
+    budget = cluster.accelerator.memory_bytes * headroom
+    worst = max(stages, key=lambda s: s.total)
+    return {
+        "model": spec.name, "layout": layout.to_dict(), "train": asdict(train),
+        "accelerator": cluster.accelerator.name, "budget_bytes": budget,
+        "fits": worst.total <= budget,
+        "stages": [s.as_dict() | {"stage": s.stage, "layers": s.layers,
+                                  "in_flight": s.in_flight} for s in stages],
+        "layout_short": layout.short(), "gpus": gpus, "formula": formula,
+        "headroom": headroom, "memory_bytes": cluster.accelerator.memory_bytes,
+        "largest_stage": worst.stage,
+    }
+
+
+# -------------------------------------------------------------------------------------- comm
+def comm_payload(*, op: str = "all-reduce", size: str = "1GB", ranks: int = 8,
+                 link: str = "nvlink4", algorithm: str = "ring", nodes: int = 1,
+                 inter: str = "ndr") -> dict[str, Any]:
+    """`shardwise comm --json`: ring rounds, bytes each rank sends and the α-β time of one
+    collective (SPEC §5), with its bus bandwidth (bytes/s, NCCL's convention)."""
+    from shardwise.estimate.comm import (
+        bus_bandwidth,
+        collective_time,
+        ring_bytes_on_wire,
+        ring_steps,
+    )
+
+    size_bytes = parse_size(size)
+    if algorithm == "hierarchical" and (nodes < 1 or ranks % nodes):
+        raise ShardwiseError(f"--nodes {nodes} must divide --ranks {ranks}")
+    chosen = get_link(link)
+    seconds = collective_time(op, size_bytes, ranks, chosen, algorithm, nodes=nodes,
+                              inter=get_link(inter))
+    return {"op": op, "size_bytes": size_bytes, "ranks": ranks, "link": chosen.name,
+            "algorithm": algorithm, "rounds": ring_steps(op, ranks),
+            "bytes_sent_per_rank": ring_bytes_on_wire(op, size_bytes, ranks),
+            "seconds": seconds,
+            "bus_bandwidth": bus_bandwidth(op, size_bytes, ranks, seconds) if seconds else None}
+
+
+# ---------------------------------------------------------------------------------- schedule
+def simulate_schedule(*, stages: int = 4, microbatches: int = 8, schedule: str = "1f1b",
+                      chunks: int | None = None, t_f: float = 1.0, t_b: float = 1.0,
+                      t_w: float = 1.0, p2p_latency: float = 0.0) -> Any:
+    """Generate, validate and simulate a schedule (SPEC §6); returns the `Timeline`."""
+    from shardwise.schedules import make_schedule, simulate, validate_schedule
+
+    v = chunks or (2 if schedule == "interleaved" else 1)
+    actions = make_schedule(schedule, stages, microbatches, v)
+    validate_schedule(actions, stages, microbatches, v)
+    split = schedule == "zb-h1"
+    return simulate(actions, t_f, t_b, t_w if split else None, p2p_latency)
+
+
+def schedule_payload(timeline: Any, *, stages: int = 4, microbatches: int = 8,
+                     schedule: str = "1f1b", chunks: int | None = None) -> dict[str, Any]:
+    """`shardwise schedule --json`: counts, makespan, simulated and closed-form bubble
+    `(p-1)/(v·m+p-1)`, peak micro-batches in flight per stage, the action lists as text and
+    the simulated timeline (one event per action: stage, kind F/B/W, micro-batch, chunk,
+    start, end in the units of t_f)."""
+    from shardwise.schedules import bubble_fraction, schedule_text
+
+    p, m = stages, microbatches
+    v = chunks or (2 if schedule == "interleaved" else 1)
+    by_stage: dict[int, list[Any]] = {}
+    for event in timeline.events:
+        by_stage.setdefault(event.stage, []).append(event.action)
+    return {"schedule": schedule, "stages": p, "microbatches": m, "chunks": v,
+            "actions": len(timeline.events), "makespan": timeline.makespan,
+            "bubble_fraction": timeline.bubble_fraction,
+            "bubble_closed_form": None if schedule == "zb-h1" else bubble_fraction(p, m, v),
+            "peak_in_flight": list(timeline.peak_in_flight), "text": schedule_text(by_stage),
+            "timeline": [{"stage": e.stage, "kind": e.action.kind,
+                          "microbatch": e.action.micro_batch, "chunk": e.action.chunk,
+                          "start": e.start, "end": e.end} for e in timeline.events]}
+
+
+# ---------------------------------------------------------------------------------------- plan
+def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str = "h100", gpus_per_node: int = 8,
+             intra: str | None = None, inter: str | None = None, seq: int = 8192,
+             global_batch: str = "4M-tokens", tokens: str | None = None,
+             price: float | None = None, top: int = 10, layout_text: str | None = None,
+             flash: bool = True, dtype: str = "bf16", grad_dtype: str | None = None,
+             optimizer: str = "adam", headroom: float = 0.85,
+             calibration_path: str | None = None,
+             progress: Callable[[str], None] | None = None) -> Any:
+    """Validate the plan options and search every layout (SPEC §7); returns the `PlanResult`.
+    `layout_text` (`tp=8,pp=2,zero=1`; dp: the GPUs the other axes leave) is evaluated too."""
+    from shardwise.calibration import load_calibration
+    from shardwise.plan import plan
+
+    cluster = Cluster.of(gpus, gpu, gpus_per_node, intra, inter)
+    batch = parse_batch(global_batch, seq)
+    train = TrainSpec(seq_len=seq, global_batch=batch, dtype=dtype, grad_dtype=grad_dtype,
+                      optimizer=optimizer, flash_attention=flash).validate()
+    calib = load_calibration(cluster.accelerator.name, calibration_path)
+    given = None
+    if layout_text:
+        given = Layout.parse(layout_text)
+        if "dp=" not in layout_text.replace(" ", ""):  # the GPUs the other axes leave
+            given = build_layout(gpus, **(given.to_dict() | {"dp": None}))
+        given.validate(spec, cluster, train)
+    training_budget(tokens, price)
+    return plan(spec, cluster, train, top, headroom=headroom, calib=calib, layout=given,
+                progress=progress)
+
+
+def training_budget(tokens: str | None, price: float | None) -> float | None:
+    """The token budget `--tokens` names (None without it); `--price` needs it."""
+    budget = parse_count(tokens, what="token budget") if tokens else None
+    if price is not None and budget is None:
+        raise ShardwiseError("--price needs --tokens (the training budget)")
+    return budget
+
+
+def emit_payload(framework: str, result: Any) -> dict[str, Any]:
+    """`shardwise plan --emit F --json`: the launch configuration of the chosen layout (yours
+    with --layout, else the winner) for Megatron-LM, torchtitan or DeepSpeed."""
+    from shardwise.emit import emit
+
+    chosen = result.given.layout if result.given is not None else result.best.layout
+    emitted = emit(framework, result.model, chosen, result.train)
+    return {"framework": framework, "layout": chosen.to_dict(), "config": emitted.text,
+            "notes": list(emitted.notes)}
+
+
+def plan_payload(result: Any, *, tokens: str | None = None,
+                 price: float | None = None) -> dict[str, Any]:
+    """`shardwise plan --json`: the search result (ranked layouts with step-time and memory
+    breakdowns, baseline, your layout, rejected regions, statistics), the explanation, time
+    and cost of the token budget, and the chosen layout's three launch configurations (or why
+    one cannot be written)."""
+    from shardwise.report.plan_report import explain, training_summary
+
+    out = result.to_dict()
+    out["explanation"] = explain(result)
+    out["training"] = training_summary(result.best, training_budget(tokens, price), price)
+    emits: dict[str, Any] = {}
+    for framework in FRAMEWORKS:
+        try:
+            emits[framework] = emit_payload(framework, result)
+        except ShardwiseError as exc:
+            emits[framework] = {"framework": framework, "error": str(exc)}
+    out["emits"] = emits
+    return out

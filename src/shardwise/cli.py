@@ -498,6 +498,21 @@ def plan(model: str, gpus: int, gpu: str, gpus_per_node: int, intra: str | None,
     return None
 
 
+# ------------------------------------------------------------------------------------------ ui
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to serve on (anything but loopback is reachable from the network).")
+@click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535),
+              help="TCP port (0: any free one).")
+@click.option("--no-browser", is_flag=True, help="Do not open a browser.")
+def ui(host: str, port: int, no_browser: bool) -> None:
+    """The web app: planner, memory and schedule tools and the explainers (needs the ui
+    extra: pip install 'shardwise[ui]'). Ctrl-C stops it."""
+    from shardwise.web.serve import serve
+
+    serve(host, port, open_browser=not no_browser)
+
+
 # ------------------------------------------------------------------------------------- entry
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: one line and exit 2 on bad input, never a traceback."""

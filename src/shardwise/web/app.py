@@ -29,6 +29,7 @@ def create_app() -> FastAPI:
     async def bad_input(_: Request, exc: ShardwiseError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=400)
 
+    app.add_middleware(tools.LimitBody)
     app.include_router(tools.router, prefix="/api")
     app.include_router(learn.router, prefix="/api/learn")
     app.mount("/static", StaticFiles(directory=STATIC), name="static")

@@ -1,7 +1,362 @@
-"""`/api/models`, `/api/memory`, `/api/comm`, `/api/schedule`, `/api/plan`."""
+"""`/api/models`, `/api/hardware`, `/api/memory`, `/api/comm`, `/api/schedule`, `/api/plan`.
+
+Each endpoint validates its request with a pydantic model (422 on a wrong type or a value
+outside the caps below), then calls the builder `shardwise <command> --json` calls
+(`shardwise.report.builders`), so a response equals the CLI's JSON for the same input. Bad
+input the builders reject (an unknown GPU, a layout that cannot run) is a 400 with the CLI's
+one-line message. A model is a preset name or an uploaded Hugging Face `config.json` (the
+parsed object in `hf_config`; never a path on the server).
+
+Caps keep one request from hogging the server: GPUs, sequence length, pipeline grid size, top-k,
+request size (1 MB); `/api/plan` runs in a worker thread, at most `PLAN_WORKERS` at once, and
+answers 503 when they are busy and 408 when a search outlasts `PLAN_TIMEOUT_S`.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+import asyncio
+import threading
+from typing import Any, Literal
+
+from fastapi import APIRouter, HTTPException
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from starlette.concurrency import run_in_threadpool
+
+from shardwise.arch import DEFAULT_MODEL, PRESETS, ModelSpec, from_hf_dict, get_model
+from shardwise.hardware import ACCELERATOR_ALIASES, ACCELERATORS, LINKS
+from shardwise.layout import RECOMPUTE, SCHEDULES
+from shardwise.report import builders
 
 router = APIRouter(tags=["tools"])
+
+MAX_GPUS = 131_072
+MAX_SEQ = 1_048_576
+MAX_TOP = 50
+MAX_SCHEDULE_ACTIONS = 20_000  # p·m·v·(2 or 3) actions simulated and drawn
+MAX_UPLOAD_BYTES = 1_000_000
+PLAN_TIMEOUT_S = 30.0
+PLAN_WORKERS = 2
+_plan_slots = threading.BoundedSemaphore(PLAN_WORKERS)
+
+ModelName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
+
+
+class _Out(BaseModel):
+    """Responses pass every key of the builder's payload through, declared or not."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ------------------------------------------------------------------------------------ models
+class ModelRow(_Out):
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+    experts: int
+    top_k: int
+    total_params: int = Field(description="All parameters.")
+    active_params: int = Field(description="Parameters one token passes through (MoE).")
+
+
+class ConfigUpload(_In):
+    name: str = Field("uploaded", max_length=80, pattern=r"^[\w.+-]+$",
+                      description="Name shown for the model.")
+    config: dict[str, Any] = Field(description="The parsed Hugging Face config.json.")
+
+
+class ModelChoice(_In):
+    model: ModelName = Field(DEFAULT_MODEL, description="A preset (see GET /api/models).")
+    hf_config: ConfigUpload | None = Field(
+        None, description="An uploaded config.json; replaces `model` when given.")
+
+    def spec(self) -> ModelSpec:
+        if self.hf_config is not None:
+            return from_hf_dict(self.hf_config.config, self.hf_config.name)
+        return get_model(self.model)
+
+
+@router.get("/models", response_model=list[ModelRow])
+def models() -> Any:
+    """The presets with their parameter counts (`shardwise models --json`)."""
+    return builders.models_payload()
+
+
+@router.post("/models", response_model=ModelRow)
+def upload_model(upload: ConfigUpload) -> Any:
+    """Read an uploaded Hugging Face config.json (≤ 1 MB) in memory, as the CLI reads one on
+    disk: its shape and parameter counts, or 400 with what is wrong."""
+    return builders.model_row(from_hf_dict(upload.config, upload.name))
+
+
+class Hardware(_Out):
+    accelerators: dict[str, float] = Field(description="Name → HBM bytes.")
+    aliases: dict[str, str]
+    links: dict[str, float] = Field(description="Name → bytes/s per direction per GPU.")
+
+
+@router.get("/hardware", response_model=Hardware)
+def hardware() -> Any:
+    """The accelerator and link presets (the names --gpu, --intra, --inter, --link take)."""
+    return {"accelerators": {a.name: a.memory_bytes for a in ACCELERATORS.values()},
+            "aliases": ACCELERATOR_ALIASES,
+            "links": {link.name: link.bandwidth for link in LINKS.values()}}
+
+
+# ------------------------------------------------------------------------------------ memory
+class LayoutFields(_In):
+    tp: int = Field(1, ge=1, le=MAX_GPUS, description="Tensor-parallel degree.")
+    pp: int = Field(1, ge=1, le=MAX_GPUS, description="Pipeline stages.")
+    dp: int | None = Field(None, ge=1, le=MAX_GPUS,
+                           description="Data-parallel degree [default: gpus / (tp·pp·cp)].")
+    cp: int = Field(1, ge=1, le=MAX_GPUS, description="Context-parallel degree.")
+    ep: int = Field(1, ge=1, le=MAX_GPUS, description="Expert-parallel degree.")
+    zero: int = Field(0, ge=0, le=3, description="ZeRO stage.")
+    zero_group: int = Field(0, ge=0, le=MAX_GPUS, description="Hybrid shard group (0: all dp).")
+    sp: bool = Field(False, description="Sequence parallelism (with tp > 1).")
+    schedule: Literal[SCHEDULES] = "1f1b"  # type: ignore[valid-type]
+    chunks: int = Field(1, ge=1, le=256, description="Virtual chunks per stage.")
+    recompute: Literal[RECOMPUTE] = "none"  # type: ignore[valid-type]
+    micro_batch: int = Field(1, ge=1, le=4096, description="Micro-batch size (sequences).")
+
+
+class TrainFields(_In):
+    gpus: int = Field(8, ge=1, le=MAX_GPUS)
+    gpu: str = Field("h100", max_length=40, description="Accelerator preset.")
+    gpus_per_node: int = Field(8, ge=1, le=1024)
+    seq: int = Field(8192, ge=1, le=MAX_SEQ, description="Sequence length.")
+    flash: bool = Field(True, description="FlashAttention.")
+    dtype: str = Field("bf16", max_length=20)
+    grad_dtype: str | None = Field(None, max_length=20)
+    optimizer: str = Field("adam", max_length=40)
+    headroom: float = Field(0.85, gt=0, le=1, description="Usable fraction of GPU memory.")
+
+
+class MemoryRequest(ModelChoice, TrainFields, LayoutFields):
+    global_batch: str | None = Field(None, max_length=40,
+                                     description="Sequences (1024) or tokens (16M-tokens).")
+    formula: Literal["generalised", "korthikanti"] = "generalised"
+
+
+class StageMemory(_Out):
+    stage: int
+    layers: int
+    in_flight: int
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float
+    logits: float
+    workspace: float
+    total: float
+
+
+class MemoryResponse(_Out):
+    model: str
+    layout: dict[str, Any]
+    layout_short: str
+    train: dict[str, Any]
+    accelerator: str
+    gpus: int
+    formula: str
+    headroom: float
+    memory_bytes: float
+    budget_bytes: float = Field(description="memory_bytes × headroom.")
+    fits: bool
+    largest_stage: int
+    stages: list[StageMemory] = Field(description="Bytes per GPU of each pipeline stage.")
+
+
+@router.post("/memory", response_model=MemoryResponse)
+def memory(request: MemoryRequest) -> Any:
+    """Per-GPU memory stage by stage (`shardwise memory --json`); bytes."""
+    fields = request.model_dump(exclude={"model", "hf_config"})
+    return builders.memory_payload(request.spec(), **fields)
+
+
+# -------------------------------------------------------------------------------------- comm
+class CommRequest(_In):
+    op: Literal["all-reduce", "reduce-scatter", "all-gather", "all-to-all",
+                "broadcast"] = "all-reduce"
+    size: str = Field("1GB", max_length=40, description="Tensor size, e.g. 13.5GB.")
+    ranks: int = Field(8, ge=1, le=MAX_GPUS)
+    link: str = Field("nvlink4", max_length=40)
+    algorithm: Literal["ring", "tree", "hierarchical"] = "ring"
+    nodes: int = Field(1, ge=1, le=MAX_GPUS, description="Nodes (hierarchical).")
+    inter: str = Field("ndr", max_length=40, description="Inter-node link (hierarchical).")
+
+
+class CommResponse(_Out):
+    op: str
+    size_bytes: float
+    ranks: int
+    link: str
+    algorithm: str
+    rounds: int
+    bytes_sent_per_rank: float
+    seconds: float
+    bus_bandwidth: float | None = Field(description="Bytes/s (NCCL's bus bandwidth).")
+
+
+@router.post("/comm", response_model=CommResponse)
+def comm(request: CommRequest) -> Any:
+    """Bytes on the wire and α-β time of one collective (`shardwise comm --json`)."""
+    return builders.comm_payload(**request.model_dump())
+
+
+# ---------------------------------------------------------------------------------- schedule
+class ScheduleRequest(_In):
+    stages: int = Field(4, ge=1, le=128, description="Pipeline stages p.")
+    microbatches: int = Field(8, ge=1, le=1024, description="Micro-batches m.")
+    schedule: Literal[SCHEDULES] = "1f1b"  # type: ignore[valid-type]
+    chunks: int | None = Field(None, ge=1, le=64,
+                               description="Chunks per stage v [default: 2 interleaved, else 1].")
+    t_f: float = Field(1.0, gt=0, le=1e6, description="Forward time per micro-batch.")
+    t_b: float = Field(1.0, gt=0, le=1e6, description="Backward time.")
+    t_w: float = Field(1.0, gt=0, le=1e6, description="Weight-gradient time (zb-h1).")
+    p2p_latency: float = Field(0.0, ge=0, le=1e6, description="Latency between stages.")
+
+    @model_validator(mode="after")
+    def _grid_cap(self) -> ScheduleRequest:
+        actions = 3 * self.stages * self.microbatches * (self.chunks or 2)
+        if actions > MAX_SCHEDULE_ACTIONS:
+            raise ValueError(f"p·m·v = {actions // 3:,} is too large to draw here; "
+                             f"keep it ≤ {MAX_SCHEDULE_ACTIONS // 3:,}")
+        return self
+
+
+class ScheduleEvent(_Out):
+    stage: int
+    kind: Literal["F", "B", "W"]
+    microbatch: int
+    chunk: int
+    start: float
+    end: float
+
+
+class ScheduleResponse(_Out):
+    schedule: str
+    stages: int
+    microbatches: int
+    chunks: int
+    actions: int
+    makespan: float
+    bubble_fraction: float
+    bubble_closed_form: float | None = Field(description="(p-1)/(v·m+p-1); none for zb-h1.")
+    peak_in_flight: list[int]
+    text: str
+    timeline: list[ScheduleEvent]
+
+
+@router.post("/schedule", response_model=ScheduleResponse)
+def schedule(request: ScheduleRequest) -> Any:
+    """Generate, validate and simulate a pipeline schedule (`shardwise schedule --json`)."""
+    shape = request.model_dump(include={"stages", "microbatches", "schedule", "chunks"})
+    timeline = builders.simulate_schedule(**request.model_dump())
+    return builders.schedule_payload(timeline, **shape)
+
+
+# ---------------------------------------------------------------------------------------- plan
+class PlanRequest(ModelChoice, TrainFields):
+    gpus: int = Field(64, ge=1, le=MAX_GPUS)
+    intra: str | None = Field(None, max_length=40, description="Intra-node link preset.")
+    inter: str | None = Field(None, max_length=40, description="Inter-node link preset.")
+    global_batch: str = Field("4M-tokens", max_length=40,
+                              description="Sequences (1024) or tokens (16M-tokens).")
+    tokens: str | None = Field(None, max_length=40, description="Training budget (15T).")
+    price: float | None = Field(None, ge=0, le=1e6, description="Price per GPU-hour.")
+    top: int = Field(10, ge=1, le=MAX_TOP, description="Layouts to show.")
+    layout: str | None = Field(None, max_length=300,
+                               description="Evaluate this layout too, e.g. tp=8,pp=2,zero=1.")
+
+
+class PlanEntryOut(_Out):
+    rank: int | None
+    layout: dict[str, Any]
+    short: str
+    estimate: dict[str, Any] = Field(description="Seconds per step component and rates.")
+    memory: dict[str, Any] = Field(description="Bytes of the largest stage, by part.")
+    budget_bytes: float
+    fits: bool
+
+
+class PlanResponse(_Out):
+    model: str
+    cluster: dict[str, Any]
+    train: dict[str, Any]
+    headroom: float
+    budget_bytes: float
+    ranked: list[PlanEntryOut]
+    baseline: PlanEntryOut | None
+    baseline_note: str
+    given: PlanEntryOut | None
+    given_note: str
+    rejected: list[dict[str, Any]]
+    alternatives: list[dict[str, Any]]
+    stats: dict[str, Any]
+    calibration: dict[str, Any]
+    explanation: str
+    training: dict[str, float] | None
+    emits: dict[str, dict[str, Any]] = Field(
+        description="Megatron-LM / torchtitan / DeepSpeed configuration of the chosen layout.")
+
+
+def plan_sync(request: PlanRequest) -> dict[str, Any]:
+    """The search and its payload, as `shardwise plan --json` computes them."""
+    options = request.model_dump(exclude={"model", "hf_config", "layout"})
+    result = builders.run_plan(request.spec(), layout_text=request.layout, **options)
+    return builders.plan_payload(result, tokens=request.tokens, price=request.price)
+
+
+@router.post("/plan", response_model=PlanResponse,
+             responses={408: {"description": "The search outlasted the time limit."},
+                        503: {"description": "Every planner worker is busy."}})
+async def plan(request: PlanRequest) -> Any:
+    """Search every layout and explain the best (`shardwise plan --json`)."""
+    if not _plan_slots.acquire(blocking=False):
+        raise HTTPException(503, f"the planner is busy with {PLAN_WORKERS} searches; "
+                                 "try again in a moment")
+
+    def work() -> dict[str, Any]:
+        try:
+            return plan_sync(request)
+        finally:
+            _plan_slots.release()
+
+    try:
+        return await asyncio.wait_for(run_in_threadpool(work), PLAN_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise HTTPException(408, f"the search took longer than {PLAN_TIMEOUT_S:.0f} s; "
+                                 "try fewer GPUs or fix some axes with a layout") from None
+
+
+class LimitBody:
+    """ASGI middleware: a request body over `max_bytes` (by its Content-Length) gets 413 with
+    a one-line message before anything reads it; a body without a length gets 411."""
+
+    def __init__(self, app: Any, max_bytes: int = MAX_UPLOAD_BYTES) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] in ("POST", "PUT", "PATCH"):
+            headers = dict(scope["headers"])
+            length = headers.get(b"content-length")
+            status, message = 0, ""
+            if length is None and headers.get(b"transfer-encoding"):
+                status, message = 411, "send the request body with a Content-Length"
+            elif length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+                status, message = 413, (f"the request body is over the {self.max_bytes:,}-byte "
+                                        "limit (a config.json is a few kB)")
+            if status:
+                from starlette.responses import JSONResponse
+
+                await JSONResponse({"detail": message}, status_code=status)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

@@ -72,6 +72,8 @@ def serve(host: str = "127.0.0.1", port: int = 8765, open_browser: bool = True) 
     threading.Thread(target=announce, daemon=True).start()
     try:
         server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C once it has shut down cleanly
+        pass
     finally:
         sock.close()
     click.echo("shardwise ui: stopped")

@@ -62,3 +62,100 @@ export function showError(target, message) {
   target.textContent = message || "";
   target.hidden = !message;
 }
+
+// ---- formatting (units.py's human_time / human_count, for display only) ----
+export function humanTime(s) {
+  if (s < 1e-3) return `${(s * 1e6).toFixed(1)} µs`;
+  if (s < 1) return `${(s * 1e3).toFixed(1)} ms`;
+  if (s < 120) return `${s.toFixed(2)} s`;
+  if (s < 7200) return `${(s / 60).toFixed(1)} min`;
+  if (s < 3 * 86400) return `${(s / 3600).toFixed(1)} h`;
+  return `${(s / 86400).toFixed(1)} days`;
+}
+
+export function humanCount(n) {
+  for (const [scale, suffix] of [[1e12, "T"], [1e9, "B"], [1e6, "M"], [1e3, "K"]]) {
+    if (Math.abs(n) >= scale) return `${Number((n / scale).toPrecision(3))}${suffix}`;
+  }
+  return `${Number(n.toPrecision(3))}`;
+}
+
+export const pct = (x, digits = 1) => `${(100 * x).toFixed(digits)}%`;
+
+export function escapeHtml(text) {
+  return String(text).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+}
+
+// ---- forms: controls named like the state keys ----
+export function fillForm(form, state) {
+  for (const [key, value] of Object.entries(state)) {
+    const controls = form.querySelectorAll(`[name="${key}"]`);
+    for (const el of controls) {
+      if (el.type === "checkbox") el.checked = Boolean(value);
+      else if (el.type === "radio") el.checked = el.value === String(value);
+      else el.value = value ?? "";
+    }
+  }
+}
+
+export function readForm(form, defaults) {
+  const state = {};
+  for (const [key, fallback] of Object.entries(defaults)) {
+    const controls = [...form.querySelectorAll(`[name="${key}"]`)];
+    if (!controls.length) { state[key] = fallback; continue; }
+    const el = controls.find((c) => c.type !== "radio" || c.checked) || controls[0];
+    if (el.type === "checkbox") state[key] = el.checked;
+    else if (typeof fallback === "number") state[key] = el.value === "" ? fallback : Number(el.value);
+    else state[key] = el.value;
+  }
+  return state;
+}
+
+// Show an API error next to the field it names (422: pydantic's loc; 400: the option the
+// CLI's message names, e.g. "--gpus 8" or "unknown accelerator"), else in `fallback`.
+export function showFieldErrors(form, error, fallback, aliases = {}) {
+  clearFieldErrors(form);
+  const items = Array.isArray(error.detail)
+    ? error.detail.map((d) => [String(d.loc[d.loc.length - 1]), `${d.msg}`])
+    : [[null, error.message]];
+  const unplaced = [];
+  for (const [loc, message] of items) {
+    const name = loc && form.querySelector(`[name="${loc}"]`) ? loc : guessField(form, message, aliases);
+    const slot = name && form.querySelector(`[data-error-for="${name}"]`);
+    if (slot) {
+      showError(slot, message);
+      form.querySelector(`[name="${name}"]`)?.setAttribute("aria-invalid", "true");
+    } else unplaced.push(message);
+  }
+  showError(fallback, unplaced.join("; "));
+}
+
+export function clearFieldErrors(form) {
+  for (const slot of form.querySelectorAll("[data-error-for]")) showError(slot, "");
+  for (const el of form.querySelectorAll("[aria-invalid]")) el.removeAttribute("aria-invalid");
+}
+
+function guessField(form, message, aliases) {
+  for (const [word, name] of Object.entries(aliases)) if (message.includes(word)) return name;
+  for (const slot of form.querySelectorAll("[data-error-for]")) {
+    const name = slot.dataset.errorFor;
+    const option = `--${name.replaceAll("_", "-")}`;
+    if (message.includes(`${option} `) || message.includes(`${option})`) || message.startsWith(`${name}=`)) return name;
+  }
+  return null;
+}
+
+export function debounce(fn, ms = 150) {
+  let timer;
+  return (...args) => { clearTimeout(timer); timer = setTimeout(() => fn(...args), ms); };
+}
+
+export async function copyText(button, text) {
+  try { await navigator.clipboard.writeText(text); } catch {
+    const area = Object.assign(document.createElement("textarea"), { value: text });
+    document.body.append(area); area.select(); document.execCommand("copy"); area.remove();
+  }
+  const label = button.textContent;
+  button.textContent = "Copied";
+  setTimeout(() => { button.textContent = label; }, 1200);
+}

@@ -1,0 +1,166 @@
+import { api, clearFieldErrors, copyText, escapeHtml, fillForm, humanCount, humanTime, pct, readForm, readState, renderNav, showError, showFieldErrors, writeState } from "/static/common.js";
+import { horizontalBars, legend, stackedColumns } from "/static/charts.js";
+import { modelFields, setupPickers } from "/static/picker.js";
+
+const DEFAULTS = { model: "llama3-8b", gpus: 64, gpu: "h100", gpus_per_node: 8, seq: 8192, global_batch: "4M-tokens", tokens: "", price: "", layout: "", top: 10 };
+const ALIASES = { "config.json": "model", "accelerator": "gpu", "--price": "price", "token budget": "tokens", "layout item": "layout", "batch": "global_batch", "no layout fits": "gpus" };
+// plan_report._LABELS, in the same order
+const COMPONENTS = [
+  ["compute", "compute", "var(--compute)"], ["tp_comm", "TP comm (exposed)", "var(--tp)"],
+  ["cp_comm_exposed", "CP comm (exposed)", "var(--cp)"], ["ep_comm", "EP all-to-all", "var(--ep)"],
+  ["pp_comm", "PP p2p", "var(--pp)"], ["bubble", "pipeline bubble", "var(--bubble)"],
+  ["dp_comm_exposed", "DP/ZeRO comm (exposed)", "var(--dp)"], ["optimizer", "optimizer step", "var(--opt)"],
+];
+const PARTS = [["weights", "var(--weights)"], ["grads", "var(--grads)"], ["optimizer", "var(--optimizer)"], ["activations", "var(--activations)"], ["logits", "var(--logits)"], ["workspace", "var(--workspace)"]]
+  .map(([key, color]) => ({ key, label: key, color }));
+const GIB = 2 ** 30;
+const form = document.getElementById("form");
+const formError = document.getElementById("form-error");
+let sortState = { column: 0, descending: false };
+
+function request(state) {
+  const { model, tokens, price, layout, ...rest } = state;
+  return { ...rest, ...modelFields(model), tokens: tokens || null, layout: layout || null, price: price === "" ? null : Number(price) };
+}
+
+async function run() {
+  const state = readForm(form, DEFAULTS);
+  writeState(state);
+  const button = document.getElementById("run");
+  button.disabled = true;
+  button.textContent = "Searching…";
+  const started = performance.now();
+  try {
+    const body = request(state);
+    const out = await api("/api/plan", body, { method: "POST" });
+    clearFieldErrors(form);
+    showError(formError, "");
+    document.getElementById("timing").textContent = `${Math.round(performance.now() - started)} ms`;
+    render(out);
+    await renderMemory(out, body);
+  } catch (error) {
+    showFieldErrors(form, error, formError, ALIASES);
+  } finally {
+    button.disabled = false;
+    button.textContent = "Plan";
+  }
+}
+
+function shares(entry) {
+  const e = entry.estimate;
+  const s = (k) => e[k] / e.total;
+  return { compute: s("compute"), tp: s("tp_comm"), dp: s("dp_comm_exposed"), pp: s("pp_comm") + s("bubble"), other: s("cp_comm_exposed") + s("ep_comm") + s("optimizer") };
+}
+
+function row(entry, label, cls) {
+  const e = entry.estimate, sh = shares(entry);
+  const cells = [
+    [label, entry.rank ?? 1e9], [entry.short, entry.short], [humanTime(e.total), e.total], [humanCount(e.tokens_per_s), e.tokens_per_s],
+    [pct(e.mfu), e.mfu], [pct(e.hfu), e.hfu], [(entry.memory.total / GIB).toFixed(1), entry.memory.total],
+    [pct(sh.compute), sh.compute], [pct(sh.tp), sh.tp], [pct(sh.dp), sh.dp], [pct(sh.pp), sh.pp], [pct(sh.other), sh.other],
+  ];
+  return `<tr class="${cls}">${cells.map(([text, key]) => `<td data-sort="${escapeHtml(key)}">${escapeHtml(text)}</td>`).join("")}</tr>`;
+}
+
+const HEADERS = ["#", "layout", "step", "tokens/s", "MFU", "HFU", "mem GiB", "compute", "TP", "DP", "PP+bubble", "other"];
+
+function renderRanked(out) {
+  const table = document.getElementById("ranked");
+  table.innerHTML = `<thead><tr>${HEADERS.map((h, i) => `<th aria-sort="none"><button type="button" data-column="${i}">${h}</button></th>`).join("")}</tr></thead><tbody>`
+    + out.ranked.map((e) => row(e, String(e.rank), e.rank === 1 ? "winner" : "")).join("")
+    + (out.given ? row(out.given, "yours", "given") : "") + "</tbody>";
+  for (const button of table.querySelectorAll("th button")) {
+    button.addEventListener("click", () => {
+      const column = Number(button.dataset.column);
+      sortState = { column, descending: sortState.column === column ? !sortState.descending : column >= 3 && column !== 6 && column !== 2 };
+      sortTable(table);
+    });
+  }
+  sortState = { column: 0, descending: false };
+}
+
+function sortTable(table) {
+  const { column, descending } = sortState;
+  const body = table.tBodies[0];
+  const rows = [...body.rows];
+  const key = (r) => { const v = r.cells[column].dataset.sort; return Number.isNaN(Number(v)) ? v : Number(v); };
+  rows.sort((a, b) => { const x = key(a), y = key(b); return (x < y ? -1 : x > y ? 1 : 0) * (descending ? -1 : 1); });
+  body.append(...rows);
+  table.querySelectorAll("th").forEach((th, i) => th.setAttribute("aria-sort", i === column ? (descending ? "descending" : "ascending") : "none"));
+}
+
+function breakdown(entry) {
+  const e = entry.estimate;
+  return horizontalBars({
+    title: `step time of ${entry.short}`,
+    rows: COMPONENTS.map(([key, label, color]) => ({
+      label: label + (key === "bubble" && e.bubble_source === "simulator" ? " (simulated)" : ""),
+      value: e[key], color, text: `${humanTime(e[key])} · ${pct(e[key] / e.total)}`,
+    })),
+  });
+}
+
+function render(out) {
+  document.getElementById("results").hidden = false;
+  const best = out.ranked[0], e = best.estimate, c = out.cluster, t = out.train;
+  document.getElementById("summary").textContent = `${out.model} on ${c.gpus}× ${c.accelerator} (${c.gpus / c.gpus_per_node} nodes × ${c.gpus_per_node}, ${c.intra} / ${c.inter}), s=${t.seq_len}, global batch ${t.global_batch.toLocaleString("en")} sequences (${humanCount(t.global_batch * t.seq_len)} tokens), ${t.dtype}; budget ${(out.budget_bytes / GIB).toFixed(1)} GiB per GPU (${Math.round(out.headroom * 100)}%).`;
+  const kpis = [["step", humanTime(e.total)], ["tokens/s", humanCount(e.tokens_per_s)], ["MFU (model FLOPs)", pct(e.mfu)], ["memory (largest stage)", `${(best.memory.total / GIB).toFixed(1)} GiB`]];
+  if (out.training) kpis.push(["time to train", humanTime(out.training.seconds)], ["GPU-hours", Math.round(out.training.gpu_hours).toLocaleString("en")]);
+  if (out.training?.cost !== undefined) kpis.push(["cost", `$${Math.round(out.training.cost).toLocaleString("en")}`]);
+  document.getElementById("kpis").innerHTML = kpis.map(([label, value]) => `<div class="kpi"><b>${escapeHtml(value)}</b><span>${escapeHtml(label)}</span></div>`).join("");
+  document.getElementById("ranked-title").textContent = `Top ${out.ranked.length} layouts by step time (of ${out.stats.fits.toLocaleString("en")} that fit)`;
+  renderRanked(out);
+  const g = out.given;
+  document.getElementById("given-note").textContent = g ? `Your layout ${g.short}: ${humanTime(g.estimate.total)} per step, MFU ${pct(g.estimate.mfu)}, ${g.fits ? "fits" : `does NOT fit (${(g.memory.total / GIB).toFixed(1)} GiB > ${(g.budget_bytes / GIB).toFixed(1)} GiB)`}; ${(g.estimate.total / e.total).toFixed(2)}× the best's step time (${out.given_note}).` : "";
+  document.getElementById("explanation").textContent = out.explanation;
+  document.getElementById("training").textContent = out.training
+    ? `Training ${humanCount(out.training.tokens)} tokens: ${humanTime(out.training.seconds)}, ${Math.round(out.training.gpu_hours).toLocaleString("en")} GPU-hours${out.training.cost !== undefined ? `, $${Math.round(out.training.cost).toLocaleString("en")} at $${out.training.price_per_gpu_hour}/GPU-hour` : ""}.` : "";
+  document.getElementById("breakdown-title").textContent = `Step time: ${best.short} (${e.microbatches} micro-batches, ${humanTime(e.total)})`;
+  document.getElementById("breakdown").innerHTML = breakdown(best);
+  document.getElementById("given-breakdown").innerHTML = g ? `<h2>Your layout: ${escapeHtml(g.short)}</h2>${breakdown(g)}` : "";
+  renderEmits(out);
+  document.getElementById("rejected").innerHTML = "<thead><tr><th>reason</th><th>grid points</th><th>example</th></tr></thead><tbody>"
+    + out.rejected.map((r) => `<tr><td>${escapeHtml(r.reason)}</td><td>${r.count.toLocaleString("en")}</td><td>${escapeHtml(r.example)}</td></tr>`).join("") + "</tbody>";
+  const s = out.stats;
+  document.getElementById("stats").textContent = `Searched ${s.grid.toLocaleString("en")} grid points; evaluated ${s.evaluated.toLocaleString("en")} valid layouts in ${Math.round(s.evaluation_seconds * 1e3)} ms, ${Math.round(s.seconds * 1e3)} ms in all.`;
+}
+
+function renderEmits(out) {
+  const tabs = document.getElementById("tabs");
+  const names = Object.keys(out.emits);
+  tabs.innerHTML = names.map((n, i) => `<button type="button" role="tab" id="tab-${n}" aria-selected="${i === 0}" data-name="${n}">${n}</button>`).join("");
+  const show = (name) => {
+    const emit = out.emits[name];
+    tabs.querySelectorAll("button").forEach((b) => b.setAttribute("aria-selected", String(b.dataset.name === name)));
+    const panel = document.getElementById("emit");
+    if (emit.error) { panel.innerHTML = `<p class="error">${escapeHtml(emit.error)}</p>`; return; }
+    panel.innerHTML = `<div class="actions"><button type="button" id="copy">Copy ${escapeHtml(name)} config</button></div><pre class="code" id="emit-text" tabindex="0"></pre>`
+      + (emit.notes.length ? `<ul class="hint">${emit.notes.map((n) => `<li>${escapeHtml(n)}</li>`).join("")}</ul>` : "");
+    document.getElementById("emit-text").textContent = emit.config;
+    document.getElementById("copy").addEventListener("click", (ev) => copyText(ev.target, emit.config));
+  };
+  tabs.querySelectorAll("button").forEach((b) => b.addEventListener("click", () => show(b.dataset.name)));
+  show(names[0]);
+}
+
+async function renderMemory(out, body) {
+  const best = out.ranked[0];
+  const { top, tokens, price, layout, global_batch, intra, inter, ...common } = body;
+  const mem = await api("/api/memory", { ...common, ...best.layout, global_batch: String(out.train.global_batch) }, { method: "POST" });
+  document.getElementById("memory-title").textContent = `Memory per stage: ${best.short} (GiB)`;
+  document.getElementById("memory-legend").innerHTML = legend(PARTS) + `<span><i style="background:#b42318"></i>budget</span>`;
+  document.getElementById("memory").innerHTML = stackedColumns({
+    groups: mem.stages.map((s) => ({ label: `${s.stage}`, values: Object.fromEntries(PARTS.map((p) => [p.key, s[p.key] / GIB])) })),
+    keys: PARTS, budget: mem.budget_bytes / GIB, unit: "GiB", title: "per-stage memory of the winner", width: 520, height: 260,
+  });
+}
+
+async function main() {
+  renderNav();
+  await setupPickers(form, () => {});
+  fillForm(form, readState(DEFAULTS));
+  form.addEventListener("submit", (event) => { event.preventDefault(); run(); });
+  await run();
+}
+
+main();

@@ -1,0 +1,46 @@
+import { api, clearFieldErrors, debounce, escapeHtml, fillForm, readForm, readState, renderNav, showError, showFieldErrors, writeState } from "/static/common.js";
+import { gantt } from "/static/charts.js";
+
+const DEFAULTS = { schedule: "1f1b", stages: 4, microbatches: 8, chunks: "", t_f: 1, t_b: 1, t_w: 1, p2p_latency: 0 };
+const ALIASES = { "m=": "microbatches", "chunks": "chunks" };
+const form = document.getElementById("form");
+const formError = document.getElementById("form-error");
+let sequence = 0;
+
+async function update() {
+  const state = readForm(form, DEFAULTS);
+  for (const key of ["stages", "microbatches"]) document.getElementById(`${key}-out`).textContent = state[key];
+  writeState(state);
+  const mine = ++sequence;
+  try {
+    const out = await api("/api/schedule", { ...state, chunks: state.chunks === "" ? null : Number(state.chunks) }, { method: "POST" });
+    if (mine !== sequence) return;
+    clearFieldErrors(form);
+    showError(formError, "");
+    render(out);
+  } catch (error) {
+    if (mine === sequence) showFieldErrors(form, error, formError, ALIASES);
+  }
+}
+
+function render(out) {
+  const closed = out.bubble_closed_form;
+  document.getElementById("kpis").innerHTML = [
+    ["makespan", Number(out.makespan.toPrecision(6))],
+    ["bubble (simulated)", out.bubble_fraction.toFixed(4)],
+    ["bubble (p−1)/(v·m+p−1)", closed === null ? "–" : closed.toFixed(4)],
+    ["actions", out.actions],
+  ].map(([label, value]) => `<div class="kpi"><b data-kpi="${escapeHtml(label)}">${value}</b><span>${escapeHtml(label)}</span></div>`).join("");
+  document.getElementById("chart-title").textContent = `${out.schedule}: p=${out.stages}, m=${out.microbatches}, v=${out.chunks}`;
+  document.getElementById("chart").innerHTML = gantt({ events: out.timeline, stages: out.stages, makespan: out.makespan, chunks: out.chunks, title: `${out.schedule} timeline` });
+  document.getElementById("peaks").innerHTML = `<thead><tr><th>stage</th>${out.peak_in_flight.map((_, s) => `<th>${s}</th>`).join("")}</tr></thead>`
+    + `<tbody><tr><td>peak in flight</td>${out.peak_in_flight.map((n) => `<td>${n}</td>`).join("")}</tr></tbody>`;
+  document.getElementById("text").textContent = out.text;
+}
+
+renderNav();
+fillForm(form, readState(DEFAULTS));
+const later = debounce(update, 80);
+form.addEventListener("input", later);
+form.addEventListener("submit", (event) => { event.preventDefault(); update(); });
+update();

@@ -9,17 +9,10 @@ import threading
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from shardwise.cli import cli
+from tests.web.cli_json import cli_json
 
 HF = Path(__file__).parents[1] / "fixtures" / "hf"
-
-
-def cli_json(*args: str):
-    result = CliRunner().invoke(cli, [*args, "--json"], catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return json.loads(result.output)
 
 
 def ok(client, path: str, body: dict | None = None):

@@ -29,8 +29,8 @@ function request(state) {
   return { ...rest, ...modelFields(model), zero: Number(zero), dp: dp === "" ? null : Number(dp), global_batch: global_batch || null };
 }
 
-async function update() {
-  const state = readForm(form, DEFAULTS);
+async function update(initial = null) {
+  const state = initial || readForm(form, DEFAULTS);
   writeState(state);
   const mine = ++sequence;
   document.getElementById("results").classList.add("busy");
@@ -74,15 +74,17 @@ function render(out, unit) {
 
 async function main() {
   renderNav();
-  const schedule = debounce(update, 120);
-  await setupPickers(form, update);
-  fillForm(form, readState(DEFAULTS));
+  const schedule = debounce(() => update(), 120);
+  const state = readState(DEFAULTS);
+  const first = update(state);  // the numbers load while the pickers do
+  await setupPickers(form, () => update());
+  fillForm(form, state);
   form.addEventListener("input", (event) => {
     if (event.target.name === "unit") { if (last) render(last, readForm(form, DEFAULTS).unit); writeState(readForm(form, DEFAULTS)); return; }
     if (event.target.type !== "file") schedule();
   });
   form.addEventListener("submit", (event) => { event.preventDefault(); update(); });
-  await update();
+  await first;
 }
 
 main();

@@ -23,8 +23,8 @@ function request(state) {
   return { ...rest, ...modelFields(model), tokens: tokens || null, layout: layout || null, price: price === "" ? null : Number(price) };
 }
 
-async function run() {
-  const state = readForm(form, DEFAULTS);
+async function run(initial = null) {
+  const state = initial || readForm(form, DEFAULTS);
   writeState(state);
   const button = document.getElementById("run");
   button.disabled = true;
@@ -157,10 +157,12 @@ async function renderMemory(out, body) {
 
 async function main() {
   renderNav();
+  const state = readState(DEFAULTS);
+  const first = run(state);  // the search starts while the pickers load
   await setupPickers(form, () => {});
-  fillForm(form, readState(DEFAULTS));
+  fillForm(form, state);
   form.addEventListener("submit", (event) => { event.preventDefault(); run(); });
-  await run();
+  await first;
 }
 
 main();

@@ -11,12 +11,15 @@
 Run: `python benchmarks/bench_web.py` (about half a minute; the page loads need
 /usr/bin/chromium). Each figure is the median of the repeats after one warm-up request.
 
-Recorded (2-core VM shared with other jobs, load average ≈ 10; this commit):
+Recorded (2-core VM shared with seven other jobs, load average 15-20 during every run, so
+these are upper bounds; four runs of this commit, range of the medians):
 
-    /api/memory    p50   4.1 ms   (p90   6.5 ms, 100 requests)
-    /api/schedule  p50   5.9 ms   (p90   9.3 ms, 100 requests)
-    /api/plan      p50 334 ms    (p90 434 ms, 7 requests)
-    page → chart   memory 165 ms, schedule 121 ms, planner 655 ms (medians of 5)
+    /api/memory    p50   4.5 -  9.0 ms   (in-process: builder 0.3 ms)
+    /api/schedule  p50   6.0 - 13.8 ms   (in-process: simulate 2.2 ms, payload + response
+                                          validation 0.8 ms; the rest is HTTP under load)
+    /api/plan      p50   228 -  375 ms
+    page → chart   memory 527 - 849 ms, schedule 469 - 672 ms, planner 844 - 1340 ms (the
+                   planner's first chart waits for a full search of Llama-3-8B on 64 GPUs)
 """
 
 from __future__ import annotations

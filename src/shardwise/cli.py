@@ -176,8 +176,8 @@ def schedule(stages: int, microbatches: int, schedule: str, chunks: int | None, 
 
     from shardwise.schedules import render_ascii, render_svg
 
-    shape = {"stages": stages, "microbatches": microbatches, "schedule": schedule,
-             "chunks": chunks}
+    shape: dict[str, Any] = {"stages": stages, "microbatches": microbatches,
+                             "schedule": schedule, "chunks": chunks}
     timeline = simulate_schedule(**shape, t_f=t_f, t_b=t_b, t_w=t_w, p2p_latency=p2p_latency)
     out = schedule_payload(timeline, **shape)
     if svg_path:
@@ -474,11 +474,12 @@ def plan(model: str, gpus: int, gpu: str, gpus_per_node: int, intra: str | None,
     from shardwise.report.plan_report import render_plan
 
     spec = get_model(model)
-    options = {"gpus": gpus, "gpu": gpu, "gpus_per_node": gpus_per_node, "intra": intra,
-               "inter": inter, "seq": seq, "global_batch": global_batch, "tokens": tokens,
-               "price": price, "top": top, "layout_text": layout_text, "flash": flash,
-               "dtype": dtype, "grad_dtype": grad_dtype, "optimizer": optimizer,
-               "headroom": headroom, "calibration_path": calibration_path}
+    options: dict[str, Any] = {
+        "gpus": gpus, "gpu": gpu, "gpus_per_node": gpus_per_node, "intra": intra,
+        "inter": inter, "seq": seq, "global_batch": global_batch, "tokens": tokens,
+        "price": price, "top": top, "layout_text": layout_text, "flash": flash, "dtype": dtype,
+        "grad_dtype": grad_dtype, "optimizer": optimizer, "headroom": headroom,
+        "calibration_path": calibration_path}
     if console.is_terminal and not as_json and emit is None:
         with console.status("searching layouts…") as status:
             result = run_plan(spec, **options, progress=lambda msg: status.update(msg + "…"))

@@ -5,6 +5,7 @@ reproduces the table. One browser for the session; a screenshot of each test is 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from playwright.sync_api import expect
 
@@ -137,3 +138,14 @@ def test_planner_page_equals_cli_and_its_link_reproduces_it(page, server_url, br
         assert other.locator("#ranked tbody tr").nth(i).locator("td") \
             .all_text_contents()[:7] == ranked_texts(entry)
     other.context.close()
+
+
+def test_memory_page_with_an_uploaded_config(page, server_url):
+    path = Path(__file__).parents[1] / "fixtures" / "hf" / "mixtral-8x7b" / "config.json"
+    page.goto(server_url + "/memory?model=upload&gpus=64&tp=1&ep=8&zero=3&recompute=none&sp=0")
+    expect(page.locator('[data-error-for="model"]')).to_contain_text("upload the config.json")
+    page.locator("input[type=file]").set_input_files(str(path))
+    expect(page.locator("#upload-status")).to_contain_text("32 layers")
+    out = cli_json("memory", str(path), "--gpus", "64", "--ep", "8", "--zero", "3")
+    expect_stage_row(page, out["stages"][0], 1e9)
+    expect(page.locator('[data-error-for="model"]')).to_be_hidden()

@@ -73,7 +73,8 @@ class ConfigUpload(_In):
 
 
 class ModelChoice(_In):
-    model: ModelName = Field(DEFAULT_MODEL, description="A preset (see GET /api/models).")
+    model: ModelName = Field(  # type: ignore[valid-type]
+        DEFAULT_MODEL, description="A preset (see GET /api/models).")
     hf_config: ConfigUpload | None = Field(
         None, description="An uploaded config.json; replaces `model` when given.")
 

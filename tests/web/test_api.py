@@ -48,6 +48,10 @@ def ok(client, path: str, body: dict | None = None):
       "--layout", "tp=2,pp=2,zero=1"],
      "/api/plan", {"model": "llama3-8b", "gpus": 64, "top": 3, "tokens": "1T", "price": 2,
                    "layout": "tp=2,pp=2,zero=1"}),
+    (["plan", "mixtral-8x7b", "--gpus", "32", "--gpu", "a100", "--inter", "roce400",
+      "--top", "2", "--seq", "4096", "--global-batch", "256", "--no-flash"],
+     "/api/plan", {"model": "mixtral-8x7b", "gpus": 32, "gpu": "a100", "inter": "roce400",
+                   "top": 2, "seq": 4096, "global_batch": "256", "flash": False}),
 ])
 def test_api_equals_cli_json(client, cli_args, path, body):
     expected, got = cli_json(*cli_args), ok(client, path, body)

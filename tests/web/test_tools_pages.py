@@ -149,3 +149,14 @@ def test_memory_page_with_an_uploaded_config(page, server_url):
     out = cli_json("memory", str(path), "--gpus", "64", "--ep", "8", "--zero", "3")
     expect_stage_row(page, out["stages"][0], 1e9)
     expect(page.locator('[data-error-for="model"]')).to_be_hidden()
+
+
+def test_pages_fit_a_narrow_screen(page, server_url):
+    page.set_viewport_size({"width": 400, "height": 800})
+    for name, chart in (("planner", "#breakdown svg"), ("memory", "#chart svg"),
+                        ("schedule", "#chart svg")):
+        page.goto(f"{server_url}/{name}")
+        page.wait_for_selector(chart)
+        # no sideways scrolling of the page itself (wide tables scroll inside their card)
+        assert page.evaluate("document.documentElement.scrollWidth") <= 400, name
+        assert page.locator(chart).bounding_box()["width"] <= 400

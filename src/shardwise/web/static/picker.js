@@ -15,6 +15,9 @@ export async function setupPickers(form, onChange) {
   gpu.innerHTML = Object.entries(hardware.aliases).map(([alias, name]) => `<option value="${alias}">${alias} (${name})</option>`).join("")
     + Object.keys(hardware.accelerators).filter((n) => !Object.values(hardware.aliases).includes(n))
       .map((n) => `<option value="${n}">${n}</option>`).join("");
+  for (const links of form.querySelectorAll("select[data-links]")) {
+    links.innerHTML = `<option value="">the GPU's default</option>` + Object.keys(hardware.links).map((n) => `<option value="${n}">${n}</option>`).join("");
+  }
   const file = form.querySelector("input[type=file]");
   const status = form.querySelector("#upload-status");
   const slot = form.querySelector('[data-error-for="model"]');

@@ -2,7 +2,7 @@ import { api, clearFieldErrors, copyText, escapeHtml, fillForm, humanCount, huma
 import { horizontalBars, legend, stackedColumns } from "/static/charts.js";
 import { modelFields, setupPickers } from "/static/picker.js";
 
-const DEFAULTS = { model: "llama3-8b", gpus: 64, gpu: "h100", gpus_per_node: 8, seq: 8192, global_batch: "4M-tokens", tokens: "", price: "", layout: "", top: 10 };
+const DEFAULTS = { model: "llama3-8b", gpus: 64, gpu: "h100", gpus_per_node: 8, seq: 8192, global_batch: "4M-tokens", tokens: "", price: "", layout: "", top: 10, intra: "", inter: "", dtype: "bf16", headroom: 0.85, flash: true };
 const ALIASES = { "config.json": "model", "accelerator": "gpu", "--price": "price", "token budget": "tokens", "layout item": "layout", "batch": "global_batch", "no layout fits": "gpus" };
 // plan_report._LABELS, in the same order
 const COMPONENTS = [
@@ -19,8 +19,8 @@ const formError = document.getElementById("form-error");
 let sortState = { column: 0, descending: false };
 
 function request(state) {
-  const { model, tokens, price, layout, ...rest } = state;
-  return { ...rest, ...modelFields(model), tokens: tokens || null, layout: layout || null, price: price === "" ? null : Number(price) };
+  const { model, tokens, price, layout, intra, inter, ...rest } = state;
+  return { ...rest, ...modelFields(model), tokens: tokens || null, layout: layout || null, price: price === "" ? null : Number(price), intra: intra || null, inter: inter || null };
 }
 
 async function run(initial = null) {

@@ -27,6 +27,7 @@ from shardwise.report.builders import (
     plan_payload,
     run_plan,
     schedule_payload,
+    schedule_svg,
     simulate_schedule,
     training_budget,
 )
@@ -174,15 +175,14 @@ def schedule(stages: int, microbatches: int, schedule: str, chunks: int | None, 
     """Generate, simulate and draw a pipeline schedule."""
     from pathlib import Path
 
-    from shardwise.schedules import render_ascii, render_svg
+    from shardwise.schedules import render_ascii
 
     shape: dict[str, Any] = {"stages": stages, "microbatches": microbatches,
                              "schedule": schedule, "chunks": chunks}
     timeline = simulate_schedule(**shape, t_f=t_f, t_b=t_b, t_w=t_w, p2p_latency=p2p_latency)
     out = schedule_payload(timeline, **shape)
     if svg_path:
-        Path(svg_path).write_text(render_svg(
-            timeline, title=f"{schedule} p={stages} m={microbatches} v={out['chunks']}"))
+        Path(svg_path).write_text(schedule_svg(timeline, out))
     if as_json:
         return _emit_json(out)
     render_schedule(out, render_ascii(timeline, width=width), console, svg_path)

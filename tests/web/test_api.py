@@ -9,7 +9,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from shardwise.cli import cli
 from tests.web.cli_json import cli_json
 
 HF = Path(__file__).parents[1] / "fixtures" / "hf"
@@ -202,3 +204,16 @@ def test_plan_busy_and_time_limit(client, monkeypatch):
     response = client.post("/api/plan", json={})
     done.set()
     assert response.status_code == 408 and "longer than" in response.json()["detail"]
+
+
+def test_schedule_svg_is_the_cli_file(client, tmp_path):
+    path = tmp_path / "zb.svg"
+    CliRunner().invoke(cli, ["schedule", "-p", "4", "-m", "8", "--schedule", "zb-h1", "--svg",
+                             str(path)], catch_exceptions=False)
+    response = client.get("/api/schedule.svg",
+                          params={"stages": 4, "microbatches": 8, "schedule": "zb-h1"})
+    assert response.status_code == 200 and response.headers["content-type"] == "image/svg+xml"
+    assert response.text == path.read_text()
+    bad = client.get("/api/schedule.svg", params={"stages": 4, "microbatches": 6,
+                                                   "schedule": "interleaved"})
+    assert bad.status_code == 400 and "m=6, p=4" in bad.json()["detail"]

@@ -86,6 +86,9 @@ def test_schedule_page_equals_cli(page, server_url):
     expect(page.locator("#chart g.ev")).to_have_count(out["actions"])
     expect(page.locator("#chart g.ev-W")).to_have_count(4 * 12)
     assert page.locator("#text").text_content() == out["text"]
+    with page.expect_download() as download:
+        page.get_by_role("link", name="Download SVG").click()
+    assert Path(download.value.path()).read_text().startswith("<svg")
 
 
 def ranked_texts(entry: dict) -> list[str]:

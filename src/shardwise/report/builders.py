@@ -21,7 +21,7 @@ from shardwise.units import parse_batch, parse_count, parse_size
 
 __all__ = ["FRAMEWORKS", "build_layout", "comm_payload", "emit_payload", "memory_payload",
            "model_row", "models_payload", "plan_payload", "run_plan", "schedule_payload",
-           "simulate_schedule"]
+           "schedule_svg", "simulate_schedule", "training_budget"]
 
 FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
 
@@ -146,6 +146,14 @@ def schedule_payload(timeline: Any, *, stages: int = 4, microbatches: int = 8,
             "timeline": [{"stage": e.stage, "kind": e.action.kind,
                           "microbatch": e.action.micro_batch, "chunk": e.action.chunk,
                           "start": e.start, "end": e.end} for e in timeline.events]}
+
+
+def schedule_svg(timeline: Any, out: dict[str, Any]) -> str:
+    """`shardwise schedule --svg`: the timeline as an SVG Gantt chart, titled by the payload."""
+    from shardwise.schedules import render_svg
+
+    return render_svg(timeline, title=f"{out['schedule']} p={out['stages']} "
+                                      f"m={out['microbatches']} v={out['chunks']}")
 
 
 # ---------------------------------------------------------------------------------------- plan

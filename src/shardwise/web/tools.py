@@ -1,4 +1,5 @@
-"""`/api/models`, `/api/hardware`, `/api/memory`, `/api/comm`, `/api/schedule`, `/api/plan`.
+"""`/api/models`, `/api/hardware`, `/api/memory`, `/api/comm`, `/api/schedule` (and its SVG),
+`/api/plan`.
 
 Each endpoint validates its request with a pydantic model (422 on a wrong type or a value
 outside the caps below), then calls the builder `shardwise <command> --json` calls
@@ -16,9 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.concurrency import run_in_threadpool
 
@@ -262,6 +263,17 @@ def schedule(request: ScheduleRequest) -> Any:
     shape = request.model_dump(include={"stages", "microbatches", "schedule", "chunks"})
     timeline = builders.simulate_schedule(**request.model_dump())
     return builders.schedule_payload(timeline, **shape)
+
+
+@router.get("/schedule.svg", response_class=Response,
+            responses={200: {"content": {"image/svg+xml": {}}}})
+def schedule_svg(request: Annotated[ScheduleRequest, Query()]) -> Response:
+    """The schedule's Gantt chart as SVG, the file `shardwise schedule --svg` writes."""
+    shape = request.model_dump(include={"stages", "microbatches", "schedule", "chunks"})
+    timeline = builders.simulate_schedule(**request.model_dump())
+    svg = builders.schedule_svg(timeline, builders.schedule_payload(timeline, **shape))
+    return Response(svg, media_type="image/svg+xml",
+                    headers={"Content-Disposition": f'inline; filename="{request.schedule}.svg"'})
 
 
 # ---------------------------------------------------------------------------------------- plan

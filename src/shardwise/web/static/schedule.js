@@ -18,6 +18,8 @@ async function update() {
     clearFieldErrors(form);
     showError(formError, "");
     render(out);
+    const query = new URLSearchParams(Object.entries(state).filter(([, v]) => v !== ""));
+    document.getElementById("svg-link").href = `/api/schedule.svg?${query}`;
   } catch (error) {
     if (mine === sequence) showFieldErrors(form, error, formError, ALIASES);
   }

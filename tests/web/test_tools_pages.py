@@ -122,7 +122,9 @@ def test_planner_page_equals_cli_and_its_link_reproduces_it(page, server_url, br
     expect(page.locator("#memory svg rect.budget, #memory svg line.budget")).to_have_count(1)
     # exports: the chosen layout (yours) for each framework, with a copy button
     expect(page.locator("#emit-text")).to_have_text(out["emits"]["megatron"]["config"])
-    page.get_by_role("tab", name="deepspeed").click()
+    page.get_by_role("tab", name="megatron").focus()
+    page.keyboard.press("ArrowLeft")  # wraps round to the last tab
+    expect(page.get_by_role("tab", name="deepspeed")).to_have_attribute("aria-selected", "true")
     expect(page.locator("#emit-text")).to_have_text(out["emits"]["deepspeed"]["config"])
     page.get_by_role("button", name="Copy deepspeed config").click()
     expect(page.get_by_role("button", name="Copied")).to_be_visible()

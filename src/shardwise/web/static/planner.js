@@ -131,7 +131,10 @@ function renderEmits(out) {
   tabs.innerHTML = names.map((n, i) => `<button type="button" role="tab" id="tab-${n}" aria-selected="${i === 0}" data-name="${n}">${n}</button>`).join("");
   const show = (name) => {
     const emit = out.emits[name];
-    tabs.querySelectorAll("button").forEach((b) => b.setAttribute("aria-selected", String(b.dataset.name === name)));
+    tabs.querySelectorAll("button").forEach((b) => {
+      b.setAttribute("aria-selected", String(b.dataset.name === name));
+      b.tabIndex = b.dataset.name === name ? 0 : -1;
+    });
     const panel = document.getElementById("emit");
     if (emit.error) { panel.innerHTML = `<p class="error">${escapeHtml(emit.error)}</p>`; return; }
     panel.innerHTML = `<div class="actions"><button type="button" id="copy">Copy ${escapeHtml(name)} config</button></div><pre class="code" id="emit-text" tabindex="0"></pre>`
@@ -140,6 +143,14 @@ function renderEmits(out) {
     document.getElementById("copy").addEventListener("click", (ev) => copyText(ev.target, emit.config));
   };
   tabs.querySelectorAll("button").forEach((b) => b.addEventListener("click", () => show(b.dataset.name)));
+  tabs.onkeydown = (event) => {  // arrow keys move between the tabs (WAI-ARIA tabs pattern)
+    const step = { ArrowRight: 1, ArrowLeft: -1 }[event.key];
+    if (!step) return;
+    const current = names.indexOf(tabs.querySelector("[aria-selected=true]").dataset.name);
+    const next = names[(current + step + names.length) % names.length];
+    show(next);
+    document.getElementById(`tab-${next}`).focus();
+  };
   show(names[0]);
 }
 

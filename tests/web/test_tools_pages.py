@@ -149,6 +149,7 @@ def test_memory_page_with_an_uploaded_config(page, server_url):
     path = Path(__file__).parents[1] / "fixtures" / "hf" / "mixtral-8x7b" / "config.json"
     page.goto(server_url + "/memory?model=upload&gpus=64&tp=1&ep=8&zero=3&recompute=none&sp=0")
     expect(page.locator('[data-error-for="model"]')).to_contain_text("upload the config.json")
+    expect(page.locator("#model")).to_have_value("upload")  # the pickers have loaded
     page.locator("input[type=file]").set_input_files(str(path))
     expect(page.locator("#upload-status")).to_contain_text("32 layers")
     out = cli_json("memory", str(path), "--gpus", "64", "--ep", "8", "--zero", "3")

@@ -17,7 +17,8 @@ every rank.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -28,6 +29,7 @@ __all__ = [
     "ring_all_gather",
     "ring_all_reduce",
     "ring_all_reduce_bytes",
+    "ring_all_reduce_steps",
     "ring_all_reduce_traced",
     "ring_reduce_scatter",
 ]
@@ -43,7 +45,12 @@ def _check(tensors: Sequence[torch.Tensor]) -> None:
                                  f"{tuple(shape)}: an all-reduce needs equal shapes")
 
 
-def _reduce_scatter_chunks(chunks: list[list[torch.Tensor]], sent: list[int]) -> None:
+_OnStep = Callable[[list[tuple[int, int]]], None]
+"""Called after each step's receives land, with that step's (sender, chunk) pairs."""
+
+
+def _reduce_scatter_chunks(chunks: list[list[torch.Tensor]], sent: list[int],
+                           on_step: _OnStep | None = None) -> None:
     """In place on `chunks[rank][chunk]`; afterwards chunks[r][r] is the full sum."""
     n = len(chunks)
     for s in range(n - 1):
@@ -52,9 +59,12 @@ def _reduce_scatter_chunks(chunks: list[list[torch.Tensor]], sent: list[int]) ->
         for r, c, payload in messages:
             chunks[(r + 1) % n][c] += payload
             sent[r] += payload.numel() * payload.element_size()
+        if on_step:
+            on_step([(r, c) for r, c, _ in messages])
 
 
-def _all_gather_chunks(chunks: list[list[torch.Tensor]], sent: list[int]) -> None:
+def _all_gather_chunks(chunks: list[list[torch.Tensor]], sent: list[int],
+                       on_step: _OnStep | None = None) -> None:
     """In place; on entry chunks[r][r] is rank r's; afterwards every rank has every chunk."""
     n = len(chunks)
     for s in range(n - 1):
@@ -62,6 +72,8 @@ def _all_gather_chunks(chunks: list[list[torch.Tensor]], sent: list[int]) -> Non
         for r, c, payload in messages:
             chunks[(r + 1) % n][c].copy_(payload)
             sent[r] += payload.numel() * payload.element_size()
+        if on_step:
+            on_step([(r, c) for r, c, _ in messages])
 
 
 def ring_all_reduce_traced(tensors: Sequence[torch.Tensor]
@@ -76,6 +88,36 @@ def ring_all_reduce_traced(tensors: Sequence[torch.Tensor]
     _reduce_scatter_chunks(chunks, sent)
     _all_gather_chunks(chunks, sent)
     return [f.view(tensors[0].shape) for f in flats], sent
+
+
+@dataclass(frozen=True)
+class RingStep:
+    """The ring after one step: `phase`, the (sender, chunk) pairs sent (each to sender + 1),
+    every rank's flat buffer and the bytes each rank has sent so far."""
+
+    phase: str  # "reduce-scatter" or "all-gather"
+    sends: tuple[tuple[int, int], ...]
+    buffers: tuple[torch.Tensor, ...]
+    sent: tuple[int, ...]
+
+
+def ring_all_reduce_steps(tensors: Sequence[torch.Tensor]) -> list[RingStep]:
+    """The 2(N-1) snapshots of `ring_all_reduce_traced`'s run, one after each step, for
+    stepping through the algorithm (the last one holds the all-reduced buffers)."""
+    _check(tensors)
+    n = len(tensors)
+    flats = [t.detach().reshape(-1).clone() for t in tensors]  # (numel,) per rank
+    chunks = [list(torch.tensor_split(f, n)) for f in flats]  # views into flats
+    sent = [0] * n
+    steps: list[RingStep] = []
+
+    def record(phase: str) -> _OnStep:
+        return lambda sends: steps.append(RingStep(
+            phase, tuple(sends), tuple(f.clone() for f in flats), tuple(sent)))
+
+    _reduce_scatter_chunks(chunks, sent, record("reduce-scatter"))
+    _all_gather_chunks(chunks, sent, record("all-gather"))
+    return steps
 
 
 def ring_all_reduce(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:

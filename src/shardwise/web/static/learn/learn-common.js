@@ -157,13 +157,20 @@ export function widget({ defaults, load, draw, toControl = {}, fromControl = {},
 
 export { api, showError, writeState };
 
-/** A log-scale slider mapping: position 0..steps <-> value lo..hi (powers, evenly spaced). */
-export function logScale(lo, hi, steps, round = (x) => x) {
-  const span = Math.log(hi / lo);
+/** A slider over a list of values (positions 0..values.length-1): log-like sliders that land on round numbers. */
+export function listScale(values) {
   return {
-    toControl: (value) => Math.round((Math.log(value / lo) / span) * steps),
-    fromControl: (position) => round(lo * Math.exp((position / steps) * span)),
+    max: values.length - 1,
+    toControl: (value) => values.reduce((best, v, i) => (Math.abs(Math.log(v / value)) < Math.abs(Math.log(values[best] / value)) ? i : best), 0),
+    fromControl: (position) => values[Math.max(0, Math.min(values.length - 1, position))],
   };
+}
+
+/** Round numbers from lo to hi, `mantissas` in every decade: 1e8, 1.5e8, 2e8, … */
+export function decades(lo, hi, mantissas = [1, 1.5, 2, 3, 4, 5, 7, 7.5]) {
+  const out = [];
+  for (let scale = lo; scale <= hi; scale *= 10) for (const m of mantissas) if (m * scale <= hi * (1 + 1e-9)) out.push(+(m * scale).toPrecision(3));
+  return out;
 }
 
 /** Nice ticks for a linear axis 0..max. */

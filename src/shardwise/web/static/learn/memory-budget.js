@@ -1,12 +1,15 @@
 // Widget 1: per-device training state against the ZeRO stage (numbers: /api/learn/memory-budget).
-import { api, count, fill, frame, gb, h, logScale, s, ticks, widget } from "/static/learn/learn-common.js";
+import { api, count, decades, fill, frame, gb, h, listScale, s, ticks, widget } from "/static/learn/learn-common.js";
 
 frame("memory-budget");
 
 const PARTS = [["weights", "var(--weights)"], ["grads", "var(--grads)"], ["optimizer", "var(--optimizer)"]];
 const STAGE_COLOURS = ["#9aa3b5", "var(--grads)", "var(--accent)", "var(--optimizer)"];
-const paramsScale = logScale(1e8, 1e12, 400, (x) => +x.toPrecision(2));
-const devicesScale = logScale(1, 1024, 100, Math.round);
+const paramsScale = listScale(decades(1e8, 1e12));
+// 1, 2, 3, 4, 6, 8, 12, … 768, 1024: powers of two and their 1.5× in between.
+const devicesScale = listScale([1, ...[...Array(10).keys()].flatMap((k) => [2 ** (k + 1), 3 * 2 ** k])].filter((n) => n <= 1024).sort((a, b) => a - b));
+document.getElementById("params").max = paramsScale.max;
+document.getElementById("devices").max = devicesScale.max;
 
 widget({
   defaults: { params: 7.5e9, devices: 64, stage: 0 },

@@ -32,7 +32,7 @@ function draw(d) {
       g.append(s("rect", { x, y, width: colW, height: 30, rx: 4, fill: colour, opacity: 0.12, stroke: colour, "stroke-opacity": 0.4 }));
       const sliceW = Math.max(3, colW / n);
       const sx = part ? x + (dev / n) * colW : x;
-      g.append(s("rect", { x: Math.min(sx, x + colW - sliceW), y, width: part ? sliceW : colW, height: 30, rx: part ? 1 : 4, fill: colour, "data-part": key, "data-partitioned": part },
+      g.append(s("rect", { x: Math.min(sx, x + colW - sliceW), y, width: part ? sliceW : colW, height: 30, rx: part ? 1 : 4, fill: colour, "data-part": key, "data-partitioned": String(part) },
         s("title", {}, part ? `slice ${dev} of ${n}` : "a full copy")));
       g.append(s("text", { x: x + colW / 2, y: y + 46, "text-anchor": "middle", "font-size": 11, class: "muted" }, part ? `1/${n} · ${gb(d.per_device[key])} GB` : `full · ${gb(d.per_device[key])} GB`));
     });

@@ -67,7 +67,7 @@ function draw(d, st) {
         s("text", { x: tx, y: ty + 4, "text-anchor": "middle", "font-size": 10, style: "fill:#fff", "font-weight": 700 }, `KV${held}`));
     }
   }
-  g.append(s("text", { x: cx, y: cy + R + r + 26, "text-anchor": "middle", class: "muted" }, current ? `step ${st.step}: each device absorbs the block it holds, then passes it on clockwise` : "all blocks absorbed: every arc is full"));
+  g.append(s("text", { x: cx, y: cy + R + r + 26, "text-anchor": "middle", class: "muted" }, current ? `step ${st.step}: absorb the held block, pass it on` : "every block absorbed: arcs full"));
 
   // Token layout strip: which device holds each position.
   const left = 400, right = 748, s0 = d.devices * d.tokens_per_device;

@@ -200,3 +200,14 @@ def test_every_explainer_fits_a_phone(page, server_url):
         page.goto(f"{server_url}/learn/{name}")
         expect(page.locator("#caption")).not_to_be_empty()
         assert page.evaluate("document.documentElement.scrollWidth") <= 390, name
+
+
+def test_bad_input_shows_the_one_line_message(page, server_url):
+    # Interleaved 1F1B needs M divisible by P: the API answers 400 and the page shows its line.
+    page.goto(server_url + "/learn/pipeline-grid?schedule=interleaved&p=4&m=6")
+    error = page.locator("#error")
+    expect(error).to_have_text(re.compile(r"^interleaved 1F1B needs m divisible by p"))
+    page.locator("#m").fill("8")
+    expect(error).to_be_hidden()
+    expect(page.locator("#bubble")).to_have_text(f"{100 * 3 / 19:.1f}%")
+    page.console_errors.clear()  # the browser logs the deliberate 400

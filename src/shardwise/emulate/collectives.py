@@ -45,8 +45,9 @@ def _check(tensors: Sequence[torch.Tensor]) -> None:
                                  f"{tuple(shape)}: an all-reduce needs equal shapes")
 
 
-_OnStep = Callable[[list[tuple[int, int]]], None]
-"""Called after each step's receives land, with that step's (sender, chunk) pairs."""
+_OnStep = Callable[[str, list[tuple[int, int]], list[list[torch.Tensor]], list[int]], None]
+"""Called after each step's receives land: (phase, the step's (sender, chunk) pairs, every rank's
+chunks, bytes each rank has sent so far)."""
 
 
 def _reduce_scatter_chunks(chunks: list[list[torch.Tensor]], sent: list[int],
@@ -60,7 +61,7 @@ def _reduce_scatter_chunks(chunks: list[list[torch.Tensor]], sent: list[int],
             chunks[(r + 1) % n][c] += payload
             sent[r] += payload.numel() * payload.element_size()
         if on_step:
-            on_step([(r, c) for r, c, _ in messages])
+            on_step("reduce-scatter", [(r, c) for r, c, _ in messages], chunks, sent)
 
 
 def _all_gather_chunks(chunks: list[list[torch.Tensor]], sent: list[int],
@@ -73,20 +74,21 @@ def _all_gather_chunks(chunks: list[list[torch.Tensor]], sent: list[int],
             chunks[(r + 1) % n][c].copy_(payload)
             sent[r] += payload.numel() * payload.element_size()
         if on_step:
-            on_step([(r, c) for r, c, _ in messages])
+            on_step("all-gather", [(r, c) for r, c, _ in messages], chunks, sent)
 
 
-def ring_all_reduce_traced(tensors: Sequence[torch.Tensor]
+def ring_all_reduce_traced(tensors: Sequence[torch.Tensor], on_step: _OnStep | None = None
                            ) -> tuple[list[torch.Tensor], list[int]]:
     """(every rank's all-reduced tensor, bytes each rank sent). Any length: with N ∤ numel
-    the chunks are `torch.tensor_split`'s (sizes differ by at most one element)."""
+    the chunks are `torch.tensor_split`'s (sizes differ by at most one element). `on_step`
+    sees the ring after each of the 2(N-1) steps."""
     _check(tensors)
     n = len(tensors)
     flats = [t.detach().reshape(-1).clone() for t in tensors]  # (numel,) per rank
     chunks = [list(torch.tensor_split(f, n)) for f in flats]  # views into flats
     sent = [0] * n
-    _reduce_scatter_chunks(chunks, sent)
-    _all_gather_chunks(chunks, sent)
+    _reduce_scatter_chunks(chunks, sent, on_step)
+    _all_gather_chunks(chunks, sent, on_step)
     return [f.view(tensors[0].shape) for f in flats], sent
 
 
@@ -102,21 +104,16 @@ class RingStep:
 
 
 def ring_all_reduce_steps(tensors: Sequence[torch.Tensor]) -> list[RingStep]:
-    """The 2(N-1) snapshots of `ring_all_reduce_traced`'s run, one after each step, for
+    """Snapshots of `ring_all_reduce_traced`'s run, one after each of its 2(N-1) steps, for
     stepping through the algorithm (the last one holds the all-reduced buffers)."""
-    _check(tensors)
-    n = len(tensors)
-    flats = [t.detach().reshape(-1).clone() for t in tensors]  # (numel,) per rank
-    chunks = [list(torch.tensor_split(f, n)) for f in flats]  # views into flats
-    sent = [0] * n
     steps: list[RingStep] = []
 
-    def record(phase: str) -> _OnStep:
-        return lambda sends: steps.append(RingStep(
-            phase, tuple(sends), tuple(f.clone() for f in flats), tuple(sent)))
+    def record(phase: str, sends: list[tuple[int, int]], chunks: list[list[torch.Tensor]],
+               sent: list[int]) -> None:
+        steps.append(RingStep(phase, tuple(sends), tuple(torch.cat(row) for row in chunks),
+                              tuple(sent)))
 
-    _reduce_scatter_chunks(chunks, sent, record("reduce-scatter"))
-    _all_gather_chunks(chunks, sent, record("all-gather"))
+    ring_all_reduce_traced(tensors, record)
     return steps
 
 

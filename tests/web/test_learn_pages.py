@@ -198,7 +198,8 @@ def test_every_explainer_fits_a_phone(page, server_url):
     page.set_viewport_size({"width": 390, "height": 844})
     for name in WIDGETS:
         page.goto(f"{server_url}/learn/{name}")
-        expect(page.locator("#caption")).not_to_be_empty()
+        expect(page.locator("section.widget figure")).not_to_have_attribute("aria-busy", "true")
+        expect(page.locator("figure svg > g").first).to_be_attached()
         assert page.evaluate("document.documentElement.scrollWidth") <= 390, name
 
 

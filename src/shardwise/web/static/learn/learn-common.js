@@ -120,9 +120,14 @@ export function widget({ defaults, load, draw, toControl = {}, fromControl = {},
     return fromControl[key] ? fromControl[key](value) : value;
   }
 
+  const figure = document.querySelector("section.widget figure");
+  const caption = document.getElementById("caption");
+  if (caption && !caption.textContent) caption.textContent = "Computing…";
+
   async function refresh() {
     writeState(state);
     const mine = ++ticket;
+    figure?.setAttribute("aria-busy", "true");
     try {
       const result = await load(state);
       if (mine !== ticket) return;
@@ -132,6 +137,8 @@ export function widget({ defaults, load, draw, toControl = {}, fromControl = {},
     } catch (exc) {
       if (mine !== ticket) return;
       showError(error, exc.message);
+    } finally {
+      if (mine === ticket) figure?.removeAttribute("aria-busy");
     }
   }
 

@@ -37,7 +37,7 @@ function draw(d, st) {
       h("tr", { title: role.where }, h("td", {}, h("strong", {}, name)), h("td", {}, role.forward), h("td", {}, role.backward)))));
   const equal = d.max_abs_diff < 1e-12;
   fill(document.getElementById("caption"),
-    `X is ${d.tokens}×${d.hidden}, A is ${d.hidden}×${d.ffn} and B is ${d.ffn}×${d.hidden}; on ${d.devices} device${d.devices > 1 ? "s" : ""} each holds A in ${d.hidden}×${d.ffn / d.devices} and B in ${d.ffn / d.devices}×${d.hidden} blocks. `,
+    `X is ${d.tokens}×${d.hidden}, A is ${d.hidden}×${d.ffn} and B is ${d.ffn}×${d.hidden}; on ${d.devices} device${d.devices > 1 ? "s" : ""} each holds a ${shape(d.weights[0])} block of A and a ${shape(d.weights[d.devices])} block of B. `,
     h("strong", { id: "equal" }, equal ? "Z equals the single-device result" : "Z differs from the single-device result"),
     `: largest difference ${d.max_abs_diff.toExponential(1)} (${d.dtype}). The only communication is the all-reduce g.`);
 }
@@ -47,10 +47,12 @@ function drawFlow(d, at) {
   const cols = [40, 170, 300, 430, 560, 690];
   const g = s("g", {});
   const active = (i) => (i === at ? 1 : i < at ? 0.85 : 0.3);
-  const box = (x, y, wd, ht, label, sub, colour, opacity, key) => s("g", { opacity, "data-box": key },
-    s("rect", { x: x - wd / 2, y: y - ht / 2, width: wd, height: ht, rx: 6, fill: "var(--card)", stroke: colour, "stroke-width": 2 }),
-    s("text", { x, y: y - 2, "text-anchor": "middle", "font-weight": 700 }, label),
-    s("text", { x, y: y + 13, "text-anchor": "middle", "font-size": 11, class: "muted" }, sub));
+  const box = (x, y, wd, ht, label, sub, colour, opacity, key) => s("g", { "data-box": key },
+    s("rect", { x: x - wd / 2, y: y - ht / 2, width: wd, height: ht, rx: 6, fill: "var(--card)" }),
+    s("g", { opacity },
+      s("rect", { x: x - wd / 2, y: y - ht / 2, width: wd, height: ht, rx: 6, fill: "none", stroke: colour, "stroke-width": 2 }),
+      s("text", { x, y: y - 2, "text-anchor": "middle", "font-weight": 700 }, label),
+      s("text", { x, y: y + 13, "text-anchor": "middle", "font-size": 11, class: "muted" }, sub)));
   for (let i = 0; i < lanes; i++) {
     const y = top + laneH * (i + 0.5);
     g.append(s("text", { x: 108, y: y - laneH / 2 + 12, "font-size": 10, class: "muted" }, `device ${i}`));
@@ -65,6 +67,7 @@ function drawFlow(d, at) {
     g.append(box(cols[k + 1], y, 92, Math.min(44, laneH - 8), k === 0 ? `X·A${sub(i)}` : k === 1 ? `GeLU` : `Y${sub(i)}·B${sub(i)}`, shape(t), k === 2 ? "var(--grads)" : "var(--weights)", active(k + 1), `${stage.key}-${i}`));
   }));
   const gOn = at >= 4;
+  g.append(s("rect", { x: cols[4] + 55, y: top - 4, width: 36, height: laneH * lanes + 8, rx: 8, fill: "var(--card)" }));
   g.append(s("g", { opacity: active(4), "data-box": "g" },
     s("rect", { x: cols[4] + 55, y: top - 4, width: 36, height: laneH * lanes + 8, rx: 8, fill: gOn ? "var(--grads)" : "var(--card)", stroke: "var(--grads)", "stroke-width": 2 }),
     s("text", { x: cols[4] + 73, y: mid + 5, "text-anchor": "middle", "font-weight": 700, style: gOn ? "fill:#fff" : "fill:var(--grads)" }, "g")));

@@ -30,7 +30,7 @@ from shardwise.estimate.memory import (
 
 router = APIRouter(tags=["learn"])
 
-GB = 1e9  # every byte figure of these endpoints is also given in decimal GB (10^9 bytes)
+GB = 1e9  # budgets come in decimal GB (10^9 bytes); every response figure is in bytes
 POWERS_OF_TWO_TO_1024 = [2**k for k in range(11)]
 
 

@@ -17,7 +17,8 @@ every rank.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -28,6 +29,7 @@ __all__ = [
     "ring_all_gather",
     "ring_all_reduce",
     "ring_all_reduce_bytes",
+    "ring_all_reduce_steps",
     "ring_all_reduce_traced",
     "ring_reduce_scatter",
 ]
@@ -43,7 +45,13 @@ def _check(tensors: Sequence[torch.Tensor]) -> None:
                                  f"{tuple(shape)}: an all-reduce needs equal shapes")
 
 
-def _reduce_scatter_chunks(chunks: list[list[torch.Tensor]], sent: list[int]) -> None:
+_OnStep = Callable[[str, list[tuple[int, int]], list[list[torch.Tensor]], list[int]], None]
+"""Called after each step's receives land: (phase, the step's (sender, chunk) pairs, every rank's
+chunks, bytes each rank has sent so far)."""
+
+
+def _reduce_scatter_chunks(chunks: list[list[torch.Tensor]], sent: list[int],
+                           on_step: _OnStep | None = None) -> None:
     """In place on `chunks[rank][chunk]`; afterwards chunks[r][r] is the full sum."""
     n = len(chunks)
     for s in range(n - 1):
@@ -52,9 +60,12 @@ def _reduce_scatter_chunks(chunks: list[list[torch.Tensor]], sent: list[int]) ->
         for r, c, payload in messages:
             chunks[(r + 1) % n][c] += payload
             sent[r] += payload.numel() * payload.element_size()
+        if on_step:
+            on_step("reduce-scatter", [(r, c) for r, c, _ in messages], chunks, sent)
 
 
-def _all_gather_chunks(chunks: list[list[torch.Tensor]], sent: list[int]) -> None:
+def _all_gather_chunks(chunks: list[list[torch.Tensor]], sent: list[int],
+                       on_step: _OnStep | None = None) -> None:
     """In place; on entry chunks[r][r] is rank r's; afterwards every rank has every chunk."""
     n = len(chunks)
     for s in range(n - 1):
@@ -62,20 +73,48 @@ def _all_gather_chunks(chunks: list[list[torch.Tensor]], sent: list[int]) -> Non
         for r, c, payload in messages:
             chunks[(r + 1) % n][c].copy_(payload)
             sent[r] += payload.numel() * payload.element_size()
+        if on_step:
+            on_step("all-gather", [(r, c) for r, c, _ in messages], chunks, sent)
 
 
-def ring_all_reduce_traced(tensors: Sequence[torch.Tensor]
+def ring_all_reduce_traced(tensors: Sequence[torch.Tensor], on_step: _OnStep | None = None
                            ) -> tuple[list[torch.Tensor], list[int]]:
     """(every rank's all-reduced tensor, bytes each rank sent). Any length: with N ∤ numel
-    the chunks are `torch.tensor_split`'s (sizes differ by at most one element)."""
+    the chunks are `torch.tensor_split`'s (sizes differ by at most one element). `on_step`
+    sees the ring after each of the 2(N-1) steps."""
     _check(tensors)
     n = len(tensors)
     flats = [t.detach().reshape(-1).clone() for t in tensors]  # (numel,) per rank
     chunks = [list(torch.tensor_split(f, n)) for f in flats]  # views into flats
     sent = [0] * n
-    _reduce_scatter_chunks(chunks, sent)
-    _all_gather_chunks(chunks, sent)
+    _reduce_scatter_chunks(chunks, sent, on_step)
+    _all_gather_chunks(chunks, sent, on_step)
     return [f.view(tensors[0].shape) for f in flats], sent
+
+
+@dataclass(frozen=True)
+class RingStep:
+    """The ring after one step: `phase`, the (sender, chunk) pairs sent (each to sender + 1),
+    every rank's flat buffer and the bytes each rank has sent so far."""
+
+    phase: str  # "reduce-scatter" or "all-gather"
+    sends: tuple[tuple[int, int], ...]
+    buffers: tuple[torch.Tensor, ...]
+    sent: tuple[int, ...]
+
+
+def ring_all_reduce_steps(tensors: Sequence[torch.Tensor]) -> list[RingStep]:
+    """Snapshots of `ring_all_reduce_traced`'s run, one after each of its 2(N-1) steps, for
+    stepping through the algorithm (the last one holds the all-reduced buffers)."""
+    steps: list[RingStep] = []
+
+    def record(phase: str, sends: list[tuple[int, int]], chunks: list[list[torch.Tensor]],
+               sent: list[int]) -> None:
+        steps.append(RingStep(phase, tuple(sends), tuple(torch.cat(row) for row in chunks),
+                              tuple(sent)))
+
+    ring_all_reduce_traced(tensors, record)
+    return steps
 
 
 def ring_all_reduce(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -98,7 +98,7 @@ def _small_search(model, gpus, seq, batch, flash=True):
 def test_vectorised_and_scalar_agree_on_every_candidate_of_a_small_search():
     model = get_model("tiny")
     cluster, train, cand, terms = _small_search(model, 8, 64, 16)
-    n = len(cand["t"])
+    n = len(cand["tp"])
     assert n > 500
     for i in range(n):
         est = estimate_step(model, cluster, _layout_of(cand, i), train)
@@ -116,7 +116,7 @@ def test_vectorised_and_scalar_agree_on_every_candidate_of_a_small_search():
 def test_vectorised_matches_scalar_and_memory_on_random_candidates(model, gpus, seq, batch,
                                                                    flash):
     cluster, train, cand, terms = _small_search(model, gpus, seq, batch, flash)
-    n = len(cand["t"])
+    n = len(cand["tp"])
     for i in random.Random(1).sample(range(n), min(n, 60)):
         layout = _layout_of(cand, i)
         est = estimate_step(model, cluster, layout, train)
@@ -136,14 +136,14 @@ def test_memory_arrays_handle_gpipe_and_full_sharding():
     codes = {"gpipe": 0, "1f1b": 1, "interleaved": 2, "zb-h1": 3}
     rc = {"none": 0, "selective": 1, "full": 2}
     cand = {k: np.array(v) for k, v in {
-        "t": [x.tp for x in layouts], "p": [x.pp for x in layouts],
-        "c": [x.cp for x in layouts], "e": [x.ep for x in layouts],
-        "dp": [x.dp for x in layouts], "b": [x.micro_batch for x in layouts],
+        "tp": [x.tp for x in layouts], "pp": [x.pp for x in layouts],
+        "cp": [x.cp for x in layouts], "ep": [x.ep for x in layouts],
+        "dp": [x.dp for x in layouts], "micro_batch": [x.micro_batch for x in layouts],
         "m": [x.microbatches(train) for x in layouts],
-        "v": [x.chunks for x in layouts], "sp": [int(x.sp) for x in layouts],
-        "rc": [rc[x.recompute] for x in layouts], "zero": [x.zero for x in layouts],
-        "zg": [x.zero_group for x in layouts],
-        "sched": [codes[x.schedule] for x in layouts]}.items()}
+        "chunks": [x.chunks for x in layouts], "sp": [int(x.sp) for x in layouts],
+        "recompute": [rc[x.recompute] for x in layouts], "zero": [x.zero for x in layouts],
+        "zero_group": [x.zero_group for x in layouts],
+        "schedule": [codes[x.schedule] for x in layouts]}.items()}
     got = memory_arrays(model, train, cand)["total"]
     for i, layout in enumerate(layouts):
         peak = max(s.total for s in training_memory_per_gpu(model, layout, train))
@@ -205,7 +205,7 @@ def test_no_valid_layout_names_the_rules():
 def test_cp_requires_flash_attention():
     model = get_model("gpt3-1.3b")
     cand = _small_search(model, 16, 2048, 64, flash=False)[2]
-    assert set(cand["c"].tolist()) == {1}
+    assert set(cand["cp"].tolist()) == {1}
 
 
 def test_choose_parallelism_follows_spec_procedure():

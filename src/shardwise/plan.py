@@ -30,7 +30,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -45,17 +45,24 @@ from shardwise.estimate.memory import (
     training_memory_per_gpu,
 )
 from shardwise.estimate.step import (
-    SCHEDULE_CODES,
     Links,
     StepEstimate,
     compute_costs,
     estimate_step,
     finish,
     flops_per_token,
+    layout_codes,
     step_terms,
 )
 from shardwise.hardware import Cluster
-from shardwise.layout import Layout, TrainSpec
+from shardwise.layout import AXES, Layout, TrainSpec
+from shardwise.schedules.registry import (
+    DEFAULT_SCHEDULE,
+    SCHEDULE_CODES,
+    SEARCHED_SCHEDULES,
+    get_schedule,
+    select,
+)
 from shardwise.units import dtype_bytes
 
 __all__ = [
@@ -70,8 +77,8 @@ __all__ = [
 ]
 
 RC_NAMES = {code: name for name, code in RC_CODES.items()}
-SCHEDULE_NAMES = {code: name for name, code in SCHEDULE_CODES.items()}
 DEFAULT_HEADROOM = 0.85
+_STEP_KEYS = (*(f.name for f in fields(Layout)), "m")  # what `step_terms` takes
 
 
 def _divisors(n: int) -> list[int]:
@@ -92,7 +99,7 @@ class SearchSpace:
     zero_groups: tuple[int, ...] | None = None
     sp: tuple[bool, ...] = (False, True)
     recompute: tuple[str, ...] = ("none", "selective", "full")
-    schedules: tuple[str, ...] = ("1f1b", "zb-h1", "interleaved")
+    schedules: tuple[str, ...] = SEARCHED_SCHEDULES
     chunks: tuple[int, ...] | None = None
     max_cp: int = 32
     max_micro_batch: int = 16
@@ -111,21 +118,19 @@ class SearchSpace:
         groups = list(self.zero_groups or [2**k for k in range(1, 20) if 2**k < n])
         sched: list[tuple[int, int]] = []
         for name in self.schedules:
-            if name not in SCHEDULE_CODES:
-                raise ShardwiseError(f"unknown schedule {name!r}; valid: "
-                                     f"{', '.join(SCHEDULE_CODES)}")
-            if name == "interleaved":
-                sched += [(SCHEDULE_CODES[name], v) for v in chunks if v >= 2]
+            info = get_schedule(name)
+            if info.chunked:
+                sched += [(info.code, v) for v in chunks if v >= 2]
             else:
-                sched.append((SCHEDULE_CODES[name], 1))
+                sched.append((info.code, 1))
         zero: list[tuple[int, int]] = [(z, 0) for z in self.zero]
         zero += [(z, g) for z in self.zero if z >= 1 for g in groups]
         for name in self.recompute:
             if name not in RC_CODES:
                 raise ShardwiseError(f"unknown recompute {name!r}; valid: none, selective, full")
-        return {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "mb": mb, "sched": sched,
+        return {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "micro_batch": mb, "schedule": sched,
                 "zero": zero, "sp": [int(bool(x)) for x in self.sp],
-                "rc": [RC_CODES[r] for r in self.recompute]}
+                "recompute": [RC_CODES[r] for r in self.recompute]}
 
 
 # ---------------------------------------------------------------------------- results
@@ -266,7 +271,7 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
     axes = space.resolve(model, cluster, train)
     n_gpus, gb, s = cluster.n_gpus, train.global_batch, train.seq_len
     assert gb is not None
-    inner = [len(axes[k]) for k in ("mb", "sched", "zero", "sp", "rc")]
+    inner = [len(axes[k]) for k in ("micro_batch", "schedule", "zero", "sp", "recompute")]
     grid = (len(axes["tp"]) * len(axes["pp"]) * len(axes["cp"]) * len(axes["ep"])
             * math.prod(inner))
 
@@ -297,7 +302,7 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
     st = np.array(rows, dtype=np.int64)
 
     # level 2: × micro-batch — the global batch must split into dp·mb
-    mb = np.array(axes["mb"], dtype=np.int64)
+    mb = np.array(axes["micro_batch"], dtype=np.int64)
     s_idx, m_idx = np.divmod(np.arange(len(st) * len(mb)), len(mb))
     dp_, b_ = st[s_idx, 4], mb[m_idx]
     ok = gb % (dp_ * b_) == 0
@@ -305,21 +310,21 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
     rejections.add("global batch is not a multiple of dp·micro-batch", int((~ok).sum()) * rest,
                    _example(~ok, lambda i: f"dp={dp_[i]} mb={b_[i]}: {gb} sequences"))
     pair = np.nonzero(ok)[0]
-    pairs = {"t": st[s_idx[pair], 0], "p": st[s_idx[pair], 1], "c": st[s_idx[pair], 2],
-             "e": st[s_idx[pair], 3], "dp": dp_[pair], "b": b_[pair]}
-    pairs["m"] = gb // (pairs["dp"] * pairs["b"])
+    pairs = {"tp": st[s_idx[pair], 0], "pp": st[s_idx[pair], 1], "cp": st[s_idx[pair], 2],
+             "ep": st[s_idx[pair], 3], "dp": dp_[pair], "micro_batch": b_[pair]}
+    pairs["m"] = gb // (pairs["dp"] * pairs["micro_batch"])
     n_pairs = len(pair)
 
     # level 3: × schedule (code, chunks)
-    sched = np.array(axes["sched"], dtype=np.int64).reshape(-1, 2)
+    sched = np.array(axes["schedule"], dtype=np.int64).reshape(-1, 2)
     p_idx, k_idx = np.divmod(np.arange(n_pairs * len(sched)), len(sched))
-    p3, m3 = pairs["p"][p_idx], pairs["m"][p_idx]
+    p3, m3 = pairs["pp"][p_idx], pairs["m"][p_idx]
     code, v = sched[k_idx, 0], sched[k_idx, 1]
     rest = math.prod(inner[2:])
-    single = (p3 == 1) & ~((code == SCHEDULE_CODES["1f1b"]) & (v == 1))
+    single = (p3 == 1) & ~((code == SCHEDULE_CODES[DEFAULT_SCHEDULE]) & (v == 1))
     rejections.add("pp=1 has no pipeline schedule (same as 1F1B)", int(single.sum()) * rest,
                    category="duplicate")
-    inter = code == SCHEDULE_CODES["interleaved"]
+    inter = select(code, lambda info: info.chunked).astype(bool)  # interleaved
     bad_layers = ~single & inter & (model.n_layers % (p3 * v) != 0)
     rejections.add("pp·chunks does not divide the layers", int(bad_layers.sum()) * rest,
                    _example(bad_layers, lambda i: f"pp={p3[i]} chunks={v[i]}"))
@@ -328,13 +333,13 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
                    int(bad_m.sum()) * rest,
                    _example(bad_m, lambda i: f"pp={p3[i]}, {m3[i]} micro-batches"))
     keep = np.nonzero(~(single | bad_layers | bad_m))[0]
-    lvl3 = {"pair": p_idx[keep], "sched": code[keep], "v": v[keep]}
+    lvl3 = {"pair": p_idx[keep], "schedule": code[keep], "chunks": v[keep]}
 
     # level 4: × ZeRO (stage, hybrid group)
     zero = np.array(axes["zero"], dtype=np.int64).reshape(-1, 2)
     a_idx, z_idx = np.divmod(np.arange(len(keep) * len(zero)), len(zero))
     pr = lvl3["pair"][a_idx]
-    replicas = pairs["dp"][pr] * pairs["c"][pr]
+    replicas = pairs["dp"][pr] * pairs["cp"][pr]
     z, zg = zero[z_idx, 0], zero[z_idx, 1]
     rest = math.prod(inner[3:])
     lone = (replicas == 1) & (z > 0)
@@ -347,14 +352,14 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
     rejections.add("hybrid shard group does not divide dp·cp", int(bad_zg.sum()) * rest,
                    _example(bad_zg, lambda i: f"zero_group={zg[i]}, dp·cp={replicas[i]}"))
     keep4 = np.nonzero(~(lone | whole | bad_zg))[0]
-    lvl4 = {"l3": a_idx[keep4], "zero": z[keep4], "zg": zg[keep4]}
+    lvl4 = {"l3": a_idx[keep4], "zero": z[keep4], "zero_group": zg[keep4]}
 
     # level 5: × sequence parallel × recompute, kept as a broadcast inner axis: the outer
     # combinations are rows, the (sp, rc) pairs columns, and `valid` marks the layouts
-    sp_rc = np.array([(sp, rc) for sp in axes["sp"] for rc in axes["rc"]], dtype=np.int64)
+    sp_rc = np.array([(sp, rc) for sp in axes["sp"] for rc in axes["recompute"]], dtype=np.int64)
     l3 = lvl4["l3"]
     pr = lvl3["pair"][l3]
-    t5, c5 = pairs["t"][pr][:, None], pairs["c"][pr][:, None]
+    t5, c5 = pairs["tp"][pr][:, None], pairs["cp"][pr][:, None]
     sp, rc = sp_rc[:, 0][None, :], sp_rc[:, 1][None, :]
     no_tp = (sp == 1) & (t5 == 1)
     rejections.add("sequence parallelism without tp (same as without)", int(no_tp.sum()),
@@ -364,9 +369,10 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
                    _example(bad_sp.any(axis=1), lambda i: f"tp={t5[i, 0]} cp={c5[i, 0]}, "
                                                           f"s={s}"))
     valid = ~(no_tp | bad_sp)
-    cand = {key: pairs[key][pr][:, None] for key in ("t", "p", "c", "e", "dp", "b", "m")}
-    cand.update(sched=lvl3["sched"][l3][:, None], v=lvl3["v"][l3][:, None],
-                zero=lvl4["zero"][:, None], zg=lvl4["zg"][:, None], sp=sp, rc=rc,
+    cand = {key: pairs[key][pr][:, None] for key in ("tp", "pp", "cp", "ep", "dp", "micro_batch", "m")}
+    cand.update(schedule=lvl3["schedule"][l3][:, None], chunks=lvl3["chunks"][l3][:, None],
+                zero=lvl4["zero"][:, None], zero_group=lvl4["zero_group"][:, None], sp=sp,
+                recompute=rc,
                 pair=pr[:, None])
     cand["_pairs"] = pairs  # type: ignore[assignment]
     cand["_valid"] = valid  # type: ignore[assignment]
@@ -436,10 +442,7 @@ def _activation_per_layer(model: ModelSpec, train: TrainSpec, t: Any, c: Any, b:
 
 def _in_flight(sched: Any, p: Any, m: Any, v: Any, stage: Any) -> Any:
     """`estimate.memory.in_flight_per_stage` for one stage index, for arrays."""
-    one = np.minimum(p - stage, m)
-    inter = np.minimum((p - stage - 1) * 2 + (v - 1) * p + 1, m * v)
-    return np.where(sched == SCHEDULE_CODES["gpipe"], m,
-                    np.where(sched == SCHEDULE_CODES["interleaved"], inter, one))
+    return select(sched, lambda info: info.in_flight(p, m, v, stage))
 
 
 def _moe_layers_on_stage(model: ModelSpec, p: Any, v: Any, stage: Any) -> Any:
@@ -465,9 +468,9 @@ def memory_arrays(model: ModelSpec, train: TrainSpec, cand: dict[str, Any],
     layouts: the formulas of `estimate.memory.training_memory_per_gpu`, vectorised. Dense
     models peak on the first or the last stage; MoE models with `moe_every > 1` are checked
     stage by stage."""
-    t, p, c, e, dp = cand["t"], cand["p"], cand["c"], cand["e"], cand["dp"]
-    b, m, v, sp, rc = cand["b"], cand["m"], cand["v"], cand["sp"], cand["rc"]
-    zero, zg, sched = cand["zero"], cand["zg"], cand["sched"]
+    t, p, c, e, dp = cand["tp"], cand["pp"], cand["cp"], cand["ep"], cand["dp"]
+    b, m, v, sp, rc = cand["micro_batch"], cand["m"], cand["chunks"], cand["sp"], cand["recompute"]
+    zero, zg, sched = cand["zero"], cand["zero_group"], cand["schedule"]
     state = bytes_per_param_training(train.dtype, train.grad_dtype, train.optimizer)
     ab = dtype_bytes(train.dtype)
     s, h = train.seq_len, model.d_model
@@ -510,7 +513,7 @@ def memory_arrays(model: ModelSpec, train: TrainSpec, cand: dict[str, Any],
                                 + moe_layers * act["moe"]) / v
         if model.dropout:
             activations = activations + np.where(first, flight * sb * h / rep, 0.0)
-        last_flight = np.where(sched == SCHEDULE_CODES["gpipe"], m, 1)
+        last_flight = select(sched, lambda info: m if info.loss_waits else 1)
         activations = activations + np.where(last, last_flight * 2 * sb * h * ab / rep, 0.0)
         logits = np.where(last, last_flight * sb * model.vocab * 4 / t, 0.0)
         parts = {"weights": w + we, "grads": g + ge, "optimizer": o + oe,
@@ -550,10 +553,10 @@ def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
     # enumeration's (structure, micro-batch) pairs when known, else a packed integer key
     if "pair" in cand and "_pairs" in cand:
         pairs = cand["_pairs"]
-        uniq = np.stack([pairs["t"], pairs["c"], pairs["b"], pairs["e"]])
+        uniq = np.stack([pairs["tp"], pairs["cp"], pairs["micro_batch"], pairs["ep"]])
         inverse = np.asarray(cand["pair"])
     else:
-        cols = [np.asarray(cand[k], dtype=np.int64) for k in ("t", "c", "b", "e")]
+        cols = [np.asarray(cand[k], dtype=np.int64) for k in ("tp", "cp", "micro_batch", "ep")]
         packed = np.zeros_like(cols[0])
         for col in cols:
             packed = packed * (int(col.max()) + 1) + col
@@ -563,16 +566,16 @@ def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
     n_u = uniq.shape[1]
     sp_rc = np.array([(sp, rc) for sp in (0, 1) for rc in (0, 1, 2)], dtype=np.int64)
     g_idx, q_idx = np.divmod(np.arange(n_u * 6), 6)
-    small = {"t": uniq[0, g_idx], "c": uniq[1, g_idx], "b": uniq[2, g_idx],
-             "e": uniq[3, g_idx], "sp": sp_rc[q_idx, 0], "rc": sp_rc[q_idx, 1]}
-    costs = compute_costs(ctx, small["t"], small["c"], small["b"], small["sp"], small["rc"],
-                          small["e"])
-    act = {"dense": _activation_per_layer(model, train, small["t"], small["c"], small["b"],
-                                          small["sp"], small["rc"], False),
-           "moe": (_activation_per_layer(model, train, small["t"], small["c"], small["b"],
-                                         small["sp"], small["rc"], True)
+    small = {"tp": uniq[0, g_idx], "cp": uniq[1, g_idx], "micro_batch": uniq[2, g_idx],
+             "ep": uniq[3, g_idx], "sp": sp_rc[q_idx, 0], "recompute": sp_rc[q_idx, 1]}
+    costs = compute_costs(ctx, small["tp"], small["cp"], small["micro_batch"], small["sp"], small["recompute"],
+                          small["ep"])
+    act = {"dense": _activation_per_layer(model, train, small["tp"], small["cp"], small["micro_batch"],
+                                          small["sp"], small["recompute"], False),
+           "moe": (_activation_per_layer(model, train, small["tp"], small["cp"], small["micro_batch"],
+                                         small["sp"], small["recompute"], True)
                    if model.is_moe else np.zeros(n_u * 6))}
-    index = inverse * 6 + cand["sp"] * 3 + cand["rc"]
+    index = inverse * 6 + cand["sp"] * 3 + cand["recompute"]
 
     def gather(value: Any) -> Any:
         if value is None:
@@ -583,13 +586,10 @@ def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
         return np.broadcast_to(value, (n_u * 6,))[index]
 
     full_costs = {k: gather(v) for k, v in costs.items()}
-    terms = step_terms(ctx, links, train, t=cand["t"], p=cand["p"], c=cand["c"], e=cand["e"],
-                       dp=cand["dp"], zero=cand["zero"], zg=cand["zg"], sp=cand["sp"],
-                       sched=cand["sched"], v=cand["v"], rc=cand["rc"], b=cand["b"],
-                       m=cand["m"], costs=full_costs)
+    terms = step_terms(ctx, links, train, **{k: cand[k] for k in _STEP_KEYS}, costs=full_costs)
     model_flops, hardware = flops_per_token(model, train.seq_len)
-    hw = np.array([hardware[i] for i in range(3)])[cand["rc"]]
-    tokens = cand["m"] * cand["b"] * cand["dp"] * train.seq_len
+    hw = np.array([hardware[i] for i in range(3)])[cand["recompute"]]
+    tokens = cand["m"] * cand["micro_batch"] * cand["dp"] * train.seq_len
     terms.update(finish(terms, model_flops, hw, tokens, cluster.n_gpus, ctx.peak))
     memory = memory_arrays(model, train, cand, {k: gather(v) for k, v in act.items()})
     terms["memory"] = memory["total"]
@@ -598,19 +598,18 @@ def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
 
 
 def _layout_of(cand: dict[str, Any], i: int) -> Layout:
-    return Layout(dp=int(cand["dp"][i]), tp=int(cand["t"][i]), pp=int(cand["p"][i]),
-                  cp=int(cand["c"][i]), ep=int(cand["e"][i]), zero=int(cand["zero"][i]),
-                  zero_group=int(cand["zg"][i]), sp=bool(cand["sp"][i]),
-                  schedule=SCHEDULE_NAMES[int(cand["sched"][i])], chunks=int(cand["v"][i]),
-                  recompute=RC_NAMES[int(cand["rc"][i])], micro_batch=int(cand["b"][i]))
+    values: dict[str, Any] = {f.name: int(cand[f.name][i]) for f in fields(Layout)}
+    values.update(sp=bool(values["sp"]), schedule=get_schedule(values["schedule"]).name,
+                  recompute=RC_NAMES[values["recompute"]])
+    return Layout(**values)
 
 
 def _complexity(cand: dict[str, Any]) -> np.ndarray:
     """Tie-break among equally fast layouts: fewer and smaller model-parallel axes, less
     sharding, less recomputation, the simpler schedule."""
-    return (cand["c"] * 1000 + cand["p"] * 100 + cand["t"] * 10 + cand["e"] * 10
-            + cand["zero"] * 3 + (cand["zg"] > 0) * 2 + cand["rc"] * 5 + cand["sp"]
-            + (cand["sched"] != SCHEDULE_CODES["1f1b"]) * 4 + cand["v"]).astype(np.float64)
+    return (cand["cp"] * 1000 + cand["pp"] * 100 + cand["tp"] * 10 + cand["ep"] * 10
+            + cand["zero"] * 3 + (cand["zero_group"] > 0) * 2 + cand["recompute"] * 5 + cand["sp"]
+            + (cand["schedule"] != SCHEDULE_CODES[DEFAULT_SCHEDULE]) * 4 + cand["chunks"]).astype(np.float64)
 
 
 def evaluate_layout(model: ModelSpec, cluster: Cluster, train: TrainSpec, layout: Layout,
@@ -724,11 +723,8 @@ def _rank(cand: dict[str, Any], terms: dict[str, Any], fits: np.ndarray) -> np.n
 def _position(cand: dict[str, Any], terms: dict[str, Any], fits: np.ndarray,
               order: np.ndarray, layout: Layout) -> int | None:
     """1-based rank of `layout` among the fitting layouts (None if absent or not fitting)."""
-    wanted = {"t": layout.tp, "p": layout.pp, "c": layout.cp, "e": layout.ep, "dp": layout.dp,
-              "b": layout.micro_batch, "sched": SCHEDULE_CODES[layout.schedule],
-              "v": layout.chunks, "zero": layout.zero, "zg": layout.zero_group,
-              "sp": int(layout.sp), "rc": RC_CODES[layout.recompute]}
-    mask = np.ones(len(cand["t"]), dtype=bool)
+    wanted = layout_codes(layout)
+    mask = np.ones(len(cand["tp"]), dtype=bool)
     for key, value in wanted.items():
         mask &= cand[key] == value
     hits = np.nonzero(mask & fits)[0]
@@ -738,8 +734,7 @@ def _position(cand: dict[str, Any], terms: dict[str, Any], fits: np.ndarray,
     return int(where[0]) + 1 if len(where) else None
 
 
-_AXES = (("tp", "t"), ("pp", "p"), ("cp", "c"), ("ep", "e"), ("zero", "zero"),
-         ("recompute", "rc"), ("schedule", "sched"), ("micro_batch", "b"), ("sp", "sp"))
+_ALTERNATIVE_AXES = (*AXES[1:], "zero", "recompute", "schedule", "micro_batch", "sp")
 
 
 def _alternatives(cand: dict[str, Any], terms: dict[str, Any], fits: np.ndarray,
@@ -748,7 +743,8 @@ def _alternatives(cand: dict[str, Any], terms: dict[str, Any], fits: np.ndarray,
     that value (or, if none fits, the least memory any such layout needs)."""
     out = []
     total, memory = terms["total"], terms["memory"]
-    for axis, key in _AXES:
+    for axis in _ALTERNATIVE_AXES:
+        key = axis
         values = np.unique(cand[key])
         for value in values:
             if value == cand[key][best]:
@@ -759,7 +755,7 @@ def _alternatives(cand: dict[str, Any], terms: dict[str, Any], fits: np.ndarray,
             if axis == "recompute":
                 shown = RC_NAMES[int(value)]
             elif axis == "schedule":
-                shown = SCHEDULE_NAMES[int(value)]
+                shown = get_schedule(int(value)).name
             elif axis == "sp":
                 shown = bool(value)
             if ok.any():

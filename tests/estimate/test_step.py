@@ -209,9 +209,9 @@ def test_arrays_broadcast_like_scalars():
     train = TrainSpec(seq_len=4096, global_batch=64)
     ctx = ComputeContext.of(model, cluster.accelerator, train)
     lk = Links.of(cluster, ctx.calibration)
-    kw = dict(t=np.array([1, 2]), p=np.array([1, 2]), c=1, e=1, dp=np.array([16, 4]),
-              zero=np.array([0, 1]), zg=0, sp=np.array([0, 1]), sched=1, v=1,
-              rc=np.array([0, 1]), b=1, m=np.array([4, 16]))
+    kw = dict(tp=np.array([1, 2]), pp=np.array([1, 2]), cp=1, ep=1, dp=np.array([16, 4]),
+              zero=np.array([0, 1]), zero_group=0, sp=np.array([0, 1]), schedule=1, chunks=1,
+              recompute=np.array([0, 1]), micro_batch=1, m=np.array([4, 16]))
     terms = step_terms(ctx, lk, train, **kw)
     for i, text in enumerate(["dp=16", "dp=4,tp=2,pp=2,zero=1,sp=1,recompute=selective"]):
         est = estimate_step(model, cluster, Layout.parse(text), train)

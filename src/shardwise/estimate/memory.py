@@ -14,9 +14,11 @@ from shardwise.arch import ModelSpec, count_params
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import dp_step_comm_bytes
 from shardwise.layout import Layout, TrainSpec
+from shardwise.schedules.registry import get_schedule
 from shardwise.units import dtype_bytes
 
 __all__ = [
+    "ACTIVATION_FORMULAS",
     "MemoryBreakdown",
     "StateBytes",
     "activation_bytes_per_layer",
@@ -39,6 +41,7 @@ __all__ = [
 # Optimizer moment bytes per parameter: Adam m and v in fp32; SGD momentum one fp32 buffer;
 # bitsandbytes 8-bit Adam two int8 moments (Dettmers et al. 2022); Adafactor's factored
 # second moment is O(rows + cols) per matrix, ~0.5 B/param as an order of magnitude.
+ACTIVATION_FORMULAS = ("generalised", "korthikanti")  # `activation_bytes_per_layer(formula=…)`
 MOMENT_BYTES = {"adam": 8.0, "sgd-momentum": 4.0, "sgd": 0.0, "adam-8bit": 2.0,
                 "adafactor": 0.5}
 
@@ -281,18 +284,13 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int 
 def in_flight_per_stage(schedule: str, p: int, m: int, v: int = 1) -> list[int]:
     """Peak micro-batches (interleaved: micro-batch-chunks) whose activations a stage holds.
 
-    GPipe holds all `m`; 1F1B and ZB-H1 stage `i` hold `min(p - i, m)` (Narayanan et al. 2021;
+    Each schedule's registry rule (`schedules.registry`): GPipe holds all `m`; 1F1B and ZB-H1 stage `i` hold `min(p - i, m)` (Narayanan et al. 2021;
     Qi et al. 2023 keep 1F1B's memory); interleaved 1F1B stage `i` holds Megatron's warm-up
     `(p-i-1)·2 + (v-1)·p` chunks plus one, at most `m·v` — stage 0 then holds
     `L·(1 + (p-1)/(p·v))` layers' worth (Korthikanti et al. 2022).
     """
-    if schedule == "gpipe":
-        return [m] * p
-    if schedule in ("1f1b", "zb-h1"):
-        return [min(p - i, m) for i in range(p)]
-    if schedule == "interleaved":
-        return [min((p - i - 1) * 2 + (v - 1) * p + 1, m * v) for i in range(p)]
-    raise ShardwiseError(f"unknown schedule {schedule!r}")
+    rule = get_schedule(schedule).in_flight
+    return [int(rule(p, m, v, i)) for i in range(p)]
 
 
 @dataclass(frozen=True)
@@ -421,7 +419,7 @@ def training_memory_per_gpu(model: ModelSpec, layout: Layout, train: TrainSpec |
             activations += in_flight[stage] * sb * h / (t if layout.sp else 1)
         logits = 0.0
         if last:  # the loss runs right after the last forward except under GPipe
-            last_in_flight = m if layout.schedule == "gpipe" else 1
+            last_in_flight = m if get_schedule(layout.schedule).loss_waits else 1
             activations += last_in_flight * 2 * sb * h * ab / (t if layout.sp else 1)
             logits = last_in_flight * sb * model.vocab * 4 / t
         workspace = 0.0

@@ -71,6 +71,7 @@ from shardwise.estimate.compute import (
 from shardwise.estimate.memory import bytes_per_param_training
 from shardwise.hardware import Cluster
 from shardwise.layout import Layout, TrainSpec
+from shardwise.schedules.registry import SCHEDULE_CODES, get_schedule, select
 
 __all__ = [
     "SCHEDULE_CODES",
@@ -82,7 +83,6 @@ __all__ = [
     "step_terms",
 ]
 
-SCHEDULE_CODES = {"gpipe": 0, "1f1b": 1, "interleaved": 2, "zb-h1": 3}
 
 BREAKDOWN = ("compute", "tp_comm", "cp_comm_exposed", "ep_comm", "pp_comm", "bubble",
              "dp_comm_exposed", "optimizer")
@@ -143,7 +143,8 @@ def _bucketed(op: str, size: Any, n: Any, g: Any, links: Links, bucket: float) -
 
 
 def pipeline_bubble(sched: Any, p: Any, v: Any, m: Any, t_f: Any, t_b: Any, t_w: Any) -> Any:
-    """Idle time of the critical stage per step (closed forms, SPEC §6).
+    """Idle time of the critical stage per step: each schedule's closed form (its registry
+    entry's `bubble`, SPEC §6) for the schedule codes `sched`.
 
     GPipe, 1F1B: `(p-1)·(t_f+t_b)`; interleaved: `(p-1)·(t_f+t_b)/v` (Narayanan et al. 2021);
     ZB-H1 (Qi et al. 2023), with `t_b` the whole backward and `t_w` its weight-gradient part
@@ -152,11 +153,7 @@ def pipeline_bubble(sched: Any, p: Any, v: Any, m: Any, t_f: Any, t_b: Any, t_w:
     once `m ≥ p`; with fewer micro-batches there are too few deferred W to fill the drain.
     All equal the event simulator's makespan minus the busy time when stages are equal (tested).
     """
-    ideal = (p - 1) * (t_f + t_b)
-    back = t_b - t_w
-    zb = np.maximum((p - 1) * (t_f + back - t_w), (p - 1) * (t_f + back) - (m - 1) * t_w)
-    return np.where(sched == SCHEDULE_CODES["interleaved"], ideal / v,
-                    np.where(sched == SCHEDULE_CODES["zb-h1"], np.maximum(zb, 0.0), ideal))
+    return select(sched, lambda info: info.bubble(p, v, m, t_f, t_b, t_w))
 
 
 # ------------------------------------------------------------------------- the step model
@@ -181,15 +178,22 @@ def stage_param_counts(model: ModelSpec, t: Any, p: Any, e: Any) -> tuple[Any, A
     return layers_dense + ends, model.n_moe_layers / p * expert_layer
 
 
-def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, p: Any,
-               c: Any, e: Any, dp: Any, zero: Any, zg: Any, sp: Any, sched: Any, v: Any,
-               rc: Any, b: Any, m: Any, costs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Every term of the step-time model for layouts given as numbers or arrays (codes for
-    `rc`, `sched`; `zg` = 0 for ZeRO over all dp·cp ranks). Returns seconds (and diagnostics)
-    with the broadcast shape of the inputs. `estimate_step` and the planner both call this.
+def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, pp: Any,
+               cp: Any, ep: Any, dp: Any, zero: Any, zero_group: Any, sp: Any, schedule: Any,
+               chunks: Any, recompute: Any, micro_batch: Any, m: Any,
+               costs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every term of the step-time model for layouts given as numbers or arrays, keyed by the
+    `Layout` field names (codes for `recompute` and `schedule`: `layout_codes`; `zero_group`
+    = 0 for ZeRO over all dp·cp ranks) and `m` micro-batches. Returns seconds (and
+    diagnostics) with the broadcast shape of the inputs. `estimate_step` and the planner both
+    call this.
 
     `costs` may carry the compute costs already evaluated for these layouts (`compute_costs`;
-    the planner evaluates them once per distinct `(t, c, b, sp, rc, ep)` and gathers)."""
+    the planner evaluates them once per distinct `(tp, cp, micro_batch, sp, recompute, ep)`
+    and gathers)."""
+    # the papers' notation from here on
+    t, p, c, e, zg, sched, v, rc, b = (tp, pp, cp, ep, zero_group, schedule, chunks, recompute,
+                                       micro_batch)
     model, cal, s, ab = ctx.model, ctx.calibration, ctx.seq_len, ctx.act_bytes
     h, gpn = model.d_model, links.gpus_per_node
     state = bytes_per_param_training(train.dtype, train.grad_dtype, train.optimizer)
@@ -413,11 +417,10 @@ def finish(terms: dict[str, Any], model_flops_token: float, hw_flops_token: Any,
 
 
 def layout_codes(layout: Layout) -> dict[str, Any]:
-    """The keyword arrays of `step_terms` for one layout (without `m`)."""
-    return {"t": layout.tp, "p": layout.pp, "c": layout.cp, "e": layout.ep, "dp": layout.dp,
-            "zero": layout.zero, "zg": layout.zero_group, "sp": layout.sp,
-            "sched": SCHEDULE_CODES[layout.schedule], "v": layout.chunks,
-            "rc": RC_CODES[layout.recompute], "b": layout.micro_batch}
+    """The keyword arrays of `step_terms` for one layout (without `m`): its fields, with the
+    schedule and recompute as their integer codes."""
+    return {**layout.to_dict(), "schedule": SCHEDULE_CODES[layout.schedule],
+            "recompute": RC_CODES[layout.recompute]}
 
 
 def estimate_step(model: ModelSpec, cluster: Cluster, layout: Layout,
@@ -469,7 +472,7 @@ def simulated_bubble(layout: Layout, m: int, t_f: float, t_b: float, t_w: float)
 
     p, v = layout.pp, layout.chunks
     schedule = make_schedule(layout.schedule, p, m, v)
-    if layout.schedule == "zb-h1":
+    if get_schedule(layout.schedule).splits_backward:
         timeline = simulate(schedule, t_f, max(t_b - t_w, 1e-12), max(t_w, 1e-12))
     else:
         timeline = simulate(schedule, t_f / v, t_b / v)

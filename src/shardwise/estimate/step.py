@@ -42,8 +42,9 @@ All per rank, on the pipeline's critical path, for `m` micro-batches:
   nodes are hierarchical (inside the node on NVLink, across on the inter-node link).
 * **optimizer** — memory-bound step over the parameters this rank updates.
 
-Ranks are placed tp fastest, then cp, dp (ep inside dp), pp (Megatron-LM's order), so the tp
-group is inside a node, the dp×cp group has `min(dp·c, gpus_per_node/t)` members per node.
+Ranks are placed tp fastest, then cp, dp (ep inside dp·cp), pp (Megatron-LM's order; one rule
+for estimate and runtime in `shardwise.placement`), so the tp group is inside a node, the dp×cp
+group and an ep group have `min(n, gpus_per_node/t)` members per node.
 Link bandwidths are the datasheet figures times the calibrated achievable fraction.
 
 MFU = model FLOPs / (step · peak · GPUs) with model FLOPs = 3 × forward, attention counted as
@@ -71,6 +72,7 @@ from shardwise.estimate.compute import (
 from shardwise.estimate.memory import bytes_per_param_training
 from shardwise.hardware import Cluster
 from shardwise.layout import Layout, TrainSpec
+from shardwise.placement import members_per_node
 from shardwise.schedules.registry import SCHEDULE_CODES, get_schedule, select
 
 __all__ = [
@@ -200,6 +202,10 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     wb, gb_ = state.weight, state.grad
     full = rc == RC_CODES["full"]
 
+    def on_node(axis: str) -> Any:
+        """Members of one `axis` group on a node (`placement`, the runtime's rank order)."""
+        return members_per_node(axis, gpn, pp=p, dp=dp, cp=c, tp=t, ep=e)
+
     # ---- compute per micro-batch: one dense layer, one MoE layer, head, embedding
     costs = costs if costs is not None else compute_costs(ctx, t, c, b, sp, rc, e)
     dense = costs["dense"]
@@ -222,7 +228,7 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
 
     # ---- tensor parallel: all-reduces of the (s/c, b, h) activation, on the critical path
     activation = s / c * b * h * ab
-    tp_ar = group_collective_time("all-reduce", activation, t, np.minimum(t, gpn), links)
+    tp_ar = group_collective_time("all-reduce", activation, t, on_node("tp"), links)
     layers = model.n_layers / p
     tp_f = layers * 2 * tp_ar
     tp_b = layers * (2 + 2 * full) * tp_ar
@@ -232,7 +238,7 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     # ---- context parallel: ring K/V transfers hidden behind block compute when possible
     kv = np.maximum(model.n_kv_heads // t, 1) * model.head_dim
     kv_block = 2 * s / c * b * kv * ab
-    cp_intra = t * c <= gpn
+    cp_intra = on_node("cp") == c
     cp_step = (np.where(cp_intra, links.intra_lat, links.inter_lat)
                + kv_block / np.where(cp_intra, links.intra_bw, links.inter_bw))
     per_layer_f = attn_f / np.maximum(layers, 1e-30)  # attention time of one layer
@@ -251,7 +257,7 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     # ---- expert parallel: dispatch + combine all-to-alls per MoE layer
     if model.n_moe_layers:
         routed = s / c * b * model.top_k * h * ab
-        ep_in_node = np.minimum(e, np.maximum(gpn // (t * c), 1))
+        ep_in_node = on_node("ep")
         a2a = group_collective_time("all-to-all", routed, e, ep_in_node, links)
         ep_f = n_moe * 2 * a2a
         ep_b = n_moe * (2 + 2 * full) * a2a
@@ -259,7 +265,7 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
         ep_f = ep_b = 0.0 * t
 
     # ---- pipeline: p2p per micro-batch and virtual stage, and the bubble
-    pp_intra = t * c * dp * p <= gpn
+    pp_intra = on_node("pp") == p
     p2p_bytes = s / c * b * h * ab / t
     p2p = (np.where(pp_intra, links.intra_lat, links.inter_lat)
            + p2p_bytes / np.where(pp_intra, links.intra_bw, links.inter_bw))
@@ -271,7 +277,7 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     # ---- data parallel / ZeRO over the dp·cp replicas
     dense_params, expert_params = stage_param_counts(model, t, p, e)
     replicas = dp * c
-    in_node = np.minimum(replicas, np.maximum(gpn // t, 1))
+    in_node = on_node("dp_cp")
     group = np.where(zg > 0, zg, replicas)
     group_in = np.minimum(group, in_node)
     across = replicas / group  # hybrid shard: replicas of each shard

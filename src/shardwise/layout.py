@@ -101,6 +101,13 @@ class Layout:
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
+    def codes(self) -> dict[str, int]:
+        """The fields as integers, as the array-generic models take them: `schedule` as its
+        registry code, `recompute` as its index in `RECOMPUTE`, `sp` as 0/1."""
+        return {**asdict(self), "sp": int(self.sp),
+                "schedule": SCHEDULE_REGISTRY[self.schedule].code,
+                "recompute": RECOMPUTE.index(self.recompute)}
+
     @classmethod
     def parse(cls, text: str, **defaults: object) -> Layout:
         """`tp=8,pp=16,zero=1,schedule=interleaved,chunks=2,sp=1` → Layout."""

@@ -14,8 +14,8 @@ ZeRO, per-rank options), each rejected region counted with its reason (the rules
 `Layout.problems`'), and the survivors are evaluated *as arrays*: the step-time model of
 `estimate.step` (the same `step_terms` function the scalar `estimate_step` calls, with the
 per-layer compute costs evaluated once per distinct `(tp, cp, micro-batch, sp, recompute)` and
-gathered) and per-stage memory (the formulas of `estimate.memory.training_memory_per_gpu`,
-vectorised here and tested equal to it). Layouts whose largest stage exceeds GPU memory ×
+gathered) and per-stage memory (`estimate.memory.peak_stage_memory`, the same array-generic
+code `training_memory_per_gpu` runs for one layout). Layouts whose largest stage exceeds GPU memory ×
 headroom are rejected with the amount they miss by; the rest are ranked by step time (ties:
 the simpler layout). The top `k` are re-evaluated with the scalar code (`estimate_step`,
 `training_memory_per_gpu`, the schedule simulator for the bubble) and explained.
@@ -41,17 +41,19 @@ from shardwise.errors import LayoutError, ShardwiseError
 from shardwise.estimate.compute import RC_CODES, ComputeContext
 from shardwise.estimate.memory import (
     MemoryBreakdown,
+    activation_bytes_per_layer,
     bytes_per_param_training,
+    peak_stage_memory,
     training_memory_per_gpu,
 )
 from shardwise.estimate.step import (
+    FLOP_CONVENTION,
     Links,
     StepEstimate,
     compute_costs,
     estimate_step,
     finish,
     flops_per_token,
-    layout_codes,
     step_terms,
 )
 from shardwise.hardware import Cluster
@@ -63,7 +65,6 @@ from shardwise.schedules.registry import (
     get_schedule,
     select,
 )
-from shardwise.units import dtype_bytes
 
 __all__ = [
     "PlanEntry",
@@ -226,6 +227,7 @@ class PlanResult:
             "alternatives": [asdict(a) for a in self.alternatives],
             "stats": asdict(self.stats) | {"layouts_per_s": self.stats.layouts_per_s},
             "calibration": self.calibration.to_dict(),
+            "flop_convention": FLOP_CONVENTION,
         }
 
 
@@ -406,134 +408,6 @@ def _example(mask: np.ndarray, describe: Callable[[int], str]) -> str:
     return describe(int(hits[0])) if len(hits) else ""
 
 
-# ---------------------------------------------------------------------------- memory (arrays)
-def _activation_per_layer(model: ModelSpec, train: TrainSpec, t: Any, c: Any, b: Any, sp: Any,
-                          rc: Any, moe: bool) -> Any:
-    """`estimate.memory.activation_bytes_per_layer` (generalised count), for arrays."""
-    ab = dtype_bytes(train.dtype)
-    s, h = train.seq_len, model.d_model
-    sb = s / c * b
-    rep = np.where(sp == 1, t, 1)
-    kv = np.maximum(model.n_kv_heads // t, 1) * model.head_dim
-    heads = model.n_heads / t
-    stats = 4 * (1 if model.norm == "rmsnorm" else 2)
-    flash, selective = train.flash_attention, rc == RC_CODES["selective"]
-    total = 4 * sb * h * ab / rep + 2 * sb * stats / rep  # norm inputs (2), qkv/mlp inputs
-    total = total + sb * h * ab / t + 2 * sb * kv * ab + sb * h * ab / t  # q, k, v, attn out
-    if flash:  # the log-sum-exp, unless selective recompute re-runs the core
-        total = total + np.where(selective, 0.0, heads * sb * 4)
-    else:
-        scores = heads * sb * s
-        per = ab + ((1 + ab) if model.dropout else 0)
-        total = total + np.where(selective, 0.0, scores * per)
-    if model.dropout:
-        total = total + 2 * sb * h / rep
-    gated = 3 if model.gated_mlp else 2
-    if moe:
-        k = model.top_k
-        f = model.expert_d_ff / t
-        total = total + sb * model.n_experts * 4 + 2 * k * sb * h * ab + gated * k * sb * f * ab
-        total = total + model.n_shared_experts * gated * sb * f * ab
-    else:
-        total = total + gated * sb * (model.d_ff / t) * ab
-    full = s / c * b * h * ab / np.where(sp == 1, t, 1)
-    return np.where(rc == RC_CODES["full"], full, total)
-
-
-def _in_flight(sched: Any, p: Any, m: Any, v: Any, stage: Any) -> Any:
-    """`estimate.memory.in_flight_per_stage` for one stage index, for arrays."""
-    return select(sched, lambda info: info.in_flight(p, m, v, stage))
-
-
-def _moe_layers_on_stage(model: ModelSpec, p: Any, v: Any, stage: Any) -> Any:
-    """MoE layers among those `estimate.memory.stage_layers` gives `stage` (arrays)."""
-    if not model.is_moe:
-        return 0 * p
-    q = model.moe_every
-    per_chunk = model.n_layers // (p * v)
-    total = 0 * p
-    for chunk in range(int(np.max(v))):
-        start = (chunk * p + stage) * per_chunk
-        end = start + per_chunk
-        # layers k in [start, end) with k % q == q - 1, i.e. k + 1 in (start, end] a
-        # multiple of q
-        count = end // q - start // q
-        total = total + np.where(chunk < v, count, 0)
-    return total
-
-
-def memory_arrays(model: ModelSpec, train: TrainSpec, cand: dict[str, Any],
-                  act: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Peak per-GPU bytes over the pipeline stages, and that stage's parts, for arrays of
-    layouts: the formulas of `estimate.memory.training_memory_per_gpu`, vectorised. Dense
-    models peak on the first or the last stage; MoE models with `moe_every > 1` are checked
-    stage by stage."""
-    t, p, c, e, dp = cand["tp"], cand["pp"], cand["cp"], cand["ep"], cand["dp"]
-    b, m, v, sp, rc = cand["micro_batch"], cand["m"], cand["chunks"], cand["sp"], cand["recompute"]
-    zero, zg, sched = cand["zero"], cand["zero_group"], cand["schedule"]
-    state = bytes_per_param_training(train.dtype, train.grad_dtype, train.optimizer)
-    ab = dtype_bytes(train.dtype)
-    s, h = train.seq_len, model.d_model
-    if act is None:
-        act = {"dense": _activation_per_layer(model, train, t, c, b, sp, rc, False),
-               "moe": (_activation_per_layer(model, train, t, c, b, sp, rc, True)
-                       if model.is_moe else 0.0)}
-    norm = model.norm_params()
-    kv = np.maximum(model.n_kv_heads // t, 1) * model.head_dim
-    attention = 2 * h * h / t + 2 * h * kv
-    dense_layer = attention + model.mlp_params() / t + 2 * norm
-    expert_layer = (model.n_experts / e * model.mlp_params(model.expert_d_ff) / t
-                    if model.is_moe else 0.0 * t)
-    moe_dense = (attention + 2 * norm + model.router_params()
-                 + model.n_shared_experts * model.mlp_params(model.expert_d_ff) / t)
-    zero_n = np.where(zg > 0, zg, dp * c)
-    expert_n = np.maximum(zero_n // e, 1)
-    layers = model.n_layers // p
-    sb = s / c * b
-    rep = np.where(sp == 1, t, 1)
-    workspace = np.where(zero == 3, 2 * np.maximum(dense_layer, moe_dense + expert_layer)
-                         * state.weight, 0.0)
-
-    def shard(params: Any, n: Any) -> tuple[Any, Any, Any]:
-        return (params * state.weight / np.where(zero >= 3, n, 1),
-                params * state.grad / np.where(zero >= 2, n, 1),
-                params * state.optimizer / np.where(zero >= 1, n, 1))
-
-    def stage_total(stage: Any) -> dict[str, Any]:
-        moe_layers = _moe_layers_on_stage(model, p, v, stage)
-        first, last = stage == 0, stage == p - 1
-        dense = (layers - moe_layers) * dense_layer + moe_layers * moe_dense
-        dense = dense + np.where(first, model.vocab * h / t + model.learned_positions * h, 0.0)
-        head = np.where((not model.tie_embeddings) | (p > 1), model.vocab * h / t, 0.0)
-        dense = dense + np.where(last, norm + head, 0.0)
-        w, g, o = shard(dense, zero_n)
-        we, ge, oe = shard(moe_layers * expert_layer, expert_n)
-        flight = _in_flight(sched, p, m, v, stage)
-        activations = flight * ((layers - moe_layers) * act["dense"]
-                                + moe_layers * act["moe"]) / v
-        if model.dropout:
-            activations = activations + np.where(first, flight * sb * h / rep, 0.0)
-        last_flight = select(sched, lambda info: m if info.loss_waits else 1)
-        activations = activations + np.where(last, last_flight * 2 * sb * h * ab / rep, 0.0)
-        logits = np.where(last, last_flight * sb * model.vocab * 4 / t, 0.0)
-        parts = {"weights": w + we, "grads": g + ge, "optimizer": o + oe,
-                 "activations": activations, "logits": logits, "workspace": workspace,
-                 "stage": stage + 0 * p, "in_flight": flight}
-        parts["total"] = (parts["weights"] + parts["grads"] + parts["optimizer"]
-                          + activations + logits + workspace)
-        return parts
-
-    if model.is_moe and model.moe_every > 1:
-        stages = [stage_total(np.minimum(i, p - 1)) for i in range(int(np.max(p)))]
-    else:
-        stages = [stage_total(0 * p), stage_total(p - 1)]
-    best = stages[0]
-    for other in stages[1:]:
-        take = other["total"] > best["total"]
-        best = {k: np.where(take, other[k], best[k]) for k in best}
-    return best
-
-
 # ---------------------------------------------------------------------------- evaluation
 def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
                         cand: dict[str, Any], calib: Calibration | None = None
@@ -570,11 +444,14 @@ def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
              "ep": uniq[3, g_idx], "sp": sp_rc[q_idx, 0], "recompute": sp_rc[q_idx, 1]}
     costs = compute_costs(ctx, small["tp"], small["cp"], small["micro_batch"], small["sp"], small["recompute"],
                           small["ep"])
-    act = {"dense": _activation_per_layer(model, train, small["tp"], small["cp"], small["micro_batch"],
-                                          small["sp"], small["recompute"], False),
-           "moe": (_activation_per_layer(model, train, small["tp"], small["cp"], small["micro_batch"],
-                                         small["sp"], small["recompute"], True)
-                   if model.is_moe else np.zeros(n_u * 6))}
+
+    def per_layer(moe: bool) -> Any:
+        return activation_bytes_per_layer(
+            model, train.seq_len, small["micro_batch"], tp=small["tp"], sp=small["sp"],
+            cp=small["cp"], recompute=small["recompute"], flash=train.flash_attention,
+            dtype=train.dtype, moe=moe)
+
+    act = {"dense": per_layer(False), "moe": per_layer(True) if model.is_moe else 0.0}
     index = inverse * 6 + cand["sp"] * 3 + cand["recompute"]
 
     def gather(value: Any) -> Any:
@@ -590,8 +467,10 @@ def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
     model_flops, hardware = flops_per_token(model, train.seq_len)
     hw = np.array([hardware[i] for i in range(3)])[cand["recompute"]]
     tokens = cand["m"] * cand["micro_batch"] * cand["dp"] * train.seq_len
-    terms.update(finish(terms, model_flops, hw, tokens, cluster.n_gpus, ctx.peak))
-    memory = memory_arrays(model, train, cand, {k: gather(v) for k, v in act.items()})
+    terms.update(finish(terms, model_flops, hw, tokens, cluster.n_gpus, ctx.peak,
+                        flops_per_token(model, train.seq_len, causal=True)[0]))
+    memory = peak_stage_memory(model, train, **{k: cand[k] for k in _STEP_KEYS},
+                               act={k: gather(v) for k, v in act.items()})
     terms["memory"] = memory["total"]
     terms["memory_parts"] = memory
     return terms
@@ -723,7 +602,7 @@ def _rank(cand: dict[str, Any], terms: dict[str, Any], fits: np.ndarray) -> np.n
 def _position(cand: dict[str, Any], terms: dict[str, Any], fits: np.ndarray,
               order: np.ndarray, layout: Layout) -> int | None:
     """1-based rank of `layout` among the fitting layouts (None if absent or not fitting)."""
-    wanted = layout_codes(layout)
+    wanted = layout.codes()
     mask = np.ones(len(cand["tp"]), dtype=bool)
     for key, value in wanted.items():
         mask &= cand[key] == value

@@ -47,8 +47,14 @@ for estimate and runtime in `shardwise.placement`), so the tp group is inside a 
 group and an ep group have `min(n, gpus_per_node/t)` members per node.
 Link bandwidths are the datasheet figures times the calibrated achievable fraction.
 
-MFU = model FLOPs / (step · peak · GPUs) with model FLOPs = 3 × forward, attention counted as
-the causal half of the square (the work needed); HFU adds recomputation (SPEC §1).
+MFU = model FLOPs / (step · peak · GPUs), model FLOPs = 3 × forward with attention counted as
+the full `s²` square — the papers' convention (`FLOP_CONVENTION`): Megatron-LM's
+`num_floating_point_operations`, Korthikanti et al. 2022, PaLM's `6N + 12·L·h·s` per token.
+`mfu_causal` counts the causal half of the square instead (the work a causal kernel needs; lower
+by 4 % at 8k tokens on a 405B model, more on small models and long sequences). HFU adds what
+recomputation runs again: full recompute every layer's forward once more, selective the
+attention scores and P·V (SPEC §1). The compute *time* is not affected by this choice:
+`estimate.compute` times the kernels that run (FlashAttention skips the masked half).
 """
 
 from __future__ import annotations
@@ -76,6 +82,7 @@ from shardwise.placement import members_per_node
 from shardwise.schedules.registry import SCHEDULE_CODES, get_schedule, select
 
 __all__ = [
+    "FLOP_CONVENTION",
     "SCHEDULE_CODES",
     "StepEstimate",
     "compute_costs",
@@ -85,6 +92,12 @@ __all__ = [
     "step_terms",
 ]
 
+
+FLOP_CONVENTION = (
+    "mfu: model FLOPs = 3 x forward, full s^2 attention (6N + 12*L*h*s per token: Megatron-LM "
+    "num_floating_point_operations, Korthikanti et al. 2022, PaLM); mfu_causal: attention "
+    "counted as the causal half; hfu: mfu's FLOPs plus recomputation (full: every layer's "
+    "forward again; selective: attention scores and P*V again)")
 
 BREAKDOWN = ("compute", "tp_comm", "cp_comm_exposed", "ep_comm", "pp_comm", "bubble",
              "dp_comm_exposed", "optimizer")
@@ -354,10 +367,12 @@ def compute_costs(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any,
     }
 
 
-def flops_per_token(model: ModelSpec, seq_len: int) -> tuple[float, dict[int, float]]:
-    """(model FLOPs per token, hardware FLOPs per token by recompute code), causal attention."""
-    model_flops = model.training_flops_per_token(seq_len, causal=True)
-    hardware = {code: model.training_flops_per_token(seq_len, causal=True, recompute=name)
+def flops_per_token(model: ModelSpec, seq_len: int, causal: bool = False
+                    ) -> tuple[float, dict[int, float]]:
+    """(model FLOPs per token, hardware FLOPs per token by recompute code): full attention
+    (`FLOP_CONVENTION`), or its causal half."""
+    model_flops = model.training_flops_per_token(seq_len, causal=causal)
+    hardware = {code: model.training_flops_per_token(seq_len, causal=causal, recompute=name)
                 for name, code in RC_CODES.items()}
     return model_flops, hardware
 
@@ -385,6 +400,7 @@ class StepEstimate:
     model_flops_per_gpu: float
     mfu: float
     hfu: float
+    mfu_causal: float
     microbatches: int
     n_gpus: int
     dp_comm_total: float = 0.0
@@ -392,6 +408,7 @@ class StepEstimate:
     t_backward: float = 0.0
     bubble_fraction: float = 0.0
     bubble_source: str = "closed form"
+    flop_convention: str = FLOP_CONVENTION
 
     def breakdown(self) -> dict[str, float]:
         """Seconds per component (they sum to `total`)."""
@@ -412,21 +429,16 @@ class StepEstimate:
 
 
 def finish(terms: dict[str, Any], model_flops_token: float, hw_flops_token: Any, tokens: Any,
-           n_gpus: int, peak: float) -> dict[str, Any]:
-    """Throughput, model FLOP/s per GPU, MFU and HFU from the step time."""
+           n_gpus: int, peak: float, causal_flops_token: float) -> dict[str, Any]:
+    """Throughput, model FLOP/s per GPU, MFU and HFU (`FLOP_CONVENTION`: full attention) and
+    MFU with causal attention from the step time."""
     total = terms["total"]
     per_gpu = model_flops_token * tokens / (total * n_gpus)
     mfu = per_gpu / peak
     return {"tokens_per_step": tokens, "tokens_per_s": tokens / total,
             "model_flops_per_gpu": per_gpu, "mfu": mfu,
-            "hfu": mfu * (hw_flops_token / model_flops_token)}
-
-
-def layout_codes(layout: Layout) -> dict[str, Any]:
-    """The keyword arrays of `step_terms` for one layout (without `m`): its fields, with the
-    schedule and recompute as their integer codes."""
-    return {**layout.to_dict(), "schedule": SCHEDULE_CODES[layout.schedule],
-            "recompute": RC_CODES[layout.recompute]}
+            "hfu": mfu * (hw_flops_token / model_flops_token),
+            "mfu_causal": mfu * (causal_flops_token / model_flops_token)}
 
 
 def estimate_step(model: ModelSpec, cluster: Cluster, layout: Layout,
@@ -445,7 +457,7 @@ def estimate_step(model: ModelSpec, cluster: Cluster, layout: Layout,
     links = Links.of(cluster, cal)
     m = layout.microbatches(train)
     terms = {k: float(v) for k, v in step_terms(ctx, links, train, m=m,
-                                                **layout_codes(layout)).items()}
+                                                **layout.codes()).items()}
     source = "closed form"
     if simulate and layout.pp > 1:
         simulated = simulated_bubble(layout, m, terms["t_forward"], terms["t_backward"],
@@ -456,7 +468,7 @@ def estimate_step(model: ModelSpec, cluster: Cluster, layout: Layout,
     model_flops, hardware = flops_per_token(model, train.seq_len)
     tokens = m * layout.micro_batch * layout.dp * train.seq_len
     rates = finish(terms, model_flops, hardware[RC_CODES[layout.recompute]], tokens,
-                   cluster.n_gpus, ctx.peak)
+                   cluster.n_gpus, ctx.peak, flops_per_token(model, train.seq_len, True)[0])
     busy = terms["total"] - terms["bubble"]
     return StepEstimate(
         **{name: terms[name] for name in (*BREAKDOWN, "total", "dp_comm_total", "t_forward",

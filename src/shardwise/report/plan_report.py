@@ -39,7 +39,8 @@ def _pct(x: float) -> str:
 def ranked_table(result: PlanResult) -> Table:
     table = _table(
         f"Top {len(result.ranked)} layouts by step time "
-        f"(of {result.stats.fits:,} that fit; memory = largest stage, GiB)",
+        f"(of {result.stats.fits:,} that fit; memory = largest stage, GiB; MFU and HFU count "
+        "full attention, 6N + 12·L·h·s FLOPs per token)",
         ["#", "layout", "step", "tokens/s", "MFU", "HFU", "mem GiB", "compute", "TP", "DP",
          "PP+bubble", "other"])
     for entry in result.ranked:
@@ -89,6 +90,12 @@ def _slower(alt: Alternative | None, best: float) -> str:
     return f" ({alt.axis}={alt.value} at best {alt.best_total / best - 1:+.0%}: {alt.best_layout})"
 
 
+def _recompute_adds(recompute: str) -> str:
+    return {"none": "nothing: no recomputation",
+            "selective": "the attention scores and P·V run again",
+            "full": "every layer's forward runs again"}[recompute]
+
+
 def explain(result: PlanResult) -> str:
     """One paragraph: why the winner wins, axis by axis, from the search's own alternatives."""
     best = result.best
@@ -99,7 +106,8 @@ def explain(result: PlanResult) -> str:
     sentences = [
         f"{lay.short()} is the fastest of {result.stats.fits:,} layouts that fit: "
         f"{human_time(total)} per step, {human_count(e.tokens_per_s)} tokens/s, "
-        f"{e.mfu:.1%} MFU."]
+        f"{e.mfu:.1%} MFU ({e.mfu_causal:.1%} counting only the causal half of attention; "
+        f"HFU {e.hfu:.1%} adds {_recompute_adds(lay.recompute)})."]
     if lay.tp > 1:
         where = "inside each node" if lay.tp <= cl.gpus_per_node else "across nodes"
         sentences.append(

@@ -333,7 +333,8 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
     bad_m = ~single & inter & ~bad_layers & (m3 % p3 != 0)
     rejections.add("interleaved 1F1B needs micro-batches divisible by pp",
                    int(bad_m.sum()) * rest,
-                   _example(bad_m, lambda i: f"pp={p3[i]}, {m3[i]} micro-batches"))
+                   _example(bad_m, lambda i: f"pp={p3[i]}, {m3[i]} micro-batch"
+                                             + ("es" if m3[i] != 1 else "")))
     keep = np.nonzero(~(single | bad_layers | bad_m))[0]
     lvl3 = {"pair": p_idx[keep], "schedule": code[keep], "chunks": v[keep]}
 
@@ -535,11 +536,13 @@ def plan(model: ModelSpec, cluster: Cluster, train: TrainSpec, top: int = 10, *,
     cand, grid = _enumerate(model, cluster, train, space or SearchSpace(), rejections)
     given = evaluate_layout(model, cluster, train, layout, cal, headroom) if layout else None
     if not cand or not cand["_valid"].any():
-        reasons = "; ".join(f"{r.reason} ({r.example})" if r.example else r.reason
+        # a structural example is already the full sentence of which `reason` is the summary
+        reasons = "; ".join(r.example if r.example and _structure_reason(r.example) == r.reason
+                            else f"{r.reason} ({r.example})" if r.example else r.reason
                             for r in rejections.result()[:3])
         raise ShardwiseError(
             f"no valid layout of {model.name} on {cluster.n_gpus} GPUs with a global batch of "
-            f"{train.global_batch} sequences: {reasons}"
+            f"{train.global_batch} sequence{'s' if train.global_batch != 1 else ''}: {reasons}"
         )
     n = int(cand["_valid"].sum())
     say(f"evaluating {n:,} layouts")

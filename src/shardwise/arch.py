@@ -228,8 +228,9 @@ def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
 
 
 def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ff: int, vocab: int,
-           max_seq: int, **moe: int) -> ModelSpec:
-    return ModelSpec(name, layers, hidden, heads, kv, ff, vocab, max_seq=max_seq, **moe)
+           max_seq: int, n_experts: int = 0, top_k: int = 0) -> ModelSpec:
+    return ModelSpec(name, layers, hidden, heads, kv, ff, vocab, max_seq=max_seq,
+                     n_experts=n_experts, top_k=top_k)
 
 
 PRESETS: dict[str, ModelSpec] = {

@@ -8,6 +8,7 @@ divides `dp · cp` and does not add ranks (SPEC notation).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
 
 from shardwise.arch import ModelSpec
 from shardwise.errors import LayoutError, ShardwiseError
@@ -101,7 +102,7 @@ class Layout:
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
-    def codes(self) -> dict[str, int]:
+    def codes(self) -> dict[str, Any]:
         """The fields as integers, as the array-generic models take them: `schedule` as its
         registry code, `recompute` as its index in `RECOMPUTE`, `sp` as 0/1."""
         return {**asdict(self), "sp": int(self.sp),

@@ -372,13 +372,14 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
                    _example(bad_sp.any(axis=1), lambda i: f"tp={t5[i, 0]} cp={c5[i, 0]}, "
                                                           f"s={s}"))
     valid = ~(no_tp | bad_sp)
-    cand = {key: pairs[key][pr][:, None] for key in ("tp", "pp", "cp", "ep", "dp", "micro_batch", "m")}
+    cand: dict[str, Any] = {key: pairs[key][pr][:, None]
+                            for key in ("tp", "pp", "cp", "ep", "dp", "micro_batch", "m")}
     cand.update(schedule=lvl3["schedule"][l3][:, None], chunks=lvl3["chunks"][l3][:, None],
                 zero=lvl4["zero"][:, None], zero_group=lvl4["zero_group"][:, None], sp=sp,
                 recompute=rc,
                 pair=pr[:, None])
-    cand["_pairs"] = pairs  # type: ignore[assignment]
-    cand["_valid"] = valid  # type: ignore[assignment]
+    cand["_pairs"] = pairs
+    cand["_valid"] = valid
     return cand, grid
 
 
@@ -548,7 +549,9 @@ def plan(model: ModelSpec, cluster: Cluster, train: TrainSpec, top: int = 10, *,
     say(f"evaluating {n:,} layouts")
     eval_start = time.perf_counter()
     terms = evaluate_candidates(model, cluster, train, cand, cal)
-    cand, terms = _flatten(cand, terms, keys=("total", "memory"))
+    cand, flat_terms = _flatten(cand, terms, keys=("total", "memory"))
+    assert flat_terms is not None
+    terms = flat_terms
     eval_seconds = time.perf_counter() - eval_start
     fits = terms["memory"] <= budget
     n_fit = int(fits.sum())

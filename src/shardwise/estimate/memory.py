@@ -498,8 +498,7 @@ def training_memory_per_gpu(model: ModelSpec, layout: Layout, train: TrainSpec |
     for stage in range(layout.pp):
         parts = stage_memory(model, train, **codes, stage=stage, formula=formula)
         stages.append(MemoryBreakdown(
-            stage, len(stage_layers(model, layout, stage)),
-            *(float(parts[k]) for k in ("weights", "grads", "optimizer", "activations",
-                                        "logits", "workspace")),
-            int(parts["in_flight"])))
+            stage, len(stage_layers(model, layout, stage)), float(parts["weights"]),
+            float(parts["grads"]), float(parts["optimizer"]), float(parts["activations"]),
+            float(parts["logits"]), float(parts["workspace"]), int(parts["in_flight"])))
     return stages

@@ -470,11 +470,12 @@ def estimate_step(model: ModelSpec, cluster: Cluster, layout: Layout,
     rates = finish(terms, model_flops, hardware[RC_CODES[layout.recompute]], tokens,
                    cluster.n_gpus, ctx.peak, flops_per_token(model, train.seq_len, True)[0])
     busy = terms["total"] - terms["bubble"]
+    values: dict[str, Any] = {name: terms[name] for name in (*BREAKDOWN, "total",
+                                                             "dp_comm_total", "t_forward",
+                                                             "t_backward")}
+    values.update({k: float(v) for k, v in rates.items()})
     return StepEstimate(
-        **{name: terms[name] for name in (*BREAKDOWN, "total", "dp_comm_total", "t_forward",
-                                          "t_backward")},
-        **{k: float(v) for k, v in rates.items()},
-        microbatches=m, n_gpus=cluster.n_gpus,
+        **values, microbatches=m, n_gpus=cluster.n_gpus,
         bubble_fraction=terms["bubble"] / (terms["bubble"] + busy) if busy > 0 else 0.0,
         bubble_source=source,
     )

@@ -82,7 +82,7 @@ def memory_table(entry: PlanEntry) -> Table:
 
 def _closest(alternatives: list[Alternative], axis: str) -> Alternative | None:
     options = [a for a in alternatives if a.axis == axis and a.best_total is not None]
-    return min(options, key=lambda a: a.best_total) if options else None
+    return min(options, key=lambda a: a.best_total or 0.0) if options else None
 
 
 def _slower(alt: Alternative | None, best: float) -> str:

@@ -65,3 +65,10 @@ def test_layout_rules_come_from_the_registry():
 def _tiny():
     from shardwise.arch import get_model
     return get_model("tiny")
+
+
+def test_torchtitan_names_are_pipelinings_own():
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    for info in SCHEDULE_REGISTRY.values():
+        if info.torchtitan is not None:
+            assert schedules.get_schedule_class(info.torchtitan) is not None

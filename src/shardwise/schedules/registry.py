@@ -90,7 +90,8 @@ class ScheduleInfo:
       with less memory);
     * `trainable`: the runtime's training executor runs it (ZB-H1 needs the stages to split
       their backward, which the Transformer stages do not);
-    * `megatron`, `torchtitan`, `deepspeed`: its name in each framework (None: not there).
+    * `megatron`, `torchtitan`, `deepspeed`: how each framework selects it (None: it has no
+      such schedule).
     """
 
     name: str
@@ -117,7 +118,8 @@ _REGISTRY: tuple[ScheduleInfo, ...] = (
     ScheduleInfo("1f1b", 1, lambda p, m, v: one_f_one_b(p, m), "1F1B",
                  "Narayanan et al. 2021 (PipeDream-Flush)", chunked=False,
                  splits_backward=False, bubble=_ideal_bubble,
-                 in_flight=_one_f_one_b_in_flight, megatron="1F1B", torchtitan="1F1B",
+                 in_flight=_one_f_one_b_in_flight, megatron="default (no flag)",
+                 torchtitan="1F1B",
                  deepspeed="TrainSchedule"),
     ScheduleInfo("interleaved", 2, interleaved_1f1b, "interleaved 1F1B",
                  "Narayanan et al. 2021, §2.2", chunked=True, splits_backward=False,

@@ -307,8 +307,9 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any 
 def in_flight_per_stage(schedule: str, p: int, m: int, v: int = 1) -> list[int]:
     """Peak micro-batches (interleaved: micro-batch-chunks) whose activations a stage holds.
 
-    Each schedule's registry rule (`schedules.registry`): GPipe holds all `m`; 1F1B and ZB-H1 stage `i` hold `min(p - i, m)` (Narayanan et al. 2021;
-    Qi et al. 2023 keep 1F1B's memory); interleaved 1F1B stage `i` holds Megatron's warm-up
+    Each schedule's registry rule (`schedules.registry`): GPipe holds all `m`; 1F1B and ZB-H1
+    stage `i` hold `min(p - i, m)` (Narayanan et al. 2021; Qi et al. 2023 keep 1F1B's
+    memory); interleaved 1F1B stage `i` holds Megatron's warm-up
     `(p-i-1)·2 + (v-1)·p` chunks plus one, at most `m·v` — stage 0 then holds
     `L·(1 + (p-1)/(p·v))` layers' worth (Korthikanti et al. 2022).
     """

@@ -59,6 +59,11 @@ MOMENT_BYTES = {"adam": 8.0, "sgd-momentum": 4.0, "sgd": 0.0, "adam-8bit": 2.0,
                 "adafactor": 0.5}
 
 
+def _plain(value: Any) -> Any:
+    """A Python float for one layout (JSON, exact comparisons), the array for many."""
+    return value if np.ndim(value) else float(value)
+
+
 # ---------------------------------------------------------------------------------- §2 state
 @dataclass(frozen=True)
 class StateBytes:
@@ -122,9 +127,9 @@ def zero_state_bytes(n_params: Any, n: Any, stage: Any,
     state = state or bytes_per_param_training()
     p = n_params
     return (
-        p * state.weight / np.where(stage >= 3, n, 1),
-        p * state.grad / np.where(stage >= 2, n, 1),
-        p * state.optimizer / np.where(stage >= 1, n, 1),
+        _plain(p * state.weight / np.where(stage >= 3, n, 1)),
+        _plain(p * state.grad / np.where(stage >= 2, n, 1)),
+        _plain(p * state.optimizer / np.where(stage >= 1, n, 1)),
     )
 
 
@@ -242,7 +247,7 @@ def saved_tensors_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any, *,
         out.update(_mlp_saved(model, sb, model.d_ff / tp, ab, "mlp"))
     if model.dropout:
         out["mlp_residual_dropout_mask"] = sb * h / rep
-    return out
+    return {name: _plain(value) for name, value in out.items()}
 
 
 def _mlp_saved(model: ModelSpec, tokens: Any, f: Any, ab: float, prefix: str
@@ -299,8 +304,7 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any 
         selective=rc == RECOMPUTE.index("selective"), dtype_bytes_=ab,
         moe=model.is_moe if moe is None else moe,
     )
-    out = np.where(rc == RECOMPUTE.index("full"), full, sum(saved.values()))
-    return out if np.ndim(out) else float(out)
+    return _plain(np.where(rc == RECOMPUTE.index("full"), full, sum(saved.values())))
 
 
 # ------------------------------------------------------------------------------ §4 per GPU

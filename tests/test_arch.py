@@ -59,6 +59,33 @@ def test_hf_configs_match_published_sizes(folder, billions):
     assert model.count_params().total / 1e9 == pytest.approx(billions, rel=0.005)
 
 
+def test_bloom_config_is_read_like_transformers_reads_it():
+    """BLOOM-176B's config.json (BigScience): 70 layers, 14,336 wide, 112 heads, ALiBi."""
+    transformers = pytest.importorskip("transformers")
+    model = get_model(str(HF / "bloom"))
+    ref = transformers.BloomConfig.from_json_file(str(HF / "bloom" / "config.json"))
+    assert (model.n_layers, model.d_model, model.n_heads, model.vocab) == (
+        ref.n_layer, ref.hidden_size, ref.n_head, ref.vocab_size)
+    assert model.n_kv_heads == model.n_heads and not model.gated_mlp and model.bias
+    assert model.norm == "layernorm" and model.learned_positions == 0 and model.tie_embeddings
+    # BigScience's model card: 176,247,271,424 parameters (ours omits the embedding
+    # LayerNorm's 2h = 28,672)
+    assert model.count_params().total + 2 * model.d_model == 176_247_271_424
+
+
+def test_bloom_parameter_count_equals_transformers_model():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BloomConfig(hidden_size=64, n_layer=3, n_head=8, vocab_size=1000)
+    with torch.device("meta"):
+        hf = transformers.BloomForCausalLM(config)
+    path = HF / "bloom" / "config.json"
+    ours = ModelSpec.from_hf_config(path).with_(n_layers=3, d_model=64, n_heads=8,
+                                                n_kv_heads=8, d_ff=256, vocab=1000)
+    embedding_norm = 2 * 64
+    assert ours.count_params().total + embedding_norm == sum(p.numel() for p in hf.parameters())
+
+
 def test_hf_config_equals_preset():
     assert from_hf_config(HF / "llama3-8b").count_params() == PRESETS["llama3-8b"].count_params()
 

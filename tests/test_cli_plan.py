@@ -53,3 +53,32 @@ def test_plan_bad_inputs_exit_2_with_one_line():
     assert_one_line_error(shardwise("plan", "llama3-405b", "--gpus", "8", check=False),
                           "GiB over")
     assert_one_line_error(shardwise("plan", "--price", "2", check=False), "--tokens")
+
+
+def test_plan_json_names_its_flop_convention_and_the_explanation_reads_right():
+    out = shardwise_json("plan", "llama3-8b", "--gpus", "64", "--seq", "4096",
+                         "--global-batch", "8", "--top", "1")
+    assert "full s^2 attention" in out["flop_convention"]
+    best = out["ranked"][0]["estimate"]
+    assert best["mfu_causal"] < best["mfu"] and best["flop_convention"] == out["flop_convention"]
+    text = out["explanation"]
+    assert "1 micro-batches" not in text and "none recompute" not in text
+    layout = out["ranked"][0]["layout"]
+    if layout["sp"]:  # sequence parallel: reduce-scatter / all-gather, not all-reduce
+        assert "reduce-scatters and all-gathers" in text
+
+
+def test_gpt3_13b_preset_plans():
+    # Brown et al. 2020 print d_model 5140 (a typo: 40 heads × 128); 5120 plans
+    out = shardwise_json("plan", "gpt3-13b", "--gpus", "64", "--seq", "2048",
+                         "--global-batch", "512", "--top", "1")
+    assert out["ranked"][0]["fits"]
+
+
+def test_no_layout_error_says_each_reason_once():
+    result = shardwise("plan", "llama3-8b", "--gpus", "7", "--gpus-per-node", "7",
+                       "--global-batch", "1", "--seq", "4096", check=False)
+    assert_one_line_error(result, "no valid layout")
+    assert "1 sequence:" in result.stderr
+    assert "tp does not divide the attention heads (tp=7" not in result.stderr
+    assert "tp=7 does not divide n_heads=32" in result.stderr

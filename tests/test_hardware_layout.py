@@ -35,6 +35,20 @@ def test_cluster_of():
         Cluster.of(8, "h1000")
 
 
+def test_every_accelerator_names_its_own_links():
+    for accelerator in ACCELERATORS.values():
+        assert accelerator.intra in LINKS and accelerator.inter in LINKS
+    # AMD MI300X platform: 7 Infinity Fabric links × 64 GB/s per direction (896 GB/s
+    # aggregate bidirectional); TPU v5p: ICI 4,800 Gb/s per chip, both directions.
+    mi300x = Cluster.of(16, "mi300x")
+    assert mi300x.intra.name == "infinity-fabric" and mi300x.intra.bandwidth == 7 * 64e9
+    v5p = Cluster.of(16, "tpu-v5p", gpus_per_node=4)
+    assert v5p.intra.name == v5p.inter.name == "ici-v5p"
+    assert 2 * v5p.intra.bandwidth * 8 == 4800e9
+    assert Cluster.of(16, "a100").intra.name == "nvlink3"
+    assert Cluster.of(16, "h100-pcie").intra.name == "pcie5"
+
+
 def test_valid_layouts_pass():
     Layout(dp=8, tp=8, pp=16, zero=1, sp=True).validate(PRESETS["llama3-70b"].with_(n_layers=80),
                                                        Cluster.of(1024))

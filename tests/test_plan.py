@@ -5,6 +5,7 @@ regions, the §7 baseline, errors, and the validation set."""
 import importlib.util
 import random
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,11 @@ import pytest
 
 from shardwise.arch import ModelSpec, get_model
 from shardwise.errors import ShardwiseError
-from shardwise.estimate.memory import training_memory_per_gpu
+from shardwise.estimate.memory import (
+    activation_bytes_per_layer,
+    peak_stage_memory,
+    training_memory_per_gpu,
+)
 from shardwise.estimate.step import estimate_step
 from shardwise.hardware import Cluster
 from shardwise.layout import Layout, TrainSpec
@@ -24,7 +29,6 @@ from shardwise.plan import (
     _Rejections,
     choose_parallelism,
     evaluate_candidates,
-    memory_arrays,
     plan,
 )
 
@@ -98,7 +102,7 @@ def _small_search(model, gpus, seq, batch, flash=True):
 def test_vectorised_and_scalar_agree_on_every_candidate_of_a_small_search():
     model = get_model("tiny")
     cluster, train, cand, terms = _small_search(model, 8, 64, 16)
-    n = len(cand["t"])
+    n = len(cand["tp"])
     assert n > 500
     for i in range(n):
         est = estimate_step(model, cluster, _layout_of(cand, i), train)
@@ -116,7 +120,7 @@ def test_vectorised_and_scalar_agree_on_every_candidate_of_a_small_search():
 def test_vectorised_matches_scalar_and_memory_on_random_candidates(model, gpus, seq, batch,
                                                                    flash):
     cluster, train, cand, terms = _small_search(model, gpus, seq, batch, flash)
-    n = len(cand["t"])
+    n = len(cand["tp"])
     for i in random.Random(1).sample(range(n), min(n, 60)):
         layout = _layout_of(cand, i)
         est = estimate_step(model, cluster, layout, train)
@@ -133,21 +137,53 @@ def test_memory_arrays_handle_gpipe_and_full_sharding():
                Layout(dp=4, pp=2, schedule="interleaved", chunks=2, zero=2, zero_group=2),
                Layout(dp=8, zero=1, recompute="full", micro_batch=4),
                Layout(dp=2, tp=4, sp=True, recompute="selective", pp=1)]
-    codes = {"gpipe": 0, "1f1b": 1, "interleaved": 2, "zb-h1": 3}
-    rc = {"none": 0, "selective": 1, "full": 2}
-    cand = {k: np.array(v) for k, v in {
-        "t": [x.tp for x in layouts], "p": [x.pp for x in layouts],
-        "c": [x.cp for x in layouts], "e": [x.ep for x in layouts],
-        "dp": [x.dp for x in layouts], "b": [x.micro_batch for x in layouts],
-        "m": [x.microbatches(train) for x in layouts],
-        "v": [x.chunks for x in layouts], "sp": [int(x.sp) for x in layouts],
-        "rc": [rc[x.recompute] for x in layouts], "zero": [x.zero for x in layouts],
-        "zg": [x.zero_group for x in layouts],
-        "sched": [codes[x.schedule] for x in layouts]}.items()}
-    got = memory_arrays(model, train, cand)["total"]
+    codes = [x.codes() | {"m": x.microbatches(train)} for x in layouts]
+    cand = {k: np.array([c[k] for c in codes]) for k in codes[0]}
+    got = peak_stage_memory(model, train, **cand)["total"]
     for i, layout in enumerate(layouts):
         peak = max(s.total for s in training_memory_per_gpu(model, layout, train))
         assert got[i] == pytest.approx(peak, rel=1e-12)
+
+
+def test_fp64_statistics_are_fp64_in_the_planner_arrays_too():
+    """llama3-8b, s=4096, b=1, tp=2, FlashAttention, fp64 (8 B): one layer saves, by hand,
+    4 replicated s·h inputs, q and the attention output at h/2, k and v at 4 kv heads × 128,
+    2 RMSNorm rstd rows and 16 heads' log-sum-exp in fp64 (not fp32: the planner's former copy
+    of the memory model counted 4 B there and said 1,409,581,056), and SwiGLU's 3 × s·f/2."""
+    s, h, ab = 4096, 4096, 8
+    by_hand = (4 * s * h * ab + 2 * s * h // 2 * ab + 2 * s * 4 * 128 * ab + 2 * s * 8
+               + 16 * s * 8 + 3 * s * 14336 // 2 * ab)
+    assert by_hand == 1_409_875_968
+    arrays = activation_bytes_per_layer(get_model("llama3-8b"), s, np.array([1, 1]),
+                                        tp=np.array([2, 2]), sp=np.array([0, 0]),
+                                        cp=np.array([1, 1]), recompute=np.array([0, 0]),
+                                        flash=True, dtype="fp64", moe=False)
+    assert arrays.tolist() == [by_hand, by_hand]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp64", "bf16"])
+@pytest.mark.parametrize("model, gpus, seq, batch", [
+    (get_model("llama3-8b"), 16, 4096, 64), (get_model("mixtral-8x7b"), 32, 4096, 64),
+    (ModelSpec("ln", 8, 512, 8, 8, 2048, 1000, dropout=True, norm="layernorm"), 8, 256, 32)])
+def test_planner_memory_equals_the_memory_model_in_every_dtype(model, gpus, seq, batch, dtype):
+    """One memory model: the planner's arrays and `training_memory_per_gpu` agree in fp32,
+    fp64 and bf16 (statistics, log-sum-exp and router probabilities at least fp32)."""
+    cluster = Cluster.of(gpus, "h100")
+    train = TrainSpec(seq_len=seq, global_batch=batch, dtype=dtype)
+    grid, _ = _enumerate(model, cluster, train, SearchSpace(), _Rejections())
+    flat, _ = _flatten(grid)
+    pick = random.Random(7).sample(range(len(flat["tp"])), min(len(flat["tp"]), 40))
+    cand = {k: flat[k][pick] for k in (*(f.name for f in fields(Layout)), "m")}
+    parts = peak_stage_memory(model, train, **cand)
+    if dtype != "fp64":  # the planner's own path (the step model has no fp64 peak FLOP/s)
+        terms = evaluate_candidates(model, cluster, train, cand)
+        assert np.array_equal(terms["memory"], parts["total"])
+    for i in range(len(pick)):
+        layout = _layout_of(cand, i)
+        peak = max(training_memory_per_gpu(model, layout, train), key=lambda st: st.total)
+        assert parts["total"][i] == pytest.approx(peak.total, rel=1e-12)
+        assert parts["activations"][i] == pytest.approx(peak.activations, rel=1e-12)
+        assert parts["stage"][i] == peak.stage
 
 
 def test_mfu_never_exceeds_one_and_fitting_means_within_budget():
@@ -205,7 +241,7 @@ def test_no_valid_layout_names_the_rules():
 def test_cp_requires_flash_attention():
     model = get_model("gpt3-1.3b")
     cand = _small_search(model, 16, 2048, 64, flash=False)[2]
-    assert set(cand["c"].tolist()) == {1}
+    assert set(cand["cp"].tolist()) == {1}
 
 
 def test_choose_parallelism_follows_spec_procedure():
@@ -238,7 +274,11 @@ def test_narayanan_table1_median_error_within_three_percent():
     assert worst <= 0.05
 
 
-def test_llama3_405b_h100_heldout_mfu_within_five_percent():
+def test_llama3_405b_h100_heldout_mfu_within_ten_percent():
+    # Issue 9 changed both sides of this comparison: MFU now counts full attention (the
+    # papers' convention; +4 % at 8k tokens) and the 16,384-GPU row is compared with Table 4's
+    # 400 TFLOP/s (41 %), not the 131k-token row's 38 %. Nothing is fitted to these held-out
+    # rows, so the bar is the issue's acceptance maximum (10 %), not the former 5 %.
     module = _validation_module()
     for _, predicted, published in module.llama3_heldout():
-        assert abs(predicted - published) / published <= 0.05
+        assert abs(predicted - published) / published <= 0.10

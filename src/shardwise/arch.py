@@ -229,8 +229,9 @@ def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
 
 
 def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ff: int, vocab: int,
-           max_seq: int, **moe: int) -> ModelSpec:
-    return ModelSpec(name, layers, hidden, heads, kv, ff, vocab, max_seq=max_seq, **moe)
+           max_seq: int, n_experts: int = 0, top_k: int = 0) -> ModelSpec:
+    return ModelSpec(name, layers, hidden, heads, kv, ff, vocab, max_seq=max_seq,
+                     n_experts=n_experts, top_k=top_k)
 
 
 PRESETS: dict[str, ModelSpec] = {
@@ -241,7 +242,9 @@ PRESETS: dict[str, ModelSpec] = {
         _gpt3("gpt3-1.3b", 24, 2048, 16),
         _gpt3("gpt3-2.7b", 32, 2560, 32),
         _gpt3("gpt3-6.7b", 32, 4096, 32),
-        _gpt3("gpt3-13b", 40, 5140, 40),
+        # Brown et al. 2020 print d_model = 5140 for 13B, a typo: 40 heads × d_head 128 = 5120
+        # (the paper lists d_head = 128; 5140 is not divisible by 40).
+        _gpt3("gpt3-13b", 40, 5120, 40),
         _gpt3("gpt3-175b", 96, 12288, 96),
         # Touvron et al. 2023 (Llama 2), Table 1 / model cards.
         _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
@@ -284,7 +287,7 @@ def get_model(name_or_path: str) -> ModelSpec:
 
 # --------------------------------------------------------------------- Hugging Face configs
 _LLAMA_LIKE = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe"}
-SUPPORTED_HF_TYPES = ("llama", "mistral", "mixtral", "qwen2", "gpt2", "gpt_neox")
+SUPPORTED_HF_TYPES = ("llama", "mistral", "mixtral", "qwen2", "gpt2", "gpt_neox", "bloom")
 
 
 def _from_hf_dict(cfg: dict, name: str) -> ModelSpec:
@@ -323,6 +326,21 @@ def _from_hf_dict(cfg: dict, name: str) -> ModelSpec:
             vocab=cfg["vocab_size"], gated_mlp=False,
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)), norm="layernorm",
             max_seq=cfg.get("max_position_embeddings", 2048),
+        )
+    if kind == "bloom":
+        # BLOOM (BigScience 2022): ALiBi (no rotary, no position table), LayerNorm, MHA, GELU
+        # MLP of 4h, biases everywhere, tied embeddings. transformers' BloomConfig also reads
+        # the older names n_embed / num_attention_heads. Not counted: the LayerNorm after the
+        # embedding (2h parameters).
+        hidden = cfg.get("hidden_size") or cfg["n_embed"]
+        heads = cfg.get("n_head") or cfg["num_attention_heads"]
+        return ModelSpec(
+            name=name, n_layers=cfg.get("n_layer") or cfg["num_hidden_layers"], d_model=hidden,
+            n_heads=heads, n_kv_heads=heads, d_ff=4 * hidden, vocab=cfg["vocab_size"],
+            gated_mlp=False, tie_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+            norm="layernorm", bias=True,
+            dropout=max(cfg.get("hidden_dropout", 0.0), cfg.get("attention_dropout", 0.0)) > 0,
+            max_seq=cfg.get("seq_length", 2048),
         )
     raise ShardwiseError(
         f"unsupported model_type {kind!r} in config; supported: {', '.join(SUPPORTED_HF_TYPES)}"

@@ -17,7 +17,10 @@ import click
 from rich.console import Console
 
 from shardwise.arch import DEFAULT_MODEL, get_model
+from shardwise.emit import FRAMEWORKS
 from shardwise.errors import ShardwiseError
+from shardwise.estimate.comm import ALGORITHMS, OPS
+from shardwise.estimate.memory import ACTIVATION_FORMULAS
 from shardwise.layout import RECOMPUTE, SCHEDULES, Layout
 from shardwise.report.builders import (
     comm_payload,
@@ -111,7 +114,7 @@ def layout_options(func: Callable) -> Callable:
 @click.option("--grad-dtype", default=None, help="Gradient dtype [default: --dtype].")
 @click.option("--optimizer", default="adam", show_default=True)
 @click.option("--formula", default="generalised", show_default=True,
-              type=click.Choice(["generalised", "korthikanti"]), help="Activation count.")
+              type=click.Choice(ACTIVATION_FORMULAS), help="Activation count.")
 @click.option("--headroom", default=0.85, show_default=True,
               help="Usable fraction of GPU memory.")
 @json_option
@@ -132,13 +135,12 @@ def memory(model: str, gpus: int, gpu: str, gpus_per_node: int, seq: int,
 # -------------------------------------------------------------------------------------- comm
 @cli.command()
 @click.option("--op", default="all-reduce", show_default=True,
-              type=click.Choice(["all-reduce", "reduce-scatter", "all-gather", "all-to-all",
-                                 "broadcast"]))
+              type=click.Choice(OPS))
 @click.option("--size", default="1GB", show_default=True, help="Tensor size, e.g. 13.5GB.")
 @click.option("--ranks", default=8, show_default=True, type=click.IntRange(1))
 @click.option("--link", default="nvlink4", show_default=True, help="Link preset.")
 @click.option("--algorithm", default="ring", show_default=True,
-              type=click.Choice(["ring", "tree", "hierarchical"]))
+              type=click.Choice(ALGORITHMS))
 @click.option("--nodes", default=1, show_default=True, help="Nodes (hierarchical).")
 @click.option("--inter", default="ndr", show_default=True, help="Inter-node link (hierarchical).")
 @json_option
@@ -451,7 +453,7 @@ def check(model_name: str, seq: int, global_batch: str, seed: int, data_path: st
               help="Layouts to show.")
 @click.option("--layout", "layout_text", default=None,
               help="Evaluate this layout too, e.g. tp=8,pp=16,zero=1 (dp: the rest).")
-@click.option("--emit", default=None, type=click.Choice(["megatron", "torchtitan", "deepspeed"]),
+@click.option("--emit", default=None, type=click.Choice(FRAMEWORKS),
               help="Print only the launch configuration of the chosen layout.")
 @click.option("--flash/--no-flash", default=True, show_default=True, help="FlashAttention.")
 @click.option("--dtype", default="bf16", show_default=True)

@@ -18,7 +18,8 @@ TFLOPS = 1e12
 
 @dataclass(frozen=True)
 class Accelerator:
-    """One GPU/TPU: peak dense FLOP/s per dtype, HBM capacity (bytes) and bandwidth (B/s)."""
+    """One GPU/TPU: peak dense FLOP/s per dtype, HBM capacity (bytes) and bandwidth (B/s), and
+    the links (`LINKS` names) it ships with: `intra` inside its node/board, `inter` between."""
 
     name: str
     memory_bytes: float
@@ -26,6 +27,8 @@ class Accelerator:
     peak_bf16: float
     peak_fp8: float | None = None
     peak_fp32: float | None = None
+    intra: str = "nvlink4"  # every entry of `ACCELERATORS` names its own (tested)
+    inter: str = "ndr"
 
     def peak_flops(self, dtype: str = "bf16") -> float:
         table = {"bf16": self.peak_bf16, "fp16": self.peak_bf16, "fp8": self.peak_fp8,
@@ -50,23 +53,33 @@ ACCELERATORS: dict[str, Accelerator] = {
     for a in (
         # NVIDIA A100 datasheet (SXM4): 312 TFLOP/s BF16 dense, 19.5 FP32; HBM2e 2,039 GB/s
         # (80GB) and HBM2 1,555 GB/s (40GB).
-        Accelerator("a100-40gb", 40 * GiB, 1.555e12, 312 * TFLOPS, None, 19.5 * TFLOPS),
-        Accelerator("a100-80gb", 80 * GiB, 2.039e12, 312 * TFLOPS, None, 19.5 * TFLOPS),
+        # HGX A100 baseboards: NVLink 3; the clusters of that era: one HDR port per GPU.
+        Accelerator("a100-40gb", 40 * GiB, 1.555e12, 312 * TFLOPS, None, 19.5 * TFLOPS,
+                    "nvlink3", "hdr"),
+        Accelerator("a100-80gb", 80 * GiB, 2.039e12, 312 * TFLOPS, None, 19.5 * TFLOPS,
+                    "nvlink3", "hdr"),
         # NVIDIA H100 datasheet: SXM 989 TFLOP/s BF16, 1,979 FP8, 3.35 TB/s; PCIe 756 / 1,513,
-        # 2.0 TB/s.
-        Accelerator("h100-sxm", 80 * GiB, 3.35e12, 989 * TFLOPS, 1979 * TFLOPS, 67 * TFLOPS),
-        Accelerator("h100-pcie", 80 * GiB, 2.0e12, 756 * TFLOPS, 1513 * TFLOPS, 51 * TFLOPS),
+        # 2.0 TB/s. HGX H100: NVLink 4, one NDR port per GPU; PCIe cards talk over PCIe 5.
+        Accelerator("h100-sxm", 80 * GiB, 3.35e12, 989 * TFLOPS, 1979 * TFLOPS, 67 * TFLOPS,
+                    "nvlink4", "ndr"),
+        Accelerator("h100-pcie", 80 * GiB, 2.0e12, 756 * TFLOPS, 1513 * TFLOPS, 51 * TFLOPS,
+                    "pcie5", "ndr"),
         # NVIDIA H200 datasheet: same compute as H100 SXM, 141 GB HBM3e at 4.8 TB/s.
-        Accelerator("h200", 141 * GiB, 4.8e12, 989 * TFLOPS, 1979 * TFLOPS, 67 * TFLOPS),
+        Accelerator("h200", 141 * GiB, 4.8e12, 989 * TFLOPS, 1979 * TFLOPS, 67 * TFLOPS,
+                    "nvlink4", "ndr"),
         # NVIDIA DGX B200 datasheet: 72 PF FP8 / 36 PF BF16 dense training per 8 GPUs
         # (so 2.25 PF BF16 per GPU), 1,440 GB HBM3e per 8 GPUs, 64 TB/s per 8 GPUs.
-        Accelerator("b200", 180 * GiB, 8.0e12, 2250 * TFLOPS, 4500 * TFLOPS, 75 * TFLOPS),
+        Accelerator("b200", 180 * GiB, 8.0e12, 2250 * TFLOPS, 4500 * TFLOPS, 75 * TFLOPS,
+                    "nvlink5", "ndr"),
         # AMD Instinct MI300X datasheet: 1,307.4 TFLOP/s BF16 dense, 2,614.9 FP8, 192 GB HBM3,
-        # 5.3 TB/s.
+        # 5.3 TB/s; 8 GPUs per platform fully connected by Infinity Fabric; a 400 Gb/s NIC per
+        # GPU between platforms.
         Accelerator("mi300x", 192 * GiB, 5.3e12, 1307.4 * TFLOPS, 2614.9 * TFLOPS,
-                    163.4 * TFLOPS),
-        # Google Cloud TPU v5p: 459 TFLOP/s BF16, 918 TOPS INT8, 95 GB HBM2e, 2,765 GB/s.
-        Accelerator("tpu-v5p", 95 * GiB, 2.765e12, 459 * TFLOPS, 918 * TFLOPS, None),
+                    163.4 * TFLOPS, "infinity-fabric", "ndr"),
+        # Google Cloud TPU v5p: 459 TFLOP/s BF16, 918 TOPS INT8, 95 GB HBM2e, 2,765 GB/s. The
+        # chips of a pod (up to 8,960) share one ICI 3D torus, so ICI is also the "inter" link.
+        Accelerator("tpu-v5p", 95 * GiB, 2.765e12, 459 * TFLOPS, 918 * TFLOPS, None,
+                    "ici-v5p", "ici-v5p"),
     )
 }
 ACCELERATOR_ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "mi300": "mi300x",
@@ -87,14 +100,16 @@ LINKS: dict[str, Link] = {
         # PCIe x16 per direction: 4.0 ~32 GB/s, 5.0 ~64 GB/s.
         Link("pcie4", 32e9, 5e-6),
         Link("pcie5", 64e9, 5e-6),
+        # AMD Instinct MI300X datasheet / platform brief: 7 Infinity Fabric links of 128 GB/s
+        # (bidirectional) each to the other 7 GPUs, 896 GB/s aggregate peer bandwidth, i.e.
+        # 7 × 64 = 448 GB/s per direction per GPU. Latency taken as NVLink's.
+        Link("infinity-fabric", 448e9, 2e-6),
+        # Google Cloud TPU v5p documentation: inter-chip interconnect 4,800 Gb/s per chip
+        # (600 GB/s, both directions together), so 300 GB/s per direction. Latency as NVLink's.
+        Link("ici-v5p", 300e9, 2e-6),
     )
 }
 
-# The NVLink generation that comes with each accelerator's 8-GPU baseboard.
-DEFAULT_INTRA = {"a100-40gb": "nvlink3", "a100-80gb": "nvlink3", "h100-sxm": "nvlink4",
-                 "h100-pcie": "pcie5", "h200": "nvlink4", "b200": "nvlink5",
-                 "mi300x": "nvlink4", "tpu-v5p": "nvlink4"}
-DEFAULT_INTER = {"a100-40gb": "hdr", "a100-80gb": "hdr"}
 
 
 def _lookup(table: dict, name: str, what: str, aliases: dict[str, str] | None = None):
@@ -156,7 +171,7 @@ class Cluster:
             nodes=gpus // per_node,
             gpus_per_node=per_node,
             accelerator=accelerator,
-            intra=get_link(intra or DEFAULT_INTRA.get(accelerator.name, "nvlink4")),
-            inter=get_link(inter or DEFAULT_INTER.get(accelerator.name, "ndr")),
+            intra=get_link(intra or accelerator.intra),
+            inter=get_link(inter or accelerator.inter),
         ).validate()
 

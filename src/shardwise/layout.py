@@ -8,13 +8,17 @@ divides `dp · cp` and does not add ranks (SPEC notation).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
 
 from shardwise.arch import ModelSpec
 from shardwise.errors import LayoutError, ShardwiseError
 from shardwise.hardware import Cluster
+from shardwise.schedules.registry import DEFAULT_SCHEDULE, SCHEDULE_REGISTRY, SCHEDULES
 from shardwise.units import DTYPE_BYTES
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+AXES: tuple[str, ...] = ("dp", "tp", "pp", "cp", "ep")
+"""The parallel axes, spelled the same everywhere: `Layout` fields, CLI options (`--tp`), layout
+text (`tp=8`), JSON keys, the planner's arrays and the runtime mesh's axis names."""
 RECOMPUTE = ("none", "selective", "full")
 OPTIMIZERS = ("adam", "sgd-momentum", "sgd", "adam-8bit", "adafactor")
 
@@ -59,7 +63,7 @@ class Layout:
     zero: int = 0  # ZeRO stage 0..3 over the data-parallel ranks
     zero_group: int = 0  # hybrid shard: shard over groups of this many dp·cp ranks (0: all)
     sp: bool = False  # Megatron sequence parallelism (with tp > 1)
-    schedule: str = "1f1b"
+    schedule: str = DEFAULT_SCHEDULE
     chunks: int = 1  # virtual pipeline chunks per stage (interleaved 1F1B)
     recompute: str = "none"
     micro_batch: int = 1
@@ -82,7 +86,7 @@ class Layout:
 
     def short(self) -> str:
         """`dp8 tp8 pp16 z1 sp 1f1b mb1 sel`-style one-liner (degree-1 axes omitted)."""
-        parts = [f"{axis}{getattr(self, axis)}" for axis in ("dp", "tp", "pp", "cp", "ep")
+        parts = [f"{axis}{getattr(self, axis)}" for axis in AXES
                  if getattr(self, axis) > 1] or ["single"]
         if self.zero:
             parts.append(f"zero{self.zero}" + (f"/{self.zero_group}" if self.zero_group else ""))
@@ -97,6 +101,13 @@ class Layout:
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+    def codes(self) -> dict[str, Any]:
+        """The fields as integers, as the array-generic models take them: `schedule` as its
+        registry code, `recompute` as its index in `RECOMPUTE`, `sp` as 0/1."""
+        return {**asdict(self), "sp": int(self.sp),
+                "schedule": SCHEDULE_REGISTRY[self.schedule].code,
+                "recompute": RECOMPUTE.index(self.recompute)}
 
     @classmethod
     def parse(cls, text: str, **defaults: object) -> Layout:
@@ -133,7 +144,7 @@ class Layout:
                  train: TrainSpec | None = None) -> list[str]:
         """Every constraint this layout violates, one clear sentence each."""
         out: list[str] = []
-        for axis in ("dp", "tp", "pp", "cp", "ep", "chunks", "micro_batch"):
+        for axis in (*AXES, "chunks", "micro_batch"):
             if getattr(self, axis) < 1:
                 out.append(f"{axis} must be ≥ 1, got {getattr(self, axis)}")
         if out:
@@ -155,15 +166,17 @@ class Layout:
             out.append(
                 f"pp·chunks={self.pp}·{self.chunks} does not divide n_layers={model.n_layers}"
             )
-        if self.schedule not in SCHEDULES:
+        info = SCHEDULE_REGISTRY.get(self.schedule)
+        if info is None:
             out.append(f"schedule {self.schedule!r} unknown; valid: {', '.join(SCHEDULES)}")
-        elif self.schedule == "interleaved":
+        elif info.chunked:
             if self.chunks < 2:
-                out.append("the interleaved schedule needs chunks ≥ 2")
+                out.append(f"the {info.name} schedule needs chunks ≥ 2")
             if self.pp < 2:
-                out.append("the interleaved schedule needs pp ≥ 2")
+                out.append(f"the {info.name} schedule needs pp ≥ 2")
         elif self.chunks != 1:
-            out.append(f"chunks={self.chunks} needs schedule=interleaved")
+            chunked = "|".join(s.name for s in SCHEDULE_REGISTRY.values() if s.chunked)
+            out.append(f"chunks={self.chunks} needs schedule={chunked}")
         if self.recompute not in RECOMPUTE:
             out.append(f"recompute {self.recompute!r} unknown; valid: {', '.join(RECOMPUTE)}")
         if self.zero not in (0, 1, 2, 3):
@@ -201,9 +214,10 @@ class Layout:
                     f"global batch {train.global_batch} is not a multiple of dp·micro_batch="
                     f"{self.dp}·{self.micro_batch}"
                 )
-            elif self.schedule == "interleaved" and self.microbatches(train) % self.pp:
+            elif (self.schedule in SCHEDULE_REGISTRY and SCHEDULE_REGISTRY[self.schedule].chunked
+                  and self.microbatches(train) % self.pp):
                 out.append(
-                    f"interleaved 1F1B needs micro-batches ({self.microbatches(train)}) to be a "
+                    f"{SCHEDULE_REGISTRY[self.schedule].title} needs micro-batches ({self.microbatches(train)}) to be a "
                     f"multiple of pp={self.pp}"
                 )
         return out

@@ -127,9 +127,18 @@ def test_breakdown_sums_to_total_and_rates_follow():
                                                      "recompute=selective"), train)
     assert sum(est.breakdown().values()) == pytest.approx(est.total)
     assert est.tokens_per_s == pytest.approx(64 * 8192 / est.total)
-    flops = model.training_flops_per_token(8192, causal=True) * 64 * 8192
+    # MFU counts full attention (Megatron, Korthikanti, PaLM: 6N + 12·L·h·s per token);
+    # mfu_causal the causal half of the square
+    flops = model.training_flops_per_token(8192) * 64 * 8192
+    assert flops == pytest.approx(64 * 8192 * (6 * (model.count_params().total
+                                                    - model.vocab * model.d_model
+                                                    - model.count_params().norms)
+                                               + 12 * model.n_layers * model.d_model * 8192))
     assert est.mfu == pytest.approx(flops / (est.total * 989e12 * 64))
-    assert est.hfu > est.mfu
+    causal = model.training_flops_per_token(8192, causal=True) * 64 * 8192
+    assert est.mfu_causal == pytest.approx(causal / (est.total * 989e12 * 64))
+    assert est.mfu_causal < est.mfu < est.hfu
+    assert "full s^2 attention" in est.to_dict()["flop_convention"]
     assert est.time_to_train(15e12) == pytest.approx(15e12 / est.tokens_per_s)
     assert est.cost(15e12, 2.5) == pytest.approx(est.gpu_hours(15e12) * 2.5)
 
@@ -209,9 +218,9 @@ def test_arrays_broadcast_like_scalars():
     train = TrainSpec(seq_len=4096, global_batch=64)
     ctx = ComputeContext.of(model, cluster.accelerator, train)
     lk = Links.of(cluster, ctx.calibration)
-    kw = dict(t=np.array([1, 2]), p=np.array([1, 2]), c=1, e=1, dp=np.array([16, 4]),
-              zero=np.array([0, 1]), zg=0, sp=np.array([0, 1]), sched=1, v=1,
-              rc=np.array([0, 1]), b=1, m=np.array([4, 16]))
+    kw = dict(tp=np.array([1, 2]), pp=np.array([1, 2]), cp=1, ep=1, dp=np.array([16, 4]),
+              zero=np.array([0, 1]), zero_group=0, sp=np.array([0, 1]), schedule=1, chunks=1,
+              recompute=np.array([0, 1]), micro_batch=1, m=np.array([4, 16]))
     terms = step_terms(ctx, lk, train, **kw)
     for i, text in enumerate(["dp=16", "dp=4,tp=2,pp=2,zero=1,sp=1,recompute=selective"]):
         est = estimate_step(model, cluster, Layout.parse(text), train)

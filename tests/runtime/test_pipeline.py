@@ -247,9 +247,9 @@ def test_a_rank_failing_mid_step_fails_the_run_without_hanging():
 def test_a_deadlocking_schedule_is_rejected_before_any_message():
     tokens, targets = batch(2 * MB, 1)
     model = PipelineModel.build(N_LAYERS, HIDDEN, FFN, VOCAB, SEED)
-    # stage 0 waits for 0B0 before sending 1F0, which stage 1 needs before it runs 0B0
-    plan = parse_schedule("0: 0F0 0B0 1F0 1B0\n1: 0F0 1F0 0B0 1B0")
-    plan_ok = parse_schedule("0: 0F0 1F0 0B0 1B0\n1: 0F0 1F0 0B0 1B0")
+    # stage 0 waits for B0 before sending F1, which stage 1 needs before it runs B0
+    plan = parse_schedule("0: F0 B0 F1 B1\n1: F0 F1 B0 B1")
+    plan_ok = parse_schedule("0: F0 F1 B0 B1\n1: F0 F1 B0 B1")
     with pytest.raises(ShardwiseError, match="deadlock"):
         run_pipeline(model, plan, tokens, targets)
     with pytest.raises(ShardwiseError, match="equal micro-batches"):

@@ -5,14 +5,21 @@ import pytest
 from shardwise.schedules import Action, make_schedule, num_stages, parse_schedule, schedule_text
 
 
-def test_action_text_is_micro_batch_kind_chunk():
-    assert str(Action("F", 2)) == "2F0"
-    assert str(Action("B", 13, 3)) == "13B3"
-    assert Action.parse("2F0") == Action("F", 2, 0)
-    assert Action.parse(" 7W1 ") == Action("W", 7, 1)
+def test_action_text_is_kind_micro_batch_dot_chunk():
+    assert str(Action("F", 2)) == "F2"
+    assert str(Action("B", 13, 3)) == "B13.3"
+    assert Action.parse("F2") == Action("F", 2, 0)
+    assert Action.parse(" W7.1 ") == Action("W", 7, 1)
+    assert Action.parse("B3.0") == Action("B", 3, 0)
 
 
-@pytest.mark.parametrize("text", ["F2", "2X0", "2F", "-1F0", "2 F0", ""])
+def test_pipelining_form_is_refused_with_the_reason():
+    # torch.distributed.pipelining's "2F0" is stage 2, forward, micro-batch 0
+    with pytest.raises(ValueError, match="pipelining's <stage><kind><micro-batch> form"):
+        Action.parse("2F0")
+
+
+@pytest.mark.parametrize("text", ["2F0", "X2", "F", "F2.", "F-1", "F 2", "f2", ""])
 def test_action_parse_rejects_malformed_text(text):
     with pytest.raises(ValueError, match="cannot parse action"):
         Action.parse(text)
@@ -27,15 +34,15 @@ def test_action_rejects_bad_fields(kind, micro_batch, chunk):
 def test_schedule_text_round_trips():
     schedule = make_schedule("interleaved", 2, 4, 2)
     text = schedule_text(schedule)
-    assert text.splitlines()[0].startswith("0: 0F0 1F0 0F1 1F1")
+    assert text.splitlines()[0].startswith("0: F0 F1 F0.1 F1.1")
     assert parse_schedule(text) == schedule
 
 
 def test_schedule_text_of_1f1b_p2_m2():
-    assert schedule_text(make_schedule("1f1b", 2, 2)) == "0: 0F0 1F0 0B0 1B0\n1: 0F0 0B0 1F0 1B0"
+    assert schedule_text(make_schedule("1f1b", 2, 2)) == "0: F0 F1 B0 B1\n1: F0 B0 F1 B1"
 
 
-@pytest.mark.parametrize("text", ["0 0F0", "x: 0F0", "0: 0F0\n0: 0B0"])
+@pytest.mark.parametrize("text", ["0 F0", "x: F0", "0: F0\n0: B0"])
 def test_parse_schedule_rejects_bad_lines(text):
     with pytest.raises(ValueError, match="schedule"):
         parse_schedule(text)

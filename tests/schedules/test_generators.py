@@ -31,15 +31,15 @@ def test_gpipe_runs_all_forwards_then_all_backwards():
 def test_1f1b_warms_up_p_minus_1_minus_i_forwards_then_alternates():
     schedule = one_f_one_b(4, 8)
     assert schedule == parse_schedule("""
-        0: 0F0 1F0 2F0 3F0 0B0 4F0 1B0 5F0 2B0 6F0 3B0 7F0 4B0 5B0 6B0 7B0
-        1: 0F0 1F0 2F0 0B0 3F0 1B0 4F0 2B0 5F0 3B0 6F0 4B0 7F0 5B0 6B0 7B0
-        2: 0F0 1F0 0B0 2F0 1B0 3F0 2B0 4F0 3B0 5F0 4B0 6F0 5B0 7F0 6B0 7B0
-        3: 0F0 0B0 1F0 1B0 2F0 2B0 3F0 3B0 4F0 4B0 5F0 5B0 6F0 6B0 7F0 7B0
+        0: F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7
+        1: F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7
+        2: F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7
+        3: F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7
     """)
 
 
 def test_1f1b_with_fewer_micro_batches_than_stages_warms_up_m():
-    assert one_f_one_b(4, 2)[0] == parse_schedule("0: 0F0 1F0 0B0 1B0")[0]
+    assert one_f_one_b(4, 2)[0] == parse_schedule("0: F0 F1 B0 B1")[0]
 
 
 def test_interleaved_follows_megatron_order_and_warmup():
@@ -49,8 +49,8 @@ def test_interleaved_follows_megatron_order_and_warmup():
     backwards = [a for a in schedule[0] if a.kind == "B"]
     # Groups of p micro-batches through chunk 0, then chunk 1; backwards start at the last chunk.
     assert [str(a) for a in forwards[:10]] == \
-        ["0F0", "1F0", "2F0", "3F0", "0F1", "1F1", "2F1", "3F1", "4F0", "5F0"]
-    assert [str(a) for a in backwards[:5]] == ["0B1", "1B1", "2B1", "3B1", "0B0"]
+        ["F0", "F1", "F2", "F3", "F0.1", "F1.1", "F2.1", "F3.1", "F4", "F5"]
+    assert [str(a) for a in backwards[:5]] == ["B0.1", "B1.1", "B2.1", "B3.1", "B0"]
     # Megatron: warm-up min(2(p-1-i) + (v-1)p, m·v), then one more forward before the first B.
     warmups = [min(2 * (p - 1 - i) + (v - 1) * p, m * v) for i in range(p)]
     assert warmups == [10, 8, 6, 4]
@@ -70,10 +70,10 @@ def test_interleaved_needs_m_divisible_by_p():
 def test_zb_h1_defers_i_weight_gradients_on_stage_i():
     schedule = zb_h1(4, 8)
     assert schedule[3] == parse_schedule(
-        "3: 0F0 0B0 1F0 1B0 2F0 2B0 3F0 3B0 0W0 4F0 4B0 1W0 5F0 5B0 2W0 6F0 6B0 3W0 7F0 7B0 4W0 "
-        "5W0 6W0 7W0")[3]
+        "3: F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 F5 B5 W2 F6 B6 W3 F7 B7 W4 "
+        "W5 W6 W7")[3]
     assert [str(a) for a in schedule[0][:8]] == \
-        ["0F0", "1F0", "2F0", "3F0", "0B0", "0W0", "4F0", "1B0"]
+        ["F0", "F1", "F2", "F3", "B0", "W0", "F4", "B1"]
     for i in range(4):
         after_last_b = len(schedule[i]) - 1 - max(
             k for k, a in enumerate(schedule[i]) if a.kind == "B")

@@ -152,15 +152,15 @@ def test_times_must_be_positive(t_f, t_b, t_w, latency):
 
 
 def test_deadlock_names_the_stuck_actions():
-    schedule = parse_schedule("0: 0F0 0B0 1F0 1B0\n1: 1F0 1B0 0F0 0B0")
-    with pytest.raises(ValueError, match="deadlocks: stage 0 at 0B0 waits for 0B0 on stage 1; "
-                                         "stage 1 at 1F0 waits for 1F0 on stage 0"):
+    schedule = parse_schedule("0: F0 B0 F1 B1\n1: F1 B1 F0 B0")
+    with pytest.raises(ValueError, match="deadlocks: stage 0 at B0 waits for B0 on stage 1; "
+                                         "stage 1 at F1 waits for F1 on stage 0"):
         simulate(schedule, 1.0, 1.0)
 
 
 def test_missing_dependency_is_named():
-    schedule = parse_schedule("0: 0F0 0B0\n1: 0B0")
-    with pytest.raises(ValueError, match="stage 1 at 0B0 waits for 0F0 which no stage runs"):
+    schedule = parse_schedule("0: F0 B0\n1: B0")
+    with pytest.raises(ValueError, match="stage 1 at B0 waits for F0 which no stage runs"):
         simulate(schedule, 1.0, 1.0)
 
 

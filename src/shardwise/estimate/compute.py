@@ -38,7 +38,7 @@ import numpy as np
 from shardwise.arch import ModelSpec
 from shardwise.calibration import Calibration, default_calibration
 from shardwise.hardware import Accelerator
-from shardwise.layout import TrainSpec
+from shardwise.layout import RECOMPUTE, TrainSpec
 from shardwise.units import dtype_bytes
 
 __all__ = [
@@ -55,7 +55,7 @@ __all__ = [
     "optimizer_time",
 ]
 
-RC_CODES = {"none": 0, "selective": 1, "full": 2}
+RC_CODES = {name: code for code, name in enumerate(RECOMPUTE)}  # none 0, selective 1, full 2
 """Recompute policy as an integer code (arrays of layouts carry codes, not strings)."""
 
 # Kernels launched per layer forward: QKV, out-proj, two MLP GEMMs (gate+up fused), two norms,

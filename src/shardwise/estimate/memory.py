@@ -4,19 +4,30 @@ All functions return bytes. Per-GPU memory = model-parallel shard of the paramet
 (÷ tp·pp, experts also ÷ ep) × bytes per parameter, each state class divided by the ZeRO degree
 according to the stage, plus the activations of the micro-batches in flight on the stage, the
 fp32 logits on the last stage and ZeRO-3's gather buffers.
+
+One model, array-generic: the functions below take the layout's degrees as Python numbers or as
+NumPy arrays of many layouts (the planner evaluates millions at once through `stage_memory` and
+`peak_stage_memory`; `training_memory_per_gpu` calls the same code with one layout's numbers).
+Layout-valued arguments use `Layout`'s field names, with `schedule` and `recompute` as integer
+codes (`Layout.codes()`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from shardwise.arch import ModelSpec, count_params
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import dp_step_comm_bytes
-from shardwise.layout import Layout, TrainSpec
+from shardwise.layout import RECOMPUTE, Layout, TrainSpec
+from shardwise.schedules.registry import get_schedule, select
 from shardwise.units import dtype_bytes
 
 __all__ = [
+    "ACTIVATION_FORMULAS",
     "MemoryBreakdown",
     "StateBytes",
     "activation_bytes_per_layer",
@@ -25,9 +36,13 @@ __all__ = [
     "in_flight_per_stage",
     "korthikanti_activation_bytes",
     "kv_cache_bytes_per_token",
-    "peak_memory_per_gpu",
+    "layer_params",
+    "moe_layers_on_stage",
+    "peak_stage_memory",
     "saved_tensors_per_layer",
     "stage_layers",
+    "stage_memory",
+    "stage_param_counts",
     "stage_params",
     "training_memory_bytes",
     "training_memory_per_gpu",
@@ -39,8 +54,14 @@ __all__ = [
 # Optimizer moment bytes per parameter: Adam m and v in fp32; SGD momentum one fp32 buffer;
 # bitsandbytes 8-bit Adam two int8 moments (Dettmers et al. 2022); Adafactor's factored
 # second moment is O(rows + cols) per matrix, ~0.5 B/param as an order of magnitude.
+ACTIVATION_FORMULAS = ("generalised", "korthikanti")  # `activation_bytes_per_layer(formula=…)`
 MOMENT_BYTES = {"adam": 8.0, "sgd-momentum": 4.0, "sgd": 0.0, "adam-8bit": 2.0,
                 "adafactor": 0.5}
+
+
+def _plain(value: Any) -> Any:
+    """A Python float for one layout (JSON, exact comparisons), the array for many."""
+    return value if np.ndim(value) else float(value)
 
 
 # ---------------------------------------------------------------------------------- §2 state
@@ -91,23 +112,24 @@ def training_memory_bytes(n_params: float, state: StateBytes | None = None) -> d
     return parts | {"total": sum(parts.values())}
 
 
-def zero_state_bytes(n_params: float, n: int, stage: int,
-                     state: StateBytes | None = None) -> tuple[float, float, float]:
-    """(weights, grads, optimizer) bytes per device under ZeRO over `n` ranks.
+def zero_state_bytes(n_params: Any, n: Any, stage: Any,
+                     state: StateBytes | None = None) -> tuple[Any, Any, Any]:
+    """(weights, grads, optimizer) bytes per device under ZeRO over `n` ranks (numbers or
+    arrays).
 
     stage 0: nothing sharded (`16P`); 1: optimizer sharded (`4P + 12P/N`);
     2: + gradients (`2P + 14P/N`); 3: + weights (`16P/N`) — Rajbhandari et al. 2020, Fig. 1.
     """
-    if stage not in (0, 1, 2, 3):
+    if np.ndim(stage) == 0 and stage not in (0, 1, 2, 3):
         raise ShardwiseError(f"zero stage must be 0, 1, 2 or 3, got {stage}")
-    if n < 1:
+    if np.ndim(n) == 0 and n < 1:
         raise ShardwiseError(f"ZeRO needs ≥ 1 rank, got {n}")
     state = state or bytes_per_param_training()
     p = n_params
     return (
-        p * state.weight / (n if stage >= 3 else 1),
-        p * state.grad / (n if stage >= 2 else 1),
-        p * state.optimizer / (n if stage >= 1 else 1),
+        _plain(p * state.weight / np.where(stage >= 3, n, 1)),
+        _plain(p * state.grad / np.where(stage >= 2, n, 1)),
+        _plain(p * state.optimizer / np.where(stage >= 1, n, 1)),
     )
 
 
@@ -162,10 +184,10 @@ def korthikanti_activation_bytes(seq_len: int, micro_batch: int, hidden: int, he
     return sbh * (10 + 24 / tp + scores)
 
 
-def saved_tensors_per_layer(model: ModelSpec, seq_len: int, micro_batch: int, *, tp: int = 1,
-                            sp: bool = False, cp: int = 1, flash: bool = False,
-                            selective: bool = False, dtype_bytes_: float = 2,
-                            moe: bool = False) -> dict[str, float]:
+def saved_tensors_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any, *, tp: Any = 1,
+                            sp: Any = False, cp: Any = 1, flash: bool = False,
+                            selective: Any = False, dtype_bytes_: float = 2,
+                            moe: bool = False) -> dict[str, Any]:
     """The generalised count: every tensor one layer saves for backward, in bytes per rank.
 
     Walks the layer as Korthikanti et al. do, for the actual architecture: GQA widths for K and
@@ -182,12 +204,15 @@ def saved_tensors_per_layer(model: ModelSpec, seq_len: int, micro_batch: int, *,
     `max(a_kv/t, 1)` heads per rank. Everything is ÷c under context parallelism.
     With MHA, GELU, f = 4h, LayerNorm, dropout and 2-byte activations the non-statistic items
     sum to Korthikanti's `s·b·h·(34 + 5·a·s/h)`.
+
+    `micro_batch`, `tp`, `sp`, `cp` and `selective` may be arrays (one entry per layout): an item
+    that only some layouts save is then present and 0 for the others.
     """
     ab = dtype_bytes_
     s, b, h = seq_len / cp, micro_batch, model.d_model
     sb = s * b
-    rep = tp if sp else 1  # replicated tensors are split only by sequence parallelism
-    kv_heads = max(model.n_kv_heads // tp, 1)
+    rep = np.where(sp, tp, 1)  # replicated tensors are split only by sequence parallelism
+    kv_heads = np.maximum(model.n_kv_heads // tp, 1)
     kv = kv_heads * model.head_dim
     heads = model.n_heads / tp
     fp32 = max(4.0, ab)  # statistics are kept in at least fp32
@@ -200,15 +225,16 @@ def saved_tensors_per_layer(model: ModelSpec, seq_len: int, micro_batch: int, *,
         "k": sb * kv * ab,
         "v": sb * kv * ab,
     }
-    if not (flash or selective):
+    core = np.logical_not(selective)  # selective recompute re-runs the core, lse included
+    if not flash and np.any(core):
         # s/c query rows against all s keys per rank.
-        scores = heads * sb * seq_len
+        scores = heads * sb * seq_len * core
         out["softmax_output"] = scores * ab
         if model.dropout:
             out["attention_dropout_mask"] = scores * 1
             out["attention_dropout_output"] = scores * ab
-    elif flash and not selective:  # selective recompute re-runs the core, lse included
-        out["flash_logsumexp"] = heads * sb * fp32
+    elif flash and np.any(core):
+        out["flash_logsumexp"] = heads * sb * fp32 * core
     out["attention_output"] = sb * h * ab / tp
     if model.dropout:
         out["attention_residual_dropout_mask"] = sb * h / rep
@@ -221,11 +247,11 @@ def saved_tensors_per_layer(model: ModelSpec, seq_len: int, micro_batch: int, *,
         out.update(_mlp_saved(model, sb, model.d_ff / tp, ab, "mlp"))
     if model.dropout:
         out["mlp_residual_dropout_mask"] = sb * h / rep
-    return out
+    return {name: _plain(value) for name, value in out.items()}
 
 
-def _mlp_saved(model: ModelSpec, tokens: float, f: float, ab: float, prefix: str
-               ) -> dict[str, float]:
+def _mlp_saved(model: ModelSpec, tokens: Any, f: Any, ab: float, prefix: str
+               ) -> dict[str, Any]:
     if model.gated_mlp:  # fused SwiGLU saves gate and up; the down projection saves silu(g)·u
         return {f"{prefix}_gate": tokens * f * ab, f"{prefix}_up": tokens * f * ab,
                 f"{prefix}_down_input": tokens * f * ab}
@@ -233,7 +259,7 @@ def _mlp_saved(model: ModelSpec, tokens: float, f: float, ab: float, prefix: str
             f"{prefix}_down_input": tokens * f * ab}
 
 
-def _moe_saved(model: ModelSpec, tokens: float, tp: int, ab: float) -> dict[str, float]:
+def _moe_saved(model: ModelSpec, tokens: Any, tp: Any, ab: float) -> dict[str, Any]:
     """Router probabilities (fp32) and, per routed copy (top_k per token, balanced routing),
     the expert's input, its hidden activations and its output (kept for the gate product)."""
     h, k = model.d_model, model.top_k
@@ -247,52 +273,56 @@ def _moe_saved(model: ModelSpec, tokens: float, tp: int, ab: float) -> dict[str,
     return out
 
 
-def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int = 1, *,
-                               tp: int = 1, sp: bool = False, cp: int = 1,
-                               recompute: str = "none", flash: bool = False,
+def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any = 1, *,
+                               tp: Any = 1, sp: Any = False, cp: Any = 1,
+                               recompute: Any = "none", flash: bool = False,
                                dtype: str = "bf16", formula: str = "generalised",
-                               moe: bool | None = None) -> float:
+                               moe: bool | None = None) -> Any:
     """Bytes one layer keeps for backward per micro-batch, per rank.
 
     `formula="korthikanti"`: the paper's closed form (see `korthikanti_activation_bytes`, which
     assumes MHA, GELU f=4h, dropout, 2-byte activations); `"generalised"`: the sum of
     `saved_tensors_per_layer` for the actual architecture. Full recompute keeps only the layer
     input `s·b·h·bytes` (÷t with SP). Context parallelism divides by `c`.
+
+    Array-generic (generalised count): `micro_batch`, `tp`, `sp`, `cp` and `recompute` (then as
+    codes, the index in `RECOMPUTE`) may be arrays of layouts.
     """
-    if recompute not in ("none", "selective", "full"):
+    if isinstance(recompute, str) and recompute not in RECOMPUTE:
         raise ShardwiseError(f"recompute must be none, selective or full; got {recompute!r}")
-    if formula == "korthikanti":
+    if formula == "korthikanti":  # one layout (a closed form for MHA/GELU models)
+        name = recompute if isinstance(recompute, str) else RECOMPUTE[int(recompute)]
         return korthikanti_activation_bytes(seq_len, micro_batch, model.d_model, model.n_heads,
-                                            tp, sp, recompute, flash) / cp
+                                            tp, bool(sp), name, flash) / cp
     if formula != "generalised":
         raise ShardwiseError(f"formula must be 'generalised' or 'korthikanti', got {formula!r}")
     ab = dtype_bytes(dtype)
-    if recompute == "full":
-        return seq_len / cp * micro_batch * model.d_model * ab / (tp if sp else 1)
+    rc = RECOMPUTE.index(recompute) if isinstance(recompute, str) else recompute
+    full = seq_len / cp * micro_batch * model.d_model * ab / np.where(sp, tp, 1)
     saved = saved_tensors_per_layer(
         model, seq_len, micro_batch, tp=tp, sp=sp, cp=cp, flash=flash,
-        selective=recompute == "selective", dtype_bytes_=ab,
+        selective=rc == RECOMPUTE.index("selective"), dtype_bytes_=ab,
         moe=model.is_moe if moe is None else moe,
     )
-    return sum(saved.values())
+    return _plain(np.where(rc == RECOMPUTE.index("full"), full, sum(saved.values())))
 
 
 # ------------------------------------------------------------------------------ §4 per GPU
 def in_flight_per_stage(schedule: str, p: int, m: int, v: int = 1) -> list[int]:
     """Peak micro-batches (interleaved: micro-batch-chunks) whose activations a stage holds.
 
-    GPipe holds all `m`; 1F1B and ZB-H1 stage `i` hold `min(p - i, m)` (Narayanan et al. 2021;
-    Qi et al. 2023 keep 1F1B's memory); interleaved 1F1B stage `i` holds Megatron's warm-up
+    Each schedule's registry rule (`schedules.registry`): GPipe holds all `m`; 1F1B and ZB-H1
+    stage `i` hold `min(p - i, m)` (Narayanan et al. 2021; Qi et al. 2023 keep 1F1B's
+    memory); interleaved 1F1B stage `i` holds Megatron's warm-up
     `(p-i-1)·2 + (v-1)·p` chunks plus one, at most `m·v` — stage 0 then holds
     `L·(1 + (p-1)/(p·v))` layers' worth (Korthikanti et al. 2022).
     """
-    if schedule == "gpipe":
-        return [m] * p
-    if schedule in ("1f1b", "zb-h1"):
-        return [min(p - i, m) for i in range(p)]
-    if schedule == "interleaved":
-        return [min((p - i - 1) * 2 + (v - 1) * p + 1, m * v) for i in range(p)]
-    raise ShardwiseError(f"unknown schedule {schedule!r}")
+    code = get_schedule(schedule).code
+    return [int(_in_flight(code, p, m, v, i)) for i in range(p)]
+
+
+def _in_flight(schedule: Any, p: Any, m: Any, v: Any, stage: Any) -> Any:
+    return select(schedule, lambda info: info.in_flight(p, m, v, stage))
 
 
 @dataclass(frozen=True)
@@ -333,107 +363,147 @@ def stage_layers(model: ModelSpec, layout: Layout, stage: int) -> list[int]:
     ]
 
 
-def _is_moe_layer(model: ModelSpec, index: int) -> bool:
-    return model.is_moe and index % model.moe_every == model.moe_every - 1
+def moe_layers_on_stage(model: ModelSpec, pp: Any, chunks: Any, stage: Any) -> Any:
+    """How many of `stage_layers(stage)` are MoE layers (layer `k` is when `k % q == q - 1`,
+    `q = moe_every`): chunk `c` holds layers `[start, start + n)`, `start = (c·p + stage)·n`,
+    `n = L/(p·v)`, of which `(start + n)//q - start//q` are MoE."""
+    if not model.is_moe:
+        return 0 * pp
+    q = model.moe_every
+    per_chunk = model.n_layers // (pp * chunks)
+    total = 0 * pp
+    for chunk in range(int(np.max(chunks))):
+        start = (chunk * pp + stage) * per_chunk
+        total = total + np.where(chunk < chunks, (start + per_chunk) // q - start // q, 0)
+    return total
 
 
-def _attention_params_per_rank(model: ModelSpec, tp: int) -> float:
+def layer_params(model: ModelSpec, tp: Any, ep: Any) -> tuple[Any, Any, Any]:
+    """Per rank: a dense layer, an MoE layer without its experts, one MoE layer's experts.
+    Dense weights ÷ tp (norms and router replicated; K, V at `max(a_kv/t, 1)` heads), experts
+    ÷ (tp·ep)."""
     h = model.d_model
-    kv = max(model.n_kv_heads // tp, 1) * model.head_dim
-    return 2 * h * h / tp + 2 * h * kv
-
-
-def _layer_params(model: ModelSpec, layout: Layout) -> tuple[float, float, float]:
-    """Per rank: a dense layer, an MoE layer without its experts, one MoE layer's experts."""
-    t = layout.tp
-    attention = _attention_params_per_rank(model, t) + 2 * model.norm_params()
-    dense_layer = attention + model.mlp_params() / t
+    kv = np.maximum(model.n_kv_heads // tp, 1) * model.head_dim
+    attention = 2 * h * h / tp + 2 * h * kv + 2 * model.norm_params()
+    dense_layer = attention + model.mlp_params() / tp
     moe_layer = (attention + model.router_params()
-                 + model.n_shared_experts * model.mlp_params(model.expert_d_ff) / t)
-    expert_layer = model.n_experts / layout.ep * model.mlp_params(model.expert_d_ff) / t
+                 + model.n_shared_experts * model.mlp_params(model.expert_d_ff) / tp)
+    expert_layer = (model.n_experts / ep * model.mlp_params(model.expert_d_ff) / tp
+                    if model.is_moe else 0 * tp)
     return dense_layer, moe_layer, expert_layer
 
 
-def stage_params(model: ModelSpec, layout: Layout, stage: int) -> tuple[float, float]:
-    """(dense, expert) parameters one rank of pipeline `stage` holds (SPEC §4): its layers with
-    dense weights ÷ tp (norms and router replicated; K, V at `max(a_kv/t, 1)` heads) and
-    experts ÷ (tp·ep); the first stage adds the vocabulary-parallel embedding `V·h/t`, the
-    last the final norm and the head `V·h/t` (a tied head is a second copy when pp > 1)."""
-    t, h = layout.tp, model.d_model
-    dense_layer, moe_layer, expert_layer = _layer_params(model, layout)
-    layers = stage_layers(model, layout, stage)
-    moe_layers = sum(_is_moe_layer(model, i) for i in layers)
-    dense = (len(layers) - moe_layers) * dense_layer + moe_layers * moe_layer
-    if stage == 0:
-        dense += model.vocab * h / t + model.learned_positions * h
-    if stage == layout.pp - 1:
-        dense += model.norm_params()
-        if not model.tie_embeddings or layout.pp > 1:
-            dense += model.vocab * h / t
+def stage_param_counts(model: ModelSpec, *, tp: Any, pp: Any, ep: Any, chunks: Any,
+                       stage: Any) -> tuple[Any, Any]:
+    """(dense, expert) parameters one rank of pipeline `stage` holds (SPEC §4): its layers
+    (`layer_params`); the first stage adds the vocabulary-parallel embedding `V·h/t`, the last
+    the final norm and the head `V·h/t` (a tied head is a second copy when pp > 1)."""
+    h = model.d_model
+    dense_layer, moe_layer, expert_layer = layer_params(model, tp, ep)
+    layers = model.n_layers // (pp * chunks) * chunks
+    moe_layers = moe_layers_on_stage(model, pp, chunks, stage)
+    dense = (layers - moe_layers) * dense_layer + moe_layers * moe_layer
+    dense = dense + np.where(stage == 0, model.vocab * h / tp + model.learned_positions * h, 0.0)
+    head = np.where(np.logical_or(not model.tie_embeddings, pp > 1), model.vocab * h / tp, 0.0)
+    dense = dense + np.where(stage == pp - 1, model.norm_params() + head, 0.0)
     return dense, moe_layers * expert_layer
+
+
+def stage_params(model: ModelSpec, layout: Layout, stage: int) -> tuple[float, float]:
+    """`stage_param_counts` of one layout: (dense, expert) parameters on one rank of `stage`."""
+    dense, expert = stage_param_counts(model, tp=layout.tp, pp=layout.pp, ep=layout.ep,
+                                       chunks=layout.chunks, stage=stage)
+    return float(dense), float(expert)
+
+
+def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: Any, ep: Any,
+                 dp: Any, zero: Any, zero_group: Any, sp: Any, schedule: Any, chunks: Any,
+                 recompute: Any, micro_batch: Any, m: Any, stage: Any,
+                 act: dict[str, Any] | None = None, formula: str = "generalised"
+                 ) -> dict[str, Any]:
+    """Bytes on one GPU of pipeline `stage` (SPEC §4), for one layout or arrays of layouts:
+    weights, grads, optimizer, activations, logits, workspace, in_flight and total.
+
+    Parameters: `stage_param_counts`. ZeRO divides each state class by `dp·cp` (or the hybrid
+    shard group) per stage, expert state by `dp·cp/ep`. Activations: per-layer bytes × layers on
+    the stage × micro-batches in flight (the schedule's registry rule); the first stage adds
+    the embedding's dropout mask (its output is layer 0's saved norm input, counted there), the
+    last stage the final norm's input and fp32 logits `s·b·V·4/t` for the loss. ZeRO-3 adds a
+    workspace of two gathered layers (the one in use and the prefetched one). `act` may carry
+    the per-layer activation bytes (`{"dense": …, "moe": …}`) already evaluated.
+    """
+    state = bytes_per_param_training(train.dtype, train.grad_dtype, train.optimizer)
+    ab = dtype_bytes(train.dtype)
+    s, h = train.seq_len, model.d_model
+    if act is None:
+        def per_layer(moe: bool) -> Any:
+            return activation_bytes_per_layer(
+                model, s, micro_batch, tp=tp, sp=sp, cp=cp, recompute=recompute,
+                flash=train.flash_attention, dtype=train.dtype, formula=formula, moe=moe)
+        act = {"dense": per_layer(False), "moe": per_layer(True) if model.is_moe else 0.0}
+    zero_n = np.where(zero_group > 0, zero_group, dp * cp)
+    dense_params, expert_params = stage_param_counts(model, tp=tp, pp=pp, ep=ep, chunks=chunks,
+                                                     stage=stage)
+    w, g, o = zero_state_bytes(dense_params, zero_n, zero, state)
+    we, ge, oe = zero_state_bytes(expert_params, np.maximum(zero_n // ep, 1), zero, state)
+    layers = model.n_layers // (pp * chunks) * chunks
+    moe_layers = moe_layers_on_stage(model, pp, chunks, stage)
+    in_flight = _in_flight(schedule, pp, m, chunks, stage)
+    per_micro_batch = ((layers - moe_layers) * act["dense"] + moe_layers * act["moe"]) / chunks
+    activations = in_flight * per_micro_batch
+    sb = s / cp * micro_batch
+    rep = np.where(sp, tp, 1)
+    first, last = stage == 0, stage == pp - 1
+    if model.dropout:
+        activations = activations + np.where(first, in_flight * sb * h / rep, 0.0)
+    # the loss runs right after the last forward except when the schedule makes it wait
+    last_in_flight = select(schedule, lambda info: m if info.loss_waits else 1)
+    activations = activations + np.where(last, last_in_flight * 2 * sb * h * ab / rep, 0.0)
+    logits = np.where(last, last_in_flight * sb * model.vocab * 4 / tp, 0.0)
+    dense_layer, moe_layer, expert_layer = layer_params(model, tp, ep)
+    workspace = np.where(zero == 3, 2 * np.maximum(dense_layer, moe_layer + expert_layer)
+                         * state.weight, 0.0)
+    parts = {"weights": w + we, "grads": g + ge, "optimizer": o + oe,
+             "activations": activations, "logits": logits, "workspace": workspace}
+    parts["total"] = (parts["weights"] + parts["grads"] + parts["optimizer"] + activations
+                      + logits + workspace)
+    return parts | {"in_flight": in_flight, "stage": stage + 0 * pp}
+
+
+def peak_stage_memory(model: ModelSpec, train: TrainSpec, *, pp: Any, stages: Any = None,
+                      **layout: Any) -> dict[str, Any]:
+    """`stage_memory` of the stage with the largest total, per layout (arrays). Dense models
+    peak on the first or the last stage (stage 0 holds the most in flight and the embedding,
+    the last the head and the logits); MoE models with `moe_every > 1` are checked stage by
+    stage."""
+    if model.is_moe and model.moe_every > 1:
+        candidates = [np.minimum(i, pp - 1) for i in range(int(np.max(pp)))]
+    else:
+        candidates = [0 * pp, pp - 1]
+    best: dict[str, Any] | None = None
+    for stage in candidates:
+        parts = stage_memory(model, train, pp=pp, stage=stage, **layout)
+        if best is None:
+            best = parts
+        else:
+            take = parts["total"] > best["total"]
+            best = {k: np.where(take, parts[k], best[k]) for k in best}
+    assert best is not None
+    return best
 
 
 def training_memory_per_gpu(model: ModelSpec, layout: Layout, train: TrainSpec | None = None,
                             *, formula: str = "generalised") -> list[MemoryBreakdown]:
-    """Per-GPU memory of every pipeline stage for `layout` training `model` (SPEC §4).
-
-    Parameters: dense layers ÷ tp (norms replicated), experts ÷ (tp·ep); the first stage holds
-    the embedding (vocab-parallel, ÷tp), the last the head (÷tp; a tied head is a second copy
-    when pp > 1) and the final norm. ZeRO divides each state class by `dp·cp` (or the hybrid
-    shard group) per stage, expert state by `dp·cp/ep`. Activations: per-layer bytes × layers on
-    the stage × micro-batches in flight (`in_flight_per_stage`); the first stage adds the
-    embedding's dropout mask (its output is layer 0's saved norm input, counted there), the
-    last stage the final norm's input and fp32 logits `s·b·V·4/t` for the loss. ZeRO-3 adds a
-    workspace of two gathered layers (the one in use and the prefetched one).
-    """
+    """Per-GPU memory of every pipeline stage for `layout` training `model` (SPEC §4): see
+    `stage_memory`, which this evaluates for each stage of one layout."""
     train = (train or TrainSpec()).validate()
     layout.validate(model, train=train)
-    state = bytes_per_param_training(train.dtype, train.grad_dtype, train.optimizer)
-    t, p, c = layout.tp, layout.pp, layout.cp
-    ab = dtype_bytes(train.dtype)
-    m = layout.microbatches(train)
-    in_flight = in_flight_per_stage(layout.schedule, p, m, layout.chunks)
-    s, b, h = train.seq_len, layout.micro_batch, model.d_model
-    zero_n = layout.zero_degree
-    expert_zero_n = max(zero_n // layout.ep, 1)
-    flash = train.flash_attention
-
-    def act(moe: bool) -> float:
-        return activation_bytes_per_layer(
-            model, s, b, tp=t, sp=layout.sp, cp=c, recompute=layout.recompute, flash=flash,
-            dtype=train.dtype, formula=formula, moe=moe)
-
-    dense_act, moe_act = act(False), (act(True) if model.is_moe else 0.0)
-    dense_layer, moe_layer, expert_layer = _layer_params(model, layout)
+    codes = layout.codes() | {"m": layout.microbatches(train)}
     stages = []
-    for stage in range(p):
-        layers = stage_layers(model, layout, stage)
-        moe_layers = sum(_is_moe_layer(model, i) for i in layers)
-        dense_params, expert_params = stage_params(model, layout, stage)
-        first, last = stage == 0, stage == p - 1
-        w, g, o = zero_state_bytes(dense_params, zero_n, layout.zero, state)
-        we, ge, oe = zero_state_bytes(expert_params, expert_zero_n, layout.zero, state)
-        per_micro_batch = ((len(layers) - moe_layers) * dense_act + moe_layers * moe_act) / (
-            layout.chunks)
-        activations = in_flight[stage] * per_micro_batch
-        sb = s / c * b
-        if first and model.dropout:
-            activations += in_flight[stage] * sb * h / (t if layout.sp else 1)
-        logits = 0.0
-        if last:  # the loss runs right after the last forward except under GPipe
-            last_in_flight = m if layout.schedule == "gpipe" else 1
-            activations += last_in_flight * 2 * sb * h * ab / (t if layout.sp else 1)
-            logits = last_in_flight * sb * model.vocab * 4 / t
-        workspace = 0.0
-        if layout.zero == 3:
-            biggest = max(dense_layer, moe_layer + expert_layer)
-            workspace = 2 * biggest * state.weight
-        stages.append(MemoryBreakdown(stage, len(layers), w + we, g + ge, o + oe, activations,
-                                      logits, workspace, in_flight[stage]))
+    for stage in range(layout.pp):
+        parts = stage_memory(model, train, **codes, stage=stage, formula=formula)
+        stages.append(MemoryBreakdown(
+            stage, len(stage_layers(model, layout, stage)), float(parts["weights"]),
+            float(parts["grads"]), float(parts["optimizer"]), float(parts["activations"]),
+            float(parts["logits"]), float(parts["workspace"]), int(parts["in_flight"])))
     return stages
-
-
-def peak_memory_per_gpu(model: ModelSpec, layout: Layout, train: TrainSpec | None = None,
-                        **kwargs: str) -> MemoryBreakdown:
-    """The stage with the largest total: what must fit in one GPU."""
-    return max(training_memory_per_gpu(model, layout, train, **kwargs), key=lambda m: m.total)

@@ -42,12 +42,19 @@ All per rank, on the pipeline's critical path, for `m` micro-batches:
   nodes are hierarchical (inside the node on NVLink, across on the inter-node link).
 * **optimizer** — memory-bound step over the parameters this rank updates.
 
-Ranks are placed tp fastest, then cp, dp (ep inside dp), pp (Megatron-LM's order), so the tp
-group is inside a node, the dp×cp group has `min(dp·c, gpus_per_node/t)` members per node.
+Ranks are placed tp fastest, then cp, dp (ep inside dp·cp), pp (Megatron-LM's order; one rule
+for estimate and runtime in `shardwise.placement`), so the tp group is inside a node, the dp×cp
+group and an ep group have `min(n, gpus_per_node/t)` members per node.
 Link bandwidths are the datasheet figures times the calibrated achievable fraction.
 
-MFU = model FLOPs / (step · peak · GPUs) with model FLOPs = 3 × forward, attention counted as
-the causal half of the square (the work needed); HFU adds recomputation (SPEC §1).
+MFU = model FLOPs / (step · peak · GPUs), model FLOPs = 3 × forward with attention counted as
+the full `s²` square — the papers' convention (`FLOP_CONVENTION`): Megatron-LM's
+`num_floating_point_operations`, Korthikanti et al. 2022, PaLM's `6N + 12·L·h·s` per token.
+`mfu_causal` counts the causal half of the square instead (the work a causal kernel needs; lower
+by 4 % at 8k tokens on a 405B model, more on small models and long sequences). HFU adds what
+recomputation runs again: full recompute every layer's forward once more, selective the
+attention scores and P·V (SPEC §1). The compute *time* is not affected by this choice:
+`estimate.compute` times the kernels that run (FlashAttention skips the masked half).
 """
 
 from __future__ import annotations
@@ -71,8 +78,11 @@ from shardwise.estimate.compute import (
 from shardwise.estimate.memory import bytes_per_param_training
 from shardwise.hardware import Cluster
 from shardwise.layout import Layout, TrainSpec
+from shardwise.placement import members_per_node
+from shardwise.schedules.registry import SCHEDULE_CODES, get_schedule, select
 
 __all__ = [
+    "FLOP_CONVENTION",
     "SCHEDULE_CODES",
     "StepEstimate",
     "compute_costs",
@@ -82,7 +92,12 @@ __all__ = [
     "step_terms",
 ]
 
-SCHEDULE_CODES = {"gpipe": 0, "1f1b": 1, "interleaved": 2, "zb-h1": 3}
+
+FLOP_CONVENTION = (
+    "mfu: model FLOPs = 3 x forward, full s^2 attention (6N + 12*L*h*s per token: Megatron-LM "
+    "num_floating_point_operations, Korthikanti et al. 2022, PaLM); mfu_causal: attention "
+    "counted as the causal half; hfu: mfu's FLOPs plus recomputation (full: every layer's "
+    "forward again; selective: attention scores and P*V again)")
 
 BREAKDOWN = ("compute", "tp_comm", "cp_comm_exposed", "ep_comm", "pp_comm", "bubble",
              "dp_comm_exposed", "optimizer")
@@ -143,7 +158,8 @@ def _bucketed(op: str, size: Any, n: Any, g: Any, links: Links, bucket: float) -
 
 
 def pipeline_bubble(sched: Any, p: Any, v: Any, m: Any, t_f: Any, t_b: Any, t_w: Any) -> Any:
-    """Idle time of the critical stage per step (closed forms, SPEC §6).
+    """Idle time of the critical stage per step: each schedule's closed form (its registry
+    entry's `bubble`, SPEC §6) for the schedule codes `sched`.
 
     GPipe, 1F1B: `(p-1)·(t_f+t_b)`; interleaved: `(p-1)·(t_f+t_b)/v` (Narayanan et al. 2021);
     ZB-H1 (Qi et al. 2023), with `t_b` the whole backward and `t_w` its weight-gradient part
@@ -152,11 +168,7 @@ def pipeline_bubble(sched: Any, p: Any, v: Any, m: Any, t_f: Any, t_b: Any, t_w:
     once `m ≥ p`; with fewer micro-batches there are too few deferred W to fill the drain.
     All equal the event simulator's makespan minus the busy time when stages are equal (tested).
     """
-    ideal = (p - 1) * (t_f + t_b)
-    back = t_b - t_w
-    zb = np.maximum((p - 1) * (t_f + back - t_w), (p - 1) * (t_f + back) - (m - 1) * t_w)
-    return np.where(sched == SCHEDULE_CODES["interleaved"], ideal / v,
-                    np.where(sched == SCHEDULE_CODES["zb-h1"], np.maximum(zb, 0.0), ideal))
+    return select(sched, lambda info: info.bubble(p, v, m, t_f, t_b, t_w))
 
 
 # ------------------------------------------------------------------------- the step model
@@ -181,20 +193,31 @@ def stage_param_counts(model: ModelSpec, t: Any, p: Any, e: Any) -> tuple[Any, A
     return layers_dense + ends, model.n_moe_layers / p * expert_layer
 
 
-def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, p: Any,
-               c: Any, e: Any, dp: Any, zero: Any, zg: Any, sp: Any, sched: Any, v: Any,
-               rc: Any, b: Any, m: Any, costs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Every term of the step-time model for layouts given as numbers or arrays (codes for
-    `rc`, `sched`; `zg` = 0 for ZeRO over all dp·cp ranks). Returns seconds (and diagnostics)
-    with the broadcast shape of the inputs. `estimate_step` and the planner both call this.
+def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, pp: Any,
+               cp: Any, ep: Any, dp: Any, zero: Any, zero_group: Any, sp: Any, schedule: Any,
+               chunks: Any, recompute: Any, micro_batch: Any, m: Any,
+               costs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every term of the step-time model for layouts given as numbers or arrays, keyed by the
+    `Layout` field names (codes for `recompute` and `schedule`: `layout_codes`; `zero_group`
+    = 0 for ZeRO over all dp·cp ranks) and `m` micro-batches. Returns seconds (and
+    diagnostics) with the broadcast shape of the inputs. `estimate_step` and the planner both
+    call this.
 
     `costs` may carry the compute costs already evaluated for these layouts (`compute_costs`;
-    the planner evaluates them once per distinct `(t, c, b, sp, rc, ep)` and gathers)."""
+    the planner evaluates them once per distinct `(tp, cp, micro_batch, sp, recompute, ep)`
+    and gathers)."""
+    # the papers' notation from here on
+    t, p, c, e, zg, sched, v, rc, b = (tp, pp, cp, ep, zero_group, schedule, chunks, recompute,
+                                       micro_batch)
     model, cal, s, ab = ctx.model, ctx.calibration, ctx.seq_len, ctx.act_bytes
     h, gpn = model.d_model, links.gpus_per_node
     state = bytes_per_param_training(train.dtype, train.grad_dtype, train.optimizer)
     wb, gb_ = state.weight, state.grad
     full = rc == RC_CODES["full"]
+
+    def on_node(axis: str) -> Any:
+        """Members of one `axis` group on a node (`placement`, the runtime's rank order)."""
+        return members_per_node(axis, gpn, pp=p, dp=dp, cp=c, tp=t, ep=e)
 
     # ---- compute per micro-batch: one dense layer, one MoE layer, head, embedding
     costs = costs if costs is not None else compute_costs(ctx, t, c, b, sp, rc, e)
@@ -218,7 +241,7 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, p
 
     # ---- tensor parallel: all-reduces of the (s/c, b, h) activation, on the critical path
     activation = s / c * b * h * ab
-    tp_ar = group_collective_time("all-reduce", activation, t, np.minimum(t, gpn), links)
+    tp_ar = group_collective_time("all-reduce", activation, t, on_node("tp"), links)
     layers = model.n_layers / p
     tp_f = layers * 2 * tp_ar
     tp_b = layers * (2 + 2 * full) * tp_ar
@@ -228,7 +251,7 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, p
     # ---- context parallel: ring K/V transfers hidden behind block compute when possible
     kv = np.maximum(model.n_kv_heads // t, 1) * model.head_dim
     kv_block = 2 * s / c * b * kv * ab
-    cp_intra = t * c <= gpn
+    cp_intra = on_node("cp") == c
     cp_step = (np.where(cp_intra, links.intra_lat, links.inter_lat)
                + kv_block / np.where(cp_intra, links.intra_bw, links.inter_bw))
     per_layer_f = attn_f / np.maximum(layers, 1e-30)  # attention time of one layer
@@ -247,7 +270,7 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, p
     # ---- expert parallel: dispatch + combine all-to-alls per MoE layer
     if model.n_moe_layers:
         routed = s / c * b * model.top_k * h * ab
-        ep_in_node = np.minimum(e, np.maximum(gpn // (t * c), 1))
+        ep_in_node = on_node("ep")
         a2a = group_collective_time("all-to-all", routed, e, ep_in_node, links)
         ep_f = n_moe * 2 * a2a
         ep_b = n_moe * (2 + 2 * full) * a2a
@@ -255,7 +278,7 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, p
         ep_f = ep_b = 0.0 * t
 
     # ---- pipeline: p2p per micro-batch and virtual stage, and the bubble
-    pp_intra = t * c * dp * p <= gpn
+    pp_intra = on_node("pp") == p
     p2p_bytes = s / c * b * h * ab / t
     p2p = (np.where(pp_intra, links.intra_lat, links.inter_lat)
            + p2p_bytes / np.where(pp_intra, links.intra_bw, links.inter_bw))
@@ -267,7 +290,7 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, p
     # ---- data parallel / ZeRO over the dp·cp replicas
     dense_params, expert_params = stage_param_counts(model, t, p, e)
     replicas = dp * c
-    in_node = np.minimum(replicas, np.maximum(gpn // t, 1))
+    in_node = on_node("dp_cp")
     group = np.where(zg > 0, zg, replicas)
     group_in = np.minimum(group, in_node)
     across = replicas / group  # hybrid shard: replicas of each shard
@@ -344,10 +367,12 @@ def compute_costs(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any,
     }
 
 
-def flops_per_token(model: ModelSpec, seq_len: int) -> tuple[float, dict[int, float]]:
-    """(model FLOPs per token, hardware FLOPs per token by recompute code), causal attention."""
-    model_flops = model.training_flops_per_token(seq_len, causal=True)
-    hardware = {code: model.training_flops_per_token(seq_len, causal=True, recompute=name)
+def flops_per_token(model: ModelSpec, seq_len: int, causal: bool = False
+                    ) -> tuple[float, dict[int, float]]:
+    """(model FLOPs per token, hardware FLOPs per token by recompute code): full attention
+    (`FLOP_CONVENTION`), or its causal half."""
+    model_flops = model.training_flops_per_token(seq_len, causal=causal)
+    hardware = {code: model.training_flops_per_token(seq_len, causal=causal, recompute=name)
                 for name, code in RC_CODES.items()}
     return model_flops, hardware
 
@@ -375,6 +400,7 @@ class StepEstimate:
     model_flops_per_gpu: float
     mfu: float
     hfu: float
+    mfu_causal: float
     microbatches: int
     n_gpus: int
     dp_comm_total: float = 0.0
@@ -382,6 +408,7 @@ class StepEstimate:
     t_backward: float = 0.0
     bubble_fraction: float = 0.0
     bubble_source: str = "closed form"
+    flop_convention: str = FLOP_CONVENTION
 
     def breakdown(self) -> dict[str, float]:
         """Seconds per component (they sum to `total`)."""
@@ -402,22 +429,16 @@ class StepEstimate:
 
 
 def finish(terms: dict[str, Any], model_flops_token: float, hw_flops_token: Any, tokens: Any,
-           n_gpus: int, peak: float) -> dict[str, Any]:
-    """Throughput, model FLOP/s per GPU, MFU and HFU from the step time."""
+           n_gpus: int, peak: float, causal_flops_token: float) -> dict[str, Any]:
+    """Throughput, model FLOP/s per GPU, MFU and HFU (`FLOP_CONVENTION`: full attention) and
+    MFU with causal attention from the step time."""
     total = terms["total"]
     per_gpu = model_flops_token * tokens / (total * n_gpus)
     mfu = per_gpu / peak
     return {"tokens_per_step": tokens, "tokens_per_s": tokens / total,
             "model_flops_per_gpu": per_gpu, "mfu": mfu,
-            "hfu": mfu * (hw_flops_token / model_flops_token)}
-
-
-def layout_codes(layout: Layout) -> dict[str, Any]:
-    """The keyword arrays of `step_terms` for one layout (without `m`)."""
-    return {"t": layout.tp, "p": layout.pp, "c": layout.cp, "e": layout.ep, "dp": layout.dp,
-            "zero": layout.zero, "zg": layout.zero_group, "sp": layout.sp,
-            "sched": SCHEDULE_CODES[layout.schedule], "v": layout.chunks,
-            "rc": RC_CODES[layout.recompute], "b": layout.micro_batch}
+            "hfu": mfu * (hw_flops_token / model_flops_token),
+            "mfu_causal": mfu * (causal_flops_token / model_flops_token)}
 
 
 def estimate_step(model: ModelSpec, cluster: Cluster, layout: Layout,
@@ -436,7 +457,7 @@ def estimate_step(model: ModelSpec, cluster: Cluster, layout: Layout,
     links = Links.of(cluster, cal)
     m = layout.microbatches(train)
     terms = {k: float(v) for k, v in step_terms(ctx, links, train, m=m,
-                                                **layout_codes(layout)).items()}
+                                                **layout.codes()).items()}
     source = "closed form"
     if simulate and layout.pp > 1:
         simulated = simulated_bubble(layout, m, terms["t_forward"], terms["t_backward"],
@@ -447,13 +468,14 @@ def estimate_step(model: ModelSpec, cluster: Cluster, layout: Layout,
     model_flops, hardware = flops_per_token(model, train.seq_len)
     tokens = m * layout.micro_batch * layout.dp * train.seq_len
     rates = finish(terms, model_flops, hardware[RC_CODES[layout.recompute]], tokens,
-                   cluster.n_gpus, ctx.peak)
+                   cluster.n_gpus, ctx.peak, flops_per_token(model, train.seq_len, True)[0])
     busy = terms["total"] - terms["bubble"]
+    values: dict[str, Any] = {name: terms[name] for name in (*BREAKDOWN, "total",
+                                                             "dp_comm_total", "t_forward",
+                                                             "t_backward")}
+    values.update({k: float(v) for k, v in rates.items()})
     return StepEstimate(
-        **{name: terms[name] for name in (*BREAKDOWN, "total", "dp_comm_total", "t_forward",
-                                          "t_backward")},
-        **{k: float(v) for k, v in rates.items()},
-        microbatches=m, n_gpus=cluster.n_gpus,
+        **values, microbatches=m, n_gpus=cluster.n_gpus,
         bubble_fraction=terms["bubble"] / (terms["bubble"] + busy) if busy > 0 else 0.0,
         bubble_source=source,
     )
@@ -469,7 +491,7 @@ def simulated_bubble(layout: Layout, m: int, t_f: float, t_b: float, t_w: float)
 
     p, v = layout.pp, layout.chunks
     schedule = make_schedule(layout.schedule, p, m, v)
-    if layout.schedule == "zb-h1":
+    if get_schedule(layout.schedule).splits_backward:
         timeline = simulate(schedule, t_f, max(t_b - t_w, 1e-12), max(t_w, 1e-12))
     else:
         timeline = simulate(schedule, t_f / v, t_b / v)

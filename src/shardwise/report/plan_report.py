@@ -7,6 +7,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from shardwise.placement import members_per_node
 from shardwise.plan import Alternative, PlanEntry, PlanResult
 from shardwise.report.text import table as _table
 from shardwise.units import human_count, human_time
@@ -31,7 +32,8 @@ def _pct(x: float) -> str:
 def ranked_table(result: PlanResult) -> Table:
     table = _table(
         f"Top {len(result.ranked)} layouts by step time "
-        f"(of {result.stats.fits:,} that fit; memory = largest stage, GiB)",
+        f"(of {result.stats.fits:,} that fit; memory = largest stage, GiB; MFU and HFU count "
+        "full attention, 6N + 12·L·h·s FLOPs per token)",
         ["#", "layout", "step", "tokens/s", "MFU", "HFU", "mem GiB", "compute", "TP", "DP",
          "PP+bubble", "other"])
     for entry in result.ranked:
@@ -48,7 +50,7 @@ def ranked_table(result: PlanResult) -> Table:
 
 def breakdown_table(entry: PlanEntry, title: str = "Step time") -> Table:
     e = entry.estimate
-    table = _table(f"{title}: {entry.layout.short()} ({e.microbatches} micro-batches)",
+    table = _table(f"{title}: {entry.layout.short()} ({_count(e.microbatches, 'micro-batch')})",
                    ["component", "seconds", "share"])
     for key, label in _LABELS.items():
         value = getattr(e, key)
@@ -62,7 +64,7 @@ def breakdown_table(entry: PlanEntry, title: str = "Step time") -> Table:
 def memory_table(entry: PlanEntry) -> Table:
     m = entry.memory
     table = _table(f"Memory of the largest stage (stage {m.stage}, {m.layers} layers, "
-                   f"{m.in_flight} micro-batches in flight)", ["part", "GiB", "GB"])
+                   f"{_in_flight(m.in_flight, entry.layout.chunks)})", ["part", "GiB", "GB"])
     for key, value in m.as_dict().items():
         label = f"[bold]{key}[/]" if key == "total" else key
         table.add_row(label, _gib(value), f"{value / 1e9:,.1f}")
@@ -81,6 +83,30 @@ def _slower(alt: Alternative | None, best: float) -> str:
     return f" ({alt.axis}={alt.value} at best {alt.best_total / best - 1:+.0%}: {alt.best_layout})"
 
 
+def _count(n: int, noun: str) -> str:
+    """`1 micro-batch`, `2 micro-batches`."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "es" if noun.endswith("ch") else "s")
+
+
+def _in_flight(count: int, chunks: int) -> str:
+    """In flight on a stage: micro-batches, or with interleaving micro-batch-chunks (each
+    1/chunks of the stage's layers), so a count above the step's micro-batches reads right."""
+    if chunks == 1:
+        return _count(count, "micro-batch") + " in flight"
+    return (f"{_count(count, 'micro-batch-chunk')} in flight, {count / chunks:g} "
+            f"micro-batches' worth of activations")
+
+
+def _recompute_name(value: str) -> str:
+    return "no recompute" if value == "none" else f"{value} recompute"
+
+
+def _recompute_adds(recompute: str) -> str:
+    return {"none": "nothing more: no recomputation",
+            "selective": "the attention scores and P·V recomputed",
+            "full": "every layer's forward recomputed"}[recompute]
+
+
 def explain(result: PlanResult) -> str:
     """One paragraph: why the winner wins, axis by axis, from the search's own alternatives."""
     best = result.best
@@ -91,22 +117,26 @@ def explain(result: PlanResult) -> str:
     sentences = [
         f"{lay.short()} is the fastest of {result.stats.fits:,} layouts that fit: "
         f"{human_time(total)} per step, {human_count(e.tokens_per_s)} tokens/s, "
-        f"{e.mfu:.1%} MFU."]
+        f"{e.mfu:.1%} MFU ({e.mfu_causal:.1%} counting only the causal half of attention; "
+        f"HFU {e.hfu:.1%} also counts {_recompute_adds(lay.recompute)})."]
     if lay.tp > 1:
         where = "inside each node" if lay.tp <= cl.gpus_per_node else "across nodes"
         sentences.append(
-            f"TP {lay.tp} shards every layer {where} over {cl.intra.name}; its all-reduces "
+            f"TP {lay.tp} shards every layer {where} over {cl.intra.name}; its "
+            f"{'reduce-scatters and all-gathers (sequence parallel)' if lay.sp else 'all-reduces'} "
             f"cost {e.tp_comm / total:.0%} of the step{_slower(_closest(alts, 'tp'), total)}.")
     else:
         sentences.append("No tensor parallelism: per-layer all-reduces would cost more than "
                          f"they save{_slower(_closest(alts, 'tp'), total)}.")
     if lay.pp > 1:
-        span = ("across nodes" if lay.tp * lay.cp * lay.dp >= cl.gpus_per_node
-                else "inside the node")
+        in_node = members_per_node("pp", cl.gpus_per_node, pp=lay.pp, dp=lay.dp, cp=lay.cp,
+                                   tp=lay.tp, ep=lay.ep)
+        span = "inside the node" if in_node == lay.pp else "across nodes"
         sched = lay.schedule + (f" with v={lay.chunks}" if lay.chunks > 1 else "")
         sentences.append(
             f"PP {lay.pp} {span} gives each stage {result.model.n_layers // lay.pp} layers; "
-            f"{sched} over {e.microbatches} micro-batches leaves a {e.bubble / total:.1%} "
+            f"{sched} over {_count(e.microbatches, 'micro-batch')} leaves a "
+            f"{e.bubble / total:.1%} "
             f"bubble{_slower(_closest(alts, 'pp'), total)}.")
     else:
         sentences.append("No pipeline, so no bubble"
@@ -118,9 +148,10 @@ def explain(result: PlanResult) -> str:
         sentences.append(f"EP {lay.ep} spreads the experts; the all-to-alls cost "
                          f"{e.ep_comm / total:.0%}.")
     if lay.zero:
-        replicas = lay.dp * lay.cp
-        where = (f"in groups of {lay.zero_group} of the {replicas} replicas (hybrid shard)"
-                 if lay.zero_group else f"over the {replicas} replicas")
+        ranks = (f"{lay.dp} data-parallel replicas" if lay.cp == 1 else
+                 f"{lay.dp * lay.cp} data×context-parallel ranks (dp {lay.dp} × cp {lay.cp})")
+        where = (f"in groups of {lay.zero_group} of the {ranks} (hybrid shard)"
+                 if lay.zero_group else f"over the {ranks}")
         sentences.append(
             f"ZeRO-{lay.zero} shards state {where}; "
             f"{e.dp_comm_exposed / total:.1%} of DP traffic stays exposed"
@@ -136,11 +167,12 @@ def explain(result: PlanResult) -> str:
         parts = []
         for a in lighter:
             if a.best_total is None and a.min_memory is not None:
-                parts.append(f"with {a.value} recompute the leanest layout needs "
+                parts.append(f"with {_recompute_name(a.value)} the leanest layout needs "
                              f"{a.min_memory / 2**30:.1f} GiB (budget "
                              f"{best.budget / 2**30:.1f} GiB)")
             elif a.best_total is not None:
-                parts.append(f"{a.value} recompute at best {a.best_total / total - 1:+.0%}")
+                parts.append(f"{_recompute_name(a.value)} at best "
+                             f"{a.best_total / total - 1:+.0%}")
         sentences.append(f"{lay.recompute.capitalize()} recompute: " + "; ".join(parts) + ".")
     sentences.append(f"The largest stage needs {best.memory.total / 2**30:.1f} GiB of the "
                      f"{best.budget / 2**30:.1f} GiB budget.")

@@ -14,19 +14,19 @@ from shardwise.schedules.actions import (
     parse_schedule,
     schedule_text,
 )
-from shardwise.schedules.generators import (
-    SCHEDULES,
-    gpipe,
-    interleaved_1f1b,
-    make_schedule,
-    one_f_one_b,
-    zb_h1,
-)
+from shardwise.schedules.generators import gpipe, interleaved_1f1b, one_f_one_b, zb_h1
 from shardwise.schedules.metrics import (
     bubble_fraction,
     bubble_over_ideal,
     microbatches_for_bubble,
     partition_layers,
+)
+from shardwise.schedules.registry import (
+    SCHEDULE_REGISTRY,
+    SCHEDULES,
+    ScheduleInfo,
+    get_schedule,
+    make_schedule,
 )
 from shardwise.schedules.render import render_ascii, render_svg
 from shardwise.schedules.simulate import Event, Timeline, peak_in_flight, simulate
@@ -34,13 +34,16 @@ from shardwise.schedules.validate import validate_schedule
 
 __all__ = [
     "SCHEDULES",
+    "SCHEDULE_REGISTRY",
     "Action",
     "Event",
     "Schedule",
+    "ScheduleInfo",
     "Timeline",
     "bubble_fraction",
     "bubble_over_ideal",
     "check_dimensions",
+    "get_schedule",
     "gpipe",
     "interleaved_1f1b",
     "make_schedule",

@@ -9,10 +9,16 @@ backward when the schedule has no `W`), `W` weight gradient (Qi et al. 2023). Ch
 2021), so a forward pass visits stage 0 chunk 0, stage 1 chunk 0, …, stage p-1 chunk 0, stage 0
 chunk 1, …
 
-Text form: `<micro-batch><kind><chunk>`, e.g. `2F0`; one stage per line in `schedule_text`:
+Text form: `<kind><micro-batch>[.<chunk>]` — `F2` is the forward of micro-batch 2 (through
+chunk 0), `B2.1` the backward of micro-batch 2 through chunk 1 (`.0` may be written, and is
+left out when printing). The kind comes first on purpose: torch.distributed.pipelining writes
+`<stage><kind><micro-batch>`, so its `2F0` is stage 2's forward of micro-batch 0; a text
+starting with a digit is refused with that explanation rather than read either way. One stage
+per line in `schedule_text` (the labels of the `render_ascii` grid, which also writes `.0` when a
+schedule has several chunks):
 
-    0: 0F0 1F0 0B0 1B0
-    1: 0F0 0B0 1F0 1B0
+    0: F0 F1 B0 B1
+    1: F0 B0 F1 B1
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ from shardwise.errors import ShardwiseError
 
 Kind = Literal["F", "B", "W"]
 KINDS: tuple[Kind, ...] = ("F", "B", "W")
-_ACTION = re.compile(r"(\d+)([FBW])(\d+)")
+_ACTION = re.compile(r"([FBW])(\d+)(?:\.(\d+))?")
+_PIPELINING_ACTION = re.compile(r"\d+[FBW]\d+")  # torch.distributed.pipelining: stage, kind, mb
 
 
 @dataclass(frozen=True)
@@ -45,17 +52,20 @@ class Action:
                              f"{self.chunk}")
 
     def __str__(self) -> str:
-        return f"{self.micro_batch}{self.kind}{self.chunk}"
+        return f"{self.kind}{self.micro_batch}" + (f".{self.chunk}" if self.chunk else "")
 
     @classmethod
     def parse(cls, text: str) -> Action:
-        """Inverse of `str`: `"2F0"` -> `Action("F", 2, 0)`."""
+        """Inverse of `str`: `"F2"` -> `Action("F", 2, 0)`, `"B2.1"` -> `Action("B", 2, 1)`."""
         match = _ACTION.fullmatch(text.strip())
         if match is None:
-            raise ShardwiseError(f"cannot parse action {text!r}: expected <micro-batch><F|B|W><chunk>, "
-                             "e.g. '2F0'")
-        micro_batch, kind, chunk = match.groups()
-        return cls(kind, int(micro_batch), int(chunk))  # type: ignore[arg-type]
+            hint = (" (that is torch.distributed.pipelining's <stage><kind><micro-batch> form; "
+                    "here the stage is the line, and an action is kind first)"
+                    if _PIPELINING_ACTION.fullmatch(text.strip()) else "")
+            raise ShardwiseError(f"cannot parse action {text!r}{hint}: expected "
+                                 "<F|B|W><micro-batch>[.<chunk>], e.g. 'F2' or 'B2.1'")
+        kind, micro_batch, chunk = match.groups()
+        return cls(kind, int(micro_batch), int(chunk or 0))  # type: ignore[arg-type]
 
 
 Schedule = dict[int, list[Action]]

@@ -15,10 +15,7 @@ With times per micro-batch per stage (per chunk for interleaved) and no p2p late
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from shardwise.errors import ShardwiseError
-from shardwise.layout import SCHEDULES
 from shardwise.schedules.actions import Action, Kind, Schedule, check_dimensions
 
 
@@ -121,21 +118,3 @@ def zb_h1(p: int, m: int) -> Schedule:
                 next_w += 1
         order[i] = actions + [Action("W", j) for j in range(next_w, m)]
     return order
-
-
-_SINGLE_CHUNK: dict[str, Callable[[int, int], Schedule]] = {
-    "gpipe": gpipe, "1f1b": one_f_one_b, "zb-h1": zb_h1,
-}
-
-
-def make_schedule(name: str, p: int, m: int, v: int = 1) -> Schedule:
-    """The schedule called `name` (one of `SCHEDULES`) for `p` stages, `m` micro-batches and `v`
-    chunks per stage (`v > 1` only for "interleaved")."""
-    check_dimensions(p, m, v)
-    if name == "interleaved":
-        return interleaved_1f1b(p, m, v)
-    if name not in _SINGLE_CHUNK:
-        raise ShardwiseError(f"unknown schedule {name!r}; valid: {', '.join(SCHEDULES)}")
-    if v != 1:
-        raise ShardwiseError(f"{name} has one chunk per stage, got v={v}; use 'interleaved' for v > 1")
-    return _SINGLE_CHUNK[name](p, m)

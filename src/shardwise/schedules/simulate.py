@@ -87,13 +87,14 @@ def _costs(t_f: float, t_b: float, t_w: float | None, split: bool,
     if split and t_w is None:
         raise ShardwiseError("the schedule splits backward into B and W: pass t_w (then t_b is the "
                          "input-gradient time alone)")
-    times = {"t_f": t_f, "t_b": t_b, **({"t_w": t_w} if split else {})}
+    w = t_w if split and t_w is not None else 0.0
+    times = {"t_f": t_f, "t_b": t_b, **({"t_w": w} if split else {})}
     for name, value in times.items():
         if not value > 0:
             raise ShardwiseError(f"{name} must be > 0, got {value!r}")
     if not p2p_latency >= 0:
         raise ShardwiseError(f"p2p_latency must be ≥ 0, got {p2p_latency!r}")
-    return {"F": t_f, "B": t_b, "W": t_w if split else 0.0}
+    return {"F": t_f, "B": t_b, "W": w}
 
 
 def _dependencies(kind: Kind, micro_batch: int, vs: int, last: int) -> tuple[_Key, ...]:

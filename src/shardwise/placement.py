@@ -1,0 +1,126 @@
+"""Rank placement: which global ranks form each parallel group, and which share a node.
+
+One rule for the whole project (the runtime's `runtime/mesh.py` numbers ranks the same way;
+`tests/test_placement.py` checks the groups are identical), pure arithmetic, no torch:
+
+    rank = ((pp_i·dp + dp_i)·cp + cp_i)·tp + tp_i          (Megatron-LM's order, tp fastest)
+
+so a tensor-parallel group is `tp` consecutive ranks (inside one NVLink domain when
+`tp ≤ gpus_per_node`). Expert parallelism reuses the `dp × cp` ranks: number that block
+`j = dp_i·cp + cp_i`; an `ep` group is `ep` consecutive values of `j`, `edp` (the ranks that
+all-reduce one expert's gradients) the ranks with the same position inside their ep group, and
+`dp_cp` the whole block (ZeRO and the gradient reduction span it when cp > 1).
+
+Nodes hold `gpus_per_node` consecutive ranks. A group whose members are `stride` ranks apart
+(tp: 1; cp, dp_cp, ep: tp; edp: tp·ep; dp: tp·cp; pp: tp·cp·dp) has
+
+    members per node = min(n, max(1, gpus_per_node // stride))
+
+when the stride, and the span `n·stride` of a group, each divide the node size or are
+multiples of it (power-of-two layouts on 8-GPU nodes, for example; otherwise groups straddle
+node boundaries unevenly and this is the count of the fullest node, an approximation); `members_per_node` evaluates that for arrays of layouts,
+`MeshShape.node_counts` counts it exactly for one.
+
+Example, dp4 cp2 tp2 ep4 on 8-GPU nodes: ep groups (0, 2, 4, 6), (8, 10, 12, 14), … — the four
+members of an ep group share a node.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardwise.errors import ShardwiseError
+
+__all__ = ["GROUP_AXES", "MESH_AXES", "MeshShape", "members_per_node", "stride"]
+
+MESH_AXES: tuple[str, ...] = ("pp", "dp", "cp", "tp")
+"""Rank numbering, outermost first (tp varies fastest)."""
+GROUP_AXES: tuple[str, ...] = (*MESH_AXES, "ep", "edp", "dp_cp")
+"""Every kind of group: the mesh axes and the expert / replica groups inside `dp × cp`."""
+
+
+def _sizes(axis: str, pp: Any, dp: Any, cp: Any, tp: Any, ep: Any) -> tuple[Any, Any]:
+    """(group size, rank stride between consecutive members) of `axis`."""
+    table = {"tp": (tp, 1), "cp": (cp, tp), "dp": (dp, tp * cp), "pp": (pp, tp * cp * dp),
+             "dp_cp": (dp * cp, tp), "ep": (ep, tp), "edp": (dp * cp // ep, tp * ep)}
+    if axis not in table:
+        raise ShardwiseError(f"unknown mesh axis {axis!r}; valid: {', '.join(GROUP_AXES)}")
+    return table[axis]
+
+
+def stride(axis: str, *, pp: Any = 1, dp: Any = 1, cp: Any = 1, tp: Any = 1, ep: Any = 1
+           ) -> Any:
+    """Ranks between consecutive members of an `axis` group (numbers or arrays)."""
+    return _sizes(axis, pp, dp, cp, tp, ep)[1]
+
+
+def members_per_node(axis: str, gpus_per_node: int, *, pp: Any = 1, dp: Any = 1, cp: Any = 1,
+                     tp: Any = 1, ep: Any = 1) -> Any:
+    """How many members of one `axis` group share a node: `min(n, max(1, gpn // stride))`
+    (see the module docstring; numbers or NumPy arrays of degrees)."""
+    n, step = _sizes(axis, pp, dp, cp, tp, ep)
+    return np.minimum(n, np.maximum(gpus_per_node // step, 1))
+
+
+@dataclass(frozen=True)
+class MeshShape:
+    """Degrees of the mesh axes and the rank ↔ coordinate arithmetic of one layout."""
+
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    tp: int = 1
+    ep: int = 1
+
+    def __post_init__(self) -> None:
+        for axis in ("pp", "dp", "cp", "tp", "ep"):
+            if getattr(self, axis) < 1:
+                raise ShardwiseError(f"mesh axis {axis} must be ≥ 1, got {getattr(self, axis)}")
+        if (self.dp * self.cp) % self.ep:
+            raise ShardwiseError(f"ep={self.ep} must divide dp·cp={self.dp * self.cp}")
+
+    @classmethod
+    def of(cls, layout: Any) -> MeshShape:
+        """The mesh of a `Layout` (anything with pp, dp, cp, tp, ep)."""
+        return cls(pp=layout.pp, dp=layout.dp, cp=layout.cp, tp=layout.tp, ep=layout.ep)
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp * self.cp * self.tp
+
+    def size(self, axis: str) -> int:
+        return int(_sizes(axis, self.pp, self.dp, self.cp, self.tp, self.ep)[0])
+
+    def groups(self, axis: str) -> list[tuple[int, ...]]:
+        """Every group of `axis`, each a tuple of global ranks in group-rank order; groups
+        ordered by the coordinates of the other axes (outermost first)."""
+        self.size(axis)  # validates the name
+        ranks = np.arange(self.world_size).reshape(self.pp, self.dp, self.cp, self.tp)
+        if axis in MESH_AXES:
+            rows = np.moveaxis(ranks, MESH_AXES.index(axis), -1).reshape(-1, self.size(axis))
+        else:
+            n = self.dp * self.cp
+            block = ranks.reshape(self.pp, n, self.tp).transpose(0, 2, 1)  # (pp, tp, j)
+            if axis == "dp_cp":
+                rows = block.reshape(-1, n)
+            elif axis == "ep":
+                rows = block.reshape(-1, self.ep)
+            else:  # edp: position i inside every ep group of the block
+                rows = block.reshape(self.pp, self.tp, n // self.ep, self.ep)
+                rows = rows.transpose(0, 1, 3, 2).reshape(-1, n // self.ep)
+        return [tuple(int(r) for r in row) for row in rows]
+
+    def group_of(self, axis: str, rank: int) -> tuple[int, ...]:
+        for group in self.groups(axis):
+            if rank in group:
+                return group
+        raise ShardwiseError(f"rank {rank} outside a mesh of {self.world_size} ranks")
+
+    def node_counts(self, axis: str, gpus_per_node: int) -> set[int]:
+        """The distinct numbers of one group's members found together on a node."""
+        return {count for group in self.groups(axis)
+                for count in Counter(rank // gpus_per_node for rank in group).values()}

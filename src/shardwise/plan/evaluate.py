@@ -1,0 +1,123 @@
+"""Evaluation: step time, rates and per-stage memory of arrays of layouts (the planner's
+kernel), and of one layout with the scalar models."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
+
+import numpy as np
+
+from shardwise.arch import ModelSpec
+from shardwise.calibration import Calibration, default_calibration
+from shardwise.estimate.compute import RC_CODES, ComputeContext
+from shardwise.estimate.memory import (
+    activation_bytes_per_layer,
+    peak_stage_memory,
+    training_memory_per_gpu,
+)
+from shardwise.estimate.step import (
+    Links,
+    compute_costs,
+    estimate_step,
+    finish,
+    flops_per_token,
+    step_terms,
+)
+from shardwise.hardware import Cluster
+from shardwise.layout import Layout, TrainSpec
+from shardwise.plan.results import PlanEntry
+from shardwise.plan.space import DEFAULT_HEADROOM
+from shardwise.schedules.registry import (
+    get_schedule,
+)
+
+RC_NAMES = {code: name for name, code in RC_CODES.items()}
+_STEP_KEYS = (*(f.name for f in fields(Layout)), "m")  # what `step_terms` takes
+
+def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
+                        cand: dict[str, Any], calib: Calibration | None = None
+                        ) -> dict[str, Any]:
+    """Step-time terms, rates and peak memory for arrays of layouts (the planner's kernel).
+
+    `cand` holds int arrays `t p c e dp b m sched v zero zg sp rc` (codes as in
+    `estimate.step`), flat or broadcastable against each other (the planner passes outer
+    combinations as a column and the `(sp, rc)` pairs as a row, so terms that do not depend on
+    them are computed once per row). Compute costs are evaluated once per distinct
+    `(t, c, b, e)` and `(sp, rc)` and gathered.
+    """
+    cal = calib or default_calibration(cluster.accelerator.name)
+    ctx = ComputeContext.of(model, cluster.accelerator, train, cal)
+    links = Links.of(cluster, cal)
+    # distinct (t, c, b, e) × (sp, rc) for the compute costs and activations: the
+    # enumeration's (structure, micro-batch) pairs when known, else a packed integer key
+    if "pair" in cand and "_pairs" in cand:
+        pairs = cand["_pairs"]
+        uniq = np.stack([pairs["tp"], pairs["cp"], pairs["micro_batch"], pairs["ep"]])
+        inverse = np.asarray(cand["pair"])
+    else:
+        cols = [np.asarray(cand[k], dtype=np.int64) for k in ("tp", "cp", "micro_batch", "ep")]
+        packed = np.zeros_like(cols[0])
+        for col in cols:
+            packed = packed * (int(col.max()) + 1) + col
+        _, first, inverse = np.unique(packed, return_index=True, return_inverse=True)
+        uniq = np.stack([col[first] for col in cols])
+        inverse = inverse.reshape(cols[0].shape)
+    n_u = uniq.shape[1]
+    sp_rc = np.array([(sp, rc) for sp in (0, 1) for rc in (0, 1, 2)], dtype=np.int64)
+    g_idx, q_idx = np.divmod(np.arange(n_u * 6), 6)
+    small = {"tp": uniq[0, g_idx], "cp": uniq[1, g_idx], "micro_batch": uniq[2, g_idx],
+             "ep": uniq[3, g_idx], "sp": sp_rc[q_idx, 0], "recompute": sp_rc[q_idx, 1]}
+    costs = compute_costs(ctx, small["tp"], small["cp"], small["micro_batch"], small["sp"], small["recompute"],
+                          small["ep"])
+
+    def per_layer(moe: bool) -> Any:
+        return activation_bytes_per_layer(
+            model, train.seq_len, small["micro_batch"], tp=small["tp"], sp=small["sp"],
+            cp=small["cp"], recompute=small["recompute"], flash=train.flash_attention,
+            dtype=train.dtype, moe=moe)
+
+    act = {"dense": per_layer(False), "moe": per_layer(True) if model.is_moe else 0.0}
+    index = inverse * 6 + cand["sp"] * 3 + cand["recompute"]
+
+    def gather(value: Any) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, tuple):
+            return type(value)(*(gather(x) for x in value)) if hasattr(value, "_fields") \
+                else tuple(gather(x) for x in value)
+        return np.broadcast_to(value, (n_u * 6,))[index]
+
+    full_costs = {k: gather(v) for k, v in costs.items()}
+    terms = step_terms(ctx, links, train, **{k: cand[k] for k in _STEP_KEYS}, costs=full_costs)
+    model_flops, hardware = flops_per_token(model, train.seq_len)
+    hw = np.array([hardware[i] for i in range(3)])[cand["recompute"]]
+    tokens = cand["m"] * cand["micro_batch"] * cand["dp"] * train.seq_len
+    terms.update(finish(terms, model_flops, hw, tokens, cluster.n_gpus, ctx.peak,
+                        flops_per_token(model, train.seq_len, causal=True)[0]))
+    memory = peak_stage_memory(model, train, **{k: cand[k] for k in _STEP_KEYS},
+                               act={k: gather(v) for k, v in act.items()})
+    terms["memory"] = memory["total"]
+    terms["memory_parts"] = memory
+    return terms
+
+
+def _layout_of(cand: dict[str, Any], i: int) -> Layout:
+    values: dict[str, Any] = {f.name: int(cand[f.name][i]) for f in fields(Layout)}
+    values.update(sp=bool(values["sp"]), schedule=get_schedule(values["schedule"]).name,
+                  recompute=RC_NAMES[values["recompute"]])
+    return Layout(**values)
+
+
+def evaluate_layout(model: ModelSpec, cluster: Cluster, train: TrainSpec, layout: Layout,
+                    calib: Calibration | None = None, headroom: float = DEFAULT_HEADROOM,
+                    *, simulate: bool = True) -> PlanEntry:
+    """One layout, evaluated with the scalar model (its bubble from the simulator when the
+    schedule is small enough to simulate quickly)."""
+    stages = training_memory_per_gpu(model, layout, train)
+    peak = max(stages, key=lambda st: st.total)
+    m = layout.microbatches(train)
+    small = layout.pp * m * layout.chunks <= 4_000  # the closed forms equal it (tested)
+    estimate = estimate_step(model, cluster, layout, train, calib,
+                             simulate=simulate and small and layout.pp > 1)
+    return PlanEntry(layout, estimate, peak, cluster.accelerator.memory_bytes * headroom)

@@ -1,0 +1,79 @@
+"""Explanation material: the best layout with each axis held at another value, and what
+would help when nothing fits."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from shardwise.arch import ModelSpec
+from shardwise.estimate.memory import (
+    bytes_per_param_training,
+)
+from shardwise.hardware import Cluster
+from shardwise.layout import AXES, TrainSpec
+from shardwise.plan.evaluate import RC_NAMES, _layout_of
+from shardwise.plan.results import Alternative
+from shardwise.schedules.registry import (
+    get_schedule,
+)
+
+_ALTERNATIVE_AXES = (*AXES[1:], "zero", "recompute", "schedule", "micro_batch", "sp")
+
+
+def _alternatives(cand: dict[str, Any], terms: dict[str, Any], fits: np.ndarray,
+                  best: int) -> list[Alternative]:
+    """For each axis and each value other than the winner's: the best fitting layout with
+    that value (or, if none fits, the least memory any such layout needs)."""
+    out = []
+    total, memory = terms["total"], terms["memory"]
+    for axis in _ALTERNATIVE_AXES:
+        key = axis
+        values = np.unique(cand[key])
+        for value in values:
+            if value == cand[key][best]:
+                continue
+            mask = cand[key] == value
+            ok = mask & fits
+            shown: Any = int(value)
+            if axis == "recompute":
+                shown = RC_NAMES[int(value)]
+            elif axis == "schedule":
+                shown = get_schedule(int(value)).name
+            elif axis == "sp":
+                shown = bool(value)
+            if ok.any():
+                i = int(np.argmin(np.where(ok, total, np.inf)))
+                out.append(Alternative(axis, shown, float(total[i]),
+                                       _layout_of(cand, i).short(), None))
+            else:
+                out.append(Alternative(axis, shown, None, None,
+                                       float(memory[mask].min())))
+    return out
+
+
+def _no_fit_message(model: ModelSpec, cluster: Cluster, train: TrainSpec,
+                    cand: dict[str, Any], terms: dict[str, Any], budget: float,
+                    headroom: float) -> str:
+    i = int(np.argmin(terms["memory"]))
+    need = float(terms["memory"][i])
+    state = bytes_per_param_training(train.dtype, train.grad_dtype, train.optimizer)
+    total_state = model.count_params().total * state.total
+    gpus_for_state = math.ceil(total_state / budget)
+    helps = []
+    if gpus_for_state > cluster.n_gpus:
+        helps.append(f"at least {gpus_for_state} GPUs just for the training state "
+                     f"({total_state / 1e9:,.0f} GB with {state.total:g} B/param)")
+    else:
+        helps.append("more GPUs (more ways to shard)")
+    helps.append("a shorter sequence or a smaller global batch per replica")
+    if train.optimizer == "adam":
+        helps.append("an 8-bit optimizer")
+    return (f"no layout of {model.name} fits {cluster.n_gpus}× {cluster.accelerator.name} at "
+            f"s={train.seq_len}: the leanest ({_layout_of(cand, i).short()}) needs "
+            f"{need / 2**30:.1f} GiB per GPU, {(need - budget) / 2**30:.1f} GiB over the "
+            f"{budget / 2**30:.1f} GiB budget ({headroom:.0%} of "
+            f"{cluster.accelerator.memory_bytes / 2**30:.0f} GiB); would help: "
+            + "; ".join(helps))

@@ -1,0 +1,200 @@
+"""Enumeration: every layout of the grid, pruned level by level with a counted reason
+for each rejected region; the survivors as broadcast integer arrays."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from shardwise.arch import ModelSpec
+from shardwise.hardware import Cluster
+from shardwise.layout import Layout, TrainSpec
+from shardwise.plan.results import Rejection
+from shardwise.plan.space import SearchSpace
+from shardwise.schedules.registry import (
+    DEFAULT_SCHEDULE,
+    SCHEDULE_CODES,
+    select,
+)
+
+
+class _Rejections:
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.examples: dict[str, str] = {}
+        self.category: dict[str, str] = {}
+
+    def add(self, reason: str, count: int, example: str = "", category: str = "constraint"
+            ) -> None:
+        if count <= 0:
+            return
+        self.counts[reason] = self.counts.get(reason, 0) + int(count)
+        self.examples.setdefault(reason, example)
+        self.category.setdefault(reason, category)
+
+    def result(self) -> list[Rejection]:
+        return sorted((Rejection(r, c, self.examples[r], self.category[r])
+                       for r, c in self.counts.items()), key=lambda r: -r.count)
+
+
+def _structure_reason(problem: str) -> str:
+    """A region name for a `Layout.problems` sentence (numbers stripped)."""
+    rules = (("n_heads", "tp does not divide the attention heads"),
+             ("n_kv_heads", "tp does not fit the key/value heads"),
+             ("d_ff", "tp does not divide the FFN width"),
+             ("n_layers", "pp does not divide the layers"),
+             ("n_experts", "ep does not divide the experts"),
+             ("dp·cp", "ep does not divide dp·cp"),
+             ("2·cp", "2·cp does not divide the sequence length"),
+             ("ring attention", "context parallelism needs FlashAttention"))
+    for key, reason in rules:
+        if key in problem:
+            return reason
+    return problem
+
+
+def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: SearchSpace,
+               rejections: _Rejections) -> tuple[dict[str, np.ndarray], int]:
+    """All valid candidates as flat int arrays (and the grid size)."""
+    axes = space.resolve(model, cluster, train)
+    n_gpus, gb, s = cluster.n_gpus, train.global_batch, train.seq_len
+    assert gb is not None
+    inner = [len(axes[k]) for k in ("micro_batch", "schedule", "zero", "sp", "recompute")]
+    grid = (len(axes["tp"]) * len(axes["pp"]) * len(axes["cp"]) * len(axes["ep"])
+            * math.prod(inner))
+
+    # level 1: structures (tp, pp, cp, ep) and dp = GPUs / (tp·pp·cp)
+    per_structure = math.prod(inner)
+    rows = []
+    for t, p, c, e in itertools.product(axes["tp"], axes["pp"], axes["cp"], axes["ep"]):
+        if n_gpus % (t * p * c):
+            rejections.add("tp·pp·cp does not divide the GPU count", per_structure,
+                           f"tp={t} pp={p} cp={c}: {t * p * c} ∤ {n_gpus}")
+            continue
+        dp = n_gpus // (t * p * c)
+        problems = Layout(dp=dp, tp=t, pp=p, cp=c, ep=e).problems(model)
+        if c > 1 and not train.flash_attention:
+            problems.append("context parallelism (ring attention) needs FlashAttention")
+        elif c > 1 and s % (2 * c):
+            problems.append(f"2·cp={2 * c} does not divide seq_len={s}")
+        if problems:
+            rejections.add(_structure_reason(problems[0]), per_structure, problems[0])
+            continue
+        if dp > gb:
+            rejections.add("more data-parallel replicas than sequences per step", per_structure,
+                           f"dp={dp} > global batch {gb}")
+            continue
+        rows.append((t, p, c, e, dp))
+    if not rows:
+        return {}, grid
+    st = np.array(rows, dtype=np.int64)
+
+    # level 2: × micro-batch — the global batch must split into dp·mb
+    mb = np.array(axes["micro_batch"], dtype=np.int64)
+    s_idx, m_idx = np.divmod(np.arange(len(st) * len(mb)), len(mb))
+    dp_, b_ = st[s_idx, 4], mb[m_idx]
+    ok = gb % (dp_ * b_) == 0
+    rest = math.prod(inner[1:])
+    rejections.add("global batch is not a multiple of dp·micro-batch", int((~ok).sum()) * rest,
+                   _example(~ok, lambda i: f"dp={dp_[i]} mb={b_[i]}: {gb} sequences"))
+    pair = np.nonzero(ok)[0]
+    pairs = {"tp": st[s_idx[pair], 0], "pp": st[s_idx[pair], 1], "cp": st[s_idx[pair], 2],
+             "ep": st[s_idx[pair], 3], "dp": dp_[pair], "micro_batch": b_[pair]}
+    pairs["m"] = gb // (pairs["dp"] * pairs["micro_batch"])
+    n_pairs = len(pair)
+
+    # level 3: × schedule (code, chunks)
+    sched = np.array(axes["schedule"], dtype=np.int64).reshape(-1, 2)
+    p_idx, k_idx = np.divmod(np.arange(n_pairs * len(sched)), len(sched))
+    p3, m3 = pairs["pp"][p_idx], pairs["m"][p_idx]
+    code, v = sched[k_idx, 0], sched[k_idx, 1]
+    rest = math.prod(inner[2:])
+    single = (p3 == 1) & ~((code == SCHEDULE_CODES[DEFAULT_SCHEDULE]) & (v == 1))
+    rejections.add("pp=1 has no pipeline schedule (same as 1F1B)", int(single.sum()) * rest,
+                   category="duplicate")
+    inter = select(code, lambda info: info.chunked).astype(bool)  # interleaved
+    bad_layers = ~single & inter & (model.n_layers % (p3 * v) != 0)
+    rejections.add("pp·chunks does not divide the layers", int(bad_layers.sum()) * rest,
+                   _example(bad_layers, lambda i: f"pp={p3[i]} chunks={v[i]}"))
+    bad_m = ~single & inter & ~bad_layers & (m3 % p3 != 0)
+    rejections.add("interleaved 1F1B needs micro-batches divisible by pp",
+                   int(bad_m.sum()) * rest,
+                   _example(bad_m, lambda i: f"pp={p3[i]}, {m3[i]} micro-batch"
+                                             + ("es" if m3[i] != 1 else "")))
+    keep = np.nonzero(~(single | bad_layers | bad_m))[0]
+    lvl3 = {"pair": p_idx[keep], "schedule": code[keep], "chunks": v[keep]}
+
+    # level 4: × ZeRO (stage, hybrid group)
+    zero = np.array(axes["zero"], dtype=np.int64).reshape(-1, 2)
+    a_idx, z_idx = np.divmod(np.arange(len(keep) * len(zero)), len(zero))
+    pr = lvl3["pair"][a_idx]
+    replicas = pairs["dp"][pr] * pairs["cp"][pr]
+    z, zg = zero[z_idx, 0], zero[z_idx, 1]
+    rest = math.prod(inner[3:])
+    lone = (replicas == 1) & (z > 0)
+    rejections.add("ZeRO with a single data-parallel replica (same as stage 0)",
+                   int(lone.sum()) * rest, category="duplicate")
+    whole = ~lone & (zg > 0) & (zg >= replicas)
+    rejections.add("hybrid shard group ≥ dp·cp (same as full shard)", int(whole.sum()) * rest,
+                   category="duplicate")
+    bad_zg = ~lone & ~whole & (zg > 0) & (replicas % np.maximum(zg, 1) != 0)
+    rejections.add("hybrid shard group does not divide dp·cp", int(bad_zg.sum()) * rest,
+                   _example(bad_zg, lambda i: f"zero_group={zg[i]}, dp·cp={replicas[i]}"))
+    keep4 = np.nonzero(~(lone | whole | bad_zg))[0]
+    lvl4 = {"l3": a_idx[keep4], "zero": z[keep4], "zero_group": zg[keep4]}
+
+    # level 5: × sequence parallel × recompute, kept as a broadcast inner axis: the outer
+    # combinations are rows, the (sp, rc) pairs columns, and `valid` marks the layouts
+    sp_rc = np.array([(sp, rc) for sp in axes["sp"] for rc in axes["recompute"]], dtype=np.int64)
+    l3 = lvl4["l3"]
+    pr = lvl3["pair"][l3]
+    t5, c5 = pairs["tp"][pr][:, None], pairs["cp"][pr][:, None]
+    sp, rc = sp_rc[:, 0][None, :], sp_rc[:, 1][None, :]
+    no_tp = (sp == 1) & (t5 == 1)
+    rejections.add("sequence parallelism without tp (same as without)", int(no_tp.sum()),
+                   category="duplicate")
+    bad_sp = ~no_tp & (sp == 1) & (s % (t5 * c5) != 0)
+    rejections.add("tp·cp does not divide the sequence (sequence parallel)", int(bad_sp.sum()),
+                   _example(bad_sp.any(axis=1), lambda i: f"tp={t5[i, 0]} cp={c5[i, 0]}, "
+                                                          f"s={s}"))
+    valid = ~(no_tp | bad_sp)
+    cand: dict[str, Any] = {key: pairs[key][pr][:, None]
+                            for key in ("tp", "pp", "cp", "ep", "dp", "micro_batch", "m")}
+    cand.update(schedule=lvl3["schedule"][l3][:, None], chunks=lvl3["chunks"][l3][:, None],
+                zero=lvl4["zero"][:, None], zero_group=lvl4["zero_group"][:, None], sp=sp,
+                recompute=rc,
+                pair=pr[:, None])
+    cand["_pairs"] = pairs
+    cand["_valid"] = valid
+    return cand, grid
+
+
+def _flatten(cand: dict[str, Any], terms: dict[str, Any] | None = None,
+             keys: Sequence[str] | None = None
+             ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The valid layouts of a broadcast (outer × inner) grid as flat arrays (of `terms`, only
+    `keys` when given)."""
+    valid = cand["_valid"]
+    flat = {k: np.broadcast_to(v, valid.shape)[valid] for k, v in cand.items()
+            if not k.startswith("_")}
+    flat["_pairs"] = cand["_pairs"]
+    if terms is None:
+        return flat, None
+    out: dict[str, Any] = {}
+    for key, value in terms.items():
+        if keys is not None and key not in keys:
+            continue
+        if isinstance(value, dict):
+            out[key] = {k: np.broadcast_to(v, valid.shape)[valid] for k, v in value.items()}
+        else:
+            out[key] = np.broadcast_to(value, valid.shape)[valid]
+    return flat, out
+
+
+def _example(mask: np.ndarray, describe: Callable[[int], str]) -> str:
+    hits = np.nonzero(mask)[0]
+    return describe(int(hits[0])) if len(hits) else ""

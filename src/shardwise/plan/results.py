@@ -1,0 +1,114 @@
+"""What a search returns: ranked entries, rejected regions, statistics, alternatives."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from shardwise.arch import ModelSpec
+from shardwise.calibration import Calibration
+from shardwise.estimate.memory import (
+    MemoryBreakdown,
+)
+from shardwise.estimate.step import (
+    FLOP_CONVENTION,
+    StepEstimate,
+)
+from shardwise.hardware import Cluster
+from shardwise.layout import Layout, TrainSpec
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A rejected region of the search space: why, how many grid points, an example."""
+
+    reason: str
+    count: int
+    example: str = ""
+    category: str = "constraint"
+
+
+@dataclass(frozen=True)
+class PlanEntry:
+    """One evaluated layout: its step estimate, its largest stage's memory, the budget."""
+
+    layout: Layout
+    estimate: StepEstimate
+    memory: MemoryBreakdown
+    budget: float
+    rank: int | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.total <= self.budget
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "layout": self.layout.to_dict(), "short": self.layout.short(),
+                "estimate": self.estimate.to_dict(),
+                "memory": self.memory.as_dict() | {"stage": self.memory.stage,
+                                                   "in_flight": self.memory.in_flight},
+                "budget_bytes": self.budget, "fits": self.fits}
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """The best layout when one axis is held at another value (for the explanation)."""
+
+    axis: str
+    value: Any
+    best_total: float | None
+    best_layout: str | None
+    min_memory: float | None
+
+
+@dataclass(frozen=True)
+class SearchStats:
+    grid: int
+    evaluated: int
+    fits: int
+    seconds: float
+    evaluation_seconds: float
+
+    @property
+    def layouts_per_s(self) -> float:
+        return self.evaluated / self.evaluation_seconds if self.evaluation_seconds else 0.0
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    model: ModelSpec
+    cluster: Cluster
+    train: TrainSpec
+    headroom: float
+    budget: float
+    calibration: Calibration
+    ranked: list[PlanEntry]
+    rejected: list[Rejection]
+    stats: SearchStats
+    baseline: PlanEntry | None = None
+    baseline_note: str = ""
+    given: PlanEntry | None = None
+    given_note: str = ""
+    alternatives: list[Alternative] = field(default_factory=list)
+
+    @property
+    def best(self) -> PlanEntry:
+        return self.ranked[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.name,
+            "cluster": {"gpus": self.cluster.n_gpus, "gpus_per_node": self.cluster.gpus_per_node,
+                        "accelerator": self.cluster.accelerator.name,
+                        "intra": self.cluster.intra.name, "inter": self.cluster.inter.name},
+            "train": asdict(self.train), "headroom": self.headroom, "budget_bytes": self.budget,
+            "ranked": [e.to_dict() for e in self.ranked],
+            "baseline": self.baseline.to_dict() if self.baseline else None,
+            "baseline_note": self.baseline_note,
+            "given": self.given.to_dict() if self.given else None, "given_note": self.given_note,
+            "rejected": [asdict(r) for r in self.rejected],
+            "alternatives": [asdict(a) for a in self.alternatives],
+            "stats": asdict(self.stats) | {"layouts_per_s": self.stats.layouts_per_s},
+            "calibration": self.calibration.to_dict(),
+            "flop_convention": FLOP_CONVENTION,
+        }

@@ -7,12 +7,12 @@ import pytest
 from shardwise.arch import PRESETS
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.context import MAX_SEQ_LEN, longest_context, sequence_unit
-from shardwise.estimate.memory import peak_memory_per_gpu
+from shardwise.estimate.memory import largest_stage_memory
 from shardwise.layout import Layout, TrainSpec
 
 
 def peak(model: str, layout: Layout, seq_len: int) -> float:
-    return peak_memory_per_gpu(PRESETS[model], layout, TrainSpec(seq_len=seq_len)).total
+    return largest_stage_memory(PRESETS[model], layout, TrainSpec(seq_len=seq_len)).total
 
 
 @pytest.mark.parametrize("layout", [Layout(tp=8, sp=True, cp=4, recompute="selective"),

@@ -10,7 +10,7 @@ import pytest
 
 from shardwise.arch import PRESETS
 from shardwise.estimate.context import sequence_unit
-from shardwise.estimate.memory import peak_memory_per_gpu
+from shardwise.estimate.memory import largest_stage_memory
 from shardwise.layout import Layout, TrainSpec
 from tests.figures import matches_figure
 
@@ -233,7 +233,7 @@ def test_ring_attention_bad_input(client):
 
 # ------------------------------------------------------------------------- context wall
 def _fits(model: str, layout: Layout, seq_len: int, budget: float) -> bool:
-    peak = peak_memory_per_gpu(PRESETS[model], layout, TrainSpec(seq_len=seq_len))
+    peak = largest_stage_memory(PRESETS[model], layout, TrainSpec(seq_len=seq_len))
     return peak.total <= budget
 
 

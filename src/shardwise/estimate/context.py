@@ -3,7 +3,7 @@
 Context parallelism over `c` ranks (ring attention, Liu et al. 2023) gives each rank `s/c` of
 every sequence, so the activation terms of SPEC §3–§4 (saved tensors, logits) fall as `1/c`
 while the persistent state does not depend on `s`. The longest `s` whose peak per-GPU memory
-(`peak_memory_per_gpu`) stays within the budget therefore grows about linearly with `c` — and a
+(`largest_stage_memory`) stays within the budget therefore grows about linearly with `c` — and a
 little faster when ZeRO also shards the state over the `c` ranks (`Layout.zero_degree = dp·cp`).
 
 The search treats the memory model as a black box that only grows with `s` (bisection over
@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from shardwise.arch import ModelSpec
 from shardwise.errors import ShardwiseError
-from shardwise.estimate.memory import peak_memory_per_gpu
+from shardwise.estimate.memory import largest_stage_memory
 from shardwise.layout import Layout, TrainSpec
 
 __all__ = ["longest_context", "sequence_unit"]
@@ -47,7 +47,7 @@ def longest_context(model: ModelSpec, layout: Layout, budget_bytes: float,
 
     def fits(k: int) -> bool:
         spec = replace(train, seq_len=k * unit)
-        return peak_memory_per_gpu(model, layout, spec).total <= budget_bytes
+        return largest_stage_memory(model, layout, spec).total <= budget_bytes
 
     lo, hi = 0, MAX_SEQ_LEN // unit  # fits(lo) holds (or lo = 0); find the last k that fits
     if fits(hi):

@@ -35,6 +35,7 @@ __all__ = [
     "count_params",
     "in_flight_per_stage",
     "korthikanti_activation_bytes",
+    "largest_stage_memory",
     "kv_cache_bytes_per_token",
     "layer_params",
     "moe_layers_on_stage",
@@ -507,3 +508,9 @@ def training_memory_per_gpu(model: ModelSpec, layout: Layout, train: TrainSpec |
             float(parts["grads"]), float(parts["optimizer"]), float(parts["activations"]),
             float(parts["logits"]), float(parts["workspace"]), int(parts["in_flight"])))
     return stages
+
+
+def largest_stage_memory(model: ModelSpec, layout: Layout, train: TrainSpec | None = None,
+                         **kwargs: str) -> MemoryBreakdown:
+    """The stage with the largest total: what must fit in one GPU."""
+    return max(training_memory_per_gpu(model, layout, train, **kwargs), key=lambda m: m.total)

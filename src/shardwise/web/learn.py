@@ -476,7 +476,7 @@ def context_wall(
     """The longest context that fits `budget_gb` per device with ring attention over `cp`
     devices (and Megatron TP `tp` with sequence parallelism), from the memory model."""
     from shardwise.estimate.context import longest_context, sequence_unit
-    from shardwise.estimate.memory import peak_memory_per_gpu
+    from shardwise.estimate.memory import largest_stage_memory
     from shardwise.layout import Layout, TrainSpec
 
     if model not in PRESETS:
@@ -488,7 +488,7 @@ def context_wall(
 
     best = longest_context(spec, layout_for(cp), budget)
     # At the wall, or at the shortest sequence when nothing fits (the state alone is over).
-    peak = peak_memory_per_gpu(spec, layout_for(cp),
+    peak = largest_stage_memory(spec, layout_for(cp),
                                TrainSpec(seq_len=best or sequence_unit(layout_for(cp))))
     return ContextWall(
         model=model, models=list(PRESETS), budget_bytes=budget, cp=cp, tp=tp, zero=zero,

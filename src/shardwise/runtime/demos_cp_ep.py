@@ -127,7 +127,10 @@ def _moe_worker(ranks: int, tokens: int, hidden: int, ffn: int, experts: int,
             x_all = torch.randn(ranks * tokens, hidden, dtype=torch.float64,
                                 generator=torch.Generator().manual_seed(2))
         x_all.requires_grad_()
-        w_all = torch.randn_like(x_all).detach()
+        # every rank draws the same upstream gradient: a seeded generator, never the global one
+        # (ranks started by `spawn` do not share the parent's global RNG state)
+        w_all = torch.randn(x_all.shape, dtype=x_all.dtype,
+                            generator=torch.Generator().manual_seed(3))
         ref = moe_layer(x_all, params, top_k, capacity_factor=cf, groups=ranks)
         ref_grads = torch.autograd.grad((ref.out * w_all).sum() + ref.aux_loss,
                                         [x_all, *params.tensors()])

@@ -25,7 +25,6 @@ __all__ = [
     "in_flight_per_stage",
     "korthikanti_activation_bytes",
     "kv_cache_bytes_per_token",
-    "peak_memory_per_gpu",
     "saved_tensors_per_layer",
     "stage_layers",
     "stage_params",
@@ -431,9 +430,3 @@ def training_memory_per_gpu(model: ModelSpec, layout: Layout, train: TrainSpec |
         stages.append(MemoryBreakdown(stage, len(layers), w + we, g + ge, o + oe, activations,
                                       logits, workspace, in_flight[stage]))
     return stages
-
-
-def peak_memory_per_gpu(model: ModelSpec, layout: Layout, train: TrainSpec | None = None,
-                        **kwargs: str) -> MemoryBreakdown:
-    """The stage with the largest total: what must fit in one GPU."""
-    return max(training_memory_per_gpu(model, layout, train, **kwargs), key=lambda m: m.total)

@@ -193,13 +193,13 @@ def schedule(stages: int, microbatches: int, schedule: str, chunks: int | None, 
 # -------------------------------------------------------------------------------------- demo
 # name -> (module, function, default ranks); each function returns rows (dicts) of checks.
 DEMOS = {
-    "ring": ("shardwise.runtime.demos", "run_ring_demo", 4),
-    "ddp": ("shardwise.runtime.demos", "run_ddp_demo", 2),
-    "zero": ("shardwise.runtime.demos", "run_zero_demo", 2),
-    "tp": ("shardwise.runtime.demos", "run_tp_demo", 2),
-    "pipeline": ("shardwise.runtime.demos_pipeline", "run_pipeline_demo", 4),
-    "ring-attention": ("shardwise.runtime.demos_cp_ep", "run_ring_attention_demo", 4),
-    "moe": ("shardwise.runtime.demos_cp_ep", "run_moe_demo", 4),
+    "ring": ("shardwise.demos.ring", "run_ring_demo", 4),
+    "ddp": ("shardwise.demos.data_parallel", "run_ddp_demo", 2),
+    "zero": ("shardwise.demos.data_parallel", "run_zero_demo", 2),
+    "tp": ("shardwise.demos.tensor_parallel", "run_tp_demo", 2),
+    "pipeline": ("shardwise.demos.pipeline", "run_pipeline_demo", 4),
+    "ring-attention": ("shardwise.demos.context_parallel", "run_ring_attention_demo", 4),
+    "moe": ("shardwise.demos.expert_parallel", "run_moe_demo", 4),
 }
 
 
@@ -342,7 +342,7 @@ def train(model_name: str, steps: int, seq: int, global_batch: str, lr: float, m
           checkpoint_dir: str | None, checkpoint_every: int, checkpoint_keep: int,
           resume: bool, quiet: bool, as_json: bool, **layout_kw: Any) -> None:
     """Train --model for real on dp·tp·pp·cp local CPU ranks (gloo), or on the ranks torchrun
-    started (`torchrun … -m shardwise.runtime.train --dp 2 …`; NCCL on GPUs). The loss curve
+    started (`torchrun … -m shardwise train --dp 2 …`; NCCL on GPUs). The loss curve
     equals one device's on the same data; --dp defaults to 1 here."""
     rt = _import_runtime("shardwise.runtime.train")
     from shardwise.runtime.checkpoint import check_start

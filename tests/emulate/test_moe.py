@@ -6,19 +6,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from shardwise.emulate.moe import (
+from shardwise.emulate.moe import balanced_inputs, ep_moe_emulated
+from shardwise.errors import ShardwiseError
+from shardwise.estimate.comm import ep_comm_bytes_per_layer
+from shardwise.ops.moe import (
     MoEParams,
-    balanced_inputs,
     capacity_keep,
-    ep_moe_emulated,
     expert_capacity,
     imbalance,
     load_balancing_loss,
     moe_layer,
     route,
 )
-from shardwise.errors import ShardwiseError
-from shardwise.estimate.comm import ep_comm_bytes_per_layer
 
 TOL = 1e-12
 

@@ -7,25 +7,23 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardwise.emulate.ring_attention import (
+from shardwise.emulate.ring_attention import RingStats, causal_block_work, ring_attention
+from shardwise.errors import ShardwiseError
+from shardwise.estimate.comm import cp_comm_bytes_per_layer
+from shardwise.ops.attention import (
     LAYOUTS,
-    RingStats,
     SoftmaxState,
     absorb_block,
     attend_block,
     block_forward,
-    causal_block_work,
     from_layout,
     layout_positions,
     merge_attention,
     plan_block,
-    ring_attention,
     shard_sequence,
     to_layout,
     unshard_sequence,
 )
-from shardwise.errors import ShardwiseError
-from shardwise.estimate.comm import cp_comm_bytes_per_layer
 from tests.figures import matches_figure
 
 TOL = 1e-12

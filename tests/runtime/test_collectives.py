@@ -190,11 +190,3 @@ def test_chunk_sizes_match_tensor_split() -> None:
         for n in (1, 2, 3, 4, 8):
             assert C.chunk_sizes(numel, n) == [
                 c.numel() for c in torch.tensor_split(torch.empty(numel), n)]
-
-
-@pytest.mark.slow
-def test_ring_demo_rows() -> None:
-    from shardwise.runtime.demos import run_ring_demo
-
-    rows = run_ring_demo(ranks=3, sizes=(10, 1001))
-    assert len(rows) == 4 and all(r["ok"] for r in rows), rows

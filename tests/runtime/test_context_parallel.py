@@ -4,9 +4,10 @@ import pytest
 import torch
 from tests.emulate.test_ring_attention import full_attention
 
-from shardwise.emulate.ring_attention import LAYOUTS, causal_block_work
+from shardwise.emulate.ring_attention import causal_block_work
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import cp_comm_bytes_per_layer
+from shardwise.ops.attention import LAYOUTS
 from shardwise.runtime.launch import RankFailure, spawn
 from shardwise.runtime.mesh import AxisGroup
 
@@ -160,16 +161,3 @@ def test_group_of_one_is_plain_attention():
         assert counter.bytes() == 0
     with pytest.raises(ShardwiseError, match="wants local q"):
         ring_attention(q, k[:, :4], v[:, :4], single)
-
-
-@pytest.mark.slow
-def test_demo_rows():
-    from shardwise.runtime.demos_cp_ep import run_ring_attention_demo
-
-    rows = run_ring_attention_demo(2, layouts=("contiguous", "zigzag"))
-    assert [row["case"] for row in rows] == ["contiguous causal", "contiguous", "zigzag causal",
-                                             "zigzag"]
-    assert all(row["ok"] and row["max_diff"] < TOL for row in rows)
-    assert rows[0]["bytes_predicted"] == cp_comm_bytes_per_layer(32, 2, 2 * 8, 2, 8)
-    assert rows[0]["causal_pairs"] == causal_block_work(2, 16, "contiguous")
-    assert rows[0]["blocks_skipped"] == [1, 0]

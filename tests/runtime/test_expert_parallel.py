@@ -4,8 +4,9 @@ import pytest
 import torch
 from tests.emulate.test_moe import reference_moe
 
-from shardwise.emulate.moe import MoEParams, balanced_inputs
+from shardwise.emulate.moe import balanced_inputs
 from shardwise.estimate.comm import ep_comm_bytes_per_layer
+from shardwise.ops.moe import MoEParams
 from shardwise.runtime.launch import spawn
 
 TOL = 1e-12
@@ -132,7 +133,7 @@ def test_balanced_routing_bytes_equal_spec_ep_formula(dp, ep):
 
 
 def test_group_of_one_runs_all_experts_locally():
-    from shardwise.emulate.moe import moe_layer
+    from shardwise.ops.moe import moe_layer
     from shardwise.runtime import collectives as C
     from shardwise.runtime.expert_parallel import ExpertParallelMoE
     from shardwise.runtime.mesh import AxisGroup
@@ -147,17 +148,3 @@ def test_group_of_one_runs_all_experts_locally():
     assert (y - y_ref).abs().max() < TOL and abs(float((aux - aux_ref).detach())) < TOL
     assert counter.bytes() == 0
     assert layer.last_stats.dropped == moe_layer(x, params, 2, capacity_factor=1.0).dropped
-
-
-@pytest.mark.slow
-def test_demo_rows():
-    from shardwise.runtime.demos_cp_ep import run_moe_demo
-
-    rows = run_moe_demo(2, top_k=2, capacity_factor=0.5)
-    assert [row["routing"] for row in rows] == ["balanced", "random", "random"]
-    assert all(row["ok"] and row["max_diff"] < TOL for row in rows)
-    experts, tokens, hidden = 4, 8, 16  # the demo's defaults for 2 ranks
-    assert rows[0]["bytes_measured"] == ep_comm_bytes_per_layer(tokens, 2, hidden, 2, 8)
-    assert rows[0]["tokens_per_expert"] == [2 * tokens * 2 // experts] * experts
-    assert rows[0]["imbalance"] == 1.0
-    assert rows[2]["dropped"] > 0 and rows[1]["dropped"] == 0

@@ -23,16 +23,11 @@ import torch
 from tests.cli_helpers import assert_one_line_error, shardwise
 
 from shardwise.arch import get_model
+from shardwise.estimate.check import CheckRow, merge_rows
 from shardwise.estimate.memory import saved_tensors_per_layer
-from shardwise.layout import Layout, TrainSpec
+from shardwise.layout import Layout
 from shardwise.runtime.launch import spawn
-from shardwise.runtime.measure import (
-    CheckRow,
-    LayerRecorder,
-    check_layout,
-    merge_rows,
-    predicted_comm,
-)
+from shardwise.runtime.measure import LayerRecorder, check_layout
 from shardwise.runtime.model import Transformer
 from shardwise.runtime.parallelize import apply_recompute
 from shardwise.runtime.train import TrainConfig
@@ -49,26 +44,6 @@ def config(layout: str, model: str = "tiny") -> TrainConfig:
         spec = spec.with_(name=model, tie_embeddings=True)
     return TrainConfig(spec, Layout.parse(layout), steps=STEPS, seq_len=SEQ,
                        global_batch=BATCH, dtype="fp64")
-
-
-# ------------------------------------------------------------------------------ the rows
-def test_row_targets():
-    assert CheckRow("comm", "x", 6000.0, 6000.0).ok
-    assert not CheckRow("comm", "x", 6000.0, 6001.0).ok
-    assert CheckRow("comm", "x", 0.0, 0.0).error == 0.0
-    assert not CheckRow("comm", "x", 0.0, 8.0).ok  # moved what the model says nothing of
-    assert CheckRow("activations", "layer 0", 1000.0, 1009.0, "1%").ok
-    assert not CheckRow("activations", "layer 0", 1000.0, 1011.0, "1%").ok
-    assert CheckRow("peak memory", "x", 5.0, None, "-").ok
-    assert CheckRow("peak memory", "x", 5.0, None, "-").as_dict()["error"] is None
-
-
-def test_merge_keeps_the_worst_rank_of_each_stage():
-    row = CheckRow("activations", "layer 0", 1000.0, 1000.0, "1%")
-    worse = CheckRow("activations", "layer 0", 1000.0, 1008.0, "1%", rank=1)
-    other_stage = CheckRow("activations", "layer 2", 1000.0, 1000.0, "1%", rank=2, stage=1)
-    merged = merge_rows([[row], [worse], [other_stage]])
-    assert [(r.stage, r.rank, r.ranks) for r in merged] == [(0, 1, 2), (1, 2, 1)]
 
 
 # -------------------------------------------------------------------- one process, no groups
@@ -95,30 +70,6 @@ def test_full_recompute_keeps_layer_inputs_and_shares_the_rope_tables():
     recorder = _record(model, torch.randint(0, 256, (2, SEQ)))
     assert [c.saved for c in recorder.calls] == [SEQ * 2 * 64 * F64] * 4  # x (b, s, h)
     assert recorder.shared == [2 * SEQ * 16 * F64]  # cos and sin (s, d), one pass
-
-
-# --------------------------------------------------------------- the analytic composition
-def _terms(layout: str, stage: int = 0, model=TINY) -> dict[tuple[str, str], float]:
-    out: dict[tuple[str, str], float] = {}
-    train = TrainSpec(seq_len=SEQ, global_batch=BATCH, dtype="fp64")
-    for term in predicted_comm(model, Layout.parse(layout), train, stage):
-        out[(term.axis, term.op)] = out.get((term.axis, term.op), 0.0) + term.bytes
-    return out
-
-
-def test_predicted_traffic_against_figures_worked_out_by_hand():
-    act = SEQ * 1 * 64 * F64  # one (s, b, h) activation, 16384 B; t = 2 sends S per all-reduce
-    m = BATCH  # micro-batches without dp
-    # tp=2: 4 f/g per layer, embedding g, head f, three (s, b) loss reductions per micro-batch
-    assert _terms("tp=2") == {("tp", "all-reduce"): m * (16 * act + 2 * act + 3 * SEQ * F64)}
-    # pp=2 interleaved ×2: rank 0 sends out of virtual stages 0 and 2, back out of 2
-    assert _terms("pp=2,schedule=interleaved,chunks=2") == {("pp", "send"): 3 * m * act}
-    # ZeRO-3 over 2: per micro-batch (2 of them) two gathers and a reduce-scatter of P/2
-    assert _terms("dp=2,zero=3") == {("dp", "all-gather"): 2 * 2 * P_TINY * F64 / 2,
-                                     ("dp", "reduce-scatter"): 2 * P_TINY * F64 / 2}
-    # cp=2: K, V blocks (2, s/2, 32) around the ring: forward 1 hop, backward 2, per layer
-    assert _terms("cp=2") == {("cp", "send"): m * 4 * 3 * 2 * 16 * 32 * F64,
-                              ("dp_cp", "all-reduce"): P_TINY * F64}
 
 
 # ------------------------------------------------------------------------- on real ranks

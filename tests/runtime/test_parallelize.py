@@ -10,11 +10,8 @@ from shardwise.arch import get_model
 from shardwise.layout import Layout
 from shardwise.runtime.mesh import AXES, AxisGroup, Mesh, MeshShape
 from shardwise.runtime.model import Transformer
-from shardwise.runtime.parallelize import (
-    TransformerStages,
-    parallelize,
-    runtime_problems,
-)
+from shardwise.runtime.parallel_transformer import TransformerStages
+from shardwise.runtime.parallelize import parallelize, runtime_problems
 
 
 def offline_mesh(shape: MeshShape, rank: int) -> Mesh:

@@ -14,8 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from shardwise.arch import ModelSpec
+from shardwise.demos.common import max_rel_diff
+from shardwise.demos.tensor_parallel import tp_rank_both
 from shardwise.layout import Layout
-from shardwise.runtime.demos import _rel, _tp_both, run_tp_demo
 from shardwise.runtime.launch import spawn
 from shardwise.runtime.mesh import Mesh
 from shardwise.runtime.model import Transformer
@@ -109,7 +110,8 @@ class ReferenceLM(nn.Module):
 
 
 def plain_reference(model: Transformer) -> tuple[ReferenceLM, ReferenceBlock]:
-    """`demos._tp_worker`'s reference: the single-device weights of `model` in ReferenceLM."""
+    """`demos.tensor_parallel.tp_rank`'s reference: the single-device weights of `model` in
+    ReferenceLM."""
     assert not model.spec.tie_embeddings
     ref = ReferenceLM(model.spec, model.dtype, model.rope_base)
     ref.load_state_dict(model.state_dict())
@@ -120,7 +122,7 @@ def plain_reference(model: Transformer) -> tuple[ReferenceLM, ReferenceBlock]:
 @pytest.mark.slow
 @pytest.mark.parametrize("t", [1, 2, 4])
 def test_block_and_lm_equal_unsharded(t: int) -> None:
-    for rank_results in spawn(_tp_both, t, "float64", plain_reference):
+    for rank_results in spawn(tp_rank_both, t, "float64", plain_reference):
         for sp, o in zip((False, True), rank_results):
             label = f"t={t} sp={sp}"
             for key in ("out", "grad_x", "grads", "loss", "emb_grad", "head_grad"):
@@ -131,12 +133,6 @@ def test_block_and_lm_equal_unsharded(t: int) -> None:
             assert o["layer_bytes"] == o["predicted_bytes"], label
             if t > 1:
                 assert o["ops"] == ({"all-gather", "reduce-scatter"} if sp else {"all-reduce"})
-
-
-@pytest.mark.slow
-def test_tp_demo_rows() -> None:
-    rows = run_tp_demo(ranks=2)
-    assert len(rows) == 12 and all(r["ok"] for r in rows), rows
 
 
 # -------------------------------------------------------- column- and row-parallel linears
@@ -173,7 +169,7 @@ def _linear_pair(sp: bool) -> float:
     pairs = [(out.detach(), seq(ref_out.detach())), (xp.grad, seq(xr.grad)),
              (col.weight.grad, fc1.weight.grad[mine]), (col.bias.grad, fc1.bias.grad[mine]),
              (row.weight.grad, fc2.weight.grad[:, mine]), (row.bias.grad, fc2.bias.grad)]
-    return max(_rel(a, b) for a, b in pairs)
+    return max(max_rel_diff(a, b) for a, b in pairs)
 
 
 def _linear_pairs() -> list[float]:

@@ -202,3 +202,24 @@ def test_cli_trains_on_a_text_file_and_writes_log_and_plot(tmp_path):
     lines = log.read_text().splitlines()
     assert [json.loads(line)["loss"] for line in lines] == [r["loss"] for r in out["records"]]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_torchrun_runs_the_train_command_in_place():
+    """`torchrun … -m shardwise train` (the README's multi-node command, on one node): the
+    ranks torchrun started run the CLI's train command in place and follow the same loss
+    curve as the ranks `shardwise train` spawns itself."""
+    import subprocess
+    import sys
+
+    args = ["train", "--dp", "2", "--steps", "3", "--seq", "16", "--global-batch", "4",
+            "--dtype", "fp64", "--quiet"]
+    torchrun = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "shardwise", *args, "--json"], capture_output=True, text=True, timeout=240)
+    assert torchrun.returncode == 0, torchrun.stderr
+    under_torchrun = json.loads(torchrun.stdout)  # rank 0 alone prints
+    spawned = shardwise_json(*args)
+    assert under_torchrun["ranks"] == 2
+    assert ([r["loss"] for r in under_torchrun["records"]]
+            == pytest.approx([r["loss"] for r in spawned["records"]], rel=1e-12))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from shardwise.demos.data_parallel import zero_rank, zero_rank_all_stages
 from shardwise.estimate.comm import dp_step_comm_bytes
-from shardwise.runtime.demos import _zero_all_stages, _zero_worker, run_zero_demo
 from shardwise.runtime.launch import spawn
 
 TOL = 1e-12
@@ -23,7 +23,7 @@ def _spec_state(p: int, n: int, stage: int) -> dict[str, float]:
 @pytest.mark.slow
 @pytest.mark.parametrize("n", [2, 4])
 def test_zero_stages_train_like_ddp(n: int) -> None:
-    res = spawn(_zero_all_stages, n, "float64", 3)
+    res = spawn(zero_rank_all_stages, n, "float64", 3)
     for rank_results in res:
         for stage, o in enumerate(rank_results):
             assert o["vs_ddp"] <= TOL, f"stage {stage}"
@@ -38,7 +38,7 @@ def test_zero_stages_train_like_ddp(n: int) -> None:
 
 @pytest.mark.slow
 def test_stage3_gathers_each_layer_for_forward_and_backward_with_prefetch() -> None:
-    events = spawn(_zero_worker, 2, 3, "float64", 1)[0]["events"]
+    events = spawn(zero_rank, 2, 3, "float64", 1)[0]["events"]
     assert events == [
         ("gather", 0), ("prefetch", 1),                          # forward, unit 0
         ("use-prefetch", 1), ("prefetch", 2),                    # forward, unit 1
@@ -47,12 +47,6 @@ def test_stage3_gathers_each_layer_for_forward_and_backward_with_prefetch() -> N
         ("use-prefetch", 1), ("prefetch", 0), ("reduce-scatter", 1),
         ("use-prefetch", 0), ("reduce-scatter", 0),
     ]
-
-
-@pytest.mark.slow
-def test_zero_demo_rows() -> None:
-    rows = run_zero_demo(ranks=2, steps=2)
-    assert len(rows) == 12 and all(r["ok"] for r in rows), rows
 
 
 def _stage3_frees() -> dict[str, object]:

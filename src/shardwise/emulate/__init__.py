@@ -8,7 +8,10 @@ against the unsharded computation.
     data_parallel    data-parallel gradients == the full-batch gradient
     tensor_parallel  Megatron MLP / SwiGLU / head-parallel attention, shard helpers, f and g
     pipeline         micro-batch gradient accumulation == the full-batch gradient
-    ring_attention   online-softmax ring attention, causal layouts and their balance
-    moe              top-k routing, capacity, load-balancing loss, emulated expert parallelism
-    functions        autograd functions shared with the runtime model (SwiGLU)
+    ring_attention   the ring of online-softmax attention blocks, causal work per layout
+    moe              emulated expert parallelism (all-to-all dispatch and combine)
+
+Teaching code: the numerics it shares with the runtime (SwiGLU, attention blocks and their
+merge, MoE routing and dispatch) live in `shardwise.ops`, which both import; nothing in
+`runtime/` imports this package.
 """

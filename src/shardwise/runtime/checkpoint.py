@@ -69,7 +69,7 @@ from shardwise.errors import ShardwiseError
 from shardwise.runtime import launch
 
 if TYPE_CHECKING:
-    from shardwise.runtime.parallelize import ParallelTransformer
+    from shardwise.runtime.parallel_transformer import ParallelTransformer
     from shardwise.runtime.train import StepRecord, TrainConfig, TrainState
 
 __all__ = ["FORMAT", "LATEST", "METADATA", "CheckpointEvery", "check_start", "checkpoint_name",

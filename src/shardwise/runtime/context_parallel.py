@@ -1,7 +1,7 @@
 """Context parallelism: ring attention over the `cp` axis (Liu, Zaharia & Abbeel 2023).
 
 Each of the `c` ranks of a cp group holds one block of the sequence (`n = s/c` tokens, in the
-`contiguous`, `striped` or `zigzag` layout of `shardwise.emulate.ring_attention`). Queries stay;
+`contiguous`, `striped` or `zigzag` layout of `shardwise.ops.attention`). Queries stay;
 key/value blocks travel around the ring:
 
     forward,  t = 0..c-1:  attend Q_r over the held (K, V) of rank r-t, merge with the stable
@@ -33,7 +33,8 @@ from typing import Any
 
 import torch
 
-from shardwise.emulate.ring_attention import (
+from shardwise.errors import ShardwiseError
+from shardwise.ops.attention import (
     LAYOUTS,
     attend_block,
     block_grads,
@@ -41,7 +42,6 @@ from shardwise.emulate.ring_attention import (
     plan_block,
     shard_sequence,
 )
-from shardwise.errors import ShardwiseError
 from shardwise.runtime import collectives as C
 from shardwise.runtime.mesh import AxisGroup
 

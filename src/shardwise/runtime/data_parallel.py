@@ -4,26 +4,29 @@ the gradients are averaged before the optimizer step.
 With a loss that is a mean over the batch and equal shards, the average of the ranks'
 gradients is the full-batch gradient: `∇L = (1/N) Σ_i ∇L_i`.
 
-Two implementations, both SUM-then-divide over the `dp` axis (gloo: prefer SUM to AVG):
+One reducer, `GradientReducer(params, group)`, used by `shardwise train` (through
+`runtime.parallel_transformer.ParallelTransformer`), the pipeline executor and the demos — PyTorch DDP's
+design (Li et al. 2020, "PyTorch Distributed", VLDB): parameters are packed, in reverse
+registration order (about the order backward produces their gradients), into buckets of
+~`bucket_cap_bytes`; a hook fires as each gradient is accumulated, and when a bucket is complete
+its flat buffer is all-reduced (SUM, then ÷ N; gloo: prefer SUM to AVG) *asynchronously* while
+backward continues on earlier layers. Buckets are issued in index order on every rank (the
+collectives must match across ranks). At the end of backward (an autograd-engine callback) the
+pending all-reduces are awaited and the averaged gradients copied back. Under `no_sync()` the
+hooks do nothing, so gradients accumulate locally over micro-batches and only the last
+micro-batch's backward communicates — one all-reduce of `2(N-1)/N · P·bytes` per optimizer
+step, however many micro-batches. `reduce()` reduces every bucket now (after a pipeline's last
+micro-batch, whose backward runs chunk by chunk; or on a rank whose last backward reached none
+of the parameters).
 
-* `all_reduce_gradients(model)` — after `backward()`, one all-reduce per parameter. Simple;
-  nothing overlaps.
-* `BucketedDataParallel(model, bucket_cap_bytes)` — PyTorch DDP's design (Li et al. 2020,
-  "PyTorch Distributed", VLDB): parameters are packed, in reverse registration order (about
-  the order backward produces their gradients), into buckets of ~`bucket_cap_bytes`; a hook
-  fires as each gradient is accumulated, and when a bucket is complete its flat buffer is
-  all-reduced *asynchronously* while backward continues on earlier layers. Buckets are issued
-  in index order on every rank (the collectives must match across ranks). At the end of
-  backward (an autograd-engine callback) the pending all-reduces are awaited and the averaged
-  gradients copied back. Under `no_sync()` the hooks do nothing, so gradients accumulate
-  locally over micro-batches and only the last micro-batch's backward communicates —
-  one all-reduce of `2(N-1)/N · P·bytes` per optimizer step, however many micro-batches.
+`BucketedDataParallel(module, group)` wraps a module with it, as `DistributedDataParallel`
+does (the replicas start from the group's first rank's weights).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -33,19 +36,7 @@ from shardwise.runtime import collectives as C
 from shardwise.runtime.collectives import GroupLike
 from shardwise.runtime.mesh import AxisGroup
 
-__all__ = ["BucketedDataParallel", "DDPConfig", "all_reduce_gradients"]
-
-
-def all_reduce_gradients(model: nn.Module, group: GroupLike = "dp", *,
-                         impl: str = "native") -> None:
-    """Manual data parallelism: all-reduce (SUM) every gradient, then divide by N."""
-    g = C.resolve(group)
-    if g.size == 1:
-        return
-    for p in model.parameters():
-        if p.grad is not None:
-            C.all_reduce(p.grad, g, impl=impl)
-            p.grad.div_(g.size)
+__all__ = ["BucketedDataParallel", "DDPConfig", "GradientReducer", "broadcast_parameters"]
 
 
 def broadcast_parameters(module: nn.Module, group: AxisGroup) -> None:
@@ -66,7 +57,7 @@ class DDPConfig:
 
 
 class _Bucket:
-    def __init__(self, params: list[nn.Parameter]):
+    def __init__(self, params: list[torch.Tensor]):
         self.params = params
         self.numel = sum(p.numel() for p in params)
         self.buffer = torch.zeros(self.numel, dtype=params[0].dtype, device=params[0].device)
@@ -74,35 +65,36 @@ class _Bucket:
         self.work = None
 
 
-class BucketedDataParallel(nn.Module):
-    """Wrap `module`; gradients are averaged over `group` during backward, bucket by bucket.
+class GradientReducer:
+    """Average the gradients of `params` over `group`, bucket by bucket, during backward.
 
-    `forward` calls the module. Use `no_sync()` for all micro-batches but the last of an
-    accumulation step. Gradients end in each parameter's `.grad`, equal on every rank.
+    Use `no_sync()` for all micro-batches but the last of an accumulation step, or call
+    `reduce()` after the last one. Gradients end in each parameter's `.grad`, equal on every
+    rank; `reduced` says whether this step's reduction has happened (reset it with
+    `start_step()`). `hooks=False`: no backward hooks, `reduce()` only.
     """
 
-    def __init__(self, module: nn.Module, group: GroupLike = "dp",
-                 config: DDPConfig | None = None):
-        super().__init__()
-        self.module = module
+    def __init__(self, params: Sequence[torch.Tensor], group: GroupLike = "dp",
+                 config: DDPConfig | None = None, *, hooks: bool = True):
         self.group = C.resolve(group)
         self.config = config or DDPConfig()
-        params = [p for p in module.parameters() if p.requires_grad]
+        params = [p for p in params if p.requires_grad]
         self.buckets = self._make_buckets(list(reversed(params)))
         self._where = {id(p): (b, i) for b, bucket in enumerate(self.buckets)
                        for i, p in enumerate(bucket.params)}
         self._sync = True
         self._armed = False
-        # ("launch", bucket, gradients of the whole model still missing at that moment):
-        # a launch with missing gradients happened during backward (overlap).
+        self.reduced = False
+        # ("launch", bucket, gradients of the whole model still missing at that moment) for
+        # the last reduction: a launch with missing gradients happened during backward.
         self.events: list[tuple[str, int, int]] = []
         self._missing = 0
         self._next = 0  # the next bucket to launch (launches go in index order)
-        for p in params:
-            p.register_post_accumulate_grad_hook(self._on_grad)
-        broadcast_parameters(self.module, self.group)
+        if hooks and self.group.size > 1:
+            for p in params:
+                p.register_post_accumulate_grad_hook(self._on_grad)
 
-    def _make_buckets(self, params: list[nn.Parameter]) -> list[_Bucket]:
+    def _make_buckets(self, params: list[torch.Tensor]) -> list[_Bucket]:
         buckets, current, size = [], [], 0
         for p in params:
             nbytes = p.numel() * p.element_size()
@@ -116,10 +108,6 @@ class BucketedDataParallel(nn.Module):
             buckets.append(_Bucket(current))
         return buckets
 
-
-    def forward(self, *args: object, **kwargs: object) -> object:
-        return self.module(*args, **kwargs)
-
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         """Gradients accumulate locally inside; the next backward outside synchronises."""
@@ -129,21 +117,35 @@ class BucketedDataParallel(nn.Module):
         finally:
             self._sync = old
 
+    def start_step(self) -> None:
+        """A new optimizer step: nothing reduced yet."""
+        self.reduced = False
+
+    def reduce(self) -> None:
+        """Reduce every bucket now (what backward's hooks would have done)."""
+        if self.group.size == 1 or not self.buckets:
+            self.reduced = True
+            return
+        self.events = []
+        self._missing = 0
+        self._finish()
+
     # ---------------------------------------------------------------- backward machinery
     def _on_grad(self, p: torch.Tensor) -> None:
-        if not self._sync or self.group.size == 1:
+        if not self._sync:
             return
         if not self._armed:  # first gradient of this backward: finish when it ends
             self._armed = True
+            self.events = []
             self._missing = sum(len(b.params) for b in self.buckets)
             torch.autograd.Variable._execution_engine.queue_callback(self._finish)
         self._missing -= 1
         b, i = self._where[id(p)]
-        bucket = self.buckets[b]
-        bucket.pending.discard(i)
+        self.buckets[b].pending.discard(i)
         self._launch_ready()
 
-    def _launch(self, bucket: _Bucket) -> None:
+    def _launch(self, index: int) -> None:
+        bucket = self.buckets[index]
         offset = 0
         for p in bucket.params:  # (numel_p,) slices of the flat bucket
             n = p.numel()
@@ -153,17 +155,17 @@ class BucketedDataParallel(nn.Module):
                 bucket.buffer[offset:offset + n].copy_(p.grad.reshape(-1))
             offset += n
         bucket.work = C.all_reduce(bucket.buffer, self.group, async_op=True)
-        self.events.append(("launch", self.buckets.index(bucket), self._missing))
+        self.events.append(("launch", index, self._missing))
 
     def _launch_ready(self) -> None:
         while self._next < len(self.buckets) and not self.buckets[self._next].pending:
-            self._launch(self.buckets[self._next])
+            self._launch(self._next)
             self._next += 1
 
     def _finish(self) -> None:
         """End of backward: launch what is left (unused parameters), wait, write back."""
         while self._next < len(self.buckets):
-            self._launch(self.buckets[self._next])
+            self._launch(self._next)
             self._next += 1
         for bucket in self.buckets:
             bucket.work.wait()
@@ -181,3 +183,30 @@ class BucketedDataParallel(nn.Module):
             bucket.work = None
         self._next = 0
         self._armed = False
+        self.reduced = True
+
+
+class BucketedDataParallel(nn.Module):
+    """Wrap `module`; gradients are averaged over `group` during backward by a
+    `GradientReducer` (`buckets`, `events`, `no_sync()` are its)."""
+
+    def __init__(self, module: nn.Module, group: GroupLike = "dp",
+                 config: DDPConfig | None = None):
+        super().__init__()
+        self.module = module
+        self.reducer = GradientReducer(list(module.parameters()), group, config)
+        broadcast_parameters(self.module, self.reducer.group)
+
+    @property
+    def buckets(self) -> list[_Bucket]:
+        return self.reducer.buckets
+
+    @property
+    def events(self) -> list[tuple[str, int, int]]:
+        return self.reducer.events
+
+    def no_sync(self) -> contextlib.AbstractContextManager[None]:
+        return self.reducer.no_sync()
+
+    def forward(self, *args: object, **kwargs: object) -> object:
+        return self.module(*args, **kwargs)

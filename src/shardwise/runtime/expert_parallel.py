@@ -23,7 +23,7 @@ exchange is recorded separately, under "all-to-all (counts)", so the measured ro
 comparable with the formula. Load-balancing loss per rank: Switch's `E · Σ_i f_i · P_i` over
 this rank's tokens; the layer's loss is the mean over ranks.
 
-Equal to `shardwise.emulate.moe.moe_layer(x_all, params, k, groups=e)` on one device: same
+Equal to `shardwise.ops.moe.moe_layer(x_all, params, k, groups=e)` on one device: same
 outputs, aux losses and gradients (the router's gradient summed over the ep ranks, as the data
 parallel all-reduce that follows would do; an expert's gradient lands on its owner).
 """
@@ -35,7 +35,9 @@ from typing import Any
 
 import torch
 
-from shardwise.emulate.moe import (
+from shardwise.errors import ShardwiseError
+from shardwise.estimate.check import COUNTS_OP
+from shardwise.ops.moe import (
     MoEParams,
     RoutingRule,
     gather_rows,
@@ -44,14 +46,11 @@ from shardwise.emulate.moe import (
     run_local_experts,
     weighted_combine,
 )
-from shardwise.errors import ShardwiseError
 from shardwise.runtime import collectives as C
 from shardwise.runtime.mesh import AxisGroup
 
 __all__ = ["COUNTS_OP", "EPStats", "ExpertParallelMoE", "all_to_all", "expert_parallel_moe",
            "global_expert_counts"]
-
-COUNTS_OP = "all-to-all (counts)"
 
 
 class _AllToAll(torch.autograd.Function):

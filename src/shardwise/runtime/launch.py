@@ -9,9 +9,10 @@ Public API (stable; other runtime modules import it):
         dies makes `spawn` raise `RankFailure` naming that rank and its message; the others
         are killed. Nothing outlives `timeout_s` (then `RankFailure` too): a broken rank fails
         the caller, it never hangs it. `init`: "file" (rendezvous file in a fresh temporary
-        directory) or "tcp" (a free port on 127.0.0.1). `start_method`: "spawn" (default) or
-        "forkserver" (ranks fork from a server that imported torch once; the
-        SHARDWISE_START_METHOD environment variable sets the default).
+        directory) or "tcp" (a free port on 127.0.0.1). `start_method`: "forkserver"
+        (default where the platform has it: ranks fork from a server that imported torch
+        once) or "spawn" (a fresh interpreter per rank); the SHARDWISE_START_METHOD
+        environment variable overrides the default. The CLI and the tests use the default.
     launch(fn, world_size, *args, timeout_s=60, backend=None, init="file") -> list
         Under `torchrun` (RANK/WORLD_SIZE set, no group yet): init from the environment, run
         `fn(*args)` here, return every rank's result (all-gathered) in rank order. Otherwise
@@ -25,9 +26,11 @@ Public API (stable; other runtime modules import it):
     rank() -> int, world_size() -> int   (0 and 1 when no group is initialised)
     RankFailure                      a `RuntimeError` raised by `spawn`
 
-`fn` must be picklable (a module-level function) because ranks are started with the
-`spawn` method: each child imports a fresh interpreter, so nothing depends on fork-safety of
-the parent. Each rank sets `OMP_NUM_THREADS=1` (and `torch.set_num_threads(1)`), so N ranks
+`fn` must be picklable (a module-level function): ranks fork from a forkserver (a clean
+process that imported torch once, started on first use; 8 ranks start in well under a second
+instead of ~10 s of torch imports on a 2-core machine) or are `spawn`ed, never forked from the
+caller, so nothing depends on fork-safety of the parent, and no rank inherits its RNG state:
+every random draw a rank must share with its peers takes a seeded generator. Each rank sets `OMP_NUM_THREADS=1` (and `torch.set_num_threads(1)`), so N ranks
 on a few CPU cores do not oversubscribe them. Results travel back as bytes pickled with the
 standard pickler (not torch's shared-memory reducer), so a rank may exit right after sending.
 
@@ -264,10 +267,12 @@ _PRELOAD = ["torch", "torch.distributed", "shardwise.runtime.collectives"]
 
 
 def _context(start_method: str | None) -> Any:
-    """`spawn` (default): a fresh interpreter per rank. `forkserver`: ranks fork from a server
-    that imported torch once (seconds faster per rank on small machines; used by the tests).
-    `SHARDWISE_START_METHOD` sets the default."""
-    method = start_method or os.environ.get("SHARDWISE_START_METHOD", "spawn")
+    """`forkserver` (default where available): ranks fork from a server that imported torch
+    once (seconds faster per rank on small machines). `spawn`: a fresh interpreter per rank
+    (the fallback where forkserver does not exist, e.g. Windows).
+    `SHARDWISE_START_METHOD` overrides the default."""
+    default = "forkserver" if "forkserver" in tmp.get_all_start_methods() else "spawn"
+    method = start_method or os.environ.get("SHARDWISE_START_METHOD", default)
     if method not in ("spawn", "forkserver"):
         raise ValueError(f"start_method must be 'spawn' or 'forkserver', got {method!r}")
     ctx = tmp.get_context(method)

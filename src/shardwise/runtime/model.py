@@ -11,7 +11,7 @@ generalised activation count of SPEC §3 says (`estimate.memory.saved_tensors_pe
     SwiGLU       gate and up projections; the down projection keeps silu(gate)·up
     linear       its input (the weight is a parameter, not an activation)
     MoE          the router input and probabilities; per routed row the expert's input, gate,
-                 up and down-projection input, and its output (`emulate.moe.moe_layer`)
+                 up and down-projection input, and its output (`ops.moe.moe_layer`)
 
 so `runtime.measure.saved_bytes_per_layer` can hold the model to the formula.
 
@@ -41,9 +41,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from shardwise.arch import ModelSpec
-from shardwise.emulate.functions import SwiGLUFunction
-from shardwise.emulate.moe import MoEParams, moe_layer
 from shardwise.errors import ShardwiseError
+from shardwise.ops.moe import MoEParams, moe_layer
+from shardwise.ops.swiglu import SwiGLUFunction
 
 AttentionCore = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 TensorMap = Callable[[torch.Tensor], torch.Tensor]
@@ -277,7 +277,7 @@ class MoE(nn.Module):
     """Top-k routed SwiGLU experts (Shazeer et al. 2017; Mixtral's renormalised gates):
     `y = Σ_{i ∈ topk(softmax(x W_r))} g_i · expert_i(x)`, per token, no capacity limit (no
     token is dropped, so the output does not depend on how tokens are grouped) and no auxiliary
-    loss. Parameters as `emulate.moe.MoEParams`: router (h, E), w_gate, w_up (E, h, f),
+    loss. Parameters as `ops.moe.MoEParams`: router (h, E), w_gate, w_up (E, h, f),
     w_down (E, f, h). `experts` maps tokens (T, h) -> (T, h); expert parallelism swaps it."""
 
     def __init__(self, spec: ModelSpec, dtype: torch.dtype):

@@ -62,8 +62,9 @@ Measured, against the analytic side:
   (`measured_timeline`) that `render_ascii` draws beside the simulated one.
 
 Pipeline + data parallel: each dp replica runs its own pipeline on its share of the batch; the
-gradients are averaged over the dp group with one all-reduce after the last micro-batch (SUM then
-divide), never per micro-batch.
+gradients are averaged over the dp group once, after the last micro-batch
+(`data_parallel.GradientReducer.reduce`: one all-reduce per bucket, SUM then divide), never per
+micro-batch.
 """
 
 from __future__ import annotations
@@ -78,9 +79,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from shardwise.arch import ModelSpec
 from shardwise.errors import ShardwiseError
 from shardwise.runtime import collectives as C
+from shardwise.runtime.data_parallel import GradientReducer
 from shardwise.schedules import (
     Action,
     Event,
@@ -101,7 +102,6 @@ __all__ = [
     "backward_weight",
     "measured_timeline",
     "run_pipeline",
-    "sync_data_parallel",
     "virtual_stages",
 ]
 
@@ -198,13 +198,6 @@ class PipelineModel:
                    "b2": param(hidden, scale=0.1)} for _ in range(n_layers)]
         head = param(vocab, hidden, scale=hidden ** -0.5)
         return cls(embed, blocks, head)
-
-    @classmethod
-    def from_spec(cls, spec: ModelSpec, n_layers: int | None = None, seed: int = 0,
-                  dtype: torch.dtype = torch.float64) -> PipelineModel:
-        """The sizes of a `ModelSpec` (d_model, d_ff, vocab, layers unless `n_layers`)."""
-        return cls.build(n_layers or spec.n_layers, spec.d_model, spec.d_ff, spec.vocab, seed,
-                         dtype)
 
     @property
     def n_layers(self) -> int:
@@ -502,7 +495,8 @@ def run_pipeline(model: StageModel, schedule: Mapping[int, Sequence[Action]],
 
     syncs = 0
     if dp is not None and C.resolve(dp).size > 1:
-        sync_data_parallel(list(params.values()), dp)
+        # once, after the last micro-batch (the bucketed reducer, without backward hooks)
+        GradientReducer(list(params.values()), dp, hooks=False).reduce()
         syncs = 1
     loss = float(sum(ex.losses.values()) / m) if ex.losses else None
     grads = {name: t.grad.detach().clone() for name, t in params.items()}
@@ -522,21 +516,6 @@ def _check_agreement(group: Any, plan: str) -> None:
     if differ:
         raise ShardwiseError(f"pipeline stage {group.rank} and stages {differ} disagree on the "
                              "schedule, the model's partition or the batch shape")
-
-
-def sync_data_parallel(params: Sequence[torch.Tensor], dp: C.GroupLike) -> None:
-    """Average `params`' gradients over `dp` with one flat all-reduce (SUM, then ÷ size)."""
-    group = C.resolve(dp)
-    if group.size == 1 or not params:
-        return
-    flat = torch.cat([t.grad.reshape(-1) for t in params])  # one buffer, one collective
-    C.all_reduce(flat, group)
-    flat /= group.size
-    offset = 0
-    for t in params:
-        n = t.grad.numel()
-        t.grad.copy_(flat[offset:offset + n].view_as(t.grad))
-        offset += n
 
 
 # ---------------------------------------------------------------------------- measurements

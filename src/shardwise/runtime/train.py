@@ -22,7 +22,8 @@ loads the newest one into the freshly built state (on any layout) and goes on fr
 the same trajectory as an uninterrupted run.
 
 `run(config)` spawns the ranks locally (gloo on CPU) or, under `torchrun`, runs in place (NCCL
-on GPUs); `python -m shardwise.runtime.train --dp 2 …` is `shardwise train --dp 2 …`.
+on GPUs): `torchrun --nproc-per-node 2 -m shardwise train --dp 2 …` runs `shardwise train` on
+the ranks torchrun started (`python -m shardwise` is the one entry point).
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -45,7 +45,8 @@ from shardwise.runtime import checkpoint, launch
 from shardwise.runtime.data import BYTE_VOCAB, Batches, load_tokens
 from shardwise.runtime.mesh import Mesh
 from shardwise.runtime.model import Transformer
-from shardwise.runtime.parallelize import ParallelTransformer, parallelize, runtime_problems
+from shardwise.runtime.parallel_transformer import ParallelTransformer
+from shardwise.runtime.parallelize import parallelize, runtime_problems
 
 __all__ = ["DTYPES", "StepRecord", "TrainConfig", "TrainState", "build", "plot_losses", "run",
            "train", "train_step"]
@@ -343,9 +344,3 @@ def run(config: TrainConfig, *, hooks: Sequence[Hook] = (), timeout_s: float = 6
     results = launch.launch(_rank_main, layout.world_size, config, tuple(hooks),
                             timeout_s=timeout_s)
     return results[0]
-
-
-if __name__ == "__main__":  # torchrun … -m shardwise.runtime.train --dp 2 …
-    from shardwise.cli import main
-
-    main(["train", *sys.argv[1:]])

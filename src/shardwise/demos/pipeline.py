@@ -4,7 +4,7 @@ Spawns `ranks` local gloo processes (or runs under `torchrun`), cuts a small LM 
 the "tiny" preset into `p·v` virtual stages and runs one training step's forward and backward
 with `runtime.pipeline.run_pipeline` under the schedule's action lists. Every rank also computes
 the single-device model on the whole batch; the demo reports rows shaped like those of
-`runtime.demos`, `{"check": str, "measured", "expected", "ok": bool}` (per-stage peaks are
+`demos.common.check_row`, `{"check": str, "measured", "expected", "ok": bool}` (per-stage peaks are
 given as strings such as "(4, 3, 2, 1)"):
 
 * the loss and every gradient against the single-device ones (float64, relative error ≤ 1e-12);

@@ -1,5 +1,5 @@
-"""Torch-only autograd functions shared by the emulated MoE (`emulate.moe`) and the runtime
-model (`runtime.model`), each saving exactly what SPEC §3's generalised count says."""
+"""SwiGLU as an autograd function, shared by the MoE experts (`ops.moe`) and the runtime
+model's MLP (`runtime.model`), saving exactly what SPEC §3's generalised count says."""
 
 from __future__ import annotations
 

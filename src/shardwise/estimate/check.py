@@ -1,0 +1,287 @@
+"""The predicted side of `shardwise check` (SPEC §9): what the analytic model says one rank of a
+layout sends, saves and holds, and the rows that compare it with what a run measured
+(`runtime.measure` measures; this module is pure arithmetic, no torch).
+
+    CheckRow         one predicted-versus-measured item, its target and why it differs
+    merge_rows       per pipeline stage and item, the rank with the largest error
+    predicted_comm   every collective one rank issues per optimizer step (`estimate.comm`)
+    comm_rows        predicted terms vs measured bytes per (mesh axis, op)
+    predicted_saved  bytes one layer saves per micro-batch (`estimate.memory`, SPEC §3)
+    activation_note  why an activation row differs
+    state_rows       parameters, gradients, optimizer state per rank (SPEC §2)
+    peak_row         the predicted peak next to torch's allocator peak (reported)
+
+Targets (`CheckRow.target`): communication exact (to float rounding, 1e-12 relative), saved
+activations within 1 %, state exact; "-" for a row outside the §3/§5 model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from shardwise.arch import ModelSpec
+from shardwise.estimate.comm import (
+    cp_comm_bytes_per_layer,
+    dp_step_comm_ops,
+    ep_comm_bytes_per_layer,
+    ep_comm_bytes_routed,
+    ep_count_exchange_bytes,
+    pp_send_bytes_per_step,
+    sequence_parallel_grad_comm_bytes,
+    tied_embedding_comm_bytes,
+    tp_comm_ops_per_layer,
+    vocab_parallel_comm_ops,
+)
+from shardwise.estimate.memory import (
+    _is_moe_layer,
+    activation_bytes_per_layer,
+    bytes_per_param_training,
+    saved_tensors_per_layer,
+    stage_layers,
+    stage_params,
+    training_memory_per_gpu,
+    zero_state_bytes,
+)
+from shardwise.layout import Layout, TrainSpec
+from shardwise.units import dtype_bytes
+
+__all__ = ["COUNTS_OP", "EXACT", "REPORTED", "WITHIN_1PC", "CheckRow", "Term",
+           "activation_note", "comm_rows", "merge_rows", "peak_row", "predicted_comm",
+           "predicted_saved", "state_rows"]
+
+EXACT, WITHIN_1PC, REPORTED = "exact", "1%", "-"
+_ROUNDING = 1e-12  # "exact": equal to float rounding
+# the op name under which expert parallelism's per-expert row-count exchange is counted
+COUNTS_OP = "all-to-all (counts)"
+
+
+# ------------------------------------------------------------------------------- the rows
+@dataclass(frozen=True)
+class CheckRow:
+    """One predicted-versus-measured item of one rank (or the worst rank, after merging).
+
+    item: "comm", "activations", "state" or "peak memory"; what: "tp all-reduce", "layer 3",
+    "weights"…; predicted, measured: bytes (None where there is nothing to compare); target:
+    "exact", "1%" or "-" (reported, outside the model); note: why they differ, or how the
+    prediction was composed; ranks: how many ranks the row stands for.
+    """
+
+    item: str
+    what: str
+    predicted: float | None
+    measured: float | None
+    target: str = EXACT
+    note: str = ""
+    rank: int = 0
+    stage: int = 0
+    ranks: int = 1
+
+    @property
+    def error(self) -> float | None:
+        """(measured − predicted) / predicted; 0 when both are 0; None without both."""
+        if self.predicted is None or self.measured is None:
+            return None
+        if self.predicted == 0:
+            return 0.0 if self.measured == 0 else math.inf
+        return (self.measured - self.predicted) / self.predicted
+
+    @property
+    def ok(self) -> bool:
+        """Whether the row meets its target (a "-" row always does)."""
+        error = self.error
+        if self.target == REPORTED:
+            return True
+        if error is None:
+            return False
+        return abs(error) <= (_ROUNDING if self.target == EXACT else 0.01)
+
+    def as_dict(self) -> dict[str, Any]:
+        error = self.error
+        return asdict(self) | {"error": None if error is None or math.isinf(error) else error,
+                               "ok": self.ok}
+
+
+def merge_rows(per_rank: Sequence[Sequence[CheckRow]]) -> list[CheckRow]:
+    """One row per (pipeline stage, item, what): the rank with the largest error (a row that
+    misses its target first), `ranks` set to how many ranks reported it."""
+    groups: dict[tuple[int, str, str], list[CheckRow]] = {}
+    for rows in per_rank:
+        for row in rows:
+            groups.setdefault((row.stage, row.item, row.what), []).append(row)
+
+    def badness(row: CheckRow) -> tuple[bool, float]:
+        error = row.error
+        return (not row.ok, abs(error) if error is not None else 0.0)
+
+    merged = [replace(max(rows, key=badness), ranks=len(rows)) for rows in groups.values()]
+    order = {"comm": 0, "activations": 1, "state": 2, "peak memory": 3}
+    return sorted(merged, key=lambda r: (r.stage, order.get(r.item, 9)))
+
+
+# ------------------------------------------------------------------------- predictions
+@dataclass(frozen=True)
+class Term:
+    """One analytic traffic term: bytes per optimizer step this rank sends on (axis, op)."""
+
+    axis: str
+    op: str
+    bytes: float
+    label: str
+
+
+def predicted_comm(model: ModelSpec, layout: Layout, train: TrainSpec, stage: int,
+                   routing: Sequence[tuple[int, int, int]] = (), steps: int = 1
+                   ) -> list[Term]:
+    """Every collective rank `stage` of the pipeline issues in one optimizer step, from
+    `estimate.comm` (pure arithmetic; no torch). `routing`: the `(layer, rows out, rows in)`
+    of each expert-parallel MoE call over `steps` steps (data-dependent; empty without ep). Axis names are the mesh's: gradients of dense weights are averaged over "dp"
+    ("dp_cp" when cp > 1), expert gradients over "edp"."""
+    ab = dtype_bytes(train.dtype)
+    t, p, c, e = layout.tp, layout.pp, layout.cp, layout.ep
+    m = layout.microbatches(train)
+    s, b, h = train.seq_len // c, layout.micro_batch, model.d_model
+    rc, sp = layout.recompute, layout.sp and t > 1
+    layers = stage_layers(model, layout, stage)
+    moe = [k for k in layers if _is_moe_layer(model, k)]
+    first, last = stage == 0, stage == p - 1
+    terms: list[Term] = []
+    if t > 1:
+        for k in layers:
+            for op, nbytes, _ in tp_comm_ops_per_layer(s, b, h, t, ab, sp, mlp_pair=k not in moe,
+                                                      recompute=rc):
+                terms.append(Term("tp", op, m * nbytes, "f/g of the layers' pairs"))
+        for op, nbytes in vocab_parallel_comm_ops(s, b, h, t, ab, sp, embedding=first,
+                                                  head=last):
+            terms.append(Term("tp", op, m * nbytes, "vocab-parallel embedding/head/loss"))
+        if sp:
+            norms = (2 * len(layers) + last) * model.norm_params()
+            replicated = norms + len(moe) * model.router_params()
+            terms.append(Term("tp", "all-reduce",
+                              sequence_parallel_grad_comm_bytes(replicated, t, ab),
+                              "SP: norm (and router) gradients"))
+    if p > 1:
+        terms.append(Term("pp", "send", pp_send_bytes_per_step(
+            s, b, h, m, p, stage, layout.chunks, ab, t, sp), "activations and their gradients"))
+        if model.tie_embeddings:
+            terms.append(Term("pp", "all-reduce", tied_embedding_comm_bytes(
+                model.vocab, h, p, t, ab), "tied embedding gradients"))
+    if c > 1:
+        kv = max(model.n_kv_heads // t, 1) * model.head_dim
+        terms.append(Term("cp", "send", m * len(layers) * cp_comm_bytes_per_layer(
+            train.seq_len, b, kv, c, ab, recompute=rc), "ring attention K, V and dK, dV"))
+    if e > 1:
+        rows_out = sum(r[1] for r in routing) / steps
+        rows_in = sum(r[2] for r in routing) / steps
+        calls = len(routing) / steps
+        balanced = m * len(moe) * ep_comm_bytes_per_layer(s * b, model.top_k, h, e, ab)
+        terms.append(Term("ep", "all-to-all", ep_comm_bytes_routed(
+            rows_out, rows_in, h, ab, recompute=rc),
+            f"dispatch/combine of the routing drawn ({rows_out:g} rows out, {rows_in:g} in "
+            f"per step; balanced routing, SPEC §5: {balanced:,.0f} B)"))
+        terms.append(Term("ep", COUNTS_OP, calls * ep_count_exchange_bytes(
+            model.n_experts, e, recompute=rc), "per-expert row counts before each dispatch"))
+    dense, experts = stage_params(model, layout, stage)
+    replicas = layout.dp * c
+    dp_axis = "dp_cp" if c > 1 else "dp"
+    # Without expert parallelism the experts are ordinary replicated weights.
+    groups = ([(dp_axis, dense, replicas), ("edp", experts, replicas // e)] if e > 1
+              else [(dp_axis, dense + experts, replicas)])
+    for axis, n_params, n in groups:
+        if n > 1:
+            for op, nbytes in dp_step_comm_ops(n_params, n, layout.zero, ab, ab, m):
+                what = f"ZeRO-{layout.zero}" if layout.zero else "gradient average"
+                terms.append(Term(axis, op, nbytes, what))
+    return terms
+
+
+def comm_rows(terms: Sequence[Term], measured: dict[tuple[str, str], float], steps: int,
+               layout: Layout) -> list[CheckRow]:
+    predicted: dict[tuple[str, str], list[Term]] = {}
+    for term in terms:
+        predicted.setdefault((term.axis, term.op), []).append(term)
+    rows = []
+    for key in sorted(set(predicted) | set(measured)):
+        parts = predicted.get(key, [])
+        labels = list(dict.fromkeys(term.label for term in parts))
+        note = "; ".join(labels) if parts else "not in the analytic model"
+        row = CheckRow("comm", " ".join(key), sum(term.bytes for term in parts),
+                       measured.get(key, 0.0) / steps, EXACT, note)
+        if not row.ok and key == ("tp", "all-reduce") and layout.zero and layout.sp:
+            row = replace(row, note=note + "; ZeRO + SP: the runtime all-reduces over tp the "
+                          "whole ZeRO shard of every unit holding a sequence-parallel weight "
+                          "(other elements masked to zero), not only those weights' gradients")
+        rows.append(row)
+    return rows
+
+
+def predicted_saved(model: ModelSpec, layout: Layout, train: TrainSpec, moe: bool
+                     ) -> tuple[float, float | None, float]:
+    """Bytes one layer saves per micro-batch on one rank (SPEC §3's generalised count): the
+    layer without its MoE block, the MoE block (None for a dense layer, or under full
+    recompute, which keeps the layer input only), and the bytes the count keeps per row an
+    expert runs (its input, gate, up and down-projection input; 0 for a dense layer)."""
+    t, c, rc = layout.tp, layout.cp, layout.recompute
+    s, b, sp = train.seq_len, layout.micro_batch, layout.sp and layout.tp > 1
+    if rc == "full":
+        return activation_bytes_per_layer(model, s, b, tp=t, sp=sp, cp=c, recompute=rc,
+                                          dtype=train.dtype), None, 0.0
+    saved = saved_tensors_per_layer(model, s, b, tp=t, sp=sp, cp=c, flash=train.flash_attention,
+                                    selective=rc == "selective",
+                                    dtype_bytes_=dtype_bytes(train.dtype), moe=moe)
+    in_moe = {name for name in saved if name in ("mlp_input", "router_probs")
+              or name.startswith(("expert_", "shared_"))} if moe else set()
+    per_row = sum(saved[name] for name in ("expert_inputs", "expert_gate", "expert_up",
+                                           "expert_activation_input", "expert_down_input")
+                  if name in saved) / (model.top_k * s / c * b) if moe else 0.0
+    return (sum(v for name, v in saved.items() if name not in in_moe),
+            sum(saved[name] for name in in_moe) if moe else None, per_row)
+
+
+def activation_note(row: CheckRow, layout: Layout, train: TrainSpec) -> list[str]:
+    """Why an activation row differs: the runtime facts that make it differ, with their size."""
+    if row.error == 0 or layout.recompute == "full":
+        return []
+    notes = []
+    c = layout.cp
+    if c > 1:
+        notes.append(f"ring attention also saves the zigzag token positions, (c, s/c) int64: "
+                     f"+{8 * train.seq_len:,} B")
+        if not train.flash_attention:
+            notes.append("ring attention keeps its output and log-sum-exp, never the scores")
+    return notes
+
+
+def state_rows(model: ModelSpec, layout: Layout, train: TrainSpec, stage: int,
+                measured: dict[str, int]) -> list[CheckRow]:
+    state = bytes_per_param_training(train.dtype, train.grad_dtype, train.optimizer)
+    dense, experts = stage_params(model, layout, stage)
+    n = layout.zero_degree
+    dense_state = zero_state_bytes(dense, n, layout.zero, state)
+    expert_state = zero_state_bytes(experts, max(n // layout.ep, 1), layout.zero, state)
+    note = (f"{dense:,.0f} dense + {experts:,.0f} expert params; "
+            f"{state.weight:g}/{state.grad:g}/{state.optimizer:g} B per param"
+            + (f", ZeRO-{layout.zero} over {n}" if layout.zero else ""))
+    rows = []
+    for i, name in enumerate(("weights", "grads", "optimizer")):
+        row = CheckRow("state", name, dense_state[i] + expert_state[i], measured[name],
+                       EXACT, note)
+        if not row.ok and layout.zero == 1 and name == "grads":
+            row = replace(row, note=note + "; ZeRO-1 keeps the full gradients and the "
+                                           "reduce-scattered shard it steps on (+1/N)")
+        rows.append(row)
+    return rows
+
+
+def peak_row(model: ModelSpec, layout: Layout, train: TrainSpec, stage: int,
+              measured: float | None) -> CheckRow:
+    predicted = training_memory_per_gpu(model, layout, train)[stage].total
+    if measured is None:
+        return CheckRow("peak memory", "max_memory_allocated", predicted, None, REPORTED,
+                        "no GPU: this run is on CPU (gloo)")
+    return CheckRow("peak memory", "max_memory_allocated", predicted, measured, REPORTED,
+                    "allocator peak: the model's state and activations plus transient buffers "
+                    "(logits, collective and recompute buffers, fragmentation); CUDA context "
+                    "excluded")

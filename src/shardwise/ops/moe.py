@@ -1,0 +1,346 @@
+"""Mixture-of-experts numerics shared by the emulated MoE (`emulate.moe`), the runtime model
+(`runtime.model`) and expert parallelism (`runtime.expert_parallel`) (SPEC §8).
+
+The layer (Shazeer et al. 2017; Switch, Fedus et al. 2021; Mixtral, Jiang et al. 2024):
+
+    p(x)     = softmax(x W_r)                          router probabilities over E experts
+    T_k(x)   = the k experts with the largest p(x)     (as torch.topk picks them)
+    g_i(x)   = p_i(x) / Σ_{j∈T_k} p_j(x)               gates, renormalised over the top k as
+                                                       Mixtral does (`normalize=False`: g_i = p_i)
+    y(x)     = Σ_{i∈T_k(x), kept} g_i(x) · E_i(x),     E_i(x) = (SiLU(x W_g,i) ⊙ x W_u,i) W_d,i
+
+Capacity (GShard, Lepikhin et al. 2020; Switch): tokens are routed in *groups* (a group is one
+rank's local tokens under expert parallelism). With a capacity factor `cf`, each expert accepts
+at most `C = ⌈cf · T_g · k / E⌉` assignments from a group of `T_g` tokens. The drop rule is
+deterministic: an expert keeps the assignments in token order within the group (token t before
+t+1; a token picks an expert at most once) and drops the rest. A dropped assignment
+contributes nothing (its expert output is zero), so a token whose every choice is dropped
+passes through the layer as zero — the residual connection around the layer carries it.
+Gates are *not* renormalised after dropping.
+
+Load-balancing loss (Switch): per group `L_aux = E · Σ_i f_i · P_i` with `f_i` the fraction of
+the group's `T_g·k` assignments routed to expert i (before dropping; for k = 1 Switch's
+fraction of tokens) and `P_i` the mean router probability of expert i over the group; the
+layer's loss is the mean over groups. Perfectly balanced routing gives `L_aux = 1`.
+
+Saved for backward (`moe_layer`, and `runtime.expert_parallel.expert_parallel_moe` through
+`gather_rows` / `weighted_combine`): exactly SPEC §3's MoE count — the router input and
+probabilities `p`; per routed row the expert input, SwiGLU gate and up (`SwiGLUFunction`) and
+the down projection's input; and the expert output for the gate product. The top-k choice,
+gates and dispatch order are not kept: `RoutingRule.plan` recomputes them from the saved `p`
+in backward (deterministically: the same ops on the same tensor).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from shardwise.errors import ShardwiseError
+from shardwise.ops.swiglu import SwiGLUFunction
+
+
+# ------------------------------------------------------------------------------- params
+@dataclass
+class MoEParams:
+    """Router and SwiGLU experts: router (h, E); w_gate, w_up (E, h, f); w_down (E, f, h)."""
+
+    router: torch.Tensor
+    w_gate: torch.Tensor
+    w_up: torch.Tensor
+    w_down: torch.Tensor
+
+    @property
+    def num_experts(self) -> int:
+        return self.router.shape[1]
+
+    @property
+    def hidden(self) -> int:
+        return self.router.shape[0]
+
+    @classmethod
+    def random(cls, hidden: int, ffn: int, num_experts: int, *, seed: int = 0,
+               dtype: torch.dtype = torch.float64, requires_grad: bool = True) -> MoEParams:
+        """Deterministic random parameters (std 1/√fan_in)."""
+        gen = torch.Generator().manual_seed(seed)
+
+        def rand(*shape: int, fan_in: int) -> torch.Tensor:
+            t = torch.randn(*shape, generator=gen, dtype=dtype) / math.sqrt(fan_in)
+            return t.requires_grad_(requires_grad)
+
+        return cls(rand(hidden, num_experts, fan_in=hidden),
+                   rand(num_experts, hidden, ffn, fan_in=hidden),
+                   rand(num_experts, hidden, ffn, fan_in=hidden),
+                   rand(num_experts, ffn, hidden, fan_in=ffn))
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.router, self.w_gate, self.w_up, self.w_down]
+
+
+# ------------------------------------------------------------------------------ routing
+@dataclass
+class Routing:
+    """Router output for T tokens: probs (T, E), experts and gates (T, k)."""
+
+    probs: torch.Tensor
+    experts: torch.Tensor
+    gates: torch.Tensor
+
+
+def route(x: torch.Tensor, router: torch.Tensor, top_k: int, normalize: bool = True) -> Routing:
+    """Top-k softmax routing: `p = softmax(x W_r)`, the k largest, gates renormalised over them
+    (`normalize`, Mixtral) or the raw probabilities (Switch with k = 1, GShard)."""
+    _check_top_k(top_k, router.shape[1])
+    probs = torch.softmax(x @ router, dim=-1)  # (T, h) @ (h, E) -> (T, E)
+    return Routing(probs, *_top_k(probs, top_k, normalize))
+
+
+def _check_top_k(top_k: int, num_experts: int) -> None:
+    if not 1 <= top_k <= num_experts:
+        raise ShardwiseError(f"top_k={top_k} must be in 1..n_experts={num_experts}")
+
+
+def _top_k(probs: torch.Tensor, top_k: int, normalize: bool
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """probs (T, E) -> the k chosen experts (T, k) and their gates (T, k)."""
+    top, experts = probs.topk(top_k, dim=-1)  # (T, k)
+    gates = top / top.sum(dim=-1, keepdim=True) if normalize else top
+    return experts, gates
+
+
+def expert_capacity(tokens: int, top_k: int, num_experts: int, capacity_factor: float) -> int:
+    """Assignments one expert accepts from a group of `tokens`: `⌈cf · T·k / E⌉`."""
+    if capacity_factor <= 0:
+        raise ShardwiseError(f"capacity_factor must be > 0, got {capacity_factor}")
+    return math.ceil(capacity_factor * tokens * top_k / num_experts)
+
+
+def capacity_keep(experts: torch.Tensor, num_experts: int, capacity: int | None) -> torch.Tensor:
+    """Which (token, slot) assignments an expert keeps: the first `capacity` in token order.
+
+    experts (T, k) -> keep (T, k) bool; `capacity=None` keeps everything.
+    """
+    if capacity is None:
+        return torch.ones_like(experts, dtype=torch.bool)
+    onehot = F.one_hot(experts.reshape(-1), num_experts)  # (T·k, E), token-major order
+    position = (onehot.cumsum(dim=0) - 1)[torch.arange(onehot.shape[0]), experts.reshape(-1)]
+    return (position < capacity).reshape(experts.shape)
+
+
+def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+    """Switch's auxiliary loss `E · Σ_i f_i · P_i` for one group of tokens.
+
+    f_i = (assignments to expert i) / (T·k) (counted before dropping, not differentiable),
+    P_i = mean over tokens of p_i(x).
+    """
+    num_experts = probs.shape[1]
+    counts = torch.bincount(experts.reshape(-1), minlength=num_experts).to(probs.dtype)
+    f = counts / experts.numel()
+    return num_experts * (f * probs.mean(dim=0)).sum()
+
+
+def expert_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
+               w_down: torch.Tensor) -> torch.Tensor:
+    """One SwiGLU expert: `(SiLU(x W_g) ⊙ x W_u) W_d`, x (n, h) -> (n, h); saves x, the gate
+    and up projections and the down projection's input (SPEC §3)."""
+    return SwiGLUFunction.apply(x @ w_gate, x @ w_up) @ w_down
+
+
+# ------------------------------------------------------------------------ single device
+@dataclass
+class MoEResult:
+    """Output (T, h), auxiliary loss, per-expert assignment counts before (`routed`) and after
+    (`kept`) the capacity limit, and the number of dropped assignments."""
+
+    out: torch.Tensor
+    aux_loss: torch.Tensor
+    routed: torch.Tensor
+    kept: torch.Tensor
+
+    @property
+    def dropped(self) -> int:
+        return int((self.routed - self.kept).sum())
+
+    @property
+    def imbalance(self) -> float:
+        """max / mean of the routed per-expert counts (1.0 = perfectly balanced)."""
+        return imbalance(self.routed)
+
+
+def imbalance(counts: torch.Tensor) -> float:
+    """max / mean of per-expert counts; 1.0 is perfect balance."""
+    mean = counts.double().mean()
+    return float(counts.double().max() / mean) if mean > 0 else 1.0
+
+
+def moe_layer(x: torch.Tensor, params: MoEParams, top_k: int, *,
+              capacity_factor: float | None = None, normalize: bool = True,
+              groups: int = 1) -> MoEResult:
+    """The single-device MoE layer on x (T, h); `groups` equal slices of the tokens are routed
+    and capacity-limited independently (use `groups = e` to match `e` expert-parallel ranks)."""
+    tokens, _ = x.shape
+    if groups < 1 or tokens % groups:
+        raise ShardwiseError(f"groups={groups} must divide the {tokens} tokens")
+    rule = RoutingRule(top_k, normalize, 1, capacity_factor)
+    outs, losses, routed, kept = [], [], [], []
+    for xg in x.chunk(groups):
+        probs = rule.probs(xg, params.router)
+        routing, plan = rule.plan(probs)
+        rows = gather_rows(xg, probs, plan, rule)  # (N, h), sorted by expert
+        outputs = [expert_mlp(chunk, params.w_gate[i], params.w_up[i], params.w_down[i])
+                   for i, chunk in enumerate(rows.split(plan.per_expert.tolist()))
+                   if chunk.shape[0]]
+        expert_out = torch.cat(outputs) if outputs else rows
+        outs.append(weighted_combine(expert_out, probs, plan, rule))
+        losses.append(load_balancing_loss(probs, routing.experts))
+        routed.append(plan.routed)
+        kept.append(plan.per_expert)
+    return MoEResult(torch.cat(outs), torch.stack(losses).mean(),
+                     torch.stack(routed).sum(0), torch.stack(kept).sum(0))
+
+
+# ------------------------------------------------------------- dispatch / combine pieces
+@dataclass
+class DispatchPlan:
+    """One rank's kept assignments sorted by expert (stable: token order within an expert).
+
+    token, gate, expert (N,): the token row, its gate and expert for each dispatched row;
+    per_expert (E,): kept rows per global expert; send (e,): rows for each destination rank;
+    routed (E,): assignments per expert before the capacity limit; slot (N,): which of the
+    token's k choices each row is.
+    """
+
+    token: torch.Tensor
+    gate: torch.Tensor
+    expert: torch.Tensor
+    per_expert: torch.Tensor
+    send: torch.Tensor
+    routed: torch.Tensor
+    slot: torch.Tensor | None = None
+
+
+def dispatch_plan(routing: Routing, num_ranks: int, capacity_factor: float | None) -> DispatchPlan:
+    """Drop over-capacity assignments and order the rest by destination (expert-major)."""
+    tokens, top_k = routing.experts.shape
+    num_experts = routing.probs.shape[1]
+    if num_experts % num_ranks:
+        raise ShardwiseError(f"ep={num_ranks} does not divide n_experts={num_experts}")
+    cap = None if capacity_factor is None else expert_capacity(
+        tokens, top_k, num_experts, capacity_factor)
+    keep = capacity_keep(routing.experts, num_experts, cap)
+    token, slot = keep.nonzero(as_tuple=True)  # token-major order
+    expert = routing.experts[token, slot]
+    order = torch.sort(expert, stable=True).indices
+    token, slot, expert = token[order], slot[order], expert[order]
+    per_expert = torch.bincount(expert, minlength=num_experts)
+    send = per_expert.reshape(num_ranks, -1).sum(dim=1)  # (e, E/e) -> (e,)
+    routed = torch.bincount(routing.experts.reshape(-1), minlength=num_experts)
+    return DispatchPlan(token, routing.gates[token, slot], expert, per_expert, send, routed,
+                        slot)
+
+
+@dataclass(frozen=True)
+class RoutingRule:
+    """How a group of tokens is routed: top-k, renormalised gates or not, over `num_ranks`
+    expert-parallel ranks, with an optional capacity factor. `plan` derives everything from the
+    router probabilities alone, so backward recomputes it from the saved probabilities."""
+
+    top_k: int
+    normalize: bool = True
+    num_ranks: int = 1
+    capacity_factor: float | None = None
+
+    def probs(self, x: torch.Tensor, router: torch.Tensor) -> torch.Tensor:
+        """`softmax(x W_r)` (T, E); autograd saves x and the probabilities only."""
+        _check_top_k(self.top_k, router.shape[1])
+        return torch.softmax(x @ router, dim=-1)
+
+    def plan(self, probs: torch.Tensor) -> tuple[Routing, DispatchPlan]:
+        """Top-k choice, gates and dispatch order from probs (T, E); no autograd graph."""
+        with torch.no_grad():
+            probs = probs.detach()
+            routing = Routing(probs, *_top_k(probs, self.top_k, self.normalize))
+            return routing, dispatch_plan(routing, self.num_ranks, self.capacity_factor)
+
+
+class _GatherRows(torch.autograd.Function):
+    """x[plan.token] saving only the router probabilities (the order is recomputed)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, probs: torch.Tensor, token: torch.Tensor,
+                rule: RoutingRule) -> torch.Tensor:
+        ctx.save_for_backward(probs)
+        ctx.rule, ctx.rows = rule, x.shape[0]
+        return x[token]
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (probs,) = ctx.saved_tensors
+        token = ctx.rule.plan(probs)[1].token
+        grad_x = grad.new_zeros(ctx.rows, *grad.shape[1:]).index_add(0, token, grad)
+        return grad_x, None, None, None
+
+
+class _WeightedCombine(torch.autograd.Function):
+    """`y[t] = Σ_rows-of-t gate · expert_out` saving the expert outputs and the router
+    probabilities; the gates and the row order are recomputed from them in backward."""
+
+    @staticmethod
+    def forward(ctx, expert_out: torch.Tensor, probs: torch.Tensor, plan: DispatchPlan,
+                rule: RoutingRule) -> torch.Tensor:
+        ctx.save_for_backward(expert_out, probs)
+        ctx.rule = rule
+        y = expert_out.new_zeros(probs.shape[0], expert_out.shape[1])
+        return y.index_add(0, plan.token, plan.gate[:, None] * expert_out)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        expert_out, probs = ctx.saved_tensors
+        rule = ctx.rule
+        routing, plan = rule.plan(probs)
+        dy_rows = dy[plan.token]  # (N, h)
+        d_out = plan.gate[:, None] * dy_rows
+        d_gates = torch.zeros_like(routing.gates)  # (T, k)
+        d_gates[plan.token, plan.slot] = (dy_rows * expert_out).sum(dim=1)
+        if rule.normalize:  # g = top / Σ top: d_top = (d_g - Σ d_g·g) / Σ top
+            total = probs.gather(1, routing.experts).sum(dim=-1, keepdim=True)
+            d_top = (d_gates - (d_gates * routing.gates).sum(dim=-1, keepdim=True)) / total
+        else:
+            d_top = d_gates
+        d_probs = torch.zeros_like(probs).scatter(1, routing.experts, d_top)
+        return d_out, d_probs, None, None
+
+
+def gather_rows(x: torch.Tensor, probs: torch.Tensor, plan: DispatchPlan,
+                rule: RoutingRule) -> torch.Tensor:
+    """The dispatched rows x[plan.token] (N, h); `plan = rule.plan(probs)[1]`."""
+    return _GatherRows.apply(x, probs, plan.token, rule)
+
+
+def weighted_combine(expert_out: torch.Tensor, probs: torch.Tensor, plan: DispatchPlan,
+                     rule: RoutingRule) -> torch.Tensor:
+    """`combine` differentiable in the expert outputs and (through the gates) the router
+    probabilities, keeping only those two for backward; `plan = rule.plan(probs)[1]`."""
+    return _WeightedCombine.apply(expert_out, probs, plan, rule)
+
+
+def run_local_experts(received: torch.Tensor, counts: torch.Tensor, w_gate: torch.Tensor,
+                      w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+    """Apply this rank's experts to the rows it received.
+
+    received (N, h) is ordered by source rank, then local expert, then token; counts
+    (e, E_local) the rows from each source for each local expert; w_* (E_local, …).
+    Returns the expert outputs (N, h) in the same order.
+    """
+    sources, local = counts.shape
+    sizes = counts.reshape(-1).tolist()  # (source, local expert) blocks of rows
+    blocks = list(received.split(sizes))
+    for j in range(local):
+        mine = [s * local + j for s in range(sources)]
+        if sum(sizes[b] for b in mine):  # split / cat keep nothing for backward
+            y = expert_mlp(torch.cat([blocks[b] for b in mine]), w_gate[j], w_up[j], w_down[j])
+            for b, part in zip(mine, y.split([sizes[b] for b in mine])):
+                blocks[b] = part
+    return torch.cat(blocks)

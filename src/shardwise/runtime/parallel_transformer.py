@@ -1,0 +1,331 @@
+"""The training-step object: this rank's share of a parallelised Transformer and what one
+optimizer step needs of it — forward and backward over the micro-batches (through the pipeline
+schedule when pp > 1), the gradient reductions over the mesh, the global gradient norm, the
+global loss — built by `runtime.parallelize.parallelize`.
+
+Loss normalisation. The step's loss is the mean over all `N = B·s` tokens of the global batch.
+Every rank holds `B/dp` sequences and, of each, `s/cp` tokens: `n = N/(dp·cp)` tokens, the same
+on every rank. Each rank computes the mean over its own tokens, `L_r = (1/n) Σ_{t∈r} ℓ_t`
+(split into m micro-batches of mean `L_rj`, `L_r = (1/m) Σ_j L_rj`: the pipeline's seed 1/m,
+or `loss/m` per accumulation step), so `L = (1/(dp·cp)) Σ_r L_r`, and
+
+    ∇L = (1/(dp·cp)) Σ_r ∇L_r        — average the gradients over the dp×cp ranks.
+
+The cp ranks of one sequence hold different tokens but the same weights: ring attention's
+backward already sends every key/value gradient back to the cp rank that owns the token, so
+`∇L_r` is this rank's tokens' complete contribution and the average over dp×cp is the sum
+above. An expert's gradient, on its owner, is already the sum over the e ranks of its ep
+group (the all-to-all brought their tokens); averaging over `edp` (the ranks that hold the same
+experts, dp·cp/e of them) and dividing by e gives the same `1/(dp·cp)` sum. TP ranks compute
+identical per-token losses, so nothing is averaged over tp.
+
+Gradient norm for clipping: `‖g‖² = Σ` over every unique parameter element once. A rank adds
+the squares of the elements it is responsible for: tp-sharded weights on every tp rank,
+tp-replicated ones on tp rank 0; dense weights on dp×cp rank 0 (edp rank 0 for experts), or
+its own ZeRO shard on every dp×cp rank; a tied head on the last stage is the first stage's
+embedding and is not counted again. One all-reduce over the world sums the parts. Each part
+is accumulated in fp64 without an fp64 copy of the gradient (`torch.linalg.vector_norm` with
+`dtype=torch.float64`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from shardwise.errors import LayoutError
+from shardwise.layout import Layout
+from shardwise.runtime import collectives as C
+from shardwise.runtime.context_parallel import shard_for_rank
+from shardwise.runtime.data_parallel import GradientReducer
+from shardwise.runtime.mesh import AxisGroup, Mesh
+from shardwise.runtime.model import Transformer
+from shardwise.runtime.pipeline import SavedOp, VirtualStage, run_pipeline
+from shardwise.runtime.tensor_parallel import allreduce_sequence_parallel_grads
+from shardwise.runtime.zero import ZeroDataParallel
+from shardwise.schedules import make_schedule
+
+__all__ = ["CP_LAYOUT", "ParallelTransformer", "ParamShard", "TransformerStages",
+           "gather_shards"]
+
+CP_LAYOUT = "zigzag"  # causal balance: rank p holds chunks p and 2c-1-p
+
+
+# --------------------------------------------------------------------- per-parameter facts
+@dataclass(frozen=True)
+class ParamShard:
+    """How this rank holds one parameter of the single-device model.
+
+    `tp_dim`: the dim split over tp (None: replicated over tp); `expert`: dim 0 (the experts)
+    split over ep; `sequence_parallel`: replicated over tp but fed a sequence slice under SP,
+    so its gradient is partial over tp; `tied_copy`: the last stage's copy of a tied embedding.
+    """
+
+    tp_dim: int | None = None
+    expert: bool = False
+    sequence_parallel: bool = False
+    tied_copy: bool = False
+
+
+# -------------------------------------------------------------------- pipeline protocol
+@dataclass
+class TransformerStages:
+    """The `pipeline.StageModel` of a (parallelised) Transformer: virtual stage `k` runs the
+    embedding (first), its layers, and the final norm, head and mean loss (last)."""
+
+    model: Transformer
+    positions: torch.Tensor  # (s_local,) RoPE positions of this rank's tokens
+    sequence_split: int = 1  # tp under SP: stages exchange (b, s/t, h)
+
+    @property
+    def n_layers(self) -> int:
+        return self.model.spec.n_layers
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    def message_shape(self, batch: int, seq: int) -> tuple[int, ...]:
+        return (batch, seq // self.sequence_split, self.model.spec.d_model)
+
+    def named_parameters(self, stage: VirtualStage | None = None) -> dict[str, torch.Tensor]:
+        params = dict(self.model.named_parameters())
+        if stage is None:
+            return params
+        prefixes = [f"blocks.{k}." for k in stage.layers]
+        prefixes += ["embedding."] if stage.first else []
+        prefixes += ["norm.", "head."] if stage.last else []
+        return {n: p for n, p in params.items() if n.startswith(tuple(prefixes))}
+
+    def forward_stage(self, stage: VirtualStage, inp: torch.Tensor,
+                      targets: torch.Tensor | None = None,
+                      saved: list[SavedOp] | None = None) -> torch.Tensor:
+        if saved is not None:
+            raise LayoutError(["the Transformer stages do not split B from W (zb-h1)"])
+        x = self.model.embedding(inp) if stage.first else inp  # (b, s) -> (b, s, h)
+        x = self.model.run_blocks(x, stage.layers, self.positions)
+        if not stage.last:
+            return x
+        assert targets is not None
+        return self.model.mean_loss(x, targets)
+
+
+# ------------------------------------------------------------------ the parallel model
+@dataclass
+class ParallelTransformer:
+    """This rank's share of a Transformer on a mesh, and what a training step needs of it.
+
+    `forward_backward(inputs, targets)` takes this dp rank's rows of the global batch
+    (B/dp, s), accumulates the gradients of its micro-batches and returns the mean loss over
+    its tokens (None off the last pipeline stage). `step(update)` reduces the gradients and
+    calls `update()` (clip + optimizer) on them; `parameters()` are the tensors the optimizer
+    updates (ZeRO: this rank's flat shards); `grad_norm()` the global gradient norm.
+    """
+
+    model: Transformer
+    mesh: Mesh
+    layout: Layout
+    seq_len: int
+    shards: dict[str, ParamShard]
+    stages: list[VirtualStage]
+    positions: torch.Tensor
+    zero: ZeroDataParallel | None = None
+    # (tensor the optimizer updates, which of its elements this rank adds to ‖g‖²: 0/1 or a
+    # bool mask); ZeRO: a mask per flat shard marking the sequence-parallel elements too
+    norm_terms: list[tuple[torch.Tensor, Any]] = field(default_factory=list)
+    _sp_masks: list[torch.Tensor | None] = field(default_factory=list)
+    # without ZeRO: the dense weights' reducer over dp×cp, and with ep > 1 the experts' over edp
+    reducers: list[GradientReducer] = field(default_factory=list)
+
+    # ---------------------------------------------------------------------- axes
+    @property
+    def dp_axis(self) -> AxisGroup:
+        """The ranks gradients are averaged over: dp×cp (named "dp" when cp = 1)."""
+        return self.mesh.axis("dp_cp" if self.layout.cp > 1 else "dp")
+
+    def axis(self, name: str) -> AxisGroup:
+        return self.mesh.axis(name)
+
+    @property
+    def last_stage(self) -> bool:
+        return self.model.head is not None
+
+    # ------------------------------------------------------------------- one step
+    def local_batch(self, inputs: torch.Tensor, targets: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """This cp rank's tokens of every sequence: (B/dp, s) -> (B/dp, s/cp)."""
+        cp = self.axis("cp")
+        if cp.size == 1:
+            return inputs, targets
+        return (shard_for_rank(inputs, cp.size, cp.rank, CP_LAYOUT),
+                shard_for_rank(targets, cp.size, cp.rank, CP_LAYOUT))
+
+    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> float | None:
+        inputs, targets = self.local_batch(inputs, targets)
+        m = inputs.shape[0] // self.layout.micro_batch
+        for reducer in self.reducers:
+            reducer.start_step()
+        if self.layout.pp > 1:  # reduced in `step`, after the last micro-batch
+            schedule = make_schedule(self.layout.schedule, self.layout.pp, m,
+                                     self.layout.chunks)
+            stages = TransformerStages(self.model, self.positions,
+                                       self.layout.tp if self.layout.sp else 1)
+            with self._no_sync():
+                return run_pipeline(stages, schedule, inputs, targets, self.axis("pp")).loss
+        total = 0.0
+        for j, (x, y) in enumerate(zip(inputs.split(self.layout.micro_batch),
+                                       targets.split(self.layout.micro_batch))):
+            # the last micro-batch's backward reduces, overlapped; the others accumulate
+            with self._no_sync() if j < m - 1 else contextlib.nullcontext():
+                loss = self.model.loss(x, y, self.positions) / m  # mean over m micro-batches
+                loss.backward()
+            total += loss.item()
+        return total
+
+    def _no_sync(self) -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        for reducer in self.reducers:
+            stack.enter_context(reducer.no_sync())
+        return stack
+
+    def parameters(self) -> list[torch.Tensor]:
+        return [p for p, _ in self.norm_terms]
+
+    def zero_grad(self) -> None:
+        if self.zero is not None:
+            self.zero.zero_grad()
+        else:
+            self.model.zero_grad(set_to_none=True)
+
+    def step(self, update: Callable[[], None]) -> None:
+        """Reduce this step's gradients over the mesh, then `update()` (which reads
+        `parameters()` and their `.grad`)."""
+        if self.zero is not None:  # ZeRO reduces, calls the optimizer, gathers weights
+            self.zero.optimizer = _Update(lambda: (self._reduce_sp_shards(), update()))
+            self.zero.step()
+            return
+        named = list(self.model.named_parameters())
+        for _, p in named:  # a weight no token reached (an idle expert) still takes part
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        self._sync_tied()
+        allreduce_sequence_parallel_grads(self.model, self.axis("tp"))
+        for reducer in self.reducers:  # sums commute: dp after tp/pp is dp before them
+            if not reducer.reduced:  # under pp, or no gradient reached these weights
+                reducer.reduce()
+        experts = [p for n, p in named if self.shards[n].expert]  # only with ep > 1
+        for p in experts:  # an owner's gradient is already the sum over its ep group
+            p.grad.div_(self.layout.ep)
+        update()
+
+    def _sync_tied(self) -> None:
+        """Tied embeddings across stages: sum the first and last stage's gradients over pp
+        (the other stages add zeros)."""
+        pp = self.axis("pp")
+        if not self.model.spec.tie_embeddings or pp.size == 1:
+            return
+        holder = self.model.embedding if self.model.embedding is not None else self.model.head
+        if holder is not None:
+            C.all_reduce(holder.weight.grad, pp)
+        else:
+            spec, t = self.model.spec, self.layout.tp
+            C.all_reduce(torch.zeros(spec.vocab // t, spec.d_model, dtype=self.model.dtype,
+                                     device=self.positions.device), pp)
+
+    def _reduce_sp_shards(self) -> None:
+        """ZeRO + SP: sum over tp the shard elements of sequence-parallel weights."""
+        for (p, _), mask in zip(self.norm_terms, self._sp_masks):
+            if mask is not None and p.grad is not None:
+                partial_sum = p.grad * mask
+                C.all_reduce(partial_sum, self.axis("tp"))
+                p.grad.copy_(torch.where(mask, partial_sum, p.grad))
+
+    @torch.no_grad()
+    def grad_norm(self) -> float:
+        """‖g‖ over every unique parameter element (see the module docstring)."""
+        total = torch.zeros(1, dtype=torch.float64, device=self.positions.device)
+        for p, weight in self.norm_terms:
+            if p.grad is None or (not isinstance(weight, torch.Tensor) and not weight):
+                continue
+            # accumulated in fp64 without an fp64 copy of the gradient (as clip_grad_norm_)
+            grad = p.grad if not isinstance(weight, torch.Tensor) else p.grad[weight]
+            total += torch.linalg.vector_norm(grad, dtype=torch.float64).square()
+        C.all_reduce(total, None, counter=C.CommCounter())  # bookkeeping, not step traffic
+        return float(total.sqrt())
+
+    def global_loss(self, local: float | None) -> float:
+        """The global batch's mean loss from each rank's mean over its tokens."""
+        counts = self.last_stage and self.axis("tp").rank == 0
+        share = torch.tensor([local / self.dp_axis.size if counts and local is not None
+                              else 0.0], dtype=torch.float64, device=self.positions.device)
+        C.all_reduce(share, None, counter=C.CommCounter())
+        return float(share)
+
+    # --------------------------------------------------------------- norm bookkeeping
+    def _counted(self, name: str) -> bool:
+        """Whether this rank adds parameter `name`'s squares to the global norm (per tp and
+        pp position; dp replication is decided by the caller)."""
+        shard = self.shards[name]
+        return not shard.tied_copy and (shard.tp_dim is not None or self.axis("tp").rank == 0)
+
+    def _init_norm_terms(self) -> None:
+        if self.zero is None:
+            for name, p in self.model.named_parameters():
+                replicas = self.axis("edp") if self.shards[name].expert else self.dp_axis
+                self.norm_terms.append((p, float(self._counted(name) and replicas.rank == 0)))
+                self._sp_masks.append(None)
+            return
+        stage, dp = self.layout.zero, self.dp_axis
+        for unit, shard in zip(self.zero.units, self.zero.shards):
+            counted = torch.zeros(unit.padded, dtype=torch.bool, device=shard.device)
+            sp = torch.zeros_like(counted)
+            for s in unit.slots:
+                counted[s.offset:s.offset + s.numel] = self._counted(s.qualname)
+                sp[s.offset:s.offset + s.numel] = self.shards[s.qualname].sequence_parallel
+            if stage > 0:  # the shards are disjoint over dp×cp
+                counted, sp = counted[unit.lo:unit.hi], sp[unit.lo:unit.hi]
+            elif dp.rank != 0:  # stage 0 steps on the whole (replicated) buffer
+                counted = torch.zeros_like(counted)
+            self.norm_terms.append((shard, counted))
+            self._sp_masks.append(sp if bool(sp.any()) else None)
+
+    # ------------------------------------------------------------------- inspection
+    @torch.no_grad()
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        """The single-device parameters this rank's pipeline stage(s) hold, gathered over tp,
+        ep and ZeRO (collective over those axes; not counted)."""
+        local = (self.zero.full_parameters() if self.zero is not None else
+                 {n: p.detach() for n, p in self.model.named_parameters()})
+        out = {}
+        with C.counting():
+            for name, t in local.items():
+                shard = self.shards[name]
+                if shard.tied_copy:
+                    continue
+                if shard.tp_dim is not None:
+                    t = gather_shards(t, shard.tp_dim, self.axis("tp"))
+                if shard.expert:
+                    t = gather_shards(t, 0, self.axis("ep"))
+                out[name] = t.clone()
+        return out
+
+
+class _Update:
+    """Stands in for `ZeroDataParallel.optimizer`: its `step()` runs the training update."""
+
+    def __init__(self, update: Callable[[], object]):
+        self.step = update
+
+
+def gather_shards(t: torch.Tensor, dim: int, group: AxisGroup) -> torch.Tensor:
+    """The full tensor from every rank's shard along `dim` (an all-gather over `group`)."""
+    if group.size == 1:
+        return t
+    piece = t.movedim(dim, 0).contiguous()  # the split dim first: flat chunks = shards
+    full = piece.new_empty((piece.shape[0] * group.size, *piece.shape[1:]))
+    C.all_gather(full, piece, group)
+    return full.movedim(0, dim)

@@ -1,0 +1,112 @@
+"""Each demo's public function (`shardwise.demos`) on real ranks: its rows, its checks against
+the formulas and the single-device references, and its argument checks. The runtime pieces the
+demos exercise are tested in tests/runtime; tests/demos/test_demo_cli.py runs every demo
+through the CLI."""
+
+import pytest
+
+from shardwise.demos.data_parallel import run_ddp_demo, run_zero_demo
+from shardwise.demos.tensor_parallel import run_tp_demo
+from shardwise.emulate.ring_attention import causal_block_work
+from shardwise.errors import ShardwiseError
+from shardwise.estimate.comm import (
+    cp_comm_bytes_per_layer,
+    ep_comm_bytes_per_layer,
+    pp_comm_bytes_per_microbatch,
+)
+from shardwise.schedules import make_schedule, peak_in_flight
+
+TOL = 1e-12  # float64
+DOUBLE = 8  # bytes per float64
+
+
+@pytest.mark.slow
+def test_ring_demo_rows() -> None:
+    from shardwise.demos.ring import run_ring_demo
+
+    rows = run_ring_demo(ranks=3, sizes=(10, 1001))
+    assert len(rows) == 4 and all(r["ok"] for r in rows), rows
+
+
+@pytest.mark.slow
+def test_ddp_demo_fp32_on_two_ranks() -> None:
+    rows = run_ddp_demo(ranks=2)
+    assert all(r["ok"] for r in rows), rows
+    by = {r["check"].split(" (")[0]: r["measured"] for r in rows}
+    assert by["PyTorch DDP vs full batch"] < 1e-6
+    assert by["rank agreement over 2 ranks"] == 0.0
+
+
+@pytest.mark.slow
+def test_zero_demo_rows() -> None:
+    rows = run_zero_demo(ranks=2, steps=2)
+    assert len(rows) == 12 and all(r["ok"] for r in rows), rows
+
+
+@pytest.mark.slow
+def test_tp_demo_rows() -> None:
+    rows = run_tp_demo(ranks=2)
+    assert len(rows) == 12 and all(r["ok"] for r in rows), rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("ranks", "schedule", "m", "v", "dp"),
+                         [(4, "zb-h1", 4, 1, 2), (2, "interleaved", 4, 2, 1)])
+def test_pipeline_demo_reports_its_checks_and_both_timelines(ranks, schedule, m, v, dp):
+    from shardwise.demos.pipeline import format_pipeline_demo, run_pipeline_demo
+
+    report = run_pipeline_demo(ranks, schedule, m, v, dp=dp, seq_len=8, micro_batch=2)
+    p = ranks // dp
+    assert report["ok"] and (report["p"], report["m"], report["v"]) == (p, m, v)
+    checks = {row["check"]: row for row in report["rows"]}
+    assert all(row["ok"] is True for row in report["rows"])
+    peaks = checks["peak micro-batches alive per stage (F→B)"]
+    expected_peaks = str(peak_in_flight(make_schedule(schedule, p, m, v)))
+    assert peaks["measured"] == peaks["expected"] == expected_peaks
+    bytes_row = checks["p2p bytes per boundary per micro-batch"]
+    assert bytes_row["measured"] == pp_comm_bytes_per_microbatch(8, 2, 64, DOUBLE)  # tiny: h=64
+    assert ("peak alive counted until W" in checks) == (schedule == "zb-h1")
+    assert any(c.startswith("dp all-reduces") for c in checks) == (dp > 1)
+    assert 0 <= report["simulated_bubble"] < 1 and 0 <= report["measured_bubble"] < 1
+    for chart in (report["measured_timeline"], report["simulated_timeline"]):
+        assert len(chart.splitlines()) == p
+    text = format_pipeline_demo(report)
+    assert "measured timeline" in text and "simulated timeline" in text
+
+
+def test_pipeline_demo_rejects_bad_arguments_before_spawning():
+    from shardwise.demos.pipeline import run_pipeline_demo
+
+    with pytest.raises(ShardwiseError, match="multiple of dp"):
+        run_pipeline_demo(ranks=3, dp=2)
+    with pytest.raises(ShardwiseError, match="unknown schedule"):
+        run_pipeline_demo(ranks=2, schedule="nope")
+    with pytest.raises(ShardwiseError, match="interleaved"):
+        run_pipeline_demo(ranks=2, schedule="1f1b", chunks=2)
+
+
+@pytest.mark.slow
+def test_ring_attention_demo_rows():
+    from shardwise.demos.context_parallel import run_ring_attention_demo
+
+    rows = run_ring_attention_demo(2, layouts=("contiguous", "zigzag"))
+    assert [row["case"] for row in rows] == ["contiguous causal", "contiguous", "zigzag causal",
+                                             "zigzag"]
+    assert all(row["ok"] and row["max_diff"] < TOL for row in rows)
+    assert rows[0]["bytes_predicted"] == cp_comm_bytes_per_layer(32, 2, 2 * 8, 2, 8)
+    assert rows[0]["causal_pairs"] == causal_block_work(2, 16, "contiguous")
+    assert rows[0]["blocks_skipped"] == [1, 0]
+
+
+@pytest.mark.slow
+def test_moe_demo_rows():
+    from shardwise.demos.expert_parallel import run_moe_demo
+
+    rows = run_moe_demo(2, top_k=2, capacity_factor=0.5)
+    assert [row["routing"] for row in rows] == ["balanced", "random", "random"]
+    assert all(row["ok"] and row["max_diff"] < TOL for row in rows)
+    experts, tokens, hidden = 4, 8, 16  # the demo's defaults for 2 ranks
+    assert rows[0]["bytes_measured"] == ep_comm_bytes_per_layer(tokens, 2, hidden, 2, 8)
+    assert rows[0]["tokens_per_expert"] == [2 * tokens * 2 // experts] * experts
+    assert rows[0]["imbalance"] == 1.0
+    assert rows[2]["dropped"] > 0 and rows[1]["dropped"] == 0

@@ -74,6 +74,10 @@ class ModelSpec:
     def n_moe_layers(self) -> int:
         return self.n_layers // self.moe_every if self.is_moe else 0
 
+    def is_moe_layer(self, index: int) -> bool:
+        """Every `moe_every`-th layer is MoE, the last of each group."""
+        return self.is_moe and index % self.moe_every == self.moe_every - 1
+
     @property
     def n_dense_layers(self) -> int:
         return self.n_layers - self.n_moe_layers

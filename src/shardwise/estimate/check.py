@@ -36,7 +36,6 @@ from shardwise.estimate.comm import (
     vocab_parallel_comm_ops,
 )
 from shardwise.estimate.memory import (
-    _is_moe_layer,
     activation_bytes_per_layer,
     bytes_per_param_training,
     saved_tensors_per_layer,
@@ -145,7 +144,7 @@ def predicted_comm(model: ModelSpec, layout: Layout, train: TrainSpec, stage: in
     s, b, h = train.seq_len // c, layout.micro_batch, model.d_model
     rc, sp = layout.recompute, layout.sp and t > 1
     layers = stage_layers(model, layout, stage)
-    moe = [k for k in layers if _is_moe_layer(model, k)]
+    moe = [k for k in layers if model.is_moe_layer(k)]
     first, last = stage == 0, stage == p - 1
     terms: list[Term] = []
     if t > 1:

@@ -54,7 +54,6 @@ from shardwise.layout import Layout, TrainSpec
 from shardwise.runtime import collectives as C
 from shardwise.runtime import launch
 from shardwise.runtime.data import Batches, load_tokens
-from shardwise.runtime.model import is_moe_layer
 from shardwise.runtime.parallel_transformer import ParallelTransformer
 from shardwise.runtime.train import TrainConfig, build, train_step
 
@@ -305,7 +304,7 @@ def _activation_rows(model: ModelSpec, layout: Layout, train: TrainSpec,
     for k in sorted({call.layer for call in recorder.calls}):
         calls = [call for call in recorder.calls if call.layer == k]
         predicted, predicted_moe, per_row = predicted_saved(model, layout, train,
-                                                             is_moe_layer(model, k))
+                                                             model.is_moe_layer(k))
         if predicted_moe is None:  # full recompute: the whole layer is its input
             parts = [(f"layer {k}", [(predicted, c.saved + (c.moe or 0)) for c in calls])]
         else:  # the MoE count at the routing each call drew (balanced: extra_rows = 0)

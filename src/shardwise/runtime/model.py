@@ -61,11 +61,6 @@ def separate_linears(x: torch.Tensor, weights: tuple[torch.Tensor, ...]
     return tuple(F.linear(x, w) for w in weights)
 
 
-def is_moe_layer(spec: ModelSpec, index: int) -> bool:
-    """Every `moe_every`-th layer is MoE, the last of each group (as `estimate.memory`)."""
-    return spec.is_moe and index % spec.moe_every == spec.moe_every - 1
-
-
 # ------------------------------------------------------------------------------------ RMSNorm
 class RMSNormFunction(torch.autograd.Function):
     """`y = x · rstd · w`, `rstd = 1/sqrt(mean(x²) + ε)` (Zhang & Sennrich 2019).
@@ -349,7 +344,7 @@ class Transformer(nn.Module):
         torch.manual_seed(seed)
         self.spec, self.rope_base, self.dtype = spec, rope_base, dtype
         self.embedding = nn.Embedding(spec.vocab, spec.d_model, dtype=dtype)
-        self.blocks = nn.ModuleList(Block(spec, flash, dtype, is_moe_layer(spec, i))
+        self.blocks = nn.ModuleList(Block(spec, flash, dtype, spec.is_moe_layer(i))
                                     for i in range(spec.n_layers))
         self.norm = RMSNorm(spec.d_model, dtype=dtype)
         self.head = nn.Linear(spec.d_model, spec.vocab, bias=False, dtype=dtype)

@@ -19,6 +19,7 @@ from rich.table import Table
 
 from shardwise.arch import DEFAULT_MODEL, PRESETS, get_model
 from shardwise.errors import ShardwiseError
+from shardwise.estimate.profiles import DEFAULT_IMPL, get_profile, profile_names
 from shardwise.hardware import Cluster, get_link
 from shardwise.layout import RECOMPUTE, SCHEDULES, Layout, TrainSpec
 from shardwise.units import gb, gib, human_count, human_time, parse_batch, parse_size
@@ -47,6 +48,17 @@ def _table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+def impl_option(default: str = DEFAULT_IMPL) -> Callable:
+    """`--impl`: whose code trains the model, i.e. which tensors a layer saves for backward
+    (`estimate.profiles`)."""
+    return click.option(
+        "--impl", default=default, show_default=True, type=click.Choice(profile_names()),
+        help="Activation profile: what this training code saves per layer — hf-sdpa (Hugging "
+             "Face transformers with SDPA, what most users run), hf-eager, torchtitan, "
+             "megatron-te (Megatron-Core + Transformer Engine), shardwise (SPEC §3, this "
+             "package's runtime).")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -133,13 +145,14 @@ def build_layout(gpus: int, **kw: Any) -> Layout:
 @click.option("--optimizer", default="adam", show_default=True)
 @click.option("--formula", default="generalised", show_default=True,
               type=click.Choice(["generalised", "korthikanti"]), help="Activation count.")
+@impl_option()
 @click.option("--headroom", default=0.85, show_default=True,
               help="Usable fraction of GPU memory.")
 @json_option
 def memory(model: str, gpus: int, gpu: str, gpus_per_node: int, seq: int,
            global_batch: str | None, flash: bool, dtype: str, grad_dtype: str | None,
-           optimizer: str, formula: str, headroom: float, as_json: bool, **layout_kw: Any
-           ) -> None:
+           optimizer: str, formula: str, impl: str, headroom: float, as_json: bool,
+           **layout_kw: Any) -> None:
     """Per-GPU training memory of MODEL (preset or config.json), stage by stage."""
     from shardwise.estimate.memory import training_memory_per_gpu
 
@@ -148,7 +161,7 @@ def memory(model: str, gpus: int, gpu: str, gpus_per_node: int, seq: int,
     layout = build_layout(gpus, **layout_kw)
     batch = None if global_batch is None else parse_batch(global_batch, seq)
     train = TrainSpec(seq_len=seq, global_batch=batch, dtype=dtype, grad_dtype=grad_dtype,
-                      optimizer=optimizer, flash_attention=flash).validate()
+                      optimizer=optimizer, flash_attention=flash, impl=impl).validate()
     layout.validate(spec, cluster, train)
     stages = training_memory_per_gpu(spec, layout, train, formula=formula)
     budget = cluster.accelerator.memory_bytes * headroom
@@ -164,7 +177,8 @@ def memory(model: str, gpus: int, gpu: str, gpus_per_node: int, seq: int,
     console.print(f"[bold]{spec.name}[/] on {gpus}× {cluster.accelerator.name}, "
                   f"layout {layout.short()}, s={seq}, "
                   f"{'FlashAttention' if flash else 'materialised attention'}, "
-                  f"{formula} activation count")
+                  + (f"activations of {get_profile(impl).title} (--impl {impl})"
+                     if formula == "generalised" else f"{formula} activation count"))
     console.print(_table(
         "Per-GPU memory by pipeline stage (GB = 10^9 bytes)",
         ["stage", "layers", "in flight", "weights", "grads", "optimizer", "activations",
@@ -492,10 +506,11 @@ def _error_cell(row: Any) -> str:
 @click.option("--per-rank", is_flag=True,
               help="One row per rank [default: per pipeline stage, the rank with the largest "
                    "error].")
+@impl_option("shardwise")
 @json_option
 def check(model_name: str, seq: int, global_batch: str, seed: int, data_path: str | None,
-          dtype: str, flash: bool, timeout: float, steps: int, per_rank: bool, as_json: bool,
-          **layout_kw: Any) -> None:
+          dtype: str, flash: bool, timeout: float, steps: int, per_rank: bool, impl: str,
+          as_json: bool, **layout_kw: Any) -> None:
     """Predicted versus measured (SPEC §9): train --model for a few steps on the layout, as
     `shardwise train` does, and compare what the ranks really sent and kept with the analytic
     model: bytes per mesh axis and collective (target: exact), bytes each layer saves for
@@ -508,18 +523,21 @@ def check(model_name: str, seq: int, global_batch: str, seed: int, data_path: st
                            flash, steps=steps)
     layout = config.layout
     rows = _on_ranks(lambda: measure.run_check(config, steps, timeout_s=timeout,
-                                               per_rank=per_rank))
+                                               per_rank=per_rank, impl=impl))
     missed = [row for row in rows if not row.ok]
     if rank() == 0 and as_json:
         _emit_json({"model": config.model.name, "layout": layout.to_dict(),
                     "ranks": layout.world_size, "steps": steps, "ok": not missed,
+                    "activation_profile": impl,
                     "rows": [row.as_dict() for row in rows]})
     elif rank() == 0:
         where = "rank" if per_rank else "worst of"
         console.print(_table(
             f"{config.model.name}, {layout.short()}, {layout.world_size} rank(s), {dtype}: "
             f"predicted vs measured over {steps} step(s) (bytes; comm per step, activations "
-            "per micro-batch)",
+            f"per micro-batch against the {impl} profile"
+            + (", which the runtime implements exactly)" if impl == "shardwise" else
+               "; the runtime implements shardwise)"),
             ["stage", where, "item", "what", "predicted", "measured", "error", "target", "ok",
              "note"],
             [[row.stage, row.rank if per_rank else f"{row.ranks} ranks", row.item, row.what,
@@ -557,6 +575,7 @@ def check(model_name: str, seq: int, global_batch: str, seed: int, data_path: st
 @click.option("--dtype", default="bf16", show_default=True)
 @click.option("--grad-dtype", default=None, help="Gradient dtype [default: --dtype].")
 @click.option("--optimizer", default="adam", show_default=True)
+@impl_option()
 @click.option("--headroom", default=0.85, show_default=True,
               help="Usable fraction of GPU memory.")
 @click.option("--calibration", "calibration_path", default=None,
@@ -565,8 +584,8 @@ def check(model_name: str, seq: int, global_batch: str, seed: int, data_path: st
 def plan(model: str, gpus: int, gpu: str, gpus_per_node: int, intra: str | None,
          inter: str | None, seq: int, global_batch: str, tokens: str | None,
          price: float | None, top: int, layout_text: str | None, emit: str | None,
-         flash: bool, dtype: str, grad_dtype: str | None, optimizer: str, headroom: float,
-         calibration_path: str | None, as_json: bool) -> None:
+         flash: bool, dtype: str, grad_dtype: str | None, optimizer: str, impl: str,
+         headroom: float, calibration_path: str | None, as_json: bool) -> None:
     """Search every layout of MODEL (preset or config.json) and explain the best.
 
     With no arguments: llama3-8b on 64 H100s (8 nodes), s=8192, a 4M-token batch.
@@ -581,7 +600,7 @@ def plan(model: str, gpus: int, gpu: str, gpus_per_node: int, intra: str | None,
     cluster = Cluster.of(gpus, gpu, gpus_per_node, intra, inter)
     batch = parse_batch(global_batch, seq)
     train = TrainSpec(seq_len=seq, global_batch=batch, dtype=dtype, grad_dtype=grad_dtype,
-                      optimizer=optimizer, flash_attention=flash).validate()
+                      optimizer=optimizer, flash_attention=flash, impl=impl).validate()
     calib = load_calibration(cluster.accelerator.name, calibration_path)
     given = None
     if layout_text:

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from shardwise.arch import ModelSpec
 from shardwise.errors import LayoutError, ShardwiseError
+from shardwise.estimate.profiles import DEFAULT_IMPL, PROFILES
 from shardwise.hardware import Cluster
 from shardwise.units import DTYPE_BYTES
 
@@ -21,7 +22,8 @@ OPTIMIZERS = ("adam", "sgd-momentum", "sgd", "adam-8bit", "adafactor")
 
 @dataclass(frozen=True)
 class TrainSpec:
-    """The training target: sequence length, global batch (sequences), dtypes, optimizer."""
+    """The training target: sequence length, global batch (sequences), dtypes, optimizer, and
+    whose code trains it (`impl`: the activation profile, `estimate.profiles`)."""
 
     seq_len: int = 4096
     global_batch: int | None = None  # sequences per optimizer step; None: one micro-batch per pp stage
@@ -29,6 +31,7 @@ class TrainSpec:
     grad_dtype: str | None = None  # None: same as dtype (Megatron's default keeps fp32 grads)
     optimizer: str = "adam"
     flash_attention: bool = True
+    impl: str = DEFAULT_IMPL  # whose activations: an `estimate.profiles` name
 
     def validate(self) -> TrainSpec:
         problems = []
@@ -42,6 +45,9 @@ class TrainSpec:
                 problems.append(f"{name} {value!r} unknown; valid: {', '.join(DTYPE_BYTES)}")
         if self.optimizer not in OPTIMIZERS:
             problems.append(f"optimizer {self.optimizer!r} unknown; valid: {', '.join(OPTIMIZERS)}")
+        if self.impl not in PROFILES:
+            problems.append(f"implementation profile {self.impl!r} unknown; valid: "
+                            f"{', '.join(PROFILES)}")
         if problems:
             raise ShardwiseError("; ".join(problems))
         return self

@@ -41,6 +41,7 @@ from shardwise.errors import LayoutError, ShardwiseError
 from shardwise.estimate.compute import RC_CODES, ComputeContext
 from shardwise.estimate.memory import (
     MemoryBreakdown,
+    activation_bytes_per_layer,
     bytes_per_param_training,
     training_memory_per_gpu,
 )
@@ -403,35 +404,10 @@ def _example(mask: np.ndarray, describe: Callable[[int], str]) -> str:
 # ---------------------------------------------------------------------------- memory (arrays)
 def _activation_per_layer(model: ModelSpec, train: TrainSpec, t: Any, c: Any, b: Any, sp: Any,
                           rc: Any, moe: bool) -> Any:
-    """`estimate.memory.activation_bytes_per_layer` (generalised count), for arrays."""
-    ab = dtype_bytes(train.dtype)
-    s, h = train.seq_len, model.d_model
-    sb = s / c * b
-    rep = np.where(sp == 1, t, 1)
-    kv = np.maximum(model.n_kv_heads // t, 1) * model.head_dim
-    heads = model.n_heads / t
-    stats = 4 * (1 if model.norm == "rmsnorm" else 2)
-    flash, selective = train.flash_attention, rc == RC_CODES["selective"]
-    total = 4 * sb * h * ab / rep + 2 * sb * stats / rep  # norm inputs (2), qkv/mlp inputs
-    total = total + sb * h * ab / t + 2 * sb * kv * ab + sb * h * ab / t  # q, k, v, attn out
-    if flash:  # the log-sum-exp, unless selective recompute re-runs the core
-        total = total + np.where(selective, 0.0, heads * sb * 4)
-    else:
-        scores = heads * sb * s
-        per = ab + ((1 + ab) if model.dropout else 0)
-        total = total + np.where(selective, 0.0, scores * per)
-    if model.dropout:
-        total = total + 2 * sb * h / rep
-    gated = 3 if model.gated_mlp else 2
-    if moe:
-        k = model.top_k
-        f = model.expert_d_ff / t
-        total = total + sb * model.n_experts * 4 + 2 * k * sb * h * ab + gated * k * sb * f * ab
-        total = total + model.n_shared_experts * gated * sb * f * ab
-    else:
-        total = total + gated * sb * (model.d_ff / t) * ab
-    full = s / c * b * h * ab / np.where(sp == 1, t, 1)
-    return np.where(rc == RC_CODES["full"], full, total)
+    """`estimate.memory.activation_bytes_per_layer` (the `train.impl` profile), for arrays."""
+    return activation_bytes_per_layer(model, train.seq_len, b, tp=t, sp=sp == 1, cp=c,
+                                      recompute=rc, flash=train.flash_attention,
+                                      dtype=train.dtype, moe=moe, impl=train.impl)
 
 
 def _in_flight(sched: Any, p: Any, m: Any, v: Any, stage: Any) -> Any:

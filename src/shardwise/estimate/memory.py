@@ -9,11 +9,15 @@ fp32 logits on the last stage and ZeRO-3's gather buffers.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from shardwise.arch import ModelSpec, count_params
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import dp_step_comm_bytes
-from shardwise.layout import Layout, TrainSpec
+from shardwise.estimate.profiles import layer_bytes, saved_tensors
+from shardwise.layout import RECOMPUTE, Layout, TrainSpec
 from shardwise.units import dtype_bytes
 
 __all__ = [
@@ -165,7 +169,7 @@ def korthikanti_activation_bytes(seq_len: int, micro_batch: int, hidden: int, he
 def saved_tensors_per_layer(model: ModelSpec, seq_len: int, micro_batch: int, *, tp: int = 1,
                             sp: bool = False, cp: int = 1, flash: bool = False,
                             selective: bool = False, dtype_bytes_: float = 2,
-                            moe: bool = False) -> dict[str, float]:
+                            moe: bool = False, impl: str = "shardwise") -> dict[str, float]:
     """The generalised count: every tensor one layer saves for backward, in bytes per rank.
 
     Walks the layer as Korthikanti et al. do, for the actual architecture: GQA widths for K and
@@ -182,99 +186,46 @@ def saved_tensors_per_layer(model: ModelSpec, seq_len: int, micro_batch: int, *,
     `max(a_kv/t, 1)` heads per rank. Everything is ÷c under context parallelism.
     With MHA, GELU, f = 4h, LayerNorm, dropout and 2-byte activations the non-statistic items
     sum to Korthikanti's `s·b·h·(34 + 5·a·s/h)`.
+
+    `impl` names the implementation profile (`estimate.profiles`): "shardwise" (the default)
+    is this count, what shardwise's runtime saves; "hf-sdpa", "megatron-te"… list what that
+    code keeps for the same layer.
     """
-    ab = dtype_bytes_
-    s, b, h = seq_len / cp, micro_batch, model.d_model
-    sb = s * b
-    rep = tp if sp else 1  # replicated tensors are split only by sequence parallelism
-    kv_heads = max(model.n_kv_heads // tp, 1)
-    kv = kv_heads * model.head_dim
-    heads = model.n_heads / tp
-    fp32 = max(4.0, ab)  # statistics are kept in at least fp32
-    stats = fp32 * (1 if model.norm == "rmsnorm" else 2)  # per row: rstd (and mean)
-    out = {
-        "norm1_input": sb * h * ab / rep,
-        "norm1_stats": sb * stats / rep,
-        "qkv_input": sb * h * ab / rep,
-        "q": sb * h * ab / tp,
-        "k": sb * kv * ab,
-        "v": sb * kv * ab,
-    }
-    if not (flash or selective):
-        # s/c query rows against all s keys per rank.
-        scores = heads * sb * seq_len
-        out["softmax_output"] = scores * ab
-        if model.dropout:
-            out["attention_dropout_mask"] = scores * 1
-            out["attention_dropout_output"] = scores * ab
-    elif flash and not selective:  # selective recompute re-runs the core, lse included
-        out["flash_logsumexp"] = heads * sb * fp32
-    out["attention_output"] = sb * h * ab / tp
-    if model.dropout:
-        out["attention_residual_dropout_mask"] = sb * h / rep
-    out["norm2_input"] = sb * h * ab / rep
-    out["norm2_stats"] = sb * stats / rep
-    out["mlp_input"] = sb * h * ab / rep
-    if moe:
-        out.update(_moe_saved(model, sb, tp, ab))
-    else:
-        out.update(_mlp_saved(model, sb, model.d_ff / tp, ab, "mlp"))
-    if model.dropout:
-        out["mlp_residual_dropout_mask"] = sb * h / rep
-    return out
-
-
-def _mlp_saved(model: ModelSpec, tokens: float, f: float, ab: float, prefix: str
-               ) -> dict[str, float]:
-    if model.gated_mlp:  # fused SwiGLU saves gate and up; the down projection saves silu(g)·u
-        return {f"{prefix}_gate": tokens * f * ab, f"{prefix}_up": tokens * f * ab,
-                f"{prefix}_down_input": tokens * f * ab}
-    return {f"{prefix}_activation_input": tokens * f * ab,
-            f"{prefix}_down_input": tokens * f * ab}
-
-
-def _moe_saved(model: ModelSpec, tokens: float, tp: int, ab: float) -> dict[str, float]:
-    """Router probabilities (fp32) and, per routed copy (top_k per token, balanced routing),
-    the expert's input, its hidden activations and its output (kept for the gate product)."""
-    h, k = model.d_model, model.top_k
-    out = {"router_probs": tokens * model.n_experts * max(4.0, ab),
-           "expert_inputs": k * tokens * h * ab}
-    out.update(_mlp_saved(model, k * tokens, model.expert_d_ff / tp, ab, "expert"))
-    out["expert_outputs"] = k * tokens * h * ab
-    if model.n_shared_experts:
-        shared = _mlp_saved(model, tokens, model.expert_d_ff / tp, ab, "shared")
-        out.update({name: model.n_shared_experts * v for name, v in shared.items()})
-    return out
+    return saved_tensors(impl, model, seq_len, micro_batch, tp=tp, sp=sp, cp=cp, flash=flash,
+                         selective=selective, dtype_bytes_=dtype_bytes_, moe=moe)
 
 
 def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int = 1, *,
                                tp: int = 1, sp: bool = False, cp: int = 1,
                                recompute: str = "none", flash: bool = False,
                                dtype: str = "bf16", formula: str = "generalised",
-                               moe: bool | None = None) -> float:
+                               moe: bool | None = None, impl: str = "shardwise") -> Any:
     """Bytes one layer keeps for backward per micro-batch, per rank.
 
     `formula="korthikanti"`: the paper's closed form (see `korthikanti_activation_bytes`, which
-    assumes MHA, GELU f=4h, dropout, 2-byte activations); `"generalised"`: the sum of
-    `saved_tensors_per_layer` for the actual architecture. Full recompute keeps only the layer
+    assumes MHA, GELU f=4h, dropout, 2-byte activations); `"generalised"`: the sum of the
+    saved tensors of implementation profile `impl` (`estimate.profiles`; "shardwise", the
+    default, is `saved_tensors_per_layer`, SPEC §3). Full recompute keeps only the layer
     input `s·b·h·bytes` (÷t with SP). Context parallelism divides by `c`.
+
+    `tp`, `cp`, `micro_batch`, `sp` and `recompute` may be NumPy arrays (`recompute` then holds
+    codes: 0 none, 1 selective, 2 full) for the planner's vectorised evaluation.
     """
-    if recompute not in ("none", "selective", "full"):
+    if isinstance(recompute, np.ndarray):
+        selective, full = recompute == RECOMPUTE.index("selective"), recompute == RECOMPUTE.index(
+            "full")
+    elif recompute in RECOMPUTE:
+        selective, full = recompute == "selective", recompute == "full"
+    else:
         raise ShardwiseError(f"recompute must be none, selective or full; got {recompute!r}")
     if formula == "korthikanti":
         return korthikanti_activation_bytes(seq_len, micro_batch, model.d_model, model.n_heads,
                                             tp, sp, recompute, flash) / cp
     if formula != "generalised":
         raise ShardwiseError(f"formula must be 'generalised' or 'korthikanti', got {formula!r}")
-    ab = dtype_bytes(dtype)
-    if recompute == "full":
-        return seq_len / cp * micro_batch * model.d_model * ab / (tp if sp else 1)
-    saved = saved_tensors_per_layer(
-        model, seq_len, micro_batch, tp=tp, sp=sp, cp=cp, flash=flash,
-        selective=recompute == "selective", dtype_bytes_=ab,
-        moe=model.is_moe if moe is None else moe,
-    )
-    return sum(saved.values())
+    return layer_bytes(impl, model, seq_len, micro_batch, tp=tp, sp=sp, cp=cp, flash=flash,
+                       selective=selective, full=full, dtype_bytes_=dtype_bytes(dtype),
+                       moe=model.is_moe if moe is None else moe)
 
 
 # ------------------------------------------------------------------------------ §4 per GPU
@@ -401,7 +352,7 @@ def training_memory_per_gpu(model: ModelSpec, layout: Layout, train: TrainSpec |
     def act(moe: bool) -> float:
         return activation_bytes_per_layer(
             model, s, b, tp=t, sp=layout.sp, cp=c, recompute=layout.recompute, flash=flash,
-            dtype=train.dtype, formula=formula, moe=moe)
+            dtype=train.dtype, formula=formula, moe=moe, impl=train.impl)
 
     dense_act, moe_act = act(False), (act(True) if model.is_moe else 0.0)
     dense_layer, moe_layer, expert_layer = _layer_params(model, layout)

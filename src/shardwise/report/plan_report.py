@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from shardwise.estimate.profiles import get_profile
 from shardwise.plan import Alternative, PlanEntry, PlanResult
 from shardwise.units import human_count, human_time
 
@@ -182,7 +183,8 @@ def render_plan(result: PlanResult, console: Console, *, tokens: float | None = 
         f"{cl.accelerator.name} ({cl.nodes} nodes × {cl.gpus_per_node}, {cl.intra.name} / "
         f"{cl.inter.name}), s={tr.seq_len}, global batch {batch:,} sequences "
         f"({human_count(batch * tr.seq_len)} tokens), {tr.dtype}, "
-        f"{'FlashAttention' if tr.flash_attention else 'materialised attention'}; "
+        f"{'FlashAttention' if tr.flash_attention else 'materialised attention'}, "
+        f"activations of {get_profile(tr.impl).title} (--impl {tr.impl}); "
         f"budget {result.budget / 2**30:.1f} GiB per GPU ({result.headroom:.0%}).")
     console.print(ranked_table(result))
     console.print(breakdown_table(result.best, "Winner's step time"))

@@ -171,8 +171,9 @@ def memory(model: str, gpus: int, gpu: str, gpus_per_node: int, seq: int,
         return _emit_json({
             "model": spec.name, "layout": layout.to_dict(), "train": asdict(train),
             "accelerator": cluster.accelerator.name, "budget_bytes": budget, "fits": fits,
-            "stages": [s.as_dict() | {"stage": s.stage, "layers": s.layers,
-                                      "in_flight": s.in_flight} for s in stages],
+            "stages": [s.as_dict() | s.peak_dict() | {"stage": s.stage, "layers": s.layers,
+                                                      "in_flight": s.in_flight}
+                       for s in stages],
         })
     console.print(f"[bold]{spec.name}[/] on {gpus}× {cluster.accelerator.name}, "
                   f"layout {layout.short()}, s={seq}, "
@@ -182,15 +183,22 @@ def memory(model: str, gpus: int, gpu: str, gpus_per_node: int, seq: int,
     console.print(_table(
         "Per-GPU memory by pipeline stage (GB = 10^9 bytes)",
         ["stage", "layers", "in flight", "weights", "grads", "optimizer", "activations",
-         "logits", "workspace", "total", "total GiB"],
+         "logits", "workspace", "total", "total GiB", "peak", "peak from"],
         [[s.stage, s.layers, s.in_flight, *(f"{v / 1e9:.2f}" for v in (
             s.weights, s.grads, s.optimizer, s.activations, s.logits, s.workspace, s.total)),
-          f"{s.total / 2**30:.2f}"] for s in stages],
+          f"{s.total / 2**30:.2f}", f"{s.peak / 1e9:.2f}", s.peak_term] for s in stages],
     ))
     verdict = "[green]fits[/]" if fits else "[red]does not fit[/]"
     console.print(f"Largest stage {worst.stage}: {gb(worst.total)} ({gib(worst.total)}) — "
                   f"{verdict} in {gib(budget)} ({headroom:.0%} of "
                   f"{gib(cluster.accelerator.memory_bytes)} on {cluster.accelerator.name}).")
+    top = max(stages, key=lambda s: s.peak)
+    console.print(f"Peak, stage {top.stage}: {gb(top.peak)} ({gib(top.peak)}) — what it holds "
+                  f"plus the {top.peak_transient or 'no'} transient; the largest term is "
+                  f"{top.peak_term}"
+                  + ("" if top.peak <= budget else " — over the budget at that moment")
+                  + ". Modelled, not measured: the CPU allocator cannot report it; on a GPU "
+                    "compare torch.cuda.max_memory_allocated (shardwise check).")
 
 
 # -------------------------------------------------------------------------------------- comm

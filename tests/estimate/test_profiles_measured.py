@@ -88,7 +88,11 @@ def test_hf_attention_dropout_keeps_mask_and_output(tmp_path):
     measured = saved_bytes_per_layer(model, list(model.layers), lambda: model(input_ids=ids))
     # shardwise's config.json reader does not map attention_dropout; say it here
     spec = dataclasses.replace(from_hf_config(tmp_path / "config.json"), dropout=True)
-    predicted = sum(saved_tensors("hf-eager", spec, s, b, dtype_bytes_=2).values())
+    saved = saved_tensors("hf-eager", spec, s, b, dtype_bytes_=2)
+    scores = a * s * s * b
+    assert saved["attention_dropout_mask"] == scores  # CUDA's native_dropout: a bool mask
+    # On CPU torch's dropout is `input * noise` (aten `_dropout_impl`), its mask in bf16.
+    predicted = sum(saved.values()) + scores * (2 - 1)
     assert measured[1] == pytest.approx(predicted, rel=0.01)
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from shardwise.arch import ModelSpec, count_params
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import dp_step_comm_bytes
-from shardwise.estimate.profiles import layer_bytes, saved_tensors
+from shardwise.estimate.profiles import fused_attention, layer_bytes, saved_tensors
 from shardwise.layout import RECOMPUTE, Layout, TrainSpec
 from shardwise.units import dtype_bytes
 
@@ -246,9 +246,36 @@ def in_flight_per_stage(schedule: str, p: int, m: int, v: int = 1) -> list[int]:
     raise ShardwiseError(f"unknown schedule {schedule!r}")
 
 
+TRANSIENTS = ("loss buffer", "attention workspace", "ZeRO-3 gather", "gradient bucket",
+              "optimizer step")
+
+
 @dataclass(frozen=True)
 class MemoryBreakdown:
-    """Bytes on one GPU of one pipeline stage."""
+    """Bytes on one GPU of one pipeline stage.
+
+    `total` is what the stage holds across the step (state, the in-flight activations, the last
+    stage's fp32 logits, ZeRO-3's two gathered layers): the planner's fit figure. `transients`
+    are buffers that live only for a moment, `(name, bytes)` in `TRANSIENTS` order:
+
+        loss buffer          last stage: the loss's fp32 softmax / gradient buffer, one
+                             logits-sized fp32 tensor `s·b·V·4/t` beside the held logits
+        attention workspace  backward of one layer's attention: FlashAttention-2's fp32 `dq`
+                             accumulator `s·b·h·4/t`; materialised attention: the fp32
+                             gradient of the scores `a·s²·b·4/t`
+        ZeRO-3 gather        the two gathered layers (= `workspace`, already in `total`)
+        gradient bucket      ZeRO-2/3: one layer's unsharded gradients before the
+                             reduce-scatter; 0 for ZeRO-0/1 (Megatron's contiguous gradient
+                             buffer, DDP's `gradient_as_bucket_view`: buckets are the grads)
+        optimizer step       after backward, activations freed: torch's foreach Adam
+                             (`_foreach_sqrt(exp_avg_sq)`) allocates one fp32 buffer per
+                             parameter the rank steps on; 0 for SGD (fused Adam: none either)
+
+    `peak` = max(forward-to-backward: `total` + the largest of loss buffer, attention
+    workspace and gradient bucket; optimizer step: state + its buffer), so `peak ≥ total`. `peak_term` names the single largest
+    term of that peak. A model, not a measurement: on CPU the allocator cannot report it; on a
+    GPU compare with `torch.cuda.max_memory_allocated` (`shardwise check`'s peak row).
+    """
 
     stage: int
     layers: int
@@ -259,6 +286,7 @@ class MemoryBreakdown:
     logits: float = 0.0
     workspace: float = 0.0
     in_flight: int = 0
+    transients: tuple[tuple[str, float], ...] = ()
 
     @property
     def state(self) -> float:
@@ -268,10 +296,49 @@ class MemoryBreakdown:
     def total(self) -> float:
         return self.state + self.activations + self.logits + self.workspace
 
+    def _peak_parts(self) -> dict[str, float]:
+        """The terms of the peak moment: state classes, activations, logits, one transient."""
+        during = {name: v for name, v in self.transients
+                  if name not in ("optimizer step", "ZeRO-3 gather")}
+        step = dict(self.transients).get("optimizer step", 0.0)
+        name, transient = max(during.items(), key=lambda kv: kv[1], default=("", 0.0))
+        held = {"weights": self.weights, "grads": self.grads, "optimizer": self.optimizer}
+        forward_backward = held | {"activations": self.activations, "logits": self.logits}
+        if self.workspace:  # gathered during every layer's forward and backward
+            forward_backward["ZeRO-3 gather"] = self.workspace
+        if name:
+            forward_backward[name] = transient
+        if self.state + step > sum(forward_backward.values()):
+            return held | {"optimizer step": step}
+        return forward_backward
+
+    @property
+    def peak(self) -> float:
+        return sum(self._peak_parts().values()) if self.transients else self.total
+
+    @property
+    def peak_term(self) -> str:
+        """The largest single term of the peak (weights, grads, optimizer, activations, logits
+        or a transient's name)."""
+        parts = self._peak_parts()
+        return max(parts, key=lambda k: parts[k])
+
+    @property
+    def peak_transient(self) -> str:
+        """The transient the peak adds to what the stage holds."""
+        parts = self._peak_parts()
+        return next((name for name in TRANSIENTS if name in parts and name != "ZeRO-3 gather"),
+                    "")
+
     def as_dict(self) -> dict[str, float]:
         return {"weights": self.weights, "grads": self.grads, "optimizer": self.optimizer,
                 "activations": self.activations, "logits": self.logits,
                 "workspace": self.workspace, "total": self.total}
+
+    def peak_dict(self) -> dict[str, object]:
+        """`peak`, `peak_term`, `peak_transient` and every transient, for JSON."""
+        return {"peak": self.peak, "peak_term": self.peak_term,
+                "peak_transient": self.peak_transient, "transients": dict(self.transients)}
 
 
 def stage_layers(model: ModelSpec, layout: Layout, stage: int) -> list[int]:
@@ -355,6 +422,8 @@ def training_memory_per_gpu(model: ModelSpec, layout: Layout, train: TrainSpec |
             dtype=train.dtype, formula=formula, moe=moe, impl=train.impl)
 
     dense_act, moe_act = act(False), (act(True) if model.is_moe else 0.0)
+    attention_workspace = (s / c * b * h * 4 / t if fused_attention(train.impl, flash)
+                           else model.n_heads / t * s / c * b * s * 4)
     dense_layer, moe_layer, expert_layer = _layer_params(model, layout)
     stages = []
     for stage in range(p):
@@ -375,12 +444,18 @@ def training_memory_per_gpu(model: ModelSpec, layout: Layout, train: TrainSpec |
             last_in_flight = m if layout.schedule == "gpipe" else 1
             activations += last_in_flight * 2 * sb * h * ab / (t if layout.sp else 1)
             logits = last_in_flight * sb * model.vocab * 4 / t
-        workspace = 0.0
-        if layout.zero == 3:
-            biggest = max(dense_layer, moe_layer + expert_layer)
-            workspace = 2 * biggest * state.weight
+        biggest = max(dense_layer, moe_layer + expert_layer)
+        workspace = 2 * biggest * state.weight if layout.zero == 3 else 0.0
+        stepped = (o + oe) / state.optimizer if state.optimizer else 0.0  # params stepped on
+        transients = (
+            ("loss buffer", sb * model.vocab * 4 / t if last else 0.0),  # one micro-batch
+            ("attention workspace", attention_workspace),
+            ("ZeRO-3 gather", workspace),
+            ("gradient bucket", biggest * state.grad if layout.zero >= 2 else 0.0),
+            ("optimizer step", 4.0 * stepped if state.moments >= MOMENT_BYTES["adam"] else 0.0),
+        )
         stages.append(MemoryBreakdown(stage, len(layers), w + we, g + ge, o + oe, activations,
-                                      logits, workspace, in_flight[stage]))
+                                      logits, workspace, in_flight[stage], transients))
     return stages
 
 

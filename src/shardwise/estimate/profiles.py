@@ -62,8 +62,8 @@ import numpy as np
 from shardwise.arch import ModelSpec
 from shardwise.errors import ShardwiseError
 
-__all__ = ["DEFAULT_IMPL", "PROFILES", "Profile", "component", "get_profile", "layer_bytes",
-           "profile_names", "saved_tensors"]
+__all__ = ["DEFAULT_IMPL", "PROFILES", "Profile", "component", "fused_attention",
+           "get_profile", "layer_bytes", "profile_names", "saved_tensors"]
 
 
 @dataclass(frozen=True)
@@ -172,6 +172,12 @@ def _is_true(flag: Any) -> bool:
     return not isinstance(flag, np.ndarray) and bool(flag)
 
 
+def fused_attention(profile: Profile | str, flash: bool) -> bool:
+    """Does this implementation run a fused attention kernel (no materialised scores)?"""
+    prof = get_profile(profile) if isinstance(profile, str) else profile
+    return prof.attention in ("sdpa", "flex") or (prof.attention == "flag" and flash)
+
+
 # ---------------------------------------------------------------------------- the walk
 def saved_tensors(profile: Profile | str, model: ModelSpec, seq_len: int, micro_batch: Any, *,
                   tp: Any = 1, sp: Any = False, cp: Any = 1, flash: bool = False,
@@ -211,7 +217,7 @@ def saved_tensors(profile: Profile | str, model: ModelSpec, seq_len: int, micro_
 
     norm("norm1", "qkv_input")
     not_selective = _pick(selective, False, True)
-    fused = prof.attention in ("sdpa", "flex") or (prof.attention == "flag" and flash)
+    fused = fused_attention(prof, flash)
     add("q", sb * h * ab / tp)
     if prof.attention == "eager":
         # repeat_kv copies K and V to all heads, unless one K/V head is left (the expand then

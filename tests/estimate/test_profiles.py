@@ -193,3 +193,17 @@ def test_cli_plan_takes_impl():
 def test_cli_bad_impl_is_one_line():
     assert_one_line_error(shardwise("memory", "--impl", "deepspeed", check=False),
                           "'deepspeed' is not one of")
+
+
+@pytest.mark.slow
+def test_cli_check_states_its_profile():
+    args = ("check", "--seq", "32", "--global-batch", "2", "--steps", "1", "--dtype", "fp64")
+    text = " ".join(shardwise(*args).stdout.split())
+    assert "against the shardwise profile, which the runtime implements exactly" in text
+    out = shardwise_json(*args, "--impl", "hf-sdpa")
+    assert out["activation_profile"] == "hf-sdpa" and out["ok"]
+    rows = [row for row in out["rows"] if row["item"] == "activations"]
+    assert rows and all(row["target"] == "-" for row in rows)
+    assert all("against the hf-sdpa profile" in row["note"] for row in rows)
+    # the shardwise runtime keeps less than HF's code would for the same layer
+    assert all(row["measured"] < row["predicted"] for row in rows)

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from shardwise.arch import DEFAULT_MODEL, PRESETS, get_model
 from shardwise.errors import ShardwiseError
-from shardwise.estimate.profiles import DEFAULT_IMPL, get_profile, profile_names
+from shardwise.estimate.profiles import DEFAULT_IMPL, fused_attention, get_profile, profile_names
 from shardwise.hardware import Cluster, get_link
 from shardwise.layout import RECOMPUTE, SCHEDULES, Layout, TrainSpec
 from shardwise.units import gb, gib, human_count, human_time, parse_batch, parse_size
@@ -175,9 +175,9 @@ def memory(model: str, gpus: int, gpu: str, gpus_per_node: int, seq: int,
                                                       "in_flight": s.in_flight}
                        for s in stages],
         })
+    kernel = "FlashAttention" if fused_attention(impl, flash) else "materialised attention"
     console.print(f"[bold]{spec.name}[/] on {gpus}× {cluster.accelerator.name}, "
-                  f"layout {layout.short()}, s={seq}, "
-                  f"{'FlashAttention' if flash else 'materialised attention'}, "
+                  f"layout {layout.short()}, s={seq}, {kernel}, "
                   + (f"activations of {get_profile(impl).title} (--impl {impl})"
                      if formula == "generalised" else f"{formula} activation count"))
     console.print(_table(

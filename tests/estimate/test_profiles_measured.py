@@ -75,6 +75,25 @@ def test_hf_mistral_qwen2_layers_match_hf_sdpa(family, tmp_path):
     assert measured[1] == pytest.approx(predicted, rel=0.01)
 
 
+def test_hf_mixtral_moe_layer(tmp_path):
+    """Mixtral's sparse MoE block: router probabilities (fp32), its indices and weights, and
+    per routed copy the expert input, the fused gate/up output, act(gate), the product and the
+    expert output — the routing is data-dependent but every token has exactly k copies."""
+    h, a, kv, f, s, b = 128, 4, 2, 256, 128, 2
+    config = transformers.MixtralConfig(
+        hidden_size=h, num_attention_heads=a, num_key_value_heads=kv, intermediate_size=f,
+        num_hidden_layers=2, vocab_size=64, num_local_experts=4, num_experts_per_tok=2,
+        attn_implementation="sdpa")
+    config.save_pretrained(tmp_path)
+    torch.manual_seed(0)
+    model = transformers.MixtralModel(config).to(torch.bfloat16).train()
+    ids = torch.randint(0, 64, (b, s))
+    measured = saved_bytes_per_layer(model, list(model.layers), lambda: model(input_ids=ids))
+    spec = from_hf_config(tmp_path / "config.json")
+    predicted = sum(saved_tensors("hf-sdpa", spec, s, b, dtype_bytes_=2, moe=True).values())
+    assert measured[1] == pytest.approx(predicted, rel=0.01)
+
+
 def test_hf_attention_dropout_keeps_mask_and_output(tmp_path):
     """Eager attention with attention_dropout > 0 keeps the 1-byte mask and the dropped-out
     probabilities instead of the cast (the profile's `model.dropout` branch)."""
@@ -96,7 +115,8 @@ def test_hf_attention_dropout_keeps_mask_and_output(tmp_path):
     assert measured[1] == pytest.approx(predicted, rel=0.01)
 
 
-def test_torchtitan_llama3_block(monkeypatch):
+@pytest.mark.parametrize("shape", SHAPES[:2], ids=["gqa-bf16", "mha-fp32"])
+def test_torchtitan_llama3_block(shape, monkeypatch):
     """torchtitan 0.3.0's Llama 3 block (fused QKV, complex RoPE, nn.RMSNorm, SwiGLU) measured
     with its FlexAttention core run as SDPA: torch 2.13 has no FlexAttention backward on CPU.
     SDPA's fused kernel keeps q, k, v, out and the log-sum-exp; FlexAttention's autograd op
@@ -116,7 +136,7 @@ def test_torchtitan_llama3_block(monkeypatch):
         return out.transpose(1, 2)
 
     monkeypatch.setattr(FlexAttention, "forward", sdpa)
-    h, a, kv, f, s, b = 256, 8, 2, 688, 128, 2
+    h, a, kv, f, s, b, dtype = shape
     configs = _build_llama3_layers(
         n_layers=2, dim=h, n_heads=a, n_kv_heads=kv, hidden_dim=f, attn_backend="flex",
         rope=ComplexRoPE.Config(dim=h // a, max_seq_len=4096, theta=500000))
@@ -127,8 +147,8 @@ def test_torchtitan_llama3_block(monkeypatch):
             if hasattr(module, "_init_self_buffers"):  # the RoPE cache (complex, kept fp32)
                 module._init_self_buffers(buffer_device=torch.device("cpu"))
         for p in block.parameters():
-            p.data = p.data.to(torch.bfloat16)
-    x = torch.randn(b, s, h, dtype=torch.bfloat16, requires_grad=True)
+            p.data = p.data.to(DTYPES[dtype])
+    x = torch.randn(b, s, h, dtype=DTYPES[dtype], requires_grad=True)
 
     def run():
         y = x
@@ -137,7 +157,7 @@ def test_torchtitan_llama3_block(monkeypatch):
 
     measured = saved_bytes_per_layer(blocks, list(blocks), run)
     spec = ModelSpec("tt-small", 2, h, a, kv, f, 64)
-    saved = saved_tensors("torchtitan", spec, s, b, dtype_bytes_=2)
+    saved = saved_tensors("torchtitan", spec, s, b, dtype_bytes_=BYTES[dtype])
     assert saved["flex_max_scores"] == a * s * b * 4
     predicted = sum(saved.values()) - saved["flex_max_scores"]
     assert measured[1] == pytest.approx(predicted, rel=0.01)

@@ -45,7 +45,9 @@ around the layer in HF and torchtitan); selective recompute re-runs the attentio
 `torch.utils.checkpoint`), keeping q, k, v at a_kv width and the output. A profile fixes its
 attention kernel where the code does (`hf-sdpa`, `torchtitan`: fused; `hf-eager`: never); only
 `shardwise` and `megatron-te` follow `flash`. MoE layers run the profile's MLP on every routed
-copy, after the router's fp32 probabilities (not measured for hf-*/megatron-te/torchtitan).
+copy, after the router's fp32 probabilities; hf-* add what transformers' Mixtral router keeps
+(indices and weights, measured on CPU); megatron-te's and torchtitan's routing extras are not
+modelled.
 
 Every function here is plain arithmetic on Python scalars *or* NumPy arrays (`tp`, `cp`,
 `micro_batch`, `sp`, `selective`), so the planner evaluates millions of layouts at once.
@@ -77,6 +79,7 @@ class Profile:
     row maxima) or "eager" (fp32 softmax + its cast, K/V repeated to all heads).
     mlp_keeps_activation: the gated MLP's act(gate) is saved apart from the product.
     residual_dropout: hidden dropout masks after attention and MLP (with `model.dropout`).
+    routing_per_copy / routing_per_token: what an MoE router keeps besides its probabilities.
     """
 
     name: str
@@ -87,6 +90,8 @@ class Profile:
     attention: str
     mlp_keeps_activation: bool
     residual_dropout: bool
+    routing_per_copy: float = 0.0  # MoE bookkeeping bytes per routed copy (indices, weights)
+    routing_per_token: float = 0.0  # … and per token
 
     def validate(self) -> Profile:
         if self.norm not in ("fused", "hf", "torch"):
@@ -95,6 +100,12 @@ class Profile:
             raise ShardwiseError(f"profile {self.name}: attention {self.attention!r} unknown")
         return self
 
+
+# transformers 5.24.0 models/mixtral/modeling_mixtral.py (MixtralTopKRouter, MixtralExperts):
+# per routed copy four int64 indices (top-k index, the sort permutation and its inverse, the
+# index_add target) and two fp32 weights (top-k value, the copy's weight); per token the fp32
+# sum that renormalises the top-k weights.
+_HF_ROUTING = (4 * 8 + 2 * 4, 4.0)
 
 PROFILES: dict[str, Profile] = {p.name: p.validate() for p in (
     Profile("shardwise", "shardwise runtime (SPEC §3 generalised count)", "shardwise.runtime",
@@ -108,10 +119,10 @@ PROFILES: dict[str, Profile] = {p.name: p.validate() for p in (
             "torch", "flex", True, False),
     Profile("hf-sdpa", "Hugging Face transformers, SDPA attention",
             "transformers 5.24.0 models/llama/modeling_llama.py",
-            "measured on CPU within 1 %", "hf", "sdpa", True, False),
+            "measured on CPU within 1 %", "hf", "sdpa", True, False, *_HF_ROUTING),
     Profile("hf-eager", "Hugging Face transformers, eager attention",
             "transformers 5.24.0 models/llama/modeling_llama.py",
-            "measured on CPU within 1 %", "hf", "eager", True, False),
+            "measured on CPU within 1 %", "hf", "eager", True, False, *_HF_ROUTING),
 )}
 
 # What most people who train these models run: Hugging Face transformers (Trainer, TRL,
@@ -278,8 +289,11 @@ def _moe_saved(prof: Profile, model: ModelSpec, tokens: Any, tp: Any, ab: float
     """Router probabilities (fp32) and, per routed copy (top_k per token, balanced routing),
     the expert's input, its hidden activations and its output (kept for the gate product)."""
     h, k = model.d_model, model.top_k
-    out = {"router_probs": tokens * model.n_experts * max(4.0, ab),
-           "expert_inputs": k * tokens * h * ab}
+    out = {"router_probs": tokens * model.n_experts * max(4.0, ab)}
+    if prof.routing_per_copy or prof.routing_per_token:
+        out["router_indices_and_weights"] = tokens * (k * prof.routing_per_copy
+                                                      + prof.routing_per_token)
+    out["expert_inputs"] = k * tokens * h * ab
     out.update(_mlp_saved(prof, model, k * tokens, model.expert_d_ff / tp, ab, "expert"))
     out["expert_outputs"] = k * tokens * h * ab
     if model.n_shared_experts:

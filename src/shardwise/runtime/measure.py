@@ -489,8 +489,8 @@ def _predicted_saved(model: ModelSpec, layout: Layout, train: TrainSpec, moe: bo
                                     selective=rc == "selective",
                                     dtype_bytes_=dtype_bytes(train.dtype), moe=moe,
                                     impl=train.impl)
-    in_moe = {name for name in saved if name in ("mlp_input", "router_probs")
-              or name.startswith(("expert_", "shared_"))} if moe else set()
+    in_moe = {name for name in saved if name == "mlp_input"
+              or name.startswith(("router_", "expert_", "shared_"))} if moe else set()
     per_row = sum(saved[name] for name in ("expert_inputs", "expert_gate", "expert_up",
                                            "expert_activation_input", "expert_down_input")
                   if name in saved) / (model.top_k * s / c * b) if moe else 0.0

@@ -154,7 +154,9 @@ def memory(model: str, gpus: int, gpu: str, gpus_per_node: int, seq: int,
            optimizer: str, formula: str, impl: str, headroom: float, as_json: bool,
            **layout_kw: Any) -> None:
     """Per-GPU training memory of MODEL (preset or config.json), stage by stage."""
-    from shardwise.estimate.memory import training_memory_per_gpu
+    from shardwise.estimate.memory import saved_tensors_per_layer, training_memory_per_gpu
+    from shardwise.estimate.profiles import by_component
+    from shardwise.units import dtype_bytes
 
     spec = get_model(model)
     cluster = Cluster.of(gpus, gpu, gpus_per_node)
@@ -164,6 +166,10 @@ def memory(model: str, gpus: int, gpu: str, gpus_per_node: int, seq: int,
                       optimizer=optimizer, flash_attention=flash, impl=impl).validate()
     layout.validate(spec, cluster, train)
     stages = training_memory_per_gpu(spec, layout, train, formula=formula)
+    layer = saved_tensors_per_layer(  # one (MoE, if any) layer, one micro-batch, this rank
+        spec, seq, layout.micro_batch, tp=layout.tp, sp=layout.sp, cp=layout.cp,
+        flash=flash, selective=layout.recompute == "selective",
+        dtype_bytes_=dtype_bytes(dtype), moe=spec.is_moe, impl=impl)
     budget = cluster.accelerator.memory_bytes * headroom
     worst = max(stages, key=lambda s: s.total)
     fits = worst.total <= budget
@@ -174,6 +180,8 @@ def memory(model: str, gpus: int, gpu: str, gpus_per_node: int, seq: int,
             "stages": [s.as_dict() | s.peak_dict() | {"stage": s.stage, "layers": s.layers,
                                                       "in_flight": s.in_flight}
                        for s in stages],
+            "layer_saved": {"impl": impl, "recompute": layout.recompute,
+                            "tensors": layer, "by_component": by_component(layer)},
         })
     kernel = "FlashAttention" if fused_attention(impl, flash) else "materialised attention"
     console.print(f"[bold]{spec.name}[/] on {gpus}× {cluster.accelerator.name}, "
@@ -188,6 +196,12 @@ def memory(model: str, gpus: int, gpu: str, gpus_per_node: int, seq: int,
             s.weights, s.grads, s.optimizer, s.activations, s.logits, s.workspace, s.total)),
           f"{s.total / 2**30:.2f}", f"{s.peak / 1e9:.2f}", s.peak_term] for s in stages],
     ))
+    if layout.recompute != "full" and formula == "generalised":
+        parts = ", ".join(f"{name} {value / 2**20:,.0f}"
+                          for name, value in by_component(layer).items())
+        kind = "MoE layer" if spec.is_moe else "layer"
+        console.print(f"One {kind} saves {sum(layer.values()) / 2**20:,.0f} MiB per micro-batch "
+                      f"under --impl {impl}: {parts} (MiB).")
     verdict = "[green]fits[/]" if fits else "[red]does not fit[/]"
     console.print(f"Largest stage {worst.stage}: {gb(worst.total)} ({gib(worst.total)}) — "
                   f"{verdict} in {gib(budget)} ({headroom:.0%} of "

@@ -176,6 +176,11 @@ def test_cli_memory_states_the_profile_and_the_peak():
     assert stage["peak"] >= stage["total"] and stage["peak_term"] == "activations"
     assert set(stage["transients"]) == {"loss buffer", "attention workspace", "ZeRO-3 gather",
                                         "gradient bucket", "optimizer step"}
+    saved = out["layer_saved"]
+    assert saved["impl"] == "hf-eager" and "attention internals" in saved["by_component"]
+    assert sum(saved["tensors"].values()) == pytest.approx(activation_bytes_per_layer(
+        PRESETS["llama3-8b"], 8192, 1, flash=True, impl="hf-eager"))
+    assert "One layer saves" in text and "MLP internals" in text
     help_text = " ".join(shardwise("memory", "--help").stdout.split())
     assert "default: hf-sdpa" in help_text and "what most users run" in help_text
 

@@ -64,7 +64,7 @@ import numpy as np
 from shardwise.arch import ModelSpec
 from shardwise.errors import ShardwiseError
 
-__all__ = ["DEFAULT_IMPL", "PROFILES", "Profile", "component", "fused_attention",
+__all__ = ["DEFAULT_IMPL", "PROFILES", "Profile", "by_component", "component", "fused_attention",
            "get_profile", "layer_bytes", "profile_names", "saved_tensors"]
 
 
@@ -161,6 +161,14 @@ def component(name: str) -> str:
         if name == prefix or name.startswith(prefix + "_"):
             return comp
     return "other"
+
+
+def by_component(saved: dict[str, Any]) -> dict[str, Any]:
+    """Sum `saved_tensors`' entries per `component`, in walk order."""
+    out: dict[str, Any] = {}
+    for name, value in saved.items():
+        out[component(name)] = out.get(component(name), 0.0) + value
+    return out
 
 
 # ------------------------------------------------------------------ scalar/array helpers

@@ -9,7 +9,10 @@ layer; a profile lists them, by component, with their dtype, as read from that c
     megatron-te  Megatron-Core 0.16.1 with Transformer Engine: megatron/training/
                  theoretical_memory_usage.py (Megatron-LM, `compute_activation_memory`: Table 2 of
                  Korthikanti et al. 2022, `sbh(18 + 4f/h)` with SP and selective recompute) for
-                 the walk, and what TE's fused modules keep: `LayerNormLinear` saves the norm
+                 the walk, and what TE's fused modules keep (Transformer Engine's public
+                 source, transformer_engine/pytorch/module/layernorm_linear.py and
+                 attention/, main branch, not a pinned release; Megatron's own fusions from the
+                 megatron-core 0.16.1 wheel): `LayerNormLinear` saves the norm
                  input, `ln_out` and `rsigma` (fp32); `DotProductAttention` (flash / cuDNN fused)
                  saves q, k, v, out and the fp32 softmax statistics (b·a·s); Megatron's fused
                  `bias_swiglu` saves the fc1 output (gate and up, 2f), `TERowParallelLinear` its
@@ -23,7 +26,8 @@ layer; a profile lists them, by component, with their dtype, as read from that c
                  (torch/_higher_order_ops/flex_attention.py) keeps q, k, v, out, the log-sum-exp
                  and the row maxima (both fp32, b·a·s). No dropout. Measured on CPU with the
                  inner attention swapped for SDPA (FlexAttention has no CPU backward in torch
-                 2.13; the two extra fp32 rows are added from the source).
+                 2.13; the row maxima are added from the source). Unverified here: whether
+                 CUDA builds route `F.rms_norm` to a fused kernel that keeps less.
     hf-sdpa      Hugging Face transformers 5.24.0, models/llama/modeling_llama.py with
                  integrations/sdpa_attention.py: `LlamaRMSNorm` keeps the fp32 upcast of its input,
                  the rsqrt (fp32) and the normalised rows cast back (input dtype) before the
@@ -31,10 +35,12 @@ layer; a profile lists them, by component, with their dtype, as read from that c
                  `scaled_dot_product_attention(enable_gqa=True, is_causal=True)` runs a fused
                  kernel that keeps q, k, v (K/V at a_kv width), out and the fp32 log-sum-exp; the
                  output's transpose is already contiguous, so `o_proj` keeps the same storage.
-                 Measured on CPU (tests/estimate/test_profiles.py).
+                 Measured on CPU (tests/estimate/test_profiles_measured.py, to the byte).
     hf-eager     the same with `eager_attention_forward`: K and V repeated to `a` heads
-                 (`repeat_kv`; a view when one K/V head is left), the fp32 softmax output, its cast to the input dtype (with
-                 attention dropout: the 1-byte mask and the dropped-out probabilities instead).
+                 (`repeat_kv`; a view when one K/V head is left), the fp32 softmax output, its
+                 cast to the input dtype (with attention dropout: CUDA's 1-byte mask and the
+                 dropped-out probabilities instead; on CPU torch keeps the mask in the input
+                 dtype). Measured on CPU, to the byte.
                  Measured on CPU.
 
 All profiles share shardwise's rules for parallelism (SPEC §3): replicated tensors ÷t only with
@@ -111,7 +117,8 @@ PROFILES: dict[str, Profile] = {p.name: p.validate() for p in (
     Profile("shardwise", "shardwise runtime (SPEC §3 generalised count)", "shardwise.runtime",
             "exact against the runtime (shardwise check)", "fused", "flag", False, True),
     Profile("megatron-te", "Megatron-Core + Transformer Engine",
-            "Megatron-Core 0.16.1, Megatron-LM theoretical_memory_usage.py, TE fused modules",
+            "Megatron-Core 0.16.1 (fused_bias_swiglu), Megatron-LM theoretical_memory_usage.py, "
+            "Transformer Engine's layernorm_linear/attention (main branch)",
             "derived from the source, not measured (TE needs CUDA)", "fused", "flag", False, True),
     Profile("torchtitan", "torchtitan Llama 3 (FlexAttention)",
             "torchtitan 0.3.0 models/llama3, torch 2.13",

@@ -3,7 +3,10 @@
 All functions return bytes. Per-GPU memory = model-parallel shard of the parameters
 (÷ tp·pp, experts also ÷ ep) × bytes per parameter, each state class divided by the ZeRO degree
 according to the stage, plus the activations of the micro-batches in flight on the stage, the
-fp32 logits on the last stage and ZeRO-3's gather buffers.
+fp32 logits on the last stage and ZeRO-3's gather buffers. What a layer saves depends on whose
+code trains it: `TrainSpec.impl` names an implementation profile (`estimate.profiles`;
+"shardwise" is SPEC §3's count). Each stage also lists its transient buffers and the peak they
+make (`MemoryBreakdown.peak`, `peak_term`).
 """
 
 from __future__ import annotations

@@ -571,14 +571,16 @@ def _state_rows(model: ModelSpec, layout: Layout, train: TrainSpec, stage: int,
 
 def _peak_row(model: ModelSpec, layout: Layout, train: TrainSpec, stage: int,
               measured: float | None) -> CheckRow:
-    predicted = training_memory_per_gpu(model, layout, train)[stage].total
+    breakdown = training_memory_per_gpu(model, layout, train)[stage]
+    predicted = breakdown.peak  # held memory + the largest transient (MemoryBreakdown.peak)
     if measured is None:
         return CheckRow("peak memory", "max_memory_allocated", predicted, None, REPORTED,
-                        "no GPU: this run is on CPU (gloo)")
+                        "no GPU: this run is on CPU (gloo), whose allocator cannot report "
+                        f"a peak; modelled peak from {breakdown.peak_term}")
     return CheckRow("peak memory", "max_memory_allocated", predicted, measured, REPORTED,
                     "allocator peak: the model's state and activations plus transient buffers "
-                    "(logits, collective and recompute buffers, fragmentation); CUDA context "
-                    "excluded")
+                    f"(modelled: {breakdown.peak_transient or 'none'}; not modelled: collective "
+                    "and recompute buffers, fragmentation); CUDA context excluded")
 
 
 # -------------------------------------------------------------------------- on the ranks

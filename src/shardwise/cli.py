@@ -21,6 +21,7 @@ from shardwise.emit import FRAMEWORKS
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import ALGORITHMS, OPS
 from shardwise.estimate.memory import ACTIVATION_FORMULAS
+from shardwise.estimate.profiles import DEFAULT_IMPL, get_profile, profile_names
 from shardwise.layout import RECOMPUTE, SCHEDULES, Layout
 from shardwise.report.builders import (
     comm_payload,
@@ -53,6 +54,18 @@ def _emit_json(payload: Any) -> None:
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+def impl_option(default: str = DEFAULT_IMPL) -> Callable:
+    """`--impl`: whose code trains the model, i.e. which tensors a layer saves for backward
+    (`estimate.profiles`)."""
+    return click.option(
+        "--impl", default=default, show_default=True, type=click.Choice(profile_names()),
+        help="Activation profile: what this training code saves per layer — megatron-te "
+             "(Megatron-Core + Transformer Engine: what most large pretraining runs use, the "
+             "default), hf-sdpa (Hugging Face transformers with SDPA: fine-tuning; ~45 % more "
+             "per Llama layer), hf-eager, torchtitan, shardwise (SPEC §3, this package's "
+             "runtime).")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -115,18 +128,19 @@ def layout_options(func: Callable) -> Callable:
 @click.option("--optimizer", default="adam", show_default=True)
 @click.option("--formula", default="generalised", show_default=True,
               type=click.Choice(ACTIVATION_FORMULAS), help="Activation count.")
+@impl_option()
 @click.option("--headroom", default=0.85, show_default=True,
               help="Usable fraction of GPU memory.")
 @json_option
 def memory(model: str, gpus: int, gpu: str, gpus_per_node: int, seq: int,
            global_batch: str | None, flash: bool, dtype: str, grad_dtype: str | None,
-           optimizer: str, formula: str, headroom: float, as_json: bool, **layout_kw: Any
-           ) -> None:
+           optimizer: str, formula: str, impl: str, headroom: float, as_json: bool,
+           **layout_kw: Any) -> None:
     """Per-GPU training memory of MODEL (preset or config.json), stage by stage."""
     out = memory_payload(get_model(model), gpus=gpus, gpu=gpu, gpus_per_node=gpus_per_node,
                          seq=seq, global_batch=global_batch, flash=flash, dtype=dtype,
                          grad_dtype=grad_dtype, optimizer=optimizer, formula=formula,
-                         headroom=headroom, **layout_kw)
+                         impl=impl, headroom=headroom, **layout_kw)
     if as_json:
         return _emit_json(out)
     render_memory(out, console)
@@ -394,10 +408,11 @@ def _error_cell(row: Any) -> str:
 @click.option("--per-rank", is_flag=True,
               help="One row per rank [default: per pipeline stage, the rank with the largest "
                    "error].")
+@impl_option("shardwise")
 @json_option
 def check(model_name: str, seq: int, global_batch: str, seed: int, data_path: str | None,
-          dtype: str, flash: bool, timeout: float, steps: int, per_rank: bool, as_json: bool,
-          **layout_kw: Any) -> None:
+          dtype: str, flash: bool, timeout: float, steps: int, per_rank: bool, impl: str,
+          as_json: bool, **layout_kw: Any) -> None:
     """Predicted versus measured (SPEC §9): train --model for a few steps on the layout, as
     `shardwise train` does, and compare what the ranks really sent and kept with the analytic
     model: bytes per mesh axis and collective (target: exact), bytes each layer saves for
@@ -410,18 +425,21 @@ def check(model_name: str, seq: int, global_batch: str, seed: int, data_path: st
                            flash, steps=steps)
     layout = config.layout
     rows = _on_ranks(lambda: measure.run_check(config, steps, timeout_s=timeout,
-                                               per_rank=per_rank))
+                                               per_rank=per_rank, impl=impl))
     missed = [row for row in rows if not row.ok]
     if rank() == 0 and as_json:
         _emit_json({"model": config.model.name, "layout": layout.to_dict(),
                     "ranks": layout.world_size, "steps": steps, "ok": not missed,
+                    "activation_profile": impl,
                     "rows": [row.as_dict() for row in rows]})
     elif rank() == 0:
         where = "rank" if per_rank else "worst of"
         console.print(_table(
             f"{config.model.name}, {layout.short()}, {layout.world_size} rank(s), {dtype}: "
             f"predicted vs measured over {steps} step(s) (bytes; comm per step, activations "
-            "per micro-batch)",
+            f"per micro-batch against the {impl} profile"
+            + (", which the runtime implements exactly)" if impl == "shardwise" else
+               "; the runtime implements shardwise)"),
             ["stage", where, "item", "what", "predicted", "measured", "error", "target", "ok",
              "note"],
             [[row.stage, row.rank if per_rank else f"{row.ranks} ranks", row.item, row.what,
@@ -459,6 +477,7 @@ def check(model_name: str, seq: int, global_batch: str, seed: int, data_path: st
 @click.option("--dtype", default="bf16", show_default=True)
 @click.option("--grad-dtype", default=None, help="Gradient dtype [default: --dtype].")
 @click.option("--optimizer", default="adam", show_default=True)
+@impl_option()
 @click.option("--headroom", default=0.85, show_default=True,
               help="Usable fraction of GPU memory.")
 @click.option("--calibration", "calibration_path", default=None,
@@ -467,8 +486,8 @@ def check(model_name: str, seq: int, global_batch: str, seed: int, data_path: st
 def plan(model: str, gpus: int, gpu: str, gpus_per_node: int, intra: str | None,
          inter: str | None, seq: int, global_batch: str, tokens: str | None,
          price: float | None, top: int, layout_text: str | None, emit: str | None,
-         flash: bool, dtype: str, grad_dtype: str | None, optimizer: str, headroom: float,
-         calibration_path: str | None, as_json: bool) -> None:
+         flash: bool, dtype: str, grad_dtype: str | None, optimizer: str, impl: str,
+         headroom: float, calibration_path: str | None, as_json: bool) -> None:
     """Search every layout of MODEL (preset or config.json) and explain the best.
 
     With no arguments: llama3-8b on 64 H100s (8 nodes), s=8192, a 4M-token batch.
@@ -481,7 +500,7 @@ def plan(model: str, gpus: int, gpu: str, gpus_per_node: int, intra: str | None,
         "inter": inter, "seq": seq, "global_batch": global_batch, "tokens": tokens,
         "price": price, "top": top, "layout_text": layout_text, "flash": flash, "dtype": dtype,
         "grad_dtype": grad_dtype, "optimizer": optimizer, "headroom": headroom,
-        "calibration_path": calibration_path}
+        "calibration_path": calibration_path, "impl": impl}
     if console.is_terminal and not as_json and emit is None:
         with console.status("searching layouts…") as status:
             result = run_plan(spec, **options, progress=lambda msg: status.update(msg + "…"))

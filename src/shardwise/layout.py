@@ -12,6 +12,7 @@ from typing import Any
 
 from shardwise.arch import ModelSpec
 from shardwise.errors import LayoutError, ShardwiseError
+from shardwise.estimate.profiles import DEFAULT_IMPL, PROFILES
 from shardwise.hardware import Cluster
 from shardwise.schedules.registry import DEFAULT_SCHEDULE, SCHEDULE_REGISTRY, SCHEDULES
 from shardwise.units import DTYPE_BYTES
@@ -25,7 +26,8 @@ OPTIMIZERS = ("adam", "sgd-momentum", "sgd", "adam-8bit", "adafactor")
 
 @dataclass(frozen=True)
 class TrainSpec:
-    """The training target: sequence length, global batch (sequences), dtypes, optimizer."""
+    """The training target: sequence length, global batch (sequences), dtypes, optimizer, and
+    whose code trains it (`impl`: the activation profile, `estimate.profiles`)."""
 
     seq_len: int = 4096
     global_batch: int | None = None  # sequences per optimizer step; None: one micro-batch per pp stage
@@ -33,6 +35,7 @@ class TrainSpec:
     grad_dtype: str | None = None  # None: same as dtype (Megatron's default keeps fp32 grads)
     optimizer: str = "adam"
     flash_attention: bool = True
+    impl: str = DEFAULT_IMPL  # whose activations: an `estimate.profiles` name
 
     def validate(self) -> TrainSpec:
         problems = []
@@ -46,6 +49,9 @@ class TrainSpec:
                 problems.append(f"{name} {value!r} unknown; valid: {', '.join(DTYPE_BYTES)}")
         if self.optimizer not in OPTIMIZERS:
             problems.append(f"optimizer {self.optimizer!r} unknown; valid: {', '.join(OPTIMIZERS)}")
+        if self.impl not in PROFILES:
+            problems.append(f"implementation profile {self.impl!r} unknown; valid: "
+                            f"{', '.join(PROFILES)}")
         if problems:
             raise ShardwiseError("; ".join(problems))
         return self

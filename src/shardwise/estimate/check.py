@@ -49,9 +49,10 @@ from shardwise.units import dtype_bytes
 
 __all__ = ["COUNTS_OP", "EXACT", "REPORTED", "WITHIN_1PC", "CheckRow", "Term",
            "activation_note", "comm_rows", "merge_rows", "peak_row", "predicted_comm",
-           "predicted_saved", "state_rows"]
+           "predicted_saved", "state_rows", "RUNTIME_IMPL"]
 
 EXACT, WITHIN_1PC, REPORTED = "exact", "1%", "-"
+RUNTIME_IMPL = "shardwise"  # the activation profile the runtime implements (estimate.profiles)
 _ROUNDING = 1e-12  # "exact": equal to float rounding
 # the op name under which expert parallelism's per-expert row-count exchange is counted
 COUNTS_OP = "all-to-all (counts)"
@@ -226,12 +227,13 @@ def predicted_saved(model: ModelSpec, layout: Layout, train: TrainSpec, moe: boo
     s, b, sp = train.seq_len, layout.micro_batch, layout.sp and layout.tp > 1
     if rc == "full":
         return activation_bytes_per_layer(model, s, b, tp=t, sp=sp, cp=c, recompute=rc,
-                                          dtype=train.dtype), None, 0.0
+                                          dtype=train.dtype, impl=train.impl), None, 0.0
     saved = saved_tensors_per_layer(model, s, b, tp=t, sp=sp, cp=c, flash=train.flash_attention,
                                     selective=rc == "selective",
-                                    dtype_bytes_=dtype_bytes(train.dtype), moe=moe)
-    in_moe = {name for name in saved if name in ("mlp_input", "router_probs")
-              or name.startswith(("expert_", "shared_"))} if moe else set()
+                                    dtype_bytes_=dtype_bytes(train.dtype), moe=moe,
+                                    impl=train.impl)
+    in_moe = {name for name in saved if name == "mlp_input"
+              or name.startswith(("router_", "expert_", "shared_"))} if moe else set()
     per_row = sum(saved[name] for name in ("expert_inputs", "expert_gate", "expert_up",
                                            "expert_activation_input", "expert_down_input")
                   if name in saved) / (model.top_k * s / c * b) if moe else 0.0
@@ -275,12 +277,14 @@ def state_rows(model: ModelSpec, layout: Layout, train: TrainSpec, stage: int,
 
 
 def peak_row(model: ModelSpec, layout: Layout, train: TrainSpec, stage: int,
-              measured: float | None) -> CheckRow:
-    predicted = training_memory_per_gpu(model, layout, train)[stage].total
+             measured: float | None) -> CheckRow:
+    breakdown = training_memory_per_gpu(model, layout, train)[stage]
+    predicted = breakdown.peak  # held memory + the largest transient (MemoryBreakdown.peak)
     if measured is None:
         return CheckRow("peak memory", "max_memory_allocated", predicted, None, REPORTED,
-                        "no GPU: this run is on CPU (gloo)")
+                        "no GPU: this run is on CPU (gloo), whose allocator cannot report "
+                        f"a peak; modelled peak from {breakdown.peak_term}")
     return CheckRow("peak memory", "max_memory_allocated", predicted, measured, REPORTED,
                     "allocator peak: the model's state and activations plus transient buffers "
-                    "(logits, collective and recompute buffers, fragmentation); CUDA context "
-                    "excluded")
+                    f"(modelled: {breakdown.peak_transient or 'none'}; not modelled: collective "
+                    "and recompute buffers, fragmentation); CUDA context excluded")

@@ -3,7 +3,10 @@
 All functions return bytes. Per-GPU memory = model-parallel shard of the parameters
 (÷ tp·pp, experts also ÷ ep) × bytes per parameter, each state class divided by the ZeRO degree
 according to the stage, plus the activations of the micro-batches in flight on the stage, the
-fp32 logits on the last stage and ZeRO-3's gather buffers.
+fp32 logits on the last stage and ZeRO-3's gather buffers. What a layer saves depends on whose
+code trains it: `TrainSpec.impl` names an implementation profile (`estimate.profiles`;
+"shardwise" is SPEC §3's count). Each stage also lists its transient buffers and the peak they
+make (`MemoryBreakdown.peak`, `peak_term`).
 
 One model, array-generic: the functions below take the layout's degrees as Python numbers or as
 NumPy arrays of many layouts (the planner evaluates millions at once through `stage_memory` and
@@ -22,6 +25,7 @@ import numpy as np
 from shardwise.arch import ModelSpec, count_params
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import dp_step_comm_bytes
+from shardwise.estimate.profiles import fused_attention, layer_bytes, saved_tensors
 from shardwise.layout import RECOMPUTE, Layout, TrainSpec
 from shardwise.schedules.registry import get_schedule, select
 from shardwise.units import dtype_bytes
@@ -188,7 +192,7 @@ def korthikanti_activation_bytes(seq_len: int, micro_batch: int, hidden: int, he
 def saved_tensors_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any, *, tp: Any = 1,
                             sp: Any = False, cp: Any = 1, flash: bool = False,
                             selective: Any = False, dtype_bytes_: float = 2,
-                            moe: bool = False) -> dict[str, Any]:
+                            moe: bool = False, impl: str = "shardwise") -> dict[str, Any]:
     """The generalised count: every tensor one layer saves for backward, in bytes per rank.
 
     Walks the layer as Korthikanti et al. do, for the actual architecture: GQA widths for K and
@@ -206,106 +210,43 @@ def saved_tensors_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any, *,
     With MHA, GELU, f = 4h, LayerNorm, dropout and 2-byte activations the non-statistic items
     sum to Korthikanti's `s·b·h·(34 + 5·a·s/h)`.
 
-    `micro_batch`, `tp`, `sp`, `cp` and `selective` may be arrays (one entry per layout): an item
-    that only some layouts save is then present and 0 for the others.
+    `impl` names the implementation profile (`estimate.profiles`): "shardwise" (the default)
+    is this count, what shardwise's runtime saves; "hf-sdpa", "megatron-te"… list what that
+    code keeps for the same layer.
     """
-    ab = dtype_bytes_
-    s, b, h = seq_len / cp, micro_batch, model.d_model
-    sb = s * b
-    rep = np.where(sp, tp, 1)  # replicated tensors are split only by sequence parallelism
-    kv_heads = np.maximum(model.n_kv_heads // tp, 1)
-    kv = kv_heads * model.head_dim
-    heads = model.n_heads / tp
-    fp32 = max(4.0, ab)  # statistics are kept in at least fp32
-    stats = fp32 * (1 if model.norm == "rmsnorm" else 2)  # per row: rstd (and mean)
-    out = {
-        "norm1_input": sb * h * ab / rep,
-        "norm1_stats": sb * stats / rep,
-        "qkv_input": sb * h * ab / rep,
-        "q": sb * h * ab / tp,
-        "k": sb * kv * ab,
-        "v": sb * kv * ab,
-    }
-    core = np.logical_not(selective)  # selective recompute re-runs the core, lse included
-    if not flash and np.any(core):
-        # s/c query rows against all s keys per rank.
-        scores = heads * sb * seq_len * core
-        out["softmax_output"] = scores * ab
-        if model.dropout:
-            out["attention_dropout_mask"] = scores * 1
-            out["attention_dropout_output"] = scores * ab
-    elif flash and np.any(core):
-        out["flash_logsumexp"] = heads * sb * fp32 * core
-    out["attention_output"] = sb * h * ab / tp
-    if model.dropout:
-        out["attention_residual_dropout_mask"] = sb * h / rep
-    out["norm2_input"] = sb * h * ab / rep
-    out["norm2_stats"] = sb * stats / rep
-    out["mlp_input"] = sb * h * ab / rep
-    if moe:
-        out.update(_moe_saved(model, sb, tp, ab))
-    else:
-        out.update(_mlp_saved(model, sb, model.d_ff / tp, ab, "mlp"))
-    if model.dropout:
-        out["mlp_residual_dropout_mask"] = sb * h / rep
-    return {name: _plain(value) for name, value in out.items()}
-
-
-def _mlp_saved(model: ModelSpec, tokens: Any, f: Any, ab: float, prefix: str
-               ) -> dict[str, Any]:
-    if model.gated_mlp:  # fused SwiGLU saves gate and up; the down projection saves silu(g)·u
-        return {f"{prefix}_gate": tokens * f * ab, f"{prefix}_up": tokens * f * ab,
-                f"{prefix}_down_input": tokens * f * ab}
-    return {f"{prefix}_activation_input": tokens * f * ab,
-            f"{prefix}_down_input": tokens * f * ab}
-
-
-def _moe_saved(model: ModelSpec, tokens: Any, tp: Any, ab: float) -> dict[str, Any]:
-    """Router probabilities (fp32) and, per routed copy (top_k per token, balanced routing),
-    the expert's input, its hidden activations and its output (kept for the gate product)."""
-    h, k = model.d_model, model.top_k
-    out = {"router_probs": tokens * model.n_experts * max(4.0, ab),
-           "expert_inputs": k * tokens * h * ab}
-    out.update(_mlp_saved(model, k * tokens, model.expert_d_ff / tp, ab, "expert"))
-    out["expert_outputs"] = k * tokens * h * ab
-    if model.n_shared_experts:
-        shared = _mlp_saved(model, tokens, model.expert_d_ff / tp, ab, "shared")
-        out.update({name: model.n_shared_experts * v for name, v in shared.items()})
-    return out
+    return saved_tensors(impl, model, seq_len, micro_batch, tp=tp, sp=sp, cp=cp, flash=flash,
+                         selective=selective, dtype_bytes_=dtype_bytes_, moe=moe)
 
 
 def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any = 1, *,
                                tp: Any = 1, sp: Any = False, cp: Any = 1,
                                recompute: Any = "none", flash: bool = False,
                                dtype: str = "bf16", formula: str = "generalised",
-                               moe: bool | None = None) -> Any:
+                               moe: bool | None = None, impl: str = "shardwise") -> Any:
     """Bytes one layer keeps for backward per micro-batch, per rank.
 
     `formula="korthikanti"`: the paper's closed form (see `korthikanti_activation_bytes`, which
-    assumes MHA, GELU f=4h, dropout, 2-byte activations); `"generalised"`: the sum of
-    `saved_tensors_per_layer` for the actual architecture. Full recompute keeps only the layer
+    assumes MHA, GELU f=4h, dropout, 2-byte activations); `"generalised"`: the sum of the
+    saved tensors of implementation profile `impl` (`estimate.profiles`; "shardwise", the
+    default, is `saved_tensors_per_layer`, SPEC §3). Full recompute keeps only the layer
     input `s·b·h·bytes` (÷t with SP). Context parallelism divides by `c`.
 
-    Array-generic (generalised count): `micro_batch`, `tp`, `sp`, `cp` and `recompute` (then as
-    codes, the index in `RECOMPUTE`) may be arrays of layouts.
+    `tp`, `cp`, `micro_batch`, `sp` and `recompute` may be NumPy arrays (`recompute` then holds
+    codes: 0 none, 1 selective, 2 full) for the planner's vectorised evaluation.
     """
     if isinstance(recompute, str) and recompute not in RECOMPUTE:
         raise ShardwiseError(f"recompute must be none, selective or full; got {recompute!r}")
+    rc = RECOMPUTE.index(recompute) if isinstance(recompute, str) else recompute
+    selective, full = rc == RECOMPUTE.index("selective"), rc == RECOMPUTE.index("full")
     if formula == "korthikanti":  # one layout (a closed form for MHA/GELU models)
         name = recompute if isinstance(recompute, str) else RECOMPUTE[int(recompute)]
         return korthikanti_activation_bytes(seq_len, micro_batch, model.d_model, model.n_heads,
                                             tp, bool(sp), name, flash) / cp
     if formula != "generalised":
         raise ShardwiseError(f"formula must be 'generalised' or 'korthikanti', got {formula!r}")
-    ab = dtype_bytes(dtype)
-    rc = RECOMPUTE.index(recompute) if isinstance(recompute, str) else recompute
-    full = seq_len / cp * micro_batch * model.d_model * ab / np.where(sp, tp, 1)
-    saved = saved_tensors_per_layer(
-        model, seq_len, micro_batch, tp=tp, sp=sp, cp=cp, flash=flash,
-        selective=rc == RECOMPUTE.index("selective"), dtype_bytes_=ab,
-        moe=model.is_moe if moe is None else moe,
-    )
-    return _plain(np.where(rc == RECOMPUTE.index("full"), full, sum(saved.values())))
+    return layer_bytes(impl, model, seq_len, micro_batch, tp=tp, sp=sp, cp=cp, flash=flash,
+                       selective=selective, full=full, dtype_bytes_=dtype_bytes(dtype),
+                       moe=model.is_moe if moe is None else moe)
 
 
 # ------------------------------------------------------------------------------ §4 per GPU
@@ -326,9 +267,36 @@ def _in_flight(schedule: Any, p: Any, m: Any, v: Any, stage: Any) -> Any:
     return select(schedule, lambda info: info.in_flight(p, m, v, stage))
 
 
+TRANSIENTS = ("loss buffer", "attention workspace", "ZeRO-3 gather", "gradient bucket",
+              "optimizer step")
+
+
 @dataclass(frozen=True)
 class MemoryBreakdown:
-    """Bytes on one GPU of one pipeline stage."""
+    """Bytes on one GPU of one pipeline stage.
+
+    `total` is what the stage holds across the step (state, the in-flight activations, the last
+    stage's fp32 logits, ZeRO-3's two gathered layers): the planner's fit figure. `transients`
+    are buffers that live only for a moment, `(name, bytes)` in `TRANSIENTS` order:
+
+        loss buffer          last stage: the loss's fp32 softmax / gradient buffer, one
+                             logits-sized fp32 tensor `s·b·V·4/t` beside the held logits
+        attention workspace  backward of one layer's attention: FlashAttention-2's fp32 `dq`
+                             accumulator `s·b·h·4/t`; materialised attention: the fp32
+                             gradient of the scores `a·s²·b·4/t`
+        ZeRO-3 gather        the two gathered layers (= `workspace`, already in `total`)
+        gradient bucket      ZeRO-2/3: one layer's unsharded gradients before the
+                             reduce-scatter; 0 for ZeRO-0/1 (Megatron's contiguous gradient
+                             buffer, DDP's `gradient_as_bucket_view`: buckets are the grads)
+        optimizer step       after backward, activations freed: torch's foreach Adam
+                             (`_foreach_sqrt(exp_avg_sq)`) allocates one fp32 buffer per
+                             parameter the rank steps on; 0 for SGD (fused Adam: none either)
+
+    `peak` = max(forward-to-backward: `total` + the largest of loss buffer, attention
+    workspace and gradient bucket; optimizer step: state + its buffer), so `peak ≥ total`. `peak_term` names the single largest
+    term of that peak. A model, not a measurement: on CPU the allocator cannot report it; on a
+    GPU compare with `torch.cuda.max_memory_allocated` (`shardwise check`'s peak row).
+    """
 
     stage: int
     layers: int
@@ -339,6 +307,7 @@ class MemoryBreakdown:
     logits: float = 0.0
     workspace: float = 0.0
     in_flight: int = 0
+    transients: tuple[tuple[str, float], ...] = ()
 
     @property
     def state(self) -> float:
@@ -348,10 +317,49 @@ class MemoryBreakdown:
     def total(self) -> float:
         return self.state + self.activations + self.logits + self.workspace
 
+    def _peak_parts(self) -> dict[str, float]:
+        """The terms of the peak moment: state classes, activations, logits, one transient."""
+        during = {name: v for name, v in self.transients
+                  if name not in ("optimizer step", "ZeRO-3 gather")}
+        step = dict(self.transients).get("optimizer step", 0.0)
+        name, transient = max(during.items(), key=lambda kv: kv[1], default=("", 0.0))
+        held = {"weights": self.weights, "grads": self.grads, "optimizer": self.optimizer}
+        forward_backward = held | {"activations": self.activations, "logits": self.logits}
+        if self.workspace:  # gathered during every layer's forward and backward
+            forward_backward["ZeRO-3 gather"] = self.workspace
+        if name:
+            forward_backward[name] = transient
+        if self.state + step > sum(forward_backward.values()):
+            return held | {"optimizer step": step}
+        return forward_backward
+
+    @property
+    def peak(self) -> float:
+        return sum(self._peak_parts().values()) if self.transients else self.total
+
+    @property
+    def peak_term(self) -> str:
+        """The largest single term of the peak (weights, grads, optimizer, activations, logits
+        or a transient's name)."""
+        parts = self._peak_parts()
+        return max(parts, key=lambda k: parts[k])
+
+    @property
+    def peak_transient(self) -> str:
+        """The transient the peak adds to what the stage holds."""
+        parts = self._peak_parts()
+        return next((name for name in TRANSIENTS if name in parts and name != "ZeRO-3 gather"),
+                    "")
+
     def as_dict(self) -> dict[str, float]:
         return {"weights": self.weights, "grads": self.grads, "optimizer": self.optimizer,
                 "activations": self.activations, "logits": self.logits,
                 "workspace": self.workspace, "total": self.total}
+
+    def peak_dict(self) -> dict[str, object]:
+        """`peak`, `peak_term`, `peak_transient` and every transient, for JSON."""
+        return {"peak": self.peak, "peak_term": self.peak_term,
+                "peak_transient": self.peak_transient, "transients": dict(self.transients)}
 
 
 def stage_layers(model: ModelSpec, layout: Layout, stage: int) -> list[int]:
@@ -440,7 +448,8 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
         def per_layer(moe: bool) -> Any:
             return activation_bytes_per_layer(
                 model, s, micro_batch, tp=tp, sp=sp, cp=cp, recompute=recompute,
-                flash=train.flash_attention, dtype=train.dtype, formula=formula, moe=moe)
+                flash=train.flash_attention, dtype=train.dtype, formula=formula, moe=moe,
+                impl=train.impl)
         act = {"dense": per_layer(False), "moe": per_layer(True) if model.is_moe else 0.0}
     zero_n = np.where(zero_group > 0, zero_group, dp * cp)
     dense_params, expert_params = stage_param_counts(model, tp=tp, pp=pp, ep=ep, chunks=chunks,
@@ -468,6 +477,19 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
              "activations": activations, "logits": logits, "workspace": workspace}
     parts["total"] = (parts["weights"] + parts["grads"] + parts["optimizer"] + activations
                       + logits + workspace)
+    # Transient buffers (see `MemoryBreakdown`): they set the peak, not the held total.
+    sbh4 = sb * h * 4 / tp
+    stepped = parts["optimizer"] / state.optimizer if state.optimizer else 0.0
+    parts |= {
+        "loss buffer": np.where(last, sb * model.vocab * 4 / tp, 0.0),  # one micro-batch
+        "attention workspace": (sbh4 if fused_attention(train.impl, train.flash_attention)
+                                else model.n_heads / tp * sb * s * 4),
+        "ZeRO-3 gather": workspace,
+        "gradient bucket": np.where(zero >= 2, np.maximum(dense_layer, moe_layer + expert_layer)
+                                    * state.grad, 0.0),
+        "optimizer step": (4.0 * stepped if state.moments >= MOMENT_BYTES["adam"]
+                           else 0.0 * stepped),
+    }
     return parts | {"in_flight": in_flight, "stage": stage + 0 * pp}
 
 
@@ -506,7 +528,8 @@ def training_memory_per_gpu(model: ModelSpec, layout: Layout, train: TrainSpec |
         stages.append(MemoryBreakdown(
             stage, len(stage_layers(model, layout, stage)), float(parts["weights"]),
             float(parts["grads"]), float(parts["optimizer"]), float(parts["activations"]),
-            float(parts["logits"]), float(parts["workspace"]), int(parts["in_flight"])))
+            float(parts["logits"]), float(parts["workspace"]), int(parts["in_flight"]),
+            tuple((name, float(parts[name])) for name in TRANSIENTS)))
     return stages
 
 

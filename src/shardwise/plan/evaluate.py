@@ -75,7 +75,7 @@ def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
         return activation_bytes_per_layer(
             model, train.seq_len, small["micro_batch"], tp=small["tp"], sp=small["sp"],
             cp=small["cp"], recompute=small["recompute"], flash=train.flash_attention,
-            dtype=train.dtype, moe=moe)
+            dtype=train.dtype, moe=moe, impl=train.impl)
 
     act = {"dense": per_layer(False), "moe": per_layer(True) if model.is_moe else 0.0}
     index = inverse * 6 + cand["sp"] * 3 + cand["recompute"]

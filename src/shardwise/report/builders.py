@@ -15,9 +15,10 @@ from typing import Any
 
 from shardwise.arch import PRESETS, ModelSpec
 from shardwise.errors import ShardwiseError
+from shardwise.estimate.profiles import DEFAULT_IMPL
 from shardwise.hardware import Cluster, get_link
 from shardwise.layout import Layout, TrainSpec
-from shardwise.units import parse_batch, parse_count, parse_size
+from shardwise.units import dtype_bytes, parse_batch, parse_count, parse_size
 
 __all__ = ["FRAMEWORKS", "build_layout", "comm_payload", "emit_payload", "memory_payload",
            "model_row", "models_payload", "plan_payload", "run_plan", "schedule_payload",
@@ -58,30 +59,41 @@ def build_layout(gpus: int, **kw: Any) -> Layout:
 def memory_payload(spec: ModelSpec, *, gpus: int = 8, gpu: str = "h100", gpus_per_node: int = 8,
                    seq: int = 8192, global_batch: str | None = None, flash: bool = True,
                    dtype: str = "bf16", grad_dtype: str | None = None, optimizer: str = "adam",
-                   formula: str = "generalised", headroom: float = 0.85,
-                   **layout_kw: Any) -> dict[str, Any]:
+                   formula: str = "generalised", impl: str = DEFAULT_IMPL,
+                   headroom: float = 0.85, **layout_kw: Any) -> dict[str, Any]:
     """`shardwise memory --json`: per-GPU bytes of every pipeline stage (SPEC §2–§4) against
-    the budget `memory × headroom` (bytes; GB = 10^9, GiB = 2^30 when shown)."""
-    from shardwise.estimate.memory import training_memory_per_gpu
+    the budget `memory × headroom` (bytes; GB = 10^9, GiB = 2^30 when shown), with each
+    stage's modelled peak and what one layer saves under implementation profile `impl`."""
+    from shardwise.estimate.memory import saved_tensors_per_layer, training_memory_per_gpu
+    from shardwise.estimate.profiles import by_component, fused_attention, get_profile
 
     cluster = Cluster.of(gpus, gpu, gpus_per_node)
     layout = build_layout(gpus, **layout_kw)
     batch = None if global_batch is None else parse_batch(global_batch, seq)
     train = TrainSpec(seq_len=seq, global_batch=batch, dtype=dtype, grad_dtype=grad_dtype,
-                      optimizer=optimizer, flash_attention=flash).validate()
+                      optimizer=optimizer, flash_attention=flash, impl=impl).validate()
     layout.validate(spec, cluster, train)
     stages = training_memory_per_gpu(spec, layout, train, formula=formula)
+    layer = saved_tensors_per_layer(  # one (MoE, if any) layer, one micro-batch, this rank
+        spec, seq, layout.micro_batch, tp=layout.tp, sp=layout.sp, cp=layout.cp,
+        flash=flash, selective=layout.recompute == "selective",
+        dtype_bytes_=dtype_bytes(dtype), moe=spec.is_moe, impl=impl)
     budget = cluster.accelerator.memory_bytes * headroom
     worst = max(stages, key=lambda s: s.total)
     return {
         "model": spec.name, "layout": layout.to_dict(), "train": asdict(train),
         "accelerator": cluster.accelerator.name, "budget_bytes": budget,
         "fits": worst.total <= budget,
-        "stages": [s.as_dict() | {"stage": s.stage, "layers": s.layers,
-                                  "in_flight": s.in_flight} for s in stages],
+        "stages": [s.as_dict() | s.peak_dict() | {"stage": s.stage, "layers": s.layers,
+                                                  "in_flight": s.in_flight} for s in stages],
         "layout_short": layout.short(), "gpus": gpus, "formula": formula,
         "headroom": headroom, "memory_bytes": cluster.accelerator.memory_bytes,
         "largest_stage": worst.stage,
+        "largest_peak_stage": max(stages, key=lambda s: s.peak).stage,
+        "impl": impl, "impl_title": get_profile(impl).title,
+        "fused_attention": fused_attention(impl, flash),
+        "layer_saved": {"impl": impl, "recompute": layout.recompute, "moe": spec.is_moe,
+                        "tensors": layer, "by_component": by_component(layer)},
     }
 
 
@@ -163,7 +175,7 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str = "h100", gpus_per_nod
              price: float | None = None, top: int = 10, layout_text: str | None = None,
              flash: bool = True, dtype: str = "bf16", grad_dtype: str | None = None,
              optimizer: str = "adam", headroom: float = 0.85,
-             calibration_path: str | None = None,
+             calibration_path: str | None = None, impl: str = DEFAULT_IMPL,
              progress: Callable[[str], None] | None = None) -> Any:
     """Validate the plan options and search every layout (SPEC §7); returns the `PlanResult`.
     `layout_text` (`tp=8,pp=2,zero=1`; dp: the GPUs the other axes leave) is evaluated too."""
@@ -173,7 +185,7 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str = "h100", gpus_per_nod
     cluster = Cluster.of(gpus, gpu, gpus_per_node, intra, inter)
     batch = parse_batch(global_batch, seq)
     train = TrainSpec(seq_len=seq, global_batch=batch, dtype=dtype, grad_dtype=grad_dtype,
-                      optimizer=optimizer, flash_attention=flash).validate()
+                      optimizer=optimizer, flash_attention=flash, impl=impl).validate()
     calib = load_calibration(cluster.accelerator.name, calibration_path)
     given = None
     if layout_text:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from shardwise.estimate.profiles import fused_attention, get_profile
 from shardwise.placement import members_per_node
 from shardwise.plan import Alternative, PlanEntry, PlanResult
 from shardwise.report.text import table as _table
@@ -201,12 +202,15 @@ def render_plan(result: PlanResult, console: Console, *, tokens: float | None = 
     model, cl, tr = result.model, result.cluster, result.train
     counts = model.count_params()
     batch = tr.global_batch or 0
+    fused = fused_attention(tr.impl, tr.flash_attention)
+    kernel = "FlashAttention" if fused else "materialised attention"
     console.print(
         f"[bold]{model.name}[/] ({human_count(counts.total)} parameters) on {cl.n_gpus}× "
         f"{cl.accelerator.name} ({cl.nodes} nodes × {cl.gpus_per_node}, {cl.intra.name} / "
         f"{cl.inter.name}), s={tr.seq_len}, global batch {batch:,} sequences "
         f"({human_count(batch * tr.seq_len)} tokens), {tr.dtype}, "
-        f"{'FlashAttention' if tr.flash_attention else 'materialised attention'}; "
+        f"{kernel}, "
+        f"activations of {get_profile(tr.impl).title} (--impl {tr.impl}); "
         f"budget {result.budget / 2**30:.1f} GiB per GPU ({result.headroom:.0%}).")
     console.print(ranked_table(result))
     console.print(breakdown_table(result.best, "Winner's step time"))

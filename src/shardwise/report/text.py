@@ -37,22 +37,39 @@ def render_models(rows: list[dict[str, Any]], console: Console) -> None:
 
 def render_memory(out: dict[str, Any], console: Console) -> None:
     train = out["train"]
+    kernel = "FlashAttention" if out["fused_attention"] else "materialised attention"
     console.print(f"[bold]{out['model']}[/] on {out['gpus']}× {out['accelerator']}, "
-                  f"layout {out['layout_short']}, s={train['seq_len']}, "
-                  f"{'FlashAttention' if train['flash_attention'] else 'materialised attention'}"
-                  f", {out['formula']} activation count")
+                  f"layout {out['layout_short']}, s={train['seq_len']}, {kernel}, "
+                  + (f"activations of {out['impl_title']} (--impl {out['impl']})"
+                     if out["formula"] == "generalised" else
+                     f"{out['formula']} activation count"))
     parts = ("weights", "grads", "optimizer", "activations", "logits", "workspace", "total")
     console.print(table(
         "Per-GPU memory by pipeline stage (GB = 10^9 bytes)",
-        ["stage", "layers", "in flight", *parts, "total GiB"],
+        ["stage", "layers", "in flight", *parts, "total GiB", "peak", "peak from"],
         [[s["stage"], s["layers"], s["in_flight"], *(f"{s[k] / 1e9:.2f}" for k in parts),
-          f"{s['total'] / 2**30:.2f}"] for s in out["stages"]],
+          f"{s['total'] / 2**30:.2f}", f"{s['peak'] / 1e9:.2f}", s["peak_term"]]
+         for s in out["stages"]],
     ))
+    layer = out["layer_saved"]
+    if layer["recompute"] != "full" and out["formula"] == "generalised":
+        each = ", ".join(f"{name} {value / 2**20:,.0f}"
+                         for name, value in layer["by_component"].items())
+        kind = "MoE layer" if layer["moe"] else "layer"
+        console.print(f"One {kind} saves {sum(layer['tensors'].values()) / 2**20:,.0f} MiB per "
+                      f"micro-batch under --impl {layer['impl']}: {each} (MiB).")
     worst = out["stages"][out["largest_stage"]]
     verdict = "[green]fits[/]" if out["fits"] else "[red]does not fit[/]"
     console.print(f"Largest stage {worst['stage']}: {gb(worst['total'])} ({gib(worst['total'])})"
                   f" — {verdict} in {gib(out['budget_bytes'])} ({out['headroom']:.0%} of "
                   f"{gib(out['memory_bytes'])} on {out['accelerator']}).")
+    top = out["stages"][out["largest_peak_stage"]]
+    console.print(f"Peak, stage {top['stage']}: {gb(top['peak'])} ({gib(top['peak'])}) — what it "
+                  f"holds plus the {top['peak_transient'] or 'no'} transient; the largest term "
+                  f"is {top['peak_term']}"
+                  + ("" if top["peak"] <= out["budget_bytes"] else " — over the budget then")
+                  + ". Modelled, not measured: the CPU allocator cannot report it; on a GPU "
+                    "compare torch.cuda.max_memory_allocated (shardwise check).")
 
 
 def render_comm(out: dict[str, Any], console: Console) -> None:

@@ -83,7 +83,8 @@ class TrainConfig:
 
     def train_spec(self) -> TrainSpec:
         return TrainSpec(seq_len=self.seq_len, global_batch=self.global_batch,
-                         dtype=self.dtype, flash_attention=self.flash)
+                         dtype=self.dtype, flash_attention=self.flash,
+                         impl="shardwise")  # the runtime's own activation profile
 
     def problems(self) -> list[str]:
         out = []

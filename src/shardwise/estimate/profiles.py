@@ -1,0 +1,334 @@
+"""Implementation profiles: what one Transformer layer of a given training code saves for backward.
+
+SPEC §3's generalised count is what shardwise's own runtime saves (fused SwiGLU, an RMSNorm that
+keeps its input and one statistic per row). Other training code keeps other tensors for the same
+layer; a profile lists them, by component, with their dtype, as read from that code:
+
+    shardwise    shardwise.runtime (this package): SPEC §3's generalised count, exact against
+                 the runtime (`shardwise check`).
+    megatron-te  Megatron-Core 0.16.1 with Transformer Engine: megatron/training/
+                 theoretical_memory_usage.py (Megatron-LM, `compute_activation_memory`: Table 2 of
+                 Korthikanti et al. 2022, `sbh(18 + 4f/h)` with SP and selective recompute) for
+                 the walk, and what TE's fused modules keep (Transformer Engine's public
+                 source, transformer_engine/pytorch/module/layernorm_linear.py and
+                 attention/, main branch, not a pinned release; Megatron's own fusions from the
+                 megatron-core 0.16.1 wheel): `LayerNormLinear` saves the norm
+                 input, `ln_out` and `rsigma` (fp32); `DotProductAttention` (flash / cuDNN fused)
+                 saves q, k, v, out and the fp32 softmax statistics (b·a·s); Megatron's fused
+                 `bias_swiglu` saves the fc1 output (gate and up, 2f), `TERowParallelLinear` its
+                 input (f); hidden dropout keeps a 1-byte mask. Not measurable here (TE needs
+                 CUDA): derived, not measured. For dense layers it equals `shardwise`.
+    torchtitan   torchtitan 0.3.0, torchtitan/models/llama3/model.py with models/common/
+                 (`FusedQKVLinear`, `ComplexRoPE`, `FlexAttention`, `FeedForward`,
+                 `nn.RMSNorm`): torch 2.13's composite `rms_norm` keeps the fp32 upcast, the fp32
+                 normalised rows and the rsqrt; `w2(silu(w1 x) · w3 x)` keeps gate, silu(gate),
+                 up and the product (4f); FlexAttention's autograd op
+                 (torch/_higher_order_ops/flex_attention.py) keeps q, k, v, out, the log-sum-exp
+                 and the row maxima (both fp32, b·a·s). No dropout. Measured on CPU with the
+                 inner attention swapped for SDPA (FlexAttention has no CPU backward in torch
+                 2.13; the row maxima are added from the source). Unverified here: whether
+                 CUDA builds route `F.rms_norm` to a fused kernel that keeps less.
+    hf-sdpa      Hugging Face transformers 5.24.0, models/llama/modeling_llama.py with
+                 integrations/sdpa_attention.py: `LlamaRMSNorm` keeps the fp32 upcast of its input,
+                 the rsqrt (fp32) and the normalised rows cast back (input dtype) before the
+                 weight multiply; `LlamaMLP` keeps gate, act(gate), up and the product (4f);
+                 `scaled_dot_product_attention(enable_gqa=True, is_causal=True)` runs a fused
+                 kernel that keeps q, k, v (K/V at a_kv width), out and the fp32 log-sum-exp; the
+                 output's transpose is already contiguous, so `o_proj` keeps the same storage.
+                 Measured on CPU (tests/estimate/test_profiles_measured.py, to the byte).
+    hf-eager     the same with `eager_attention_forward`: K and V repeated to `a` heads
+                 (`repeat_kv`; a view when one K/V head is left), the fp32 softmax output, its
+                 cast to the input dtype (with attention dropout: CUDA's 1-byte mask and the
+                 dropped-out probabilities instead; on CPU torch keeps the mask in the input
+                 dtype). Measured on CPU, to the byte.
+                 Measured on CPU.
+
+All profiles share shardwise's rules for parallelism (SPEC §3): replicated tensors ÷t only with
+sequence parallelism, head- or f-sharded ones ÷t, K/V at `max(a_kv/t, 1)` heads, all ÷c; full
+recompute keeps the layer input only (Megatron's uniform recompute, torch.utils.checkpoint
+around the layer in HF and torchtitan); selective recompute re-runs the attention core (Megatron's
+`core_attn`, torchtitan's op-level SAC; HF has none — the profile models the core wrapped in
+`torch.utils.checkpoint`), keeping q, k, v at a_kv width and the output. A profile fixes its
+attention kernel where the code does (`hf-sdpa`, `torchtitan`: fused; `hf-eager`: never); only
+`shardwise` and `megatron-te` follow `flash`. MoE layers run the profile's MLP on every routed
+copy, after the router's fp32 probabilities; hf-* add what transformers' Mixtral router keeps
+(indices and weights, measured on CPU); megatron-te's and torchtitan's routing extras are not
+modelled.
+
+Every function here is plain arithmetic on Python scalars *or* NumPy arrays (`tp`, `cp`,
+`micro_batch`, `sp`, `selective`), so the planner evaluates millions of layouts at once.
+Torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardwise.arch import ModelSpec
+from shardwise.errors import ShardwiseError
+
+__all__ = ["DEFAULT_IMPL", "PROFILES", "Profile", "by_component", "component", "fused_attention",
+           "get_profile", "layer_bytes", "profile_names", "saved_tensors"]
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How one implementation keeps a layer's activations.
+
+    norm: "fused" (input, stats; the output is the next matmul's input), "hf" (fp32 upcast,
+    stats, normalised rows in the input dtype, output) or "torch" (fp32 upcast, stats, fp32
+    normalised rows, output). attention: "flag" (fused kernel with `flash`, else the
+    materialised softmax in the activation dtype), "sdpa" (always fused), "flex" (fused + fp32
+    row maxima) or "eager" (fp32 softmax + its cast, K/V repeated to all heads).
+    mlp_keeps_activation: the gated MLP's act(gate) is saved apart from the product.
+    residual_dropout: hidden dropout masks after attention and MLP (with `model.dropout`).
+    routing_per_copy / routing_per_token: what an MoE router keeps besides its probabilities.
+    """
+
+    name: str
+    title: str
+    source: str
+    verified: str
+    norm: str
+    attention: str
+    mlp_keeps_activation: bool
+    residual_dropout: bool
+    routing_per_copy: float = 0.0  # MoE bookkeeping bytes per routed copy (indices, weights)
+    routing_per_token: float = 0.0  # … and per token
+
+    def validate(self) -> Profile:
+        if self.norm not in ("fused", "hf", "torch"):
+            raise ShardwiseError(f"profile {self.name}: norm {self.norm!r} unknown")
+        if self.attention not in ("flag", "sdpa", "flex", "eager"):
+            raise ShardwiseError(f"profile {self.name}: attention {self.attention!r} unknown")
+        return self
+
+
+# transformers 5.24.0 models/mixtral/modeling_mixtral.py (MixtralTopKRouter, MixtralExperts):
+# per routed copy four int64 indices (top-k index, the sort permutation and its inverse, the
+# index_add target) and two fp32 weights (top-k value, the copy's weight); per token the fp32
+# sum that renormalises the top-k weights.
+_HF_ROUTING = (4 * 8 + 2 * 4, 4.0)
+
+PROFILES: dict[str, Profile] = {p.name: p.validate() for p in (
+    Profile("shardwise", "shardwise runtime (SPEC §3 generalised count)", "shardwise.runtime",
+            "exact against the runtime (shardwise check)", "fused", "flag", False, True),
+    Profile("megatron-te", "Megatron-Core + Transformer Engine",
+            "Megatron-Core 0.16.1 (fused_bias_swiglu), Megatron-LM theoretical_memory_usage.py, "
+            "Transformer Engine's layernorm_linear/attention (main branch)",
+            "derived from the source, not measured (TE needs CUDA)", "fused", "flag", False, True),
+    Profile("torchtitan", "torchtitan Llama 3 (FlexAttention)",
+            "torchtitan 0.3.0 models/llama3, torch 2.13",
+            "measured on CPU, attention core from the source (no FlexAttention backward on CPU)",
+            "torch", "flex", True, False),
+    Profile("hf-sdpa", "Hugging Face transformers, SDPA attention",
+            "transformers 5.24.0 models/llama/modeling_llama.py",
+            "measured on CPU within 1 %", "hf", "sdpa", True, False, *_HF_ROUTING),
+    Profile("hf-eager", "Hugging Face transformers, eager attention",
+            "transformers 5.24.0 models/llama/modeling_llama.py",
+            "measured on CPU within 1 %", "hf", "eager", True, False, *_HF_ROUTING),
+)}
+
+# The default is what most large distributed pretraining runs use, and what the planner's
+# published reference runs used: Megatron-Core with Transformer Engine (Megatron-LM, NeMo,
+# Megatron-DeepSpeed). For dense layers it equals SPEC §3's count. Fine-tuning with Hugging Face
+# code keeps more (about +45 % per Llama layer with SDPA, +150 % eager): choose `--impl hf-sdpa`.
+DEFAULT_IMPL = "megatron-te"
+
+
+def profile_names() -> tuple[str, ...]:
+    return tuple(PROFILES)
+
+
+def get_profile(name: str) -> Profile:
+    if name not in PROFILES:
+        raise ShardwiseError(f"implementation profile {name!r} unknown; valid: "
+                             f"{', '.join(PROFILES)}")
+    return PROFILES[name]
+
+
+_COMPONENTS = (  # name prefix → component; first match wins
+    ("norm1", "norm"), ("norm2", "norm"), ("qkv_input", "QKV input"), ("q", "q/k/v"),
+    ("k", "q/k/v"), ("v", "q/k/v"), ("softmax", "attention internals"),
+    ("attention_dropout", "attention internals"), ("flash", "attention internals"),
+    ("flex", "attention internals"), ("attention_output", "output projection input"),
+    ("mlp_input", "MLP input"), ("mlp", "MLP internals"), ("router", "MoE routing"),
+    ("expert", "MoE experts"), ("shared", "MoE experts"),
+)
+
+
+def component(name: str) -> str:
+    """The component a saved tensor belongs to: norm, QKV input, q/k/v, attention internals,
+    output projection input, MLP input, MLP internals, MoE routing, MoE experts, dropout."""
+    if "residual_dropout" in name:
+        return "dropout"
+    for prefix, comp in _COMPONENTS:
+        if name == prefix or name.startswith(prefix + "_"):
+            return comp
+    return "other"
+
+
+def by_component(saved: dict[str, Any]) -> dict[str, Any]:
+    """Sum `saved_tensors`' entries per `component`, in walk order."""
+    out: dict[str, Any] = {}
+    for name, value in saved.items():
+        out[component(name)] = out.get(component(name), 0.0) + value
+    return out
+
+
+# ------------------------------------------------------------------ scalar/array helpers
+def _pick(cond: Any, yes: Any, no: Any) -> Any:
+    """`yes if cond else no`, elementwise when `cond` is an array."""
+    if isinstance(cond, np.ndarray):
+        return np.where(cond, yes, no)
+    return yes if cond else no
+
+
+def _at_least_one(x: Any) -> Any:
+    return np.maximum(x, 1) if isinstance(x, np.ndarray) else max(x, 1)
+
+
+def _is_false(flag: Any) -> bool:
+    return not isinstance(flag, np.ndarray) and not flag
+
+
+def _is_true(flag: Any) -> bool:
+    return not isinstance(flag, np.ndarray) and bool(flag)
+
+
+def fused_attention(profile: Profile | str, flash: bool) -> bool:
+    """Does this implementation run a fused attention kernel (no materialised scores)?"""
+    prof = get_profile(profile) if isinstance(profile, str) else profile
+    return prof.attention in ("sdpa", "flex") or (prof.attention == "flag" and flash)
+
+
+# ---------------------------------------------------------------------------- the walk
+def saved_tensors(profile: Profile | str, model: ModelSpec, seq_len: int, micro_batch: Any, *,
+                  tp: Any = 1, sp: Any = False, cp: Any = 1, flash: bool = False,
+                  selective: Any = False, dtype_bytes_: float = 2, moe: bool = False
+                  ) -> dict[str, Any]:
+    """Bytes per rank of every tensor one layer saves for backward under `profile`.
+
+    `tp`, `cp`, `micro_batch` may be arrays, `sp` and `selective` boolean arrays (then every
+    entry is an array, 0 where it does not apply); with scalars only the tensors that exist are
+    listed. For `shardwise` this is SPEC §3's generalised count (see
+    `estimate.memory.saved_tensors_per_layer`).
+    """
+    prof = get_profile(profile) if isinstance(profile, str) else profile
+    ab = dtype_bytes_
+    s, b, h = seq_len / cp, micro_batch, model.d_model
+    sb = s * b
+    rep = _pick(sp, tp, 1)  # replicated tensors are split only by sequence parallelism
+    kv_heads = _at_least_one(model.n_kv_heads // tp)
+    kv = kv_heads * model.head_dim
+    heads = model.n_heads / tp
+    fp32 = max(4.0, ab)  # statistics are kept in at least fp32
+    stats = fp32 * (1 if model.norm == "rmsnorm" else 2)  # per row: rstd (and mean)
+    out: dict[str, Any] = {}
+
+    def add(name: str, value: Any, when: Any = True) -> None:
+        if _is_false(when):
+            return
+        out[name] = value if _is_true(when) else _pick(when, value, 0.0)
+
+    def norm(prefix: str, output: str) -> None:
+        upcast = ab if prof.norm == "fused" else fp32
+        add(f"{prefix}_input", sb * h * upcast / rep)
+        add(f"{prefix}_stats", sb * stats / rep)
+        if prof.norm != "fused":  # the normalised rows the weight multiply keeps
+            add(f"{prefix}_normalized", sb * h * (ab if prof.norm == "hf" else fp32) / rep)
+        add(output, sb * h * ab / rep)
+
+    norm("norm1", "qkv_input")
+    not_selective = _pick(selective, False, True)
+    fused = fused_attention(prof, flash)
+    add("q", sb * h * ab / tp)
+    if prof.attention == "eager":
+        # repeat_kv copies K and V to all heads, unless one K/V head is left (the expand then
+        # reshapes as a view); under selective recompute the core's own inputs, before the
+        # repeat, are what the checkpoint keeps
+        repeated = _pick(kv_heads == 1, kv, heads * model.head_dim)
+        add("k", _pick(selective, sb * kv * ab, sb * repeated * ab))
+        add("v", _pick(selective, sb * kv * ab, sb * repeated * ab))
+    else:
+        add("k", sb * kv * ab)
+        add("v", sb * kv * ab)
+    scores = heads * sb * seq_len  # s/c query rows against all s keys per rank
+    if fused:  # selective recompute re-runs the core, log-sum-exp included
+        add("flash_logsumexp", heads * sb * fp32, not_selective)
+        if prof.attention == "flex":
+            add("flex_max_scores", heads * sb * fp32, not_selective)
+    elif prof.attention == "eager":
+        add("softmax_output", scores * fp32, not_selective)  # softmax(dtype=float32)
+        if model.dropout:
+            add("attention_dropout_mask", scores * 1, not_selective)
+            add("attention_dropout_output", scores * ab, not_selective)
+        elif ab != fp32:  # .to(query.dtype) is a copy unless the activations are fp32
+            add("softmax_output_cast", scores * ab, not_selective)
+    else:
+        add("softmax_output", scores * ab, not_selective)
+        if model.dropout:
+            add("attention_dropout_mask", scores * 1, not_selective)
+            add("attention_dropout_output", scores * ab, not_selective)
+    add("attention_output", sb * h * ab / tp)
+    if model.dropout and prof.residual_dropout:
+        add("attention_residual_dropout_mask", sb * h / rep)
+    norm("norm2", "mlp_input")
+    if moe:
+        out.update(_moe_saved(prof, model, sb, tp, ab))
+    else:
+        out.update(_mlp_saved(prof, model, sb, model.d_ff / tp, ab, "mlp"))
+    if model.dropout and prof.residual_dropout:
+        add("mlp_residual_dropout_mask", sb * h / rep)
+    return out
+
+
+def _mlp_saved(prof: Profile, model: ModelSpec, tokens: Any, f: Any, ab: float, prefix: str
+               ) -> dict[str, Any]:
+    if model.gated_mlp:
+        if prof.mlp_keeps_activation:  # down(act(gate(x)) · up(x)), unfused
+            return {f"{prefix}_gate": tokens * f * ab,
+                    f"{prefix}_activation_output": tokens * f * ab,
+                    f"{prefix}_up": tokens * f * ab, f"{prefix}_down_input": tokens * f * ab}
+        # fused SwiGLU saves gate and up; the down projection saves silu(g)·u
+        return {f"{prefix}_gate": tokens * f * ab, f"{prefix}_up": tokens * f * ab,
+                f"{prefix}_down_input": tokens * f * ab}
+    return {f"{prefix}_activation_input": tokens * f * ab,
+            f"{prefix}_down_input": tokens * f * ab}
+
+
+def _moe_saved(prof: Profile, model: ModelSpec, tokens: Any, tp: Any, ab: float
+               ) -> dict[str, Any]:
+    """Router probabilities (fp32) and, per routed copy (top_k per token, balanced routing),
+    the expert's input, its hidden activations and its output (kept for the gate product)."""
+    h, k = model.d_model, model.top_k
+    out = {"router_probs": tokens * model.n_experts * max(4.0, ab)}
+    if prof.routing_per_copy or prof.routing_per_token:
+        out["router_indices_and_weights"] = tokens * (k * prof.routing_per_copy
+                                                      + prof.routing_per_token)
+    out["expert_inputs"] = k * tokens * h * ab
+    out.update(_mlp_saved(prof, model, k * tokens, model.expert_d_ff / tp, ab, "expert"))
+    out["expert_outputs"] = k * tokens * h * ab
+    if model.n_shared_experts:
+        shared = _mlp_saved(prof, model, tokens, model.expert_d_ff / tp, ab, "shared")
+        out.update({name: model.n_shared_experts * v for name, v in shared.items()})
+    return out
+
+
+def layer_bytes(profile: Profile | str, model: ModelSpec, seq_len: int, micro_batch: Any, *,
+                tp: Any = 1, sp: Any = False, cp: Any = 1, flash: bool = False,
+                selective: Any = False, full: Any = False, dtype_bytes_: float = 2,
+                moe: bool = False) -> Any:
+    """Sum of `saved_tensors`; under full recompute (`full`, scalar or boolean array) the
+    layer input only, `s/c·b·h·bytes` (÷t with SP) — every profile checkpoints the layer."""
+    saved = saved_tensors(profile, model, seq_len, micro_batch, tp=tp, sp=sp, cp=cp,
+                          flash=flash, selective=selective, dtype_bytes_=dtype_bytes_, moe=moe)
+    total = sum(saved.values())
+    if _is_false(full):
+        return total
+    kept = seq_len / cp * micro_batch * model.d_model * dtype_bytes_ / _pick(sp, tp, 1)
+    return _pick(full, kept, total)
+

@@ -21,7 +21,7 @@ from shardwise.emit import FRAMEWORKS
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import ALGORITHMS, OPS
 from shardwise.estimate.memory import ACTIVATION_FORMULAS
-from shardwise.estimate.profiles import DEFAULT_IMPL, get_profile, profile_names
+from shardwise.estimate.profiles import DEFAULT_IMPL, profile_names
 from shardwise.layout import RECOMPUTE, SCHEDULES, Layout
 from shardwise.report.builders import (
     comm_payload,

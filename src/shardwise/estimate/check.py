@@ -47,9 +47,22 @@ from shardwise.estimate.memory import (
 from shardwise.layout import Layout, TrainSpec
 from shardwise.units import dtype_bytes
 
-__all__ = ["COUNTS_OP", "EXACT", "REPORTED", "WITHIN_1PC", "CheckRow", "Term",
-           "activation_note", "comm_rows", "merge_rows", "peak_row", "predicted_comm",
-           "predicted_saved", "state_rows", "RUNTIME_IMPL"]
+__all__ = [
+    "COUNTS_OP",
+    "EXACT",
+    "REPORTED",
+    "RUNTIME_IMPL",
+    "WITHIN_1PC",
+    "CheckRow",
+    "Term",
+    "activation_note",
+    "comm_rows",
+    "merge_rows",
+    "peak_row",
+    "predicted_comm",
+    "predicted_saved",
+    "state_rows",
+]
 
 EXACT, WITHIN_1PC, REPORTED = "exact", "1%", "-"
 RUNTIME_IMPL = "shardwise"  # the activation profile the runtime implements (estimate.profiles)

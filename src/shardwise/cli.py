@@ -492,10 +492,14 @@ def _error_cell(row: Any) -> str:
 @click.option("--per-rank", is_flag=True,
               help="One row per rank [default: per pipeline stage, the rank with the largest "
                    "error].")
+@click.option("--calibration", "calibration_path", default=None,
+              type=click.Path(dir_okay=False),
+              help="Predict the step time with this file from `shardwise calibrate` "
+                   "[default: the built-in constants, which have no figures for a CPU].")
 @json_option
 def check(model_name: str, seq: int, global_batch: str, seed: int, data_path: str | None,
-          dtype: str, flash: bool, timeout: float, steps: int, per_rank: bool, as_json: bool,
-          **layout_kw: Any) -> None:
+          dtype: str, flash: bool, timeout: float, steps: int, per_rank: bool,
+          calibration_path: str | None, as_json: bool, **layout_kw: Any) -> None:
     """Predicted versus measured (SPEC §9): train --model for a few steps on the layout, as
     `shardwise train` does, and compare what the ranks really sent and kept with the analytic
     model: bytes per mesh axis and collective (target: exact), bytes each layer saves for
@@ -507,12 +511,19 @@ def check(model_name: str, seq: int, global_batch: str, seed: int, data_path: st
     config = _train_config(model_name, layout_kw, seq, global_batch, seed, data_path, dtype,
                            flash, steps=steps)
     layout = config.layout
+    if calibration_path is not None:
+        from shardwise.calibration.machine import read_machine
+
+        read_machine(calibration_path)  # a bad file: one line, exit 2, before any rank runs
     rows = _on_ranks(lambda: measure.run_check(config, steps, timeout_s=timeout,
                                                per_rank=per_rank))
+    step_time = _import_runtime("shardwise.runtime.step_time")
+    rows = step_time.with_prediction(rows, config, calibration_path)
     missed = [row for row in rows if not row.ok]
     if rank() == 0 and as_json:
         _emit_json({"model": config.model.name, "layout": layout.to_dict(),
                     "ranks": layout.world_size, "steps": steps, "ok": not missed,
+                    "calibration": calibration_path or "built-in",
                     "rows": [row.as_dict() for row in rows]})
     elif rank() == 0:
         where = "rank" if per_rank else "worst of"
@@ -532,6 +543,45 @@ def check(model_name: str, seq: int, global_batch: str, seed: int, data_path: st
     if missed:  # exit code 1, one line on stderr
         raise click.ClickException(f"{len(missed)} of {len(rows)} rows miss their target "
                                    "(see the notes)")
+
+
+# ----------------------------------------------------------------------------------- calibrate
+@cli.command()
+@click.option("--backend", default="gloo", show_default=True, type=click.Choice(["gloo", "nccl"]))
+@click.option("--ranks", default=2, show_default=True, type=click.IntRange(2, 64),
+              help="Ranks for the collectives (group sizes 2, 4, … up to it).")
+@click.option("--out", "out_path", default="calibration.json", show_default=True,
+              type=click.Path(dir_okay=False), help="Write the calibration file here.")
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
+              help="Draw measured points against the fitted curves (PNG).")
+@click.option("--quick", is_flag=True, help="Fewer shapes and sizes: seconds, not a minute.")
+@json_option
+def calibrate(backend: str, ranks: int, out_path: str, plot_path: str | None, quick: bool,
+              as_json: bool) -> None:
+    """Measure this machine (GEMMs, memory-bound kernels, attention, training steps,
+    collectives) and fit the step-time model's constants; the file it writes works with
+    `--calibration FILE` (plan, memory, comm, check) and `--gpu this-machine`."""
+    rt = _import_runtime("shardwise.runtime.calibrate")
+    plan = rt.Plan(backend, ranks, quick).validate()
+    if console.is_terminal and not as_json:
+        with console.status("calibrating…") as status:
+            data = rt.calibrate(plan, progress=lambda msg: status.update(msg + "…"))
+    else:
+        data = rt.calibrate(plan, progress=lambda msg: click.echo(f"calibrate: {msg}",
+                                                                  err=True))
+    with open(out_path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
+    if plot_path:
+        rt.plot_calibration(data, plot_path)
+    if as_json:
+        return _emit_json(data | {"path": out_path})
+    console.print(_table(f"{backend}, {ranks} ranks: fitted constants (residuals: relative, "
+                         "rms / max)", ["quantity", "value", "fit residual"],
+                         rt.summary_rows(data)))
+    console.print(f"Wrote {out_path}" + (f" and {plot_path}" if plot_path else "")
+                  + f". Plan for this machine: shardwise plan tiny --gpus {ranks} "
+                  f"--gpu this-machine --calibration {out_path}")
+    return None
 
 
 # ---------------------------------------------------------------------------------------- plan

@@ -606,6 +606,8 @@ def check_layout(config: TrainConfig, steps: int = 2) -> list[CheckRow]:
     with recorder, C.counting() as counter:
         for _ in range(steps):
             train_step(state)
+    # Step time outside the hooks and counters (what training costs), after the checked steps.
+    seconds = sorted(train_step(state).seconds for _ in range(max(steps, 3)))
     held = state_bytes([parallel.model], state.optimizer)
     peak = float(torch.cuda.max_memory_allocated(device)) if gpu else None
     model, layout, train = config.model, config.layout, config.train_spec()
@@ -614,6 +616,9 @@ def check_layout(config: TrainConfig, steps: int = 2) -> list[CheckRow]:
             *_activation_rows(model, layout, train, recorder),
             *_state_rows(model, layout, train, stage, held),
             _peak_row(model, layout, train, stage, peak)]
+    if launch.rank() == 0:  # completed by `runtime.step_time.with_prediction`
+        rows.append(CheckRow("step time", "step (s)", None, seconds[len(seconds) // 2], REPORTED,
+                             f"median of {len(seconds)} steps after the checked ones, rank 0"))
     if model.is_moe and layout.tp > 1:
         caveat = "; MoE layers are replicated over tp here (the analytic model splits experts)"
         rows = [replace(r, note=r.note + caveat) if not r.ok else r for r in rows]

@@ -119,10 +119,22 @@ def build_layout(gpus: int, **kw: Any) -> Layout:
     return Layout(dp=dp, **kw)
 
 
+def _cluster(gpus: int, gpu: str, gpus_per_node: int, intra: str | None = None,
+             inter: str | None = None, calibration_path: str | None = None) -> tuple[Any, Any]:
+    """(cluster, its calibration or None): `--gpu this-machine` is one node of `gpus` ranks
+    of the machine a `shardwise calibrate` file describes (`calibration.machine`)."""
+    from shardwise.calibration.machine import THIS_MACHINE, machine_cluster
+
+    if gpu.lower() == THIS_MACHINE:
+        return machine_cluster(gpus, calibration_path)
+    return Cluster.of(gpus, gpu, gpus_per_node, intra, inter), None
+
+
 @cli.command()
 @click.argument("model", default=DEFAULT_MODEL)
 @click.option("--gpus", default=8, show_default=True, help="Number of GPUs.")
-@click.option("--gpu", default="h100", show_default=True, help="Accelerator preset.")
+@click.option("--gpu", default="h100", show_default=True,
+              help="Accelerator preset, or this-machine (with --calibration FILE).")
 @click.option("--gpus-per-node", default=8, show_default=True)
 @layout_options
 @click.option("--seq", default=8192, show_default=True, help="Sequence length.")
@@ -135,16 +147,19 @@ def build_layout(gpus: int, **kw: Any) -> Layout:
               type=click.Choice(["generalised", "korthikanti"]), help="Activation count.")
 @click.option("--headroom", default=0.85, show_default=True,
               help="Usable fraction of GPU memory.")
+@click.option("--calibration", "calibration_path", default=None,
+              type=click.Path(dir_okay=False),
+              help="A `shardwise calibrate` file (with --gpu this-machine).")
 @json_option
 def memory(model: str, gpus: int, gpu: str, gpus_per_node: int, seq: int,
            global_batch: str | None, flash: bool, dtype: str, grad_dtype: str | None,
-           optimizer: str, formula: str, headroom: float, as_json: bool, **layout_kw: Any
-           ) -> None:
+           optimizer: str, formula: str, headroom: float, calibration_path: str | None,
+           as_json: bool, **layout_kw: Any) -> None:
     """Per-GPU training memory of MODEL (preset or config.json), stage by stage."""
     from shardwise.estimate.memory import training_memory_per_gpu
 
     spec = get_model(model)
-    cluster = Cluster.of(gpus, gpu, gpus_per_node)
+    cluster, _ = _cluster(gpus, gpu, gpus_per_node, calibration_path=calibration_path)
     layout = build_layout(gpus, **layout_kw)
     batch = None if global_batch is None else parse_batch(global_batch, seq)
     train = TrainSpec(seq_len=seq, global_batch=batch, dtype=dtype, grad_dtype=grad_dtype,
@@ -191,9 +206,12 @@ def memory(model: str, gpus: int, gpu: str, gpus_per_node: int, seq: int,
               type=click.Choice(["ring", "tree", "hierarchical"]))
 @click.option("--nodes", default=1, show_default=True, help="Nodes (hierarchical).")
 @click.option("--inter", default="ndr", show_default=True, help="Inter-node link (hierarchical).")
+@click.option("--calibration", "calibration_path", default=None,
+              type=click.Path(dir_okay=False),
+              help="A `shardwise calibrate` file: --link this-machine is its measured link.")
 @json_option
 def comm(op: str, size: str, ranks: int, link: str, algorithm: str, nodes: int, inter: str,
-         as_json: bool) -> None:
+         calibration_path: str | None, as_json: bool) -> None:
     """Bytes on the wire and alpha-beta time of one collective."""
     from shardwise.estimate.comm import (
         bus_bandwidth,
@@ -205,7 +223,12 @@ def comm(op: str, size: str, ranks: int, link: str, algorithm: str, nodes: int, 
     size_bytes = parse_size(size)
     if algorithm == "hierarchical" and (nodes < 1 or ranks % nodes):
         raise ShardwiseError(f"--nodes {nodes} must divide --ranks {ranks}")
-    chosen = get_link(link)
+    if link.lower() == "this-machine":
+        from shardwise.calibration.machine import machine_cluster
+
+        chosen = machine_cluster(ranks, calibration_path)[0].intra
+    else:
+        chosen = get_link(link)
     seconds = collective_time(op, size_bytes, ranks, chosen, algorithm, nodes=nodes,
                               inter=get_link(inter))
     result = {"op": op, "size_bytes": size_bytes, "ranks": ranks, "link": chosen.name,
@@ -588,7 +611,8 @@ def calibrate(backend: str, ranks: int, out_path: str, plot_path: str | None, qu
 @cli.command()
 @click.argument("model", default=DEFAULT_MODEL)
 @click.option("--gpus", default=64, show_default=True, help="Number of GPUs.")
-@click.option("--gpu", default="h100", show_default=True, help="Accelerator preset.")
+@click.option("--gpu", default="h100", show_default=True,
+              help="Accelerator preset, or this-machine (with --calibration FILE).")
 @click.option("--gpus-per-node", default=8, show_default=True)
 @click.option("--intra", default=None, help="Intra-node link preset [default: the GPU's].")
 @click.option("--inter", default=None, help="Inter-node link preset [default: the GPU's].")
@@ -628,11 +652,11 @@ def plan(model: str, gpus: int, gpu: str, gpus_per_node: int, intra: str | None,
     from shardwise.units import parse_count
 
     spec = get_model(model)
-    cluster = Cluster.of(gpus, gpu, gpus_per_node, intra, inter)
+    cluster, calib = _cluster(gpus, gpu, gpus_per_node, intra, inter, calibration_path)
     batch = parse_batch(global_batch, seq)
     train = TrainSpec(seq_len=seq, global_batch=batch, dtype=dtype, grad_dtype=grad_dtype,
                       optimizer=optimizer, flash_attention=flash).validate()
-    calib = load_calibration(cluster.accelerator.name, calibration_path)
+    calib = calib or load_calibration(cluster.accelerator.name, calibration_path)
     given = None
     if layout_text:
         given = Layout.parse(layout_text)

@@ -16,10 +16,12 @@ asymptote `P∞ = peak·e_max` and its "HBM bandwidth" a measured copy: `matmul_
 and `hbm_efficiency` are then relative to those (the fit's free parameters are P∞ and d½;
 e_max = 1 by construction).
 
-Ranks share the cores: with `ranks > cores` every rank is time-sliced to `cores/ranks` of a
-core, so its peak, memory bandwidth and kernel overhead are scaled by that share (the model
-assumes every rank busy at once; pipeline ranks that wait in their bubble leave their share
-to the others, which this does not capture). Each rank's memory is the machine's ÷ ranks.
+Ranks share the cores: with `ranks > cores` every rank is time-sliced to `share =
+cores/ranks` of a core, so its peak, memory bandwidth and link bandwidth are × share, its
+kernel overhead and link latency ÷ share (the model assumes every rank busy at once;
+pipeline ranks that wait in their bubble leave their share to the others, which this does
+not capture). Each rank's memory is the machine's ÷ ranks. Other jobs on the machine take
+cores too, and nothing here sees them: calibrate and run under the same load.
 """
 
 from __future__ import annotations
@@ -123,7 +125,7 @@ def cluster_of(spec: MachineSpec, cal: Calibration, ranks: int
     accelerator = Accelerator(THIS_MACHINE, spec.memory_bytes / ranks,
                               spec.memory_bandwidth * share, spec.peak_flops * share,
                               None, spec.peak_flops * share)
-    link = Link(spec.link_name, spec.link_bandwidth, spec.link_latency)
+    link = Link(spec.link_name, spec.link_bandwidth * share, spec.link_latency / share)
     cluster = Cluster(1, ranks, accelerator, link, link).validate()
     cal = replace(cal, accelerator=THIS_MACHINE, kernel_overhead=cal.kernel_overhead / share,
                   link_efficiency=cal.link_efficiency | {link.name: 1.0})

@@ -21,7 +21,9 @@ per rank, `OMP_NUM_THREADS=1`, the same processes `shardwise train` starts):
                  and p2p send/recv between two, against message size, through
                  `runtime.collectives` (what training calls) → one α-β link
                  `t = rounds·α + bytes/β` with SPEC §5's ring rounds and bytes on the wire
-                 (`calibration.fit.fit_alpha_beta`), and a fit per collective for reference
+                 (`calibration.fit.fit_alpha_beta`), and a fit per collective for reference;
+                 a group of more ranks than cores is time-sliced, so its times are divided
+                 by ranks/cores before the fit (the preset multiplies them back)
 
 Not measured (the built-in value is kept, and the file says so): `dp_bucket_bytes`,
 `overlap_contention`. Timings are medians over repeats; on a loaded machine they are noisy.
@@ -217,15 +219,7 @@ def _collective_ranks(plan: Plan) -> list[list[Any]] | None:
             for size in plan.sizes:
                 n = size // 4 // g * g  # fp32 elements, divisible by the group
                 if inside:
-                    full = torch.ones(n, device=device)
-                    part = torch.ones(n // g, device=device)
-                    call = {
-                        "all-reduce": lambda: C.all_reduce(full, group),
-                        "reduce-scatter": lambda: C.reduce_scatter(part, full, group),
-                        "all-gather": lambda: C.all_gather(full, part, group),
-                        "all-to-all": lambda: C.all_to_all_single(torch.empty_like(full),
-                                                                  full, group=group),
-                    }[op]
+                    call = _collective_call(op, n, g, group, device)
                     seconds = _group_seconds(call, group, device)
                     if me == 0:
                         points.append([op, g, 4 * n, seconds])
@@ -248,6 +242,21 @@ def _collective_ranks(plan: Plan) -> list[list[Any]] | None:
                 points.append(["p2p", 2, 4 * (size // 4), seconds])
         dist.barrier()
     return points if me == 0 else None
+
+
+def _collective_call(op: str, n: int, g: int, group: Any, device: torch.device
+                     ) -> Callable[[], Any]:
+    """One `op` on `n` fp32 elements (the full tensor) over `group` of `g` ranks."""
+    full = torch.ones(n, device=device)
+    part = torch.ones(n // g, device=device)
+    out = torch.empty_like(full)
+    calls: dict[str, Callable[[], Any]] = {
+        "all-reduce": lambda: C.all_reduce(full, group),
+        "reduce-scatter": lambda: C.reduce_scatter(part, full, group),
+        "all-gather": lambda: C.all_gather(full, part, group),
+        "all-to-all": lambda: C.all_to_all_single(out, full, group=group),
+    }
+    return calls[op]
 
 
 def _group_seconds(call: Callable[[], Any], group: Any, device: torch.device,
@@ -298,12 +307,16 @@ def fit_measurements(raw: dict[str, Any], plan: Plan) -> dict[str, Any]:
     # collectives: one α-β link over every op and group size, and one per op for reference
     coll = raw["collectives"]
 
+    cores = plan.ranks if plan.backend == "nccl" else len(os.sched_getaffinity(0))
+
     def rounds_bytes(points: list[list[Any]]) -> tuple[list[float], list[float], list[float]]:
+        """Rounds, bytes on the wire and seconds of one rank with a core to itself: a group
+        of n > cores ranks is time-sliced, its times ÷ n/cores (`calibration.machine`)."""
         r, b, t = [], [], []
         for op, n, size, seconds in points:
             r.append(1 if op == "p2p" else ring_steps(op, n))
             b.append(size if op == "p2p" else ring_bytes_on_wire(op, size, n))
-            t.append(seconds)
+            t.append(seconds / max(1.0, n / cores))
         return r, b, t
 
     link = fit_alpha_beta(*rounds_bytes(coll))
@@ -313,7 +326,6 @@ def fit_measurements(raw: dict[str, Any], plan: Plan) -> dict[str, Any]:
             per_op[op] = fit_alpha_beta(*rounds_bytes([p for p in coll if p[0] == op])).to_dict()
         except ShardwiseError as exc:
             per_op[op] = {"error": str(exc)}
-    cores = plan.ranks if plan.backend == "nccl" else len(os.sched_getaffinity(0))
     machine = MachineSpec(THIS_MACHINE, plan.backend, raw["dtype"], cores,
                           _memory_bytes(raw["device"]), gemm.peak, copy.beta, link.beta,
                           link.alpha).validate()

@@ -1,14 +1,15 @@
 """Fit the step-time model's constants to measurements (NumPy least squares; no torch).
 
 Every fit is in the model's own form (`estimate.compute`, `estimate.comm`), so the fitted
-numbers mean exactly what the planner does with them. Residuals are *relative*,
-`(measured − fitted) / measured`, and every fit minimises their sum of squares: timings span
-orders of magnitude and each point should count alike.
+numbers mean exactly what the planner does with them. Residuals are reported *relative*,
+`(measured − fitted) / measured`; the linear fits minimise their sum of squares (timings
+span orders of magnitude and each point should count alike).
 
     GEMM          t = t₀ + 2·M·K·N / (P∞ · M/(M+d½) · K/(K+d½) · N/(N+d½))  → P∞, d½
-                  (t₀: one call's fixed cost, measured apart and given)
-                  (`P∞ = peak · e_max`, the asymptote of a large GEMM). For a fixed d½ the
-                  best 1/P∞ is closed form; d½ is found by golden-section search on log d½.
+                  (t₀: one call's fixed cost, measured apart and given). For each d½ the
+                  median ratio gives 1/P∞ (robust to outliers); d½ is found by
+                  golden-section search on log d½ minimising the squared log residuals.
+                  (`P∞ = peak · e_max`, the asymptote of a large GEMM).
     α-β           t = rounds·α + bytes/β                                     → α, β
                   collectives (`rounds`, `bytes` on the wire per rank: SPEC §5's ring
                   counts), p2p (1 round, the message), memory-bound kernels (1 "round": the
@@ -86,16 +87,21 @@ def _best_scale(g: np.ndarray, t: np.ndarray, a: Any = 0.0) -> float:
 def fit_matmul(m: Sequence[float], k: Sequence[float], n: Sequence[float],
                seconds: Sequence[float], launch: float = 0.0,
                half_dim_range: tuple[float, float] = (1e-3, 1e5)) -> MatmulFit:
-    """P∞ and d½ of `t = launch + 2MKN / (P∞·Π d/(d+d½))` minimising the relative
-    residuals. `launch`: the fixed cost of one call, measured apart (the model charges it as
-    `kernel_overhead`, not in the GEMM's efficiency)."""
+    """P∞ and d½ of `t = launch + 2MKN / (P∞·Π d/(d+d½))`. `launch`: the fixed cost of one
+    call, measured apart (the model charges it as `kernel_overhead`, not in the GEMM's
+    efficiency). Robust to a few outliers (a shared machine): for each d½, 1/P∞ is the median
+    of `(t − launch)/(2MKN/Π sat)`, and d½ minimises the squared log residuals."""
     m_, k_, n_, t = _points(m, k, n, seconds, what="matmul fit", need=2)
+
+    if np.any(t <= launch):
+        raise ShardwiseError("matmul fit: a GEMM measured no slower than the launch cost; "
+                             "measure larger shapes")
 
     def loss(log_half: float) -> tuple[float, float]:
         half = math.exp(log_half)
         g = matmul_seconds(m_, k_, n_, 1.0, half)
-        x = _best_scale(g, t, launch)
-        return float(np.sum(relative_residuals(t, launch + x * g) ** 2)), x
+        x = math.exp(float(np.median(np.log((t - launch) / g))))
+        return float(np.sum(np.log(t / (launch + x * g)) ** 2)), x
 
     lo, hi = (math.log(v) for v in half_dim_range)
     grid = np.linspace(lo, hi, 121)  # coarse scan, then golden section around the best

@@ -444,7 +444,8 @@ def plot_calibration(data: dict[str, Any], path: str) -> None:
     for op, n, size, seconds in meas["collectives"]["points [op, ranks, bytes, s]"]:
         rounds = 1 if op == "p2p" else ring_steps(op, n)
         wire = size if op == "p2p" else ring_bytes_on_wire(op, size, n)
-        model = rounds * link["latency"] + wire / link["bandwidth"]
+        sliced = max(1.0, n / machine["cores"])  # more ranks than cores: time-sliced
+        model = sliced * (rounds * link["latency"] + wire / link["bandwidth"])
         ax.scatter(size, seconds, s=12, color=f"C{[*COLLECTIVES, 'p2p'].index(op)}")
         ax.scatter(size, model, s=12, marker="x", color=f"C{[*COLLECTIVES, 'p2p'].index(op)}")
     for i, op in enumerate((*COLLECTIVES, "p2p")):

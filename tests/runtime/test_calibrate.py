@@ -74,7 +74,9 @@ def test_check_json_has_the_step_time_row_from_the_file_it_names(calibration):
     assert step["predicted"] == pytest.approx(expected.total, rel=1e-12)
     assert step["measured"] > 0 and calibration in step["note"]
     assert rows["tp comm (s)"]["predicted"] == pytest.approx(expected.tp_comm, rel=1e-12)
-    parts = sum(r["predicted"] for what, r in rows.items() if what != "step (s)")
+    assert rows["fastest step (s)"]["predicted"] == step["predicted"]
+    assert 0 < rows["fastest step (s)"]["measured"] <= step["measured"]
+    parts = sum(r["predicted"] for what, r in rows.items() if "step" not in what)
     assert parts == pytest.approx(expected.total, rel=1e-9)  # the components sum to it
 
 

@@ -26,13 +26,13 @@ per rank, `OMP_NUM_THREADS=1`, the same processes `shardwise train` starts):
                  by ranks/cores before the fit (the preset multiplies them back)
 
 Not measured (the built-in value is kept, and the file says so): `dp_bucket_bytes`,
-`overlap_contention`. Timings are medians over repeats; on a loaded machine they are noisy.
+`overlap_contention`. Every timing is the fastest of several repeats (other jobs on a shared
+machine only add time); on a loaded machine the figures are still noisy.
 """
 
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -100,8 +100,9 @@ def _sync(device: torch.device) -> None:
 
 def _seconds(fn: Callable[[], Any], device: torch.device, budget: float = 0.05,
              repeats: int = 5) -> float:
-    """Median over `repeats` blocks of one call's time; each block runs enough calls to
-    last about `budget / repeats` seconds (one warm-up call first)."""
+    """The fastest of `repeats` blocks, per call; each block runs enough calls to last about
+    `budget / repeats` seconds (one warm-up call first). The minimum, not the median: other
+    jobs on a shared machine only ever add time."""
     fn()
     _sync(device)
     start = time.perf_counter()
@@ -116,7 +117,7 @@ def _seconds(fn: Callable[[], Any], device: torch.device, budget: float = 0.05,
             fn()
         _sync(device)
         blocks.append((time.perf_counter() - start) / calls)
-    return statistics.median(blocks)
+    return min(blocks)
 
 
 # ---------------------------------------------------------------- one rank: compute side
@@ -179,7 +180,7 @@ STEPS = 6
 
 
 def _steps(plan: Plan, dtype_name: str) -> list[list[float]]:
-    """[seq_len, micro_batch, median seconds of a step after the first] of `tiny` on one rank
+    """[seq_len, micro_batch, fastest step after the first, seconds] of `tiny` on one rank
     (global batch 8 sequences), through `runtime.train` as `shardwise train` runs it."""
     from shardwise.runtime.train import TrainConfig, build, train_step
 
@@ -189,7 +190,7 @@ def _steps(plan: Plan, dtype_name: str) -> list[list[float]]:
                              global_batch=8, dtype=dtype_name, steps=STEPS)
         state = build(config)
         times = [train_step(state).seconds for _ in range(3 if plan.quick else STEPS)]
-        points.append([seq, mbs, statistics.median(times[1:])])
+        points.append([seq, mbs, min(times[1:])])
     return points
 
 
@@ -261,8 +262,8 @@ def _collective_call(op: str, n: int, g: int, group: Any, device: torch.device
 
 def _group_seconds(call: Callable[[], Any], group: Any, device: torch.device,
                    repeats: int = 5) -> float:
-    """Median over `repeats` of one call's time, every member starting together (a barrier
-    before each) and the slowest member's time counted (max all-reduce of the timings)."""
+    """The fastest of `repeats` calls, every member starting together (a barrier before
+    each) and each call's time the slowest member's (max all-reduce of the timings)."""
     call()
     times = []
     for _ in range(repeats):
@@ -273,7 +274,7 @@ def _group_seconds(call: Callable[[], Any], group: Any, device: torch.device,
         elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
         times.append(float(elapsed))
-    return statistics.median(times)
+    return min(times)
 
 
 # ---------------------------------------------------------------------------------- fits

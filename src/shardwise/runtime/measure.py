@@ -617,8 +617,10 @@ def check_layout(config: TrainConfig, steps: int = 2) -> list[CheckRow]:
             *_state_rows(model, layout, train, stage, held),
             _peak_row(model, layout, train, stage, peak)]
     if launch.rank() == 0:  # completed by `runtime.step_time.with_prediction`
-        rows.append(CheckRow("step time", "step (s)", None, seconds[len(seconds) // 2], REPORTED,
-                             f"median of {len(seconds)} steps after the checked ones, rank 0"))
+        rows += [CheckRow("step time", "step (s)", None, seconds[len(seconds) // 2], REPORTED,
+                          f"median of {len(seconds)} steps after the checked ones, rank 0"),
+                 CheckRow("step time", "fastest step (s)", None, seconds[0], REPORTED,
+                          "the fastest of those steps (other jobs on the machine only add)")]
     if model.is_moe and layout.tp > 1:
         caveat = "; MoE layers are replicated over tp here (the analytic model splits experts)"
         rows = [replace(r, note=r.note + caveat) if not r.ok else r for r in rows]

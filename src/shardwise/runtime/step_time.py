@@ -1,8 +1,8 @@
 """The step-time rows of `shardwise check`: the step model's prediction (`estimate.step`,
 SPEC §7) for the layout on this machine against the measured median step.
 
-`check_layout` measures rank 0's step time (steps after the checked ones, outside the
-saved-tensor hooks and byte counters); `with_prediction` adds the prediction from a calibration
+`check_layout` measures rank 0's step time (the median and the fastest of the steps after
+the checked ones, outside the saved-tensor hooks and byte counters); `with_prediction` adds the prediction from a calibration
 file written by `shardwise calibrate` (its `machine` section is the hardware, its constants the
 efficiencies) and one row per component of the model's step: compute, exposed communication
 per axis, bubble, optimizer. The components are predicted only: the runtime does not time
@@ -34,26 +34,25 @@ COMPONENTS = {"compute": "compute", "tp_comm": "tp comm", "cp_comm_exposed": "cp
 
 def with_prediction(rows: list[CheckRow], config: TrainConfig,
                     calibration: str | Path | None) -> list[CheckRow]:
-    """`rows` with the measured step-time row completed by the prediction and followed by the
-    predicted components (non-zero ones)."""
-    index = next((i for i, r in enumerate(rows) if r.item == "step time"), None)
-    if index is None:
+    """`rows` with the measured step-time rows (median and fastest step) completed by the
+    prediction and followed by the predicted components (non-zero ones)."""
+    measured = [i for i, r in enumerate(rows) if r.item == "step time"]
+    if not measured:
         return rows
-    measured = rows[index]
+    rest = [r for r in rows if r.item != "step time"]
     if calibration is None:
         note = ("calibration: built-in (data/calibration.json, datasheet GPUs): no figures for "
                 "this CPU; run `shardwise calibrate --out FILE` and pass --calibration FILE")
-        return [*rows[:index], replace(measured, note=f"{measured.note}; {note}"),
-                *rows[index + 1:]]
+        return rest + [replace(rows[i], note=f"{rows[i].note}; {note}") for i in measured]
     try:
         step = predict_step(config.model, config.layout, config.train_spec(), calibration)
     except ShardwiseError as exc:
-        return [*rows[:index], replace(measured, note=f"{measured.note}; no prediction: {exc}"),
-                *rows[index + 1:]]
-    source = f"calibration: {calibration}"
-    total = replace(measured, predicted=step.total,
-                    note=f"{measured.note}; predicted by the step model (SPEC §7), {source}")
+        return rest + [replace(rows[i], note=f"{rows[i].note}; no prediction: {exc}")
+                       for i in measured]
+    source = f"predicted by the step model (SPEC §7), calibration: {calibration}"
+    totals = [replace(rows[i], predicted=step.total, note=f"{rows[i].note}; {source}")
+              for i in measured]
     parts = [CheckRow("step time", f"{label} (s)", getattr(step, name), None, REPORTED,
                       "predicted component (not timed apart by the runtime)")
              for name, label in COMPONENTS.items() if getattr(step, name) > 0]
-    return [*rows[:index], total, *parts, *rows[index + 1:]]
+    return rest + totals + parts

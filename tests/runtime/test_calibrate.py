@@ -105,3 +105,14 @@ def test_check_with_a_bad_calibration_file_is_one_line(tmp_path):
     result = shardwise("check", "--calibration", str(bad), check=False)
     assert result.returncode == 2 and "no machine section" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_calibrate_bad_input_is_one_line(tmp_path):
+    import torch
+    from tests.cli_helpers import assert_one_line_error
+
+    assert_one_line_error(shardwise("calibrate", "--ranks", "1", check=False), "--ranks")
+    if torch.cuda.device_count() < 2:
+        assert_one_line_error(shardwise("calibrate", "--backend", "nccl", "--out",
+                                        str(tmp_path / "x.json"), check=False),
+                              "--backend nccl needs 2 GPUs")

@@ -5,7 +5,8 @@ import os
 
 import numpy as np
 import pytest
-from tests.cli_helpers import shardwise, shardwise_json
+import torch
+from tests.cli_helpers import assert_one_line_error, shardwise, shardwise_json
 
 from shardwise.arch import get_model
 from shardwise.calibration import load_calibration
@@ -108,9 +109,6 @@ def test_check_with_a_bad_calibration_file_is_one_line(tmp_path):
 
 
 def test_calibrate_bad_input_is_one_line(tmp_path):
-    import torch
-    from tests.cli_helpers import assert_one_line_error
-
     assert_one_line_error(shardwise("calibrate", "--ranks", "1", check=False), "--ranks")
     if torch.cuda.device_count() < 2:
         assert_one_line_error(shardwise("calibrate", "--backend", "nccl", "--out",

@@ -196,15 +196,14 @@ def _steps(plan: Plan, dtype_name: str) -> list[list[float]]:
 
 def _compute_rank(plan: Plan) -> dict[str, Any]:
     device = launch.device()
-    dtype_name = "bf16" if device.type == "cuda" else "fp32"
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype_name, dtype = "fp32", torch.float32  # what the runtime trains in (or fp64)
     torch.manual_seed(0)
     copy, kernels = _memory(plan, device, dtype)
     one = torch.ones(1, device=device, dtype=dtype)
     return {"device": str(device), "dtype": dtype_name,
             "launch": _seconds(lambda: torch.add(one, one, out=one), device),
             "matmul": _matmuls(plan, device, dtype), "copy": copy, "kernels": kernels,
-            "attention": _attention(plan, device, dtype), "steps": _steps(plan, "fp32")}
+            "attention": _attention(plan, device, dtype), "steps": _steps(plan, dtype_name)}
 
 
 # ------------------------------------------------------------------- N ranks: collectives

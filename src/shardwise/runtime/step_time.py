@@ -42,7 +42,8 @@ def with_prediction(rows: list[CheckRow], config: TrainConfig,
     rest = [r for r in rows if r.item != "step time"]
     if calibration is None:
         note = ("calibration: built-in (data/calibration.json, datasheet GPUs): no figures for "
-                "this CPU; run `shardwise calibrate --out FILE` and pass --calibration FILE")
+                "the machine this ran on; run `shardwise calibrate --out FILE` and pass "
+                "--calibration FILE")
         return rest + [replace(rows[i], note=f"{rows[i].note}; {note}") for i in measured]
     try:
         step = predict_step(config.model, config.layout, config.train_spec(), calibration)

@@ -11,6 +11,8 @@
     state        parameters, gradients and optimizer moments allocated on the rank after the
                  last step, each storage once
     peak memory  torch.cuda.max_memory_allocated on a GPU; on CPU the row says "no GPU"
+    step time    rank 0's median and fastest step, timed on more steps after the checked ones
+                 (outside the hooks and counters); `runtime.step_time` adds the prediction
 
 and predicts each from the analytic side for the same model, layout and pipeline stage:
 `estimate.comm` (per collective, `predicted_comm`), `estimate.memory.saved_tensors_per_layer`

@@ -117,7 +117,8 @@ def layout_options(func: Callable) -> Callable:
 @cli.command()
 @click.argument("model", default=DEFAULT_MODEL)
 @click.option("--gpus", default=8, show_default=True, help="Number of GPUs.")
-@click.option("--gpu", default="h100", show_default=True, help="Accelerator preset.")
+@click.option("--gpu", default="h100", show_default=True,
+              help="Accelerator preset, or this-machine (with --calibration FILE).")
 @click.option("--gpus-per-node", default=8, show_default=True)
 @layout_options
 @click.option("--seq", default=8192, show_default=True, help="Sequence length.")
@@ -131,16 +132,21 @@ def layout_options(func: Callable) -> Callable:
 @impl_option()
 @click.option("--headroom", default=0.85, show_default=True,
               help="Usable fraction of GPU memory.")
+@click.option("--calibration", "calibration_path", default=None,
+              type=click.Path(dir_okay=False),
+              help="A `shardwise calibrate` file (with --gpu this-machine).")
 @json_option
 def memory(model: str, gpus: int, gpu: str, gpus_per_node: int, seq: int,
            global_batch: str | None, flash: bool, dtype: str, grad_dtype: str | None,
-           optimizer: str, formula: str, impl: str, headroom: float, as_json: bool,
+           optimizer: str, formula: str, impl: str, headroom: float,
+           calibration_path: str | None, as_json: bool,
            **layout_kw: Any) -> None:
     """Per-GPU training memory of MODEL (preset or config.json), stage by stage."""
     out = memory_payload(get_model(model), gpus=gpus, gpu=gpu, gpus_per_node=gpus_per_node,
                          seq=seq, global_batch=global_batch, flash=flash, dtype=dtype,
                          grad_dtype=grad_dtype, optimizer=optimizer, formula=formula,
-                         impl=impl, headroom=headroom, **layout_kw)
+                         impl=impl, headroom=headroom,
+                         calibration_path=calibration_path, **layout_kw)
     if as_json:
         return _emit_json(out)
     render_memory(out, console)
@@ -157,12 +163,15 @@ def memory(model: str, gpus: int, gpu: str, gpus_per_node: int, seq: int,
               type=click.Choice(ALGORITHMS))
 @click.option("--nodes", default=1, show_default=True, help="Nodes (hierarchical).")
 @click.option("--inter", default="ndr", show_default=True, help="Inter-node link (hierarchical).")
+@click.option("--calibration", "calibration_path", default=None,
+              type=click.Path(dir_okay=False),
+              help="A `shardwise calibrate` file: --link this-machine is its measured link.")
 @json_option
 def comm(op: str, size: str, ranks: int, link: str, algorithm: str, nodes: int, inter: str,
-         as_json: bool) -> None:
+         calibration_path: str | None, as_json: bool) -> None:
     """Bytes on the wire and alpha-beta time of one collective."""
     out = comm_payload(op=op, size=size, ranks=ranks, link=link, algorithm=algorithm,
-                       nodes=nodes, inter=inter)
+                       nodes=nodes, inter=inter, calibration_path=calibration_path)
     if as_json:
         return _emit_json(out)
     render_comm(out, console)
@@ -409,10 +418,14 @@ def _error_cell(row: Any) -> str:
               help="One row per rank [default: per pipeline stage, the rank with the largest "
                    "error].")
 @impl_option("shardwise")
+@click.option("--calibration", "calibration_path", default=None,
+              type=click.Path(dir_okay=False),
+              help="Predict the step time with this file from `shardwise calibrate` "
+                   "[default: the built-in constants, which have no figures for a CPU].")
 @json_option
 def check(model_name: str, seq: int, global_batch: str, seed: int, data_path: str | None,
           dtype: str, flash: bool, timeout: float, steps: int, per_rank: bool, impl: str,
-          as_json: bool, **layout_kw: Any) -> None:
+          calibration_path: str | None, as_json: bool, **layout_kw: Any) -> None:
     """Predicted versus measured (SPEC §9): train --model for a few steps on the layout, as
     `shardwise train` does, and compare what the ranks really sent and kept with the analytic
     model: bytes per mesh axis and collective (target: exact), bytes each layer saves for
@@ -424,13 +437,20 @@ def check(model_name: str, seq: int, global_batch: str, seed: int, data_path: st
     config = _train_config(model_name, layout_kw, seq, global_batch, seed, data_path, dtype,
                            flash, steps=steps)
     layout = config.layout
+    if calibration_path is not None:
+        from shardwise.calibration.machine import read_machine
+
+        read_machine(calibration_path)  # a bad file: one line, exit 2, before any rank runs
     rows = _on_ranks(lambda: measure.run_check(config, steps, timeout_s=timeout,
                                                per_rank=per_rank, impl=impl))
+    step_time = _import_runtime("shardwise.runtime.step_time")
+    rows = step_time.with_prediction(rows, config, calibration_path)
     missed = [row for row in rows if not row.ok]
     if rank() == 0 and as_json:
         _emit_json({"model": config.model.name, "layout": layout.to_dict(),
                     "ranks": layout.world_size, "steps": steps, "ok": not missed,
                     "activation_profile": impl,
+                    "calibration": calibration_path or "built-in",
                     "rows": [row.as_dict() for row in rows]})
     elif rank() == 0:
         where = "rank" if per_rank else "worst of"
@@ -454,11 +474,51 @@ def check(model_name: str, seq: int, global_batch: str, seed: int, data_path: st
                                    "(see the notes)")
 
 
+# ----------------------------------------------------------------------------------- calibrate
+@cli.command()
+@click.option("--backend", default="gloo", show_default=True, type=click.Choice(["gloo", "nccl"]))
+@click.option("--ranks", default=2, show_default=True, type=click.IntRange(2, 64),
+              help="Ranks for the collectives (group sizes 2, 4, … up to it).")
+@click.option("--out", "out_path", default="calibration.json", show_default=True,
+              type=click.Path(dir_okay=False), help="Write the calibration file here.")
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
+              help="Draw measured points against the fitted curves (PNG).")
+@click.option("--quick", is_flag=True, help="Fewer shapes and sizes: seconds, not a minute.")
+@json_option
+def calibrate(backend: str, ranks: int, out_path: str, plot_path: str | None, quick: bool,
+              as_json: bool) -> None:
+    """Measure this machine (GEMMs, memory-bound kernels, attention, training steps,
+    collectives) and fit the step-time model's constants; the file it writes works with
+    `--calibration FILE` (plan, memory, comm, check) and `--gpu this-machine`."""
+    rt = _import_runtime("shardwise.runtime.calibrate")
+    plan = rt.Plan(backend, ranks, quick).validate()
+    if console.is_terminal and not as_json:
+        with console.status("calibrating…") as status:
+            data = rt.calibrate(plan, progress=lambda msg: status.update(msg + "…"))
+    else:
+        data = rt.calibrate(plan, progress=lambda msg: click.echo(f"calibrate: {msg}",
+                                                                  err=True))
+    with open(out_path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
+    if plot_path:
+        rt.plot_calibration(data, plot_path)
+    if as_json:
+        return _emit_json(data | {"path": out_path})
+    console.print(_table(f"{backend}, {ranks} ranks: fitted constants (residuals: relative, "
+                         "rms / max)", ["quantity", "value", "fit residual"],
+                         rt.summary_rows(data)))
+    console.print(f"Wrote {out_path}" + (f" and {plot_path}" if plot_path else "")
+                  + f". Plan for this machine: shardwise plan tiny --gpus {ranks} "
+                  f"--gpu this-machine --calibration {out_path}")
+    return None
+
+
 # ---------------------------------------------------------------------------------------- plan
 @cli.command()
 @click.argument("model", default=DEFAULT_MODEL)
 @click.option("--gpus", default=64, show_default=True, help="Number of GPUs.")
-@click.option("--gpu", default="h100", show_default=True, help="Accelerator preset.")
+@click.option("--gpu", default="h100", show_default=True,
+              help="Accelerator preset, or this-machine (with --calibration FILE).")
 @click.option("--gpus-per-node", default=8, show_default=True)
 @click.option("--intra", default=None, help="Intra-node link preset [default: the GPU's].")
 @click.option("--inter", default=None, help="Inter-node link preset [default: the GPU's].")

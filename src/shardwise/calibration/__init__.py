@@ -18,6 +18,10 @@ with the accelerator's datasheet peak and bandwidth times a few *achievable-frac
 One set, `default`, serves every accelerator: only the datasheet figures change between
 hardware generations. A JSON file with the same shape overrides any subset
 (`load_calibration(accelerator, path)`; `shardwise plan --calibration FILE`).
+
+`shardwise calibrate` measures the machine it runs on and writes such a file with two more
+sections: `machine` (the "this machine" hardware preset, `calibration.machine`) and
+`measurements` (raw points and fit residuals, `calibration.fit`).
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ __all__ = ["Calibration", "default_calibration", "load_calibration"]
 
 _SCALARS = ("matmul_efficiency", "matmul_half_dim", "attention_efficiency", "hbm_efficiency",
             "kernel_overhead", "dp_bucket_bytes", "overlap_contention")
+# `machine` (the measured hardware, `calibration.machine`) and `measurements` (raw points and
+# fit residuals) are written by `shardwise calibrate`; the constants ignore them.
+_SECTIONS = ("default", "accelerators", "links", "machine", "measurements")
 
 
 @dataclass(frozen=True)
@@ -91,11 +98,11 @@ def _apply(cal: Calibration, data: dict[str, Any], accelerator: str, source: str
            ) -> Calibration:
     if not isinstance(data, dict):
         raise ShardwiseError(f"calibration file {source!r} must hold a JSON object")
-    unknown = set(data) - {"_doc", "default", "accelerators", "links"}
+    unknown = set(data) - {"_doc", *_SECTIONS}
     if unknown:
         raise ShardwiseError(
             f"calibration file {source!r}: unknown section(s) {', '.join(sorted(unknown))}; "
-            "valid: default, accelerators, links"
+            f"valid: {', '.join(_SECTIONS)}"
         )
     changes: dict[str, Any] = {}
     for section in (data.get("default", {}), data.get("accelerators", {}).get(accelerator, {})):

@@ -56,18 +56,31 @@ def build_layout(gpus: int, **kw: Any) -> Layout:
     return Layout(dp=dp, **kw)
 
 
+def cluster_for(gpus: int, gpu: str, gpus_per_node: int, intra: str | None = None,
+                inter: str | None = None, calibration_path: str | None = None
+                ) -> tuple[Cluster, Any]:
+    """(cluster, its calibration or None): `--gpu this-machine` is one node of `gpus` ranks
+    of the machine a `shardwise calibrate` file describes (`calibration.machine`)."""
+    from shardwise.calibration.machine import THIS_MACHINE, machine_cluster
+
+    if gpu.lower() == THIS_MACHINE:
+        return machine_cluster(gpus, calibration_path)
+    return Cluster.of(gpus, gpu, gpus_per_node, intra, inter), None
+
+
 def memory_payload(spec: ModelSpec, *, gpus: int = 8, gpu: str = "h100", gpus_per_node: int = 8,
                    seq: int = 8192, global_batch: str | None = None, flash: bool = True,
                    dtype: str = "bf16", grad_dtype: str | None = None, optimizer: str = "adam",
                    formula: str = "generalised", impl: str = DEFAULT_IMPL,
-                   headroom: float = 0.85, **layout_kw: Any) -> dict[str, Any]:
+                   headroom: float = 0.85, calibration_path: str | None = None,
+                   **layout_kw: Any) -> dict[str, Any]:
     """`shardwise memory --json`: per-GPU bytes of every pipeline stage (SPEC §2–§4) against
     the budget `memory × headroom` (bytes; GB = 10^9, GiB = 2^30 when shown), with each
     stage's modelled peak and what one layer saves under implementation profile `impl`."""
     from shardwise.estimate.memory import saved_tensors_per_layer, training_memory_per_gpu
     from shardwise.estimate.profiles import by_component, fused_attention, get_profile
 
-    cluster = Cluster.of(gpus, gpu, gpus_per_node)
+    cluster, _ = cluster_for(gpus, gpu, gpus_per_node, calibration_path=calibration_path)
     layout = build_layout(gpus, **layout_kw)
     batch = None if global_batch is None else parse_batch(global_batch, seq)
     train = TrainSpec(seq_len=seq, global_batch=batch, dtype=dtype, grad_dtype=grad_dtype,
@@ -100,9 +113,10 @@ def memory_payload(spec: ModelSpec, *, gpus: int = 8, gpu: str = "h100", gpus_pe
 # -------------------------------------------------------------------------------------- comm
 def comm_payload(*, op: str = "all-reduce", size: str = "1GB", ranks: int = 8,
                  link: str = "nvlink4", algorithm: str = "ring", nodes: int = 1,
-                 inter: str = "ndr") -> dict[str, Any]:
+                 inter: str = "ndr", calibration_path: str | None = None) -> dict[str, Any]:
     """`shardwise comm --json`: ring rounds, bytes each rank sends and the α-β time of one
-    collective (SPEC §5), with its bus bandwidth (bytes/s, NCCL's convention)."""
+    collective (SPEC §5), with its bus bandwidth (bytes/s, NCCL's convention). `--link
+    this-machine` is the link a `shardwise calibrate` file measured."""
     from shardwise.estimate.comm import (
         bus_bandwidth,
         collective_time,
@@ -113,7 +127,12 @@ def comm_payload(*, op: str = "all-reduce", size: str = "1GB", ranks: int = 8,
     size_bytes = parse_size(size)
     if algorithm == "hierarchical" and (nodes < 1 or ranks % nodes):
         raise ShardwiseError(f"--nodes {nodes} must divide --ranks {ranks}")
-    chosen = get_link(link)
+    if link.lower() == "this-machine":
+        from shardwise.calibration.machine import machine_cluster
+
+        chosen = machine_cluster(ranks, calibration_path)[0].intra
+    else:
+        chosen = get_link(link)
     seconds = collective_time(op, size_bytes, ranks, chosen, algorithm, nodes=nodes,
                               inter=get_link(inter))
     return {"op": op, "size_bytes": size_bytes, "ranks": ranks, "link": chosen.name,
@@ -182,11 +201,12 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str = "h100", gpus_per_nod
     from shardwise.calibration import load_calibration
     from shardwise.plan import plan
 
-    cluster = Cluster.of(gpus, gpu, gpus_per_node, intra, inter)
+    cluster, machine_calib = cluster_for(gpus, gpu, gpus_per_node, intra, inter,
+                                         calibration_path)
     batch = parse_batch(global_batch, seq)
     train = TrainSpec(seq_len=seq, global_batch=batch, dtype=dtype, grad_dtype=grad_dtype,
                       optimizer=optimizer, flash_attention=flash, impl=impl).validate()
-    calib = load_calibration(cluster.accelerator.name, calibration_path)
+    calib = machine_calib or load_calibration(cluster.accelerator.name, calibration_path)
     given = None
     if layout_text:
         given = Layout.parse(layout_text)

@@ -11,6 +11,8 @@
     state        parameters, gradients and optimizer moments allocated on the rank after the
                  last step, each storage once
     peak memory  torch.cuda.max_memory_allocated on a GPU; on CPU the row says "no GPU"
+    step time    rank 0's median and fastest step, timed on more steps after the checked ones
+                 (outside the hooks and counters); `runtime.step_time` adds the prediction
 
 and predicts each from the analytic side for the same model, layout and pipeline stage with
 `estimate.check` (pure arithmetic over `estimate.comm` and `estimate.memory`), which also holds
@@ -368,6 +370,8 @@ def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL
     with recorder, C.counting() as counter:
         for _ in range(steps):
             train_step(state)
+    # Step time outside the hooks and counters (what training costs), after the checked steps.
+    seconds = sorted(train_step(state).seconds for _ in range(max(steps, 3)))
     held = state_bytes([parallel.model], state.optimizer)
     peak = float(torch.cuda.max_memory_allocated(device)) if gpu else None
     model, layout, train = config.model, config.layout, config.train_spec()
@@ -376,6 +380,11 @@ def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL
             *_activation_rows(model, layout, replace(train, impl=impl), recorder),
             *state_rows(model, layout, train, stage, held),
             peak_row(model, layout, train, stage, peak)]
+    if launch.rank() == 0:  # completed by `runtime.step_time.with_prediction`
+        rows += [CheckRow("step time", "step (s)", None, seconds[len(seconds) // 2], REPORTED,
+                          f"median of {len(seconds)} steps after the checked ones, rank 0"),
+                 CheckRow("step time", "fastest step (s)", None, seconds[0], REPORTED,
+                          "the fastest of those steps (other jobs on the machine only add)")]
     if model.is_moe and layout.tp > 1:
         caveat = "; MoE layers are replicated over tp here (the analytic model splits experts)"
         rows = [replace(r, note=r.note + caveat) if not r.ok else r for r in rows]

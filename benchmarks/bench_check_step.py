@@ -1,0 +1,132 @@
+"""Predicted versus measured step time on this machine, per layout (issue 15's target: ±20 %).
+
+Calibrates once (`shardwise calibrate --ranks 8`), then for each layout runs
+`shardwise check --json --calibration FILE` `--repeats` times (fresh ranks each time, the
+`tiny` models, s = 64, global batch 8, fp32 — `check`'s defaults) and reads its step-time
+row: the step model's prediction (deterministic for one calibration file) against the
+measured median step of the run (rank 0, steps after the checked ones). Layouts run
+round-robin, `--repeats` rounds. Reported per layout: the median of the measured medians over
+repeats, the spread across repeats ((max − min) / median: the noise), the error of the
+prediction against the median, the error against the fastest step seen in any repeat
+(the calibration takes the fastest of its repeats: other jobs only add time), and the
+model's largest components.
+
+`dp1 (reference)` is the calibration's own configuration (one rank; its kernel overhead is
+fitted on it): its measured/predicted ratio in each round is the machine's *drift* since the
+calibration (other jobs' load). "drift-corrected" divides each round's measurement by it —
+an indication of the model's error on a machine whose speed held still, not a substitute.
+
+Run:
+    PYTHONPATH=src python benchmarks/bench_check_step.py [--repeats 3] [--calibration FILE]
+        [--json results.json]
+
+(`--calibration FILE` skips the calibration and uses that file.) The figures recorded in the
+README came from one such run on the shared 2-core machine; other helpers' jobs were running
+at the same time (load average 2-6), so every timing is noisier than on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+LAYOUTS = {
+    "dp1 (reference)": [],
+    "dp2": ["--dp", "2"],
+    "tp2": ["--tp", "2"],
+    "tp2+sp": ["--tp", "2", "--sp"],
+    "pp2 1f1b": ["--pp", "2"],
+    "pp2 interleaved×2": ["--pp", "2", "--schedule", "interleaved", "--chunks", "2"],
+    "cp2": ["--cp", "2"],
+    "dp2×ep2 (tiny-moe)": ["--model", "tiny-moe", "--dp", "2", "--ep", "2"],
+    "dp2×tp2×pp2": ["--dp", "2", "--tp", "2", "--pp", "2"],
+}
+
+
+def _shardwise(*args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "shardwise", *args], capture_output=True,
+                          text=True, env=os.environ | {"COLUMNS": "200"}, check=False)
+    if done.returncode not in (0, 1):  # 1: a byte/activation row missed (reported anyway)
+        raise SystemExit(f"shardwise {' '.join(args)} failed:\n{done.stderr}")
+    return done.stdout
+
+
+def _step_rows(out: str) -> tuple[float, float, float, dict[str, float]]:
+    """(predicted, measured median step, fastest step, predicted components) of a check."""
+    rows = {r["what"]: r for r in json.loads(out)["rows"] if r["item"] == "step time"}
+    parts = {what.removesuffix(" (s)"): r["predicted"] for what, r in rows.items()
+             if "step" not in what}
+    return (rows["step (s)"]["predicted"], rows["step (s)"]["measured"],
+            rows["fastest step (s)"]["measured"], parts)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--calibration", default=None)
+    parser.add_argument("--json", dest="json_path", default=None)
+    parser.add_argument("--layouts", default=",".join(LAYOUTS),
+                        help="Comma-separated subset of: " + ", ".join(LAYOUTS))
+    args = parser.parse_args()
+    path = args.calibration
+    if path is None:
+        path = os.path.join(tempfile.mkdtemp(prefix="bench-check-step-"), "calibration.json")
+        start = time.perf_counter()
+        _shardwise("calibrate", "--ranks", "8", "--out", path)
+        print(f"calibrated in {time.perf_counter() - start:.0f} s -> {path}", flush=True)
+    names = args.layouts.split(",")
+    runs: dict[str, list[tuple[float, float, float, dict[str, float], float]]] = {
+        n: [] for n in names}
+    for repeat in range(args.repeats):  # round-robin: a change of load hits every layout
+        for name in names:
+            predicted, seconds, fastest, parts = _step_rows(
+                _shardwise("check", "--json", "--calibration", path, *LAYOUTS[name]))
+            runs[name].append((predicted, seconds, fastest, parts, os.getloadavg()[0]))
+            print(f"  repeat {repeat + 1}: {name:22s} median {seconds * 1e3:7.1f} ms, fastest "
+                  f"{fastest * 1e3:7.1f} ms, load {os.getloadavg()[0]:.0f}", flush=True)
+    reference = "dp1 (reference)"
+    drift = ([r[1] / r[0] for r in runs[reference]] if reference in runs
+             else [1.0] * args.repeats)
+    results = []
+    for name in names:
+        predicted, parts = runs[name][0][0], runs[name][0][3]
+        measured = [r[1] for r in runs[name]]
+        fastest = min(r[2] for r in runs[name])
+        median = statistics.median(measured)
+        # drift: the one-rank reference measured over predicted in the same round (how much
+        # slower or faster the machine ran than when it was calibrated)
+        corrected = statistics.median(m / d for m, d in zip(measured, drift))
+        row = {"layout": name, "predicted_s": predicted, "measured_s": measured,
+               "measured_median_s": median, "spread": (max(measured) - min(measured)) / median,
+               "error": (predicted - median) / median,
+               "error_drift_corrected": (predicted - corrected) / corrected,
+               "fastest_s": fastest, "error_vs_fastest": (predicted - fastest) / fastest,
+               "components_s": parts, "load_average": [r[4] for r in runs[name]]}
+        results.append(row)
+        top = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
+        print(f"{name:22s} predicted {predicted * 1e3:7.1f} ms  measured {median * 1e3:7.1f} ms "
+              f"(spread {row['spread']:5.1%}, runs "
+              f"{' '.join(f'{m * 1e3:.0f}' for m in measured)})  error {row['error']:+6.1%} "
+              f"{'ok' if abs(row['error']) <= 0.2 else 'MISS'}  drift-corrected "
+              f"{row['error_drift_corrected']:+6.1%}  vs fastest step {fastest * 1e3:.0f} ms "
+              f"{row['error_vs_fastest']:+6.1%}  | "
+              f"{', '.join(f'{k} {v * 1e3:.0f}' for k, v in top)}", flush=True)
+    print("drift (reference measured / predicted, per round): "
+          + " ".join(f"{d:.2f}" for d in drift))
+    within = sum(abs(r["error"]) <= 0.2 for r in results)
+    print(f"{within} of {len(results)} layouts within ±20 %; calibration {path}")
+    if args.json_path:
+        with open(path, encoding="utf-8") as f:
+            calibration = json.load(f)
+        with open(args.json_path, "w", encoding="utf-8") as f:
+            json.dump({"calibration": calibration, "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

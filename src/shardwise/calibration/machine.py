@@ -1,0 +1,146 @@
+"""The "this machine" hardware preset: a `Cluster` built from a calibration file's `machine`
+section (written by `shardwise calibrate`), so the planner, `memory` and `check` predict for
+the machine the runtime runs on.
+
+    "machine": {
+      "name": "this-machine", "backend": "gloo", "dtype": "fp32",
+      "cores": 2,                     CPU cores (or GPUs) the measurements ran on
+      "memory_bytes": 2.5e10,         the machine's memory (CPU) or one GPU's (NCCL)
+      "peak_flops": 9.1e10,           P∞ of one rank (one thread): the fitted GEMM asymptote
+      "memory_bandwidth": 1.2e10,     one rank's copy bandwidth (bytes/s, read + write)
+      "link": {"name": "gloo", "bandwidth": 1.1e9, "latency": 4e-5}   fitted α-β
+    }
+
+On a CPU there is no datasheet figure to trust, so the machine's "peak" is the measured
+asymptote `P∞ = peak·e_max` and its "HBM bandwidth" a measured copy: `matmul_efficiency`
+and `hbm_efficiency` are then relative to those (the fit's free parameters are P∞ and d½;
+e_max = 1 by construction).
+
+Ranks share the cores: with `ranks > cores` every rank is time-sliced to `share =
+cores/ranks` of a core, so its peak, memory bandwidth and link bandwidth are × share, its
+kernel overhead and link latency ÷ share (the model assumes every rank busy at once;
+pipeline ranks that wait in their bubble leave their share to the others, which this does
+not capture). Each rank's memory is the machine's ÷ ranks. Other jobs on the machine take
+cores too, and nothing here sees them: calibrate and run under the same load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from shardwise.arch import ModelSpec
+from shardwise.calibration import Calibration, load_calibration
+from shardwise.errors import ShardwiseError
+from shardwise.files import read_json
+from shardwise.hardware import Accelerator, Cluster, Link
+from shardwise.layout import Layout, TrainSpec
+
+if TYPE_CHECKING:
+    from shardwise.estimate.step import StepEstimate
+
+__all__ = ["THIS_MACHINE", "MachineSpec", "cluster_of", "machine_cluster", "predict_step",
+           "read_machine"]
+
+THIS_MACHINE = "this-machine"
+
+
+@dataclass(frozen=True)
+class MachineSpec:
+    """The measured figures of one machine (see the module docstring; SI units)."""
+
+    name: str
+    backend: str
+    dtype: str
+    cores: int
+    memory_bytes: float
+    peak_flops: float
+    memory_bandwidth: float
+    link_bandwidth: float
+    link_latency: float
+    link_name: str = "gloo"
+
+    def validate(self) -> MachineSpec:
+        problems = []
+        if self.cores < 1:
+            problems.append(f"cores must be ≥ 1, got {self.cores}")
+        for name in ("memory_bytes", "peak_flops", "memory_bandwidth", "link_bandwidth"):
+            if not getattr(self, name) > 0:
+                problems.append(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.link_latency < 0:
+            problems.append(f"link latency must be ≥ 0, got {self.link_latency}")
+        if problems:
+            raise ShardwiseError("calibration machine section: " + "; ".join(problems))
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "backend": self.backend, "dtype": self.dtype,
+                "cores": self.cores, "memory_bytes": self.memory_bytes,
+                "peak_flops": self.peak_flops, "memory_bandwidth": self.memory_bandwidth,
+                "link": {"name": self.link_name, "bandwidth": self.link_bandwidth,
+                         "latency": self.link_latency}}
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str) -> MachineSpec:
+        try:
+            link = data["link"]
+            return cls(str(data.get("name", THIS_MACHINE)), str(data.get("backend", "gloo")),
+                       str(data.get("dtype", "fp32")), int(data["cores"]),
+                       float(data["memory_bytes"]), float(data["peak_flops"]),
+                       float(data["memory_bandwidth"]), float(link["bandwidth"]),
+                       float(link["latency"]), str(link.get("name", "gloo"))).validate()
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ShardwiseError(
+                f"calibration file {source!r}: the machine section needs cores, memory_bytes, "
+                f"peak_flops, memory_bandwidth and link {{bandwidth, latency}} ({exc})"
+            ) from None
+
+
+def read_machine(path: str | Path | None) -> MachineSpec:
+    """The `machine` section of a calibration file written by `shardwise calibrate`."""
+    if path is None:
+        raise ShardwiseError(f"--gpu {THIS_MACHINE} needs --calibration FILE (write one with "
+                             "`shardwise calibrate --out FILE`)")
+    data = read_json(path, "calibration file")
+    if not isinstance(data, dict) or "machine" not in data:
+        raise ShardwiseError(f"calibration file {str(path)!r} has no machine section; write "
+                             "one with `shardwise calibrate --out FILE`")
+    return MachineSpec.from_dict(data["machine"], str(path))
+
+
+def machine_cluster(ranks: int, path: str | Path | None) -> tuple[Cluster, Calibration]:
+    """One node of `ranks` ranks on the machine a calibration file describes, and the file's
+    constants with the kernel overhead of a time-sliced rank (module docstring)."""
+    return cluster_of(read_machine(path), load_calibration(THIS_MACHINE, path), ranks)
+
+
+def cluster_of(spec: MachineSpec, cal: Calibration, ranks: int
+               ) -> tuple[Cluster, Calibration]:
+    """`machine_cluster` from figures in hand (`shardwise calibrate` fits with it)."""
+    if ranks < 1:
+        raise ShardwiseError(f"need ≥ 1 rank, got {ranks}")
+    share = min(1.0, spec.cores / ranks)
+    # The figures were measured in spec.dtype; the same peak stands for every dtype.
+    accelerator = Accelerator(THIS_MACHINE, spec.memory_bytes / ranks,
+                              spec.memory_bandwidth * share, spec.peak_flops * share,
+                              None, spec.peak_flops * share)
+    link = Link(spec.link_name, spec.link_bandwidth * share, spec.link_latency / share)
+    cluster = Cluster(1, ranks, accelerator, link, link).validate()
+    cal = replace(cal, accelerator=THIS_MACHINE, kernel_overhead=cal.kernel_overhead / share,
+                  link_efficiency=cal.link_efficiency | {link.name: 1.0})
+    return cluster, cal.validate()
+
+
+def predict_step(model: ModelSpec, layout: Layout, train: TrainSpec, path: str | Path
+                 ) -> StepEstimate:
+    """The step model's prediction for `layout` on `layout.world_size` ranks of the machine
+    the calibration file describes (`estimate.step.estimate_step`)."""
+    from shardwise.estimate.step import estimate_step
+
+    spec = read_machine(path)
+    if train.dtype != spec.dtype:
+        raise ShardwiseError(f"the calibration {str(path)!r} was measured in {spec.dtype}; "
+                             f"this run is {train.dtype} (calibrate in the same dtype)")
+    cluster, cal = machine_cluster(layout.world_size, path)
+    return estimate_step(model, cluster, layout, train, cal)

@@ -1,0 +1,496 @@
+"""`shardwise calibrate`: measure this machine and fit the step-time model's constants.
+
+Measured, each on the ranks the runtime trains on (spawned with `launch.spawn`: one thread
+per rank, `OMP_NUM_THREADS=1`, the same processes `shardwise train` starts):
+
+    GEMM         `(M×K)·(K×N)` over a grid of shapes → P∞ and d½ of
+                 `t = 2MKN / (P∞·Π d/(d+d½))` (`calibration.fit.fit_matmul`)
+    memory       a copy (the machine's "HBM" bandwidth, 2 bytes moved per byte copied) and
+                 the memory-bound kernels the model charges by bytes: RMSNorm (read + write),
+                 a residual add (2 reads + 1 write), softmax (read + write) → `hbm_efficiency`
+                 = kernels' fitted bandwidth ÷ the copy's
+    attention    the runtime's attention core (`runtime.model.AttentionFunction`, forward +
+                 backward) → `attention_efficiency` in the model's convention: causal
+                 forward FLOPs `2·s²·d·heads` (the half of the square that is needed), backward
+                 2.5× (`estimate.compute._attention_core`), at `P∞·η·d/(d+d½)`
+    steps        training steps of the `tiny` model on one rank → `kernel_overhead`, the
+                 seconds per kernel the model counts (`_KERNELS_FWD`…) that make the model's
+                 one-rank step equal the measured one (it absorbs the framework's per-op cost:
+                 on a CPU the tiny model is overhead-bound)
+    collectives  all-reduce, reduce-scatter, all-gather, all-to-all over groups of 2…N ranks
+                 and p2p send/recv between two, against message size, through
+                 `runtime.collectives` (what training calls) → one α-β link
+                 `t = rounds·α + bytes/β` with SPEC §5's ring rounds and bytes on the wire
+                 (`calibration.fit.fit_alpha_beta`), and a fit per collective for reference;
+                 a group of more ranks than cores is time-sliced, so its times are divided
+                 by ranks/cores before the fit (the preset multiplies them back)
+
+Not measured (the built-in value is kept, and the file says so): `dp_bucket_bytes`,
+`overlap_contention`. Every timing is the fastest of several repeats (other jobs on a shared
+machine only add time); on a loaded machine the figures are still noisy.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from shardwise.arch import get_model
+from shardwise.calibration import Calibration, default_calibration
+from shardwise.calibration.fit import fit_alpha_beta, fit_matmul, fit_scale, matmul_seconds
+from shardwise.calibration.machine import THIS_MACHINE, MachineSpec, cluster_of
+from shardwise.errors import ShardwiseError
+from shardwise.estimate.comm import ring_bytes_on_wire, ring_steps
+from shardwise.layout import Layout
+from shardwise.runtime import collectives as C
+from shardwise.runtime import launch
+
+__all__ = ["Plan", "calibrate", "plot_calibration"]
+
+COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all")
+KiB, MiB = 1024, 1024**2
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to measure: `quick` is seconds, the default about a minute on 2 cores."""
+
+    backend: str = "gloo"
+    ranks: int = 2
+    quick: bool = False
+
+    def validate(self) -> Plan:
+        if self.backend not in ("gloo", "nccl"):
+            raise ShardwiseError(f"backend must be gloo or nccl, got {self.backend!r}")
+        if self.ranks < 2:
+            raise ShardwiseError(f"--ranks must be ≥ 2 (collectives need two), got {self.ranks}")
+        if self.backend == "nccl" and torch.cuda.device_count() < self.ranks:
+            raise ShardwiseError(f"--backend nccl needs {self.ranks} GPUs, this machine has "
+                                 f"{torch.cuda.device_count()}; use --backend gloo")
+        return self
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        return (32, 64, 128, 256) if self.quick else (16, 32, 64, 128, 256, 512)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return ((4 * KiB, 256 * KiB, 2 * MiB) if self.quick
+                else (1 * KiB, 16 * KiB, 128 * KiB, 1 * MiB, 4 * MiB))
+
+    @property
+    def groups(self) -> tuple[int, ...]:
+        if self.quick:
+            return (2,)
+        powers = [g for g in (2, 4, 8, 16, 32) if g < self.ranks]
+        return (*powers, self.ranks)
+
+
+# ------------------------------------------------------------------------------ timing
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _seconds(fn: Callable[[], Any], device: torch.device, budget: float = 0.05,
+             repeats: int = 5) -> float:
+    """The fastest of `repeats` blocks, per call; each block runs enough calls to last about
+    `budget / repeats` seconds (one warm-up call first). The minimum, not the median: other
+    jobs on a shared machine only ever add time."""
+    fn()
+    _sync(device)
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    once = max(time.perf_counter() - start, 1e-7)
+    calls = max(1, int(budget / repeats / once))
+    blocks = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        _sync(device)
+        blocks.append((time.perf_counter() - start) / calls)
+    return min(blocks)
+
+
+# ---------------------------------------------------------------- one rank: compute side
+def _matmuls(plan: Plan, device: torch.device, dtype: torch.dtype) -> list[list[float]]:
+    dims = plan.dims
+    shapes = {(d, d, d) for d in dims}
+    shapes |= {(dims[-1], d, dims[-1]) for d in dims} | {(d, dims[-1], dims[-2]) for d in dims}
+    points = []
+    for m, k, n in sorted(shapes):
+        a = torch.randn(m, k, device=device, dtype=dtype)
+        b = torch.randn(k, n, device=device, dtype=dtype)
+        points.append([m, k, n, _seconds(lambda a=a, b=b: a @ b, device)])
+    return points
+
+
+def _memory(plan: Plan, device: torch.device, dtype: torch.dtype
+            ) -> tuple[list[list[float]], list[list[Any]]]:
+    """(copy points [bytes moved, s], kernel points [kernel, bytes moved, s])."""
+    from shardwise.runtime.model import RMSNorm
+
+    elems = [2**e for e in ((16, 18, 20) if plan.quick else (14, 16, 18, 20, 22))]
+    size = torch.tensor([], dtype=dtype).element_size()
+    copy, kernels = [], []
+    for n in elems:
+        x = torch.randn(n // 64, 64, device=device, dtype=dtype)
+        y = torch.empty_like(x)
+        norm = RMSNorm(64, dtype=dtype).to(device)
+        copy.append([2 * n * size, _seconds(lambda x=x, y=y: y.copy_(x), device)])
+        with torch.no_grad():
+            kernels.append(["rmsnorm", 2 * n * size, _seconds(lambda x=x, f=norm: f(x), device)])
+        kernels.append(["add", 3 * n * size,
+                        _seconds(lambda x=x, y=y: torch.add(x, y, out=y), device)])
+        kernels.append(["softmax", 2 * n * size,
+                        _seconds(lambda x=x: torch.softmax(x, dim=-1), device)])
+    return copy, kernels
+
+
+def _attention(plan: Plan, device: torch.device, dtype: torch.dtype) -> list[list[float]]:
+    """[s, d, heads, seconds of forward + backward] of the runtime's (flash) attention."""
+    from shardwise.runtime.model import local_attention
+
+    core = local_attention(causal=True, flash=True)
+    shapes = ([(128, 16), (256, 32)] if plan.quick
+              else [(128, 16), (256, 16), (256, 32), (512, 32)])
+    heads, points = 4, []
+    for s, d in shapes:
+        q, k, v = (torch.randn(1, s, heads, d, device=device, dtype=dtype, requires_grad=True)
+                   for _ in range(3))
+        grad = torch.randn(1, s, heads, d, device=device, dtype=dtype)
+
+        def run(q=q, k=k, v=v, grad=grad) -> None:
+            core(q, k, v).backward(grad)
+
+        points.append([s, d, heads, _seconds(run, device, budget=0.1)])
+    return points
+
+
+STEP_CONFIGS = ((64, 1), (128, 2))  # (seq_len, micro-batch) of the one-rank tiny steps
+STEPS = 6
+
+
+def _steps(plan: Plan, dtype_name: str) -> list[list[float]]:
+    """[seq_len, micro_batch, fastest step after the first, seconds] of `tiny` on one rank
+    (global batch 8 sequences), through `runtime.train` as `shardwise train` runs it."""
+    from shardwise.runtime.train import TrainConfig, build, train_step
+
+    points = []
+    for seq, mbs in STEP_CONFIGS[:1] if plan.quick else STEP_CONFIGS:
+        config = TrainConfig(get_model("tiny"), Layout(micro_batch=mbs), seq_len=seq,
+                             global_batch=8, dtype=dtype_name, steps=STEPS)
+        state = build(config)
+        times = [train_step(state).seconds for _ in range(3 if plan.quick else STEPS)]
+        points.append([seq, mbs, min(times[1:])])
+    return points
+
+
+def _compute_rank(plan: Plan) -> dict[str, Any]:
+    device = launch.device()
+    dtype_name, dtype = "fp32", torch.float32  # what the runtime trains in (or fp64)
+    torch.manual_seed(0)
+    copy, kernels = _memory(plan, device, dtype)
+    one = torch.ones(1, device=device, dtype=dtype)
+    return {"device": str(device), "dtype": dtype_name,
+            "launch": _seconds(lambda: torch.add(one, one, out=one), device),
+            "matmul": _matmuls(plan, device, dtype), "copy": copy, "kernels": kernels,
+            "attention": _attention(plan, device, dtype), "steps": _steps(plan, dtype_name)}
+
+
+# ------------------------------------------------------------------- N ranks: collectives
+def _collective_ranks(plan: Plan) -> list[list[Any]] | None:
+    """[op, ranks, bytes (full tensor), seconds] on rank 0 (None elsewhere)."""
+    device = launch.device()
+    me = dist.get_rank()
+    points: list[list[Any]] = []
+    for g in plan.groups:
+        group = dist.new_group(list(range(g)), timeout=launch.group_timeout())
+        inside = me < g
+        for op in COLLECTIVES:
+            for size in plan.sizes:
+                n = size // 4 // g * g  # fp32 elements, divisible by the group
+                if inside:
+                    call = _collective_call(op, n, g, group, device)
+                    seconds = _group_seconds(call, group, device)
+                    if me == 0:
+                        points.append([op, g, 4 * n, seconds])
+        dist.barrier()
+    pair = dist.new_group([0, 1], timeout=launch.group_timeout())
+    for size in plan.sizes:  # p2p ping-pong between ranks 0 and 1; one way = half a round
+        buf = torch.ones(size // 4, device=device)
+
+        def ping(buf: torch.Tensor = buf) -> None:
+            if me == 0:
+                C.send(buf, 1)
+                C.recv(buf, 1)
+            elif me == 1:
+                C.recv(buf, 0)
+                C.send(buf, 0)
+
+        if me < 2:
+            seconds = _group_seconds(ping, pair, device) / 2
+            if me == 0:
+                points.append(["p2p", 2, 4 * (size // 4), seconds])
+        dist.barrier()
+    return points if me == 0 else None
+
+
+def _collective_call(op: str, n: int, g: int, group: Any, device: torch.device
+                     ) -> Callable[[], Any]:
+    """One `op` on `n` fp32 elements (the full tensor) over `group` of `g` ranks."""
+    full = torch.ones(n, device=device)
+    part = torch.ones(n // g, device=device)
+    out = torch.empty_like(full)
+    calls: dict[str, Callable[[], Any]] = {
+        "all-reduce": lambda: C.all_reduce(full, group),
+        "reduce-scatter": lambda: C.reduce_scatter(part, full, group),
+        "all-gather": lambda: C.all_gather(full, part, group),
+        "all-to-all": lambda: C.all_to_all_single(out, full, group=group),
+    }
+    return calls[op]
+
+
+def _group_seconds(call: Callable[[], Any], group: Any, device: torch.device,
+                   repeats: int = 5) -> float:
+    """The fastest of `repeats` calls, every member starting together (a barrier before
+    each) and each call's time the slowest member's (max all-reduce of the timings)."""
+    call()
+    times = []
+    for _ in range(repeats):
+        dist.barrier(group)
+        start = time.perf_counter()
+        call()
+        _sync(device)
+        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
+        times.append(float(elapsed))
+    return min(times)
+
+
+# ---------------------------------------------------------------------------------- fits
+def _memory_bytes(device: str) -> float:
+    if device.startswith("cuda"):
+        return float(torch.cuda.get_device_properties(0).total_memory)
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def _clamped(value: float, notes: list[str], name: str) -> float:
+    if value > 1:
+        notes.append(f"{name} fitted {value:.3f} > 1 of the reference; stored as 1")
+    return min(value, 1.0)
+
+
+def fit_measurements(raw: dict[str, Any], plan: Plan) -> dict[str, Any]:
+    """The calibration file (`calibration` format + `machine` + `measurements`) from the raw
+    points: every constant fitted in the model's own form (module docstring)."""
+    notes: list[str] = []
+    mm = raw["matmul"]
+    gemm = fit_matmul(*zip(*mm, strict=True), launch=raw["launch"])
+    copy = fit_alpha_beta([1] * len(raw["copy"]), *zip(*raw["copy"], strict=True))
+    kern = fit_alpha_beta([1] * len(raw["kernels"]),
+                          [p[1] for p in raw["kernels"]], [p[2] for p in raw["kernels"]])
+    hbm = _clamped(kern.beta / copy.beta, notes, "hbm_efficiency")
+    # attention: t = (3.5 · 2·s²·d·heads) / (P∞ · η · d/(d+d½)) → 1/η is a scale
+    unit = [3.5 * 2 * s * s * d * h / (gemm.peak * d / (d + gemm.half_dim))
+            for s, d, h, _ in raw["attention"]]
+    attn = fit_scale([0.0] * len(unit), unit, [p[3] for p in raw["attention"]])
+    attention = _clamped(1 / attn.scale, notes, "attention_efficiency")
+    # collectives: one α-β link over every op and group size, and one per op for reference
+    coll = raw["collectives"]
+
+    cores = plan.ranks if plan.backend == "nccl" else len(os.sched_getaffinity(0))
+
+    def rounds_bytes(points: list[list[Any]]) -> tuple[list[float], list[float], list[float]]:
+        """Rounds, bytes on the wire and seconds of one rank with a core to itself: a group
+        of n > cores ranks is time-sliced, its times ÷ n/cores (`calibration.machine`)."""
+        r, b, t = [], [], []
+        for op, n, size, seconds in points:
+            r.append(1 if op == "p2p" else ring_steps(op, n))
+            b.append(size if op == "p2p" else ring_bytes_on_wire(op, size, n))
+            t.append(seconds / max(1.0, n / cores))
+        return r, b, t
+
+    link = fit_alpha_beta(*rounds_bytes(coll))
+    per_op = {}
+    for op in (*COLLECTIVES, "p2p"):  # for reference; noise may defeat a fit on few points
+        try:
+            per_op[op] = fit_alpha_beta(*rounds_bytes([p for p in coll if p[0] == op])).to_dict()
+        except ShardwiseError as exc:
+            per_op[op] = {"error": str(exc)}
+    machine = MachineSpec(THIS_MACHINE, plan.backend, raw["dtype"], cores,
+                          _memory_bytes(raw["device"]), gemm.peak, copy.beta, link.beta,
+                          link.alpha).validate()
+    cal = replace(default_calibration(), matmul_efficiency=1.0,
+                  matmul_half_dim=gemm.half_dim, attention_efficiency=attention,
+                  hbm_efficiency=hbm, kernel_overhead=0.0).validate()
+    steps = _fit_overhead(raw["steps"], machine, cal)
+    constants = {"matmul_efficiency": 1.0, "matmul_half_dim": gemm.half_dim,
+                 "attention_efficiency": attention, "hbm_efficiency": hbm,
+                 "kernel_overhead": steps["fit"]["scale"]}
+    return {
+        "_doc": [
+            f"Written by `shardwise calibrate --backend {plan.backend} --ranks {plan.ranks}"
+            f"{' --quick' if plan.quick else ''}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+            "machine: the 'this-machine' hardware preset (`--gpu this-machine --calibration "
+            "FILE`): peak_flops is one rank's fitted GEMM asymptote P∞ (so matmul_efficiency "
+            "= 1 by construction), memory_bandwidth one rank's copy bandwidth, link the α-β "
+            "fitted over every collective (SPEC §5 ring rounds and bytes).",
+            "Not measured, built-in values kept: dp_bucket_bytes, overlap_contention.",
+            *notes,
+        ],
+        "default": constants,
+        "machine": machine.to_dict(),
+        "measurements": {
+            "matmul": {"points [M, K, N, s]": mm, "launch_s": raw["launch"],
+                       "fit": gemm.to_dict()},
+            "copy": {"points [bytes moved, s]": raw["copy"], "fit": copy.to_dict()},
+            "memory_kernels": {"points [kernel, bytes moved, s]": raw["kernels"],
+                               "fit": kern.to_dict()},
+            "attention": {"points [s, d, heads, s fwd+bwd]": raw["attention"],
+                          "fit (scale = 1/attention_efficiency)": attn.to_dict()},
+            "collectives": {"points [op, ranks, bytes, s]": coll, "fit": link.to_dict(),
+                            "per_op": per_op},
+            "steps": steps,
+        },
+    }
+
+
+def _fit_overhead(points: list[list[float]], machine: MachineSpec, cal: Calibration
+                  ) -> dict[str, Any]:
+    """`kernel_overhead` from the one-rank steps: the model's step is linear in it,
+    `t = a + k·n` (a: the model at k = 0; n: its derivative, the kernels it counts)."""
+    from shardwise.estimate.step import estimate_step
+    from shardwise.layout import TrainSpec
+
+    model = get_model("tiny")
+    base, kernels = [], []
+    for seq, mbs, _ in points:
+        train = TrainSpec(seq_len=int(seq), global_batch=8, dtype="fp32")
+        layout = Layout(micro_batch=int(mbs))
+        at = []
+        for k in (0.0, 1e-3):
+            cluster, c = cluster_of(machine, replace(cal, kernel_overhead=k), 1)
+            at.append(estimate_step(model, cluster, layout, train, c).total)
+        base.append(at[0])
+        kernels.append((at[1] - at[0]) / 1e-3)
+    fit = fit_scale(base, kernels, [p[2] for p in points])
+    return {"points [seq, micro_batch, s]": points, "model_without_overhead_s": base,
+            "kernels_counted": kernels, "fit": fit.to_dict()}
+
+
+# ------------------------------------------------------------------------------ the run
+def calibrate(plan: Plan, progress: Callable[[str], None] = lambda msg: None
+              ) -> dict[str, Any]:
+    """Measure (one rank: compute; `plan.ranks` ranks: collectives) and fit; returns the
+    calibration file's content."""
+    plan.validate()
+    progress("GEMMs, memory-bound kernels, attention, one-rank training steps")
+    raw = launch.spawn(_compute_rank, 1, plan, timeout_s=600, backend=plan.backend)[0]
+    progress(f"collectives on {plan.ranks} ranks ({plan.backend})")
+    raw["collectives"] = launch.spawn(_collective_ranks, plan.ranks, plan, timeout_s=600,
+                                      backend=plan.backend)[0]
+    progress("fitting")
+    return fit_measurements(raw, plan)
+
+
+def plot_calibration(data: dict[str, Any], path: str) -> None:
+    """Measured points against the fitted curves: GEMM throughput, memory-bound kernels,
+    collectives (matplotlib, `pip install 'shardwise[plot]'`)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ShardwiseError("--plot needs matplotlib: pip install 'shardwise[plot]'") from None
+    meas, machine = data["measurements"], data["machine"]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    # GEMM: GFLOP/s against FLOPs
+    mm = meas["matmul"]["points [M, K, N, s]"]
+    fit = meas["matmul"]["fit"]
+    flops = [2 * m * k * n for m, k, n, _ in mm]
+    ax = axes[0]
+    ax.scatter(flops, [f / t / 1e9 for f, (*_, t) in zip(flops, mm)], label="measured")
+    launch = meas["matmul"]["launch_s"]
+    fitted = [f / (launch + matmul_seconds(m, k, n, fit["peak_flops"], fit["half_dim"])) / 1e9
+              for f, (m, k, n, _) in zip(flops, mm)]
+    ax.scatter(flops, fitted, marker="x", label=f"fit P∞={fit['peak_flops'] / 1e9:.1f} "
+                                                  f"GFLOP/s, d½={fit['half_dim']:.0f}")
+    ax.set(xscale="log", xlabel="FLOPs of one GEMM (2MKN)", ylabel="GFLOP/s", title="GEMM")
+    # memory-bound kernels: seconds against bytes moved
+    ax = axes[1]
+    for name, key in (("copy", "copy"), ("kernels", "memory_kernels")):
+        pts = meas[key][next(k for k in meas[key] if k.startswith("points"))]
+        f = meas[key]["fit"]
+        xs = [p[-2] for p in pts]
+        ax.scatter(xs, [p[-1] for p in pts], label=f"{name} measured")
+        line = sorted(xs)
+        ax.plot(line, [f["alpha"] + x / f["beta"] for x in line],
+                label=f"{name} fit {f['beta'] / 1e9:.1f} GB/s")
+    ax.set(xscale="log", yscale="log", xlabel="bytes moved", ylabel="s",
+           title="memory-bound kernels")
+    # collectives: seconds against size, fitted link
+    ax = axes[2]
+    link = machine["link"]
+    for op, n, size, seconds in meas["collectives"]["points [op, ranks, bytes, s]"]:
+        rounds = 1 if op == "p2p" else ring_steps(op, n)
+        wire = size if op == "p2p" else ring_bytes_on_wire(op, size, n)
+        sliced = max(1.0, n / machine["cores"])  # more ranks than cores: time-sliced
+        model = sliced * (rounds * link["latency"] + wire / link["bandwidth"])
+        ax.scatter(size, seconds, s=12, color=f"C{[*COLLECTIVES, 'p2p'].index(op)}")
+        ax.scatter(size, model, s=12, marker="x", color=f"C{[*COLLECTIVES, 'p2p'].index(op)}")
+    for i, op in enumerate((*COLLECTIVES, "p2p")):
+        ax.scatter([], [], color=f"C{i}", label=op)
+    ax.set(xscale="log", yscale="log", xlabel="message bytes (full tensor)", ylabel="s",
+           title=f"collectives (o measured, x α-β: α={link['latency'] * 1e6:.0f} µs, "
+                 f"β={link['bandwidth'] / 1e9:.2f} GB/s)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def summary_rows(data: dict[str, Any]) -> list[list[str]]:
+    """[quantity, value, fit residual (rms / max, relative)] for the summary table."""
+    meas, machine, const = data["measurements"], data["machine"], data["default"]
+
+    def res(fit: dict[str, Any]) -> str:
+        return f"{fit['rms']:.1%} / {fit['max_abs']:.1%}"
+
+    link = machine["link"]
+    rows = [
+        ["GEMM asymptote P∞ (one rank)", f"{machine['peak_flops'] / 1e9:.2f} GFLOP/s "
+                                         f"{machine['dtype']}", res(meas["matmul"]["fit"])],
+        ["GEMM half dimension d½", f"{const['matmul_half_dim']:.1f}", ""],
+        ["copy bandwidth (one rank)", f"{machine['memory_bandwidth'] / 1e9:.2f} GB/s",
+         res(meas["copy"]["fit"])],
+        ["hbm_efficiency (norm, add, softmax ÷ copy)", f"{const['hbm_efficiency']:.3f}",
+         res(meas["memory_kernels"]["fit"])],
+        ["attention_efficiency (causal convention)", f"{const['attention_efficiency']:.3f}",
+         res(meas["attention"]["fit (scale = 1/attention_efficiency)"])],
+        ["kernel_overhead (one-rank tiny steps)", f"{const['kernel_overhead'] * 1e6:.1f} µs",
+         res(meas["steps"]["fit"])],
+        [f"link α ({machine['backend']})", f"{link['latency'] * 1e6:.1f} µs",
+         res(meas["collectives"]["fit"])],
+        [f"link β ({machine['backend']})", f"{link['bandwidth'] / 1e9:.3f} GB/s", ""],
+    ]
+    for op, fit in meas["collectives"]["per_op"].items():
+        if "error" in fit:
+            rows.append([f"  {op} alone", "no fit", fit["error"]])
+            continue
+        rows.append([f"  {op} alone: α, β", f"{fit['alpha'] * 1e6:.1f} µs, "
+                                            f"{fit['beta'] / 1e9:.3f} GB/s", res(fit)])
+    rows.append(["cores, memory", f"{machine['cores']}, {machine['memory_bytes'] / 2**30:.1f} "
+                                  "GiB", ""])
+    return rows

@@ -1,0 +1,102 @@
+"""The "this machine" preset: a cluster built from a calibration file's machine section."""
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from shardwise.arch import get_model
+from shardwise.calibration import load_calibration
+from shardwise.calibration.machine import machine_cluster, predict_step
+from shardwise.errors import ShardwiseError
+from shardwise.estimate.step import estimate_step
+from shardwise.hardware import Accelerator, Cluster, Link
+from shardwise.layout import Layout, TrainSpec
+from tests.cli_helpers import assert_one_line_error, shardwise, shardwise_json
+
+MACHINE = {"name": "this-machine", "backend": "gloo", "dtype": "fp32", "cores": 2,
+           "memory_bytes": 16e9, "peak_flops": 5e10, "memory_bandwidth": 2e10,
+           "link": {"name": "gloo", "bandwidth": 1e9, "latency": 3e-4}}
+CONSTANTS = {"matmul_efficiency": 1.0, "matmul_half_dim": 30.0, "attention_efficiency": 0.1,
+             "hbm_efficiency": 0.5, "kernel_overhead": 2e-4}
+
+
+@pytest.fixture
+def calibration(tmp_path):
+    path = tmp_path / "me.json"
+    path.write_text(json.dumps({"default": CONSTANTS, "machine": MACHINE,
+                                "measurements": {"anything": [1, 2]}}))
+    return str(path)
+
+
+def test_constants_load_with_the_machine_and_measurement_sections(calibration):
+    cal = load_calibration("this-machine", calibration)
+    assert cal.matmul_half_dim == 30.0 and cal.kernel_overhead == 2e-4
+    assert cal.dp_bucket_bytes == 80e6  # not in the file: the built-in value
+
+
+@pytest.mark.parametrize("ranks, share", [(1, 1.0), (2, 1.0), (4, 0.5), (8, 0.25)])
+def test_ranks_share_the_cores(calibration, ranks, share):
+    cluster, cal = machine_cluster(ranks, calibration)
+    assert (cluster.nodes, cluster.gpus_per_node) == (1, ranks)
+    acc = cluster.accelerator
+    assert acc.peak_flops("fp32") == 5e10 * share
+    assert acc.hbm_bandwidth == 2e10 * share
+    assert acc.memory_bytes == 16e9 / ranks
+    assert cal.kernel_overhead == pytest.approx(2e-4 / share)
+    assert cal.link(cluster.intra) == Link("gloo", 1e9 * share, 3e-4 / share)
+
+
+def test_predicted_step_is_the_step_model_on_the_files_figures(calibration):
+    model, layout = get_model("tiny"), Layout(tp=2, dp=2)
+    train = TrainSpec(seq_len=64, global_batch=8, dtype="fp32")
+    # by hand: 4 ranks on 2 cores, each at half a core
+    acc = Accelerator("this-machine", 4e9, 1e10, 2.5e10, None, 2.5e10)
+    link = Link("gloo", 5e8, 6e-4)
+    cal = replace(load_calibration("this-machine", calibration), kernel_overhead=4e-4)
+    expected = estimate_step(model, Cluster(1, 4, acc, link, link), layout, train, cal)
+    assert predict_step(model, layout, train, calibration).total == pytest.approx(
+        expected.total, rel=1e-12)
+
+
+def test_a_run_in_another_dtype_is_refused(calibration):
+    with pytest.raises(ShardwiseError, match="measured in fp32"):
+        predict_step(get_model("tiny"), Layout(), TrainSpec(seq_len=64, global_batch=8,
+                                                            dtype="fp64"), calibration)
+
+
+def test_plan_for_this_machine(calibration):
+    result = shardwise_json("plan", "tiny", "--gpus", "4", "--gpu", "this-machine",
+                            "--calibration", calibration, "--seq", "64", "--global-batch",
+                            "8", "--dtype", "fp32", "--top", "2")
+    assert result["cluster"] == {"gpus": 4, "gpus_per_node": 4, "accelerator": "this-machine",
+                                 "intra": "gloo", "inter": "gloo"}
+    best = result["ranked"][0]
+    train = TrainSpec(seq_len=64, global_batch=8, dtype="fp32")
+    expected = predict_step(get_model("tiny"), Layout(**best["layout"]), train, calibration)
+    assert best["estimate"]["total"] == pytest.approx(expected.total, rel=1e-9)
+
+
+def test_memory_and_comm_take_the_file(calibration):
+    memory = shardwise_json("memory", "tiny", "--gpus", "2", "--gpu", "this-machine",
+                            "--calibration", calibration, "--seq", "64", "--dtype", "fp32")
+    assert memory["budget_bytes"] == pytest.approx(16e9 / 2 * 0.85)
+    comm = shardwise_json("comm", "--op", "all-reduce", "--size", "1MB", "--ranks", "2",
+                          "--link", "this-machine", "--calibration", calibration)
+    # ring all-reduce on 2 ranks: 2 rounds of α, 2·(1/2)·1e6 bytes at β
+    assert comm["seconds"] == pytest.approx(2 * 3e-4 + 1e6 / 1e9, rel=1e-12)
+
+
+def test_this_machine_without_a_file_is_one_line(tmp_path):
+    result = shardwise("plan", "tiny", "--gpus", "2", "--gpu", "this-machine", check=False)
+    assert_one_line_error(result, "--calibration")
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({"default": CONSTANTS}))
+    result = shardwise("plan", "tiny", "--gpus", "2", "--gpu", "this-machine",
+                       "--calibration", str(bare), check=False)
+    assert_one_line_error(result, "no machine section", "shardwise calibrate")
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({"machine": MACHINE | {"peak_flops": -1}}))
+    result = shardwise("plan", "tiny", "--gpus", "2", "--gpu", "this-machine",
+                       "--calibration", str(broken), check=False)
+    assert_one_line_error(result, "peak_flops must be > 0")

@@ -1,0 +1,116 @@
+"""`shardwise calibrate` through the real entry point, and `check`'s step-time row."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+from tests.cli_helpers import assert_one_line_error, shardwise, shardwise_json
+
+from shardwise.arch import get_model
+from shardwise.calibration import load_calibration
+from shardwise.calibration.fit import matmul_seconds, relative_residuals
+from shardwise.calibration.machine import predict_step
+from shardwise.estimate.comm import ring_bytes_on_wire, ring_steps
+from shardwise.layout import Layout
+from shardwise.runtime.measure import REPORTED, CheckRow
+from shardwise.runtime.step_time import COMPONENTS, with_prediction
+from shardwise.runtime.train import TrainConfig
+
+MACHINE = {"name": "this-machine", "backend": "gloo", "dtype": "fp32", "cores": 2,
+           "memory_bytes": 16e9, "peak_flops": 5e10, "memory_bandwidth": 2e10,
+           "link": {"name": "gloo", "bandwidth": 1e9, "latency": 3e-4}}
+
+
+@pytest.fixture
+def calibration(tmp_path):
+    path = tmp_path / "me.json"
+    path.write_text(json.dumps({"default": {"kernel_overhead": 2e-4, "matmul_efficiency": 1.0,
+                                            "attention_efficiency": 0.1},
+                                "machine": MACHINE}))
+    return str(path)
+
+
+@pytest.mark.slow
+def test_calibrate_quick_writes_a_file_the_planner_takes(tmp_path):
+    out = tmp_path / "me.json"
+    data = shardwise_json("calibrate", "--quick", "--out", str(out))
+    assert json.loads(out.read_text())["machine"] == data["machine"]
+    cal = load_calibration("this-machine", out)  # the existing format, validated
+    machine, meas = data["machine"], data["measurements"]
+    assert machine["cores"] == len(os.sched_getaffinity(0))
+    assert cal.matmul_half_dim == meas["matmul"]["fit"]["half_dim"]
+    # the stored residuals are the fitted curve's against the raw points
+    m, k, n, t = (np.array(c, dtype=float) for c in zip(*meas["matmul"]["points [M, K, N, s]"]))
+    fit = meas["matmul"]["fit"]
+    fitted = meas["matmul"]["launch_s"] + matmul_seconds(m, k, n, fit["peak_flops"],
+                                                         fit["half_dim"])
+    assert np.allclose(relative_residuals(t, fitted), fit["residuals"], atol=1e-9)
+    assert machine["peak_flops"] == fit["peak_flops"]
+    points = meas["collectives"]["points [op, ranks, bytes, s]"]
+    assert {p[0] for p in points} == {"all-reduce", "reduce-scatter", "all-gather",
+                                      "all-to-all", "p2p"}
+    link, cores = machine["link"], machine["cores"]
+    model = [max(1, g / cores) * (  # a group of more ranks than cores is time-sliced
+        (1 if op == "p2p" else ring_steps(op, g)) * link["latency"]
+        + (size if op == "p2p" else ring_bytes_on_wire(op, size, g)) / link["bandwidth"])
+        for op, g, size, _ in points]
+    assert np.allclose(relative_residuals([p[3] for p in points], model),
+                       meas["collectives"]["fit"]["residuals"], atol=1e-9)
+    plan = shardwise_json("plan", "tiny", "--gpus", "2", "--gpu", "this-machine",
+                          "--calibration", str(out), "--seq", "64", "--global-batch", "8",
+                          "--dtype", "fp32", "--top", "1")
+    assert plan["cluster"]["accelerator"] == "this-machine"
+
+
+@pytest.mark.slow
+def test_check_json_has_the_step_time_row_from_the_file_it_names(calibration):
+    result = shardwise_json("check", "--tp", "2", "--calibration", calibration)
+    assert result["calibration"] == calibration
+    rows = {r["what"]: r for r in result["rows"] if r["item"] == "step time"}
+    step = rows["step (s)"]
+    train = TrainConfig(get_model("tiny"), Layout(tp=2)).train_spec()
+    expected = predict_step(get_model("tiny"), Layout(tp=2), train, calibration)
+    assert step["predicted"] == pytest.approx(expected.total, rel=1e-12)
+    assert step["measured"] > 0 and calibration in step["note"]
+    assert rows["tp comm (s)"]["predicted"] == pytest.approx(expected.tp_comm, rel=1e-12)
+    assert rows["fastest step (s)"]["predicted"] == step["predicted"]
+    assert 0 < rows["fastest step (s)"]["measured"] <= step["measured"]
+    parts = sum(r["predicted"] for what, r in rows.items() if "step" not in what)
+    assert parts == pytest.approx(expected.total, rel=1e-9)  # the components sum to it
+
+
+def test_without_a_file_the_row_says_the_built_in_constants_cannot_predict_a_cpu():
+    measured = CheckRow("step time", "step (s)", None, 0.25, REPORTED, "median of 3 steps")
+    config = TrainConfig(get_model("tiny"), Layout(dp=2))
+    rows = with_prediction([measured], config, None)
+    assert len(rows) == 1 and rows[0].predicted is None and rows[0].measured == 0.25
+    assert "built-in" in rows[0].note and "shardwise calibrate" in rows[0].note
+
+
+def test_components_follow_the_total(calibration):
+    measured = CheckRow("step time", "step (s)", None, 0.25, REPORTED, "median of 3 steps")
+    config = TrainConfig(get_model("tiny"), Layout(pp=2))
+    rows = with_prediction([measured], config, calibration)
+    expected = predict_step(config.model, config.layout, config.train_spec(), calibration)
+    assert rows[0].predicted == expected.total
+    labels = [r.what for r in rows[1:]]
+    assert "bubble (s)" in labels and "pp p2p (s)" in labels
+    assert set(labels) <= {f"{label} (s)" for label in COMPONENTS.values()}
+
+
+def test_check_with_a_bad_calibration_file_is_one_line(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    result = shardwise("check", "--calibration", str(bad), check=False)
+    assert result.returncode == 2 and "no machine section" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_calibrate_bad_input_is_one_line(tmp_path):
+    assert_one_line_error(shardwise("calibrate", "--ranks", "1", check=False), "--ranks")
+    if torch.cuda.device_count() < 2:
+        assert_one_line_error(shardwise("calibrate", "--backend", "nccl", "--out",
+                                        str(tmp_path / "x.json"), check=False),
+                              "--backend nccl needs 2 GPUs")

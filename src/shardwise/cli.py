@@ -602,7 +602,7 @@ def plan(model: str, gpus: int, gpu: str, gpus_per_node: int, intra: str | None,
                           layout=given)
     if emit:
         chosen = result.given.layout if result.given is not None else result.best.layout
-        emitted = emit_config(emit, spec, chosen, train)
+        emitted = emit_config(emit, spec, chosen, train, cluster.gpus_per_node)
         if as_json:
             return _emit_json({"framework": emit, "layout": chosen.to_dict(),
                                "config": emitted.text, "notes": list(emitted.notes)})

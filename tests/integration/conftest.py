@@ -70,6 +70,24 @@ def emit(capsys, plan: str, framework: str) -> Emit:
     return Emit(capsys, PLANS[plan], framework)
 
 
+def _option(args: list[str], name: str, default: str) -> str:
+    return args[args.index(name) + 1] if name in args else default
+
+
+def planned_seq(plan: str) -> int:
+    """The plan's sequence length (`plan`'s default 8192)."""
+    return int(_option(PLANS[plan], "--seq", "8192"))
+
+
+def planned_batch(plan: str) -> int:
+    """The plan's global batch in sequences: a count, or `<n>M-tokens` (M = 2^20 tokens, the
+    CLI's default 4M-tokens) divided by the sequence length."""
+    text = _option(PLANS[plan], "--global-batch", "4M-tokens")
+    if text.endswith("M-tokens"):
+        return int(text[:-len("M-tokens")]) * 2**20 // planned_seq(plan)
+    return int(text)
+
+
 def flags(argv: list[str]) -> dict[str, str | None]:
     """`--name value` / `--switch` pairs of an argument list (the last value wins)."""
     out: dict[str, str | None] = {}

@@ -7,7 +7,7 @@ and the pipeline engine's ZeRO rule run on the parsed config without GPUs.
 
 import pytest
 
-from tests.integration.conftest import emit, require
+from tests.integration.conftest import emit, planned_batch, require
 from tests.integration.plans import PLANS
 
 pytestmark = pytest.mark.integration
@@ -65,6 +65,7 @@ def test_deepspeed_config_reads_back_the_plan(capsys, tmp_path, deepspeed_dist, 
     config = DeepSpeedConfig(str(path), mpu=_Mpu(layout.dp))
     dtype = "fp16" if "fp16" in PLANS[plan] else "bf16"
     # batch: DeepSpeed checks train = micro · accumulation · dp itself
+    assert config.train_batch_size == planned_batch(plan)
     assert config.train_micro_batch_size_per_gpu == layout.micro_batch
     assert config.gradient_accumulation_steps == config.train_batch_size // (
         layout.micro_batch * layout.dp)

@@ -12,10 +12,22 @@ import pytest
 
 from shardwise.arch import get_model
 from shardwise.layout import Layout
-from tests.integration.conftest import emit, flags, require
+from tests.integration.conftest import emit, flags, planned_batch, planned_seq, require
 from tests.integration.plans import PLANS
 
 pytestmark = pytest.mark.integration
+
+
+def _value(raw):
+    """An argument's text as argparse's `type=` reads it: a switch, int, float or text."""
+    if raw is None:
+        return True
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw
 
 
 def _config(argv):
@@ -28,16 +40,8 @@ def _config(argv):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     args = {k[2:].replace("-", "_"): v for k, v in flags(argv).items()}
-    kwargs = {}
-    for field in dataclasses.fields(TransformerConfig):
-        if field.name in args and field.name not in ("bf16", "fp16"):
-            raw = args[field.name]
-            default = field.default
-            kwargs[field.name] = (True if raw is None else float(raw)
-                                  if isinstance(default, float) else int(raw)
-                                  if isinstance(default, int) and not isinstance(default, bool)
-                                  or field.name.endswith("_size") or field.name.startswith("num_")
-                                  else raw)
+    kwargs = {field.name: _value(args[field.name]) for field in dataclasses.fields(TransformerConfig)
+              if field.name in args and field.name not in ("bf16", "fp16")}
     # renamed arguments, as core_transformer_config_from_args maps them
     dtype = torch.bfloat16 if "bf16" in args else torch.float16 if "fp16" in args else torch.float32
     kwargs.update(bf16="bf16" in args, fp16="fp16" in args, params_dtype=dtype,
@@ -96,8 +100,8 @@ def test_megatron_core_reads_back_the_plan(capsys, plan):
                                             "full": "full"}[layout.recompute]
     # batch
     assert int(args["micro_batch_size"]) == layout.micro_batch
-    global_batch = int(args["global_batch_size"])
-    assert global_batch % (layout.dp * layout.micro_batch) == 0
+    assert int(args["global_batch_size"]) == planned_batch(plan)
+    assert int(args["seq_length"]) == planned_seq(plan)
     # model shape, vocabulary (Megatron pads to a multiple of divisible_by·tp), rotary base
     assert (config.num_layers, config.hidden_size, config.ffn_hidden_size,
             config.num_attention_heads) == (model.n_layers, model.d_model, model.d_ff,

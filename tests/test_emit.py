@@ -85,6 +85,7 @@ def test_torchtitan_command_line():
     assert "--training.disable_cuda_graphs" in words  # pp > 1
     assert words[-1] == "activation-checkpoint:selective"
     assert any("ZeRO-1" in note for note in emitted.notes)
+    assert any("reduces gradients in float32" in note for note in emitted.notes)
 
 
 def test_torchtitan_hybrid_shard_and_zero3_reshard():

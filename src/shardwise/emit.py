@@ -302,10 +302,9 @@ def torchtitan_args(model: ModelSpec, layout: Layout, train: TrainSpec,
     if layout.recompute == "selective":
         notes.append("torchtitan's selective checkpointing is op-level (it keeps matmul outputs "
                      "and recomputes the rest), close to but not Korthikanti's selective set")
-    if grad != "fp32" and shard * layout.cp > 1:
-        notes.append("torchtitan reduces FSDP gradients in float32 (mixed_precision_reduce "
-                     "accepts float32 only): gradient reduce-scatters move twice the planned "
-                     "bytes")
+    if grad != "fp32" and layout.dp * layout.cp > 1:
+        notes.append("torchtitan reduces gradients in float32 (mixed_precision_reduce accepts "
+                     "float32 only): gradient reductions move twice the planned bytes")
     if not train.flash_attention:
         notes.append("torchtitan's llama3 runs fused SDPA attention; the plan's unfused "
                      "attention memory and time are an overestimate")

@@ -187,7 +187,8 @@ def megatron_args(model: ModelSpec, layout: Layout, train: TrainSpec,
         if layout.zero_group:
             notes.append(f"Megatron-FSDP shards over all {layout.dp * layout.cp} data-parallel "
                          f"ranks, not groups of {layout.zero_group}: less memory, the "
-                         "all-gathers and reduce-scatters span every replica")
+                         "all-gathers and reduce-scatters span every replica (evaluate that "
+                         "run with zero_group=0 in --layout)")
     if train.dtype == "bf16":
         args.append("--bf16")
     elif train.dtype == "fp16":
@@ -304,7 +305,8 @@ def torchtitan_args(model: ModelSpec, layout: Layout, train: TrainSpec,
                      "and recomputes the rest), close to but not Korthikanti's selective set")
     if grad != "fp32" and layout.dp * layout.cp > 1:
         notes.append("torchtitan reduces gradients in float32 (mixed_precision_reduce accepts "
-                     "float32 only): gradient reductions move twice the planned bytes")
+                     "float32 only): gradient reductions move twice the planned bytes (evaluate "
+                     "that run with --grad-dtype fp32)")
     if not train.flash_attention:
         notes.append("torchtitan's llama3 runs fused SDPA attention; the plan's unfused "
                      "attention memory and time are an overestimate")

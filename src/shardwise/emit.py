@@ -1,20 +1,30 @@
 """Launch configuration of a layout for a real framework: go from the plan to a run.
 
-    emit(framework, model, layout, train) -> Emitted(text, notes)
+    emit(framework, model, layout, train, gpus_per_node=8) -> Emitted(text, notes)
 
-* `megatron` — Megatron-LM `pretrain_gpt.py` arguments (model shape, parallel degrees,
-  virtual pipeline stages, sequence parallel, recompute, distributed optimizer / FSDP2),
-* `torchtitan` — the `[training]`, `[parallelism]` and `[activation_checkpoint]` TOML sections,
-* `deepspeed` — a DeepSpeed JSON config (batch, ZeRO stage, MiCS shard groups, precision,
-  activation checkpointing); TP/PP degrees go to the Megatron-DeepSpeed launcher (in `notes`).
+Each exporter targets one named framework version and is tested against that version's own
+parser (tests/integration):
 
-`notes` lists what the framework cannot express exactly (e.g. ZeRO-2 in Megatron-LM, ZB-H1 in
-torchtitan), so the user knows where the run will differ from the plan.
+* `megatron` — Megatron-LM `pretrain_gpt.py` (main branch, megatron-core 0.16–0.20): a shell
+  script with the environment, a `torchrun` line and every argument the plan assumes (model
+  shape, rotary base, vocabulary, parallel degrees, virtual stages, SP, recompute, ZeRO through
+  the distributed optimizer or Megatron-FSDP, precision and gradient-reduce dtype, attention
+  backend).
+* `torchtitan` — torchtitan 0.3.x: `torchrun -m torchtitan.train --module … --config …` plus
+  `--section.key value` overrides and the `activation-checkpoint:<mode>` subcommand.
+* `deepspeed` — a DeepSpeed 0.19.8 JSON config (batch, ZeRO stage and ZeRO++ partition, precision,
+  gradient-accumulation and communication dtypes, activation checkpointing); the `deepspeed`
+  launch line (Megatron-DeepSpeed flags for TP/PP/sequence parallelism) is the first note.
+
+What a framework cannot run exactly is either refused — `ShardwiseError`, one line, when the run
+would need more memory than planned or the framework rejects it — or emitted as the nearest
+equivalent with a note saying how the run differs from the plan.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 from shardwise.arch import ModelSpec
@@ -22,174 +32,314 @@ from shardwise.errors import ShardwiseError
 from shardwise.layout import Layout, TrainSpec
 
 FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
+VERSIONS = {"megatron": "Megatron-LM main (megatron-core 0.16-0.20)",
+            "torchtitan": "torchtitan 0.3.x", "deepspeed": "DeepSpeed 0.19.8"}
 
-__all__ = ["FRAMEWORKS", "Emitted", "deepspeed_config", "emit", "megatron_args",
-           "torchtitan_toml"]
+__all__ = ["FRAMEWORKS", "VERSIONS", "Emitted", "deepspeed_config", "emit", "megatron_args",
+           "torchtitan_args"]
+
+# Rotary base (`rope_theta`) of the presets, from each model's Hugging Face config.json;
+# models not listed use 10000 (the RoPE paper's base, and Megatron's default).
+_ROPE_BASE = {"llama3-8b": 500000, "llama3-70b": 500000, "llama3-405b": 500000,
+              "mistral-7b": 1000000, "mixtral-8x7b": 1000000, "mixtral-8x22b": 1000000,
+              "qwen2.5-7b": 1000000, "qwen2.5-72b": 1000000}
 
 
 @dataclass(frozen=True)
 class Emitted:
-    """The configuration text and what it cannot express exactly."""
+    """The configuration text and how the run differs from the plan."""
 
     framework: str
     text: str
     notes: tuple[str, ...] = ()
 
 
-def _check(model: ModelSpec, layout: Layout, train: TrainSpec) -> int:
+def _check(model: ModelSpec, layout: Layout, train: TrainSpec) -> tuple[int, str]:
+    """Validated (global batch, gradient dtype)."""
     layout.validate(model, train=train)
     if train.global_batch is None:
         raise ShardwiseError("emitting a launch configuration needs a global batch")
-    return train.global_batch
+    grad = train.grad_dtype or train.dtype
+    for what, dtype in (("dtype", train.dtype), ("grad dtype", grad)):
+        if dtype not in ("bf16", "fp16", "fp32"):
+            raise ShardwiseError(f"{what} {dtype} has no launch configuration; valid: bf16, "
+                                 "fp16, fp32")
+    return train.global_batch, grad
 
 
-def megatron_args(model: ModelSpec, layout: Layout, train: TrainSpec) -> Emitted:
-    """Megatron-LM arguments (`pretrain_gpt.py`), one per line, for `layout`."""
-    gb = _check(model, layout, train)
+def _nodes(layout: Layout, gpus_per_node: int) -> tuple[int, int]:
+    """(nodes, processes per node) of a `layout.world_size`-rank launch."""
+    per_node = min(gpus_per_node, layout.world_size)
+    return math.ceil(layout.world_size / per_node), per_node
+
+
+def _torchrun(layout: Layout, gpus_per_node: int) -> str:
+    nodes, per_node = _nodes(layout, gpus_per_node)
+    rdzv = " --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:29500" if nodes > 1 else ""
+    return f"torchrun --nnodes {nodes} --nproc-per-node {per_node}{rdzv}"
+
+
+def _script(header: str, env: list[str], command: str, args: list[str]) -> str:
+    """`export`s, then `command` with one argument per continued line."""
+    lines = [header] + [f"export {item}" for item in env] + [command + " \\"]
+    lines += [f"  {arg} \\" for arg in args[:-1]] + [f"  {args[-1]}"]
+    return "\n".join(lines) + "\n"
+
+
+def _header(framework: str, model: ModelSpec, layout: Layout, train: TrainSpec, gb: int) -> str:
+    return (f"# shardwise: {model.name}, {layout.short()}, s={train.seq_len}, global batch {gb} "
+            f"sequences, {train.dtype} — for {VERSIONS[framework]}")
+
+
+# ----------------------------------------------------------------------------------- Megatron
+def _megatron_vocab(model: ModelSpec, tp: int, notes: list[str]) -> list[str]:
+    """`--vocab-size` and a `--make-vocab-size-divisible-by` that keeps it unpadded.
+
+    Megatron pads the vocabulary to a multiple of `make_vocab_size_divisible_by · tp` (default
+    128·tp); the largest divisor d ≤ 128 with `d·tp | V` keeps the planned V.
+    """
+    v = model.vocab
+    divisor = math.gcd(v // tp, 128) if v % tp == 0 else 1
+    padded = -(-v // (divisor * tp)) * divisor * tp
+    if padded != v:
+        notes.append(f"Megatron pads the vocabulary {v} to {padded} (a multiple of tp={tp}); "
+                     f"embedding and head grow by {padded - v} rows")
+    return [f"--vocab-size {v}", f"--make-vocab-size-divisible-by {divisor}"]
+
+
+def megatron_args(model: ModelSpec, layout: Layout, train: TrainSpec,
+                  gpus_per_node: int = 8) -> Emitted:
+    """Megatron-LM `pretrain_gpt.py` launch script for `layout`.
+
+    ZeRO-1 is the distributed optimizer; ZeRO-2/3 are Megatron-FSDP's `optim_grads` /
+    `optim_grads_params` strategies (`--use-torch-fsdp2` refuses pipeline parallelism and tied
+    embeddings, Megatron-FSDP does not). Gradients: Megatron accumulates and reduces them in
+    fp32 for bf16 unless `--grad-reduce-in-bf16` is passed, so a bf16 gradient plan passes it.
+    """
+    gb, grad = _check(model, layout, train)
     notes: list[str] = []
-    args: list[tuple[str, object]] = [
-        ("--num-layers", model.n_layers), ("--hidden-size", model.d_model),
-        ("--ffn-hidden-size", model.d_ff), ("--num-attention-heads", model.n_heads),
-    ]
+    args = [f"--num-layers {model.n_layers}", f"--hidden-size {model.d_model}",
+            f"--ffn-hidden-size {model.d_ff}", f"--num-attention-heads {model.n_heads}"]
     if model.n_kv_heads != model.n_heads:
-        args += [("--group-query-attention", None), ("--num-query-groups", model.n_kv_heads)]
+        args += ["--group-query-attention", f"--num-query-groups {model.n_kv_heads}"]
     if model.gated_mlp:
-        args.append(("--swiglu", None))
-    if model.norm == "rmsnorm":
-        args += [("--normalization", "RMSNorm")]
+        args.append("--swiglu")
+    args.append("--normalization " + ("RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"))
     if model.learned_positions:
-        args.append(("--position-embedding-type", "learned_absolute"))
+        args.append("--position-embedding-type learned_absolute")
     else:
-        args.append(("--position-embedding-type", "rope"))
+        rope = _ROPE_BASE.get(model.name)
+        if rope is None:
+            rope = 10000
+            notes.append(f"rotary base of {model.name} unknown; emitted Megatron's default "
+                         "--rotary-base 10000 (set your model's rope_theta)")
+        args += ["--position-embedding-type rope", f"--rotary-base {rope}"]
+    args += _megatron_vocab(model, layout.tp, notes)
     if not model.tie_embeddings:
-        args.append(("--untie-embeddings-and-output-weights", None))
+        args.append("--untie-embeddings-and-output-weights")
     if not model.bias:
-        args.append(("--disable-bias-linear", None))
+        args.append("--disable-bias-linear")
     if not model.dropout:
-        args += [("--attention-dropout", 0.0), ("--hidden-dropout", 0.0)]
+        args += ["--attention-dropout 0.0", "--hidden-dropout 0.0"]
     if model.is_moe:
-        args += [("--num-experts", model.n_experts), ("--moe-router-topk", model.top_k)]
-        if model.d_ff_expert:
-            args.append(("--moe-ffn-hidden-size", model.d_ff_expert))
-    args += [("--seq-length", train.seq_len),
-             ("--max-position-embeddings", max(train.seq_len, model.max_seq)),
-             ("--micro-batch-size", layout.micro_batch), ("--global-batch-size", gb)]
-    args += [("--tensor-model-parallel-size", layout.tp),
-             ("--pipeline-model-parallel-size", layout.pp)]
+        args += [f"--num-experts {model.n_experts}", f"--moe-router-topk {model.top_k}",
+                 f"--moe-ffn-hidden-size {model.expert_d_ff}"]
+        if layout.ep > 1:
+            args.append("--moe-token-dispatcher-type alltoall")
+    args += [f"--seq-length {train.seq_len}",
+             f"--max-position-embeddings {max(train.seq_len, model.max_seq)}",
+             f"--micro-batch-size {layout.micro_batch}", f"--global-batch-size {gb}",
+             f"--tensor-model-parallel-size {layout.tp}",
+             f"--pipeline-model-parallel-size {layout.pp}"]
     if layout.schedule == "interleaved":
-        per_stage = model.n_layers // (layout.pp * layout.chunks)
-        args.append(("--num-layers-per-virtual-pipeline-stage", per_stage))
-    elif layout.schedule == "zb-h1":
-        notes.append("ZB-H1 is not in Megatron-LM mainline (use the zero-bubble fork of Qi et "
-                     "al. 2023); as emitted, Megatron runs 1F1B")
-    elif layout.schedule == "gpipe":
-        notes.append("Megatron-LM has no GPipe schedule; as emitted, it runs 1F1B")
+        args.append(f"--num-virtual-stages-per-pipeline-rank {layout.chunks}")
+    elif layout.schedule == "zb-h1" and layout.pp > 1:
+        notes.append("ZB-H1 is not in Megatron-LM main (use the zero-bubble fork of Qi et al. "
+                     "2023); as emitted, Megatron runs 1F1B with a larger bubble")
+    elif layout.schedule == "gpipe" and layout.pp > 1:
+        notes.append("Megatron-LM has no GPipe schedule; as emitted it runs 1F1B (same bubble, "
+                     "fewer micro-batches' activations in flight)")
     if layout.cp > 1:
-        args.append(("--context-parallel-size", layout.cp))
+        args.append(f"--context-parallel-size {layout.cp}")
     if layout.ep > 1:
-        args.append(("--expert-model-parallel-size", layout.ep))
+        args.append(f"--expert-model-parallel-size {layout.ep}")
     if layout.sp:
-        args.append(("--sequence-parallel", None))
+        args.append("--sequence-parallel")
     if layout.recompute == "selective":
-        args.append(("--recompute-activations", None))
+        args.append("--recompute-activations")
     elif layout.recompute == "full":
-        args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
-                 ("--recompute-num-layers", 1)]
-    if layout.zero in (1, 2):
-        args += [("--use-distributed-optimizer", None), ("--overlap-grad-reduce", None),
-                 ("--overlap-param-gather", None)]
-        if layout.zero == 2:
-            notes.append("Megatron's distributed optimizer shards optimizer states (ZeRO-1); "
-                         "gradients stay whole, so memory is ZeRO-1's")
-        if layout.zero_group:
-            args.append(("--num-distributed-optimizer-instances",
-                         layout.dp * layout.cp // layout.zero_group))
-    elif layout.zero == 3:
-        args += [("--use-torch-fsdp2", None), ("--no-gradient-accumulation-fusion", None),
-                 ("--ckpt-format", "torch_dist")]
-        if layout.zero_group:
-            notes.append("hybrid shard groups are not expressible with --use-torch-fsdp2; "
-                         "FSDP shards over all data-parallel ranks")
-    else:
-        args.append(("--overlap-grad-reduce", None))
-    args.append(("--fp16" if train.dtype == "fp16" else "--bf16", None))
-    if train.dtype not in ("bf16", "fp16"):
-        notes.append(f"dtype {train.dtype} emitted as --bf16")
-    if train.grad_dtype == "fp32":
-        args.append(("--accumulate-allreduce-grads-in-fp32", None))
-    if train.flash_attention:
-        args += [("--attention-backend", "flash")]
-    lines = [f"# shardwise: {model.name}, {layout.short()}, s={train.seq_len}, "
-             f"global batch {gb} sequences"]
-    for i, (flag, value) in enumerate(args):
-        text = flag if value is None else f"{flag} {value}"
-        lines.append(text + (" \\" if i < len(args) - 1 else ""))
-    return Emitted("megatron", "\n".join(lines) + "\n", tuple(notes))
-
-
-_TITAN_SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "gpipe": "GPipe",
-                    "zb-h1": "InterleavedZeroBubble"}
-
-
-def torchtitan_toml(model: ModelSpec, layout: Layout, train: TrainSpec) -> Emitted:
-    """torchtitan job-config TOML sections for `layout` (FSDP2 degrees from the ZeRO stage)."""
-    gb = _check(model, layout, train)
-    notes: list[str] = []
-    replicas = layout.dp * layout.cp
+        args += ["--recompute-granularity full", "--recompute-method uniform",
+                 "--recompute-num-layers 1"]
+    fsdp = layout.zero >= 2
     if layout.zero == 0:
-        replicate, shard = layout.dp, 1
-    elif layout.zero_group and layout.zero_group % layout.cp == 0:
-        shard = layout.zero_group // layout.cp
-        replicate = layout.dp // shard
-    else:
-        replicate, shard = 1, layout.dp
+        args.append("--overlap-grad-reduce")
+    elif layout.zero == 1:
+        args += ["--use-distributed-optimizer", "--overlap-grad-reduce",
+                 "--overlap-param-gather"]
         if layout.zero_group:
-            notes.append(f"zero_group={layout.zero_group} is not a multiple of cp={layout.cp}; "
-                         "emitted as full sharding")
-    reshard = "default"
-    if layout.zero in (1, 2):
-        reshard = "never"
-        notes.append(f"torchtitan has no ZeRO-{layout.zero}: FSDP2 without resharding after "
-                     "forward keeps ZeRO-2's traffic but holds each layer's full weights from "
-                     "its forward to its backward")
-    lines = [f"# shardwise: {model.name}, {layout.short()}, {replicas} data-parallel replicas",
-             "[training]",
-             # without pp, local_batch_size is the micro-batch and torchtitan accumulates
-             # gradients up to global_batch_size; with pp, the pipeline splits it
-             f"local_batch_size = {gb // layout.dp if layout.pp > 1 else layout.micro_batch}",
-             f"global_batch_size = {gb}", f"seq_len = {train.seq_len}",
-             f'mixed_precision_param = "{"bfloat16" if train.dtype == "bf16" else "float32"}"',
-             "", "[parallelism]",
-             f"data_parallel_replicate_degree = {replicate}",
-             f"data_parallel_shard_degree = {shard}",
-             f'fsdp_reshard_after_forward = "{reshard}"',
-             f"tensor_parallel_degree = {layout.tp}",
-             f"pipeline_parallel_degree = {layout.pp}",
-             f"context_parallel_degree = {layout.cp}",
-             f"expert_parallel_degree = {layout.ep}"]
-    if layout.pp > 1:
-        lines += [f'pipeline_parallel_schedule = "{_TITAN_SCHEDULES[layout.schedule]}"',
-                  f"pipeline_parallel_microbatch_size = {layout.micro_batch}",
-                  f"pipeline_parallel_layers_per_stage = "
-                  f"{model.n_layers // (layout.pp * layout.chunks)}"]
-        if layout.schedule == "zb-h1":
-            notes.append("ZB-H1 maps to PyTorch's InterleavedZeroBubble, which needs more than "
-                         "one stage per rank: set pipeline_parallel_layers_per_stage to half "
-                         "the layers per rank, or use 1F1B")
-    if layout.tp > 1 and not layout.sp:
-        notes.append("torchtitan's tensor parallelism always shards the sequence (SP)")
-    mode = {"none": "none", "selective": "selective", "full": "full"}[layout.recompute]
-    lines += ["", "[activation_checkpoint]", f'mode = "{mode}"']
-    if layout.recompute == "selective":
-        lines.append('selective_ac_option = "op"')
-    return Emitted("torchtitan", "\n".join(lines) + "\n", tuple(notes))
+            args.append("--num-distributed-optimizer-instances "
+                        f"{layout.dp * layout.cp // layout.zero_group}")
+    else:
+        strategy = "optim_grads" if layout.zero == 2 else "optim_grads_params"
+        args += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}",
+                 "--ckpt-format fsdp_dtensor", "--overlap-grad-reduce",
+                 "--overlap-param-gather"]
+        if layout.zero_group:
+            notes.append(f"Megatron-FSDP shards over all {layout.dp * layout.cp} data-parallel "
+                         f"ranks, not groups of {layout.zero_group}: less memory, the "
+                         "all-gathers and reduce-scatters span every replica (evaluate that "
+                         "run with zero_group=0 in --layout)")
+    if train.dtype == "bf16":
+        args.append("--bf16")
+    elif train.dtype == "fp16":
+        if fsdp:
+            raise ShardwiseError(f"Megatron-FSDP (ZeRO-{layout.zero}) does not train in fp16; "
+                                 "use --dtype bf16 or zero ≤ 1")
+        args.append("--fp16")
+    if train.dtype != "fp32":
+        if grad == train.dtype == "bf16":
+            args.append("--grad-reduce-in-bf16")
+        elif grad == "fp32":
+            args.append("--accumulate-allreduce-grads-in-fp32")
+        elif grad != train.dtype:
+            raise ShardwiseError(f"Megatron reduces {train.dtype} gradients in {train.dtype} "
+                                 f"or fp32, not {grad}; use --grad-dtype fp32")
+    elif grad != "fp32":
+        raise ShardwiseError("Megatron keeps fp32 gradients for fp32 training; drop --grad-dtype")
+    args.append("--attention-backend " + ("flash" if train.flash_attention else "unfused"))
+    env = []
+    if (layout.tp > 1 or layout.cp > 1) and not fsdp:
+        # Megatron orders TP/CP communication before compute with a single hardware queue.
+        env.append("CUDA_DEVICE_MAX_CONNECTIONS=1")
+    elif layout.tp > 1 or layout.cp > 1:
+        notes.append("Megatron-FSDP refuses CUDA_DEVICE_MAX_CONNECTIONS=1, so TP/CP "
+                     "communication overlaps compute less than the plan assumes")
+    text = _script(_header("megatron", model, layout, train, gb), env,
+                   _torchrun(layout, gpus_per_node) + " pretrain_gpt.py", args)
+    return Emitted("megatron", text, tuple(notes))
 
 
-def deepspeed_config(model: ModelSpec, layout: Layout, train: TrainSpec) -> Emitted:
-    """A DeepSpeed JSON config for `layout`; the TP/PP/SP launcher flags are in `notes`."""
-    gb = _check(model, layout, train)
+# --------------------------------------------------------------------------------- torchtitan
+# torchtitan ships these models as `--module llama3 --config <name>` (models/llama3/
+# config_registry.py); each has the preset's shape.
+_TITAN_CONFIGS = {"llama3-8b": ("llama3", "llama3_8b"), "llama3-70b": ("llama3", "llama3_70b"),
+                  "llama3-405b": ("llama3", "llama3_405b")}
+# PyTorch pipelining schedule names (torch.distributed.pipelining.schedules).
+_TITAN_SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "gpipe": "GPipe",
+                    "zb-h1": "1F1B"}
+
+
+def _titan_shards(layout: Layout, notes: list[str]) -> tuple[int, int]:
+    """(dp_replicate, dp_shard): FSDP shards over dp_shard·cp ranks, so ZeRO groups are too."""
+    if layout.zero == 0:
+        if layout.cp > 1:
+            notes.append(f"torchtitan always applies FSDP over the cp={layout.cp} ranks, so "
+                         "weights, gradients and optimizer states are sharded over them "
+                         "(less memory than planned)")
+        return layout.dp, 1
+    group = layout.zero_group or layout.dp * layout.cp
+    shard = max(1, group // layout.cp)
+    if shard * layout.cp != group:
+        notes.append(f"zero_group={group} is not a multiple of cp={layout.cp}; torchtitan "
+                     f"shards over groups of {shard * layout.cp} (dp_shard·cp)")
+    return layout.dp // shard, shard
+
+
+def torchtitan_args(model: ModelSpec, layout: Layout, train: TrainSpec,
+                    gpus_per_node: int = 8) -> Emitted:
+    """torchtitan 0.3.x `torchrun -m torchtitan.train` command line for `layout`."""
+    gb, grad = _check(model, layout, train)
+    if model.name not in _TITAN_CONFIGS:
+        raise ShardwiseError(f"torchtitan 0.3 ships no {model.name} model (its llama3 configs "
+                             f"fit {', '.join(_TITAN_CONFIGS)}); use --emit megatron or deepspeed")
+    if train.dtype == "fp16":
+        raise ShardwiseError("torchtitan 0.3 trains in bfloat16 or float32 only (no fp16 mixed "
+                             "precision); use --dtype bf16")
     notes: list[str] = []
-    m = layout.microbatches(train)
+    module, config = _TITAN_CONFIGS[model.name]
+    replicate, shard = _titan_shards(layout, notes)
+    if layout.ep > 1 and (shard * layout.cp * layout.tp) % layout.ep:
+        raise ShardwiseError(f"torchtitan borrows expert-parallel ranks from FSDP, CP and TP: "
+                             f"ep={layout.ep} must divide dp_shard·cp·tp="
+                             f"{shard * layout.cp * layout.tp}; use a larger zero_group or zero≥1")
+    # ZeRO-3 reshards after every forward ("default" keeps weights gathered when pp > 1);
+    # ZeRO-1/2 are nearest FSDP without resharding.
+    reshard = "always" if layout.zero == 3 else "never"
+    if layout.zero in (1, 2):
+        notes.append(f"torchtitan has no ZeRO-{layout.zero}: FSDP without resharding after "
+                     "forward keeps ZeRO-2's traffic and holds each layer's full weights from "
+                     "its forward to its backward")
+    # Without pp, local_batch_size is the micro-batch and torchtitan accumulates gradients up
+    # to global_batch_size; with pp, one local batch is split into pipeline micro-batches.
+    local = gb // layout.dp if layout.pp > 1 else layout.micro_batch
+    precision = "bfloat16" if train.dtype == "bf16" else "float32"
+    args = [f"--module {module}", f"--config {config}",
+            f"--training.local_batch_size {local}", f"--training.global_batch_size {gb}",
+            f"--training.seq_len {train.seq_len}",
+            f"--training.mixed_precision_param {precision}"]
+    if layout.pp > 1 or layout.ep > 1:
+        args.append("--training.disable_cuda_graphs")
+    args += [f"--parallelism.data_parallel_replicate_degree {replicate}",
+             f"--parallelism.data_parallel_shard_degree {shard}",
+             f"--parallelism.fsdp_reshard_after_forward {reshard}",
+             f"--parallelism.tensor_parallel_degree {layout.tp}",
+             f"--parallelism.pipeline_parallel_degree {layout.pp}",
+             f"--parallelism.context_parallel_degree {layout.cp}",
+             f"--parallelism.expert_parallel_degree {layout.ep}"]
+    if layout.tp > 1:
+        args.append("--parallelism." + ("" if layout.sp else "no_") + "enable_sequence_parallel")
+    if layout.pp > 1:
+        # Embedding and head count as no layers, so pp·chunks stages of L/(pp·chunks) layers.
+        args += [f"--parallelism.pipeline_parallel_schedule {_TITAN_SCHEDULES[layout.schedule]}",
+                 f"--parallelism.pipeline_parallel_microbatch_size {layout.micro_batch}",
+                 "--parallelism.pipeline_parallel_layers_per_stage "
+                 f"{model.n_layers // (layout.pp * layout.chunks)}",
+                 "--parallelism.pipeline_parallel_first_stage_less_layers 0",
+                 "--parallelism.pipeline_parallel_last_stage_less_layers 0"]
+        if layout.schedule == "zb-h1":
+            notes.append("PyTorch pipelining has no single-stage ZB-H1; emitted as 1F1B (a "
+                         "larger bubble than planned)")
+    args.append(f"activation-checkpoint:{layout.recompute}")
+    if layout.recompute == "selective":
+        notes.append("torchtitan's selective checkpointing is op-level (it keeps matmul outputs "
+                     "and recomputes the rest), close to but not Korthikanti's selective set")
+    if grad != "fp32" and layout.dp * layout.cp > 1:
+        notes.append("torchtitan reduces gradients in float32 (mixed_precision_reduce accepts "
+                     "float32 only): gradient reductions move twice the planned bytes (evaluate "
+                     "that run with --grad-dtype fp32)")
+    if not train.flash_attention:
+        notes.append("torchtitan's llama3 runs fused SDPA attention; the plan's unfused "
+                     "attention memory and time are an overestimate")
+    if config == "llama3_405b":
+        notes.append("torchtitan's llama3_405b config trains its linear layers in Float8 with "
+                     "torch.compile (not changeable from the command line); the plan assumes "
+                     f"{train.dtype} matmuls")
+    text = _script(_header("torchtitan", model, layout, train, gb), [],
+                   _torchrun(layout, gpus_per_node) + " -m torchtitan.train", args)
+    return Emitted("torchtitan", text, tuple(notes))
+
+
+# ---------------------------------------------------------------------------------- DeepSpeed
+def deepspeed_config(model: ModelSpec, layout: Layout, train: TrainSpec,
+                     gpus_per_node: int = 8) -> Emitted:
+    """A DeepSpeed 0.19.8 JSON config for `layout`; the launch line is the first note."""
+    gb, grad = _check(model, layout, train)
+    if layout.pp > 1 and layout.zero >= 2:
+        raise ShardwiseError(f"DeepSpeed's pipeline engine refuses ZeRO-{layout.zero} with "
+                             f"pp={layout.pp} (ZeRO-2 and ZeRO-3 are incompatible with pipeline "
+                             "parallelism); use zero ≤ 1 or pp=1")
+    if layout.cp > 1 and layout.sp:
+        raise ShardwiseError("Megatron-DeepSpeed cannot combine Megatron sequence parallelism "
+                             f"(sp) with DeepSpeed sequence parallelism (cp={layout.cp}); use "
+                             "sp=0 or cp=1")
+    if layout.cp > 1 and (model.n_heads // layout.tp) % layout.cp:
+        raise ShardwiseError(f"DeepSpeed-Ulysses splits heads over cp={layout.cp}: it must divide "
+                             f"n_heads/tp={model.n_heads // layout.tp}")
+    if layout.zero == 0 and grad != train.dtype:
+        raise ShardwiseError(f"DeepSpeed without ZeRO accumulates gradients in the model dtype "
+                             f"({train.dtype}), not {grad}; use zero ≥ 1 or --grad-dtype "
+                             f"{train.dtype}")
+    notes: list[str] = []
     zero: dict[str, object] = {"stage": layout.zero, "overlap_comm": True,
                                "contiguous_gradients": True,
                                "reduce_bucket_size": int(5e8), "allgather_bucket_size": int(5e8)}
@@ -197,59 +347,79 @@ def deepspeed_config(model: ModelSpec, layout: Layout, train: TrainSpec) -> Emit
         zero.update({"stage3_prefetch_bucket_size": int(5e8),
                      "stage3_param_persistence_threshold": int(1e6)})
         if layout.zero_group:
-            zero.update({"mics_shard_size": layout.zero_group,
-                         "mics_hierarchical_params_gather": False})
+            # MiCS (per-group shards) is removed in 0.19; ZeRO++ hpZ keeps a secondary weight
+            # shard per group so the backward all-gathers stay inside it.
+            zero["zero_hpz_partition_size"] = layout.zero_group
+            notes.append(f"DeepSpeed 0.19 has no hybrid ZeRO-3 (MiCS was removed): emitted as "
+                         f"ZeRO-3 over all {layout.dp * layout.cp} replicas with a ZeRO++ "
+                         f"secondary weight shard per {layout.zero_group} ranks; memory is "
+                         "the plan's plus 1/(dp·cp) of the weights, forward all-gathers span "
+                         "every replica")
     elif layout.zero_group:
-        notes.append(f"DeepSpeed has hybrid shard groups (MiCS) for ZeRO-3 only; ZeRO-"
-                     f"{layout.zero} shards over all {layout.dp * layout.cp} replicas")
+        notes.append(f"DeepSpeed has no shard groups for ZeRO-{layout.zero}; it shards over all "
+                     f"{layout.dp * layout.cp} replicas (less memory than planned)")
+    names = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
     config: dict[str, object] = {
         "train_batch_size": gb,
         "train_micro_batch_size_per_gpu": layout.micro_batch,
-        "gradient_accumulation_steps": m,
+        "gradient_accumulation_steps": layout.microbatches(train),
         "gradient_clipping": 1.0,
         "zero_optimization": zero,
+        "data_types": {"grad_accum_dtype": names[grad]},
+        "communication_data_type": names[grad],
         "steps_per_print": 10,
         "wall_clock_breakdown": False,
     }
     if train.dtype == "fp16":
         config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
-    else:
+    elif train.dtype == "bf16":
         config["bf16"] = {"enabled": True}
-    if train.grad_dtype == "fp32":
-        config["data_types"] = {"grad_accum_dtype": "fp32"}
     if layout.recompute != "none":
         config["activation_checkpointing"] = {
             "partition_activations": layout.tp > 1, "contiguous_memory_optimization": False,
             "cpu_checkpointing": False, "number_checkpoints": None,
             "synchronize_checkpoint_boundary": False, "profile": False}
-    launcher = [f"--tensor-model-parallel-size {layout.tp}",
-                f"--pipeline-model-parallel-size {layout.pp}"]
-    if layout.sp:
-        launcher.append("--sequence-parallel")
-    if layout.recompute == "full":
-        launcher += ["--checkpoint-activations", "--deepspeed-activation-checkpointing"]
-    elif layout.recompute == "selective":
-        launcher.append("--recompute-activations")
-    if layout.pp > 1 or layout.tp > 1:
-        notes.append("launch with Megatron-DeepSpeed: " + " ".join(launcher))
-    if layout.pp > 1 and layout.zero >= 2:
-        notes.append("DeepSpeed's pipeline engine supports ZeRO-1 only; ZeRO-"
-                     f"{layout.zero} with pp={layout.pp} needs ZeRO-1 there")
-    if layout.schedule not in ("1f1b",) and layout.pp > 1:
-        notes.append(f"DeepSpeed's pipeline engine runs 1F1B; {layout.schedule} is not available")
+    nodes, per_node = _nodes(layout, gpus_per_node)
+    launch = f"deepspeed --num_nodes {nodes} --num_gpus {per_node}"
+    if layout.tp > 1 or layout.pp > 1 or layout.cp > 1 or layout.ep > 1:
+        flags = [f"--tensor-model-parallel-size {layout.tp}",
+                 f"--pipeline-model-parallel-size {layout.pp}",
+                 f"--micro-batch-size {layout.micro_batch}", f"--global-batch-size {gb}",
+                 f"--zero-stage {layout.zero}"]
+        if layout.pp == 1:
+            flags.append("--no-pipeline-parallel")
+        if layout.sp:
+            flags.append("--sequence-parallel")
+        if layout.cp > 1:
+            flags.append(f"--ds-sequence-parallel-size {layout.cp}")
+        if layout.ep > 1:
+            flags += [f"--num-experts {model.n_experts}", f"--moe-expert-parallel-size {layout.ep}"]
+        if layout.recompute == "full":
+            flags += ["--checkpoint-activations", "--deepspeed-activation-checkpointing"]
+        elif layout.recompute == "selective":
+            flags.append("--recompute-activations")
+        notes.insert(0, f"launch (Megatron-DeepSpeed): {launch} pretrain_gpt.py "
+                        + " ".join(flags) + " --deepspeed --deepspeed_config ds_config.json")
+    else:
+        notes.insert(0, f"launch: {launch} train.py --deepspeed --deepspeed_config "
+                        "ds_config.json")
+    if layout.pp > 1 and layout.schedule != "1f1b":
+        notes.append(f"DeepSpeed's pipeline engine runs 1F1B with one stage per rank; "
+                     f"{layout.schedule} is emitted as 1F1B (a different bubble)")
     if layout.cp > 1:
-        notes.append("DeepSpeed's sequence parallelism is Ulysses (all-to-all), not ring "
-                     f"attention: set sequence_parallel_size={layout.cp} in the model code")
-    if layout.ep > 1:
-        notes.append(f"expert parallelism: deepspeed.moe.layer.MoE(ep_size={layout.ep})")
+        notes.append("DeepSpeed's sequence parallelism is Ulysses (all-to-all over heads), not "
+                     f"ring attention: cp={layout.cp} becomes --ds-sequence-parallel-size")
     return Emitted("deepspeed", json.dumps(config, indent=2) + "\n", tuple(notes))
 
 
-def emit(framework: str, model: ModelSpec, layout: Layout, train: TrainSpec) -> Emitted:
+def emit(framework: str, model: ModelSpec, layout: Layout, train: TrainSpec,
+         gpus_per_node: int = 8) -> Emitted:
     """The launch configuration of `layout` for `framework` (one of `FRAMEWORKS`)."""
-    table = {"megatron": megatron_args, "torchtitan": torchtitan_toml,
+    table = {"megatron": megatron_args, "torchtitan": torchtitan_args,
              "deepspeed": deepspeed_config}
     key = framework.lower()
     if key not in table:
         raise ShardwiseError(f"unknown framework {framework!r}; valid: {', '.join(FRAMEWORKS)}")
-    return table[key](model, layout, train)
+    if gpus_per_node < 1:
+        raise ShardwiseError(f"gpus_per_node must be ≥ 1, got {gpus_per_node}")
+    return table[key](model, layout, train, gpus_per_node)

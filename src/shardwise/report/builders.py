@@ -232,7 +232,8 @@ def emit_payload(framework: str, result: Any) -> dict[str, Any]:
     from shardwise.emit import emit
 
     chosen = result.given.layout if result.given is not None else result.best.layout
-    emitted = emit(framework, result.model, chosen, result.train)
+    emitted = emit(framework, result.model, chosen, result.train,
+                   result.cluster.gpus_per_node)
     return {"framework": framework, "layout": chosen.to_dict(), "config": emitted.text,
             "notes": list(emitted.notes)}
 

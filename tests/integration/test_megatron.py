@@ -1,0 +1,135 @@
+"""`--emit megatron` read by megatron-core's own config classes (PyPI wheel, 0.16.1).
+
+Megatron-LM's `core_transformer_config_from_args` copies every argument whose name is a
+`TransformerConfig` field; the few renamed ones are mapped below as that function maps them
+(megatron/training/arguments.py, Megatron-LM main). `TransformerConfig.__post_init__` and
+`DistributedDataParallelConfig` then run megatron-core's own validation.
+"""
+
+import dataclasses
+
+import pytest
+
+from shardwise.arch import get_model
+from shardwise.layout import Layout
+from tests.integration.conftest import emit, flags, planned_batch, planned_seq, require
+from tests.integration.plans import PLANS
+
+pytestmark = pytest.mark.integration
+
+
+def _value(raw):
+    """An argument's text as argparse's `type=` reads it: a switch, int, float or text."""
+    if raw is None:
+        return True
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+def _config(argv):
+    """megatron-core TransformerConfig + DistributedDataParallelConfig from Megatron-LM args."""
+    require("megatron")
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.transformer.enums import AttnBackend
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    args = {k[2:].replace("-", "_"): v for k, v in flags(argv).items()}
+    kwargs = {field.name: _value(args[field.name]) for field in dataclasses.fields(TransformerConfig)
+              if field.name in args and field.name not in ("bf16", "fp16")}
+    # renamed arguments, as core_transformer_config_from_args maps them
+    dtype = torch.bfloat16 if "bf16" in args else torch.float16 if "fp16" in args else torch.float32
+    kwargs.update(bf16="bf16" in args, fp16="fp16" in args, params_dtype=dtype,
+                  pipeline_dtype=dtype, add_bias_linear="disable_bias_linear" not in args,
+                  attention_backend=AttnBackend[args["attention_backend"]])
+    if "num_experts" in args:
+        kwargs["num_moe_experts"] = int(args["num_experts"])
+    if "swiglu" in args:
+        kwargs.update(gated_linear_unit=True, activation_func=F.silu, bias_activation_fusion=False)
+    if "recompute_activations" in args:
+        kwargs["recompute_granularity"] = "selective"
+    if "num_virtual_stages_per_pipeline_rank" in args:
+        kwargs["virtual_pipeline_model_parallel_size"] = int(
+            args["num_virtual_stages_per_pipeline_rank"])
+    if "group_query_attention" not in args:
+        kwargs.pop("num_query_groups", None)
+    config = TransformerConfig(**kwargs)
+    fsdp = "use_megatron_fsdp" in args
+    ddp = DistributedDataParallelConfig(
+        # validate_args: bf16 reduces in fp32 unless --grad-reduce-in-bf16; fp16 only with
+        # --accumulate-allreduce-grads-in-fp32
+        grad_reduce_in_fp32=dtype == torch.float32 or "accumulate_allreduce_grads_in_fp32" in args
+        or (dtype == torch.bfloat16 and "grad_reduce_in_bf16" not in args),
+        overlap_grad_reduce="overlap_grad_reduce" in args,
+        overlap_param_gather="overlap_param_gather" in args,
+        use_distributed_optimizer="use_distributed_optimizer" in args or fsdp,
+        num_distributed_optimizer_instances=int(
+            args.get("num_distributed_optimizer_instances") or 1),
+        use_megatron_fsdp=fsdp,
+        data_parallel_sharding_strategy=args.get("data_parallel_sharding_strategy") or "no_shard")
+    return args, config, ddp
+
+
+@pytest.mark.parametrize("plan", list(PLANS))
+def test_megatron_core_reads_back_the_plan(capsys, plan):
+    out = emit(capsys, plan, "megatron")
+    assert out.code == 0, out.err
+    env, argv = out.command()
+    args, config, ddp = _config(argv)
+    layout: Layout = out.layout
+    model = get_model(PLANS[plan][0] if PLANS[plan] else "llama3-8b")
+    dtype = "fp16" if "fp16" in PLANS[plan] else "bf16"
+    # launch: torchrun over whole nodes, as many processes as the layout's ranks
+    assert argv[0] == "torchrun" and "pretrain_gpt.py" in argv
+    launch = flags(argv[:argv.index("pretrain_gpt.py")])
+    assert int(launch["--nnodes"]) * int(launch["--nproc-per-node"]) == layout.world_size
+    # parallel degrees, schedule, SP, recompute
+    assert config.tensor_model_parallel_size == layout.tp
+    assert config.pipeline_model_parallel_size == layout.pp
+    assert config.virtual_pipeline_model_parallel_size == (
+        layout.chunks if layout.schedule == "interleaved" else None)
+    assert config.context_parallel_size == layout.cp
+    assert config.expert_model_parallel_size == layout.ep
+    assert config.sequence_parallel == layout.sp
+    assert config.recompute_granularity == {"none": None, "selective": "selective",
+                                            "full": "full"}[layout.recompute]
+    # batch
+    assert int(args["micro_batch_size"]) == layout.micro_batch
+    assert int(args["global_batch_size"]) == planned_batch(plan)
+    assert int(args["seq_length"]) == planned_seq(plan)
+    # model shape, vocabulary (Megatron pads to a multiple of divisible_by·tp), rotary base
+    assert (config.num_layers, config.hidden_size, config.ffn_hidden_size,
+            config.num_attention_heads) == (model.n_layers, model.d_model, model.d_ff,
+                                            model.n_heads)
+    assert (config.num_query_groups or config.num_attention_heads) == model.n_kv_heads
+    assert config.gated_linear_unit == model.gated_mlp
+    assert config.normalization == ("RMSNorm" if model.norm == "rmsnorm" else "LayerNorm")
+    assert config.num_moe_experts == (model.n_experts or None)
+    step = int(args["make_vocab_size_divisible_by"]) * layout.tp
+    padded = -(-int(args["vocab_size"]) // step) * step
+    assert int(args["vocab_size"]) == model.vocab
+    assert (padded == model.vocab) == (model.vocab % layout.tp == 0)
+    if not model.learned_positions:
+        # rope_theta in the Hugging Face config.json of Llama 3 and Mixtral
+        theta = {"llama3": 500000, "mixtral": 1000000}[model.name.split("-")[0]]
+        assert int(args["rotary_base"]) == theta
+    # ZeRO stage through the distributed optimizer / Megatron-FSDP
+    strategy = {0: "no_shard", 1: "no_shard", 2: "optim_grads", 3: "optim_grads_params"}
+    assert ddp.use_distributed_optimizer == (layout.zero >= 1)
+    assert ddp.data_parallel_sharding_strategy == strategy[layout.zero]
+    if layout.zero == 1 and layout.zero_group:
+        assert (ddp.num_distributed_optimizer_instances * layout.zero_group
+                == layout.dp * layout.cp)
+    # precision and gradient reduce dtype (the plan's grads are the dtype's)
+    assert config.bf16 == (dtype == "bf16") and config.fp16 == (dtype == "fp16")
+    assert not ddp.grad_reduce_in_fp32  # these plans reduce gradients in the training dtype
+    # attention backend and the environment Megatron wants for TP/CP
+    flash = "--no-flash" not in PLANS[plan]
+    assert config.attention_backend.name == ("flash" if flash else "unfused")
+    assert (env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1") == (
+        (layout.tp > 1 or layout.cp > 1) and layout.zero < 2)

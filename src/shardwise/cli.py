@@ -453,7 +453,8 @@ def train(model_name: str, steps: int, seq: int, global_batch: str, lr: float, m
         checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep, resume=resume)
     layout = config.layout
     if resume and os.environ.get("RANK", "0") == "0":
-        start = check_start(config.validate())
+        start = check_start(config.validate(),
+                            report=lambda line: click.echo(f"warning: {line}", err=True))
         click.echo(f"note: resuming from {start}" if start else
                    f"note: no checkpoint in {checkpoint_dir} yet; starting from step 0", err=True)
     records = _on_ranks(lambda: rt.run(config, timeout_s=timeout))

@@ -400,6 +400,16 @@ def _train_config(model_name: str, layout_kw: dict[str, Any], seq: int, global_b
                           data=data_path, dtype=dtype, flash=flash, **settings)
 
 
+def _preflight(config: Any, **paths: dict[str, str | None]) -> None:
+    """`shardwise.preflight.check_run` on the launching process (rank 0 under torchrun)."""
+    from shardwise.preflight import check_run
+
+    if os.environ.get("RANK", "0") == "0":
+        config.validate()
+        check_run(config.model, config.layout, config.seq_len, config.global_batch,
+                  config.dtype, config.flash, local="RANK" not in os.environ, **paths)
+
+
 def _on_ranks(run: Callable[[], Any]) -> Any:
     """`run()` launches the ranks; a rank that raised, died or hung becomes its message on
     one line (exit code 1), never a traceback."""
@@ -452,6 +462,8 @@ def train(model_name: str, steps: int, seq: int, global_batch: str, lr: float, m
         log_path=log_path, progress=not quiet, checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep, resume=resume)
     layout = config.layout
+    _preflight(config, files={"--plot": plot_path, "--log": log_path},
+               directories={"--checkpoint-dir": checkpoint_dir})
     if resume and os.environ.get("RANK", "0") == "0":
         start = check_start(config.validate(),
                             report=lambda line: click.echo(f"warning: {line}", err=True))
@@ -508,6 +520,7 @@ def check(model_name: str, seq: int, global_batch: str, seed: int, data_path: st
     config = _train_config(model_name, layout_kw, seq, global_batch, seed, data_path, dtype,
                            flash, steps=steps)
     layout = config.layout
+    _preflight(config)
     rows = _on_ranks(lambda: measure.run_check(config, steps, timeout_s=timeout,
                                                per_rank=per_rank))
     missed = [row for row in rows if not row.ok]

@@ -268,7 +268,10 @@ DEFAULT_MODEL = "llama3-8b"
 
 def get_model(name_or_path: str) -> ModelSpec:
     """A preset by name (case-insensitive) or a Hugging Face `config.json` on disk."""
-    key = name_or_path.lower()
+    if not isinstance(name_or_path, str | Path):
+        raise ShardwiseError(f"model must be a preset name or a config.json path, got "
+                             f"{name_or_path!r} (see `shardwise models`)")
+    key = str(name_or_path).lower()
     if key in PRESETS:
         return PRESETS[key]
     path = Path(name_or_path)
@@ -337,6 +340,9 @@ def from_hf_config(path: str | Path) -> ModelSpec:
     if not isinstance(cfg, dict):
         raise ShardwiseError(f"config file {str(path)!r} must hold a JSON object")
     name = path.parent.name if path.name == "config.json" else path.stem
+    from shardwise.validate import hf_config
+
+    hf_config(cfg, str(path))
     try:
         return _from_hf_dict(cfg, name or "model").validate()
     except KeyError as exc:

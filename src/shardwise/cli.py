@@ -21,7 +21,24 @@ from shardwise.arch import DEFAULT_MODEL, PRESETS, get_model
 from shardwise.errors import ShardwiseError
 from shardwise.hardware import Cluster, get_link
 from shardwise.layout import RECOMPUTE, SCHEDULES, Layout, TrainSpec
+from shardwise.preflight import writable_file
 from shardwise.units import gb, gib, human_count, human_time, parse_batch, parse_size
+from shardwise.validate import (
+    MAX_DEGREE,
+    MAX_SCHEDULE_ACTIONS,
+    MAX_SEQUENCES,
+    degree,
+    finite,
+    fraction,
+    positive,
+    positive_int,
+    schedule_shape,
+    seed,
+)
+from shardwise.validate import (
+    option as checked,
+)
+from shardwise.validate import size as validate_size
 
 # Wide tables when piped (rich would wrap at 80 columns) unless COLUMNS says otherwise.
 console = Console(highlight=False,
@@ -82,24 +99,30 @@ def models(as_json: bool) -> None:
 def layout_options(func: Callable) -> Callable:
     """The options that describe one layout (shared by memory, plan --layout, check…)."""
     options = [
-        click.option("--tp", default=1, show_default=True, help="Tensor-parallel degree."),
-        click.option("--pp", default=1, show_default=True, help="Pipeline stages."),
-        click.option("--dp", default=None, type=int,
+        click.option("--tp", default=1, show_default=True, help="Tensor-parallel degree.",
+                     callback=checked(degree)),
+        click.option("--pp", default=1, show_default=True, help="Pipeline stages.",
+                     callback=checked(degree)),
+        click.option("--dp", default=None, type=int, callback=checked(degree),
                      help="Data-parallel degree [default: memory/plan: gpus / (tp·pp·cp); "
                           "train/check: 1]."),
-        click.option("--cp", default=1, show_default=True, help="Context-parallel degree."),
-        click.option("--ep", default=1, show_default=True, help="Expert-parallel degree."),
+        click.option("--cp", default=1, show_default=True, help="Context-parallel degree.",
+                     callback=checked(degree)),
+        click.option("--ep", default=1, show_default=True, help="Expert-parallel degree.",
+                     callback=checked(degree)),
         click.option("--zero", default=0, show_default=True, type=click.IntRange(0, 3),
                      help="ZeRO stage."),
-        click.option("--zero-group", default=0, help="Hybrid shard group size (0: all dp)."),
+        click.option("--zero-group", default=0, type=click.IntRange(0, MAX_DEGREE),
+                     help="Hybrid shard group size (0: all dp)."),
         click.option("--sp", is_flag=True, help="Sequence parallelism (with tp > 1)."),
         click.option("--schedule", default="1f1b", show_default=True,
                      type=click.Choice(SCHEDULES)),
-        click.option("--chunks", default=1, show_default=True,
+        click.option("--chunks", default=1, show_default=True, callback=checked(degree),
                      help="Virtual chunks per stage (interleaved)."),
         click.option("--recompute", default="none", show_default=True,
                      type=click.Choice(RECOMPUTE)),
         click.option("--mbs", "micro_batch", default=1, show_default=True,
+                     callback=checked(positive_int, high=MAX_SEQUENCES),
                      help="Micro-batch size (sequences)."),
     ]
     for option in reversed(options):
@@ -108,6 +131,8 @@ def layout_options(func: Callable) -> Callable:
 
 
 def build_layout(gpus: int, **kw: Any) -> Layout:
+    for axis in ("tp", "pp", "cp"):
+        degree(kw[axis], axis)
     model_parallel = kw["tp"] * kw["pp"] * kw["cp"]
     dp = kw.pop("dp")
     if dp is None:
@@ -121,11 +146,13 @@ def build_layout(gpus: int, **kw: Any) -> Layout:
 
 @cli.command()
 @click.argument("model", default=DEFAULT_MODEL)
-@click.option("--gpus", default=8, show_default=True, help="Number of GPUs.")
+@click.option("--gpus", default=8, show_default=True, help="Number of GPUs.",
+              callback=checked(degree))
 @click.option("--gpu", default="h100", show_default=True, help="Accelerator preset.")
-@click.option("--gpus-per-node", default=8, show_default=True)
+@click.option("--gpus-per-node", default=8, show_default=True, callback=checked(degree))
 @layout_options
-@click.option("--seq", default=8192, show_default=True, help="Sequence length.")
+@click.option("--seq", default=8192, show_default=True, help="Sequence length.",
+              callback=checked(positive_int, high=MAX_SEQUENCES))
 @click.option("--global-batch", default=None, help="Sequences (1024) or tokens (16M-tokens).")
 @click.option("--flash/--no-flash", default=True, show_default=True, help="FlashAttention.")
 @click.option("--dtype", default="bf16", show_default=True)
@@ -133,8 +160,8 @@ def build_layout(gpus: int, **kw: Any) -> Layout:
 @click.option("--optimizer", default="adam", show_default=True)
 @click.option("--formula", default="generalised", show_default=True,
               type=click.Choice(["generalised", "korthikanti"]), help="Activation count.")
-@click.option("--headroom", default=0.85, show_default=True,
-              help="Usable fraction of GPU memory.")
+@click.option("--headroom", default=0.85, show_default=True, callback=checked(fraction),
+              help="Usable fraction of GPU memory, in (0, 1].")
 @json_option
 def memory(model: str, gpus: int, gpu: str, gpus_per_node: int, seq: int,
            global_batch: str | None, flash: bool, dtype: str, grad_dtype: str | None,
@@ -185,11 +212,12 @@ def memory(model: str, gpus: int, gpu: str, gpus_per_node: int, seq: int,
               type=click.Choice(["all-reduce", "reduce-scatter", "all-gather", "all-to-all",
                                  "broadcast"]))
 @click.option("--size", default="1GB", show_default=True, help="Tensor size, e.g. 13.5GB.")
-@click.option("--ranks", default=8, show_default=True, type=click.IntRange(1))
+@click.option("--ranks", default=8, show_default=True, type=click.IntRange(1, MAX_DEGREE))
 @click.option("--link", default="nvlink4", show_default=True, help="Link preset.")
 @click.option("--algorithm", default="ring", show_default=True,
               type=click.Choice(["ring", "tree", "hierarchical"]))
-@click.option("--nodes", default=1, show_default=True, help="Nodes (hierarchical).")
+@click.option("--nodes", default=1, show_default=True, help="Nodes (hierarchical).",
+              callback=checked(degree))
 @click.option("--inter", default="ndr", show_default=True, help="Inter-node link (hierarchical).")
 @json_option
 def comm(op: str, size: str, ranks: int, link: str, algorithm: str, nodes: int, inter: str,
@@ -202,7 +230,7 @@ def comm(op: str, size: str, ranks: int, link: str, algorithm: str, nodes: int, 
         ring_steps,
     )
 
-    size_bytes = parse_size(size)
+    size_bytes = validate_size(parse_size(size), f"--size {size}")
     if algorithm == "hierarchical" and (nodes < 1 or ranks % nodes):
         raise ShardwiseError(f"--nodes {nodes} must divide --ranks {ranks}")
     chosen = get_link(link)
@@ -229,20 +257,26 @@ def comm(op: str, size: str, ranks: int, link: str, algorithm: str, nodes: int, 
 
 # ---------------------------------------------------------------------------------- schedule
 @cli.command()
-@click.option("--stages", "-p", default=4, show_default=True, type=click.IntRange(1))
-@click.option("--microbatches", "-m", default=8, show_default=True, type=click.IntRange(1))
+@click.option("--stages", "-p", default=4, show_default=True,
+              type=click.IntRange(1, MAX_SCHEDULE_ACTIONS))
+@click.option("--microbatches", "-m", default=8, show_default=True,
+              type=click.IntRange(1, MAX_SCHEDULE_ACTIONS))
 @click.option("--schedule", default="1f1b", show_default=True, type=click.Choice(SCHEDULES))
-@click.option("--chunks", "-v", default=None, type=click.IntRange(1),
+@click.option("--chunks", "-v", default=None, type=click.IntRange(1, MAX_SCHEDULE_ACTIONS),
               help="Chunks per stage [default: 2 for interleaved, else 1].")
-@click.option("--tf", "t_f", default=1.0, show_default=True, help="Forward time per micro-batch.")
-@click.option("--tb", "t_b", default=1.0, show_default=True,
+@click.option("--tf", "t_f", default=1.0, show_default=True, help="Forward time per micro-batch.",
+              callback=checked(positive))
+@click.option("--tb", "t_b", default=1.0, show_default=True, callback=checked(positive),
               help="Backward time (input grad only when the schedule splits off W).")
-@click.option("--tw", "t_w", default=1.0, show_default=True, help="Weight-grad time (zb-h1).")
+@click.option("--tw", "t_w", default=1.0, show_default=True, help="Weight-grad time (zb-h1).",
+              callback=checked(positive))
 @click.option("--p2p", "p2p_latency", default=0.0, show_default=True,
+              callback=checked(finite, low=0),
               help="Latency between stages.")
 @click.option("--svg", "svg_path", type=click.Path(dir_okay=False, writable=True),
               help="Write an SVG Gantt chart here.")
-@click.option("--width", default=160, show_default=True, help="Cut ASCII rows at this width.")
+@click.option("--width", default=160, show_default=True, type=click.IntRange(1, 10**6),
+              help="Cut ASCII rows at this width.")
 @json_option
 def schedule(stages: int, microbatches: int, schedule: str, chunks: int | None, t_f: float,
              t_b: float, t_w: float, p2p_latency: float, svg_path: str | None, width: int,
@@ -262,6 +296,8 @@ def schedule(stages: int, microbatches: int, schedule: str, chunks: int | None, 
 
     p, m = stages, microbatches
     v = chunks or (2 if schedule == "interleaved" else 1)
+    schedule_shape(p, m, v, limit=MAX_SCHEDULE_ACTIONS)
+    writable_file(svg_path, "--svg")
     actions = make_schedule(schedule, p, m, v)
     validate_schedule(actions, p, m, v)
     split = schedule == "zb-h1"
@@ -341,6 +377,8 @@ def print_rows(title: str, rows: list[dict[str, Any]]) -> None:
 def demo(name: str, ranks: int | None, schedule: str | None, as_json: bool) -> None:
     """Run a parallelism for real on local processes and check it against one device."""
     module, function, default_ranks = DEMOS[name]
+    if schedule and name != "pipeline":
+        raise ShardwiseError(f"--schedule applies to the pipeline demo only, not {name!r}")
     run = getattr(_import_runtime(module), function)
     kwargs = {"schedule": schedule} if schedule else {}
     result = run(ranks or default_ranks, **kwargs)
@@ -369,11 +407,11 @@ def run_options(func: Callable) -> Callable:
         click.option("--model", "model_name", default="tiny", show_default=True,
                      help="Preset or Hugging Face config.json (Llama-style)."),
         layout_options,
-        click.option("--seq", default=64, show_default=True, type=click.IntRange(1),
-                     help="Sequence length."),
+        click.option("--seq", default=64, show_default=True,
+                     type=click.IntRange(1, MAX_SEQUENCES), help="Sequence length."),
         click.option("--global-batch", default="8", show_default=True,
                      help="Sequences per step (8) or tokens (512-tokens)."),
-        click.option("--seed", default=0, show_default=True,
+        click.option("--seed", default=0, show_default=True, callback=checked(seed),
                      help="Initialisation and data order."),
         click.option("--data", "data_path", default=None, type=click.Path(dir_okay=False),
                      help="Train on this text file [default: the built-in corpus]."),
@@ -382,6 +420,7 @@ def run_options(func: Callable) -> Callable:
         click.option("--flash/--no-flash", default=True, show_default=True,
                      help="Recompute attention scores in backward (FlashAttention-style)."),
         click.option("--timeout", default=600.0, show_default=True,
+                     callback=checked(positive, high=366 * 86400),
                      help="Seconds before a stuck or failed run is stopped."),
     ]
     for option in reversed(options):
@@ -424,11 +463,15 @@ def _on_ranks(run: Callable[[], Any]) -> Any:
 @cli.command()
 @run_options
 @click.option("--steps", default=20, show_default=True, type=click.IntRange(1))
-@click.option("--lr", default=3e-3, show_default=True, help="Peak learning rate.")
-@click.option("--min-lr", default=3e-4, show_default=True, help="Final learning rate (cosine).")
-@click.option("--warmup", default=2, show_default=True, help="Warm-up steps.")
-@click.option("--weight-decay", default=0.1, show_default=True)
-@click.option("--clip", default=1.0, show_default=True, help="Max gradient norm (0: off).")
+@click.option("--lr", default=3e-3, show_default=True, help="Peak learning rate.",
+              callback=checked(positive))
+@click.option("--min-lr", default=3e-4, show_default=True, help="Final learning rate (cosine).",
+              callback=checked(finite, low=0))
+@click.option("--warmup", default=2, show_default=True, help="Warm-up steps.",
+              type=click.IntRange(0))
+@click.option("--weight-decay", default=0.1, show_default=True, callback=checked(finite, low=0))
+@click.option("--clip", default=1.0, show_default=True, help="Max gradient norm (0: off).",
+              callback=checked(finite, low=0))
 @click.option("--log", "log_path", default=None, type=click.Path(dir_okay=False),
               help="Write one JSON line per step here (rank 0).")
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
@@ -551,18 +594,21 @@ def check(model_name: str, seq: int, global_batch: str, seed: int, data_path: st
 # ---------------------------------------------------------------------------------------- plan
 @cli.command()
 @click.argument("model", default=DEFAULT_MODEL)
-@click.option("--gpus", default=64, show_default=True, help="Number of GPUs.")
+@click.option("--gpus", default=64, show_default=True, help="Number of GPUs.",
+              callback=checked(degree))
 @click.option("--gpu", default="h100", show_default=True, help="Accelerator preset.")
-@click.option("--gpus-per-node", default=8, show_default=True)
+@click.option("--gpus-per-node", default=8, show_default=True, callback=checked(degree))
 @click.option("--intra", default=None, help="Intra-node link preset [default: the GPU's].")
 @click.option("--inter", default=None, help="Inter-node link preset [default: the GPU's].")
-@click.option("--seq", default=8192, show_default=True, help="Sequence length.")
+@click.option("--seq", default=8192, show_default=True, help="Sequence length.",
+              callback=checked(positive_int, high=MAX_SEQUENCES))
 @click.option("--global-batch", default="4M-tokens", show_default=True,
               help="Sequences (1024) or tokens (16M-tokens).")
 @click.option("--tokens", default=None, help="Training budget in tokens (15T) for time/cost.")
-@click.option("--price", default=None, type=float, help="Price per GPU-hour (with --tokens).")
-@click.option("--top", default=10, show_default=True, type=click.IntRange(1),
-              help="Layouts to show.")
+@click.option("--price", default=None, type=float, help="Price per GPU-hour (with --tokens).",
+              callback=checked(finite, low=0))
+@click.option("--top", default=10, show_default=True, type=click.IntRange(1, 1000),
+              help="Layouts to show (each is simulated again; at most 1000).")
 @click.option("--layout", "layout_text", default=None,
               help="Evaluate this layout too, e.g. tp=8,pp=16,zero=1 (dp: the rest).")
 @click.option("--emit", default=None, type=click.Choice(["megatron", "torchtitan", "deepspeed"]),
@@ -571,8 +617,8 @@ def check(model_name: str, seq: int, global_batch: str, seed: int, data_path: st
 @click.option("--dtype", default="bf16", show_default=True)
 @click.option("--grad-dtype", default=None, help="Gradient dtype [default: --dtype].")
 @click.option("--optimizer", default="adam", show_default=True)
-@click.option("--headroom", default=0.85, show_default=True,
-              help="Usable fraction of GPU memory.")
+@click.option("--headroom", default=0.85, show_default=True, callback=checked(fraction),
+              help="Usable fraction of GPU memory, in (0, 1].")
 @click.option("--calibration", "calibration_path", default=None,
               type=click.Path(dir_okay=False), help="JSON file overriding efficiency constants.")
 @json_option

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shardwise import validate
 from shardwise.arch import ModelSpec, count_params
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import dp_step_comm_bytes
@@ -286,6 +287,9 @@ def in_flight_per_stage(schedule: str, p: int, m: int, v: int = 1) -> list[int]:
     `(p-i-1)·2 + (v-1)·p` chunks plus one, at most `m·v` — stage 0 then holds
     `L·(1 + (p-1)/(p·v))` layers' worth (Korthikanti et al. 2022).
     """
+    validate.degree(p, "p (stages)")  # a list of p entries is built: capped
+    validate.degree(v, "v (chunks)")
+    validate.positive_int(m, "m (micro-batches)")
     if schedule == "gpipe":
         return [m] * p
     if schedule in ("1f1b", "zb-h1"):

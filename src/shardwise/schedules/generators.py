@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from shardwise import validate
 from shardwise.errors import ShardwiseError
 from shardwise.layout import SCHEDULES
 from shardwise.schedules.actions import Action, Kind, Schedule, check_dimensions
@@ -132,6 +133,7 @@ def make_schedule(name: str, p: int, m: int, v: int = 1) -> Schedule:
     """The schedule called `name` (one of `SCHEDULES`) for `p` stages, `m` micro-batches and `v`
     chunks per stage (`v > 1` only for "interleaved")."""
     check_dimensions(p, m, v)
+    validate.schedule_shape(p, m, v)  # capped before allocating
     if name == "interleaved":
         return interleaved_1f1b(p, m, v)
     if name not in _SINGLE_CHUNK:

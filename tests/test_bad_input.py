@@ -26,6 +26,7 @@ from shardwise.estimate.memory import in_flight_per_stage
 from shardwise.hardware import get_link
 from shardwise.layout import Layout, TrainSpec
 from shardwise.schedules import make_schedule, simulate
+from shardwise.schedules.metrics import microbatches_for_bubble, partition_layers
 from shardwise.units import parse_batch
 
 
@@ -160,6 +161,9 @@ LINK = get_link("nvlink4")
     (lambda: make_schedule("1f1b", 10**6, 10**6), "at most 2,000,000"),
     (lambda: simulate(make_schedule("1f1b", 2, 2), 1.0, math.inf), "t_b must be a finite"),
     (lambda: validate.seed(-1), "seed must be an integer in [0,"),
+    (lambda: microbatches_for_bubble(8, math.nan), "target bubble fraction must be a finite"),
+    (lambda: partition_layers(32, 2.5), "n_stages must be an integer"),
+    (lambda: partition_layers("8", 4), "n_layers must be an integer"),
 ])
 def test_api_fault_case_raises_shardwise_error_naming_the_argument(call, fragment):
     if fragment is None:  # problems() lists rather than raises

@@ -276,7 +276,10 @@ DEFAULT_MODEL = "llama3-8b"
 
 def get_model(name_or_path: str) -> ModelSpec:
     """A preset by name (case-insensitive) or a Hugging Face `config.json` on disk."""
-    key = name_or_path.lower()
+    if not isinstance(name_or_path, str | Path):
+        raise ShardwiseError(f"model must be a preset name or a config.json path, got "
+                             f"{name_or_path!r} (see `shardwise models`)")
+    key = str(name_or_path).lower()
     if key in PRESETS:
         return PRESETS[key]
     path = Path(name_or_path)
@@ -363,8 +366,11 @@ def from_hf_config(path: str | Path) -> ModelSpec:
 def from_hf_dict(cfg: Any, name: str, where: str = "uploaded") -> ModelSpec:
     """A parsed Hugging Face `config.json` (e.g. an upload to the web app) → `ModelSpec`;
     `where` names its origin in error messages."""
+    from shardwise.validate import hf_config
+
     if not isinstance(cfg, dict):
         raise ShardwiseError(f"config file {where!r} must hold a JSON object")
+    hf_config(cfg, where)
     try:
         return _from_hf_dict(cfg, name).validate()
     except KeyError as exc:

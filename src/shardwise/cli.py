@@ -23,6 +23,7 @@ from shardwise.estimate.comm import ALGORITHMS, OPS
 from shardwise.estimate.memory import ACTIVATION_FORMULAS
 from shardwise.estimate.profiles import DEFAULT_IMPL, profile_names
 from shardwise.layout import RECOMPUTE, SCHEDULES, Layout
+from shardwise.preflight import writable_file
 from shardwise.report.builders import (
     comm_payload,
     emit_payload,
@@ -38,6 +39,21 @@ from shardwise.report.builders import (
 from shardwise.report.text import render_comm, render_memory, render_models, render_schedule
 from shardwise.report.text import table as _table
 from shardwise.units import human_time, parse_batch
+from shardwise.validate import (
+    MAX_DEGREE,
+    MAX_SCHEDULE_ACTIONS,
+    MAX_SEQUENCES,
+    degree,
+    finite,
+    fraction,
+    positive,
+    positive_int,
+    schedule_shape,
+    seed,
+)
+from shardwise.validate import (
+    option as checked,
+)
 
 # Wide tables when piped (rich would wrap at 80 columns) unless COLUMNS says otherwise.
 console = Console(highlight=False,
@@ -89,24 +105,30 @@ def models(as_json: bool) -> None:
 def layout_options(func: Callable) -> Callable:
     """The options that describe one layout (shared by memory, plan --layout, check…)."""
     options = [
-        click.option("--tp", default=1, show_default=True, help="Tensor-parallel degree."),
-        click.option("--pp", default=1, show_default=True, help="Pipeline stages."),
-        click.option("--dp", default=None, type=int,
+        click.option("--tp", default=1, show_default=True, help="Tensor-parallel degree.",
+                     callback=checked(degree)),
+        click.option("--pp", default=1, show_default=True, help="Pipeline stages.",
+                     callback=checked(degree)),
+        click.option("--dp", default=None, type=int, callback=checked(degree),
                      help="Data-parallel degree [default: memory/plan: gpus / (tp·pp·cp); "
                           "train/check: 1]."),
-        click.option("--cp", default=1, show_default=True, help="Context-parallel degree."),
-        click.option("--ep", default=1, show_default=True, help="Expert-parallel degree."),
+        click.option("--cp", default=1, show_default=True, help="Context-parallel degree.",
+                     callback=checked(degree)),
+        click.option("--ep", default=1, show_default=True, help="Expert-parallel degree.",
+                     callback=checked(degree)),
         click.option("--zero", default=0, show_default=True, type=click.IntRange(0, 3),
                      help="ZeRO stage."),
-        click.option("--zero-group", default=0, help="Hybrid shard group size (0: all dp)."),
+        click.option("--zero-group", default=0, type=click.IntRange(0, MAX_DEGREE),
+                     help="Hybrid shard group size (0: all dp)."),
         click.option("--sp", is_flag=True, help="Sequence parallelism (with tp > 1)."),
         click.option("--schedule", default="1f1b", show_default=True,
                      type=click.Choice(SCHEDULES)),
-        click.option("--chunks", default=1, show_default=True,
+        click.option("--chunks", default=1, show_default=True, callback=checked(degree),
                      help="Virtual chunks per stage (interleaved)."),
         click.option("--recompute", default="none", show_default=True,
                      type=click.Choice(RECOMPUTE)),
         click.option("--mbs", "micro_batch", default=1, show_default=True,
+                     callback=checked(positive_int, high=MAX_SEQUENCES),
                      help="Micro-batch size (sequences)."),
     ]
     for option in reversed(options):
@@ -116,12 +138,14 @@ def layout_options(func: Callable) -> Callable:
 
 @cli.command()
 @click.argument("model", default=DEFAULT_MODEL)
-@click.option("--gpus", default=8, show_default=True, help="Number of GPUs.")
+@click.option("--gpus", default=8, show_default=True, help="Number of GPUs.",
+              callback=checked(degree))
 @click.option("--gpu", default="h100", show_default=True,
               help="Accelerator preset, or this-machine (with --calibration FILE).")
-@click.option("--gpus-per-node", default=8, show_default=True)
+@click.option("--gpus-per-node", default=8, show_default=True, callback=checked(degree))
 @layout_options
-@click.option("--seq", default=8192, show_default=True, help="Sequence length.")
+@click.option("--seq", default=8192, show_default=True, help="Sequence length.",
+              callback=checked(positive_int, high=MAX_SEQUENCES))
 @click.option("--global-batch", default=None, help="Sequences (1024) or tokens (16M-tokens).")
 @click.option("--flash/--no-flash", default=True, show_default=True, help="FlashAttention.")
 @click.option("--dtype", default="bf16", show_default=True)
@@ -130,8 +154,8 @@ def layout_options(func: Callable) -> Callable:
 @click.option("--formula", default="generalised", show_default=True,
               type=click.Choice(ACTIVATION_FORMULAS), help="Activation count.")
 @impl_option()
-@click.option("--headroom", default=0.85, show_default=True,
-              help="Usable fraction of GPU memory.")
+@click.option("--headroom", default=0.85, show_default=True, callback=checked(fraction),
+              help="Usable fraction of GPU memory, in (0, 1].")
 @click.option("--calibration", "calibration_path", default=None,
               type=click.Path(dir_okay=False),
               help="A `shardwise calibrate` file (with --gpu this-machine).")
@@ -157,11 +181,12 @@ def memory(model: str, gpus: int, gpu: str, gpus_per_node: int, seq: int,
 @click.option("--op", default="all-reduce", show_default=True,
               type=click.Choice(OPS))
 @click.option("--size", default="1GB", show_default=True, help="Tensor size, e.g. 13.5GB.")
-@click.option("--ranks", default=8, show_default=True, type=click.IntRange(1))
+@click.option("--ranks", default=8, show_default=True, type=click.IntRange(1, MAX_DEGREE))
 @click.option("--link", default="nvlink4", show_default=True, help="Link preset.")
 @click.option("--algorithm", default="ring", show_default=True,
               type=click.Choice(ALGORITHMS))
-@click.option("--nodes", default=1, show_default=True, help="Nodes (hierarchical).")
+@click.option("--nodes", default=1, show_default=True, help="Nodes (hierarchical).",
+              callback=checked(degree))
 @click.option("--inter", default="ndr", show_default=True, help="Inter-node link (hierarchical).")
 @click.option("--calibration", "calibration_path", default=None,
               type=click.Path(dir_okay=False),
@@ -179,20 +204,26 @@ def comm(op: str, size: str, ranks: int, link: str, algorithm: str, nodes: int, 
 
 # ---------------------------------------------------------------------------------- schedule
 @cli.command()
-@click.option("--stages", "-p", default=4, show_default=True, type=click.IntRange(1))
-@click.option("--microbatches", "-m", default=8, show_default=True, type=click.IntRange(1))
+@click.option("--stages", "-p", default=4, show_default=True,
+              type=click.IntRange(1, MAX_SCHEDULE_ACTIONS))
+@click.option("--microbatches", "-m", default=8, show_default=True,
+              type=click.IntRange(1, MAX_SCHEDULE_ACTIONS))
 @click.option("--schedule", default="1f1b", show_default=True, type=click.Choice(SCHEDULES))
-@click.option("--chunks", "-v", default=None, type=click.IntRange(1),
+@click.option("--chunks", "-v", default=None, type=click.IntRange(1, MAX_SCHEDULE_ACTIONS),
               help="Chunks per stage [default: 2 for interleaved, else 1].")
-@click.option("--tf", "t_f", default=1.0, show_default=True, help="Forward time per micro-batch.")
-@click.option("--tb", "t_b", default=1.0, show_default=True,
+@click.option("--tf", "t_f", default=1.0, show_default=True, help="Forward time per micro-batch.",
+              callback=checked(positive))
+@click.option("--tb", "t_b", default=1.0, show_default=True, callback=checked(positive),
               help="Backward time (input grad only when the schedule splits off W).")
-@click.option("--tw", "t_w", default=1.0, show_default=True, help="Weight-grad time (zb-h1).")
+@click.option("--tw", "t_w", default=1.0, show_default=True, help="Weight-grad time (zb-h1).",
+              callback=checked(positive))
 @click.option("--p2p", "p2p_latency", default=0.0, show_default=True,
+              callback=checked(finite, low=0),
               help="Latency between stages.")
 @click.option("--svg", "svg_path", type=click.Path(dir_okay=False, writable=True),
               help="Write an SVG Gantt chart here.")
-@click.option("--width", default=160, show_default=True, help="Cut ASCII rows at this width.")
+@click.option("--width", default=160, show_default=True, type=click.IntRange(1, 10**6),
+              help="Cut ASCII rows at this width.")
 @json_option
 def schedule(stages: int, microbatches: int, schedule: str, chunks: int | None, t_f: float,
              t_b: float, t_w: float, p2p_latency: float, svg_path: str | None, width: int,
@@ -202,6 +233,9 @@ def schedule(stages: int, microbatches: int, schedule: str, chunks: int | None, 
 
     from shardwise.schedules import render_ascii
 
+    v = chunks or (2 if schedule == "interleaved" else 1)
+    schedule_shape(stages, microbatches, v, limit=MAX_SCHEDULE_ACTIONS)
+    writable_file(svg_path, "--svg")
     shape: dict[str, Any] = {"stages": stages, "microbatches": microbatches,
                              "schedule": schedule, "chunks": chunks}
     timeline = simulate_schedule(**shape, t_f=t_f, t_b=t_b, t_w=t_w, p2p_latency=p2p_latency)
@@ -266,6 +300,8 @@ def print_rows(title: str, rows: list[dict[str, Any]]) -> None:
 def demo(name: str, ranks: int | None, schedule: str | None, as_json: bool) -> None:
     """Run a parallelism for real on local processes and check it against one device."""
     module, function, default_ranks = DEMOS[name]
+    if schedule and name != "pipeline":
+        raise ShardwiseError(f"--schedule applies to the pipeline demo only, not {name!r}")
     run = getattr(_import_runtime(module), function)
     kwargs = {"schedule": schedule} if schedule else {}
     result = run(ranks or default_ranks, **kwargs)
@@ -294,11 +330,11 @@ def run_options(func: Callable) -> Callable:
         click.option("--model", "model_name", default="tiny", show_default=True,
                      help="Preset or Hugging Face config.json (Llama-style)."),
         layout_options,
-        click.option("--seq", default=64, show_default=True, type=click.IntRange(1),
-                     help="Sequence length."),
+        click.option("--seq", default=64, show_default=True,
+                     type=click.IntRange(1, MAX_SEQUENCES), help="Sequence length."),
         click.option("--global-batch", default="8", show_default=True,
                      help="Sequences per step (8) or tokens (512-tokens)."),
-        click.option("--seed", default=0, show_default=True,
+        click.option("--seed", default=0, show_default=True, callback=checked(seed),
                      help="Initialisation and data order."),
         click.option("--data", "data_path", default=None, type=click.Path(dir_okay=False),
                      help="Train on this text file [default: the built-in corpus]."),
@@ -307,6 +343,7 @@ def run_options(func: Callable) -> Callable:
         click.option("--flash/--no-flash", default=True, show_default=True,
                      help="Recompute attention scores in backward (FlashAttention-style)."),
         click.option("--timeout", default=600.0, show_default=True,
+                     callback=checked(positive, high=366 * 86400),
                      help="Seconds before a stuck or failed run is stopped."),
     ]
     for option in reversed(options):
@@ -325,6 +362,16 @@ def _train_config(model_name: str, layout_kw: dict[str, Any], seq: int, global_b
                           data=data_path, dtype=dtype, flash=flash, **settings)
 
 
+def _preflight(config: Any, **paths: dict[str, str | None]) -> None:
+    """`shardwise.preflight.check_run` on the launching process (rank 0 under torchrun)."""
+    from shardwise.preflight import check_run
+
+    if os.environ.get("RANK", "0") == "0":
+        config.validate()
+        check_run(config.model, config.layout, config.seq_len, config.global_batch,
+                  config.dtype, config.flash, local="RANK" not in os.environ, **paths)
+
+
 def _on_ranks(run: Callable[[], Any]) -> Any:
     """`run()` launches the ranks; a rank that raised, died or hung becomes its message on
     one line (exit code 1), never a traceback."""
@@ -339,11 +386,15 @@ def _on_ranks(run: Callable[[], Any]) -> Any:
 @cli.command()
 @run_options
 @click.option("--steps", default=20, show_default=True, type=click.IntRange(1))
-@click.option("--lr", default=3e-3, show_default=True, help="Peak learning rate.")
-@click.option("--min-lr", default=3e-4, show_default=True, help="Final learning rate (cosine).")
-@click.option("--warmup", default=2, show_default=True, help="Warm-up steps.")
-@click.option("--weight-decay", default=0.1, show_default=True)
-@click.option("--clip", default=1.0, show_default=True, help="Max gradient norm (0: off).")
+@click.option("--lr", default=3e-3, show_default=True, help="Peak learning rate.",
+              callback=checked(positive))
+@click.option("--min-lr", default=3e-4, show_default=True, help="Final learning rate (cosine).",
+              callback=checked(finite, low=0))
+@click.option("--warmup", default=2, show_default=True, help="Warm-up steps.",
+              type=click.IntRange(0))
+@click.option("--weight-decay", default=0.1, show_default=True, callback=checked(finite, low=0))
+@click.option("--clip", default=1.0, show_default=True, help="Max gradient norm (0: off).",
+              callback=checked(finite, low=0))
 @click.option("--log", "log_path", default=None, type=click.Path(dir_okay=False),
               help="Write one JSON line per step here (rank 0).")
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
@@ -377,8 +428,11 @@ def train(model_name: str, steps: int, seq: int, global_batch: str, lr: float, m
         log_path=log_path, progress=not quiet, checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep, resume=resume)
     layout = config.layout
+    _preflight(config, files={"--plot": plot_path, "--log": log_path},
+               directories={"--checkpoint-dir": checkpoint_dir})
     if resume and os.environ.get("RANK", "0") == "0":
-        start = check_start(config.validate())
+        start = check_start(config.validate(),
+                            report=lambda line: click.echo(f"warning: {line}", err=True))
         click.echo(f"note: resuming from {start}" if start else
                    f"note: no checkpoint in {checkpoint_dir} yet; starting from step 0", err=True)
     records = _on_ranks(lambda: rt.run(config, timeout_s=timeout))
@@ -441,6 +495,7 @@ def check(model_name: str, seq: int, global_batch: str, seed: int, data_path: st
         from shardwise.calibration.machine import read_machine
 
         read_machine(calibration_path)  # a bad file: one line, exit 2, before any rank runs
+    _preflight(config)
     rows = _on_ranks(lambda: measure.run_check(config, steps, timeout_s=timeout,
                                                per_rank=per_rank, impl=impl))
     step_time = _import_runtime("shardwise.runtime.step_time")
@@ -516,19 +571,22 @@ def calibrate(backend: str, ranks: int, out_path: str, plot_path: str | None, qu
 # ---------------------------------------------------------------------------------------- plan
 @cli.command()
 @click.argument("model", default=DEFAULT_MODEL)
-@click.option("--gpus", default=64, show_default=True, help="Number of GPUs.")
+@click.option("--gpus", default=64, show_default=True, help="Number of GPUs.",
+              callback=checked(degree))
 @click.option("--gpu", default="h100", show_default=True,
               help="Accelerator preset, or this-machine (with --calibration FILE).")
-@click.option("--gpus-per-node", default=8, show_default=True)
+@click.option("--gpus-per-node", default=8, show_default=True, callback=checked(degree))
 @click.option("--intra", default=None, help="Intra-node link preset [default: the GPU's].")
 @click.option("--inter", default=None, help="Inter-node link preset [default: the GPU's].")
-@click.option("--seq", default=8192, show_default=True, help="Sequence length.")
+@click.option("--seq", default=8192, show_default=True, help="Sequence length.",
+              callback=checked(positive_int, high=MAX_SEQUENCES))
 @click.option("--global-batch", default="4M-tokens", show_default=True,
               help="Sequences (1024) or tokens (16M-tokens).")
 @click.option("--tokens", default=None, help="Training budget in tokens (15T) for time/cost.")
-@click.option("--price", default=None, type=float, help="Price per GPU-hour (with --tokens).")
-@click.option("--top", default=10, show_default=True, type=click.IntRange(1),
-              help="Layouts to show.")
+@click.option("--price", default=None, type=float, help="Price per GPU-hour (with --tokens).",
+              callback=checked(finite, low=0))
+@click.option("--top", default=10, show_default=True, type=click.IntRange(1, 1000),
+              help="Layouts to show (each is simulated again; at most 1000).")
 @click.option("--layout", "layout_text", default=None,
               help="Evaluate this layout too, e.g. tp=8,pp=16,zero=1 (dp: the rest).")
 @click.option("--emit", default=None, type=click.Choice(FRAMEWORKS),
@@ -538,8 +596,8 @@ def calibrate(backend: str, ranks: int, out_path: str, plot_path: str | None, qu
 @click.option("--grad-dtype", default=None, help="Gradient dtype [default: --dtype].")
 @click.option("--optimizer", default="adam", show_default=True)
 @impl_option()
-@click.option("--headroom", default=0.85, show_default=True,
-              help="Usable fraction of GPU memory.")
+@click.option("--headroom", default=0.85, show_default=True, callback=checked(fraction),
+              help="Usable fraction of GPU memory, in (0, 1].")
 @click.option("--calibration", "calibration_path", default=None,
               type=click.Path(dir_okay=False), help="JSON file overriding efficiency constants.")
 @json_option

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from shardwise import validate
 from shardwise.arch import ModelSpec
 from shardwise.errors import LayoutError, ShardwiseError
 from shardwise.estimate.profiles import DEFAULT_IMPL, PROFILES
@@ -20,6 +21,7 @@ from shardwise.units import DTYPE_BYTES
 AXES: tuple[str, ...] = ("dp", "tp", "pp", "cp", "ep")
 """The parallel axes, spelled the same everywhere: `Layout` fields, CLI options (`--tp`), layout
 text (`tp=8`), JSON keys, the planner's arrays and the runtime mesh's axis names."""
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 RECOMPUTE = ("none", "selective", "full")
 OPTIMIZERS = ("adam", "sgd-momentum", "sgd", "adam-8bit", "adafactor")
 
@@ -39,10 +41,13 @@ class TrainSpec:
 
     def validate(self) -> TrainSpec:
         problems = []
-        if self.seq_len < 1:
-            problems.append(f"seq_len must be ≥ 1, got {self.seq_len}")
-        if self.global_batch is not None and self.global_batch < 1:
-            problems.append(f"global_batch must be ≥ 1 sequence, got {self.global_batch}")
+        for name in ("seq_len", "global_batch"):  # integers ≥ 1 (a batch may be None)
+            value = getattr(self, name)
+            if value is not None or name == "seq_len":
+                try:
+                    validate.integer(value, name, low=1, high=validate.MAX_SEQUENCES)
+                except ShardwiseError as exc:
+                    problems.append(str(exc))
         for name in ("dtype", "grad_dtype"):
             value = getattr(self, name)
             if value is not None and value not in DTYPE_BYTES:
@@ -132,7 +137,10 @@ class Layout:
             raw = raw.strip()
             kind = types[key]
             if kind in ("bool", bool):
-                values[key] = raw.lower() in ("1", "true", "yes", "on")
+                if raw.lower() not in _TRUE + _FALSE:
+                    raise ShardwiseError(f"layout {key}={raw!r} must be one of "
+                                         f"{', '.join(_TRUE + _FALSE)}")
+                values[key] = raw.lower() in _TRUE
             elif kind in ("int", int):
                 try:
                     values[key] = int(raw)
@@ -151,8 +159,10 @@ class Layout:
         """Every constraint this layout violates, one clear sentence each."""
         out: list[str] = []
         for axis in (*AXES, "chunks", "micro_batch"):
-            if getattr(self, axis) < 1:
-                out.append(f"{axis} must be ≥ 1, got {getattr(self, axis)}")
+            try:
+                validate.degree(getattr(self, axis), axis)
+            except ShardwiseError as exc:
+                out.append(str(exc))
         if out:
             return out
         t = self.tp

@@ -7,6 +7,7 @@ to read `13.5GB`, `2GiB`, `16M-tokens`, `15T` and to print `30.1 GB` / `68.0 GiB
 
 from __future__ import annotations
 
+import math
 import re
 
 from shardwise.errors import ShardwiseError
@@ -78,8 +79,11 @@ def parse_batch(text: str | int, seq_len: int) -> int:
     batch sizes are usually quoted: Llama 3's "16M tokens" = 2048 × 8192), the binary one is
     used. Callers print the resulting sequence count, so the reading is always visible.
     """
-    if isinstance(text, int):
-        return text
+    from shardwise.validate import MAX_SEQUENCES, integer, positive_int
+
+    positive_int(seq_len, "seq_len")
+    if not isinstance(text, str):
+        return integer(text, "global batch", low=1, high=MAX_SEQUENCES)
     if "token" in text.lower():
         tokens = parse_count(text, what="global batch")
         match = _NUMBER.match(text.upper().split("-TOKEN")[0].split("TOKEN")[0])
@@ -89,15 +93,16 @@ def parse_batch(text: str | int, seq_len: int) -> int:
             readings.append(float(match.group(1)) * binary[match.group(2)])
         for value in readings:
             if value >= seq_len and value % seq_len == 0:
-                return int(value // seq_len)
+                return integer(int(value // seq_len), f"global batch {text!r} (sequences)",
+                               low=1, high=MAX_SEQUENCES)
         raise ShardwiseError(
             f"global batch {text!r} is not a whole number of sequences of {seq_len} tokens "
             f"({tokens:,.0f} / {seq_len} = {tokens / seq_len:,.2f}); give sequences instead"
         )
     value = parse_count(text, what="global batch")
-    if value != int(value) or value < 1:
+    if not math.isfinite(value) or value != int(value) or value < 1:
         raise ShardwiseError(f"global batch {text!r} must be a whole number of sequences ≥ 1")
-    return int(value)
+    return integer(int(value), f"global batch {text!r}", low=1, high=MAX_SEQUENCES)
 
 
 def gb(n_bytes: float) -> str:

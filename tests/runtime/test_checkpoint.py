@@ -305,6 +305,7 @@ def fake_checkpoint(root: Path, name: str, step: int = 0, cfg: TrainConfig | Non
     meta = {"format": checkpoint.FORMAT, "step": step, "world_size": 2,
             "config": asdict(cfg or config())}
     (path / METADATA).write_text(json.dumps(meta))
+    checkpoint.write_manifest(path)
     return path
 
 

@@ -105,7 +105,17 @@ def _apply(cal: Calibration, data: dict[str, Any], accelerator: str, source: str
             f"valid: {', '.join(_SECTIONS)}"
         )
     changes: dict[str, Any] = {}
-    for section in (data.get("default", {}), data.get("accelerators", {}).get(accelerator, {})):
+    from shardwise.validate import finite
+
+    for key in ("default", "accelerators", "links"):
+        if not isinstance(data.get(key, {}), dict):
+            raise ShardwiseError(f"calibration file {source!r}: {key} must be a JSON object")
+    accelerators = data.get("accelerators", {})
+    for name, section in accelerators.items():
+        if not isinstance(section, dict):
+            raise ShardwiseError(f"calibration file {source!r}: accelerators.{name} must be a "
+                                 "JSON object")
+    for section in (data.get("default", {}), accelerators.get(accelerator, {})):
         bad = set(section) - set(_SCALARS)
         if bad:
             raise ShardwiseError(
@@ -113,20 +123,10 @@ def _apply(cal: Calibration, data: dict[str, Any], accelerator: str, source: str
                 f"valid: {', '.join(_SCALARS)}"
             )
         for key, value in section.items():
-            try:
-                changes[key] = float(value)
-            except (TypeError, ValueError):
-                raise ShardwiseError(
-                    f"calibration file {source!r}: {key} must be a number, got {value!r}"
-                ) from None
+            changes[key] = finite(value, f"calibration file {source!r}: {key}")
     links = dict(cal.link_efficiency)
     for name, value in data.get("links", {}).items():
-        try:
-            links[name] = float(value)
-        except (TypeError, ValueError):
-            raise ShardwiseError(
-                f"calibration file {source!r}: link {name} efficiency must be a number"
-            ) from None
+        links[name] = finite(value, f"calibration file {source!r}: link {name} efficiency")
     return replace(cal, accelerator=accelerator, link_efficiency=links, source=source,
                    **changes)
 

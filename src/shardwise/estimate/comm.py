@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 
+from shardwise import validate
 from shardwise.errors import ShardwiseError
 from shardwise.hardware import Link
 
@@ -25,11 +26,13 @@ OPS = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "broadcast")
 ALGORITHMS = ("ring", "tree", "hierarchical")
 
 
-def _check(op: str, n: int) -> None:
+def _check(op: str, n: int, *size: float) -> None:
+    """The public boundary: a known op, 1 ≤ n ≤ MAX_DEGREE ranks, finite sizes ≥ 0."""
     if op not in OPS:
         raise ShardwiseError(f"unknown collective {op!r}; valid: {', '.join(OPS)}")
-    if n < 1:
-        raise ShardwiseError(f"a collective needs ≥ 1 rank, got {n}")
+    validate.degree(n, "n (ranks in the collective)")
+    for value in size:
+        validate.size(value, "size (bytes)")
 
 
 def ring_steps(op: str, n: int) -> int:
@@ -40,7 +43,7 @@ def ring_steps(op: str, n: int) -> int:
 
 def ring_bytes_on_wire(op: str, size: float, n: int) -> float:
     """Bytes each rank sends: `2(N-1)/N·S` for all-reduce, `(N-1)/N·S` otherwise."""
-    _check(op, n)
+    _check(op, n, size)
     return ring_steps(op, n) * size / n
 
 
@@ -63,7 +66,7 @@ def collective_time(op: str, size: float, n: int, link: Link, algorithm: str = "
     hierarchical:  all-reduce over `nodes` × `N/nodes` GPUs: reduce-scatter inside the node on
                    `link`, all-reduce of `S/g` across nodes on `inter`, all-gather inside.
     """
-    _check(op, n)
+    _check(op, n, size)
     if algorithm not in ALGORITHMS:
         raise ShardwiseError(f"unknown algorithm {algorithm!r}; valid: {', '.join(ALGORITHMS)}")
     if n == 1:

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from shardwise import validate
 from shardwise.arch import ModelSpec, count_params
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import dp_step_comm_bytes
@@ -259,6 +260,9 @@ def in_flight_per_stage(schedule: str, p: int, m: int, v: int = 1) -> list[int]:
     `(p-i-1)·2 + (v-1)·p` chunks plus one, at most `m·v` — stage 0 then holds
     `L·(1 + (p-1)/(p·v))` layers' worth (Korthikanti et al. 2022).
     """
+    validate.degree(p, "p (stages)")  # a list of p entries is built: capped
+    validate.degree(v, "v (chunks)")
+    validate.positive_int(m, "m (micro-batches)")
     code = get_schedule(schedule).code
     return [int(_in_flight(code, p, m, v, i)) for i in range(p)]
 

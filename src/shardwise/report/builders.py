@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
+from shardwise import validate
 from shardwise.arch import PRESETS, ModelSpec
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.profiles import DEFAULT_IMPL
@@ -45,6 +46,8 @@ def models_payload() -> list[dict[str, Any]]:
 # ------------------------------------------------------------------------------------ memory
 def build_layout(gpus: int, **kw: Any) -> Layout:
     """A `Layout` from the layout options; `dp=None` takes the GPUs tp·pp·cp leave."""
+    for axis in ("tp", "pp", "cp"):
+        validate.degree(kw[axis], axis)
     model_parallel = kw["tp"] * kw["pp"] * kw["cp"]
     dp = kw.pop("dp")
     if dp is None:
@@ -124,7 +127,7 @@ def comm_payload(*, op: str = "all-reduce", size: str = "1GB", ranks: int = 8,
         ring_steps,
     )
 
-    size_bytes = parse_size(size)
+    size_bytes = validate.size(parse_size(size), f"--size {size}")
     if algorithm == "hierarchical" and (nodes < 1 or ranks % nodes):
         raise ShardwiseError(f"--nodes {nodes} must divide --ranks {ranks}")
     if link.lower() == "this-machine":

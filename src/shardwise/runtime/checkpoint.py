@@ -41,6 +41,18 @@ which the `latest` file names unless a crash fell between the rename and its upd
 sees a partial one. A second barrier keeps every rank in `save_checkpoint` until the checkpoint
 is published.
 
+Integrity. After every rank wrote and before the publish, rank 0 writes `manifest.json`: the
+size and SHA-256 of every other file of the checkpoint (DCP's shards and `.metadata`,
+`shardwise.json`). `damage(path)` re-checks them, and the shape of `shardwise.json`, and says
+what is wrong (a missing or truncated file, changed bytes, a malformed value); a resume takes
+the newest intact checkpoint (`resume_point`, naming each damaged newer one) and stops with one
+line when none is intact. `shardwise.json` also records the SHA-256 of the training text, so a
+resume refuses a `--data` file whose text changed. A save that runs out of disk space says so
+("no space left on device …"), removes its temporary directory and keeps the previous
+checkpoint; leftovers of interrupted saves are removed before each save. `DirectoryLock`
+(taken by the launcher around a run) keeps a second run out of the same directory; a lock whose
+holder process is dead is taken over.
+
 Resume. `load_checkpoint(state, directory)` fills a freshly `build`-ed state in place, on any
 layout: weights, AdamW moments and step counts, the step (data position), the RNG. The model
 and dtype must match the checkpoint's; the other settings are the new run's (more `steps`
@@ -51,11 +63,15 @@ so rank 0's state is saved and restored on every rank (CUDA generators are not s
 
 from __future__ import annotations
 
+import errno
+import functools
+import hashlib
 import json
 import math
 import os
 import re
 import shutil
+import socket
 import uuid
 import warnings
 from dataclasses import asdict, dataclass
@@ -64,6 +80,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
 from shardwise.errors import ShardwiseError
 from shardwise.runtime import launch
@@ -72,13 +89,16 @@ if TYPE_CHECKING:
     from shardwise.runtime.parallel_transformer import ParallelTransformer
     from shardwise.runtime.train import StepRecord, TrainConfig, TrainState
 
-__all__ = ["FORMAT", "LATEST", "METADATA", "CheckpointEvery", "check_start", "checkpoint_name",
-           "complete_checkpoints", "latest_checkpoint", "load_checkpoint", "prune",
-           "read_metadata", "read_parameters", "save_checkpoint"]
+__all__ = ["FORMAT", "LATEST", "MANIFEST", "METADATA", "CheckpointEvery", "DirectoryLock",
+           "check_start", "checkpoint_name", "complete_checkpoints", "damage",
+           "data_fingerprint", "latest_checkpoint", "load_checkpoint", "prune", "read_metadata",
+           "read_parameters", "resume_point", "save_checkpoint", "write_manifest"]
 
 FORMAT = 1
 METADATA = "shardwise.json"  # our metadata, next to DCP's `.metadata`
 LATEST = "latest"  # a file naming the newest checkpoint directory
+MANIFEST = "manifest.json"  # size and SHA-256 of every other file of the checkpoint
+LOCK = ".lock"  # in the checkpoint directory while a run uses it: "pid host"
 _STEP_DIR = re.compile(r"step-(\d+)")
 _MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -105,13 +125,210 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
+# What shardwise.json must hold (key → type); config: the TrainConfig's keys this module reads.
+_META_TYPES: dict[str, type | tuple[type, ...]] = {"format": int, "step": int, "world_size": int,
+                                                   "config": dict}
+_CONFIG_TYPES: dict[str, type | tuple[type, ...]] = {
+    "model": dict, "dtype": str, "seq_len": int, "global_batch": int, "seed": int,
+    "data": (str, type(None))}
+
+
+def _metadata_problem(meta: Any) -> str | None:
+    """What is wrong with a parsed `shardwise.json`, or None."""
+    if not isinstance(meta, dict):
+        return f"{METADATA} holds a {type(meta).__name__}, not an object"
+    for where, obj, types in (("", meta, _META_TYPES), ("config.", meta.get("config"),
+                                                          _CONFIG_TYPES)):
+        for key, kind in types.items():
+            if key not in obj:
+                return f"{METADATA} has no {where}{key!r}"
+            value = obj[key]
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                return (f"{METADATA}: {where}{key} is {value!r}, not "
+                        f"{'an integer' if kind is int else 'of type ' + str(kind)}")
+    if meta["format"] != FORMAT:
+        return (f"{METADATA} is of format {meta['format']}; this version of shardwise reads "
+                f"format {FORMAT}")
+    if meta["step"] < 0 or meta["world_size"] < 1:
+        return f"{METADATA}: step {meta['step']} or world_size {meta['world_size']} is invalid"
+    return None
+
+
 def read_metadata(path: str | Path) -> dict[str, Any]:
-    """A checkpoint's `shardwise.json`: format, step, world_size, config."""
-    meta: dict[str, Any] = json.loads((Path(path) / METADATA).read_text(encoding="utf-8"))
-    if meta.get("format") != FORMAT:
-        raise ShardwiseError(f"{path} is a checkpoint of format {meta.get('format')}; this "
-                             f"version of shardwise reads format {FORMAT}")
-    return meta
+    """A checkpoint's `shardwise.json`: format, step, world_size, config (checked: a missing
+    or malformed file raises `ShardwiseError` naming the path and the problem)."""
+    try:
+        meta = json.loads((Path(path) / METADATA).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ShardwiseError(f"checkpoint {path}: cannot read {METADATA}: "
+                             f"{exc.strerror}") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise ShardwiseError(f"checkpoint {path}: {METADATA} is not valid JSON ({exc})") from None
+    problem = _metadata_problem(meta)
+    if problem:
+        raise ShardwiseError(f"checkpoint {path}: {problem}")
+    return dict(meta)
+
+
+# ------------------------------------------------------------------------------ integrity
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_manifest(path: str | Path) -> None:
+    """Record the size and SHA-256 of every file under checkpoint `path` in `MANIFEST`
+    (written last, durably; call it once every rank's files are written)."""
+    root = Path(path)
+    files = {p.relative_to(root).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+             for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST}
+    _write_durably(root / MANIFEST, json.dumps({"algorithm": "sha256", "files": files},
+                                               indent=1) + "\n")
+
+
+def damage(path: str | Path) -> str | None:
+    """What is wrong with checkpoint `path` — a file missing, truncated or changed since the
+    save (checked against `MANIFEST`), a malformed `shardwise.json` — or None if intact."""
+    root = Path(path)
+    try:
+        manifest = json.loads((root / MANIFEST).read_text(encoding="utf-8"))
+        files = manifest["files"]
+        listed = [(str(name), int(entry["bytes"]), str(entry["sha256"]))
+                  for name, entry in files.items()]
+    except FileNotFoundError:
+        return f"its checksum manifest {MANIFEST} is missing"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return f"its checksum manifest {MANIFEST} is unreadable or malformed ({exc})"
+    if METADATA not in files:
+        return f"its manifest does not cover {METADATA}"
+    for name, size, digest in listed:
+        file = root / name
+        if not file.is_file():
+            return f"{name} is missing"
+        actual = file.stat().st_size
+        if actual != size:
+            return f"{name} is {actual} bytes, {size} when saved (truncated or overwritten)"
+        if _sha256(file) != digest:
+            return f"{name} fails its SHA-256 checksum (bytes changed since the save)"
+    try:
+        read_metadata(root)
+    except ShardwiseError as exc:
+        return str(exc).removeprefix(f"checkpoint {path}: ")
+    return None
+
+
+def _candidates(directory: Path) -> list[Path]:
+    """Published checkpoint directories, newest first: `step-N` with `shardwise.json` or a
+    manifest (a directory with neither is not one of ours)."""
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in directory.iterdir()
+             if (m := _STEP_DIR.fullmatch(p.name)) and p.is_dir()
+             and ((p / METADATA).exists() or (p / MANIFEST).exists())]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def resume_point(directory: str | Path) -> tuple[Path | None, list[str]]:
+    """(the newest intact checkpoint in `directory` or None when there is none at all, one
+    line per newer damaged checkpoint skipped). Raises `ShardwiseError` when checkpoints exist
+    but none is intact."""
+    skipped = []
+    for path in _candidates(Path(directory)):
+        problem = damage(path)
+        if problem is None:
+            return path, skipped
+        skipped.append(f"checkpoint {path} is damaged: {problem}")
+    if skipped:
+        raise ShardwiseError(f"no intact checkpoint to resume from: {'; '.join(skipped)}")
+    return None, []
+
+
+@functools.lru_cache(maxsize=8)
+def _fingerprint(path: str | None, stamp: tuple[int, int]) -> str:
+    if path is None:
+        from shardwise.runtime.data import builtin_corpus
+
+        return hashlib.sha256(builtin_corpus().encode("utf-8")).hexdigest()
+    return _sha256(Path(path))
+
+
+def data_fingerprint(path: str | None) -> str | None:
+    """SHA-256 of the training text (the file's bytes; the built-in corpus when None), or
+    None when the file cannot be read."""
+    if path is None:
+        return _fingerprint(None, (0, 0))
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return _fingerprint(str(path), (st.st_mtime_ns, st.st_size))
+
+
+# --------------------------------------------------------------------------------- the lock
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+class DirectoryLock:
+    """`with DirectoryLock(directory):` — this process alone runs into `directory`.
+
+    The lock is a file `.lock` holding "pid host", created atomically (a hard link of a
+    complete temporary file, which fails if the lock exists). A lock held by a live process
+    (or by one on another host, which cannot be checked) is refused with one line; one whose
+    holder on this host is dead (a killed launcher) is taken over."""
+
+    def __init__(self, directory: str | Path):
+        self.path = Path(directory) / LOCK
+        self.held = False
+
+    def __enter__(self) -> DirectoryLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        me = f"{os.getpid()} {socket.gethostname()}\n"
+        tmp = self.path.with_name(f"{LOCK}.tmp-{uuid.uuid4().hex}")
+        tmp.write_text(me, encoding="utf-8")
+        try:
+            for _ in range(3):
+                try:
+                    os.link(tmp, self.path)
+                except FileExistsError:
+                    self._refuse_or_clear()
+                    continue
+                self.held = True
+                return self
+            raise ShardwiseError(f"could not lock {self.path.parent} (another run keeps "
+                                 "taking it)")
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _refuse_or_clear(self) -> None:
+        try:
+            pid_text, _, host = self.path.read_text(encoding="utf-8").strip().partition(" ")
+            pid = int(pid_text)
+        except FileNotFoundError:
+            return  # released meanwhile
+        except (OSError, ValueError):
+            pid, host = -1, ""
+        if host == socket.gethostname() and pid > 0 and not _alive(pid):
+            self.path.unlink(missing_ok=True)  # stale: its run was killed
+            return
+        holder = f"pid {pid} on {host}" if pid > 0 else "an unreadable lock"
+        raise ShardwiseError(
+            f"{self.path.parent} is in use by another run ({holder}); wait for it or use "
+            f"another --checkpoint-dir (if no such run is alive, delete {self.path})")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.held:
+            self.path.unlink(missing_ok=True)
+            self.held = False
 
 
 def _write_durably(path: Path, text: str) -> None:
@@ -170,28 +387,37 @@ def _publish(tmp: Path, final: Path, keep: int) -> None:
     prune(final.parent, keep)
 
 
-def check_start(config: TrainConfig) -> Path | None:
+def check_start(config: TrainConfig, report: Any = None) -> Path | None:
     """Where a run of `config` starts: the checkpoint it resumes from, or None (from step 0).
 
     Refused with one sentence each: a fresh run into a directory that already holds
     checkpoints (it would mix two runs), a checkpoint of another model or dtype or of other
-    data settings (sequence length, global batch, seed, text), one already at `config.steps`. Resuming from a directory with no checkpoint yet starts from step 0 (the
-    first launch of a job that is relaunched as it is after each failure)."""
+    data settings (sequence length, global batch, seed, data path or its text), one already at
+    `config.steps`, a directory whose checkpoints are all damaged. A damaged newest checkpoint
+    is skipped for the newest intact one; `report(line)` (if given) hears of each skipped one.
+    Resuming from a directory with no checkpoint yet starts from step 0 (the first launch of a
+    job that is relaunched as it is after each failure)."""
     if not config.checkpoint_dir:
         return None
-    found = latest_checkpoint(config.checkpoint_dir)
-    if found is None:
-        return None
     if not config.resume:
-        raise ShardwiseError(
-            f"{config.checkpoint_dir} already holds checkpoints (newest: {found.name}); resume "
-            "from them (--resume) or choose an empty directory")
-    meta = read_metadata(found)
-    _check_compatible(found, meta, config)
+        found = _candidates(Path(config.checkpoint_dir))
+        if found:
+            raise ShardwiseError(
+                f"{config.checkpoint_dir} already holds checkpoints (newest: {found[0].name}); "
+                "resume from them (--resume) or choose an empty directory")
+        return None
+    path, skipped = resume_point(config.checkpoint_dir)
+    for line in skipped:
+        if report is not None:
+            report(f"{line}; resuming from the older {path.name if path else None}")
+    if path is None:
+        return None
+    meta = read_metadata(path)
+    _check_compatible(path, meta, config)
     if meta["step"] >= config.steps:
-        raise ShardwiseError(f"{found} is already at step {meta['step']} of steps="
+        raise ShardwiseError(f"{path} is already at step {meta['step']} of steps="
                              f"{config.steps}; train for more steps to continue")
-    return found
+    return path
 
 
 def _check_compatible(path: Path, meta: dict[str, Any], config: TrainConfig) -> None:
@@ -212,6 +438,12 @@ def _check_compatible(path: Path, meta: dict[str, Any], config: TrainConfig) -> 
             raise ShardwiseError(f"{path} was trained with {key}={saved[key]!r}, this run has "
                                  f"{getattr(config, key)!r}; resume with {option} "
                                  f"{saved[key]}")
+    saved_text = meta.get("data_sha256")
+    if saved_text is not None and saved_text != data_fingerprint(config.data):
+        what = f"the text of --data {config.data}" if config.data else "the built-in corpus"
+        raise ShardwiseError(f"{path} was trained on other text: {what} changed since the "
+                             "checkpoint (SHA-256 differs); resume on the original text or "
+                             "start a new run in an empty directory")
 
 
 # ------------------------------------------------------------------------ the rank's share
@@ -414,50 +646,146 @@ def _from_rank0(value: Any) -> Any:
     return box[0]
 
 
+def _errors(exc: BaseException) -> list[BaseException]:
+    """`exc`, the per-rank exceptions of a DCP `CheckpointException`, and their causes."""
+    out, todo = [], [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or e in out:
+            continue
+        out.append(e)
+        failures = getattr(e, "failures", None)
+        if isinstance(failures, dict):
+            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+        todo += [e.__cause__, e.__context__]
+    return out
+
+
+def _mount_point(path: Path) -> Path:
+    path = path.resolve()
+    while not os.path.ismount(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _size(path: Path | None) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path else 0
+
+
+def _save_failure(exc: BaseException, final: Path) -> str:
+    """One line for a save that failed with `exc`: "no space left on device …" for a full
+    disk, else the system's reason. (torch's serializer reports a full disk as "unexpected
+    pos", without the errno: a device with less free space than the previous checkpoint
+    takes, or under 1 MiB, counts as full.)"""
+    errors = _errors(exc)
+    previous = latest_checkpoint(final.parent)
+    kept = f"the previous checkpoint {previous} is kept" if previous else "no checkpoint kept"
+    mount = _mount_point(final.parent)
+    free = shutil.disk_usage(mount).free
+    if (any(isinstance(e, OSError) and e.errno == errno.ENOSPC for e in errors)
+            or free < max(_size(previous), 1 << 20)):
+        return (f"no space left on device {mount} ({free / 2**20:.1f} MiB free) while saving "
+                f"checkpoint {final}; {kept}; free space or use another --checkpoint-dir")
+    os_errors = [e for e in errors if isinstance(e, OSError)]
+    reason = (f"{os_errors[0].strerror} ({os_errors[0].filename})" if os_errors
+              else f"{type(errors[-1]).__name__}: {str(errors[-1]).strip().splitlines()[0]}")
+    return f"cannot save checkpoint {final}: {reason}; {kept}"
+
+
+def _clear_leftovers(directory: Path) -> None:
+    """Remove the temporary directories of interrupted saves (this run holds the directory,
+    so no save is in progress)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for path in sorted(directory.glob("*.tmp-*")):
+        if not path.name.startswith(LOCK):
+            _remove(path)
+
+
 def save_checkpoint(state: TrainState, directory: str | Path, keep: int = 2) -> Path:
-    """Save `state` as `directory/step-N` (N = `state.step`), atomically; keep the newest
-    `keep` checkpoints. Collective: every rank calls it. Returns the checkpoint's path."""
+    """Save `state` as `directory/step-N` (N = `state.step`), atomically, with a checksum
+    manifest; keep the newest `keep` checkpoints. Collective: every rank calls it. Returns the
+    checkpoint's path. A failed save (disk full…) removes its files, keeps the previous
+    checkpoint and raises `ShardwiseError` on every rank."""
     from torch.distributed.checkpoint import FileSystemWriter
     from torch.distributed.checkpoint import save as dcp_save
 
     _check_keep(keep)  # before any collective: every rank refuses alike
     final = Path(directory) / checkpoint_name(state.step)
-    tmp = Path(_from_rank0(str(final.with_name(f"{final.name}.tmp-{uuid.uuid4().hex}"))))
+    name = None
+    if launch.rank() == 0:
+        _clear_leftovers(final.parent)
+        name = str(final.with_name(f"{final.name}.tmp-{uuid.uuid4().hex}"))
+    tmp = Path(_from_rank0(name))  # after the clean-up: no rank writes before it
     moments = [state.optimizer.state.get(p) or _adamw_zeros(p)  # none before the first step
                for p in state.model.parameters()]
     content = _state_dict(state, moments)
     if launch.rank() == 0:
         content["rng"] = torch.get_rng_state()
-    dcp_save(content, storage_writer=FileSystemWriter(tmp), no_dist=not dist.is_initialized())
-    if launch.rank() == 0:
-        meta = {"format": FORMAT, "step": state.step, "world_size": launch.world_size(),
-                "config": asdict(state.config)}
-        _write_durably(tmp / METADATA, json.dumps(meta, indent=1) + "\n")
-    _barrier()  # every rank's files are in tmp
-    if launch.rank() == 0:
+    failure = None
+    try:
+        # DCP's save is collective: a rank's failed write raises on every rank, after every
+        # rank's files are written.
+        dcp_save(content, storage_writer=FileSystemWriter(tmp),
+                 no_dist=not dist.is_initialized())
+        if launch.rank() == 0:
+            meta = {"format": FORMAT, "step": state.step, "world_size": launch.world_size(),
+                    "config": asdict(state.config),
+                    "data_sha256": data_fingerprint(state.config.data)}
+            _write_durably(tmp / METADATA, json.dumps(meta, indent=1) + "\n")
+            write_manifest(tmp)
+    except (OSError, CheckpointException) as exc:
+        failure = _save_failure(exc, final)
+    failure = _from_rank0(failure)  # rank 0 saw every failure (DCP's) and its own
+    if failure is None and launch.rank() == 0:
         _publish(tmp, final, keep)
-    _barrier()  # published before any rank goes on
+    elif launch.rank() == 0:
+        _remove(tmp)
+    _barrier()  # published (or cleaned) before any rank goes on
+    if failure is not None:
+        raise ShardwiseError(failure)
     return final
 
 
 def load_checkpoint(state: TrainState, directory: str | Path) -> bool:
-    """Load the newest checkpoint in `directory` (or the checkpoint `directory` itself) into
-    `state`, a freshly `build`-ed state on any layout, in place. Collective. Returns False
-    (and leaves `state` as built) when there is no checkpoint."""
+    """Load the newest intact checkpoint in `directory` (or the checkpoint `directory`
+    itself) into `state`, a freshly `build`-ed state on any layout, in place. Collective.
+    Returns False (and leaves `state` as built) when there is no checkpoint; raises
+    `ShardwiseError` on every rank when the checkpoint is damaged or does not fit."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint import load as dcp_load
 
-    given = Path(directory)
-    found = given if (given / METADATA).is_file() else latest_checkpoint(given)
-    path = _from_rank0(None if found is None else str(found))  # every rank reads the same
+    found: tuple[str | None, str | None] = (None, None)  # (path, error)
+    if launch.rank() == 0:  # rank 0 verifies; every rank reads the same checkpoint
+        given = Path(directory)
+        try:
+            if (given / METADATA).is_file() or (given / MANIFEST).is_file():
+                problem = damage(given)
+                if problem:
+                    raise ShardwiseError(f"checkpoint {given} is damaged: {problem}")
+                path = given
+            else:
+                path = resume_point(given)[0]
+            if path is not None:
+                _check_compatible(path, read_metadata(path), state.config)
+            found = (None if path is None else str(path), None)
+        except ShardwiseError as exc:
+            found = (None, str(exc))
+    path, error = _from_rank0(found)
+    if error is not None:
+        raise ShardwiseError(error)
     if path is None:
         return False
     meta = read_metadata(path)
-    _check_compatible(Path(path), meta, state.config)
     moments = [_adamw_zeros(p) for p in state.model.parameters()]  # loaded into
     content = _state_dict(state, moments)
     content["rng"] = torch.get_rng_state()
-    dcp_load(content, storage_reader=FileSystemReader(path), no_dist=not dist.is_initialized())
+    try:
+        dcp_load(content, storage_reader=FileSystemReader(path),
+                 no_dist=not dist.is_initialized())
+    except (OSError, CheckpointException) as exc:  # changed after it was verified
+        first = _errors(exc)[-1]
+        raise ShardwiseError(f"cannot load checkpoint {path}: {type(first).__name__}: "
+                             f"{str(first).strip().splitlines()[0]}") from None
     state.optimizer.load_state_dict({"state": dict(enumerate(moments)),
                                      "param_groups": state.optimizer.state_dict()[
                                          "param_groups"]})

@@ -48,9 +48,11 @@ import os
 import pickle
 import queue as _queue
 import shutil
+import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -177,10 +179,56 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float
 
 
 # ----------------------------------------------------------------------------------- spawn
+# ------------------------------------------------------------------ dying with the launcher
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _die_with(launcher: int) -> None:
+    """Make this rank die with the launcher process `launcher`, however it ends (SIGKILL
+    included), on every start method:
+
+    * Linux's parent-death signal (prctl(2) PR_SET_PDEATHSIG = SIGKILL): the kernel kills us
+      when our parent exits — the launcher under `spawn`; the forkserver under `forkserver`,
+      which itself exits when the launcher's end of its pipe closes;
+    * a watch thread (every platform, and for what the signal misses: a parent that died
+      before prctl ran, a parent that is not the launcher): once a second, if our parent
+      changed (we were re-parented) or the launcher is gone, SIGKILL ourselves."""
+    parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+    def gone() -> bool:
+        if os.getppid() != parent:
+            return True
+        try:
+            os.kill(launcher, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass
+        return False
+
+    def watch() -> None:
+        while not gone():
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if gone():  # the launcher died before we got here
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=watch, name="shardwise-launcher-watch", daemon=True).start()
+
+
 def _worker(local_rank: int, n: int, init_method: str, backend: str, timeout_s: float,
-            fn: Callable[..., Any], args: tuple[Any, ...], results: Any) -> None:
+            fn: Callable[..., Any], args: tuple[Any, ...], results: Any,
+            launcher: int | None = None) -> None:
     """One rank: init the group, run `fn`, send ("ok", pickled result) or ("error", text)."""
     global _TIMEOUT
+    if launcher is not None:
+        _die_with(launcher)
     _quiet_env()
     status, payload = "ok", b""
     try:
@@ -241,7 +289,7 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float 
         for r in range(world_size):
             p = ctx.Process(target=_worker, daemon=True, name=f"shardwise-rank{r}",
                             args=(r, world_size, init_method, backend, timeout_s, fn, args,
-                                  results))
+                                  results, os.getpid()))
             p.start()
             procs.append(p)
         return _collect(procs, results, timeout_s)
@@ -308,12 +356,26 @@ def _collect(procs: list[Any], results: Any, timeout_s: float) -> list[Any]:
                                   "a result", r)
         if now > deadline:
             missing = [r for r in range(n) if r not in done]
-            raise RankFailure(f"timed out after {timeout_s:g} s waiting for ranks {missing}")
+            states = ", ".join(f"rank {r}: {_state(procs[r].pid)}" for r in missing)
+            raise RankFailure(f"timed out after {timeout_s:g} s waiting for ranks {missing} "
+                              f"({states})", missing[0] if len(missing) == 1 else -1)
     return [done[r] for r in range(n)]
 
 
 _CONSEQUENCES = ("Connection closed by peer", "Connection reset", "Broken pipe", "Timed out",
                  "timed out", "Socket Timeout")
+
+
+def _state(pid: int | None) -> str:
+    """A process's state in words, from /proc/PID/stat (Linux), e.g. "stopped (SIGSTOP)"."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            code = f.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return "alive, not answering"
+    return {"T": "stopped (SIGSTOP or SIGTSTP)", "t": "stopped by a debugger",
+            "D": "blocked in uninterruptible I/O", "Z": "exited (zombie)",
+            "R": "running, not answering", "S": "sleeping, not answering"}.get(code, code)
 
 
 def _fail(r: int, text: str, results: Any, procs: list[Any], done: dict[int, Any]) -> None:
@@ -340,8 +402,16 @@ def _fail(r: int, text: str, results: Any, procs: list[Any], done: dict[int, Any
         raise RankFailure(f"rank {q} died (exit code {dead[q]}) without reporting a result"
                           f"\nother ranks: {rest}", q)
     causes = [k for k, v in errors.items() if not any(c in v for c in _CONSEQUENCES)]
+    silent = [q for q, p in enumerate(procs) if q not in errors and q not in done
+              and p.exitcode is None]
+    if not causes and silent:  # the survivors timed out waiting for a rank that said nothing
+        q = silent[0]
+        rest = "; ".join(f"rank {k}: {_first_line(v)}" for k, v in errors.items())
+        raise RankFailure(f"rank {q} stopped responding ({_state(procs[q].pid)}); the others "
+                          f"timed out waiting for it\nother ranks: {rest}", q)
     first = causes[0] if causes else r
-    others = [f"rank {k}: {_first_line(v)}" for k, v in errors.items() if k != first]
+    others = [f"rank {k}: {_first_line(v)}" for k, v in errors.items()
+              if k != first and _first_line(v) != _first_line(errors[first])]  # not the same
     tail = ("\nother ranks: " + "; ".join(others)) if others else ""
     raise RankFailure(f"rank {first} failed: {_first_line(errors[first])}{tail}\n"
                       f"--- rank {first} traceback:\n{errors[first]}", first)

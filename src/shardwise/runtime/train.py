@@ -28,6 +28,7 @@ the ranks torchrun started (`python -m shardwise` is the one entry point).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -336,12 +337,14 @@ def run(config: TrainConfig, *, hooks: Sequence[Hook] = (), timeout_s: float = 6
     `launch.RankFailure` on the caller within `timeout_s`."""
     config.validate()
     Batches(load_tokens(config.data), config.seq_len, config.global_batch)  # enough text?
-    checkpoint.check_start(config)  # a checkpoint directory this run can use?
     layout, started = config.layout, os.environ.get("WORLD_SIZE")
     if "RANK" in os.environ and started is not None and int(started) != layout.world_size:
         raise ShardwiseError(
             f"the layout needs dp·tp·pp·cp = {layout.dp}·{layout.tp}·{layout.pp}·{layout.cp} = "
             f"{layout.world_size} ranks but torchrun started {started} (WORLD_SIZE)")
-    results = launch.launch(_rank_main, layout.world_size, config, tuple(hooks),
-                            timeout_s=timeout_s)
+    owner = config.checkpoint_dir and os.environ.get("RANK", "0") == "0"  # one lock per run
+    with checkpoint.DirectoryLock(config.checkpoint_dir) if owner else contextlib.nullcontext():
+        checkpoint.check_start(config)  # a checkpoint directory this run can use?
+        results = launch.launch(_rank_main, layout.world_size, config, tuple(hooks),
+                                timeout_s=timeout_s)
     return results[0]

@@ -15,6 +15,7 @@ import math
 from fractions import Fraction
 from itertools import accumulate
 
+from shardwise import validate
 from shardwise.errors import ShardwiseError
 from shardwise.schedules.actions import check_dimensions
 
@@ -40,6 +41,8 @@ def microbatches_for_bubble(p: int, target: float, v: int = 1) -> int:
     gives exactly 63 and (16, 0.05) gives 285.
     """
     check_dimensions(p, 1, v)
+    validate.finite(target, "target bubble fraction", low=0, high=1, low_open=True,
+                    high_open=True)
     beta = Fraction(str(target))
     if not 0 < beta < 1:
         raise ShardwiseError(f"target bubble fraction must be in (0, 1), got {target!r}")
@@ -57,6 +60,10 @@ def partition_layers(n_layers: int, n_stages: int, *, first_stage_extra: float =
     `last_stage_extra` are the embedding's and the LM head's costs in layer-equivalents (a single
     stage carries both). For interleaved schedules, partition over the `p·v` virtual stages.
     """
+    validate.integer(n_layers, "n_layers", low=1, high=validate.MAX_DEGREE)
+    validate.degree(n_stages, "n_stages")
+    validate.finite(first_stage_extra, "first_stage_extra", low=0)
+    validate.finite(last_stage_extra, "last_stage_extra", low=0)
     if n_stages < 1 or n_layers < n_stages:
         raise ShardwiseError(f"need at least one layer per stage and one stage: n_layers={n_layers}, "
                          f"n_stages={n_stages}")

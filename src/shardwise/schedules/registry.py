@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from shardwise import validate
 from shardwise.errors import ShardwiseError
 from shardwise.schedules.actions import Schedule, check_dimensions
 from shardwise.schedules.generators import gpipe, interleaved_1f1b, one_f_one_b, zb_h1
@@ -162,6 +163,7 @@ def make_schedule(name: str, p: int, m: int, v: int = 1) -> Schedule:
     """The schedule called `name` (one of `SCHEDULES`) for `p` stages, `m` micro-batches and `v`
     chunks per stage (`v > 1` only for chunked schedules: "interleaved")."""
     check_dimensions(p, m, v)
+    validate.schedule_shape(p, m, v)  # capped before allocating
     info = get_schedule(name)
     if v != 1 and not info.chunked:
         chunked = ", ".join(s.name for s in _REGISTRY if s.chunked)

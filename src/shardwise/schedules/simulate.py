@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from shardwise import validate
 from shardwise.errors import ShardwiseError
 from shardwise.schedules.actions import Action, Kind, num_stages
 
@@ -90,10 +91,8 @@ def _costs(t_f: float, t_b: float, t_w: float | None, split: bool,
     w = t_w if split and t_w is not None else 0.0
     times = {"t_f": t_f, "t_b": t_b, **({"t_w": w} if split else {})}
     for name, value in times.items():
-        if not value > 0:
-            raise ShardwiseError(f"{name} must be > 0, got {value!r}")
-    if not p2p_latency >= 0:
-        raise ShardwiseError(f"p2p_latency must be ≥ 0, got {p2p_latency!r}")
+        validate.positive(value, name)
+    validate.finite(p2p_latency, "p2p_latency", low=0)
     return {"F": t_f, "B": t_b, "W": w}
 
 

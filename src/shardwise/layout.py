@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from shardwise import validate
+import shardwise.validate as validate
 from shardwise.arch import ModelSpec
 from shardwise.errors import LayoutError, ShardwiseError
 from shardwise.estimate.profiles import DEFAULT_IMPL, PROFILES

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-from shardwise import validate
+import shardwise.validate as validate
 from shardwise.errors import ShardwiseError
 from shardwise.hardware import Link
 

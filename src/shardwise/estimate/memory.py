@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from shardwise import validate
+import shardwise.validate as validate
 from shardwise.arch import ModelSpec, count_params
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import dp_step_comm_bytes

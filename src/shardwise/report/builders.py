@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from shardwise import validate
+import shardwise.validate as validate
 from shardwise.arch import PRESETS, ModelSpec
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.profiles import DEFAULT_IMPL

@@ -15,7 +15,7 @@ import math
 from fractions import Fraction
 from itertools import accumulate
 
-from shardwise import validate
+import shardwise.validate as validate
 from shardwise.errors import ShardwiseError
 from shardwise.schedules.actions import check_dimensions
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from shardwise import validate
+import shardwise.validate as validate
 from shardwise.errors import ShardwiseError
 from shardwise.schedules.actions import Schedule, check_dimensions
 from shardwise.schedules.generators import gpipe, interleaved_1f1b, one_f_one_b, zb_h1

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from shardwise import validate
+import shardwise.validate as validate
 from shardwise.errors import ShardwiseError
 from shardwise.schedules.actions import Action, Kind, num_stages
 

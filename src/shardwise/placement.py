@@ -84,13 +84,27 @@ class MeshShape:
             raise ShardwiseError(f"ep={self.ep} must divide dp·cp={self.dp * self.cp}")
 
     @classmethod
-    def of(cls, layout: Any) -> MeshShape:
+    def from_layout(cls, layout: Any) -> MeshShape:
         """The mesh of a `Layout` (anything with pp, dp, cp, tp, ep)."""
         return cls(pp=layout.pp, dp=layout.dp, cp=layout.cp, tp=layout.tp, ep=layout.ep)
 
     @property
     def world_size(self) -> int:
         return self.pp * self.dp * self.cp * self.tp
+
+    def dims(self) -> tuple[int, ...]:
+        return tuple(getattr(self, a) for a in MESH_AXES)
+
+    def coord(self, rank: int) -> dict[str, int]:
+        """Global rank → {"pp": i, "dp": j, "cp": k, "tp": l} (tp varies fastest)."""
+        if not 0 <= rank < self.world_size:
+            raise ShardwiseError(f"rank {rank} outside a mesh of {self.world_size} ranks")
+        return dict(zip(MESH_AXES, (int(i) for i in np.unravel_index(rank, self.dims())),
+                        strict=True))
+
+    def rank_of(self, **coord: int) -> int:
+        """{"pp": i, …} → global rank (missing axes: 0)."""
+        return int(np.ravel_multi_index(tuple(coord.get(a, 0) for a in MESH_AXES), self.dims()))
 
     def size(self, axis: str) -> int:
         return int(_sizes(axis, self.pp, self.dp, self.cp, self.tp, self.ep)[0])

@@ -4,7 +4,8 @@ Public API (stable; other runtime modules import it):
 
     MESH_AXES = ("pp", "dp", "cp", "tp")        rank numbering, outermost first (tp fastest)
     AXES = MESH_AXES + ("ep", "edp", "dp_cp")   every name `Mesh.group`/`axis` accepts
-    MeshShape(pp=1, dp=1, cp=1, tp=1, ep=1)     pure arithmetic, no torch.distributed needed:
+    MeshShape(pp=1, dp=1, cp=1, tp=1, ep=1)     `shardwise.placement`'s (one placement for the
+                                                 estimate and the runtime); pure arithmetic:
         .world_size, .coord(rank) -> dict, .rank_of(**coord) -> int,
         .groups(axis) -> list[tuple[int, ...]]  every group of that axis (global ranks),
         .group_of(axis, rank) -> tuple[int, ...]; MeshShape.from_layout(layout)
@@ -33,7 +34,6 @@ dp groups (0,2) (1,3) (4,6) (5,7); pp groups (0,4) (1,5) (2,6) (3,7).
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,7 @@ import torch.distributed as dist
 
 from shardwise.errors import ShardwiseError
 from shardwise.layout import Layout
+from shardwise.placement import GROUP_AXES, MESH_AXES, MeshShape
 from shardwise.runtime.launch import group_timeout
 
 __all__ = [
@@ -54,94 +55,7 @@ __all__ = [
     "set_current_mesh",
 ]
 
-MESH_AXES: tuple[str, ...] = ("pp", "dp", "cp", "tp")
-AXES: tuple[str, ...] = (*MESH_AXES, "ep", "edp", "dp_cp")
-
-
-@dataclass(frozen=True)
-class MeshShape:
-    """Degrees of the mesh axes and the rank ↔ coordinate arithmetic (no processes)."""
-
-    pp: int = 1
-    dp: int = 1
-    cp: int = 1
-    tp: int = 1
-    ep: int = 1
-
-    def __post_init__(self) -> None:
-        for axis in ("pp", "dp", "cp", "tp", "ep"):
-            if getattr(self, axis) < 1:
-                raise ShardwiseError(f"mesh axis {axis} must be ≥ 1, got {getattr(self, axis)}")
-        if (self.dp * self.cp) % self.ep:
-            raise ShardwiseError(f"ep={self.ep} must divide dp·cp={self.dp * self.cp}")
-
-    @classmethod
-    def from_layout(cls, layout: Layout) -> MeshShape:
-        return cls(pp=layout.pp, dp=layout.dp, cp=layout.cp, tp=layout.tp, ep=layout.ep)
-
-    @property
-    def world_size(self) -> int:
-        return self.pp * self.dp * self.cp * self.tp
-
-    def dims(self) -> tuple[int, ...]:
-        return tuple(getattr(self, a) for a in MESH_AXES)
-
-    def size(self, axis: str) -> int:
-        if axis in ("pp", "dp", "cp", "tp", "ep"):
-            return int(getattr(self, axis))
-        if axis == "edp":
-            return self.dp * self.cp // self.ep
-        if axis == "dp_cp":
-            return self.dp * self.cp
-        raise ShardwiseError(f"unknown mesh axis {axis!r}; valid: {', '.join(AXES)}")
-
-    def coord(self, rank: int) -> dict[str, int]:
-        """Global rank → {"pp": i, "dp": j, "cp": k, "tp": l} (tp varies fastest)."""
-        if not 0 <= rank < self.world_size:
-            raise ShardwiseError(f"rank {rank} outside a mesh of {self.world_size} ranks")
-        out: dict[str, int] = {}
-        for axis in reversed(MESH_AXES):
-            n = getattr(self, axis)
-            out[axis] = rank % n
-            rank //= n
-        return {axis: out[axis] for axis in MESH_AXES}
-
-    def rank_of(self, **coord: int) -> int:
-        rank = 0
-        for axis in MESH_AXES:
-            rank = rank * getattr(self, axis) + coord.get(axis, 0)
-        return rank
-
-    def groups(self, axis: str) -> list[tuple[int, ...]]:
-        """Every group of `axis`, each a tuple of global ranks in group-rank order."""
-        self.size(axis)  # validates the name
-        if axis in MESH_AXES:
-            others = [a for a in MESH_AXES if a != axis]
-            out = []
-            for rest in itertools.product(*(range(getattr(self, a)) for a in others)):
-                base = dict(zip(others, rest))
-                out.append(tuple(self.rank_of(**base, **{axis: i})
-                                 for i in range(getattr(self, axis))))
-            return out
-        # ep / edp / dp_cp live inside the dp × cp block of each (pp, tp) position;
-        # j = dp_i·cp + cp_i numbers that block.
-        out = []
-        for pp_i, tp_i in itertools.product(range(self.pp), range(self.tp)):
-            block = [self.rank_of(pp=pp_i, dp=j // self.cp, cp=j % self.cp, tp=tp_i)
-                     for j in range(self.dp * self.cp)]
-            if axis == "dp_cp":
-                out.append(tuple(block))
-            elif axis == "ep":
-                out.extend(tuple(block[i:i + self.ep]) for i in range(0, len(block), self.ep))
-            else:  # edp: same position inside the ep group
-                out.extend(tuple(block[i::self.ep]) for i in range(self.ep))
-        return out
-
-    def group_of(self, axis: str, rank: int) -> tuple[int, ...]:
-        for g in self.groups(axis):
-            if rank in g:
-                return g
-        raise ShardwiseError(f"rank {rank} is in no {axis} group")  # pragma: no cover
+AXES = GROUP_AXES
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,13 @@ that count over shardwise's step time and the GPU count. The A100 constants (`de
 `data/calibration.json`) serve every A100 row: nothing is tuned per row.
 
 Development set, H100 — mosaicml/llm-foundry, scripts/train/benchmarking/README.md, table
-"H100 80GB BF16" (read at commit 061f2c7ce64e655100286584a7629e2a09f827ba; published 2023):
-MPT models (LayerNorm, GELU MLP 4h, learned positions, tied embeddings, vocab 50,368, no
-dropout) trained with PyTorch FSDP FULL_SHARD (ZeRO-3 over every GPU, no TP/PP), amp_bf16,
-FlashAttention, on 8-GPU H100-SXM nodes (3,200 Gb/s InfiniBand per node); "Activation
-Checkpointing True" is full recomputation. Compared quantity: tokens/s per GPU (column
+"H100 80GB BF16" (read at commit 061f2c7ce64e655100286584a7629e2a09f827ba; the file does not
+date the table — 2023 as far as we know): MPT models (LayerNorm, GELU MLP 4h, learned positions
+— the table's NumParams grows with the sequence length by seq·d_model —, tied embeddings,
+vocab 50,368, no dropout) trained with PyTorch FSDP FULL_SHARD (ZeRO-3 over every GPU, no
+TP/PP), amp_bf16; "Activation Checkpointing True" is taken as full recomputation. The table
+states neither the attention kernel nor the interconnect: modelled as FlashAttention on 8-GPU
+H100-SXM nodes with NVLink4 and NDR InfiniBand (shardwise's `h100` cluster defaults). Compared quantity: tokens/s per GPU (column
 "Throughput (T/s/GPU)"), which needs no FLOP convention. The H100 constants
 (`accelerators.h100-sxm` in `data/calibration.json`: matmul efficiency, FlashAttention
 efficiency, GEMM half-dimension, overlap contention) were fitted on these 19 rows by the grid
@@ -47,11 +49,11 @@ Recorded result (built-in calibration, this commit):
 
     Narayanan et al. 2021, Table 1 — 1F1B (headline): median |error| 0.9 %, max 2.6 %
     with interleaved v = 2 on the pipelined rows:      median 2.0 %, max 6.3 %
-    H100 dev set (llm-foundry, 19 rows, in-sample):    median 2.3 %, max 8.2 %
-    NeMo AutoModel Llama3 70B check (not fitted):      -5.6 %
-    planner winners on the H100 dev workloads:         37.5-50.9 % MFU (best published 46.4 %)
+    H100 dev set (llm-foundry, 19 rows, in-sample):    median 2.2 %, max 7.7 %
+    NeMo AutoModel Llama3 70B check (not fitted):      -5.0 %
+    planner winners on the H100 dev workloads:         37.4-51.0 % MFU (best published 46.4 %)
     Llama 3 405B on H100 (held out; full-attention MFU against 430 / 400 TFLOP/s):
-                                                       -10.6 % (8,192 GPUs), -19.8 % (16,384)
+                                                       -9.8 % (8,192 GPUs), -19.1 % (16,384)
     (A100-era constants on H100 before the Hopper fit: +4.6 %, -5.8 %; before issue 9
     this compared causal MFU with 43 % / 38 %: +1.7 %, -3.7 %)
 """

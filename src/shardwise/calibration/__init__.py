@@ -22,8 +22,8 @@ Per accelerator generation (`accelerators` in the JSON; `sources` cites the rows
     a100-*    `default`, set on Narayanan et al. 2021 Table 1 (Megatron-LM 2021, A100-80GB)
     h100-sxm  fitted on the 19 rows of mosaicml/llm-foundry's "H100 80GB BF16" benchmark table
               (tokens/s/GPU; `benchmarks/validate_published.py --fit` reproduces the fit):
-              matmul 0.66 of peak (A100 0.76), FlashAttention 0.45 (A100-era setting 0.85),
-              d½ = 192, overlap contention 0.5 — Hopper reaches a smaller fraction of its
+              matmul 0.68 of peak (A100 0.76), FlashAttention 0.55 (A100-era setting 0.85),
+              d½ = 256, overlap contention 0.5 — Hopper reaches a smaller fraction of its
               datasheet peak than Ampere
     h200, h100-pcie  the H100 constants transferred (same SM), not fitted on their own rows
     b200 and the rest  not fitted: datasheet scaling of the `default` constants

@@ -1,12 +1,30 @@
 """Predicted versus published training throughput.
 
-Development set — Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU
+Development set, A100 — Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU
 Clusters Using Megatron-LM"), Table 1: GPT models of 1.7B-1T parameters on DGX A100-80GB
 (312 TFLOP/s, NVLink 3 inside 8-GPU nodes, one 200 Gb/s HDR port per GPU), s = 2048,
 V = 51,200, fp16, full recomputation, no FlashAttention (2021). Published throughput counts
 `96·B·s·l·h²·(1 + s/6h + V/16lh)` FLOPs per step (recomputation included); the prediction is
-that count over shardwise's step time and the GPU count. One set of efficiency constants
-(`data/calibration.json`) serves every row and every accelerator: nothing is tuned per row.
+that count over shardwise's step time and the GPU count. The A100 constants (`default` in
+`data/calibration.json`) serve every A100 row: nothing is tuned per row.
+
+Development set, H100 — mosaicml/llm-foundry, scripts/train/benchmarking/README.md, table
+"H100 80GB BF16" (read at commit 061f2c7ce64e655100286584a7629e2a09f827ba; the file does not
+date the table — 2023 as far as we know): MPT models (LayerNorm, GELU MLP 4h, learned positions
+— the table's NumParams grows with the sequence length by seq·d_model —, tied embeddings,
+vocab 50,368, no dropout) trained with PyTorch FSDP FULL_SHARD (ZeRO-3 over every GPU, no
+TP/PP), amp_bf16; "Activation Checkpointing True" is taken as full recomputation. The table
+states neither the attention kernel nor the interconnect: modelled as FlashAttention on 8-GPU
+H100-SXM nodes with NVLink4 and NDR InfiniBand (shardwise's `h100` cluster defaults). Compared quantity: tokens/s per GPU (column
+"Throughput (T/s/GPU)"), which needs no FLOP convention. The H100 constants
+(`accelerators.h100-sxm` in `data/calibration.json`: matmul efficiency, FlashAttention
+efficiency, GEMM half-dimension, overlap contention) were fitted on these 19 rows by the grid
+search `--fit` runs (objective: median + 0.3 × max |error|). Four constants on 19 rows: the dev
+error is an in-sample figure. One further H100 row is a check, not fitted: NVIDIA NeMo
+AutoModel's performance summary (DGX-H100, BF16, Llama3 70B, 64 GPUs, TP1 PP1 CP2, FSDP,
+866.77 tokens/s/GPU; read from a mirror of docs/performance-summary.md, so second-hand).
+Not covered by any fitted row: TP communication overlap, pipeline p2p overlap, H200, B200
+(see `data/calibration.json` `_doc`).
 
 Assumptions: GPT-style models (LayerNorm, GELU MLP 4h, dropout, learned positions, tied
 embeddings); the pipelined rows run non-interleaved 1F1B (PipeDream-Flush). We could not
@@ -23,28 +41,36 @@ model is a 128-layer stand-in (Llama 3 put 126 layers on 16 stages, one fewer on
 last); interleaving v = 2 and ZeRO-1 are assumed; its memory exceeds 80 GB in our count
 (Llama 3 used further tricks), so this checks time, not fit.
 
-Run: `.venv/bin/python benchmarks/validate_published.py` (well under a second).
+Run: `python benchmarks/validate_published.py` (a few seconds: it also runs the planner on
+each H100 dev workload and compares its winner's MFU with the published H100 range);
+`python benchmarks/validate_published.py --fit` re-runs the H100 grid search (~30 s).
 
-Recorded result (default calibration, this commit):
+Recorded result (built-in calibration, this commit):
 
     Narayanan et al. 2021, Table 1 — 1F1B (headline): median |error| 0.9 %, max 2.6 %
-    with interleaved v = 2 on the pipelined rows:      median 2.0 %, max 5.1 %
+    with interleaved v = 2 on the pipelined rows:      median 2.0 %, max 6.3 %
+    H100 dev set (llm-foundry, 19 rows, in-sample):    median 2.2 %, max 7.7 %
+    NeMo AutoModel Llama3 70B check (not fitted):      -5.0 %
+    planner winners on the H100 dev workloads:         37.4-51.0 % MFU (best published 46.4 %)
     Llama 3 405B on H100 (held out; full-attention MFU against 430 / 400 TFLOP/s):
-                                                       +4.6 % (8,192 GPUs), -5.8 % (16,384)
-    (before issue 9 this compared causal MFU with 43 % / 38 %: +1.7 %, -3.7 %)
+                                                       -9.8 % (8,192 GPUs), -19.1 % (16,384)
+    (A100-era constants on H100 before the Hopper fit: +4.6 %, -5.8 %; before issue 9
+    this compared causal MFU with 43 % / 38 %: +1.7 %, -3.7 %)
 """
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shardwise.arch import ModelSpec, get_model
 from shardwise.calibration import Calibration, default_calibration
 from shardwise.estimate.step import FLOP_CONVENTION, estimate_step
 from shardwise.hardware import Cluster
 from shardwise.layout import Layout, TrainSpec
+from shardwise.plan import plan
 
 SEQ, VOCAB = 2048, 51200
 
@@ -117,6 +143,127 @@ def validate(interleave: int = 1, calib: Calibration | None = None
     return rows, statistics.median(errors), max(errors)
 
 
+# ---------------------------------------------------------------------------- H100 dev set
+MPT_SHAPES = {"760m": (1536, 12, 24), "1b": (2048, 16, 24), "3b": (2560, 20, 32),
+              "7b": (4096, 32, 32), "13b": (5120, 40, 40), "30b": (7168, 56, 48),
+              "70b": (8192, 64, 80)}  # d_model, heads, layers (llm-foundry yamls/mpt-*.yaml)
+MPT_VOCAB = 50368
+LLM_FOUNDRY = ("mosaicml/llm-foundry scripts/train/benchmarking/README.md, 'H100 80GB BF16' "
+               "(commit 061f2c7c)")
+
+
+@dataclass(frozen=True)
+class H100Row:
+    model: str
+    seq: int
+    gpus: int
+    micro_batch: int
+    global_batch: int
+    checkpointing: bool  # full activation recomputation
+    published: float  # tokens/s per GPU
+    published_mfu: float  # the source's MFU column (full attention, 2·params incl. embeddings)
+
+
+# Model, SeqLen, # GPUs, MicroBatchSize, GlobalBatchSize, Activation Checkpointing,
+# Throughput (T/s/GPU), MFU — copied from the table named in LLM_FOUNDRY.
+H100_DEV = [
+    H100Row("70b", 2048, 64, 8, 2048, True, 1039, 0.4257),
+    H100Row("70b", 2048, 32, 2, 1024, True, 882, 0.3615),
+    H100Row("30b", 2048, 32, 14, 1344, True, 2308, 0.4392),
+    H100Row("30b", 4096, 8, 1, 168, True, 1802, 0.3586),
+    H100Row("30b", 2048, 8, 3, 504, True, 2002, 0.3811),
+    H100Row("13b", 4096, 8, 10, 240, True, 4717, 0.4160),
+    H100Row("13b", 2048, 8, 2, 16, False, 4792, 0.3979),
+    H100Row("13b", 2048, 64, 2, 128, False, 4800, 0.3986),
+    H100Row("7b", 4096, 8, 16, 256, True, 8611, 0.4042),
+    H100Row("7b", 2048, 8, 6, 48, False, 10643, 0.4644),
+    H100Row("7b", 8192, 8, 8, 128, True, 6935, 0.3714),
+    H100Row("3b", 2048, 64, 6, 1152, False, 22525, 0.4080),
+    H100Row("3b", 8192, 8, 3, 144, False, 16578, 0.4031),
+    H100Row("3b", 4096, 8, 5, 240, False, 20964, 0.4231),
+    H100Row("1b", 2048, 8, 14, 112, False, 45455, 0.4182),
+    H100Row("1b", 4096, 8, 7, 224, False, 38535, 0.4026),
+    H100Row("1b", 8192, 8, 3, 96, False, 29157, 0.3773),
+    H100Row("760m", 2048, 16, 24, 384, False, 68551, 0.3789),
+    H100Row("760m", 4096, 8, 12, 192, False, 55459, 0.3583),
+]
+# Highest published H100 BF16 MFU in the sources this project cites (llm-foundry's table);
+# a planner winner above it needs an explanation.
+H100_BEST_PUBLISHED_MFU = max(row.published_mfu for row in H100_DEV)
+
+
+def mpt_model(row: H100Row) -> ModelSpec:
+    h, a, layers = MPT_SHAPES[row.model]
+    return ModelSpec(f"mpt-{row.model}", layers, h, a, a, 4 * h, MPT_VOCAB, gated_mlp=False,
+                     tie_embeddings=True, norm="layernorm", learned_positions=row.seq,
+                     max_seq=row.seq)
+
+
+def h100_case(row: H100Row) -> tuple[ModelSpec, Cluster, Layout, TrainSpec]:
+    layout = Layout(dp=row.gpus, zero=3, micro_batch=row.micro_batch,
+                    recompute="full" if row.checkpointing else "none")
+    return (mpt_model(row), Cluster.of(row.gpus, "h100"), layout,
+            TrainSpec(seq_len=row.seq, global_batch=row.global_batch))
+
+
+def validate_h100(calib: Calibration | None = None
+                  ) -> tuple[list[tuple[H100Row, float, float, float]], float, float]:
+    """(rows with predicted tokens/s/GPU, relative error, predicted MFU), median and max
+    |error| on the H100 dev set."""
+    out = []
+    for row in H100_DEV:
+        model, cluster, layout, train = h100_case(row)
+        est = estimate_step(model, cluster, layout, train, calib)
+        pred = est.tokens_per_s / row.gpus
+        out.append((row, pred, (pred - row.published) / row.published, est.mfu))
+    errors = [abs(e) for _, _, e, _ in out]
+    return out, statistics.median(errors), max(errors)
+
+
+def nemo_automodel_check(calib: Calibration | None = None) -> tuple[float, float]:
+    """(predicted, published) tokens/s/GPU: NeMo AutoModel, DGX-H100 BF16, Llama3 70B, 64 GPUs,
+    GBS 128, MBS 1, seq 8192, TP1 PP1 CP2, FSDP over 32 (ZeRO-3). Not fitted."""
+    layout = Layout(dp=32, cp=2, zero=3, micro_batch=1)
+    est = estimate_step(get_model("llama3-70b"), Cluster.of(64, "h100"), layout,
+                        TrainSpec(seq_len=8192, global_batch=128), calib)
+    return est.tokens_per_s / 64, 866.77
+
+
+def fit_h100() -> tuple[Calibration, float, float]:
+    """Grid search of the Hopper constants on `H100_DEV` (the fit behind
+    `accelerators.h100-sxm`): minimise median + 0.3 × max |error|."""
+    base = default_calibration("h100-sxm")
+    best: tuple[float, Calibration, float, float] | None = None
+    grid = itertools.product([x / 100 for x in range(56, 73, 2)],
+                             [x / 100 for x in range(35, 66, 5)], (128.0, 192.0, 256.0),
+                             (0.15, 0.3, 0.5, 0.7))
+    for matmul, attention, half, kappa in grid:
+        cal = replace(base, matmul_efficiency=matmul, attention_efficiency=attention,
+                      matmul_half_dim=half, overlap_contention=kappa)
+        _, median, worst = validate_h100(cal)
+        score = median + 0.3 * worst
+        if best is None or score < best[0]:
+            best = (score, cal, median, worst)
+    assert best is not None
+    return best[1], best[2], best[3]
+
+
+def planner_winners(calib: Calibration | None = None
+                    ) -> list[tuple[H100Row, str, float]]:
+    """The planner's winner (layout, MFU with full attention) for each distinct H100 dev
+    workload (model, GPUs, sequence, global batch)."""
+    seen, out = set(), []
+    for row in H100_DEV:
+        key = (row.model, row.gpus, row.seq, row.global_batch)
+        if key in seen:
+            continue
+        seen.add(key)
+        model, cluster, _, train = h100_case(row)
+        best = plan(model, cluster, train, top=1, calib=calib, baseline=False).best
+        out.append((row, best.layout.short(), best.estimate.mfu))
+    return out
+
+
 # GPUs, DP, published MFU: Table 4's TFLOP/s per GPU over H100's 989 (TP 8, PP 16, s = 8192)
 LLAMA3 = [(8192, 64, 430 / 989), (16384, 128, 400 / 989)]
 
@@ -148,19 +295,56 @@ def _print(title: str, interleave: int) -> tuple[float, float]:
     return median, worst
 
 
-def main() -> int:
+def _print_h100() -> tuple[float, float]:
+    rows, median, worst = validate_h100()
+    print(f"H100 dev set — {LLM_FOUNDRY}: predicted vs published tokens/s per GPU "
+          "(FSDP = ZeRO-3, BF16; convention-free)")
+    print(f"{'model':>6} {'seq':>5} {'GPUs':>4} {'mb':>3} {'ckpt':>5} {'predicted':>10} "
+          f"{'published':>10} {'error':>7} {'MFU':>6} {'src MFU':>7}")
+    for row, pred, err, mfu in rows:
+        print(f"{row.model:>6} {row.seq:>5} {row.gpus:>4} {row.micro_batch:>3} "
+              f"{'full' if row.checkpointing else 'none':>5} {pred:>10.0f} {row.published:>10.0f}"
+              f" {err:>+7.1%} {mfu:>6.1%} {row.published_mfu:>7.1%}")
+    print(f"median |error| {median:.1%}, max |error| {worst:.1%} (in-sample: the H100 constants "
+          "were fitted on these rows)")
+    pred, pub = nemo_automodel_check()
+    print(f"check (not fitted) — NeMo AutoModel DGX-H100 BF16 Llama3 70B, 64 GPUs, CP2 FSDP32, "
+          f"s 8192: predicted {pred:.0f}, published {pub:.0f} tokens/s/GPU, "
+          f"error {(pred - pub) / pub:+.1%}\n")
+    return median, worst
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if "--fit" in args:
+        cal, median, worst = fit_h100()
+        print(f"H100 fit: matmul_efficiency {cal.matmul_efficiency}, attention_efficiency "
+              f"{cal.attention_efficiency}, matmul_half_dim {cal.matmul_half_dim}, "
+              f"overlap_contention {cal.overlap_contention}: median {median:.1%}, "
+              f"max {worst:.1%}")
+        return 0
     median, worst = _print("Narayanan et al. 2021, Table 1 — predicted vs published TFLOP/s "
                            "per GPU (A100, 1F1B: headline)", 1)
     _print("Same rows with interleaved v = 2 on the pipelined rows (for comparison)", 2)
+    h_median, h_worst = _print_h100()
+    print(f"Planner winners on the H100 dev workloads (MFU, {FLOP_CONVENTION.split(';')[0]}); "
+          f"best published H100 BF16 MFU in the cited set {H100_BEST_PUBLISHED_MFU:.1%}")
+    above = 0
+    for row, short, mfu in planner_winners():
+        flag = "" if mfu <= H100_BEST_PUBLISHED_MFU * 1.1 else "  ABOVE the published range"
+        above += bool(flag)
+        print(f"  mpt-{row.model:<5} {row.gpus:>3} GPUs s {row.seq:>5} batch "
+              f"{row.global_batch:>5}: {short:<40} MFU {mfu:.1%}{flag}")
     print("Held out: Llama 3 405B on H100, TP 8 × PP 16 (128-layer stand-in, v = 2), MFU "
           "(full attention, 6N + 12·L·h·s)")
     for gpus, pred, pub in llama3_heldout():
         print(f"  {gpus:>6} GPUs: predicted {pred:.1%}, published {pub:.1%}, "
               f"error {(pred - pub) / pub:+.1%}")
     print(f"  (convention: {FLOP_CONVENTION})")
-    ok = median <= 0.03
-    print(f"\ntarget median ≤ 3 %: {'met' if ok else 'NOT met'} (median {median:.1%}, "
-          f"max {worst:.1%})")
+    ok = max(median, h_median) <= 0.03 and max(worst, h_worst) <= 0.10
+    print(f"\ntarget median ≤ 3 %, max ≤ 10 % on both dev sets: {'met' if ok else 'NOT met'} "
+          f"(A100 median {median:.1%} max {worst:.1%}; H100 median {h_median:.1%} "
+          f"max {h_worst:.1%}); planner winners above the published H100 range: {above}")
     return 0 if ok else 1
 
 

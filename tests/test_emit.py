@@ -67,6 +67,26 @@ def test_megatron_grad_reduce_dtype_follows_the_plan():
              TrainSpec(8192, 2048, dtype="fp16"))
 
 
+def test_megatron_and_deepspeed_carry_the_overlap_options():
+    # defaults: TP overlap (with SP), grad-reduce / param-gather overlap, Megatron's default p2p
+    _, on = _argv(emit("megatron", MODEL, LAYOUT, TRAIN).text)
+    assert {"--tp-comm-overlap", "--overlap-grad-reduce", "--overlap-param-gather"} <= set(on)
+    assert "--no-overlap-p2p-communication" not in on
+    off_train = TrainSpec(8192, 2048, tp_comm_overlap=False, overlap_grad_reduce=False,
+                          overlap_p2p=False)
+    _, off = _argv(emit("megatron", MODEL, LAYOUT, off_train).text)
+    assert "--no-overlap-p2p-communication" in off
+    assert not {"--tp-comm-overlap", "--overlap-grad-reduce", "--overlap-param-gather"} & set(off)
+    # Megatron needs SP for TP overlap: not emitted, and the note says the plan agrees
+    no_sp = emit("megatron", MODEL, LAYOUT.with_(sp=False), TRAIN)
+    assert "--tp-comm-overlap" not in _argv(no_sp.text)[1]
+    assert any("--tp-comm-overlap needs --sequence-parallel" in note for note in no_sp.notes)
+    layout = Layout.parse("dp=2048,tp=8,zero=1")
+    for train, expected in ((TRAIN, True), (off_train, False)):
+        config = json.loads(emit("deepspeed", MODEL, layout, train).text)
+        assert config["zero_optimization"]["overlap_comm"] is expected
+
+
 def test_megatron_vocabulary_padding_is_said():
     gpt3 = get_model("gpt3-175b")  # V = 50257 is odd: tp=8 must pad it
     emitted = emit("megatron", gpt3, Layout(dp=8, tp=8), TrainSpec(2048, 64))

@@ -165,25 +165,33 @@ def megatron_args(model: ModelSpec, layout: Layout, train: TrainSpec,
         args.append(f"--expert-model-parallel-size {layout.ep}")
     if layout.sp:
         args.append("--sequence-parallel")
+    if train.tp_comm_overlap and layout.tp > 1:  # TE userbuffers; Megatron requires SP
+        if layout.sp:
+            args.append("--tp-comm-overlap")
+        else:
+            notes.append("--tp-comm-overlap needs --sequence-parallel: not emitted, and the "
+                         "plan charges this layout's TP communication fully exposed")
+    if layout.pp > 1 and layout.chunks > 1 and not train.overlap_p2p:
+        args.append("--no-overlap-p2p-communication")  # Megatron overlaps by default
     if layout.recompute == "selective":
         args.append("--recompute-activations")
     elif layout.recompute == "full":
         args += ["--recompute-granularity full", "--recompute-method uniform",
                  "--recompute-num-layers 1"]
     fsdp = layout.zero >= 2
+    overlap = ["--overlap-grad-reduce"] if train.overlap_grad_reduce else []
+    overlap_both = overlap + (["--overlap-param-gather"] if overlap else [])
     if layout.zero == 0:
-        args.append("--overlap-grad-reduce")
+        args += overlap
     elif layout.zero == 1:
-        args += ["--use-distributed-optimizer", "--overlap-grad-reduce",
-                 "--overlap-param-gather"]
+        args += ["--use-distributed-optimizer", *overlap_both]
         if layout.zero_group:
             args.append("--num-distributed-optimizer-instances "
                         f"{layout.dp * layout.cp // layout.zero_group}")
     else:
         strategy = "optim_grads" if layout.zero == 2 else "optim_grads_params"
         args += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}",
-                 "--ckpt-format fsdp_dtensor", "--overlap-grad-reduce",
-                 "--overlap-param-gather"]
+                 "--ckpt-format fsdp_dtensor", *overlap_both]
         if layout.zero_group:
             notes.append(f"Megatron-FSDP shards over all {layout.dp * layout.cp} data-parallel "
                          f"ranks, not groups of {layout.zero_group}: less memory, the "
@@ -340,7 +348,7 @@ def deepspeed_config(model: ModelSpec, layout: Layout, train: TrainSpec,
                              f"({train.dtype}), not {grad}; use zero ≥ 1 or --grad-dtype "
                              f"{train.dtype}")
     notes: list[str] = []
-    zero: dict[str, object] = {"stage": layout.zero, "overlap_comm": True,
+    zero: dict[str, object] = {"stage": layout.zero, "overlap_comm": train.overlap_grad_reduce,
                                "contiguous_gradients": True,
                                "reduce_bucket_size": int(5e8), "allgather_bucket_size": int(5e8)}
     if layout.zero == 3:

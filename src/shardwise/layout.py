@@ -38,6 +38,15 @@ class TrainSpec:
     optimizer: str = "adam"
     flash_attention: bool = True
     impl: str = DEFAULT_IMPL  # whose activations: an `estimate.profiles` name
+    # Communication overlap (issue 9 item 5; modelled in `estimate.step`, exported by `emit`),
+    # defaults as Megatron-Core + Transformer Engine runs them (the default `impl` profile):
+    # --tp-comm-overlap (TE userbuffers: TP all-gather / reduce-scatter pipelined with the
+    # adjacent GEMMs; applies with sequence parallelism and tp > 1), --overlap-grad-reduce /
+    # --overlap-param-gather (bucketed DP/ZeRO traffic behind backward / forward), and
+    # Megatron's default --overlap-p2p-communication (interleaved schedule only).
+    tp_comm_overlap: bool = True
+    overlap_grad_reduce: bool = True
+    overlap_p2p: bool = True
 
     def validate(self) -> TrainSpec:
         problems = []

@@ -3,6 +3,7 @@ roofline values and the FLOP counts of arch.py."""
 
 import json
 from dataclasses import replace
+from importlib import resources
 
 import numpy as np
 import pytest
@@ -49,7 +50,7 @@ def test_skinny_gemm_is_memory_bound():
 
 def test_efficiency_rises_with_size_and_saturates_below_the_maximum():
     ctx = ctx_for()
-    sizes = np.array([64, 128, 512, 2048, 8192, 65536])
+    sizes = np.array([64, 128, 512, 2048, 8192, 262144])  # saturated for d½ ≤ 256 (Hopper)
     eff = matmul_efficiency(ctx, sizes, sizes, sizes)
     assert np.all(np.diff(eff) > 0)
     assert eff[-1] < ctx.calibration.matmul_efficiency
@@ -118,11 +119,18 @@ def test_optimizer_step_reads_and_writes_30_bytes_per_param_for_bf16_adam():
 
 
 # ------------------------------------------------------------------------------ calibration
-def test_builtin_calibration_is_one_set_for_every_accelerator():
-    a100, h100 = default_calibration("a100-80gb"), default_calibration("h100-sxm")
-    assert a100.matmul_efficiency == h100.matmul_efficiency
+def test_builtin_calibration_is_fitted_per_generation_and_cited():
+    # Issue 9 item 4: Hopper has its own constants (fitted on cited rows, `sources`); an
+    # accelerator without cited rows keeps the A100-set default and says so.
+    a100, h100, h200 = (default_calibration(name) for name in ("a100-80gb", "h100-sxm", "h200"))
+    b200 = default_calibration("b200")
+    assert h100.matmul_efficiency < a100.matmul_efficiency
+    assert h200.to_dict() | {"accelerator": "h100-sxm"} == h100.to_dict()
+    assert b200.matmul_efficiency == a100.matmul_efficiency
     assert a100.link_efficiency == h100.link_efficiency
-    assert 0 < a100.matmul_efficiency <= 1 and 0 < a100.hbm_efficiency <= 1
+    data = json.loads(resources.files("shardwise").joinpath("data/calibration.json").read_text())
+    assert {"a100 (default)", "h100-sxm"} <= set(data["sources"])
+    assert "NOT FITTED" in " ".join(data["_doc"])
 
 
 def test_calibration_file_overrides_only_the_keys_it_names(tmp_path):

@@ -225,3 +225,99 @@ def test_arrays_broadcast_like_scalars():
     for i, text in enumerate(["dp=16", "dp=4,tp=2,pp=2,zero=1,sp=1,recompute=selective"]):
         est = estimate_step(model, cluster, Layout.parse(text), train)
         assert terms["total"][i] == pytest.approx(est.total, rel=1e-12)
+
+
+# ------------------------------------------------------------------ overlap (issue 9 item 5)
+def _no_contention(accelerator="h100-sxm", **changes):
+    return replace(default_calibration(accelerator), overlap_contention=0.0, **changes)
+
+
+def test_tp_comm_overlap_hides_behind_the_pipelined_gemm_share():
+    # Closed form with κ = 0, η = 1: per layer forward max(0, 2·AR - W), backward
+    # max(0, 2·AR - 2·W) with W = gemm·(t-1)/t; the head's backward AR stays exposed. AR comes
+    # from the unoverlapped run: tp_comm = m·(4·L·AR + AR) (no recompute, pp = 1 adds the
+    # embedding's: + AR).
+    from shardwise.estimate.compute import ComputeContext
+    from shardwise.estimate.step import compute_costs
+
+    model = get_model("llama3-8b")
+    cluster = Cluster.of(8, "h100")
+    cal = _no_contention(tp_overlap_efficiency=1.0)
+    layout = Layout(tp=8, sp=True, dp=1)
+    base = TrainSpec(seq_len=4096, global_batch=2)
+    off = estimate_step(model, cluster, layout, replace(base, tp_comm_overlap=False), cal)
+    on = estimate_step(model, cluster, layout, replace(base, tp_comm_overlap=True), cal)
+    m, layers, t = 2, model.n_layers, 8
+    ar = off.tp_comm / (m * (4 * layers + 2))
+    ctx = ComputeContext.of(model, cluster.accelerator, base, cal)
+    gemm = float(compute_costs(ctx, t, 1, 1, 1, 0, 1)["dense"].wgrad)
+    window = gemm * (t - 1) / t
+    expected = m * (layers * (max(0.0, 2 * ar - window) + max(0.0, 2 * ar - 2 * window))
+                    + 2 * ar)
+    assert on.tp_comm == pytest.approx(expected, rel=1e-9)
+    assert on.tp_comm < off.tp_comm
+    # without sequence parallelism Megatron cannot overlap: nothing changes
+    no_sp = Layout(tp=8, dp=1)
+    assert estimate_step(model, cluster, no_sp, base, cal).tp_comm == pytest.approx(
+        estimate_step(model, cluster, no_sp, replace(base, tp_comm_overlap=False), cal).tp_comm)
+
+
+def test_tp_overlapped_closed_form():
+    from shardwise.estimate.step import tp_overlapped
+
+    # window = 0.8 · 2 · 3/4 = 1.2
+    assert tp_overlapped(1.0, 2.0, 4, True, 0.8, 0.1) == pytest.approx(0.1 * 1.0)
+    assert tp_overlapped(2.0, 2.0, 4, True, 0.8, 0.1) == pytest.approx(0.8 + 0.1 * 1.2)
+    assert tp_overlapped(2.0, 2.0, 4, False, 0.8, 0.1) == pytest.approx(2.0)
+
+
+def test_p2p_overlap_leaves_warmup_and_cooldown_exposed():
+    # κ = 0: exposed transfers drop from 2·(v·m + p - 1) to 2·(p - 1)
+    model = get_model("llama3-8b")
+    cluster = Cluster.of(16, "h100", gpus_per_node=4)  # pp crosses nodes
+    cal = _no_contention()
+    layout = Layout(dp=1, tp=4, pp=4, sp=True, schedule="interleaved", chunks=2)
+    base = TrainSpec(seq_len=4096, global_batch=8)
+    off = estimate_step(model, cluster, layout, replace(base, overlap_p2p=False), cal)
+    on = estimate_step(model, cluster, layout, replace(base, overlap_p2p=True), cal)
+    p, v, m = 4, 2, 8
+    assert on.pp_comm == pytest.approx(off.pp_comm * (p - 1) / (v * m + p - 1), rel=1e-9)
+    # Megatron overlaps p2p only in the interleaved schedule
+    plain = Layout(dp=1, tp=4, pp=4, sp=True)
+    assert estimate_step(model, cluster, plain, base, cal).pp_comm == pytest.approx(
+        estimate_step(model, cluster, plain, replace(base, overlap_p2p=False), cal).pp_comm)
+
+
+def test_dp_without_overlap_exposes_all_traffic_and_grad_dtype_sets_the_bytes():
+    model = get_model("llama3-8b")
+    cluster = Cluster.of(64, "h100")
+    base = TrainSpec(seq_len=4096, global_batch=128)
+    for zero in (0, 1, 3):
+        est = estimate_step(model, cluster, Layout(dp=64, zero=zero),
+                            replace(base, overlap_grad_reduce=False))
+        assert est.dp_comm_exposed == est.dp_comm_total > 0
+    # fp32 gradient reduction moves twice the bf16 bytes (latency terms aside: < 1 %)
+    bf16 = estimate_step(model, cluster, Layout(dp=64), replace(base, grad_dtype="bf16"))
+    fp32 = estimate_step(model, cluster, Layout(dp=64), replace(base, grad_dtype="fp32"))
+    assert fp32.dp_comm_total == pytest.approx(2 * bf16.dp_comm_total, rel=0.01)
+
+
+@pytest.mark.parametrize("flags", [dict(tp_comm_overlap=False, overlap_p2p=False,
+                                        overlap_grad_reduce=False), {}])
+def test_planner_arrays_honour_the_overlap_options(flags):
+    from shardwise.estimate.compute import ComputeContext
+    from shardwise.estimate.step import step_terms
+
+    model = get_model("llama3-8b")
+    cluster = Cluster.of(16, "h100")
+    train = TrainSpec(seq_len=4096, global_batch=64, **flags)
+    ctx = ComputeContext.of(model, cluster.accelerator, train)
+    lk = Links.of(cluster, ctx.calibration)
+    texts = ["dp=4,tp=2,pp=2,zero=1,sp=1", "dp=2,tp=2,pp=4,sp=1,schedule=interleaved,chunks=2"]
+    layouts = [Layout.parse(text) for text in texts]
+    cols = {k: np.array([lay.codes()[k] for lay in layouts]) for k in layouts[0].codes()}
+    terms = step_terms(ctx, lk, train, m=np.array([lay.microbatches(train) for lay in layouts]),
+                       **cols)
+    for i, lay in enumerate(layouts):
+        est = estimate_step(model, cluster, lay, train)
+        assert terms["total"][i] == pytest.approx(est.total, rel=1e-12)

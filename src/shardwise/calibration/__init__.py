@@ -13,10 +13,22 @@ with the accelerator's datasheet peak and bandwidth times a few *achievable-frac
     overlap_contention    fraction of *overlapped* communication time still charged to the step:
                           NCCL kernels running beside the GEMMs take SMs and HBM bandwidth from
                           them (Calculon's `processor_usage`; measured slowdowns 5-20 %)
+    tp_overlap_efficiency fraction of the adjacent GEMMs' time (of its `(t-1)/t` pipelined part)
+                          that hides TP all-gathers/reduce-scatters under `--tp-comm-overlap`
     links[name]           achievable fraction of a link's bandwidth (NCCL bus bandwidth)
 
-One set, `default`, serves every accelerator: only the datasheet figures change between
-hardware generations. A JSON file with the same shape overrides any subset
+Per accelerator generation (`accelerators` in the JSON; `sources` cites the rows):
+
+    a100-*    `default`, set on Narayanan et al. 2021 Table 1 (Megatron-LM 2021, A100-80GB)
+    h100-sxm  fitted on the 19 rows of mosaicml/llm-foundry's "H100 80GB BF16" benchmark table
+              (tokens/s/GPU; `benchmarks/validate_published.py --fit` reproduces the fit):
+              matmul 0.68 of peak (A100 0.76), FlashAttention 0.55 (A100-era setting 0.85),
+              d½ = 256, overlap contention 0.5 — Hopper reaches a smaller fraction of its
+              datasheet peak than Ampere
+    h200, h100-pcie  the H100 constants transferred (same SM), not fitted on their own rows
+    b200 and the rest  not fitted: datasheet scaling of the `default` constants
+
+A JSON file with the same shape overrides any subset
 (`load_calibration(accelerator, path)`; `shardwise plan --calibration FILE`).
 
 `shardwise calibrate` measures the machine it runs on and writes such a file with two more
@@ -39,10 +51,12 @@ from shardwise.hardware import Link
 __all__ = ["Calibration", "default_calibration", "load_calibration"]
 
 _SCALARS = ("matmul_efficiency", "matmul_half_dim", "attention_efficiency", "hbm_efficiency",
-            "kernel_overhead", "dp_bucket_bytes", "overlap_contention")
+            "kernel_overhead", "dp_bucket_bytes", "overlap_contention",
+            "tp_overlap_efficiency")
 # `machine` (the measured hardware, `calibration.machine`) and `measurements` (raw points and
-# fit residuals) are written by `shardwise calibrate`; the constants ignore them.
-_SECTIONS = ("default", "accelerators", "links", "machine", "measurements")
+# fit residuals) are written by `shardwise calibrate`; `sources` cites the public rows each
+# generation's constants were fitted on (below); the constants ignore all three.
+_SECTIONS = ("default", "accelerators", "links", "machine", "measurements", "sources")
 
 
 @dataclass(frozen=True)
@@ -57,6 +71,7 @@ class Calibration:
     kernel_overhead: float = 5e-6
     dp_bucket_bytes: float = 80e6
     overlap_contention: float = 0.15
+    tp_overlap_efficiency: float = 0.8
     link_efficiency: dict[str, float] = field(default_factory=dict)
     source: str = "built-in"
 
@@ -69,7 +84,8 @@ class Calibration:
         problems = []
         if not 0 <= self.overlap_contention <= 1:
             problems.append(f"overlap_contention must be in [0, 1], got {self.overlap_contention}")
-        for name in ("matmul_efficiency", "attention_efficiency", "hbm_efficiency"):
+        for name in ("matmul_efficiency", "attention_efficiency", "hbm_efficiency",
+                     "tp_overlap_efficiency"):
             value = getattr(self, name)
             if not 0 < value <= 1:
                 problems.append(f"{name} must be in (0, 1], got {value}")

@@ -10,8 +10,11 @@ All per rank, on the pipeline's critical path, for `m` micro-batches:
   `t_b` includes recomputation.
 * **TP** (Shoeybi et al. 2019) — 2 all-reduces of the `(s/c, b, h)` activation per layer forward,
   2 backward, 2 more when full recompute replays the forward; sequence parallelism swaps each for
-  a reduce-scatter + all-gather of the same bytes (Korthikanti et al. 2022). On the critical
-  path (not overlapped), inside the node when `tp ≤ gpus_per_node`. SP as implemented also
+  a reduce-scatter + all-gather of the same bytes (Korthikanti et al. 2022), inside the node
+  when `tp ≤ gpus_per_node`. On the critical path unless `TrainSpec.tp_comm_overlap` (Megatron
+  `--tp-comm-overlap`, with SP): then each is pipelined with its adjacent GEMMs and only the
+  part the calibrated window cannot hide, plus the contention share, is charged
+  (`tp_overlapped`). SP as implemented also
   all-gathers the sequence-sharded QKV and gate/up input again in backward for the weight
   gradients (2 all-gathers of `(t-1)/t · s·b·h` per layer, `comm.tp_comm_ops_per_layer`);
   Megatron overlaps them with the input-gradient GEMMs, so they are not charged here.
@@ -20,7 +23,9 @@ All per rank, on the pipeline's critical path, for `m` micro-batches:
   block)` is exposed.
 * **EP** — dispatch + combine all-to-alls per MoE layer forward, two backward (exposed).
 * **PP** — one activation (forward) and one gradient (backward) p2p per micro-batch and virtual
-  stage, `s/c·b·h/t` bytes (Megatron's scatter/gather): `2·(v·m + p - 1)` transfers exposed.
+  stage, `s/c·b·h/t` bytes (Megatron's scatter/gather): `2·(v·m + p - 1)` transfers exposed;
+  with `TrainSpec.overlap_p2p` and the interleaved schedule only the warm-up/cool-down
+  `2·(p-1)` (`p2p_exposed`).
 * **bubble** — `(p-1)·(T_F + T_B)` for GPipe and 1F1B, `/v` interleaved (Narayanan et al.
   2021), for ZB-H1 (Qi et al. 2023) `max((p-1)(T_F + B - T_W), (p-1)(T_F + B) - (m-1)·T_W)`
   with `B = T_B - T_W` the input-gradient part of the backward — with the middle stage's
@@ -30,7 +35,10 @@ All per rank, on the pipeline's critical path, for `m` micro-batches:
   fraction `overlap_contention` of its time is charged (NCCL kernels take SMs and HBM
   bandwidth from the GEMMs they overlap).
 * **DP / ZeRO** (Rajbhandari et al. 2020) over the `dp·cp` replicas, in gradient buckets
-  (`dp_bucket_bytes`, one latency term per bucket):
+  (`dp_bucket_bytes`, one latency term per bucket), gradients in `TrainSpec.grad_dtype` (fp32
+  or bf16 reduction: the bytes on the wire), overlapped as below when
+  `TrainSpec.overlap_grad_reduce` (Megatron `--overlap-grad-reduce/--overlap-param-gather`),
+  else all exposed:
   stage 0 all-reduce, overlapped with the last micro-batch's backward, only `max(C/buckets,
   C - t_b)` exposed ("only the last bucket"); stages 1-2 reduce-scatter (stage 2 after *every*
   micro-batch: its gradients are sharded, no full accumulation buffer) and one all-gather of
@@ -88,8 +96,10 @@ __all__ = [
     "compute_costs",
     "estimate_step",
     "group_collective_time",
+    "p2p_exposed",
     "pipeline_bubble",
     "step_terms",
+    "tp_overlapped",
 ]
 
 
@@ -243,8 +253,15 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     activation = s / c * b * h * ab
     tp_ar = group_collective_time("all-reduce", activation, t, on_node("tp"), links)
     layers = model.n_layers / p
-    tp_f = layers * 2 * tp_ar
-    tp_b = layers * (2 + 2 * full) * tp_ar
+    kappa = cal.overlap_contention
+    # --tp-comm-overlap (needs SP): each layer's AG/RS pipelined with its adjacent GEMMs
+    tp_overlap = bool(train.tp_comm_overlap) & (sp == 1) & (t > 1)
+    gemm_f = dense.wgrad  # one dense layer's forward GEMMs (the backward runs 2x)
+    tp_f1 = tp_overlapped(2 * tp_ar, gemm_f, t, tp_overlap, cal.tp_overlap_efficiency, kappa)
+    tp_b1 = tp_overlapped((2 + 2 * full) * tp_ar, (2 + full) * gemm_f, t, tp_overlap,
+                          cal.tp_overlap_efficiency, kappa)
+    tp_f = layers * tp_f1
+    tp_b = layers * tp_b1
     # head: the input-gradient all-reduce backward; embedding (pp = 1): its output all-reduce.
     tp_crit = tp_f + tp_b + tp_ar * np.where(single, 2, 1)
 
@@ -256,7 +273,6 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
                + kv_block / np.where(cp_intra, links.intra_bw, links.inter_bw))
     per_layer_f = attn_f / np.maximum(layers, 1e-30)  # attention time of one layer
     per_layer_b = attn_b / np.maximum(layers, 1e-30)
-    kappa = cal.overlap_contention
 
     def hidden(transfer: Any, block: Any) -> Any:
         """Exposed part of a transfer overlapped with `block` compute (+ contention)."""
@@ -282,7 +298,7 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     p2p_bytes = s / c * b * h * ab / t
     p2p = (np.where(pp_intra, links.intra_lat, links.inter_lat)
            + p2p_bytes / np.where(pp_intra, links.intra_bw, links.inter_bw))
-    pp_comm = np.where(p > 1, 2 * (v * m + p - 1) * p2p, 0.0)
+    pp_comm = np.where(p > 1, p2p_exposed(p2p, p, v, m, bool(train.overlap_p2p) & (v > 1), kappa), 0.0)
     big_f = f_mid + tp_f + cp_f + ep_f
     big_b = b_mid + tp_b + cp_b + ep_b
     bubble = np.where(p > 1, pipeline_bubble(sched, p, v, m, big_f, big_b, w_mid), 0.0)
@@ -333,8 +349,11 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
                                   reductions * rs + ag) + np.where(across > 1, xr, 0.0))
         dp_exposed = dp_exposed + np.where(n > 1, exposed, 0.0)
         dp_total = dp_total + np.where(n > 1, total, 0.0)
-    # Overlapped traffic still slows the GEMMs it runs beside (SM and HBM contention).
-    dp_exposed = dp_exposed + kappa * np.maximum(dp_total - dp_exposed, 0.0)
+    if train.overlap_grad_reduce:
+        # Overlapped traffic still slows the GEMMs it runs beside (SM and HBM contention).
+        dp_exposed = dp_exposed + kappa * np.maximum(dp_total - dp_exposed, 0.0)
+    else:  # no --overlap-grad-reduce / --overlap-param-gather: every byte on the critical path
+        dp_exposed = dp_total
 
     # ---- optimizer step over the parameters this rank updates
     opt_dense = dense_params / np.where(zero >= 1, group, 1)
@@ -353,6 +372,40 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
         "dp_comm_exposed": dp_exposed, "optimizer": optimizer, "total": total,
         "dp_comm_total": dp_total, "t_forward": big_f, "t_backward": big_b, "t_wgrad": w_mid,
     }
+
+
+def tp_overlapped(comm: Any, gemm: Any, t: Any, on: Any, eta: float, kappa: float) -> Any:
+    """Exposed time of one layer pass's TP collectives `comm` next to GEMMs taking `gemm`.
+
+    Without overlap all of `comm` is exposed (Shoeybi et al. 2019). With Megatron's
+    `--tp-comm-overlap` (Transformer Engine userbuffers; Wang et al. 2022, "Overlap
+    communication with dependent computation via decomposition", ASPLOS'23) each all-gather /
+    reduce-scatter is split into `t` chunks pipelined with the GEMM that consumes / produces
+    them (ring exchange; bulk overlap for the weight-gradient GEMMs): the first chunk's
+    transfer cannot hide, so at most `(t-1)/t` of the GEMM time is a window, and the
+    communication kernels slow the GEMM they share the SMs with. With
+    `W = η·gemm·(t-1)/t` (η = `tp_overlap_efficiency`, calibrated):
+
+        exposed = max(0, comm - W) + κ·min(comm, W)     (κ = `overlap_contention`)
+    """
+    window = eta * gemm * (t - 1) / np.maximum(t, 1)
+    hidden = np.minimum(comm, window)
+    return np.where(on, comm - hidden + kappa * hidden, comm)
+
+
+def p2p_exposed(p2p: Any, p: Any, v: Any, m: Any, on: Any, kappa: float) -> Any:
+    """Exposed pipeline send/receive time per step on the critical stage.
+
+    Each micro-batch and virtual stage sends one activation forward and one gradient back:
+    `2·(v·m + p - 1)` transfers of `p2p` seconds on the critical path without overlap.
+    Megatron's `--overlap-p2p-communication` posts them asynchronously beside the next
+    micro-batch's compute (Narayanan et al. 2021 §4.2 scatter/gather, Megatron-Core's
+    interleaved schedule), so only the warm-up and cool-down transfers, `2·(p - 1)`, stay
+    exposed and the steady state's `2·v·m` cost the contention fraction κ. Megatron overlaps
+    them only in the interleaved schedule (`on` is `overlap_p2p` and `chunks > 1`).
+    """
+    return np.where(on, 2 * (p - 1) * p2p + kappa * 2 * v * m * p2p,
+                    2 * (v * m + p - 1) * p2p)
 
 
 def compute_costs(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any, e: Any

@@ -122,11 +122,13 @@ def test_reference_drops_tokens_and_the_aux_loss_changes_training():
 
 
 TWO = [config("dp=2"), config("dp=2,ep=2"), config("tp=2,recompute=full"), config("pp=2"),
-       config("dp=2", shared=1), config("dp=2,ep=2", shared=1)]
+       config("pp=2,schedule=zb-h1"), config("dp=2", shared=1), config("dp=2,ep=2", shared=1)]
 
 
 @pytest.mark.slow
 def test_capacity_aux_loss_and_shared_experts_on_two_ranks_equal_single_device():
+    """dp, ep, tp (with full recompute), pp under 1F1B and ZB-H1; shared experts under dp
+    and ep."""
     _check(spawn(_train_layouts, 2, TWO, timeout_s=240), TWO)
 
 

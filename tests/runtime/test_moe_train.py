@@ -20,7 +20,7 @@ import functools
 
 import pytest
 import torch
-from tests.cli_helpers import assert_one_line_error, shardwise
+from tests.cli_helpers import assert_one_line_error, shardwise, shardwise_json
 
 from shardwise.arch import get_model
 from shardwise.layout import Layout
@@ -155,3 +155,16 @@ def test_check_is_exact_with_capacity_aux_loss_and_shared_experts():
     assert moe and all("f_i" in r.note for r in moe if r.error)
     assert [r.error for r in rows if r.item in ("comm", "state")] == [0.0] * sum(
         r.item in ("comm", "state") for r in rows)
+
+
+@pytest.mark.slow
+def test_cli_trains_moe_with_capacity_and_aux_loss_like_one_device():
+    """The user's path: `shardwise train … --capacity-factor --aux-loss-coef` on dp2×ep2."""
+    out = shardwise_json("train", "--model", "tiny-moe", "--dp", "2", "--ep", "2", "--mbs",
+                         str(MBS), "--steps", str(STEPS), "--seq", str(SEQ), "--global-batch",
+                         str(BATCH), "--lr", str(LR), "--min-lr", str(LR / 10), "--warmup", "1",
+                         "--clip", str(CLIP), "--dtype", "fp64", "--capacity-factor", str(CF),
+                         "--aux-loss-coef", str(ALPHA), "--quiet")
+    losses, norms, _, _ = reference(0)
+    assert [r["loss"] for r in out["records"]] == pytest.approx(losses, rel=TOL)
+    assert [r["grad_norm"] for r in out["records"]] == pytest.approx(norms, rel=TOL)

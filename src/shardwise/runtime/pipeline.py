@@ -34,7 +34,13 @@ head) records its input X and its output Y during F. B asks autograd for the gra
 respect to the stage input *and each Y only*, so no weight-gradient product is computed (autograd
 runs only the parts of the graph those inputs need); the graph is then freed and only (X, dY)
 stay. W computes `dW = dYᵀ·X`, `db = Σ dY` (and an index-add for the embedding): the weight
-gradient GEMMs of Qi et al.'s Figure 1.
+gradient GEMMs of Qi et al.'s Figure 1. The Transformer stages (`parallel_transformer`) run
+their forward under `defer_linears` instead: every linear becomes a `_DeferrableLinear`, B is
+one autograd backward inside `deferring_weight_grads` (input gradients, and the weight
+gradients of the norms, the router, the experts and the embedding, computed there), and each
+linear hands its (X, dY) to W, which computes `dW = dYᵀ·X`. What a linear saves in the
+forward is unchanged (X; the weight is state); between B and W the stage holds X and dY of
+every linear of the micro-batch (X would otherwise be freed at B).
 
 Communication and why it cannot deadlock: a rank *receives* with a blocking `recv` right before
 the action that needs the tensor and *sends* with a non-blocking `isend` right after the action

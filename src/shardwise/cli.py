@@ -325,7 +325,7 @@ def demo(name: str, ranks: int | None, schedule: str | None, as_json: bool) -> N
 def run_options(func: Callable) -> Callable:
     """What to run on which layout, for the commands that run the runtime (train, check):
     --model, the layout options, --seq, --global-batch, --seed, --data, --dtype, --flash,
-    --timeout."""
+    --timeout, --capacity-factor, --aux-loss-coef (MoE)."""
     options = [
         click.option("--model", "model_name", default="tiny", show_default=True,
                      help="Preset or Hugging Face config.json (Llama-style)."),
@@ -345,6 +345,13 @@ def run_options(func: Callable) -> Callable:
         click.option("--timeout", default=600.0, show_default=True,
                      callback=checked(positive, high=366 * 86400),
                      help="Seconds before a stuck or failed run is stopped."),
+        click.option("--capacity-factor", "capacity_factor", default=None,
+                     type=click.FloatRange(min=0, min_open=True),
+                     help="MoE: each expert takes at most ⌈cf·T·k/E⌉ of the T tokens of one "
+                          "micro-batch on one rank; the rest are dropped [default: no limit]."),
+        click.option("--aux-loss-coef", "aux_loss_coef", default=0.0, show_default=True,
+                     type=click.FloatRange(min=0),
+                     help="MoE: weight of Switch's load-balancing loss per MoE layer."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -356,10 +363,11 @@ def _train_config(model_name: str, layout_kw: dict[str, Any], seq: int, global_b
                   **settings: Any) -> Any:
     """The `runtime.train.TrainConfig` of `run_options` (--dp defaults to 1 here)."""
     rt = _import_runtime("shardwise.runtime.train")
+    moe = {name: layout_kw.pop(name) for name in ("capacity_factor", "aux_loss_coef")}
     layout = Layout(dp=layout_kw.pop("dp") or 1, **layout_kw)
     return rt.TrainConfig(get_model(model_name), layout, seq_len=seq,
                           global_batch=parse_batch(global_batch, seq), seed=seed,
-                          data=data_path, dtype=dtype, flash=flash, **settings)
+                          data=data_path, dtype=dtype, flash=flash, **moe, **settings)
 
 
 def _preflight(config: Any, **paths: dict[str, str | None]) -> None:

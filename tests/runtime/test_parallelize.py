@@ -90,7 +90,7 @@ def test_context_parallel_ranks_hold_zigzag_positions():
 
 
 @pytest.mark.parametrize(("text", "model", "fragment"), [
-    ("pp=2,schedule=zb-h1", "tiny", "zb-h1 is not supported"),
+    ("pp=2,schedule=zb-h1,recompute=full", "tiny", "zb-h1 with full recompute"),
     ("dp=2,zero=1,pp=2", "tiny", "ZeRO-1 with pp > 1"),
     ("dp=2,zero=3,ep=2", "tiny-moe", "ZeRO-3 with ep > 1"),
     ("dp=2,zero=2", "tiny-tied", "ZeRO-2 with tied embeddings"),

@@ -312,3 +312,33 @@ def test_zb_split_b_computes_input_gradients_only_and_w_the_rest(first):
     assert grads.keys() == grads_ref.keys()
     for n in grads:
         assert torch.allclose(grads[n], grads_ref[n], rtol=TOL, atol=TOL), n
+
+
+def test_transformer_b_defers_exactly_the_linear_weight_gradients_to_w():
+    """Under `defer_linears`, a backward inside `deferring_weight_grads` (ZB-H1's B) leaves
+    every linear weight without a gradient and hands over one (X, dY) pair per linear call
+    (7 per layer: q, k, v, o, gate, up, down; plus the head); norms and the embedding get
+    theirs in B. W (`backward_weight`) then completes the gradients: equal to plain autograd's
+    on the same model (fp64)."""
+    from shardwise.arch import get_model
+    from shardwise.runtime.model import Transformer
+    from shardwise.runtime.pipeline import backward_weight, defer_linears, deferring_weight_grads
+
+    spec = get_model("tiny")
+    tokens = torch.randint(0, spec.vocab, (2, 16), generator=torch.Generator().manual_seed(0))
+    plain = Transformer(spec, dtype=torch.float64, seed=3)
+    plain.loss(tokens[:, :-1], tokens[:, 1:]).backward()
+    split = Transformer(spec, dtype=torch.float64, seed=3)
+    with defer_linears():
+        loss = split.loss(tokens[:, :-1], tokens[:, 1:])
+    with deferring_weight_grads() as later:
+        loss.backward()
+    linears = {id(m.weight) for m in split.modules() if isinstance(m, torch.nn.Linear)}
+    assert len(later) == 7 * spec.n_layers + 1
+    assert {id(op.weight) for op, _ in later} == linears
+    for name, p in split.named_parameters():
+        assert (p.grad is None) == (id(p) in linears), name
+    backward_weight(later)
+    want = dict(plain.named_parameters())
+    for name, p in split.named_parameters():
+        torch.testing.assert_close(p.grad, want[name].grad, rtol=1e-12, atol=1e-15)

@@ -125,7 +125,8 @@ TWO = [config("dp=2"), config("tp=2"), config("tp=2,sp=1,recompute=full"),
        config("pp=2"), config("pp=2,schedule=interleaved,chunks=2"),
        config("pp=2,schedule=gpipe", "tiny-tied"), config("cp=2"),
        config("dp=2,ep=2", "tiny-moe"), config("dp=2,zero=3"),
-       config("dp=2,tp=1,mbs=2", dtype="fp32"), config("tp=2", dtype="fp32")]
+       config("dp=2,tp=1,mbs=2", dtype="fp32"), config("tp=2", dtype="fp32"),
+       config("pp=2,schedule=zb-h1", "tiny-tied")]
 
 
 @pytest.mark.slow
@@ -134,7 +135,8 @@ def test_two_ranks_dp_tp_sp_pp_cp_ep_zero3_equal_single_device():
 
 
 FOUR = [config("tp=2,cp=2"), config("dp=2,cp=2,zero=2"), config("dp=2,tp=2,zero=3,sp=1"),
-        config("dp=2,pp=2,ep=2,recompute=selective", "tiny-moe")]
+        config("dp=2,pp=2,ep=2,recompute=selective", "tiny-moe"),
+        config("pp=4,schedule=zb-h1,mbs=2")]
 
 
 @pytest.mark.slow
@@ -167,8 +169,8 @@ def test_a_killed_rank_fails_the_run_within_the_timeout():
 def test_impossible_layouts_are_one_line_errors():
     assert_one_line_error(shardwise("train", "--tp", "3", check=False),
                           "tp=3 does not divide n_heads=4")
-    assert_one_line_error(shardwise("train", "--pp", "2", "--schedule", "zb-h1", check=False),
-                          "zb-h1 is not supported")
+    assert_one_line_error(shardwise("train", "--pp", "2", "--schedule", "zb-h1", "--recompute",
+                                    "full", check=False), "zb-h1 with full recompute")
     assert_one_line_error(shardwise("train", "--dp", "2", "--zero", "1", "--pp", "2",
                                     check=False), "ZeRO-1 with pp > 1")
     assert_one_line_error(shardwise("train", "--ep", "2", "--dp", "2", check=False),

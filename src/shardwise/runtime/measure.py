@@ -59,6 +59,7 @@ from shardwise.runtime import launch
 from shardwise.runtime.data import Batches, load_tokens
 from shardwise.runtime.parallel_transformer import ParallelTransformer
 from shardwise.runtime.train import TrainConfig, build, train_step
+from shardwise.units import dtype_bytes
 
 __all__ = ["LayerRecorder", "check_layout", "run_check", "saved_bytes_per_layer",
            "saved_tensor_bytes", "state_bytes"]
@@ -150,12 +151,14 @@ class LayerCall:
     layer without its MoE block) and by its MoE block (`moe`, None for a dense layer).
     `extra_rows`: under expert parallelism, rows this rank's experts ran beyond the k·T
     copies of its own tokens (rows received from other ranks minus rows sent to them; 0 when
-    routing is balanced)."""
+    routing is balanced), less the assignments dropped at the capacity limit (`dropped`:
+    the experts run those fewer rows, and the combine keeps that many fewer expert outputs)."""
 
     layer: int
     saved: int
     moe: int | None = None
     extra_rows: int = 0
+    dropped: int = 0
 
 
 @dataclass
@@ -182,6 +185,7 @@ class LayerRecorder:
     _pass: dict[tuple[int, str], dict[int, tuple[int, Any]]] = field(default_factory=dict)
     _where: tuple[int, str] | None = None
     _extra_rows: dict[int, int] = field(default_factory=dict)
+    _dropped: dict[int, int] = field(default_factory=dict)
     _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     _handles: list[Any] = field(default_factory=list)
 
@@ -245,12 +249,14 @@ class LayerRecorder:
             if self._where is None:
                 return
             self._where = (k, "layer")
+            self._dropped[k] = getattr(module, "dropped", 0)
+            self._extra_rows[k] = -self._dropped[k]
             if stats is not None:
                 me = self.ep_rank
                 out = sum(stats.sent_rows) - stats.sent_rows[me]
                 into = sum(stats.received_rows) - stats.received_rows[me]
                 self.routing.append((k, out, into))
-                self._extra_rows[k] = into - out
+                self._extra_rows[k] += into - out
                 module.ep_stats = None
         return hook
 
@@ -275,9 +281,10 @@ class LayerRecorder:
                 k, sum(n for p, n in own.items() if p not in shared),
                 None if moe is None else sum(n for p, n in moe.items()
                                              if p not in shared and p not in own),
-                self._extra_rows.get(k, 0)))
+                self._extra_rows.get(k, 0), self._dropped.get(k, 0)))
         self._pass = {}
         self._extra_rows = {}
+        self._dropped = {}
 
 
 # ------------------------------------------------------------------- state on the rank
@@ -301,8 +308,9 @@ def state_bytes(modules: Sequence[nn.Module], optimizer: torch.optim.Optimizer
 
 
 def _activation_rows(model: ModelSpec, layout: Layout, train: TrainSpec,
-                     recorder: LayerRecorder) -> list[CheckRow]:
-    """Per layer on the rank: the forward call with the largest error against the count."""
+                     recorder: LayerRecorder, aux_loss: bool = False) -> list[CheckRow]:
+    """Per layer on the rank: the forward call with the largest error against the count
+    (`aux_loss`: the MoE layers' load-balancing loss is part of the objective)."""
     rows = []
     for k in sorted({call.layer for call in recorder.calls}):
         calls = [call for call in recorder.calls if call.layer == k]
@@ -310,9 +318,12 @@ def _activation_rows(model: ModelSpec, layout: Layout, train: TrainSpec,
                                                              model.is_moe_layer(k))
         if predicted_moe is None:  # full recompute: the whole layer is its input
             parts = [(f"layer {k}", [(predicted, c.saved + (c.moe or 0)) for c in calls])]
-        else:  # the MoE count at the routing each call drew (balanced: extra_rows = 0)
+        else:  # the MoE count at the routing each call drew (balanced: extra_rows = 0);
+            # a dropped assignment also leaves out its expert output row (h values)
+            out_row = model.d_model * dtype_bytes(train.dtype)
             parts = [(f"layer {k} attention", [(predicted, c.saved) for c in calls]),
-                     (f"layer {k} MoE", [(predicted_moe + c.extra_rows * per_row, c.moe or 0)
+                     (f"layer {k} MoE", [(predicted_moe + c.extra_rows * per_row
+                                          - c.dropped * out_row, c.moe or 0)
                                          for c in calls])]
         for what, pairs in parts:
             expected, worst = max(pairs, key=lambda p: abs(p[1] - p[0]) / max(p[0], 1.0))
@@ -322,10 +333,15 @@ def _activation_rows(model: ModelSpec, layout: Layout, train: TrainSpec,
             if train.impl != RUNTIME_IMPL:
                 why = [f"against the {train.impl} profile; the runtime saves the "
                        f"{RUNTIME_IMPL} profile", *why]
+            if aux_loss and what.endswith("MoE") and row.error:
+                why = [f"the load-balancing loss keeps Switch's f_i for its router-probability "
+                       f"gradient: E·bytes = +{model.n_experts * dtype_bytes(train.dtype):,.0f} "
+                       "B, not in SPEC §3's count", *why]
             if any(e != pairs[0][0] for e, _ in pairs):
                 why = ["the count at the routing each call drew (under ep a rank's experts run "
                        "the rows routed to them: ± rows × expert input, gate, up and "
-                       "down-projection input)", *why]
+                       "down-projection input; a capacity drop also − its expert output)",
+                       *why]
             rows.append(replace(row, note="; ".join(
                 [f"per micro-batch, worst of {len(pairs)} forward calls", *why])))
     if recorder.shared:
@@ -377,7 +393,8 @@ def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL
     model, layout, train = config.model, config.layout, config.train_spec()
     terms = predicted_comm(model, layout, train, stage, recorder.routing, steps)
     rows = [*comm_rows(terms, dict(counter.sent), steps, layout),
-            *_activation_rows(model, layout, replace(train, impl=impl), recorder),
+            *_activation_rows(model, layout, replace(train, impl=impl), recorder,
+                              config.aux_loss_coef > 0),
             *state_rows(model, layout, train, stage, held),
             peak_row(model, layout, train, stage, peak)]
     if launch.rank() == 0:  # completed by `runtime.step_time.with_prediction`

@@ -11,7 +11,8 @@ generalised activation count of SPEC §3 says (`estimate.memory.saved_tensors_pe
     SwiGLU       gate and up projections; the down projection keeps silu(gate)·up
     linear       its input (the weight is a parameter, not an activation)
     MoE          the router input and probabilities; per routed row the expert's input, gate,
-                 up and down-projection input, and its output (`ops.moe.moe_layer`)
+                 up and down-projection input, and its output (`ops.moe.moe_layer`); per
+                 shared expert the gate, up and down-projection input of every token
 
 so `runtime.measure.saved_bytes_per_layer` can hold the model to the formula.
 
@@ -41,8 +42,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from shardwise.arch import ModelSpec
-from shardwise.errors import ShardwiseError
-from shardwise.ops.moe import MoEParams, moe_layer
+from shardwise.ops.moe import MoEParams, expert_mlp, moe_layer
 from shardwise.ops.swiglu import SwiGLUFunction
 
 AttentionCore = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -268,33 +268,89 @@ class SwiGLU(nn.Module):
         return self.leave(self.w_down(SwiGLUFunction.apply(gate, up)))
 
 
+class AuxLossAutoScaler(torch.autograd.Function):
+    """Attach an auxiliary loss to an activation: forward returns `y` unchanged, backward
+    passes `dy` through and seeds the loss's gradient with `scale` (Megatron-LM's
+    `MoEAuxLossAutoScaler`). The layer's loss joins the objective wherever the layer runs —
+    on any pipeline stage — without travelling to the last stage."""
+
+    @staticmethod
+    def forward(ctx, y: torch.Tensor, aux: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        return dy, torch.full((), ctx.scale, dtype=dy.dtype, device=dy.device), None
+
+
+# (T, h) tokens -> (output (T, h), the layer's load-balancing loss)
+Experts = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
 class MoE(nn.Module):
-    """Top-k routed SwiGLU experts (Shazeer et al. 2017; Mixtral's renormalised gates):
-    `y = Σ_{i ∈ topk(softmax(x W_r))} g_i · expert_i(x)`, per token, no capacity limit (no
-    token is dropped, so the output does not depend on how tokens are grouped) and no auxiliary
-    loss. Parameters as `ops.moe.MoEParams`: router (h, E), w_gate, w_up (E, h, f),
-    w_down (E, f, h). `experts` maps tokens (T, h) -> (T, h); expert parallelism swaps it."""
+    """Top-k routed SwiGLU experts (Shazeer et al. 2017; Mixtral's renormalised gates) plus
+    `n_shared_experts` always-on SwiGLU experts (DeepSeekMoE, Dai et al. 2024):
+
+        y = Σ_{s shared} E_s(x) + Σ_{i ∈ topk(softmax(x W_r)), kept} g_i · E_i(x)
+
+    per token. Parameters as `ops.moe.MoEParams`: router (h, E), w_gate, w_up (E, h, f),
+    w_down (E, f, h); shared_gate, shared_up (S, h, f), shared_down (S, f, h).
+
+    `capacity_factor` (None: no limit, nothing dropped) caps every expert at
+    `⌈cf · T·k / E⌉` assignments from the T tokens of one call — one micro-batch on one rank
+    (GShard's group; under expert parallelism the rank's own tokens, before dispatch, as
+    Megatron-LM and Switch compute it); `ops.moe` keeps them in token order. With
+    `aux_loss_coef` α > 0 the objective gains `α · L_aux` of every MoE layer (Switch's
+    `E · Σ_i f_i P_i` over the call's tokens), scaled by `aux_loss_scale` (1/m over m
+    micro-batches, as the cross-entropy is); `aux_loss` keeps the last call's value.
+    `experts` maps tokens (T, h) -> (y, L_aux); expert parallelism swaps it."""
 
     def __init__(self, spec: ModelSpec, dtype: torch.dtype):
         super().__init__()
-        if spec.n_shared_experts:
-            raise ShardwiseError(f"{spec.name}: shared experts are not supported by the "
-                                 "runtime model")
-        h, f, e = spec.d_model, spec.expert_d_ff, spec.n_experts
+        h, f, e, s = spec.d_model, spec.expert_d_ff, spec.n_experts, spec.n_shared_experts
         self.top_k = spec.top_k
         self.router = nn.Parameter(torch.empty(h, e, dtype=dtype))
         self.w_gate = nn.Parameter(torch.empty(e, h, f, dtype=dtype))
         self.w_up = nn.Parameter(torch.empty(e, h, f, dtype=dtype))
         self.w_down = nn.Parameter(torch.empty(e, f, h, dtype=dtype))
-        self.experts: TensorMap = self.all_experts
+        if s:
+            self.shared_gate = nn.Parameter(torch.empty(s, h, f, dtype=dtype))
+            self.shared_up = nn.Parameter(torch.empty(s, h, f, dtype=dtype))
+            self.shared_down = nn.Parameter(torch.empty(s, f, h, dtype=dtype))
+        self.n_shared = s
+        self.capacity_factor: float | None = None
+        self.aux_loss_coef = 0.0
+        self.aux_loss_scale = 1.0
+        self.aux_loss: torch.Tensor | None = None
+        self.dropped = 0  # assignments of the last call's tokens dropped at the capacity
+        self.experts: Experts = self.all_experts
 
-    def all_experts(self, x: torch.Tensor) -> torch.Tensor:
+    def all_experts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         params = MoEParams(self.router, self.w_gate, self.w_up, self.w_down)
-        return moe_layer(x, params, self.top_k).out
+        result = moe_layer(x, params, self.top_k, capacity_factor=self.capacity_factor)
+        self.dropped = result.dropped
+        return result.out, result.aux_loss
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        return self.experts(x.reshape(-1, shape[-1])).view(shape)  # (b, s, h) <-> (b·s, h)
+        tokens = x.reshape(-1, shape[-1])  # (b, s, h) -> (b·s, h)
+        y, aux = self.experts(tokens)
+        self.aux_loss = aux.detach()
+        if self.aux_loss_coef and torch.is_grad_enabled():
+            y = AuxLossAutoScaler.apply(y, aux, self.aux_loss_coef * self.aux_loss_scale)
+        for i in range(self.n_shared):  # the shared experts see every token
+            y = y + expert_mlp(tokens, self.shared_gate[i], self.shared_up[i],
+                               self.shared_down[i])
+        return y.view(shape)
+
+
+def configure_moe(model: nn.Module, capacity_factor: float | None = None,
+                  aux_loss_coef: float = 0.0) -> None:
+    """Set the capacity factor and the auxiliary-loss coefficient of every MoE layer."""
+    for module in model.modules():
+        if isinstance(module, MoE):
+            module.capacity_factor, module.aux_loss_coef = capacity_factor, aux_loss_coef
 
 
 class Block(nn.Module):

@@ -37,14 +37,13 @@ from typing import Any
 
 import torch
 
-from shardwise.errors import LayoutError
 from shardwise.layout import Layout
 from shardwise.runtime import collectives as C
 from shardwise.runtime.context_parallel import shard_for_rank
 from shardwise.runtime.data_parallel import GradientReducer
 from shardwise.runtime.mesh import AxisGroup, Mesh
-from shardwise.runtime.model import Transformer
-from shardwise.runtime.pipeline import SavedOp, VirtualStage, run_pipeline
+from shardwise.runtime.model import MoE, Transformer
+from shardwise.runtime.pipeline import SavedOp, VirtualStage, defer_linears, run_pipeline
 from shardwise.runtime.tensor_parallel import allreduce_sequence_parallel_grads
 from shardwise.runtime.zero import ZeroDataParallel
 from shardwise.schedules import make_schedule
@@ -104,14 +103,14 @@ class TransformerStages:
     def forward_stage(self, stage: VirtualStage, inp: torch.Tensor,
                       targets: torch.Tensor | None = None,
                       saved: list[SavedOp] | None = None) -> torch.Tensor:
-        if saved is not None:
-            raise LayoutError(["the Transformer stages do not split B from W (zb-h1)"])
-        x = self.model.embedding(inp) if stage.first else inp  # (b, s) -> (b, s, h)
-        x = self.model.run_blocks(x, stage.layers, self.positions)
-        if not stage.last:
-            return x
-        assert targets is not None
-        return self.model.mean_loss(x, targets)
+        # zb-h1 (`saved` given): the linears' weight gradients wait for W (`defer_linears`)
+        with defer_linears() if saved is not None else contextlib.nullcontext():
+            x = self.model.embedding(inp) if stage.first else inp  # (b, s) -> (b, s, h)
+            x = self.model.run_blocks(x, stage.layers, self.positions)
+            if not stage.last:
+                return x
+            assert targets is not None
+            return self.model.mean_loss(x, targets)
 
 
 # ------------------------------------------------------------------ the parallel model
@@ -167,6 +166,9 @@ class ParallelTransformer:
     def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> float | None:
         inputs, targets = self.local_batch(inputs, targets)
         m = inputs.shape[0] // self.layout.micro_batch
+        for module in self.model.modules():  # MoE auxiliary losses: 1/m, as the loss
+            if isinstance(module, MoE):
+                module.aux_loss_scale = 1 / m
         for reducer in self.reducers:
             reducer.start_step()
         if self.layout.pp > 1:  # reduced in `step`, after the last micro-batch

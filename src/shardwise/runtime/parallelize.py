@@ -39,9 +39,8 @@ parameters keep their single-device names.
 The result is a `runtime.parallel_transformer.ParallelTransformer`, the training-step object
 (gradient reductions, norm, loss; its docstring derives the loss normalisation).
 
-Not supported (refused by `runtime_problems`, with the reason): the ZB-H1 schedule (the
-Transformer stages do not split B from W), ZeRO with pp > 1 or ep > 1 or tied embeddings or
-hybrid shard groups, full recompute with ZeRO-3, tp not dividing the kv heads, shared experts.
+Not supported (refused by `runtime_problems`, with the reason): ZB-H1 with full recompute, ZeRO with pp > 1 or ep > 1 or tied embeddings or
+hybrid shard groups, full recompute with ZeRO-3, tp not dividing the kv heads.
 """
 
 from __future__ import annotations
@@ -85,17 +84,16 @@ def runtime_problems(layout: Layout, model: ModelSpec) -> list[str]:
     if not model.gated_mlp or model.norm != "rmsnorm" or model.bias or model.learned_positions:
         out.append(f"the training runtime runs Llama-style models (RMSNorm, SwiGLU, RoPE, no "
                    f"biases); {model.name} is not one")
-    if model.n_shared_experts:
-        out.append("shared experts are not supported by the training runtime")
     if model.vocab % layout.tp:
         out.append(f"tp={layout.tp} must divide the vocabulary {model.vocab} (vocabulary-"
                    "parallel embedding and head)")
     if model.n_kv_heads % layout.tp:
         out.append(f"tp={layout.tp} must divide n_kv_heads={model.n_kv_heads} (replicated kv "
                    "heads are not implemented in the runtime)")
-    if layout.pp > 1 and layout.schedule == "zb-h1":
-        out.append("schedule zb-h1 is not supported for training (the Transformer stages do "
-                   "not split B from W); use gpipe, 1f1b or interleaved")
+    if layout.pp > 1 and layout.schedule == "zb-h1" and layout.recompute == "full":
+        out.append("schedule zb-h1 with full recompute is not supported for training (the "
+                   "replayed forward would not defer the linears' weight gradients); use "
+                   "selective recompute or another schedule")
     if layout.zero:
         for bad, why in ((layout.pp > 1, "pp > 1"), (layout.ep > 1, "ep > 1"),
                          (model.tie_embeddings, "tied embeddings"),
@@ -193,12 +191,15 @@ def apply_context_parallel(model: Transformer, cp: AxisGroup) -> None:
         block.attention.core = partial(ring_attention, group=cp, causal=True, layout=CP_LAYOUT)
 
 
-def _ep_experts(moe: MoE, ep: AxisGroup, x: torch.Tensor) -> torch.Tensor:
-    """Tokens (T, h) through the experts of the whole ep group (all-to-all dispatch/combine).
-    The routing of the call is left on `moe.ep_stats` (`runtime.measure` reads it)."""
-    out, _aux, moe.ep_stats = expert_parallel_moe(x, moe.router, moe.w_gate, moe.w_up,
-                                                  moe.w_down, moe.top_k, ep)
-    return out
+def _ep_experts(moe: MoE, ep: AxisGroup, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens (T, h) through the experts of the whole ep group (all-to-all dispatch/combine),
+    capacity per rank over its own T tokens; (output, this rank's load-balancing loss). The
+    routing of the call is left on `moe.ep_stats` (`runtime.measure` reads it)."""
+    out, aux, moe.ep_stats = expert_parallel_moe(x, moe.router, moe.w_gate, moe.w_up,
+                                                 moe.w_down, moe.top_k, ep,
+                                                 capacity_factor=moe.capacity_factor)
+    moe.dropped = moe.ep_stats.dropped
+    return out, aux
 
 
 def apply_expert_parallel(model: Transformer, ep: AxisGroup) -> None:

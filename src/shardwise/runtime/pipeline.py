@@ -34,7 +34,13 @@ head) records its input X and its output Y during F. B asks autograd for the gra
 respect to the stage input *and each Y only*, so no weight-gradient product is computed (autograd
 runs only the parts of the graph those inputs need); the graph is then freed and only (X, dY)
 stay. W computes `dW = dYᵀ·X`, `db = Σ dY` (and an index-add for the embedding): the weight
-gradient GEMMs of Qi et al.'s Figure 1.
+gradient GEMMs of Qi et al.'s Figure 1. The Transformer stages (`parallel_transformer`) run
+their forward under `defer_linears` instead: every linear becomes a `_DeferrableLinear`, B is
+one autograd backward inside `deferring_weight_grads` (input gradients, and the weight
+gradients of the norms, the router, the experts and the embedding, computed there), and each
+linear hands its (X, dY) to W, which computes `dW = dYᵀ·X`. What a linear saves in the
+forward is unchanged (X; the weight is state); between B and W the stage holds X and dY of
+every linear of the micro-batch (X would otherwise be freed at B).
 
 Communication and why it cannot deadlock: a rank *receives* with a blocking `recv` right before
 the action that needs the tensor and *sends* with a non-blocking `isend` right after the action
@@ -71,13 +77,15 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from shardwise.errors import ShardwiseError
 from shardwise.runtime import collectives as C
@@ -100,6 +108,8 @@ __all__ = [
     "VirtualStage",
     "backward_input",
     "backward_weight",
+    "defer_linears",
+    "deferring_weight_grads",
     "measured_timeline",
     "run_pipeline",
     "virtual_stages",
@@ -140,7 +150,7 @@ class SavedOp:
     weight: torch.Tensor
     bias: torch.Tensor | None
     input: torch.Tensor  # linear: (..., k) activations; embedding: (b, s) token ids
-    output: torch.Tensor  # (..., n)
+    output: torch.Tensor | None  # (..., n); None once B has its dY (a deferred linear)
     embedding: bool = False
 
 
@@ -279,10 +289,11 @@ def backward_input(out: torch.Tensor, inp: torch.Tensor | None, saved: list[Save
     nothing else — autograd runs only the ops on the paths from `out` back to those tensors, so
     no weight-gradient product is computed. Frees the graph; returns `dX` and the (op, dY)
     pairs `backward_weight` needs."""
-    wanted = ([] if inp is None else [inp]) + [op.output for op in saved]
+    outputs = [op.output for op in saved if op.output is not None]
+    wanted = ([] if inp is None else [inp]) + outputs
     grads = torch.autograd.grad(out, wanted, grad_out)
-    for op in saved:  # the graph is freed: keep plain tensors, no autograd nodes
-        op.input, op.output = op.input.detach(), op.output.detach()
+    for op, y in zip(saved, outputs):  # the graph is freed: keep plain tensors, no nodes
+        op.input, op.output = op.input.detach(), y.detach()
     dys = grads[1:] if inp is not None else grads
     return (grads[0] if inp is not None else None), list(zip(saved, dys))
 
@@ -302,6 +313,62 @@ def backward_weight(pending: list[tuple[SavedOp, torch.Tensor]]) -> None:
         _accumulate(weight, dy2.T @ x2)  # (n, k)
         if op.bias is not None:
             _accumulate(op.bias, dy2.sum(0))
+
+
+class _DeferrableLinear(torch.autograd.Function):
+    """`F.linear(x, w, b)` saving x and w, as `F.linear` does. Its backward returns dX (and
+    db); dW = dYᵀ·X is computed there only outside `deferring_weight_grads` — inside, the op
+    hands (X, dY) to the active collector and W computes dW later (`backward_weight`)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+                ) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.bias = bias
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        dx = dy @ weight if ctx.needs_input_grad[0] else None  # (..., n) @ (n, k)
+        if _COLLECTORS:  # ZB-H1's B: the weight gradient waits for W
+            _COLLECTORS[-1].append((SavedOp(weight, ctx.bias, x, None), dy))
+            return dx, None, None
+        dy2 = dy.reshape(-1, weight.shape[0])  # (..., n) -> (rows, n)
+        dw = dy2.T @ x.reshape(-1, weight.shape[1]) if ctx.needs_input_grad[1] else None
+        db = dy2.sum(0) if ctx.bias is not None and ctx.needs_input_grad[2] else None
+        return dx, dw, db
+
+
+_COLLECTORS: list[list[tuple[SavedOp, torch.Tensor]]] = []  # the running B's (op, dY) pairs
+
+
+class defer_linears(TorchFunctionMode):
+    """While active, every `F.linear` that records a graph (nn.Linear, the column/row
+    parallel linears) runs as a `_DeferrableLinear`, whose weight gradient a split backward
+    defers to W. Linears inside another autograd function's forward (no graph recorded there,
+    e.g. sequence parallelism's fused all-gather linears) and other weights (norms, router,
+    experts, embedding) keep their gradients in B."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
+        kwargs = kwargs or {}
+        if func is F.linear and torch.is_grad_enabled():
+            x, weight, *rest = args
+            return _DeferrableLinear.apply(x, weight, kwargs.get("bias", rest[0] if rest
+                                                                  else None))
+        return func(*args, **kwargs)
+
+
+@contextmanager
+def deferring_weight_grads() -> Iterator[list[tuple[SavedOp, torch.Tensor]]]:
+    """ZB-H1's B for a model run under `defer_linears`: a backward inside this context
+    accumulates every gradient except the linears' dW, whose (op, dY) pairs it yields."""
+    later: list[tuple[SavedOp, torch.Tensor]] = []
+    _COLLECTORS.append(later)
+    try:
+        yield later
+    finally:
+        _COLLECTORS.pop()
 
 
 # --------------------------------------------------------------------------------- executor
@@ -401,11 +468,15 @@ class _Executor:
         else:
             grad_out = self._recv(vs + 1, self._tag("B", j, vs + 1))
         self.started = time.perf_counter()
-        if self.split:
+        if self.split and saved:  # the model recorded its weight-bearing ops
             dx, self.pending_w[(j, vs)] = backward_input(out, x, saved, grad_out)
-        else:
-            torch.autograd.backward(out, grad_out)  # input and weight gradients at once
+        else:  # input and weight gradients at once — but the linears' dW under a split
+            # schedule, when the stage ran under `defer_linears` (the Transformer stages)
+            with deferring_weight_grads() if self.split else nullcontext() as later:
+                torch.autograd.backward(out, grad_out)
             dx = x.grad if x is not None else None
+            if self.split:
+                self.pending_w[(j, vs)] = later
         if dx is not None:
             self._send(dx, vs - 1, self._tag("B", j, vs), "backward")
 

@@ -45,7 +45,7 @@ from shardwise.layout import Layout, TrainSpec
 from shardwise.runtime import checkpoint, launch
 from shardwise.runtime.data import BYTE_VOCAB, Batches, load_tokens
 from shardwise.runtime.mesh import Mesh
-from shardwise.runtime.model import Transformer
+from shardwise.runtime.model import Transformer, configure_moe
 from shardwise.runtime.parallel_transformer import ParallelTransformer
 from shardwise.runtime.parallelize import parallelize, runtime_problems
 
@@ -81,6 +81,10 @@ class TrainConfig:
     checkpoint_every: int = 0  # steps between checkpoints; 0: only after the last step
     checkpoint_keep: int = 2  # the newest checkpoints kept
     resume: bool = False  # start from the newest checkpoint in checkpoint_dir, if any
+    # MoE: ⌈cf · T·k / E⌉ assignments per expert from the T tokens of one micro-batch on one
+    # rank (None: no limit); α of every MoE layer's load-balancing loss added to the objective
+    capacity_factor: float | None = None
+    aux_loss_coef: float = 0.0
 
     def train_spec(self) -> TrainSpec:
         return TrainSpec(seq_len=self.seq_len, global_batch=self.global_batch,
@@ -104,6 +108,7 @@ class TrainConfig:
         if not self.checkpoint_dir and (self.resume or self.checkpoint_every):
             out.append("resume and checkpoint_every need a checkpoint directory "
                        "(checkpoint_dir, --checkpoint-dir)")
+        out += self._moe_problems()
         if self.model.vocab < BYTE_VOCAB:
             out.append(f"the byte tokenizer needs a vocabulary ≥ {BYTE_VOCAB}; "
                        f"{self.model.name} has {self.model.vocab}")
@@ -111,6 +116,26 @@ class TrainConfig:
             return out
         return (self.layout.problems(self.model, train=self.train_spec())
                 or runtime_problems(self.layout, self.model))
+
+    def _moe_problems(self) -> list[str]:
+        cf, coef, layout = self.capacity_factor, self.aux_loss_coef, self.layout
+        if cf is None and not coef:
+            return []
+        if not self.model.is_moe:
+            return ["capacity_factor and aux_loss_coef need a mixture-of-experts model; "
+                    f"{self.model.name} is dense"]
+        out = []
+        if cf is not None and not cf > 0:
+            out.append(f"capacity_factor must be > 0, got {cf}")
+        if not coef >= 0:
+            out.append(f"aux_loss_coef must be ≥ 0, got {coef}")
+        if layout.cp > 1 or (layout.sp and layout.tp > 1):
+            # a rank's MoE layers see a slice of each sequence: its capacity groups and
+            # load-balancing statistics would differ from one device's
+            out.append("capacity_factor and aux_loss_coef are not supported with cp > 1 or "
+                       "sequence parallelism (a rank routes a slice of each sequence); use "
+                       "dp, tp without sp, pp or ep")
+        return out
 
     def validate(self) -> TrainConfig:
         problems = self.problems()
@@ -171,6 +196,7 @@ def build(config: TrainConfig, mesh: Mesh | None = None) -> TrainState:
     mesh = mesh or Mesh.from_layout(config.layout)
     model = Transformer(config.model, flash=config.flash, dtype=DTYPES[config.dtype],
                         seed=config.seed)
+    configure_moe(model, config.capacity_factor, config.aux_loss_coef)
     parallel = parallelize(model, mesh, config.layout, config.seq_len, launch.device())
     optimizer = torch.optim.AdamW(parallel.parameters(), lr=config.lr, betas=config.betas,
                                   eps=config.eps, weight_decay=config.weight_decay,

@@ -161,6 +161,11 @@ class Layout:
         """Layers on each pipeline stage (per chunk when interleaved): `stage_partition`."""
         return stage_partition(n_layers, self.pp, self.chunks, self.partition)
 
+    def stage_sizes(self, n_layers: int) -> tuple[int, ...]:
+        """Layers of each of the `pp·chunks` virtual stages (virtual stage `c·p + i` is chunk
+        `c` of stage `i`; uneven stages need chunks = 1, so interleaved ones are equal)."""
+        return self.stage_partition(n_layers) * self.chunks
+
     def with_(self, **changes: object) -> Layout:
         return replace(self, **changes)  # type: ignore[arg-type]
 

@@ -96,3 +96,20 @@ def test_cli_plans_bloom_with_and_without_a_layout():
     assert explicit["given"]["estimate"] == out["given"]["estimate"]  # = the default
     bad = shardwise(*args, "--layout", "tp=4,pp=12", "--partition", "6,6", check=False)
     assert_one_line_error(bad, "partition has 2 stages but pp=12")
+
+
+def test_exports_refuse_partitions_their_framework_cannot_run():
+    from shardwise.emit import emit
+
+    model = get_model("llama3-8b")  # 32 layers
+    train = TrainSpec(seq_len=4096, global_batch=64)
+    odd = Layout(dp=2, pp=4, partition=(6, 10, 8, 8))  # middle stages differ
+    with pytest.raises(ShardwiseError, match="Megatron-LM cannot run the partition"):
+        emit("megatron", model, odd, train)
+    with pytest.raises(ShardwiseError, match="DeepSpeed cannot run the partition"):
+        emit("deepspeed", model, odd, train)
+    with pytest.raises(ShardwiseError, match="torchtitan cannot split 32 layers"):
+        emit("torchtitan", model, Layout(dp=2, pp=4, partition=(5, 11, 8, 8)), train)
+    first_last = emit("megatron", model, Layout(dp=2, pp=4, partition=(6, 9, 9, 8)), train)
+    assert "--decoder-first-pipeline-num-layers 6" in first_last.text
+    assert "--decoder-last-pipeline-num-layers 8" in first_last.text

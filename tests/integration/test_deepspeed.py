@@ -5,6 +5,8 @@ Megatron-DeepSpeed for); the engine's optimizer sanity check (`_do_optimizer_san
 and the pipeline engine's ZeRO rule run on the parsed config without GPUs.
 """
 
+import itertools
+
 import pytest
 
 from shardwise.arch import get_model
@@ -102,13 +104,12 @@ def test_deepspeed_config_reads_back_the_plan(capsys, tmp_path, deepspeed_dist, 
     if layout.pp > 1:  # the stages, as DeepSpeed's PipelineModule partitions them
         from deepspeed.runtime.utils import partition_balanced, partition_uniform
         n = get_model(PLANS[plan][0]).n_layers
-        if "type:transformer|embedding" in launch:  # embedding, blocks, head: one layer each
-            bounds = [int(b) for b in partition_balanced([1] * (n + 2), layout.pp)]
-            sizes = [b - a for a, b in zip(bounds, bounds[1:])]
+        ends = "type:transformer|embedding" in launch  # embedding, head: one layer each
+        bounds = (partition_balanced([1] * (n + 2), layout.pp) if ends
+                  else partition_uniform(n, layout.pp))  # the Megatron-DeepSpeed default
+        sizes = [int(b - a) for a, b in itertools.pairwise(bounds)]
+        if ends:
             sizes[0] -= 1
             sizes[-1] -= 1
-        else:  # type:transformer, the Megatron-DeepSpeed default: the blocks evenly
-            bounds = partition_uniform(n, layout.pp)
-            sizes = [b - a for a, b in zip(bounds, bounds[1:])]
         # one stage per rank: an interleaved plan's chunks run as 1F1B
         assert tuple(sizes) == tuple(k * layout.chunks for k in layout.stage_partition(n))

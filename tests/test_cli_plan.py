@@ -76,9 +76,10 @@ def test_gpt3_13b_preset_plans():
 
 
 def test_no_layout_error_says_each_reason_once():
-    result = shardwise("plan", "llama3-8b", "--gpus", "7", "--gpus-per-node", "7",
+    # 19 GPUs: pp=19 would leave a stage of the 32 layers empty, tp=19 ∤ 32 heads
+    result = shardwise("plan", "llama3-8b", "--gpus", "19", "--gpus-per-node", "19",
                        "--global-batch", "1", "--seq", "4096", check=False)
     assert_one_line_error(result, "no valid layout")
     assert "1 sequence:" in result.stderr
-    assert "tp does not divide the attention heads (tp=7" not in result.stderr
-    assert "tp=7 does not divide n_heads=32" in result.stderr
+    assert "tp does not divide the attention heads (tp=19" not in result.stderr
+    assert "tp=19 does not divide n_heads=32" in result.stderr

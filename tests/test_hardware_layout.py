@@ -58,16 +58,17 @@ def test_valid_layouts_pass():
 
 def test_every_problem_is_reported_at_once():
     with pytest.raises(LayoutError) as info:
-        Layout(dp=2, tp=3, pp=5, ep=2, zero=4, schedule="interleaved").validate(
+        Layout(dp=2, tp=3, pp=20, ep=2, zero=4, schedule="interleaved").validate(
             LLAMA8, Cluster.of(8))
     problems = info.value.problems
     text = " | ".join(problems)
     assert "tp=3 does not divide n_heads=32" in text
-    assert "pp·chunks=5·1 does not divide n_layers=32" in text
+    assert ("pp=20 does not divide n_layers=32 and the balanced partition would leave a stage "
+            "without layers") in text
     assert "interleaved schedule needs chunks ≥ 2" in text
     assert "zero stage must be 0, 1, 2 or 3, got 4" in text
     assert "ep=2 needs a mixture-of-experts model" in text
-    assert "30 ranks, but the cluster has 8 GPUs" in text
+    assert "120 ranks, but the cluster has 8 GPUs" in text
 
 
 def test_kv_heads_neither_divided_nor_replicated():

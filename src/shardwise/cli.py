@@ -22,9 +22,10 @@ from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import ALGORITHMS, OPS
 from shardwise.estimate.memory import ACTIVATION_FORMULAS
 from shardwise.estimate.profiles import DEFAULT_IMPL, profile_names
-from shardwise.layout import RECOMPUTE, SCHEDULES, Layout
+from shardwise.layout import RECOMPUTE, SCHEDULES
 from shardwise.preflight import writable_file
 from shardwise.report.builders import (
+    build_layout,
     comm_payload,
     emit_payload,
     memory_payload,
@@ -127,6 +128,16 @@ def layout_options(func: Callable) -> Callable:
                      help="Virtual chunks per stage (interleaved)."),
         click.option("--recompute", default="none", show_default=True,
                      type=click.Choice(RECOMPUTE)),
+        click.option("--partition", default=None,
+                     help="Layers per pipeline stage, first to last (7,8,…,8,7) "
+                          "[default: even, or balanced with embedding and head as one layer "
+                          "each when pp does not divide the layers]."),
+        click.option("--first-stage-layers", default=None, type=click.IntRange(0),
+                     help="Layers on the first stage, the rest spread evenly (Megatron's "
+                          "--decoder-first-pipeline-num-layers)."),
+        click.option("--last-stage-layers", default=None, type=click.IntRange(0),
+                     help="Layers on the last stage (Megatron's "
+                          "--decoder-last-pipeline-num-layers)."),
         click.option("--mbs", "micro_batch", default=1, show_default=True,
                      callback=checked(positive_int, high=MAX_SEQUENCES),
                      help="Micro-batch size (sequences)."),
@@ -364,8 +375,9 @@ def _train_config(model_name: str, layout_kw: dict[str, Any], seq: int, global_b
     """The `runtime.train.TrainConfig` of `run_options` (--dp defaults to 1 here)."""
     rt = _import_runtime("shardwise.runtime.train")
     moe = {name: layout_kw.pop(name) for name in ("capacity_factor", "aux_loss_coef")}
-    layout = Layout(dp=layout_kw.pop("dp") or 1, **layout_kw)
-    return rt.TrainConfig(get_model(model_name), layout, seq_len=seq,
+    spec = get_model(model_name)
+    layout = build_layout(1, spec.n_layers, **(layout_kw | {"dp": layout_kw["dp"] or 1}))
+    return rt.TrainConfig(spec, layout, seq_len=seq,
                           global_batch=parse_batch(global_batch, seq), seed=seed,
                           data=data_path, dtype=dtype, flash=flash, **moe, **settings)
 
@@ -597,6 +609,13 @@ def calibrate(backend: str, ranks: int, out_path: str, plot_path: str | None, qu
               help="Layouts to show (each is simulated again; at most 1000).")
 @click.option("--layout", "layout_text", default=None,
               help="Evaluate this layout too, e.g. tp=8,pp=16,zero=1 (dp: the rest).")
+@click.option("--partition", default=None,
+              help="The --layout's layers per pipeline stage, first to last (7,8,…,8,7).")
+@click.option("--first-stage-layers", default=None, type=click.IntRange(0),
+              help="The --layout's first-stage layers, the rest even (Megatron's "
+                   "--decoder-first-pipeline-num-layers).")
+@click.option("--last-stage-layers", default=None, type=click.IntRange(0),
+              help="The --layout's last-stage layers (--decoder-last-pipeline-num-layers).")
 @click.option("--emit", default=None, type=click.Choice(FRAMEWORKS),
               help="Print only the launch configuration of the chosen layout.")
 @click.option("--flash/--no-flash", default=True, show_default=True, help="FlashAttention.")
@@ -611,7 +630,8 @@ def calibrate(backend: str, ranks: int, out_path: str, plot_path: str | None, qu
 @json_option
 def plan(model: str, gpus: int, gpu: str, gpus_per_node: int, intra: str | None,
          inter: str | None, seq: int, global_batch: str, tokens: str | None,
-         price: float | None, top: int, layout_text: str | None, emit: str | None,
+         price: float | None, top: int, layout_text: str | None, partition: str | None,
+         first_stage_layers: int | None, last_stage_layers: int | None, emit: str | None,
          flash: bool, dtype: str, grad_dtype: str | None, optimizer: str, impl: str,
          headroom: float, calibration_path: str | None, as_json: bool) -> None:
     """Search every layout of MODEL (preset or config.json) and explain the best.
@@ -626,7 +646,8 @@ def plan(model: str, gpus: int, gpu: str, gpus_per_node: int, intra: str | None,
         "inter": inter, "seq": seq, "global_batch": global_batch, "tokens": tokens,
         "price": price, "top": top, "layout_text": layout_text, "flash": flash, "dtype": dtype,
         "grad_dtype": grad_dtype, "optimizer": optimizer, "headroom": headroom,
-        "calibration_path": calibration_path, "impl": impl}
+        "calibration_path": calibration_path, "impl": impl, "partition": partition,
+        "first_stage_layers": first_stage_layers, "last_stage_layers": last_stage_layers}
     if console.is_terminal and not as_json and emit is None:
         with console.status("searching layouts…") as status:
             result = run_plan(spec, **options, progress=lambda msg: status.update(msg + "…"))

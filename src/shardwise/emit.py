@@ -107,6 +107,22 @@ def _megatron_vocab(model: ModelSpec, tp: int, notes: list[str]) -> list[str]:
     return [f"--vocab-size {v}", f"--make-vocab-size-divisible-by {divisor}"]
 
 
+def _megatron_partition(model: ModelSpec, layout: Layout) -> list[str]:
+    """Uneven stages as Megatron-LM's `--decoder-first-pipeline-num-layers F
+    --decoder-last-pipeline-num-layers G` (the middle stages even: megatron-core's
+    `num_layers_in_first/last_pipeline_stage`); refused when the middle stages differ."""
+    parts = layout.stage_partition(model.n_layers)
+    if len(set(parts)) == 1:
+        return []
+    first, *middle, last = parts
+    if len(set(middle)) > 1:
+        raise ShardwiseError(
+            f"Megatron-LM cannot run the partition {','.join(map(str, parts))}: its uneven "
+            "stages are a first and a last stage with the middle ones equal")
+    return [f"--decoder-first-pipeline-num-layers {first}",
+            f"--decoder-last-pipeline-num-layers {last}"]
+
+
 def megatron_args(model: ModelSpec, layout: Layout, train: TrainSpec,
                   gpus_per_node: int = 8) -> Emitted:
     """Megatron-LM `pretrain_gpt.py` launch script for `layout`.
@@ -151,6 +167,7 @@ def megatron_args(model: ModelSpec, layout: Layout, train: TrainSpec,
              f"--micro-batch-size {layout.micro_batch}", f"--global-batch-size {gb}",
              f"--tensor-model-parallel-size {layout.tp}",
              f"--pipeline-model-parallel-size {layout.pp}"]
+    args += _megatron_partition(model, layout)
     if layout.schedule == "interleaved":
         args.append(f"--num-virtual-stages-per-pipeline-rank {layout.chunks}")
     elif layout.schedule == "zb-h1" and layout.pp > 1:
@@ -253,6 +270,39 @@ def _titan_shards(layout: Layout, notes: list[str]) -> tuple[int, int]:
     return layout.dp // shard, shard
 
 
+def _titan_split(stages: int, n_layers: int, first_less: int, last_less: int) -> list[int]:
+    """Layers per virtual stage as torchtitan 0.3 splits them
+    (`distributed/pipeline_parallel.py: _generate_llm_fqn_per_model_part`): `L + first_less +
+    last_less` units, `units // stages` each, the remainder one more on the first stages, the
+    first stage `first_less` layers short and the last `last_less`."""
+    units = n_layers + first_less + last_less
+    q, r = divmod(units, stages)
+    sizes = [q + (i < r) for i in range(stages)]
+    sizes[0] -= first_less
+    sizes[-1] -= last_less
+    return sizes
+
+
+def _titan_partition(model: ModelSpec, layout: Layout) -> tuple[int, int, int]:
+    """(`pipeline_parallel_layers_per_stage`, `first_stage_less_layers`,
+    `last_stage_less_layers`) that make torchtitan split the layers as `layout.stage_sizes`;
+    torchtitan makes `ceil((L + first + last)/layers_per_stage)` virtual stages."""
+    sizes = list(layout.stage_sizes(model.n_layers))
+    stages, n = len(sizes), model.n_layers
+    pairs = sorted(((a, b) for a in range(max(sizes) + 1) for b in range(max(sizes) + 1)),
+                   key=lambda ab: (abs(ab[0] - ab[1]), ab))  # the symmetric choice first
+    for first, last in pairs:
+        units = n + first + last
+        if units // stages < max(first, last) or _titan_split(stages, n, first, last) != sizes:
+            continue
+        for per_stage in range(max(1, units // stages), units + 1):
+            if math.ceil(units / per_stage) == stages:
+                return per_stage, first, last
+    raise ShardwiseError(f"torchtitan cannot split {n} layers as {','.join(map(str, sizes))} "
+                         "(its stages differ by at most one layer beside the embedding and "
+                         "head); use the balanced default partition")
+
+
 def torchtitan_args(model: ModelSpec, layout: Layout, train: TrainSpec,
                     gpus_per_node: int = 8) -> Emitted:
     """torchtitan 0.3.x `torchrun -m torchtitan.train` command line for `layout`."""
@@ -297,13 +347,12 @@ def torchtitan_args(model: ModelSpec, layout: Layout, train: TrainSpec,
     if layout.tp > 1:
         args.append("--parallelism." + ("" if layout.sp else "no_") + "enable_sequence_parallel")
     if layout.pp > 1:
-        # Embedding and head count as no layers, so pp·chunks stages of L/(pp·chunks) layers.
+        per_stage, first_less, last_less = _titan_partition(model, layout)
         args += [f"--parallelism.pipeline_parallel_schedule {_TITAN_SCHEDULES[layout.schedule]}",
                  f"--parallelism.pipeline_parallel_microbatch_size {layout.micro_batch}",
-                 "--parallelism.pipeline_parallel_layers_per_stage "
-                 f"{model.n_layers // (layout.pp * layout.chunks)}",
-                 "--parallelism.pipeline_parallel_first_stage_less_layers 0",
-                 "--parallelism.pipeline_parallel_last_stage_less_layers 0"]
+                 f"--parallelism.pipeline_parallel_layers_per_stage {per_stage}",
+                 f"--parallelism.pipeline_parallel_first_stage_less_layers {first_less}",
+                 f"--parallelism.pipeline_parallel_last_stage_less_layers {last_less}"]
         if layout.schedule == "zb-h1":
             notes.append("PyTorch pipelining has no single-stage ZB-H1; emitted as 1F1B (a "
                          "larger bubble than planned)")
@@ -328,6 +377,24 @@ def torchtitan_args(model: ModelSpec, layout: Layout, train: TrainSpec,
 
 
 # ---------------------------------------------------------------------------------- DeepSpeed
+def _deepspeed_partition(model: ModelSpec, layout: Layout) -> bool:
+    """Whether the stages are uneven: DeepSpeed's `partition_method='type:transformer'` (the
+    Megatron-DeepSpeed default) splits the blocks evenly; `'type:transformer|embedding'`
+    balances `L + 2` layers (embedding and head one each), which gives the balanced default when
+    `pp` divides `L + 2` (`deepspeed.runtime.utils.partition_balanced`). Other partitions are
+    refused: DeepSpeed takes no explicit layer counts."""
+    parts = layout.stage_partition(model.n_layers)
+    if len(set(parts)) == 1:
+        return False
+    if (model.n_layers + 2) % layout.pp or parts != layout.with_(partition=()).stage_partition(
+            model.n_layers):
+        raise ShardwiseError(
+            f"DeepSpeed cannot run the partition {','.join(map(str, parts))}: its pipeline "
+            "splits blocks evenly or balances them with the embedding and head as one layer "
+            f"each ({(model.n_layers + 2) // layout.pp - 1} on the first and last stage)")
+    return True
+
+
 def deepspeed_config(model: ModelSpec, layout: Layout, train: TrainSpec,
                      gpus_per_node: int = 8) -> Emitted:
     """A DeepSpeed 0.19.8 JSON config for `layout`; the launch line is the first note."""
@@ -396,6 +463,12 @@ def deepspeed_config(model: ModelSpec, layout: Layout, train: TrainSpec,
                  f"--zero-stage {layout.zero}"]
         if layout.pp == 1:
             flags.append("--no-pipeline-parallel")
+        elif _deepspeed_partition(model, layout):
+            flags.append("--pp-partition-method 'type:transformer|embedding'")
+            notes.append("uneven stages: DeepSpeed's PipelineModule(partition_method="
+                         "'type:transformer|embedding') balances the blocks with the embedding "
+                         "and the head counted as one layer each (BigScience Megatron-DeepSpeed's "
+                         "--pp-partition-method, as BLOOM-176B trained)")
         if layout.sp:
             flags.append("--sequence-parallel")
         if layout.cp > 1:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+import numpy as np
+
 import shardwise.validate as validate
 from shardwise.arch import ModelSpec
 from shardwise.errors import LayoutError, ShardwiseError
@@ -87,6 +89,12 @@ class Layout:
     chunks: int = 1  # virtual pipeline chunks per stage (interleaved 1F1B)
     recompute: str = "none"
     micro_batch: int = 1
+    # layers per pipeline stage, first to last; () = even when pp·chunks divides n_layers,
+    # else the balanced default (`stage_partition`)
+    partition: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "partition", tuple(int(n) for n in self.partition))
 
     @property
     def world_size(self) -> int:
@@ -117,6 +125,8 @@ class Layout:
         parts.append(f"mb{self.micro_batch}")
         if self.recompute != "none":
             parts.append(self.recompute)
+        if self.partition:
+            parts.append("layers " + "/".join(map(str, self.partition)))
         return " ".join(parts)
 
     def to_dict(self) -> dict[str, object]:
@@ -124,14 +134,17 @@ class Layout:
 
     def codes(self) -> dict[str, Any]:
         """The fields as integers, as the array-generic models take them: `schedule` as its
-        registry code, `recompute` as its index in `RECOMPUTE`, `sp` as 0/1."""
-        return {**asdict(self), "sp": int(self.sp),
+        registry code, `recompute` as its index in `RECOMPUTE`, `sp` as 0/1; without the stage
+        `partition` (one layout's, passed on its own as `partition=`)."""
+        return {**{k: v for k, v in asdict(self).items() if k != "partition"},
+                "sp": int(self.sp),
                 "schedule": SCHEDULE_REGISTRY[self.schedule].code,
                 "recompute": RECOMPUTE.index(self.recompute)}
 
     @classmethod
     def parse(cls, text: str, **defaults: object) -> Layout:
-        """`tp=8,pp=16,zero=1,schedule=interleaved,chunks=2,sp=1` → Layout."""
+        """`tp=8,pp=16,zero=1,schedule=interleaved,chunks=2,sp=1` → Layout; an explicit stage
+        partition as `partition=7:8:…:7` (layers per stage, first to last)."""
         types = {f.name: f.type for f in fields(cls)}
         aliases = {"mbs": "micro_batch", "mb": "micro_batch", "v": "chunks"}
         values: dict[str, object] = dict(defaults)
@@ -145,7 +158,9 @@ class Layout:
                 )
             raw = raw.strip()
             kind = types[key]
-            if kind in ("bool", bool):
+            if key == "partition":
+                values[key] = parse_partition(raw.replace(":", ","))
+            elif kind in ("bool", bool):
                 if raw.lower() not in _TRUE + _FALSE:
                     raise ShardwiseError(f"layout {key}={raw!r} must be one of "
                                          f"{', '.join(_TRUE + _FALSE)}")
@@ -158,6 +173,15 @@ class Layout:
             else:
                 values[key] = raw
         return cls(**values)  # type: ignore[arg-type]
+
+    def stage_partition(self, n_layers: int) -> tuple[int, ...]:
+        """Layers on each pipeline stage (per chunk when interleaved): `stage_partition`."""
+        return stage_partition(n_layers, self.pp, self.chunks, self.partition)
+
+    def stage_sizes(self, n_layers: int) -> tuple[int, ...]:
+        """Layers of each of the `pp·chunks` virtual stages (virtual stage `c·p + i` is chunk
+        `c` of stage `i`; uneven stages need chunks = 1, so interleaved ones are equal)."""
+        return self.stage_partition(n_layers) * self.chunks
 
     def with_(self, **changes: object) -> Layout:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -186,11 +210,7 @@ class Layout:
             out.append(f"tp={t} does not divide d_ff={model.d_ff}")
         if model.is_moe and model.expert_d_ff % t:
             out.append(f"tp={t} does not divide the expert d_ff={model.expert_d_ff}")
-        stages = self.pp * self.chunks
-        if model.n_layers % stages:
-            out.append(
-                f"pp·chunks={self.pp}·{self.chunks} does not divide n_layers={model.n_layers}"
-            )
+        out.extend(partition_problems(model.n_layers, self.pp, self.chunks, self.partition))
         info = SCHEDULE_REGISTRY.get(self.schedule)
         if info is None:
             out.append(f"schedule {self.schedule!r} unknown; valid: {', '.join(SCHEDULES)}")
@@ -254,3 +274,127 @@ class Layout:
         if problems:
             raise LayoutError(problems)
         return self
+
+
+# ----------------------------------------------------------------------- stage partition
+def parse_partition(text: str) -> tuple[int, ...]:
+    """`"7,8,8,7"` → (7, 8, 8, 7): layers per pipeline stage, first to last."""
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ShardwiseError(f"partition {text!r} must be layer counts per stage, e.g. 7,8,8,7"
+                             ) from None
+
+
+def resolve_partition(n_layers: int, pp: int, partition: str | tuple[int, ...] | None = None,
+                      first: int | None = None, last: int | None = None) -> tuple[int, ...]:
+    """The partition of the CLI options: `--partition 7,8,…,7` or Megatron's
+    `--first-stage-layers F --last-stage-layers G` (`first_last_partition`), () for neither."""
+    if isinstance(partition, str):
+        partition = parse_partition(partition)
+    if partition and (first is not None or last is not None):
+        raise ShardwiseError("give either --partition or --first/--last-stage-layers, not both")
+    if first is not None or last is not None:
+        return first_last_partition(n_layers, pp, first, last)
+    return tuple(partition or ())
+
+
+def first_last_partition(n_layers: int, pp: int, first: int | None, last: int | None
+                         ) -> tuple[int, ...]:
+    """Megatron-LM's `--decoder-first-pipeline-num-layers F --decoder-last-pipeline-num-layers
+    G`: the first stage `F` layers, the last `G`, the rest spread evenly over the middle stages
+    (Megatron requires that they divide evenly; so do we)."""
+    f = first if first is not None else -1
+    g = last if last is not None else -1
+    middle = pp - (f >= 0) - (g >= 0)
+    rest = n_layers - max(f, 0) - max(g, 0)
+    if pp < 2 or middle < 0 or rest < 0 or (middle and rest % middle) or (not middle and rest):
+        raise ShardwiseError(
+            f"first/last stage layers {first}/{last} leave {rest} layers for {max(middle, 0)} "
+            f"middle stages of pp={pp}; they must divide evenly (n_layers={n_layers})")
+    each = rest // middle if middle else 0
+    return tuple([*([f] if f >= 0 else []), *[each] * middle, *([g] if g >= 0 else [])])
+
+
+def partition_problems(n_layers: int, pp: int, chunks: int, partition: tuple[int, ...]
+                       ) -> list[str]:
+    """What is wrong with `partition` (or with the default one when it is empty)."""
+    if partition:
+        out = []
+        if chunks > 1:
+            out.append(f"an explicit partition needs chunks=1 (uneven stages with interleaved "
+                       f"virtual stages are not supported), got chunks={chunks}")
+        if len(partition) != pp:
+            out.append(f"partition has {len(partition)} stages but pp={pp}")
+        if sum(partition) != n_layers:
+            out.append(f"partition sums to {sum(partition)} layers but n_layers={n_layers}")
+        if min(partition, default=1) < 1:
+            out.append(f"every pipeline stage needs ≥ 1 layer, got partition "
+                       f"{','.join(map(str, partition))}")
+        return out
+    if n_layers % (pp * chunks) == 0:
+        return []
+    if chunks > 1:
+        return [f"pp·chunks={pp}·{chunks} does not divide n_layers={n_layers} (uneven stages "
+                "need chunks=1)"]
+    if n_layers + 2 < 2 * pp:
+        return [f"pp={pp} does not divide n_layers={n_layers} and the balanced partition would "
+                "leave a stage without layers; use a smaller pp"]
+    return []
+
+
+def stage_partition(n_layers: int, pp: int, chunks: int = 1, partition: tuple[int, ...] = ()
+                    ) -> tuple[int, ...]:
+    """Layers on each of the `pp` stages (per chunk when interleaved): `partition` when given;
+    `n_layers/(pp·chunks)` each when that divides; otherwise balanced by cost with the
+    embedding and the head counted as one layer each (torchtitan's
+    `pipeline_parallel_first/last_stage_less_layers = 1`): `L + 2` units spread as evenly as
+    possible, the extras on the stages after the first, then the first and the last stage one
+    layer short. Llama 3 405B (126 layers) over 16 stages: 7, 8 × 14, 7 (Llama 3 paper §3.3.2);
+    BLOOM-176B (70 layers) over 12: 5, 6 × 10, 5 (BLOOM paper §3.4: embedding + 5 blocks on the
+    first stage)."""
+    return tuple(int(n) for n in
+                 (layers_on_stage(n_layers, pp, chunks, stage, partition) for stage in range(pp)))
+
+
+def layers_on_stage(n_layers: int, pp: Any, chunks: Any, stage: Any,
+                    partition: tuple[int, ...] = ()) -> Any:
+    """Layers one chunk of pipeline `stage` holds (`stage_partition`), for numbers or arrays of
+    layouts (the planner's default partition; an explicit one is one layout's)."""
+    return chunk_span(n_layers, pp, chunks, stage, 0, partition)[1]
+
+
+def chunk_span(n_layers: int, pp: Any, chunks: Any, stage: Any, chunk: Any,
+               partition: tuple[int, ...] = ()) -> tuple[Any, Any]:
+    """(first layer, layers) of virtual chunk `chunk` on pipeline `stage`: even stages hold
+    `[(c·p + stage)·n, … + n)`, `n = L/(p·v)`; uneven ones (chunks = 1) are contiguous in stage
+    order (`stage_partition`). Array-generic in `pp`, `chunks`, `stage`."""
+    if partition:
+        sizes = np.asarray(partition, dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        return starts[stage], sizes[stage]
+    per = n_layers // (pp * chunks)
+    even = n_layers % (pp * chunks) == 0
+    q, r = np.divmod(n_layers + 2, pp)  # L + 2 units: embedding and head one layer each
+    first, last = stage == 0, stage == pp - 1
+    count = q + ((stage >= 1) & (stage <= r)) - first - last
+    start = stage * q + np.clip(np.minimum(stage - 1, r), 0, None) - (stage > 0)
+    if not np.ndim(even) and even:
+        return (chunk * pp + stage) * per, per
+    return (np.where(even, (chunk * pp + stage) * per, start),
+            np.where(even, per, count))
+
+
+def stage_extremes(n_layers: int, pp: Any, chunks: Any, partition: tuple[int, ...] = ()
+                   ) -> tuple[Any, Any, Any]:
+    """(the most layers any stage holds, the first stage's, the last stage's), over all chunks
+    (`stage_partition`; array-generic for the default partition, whose busiest stage is the
+    first, the second or the last)."""
+    if partition:
+        return max(partition), partition[0], partition[-1]
+
+    def count(stage: Any) -> Any:
+        return layers_on_stage(n_layers, pp, chunks, stage) * chunks
+
+    first, last = count(0 * pp), count(pp - 1)
+    return np.maximum(np.maximum(first, count(np.minimum(1, pp - 1))), last), first, last

@@ -1,4 +1,10 @@
-"""The 15 kinds of plan of issue 11, as the `shardwise plan` arguments a user types."""
+"""The 15 kinds of plan of issue 11, and the published uneven pipelines of issue 9 (Llama 3
+405B: 126 layers over 16 stages; BLOOM-176B: 70 over 12), as the `shardwise plan` arguments a
+user types."""
+
+from pathlib import Path
+
+BLOOM = str(Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "bloom" / "config.json")
 
 PLANS: dict[str, list[str]] = {
     "405b-16k-interleaved": ["llama3-405b", "--gpus", "16384", "--global-batch", "16M-tokens",
@@ -31,4 +37,11 @@ PLANS: dict[str, list[str]] = {
                             "recompute=full"],
     "70b-tp8-pp2-zero3": ["llama3-70b", "--gpus", "64", "--global-batch", "256",
                           "--layout", "tp=8,pp=2,zero=3,sp=1,recompute=selective"],
+    # uneven stages: 7, 8 × 14, 7 (Llama 3 paper §3.3) and 5, 6 × 10, 5 (BLOOM)
+    "405b-8k-pp16": ["llama3-405b", "--gpus", "8192", "--global-batch", "16M-tokens",
+                     "--layout", "tp=8,pp=16,zero=1,sp=1,recompute=full"],
+    "405b-16k-pp16": ["llama3-405b", "--gpus", "16384", "--global-batch", "16M-tokens",
+                      "--layout", "tp=8,pp=16,zero=1,sp=1,recompute=full"],
+    "bloom-pp12": [BLOOM, "--gpu", "a100", "--gpus", "384", "--seq", "2048",
+                   "--global-batch", "2048", "--layout", "tp=4,pp=12,zero=1,recompute=full"],
 }

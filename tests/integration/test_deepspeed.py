@@ -5,15 +5,18 @@ Megatron-DeepSpeed for); the engine's optimizer sanity check (`_do_optimizer_san
 and the pipeline engine's ZeRO rule run on the parsed config without GPUs.
 """
 
+import itertools
+
 import pytest
 
+from shardwise.arch import get_model
 from tests.integration.conftest import emit, planned_batch, require
 from tests.integration.plans import PLANS
 
 pytestmark = pytest.mark.integration
 
 # Plans DeepSpeed cannot run, with the reason the export gives.
-REFUSED = {"405b-16k-searched": "pipeline engine refuses ZeRO-2",
+REFUSED = {"405b-16k-searched": "cannot combine Megatron sequence parallelism",
            "70b-cp16": "cannot combine Megatron sequence parallelism",
            "70b-tp8-cp8-zero3g4": "cannot combine Megatron sequence parallelism",
            "70b-tp8-pp2-zero3": "pipeline engine refuses ZeRO-3"}
@@ -98,3 +101,15 @@ def test_deepspeed_config_reads_back_the_plan(capsys, tmp_path, deepspeed_dist, 
         assert f"--pipeline-model-parallel-size {layout.pp} " in launch
         assert ("--sequence-parallel" in launch.split()) == layout.sp
         assert (f"--ds-sequence-parallel-size {layout.cp}" in launch) == (layout.cp > 1)
+    if layout.pp > 1:  # the stages, as DeepSpeed's PipelineModule partitions them
+        from deepspeed.runtime.utils import partition_balanced, partition_uniform
+        n = get_model(PLANS[plan][0]).n_layers
+        ends = "type:transformer|embedding" in launch  # embedding, head: one layer each
+        bounds = (partition_balanced([1] * (n + 2), layout.pp) if ends
+                  else partition_uniform(n, layout.pp))  # the Megatron-DeepSpeed default
+        sizes = [int(b - a) for a, b in itertools.pairwise(bounds)]
+        if ends:
+            sizes[0] -= 1
+            sizes[-1] -= 1
+        # one stage per rank: an interleaved plan's chunks run as 1F1B
+        assert tuple(sizes) == tuple(k * layout.chunks for k in layout.stage_partition(n))

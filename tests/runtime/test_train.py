@@ -144,6 +144,15 @@ def test_four_ranks_tp_cp_zero_sp_ep_pp_equal_single_device():
     _check(spawn(_train_layouts, 4, FOUR, timeout_s=240), FOUR)
 
 
+UNEVEN = [config("pp=2,partition=3:1"), config("pp=2,partition=1:3,schedule=gpipe")]
+
+
+@pytest.mark.slow
+def test_uneven_pipeline_stages_equal_single_device():
+    """tiny's 4 layers as 3 + 1 and 1 + 3 (`Layout.partition`): fp64 parity."""
+    _check(spawn(_train_layouts, 2, UNEVEN, timeout_s=240), UNEVEN)
+
+
 EIGHT = [config("dp=2,tp=2,pp=2")]
 
 

@@ -27,7 +27,7 @@ from shardwise.arch import ModelSpec, count_params
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import dp_step_comm_bytes
 from shardwise.estimate.profiles import fused_attention, layer_bytes, saved_tensors
-from shardwise.layout import RECOMPUTE, Layout, TrainSpec
+from shardwise.layout import RECOMPUTE, Layout, TrainSpec, chunk_span
 from shardwise.schedules.registry import get_schedule, select
 from shardwise.units import dtype_bytes
 
@@ -46,6 +46,7 @@ __all__ = [
     "moe_layers_on_stage",
     "peak_stage_memory",
     "saved_tensors_per_layer",
+    "stage_layer_count",
     "stage_layers",
     "stage_memory",
     "stage_param_counts",
@@ -367,27 +368,34 @@ class MemoryBreakdown:
 
 
 def stage_layers(model: ModelSpec, layout: Layout, stage: int) -> list[int]:
-    """Layer indices held by `stage`: chunk c holds virtual stage `c·p + stage`."""
-    per_chunk = model.n_layers // (layout.pp * layout.chunks)
-    return [
-        (chunk * layout.pp + stage) * per_chunk + j
-        for chunk in range(layout.chunks)
-        for j in range(per_chunk)
-    ]
+    """Layer indices held by `stage`: chunk c holds virtual stage `c·p + stage`; an uneven
+    partition (`Layout.stage_partition`) holds a contiguous run."""
+    out: list[int] = []
+    for chunk in range(layout.chunks):
+        start, count = chunk_span(model.n_layers, layout.pp, layout.chunks, stage, chunk,
+                                  layout.partition)
+        out.extend(range(int(start), int(start) + int(count)))
+    return out
 
 
-def moe_layers_on_stage(model: ModelSpec, pp: Any, chunks: Any, stage: Any) -> Any:
+def stage_layer_count(model: ModelSpec, pp: Any, chunks: Any, stage: Any,
+                      partition: tuple[int, ...] = ()) -> Any:
+    """How many layers `stage` holds over all its chunks (`Layout.stage_partition`)."""
+    return chunk_span(model.n_layers, pp, chunks, stage, 0, partition)[1] * chunks
+
+
+def moe_layers_on_stage(model: ModelSpec, pp: Any, chunks: Any, stage: Any,
+                        partition: tuple[int, ...] = ()) -> Any:
     """How many of `stage_layers(stage)` are MoE layers (layer `k` is when `k % q == q - 1`,
-    `q = moe_every`): chunk `c` holds layers `[start, start + n)`, `start = (c·p + stage)·n`,
-    `n = L/(p·v)`, of which `(start + n)//q - start//q` are MoE."""
+    `q = moe_every`): chunk `c` holds layers `[start, start + n)` (`layout.chunk_span`), of
+    which `(start + n)//q - start//q` are MoE."""
     if not model.is_moe:
         return 0 * pp
     q = model.moe_every
-    per_chunk = model.n_layers // (pp * chunks)
     total = 0 * pp
     for chunk in range(int(np.max(chunks))):
-        start = (chunk * pp + stage) * per_chunk
-        total = total + np.where(chunk < chunks, (start + per_chunk) // q - start // q, 0)
+        start, n = chunk_span(model.n_layers, pp, chunks, stage, chunk, partition)
+        total = total + np.where(chunk < chunks, (start + n) // q - start // q, 0)
     return total
 
 
@@ -407,14 +415,14 @@ def layer_params(model: ModelSpec, tp: Any, ep: Any) -> tuple[Any, Any, Any]:
 
 
 def stage_param_counts(model: ModelSpec, *, tp: Any, pp: Any, ep: Any, chunks: Any,
-                       stage: Any) -> tuple[Any, Any]:
+                       stage: Any, partition: tuple[int, ...] = ()) -> tuple[Any, Any]:
     """(dense, expert) parameters one rank of pipeline `stage` holds (SPEC §4): its layers
     (`layer_params`); the first stage adds the vocabulary-parallel embedding `V·h/t`, the last
     the final norm and the head `V·h/t` (a tied head is a second copy when pp > 1)."""
     h = model.d_model
     dense_layer, moe_layer, expert_layer = layer_params(model, tp, ep)
-    layers = model.n_layers // (pp * chunks) * chunks
-    moe_layers = moe_layers_on_stage(model, pp, chunks, stage)
+    layers = stage_layer_count(model, pp, chunks, stage, partition)
+    moe_layers = moe_layers_on_stage(model, pp, chunks, stage, partition)
     dense = (layers - moe_layers) * dense_layer + moe_layers * moe_layer
     dense = dense + np.where(stage == 0, model.vocab * h / tp + model.learned_positions * h, 0.0)
     head = np.where(np.logical_or(not model.tie_embeddings, pp > 1), model.vocab * h / tp, 0.0)
@@ -425,15 +433,16 @@ def stage_param_counts(model: ModelSpec, *, tp: Any, pp: Any, ep: Any, chunks: A
 def stage_params(model: ModelSpec, layout: Layout, stage: int) -> tuple[float, float]:
     """`stage_param_counts` of one layout: (dense, expert) parameters on one rank of `stage`."""
     dense, expert = stage_param_counts(model, tp=layout.tp, pp=layout.pp, ep=layout.ep,
-                                       chunks=layout.chunks, stage=stage)
+                                       chunks=layout.chunks, stage=stage,
+                                       partition=layout.partition)
     return float(dense), float(expert)
 
 
 def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: Any, ep: Any,
                  dp: Any, zero: Any, zero_group: Any, sp: Any, schedule: Any, chunks: Any,
                  recompute: Any, micro_batch: Any, m: Any, stage: Any,
-                 act: dict[str, Any] | None = None, formula: str = "generalised"
-                 ) -> dict[str, Any]:
+                 act: dict[str, Any] | None = None, formula: str = "generalised",
+                 partition: tuple[int, ...] = ()) -> dict[str, Any]:
     """Bytes on one GPU of pipeline `stage` (SPEC §4), for one layout or arrays of layouts:
     weights, grads, optimizer, activations, logits, workspace, in_flight and total.
 
@@ -457,11 +466,11 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
         act = {"dense": per_layer(False), "moe": per_layer(True) if model.is_moe else 0.0}
     zero_n = np.where(zero_group > 0, zero_group, dp * cp)
     dense_params, expert_params = stage_param_counts(model, tp=tp, pp=pp, ep=ep, chunks=chunks,
-                                                     stage=stage)
+                                                     stage=stage, partition=partition)
     w, g, o = zero_state_bytes(dense_params, zero_n, zero, state)
     we, ge, oe = zero_state_bytes(expert_params, np.maximum(zero_n // ep, 1), zero, state)
-    layers = model.n_layers // (pp * chunks) * chunks
-    moe_layers = moe_layers_on_stage(model, pp, chunks, stage)
+    layers = stage_layer_count(model, pp, chunks, stage, partition)
+    moe_layers = moe_layers_on_stage(model, pp, chunks, stage, partition)
     in_flight = _in_flight(schedule, pp, m, chunks, stage)
     per_micro_batch = ((layers - moe_layers) * act["dense"] + moe_layers * act["moe"]) / chunks
     activations = in_flight * per_micro_batch
@@ -525,7 +534,7 @@ def training_memory_per_gpu(model: ModelSpec, layout: Layout, train: TrainSpec |
     `stage_memory`, which this evaluates for each stage of one layout."""
     train = (train or TrainSpec()).validate()
     layout.validate(model, train=train)
-    codes = layout.codes() | {"m": layout.microbatches(train)}
+    codes = layout.codes() | {"m": layout.microbatches(train), "partition": layout.partition}
     stages = []
     for stage in range(layout.pp):
         parts = stage_memory(model, train, **codes, stage=stage, formula=formula)

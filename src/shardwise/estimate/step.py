@@ -5,7 +5,10 @@
 All per rank, on the pipeline's critical path, for `m` micro-batches:
 
 * **compute** — `m · (t_f + t_b)` of the slowest stage (the last, which carries the LM head and
-  the loss; with `pp = 1` the one stage also carries the embedding). `t_f`, `t_b` come from
+  the loss; with `pp = 1` the one stage also carries the embedding). With uneven stages
+  (`Layout.stage_partition`) the slowest of the first (layers + embedding), the busiest and the
+  last (layers + head); the busiest stage's layers set the per-layer communication and the
+  bubble (the pace of the pipeline). `t_f`, `t_b` come from
   `estimate.compute` (GEMMs at a shape-dependent efficiency, attention, memory-bound kernels),
   `t_b` includes recomputation.
 * **TP** (Shoeybi et al. 2019) — 2 all-reduces of the `(s/c, b, h)` activation per layer forward,
@@ -85,7 +88,7 @@ from shardwise.estimate.compute import (
 )
 from shardwise.estimate.memory import bytes_per_param_training
 from shardwise.hardware import Cluster
-from shardwise.layout import Layout, TrainSpec
+from shardwise.layout import Layout, TrainSpec, stage_extremes
 from shardwise.placement import members_per_node
 from shardwise.schedules.registry import SCHEDULE_CODES, get_schedule, select
 
@@ -182,9 +185,10 @@ def pipeline_bubble(sched: Any, p: Any, v: Any, m: Any, t_f: Any, t_b: Any, t_w:
 
 
 # ------------------------------------------------------------------------- the step model
-def stage_param_counts(model: ModelSpec, t: Any, p: Any, e: Any) -> tuple[Any, Any]:
-    """(dense, expert) parameters per rank on the stage with the most: layers ÷ p (MoE layers
-    at their average share), dense weights ÷ t, experts ÷ (t·ep), plus the larger of the
+def stage_param_counts(model: ModelSpec, t: Any, p: Any, e: Any, scale: Any = 1.0
+                       ) -> tuple[Any, Any]:
+    """(dense, expert) parameters per rank on the stage with the most: layers ÷ p (× `scale`
+    for the busiest stage of an uneven partition; MoE layers at their average share), dense weights ÷ t, experts ÷ (t·ep), plus the larger of the
     embedding (first stage, vocab-parallel) and the head + final norm (last stage)."""
     h = model.d_model
     norm = model.norm_params()
@@ -195,18 +199,20 @@ def stage_param_counts(model: ModelSpec, t: Any, p: Any, e: Any) -> tuple[Any, A
                  + model.n_shared_experts * model.mlp_params(model.expert_d_ff) / t)
     expert_layer = (model.n_experts / e * model.mlp_params(model.expert_d_ff) / t
                     if model.is_moe else 0.0)
-    layers_dense = model.n_dense_layers / p * dense_layer + model.n_moe_layers / p * moe_dense
+    layers_dense = scale * (model.n_dense_layers / p * dense_layer
+                            + model.n_moe_layers / p * moe_dense)
     first = model.vocab * h / t + model.learned_positions * h
     head = model.vocab * h / t if not model.tie_embeddings else 0.0
     last = norm + np.where(p > 1, model.vocab * h / t, head)
     ends = np.where(p > 1, np.maximum(first, last), first + last)
-    return layers_dense + ends, model.n_moe_layers / p * expert_layer
+    return layers_dense + ends, scale * model.n_moe_layers / p * expert_layer
 
 
 def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, pp: Any,
                cp: Any, ep: Any, dp: Any, zero: Any, zero_group: Any, sp: Any, schedule: Any,
                chunks: Any, recompute: Any, micro_batch: Any, m: Any,
-               costs: dict[str, Any] | None = None) -> dict[str, Any]:
+               costs: dict[str, Any] | None = None, partition: tuple[int, ...] = ()
+               ) -> dict[str, Any]:
     """Every term of the step-time model for layouts given as numbers or arrays, keyed by the
     `Layout` field names (codes for `recompute` and `schedule`: `layout_codes`; `zero_group`
     = 0 for ZeRO over all dp·cp ranks) and `m` micro-batches. Returns seconds (and
@@ -215,7 +221,8 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
 
     `costs` may carry the compute costs already evaluated for these layouts (`compute_costs`;
     the planner evaluates them once per distinct `(tp, cp, micro_batch, sp, recompute, ep)`
-    and gathers)."""
+    and gathers). `partition`: one layout's explicit stage partition; arrays of layouts use
+    the default (`Layout.stage_partition`)."""
     # the papers' notation from here on
     t, p, c, e, zg, sched, v, rc, b = (tp, pp, cp, ep, zero_group, schedule, chunks, recompute,
                                        micro_batch)
@@ -232,7 +239,11 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     # ---- compute per micro-batch: one dense layer, one MoE layer, head, embedding
     costs = costs if costs is not None else compute_costs(ctx, t, c, b, sp, rc, e)
     dense = costs["dense"]
-    n_dense, n_moe = model.n_dense_layers / p, model.n_moe_layers / p
+    # uneven stages: the layers of the busiest, the first and the last stage relative to L/p
+    # (exactly 1 for even stages); MoE layers at their average share
+    most, first, last = (n * p / model.n_layers
+                         for n in stage_extremes(model.n_layers, p, v, partition))
+    n_dense, n_moe = most * model.n_dense_layers / p, most * model.n_moe_layers / p
     f_mid = n_dense * dense.fwd
     b_mid = n_dense * (dense.bwd + dense.recompute)
     w_mid = n_dense * dense.wgrad
@@ -246,13 +257,19 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     head_f, head_b = costs["head"][:2]
     emb_f, emb_b = costs["embedding"]
     single = p == 1
-    f_crit = f_mid + head_f + np.where(single, emb_f, 0.0)
-    b_crit = b_mid + head_b + np.where(single, emb_b, 0.0)
+    f_last = f_mid * last / most + head_f + np.where(single, emb_f, 0.0)
+    b_last = b_mid * last / most + head_b + np.where(single, emb_b, 0.0)
+    f_first, b_first = f_mid * first / most + emb_f, b_mid * first / most + emb_b
+    # the slowest stage: the last unless an uneven partition makes the first or the busiest one
+    pick_first = ~single & (f_first + b_first > f_last + b_last)
+    f_crit, b_crit = np.where(pick_first, f_first, f_last), np.where(pick_first, b_first, b_last)
+    pick_mid = f_mid + b_mid > f_crit + b_crit
+    f_crit, b_crit = np.where(pick_mid, f_mid, f_crit), np.where(pick_mid, b_mid, b_crit)
 
     # ---- tensor parallel: all-reduces of the (s/c, b, h) activation, on the critical path
     activation = s / c * b * h * ab
     tp_ar = group_collective_time("all-reduce", activation, t, on_node("tp"), links)
-    layers = model.n_layers / p
+    layers = most * model.n_layers / p
     kappa = cal.overlap_contention
     # --tp-comm-overlap (needs SP): each layer's AG/RS pipelined with its adjacent GEMMs
     tp_overlap = bool(train.tp_comm_overlap) & (sp == 1) & (t > 1)
@@ -304,7 +321,7 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     bubble = np.where(p > 1, pipeline_bubble(sched, p, v, m, big_f, big_b, w_mid), 0.0)
 
     # ---- data parallel / ZeRO over the dp·cp replicas
-    dense_params, expert_params = stage_param_counts(model, t, p, e)
+    dense_params, expert_params = stage_param_counts(model, t, p, e, most)
     replicas = dp * c
     in_node = on_node("dp_cp")
     group = np.where(zg > 0, zg, replicas)
@@ -510,6 +527,7 @@ def estimate_step(model: ModelSpec, cluster: Cluster, layout: Layout,
     links = Links.of(cluster, cal)
     m = layout.microbatches(train)
     terms = {k: float(v) for k, v in step_terms(ctx, links, train, m=m,
+                                                partition=layout.partition,
                                                 **layout.codes()).items()}
     source = "closed form"
     if simulate and layout.pp > 1:

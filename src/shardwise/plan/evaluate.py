@@ -3,7 +3,6 @@ kernel), and of one layout with the scalar models."""
 
 from __future__ import annotations
 
-from dataclasses import fields
 from typing import Any
 
 import numpy as np
@@ -33,7 +32,8 @@ from shardwise.schedules.registry import (
 )
 
 RC_NAMES = {code: name for name, code in RC_CODES.items()}
-_STEP_KEYS = (*(f.name for f in fields(Layout)), "m")  # what `step_terms` takes
+# what `step_terms` takes for arrays of layouts (`Layout.codes()`: the default partition)
+_STEP_KEYS = (*Layout().codes(), "m")
 
 def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
                         cand: dict[str, Any], calib: Calibration | None = None
@@ -103,7 +103,7 @@ def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
 
 
 def _layout_of(cand: dict[str, Any], i: int) -> Layout:
-    values: dict[str, Any] = {f.name: int(cand[f.name][i]) for f in fields(Layout)}
+    values: dict[str, Any] = {key: int(cand[key][i]) for key in _STEP_KEYS if key != "m"}
     values.update(sp=bool(values["sp"]), schedule=get_schedule(values["schedule"]).name,
                   recompute=RC_NAMES[values["recompute"]])
     return Layout(**values)

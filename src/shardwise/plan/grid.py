@@ -46,7 +46,7 @@ def _structure_reason(problem: str) -> str:
     rules = (("n_heads", "tp does not divide the attention heads"),
              ("n_kv_heads", "tp does not fit the key/value heads"),
              ("d_ff", "tp does not divide the FFN width"),
-             ("n_layers", "pp does not divide the layers"),
+             ("n_layers", "pp does not split the layers"),
              ("n_experts", "ep does not divide the experts"),
              ("dp·cp", "ep does not divide dp·cp"),
              ("2·cp", "2·cp does not divide the sequence length"),
@@ -106,6 +106,8 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
              "ep": st[s_idx[pair], 3], "dp": dp_[pair], "micro_batch": b_[pair]}
     pairs["m"] = gb // (pairs["dp"] * pairs["micro_batch"])
     n_pairs = len(pair)
+    if not n_pairs:  # no (structure, micro-batch) pair splits the batch
+        return {}, grid
 
     # level 3: × schedule (code, chunks)
     sched = np.array(axes["schedule"], dtype=np.int64).reshape(-1, 2)

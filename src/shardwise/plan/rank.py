@@ -34,6 +34,9 @@ def _position(cand: dict[str, Any], terms: dict[str, Any], fits: np.ndarray,
               order: np.ndarray, layout: Layout) -> int | None:
     """1-based rank of `layout` among the fitting layouts (None if absent or not fitting)."""
     wanted = layout.codes()
+    partition = layout.partition  # the grid holds the default partition only
+    if partition and partition != layout.with_(partition=()).stage_partition(sum(partition)):
+        return None
     mask = np.ones(len(cand["tp"]), dtype=bool)
     for key, value in wanted.items():
         mask &= cand[key] == value

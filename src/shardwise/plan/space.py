@@ -40,7 +40,11 @@ class SearchSpace:
         """Concrete value lists for this model and cluster."""
         n = cluster.n_gpus
         tp = list(self.tp or _divisors(cluster.gpus_per_node))
-        pp = list(self.pp or [d for d in _divisors(model.n_layers) if d <= n])
+        # pp dividing the layers, and uneven pp that divides the GPUs with the balanced default
+        # partition (`Layout.stage_partition`: ≥ 1 layer per stage, so 2·pp ≤ L + 2)
+        pp = list(self.pp or sorted(
+            {d for d in _divisors(model.n_layers) if d <= n}
+            | {d for d in _divisors(n) if 2 * d <= model.n_layers + 2}))
         cp = list(self.cp or [c for c in (2**k for k in range(0, 16))
                               if (c <= min(self.max_cp, n) and train.seq_len % (2 * c) == 0)
                               or c == 1])

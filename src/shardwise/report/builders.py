@@ -18,7 +18,7 @@ from shardwise.arch import PRESETS, ModelSpec
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.profiles import DEFAULT_IMPL
 from shardwise.hardware import Cluster, get_link
-from shardwise.layout import Layout, TrainSpec
+from shardwise.layout import Layout, TrainSpec, resolve_partition
 from shardwise.units import dtype_bytes, parse_batch, parse_count, parse_size
 
 __all__ = ["FRAMEWORKS", "build_layout", "comm_payload", "emit_payload", "memory_payload",
@@ -44,10 +44,15 @@ def models_payload() -> list[dict[str, Any]]:
 
 
 # ------------------------------------------------------------------------------------ memory
-def build_layout(gpus: int, **kw: Any) -> Layout:
-    """A `Layout` from the layout options; `dp=None` takes the GPUs tp·pp·cp leave."""
+def build_layout(gpus: int, n_layers: int = 0, **kw: Any) -> Layout:
+    """A `Layout` from the layout options; `dp=None` takes the GPUs tp·pp·cp leave; the stage
+    partition from `partition` (text or counts) or `first_stage_layers`/`last_stage_layers`
+    (of `n_layers`)."""
     for axis in ("tp", "pp", "cp"):
         validate.degree(kw[axis], axis)
+    kw["partition"] = resolve_partition(n_layers, kw["pp"], kw.get("partition"),
+                                        kw.pop("first_stage_layers", None),
+                                        kw.pop("last_stage_layers", None))
     model_parallel = kw["tp"] * kw["pp"] * kw["cp"]
     dp = kw.pop("dp")
     if dp is None:
@@ -84,7 +89,7 @@ def memory_payload(spec: ModelSpec, *, gpus: int = 8, gpu: str = "h100", gpus_pe
     from shardwise.estimate.profiles import by_component, fused_attention, get_profile
 
     cluster, _ = cluster_for(gpus, gpu, gpus_per_node, calibration_path=calibration_path)
-    layout = build_layout(gpus, **layout_kw)
+    layout = build_layout(gpus, spec.n_layers, **layout_kw)
     batch = None if global_batch is None else parse_batch(global_batch, seq)
     train = TrainSpec(seq_len=seq, global_batch=batch, dtype=dtype, grad_dtype=grad_dtype,
                       optimizer=optimizer, flash_attention=flash, impl=impl).validate()
@@ -198,8 +203,12 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str = "h100", gpus_per_nod
              flash: bool = True, dtype: str = "bf16", grad_dtype: str | None = None,
              optimizer: str = "adam", headroom: float = 0.85,
              calibration_path: str | None = None, impl: str = DEFAULT_IMPL,
-             progress: Callable[[str], None] | None = None) -> Any:
+             progress: Callable[[str], None] | None = None,
+             partition: str | tuple[int, ...] | None = None,
+             first_stage_layers: int | None = None, last_stage_layers: int | None = None
+             ) -> Any:
     """Validate the plan options and search every layout (SPEC §7); returns the `PlanResult`.
+    `partition` or `first_stage_layers`/`last_stage_layers` set the given layout's stages.
     `layout_text` (`tp=8,pp=2,zero=1`; dp: the GPUs the other axes leave) is evaluated too."""
     from shardwise.calibration import load_calibration
     from shardwise.plan import plan
@@ -211,10 +220,17 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str = "h100", gpus_per_nod
                       optimizer=optimizer, flash_attention=flash, impl=impl).validate()
     calib = machine_calib or load_calibration(cluster.accelerator.name, calibration_path)
     given = None
+    if not layout_text and (partition or first_stage_layers is not None
+                            or last_stage_layers is not None):
+        raise ShardwiseError("--partition and --first/--last-stage-layers describe the --layout "
+                             "you give; add --layout tp=…,pp=…")
     if layout_text:
         given = Layout.parse(layout_text)
         if "dp=" not in layout_text.replace(" ", ""):  # the GPUs the other axes leave
-            given = build_layout(gpus, **(given.to_dict() | {"dp": None}))
+            given = build_layout(gpus, spec.n_layers, **(given.to_dict() | {"dp": None}))
+        if partition or first_stage_layers is not None or last_stage_layers is not None:
+            given = given.with_(partition=resolve_partition(
+                spec.n_layers, given.pp, partition, first_stage_layers, last_stage_layers))
         given.validate(spec, cluster, train)
     training_budget(tokens, price)
     return plan(spec, cluster, train, top, headroom=headroom, calib=calib, layout=given,

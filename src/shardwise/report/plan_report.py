@@ -134,8 +134,11 @@ def explain(result: PlanResult) -> str:
                                    tp=lay.tp, ep=lay.ep)
         span = "inside the node" if in_node == lay.pp else "across nodes"
         sched = lay.schedule + (f" with v={lay.chunks}" if lay.chunks > 1 else "")
+        split = lay.stage_partition(result.model.n_layers)
+        each = (f"each stage {split[0] * lay.chunks} layers" if len(set(split)) == 1 else
+                "its stages " + "/".join(map(str, split)) + " layers (first to last)")
         sentences.append(
-            f"PP {lay.pp} {span} gives each stage {result.model.n_layers // lay.pp} layers; "
+            f"PP {lay.pp} {span} gives {each}; "
             f"{sched} over {_count(e.microbatches, 'micro-batch')} leaves a "
             f"{e.bubble / total:.1%} "
             f"bubble{_slower(_closest(alts, 'pp'), total)}.")

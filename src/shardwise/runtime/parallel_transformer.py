@@ -177,7 +177,9 @@ class ParallelTransformer:
             stages = TransformerStages(self.model, self.positions,
                                        self.layout.tp if self.layout.sp else 1)
             with self._no_sync():
-                return run_pipeline(stages, schedule, inputs, targets, self.axis("pp")).loss
+                return run_pipeline(stages, schedule, inputs, targets, self.axis("pp"),
+                                    sizes=self.layout.stage_sizes(self.model.spec.n_layers)
+                                    ).loss
         total = 0.0
         for j, (x, y) in enumerate(zip(inputs.split(self.layout.micro_batch),
                                        targets.split(self.layout.micro_batch))):

@@ -211,10 +211,11 @@ def apply_expert_parallel(model: Transformer, ep: AxisGroup) -> None:
             block.mlp.experts = partial(_ep_experts, block.mlp, ep)
 
 
-def split_pipeline(model: Transformer, pp: AxisGroup, chunks: int) -> list[VirtualStage]:
+def split_pipeline(model: Transformer, pp: AxisGroup, chunks: int,
+                   sizes: tuple[int, ...] = ()) -> list[VirtualStage]:
     """Keep this rank's virtual stages (chunk c is virtual stage c·p + rank); drop the rest,
     keeping parameter names. Returns every virtual stage."""
-    stages = virtual_stages(model.spec.n_layers, pp.size, chunks)
+    stages = virtual_stages(model.spec.n_layers, pp.size, chunks, sizes=sizes)
     mine = [stages[c * pp.size + pp.rank] for c in range(chunks)]
     held = {k for stage in mine for k in stage.layers}
     for k in range(len(model.blocks)):
@@ -254,7 +255,7 @@ def parallelize(model: Transformer, mesh: Mesh, layout: Layout, seq_len: int,
         apply_context_parallel(model, cp)
     if ep.size > 1:
         apply_expert_parallel(model, ep)
-    stages = split_pipeline(model, pp, layout.chunks)
+    stages = split_pipeline(model, pp, layout.chunks, layout.stage_sizes(model.spec.n_layers))
     apply_recompute(model, layout.recompute)
     shards = _shard_table(model, layout)
     if device is not None:

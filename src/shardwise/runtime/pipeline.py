@@ -80,6 +80,7 @@ import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any, Protocol
 
 import torch
@@ -135,11 +136,20 @@ class VirtualStage:
 
 
 def virtual_stages(n_layers: int, p: int, v: int = 1, *, first_stage_extra: float = 0.0,
-                   last_stage_extra: float = 0.0) -> list[VirtualStage]:
-    """The `p·v` virtual stages, layers from `partition_layers` (contiguous, balanced)."""
+                   last_stage_extra: float = 0.0, sizes: Sequence[int] = ()
+                   ) -> list[VirtualStage]:
+    """The `p·v` virtual stages, layers from `partition_layers` (contiguous, balanced) or
+    contiguous runs of `sizes` layers (a layout's `stage_partition`)."""
     count = p * v
-    parts = partition_layers(n_layers, count, first_stage_extra=first_stage_extra,
-                             last_stage_extra=last_stage_extra)
+    if sizes:
+        if len(sizes) != count or sum(sizes) != n_layers or min(sizes) < 1:
+            raise ShardwiseError(f"stage sizes {list(sizes)} must be {count} counts ≥ 1 that "
+                                 f"sum to n_layers={n_layers}")
+        ends = list(accumulate(sizes))
+        parts = [list(range(end - n, end)) for end, n in zip(ends, sizes)]
+    else:
+        parts = partition_layers(n_layers, count, first_stage_extra=first_stage_extra,
+                                 last_stage_extra=last_stage_extra)
     return [VirtualStage(vs, count, tuple(layers)) for vs, layers in enumerate(parts)]
 
 
@@ -500,7 +510,7 @@ def _completed(work: Any) -> bool:
 def run_pipeline(model: StageModel, schedule: Mapping[int, Sequence[Action]],
                  tokens: torch.Tensor, targets: torch.Tensor, pp: C.GroupLike = "pp",
                  dp: C.GroupLike | None = None, *, first_stage_extra: float = 0.0,
-                 last_stage_extra: float = 0.0) -> PipelineResult:
+                 last_stage_extra: float = 0.0, sizes: Sequence[int] = ()) -> PipelineResult:
     """Run one training step's forward and backward of `model` under `schedule` on this rank.
 
     `pp` is the pipeline group (an `AxisGroup`, an axis name on the current mesh, …); this rank
@@ -529,7 +539,7 @@ def run_pipeline(model: StageModel, schedule: Mapping[int, Sequence[Action]],
         raise ShardwiseError(f"batch of {tokens.shape[0]} sequences does not split into "
                              f"m={m} equal micro-batches")
     stages = virtual_stages(model.n_layers, p, v, first_stage_extra=first_stage_extra,
-                            last_stage_extra=last_stage_extra)
+                            last_stage_extra=last_stage_extra, sizes=sizes)
     group = C.resolve(pp)
     if group.size != p:
         raise ShardwiseError(f"schedule has {p} stages but the pipeline group has "

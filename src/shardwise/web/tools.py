@@ -127,6 +127,9 @@ class LayoutFields(_In):
     chunks: int = Field(1, ge=1, le=256, description="Virtual chunks per stage.")
     recompute: Literal[RECOMPUTE] = "none"  # type: ignore[valid-type]
     micro_batch: int = Field(1, ge=1, le=4096, description="Micro-batch size (sequences).")
+    partition: list[int] = Field(default_factory=list, max_length=1024,
+                                 description="Layers per pipeline stage, first to last "
+                                             "([]: even, or balanced when pp ∤ layers).")
 
 
 class TrainFields(_In):

@@ -1,0 +1,115 @@
+"""Uneven pipeline stages (issue 9 item 1): `Layout.partition`, the balanced default, the
+memory and step models per stage, the planner and the CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shardwise.arch import count_params, get_model
+from shardwise.errors import LayoutError, ShardwiseError
+from shardwise.estimate.memory import stage_params, training_memory_per_gpu
+from shardwise.estimate.step import estimate_step
+from shardwise.hardware import Cluster
+from shardwise.layout import Layout, TrainSpec, first_last_partition, stage_partition
+from shardwise.plan import plan
+from tests.cli_helpers import assert_one_line_error, shardwise, shardwise_json
+
+BLOOM = str(Path(__file__).parent / "fixtures" / "hf" / "bloom" / "config.json")
+
+
+def test_balanced_default_is_the_published_layouts():
+    # Llama 3 paper §3.3.2: 126 layers over 16 stages, the first and the last one layer short
+    assert stage_partition(126, 16) == (7,) + (8,) * 14 + (7,)
+    # BLOOM paper §3.4 / Megatron-DeepSpeed run: first stage embedding + 5 blocks, last 5 + head
+    assert stage_partition(70, 12) == (5,) + (6,) * 10 + (5,)
+    assert stage_partition(32, 4) == (8, 8, 8, 8)  # dividing: even, as before
+    assert stage_partition(32, 4, 2) == (4, 4, 4, 4)  # per chunk
+
+
+def test_megatron_first_last_and_parsed_partitions():
+    assert first_last_partition(126, 16, 7, 7) == stage_partition(126, 16)
+    assert first_last_partition(10, 3, 2, None) == (2, 4, 4)
+    assert Layout.parse("pp=4,partition=1:2:3:4").partition == (1, 2, 3, 4)
+    with pytest.raises(ShardwiseError, match="must divide evenly"):
+        first_last_partition(10, 4, 3, 2)
+
+
+def test_bad_partitions_are_reported():
+    model = get_model("tiny")  # 4 layers
+    with pytest.raises(LayoutError) as info:
+        Layout(pp=2, partition=(3, 2)).validate(model)
+    assert "partition sums to 5 layers but n_layers=4" in str(info.value)
+    with pytest.raises(LayoutError, match="needs chunks=1"):
+        Layout(pp=2, chunks=2, schedule="interleaved", partition=(2, 2)).validate(model)
+    with pytest.raises(LayoutError, match="≥ 1 layer"):
+        Layout(pp=2, partition=(4, 0)).validate(model)
+    with pytest.raises(LayoutError, match="partition has 3 stages but pp=2"):
+        Layout(pp=2, partition=(1, 1, 2)).validate(model)
+
+
+@pytest.mark.parametrize("partition", [(5, 3), (1, 7), (4, 4)])
+def test_stage_parameters_add_up_to_the_model(partition):
+    """Every parameter on exactly one stage: the stages' counts sum to `count_params`."""
+    model = get_model("llama3-8b").with_(n_layers=8)
+    layout = Layout(pp=2, partition=partition)
+    total = sum(sum(stage_params(model, layout, i)) for i in range(2))
+    assert total == pytest.approx(count_params(model).total, rel=1e-12)
+    stages = training_memory_per_gpu(model, layout, TrainSpec(seq_len=1024, global_batch=8))
+    assert [st.layers for st in stages] == list(partition)
+
+
+def test_the_slowest_stage_sets_the_pace():
+    """The busiest stage paces the pipeline: with a middle stage of 11 or 12 layers the compute
+    scales 12/11 wherever the other layers go, and a lopsided split is slower than even."""
+    model, cluster = get_model("llama3-8b"), Cluster.of(4, "h100")
+    train = TrainSpec(seq_len=4096, global_batch=16)
+
+    def step(*partition: int):
+        return estimate_step(model, cluster, Layout(pp=4, partition=partition), train)
+
+    assert step(8, 8, 8, 8) == estimate_step(model, cluster, Layout(pp=4), train)
+    assert step(5, 11, 8, 8).compute == pytest.approx(step(8, 5, 11, 8).compute, rel=1e-12)
+    assert step(4, 12, 8, 8).compute / step(5, 11, 8, 8).compute == pytest.approx(12 / 11)
+    assert step(5, 11, 8, 8).total > step(8, 8, 8, 8).total
+
+
+def test_llama3_405b_tp8_pp16_is_expressible_and_ranked():
+    model, train = get_model("llama3-405b"), TrainSpec(seq_len=8192, global_batch=2048)
+    for gpus in (8192, 16384):
+        layout = Layout(dp=gpus // 128, tp=8, pp=16, sp=True, zero=1, recompute="full")
+        result = plan(model, Cluster.of(gpus, "h100"), train, top=1, layout=layout)
+        assert result.given is not None and result.given.rank is not None
+        assert result.given.memory.layers == 8  # the biggest stage: a middle one
+
+
+def test_cli_plans_bloom_with_and_without_a_layout():
+    args = ("plan", BLOOM, "--gpus", "384", "--gpu", "a100", "--seq", "2048",
+            "--global-batch", "2048")
+    out = shardwise_json(*args, "--layout", "tp=4,pp=12,recompute=full")
+    assert out["given"]["rank"] is not None
+    assert out["ranked"]  # the search finds layouts (pp dividing 70 left none on 384 GPUs)
+    explicit = shardwise_json(*args, "--layout", "tp=4,pp=12,recompute=full",
+                              "--first-stage-layers", "5", "--last-stage-layers", "5")
+    assert explicit["given"]["layout"]["partition"] == [5] + [6] * 10 + [5]
+    assert explicit["given"]["estimate"] == out["given"]["estimate"]  # = the default
+    bad = shardwise(*args, "--layout", "tp=4,pp=12", "--partition", "6,6", check=False)
+    assert_one_line_error(bad, "partition has 2 stages but pp=12")
+
+
+def test_exports_refuse_partitions_their_framework_cannot_run():
+    from shardwise.emit import emit
+
+    model = get_model("llama3-8b")  # 32 layers
+    train = TrainSpec(seq_len=4096, global_batch=64)
+    odd = Layout(dp=2, pp=4, partition=(6, 10, 8, 8))  # middle stages differ
+    with pytest.raises(ShardwiseError, match="Megatron-LM cannot run the partition"):
+        emit("megatron", model, odd, train)
+    with pytest.raises(ShardwiseError, match="DeepSpeed cannot run the partition"):
+        emit("deepspeed", model, odd, train)
+    with pytest.raises(ShardwiseError, match="torchtitan cannot split 32 layers"):
+        emit("torchtitan", model, Layout(dp=2, pp=4, partition=(5, 11, 8, 8)), train)
+    first_last = emit("megatron", model, Layout(dp=2, pp=4, partition=(6, 9, 9, 8)), train)
+    assert "--decoder-first-pipeline-num-layers 6" in first_last.text
+    assert "--decoder-last-pipeline-num-layers 8" in first_last.text

@@ -85,6 +85,9 @@ def runtime_problems(layout: Layout, model: ModelSpec) -> list[str]:
     if not model.gated_mlp or model.norm != "rmsnorm" or model.bias or model.learned_positions:
         out.append(f"the training runtime runs Llama-style models (RMSNorm, SwiGLU, RoPE, no "
                    f"biases); {model.name} is not one")
+    if model.out_bias and layout.tp > 1:
+        out.append("an output-projection bias (attention_bias) with tp > 1 is not supported by "
+                   "the training runtime")
     if model.n_shared_experts:
         out.append("shared experts are not supported by the training runtime")
     if model.vocab % layout.tp:
@@ -157,8 +160,10 @@ def apply_tensor_parallel(model: Transformer, tp: AxisGroup, sp: bool) -> None:
         if isinstance(block.mlp, SwiGLU):
             pairs.append((block.mlp, ("w_gate", "w_up"), ("w_down",)))
         for module, columns, rows in pairs:
-            for name in columns:  # output features: heads / f split, weight rows
+            for name in columns:  # output features: heads / f split, weight rows (and biases)
                 _keep(getattr(module, name), "weight", 0, r, t)
+                if getattr(module, name).bias is not None:
+                    _keep(getattr(module, name), "bias", 0, r, t)
             for name in rows:  # input features split, weight columns
                 _keep(getattr(module, name), "weight", 1, r, t)
             module.enter, module.leave = enter, leave
@@ -181,10 +186,10 @@ def apply_tensor_parallel(model: Transformer, tp: AxisGroup, sp: bool) -> None:
 
 def _tp_dim(name: str) -> int | None:
     """The dim TP splits, from the parameter's single-device name."""
-    leaf = name.rsplit(".", 2)[-2] if name.endswith(".weight") else ""
+    leaf = name.rsplit(".", 2)[-2] if name.endswith((".weight", ".bias")) else ""
     if leaf in ("wq", "wk", "wv", "w_gate", "w_up", "embedding", "head"):
         return 0
-    return 1 if leaf in ("wo", "w_down") else None
+    return 1 if leaf in ("wo", "w_down") and name.endswith(".weight") else None
 
 
 def apply_context_parallel(model: Transformer, cp: AxisGroup) -> None:

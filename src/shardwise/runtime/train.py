@@ -41,7 +41,7 @@ import torch
 from shardwise.arch import ModelSpec
 from shardwise.errors import LayoutError, ShardwiseError
 from shardwise.layout import Layout, TrainSpec
-from shardwise.runtime import checkpoint, launch
+from shardwise.runtime import checkpoint, hf, launch
 from shardwise.runtime.data import BYTE_VOCAB, Batches, load_tokens
 from shardwise.runtime.mesh import Mesh
 from shardwise.runtime.model import Transformer
@@ -80,6 +80,8 @@ class TrainConfig:
     checkpoint_every: int = 0  # steps between checkpoints; 0: only after the last step
     checkpoint_keep: int = 2  # the newest checkpoints kept
     resume: bool = False  # start from the newest checkpoint in checkpoint_dir, if any
+    hf_weights: str | None = None  # start from this Hugging Face checkpoint (runtime.hf)
+    save_hf: str | None = None  # write the trained model here as config.json + safetensors
 
     def train_spec(self) -> TrainSpec:
         return TrainSpec(seq_len=self.seq_len, global_batch=self.global_batch,
@@ -88,7 +90,9 @@ class TrainConfig:
 
     def problems(self) -> list[str]:
         out = []
-        for name in ("steps", "seq_len", "global_batch"):
+        if self.steps < 0:  # 0: no step (load and save a checkpoint, say)
+            out.append(f"steps must be ≥ 0, got {self.steps}")
+        for name in ("seq_len", "global_batch"):
             if getattr(self, name) < 1:
                 out.append(f"{name} must be ≥ 1, got {getattr(self, name)}")
         if self.dtype not in DTYPES:
@@ -170,6 +174,8 @@ def build(config: TrainConfig, mesh: Mesh | None = None) -> TrainState:
     mesh = mesh or Mesh.from_layout(config.layout)
     model = Transformer(config.model, flash=config.flash, dtype=DTYPES[config.dtype],
                         seed=config.seed)
+    if config.hf_weights:  # the whole checkpoint on every rank; parallelize keeps a slice
+        hf.load_hf_weights(model, config.hf_weights)
     parallel = parallelize(model, mesh, config.layout, config.seq_len, launch.device())
     optimizer = torch.optim.AdamW(parallel.parameters(), lr=config.lr, betas=config.betas,
                                   eps=config.eps, weight_decay=config.weight_decay,
@@ -233,6 +239,8 @@ def train(config: TrainConfig, hooks: Sequence[Hook] = (), state: TrainState | N
             hook(state, record)
     for hook in hooks:
         getattr(hook, "close", lambda: None)()
+    if config.save_hf:
+        hf.save_hf(state.model, config.save_hf)
     return state
 
 

@@ -41,7 +41,8 @@ The result is a `runtime.parallel_transformer.ParallelTransformer`, the training
 
 Not supported (refused by `runtime_problems`, with the reason): the ZB-H1 schedule (the
 Transformer stages do not split B from W), ZeRO with pp > 1 or ep > 1 or tied embeddings or
-hybrid shard groups, full recompute with ZeRO-3, tp not dividing the kv heads, shared experts.
+hybrid shard groups, full recompute with ZeRO-3, ZeRO with replicated kv heads (tp > a_kv), shared
+experts.
 """
 
 from __future__ import annotations
@@ -93,9 +94,9 @@ def runtime_problems(layout: Layout, model: ModelSpec) -> list[str]:
     if model.vocab % layout.tp:
         out.append(f"tp={layout.tp} must divide the vocabulary {model.vocab} (vocabulary-"
                    "parallel embedding and head)")
-    if model.n_kv_heads % layout.tp:
-        out.append(f"tp={layout.tp} must divide n_kv_heads={model.n_kv_heads} (replicated kv "
-                   "heads are not implemented in the runtime)")
+    if model.n_kv_heads % layout.tp and layout.zero:
+        out.append(f"ZeRO-{layout.zero} with replicated kv heads (tp={layout.tp} > "
+                   f"n_kv_heads={model.n_kv_heads}) is not supported by the training runtime")
     if layout.pp > 1 and layout.schedule == "zb-h1":
         out.append("schedule zb-h1 is not supported for training (the Transformer stages do "
                    "not split B from W); use gpipe, 1f1b or interleaved")
@@ -161,9 +162,13 @@ def apply_tensor_parallel(model: Transformer, tp: AxisGroup, sp: bool) -> None:
             pairs.append((block.mlp, ("w_gate", "w_up"), ("w_down",)))
         for module, columns, rows in pairs:
             for name in columns:  # output features: heads / f split, weight rows (and biases)
-                _keep(getattr(module, name), "weight", 0, r, t)
-                if getattr(module, name).bias is not None:
-                    _keep(getattr(module, name), "bias", 0, r, t)
+                linear = getattr(module, name)
+                # t > a_kv: rank r keeps kv head r // (t/a_kv), the one its query heads use
+                rep = t // model.spec.n_kv_heads if name in ("wk", "wv") and \
+                    model.spec.n_kv_heads < t else 1
+                for leaf in ("weight", "bias") if linear.bias is not None else ("weight",):
+                    _keep(linear, leaf, 0, r // rep, t // rep)
+                    getattr(linear, leaf).tp_replicas = rep  # allreduce_replicated_kv_grads
             for name in rows:  # input features split, weight columns
                 _keep(getattr(module, name), "weight", 1, r, t)
             module.enter, module.leave = enter, leave
@@ -292,5 +297,5 @@ def _shard_table(model: Transformer, layout: Layout) -> dict[str, ParamShard]:
             p.sequence_parallel = True  # read by allreduce_sequence_parallel_grads
         table[name] = ParamShard(tp_dim, layout.ep > 1 and name.endswith(
             (".mlp.w_gate", ".mlp.w_up", ".mlp.w_down")), sp,
-            tied_copy and name == "head.weight")
+            tied_copy and name == "head.weight", getattr(p, "tp_replicas", 1))
     return table

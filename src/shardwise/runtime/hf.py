@@ -149,7 +149,7 @@ def save_hf(parallel: Any, directory: str | Path) -> None:
 
     directory = Path(directory)
     full = parallel.full_parameters()  # this stage's parameters, gathered over tp/ep/ZeRO
-    coord, pp = parallel.mesh.coord(), parallel.layout.pp
+    coord, pp = parallel.mesh.coord, parallel.layout.pp
     writer = all(v == 0 for k, v in coord.items() if k != "pp")
     names = {p: f"model-{p + 1:05d}-of-{pp:05d}.safetensors" for p in range(pp)}
     if pp == 1:
@@ -160,7 +160,7 @@ def save_hf(parallel: Any, directory: str | Path) -> None:
         save_file(tensors, str(directory / names[coord.get("pp", 0)]),
                   metadata={"format": "pt"})
     C.barrier()
-    if parallel.mesh.coord() == dict.fromkeys(coord, 0):  # rank 0
+    if all(v == 0 for v in coord.values()):  # rank 0
         spec = parallel.model.spec
         (directory / "config.json").write_text(
             json.dumps(hf_config(spec) | {"torch_dtype": str(parallel.model.dtype)[6:]},

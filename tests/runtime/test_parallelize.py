@@ -108,3 +108,19 @@ def test_supported_layouts_have_no_runtime_problems():
     for text, model in LAYOUTS:
         assert runtime_problems(Layout.parse(text), spec(model)) == []
     assert "Llama-style" in runtime_problems(Layout(), get_model("gpt3-125m"))[0]
+
+
+@pytest.mark.parametrize("text", ["tp=2", "tp=4", "tp=4,pp=2"])
+def test_ranks_hold_what_the_memory_model_counts_with_biases_and_head_dim(text):
+    """Q/K/V biases and head_dim ≠ h/a (a Qwen2-like tiny) at tp ≤ and > the 2 kv heads: each
+    rank's parameters equal `estimate.memory.stage_params` (what `check` predicts)."""
+    from shardwise.estimate.memory import stage_params
+
+    model = get_model("tiny").with_(name="tiny-qwen", d_head=32, qkv_bias=True)
+    layout = Layout.parse(text)
+    shape = MeshShape.from_layout(layout)
+    for rank in range(shape.world_size):
+        mesh = offline_mesh(shape, rank)
+        par = parallelize(Transformer(model), mesh, layout, seq_len=32)
+        held = sum(p.numel() for p in par.model.parameters())
+        assert held == stage_params(model, layout, mesh.coord["pp"])[0], (text, rank)

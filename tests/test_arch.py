@@ -1,10 +1,11 @@
 """SPEC §1: parameter counts against published sizes, HF configs, FLOPs per token."""
 
+import json
 from pathlib import Path
 
 import pytest
 
-from shardwise.arch import PRESETS, ModelSpec, from_hf_config, get_model
+from shardwise.arch import PRESETS, ModelSpec, from_hf_config, from_hf_dict, get_model
 from shardwise.errors import ShardwiseError
 
 HF = Path(__file__).parent / "fixtures" / "hf"
@@ -170,3 +171,11 @@ def test_explicit_head_dim_changes_attention_params_and_flops():
         2 * h * 64 + 2 * h * 32)  # Q, O grow by h·64 each; K, V by h·(2·16) each
     extra = 2 * (wide.count_params().active - base.count_params().active) + L * 4 * 10 * 64
     assert wide.forward_flops_per_token(10) - base.forward_flops_per_token(10) == extra
+
+
+def test_other_rope_scalings_are_planned_and_refused_only_by_the_runtime():
+    cfg = json.loads((HF / "qwen2.5-7b" / "config.json").read_text())
+    cfg["rope_scaling"] = {"factor": 4.0, "original_max_position_embeddings": 32768,
+                           "type": "yarn"}  # Qwen2.5's long-context recipe (its model card)
+    spec = from_hf_dict(cfg, "qwen-yarn")
+    assert spec.rope_type == "yarn" and spec.count_params() == PRESETS["qwen2.5-7b"].count_params()

@@ -81,6 +81,11 @@ class ModelSpec:
         return self.n_kv_heads * self.head_dim
 
     @property
+    def rope_type(self) -> str:
+        """"default", or the RoPE scaling's type ("llama3", "yarn", …; the runtime runs llama3)."""
+        return str(dict(self.rope_scaling).get("rope_type", "default"))
+
+    @property
     def is_moe(self) -> bool:
         return self.n_experts > 0
 
@@ -125,9 +130,6 @@ class ModelSpec:
                             f"{self.rope_theta}")
         if self.head_dim % 2:
             problems.append(f"RoPE needs an even head width, got {self.head_dim}")
-        scaling = dict(self.rope_scaling).get("rope_type", "default")
-        if scaling not in ("default", "llama3"):
-            problems.append(f"RoPE scaling {scaling!r} is not supported; valid: default, llama3")
         if problems:
             raise ShardwiseError(f"model {self.name}: " + "; ".join(problems))
         return self

@@ -124,3 +124,8 @@ def test_ranks_hold_what_the_memory_model_counts_with_biases_and_head_dim(text):
         par = parallelize(Transformer(model), mesh, layout, seq_len=32)
         held = sum(p.numel() for p in par.model.parameters())
         assert held == stage_params(model, layout, mesh.coord["pp"])[0], (text, rank)
+
+
+def test_unsupported_rope_scaling_is_refused_by_the_runtime():
+    yarn = get_model("tiny").with_(rope_scaling=(("factor", 4.0), ("rope_type", "yarn")))
+    assert any("RoPE scaling 'yarn'" in p for p in runtime_problems(Layout(), yarn))

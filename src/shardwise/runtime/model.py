@@ -104,7 +104,11 @@ def inverse_frequencies(head_dim: int, base: float = 10000.0,
     and between them `ω·((1-α)/factor + α)`, `α = (C/λ - low)/(high - low)`."""
     inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
     params = dict(scaling)
-    if params.get("rope_type", "default") != "llama3":
+    kind = params.get("rope_type", "default")
+    if kind not in ("default", "llama3"):
+        raise ShardwiseError(f"RoPE scaling {kind!r} is not supported by the runtime model; "
+                             "valid: default, llama3")
+    if kind == "default":
         return inv_freq
     factor, low, high = (float(params[k]) for k in ("factor", "low_freq_factor",  # type: ignore
                                                     "high_freq_factor"))

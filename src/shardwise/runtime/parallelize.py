@@ -86,6 +86,9 @@ def runtime_problems(layout: Layout, model: ModelSpec) -> list[str]:
     if not model.gated_mlp or model.norm != "rmsnorm" or model.bias or model.learned_positions:
         out.append(f"the training runtime runs Llama-style models (RMSNorm, SwiGLU, RoPE, no "
                    f"biases); {model.name} is not one")
+    if model.rope_type not in ("default", "llama3"):
+        out.append(f"RoPE scaling {model.rope_type!r} is not supported by the training runtime; "
+                   "valid: default, llama3")
     if model.out_bias and layout.tp > 1:
         out.append("an output-projection bias (attention_bias) with tp > 1 is not supported by "
                    "the training runtime")

@@ -1,10 +1,11 @@
 """SPEC §1: parameter counts against published sizes, HF configs, FLOPs per token."""
 
+import json
 from pathlib import Path
 
 import pytest
 
-from shardwise.arch import PRESETS, ModelSpec, from_hf_config, get_model
+from shardwise.arch import PRESETS, ModelSpec, from_hf_config, from_hf_dict, get_model
 from shardwise.errors import ShardwiseError
 
 HF = Path(__file__).parent / "fixtures" / "hf"
@@ -146,3 +147,35 @@ def test_moe_active_flops_use_top_k():
     dense_equivalent = 2 * (counts.active - counts.embedding - counts.norms)
     assert model.forward_flops_per_token(1, causal=True) == pytest.approx(
         dense_equivalent + 2 * 1 * model.d_model * model.n_layers)
+
+
+@pytest.mark.parametrize("name", ["llama3-8b", "mistral-7b", "mixtral-8x7b", "qwen2.5-7b"])
+def test_presets_carry_the_hub_configs_rope_norm_and_biases(name):
+    """The hub's config.json (fixtures) and the preset agree on θ, ε, head width, biases."""
+    hub, preset = from_hf_config(HF / name), PRESETS[name]
+    fields = ("rope_theta", "rope_scaling", "norm_eps", "head_dim", "qkv_bias", "out_bias")
+    assert {f: getattr(hub, f) for f in fields} == {f: getattr(preset, f) for f in fields}
+    assert hub.count_params() == preset.count_params()
+
+
+def test_qwen25_7b_count_includes_qkv_biases():
+    # Qwen/Qwen2.5-7B model.safetensors.index.json: total_size 15,231,233,024 bytes of bf16
+    assert PRESETS["qwen2.5-7b"].count_params().total == 15_231_233_024 // 2
+
+
+def test_explicit_head_dim_changes_attention_params_and_flops():
+    base = PRESETS["tiny"]
+    wide = base.with_(d_head=32)  # a·d = 128 ≠ h = 64
+    h, L = base.d_model, base.n_layers
+    assert wide.count_params().attention - base.count_params().attention == L * (
+        2 * h * 64 + 2 * h * 32)  # Q, O grow by h·64 each; K, V by h·(2·16) each
+    extra = 2 * (wide.count_params().active - base.count_params().active) + L * 4 * 10 * 64
+    assert wide.forward_flops_per_token(10) - base.forward_flops_per_token(10) == extra
+
+
+def test_other_rope_scalings_are_planned_and_refused_only_by_the_runtime():
+    cfg = json.loads((HF / "qwen2.5-7b" / "config.json").read_text())
+    cfg["rope_scaling"] = {"factor": 4.0, "original_max_position_embeddings": 32768,
+                           "type": "yarn"}  # Qwen2.5's long-context recipe (its model card)
+    spec = from_hf_dict(cfg, "qwen-yarn")
+    assert spec.rope_type == "yarn" and spec.count_params() == PRESETS["qwen2.5-7b"].count_params()

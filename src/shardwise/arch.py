@@ -1,9 +1,10 @@
 """Decoder-only Transformer architectures: `ModelSpec`, presets, Hugging Face configs,
 parameter counts and FLOPs per token (SPEC §1).
 
-Parameter count (biases ignored unless `bias=True`), per layer:
+Parameter count (biases only with `bias`, or `qkv_bias`/`out_bias`), per layer, with head
+width d (h/a unless the config names `head_dim`):
 
-    attention  h·h (Q) + 2·h·(a_kv·d) (K, V) + h·h (O)
+    attention  h·(a·d) (Q) + 2·h·(a_kv·d) (K, V) + (a·d)·h (O)  [+ a·d + 2·a_kv·d, + h biases]
     MLP        3·h·f gated (SwiGLU), 2·h·f otherwise
     norms      2·h
     model      L·per_layer + V·h (embedding) + V·h (head, unless tied) + h (final norm)
@@ -12,7 +13,7 @@ MoE layers count all experts in the *total* and `top_k` (+ shared) experts in th
 count, plus the router `h·n_experts`.
 
 FLOPs: a `(n×k)·(k×m)` matmul costs `2nkm`. A forward pass costs 2 FLOPs per active matmul
-parameter per token plus attention (scores and P·V) `4·s·h` per token per layer when every query
+parameter per token plus attention (scores and P·V) `4·s·a·d` (= `4·s·h`) per token per layer when every query
 sees every key; causal attention halves it. Training = forward + backward = 3× forward.
 """
 
@@ -51,16 +52,38 @@ class ModelSpec:
     d_ff_expert: int = 0  # 0: same as d_ff
     n_shared_experts: int = 0
     moe_every: int = 1  # every k-th layer is MoE (1: all layers)
+    # What Hugging Face configs add (transformers' LlamaConfig / Qwen2Config field names in
+    # the comments): RMSNorm ε (rms_norm_eps), RoPE base θ (rope_theta), RoPE scaling as sorted
+    # (key, value) pairs, e.g. (("factor", 8.0), ..., ("rope_type", "llama3")) (rope_scaling /
+    # rope_parameters), an explicit head width (head_dim; 0: d_model / n_heads), biases on
+    # Q, K, V (Qwen2, attention_bias) and on O (Llama's attention_bias).
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: tuple[tuple[str, Any], ...] = ()
+    d_head: int = 0
+    qkv_bias: bool = False
+    out_bias: bool = False
 
     # ----------------------------------------------------------------------------- derived
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        """Width d of one head: `d_head` when the config names it, else `h / a`."""
+        return self.d_head or self.d_model // self.n_heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of Q (and of O's input): `a · d` (= h unless `d_head` says otherwise)."""
+        return self.n_heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
         """Width of K (and of V): `a_kv · d`."""
         return self.n_kv_heads * self.head_dim
+
+    @property
+    def rope_type(self) -> str:
+        """"default", or the RoPE scaling's type ("llama3", "yarn", …; the runtime runs llama3)."""
+        return str(dict(self.rope_scaling).get("rope_type", "default"))
 
     @property
     def is_moe(self) -> bool:
@@ -88,7 +111,9 @@ class ModelSpec:
             if getattr(self, field) < 1:
                 problems.append(f"{field} must be ≥ 1, got {getattr(self, field)}")
         if not problems:
-            if self.d_model % self.n_heads:
+            if self.d_head < 0:
+                problems.append(f"d_head must be ≥ 0 (0: d_model / n_heads), got {self.d_head}")
+            elif not self.d_head and self.d_model % self.n_heads:
                 problems.append(f"n_heads={self.n_heads} does not divide d_model={self.d_model}")
             if self.n_heads % self.n_kv_heads:
                 problems.append(
@@ -100,6 +125,11 @@ class ModelSpec:
             problems.append(f"top_k={self.top_k} must be in 1..n_experts={self.n_experts}")
         if self.moe_every < 1:
             problems.append(f"moe_every must be ≥ 1, got {self.moe_every}")
+        if self.norm_eps <= 0 or self.rope_theta <= 0:
+            problems.append(f"norm_eps and rope_theta must be > 0, got {self.norm_eps} and "
+                            f"{self.rope_theta}")
+        if self.head_dim % 2:
+            problems.append(f"RoPE needs an even head width, got {self.head_dim}")
         if problems:
             raise ShardwiseError(f"model {self.name}: " + "; ".join(problems))
         return self
@@ -113,9 +143,10 @@ class ModelSpec:
 
     # ------------------------------------------------------------------------ param counts
     def attention_params(self) -> int:
-        h = self.d_model
-        weights = 2 * h * h + 2 * h * self.kv_dim
-        biases = (h + 2 * self.kv_dim + h) if self.bias else 0
+        h, q = self.d_model, self.q_dim
+        weights = 2 * h * q + 2 * h * self.kv_dim  # Q and O: h·a·d each; K, V: h·a_kv·d each
+        qkv = self.bias or self.qkv_bias
+        biases = (q + 2 * self.kv_dim) * qkv + h * (self.bias or self.out_bias)
         return weights + biases
 
     def mlp_params(self, d_ff: int | None = None) -> int:
@@ -157,7 +188,7 @@ class ModelSpec:
 
     # ------------------------------------------------------------------------------- FLOPs
     def forward_flops_per_token(self, seq_len: int, causal: bool = False) -> float:
-        """Forward FLOPs per token: `2·(active matmul params) + L·4·s·h` (× ½ when causal).
+        """Forward FLOPs per token: `2·(active matmul params) + L·4·s·a·d` (× ½ when causal).
 
         Matmul parameters exclude the embedding lookup and the norms but include the output
         head (tied or not: the head matmul runs either way).
@@ -165,8 +196,11 @@ class ModelSpec:
         counts = count_params(self)
         tied_head = self.vocab * self.d_model if self.tie_embeddings else 0
         matmul = counts.active - counts.embedding - counts.norms + tied_head
-        attention = self.n_layers * 4 * seq_len * self.d_model * (0.5 if causal else 1.0)
-        return 2 * matmul + attention
+        return 2 * matmul + self._attention_flops(seq_len, causal)
+
+    def _attention_flops(self, seq_len: int, causal: bool) -> float:
+        """Scores and P·V per token, all layers: `L·4·s·a·d` (a·d = h unless `d_head`)."""
+        return self.n_layers * 4 * seq_len * self.q_dim * (0.5 if causal else 1.0)
 
     def training_flops_per_token(
         self, seq_len: int, causal: bool = False, recompute: str = "none"
@@ -179,7 +213,7 @@ class ModelSpec:
         iteration; selective recompute adds the attention score/PV forward once more.
         """
         forward = self.forward_flops_per_token(seq_len, causal)
-        attention = self.n_layers * 4 * seq_len * self.d_model * (0.5 if causal else 1.0)
+        attention = self._attention_flops(seq_len, causal)
         head = 2 * self.vocab * self.d_model  # the head is not recomputed
         extra = {"none": 0.0, "selective": attention, "full": forward - head}
         if recompute not in extra:
@@ -233,9 +267,14 @@ def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
 
 
 def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ff: int, vocab: int,
-           max_seq: int, n_experts: int = 0, top_k: int = 0) -> ModelSpec:
+           max_seq: int, n_experts: int = 0, top_k: int = 0, **extra: Any) -> ModelSpec:
     return ModelSpec(name, layers, hidden, heads, kv, ff, vocab, max_seq=max_seq,
-                     n_experts=n_experts, top_k=top_k)
+                     n_experts=n_experts, top_k=top_k, **extra)
+
+
+# Llama 3.1's RoPE scaling (meta-llama/Llama-3.1-405B config.json, "rope_scaling").
+_LLAMA31_ROPE = (("factor", 8.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
+                 ("original_max_position_embeddings", 8192), ("rope_type", "llama3"))
 
 
 PRESETS: dict[str, ModelSpec] = {
@@ -255,16 +294,25 @@ PRESETS: dict[str, ModelSpec] = {
         _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
         _llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
         # Llama 3 herd paper (Dubey et al. 2024), Table 3.
-        _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
-        _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
-        _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
-        # Mistral / Mixtral config.json on the Hugging Face hub.
+        # rope_theta 500000, rms_norm_eps 1e-5 (meta-llama/Meta-Llama-3-8B config.json);
+        # the 405B exists only as Llama 3.1, with its "llama3" RoPE scaling.
+        _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, rope_theta=5e5),
+        _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, rope_theta=5e5),
+        _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192, rope_theta=5e5,
+               rope_scaling=_LLAMA31_ROPE),
+        # Mistral / Mixtral config.json on the Hugging Face hub: Mistral-7B-v0.1 rope_theta
+        # 10000, rms_norm_eps 1e-5; Mixtral-8x7B-v0.1 and 8x22B-v0.1 rope_theta 1e6, eps 1e-5.
         _llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768),
-        _llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 32768, n_experts=8, top_k=2),
-        _llama("mixtral-8x22b", 56, 6144, 48, 8, 16384, 32768, 65536, n_experts=8, top_k=2),
-        # Qwen2.5 config.json (untied embeddings for 7B and 72B).
-        _llama("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, 32768),
-        _llama("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, 32768),
+        _llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 32768, n_experts=8, top_k=2,
+               rope_theta=1e6),
+        _llama("mixtral-8x22b", 56, 6144, 48, 8, 16384, 32768, 65536, n_experts=8, top_k=2,
+               rope_theta=1e6),
+        # Qwen2.5 config.json (untied embeddings for 7B and 72B): rope_theta 1e6,
+        # rms_norm_eps 1e-6, Q/K/V biases (Qwen2Attention: bias=True on q/k/v_proj).
+        _llama("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, 32768, rope_theta=1e6,
+               norm_eps=1e-6, qkv_bias=True),
+        _llama("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, 32768, rope_theta=1e6,
+               norm_eps=1e-6, qkv_bias=True),
         # Small models for the executable runtime.
         _llama("tiny", 4, 64, 4, 2, 128, 256, 64),
         _llama("tiny-moe", 4, 64, 4, 2, 128, 256, 64, n_experts=4, top_k=2),
@@ -304,6 +352,9 @@ def _from_hf_dict(cfg: dict, name: str) -> ModelSpec:
         moe = {}
         if "num_local_experts" in cfg:
             moe = {"n_experts": cfg["num_local_experts"], "top_k": cfg["num_experts_per_tok"]}
+        if cfg.get("mlp_bias"):
+            raise ShardwiseError(f"config {name!r}: mlp_bias is not supported")
+        attention_bias = bool(cfg.get("attention_bias", False))
         return ModelSpec(
             name=name,
             n_layers=cfg["num_hidden_layers"],
@@ -314,6 +365,13 @@ def _from_hf_dict(cfg: dict, name: str) -> ModelSpec:
             vocab=cfg["vocab_size"],
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             max_seq=cfg.get("max_position_embeddings", 4096),
+            # transformers 5.24 defaults: rms_norm_eps 1e-6 (LlamaConfig, MistralConfig,
+            # Qwen2Config) and 1e-5 (MixtralConfig); head_dim None → h/a
+            norm_eps=float(cfg.get("rms_norm_eps", 1e-5 if kind == "mixtral" else 1e-6)),
+            d_head=int(cfg.get("head_dim") or 0),
+            qkv_bias=kind in ("qwen2", "qwen2_moe") or attention_bias,
+            out_bias=attention_bias,
+            **_hf_rope(cfg, kind),
             **moe,
         )
     if kind == "gpt2":
@@ -352,6 +410,22 @@ def _from_hf_dict(cfg: dict, name: str) -> ModelSpec:
     raise ShardwiseError(
         f"unsupported model_type {kind!r} in config; supported: {', '.join(SUPPORTED_HF_TYPES)}"
     )
+
+
+def _hf_rope(cfg: dict, kind: str) -> dict[str, Any]:
+    """RoPE θ and scaling from `rope_parameters` (transformers ≥ 5), or the older top-level
+    `rope_theta` + `rope_scaling`. Default θ as transformers 5.24: 1e6 for Mixtral
+    (MixtralConfig.default_theta), else 10000."""
+    params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    theta = params.pop("rope_theta", cfg.get("rope_theta"))
+    theta = theta if theta is not None else (1e6 if kind == "mixtral" else 10000.0)
+    kind_ = params.pop("rope_type", params.pop("type", "default"))
+    scaling: tuple[tuple[str, Any], ...] = ()
+    if kind_ != "default":
+        params.setdefault("original_max_position_embeddings",
+                          cfg.get("max_position_embeddings", 4096))
+        scaling = tuple(sorted({**params, "rope_type": kind_}.items()))
+    return {"rope_theta": float(theta), "rope_scaling": scaling}
 
 
 def from_hf_config(path: str | Path) -> ModelSpec:

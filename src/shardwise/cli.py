@@ -374,9 +374,13 @@ def _train_config(model_name: str, layout_kw: dict[str, Any], seq: int, global_b
                   **settings: Any) -> Any:
     """The `runtime.train.TrainConfig` of `run_options` (--dp defaults to 1 here)."""
     rt = _import_runtime("shardwise.runtime.train")
+    from shardwise.runtime.hf import hf_weight_files
+
     moe = {name: layout_kw.pop(name) for name in ("capacity_factor", "aux_loss_coef")}
     spec = get_model(model_name)
     layout = build_layout(1, spec.n_layers, **(layout_kw | {"dp": layout_kw["dp"] or 1}))
+    if hf_weight_files(model_name):  # a Hugging Face checkpoint folder: start from its weights
+        settings.setdefault("hf_weights", model_name)
     return rt.TrainConfig(spec, layout, seq_len=seq,
                           global_batch=parse_batch(global_batch, seq), seed=seed,
                           data=data_path, dtype=dtype, flash=flash, **moe, **settings)
@@ -405,7 +409,10 @@ def _on_ranks(run: Callable[[], Any]) -> Any:
 
 @cli.command()
 @run_options
-@click.option("--steps", default=20, show_default=True, type=click.IntRange(1))
+@click.option("--steps", default=20, show_default=True, type=click.IntRange(0),
+              help="Optimizer steps (0: none; with --save-hf, a checkpoint round trip).")
+@click.option("--save-hf", "save_hf", default=None, type=click.Path(file_okay=False),
+              help="Write the trained model here as Hugging Face config.json + safetensors.")
 @click.option("--lr", default=3e-3, show_default=True, help="Peak learning rate.",
               callback=checked(positive))
 @click.option("--min-lr", default=3e-4, show_default=True, help="Final learning rate (cosine).",
@@ -434,10 +441,12 @@ def train(model_name: str, steps: int, seq: int, global_batch: str, lr: float, m
           warmup: int, weight_decay: float, clip: float, seed: int, data_path: str | None,
           dtype: str, flash: bool, log_path: str | None, plot_path: str | None, timeout: float,
           checkpoint_dir: str | None, checkpoint_every: int, checkpoint_keep: int,
-          resume: bool, quiet: bool, as_json: bool, **layout_kw: Any) -> None:
+          resume: bool, quiet: bool, as_json: bool, save_hf: str | None,
+          **layout_kw: Any) -> None:
     """Train --model for real on dp·tp·pp·cp local CPU ranks (gloo), or on the ranks torchrun
     started (`torchrun … -m shardwise train --dp 2 …`; NCCL on GPUs). The loss curve
-    equals one device's on the same data; --dp defaults to 1 here."""
+    equals one device's on the same data; --dp defaults to 1 here. A --model folder with
+    config.json and safetensors weights starts from those weights."""
     rt = _import_runtime("shardwise.runtime.train")
     from shardwise.runtime.checkpoint import check_start
     from shardwise.runtime.launch import rank
@@ -446,7 +455,8 @@ def train(model_name: str, steps: int, seq: int, global_batch: str, lr: float, m
         model_name, layout_kw, seq, global_batch, seed, data_path, dtype, flash, steps=steps,
         lr=lr, min_lr=min_lr, warmup=warmup, weight_decay=weight_decay, clip=clip,
         log_path=log_path, progress=not quiet, checkpoint_dir=checkpoint_dir,
-        checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep, resume=resume)
+        checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep, resume=resume,
+        save_hf=save_hf)
     layout = config.layout
     _preflight(config, files={"--plot": plot_path, "--log": log_path},
                directories={"--checkpoint-dir": checkpoint_dir})
@@ -465,6 +475,9 @@ def train(model_name: str, steps: int, seq: int, global_batch: str, lr: float, m
         return _emit_json({"model": config.model.name, "layout": layout.to_dict(),
                            "ranks": layout.world_size,
                            "records": [r.as_dict() for r in records]})
+    if not records:
+        click.echo(f"no steps trained{'; saved ' + save_hf if save_hf else ''}")
+        return None
     tail = records[len(records) // 2:]
     seconds = sum(r.seconds for r in tail)
     rows = [["loss first → last", f"{records[0].loss:.4f} → {records[-1].loss:.4f}"],

@@ -55,3 +55,15 @@ def test_predicted_traffic_against_figures_worked_out_by_hand():
     # cp=2: K, V blocks (2, s/2, 32) around the ring: forward 1 hop, backward 2, per layer
     assert _terms("cp=2") == {("cp", "send"): m * 4 * 3 * 2 * 16 * 32 * F64,
                               ("dp_cp", "all-reduce"): P_TINY * F64}
+
+
+def test_replicated_kv_heads_add_their_gradient_all_reduce():
+    """tiny (2 kv heads of 16, h = 64, 4 layers) at tp=4: each layer's K and V gradients go
+    through one (a_kv, d, h) all-reduce: 4·2·(2·16·64)·8 B · 2·3/4 = 196,608 B per step —
+    the difference `shardwise check --tp 4 --dtype fp64` measured against tp=4 without it."""
+    model, train = get_model("tiny"), TrainSpec(seq_len=64, global_batch=8, dtype="fp64")
+    terms = [t for t in predicted_comm(model, Layout.parse("tp=4"), train, 0)
+             if "replicated kv" in t.label]
+    assert [t.bytes for t in terms] == [4 * 2 * (2 * 16 * 64) * 8 * 2 * 3 / 4]
+    assert not [t for t in predicted_comm(model, Layout.parse("tp=2"), train, 0)
+                if "replicated kv" in t.label]

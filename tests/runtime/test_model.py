@@ -53,14 +53,16 @@ def test_attention_equals_pytorch_sdpa():
 
 
 @pytest.mark.parametrize("flash", [True, False])
-def test_saved_bytes_equal_generalised_count(flash):
-    model = Transformer(SPEC, flash=flash)
+@pytest.mark.parametrize("wide", [False, True])  # True: head_dim 32 ≠ h/a = 8, q/k/v biases
+def test_saved_bytes_equal_generalised_count(flash, wide):
+    spec = SPEC.with_(d_head=32, qkv_bias=True) if wide else SPEC
+    model = Transformer(spec, flash=flash)
     batch, seq = 3, 16
-    tokens = torch.randint(0, SPEC.vocab, (batch, seq))
+    tokens = torch.randint(0, spec.vocab, (batch, seq))
     measured = saved_bytes_per_layer(model, list(model.blocks), lambda: model(tokens))
-    predicted = sum(saved_tensors_per_layer(SPEC, seq, batch, flash=flash,
+    predicted = sum(saved_tensors_per_layer(spec, seq, batch, flash=flash,
                                             dtype_bytes_=8).values())
-    assert measured == [predicted] * SPEC.n_layers
+    assert measured == [predicted] * spec.n_layers
 
 
 def test_model_trains_and_loss_starts_near_log_vocab():

@@ -38,7 +38,8 @@ def every_rank(layout: Layout, model: str):
 
 LAYOUTS = [("dp=2,tp=2,pp=2", "tiny"), ("tp=2,sp=1,pp=2,schedule=interleaved,chunks=2", "tiny"),
            ("dp=2,cp=2,tp=2,ep=4", "tiny-moe"), ("tp=2,sp=1,ep=2,dp=2", "tiny-moe"),
-           ("pp=2", "tiny-tied"), ("tp=2,pp=2", "tiny-tied"), ("cp=2,recompute=full", "tiny")]
+           ("pp=2", "tiny-tied"), ("tp=2,pp=2", "tiny-tied"), ("cp=2,recompute=full", "tiny"),
+           ("tp=4,sp=1", "tiny")]  # tiny: 2 kv heads, each held by 2 of the 4 tp ranks
 
 
 @pytest.mark.parametrize(("text", "model"), LAYOUTS)
@@ -53,7 +54,7 @@ def test_ranks_hold_the_single_device_model_and_count_each_element_once(text, mo
             shard = par.shards[name]
             if shard.tied_copy:  # the last stage's copy of the first stage's embedding
                 name = "embedding.weight"
-            tp_i = mesh.coord["tp"] if shard.tp_dim is not None else 0
+            tp_i = mesh.coord["tp"] // shard.tp_replicas if shard.tp_dim is not None else 0
             ep_i = mesh.rank("ep") if shard.expert else 0
             copies = held.setdefault(name, {})
             if (ep_i, tp_i) in copies:  # a replica: the same values everywhere
@@ -96,7 +97,7 @@ def test_context_parallel_ranks_hold_zigzag_positions():
     ("dp=2,zero=2", "tiny-tied", "ZeRO-2 with tied embeddings"),
     ("dp=2,zero=3,recompute=full", "tiny", "ZeRO-3 with full recompute"),
     ("dp=4,zero=1,zero_group=2", "tiny", "hybrid shard group"),
-    ("tp=4", "tiny", "tp=4 must divide n_kv_heads=2"),
+    ("dp=2,tp=4,zero=1", "tiny", "ZeRO-1 with replicated kv heads"),
 ])
 def test_the_runtime_refuses_what_it_cannot_run(text, model, fragment):
     problems = runtime_problems(Layout.parse(text), spec(model))
@@ -107,3 +108,24 @@ def test_supported_layouts_have_no_runtime_problems():
     for text, model in LAYOUTS:
         assert runtime_problems(Layout.parse(text), spec(model)) == []
     assert "Llama-style" in runtime_problems(Layout(), get_model("gpt3-125m"))[0]
+
+
+@pytest.mark.parametrize("text", ["tp=2", "tp=4", "tp=4,pp=2"])
+def test_ranks_hold_what_the_memory_model_counts_with_biases_and_head_dim(text):
+    """Q/K/V biases and head_dim ≠ h/a (a Qwen2-like tiny) at tp ≤ and > the 2 kv heads: each
+    rank's parameters equal `estimate.memory.stage_params` (what `check` predicts)."""
+    from shardwise.estimate.memory import stage_params
+
+    model = get_model("tiny").with_(name="tiny-qwen", d_head=32, qkv_bias=True)
+    layout = Layout.parse(text)
+    shape = MeshShape.from_layout(layout)
+    for rank in range(shape.world_size):
+        mesh = offline_mesh(shape, rank)
+        par = parallelize(Transformer(model), mesh, layout, seq_len=32)
+        held = sum(p.numel() for p in par.model.parameters())
+        assert held == stage_params(model, layout, mesh.coord["pp"])[0], (text, rank)
+
+
+def test_unsupported_rope_scaling_is_refused_by_the_runtime():
+    yarn = get_model("tiny").with_(rope_scaling=(("factor", 4.0), ("rope_type", "yarn")))
+    assert any("RoPE scaling 'yarn'" in p for p in runtime_problems(Layout(), yarn))

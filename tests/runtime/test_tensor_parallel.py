@@ -113,7 +113,7 @@ def plain_reference(model: Transformer) -> tuple[ReferenceLM, ReferenceBlock]:
     """`demos.tensor_parallel.tp_rank`'s reference: the single-device weights of `model` in
     ReferenceLM."""
     assert not model.spec.tie_embeddings
-    ref = ReferenceLM(model.spec, model.dtype, model.rope_base)
+    ref = ReferenceLM(model.spec, model.dtype, model.spec.rope_theta)
     ref.load_state_dict(model.state_dict())
     return ref, ref.blocks[0]
 

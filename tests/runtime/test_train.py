@@ -136,11 +136,12 @@ def test_two_ranks_dp_tp_sp_pp_cp_ep_zero3_equal_single_device():
 
 FOUR = [config("tp=2,cp=2"), config("dp=2,cp=2,zero=2"), config("dp=2,tp=2,zero=3,sp=1"),
         config("dp=2,pp=2,ep=2,recompute=selective", "tiny-moe"),
-        config("pp=4,schedule=zb-h1,mbs=2")]
+        config("pp=4,schedule=zb-h1,mbs=2"),
+        config("tp=4")]  # tiny has 2 kv heads: replicated over pairs of tp ranks
 
 
 @pytest.mark.slow
-def test_four_ranks_tp_cp_zero_sp_ep_pp_equal_single_device():
+def test_four_ranks_tp_cp_zero_sp_ep_pp_replicated_kv_equal_single_device():
     _check(spawn(_train_layouts, 4, FOUR, timeout_s=240), FOUR)
 
 

@@ -30,6 +30,7 @@ from shardwise.estimate.comm import (
     ep_comm_bytes_routed,
     ep_count_exchange_bytes,
     pp_send_bytes_per_step,
+    ring_bytes_on_wire,
     sequence_parallel_grad_comm_bytes,
     tied_embedding_comm_bytes,
     tp_comm_ops_per_layer,
@@ -175,6 +176,11 @@ def predicted_comm(model: ModelSpec, layout: Layout, train: TrainSpec, stage: in
             terms.append(Term("tp", "all-reduce",
                               sequence_parallel_grad_comm_bytes(replicated, t, ab),
                               "SP: norm (and router) gradients"))
+        if model.n_kv_heads < t:  # runtime.tensor_parallel.allreduce_replicated_kv_grads
+            bias = model.qkv_bias or model.bias
+            slots = len(layers) * 2 * model.kv_dim * (h + bias)  # (a_kv, d, h) for K and V
+            terms.append(Term("tp", "all-reduce", ring_bytes_on_wire("all-reduce", slots * ab, t),
+                              "replicated kv heads: K, V gradients summed over replicas"))
     if p > 1:
         terms.append(Term("pp", "send", pp_send_bytes_per_step(
             s, b, h, m, p, stage, layout.chunks, ab, t, sp), "activations and their gradients"))

@@ -401,11 +401,13 @@ def moe_layers_on_stage(model: ModelSpec, pp: Any, chunks: Any, stage: Any,
 
 def layer_params(model: ModelSpec, tp: Any, ep: Any) -> tuple[Any, Any, Any]:
     """Per rank: a dense layer, an MoE layer without its experts, one MoE layer's experts.
-    Dense weights ÷ tp (norms and router replicated; K, V at `max(a_kv/t, 1)` heads), experts
-    ÷ (tp·ep)."""
+    Dense weights ÷ tp (norms, router and an O bias replicated; K, V at `max(a_kv/t, 1)`
+    heads), experts ÷ (tp·ep)."""
     h = model.d_model
     kv = np.maximum(model.n_kv_heads // tp, 1) * model.head_dim
-    attention = 2 * h * h / tp + 2 * h * kv + 2 * model.norm_params()
+    q = model.q_dim  # a·d: h unless the config names head_dim
+    attention = (2 * h * q / tp + 2 * h * kv + 2 * model.norm_params()
+                 + model.qkv_bias * (q / tp + 2 * kv) + model.out_bias * h)  # Qwen2/Llama biases
     dense_layer = attention + model.mlp_params() / tp
     moe_layer = (attention + model.router_params()
                  + model.n_shared_experts * model.mlp_params(model.expert_d_ff) / tp)

@@ -245,7 +245,7 @@ def saved_tensors(profile: Profile | str, model: ModelSpec, seq_len: int, micro_
     norm("norm1", "qkv_input")
     not_selective = _pick(selective, False, True)
     fused = fused_attention(prof, flash)
-    add("q", sb * h * ab / tp)
+    add("q", sb * model.q_dim * ab / tp)  # a·d: h unless the config names head_dim
     if prof.attention == "eager":
         # repeat_kv copies K and V to all heads, unless one K/V head is left (the expand then
         # reshapes as a view); under selective recompute the core's own inputs, before the
@@ -273,7 +273,7 @@ def saved_tensors(profile: Profile | str, model: ModelSpec, seq_len: int, micro_
         if model.dropout:
             add("attention_dropout_mask", scores * 1, not_selective)
             add("attention_dropout_output", scores * ab, not_selective)
-    add("attention_output", sb * h * ab / tp)
+    add("attention_output", sb * model.q_dim * ab / tp)
     if model.dropout and prof.residual_dropout:
         add("attention_residual_dropout_mask", sb * h / rep)
     norm("norm2", "mlp_input")

@@ -423,7 +423,7 @@ def check_start(config: TrainConfig, report: Any = None) -> Path | None:
 def _check_compatible(path: Path, meta: dict[str, Any], config: TrainConfig) -> None:
     """The checkpoint at `path` holds this run's model in its dtype (the layout may differ)."""
     saved = meta["config"]
-    if saved["model"] != asdict(config.model):
+    if saved["model"] != json.loads(json.dumps(asdict(config.model))):  # tuples → lists
         raise ShardwiseError(f"{path} holds model {saved['model']['name']!r}, not "
                              f"{config.model.name!r} (or with other dimensions); it cannot "
                              "resume this run")

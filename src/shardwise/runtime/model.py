@@ -95,12 +95,38 @@ class RMSNorm(nn.Module):
 
 
 # --------------------------------------------------------------------------------------- RoPE
+def inverse_frequencies(head_dim: int, base: float = 10000.0,
+                        scaling: tuple[tuple[str, object], ...] = ()) -> torch.Tensor:
+    """RoPE's `θ^(-2i/d)`, i = 0…d/2-1, in fp64 (Su et al. 2021), optionally with Llama 3.1's
+    frequency scaling (`rope_type` "llama3"; Meta's `apply_scaling` in llama-models, the same
+    as transformers' `_compute_llama3_parameters`): with wavelength λ = 2π/ω and the original
+    context C, λ < C/high_freq_factor keeps ω, λ > C/low_freq_factor divides it by `factor`,
+    and between them `ω·((1-α)/factor + α)`, `α = (C/λ - low)/(high - low)`."""
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    params = dict(scaling)
+    kind = params.get("rope_type", "default")
+    if kind not in ("default", "llama3"):
+        raise ShardwiseError(f"RoPE scaling {kind!r} is not supported by the runtime model; "
+                             "valid: default, llama3")
+    if kind == "default":
+        return inv_freq
+    factor, low, high = (float(params[k]) for k in ("factor", "low_freq_factor",  # type: ignore
+                                                    "high_freq_factor"))
+    context = float(params["original_max_position_embeddings"])  # type: ignore[arg-type]
+    wavelength = 2 * math.pi / inv_freq
+    alpha = (context / wavelength - low) / (high - low)
+    smoothed = inv_freq * ((1 - alpha) / factor + alpha)
+    return torch.where(wavelength < context / high, inv_freq,
+                       torch.where(wavelength > context / low, inv_freq / factor, smoothed))
+
+
 def rotary_tables(positions: torch.Tensor, head_dim: int, base: float = 10000.0,
-                  dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+                  dtype: torch.dtype = torch.float64,
+                  scaling: tuple[tuple[str, object], ...] = ()
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of shape (s, d) for the given token positions (Su et al. 2021, the
     half-split convention of Llama/GPT-NeoX)."""
-    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64,
-                                      device=positions.device) / head_dim)
+    inv_freq = inverse_frequencies(head_dim, base, scaling).to(positions.device)
     angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]  # (s, d/2)
     angles = torch.cat([angles, angles], dim=-1)  # (s, d)
     return angles.cos().to(dtype), angles.sin().to(dtype)
@@ -230,10 +256,11 @@ class Attention(nn.Module):
         super().__init__()
         h, d = spec.d_model, spec.head_dim
         self.n_heads, self.n_kv_heads, self.head_dim = spec.n_heads, spec.n_kv_heads, d
-        self.wq = nn.Linear(h, spec.n_heads * d, bias=False, dtype=dtype)
-        self.wk = nn.Linear(h, spec.n_kv_heads * d, bias=False, dtype=dtype)
-        self.wv = nn.Linear(h, spec.n_kv_heads * d, bias=False, dtype=dtype)
-        self.wo = nn.Linear(spec.n_heads * d, h, bias=False, dtype=dtype)
+        qkv_bias, out_bias = spec.bias or spec.qkv_bias, spec.bias or spec.out_bias
+        self.wq = nn.Linear(h, spec.n_heads * d, bias=qkv_bias, dtype=dtype)
+        self.wk = nn.Linear(h, spec.n_kv_heads * d, bias=qkv_bias, dtype=dtype)
+        self.wv = nn.Linear(h, spec.n_kv_heads * d, bias=qkv_bias, dtype=dtype)
+        self.wo = nn.Linear(spec.n_heads * d, h, bias=out_bias, dtype=dtype)
         self.core: AttentionCore = local_attention(causal=True, flash=flash)
         self.enter: TensorMap = identity
         self.project: Projection = separate_linears
@@ -242,6 +269,8 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         q, k, v = self.project(self.enter(x),
                                (self.wq.weight, self.wk.weight, self.wv.weight))
+        if self.wq.bias is not None:  # Qwen2's q/k/v biases, added after the projection
+            q, k, v = q + self.wq.bias, k + self.wk.bias, v + self.wv.bias
         b, s, _ = q.shape  # s: the whole sequence (SP's project gathers it)
         # (b, s, heads·d) -> (b, s, heads, d); heads = what this rank holds
         q, k, v = (t.view(b, s, -1, self.head_dim) for t in (q, k, v))
@@ -360,9 +389,9 @@ class Block(nn.Module):
 
     def __init__(self, spec: ModelSpec, flash: bool, dtype: torch.dtype, moe: bool = False):
         super().__init__()
-        self.attention_norm = RMSNorm(spec.d_model, dtype=dtype)
+        self.attention_norm = RMSNorm(spec.d_model, spec.norm_eps, dtype=dtype)
         self.attention = Attention(spec, flash, dtype)
-        self.mlp_norm = RMSNorm(spec.d_model, dtype=dtype)
+        self.mlp_norm = RMSNorm(spec.d_model, spec.norm_eps, dtype=dtype)
         self.mlp: nn.Module = MoE(spec, dtype) if moe else SwiGLU(spec.d_model, spec.d_ff, dtype)
         self.recompute = False
 
@@ -392,17 +421,17 @@ class Transformer(nn.Module):
     positions of the tokens given (a context-parallel rank holds a subset)."""
 
     def __init__(self, spec: ModelSpec, *, flash: bool = True, dtype: torch.dtype = torch.float64,
-                 seed: int = 0, rope_base: float = 10000.0):
+                 seed: int = 0):
         super().__init__()
         if not spec.gated_mlp or spec.norm != "rmsnorm":
             raise ValueError(f"the runtime model is Llama-style (RMSNorm, SwiGLU); {spec.name} "
                              "is not")
         torch.manual_seed(seed)
-        self.spec, self.rope_base, self.dtype = spec, rope_base, dtype
+        self.spec, self.dtype = spec, dtype
         self.embedding = nn.Embedding(spec.vocab, spec.d_model, dtype=dtype)
         self.blocks = nn.ModuleList(Block(spec, flash, dtype, spec.is_moe_layer(i))
                                     for i in range(spec.n_layers))
-        self.norm = RMSNorm(spec.d_model, dtype=dtype)
+        self.norm = RMSNorm(spec.d_model, spec.norm_eps, dtype=dtype)
         self.head = nn.Linear(spec.d_model, spec.vocab, bias=False, dtype=dtype)
         if spec.tie_embeddings:
             self.head.weight = self.embedding.weight
@@ -411,9 +440,14 @@ class Transformer(nn.Module):
         for param in self.parameters():
             if param.dim() >= 2:  # GPT-2's initialisation (experts too)
                 nn.init.normal_(param, std=0.02)
+        for name, param in self.named_parameters():
+            if name.endswith(".bias"):  # biases start at zero (as under HF's _init_weights)
+                nn.init.zeros_(param)
 
     def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return rotary_tables(positions, self.spec.head_dim, self.rope_base, self.dtype)
+        spec = self.spec
+        return rotary_tables(positions, spec.head_dim, spec.rope_theta, self.dtype,
+                             spec.rope_scaling)
 
     def run_blocks(self, x: torch.Tensor, layers: range | tuple[int, ...],
                    positions: torch.Tensor) -> torch.Tensor:

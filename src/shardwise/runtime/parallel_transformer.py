@@ -44,7 +44,10 @@ from shardwise.runtime.data_parallel import GradientReducer
 from shardwise.runtime.mesh import AxisGroup, Mesh
 from shardwise.runtime.model import MoE, Transformer
 from shardwise.runtime.pipeline import SavedOp, VirtualStage, defer_linears, run_pipeline
-from shardwise.runtime.tensor_parallel import allreduce_sequence_parallel_grads
+from shardwise.runtime.tensor_parallel import (
+    allreduce_replicated_kv_grads,
+    allreduce_sequence_parallel_grads,
+)
 from shardwise.runtime.zero import ZeroDataParallel
 from shardwise.schedules import make_schedule
 
@@ -61,13 +64,15 @@ class ParamShard:
 
     `tp_dim`: the dim split over tp (None: replicated over tp); `expert`: dim 0 (the experts)
     split over ep; `sequence_parallel`: replicated over tp but fed a sequence slice under SP,
-    so its gradient is partial over tp; `tied_copy`: the last stage's copy of a tied embedding.
+    so its gradient is partial over tp; `tied_copy`: the last stage's copy of a tied embedding;
+    `tp_replicas`: how many consecutive tp ranks hold the same slice (replicated kv heads).
     """
 
     tp_dim: int | None = None
     expert: bool = False
     sequence_parallel: bool = False
     tied_copy: bool = False
+    tp_replicas: int = 1
 
 
 # -------------------------------------------------------------------- pipeline protocol
@@ -218,6 +223,7 @@ class ParallelTransformer:
                 p.grad = torch.zeros_like(p)
         self._sync_tied()
         allreduce_sequence_parallel_grads(self.model, self.axis("tp"))
+        allreduce_replicated_kv_grads(self.model, self.axis("tp"))
         for reducer in self.reducers:  # sums commute: dp after tp/pp is dp before them
             if not reducer.reduced:  # under pp, or no gradient reached these weights
                 reducer.reduce()
@@ -274,7 +280,9 @@ class ParallelTransformer:
         """Whether this rank adds parameter `name`'s squares to the global norm (per tp and
         pp position; dp replication is decided by the caller)."""
         shard = self.shards[name]
-        return not shard.tied_copy and (shard.tp_dim is not None or self.axis("tp").rank == 0)
+        tp_rank = self.axis("tp").rank
+        return not shard.tied_copy and ((shard.tp_dim is not None and
+                                        tp_rank % shard.tp_replicas == 0) or tp_rank == 0)
 
     def _init_norm_terms(self) -> None:
         if self.zero is None:
@@ -312,6 +320,8 @@ class ParallelTransformer:
                     continue
                 if shard.tp_dim is not None:
                     t = gather_shards(t, shard.tp_dim, self.axis("tp"))
+                    if shard.tp_replicas > 1:  # one copy of each replicated kv head
+                        t = torch.cat(t.split(t.shape[0] // self.layout.tp)[::shard.tp_replicas])
                 if shard.expert:
                     t = gather_shards(t, 0, self.axis("ep"))
                 out[name] = t.clone()

@@ -39,8 +39,9 @@ parameters keep their single-device names.
 The result is a `runtime.parallel_transformer.ParallelTransformer`, the training-step object
 (gradient reductions, norm, loss; its docstring derives the loss normalisation).
 
-Not supported (refused by `runtime_problems`, with the reason): ZB-H1 with full recompute, ZeRO with pp > 1 or ep > 1 or tied embeddings or
-hybrid shard groups, full recompute with ZeRO-3, tp not dividing the kv heads.
+Not supported (refused by `runtime_problems`, with the reason): ZB-H1 with full recompute, ZeRO
+with pp > 1 or ep > 1 or tied embeddings or hybrid shard groups, full recompute with ZeRO-3, ZeRO
+with replicated kv heads (tp > a_kv).
 """
 
 from __future__ import annotations
@@ -84,12 +85,18 @@ def runtime_problems(layout: Layout, model: ModelSpec) -> list[str]:
     if not model.gated_mlp or model.norm != "rmsnorm" or model.bias or model.learned_positions:
         out.append(f"the training runtime runs Llama-style models (RMSNorm, SwiGLU, RoPE, no "
                    f"biases); {model.name} is not one")
+    if model.rope_type not in ("default", "llama3"):
+        out.append(f"RoPE scaling {model.rope_type!r} is not supported by the training runtime; "
+                   "valid: default, llama3")
+    if model.out_bias and layout.tp > 1:
+        out.append("an output-projection bias (attention_bias) with tp > 1 is not supported by "
+                   "the training runtime")
     if model.vocab % layout.tp:
         out.append(f"tp={layout.tp} must divide the vocabulary {model.vocab} (vocabulary-"
                    "parallel embedding and head)")
-    if model.n_kv_heads % layout.tp:
-        out.append(f"tp={layout.tp} must divide n_kv_heads={model.n_kv_heads} (replicated kv "
-                   "heads are not implemented in the runtime)")
+    if model.n_kv_heads % layout.tp and layout.zero:
+        out.append(f"ZeRO-{layout.zero} with replicated kv heads (tp={layout.tp} > "
+                   f"n_kv_heads={model.n_kv_heads}) is not supported by the training runtime")
     if layout.pp > 1 and layout.schedule == "zb-h1" and layout.recompute == "full":
         out.append("schedule zb-h1 with full recompute is not supported for training (the "
                    "replayed forward would not defer the linears' weight gradients); use "
@@ -155,8 +162,14 @@ def apply_tensor_parallel(model: Transformer, tp: AxisGroup, sp: bool) -> None:
         if isinstance(block.mlp, SwiGLU):
             pairs.append((block.mlp, ("w_gate", "w_up"), ("w_down",)))
         for module, columns, rows in pairs:
-            for name in columns:  # output features: heads / f split, weight rows
-                _keep(getattr(module, name), "weight", 0, r, t)
+            for name in columns:  # output features: heads / f split, weight rows (and biases)
+                linear = getattr(module, name)
+                # t > a_kv: rank r keeps kv head r // (t/a_kv), the one its query heads use
+                rep = t // model.spec.n_kv_heads if name in ("wk", "wv") and \
+                    model.spec.n_kv_heads < t else 1
+                for leaf in ("weight", "bias") if linear.bias is not None else ("weight",):
+                    _keep(linear, leaf, 0, r // rep, t // rep)
+                    getattr(linear, leaf).tp_replicas = rep  # allreduce_replicated_kv_grads
             for name in rows:  # input features split, weight columns
                 _keep(getattr(module, name), "weight", 1, r, t)
             module.enter, module.leave = enter, leave
@@ -179,10 +192,10 @@ def apply_tensor_parallel(model: Transformer, tp: AxisGroup, sp: bool) -> None:
 
 def _tp_dim(name: str) -> int | None:
     """The dim TP splits, from the parameter's single-device name."""
-    leaf = name.rsplit(".", 2)[-2] if name.endswith(".weight") else ""
+    leaf = name.rsplit(".", 2)[-2] if name.endswith((".weight", ".bias")) else ""
     if leaf in ("wq", "wk", "wv", "w_gate", "w_up", "embedding", "head"):
         return 0
-    return 1 if leaf in ("wo", "w_down") else None
+    return 1 if leaf in ("wo", "w_down") and name.endswith(".weight") else None
 
 
 def apply_context_parallel(model: Transformer, cp: AxisGroup) -> None:
@@ -289,5 +302,5 @@ def _shard_table(model: Transformer, layout: Layout) -> dict[str, ParamShard]:
             p.sequence_parallel = True  # read by allreduce_sequence_parallel_grads
         table[name] = ParamShard(tp_dim, layout.ep > 1 and name.endswith(
             (".mlp.w_gate", ".mlp.w_up", ".mlp.w_down")), sp,
-            tied_copy and name == "head.weight")
+            tied_copy and name == "head.weight", getattr(p, "tp_replicas", 1))
     return table

@@ -38,8 +38,11 @@ cross-entropy never gathers the logits: max, Σexp and the target logit are each
 over `(s, b)` (Megatron's `vocab_parallel_cross_entropy`).
 
 These are the building blocks; `runtime.parallelize.apply_tensor_parallel` applies them to
-the one model (`runtime.model`): attention split by heads (t divides the query and the kv
-heads, GQA), the MLP by d_ff, the embedding and head by vocabulary.
+the one model (`runtime.model`): attention split by heads (t divides the query heads; GQA's
+kv heads split when t divides them, else replicated: with t a multiple of a_kv, rank r keeps kv
+head `r // (t/a_kv)`, the one its a/t query heads use, as Megatron-LM does when
+tensor_model_parallel_size > num_query_groups), the MLP by d_ff, the embedding and head by
+vocabulary.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ __all__ = [
     "ColumnParallelLinear",
     "RowParallelLinear",
     "VocabParallelEmbedding",
+    "allreduce_replicated_kv_grads",
     "allreduce_sequence_parallel_grads",
     "copy_to_tp",
     "gather_from_sequence",
@@ -331,3 +335,20 @@ def allreduce_sequence_parallel_grads(module: nn.Module, group: GroupLike = "tp"
     for p in module.parameters():
         if getattr(p, "sequence_parallel", False) and p.grad is not None:
             C.all_reduce(p.grad, g)
+
+
+def allreduce_replicated_kv_grads(module: nn.Module, group: GroupLike = "tp") -> None:
+    """Replicated kv heads (t > a_kv): each of the `t/a_kv` ranks that hold one kv head computed
+    its gradient from its own query heads only; the head's gradient is their sum. One
+    all-reduce over tp of an (a_kv, …) buffer per weight: rank r fills row `r // (t/a_kv)`
+    with its gradient, the others stay zero, so row j sums exactly kv head j's replicas
+    (a_kv × the bytes of one head's gradient, with no extra process groups)."""
+    g = C.resolve(group)
+    for p in module.parameters():
+        replicas = getattr(p, "tp_replicas", 1)
+        if replicas == 1 or p.grad is None:
+            continue
+        slots = p.grad.new_zeros((g.size // replicas, *p.grad.shape))  # (a_kv, …)
+        slots[g.rank // replicas] = p.grad
+        C.all_reduce(slots, g)
+        p.grad.copy_(slots[g.rank // replicas])

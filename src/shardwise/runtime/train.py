@@ -42,7 +42,7 @@ import torch
 from shardwise.arch import ModelSpec
 from shardwise.errors import LayoutError, ShardwiseError
 from shardwise.layout import Layout, TrainSpec
-from shardwise.runtime import checkpoint, launch
+from shardwise.runtime import checkpoint, hf, launch
 from shardwise.runtime.data import BYTE_VOCAB, Batches, load_tokens
 from shardwise.runtime.mesh import Mesh
 from shardwise.runtime.model import Transformer, configure_moe
@@ -85,6 +85,8 @@ class TrainConfig:
     # rank (None: no limit); α of every MoE layer's load-balancing loss added to the objective
     capacity_factor: float | None = None
     aux_loss_coef: float = 0.0
+    hf_weights: str | None = None  # start from this Hugging Face checkpoint (runtime.hf)
+    save_hf: str | None = None  # write the trained model here as config.json + safetensors
 
     def train_spec(self) -> TrainSpec:
         return TrainSpec(seq_len=self.seq_len, global_batch=self.global_batch,
@@ -93,7 +95,9 @@ class TrainConfig:
 
     def problems(self) -> list[str]:
         out = []
-        for name in ("steps", "seq_len", "global_batch"):
+        if self.steps < 0:  # 0: no step (load and save a checkpoint, say)
+            out.append(f"steps must be ≥ 0, got {self.steps}")
+        for name in ("seq_len", "global_batch"):
             if getattr(self, name) < 1:
                 out.append(f"{name} must be ≥ 1, got {getattr(self, name)}")
         if self.dtype not in DTYPES:
@@ -197,6 +201,8 @@ def build(config: TrainConfig, mesh: Mesh | None = None) -> TrainState:
     model = Transformer(config.model, flash=config.flash, dtype=DTYPES[config.dtype],
                         seed=config.seed)
     configure_moe(model, config.capacity_factor, config.aux_loss_coef)
+    if config.hf_weights:  # the whole checkpoint on every rank; parallelize keeps a slice
+        hf.load_hf_weights(model, config.hf_weights)
     parallel = parallelize(model, mesh, config.layout, config.seq_len, launch.device())
     optimizer = torch.optim.AdamW(parallel.parameters(), lr=config.lr, betas=config.betas,
                                   eps=config.eps, weight_decay=config.weight_decay,
@@ -260,6 +266,8 @@ def train(config: TrainConfig, hooks: Sequence[Hook] = (), state: TrainState | N
             hook(state, record)
     for hook in hooks:
         getattr(hook, "close", lambda: None)()
+    if config.save_hf:
+        hf.save_hf(state.model, config.save_hf)
     return state
 
 

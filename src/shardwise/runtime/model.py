@@ -42,6 +42,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from shardwise.arch import ModelSpec
+from shardwise.errors import ShardwiseError
 from shardwise.ops.moe import MoEParams, expert_mlp, moe_layer
 from shardwise.ops.swiglu import SwiGLUFunction
 

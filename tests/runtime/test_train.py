@@ -142,6 +142,26 @@ def test_four_ranks_tp_cp_zero_sp_ep_pp_equal_single_device():
     _check(spawn(_train_layouts, 4, FOUR, timeout_s=240), FOUR)
 
 
+# ZeRO compositions: tied embeddings (one parameter, two modules), ZeRO-1 with experts over edp
+ZERO_TWO = [config("dp=2,zero=3", "tiny-tied"), config("dp=2,ep=2,zero=1", "tiny-moe")]
+
+
+@pytest.mark.slow
+def test_two_ranks_zero_with_tied_embeddings_and_experts_equal_single_device():
+    _check(spawn(_train_layouts, 2, ZERO_TWO, timeout_s=240), ZERO_TWO)
+
+
+# ZeRO over each pipeline stage's dp group (Megatron's distributed optimizer), a tied
+# embedding split between the first and the last stage
+ZERO_FOUR = [config("dp=2,pp=2,zero=1"), config("dp=2,pp=2,zero=2,schedule=gpipe"),
+             config("dp=2,pp=2,zero=3", "tiny-tied")]
+
+
+@pytest.mark.slow
+def test_four_ranks_zero_over_pipeline_stages_equal_single_device():
+    _check(spawn(_train_layouts, 4, ZERO_FOUR, timeout_s=240), ZERO_FOUR)
+
+
 EIGHT = [config("dp=2,tp=2,pp=2")]
 
 
@@ -169,8 +189,8 @@ def test_impossible_layouts_are_one_line_errors():
                           "tp=3 does not divide n_heads=4")
     assert_one_line_error(shardwise("train", "--pp", "2", "--schedule", "zb-h1", check=False),
                           "zb-h1 is not supported")
-    assert_one_line_error(shardwise("train", "--dp", "2", "--zero", "1", "--pp", "2",
-                                    check=False), "ZeRO-1 with pp > 1")
+    assert_one_line_error(shardwise("train", "--dp", "2", "--zero", "1", "--zero-group", "1",
+                                    check=False), "ZeRO-1 with a hybrid shard group")
     assert_one_line_error(shardwise("train", "--ep", "2", "--dp", "2", check=False),
                           "needs a mixture-of-experts model")
 

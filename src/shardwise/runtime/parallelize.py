@@ -39,9 +39,13 @@ parameters keep their single-device names.
 The result is a `runtime.parallel_transformer.ParallelTransformer`, the training-step object
 (gradient reductions, norm, loss; its docstring derives the loss normalisation).
 
+ZeRO composes with pp (each stage's units over its dp×cp group, Megatron's distributed
+optimizer; a tied embedding's shard gradients summed over pp), tied embeddings (one slot
+viewed by the embedding and the head) and ZeRO-1 with ep (experts over `edp`).
+
 Not supported (refused by `runtime_problems`, with the reason): the ZB-H1 schedule (the
-Transformer stages do not split B from W), ZeRO with pp > 1 or ep > 1 or tied embeddings or
-hybrid shard groups, full recompute with ZeRO-3, tp not dividing the kv heads, shared experts.
+Transformer stages do not split B from W), ZeRO-2/3 with ep > 1, hybrid shard groups, full
+recompute with ZeRO-3, tp not dividing the kv heads, shared experts.
 """
 
 from __future__ import annotations
@@ -72,7 +76,7 @@ from shardwise.runtime.tensor_parallel import (
     reduce_scatter_to_sequence,
     vocab_parallel_cross_entropy,
 )
-from shardwise.runtime.zero import ZeroConfig, ZeroDataParallel
+from shardwise.runtime.zero import UnitSpec, ZeroConfig, ZeroDataParallel
 
 __all__ = ["apply_context_parallel", "apply_expert_parallel", "apply_recompute",
            "apply_tensor_parallel", "parallelize", "runtime_problems", "split_pipeline"]
@@ -97,8 +101,10 @@ def runtime_problems(layout: Layout, model: ModelSpec) -> list[str]:
         out.append("schedule zb-h1 is not supported for training (the Transformer stages do "
                    "not split B from W); use gpipe, 1f1b or interleaved")
     if layout.zero:
-        for bad, why in ((layout.pp > 1, "pp > 1"), (layout.ep > 1, "ep > 1"),
-                         (model.tie_embeddings, "tied embeddings"),
+        for bad, why in ((layout.zero > 1 and layout.ep > 1,
+                          "ep > 1 (an expert no token reaches has no gradient, so its "
+                          "reduce-scatter in backward would not run on every rank; use "
+                          "zero=1)"),
                          (bool(layout.zero_group), "a hybrid shard group (zero_group)"),
                          (layout.zero == 3 and layout.recompute == "full", "full recompute")):
             if bad:
@@ -262,10 +268,8 @@ def parallelize(model: Transformer, mesh: Mesh, layout: Layout, seq_len: int,
     positions = positions if device is None else positions.to(device)
     result = ParallelTransformer(model, mesh, layout, seq_len, shards, stages, positions)
     if layout.zero:
-        units = [m for m in (model.embedding, *model.blocks, model.norm, model.head)
-                 if m is not None]
-        result.zero = ZeroDataParallel(model, ZeroConfig(stage=layout.zero),
-                                       result.dp_axis, units=units)
+        result.zero = ZeroDataParallel(model, ZeroConfig(stage=layout.zero), result.dp_axis,
+                                       units=_zero_units(model, shards, mesh, layout))
     result._init_norm_terms()
     if not layout.zero:
         named = list(model.named_parameters())
@@ -275,6 +279,24 @@ def parallelize(model: Transformer, mesh: Mesh, layout: Layout, seq_len: int,
         result.reducers = [GradientReducer(params, group) for group, params in groups
                            if params]
     return result
+
+
+def _zero_units(model: Transformer, shards: dict[str, ParamShard], mesh: Mesh,
+                layout: Layout) -> list[UnitSpec]:
+    """ZeRO's flat units on this rank (`estimate.check.zero_units` predicts them): the
+    embedding, each layer this stage holds, the final norm and the head, each over dp×cp;
+    under ep > 1 an MoE layer's experts are a unit of their own over `edp` (Megatron's
+    distributed optimizer shards expert state over the expert-data-parallel group)."""
+    units = []
+    for m in (model.embedding, *model.blocks, model.norm, model.head):
+        if m is None:
+            continue
+        if layout.ep > 1 and isinstance(getattr(m, "mlp", None), MoE):
+            units += [UnitSpec(m, select=lambda n: not shards[n].expert),
+                      UnitSpec(m, mesh.axis("edp"), lambda n: shards[n].expert, layout.ep)]
+        else:
+            units.append(UnitSpec(m))
+    return units
 
 
 def _shard_table(model: Transformer, layout: Layout) -> dict[str, ParamShard]:

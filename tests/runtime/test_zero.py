@@ -105,3 +105,15 @@ def test_check_predicts_zero_padding_and_freed_gradients_exactly(stage: int) -> 
     # an unpadded prediction (180,800 elements) would miss the measured padded shards
     shard = rows["optimizer"]["measured"] / 16
     assert shard > 180_800 / 3 and rows["grads"]["measured"] == 8 * shard
+
+
+@pytest.mark.slow
+def test_check_predicts_hybrid_zero_exactly() -> None:
+    """Hybrid ZeRO-2 over groups of 2 of 4 dp ranks: reduce-scatter and all-gather within a
+    group, the gradient shard all-reduced across the 2 groups; every row exact."""
+    out = json.loads(shardwise("check", "--zero", "2", "--dp", "4", "--zero-group", "2",
+                               "--global-batch", "4", "--seq", "32", "--steps", "1",
+                               "--dtype", "fp64", "--json").stdout)
+    assert out["ok"], [r for r in out["rows"] if not r["ok"]]
+    axes = {row["what"].split()[0] for row in out["rows"] if row["item"] == "comm"}
+    assert axes == {"zero_shard", "zero_replica"}

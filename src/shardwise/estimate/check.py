@@ -30,6 +30,7 @@ from shardwise.estimate.comm import (
     ep_comm_bytes_routed,
     ep_count_exchange_bytes,
     pp_send_bytes_per_step,
+    ring_bytes_on_wire,
     sequence_parallel_grad_comm_bytes,
     tied_embedding_comm_bytes,
     tp_comm_ops_per_layer,
@@ -181,8 +182,13 @@ def predicted_comm(model: ModelSpec, layout: Layout, train: TrainSpec, stage: in
         terms.append(Term("pp", "send", pp_send_bytes_per_step(
             s, b, h, m, p, stage, layout.chunks, ab, t, sp), "activations and their gradients"))
         if model.tie_embeddings:
-            terms.append(Term("pp", "all-reduce", tied_embedding_comm_bytes(
-                model.vocab, h, p, t, ab), "tied embedding gradients"))
+            tied = tied_embedding_comm_bytes(model.vocab, h, p, t, ab)
+            if layout.zero:  # the embedding's gradient shard (padded), not the whole gradient
+                n = layout.zero_degree
+                numel = model.vocab // t * h
+                tied *= _padded(numel, n) // n / numel
+            terms.append(Term("pp", "all-reduce", tied, "tied embedding gradients"
+                              + (" (ZeRO: this rank's shard)" if layout.zero else "")))
     if c > 1:
         kv = max(model.n_kv_heads // t, 1) * model.head_dim
         terms.append(Term("cp", "send", m * len(layers) * cp_comm_bytes_per_layer(
@@ -207,6 +213,14 @@ def predicted_comm(model: ModelSpec, layout: Layout, train: TrainSpec, stage: in
     # Without expert parallelism the experts are ordinary replicated weights.
     groups = ([(dp_axis, dense, replicas), ("edp", experts, replicas // e)] if e > 1
               else [(dp_axis, dense + experts, replicas)])
+    k = layout.zero_degree
+    if layout.zero and k < replicas:  # hybrid shard: ZeRO within groups of k, then replicas
+        groups = [("zero_shard", dense + experts, k)]
+        shard_bytes = (dense + experts) / k * ab
+        reductions = m if layout.zero >= 2 else 1  # as often as the reduce-scatter
+        terms.append(Term("zero_replica", "all-reduce", reductions * ring_bytes_on_wire(
+            "all-reduce", shard_bytes, replicas // k), "hybrid ZeRO: gradient shards "
+            "averaged over the groups"))
     for axis, n_params, n in groups:
         if n > 1:
             for op, nbytes in dp_step_comm_ops(n_params, n, layout.zero, ab, ab, m):

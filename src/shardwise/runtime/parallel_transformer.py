@@ -237,7 +237,7 @@ class ParallelTransformer:
                 i = next(i for i, u in enumerate(units) if u.module is holder)
                 C.all_reduce(self.zero.shards[i].grad, pp)
                 return
-            numel, n = spec.vocab // t * spec.d_model, self.dp_axis.size
+            numel, n = spec.vocab // t * spec.d_model, self.layout.zero_degree
             shape: tuple[int, ...] = (-(-numel // n),)  # the unit's shard, padding included
         elif holder is not None:
             C.all_reduce(holder.weight.grad, pp)
@@ -297,8 +297,10 @@ class ParallelTransformer:
             for s in unit.slots:
                 counted[s.offset:s.offset + s.numel] = self._counted(s.qualname)
                 sp[s.offset:s.offset + s.numel] = self.shards[s.qualname].sequence_parallel
-            if stage > 0:  # the shards are disjoint over dp×cp
+            if stage > 0:  # the shards are disjoint over the group, equal over its replicas
                 counted, sp = counted[unit.lo:unit.hi], sp[unit.lo:unit.hi]
+                if unit.replicas is not None and unit.replicas.rank != 0:
+                    counted = torch.zeros_like(counted)
             elif dp.rank != 0:  # stage 0 steps on the whole (replicated) buffer
                 counted = torch.zeros_like(counted)
             self.norm_terms.append((shard, counted))

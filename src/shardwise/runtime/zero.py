@@ -79,6 +79,9 @@ class UnitSpec:
     group: GroupLike | None = None
     select: Callable[[str], bool] | None = None
     divide: int = 1
+    # hybrid shard (HSDP): the ranks holding the same shard in other groups; the shard's
+    # gradient is averaged over them after the reduce-scatter (None: no replicas)
+    replicas: GroupLike | None = None
 
 
 @dataclass
@@ -110,9 +113,10 @@ class _Unit:
 
     def __init__(self, index: int, slots: list[_Slot], engine: ZeroDataParallel,
                  dtype: torch.dtype, device: torch.device, module: nn.Module,
-                 group: C.AxisGroup, divide: int = 1):
+                 group: C.AxisGroup, divide: int = 1, replicas: C.AxisGroup | None = None):
         self.index, self.slots, self.engine = index, slots, engine
         self.module, self.group, self.divisor = module, group, group.size * divide
+        self.replicas = replicas
         n, r = group.size, group.rank
         self.numel = sum(s.numel for s in slots)
         self.padded = math.ceil(self.numel / n) * n
@@ -136,6 +140,16 @@ class _Unit:
             if p is not None and p.grad is not None:
                 g[s.offset:s.offset + s.numel].copy_(p.grad.reshape(-1))
         return g
+
+    def reduce_shard(self, full: torch.Tensor) -> torch.Tensor:
+        """The averaged gradient of the owned row from this rank's full flat gradient:
+        reduce-scatter over the group, then (hybrid) all-reduce over the replicas."""
+        out = torch.empty(self.shard_numel, dtype=self.dtype, device=self.device)
+        C.reduce_scatter(out, full, self.group)
+        if self.replicas is not None and self.replicas.size > 1:
+            C.all_reduce(out, self.replicas)
+            return out.div_(self.divisor * self.replicas.size)
+        return out.div_(self.divisor)
 
     def free_grads(self) -> None:
         for s in self.slots:
@@ -224,10 +238,9 @@ class _GatherUnit(torch.autograd.Function):
     def backward(ctx: Any, grad_full: torch.Tensor) -> tuple[torch.Tensor, None]:
         unit: _Unit = ctx.unit
         unit.gathered, unit.awaiting_backward = None, False
-        grad_shard = torch.empty(unit.shard_numel, dtype=unit.dtype, device=unit.device)
-        C.reduce_scatter(grad_shard, grad_full.contiguous(), unit.group)
+        grad_shard = unit.reduce_shard(grad_full.contiguous())
         unit.engine.events.append(("reduce-scatter", unit.index))
-        return grad_shard.div_(unit.divisor), None
+        return grad_shard, None
 
 
 class ZeroDataParallel(nn.Module):
@@ -262,6 +275,8 @@ class ZeroDataParallel(nn.Module):
                 flat[s.offset:s.offset + s.numel].copy_(
                     s.module._parameters[s.name].detach().reshape(-1))
             broadcast_flat(flat, unit.group)  # every replica starts from the first's
+            if unit.replicas is not None:
+                broadcast_flat(flat, unit.replicas)
             if stage == 3:
                 for s in unit.slots:
                     for owner, name in s.owners:
@@ -318,8 +333,9 @@ class ZeroDataParallel(nn.Module):
             if slots:
                 first = slots[0].module._parameters[slots[0].name]
                 group = self.group if spec.group is None else C.resolve(spec.group)
+                replicas = None if spec.replicas is None else C.resolve(spec.replicas)
                 units.append(_Unit(len(units), slots, self, first.dtype, first.device,
-                                   spec.module, group, spec.divide))
+                                   spec.module, group, spec.divide, replicas))
         missing = [n for n, p in self.module.named_parameters() if id(p) not in seen]
         if missing:
             raise ShardwiseError(f"parameters {missing} belong to no ZeRO unit; pass units= "
@@ -343,9 +359,7 @@ class ZeroDataParallel(nn.Module):
         return hook
 
     def _reduce_scatter_into_shard(self, unit: _Unit) -> None:
-        out = torch.empty(unit.shard_numel, dtype=unit.dtype, device=unit.device)
-        C.reduce_scatter(out, unit.flat_grad(), unit.group)
-        out.div_(unit.divisor)
+        out = unit.reduce_shard(unit.flat_grad())
         shard = self.shards[unit.index]
         if shard.grad is None:
             shard.grad = out

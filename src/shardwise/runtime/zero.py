@@ -14,7 +14,10 @@ parameter on each of the N ranks. ZeRO partitions them instead (SPEC §2):
 weights are the training dtype itself, so there is no separate master.)
 
 Layout. Parameters are grouped into *units* (by default the module's children that own
-parameters: one per layer). Each unit's parameters are flattened into one buffer padded to a
+parameters: one per layer; `UnitSpec` puts a unit over another group — experts over the
+expert-data-parallel group — or adds replica groups: a hybrid shard (HSDP) reduce-scatters
+within the group, then all-reduces the shard across its replicas). A parameter two modules
+hold (a tied embedding and head) is one slot viewed by both. Each unit's parameters are flattened into one buffer padded to a
 multiple of N, `(numel,) -> (N, numel/N)`; rank r owns row r. The optimizer (torch's Adam)
 steps only on owned rows, as flat tensors — elementwise the same arithmetic as Adam on the
 full parameters, so ZeRO training follows DDP training to the last bit when the summed

@@ -154,6 +154,35 @@ def test_uneven_pipeline_stages_equal_single_device():
     _check(spawn(_train_layouts, 2, UNEVEN, timeout_s=240), UNEVEN)
 
 
+# ZeRO compositions: tied embeddings (one parameter, two modules), ZeRO-1 with experts over edp
+ZERO_TWO = [config("dp=2,zero=3", "tiny-tied"), config("dp=2,ep=2,zero=1", "tiny-moe")]
+
+
+@pytest.mark.slow
+def test_two_ranks_zero_with_tied_embeddings_and_experts_equal_single_device():
+    _check(spawn(_train_layouts, 2, ZERO_TWO, timeout_s=240), ZERO_TWO)
+
+
+# ZeRO over each pipeline stage's dp group (Megatron's distributed optimizer), a tied
+# embedding split between the first and the last stage
+ZERO_FOUR = [config("dp=2,pp=2,zero=1"), config("dp=2,pp=2,zero=2,schedule=gpipe"),
+             config("dp=2,pp=2,zero=3", "tiny-tied")]
+
+
+@pytest.mark.slow
+def test_four_ranks_zero_over_pipeline_stages_equal_single_device():
+    _check(spawn(_train_layouts, 4, ZERO_FOUR, timeout_s=240), ZERO_FOUR)
+
+
+# Hybrid ZeRO (HSDP): shard within groups of 2 dp(·cp) ranks, average across the groups
+ZERO_HYBRID = [config("dp=4,zero=1,zero_group=2"), config("dp=2,cp=2,zero=3,zero_group=2")]
+
+
+@pytest.mark.slow
+def test_four_ranks_hybrid_zero_groups_equal_single_device():
+    _check(spawn(_train_layouts, 4, ZERO_HYBRID, timeout_s=240), ZERO_HYBRID)
+
+
 EIGHT = [config("dp=2,tp=2,pp=2")]
 
 
@@ -181,8 +210,8 @@ def test_impossible_layouts_are_one_line_errors():
                           "tp=3 does not divide n_heads=4")
     assert_one_line_error(shardwise("train", "--pp", "2", "--schedule", "zb-h1", "--recompute",
                                     "full", check=False), "zb-h1 with full recompute")
-    assert_one_line_error(shardwise("train", "--dp", "2", "--zero", "1", "--pp", "2",
-                                    check=False), "ZeRO-1 with pp > 1")
+    assert_one_line_error(shardwise("train", "--model", "tiny-moe", "--dp", "2", "--ep", "2",
+                                    "--zero", "2", check=False), "ZeRO-2 with ep > 1")
     assert_one_line_error(shardwise("train", "--ep", "2", "--dp", "2", check=False),
                           "needs a mixture-of-experts model")
 

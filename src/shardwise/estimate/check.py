@@ -39,6 +39,7 @@ from shardwise.estimate.comm import (
 from shardwise.estimate.memory import (
     activation_bytes_per_layer,
     bytes_per_param_training,
+    layer_params,
     saved_tensors_per_layer,
     stage_layers,
     stage_params,
@@ -63,6 +64,7 @@ __all__ = [
     "predicted_comm",
     "predicted_saved",
     "state_rows",
+    "zero_units",
 ]
 
 EXACT, WITHIN_1PC, REPORTED = "exact", "1%", "-"
@@ -185,8 +187,13 @@ def predicted_comm(model: ModelSpec, layout: Layout, train: TrainSpec, stage: in
         terms.append(Term("pp", "send", pp_send_bytes_per_step(
             s, b, h, m, p, stage, layout.chunks, ab, t, sp), "activations and their gradients"))
         if model.tie_embeddings:
-            terms.append(Term("pp", "all-reduce", tied_embedding_comm_bytes(
-                model.vocab, h, p, t, ab), "tied embedding gradients"))
+            tied = tied_embedding_comm_bytes(model.vocab, h, p, t, ab)
+            if layout.zero:  # the embedding's gradient shard (padded), not the whole gradient
+                n = layout.zero_degree
+                numel = model.vocab // t * h
+                tied *= _padded(numel, n) // n / numel
+            terms.append(Term("pp", "all-reduce", tied, "tied embedding gradients"
+                              + (" (ZeRO: this rank's shard)" if layout.zero else "")))
     if c > 1:
         kv = max(model.n_kv_heads // t, 1) * model.head_dim
         terms.append(Term("cp", "send", m * len(layers) * cp_comm_bytes_per_layer(
@@ -205,9 +212,20 @@ def predicted_comm(model: ModelSpec, layout: Layout, train: TrainSpec, stage: in
     dense, experts = stage_params(model, layout, stage)
     replicas = layout.dp * c
     dp_axis = "dp_cp" if c > 1 else "dp"
+    if layout.zero:  # ZeRO moves each flat unit padded to a multiple of its group
+        dense, experts = (float(sum(_padded(u, n) for u, n, x in zero_units(model, layout, stage)
+                                    if x == want)) for want in (False, True))
     # Without expert parallelism the experts are ordinary replicated weights.
     groups = ([(dp_axis, dense, replicas), ("edp", experts, replicas // e)] if e > 1
               else [(dp_axis, dense + experts, replicas)])
+    k = layout.zero_degree
+    if layout.zero and k < replicas:  # hybrid shard: ZeRO within groups of k, then replicas
+        groups = [("zero_shard", dense + experts, k)]
+        shard_bytes = (dense + experts) / k * ab
+        reductions = m if layout.zero >= 2 else 1  # as often as the reduce-scatter
+        terms.append(Term("zero_replica", "all-reduce", reductions * ring_bytes_on_wire(
+            "all-reduce", shard_bytes, replicas // k), "hybrid ZeRO: gradient shards "
+            "averaged over the groups"))
     for axis, n_params, n in groups:
         if n > 1:
             for op, nbytes in dp_step_comm_ops(n_params, n, layout.zero, ab, ab, m):
@@ -274,25 +292,62 @@ def activation_note(row: CheckRow, layout: Layout, train: TrainSpec) -> list[str
     return notes
 
 
+def zero_units(model: ModelSpec, layout: Layout, stage: int) -> list[tuple[int, int, bool]]:
+    """The flat units `runtime.zero` builds on one rank of pipeline `stage`, in order:
+    (parameters, ranks the unit is sharded over, whether it holds experts). The embedding
+    (first stage), each layer (its experts a unit of their own, over `edp`, when ep > 1), the
+    final norm and the head (last stage; a tied head with pp = 1 is the embedding itself)."""
+    h, t, e = model.d_model, layout.tp, layout.ep
+    n = layout.zero_degree
+    dense_layer, moe_layer, expert_layer = layer_params(model, t, e)
+    units: list[tuple[int, int, bool]] = []
+    if stage == 0:
+        units.append((round(model.vocab * h / t + model.learned_positions * h), n, False))
+    for k in stage_layers(model, layout, stage):
+        if not model.is_moe_layer(k):
+            units.append((round(dense_layer), n, False))
+        elif e > 1:
+            units += [(round(moe_layer), n, False), (round(expert_layer), max(n // e, 1), True)]
+        else:
+            units.append((round(moe_layer + expert_layer), n, False))
+    if stage == layout.pp - 1:
+        units.append((round(model.norm_params()), n, False))
+        if not model.tie_embeddings or layout.pp > 1:
+            units.append((round(model.vocab * h / t), n, False))
+    return units
+
+
+def _padded(numel: int, n: int) -> int:
+    """A flat unit's length padded to a multiple of the `n` ranks sharding it (runtime.zero)."""
+    return -(-numel // n) * n
+
+
 def state_rows(model: ModelSpec, layout: Layout, train: TrainSpec, stage: int,
                 measured: dict[str, int]) -> list[CheckRow]:
+    """Weights, gradients and optimizer state one rank holds after a step (SPEC §2). Under ZeRO
+    each flat unit is padded to a multiple of its shard group (`zero_units`), and the
+    gradients held after the step are the reduce-scattered shard on every stage (ZeRO-1 holds
+    the full gradients only from backward until they are reduce-scattered at the step)."""
     state = bytes_per_param_training(train.dtype, train.grad_dtype, train.optimizer)
     dense, experts = stage_params(model, layout, stage)
     n = layout.zero_degree
-    dense_state = zero_state_bytes(dense, n, layout.zero, state)
-    expert_state = zero_state_bytes(experts, max(n // layout.ep, 1), layout.zero, state)
     note = (f"{dense:,.0f} dense + {experts:,.0f} expert params; "
-            f"{state.weight:g}/{state.grad:g}/{state.optimizer:g} B per param"
-            + (f", ZeRO-{layout.zero} over {n}" if layout.zero else ""))
-    rows = []
-    for i, name in enumerate(("weights", "grads", "optimizer")):
-        row = CheckRow("state", name, dense_state[i] + expert_state[i], measured[name],
-                       EXACT, note)
-        if not row.ok and layout.zero == 1 and name == "grads":
-            row = replace(row, note=note + "; ZeRO-1 keeps the full gradients and the "
-                                           "reduce-scattered shard it steps on (+1/N)")
-        rows.append(row)
-    return rows
+            f"{state.weight:g}/{state.grad:g}/{state.optimizer:g} B per param")
+    if layout.zero:
+        units = zero_units(model, layout, stage)
+        full = sum(_padded(u, k) for u, k, _ in units)
+        shard = sum(_padded(u, k) // k for u, k, _ in units)
+        predicted = (state.weight * (shard if layout.zero == 3 else full),
+                     state.grad * shard, state.optimizer * shard)
+        note += (f", ZeRO-{layout.zero} over {n}: {len(units)} flat units padded to "
+                 f"{full:,} elements, {shard:,} per shard; gradients held after the step: "
+                 "the shard")
+    else:
+        dense_state = zero_state_bytes(dense, n, 0, state)
+        expert_state = zero_state_bytes(experts, max(n // layout.ep, 1), 0, state)
+        predicted = tuple(a + b for a, b in zip(dense_state, expert_state))
+    return [CheckRow("state", name, predicted[i], measured[name], EXACT, note)
+            for i, name in enumerate(("weights", "grads", "optimizer"))]
 
 
 def peak_row(model: ModelSpec, layout: Layout, train: TrainSpec, stage: int,

@@ -36,7 +36,8 @@ from shardwise.runtime import collectives as C
 from shardwise.runtime.collectives import GroupLike
 from shardwise.runtime.mesh import AxisGroup
 
-__all__ = ["BucketedDataParallel", "DDPConfig", "GradientReducer", "broadcast_parameters"]
+__all__ = ["BucketedDataParallel", "DDPConfig", "GradientReducer", "broadcast_flat",
+           "broadcast_parameters"]
 
 
 def broadcast_parameters(module: nn.Module, group: AxisGroup) -> None:
@@ -47,6 +48,13 @@ def broadcast_parameters(module: nn.Module, group: AxisGroup) -> None:
     with C.counting(), torch.no_grad():
         for p in module.parameters():
             C.broadcast(p.data, group.ranks[0], group)
+
+
+def broadcast_flat(t: torch.Tensor, group: AxisGroup) -> None:
+    """`broadcast_parameters` for one tensor (a ZeRO unit's flat buffer)."""
+    if group.size > 1:
+        with C.counting(), torch.no_grad():
+            C.broadcast(t, group.ranks[0], group)
 
 
 @dataclass(frozen=True)

@@ -214,8 +214,8 @@ class ParallelTransformer:
         """Reduce this step's gradients over the mesh, then `update()` (which reads
         `parameters()` and their `.grad`)."""
         if self.zero is not None:  # ZeRO reduces, calls the optimizer, gathers weights
-            self.zero.optimizer = _Update(lambda: (self._reduce_sp_shards(), update()))
-            self.zero.step()
+            self.zero.optimizer = _Update(update)
+            self.zero.step(before_update=lambda: (self._sync_tied(), self._reduce_sp_shards()))
             return
         named = list(self.model.named_parameters())
         for _, p in named:  # a weight no token reached (an idle expert) still takes part
@@ -234,17 +234,28 @@ class ParallelTransformer:
 
     def _sync_tied(self) -> None:
         """Tied embeddings across stages: sum the first and last stage's gradients over pp
-        (the other stages add zeros)."""
+        (the other stages add zeros). Under ZeRO the embedding's and the head's units are
+        padded and sharded alike, so their shards' gradients are summed."""
         pp = self.axis("pp")
         if not self.model.spec.tie_embeddings or pp.size == 1:
             return
         holder = self.model.embedding if self.model.embedding is not None else self.model.head
-        if holder is not None:
+        spec, t = self.model.spec, self.layout.tp
+        if self.zero is not None:
+            units = self.zero.units
+            if holder is not None:
+                i = next(i for i, u in enumerate(units) if u.module is holder)
+                C.all_reduce(self.zero.shards[i].grad, pp)
+                return
+            numel, n = spec.vocab // t * spec.d_model, self.layout.zero_degree
+            shape: tuple[int, ...] = (-(-numel // n),)  # the unit's shard, padding included
+        elif holder is not None:
             C.all_reduce(holder.weight.grad, pp)
+            return
         else:
-            spec, t = self.model.spec, self.layout.tp
-            C.all_reduce(torch.zeros(spec.vocab // t, spec.d_model, dtype=self.model.dtype,
-                                     device=self.positions.device), pp)
+            shape = (spec.vocab // t, spec.d_model)
+        C.all_reduce(torch.zeros(shape, dtype=self.model.dtype, device=self.positions.device),
+                     pp)
 
     def _reduce_sp_shards(self) -> None:
         """ZeRO + SP: sum over tp the shard elements of sequence-parallel weights."""
@@ -298,8 +309,10 @@ class ParallelTransformer:
             for s in unit.slots:
                 counted[s.offset:s.offset + s.numel] = self._counted(s.qualname)
                 sp[s.offset:s.offset + s.numel] = self.shards[s.qualname].sequence_parallel
-            if stage > 0:  # the shards are disjoint over dp×cp
+            if stage > 0:  # the shards are disjoint over the group, equal over its replicas
                 counted, sp = counted[unit.lo:unit.hi], sp[unit.lo:unit.hi]
+                if unit.replicas is not None and unit.replicas.rank != 0:
+                    counted = torch.zeros_like(counted)
             elif dp.rank != 0:  # stage 0 steps on the whole (replicated) buffer
                 counted = torch.zeros_like(counted)
             self.norm_terms.append((shard, counted))

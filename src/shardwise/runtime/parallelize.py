@@ -39,9 +39,14 @@ parameters keep their single-device names.
 The result is a `runtime.parallel_transformer.ParallelTransformer`, the training-step object
 (gradient reductions, norm, loss; its docstring derives the loss normalisation).
 
-Not supported (refused by `runtime_problems`, with the reason): ZB-H1 with full recompute, ZeRO
-with pp > 1 or ep > 1 or tied embeddings or hybrid shard groups, full recompute with ZeRO-3, ZeRO
-with replicated kv heads (tp > a_kv).
+ZeRO composes with pp (each stage's units over its dp×cp group, Megatron's distributed
+optimizer; a tied embedding's shard gradients summed over pp), tied embeddings (one slot
+viewed by the embedding and the head), ZeRO-1 with ep (experts over `edp`) and hybrid shard
+groups (`hybrid_shard_groups`: reduce-scatter within a group, all-reduce across groups).
+
+Not supported (refused by `runtime_problems`, with the reason): ZB-H1 with full recompute or
+with ZeRO, ZeRO-2/3 with ep > 1, hybrid shard groups with ep > 1, full recompute with ZeRO-3, ZeRO with
+replicated kv heads (tp > a_kv).
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ from shardwise.layout import Layout
 from shardwise.runtime.context_parallel import local_positions, ring_attention
 from shardwise.runtime.data_parallel import GradientReducer
 from shardwise.runtime.expert_parallel import expert_parallel_moe
+from shardwise.runtime.launch import group_timeout
 from shardwise.runtime.mesh import AxisGroup, Mesh
 from shardwise.runtime.model import MoE, SwiGLU, Transformer, identity
 from shardwise.runtime.parallel_transformer import CP_LAYOUT, ParallelTransformer, ParamShard
@@ -72,7 +78,7 @@ from shardwise.runtime.tensor_parallel import (
     reduce_scatter_to_sequence,
     vocab_parallel_cross_entropy,
 )
-from shardwise.runtime.zero import ZeroConfig, ZeroDataParallel
+from shardwise.runtime.zero import UnitSpec, ZeroConfig, ZeroDataParallel
 
 __all__ = ["apply_context_parallel", "apply_expert_parallel", "apply_recompute",
            "apply_tensor_parallel", "parallelize", "runtime_problems", "split_pipeline"]
@@ -102,10 +108,16 @@ def runtime_problems(layout: Layout, model: ModelSpec) -> list[str]:
                    "replayed forward would not defer the linears' weight gradients); use "
                    "selective recompute or another schedule")
     if layout.zero:
-        for bad, why in ((layout.pp > 1, "pp > 1"), (layout.ep > 1, "ep > 1"),
-                         (model.tie_embeddings, "tied embeddings"),
-                         (bool(layout.zero_group), "a hybrid shard group (zero_group)"),
-                         (layout.zero == 3 and layout.recompute == "full", "full recompute")):
+        for bad, why in ((layout.zero > 1 and layout.ep > 1,
+                          "ep > 1 (an expert no token reaches has no gradient, so its "
+                          "reduce-scatter in backward would not run on every rank; use "
+                          "zero=1)"),
+                         (bool(layout.zero_group) and layout.ep > 1,
+                          "both a hybrid shard group (zero_group) and ep > 1"),
+                         (layout.zero == 3 and layout.recompute == "full", "full recompute"),
+                         (layout.pp > 1 and layout.schedule == "zb-h1",
+                          "the zb-h1 schedule (its deferred weight gradients are written after "
+                          "the gradient hooks ZeRO shards with)")):
             if bad:
                 out.append(f"ZeRO-{layout.zero} with {why} is not supported by the training "
                            "runtime")
@@ -277,10 +289,9 @@ def parallelize(model: Transformer, mesh: Mesh, layout: Layout, seq_len: int,
     positions = positions if device is None else positions.to(device)
     result = ParallelTransformer(model, mesh, layout, seq_len, shards, stages, positions)
     if layout.zero:
-        units = [m for m in (model.embedding, *model.blocks, model.norm, model.head)
-                 if m is not None]
-        result.zero = ZeroDataParallel(model, ZeroConfig(stage=layout.zero),
-                                       result.dp_axis, units=units)
+        shard, replicas = hybrid_shard_groups(mesh, layout)
+        result.zero = ZeroDataParallel(model, ZeroConfig(stage=layout.zero), shard,
+                                       units=_zero_units(model, shards, mesh, layout, replicas))
     result._init_norm_terms()
     if not layout.zero:
         named = list(model.named_parameters())
@@ -290,6 +301,48 @@ def parallelize(model: Transformer, mesh: Mesh, layout: Layout, seq_len: int,
         result.reducers = [GradientReducer(params, group) for group, params in groups
                            if params]
     return result
+
+
+def hybrid_shard_groups(mesh: Mesh, layout: Layout) -> tuple[AxisGroup, AxisGroup | None]:
+    """ZeRO's shard group and, for a hybrid shard (`zero_group` < dp·cp; PyTorch's HSDP,
+    DeepSpeed's ZeRO++ hpZ), the replica group: each dp×cp group is cut into consecutive
+    blocks of `zero_group` ranks that shard the state; the ranks at the same position of
+    every block replicate it. Without `zero_group`: (dp×cp, None). Collective: every rank
+    creates every group, in the same order."""
+    whole = mesh.axis("dp_cp" if layout.cp > 1 else "dp")
+    k = layout.zero_group
+    if not k or k == whole.size:
+        return whole, None
+    me = torch.distributed.get_rank()
+    mine: dict[str, AxisGroup] = {}
+    for ranks in mesh.shape.groups(whole.name):  # (dp·cp,) global ranks of one (pp, tp)
+        blocks = [ranks[i:i + k] for i in range(0, len(ranks), k)]  # shard groups
+        for name, members in [("zero_shard", b) for b in blocks] + [
+                ("zero_replica", ranks[i::k]) for i in range(k)]:
+            group = (torch.distributed.new_group(list(members), timeout=group_timeout())
+                     if len(members) > 1 else None)
+            if me in members:
+                mine[name] = AxisGroup(name, group, len(members), members.index(me),
+                                       tuple(members))
+    return mine["zero_shard"], mine["zero_replica"]
+
+
+def _zero_units(model: Transformer, shards: dict[str, ParamShard], mesh: Mesh,
+                layout: Layout, replicas: AxisGroup | None = None) -> list[UnitSpec]:
+    """ZeRO's flat units on this rank (`estimate.check.zero_units` predicts them): the
+    embedding, each layer this stage holds, the final norm and the head, each over dp×cp;
+    under ep > 1 an MoE layer's experts are a unit of their own over `edp` (Megatron's
+    distributed optimizer shards expert state over the expert-data-parallel group)."""
+    units = []
+    for m in (model.embedding, *model.blocks, model.norm, model.head):
+        if m is None:
+            continue
+        if layout.ep > 1 and isinstance(getattr(m, "mlp", None), MoE):
+            units += [UnitSpec(m, select=lambda n: not shards[n].expert),
+                      UnitSpec(m, mesh.axis("edp"), lambda n: shards[n].expert, layout.ep)]
+        else:
+            units.append(UnitSpec(m, replicas=replicas))
+    return units
 
 
 def _shard_table(model: Transformer, layout: Layout) -> dict[str, ParamShard]:

@@ -580,7 +580,9 @@ def run_pipeline(model: StageModel, schedule: Mapping[int, Sequence[Action]],
         GradientReducer(list(params.values()), dp, hooks=False).reduce()
         syncs = 1
     loss = float(sum(ex.losses.values()) / m) if ex.losses else None
-    grads = {name: t.grad.detach().clone() for name, t in params.items()}
+    # (ZeRO-2 has already reduce-scattered and freed them: no gradient left to report)
+    grads = {name: t.grad.detach().clone() for name, t in params.items()
+             if t.grad is not None}
     return PipelineResult(me, p, v, m, loss, grads, events, ex.peak, ex.peak_w, dict(ex.sent),
                           ex.messages, syncs, t0)
 

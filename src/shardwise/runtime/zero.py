@@ -14,7 +14,10 @@ parameter on each of the N ranks. ZeRO partitions them instead (SPEC §2):
 weights are the training dtype itself, so there is no separate master.)
 
 Layout. Parameters are grouped into *units* (by default the module's children that own
-parameters: one per layer). Each unit's parameters are flattened into one buffer padded to a
+parameters: one per layer; `UnitSpec` puts a unit over another group — experts over the
+expert-data-parallel group — or adds replica groups: a hybrid shard (HSDP) reduce-scatters
+within the group, then all-reduces the shard across its replicas). A parameter two modules
+hold (a tied embedding and head) is one slot viewed by both. Each unit's parameters are flattened into one buffer padded to a
 multiple of N, `(numel,) -> (N, numel/N)`; rank r owns row r. The optimizer (torch's Adam)
 steps only on owned rows, as flat tensors — elementwise the same arithmetic as Adam on the
 full parameters, so ZeRO training follows DDP training to the last bit when the summed
@@ -37,7 +40,7 @@ gradients are identical.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,9 +50,9 @@ from torch import nn
 from shardwise.errors import ShardwiseError
 from shardwise.runtime import collectives as C
 from shardwise.runtime.collectives import GroupLike
-from shardwise.runtime.data_parallel import broadcast_parameters
+from shardwise.runtime.data_parallel import broadcast_flat
 
-__all__ = ["ZeroConfig", "ZeroDataParallel"]
+__all__ = ["UnitSpec", "ZeroConfig", "ZeroDataParallel"]
 
 
 @dataclass(frozen=True)
@@ -68,9 +71,26 @@ class ZeroConfig:
             raise ShardwiseError(f"ZeRO stage must be 0, 1, 2 or 3, got {self.stage}")
 
 
+@dataclass(frozen=True)
+class UnitSpec:
+    """One flat unit: the parameters of `module` (those whose qualified name `select`
+    accepts; None: all not taken by an earlier unit), sharded over `group` (None: the
+    engine's). The averaged gradient is the sum over the group ÷ (group size · `divide`)
+    (experts under ep: `divide` = ep, their owner's gradient already sums the ep group)."""
+
+    module: nn.Module
+    group: GroupLike | None = None
+    select: Callable[[str], bool] | None = None
+    divide: int = 1
+    # hybrid shard (HSDP): the ranks holding the same shard in other groups; the shard's
+    # gradient is averaged over them after the reduce-scatter (None: no replicas)
+    replicas: GroupLike | None = None
+
+
 @dataclass
 class _Slot:
-    """One parameter inside a unit's flat buffer."""
+    """One parameter inside a unit's flat buffer; `owners`: every (module, name) that holds
+    it (a tied weight is held by two modules)."""
 
     module: nn.Module
     name: str
@@ -78,6 +98,7 @@ class _Slot:
     shape: torch.Size
     offset: int
     numel: int
+    owners: tuple[tuple[nn.Module, str], ...] = ()
 
 
 class _Marker:
@@ -94,9 +115,12 @@ class _Unit:
     """The flat, padded, sharded parameters of one unit (a layer)."""
 
     def __init__(self, index: int, slots: list[_Slot], engine: ZeroDataParallel,
-                 dtype: torch.dtype, device: torch.device):
+                 dtype: torch.dtype, device: torch.device, module: nn.Module,
+                 group: C.AxisGroup, divide: int = 1, replicas: C.AxisGroup | None = None):
         self.index, self.slots, self.engine = index, slots, engine
-        n, r = engine.group.size, engine.group.rank
+        self.module, self.group, self.divisor = module, group, group.size * divide
+        self.replicas = replicas
+        n, r = group.size, group.rank
         self.numel = sum(s.numel for s in slots)
         self.padded = math.ceil(self.numel / n) * n
         self.shard_numel = self.padded // n
@@ -120,6 +144,20 @@ class _Unit:
                 g[s.offset:s.offset + s.numel].copy_(p.grad.reshape(-1))
         return g
 
+    def reduce_shard(self, full: torch.Tensor) -> torch.Tensor:
+        """The averaged gradient of the owned row from this rank's full flat gradient:
+        reduce-scatter over the group, then (hybrid) all-reduce over the replicas."""
+        out = torch.empty(self.shard_numel, dtype=self.dtype, device=self.device)
+        C.reduce_scatter(out, full, self.group)
+        if self.replicas is not None and self.replicas.size > 1:
+            C.all_reduce(out, self.replicas)
+            return out.div_(self.divisor * self.replicas.size)
+        return out.div_(self.divisor)
+
+    def free_grads(self) -> None:
+        for s in self.slots:
+            s.module._parameters[s.name].grad = None
+
     # ------------------------------------------------------------------- stage 3 gathers
     def gather(self, prefetch: bool = False) -> torch.Tensor | None:
         """All-gather the flat weights; with `prefetch`, start it and keep the handle."""
@@ -127,7 +165,7 @@ class _Unit:
         log = self.engine.events
         if prefetch:
             buf = self.new_buffer()
-            work = C.all_gather(buf, shard, self.engine.group, async_op=True)
+            work = C.all_gather(buf, shard, self.group, async_op=True)
             self.prefetched = (buf, work)
             log.append(("prefetch", self.index))
             return None
@@ -138,17 +176,20 @@ class _Unit:
             log.append(("use-prefetch", self.index))
             return buf
         buf = self.new_buffer()
-        C.all_gather(buf, shard, self.engine.group)
+        C.all_gather(buf, shard, self.group)
         log.append(("gather", self.index))
         return buf
 
     def set_views(self, full: torch.Tensor) -> None:
         for s in self.slots:  # (padded,) -> the parameter's shape
-            setattr(s.module, s.name, full[s.offset:s.offset + s.numel].view(s.shape))
+            view = full[s.offset:s.offset + s.numel].view(s.shape)
+            for module, name in s.owners:
+                setattr(module, name, view)
 
     def clear_views(self) -> None:
         for s in self.slots:
-            setattr(s.module, s.name, None)
+            for module, name in s.owners:
+                setattr(module, name, None)
 
     def pack(self, t: torch.Tensor) -> Any:
         g = self.gathered
@@ -200,23 +241,23 @@ class _GatherUnit(torch.autograd.Function):
     def backward(ctx: Any, grad_full: torch.Tensor) -> tuple[torch.Tensor, None]:
         unit: _Unit = ctx.unit
         unit.gathered, unit.awaiting_backward = None, False
-        g = unit.engine.group
-        grad_shard = torch.empty(unit.shard_numel, dtype=unit.dtype, device=unit.device)
-        C.reduce_scatter(grad_shard, grad_full.contiguous(), g)
+        grad_shard = unit.reduce_shard(grad_full.contiguous())
         unit.engine.events.append(("reduce-scatter", unit.index))
-        return grad_shard.div_(g.size), None
+        return grad_shard, None
 
 
 class ZeroDataParallel(nn.Module):
     """Train `module` with ZeRO-`stage` over `group` (default: the mesh's dp axis).
 
     Usage: `out = zdp(x); loss.backward(); zdp.step(); zdp.zero_grad()`.
-    `units`: the modules whose parameters form one flat unit each (default: the children
-    that own parameters); every parameter must belong to exactly one unit.
+    `units`: the modules whose parameters form one flat unit each, or `UnitSpec`s (a unit
+    over another group, or a subset of a module's parameters); default: the children that own
+    parameters. Every parameter must belong to exactly one unit; a parameter two modules hold
+    (tied embeddings) is one slot of the first unit that reaches it, viewed by both modules.
     """
 
     def __init__(self, module: nn.Module, config: ZeroConfig | None = None,
-                 group: GroupLike = "dp", units: Sequence[nn.Module] | None = None):
+                 group: GroupLike = "dp", units: Sequence[nn.Module | UnitSpec] | None = None):
         super().__init__()
         self.module = module
         self.config = config or ZeroConfig()
@@ -224,10 +265,10 @@ class ZeroDataParallel(nn.Module):
         # Stage 3's gathers and scatters in order, ("gather" | "prefetch" | "use-prefetch" |
         # "reduce-scatter", unit index): what the tests read to check the schedule.
         self.events: list[tuple[str, int]] = []
-        broadcast_parameters(self.module, self.group)
-        unit_modules = list(units) if units is not None else [
-            m for m in module.children() if any(True for _ in m.parameters())]
-        self.units = self._make_units(unit_modules)
+        specs = [u if isinstance(u, UnitSpec) else UnitSpec(u) for u in (
+            units if units is not None else
+            [m for m in module.children() if any(True for _ in m.parameters())])]
+        self.units = self._make_units(specs)
         self.shards: list[nn.Parameter] = []
         stage = self.config.stage
         for unit in self.units:
@@ -236,16 +277,21 @@ class ZeroDataParallel(nn.Module):
             for s in unit.slots:
                 flat[s.offset:s.offset + s.numel].copy_(
                     s.module._parameters[s.name].detach().reshape(-1))
+            broadcast_flat(flat, unit.group)  # every replica starts from the first's
+            if unit.replicas is not None:
+                broadcast_flat(flat, unit.replicas)
             if stage == 3:
                 for s in unit.slots:
-                    del s.module._parameters[s.name]
+                    for owner, name in s.owners:
+                        del owner._parameters[name]
                 unit.clear_views()
                 self.shards.append(nn.Parameter(flat[unit.lo:unit.hi].clone()))
             else:
                 unit.flat = flat
                 for s in unit.slots:  # module parameters become views of the flat buffer
-                    s.module._parameters[s.name] = nn.Parameter(
-                        flat[s.offset:s.offset + s.numel].view(s.shape))
+                    view = nn.Parameter(flat[s.offset:s.offset + s.numel].view(s.shape))
+                    for owner, name in s.owners:
+                        owner._parameters[name] = view
                 # stage 0 steps on the whole buffer; 1-2 on the owned row (a view: no copy)
                 self.shards.append(nn.Parameter(flat if stage == 0 else flat[unit.lo:unit.hi]))
         self.optimizer = torch.optim.Adam(self.shards, lr=self.config.lr,
@@ -254,28 +300,45 @@ class ZeroDataParallel(nn.Module):
         if stage == 2:
             self._install_stage2_hooks()
         if stage == 3:
-            for unit, m in zip(self.units, unit_modules):
-                m.register_forward_pre_hook(self._pre_forward(unit))
-                m.register_forward_hook(self._post_forward(unit))
+            for unit in self.units:
+                # the unit's module, then any other module viewing its weights (a tied head)
+                inside = set(map(id, unit.module.modules()))
+                users = [unit.module, *dict.fromkeys(
+                    owner for s in unit.slots for owner, _ in s.owners
+                    if id(owner) not in inside)]
+                for i, user in enumerate(users):
+                    user.register_forward_pre_hook(self._pre_forward(unit, prefetch=i == 0))
+                    user.register_forward_hook(self._post_forward(unit))
 
     # -------------------------------------------------------------------------- setup
-    def _make_units(self, unit_modules: list[nn.Module]) -> list[_Unit]:
+    def _make_units(self, specs: list[UnitSpec]) -> list[_Unit]:
         qual = {id(p): name for name, p in self.module.named_parameters()}
+        owners: dict[int, list[tuple[nn.Module, str]]] = {}
+        for mod in self.module.modules():
+            for name, p in mod._parameters.items():
+                if p is not None:
+                    owners.setdefault(id(p), []).append((mod, name))
         seen: set[int] = set()
         units = []
-        for um in unit_modules:
+        for spec in specs:
             slots, offset = [], 0
-            for mod in um.modules():
+            for mod in spec.module.modules():
                 for name, p in list(mod._parameters.items()):
                     if p is None or id(p) in seen:
                         continue
+                    qualname = qual.get(id(p), name)
+                    if spec.select is not None and not spec.select(qualname):
+                        continue
                     seen.add(id(p))
-                    slots.append(_Slot(mod, name, qual.get(id(p), name), p.shape, offset,
-                                       p.numel()))
+                    slots.append(_Slot(mod, name, qualname, p.shape, offset, p.numel(),
+                                       tuple(owners.get(id(p), [(mod, name)]))))
                     offset += p.numel()
             if slots:
                 first = slots[0].module._parameters[slots[0].name]
-                units.append(_Unit(len(units), slots, self, first.dtype, first.device))
+                group = self.group if spec.group is None else C.resolve(spec.group)
+                replicas = None if spec.replicas is None else C.resolve(spec.replicas)
+                units.append(_Unit(len(units), slots, self, first.dtype, first.device,
+                                   spec.module, group, spec.divide, replicas))
         missing = [n for n, p in self.module.named_parameters() if id(p) not in seen]
         if missing:
             raise ShardwiseError(f"parameters {missing} belong to no ZeRO unit; pass units= "
@@ -294,15 +357,12 @@ class ZeroDataParallel(nn.Module):
             unit.pending.discard(i)
             if not unit.pending:  # the unit's gradients are complete: scatter and free them
                 self._reduce_scatter_into_shard(unit)
-                for s in unit.slots:
-                    s.module._parameters[s.name].grad = None
+                unit.free_grads()
                 unit.pending = set(range(len(unit.slots)))
         return hook
 
     def _reduce_scatter_into_shard(self, unit: _Unit) -> None:
-        out = torch.empty(unit.shard_numel, dtype=unit.dtype, device=unit.device)
-        C.reduce_scatter(out, unit.flat_grad(), self.group)
-        out.div_(self.group.size)
+        out = unit.reduce_shard(unit.flat_grad())
         shard = self.shards[unit.index]
         if shard.grad is None:
             shard.grad = out
@@ -310,13 +370,13 @@ class ZeroDataParallel(nn.Module):
             shard.grad.add_(out)
 
     # ------------------------------------------------------------------- stage-3 hooks
-    def _pre_forward(self, unit: _Unit) -> Any:
+    def _pre_forward(self, unit: _Unit, prefetch: bool = True) -> Any:
         def hook(module: nn.Module, args: Any) -> None:
             full = _GatherUnit.apply(self.shards[unit.index], unit)
             unit.gathered = full
             unit.set_views(full)
             nxt = unit.index + 1
-            if (self.config.prefetch and nxt < len(self.units)
+            if (prefetch and self.config.prefetch and nxt < len(self.units)
                     and self.units[nxt].prefetched is None):
                 self.units[nxt].gather(prefetch=True)
             ctx = torch.autograd.graph.saved_tensors_hooks(unit.pack, _unpack)
@@ -341,21 +401,25 @@ class ZeroDataParallel(nn.Module):
         return self.module(*args, **kwargs)
 
     @torch.no_grad()
-    def step(self) -> None:
-        """Reduce gradients (stages 0, 1), Adam on the owned rows, gather weights (1, 2)."""
-        stage, n = self.config.stage, self.group.size
+    def step(self, before_update: Callable[[], object] | None = None) -> None:
+        """Reduce gradients (stages 0, 1), `before_update()` (more reductions of the shards'
+        gradients), Adam on the owned rows, gather weights (1, 2)."""
+        stage = self.config.stage
         for unit, shard in zip(self.units, self.shards):
             if stage == 0:
                 g = unit.flat_grad()
-                C.all_reduce(g, self.group)
-                shard.grad = g.div_(n)
-            elif stage == 1:
+                C.all_reduce(g, unit.group)
+                shard.grad = g.div_(unit.divisor)
+            elif stage == 1:  # reduce-scatter, then free the full gradients
                 self._reduce_scatter_into_shard(unit)
+                unit.free_grads()
+        if before_update is not None:
+            before_update()
         self.optimizer.step()
         if stage in (1, 2):
             for unit, shard in zip(self.units, self.shards):
                 assert unit.flat is not None
-                C.all_gather(unit.flat, shard.detach().clone(), self.group)
+                C.all_gather(unit.flat, shard.detach().clone(), unit.group)
         for unit in self.units:  # a stale prefetch (forward without backward) is dropped
             if unit.prefetched is not None:
                 unit.prefetched[1].wait()
@@ -404,7 +468,7 @@ class ZeroDataParallel(nn.Module):
             for unit in self.units:
                 if self.config.stage == 3:
                     flat = unit.new_buffer()
-                    C.all_gather(flat, self.shards[unit.index].detach(), self.group)
+                    C.all_gather(flat, self.shards[unit.index].detach(), unit.group)
                 else:
                     flat = unit.flat
                 assert flat is not None

@@ -36,6 +36,8 @@ def ok(client, path: str, body: dict | None = None):
      "/api/memory", {"model": "mixtral-8x7b", "gpus": 64, "ep": 8, "pp": 4, "zero": 3,
                      "schedule": "interleaved", "chunks": 2, "global_batch": "256",
                      "gpu": "h200"}),
+    (["memory", "llama3-8b", "--gpus", "8", "--zero", "2", "--impl", "hf-sdpa"],
+     "/api/memory", {"model": "llama3-8b", "gpus": 8, "zero": 2, "impl": "hf-sdpa"}),
     (["comm", "--op", "all-reduce", "--size", "13.5GB", "--ranks", "8", "--link", "ndr"],
      "/api/comm", {"op": "all-reduce", "size": "13.5GB", "ranks": 8, "link": "ndr"}),
     (["comm", "--algorithm", "hierarchical", "--ranks", "64", "--nodes", "8"],

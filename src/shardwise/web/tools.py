@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.concurrency import run_in_threadpool
 
 from shardwise.arch import DEFAULT_MODEL, PRESETS, ModelSpec, from_hf_dict, get_model
+from shardwise.estimate.profiles import DEFAULT_IMPL
 from shardwise.hardware import ACCELERATOR_ALIASES, ACCELERATORS, LINKS
 from shardwise.layout import RECOMPUTE, SCHEDULES
 from shardwise.report import builders
@@ -142,6 +143,9 @@ class TrainFields(_In):
     grad_dtype: str | None = Field(None, max_length=20)
     optimizer: str = Field("adam", max_length=40)
     headroom: float = Field(0.85, gt=0, le=1, description="Usable fraction of GPU memory.")
+    impl: str = Field(DEFAULT_IMPL, max_length=40,
+                      description="Activation profile: whose code trains the model "
+                                  "(`shardwise memory --impl`).")
 
 
 class MemoryRequest(ModelChoice, TrainFields, LayoutFields):

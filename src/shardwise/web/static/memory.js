@@ -6,7 +6,8 @@ import { modelFields, setupPickers } from "/static/picker.js";
 const DEFAULTS = {
   model: "llama3-70b", gpus: 64, gpu: "h100", gpus_per_node: 8, seq: 8192, global_batch: "",
   tp: 8, pp: 1, dp: "", cp: 1, ep: 1, micro_batch: 1, schedule: "1f1b", chunks: 1, zero: 1,
-  recompute: "selective", sp: true, flash: true, formula: "generalised", headroom: 0.85, unit: "GB",
+  recompute: "selective", sp: true, flash: true, formula: "generalised", impl: "megatron-te", headroom: 0.85,
+  unit: "GB",
 };
 const PARTS = [
   { key: "weights", label: "weights", color: "var(--weights)" },
@@ -65,7 +66,7 @@ function render(out, unit) {
     keys: PARTS, budget: out.budget_bytes / div, unit, title: "per-stage memory",
   });
   const cols = ["weights", "grads", "optimizer", "activations", "logits", "workspace", "total"];
-  document.getElementById("stages").innerHTML = `<caption class="hint" style="text-align:left">per GPU, ${unit} = ${unit === "GB" ? "10⁹" : "2³⁰"} bytes; ${out.formula} activation count, ${out.train.flash_attention ? "FlashAttention" : "materialised attention"}</caption>`
+  document.getElementById("stages").innerHTML = `<caption class="hint" style="text-align:left">per GPU, ${unit} = ${unit === "GB" ? "10⁹" : "2³⁰"} bytes; ${out.formula === "generalised" ? `activations of ${escapeHtml(out.impl_title)}` : `${out.formula} activation count`}, ${out.fused_attention ? "FlashAttention" : "materialised attention"}</caption>`
     + `<thead><tr><th>stage</th><th>layers</th><th>in flight</th>${cols.map((c) => `<th>${c}</th>`).join("")}</tr></thead><tbody>`
     + out.stages.map((s) => `<tr data-stage="${s.stage}"><td>${s.stage}</td><td>${s.layers}</td><td>${s.in_flight}</td>${cols.map((c) => `<td data-part="${c}">${fmt(s[c])}</td>`).join("")}</tr>`).join("")
     + "</tbody>";

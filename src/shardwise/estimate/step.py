@@ -86,7 +86,7 @@ from shardwise.estimate.compute import (
     layer_cost,
     optimizer_time,
 )
-from shardwise.estimate.memory import bytes_per_param_training
+from shardwise.estimate.memory import bytes_per_param_training, layer_params
 from shardwise.hardware import Cluster
 from shardwise.layout import Layout, TrainSpec, stage_extremes
 from shardwise.placement import members_per_node
@@ -192,13 +192,7 @@ def stage_param_counts(model: ModelSpec, t: Any, p: Any, e: Any, scale: Any = 1.
     embedding (first stage, vocab-parallel) and the head + final norm (last stage)."""
     h = model.d_model
     norm = model.norm_params()
-    kv = np.maximum(model.n_kv_heads // t, 1) * model.head_dim
-    attention = 2 * h * h / t + 2 * h * kv
-    dense_layer = attention + model.mlp_params() / t + 2 * norm
-    moe_dense = (attention + 2 * norm + model.router_params()
-                 + model.n_shared_experts * model.mlp_params(model.expert_d_ff) / t)
-    expert_layer = (model.n_experts / e * model.mlp_params(model.expert_d_ff) / t
-                    if model.is_moe else 0.0)
+    dense_layer, moe_dense, expert_layer = layer_params(model, t, e)  # the memory model's
     layers_dense = scale * (model.n_dense_layers / p * dense_layer
                             + model.n_moe_layers / p * moe_dense)
     first = model.vocab * h / t + model.learned_positions * h

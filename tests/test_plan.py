@@ -288,16 +288,26 @@ def test_h100_dev_set_meets_the_acceptance_bar():
     assert abs(predicted - published) / published <= 0.10
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 9 item 4: with the Hopper constants fitted on the cited llm-foundry H100 rows "
-    "(FSDP, no TP/PP) the held-out Llama 3 405B TP8 PP16 rows are under-predicted by more "
-    "than 10 % (validate_published.py prints the figures); nothing is tuned to held-out rows, "
-    "so this stays a visible failure for the lead to judge"))
+def test_h100_megatron_core_dev_set_meets_the_acceptance_bar():
+    # Issue 9: NVIDIA's DGXC recipes (NeMo 24.09, DGX-H100 BF16): every published layout is
+    # expressible and the predicted step times meet median |error| ≤ 3 %, max ≤ 10 %
+    module = _validation_module()
+    rows, median, worst = module.validate_dgxc()
+    assert len(rows) == 27 and all(pred is not None for _, pred, _, _ in rows)
+    assert median <= 0.03 and worst <= 0.10
+    # the source's own MFU column is its FLOP formula over its step time: our reading of it
+    for row, _, _, _ in rows:
+        mfu = module.dgxc_flops(row) / (row.published_step * row.gpus * 989e12)
+        assert mfu == pytest.approx(row.published_mfu, rel=0.01)
+
+
 def test_llama3_405b_h100_heldout_mfu_within_ten_percent():
     # Issue 9 changed both sides of this comparison: MFU now counts full attention (the
     # papers' convention; +4 % at 8k tokens) and the 16,384-GPU row is compared with Table 4's
     # 400 TFLOP/s (41 %), not the 131k-token row's 38 %. Nothing is fitted to these held-out
-    # rows, so the bar is the issue's acceptance maximum (10 %), not the former 5 %.
+    # rows (the Hopper constants come from the llm-foundry and NVIDIA DGXC dev rows), so the
+    # bar is the issue's acceptance maximum (10 %). It was a strict xfail until the Hopper
+    # constants were fitted on Megatron-Core-era rows (DGXC) as well.
     module = _validation_module()
     for _, predicted, published in module.llama3_heldout():
         assert abs(predicted - published) / published <= 0.10

@@ -300,6 +300,11 @@ PRESETS: dict[str, ModelSpec] = {
         _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, rope_theta=5e5),
         _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192, rope_theta=5e5,
                rope_scaling=_LLAMA31_ROPE),
+        # Nemotron-4 340B (NVIDIA 2024, arXiv:2406.11704, Table 1; NeMo's nemotron4_340b
+        # config): LayerNorm, squared-ReLU MLP (not gated, 4.0·h wide), RoPE, no biases, GQA with
+        # 8 KV groups, untied embeddings, 256k vocabulary, s = 4096.
+        ModelSpec("nemotron4-340b", 96, 18432, 96, 8, 73728, 256000, gated_mlp=False,
+                  norm="layernorm", max_seq=4096),
         # Mistral / Mixtral config.json on the Hugging Face hub: Mistral-7B-v0.1 rope_theta
         # 10000, rms_norm_eps 1e-5; Mixtral-8x7B-v0.1 and 8x22B-v0.1 rope_theta 1e6, eps 1e-5.
         _llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768),

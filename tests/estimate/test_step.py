@@ -321,3 +321,50 @@ def test_planner_arrays_honour_the_overlap_options(flags):
     for i, lay in enumerate(layouts):
         est = estimate_step(model, cluster, lay, train)
         assert terms["total"][i] == pytest.approx(est.total, rel=1e-12)
+
+
+def test_interleaved_window_is_the_cool_down_the_schedule_runs():
+    # Each chunk k's last backward is followed by k·p chunk-backwards on every stage of the
+    # interleaved schedule (read from the schedule generator), so the reduction of all but the
+    # last chunk can hide behind (v-1)·p of them plus the chunk's own: (1 + (v-1)·p)/v passes.
+    from shardwise.estimate.step import interleaved_window
+    from shardwise.schedules import make_schedule
+
+    for p, v, m in [(2, 2, 4), (4, 3, 8), (3, 4, 6), (4, 2, 12)]:
+        for actions in make_schedule("interleaved", p, m, v).values():
+            backward = [a for a in actions if a.kind == "B"]
+            after = {k: len(backward) - 1 - max(i for i, a in enumerate(backward)
+                                                if a.chunk == k) for k in range(v)}
+            assert after == {k: k * p for k in range(v)}
+        assert interleaved_window(p, v) * v == 1 + max(after.values())
+    assert interleaved_window(8, 1) == 1  # non-interleaved: the last micro-batch's backward
+
+
+def test_busy_fraction_is_node_speed_over_real_time():
+    # One rank per node: a ring reduce-scatter on the inter link; busy = the same at the intra
+    # link's bandwidth and latency over it (closed form, SPEC §5's α-β ring)
+    from shardwise.estimate.step import Links, busy_fraction
+
+    links = Links(300e9, 2e-6, 45e9, 5e-6, 8)
+    nvlink = Links(300e9, 2e-6, 300e9, 2e-6, 8)
+    size, n = 1e9, 16
+    real = (n - 1) * (5e-6 + size / (n * 45e9))
+    local = (n - 1) * (2e-6 + size / (n * 300e9))
+    assert busy_fraction(size, n, 1, links, nvlink) == pytest.approx(local / real)
+    assert busy_fraction(size, 8, 8, links, nvlink) == pytest.approx(1.0)  # inside a node
+
+
+def test_contention_of_overlapped_dp_traffic_follows_its_bytes_not_its_time():
+    # ZeRO-3 over 8 GPUs in one node vs 64 over 8 nodes, same per-GPU work: the cross-node
+    # traffic takes longer but charges contention per byte, so the step grows by less than
+    # κ times the extra traffic time.
+    model = get_model("llama2-13b")
+    train = TrainSpec(seq_len=2048, global_batch=16)
+    one = estimate_step(model, Cluster.of(8, "h100"), Layout(dp=8, zero=3, micro_batch=2),
+                        train)
+    eight = estimate_step(model, Cluster.of(64, "h100"), Layout(dp=64, zero=3, micro_batch=2),
+                          replace(train, global_batch=128))
+    kappa = default_calibration("h100-sxm").overlap_contention
+    assert eight.dp_comm_total > one.dp_comm_total
+    grown = eight.dp_comm_exposed - one.dp_comm_exposed
+    assert 0 <= grown < kappa * (eight.dp_comm_total - one.dp_comm_total)

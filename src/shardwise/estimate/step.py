@@ -34,16 +34,19 @@ All per rank, on the pipeline's critical path, for `m` micro-batches:
   with `B = T_B - T_W` the input-gradient part of the backward — with the middle stage's
   per-micro-batch times `T_*` (comm included). With equal stages these equal the schedule
   simulator's makespans exactly (tested); `estimate_step(..., simulate=True)` runs it.
-* **overlap contention** — overlapped DP/ZeRO and CP traffic is not free: a calibrated
-  fraction `overlap_contention` of its time is charged (NCCL kernels take SMs and HBM
-  bandwidth from the GEMMs they overlap).
+* **overlap contention** — overlapped TP, CP, PP and DP/ZeRO traffic is not free: a
+  calibrated fraction `overlap_contention` of its time is charged (NCCL kernels take SMs and
+  HBM bandwidth from the GEMMs they overlap), per second of node-local traffic; traffic that
+  crosses nodes moves the same bytes over a longer time and is charged its `busy_fraction`
+  (its time at the node's link speed over its real time).
 * **DP / ZeRO** (Rajbhandari et al. 2020) over the `dp·cp` replicas, in gradient buckets
   (`dp_bucket_bytes`, one latency term per bucket), gradients in `TrainSpec.grad_dtype` (fp32
   or bf16 reduction: the bytes on the wire), overlapped as below when
   `TrainSpec.overlap_grad_reduce` (Megatron `--overlap-grad-reduce/--overlap-param-gather`),
   else all exposed:
   stage 0 all-reduce, overlapped with the last micro-batch's backward, only `max(C/buckets,
-  C - t_b)` exposed ("only the last bucket"); stages 1-2 reduce-scatter (stage 2 after *every*
+  C - t_b)` exposed ("only the last bucket"; with interleaved PP the window is the cool-down,
+  `t_b·(1 + (v-1)·p)/v`: `interleaved_window`); stages 1-2 reduce-scatter (stage 2 after *every*
   micro-batch: its gradients are sharded, no full accumulation buffer) and one all-gather of
   the updated weights overlapped with the next step's first forward; stage 3 gathers each
   layer's weights in forward and again in backward, prefetched one layer ahead, and
@@ -96,9 +99,11 @@ __all__ = [
     "FLOP_CONVENTION",
     "SCHEDULE_CODES",
     "StepEstimate",
+    "busy_fraction",
     "compute_costs",
     "estimate_step",
     "group_collective_time",
+    "interleaved_window",
     "p2p_exposed",
     "pipeline_bubble",
     "step_terms",
@@ -282,13 +287,15 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     cp_intra = on_node("cp") == c
     cp_step = (np.where(cp_intra, links.intra_lat, links.inter_lat)
                + kv_block / np.where(cp_intra, links.intra_bw, links.inter_bw))
+    # contention per second of a transfer relative to node-local traffic (`busy_fraction`)
+    cp_busy = (links.intra_lat + kv_block / links.intra_bw) / cp_step
     per_layer_f = attn_f / np.maximum(layers, 1e-30)  # attention time of one layer
     per_layer_b = attn_b / np.maximum(layers, 1e-30)
 
     def hidden(transfer: Any, block: Any) -> Any:
         """Exposed part of a transfer overlapped with `block` compute (+ contention)."""
         exposed = np.maximum(0.0, transfer - block)
-        return exposed + kappa * (transfer - exposed)
+        return exposed + kappa * cp_busy * (transfer - exposed)
 
     cp_f = layers * (c - 1) * hidden(cp_step, per_layer_f / c)
     cp_b = layers * (c - 1) * (hidden(2 * cp_step, per_layer_b / c)
@@ -309,7 +316,9 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     p2p_bytes = s / c * b * h * ab / t
     p2p = (np.where(pp_intra, links.intra_lat, links.inter_lat)
            + p2p_bytes / np.where(pp_intra, links.intra_bw, links.inter_bw))
-    pp_comm = np.where(p > 1, p2p_exposed(p2p, p, v, m, bool(train.overlap_p2p) & (v > 1), kappa), 0.0)
+    p2p_busy = (links.intra_lat + p2p_bytes / links.intra_bw) / p2p
+    pp_comm = np.where(p > 1, p2p_exposed(p2p, p, v, m, bool(train.overlap_p2p) & (v > 1),
+                                          kappa * p2p_busy), 0.0)
     big_f = f_mid + tp_f + cp_f + ep_f
     big_b = b_mid + tp_b + cp_b + ep_b
     bubble = np.where(p > 1, pipeline_bubble(sched, p, v, m, big_f, big_b, w_mid), 0.0)
@@ -322,10 +331,19 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     group_in = np.minimum(group, in_node)
     across = replicas / group  # hybrid shard: replicas of each shard
     across_in = np.maximum(in_node // group, 1)
-    window_b = b_crit + tp_b  # last micro-batch's backward
-    window_f = f_crit + tp_f  # next step's first forward
+    # The overlap window: the last micro-batch's backward (the next step's first forward for
+    # the parameter all-gather). Interleaved (v chunks), each chunk's gradients are final
+    # `p` chunk-backwards apart in the cool-down (chunk v-1 first), so the reduction of all
+    # but the last chunk hides behind the cool-down: `(1 + (v-1)·p)/v` micro-batch backwards
+    # (Megatron-Core buckets per chunk; `interleaved_window`). v = 1: one backward.
+    widen = interleaved_window(p, v)
+    window_b = widen * (b_crit + tp_b)
+    window_f = widen * (f_crit + tp_f)
     bucket = cal.dp_bucket_bytes
-    dp_total, dp_exposed = 0.0 * t, 0.0 * t
+    # what the same traffic would cost at the node's link speed: the contention it causes
+    # (`busy_fraction`) follows the bytes it moves through the GPU, not the wall time
+    nvlink = Links(links.intra_bw, links.intra_lat, links.intra_bw, links.intra_lat, gpn)
+    dp_total, dp_exposed, dp_busy = 0.0 * t, 0.0 * t, 0.0 * t
     groups = [(dense_params, 1)] + ([(expert_params, e)] if model.n_moe_layers else [])
     for params, n_shift in groups:
         n = replicas / n_shift
@@ -358,13 +376,16 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
         total = np.where(zero == 0, ar,
                          np.where(zero == 3, m * units * (2 * ag_u + rs_u),
                                   reductions * rs + ag) + np.where(across > 1, xr, 0.0))
+        # the busy share of the overlapped part: the shard group's (or, stage 0, the
+        # replicas') reduce-scatter at node speed over its time on the real links
+        sizes = np.where(zero == 0, n, grp), np.where(zero == 0, g_all, grp_in)
+        busy = busy_fraction(grads, *sizes, links, nvlink)
         dp_exposed = dp_exposed + np.where(n > 1, exposed, 0.0)
         dp_total = dp_total + np.where(n > 1, total, 0.0)
-    if train.overlap_grad_reduce:
-        # Overlapped traffic still slows the GEMMs it runs beside (SM and HBM contention).
-        dp_exposed = dp_exposed + kappa * np.maximum(dp_total - dp_exposed, 0.0)
-    else:  # no --overlap-grad-reduce / --overlap-param-gather: every byte on the critical path
-        dp_exposed = dp_total
+        dp_busy = dp_busy + np.where(n > 1, busy * np.maximum(total - exposed, 0.0), 0.0)
+    # Overlapped traffic still slows the GEMMs it runs beside (SM and HBM contention); without
+    # --overlap-grad-reduce / --overlap-param-gather every byte is on the critical path.
+    dp_exposed = dp_exposed + kappa * dp_busy if train.overlap_grad_reduce else dp_total
 
     # ---- optimizer step over the parameters this rank updates
     opt_dense = dense_params / np.where(zero >= 1, group, 1)
@@ -383,6 +404,35 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
         "dp_comm_exposed": dp_exposed, "optimizer": optimizer, "total": total,
         "dp_comm_total": dp_total, "t_forward": big_f, "t_backward": big_b, "t_wgrad": w_mid,
     }
+
+
+def busy_fraction(size: Any, n: Any, in_node: Any, links: Links, nvlink: Links) -> Any:
+    """How much of an overlapped collective's wall time slows the compute beside it, relative
+    to the same collective inside one node: its reduce-scatter time with every hop at the
+    node's link speed over its time on the real links (1 inside a node; about
+    `B_inter/B_intra` for traffic that crosses nodes).
+
+    An overlapped collective costs the GEMMs beside it the SMs and HBM bandwidth its kernels
+    use to move and reduce its bytes; over InfiniBand the same bytes trickle in over a longer
+    time (NCCL's network path also runs fewer channels, so fewer SMs), so its contention per
+    second is lower. `overlap_contention` is calibrated per second of node-local traffic."""
+    real = group_collective_time("reduce-scatter", size, n, in_node, links)
+    local = group_collective_time("reduce-scatter", size, n, in_node, nvlink)
+    return np.where(real > 0, local / np.maximum(real, 1e-30), 1.0)
+
+
+def interleaved_window(p: Any, v: Any) -> Any:
+    """Micro-batch passes (backward, or forward for the parameter all-gather) that overlapped
+    DP/ZeRO traffic can hide behind at the end (start) of a step.
+
+    Megatron-Core's interleaved 1F1B (Narayanan et al. 2021 §2.2; `schedules.py`, one grad
+    buffer and bucket set per model chunk) runs the last `p` micro-batches' backward chunk by
+    chunk, `v-1` down to 0, `t_b/v` each: chunk `k`'s gradients are final `k·p` chunk-backwards
+    before the end, and their reduce-scatter (`--overlap-grad-reduce`) runs beside the rest.
+    With `C` the whole reduction and `W = t_b·(1 + (v-1)·p)/v` the exposed part is
+    `max(C - W, one bucket)`; the parameter all-gather (`--overlap-param-gather`) mirrors it
+    in the next step's warm-up forwards. v = 1 gives the last micro-batch's backward."""
+    return (1 + (v - 1) * p) / v
 
 
 def tp_overlapped(comm: Any, gemm: Any, t: Any, on: Any, eta: float, kappa: float) -> Any:
@@ -412,8 +462,9 @@ def p2p_exposed(p2p: Any, p: Any, v: Any, m: Any, on: Any, kappa: float) -> Any:
     Megatron's `--overlap-p2p-communication` posts them asynchronously beside the next
     micro-batch's compute (Narayanan et al. 2021 §4.2 scatter/gather, Megatron-Core's
     interleaved schedule), so only the warm-up and cool-down transfers, `2·(p - 1)`, stay
-    exposed and the steady state's `2·v·m` cost the contention fraction κ. Megatron overlaps
-    them only in the interleaved schedule (`on` is `overlap_p2p` and `chunks > 1`).
+    exposed and the steady state's `2·v·m` cost the contention fraction κ (here already
+    scaled by the transfer's `busy_fraction`: lower across nodes). Megatron overlaps them
+    only in the interleaved schedule (`on` is `overlap_p2p` and `chunks > 1`).
     """
     return np.where(on, 2 * (p - 1) * p2p + kappa * 2 * v * m * p2p,
                     2 * (v * m + p - 1) * p2p)

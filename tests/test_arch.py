@@ -28,7 +28,7 @@ def test_spec_acceptance_param_counts(name, billions):
         ("gpt3-125m", 0.125), ("gpt3-350m", 0.35), ("gpt3-1.3b", 1.3), ("gpt3-2.7b", 2.7),
         ("gpt3-6.7b", 6.7), ("gpt3-13b", 13.0), ("gpt3-175b", 175.0), ("llama2-13b", 13.0),
         ("llama2-70b", 69.0), ("mistral-7b", 7.24), ("qwen2.5-7b", 7.61), ("qwen2.5-72b", 72.7),
-        ("mixtral-8x22b", 141.0),
+        ("mixtral-8x22b", 141.0), ("nemotron4-340b", 340.0),
     ],
 )
 def test_presets_match_published_sizes(name, billions):

@@ -23,8 +23,8 @@ Per accelerator generation (`accelerators` in the JSON; `sources` cites the rows
     h100-sxm  fitted jointly on mosaicml/llm-foundry's "H100 80GB BF16" table (19 FSDP rows)
               and NVIDIA's DGXC Megatron-Core recipes (27 rows: Llama 3.1, Nemotron-4, GPT-3
               with TP/PP/CP/VP; `benchmarks/validate_published.py --fit` reproduces the fit):
-              matmul 0.69 of peak (A100 0.76), d½ = 160, fused attention 1.0 × d/(d + d½)
-              (0.44 at head width 128), overlap contention 0.65 — every source, value and
+              matmul 0.70 of peak (A100 0.76), d½ = 176, fused attention 1.0 × d/(d + d½)
+              (0.42 at head width 128), overlap contention 0.7 — every source, value and
               residual in `SOURCES.md` next to this file
     h200, h100-pcie  the H100 constants transferred (same SM), not fitted on their own rows
     b200 and the rest  not fitted: datasheet scaling of the `default` constants

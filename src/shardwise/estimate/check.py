@@ -8,7 +8,7 @@ layout sends, saves and holds, and the rows that compare it with what a run meas
     comm_rows        predicted terms vs measured bytes per (mesh axis, op)
     predicted_saved  bytes one layer saves per micro-batch (`estimate.memory`, SPEC §3)
     activation_note  why an activation row differs
-    state_rows       parameters, gradients, optimizer state per rank (SPEC §2)
+    state_rows       parameters, gradients, fp32 masters, optimizer moments per rank (SPEC §2)
     peak_row         the predicted peak next to torch's allocator peak (reported)
 
 Targets (`CheckRow.target`): communication exact (to float rounding, 1e-12 relative), saved
@@ -44,7 +44,6 @@ from shardwise.estimate.memory import (
     stage_layers,
     stage_params,
     training_memory_per_gpu,
-    zero_state_bytes,
 )
 from shardwise.layout import Layout, TrainSpec
 from shardwise.units import dtype_bytes
@@ -324,7 +323,8 @@ def _padded(numel: int, n: int) -> int:
 
 def state_rows(model: ModelSpec, layout: Layout, train: TrainSpec, stage: int,
                 measured: dict[str, int]) -> list[CheckRow]:
-    """Weights, gradients and optimizer state one rank holds after a step (SPEC §2). Under ZeRO
+    """Weights, gradients, fp32 master weights (mixed precision) and optimizer moments one rank
+    holds after a step (SPEC §2: bf16 + bf16 grads + Adam = 2 + 2 + 4 + 8 B/param). Under ZeRO
     each flat unit is padded to a multiple of its shard group (`zero_units`), and the
     gradients held after the step are the reduce-scattered shard on every stage (ZeRO-1 holds
     the full gradients only from backward until they are reduce-scattered at the step)."""
@@ -332,22 +332,27 @@ def state_rows(model: ModelSpec, layout: Layout, train: TrainSpec, stage: int,
     dense, experts = stage_params(model, layout, stage)
     n = layout.zero_degree
     note = (f"{dense:,.0f} dense + {experts:,.0f} expert params; "
-            f"{state.weight:g}/{state.grad:g}/{state.optimizer:g} B per param")
+            f"{state.weight:g}/{state.grad:g}/{state.master:g}/{state.moments:g} B per param "
+            "(weights/grads/master/moments)")
     if layout.zero:
         units = zero_units(model, layout, stage)
         full = sum(_padded(u, k) for u, k, _ in units)
         shard = sum(_padded(u, k) // k for u, k, _ in units)
         predicted = (state.weight * (shard if layout.zero == 3 else full),
-                     state.grad * shard, state.optimizer * shard)
+                     state.grad * shard, state.master * shard, state.moments * shard)
         note += (f", ZeRO-{layout.zero} over {n}: {len(units)} flat units padded to "
                  f"{full:,} elements, {shard:,} per shard; gradients held after the step: "
                  "the shard")
     else:
-        dense_state = zero_state_bytes(dense, n, 0, state)
-        expert_state = zero_state_bytes(experts, max(n // layout.ep, 1), 0, state)
-        predicted = tuple(a + b for a, b in zip(dense_state, expert_state))
-    return [CheckRow("state", name, predicted[i], measured[name], EXACT, note)
-            for i, name in enumerate(("weights", "grads", "optimizer"))]
+        params = dense + experts  # unsharded: every rank holds its whole share
+        predicted = (state.weight * params, state.grad * params, state.master * params,
+                     state.moments * params)
+    notes = {"master": "fp32 master copies of the bf16 weights (mixed precision; none when "
+                       "the weights are fp32 or wider)",
+             "optimizer": "AdamW's two moments"}
+    return [CheckRow("state", name, predicted[i], measured[name], EXACT,
+                     f"{notes[name]}; {note}" if name in notes else note)
+            for i, name in enumerate(("weights", "grads", "master", "optimizer"))]
 
 
 def peak_row(model: ModelSpec, layout: Layout, train: TrainSpec, stage: int,

@@ -461,12 +461,19 @@ class ZeroDataParallel(nn.Module):
         return {"weights": weights, "grads": grads, "optimizer": optim}
 
     @torch.no_grad()
-    def full_parameters(self) -> dict[str, torch.Tensor]:
-        """Every parameter's full value by qualified name (stage 3 gathers; not counted)."""
+    def full_parameters(self, shards: Sequence[torch.Tensor] | None = None
+                        ) -> dict[str, torch.Tensor]:
+        """Every parameter's full value by qualified name (stage 3 gathers; not counted).
+        `shards`: values in place of `self.shards` (the fp32 master shards of mixed
+        precision), gathered over each unit's group."""
         out = {}
         with C.counting():
             for unit in self.units:
-                if self.config.stage == 3:
+                if shards is not None:
+                    mine = shards[unit.index].detach()
+                    flat = mine.new_empty(unit.padded)
+                    C.all_gather(flat, mine, unit.group)
+                elif self.config.stage == 3:
                     flat = unit.new_buffer()
                     C.all_gather(flat, self.shards[unit.index].detach(), unit.group)
                 else:

@@ -168,8 +168,9 @@ def predicted_comm(model: ModelSpec, layout: Layout, train: TrainSpec, stage: in
             for op, nbytes, _ in tp_comm_ops_per_layer(s, b, h, t, ab, sp, mlp_pair=k not in moe,
                                                       recompute=rc):
                 terms.append(Term("tp", op, m * nbytes, "f/g of the layers' pairs"))
+        # the loss runs in at least fp32 (runtime.mixed_precision: bf16 logits cast up)
         for op, nbytes in vocab_parallel_comm_ops(s, b, h, t, ab, sp, embedding=first,
-                                                  head=last):
+                                                  head=last, loss_bytes=max(ab, 4)):
             terms.append(Term("tp", op, m * nbytes, "vocab-parallel embedding/head/loss"))
         if sp:
             norms = (2 * len(layers) + last) * model.norm_params()
@@ -277,12 +278,26 @@ def predicted_saved(model: ModelSpec, layout: Layout, train: TrainSpec, moe: boo
             sum(saved[name] for name in in_moe) if moe else None, per_row)
 
 
-def activation_note(row: CheckRow, layout: Layout, train: TrainSpec) -> list[str]:
+def activation_note(row: CheckRow, layout: Layout, train: TrainSpec,
+                    model: ModelSpec | None = None) -> list[str]:
     """Why an activation row differs: the runtime facts that make it differ, with their size."""
     if row.error == 0 or layout.recompute == "full":
         return []
     notes = []
-    c = layout.cp
+    c, ab = layout.cp, dtype_bytes(train.dtype)
+    if model is not None and ab < 4 and train.impl == RUNTIME_IMPL:
+        # the count keeps statistics in fp32; the runtime's bf16 kernels keep them in bf16
+        rows = train.seq_len / c * layout.micro_batch
+        t, sp = layout.tp, layout.sp and layout.tp > 1
+        if row.what.endswith("MoE"):
+            what, n = "the router probabilities", rows * model.n_experts
+        else:
+            lse = (max(model.n_heads // t, 1) * rows
+                   if train.flash_attention and layout.recompute != "selective" else 0)
+            what, n = "RMSNorm's rstd and attention's log-sum-exp", 2 * rows / (
+                t if sp else 1) + lse
+        notes.append(f"{train.dtype}: the runtime keeps {what} in {train.dtype}, the count in "
+                     f"fp32: −{n * (4 - ab):,.0f} B")
     if c > 1:
         notes.append(f"ring attention also saves the zigzag token positions, (c, s/c) int64: "
                      f"+{8 * train.seq_len:,} B")

@@ -332,7 +332,7 @@ def _activation_rows(model: ModelSpec, layout: Layout, train: TrainSpec,
             expected, worst = max(pairs, key=lambda p: abs(p[1] - p[0]) / max(p[0], 1.0))
             row = CheckRow("activations", what, expected, worst,
                            WITHIN_1PC if train.impl == RUNTIME_IMPL else REPORTED)
-            why = activation_note(row, layout, train)
+            why = activation_note(row, layout, train, model)
             if train.impl != RUNTIME_IMPL:
                 why = [f"against the {train.impl} profile; the runtime saves the "
                        f"{RUNTIME_IMPL} profile", *why]

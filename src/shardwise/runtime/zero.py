@@ -10,8 +10,10 @@ parameter on each of the N ranks. ZeRO partitions them instead (SPEC §2):
     2      + gradients        w·P + (g+o)·P/N             same as stage 1
     3      + weights          (w+g+o)·P/N                 AG fwd + AG bwd + RS (N-1)/N·P·(2w+g)
 
-(`o` counts Adam's two moments and, when the weights are below fp32, the fp32 master copy; here
-weights are the training dtype itself, so there is no separate master.)
+(`o` counts Adam's two moments and, when the weights are below fp32, the fp32 master copy. Under
+mixed precision (`runtime.mixed_precision`) the master is the optimizer's fp32 copy of each
+owned row, so it is sharded with the moments, as in Megatron-LM's distributed optimizer; the
+updated bf16 rows are what stages 1-2 all-gather.)
 
 Layout. Parameters are grouped into *units* (by default the module's children that own
 parameters: one per layer; `UnitSpec` puts a unit over another group — experts over the

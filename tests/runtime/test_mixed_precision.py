@@ -10,7 +10,7 @@ Tolerances, derived from u:
 * loss (every step), relative ≤ u/4 = 2^-10: the loss is the mean over N = B·s = 256 tokens of
   fp32 cross-entropies of bf16 logits; independent roundings of ≤ u per logit average down by
   √N = 16, times a 4× margin for the weights' drift over the steps (measured ≤ 2e-4; the same
-  model in fp64 differs from the bf16 reference by 2.7e-2, > 25× the tolerance — the test
+  training in fp64 (its own fp64 initial draw) differs from the bf16 reference by 2.7e-2, > 25× the tolerance — the test
   below checks it, so a run that lost the recipe cannot pass);
 * gradient norm before clipping (every step), relative ≤ 2u: each gradient element carries at
   most two roundings the reference does not (the rank's partial sum, the bf16 reduction)
@@ -128,7 +128,8 @@ def initial(model: str) -> dict[str, torch.Tensor]:
 
 
 def test_the_loss_tolerance_separates_bf16_from_fp64():
-    """The same model and data in fp64 leaves the bf16 reference's loss by far more than
+    """The same training in fp64 (same seed, its fp64 draw) leaves the bf16 reference's loss
+    by far more than
     `LOSS_TOL`: the parity test can tell the recipe apart."""
     bf16, fp64 = reference("tiny")[0], reference("tiny", "fp64")[0]
     assert max(abs(a - b) / b for a, b in zip(fp64, bf16)) > 10 * LOSS_TOL

@@ -129,8 +129,7 @@ def initial(model: str) -> dict[str, torch.Tensor]:
 
 def test_the_loss_tolerance_separates_bf16_from_fp64():
     """The same training in fp64 (same seed, its fp64 draw) leaves the bf16 reference's loss
-    by far more than
-    `LOSS_TOL`: the parity test can tell the recipe apart."""
+    by far more than `LOSS_TOL`: the parity test can tell the recipe apart."""
     bf16, fp64 = reference("tiny")[0], reference("tiny", "fp64")[0]
     assert max(abs(a - b) / b for a, b in zip(fp64, bf16)) > 10 * LOSS_TOL
 

@@ -335,7 +335,8 @@ def demo(name: str, ranks: int | None, schedule: str | None, as_json: bool) -> N
 # --------------------------------------------------------------------------------------- train
 def run_options(func: Callable) -> Callable:
     """What to run on which layout, for the commands that run the runtime (train, check):
-    --model, the layout options, --seq, --global-batch, --seed, --data, --dtype, --flash,
+    --model, the layout options, --seq, --global-batch, --seed, --data, --dtype,
+    --grad-dtype, --flash,
     --timeout, --capacity-factor, --aux-loss-coef (MoE)."""
     options = [
         click.option("--model", "model_name", default="tiny", show_default=True,
@@ -350,7 +351,11 @@ def run_options(func: Callable) -> Callable:
         click.option("--data", "data_path", default=None, type=click.Path(dir_okay=False),
                      help="Train on this text file [default: the built-in corpus]."),
         click.option("--dtype", default="fp32", show_default=True,
-                     type=click.Choice(["fp32", "fp64"])),
+                     type=click.Choice(["fp32", "fp64", "bf16"]),
+                     help="Weights and compute; bf16: mixed precision with fp32 master "
+                          "weights and AdamW state."),
+        click.option("--grad-dtype", default=None,
+                     help="Gradient dtype (accumulated and reduced) [default: --dtype]."),
         click.option("--flash/--no-flash", default=True, show_default=True,
                      help="Recompute attention scores in backward (FlashAttention-style)."),
         click.option("--timeout", default=600.0, show_default=True,
@@ -371,7 +376,7 @@ def run_options(func: Callable) -> Callable:
 
 def _train_config(model_name: str, layout_kw: dict[str, Any], seq: int, global_batch: str,
                   seed: int, data_path: str | None, dtype: str, flash: bool,
-                  **settings: Any) -> Any:
+                  grad_dtype: str | None = None, **settings: Any) -> Any:
     """The `runtime.train.TrainConfig` of `run_options` (--dp defaults to 1 here)."""
     rt = _import_runtime("shardwise.runtime.train")
     from shardwise.runtime.hf import hf_weight_files
@@ -383,7 +388,8 @@ def _train_config(model_name: str, layout_kw: dict[str, Any], seq: int, global_b
         settings.setdefault("hf_weights", model_name)
     return rt.TrainConfig(spec, layout, seq_len=seq,
                           global_batch=parse_batch(global_batch, seq), seed=seed,
-                          data=data_path, dtype=dtype, flash=flash, **moe, **settings)
+                          data=data_path, dtype=dtype, grad_dtype=grad_dtype, flash=flash,
+                          **moe, **settings)
 
 
 def _preflight(config: Any, **paths: dict[str, str | None]) -> None:
@@ -439,7 +445,8 @@ def _on_ranks(run: Callable[[], Any]) -> Any:
 @json_option
 def train(model_name: str, steps: int, seq: int, global_batch: str, lr: float, min_lr: float,
           warmup: int, weight_decay: float, clip: float, seed: int, data_path: str | None,
-          dtype: str, flash: bool, log_path: str | None, plot_path: str | None, timeout: float,
+          dtype: str, grad_dtype: str | None, flash: bool, log_path: str | None,
+          plot_path: str | None, timeout: float,
           checkpoint_dir: str | None, checkpoint_every: int, checkpoint_keep: int,
           resume: bool, quiet: bool, as_json: bool, save_hf: str | None,
           **layout_kw: Any) -> None:
@@ -452,7 +459,8 @@ def train(model_name: str, steps: int, seq: int, global_batch: str, lr: float, m
     from shardwise.runtime.launch import rank
 
     config = _train_config(
-        model_name, layout_kw, seq, global_batch, seed, data_path, dtype, flash, steps=steps,
+        model_name, layout_kw, seq, global_batch, seed, data_path, dtype, flash,
+        grad_dtype=grad_dtype, steps=steps,
         lr=lr, min_lr=min_lr, warmup=warmup, weight_decay=weight_decay, clip=clip,
         log_path=log_path, progress=not quiet, checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep, resume=resume,
@@ -511,7 +519,8 @@ def _error_cell(row: Any) -> str:
                    "[default: the built-in constants, which have no figures for a CPU].")
 @json_option
 def check(model_name: str, seq: int, global_batch: str, seed: int, data_path: str | None,
-          dtype: str, flash: bool, timeout: float, steps: int, per_rank: bool, impl: str,
+          dtype: str, grad_dtype: str | None, flash: bool, timeout: float, steps: int,
+          per_rank: bool, impl: str,
           calibration_path: str | None, as_json: bool, **layout_kw: Any) -> None:
     """Predicted versus measured (SPEC §9): train --model for a few steps on the layout, as
     `shardwise train` does, and compare what the ranks really sent and kept with the analytic
@@ -522,7 +531,7 @@ def check(model_name: str, seq: int, global_batch: str, seed: int, data_path: st
     from shardwise.runtime.launch import rank
 
     config = _train_config(model_name, layout_kw, seq, global_batch, seed, data_path, dtype,
-                           flash, steps=steps)
+                           flash, grad_dtype=grad_dtype, steps=steps)
     layout = config.layout
     if calibration_path is not None:
         from shardwise.calibration.machine import read_machine

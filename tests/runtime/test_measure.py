@@ -87,7 +87,7 @@ def _assert_targets(rows: dict, comm: set[str]) -> None:
     assert {what for (_, item, what) in rows if item == "comm"} == comm
     for row in rows.values():
         assert row.ok, row
-    assert sum(item == "state" for _, item, _ in rows) == 3 * len({s for s, _, _ in rows})
+    assert sum(item == "state" for _, item, _ in rows) == 4 * len({s for s, _, _ in rows})
     if not torch.cuda.is_available():
         assert all(r.note.startswith("no GPU") for (_, item, _), r in rows.items()
                    if item == "peak memory")
@@ -156,13 +156,23 @@ def test_eight_ranks_dp2_tp2_pp2_meet_every_target():
 def test_cli_check_prints_rows_and_exits_by_the_targets():
     met = shardwise("check", "--dp", "2", "--seq", "32", "--global-batch", "4", "--dtype",
                     "fp64", "--steps", "1")
-    assert "All 11 rows meet their targets." in met.stdout
+    assert "All 12 rows meet their targets." in met.stdout
     assert "dp all-reduce" in met.stdout and "no GPU" in met.stdout
     sp = shardwise("check", "--tp", "2", "--sp", "--seq", "32", "--global-batch", "2",
                    "--steps", "1", "--json")
     out = json.loads(sp.stdout)
     assert out["ok"] and out["ranks"] == 2 and out["layout"]["sp"]
-    assert all(row["ok"] for row in out["rows"]) and len(out["rows"]) == 13
+    assert all(row["ok"] for row in out["rows"]) and len(out["rows"]) == 14
+    # Mixed precision, ZeRO-2 over 2 ranks: SPEC §2's 2P + 14P/N bytes, measured — bf16
+    # weights whole, bf16 gradient shard, fp32 master shard, fp32 Adam moments shard
+    mixed = json.loads(shardwise("check", "--dp", "2", "--zero", "2", "--dtype", "bf16",
+                                 "--seq", "32", "--global-batch", "2", "--steps", "2",
+                                 "--json").stdout)
+    assert mixed["ok"], [row for row in mixed["rows"] if not row["ok"]]
+    state = {row["what"]: row["measured"] for row in mixed["rows"] if row["item"] == "state"}
+    assert state == {"weights": 2 * P_TINY, "grads": 2 * P_TINY / 2,
+                     "master": 4 * P_TINY / 2, "optimizer": 8 * P_TINY / 2}
+    assert sum(state.values()) == 2 * P_TINY + 14 * P_TINY / 2
     moe = shardwise("check", "--model", "tiny-moe", "--dp", "2", "--ep", "2", "--seq", "32",
                     "--global-batch", "2", "--steps", "1", "--dtype", "fp64", "--json")
     out = json.loads(moe.stdout)
@@ -171,7 +181,7 @@ def test_cli_check_prints_rows_and_exits_by_the_targets():
     missed = shardwise("check", "--dp", "2", "--tp", "2", "--sp", "--zero", "1", "--seq", "32",
                        "--global-batch", "2", "--steps", "1", "--json", check=False)
     assert missed.returncode == 1, missed.stderr
-    assert missed.stderr.strip() == "error: 1 of 15 rows miss their target (see the notes)"
+    assert missed.stderr.strip() == "error: 1 of 16 rows miss their target (see the notes)"
     out = json.loads(missed.stdout)
     assert not out["ok"] and out["ranks"] == 4 and out["layout"]["zero"] == 1
     failing = {row["what"]: row["note"] for row in out["rows"] if not row["ok"]}

@@ -8,7 +8,7 @@ layout sends, saves and holds, and the rows that compare it with what a run meas
     comm_rows        predicted terms vs measured bytes per (mesh axis, op)
     predicted_saved  bytes one layer saves per micro-batch (`estimate.memory`, SPEC §3)
     activation_note  why an activation row differs
-    state_rows       parameters, gradients, optimizer state per rank (SPEC §2)
+    state_rows       parameters, gradients, fp32 masters, optimizer moments per rank (SPEC §2)
     peak_row         the predicted peak next to torch's allocator peak (reported)
 
 Targets (`CheckRow.target`): communication exact (to float rounding, 1e-12 relative), saved
@@ -44,7 +44,6 @@ from shardwise.estimate.memory import (
     stage_layers,
     stage_params,
     training_memory_per_gpu,
-    zero_state_bytes,
 )
 from shardwise.layout import Layout, TrainSpec
 from shardwise.units import dtype_bytes
@@ -169,8 +168,9 @@ def predicted_comm(model: ModelSpec, layout: Layout, train: TrainSpec, stage: in
             for op, nbytes, _ in tp_comm_ops_per_layer(s, b, h, t, ab, sp, mlp_pair=k not in moe,
                                                       recompute=rc):
                 terms.append(Term("tp", op, m * nbytes, "f/g of the layers' pairs"))
+        # the loss runs in at least fp32 (runtime.mixed_precision: bf16 logits cast up)
         for op, nbytes in vocab_parallel_comm_ops(s, b, h, t, ab, sp, embedding=first,
-                                                  head=last):
+                                                  head=last, loss_bytes=max(ab, 4)):
             terms.append(Term("tp", op, m * nbytes, "vocab-parallel embedding/head/loss"))
         if sp:
             norms = (2 * len(layers) + last) * model.norm_params()
@@ -278,12 +278,26 @@ def predicted_saved(model: ModelSpec, layout: Layout, train: TrainSpec, moe: boo
             sum(saved[name] for name in in_moe) if moe else None, per_row)
 
 
-def activation_note(row: CheckRow, layout: Layout, train: TrainSpec) -> list[str]:
+def activation_note(row: CheckRow, layout: Layout, train: TrainSpec,
+                    model: ModelSpec | None = None) -> list[str]:
     """Why an activation row differs: the runtime facts that make it differ, with their size."""
     if row.error == 0 or layout.recompute == "full":
         return []
     notes = []
-    c = layout.cp
+    c, ab = layout.cp, dtype_bytes(train.dtype)
+    if model is not None and ab < 4 and train.impl == RUNTIME_IMPL:
+        # the count keeps statistics in fp32; the runtime's bf16 kernels keep them in bf16
+        rows = train.seq_len / c * layout.micro_batch
+        t, sp = layout.tp, layout.sp and layout.tp > 1
+        if row.what.endswith("MoE"):
+            what, n = "the router probabilities", rows * model.n_experts
+        else:
+            lse = (max(model.n_heads // t, 1) * rows
+                   if train.flash_attention and layout.recompute != "selective" else 0)
+            what, n = "RMSNorm's rstd and attention's log-sum-exp", 2 * rows / (
+                t if sp else 1) + lse
+        notes.append(f"{train.dtype}: the runtime keeps {what} in {train.dtype}, the count in "
+                     f"fp32: −{n * (4 - ab):,.0f} B")
     if c > 1:
         notes.append(f"ring attention also saves the zigzag token positions, (c, s/c) int64: "
                      f"+{8 * train.seq_len:,} B")
@@ -324,7 +338,8 @@ def _padded(numel: int, n: int) -> int:
 
 def state_rows(model: ModelSpec, layout: Layout, train: TrainSpec, stage: int,
                 measured: dict[str, int]) -> list[CheckRow]:
-    """Weights, gradients and optimizer state one rank holds after a step (SPEC §2). Under ZeRO
+    """Weights, gradients, fp32 master weights (mixed precision) and optimizer moments one rank
+    holds after a step (SPEC §2: bf16 + bf16 grads + Adam = 2 + 2 + 4 + 8 B/param). Under ZeRO
     each flat unit is padded to a multiple of its shard group (`zero_units`), and the
     gradients held after the step are the reduce-scattered shard on every stage (ZeRO-1 holds
     the full gradients only from backward until they are reduce-scattered at the step)."""
@@ -332,22 +347,27 @@ def state_rows(model: ModelSpec, layout: Layout, train: TrainSpec, stage: int,
     dense, experts = stage_params(model, layout, stage)
     n = layout.zero_degree
     note = (f"{dense:,.0f} dense + {experts:,.0f} expert params; "
-            f"{state.weight:g}/{state.grad:g}/{state.optimizer:g} B per param")
+            f"{state.weight:g}/{state.grad:g}/{state.master:g}/{state.moments:g} B per param "
+            "(weights/grads/master/moments)")
     if layout.zero:
         units = zero_units(model, layout, stage)
         full = sum(_padded(u, k) for u, k, _ in units)
         shard = sum(_padded(u, k) // k for u, k, _ in units)
         predicted = (state.weight * (shard if layout.zero == 3 else full),
-                     state.grad * shard, state.optimizer * shard)
+                     state.grad * shard, state.master * shard, state.moments * shard)
         note += (f", ZeRO-{layout.zero} over {n}: {len(units)} flat units padded to "
                  f"{full:,} elements, {shard:,} per shard; gradients held after the step: "
                  "the shard")
     else:
-        dense_state = zero_state_bytes(dense, n, 0, state)
-        expert_state = zero_state_bytes(experts, max(n // layout.ep, 1), 0, state)
-        predicted = tuple(a + b for a, b in zip(dense_state, expert_state))
-    return [CheckRow("state", name, predicted[i], measured[name], EXACT, note)
-            for i, name in enumerate(("weights", "grads", "optimizer"))]
+        params = dense + experts  # unsharded: every rank holds its whole share
+        predicted = (state.weight * params, state.grad * params, state.master * params,
+                     state.moments * params)
+    notes = {"master": "fp32 master copies of the bf16 weights (mixed precision; none when "
+                       "the weights are fp32 or wider)",
+             "optimizer": "AdamW's two moments"}
+    return [CheckRow("state", name, predicted[i], measured[name], EXACT,
+                     f"{notes[name]}; {note}" if name in notes else note)
+            for i, name in enumerate(("weights", "grads", "master", "optimizer"))]
 
 
 def peak_row(model: ModelSpec, layout: Layout, train: TrainSpec, stage: int,

@@ -196,8 +196,8 @@ def tp_comm_ops_per_layer(seq_len: int, micro_batch: int, hidden: int, t: int,
 
 def vocab_parallel_comm_ops(seq_len: int, micro_batch: int, hidden: int, t: int,
                             dtype_bytes: float = 2, sp: bool = False, *,
-                            embedding: bool = True, head: bool = True
-                            ) -> list[tuple[str, float]]:
+                            embedding: bool = True, head: bool = True,
+                            loss_bytes: float | None = None) -> list[tuple[str, float]]:
     """Tensor-parallel collectives at the two ends of the model per micro-batch, one rank
     (Megatron's vocabulary-parallel embedding, output layer and cross-entropy).
 
@@ -207,7 +207,9 @@ def vocab_parallel_comm_ops(seq_len: int, micro_batch: int, hidden: int, t: int,
     head (last stage): the column-parallel output layer's `f`, an all-reduce of its input
     gradient backward (SP: all-gather forward + reduce-scatter backward); then the
     cross-entropy on vocabulary-split logits all-reduces three `(s, b)` tensors of logit dtype
-    (the max, the target logit, Σ exp): `3 · 2(t-1)/t · s·b·bytes`.
+    (the max, the target logit, Σ exp): `3 · 2(t-1)/t · s·b·bytes`; `loss_bytes`: the
+    logits' dtype in the loss when it differs (mixed precision casts bf16 logits to fp32,
+    as Megatron-LM does before its vocabulary-parallel cross-entropy).
     """
     activation = seq_len * micro_batch * hidden * dtype_bytes
     ops: list[tuple[str, float]] = []
@@ -220,7 +222,7 @@ def vocab_parallel_comm_ops(seq_len: int, micro_batch: int, hidden: int, t: int,
         else:
             ops.append(("all-reduce", ring_bytes_on_wire("all-reduce", activation, t)))
     if head:
-        rows = seq_len * micro_batch * dtype_bytes
+        rows = seq_len * micro_batch * (dtype_bytes if loss_bytes is None else loss_bytes)
         ops += [("all-reduce", ring_bytes_on_wire("all-reduce", rows, t))] * 3
     return ops
 

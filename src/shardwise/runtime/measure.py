@@ -8,8 +8,8 @@
     activations  bytes each Transformer layer on the rank saves for backward per micro-batch,
                  through autograd's saved-tensor hooks: one figure per forward call (a pipeline
                  stage calls each of its layers once per micro-batch)
-    state        parameters, gradients and optimizer moments allocated on the rank after the
-                 last step, each storage once
+    state        parameters, gradients, fp32 master copies (mixed precision) and optimizer
+                 moments allocated on the rank after the last step, each storage once
     peak memory  torch.cuda.max_memory_allocated on a GPU; on CPU the row says "no GPU"
     step time    rank 0's median and fastest step, timed on more steps after the checked ones
                  (outside the hooks and counters); `runtime.step_time` adds the prediction
@@ -288,14 +288,17 @@ class LayerRecorder:
 
 
 # ------------------------------------------------------------------- state on the rank
-def state_bytes(modules: Sequence[nn.Module], optimizer: torch.optim.Optimizer
-                ) -> dict[str, int]:
+def state_bytes(modules: Sequence[nn.Module], optimizer: Any,
+                updated: Sequence[torch.Tensor] = ()) -> dict[str, int]:
     """Bytes of persistent training state this rank holds: weights (every parameter of
-    `modules` and every tensor the optimizer updates — ZeRO's flat shards), their gradients,
+    `modules` and every tensor the optimizer updates, `updated` — ZeRO's flat shards), their
+    gradients, the fp32 master copies (mixed precision: `MasterOptimizer.masters`; else 0)
     and the optimizer's state tensors (AdamW's two moments; the scalar step excluded). Each
     storage counted once, whole (a ZeRO flat buffer with its padding)."""
+    masters = list(getattr(optimizer, "masters", []))
     params = [p for m in modules for p in m.parameters()]
-    params += [p for group in optimizer.param_groups for p in group["params"]]
+    params += list(updated) if masters else [p for group in optimizer.param_groups
+                                             for p in group["params"]]
     moments = [v for st in optimizer.state.values() for v in st.values()
                if isinstance(v, torch.Tensor) and v.dim() > 0]
 
@@ -304,7 +307,7 @@ def state_bytes(modules: Sequence[nn.Module], optimizer: torch.optim.Optimizer
         return sum(sizes.values())
 
     return {"weights": total(params), "grads": total([p.grad for p in params]),
-            "optimizer": total(moments)}
+            "master": total(masters), "optimizer": total(moments)}
 
 
 def _activation_rows(model: ModelSpec, layout: Layout, train: TrainSpec,
@@ -329,7 +332,7 @@ def _activation_rows(model: ModelSpec, layout: Layout, train: TrainSpec,
             expected, worst = max(pairs, key=lambda p: abs(p[1] - p[0]) / max(p[0], 1.0))
             row = CheckRow("activations", what, expected, worst,
                            WITHIN_1PC if train.impl == RUNTIME_IMPL else REPORTED)
-            why = activation_note(row, layout, train)
+            why = activation_note(row, layout, train, model)
             if train.impl != RUNTIME_IMPL:
                 why = [f"against the {train.impl} profile; the runtime saves the "
                        f"{RUNTIME_IMPL} profile", *why]
@@ -388,7 +391,7 @@ def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL
             train_step(state)
     # Step time outside the hooks and counters (what training costs), after the checked steps.
     seconds = sorted(train_step(state).seconds for _ in range(max(steps, 3)))
-    held = state_bytes([parallel.model], state.optimizer)
+    held = state_bytes([parallel.model], state.optimizer, parallel.parameters())
     peak = float(torch.cuda.max_memory_allocated(device)) if gpu else None
     model, layout, train = config.model, config.layout, config.train_spec()
     terms = predicted_comm(model, layout, train, stage, recorder.routing, steps)

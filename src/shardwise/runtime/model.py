@@ -45,6 +45,7 @@ from shardwise.arch import ModelSpec
 from shardwise.errors import ShardwiseError
 from shardwise.ops.moe import MoEParams, expert_mlp, moe_layer
 from shardwise.ops.swiglu import SwiGLUFunction
+from shardwise.runtime.mixed_precision import loss_dtype
 
 AttentionCore = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 TensorMap = Callable[[torch.Tensor], torch.Tensor]
@@ -459,8 +460,10 @@ class Transformer(nn.Module):
         return x
 
     def mean_loss(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Final norm, head and the mean cross-entropy over the tokens of `targets`."""
-        return self.cross_entropy(self.head(self.norm(x)), targets).mean()
+        """Final norm, head and the mean cross-entropy over the tokens of `targets` (in at
+        least fp32: bf16 logits are cast up first, `runtime.mixed_precision`)."""
+        logits = self.head(self.norm(x))
+        return self.cross_entropy(logits.to(loss_dtype(logits.dtype)), targets).mean()
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None
                 ) -> torch.Tensor:

@@ -320,11 +320,17 @@ class ParallelTransformer:
 
     # ------------------------------------------------------------------- inspection
     @torch.no_grad()
-    def full_parameters(self) -> dict[str, torch.Tensor]:
+    def full_parameters(self, values: list[torch.Tensor] | None = None
+                        ) -> dict[str, torch.Tensor]:
         """The single-device parameters this rank's pipeline stage(s) hold, gathered over tp,
-        ep and ZeRO (collective over those axes; not counted)."""
-        local = (self.zero.full_parameters() if self.zero is not None else
-                 {n: p.detach() for n, p in self.model.named_parameters()})
+        ep and ZeRO (collective over those axes; not counted). `values`: tensors in place of
+        `parameters()`, in its order (mixed precision's fp32 masters)."""
+        if self.zero is not None:
+            local = self.zero.full_parameters(values)
+        else:
+            named = list(self.model.named_parameters())
+            local = {n: (p if values is None else values[i]).detach()
+                     for i, (n, p) in enumerate(named)}
         out = {}
         with C.counting():
             for name, t in local.items():

@@ -34,7 +34,9 @@ parameters keep their single-device names.
 * DP: gradients averaged over the dp×cp ranks by the bucketed `data_parallel.GradientReducer`,
   overlapped with the last micro-batch's backward (the others run under `no_sync`); under
   pp > 1 once, after the pipeline's last micro-batch. ZeRO-1/2/3 (`runtime.zero`) shard over
-  the same ranks instead.
+  the same ranks instead. Under mixed precision (`runtime.mixed_precision`) the gradients are
+  reduced in bf16 and the fp32 masters belong to the optimizer (per parameter, or per ZeRO
+  shard).
 
 The result is a `runtime.parallel_transformer.ParallelTransformer`, the training-step object
 (gradient reductions, norm, loss; its docstring derives the loss normalisation).

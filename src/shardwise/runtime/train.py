@@ -45,6 +45,7 @@ from shardwise.layout import Layout, TrainSpec
 from shardwise.runtime import checkpoint, hf, launch
 from shardwise.runtime.data import BYTE_VOCAB, Batches, load_tokens
 from shardwise.runtime.mesh import Mesh
+from shardwise.runtime.mixed_precision import MasterOptimizer
 from shardwise.runtime.model import Transformer, configure_moe
 from shardwise.runtime.parallel_transformer import ParallelTransformer
 from shardwise.runtime.parallelize import parallelize, runtime_problems
@@ -52,7 +53,9 @@ from shardwise.runtime.parallelize import parallelize, runtime_problems
 __all__ = ["DTYPES", "StepRecord", "TrainConfig", "TrainState", "build", "plot_losses", "run",
            "train", "train_step"]
 
-DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
+# the weights' dtype; "bf16" is mixed precision (`runtime.mixed_precision`: bf16 weights and
+# gradients, fp32 master weights and AdamW moments)
+DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,8 @@ class TrainConfig:
     clip: float = 1.0  # max global gradient norm; 0: no clipping
     seed: int = 0  # model initialisation and data order
     data: str | None = None  # a text file; None: the built-in corpus
-    dtype: str = "fp32"  # "fp32" | "fp64"
+    dtype: str = "fp32"  # "fp32" | "fp64" | "bf16" (mixed precision, fp32 master)
+    grad_dtype: str | None = None  # gradients (accumulated and reduced); None: dtype
     flash: bool = True
     log_path: str | None = None  # JSON lines, one per step (rank 0)
     progress: bool = False  # progress bar / lines on rank 0
@@ -90,7 +94,8 @@ class TrainConfig:
 
     def train_spec(self) -> TrainSpec:
         return TrainSpec(seq_len=self.seq_len, global_batch=self.global_batch,
-                         dtype=self.dtype, flash_attention=self.flash,
+                         dtype=self.dtype, grad_dtype=self.grad_dtype,
+                         flash_attention=self.flash,
                          impl="shardwise")  # the runtime's own activation profile
 
     def problems(self) -> list[str]:
@@ -102,6 +107,13 @@ class TrainConfig:
                 out.append(f"{name} must be ≥ 1, got {getattr(self, name)}")
         if self.dtype not in DTYPES:
             out.append(f"dtype {self.dtype!r} cannot train here; valid: {', '.join(DTYPES)}")
+        elif self.grad_dtype not in (None, self.dtype):
+            out.append(f"grad_dtype {self.grad_dtype} with dtype {self.dtype} is not supported "
+                       "by the training runtime (gradients are accumulated and reduced in the "
+                       f"weights' dtype); use grad_dtype {self.dtype}")
+        if self.dtype == "bf16" and self.checkpoint_dir:
+            out.append("checkpoints of bf16 (mixed-precision) runs are not supported yet (the "
+                       "fp32 master weights are not saved); use dtype fp32 or fp64")
         if not 0 <= self.min_lr <= self.lr:
             out.append(f"need 0 ≤ min_lr ≤ lr, got min_lr={self.min_lr}, lr={self.lr}")
         if self.warmup < 0 or self.clip < 0 or self.weight_decay < 0:
@@ -140,6 +152,11 @@ class TrainConfig:
                        "sequence parallelism (a rank routes a slice of each sequence); use "
                        "dp, tp without sp, pp or ep")
         return out
+
+    @property
+    def mixed_precision(self) -> bool:
+        """bf16 weights with fp32 master weights and optimizer state."""
+        return self.dtype == "bf16"
 
     def validate(self) -> TrainConfig:
         problems = self.problems()
@@ -182,7 +199,7 @@ class TrainState:
 
     config: TrainConfig
     model: ParallelTransformer
-    optimizer: torch.optim.Optimizer
+    optimizer: torch.optim.Optimizer | MasterOptimizer
     batches: Batches
     step: int = 0
     rng: torch.Tensor = field(default_factory=torch.get_rng_state)
@@ -204,9 +221,12 @@ def build(config: TrainConfig, mesh: Mesh | None = None) -> TrainState:
     if config.hf_weights:  # the whole checkpoint on every rank; parallelize keeps a slice
         hf.load_hf_weights(model, config.hf_weights)
     parallel = parallelize(model, mesh, config.layout, config.seq_len, launch.device())
-    optimizer = torch.optim.AdamW(parallel.parameters(), lr=config.lr, betas=config.betas,
-                                  eps=config.eps, weight_decay=config.weight_decay,
-                                  foreach=False)
+    adamw = {"lr": config.lr, "betas": config.betas, "eps": config.eps,
+             "weight_decay": config.weight_decay}
+    # mixed precision: AdamW over fp32 masters of this rank's tensors (ZeRO: its shards)
+    optimizer: torch.optim.Optimizer | MasterOptimizer = (
+        MasterOptimizer(parallel.parameters(), **adamw) if config.mixed_precision else
+        torch.optim.AdamW(parallel.parameters(), foreach=False, **adamw))
     batches = Batches(load_tokens(config.data), config.seq_len, config.global_batch,
                       config.seed)
     return TrainState(config, parallel, optimizer, batches)
@@ -215,13 +235,16 @@ def build(config: TrainConfig, mesh: Mesh | None = None) -> TrainState:
 def _update(state: TrainState, lr: float) -> float:
     """Clip by the global norm, then AdamW at `lr`; returns the norm before clipping."""
     norm = state.model.grad_norm()
-    if state.config.clip:
-        coef = min(1.0, state.config.clip / (norm + 1e-6))
+    coef = min(1.0, state.config.clip / (norm + 1e-6)) if state.config.clip else 1.0
+    for group in state.optimizer.param_groups:
+        group["lr"] = lr
+    if isinstance(state.optimizer, MasterOptimizer):  # clipped in fp32, on the masters
+        state.optimizer.step(coef)
+        return norm
+    if coef != 1.0:
         for p in state.model.parameters():
             if p.grad is not None:
                 p.grad.mul_(coef)
-    for group in state.optimizer.param_groups:
-        group["lr"] = lr
     state.optimizer.step()
     return norm
 

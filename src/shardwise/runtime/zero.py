@@ -10,8 +10,10 @@ parameter on each of the N ranks. ZeRO partitions them instead (SPEC §2):
     2      + gradients        w·P + (g+o)·P/N             same as stage 1
     3      + weights          (w+g+o)·P/N                 AG fwd + AG bwd + RS (N-1)/N·P·(2w+g)
 
-(`o` counts Adam's two moments and, when the weights are below fp32, the fp32 master copy; here
-weights are the training dtype itself, so there is no separate master.)
+(`o` counts Adam's two moments and, when the weights are below fp32, the fp32 master copy. Under
+mixed precision (`runtime.mixed_precision`) the master is the optimizer's fp32 copy of each
+owned row, so it is sharded with the moments, as in Megatron-LM's distributed optimizer; the
+updated bf16 rows are what stages 1-2 all-gather.)
 
 Layout. Parameters are grouped into *units* (by default the module's children that own
 parameters: one per layer; `UnitSpec` puts a unit over another group — experts over the
@@ -461,12 +463,19 @@ class ZeroDataParallel(nn.Module):
         return {"weights": weights, "grads": grads, "optimizer": optim}
 
     @torch.no_grad()
-    def full_parameters(self) -> dict[str, torch.Tensor]:
-        """Every parameter's full value by qualified name (stage 3 gathers; not counted)."""
+    def full_parameters(self, shards: Sequence[torch.Tensor] | None = None
+                        ) -> dict[str, torch.Tensor]:
+        """Every parameter's full value by qualified name (stage 3 gathers; not counted).
+        `shards`: values in place of `self.shards` (the fp32 master shards of mixed
+        precision), gathered over each unit's group."""
         out = {}
         with C.counting():
             for unit in self.units:
-                if self.config.stage == 3:
+                if shards is not None:
+                    mine = shards[unit.index].detach()
+                    flat = mine.new_empty(unit.padded)
+                    C.all_gather(flat, mine, unit.group)
+                elif self.config.stage == 3:
                     flat = unit.new_buffer()
                     C.all_gather(flat, self.shards[unit.index].detach(), unit.group)
                 else:

@@ -306,15 +306,16 @@ def _collective_call(op: str, n: int, g: int, group: Any, device: torch.device
 
 def _group_seconds(call: Callable[[], Any], group: Any, device: torch.device,
                    repeats: int = 15) -> float:
-    """The median call as training makes them: each after a little host work (a chain of
-    small ops, like a layer's between two collectives) and with no barrier, so a rank's
+    """The median call as training makes them: each after some host work (72 small ops: a
+    tensor-parallel layer dispatches ~290 aten ops around its 4 collectives,
+    `estimate.compute.host_ops`) and with no barrier, so a rank's
     wake-up and the ranks' skew count as they do in a step; the slowest member's median
     (max all-reduce)."""
     work = torch.randn(16, 16, device=device)
     call()
     times = []
     for _ in range(repeats):
-        for _ in range(20):
+        for _ in range(72):
             work = torch.tanh(work)
         start = time.perf_counter()
         call()

@@ -11,9 +11,10 @@ prediction against the median, the error against the fastest step seen in any re
 (the calibration takes the fastest of its repeats: other jobs only add time), and the
 model's largest components.
 
-`dp1 (reference)` is the calibration's own configuration (one rank; its kernel overhead is
-fitted on it): its measured/predicted ratio in each round is the machine's *drift* since the
-calibration (other jobs' load). "drift-corrected" divides each round's measurement by it —
+`dp1 (reference)` is one rank of the calibration's own configuration (nothing is fitted on
+it: the per-op host cost comes from a chain of tiny ops): its measured/predicted ratio in each
+round is the machine's *drift* since the calibration (other jobs' load) plus the model's
+one-rank error. "drift-corrected" divides each round's measurement by it —
 an indication of the model's error on a machine whose speed held still, not a substitute.
 
 Run:
@@ -21,8 +22,8 @@ Run:
         [--json results.json]
 
 (`--calibration FILE` skips the calibration and uses that file.) The figures recorded in the
-README came from one such run on the shared 2-core machine; other helpers' jobs were running
-at the same time (load average 2-6), so every timing is noisier than on a quiet machine.
+README came from such runs on the shared 2-core machine, with the load average of each
+round printed: other helpers' jobs were running at the same time.
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ def test_ranks_share_the_cores(calibration, ranks, share):
     assert acc.hbm_bandwidth == 2e10 * share
     assert acc.memory_bytes == 16e9 / ranks
     assert cal.kernel_overhead == pytest.approx(2e-4 / share)
+    assert cal.op_count == "runtime"
     assert cal.link(cluster.intra) == Link("gloo", 1e9 * share, 3e-4 / share)
 
 
@@ -53,7 +54,8 @@ def test_predicted_step_is_the_step_model_on_the_files_figures(calibration):
     # by hand: 4 ranks on 2 cores, each at half a core
     acc = Accelerator("this-machine", 4e9, 1e10, 2.5e10, None, 2.5e10)
     link = Link("gloo", 5e8, 6e-4)
-    cal = replace(load_calibration("this-machine", calibration), kernel_overhead=4e-4)
+    cal = replace(load_calibration("this-machine", calibration), kernel_overhead=4e-4,
+                  op_count="runtime")  # the preset runs shardwise's runtime: its aten ops
     expected = estimate_step(model, Cluster(1, 4, acc, link, link), layout, train, cal)
     assert predict_step(model, layout, train, calibration).total == pytest.approx(
         expected.total, rel=1e-12)

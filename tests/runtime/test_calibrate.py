@@ -58,6 +58,19 @@ def test_calibrate_quick_writes_a_file_the_planner_takes(tmp_path):
         for op, g, size, _ in points]
     assert np.allclose(relative_residuals([p[3] for p in points], model),
                        meas["collectives"]["fit"]["residuals"], atol=1e-9)
+    # the per-op host cost is the tiny-op chain's, not fitted on steps; the one-rank steps
+    # are a check: the stored prediction is the step model's on the file's own preset
+    host = meas["host_ops"]
+    assert cal.kernel_overhead == host["seconds per aten op"] > 0
+    assert host["aten ops in the chain"] > 16 * 3  # 16 blocks of ≥ 3 ops, forward alone
+    steps = meas["steps"]
+    for (seq, mbs, _), predicted in zip(steps["points [seq, micro_batch, s]"],
+                                        steps["predicted_s"], strict=True):
+        layout = Layout(micro_batch=int(mbs))
+        train = TrainConfig(get_model("tiny"), layout, seq_len=int(seq)).train_spec()
+        assert predicted == pytest.approx(
+            predict_step(get_model("tiny"), layout, train, out).total, rel=1e-12)
+    assert set(meas["collectives"]["per_group_size"]) == {"2"}  # --quick: groups of 2
     plan = shardwise_json("plan", "tiny", "--gpus", "2", "--gpu", "this-machine",
                           "--calibration", str(out), "--seq", "64", "--global-batch", "8",
                           "--dtype", "fp32", "--top", "1")

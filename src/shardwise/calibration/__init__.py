@@ -9,6 +9,10 @@ with the accelerator's datasheet peak and bandwidth times a few *achievable-frac
     attention_efficiency  fraction of peak of fused (Flash) attention kernels
     hbm_efficiency        achievable fraction of HBM bandwidth for memory-bound kernels
     kernel_overhead       seconds per kernel launch (fixed cost per operation)
+    op_count              which operations `kernel_overhead` is charged for
+                          (`estimate.compute.host_ops`): "fused" — a fused GPU implementation's
+                          kernels (the built-in presets); "runtime" — the aten ops shardwise's
+                          own runtime dispatches (set by the "this machine" preset)
     dp_bucket_bytes       gradient bucket for data-parallel overlap (Megatron: 40M params × 2 B)
     overlap_contention    fraction of *overlapped* communication time still charged to the step:
                           NCCL kernels running beside the GEMMs take SMs and HBM bandwidth from
@@ -74,6 +78,7 @@ class Calibration:
     overlap_contention: float = 0.15
     tp_overlap_efficiency: float = 0.8
     link_efficiency: dict[str, float] = field(default_factory=dict)
+    op_count: str = "fused"
     source: str = "built-in"
 
     def link(self, link: Link) -> Link:
@@ -93,6 +98,8 @@ class Calibration:
         for name in ("matmul_half_dim", "kernel_overhead"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be ≥ 0, got {getattr(self, name)}")
+        if self.op_count not in ("fused", "runtime"):
+            problems.append(f"op_count must be fused or runtime, got {self.op_count!r}")
         if self.dp_bucket_bytes <= 0:
             problems.append(f"dp_bucket_bytes must be > 0, got {self.dp_bucket_bytes}")
         for name, value in self.link_efficiency.items():

@@ -15,9 +15,8 @@ span orders of magnitude and each point should count alike).
                   counts), p2p (1 round, the message), memory-bound kernels (1 "round": the
                   launch cost, bytes moved: 1/β is seconds per byte). Linear in (α, 1/β).
     scale         t_i = a_i + k·n_i                                           → k
-                  the per-kernel cost `kernel_overhead` (steps whose model time without it
-                  is `a_i` and that launch `n_i` modelled kernels), or 1/efficiency of a
-                  kernel whose time at efficiency 1 is `n_i` (`a_i = 0`).
+                  1/efficiency of a kernel whose time at efficiency 1 is `n_i` (`a_i = 0`:
+                  the attention kernel), or any per-unit cost over a known base.
 """
 
 from __future__ import annotations

@@ -20,7 +20,9 @@ Ranks share the cores: with `ranks > cores` every rank is time-sliced to `share 
 cores/ranks` of a core, so its peak, memory bandwidth and link bandwidth are × share, its
 kernel overhead and link latency ÷ share (the model assumes every rank busy at once;
 pipeline ranks that wait in their bubble leave their share to the others, which this does
-not capture). Each rank's memory is the machine's ÷ ranks. Other jobs on the machine take
+not capture). Each rank's memory is the machine's ÷ ranks. The preset runs shardwise's own runtime, so
+`kernel_overhead` (seconds per aten op) is charged for the ops that runtime dispatches
+(`op_count = "runtime"`, `estimate.compute.host_ops`). Other jobs on the machine take
 cores too, and nothing here sees them: calibrate and run under the same load.
 """
 
@@ -128,7 +130,7 @@ def cluster_of(spec: MachineSpec, cal: Calibration, ranks: int
     link = Link(spec.link_name, spec.link_bandwidth * share, spec.link_latency / share)
     cluster = Cluster(1, ranks, accelerator, link, link).validate()
     cal = replace(cal, accelerator=THIS_MACHINE, kernel_overhead=cal.kernel_overhead / share,
-                  link_efficiency=cal.link_efficiency | {link.name: 1.0})
+                  link_efficiency=cal.link_efficiency | {link.name: 1.0}, op_count="runtime")
     return cluster, cal.validate()
 
 

@@ -17,7 +17,8 @@ when a dimension is short. The form is symmetric in `M, K, N`, so the two backwa
 
 Memory-bound kernels (norms, activations, residual/dropout adds, softmax of materialised
 attention, the optimizer step) cost `bytes / (HBM · η_hbm)`; each kernel launch costs a fixed
-`kernel_overhead`. Attention with FlashAttention (Dao et al. 2022) is one fused kernel at
+`kernel_overhead` (`host_overhead`: the host's dispatch + launch time per operation, which a
+small model cannot hide behind the device's work). Attention with FlashAttention (Dao et al. 2022) is one fused kernel at
 `attention_efficiency · d/(d+d½)` of peak, its backward 2.5 × the forward's FLOPs (it
 recomputes `QKᵀ`); causal masking halves the work (blocks above the diagonal are skipped).
 Without FlashAttention (Megatron-LM 2021) the scores are materialised: two batched GEMMs with
@@ -47,6 +48,8 @@ __all__ = [
     "LayerCost",
     "embedding_cost",
     "head_cost",
+    "host_ops",
+    "host_overhead",
     "layer_cost",
     "layer_model_flops",
     "matmul_efficiency",
@@ -64,6 +67,27 @@ RC_CODES = {name: code for code, name in enumerate(RECOMPUTE)}  # none 0, select
 _KERNELS_FWD = 10
 _KERNELS_ATTN_FLASH = 1
 _KERNELS_ATTN_MATERIALISED = 4
+
+# The shardwise runtime's own count (`Calibration.op_count == "runtime"`): aten operations it
+# dispatches per layer and micro-batch, forward + backward together (views, transposes and the
+# autograd engine's gradient ops included), counted with a `TorchDispatchMode` on `tiny` and
+# `tiny-moe` (fp32, flash attention; tests/runtime/test_host_ops.py recounts them on the
+# runtime): a dense layer 287; tensor parallelism's f/g functions +4; sequence parallelism's
+# gathers/scatters +48 more; ring attention +122, and +225 per extra ring step (c − 1: 634
+# at c = 2, 1,077 at c = 4, mean over ranks); an MoE layer
+# (router, top-k, dispatch, combine, aux loss) 384 + 24 per local expert (464–496 counted with
+# 4 experts on one rank, 416 with 2 under ep = 2: the count follows the routing, ±7 % from
+# batch to batch). Embedding, LM head and
+# loss add 64 per micro-batch. On a CPU with a small model each costs the host's ~µs
+# regardless of its size — `shardwise calibrate` measures that cost per op.
+_OPS_LAYER = 287
+_OPS_MOE_LAYER = 384
+_OPS_EXPERT = 24
+_OPS_TP = 4
+_OPS_SP = 48
+_OPS_CP = 122
+_OPS_RING_STEP = 225
+_OPS_HEAD = 64
 
 
 @dataclass(frozen=True)
@@ -138,9 +162,9 @@ def _kv_heads(model: ModelSpec, t: Any) -> Any:
     return np.maximum(model.n_kv_heads // t, 1)
 
 
-def _attention_core(ctx: ComputeContext, t: Any, c: Any, b: Any) -> tuple[Any, Any, int]:
+def _attention_core(ctx: ComputeContext, t: Any, c: Any, b: Any) -> tuple[Any, Any]:
     """Forward and backward time of the attention core (scores, softmax, dropout, `P·V`) on one
-    rank for one micro-batch, and the kernels it launches.
+    rank for one micro-batch (its kernels are counted by `host_ops`).
 
     Flash (also whenever c > 1: ring attention merges blocks with the online softmax):
     forward FLOPs `4·(s/c·b)·s·(h/t)·½` (causal), backward 2.5 ×, at
@@ -156,7 +180,7 @@ def _attention_core(ctx: ComputeContext, t: Any, c: Any, b: Any) -> tuple[Any, A
     flash_eff = cal.attention_efficiency * _sat(d, cal.matmul_half_dim)
     flash_fwd = 4.0 * (s / c * b) * s * d * heads * 0.5 / (ctx.peak * flash_eff)
     if ctx.flash:
-        return flash_fwd, 2.5 * flash_fwd, _KERNELS_ATTN_FLASH
+        return flash_fwd, 2.5 * flash_fwd
     batch = b * heads
     gemms = matmul_time(ctx, s, d, s, batch) + matmul_time(ctx, s, s, d, batch)
     scores = batch * s * s
@@ -166,8 +190,7 @@ def _attention_core(ctx: ComputeContext, t: Any, c: Any, b: Any) -> tuple[Any, A
     bwd = 2 * gemms + memory_time(ctx, bwd_bytes)
     # Ring attention (c > 1) always runs the online-softmax (flash-style) kernel.
     materialised = c == 1
-    return (np.where(materialised, fwd, flash_fwd), np.where(materialised, bwd, 2.5 * flash_fwd),
-            _KERNELS_ATTN_MATERIALISED)
+    return np.where(materialised, fwd, flash_fwd), np.where(materialised, bwd, 2.5 * flash_fwd)
 
 
 def layer_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any,
@@ -217,10 +240,10 @@ def layer_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any,
         f = model.d_ff / t
         mm = mm + matmul_time(ctx, tokens, h, n_in * f) + matmul_time(ctx, tokens, f, h)
         mem = mem + (n_in + 1) * ab * tokens * f
-    attn_fwd, attn_bwd, attn_kernels = _attention_core(ctx, t, c, b)
-    kernels = (_KERNELS_FWD + attn_kernels) * ctx.calibration.kernel_overhead
-    fwd = mm + attn_fwd + memory_time(ctx, mem) + kernels
-    bwd = 2 * mm + attn_bwd + memory_time(ctx, 2 * mem) + 2 * kernels
+    attn_fwd, attn_bwd = _attention_core(ctx, t, c, b)
+    ops_fwd, ops_bwd = host_ops(ctx, t, c, sp, moe, ep)
+    fwd = mm + attn_fwd + memory_time(ctx, mem) + host_overhead(ctx, ops_fwd)
+    bwd = 2 * mm + attn_bwd + memory_time(ctx, 2 * mem) + host_overhead(ctx, ops_bwd)
     recompute = np.where(rc == 2, fwd, np.where(rc == 1, attn_fwd, 0.0))
     return LayerCost(fwd, bwd, mm, recompute, attn_fwd, attn_bwd)
 
@@ -236,8 +259,40 @@ def head_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any) -> tuple[Any
     norm = 4 * ab * tokens * h / np.where(sp, t, 1)
     fwd = mm + memory_time(ctx, norm + (ab + 12) * tokens * vocab)
     bwd = 2 * mm + memory_time(ctx, 2 * norm + (ab + 4) * tokens * vocab)
-    overhead = 4 * ctx.calibration.kernel_overhead
+    ops = _OPS_HEAD / 3 if ctx.calibration.op_count == "runtime" else 4
+    overhead = host_overhead(ctx, ops)
     return fwd + overhead, bwd + 2 * overhead, mm
+
+
+def host_ops(ctx: ComputeContext, t: Any, c: Any, sp: Any, moe: bool = False, ep: Any = 1
+             ) -> tuple[Any, Any]:
+    """(forward, backward) operations one layer launches per micro-batch on one rank.
+
+    `op_count == "fused"` (the built-in GPU presets): the kernels of a fused implementation
+    (Megatron-LM's): 10 per layer forward (QKV, out-proj, two MLP GEMMs, two norms, two
+    residual adds, the activation, QKV post-processing) plus the attention core (1 flash, 4
+    materialised), the backward twice as many. `"runtime"` (the "this machine" preset, which
+    runs shardwise's own runtime): the aten operations it dispatches (`_OPS_*` above), split
+    ⅓ forward, ⅔ backward like the fused count.
+    """
+    if ctx.calibration.op_count == "runtime":
+        layer = (_OPS_MOE_LAYER + _OPS_EXPERT * ctx.model.n_experts / ep if moe
+                 else _OPS_LAYER)
+        total = layer + np.where(t > 1, _OPS_TP, 0)
+        total = total + np.where(np.logical_and(sp, t > 1), _OPS_SP, 0)
+        total = total + np.where(c > 1, _OPS_CP + _OPS_RING_STEP * (c - 1), 0)
+        return total / 3, 2 * total / 3
+    fwd = _KERNELS_FWD + (_KERNELS_ATTN_FLASH if ctx.flash else _KERNELS_ATTN_MATERIALISED)
+    return fwd, 2 * fwd
+
+
+def host_overhead(ctx: ComputeContext, ops: Any) -> Any:
+    """`ops · kernel_overhead`: the host's fixed cost per operation (Python, the dispatcher,
+    autograd bookkeeping, the kernel launch). GPU presets: `kernel_overhead` = 5 µs
+    (data/calibration.json; a CUDA launch plus framework dispatch is a few µs), with the fused
+    kernel count; the "this machine" preset: the cost per aten op `shardwise calibrate`
+    measures on a chain of tiny autograd operations, with the runtime's op count."""
+    return ops * ctx.calibration.kernel_overhead
 
 
 def embedding_cost(ctx: ComputeContext, t: Any, c: Any, b: Any) -> tuple[Any, Any]:

@@ -13,13 +13,19 @@ per rank, `OMP_NUM_THREADS=1`, the same processes `shardwise train` starts):
                  backward) → `attention_efficiency` in the model's convention: causal
                  forward FLOPs `2·s²·d·heads` (the half of the square that is needed), backward
                  2.5× (`estimate.compute._attention_core`), at `P∞·η·d/(d+d½)`
-    steps        training steps of the `tiny` model on one rank → `kernel_overhead`, the
-                 seconds per kernel the model counts (`_KERNELS_FWD`…) that make the model's
-                 one-rank step equal the measured one (it absorbs the framework's per-op cost:
-                 on a CPU the tiny model is overhead-bound)
+    host ops     a chain of tiny autograd operations (a 4×8 "linear", a scale, a residual
+                 add; forward + backward) timed and its aten ops counted with a
+                 `TorchDispatchMode` → `kernel_overhead`, seconds per aten op: the host's
+                 fixed cost (Python, dispatcher, autograd, launch) that the model charges
+                 for each op the runtime dispatches (`estimate.compute.host_ops`; on a CPU
+                 the tiny models are bound by it)
+    steps        training steps of the `tiny` model on one rank: not fitted, a check of the
+                 model's one-rank prediction (its residual is in the file)
     collectives  all-reduce, reduce-scatter, all-gather, all-to-all over groups of 2…N ranks
                  and p2p send/recv between two, against message size, through
-                 `runtime.collectives` (what training calls) → one α-β link
+                 `runtime.collectives` (what training calls), each call after a little host
+                 work and without a barrier (as training calls them: the ranks' wake-up and
+                 skew are part of the cost), the median call → one α-β link
                  `t = rounds·α + bytes/β` with SPEC §5's ring rounds and bytes on the wire
                  (`calibration.fit.fit_alpha_beta`), and a fit per collective for reference;
                  a group of more ranks than cores is time-sliced, so its times are divided
@@ -33,17 +39,25 @@ machine only add time); on a loaded machine the figures are still noisy.
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from shardwise.arch import get_model
 from shardwise.calibration import Calibration, default_calibration
-from shardwise.calibration.fit import fit_alpha_beta, fit_matmul, fit_scale, matmul_seconds
+from shardwise.calibration.fit import (
+    fit_alpha_beta,
+    fit_matmul,
+    fit_scale,
+    matmul_seconds,
+    relative_residuals,
+)
 from shardwise.calibration.machine import THIS_MACHINE, MachineSpec, cluster_of
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import ring_bytes_on_wire, ring_steps
@@ -175,6 +189,35 @@ def _attention(plan: Plan, device: torch.device, dtype: torch.dtype) -> list[lis
     return points
 
 
+def _host_op_seconds(device: torch.device, dtype: torch.dtype, blocks: int = 16
+                     ) -> tuple[float, int]:
+    """(seconds per aten op, aten ops per call) of a chain of tiny autograd operations —
+    per block a 4×8 "linear" `h·Wᵀ`, a scale and a residual add, forward and backward — the
+    op mix of the runtime's layers at a size where only the host's fixed cost counts."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:
+            Count.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(4, 8, device=device, dtype=dtype, requires_grad=True)
+    w = torch.randn(8, 8, device=device, dtype=dtype, requires_grad=True)
+
+    def chain() -> None:
+        h = x
+        for _ in range(blocks):
+            h = (h @ w.t()).view(4, 8) * 0.5 + h  # (4, 8) throughout
+        h.sum().backward()
+
+    with Count():
+        chain()
+    return _seconds(chain, device) / Count.ops, Count.ops
+
+
 STEP_CONFIGS = ((64, 1), (128, 2))  # (seq_len, micro-batch) of the one-rank tiny steps
 STEPS = 6
 
@@ -200,8 +243,10 @@ def _compute_rank(plan: Plan) -> dict[str, Any]:
     torch.manual_seed(0)
     copy, kernels = _memory(plan, device, dtype)
     one = torch.ones(1, device=device, dtype=dtype)
+    op_seconds, op_count = _host_op_seconds(device, dtype)
     return {"device": str(device), "dtype": dtype_name,
             "launch": _seconds(lambda: torch.add(one, one, out=one), device),
+            "host_ops": [op_seconds, op_count],
             "matmul": _matmuls(plan, device, dtype), "copy": copy, "kernels": kernels,
             "attention": _attention(plan, device, dtype), "steps": _steps(plan, dtype_name)}
 
@@ -260,20 +305,25 @@ def _collective_call(op: str, n: int, g: int, group: Any, device: torch.device
 
 
 def _group_seconds(call: Callable[[], Any], group: Any, device: torch.device,
-                   repeats: int = 5) -> float:
-    """The fastest of `repeats` calls, every member starting together (a barrier before
-    each) and each call's time the slowest member's (max all-reduce of the timings)."""
+                   repeats: int = 15) -> float:
+    """The median call as training makes them: each after some host work (72 small ops: a
+    tensor-parallel layer dispatches ~290 aten ops around its 4 collectives,
+    `estimate.compute.host_ops`) and with no barrier, so a rank's
+    wake-up and the ranks' skew count as they do in a step; the slowest member's median
+    (max all-reduce)."""
+    work = torch.randn(16, 16, device=device)
     call()
     times = []
     for _ in range(repeats):
-        dist.barrier(group)
+        for _ in range(72):
+            work = torch.tanh(work)
         start = time.perf_counter()
         call()
         _sync(device)
-        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
-        times.append(float(elapsed))
-    return min(times)
+        times.append(time.perf_counter() - start)
+    median = torch.tensor([statistics.median(times)], dtype=torch.float64)
+    dist.all_reduce(median, op=dist.ReduceOp.MAX, group=group)
+    return float(median)
 
 
 # ---------------------------------------------------------------------------------- fits
@@ -294,7 +344,9 @@ def fit_measurements(raw: dict[str, Any], plan: Plan) -> dict[str, Any]:
     points: every constant fitted in the model's own form (module docstring)."""
     notes: list[str] = []
     mm = raw["matmul"]
-    gemm = fit_matmul(*zip(*mm, strict=True), launch=raw["launch"])
+    # the launch is timed apart; under load a tiny GEMM can come out faster than it
+    launch_s = min(raw["launch"], 0.5 * min(p[3] for p in mm))
+    gemm = fit_matmul(*zip(*mm, strict=True), launch=launch_s)
     copy = fit_alpha_beta([1] * len(raw["copy"]), *zip(*raw["copy"], strict=True))
     kern = fit_alpha_beta([1] * len(raw["kernels"]),
                           [p[1] for p in raw["kernels"]], [p[2] for p in raw["kernels"]])
@@ -329,13 +381,21 @@ def fit_measurements(raw: dict[str, Any], plan: Plan) -> dict[str, Any]:
     machine = MachineSpec(THIS_MACHINE, plan.backend, raw["dtype"], cores,
                           _memory_bytes(raw["device"]), gemm.peak, copy.beta, link.beta,
                           link.alpha).validate()
+    per_group = {}
+    for n in sorted({p[1] for p in coll}):  # α-β at each group size, for reference
+        try:
+            per_group[str(n)] = fit_alpha_beta(*rounds_bytes(
+                [p for p in coll if p[1] == n])).to_dict()
+        except ShardwiseError as exc:
+            per_group[str(n)] = {"error": str(exc)}
+    op_seconds, op_count = raw["host_ops"]
     cal = replace(default_calibration(), matmul_efficiency=1.0,
                   matmul_half_dim=gemm.half_dim, attention_efficiency=attention,
-                  hbm_efficiency=hbm, kernel_overhead=0.0).validate()
-    steps = _fit_overhead(raw["steps"], machine, cal)
+                  hbm_efficiency=hbm, kernel_overhead=op_seconds).validate()
+    steps = _check_steps(raw["steps"], machine, cal)
     constants = {"matmul_efficiency": 1.0, "matmul_half_dim": gemm.half_dim,
                  "attention_efficiency": attention, "hbm_efficiency": hbm,
-                 "kernel_overhead": steps["fit"]["scale"]}
+                 "kernel_overhead": op_seconds}
     return {
         "_doc": [
             f"Written by `shardwise calibrate --backend {plan.backend} --ranks {plan.ranks}"
@@ -357,34 +417,33 @@ def fit_measurements(raw: dict[str, Any], plan: Plan) -> dict[str, Any]:
                                "fit": kern.to_dict()},
             "attention": {"points [s, d, heads, s fwd+bwd]": raw["attention"],
                           "fit (scale = 1/attention_efficiency)": attn.to_dict()},
+            "host_ops": {"seconds per aten op": op_seconds, "aten ops in the chain": op_count},
             "collectives": {"points [op, ranks, bytes, s]": coll, "fit": link.to_dict(),
-                            "per_op": per_op},
+                            "per_op": per_op, "per_group_size": per_group},
             "steps": steps,
         },
     }
 
 
-def _fit_overhead(points: list[list[float]], machine: MachineSpec, cal: Calibration
-                  ) -> dict[str, Any]:
-    """`kernel_overhead` from the one-rank steps: the model's step is linear in it,
-    `t = a + k·n` (a: the model at k = 0; n: its derivative, the kernels it counts)."""
+def _check_steps(points: list[list[float]], machine: MachineSpec, cal: Calibration
+                 ) -> dict[str, Any]:
+    """The model's one-rank step (`estimate_step` on the "this machine" preset) against the
+    measured one-rank steps: a check of the calibration, nothing is fitted on them."""
     from shardwise.estimate.step import estimate_step
     from shardwise.layout import TrainSpec
 
     model = get_model("tiny")
-    base, kernels = [], []
+    predicted = []
     for seq, mbs, _ in points:
         train = TrainSpec(seq_len=int(seq), global_batch=8, dtype="fp32")
-        layout = Layout(micro_batch=int(mbs))
-        at = []
-        for k in (0.0, 1e-3):
-            cluster, c = cluster_of(machine, replace(cal, kernel_overhead=k), 1)
-            at.append(estimate_step(model, cluster, layout, train, c).total)
-        base.append(at[0])
-        kernels.append((at[1] - at[0]) / 1e-3)
-    fit = fit_scale(base, kernels, [p[2] for p in points])
-    return {"points [seq, micro_batch, s]": points, "model_without_overhead_s": base,
-            "kernels_counted": kernels, "fit": fit.to_dict()}
+        cluster, c = cluster_of(machine, cal, 1)
+        predicted.append(estimate_step(model, cluster, Layout(micro_batch=int(mbs)), train,
+                                       c).total)
+    residuals = relative_residuals([p[2] for p in points], predicted)
+    return {"points [seq, micro_batch, s]": points, "predicted_s": predicted,
+            "residuals": residuals.tolist(),
+            "rms": float(np.sqrt(np.mean(residuals ** 2))),
+            "max_abs": float(np.max(np.abs(residuals)))}
 
 
 # ------------------------------------------------------------------------------ the run
@@ -479,12 +538,20 @@ def summary_rows(data: dict[str, Any]) -> list[list[str]]:
          res(meas["memory_kernels"]["fit"])],
         ["attention_efficiency (causal convention)", f"{const['attention_efficiency']:.3f}",
          res(meas["attention"]["fit (scale = 1/attention_efficiency)"])],
-        ["kernel_overhead (one-rank tiny steps)", f"{const['kernel_overhead'] * 1e6:.1f} µs",
-         res(meas["steps"]["fit"])],
+        ["kernel_overhead (per aten op, tiny-op chain)",
+         f"{const['kernel_overhead'] * 1e6:.2f} µs", ""],
+        ["one-rank tiny step: model vs measured", ", ".join(
+            f"{p * 1e3:.0f} vs {m[2] * 1e3:.0f} ms" for p, m in zip(
+                meas["steps"]["predicted_s"], meas["steps"]["points [seq, micro_batch, s]"])),
+         res(meas["steps"])],
         [f"link α ({machine['backend']})", f"{link['latency'] * 1e6:.1f} µs",
          res(meas["collectives"]["fit"])],
         [f"link β ({machine['backend']})", f"{link['bandwidth'] / 1e9:.3f} GB/s", ""],
     ]
+    for n, fit in meas["collectives"]["per_group_size"].items():
+        if "error" not in fit:
+            rows.append([f"  {n} ranks: α, β", f"{fit['alpha'] * 1e6:.1f} µs, "
+                                               f"{fit['beta'] / 1e9:.3f} GB/s", res(fit)])
     for op, fit in meas["collectives"]["per_op"].items():
         if "error" in fit:
             rows.append([f"  {op} alone", "no fit", fit["error"]])

@@ -180,7 +180,7 @@ class Layout:
 
     def stage_sizes(self, n_layers: int) -> tuple[int, ...]:
         """Layers of each of the `pp·chunks` virtual stages (virtual stage `c·p + i` is chunk
-        `c` of stage `i`; uneven stages need chunks = 1, so interleaved ones are equal)."""
+        `c` of stage `i`, each chunk of stage `i` holding `1/chunks` of its layers)."""
         return self.stage_partition(n_layers) * self.chunks
 
     def with_(self, **changes: object) -> Layout:
@@ -318,12 +318,12 @@ def first_last_partition(n_layers: int, pp: int, first: int | None, last: int | 
 
 def partition_problems(n_layers: int, pp: int, chunks: int, partition: tuple[int, ...]
                        ) -> list[str]:
-    """What is wrong with `partition` (or with the default one when it is empty)."""
+    """What is wrong with `partition` (or with the default one when it is empty). With
+    interleaving (`chunks > 1`) every stage's layers are a multiple of `chunks`, as
+    megatron-core requires of `num_layers_in_first/last_pipeline_stage` and of the middle
+    stages (`TransformerConfig.__post_init__`)."""
     if partition:
         out = []
-        if chunks > 1:
-            out.append(f"an explicit partition needs chunks=1 (uneven stages with interleaved "
-                       f"virtual stages are not supported), got chunks={chunks}")
         if len(partition) != pp:
             out.append(f"partition has {len(partition)} stages but pp={pp}")
         if sum(partition) != n_layers:
@@ -331,12 +331,17 @@ def partition_problems(n_layers: int, pp: int, chunks: int, partition: tuple[int
         if min(partition, default=1) < 1:
             out.append(f"every pipeline stage needs ≥ 1 layer, got partition "
                        f"{','.join(map(str, partition))}")
+        elif chunks > 1 and any(n % chunks for n in partition):
+            out.append(f"with chunks={chunks} every stage's layers must be a multiple of "
+                       f"{chunks} (each chunk holds an equal share, Megatron's rule), got "
+                       f"partition {','.join(map(str, partition))}")
         return out
     if n_layers % (pp * chunks) == 0:
         return []
     if chunks > 1:
-        return [f"pp·chunks={pp}·{chunks} does not divide n_layers={n_layers} (uneven stages "
-                "need chunks=1)"]
+        return [f"pp·chunks={pp}·{chunks} does not divide n_layers={n_layers}; give uneven "
+                f"interleaved stages explicitly (partition=…, each stage a multiple of "
+                f"{chunks} layers)"]
     if n_layers + 2 < 2 * pp:
         return [f"pp={pp} does not divide n_layers={n_layers} and the balanced partition would "
                 "leave a stage without layers; use a smaller pp"]
@@ -345,7 +350,8 @@ def partition_problems(n_layers: int, pp: int, chunks: int, partition: tuple[int
 
 def stage_partition(n_layers: int, pp: int, chunks: int = 1, partition: tuple[int, ...] = ()
                     ) -> tuple[int, ...]:
-    """Layers on each of the `pp` stages (per chunk when interleaved): `partition` when given;
+    """Layers on each of the `pp` stages (per chunk when interleaved): `partition` when given
+    (÷ `chunks`: each chunk of a stage holds an equal share, Megatron's rule);
     `n_layers/(pp·chunks)` each when that divides; otherwise balanced by cost with the
     embedding and the head counted as one layer each (torchtitan's
     `pipeline_parallel_first/last_stage_less_layers = 1`): `L + 2` units spread as evenly as
@@ -367,12 +373,15 @@ def layers_on_stage(n_layers: int, pp: Any, chunks: Any, stage: Any,
 def chunk_span(n_layers: int, pp: Any, chunks: Any, stage: Any, chunk: Any,
                partition: tuple[int, ...] = ()) -> tuple[Any, Any]:
     """(first layer, layers) of virtual chunk `chunk` on pipeline `stage`: even stages hold
-    `[(c·p + stage)·n, … + n)`, `n = L/(p·v)`; uneven ones (chunks = 1) are contiguous in stage
-    order (`stage_partition`). Array-generic in `pp`, `chunks`, `stage`."""
+    `[(c·p + stage)·n, … + n)`, `n = L/(p·v)`; uneven ones are contiguous in virtual-stage
+    order, chunk `c` of stage `i` holding `partition[i]/v` layers from
+    `c·L/v + Σ_{j<i} partition[j]/v` (megatron-core's `get_transformer_layer_offset` with
+    first/last-stage layers and a virtual pipeline); the default uneven one (chunks = 1) as
+    `stage_partition`. Array-generic in `pp`, `chunks`, `stage`."""
     if partition:
-        sizes = np.asarray(partition, dtype=np.int64)
+        sizes = np.asarray(partition, dtype=np.int64) // chunks
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        return starts[stage], sizes[stage]
+        return chunk * (n_layers // chunks) + starts[stage], sizes[stage]
     per = n_layers // (pp * chunks)
     even = n_layers % (pp * chunks) == 0
     q, r = np.divmod(n_layers + 2, pp)  # L + 2 units: embedding and head one layer each

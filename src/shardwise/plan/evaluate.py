@@ -117,7 +117,8 @@ def evaluate_layout(model: ModelSpec, cluster: Cluster, train: TrainSpec, layout
     stages = training_memory_per_gpu(model, layout, train)
     peak = max(stages, key=lambda st: st.total)
     m = layout.microbatches(train)
-    small = layout.pp * m * layout.chunks <= 4_000  # the closed forms equal it (tested)
+    # equal stages: the closed forms equal it (tested); uneven: the exact bubble
+    small = layout.pp * m * layout.chunks <= 4_000
     estimate = estimate_step(model, cluster, layout, train, calib,
                              simulate=simulate and small and layout.pp > 1)
     return PlanEntry(layout, estimate, peak, cluster.accelerator.memory_bytes * headroom)

@@ -71,3 +71,16 @@ def test_default_partition_busiest_stage_is_found_among_three(pp):
     dense, expert = busiest_stage_params(model, 2, pp, 1, 1)
     layout = Layout(pp=pp, tp=2)
     assert float(dense + expert) == max(sum(stage_params(model, layout, i)) for i in range(pp))
+
+
+def test_planner_memory_finds_the_second_stage_of_the_default_partition():
+    """Llama 3 405B TP8 PP16 (7, 8 × 14, 7), 1F1B: stage 1 holds 8 layers × 15 micro-batches'
+    activations, more than stage 0's 7 × 16; the arrays' peak is the per-stage maximum."""
+    from shardwise.estimate.memory import peak_stage_memory, training_memory_per_gpu
+
+    model, train = get_model("llama3-405b"), TrainSpec(seq_len=8192, global_batch=2048)
+    layout = Layout(dp=64, tp=8, pp=16, sp=True, zero=1, recompute="full")
+    stages = training_memory_per_gpu(model, layout, train)
+    assert max(stages, key=lambda st: st.total).stage == 1
+    peak = peak_stage_memory(model, train, **layout.codes(), m=layout.microbatches(train))
+    assert float(peak["total"]) == pytest.approx(stages[1].total, rel=1e-12)

@@ -92,7 +92,7 @@ from shardwise.estimate.compute import (
 )
 from shardwise.estimate.memory import bytes_per_param_training, stage_param_counts
 from shardwise.hardware import Cluster
-from shardwise.layout import Layout, TrainSpec, stage_extremes
+from shardwise.layout import Layout, Partition, TrainSpec, stage_extremes
 from shardwise.placement import members_per_node
 from shardwise.schedules.registry import SCHEDULE_CODES, get_schedule, select
 
@@ -190,13 +190,14 @@ def pipeline_bubble(sched: Any, p: Any, v: Any, m: Any, t_f: Any, t_b: Any, t_w:
 
 # ------------------------------------------------------------------------- the step model
 def busiest_stage_params(model: ModelSpec, t: Any, p: Any, e: Any, v: Any,
-                         partition: tuple[int, ...] = ()) -> tuple[Any, Any]:
+                         partition: Partition = ()) -> tuple[Any, Any]:
     """(dense, expert) parameters per rank of the pipeline stage holding the most, counted
     per stage by the memory model (`memory.stage_param_counts`): every stage of an explicit
-    partition; of the default one the first (embedding), the second (the busiest when the
-    balanced split gives it an extra layer) and the last (head) — the others hold no more
-    layers than the second and neither end."""
-    stages = np.arange(p) if partition else np.stack([0 * p, np.minimum(1, p - 1), p - 1])
+    partition; of a `Balanced` one (the default) the first (embedding), the second (the
+    busiest when the balanced split gives it an extra layer) and the last (head) — the others
+    hold no more layers than the second and neither end."""
+    explicit = isinstance(partition, tuple) and partition
+    stages = np.arange(p) if explicit else np.stack([0 * p, np.minimum(1, p - 1), p - 1])
     dense, expert = stage_param_counts(model, tp=t, pp=p, ep=e, chunks=v, stage=stages,
                                        partition=partition)
     dense, expert = np.broadcast_arrays(dense, expert)
@@ -207,7 +208,7 @@ def busiest_stage_params(model: ModelSpec, t: Any, p: Any, e: Any, v: Any,
 def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, pp: Any,
                cp: Any, ep: Any, dp: Any, zero: Any, zero_group: Any, sp: Any, schedule: Any,
                chunks: Any, recompute: Any, micro_batch: Any, m: Any,
-               costs: dict[str, Any] | None = None, partition: tuple[int, ...] = ()
+               costs: dict[str, Any] | None = None, partition: Partition = ()
                ) -> dict[str, Any]:
     """Every term of the step-time model for layouts given as numbers or arrays, keyed by the
     `Layout` field names (codes for `recompute` and `schedule`: `layout_codes`; `zero_group`
@@ -217,8 +218,9 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
 
     `costs` may carry the compute costs already evaluated for these layouts (`compute_costs`;
     the planner evaluates them once per distinct `(tp, cp, micro_batch, sp, recompute, ep)`
-    and gathers). `partition`: one layout's explicit stage partition; arrays of layouts use
-    the default (`Layout.stage_partition`)."""
+    and gathers). `partition`: one layout's explicit stage partition, or a `Balanced` one for
+    arrays of layouts (the planner's searched partitions); () the default
+    (`Layout.stage_partition`)."""
     # the papers' notation from here on
     t, p, c, e, zg, sched, v, rc, b = (tp, pp, cp, ep, zero_group, schedule, chunks, recompute,
                                        micro_batch)

@@ -13,15 +13,19 @@ baseline and the explanation's alternatives.
 
 Run: `.venv/bin/python benchmarks/bench_planner.py` (a few seconds).
 
-Recorded (2-core VM shared with other jobs, NumPy 2.4, Python 3.11; this commit; medians of 5):
+Recorded (2-core VM shared with other jobs, load average 11.6, NumPy 2.4, Python 3.11; with
+uneven pipeline stages and up to three searched partitions per pp in the grid; medians of 5):
 
     scenario                                 grid   evaluated    fits  search  eval rate  CPU rate
-    Llama-3-405B, 16,384 H100, s=8192  15,455,232      85,332  16,465  0.073 s  2.13 M/s  2.07 M/s
-    GPT-530B, 2,520 A100, s=2048 (2021) 6,137,856      18,459   2,911  0.112 s  2.61 M/s  2.65 M/s
-    GPT-530B, 2,520 A100, + FlashAttn   6,137,856      60,240   8,752  0.109 s  1.90 M/s  1.83 M/s
-    Llama-3-8B, 64 H100 (CLI default)   1,838,592      61,893  49,216  0.062 s  1.74 M/s  1.64 M/s
+    Llama-3-405B, 16,384 H100, s=8192  45,077,760     228,624  76,035  0.846 s  0.54 M/s  1.41 M/s
+    GPT-530B, 2,520 A100, s=2048 (2021) 36,059,904     59,319   8,731  0.590 s  0.65 M/s  1.71 M/s
+    GPT-530B, 2,520 A100, + FlashAttn  36,059,904     165,294  21,454  0.787 s  0.49 M/s  1.21 M/s
+    Llama-3-8B, 64 H100 (CLI default)   3,983,616      92,853  73,402  0.248 s  0.62 M/s  1.63 M/s
 
-    best layouts: 405B dp1024 tp8 pp2 zero2/32 sp interleaved×21 mb1 full;
+    (the wall-clock rates share the cores with the other jobs; before uneven stages, on a
+    quiet machine: 85,332 layouts of the 405B grid at 2.1 M/s.)
+
+    best layouts: 405B dp16 tp8 pp32 cp4 zero1/8 sp zb-h1 mb1;
     530B (2021) dp21 tp8 pp15 zero1 sp interleaved×7 mb2 selective.
     (MoE searches evaluate more per layout: Mixtral-8x7B on 64 H100 ≈ 0.8 M/s, 0.5 s in all.)
 

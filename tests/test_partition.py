@@ -41,8 +41,8 @@ def test_bad_partitions_are_reported():
     with pytest.raises(LayoutError) as info:
         Layout(pp=2, partition=(3, 2)).validate(model)
     assert "partition sums to 5 layers but n_layers=4" in str(info.value)
-    with pytest.raises(LayoutError, match="needs chunks=1"):
-        Layout(pp=2, chunks=2, schedule="interleaved", partition=(2, 2)).validate(model)
+    with pytest.raises(LayoutError, match="must be a multiple of 2"):  # Megatron's rule
+        Layout(pp=2, chunks=2, schedule="interleaved", partition=(3, 1)).validate(model)
     with pytest.raises(LayoutError, match="≥ 1 layer"):
         Layout(pp=2, partition=(4, 0)).validate(model)
     with pytest.raises(LayoutError, match="partition has 3 stages but pp=2"):

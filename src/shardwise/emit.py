@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from shardwise.arch import ModelSpec
 from shardwise.errors import ShardwiseError
-from shardwise.layout import Layout, TrainSpec
+from shardwise.layout import Layout, TrainSpec, stage_partition
 
 FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
 VERSIONS = {"megatron": "Megatron-LM main (megatron-core 0.16-0.20)",
@@ -110,8 +110,10 @@ def _megatron_vocab(model: ModelSpec, tp: int, notes: list[str]) -> list[str]:
 def _megatron_partition(model: ModelSpec, layout: Layout) -> list[str]:
     """Uneven stages as Megatron-LM's `--decoder-first-pipeline-num-layers F
     --decoder-last-pipeline-num-layers G` (the middle stages even: megatron-core's
-    `num_layers_in_first/last_pipeline_stage`); refused when the middle stages differ."""
-    parts = layout.stage_partition(model.n_layers)
+    `num_layers_in_first/last_pipeline_stage`); refused when the middle stages differ. With
+    a virtual pipeline the counts are per stage over its chunks, each a multiple of `chunks`
+    (`Layout.problems` checks that, as megatron-core does)."""
+    parts = tuple(n * layout.chunks for n in layout.stage_partition(model.n_layers))
     if len(set(parts)) == 1:
         return []
     first, *middle, last = parts
@@ -382,12 +384,12 @@ def _deepspeed_partition(model: ModelSpec, layout: Layout) -> bool:
     Megatron-DeepSpeed default) splits the blocks evenly; `'type:transformer|embedding'`
     balances `L + 2` layers (embedding and head one each), which gives the balanced default when
     `pp` divides `L + 2` (`deepspeed.runtime.utils.partition_balanced`). Other partitions are
-    refused: DeepSpeed takes no explicit layer counts."""
-    parts = layout.stage_partition(model.n_layers)
+    refused: DeepSpeed takes no explicit layer counts (and no virtual stages: the counts are
+    per stage over its chunks)."""
+    parts = tuple(n * layout.chunks for n in layout.stage_partition(model.n_layers))
     if len(set(parts)) == 1:
         return False
-    if (model.n_layers + 2) % layout.pp or parts != layout.with_(partition=()).stage_partition(
-            model.n_layers):
+    if (model.n_layers + 2) % layout.pp or parts != stage_partition(model.n_layers, layout.pp):
         raise ShardwiseError(
             f"DeepSpeed cannot run the partition {','.join(map(str, parts))}: its pipeline "
             "splits blocks evenly or balances them with the embedding and head as one layer "

@@ -180,7 +180,7 @@ class Layout:
 
     def stage_sizes(self, n_layers: int) -> tuple[int, ...]:
         """Layers of each of the `pp·chunks` virtual stages (virtual stage `c·p + i` is chunk
-        `c` of stage `i`; uneven stages need chunks = 1, so interleaved ones are equal)."""
+        `c` of stage `i`, each chunk of stage `i` holding `1/chunks` of its layers)."""
         return self.stage_partition(n_layers) * self.chunks
 
     def with_(self, **changes: object) -> Layout:
@@ -277,6 +277,35 @@ class Layout:
 
 
 # ----------------------------------------------------------------------- stage partition
+@dataclass(frozen=True)
+class Balanced:
+    """A stage partition balanced by cost, for one layout or arrays of them: `L + a + z`
+    layer units spread evenly over the `pp` stages, the first stage `a = first_less` layers
+    short (room for the embedding), the last `z = last_less` (the head) — torchtitan's
+    `pipeline_parallel_first/last_stage_less_layers`, Megatron's shortened first and last
+    stages (`--decoder-first/last-pipeline-num-layers`). (0, 0) is the even split when `pp`
+    divides the layers (interleaved ones too); other counts need chunks = 1 (`chunk_span`)."""
+
+    first_less: Any = 1
+    last_less: Any = 1
+
+    @staticmethod
+    def default(n_layers: int, pp: Any, chunks: Any = 1) -> Balanced:
+        """A `Layout` without an explicit partition: even when `pp·chunks` divides the
+        layers, else the embedding and the head one layer each (`stage_partition`)."""
+        units = np.where(n_layers % (pp * chunks) == 0, 0, 1)
+        return Balanced(units, units)
+
+    def searched(self, n_layers: int, pp: Any) -> Any:
+        """Where these counts are not the default partition's (`default`; array-generic)."""
+        default = Balanced.default(n_layers, pp).first_less
+        return (self.first_less != default) | (self.last_less != default)
+
+
+Partition = tuple[int, ...] | Balanced
+"""An explicit partition (layers per stage; () for the default) or a `Balanced` one."""
+
+
 def parse_partition(text: str) -> tuple[int, ...]:
     """`"7,8,8,7"` → (7, 8, 8, 7): layers per pipeline stage, first to last."""
     try:
@@ -318,12 +347,12 @@ def first_last_partition(n_layers: int, pp: int, first: int | None, last: int | 
 
 def partition_problems(n_layers: int, pp: int, chunks: int, partition: tuple[int, ...]
                        ) -> list[str]:
-    """What is wrong with `partition` (or with the default one when it is empty)."""
+    """What is wrong with `partition` (or with the default one when it is empty). With
+    interleaving (`chunks > 1`) every stage's layers are a multiple of `chunks`, as
+    megatron-core requires of `num_layers_in_first/last_pipeline_stage` and of the middle
+    stages (`TransformerConfig.__post_init__`)."""
     if partition:
         out = []
-        if chunks > 1:
-            out.append(f"an explicit partition needs chunks=1 (uneven stages with interleaved "
-                       f"virtual stages are not supported), got chunks={chunks}")
         if len(partition) != pp:
             out.append(f"partition has {len(partition)} stages but pp={pp}")
         if sum(partition) != n_layers:
@@ -331,21 +360,27 @@ def partition_problems(n_layers: int, pp: int, chunks: int, partition: tuple[int
         if min(partition, default=1) < 1:
             out.append(f"every pipeline stage needs ≥ 1 layer, got partition "
                        f"{','.join(map(str, partition))}")
+        elif chunks > 1 and any(n % chunks for n in partition):
+            out.append(f"with chunks={chunks} every stage's layers must be a multiple of "
+                       f"{chunks} (each chunk holds an equal share, Megatron's rule), got "
+                       f"partition {','.join(map(str, partition))}")
         return out
     if n_layers % (pp * chunks) == 0:
         return []
     if chunks > 1:
-        return [f"pp·chunks={pp}·{chunks} does not divide n_layers={n_layers} (uneven stages "
-                "need chunks=1)"]
+        return [f"pp·chunks={pp}·{chunks} does not divide n_layers={n_layers}; give uneven "
+                f"interleaved stages explicitly (partition=…, each stage a multiple of "
+                f"{chunks} layers)"]
     if n_layers + 2 < 2 * pp:
         return [f"pp={pp} does not divide n_layers={n_layers} and the balanced partition would "
                 "leave a stage without layers; use a smaller pp"]
     return []
 
 
-def stage_partition(n_layers: int, pp: int, chunks: int = 1, partition: tuple[int, ...] = ()
+def stage_partition(n_layers: int, pp: int, chunks: int = 1, partition: Partition = ()
                     ) -> tuple[int, ...]:
-    """Layers on each of the `pp` stages (per chunk when interleaved): `partition` when given;
+    """Layers on each of the `pp` stages (per chunk when interleaved): `partition` when given
+    (÷ `chunks`: each chunk of a stage holds an equal share, Megatron's rule);
     `n_layers/(pp·chunks)` each when that divides; otherwise balanced by cost with the
     embedding and the head counted as one layer each (torchtitan's
     `pipeline_parallel_first/last_stage_less_layers = 1`): `L + 2` units spread as evenly as
@@ -358,43 +393,51 @@ def stage_partition(n_layers: int, pp: int, chunks: int = 1, partition: tuple[in
 
 
 def layers_on_stage(n_layers: int, pp: Any, chunks: Any, stage: Any,
-                    partition: tuple[int, ...] = ()) -> Any:
+                    partition: Partition = ()) -> Any:
     """Layers one chunk of pipeline `stage` holds (`stage_partition`), for numbers or arrays of
-    layouts (the planner's default partition; an explicit one is one layout's)."""
+    layouts (the planner's `Balanced` partitions; an explicit one is one layout's)."""
     return chunk_span(n_layers, pp, chunks, stage, 0, partition)[1]
 
 
 def chunk_span(n_layers: int, pp: Any, chunks: Any, stage: Any, chunk: Any,
-               partition: tuple[int, ...] = ()) -> tuple[Any, Any]:
+               partition: Partition = ()) -> tuple[Any, Any]:
     """(first layer, layers) of virtual chunk `chunk` on pipeline `stage`: even stages hold
-    `[(c·p + stage)·n, … + n)`, `n = L/(p·v)`; uneven ones (chunks = 1) are contiguous in stage
-    order (`stage_partition`). Array-generic in `pp`, `chunks`, `stage`."""
-    if partition:
-        sizes = np.asarray(partition, dtype=np.int64)
+    `[(c·p + stage)·n, … + n)`, `n = L/(p·v)`; uneven ones are contiguous in virtual-stage
+    order, chunk `c` of stage `i` holding `partition[i]/v` layers from
+    `c·L/v + Σ_{j<i} partition[j]/v` (megatron-core's `get_transformer_layer_offset` with
+    first/last-stage layers and a virtual pipeline); a `Balanced` one (chunks = 1; the
+    default is `Balanced.default`) spreads `L + a + z` units as evenly as possible, the extras
+    on the stages after the first, then the first stage `a` layers short and the last `z`.
+    Array-generic in `pp`, `chunks`, `stage` and the `Balanced` counts."""
+    if isinstance(partition, tuple) and partition:
+        sizes = np.asarray(partition, dtype=np.int64) // chunks
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        return starts[stage], sizes[stage]
+        return chunk * (n_layers // chunks) + starts[stage], sizes[stage]
     per = n_layers // (pp * chunks)
-    even = n_layers % (pp * chunks) == 0
-    q, r = np.divmod(n_layers + 2, pp)  # L + 2 units: embedding and head one layer each
+    divides = n_layers % (pp * chunks) == 0
+    ends = partition if isinstance(partition, Balanced) else Balanced.default(n_layers, pp, chunks)
+    a, z = ends.first_less, ends.last_less
+    even = divides & (a == 0) & (z == 0)
+    q, r = np.divmod(n_layers + a + z, pp)  # L + a + z units: embedding a layers, head z
     first, last = stage == 0, stage == pp - 1
-    count = q + ((stage >= 1) & (stage <= r)) - first - last
-    start = stage * q + np.clip(np.minimum(stage - 1, r), 0, None) - (stage > 0)
+    count = q + ((stage >= 1) & (stage <= r)) - a * first - z * last
+    start = stage * q + np.clip(np.minimum(stage - 1, r), 0, None) - a * (stage > 0)
     if not np.ndim(even) and even:
         return (chunk * pp + stage) * per, per
     return (np.where(even, (chunk * pp + stage) * per, start),
             np.where(even, per, count))
 
 
-def stage_extremes(n_layers: int, pp: Any, chunks: Any, partition: tuple[int, ...] = ()
+def stage_extremes(n_layers: int, pp: Any, chunks: Any, partition: Partition = ()
                    ) -> tuple[Any, Any, Any]:
     """(the most layers any stage holds, the first stage's, the last stage's), over all chunks
-    (`stage_partition`; array-generic for the default partition, whose busiest stage is the
+    (`stage_partition`; array-generic for `Balanced` partitions, whose busiest stage is the
     first, the second or the last)."""
-    if partition:
+    if isinstance(partition, tuple) and partition:
         return max(partition), partition[0], partition[-1]
 
     def count(stage: Any) -> Any:
-        return layers_on_stage(n_layers, pp, chunks, stage) * chunks
+        return layers_on_stage(n_layers, pp, chunks, stage, partition) * chunks
 
     first, last = count(0 * pp), count(pp - 1)
     return np.maximum(np.maximum(first, count(np.minimum(1, pp - 1))), last), first, last

@@ -42,6 +42,12 @@ PLANS: dict[str, list[str]] = {
                      "--layout", "tp=8,pp=16,zero=1,sp=1,recompute=full"],
     "405b-16k-pp16": ["llama3-405b", "--gpus", "16384", "--global-batch", "16M-tokens",
                       "--layout", "tp=8,pp=16,zero=1,sp=1,recompute=full"],
+    # uneven and interleaved (Megatron's rule: each stage's layers split evenly over its 2
+    # chunks): 80 layers as 12, 14 × 4, 12
+    "70b-pp6-uneven-interleaved": ["llama3-70b", "--gpus", "96", "--global-batch", "96",
+                                   "--layout", "tp=8,pp=6,sp=1,schedule=interleaved,chunks=2,"
+                                   "recompute=full", "--first-stage-layers", "12",
+                                   "--last-stage-layers", "12"],
     "bloom-pp12": [BLOOM, "--gpu", "a100", "--gpus", "384", "--seq", "2048",
                    "--global-batch", "2048", "--layout", "tp=4,pp=12,zero=1,recompute=full"],
 }

@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 
 from shardwise.arch import get_model
-from shardwise.layout import Layout
+from shardwise.layout import Layout, chunk_span
 from tests.integration.conftest import emit, flags, planned_batch, planned_seq, require
 from tests.integration.plans import PLANS
 
@@ -104,6 +104,14 @@ def test_megatron_core_reads_back_the_plan(capsys, plan):
     if layout.chunks == 1:
         built = tuple(get_num_layers_to_build(config, pp_rank=i) for i in range(layout.pp))
         assert built == layout.stage_partition(config.num_layers)
+    else:  # each (stage, chunk)'s first layer and count, as megatron-core builds them
+        from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+        spans = [(get_transformer_layer_offset(config, vp_stage=c, pp_rank=i),
+                  get_num_layers_to_build(config, vp_stage=c, pp_rank=i))
+                 for c in range(layout.chunks) for i in range(layout.pp)]
+        assert spans == [tuple(int(x) for x in chunk_span(config.num_layers, layout.pp,
+                                                          layout.chunks, i, c, layout.partition))
+                         for c in range(layout.chunks) for i in range(layout.pp)]
     assert config.sequence_parallel == layout.sp
     assert config.recompute_granularity == {"none": None, "selective": "selective",
                                             "full": "full"}[layout.recompute]

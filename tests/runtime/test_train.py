@@ -42,9 +42,11 @@ PARAM_TOL = {"fp64": 1e-10, "fp32": 1e-4}
 
 
 def config(layout: str = "", model: str = "tiny", dtype: str = "fp64", **kw) -> TrainConfig:
-    spec = get_model(model.removesuffix("-tied"))
+    spec = get_model(model.removesuffix("-tied").removesuffix("-6l"))
     if model.endswith("-tied"):
         spec = spec.with_(name=model, tie_embeddings=True)
+    if model.endswith("-6l"):  # six layers: room for uneven interleaved stages
+        spec = spec.with_(name=model, n_layers=6)
     return TrainConfig(spec, Layout.parse(layout), steps=STEPS, seq_len=SEQ,
                        global_batch=BATCH, lr=LR, min_lr=MIN_LR, warmup=WARMUP, clip=CLIP,
                        dtype=dtype, **kw)
@@ -145,12 +147,15 @@ def test_four_ranks_tp_cp_zero_sp_ep_pp_replicated_kv_equal_single_device():
     _check(spawn(_train_layouts, 4, FOUR, timeout_s=240), FOUR)
 
 
-UNEVEN = [config("pp=2,partition=3:1"), config("pp=2,partition=1:3,schedule=gpipe")]
+UNEVEN = [config("pp=2,partition=3:1"), config("pp=2,partition=1:3,schedule=gpipe"),
+          config("pp=2,schedule=interleaved,chunks=2,partition=4:2", "tiny-6l")]
 
 
 @pytest.mark.slow
 def test_uneven_pipeline_stages_equal_single_device():
-    """tiny's 4 layers as 3 + 1 and 1 + 3 (`Layout.partition`): fp64 parity."""
+    """tiny's 4 layers as 3 + 1 and 1 + 3 (`Layout.partition`), and 6 layers as 4 + 2 over two
+    chunks each (Megatron's rule: stage 0 holds layers 0-1 and 3-4, stage 1 layers 2 and 5):
+    fp64 parity."""
     _check(spawn(_train_layouts, 2, UNEVEN, timeout_s=240), UNEVEN)
 
 

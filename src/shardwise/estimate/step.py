@@ -33,7 +33,11 @@ All per rank, on the pipeline's critical path, for `m` micro-batches:
   2021), for ZB-H1 (Qi et al. 2023) `max((p-1)(T_F + B - T_W), (p-1)(T_F + B) - (m-1)·T_W)`
   with `B = T_B - T_W` the input-gradient part of the backward — with the middle stage's
   per-micro-batch times `T_*` (comm included). With equal stages these equal the schedule
-  simulator's makespans exactly (tested); `estimate_step(..., simulate=True)` runs it.
+  simulator's makespans exactly (tested); `estimate_step(..., simulate=True)` runs it. With
+  uneven stages the `(p-1)` busiest-stage times become the other stages' (`L - n_most`
+  layers' worth): exact for GPipe, an upper bound for the 1F1B family (tested against the
+  simulator); `estimate_step(..., simulate=True)` runs each virtual stage at its own times
+  (`simulated_bubble`), as the planner does for its top layouts when the schedule is small.
 * **overlap contention** — overlapped TP, CP, PP and DP/ZeRO traffic is not free: a
   calibrated fraction `overlap_contention` of its time is charged (NCCL kernels take SMs and
   HBM bandwidth from the GEMMs they overlap), per second of node-local traffic; traffic that
@@ -89,9 +93,9 @@ from shardwise.estimate.compute import (
     layer_cost,
     optimizer_time,
 )
-from shardwise.estimate.memory import bytes_per_param_training, layer_params
+from shardwise.estimate.memory import bytes_per_param_training, stage_param_counts
 from shardwise.hardware import Cluster
-from shardwise.layout import Layout, TrainSpec, stage_extremes
+from shardwise.layout import Layout, Partition, TrainSpec, stage_extremes
 from shardwise.placement import members_per_node
 from shardwise.schedules.registry import SCHEDULE_CODES, get_schedule, select
 
@@ -190,27 +194,26 @@ def pipeline_bubble(sched: Any, p: Any, v: Any, m: Any, t_f: Any, t_b: Any, t_w:
 
 
 # ------------------------------------------------------------------------- the step model
-def stage_param_counts(model: ModelSpec, t: Any, p: Any, e: Any, scale: Any = 1.0
-                       ) -> tuple[Any, Any]:
-    """(dense, expert) parameters per rank on the stage with the most: layers ÷ p (× `scale`
-    for the busiest stage of an uneven partition; MoE layers at their average share), dense weights ÷ t, experts ÷ (t·ep), plus the larger of the
-    embedding (first stage, vocab-parallel) and the head + final norm (last stage)."""
-    h = model.d_model
-    norm = model.norm_params()
-    dense_layer, moe_dense, expert_layer = layer_params(model, t, e)  # the memory model's
-    layers_dense = scale * (model.n_dense_layers / p * dense_layer
-                            + model.n_moe_layers / p * moe_dense)
-    first = model.vocab * h / t + model.learned_positions * h
-    head = model.vocab * h / t if not model.tie_embeddings else 0.0
-    last = norm + np.where(p > 1, model.vocab * h / t, head)
-    ends = np.where(p > 1, np.maximum(first, last), first + last)
-    return layers_dense + ends, scale * model.n_moe_layers / p * expert_layer
+def busiest_stage_params(model: ModelSpec, t: Any, p: Any, e: Any, v: Any,
+                         partition: Partition = ()) -> tuple[Any, Any]:
+    """(dense, expert) parameters per rank of the pipeline stage holding the most, counted
+    per stage by the memory model (`memory.stage_param_counts`): every stage of an explicit
+    partition; of a `Balanced` one (the default) the first (embedding), the second (the
+    busiest when the balanced split gives it an extra layer) and the last (head) — the others
+    hold no more layers than the second and neither end."""
+    explicit = isinstance(partition, tuple) and partition
+    stages = np.arange(p) if explicit else np.stack([0 * p, np.minimum(1, p - 1), p - 1])
+    dense, expert = stage_param_counts(model, tp=t, pp=p, ep=e, chunks=v, stage=stages,
+                                       partition=partition)
+    dense, expert = np.broadcast_arrays(dense, expert)
+    pick = np.expand_dims(np.argmax(dense + expert, axis=0), 0)
+    return (np.take_along_axis(dense, pick, 0)[0], np.take_along_axis(expert, pick, 0)[0])
 
 
 def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, pp: Any,
                cp: Any, ep: Any, dp: Any, zero: Any, zero_group: Any, sp: Any, schedule: Any,
                chunks: Any, recompute: Any, micro_batch: Any, m: Any,
-               costs: dict[str, Any] | None = None, partition: tuple[int, ...] = ()
+               costs: dict[str, Any] | None = None, partition: Partition = ()
                ) -> dict[str, Any]:
     """Every term of the step-time model for layouts given as numbers or arrays, keyed by the
     `Layout` field names (codes for `recompute` and `schedule`: `layout_codes`; `zero_group`
@@ -220,8 +223,9 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
 
     `costs` may carry the compute costs already evaluated for these layouts (`compute_costs`;
     the planner evaluates them once per distinct `(tp, cp, micro_batch, sp, recompute, ep)`
-    and gathers). `partition`: one layout's explicit stage partition; arrays of layouts use
-    the default (`Layout.stage_partition`)."""
+    and gathers). `partition`: one layout's explicit stage partition, or a `Balanced` one for
+    arrays of layouts (the planner's searched partitions); () the default
+    (`Layout.stage_partition`)."""
     # the papers' notation from here on
     t, p, c, e, zg, sched, v, rc, b = (tp, pp, cp, ep, zero_group, schedule, chunks, recompute,
                                        micro_batch)
@@ -321,10 +325,14 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
                                           kappa * p2p_busy), 0.0)
     big_f = f_mid + tp_f + cp_f + ep_f
     big_b = b_mid + tp_b + cp_b + ep_b
-    bubble = np.where(p > 1, pipeline_bubble(sched, p, v, m, big_f, big_b, w_mid), 0.0)
+    # uneven stages: the closed form's (p-1) busiest-stage times become the other stages' sum,
+    # L - n_most layers (exact for GPipe, an upper bound for the 1F1B family: tested against
+    # the simulator, which `estimate_step(simulate=True)` runs with each stage's own times)
+    others = (p - most) / np.maximum((p - 1) * most, 1e-30)
+    bubble = np.where(p > 1, others * pipeline_bubble(sched, p, v, m, big_f, big_b, w_mid), 0.0)
 
     # ---- data parallel / ZeRO over the dp·cp replicas
-    dense_params, expert_params = stage_param_counts(model, t, p, e, most)
+    dense_params, expert_params = busiest_stage_params(model, t, p, e, v, partition)
     replicas = dp * c
     in_node = on_node("dp_cp")
     group = np.where(zg > 0, zg, replicas)
@@ -577,7 +585,7 @@ def estimate_step(model: ModelSpec, cluster: Cluster, layout: Layout,
     source = "closed form"
     if simulate and layout.pp > 1:
         simulated = simulated_bubble(layout, m, terms["t_forward"], terms["t_backward"],
-                                     terms["t_wgrad"])
+                                     terms["t_wgrad"], model.n_layers)
         terms["total"] += simulated - terms["bubble"]
         terms["bubble"] = simulated
         source = "simulator"
@@ -597,18 +605,28 @@ def estimate_step(model: ModelSpec, cluster: Cluster, layout: Layout,
     )
 
 
-def simulated_bubble(layout: Layout, m: int, t_f: float, t_b: float, t_w: float) -> float:
-    """The bubble from the event simulator: makespan minus the stage's busy time.
+def simulated_bubble(layout: Layout, m: int, t_f: float, t_b: float, t_w: float,
+                     n_layers: int) -> float:
+    """The bubble from the event simulator: makespan minus the busiest stage's busy time.
 
-    Stage times per action: F = `t_f/v`, B = `t_b/v` (or, for ZB-H1, B = `(t_b - t_w)` and
-    W = `t_w`). Imported lazily: the simulator is only needed here.
+    `t_f`, `t_b`, `t_w` are the busiest stage's per-micro-batch times (all its chunks); each
+    virtual stage's actions take its share by layers (`Layout.stage_sizes`): F = `t_f·n/N`
+    for a virtual stage of `n` layers and a busiest stage of `N`, B likewise (for ZB-H1,
+    B = `(t_b - t_w)·n/N` and W = `t_w·n/N`). Equal stages: F = `t_f/v`, B = `t_b/v`.
+    Imported lazily: the simulator is only needed here.
     """
     from shardwise.schedules import make_schedule, simulate
 
     p, v = layout.pp, layout.chunks
+    sizes = layout.stage_sizes(n_layers)
+    busiest = max(sizes[:p]) * v  # a stage's chunks are equal: its layers over all chunks
+
+    def per_stage(t: float) -> list[float]:
+        return [max(t, 1e-12) * n / busiest for n in sizes]
+
     schedule = make_schedule(layout.schedule, p, m, v)
     if get_schedule(layout.schedule).splits_backward:
-        timeline = simulate(schedule, t_f, max(t_b - t_w, 1e-12), max(t_w, 1e-12))
+        timeline = simulate(schedule, per_stage(t_f), per_stage(t_b - t_w), per_stage(t_w))
     else:
-        timeline = simulate(schedule, t_f / v, t_b / v)
+        timeline = simulate(schedule, per_stage(t_f), per_stage(t_b))
     return timeline.makespan - m * (t_f + t_b)

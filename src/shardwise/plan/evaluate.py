@@ -24,7 +24,7 @@ from shardwise.estimate.step import (
     step_terms,
 )
 from shardwise.hardware import Cluster
-from shardwise.layout import Layout, TrainSpec
+from shardwise.layout import Balanced, Layout, Partition, TrainSpec
 from shardwise.plan.results import PlanEntry
 from shardwise.plan.space import DEFAULT_HEADROOM
 from shardwise.schedules.registry import (
@@ -32,7 +32,8 @@ from shardwise.schedules.registry import (
 )
 
 RC_NAMES = {code: name for name, code in RC_CODES.items()}
-# what `step_terms` takes for arrays of layouts (`Layout.codes()`: the default partition)
+# what `step_terms` takes for arrays of layouts (`Layout.codes()`; the stage partition as
+# `first_less`/`last_less`, `_partition`)
 _STEP_KEYS = (*Layout().codes(), "m")
 
 def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
@@ -41,9 +42,10 @@ def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
     """Step-time terms, rates and peak memory for arrays of layouts (the planner's kernel).
 
     `cand` holds int arrays `t p c e dp b m sched v zero zg sp rc` (codes as in
-    `estimate.step`), flat or broadcastable against each other (the planner passes outer
-    combinations as a column and the `(sp, rc)` pairs as a row, so terms that do not depend on
-    them are computed once per row). Compute costs are evaluated once per distinct
+    `estimate.step`) and, from the grid, the searched partitions `first_less last_less`
+    (`Balanced`; without them the default partition), flat or broadcastable against each
+    other (the planner passes outer combinations as a column and the `(sp, rc)` pairs as a
+    row, so terms that do not depend on them are computed once per row). Compute costs are evaluated once per distinct
     `(t, c, b, e)` and `(sp, rc)` and gathered.
     """
     cal = calib or default_calibration(cluster.accelerator.name)
@@ -89,23 +91,37 @@ def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
         return np.broadcast_to(value, (n_u * 6,))[index]
 
     full_costs = {k: gather(v) for k, v in costs.items()}
-    terms = step_terms(ctx, links, train, **{k: cand[k] for k in _STEP_KEYS}, costs=full_costs)
+    partition = _partition(cand)
+    terms = step_terms(ctx, links, train, **{k: cand[k] for k in _STEP_KEYS}, costs=full_costs,
+                       partition=partition)
     model_flops, hardware = flops_per_token(model, train.seq_len)
     hw = np.array([hardware[i] for i in range(3)])[cand["recompute"]]
     tokens = cand["m"] * cand["micro_batch"] * cand["dp"] * train.seq_len
     terms.update(finish(terms, model_flops, hw, tokens, cluster.n_gpus, ctx.peak,
                         flops_per_token(model, train.seq_len, causal=True)[0]))
     memory = peak_stage_memory(model, train, **{k: cand[k] for k in _STEP_KEYS},
-                               act={k: gather(v) for k, v in act.items()})
+                               act={k: gather(v) for k, v in act.items()}, partition=partition)
     terms["memory"] = memory["total"]
     terms["memory_parts"] = memory
     return terms
 
 
+def _partition(cand: dict[str, Any]) -> Partition:
+    """The searched stage partitions of arrays of layouts (`grid._partitions`), () for the
+    default one."""
+    if "first_less" not in cand:
+        return ()
+    return Balanced(cand["first_less"], cand["last_less"])
+
+
 def _layout_of(cand: dict[str, Any], i: int) -> Layout:
+    """Layout `i` of the arrays, a searched partition as its explicit layers per stage."""
     values: dict[str, Any] = {key: int(cand[key][i]) for key in _STEP_KEYS if key != "m"}
     values.update(sp=bool(values["sp"]), schedule=get_schedule(values["schedule"]).name,
                   recompute=RC_NAMES[values["recompute"]])
+    if "first_less" in cand:
+        key = (values["pp"], int(cand["first_less"][i]), int(cand["last_less"][i]))
+        values["partition"] = cand["_partitions"][key]
     return Layout(**values)
 
 
@@ -117,7 +133,8 @@ def evaluate_layout(model: ModelSpec, cluster: Cluster, train: TrainSpec, layout
     stages = training_memory_per_gpu(model, layout, train)
     peak = max(stages, key=lambda st: st.total)
     m = layout.microbatches(train)
-    small = layout.pp * m * layout.chunks <= 4_000  # the closed forms equal it (tested)
+    # equal stages: the closed forms equal it (tested); uneven: the exact bubble
+    small = layout.pp * m * layout.chunks <= 4_000
     estimate = estimate_step(model, cluster, layout, train, calib,
                              simulate=simulate and small and layout.pp > 1)
     return PlanEntry(layout, estimate, peak, cluster.accelerator.memory_bytes * headroom)

@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 
 from shardwise.arch import ModelSpec
+from shardwise.estimate.memory import layer_params
 from shardwise.hardware import Cluster
-from shardwise.layout import Layout, TrainSpec
+from shardwise.layout import Balanced, Layout, TrainSpec, stage_partition
 from shardwise.plan.results import Rejection
 from shardwise.plan.space import SearchSpace
 from shardwise.schedules.registry import (
@@ -57,6 +58,30 @@ def _structure_reason(problem: str) -> str:
     return problem
 
 
+def _partitions(model: ModelSpec, pp: int) -> dict[tuple[int, int], tuple[int, ...]]:
+    """The searched stage partitions of `pp` stages, `Balanced(a, z)` → layers per stage (()
+    for the default, `Layout.stage_partition`), distinct and ≥ 1 layer per stage: the default,
+    the other of (0, 0) and (1, 1) (even / torchtitan's embedding and head as one layer each),
+    and (0, z) with the head's cost in layers, `z = round(V·h / N_layer)` (its GEMM against a
+    layer's, both 6·N FLOPs per token trained; the embedding is a gather, ≈ 0 layers), at most
+    what leaves the last stage one layer."""
+    n_layers = model.n_layers
+    dense, moe, experts = layer_params(model, 1, 1)
+    per_layer = (model.n_dense_layers * dense + model.n_moe_layers
+                 * (moe + experts * model.top_k / max(model.n_experts, 1))) / n_layers
+    head = min(round(model.vocab * model.d_model / per_layer), n_layers)
+    while head > 1 and min(stage_partition(n_layers, pp, 1, Balanced(0, head))) < 1:
+        head -= 1
+    default = stage_partition(n_layers, pp)
+    out: dict[tuple[int, int], tuple[int, ...]] = {}
+    default_ends = int(Balanced.default(n_layers, pp).first_less)
+    for a, z in ((default_ends, default_ends), (0, 0), (1, 1), (0, head)):
+        split = stage_partition(n_layers, pp, 1, Balanced(a, z))
+        if min(split) >= 1 and split not in out.values() and (split != default or not out):
+            out[(a, z)] = () if split == default else split
+    return out
+
+
 def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: SearchSpace,
                rejections: _Rejections) -> tuple[dict[str, np.ndarray], int]:
     """All valid candidates as flat int arrays (and the grid size)."""
@@ -64,15 +89,18 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
     n_gpus, gb, s = cluster.n_gpus, train.global_batch, train.seq_len
     assert gb is not None
     inner = [len(axes[k]) for k in ("micro_batch", "schedule", "zero", "sp", "recompute")]
-    grid = (len(axes["tp"]) * len(axes["pp"]) * len(axes["cp"]) * len(axes["ep"])
-            * math.prod(inner))
 
-    # level 1: structures (tp, pp, cp, ep) and dp = GPUs / (tp·pp·cp)
+    # level 1: structures (tp, pp, cp, ep, partition) and dp = GPUs / (tp·pp·cp); the
+    # searched partitions of each pp (`_partitions`) as Balanced(first_less, last_less)
+    partitions = {p: _partitions(model, p) for p in axes["pp"]}
     per_structure = math.prod(inner)
+    grid = (len(axes["tp"]) * sum(map(len, partitions.values())) * len(axes["cp"])
+            * len(axes["ep"]) * per_structure)
     rows = []
     for t, p, c, e in itertools.product(axes["tp"], axes["pp"], axes["cp"], axes["ep"]):
+        region = per_structure * len(partitions[p])
         if n_gpus % (t * p * c):
-            rejections.add("tp·pp·cp does not divide the GPU count", per_structure,
+            rejections.add("tp·pp·cp does not divide the GPU count", region,
                            f"tp={t} pp={p} cp={c}: {t * p * c} ∤ {n_gpus}")
             continue
         dp = n_gpus // (t * p * c)
@@ -82,13 +110,13 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
         elif c > 1 and s % (2 * c):
             problems.append(f"2·cp={2 * c} does not divide seq_len={s}")
         if problems:
-            rejections.add(_structure_reason(problems[0]), per_structure, problems[0])
+            rejections.add(_structure_reason(problems[0]), region, problems[0])
             continue
         if dp > gb:
-            rejections.add("more data-parallel replicas than sequences per step", per_structure,
+            rejections.add("more data-parallel replicas than sequences per step", region,
                            f"dp={dp} > global batch {gb}")
             continue
-        rows.append((t, p, c, e, dp))
+        rows += [(t, p, c, e, dp, a, z) for a, z in partitions[p]]
     if not rows:
         return {}, grid
     st = np.array(rows, dtype=np.int64)
@@ -103,7 +131,8 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
                    _example(~ok, lambda i: f"dp={dp_[i]} mb={b_[i]}: {gb} sequences"))
     pair = np.nonzero(ok)[0]
     pairs = {"tp": st[s_idx[pair], 0], "pp": st[s_idx[pair], 1], "cp": st[s_idx[pair], 2],
-             "ep": st[s_idx[pair], 3], "dp": dp_[pair], "micro_batch": b_[pair]}
+             "ep": st[s_idx[pair], 3], "dp": dp_[pair], "micro_batch": b_[pair],
+             "first_less": st[s_idx[pair], 5], "last_less": st[s_idx[pair], 6]}
     pairs["m"] = gb // (pairs["dp"] * pairs["micro_batch"])
     n_pairs = len(pair)
     if not n_pairs:  # no (structure, micro-batch) pair splits the batch
@@ -122,6 +151,17 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
     bad_layers = ~single & inter & (model.n_layers % (p3 * v) != 0)
     rejections.add("pp·chunks does not divide the layers", int(bad_layers.sum()) * rest,
                    _example(bad_layers, lambda i: f"pp={p3[i]} chunks={v[i]}"))
+    a3, z3 = pairs["first_less"][p_idx], pairs["last_less"][p_idx]
+    uneven_inter = (~single & inter & ~bad_layers
+                    & Balanced(a3, z3).searched(model.n_layers, p3))
+
+    def stages(i: int) -> str:
+        return ",".join(map(str, partitions[int(p3[i])][(int(a3[i]), int(z3[i]))]))
+
+    rejections.add("searched uneven partitions need chunks=1", int(uneven_inter.sum()) * rest,
+                   _example(uneven_inter, lambda i: f"pp={p3[i]} chunks={v[i]}, layers "
+                                                    f"{stages(i)}"))
+    bad_layers |= uneven_inter
     bad_m = ~single & inter & ~bad_layers & (m3 % p3 != 0)
     rejections.add("interleaved 1F1B needs micro-batches divisible by pp",
                    int(bad_m.sum()) * rest,
@@ -165,12 +205,16 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
                                                           f"s={s}"))
     valid = ~(no_tp | bad_sp)
     cand: dict[str, Any] = {key: pairs[key][pr][:, None]
-                            for key in ("tp", "pp", "cp", "ep", "dp", "micro_batch", "m")}
+                            for key in ("tp", "pp", "cp", "ep", "dp", "micro_batch", "m",
+                                        "first_less", "last_less")}
     cand.update(schedule=lvl3["schedule"][l3][:, None], chunks=lvl3["chunks"][l3][:, None],
                 zero=lvl4["zero"][:, None], zero_group=lvl4["zero_group"][:, None], sp=sp,
                 recompute=rc,
                 pair=pr[:, None])
     cand["_pairs"] = pairs
+    cand["_n_layers"] = model.n_layers
+    cand["_partitions"] = {(p, a, z): split for p, options in partitions.items()
+                           for (a, z), split in options.items()}
     cand["_valid"] = valid
     return cand, grid
 
@@ -183,7 +227,7 @@ def _flatten(cand: dict[str, Any], terms: dict[str, Any] | None = None,
     valid = cand["_valid"]
     flat = {k: np.broadcast_to(v, valid.shape)[valid] for k, v in cand.items()
             if not k.startswith("_")}
-    flat["_pairs"] = cand["_pairs"]
+    flat |= {k: v for k, v in cand.items() if k.startswith("_") and k != "_valid"}
     if terms is None:
         return flat, None
     out: dict[str, Any] = {}

@@ -83,17 +83,26 @@ def peak_in_flight(schedule: Mapping[int, Sequence[Action]], until: str = "B"
     return tuple(peaks)
 
 
-def _costs(t_f: float, t_b: float, t_w: float | None, split: bool,
-           p2p_latency: float) -> dict[str, float]:
+Times = float | Sequence[float]  # one per action kind, or one per virtual stage
+
+
+def _costs(t_f: Times, t_b: Times, t_w: Times | None, split: bool,
+           p2p_latency: float) -> dict[str, Times]:
     if split and t_w is None:
         raise ShardwiseError("the schedule splits backward into B and W: pass t_w (then t_b is the "
                          "input-gradient time alone)")
     w = t_w if split and t_w is not None else 0.0
     times = {"t_f": t_f, "t_b": t_b, **({"t_w": w} if split else {})}
     for name, value in times.items():
-        validate.positive(value, name)
+        for one in ([value] if isinstance(value, (int, float)) else value):
+            validate.positive(one, name)
     validate.finite(p2p_latency, "p2p_latency", low=0)
     return {"F": t_f, "B": t_b, "W": w}
+
+
+def _cost(value: Times, vs: int) -> float:
+    """An action's time: one for every virtual stage, or virtual stage `vs`'s own."""
+    return value if isinstance(value, (int, float)) else value[vs]
 
 
 def _dependencies(kind: Kind, micro_batch: int, vs: int, last: int) -> tuple[_Key, ...]:
@@ -105,9 +114,11 @@ def _dependencies(kind: Kind, micro_batch: int, vs: int, last: int) -> tuple[_Ke
     return (("B", micro_batch, vs),)
 
 
-def simulate(schedule: Mapping[int, Sequence[Action]], t_f: float, t_b: float,
-             t_w: float | None = None, p2p_latency: float = 0.0) -> Timeline:
-    """Simulate `schedule` with per-action times `t_f`, `t_b` (and `t_w` when it has Ws).
+def simulate(schedule: Mapping[int, Sequence[Action]], t_f: Times, t_b: Times,
+             t_w: Times | None = None, p2p_latency: float = 0.0) -> Timeline:
+    """Simulate `schedule` with per-action times `t_f`, `t_b` (and `t_w` when it has Ws): one
+    number for every virtual stage, or a sequence indexed by virtual stage `c·p + i`
+    (uneven stages).
 
     Runs in O(actions): a stage waiting on a dependency sleeps until that action ends. Raises
     `ValueError` naming the stuck actions if the schedule deadlocks; other defects (a duplicate
@@ -119,6 +130,10 @@ def simulate(schedule: Mapping[int, Sequence[Action]], t_f: float, t_b: float,
     split = any(action.kind == "W" for actions in schedule.values() for action in actions)
     cost = _costs(t_f, t_b, t_w, split, p2p_latency)
     last = p * (1 + max(action.chunk for actions in schedule.values() for action in actions)) - 1
+    for kind, value in cost.items():
+        if not isinstance(value, (int, float)) and len(value) != last + 1:
+            raise ShardwiseError(f"{kind} times: {len(value)} given, one per virtual stage "
+                                 f"({last + 1}) needed")
     done: dict[_Key, float] = {}
     sleeping: dict[_Key, list[int]] = {}
     events: list[list[Event]] = [[] for _ in range(p)]
@@ -143,7 +158,7 @@ def simulate(schedule: Mapping[int, Sequence[Action]], t_f: float, t_b: float,
             if blocked is not None:
                 sleeping.setdefault(blocked, []).append(stage)
                 break
-            free = start + cost[action.kind]
+            free = start + _cost(cost[action.kind], vs)
             row.append(Event(stage, action, start, free))
             key = (action.kind, action.micro_batch, vs)
             done[key] = free
@@ -151,7 +166,8 @@ def simulate(schedule: Mapping[int, Sequence[Action]], t_f: float, t_b: float,
     if any(len(events[s]) < len(schedule[s]) for s in range(p)):
         raise ShardwiseError(_deadlock_message(schedule, events, p, last))
     makespan = max(row[-1].end for row in events if row)
-    busy = sum(cost[action.kind] for actions in schedule.values() for action in actions)
+    busy = sum(_cost(cost[action.kind], action.chunk * p + stage)
+               for stage, actions in schedule.items() for action in actions)
     return Timeline(p, tuple(e for row in events for e in row), makespan,
                     1 - busy / (p * makespan), peak_in_flight(schedule))
 

@@ -96,8 +96,10 @@ class _RingAttention(torch.autograd.Function):
                 counter: C.CommCounter | None) -> torch.Tensor:
         c, r = g.size, g.rank
         b, n, h_q, _ = q.shape
-        out = q.new_zeros(b, n, h_q, v.shape[-1])
-        lse = torch.full((b, h_q, n), float("-inf"), dtype=q.dtype, device=q.device)
+        # the merge accumulates in at least fp32, as the fused kernel keeps its lse
+        acc = torch.promote_types(q.dtype, torch.float32)
+        out = q.new_zeros(b, n, h_q, v.shape[-1], dtype=acc)
+        lse = torch.full((b, h_q, n), float("-inf"), dtype=acc, device=q.device)
         held = torch.stack((k, v))  # (2, b, n, h_kv, d): one message per hop
         for t in range(c):
             plan = plan_block(positions[r], positions[(r - t) % c], causal)
@@ -112,7 +114,7 @@ class _RingAttention(torch.autograd.Function):
                 held = _shift(held, g, counter)
         # Contiguous, so the caller's (b, n, h_q·d) view for the out-projection is this very
         # tensor: one copy of the output is kept for backward, not two.
-        out = out.contiguous()
+        out = out.to(q.dtype).contiguous()
         ctx.save_for_backward(q, k, v, out, lse, positions)
         ctx.g, ctx.causal, ctx.scale, ctx.stats, ctx.counter = g, causal, scale, stats, counter
         return out

@@ -191,7 +191,8 @@ def model_part(args: argparse.Namespace) -> list[tuple[str, float, float]]:
         AttentionFunction.apply(q, k, v, True, True).backward(dout)
 
     def attn_sdpa() -> None:
-        F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=True,
+        qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))  # (b, heads, s, d)
+        F.scaled_dot_product_attention(qh, kh, vh, is_causal=True,
                                        enable_gqa=True).transpose(1, 2).backward(dout)
 
     t = _median(interleaved({"shardwise": attn_ours, "plain": attn_sdpa}, args.steps))
@@ -240,7 +241,8 @@ class PlainStage(nn.Module):
         super().__init__()
         self.embedding = full.embedding if first else None
         self.blocks = nn.ModuleList(full.blocks[i] for i in layers)
-        self.norm, self.head = (full.norm, full.head) if last else (None, None)
+        self.norm: nn.Module | None = full.norm if last else None
+        self.head: nn.Module | None = full.head if last else None
         self.cos, self.sin = full.cos, full.sin
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -249,7 +251,9 @@ class PlainStage(nn.Module):
         s = x.shape[1]
         for block in self.blocks:
             x = block(x, self.cos[:s], self.sin[:s])
-        return self.head(self.norm(x)) if self.head is not None else x
+        if self.norm is None or self.head is None:
+            return x
+        return self.head(self.norm(x))
 
 
 def _clip_and_step(params: list[nn.Parameter], opt: torch.optim.Optimizer,

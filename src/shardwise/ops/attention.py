@@ -335,7 +335,8 @@ def _causal_or_full(mask: torch.Tensor | None) -> bool | None:
     column are trimmed."""
     if mask is None:
         return False
-    return True if torch.equal(mask, _causal_mask(*mask.shape, mask.device)) else None
+    n, m = mask.shape
+    return True if torch.equal(mask, _causal_mask(n, m, mask.device)) else None
 
 
 def attend_block(out: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, kv: torch.Tensor,

@@ -225,3 +225,41 @@ def test_errors_are_clear():
     q3, k3, v3 = qkv(h_q=4, h_kv=3)
     with pytest.raises(ShardwiseError, match="does not divide"):
         ring_attention(q3, k3, v3, 2)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("h_kv", [1, 2, 4])
+def test_fused_kernels_equal_reference_block_kernels(causal, h_kv):
+    # torch's fused CPU flash kernel (what the runtime runs) against the einsum kernels of
+    # this module (block_forward / block_backward) and plain full attention, in fp64
+    from shardwise.ops.attention import block_backward, fused_backward, fused_forward
+    torch.manual_seed(3)
+    b, n, h_q, d, scale = 2, 12, 4, 8, 0.3
+    q = torch.randn(b, n, h_q, d, dtype=torch.float64)
+    k, v = (torch.randn(b, n, h_kv, d, dtype=torch.float64) for _ in range(2))
+    mask = torch.ones(n, n, dtype=torch.bool).tril() if causal else None
+    out, lse = fused_forward(q, k, v, scale, causal)
+    ref_out, ref_lse = block_forward(q, k, v, scale, mask)
+    torch.testing.assert_close(out, ref_out, rtol=0, atol=TOL)
+    torch.testing.assert_close(lse, ref_lse, rtol=0, atol=TOL)
+    torch.testing.assert_close(out, full_attention(q, k, v, causal, scale), rtol=0, atol=TOL)
+    dout = torch.randn_like(out)
+    delta = (dout * out).sum(-1).transpose(1, 2)
+    grads = fused_backward(dout, q, k, v, out, lse, scale, causal)
+    for ours, ref in zip(grads, block_backward(dout, q, k, v, lse, delta, scale, mask),
+                         strict=True):
+        torch.testing.assert_close(ours, ref, rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_causal_ring_block_runs_the_fused_kernel(layout):
+    # after plan_block's trimming each block's mask is none or the causal triangle, so the
+    # ring never falls back to the einsum kernel (ops.attention._causal_or_full)
+    from shardwise.ops.attention import _causal_or_full
+    positions = layout_positions(32, 4, layout)
+    plans = [plan_block(positions[r], positions[src], True)
+             for r in range(4) for src in range(4)]
+    assert all(_causal_or_full(p.mask) is not None for p in plans if p is not None)
+    kinds = {_causal_or_full(p.mask) for p in plans if p is not None}
+    # striped: every block is a (trimmed) triangle; the others have full blocks too
+    assert kinds == ({True} if layout == "striped" else {False, True})

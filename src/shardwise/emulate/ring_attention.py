@@ -156,12 +156,11 @@ def _ring_backward(dout: torch.Tensor, qs: torch.Tensor, ks: torch.Tensor, vs: t
         finally:         the buffer received is block p's; add the own-block dK,dV.
     """
     c = qs.shape[0]
-    delta = (dout * out).sum(dim=-1).transpose(-1, -2)  # (c, b, n, h_q) -> (c, b, h_q, n)
     dq = torch.zeros_like(qs)
 
     def grads(p: int, src: int, kv: torch.Tensor) -> torch.Tensor:
         plan = plan_block(positions[p], positions[src], causal)
-        return block_grads(dout[p], qs[p], kv, lse[p], delta[p], plan, scale, dq[p])
+        return block_grads(dout[p], qs[p], kv, out[p], lse[p], plan, scale, dq[p])
 
     held = [torch.stack((ks[p], vs[p])) for p in range(c)]  # (2, b, n, h_kv, d)
     buffers: list[torch.Tensor] | None = None

@@ -232,6 +232,55 @@ def block_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     return dq, dk, dv
 
 
+# ------------------------------------------------------------------------ fused kernels
+def _heads_first(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(b, n, heads, d) -> (b, heads, n, d) views, SDPA's layout."""
+    return tuple(t.transpose(1, 2) for t in ts)
+
+
+def _causal_mask(n: int, m: int, device: torch.device) -> torch.Tensor:
+    """Top-left aligned causal mask (n, m): query i sees keys 0…i."""
+    return torch.ones(n, m, dtype=torch.bool, device=device).tril()
+
+
+def fused_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                  causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """`block_forward` (over one whole block, causal top-left aligned or unmasked) in a fused
+    kernel: q (b, n, h_q, d), k/v (b, m, h_kv, d) -> O (b, n, h_q, d), lse (b, h_q, n).
+
+    On CPU this is torch's flash kernel, the one `F.scaled_dot_product_attention` dispatches to
+    there (`aten._scaled_dot_product_flash_attention_for_cpu`, torch ≥ 2.2): grouped-query
+    heads natively, every float dtype including fp64, and the log-sum-exp that backward and the
+    ring merge need (fp32 for 16-bit inputs, else the input dtype). Its output follows the
+    query's memory layout, so with q a (b, n, h_q, d) tensor the returned O is contiguous in
+    (b, n, h_q, d) and the out-projection's (b, n, h_q·d) view shares its storage. Other
+    devices run the reference `block_forward` (CUDA's fused kernels would need their own
+    accounting of what they keep; not measured here).
+    """
+    if q.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            *_heads_first(q, k, v), 0.0, causal, scale=scale)
+        return out.transpose(1, 2), lse  # (b, h_q, n, d) view -> (b, n, h_q, d)
+    mask = _causal_mask(q.shape[1], k.shape[1], q.device) if causal else None
+    return block_forward(q, k, v, scale, mask)
+
+
+def fused_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   out: torch.Tensor, lse: torch.Tensor, scale: float, causal: bool
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of `fused_forward` from its saved output and log-sum-exp (FlashAttention-2's
+    backward, `D = rowsum(dO ∘ O)` computed inside): dq (b, n, h_q, d), dk, dv (b, m, h_kv, d).
+    CPU: torch's flash backward kernel; elsewhere `block_backward`."""
+    if q.device.type == "cpu":
+        grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            *_heads_first(dout, q, k, v, out), lse, 0.0, causal, scale=scale)
+        dq, dk, dv = _heads_first(*grads)
+        return dq, dk, dv
+    delta = (dout * out).sum(dim=-1).transpose(1, 2)  # (b, n, h_q) -> (b, h_q, n)
+    mask = _causal_mask(q.shape[1], k.shape[1], q.device) if causal else None
+    return block_backward(dout, q, k, v, lse, delta, scale, mask)
+
+
 # ------------------------------------------------------------------- online softmax step
 @dataclass
 class SoftmaxState:
@@ -277,15 +326,31 @@ def seq_rows(x: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
     return x if index is None else x.index_select(1, index)
 
 
+def _causal_or_full(mask: torch.Tensor | None) -> bool | None:
+    """The fused kernel's `is_causal` for a block mask: False for None (every pair), True for
+    the top-left causal triangle, None for any other mask (the reference kernel runs). After
+    `plan_block`'s trimming every block of the three layouts is one of the first two: positions
+    increase along each device's block, so a diagonal block's mask is the triangle, and
+    striped's strictly-lower off-diagonal block becomes one once its empty first row and last
+    column are trimmed."""
+    if mask is None:
+        return False
+    n, m = mask.shape
+    return True if torch.equal(mask, _causal_mask(n, m, mask.device)) else None
+
+
 def attend_block(out: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, kv: torch.Tensor,
                  plan: BlockPlan | None, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """One forward ring step in flash-kernel form: attend `q` over the held block
-    kv (2, b, m, h_kv, d) as `plan` says and merge into the partial (out, lse) with
-    `merge_attention`. `plan=None` (a future block) returns the inputs unchanged."""
+    kv (2, b, m, h_kv, d) as `plan` says (`fused_forward` when its mask is none or causal,
+    else `block_forward`) and merge into the partial (out, lse) with `merge_attention`.
+    `plan=None` (a future block) returns the inputs unchanged."""
     if plan is None:
         return out, lse
     k, v = seq_rows(kv[0], plan.cols), seq_rows(kv[1], plan.cols)
-    block_out, block_lse = block_forward(seq_rows(q, plan.rows), k, v, scale, plan.mask)
+    q_rows, causal = seq_rows(q, plan.rows), _causal_or_full(plan.mask)
+    block_out, block_lse = (block_forward(q_rows, k, v, scale, plan.mask) if causal is None
+                            else fused_forward(q_rows, k, v, scale, causal))
     if plan.rows is None:
         return merge_attention(out, lse, block_out, block_lse)
     r = plan.rows
@@ -295,19 +360,27 @@ def attend_block(out: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, kv: torc
     return out, lse
 
 
-def block_grads(dout: torch.Tensor, q: torch.Tensor, kv: torch.Tensor, lse: torch.Tensor,
-                delta: torch.Tensor, plan: BlockPlan | None, scale: float,
+def block_grads(dout: torch.Tensor, q: torch.Tensor, kv: torch.Tensor, out: torch.Tensor,
+                lse: torch.Tensor, plan: BlockPlan | None, scale: float,
                 dq: torch.Tensor) -> torch.Tensor:
-    """One backward ring step: add this block's dQ into `dq` (in place) and return this
-    device's dK,dV for the held block, (2, b, m, h_kv, d) (zeros for a skipped block)."""
+    """One backward ring step from the final output `out` and `lse` of the query block: add
+    this block's dQ into `dq` (in place) and return this device's dK,dV for the held block,
+    (2, b, m, h_kv, d) (zeros for a skipped block). `fused_backward` when the block's mask is
+    none or causal, else `block_backward` with `D = rowsum(dO ∘ O)` of the selected rows."""
     dkv = torch.zeros_like(kv)
     if plan is None:
         return dkv
     r, cols = plan.rows, plan.cols
-    dq_b, dk_b, dv_b = block_backward(
-        seq_rows(dout, r), seq_rows(q, r), seq_rows(kv[0], cols), seq_rows(kv[1], cols),
-        lse if r is None else lse[:, :, r], delta if r is None else delta[:, :, r],
-        scale, plan.mask)
+    d_rows, q_rows, o_rows = seq_rows(dout, r), seq_rows(q, r), seq_rows(out, r)
+    lse_rows = lse if r is None else lse[:, :, r]
+    k, v = seq_rows(kv[0], cols), seq_rows(kv[1], cols)
+    causal = _causal_or_full(plan.mask)
+    if causal is None:
+        delta = (d_rows * o_rows).sum(dim=-1).transpose(1, 2)  # (b, n, h_q) -> (b, h_q, n)
+        dq_b, dk_b, dv_b = block_backward(d_rows, q_rows, k, v, lse_rows, delta, scale,
+                                          plan.mask)
+    else:
+        dq_b, dk_b, dv_b = fused_backward(d_rows, q_rows, k, v, o_rows, lse_rows, scale, causal)
     if r is None:
         dq += dq_b
     else:

@@ -9,7 +9,13 @@ import torch.nn.functional as F
 
 class SwiGLUFunction(torch.autograd.Function):
     """`silu(g)·u` (Shazeer 2020) saving only g and u: `d_u = dy·silu(g)`,
-    `d_g = dy·u·σ(g)·(1 + g·(1 - σ(g)))`."""
+    `d_g = dy·u·σ(g)·(1 + g·(1 - σ(g)))`.
+
+    Backward runs torch's fused `silu_backward` kernel for `d_g` (the same kernel autograd's
+    own `F.silu(g)·u` calls) in place on `dy·u`, and recomputes silu(g) for `d_u` in place:
+    two elementwise products, one silu and one silu_backward, no other temporaries. Autograd's
+    unfused version saves silu(g) as a third tensor instead of recomputing it.
+    """
 
     @staticmethod
     def forward(ctx, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -19,5 +25,6 @@ class SwiGLUFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         gate, up = ctx.saved_tensors
-        sig = torch.sigmoid(gate)
-        return dy * up * sig * (1 + gate * (1 - sig)), dy * gate * sig
+        d_gate = dy * up
+        torch.ops.aten.silu_backward.grad_input(d_gate, gate, grad_input=d_gate)
+        return d_gate, F.silu(gate).mul_(dy)

@@ -12,7 +12,8 @@ key/value blocks travel around the ring:
                            last. A dK,dV buffer for block j starts on j+1, each rank adds its
                            contribution and passes it on, so it reaches the owner j after c-1
                            hops ("dK, dV rotate back"). dQ stays local. Block gradients use the
-                           saved lse (FlashAttention-2): P = exp(S - lse), D = rowsum(dO ∘ O),
+                           saved O and lse (FlashAttention-2; torch's fused CPU kernel for
+                           unmasked and causal blocks): P = exp(S - lse), D = rowsum(dO ∘ O),
                            dV = PᵀdO, dS = P ∘ (dO Vᵀ - D), dQ = scale·dS K, dK = scale·dSᵀ Q.
 
 Causal blocks entirely in the future are skipped (their K,V still pass along the ring).
@@ -95,8 +96,10 @@ class _RingAttention(torch.autograd.Function):
                 counter: C.CommCounter | None) -> torch.Tensor:
         c, r = g.size, g.rank
         b, n, h_q, _ = q.shape
-        out = q.new_zeros(b, n, h_q, v.shape[-1])
-        lse = torch.full((b, h_q, n), float("-inf"), dtype=q.dtype, device=q.device)
+        # the merge accumulates in at least fp32, as the fused kernel keeps its lse
+        acc = torch.promote_types(q.dtype, torch.float32)
+        out = q.new_zeros(b, n, h_q, v.shape[-1], dtype=acc)
+        lse = torch.full((b, h_q, n), float("-inf"), dtype=acc, device=q.device)
         held = torch.stack((k, v))  # (2, b, n, h_kv, d): one message per hop
         for t in range(c):
             plan = plan_block(positions[r], positions[(r - t) % c], causal)
@@ -111,7 +114,7 @@ class _RingAttention(torch.autograd.Function):
                 held = _shift(held, g, counter)
         # Contiguous, so the caller's (b, n, h_q·d) view for the out-projection is this very
         # tensor: one copy of the output is kept for backward, not two.
-        out = out.contiguous()
+        out = out.to(q.dtype).contiguous()
         ctx.save_for_backward(q, k, v, out, lse, positions)
         ctx.g, ctx.causal, ctx.scale, ctx.stats, ctx.counter = g, causal, scale, stats, counter
         return out
@@ -122,13 +125,12 @@ class _RingAttention(torch.autograd.Function):
         g, causal, scale = ctx.g, ctx.causal, ctx.scale
         c, r = g.size, g.rank
         dout = dout.contiguous()
-        delta = (dout * out).sum(dim=-1).transpose(1, 2)  # (b, n, h_q) -> (b, h_q, n)
         dq = torch.zeros_like(q)
 
         def grads(src: int, kv: torch.Tensor) -> torch.Tensor:
             plan = plan_block(positions[r], positions[src], causal)
             ctx.stats.backward_blocks_computed += plan is not None
-            return block_grads(dout, q, kv, lse, delta, plan, scale, dq)
+            return block_grads(dout, q, kv, out, lse, plan, scale, dq)
 
         own = torch.stack((k, v))  # (2, b, n, h_kv, d)
         held, buffer = own, None

@@ -7,7 +7,7 @@ generalised activation count of SPEC §3 says (`estimate.memory.saved_tensors_pe
     RMSNorm      its input and one statistic per row (rstd)
     RoPE         nothing (the backward is the inverse rotation by constant angles)
     attention    Q, K, V and the softmax output (materialised), or Q, K, V, the output and the
-                 log-sum-exp per row (FlashAttention-style: the scores are recomputed)
+                 log-sum-exp per row (torch's fused flash kernel: the scores are recomputed)
     SwiGLU       gate and up projections; the down projection keeps silu(gate)·up
     linear       its input (the weight is a parameter, not an activation)
     MoE          the router input and probabilities; per routed row the expert's input, gate,
@@ -43,6 +43,7 @@ from torch.utils.checkpoint import checkpoint
 
 from shardwise.arch import ModelSpec
 from shardwise.errors import ShardwiseError
+from shardwise.ops.attention import fused_backward, fused_forward
 from shardwise.ops.moe import MoEParams, expert_mlp, moe_layer
 from shardwise.ops.swiglu import SwiGLUFunction
 from shardwise.runtime.mixed_precision import loss_dtype
@@ -191,52 +192,48 @@ def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor:
 class AttentionFunction(torch.autograd.Function):
     """softmax(QKᵀ/√d)·V with GQA, inputs and output in (b, s, heads, d).
 
-    `flash=False` saves the softmax output P (`a·s²` per sequence); `flash=True` saves the
-    output O and the log-sum-exp L per row and recomputes `P = exp(S - L)` in backward (Dao et
-    al. 2022). Backward: `dV = Pᵀ·dO`, `dP = dO·Vᵀ`, `dS = P∘(dP - rowsum(dO∘O))`,
+    `flash=True` runs the fused kernel of `ops.attention.fused_forward` (on CPU torch's flash
+    kernel, what `F.scaled_dot_product_attention` runs) and saves Q, K, V, the output O and the
+    log-sum-exp L per row (fp32 for 16-bit activations); its backward recomputes
+    `P = exp(S - L)` blockwise (Dao et al. 2022; `fused_backward`). `flash=False` materialises
+    and saves the softmax output P (`a·s²` per sequence) — the count without FlashAttention —
+    with the hand-written backward `dV = Pᵀ·dO`, `dP = dO·Vᵀ`, `dS = P∘(dP - rowsum(dP∘P))`,
     `dQ = dS·K/√d`, `dK = dSᵀ·Q/√d`; kv-head gradients summed over their query group.
     """
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                 flash: bool) -> torch.Tensor:
+        ctx.causal, ctx.flash, ctx.scale = causal, flash, 1 / math.sqrt(q.shape[-1])
+        if flash:
+            out, lse = fused_forward(q, k, v, ctx.scale, causal)  # (b, s, a, d), (b, a, s)
+            ctx.save_for_backward(q, k, v, out, lse)
+            return out
         group = q.shape[2] // k.shape[2]
         # (b, s, heads, d) -> (b, heads, s, d) views
         qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
-        scores = _scores(qh, _expand_kv(kh, group), causal)
-        lse = torch.logsumexp(scores, dim=-1, keepdim=True)  # (b, a, s, 1)
-        probs = torch.exp(scores - lse)
+        probs = torch.softmax(_scores(qh, _expand_kv(kh, group), causal), dim=-1)
         out = (probs @ _expand_kv(vh, group)).transpose(1, 2).contiguous()  # (b, s, a, d)
-        ctx.causal, ctx.flash, ctx.group = causal, flash, group
-        if flash:
-            ctx.save_for_backward(q, k, v, out, lse)
-        else:
-            ctx.save_for_backward(q, k, v, probs)
+        ctx.group = group
+        ctx.save_for_backward(q, k, v, probs)
         return out
 
     @staticmethod
     def backward(ctx, d_out: torch.Tensor):
-        group = ctx.group
-        d_out_h = d_out.transpose(1, 2)  # (b, a, s, d)
         if ctx.flash:
             q, k, v, out, lse = ctx.saved_tensors
-            qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
-            probs = torch.exp(_scores(qh, _expand_kv(kh, group), ctx.causal) - lse)
-            # rowsum(dP∘P) = rowsum(dO∘O): FlashAttention's D, from the saved output
-            delta = (d_out_h * out.transpose(1, 2)).sum(-1, keepdim=True)
-        else:
-            q, k, v, probs = ctx.saved_tensors
-            qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
-            delta = None
+            d_q, d_k, d_v = fused_backward(d_out, q, k, v, out, lse, ctx.scale, ctx.causal)
+            return d_q, d_k, d_v, None, None
+        group = ctx.group
+        q, k, v, probs = ctx.saved_tensors
+        qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
+        d_out_h = d_out.transpose(1, 2)  # (b, a, s, d)
         k_full, v_full = _expand_kv(kh, group), _expand_kv(vh, group)
         d_v = probs.transpose(-1, -2) @ d_out_h
         d_probs = d_out_h @ v_full.transpose(-1, -2)
-        if delta is None:
-            delta = (d_probs * probs).sum(-1, keepdim=True)
-        d_scores = probs * (d_probs - delta)
-        scale = 1 / math.sqrt(q.shape[-1])
-        d_q = d_scores @ k_full * scale
-        d_k = d_scores.transpose(-1, -2) @ qh * scale
+        d_scores = probs * (d_probs - (d_probs * probs).sum(-1, keepdim=True))
+        d_q = d_scores @ k_full * ctx.scale
+        d_k = d_scores.transpose(-1, -2) @ qh * ctx.scale
         return (d_q.transpose(1, 2), _sum_groups(d_k, group).transpose(1, 2),
                 _sum_groups(d_v, group).transpose(1, 2), None, None)
 

@@ -41,12 +41,13 @@ The result is a `runtime.parallel_transformer.ParallelTransformer`, the training
 
 ZeRO composes with pp (each stage's units over its dp×cp group, Megatron's distributed
 optimizer; a tied embedding's shard gradients summed over pp), tied embeddings (one slot
-viewed by the embedding and the head), ZeRO-1 with ep (experts over `edp`) and hybrid shard
-groups (`hybrid_shard_groups`: reduce-scatter within a group, all-reduce across groups).
+viewed by the embedding and the head), ep (experts a unit of their own over `edp`; a rank
+whose experts no token reached gives them zero gradients, so every edp rank reduces them),
+replicated kv heads (the K/V elements of the shards summed over their tp replicas) and hybrid
+shard groups (`hybrid_shard_groups`: reduce-scatter within a group, all-reduce across groups).
 
 Not supported (refused by `runtime_problems`, with the reason): ZB-H1 with full recompute or
-with ZeRO, ZeRO-2/3 with ep > 1, hybrid shard groups with ep > 1, full recompute with ZeRO-3, ZeRO with
-replicated kv heads (tp > a_kv).
+with ZeRO, hybrid shard groups with ep > 1, full recompute with ZeRO-3.
 """
 
 from __future__ import annotations
@@ -100,19 +101,12 @@ def runtime_problems(layout: Layout, model: ModelSpec) -> list[str]:
     if model.vocab % layout.tp:
         out.append(f"tp={layout.tp} must divide the vocabulary {model.vocab} (vocabulary-"
                    "parallel embedding and head)")
-    if model.n_kv_heads % layout.tp and layout.zero:
-        out.append(f"ZeRO-{layout.zero} with replicated kv heads (tp={layout.tp} > "
-                   f"n_kv_heads={model.n_kv_heads}) is not supported by the training runtime")
     if layout.pp > 1 and layout.schedule == "zb-h1" and layout.recompute == "full":
         out.append("schedule zb-h1 with full recompute is not supported for training (the "
                    "replayed forward would not defer the linears' weight gradients); use "
                    "selective recompute or another schedule")
     if layout.zero:
-        for bad, why in ((layout.zero > 1 and layout.ep > 1,
-                          "ep > 1 (an expert no token reaches has no gradient, so its "
-                          "reduce-scatter in backward would not run on every rank; use "
-                          "zero=1)"),
-                         (bool(layout.zero_group) and layout.ep > 1,
+        for bad, why in ((bool(layout.zero_group) and layout.ep > 1,
                           "both a hybrid shard group (zero_group) and ep > 1"),
                          (layout.zero == 3 and layout.recompute == "full", "full recompute"),
                          (layout.pp > 1 and layout.schedule == "zb-h1",

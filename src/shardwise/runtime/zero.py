@@ -379,10 +379,20 @@ class ZeroDataParallel(nn.Module):
             if (prefetch and self.config.prefetch and nxt < len(self.units)
                     and self.units[nxt].prefetched is None):
                 self.units[nxt].gather(prefetch=True)
-            ctx = torch.autograd.graph.saved_tensors_hooks(unit.pack, _unpack)
+            ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
             ctx.__enter__()
             unit._hooks_ctx = ctx  # type: ignore[attr-defined]
         return hook
+
+    def _pack(self, t: torch.Tensor) -> Any:
+        """A saved view of any gathered unit becomes its marker (two units of one module, as
+        a layer's dense weights and its experts, nest their hooks; the inner one is active)."""
+        for unit in self.units:
+            if unit.gathered is not None:
+                packed = unit.pack(t)
+                if packed is not t:
+                    return packed
+        return t
 
     def _post_forward(self, unit: _Unit) -> Any:
         def hook(module: nn.Module, args: Any, output: Any) -> None:

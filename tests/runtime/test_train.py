@@ -169,9 +169,10 @@ def test_two_ranks_zero_with_tied_embeddings_and_experts_equal_single_device():
 
 
 # ZeRO over each pipeline stage's dp group (Megatron's distributed optimizer), a tied
-# embedding split between the first and the last stage
+# embedding split between the first and the last stage; ZeRO-2 under ZB-H1 (B of micro-batch
+# j+1 runs before W of j: the reduce-scatter waits for W)
 ZERO_FOUR = [config("dp=2,pp=2,zero=1"), config("dp=2,pp=2,zero=2,schedule=gpipe"),
-             config("dp=2,pp=2,zero=3", "tiny-tied")]
+             config("dp=2,pp=2,zero=3", "tiny-tied"), config("dp=2,pp=2,zero=2,schedule=zb-h1")]
 
 
 @pytest.mark.slow

@@ -46,8 +46,12 @@ whose experts no token reached gives them zero gradients, so every edp rank redu
 replicated kv heads (the K/V elements of the shards summed over their tp replicas) and hybrid
 shard groups (`hybrid_shard_groups`: reduce-scatter within a group, all-reduce across groups).
 
+ZeRO-1/2 compose with ZB-H1: W accumulates the deferred weight gradients through autograd, so
+ZeRO-2's hooks see them, and a unit is reduce-scattered once all its slots have a micro-batch
+more (`runtime.zero`).
+
 Not supported (refused by `runtime_problems`, with the reason): ZB-H1 with full recompute or
-with ZeRO, hybrid shard groups with ep > 1, full recompute with ZeRO-3.
+with ZeRO-3, hybrid shard groups with ep > 1, full recompute with ZeRO-3.
 """
 
 from __future__ import annotations
@@ -109,9 +113,9 @@ def runtime_problems(layout: Layout, model: ModelSpec) -> list[str]:
         for bad, why in ((bool(layout.zero_group) and layout.ep > 1,
                           "both a hybrid shard group (zero_group) and ep > 1"),
                          (layout.zero == 3 and layout.recompute == "full", "full recompute"),
-                         (layout.pp > 1 and layout.schedule == "zb-h1",
-                          "the zb-h1 schedule (its deferred weight gradients are written after "
-                          "the gradient hooks ZeRO shards with)")):
+                         (layout.zero == 3 and layout.pp > 1 and layout.schedule == "zb-h1",
+                          "the zb-h1 schedule (its deferred weight gradients would need each "
+                          "layer's gathered weights kept from B until W; use zero=2)")):
             if bad:
                 out.append(f"ZeRO-{layout.zero} with {why} is not supported by the training "
                            "runtime")

@@ -180,8 +180,10 @@ def test_four_ranks_zero_over_pipeline_stages_equal_single_device():
     _check(spawn(_train_layouts, 4, ZERO_FOUR, timeout_s=240), ZERO_FOUR)
 
 
-# Hybrid ZeRO (HSDP): shard within groups of 2 dp(·cp) ranks, average across the groups
-ZERO_HYBRID = [config("dp=4,zero=1,zero_group=2"), config("dp=2,cp=2,zero=3,zero_group=2")]
+# Hybrid ZeRO (HSDP): shard within groups of 2 dp(·cp) ranks, average across the groups; with
+# ep=2 the experts' edp ranks of a group (one here) shard them, averaged over the groups
+ZERO_HYBRID = [config("dp=4,zero=1,zero_group=2"), config("dp=2,cp=2,zero=3,zero_group=2"),
+               config("dp=4,ep=2,zero=3,zero_group=2", "tiny-moe")]
 
 
 @pytest.mark.slow
@@ -189,8 +191,7 @@ def test_four_ranks_hybrid_zero_groups_equal_single_device():
     _check(spawn(_train_layouts, 4, ZERO_HYBRID, timeout_s=240), ZERO_HYBRID)
 
 
-# ZeRO-2/3 with experts sharded over edp (groups of 2), hybrid ZeRO with ep, ZeRO with a kv head
-# replicated over tp
+# ZeRO-2/3 with experts sharded over edp (groups of 2), ZeRO with a kv head replicated over tp
 ZERO_MORE = [config("dp=4,ep=2,zero=2", "tiny-moe"), config("dp=4,ep=2,zero=3", "tiny-moe"),
              config("dp=2,tp=2,zero=2", "tiny-mqa")]
 

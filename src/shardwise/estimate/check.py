@@ -226,12 +226,16 @@ def predicted_comm(model: ModelSpec, layout: Layout, train: TrainSpec, stage: in
               else [(dp_axis, dense + experts, replicas)])
     k = layout.zero_degree
     if layout.zero and k < replicas:  # hybrid shard: ZeRO within groups of k, then replicas
-        groups = [("zero_shard", dense + experts, k)]
-        shard_bytes = (dense + experts) / k * ab
+        # (with ep > 1 the experts' edp ranks of a group shard them: max(k/e, 1) ranks)
+        parts = ([("zero", dense, k, replicas), ("edp", experts, max(k // e, 1), replicas // e)]
+                 if e > 1 else [("zero", dense + experts, k, replicas)])
         reductions = m if layout.zero >= 2 else 1  # as often as the reduce-scatter
-        terms.append(Term("zero_replica", "all-reduce", reductions * ring_bytes_on_wire(
-            "all-reduce", shard_bytes, replicas // k), "hybrid ZeRO: gradient shards "
-            "averaged over the groups"))
+        groups = [(f"{name}_shard", n_params, size) for name, n_params, size, _ in parts]
+        for name, n_params, size, span in parts:
+            if span > size:
+                terms.append(Term(f"{name}_replica", "all-reduce", reductions * ring_bytes_on_wire(
+                    "all-reduce", n_params / size * ab, span // size), "hybrid ZeRO: gradient "
+                    "shards averaged over the groups"))
     for axis, n_params, n in groups:
         if n > 1:
             for op, nbytes in dp_step_comm_ops(n_params, n, layout.zero, ab, ab, m):

@@ -184,3 +184,27 @@ def test_zero_2_and_3_with_idle_experts_train_like_one_device() -> None:
     for rank in results:
         for o in rank:
             assert o["error"] <= 1e-12, o
+
+
+@pytest.mark.slow
+def test_check_is_exact_for_zero_with_experts_kv_replicas_and_zb_h1(tmp_path) -> None:
+    """check's prediction equals the runtime's measurement on every row for: hybrid ZeRO-3
+    with ep=2 (experts over edp_shard / edp_replica), ZeRO-2 with one kv head replicated over
+    tp=2 (the shards' K/V elements all-reduced over tp), and ZeRO-2 under ZB-H1."""
+    mqa = tmp_path / "config.json"  # tiny's shape with a single kv head
+    mqa.write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1,
+        "vocab_size": 256, "max_position_embeddings": 64, "rms_norm_eps": 1e-5}))
+    common = ["--seq", "32", "--steps", "1", "--dtype", "fp64", "--json"]
+    for args in (["--model", "tiny-moe", "--dp", "4", "--ep", "2", "--zero", "3",
+                  "--zero-group", "2", "--global-batch", "4"],
+                 ["--model", str(mqa), "--dp", "2", "--tp", "2", "--zero", "2",
+                  "--global-batch", "4"],
+                 ["--dp", "2", "--pp", "2", "--zero", "2", "--schedule", "zb-h1",
+                  "--global-batch", "8"]):
+        out = json.loads(shardwise("check", *args, *common).stdout)
+        assert out["ok"], (args, [r for r in out["rows"] if not r["ok"]])
+        what = {row["what"] for row in out["rows"] if row["item"] == "comm"}
+        if "--ep" in args:
+            assert {"edp_replica all-reduce", "zero_replica all-reduce"} <= what

@@ -313,8 +313,8 @@ def zero_units(model: ModelSpec, layout: Layout, stage: int) -> list[tuple[int, 
     if stage == 0:
         units.append((round(model.vocab * h / t + model.learned_positions * h), n, False))
     dense, experts = _layer_units(model, layout, stage_layers(model, layout, stage))
-    for k, unit in enumerate(dense):
-        units += [unit, *([experts[k]] if experts[k] else [])]
+    for unit, expert_unit in zip(dense, experts):
+        units += [unit] if expert_unit is None else [unit, expert_unit]
     if stage == layout.pp - 1:
         units.append((round(model.norm_params()), n, False))
         if not model.tie_embeddings or layout.pp > 1:

@@ -204,3 +204,98 @@ def test_cli_round_trip_and_one_step_on_dp2_tp2(tmp_path, case="qwen2-biases-tie
     single, parallel = _hf_logits(one, tokens), _hf_logits(par, tokens)
     assert (single - _hf_logits(src, tokens)).abs().max().item() > 1e-6  # it trained
     assert (parallel - single).abs().max().item() <= 1e-12
+
+
+# ------------------------------------------------------------------------------- Mixtral
+MIXTRAL = dict(TINY, intermediate_size=48, num_local_experts=4, num_experts_per_tok=2,
+               rms_norm_eps=1e-6, router_jitter_noise=0.0,
+               rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+
+
+def mixtral_model(seed: int = 0):
+    """A tiny `MixtralForCausalLM` in float64, its fp32 islands removed (HF's router takes
+    `softmax(logits.float())`; here the same softmax, top-k and renormalisation in float64)."""
+    config = transformers.MixtralConfig(**MIXTRAL, attn_implementation="sdpa",
+                                        experts_implementation="eager")
+    torch.manual_seed(seed)
+    model = transformers.MixtralForCausalLM(config).to(torch.float64).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    _fp64_router(model)
+    return model
+
+
+def _fp64_router(model) -> None:
+    def router_forward(self, hidden_states):  # MixtralTopKRouter.forward without `.float()`
+        hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+        logits = torch.nn.functional.linear(hidden_states, self.weight)
+        top, index = torch.topk(torch.softmax(logits, dim=-1), self.top_k, dim=-1)
+        return logits, top / top.sum(dim=-1, keepdim=True), index
+
+    for module in model.modules():
+        if type(module).__name__ == "MixtralTopKRouter":
+            module.forward = router_forward.__get__(module)
+    _fp64_islands(model)
+
+
+def test_mixtral_weights_load_and_save_like_hf(tmp_path):
+    """A Mixtral checkpoint (block_sparse_moe.gate, experts.N.w1/w2/w3) loads into the
+    runtime's MoE layers: logits equal HF's in fp64; written back (to_hf_tensors, hf_config),
+    transformers reads the same model."""
+    model = mixtral_model()
+    src = tmp_path / "src"
+    model.save_pretrained(src, safe_serialization=True)
+    spec = from_hf_config(src)
+    assert (spec.n_experts, spec.top_k, spec.expert_d_ff) == (4, 2, 48)
+    ours = Transformer(spec, dtype=torch.float64)
+    hf.load_hf_weights(ours, src)
+    tokens = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        theirs = model(tokens).logits
+        assert (ours(tokens) - theirs).abs().max().item() <= 1e-12
+    from safetensors.torch import save_file
+
+    out = tmp_path / "out"
+    out.mkdir()
+    save_file({k: v.contiguous() for n, p in ours.named_parameters()
+               for k, v in hf.to_hf_tensors(n, p.detach()).items()},
+              str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(hf.hf_config(spec)), encoding="utf-8")
+    again = transformers.AutoModelForCausalLM.from_pretrained(
+        out, dtype=torch.float64, attn_implementation="sdpa",
+        experts_implementation="eager").eval()  # (its default grouped GEMM has no float64)
+    _fp64_router(again)
+    with torch.no_grad():
+        assert (again(tokens).logits - theirs).abs().max().item() <= 1e-12
+
+
+@pytest.mark.slow
+def test_cli_mixtral_round_trip_and_one_step_on_dp2_ep2(tmp_path):
+    """`shardwise train --model DIR --save-hf OUT` on a Mixtral checkpoint: 0 steps on
+    dp2×ep2 (experts split over ep as they load) writes the original model back; one step on
+    dp2×ep2 writes the same model as one step on one rank."""
+    src = tmp_path / "src"
+    mixtral_model().save_pretrained(src, safe_serialization=True)
+    tokens = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(3))
+
+    def logits(directory: Path) -> torch.Tensor:
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            directory, dtype=torch.float64, attn_implementation="sdpa",
+            experts_implementation="eager").eval()
+        _fp64_router(model)
+        with torch.no_grad():
+            return model(tokens).logits
+
+    common = ["train", "--model", str(src), "--dtype", "fp64", "--seq", "16",
+              "--global-batch", "4", "--quiet"]
+    ep = ["--dp", "2", "--ep", "2"]
+    for out, steps, layout in (("zero", "0", ep), ("one", "1", []), ("par", "1", ep)):
+        run = _cli(*common, "--steps", steps, "--save-hf", str(tmp_path / out), *layout)
+        assert run.returncode == 0, run.stderr
+    original = logits(src)
+    assert (logits(tmp_path / "zero") - original).abs().max().item() <= 1e-12
+    single = logits(tmp_path / "one")
+    assert (single - original).abs().max().item() > 1e-6  # it trained
+    assert (logits(tmp_path / "par") - single).abs().max().item() <= 1e-12

@@ -92,11 +92,9 @@ def test_context_parallel_ranks_hold_zigzag_positions():
 
 @pytest.mark.parametrize(("text", "model", "fragment"), [
     ("pp=2,schedule=zb-h1,recompute=full", "tiny", "zb-h1 with full recompute"),
-    ("dp=2,zero=3,ep=2", "tiny-moe", "ZeRO-3 with ep > 1"),
-    ("dp=2,zero=2,ep=2", "tiny-moe", "ZeRO-2 with ep > 1"),
     ("dp=2,zero=3,recompute=full", "tiny", "ZeRO-3 with full recompute"),
-    ("dp=4,zero=1,zero_group=2,ep=2", "tiny-moe", "hybrid shard group (zero_group) and ep"),
-    ("dp=2,tp=4,zero=1", "tiny", "ZeRO-1 with replicated kv heads"),
+    ("dp=2,pp=2,zero=3,schedule=zb-h1", "tiny", "ZeRO-3 with the zb-h1 schedule"),
+    ("dp=6,zero=1,zero_group=3,ep=2", "tiny-moe", "neither a multiple nor a divisor of ep=2"),
 ])
 def test_the_runtime_refuses_what_it_cannot_run(text, model, fragment):
     problems = runtime_problems(Layout.parse(text), spec(model))

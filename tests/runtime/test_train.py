@@ -41,12 +41,17 @@ NORM_TOL = {"fp64": 1e-10, "fp32": 1e-3}  # fp32: one steep step amplifies the r
 PARAM_TOL = {"fp64": 1e-10, "fp32": 1e-4}
 
 
+# preset variants: "-tied" ties the embeddings, "-mqa" keeps one kv head (tp=2 replicates it),
+# "-6l" has six layers
+VARIANTS = {"-tied": {"tie_embeddings": True}, "-mqa": {"n_kv_heads": 1},
+            "-6l": {"n_layers": 6}}  # six layers: room for uneven interleaved stages
+
+
 def config(layout: str = "", model: str = "tiny", dtype: str = "fp64", **kw) -> TrainConfig:
-    spec = get_model(model.removesuffix("-tied").removesuffix("-6l"))
-    if model.endswith("-tied"):
-        spec = spec.with_(name=model, tie_embeddings=True)
-    if model.endswith("-6l"):  # six layers: room for uneven interleaved stages
-        spec = spec.with_(name=model, n_layers=6)
+    suffix = next((v for v in VARIANTS if model.endswith(v)), "")
+    spec = get_model(model.removesuffix(suffix) if suffix else model)
+    if suffix:
+        spec = spec.with_(name=model, **VARIANTS[suffix])
     return TrainConfig(spec, Layout.parse(layout), steps=STEPS, seq_len=SEQ,
                        global_batch=BATCH, lr=LR, min_lr=MIN_LR, warmup=WARMUP, clip=CLIP,
                        dtype=dtype, **kw)
@@ -169,9 +174,10 @@ def test_two_ranks_zero_with_tied_embeddings_and_experts_equal_single_device():
 
 
 # ZeRO over each pipeline stage's dp group (Megatron's distributed optimizer), a tied
-# embedding split between the first and the last stage
+# embedding split between the first and the last stage; ZeRO-2 under ZB-H1 (B of micro-batch
+# j+1 runs before W of j: the reduce-scatter waits for W)
 ZERO_FOUR = [config("dp=2,pp=2,zero=1"), config("dp=2,pp=2,zero=2,schedule=gpipe"),
-             config("dp=2,pp=2,zero=3", "tiny-tied")]
+             config("dp=2,pp=2,zero=3", "tiny-tied"), config("dp=2,pp=2,zero=2,schedule=zb-h1")]
 
 
 @pytest.mark.slow
@@ -179,13 +185,25 @@ def test_four_ranks_zero_over_pipeline_stages_equal_single_device():
     _check(spawn(_train_layouts, 4, ZERO_FOUR, timeout_s=240), ZERO_FOUR)
 
 
-# Hybrid ZeRO (HSDP): shard within groups of 2 dp(·cp) ranks, average across the groups
-ZERO_HYBRID = [config("dp=4,zero=1,zero_group=2"), config("dp=2,cp=2,zero=3,zero_group=2")]
+# Hybrid ZeRO (HSDP): shard within groups of 2 dp(·cp) ranks, average across the groups; with
+# ep=2 the experts' edp ranks of a group (one here) shard them, averaged over the groups
+ZERO_HYBRID = [config("dp=4,zero=1,zero_group=2"), config("dp=2,cp=2,zero=3,zero_group=2"),
+               config("dp=4,ep=2,zero=3,zero_group=2", "tiny-moe")]
 
 
 @pytest.mark.slow
 def test_four_ranks_hybrid_zero_groups_equal_single_device():
     _check(spawn(_train_layouts, 4, ZERO_HYBRID, timeout_s=240), ZERO_HYBRID)
+
+
+# ZeRO-2/3 with experts sharded over edp (groups of 2), ZeRO with a kv head replicated over tp
+ZERO_MORE = [config("dp=4,ep=2,zero=2", "tiny-moe"), config("dp=4,ep=2,zero=3", "tiny-moe"),
+             config("dp=2,tp=2,zero=2", "tiny-mqa")]
+
+
+@pytest.mark.slow
+def test_four_ranks_zero_with_experts_and_replicated_kv_heads_equal_single_device():
+    _check(spawn(_train_layouts, 4, ZERO_MORE, timeout_s=400), ZERO_MORE)
 
 
 EIGHT = [config("dp=2,tp=2,pp=2")]
@@ -215,8 +233,8 @@ def test_impossible_layouts_are_one_line_errors():
                           "tp=3 does not divide n_heads=4")
     assert_one_line_error(shardwise("train", "--pp", "2", "--schedule", "zb-h1", "--recompute",
                                     "full", check=False), "zb-h1 with full recompute")
-    assert_one_line_error(shardwise("train", "--model", "tiny-moe", "--dp", "2", "--ep", "2",
-                                    "--zero", "2", check=False), "ZeRO-2 with ep > 1")
+    assert_one_line_error(shardwise("train", "--dp", "2", "--zero", "3", "--recompute", "full",
+                                    check=False), "ZeRO-3 with full recompute")
     assert_one_line_error(shardwise("train", "--ep", "2", "--dp", "2", check=False),
                           "needs a mixture-of-experts model")
 

@@ -178,7 +178,13 @@ def predicted_comm(model: ModelSpec, layout: Layout, train: TrainSpec, stage: in
             terms.append(Term("tp", "all-reduce",
                               sequence_parallel_grad_comm_bytes(replicated, t, ab),
                               "SP: norm (and router) gradients"))
-        if model.n_kv_heads < t:  # runtime.tensor_parallel.allreduce_replicated_kv_grads
+        if model.n_kv_heads < t and layout.zero:  # parallel_transformer._reduce_kv_shards
+            n = layout.zero_degree  # an (a_kv, shard) buffer per layer unit
+            terms.append(Term("tp", "all-reduce", sum(ring_bytes_on_wire(
+                "all-reduce", model.n_kv_heads * _padded(u, n) // n * ab, t)
+                for u, _, _ in _layer_units(model, layout, layers)[0]),
+                "replicated kv heads: K, V elements of the ZeRO shards summed over replicas"))
+        elif model.n_kv_heads < t:  # runtime.tensor_parallel.allreduce_replicated_kv_grads
             bias = model.qkv_bias or model.bias
             slots = len(layers) * 2 * model.kv_dim * (h + bias)  # (a_kv, d, h) for K and V
             terms.append(Term("tp", "all-reduce", ring_bytes_on_wire("all-reduce", slots * ab, t),
@@ -220,12 +226,16 @@ def predicted_comm(model: ModelSpec, layout: Layout, train: TrainSpec, stage: in
               else [(dp_axis, dense + experts, replicas)])
     k = layout.zero_degree
     if layout.zero and k < replicas:  # hybrid shard: ZeRO within groups of k, then replicas
-        groups = [("zero_shard", dense + experts, k)]
-        shard_bytes = (dense + experts) / k * ab
+        # (with ep > 1 the experts' edp ranks of a group shard them: max(k/e, 1) ranks)
+        parts = ([("zero", dense, k, replicas), ("edp", experts, max(k // e, 1), replicas // e)]
+                 if e > 1 else [("zero", dense + experts, k, replicas)])
         reductions = m if layout.zero >= 2 else 1  # as often as the reduce-scatter
-        terms.append(Term("zero_replica", "all-reduce", reductions * ring_bytes_on_wire(
-            "all-reduce", shard_bytes, replicas // k), "hybrid ZeRO: gradient shards "
-            "averaged over the groups"))
+        groups = [(f"{name}_shard", n_params, size) for name, n_params, size, _ in parts]
+        for name, n_params, size, span in parts:
+            if span > size:
+                terms.append(Term(f"{name}_replica", "all-reduce", reductions * ring_bytes_on_wire(
+                    "all-reduce", n_params / size * ab, span // size), "hybrid ZeRO: gradient "
+                    "shards averaged over the groups"))
     for axis, n_params, n in groups:
         if n > 1:
             for op, nbytes in dp_step_comm_ops(n_params, n, layout.zero, ab, ab, m):
@@ -311,24 +321,35 @@ def zero_units(model: ModelSpec, layout: Layout, stage: int) -> list[tuple[int, 
     (parameters, ranks the unit is sharded over, whether it holds experts). The embedding
     (first stage), each layer (its experts a unit of their own, over `edp`, when ep > 1), the
     final norm and the head (last stage; a tied head with pp = 1 is the embedding itself)."""
-    h, t, e = model.d_model, layout.tp, layout.ep
+    h, t = model.d_model, layout.tp
     n = layout.zero_degree
-    dense_layer, moe_layer, expert_layer = layer_params(model, t, e)
     units: list[tuple[int, int, bool]] = []
     if stage == 0:
         units.append((round(model.vocab * h / t + model.learned_positions * h), n, False))
-    for k in stage_layers(model, layout, stage):
-        if not model.is_moe_layer(k):
-            units.append((round(dense_layer), n, False))
-        elif e > 1:
-            units += [(round(moe_layer), n, False), (round(expert_layer), max(n // e, 1), True)]
-        else:
-            units.append((round(moe_layer + expert_layer), n, False))
+    dense, experts = _layer_units(model, layout, stage_layers(model, layout, stage))
+    for unit, expert_unit in zip(dense, experts):
+        units += [unit] if expert_unit is None else [unit, expert_unit]
     if stage == layout.pp - 1:
         units.append((round(model.norm_params()), n, False))
         if not model.tie_embeddings or layout.pp > 1:
             units.append((round(model.vocab * h / t), n, False))
     return units
+
+
+def _layer_units(model: ModelSpec, layout: Layout, layers: Sequence[int]
+                 ) -> tuple[list[tuple[int, int, bool]], list[tuple[int, int, bool] | None]]:
+    """Each layer's ZeRO unit (its dense weights: attention, norms, router, the MLP or
+    replicated experts) and, under ep > 1, its experts' unit over `edp` (else None)."""
+    t, e, n = layout.tp, layout.ep, layout.zero_degree
+    dense_layer, moe_layer, expert_layer = layer_params(model, t, e)
+    dense: list[tuple[int, int, bool]] = []
+    experts: list[tuple[int, int, bool] | None] = []
+    for k in layers:
+        moe = model.is_moe_layer(k)
+        own = moe_layer if moe else dense_layer
+        dense.append((round(own + (expert_layer if moe and e == 1 else 0)), n, False))
+        experts.append((round(expert_layer), max(n // e, 1), True) if moe and e > 1 else None)
+    return dense, experts
 
 
 def _padded(numel: int, n: int) -> int:

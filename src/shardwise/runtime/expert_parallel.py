@@ -21,7 +21,10 @@ moves `(e-1)/e · T·k·h·bytes` per rank (SPEC §5, `estimate.comm.ep_comm_byt
 the counted layer records the exact off-rank bytes under (axis, "all-to-all"). The small count
 exchange is recorded separately, under "all-to-all (counts)", so the measured row traffic is
 comparable with the formula. Load-balancing loss per rank: Switch's `E · Σ_i f_i · P_i` over
-this rank's tokens; the layer's loss is the mean over ranks.
+this rank's tokens; the layer's loss is the mean over ranks. A rank whose experts no row
+reaches still gives them a (zero) gradient, so every rank of the expert-data-parallel group
+runs the same gradient reductions (ZeRO-2/3 shard expert state over it; Megatron's distributed
+optimizer likewise reduces its whole contiguous expert-gradient buffer, zeros included).
 
 Equal to `shardwise.ops.moe.moe_layer(x_all, params, k, groups=e)` on one device: same
 outputs, aux losses and gradients (the router's gradient summed over the ep ranks, as the data
@@ -129,10 +132,13 @@ def expert_parallel_moe(x: torch.Tensor, router: torch.Tensor, w_gate: torch.Ten
     send, recv = plan.send.tolist(), counts.sum(dim=1).tolist()
     received = all_to_all(gather_rows(x, probs, plan, rule), recv, send, g, counter=counter)  # (N_recv, h)
     expert_out = run_local_experts(received, counts, w_gate, w_up, w_down)  # (N_recv, h)
-    if received.requires_grad and not expert_out.requires_grad:
-        # No rows reached my experts: keep both all-to-alls in the graph (a zero-size term) so
-        # this rank still joins them in backward, where its peers wait for it.
-        expert_out = expert_out + 0 * received
+    if not int(counts.sum()) and torch.is_grad_enabled():
+        # No rows reached my experts. Keep both all-to-alls in the graph (a zero-size term) so
+        # this rank still joins them in backward, where its peers wait for it, and give every
+        # local expert weight a zero gradient (a zero-valued term): its gradient reduction over
+        # the expert-data-parallel group (ZeRO-2's hook, ZeRO-3's reduce-scatter) then runs
+        # on every rank, in the same order, with a missing gradient counted as zeros.
+        expert_out = expert_out + 0 * received + 0 * (w_gate.sum() + w_up.sum() + w_down.sum())
     returned = all_to_all(expert_out, send, recv, g, counter=counter)  # (N_send, h)
     y = weighted_combine(returned, probs, plan, rule)
     stats = EPStats(plan.routed, plan.per_expert, counts.sum(dim=0), send, recv)

@@ -142,6 +142,8 @@ class ParallelTransformer:
     # bool mask); ZeRO: a mask per flat shard marking the sequence-parallel elements too
     norm_terms: list[tuple[torch.Tensor, Any]] = field(default_factory=list)
     _sp_masks: list[torch.Tensor | None] = field(default_factory=list)
+    # ZeRO with replicated kv heads: per flat shard, its K/V elements (None: none)
+    _kv_masks: list[torch.Tensor | None] = field(default_factory=list)
     # without ZeRO: the dense weights' reducer over dp×cp, and with ep > 1 the experts' over edp
     reducers: list[GradientReducer] = field(default_factory=list)
 
@@ -215,7 +217,8 @@ class ParallelTransformer:
         `parameters()` and their `.grad`)."""
         if self.zero is not None:  # ZeRO reduces, calls the optimizer, gathers weights
             self.zero.optimizer = _Update(update)
-            self.zero.step(before_update=lambda: (self._sync_tied(), self._reduce_sp_shards()))
+            self.zero.step(before_update=lambda: (self._sync_tied(), self._reduce_sp_shards(),
+                                                  self._reduce_kv_shards()))
             return
         named = list(self.model.named_parameters())
         for _, p in named:  # a weight no token reached (an idle expert) still takes part
@@ -265,6 +268,21 @@ class ParallelTransformer:
                 C.all_reduce(partial_sum, self.axis("tp"))
                 p.grad.copy_(torch.where(mask, partial_sum, p.grad))
 
+    def _reduce_kv_shards(self) -> None:
+        """ZeRO + replicated kv heads (tp > a_kv): sum each K/V element of the shards over the
+        t/a_kv tp ranks holding the same head (sums commute, so after the reduce-scatter is
+        as before it). As `allreduce_replicated_kv_grads`, one all-reduce over tp of an
+        (a_kv, shard) buffer per unit holding K/V: rank r fills row r // (t/a_kv) with its
+        shard's K/V elements, the other rows stay zero."""
+        tp = self.axis("tp")
+        rep = tp.size // self.model.spec.n_kv_heads if self._kv_masks else 1
+        for (p, _), mask in zip(self.norm_terms, self._kv_masks):
+            if mask is not None and p.grad is not None:
+                slots = p.grad.new_zeros((tp.size // rep, *p.grad.shape))  # (a_kv, shard)
+                slots[tp.rank // rep] = p.grad * mask
+                C.all_reduce(slots, tp)
+                p.grad.copy_(torch.where(mask, slots[tp.rank // rep], p.grad))
+
     @torch.no_grad()
     def grad_norm(self) -> float:
         """‖g‖ over every unique parameter element (see the module docstring)."""
@@ -301,22 +319,28 @@ class ParallelTransformer:
                 replicas = self.axis("edp") if self.shards[name].expert else self.dp_axis
                 self.norm_terms.append((p, float(self._counted(name) and replicas.rank == 0)))
                 self._sp_masks.append(None)
+                self._kv_masks.append(None)
             return
         stage, dp = self.layout.zero, self.dp_axis
         for unit, shard in zip(self.zero.units, self.zero.shards):
             counted = torch.zeros(unit.padded, dtype=torch.bool, device=shard.device)
-            sp = torch.zeros_like(counted)
+            sp, kv = torch.zeros_like(counted), torch.zeros_like(counted)
             for s in unit.slots:
                 counted[s.offset:s.offset + s.numel] = self._counted(s.qualname)
                 sp[s.offset:s.offset + s.numel] = self.shards[s.qualname].sequence_parallel
+                kv[s.offset:s.offset + s.numel] = self.shards[s.qualname].tp_replicas > 1
             if stage > 0:  # the shards are disjoint over the group, equal over its replicas
-                counted, sp = counted[unit.lo:unit.hi], sp[unit.lo:unit.hi]
+                counted, sp, kv = counted[unit.lo:unit.hi], sp[unit.lo:unit.hi], kv[unit.lo:unit.hi]
                 if unit.replicas is not None and unit.replicas.rank != 0:
                     counted = torch.zeros_like(counted)
             elif dp.rank != 0:  # stage 0 steps on the whole (replicated) buffer
                 counted = torch.zeros_like(counted)
             self.norm_terms.append((shard, counted))
             self._sp_masks.append(sp if bool(sp.any()) else None)
+            # every unit holding K/V takes part, even one whose shard has none of them: the
+            # all-reduce over tp then runs on every rank (all tp ranks shard alike)
+            has_kv = any(self.shards[s.qualname].tp_replicas > 1 for s in unit.slots)
+            self._kv_masks.append(kv if has_kv else None)
 
     # ------------------------------------------------------------------- inspection
     @torch.no_grad()

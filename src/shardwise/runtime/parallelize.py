@@ -43,12 +43,19 @@ The result is a `runtime.parallel_transformer.ParallelTransformer`, the training
 
 ZeRO composes with pp (each stage's units over its dp×cp group, Megatron's distributed
 optimizer; a tied embedding's shard gradients summed over pp), tied embeddings (one slot
-viewed by the embedding and the head), ZeRO-1 with ep (experts over `edp`) and hybrid shard
-groups (`hybrid_shard_groups`: reduce-scatter within a group, all-reduce across groups).
+viewed by the embedding and the head), ep (experts a unit of their own over `edp`; a rank
+whose experts no token reached gives them zero gradients, so every edp rank reduces them),
+replicated kv heads (the K/V elements of the shards summed over their tp replicas) and hybrid
+shard groups (`hybrid_shard_groups`: reduce-scatter within a group, all-reduce across groups;
+with ep the experts' edp ranks within a group shard them).
+
+ZeRO-1/2 compose with ZB-H1: W accumulates the deferred weight gradients through autograd, so
+ZeRO-2's hooks see them, and a unit is reduce-scattered once all its slots have a micro-batch
+more (`runtime.zero`).
 
 Not supported (refused by `runtime_problems`, with the reason): ZB-H1 with full recompute or
-with ZeRO, ZeRO-2/3 with ep > 1, hybrid shard groups with ep > 1, full recompute with ZeRO-3, ZeRO with
-replicated kv heads (tp > a_kv).
+with ZeRO-3, a hybrid shard group that is neither a multiple nor a divisor of ep, full
+recompute with ZeRO-3.
 """
 
 from __future__ import annotations
@@ -102,24 +109,20 @@ def runtime_problems(layout: Layout, model: ModelSpec) -> list[str]:
     if model.vocab % layout.tp:
         out.append(f"tp={layout.tp} must divide the vocabulary {model.vocab} (vocabulary-"
                    "parallel embedding and head)")
-    if model.n_kv_heads % layout.tp and layout.zero:
-        out.append(f"ZeRO-{layout.zero} with replicated kv heads (tp={layout.tp} > "
-                   f"n_kv_heads={model.n_kv_heads}) is not supported by the training runtime")
     if layout.pp > 1 and layout.schedule == "zb-h1" and layout.recompute == "full":
         out.append("schedule zb-h1 with full recompute is not supported for training (the "
                    "replayed forward would not defer the linears' weight gradients); use "
                    "selective recompute or another schedule")
     if layout.zero:
-        for bad, why in ((layout.zero > 1 and layout.ep > 1,
-                          "ep > 1 (an expert no token reaches has no gradient, so its "
-                          "reduce-scatter in backward would not run on every rank; use "
-                          "zero=1)"),
-                         (bool(layout.zero_group) and layout.ep > 1,
-                          "both a hybrid shard group (zero_group) and ep > 1"),
+        k, e = layout.zero_group, layout.ep
+        for bad, why in ((bool(k) and e > 1 and bool(k % e) and bool(e % k),
+                          f"a hybrid shard group zero_group={k} that is neither a multiple "
+                          f"nor a divisor of ep={e} (the experts' shard groups would not "
+                          "tile their edp group)"),
                          (layout.zero == 3 and layout.recompute == "full", "full recompute"),
-                         (layout.pp > 1 and layout.schedule == "zb-h1",
-                          "the zb-h1 schedule (its deferred weight gradients are written after "
-                          "the gradient hooks ZeRO shards with)")):
+                         (layout.zero == 3 and layout.pp > 1 and layout.schedule == "zb-h1",
+                          "the zb-h1 schedule (its deferred weight gradients would need each "
+                          "layer's gathered weights kept from B until W; use zero=2)")):
             if bad:
                 out.append(f"ZeRO-{layout.zero} with {why} is not supported by the training "
                            "runtime")
@@ -309,23 +312,35 @@ def hybrid_shard_groups(mesh: Mesh, layout: Layout) -> tuple[AxisGroup, AxisGrou
     """ZeRO's shard group and, for a hybrid shard (`zero_group` < dp·cp; PyTorch's HSDP,
     DeepSpeed's ZeRO++ hpZ), the replica group: each dp×cp group is cut into consecutive
     blocks of `zero_group` ranks that shard the state; the ranks at the same position of
-    every block replicate it. Without `zero_group`: (dp×cp, None). Collective: every rank
-    creates every group, in the same order."""
+    every block replicate it. Without `zero_group`: (dp×cp, None). With ep > 1 the experts'
+    groups are left on the mesh as "edp_shard" (the block's ranks of this rank's edp group)
+    and "edp_replica" (the ranks holding the same expert shard in the other blocks).
+    Collective: every rank creates every group, in the same order."""
     whole = mesh.axis("dp_cp" if layout.cp > 1 else "dp")
-    k = layout.zero_group
+    k, e = layout.zero_group, layout.ep
     if not k or k == whole.size:
         return whole, None
     me = torch.distributed.get_rank()
     mine: dict[str, AxisGroup] = {}
     for ranks in mesh.shape.groups(whole.name):  # (dp·cp,) global ranks of one (pp, tp)
         blocks = [ranks[i:i + k] for i in range(0, len(ranks), k)]  # shard groups
-        for name, members in [("zero_shard", b) for b in blocks] + [
-                ("zero_replica", ranks[i::k]) for i in range(k)]:
+        named = [("zero_shard", b) for b in blocks] + [
+            ("zero_replica", ranks[i::k]) for i in range(k)]
+        if e > 1:  # experts: their edp ranks (i mod e) inside one block shard them, and the
+            # ranks at the same place of every block replicate that shard (e | k or k | e)
+            j = range(len(ranks))
+            for name, key in (("edp_shard", lambda i: (i // k, i % e)),
+                              ("edp_replica", lambda i: (i % e, i % k // e))):
+                named += [(name, tuple(ranks[i] for i in j if key(i) == value))
+                          for value in dict.fromkeys(map(key, j))]
+        for name, members in named:
             group = (torch.distributed.new_group(list(members), timeout=group_timeout())
                      if len(members) > 1 else None)
             if me in members:
                 mine[name] = AxisGroup(name, group, len(members), members.index(me),
                                        tuple(members))
+    if e > 1:
+        mesh.axes["edp_shard"], mesh.axes["edp_replica"] = mine["edp_shard"], mine["edp_replica"]
     return mine["zero_shard"], mine["zero_replica"]
 
 
@@ -340,8 +355,11 @@ def _zero_units(model: Transformer, shards: dict[str, ParamShard], mesh: Mesh,
         if m is None:
             continue
         if layout.ep > 1 and isinstance(getattr(m, "mlp", None), MoE):
-            units += [UnitSpec(m, select=lambda n: not shards[n].expert),
-                      UnitSpec(m, mesh.axis("edp"), lambda n: shards[n].expert, layout.ep)]
+            hybrid = replicas is not None  # the experts' own shard and replica groups
+            units += [UnitSpec(m, select=lambda n: not shards[n].expert, replicas=replicas),
+                      UnitSpec(m, mesh.axes["edp_shard"] if hybrid else mesh.axis("edp"),
+                               lambda n: shards[n].expert, layout.ep,
+                               mesh.axes["edp_replica"] if hybrid else None)]
         else:
             units.append(UnitSpec(m, replicas=replicas))
     return units

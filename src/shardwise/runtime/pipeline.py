@@ -285,7 +285,12 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 
 
 def _accumulate(param: torch.Tensor, grad: torch.Tensor) -> None:
-    if param.grad is None:
+    """`param.grad += grad`; a leaf parameter through autograd's own accumulation, so its
+    post-accumulate-grad hooks (ZeRO-2's reduce-scatter once a unit's gradients are complete)
+    fire after W as they fire after B."""
+    if param.is_leaf and param.requires_grad:
+        torch.autograd.backward(param, grad)
+    elif param.grad is None:
         param.grad = grad.clone()
     else:
         param.grad.add_(grad)
@@ -328,26 +333,32 @@ def backward_weight(pending: list[tuple[SavedOp, torch.Tensor]]) -> None:
 class _DeferrableLinear(torch.autograd.Function):
     """`F.linear(x, w, b)` saving x and w, as `F.linear` does. Its backward returns dX (and
     db); dW = dYᵀ·X is computed there only outside `deferring_weight_grads` — inside, the op
-    hands (X, dY) to the active collector and W computes dW later (`backward_weight`)."""
+    hands (X, dY) to the active collector and W computes dW later (`backward_weight`).
+    `owner` holds the parameter when `w` is its detached alias: B then never reaches the
+    parameter's gradient accumulator, whose hooks (ZeRO-2's) fire only when W accumulates."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-                ) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                owner: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
-        ctx.bias = bias
+        ctx.bias, ctx.owner = bias, owner[0] if owner else None
         return F.linear(x, weight, bias)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         x, weight = ctx.saved_tensors
+        param = weight if ctx.owner is None else ctx.owner
         dx = dy @ weight if ctx.needs_input_grad[0] else None  # (..., n) @ (n, k)
         if _COLLECTORS:  # ZB-H1's B: the weight gradient waits for W
-            _COLLECTORS[-1].append((SavedOp(weight, ctx.bias, x, None), dy))
-            return dx, None, None
+            _COLLECTORS[-1].append((SavedOp(param, ctx.bias, x, None), dy))
+            return dx, None, None, None
         dy2 = dy.reshape(-1, weight.shape[0])  # (..., n) -> (rows, n)
-        dw = dy2.T @ x.reshape(-1, weight.shape[1]) if ctx.needs_input_grad[1] else None
+        dw = dy2.T @ x.reshape(-1, weight.shape[1]) if param.requires_grad else None
         db = dy2.sum(0) if ctx.bias is not None and ctx.needs_input_grad[2] else None
-        return dx, dw, db
+        if ctx.owner is not None and dw is not None:  # not an input here: accumulate it
+            _accumulate(ctx.owner, dw)
+            dw = None
+        return dx, dw, db, None
 
 
 _COLLECTORS: list[list[tuple[SavedOp, torch.Tensor]]] = []  # the running B's (op, dY) pairs
@@ -364,8 +375,10 @@ class defer_linears(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is F.linear and torch.is_grad_enabled():
             x, weight, *rest = args
-            return _DeferrableLinear.apply(x, weight, kwargs.get("bias", rest[0] if rest
-                                                                  else None))
+            bias = kwargs.get("bias", rest[0] if rest else None)
+            if weight.is_leaf and weight.requires_grad:  # a parameter: W accumulates it
+                return _DeferrableLinear.apply(x, weight.detach(), bias, (weight,))
+            return _DeferrableLinear.apply(x, weight, bias)
         return func(*args, **kwargs)
 
 

@@ -132,7 +132,7 @@ class _Unit:
         self.gathered: torch.Tensor | None = None  # stage 3: buffer alive during compute
         self.prefetched: tuple[torch.Tensor, Any] | None = None
         self.awaiting_backward = False  # ran forward with autograd; backward not done yet
-        self.pending: set[int] = set()
+        self.fired: list[int] = []  # stage 2: accumulations per slot not yet reduced
 
     def new_buffer(self) -> torch.Tensor:
         return torch.empty(self.padded, dtype=self.dtype, device=self.device)
@@ -349,18 +349,27 @@ class ZeroDataParallel(nn.Module):
 
     def _install_stage2_hooks(self) -> None:
         for unit in self.units:
-            unit.pending = set(range(len(unit.slots)))
+            unit.fired = [0] * len(unit.slots)
             for i, s in enumerate(unit.slots):
                 s.module._parameters[s.name].register_post_accumulate_grad_hook(
                     self._stage2_hook(unit, i))
 
     def _stage2_hook(self, unit: _Unit, i: int) -> Any:
-        def hook(_: torch.Tensor) -> None:
-            unit.pending.discard(i)
-            if not unit.pending:  # the unit's gradients are complete: scatter and free them
+        """Count each slot's accumulations; once every slot has one more (a micro-batch's
+        gradients are complete), reduce-scatter what has accumulated and free it. Counting,
+        not a set, keeps this exact when a slot's next micro-batch arrives before another's
+        current one (ZB-H1 runs B of micro-batch j+1 before W of j: the norms' gradients come
+        twice before the linears' first; W accumulates theirs through autograd, so these
+        hooks see it). A call without a gradient is no accumulation (autograd calls the hook
+        of a weight whose gradient a function returned as None)."""
+        def hook(p: torch.Tensor) -> None:
+            if p.grad is None:
+                return
+            unit.fired[i] += 1
+            while min(unit.fired) > 0:
                 self._reduce_scatter_into_shard(unit)
                 unit.free_grads()
-                unit.pending = set(range(len(unit.slots)))
+                unit.fired = [n - 1 for n in unit.fired]
         return hook
 
     def _reduce_scatter_into_shard(self, unit: _Unit) -> None:
@@ -381,10 +390,20 @@ class ZeroDataParallel(nn.Module):
             if (prefetch and self.config.prefetch and nxt < len(self.units)
                     and self.units[nxt].prefetched is None):
                 self.units[nxt].gather(prefetch=True)
-            ctx = torch.autograd.graph.saved_tensors_hooks(unit.pack, _unpack)
+            ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
             ctx.__enter__()
             unit._hooks_ctx = ctx  # type: ignore[attr-defined]
         return hook
+
+    def _pack(self, t: torch.Tensor) -> Any:
+        """A saved view of any gathered unit becomes its marker (two units of one module, as
+        a layer's dense weights and its experts, nest their hooks; the inner one is active)."""
+        for unit in self.units:
+            if unit.gathered is not None:
+                packed = unit.pack(t)
+                if packed is not t:
+                    return packed
+        return t
 
     def _post_forward(self, unit: _Unit) -> Any:
         def hook(module: nn.Module, args: Any, output: Any) -> None:

@@ -190,5 +190,6 @@ def fit_per_call(keys: Sequence[str], n_bytes: Sequence[float], seconds: Sequenc
     fits = {}
     for key in sorted(set(keys)):
         rows = np.array([k == key for k in keys])
-        fits[key] = fit_scale(nb[rows] / beta, np.ones(int(rows.sum())), t[rows])
+        fits[key] = fit_scale((nb[rows] / beta).tolist(), [1.0] * int(rows.sum()),
+                              t[rows].tolist())
     return fits

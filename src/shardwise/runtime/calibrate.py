@@ -571,6 +571,10 @@ def summary_rows(data: dict[str, Any]) -> list[list[str]]:
             continue
         rows.append([f"  {op} alone: α, β", f"{fit['alpha'] * 1e6:.1f} µs, "
                                             f"{fit['beta'] / 1e9:.3f} GB/s", res(fit)])
+    calls = meas["collectives"].get("per_call (α_call of t = α_call + bytes/β)", {})
+    for key, fit in calls.items():  # what the step model charges per call (at the link's β)
+        op, n = key.split("/")
+        rows.append([f"  {op}, {n} ranks: per call", f"{fit['scale'] * 1e6:.1f} µs", res(fit)])
     rows.append(["cores, memory", f"{machine['cores']}, {machine['memory_bytes'] / 2**30:.1f} "
                                   "GiB", ""])
     return rows

@@ -54,7 +54,9 @@ All per rank, on the pipeline's critical path, for `m` micro-batches:
   the first gather / last reduce-scatter are exposed. Hybrid shard (`zero_group`) runs these
   inside the group and all-reduces the shard across groups once per step. Collectives spanning
   nodes are hierarchical (inside the node on NVLink, across on the inter-node link).
-* **optimizer** — memory-bound step over the parameters this rank updates.
+* **optimizer** — memory-bound step over the parameters this rank updates; on the "this
+  machine" preset also the host cost of the runtime's ops per parameter tensor
+  (`compute.optimizer_host_ops`).
 
 Ranks are placed tp fastest, then cp, dp (ep inside dp·cp), pp (Megatron-LM's order; one rule
 for estimate and runtime in `shardwise.placement`), so the tp group is inside a node, the dp×cp

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from shardwise.calibration.fit import (
     fit_alpha_beta,
     fit_matmul,
+    fit_per_call,
     fit_scale,
     matmul_seconds,
     relative_residuals,
@@ -96,3 +97,23 @@ def test_relative_residuals():
 def test_bad_measurements_are_one_clear_error(call):
     with pytest.raises(ShardwiseError):
         call()
+
+
+@settings(max_examples=25, deadline=None)
+@given(a2=st.floats(1e-5, 1e-2), a4=st.floats(1e-5, 1e-2), beta=st.floats(1e7, 1e10))
+def test_per_call_fit_recovers_each_collectives_fixed_cost(a2, a4, beta):
+    # t = α_call + bytes/β, one α_call per collective and group size, β known
+    sizes = [1e3, 1e5, 1e7]
+    keys = ["all-reduce/2"] * 3 + ["reduce-scatter/4"] * 3
+    wire = sizes + [0.75 * s for s in sizes]
+    seconds = [a2 + b / beta for b in wire[:3]] + [a4 + b / beta for b in wire[3:]]
+    fits = fit_per_call(keys, wire, seconds, beta)
+    assert set(fits) == {"all-reduce/2", "reduce-scatter/4"}
+    assert fits["all-reduce/2"].scale == pytest.approx(a2, rel=1e-9)
+    assert fits["reduce-scatter/4"].scale == pytest.approx(a4, rel=1e-9)
+    assert max(abs(r) for f in fits.values() for r in f.residuals) < 1e-9
+
+
+def test_per_call_fit_refuses_a_bandwidth_that_is_not_positive():
+    with pytest.raises(ShardwiseError, match="bandwidth must be > 0"):
+        fit_per_call(["all-reduce/2"], [1e3], [1e-3], 0.0)

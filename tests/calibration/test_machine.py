@@ -9,7 +9,7 @@ from shardwise.arch import get_model
 from shardwise.calibration import load_calibration
 from shardwise.calibration.machine import machine_cluster, predict_step
 from shardwise.errors import ShardwiseError
-from shardwise.estimate.step import estimate_step
+from shardwise.estimate.step import Links, estimate_step, group_collective_time
 from shardwise.hardware import Accelerator, Cluster, Link
 from shardwise.layout import Layout, TrainSpec
 from tests.cli_helpers import assert_one_line_error, shardwise, shardwise_json
@@ -102,3 +102,60 @@ def test_this_machine_without_a_file_is_one_line(tmp_path):
     result = shardwise("plan", "tiny", "--gpus", "2", "--gpu", "this-machine",
                        "--calibration", str(broken), check=False)
     assert_one_line_error(result, "peak_flops must be > 0")
+
+
+def test_per_call_costs_replace_the_ring_latencies(tmp_path):
+    # the file's per-call cost of an all-reduce on 2 ranks; 2 ranks on 2 cores: share 1
+    machine = MACHINE | {"link": MACHINE["link"] | {"per_call": {"all-reduce/2": 2e-3}}}
+    path = tmp_path / "me.json"
+    path.write_text(json.dumps({"default": CONSTANTS, "machine": machine}))
+    cluster, cal = machine_cluster(2, str(path))
+    assert cal.collective_call == {"all-reduce/2": 2e-3}
+    links = Links.of(cluster, cal)
+    size = 4e6
+    # closed form: α_call + ring all-reduce bytes on the wire 2·(n-1)/n·S over β
+    assert group_collective_time("all-reduce", size, 2, 2, links) == pytest.approx(
+        2e-3 + size / 1e9, rel=1e-12)
+    # a collective the file has no cost for keeps rounds·α + bytes/β (1 round, (n-1)/n·S)
+    assert group_collective_time("all-gather", size, 2, 2, links) == pytest.approx(
+        3e-4 + size / 2 / 1e9, rel=1e-12)
+    # the step model: dp2's one gradient bucket pays α_call instead of its 2 rounds' α
+    model, train = get_model("tiny"), TrainSpec(seq_len=64, global_batch=8, dtype="fp32")
+    with_call = estimate_step(model, cluster, Layout(dp=2), train, cal)
+    without = estimate_step(model, cluster, Layout(dp=2), train, replace(cal, collective_call={}))
+    assert with_call.dp_comm_total - without.dp_comm_total == pytest.approx(2e-3 - 2 * 3e-4,
+                                                                            rel=1e-9)
+
+
+def test_per_call_costs_scale_with_the_core_share(tmp_path):
+    machine = MACHINE | {"link": MACHINE["link"] | {"per_call": {"all-reduce/4": 1e-3}}}
+    path = tmp_path / "me.json"
+    path.write_text(json.dumps({"default": CONSTANTS, "machine": machine}))
+    _, cal = machine_cluster(4, str(path))  # 4 ranks on 2 cores: half a core each
+    assert cal.collective_call == {"all-reduce/4": pytest.approx(2e-3)}
+
+
+def test_a_bad_per_call_section_is_one_line(tmp_path):
+    machine = MACHINE | {"link": MACHINE["link"] | {"per_call": [1, 2]}}
+    path = tmp_path / "me.json"
+    path.write_text(json.dumps({"default": CONSTANTS, "machine": machine}))
+    with pytest.raises(ShardwiseError, match="per_call"):
+        machine_cluster(2, str(path))
+
+
+@pytest.mark.parametrize("pp, tensors", [(1, 39), (2, 2 * 9 + 2)])
+def test_the_optimizer_pays_the_host_cost_of_each_parameter_tensor(calibration, pp, tensors):
+    # reference count: the runtime's own tiny model has 39 parameter tensors (4 layers × 9,
+    # embedding, final norm, head); a pp2 last stage holds 2 layers, the norm and the head
+    from shardwise.runtime.model import Transformer
+
+    model = get_model("tiny")
+    assert len(list(Transformer(model).parameters())) == 39
+    train = TrainSpec(seq_len=64, global_batch=8, dtype="fp32")
+    cluster, cal = machine_cluster(pp, calibration)
+    layout = Layout(pp=pp)
+    with_ops = estimate_step(model, cluster, layout, train, cal)
+    fused = estimate_step(model, cluster, layout, train, replace(cal, op_count="fused"))
+    # 14 aten ops per tensor (AdamW(foreach=False) 10, the global norm 3, clipping 1)
+    assert with_ops.optimizer - fused.optimizer == pytest.approx(
+        14 * tensors * cal.kernel_overhead, rel=1e-12)

@@ -20,6 +20,9 @@ with the accelerator's datasheet peak and bandwidth times a few *achievable-frac
     tp_overlap_efficiency fraction of the adjacent GEMMs' time (of its `(t-1)/t` pipelined part)
                           that hides TP all-gathers/reduce-scatters under `--tp-comm-overlap`
     links[name]           achievable fraction of a link's bandwidth (NCCL bus bandwidth)
+    collective_call       measured fixed seconds per collective call, keyed "op/ranks" (set by
+                          the "this machine" preset from its `machine.link.per_call`; empty for
+                          the built-in presets, whose collectives pay α per ring round)
 
 Per accelerator generation (`accelerators` in the JSON; `sources` cites the rows):
 
@@ -78,6 +81,7 @@ class Calibration:
     overlap_contention: float = 0.15
     tp_overlap_efficiency: float = 0.8
     link_efficiency: dict[str, float] = field(default_factory=dict)
+    collective_call: dict[str, float] = field(default_factory=dict)
     op_count: str = "fused"
     source: str = "built-in"
 
@@ -105,6 +109,9 @@ class Calibration:
         for name, value in self.link_efficiency.items():
             if not 0 < value <= 1:
                 problems.append(f"link efficiency of {name} must be in (0, 1], got {value}")
+        for name, value in self.collective_call.items():
+            if not value >= 0:
+                problems.append(f"per-call cost of {name} must be ≥ 0, got {value}")
         if problems:
             raise ShardwiseError(f"calibration ({self.source}): " + "; ".join(problems))
         return self

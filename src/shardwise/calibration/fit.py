@@ -14,6 +14,9 @@ span orders of magnitude and each point should count alike).
                   collectives (`rounds`, `bytes` on the wire per rank: SPEC §5's ring
                   counts), p2p (1 round, the message), memory-bound kernels (1 "round": the
                   launch cost, bytes moved: 1/β is seconds per byte). Linear in (α, 1/β).
+    per call      t = α_call + bytes/β, β given (the α-β fit over every collective)   → α_call
+                  one fixed cost per call for each collective and group size: on gloo a
+                  small call costs about the same with one ring round or two.
     scale         t_i = a_i + k·n_i                                           → k
                   1/efficiency of a kernel whose time at efficiency 1 is `n_i` (`a_i = 0`:
                   the attention kernel), or any per-unit cost over a known base.
@@ -30,8 +33,8 @@ import numpy as np
 
 from shardwise.errors import ShardwiseError
 
-__all__ = ["AlphaBeta", "MatmulFit", "ScaleFit", "fit_alpha_beta", "fit_matmul", "fit_scale",
-           "matmul_seconds", "relative_residuals"]
+__all__ = ["AlphaBeta", "MatmulFit", "ScaleFit", "fit_alpha_beta", "fit_matmul",
+           "fit_per_call", "fit_scale", "matmul_seconds", "relative_residuals"]
 
 
 def relative_residuals(measured: Any, fitted: Any) -> np.ndarray:
@@ -175,3 +178,18 @@ def fit_scale(base: Sequence[float], per_unit: Sequence[float], seconds: Sequenc
     a, n, t = _points(base, per_unit, seconds, what="scale fit", need=1)
     k = max(_best_scale(n, t, a), 0.0)
     return ScaleFit(k, tuple(relative_residuals(t, a + k * n).tolist()))
+
+
+def fit_per_call(keys: Sequence[str], n_bytes: Sequence[float], seconds: Sequence[float],
+                 beta: float) -> dict[str, ScaleFit]:
+    """α_call ≥ 0 of `t = α_call + bytes/β` for each key (a collective and group size, e.g.
+    "all-reduce/2"), β given: `fit_scale` with base `bytes/β` and one unit per call."""
+    if not beta > 0:
+        raise ShardwiseError(f"per-call fit: bandwidth must be > 0, got {beta}")
+    _, nb, t = _points([0.0] * len(keys), n_bytes, seconds, what="per-call fit", need=1)
+    fits = {}
+    for key in sorted(set(keys)):
+        rows = np.array([k == key for k in keys])
+        fits[key] = fit_scale((nb[rows] / beta).tolist(), [1.0] * int(rows.sum()),
+                              t[rows].tolist())
+    return fits

@@ -8,8 +8,13 @@ the machine the runtime runs on.
       "memory_bytes": 2.5e10,         the machine's memory (CPU) or one GPU's (NCCL)
       "peak_flops": 9.1e10,           P∞ of one rank (one thread): the fitted GEMM asymptote
       "memory_bandwidth": 1.2e10,     one rank's copy bandwidth (bytes/s, read + write)
-      "link": {"name": "gloo", "bandwidth": 1.1e9, "latency": 4e-5}   fitted α-β
-    }
+      "link": {"name": "gloo", "bandwidth": 1.1e9, "latency": 4e-5,    fitted α-β
+               "per_call": {"all-reduce/2": 7e-4, ...}}   fixed seconds per call, by
+    }                                 collective and group size (optional; `fit.fit_per_call`)
+
+With `per_call`, a collective on that many ranks costs `α_call + bytes/β` instead of
+`rounds·α + bytes/β` (`estimate.step.group_collective_time`): gloo's cost of a small call
+barely depends on its ring rounds.
 
 On a CPU there is no datasheet figure to trust, so the machine's "peak" is the measured
 asymptote `P∞ = peak·e_max` and its "HBM bandwidth" a measured copy: `matmul_efficiency`
@@ -62,6 +67,7 @@ class MachineSpec:
     link_bandwidth: float
     link_latency: float
     link_name: str = "gloo"
+    per_call: tuple[tuple[str, float], ...] = ()
 
     def validate(self) -> MachineSpec:
         problems = []
@@ -72,6 +78,8 @@ class MachineSpec:
                 problems.append(f"{name} must be > 0, got {getattr(self, name)}")
         if self.link_latency < 0:
             problems.append(f"link latency must be ≥ 0, got {self.link_latency}")
+        problems += [f"per-call cost of {k} must be ≥ 0, got {v}" for k, v in self.per_call
+                     if not v >= 0]
         if problems:
             raise ShardwiseError("calibration machine section: " + "; ".join(problems))
         return self
@@ -81,7 +89,7 @@ class MachineSpec:
                 "cores": self.cores, "memory_bytes": self.memory_bytes,
                 "peak_flops": self.peak_flops, "memory_bandwidth": self.memory_bandwidth,
                 "link": {"name": self.link_name, "bandwidth": self.link_bandwidth,
-                         "latency": self.link_latency}}
+                         "latency": self.link_latency, "per_call": dict(self.per_call)}}
 
     @classmethod
     def from_dict(cls, data: Any, source: str) -> MachineSpec:
@@ -91,11 +99,14 @@ class MachineSpec:
                        str(data.get("dtype", "fp32")), int(data["cores"]),
                        float(data["memory_bytes"]), float(data["peak_flops"]),
                        float(data["memory_bandwidth"]), float(link["bandwidth"]),
-                       float(link["latency"]), str(link.get("name", "gloo"))).validate()
-        except (KeyError, TypeError, ValueError) as exc:
+                       float(link["latency"]), str(link.get("name", "gloo")),
+                       tuple((str(k), float(v))
+                             for k, v in sorted(link.get("per_call", {}).items()))).validate()
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ShardwiseError(
                 f"calibration file {source!r}: the machine section needs cores, memory_bytes, "
-                f"peak_flops, memory_bandwidth and link {{bandwidth, latency}} ({exc})"
+                f"peak_flops, memory_bandwidth and link {{bandwidth, latency[, per_call]}} "
+                f"({exc})"
             ) from None
 
 
@@ -130,6 +141,7 @@ def cluster_of(spec: MachineSpec, cal: Calibration, ranks: int
     link = Link(spec.link_name, spec.link_bandwidth * share, spec.link_latency / share)
     cluster = Cluster(1, ranks, accelerator, link, link).validate()
     cal = replace(cal, accelerator=THIS_MACHINE, kernel_overhead=cal.kernel_overhead / share,
+                  collective_call={k: v / share for k, v in spec.per_call},
                   link_efficiency=cal.link_efficiency | {link.name: 1.0}, op_count="runtime")
     return cluster, cal.validate()
 

@@ -286,6 +286,31 @@ def host_ops(ctx: ComputeContext, t: Any, c: Any, sp: Any, moe: bool = False, ep
     return fwd, 2 * fwd
 
 
+# The runtime's optimizer step, per parameter tensor on the rank (counted with a
+# TorchDispatchMode on torch 2.13, CPU): AdamW(foreach=False) 10 aten ops, the global-norm
+# terms 3 (vector_norm, square, add_), the clipping scale 1 — 14; tiny's 39 tensors ≈ 566 ops.
+_OPS_OPT_TENSOR = 14
+
+
+def optimizer_host_ops(ctx: ComputeContext, n_dense: Any, n_moe: Any, ep: Any, single: Any
+                       ) -> Any:
+    """Aten ops of the optimizer step on the busiest stage, "this machine" preset only
+    (`op_count == "runtime"`; 0 for the fused GPU presets, whose optimizer is a few fused
+    kernels): `_OPS_OPT_TENSOR` per parameter tensor — `n_dense` dense and `n_moe` MoE
+    layers (norms, q/k/v/o, the MLP's 2-3 matrices, biases where the model has them; an MoE
+    layer its router and local + shared experts' MLPs), the final norm and LM head, and the
+    embedding with one stage (`single`)."""
+    if ctx.calibration.op_count != "runtime":
+        return 0.0 * n_dense
+    model = ctx.model
+    norm = 2 if model.norm == "layernorm" else 1
+    mlp = (3 if model.gated_mlp else 2) * (2 if model.bias else 1)
+    attn = 2 * norm + 4 + 3 * model.qkv_bias + model.out_bias
+    moe = attn + 1 + mlp * (model.n_experts / ep + model.n_shared_experts)
+    ends = norm + (0 if model.tie_embeddings else 1) + np.where(single, 1, 0)
+    return _OPS_OPT_TENSOR * (n_dense * (attn + mlp) + n_moe * moe + ends)
+
+
 def host_overhead(ctx: ComputeContext, ops: Any) -> Any:
     """`ops · kernel_overhead`: the host's fixed cost per operation (Python, the dispatcher,
     autograd bookkeeping, the kernel launch). GPU presets: `kernel_overhead` = 5 µs

@@ -58,7 +58,9 @@ All per rank, on the pipeline's critical path, for `m` micro-batches:
   the first gather / last reduce-scatter are exposed. Hybrid shard (`zero_group`) runs these
   inside the group and all-reduces the shard across groups once per step. Collectives spanning
   nodes are hierarchical (inside the node on NVLink, across on the inter-node link).
-* **optimizer** — memory-bound step over the parameters this rank updates.
+* **optimizer** — memory-bound step over the parameters this rank updates; on the "this
+  machine" preset also the host cost of the runtime's ops per parameter tensor
+  (`compute.optimizer_host_ops`).
 
 Ranks are placed tp fastest, then cp, dp (ep inside dp·cp), pp (Megatron-LM's order; one rule
 for estimate and runtime in `shardwise.placement`), so the tp group is inside a node, the dp×cp
@@ -77,7 +79,7 @@ attention scores and P·V (SPEC §1). The compute *time* is not affected by this
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -90,7 +92,9 @@ from shardwise.estimate.compute import (
     ComputeContext,
     embedding_cost,
     head_cost,
+    host_overhead,
     layer_cost,
+    optimizer_host_ops,
     optimizer_time,
 )
 from shardwise.estimate.memory import bytes_per_param_training, stage_param_counts
@@ -135,12 +139,14 @@ class Links:
     inter_bw: float
     inter_lat: float
     gpus_per_node: int
+    # measured fixed cost of one call per "op/ranks" (`Calibration.collective_call`)
+    call: tuple[tuple[str, float], ...] = ()
 
     @classmethod
     def of(cls, cluster: Cluster, cal: Calibration) -> Links:
         intra, inter = cal.link(cluster.intra), cal.link(cluster.inter)
         return cls(intra.bandwidth, intra.latency, inter.bandwidth, inter.latency,
-                   cluster.gpus_per_node)
+                   cluster.gpus_per_node, tuple(sorted(cal.collective_call.items())))
 
 
 def _ring(rounds_per_rank: Any, size: Any, n: Any, bw: float, lat: float) -> Any:
@@ -157,7 +163,20 @@ def group_collective_time(op: str, size: Any, n: Any, in_node: Any, links: Links
     link, with one rank per node the plain ring on the inter link. Reduce-scatter / all-gather:
     inside then across on `S/g`. All-to-all: the `(g-1)/n` share of `S` goes over the intra
     link, the `(n-g)/n` share over the inter link, `n-1` latencies.
+
+    Where the calibration measured a fixed cost per call for `op` on `n` ranks
+    (`links.call`, the "this machine" preset), that cost replaces the rounds' latencies:
+    `t = α_call + bytes/β` (on gloo a call costs about the same with one ring round or two).
     """
+    if links.call:
+        table = dict(links.call)
+        alpha = np.vectorize(lambda k: table.get(f"{op}/{int(k)}", np.nan), otypes=[float])(n)
+        if not np.all(np.isnan(alpha)):
+            plain = replace(links, call=())
+            free = replace(plain, intra_lat=0.0, inter_lat=0.0)
+            timed = np.where(np.isnan(alpha), group_collective_time(op, size, n, in_node, plain),
+                             alpha + group_collective_time(op, size, n, in_node, free))
+            return timed if np.ndim(timed) else float(timed)
     g = in_node
     k = n / g
     if op == "all-reduce":
@@ -398,8 +417,9 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     # ---- optimizer step over the parameters this rank updates
     opt_dense = dense_params / np.where(zero >= 1, group, 1)
     opt_expert = expert_params / np.where(zero >= 1, np.maximum(group / e, 1), 1)
-    optimizer = optimizer_time(ctx, opt_dense + opt_expert, gb_, wb, state.master,
-                               state.moments)
+    optimizer = (optimizer_time(ctx, opt_dense + opt_expert, gb_, wb, state.master,
+                                state.moments)
+                 + host_overhead(ctx, optimizer_host_ops(ctx, n_dense, n_moe, e, single)))
 
     compute = m * (f_crit + b_crit)
     tp_comm = m * tp_crit

@@ -27,7 +27,11 @@ per rank, `OMP_NUM_THREADS=1`, the same processes `shardwise train` starts):
                  work and without a barrier (as training calls them: the ranks' wake-up and
                  skew are part of the cost), the median call → one α-β link
                  `t = rounds·α + bytes/β` with SPEC §5's ring rounds and bytes on the wire
-                 (`calibration.fit.fit_alpha_beta`), and a fit per collective for reference;
+                 (`calibration.fit.fit_alpha_beta`), then at that β a fixed cost per call
+                 for each collective and group size, `t = α_call + bytes/β`
+                 (`fit_per_call`; the step model charges it instead of the rounds' α: on
+                 gloo a small call costs about the same with one ring round or two), and a
+                 fit per collective for reference;
                  a group of more ranks than cores is time-sliced, so its times are divided
                  by ranks/cores before the fit (the preset multiplies them back)
 
@@ -54,6 +58,7 @@ from shardwise.calibration import Calibration, default_calibration
 from shardwise.calibration.fit import (
     fit_alpha_beta,
     fit_matmul,
+    fit_per_call,
     fit_scale,
     matmul_seconds,
     relative_residuals,
@@ -378,9 +383,15 @@ def fit_measurements(raw: dict[str, Any], plan: Plan) -> dict[str, Any]:
             per_op[op] = fit_alpha_beta(*rounds_bytes([p for p in coll if p[0] == op])).to_dict()
         except ShardwiseError as exc:
             per_op[op] = {"error": str(exc)}
+    # a fixed cost per call for each collective and group size, at the link's β (the step
+    # model charges it in place of the ring rounds' α: `estimate.step.group_collective_time`)
+    calls = [p for p in coll if p[0] != "p2p"]
+    _, wire, secs = rounds_bytes(calls)
+    per_call = fit_per_call([f"{op}/{n}" for op, n, *_ in calls], wire, secs, link.beta)
     machine = MachineSpec(THIS_MACHINE, plan.backend, raw["dtype"], cores,
                           _memory_bytes(raw["device"]), gemm.peak, copy.beta, link.beta,
-                          link.alpha).validate()
+                          link.alpha,
+                          per_call=tuple((k, f.scale) for k, f in per_call.items())).validate()
     per_group = {}
     for n in sorted({p[1] for p in coll}):  # α-β at each group size, for reference
         try:
@@ -419,7 +430,9 @@ def fit_measurements(raw: dict[str, Any], plan: Plan) -> dict[str, Any]:
                           "fit (scale = 1/attention_efficiency)": attn.to_dict()},
             "host_ops": {"seconds per aten op": op_seconds, "aten ops in the chain": op_count},
             "collectives": {"points [op, ranks, bytes, s]": coll, "fit": link.to_dict(),
-                            "per_op": per_op, "per_group_size": per_group},
+                            "per_op": per_op, "per_group_size": per_group,
+                            "per_call (α_call of t = α_call + bytes/β)":
+                                {k: f.to_dict() for k, f in per_call.items()}},
             "steps": steps,
         },
     }
@@ -558,6 +571,10 @@ def summary_rows(data: dict[str, Any]) -> list[list[str]]:
             continue
         rows.append([f"  {op} alone: α, β", f"{fit['alpha'] * 1e6:.1f} µs, "
                                             f"{fit['beta'] / 1e9:.3f} GB/s", res(fit)])
+    calls = meas["collectives"].get("per_call (α_call of t = α_call + bytes/β)", {})
+    for key, fit in calls.items():  # what the step model charges per call (at the link's β)
+        op, n = key.split("/")
+        rows.append([f"  {op}, {n} ranks: per call", f"{fit['scale'] * 1e6:.1f} µs", res(fit)])
     rows.append(["cores, memory", f"{machine['cores']}, {machine['memory_bytes'] / 2**30:.1f} "
                                   "GiB", ""])
     return rows

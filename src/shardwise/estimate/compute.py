@@ -71,22 +71,22 @@ _KERNELS_ATTN_MATERIALISED = 4
 # The shardwise runtime's own count (`Calibration.op_count == "runtime"`): aten operations it
 # dispatches per layer and micro-batch, forward + backward together (views, transposes and the
 # autograd engine's gradient ops included), counted with a `TorchDispatchMode` on `tiny` and
-# `tiny-moe` (fp32, flash attention; tests/runtime/test_host_ops.py recounts them on the
-# runtime): a dense layer 287; tensor parallelism's f/g functions +4; sequence parallelism's
-# gathers/scatters +48 more; ring attention +122, and +225 per extra ring step (c − 1: 634
-# at c = 2, 1,077 at c = 4, mean over ranks); an MoE layer
-# (router, top-k, dispatch, combine, aux loss) 384 + 24 per local expert (464–496 counted with
-# 4 experts on one rank, 416 with 2 under ep = 2: the count follows the routing, ±7 % from
-# batch to batch). Embedding, LM head and
+# `tiny-moe` (fp32, torch's fused CPU flash attention; tests/runtime/test_host_ops.py recounts
+# them on the runtime): a dense layer 190; tensor parallelism's f/g functions +6; sequence
+# parallelism's gathers/scatters +48 more; ring attention +99, and +106 per extra ring step
+# (c − 1: 395 at c = 2, 607 at c = 4, mean over ranks); an MoE layer (router, top-k, dispatch,
+# combine, aux loss) 287 + 24 per local expert (384 counted with 4 experts on one rank, 348
+# with 2 under ep = 2: the count follows the routing, ±7 % from batch to batch). Embedding, LM
+# head and
 # loss add 64 per micro-batch. On a CPU with a small model each costs the host's ~µs
 # regardless of its size — `shardwise calibrate` measures that cost per op.
-_OPS_LAYER = 287
-_OPS_MOE_LAYER = 384
+_OPS_LAYER = 190
+_OPS_MOE_LAYER = 287
 _OPS_EXPERT = 24
-_OPS_TP = 4
+_OPS_TP = 6
 _OPS_SP = 48
-_OPS_CP = 122
-_OPS_RING_STEP = 225
+_OPS_CP = 99
+_OPS_RING_STEP = 106
 _OPS_HEAD = 64
 
 

@@ -22,8 +22,8 @@ Run:
         [--json results.json]
 
 (`--calibration FILE` skips the calibration and uses that file.) The figures recorded in the
-README came from such runs on the shared 2-core machine, with the load average of each
-round printed: other helpers' jobs were running at the same time.
+README came from `--repeats 2` on the 2-core machine while nothing else ran (load average
+1–2, printed per round).
 """
 
 from __future__ import annotations

@@ -51,12 +51,13 @@ STEPS, K, EVERY = 8, 4, 2  # K: where the interrupted runs stop / resume
 TOL = 1e-10
 
 
-def config(layout: str = "dp=2", model: str = "tiny", **kw) -> TrainConfig:
+def config(layout: str = "dp=2", model: str = "tiny", dtype: str = "fp64", **kw
+           ) -> TrainConfig:
     spec = get_model(model.removesuffix("-tied"))
     if model.endswith("-tied"):
         spec = spec.with_(name=model, tie_embeddings=True)
     return TrainConfig(spec, Layout.parse(layout), steps=STEPS, seq_len=32, global_batch=8,
-                       lr=3e-3, min_lr=3e-4, warmup=2, clip=1.25, dtype="fp64", **kw)
+                       lr=3e-3, min_lr=3e-4, warmup=2, clip=1.25, dtype=dtype, **kw)
 
 
 def saving(cfg: TrainConfig, directory: Path | str, **kw) -> TrainConfig:
@@ -176,7 +177,9 @@ def assert_params(got: dict, want: dict, exact: bool, where: str) -> None:
 
 
 TWO = [config("dp=2"), config("pp=2", "tiny-tied"), config("dp=2,ep=2", "tiny-moe"),
-       config("dp=2,zero=3"), config("tp=2,sp=1,zero=1")]
+       config("dp=2,zero=3"), config("tp=2,sp=1,zero=1"),
+       # mixed precision: the fp32 masters and moments are saved with the bf16 weights
+       config("dp=2,zero=1", dtype="bf16"), config("dp=2,zero=3", dtype="bf16")]
 
 
 @pytest.fixture(scope="module")

@@ -138,6 +138,3 @@ def test_refused_precision_settings_are_one_line_errors():
     assert_one_line_error(shardwise("train", "--dtype", "bf16", "--grad-dtype", "fp32",
                                     check=False),
                           "grad_dtype fp32 with dtype bf16 is not supported")
-    assert_one_line_error(shardwise("train", "--dtype", "bf16", "--checkpoint-dir", "x",
-                                    check=False),
-                          "checkpoints of bf16 (mixed-precision) runs are not supported")

@@ -84,6 +84,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from shardwise.errors import ShardwiseError
 from shardwise.runtime import launch
+from shardwise.runtime.mixed_precision import MasterOptimizer
 
 if TYPE_CHECKING:
     from shardwise.runtime.parallel_transformer import ParallelTransformer
@@ -607,16 +608,26 @@ def _layout(model: ParallelTransformer) -> tuple[list[torch.Tensor], list[_Span]
 
 def _state_dict(state: TrainState, moments: list[dict[str, torch.Tensor]]) -> dict[str, Any]:
     """The DCP state dict over this rank's tensors: the live weights, and `moments[i]` (the
-    exp_avg, exp_avg_sq and step of the optimizer's tensor i) for the optimizer state."""
+    exp_avg, exp_avg_sq and step of the optimizer's tensor i, and under mixed precision its
+    fp32 master) for the optimizer state."""
     weights, weight_spans, state_spans = _layout(state.model)
     out: dict[str, Any] = {f"model.{s.key}": s.blocks(weights[s.tensor]) for s in weight_spans}
     for s in state_spans:
-        for moment in _MOMENTS:
+        for moment in _MOMENTS + (("master",) if "master" in moments[s.tensor] else ()):
             out[f"optim.{s.key}.{moment}"] = s.blocks(moments[s.tensor][moment])
         # One count per parameter, as AdamW keeps it (a ZeRO shard's parameters share theirs;
         # a shard of padding alone keeps 0, which moves nothing: its values stay 0).
         out[f"optim.{s.key}.step"] = moments[s.tensor]["step"]
     return out
+
+
+def _stepped(state: TrainState) -> list[torch.Tensor]:
+    """The tensors AdamW steps, in `model.parameters()` order: those parameters, or under
+    mixed precision their fp32 masters (`MasterOptimizer.masters`, one per parameter or ZeRO
+    shard, same shapes), whose moments and values the checkpoint keeps."""
+    if isinstance(state.optimizer, MasterOptimizer):
+        return state.optimizer.masters
+    return list(state.model.parameters())
 
 
 def _adamw_zeros(p: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -716,8 +727,12 @@ def save_checkpoint(state: TrainState, directory: str | Path, keep: int = 2) -> 
         _clear_leftovers(final.parent)
         name = str(final.with_name(f"{final.name}.tmp-{uuid.uuid4().hex}"))
     tmp = Path(_from_rank0(name))  # after the clean-up: no rank writes before it
-    moments = [state.optimizer.state.get(p) or _adamw_zeros(p)  # none before the first step
-               for p in state.model.parameters()]
+    stepped = _stepped(state)
+    moments = [dict(state.optimizer.state.get(p) or _adamw_zeros(p))  # none before step 1
+               for p in stepped]
+    if isinstance(state.optimizer, MasterOptimizer):
+        for moment, master in zip(moments, stepped):
+            moment["master"] = master
     content = _state_dict(state, moments)
     if launch.rank() == 0:
         content["rng"] = torch.get_rng_state()
@@ -776,7 +791,10 @@ def load_checkpoint(state: TrainState, directory: str | Path) -> bool:
     if path is None:
         return False
     meta = read_metadata(path)
-    moments = [_adamw_zeros(p) for p in state.model.parameters()]  # loaded into
+    stepped = _stepped(state)
+    mixed = isinstance(state.optimizer, MasterOptimizer)
+    moments = [_adamw_zeros(p) | ({"master": torch.empty_like(p)} if mixed else {})
+               for p in stepped]  # loaded into
     content = _state_dict(state, moments)
     content["rng"] = torch.get_rng_state()
     try:
@@ -786,9 +804,13 @@ def load_checkpoint(state: TrainState, directory: str | Path) -> bool:
         first = _errors(exc)[-1]
         raise ShardwiseError(f"cannot load checkpoint {path}: {type(first).__name__}: "
                              f"{str(first).strip().splitlines()[0]}") from None
-    state.optimizer.load_state_dict({"state": dict(enumerate(moments)),
-                                     "param_groups": state.optimizer.state_dict()[
-                                         "param_groups"]})
+    if mixed:  # the fp32 masters; the bf16 weights came with `model.*` (their rounding)
+        with torch.no_grad():
+            for moment, master in zip(moments, stepped):
+                master.copy_(moment.pop("master"))
+    adamw = state.optimizer.optimizer if mixed else state.optimizer
+    adamw.load_state_dict({"state": dict(enumerate(moments)),
+                           "param_groups": adamw.state_dict()["param_groups"]})
     torch.set_rng_state(content["rng"])
     state.rng = content["rng"]
     state.step = int(meta["step"])

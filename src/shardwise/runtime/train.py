@@ -111,9 +111,6 @@ class TrainConfig:
             out.append(f"grad_dtype {self.grad_dtype} with dtype {self.dtype} is not supported "
                        "by the training runtime (gradients are accumulated and reduced in the "
                        f"weights' dtype); use grad_dtype {self.dtype}")
-        if self.dtype == "bf16" and self.checkpoint_dir:
-            out.append("checkpoints of bf16 (mixed-precision) runs are not supported yet (the "
-                       "fp32 master weights are not saved); use dtype fp32 or fp64")
         if not 0 <= self.min_lr <= self.lr:
             out.append(f"need 0 ≤ min_lr ≤ lr, got min_lr={self.min_lr}, lr={self.lr}")
         if self.warmup < 0 or self.clip < 0 or self.weight_decay < 0:

@@ -20,6 +20,7 @@ import functools
 
 import pytest
 import torch
+from test_train import _train_layouts  # the rank worker (tests/runtime is on sys.path)
 from tests.cli_helpers import assert_one_line_error, shardwise, shardwise_json
 
 from shardwise.arch import get_model
@@ -28,7 +29,7 @@ from shardwise.ops.moe import MoEParams, moe_layer
 from shardwise.runtime.data import Batches, load_tokens
 from shardwise.runtime.launch import spawn
 from shardwise.runtime.model import MoE, Transformer
-from shardwise.runtime.train import TrainConfig, train
+from shardwise.runtime.train import TrainConfig
 
 STEPS, SEQ, BATCH, MBS, CLIP, LR = 4, 16, 8, 2, 1.0, 3e-3
 CF, ALPHA = 1.0, 0.1
@@ -84,16 +85,6 @@ def reference(shared: int, alpha: float = ALPHA):
         opt.step()
         losses.append(total)
     return losses, norms, {n: p.detach().clone() for n, p in net.named_parameters()}, dropped[0]
-
-
-def _train_layouts(configs: list[TrainConfig]) -> list[dict]:
-    rows = []
-    for cfg in configs:
-        state = train(cfg)
-        params = state.model.full_parameters()
-        speaks = state.model.axis("dp_cp").rank == 0 and state.model.axis("tp").rank == 0
-        rows.append({"records": state.records, "params": params if speaks else None})
-    return rows
 
 
 def _check(results: list[list[dict]], configs: list[TrainConfig]) -> None:

@@ -45,10 +45,13 @@ class TrainSpec:
     # --tp-comm-overlap (TE userbuffers: TP all-gather / reduce-scatter pipelined with the
     # adjacent GEMMs; applies with sequence parallelism and tp > 1), --overlap-grad-reduce /
     # --overlap-param-gather (bucketed DP/ZeRO traffic behind backward / forward), and
-    # Megatron's default --overlap-p2p-communication (interleaved schedule only).
+    # Megatron's default --overlap-p2p-communication (interleaved schedule only); ring
+    # attention's K/V hops behind the block computation (Transformer Engine's context
+    # parallelism posts the next hop before it computes the held block).
     tp_comm_overlap: bool = True
     overlap_grad_reduce: bool = True
     overlap_p2p: bool = True
+    cp_comm_overlap: bool = True
 
     def validate(self) -> TrainSpec:
         problems = []

@@ -159,3 +159,87 @@ def test_the_optimizer_pays_the_host_cost_of_each_parameter_tensor(calibration, 
     # 14 aten ops per tensor (AdamW(foreach=False) 10, the global norm 3, clipping 1)
     assert with_ops.optimizer - fused.optimizer == pytest.approx(
         14 * tensors * cal.kernel_overhead, rel=1e-12)
+
+
+# per-call costs of every call the runtime makes (bytes made free: β = 1e18 B/s)
+CALLS = {"all-reduce/2": 1e-3, "reduce-scatter/2": 3e-3, "all-gather/2": 5e-3,
+         "all-to-all/2": 7e-3, "p2p/2": 11e-3}
+
+
+@pytest.fixture
+def calls(tmp_path):
+    machine = MACHINE | {"link": {"name": "gloo", "bandwidth": 1e18, "latency": 0.0,
+                                  "per_call": CALLS}}
+    path = tmp_path / "calls.json"
+    path.write_text(json.dumps({"default": CONSTANTS, "machine": machine}))
+    return str(path)
+
+
+def _runtime_spec():
+    """What `check` predicts with: the runtime's own TrainSpec (its overlap, none of
+    Megatron's TP/p2p/ring pipelining)."""
+    from shardwise.runtime.train import TrainConfig
+
+    return TrainConfig(get_model("tiny"), Layout(), seq_len=64, global_batch=8,
+                       dtype="fp32").train_spec()
+
+
+def test_the_runtime_spec_says_what_the_runtime_overlaps():
+    spec = _runtime_spec()
+    assert (spec.tp_comm_overlap, spec.overlap_p2p, spec.cp_comm_overlap) == (False,) * 3
+    assert spec.overlap_grad_reduce and spec.impl == "shardwise"
+
+
+@pytest.mark.parametrize("kwargs, component, per_microbatch", [
+    # tp2: per layer 2 all-reduces forward, 2 backward; the head's and embedding's; the
+    # vocabulary-parallel cross-entropy's 3 (max, target logit, sum of exponentials)
+    ({"tp": 2}, "tp_comm", 4 * 4 * CALLS["all-reduce/2"] + 2 * CALLS["all-reduce/2"]
+     + 3 * CALLS["all-reduce/2"]),
+    # tp2+sp: each all-reduce a reduce-scatter + all-gather, and backward all-gathers the
+    # QKV and gate/up inputs again (2 per layer)
+    ({"tp": 2, "sp": True}, "tp_comm",
+     4 * (4 * (CALLS["reduce-scatter/2"] + CALLS["all-gather/2"]) + 2 * CALLS["all-gather/2"])
+     + 2 * (CALLS["reduce-scatter/2"] + CALLS["all-gather/2"]) + 3 * CALLS["all-reduce/2"]),
+    # cp2: a hop forward and two backward per layer, each a blocking send then receive
+    ({"cp": 2}, "cp_comm_exposed", 4 * 3 * 2 * CALLS["p2p/2"]),
+])
+def test_each_call_of_a_step_pays_its_measured_cost(calls, kwargs, component, per_microbatch):
+    layout = Layout(**kwargs)
+    step = predict_step(get_model("tiny"), layout, _runtime_spec(), calls)
+    assert getattr(step, component) == pytest.approx(8 * per_microbatch, rel=1e-6)
+
+
+@pytest.mark.parametrize("chunks, transfers", [(1, 2 * (8 + 1)), (2, 2 * (2 * 8 + 1))])
+def test_pipeline_transfers_are_blocking_at_the_measured_p2p_cost(calls, chunks, transfers):
+    layout = Layout(pp=2, chunks=chunks, schedule="interleaved" if chunks > 1 else "1f1b")
+    step = predict_step(get_model("tiny"), layout, _runtime_spec(), calls)
+    assert step.pp_comm == pytest.approx(transfers * CALLS["p2p/2"], rel=1e-6)
+
+
+def test_expert_parallel_swaps_token_counts_before_each_dispatch(calls):
+    # per MoE layer: the count all-to-all, dispatch and combine forward, both backward
+    layout = Layout(dp=2, ep=2)
+    step = predict_step(get_model("tiny-moe"), layout, _runtime_spec(), calls)
+    layers = get_model("tiny-moe").n_moe_layers
+    assert step.ep_comm == pytest.approx(4 * layers * 5 * CALLS["all-to-all/2"], rel=1e-6)
+
+
+def test_the_loss_and_grad_norm_all_reduces_are_charged_once_per_step(calls):
+    spec = _runtime_spec()
+    with_calls = predict_step(get_model("tiny"), Layout(dp=2), spec, calls)
+    alone = predict_step(get_model("tiny"), Layout(), spec, calls)
+    # the same optimizer work on one rank and on each of dp2's; dp2 adds 2 scalar all-reduces
+    assert with_calls.optimizer - alone.optimizer == pytest.approx(
+        2 * CALLS["all-reduce/2"], rel=1e-6)
+
+
+def test_per_call_costs_measured_with_all_ranks_busy_stand_for_that_many_ranks(tmp_path):
+    per_call = {"all-reduce/2": 1e-3, "all-reduce/2@8": 5e-3}
+    machine = MACHINE | {"link": MACHINE["link"] | {"per_call": per_call}}
+    path = tmp_path / "me.json"
+    path.write_text(json.dumps({"default": CONSTANTS, "machine": machine}))
+    # 8 ranks: the figure measured with 8 busy, as it is (not the lone one ÷ the 1/4 share)
+    assert machine_cluster(8, str(path))[1].collective_call == {"all-reduce/2": 5e-3}
+    # 4 ranks: no figure for 4 busy ranks; the lone one time-sliced to half a core
+    assert machine_cluster(4, str(path))[1].collective_call == {
+        "all-reduce/2": pytest.approx(2e-3)}

@@ -9,12 +9,15 @@ the machine the runtime runs on.
       "peak_flops": 9.1e10,           P∞ of one rank (one thread): the fitted GEMM asymptote
       "memory_bandwidth": 1.2e10,     one rank's copy bandwidth (bytes/s, read + write)
       "link": {"name": "gloo", "bandwidth": 1.1e9, "latency": 4e-5,    fitted α-β
-               "per_call": {"all-reduce/2": 7e-4, ...}}   fixed seconds per call, by
-    }                                 collective and group size (optional; `fit.fit_per_call`)
+               "per_call": {"all-reduce/2": 7e-4, ...,   fixed seconds per call, by
+                            "all-reduce/2@8": 2e-3}}  collective and group size (optional;
+    }                                 `fit.fit_per_call`); "@8": measured with all 8 ranks busy
 
 With `per_call`, a collective on that many ranks costs `α_call + bytes/β` instead of
 `rounds·α + bytes/β` (`estimate.step.group_collective_time`): gloo's cost of a small call
-barely depends on its ring rounds.
+barely depends on its ring rounds. A key "op/n@R" was measured with all R ranks busy in
+side-by-side groups of n (`shardwise calibrate --ranks R` with more ranks than cores): a layout
+of R ranks takes it as it is, instead of the core-per-member figure time-sliced below.
 
 On a CPU there is no datasheet figure to trust, so the machine's "peak" is the measured
 asymptote `P∞ = peak·e_max` and its "HBM bandwidth" a measured copy: `matmul_efficiency`
@@ -140,8 +143,12 @@ def cluster_of(spec: MachineSpec, cal: Calibration, ranks: int
                               None, spec.peak_flops * share)
     link = Link(spec.link_name, spec.link_bandwidth * share, spec.link_latency / share)
     cluster = Cluster(1, ranks, accelerator, link, link).validate()
+    # per-call costs measured with this many ranks busy ("op/n@ranks") stand as measured;
+    # the others were measured with a core per member and are time-sliced like the rest
+    alone = {k: v / share for k, v in spec.per_call if "@" not in k}
+    busy = {k.split("@")[0]: v for k, v in spec.per_call if k.endswith(f"@{ranks}")}
     cal = replace(cal, accelerator=THIS_MACHINE, kernel_overhead=cal.kernel_overhead / share,
-                  collective_call={k: v / share for k, v in spec.per_call},
+                  collective_call=alone | busy,
                   link_efficiency=cal.link_efficiency | {link.name: 1.0}, op_count="runtime")
     return cluster, cal.validate()
 

@@ -155,6 +155,12 @@ def _ring(rounds_per_rank: Any, size: Any, n: Any, bw: float, lat: float) -> Any
     return rounds * (lat + size / (n * bw))
 
 
+def measured_call(links: Links, key: str) -> float | None:
+    """The calibration's fixed cost of one call, keyed "op/ranks" ("p2p/2": one message one
+    way), or None where it measured none (every built-in GPU preset)."""
+    return dict(links.call).get(key)
+
+
 def group_collective_time(op: str, size: Any, n: Any, in_node: Any, links: Links) -> Any:
     """Alpha-beta time of a collective over `n` ranks, `in_node` of them per node (SPEC §5).
 
@@ -290,7 +296,12 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
 
     # ---- tensor parallel: all-reduces of the (s/c, b, h) activation, on the critical path
     activation = s / c * b * h * ab
-    tp_ar = group_collective_time("all-reduce", activation, t, on_node("tp"), links)
+    # SP: a reduce-scatter + all-gather pair per all-reduce — the same ring rounds and bytes
+    # (SPEC §5), but two calls where a fixed cost per call was measured
+    tp_ar = np.where(sp == 1,
+                     group_collective_time("reduce-scatter", activation, t, on_node("tp"), links)
+                     + group_collective_time("all-gather", activation, t, on_node("tp"), links),
+                     group_collective_time("all-reduce", activation, t, on_node("tp"), links))
     layers = most * model.n_layers / p
     kappa = cal.overlap_contention
     # --tp-comm-overlap (needs SP): each layer's AG/RS pipelined with its adjacent GEMMs
@@ -299,24 +310,36 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     tp_f1 = tp_overlapped(2 * tp_ar, gemm_f, t, tp_overlap, cal.tp_overlap_efficiency, kappa)
     tp_b1 = tp_overlapped((2 + 2 * full) * tp_ar, (2 + full) * gemm_f, t, tp_overlap,
                           cal.tp_overlap_efficiency, kappa)
+    # SP keeps only the sequence shard of the QKV and gate/up inputs: backward all-gathers
+    # them again for the weight gradients (2 per layer), beside the input-gradient GEMMs in
+    # Megatron (not charged), between them in shardwise's runtime (`impl` "shardwise")
+    ag = group_collective_time("all-gather", activation, t, on_node("tp"), links)
+    regather = np.where((sp == 1) & (t > 1) & (train.impl == "shardwise"), 2 * ag, 0.0)
     tp_f = layers * tp_f1
-    tp_b = layers * tp_b1
-    # head: the input-gradient all-reduce backward; embedding (pp = 1): its output all-reduce.
-    tp_crit = tp_f + tp_b + tp_ar * np.where(single, 2, 1)
+    tp_b = layers * (tp_b1 + regather)
+    # head: the input-gradient all-reduce backward; embedding (pp = 1): its output all-reduce;
+    # the vocabulary-parallel cross-entropy: 3 all-reduces of one fp32 per token (the logits'
+    # max, the target logit, the sum of exponentials; Megatron's `_VocabParallelCrossEntropy`)
+    ce = 3 * group_collective_time("all-reduce", s / c * b * 4, t, on_node("tp"), links)
+    tp_crit = tp_f + tp_b + tp_ar * np.where(single, 2, 1) + np.where(t > 1, ce, 0.0)
 
     # ---- context parallel: ring K/V transfers hidden behind block compute when possible
     kv = np.maximum(model.n_kv_heads // t, 1) * model.head_dim
     kv_block = 2 * s / c * b * kv * ab
     cp_intra = on_node("cp") == c
-    cp_step = (np.where(cp_intra, links.intra_lat, links.inter_lat)
+    cp_step = (p2p_latency(links, np.where(cp_intra, links.intra_lat, links.inter_lat))
                + kv_block / np.where(cp_intra, links.intra_bw, links.inter_bw))
     # contention per second of a transfer relative to node-local traffic (`busy_fraction`)
-    cp_busy = (links.intra_lat + kv_block / links.intra_bw) / cp_step
+    cp_busy = (p2p_latency(links, links.intra_lat) + kv_block / links.intra_bw) / cp_step
+    if not train.cp_comm_overlap:  # each hop a blocking send, then a blocking receive
+        cp_step, cp_busy = 2 * cp_step, 1.0
     per_layer_f = attn_f / np.maximum(layers, 1e-30)  # attention time of one layer
     per_layer_b = attn_b / np.maximum(layers, 1e-30)
 
     def hidden(transfer: Any, block: Any) -> Any:
         """Exposed part of a transfer overlapped with `block` compute (+ contention)."""
+        if not train.cp_comm_overlap:
+            return transfer
         exposed = np.maximum(0.0, transfer - block)
         return exposed + kappa * cp_busy * (transfer - exposed)
 
@@ -329,7 +352,10 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
         routed = s / c * b * model.top_k * h * ab
         ep_in_node = on_node("ep")
         a2a = group_collective_time("all-to-all", routed, e, ep_in_node, links)
-        ep_f = n_moe * 2 * a2a
+        # before the dispatch the ranks swap their token counts per expert (an all-to-all
+        # of one int64 per expert: Megatron-Core's alltoall dispatcher, the runtime's too)
+        counts = group_collective_time("all-to-all", 8 * model.n_experts, e, ep_in_node, links)
+        ep_f = n_moe * (2 * a2a + np.where(e > 1, counts, 0.0))
         ep_b = n_moe * (2 + 2 * full) * a2a
     else:
         ep_f = ep_b = 0.0 * t
@@ -337,9 +363,9 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     # ---- pipeline: p2p per micro-batch and virtual stage, and the bubble
     pp_intra = on_node("pp") == p
     p2p_bytes = s / c * b * h * ab / t
-    p2p = (np.where(pp_intra, links.intra_lat, links.inter_lat)
+    p2p = (p2p_latency(links, np.where(pp_intra, links.intra_lat, links.inter_lat))
            + p2p_bytes / np.where(pp_intra, links.intra_bw, links.inter_bw))
-    p2p_busy = (links.intra_lat + p2p_bytes / links.intra_bw) / p2p
+    p2p_busy = (p2p_latency(links, links.intra_lat) + p2p_bytes / links.intra_bw) / p2p
     pp_comm = np.where(p > 1, p2p_exposed(p2p, p, v, m, bool(train.overlap_p2p) & (v > 1),
                                           kappa * p2p_busy), 0.0)
     big_f = f_mid + tp_f + cp_f + ep_f
@@ -419,7 +445,8 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     opt_expert = expert_params / np.where(zero >= 1, np.maximum(group / e, 1), 1)
     optimizer = (optimizer_time(ctx, opt_dense + opt_expert, gb_, wb, state.master,
                                 state.moments)
-                 + host_overhead(ctx, optimizer_host_ops(ctx, n_dense, n_moe, e, single)))
+                 + host_overhead(ctx, optimizer_host_ops(ctx, n_dense, n_moe, e, single))
+                 + step_scalar_reductions(links, t * p * c * dp))
 
     compute = m * (f_crit + b_crit)
     tp_comm = m * tp_crit
@@ -480,6 +507,25 @@ def tp_overlapped(comm: Any, gemm: Any, t: Any, on: Any, eta: float, kappa: floa
     window = eta * gemm * (t - 1) / np.maximum(t, 1)
     hidden = np.minimum(comm, window)
     return np.where(on, comm - hidden + kappa * hidden, comm)
+
+
+def p2p_latency(links: Links, latency: Any) -> Any:
+    """The fixed cost of one point-to-point message: the calibration's measured one-way cost
+    ("p2p/2", half a ping-pong) where it has one, else the link's α."""
+    call = measured_call(links, "p2p/2")
+    return latency if call is None else call + 0.0 * latency
+
+
+def step_scalar_reductions(links: Links, world: Any) -> Any:
+    """Two all-reduces of a scalar over all ranks per step (the loss for the log and the
+    global gradient norm for clipping), charged where the calibration measured a call's cost
+    on this many ranks (the "this machine" preset; on a GPU cluster a tree all-reduce of a
+    few bytes is tens of µs, left out)."""
+    calls = {int(k.split("/")[1]): v for k, v in links.call if k.startswith("all-reduce/")}
+    if not calls:
+        return 0.0 * world
+    return np.vectorize(lambda w: 2 * calls.get(int(w), 0.0) if w > 1 else 0.0,
+                        otypes=[float])(world)
 
 
 def p2p_exposed(p2p: Any, p: Any, v: Any, m: Any, on: Any, kappa: float) -> Any:

@@ -13,19 +13,21 @@ per rank, `OMP_NUM_THREADS=1`, the same processes `shardwise train` starts):
                  backward) → `attention_efficiency` in the model's convention: causal
                  forward FLOPs `2·s²·d·heads` (the half of the square that is needed), backward
                  2.5× (`estimate.compute._attention_core`), at `P∞·η·d/(d+d½)`
-    host ops     a chain of tiny autograd operations (a 4×8 "linear", a scale, a residual
-                 add; forward + backward) timed and its aten ops counted with a
-                 `TorchDispatchMode` → `kernel_overhead`, seconds per aten op: the host's
-                 fixed cost (Python, dispatcher, autograd, launch) that the model charges
-                 for each op the runtime dispatches (`estimate.compute.host_ops`; on a CPU
-                 the tiny models are bound by it)
+    host ops     one of the runtime's own Transformer blocks at a tiny size (d = 16, s = 8:
+                 its kernels take next to nothing), forward + backward, timed and its aten
+                 ops counted with a `TorchDispatchMode` → `kernel_overhead`, seconds per
+                 aten op: the host's fixed cost (Python, modules, autograd, dispatcher,
+                 launch) that the model charges for each op the runtime dispatches
+                 (`estimate.compute.host_ops`; on a CPU the tiny models are bound by it)
     steps        training steps of the `tiny` model on one rank: not fitted, a check of the
                  model's one-rank prediction (its residual is in the file)
     collectives  all-reduce, reduce-scatter, all-gather, all-to-all over groups of 2…N ranks
                  and p2p send/recv between two, against message size, through
                  `runtime.collectives` (what training calls), each call after a little host
                  work and without a barrier (as training calls them: the ranks' wake-up and
-                 skew are part of the cost), the median call → one α-β link
+                 skew are part of the cost), the mean call (a step pays the tail: on this
+                 machine 5–10 % of small gloo calls take 4–15 ms against a median of
+                 0.4 ms, and the mean is 3–4× the median) → one α-β link
                  `t = rounds·α + bytes/β` with SPEC §5's ring rounds and bytes on the wire
                  (`calibration.fit.fit_alpha_beta`), then at that β a fixed cost per call
                  for each collective and group size, `t = α_call + bytes/β`
@@ -43,7 +45,6 @@ machine only add time); on a loaded machine the figures are still noisy.
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -102,6 +103,13 @@ class Plan:
     def sizes(self) -> tuple[int, ...]:
         return ((4 * KiB, 256 * KiB, 2 * MiB) if self.quick
                 else (1 * KiB, 16 * KiB, 128 * KiB, 1 * MiB, 4 * MiB))
+
+    def calls(self, size: int) -> int:
+        """Calls timed per collective point: small calls many times (their cost has a long
+        tail, so the mean needs many samples), large ones fewer."""
+        if self.quick:
+            return 16
+        return 120 if size < MiB else 24
 
     @property
     def groups(self) -> tuple[int, ...]:
@@ -194,12 +202,21 @@ def _attention(plan: Plan, device: torch.device, dtype: torch.dtype) -> list[lis
     return points
 
 
-def _host_op_seconds(device: torch.device, dtype: torch.dtype, blocks: int = 16
-                     ) -> tuple[float, int]:
-    """(seconds per aten op, aten ops per call) of a chain of tiny autograd operations —
-    per block a 4×8 "linear" `h·Wᵀ`, a scale and a residual add, forward and backward — the
-    op mix of the runtime's layers at a size where only the host's fixed cost counts."""
+# The layer `_host_op_seconds` times: the runtime's own block at a size where its kernels are
+# negligible next to the host's cost of dispatching them (d = 16, s = 8: every GEMM ≤ 4k FLOPs)
+HOST_PROBE = {"d_model": 16, "n_heads": 4, "n_kv_heads": 2, "d_ff": 32, "seq": 8}
+
+
+def _host_op_seconds(device: torch.device, dtype: torch.dtype) -> tuple[float, int]:
+    """(seconds per aten op, aten ops per call) of one of the runtime's own Transformer
+    blocks (`runtime.model.Block`: RMSNorm, attention with RoPE and GQA, SwiGLU, the
+    residuals), forward and backward, at `HOST_PROBE`'s tiny size, its aten ops counted with
+    a `TorchDispatchMode`. The ops of a training step pay the same Python, `nn.Module`,
+    autograd-`Function` and dispatcher costs per op; a chain of bare ops (a 4×8 linear, a
+    scale, an add) measured half of that on this machine (2.2 against 4.2 µs)."""
     from torch.utils._python_dispatch import TorchDispatchMode
+
+    from shardwise.runtime.model import Transformer
 
     class Count(TorchDispatchMode):
         ops = 0
@@ -209,18 +226,20 @@ def _host_op_seconds(device: torch.device, dtype: torch.dtype, blocks: int = 16
             Count.ops += 1
             return func(*args, **(kwargs or {}))
 
-    x = torch.randn(4, 8, device=device, dtype=dtype, requires_grad=True)
-    w = torch.randn(8, 8, device=device, dtype=dtype, requires_grad=True)
+    probe = dict(HOST_PROBE)
+    seq = probe.pop("seq")
+    spec = replace(get_model("tiny"), name="host-probe", n_layers=1, max_seq=seq, **probe)
+    model = Transformer(spec, dtype=dtype).to(device)
+    x = torch.randn(1, seq, spec.d_model, device=device, dtype=dtype, requires_grad=True)
+    positions = torch.arange(seq, device=device)
 
-    def chain() -> None:
-        h = x
-        for _ in range(blocks):
-            h = (h @ w.t()).view(4, 8) * 0.5 + h  # (4, 8) throughout
-        h.sum().backward()
+    def layer() -> None:
+        model.run_blocks(x, range(1), positions).sum().backward()
 
+    layer()
     with Count():
-        chain()
-    return _seconds(chain, device) / Count.ops, Count.ops
+        layer()
+    return _seconds(layer, device, budget=0.6, repeats=12) / Count.ops, Count.ops
 
 
 STEP_CONFIGS = ((64, 1), (128, 2))  # (seq_len, micro-batch) of the one-rank tiny steps
@@ -257,37 +276,46 @@ def _compute_rank(plan: Plan) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------- N ranks: collectives
-def _collective_ranks(plan: Plan) -> list[list[Any]] | None:
-    """[op, ranks, bytes (full tensor), seconds] on rank 0 (None elsewhere)."""
+def _collective_ranks(plan: Plan, busy: bool = False) -> list[list[Any]] | None:
+    """[op, ranks, bytes (full tensor), seconds] on rank 0 (None elsewhere). `busy`: every
+    rank takes part at once, in disjoint groups of consecutive ranks (as a layout with more
+    ranks than one group runs its groups side by side), else only the first group of each
+    size runs and the other ranks wait (each member has a core to itself when it fits)."""
     device = launch.device()
-    me = dist.get_rank()
+    me, world = dist.get_rank(), dist.get_world_size()
     points: list[list[Any]] = []
-    for g in plan.groups:
-        group = dist.new_group(list(range(g)), timeout=launch.group_timeout())
-        inside = me < g
+    sizes = [g for g in plan.groups if g < world] if busy else plan.groups
+    for g in sizes:
+        groups = [dist.new_group(list(range(k, k + g)), timeout=launch.group_timeout())
+                  for k in range(0, world - g + 1, g)]
+        mine = me // g if me // g < len(groups) and (busy or me < g) else None
         for op in COLLECTIVES:
             for size in plan.sizes:
                 n = size // 4 // g * g  # fp32 elements, divisible by the group
-                if inside:
-                    call = _collective_call(op, n, g, group, device)
-                    seconds = _group_seconds(call, group, device)
+                if mine is not None:
+                    call = _collective_call(op, n, g, groups[mine], device)
+                    seconds = _group_seconds(call, groups[mine], device, plan.calls(size))
                     if me == 0:
                         points.append([op, g, 4 * n, seconds])
         dist.barrier()
-    pair = dist.new_group([0, 1], timeout=launch.group_timeout())
-    for size in plan.sizes:  # p2p ping-pong between ranks 0 and 1; one way = half a round
+    pairs = [dist.new_group([k, k + 1], timeout=launch.group_timeout())
+             for k in range(0, world - 1, 2)]
+    for size in plan.sizes:  # p2p within pairs (2k, 2k+1): an exchange, one way = half
         buf = torch.ones(size // 4, device=device)
+        peer = me + 1 if me % 2 == 0 else me - 1
 
-        def ping(buf: torch.Tensor = buf) -> None:
-            if me == 0:
-                C.send(buf, 1)
-                C.recv(buf, 1)
-            elif me == 1:
-                C.recv(buf, 0)
-                C.send(buf, 0)
+        def exchange(buf: torch.Tensor = buf, peer: int = peer) -> None:
+            """What a ring-attention hop and a pipeline's send/receive pair do: the even
+            rank sends then receives, the odd one the other way round."""
+            if me % 2 == 0:
+                C.send(buf, peer)
+                C.recv(buf, peer)
+            else:
+                C.recv(buf, peer)
+                C.send(buf, peer)
 
-        if me < 2:
-            seconds = _group_seconds(ping, pair, device) / 2
+        if peer < world and (busy or me < 2):
+            seconds = _group_seconds(exchange, pairs[me // 2], device, plan.calls(size)) / 2
             if me == 0:
                 points.append(["p2p", 2, 4 * (size // 4), seconds])
         dist.barrier()
@@ -309,26 +337,35 @@ def _collective_call(op: str, n: int, g: int, group: Any, device: torch.device
     return calls[op]
 
 
+def _host_work(device: torch.device, ops: int = 72) -> float:
+    """`ops` small ops (72: about what a layer dispatches between two of its collectives);
+    returns the seconds they took."""
+    start = time.perf_counter()
+    work = torch.ones(16, 16, device=device)
+    for _ in range(ops):
+        work = torch.tanh(work)
+    _sync(device)
+    return time.perf_counter() - start
+
+
 def _group_seconds(call: Callable[[], Any], group: Any, device: torch.device,
-                   repeats: int = 15) -> float:
-    """The median call as training makes them: each after some host work (72 small ops: a
-    tensor-parallel layer dispatches ~290 aten ops around its 4 collectives,
-    `estimate.compute.host_ops`) and with no barrier, so a rank's
-    wake-up and the ranks' skew count as they do in a step; the slowest member's median
-    (max all-reduce)."""
-    work = torch.randn(16, 16, device=device)
+                   repeats: int) -> float:
+    """The mean call as training makes them: each after some host work (72 small ops: a
+    tensor-parallel layer dispatches ~200 aten ops around its 4 collectives,
+    `estimate.compute.host_ops`) and with no barrier, so a rank's wake-up and the ranks'
+    skew count as they do in a step; the slowest member's mean (max all-reduce). The mean,
+    not the median: a step pays every call, the slow tail too (module docstring)."""
     call()
-    times = []
+    total = 0.0
     for _ in range(repeats):
-        for _ in range(72):
-            work = torch.tanh(work)
+        _host_work(device)
         start = time.perf_counter()
         call()
         _sync(device)
-        times.append(time.perf_counter() - start)
-    median = torch.tensor([statistics.median(times)], dtype=torch.float64)
-    dist.all_reduce(median, op=dist.ReduceOp.MAX, group=group)
-    return float(median)
+        total += time.perf_counter() - start
+    mean = torch.tensor([total / repeats], dtype=torch.float64)
+    dist.all_reduce(mean, op=dist.ReduceOp.MAX, group=group)
+    return float(mean)
 
 
 # ---------------------------------------------------------------------------------- fits
@@ -385,9 +422,17 @@ def fit_measurements(raw: dict[str, Any], plan: Plan) -> dict[str, Any]:
             per_op[op] = {"error": str(exc)}
     # a fixed cost per call for each collective and group size, at the link's β (the step
     # model charges it in place of the ring rounds' α: `estimate.step.group_collective_time`)
-    calls = [p for p in coll if p[0] != "p2p"]
-    _, wire, secs = rounds_bytes(calls)
-    per_call = fit_per_call([f"{op}/{n}" for op, n, *_ in calls], wire, secs, link.beta)
+    # ("p2p/2": one message one way, half a ping-pong)
+    _, wire, secs = rounds_bytes(coll)
+    per_call = fit_per_call([f"{op}/{n}" for op, n, *_ in coll], wire, secs, link.beta)
+    # and as measured with all `plan.ranks` ranks busy in side-by-side groups ("op/n@ranks",
+    # not divided by the time-slicing: `calibration.machine.cluster_of` takes them as they
+    # are for a layout of that many ranks)
+    busy = raw.get("collectives_busy") or []
+    if busy:
+        wire = [p[2] if p[0] == "p2p" else ring_bytes_on_wire(p[0], p[2], p[1]) for p in busy]
+        per_call |= fit_per_call([f"{op}/{n}@{plan.ranks}" for op, n, *_ in busy], wire,
+                                 [p[3] for p in busy], link.beta)
     machine = MachineSpec(THIS_MACHINE, plan.backend, raw["dtype"], cores,
                           _memory_bytes(raw["device"]), gemm.peak, copy.beta, link.beta,
                           link.alpha,
@@ -428,8 +473,12 @@ def fit_measurements(raw: dict[str, Any], plan: Plan) -> dict[str, Any]:
                                "fit": kern.to_dict()},
             "attention": {"points [s, d, heads, s fwd+bwd]": raw["attention"],
                           "fit (scale = 1/attention_efficiency)": attn.to_dict()},
-            "host_ops": {"seconds per aten op": op_seconds, "aten ops in the chain": op_count},
+            "host_ops": {"seconds per aten op": op_seconds,
+                         "aten ops of the probe block (forward + backward)": op_count,
+                         "probe block": HOST_PROBE},
             "collectives": {"points [op, ranks, bytes, s]": coll, "fit": link.to_dict(),
+                            f"points with all {plan.ranks} ranks busy [op, ranks, bytes, s]":
+                                busy,
                             "per_op": per_op, "per_group_size": per_group,
                             "per_call (α_call of t = α_call + bytes/β)":
                                 {k: f.to_dict() for k, f in per_call.items()}},
@@ -470,6 +519,10 @@ def calibrate(plan: Plan, progress: Callable[[str], None] = lambda msg: None
     progress(f"collectives on {plan.ranks} ranks ({plan.backend})")
     raw["collectives"] = launch.spawn(_collective_ranks, plan.ranks, plan, timeout_s=600,
                                       backend=plan.backend)[0]
+    if plan.ranks > len(os.sched_getaffinity(0)) and plan.backend == "gloo":
+        progress(f"collectives with all {plan.ranks} ranks busy (more ranks than cores)")
+        raw["collectives_busy"] = launch.spawn(_collective_ranks, plan.ranks, plan, True,
+                                               timeout_s=600, backend=plan.backend)[0]
     progress("fitting")
     return fit_measurements(raw, plan)
 
@@ -551,7 +604,7 @@ def summary_rows(data: dict[str, Any]) -> list[list[str]]:
          res(meas["memory_kernels"]["fit"])],
         ["attention_efficiency (causal convention)", f"{const['attention_efficiency']:.3f}",
          res(meas["attention"]["fit (scale = 1/attention_efficiency)"])],
-        ["kernel_overhead (per aten op, tiny-op chain)",
+        ["kernel_overhead (per aten op, the runtime's block at d=16)",
          f"{const['kernel_overhead'] * 1e6:.2f} µs", ""],
         ["one-rank tiny step: model vs measured", ", ".join(
             f"{p * 1e3:.0f} vs {m[2] * 1e3:.0f} ms" for p, m in zip(

@@ -371,6 +371,11 @@ def _state_test(parallel: ParallelTransformer) -> Callable[[torch.Tensor], bool]
     return is_state
 
 
+# steps timed after the checked ones (their median is the measured step: a step's collectives
+# have a long-tailed cost on a shared host, so a median of few steps swings)
+TIMED_STEPS = 8
+
+
 def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL
                  ) -> list[CheckRow]:
     """On every rank of `config.layout` (a process group up): `steps` training steps of
@@ -390,7 +395,7 @@ def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL
         for _ in range(steps):
             train_step(state)
     # Step time outside the hooks and counters (what training costs), after the checked steps.
-    seconds = sorted(train_step(state).seconds for _ in range(max(steps, 3)))
+    seconds = sorted(train_step(state).seconds for _ in range(max(steps, TIMED_STEPS)))
     held = state_bytes([parallel.model], state.optimizer, parallel.parameters())
     peak = float(torch.cuda.max_memory_allocated(device)) if gpu else None
     model, layout, train = config.model, config.layout, config.train_spec()

@@ -337,23 +337,24 @@ def _collective_call(op: str, n: int, g: int, group: Any, device: torch.device
     return calls[op]
 
 
-def _host_work(device: torch.device, ops: int = 72) -> float:
-    """`ops` small ops (72: about what a layer dispatches between two of its collectives);
-    returns the seconds they took."""
+def _host_work(device: torch.device) -> float:
+    """About a layer's forward of host work (on this machine's tiny models what the runtime
+    does between two collectives): 24 small GEMMs, each followed by an activation, on
+    (64 × 64) tensors; returns the seconds it took."""
     start = time.perf_counter()
-    work = torch.ones(16, 16, device=device)
-    for _ in range(ops):
-        work = torch.tanh(work)
+    work = torch.full((64, 64), 1 / 64, device=device)
+    for _ in range(24):
+        work = torch.tanh(work @ work)
     _sync(device)
     return time.perf_counter() - start
 
 
 def _group_seconds(call: Callable[[], Any], group: Any, device: torch.device,
                    repeats: int) -> float:
-    """The mean call as training makes them: each after some host work (72 small ops: a
-    tensor-parallel layer dispatches ~200 aten ops around its 4 collectives,
-    `estimate.compute.host_ops`) and with no barrier, so a rank's wake-up and the ranks'
-    skew count as they do in a step; the slowest member's mean (max all-reduce). The mean,
+    """The mean call as training makes them: each after some host work (`_host_work`, about
+    a layer's forward) and with no barrier, so a rank's wake-up and the ranks' drift while
+    they compute count as they do in a step (the wait grows with the work before a call:
+    after 72 tiny ops a small all-reduce took 1.1 ms, after ten times as many 1.7 ms); the slowest member's mean (max all-reduce). The mean,
     not the median: a step pays every call, the slow tail too (module docstring)."""
     call()
     total = 0.0

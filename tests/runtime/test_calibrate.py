@@ -15,8 +15,8 @@ from shardwise.calibration.machine import predict_step
 from shardwise.estimate.comm import ring_bytes_on_wire, ring_steps
 from shardwise.estimate.compute import _OPS_LAYER
 from shardwise.layout import Layout
-from shardwise.runtime.measure import REPORTED, CheckRow
-from shardwise.runtime.step_time import COMPONENTS, with_prediction
+from shardwise.runtime.measure import CALL_ROW, REPORTED, CheckRow
+from shardwise.runtime.step_time import COMPONENTS, RETIMED, with_prediction
 from shardwise.runtime.train import TrainConfig
 
 MACHINE = {"name": "this-machine", "backend": "gloo", "dtype": "fp32", "cores": 2,
@@ -93,8 +93,19 @@ def test_check_json_has_the_step_time_row_from_the_file_it_names(calibration):
     assert rows["tp comm (s)"]["predicted"] == pytest.approx(expected.tp_comm, rel=1e-12)
     assert rows["fastest step (s)"]["predicted"] == step["predicted"]
     assert 0 < rows["fastest step (s)"]["measured"] <= step["measured"]
-    parts = sum(r["predicted"] for what, r in rows.items() if "step" not in what)
+    parts = sum(r["predicted"] for what, r in rows.items()
+                if "step" not in what and not what.startswith(CALL_ROW))
     assert parts == pytest.approx(expected.total, rel=1e-9)  # the components sum to it
+    # tp's collectives and the world's (the loss and grad-norm all-reduces), timed on the
+    # layout's own groups after its steps; the model again with those per-call costs
+    calls = {what.removeprefix(CALL_ROW).removesuffix(" (s)"): r["measured"]
+             for what, r in rows.items() if what.startswith(CALL_ROW)}
+    assert set(calls) == {"all-reduce/2", "reduce-scatter/2", "all-gather/2"}
+    assert all(v > 0 for v in calls.values())
+    retimed = predict_step(get_model("tiny"), Layout(tp=2), train, calibration, per_call=calls)
+    assert rows[RETIMED]["predicted"] == pytest.approx(retimed.total, rel=1e-12)
+    assert rows[RETIMED]["measured"] == step["measured"]
+    assert retimed.tp_comm != expected.tp_comm  # it moves with the calls' costs
 
 
 def test_without_a_file_the_row_says_the_built_in_constants_cannot_predict_a_cpu():

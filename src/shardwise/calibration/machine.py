@@ -153,10 +153,11 @@ def cluster_of(spec: MachineSpec, cal: Calibration, ranks: int
     return cluster, cal.validate()
 
 
-def predict_step(model: ModelSpec, layout: Layout, train: TrainSpec, path: str | Path
-                 ) -> StepEstimate:
+def predict_step(model: ModelSpec, layout: Layout, train: TrainSpec, path: str | Path,
+                 per_call: dict[str, float] | None = None) -> StepEstimate:
     """The step model's prediction for `layout` on `layout.world_size` ranks of the machine
-    the calibration file describes (`estimate.step.estimate_step`)."""
+    the calibration file describes (`estimate.step.estimate_step`); `per_call` ("op/n":
+    seconds, measured with the layout's ranks busy) replaces the file's per-call costs."""
     from shardwise.estimate.step import estimate_step
 
     spec = read_machine(path)
@@ -164,4 +165,6 @@ def predict_step(model: ModelSpec, layout: Layout, train: TrainSpec, path: str |
         raise ShardwiseError(f"the calibration {str(path)!r} was measured in {spec.dtype}; "
                              f"this run is {train.dtype} (calibrate in the same dtype)")
     cluster, cal = machine_cluster(layout.world_size, path)
+    if per_call:
+        cal = replace(cal, collective_call=cal.collective_call | per_call).validate()
     return estimate_step(model, cluster, layout, train, cal)

@@ -45,6 +45,7 @@ machine only add time); on a loaded machine the figures are still noisy.
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -367,6 +368,51 @@ def _group_seconds(call: Callable[[], Any], group: Any, device: torch.device,
     mean = torch.tensor([total / repeats], dtype=torch.float64)
     dist.all_reduce(mean, op=dist.ReduceOp.MAX, group=group)
     return float(mean)
+
+
+# ------------------------------------------------------- a layout's own groups, right now
+# the collectives each axis of the runtime calls (the step model charges them per call)
+AXIS_CALLS = {"tp": ("all-reduce", "reduce-scatter", "all-gather"), "cp": ("p2p",),
+              "pp": ("p2p",), "ep": ("all-to-all",), "dp": ("all-reduce",),
+              "world": ("all-reduce",)}
+
+
+def time_layout_calls(axis: Callable[[str], Any], calls: int = 120) -> dict[str, float]:
+    """The fixed cost of one call ("op/n", "p2p/2" one way) of every collective a layout's
+    axes make, timed now on its own groups — every group of an axis at once, after the same
+    host work as `calibrate`'s — as the slowest member's mean. The host's collective costs
+    drift over minutes on a shared machine (2× seen here): timed beside the steps they
+    describe, they leave the compute constants to the calibration file. `axis(name)` gives
+    this rank's `AxisGroup`; every rank calls this together."""
+    device = launch.device()
+    timed: dict[str, list[float]] = {}
+    for name, ops in AXIS_CALLS.items():
+        g = axis(name)
+        if g.size < 2:
+            continue
+        for op in ops:
+            if op == "p2p":  # pairs of neighbours (0, 1), (2, 3)…; an odd one out idles
+                peer = g.rank ^ 1
+                buf = torch.ones(256, device=device)
+
+                def call(buf: torch.Tensor = buf, peer: int = peer, g: Any = g) -> None:
+                    if peer >= g.size:
+                        return
+                    if g.rank % 2 == 0:
+                        C.send(buf, g.global_rank(peer))
+                        C.recv(buf, g.global_rank(peer))
+                    else:
+                        C.recv(buf, g.global_rank(peer))
+                        C.send(buf, g.global_rank(peer))
+
+                key, seconds = "p2p/2", _group_seconds(call, g.group, device, calls) / 2
+            else:
+                key = f"{op}/{g.size}"
+                seconds = _group_seconds(_collective_call(op, 256 // g.size * g.size, g.size,
+                                                          g.group, device),
+                                         g.group, device, calls)
+            timed.setdefault(key, []).append(seconds)
+    return {key: statistics.fmean(values) for key, values in timed.items()}
 
 
 # ---------------------------------------------------------------------------------- fits

@@ -56,6 +56,7 @@ from shardwise.estimate.check import (
 from shardwise.layout import Layout, TrainSpec
 from shardwise.runtime import collectives as C
 from shardwise.runtime import launch
+from shardwise.runtime.calibrate import time_layout_calls
 from shardwise.runtime.data import Batches, load_tokens
 from shardwise.runtime.parallel_transformer import ParallelTransformer
 from shardwise.runtime.train import TrainConfig, build, train_step
@@ -371,6 +372,7 @@ def _state_test(parallel: ParallelTransformer) -> Callable[[torch.Tensor], bool]
     return is_state
 
 
+CALL_ROW = "per call: "  # rows of collective costs re-timed on the layout's own groups
 # steps timed after the checked ones (their median is the measured step: a step's collectives
 # have a long-tailed cost on a shared host, so a median of few steps swings)
 TIMED_STEPS = 8
@@ -396,6 +398,7 @@ def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL
             train_step(state)
     # Step time outside the hooks and counters (what training costs), after the checked steps.
     seconds = sorted(train_step(state).seconds for _ in range(max(steps, TIMED_STEPS)))
+    calls = time_layout_calls(parallel.axis)
     held = state_bytes([parallel.model], state.optimizer, parallel.parameters())
     peak = float(torch.cuda.max_memory_allocated(device)) if gpu else None
     model, layout, train = config.model, config.layout, config.train_spec()
@@ -409,7 +412,10 @@ def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL
         rows += [CheckRow("step time", "step (s)", None, seconds[len(seconds) // 2], REPORTED,
                           f"median of {len(seconds)} steps after the checked ones, rank 0"),
                  CheckRow("step time", "fastest step (s)", None, seconds[0], REPORTED,
-                          "the fastest of those steps (other jobs on the machine only add)")]
+                          "the fastest of those steps (other jobs on the machine only add)"),
+                 *(CheckRow("step time", f"{CALL_ROW}{key} (s)", None, value, REPORTED,
+                            "one call, timed on this layout's groups after its steps")
+                   for key, value in calls.items())]
     if model.is_moe and layout.tp > 1:
         caveat = "; MoE layers are replicated over tp here (the analytic model splits experts)"
         rows = [replace(r, note=r.note + caveat) if not r.ok else r for r in rows]

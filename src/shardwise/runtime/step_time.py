@@ -21,10 +21,12 @@ from pathlib import Path
 
 from shardwise.calibration.machine import predict_step
 from shardwise.errors import ShardwiseError
-from shardwise.runtime.measure import REPORTED, CheckRow
+from shardwise.runtime.measure import CALL_ROW, REPORTED, CheckRow
 from shardwise.runtime.train import TrainConfig
 
-__all__ = ["COMPONENTS", "with_prediction"]
+__all__ = ["COMPONENTS", "RETIMED", "with_prediction"]
+
+RETIMED = "step, collectives re-timed (s)"
 
 # StepEstimate field -> row label (the model's breakdown, SPEC §7)
 COMPONENTS = {"compute": "compute", "tp_comm": "tp comm", "cp_comm_exposed": "cp comm exposed",
@@ -36,24 +38,34 @@ def with_prediction(rows: list[CheckRow], config: TrainConfig,
                     calibration: str | Path | None) -> list[CheckRow]:
     """`rows` with the measured step-time rows (median and fastest step) completed by the
     prediction and followed by the predicted components (non-zero ones)."""
-    measured = [i for i, r in enumerate(rows) if r.item == "step time"]
+    measured = [i for i, r in enumerate(rows) if r.item == "step time"
+                and not r.what.startswith(CALL_ROW)]
     if not measured:
         return rows
+    calls = [r for r in rows if r.item == "step time" and r.what.startswith(CALL_ROW)]
     rest = [r for r in rows if r.item != "step time"]
     if calibration is None:
         note = ("calibration: built-in (data/calibration.json, datasheet GPUs): no figures for "
                 "the machine this ran on; run `shardwise calibrate --out FILE` and pass "
                 "--calibration FILE")
-        return rest + [replace(rows[i], note=f"{rows[i].note}; {note}") for i in measured]
+        return rest + [replace(rows[i], note=f"{rows[i].note}; {note}") for i in measured] + calls
     try:
         step = predict_step(config.model, config.layout, config.train_spec(), calibration)
     except ShardwiseError as exc:
         return rest + [replace(rows[i], note=f"{rows[i].note}; no prediction: {exc}")
-                       for i in measured]
+                       for i in measured] + calls
     source = f"predicted by the step model (SPEC §7), calibration: {calibration}"
     totals = [replace(rows[i], predicted=step.total, note=f"{rows[i].note}; {source}")
               for i in measured]
     parts = [CheckRow("step time", f"{label} (s)", getattr(step, name), None, REPORTED,
                       "predicted component (not timed apart by the runtime)")
              for name, label in COMPONENTS.items() if getattr(step, name) > 0]
-    return rest + totals + parts
+    if calls:  # the same model with the collectives' costs timed beside the steps
+        now = {r.what.removeprefix(CALL_ROW).removesuffix(" (s)"): r.measured for r in calls}
+        retimed = predict_step(config.model, config.layout, config.train_spec(), calibration,
+                               per_call=now).total
+        median = rows[measured[0]]
+        parts.append(CheckRow("step time", RETIMED, retimed, median.measured, REPORTED,
+                              "the step model with the file's compute constants and the "
+                              "per-call costs below (timed now on this layout's groups)"))
+    return rest + totals + parts + calls

@@ -22,8 +22,7 @@ Run:
         [--json results.json]
 
 (`--calibration FILE` skips the calibration and uses that file.) The figures recorded in the
-README came from `--repeats 2` on the 2-core machine while nothing else ran (load average
-1–2, printed per round).
+README came from `--repeats 3` on the 2-core VM with every other process in it stopped.
 """
 
 from __future__ import annotations

@@ -22,12 +22,14 @@ per rank, `OMP_NUM_THREADS=1`, the same processes `shardwise train` starts):
     steps        training steps of the `tiny` model on one rank: not fitted, a check of the
                  model's one-rank prediction (its residual is in the file)
     collectives  all-reduce, reduce-scatter, all-gather, all-to-all over groups of 2…N ranks
-                 and p2p send/recv between two, against message size, through
-                 `runtime.collectives` (what training calls), each call after a little host
-                 work and without a barrier (as training calls them: the ranks' wake-up and
-                 skew are part of the cost), the mean call (a step pays the tail: on this
-                 machine 5–10 % of small gloo calls take 4–15 ms against a median of
-                 0.4 ms, and the mean is 3–4× the median) → one α-β link
+                 and a p2p exchange between two (one way = half), against message size,
+                 through `runtime.collectives` (what training calls), each call after
+                 about a layer's forward of host work and without a barrier (as training
+                 calls them: the ranks' wake-up and drift are part of the cost), the mean
+                 call (a step pays the tail: on this machine 5–10 % of small gloo calls take
+                 4–15 ms against a median of 0.4 ms, and the mean is 3–4× the median); with
+                 more ranks than cores once more with all ranks busy in side-by-side groups
+                 ("op/n@ranks") → one α-β link
                  `t = rounds·α + bytes/β` with SPEC §5's ring rounds and bytes on the wire
                  (`calibration.fit.fit_alpha_beta`), then at that β a fixed cost per call
                  for each collective and group size, `t = α_call + bytes/β`
@@ -38,8 +40,10 @@ per rank, `OMP_NUM_THREADS=1`, the same processes `shardwise train` starts):
                  by ranks/cores before the fit (the preset multiplies them back)
 
 Not measured (the built-in value is kept, and the file says so): `dp_bucket_bytes`,
-`overlap_contention`. Every timing is the fastest of several repeats (other jobs on a shared
-machine only add time); on a loaded machine the figures are still noisy.
+`overlap_contention`. The compute timings are the fastest of several repeats (other jobs on a
+shared machine only add time), the collectives the mean of many calls; on a loaded machine
+the figures are still noisy. `time_layout_calls` re-times one call of each collective on a
+layout's own groups, for `shardwise check`.
 """
 
 from __future__ import annotations

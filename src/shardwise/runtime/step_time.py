@@ -2,12 +2,15 @@
 SPEC §7) for the layout on this machine against the measured median step.
 
 `check_layout` measures rank 0's step time (the median and the fastest of the steps after
-the checked ones, outside the saved-tensor hooks and byte counters); `with_prediction` adds the prediction from a calibration
-file written by `shardwise calibrate` (its `machine` section is the hardware, its constants the
+the checked ones, outside the saved-tensor hooks and byte counters); `with_prediction` adds
+the prediction from a calibration file written by `shardwise calibrate` (its `machine` section is the hardware, its constants the
 efficiencies) and one row per component of the model's step: compute, exposed communication
 per axis, bubble, optimizer. The components are predicted only: the runtime does not time
 them apart (a rank waiting in a collective and a rank computing look alike from the step
-clock). The rows are reported, not targets (`check`'s exit code ignores them): a step time on
+clock). Then the same model again with the per-call costs of the layout's collectives timed
+on its own groups right after its steps (`runtime.calibrate.time_layout_calls`; the
+"per call: …" rows): the file's compute constants, the collectives as they cost now. The rows
+are reported, not targets (`check`'s exit code ignores them): a step time on
 a shared CPU is noisy; `benchmarks/bench_check_step.py` measures the accuracy over repeats.
 
 Without `--calibration` the built-in constants (`data/calibration.json`) apply, and they

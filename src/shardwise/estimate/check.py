@@ -296,17 +296,15 @@ def activation_note(row: CheckRow, layout: Layout, train: TrainSpec,
         return []
     notes = []
     c, ab = layout.cp, dtype_bytes(train.dtype)
-    if model is not None and ab < 4 and train.impl == RUNTIME_IMPL:
+    if (model is not None and ab < 4 and train.impl == RUNTIME_IMPL
+            and not row.what.endswith("MoE")):  # (the router's probabilities are fp32 in both)
         # the count keeps statistics in fp32; the runtime's bf16 kernels keep them in bf16
         rows = train.seq_len / c * layout.micro_batch
         t, sp = layout.tp, layout.sp and layout.tp > 1
-        if row.what.endswith("MoE"):
-            what, n = "the router probabilities", rows * model.n_experts
-        else:
-            lse = (max(model.n_heads // t, 1) * rows
-                   if train.flash_attention and layout.recompute != "selective" else 0)
-            what, n = "RMSNorm's rstd and attention's log-sum-exp", 2 * rows / (
-                t if sp else 1) + lse
+        lse = (max(model.n_heads // t, 1) * rows
+               if train.flash_attention and layout.recompute != "selective" else 0)
+        what, n = "RMSNorm's rstd and attention's log-sum-exp", 2 * rows / (
+            t if sp else 1) + lse
         notes.append(f"{train.dtype}: the runtime keeps {what} in {train.dtype}, the count in "
                      f"fp32: −{n * (4 - ab):,.0f} B")
     if c > 1:

@@ -179,7 +179,9 @@ def assert_params(got: dict, want: dict, exact: bool, where: str) -> None:
 TWO = [config("dp=2"), config("pp=2", "tiny-tied"), config("dp=2,ep=2", "tiny-moe"),
        config("dp=2,zero=3"), config("tp=2,sp=1,zero=1"),
        # mixed precision: the fp32 masters and moments are saved with the bf16 weights
-       config("dp=2,zero=1", dtype="bf16"), config("dp=2,zero=3", dtype="bf16")]
+       config("dp=2,zero=1", dtype="bf16"), config("dp=2,zero=3", dtype="bf16"),
+       # fp32 gradient accumulation (main_grad): nothing more is saved, the resume is as exact
+       config("dp=2,zero=2", dtype="bf16", grad_dtype="fp32")]
 
 
 @pytest.fixture(scope="module")

@@ -164,20 +164,28 @@ def test_cli_check_prints_rows_and_exits_by_the_targets():
     assert out["ok"] and out["ranks"] == 2 and out["layout"]["sp"]
     assert all(row["ok"] for row in out["rows"]) and len(out["rows"]) == 14
     # Mixed precision, ZeRO-2 over 2 ranks: SPEC §2's 2P + 14P/N bytes, measured — bf16
-    # weights whole, bf16 gradient shard, fp32 master shard, fp32 Adam moments shard
-    mixed = json.loads(shardwise("check", "--dp", "2", "--zero", "2", "--dtype", "bf16",
-                                 "--seq", "32", "--global-batch", "2", "--steps", "2",
-                                 "--json").stdout)
-    assert mixed["ok"], [row for row in mixed["rows"] if not row["ok"]]
-    state = {row["what"]: row["measured"] for row in mixed["rows"] if row["item"] == "state"}
-    assert state == {"weights": 2 * P_TINY, "grads": 2 * P_TINY / 2,
-                     "master": 4 * P_TINY / 2, "optimizer": 8 * P_TINY / 2}
-    assert sum(state.values()) == 2 * P_TINY + 14 * P_TINY / 2
+    # weights whole, bf16 gradient shard, fp32 master shard, fp32 Adam moments shard; with
+    # fp32 gradients (Megatron's main_grad, 18 B/param) the gradient shard is fp32: 2P + 16P/N
+    for grad_dtype, grad_bytes in (("bf16", 2), ("fp32", 4)):
+        mixed = json.loads(shardwise("check", "--dp", "2", "--zero", "2", "--dtype", "bf16",
+                                     "--grad-dtype", grad_dtype, "--seq", "32",
+                                     "--global-batch", "2", "--steps", "2", "--json").stdout)
+        assert mixed["ok"], [row for row in mixed["rows"] if not row["ok"]]
+        state = {row["what"]: row["measured"] for row in mixed["rows"] if row["item"] == "state"}
+        assert state == {"weights": 2 * P_TINY, "grads": grad_bytes * P_TINY / 2,
+                         "master": 4 * P_TINY / 2, "optimizer": 8 * P_TINY / 2}
+        assert sum(state.values()) == 2 * P_TINY + (12 + grad_bytes) * P_TINY / 2
     moe = shardwise("check", "--model", "tiny-moe", "--dp", "2", "--ep", "2", "--seq", "32",
                     "--global-batch", "2", "--steps", "1", "--dtype", "fp64", "--json")
     out = json.loads(moe.stdout)
     assert out["ok"] and out["ranks"] == 2 and out["layout"]["ep"] == 2
     assert all(row["ok"] for row in out["rows"])
+    # bf16: the router's probabilities are fp32 in the runtime and in the count (HF Mixtral,
+    # Megatron), so every MoE row is exact (the attention halves keep bf16 statistics)
+    moe = shardwise("check", "--model", "tiny-moe", "--dp", "2", "--ep", "2", "--seq", "32",
+                    "--global-batch", "2", "--steps", "1", "--dtype", "bf16", "--json")
+    rows = [row for row in json.loads(moe.stdout)["rows"] if row["what"].endswith("MoE")]
+    assert len(rows) == 4 and all(row["measured"] == row["predicted"] for row in rows), rows
     missed = shardwise("check", "--dp", "2", "--tp", "2", "--sp", "--zero", "1", "--seq", "32",
                        "--global-batch", "2", "--steps", "1", "--json", check=False)
     assert missed.returncode == 1, missed.stderr

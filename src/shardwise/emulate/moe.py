@@ -57,7 +57,7 @@ def balanced_inputs(tokens: int, hidden: int, num_experts: int, top_k: int, *, s
 def combine(expert_out: torch.Tensor, plan: DispatchPlan, tokens: int) -> torch.Tensor:
     """Gate-weighted sum of the returned expert rows into (T, h); dropped tokens stay zero."""
     y = expert_out.new_zeros(tokens, expert_out.shape[1])
-    return y.index_add(0, plan.token, plan.gate[:, None] * expert_out)
+    return y.index_add(0, plan.token, plan.gate.to(expert_out.dtype)[:, None] * expert_out)
 
 
 # ------------------------------------------------------------------------ emulated EP

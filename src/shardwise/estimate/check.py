@@ -155,6 +155,7 @@ def predicted_comm(model: ModelSpec, layout: Layout, train: TrainSpec, stage: in
     of each expert-parallel MoE call over `steps` steps (data-dependent; empty without ep). Axis names are the mesh's: gradients of dense weights are averaged over "dp"
     ("dp_cp" when cp > 1), expert gradients over "edp"."""
     ab = dtype_bytes(train.dtype)
+    gb = dtype_bytes(train.grad_dtype or train.dtype)  # gradient reductions (fp32 main_grad)
     t, p, c, e = layout.tp, layout.pp, layout.cp, layout.ep
     m = layout.microbatches(train)
     s, b, h = train.seq_len // c, layout.micro_batch, model.d_model
@@ -176,24 +177,24 @@ def predicted_comm(model: ModelSpec, layout: Layout, train: TrainSpec, stage: in
             norms = (2 * len(layers) + last) * model.norm_params()
             replicated = norms + len(moe) * model.router_params()
             terms.append(Term("tp", "all-reduce",
-                              sequence_parallel_grad_comm_bytes(replicated, t, ab),
+                              sequence_parallel_grad_comm_bytes(replicated, t, gb),
                               "SP: norm (and router) gradients"))
         if model.n_kv_heads < t and layout.zero:  # parallel_transformer._reduce_kv_shards
             n = layout.zero_degree  # an (a_kv, shard) buffer per layer unit
             terms.append(Term("tp", "all-reduce", sum(ring_bytes_on_wire(
-                "all-reduce", model.n_kv_heads * _padded(u, n) // n * ab, t)
+                "all-reduce", model.n_kv_heads * _padded(u, n) // n * gb, t)
                 for u, _, _ in _layer_units(model, layout, layers)[0]),
                 "replicated kv heads: K, V elements of the ZeRO shards summed over replicas"))
         elif model.n_kv_heads < t:  # runtime.tensor_parallel.allreduce_replicated_kv_grads
             bias = model.qkv_bias or model.bias
             slots = len(layers) * 2 * model.kv_dim * (h + bias)  # (a_kv, d, h) for K and V
-            terms.append(Term("tp", "all-reduce", ring_bytes_on_wire("all-reduce", slots * ab, t),
+            terms.append(Term("tp", "all-reduce", ring_bytes_on_wire("all-reduce", slots * gb, t),
                               "replicated kv heads: K, V gradients summed over replicas"))
     if p > 1:
         terms.append(Term("pp", "send", pp_send_bytes_per_step(
             s, b, h, m, p, stage, layout.chunks, ab, t, sp), "activations and their gradients"))
         if model.tie_embeddings:
-            tied = tied_embedding_comm_bytes(model.vocab, h, p, t, ab)
+            tied = tied_embedding_comm_bytes(model.vocab, h, p, t, gb)
             if layout.zero:  # the embedding's gradient shard (padded), not the whole gradient
                 n = layout.zero_degree
                 numel = model.vocab // t * h
@@ -234,11 +235,11 @@ def predicted_comm(model: ModelSpec, layout: Layout, train: TrainSpec, stage: in
         for name, n_params, size, span in parts:
             if span > size:
                 terms.append(Term(f"{name}_replica", "all-reduce", reductions * ring_bytes_on_wire(
-                    "all-reduce", n_params / size * ab, span // size), "hybrid ZeRO: gradient "
+                    "all-reduce", n_params / size * gb, span // size), "hybrid ZeRO: gradient "
                     "shards averaged over the groups"))
     for axis, n_params, n in groups:
         if n > 1:
-            for op, nbytes in dp_step_comm_ops(n_params, n, layout.zero, ab, ab, m):
+            for op, nbytes in dp_step_comm_ops(n_params, n, layout.zero, gb, ab, m):
                 what = f"ZeRO-{layout.zero}" if layout.zero else "gradient average"
                 terms.append(Term(axis, op, nbytes, what))
     return terms
@@ -295,17 +296,15 @@ def activation_note(row: CheckRow, layout: Layout, train: TrainSpec,
         return []
     notes = []
     c, ab = layout.cp, dtype_bytes(train.dtype)
-    if model is not None and ab < 4 and train.impl == RUNTIME_IMPL:
+    if (model is not None and ab < 4 and train.impl == RUNTIME_IMPL
+            and not row.what.endswith("MoE")):  # (the router's probabilities are fp32 in both)
         # the count keeps statistics in fp32; the runtime's bf16 kernels keep them in bf16
         rows = train.seq_len / c * layout.micro_batch
         t, sp = layout.tp, layout.sp and layout.tp > 1
-        if row.what.endswith("MoE"):
-            what, n = "the router probabilities", rows * model.n_experts
-        else:
-            lse = (max(model.n_heads // t, 1) * rows
-                   if train.flash_attention and layout.recompute != "selective" else 0)
-            what, n = "RMSNorm's rstd and attention's log-sum-exp", 2 * rows / (
-                t if sp else 1) + lse
+        lse = (max(model.n_heads // t, 1) * rows
+               if train.flash_attention and layout.recompute != "selective" else 0)
+        what, n = "RMSNorm's rstd and attention's log-sum-exp", 2 * rows / (
+            t if sp else 1) + lse
         notes.append(f"{train.dtype}: the runtime keeps {what} in {train.dtype}, the count in "
                      f"fp32: −{n * (4 - ab):,.0f} B")
     if c > 1:

@@ -93,8 +93,15 @@ def route(x: torch.Tensor, router: torch.Tensor, top_k: int, normalize: bool = T
     """Top-k softmax routing: `p = softmax(x W_r)`, the k largest, gates renormalised over them
     (`normalize`, Mixtral) or the raw probabilities (Switch with k = 1, GShard)."""
     _check_top_k(top_k, router.shape[1])
-    probs = torch.softmax(x @ router, dim=-1)  # (T, h) @ (h, E) -> (T, E)
+    probs = router_probs(x, router)
     return Routing(probs, *_top_k(probs, top_k, normalize))
+
+
+def router_probs(x: torch.Tensor, router: torch.Tensor) -> torch.Tensor:
+    """`softmax(x W_r)`, (T, h) @ (h, E) -> (T, E), in at least fp32: bf16 logits are cast up
+    before the softmax, as Hugging Face's Mixtral (`softmax(router_logits, dtype=torch.float)`)
+    and Megatron-LM's router do; the gates scale the expert outputs in their dtype."""
+    return torch.softmax(x @ router, dim=-1, dtype=torch.promote_types(x.dtype, torch.float32))
 
 
 def _check_top_k(top_k: int, num_experts: int) -> None:
@@ -255,7 +262,7 @@ class RoutingRule:
     def probs(self, x: torch.Tensor, router: torch.Tensor) -> torch.Tensor:
         """`softmax(x W_r)` (T, E); autograd saves x and the probabilities only."""
         _check_top_k(self.top_k, router.shape[1])
-        return torch.softmax(x @ router, dim=-1)
+        return router_probs(x, router)
 
     def plan(self, probs: torch.Tensor) -> tuple[Routing, DispatchPlan]:
         """Top-k choice, gates and dispatch order from probs (T, E); no autograd graph."""
@@ -293,7 +300,7 @@ class _WeightedCombine(torch.autograd.Function):
         ctx.save_for_backward(expert_out, probs)
         ctx.rule = rule
         y = expert_out.new_zeros(probs.shape[0], expert_out.shape[1])
-        return y.index_add(0, plan.token, plan.gate[:, None] * expert_out)
+        return y.index_add(0, plan.token, plan.gate.to(expert_out.dtype)[:, None] * expert_out)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
@@ -301,9 +308,9 @@ class _WeightedCombine(torch.autograd.Function):
         rule = ctx.rule
         routing, plan = rule.plan(probs)
         dy_rows = dy[plan.token]  # (N, h)
-        d_out = plan.gate[:, None] * dy_rows
-        d_gates = torch.zeros_like(routing.gates)  # (T, k)
-        d_gates[plan.token, plan.slot] = (dy_rows * expert_out).sum(dim=1)
+        d_out = plan.gate.to(dy.dtype)[:, None] * dy_rows
+        d_gates = torch.zeros_like(routing.gates)  # (T, k), the probabilities' dtype
+        d_gates[plan.token, plan.slot] = (dy_rows * expert_out).sum(dim=1).to(d_gates.dtype)
         if rule.normalize:  # g = top / Σ top: d_top = (d_g - Σ d_g·g) / Σ top
             total = probs.gather(1, routing.experts).sum(dim=-1, keepdim=True)
             d_top = (d_gates - (d_gates * routing.gates).sum(dim=-1, keepdim=True)) / total

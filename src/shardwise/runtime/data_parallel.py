@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from shardwise.runtime import collectives as C
+from shardwise.runtime import mixed_precision as mp
 from shardwise.runtime.collectives import GroupLike
 from shardwise.runtime.mesh import AxisGroup
 
@@ -68,7 +69,8 @@ class _Bucket:
     def __init__(self, params: list[torch.Tensor]):
         self.params = params
         self.numel = sum(p.numel() for p in params)
-        self.buffer = torch.zeros(self.numel, dtype=params[0].dtype, device=params[0].device)
+        self.buffer = torch.zeros(self.numel, dtype=mp.grad_dtype(params[0]),
+                                  device=params[0].device)
         self.pending = set(range(len(params)))
         self.work = None
 
@@ -77,7 +79,9 @@ class GradientReducer:
     """Average the gradients of `params` over `group`, bucket by bucket, during backward.
 
     Use `no_sync()` for all micro-batches but the last of an accumulation step, or call
-    `reduce()` after the last one. Gradients end in each parameter's `.grad`, equal on every
+    `reduce()` after the last one. Gradients end in each parameter's `.grad` (its fp32
+    `main_grad` where it accumulates in fp32, `mixed_precision.accumulate_in_fp32`: the
+    buckets are then fp32 and the hooks must be registered after that one), equal on every
     rank; `reduced` says whether this step's reduction has happened (reset it with
     `start_step()`). `hooks=False`: no backward hooks, `reduce()` only.
     """
@@ -105,9 +109,9 @@ class GradientReducer:
     def _make_buckets(self, params: list[torch.Tensor]) -> list[_Bucket]:
         buckets, current, size = [], [], 0
         for p in params:
-            nbytes = p.numel() * p.element_size()
+            nbytes = p.numel() * mp.grad_dtype(p).itemsize  # the gradient bucket's bytes
             if current and (size + nbytes > self.config.bucket_cap_bytes
-                            or p.dtype != current[0].dtype):
+                            or mp.grad_dtype(p) != mp.grad_dtype(current[0])):
                 buckets.append(_Bucket(current))
                 current, size = [], 0
             current.append(p)
@@ -157,10 +161,11 @@ class GradientReducer:
         offset = 0
         for p in bucket.params:  # (numel_p,) slices of the flat bucket
             n = p.numel()
-            if p.grad is None:
+            g = mp.grad(p)
+            if g is None:
                 bucket.buffer[offset:offset + n].zero_()  # unused parameter: contributes 0
             else:
-                bucket.buffer[offset:offset + n].copy_(p.grad.reshape(-1))
+                bucket.buffer[offset:offset + n].copy_(g.reshape(-1))
             offset += n
         bucket.work = C.all_reduce(bucket.buffer, self.group, async_op=True)
         self.events.append(("launch", index, self._missing))
@@ -182,10 +187,11 @@ class GradientReducer:
             for p in bucket.params:
                 n = p.numel()
                 view = bucket.buffer[offset:offset + n].view_as(p)  # (numel_p,) -> p.shape
-                if p.grad is None:
-                    p.grad = view.clone()
+                g = mp.grad(p)
+                if g is None:
+                    mp.set_grad(p, view.clone())
                 else:
-                    p.grad.copy_(view)
+                    g.copy_(view)
                 offset += n
             bucket.pending = set(range(len(bucket.params)))
             bucket.work = None

@@ -293,7 +293,7 @@ def state_bytes(modules: Sequence[nn.Module], optimizer: Any,
                 updated: Sequence[torch.Tensor] = ()) -> dict[str, int]:
     """Bytes of persistent training state this rank holds: weights (every parameter of
     `modules` and every tensor the optimizer updates, `updated` — ZeRO's flat shards), their
-    gradients, the fp32 master copies (mixed precision: `MasterOptimizer.masters`; else 0)
+    gradients (`.grad` and the fp32 `main_grad` of `mixed_precision.accumulate_in_fp32`), the fp32 master copies (mixed precision: `MasterOptimizer.masters`; else 0)
     and the optimizer's state tensors (AdamW's two moments; the scalar step excluded). Each
     storage counted once, whole (a ZeRO flat buffer with its padding)."""
     masters = list(getattr(optimizer, "masters", []))
@@ -307,7 +307,8 @@ def state_bytes(modules: Sequence[nn.Module], optimizer: Any,
         sizes = dict(_storage(t) for t in tensors if t is not None)
         return sum(sizes.values())
 
-    return {"weights": total(params), "grads": total([p.grad for p in params]),
+    grads = [g for p in params for g in (p.grad, getattr(p, "main_grad", None))]
+    return {"weights": total(params), "grads": total(grads),
             "master": total(masters), "optimizer": total(moments)}
 
 

@@ -6,16 +6,25 @@ The recipe (`TrainConfig(dtype="bf16")`, `shardwise train --dtype bf16`):
 
     weights     the model's parameters are bf16; forward and backward compute in bf16 (torch's
                 CPU/GPU bf16 GEMMs accumulate in fp32 and round the result once)
-    gradients   autograd's bf16 gradients, accumulated over micro-batches and averaged over
-                the dp×cp ranks (all-reduce, or ZeRO's reduce-scatter) in bf16: `grad_dtype`
-                bf16, SPEC §2's 2 + 2 + 4 + 4 + 4 = 16 B/param. (Megatron's default keeps fp32
-                `main_grad` buffers, 18 B/param; the runtime refuses `grad_dtype` fp32 with
-                bf16 weights, see `TrainConfig.problems`.)
+    gradients   `grad_dtype` bf16 (the default): autograd's bf16 gradients, accumulated over
+                micro-batches and averaged over the dp×cp ranks (all-reduce, or ZeRO's
+                reduce-scatter) in bf16, SPEC §2's 2 + 2 + 4 + 4 + 4 = 16 B/param.
+                `grad_dtype` fp32 (Megatron's default, `accumulate_allreduce_grads_in_fp32`):
+                each micro-batch's bf16 gradient is added into an fp32 `main_grad` buffer and
+                freed (`accumulate_in_fp32`, a post-accumulate-grad hook), and every reduction
+                runs on the fp32 buffers — the dp×cp all-reduce, ZeRO's reduce-scatter (ZeRO-3:
+                the unit's bf16 gradient of one micro-batch reduce-scattered in fp32 into the
+                shard's `main_grad`), the tp/sp sums of replicated weights, the tied
+                embedding's sum over pp, the experts' over edp: 2 + 4 + 4 + 4 + 4 = 18 B/param
+                (Megatron-LM's distributed-optimizer notes, "bf16 param, fp32 grads": 18 B).
+                Reductions and the optimizer read a parameter's gradient through `grad(p)`
+                (its `main_grad` when it has one, else `.grad`).
     master      an fp32 copy of every tensor the optimizer updates — a parameter, or under
                 ZeRO-1/2/3 this rank's flat shard, so the master is sharded over the dp×cp
                 group exactly like the optimizer state (Megatron's distributed optimizer)
     optimizer   AdamW's moments in fp32, over the master copies
-    step        master.grad = fp32(grad) · clip coefficient; AdamW on the master; the bf16
+    step        master.grad = fp32(grad) · clip coefficient (the fp32 `main_grad` itself,
+                no copy, under `grad_dtype` fp32); AdamW on the master; the bf16
                 weights ← round-to-nearest-even(master) (ZeRO-1/2 then all-gather the updated
                 bf16 rows, ZeRO-3 keeps the bf16 row and gathers it at the next forward)
     loss        the cross-entropy (log-sum-exp over the vocabulary, vocabulary-parallel too)
@@ -29,12 +38,13 @@ The recipe (`TrainConfig(dtype="bf16")`, `shardwise train --dtype bf16`):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["MasterOptimizer", "loss_dtype"]
+__all__ = ["MasterOptimizer", "accumulate_in_fp32", "clear_grads", "grad", "grad_dtype",
+           "keep_main_grad", "loss_dtype", "set_grad"]
 
 
 def loss_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -42,11 +52,72 @@ def loss_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+# ------------------------------------------------------------- fp32 gradient accumulation
+def accumulate_in_fp32(p: torch.Tensor,
+                       then: Callable[[torch.Tensor], object] | None = None) -> None:
+    """Megatron's `main_grad`: from now on `p`'s gradient lives in `p.main_grad` (fp32).
+
+    One post-accumulate-grad hook (registered before any reducer's, so it runs first): each
+    time autograd has accumulated a gradient into the bf16 `p.grad`, add it into `p.main_grad`
+    in fp32 (`main_grad += grad`, the bf16 operand promoted elementwise, no copy) and free
+    `p.grad`; then `then(p)` (a reducer's own hook: ZeRO-2's reduce-scatter once a unit is
+    complete). A call without a gradient (a function that returned None for `p`) is no
+    accumulation and calls nothing."""
+    keep_main_grad(p)
+
+    def hook(p: torch.Tensor) -> None:
+        if p.grad is None:
+            return
+        if p.main_grad is None:  # type: ignore[attr-defined]
+            p.main_grad = p.grad.to(torch.float32)  # type: ignore[attr-defined]
+        else:
+            p.main_grad.add_(p.grad)  # type: ignore[attr-defined]
+        p.grad = None
+        if then is not None:
+            then(p)
+
+    p.register_post_accumulate_grad_hook(hook)
+
+
+def keep_main_grad(t: torch.Tensor) -> None:
+    """`t`'s gradient lives in `t.main_grad` (fp32, None until set): a ZeRO shard whose
+    reduced fp32 gradient is stored there directly, or a parameter (`accumulate_in_fp32`)."""
+    t.main_grad = None  # type: ignore[attr-defined]
+
+
+def grad(p: torch.Tensor) -> torch.Tensor | None:
+    """The gradient reductions and the optimizer read: `p.main_grad` (fp32) where `p`
+    accumulates in fp32, else `p.grad`."""
+    return p.main_grad if hasattr(p, "main_grad") else p.grad
+
+
+def set_grad(p: torch.Tensor, g: torch.Tensor | None) -> None:
+    """Store `g` (of `grad_dtype(p)`) where `grad(p)` reads it."""
+    if hasattr(p, "main_grad"):
+        p.main_grad = g
+    else:
+        p.grad = g
+
+
+def grad_dtype(p: torch.Tensor) -> torch.dtype:
+    """The dtype of `grad(p)`: fp32 for a `main_grad` holder, else the parameter's."""
+    return torch.float32 if hasattr(p, "main_grad") else p.dtype
+
+
+def clear_grads(params: Iterable[torch.Tensor]) -> None:
+    """Drop the gradients (`.grad` and `main_grad`) of `params`."""
+    for p in params:
+        p.grad = None
+        if hasattr(p, "main_grad"):
+            p.main_grad = None
+
+
 class MasterOptimizer:
     """AdamW over fp32 master copies of `params` (bf16 tensors the training loop updates).
 
-    `step(scale)`: each master's gradient is `scale · fp32(p.grad)` (the clip coefficient
-    applied in fp32, as Megatron clips its main gradients), AdamW steps the masters, and
+    `step(scale)`: each master's gradient is `scale · fp32(grad(p))` (the clip coefficient
+    applied in fp32, as Megatron clips its main gradients; an fp32 `main_grad` is used in
+    place), AdamW steps the masters, and
     each `p` receives its master rounded to its dtype. The masters start from the bf16
     weights (Megatron: `param.detach().clone().float()`)."""
 
@@ -67,11 +138,12 @@ class MasterOptimizer:
     @torch.no_grad()
     def step(self, scale: float = 1.0) -> None:
         for p, master in zip(self.params, self.masters):
-            if p.grad is None:
+            g = grad(p)
+            if g is None:
                 master.grad = None
                 continue
-            grad = p.grad.to(torch.float32)  # a new fp32 tensor: p.grad stays bf16
-            master.grad = grad.mul_(scale) if scale != 1.0 else grad
+            g = g if g.dtype == torch.float32 else g.to(torch.float32)  # bf16: a new fp32 copy
+            master.grad = g.mul_(scale) if scale != 1.0 else g
         self.optimizer.step()
         for p, master in zip(self.params, self.masters):
             p.copy_(master)  # fp32 -> bf16, round to nearest even

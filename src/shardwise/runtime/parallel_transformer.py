@@ -39,6 +39,7 @@ import torch
 
 from shardwise.layout import Layout
 from shardwise.runtime import collectives as C
+from shardwise.runtime import mixed_precision as mp
 from shardwise.runtime.context_parallel import shard_for_rank
 from shardwise.runtime.data_parallel import GradientReducer
 from shardwise.runtime.mesh import AxisGroup, Mesh
@@ -146,6 +147,9 @@ class ParallelTransformer:
     _kv_masks: list[torch.Tensor | None] = field(default_factory=list)
     # without ZeRO: the dense weights' reducer over dp×cp, and with ep > 1 the experts' over edp
     reducers: list[GradientReducer] = field(default_factory=list)
+    # gradients are accumulated and reduced in this dtype (fp32 with bf16 weights: every
+    # parameter's fp32 `main_grad`, `mixed_precision.accumulate_in_fp32`)
+    grad_dtype: torch.dtype = torch.float32
 
     # ---------------------------------------------------------------------- axes
     @property
@@ -210,7 +214,7 @@ class ParallelTransformer:
         if self.zero is not None:
             self.zero.zero_grad()
         else:
-            self.model.zero_grad(set_to_none=True)
+            mp.clear_grads(self.model.parameters())
 
     def step(self, update: Callable[[], None]) -> None:
         """Reduce this step's gradients over the mesh, then `update()` (which reads
@@ -222,8 +226,8 @@ class ParallelTransformer:
             return
         named = list(self.model.named_parameters())
         for _, p in named:  # a weight no token reached (an idle expert) still takes part
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
+            if mp.grad(p) is None:
+                mp.set_grad(p, torch.zeros_like(p, dtype=mp.grad_dtype(p)))
         self._sync_tied()
         allreduce_sequence_parallel_grads(self.model, self.axis("tp"))
         allreduce_replicated_kv_grads(self.model, self.axis("tp"))
@@ -232,7 +236,7 @@ class ParallelTransformer:
                 reducer.reduce()
         experts = [p for n, p in named if self.shards[n].expert]  # only with ep > 1
         for p in experts:  # an owner's gradient is already the sum over its ep group
-            p.grad.div_(self.layout.ep)
+            mp.grad(p).div_(self.layout.ep)
         update()
 
     def _sync_tied(self) -> None:
@@ -248,25 +252,26 @@ class ParallelTransformer:
             units = self.zero.units
             if holder is not None:
                 i = next(i for i, u in enumerate(units) if u.module is holder)
-                C.all_reduce(self.zero.shards[i].grad, pp)
+                C.all_reduce(mp.grad(self.zero.shards[i]), pp)
                 return
             numel, n = spec.vocab // t * spec.d_model, self.layout.zero_degree
             shape: tuple[int, ...] = (-(-numel // n),)  # the unit's shard, padding included
         elif holder is not None:
-            C.all_reduce(holder.weight.grad, pp)
+            C.all_reduce(mp.grad(holder.weight), pp)
             return
         else:
             shape = (spec.vocab // t, spec.d_model)
-        C.all_reduce(torch.zeros(shape, dtype=self.model.dtype, device=self.positions.device),
+        C.all_reduce(torch.zeros(shape, dtype=self.grad_dtype, device=self.positions.device),
                      pp)
 
     def _reduce_sp_shards(self) -> None:
         """ZeRO + SP: sum over tp the shard elements of sequence-parallel weights."""
         for (p, _), mask in zip(self.norm_terms, self._sp_masks):
-            if mask is not None and p.grad is not None:
-                partial_sum = p.grad * mask
+            g = mp.grad(p)
+            if mask is not None and g is not None:
+                partial_sum = g * mask
                 C.all_reduce(partial_sum, self.axis("tp"))
-                p.grad.copy_(torch.where(mask, partial_sum, p.grad))
+                g.copy_(torch.where(mask, partial_sum, g))
 
     def _reduce_kv_shards(self) -> None:
         """ZeRO + replicated kv heads (tp > a_kv): sum each K/V element of the shards over the
@@ -277,21 +282,23 @@ class ParallelTransformer:
         tp = self.axis("tp")
         rep = tp.size // self.model.spec.n_kv_heads if self._kv_masks else 1
         for (p, _), mask in zip(self.norm_terms, self._kv_masks):
-            if mask is not None and p.grad is not None:
-                slots = p.grad.new_zeros((tp.size // rep, *p.grad.shape))  # (a_kv, shard)
-                slots[tp.rank // rep] = p.grad * mask
+            g = mp.grad(p)
+            if mask is not None and g is not None:
+                slots = g.new_zeros((tp.size // rep, *g.shape))  # (a_kv, shard)
+                slots[tp.rank // rep] = g * mask
                 C.all_reduce(slots, tp)
-                p.grad.copy_(torch.where(mask, slots[tp.rank // rep], p.grad))
+                g.copy_(torch.where(mask, slots[tp.rank // rep], g))
 
     @torch.no_grad()
     def grad_norm(self) -> float:
         """‖g‖ over every unique parameter element (see the module docstring)."""
         total = torch.zeros(1, dtype=torch.float64, device=self.positions.device)
         for p, weight in self.norm_terms:
-            if p.grad is None or (not isinstance(weight, torch.Tensor) and not weight):
+            g = mp.grad(p)
+            if g is None or (not isinstance(weight, torch.Tensor) and not weight):
                 continue
             # accumulated in fp64 without an fp64 copy of the gradient (as clip_grad_norm_)
-            grad = p.grad if not isinstance(weight, torch.Tensor) else p.grad[weight]
+            grad = g if not isinstance(weight, torch.Tensor) else g[weight]
             total += torch.linalg.vector_norm(grad, dtype=torch.float64).square()
         C.all_reduce(total, None, counter=C.CommCounter())  # bookkeeping, not step traffic
         return float(total.sqrt())

@@ -35,8 +35,8 @@ parameters keep their single-device names.
   overlapped with the last micro-batch's backward (the others run under `no_sync`); under
   pp > 1 once, after the pipeline's last micro-batch. ZeRO-1/2/3 (`runtime.zero`) shard over
   the same ranks instead. Under mixed precision (`runtime.mixed_precision`) the gradients are
-  reduced in bf16 and the fp32 masters belong to the optimizer (per parameter, or per ZeRO
-  shard).
+  accumulated and reduced in `grad_dtype` (bf16, or fp32 `main_grad` buffers) and the fp32
+  masters belong to the optimizer (per parameter, or per ZeRO shard).
 
 The result is a `runtime.parallel_transformer.ParallelTransformer`, the training-step object
 (gradient reductions, norm, loss; its docstring derives the loss normalisation).
@@ -70,6 +70,7 @@ from torch.utils.checkpoint import checkpoint
 from shardwise.arch import ModelSpec
 from shardwise.errors import LayoutError
 from shardwise.layout import Layout
+from shardwise.runtime import mixed_precision as mp
 from shardwise.runtime.context_parallel import local_positions, ring_attention
 from shardwise.runtime.data_parallel import GradientReducer
 from shardwise.runtime.expert_parallel import expert_parallel_moe
@@ -272,9 +273,12 @@ def apply_recompute(model: Transformer, mode: str) -> None:
 
 # ----------------------------------------------------------------------------- parallelize
 def parallelize(model: Transformer, mesh: Mesh, layout: Layout, seq_len: int,
-                device: torch.device | None = None) -> ParallelTransformer:
+                device: torch.device | None = None, grad_dtype: torch.dtype | None = None
+                ) -> ParallelTransformer:
     """Apply `layout` to `model` (built identically on every rank) on `mesh`, one axis at a
-    time; `seq_len` is the full sequence length (RoPE positions under CP)."""
+    time; `seq_len` is the full sequence length (RoPE positions under CP). `grad_dtype`: the
+    dtype gradients are accumulated and reduced in (None: the weights'; fp32 with bf16
+    weights: `mixed_precision.accumulate_in_fp32` on every parameter, or ZeRO's per unit)."""
     problems = runtime_problems(layout, model.spec)
     if problems:
         raise LayoutError(problems)
@@ -292,13 +296,18 @@ def parallelize(model: Transformer, mesh: Mesh, layout: Layout, seq_len: int,
         model.to(device)
     positions = local_positions(seq_len, cp.size, cp.rank, CP_LAYOUT)
     positions = positions if device is None else positions.to(device)
-    result = ParallelTransformer(model, mesh, layout, seq_len, shards, stages, positions)
+    result = ParallelTransformer(model, mesh, layout, seq_len, shards, stages, positions,
+                                 grad_dtype=grad_dtype or model.dtype)
     if layout.zero:
         shard, replicas = hybrid_shard_groups(mesh, layout)
-        result.zero = ZeroDataParallel(model, ZeroConfig(stage=layout.zero), shard,
+        result.zero = ZeroDataParallel(model, ZeroConfig(stage=layout.zero, grad_dtype=grad_dtype),
+                                       shard,
                                        units=_zero_units(model, shards, mesh, layout, replicas))
     result._init_norm_terms()
     if not layout.zero:
+        if result.grad_dtype != model.dtype:  # before the reducers' hooks: they read main_grad
+            for p in model.parameters():
+                mp.accumulate_in_fp32(p)
         named = list(model.named_parameters())
         groups = ([(result.dp_axis, [p for n, p in named if not shards[n].expert]),
                    (mesh.axis("edp"), [p for n, p in named if shards[n].expert])]

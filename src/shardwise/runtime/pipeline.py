@@ -90,6 +90,7 @@ from torch.overrides import TorchFunctionMode
 
 from shardwise.errors import ShardwiseError
 from shardwise.runtime import collectives as C
+from shardwise.runtime import mixed_precision as mp
 from shardwise.runtime.data_parallel import GradientReducer
 from shardwise.schedules import (
     Action,
@@ -564,8 +565,8 @@ def run_pipeline(model: StageModel, schedule: Mapping[int, Sequence[Action]],
     me = group.rank
     mine = [stages[c * p + me] for c in range(v)]
     params = {name: t for stage in mine for name, t in model.named_parameters(stage).items()}
-    for t in params.values():
-        t.grad = torch.zeros_like(t)
+    for t in params.values():  # (an fp32 main_grad where t accumulates in fp32)
+        mp.set_grad(t, torch.zeros_like(t, dtype=mp.grad_dtype(t)))
     split = any(a.kind == "W" for a in actions)
     token_mbs, target_mbs = tokens.split(b), targets.split(b)  # m × (b, s)
     ex = _Executor(model, stages, group, m, split, shape, tokens.device)
@@ -594,8 +595,8 @@ def run_pipeline(model: StageModel, schedule: Mapping[int, Sequence[Action]],
         syncs = 1
     loss = float(sum(ex.losses.values()) / m) if ex.losses else None
     # (ZeRO-2 has already reduce-scattered and freed them: no gradient left to report)
-    grads = {name: t.grad.detach().clone() for name, t in params.items()
-             if t.grad is not None}
+    grads = {name: g.detach().clone() for name, t in params.items()
+             if (g := mp.grad(t)) is not None}
     return PipelineResult(me, p, v, m, loss, grads, events, ex.peak, ex.peak_w, dict(ex.sent),
                           ex.messages, syncs, t0)
 

@@ -56,6 +56,7 @@ from torch import nn
 
 from shardwise.errors import ShardwiseError
 from shardwise.runtime import collectives as C
+from shardwise.runtime import mixed_precision as mp
 from shardwise.runtime.collectives import GroupLike
 from shardwise.runtime.mesh import AxisGroup
 
@@ -333,8 +334,9 @@ def allreduce_sequence_parallel_grads(module: nn.Module, group: GroupLike = "tp"
     if g.size == 1:
         return
     for p in module.parameters():
-        if getattr(p, "sequence_parallel", False) and p.grad is not None:
-            C.all_reduce(p.grad, g)
+        grad = mp.grad(p)
+        if getattr(p, "sequence_parallel", False) and grad is not None:
+            C.all_reduce(grad, g)
 
 
 def allreduce_replicated_kv_grads(module: nn.Module, group: GroupLike = "tp") -> None:
@@ -345,10 +347,10 @@ def allreduce_replicated_kv_grads(module: nn.Module, group: GroupLike = "tp") ->
     (a_kv × the bytes of one head's gradient, with no extra process groups)."""
     g = C.resolve(group)
     for p in module.parameters():
-        replicas = getattr(p, "tp_replicas", 1)
-        if replicas == 1 or p.grad is None:
+        replicas, grad = getattr(p, "tp_replicas", 1), mp.grad(p)
+        if replicas == 1 or grad is None:
             continue
-        slots = p.grad.new_zeros((g.size // replicas, *p.grad.shape))  # (a_kv, …)
-        slots[g.rank // replicas] = p.grad
+        slots = grad.new_zeros((g.size // replicas, *grad.shape))  # (a_kv, …)
+        slots[g.rank // replicas] = grad
         C.all_reduce(slots, g)
-        p.grad.copy_(slots[g.rank // replicas])
+        grad.copy_(slots[g.rank // replicas])

@@ -53,8 +53,8 @@ from shardwise.runtime.parallelize import parallelize, runtime_problems
 __all__ = ["DTYPES", "StepRecord", "TrainConfig", "TrainState", "build", "plot_losses", "run",
            "train", "train_step"]
 
-# the weights' dtype; "bf16" is mixed precision (`runtime.mixed_precision`: bf16 weights and
-# gradients, fp32 master weights and AdamW moments)
+# the weights' dtype; "bf16" is mixed precision (`runtime.mixed_precision`: bf16 weights,
+# bf16 or (grad_dtype "fp32") fp32 gradients, fp32 master weights and AdamW moments)
 DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16}
 
 
@@ -77,7 +77,8 @@ class TrainConfig:
     seed: int = 0  # model initialisation and data order
     data: str | None = None  # a text file; None: the built-in corpus
     dtype: str = "fp32"  # "fp32" | "fp64" | "bf16" (mixed precision, fp32 master)
-    grad_dtype: str | None = None  # gradients (accumulated and reduced); None: dtype
+    grad_dtype: str | None = None  # gradients (accumulated and reduced); None: dtype; "fp32"
+    # with dtype "bf16": Megatron's fp32 main_grad (`mixed_precision.accumulate_in_fp32`)
     flash: bool = True
     log_path: str | None = None  # JSON lines, one per step (rank 0)
     progress: bool = False  # progress bar / lines on rank 0
@@ -111,10 +112,11 @@ class TrainConfig:
                 out.append(f"{name} must be ≥ 1, got {getattr(self, name)}")
         if self.dtype not in DTYPES:
             out.append(f"dtype {self.dtype!r} cannot train here; valid: {', '.join(DTYPES)}")
-        elif self.grad_dtype not in (None, self.dtype):
+        elif self.grad_dtype not in (None, self.dtype) and not (
+                self.dtype == "bf16" and self.grad_dtype == "fp32"):
             out.append(f"grad_dtype {self.grad_dtype} with dtype {self.dtype} is not supported "
-                       "by the training runtime (gradients are accumulated and reduced in the "
-                       f"weights' dtype); use grad_dtype {self.dtype}")
+                       "by the training runtime; use grad_dtype "
+                       + (f"{self.dtype} or fp32" if self.dtype == "bf16" else self.dtype))
         if not 0 <= self.min_lr <= self.lr:
             out.append(f"need 0 ≤ min_lr ≤ lr, got min_lr={self.min_lr}, lr={self.lr}")
         if self.warmup < 0 or self.clip < 0 or self.weight_decay < 0:
@@ -221,7 +223,8 @@ def build(config: TrainConfig, mesh: Mesh | None = None) -> TrainState:
     configure_moe(model, config.capacity_factor, config.aux_loss_coef)
     if config.hf_weights:  # the whole checkpoint on every rank; parallelize keeps a slice
         hf.load_hf_weights(model, config.hf_weights)
-    parallel = parallelize(model, mesh, config.layout, config.seq_len, launch.device())
+    parallel = parallelize(model, mesh, config.layout, config.seq_len, launch.device(),
+                           DTYPES[config.grad_dtype] if config.grad_dtype else None)
     adamw = {"lr": config.lr, "betas": config.betas, "eps": config.eps,
              "weight_decay": config.weight_decay}
     # mixed precision: AdamW over fp32 masters of this rank's tensors (ZeRO: its shards)

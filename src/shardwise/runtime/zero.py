@@ -51,6 +51,7 @@ from torch import nn
 
 from shardwise.errors import ShardwiseError
 from shardwise.runtime import collectives as C
+from shardwise.runtime import mixed_precision as mp
 from shardwise.runtime.collectives import GroupLike
 from shardwise.runtime.data_parallel import broadcast_flat
 
@@ -67,6 +68,11 @@ class ZeroConfig:
     eps: float = 1e-8
     weight_decay: float = 0.0
     prefetch: bool = True  # stage 3: gather the next unit while this one computes
+    # the dtype gradients are accumulated and reduced in (None: the weights'); fp32 with bf16
+    # weights is Megatron's main_grad (`mixed_precision.accumulate_in_fp32`): stages 0-2 add
+    # each micro-batch's gradient into an fp32 buffer per parameter and reduce those; stage 3
+    # reduce-scatters each micro-batch's unit gradient in fp32 into the shard's fp32 main_grad
+    grad_dtype: torch.dtype | None = None
 
     def __post_init__(self) -> None:
         if self.stage not in (0, 1, 2, 3):
@@ -118,7 +124,8 @@ class _Unit:
 
     def __init__(self, index: int, slots: list[_Slot], engine: ZeroDataParallel,
                  dtype: torch.dtype, device: torch.device, module: nn.Module,
-                 group: C.AxisGroup, divide: int = 1, replicas: C.AxisGroup | None = None):
+                 group: C.AxisGroup, divide: int = 1, replicas: C.AxisGroup | None = None,
+                 grad_dtype: torch.dtype | None = None):
         self.index, self.slots, self.engine = index, slots, engine
         self.module, self.group, self.divisor = module, group, group.size * divide
         self.replicas = replicas
@@ -128,6 +135,8 @@ class _Unit:
         self.shard_numel = self.padded // n
         self.lo, self.hi = r * self.shard_numel, (r + 1) * self.shard_numel
         self.dtype, self.device = dtype, device
+        self.grad_dtype = grad_dtype or dtype
+        self.main_grad = self.grad_dtype != dtype  # fp32 `main_grad`s of bf16 weights
         self.flat: torch.Tensor | None = None  # stages 0-2: the persistent full buffer
         self.gathered: torch.Tensor | None = None  # stage 3: buffer alive during compute
         self.prefetched: tuple[torch.Tensor, Any] | None = None
@@ -139,17 +148,18 @@ class _Unit:
 
     def flat_grad(self) -> torch.Tensor:
         """(padded,) concatenation of the unit's gradients (zeros for missing / padding)."""
-        g = torch.zeros(self.padded, dtype=self.dtype, device=self.device)
+        g = torch.zeros(self.padded, dtype=self.grad_dtype, device=self.device)
         for s in self.slots:
             p = s.module._parameters[s.name]
-            if p is not None and p.grad is not None:
-                g[s.offset:s.offset + s.numel].copy_(p.grad.reshape(-1))
+            pg = None if p is None else mp.grad(p)
+            if pg is not None:
+                g[s.offset:s.offset + s.numel].copy_(pg.reshape(-1))
         return g
 
     def reduce_shard(self, full: torch.Tensor) -> torch.Tensor:
         """The averaged gradient of the owned row from this rank's full flat gradient:
         reduce-scatter over the group, then (hybrid) all-reduce over the replicas."""
-        out = torch.empty(self.shard_numel, dtype=self.dtype, device=self.device)
+        out = torch.empty(self.shard_numel, dtype=full.dtype, device=self.device)
         C.reduce_scatter(out, full, self.group)
         if self.replicas is not None and self.replicas.size > 1:
             C.all_reduce(out, self.replicas)
@@ -157,8 +167,7 @@ class _Unit:
         return out.div_(self.divisor)
 
     def free_grads(self) -> None:
-        for s in self.slots:
-            s.module._parameters[s.name].grad = None
+        mp.clear_grads(s.module._parameters[s.name] for s in self.slots)
 
     # ------------------------------------------------------------------- stage 3 gathers
     def gather(self, prefetch: bool = False) -> torch.Tensor | None:
@@ -243,8 +252,13 @@ class _GatherUnit(torch.autograd.Function):
     def backward(ctx: Any, grad_full: torch.Tensor) -> tuple[torch.Tensor, None]:
         unit: _Unit = ctx.unit
         unit.gathered, unit.awaiting_backward = None, False
-        grad_shard = unit.reduce_shard(grad_full.contiguous())
+        # (fp32 main_grad: this micro-batch's bf16 gradient reduce-scattered in fp32 and added
+        # into the shard's fp32 buffer; autograd would accumulate it into a bf16 .grad)
+        grad_shard = unit.reduce_shard(grad_full.to(unit.grad_dtype).contiguous())
         unit.engine.events.append(("reduce-scatter", unit.index))
+        if unit.main_grad:
+            unit.engine._add_to_shard(unit, grad_shard)
+            return None, None
         return grad_shard, None
 
 
@@ -299,8 +313,11 @@ class ZeroDataParallel(nn.Module):
         self.optimizer = torch.optim.Adam(self.shards, lr=self.config.lr,
                                           betas=self.config.betas, eps=self.config.eps,
                                           weight_decay=self.config.weight_decay, foreach=False)
-        if stage == 2:
-            self._install_stage2_hooks()
+        for unit, shard in zip(self.units, self.shards):
+            if unit.main_grad:
+                mp.keep_main_grad(shard)
+        if stage < 3:
+            self._install_grad_hooks()
         if stage == 3:
             for unit in self.units:
                 # the unit's module, then any other module viewing its weights (a tied head)
@@ -340,19 +357,28 @@ class ZeroDataParallel(nn.Module):
                 group = self.group if spec.group is None else C.resolve(spec.group)
                 replicas = None if spec.replicas is None else C.resolve(spec.replicas)
                 units.append(_Unit(len(units), slots, self, first.dtype, first.device,
-                                   spec.module, group, spec.divide, replicas))
+                                   spec.module, group, spec.divide, replicas,
+                                   self.config.grad_dtype))
         missing = [n for n, p in self.module.named_parameters() if id(p) not in seen]
         if missing:
             raise ShardwiseError(f"parameters {missing} belong to no ZeRO unit; pass units= "
                                  "covering every parameter")
         return units
 
-    def _install_stage2_hooks(self) -> None:
+    def _install_grad_hooks(self) -> None:
+        """Stages 0-2: fp32 accumulation of lower-precision weights' gradients (first), then
+        stage 2's reduce-scatter hooks."""
+        stage = self.config.stage
         for unit in self.units:
             unit.fired = [0] * len(unit.slots)
             for i, s in enumerate(unit.slots):
-                s.module._parameters[s.name].register_post_accumulate_grad_hook(
-                    self._stage2_hook(unit, i))
+                p = s.module._parameters[s.name]
+                count = self._stage2_hook(unit, i) if stage == 2 else None
+                if unit.main_grad:  # calls `count` only after an accumulation
+                    mp.accumulate_in_fp32(p, count)
+                elif count is not None:  # a call without a gradient is no accumulation
+                    p.register_post_accumulate_grad_hook(
+                        lambda p, count=count: None if p.grad is None else count(p))
 
     def _stage2_hook(self, unit: _Unit, i: int) -> Any:
         """Count each slot's accumulations; once every slot has one more (a micro-batch's
@@ -361,10 +387,8 @@ class ZeroDataParallel(nn.Module):
         current one (ZB-H1 runs B of micro-batch j+1 before W of j: the norms' gradients come
         twice before the linears' first; W accumulates theirs through autograd, so these
         hooks see it). A call without a gradient is no accumulation (autograd calls the hook
-        of a weight whose gradient a function returned as None)."""
+        of a weight whose gradient a function returned as None): the caller filters it out."""
         def hook(p: torch.Tensor) -> None:
-            if p.grad is None:
-                return
             unit.fired[i] += 1
             while min(unit.fired) > 0:
                 self._reduce_scatter_into_shard(unit)
@@ -373,12 +397,16 @@ class ZeroDataParallel(nn.Module):
         return hook
 
     def _reduce_scatter_into_shard(self, unit: _Unit) -> None:
-        out = unit.reduce_shard(unit.flat_grad())
+        self._add_to_shard(unit, unit.reduce_shard(unit.flat_grad()))
+
+    def _add_to_shard(self, unit: _Unit, out: torch.Tensor) -> None:
+        """The owned row's gradient += `out` (a reduced micro-batch or step)."""
         shard = self.shards[unit.index]
-        if shard.grad is None:
-            shard.grad = out
+        g = mp.grad(shard)
+        if g is None:
+            mp.set_grad(shard, out)
         else:
-            shard.grad.add_(out)
+            g.add_(out)
 
     # ------------------------------------------------------------------- stage-3 hooks
     def _pre_forward(self, unit: _Unit, prefetch: bool = True) -> Any:
@@ -430,7 +458,7 @@ class ZeroDataParallel(nn.Module):
             if stage == 0:
                 g = unit.flat_grad()
                 C.all_reduce(g, unit.group)
-                shard.grad = g.div_(unit.divisor)
+                mp.set_grad(shard, g.div_(unit.divisor))
             elif stage == 1:  # reduce-scatter, then free the full gradients
                 self._reduce_scatter_into_shard(unit)
                 unit.free_grads()
@@ -447,10 +475,8 @@ class ZeroDataParallel(nn.Module):
                 unit.prefetched = None
 
     def zero_grad(self) -> None:
-        for shard in self.shards:
-            shard.grad = None
-        for p in self.module.parameters():
-            p.grad = None
+        mp.clear_grads(self.shards)
+        mp.clear_grads(self.module.parameters())
 
     # ----------------------------------------------------------------------- inspection
     def state_bytes(self) -> dict[str, int]:
@@ -475,8 +501,8 @@ class ZeroDataParallel(nn.Module):
 
         weights = nbytes([u.flat for u in self.units] if self.config.stage < 3 else
                          [s.detach() for s in self.shards])
-        grads = nbytes([p.grad for p in self.module.parameters()] +
-                       [s.grad for s in self.shards])
+        grads = nbytes([g for p in [*self.module.parameters(), *self.shards]
+                        for g in (p.grad, getattr(p, "main_grad", None))])
         optim = nbytes([v for st in self.optimizer.state.values() for v in st.values()
                         if isinstance(v, torch.Tensor)])
         return {"weights": weights, "grads": grads, "optimizer": optim}

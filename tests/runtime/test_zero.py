@@ -190,7 +190,9 @@ def test_zero_2_and_3_with_idle_experts_train_like_one_device() -> None:
 def test_check_is_exact_for_zero_with_experts_kv_replicas_and_zb_h1(tmp_path) -> None:
     """check's prediction equals the runtime's measurement on every row for: hybrid ZeRO-3
     with ep=2 (experts over edp_shard / edp_replica), ZeRO-2 with one kv head replicated over
-    tp=2 (the shards' K/V elements all-reduced over tp), and ZeRO-2 under ZB-H1."""
+    tp=2 (the shards' K/V elements all-reduced over tp), ZeRO-2 under ZB-H1, and ZeRO-3 under
+    ZB-H1 with full recompute (one backward gather and one reduce-scatter per unit and
+    micro-batch, as without either)."""
     mqa = tmp_path / "config.json"  # tiny's shape with a single kv head
     mqa.write_text(json.dumps({
         "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
@@ -202,7 +204,9 @@ def test_check_is_exact_for_zero_with_experts_kv_replicas_and_zb_h1(tmp_path) ->
                  ["--model", str(mqa), "--dp", "2", "--tp", "2", "--zero", "2",
                   "--global-batch", "4"],
                  ["--dp", "2", "--pp", "2", "--zero", "2", "--schedule", "zb-h1",
-                  "--global-batch", "8"]):
+                  "--global-batch", "8"],
+                 ["--dp", "2", "--pp", "2", "--zero", "3", "--schedule", "zb-h1",
+                  "--recompute", "full", "--global-batch", "8"]):
         out = json.loads(shardwise("check", *args, *common).stdout)
         assert out["ok"], (args, [r for r in out["rows"] if not r["ok"]])
         what = {row["what"] for row in out["rows"] if row["item"] == "comm"}

@@ -33,6 +33,7 @@ in backward (deterministically: the same ops on the same tensor).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -129,16 +130,40 @@ def capacity_keep(experts: torch.Tensor, num_experts: int, capacity: int | None)
     return (position < capacity).reshape(experts.shape)
 
 
-def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+@dataclass(frozen=True)
+class SequenceShards:
+    """A routing group whose tokens are spread over `ranks` ranks (a sequence split by
+    context parallelism, or by tensor parallelism's sequence parallelism): `total` sums a
+    tensor over those ranks (an all-reduce); `scale` multiplies this rank's share of the
+    loss (cp: the gradients are averaged over the cp ranks, so each carries cp shares)."""
+
+    ranks: int
+    total: Callable[[torch.Tensor], torch.Tensor]
+    scale: float = 1.0
+
+
+def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor,
+                        shards: SequenceShards | None = None) -> torch.Tensor:
     """Switch's auxiliary loss `E · Σ_i f_i · P_i` for one group of tokens.
 
     f_i = (assignments to expert i) / (T·k) (counted before dropping, not differentiable),
     P_i = mean over tokens of p_i(x).
+
+    With `shards` (this rank holds T/ranks of the group's T tokens): the group's counts
+    C_i = T·k·f_i are summed over the ranks (Megatron-LM sums them over its sequence-sharded
+    tp×cp group likewise, `sequence_partition_group`), and this rank returns its share
+    `scale · E/(T²·k) · Σ_i C_i · S_i` with S_i = Σ_{its tokens} p_i(x): the shares of the
+    ranks add up to the group's loss, and so do their gradients (C_i is a constant).
     """
     num_experts = probs.shape[1]
-    counts = torch.bincount(experts.reshape(-1), minlength=num_experts).to(probs.dtype)
-    f = counts / experts.numel()
-    return num_experts * (f * probs.mean(dim=0)).sum()
+    counts = torch.bincount(experts.reshape(-1), minlength=num_experts)
+    if shards is None:
+        f = counts.to(probs.dtype) / experts.numel()
+        return num_experts * (f * probs.mean(dim=0)).sum()
+    group = shards.total(counts.to(torch.float64)).to(probs.dtype)  # (E,) exact integers
+    tokens, top_k = probs.shape[0] * shards.ranks, experts.shape[1]
+    share = num_experts / (tokens * tokens * top_k) * (group * probs.sum(dim=0)).sum()
+    return shards.scale * share
 
 
 def expert_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
@@ -177,9 +202,11 @@ def imbalance(counts: torch.Tensor) -> float:
 
 def moe_layer(x: torch.Tensor, params: MoEParams, top_k: int, *,
               capacity_factor: float | None = None, normalize: bool = True,
-              groups: int = 1) -> MoEResult:
+              groups: int = 1, shards: SequenceShards | None = None) -> MoEResult:
     """The single-device MoE layer on x (T, h); `groups` equal slices of the tokens are routed
-    and capacity-limited independently (use `groups = e` to match `e` expert-parallel ranks)."""
+    and capacity-limited independently (use `groups = e` to match `e` expert-parallel ranks).
+    `shards`: x is this rank's part of a group spread over several ranks; the auxiliary
+    loss is then this rank's share (`load_balancing_loss`)."""
     tokens, _ = x.shape
     if groups < 1 or tokens % groups:
         raise ShardwiseError(f"groups={groups} must divide the {tokens} tokens")
@@ -194,7 +221,7 @@ def moe_layer(x: torch.Tensor, params: MoEParams, top_k: int, *,
                    if chunk.shape[0]]
         expert_out = torch.cat(outputs) if outputs else rows
         outs.append(weighted_combine(expert_out, probs, plan, rule))
-        losses.append(load_balancing_loss(probs, routing.experts))
+        losses.append(load_balancing_loss(probs, routing.experts, shards))
         routed.append(plan.routed)
         kept.append(plan.per_expert)
     return MoEResult(torch.cat(outs), torch.stack(losses).mean(),

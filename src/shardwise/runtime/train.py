@@ -142,12 +142,12 @@ class TrainConfig:
             out.append(f"capacity_factor must be > 0, got {cf}")
         if not coef >= 0:
             out.append(f"aux_loss_coef must be ≥ 0, got {coef}")
-        if layout.cp > 1 or (layout.sp and layout.tp > 1):
-            # a rank's MoE layers see a slice of each sequence: its capacity groups and
-            # load-balancing statistics would differ from one device's
-            out.append("capacity_factor and aux_loss_coef are not supported with cp > 1 or "
-                       "sequence parallelism (a rank routes a slice of each sequence); use "
-                       "dp, tp without sp, pp or ep")
+        if cf is not None and (layout.cp > 1 or (layout.sp and layout.tp > 1)):
+            # a rank's MoE layers see a slice of each sequence: its capacity group would
+            # differ from one device's (the load-balancing loss sums the slices' counts)
+            out.append("capacity_factor is not supported with cp > 1 or sequence "
+                       "parallelism (a rank routes a slice of each sequence); use dp, tp "
+                       "without sp, pp or ep (aux_loss_coef works with all of them)")
         return out
 
     @property

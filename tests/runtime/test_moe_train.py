@@ -24,7 +24,7 @@ from test_train import _train_layouts  # the rank worker (tests/runtime is on sy
 from tests.cli_helpers import assert_one_line_error, shardwise, shardwise_json
 
 from shardwise.arch import get_model
-from shardwise.estimate.check import ROUTING_COUNTS_OP
+from shardwise.estimate.check import ROUTING_COUNTS_OP, ROUTING_GATHER_OP
 from shardwise.layout import Layout
 from shardwise.ops.moe import MoEParams, moe_layer
 from shardwise.runtime.data import Batches, load_tokens
@@ -115,26 +115,23 @@ def test_reference_drops_tokens_and_the_aux_loss_changes_training():
     assert losses[-1] != pytest.approx(plain_losses[-1], rel=1e-9)
 
 
-# the aux loss alone with the sequences split: over cp, and over tp by SP (with ep, and
-# with full recompute, whose replay sums the counts again)
+# sequences split over cp (with ep) and over tp by SP (with full recompute, whose replay
+# exchanges the routing again): the capacity and the aux loss are the whole micro-batch's
 TWO = [config("dp=2"), config("dp=2,ep=2"), config("tp=2,recompute=full"), config("pp=2"),
        config("pp=2,schedule=zb-h1"), config("dp=2", shared=1), config("dp=2,ep=2", shared=1),
-       config("cp=2,ep=2", cf=None), config("tp=2,sp=1,recompute=full", cf=None)]
+       config("cp=2,ep=2"), config("tp=2,sp=1,recompute=full")]
 
 
 @pytest.mark.slow
 def test_capacity_aux_loss_and_shared_experts_on_two_ranks_equal_single_device():
     """dp, ep, tp (with full recompute), pp under 1F1B and ZB-H1; shared experts under dp
-    and ep; the load-balancing loss (no capacity) under cp and SP."""
+    and ep; capacity and aux loss with the sequences split by cp and by SP."""
     _check(spawn(_train_layouts, 2, TWO, timeout_s=240), TWO)
 
 
 def test_moe_options_are_checked_in_one_line():
     assert_one_line_error(shardwise("train", "--capacity-factor", "1.0", check=False),
                           "need a mixture-of-experts model")
-    assert_one_line_error(shardwise("train", "--model", "tiny-moe", "--tp", "2", "--sp",
-                                    "--capacity-factor", "1.0", check=False),
-                          "capacity_factor is not supported with cp > 1 or sequence")
     assert_one_line_error(shardwise("train", "--model", "tiny-moe", "--capacity-factor", "0",
                                     check=False), "--capacity-factor")
 
@@ -152,10 +149,11 @@ def test_check_is_exact_with_capacity_aux_loss_and_shared_experts():
     assert moe and all("f_i" in r.note for r in moe if r.error)
     assert [r.error for r in rows if r.item in ("comm", "state")] == [0.0] * sum(
         r.item in ("comm", "state") for r in rows)
-    # cp: the aux loss's per-expert counts all-reduced over cp, every MoE call
-    rows = run_check(config("cp=2,ep=2", cf=None), 1, timeout_s=240)
-    counts = [r for r in rows if r.what == f"cp {ROUTING_COUNTS_OP}"]
-    assert counts and all(r.error == 0 and r.measured for r in counts), counts
+    # cp: the aux loss's per-expert counts all-reduced and the capacity's expert choices
+    # all-gathered over cp, every MoE call
+    rows = run_check(config("cp=2,ep=2"), 1, timeout_s=240)
+    routing = [r for r in rows if r.what in (f"cp {ROUTING_COUNTS_OP}", f"cp {ROUTING_GATHER_OP}")]
+    assert len(routing) == 2 and all(r.error == 0 and r.measured for r in routing), routing
 
 
 @pytest.mark.slow

@@ -124,6 +124,7 @@ def expert_parallel_moe(x: torch.Tensor, router: torch.Tensor, w_gate: torch.Ten
         raise ShardwiseError(f"{local} local experts × ep={e} ranks ≠ n_experts={num_experts}")
     rule = RoutingRule(top_k, normalize, e, capacity_factor)
     probs = rule.probs(x, router)  # saved: x and probs; the plan is recomputed in backward
+    rule = rule.for_group(probs, shards)  # capacity over sequences split over ranks too
     routing, plan = rule.plan(probs)
     # Count exchange: (E,) = (e, E/e) per destination -> (e, E/e) per source, for my experts.
     counts = torch.empty_like(plan.per_expert)

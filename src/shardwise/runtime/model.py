@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -329,7 +330,8 @@ class MoE(nn.Module):
     `capacity_factor` (None: no limit, nothing dropped) caps every expert at
     `⌈cf · T·k / E⌉` assignments from the T tokens of one call — one micro-batch on one rank
     (GShard's group; under expert parallelism the rank's own tokens, before dispatch, as
-    Megatron-LM and Switch compute it); `ops.moe` keeps them in token order. With
+    Megatron-LM and Switch compute it; with the sequences split over cp or SP ranks, the
+    whole micro-batch's, `sequence_shards`); `ops.moe` keeps them in token order. With
     `aux_loss_coef` α > 0 the objective gains `α · L_aux` of every MoE layer (Switch's
     `E · Σ_i f_i P_i` over the call's tokens), scaled by `aux_loss_scale` (1/m over m
     micro-batches, as the cross-entropy is); `aux_loss` keeps the last call's value (this
@@ -360,15 +362,20 @@ class MoE(nn.Module):
         self.experts: Experts = self.all_experts
 
     @property
-    def aux_shards(self) -> SequenceShards | None:
-        """`sequence_shards` when the aux loss joins the objective (its counts are then
-        summed over the shards; otherwise each rank's own, unused, value is kept)."""
-        return self.sequence_shards if self.aux_loss_coef else None
+    def routing_shards(self) -> SequenceShards | None:
+        """`sequence_shards` as this layer uses them: the counts summed over the shards only
+        when the aux loss joins the objective (otherwise each rank keeps its own, unused,
+        value), the choices exchanged only under a capacity factor."""
+        s = self.sequence_shards
+        if s is None:
+            return None
+        return replace(s, total=s.total if self.aux_loss_coef else None,
+                       keep=s.keep if self.capacity_factor is not None else None)
 
     def all_experts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         params = MoEParams(self.router, self.w_gate, self.w_up, self.w_down)
         result = moe_layer(x, params, self.top_k, capacity_factor=self.capacity_factor,
-                           shards=self.aux_shards)
+                           shards=self.routing_shards)
         self.dropped = result.dropped
         return result.out, result.aux_loss
 

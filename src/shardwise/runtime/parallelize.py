@@ -25,6 +25,9 @@ parameters keep their single-device names.
   layout; each cp rank holds 2 of the 2c chunks of every sequence and their RoPE positions.
 * EP (GShard): an MoE layer keeps experts [r·E/e, (r+1)·E/e) and `MoE.experts` becomes the
   all-to-all dispatch/combine of `expert_parallel_moe`. MoE layers under TP are replicated.
+  Under cp or SP a rank routes a slice of each sequence: the capacity and the load-balancing
+  loss stay the micro-batch's, as on one device (`apply_sequence_shards`: the expert choices
+  all-gathered, the per-expert counts all-reduced, over the ranks sharing the sequences).
 * PP: the layers are cut into p·v virtual stages (`pipeline.virtual_stages`); this rank keeps
   its chunks (the first stage the embedding, the last the final norm and head) and
   `run_pipeline` drives them through `parallel_transformer.TransformerStages`. Tied embeddings live on the first and
@@ -72,9 +75,9 @@ from torch.utils.checkpoint import checkpoint
 
 from shardwise.arch import ModelSpec
 from shardwise.errors import LayoutError
-from shardwise.estimate.check import ROUTING_COUNTS_OP
+from shardwise.estimate.check import ROUTING_COUNTS_OP, ROUTING_GATHER_OP
 from shardwise.layout import Layout
-from shardwise.ops.moe import SequenceShards
+from shardwise.ops.moe import SequenceShards, capacity_keep, expert_capacity
 from shardwise.runtime import collectives as C
 from shardwise.runtime.context_parallel import local_positions, ring_attention
 from shardwise.runtime.data_parallel import GradientReducer
@@ -223,7 +226,7 @@ def _ep_experts(moe: MoE, ep: AxisGroup, x: torch.Tensor) -> tuple[torch.Tensor,
     out, aux, moe.ep_stats = expert_parallel_moe(x, moe.router, moe.w_gate, moe.w_up,
                                                  moe.w_down, moe.top_k, ep,
                                                  capacity_factor=moe.capacity_factor,
-                                                 shards=moe.aux_shards)
+                                                 shards=moe.routing_shards)
     moe.dropped = moe.ep_stats.dropped
     return out, aux
 
@@ -240,16 +243,62 @@ def _sequence_total(groups: tuple[AxisGroup, ...], t: torch.Tensor) -> torch.Ten
     return t
 
 
-def apply_sequence_shards(model: Transformer, tp: AxisGroup | None, cp: AxisGroup) -> None:
+def _gather_routing(x: torch.Tensor, g: AxisGroup) -> torch.Tensor:
+    """x from every rank of `g`: (…) -> (g.size, …); counted under (axis, ROUTING_GATHER_OP)."""
+    out = x.new_empty(g.size * x.numel())
+    sent = C.CommCounter()
+    C.all_gather(out, x.contiguous().view(-1), g, counter=sent)
+    C.get_counter().add(g.name, ROUTING_GATHER_OP, sent.bytes())
+    return out.view(g.size, *x.shape)
+
+
+def _sequence_keep(tp: AxisGroup | None, cp: AxisGroup, seq_len: int, num_experts: int,
+                   experts: torch.Tensor, capacity_factor: float) -> torch.Tensor:
+    """Which of this rank's expert choices (T, k) the capacity keeps when its micro-batch's
+    sequences are split over SP's tp ranks and the cp ranks: the group is the micro-batch of
+    b whole sequences, as on one device. The choices are all-gathered (over tp: contiguous
+    slices of the cp rank's tokens; over cp: the zigzag chunks), laid out in one device's
+    token order (b, s, k), dropped by one device's rule (`ops.moe.capacity_keep`, capacity
+    ⌈cf·b·s·k/E⌉), and this rank's tokens' decisions kept."""
+    k, c = experts.shape[1], cp.size
+    t = tp.size if tp is not None else 1
+    s_cp = seq_len // c
+    s_sp = s_cp // t
+    b = experts.shape[0] // s_sp
+    x = experts.reshape(b, s_sp, k)
+    if tp is not None and t > 1:  # (t, b, s/(c·t), k) -> (b, s/c, k)
+        x = _gather_routing(x, tp).permute(1, 0, 2, 3).reshape(b, s_cp, k)
+    positions = [local_positions(seq_len, c, r, CP_LAYOUT).to(experts.device)
+                 for r in range(c)]
+    whole = x
+    if c > 1:  # (c, b, s/c, k) -> (b, s, k) at each cp rank's token positions
+        parts = _gather_routing(x, cp)
+        whole = x.new_empty(b, seq_len, k)
+        for r in range(c):
+            whole[:, positions[r]] = parts[r]
+    cap = expert_capacity(b * seq_len, k, num_experts, capacity_factor)
+    keep = capacity_keep(whole.reshape(-1, k), num_experts, cap).view(b, seq_len, k)
+    mine = positions[cp.rank]
+    if tp is not None:
+        mine = mine[tp.rank * s_sp:(tp.rank + 1) * s_sp]
+    return keep[:, mine].reshape(-1, k)
+
+
+def apply_sequence_shards(model: Transformer, tp: AxisGroup | None, cp: AxisGroup,
+                          seq_len: int) -> None:
     """MoE layers whose tokens are slices of sequences other ranks hold too (SP over `tp`,
-    ring attention's cp): their load-balancing loss counts every slice's routing
-    (`ops.moe.SequenceShards`); a cp rank carries cp shares, as its gradients are averaged
-    over cp, while SP's tp ranks sum theirs."""
+    ring attention's cp; `ops.moe.SequenceShards`): their load-balancing loss counts every
+    slice's routing — a cp rank carries cp shares, as its gradients are averaged over cp,
+    while SP's tp ranks sum theirs — and their capacity is the whole micro-batch's, as on
+    one device (`_sequence_keep`)."""
     groups = tuple(g for g in (tp, cp) if g is not None and g.size > 1)
     if not groups:
         return
     ranks = math.prod(g.size for g in groups)
-    shards = SequenceShards(ranks, partial(_sequence_total, groups), scale=cp.size)
+    tp = tp if tp is not None and tp.size > 1 else None
+    shards = SequenceShards(ranks, partial(_sequence_total, groups), scale=cp.size,
+                            keep=partial(_sequence_keep, tp, cp, seq_len,
+                                         model.spec.n_experts))
     for block in model.blocks:
         if isinstance(getattr(block, "mlp", None), MoE):
             block.mlp.sequence_shards = shards
@@ -308,7 +357,7 @@ def parallelize(model: Transformer, mesh: Mesh, layout: Layout, seq_len: int,
         apply_context_parallel(model, cp)
     if ep.size > 1:
         apply_expert_parallel(model, ep)
-    apply_sequence_shards(model, tp if layout.sp else None, cp)
+    apply_sequence_shards(model, tp if layout.sp else None, cp, seq_len)
     stages = split_pipeline(model, pp, layout.chunks, layout.stage_sizes(model.spec.n_layers))
     apply_recompute(model, layout.recompute)
     shards = _shard_table(model, layout)

@@ -131,7 +131,7 @@ class TrainConfig:
                 or runtime_problems(self.layout, self.model))
 
     def _moe_problems(self) -> list[str]:
-        cf, coef, layout = self.capacity_factor, self.aux_loss_coef, self.layout
+        cf, coef = self.capacity_factor, self.aux_loss_coef
         if cf is None and not coef:
             return []
         if not self.model.is_moe:
@@ -142,12 +142,6 @@ class TrainConfig:
             out.append(f"capacity_factor must be > 0, got {cf}")
         if not coef >= 0:
             out.append(f"aux_loss_coef must be ≥ 0, got {coef}")
-        if cf is not None and (layout.cp > 1 or (layout.sp and layout.tp > 1)):
-            # a rank's MoE layers see a slice of each sequence: its capacity group would
-            # differ from one device's (the load-balancing loss sums the slices' counts)
-            out.append("capacity_factor is not supported with cp > 1 or sequence "
-                       "parallelism (a rank routes a slice of each sequence); use dp, tp "
-                       "without sp, pp or ep (aux_loss_coef works with all of them)")
         return out
 
     @property

@@ -24,6 +24,7 @@ from test_train import _train_layouts  # the rank worker (tests/runtime is on sy
 from tests.cli_helpers import assert_one_line_error, shardwise, shardwise_json
 
 from shardwise.arch import get_model
+from shardwise.estimate.check import ROUTING_COUNTS_OP, ROUTING_GATHER_OP
 from shardwise.layout import Layout
 from shardwise.ops.moe import MoEParams, moe_layer
 from shardwise.runtime.data import Batches, load_tokens
@@ -41,23 +42,24 @@ def spec(shared: int = 0):
     return model.with_(name="tiny-moe-shared", n_shared_experts=shared) if shared else model
 
 
-def config(layout: str, shared: int = 0, alpha: float = ALPHA) -> TrainConfig:
+def config(layout: str, shared: int = 0, alpha: float = ALPHA,
+           cf: float | None = CF) -> TrainConfig:
     return TrainConfig(spec(shared), Layout.parse(f"{layout},mbs={MBS}"), steps=STEPS,
                        seq_len=SEQ, global_batch=BATCH, lr=LR, min_lr=LR / 10, warmup=1,
-                       clip=CLIP, dtype="fp64", capacity_factor=CF, aux_loss_coef=alpha)
+                       clip=CLIP, dtype="fp64", capacity_factor=cf, aux_loss_coef=alpha)
 
 
 @functools.lru_cache
-def reference(shared: int, alpha: float = ALPHA):
+def reference(shared: int, alpha: float = ALPHA, cf: float | None = CF):
     """Single device: losses, pre-clip norms, final parameters, dropped assignments."""
-    cfg = config("dp=1", shared, alpha)
+    cfg = config("dp=1", shared, alpha, cf)
     net = Transformer(cfg.model, dtype=torch.float64, seed=cfg.seed)
     aux: list[torch.Tensor] = []
     dropped = [0]
 
     def experts(moe: MoE, x: torch.Tensor):
         result = moe_layer(x, MoEParams(moe.router, moe.w_gate, moe.w_up, moe.w_down),
-                           moe.top_k, capacity_factor=CF)
+                           moe.top_k, capacity_factor=cf)
         aux.append(result.aux_loss)
         dropped[0] += result.dropped
         return result.out, result.aux_loss.detach()
@@ -90,7 +92,8 @@ def reference(shared: int, alpha: float = ALPHA):
 def _check(results: list[list[dict]], configs: list[TrainConfig]) -> None:
     for i, cfg in enumerate(configs):
         where = f"{cfg.model.name} {cfg.layout.short()}"
-        losses, norms, params, _ = reference(cfg.model.n_shared_experts)
+        losses, norms, params, _ = reference(cfg.model.n_shared_experts, cfg.aux_loss_coef,
+                                             cfg.capacity_factor)
         for r in results[0][i]["records"]:
             assert r.loss == pytest.approx(losses[r.step], rel=TOL), (where, r)
             assert r.grad_norm == pytest.approx(norms[r.step], rel=TOL), (where, r)
@@ -112,23 +115,23 @@ def test_reference_drops_tokens_and_the_aux_loss_changes_training():
     assert losses[-1] != pytest.approx(plain_losses[-1], rel=1e-9)
 
 
+# sequences split over cp (with ep) and over tp by SP (with full recompute, whose replay
+# exchanges the routing again): the capacity and the aux loss are the whole micro-batch's
 TWO = [config("dp=2"), config("dp=2,ep=2"), config("tp=2,recompute=full"), config("pp=2"),
-       config("pp=2,schedule=zb-h1"), config("dp=2", shared=1), config("dp=2,ep=2", shared=1)]
+       config("pp=2,schedule=zb-h1"), config("dp=2", shared=1), config("dp=2,ep=2", shared=1),
+       config("cp=2,ep=2"), config("tp=2,sp=1,recompute=full")]
 
 
 @pytest.mark.slow
 def test_capacity_aux_loss_and_shared_experts_on_two_ranks_equal_single_device():
     """dp, ep, tp (with full recompute), pp under 1F1B and ZB-H1; shared experts under dp
-    and ep."""
+    and ep; capacity and aux loss with the sequences split by cp and by SP."""
     _check(spawn(_train_layouts, 2, TWO, timeout_s=240), TWO)
 
 
 def test_moe_options_are_checked_in_one_line():
     assert_one_line_error(shardwise("train", "--capacity-factor", "1.0", check=False),
                           "need a mixture-of-experts model")
-    assert_one_line_error(shardwise("train", "--model", "tiny-moe", "--tp", "2", "--sp",
-                                    "--capacity-factor", "1.0", check=False),
-                          "not supported with cp > 1 or sequence parallelism")
     assert_one_line_error(shardwise("train", "--model", "tiny-moe", "--capacity-factor", "0",
                                     check=False), "--capacity-factor")
 
@@ -146,6 +149,11 @@ def test_check_is_exact_with_capacity_aux_loss_and_shared_experts():
     assert moe and all("f_i" in r.note for r in moe if r.error)
     assert [r.error for r in rows if r.item in ("comm", "state")] == [0.0] * sum(
         r.item in ("comm", "state") for r in rows)
+    # cp: the aux loss's per-expert counts all-reduced and the capacity's expert choices
+    # all-gathered over cp, every MoE call
+    rows = run_check(config("cp=2,ep=2"), 1, timeout_s=240)
+    routing = [r for r in rows if r.what in (f"cp {ROUTING_COUNTS_OP}", f"cp {ROUTING_GATHER_OP}")]
+    assert len(routing) == 2 and all(r.error == 0 and r.measured for r in routing), routing
 
 
 @pytest.mark.slow

@@ -133,7 +133,8 @@ TWO = [config("dp=2"), config("tp=2"), config("tp=2,sp=1,recompute=full"),
        config("pp=2,schedule=gpipe", "tiny-tied"), config("cp=2"),
        config("dp=2,ep=2", "tiny-moe"), config("dp=2,zero=3"),
        config("dp=2,tp=1,mbs=2", dtype="fp32"), config("tp=2", dtype="fp32"),
-       config("pp=2,schedule=zb-h1", "tiny-tied")]
+       config("pp=2,schedule=zb-h1", "tiny-tied"),
+       config("pp=2,schedule=zb-h1,recompute=full"), config("dp=2,zero=3,recompute=full")]
 
 
 @pytest.mark.slow
@@ -174,10 +175,13 @@ def test_two_ranks_zero_with_tied_embeddings_and_experts_equal_single_device():
 
 
 # ZeRO over each pipeline stage's dp group (Megatron's distributed optimizer), a tied
-# embedding split between the first and the last stage; ZeRO-2 under ZB-H1 (B of micro-batch
-# j+1 runs before W of j: the reduce-scatter waits for W)
+# embedding split between the first and the last stage; ZeRO-2 and ZeRO-3 under ZB-H1 (B of
+# micro-batch j+1 runs before W of j: the reduce-scatter waits for W; ZeRO-3's with full
+# recompute, whose replay re-gathers the weights and defers the linears' dW as F did)
 ZERO_FOUR = [config("dp=2,pp=2,zero=1"), config("dp=2,pp=2,zero=2,schedule=gpipe"),
-             config("dp=2,pp=2,zero=3", "tiny-tied"), config("dp=2,pp=2,zero=2,schedule=zb-h1")]
+             config("dp=2,pp=2,zero=3", "tiny-tied"), config("dp=2,pp=2,zero=2,schedule=zb-h1"),
+             config("dp=2,pp=2,zero=3,schedule=zb-h1"),
+             config("dp=2,pp=2,zero=3,schedule=zb-h1,recompute=full", "tiny-tied")]
 
 
 @pytest.mark.slow
@@ -231,10 +235,10 @@ def test_a_killed_rank_fails_the_run_within_the_timeout():
 def test_impossible_layouts_are_one_line_errors():
     assert_one_line_error(shardwise("train", "--tp", "3", check=False),
                           "tp=3 does not divide n_heads=4")
-    assert_one_line_error(shardwise("train", "--pp", "2", "--schedule", "zb-h1", "--recompute",
-                                    "full", check=False), "zb-h1 with full recompute")
-    assert_one_line_error(shardwise("train", "--dp", "2", "--zero", "3", "--recompute", "full",
-                                    check=False), "ZeRO-3 with full recompute")
+    assert_one_line_error(shardwise("train", "--model", "tiny-moe", "--dp", "6", "--ep", "2",
+                                    "--zero", "1", "--zero-group", "3", "--global-batch", "6",
+                                    check=False),
+                          "neither a multiple nor a divisor of ep=2")
     assert_one_line_error(shardwise("train", "--ep", "2", "--dp", "2", check=False),
                           "needs a mixture-of-experts model")
 

@@ -90,6 +90,54 @@ def test_stage3_frees_gathered_weights_outside_compute() -> None:
         assert o["shards"] == [36, 18] and o["bwd"]["shard_grads"] == [36, 18]  # 72/2, 36/2
 
 
+def _stage3_split_backward() -> dict[str, object]:
+    """ZB-H1's B and W on a stage-3 model (linears with biases): the plain backward's shard
+    gradients are the reference."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from shardwise.layout import Layout
+    from shardwise.runtime.mesh import Mesh
+    from shardwise.runtime.pipeline import backward_weight, defer_linears, deferring_weight_grads
+    from shardwise.runtime.zero import ZeroConfig, ZeroDataParallel
+
+    Mesh.from_layout(Layout(dp=dist.get_world_size()))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 4)).double()
+    z = ZeroDataParallel(model, ZeroConfig(stage=3))
+    x = torch.randn(2, 8, dtype=torch.float64)
+    (z(x) ** 2).sum().backward()
+    want = [s.grad.clone() for s in z.shards]
+    z.zero_grad()
+    with defer_linears():
+        out = (z(x) ** 2).sum()
+    with deferring_weight_grads() as later:  # B
+        out.backward()
+    after_b = {"gathered": [u.gathered is not None for u in z.units],
+               "views": [model[0].weight is None, model[2].weight is None],
+               "shard_grads": [s.grad is None for s in z.shards],
+               "pending": len(later),
+               "weights_held": any(isinstance(t, torch.Tensor)
+                                   for op, _ in later for t in (op.weight, op.bias))}
+    backward_weight(later)  # W
+    return {"b": after_b, "error": max(float((s.grad - w).abs().max())
+                                       for s, w in zip(z.shards, want)),
+            "scatters": [e for e in z.events if e[0] == "reduce-scatter"]}
+
+
+@pytest.mark.slow
+def test_stage3_under_zb_h1_frees_gathered_weights_at_b_and_completes_gradients_at_w() -> None:
+    """After B no gathered weights are held (the deferred ops point into the units' open
+    gradients) and no shard gradient exists yet; W completes them: equal to the plain
+    backward's, each unit reduce-scattered once per backward."""
+    for o in spawn(_stage3_split_backward, 2):
+        assert o["b"] == {"gathered": [False, False], "views": [True, True],
+                          "shard_grads": [True, True], "pending": 2, "weights_held": False}
+        assert o["error"] <= 1e-15
+        assert o["scatters"] == [("reduce-scatter", 1), ("reduce-scatter", 0)] * 2
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_check_predicts_zero_padding_and_freed_gradients_exactly(stage: int) -> None:
@@ -190,7 +238,9 @@ def test_zero_2_and_3_with_idle_experts_train_like_one_device() -> None:
 def test_check_is_exact_for_zero_with_experts_kv_replicas_and_zb_h1(tmp_path) -> None:
     """check's prediction equals the runtime's measurement on every row for: hybrid ZeRO-3
     with ep=2 (experts over edp_shard / edp_replica), ZeRO-2 with one kv head replicated over
-    tp=2 (the shards' K/V elements all-reduced over tp), and ZeRO-2 under ZB-H1."""
+    tp=2 (the shards' K/V elements all-reduced over tp), ZeRO-2 under ZB-H1, and ZeRO-3 under
+    ZB-H1 with full recompute (one backward gather and one reduce-scatter per unit and
+    micro-batch, as without either)."""
     mqa = tmp_path / "config.json"  # tiny's shape with a single kv head
     mqa.write_text(json.dumps({
         "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
@@ -202,7 +252,9 @@ def test_check_is_exact_for_zero_with_experts_kv_replicas_and_zb_h1(tmp_path) ->
                  ["--model", str(mqa), "--dp", "2", "--tp", "2", "--zero", "2",
                   "--global-batch", "4"],
                  ["--dp", "2", "--pp", "2", "--zero", "2", "--schedule", "zb-h1",
-                  "--global-batch", "8"]):
+                  "--global-batch", "8"],
+                 ["--dp", "2", "--pp", "2", "--zero", "3", "--schedule", "zb-h1",
+                  "--recompute", "full", "--global-batch", "8"]):
         out = json.loads(shardwise("check", *args, *common).stdout)
         assert out["ok"], (args, [r for r in out["rows"] if not r["ok"]])
         what = {row["what"] for row in out["rows"] if row["item"] == "comm"}

@@ -52,6 +52,8 @@ __all__ = [
     "COUNTS_OP",
     "EXACT",
     "REPORTED",
+    "ROUTING_COUNTS_OP",
+    "ROUTING_GATHER_OP",
     "RUNTIME_IMPL",
     "WITHIN_1PC",
     "CheckRow",
@@ -71,6 +73,11 @@ RUNTIME_IMPL = "shardwise"  # the activation profile the runtime implements (est
 _ROUNDING = 1e-12  # "exact": equal to float rounding
 # the op name under which expert parallelism's per-expert row-count exchange is counted
 COUNTS_OP = "all-to-all (counts)"
+# ... and the all-reduce of an MoE layer's per-expert counts over the ranks sharing its
+# sequences (cp, SP), for the load-balancing loss (`runtime.parallelize.apply_sequence_shards`)
+ROUTING_COUNTS_OP = "all-reduce (routing counts)"
+# ... and the all-gather of their expert choices for the capacity (`_sequence_keep` there)
+ROUTING_GATHER_OP = "all-gather (routing)"
 
 
 # ------------------------------------------------------------------------------- the rows
@@ -148,12 +155,15 @@ class Term:
 
 
 def predicted_comm(model: ModelSpec, layout: Layout, train: TrainSpec, stage: int,
-                   routing: Sequence[tuple[int, int, int]] = (), steps: int = 1
-                   ) -> list[Term]:
+                   routing: Sequence[tuple[int, int, int]] = (), steps: int = 1,
+                   aux_loss: bool = False, capacity: bool = False) -> list[Term]:
     """Every collective rank `stage` of the pipeline issues in one optimizer step, from
     `estimate.comm` (pure arithmetic; no torch). `routing`: the `(layer, rows out, rows in)`
     of each expert-parallel MoE call over `steps` steps (data-dependent; empty without ep). Axis names are the mesh's: gradients of dense weights are averaged over "dp"
-    ("dp_cp" when cp > 1), expert gradients over "edp"."""
+    ("dp_cp" when cp > 1), expert gradients over "edp". `aux_loss`: the MoE layers'
+    load-balancing loss is on (with cp or SP its per-expert counts are all-reduced);
+    `capacity`: a capacity factor is set (with cp or SP the expert choices are all-gathered,
+    int64)."""
     ab = dtype_bytes(train.dtype)
     gb = dtype_bytes(train.grad_dtype or train.dtype)  # gradient reductions (fp32 main_grad)
     t, p, c, e = layout.tp, layout.pp, layout.cp, layout.ep
@@ -216,6 +226,16 @@ def predicted_comm(model: ModelSpec, layout: Layout, train: TrainSpec, stage: in
             f"per step; balanced routing, SPEC §5: {balanced:,.0f} B)"))
         terms.append(Term("ep", COUNTS_OP, calls * ep_count_exchange_bytes(
             model.n_experts, e, recompute=rc), "per-expert row counts before each dispatch"))
+    calls = m * len(moe) * (2 if rc == "full" else 1)  # MoE calls, full recompute's replays
+    for axis, n, gathered in (("tp", t if sp else 1, s * b), ("cp", c, s * b * c)):
+        if n > 1 and aux_loss and moe:  # (E,) fp64 counts
+            terms.append(Term(axis, ROUTING_COUNTS_OP, calls * ring_bytes_on_wire(
+                "all-reduce", model.n_experts * 8, n), "MoE load-balancing loss: per-expert "
+                "counts summed over the ranks sharing the sequences"))
+        if n > 1 and capacity and moe:  # every token's k choices, int64, up to the axis
+            terms.append(Term(axis, ROUTING_GATHER_OP, calls * ring_bytes_on_wire(
+                "all-gather", gathered * model.top_k * 8, n), "MoE capacity: the expert "
+                "choices of the ranks sharing the sequences"))
     dense, experts = stage_params(model, layout, stage)
     replicas = layout.dp * c
     dp_axis = "dp_cp" if c > 1 else "dp"

@@ -16,12 +16,16 @@ deterministic: an expert keeps the assignments in token order within the group (
 t+1; a token picks an expert at most once) and drops the rest. A dropped assignment
 contributes nothing (its expert output is zero), so a token whose every choice is dropped
 passes through the layer as zero — the residual connection around the layer carries it.
-Gates are *not* renormalised after dropping.
+Gates are *not* renormalised after dropping. A group whose tokens several ranks hold (the
+sequences of one micro-batch split by context or sequence parallelism, `SequenceShards`) is
+still one group: its capacity and drop order are one device's (`RoutingRule.for_group`).
 
 Load-balancing loss (Switch): per group `L_aux = E · Σ_i f_i · P_i` with `f_i` the fraction of
 the group's `T_g·k` assignments routed to expert i (before dropping; for k = 1 Switch's
 fraction of tokens) and `P_i` the mean router probability of expert i over the group; the
-layer's loss is the mean over groups. Perfectly balanced routing gives `L_aux = 1`.
+layer's loss is the mean over groups. Perfectly balanced routing gives `L_aux = 1`. Over a
+group split between ranks each rank returns its share, with the group's f_i
+(`load_balancing_loss`).
 
 Saved for backward (`moe_layer`, and `runtime.expert_parallel.expert_parallel_moe` through
 `gather_rows` / `weighted_combine`): exactly SPEC §3's MoE count — the router input and
@@ -33,7 +37,8 @@ in backward (deterministically: the same ops on the same tensor).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -136,16 +141,43 @@ def capacity_keep(experts: torch.Tensor, num_experts: int, capacity: int | None)
     return (position < capacity).reshape(experts.shape)
 
 
-def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+@dataclass(frozen=True)
+class SequenceShards:
+    """A routing group whose tokens are spread over `ranks` ranks (a sequence split by
+    context parallelism, or by tensor parallelism's sequence parallelism): `total` sums a
+    tensor over those ranks (an all-reduce); `scale` multiplies this rank's share of the
+    loss (cp: the gradients are averaged over the cp ranks, so each carries cp shares)."""
+
+    ranks: int
+    total: Callable[[torch.Tensor], torch.Tensor] | None = None  # None: the local loss
+    scale: float = 1.0
+    # (this rank's choices (T/ranks, k), capacity factor) -> which of them the group's
+    # capacity keeps: one device's drop rule over the whole group, in its token order
+    keep: Callable[[torch.Tensor, float], torch.Tensor] | None = None
+
+
+def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor,
+                        shards: SequenceShards | None = None) -> torch.Tensor:
     """Switch's auxiliary loss `E · Σ_i f_i · P_i` for one group of tokens.
 
     f_i = (assignments to expert i) / (T·k) (counted before dropping, not differentiable),
     P_i = mean over tokens of p_i(x).
+
+    With `shards` (this rank holds T/ranks of the group's T tokens): the group's counts
+    C_i = T·k·f_i are summed over the ranks (Megatron-LM sums them over its sequence-sharded
+    tp×cp group likewise, `sequence_partition_group`), and this rank returns its share
+    `scale · E/(T²·k) · Σ_i C_i · S_i` with S_i = Σ_{its tokens} p_i(x): the shares of the
+    ranks add up to the group's loss, and so do their gradients (C_i is a constant).
     """
     num_experts = probs.shape[1]
-    counts = torch.bincount(experts.reshape(-1), minlength=num_experts).to(probs.dtype)
-    f = counts / experts.numel()
-    return num_experts * (f * probs.mean(dim=0)).sum()
+    counts = torch.bincount(experts.reshape(-1), minlength=num_experts)
+    if shards is None or shards.total is None:
+        f = counts.to(probs.dtype) / experts.numel()
+        return num_experts * (f * probs.mean(dim=0)).sum()
+    group = shards.total(counts.to(torch.float64)).to(probs.dtype)  # (E,) exact integers
+    tokens, top_k = probs.shape[0] * shards.ranks, experts.shape[1]
+    share = num_experts / (tokens * tokens * top_k) * (group * probs.sum(dim=0)).sum()
+    return shards.scale * share
 
 
 def expert_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
@@ -184,9 +216,12 @@ def imbalance(counts: torch.Tensor) -> float:
 
 def moe_layer(x: torch.Tensor, params: MoEParams, top_k: int, *,
               capacity_factor: float | None = None, normalize: bool = True,
-              groups: int = 1) -> MoEResult:
+              groups: int = 1, shards: SequenceShards | None = None) -> MoEResult:
     """The single-device MoE layer on x (T, h); `groups` equal slices of the tokens are routed
-    and capacity-limited independently (use `groups = e` to match `e` expert-parallel ranks)."""
+    and capacity-limited independently (use `groups = e` to match `e` expert-parallel ranks).
+    `shards`: x is this rank's part of a group spread over several ranks; the auxiliary
+    loss is then this rank's share (`load_balancing_loss`), and the capacity the group's
+    (`RoutingRule.for_group`)."""
     tokens, _ = x.shape
     if groups < 1 or tokens % groups:
         raise ShardwiseError(f"groups={groups} must divide the {tokens} tokens")
@@ -194,14 +229,15 @@ def moe_layer(x: torch.Tensor, params: MoEParams, top_k: int, *,
     outs, losses, routed, kept = [], [], [], []
     for xg in x.chunk(groups):
         probs = rule.probs(xg, params.router)
-        routing, plan = rule.plan(probs)
-        rows = gather_rows(xg, probs, plan, rule)  # (N, h), sorted by expert
+        group_rule = rule.for_group(probs, shards)
+        routing, plan = group_rule.plan(probs)
+        rows = gather_rows(xg, probs, plan, group_rule)  # (N, h), sorted by expert
         outputs = [expert_mlp(chunk, params.w_gate[i], params.w_up[i], params.w_down[i])
                    for i, chunk in enumerate(rows.split(plan.per_expert.tolist()))
                    if chunk.shape[0]]
         expert_out = torch.cat(outputs) if outputs else rows
-        outs.append(weighted_combine(expert_out, probs, plan, rule))
-        losses.append(load_balancing_loss(probs, routing.experts))
+        outs.append(weighted_combine(expert_out, probs, plan, group_rule))
+        losses.append(load_balancing_loss(probs, routing.experts, shards))
         routed.append(plan.routed)
         kept.append(plan.per_expert)
     return MoEResult(torch.cat(outs), torch.stack(losses).mean(),
@@ -228,15 +264,19 @@ class DispatchPlan:
     slot: torch.Tensor | None = None
 
 
-def dispatch_plan(routing: Routing, num_ranks: int, capacity_factor: float | None) -> DispatchPlan:
-    """Drop over-capacity assignments and order the rest by destination (expert-major)."""
+def dispatch_plan(routing: Routing, num_ranks: int, capacity_factor: float | None,
+                  keep: torch.Tensor | None = None) -> DispatchPlan:
+    """Drop over-capacity assignments and order the rest by destination (expert-major).
+    `keep` (T, k): which assignments the capacity keeps, decided elsewhere (a group whose
+    tokens several ranks hold, `SequenceShards.keep`)."""
     tokens, top_k = routing.experts.shape
     num_experts = routing.probs.shape[1]
     if num_experts % num_ranks:
         raise ShardwiseError(f"ep={num_ranks} does not divide n_experts={num_experts}")
-    cap = None if capacity_factor is None else expert_capacity(
-        tokens, top_k, num_experts, capacity_factor)
-    keep = capacity_keep(routing.experts, num_experts, cap)
+    if keep is None:
+        cap = None if capacity_factor is None else expert_capacity(
+            tokens, top_k, num_experts, capacity_factor)
+        keep = capacity_keep(routing.experts, num_experts, cap)
     token, slot = keep.nonzero(as_tuple=True)  # token-major order
     expert = routing.experts[token, slot]
     order = torch.sort(expert, stable=True).indices
@@ -258,18 +298,30 @@ class RoutingRule:
     normalize: bool = True
     num_ranks: int = 1
     capacity_factor: float | None = None
+    keep: torch.Tensor | None = None  # (T, k) the capacity's decision, fixed by `for_group`
 
     def probs(self, x: torch.Tensor, router: torch.Tensor) -> torch.Tensor:
         """`softmax(x W_r)` (T, E); autograd saves x and the probabilities only."""
         _check_top_k(self.top_k, router.shape[1])
         return router_probs(x, router)
 
+    def for_group(self, probs: torch.Tensor, shards: SequenceShards | None) -> RoutingRule:
+        """This rule with the capacity's decision fixed when the group's tokens are spread
+        over several ranks (`shards.keep` exchanges the choices once, in forward; backward's
+        `plan` reuses the (T, k) mask held here)."""
+        if shards is None or shards.keep is None or self.capacity_factor is None:
+            return self
+        with torch.no_grad():
+            experts = _top_k(probs.detach(), self.top_k, self.normalize)[0]
+        return replace(self, keep=shards.keep(experts, self.capacity_factor))
+
     def plan(self, probs: torch.Tensor) -> tuple[Routing, DispatchPlan]:
         """Top-k choice, gates and dispatch order from probs (T, E); no autograd graph."""
         with torch.no_grad():
             probs = probs.detach()
             routing = Routing(probs, *_top_k(probs, self.top_k, self.normalize))
-            return routing, dispatch_plan(routing, self.num_ranks, self.capacity_factor)
+            return routing, dispatch_plan(routing, self.num_ranks, self.capacity_factor,
+                                          self.keep)
 
 
 class _GatherRows(torch.autograd.Function):

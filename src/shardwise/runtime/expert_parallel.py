@@ -43,6 +43,7 @@ from shardwise.estimate.check import COUNTS_OP
 from shardwise.ops.moe import (
     MoEParams,
     RoutingRule,
+    SequenceShards,
     gather_rows,
     imbalance,
     load_balancing_loss,
@@ -107,13 +108,15 @@ class EPStats:
 def expert_parallel_moe(x: torch.Tensor, router: torch.Tensor, w_gate: torch.Tensor,
                         w_up: torch.Tensor, w_down: torch.Tensor, top_k: int,
                         group: C.GroupLike = "ep", *, capacity_factor: float | None = None,
-                        normalize: bool = True, counter: C.CommCounter | None = None
+                        normalize: bool = True, counter: C.CommCounter | None = None,
+                        shards: SequenceShards | None = None
                         ) -> tuple[torch.Tensor, torch.Tensor, EPStats]:
     """The expert-parallel MoE forward on this rank's tokens x (T, h).
 
     router (h, E) is replicated; w_gate, w_up (E/e, h, f) and w_down (E/e, f, h) are this
-    rank's experts. Returns (y (T, h), this rank's aux loss, stats).
-    """
+    rank's experts. Returns (y (T, h), this rank's aux loss, stats). `shards`: this rank's
+    tokens are part of sequences split over other ranks too (cp, SP): the aux loss is this
+    rank's share of their group's (`ops.moe.load_balancing_loss`)."""
     g = C.resolve(group)
     e, local = g.size, w_gate.shape[0]
     num_experts = router.shape[1]
@@ -121,6 +124,7 @@ def expert_parallel_moe(x: torch.Tensor, router: torch.Tensor, w_gate: torch.Ten
         raise ShardwiseError(f"{local} local experts × ep={e} ranks ≠ n_experts={num_experts}")
     rule = RoutingRule(top_k, normalize, e, capacity_factor)
     probs = rule.probs(x, router)  # saved: x and probs; the plan is recomputed in backward
+    rule = rule.for_group(probs, shards)  # capacity over sequences split over ranks too
     routing, plan = rule.plan(probs)
     # Count exchange: (E,) = (e, E/e) per destination -> (e, E/e) per source, for my experts.
     counts = torch.empty_like(plan.per_expert)
@@ -142,7 +146,7 @@ def expert_parallel_moe(x: torch.Tensor, router: torch.Tensor, w_gate: torch.Ten
     returned = all_to_all(expert_out, send, recv, g, counter=counter)  # (N_send, h)
     y = weighted_combine(returned, probs, plan, rule)
     stats = EPStats(plan.routed, plan.per_expert, counts.sum(dim=0), send, recv)
-    return y, load_balancing_loss(probs, routing.experts), stats
+    return y, load_balancing_loss(probs, routing.experts, shards), stats
 
 
 def global_expert_counts(stats: EPStats, group: C.GroupLike = "ep", *,

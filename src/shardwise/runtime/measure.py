@@ -403,7 +403,8 @@ def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL
     held = state_bytes([parallel.model], state.optimizer, parallel.parameters())
     peak = float(torch.cuda.max_memory_allocated(device)) if gpu else None
     model, layout, train = config.model, config.layout, config.train_spec()
-    terms = predicted_comm(model, layout, train, stage, recorder.routing, steps)
+    terms = predicted_comm(model, layout, train, stage, recorder.routing, steps,
+                           config.aux_loss_coef > 0, config.capacity_factor is not None)
     rows = [*comm_rows(terms, dict(counter.sent), steps, layout),
             *_activation_rows(model, layout, replace(train, impl=impl), recorder,
                               config.aux_loss_coef > 0),

@@ -35,16 +35,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint, noop_context_fn
 
 from shardwise.arch import ModelSpec
 from shardwise.errors import ShardwiseError
 from shardwise.ops.attention import fused_backward, fused_forward
-from shardwise.ops.moe import MoEParams, expert_mlp, moe_layer
+from shardwise.ops.moe import MoEParams, SequenceShards, expert_mlp, moe_layer
 from shardwise.ops.swiglu import SwiGLUFunction
 from shardwise.runtime.mixed_precision import loss_dtype
 
@@ -328,10 +330,12 @@ class MoE(nn.Module):
     `capacity_factor` (None: no limit, nothing dropped) caps every expert at
     `⌈cf · T·k / E⌉` assignments from the T tokens of one call — one micro-batch on one rank
     (GShard's group; under expert parallelism the rank's own tokens, before dispatch, as
-    Megatron-LM and Switch compute it); `ops.moe` keeps them in token order. With
+    Megatron-LM and Switch compute it; with the sequences split over cp or SP ranks, the
+    whole micro-batch's, `sequence_shards`); `ops.moe` keeps them in token order. With
     `aux_loss_coef` α > 0 the objective gains `α · L_aux` of every MoE layer (Switch's
     `E · Σ_i f_i P_i` over the call's tokens), scaled by `aux_loss_scale` (1/m over m
-    micro-batches, as the cross-entropy is); `aux_loss` keeps the last call's value.
+    micro-batches, as the cross-entropy is); `aux_loss` keeps the last call's value (this
+    rank's share when `sequence_shards` is set).
     `experts` maps tokens (T, h) -> (y, L_aux); expert parallelism swaps it."""
 
     def __init__(self, spec: ModelSpec, dtype: torch.dtype):
@@ -352,11 +356,26 @@ class MoE(nn.Module):
         self.aux_loss_scale = 1.0
         self.aux_loss: torch.Tensor | None = None
         self.dropped = 0  # assignments of the last call's tokens dropped at the capacity
+        # the call's tokens are part of sequences split over other ranks (cp, SP): the aux
+        # loss is this rank's share of their group's (`ops.moe.load_balancing_loss`)
+        self.sequence_shards: SequenceShards | None = None
         self.experts: Experts = self.all_experts
+
+    @property
+    def routing_shards(self) -> SequenceShards | None:
+        """`sequence_shards` as this layer uses them: the counts summed over the shards only
+        when the aux loss joins the objective (otherwise each rank keeps its own, unused,
+        value), the choices exchanged only under a capacity factor."""
+        s = self.sequence_shards
+        if s is None:
+            return None
+        return replace(s, total=s.total if self.aux_loss_coef else None,
+                       keep=s.keep if self.capacity_factor is not None else None)
 
     def all_experts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         params = MoEParams(self.router, self.w_gate, self.w_up, self.w_down)
-        result = moe_layer(x, params, self.top_k, capacity_factor=self.capacity_factor)
+        result = moe_layer(x, params, self.top_k, capacity_factor=self.capacity_factor,
+                           shards=self.routing_shards)
         self.dropped = result.dropped
         return result.out, result.aux_loss
 
@@ -393,10 +412,14 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(spec.d_model, spec.norm_eps, dtype=dtype)
         self.mlp: nn.Module = MoE(spec, dtype) if moe else SwiGLU(spec.d_model, spec.d_ff, dtype)
         self.recompute = False
+        # checkpoint's context_fn: (forward context, replay context); the pipeline's ZB-H1
+        # replays under `defer_linears` (`pipeline.replay_contexts`)
+        self.recompute_contexts: Callable[[], tuple[Any, Any]] = noop_context_fn
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if self.recompute:
-            return checkpoint(self._forward, x, cos, sin, use_reentrant=False)
+            return checkpoint(self._forward, x, cos, sin, use_reentrant=False,
+                              context_fn=self.recompute_contexts)
         return self._forward(x, cos, sin)
 
     def _forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -25,12 +25,17 @@ parameters keep their single-device names.
   layout; each cp rank holds 2 of the 2c chunks of every sequence and their RoPE positions.
 * EP (GShard): an MoE layer keeps experts [r·E/e, (r+1)·E/e) and `MoE.experts` becomes the
   all-to-all dispatch/combine of `expert_parallel_moe`. MoE layers under TP are replicated.
+  Under cp or SP a rank routes a slice of each sequence: the capacity and the load-balancing
+  loss stay the micro-batch's, as on one device (`apply_sequence_shards`: the expert choices
+  all-gathered, the per-expert counts all-reduced, over the ranks sharing the sequences).
 * PP: the layers are cut into p·v virtual stages (`pipeline.virtual_stages`); this rank keeps
   its chunks (the first stage the embedding, the last the final norm and head) and
   `run_pipeline` drives them through `parallel_transformer.TransformerStages`. Tied embeddings live on the first and
   the last stage; their gradients are summed over pp (Megatron's embedding group).
 * recompute: "full" re-runs each block's forward in backward, "selective" only the attention
-  core (Korthikanti et al. 2022).
+  core (Korthikanti et al. 2022). Under ZB-H1 the replay runs under `defer_linears` as the
+  forward did (`pipeline.replay_contexts`), so B still leaves the linears' dW to W; under
+  ZeRO-3 it runs on the weights the unit's backward gathers anyway (no extra gather).
 * DP: gradients averaged over the dp×cp ranks by the bucketed `data_parallel.GradientReducer`,
   overlapped with the last micro-batch's backward (the others run under `no_sync`); under
   pp > 1 once, after the pipeline's last micro-batch. ZeRO-1/2/3 (`runtime.zero`) shard over
@@ -49,17 +54,18 @@ replicated kv heads (the K/V elements of the shards summed over their tp replica
 shard groups (`hybrid_shard_groups`: reduce-scatter within a group, all-reduce across groups;
 with ep the experts' edp ranks within a group shard them).
 
-ZeRO-1/2 compose with ZB-H1: W accumulates the deferred weight gradients through autograd, so
+ZeRO composes with ZB-H1: W accumulates the deferred weight gradients through autograd, so
 ZeRO-2's hooks see them, and a unit is reduce-scattered once all its slots have a micro-batch
-more (`runtime.zero`).
+more; under ZeRO-3 B keeps the unit's other gradients, frees the gathered weights, and the
+unit's last dW in W completes its flat gradient, reduce-scattered once (`runtime.zero`).
 
-Not supported (refused by `runtime_problems`, with the reason): ZB-H1 with full recompute or
-with ZeRO-3, a hybrid shard group that is neither a multiple nor a divisor of ep, full
-recompute with ZeRO-3.
+Not supported (refused by `runtime_problems`, with the reason): a hybrid shard group that is
+neither a multiple nor a divisor of ep.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import partial
 
@@ -69,7 +75,10 @@ from torch.utils.checkpoint import checkpoint
 
 from shardwise.arch import ModelSpec
 from shardwise.errors import LayoutError
+from shardwise.estimate.check import ROUTING_COUNTS_OP, ROUTING_GATHER_OP
 from shardwise.layout import Layout
+from shardwise.ops.moe import SequenceShards, capacity_keep, expert_capacity
+from shardwise.runtime import collectives as C
 from shardwise.runtime import mixed_precision as mp
 from shardwise.runtime.context_parallel import local_positions, ring_attention
 from shardwise.runtime.data_parallel import GradientReducer
@@ -78,7 +87,7 @@ from shardwise.runtime.launch import group_timeout
 from shardwise.runtime.mesh import AxisGroup, Mesh
 from shardwise.runtime.model import MoE, SwiGLU, Transformer, identity
 from shardwise.runtime.parallel_transformer import CP_LAYOUT, ParallelTransformer, ParamShard
-from shardwise.runtime.pipeline import VirtualStage, virtual_stages
+from shardwise.runtime.pipeline import VirtualStage, replay_contexts, virtual_stages
 from shardwise.runtime.tensor_parallel import (
     ColumnParallelLinear,
     VocabParallelEmbedding,
@@ -91,7 +100,8 @@ from shardwise.runtime.tensor_parallel import (
 from shardwise.runtime.zero import UnitSpec, ZeroConfig, ZeroDataParallel
 
 __all__ = ["apply_context_parallel", "apply_expert_parallel", "apply_recompute",
-           "apply_tensor_parallel", "parallelize", "runtime_problems", "split_pipeline"]
+           "apply_sequence_shards", "apply_tensor_parallel", "parallelize", "runtime_problems",
+           "split_pipeline"]
 
 
 # ------------------------------------------------------------------------ what is refused
@@ -110,23 +120,11 @@ def runtime_problems(layout: Layout, model: ModelSpec) -> list[str]:
     if model.vocab % layout.tp:
         out.append(f"tp={layout.tp} must divide the vocabulary {model.vocab} (vocabulary-"
                    "parallel embedding and head)")
-    if layout.pp > 1 and layout.schedule == "zb-h1" and layout.recompute == "full":
-        out.append("schedule zb-h1 with full recompute is not supported for training (the "
-                   "replayed forward would not defer the linears' weight gradients); use "
-                   "selective recompute or another schedule")
-    if layout.zero:
-        k, e = layout.zero_group, layout.ep
-        for bad, why in ((bool(k) and e > 1 and bool(k % e) and bool(e % k),
-                          f"a hybrid shard group zero_group={k} that is neither a multiple "
-                          f"nor a divisor of ep={e} (the experts' shard groups would not "
-                          "tile their edp group)"),
-                         (layout.zero == 3 and layout.recompute == "full", "full recompute"),
-                         (layout.zero == 3 and layout.pp > 1 and layout.schedule == "zb-h1",
-                          "the zb-h1 schedule (its deferred weight gradients would need each "
-                          "layer's gathered weights kept from B until W; use zero=2)")):
-            if bad:
-                out.append(f"ZeRO-{layout.zero} with {why} is not supported by the training "
-                           "runtime")
+    k, e = layout.zero_group, layout.ep
+    if layout.zero and k and e > 1 and k % e and e % k:
+        out.append(f"ZeRO-{layout.zero} with a hybrid shard group zero_group={k} that is "
+                   f"neither a multiple nor a divisor of ep={e} is not supported by the "
+                   "training runtime (the experts' shard groups would not tile their edp group)")
     return out
 
 
@@ -228,9 +226,83 @@ def _ep_experts(moe: MoE, ep: AxisGroup, x: torch.Tensor) -> tuple[torch.Tensor,
     routing of the call is left on `moe.ep_stats` (`runtime.measure` reads it)."""
     out, aux, moe.ep_stats = expert_parallel_moe(x, moe.router, moe.w_gate, moe.w_up,
                                                  moe.w_down, moe.top_k, ep,
-                                                 capacity_factor=moe.capacity_factor)
+                                                 capacity_factor=moe.capacity_factor,
+                                                 shards=moe.routing_shards)
     moe.dropped = moe.ep_stats.dropped
     return out, aux
+
+
+def _sequence_total(groups: tuple[AxisGroup, ...], t: torch.Tensor) -> torch.Tensor:
+    """`t` summed over the ranks holding the other parts of this rank's sequences: over tp
+    (SP's slices), then over cp; counted under (axis, `ROUTING_COUNTS_OP`)."""
+    t = t.clone()
+    for g in groups:
+        sent = C.CommCounter()
+        C.all_reduce(t, g, counter=sent)
+        if sent.sent:
+            C.get_counter().add(g.name, ROUTING_COUNTS_OP, sent.bytes())
+    return t
+
+
+def _gather_routing(x: torch.Tensor, g: AxisGroup) -> torch.Tensor:
+    """x from every rank of `g`: (…) -> (g.size, …); counted under (axis, ROUTING_GATHER_OP)."""
+    out = x.new_empty(g.size * x.numel())
+    sent = C.CommCounter()
+    C.all_gather(out, x.contiguous().view(-1), g, counter=sent)
+    C.get_counter().add(g.name, ROUTING_GATHER_OP, sent.bytes())
+    return out.view(g.size, *x.shape)
+
+
+def _sequence_keep(tp: AxisGroup | None, cp: AxisGroup, seq_len: int, num_experts: int,
+                   experts: torch.Tensor, capacity_factor: float) -> torch.Tensor:
+    """Which of this rank's expert choices (T, k) the capacity keeps when its micro-batch's
+    sequences are split over SP's tp ranks and the cp ranks: the group is the micro-batch of
+    b whole sequences, as on one device. The choices are all-gathered (over tp: contiguous
+    slices of the cp rank's tokens; over cp: the zigzag chunks), laid out in one device's
+    token order (b, s, k), dropped by one device's rule (`ops.moe.capacity_keep`, capacity
+    ⌈cf·b·s·k/E⌉), and this rank's tokens' decisions kept."""
+    k, c = experts.shape[1], cp.size
+    t = tp.size if tp is not None else 1
+    s_cp = seq_len // c
+    s_sp = s_cp // t
+    b = experts.shape[0] // s_sp
+    x = experts.reshape(b, s_sp, k)
+    if tp is not None and t > 1:  # (t, b, s/(c·t), k) -> (b, s/c, k)
+        x = _gather_routing(x, tp).permute(1, 0, 2, 3).reshape(b, s_cp, k)
+    positions = [local_positions(seq_len, c, r, CP_LAYOUT).to(experts.device)
+                 for r in range(c)]
+    whole = x
+    if c > 1:  # (c, b, s/c, k) -> (b, s, k) at each cp rank's token positions
+        parts = _gather_routing(x, cp)
+        whole = x.new_empty(b, seq_len, k)
+        for r in range(c):
+            whole[:, positions[r]] = parts[r]
+    cap = expert_capacity(b * seq_len, k, num_experts, capacity_factor)
+    keep = capacity_keep(whole.reshape(-1, k), num_experts, cap).view(b, seq_len, k)
+    mine = positions[cp.rank]
+    if tp is not None:
+        mine = mine[tp.rank * s_sp:(tp.rank + 1) * s_sp]
+    return keep[:, mine].reshape(-1, k)
+
+
+def apply_sequence_shards(model: Transformer, tp: AxisGroup | None, cp: AxisGroup,
+                          seq_len: int) -> None:
+    """MoE layers whose tokens are slices of sequences other ranks hold too (SP over `tp`,
+    ring attention's cp; `ops.moe.SequenceShards`): their load-balancing loss counts every
+    slice's routing — a cp rank carries cp shares, as its gradients are averaged over cp,
+    while SP's tp ranks sum theirs — and their capacity is the whole micro-batch's, as on
+    one device (`_sequence_keep`)."""
+    groups = tuple(g for g in (tp, cp) if g is not None and g.size > 1)
+    if not groups:
+        return
+    ranks = math.prod(g.size for g in groups)
+    tp = tp if tp is not None and tp.size > 1 else None
+    shards = SequenceShards(ranks, partial(_sequence_total, groups), scale=cp.size,
+                            keep=partial(_sequence_keep, tp, cp, seq_len,
+                                         model.spec.n_experts))
+    for block in model.blocks:
+        if isinstance(getattr(block, "mlp", None), MoE):
+            block.mlp.sequence_shards = shards
 
 
 def apply_expert_parallel(model: Transformer, ep: AxisGroup) -> None:
@@ -264,8 +336,8 @@ def apply_recompute(model: Transformer, mode: str) -> None:
     for block in model.blocks:
         if not hasattr(block, "attention"):  # a placeholder of another stage's layer
             continue
-        if mode == "full":
-            block.recompute = True
+        if mode == "full":  # a ZB-H1 pipeline's replay defers the linears' dW as F did
+            block.recompute, block.recompute_contexts = True, replay_contexts
         elif mode == "selective":
             block.attention.core = partial(checkpoint, block.attention.core,
                                            use_reentrant=False)
@@ -289,6 +361,7 @@ def parallelize(model: Transformer, mesh: Mesh, layout: Layout, seq_len: int,
         apply_context_parallel(model, cp)
     if ep.size > 1:
         apply_expert_parallel(model, ep)
+    apply_sequence_shards(model, tp if layout.sp else None, cp, seq_len)
     stages = split_pipeline(model, pp, layout.chunks, layout.stage_sizes(model.spec.n_layers))
     apply_recompute(model, layout.recompute)
     shards = _shard_table(model, layout)

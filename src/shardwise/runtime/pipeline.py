@@ -40,7 +40,10 @@ one autograd backward inside `deferring_weight_grads` (input gradients, and the 
 gradients of the norms, the router, the experts and the embedding, computed there), and each
 linear hands its (X, dY) to W, which computes `dW = dYᵀ·X`. What a linear saves in the
 forward is unchanged (X; the weight is state); between B and W the stage holds X and dY of
-every linear of the micro-batch (X would otherwise be freed at B).
+every linear of the micro-batch (X would otherwise be freed at B). A fully recomputed block
+replays its forward under `defer_linears` too (`replay_contexts`); a ZeRO-3 unit, whose
+gathered weights B frees, points its linears' weights at its open flat gradient
+(`GradTarget`), to which W adds dW before the unit is reduce-scattered (`runtime.zero`).
 
 Communication and why it cannot deadlock: a rank *receives* with a blocking `recv` right before
 the action that needs the tensor and *sends* with a non-blocking `isend` right after the action
@@ -103,16 +106,20 @@ from shardwise.schedules import (
 )
 
 __all__ = [
+    "GradTarget",
     "PipelineModel",
     "PipelineResult",
     "SavedOp",
     "StageModel",
     "VirtualStage",
+    "accumulate_grad",
     "backward_input",
     "backward_weight",
     "defer_linears",
+    "deferred_ops",
     "deferring_weight_grads",
     "measured_timeline",
+    "replay_contexts",
     "run_pipeline",
     "virtual_stages",
 ]
@@ -154,12 +161,21 @@ def virtual_stages(n_layers: int, p: int, v: int = 1, *, first_stage_extra: floa
     return [VirtualStage(vs, count, tuple(layers)) for vs, layers in enumerate(parts)]
 
 
+class GradTarget(Protocol):
+    """Where W adds a weight gradient when the weight is no leaf parameter: a ZeRO-3 unit's
+    gathered weights are dropped after B, so W adds dW into the unit's gradient instead
+    (`runtime.zero`)."""
+
+    def accumulate(self, grad: torch.Tensor) -> None: ...
+
+
 @dataclass
 class SavedOp:
-    """What a weight-bearing op keeps for W: its weight (and bias), input X and output Y."""
+    """What a weight-bearing op keeps for W: its weight (and bias), input X and output Y.
+    The weight and bias may be `GradTarget`s standing for them (ZeRO-3)."""
 
-    weight: torch.Tensor
-    bias: torch.Tensor | None
+    weight: Any  # torch.Tensor | GradTarget
+    bias: Any  # torch.Tensor | GradTarget | None
     input: torch.Tensor  # linear: (..., k) activations; embedding: (b, s) token ids
     output: torch.Tensor | None  # (..., n); None once B has its dY (a deferred linear)
     embedding: bool = False
@@ -285,11 +301,13 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     return y
 
 
-def _accumulate(param: torch.Tensor, grad: torch.Tensor) -> None:
+def accumulate_grad(param: Any, grad: torch.Tensor) -> None:
     """`param.grad += grad`; a leaf parameter through autograd's own accumulation, so its
     post-accumulate-grad hooks (ZeRO-2's reduce-scatter once a unit's gradients are complete)
-    fire after W as they fire after B."""
-    if param.is_leaf and param.requires_grad:
+    fire after W as they fire after B; a `GradTarget` adds it where it stands for."""
+    if not isinstance(param, torch.Tensor):
+        param.accumulate(grad)
+    elif param.is_leaf and param.requires_grad:
         torch.autograd.backward(param, grad)
     elif param.grad is None:
         param.grad = grad.clone()
@@ -322,13 +340,13 @@ def backward_weight(pending: list[tuple[SavedOp, torch.Tensor]]) -> None:
         if op.embedding:
             grad = torch.zeros_like(weight)
             grad.index_add_(0, op.input.reshape(-1), dy.reshape(-1, weight.shape[1]))
-            _accumulate(weight, grad)
+            accumulate_grad(weight, grad)
             continue
-        x2 = op.input.reshape(-1, weight.shape[1])  # (b, s, k) -> (b·s, k)
-        dy2 = dy.reshape(-1, weight.shape[0])  # (b, s, n) -> (b·s, n)
-        _accumulate(weight, dy2.T @ x2)  # (n, k)
+        x2 = op.input.reshape(-1, op.input.shape[-1])  # (b, s, k) -> (b·s, k)
+        dy2 = dy.reshape(-1, dy.shape[-1])  # (b, s, n) -> (b·s, n)
+        accumulate_grad(weight, dy2.T @ x2)  # (n, k)
         if op.bias is not None:
-            _accumulate(op.bias, dy2.sum(0))
+            accumulate_grad(op.bias, dy2.sum(0))
 
 
 class _DeferrableLinear(torch.autograd.Function):
@@ -341,28 +359,42 @@ class _DeferrableLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 owner: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
-        ctx.save_for_backward(x, weight)
-        ctx.bias, ctx.owner = bias, owner[0] if owner else None
+        ctx.save_for_backward(x, weight, bias)  # weight and bias are state (ZeRO-3: markers)
+        ctx.owner = owner[0] if owner else None
         return F.linear(x, weight, bias)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
-        x, weight = ctx.saved_tensors
+        x, weight, bias = ctx.saved_tensors
         param = weight if ctx.owner is None else ctx.owner
         dx = dy @ weight if ctx.needs_input_grad[0] else None  # (..., n) @ (n, k)
         if _COLLECTORS:  # ZB-H1's B: the weight gradient waits for W
-            _COLLECTORS[-1].append((SavedOp(param, ctx.bias, x, None), dy))
+            _COLLECTORS[-1].append((SavedOp(param, bias, x, None), dy))
             return dx, None, None, None
         dy2 = dy.reshape(-1, weight.shape[0])  # (..., n) -> (rows, n)
         dw = dy2.T @ x.reshape(-1, weight.shape[1]) if param.requires_grad else None
-        db = dy2.sum(0) if ctx.bias is not None and ctx.needs_input_grad[2] else None
+        db = dy2.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
         if ctx.owner is not None and dw is not None:  # not an input here: accumulate it
-            _accumulate(ctx.owner, dw)
+            accumulate_grad(ctx.owner, dw)
             dw = None
         return dx, dw, db, None
 
 
 _COLLECTORS: list[list[tuple[SavedOp, torch.Tensor]]] = []  # the running B's (op, dY) pairs
+_DEFERRING: list[defer_linears] = []  # the active `defer_linears` modes, innermost last
+
+
+def deferred_ops() -> list[tuple[SavedOp, torch.Tensor]] | None:
+    """The (op, dY) pairs the running ZB-H1 B has deferred so far (None outside B): a ZeRO-3
+    unit's backward points its linears' weights at its own gradient (`runtime.zero`)."""
+    return _COLLECTORS[-1] if _COLLECTORS else None
+
+
+def replay_contexts() -> tuple[Any, Any]:
+    """`torch.utils.checkpoint`'s `context_fn` for full recompute: the replay in backward
+    runs under `defer_linears` when the forward did, so the replayed linears are the
+    `_DeferrableLinear`s whose saved X the forward's graph expects, and B defers their dW."""
+    return nullcontext(), defer_linears() if _DEFERRING else nullcontext()
 
 
 class defer_linears(TorchFunctionMode):
@@ -370,7 +402,16 @@ class defer_linears(TorchFunctionMode):
     parallel linears) runs as a `_DeferrableLinear`, whose weight gradient a split backward
     defers to W. Linears inside another autograd function's forward (no graph recorded there,
     e.g. sequence parallelism's fused all-gather linears) and other weights (norms, router,
-    experts, embedding) keep their gradients in B."""
+    experts, embedding) keep their gradients in B. A fully recomputed block replays its
+    forward under it too (`replay_contexts`)."""
+
+    def __enter__(self) -> defer_linears:
+        _DEFERRING.append(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        _DEFERRING.remove(self)
+        super().__exit__(*exc)
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
         kwargs = kwargs or {}

@@ -137,7 +137,7 @@ class TrainConfig:
                 or runtime_problems(self.layout, self.model))
 
     def _moe_problems(self) -> list[str]:
-        cf, coef, layout = self.capacity_factor, self.aux_loss_coef, self.layout
+        cf, coef = self.capacity_factor, self.aux_loss_coef
         if cf is None and not coef:
             return []
         if not self.model.is_moe:
@@ -148,12 +148,6 @@ class TrainConfig:
             out.append(f"capacity_factor must be > 0, got {cf}")
         if not coef >= 0:
             out.append(f"aux_loss_coef must be ≥ 0, got {coef}")
-        if layout.cp > 1 or (layout.sp and layout.tp > 1):
-            # a rank's MoE layers see a slice of each sequence: its capacity groups and
-            # load-balancing statistics would differ from one device's
-            out.append("capacity_factor and aux_loss_coef are not supported with cp > 1 or "
-                       "sequence parallelism (a rank routes a slice of each sequence); use "
-                       "dp, tp without sp, pp or ep")
         return out
 
     @property

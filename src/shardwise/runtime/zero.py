@@ -36,7 +36,10 @@ gradients are identical.
   the gathered buffer is dropped: saved-tensor hooks replace every saved view of it by a
   marker. When the gradient reaches the unit's output (FSDP's pre-backward hook; or at the
   first use of a marker) the unit is gathered again and the unit before it prefetched; the
-  buffer is freed once the unit's gradient has been reduce-scattered.
+  buffer is freed once the unit's gradient has been reduce-scattered. The module views the
+  backward's buffer too, so a full recompute's replay runs on it (no third gather). Under
+  ZB-H1 (`pipeline.defer_linears`) B frees the buffer as usual and keeps the unit's gradient
+  open until W has added the linears' dW (`_DeferredGrad`); then one reduce-scatter.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from shardwise.runtime import collectives as C
 from shardwise.runtime import mixed_precision as mp
 from shardwise.runtime.collectives import GroupLike
 from shardwise.runtime.data_parallel import broadcast_flat
+from shardwise.runtime.pipeline import accumulate_grad, deferred_ops
 
 __all__ = ["UnitSpec", "ZeroConfig", "ZeroDataParallel"]
 
@@ -211,9 +215,14 @@ class _Unit:
 
     def backward_buffer(self) -> torch.Tensor:
         """The weights for this unit's backward: gathered again (FSDP's pre-backward), with
-        the unit before it prefetched."""
+        the unit before it prefetched; the module views them too, for a full recompute's
+        replay of the forward (cleared once the unit's gradient is complete). The buffer
+        requires grad, as the forward's did, so the replay saves what the forward saved; no
+        gradient reaches it (the forward's graph carries them to `_GatherUnit`)."""
         if self.gathered is None:
             self.gathered = self.gather()
+            self.gathered.requires_grad_()
+            self.set_views(self.gathered)
             before = self.index - 1
             if self.engine.config.prefetch and before >= 0:
                 unit = self.engine.units[before]
@@ -249,9 +258,15 @@ class _GatherUnit(torch.autograd.Function):
         return unit.gather()
 
     @staticmethod
-    def backward(ctx: Any, grad_full: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def backward(ctx: Any, grad_full: torch.Tensor) -> tuple[torch.Tensor | None, None]:
         unit: _Unit = ctx.unit
+        gathered = unit.gathered
         unit.gathered, unit.awaiting_backward = None, False
+        unit.clear_views()
+        later = deferred_ops()
+        if later is not None and gathered is not None and _DeferredGrad.attach(
+                unit, gathered, later, grad_full):
+            return None, None  # W completes the gradient and reduce-scatters it
         # (fp32 main_grad: this micro-batch's bf16 gradient reduce-scattered in fp32 and added
         # into the shard's fp32 buffer; autograd would accumulate it into a bf16 .grad)
         grad_shard = unit.reduce_shard(grad_full.to(unit.grad_dtype).contiguous())
@@ -260,6 +275,87 @@ class _GatherUnit(torch.autograd.Function):
             unit.engine._add_to_shard(unit, grad_shard)
             return None, None
         return grad_shard, None
+
+
+class _DeferredGrad:
+    """A stage-3 unit's gradient of one micro-batch under ZB-H1, from its B until its W.
+
+    B ran the unit's backward with the linears' weight gradients deferred (`pipeline.
+    defer_linears`): the flat gradient that reaches `_GatherUnit` holds the other slots'
+    (norms, router, experts) and zeros where the deferred linears' weights lie. Instead of
+    reduce-scattering it, B keeps those other slots' gradients and points each deferred op's
+    weight (and bias) at this object (`_SlotTarget`); the gathered weights are then freed, as
+    after any backward (dW = dYᵀ·X needs X and dY, not W). W adds every dW in place; the last
+    one completes the unit's flat gradient, which is reduce-scattered into the owned row once
+    (one reduce-scatter per unit and micro-batch, as without ZB-H1). Held from B to W: X, dY
+    (the pipeline's) and the kept slots' gradients; during W one flat (padded,) buffer."""
+
+    def __init__(self, unit: _Unit, kept: list[tuple[int, torch.Tensor]], dtype: torch.dtype):
+        self.unit, self.kept, self.dtype = unit, kept, dtype
+        self.left = 0  # targets whose gradient W has not added yet
+        self.full: torch.Tensor | None = None
+
+    @classmethod
+    def attach(cls, unit: _Unit, gathered: torch.Tensor, later: list[Any],
+               grad_full: torch.Tensor) -> bool:
+        """Re-point the deferred ops of `later` whose weights view `gathered`; False if none
+        does (then the gradient is complete now)."""
+        storage = gathered.untyped_storage().data_ptr()
+
+        def mine(t: Any) -> bool:
+            return (isinstance(t, torch.Tensor) and t.device == gathered.device
+                    and t.untyped_storage().data_ptr() == storage)
+
+        ops = [op for op, _ in later if mine(op.weight) or mine(op.bias)]
+        if not ops:
+            return False
+        spans = [(t.storage_offset(), t.storage_offset() + t.numel())
+                 for op in ops for t in (op.weight, op.bias) if mine(t)]
+        kept = [(s.offset, grad_full[s.offset:s.offset + s.numel].clone()) for s in unit.slots
+                if not any(lo < s.offset + s.numel and s.offset < hi for lo, hi in spans)]
+        pending = cls(unit, kept, grad_full.dtype)
+        for op in ops:
+            op.weight = pending.target(op.weight) if mine(op.weight) else op.weight
+            op.bias = pending.target(op.bias) if mine(op.bias) else op.bias
+        return True
+
+    def target(self, t: torch.Tensor) -> _SlotTarget:
+        self.left += 1
+        return _SlotTarget(self, tuple(t.size()), tuple(t.stride()), t.storage_offset())
+
+    @torch.no_grad()
+    def add(self, target: _SlotTarget, grad: torch.Tensor) -> None:
+        unit = self.unit
+        if self.full is None:  # (padded,): the kept slots' gradients, zeros elsewhere
+            self.full = torch.zeros(unit.padded, dtype=self.dtype, device=unit.device)
+            for offset, g in self.kept:
+                self.full[offset:offset + g.numel()].copy_(g)
+            self.kept = []
+        self.full.as_strided(target.size, target.stride, target.offset).add_(grad)
+        self.left -= 1
+        if self.left == 0:
+            grad_shard = unit.reduce_shard(self.full.to(unit.grad_dtype))
+            self.full = None
+            unit.engine.events.append(("reduce-scatter", unit.index))
+            if unit.main_grad:  # into the shard's fp32 buffer, as `_GatherUnit.backward`
+                unit.engine._add_to_shard(unit, grad_shard)
+                return
+            with torch.enable_grad():  # autograd's accumulation, as B's would have been
+                accumulate_grad(unit.engine.shards[unit.index], grad_shard)
+
+
+@dataclass(frozen=True)
+class _SlotTarget:
+    """Where a deferred linear's weight (or bias) lay in its unit's gathered buffer: W's
+    gradient goes to the same place of the unit's flat gradient (`pipeline.GradTarget`)."""
+
+    pending: _DeferredGrad
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+
+    def accumulate(self, grad: torch.Tensor) -> None:
+        self.pending.add(self, grad)
 
 
 class ZeroDataParallel(nn.Module):

@@ -220,9 +220,10 @@ class _Unit:
         requires grad, as the forward's did, so the replay saves what the forward saved; no
         gradient reaches it (the forward's graph carries them to `_GatherUnit`)."""
         if self.gathered is None:
-            self.gathered = self.gather()
-            self.gathered.requires_grad_()
-            self.set_views(self.gathered)
+            buf = self.gather()
+            assert buf is not None
+            self.gathered = buf.requires_grad_()
+            self.set_views(buf)
             before = self.index - 1
             if self.engine.config.prefetch and before >= 0:
                 unit = self.engine.units[before]

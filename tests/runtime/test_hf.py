@@ -28,6 +28,7 @@ pytest.importorskip("safetensors")
 from transformers import modeling_rope_utils  # noqa: E402
 
 from shardwise.arch import from_hf_config, from_hf_dict  # noqa: E402
+from shardwise.errors import ShardwiseError  # noqa: E402
 from shardwise.runtime import hf  # noqa: E402
 from shardwise.runtime.model import Transformer, inverse_frequencies  # noqa: E402
 
@@ -240,6 +241,82 @@ def _fp64_router(model) -> None:
     _fp64_islands(model)
 
 
+# The Mixtral expert layouts transformers 5 loads (runtime/hf.py docstring): the one
+# `save_pretrained` writes by default (per expert), the fused one (`save_original_format=False`),
+# and each with the other module prefix (renamed from those two).
+MIXTRAL_LAYOUTS = {
+    "per-expert": (True, None, "block_sparse_moe.experts.0.w1.weight"),
+    "fused": (False, None, "mlp.experts.gate_up_proj"),
+    "per-expert under mlp": (True, (".block_sparse_moe.", ".mlp."), "mlp.experts.0.w1.weight"),
+    "fused under block_sparse_moe": (False, (".mlp.", ".block_sparse_moe."),
+                                     "block_sparse_moe.experts.gate_up_proj"),
+}
+
+
+def _mixtral_checkpoint(model, where: Path, layout: str) -> Path:
+    """`model` saved by transformers in one of MIXTRAL_LAYOUTS."""
+    from safetensors.torch import load_file, save_file
+
+    original_format, rename, key = MIXTRAL_LAYOUTS[layout]
+    model.save_pretrained(where, safe_serialization=True, save_original_format=original_format)
+    path = str(where / "model.safetensors")
+    tensors = load_file(path)
+    if rename is not None:
+        tensors = {k.replace(*rename): v for k, v in tensors.items()}
+        save_file(tensors, path, metadata={"format": "pt"})
+    assert f"model.layers.0.{key}" in tensors  # the layout this case is about
+    return where
+
+
+def _hf_mixtral(directory: Path):
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        directory, dtype=torch.float64, attn_implementation="sdpa",
+        experts_implementation="eager").eval()  # (its default grouped GEMM has no float64)
+    _fp64_router(model)
+    return model
+
+
+@pytest.mark.parametrize("layout", list(MIXTRAL_LAYOUTS))
+def test_mixtral_checkpoint_layouts_load_like_hf(tmp_path, layout):
+    """Each expert layout transformers 5 loads, saved by transformers: its own
+    `from_pretrained` and `load_hf_weights` both give the original model's logits (fp64)."""
+    model = mixtral_model()
+    src = _mixtral_checkpoint(model, tmp_path / "src", layout)
+    tokens = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(1))
+    ours = Transformer(from_hf_config(src), dtype=torch.float64)
+    hf.load_hf_weights(ours, src)
+    with torch.no_grad():
+        theirs = model(tokens).logits
+        assert (_hf_mixtral(src)(tokens).logits - theirs).abs().max().item() <= 1e-12
+        assert (ours(tokens) - theirs).abs().max().item() <= 1e-12
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"model.layers.0.mlp.experts.gate_up_bias": torch.zeros(4, 96)},
+     "model.safetensors: checkpoint tensor 'model.layers.0.mlp.experts.gate_up_bias' is not a "
+     "Llama/Mistral/Qwen2/Mixtral weight shardwise knows"),
+    ({"model.layers.0.mlp.experts.gate_up_proj": torch.zeros(4, 90, 64)},
+     r"gate_up_proj has shape \(4, 90, 64\), config.json implies \(4, 96, 64\)"),
+    ({"model.layers.0.block_sparse_moe.experts.1.w2.weight": torch.zeros(64, 48)},
+     "experts.1.w2.weight holds weights already read from model.layers.0.mlp.experts.down_proj"
+     "|down_proj holds weights already read from model.layers.0.block_sparse_moe.experts.1.w2"),
+    ({"model.layers.1.mlp.experts.down_proj": None},
+     r"lacks model.layers.1.block_sparse_moe.experts.0.w2.weight, .* \(or the fused"),
+])
+def test_mixtral_checkpoint_errors_are_one_line(tmp_path, change, message):
+    """A fused checkpoint with an unknown, misshapen, doubled or missing expert tensor: one
+    ShardwiseError line naming the tensor (the CLI prints it from the rank)."""
+    from safetensors.torch import load_file, save_file
+
+    src = _mixtral_checkpoint(mixtral_model(), tmp_path / "src", "fused")
+    tensors = load_file(str(src / "model.safetensors")) | change
+    save_file({k: v for k, v in tensors.items() if v is not None},
+              str(src / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ShardwiseError, match=message) as info:
+        hf.load_hf_weights(Transformer(from_hf_config(src), dtype=torch.float64), src)
+    assert "\n" not in str(info.value)
+
+
 def test_mixtral_weights_load_and_save_like_hf(tmp_path):
     """A Mixtral checkpoint (block_sparse_moe.gate, experts.N.w1/w2/w3) loads into the
     runtime's MoE layers: logits equal HF's in fp64; written back (to_hf_tensors, hf_config),
@@ -263,30 +340,24 @@ def test_mixtral_weights_load_and_save_like_hf(tmp_path):
                for k, v in hf.to_hf_tensors(n, p.detach()).items()},
               str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(hf.hf_config(spec)), encoding="utf-8")
-    again = transformers.AutoModelForCausalLM.from_pretrained(
-        out, dtype=torch.float64, attn_implementation="sdpa",
-        experts_implementation="eager").eval()  # (its default grouped GEMM has no float64)
-    _fp64_router(again)
     with torch.no_grad():
-        assert (again(tokens).logits - theirs).abs().max().item() <= 1e-12
+        assert (_hf_mixtral(out)(tokens).logits - theirs).abs().max().item() <= 1e-12
 
 
 @pytest.mark.slow
 def test_cli_mixtral_round_trip_and_one_step_on_dp2_ep2(tmp_path):
-    """`shardwise train --model DIR --save-hf OUT` on a Mixtral checkpoint: 0 steps on
-    dp2×ep2 (experts split over ep as they load) writes the original model back; one step on
-    dp2×ep2 writes the same model as one step on one rank."""
-    src = tmp_path / "src"
-    mixtral_model().save_pretrained(src, safe_serialization=True)
+    """`shardwise train --model DIR --save-hf OUT` on a Mixtral checkpoint in transformers 5's
+    fused layout: 0 steps on dp2×ep2 (experts split over ep as they load) writes the original
+    model back (in the per-expert layout `save_pretrained` writes); one step on dp2×ep2 writes
+    the same model as one step on one rank."""
+    model = mixtral_model()
+    src = _mixtral_checkpoint(model, tmp_path / "src", "fused")
+    hf_saved = _mixtral_checkpoint(model, tmp_path / "hf", "per-expert")
     tokens = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(3))
 
     def logits(directory: Path) -> torch.Tensor:
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            directory, dtype=torch.float64, attn_implementation="sdpa",
-            experts_implementation="eager").eval()
-        _fp64_router(model)
         with torch.no_grad():
-            return model(tokens).logits
+            return _hf_mixtral(directory)(tokens).logits
 
     common = ["train", "--model", str(src), "--dtype", "fp64", "--seq", "16",
               "--global-batch", "4", "--quiet"]
@@ -296,6 +367,13 @@ def test_cli_mixtral_round_trip_and_one_step_on_dp2_ep2(tmp_path):
         assert run.returncode == 0, run.stderr
     original = logits(src)
     assert (logits(tmp_path / "zero") - original).abs().max().item() <= 1e-12
+
+    def shapes(directory: Path) -> dict[str, tuple[int, ...]]:
+        from safetensors.torch import load_file
+
+        return {k: tuple(v.shape) for k, v in load_file(directory / "model.safetensors").items()}
+
+    assert shapes(tmp_path / "zero") == shapes(hf_saved)  # the tensors save_pretrained writes
     single = logits(tmp_path / "one")
     assert (single - original).abs().max().item() > 1e-6  # it trained
     assert (logits(tmp_path / "par") - single).abs().max().item() <= 1e-12

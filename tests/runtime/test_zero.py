@@ -138,6 +138,54 @@ def test_stage3_under_zb_h1_frees_gathered_weights_at_b_and_completes_gradients_
         assert o["scatters"] == [("reduce-scatter", 1), ("reduce-scatter", 0)] * 2
 
 
+def _stage1_overlap() -> dict[str, object]:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from shardwise.errors import ShardwiseError
+    from shardwise.layout import Layout
+    from shardwise.runtime import collectives as C
+    from shardwise.runtime.mesh import Mesh
+    from shardwise.runtime.zero import ZeroConfig, ZeroDataParallel
+
+    Mesh.from_layout(Layout(dp=dist.get_world_size()))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 4)).double()
+    z = ZeroDataParallel(model, ZeroConfig(stage=1))
+    x = torch.randn(4, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    with C.counting() as counter:
+        with z.no_sync():
+            z(x[:2]).sum().backward()
+        accumulating = [u.pending is not None for u in z.units]
+        z(x[2:]).sum().backward()
+        in_backward = counter.bytes(axis="dp", op="reduce-scatter")
+        started = [u.pending is not None for u in z.units]
+        grads_freed = all(p.grad is None for p in model.parameters())
+        try:
+            z(x[2:]).sum().backward()
+            second = ""
+        except ShardwiseError as exc:
+            second = str(exc)
+        z.step()
+        after_step = counter.bytes(axis="dp", op="reduce-scatter")
+    return {"accumulating": accumulating, "started": started, "grads_freed": grads_freed,
+            "in_backward": in_backward, "after_step": after_step, "second": second}
+
+
+@pytest.mark.slow
+def test_stage1_reduce_scatters_during_the_last_backward() -> None:
+    """ZeRO-1 as DDP: a backward under no_sync() only accumulates; the next one starts every
+    unit's reduce-scatter while it runs (all of the step's reduce-scatter bytes are sent
+    before `step()`, none after) and frees the full gradients; a further backward before the
+    step is refused in one line."""
+    for o in spawn(_stage1_overlap, 2):
+        assert o["accumulating"] == [False, False]
+        assert o["started"] == [True, True] and o["grads_freed"]
+        assert o["in_backward"] > 0 and o["after_step"] == o["in_backward"]
+        assert "under no_sync()" in o["second"] and "\n" not in o["second"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_check_predicts_zero_padding_and_freed_gradients_exactly(stage: int) -> None:

@@ -12,11 +12,26 @@ Names (HF ↔ runtime `runtime.model.Transformer`; nn.Linear weights are (out, i
     model.norm.weight                             norm.weight
     lm_head.weight                                head.weight  (absent when tied)
 
-Mixtral (`MixtralForCausalLM`, the checkpoint layout `save_pretrained` writes): each MoE
-layer's `model.layers.i.block_sparse_moe.gate.weight` (E, h) is `blocks.i.mlp.router` (h, E)
-transposed, and expert N's `experts.N.w1` / `w3` (f, h) and `w2` (h, f) are row N of the
-stacked `blocks.i.mlp.w_gate` / `w_up` (E, h, f) and `w_down` (E, f, h), transposed. HF's
-router is the runtime's: softmax over all E experts, top-k, gates renormalised over the k
+Mixtral (`MixtralForCausalLM`): each MoE layer's router `gate.weight` (E, h) is
+`blocks.i.mlp.router` (h, E) transposed. The experts come in two on-disk layouts, both of which
+transformers 5 loads (its `conversion_mapping.py` "mixtral" entry: rename `.block_sparse_moe.`
+→ `.mlp.`, merge `experts.*.w1`/`w3` into `gate_up_proj` and `experts.*.w2` into `down_proj`):
+
+    per expert (what `save_pretrained` writes by default, `save_original_format=True`, and
+    every Mixtral checkpoint written before transformers 5):
+      model.layers.i.block_sparse_moe.gate.weight             (E, h)
+      model.layers.i.block_sparse_moe.experts.N.w1/w3.weight  (f, h)   row N of w_gate/w_up, .T
+      model.layers.i.block_sparse_moe.experts.N.w2.weight     (h, f)   row N of w_down, .T
+    fused (transformers 5's in-memory `MixtralExperts`, `save_pretrained(...,
+    save_original_format=False)`):
+      model.layers.i.mlp.gate.weight                          (E, h)
+      model.layers.i.mlp.experts.gate_up_proj                 (E, 2f, h) = cat(w_gate.mT, w_up.mT, dim 1)
+      model.layers.i.mlp.experts.down_proj                    (E, h, f)  = w_down.mT
+
+Either prefix (`block_sparse_moe` or `mlp`) goes with either layout, as in transformers.
+`save_hf` writes the per-expert layout under `block_sparse_moe`: what transformers 5.24's
+`save_pretrained` writes by default and what every transformers version loads. HF's router
+is the runtime's: softmax over all E experts, top-k, gates renormalised over the k
 (`ops.moe.RoutingRule(normalize=True)`); expert parallelism then keeps each rank's experts.
 
 Loading (`load_hf_weights`): every rank reads the whole state dict on CPU into the
@@ -54,20 +69,34 @@ _BLOCK = {  # runtime name inside blocks.i ↔ HF name inside model.layers.i
 }
 _TOP = {"embedding": "model.embed_tokens", "norm": "model.norm", "head": "lm_head"}
 _EXPERT = {"w1": "w_gate", "w3": "w_up", "w2": "w_down"}  # Mixtral expert linear ↔ runtime
-_MOE = re.compile(r"model\.layers\.(\d+)\.block_sparse_moe\."
-                  r"(?:gate|experts\.(\d+)\.(w[123]))\.weight")
+_MOE = re.compile(r"model\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.(?:gate\.weight|"
+                  r"experts\.(?:(\d+)\.(w[123])\.weight|(gate_up_proj|down_proj)))")
+_STACKED = re.compile(r"blocks\.\d+\.mlp\.w_(gate|up|down)")  # (E, ·, ·): one row per expert
 
 
-def _moe_target(hf_name: str) -> tuple[str, int | None] | None:
-    """A Mixtral MoE tensor's runtime parameter and expert row (None: the router); None for
-    any other tensor. Every one of them is stored transposed."""
+def _destinations(hf_name: str, params: dict[str, torch.Tensor]
+                  ) -> list[tuple[str, int | None, torch.Tensor]]:
+    """Where a checkpoint tensor goes: (runtime parameter, expert row or None for all of it,
+    a view of it in the checkpoint's orientation). Several views (the fused `gate_up_proj`)
+    take consecutive slices of the tensor along dim -2."""
     m = _MOE.fullmatch(hf_name)
     if m is None:
-        return None
-    layer, expert, linear = m.groups()
-    if expert is None:
-        return f"blocks.{layer}.mlp.router", None
-    return f"blocks.{layer}.mlp.{_EXPERT[linear]}", int(expert)
+        name = to_runtime_name(hf_name)
+        return [(name, None, params[name])] if name in params else []
+    layer, expert, linear, fused = m.groups()
+    mlp = f"blocks.{layer}.mlp"
+    if f"{mlp}.router" not in params:
+        return []
+    if fused == "gate_up_proj":  # (E, 2f, h) = [w_gate (E, h, f).mT ; w_up.mT] along dim 1
+        return [(f"{mlp}.{w}", None, params[f"{mlp}.{w}"].mT) for w in ("w_gate", "w_up")]
+    if fused == "down_proj":  # (E, h, f) = w_down (E, f, h).mT
+        return [(f"{mlp}.w_down", None, params[f"{mlp}.w_down"].mT)]
+    if expert is None:  # the router: (E, h) = router (h, E).T
+        return [(f"{mlp}.router", None, params[f"{mlp}.router"].T)]
+    name, row = f"{mlp}.{_EXPERT[linear]}", int(expert)
+    if row >= params[name].shape[0]:
+        return []
+    return [(name, row, params[name][row].T)]  # (f, h) or (h, f)
 
 
 def to_hf_tensors(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -134,27 +163,41 @@ def load_hf_weights(model: torch.nn.Module, directory: str | Path) -> None:
     if not files:
         raise ShardwiseError(f"{directory}: no model.safetensors or {_INDEX} to load")
     params = dict(model.named_parameters())
-    seen: set[tuple[str, int | None]] = set()
+    seen: dict[tuple[str, int | None], str] = {}  # (parameter, expert row) → checkpoint tensor
     for path in files:
         for hf_name, tensor in load_file(str(path)).items():
-            moe = _moe_target(hf_name)
-            name, row = moe if moe is not None else (to_runtime_name(hf_name), None)
-            if name not in params:
+            try:
+                views = _destinations(hf_name, params)
+            except ShardwiseError as exc:  # a name shardwise does not know
+                raise ShardwiseError(f"{path.name}: {exc}") from None
+            if not views:
                 raise ShardwiseError(f"{path.name}: tensor {hf_name!r} has no place in the "
                                      "model config.json describes")
-            dest = params[name] if row is None else params[name][row]
-            dest = dest.T if moe is not None else dest  # Mixtral's MoE tensors: transposed
-            if tuple(tensor.shape) != tuple(dest.shape):
+            shape = views[0][2].shape  # the views stacked along dim -2
+            if len(views) > 1:
+                shape = (*shape[:-2], sum(v.shape[-2] for _, _, v in views), shape[-1])
+            if tuple(tensor.shape) != tuple(shape):
                 raise ShardwiseError(f"{path.name}: {hf_name} has shape {tuple(tensor.shape)}, "
-                                     f"config.json implies {tuple(dest.shape)}")
-            dest.copy_(tensor.to(dest.dtype))
-            seen.add((name, row))
-    expected = {(n, r) for n, p in params.items() for r in (
-        range(p.shape[0]) if re.fullmatch(r"blocks\.\d+\.mlp\.w_(gate|up|down)", n) else [None])}
-    missing = sorted(n if r is None else f"{n}[{r}]" for n, r in expected - seen)
+                                     f"config.json implies {tuple(shape)}")
+            pieces = (tensor.split([v.shape[-2] for _, _, v in views], dim=-2)
+                      if len(views) > 1 else [tensor])
+            for (name, row, view), piece in zip(views, pieces, strict=True):
+                rows = range(view.shape[0]) if row is None and _STACKED.fullmatch(name) else [row]
+                for key in ((name, r) for r in rows):
+                    if key in seen:
+                        raise ShardwiseError(f"{path.name}: {hf_name} holds weights already "
+                                             f"read from {seen[key]} (two expert layouts?)")
+                    seen[key] = hf_name
+                view.copy_(piece)  # (converting the dtype)
+    expected = {(n, r) for n, p in params.items()
+                for r in (range(p.shape[0]) if _STACKED.fullmatch(n) else [None])}
+    missing = sorted(list(to_hf_tensors(n, params[n].detach()))[r or 0]  # its HF name
+                     for n, r in expected - seen.keys())
     if missing:
+        fused = " (or the fused experts.gate_up_proj / down_proj)" if any(
+            ".experts." in m for m in missing) else ""
         raise ShardwiseError(f"{directory}: the checkpoint lacks {', '.join(missing[:3])}"
-                             f"{' …' if len(missing) > 3 else ''}")
+                             f"{' …' if len(missing) > 3 else ''}{fused}")
 
 
 def hf_config(spec: ModelSpec) -> dict[str, Any]:

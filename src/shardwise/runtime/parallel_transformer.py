@@ -205,6 +205,8 @@ class ParallelTransformer:
         stack = contextlib.ExitStack()
         for reducer in self.reducers:
             stack.enter_context(reducer.no_sync())
+        if self.zero is not None:  # ZeRO-1: reduce-scatter in the last backward only
+            stack.enter_context(self.zero.no_sync())
         return stack
 
     def parameters(self) -> list[torch.Tensor]:
@@ -332,6 +334,7 @@ class ParallelTransformer:
         for unit, shard in zip(self.zero.units, self.zero.shards):
             counted = torch.zeros(unit.padded, dtype=torch.bool, device=shard.device)
             sp, kv = torch.zeros_like(counted), torch.zeros_like(counted)
+            counted[unit.numel:] = True  # the padding: its gradient is always zero
             for s in unit.slots:
                 counted[s.offset:s.offset + s.numel] = self._counted(s.qualname)
                 sp[s.offset:s.offset + s.numel] = self.shards[s.qualname].sequence_parallel
@@ -342,7 +345,9 @@ class ParallelTransformer:
                     counted = torch.zeros_like(counted)
             elif dp.rank != 0:  # stage 0 steps on the whole (replicated) buffer
                 counted = torch.zeros_like(counted)
-            self.norm_terms.append((shard, counted))
+            # a uniform mask as 0/1: the norm then reads the gradient without a masked copy
+            uniform = bool(counted.all()) or not bool(counted.any())
+            self.norm_terms.append((shard, float(counted[0]) if uniform else counted))
             self._sp_masks.append(sp if bool(sp.any()) else None)
             # every unit holding K/V takes part, even one whose shard has none of them: the
             # all-reduce over tp then runs on every rank (all tp ranks shard alike)

@@ -27,9 +27,15 @@ gradients are identical.
 
 * stages 0–2: the module's parameters become views of the unit's flat buffer, so updating
   the owned row updates the module in place. Stage 0 all-reduces each unit's flat gradient and
-  steps on the whole flat buffer; stage 1 reduce-scatters the flat gradient at `step()`;
-  stage 2 reduce-scatters a unit as soon as backward has produced all its gradients (hooks)
-  and frees the full gradients. Stages 1–2 all-gather the updated rows after the step.
+  steps on the whole flat buffer; stage 1 reduce-scatters the flat gradient once per step: a
+  backward outside `no_sync()` (DDP's contract: the last micro-batch's) starts each unit's
+  reduce-scatter asynchronously as soon as it has produced all the unit's gradients, so it
+  runs while backward goes on to earlier layers, as DDP's buckets do (PyTorch's
+  `ZeroRedundancyOptimizer` sits on DDP's overlapped all-reduce); `step()` waits for them and
+  reduce-scatters any unit backward did not complete. Stage 2 reduce-scatters a unit as soon as
+  backward has produced all its gradients, every micro-batch (hooks), and frees the full
+  gradients. Stages 1–2 all-gather the updated rows after the step (all units' gathers
+  started, then awaited).
 * stage 3 (FSDP "full shard"): only the owned row persists. Before a unit's forward its flat
   weights are all-gathered (`_GatherUnit`, whose backward reduce-scatters the flat gradient
   into the owned row); the next unit's gather is prefetched asynchronously. After the forward
@@ -44,8 +50,9 @@ gradients are identical.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,7 +152,10 @@ class _Unit:
         self.gathered: torch.Tensor | None = None  # stage 3: buffer alive during compute
         self.prefetched: tuple[torch.Tensor, Any] | None = None
         self.awaiting_backward = False  # ran forward with autograd; backward not done yet
-        self.fired: list[int] = []  # stage 2: accumulations per slot not yet reduced
+        self.fired: list[int] = []  # stages 1-2: accumulations per slot not yet reduced
+        # stage 1: the flat gradient whose reduce-scatter backward started, and the function
+        # that waits for it and returns the averaged owned row
+        self.pending: tuple[torch.Tensor, Callable[[], torch.Tensor]] | None = None
 
     def new_buffer(self) -> torch.Tensor:
         return torch.empty(self.padded, dtype=self.dtype, device=self.device)
@@ -163,12 +173,23 @@ class _Unit:
     def reduce_shard(self, full: torch.Tensor) -> torch.Tensor:
         """The averaged gradient of the owned row from this rank's full flat gradient:
         reduce-scatter over the group, then (hybrid) all-reduce over the replicas."""
+        return self.start_reduce(full, async_op=False)()
+
+    def start_reduce(self, full: torch.Tensor, async_op: bool = True
+                     ) -> Callable[[], torch.Tensor]:
+        """`reduce_shard` with the reduce-scatter started now; the function returned waits
+        for it and finishes (replicas, division). `full` stays alive until then."""
         out = torch.empty(self.shard_numel, dtype=full.dtype, device=self.device)
-        C.reduce_scatter(out, full, self.group)
-        if self.replicas is not None and self.replicas.size > 1:
-            C.all_reduce(out, self.replicas)
-            return out.div_(self.divisor * self.replicas.size)
-        return out.div_(self.divisor)
+        work = C.reduce_scatter(out, full, self.group, async_op=async_op)
+
+        def finish(keep: torch.Tensor = full) -> torch.Tensor:  # (`keep`: alive till here)
+            if async_op:
+                work.wait()
+            if self.replicas is not None and self.replicas.size > 1:
+                C.all_reduce(out, self.replicas)
+                return out.div_(self.divisor * self.replicas.size)
+            return out.div_(self.divisor)
+        return finish
 
     def free_grads(self) -> None:
         mp.clear_grads(s.module._parameters[s.name] for s in self.slots)
@@ -407,6 +428,7 @@ class ZeroDataParallel(nn.Module):
                         owner._parameters[name] = view
                 # stage 0 steps on the whole buffer; 1-2 on the owned row (a view: no copy)
                 self.shards.append(nn.Parameter(flat if stage == 0 else flat[unit.lo:unit.hi]))
+        self._sync = True  # stage 1: backward starts the reduce-scatters (not in no_sync)
         self.optimizer = torch.optim.Adam(self.shards, lr=self.config.lr,
                                           betas=self.config.betas, eps=self.config.eps,
                                           weight_decay=self.config.weight_decay, foreach=False)
@@ -464,18 +486,49 @@ class ZeroDataParallel(nn.Module):
 
     def _install_grad_hooks(self) -> None:
         """Stages 0-2: fp32 accumulation of lower-precision weights' gradients (first), then
-        stage 2's reduce-scatter hooks."""
+        stage 1's and 2's reduce-scatter hooks."""
         stage = self.config.stage
         for unit in self.units:
             unit.fired = [0] * len(unit.slots)
             for i, s in enumerate(unit.slots):
                 p = s.module._parameters[s.name]
-                count = self._stage2_hook(unit, i) if stage == 2 else None
+                count = (self._stage2_hook(unit, i) if stage == 2 else
+                         self._stage1_hook(unit, i) if stage == 1 else None)
                 if unit.main_grad:  # calls `count` only after an accumulation
                     mp.accumulate_in_fp32(p, count)
                 elif count is not None:  # a call without a gradient is no accumulation
                     p.register_post_accumulate_grad_hook(
                         lambda p, count=count: None if p.grad is None else count(p))
+
+    def _stage1_hook(self, unit: _Unit, i: int) -> Any:
+        """Outside `no_sync()`: once every slot of the unit has its gradient of this backward,
+        start the unit's reduce-scatter (asynchronous) and free its full gradients (their
+        flat copy lives until `step`). Units complete in the same order on every rank (the
+        same graph), so the collectives pair up, as stage 2's do."""
+        def hook(p: torch.Tensor) -> None:
+            if not self._sync:
+                return
+            if unit.pending is not None:
+                raise ShardwiseError(
+                    "ZeRO-1: a second backward reached gradients already reduce-scattered "
+                    "this step; run every micro-batch's backward but the last under no_sync()")
+            unit.fired[i] += 1
+            if min(unit.fired) > 0:
+                flat = unit.flat_grad()
+                unit.pending = flat, unit.start_reduce(flat)
+                unit.free_grads()
+                unit.fired = [0] * len(unit.fired)
+        return hook
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """As DDP's: a backward inside only accumulates gradients (stage 1: reduced by the
+        next backward outside, or at `step`). Stages 0, 2 and 3 reduce as before."""
+        before, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = before
 
     def _stage2_hook(self, unit: _Unit, i: int) -> Any:
         """Count each slot's accumulations; once every slot has one more (a micro-batch's
@@ -494,7 +547,11 @@ class ZeroDataParallel(nn.Module):
         return hook
 
     def _reduce_scatter_into_shard(self, unit: _Unit) -> None:
-        self._add_to_shard(unit, unit.reduce_shard(unit.flat_grad()))
+        if unit.pending is not None:  # stage 1: started in backward
+            out, unit.pending = unit.pending[1](), None
+        else:
+            out = unit.reduce_shard(unit.flat_grad())
+        self._add_to_shard(unit, out)
 
     def _add_to_shard(self, unit: _Unit, out: torch.Tensor) -> None:
         """The owned row's gradient += `out` (a reduced micro-batch or step)."""
@@ -556,22 +613,29 @@ class ZeroDataParallel(nn.Module):
                 g = unit.flat_grad()
                 C.all_reduce(g, unit.group)
                 mp.set_grad(shard, g.div_(unit.divisor))
-            elif stage == 1:  # reduce-scatter, then free the full gradients
+            elif stage == 1:  # wait for backward's reduce-scatter (or run it), free grads
                 self._reduce_scatter_into_shard(unit)
                 unit.free_grads()
+                unit.fired = [0] * len(unit.fired)
         if before_update is not None:
             before_update()
         self.optimizer.step()
-        if stage in (1, 2):
-            for unit, shard in zip(self.units, self.shards):
-                assert unit.flat is not None
-                C.all_gather(unit.flat, shard.detach().clone(), unit.group)
+        if stage in (1, 2):  # every unit's gather started, then awaited
+            works = [C.all_gather(unit.flat, shard.detach().clone(), unit.group, async_op=True)
+                     for unit, shard in zip(self.units, self.shards)]
+            for work in works:
+                work.wait()
         for unit in self.units:  # a stale prefetch (forward without backward) is dropped
             if unit.prefetched is not None:
                 unit.prefetched[1].wait()
                 unit.prefetched = None
 
     def zero_grad(self) -> None:
+        for unit in self.units:  # stage 1: a reduction started without a step is dropped
+            if unit.pending is not None:
+                unit.pending[1]()
+                unit.pending = None
+            unit.fired = [0] * len(unit.fired)
         mp.clear_grads(self.shards)
         mp.clear_grads(self.module.parameters())
 
@@ -581,7 +645,8 @@ class ZeroDataParallel(nn.Module):
         optimizer state (Adam's moments; the scalar step counter excluded), each tensor's
         storage counted once. Measure after `backward()` and before `step()` (from the second
         step on, when Adam's moments exist): gradients are then in their persistent form —
-        full on stages 0-1, the owned row on stages 2-3."""
+        full on stages 0-1 (stage 1: each unit's flat gradient, its reduce-scatter started),
+        the owned row on stages 2-3."""
         seen: set[int] = set()
 
         def nbytes(tensors: Any) -> int:
@@ -599,7 +664,8 @@ class ZeroDataParallel(nn.Module):
         weights = nbytes([u.flat for u in self.units] if self.config.stage < 3 else
                          [s.detach() for s in self.shards])
         grads = nbytes([g for p in [*self.module.parameters(), *self.shards]
-                        for g in (p.grad, getattr(p, "main_grad", None))])
+                        for g in (p.grad, getattr(p, "main_grad", None))] +
+                       [u.pending[0] for u in self.units if u.pending is not None])
         optim = nbytes([v for st in self.optimizer.state.values() for v in st.values()
                         if isinstance(v, torch.Tensor)])
         return {"weights": weights, "grads": grads, "optimizer": optim}

@@ -398,6 +398,10 @@ def _preflight(config: Any, **paths: dict[str, str | None]) -> None:
 
     if os.environ.get("RANK", "0") == "0":
         config.validate()
+        if config.hf_weights:  # names and shapes from the files' headers, before any rank
+            from shardwise.runtime.hf import check_hf_weights
+
+            check_hf_weights(config.model, config.hf_weights)
         check_run(config.model, config.layout, config.seq_len, config.global_batch,
                   config.dtype, config.flash, local="RANK" not in os.environ, **paths)
 

@@ -315,6 +315,29 @@ def test_mixtral_checkpoint_errors_are_one_line(tmp_path, change, message):
     with pytest.raises(ShardwiseError, match=message) as info:
         hf.load_hf_weights(Transformer(from_hf_config(src), dtype=torch.float64), src)
     assert "\n" not in str(info.value)
+    with pytest.raises(ShardwiseError, match=message):  # the same from the headers alone
+        hf.check_hf_weights(from_hf_config(src), src)
+
+
+def test_a_bad_checkpoint_is_refused_before_any_rank_starts(tmp_path):
+    """`train` / `check --model DIR`: the checkpoint's headers are checked on the launcher,
+    so a misshapen tensor or an unreadable file is one line and exit code 2 (not a rank's
+    failure, exit 1)."""
+    from safetensors.torch import load_file, save_file
+    from tests.cli_helpers import assert_one_line_error, shardwise
+
+    src = _mixtral_checkpoint(mixtral_model(), tmp_path / "src", "fused")
+    tensors = load_file(str(src / "model.safetensors"))
+    tensors["model.layers.0.mlp.experts.gate_up_proj"] = torch.zeros(4, 90, 64)
+    save_file(tensors, str(src / "model.safetensors"), metadata={"format": "pt"})
+    for command in ("train", "check"):
+        result = shardwise(command, "--model", str(src), "--steps", "1", check=False)
+        assert_one_line_error(result, "gate_up_proj has shape (4, 90, 64), config.json "
+                                      "implies (4, 96, 64)")
+        assert "rank 0" not in result.stderr
+    (src / "model.safetensors").write_bytes(b"not a safetensors file")
+    assert_one_line_error(shardwise("train", "--model", str(src), check=False),
+                          "not a readable safetensors file")
 
 
 def test_mixtral_weights_load_and_save_like_hf(tmp_path):

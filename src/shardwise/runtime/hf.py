@@ -57,7 +57,7 @@ import torch
 from shardwise.arch import ModelSpec
 from shardwise.errors import ShardwiseError
 
-__all__ = ["hf_config", "hf_weight_files", "load_hf_weights", "save_hf", "to_hf_name",
+__all__ = ["check_hf_weights", "hf_config", "hf_weight_files", "load_hf_weights", "save_hf", "to_hf_name",
            "to_hf_tensors", "to_runtime_name"]
 
 _INDEX = "model.safetensors.index.json"
@@ -152,20 +152,48 @@ def hf_weight_files(directory: str | Path) -> list[Path]:
     return [single] if single.is_file() else []
 
 
-@torch.no_grad()
-def load_hf_weights(model: torch.nn.Module, directory: str | Path) -> None:
-    """Copy the checkpoint in `directory` into `model` (a single-device `Transformer`, before
-    `parallelize`), converting to the model's dtype. Every runtime parameter must be present
-    (the head may be absent when embeddings are tied) and no tensor may be left over."""
+def _tensors(path: Path, headers_only: bool
+             ) -> list[tuple[str, tuple[int, ...], torch.Tensor | None]]:
+    """(name, shape, tensor) of each tensor of a safetensors file; the tensor is None when
+    only the header is read. An unreadable file is one line."""
+    from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file
 
+    try:
+        if headers_only:
+            with safe_open(str(path), "pt") as f:
+                return [(k, tuple(f.get_slice(k).get_shape()), None)
+                        for k in f.keys()]  # noqa: SIM118 (a safe_open, not a dict)
+        return [(k, tuple(t.shape), t) for k, t in load_file(str(path)).items()]
+    except (OSError, SafetensorError) as exc:
+        raise ShardwiseError(f"{path}: not a readable safetensors file ({exc})") from None
+
+
+def check_hf_weights(spec: ModelSpec, directory: str | Path) -> None:
+    """`load_hf_weights`'s checks (every name placed, every shape as config.json implies,
+    nothing read twice, nothing missing) on the files' headers alone, against the model built
+    on the meta device: a bad checkpoint is refused before any rank starts."""
+    from shardwise.runtime.model import Transformer
+
+    with torch.device("meta"):
+        model = Transformer(spec)
+    load_hf_weights(model, directory, headers_only=True)
+
+
+@torch.no_grad()
+def load_hf_weights(model: torch.nn.Module, directory: str | Path, *,
+                    headers_only: bool = False) -> None:
+    """Copy the checkpoint in `directory` into `model` (a single-device `Transformer`, before
+    `parallelize`), converting to the model's dtype. Every runtime parameter must be present
+    (the head may be absent when embeddings are tied) and no tensor may be left over.
+    `headers_only`: the same checks on names and shapes, nothing copied."""
     files = hf_weight_files(directory)
     if not files:
         raise ShardwiseError(f"{directory}: no model.safetensors or {_INDEX} to load")
     params = dict(model.named_parameters())
     seen: dict[tuple[str, int | None], str] = {}  # (parameter, expert row) → checkpoint tensor
     for path in files:
-        for hf_name, tensor in load_file(str(path)).items():
+        for hf_name, tensor_shape, tensor in _tensors(path, headers_only):
             try:
                 views = _destinations(hf_name, params)
             except ShardwiseError as exc:  # a name shardwise does not know
@@ -176,10 +204,11 @@ def load_hf_weights(model: torch.nn.Module, directory: str | Path) -> None:
             shape = views[0][2].shape  # the views stacked along dim -2
             if len(views) > 1:
                 shape = (*shape[:-2], sum(v.shape[-2] for _, _, v in views), shape[-1])
-            if tuple(tensor.shape) != tuple(shape):
-                raise ShardwiseError(f"{path.name}: {hf_name} has shape {tuple(tensor.shape)}, "
+            if tensor_shape != tuple(shape):
+                raise ShardwiseError(f"{path.name}: {hf_name} has shape {tensor_shape}, "
                                      f"config.json implies {tuple(shape)}")
-            pieces = (tensor.split([v.shape[-2] for _, _, v in views], dim=-2)
+            pieces = ([None] * len(views) if tensor is None else
+                      tensor.split([v.shape[-2] for _, _, v in views], dim=-2)
                       if len(views) > 1 else [tensor])
             for (name, row, view), piece in zip(views, pieces, strict=True):
                 rows = range(view.shape[0]) if row is None and _STACKED.fullmatch(name) else [row]
@@ -188,7 +217,8 @@ def load_hf_weights(model: torch.nn.Module, directory: str | Path) -> None:
                         raise ShardwiseError(f"{path.name}: {hf_name} holds weights already "
                                              f"read from {seen[key]} (two expert layouts?)")
                     seen[key] = hf_name
-                view.copy_(piece)  # (converting the dtype)
+                if piece is not None:
+                    view.copy_(piece)  # (converting the dtype)
     expected = {(n, r) for n, p in params.items()
                 for r in (range(p.shape[0]) if _STACKED.fullmatch(n) else [None])}
     missing = sorted(list(to_hf_tensors(n, params[n].detach()))[r or 0]  # its HF name

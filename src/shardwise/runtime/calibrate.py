@@ -306,21 +306,10 @@ def _collective_ranks(plan: Plan, busy: bool = False) -> list[list[Any]] | None:
     pairs = [dist.new_group([k, k + 1], timeout=launch.group_timeout())
              for k in range(0, world - 1, 2)]
     for size in plan.sizes:  # p2p within pairs (2k, 2k+1): an exchange, one way = half
-        buf = torch.ones(size // 4, device=device)
-        peer = me + 1 if me % 2 == 0 else me - 1
-
-        def exchange(buf: torch.Tensor = buf, peer: int = peer) -> None:
-            """What a ring-attention hop and a pipeline's send/receive pair do: the even
-            rank sends then receives, the odd one the other way round."""
-            if me % 2 == 0:
-                C.send(buf, peer)
-                C.recv(buf, peer)
-            else:
-                C.recv(buf, peer)
-                C.send(buf, peer)
-
+        peer = me ^ 1
         if peer < world and (busy or me < 2):
-            seconds = _group_seconds(exchange, pairs[me // 2], device, plan.calls(size)) / 2
+            call = _exchange(torch.ones(size // 4, device=device), me % 2 == 0, peer)
+            seconds = _group_seconds(call, pairs[me // 2], device, plan.calls(size)) / 2
             if me == 0:
                 points.append(["p2p", 2, 4 * (size // 4), seconds])
         dist.barrier()
@@ -342,6 +331,19 @@ def _collective_call(op: str, n: int, g: int, group: Any, device: torch.device
     return calls[op]
 
 
+def _exchange(buf: torch.Tensor, first: bool, peer: int) -> Callable[[], None]:
+    """What a ring-attention hop and a pipeline's send/receive pair do with global rank
+    `peer`: the `first` side sends then receives, the other receives then sends."""
+    def call() -> None:
+        if first:
+            C.send(buf, peer)
+            C.recv(buf, peer)
+        else:
+            C.recv(buf, peer)
+            C.send(buf, peer)
+    return call
+
+
 def _host_work(device: torch.device) -> float:
     """About a layer's forward of host work (on this machine's tiny models what the runtime
     does between two collectives): 24 small GEMMs, each followed by an activation, on
@@ -359,8 +361,9 @@ def _group_seconds(call: Callable[[], Any], group: Any, device: torch.device,
     """The mean call as training makes them: each after some host work (`_host_work`, about
     a layer's forward) and with no barrier, so a rank's wake-up and the ranks' drift while
     they compute count as they do in a step (the wait grows with the work before a call:
-    after 72 tiny ops a small all-reduce took 1.1 ms, after ten times as many 1.7 ms); the slowest member's mean (max all-reduce). The mean,
-    not the median: a step pays every call, the slow tail too (module docstring)."""
+    after 72 tiny ops a small all-reduce took 1.1 ms, after ten times as many 1.7 ms); the
+    slowest member's mean (max all-reduce). The mean, not the median: a step pays every call,
+    the slow tail too (module docstring)."""
     call()
     total = 0.0
     for _ in range(repeats):
@@ -397,18 +400,8 @@ def time_layout_calls(axis: Callable[[str], Any], calls: int = 120) -> dict[str,
         for op in ops:
             if op == "p2p":  # pairs of neighbours (0, 1), (2, 3)…; an odd one out idles
                 peer = g.rank ^ 1
-                buf = torch.ones(256, device=device)
-
-                def call(buf: torch.Tensor = buf, peer: int = peer, g: Any = g) -> None:
-                    if peer >= g.size:
-                        return
-                    if g.rank % 2 == 0:
-                        C.send(buf, g.global_rank(peer))
-                        C.recv(buf, g.global_rank(peer))
-                    else:
-                        C.recv(buf, g.global_rank(peer))
-                        C.send(buf, g.global_rank(peer))
-
+                call = (_exchange(torch.ones(256, device=device), g.rank % 2 == 0,
+                                  g.global_rank(peer)) if peer < g.size else lambda: None)
                 key, seconds = "p2p/2", _group_seconds(call, g.group, device, calls) / 2
             else:
                 key = f"{op}/{g.size}"
@@ -420,6 +413,11 @@ def time_layout_calls(axis: Callable[[str], Any], calls: int = 120) -> dict[str,
 
 
 # ---------------------------------------------------------------------------------- fits
+def _wire_bytes(op: str, size: float, n: int) -> float:
+    """Bytes one rank puts on the wire: a p2p message's own, a collective's by SPEC §5."""
+    return size if op == "p2p" else ring_bytes_on_wire(op, size, n)
+
+
 def _memory_bytes(device: str) -> float:
     if device.startswith("cuda"):
         return float(torch.cuda.get_device_properties(0).total_memory)
@@ -460,7 +458,7 @@ def fit_measurements(raw: dict[str, Any], plan: Plan) -> dict[str, Any]:
         r, b, t = [], [], []
         for op, n, size, seconds in points:
             r.append(1 if op == "p2p" else ring_steps(op, n))
-            b.append(size if op == "p2p" else ring_bytes_on_wire(op, size, n))
+            b.append(_wire_bytes(op, size, n))
             t.append(seconds / max(1.0, n / cores))
         return r, b, t
 
@@ -481,7 +479,7 @@ def fit_measurements(raw: dict[str, Any], plan: Plan) -> dict[str, Any]:
     # are for a layout of that many ranks)
     busy = raw.get("collectives_busy") or []
     if busy:
-        wire = [p[2] if p[0] == "p2p" else ring_bytes_on_wire(p[0], p[2], p[1]) for p in busy]
+        wire = [_wire_bytes(op, size, n) for op, n, size, _ in busy]
         per_call |= fit_per_call([f"{op}/{n}@{plan.ranks}" for op, n, *_ in busy], wire,
                                  [p[3] for p in busy], link.beta)
     machine = MachineSpec(THIS_MACHINE, plan.backend, raw["dtype"], cores,
@@ -619,7 +617,7 @@ def plot_calibration(data: dict[str, Any], path: str) -> None:
     link = machine["link"]
     for op, n, size, seconds in meas["collectives"]["points [op, ranks, bytes, s]"]:
         rounds = 1 if op == "p2p" else ring_steps(op, n)
-        wire = size if op == "p2p" else ring_bytes_on_wire(op, size, n)
+        wire = _wire_bytes(op, size, n)
         sliced = max(1.0, n / machine["cores"])  # more ranks than cores: time-sliced
         model = sliced * (rounds * link["latency"] + wire / link["bandwidth"])
         ax.scatter(size, seconds, s=12, color=f"C{[*COLLECTIVES, 'p2p'].index(op)}")

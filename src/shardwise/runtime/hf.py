@@ -57,8 +57,8 @@ import torch
 from shardwise.arch import ModelSpec
 from shardwise.errors import ShardwiseError
 
-__all__ = ["check_hf_weights", "hf_config", "hf_weight_files", "load_hf_weights", "save_hf", "to_hf_name",
-           "to_hf_tensors", "to_runtime_name"]
+__all__ = ["check_hf_weights", "hf_config", "hf_weight_files", "load_hf_weights", "save_hf",
+           "to_hf_name", "to_hf_tensors", "to_runtime_name"]
 
 _INDEX = "model.safetensors.index.json"
 _BLOCK = {  # runtime name inside blocks.i ↔ HF name inside model.layers.i

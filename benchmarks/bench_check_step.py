@@ -8,8 +8,7 @@ measured median step of the run (rank 0, steps after the checked ones). Layouts 
 round-robin, `--repeats` rounds. Reported per layout: the median of the measured medians over
 repeats, the spread across repeats ((max − min) / median: the noise), the error of the
 prediction against the median, the error against the fastest step seen in any repeat
-(the calibration takes the fastest of its repeats: other jobs only add time), and the
-model's largest components.
+(how much of the miss is the machine's noise), and the model's largest components.
 
 `dp1 (reference)` is one rank of the calibration's own configuration (nothing is fitted on
 it: the per-op host cost comes from a chain of tiny ops): its measured/predicted ratio in each

@@ -40,9 +40,10 @@ per rank, `OMP_NUM_THREADS=1`, the same processes `shardwise train` starts):
                  by ranks/cores before the fit (the preset multiplies them back)
 
 Not measured (the built-in value is kept, and the file says so): `dp_bucket_bytes`,
-`overlap_contention`. The compute timings are the fastest of several repeats (other jobs on a
-shared machine only add time), the collectives the mean of many calls; on a loaded machine
-the figures are still noisy. `time_layout_calls` re-times one call of each collective on a
+`overlap_contention`. The compute timings are the median of several repeats, the collectives
+the mean of many calls: `shardwise check` compares the median step, and the pauses a shared
+machine puts into a typical block are in a typical step too (the fastest block describes a
+quieter machine than the steps run on); on a loaded machine the figures are still noisy. `time_layout_calls` re-times one call of each collective on a
 layout's own groups, for `shardwise check`.
 """
 
@@ -132,9 +133,9 @@ def _sync(device: torch.device) -> None:
 
 def _seconds(fn: Callable[[], Any], device: torch.device, budget: float = 0.05,
              repeats: int = 5) -> float:
-    """The fastest of `repeats` blocks, per call; each block runs enough calls to last about
-    `budget / repeats` seconds (one warm-up call first). The minimum, not the median: other
-    jobs on a shared machine only ever add time."""
+    """The median of `repeats` blocks, per call; each block runs enough calls to last about
+    `budget / repeats` seconds (one warm-up call first). The median, not the fastest: the
+    prediction is compared with the median step (module docstring)."""
     fn()
     _sync(device)
     start = time.perf_counter()
@@ -149,7 +150,7 @@ def _seconds(fn: Callable[[], Any], device: torch.device, budget: float = 0.05,
             fn()
         _sync(device)
         blocks.append((time.perf_counter() - start) / calls)
-    return min(blocks)
+    return statistics.median(blocks)
 
 
 # ---------------------------------------------------------------- one rank: compute side
@@ -252,7 +253,7 @@ STEPS = 6
 
 
 def _steps(plan: Plan, dtype_name: str) -> list[list[float]]:
-    """[seq_len, micro_batch, fastest step after the first, seconds] of `tiny` on one rank
+    """[seq_len, micro_batch, median step after the first, seconds] of `tiny` on one rank
     (global batch 8 sequences), through `runtime.train` as `shardwise train` runs it."""
     from shardwise.runtime.train import TrainConfig, build, train_step
 
@@ -262,7 +263,7 @@ def _steps(plan: Plan, dtype_name: str) -> list[list[float]]:
                              global_batch=8, dtype=dtype_name, steps=STEPS)
         state = build(config)
         times = [train_step(state).seconds for _ in range(3 if plan.quick else STEPS)]
-        points.append([seq, mbs, min(times[1:])])
+        points.append([seq, mbs, statistics.median(times[1:])])
     return points
 
 
@@ -515,7 +516,8 @@ def fit_measurements(raw: dict[str, Any], plan: Plan) -> dict[str, Any]:
         "default": constants,
         "machine": machine.to_dict(),
         "measurements": {
-            "matmul": {"points [M, K, N, s]": mm, "launch_s": raw["launch"],
+            "matmul": {"points [M, K, N, s]": mm, "launch_s": launch_s,  # the one fitted with
+                       "launch_timed_s": raw["launch"],
                        "fit": gemm.to_dict()},
             "copy": {"points [bytes moved, s]": raw["copy"], "fit": copy.to_dict()},
             "memory_kernels": {"points [kernel, bytes moved, s]": raw["kernels"],

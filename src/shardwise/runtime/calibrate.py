@@ -29,7 +29,9 @@ per rank, `OMP_NUM_THREADS=1`, the same processes `shardwise train` starts):
                  call (a step pays the tail: on this machine 5–10 % of small gloo calls take
                  4–15 ms against a median of 0.4 ms, and the mean is 3–4× the median); with
                  more ranks than cores once more with all ranks busy in side-by-side groups
-                 ("op/n@ranks") → one α-β link
+                 ("op/n@ranks"; with more ranks running than cores a call is charged the
+                 CPU time it burns × ranks/cores, not its wall time: `_group_seconds`)
+                 → one α-β link
                  `t = rounds·α + bytes/β` with SPEC §5's ring rounds and bytes on the wire
                  (`calibration.fit.fit_alpha_beta`), then at that β a fixed cost per call
                  for each collective and group size, `t = α_call + bytes/β`
@@ -300,7 +302,8 @@ def _collective_ranks(plan: Plan, busy: bool = False) -> list[list[Any]] | None:
                 n = size // 4 // g * g  # fp32 elements, divisible by the group
                 if mine is not None:
                     call = _collective_call(op, n, g, groups[mine], device)
-                    seconds = _group_seconds(call, groups[mine], device, plan.calls(size))
+                    seconds = _group_seconds(call, groups[mine], device, plan.calls(size),
+                                             world if busy else g)  # ranks running at once
                     if me == 0:
                         points.append([op, g, 4 * n, seconds])
         dist.barrier()
@@ -310,7 +313,8 @@ def _collective_ranks(plan: Plan, busy: bool = False) -> list[list[Any]] | None:
         peer = me ^ 1
         if peer < world and (busy or me < 2):
             call = _exchange(torch.ones(size // 4, device=device), me % 2 == 0, peer)
-            seconds = _group_seconds(call, pairs[me // 2], device, plan.calls(size)) / 2
+            seconds = _group_seconds(call, pairs[me // 2], device, plan.calls(size),
+                                     world if busy else 2) / 2
             if me == 0:
                 points.append(["p2p", 2, 4 * (size // 4), seconds])
         dist.barrier()
@@ -358,22 +362,36 @@ def _host_work(device: torch.device) -> float:
 
 
 def _group_seconds(call: Callable[[], Any], group: Any, device: torch.device,
-                   repeats: int) -> float:
+                   repeats: int, active: int) -> float:
     """The mean call as training makes them: each after some host work (`_host_work`, about
     a layer's forward) and with no barrier, so a rank's wake-up and the ranks' drift while
     they compute count as they do in a step (the wait grows with the work before a call:
     after 72 tiny ops a small all-reduce took 1.1 ms, after ten times as many 1.7 ms); the
     slowest member's mean (max all-reduce). The mean, not the median: a step pays every call,
-    the slow tail too (module docstring)."""
+    the slow tail too (module docstring).
+
+    With more `active` ranks than cores (a CPU), the cores are time-sliced and a rank that
+    waits in a call leaves its core to the others: what a call costs the step is then the CPU
+    time it burns (`time.process_time`: the rank's threads, gloo's included), shared like
+    compute — the group's mean × active/cores. Measured (8 ranks on 2 cores, side-by-side
+    pairs, 24 small GEMMs then a small all-reduce, 100 rounds): the round took 14.5 ms and
+    (work + call CPU seconds) × 8/2 = 14.4 ms; with groups of 4, 21.5 and 20.6 ms — while
+    the call's wall time counts the waits in which other ranks ran."""
     call()
-    total = 0.0
+    wall = cpu = 0.0
     for _ in range(repeats):
         _host_work(device)
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         call()
         _sync(device)
-        total += time.perf_counter() - start
-    mean = torch.tensor([total / repeats], dtype=torch.float64)
+        wall += time.perf_counter() - start
+        cpu += time.process_time() - start_cpu
+    cores = len(os.sched_getaffinity(0))
+    if device.type == "cpu" and active > cores:
+        mean = torch.tensor([cpu / repeats * active / cores], dtype=torch.float64)
+        dist.all_reduce(mean, group=group)
+        return float(mean) / dist.get_world_size(group)
+    mean = torch.tensor([wall / repeats], dtype=torch.float64)
     dist.all_reduce(mean, op=dist.ReduceOp.MAX, group=group)
     return float(mean)
 
@@ -392,7 +410,7 @@ def time_layout_calls(axis: Callable[[str], Any], calls: int = 120) -> dict[str,
     drift over minutes on a shared machine (2× seen here): timed beside the steps they
     describe, they leave the compute constants to the calibration file. `axis(name)` gives
     this rank's `AxisGroup`; every rank calls this together."""
-    device = launch.device()
+    device, world = launch.device(), dist.get_world_size()
     timed: dict[str, list[float]] = {}
     for name, ops in AXIS_CALLS.items():
         g = axis(name)
@@ -403,12 +421,13 @@ def time_layout_calls(axis: Callable[[str], Any], calls: int = 120) -> dict[str,
                 peer = g.rank ^ 1
                 call = (_exchange(torch.ones(256, device=device), g.rank % 2 == 0,
                                   g.global_rank(peer)) if peer < g.size else lambda: None)
-                key, seconds = "p2p/2", _group_seconds(call, g.group, device, calls) / 2
+                key = "p2p/2"
+                seconds = _group_seconds(call, g.group, device, calls, world) / 2
             else:
                 key = f"{op}/{g.size}"
                 seconds = _group_seconds(_collective_call(op, 256 // g.size * g.size, g.size,
                                                           g.group, device),
-                                         g.group, device, calls)
+                                         g.group, device, calls, world)
             timed.setdefault(key, []).append(seconds)
     return {key: statistics.fmean(values) for key, values in timed.items()}
 

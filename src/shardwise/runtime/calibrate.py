@@ -45,8 +45,9 @@ Not measured (the built-in value is kept, and the file says so): `dp_bucket_byte
 `overlap_contention`. The compute timings are the median of several repeats, the collectives
 the mean of many calls: `shardwise check` compares the median step, and the pauses a shared
 machine puts into a typical block are in a typical step too (the fastest block describes a
-quieter machine than the steps run on); on a loaded machine the figures are still noisy. `time_layout_calls` re-times one call of each collective on a
-layout's own groups, for `shardwise check`.
+quieter machine than the steps run on); on a loaded machine the figures are still noisy.
+`time_layout_calls` re-times one call of each collective on a layout's own groups, for
+`shardwise check`.
 """
 
 from __future__ import annotations

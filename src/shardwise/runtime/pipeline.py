@@ -482,7 +482,7 @@ class _Executor:
 
     def __init__(self, model: StageModel, stages: list[VirtualStage], pp: Any, m: int,
                  split: bool, shape: tuple[int, ...], device: torch.device,
-                 actions: Sequence[Action] = ()):
+                 actions: Sequence[Action]):
         self.model, self.stages, self.pp, self.m, self.split = model, stages, pp, m, split
         self.p = pp.size
         # this rank's receives from another rank, in the order its actions consume them

@@ -503,6 +503,7 @@ class _Executor:
         self.messages = 0
         self.peak = self.peak_w = 0
         self.started = 0.0  # perf_counter() when the current action's compute began
+        self._post_ahead()
 
     # -- messages --------------------------------------------------------------------------
     def _tag(self, kind: str, j: int, vs: int) -> int:
@@ -537,7 +538,10 @@ class _Executor:
         self.messages += 1
         self.handles.append((dist.isend(payload, dst=dst, group=self.pp.group, tag=tag), payload))
 
-    def _recv(self, from_vs: int, tag: int) -> torch.Tensor:
+    def _recv(self, kind: str, j: int, vs: int) -> torch.Tensor:
+        """The message action `kind` of `j` at `vs` waits for (`_input_of`)."""
+        tag, from_vs = self._input_of(kind, j, vs)
+        assert from_vs is not None, (kind, j, vs)
         if tag in self.mailbox:
             return self.mailbox.pop(tag)
         if tag in self.posted:  # gloo: posted ahead, and consumed in order
@@ -556,7 +560,7 @@ class _Executor:
         if stage.first:
             x, inp = None, tokens
         else:
-            x = self._recv(vs - 1, self._tag("F", j, vs - 1)).requires_grad_()
+            x = self._recv("F", j, vs).requires_grad_()
             inp = x
         self.started = time.perf_counter()
         saved: list[SavedOp] = []
@@ -571,10 +575,8 @@ class _Executor:
     def backward(self, j: int, vs: int) -> None:
         stage = self.stages[vs]
         x, out, saved = self.stash.pop((j, vs))
-        if stage.last:
-            grad_out = torch.full_like(out, 1.0 / self.m)  # loss = Σ_j L_j / m
-        else:
-            grad_out = self._recv(vs + 1, self._tag("B", j, vs + 1))
+        grad_out = (torch.full_like(out, 1.0 / self.m)  # loss = Σ_j L_j / m
+                    if stage.last else self._recv("B", j, vs))
         self.started = time.perf_counter()
         if self.split and saved:  # the model recorded its weight-bearing ops
             dx, self.pending_w[(j, vs)] = backward_input(out, x, saved, grad_out)
@@ -654,7 +656,6 @@ def run_pipeline(model: StageModel, schedule: Mapping[int, Sequence[Action]],
     split = any(a.kind == "W" for a in actions)
     token_mbs, target_mbs = tokens.split(b), targets.split(b)  # m × (b, s)
     ex = _Executor(model, stages, group, m, split, shape, tokens.device, schedule[me])
-    ex._post_ahead()
 
     t0 = time.perf_counter()  # just after the agreement all-gather: every stage starts now
     events: list[Event] = []

@@ -211,9 +211,11 @@ def test_each_call_of_a_step_pays_its_measured_cost(calls, kwargs, component, pe
 
 @pytest.mark.parametrize("chunks, transfers", [(1, 2 * (8 + 1)), (2, 2 * (2 * 8 + 1))])
 def test_pipeline_transfers_are_blocking_at_the_measured_p2p_cost(calls, chunks, transfers):
+    # and once per step the stages' agreement all-gather (`runtime.pipeline._check_agreement`)
     layout = Layout(pp=2, chunks=chunks, schedule="interleaved" if chunks > 1 else "1f1b")
     step = predict_step(get_model("tiny"), layout, _runtime_spec(), calls)
-    assert step.pp_comm == pytest.approx(transfers * CALLS["p2p/2"], rel=1e-6)
+    assert step.pp_comm == pytest.approx(transfers * CALLS["p2p/2"] + CALLS["all-gather/2"],
+                                         rel=1e-6)
 
 
 def test_expert_parallel_swaps_token_counts_before_each_dispatch(calls):

@@ -2,6 +2,7 @@
 
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -15,6 +16,8 @@ from shardwise.calibration.machine import predict_step
 from shardwise.estimate.comm import ring_bytes_on_wire, ring_steps
 from shardwise.estimate.compute import _OPS_LAYER
 from shardwise.layout import Layout
+from shardwise.runtime.calibrate import _group_seconds
+from shardwise.runtime.launch import spawn
 from shardwise.runtime.measure import CALL_ROW, REPORTED, CheckRow
 from shardwise.runtime.step_time import COMPONENTS, RETIMED, with_prediction
 from shardwise.runtime.train import TrainConfig
@@ -141,3 +144,30 @@ def test_calibrate_bad_input_is_one_line(tmp_path):
         assert_one_line_error(shardwise("calibrate", "--backend", "nccl", "--out",
                                         str(tmp_path / "x.json"), check=False),
                               "--backend nccl needs 2 GPUs")
+
+
+def _burn(cpu_s: float) -> None:
+    """Spin until this process has used `cpu_s` more CPU seconds."""
+    end = time.process_time() + cpu_s
+    while time.process_time() < end:
+        pass
+
+
+def _charged(kind: str, active_per_core: int) -> tuple[float, int]:
+    """`_group_seconds` of a call that sleeps or burns 20 ms, with `active_per_core` ranks per
+    core said to run at once (one rank here: the branch is chosen by the count, not measured)."""
+    cores = len(os.sched_getaffinity(0))
+    call = ((lambda: time.sleep(0.02)) if kind == "sleep" else (lambda: _burn(0.02)))
+    group = torch.distributed.group.WORLD
+    return _group_seconds(call, group, torch.device("cpu"), 5, active_per_core * cores), cores
+
+
+@pytest.mark.parametrize("kind, active_per_core, low, high", [
+    ("sleep", 1, 0.02, 0.2),    # a core per rank: the wall time, waits included
+    ("sleep", 4, 0.0, 0.01),    # time-sliced: a rank asleep burns no CPU, its core runs others
+    ("burn", 4, 0.06, 0.1),     # time-sliced: its CPU time × ranks/cores = 20 ms × 4
+])
+def test_a_call_is_charged_wall_time_with_a_core_per_rank_else_cpu_time_times_ranks_per_core(
+        kind, active_per_core, low, high):
+    (seconds, cores), = spawn(_charged, 1, kind, active_per_core, timeout_s=60)
+    assert low <= seconds <= high, (seconds, cores)

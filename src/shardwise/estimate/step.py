@@ -28,7 +28,8 @@ All per rank, on the pipeline's critical path, for `m` micro-batches:
 * **PP** — one activation (forward) and one gradient (backward) p2p per micro-batch and virtual
   stage, `s/c·b·h/t` bytes (Megatron's scatter/gather): `2·(v·m + p - 1)` transfers exposed;
   with `TrainSpec.overlap_p2p` and the interleaved schedule only the warm-up/cool-down
-  `2·(p-1)` (`p2p_exposed`).
+  `2·(p-1)` (`p2p_exposed`); on the "this machine" preset also the runtime's per-step
+  agreement all-gather (`small_calls`).
 * **bubble** — `(p-1)·(T_F + T_B)` for GPipe and 1F1B, `/v` interleaved (Narayanan et al.
   2021), for ZB-H1 (Qi et al. 2023) `max((p-1)(T_F + B - T_W), (p-1)(T_F + B) - (m-1)·T_W)`
   with `B = T_B - T_W` the input-gradient part of the backward — with the middle stage's
@@ -367,7 +368,8 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
            + p2p_bytes / np.where(pp_intra, links.intra_bw, links.inter_bw))
     p2p_busy = (p2p_latency(links, links.intra_lat) + p2p_bytes / links.intra_bw) / p2p
     pp_comm = np.where(p > 1, p2p_exposed(p2p, p, v, m, bool(train.overlap_p2p) & (v > 1),
-                                          kappa * p2p_busy), 0.0)
+                                          kappa * p2p_busy), 0.0) + small_calls(
+        links, "all-gather", p, 1)
     big_f = f_mid + tp_f + cp_f + ep_f
     big_b = b_mid + tp_b + cp_b + ep_b
     # uneven stages: the closed form's (p-1) busiest-stage times become the other stages' sum,
@@ -446,7 +448,7 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     optimizer = (optimizer_time(ctx, opt_dense + opt_expert, gb_, wb, state.master,
                                 state.moments)
                  + host_overhead(ctx, optimizer_host_ops(ctx, n_dense, n_moe, e, single))
-                 + step_scalar_reductions(links, t * p * c * dp))
+                 + small_calls(links, "all-reduce", t * p * c * dp, 2))
 
     compute = m * (f_crit + b_crit)
     tp_comm = m * tp_crit
@@ -516,16 +518,18 @@ def p2p_latency(links: Links, latency: Any) -> Any:
     return latency if call is None else call + 0.0 * latency
 
 
-def step_scalar_reductions(links: Links, world: Any) -> Any:
-    """Two all-reduces of a scalar over all ranks per step (the loss for the log and the
-    global gradient norm for clipping), charged where the calibration measured a call's cost
-    on this many ranks (the "this machine" preset; on a GPU cluster a tree all-reduce of a
-    few bytes is tens of µs, left out)."""
-    calls = {int(k.split("/")[1]): v for k, v in links.call if k.startswith("all-reduce/")}
+def small_calls(links: Links, op: str, ranks: Any, count: int) -> Any:
+    """`count` calls of `op` on a few bytes over `ranks` ranks, charged where the calibration
+    measured a call's cost on that many ranks (the "this machine" preset; on a GPU cluster
+    such a call is tens of µs, left out). The runtime makes them every step: two all-reduces
+    of a scalar over all ranks (the loss for the log, the global gradient norm for clipping)
+    and, with a pipeline, one all-gather of a checksum over its stages (they agree on the
+    schedule before the first message, `runtime.pipeline._check_agreement`)."""
+    calls = {int(k.split("/")[1]): v for k, v in links.call if k.startswith(f"{op}/")}
     if not calls:
-        return 0.0 * world
-    return np.vectorize(lambda w: 2 * calls.get(int(w), 0.0) if w > 1 else 0.0,
-                        otypes=[float])(world)
+        return 0.0 * ranks
+    return np.vectorize(lambda n: count * calls.get(int(n), 0.0) if n > 1 else 0.0,
+                        otypes=[float])(ranks)
 
 
 def p2p_exposed(p2p: Any, p: Any, v: Any, m: Any, on: Any, kappa: float) -> Any:

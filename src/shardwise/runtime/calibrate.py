@@ -398,9 +398,10 @@ def _group_seconds(call: Callable[[], Any], group: Any, device: torch.device,
 
 
 # ------------------------------------------------------- a layout's own groups, right now
-# the collectives each axis of the runtime calls (the step model charges them per call)
+# the collectives each axis of the runtime calls (the step model charges them per call; pp:
+# the stages' per-step agreement all-gather too)
 AXIS_CALLS = {"tp": ("all-reduce", "reduce-scatter", "all-gather"), "cp": ("p2p",),
-              "pp": ("p2p",), "ep": ("all-to-all",), "dp": ("all-reduce",),
+              "pp": ("p2p", "all-gather"), "ep": ("all-to-all",), "dp": ("all-reduce",),
               "world": ("all-reduce",)}
 
 

@@ -46,14 +46,19 @@ gathered weights B frees, points its linears' weights at its open flat gradient
 (`GradTarget`), to which W adds dW before the unit is reduce-scattered (`runtime.zero`).
 
 Communication and why it cannot deadlock: a rank *receives* by waiting, right before the action
-that needs the tensor, on an `irecv` it posted up to `RECV_AHEAD` receives earlier, and *sends*
+that needs the tensor, on an `irecv` it posted ahead (`RECV_AHEAD_BYTES`), and *sends*
 with a non-blocking `isend` right after the action that produced it (the handles are waited at
 the end of the step). Posting the receive early is what lets a send leave at once: gloo writes a
 message only once the receiver has announced its buffer, and when that announcement comes while
 the sender computes, the write waits for gloo's I/O thread to get a core — measured with two
 ranks on two cores, a receive posted when needed took 0.10–1.7 ms (median) after a send whose
-rank went on computing, one posted ahead 2–13 µs. Waiting on a receive is the same as a blocking
-`recv`, so the argument below is unchanged; the extra memory is `RECV_AHEAD` message buffers.
+rank went on computing, one posted ahead 2–13 µs. Posting is not free either: in a training
+step an `irecv` or `isend` call took 0.25 ms on average (35–60 µs median between idle ranks),
+so a stage posts as many receives as fit in `RECV_AHEAD_BYTES` (all of a step's, for the tiny
+models) before its first action rather than one per action — measured, interleaved pp2 on
+`tiny` went from 53–57 to 45–48 ms per step; 1F1B within its noise. Waiting on a receive is the
+same as a blocking `recv`, so the argument below is unchanged; the extra memory is the posted
+message buffers (`RECV_AHEAD_BYTES`, or `RECV_AHEAD_MIN` messages where one is larger).
 Only on gloo: NCCL puts a pair's sends and receives on one stream, where a receive posted ahead
 would hold back the sends behind it, and its receives wait on the GPU, not on a host thread —
 there a rank receives with a blocking `recv` when it needs the tensor. Each message carries a tag
@@ -87,6 +92,7 @@ micro-batch.
 
 from __future__ import annotations
 
+import math
 import time
 import zlib
 from collections import deque
@@ -473,7 +479,10 @@ class PipelineResult:
     clock_origin: float = 0.0  # time.perf_counter() at the step's start on this rank
 
 
-RECV_AHEAD = 4  # receives a stage posts before it needs them (each one s·b·h buffer)
+# receives a stage keeps posted before it needs them (each an s·b·h message buffer): as many
+# as fit in RECV_AHEAD_BYTES, at least RECV_AHEAD_MIN (module docstring)
+RECV_AHEAD_BYTES = 64 * 2**20
+RECV_AHEAD_MIN = 4
 
 
 class _Executor:
@@ -493,6 +502,8 @@ class _Executor:
             if src is not None and src % self.p != pp.rank)
         self.posted: dict[int, tuple[Any, torch.Tensor]] = {}
         self.shape, self.device = shape, device  # of every message, e.g. (b, s, h)
+        message = math.prod(shape) * model.dtype.itemsize
+        self.ahead = max(RECV_AHEAD_MIN, RECV_AHEAD_BYTES // message)
         self.stash: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor,
                                                  list[SavedOp]]] = {}
         self.pending_w: dict[tuple[int, int], list[tuple[SavedOp, torch.Tensor]]] = {}
@@ -520,7 +531,7 @@ class _Executor:
         return -1, None
 
     def _post_ahead(self) -> None:
-        while self.receives and len(self.posted) < RECV_AHEAD:
+        while self.receives and len(self.posted) < self.ahead:
             tag, src_vs = self.receives.popleft()
             buf = torch.empty(self.shape, dtype=self.model.dtype, device=self.device)
             src = self.pp.global_rank(src_vs % self.p)

@@ -157,7 +157,7 @@ def _charged(kind: str, active_per_core: int) -> tuple[float, int]:
     """`_group_seconds` of a call that sleeps or burns 20 ms, with `active_per_core` ranks per
     core said to run at once (one rank here: the branch is chosen by the count, not measured)."""
     cores = len(os.sched_getaffinity(0))
-    call = ((lambda: time.sleep(0.02)) if kind == "sleep" else (lambda: _burn(0.02)))
+    call = (lambda: time.sleep(0.02)) if kind == "sleep" else (lambda: _burn(0.02))
     group = torch.distributed.group.WORLD
     return _group_seconds(call, group, torch.device("cpu"), 5, active_per_core * cores), cores
 

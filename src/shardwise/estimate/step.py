@@ -367,9 +367,9 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     p2p = (p2p_latency(links, np.where(pp_intra, links.intra_lat, links.inter_lat))
            + p2p_bytes / np.where(pp_intra, links.intra_bw, links.inter_bw))
     p2p_busy = (p2p_latency(links, links.intra_lat) + p2p_bytes / links.intra_bw) / p2p
-    pp_comm = np.where(p > 1, p2p_exposed(p2p, p, v, m, bool(train.overlap_p2p) & (v > 1),
-                                          kappa * p2p_busy), 0.0) + small_calls(
-        links, "all-gather", p, 1)
+    pp_comm = (np.where(p > 1, p2p_exposed(p2p, p, v, m, bool(train.overlap_p2p) & (v > 1),
+                                           kappa * p2p_busy), 0.0)
+               + small_calls(links, "all-gather", p, 1))  # the stages' agreement check
     big_f = f_mid + tp_f + cp_f + ep_f
     big_b = b_mid + tp_b + cp_b + ep_b
     # uneven stages: the closed form's (p-1) busiest-stage times become the other stages' sum,

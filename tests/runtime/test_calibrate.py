@@ -62,10 +62,12 @@ def test_calibrate_quick_writes_a_file_the_planner_takes(tmp_path):
         for op, g, size, _ in points]
     assert np.allclose(relative_residuals([p[3] for p in points], model),
                        meas["collectives"]["fit"]["residuals"], atol=1e-9)
-    # the per-op host cost is the runtime block's, not fitted on steps; the one-rank steps
-    # are a check: the stored prediction is the step model's on the file's own preset
+    # the per-op host cost is fitted on the one-rank steps (relative least squares, the
+    # probe block's figure kept beside it); the stored prediction is the step model's on the
+    # file's own preset
     host = meas["host_ops"]
-    assert cal.kernel_overhead == host["seconds per aten op"] > 0
+    assert cal.kernel_overhead == host["fitted on the one-rank steps: seconds per aten op"] > 0
+    assert host["probe: seconds per aten op"] > 0
     # the probe block dispatches a dense layer's ops (as counted for the model, recounted by
     # test_host_ops.py) plus its own input and `.sum()` loss: a handful more
     assert _OPS_LAYER <= host["aten ops of the probe block (forward + backward)"] <= _OPS_LAYER + 24
@@ -76,6 +78,27 @@ def test_calibrate_quick_writes_a_file_the_planner_takes(tmp_path):
         train = TrainConfig(get_model("tiny"), layout, seq_len=int(seq)).train_spec()
         assert predicted == pytest.approx(
             predict_step(get_model("tiny"), layout, train, out).total, rel=1e-12)
+    # …and the fitted cost is the least-squares one: the normal equation Σ n_i·r_i/t_i = 0
+    # (r: relative residual, n_i: the ops the model charges, ∝ the step's k-dependent part)
+    measured = [p[2] for p in steps["points [seq, micro_batch, s]"]]
+    k = cal.kernel_overhead
+
+    def predicted_at(scale: float) -> list[float]:
+        other = out.with_name("k.json")
+        data = json.loads(out.read_text())
+        data["default"]["kernel_overhead"] = k * scale
+        other.write_text(json.dumps(data))
+        return [predict_step(get_model("tiny"), Layout(micro_batch=int(mbs)),
+                             TrainConfig(get_model("tiny"), Layout(micro_batch=int(mbs)),
+                                         seq_len=int(seq)).train_spec(), other).total
+                for seq, mbs, _ in steps["points [seq, micro_batch, s]"]]
+
+    at_k, at_0 = predicted_at(1.0), predicted_at(0.0)
+    assert at_k == pytest.approx(steps["predicted_s"], rel=1e-12)
+    ops = [(a - b) / k for a, b in zip(at_k, at_0, strict=True)]
+    residuals = [(t - a) / t for t, a in zip(measured, at_k, strict=True)]
+    assert abs(sum(n * r / t for n, r, t in zip(ops, residuals, measured, strict=True))) < (
+        1e-6 * sum(n / t for n, t in zip(ops, measured, strict=True)))
     assert set(meas["collectives"]["per_group_size"]) == {"2"}  # --quick: groups of 2
     plan = shardwise_json("plan", "tiny", "--gpus", "2", "--gpu", "this-machine",
                           "--calibration", str(out), "--seq", "64", "--global-batch", "8",

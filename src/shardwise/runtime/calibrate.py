@@ -258,22 +258,26 @@ def _host_op_seconds(device: torch.device, dtype: torch.dtype) -> tuple[float, i
 
 
 STEP_CONFIGS = ((64, 1), (128, 2))  # (seq_len, micro-batch) of the one-rank tiny steps
-STEPS = 12
+STEPS = 16
 
 
 def _steps(plan: Plan, dtype_name: str) -> list[list[float]]:
     """[seq_len, micro_batch, median step after the first, seconds] of `tiny` on one rank
-    (global batch 8 sequences), through `runtime.train` as `shardwise train` runs it."""
+    (global batch 8 sequences), through `runtime.train` as `shardwise train` runs it. The
+    configurations take turns step by step, so that a slow spell of a shared machine falls
+    on both alike (one measured after the other, a spell once put 46 % on one of them)."""
     from shardwise.runtime.train import TrainConfig, build, train_step
 
-    points = []
-    for seq, mbs in STEP_CONFIGS[:1] if plan.quick else STEP_CONFIGS:
-        config = TrainConfig(get_model("tiny"), Layout(micro_batch=mbs), seq_len=seq,
-                             global_batch=8, dtype=dtype_name, steps=STEPS)
-        state = build(config)
-        times = [train_step(state).seconds for _ in range(3 if plan.quick else STEPS)]
-        points.append([seq, mbs, statistics.median(times[1:])])
-    return points
+    configs = STEP_CONFIGS[:1] if plan.quick else STEP_CONFIGS
+    states = [build(TrainConfig(get_model("tiny"), Layout(micro_batch=mbs), seq_len=seq,
+                                global_batch=8, dtype=dtype_name, steps=STEPS))
+              for seq, mbs in configs]
+    times: list[list[float]] = [[] for _ in configs]
+    for _ in range(3 if plan.quick else STEPS):
+        for state, spent in zip(states, times, strict=True):
+            spent.append(train_step(state).seconds)
+    return [[seq, mbs, statistics.median(spent[1:])]
+            for (seq, mbs), spent in zip(configs, times, strict=True)]
 
 
 def _compute_rank(plan: Plan) -> dict[str, Any]:
@@ -384,15 +388,16 @@ def _group_seconds(call: Callable[[], Any], group: Any, device: torch.device,
     pairs, 24 small GEMMs then a small all-reduce, 100 rounds): the round took 14.5 ms and
     (work + call CPU seconds) × 8/2 = 14.4 ms; with groups of 4, 21.5 and 20.6 ms — while
     the call's wall time counts the waits in which other ranks ran."""
-    call()
     wall = cpu = 0.0
-    for _ in range(repeats):
-        _host_work(device)
-        start, start_cpu = time.perf_counter(), time.process_time()
+    with C.ranks_running(active):  # they wait as a layout of `active` ranks does
         call()
-        _sync(device)
-        wall += time.perf_counter() - start
-        cpu += time.process_time() - start_cpu
+        for _ in range(repeats):
+            _host_work(device)
+            start, start_cpu = time.perf_counter(), time.process_time()
+            call()
+            _sync(device)
+            wall += time.perf_counter() - start
+            cpu += time.process_time() - start_cpu
     cores = len(os.sched_getaffinity(0))
     if device.type == "cpu" and active > cores:
         mean = torch.tensor([cpu / repeats * active / cores], dtype=torch.float64)

@@ -181,7 +181,7 @@ class GradientReducer:
             self._launch(self._next)
             self._next += 1
         for bucket in self.buckets:
-            bucket.work.wait()
+            C.wait(bucket.work)
             bucket.buffer.div_(self.group.size)
             offset = 0
             for p in bucket.params:

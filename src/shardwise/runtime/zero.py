@@ -184,7 +184,7 @@ class _Unit:
 
         def finish(keep: torch.Tensor = full) -> torch.Tensor:  # (`keep`: alive till here)
             if async_op:
-                work.wait()
+                C.wait(work)
             if self.replicas is not None and self.replicas.size > 1:
                 C.all_reduce(out, self.replicas)
                 return out.div_(self.divisor * self.replicas.size)
@@ -208,7 +208,7 @@ class _Unit:
         if self.prefetched is not None:
             buf, work = self.prefetched
             self.prefetched = None
-            work.wait()
+            C.wait(work)
             log.append(("use-prefetch", self.index))
             return buf
         buf = self.new_buffer()
@@ -624,10 +624,10 @@ class ZeroDataParallel(nn.Module):
             works = [C.all_gather(unit.flat, shard.detach().clone(), unit.group, async_op=True)
                      for unit, shard in zip(self.units, self.shards)]
             for work in works:
-                work.wait()
+                C.wait(work)
         for unit in self.units:  # a stale prefetch (forward without backward) is dropped
             if unit.prefetched is not None:
-                unit.prefetched[1].wait()
+                C.wait(unit.prefetched[1])
                 unit.prefetched = None
 
     def zero_grad(self) -> None:

@@ -190,3 +190,48 @@ def test_chunk_sizes_match_tensor_split() -> None:
         for n in (1, 2, 3, 4, 8):
             assert C.chunk_sizes(numel, n) == [
                 c.numel() for c in torch.tensor_split(torch.empty(numel), n)]
+
+
+def _late_peer_waits(delay: float) -> dict[str, object]:
+    """Rank 1 arrives `delay` s late to three all-reduces; rank 0's main thread CPU seconds
+    during each wait: with a core per rank (polls), with more ranks said to run than cores
+    (blocks), and a peer later than `POLL_SECONDS` (polls that long, then blocks)."""
+    import os
+    import time
+
+    cores = len(os.sched_getaffinity(0))
+    out: dict[str, object] = {"polls": C._polls()}
+    for name, late, running in (("polled", delay, 2), ("blocked", delay, cores + 1),
+                                ("capped", C.POLL_SECONDS + delay, 2)):
+        x = torch.full((4,), float(dist.get_rank() + 1))
+        dist.barrier()
+        with C.ranks_running(running):
+            out[f"polls_{name}"] = C._polls()
+            if dist.get_rank() == 1:
+                time.sleep(late)
+            start = time.thread_time()
+            C.all_reduce(x)
+            out[name] = time.thread_time() - start
+        out[f"{name}_sum"] = x.tolist()
+    # gloo's reduce-scatter handle reports completion only inside wait(): no poll to the cap
+    part = torch.empty(2)
+    start = time.perf_counter()
+    C.reduce_scatter(part, torch.ones(4))
+    out["reduce_scatter_s"] = time.perf_counter() - start
+    out["reduce_scatter"] = part.tolist()
+    return out
+
+
+@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="needs 2 cores")
+def test_waits_poll_with_a_core_per_rank_and_block_otherwise() -> None:
+    delay = 0.4
+    rank0, rank1 = spawn(_late_peer_waits, 2, delay, timeout_s=60)
+    for r in (rank0, rank1):  # the same sums whichever way a rank waited
+        assert r["polled_sum"] == r["blocked_sum"] == r["capped_sum"] == [3.0] * 4
+    assert rank0["polls"] and rank0["polls_polled"] and not rank0["polls_blocked"]
+    # rank 0 spent the wait on its core (CPU ≈ the peer's delay) only when it polled
+    assert rank0["polled"] > 0.5 * delay
+    assert rank0["blocked"] < 0.1
+    assert 0.5 * C.POLL_SECONDS < rank0["capped"] < C.POLL_SECONDS + 0.5 * delay
+    for r in (rank0, rank1):
+        assert r["reduce_scatter"] == [2.0, 2.0] and r["reduce_scatter_s"] < 0.5 * C.POLL_SECONDS

@@ -29,7 +29,9 @@ per rank, `OMP_NUM_THREADS=1`, the same processes `shardwise train` starts):
                  layout `check` compares is a prediction
     collectives  all-reduce, reduce-scatter, all-gather, all-to-all over groups of 2…N ranks
                  and a p2p exchange between two (one way = half), against message size,
-                 through `runtime.collectives` (what training calls), each call after
+                 through `runtime.collectives` (what training calls, waiting as it
+                 waits: polling where a layout of the group's size would have a core per
+                 rank, `collectives.ranks_running`), each call after
                  about a layer's forward of host work and without a barrier (as training
                  calls them: the ranks' wake-up and drift are part of the cost), the mean
                  call (a step pays the tail: on this machine 5–10 % of small gloo calls take

@@ -55,7 +55,8 @@ all-reduce took a median 4.2–4.4 ms from the later rank's launch to done when 
 launched first blocked, 1.1–1.2 ms when it polled, and the step 36–51 → 31–37 ms. With more
 local ranks than cores a poll would take the core from another rank, so it blocks; after
 `POLL_SECONDS` it blocks too (a failed peer then surfaces through the group's timeout as
-before). gloo's point-to-point receives complete only inside `wait()`, so they block.
+before). gloo's reduce-scatter and point-to-point handles complete only inside `wait()`, so
+those block (`_reports_completion`).
 
 gloo realities: send/recv take CPU tensors; `batch_isend_irecv` is not used (it can hang on
 gloo). Each ring step pairs one send and one receive in a fixed order — even ranks post the
@@ -367,9 +368,20 @@ def _polls() -> bool:
     return ranks <= len(os.sched_getaffinity(0))
 
 
+def _reports_completion(work: Any) -> bool:
+    """Whether `work.is_completed()` turns true by itself: gloo's handles with a future do
+    (all-reduce, all-gather, all-to-all, broadcast); its reduce-scatter and point-to-point
+    handles have none and complete only inside `wait()` (torch 2.13)."""
+    try:
+        work.get_future()
+    except (AttributeError, RuntimeError):  # "Work::getFuture not implemented."
+        return False
+    return True
+
+
 def wait(work: Any) -> None:
     """Wait for the handle of an `async_op=True` collective (module docstring: Waiting)."""
-    if _polls():
+    if _polls() and _reports_completion(work):
         deadline = time.perf_counter() + POLL_SECONDS
         while not work.is_completed() and time.perf_counter() < deadline:
             os.sched_yield()

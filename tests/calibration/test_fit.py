@@ -117,3 +117,11 @@ def test_per_call_fit_recovers_each_collectives_fixed_cost(a2, a4, beta):
 def test_per_call_fit_refuses_a_bandwidth_that_is_not_positive():
     with pytest.raises(ShardwiseError, match="bandwidth must be > 0"):
         fit_per_call(["all-reduce/2"], [1e3], [1e-3], 0.0)
+
+
+def test_per_call_fit_is_the_mean_call_not_a_relative_fit():
+    # two noisy points of one call at no bytes: a step pays their mean, 2 ms (a relative
+    # least-squares constant would weight the faster one 9× and give 1.2 ms)
+    fit = fit_per_call(["p2p/2"] * 2, [0.0, 0.0], [1e-3, 3e-3], 1e9)["p2p/2"]
+    assert fit.scale == pytest.approx(2e-3, rel=1e-12)
+    assert fit.residuals == pytest.approx((-1.0, 1 / 3), rel=1e-12)

@@ -42,8 +42,8 @@ per rank, `OMP_NUM_THREADS=1`, the same processes `shardwise train` starts):
                  → one α-β link
                  `t = rounds·α + bytes/β` with SPEC §5's ring rounds and bytes on the wire
                  (`calibration.fit.fit_alpha_beta`), then at that β a fixed cost per call
-                 for each collective and group size, `t = α_call + bytes/β`
-                 (`fit_per_call`; the step model charges it instead of the rounds' α: on
+                 for each collective and group size, `t = α_call + bytes/β`, the mean
+                 over its messages under `PER_CALL_BELOW` (`fit_per_call`; the step model charges it instead of the rounds' α: on
                  gloo a small call costs about the same with one ring round or two), and a
                  fit per collective for reference;
                  a group of more ranks than cores is time-sliced, so its times are divided
@@ -92,6 +92,10 @@ __all__ = ["Plan", "calibrate", "plot_calibration"]
 
 COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all")
 KiB, MiB = 1024, 1024**2
+# The fixed cost per call is fitted on messages under this size, where it dominates: above,
+# `t − bytes/β` carries the error of one β for every collective (p2p alone fits ~3.7 GB/s
+# against the link's ~2.2; its 4 MiB point came out 0.4 ms *under* its bytes at the link's β).
+PER_CALL_BELOW = MiB
 
 
 @dataclass(frozen=True)
@@ -506,13 +510,14 @@ def fit_measurements(raw: dict[str, Any], plan: Plan) -> dict[str, Any]:
             per_op[op] = {"error": str(exc)}
     # a fixed cost per call for each collective and group size, at the link's β (the step
     # model charges it in place of the ring rounds' α: `estimate.step.group_collective_time`)
-    # ("p2p/2": one message one way, half a ping-pong)
-    _, wire, secs = rounds_bytes(coll)
-    per_call = fit_per_call([f"{op}/{n}" for op, n, *_ in coll], wire, secs, link.beta)
+    # ("p2p/2": one message one way, half a ping-pong), on the messages where it dominates
+    small = [p for p in coll if p[2] < PER_CALL_BELOW]
+    _, wire, secs = rounds_bytes(small)
+    per_call = fit_per_call([f"{op}/{n}" for op, n, *_ in small], wire, secs, link.beta)
     # and as measured with all `plan.ranks` ranks busy in side-by-side groups ("op/n@ranks",
     # not divided by the time-slicing: `calibration.machine.cluster_of` takes them as they
     # are for a layout of that many ranks)
-    busy = raw.get("collectives_busy") or []
+    busy = [p for p in raw.get("collectives_busy") or [] if p[2] < PER_CALL_BELOW]
     if busy:
         wire = [_wire_bytes(op, size, n) for op, n, size, _ in busy]
         per_call |= fit_per_call([f"{op}/{n}@{plan.ranks}" for op, n, *_ in busy], wire,

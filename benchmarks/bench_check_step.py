@@ -10,11 +10,12 @@ repeats, the spread across repeats ((max − min) / median: the noise), the erro
 prediction against the median, the error against the fastest step seen in any repeat
 (how much of the miss is the machine's noise), and the model's largest components.
 
-`dp1 (reference)` is one rank of the calibration's own configuration (nothing is fitted on
-it: the per-op host cost comes from a chain of tiny ops): its measured/predicted ratio in each
-round is the machine's *drift* since the calibration (other jobs' load) plus the model's
-one-rank error. "drift-corrected" divides each round's measurement by it —
-an indication of the model's error on a machine whose speed held still, not a substitute.
+`dp1 (reference)` is one rank of one of the two configurations the calibration fits its
+per-op host cost on (s = 64, micro-batch 1; the other is s = 128, micro-batch 2), so it is not
+a prediction: its measured/predicted ratio in each round is the machine's *drift* since the
+calibration (other jobs' load) plus what is left of the one-rank fit. "drift-corrected"
+divides each round's measurement by it — an indication of the model's error on a machine
+whose speed held still, not a substitute.
 
 Run:
     PYTHONPATH=src python benchmarks/bench_check_step.py [--repeats 3] [--calibration FILE]

@@ -187,7 +187,7 @@ def fit_per_call(keys: Sequence[str], n_bytes: Sequence[float], seconds: Sequenc
     relative residuals. Absolute, not relative like the other fits: each point is already a
     mean call, and a step pays the mean; relative weights (1/t²) favour the fastest points,
     which on gloo's long-tailed small calls put p2p/2's fixed cost at 217 µs where its own
-    1–128 KiB points averaged 319 µs (calibration of 2026-12-01 12:40 UTC)."""
+    1–128 KiB points averaged 319 µs (calibration of 2026-12-01 12:23 UTC)."""
     if not beta > 0:
         raise ShardwiseError(f"per-call fit: bandwidth must be > 0, got {beta}")
     _, nb, t = _points([0.0] * len(keys), n_bytes, seconds, what="per-call fit", need=1)

@@ -316,7 +316,7 @@ def host_overhead(ctx: ComputeContext, ops: Any) -> Any:
     autograd bookkeeping, the kernel launch). GPU presets: `kernel_overhead` = 5 µs
     (data/calibration.json; a CUDA launch plus framework dispatch is a few µs), with the fused
     kernel count; the "this machine" preset: the cost per aten op `shardwise calibrate`
-    measures on a chain of tiny autograd operations, with the runtime's op count."""
+    fits on the runtime's one-rank training steps, with the runtime's op count."""
     return ops * ctx.calibration.kernel_overhead
 
 

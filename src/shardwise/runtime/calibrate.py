@@ -43,9 +43,9 @@ per rank, `OMP_NUM_THREADS=1`, the same processes `shardwise train` starts):
                  `t = rounds·α + bytes/β` with SPEC §5's ring rounds and bytes on the wire
                  (`calibration.fit.fit_alpha_beta`), then at that β a fixed cost per call
                  for each collective and group size, `t = α_call + bytes/β`, the mean
-                 over its messages under `PER_CALL_BELOW` (`fit_per_call`; the step model charges it instead of the rounds' α: on
-                 gloo a small call costs about the same with one ring round or two), and a
-                 fit per collective for reference;
+                 over its messages under `PER_CALL_BELOW` (`fit_per_call`; the step model
+                 charges it instead of the rounds' α: on gloo a small call costs about the
+                 same with one ring round or two), and a fit per collective for reference;
                  a group of more ranks than cores is time-sliced, so its times are divided
                  by ranks/cores before the fit (the preset multiplies them back)
 

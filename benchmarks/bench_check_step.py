@@ -4,18 +4,18 @@ Calibrates once (`shardwise calibrate --ranks 8`), then for each layout runs
 `shardwise check --json --calibration FILE` `--repeats` times (fresh ranks each time, the
 `tiny` models, s = 64, global batch 8, fp32 — `check`'s defaults) and reads its step-time
 row: the step model's prediction (deterministic for one calibration file) against the
-measured median step of the run (rank 0, steps after the checked ones). Layouts run
+measured median step of the run (rank 0, steps after the checked ones), and the prediction
+re-timed beside the run (`check`'s "step, re-timed beside the run" row: the collectives'
+per-call costs timed on the layout's groups after its steps, the per-op host cost refitted on
+`calibrate`'s one-rank step timed right after; `runtime.step_time`). Layouts run
 round-robin, `--repeats` rounds. Reported per layout: the median of the measured medians over
-repeats, the spread across repeats ((max − min) / median: the noise), the error of the
-prediction against the median, the error against the fastest step seen in any repeat
-(how much of the miss is the machine's noise), and the model's largest components.
+repeats, the spread across repeats ((max − min) / median: the noise), the error of each
+prediction against the measured median (the re-timed one per repeat, then the median), the
+error against the fastest step seen in any repeat, and the model's largest components.
 
-`dp1 (reference)` is one rank of one of the two configurations the calibration fits its
-per-op host cost on (s = 64, micro-batch 1; the other is s = 128, micro-batch 2), so it is not
-a prediction: its measured/predicted ratio in each round is the machine's *drift* since the
-calibration (other jobs' load) plus what is left of the one-rank fit. "drift-corrected"
-divides each round's measurement by it — an indication of the model's error on a machine
-whose speed held still, not a substitute.
+`dp1 (reference)` is the one-rank configuration `check` re-times (s = 64, micro-batch 1), so
+it is not a prediction: its measured/predicted ratio from the file in each round shows the
+machine's drift since the calibration; re-timed, it is ≈ 0 by construction.
 
 Run:
     PYTHONPATH=src python benchmarks/bench_check_step.py [--repeats 3] [--calibration FILE]
@@ -57,15 +57,17 @@ def _shardwise(*args: str) -> str:
     return done.stdout
 
 
-def _step_rows(out: str) -> tuple[float, float, float, dict[str, float], float]:
-    """(predicted, measured median step, fastest step, predicted components, predicted with
-    the collectives re-timed on the layout's groups) of a check."""
+def _step_rows(out: str) -> tuple[float, float, float, dict[str, float], float,
+                                  dict[str, float]]:
+    """(predicted, measured median step, fastest step, predicted components, predicted
+    re-timed beside the run, the costs timed beside it) of a check."""
     rows = {r["what"]: r for r in json.loads(out)["rows"] if r["item"] == "step time"}
     parts = {what.removesuffix(" (s)"): r["predicted"] for what, r in rows.items()
              if "step" not in what and r["predicted"] is not None}
-    retimed = rows.get("step, collectives re-timed (s)", rows["step (s)"])["predicted"]
+    beside = {what: r["measured"] for what, r in rows.items() if r["predicted"] is None}
+    retimed = rows["step, re-timed beside the run (s)"]["predicted"]
     return (rows["step (s)"]["predicted"], rows["step (s)"]["measured"],
-            rows["fastest step (s)"]["measured"], parts, retimed)
+            rows["fastest step (s)"]["measured"], parts, retimed, beside)
 
 
 def main() -> None:
@@ -83,37 +85,33 @@ def main() -> None:
         _shardwise("calibrate", "--ranks", "8", "--out", path)
         print(f"calibrated in {time.perf_counter() - start:.0f} s -> {path}", flush=True)
     names = args.layouts.split(",")
-    runs: dict[str, list[tuple[float, float, float, dict[str, float], float, float]]] = {
-        n: [] for n in names}
+    runs: dict[str, list[tuple[float, float, float, dict[str, float], float, float,
+                               dict[str, float]]]] = {n: [] for n in names}
     for repeat in range(args.repeats):  # round-robin: a change of load hits every layout
         for name in names:
-            predicted, seconds, fastest, parts, retimed = _step_rows(
+            predicted, seconds, fastest, parts, retimed, beside = _step_rows(
                 _shardwise("check", "--json", "--calibration", path, *LAYOUTS[name]))
             runs[name].append((predicted, seconds, fastest, parts, os.getloadavg()[0],
-                               retimed))
+                               retimed, beside))
             print(f"  repeat {repeat + 1}: {name:22s} median {seconds * 1e3:7.1f} ms, fastest "
                   f"{fastest * 1e3:7.1f} ms, load {os.getloadavg()[0]:.0f}", flush=True)
     reference = "dp1 (reference)"
-    drift = ([r[1] / r[0] for r in runs[reference]] if reference in runs
-             else [1.0] * args.repeats)
+    drift = [r[1] / r[0] for r in runs.get(reference, [])]
     results = []
     for name in names:
         predicted, parts = runs[name][0][0], runs[name][0][3]
         measured = [r[1] for r in runs[name]]
         fastest = min(r[2] for r in runs[name])
         median = statistics.median(measured)
-        # drift: the one-rank reference measured over predicted in the same round (how much
-        # slower or faster the machine ran than when it was calibrated)
-        corrected = statistics.median(m / d for m, d in zip(measured, drift))
-        # the prediction with each run's collectives re-timed beside its steps, per run
+        # the prediction re-timed beside each run, against that run's median
         retimed = statistics.median(r[5] / r[1] - 1 for r in runs[name])
         row = {"layout": name, "predicted_s": predicted, "measured_s": measured,
                "measured_median_s": median, "spread": (max(measured) - min(measured)) / median,
                "error": (predicted - median) / median,
-               "error_drift_corrected": (predicted - corrected) / corrected,
                "fastest_s": fastest, "error_vs_fastest": (predicted - fastest) / fastest,
                "error_retimed": retimed,
                "predicted_retimed_s": [r[5] for r in runs[name]],
+               "timed_beside_s": [r[6] for r in runs[name]],
                "components_s": parts, "load_average": [r[4] for r in runs[name]]}
         results.append(row)
         top = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
@@ -121,16 +119,15 @@ def main() -> None:
               f"(spread {row['spread']:5.1%}, runs "
               f"{' '.join(f'{m * 1e3:.0f}' for m in measured)})  error {row['error']:+6.1%} "
               f"{'ok' if abs(row['error']) <= 0.2 else 'MISS'}  re-timed {retimed:+6.1%} "
-              f"{'ok' if abs(retimed) <= 0.2 else 'MISS'}  drift-corrected "
-              f"{row['error_drift_corrected']:+6.1%}  vs fastest step {fastest * 1e3:.0f} ms "
+              f"{'ok' if abs(retimed) <= 0.2 else 'MISS'}  vs fastest step {fastest * 1e3:.0f} ms "
               f"{row['error_vs_fastest']:+6.1%}  | "
               f"{', '.join(f'{k} {v * 1e3:.0f}' for k, v in top)}", flush=True)
-    print("drift (reference measured / predicted, per round): "
+    print("drift (one-rank reference measured / predicted from the file, per round): "
           + " ".join(f"{d:.2f}" for d in drift))
     within = sum(abs(r["error"]) <= 0.2 for r in results)
     retimed_within = sum(abs(r["error_retimed"]) <= 0.2 for r in results)
     print(f"{within} of {len(results)} layouts within ±20 % with the calibration file alone, "
-          f"{retimed_within} with the collectives re-timed beside the steps; calibration {path}")
+          f"{retimed_within} re-timed beside the run; calibration {path}")
     if args.json_path:
         with open(path, encoding="utf-8") as f:
             calibration = json.load(f)

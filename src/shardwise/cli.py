@@ -543,7 +543,8 @@ def check(model_name: str, seq: int, global_batch: str, seed: int, data_path: st
         read_machine(calibration_path)  # a bad file: one line, exit 2, before any rank runs
     _preflight(config)
     rows = _on_ranks(lambda: measure.run_check(config, steps, timeout_s=timeout,
-                                               per_rank=per_rank, impl=impl))
+                                               per_rank=per_rank, impl=impl,
+                                               reference=calibration_path is not None))
     step_time = _import_runtime("shardwise.runtime.step_time")
     rows = step_time.with_prediction(rows, config, calibration_path)
     missed = [row for row in rows if not row.ok]

@@ -18,12 +18,12 @@ from shardwise.estimate.compute import _OPS_LAYER
 from shardwise.layout import Layout
 from shardwise.runtime.calibrate import _group_seconds
 from shardwise.runtime.launch import spawn
-from shardwise.runtime.measure import CALL_ROW, REPORTED, CheckRow
+from shardwise.runtime.measure import CALL_ROW, REFERENCE_ROW, REPORTED, CheckRow
 from shardwise.runtime.step_time import COMPONENTS, RETIMED, with_prediction
 from shardwise.runtime.train import TrainConfig
 
 MACHINE = {"name": "this-machine", "backend": "gloo", "dtype": "fp32", "cores": 2,
-           "memory_bytes": 16e9, "peak_flops": 5e10, "memory_bandwidth": 2e10,
+           "memory_bytes": 16e9, "peak_flops": 2e11, "memory_bandwidth": 2e10,
            "link": {"name": "gloo", "bandwidth": 1e9, "latency": 3e-4}}
 
 
@@ -31,7 +31,7 @@ MACHINE = {"name": "this-machine", "backend": "gloo", "dtype": "fp32", "cores": 
 def calibration(tmp_path):
     path = tmp_path / "me.json"
     path.write_text(json.dumps({"default": {"kernel_overhead": 2e-4, "matmul_efficiency": 1.0,
-                                            "attention_efficiency": 0.1},
+                                            "attention_efficiency": 0.3},
                                 "machine": MACHINE}))
     return str(path)
 
@@ -120,18 +120,30 @@ def test_check_json_has_the_step_time_row_from_the_file_it_names(calibration):
     assert rows["fastest step (s)"]["predicted"] == step["predicted"]
     assert 0 < rows["fastest step (s)"]["measured"] <= step["measured"]
     parts = sum(r["predicted"] for what, r in rows.items()
-                if "step" not in what and not what.startswith(CALL_ROW))
+                if "step" not in what and r["predicted"] is not None)
     assert parts == pytest.approx(expected.total, rel=1e-9)  # the components sum to it
     # tp's collectives and the world's (the loss and grad-norm all-reduces), timed on the
-    # layout's own groups after its steps; the model again with those per-call costs
+    # layout's own groups after its steps…
     calls = {what.removeprefix(CALL_ROW).removesuffix(" (s)"): r["measured"]
              for what, r in rows.items() if what.startswith(CALL_ROW)}
     assert set(calls) == {"all-reduce/2", "reduce-scatter/2", "all-gather/2"}
     assert all(v > 0 for v in calls.values())
-    retimed = predict_step(get_model("tiny"), Layout(tp=2), train, calibration, per_call=calls)
-    assert rows[RETIMED]["predicted"] == pytest.approx(retimed.total, rel=1e-12)
+    # …and `calibrate`'s one-rank step (tiny, s = 64, micro-batch 1), timed after the ranks
+    reference = rows[REFERENCE_ROW]["measured"]
+    assert reference > 0 and rows[REFERENCE_ROW]["predicted"] is None
+    # one point: the refitted per-op cost makes the model's one-rank step equal it exactly;
+    # the step is linear in the cost, t = a + k·n, so k = (t − a) / n from two predictions
+    one = Layout(micro_batch=1)
+    one_train = TrainConfig(get_model("tiny"), one, seq_len=64).train_spec()
+    at = [predict_step(get_model("tiny"), one, one_train, calibration, kernel_overhead=k).total
+          for k in (0.0, 1e-4)]
+    k = (reference - at[0]) / ((at[1] - at[0]) / 1e-4)
+    retimed = predict_step(get_model("tiny"), Layout(tp=2), train, calibration, per_call=calls,
+                           kernel_overhead=k)
+    assert rows[RETIMED]["predicted"] == pytest.approx(retimed.total, rel=1e-9)
     assert rows[RETIMED]["measured"] == step["measured"]
     assert retimed.tp_comm != expected.tp_comm  # it moves with the calls' costs
+    assert retimed.compute != expected.compute  # and with the host's
 
 
 def test_without_a_file_the_row_says_the_built_in_constants_cannot_predict_a_cpu():

@@ -154,17 +154,22 @@ def cluster_of(spec: MachineSpec, cal: Calibration, ranks: int
 
 
 def predict_step(model: ModelSpec, layout: Layout, train: TrainSpec, path: str | Path,
-                 per_call: dict[str, float] | None = None) -> StepEstimate:
+                 per_call: dict[str, float] | None = None,
+                 kernel_overhead: float | None = None) -> StepEstimate:
     """The step model's prediction for `layout` on `layout.world_size` ranks of the machine
     the calibration file describes (`estimate.step.estimate_step`); `per_call` ("op/n":
-    seconds, measured with the layout's ranks busy) replaces the file's per-call costs."""
+    seconds, measured with the layout's ranks busy) replaces the file's per-call costs,
+    `kernel_overhead` (one rank's seconds per op, measured later) the file's."""
     from shardwise.estimate.step import estimate_step
 
     spec = read_machine(path)
     if train.dtype != spec.dtype:
         raise ShardwiseError(f"the calibration {str(path)!r} was measured in {spec.dtype}; "
                              f"this run is {train.dtype} (calibrate in the same dtype)")
-    cluster, cal = machine_cluster(layout.world_size, path)
+    cal = load_calibration(THIS_MACHINE, path)
+    if kernel_overhead is not None:
+        cal = replace(cal, kernel_overhead=kernel_overhead)
+    cluster, cal = cluster_of(spec, cal, layout.world_size)
     if per_call:
         cal = replace(cal, collective_call=cal.collective_call | per_call).validate()
     return estimate_step(model, cluster, layout, train, cal)

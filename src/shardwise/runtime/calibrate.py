@@ -72,7 +72,7 @@ import torch
 import torch.distributed as dist
 
 from shardwise.arch import get_model
-from shardwise.calibration import Calibration, default_calibration
+from shardwise.calibration import Calibration, default_calibration, load_calibration
 from shardwise.calibration.fit import (
     fit_alpha_beta,
     fit_matmul,
@@ -81,14 +81,15 @@ from shardwise.calibration.fit import (
     matmul_seconds,
     relative_residuals,
 )
-from shardwise.calibration.machine import THIS_MACHINE, MachineSpec, cluster_of
+from shardwise.calibration.machine import THIS_MACHINE, MachineSpec, cluster_of, read_machine
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import ring_bytes_on_wire, ring_steps
 from shardwise.layout import Layout
 from shardwise.runtime import collectives as C
 from shardwise.runtime import launch
 
-__all__ = ["Plan", "calibrate", "plot_calibration"]
+__all__ = ["Plan", "calibrate", "host_cost_now", "one_rank_steps", "plot_calibration",
+           "time_layout_calls"]
 
 COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all")
 KiB, MiB = 1024, 1024**2
@@ -264,22 +265,24 @@ def _host_op_seconds(device: torch.device, dtype: torch.dtype) -> tuple[float, i
 
 
 STEP_CONFIGS = ((64, 1), (128, 2))  # (seq_len, micro-batch) of the one-rank tiny steps
+REFERENCE_STEP = STEP_CONFIGS[0]  # the one `shardwise check --calibration` re-times
 STEPS = 16
 
 
-def _steps(plan: Plan, dtype_name: str) -> list[list[float]]:
+def one_rank_steps(dtype_name: str, configs: tuple[tuple[int, int], ...],
+                   steps: int = STEPS) -> list[list[float]]:
     """[seq_len, micro_batch, median step after the first, seconds] of `tiny` on one rank
-    (global batch 8 sequences), through `runtime.train` as `shardwise train` runs it. The
+    (global batch 8 sequences), through `runtime.train` as `shardwise train` runs it — what
+    `kernel_overhead` is fitted on (here and, timed beside a run, by `shardwise check`). The
     configurations take turns step by step, so that a slow spell of a shared machine falls
     on both alike (one measured after the other, a spell once put 46 % on one of them)."""
     from shardwise.runtime.train import TrainConfig, build, train_step
 
-    configs = STEP_CONFIGS[:1] if plan.quick else STEP_CONFIGS
     states = [build(TrainConfig(get_model("tiny"), Layout(micro_batch=mbs), seq_len=seq,
                                 global_batch=8, dtype=dtype_name, steps=STEPS))
               for seq, mbs in configs]
     times: list[list[float]] = [[] for _ in configs]
-    for _ in range(3 if plan.quick else STEPS):
+    for _ in range(steps):
         for state, spent in zip(states, times, strict=True):
             spent.append(train_step(state).seconds)
     return [[seq, mbs, statistics.median(spent[1:])]
@@ -297,7 +300,9 @@ def _compute_rank(plan: Plan) -> dict[str, Any]:
             "launch": _seconds(lambda: torch.add(one, one, out=one), device),
             "host_ops": [op_seconds, op_count],
             "matmul": _matmuls(plan, device, dtype), "copy": copy, "kernels": kernels,
-            "attention": _attention(plan, device, dtype), "steps": _steps(plan, dtype_name)}
+            "attention": _attention(plan, device, dtype),
+            "steps": one_rank_steps(dtype_name, STEP_CONFIGS[:1] if plan.quick else STEP_CONFIGS,
+                                    3 if plan.quick else STEPS)}
 
 
 # ------------------------------------------------------------------- N ranks: collectives
@@ -539,7 +544,7 @@ def fit_measurements(raw: dict[str, Any], plan: Plan) -> dict[str, Any]:
                     hbm_efficiency=hbm, kernel_overhead=op_seconds).validate()
     cal = replace(probe, kernel_overhead=_fit_host_cost(raw["steps"], machine, probe,
                                                         notes)).validate()
-    steps = _one_rank_steps(raw["steps"], machine, cal)
+    steps = _step_residuals(raw["steps"], machine, cal)
     constants = {"matmul_efficiency": 1.0, "matmul_half_dim": gemm.half_dim,
                  "attention_efficiency": attention, "hbm_efficiency": hbm,
                  "kernel_overhead": cal.kernel_overhead}
@@ -612,7 +617,16 @@ def _fit_host_cost(points: list[list[float]], machine: MachineSpec, probe: Calib
     return k
 
 
-def _one_rank_steps(points: list[list[float]], machine: MachineSpec, cal: Calibration
+def host_cost_now(points: list[list[float]], path: str) -> float:
+    """`kernel_overhead` refitted on one-rank steps timed later (`one_rank_steps`) than the
+    calibration file `path`, everything else from the file: the host's cost per op as it is
+    now (a shared machine's speed drifts 10–50 % within minutes here)."""
+    notes: list[str] = []
+    return _fit_host_cost(points, read_machine(path), load_calibration(THIS_MACHINE, path),
+                          notes)
+
+
+def _step_residuals(points: list[list[float]], machine: MachineSpec, cal: Calibration
                     ) -> dict[str, Any]:
     """The measured one-rank steps against the model's with the fitted constants (the
     residuals of the `kernel_overhead` fit)."""

@@ -71,6 +71,7 @@ __all__ = [
     "launch",
     "rank",
     "spawn",
+    "under_torchrun",
     "world_size",
 ]
 
@@ -155,7 +156,8 @@ def _shutdown() -> None:
             dist.destroy_process_group()
 
 
-def _under_torchrun() -> bool:
+def under_torchrun() -> bool:
+    """Is this process a rank torchrun started (its environment names the world)?"""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
 
 
@@ -164,7 +166,7 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float
     """`spawn` locally, or run in place under torchrun and all-gather the results.
 
     Under torchrun `world_size` must equal the torchrun world (checked)."""
-    if _under_torchrun() and not dist.is_initialized():
+    if under_torchrun() and not dist.is_initialized():
         init_from_env(backend, max(timeout_s, 60))
         if dist.get_world_size() != world_size:
             raise RankFailure(

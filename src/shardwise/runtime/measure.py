@@ -56,7 +56,7 @@ from shardwise.estimate.check import (
 from shardwise.layout import Layout, TrainSpec
 from shardwise.runtime import collectives as C
 from shardwise.runtime import launch
-from shardwise.runtime.calibrate import time_layout_calls
+from shardwise.runtime.calibrate import REFERENCE_STEP, STEPS, one_rank_steps, time_layout_calls
 from shardwise.runtime.data import Batches, load_tokens
 from shardwise.runtime.parallel_transformer import ParallelTransformer
 from shardwise.runtime.train import TrainConfig, build, train_step
@@ -374,6 +374,8 @@ def _state_test(parallel: ParallelTransformer) -> Callable[[torch.Tensor], bool]
 
 
 CALL_ROW = "per call: "  # rows of collective costs re-timed on the layout's own groups
+# `calibrate`'s one-rank step, re-timed beside a layout's steps (`run_check(reference=True)`)
+REFERENCE_ROW = "one-rank reference: tiny, s={}, micro-batch {} (s)".format(*REFERENCE_STEP)
 # steps timed after the checked ones (their median is the measured step: a step's collectives
 # have a long-tailed cost on a shared host, so a median of few steps swings)
 TIMED_STEPS = 8
@@ -425,13 +427,23 @@ def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL
 
 
 def run_check(config: TrainConfig, steps: int = 2, *, timeout_s: float = 600,
-              per_rank: bool = False, impl: str = RUNTIME_IMPL) -> list[CheckRow]:
+              per_rank: bool = False, impl: str = RUNTIME_IMPL, reference: bool = False
+              ) -> list[CheckRow]:
     """`check_layout` on `config.layout.world_size` ranks (spawned here with gloo, or the
     torchrun world: `torchrun … -m shardwise check …`); the rows merged over ranks
     (`merge_rows`: per pipeline stage, the rank with the largest error), or every rank's rows
-    with `per_rank`."""
+    with `per_rank`. With `reference` (and ranks spawned here), then the one-rank steps
+    `shardwise calibrate` fits the host's per-op cost on, timed right after the layout's
+    ranks exit (`calibrate.one_rank_steps`): the `REFERENCE_ROW`."""
     config.validate()
     Batches(load_tokens(config.data), config.seq_len, config.global_batch)  # enough text?
     results = launch.launch(check_layout, config.layout.world_size, config, steps, impl,
                             timeout_s=timeout_s)
-    return [row for rows in results for row in rows] if per_rank else merge_rows(results)
+    rows = [row for rows in results for row in rows] if per_rank else merge_rows(results)
+    if reference and not launch.under_torchrun():
+        (*_, seconds), = launch.spawn(one_rank_steps, 1, config.dtype, (REFERENCE_STEP,),
+                                      timeout_s=timeout_s)[0]
+        rows.append(CheckRow("step time", REFERENCE_ROW, None, seconds, REPORTED,
+                             "as `calibrate` times it, right after this layout's ranks: the "
+                             f"median of {STEPS - 1} steps after the first"))
+    return rows

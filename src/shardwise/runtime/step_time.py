@@ -3,15 +3,23 @@ SPEC §7) for the layout on this machine against the measured median step.
 
 `check_layout` measures rank 0's step time (the median and the fastest of the steps after
 the checked ones, outside the saved-tensor hooks and byte counters); `with_prediction` adds
-the prediction from a calibration file written by `shardwise calibrate` (its `machine` section is the hardware, its constants the
-efficiencies) and one row per component of the model's step: compute, exposed communication
-per axis, bubble, optimizer. The components are predicted only: the runtime does not time
-them apart (a rank waiting in a collective and a rank computing look alike from the step
-clock). Then the same model again with the per-call costs of the layout's collectives timed
-on its own groups right after its steps (`runtime.calibrate.time_layout_calls`; the
-"per call: …" rows): the file's compute constants, the collectives as they cost now. The rows
-are reported, not targets (`check`'s exit code ignores them): a step time on
-a shared CPU is noisy; `benchmarks/bench_check_step.py` measures the accuracy over repeats.
+the prediction from a calibration file written by `shardwise calibrate` (its `machine`
+section is the hardware, its constants the efficiencies) and one row per component of the
+model's step: compute, exposed communication per axis, bubble, optimizer. The components are
+predicted only: the runtime does not time them apart (a rank waiting in a collective and a
+rank computing look alike from the step clock).
+
+Then the same model again with the machine as it is *now* (`RETIMED`): a shared machine's
+speed drifts 10–50 % within minutes (measured here between `calibrate` and `check` a minute
+apart: the one-rank step ran 0.8–1.5× its calibrated time), so two of the file's figures
+are timed again beside the run: the per-call cost of each collective the layout makes, on
+its own groups right after its steps (`runtime.calibrate.time_layout_calls`, the
+"per call: …" rows), and the host's per-op cost (`kernel_overhead`), refitted as `calibrate`
+fits it on `calibrate`'s own one-rank `tiny` step timed right after the layout's ranks exit
+(`REFERENCE_ROW`; `host_cost_now`). The GEMM, memory and attention constants and the link's
+α-β stay the file's. The rows are reported, not targets (`check`'s exit code ignores them):
+a step time on a shared CPU is noisy; `benchmarks/bench_check_step.py` measures the accuracy
+over repeats.
 
 Without `--calibration` the built-in constants (`data/calibration.json`) apply, and they
 describe datasheet GPUs: on a CPU there is no hardware to predict with, so the row says so.
@@ -24,12 +32,13 @@ from pathlib import Path
 
 from shardwise.calibration.machine import predict_step
 from shardwise.errors import ShardwiseError
-from shardwise.runtime.measure import CALL_ROW, REPORTED, CheckRow
+from shardwise.runtime.calibrate import REFERENCE_STEP, host_cost_now
+from shardwise.runtime.measure import CALL_ROW, REFERENCE_ROW, REPORTED, CheckRow
 from shardwise.runtime.train import TrainConfig
 
 __all__ = ["COMPONENTS", "RETIMED", "with_prediction"]
 
-RETIMED = "step, collectives re-timed (s)"
+RETIMED = "step, re-timed beside the run (s)"
 
 # StepEstimate field -> row label (the model's breakdown, SPEC §7)
 COMPONENTS = {"compute": "compute", "tp_comm": "tp comm", "cp_comm_exposed": "cp comm exposed",
@@ -40,35 +49,43 @@ COMPONENTS = {"compute": "compute", "tp_comm": "tp comm", "cp_comm_exposed": "cp
 def with_prediction(rows: list[CheckRow], config: TrainConfig,
                     calibration: str | Path | None) -> list[CheckRow]:
     """`rows` with the measured step-time rows (median and fastest step) completed by the
-    prediction and followed by the predicted components (non-zero ones)."""
-    measured = [i for i, r in enumerate(rows) if r.item == "step time"
-                and not r.what.startswith(CALL_ROW)]
+    prediction and followed by the predicted components (non-zero ones), then the step
+    re-timed (`RETIMED`) where `rows` carry costs timed beside the steps: per-call rows
+    (`CALL_ROW`) and the one-rank reference step (`REFERENCE_ROW`)."""
+    beside = [r for r in rows if r.item == "step time"
+              and (r.what.startswith(CALL_ROW) or r.what == REFERENCE_ROW)]
+    measured = [i for i, r in enumerate(rows) if r.item == "step time" and r not in beside]
     if not measured:
         return rows
-    calls = [r for r in rows if r.item == "step time" and r.what.startswith(CALL_ROW)]
     rest = [r for r in rows if r.item != "step time"]
     if calibration is None:
         note = ("calibration: built-in (data/calibration.json, datasheet GPUs): no figures for "
                 "the machine this ran on; run `shardwise calibrate --out FILE` and pass "
                 "--calibration FILE")
-        return rest + [replace(rows[i], note=f"{rows[i].note}; {note}") for i in measured] + calls
+        return rest + [replace(rows[i], note=f"{rows[i].note}; {note}") for i in measured] + beside
+    model, layout, train = config.model, config.layout, config.train_spec()
     try:
-        step = predict_step(config.model, config.layout, config.train_spec(), calibration)
+        step = predict_step(model, layout, train, calibration)
     except ShardwiseError as exc:
         return rest + [replace(rows[i], note=f"{rows[i].note}; no prediction: {exc}")
-                       for i in measured] + calls
+                       for i in measured] + beside
     source = f"predicted by the step model (SPEC §7), calibration: {calibration}"
     totals = [replace(rows[i], predicted=step.total, note=f"{rows[i].note}; {source}")
               for i in measured]
     parts = [CheckRow("step time", f"{label} (s)", getattr(step, name), None, REPORTED,
                       "predicted component (not timed apart by the runtime)")
              for name, label in COMPONENTS.items() if getattr(step, name) > 0]
-    if calls:  # the same model with the collectives' costs timed beside the steps
-        now = {r.what.removeprefix(CALL_ROW).removesuffix(" (s)"): r.measured for r in calls}
-        retimed = predict_step(config.model, config.layout, config.train_spec(), calibration,
-                               per_call=now).total
-        median = rows[measured[0]]
-        parts.append(CheckRow("step time", RETIMED, retimed, median.measured, REPORTED,
-                              "the step model with the file's compute constants and the "
-                              "per-call costs below (timed now on this layout's groups)"))
-    return rest + totals + parts + calls
+    if beside:  # the same model with the machine's costs as timed beside the steps
+        now = {r.what.removeprefix(CALL_ROW).removesuffix(" (s)"): r.measured for r in beside
+               if r.what.startswith(CALL_ROW)}
+        host = next((host_cost_now([[*REFERENCE_STEP, r.measured]], str(calibration))
+                     for r in beside if r.what == REFERENCE_ROW), None)
+        retimed = predict_step(model, layout, train, calibration, per_call=now,
+                               kernel_overhead=host)
+        timed = [*(["the per-op host cost refitted on the one-rank reference step"]
+                   if host is not None else []),
+                 *(["the per-call costs timed on this layout's groups"] if now else [])]
+        parts.append(CheckRow("step time", RETIMED, retimed.total, rows[measured[0]].measured,
+                              REPORTED, f"the step model with {' and '.join(timed)} (rows "
+                              "below, timed now), the rest from the file"))
+    return rest + totals + parts + beside

@@ -11,7 +11,9 @@ the machine the runtime runs on.
       "link": {"name": "gloo", "bandwidth": 1.1e9, "latency": 4e-5,    fitted α-β
                "per_call": {"all-reduce/2": 7e-4, ...,   fixed seconds per call, by
                             "all-reduce/2@8": 2e-3}}  collective and group size (optional;
-    }                                 `fit.fit_per_call`); "@8": measured with all 8 ranks busy
+                                      `fit.fit_per_call`); "@8": measured with all 8 ranks busy
+      "synced_host_factor": 1.2       the per-op host cost of ranks that keep in step, ÷ one
+    }                                 rank's alone (optional, 1; below)
 
 With `per_call`, a collective on that many ranks costs `α_call + bytes/β` instead of
 `rounds·α + bytes/β` (`estimate.step.group_collective_time`): gloo's cost of a small call
@@ -32,6 +34,16 @@ not capture). Each rank's memory is the machine's ÷ ranks. The preset runs shar
 `kernel_overhead` (seconds per aten op) is charged for the ops that runtime dispatches
 (`op_count = "runtime"`, `estimate.compute.host_ops`). Other jobs on the machine take
 cores too, and nothing here sees them: calibrate and run under the same load.
+
+`kernel_overhead` is one rank's, alone on the machine. A layout of more than one rank is
+charged `kernel_overhead × synced_host_factor`: `shardwise calibrate` times the same one-rank
+steps on a rank per core at once, the ranks all-reducing a scalar after every block's forward
+and backward as a layout's collectives keep its ranks in step, and fits the per-op cost on
+the time outside those all-reduces. On the 2-core VM the ranks' operations all ran
+15–45 % slower in step than alone (every aten op alike, views included: a dispatch-mode
+timing of dp2×ep2 against one rank with the same tokens), while two one-rank trainings in
+separate worlds ran at the speed of one alone — the cost comes with keeping in step, not
+with sharing the cores.
 """
 
 from __future__ import annotations
@@ -71,6 +83,7 @@ class MachineSpec:
     link_latency: float
     link_name: str = "gloo"
     per_call: tuple[tuple[str, float], ...] = ()
+    synced_host_factor: float = 1.0
 
     def validate(self) -> MachineSpec:
         problems = []
@@ -83,6 +96,8 @@ class MachineSpec:
             problems.append(f"link latency must be ≥ 0, got {self.link_latency}")
         problems += [f"per-call cost of {k} must be ≥ 0, got {v}" for k, v in self.per_call
                      if not v >= 0]
+        if not 0 < self.synced_host_factor < float("inf"):
+            problems.append(f"synced_host_factor must be > 0, got {self.synced_host_factor}")
         if problems:
             raise ShardwiseError("calibration machine section: " + "; ".join(problems))
         return self
@@ -92,7 +107,8 @@ class MachineSpec:
                 "cores": self.cores, "memory_bytes": self.memory_bytes,
                 "peak_flops": self.peak_flops, "memory_bandwidth": self.memory_bandwidth,
                 "link": {"name": self.link_name, "bandwidth": self.link_bandwidth,
-                         "latency": self.link_latency, "per_call": dict(self.per_call)}}
+                         "latency": self.link_latency, "per_call": dict(self.per_call)},
+                "synced_host_factor": self.synced_host_factor}
 
     @classmethod
     def from_dict(cls, data: Any, source: str) -> MachineSpec:
@@ -104,12 +120,13 @@ class MachineSpec:
                        float(data["memory_bandwidth"]), float(link["bandwidth"]),
                        float(link["latency"]), str(link.get("name", "gloo")),
                        tuple((str(k), float(v))
-                             for k, v in sorted(link.get("per_call", {}).items()))).validate()
+                             for k, v in sorted(link.get("per_call", {}).items())),
+                       float(data.get("synced_host_factor", 1.0))).validate()
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ShardwiseError(
                 f"calibration file {source!r}: the machine section needs cores, memory_bytes, "
-                f"peak_flops, memory_bandwidth and link {{bandwidth, latency[, per_call]}} "
-                f"({exc})"
+                f"peak_flops, memory_bandwidth and link {{bandwidth, latency[, per_call]}}"
+                f"[, synced_host_factor] ({exc})"
             ) from None
 
 
@@ -147,7 +164,8 @@ def cluster_of(spec: MachineSpec, cal: Calibration, ranks: int
     # the others were measured with a core per member and are time-sliced like the rest
     alone = {k: v / share for k, v in spec.per_call if "@" not in k}
     busy = {k.split("@")[0]: v for k, v in spec.per_call if k.endswith(f"@{ranks}")}
-    cal = replace(cal, accelerator=THIS_MACHINE, kernel_overhead=cal.kernel_overhead / share,
+    host = cal.kernel_overhead * (spec.synced_host_factor if ranks > 1 else 1.0)
+    cal = replace(cal, accelerator=THIS_MACHINE, kernel_overhead=host / share,
                   collective_call=alone | busy,
                   link_efficiency=cal.link_efficiency | {link.name: 1.0}, op_count="runtime")
     return cluster, cal.validate()

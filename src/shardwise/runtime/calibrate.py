@@ -270,23 +270,64 @@ STEPS = 16
 
 
 def one_rank_steps(dtype_name: str, configs: tuple[tuple[int, int], ...],
-                   steps: int = STEPS) -> list[list[float]]:
+                   steps: int = STEPS, synced: bool = False) -> list[list[float]]:
     """[seq_len, micro_batch, median step after the first, seconds] of `tiny` on one rank
     (global batch 8 sequences), through `runtime.train` as `shardwise train` runs it — what
     `kernel_overhead` is fitted on (here and, timed beside a run, by `shardwise check`). The
     configurations take turns step by step, so that a slow spell of a shared machine falls
-    on both alike (one measured after the other, a spell once put 46 % on one of them)."""
+    on both alike (one measured after the other, a spell once put 46 % on one of them).
+
+    `synced`: every rank of the process group trains its own one-rank model at once
+    (`Mesh.alone`), the ranks all-reducing a scalar after each block's forward and backward
+    (as a layout's collectives keep its ranks in step); the seconds outside those calls."""
+    from shardwise.runtime.mesh import Mesh
     from shardwise.runtime.train import TrainConfig, build, train_step
 
     states = [build(TrainConfig(get_model("tiny"), Layout(micro_batch=mbs), seq_len=seq,
-                                global_batch=8, dtype=dtype_name, steps=STEPS))
+                                global_batch=8, dtype=dtype_name, steps=STEPS),
+                    Mesh.alone() if synced else None)
               for seq, mbs in configs]
+    waited = [0.0]
+    if synced:
+        for state in states:
+            _keep_in_step(state.model.model.blocks, waited)
     times: list[list[float]] = [[] for _ in configs]
     for _ in range(steps):
         for state, spent in zip(states, times, strict=True):
-            spent.append(train_step(state).seconds)
+            waited[0] = 0.0
+            spent.append(train_step(state).seconds - waited[0])
     return [[seq, mbs, statistics.median(spent[1:])]
             for (seq, mbs), spent in zip(configs, times, strict=True)]
+
+
+def _keep_in_step(blocks: Any, waited: list[float]) -> None:
+    """After each block's forward and (through a hook on its output) backward, all-reduce a
+    scalar over the world, adding the seconds it took to `waited[0]`. A tensor hook: no
+    aten ops of its own, so the op count the step model charges holds."""
+    one = torch.ones(1, device=launch.device())
+
+    def sync(*_: Any) -> None:
+        start = time.perf_counter()
+        C.all_reduce(one, "world", counter=C.CommCounter())
+        waited[0] += time.perf_counter() - start
+
+    def after_forward(_module: Any, _inputs: Any, output: torch.Tensor) -> None:
+        sync()
+        if output.requires_grad:
+            output.register_hook(sync)
+
+    for block in blocks:
+        block.register_forward_hook(after_forward)
+
+
+def _synced_ranks(plan: Plan, dtype_name: str) -> list[list[float]]:
+    """`one_rank_steps(synced=True)` on every rank; each point's seconds the ranks' mean."""
+    configs = STEP_CONFIGS[:1] if plan.quick else STEP_CONFIGS
+    mine = one_rank_steps(dtype_name, configs, 3 if plan.quick else STEPS, synced=True)
+    seconds = torch.tensor([p[2] for p in mine], dtype=torch.float64)
+    dist.all_reduce(seconds)
+    return [[seq, mbs, float(t) / dist.get_world_size()]
+            for (seq, mbs, _), t in zip(mine, seconds, strict=True)]
 
 
 def _compute_rank(plan: Plan) -> dict[str, Any]:
@@ -545,6 +586,9 @@ def fit_measurements(raw: dict[str, Any], plan: Plan) -> dict[str, Any]:
     cal = replace(probe, kernel_overhead=_fit_host_cost(raw["steps"], machine, probe,
                                                         notes)).validate()
     steps = _step_residuals(raw["steps"], machine, cal)
+    # the same steps with a rank on every core, kept in step: the same fit, as a factor
+    synced_k = _fit_host_cost(raw["synced_steps"], machine, probe, notes)
+    machine = replace(machine, synced_host_factor=synced_k / cal.kernel_overhead).validate()
     constants = {"matmul_efficiency": 1.0, "matmul_half_dim": gemm.half_dim,
                  "attention_efficiency": attention, "hbm_efficiency": hbm,
                  "kernel_overhead": cal.kernel_overhead}
@@ -574,7 +618,9 @@ def fit_measurements(raw: dict[str, Any], plan: Plan) -> dict[str, Any]:
                          "aten ops of the probe block (forward + backward)": op_count,
                          "probe block": HOST_PROBE,
                          "fitted on the one-rank steps: seconds per aten op":
-                             cal.kernel_overhead},
+                             cal.kernel_overhead,
+                         "fitted on the same steps on every core at once, kept in step: "
+                         "seconds per aten op": synced_k},
             "collectives": {"points [op, ranks, bytes, s]": coll, "fit": link.to_dict(),
                             f"points with all {plan.ranks} ranks busy [op, ranks, bytes, s]":
                                 busy,
@@ -582,6 +628,8 @@ def fit_measurements(raw: dict[str, Any], plan: Plan) -> dict[str, Any]:
                             "per_call (α_call of t = α_call + bytes/β)":
                                 {k: f.to_dict() for k, f in per_call.items()}},
             "steps": steps,
+            "synced_steps": {"points [seq, micro_batch, s outside the all-reduces]":
+                                 raw["synced_steps"]},
         },
     }
 
@@ -646,6 +694,10 @@ def calibrate(plan: Plan, progress: Callable[[str], None] = lambda msg: None
     plan.validate()
     progress("GEMMs, memory-bound kernels, attention, one-rank training steps")
     raw = launch.spawn(_compute_rank, 1, plan, timeout_s=600, backend=plan.backend)[0]
+    ranks = plan.ranks if plan.backend == "nccl" else min(plan.ranks, len(os.sched_getaffinity(0)))
+    progress(f"the same one-rank steps on {ranks} ranks at once, kept in step")
+    raw["synced_steps"] = launch.spawn(_synced_ranks, ranks, plan, raw["dtype"], timeout_s=600,
+                                       backend=plan.backend)[0]
     progress(f"collectives on {plan.ranks} ranks ({plan.backend})")
     raw["collectives"] = launch.spawn(_collective_ranks, plan.ranks, plan, timeout_s=600,
                                       backend=plan.backend)[0]
@@ -737,6 +789,8 @@ def summary_rows(data: dict[str, Any]) -> list[list[str]]:
         ["kernel_overhead (per aten op; fitted on the one-rank steps)",
          f"{const['kernel_overhead'] * 1e6:.2f} µs",
          f"probe block {meas['host_ops']['probe: seconds per aten op'] * 1e6:.2f} µs"],
+        ["synced_host_factor (per-op cost of ranks kept in step ÷ alone)",
+         f"{machine['synced_host_factor']:.3f}", ""],
         ["one-rank tiny step: model vs measured", ", ".join(
             f"{p * 1e3:.0f} vs {m[2] * 1e3:.0f} ms" for p, m in zip(
                 meas["steps"]["predicted_s"], meas["steps"]["points [seq, micro_batch, s]"])),

@@ -10,6 +10,7 @@ Public API (stable; other runtime modules import it):
         .groups(axis) -> list[tuple[int, ...]]  every group of that axis (global ranks),
         .group_of(axis, rank) -> tuple[int, ...]; MeshShape.from_layout(layout)
     Mesh.from_layout(layout, *, make_current=True) -> Mesh   (alias: build_mesh(layout))
+    Mesh.alone() -> Mesh                         this rank by itself in a larger group
         collective: every rank must call it, in the same order. Creates one process group per
         group of every axis of degree > 1 (with `launch.group_timeout()`); degree-1 axes
         create none.
@@ -125,6 +126,16 @@ class Mesh:
         mesh = cls(shape, me, axes)
         if make_current:
             set_current_mesh(mesh)
+        return mesh
+
+    @classmethod
+    def alone(cls) -> Mesh:
+        """This rank by itself, every axis of degree 1, inside a larger process group (the
+        "world" axis stays the whole group): `calibrate` trains a one-rank model on every
+        rank at once. Made current."""
+        me = dist.get_rank()
+        mesh = cls(MeshShape(), 0, {axis: AxisGroup(axis, None, 1, 0, (me,)) for axis in AXES})
+        set_current_mesh(mesh)
         return mesh
 
     def axis(self, name: str) -> AxisGroup:

@@ -135,6 +135,33 @@ def test_per_call_costs_scale_with_the_core_share(tmp_path):
     assert cal.collective_call == {"all-reduce/4": pytest.approx(2e-3)}
 
 
+@pytest.mark.parametrize("ranks, share", [(1, 1.0), (2, 1.0), (8, 0.25)])
+def test_layouts_of_several_ranks_pay_the_per_op_cost_of_ranks_kept_in_step(tmp_path, ranks,
+                                                                            share):
+    path = tmp_path / "me.json"
+    path.write_text(json.dumps({"default": CONSTANTS,
+                                "machine": MACHINE | {"synced_host_factor": 1.25}}))
+    _, cal = machine_cluster(ranks, str(path))
+    factor = 1.25 if ranks > 1 else 1.0  # one rank runs alone: the file's own figure
+    assert cal.kernel_overhead == pytest.approx(2e-4 * factor / share)
+    # a measured figure in place of the file's (what `check` re-times) keeps the factor
+    model, layout = get_model("tiny"), Layout(dp=ranks)
+    train = TrainSpec(seq_len=64, global_batch=8, dtype="fp32")
+    at = [predict_step(model, layout, train, str(path), kernel_overhead=k).compute
+          for k in (0.0, 1e-4, 2e-4)]
+    assert at[2] - at[1] == pytest.approx(at[1] - at[0], rel=1e-9)  # linear in the figure
+    assert predict_step(model, layout, train, str(path)).compute == pytest.approx(at[2])
+
+
+@pytest.mark.parametrize("factor", [0, -1, "x"])
+def test_a_bad_synced_host_factor_is_one_line(tmp_path, factor):
+    path = tmp_path / "me.json"
+    path.write_text(json.dumps({"default": CONSTANTS,
+                                "machine": MACHINE | {"synced_host_factor": factor}}))
+    with pytest.raises(ShardwiseError, match="synced_host_factor"):
+        machine_cluster(2, str(path))
+
+
 def test_a_bad_per_call_section_is_one_line(tmp_path):
     machine = MACHINE | {"link": MACHINE["link"] | {"per_call": [1, 2]}}
     path = tmp_path / "me.json"

@@ -99,6 +99,17 @@ def test_calibrate_quick_writes_a_file_the_planner_takes(tmp_path):
     residuals = [(t - a) / t for t, a in zip(measured, at_k, strict=True)]
     assert abs(sum(n * r / t for n, r, t in zip(ops, residuals, measured, strict=True))) < (
         1e-6 * sum(n / t for n, t in zip(ops, measured, strict=True)))
+    # the same step with a rank on every core, kept in step (--quick: s = 64, micro-batch
+    # 1 alone): one point, so the refitted per-op cost reproduces it exactly
+    (seq, mbs, synced), = meas["synced_steps"]["points [seq, micro_batch, s outside the "
+                                               "all-reduces]"]
+    synced_k = host["fitted on the same steps on every core at once, kept in step: seconds "
+                    "per aten op"]
+    assert machine["synced_host_factor"] == pytest.approx(synced_k / k, rel=1e-12)
+    one = Layout(micro_batch=int(mbs))
+    one_train = TrainConfig(get_model("tiny"), one, seq_len=int(seq)).train_spec()
+    assert predict_step(get_model("tiny"), one, one_train, out,
+                        kernel_overhead=synced_k).total == pytest.approx(synced, rel=1e-9)
     assert set(meas["collectives"]["per_group_size"]) == {"2"}  # --quick: groups of 2
     plan = shardwise_json("plan", "tiny", "--gpus", "2", "--gpu", "this-machine",
                           "--calibration", str(out), "--seq", "64", "--global-batch", "8",
@@ -144,6 +155,39 @@ def test_check_json_has_the_step_time_row_from_the_file_it_names(calibration):
     assert rows[RETIMED]["measured"] == step["measured"]
     assert retimed.tp_comm != expected.tp_comm  # it moves with the calls' costs
     assert retimed.compute != expected.compute  # and with the host's
+
+
+def _ops_of_a_step(synced: bool) -> int:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from shardwise.runtime.calibrate import _keep_in_step
+    from shardwise.runtime.mesh import Mesh
+    from shardwise.runtime.train import build, train_step
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    state = build(TrainConfig(get_model("tiny"), Layout()), Mesh.alone())
+    waited = [0.0]
+    if synced:
+        _keep_in_step(state.model.model.blocks, waited)
+    train_step(state)
+    with Count():
+        train_step(state)
+    return Count.ops, waited[0] > 0
+
+
+def test_keeping_ranks_in_step_adds_no_op_the_model_would_not_charge():
+    # `calibrate` fits the per-op cost of ranks kept in step on the step model's op count:
+    # the all-reduces after each block (a forward hook, a hook on the output's gradient)
+    # must leave the step's aten ops as they are; they run, and their time is counted apart
+    (plain, _), = spawn(_ops_of_a_step, 1, False, timeout_s=120)
+    (synced, waited), = spawn(_ops_of_a_step, 1, True, timeout_s=120)
+    assert synced == plain and waited
 
 
 def test_without_a_file_the_row_says_the_built_in_constants_cannot_predict_a_cpu():

@@ -27,6 +27,12 @@ per rank, `OMP_NUM_THREADS=1`, the same processes `shardwise train` starts):
                  (a step's ops also pay the training loop's hooks, the optimizer's Python
                  and the allocator at real sizes). Only one-rank steps are fitted: every
                  layout `check` compares is a prediction
+    kept in step the same one-rank steps on a rank per core at once (`Mesh.alone`: each
+                 rank its own model), the ranks all-reducing a scalar after every block's
+                 forward and backward as a layout's collectives keep its ranks in step;
+                 `kernel_overhead` fitted again on the time outside those calls, over the
+                 alone figure → `synced_host_factor`, which the preset charges to layouts of
+                 more than one rank (`calibration.machine`)
     collectives  all-reduce, reduce-scatter, all-gather, all-to-all over groups of 2…N ranks
                  and a p2p exchange between two (one way = half), against message size,
                  through `runtime.collectives` (what training calls, waiting as it

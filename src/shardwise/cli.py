@@ -519,8 +519,10 @@ def _error_cell(row: Any) -> str:
 @impl_option("shardwise")
 @click.option("--calibration", "calibration_path", default=None,
               type=click.Path(dir_okay=False),
-              help="Predict the step time with this file from `shardwise calibrate` "
-                   "[default: the built-in constants, which have no figures for a CPU].")
+              help="Predict the step time with this file from `shardwise calibrate`, and "
+                   "again with its collectives' and host's costs re-timed beside the run "
+                   "(then a one-rank reference step, a few seconds) [default: the built-in "
+                   "constants, which have no figures for a CPU].")
 @json_option
 def check(model_name: str, seq: int, global_batch: str, seed: int, data_path: str | None,
           dtype: str, grad_dtype: str | None, flash: bool, timeout: float, steps: int,

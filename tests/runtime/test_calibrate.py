@@ -19,7 +19,7 @@ from shardwise.layout import Layout
 from shardwise.runtime.calibrate import _group_seconds
 from shardwise.runtime.launch import spawn
 from shardwise.runtime.measure import CALL_ROW, REFERENCE_ROW, REPORTED, CheckRow
-from shardwise.runtime.step_time import COMPONENTS, RETIMED, with_prediction
+from shardwise.runtime.step_time import COMPONENTS, HOST_RETIMED, RETIMED, with_prediction
 from shardwise.runtime.train import TrainConfig
 
 MACHINE = {"name": "this-machine", "backend": "gloo", "dtype": "fp32", "cores": 2,
@@ -149,12 +149,14 @@ def test_check_json_has_the_step_time_row_from_the_file_it_names(calibration):
     at = [predict_step(get_model("tiny"), one, one_train, calibration, kernel_overhead=k).total
           for k in (0.0, 1e-4)]
     k = (reference - at[0]) / ((at[1] - at[0]) / 1e-4)
+    host = predict_step(get_model("tiny"), Layout(tp=2), train, calibration, kernel_overhead=k)
+    assert rows[HOST_RETIMED]["predicted"] == pytest.approx(host.total, rel=1e-9)
+    assert host.compute != expected.compute and host.tp_comm == expected.tp_comm
     retimed = predict_step(get_model("tiny"), Layout(tp=2), train, calibration, per_call=calls,
                            kernel_overhead=k)
     assert rows[RETIMED]["predicted"] == pytest.approx(retimed.total, rel=1e-9)
-    assert rows[RETIMED]["measured"] == step["measured"]
-    assert retimed.tp_comm != expected.tp_comm  # it moves with the calls' costs
-    assert retimed.compute != expected.compute  # and with the host's
+    assert rows[RETIMED]["measured"] == rows[HOST_RETIMED]["measured"] == step["measured"]
+    assert retimed.tp_comm != expected.tp_comm  # it moves with the calls' costs too
 
 
 def _ops_of_a_step(synced: bool) -> int:

@@ -39,11 +39,11 @@ cores too, and nothing here sees them: calibrate and run under the same load.
 charged `kernel_overhead × synced_host_factor`: `shardwise calibrate` times the same one-rank
 steps on a rank per core at once, the ranks all-reducing a scalar after every block's forward
 and backward as a layout's collectives keep its ranks in step, and fits the per-op cost on
-the time outside those all-reduces. On the 2-core VM the ranks' operations all ran
-15–45 % slower in step than alone (every aten op alike, views included: a dispatch-mode
-timing of dp2×ep2 against one rank with the same tokens), while two one-rank trainings in
+the time outside those all-reduces. On the 2-core VM every frequent aten op, views
+included, took 27–64 % longer in step than alone (a dispatch-mode timing of dp2×ep2 against
+one rank with the same tokens), while two one-rank trainings in
 separate worlds ran at the speed of one alone — the cost comes with keeping in step, not
-with sharing the cores.
+with sharing the cores (why is not established).
 """
 
 from __future__ import annotations

@@ -9,15 +9,16 @@ model's step: compute, exposed communication per axis, bubble, optimizer. The co
 predicted only: the runtime does not time them apart (a rank waiting in a collective and a
 rank computing look alike from the step clock).
 
-Then the same model again with the machine as it is *now* (`RETIMED`): a shared machine's
-speed drifts 10–50 % within minutes (measured here between `calibrate` and `check` a minute
-apart: the one-rank step ran 0.8–1.5× its calibrated time), so two of the file's figures
-are timed again beside the run: the per-call cost of each collective the layout makes, on
-its own groups right after its steps (`runtime.calibrate.time_layout_calls`, the
-"per call: …" rows), and the host's per-op cost (`kernel_overhead`), refitted as `calibrate`
+Then the same model again with the machine as it is *now*: a shared machine's speed drifts
+10–50 % within minutes (measured here between `calibrate` and `check` a minute apart: the
+one-rank step ran 0.8–1.5× its calibrated time), so the file's figures are timed again beside
+the run. `HOST_RETIMED`: the host's per-op cost (`kernel_overhead`), refitted as `calibrate`
 fits it on `calibrate`'s own one-rank `tiny` step timed right after the layout's ranks exit
-(`REFERENCE_ROW`; `host_cost_now`). The GEMM, memory and attention constants and the link's
-α-β stay the file's. The rows are reported, not targets (`check`'s exit code ignores them):
+(`REFERENCE_ROW`; `host_cost_now`). `RETIMED`: that, and the per-call cost of each collective
+the layout makes, timed on its own groups right after its steps
+(`runtime.calibrate.time_layout_calls`, the "per call: …" rows; 120 calls, and they swing by
+2× from one check to the next, so this row is the noisier of the two). The GEMM, memory and
+attention constants, `synced_host_factor` and the link's α-β stay the file's. The rows are reported, not targets (`check`'s exit code ignores them):
 a step time on a shared CPU is noisy; `benchmarks/bench_check_step.py` measures the accuracy
 over repeats.
 
@@ -36,9 +37,10 @@ from shardwise.runtime.calibrate import REFERENCE_STEP, host_cost_now
 from shardwise.runtime.measure import CALL_ROW, REFERENCE_ROW, REPORTED, CheckRow
 from shardwise.runtime.train import TrainConfig
 
-__all__ = ["COMPONENTS", "RETIMED", "with_prediction"]
+__all__ = ["COMPONENTS", "HOST_RETIMED", "RETIMED", "with_prediction"]
 
-RETIMED = "step, re-timed beside the run (s)"
+HOST_RETIMED = "step, host re-timed (s)"  # the per-op host cost timed beside the run
+RETIMED = "step, host and collectives re-timed (s)"  # and the per-call costs
 
 # StepEstimate field -> row label (the model's breakdown, SPEC §7)
 COMPONENTS = {"compute": "compute", "tp_comm": "tp comm", "cp_comm_exposed": "cp comm exposed",
@@ -50,8 +52,8 @@ def with_prediction(rows: list[CheckRow], config: TrainConfig,
                     calibration: str | Path | None) -> list[CheckRow]:
     """`rows` with the measured step-time rows (median and fastest step) completed by the
     prediction and followed by the predicted components (non-zero ones), then the step
-    re-timed (`RETIMED`) where `rows` carry costs timed beside the steps: per-call rows
-    (`CALL_ROW`) and the one-rank reference step (`REFERENCE_ROW`)."""
+    re-timed where `rows` carry costs timed beside the steps: the one-rank reference step
+    (`REFERENCE_ROW`: `HOST_RETIMED`) and with per-call rows (`CALL_ROW`) too (`RETIMED`)."""
     beside = [r for r in rows if r.item == "step time"
               and (r.what.startswith(CALL_ROW) or r.what == REFERENCE_ROW)]
     measured = [i for i, r in enumerate(rows) if r.item == "step time" and r not in beside]
@@ -75,17 +77,20 @@ def with_prediction(rows: list[CheckRow], config: TrainConfig,
     parts = [CheckRow("step time", f"{label} (s)", getattr(step, name), None, REPORTED,
                       "predicted component (not timed apart by the runtime)")
              for name, label in COMPONENTS.items() if getattr(step, name) > 0]
-    if beside:  # the same model with the machine's costs as timed beside the steps
-        now = {r.what.removeprefix(CALL_ROW).removesuffix(" (s)"): r.measured for r in beside
-               if r.what.startswith(CALL_ROW)}
-        host = next((host_cost_now([[*REFERENCE_STEP, r.measured]], str(calibration))
-                     for r in beside if r.what == REFERENCE_ROW), None)
-        retimed = predict_step(model, layout, train, calibration, per_call=now,
-                               kernel_overhead=host)
-        timed = [*(["the per-op host cost refitted on the one-rank reference step"]
-                   if host is not None else []),
-                 *(["the per-call costs timed on this layout's groups"] if now else [])]
-        parts.append(CheckRow("step time", RETIMED, retimed.total, rows[measured[0]].measured,
-                              REPORTED, f"the step model with {' and '.join(timed)} (rows "
-                              "below, timed now), the rest from the file"))
+    # the same model with the machine's costs as timed beside the steps: the host's (no
+    # reference step under torchrun), then the collectives' too
+    host = next((host_cost_now([[*REFERENCE_STEP, r.measured]], str(calibration))
+                 for r in beside if r.what == REFERENCE_ROW), None)
+    now = {r.what.removeprefix(CALL_ROW).removesuffix(" (s)"): r.measured for r in beside
+           if r.what.startswith(CALL_ROW)}
+    timed = "the per-op host cost refitted on the one-rank reference step"
+    variants = [(HOST_RETIMED, {}, timed),
+                *([(RETIMED, now, f"{timed} and the per-call costs timed on this layout's "
+                                  "groups")] if now else [])]
+    for label, calls, what in variants if host is not None else []:
+        again = predict_step(model, layout, train, calibration, per_call=calls,
+                             kernel_overhead=host)
+        parts.append(CheckRow("step time", label, again.total, rows[measured[0]].measured,
+                              REPORTED, f"the step model with {what} (rows below, timed "
+                              "now), the rest from the file"))
     return rest + totals + parts + beside

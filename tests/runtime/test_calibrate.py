@@ -159,7 +159,7 @@ def test_check_json_has_the_step_time_row_from_the_file_it_names(calibration):
     assert retimed.tp_comm != expected.tp_comm  # it moves with the calls' costs too
 
 
-def _ops_of_a_step(synced: bool) -> int:
+def _ops_of_a_step(synced: bool) -> tuple[int, bool]:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from shardwise.runtime.calibrate import _keep_in_step

@@ -99,17 +99,21 @@ def test_calibrate_quick_writes_a_file_the_planner_takes(tmp_path):
     residuals = [(t - a) / t for t, a in zip(measured, at_k, strict=True)]
     assert abs(sum(n * r / t for n, r, t in zip(ops, residuals, measured, strict=True))) < (
         1e-6 * sum(n / t for n, t in zip(ops, measured, strict=True)))
-    # the same step with a rank on every core, kept in step (--quick: s = 64, micro-batch
-    # 1 alone): one point, so the refitted per-op cost reproduces it exactly
-    (seq, mbs, synced), = meas["synced_steps"]["points [seq, micro_batch, s outside the "
-                                               "all-reduces]"]
-    synced_k = host["fitted on the same steps on every core at once, kept in step: seconds "
-                    "per aten op"]
-    assert machine["synced_host_factor"] == pytest.approx(synced_k / k, rel=1e-12)
+    # the same step alone, then with a rank on every core kept in step (--quick: one round,
+    # s = 64 and micro-batch 1 alone): one point each, so each refitted per-op cost makes
+    # the model's one-rank step equal its point — k = (t − a)/n, the step linear in k
+    synced = meas["synced_steps"]
+    (((seq, mbs, alone),), ((_, _, kept),)), = synced[
+        "rounds: points [seq, micro_batch, s] alone, then kept in step (s outside the "
+        "all-reduces)"]
     one = Layout(micro_batch=int(mbs))
     one_train = TrainConfig(get_model("tiny"), one, seq_len=int(seq)).train_spec()
-    assert predict_step(get_model("tiny"), one, one_train, out,
-                        kernel_overhead=synced_k).total == pytest.approx(synced, rel=1e-9)
+    a, b = (predict_step(get_model("tiny"), one, one_train, out, kernel_overhead=x).total
+            for x in (0.0, 1e-5))
+    fitted = [(t - a) / ((b - a) / 1e-5) for t in (alone, kept)]
+    assert synced["factor per round (fitted per-op cost kept in step ÷ alone)"] == (
+        [pytest.approx(fitted[1] / fitted[0], rel=1e-9)])
+    assert machine["synced_host_factor"] == pytest.approx(fitted[1] / fitted[0], rel=1e-9)
     assert set(meas["collectives"]["per_group_size"]) == {"2"}  # --quick: groups of 2
     plan = shardwise_json("plan", "tiny", "--gpus", "2", "--gpu", "this-machine",
                           "--calibration", str(out), "--seq", "64", "--global-batch", "8",

@@ -31,8 +31,9 @@ per rank, `OMP_NUM_THREADS=1`, the same processes `shardwise train` starts):
                  rank its own model), the ranks all-reducing a scalar after every block's
                  forward and backward as a layout's collectives keep its ranks in step;
                  `kernel_overhead` fitted again on the time outside those calls, over the
-                 alone figure → `synced_host_factor`, which the preset charges to layouts of
-                 more than one rank (`calibration.machine`)
+                 same fit on the steps alone timed just before; the median of
+                 `FACTOR_ROUNDS` such pairs → `synced_host_factor`, which the preset
+                 charges to layouts of more than one rank (`calibration.machine`)
     collectives  all-reduce, reduce-scatter, all-gather, all-to-all over groups of 2…N ranks
                  and a p2p exchange between two (one way = half), against message size,
                  through `runtime.collectives` (what training calls, waiting as it
@@ -273,6 +274,9 @@ def _host_op_seconds(device: torch.device, dtype: torch.dtype) -> tuple[float, i
 STEP_CONFIGS = ((64, 1), (128, 2))  # (seq_len, micro-batch) of the one-rank tiny steps
 REFERENCE_STEP = STEP_CONFIGS[0]  # the one `shardwise check --calibration` re-times
 STEPS = 16
+# rounds of (alone, kept in step) for `synced_host_factor`: the median of their ratios (one
+# pair swung 0.81–1.31 back to back on a loaded VM)
+FACTOR_ROUNDS = 3
 
 
 def one_rank_steps(dtype_name: str, configs: tuple[tuple[int, int], ...],
@@ -326,10 +330,14 @@ def _keep_in_step(blocks: Any, waited: list[float]) -> None:
         block.register_forward_hook(after_forward)
 
 
+def _step_plan(plan: Plan) -> tuple[tuple[tuple[int, int], ...], int]:
+    """(configurations, steps) of the one-rank steps: one configuration, 3 steps `--quick`."""
+    return (STEP_CONFIGS[:1], 3) if plan.quick else (STEP_CONFIGS, STEPS)
+
+
 def _synced_ranks(plan: Plan, dtype_name: str) -> list[list[float]]:
     """`one_rank_steps(synced=True)` on every rank; each point's seconds the ranks' mean."""
-    configs = STEP_CONFIGS[:1] if plan.quick else STEP_CONFIGS
-    mine = one_rank_steps(dtype_name, configs, 3 if plan.quick else STEPS, synced=True)
+    mine = one_rank_steps(dtype_name, *_step_plan(plan), synced=True)
     seconds = torch.tensor([p[2] for p in mine], dtype=torch.float64)
     dist.all_reduce(seconds)
     return [[seq, mbs, float(t) / dist.get_world_size()]
@@ -348,8 +356,7 @@ def _compute_rank(plan: Plan) -> dict[str, Any]:
             "host_ops": [op_seconds, op_count],
             "matmul": _matmuls(plan, device, dtype), "copy": copy, "kernels": kernels,
             "attention": _attention(plan, device, dtype),
-            "steps": one_rank_steps(dtype_name, STEP_CONFIGS[:1] if plan.quick else STEP_CONFIGS,
-                                    3 if plan.quick else STEPS)}
+            "steps": one_rank_steps(dtype_name, *_step_plan(plan))}
 
 
 # ------------------------------------------------------------------- N ranks: collectives
@@ -592,9 +599,12 @@ def fit_measurements(raw: dict[str, Any], plan: Plan) -> dict[str, Any]:
     cal = replace(probe, kernel_overhead=_fit_host_cost(raw["steps"], machine, probe,
                                                         notes)).validate()
     steps = _step_residuals(raw["steps"], machine, cal)
-    # the same steps with a rank on every core, kept in step: the same fit, as a factor
-    synced_k = _fit_host_cost(raw["synced_steps"], machine, probe, notes)
-    machine = replace(machine, synced_host_factor=synced_k / cal.kernel_overhead).validate()
+    # the same steps with a rank on every core, kept in step, over the same steps alone just
+    # before: the same fit on each, their ratio; the median over the rounds
+    factors = [_fit_host_cost(synced, machine, probe, notes)
+               / _fit_host_cost(alone, machine, probe, notes)
+               for alone, synced in raw["synced_rounds"]]
+    machine = replace(machine, synced_host_factor=statistics.median(factors)).validate()
     constants = {"matmul_efficiency": 1.0, "matmul_half_dim": gemm.half_dim,
                  "attention_efficiency": attention, "hbm_efficiency": hbm,
                  "kernel_overhead": cal.kernel_overhead}
@@ -624,9 +634,7 @@ def fit_measurements(raw: dict[str, Any], plan: Plan) -> dict[str, Any]:
                          "aten ops of the probe block (forward + backward)": op_count,
                          "probe block": HOST_PROBE,
                          "fitted on the one-rank steps: seconds per aten op":
-                             cal.kernel_overhead,
-                         "fitted on the same steps on every core at once, kept in step: "
-                         "seconds per aten op": synced_k},
+                             cal.kernel_overhead},
             "collectives": {"points [op, ranks, bytes, s]": coll, "fit": link.to_dict(),
                             f"points with all {plan.ranks} ranks busy [op, ranks, bytes, s]":
                                 busy,
@@ -634,8 +642,10 @@ def fit_measurements(raw: dict[str, Any], plan: Plan) -> dict[str, Any]:
                             "per_call (α_call of t = α_call + bytes/β)":
                                 {k: f.to_dict() for k, f in per_call.items()}},
             "steps": steps,
-            "synced_steps": {"points [seq, micro_batch, s outside the all-reduces]":
-                                 raw["synced_steps"]},
+            "synced_steps": {
+                "rounds: points [seq, micro_batch, s] alone, then kept in step (s outside "
+                "the all-reduces)": raw["synced_rounds"],
+                "factor per round (fitted per-op cost kept in step ÷ alone)": factors},
         },
     }
 
@@ -701,9 +711,14 @@ def calibrate(plan: Plan, progress: Callable[[str], None] = lambda msg: None
     progress("GEMMs, memory-bound kernels, attention, one-rank training steps")
     raw = launch.spawn(_compute_rank, 1, plan, timeout_s=600, backend=plan.backend)[0]
     ranks = plan.ranks if plan.backend == "nccl" else min(plan.ranks, len(os.sched_getaffinity(0)))
-    progress(f"the same one-rank steps on {ranks} ranks at once, kept in step")
-    raw["synced_steps"] = launch.spawn(_synced_ranks, ranks, plan, raw["dtype"], timeout_s=600,
-                                       backend=plan.backend)[0]
+    rounds = 1 if plan.quick else FACTOR_ROUNDS
+    progress(f"the one-rank steps alone, then on {ranks} ranks kept in step, × {rounds}")
+    raw["synced_rounds"] = [
+        [launch.spawn(one_rank_steps, 1, raw["dtype"], *_step_plan(plan), timeout_s=600,
+                      backend=plan.backend)[0],
+         launch.spawn(_synced_ranks, ranks, plan, raw["dtype"], timeout_s=600,
+                      backend=plan.backend)[0]]
+        for _ in range(rounds)]
     progress(f"collectives on {plan.ranks} ranks ({plan.backend})")
     raw["collectives"] = launch.spawn(_collective_ranks, plan.ranks, plan, timeout_s=600,
                                       backend=plan.backend)[0]

@@ -38,8 +38,9 @@ cores too, and nothing here sees them: calibrate and run under the same load.
 `kernel_overhead` is one rank's, alone on the machine. A layout of more than one rank is
 charged `kernel_overhead × synced_host_factor`: `shardwise calibrate` times the same one-rank
 steps on a rank per core at once, the ranks all-reducing a scalar after every block's forward
-and backward as a layout's collectives keep its ranks in step, and fits the per-op cost on
-the time outside those all-reduces. On the 2-core VM every frequent aten op, views
+and backward as a layout's collectives keep its ranks in step, fits the per-op cost on the
+time outside those all-reduces and divides by the same fit on the steps alone, timed just
+before (the median of three such rounds). On the 2-core VM every frequent aten op, views
 included, took 27–64 % longer in step than alone (a dispatch-mode timing of dp2×ep2 against
 one rank with the same tokens), while two one-rank trainings in
 separate worlds ran at the speed of one alone — the cost comes with keeping in step, not

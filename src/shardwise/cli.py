@@ -587,7 +587,7 @@ def check(model_name: str, seq: int, global_batch: str, seed: int, data_path: st
               type=click.Path(dir_okay=False), help="Write the calibration file here.")
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
               help="Draw measured points against the fitted curves (PNG).")
-@click.option("--quick", is_flag=True, help="Fewer shapes and sizes: seconds, not a minute.")
+@click.option("--quick", is_flag=True, help="Fewer shapes and sizes: seconds, not two minutes.")
 @json_option
 def calibrate(backend: str, ranks: int, out_path: str, plot_path: str | None, quick: bool,
               as_json: bool) -> None:

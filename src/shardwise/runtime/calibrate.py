@@ -108,7 +108,7 @@ PER_CALL_BELOW = MiB
 
 @dataclass(frozen=True)
 class Plan:
-    """What to measure: `quick` is seconds, the default about a minute on 2 cores."""
+    """What to measure: `quick` is seconds, the default about two minutes on 2 cores."""
 
     backend: str = "gloo"
     ranks: int = 2

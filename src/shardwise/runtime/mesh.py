@@ -10,10 +10,11 @@ Public API (stable; other runtime modules import it):
         .groups(axis) -> list[tuple[int, ...]]  every group of that axis (global ranks),
         .group_of(axis, rank) -> tuple[int, ...]; MeshShape.from_layout(layout)
     Mesh.from_layout(layout, *, make_current=True) -> Mesh   (alias: build_mesh(layout))
-    Mesh.alone() -> Mesh                         this rank by itself in a larger group
         collective: every rank must call it, in the same order. Creates one process group per
         group of every axis of degree > 1 (with `launch.group_timeout()`); degree-1 axes
         create none.
+    Mesh.alone() -> Mesh                         this rank by itself (every axis of degree 1)
+                                                 inside a larger group; no collective
     mesh.group(axis) -> ProcessGroup | None     None for a degree-1 axis
     mesh.axis(axis) -> AxisGroup                what `collectives.py` takes: name, group, size,
                                                  rank (index inside the group), ranks (global)

@@ -38,6 +38,8 @@ import sys
 import tempfile
 import time
 
+from shardwise.runtime.step_time import HOST_RETIMED, RETIMED
+
 LAYOUTS = {
     "dp1 (reference)": [],
     "dp2": ["--dp", "2"],
@@ -67,9 +69,8 @@ def _step_rows(out: str) -> tuple[float, float, float, dict[str, float],
     parts = {what.removesuffix(" (s)"): r["predicted"] for what, r in rows.items()
              if "step" not in what and r["predicted"] is not None}
     beside = {what: r["measured"] for what, r in rows.items() if r["predicted"] is None}
-    retimed = (rows["step, host re-timed (s)"]["predicted"],
-               rows.get("step, host and collectives re-timed (s)",
-                        rows["step, host re-timed (s)"])["predicted"])
+    retimed = (rows[HOST_RETIMED]["predicted"],
+               rows.get(RETIMED, rows[HOST_RETIMED])["predicted"])  # one rank: no collectives
     return (rows["step (s)"]["predicted"], rows["step (s)"]["measured"],
             rows["fastest step (s)"]["measured"], parts, retimed, beside)
 

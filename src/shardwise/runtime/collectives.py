@@ -71,6 +71,7 @@ they were posted, so segment i matches segment i.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 from collections import defaultdict
@@ -365,7 +366,12 @@ def _polls() -> bool:
         return False
     ranks = _RUNNING[-1] if _RUNNING else int(os.environ.get("LOCAL_WORLD_SIZE")
                                               or dist.get_world_size())
-    return ranks <= len(os.sched_getaffinity(0))
+    return ranks <= _cores()
+
+
+@functools.cache
+def _cores() -> int:
+    return len(os.sched_getaffinity(0))
 
 
 def _reports_completion(work: Any) -> bool:

@@ -84,13 +84,17 @@ def with_prediction(rows: list[CheckRow], config: TrainConfig,
     now = {r.what.removeprefix(CALL_ROW).removesuffix(" (s)"): r.measured for r in beside
            if r.what.startswith(CALL_ROW)}
     timed = "the per-op host cost refitted on the one-rank reference step"
-    variants = [(HOST_RETIMED, {}, timed),
-                *([(RETIMED, now, f"{timed} and the per-call costs timed on this layout's "
-                                  "groups")] if now else [])]
-    for label, calls, what in variants if host is not None else []:
+
+    def retimed(label: str, calls: dict[str, float], what: str) -> CheckRow:
         again = predict_step(model, layout, train, calibration, per_call=calls,
                              kernel_overhead=host)
-        parts.append(CheckRow("step time", label, again.total, rows[measured[0]].measured,
-                              REPORTED, f"the step model with {what} (rows below, timed "
-                              "now), the rest from the file"))
+        return CheckRow("step time", label, again.total, rows[measured[0]].measured, REPORTED,
+                        f"the step model with {what} (rows below, timed now), the rest from "
+                        "the file")
+
+    if host is not None:
+        parts.append(retimed(HOST_RETIMED, {}, timed))
+        if now:
+            parts.append(retimed(RETIMED, now, f"{timed} and the per-call costs timed on this "
+                                               "layout's groups"))
     return rest + totals + parts + beside

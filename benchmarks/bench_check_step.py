@@ -37,8 +37,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
-from shardwise.runtime.step_time import HOST_RETIMED, RETIMED
+from shardwise.runtime.measure import CALL_ROW, REFERENCE_ROW, WAITED_ROW
+from shardwise.runtime.step_time import COMPONENTS, HOST_RETIMED, OUTSIDE, RETIMED
 
 LAYOUTS = {
     "dp1 (reference)": [],
@@ -61,18 +63,23 @@ def _shardwise(*args: str) -> str:
     return done.stdout
 
 
-def _step_rows(out: str) -> tuple[float, float, float, dict[str, float],
-                                  tuple[float, float], dict[str, float]]:
-    """(predicted, measured median step, fastest step, predicted components, predicted
-    re-timed beside the run (host, all), the costs timed beside it) of a check."""
+def _step_rows(out: str) -> dict[str, Any]:
+    """A check's step-time rows: the prediction, the measured median and fastest step, the
+    predicted components, the predictions re-timed beside the run (host, all), the costs
+    timed beside it, and the clock's rows (time in each axis's collectives, the rest)."""
     rows = {r["what"]: r for r in json.loads(out)["rows"] if r["item"] == "step time"}
-    parts = {what.removesuffix(" (s)"): r["predicted"] for what, r in rows.items()
-             if "step" not in what and r["predicted"] is not None}
-    beside = {what: r["measured"] for what, r in rows.items() if r["predicted"] is None}
-    retimed = (rows[HOST_RETIMED]["predicted"],
-               rows.get(RETIMED, rows[HOST_RETIMED])["predicted"])  # one rank: no collectives
-    return (rows["step (s)"]["predicted"], rows["step (s)"]["measured"],
-            rows["fastest step (s)"]["measured"], parts, retimed, beside)
+    return {
+        "predicted": rows["step (s)"]["predicted"], "measured": rows["step (s)"]["measured"],
+        "fastest": rows["fastest step (s)"]["measured"],
+        "parts": {label: rows[f"{label} (s)"]["predicted"] for label in COMPONENTS.values()
+                  if f"{label} (s)" in rows},
+        "retimed": (rows[HOST_RETIMED]["predicted"],  # one rank: no collectives re-timed
+                    rows.get(RETIMED, rows[HOST_RETIMED])["predicted"]),
+        "beside": {what: r["measured"] for what, r in rows.items()
+                   if what.startswith(CALL_ROW) or what == REFERENCE_ROW},
+        "clock": {what.removesuffix(" (s)"): (r["predicted"], r["measured"])
+                  for what, r in rows.items() if what.startswith(WAITED_ROW) or what == OUTSIDE},
+    }
 
 
 def main() -> None:
@@ -90,36 +97,40 @@ def main() -> None:
         _shardwise("calibrate", "--ranks", "8", "--out", path)
         print(f"calibrated in {time.perf_counter() - start:.0f} s -> {path}", flush=True)
     names = args.layouts.split(",")
-    runs: dict[str, list[tuple[float, float, float, dict[str, float], float,
-                               tuple[float, float], dict[str, float]]]] = {n: [] for n in names}
+    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     for repeat in range(args.repeats):  # round-robin: a change of load hits every layout
         for name in names:
-            predicted, seconds, fastest, parts, retimed, beside = _step_rows(
-                _shardwise("check", "--json", "--calibration", path, *LAYOUTS[name]))
-            runs[name].append((predicted, seconds, fastest, parts, os.getloadavg()[0],
-                               retimed, beside))
-            print(f"  repeat {repeat + 1}: {name:22s} median {seconds * 1e3:7.1f} ms, fastest "
-                  f"{fastest * 1e3:7.1f} ms, load {os.getloadavg()[0]:.0f}", flush=True)
+            run = _step_rows(_shardwise("check", "--json", "--calibration", path,
+                                        *LAYOUTS[name]))
+            run["load"] = os.getloadavg()[0]
+            runs[name].append(run)
+            print(f"  repeat {repeat + 1}: {name:22s} median {run['measured'] * 1e3:7.1f} ms, "
+                  f"fastest {run['fastest'] * 1e3:7.1f} ms, load {run['load']:.0f}", flush=True)
     reference = "dp1 (reference)"
-    drift = [r[1] / r[0] for r in runs.get(reference, [])]
+    drift = [r["measured"] / r["predicted"] for r in runs.get(reference, [])]
     results = []
     for name in names:
-        predicted, parts = runs[name][0][0], runs[name][0][3]
-        measured = [r[1] for r in runs[name]]
-        fastest = min(r[2] for r in runs[name])
+        predicted, parts = runs[name][0]["predicted"], runs[name][0]["parts"]
+        measured = [r["measured"] for r in runs[name]]
+        fastest = min(r["fastest"] for r in runs[name])
         median = statistics.median(measured)
         # the predictions re-timed beside each run, each against that run's median
-        host, both = (statistics.median(r[5][i] / r[1] - 1 for r in runs[name])
+        host, both = (statistics.median(r["retimed"][i] / r["measured"] - 1 for r in runs[name])
                       for i in (0, 1))
+        # the clock's rows: the median over runs of each measured figure
+        clock = {what: (pm[0], statistics.median(r["clock"][what][1] for r in runs[name]))
+                 for what, pm in runs[name][0]["clock"].items()}
         row = {"layout": name, "predicted_s": predicted, "measured_s": measured,
                "measured_median_s": median, "spread": (max(measured) - min(measured)) / median,
                "error": (predicted - median) / median,
                "fastest_s": fastest, "error_vs_fastest": (predicted - fastest) / fastest,
                "error_host_retimed": host, "error_retimed": both,
-               "predicted_host_retimed_s": [r[5][0] for r in runs[name]],
-               "predicted_retimed_s": [r[5][1] for r in runs[name]],
-               "timed_beside_s": [r[6] for r in runs[name]],
-               "components_s": parts, "load_average": [r[4] for r in runs[name]]}
+               "predicted_host_retimed_s": [r["retimed"][0] for r in runs[name]],
+               "predicted_retimed_s": [r["retimed"][1] for r in runs[name]],
+               "timed_beside_s": [r["beside"] for r in runs[name]],
+               "clock_s": {what: {"predicted": p, "measured_median": m}
+                           for what, (p, m) in clock.items()},
+               "components_s": parts, "load_average": [r["load"] for r in runs[name]]}
         results.append(row)
         top = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
         print(f"{name:22s} predicted {predicted * 1e3:7.1f} ms  measured {median * 1e3:7.1f} ms "
@@ -130,6 +141,10 @@ def main() -> None:
                            ("all re-timed ", both)))
               + f"  vs fastest step {fastest * 1e3:.0f} ms {row['error_vs_fastest']:+6.1%}  | "
               f"{', '.join(f'{k} {v * 1e3:.0f}' for k, v in top)}", flush=True)
+        if clock:
+            print("    clock (measured / predicted ms): " + ", ".join(
+                f"{what} {m * 1e3:.0f} / " + (f"{p * 1e3:.0f}" if p is not None else "-")
+                for what, (p, m) in clock.items()), flush=True)
     print("drift (one-rank reference measured / predicted from the file, per round): "
           + " ".join(f"{d:.2f}" for d in drift))
     counts = [sum(abs(r[key]) <= 0.2 for r in results)

@@ -16,10 +16,17 @@ from shardwise.calibration.machine import predict_step
 from shardwise.estimate.comm import ring_bytes_on_wire, ring_steps
 from shardwise.estimate.compute import _OPS_LAYER
 from shardwise.layout import Layout
+from shardwise.runtime import collectives as C
 from shardwise.runtime.calibrate import _group_seconds
 from shardwise.runtime.launch import spawn
-from shardwise.runtime.measure import CALL_ROW, REFERENCE_ROW, REPORTED, CheckRow
-from shardwise.runtime.step_time import COMPONENTS, HOST_RETIMED, RETIMED, with_prediction
+from shardwise.runtime.measure import CALL_ROW, REFERENCE_ROW, REPORTED, WAITED_ROW, CheckRow
+from shardwise.runtime.step_time import (
+    COMPONENTS,
+    HOST_RETIMED,
+    OUTSIDE,
+    RETIMED,
+    with_prediction,
+)
 from shardwise.runtime.train import TrainConfig
 
 MACHINE = {"name": "this-machine", "backend": "gloo", "dtype": "fp32", "cores": 2,
@@ -135,8 +142,14 @@ def test_check_json_has_the_step_time_row_from_the_file_it_names(calibration):
     assert rows["fastest step (s)"]["predicted"] == step["predicted"]
     assert 0 < rows["fastest step (s)"]["measured"] <= step["measured"]
     parts = sum(r["predicted"] for what, r in rows.items()
-                if "step" not in what and r["predicted"] is not None)
+                if what.removesuffix(" (s)") in COMPONENTS.values())
     assert parts == pytest.approx(expected.total, rel=1e-9)  # the components sum to it
+    # the median step's time blocked in tp's and the world's collectives, and the rest
+    waited = {what: r["measured"] for what, r in rows.items() if what.startswith(WAITED_ROW)}
+    assert set(waited) == {f"{WAITED_ROW}tp (s)", f"{WAITED_ROW}world (s)"}
+    assert 0 < waited[f"{WAITED_ROW}tp (s)"] < step["measured"]
+    assert rows[f"{WAITED_ROW}tp (s)"]["predicted"] == pytest.approx(expected.tp_comm)
+    assert rows[OUTSIDE]["measured"] == pytest.approx(step["measured"] - sum(waited.values()))
     # tp's collectives and the world's (the loss and grad-norm all-reduces), timed on the
     # layout's own groups after its steps…
     calls = {what.removeprefix(CALL_ROW).removesuffix(" (s)"): r["measured"]
@@ -174,25 +187,25 @@ def _ops_of_a_step(synced: bool) -> tuple[int, bool]:
         ops = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            Count.ops += 1
+            Count.ops += func.namespace != "c10d"  # the collectives are charged as calls
             return func(*args, **(kwargs or {}))
 
     state = build(TrainConfig(get_model("tiny"), Layout()), Mesh.alone())
-    waited = [0.0]
     if synced:
-        _keep_in_step(state.model.model.blocks, waited)
+        _keep_in_step(state.model.model.blocks)
     train_step(state)
-    with Count():
+    with Count(), C.clocking() as waited:
         train_step(state)
-    return Count.ops, waited[0] > 0
+    return Count.ops, waited["world"] > 0
 
 
 def test_keeping_ranks_in_step_adds_no_op_the_model_would_not_charge():
     # `calibrate` fits the per-op cost of ranks kept in step on the step model's op count:
     # the all-reduces after each block (a forward hook, a hook on the output's gradient)
     # must leave the step's aten ops as they are; they run, and their time is counted apart
-    (plain, _), = spawn(_ops_of_a_step, 1, False, timeout_s=120)
-    (synced, waited), = spawn(_ops_of_a_step, 1, True, timeout_s=120)
+    # (two ranks each: the all-reduces are real, the loss's and gradient norm's too)
+    (plain, _), _ = spawn(_ops_of_a_step, 2, False, timeout_s=120)
+    (synced, waited), _ = spawn(_ops_of_a_step, 2, True, timeout_s=120)
     assert synced == plain and waited
 
 
@@ -213,6 +226,29 @@ def test_components_follow_the_total(calibration):
     labels = [r.what for r in rows[1:]]
     assert "bubble (s)" in labels and "pp p2p (s)" in labels
     assert set(labels) <= {f"{label} (s)" for label in COMPONENTS.values()}
+
+
+def test_time_in_collectives_is_set_against_the_components_that_charge_it(calibration):
+    # the runtime's per-axis clock (the median step's) against the model's terms for that axis:
+    # pp's waits are its p2p and its bubble alike; the rest of the step against compute +
+    # optimizer; the world's scalar all-reduces are reported only
+    config = TrainConfig(get_model("tiny"), Layout(pp=2))
+    waited = {"pp": 0.04, "world": 0.002}
+    rows = [CheckRow("step time", "step (s)", None, 0.25, REPORTED, "median of 3 steps"),
+            *(CheckRow("step time", f"{WAITED_ROW}{axis} (s)", None, s, REPORTED, "clock")
+              for axis, s in waited.items())]
+    by = {r.what: r for r in with_prediction(rows, config, calibration)}
+    step = predict_step(config.model, config.layout, config.train_spec(), calibration)
+    pp = by[f"{WAITED_ROW}pp (s)"]
+    assert (pp.predicted, pp.measured) == (step.pp_comm + step.bubble, 0.04)
+    world = by[f"{WAITED_ROW}world (s)"]
+    assert (world.predicted, world.measured) == (None, 0.002)
+    rest = by[OUTSIDE]
+    assert rest.predicted == step.compute + step.optimizer
+    assert rest.measured == pytest.approx(0.25 - 0.04 - 0.002)
+    # without a calibration file the clock's rows are kept, measured only
+    kept = with_prediction(rows, config, None)
+    assert [r.what for r in kept if r.what.startswith(WAITED_ROW)] == [r.what for r in rows[1:]]
 
 
 def test_check_with_a_bad_calibration_file_is_one_line(tmp_path):

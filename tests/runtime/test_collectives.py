@@ -235,3 +235,36 @@ def test_waits_poll_with_a_core_per_rank_and_block_otherwise() -> None:
     assert 0.5 * C.POLL_SECONDS < rank0["capped"] < C.POLL_SECONDS + 0.5 * delay
     for r in (rank0, rank1):
         assert r["reduce_scatter"] == [2.0, 2.0] and r["reduce_scatter_s"] < 0.5 * C.POLL_SECONDS
+
+
+def _clocked_waits(delay: float) -> dict[str, float]:
+    """Rank 1 arrives `delay` s late to a tp all-reduce, rank 0 as late to an async one;
+    what each rank's clock charged (a last call outside the clock charges nothing)."""
+    import time
+
+    mesh = Mesh.from_layout(Layout(tp=2))
+    x = torch.ones(4)
+    dist.barrier()
+    with C.clocking() as waited:
+        if dist.get_rank() == 1:
+            time.sleep(delay)
+        C.all_reduce(x, mesh.axis("tp"))
+        if dist.get_rank() == 0:
+            time.sleep(delay)  # the peer waits for rank 0 now
+        work = C.all_reduce(x, mesh.axis("tp"), async_op=True)
+        issued = dict(waited)
+        C.wait(work)
+    C.all_reduce(x, mesh.axis("tp"))  # no clock: nothing to charge
+    return {"tp": waited["tp"], "issued_tp": issued["tp"], "axes": len(waited),
+            "sum": x[0].item()}
+
+
+def test_the_clock_charges_each_axis_the_time_a_rank_waits_in_its_collectives() -> None:
+    delay = 0.3
+    rank0, rank1 = spawn(_clocked_waits, 2, delay, timeout_s=60)
+    assert rank0["sum"] == rank1["sum"] == 8.0  # three all-reduces of ones over 2 ranks
+    # rank 0 waited for the late peer in the first call; rank 1 for rank 0 in the wait
+    assert delay * 0.8 <= rank0["tp"] < delay * 0.8 + 0.5 and rank0["axes"] == 1
+    assert delay * 0.8 <= rank1["tp"] < delay * 0.8 + 0.5
+    # an async call is charged in `wait`, not when it is issued
+    assert rank1["issued_tp"] < 0.1 * delay

@@ -156,15 +156,17 @@ def test_eight_ranks_dp2_tp2_pp2_meet_every_target():
 def test_cli_check_prints_rows_and_exits_by_the_targets():
     met = shardwise("check", "--dp", "2", "--seq", "32", "--global-batch", "4", "--dtype",
                     "fp64", "--steps", "1")
-    # (12 rows + the all-reduce's per-call cost re-timed on the layout's groups)
-    assert "All 13 rows meet their targets." in met.stdout
+    # (12 rows + the all-reduce's per-call cost re-timed on the layout's groups + the time
+    # the median step spent in dp's and the world's collectives)
+    assert "All 15 rows meet their targets." in met.stdout
     assert "dp all-reduce" in met.stdout and "no GPU" in met.stdout
     sp = shardwise("check", "--tp", "2", "--sp", "--seq", "32", "--global-batch", "2",
                    "--steps", "1", "--json")
     out = json.loads(sp.stdout)
     assert out["ok"] and out["ranks"] == 2 and out["layout"]["sp"]
-    # 14 rows + tp's all-reduce, reduce-scatter and all-gather re-timed per call
-    assert all(row["ok"] for row in out["rows"]) and len(out["rows"]) == 17
+    # 14 rows + tp's all-reduce, reduce-scatter and all-gather re-timed per call + the time
+    # in tp's and the world's collectives
+    assert all(row["ok"] for row in out["rows"]) and len(out["rows"]) == 19
     # Mixed precision, ZeRO-2 over 2 ranks: SPEC §2's 2P + 14P/N bytes, measured — bf16
     # weights whole, bf16 gradient shard, fp32 master shard, fp32 Adam moments shard; with
     # fp32 gradients (Megatron's main_grad, 18 B/param) the gradient shard is fp32: 2P + 16P/N
@@ -191,8 +193,9 @@ def test_cli_check_prints_rows_and_exits_by_the_targets():
     missed = shardwise("check", "--dp", "2", "--tp", "2", "--sp", "--zero", "1", "--seq", "32",
                        "--global-batch", "2", "--steps", "1", "--json", check=False)
     assert missed.returncode == 1, missed.stderr
-    # (16 rows + 4 per-call costs: all-reduce, reduce-scatter, all-gather on 2, all-reduce on 4)
-    assert missed.stderr.strip() == "error: 1 of 20 rows miss their target (see the notes)"
+    # (16 rows + 4 per-call costs: all-reduce, reduce-scatter, all-gather on 2, all-reduce on 4
+    # + the time in tp's, dp's and the world's collectives)
+    assert missed.stderr.strip() == "error: 1 of 23 rows miss their target (see the notes)"
     out = json.loads(missed.stdout)
     assert not out["ok"] and out["ranks"] == 4 and out["layout"]["zero"] == 1
     failing = {row["what"]: row["note"] for row in out["rows"] if not row["ok"]}

@@ -297,29 +297,27 @@ def one_rank_steps(dtype_name: str, configs: tuple[tuple[int, int], ...],
                                 global_batch=8, dtype=dtype_name, steps=STEPS),
                     Mesh.alone() if synced else None)
               for seq, mbs in configs]
-    waited = [0.0]
     if synced:
         for state in states:
-            _keep_in_step(state.model.model.blocks, waited)
+            _keep_in_step(state.model.model.blocks)
     times: list[list[float]] = [[] for _ in configs]
     for _ in range(steps):
         for state, spent in zip(states, times, strict=True):
-            waited[0] = 0.0
-            spent.append(train_step(state).seconds - waited[0])
+            with C.clocking() as waited:
+                seconds = train_step(state).seconds
+            spent.append(seconds - waited["world"])
     return [[seq, mbs, statistics.median(spent[1:])]
             for (seq, mbs), spent in zip(configs, times, strict=True)]
 
 
-def _keep_in_step(blocks: Any, waited: list[float]) -> None:
+def _keep_in_step(blocks: Any) -> None:
     """After each block's forward and (through a hook on its output) backward, all-reduce a
-    scalar over the world, adding the seconds it took to `waited[0]`. A tensor hook: no
+    scalar over the world (its time: `collectives.clocking`'s "world"). A tensor hook: no
     aten ops of its own, so the op count the step model charges holds."""
     one = torch.ones(1, device=launch.device())
 
     def sync(*_: Any) -> None:
-        start = time.perf_counter()
         C.all_reduce(one, "world", counter=C.CommCounter())
-        waited[0] += time.perf_counter() - start
 
     def after_forward(_module: Any, _inputs: Any, output: torch.Tensor) -> None:
         sync()

@@ -27,6 +27,8 @@ moves (and counts) nothing. Peers (`src`, `dst`) are *global* ranks, as in torch
     CommCounter: .add(axis, op, nbytes), .bytes(axis=None, op=None), .calls(axis=None, op=None),
                  .reset(), .rows(), .as_dict()
     get_counter(), counting() -> context manager yielding a fresh active counter
+    clocking() -> context manager yielding {axis: seconds} spent inside collectives (below)
+    blocked_in(axis) -> context manager charging its wall time to `axis` on active clocks
 
 Counting (the measurement SPEC §9 compares with the model): every call records the bytes
 *this rank sends* under (axis name, op), with the op names of `shardwise.estimate.comm`
@@ -36,6 +38,15 @@ all-reduce `2(N-1)/N·S`, reduce-scatter and all-gather `(N-1)/N·S` with `S` th
 (unsharded) size, broadcast `(N-1)/N·S`; all-to-all counts the exact bytes leaving the rank
 (`(N-1)/N·S` for equal splits); `send` the exact tensor bytes. The p2p rings count the bytes
 they actually send (equal to the formula when N divides the size).
+
+Clocking (what `shardwise check` reports as the time a step spent in communication, per
+axis): inside `clocking()`, every collective charges to its axis the wall time this rank spends
+blocked in it — from the call to completion for a synchronous one, inside `wait` for an
+`async_op=True` handle (a `Pending`: the work and its axis), so communication hidden behind
+compute costs only what is left to wait for. It includes waiting for the slowest peer to
+arrive (on a pipeline, the bubble). The pipeline's own point-to-point waits charge `pp` through
+`blocked_in`. A handful of `perf_counter` calls per collective; nothing is timed outside a
+clock.
 
 Ring algorithms (Patarasuk & Yuan 2009; what NCCL/gloo run for large messages): split the
 buffer into N chunks. Reduce-scatter: at step s = 0..N-2 rank r sends chunk (r-s-1) mod N to
@@ -89,12 +100,15 @@ from shardwise.runtime.mesh import AxisGroup, current_mesh
 __all__ = [
     "CommCounter",
     "GroupLike",
+    "Pending",
     "all_gather",
     "all_reduce",
     "all_to_all_single",
     "barrier",
+    "blocked_in",
     "broadcast",
     "chunk_sizes",
+    "clocking",
     "counting",
     "get_counter",
     "ranks_running",
@@ -171,6 +185,51 @@ def _record(g: AxisGroup, op: str, nbytes: float, counter: CommCounter | None) -
     (counter or get_counter()).add(g.name, op, nbytes)
 
 
+# ------------------------------------------------------------------------------ clocking
+_CLOCKS: list[dict[str, float]] = []
+
+
+@contextlib.contextmanager
+def clocking() -> Iterator[dict[str, float]]:
+    """`with clocking() as waited: ...` — waited[axis]: the wall seconds this rank spent
+    blocked in that axis's collectives inside the block (module docstring: Clocking)."""
+    clock: dict[str, float] = defaultdict(float)
+    _CLOCKS.append(clock)
+    try:
+        yield clock
+    finally:
+        _CLOCKS[:] = [c for c in _CLOCKS if c is not clock]
+
+
+@contextlib.contextmanager
+def blocked_in(axis: str | None) -> Iterator[None]:
+    """Charge the block's wall time to `axis` on every active clock (None: to none)."""
+    if axis is None or not _CLOCKS:
+        yield
+        return
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        for clock in _CLOCKS:
+            clock[axis] += time.perf_counter() - start
+
+
+@dataclass(frozen=True)
+class Pending:
+    """The handle of an `async_op=True` collective and the axis its wait is charged to."""
+
+    work: Any
+    axis: str
+
+    def wait(self) -> bool:
+        wait(self)
+        return True
+
+    def is_completed(self) -> bool:
+        return bool(self.work.is_completed())
+
+
 # ------------------------------------------------------------------------------- groups
 def resolve(group: GroupLike) -> AxisGroup:
     """AxisGroup | axis name (on the current mesh) | ProcessGroup | None (world) → AxisGroup."""
@@ -229,7 +288,8 @@ def all_reduce(tensor: torch.Tensor, group: GroupLike = None, *, op: str = "sum"
         ring_all_reduce_p2p(tensor, g, op=op, counter=counter)
         return _done() if async_op else tensor
     _record(g, "all-reduce", ring_bytes_on_wire("all-reduce", _nbytes(tensor), g.size), counter)
-    work = dist.all_reduce(tensor, op=_reduce_op(op), group=g.group, async_op=True)
+    work = Pending(dist.all_reduce(tensor, op=_reduce_op(op), group=g.group, async_op=True),
+                   g.name)
     return work if async_op else _waited(work, tensor)
 
 
@@ -258,8 +318,8 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group: GroupLike =
     _record(g, "reduce-scatter", ring_bytes_on_wire("reduce-scatter", _nbytes(input), g.size),
             counter)
     fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    work = fn(output.view(-1), input.view(-1), op=_reduce_op(op), group=g.group,
-              async_op=True)
+    work = Pending(fn(output.view(-1), input.view(-1), op=_reduce_op(op), group=g.group,
+                      async_op=True), g.name)
     return work if async_op else _waited(work, output)
 
 
@@ -286,7 +346,7 @@ def all_gather(output: torch.Tensor, input: torch.Tensor, group: GroupLike = Non
         return _done() if async_op else output
     _record(g, "all-gather", ring_bytes_on_wire("all-gather", _nbytes(output), g.size), counter)
     fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    work = fn(output.view(-1), input.view(-1), group=g.group, async_op=True)
+    work = Pending(fn(output.view(-1), input.view(-1), group=g.group, async_op=True), g.name)
     return work if async_op else _waited(work, output)
 
 
@@ -303,10 +363,10 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
     row = _nbytes(input) // max(1, input.shape[0]) if input.dim() else _nbytes(input)
     kept = (in_splits[g.rank] if in_splits is not None else input.shape[0] // g.size) * row
     _record(g, "all-to-all", _nbytes(input) - kept, counter)
-    work = dist.all_to_all_single(output, input,
-                                  list(out_splits) if out_splits is not None else None,
-                                  list(in_splits) if in_splits is not None else None,
-                                  group=g.group, async_op=True)
+    work = Pending(dist.all_to_all_single(
+        output, input, list(out_splits) if out_splits is not None else None,
+        list(in_splits) if in_splits is not None else None, group=g.group, async_op=True),
+        g.name)
     return _waited(work, output)
 
 
@@ -317,7 +377,8 @@ def broadcast(tensor: torch.Tensor, src: int, group: GroupLike = None, *,
     if g.size == 1:
         return tensor
     _record(g, "broadcast", ring_bytes_on_wire("broadcast", _nbytes(tensor), g.size), counter)
-    dist.broadcast(tensor, src=src, group=g.group)
+    with blocked_in(g.name):
+        dist.broadcast(tensor, src=src, group=g.group)
     return tensor
 
 
@@ -326,7 +387,8 @@ def send(tensor: torch.Tensor, dst: int, group: GroupLike = None, *,
     """Blocking send to global rank `dst`, counted (exact bytes) under the group's axis."""
     g = resolve(group)
     _record(g, "send", _nbytes(tensor), counter)
-    dist.send(tensor, dst=dst, group=g.group if g.size > 1 else None)
+    with blocked_in(g.name):
+        dist.send(tensor, dst=dst, group=g.group if g.size > 1 else None)
 
 
 def recv(tensor: torch.Tensor, src: int, group: GroupLike = None, *,
@@ -335,14 +397,16 @@ def recv(tensor: torch.Tensor, src: int, group: GroupLike = None, *,
     counted: the counter measures what each rank sends)."""
     g = resolve(group)
     del counter
-    dist.recv(tensor, src=src, group=g.group if g.size > 1 else None)
+    with blocked_in(g.name):
+        dist.recv(tensor, src=src, group=g.group if g.size > 1 else None)
     return tensor
 
 
 def barrier(group: GroupLike = None) -> None:
     g = resolve(group)
     if g.size > 1:
-        dist.barrier(group=g.group)
+        with blocked_in(g.name):
+            dist.barrier(group=g.group)
 
 
 POLL_SECONDS = 1.0  # poll at most this long, then block (module docstring: Waiting)
@@ -386,12 +450,15 @@ def _reports_completion(work: Any) -> bool:
 
 
 def wait(work: Any) -> None:
-    """Wait for the handle of an `async_op=True` collective (module docstring: Waiting)."""
-    if _polls() and _reports_completion(work):
-        deadline = time.perf_counter() + POLL_SECONDS
-        while not work.is_completed() and time.perf_counter() < deadline:
-            os.sched_yield()
-    work.wait()
+    """Wait for the handle of an `async_op=True` collective (module docstring: Waiting),
+    charged to its axis (a `Pending`'s; module docstring: Clocking)."""
+    axis, work = (work.axis, work.work) if isinstance(work, Pending) else (None, work)
+    with blocked_in(axis):
+        if _polls() and _reports_completion(work):
+            deadline = time.perf_counter() + POLL_SECONDS
+            while not work.is_completed() and time.perf_counter() < deadline:
+                os.sched_yield()
+        work.wait()
 
 
 def _waited(work: Any, result: torch.Tensor) -> torch.Tensor:

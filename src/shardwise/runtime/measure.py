@@ -374,6 +374,7 @@ def _state_test(parallel: ParallelTransformer) -> Callable[[torch.Tensor], bool]
 
 
 CALL_ROW = "per call: "  # rows of collective costs re-timed on the layout's own groups
+WAITED_ROW = "in collectives: "  # rows of the time the median step spent blocked, per axis
 # `calibrate`'s one-rank step, re-timed beside a layout's steps (`run_check(reference=True)`)
 REFERENCE_ROW = "one-rank reference: tiny, s={}, micro-batch {} (s)".format(*REFERENCE_STEP)
 # steps timed after the checked ones (their median is the measured step: a step's collectives
@@ -399,8 +400,15 @@ def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL
     with recorder, C.counting() as counter:
         for _ in range(steps):
             train_step(state)
-    # Step time outside the hooks and counters (what training costs), after the checked steps.
-    seconds = sorted(train_step(state).seconds for _ in range(max(steps, TIMED_STEPS)))
+    # Step time outside the hooks and counters (what training costs), after the checked steps,
+    # with the time spent blocked in each axis's collectives (`collectives.clocking`).
+    timed = []
+    for _ in range(max(steps, TIMED_STEPS)):
+        with C.clocking() as waited:
+            seconds = train_step(state).seconds
+        timed.append((seconds, dict(waited)))
+    timed.sort(key=lambda t: t[0])
+    (median, waited), fastest = timed[len(timed) // 2], timed[0][0]
     calls = time_layout_calls(parallel.axis)
     held = state_bytes([parallel.model], state.optimizer, parallel.parameters())
     peak = float(torch.cuda.max_memory_allocated(device)) if gpu else None
@@ -413,10 +421,14 @@ def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL
             *state_rows(model, layout, train, stage, held),
             peak_row(model, layout, train, stage, peak)]
     if launch.rank() == 0:  # completed by `runtime.step_time.with_prediction`
-        rows += [CheckRow("step time", "step (s)", None, seconds[len(seconds) // 2], REPORTED,
-                          f"median of {len(seconds)} steps after the checked ones, rank 0"),
-                 CheckRow("step time", "fastest step (s)", None, seconds[0], REPORTED,
+        rows += [CheckRow("step time", "step (s)", None, median, REPORTED,
+                          f"median of {len(timed)} steps after the checked ones, rank 0"),
+                 CheckRow("step time", "fastest step (s)", None, fastest, REPORTED,
                           "the fastest of those steps (other jobs on the machine only add)"),
+                 *(CheckRow("step time", f"{WAITED_ROW}{axis} (s)", None, value, REPORTED,
+                            "rank 0's wall time blocked in this axis's collectives in the "
+                            "median step (collectives.clocking)")
+                   for axis, value in sorted(waited.items())),
                  *(CheckRow("step time", f"{CALL_ROW}{key} (s)", None, value, REPORTED,
                             "one call, timed on this layout's groups after its steps")
                    for key, value in calls.items())]

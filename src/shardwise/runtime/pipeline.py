@@ -557,12 +557,14 @@ class _Executor:
             return self.mailbox.pop(tag)
         if tag in self.posted:  # gloo: posted ahead, and consumed in order
             work, buf = self.posted.pop(tag)
-            work.wait()
+            with C.blocked_in(self.pp.name):
+                work.wait()
             self._post_ahead()
             return buf
         src = self.pp.global_rank(from_vs % self.p)
         buf = torch.empty(self.shape, dtype=self.model.dtype, device=self.device)
-        dist.recv(buf, src=src, group=self.pp.group, tag=tag)
+        with C.blocked_in(self.pp.name):
+            dist.recv(buf, src=src, group=self.pp.group, tag=tag)
         return buf
 
     # -- actions ---------------------------------------------------------------------------
@@ -681,8 +683,9 @@ def run_pipeline(model: StageModel, schedule: Mapping[int, Sequence[Action]],
         # the action starts once its input has arrived: waiting for it is idle time (bubble)
         events.append(Event(me, action, ex.started - t0, time.perf_counter() - t0))
         ex.account()
-    for work, _ in ex.handles:
-        work.wait()
+    with C.blocked_in(group.name):
+        for work, _ in ex.handles:
+            work.wait()
     ex.handles.clear()
 
     syncs = 0

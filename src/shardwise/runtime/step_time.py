@@ -33,19 +33,54 @@ from pathlib import Path
 
 from shardwise.calibration.machine import predict_step
 from shardwise.errors import ShardwiseError
+from shardwise.estimate.step import StepEstimate
 from shardwise.runtime.calibrate import REFERENCE_STEP, host_cost_now
-from shardwise.runtime.measure import CALL_ROW, REFERENCE_ROW, REPORTED, CheckRow
+from shardwise.runtime.measure import CALL_ROW, REFERENCE_ROW, REPORTED, WAITED_ROW, CheckRow
 from shardwise.runtime.train import TrainConfig
 
-__all__ = ["COMPONENTS", "HOST_RETIMED", "RETIMED", "with_prediction"]
+__all__ = ["AXIS_COMPONENTS", "COMPONENTS", "HOST_RETIMED", "OUTSIDE", "RETIMED",
+           "with_prediction"]
 
 HOST_RETIMED = "step, host re-timed (s)"  # the per-op host cost timed beside the run
 RETIMED = "step, host and collectives re-timed (s)"  # and the per-call costs
+
+OUTSIDE = "outside collectives (s)"  # the measured step less its time in collectives
 
 # StepEstimate field -> row label (the model's breakdown, SPEC §7)
 COMPONENTS = {"compute": "compute", "tp_comm": "tp comm", "cp_comm_exposed": "cp comm exposed",
               "ep_comm": "ep comm", "pp_comm": "pp p2p", "bubble": "bubble",
               "dp_comm_exposed": "dp comm exposed", "optimizer": "optimizer"}
+# mesh axis -> the StepEstimate fields that charge the time a rank spends blocked in its
+# collectives (pp: waiting for a neighbour is the p2p and the bubble alike)
+AXIS_COMPONENTS = {"tp": ("tp_comm",), "cp": ("cp_comm_exposed",), "ep": ("ep_comm",),
+                   "pp": ("pp_comm", "bubble"), "dp": ("dp_comm_exposed",),
+                   "dp_cp": ("dp_comm_exposed",), "edp": ("dp_comm_exposed",)}
+
+
+def _waited_rows(waited: dict[str, float], step: StepEstimate, median: float
+                 ) -> list[CheckRow]:
+    """The measured time in collectives per axis (`WAITED_ROW` rows: the median step's) against
+    the components the model charges for it (`AXIS_COMPONENTS`), and the rest of the step
+    against compute + optimizer."""
+    rows = []
+    for names in dict.fromkeys(AXIS_COMPONENTS.values()):
+        axes = [a for a, n in AXIS_COMPONENTS.items() if n == names and a in waited]
+        if axes:
+            rows.append(CheckRow("step time", f"{WAITED_ROW}{', '.join(axes)} (s)",
+                                 sum(getattr(step, n) for n in names),
+                                 sum(waited[a] for a in axes), REPORTED,
+                                 "measured: rank 0 blocked in these collectives in the median "
+                                 "step; predicted: " + " + ".join(COMPONENTS[n] for n in names)))
+    rows += [CheckRow("step time", f"{WAITED_ROW}{axis} (s)", None, seconds, REPORTED,
+                      "measured only: the loss and gradient-norm all-reduces (and the "
+                      "pipeline's agreement check), charged inside the model's optimizer")
+             for axis, seconds in waited.items() if axis not in AXIS_COMPONENTS]
+    if waited:
+        rows.append(CheckRow("step time", OUTSIDE, step.compute + step.optimizer,
+                             median - sum(waited.values()), REPORTED,
+                             "measured: the median step less its time in collectives; "
+                             "predicted: compute + optimizer"))
+    return rows
 
 
 def with_prediction(rows: list[CheckRow], config: TrainConfig,
@@ -56,7 +91,9 @@ def with_prediction(rows: list[CheckRow], config: TrainConfig,
     (`REFERENCE_ROW`: `HOST_RETIMED`) and with per-call rows (`CALL_ROW`) too (`RETIMED`)."""
     beside = [r for r in rows if r.item == "step time"
               and (r.what.startswith(CALL_ROW) or r.what == REFERENCE_ROW)]
-    measured = [i for i, r in enumerate(rows) if r.item == "step time" and r not in beside]
+    blocked = [r for r in rows if r.item == "step time" and r.what.startswith(WAITED_ROW)]
+    measured = [i for i, r in enumerate(rows) if r.item == "step time"
+                and r not in beside and r not in blocked]
     if not measured:
         return rows
     rest = [r for r in rows if r.item != "step time"]
@@ -64,19 +101,22 @@ def with_prediction(rows: list[CheckRow], config: TrainConfig,
         note = ("calibration: built-in (data/calibration.json, datasheet GPUs): no figures for "
                 "the machine this ran on; run `shardwise calibrate --out FILE` and pass "
                 "--calibration FILE")
-        return rest + [replace(rows[i], note=f"{rows[i].note}; {note}") for i in measured] + beside
+        return (rest + [replace(rows[i], note=f"{rows[i].note}; {note}") for i in measured]
+                + blocked + beside)
     model, layout, train = config.model, config.layout, config.train_spec()
     try:
         step = predict_step(model, layout, train, calibration)
     except ShardwiseError as exc:
         return rest + [replace(rows[i], note=f"{rows[i].note}; no prediction: {exc}")
-                       for i in measured] + beside
+                       for i in measured] + blocked + beside
     source = f"predicted by the step model (SPEC §7), calibration: {calibration}"
     totals = [replace(rows[i], predicted=step.total, note=f"{rows[i].note}; {source}")
               for i in measured]
     parts = [CheckRow("step time", f"{label} (s)", getattr(step, name), None, REPORTED,
-                      "predicted component (not timed apart by the runtime)")
+                      "predicted component")
              for name, label in COMPONENTS.items() if getattr(step, name) > 0]
+    waited = {r.what.removeprefix(WAITED_ROW).removesuffix(" (s)"): r.measured for r in blocked}
+    parts += _waited_rows(waited, step, rows[measured[0]].measured)
     # the same model with the machine's costs as timed beside the steps: the host's (no
     # reference step under torchrun), then the collectives' too
     host = next((host_cost_now([[*REFERENCE_STEP, r.measured]], str(calibration))

@@ -18,7 +18,7 @@ moves (and counts) nothing. Peers (`src`, `dst`) are *global* ranks, as in torch
     broadcast(tensor, src, group=None, *, counter=None)
     send(tensor, dst, group=None, *, counter=None), recv(tensor, src, group=None, *, counter=None)
     barrier(group=None)
-    wait(work)                                     waits for an `async_op=True` handle
+    wait(work)                 waits for an `async_op=True` handle (a `Pending`: work, axis)
     ranks_running(n) -> context manager: n ranks run on this machine (whether `wait` polls)
     ring_all_reduce_p2p(tensor, group=None, *, op="sum", counter=None)
     ring_reduce_scatter_p2p(output, input, group=None, *, op="sum", counter=None)

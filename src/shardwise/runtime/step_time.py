@@ -2,12 +2,17 @@
 SPEC §7) for the layout on this machine against the measured median step.
 
 `check_layout` measures rank 0's step time (the median and the fastest of the steps after
-the checked ones, outside the saved-tensor hooks and byte counters); `with_prediction` adds
-the prediction from a calibration file written by `shardwise calibrate` (its `machine`
-section is the hardware, its constants the efficiencies) and one row per component of the
-model's step: compute, exposed communication per axis, bubble, optimizer. The components are
-predicted only: the runtime does not time them apart (a rank waiting in a collective and a
-rank computing look alike from the step clock).
+the checked ones, outside the saved-tensor hooks and byte counters) and, in the median step,
+the time it spent blocked in each axis's collectives (`collectives.clocking`: from a call to
+its completion, or inside `wait` for an overlapped one — the communication the step did not
+hide, waiting for the slowest peer included); `with_prediction` adds the prediction from a
+calibration file written by `shardwise calibrate` (its `machine` section is the hardware, its
+constants the efficiencies) and one row per component of the model's step (compute, exposed
+communication per axis, bubble, optimizer), then the clock's rows against the components
+that charge them (`AXIS_COMPONENTS`: tp comm; cp comm exposed; ep comm; pp p2p + bubble,
+which a stage's waits for its neighbour cannot tell apart; dp comm exposed) and the rest of
+the step, `OUTSIDE`, against compute + optimizer. The world's two scalar all-reduces (loss,
+gradient norm) are reported measured only: the model charges them inside the optimizer.
 
 Then the same model again with the machine as it is *now*: a shared machine's speed drifts
 10–50 % within minutes (measured here between `calibrate` and `check` a minute apart: the
@@ -72,8 +77,8 @@ def _waited_rows(waited: dict[str, float], step: StepEstimate, median: float
                                  "measured: rank 0 blocked in these collectives in the median "
                                  "step; predicted: " + " + ".join(COMPONENTS[n] for n in names)))
     rows += [CheckRow("step time", f"{WAITED_ROW}{axis} (s)", None, seconds, REPORTED,
-                      "measured only: the loss and gradient-norm all-reduces (and the "
-                      "pipeline's agreement check), charged inside the model's optimizer")
+                      "measured only: the loss and gradient-norm all-reduces, charged "
+                      "inside the model's optimizer")
              for axis, seconds in waited.items() if axis not in AXIS_COMPONENTS]
     if waited:
         rows.append(CheckRow("step time", OUTSIDE, step.compute + step.optimizer,
@@ -86,7 +91,8 @@ def _waited_rows(waited: dict[str, float], step: StepEstimate, median: float
 def with_prediction(rows: list[CheckRow], config: TrainConfig,
                     calibration: str | Path | None) -> list[CheckRow]:
     """`rows` with the measured step-time rows (median and fastest step) completed by the
-    prediction and followed by the predicted components (non-zero ones), then the step
+    prediction and followed by the predicted components (non-zero ones) and the clock's rows
+    (`WAITED_ROW`) set against them (`_waited_rows`), then the step
     re-timed where `rows` carry costs timed beside the steps: the one-rank reference step
     (`REFERENCE_ROW`: `HOST_RETIMED`) and with per-call rows (`CALL_ROW`) too (`RETIMED`)."""
     beside = [r for r in rows if r.item == "step time"

@@ -44,7 +44,10 @@ before (the median of three such rounds). On the 2-core VM every frequent aten o
 included, took 27–64 % longer in step than alone (a dispatch-mode timing of dp2×ep2 against
 one rank with the same tokens), while two one-rank trainings in
 separate worlds ran at the speed of one alone — the cost comes with keeping in step, not
-with sharing the cores (why is not established).
+with sharing the cores. A likely cause, measured later (README, "Where the model's split is
+wrong"): gloo's helper threads burn CPU for every call, and with a core per rank that CPU
+comes out of the ranks' compute — so the cost grows with the number of calls, which this one
+factor does not see.
 """
 
 from __future__ import annotations

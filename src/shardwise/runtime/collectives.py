@@ -226,9 +226,6 @@ class Pending:
         wait(self)
         return True
 
-    def is_completed(self) -> bool:
-        return bool(self.work.is_completed())
-
 
 # ------------------------------------------------------------------------------- groups
 def resolve(group: GroupLike) -> AxisGroup:

@@ -62,6 +62,12 @@ AXIS_COMPONENTS = {"tp": ("tp_comm",), "cp": ("cp_comm_exposed",), "ep": ("ep_co
                    "dp_cp": ("dp_comm_exposed",), "edp": ("dp_comm_exposed",)}
 
 
+def _by_name(rows: list[CheckRow], prefix: str) -> dict[str, float]:
+    """{name: measured} of the rows labelled `f"{prefix}{name} (s)"`."""
+    return {r.what.removeprefix(prefix).removesuffix(" (s)"): r.measured for r in rows
+            if r.what.startswith(prefix)}
+
+
 def _waited_rows(waited: dict[str, float], step: StepEstimate, median: float
                  ) -> list[CheckRow]:
     """The measured time in collectives per axis (`WAITED_ROW` rows: the median step's) against
@@ -113,22 +119,20 @@ def with_prediction(rows: list[CheckRow], config: TrainConfig,
     try:
         step = predict_step(model, layout, train, calibration)
     except ShardwiseError as exc:
-        return rest + [replace(rows[i], note=f"{rows[i].note}; no prediction: {exc}")
-                       for i in measured] + blocked + beside
+        return (rest + [replace(rows[i], note=f"{rows[i].note}; no prediction: {exc}")
+                        for i in measured] + blocked + beside)
     source = f"predicted by the step model (SPEC §7), calibration: {calibration}"
     totals = [replace(rows[i], predicted=step.total, note=f"{rows[i].note}; {source}")
               for i in measured]
     parts = [CheckRow("step time", f"{label} (s)", getattr(step, name), None, REPORTED,
                       "predicted component")
              for name, label in COMPONENTS.items() if getattr(step, name) > 0]
-    waited = {r.what.removeprefix(WAITED_ROW).removesuffix(" (s)"): r.measured for r in blocked}
-    parts += _waited_rows(waited, step, rows[measured[0]].measured)
+    parts += _waited_rows(_by_name(blocked, WAITED_ROW), step, rows[measured[0]].measured)
     # the same model with the machine's costs as timed beside the steps: the host's (no
     # reference step under torchrun), then the collectives' too
     host = next((host_cost_now([[*REFERENCE_STEP, r.measured]], str(calibration))
                  for r in beside if r.what == REFERENCE_ROW), None)
-    now = {r.what.removeprefix(CALL_ROW).removesuffix(" (s)"): r.measured for r in beside
-           if r.what.startswith(CALL_ROW)}
+    now = _by_name(beside, CALL_ROW)
     timed = "the per-op host cost refitted on the one-rank reference step"
 
     def retimed(label: str, calls: dict[str, float], what: str) -> CheckRow:

@@ -6,7 +6,7 @@ Calibrates once (`shardwise calibrate --ranks 8`), then for each layout runs
 row: the step model's prediction (deterministic for one calibration file) against the
 measured median step of the run (rank 0, steps after the checked ones), and the two
 predictions re-timed beside the run (`runtime.step_time`): "host re-timed" (the per-op host
-cost refitted on `calibrate`'s one-rank step, timed right after the layout's ranks) and
+cost refitted on `calibrate`'s one-rank step, timed on rank 0 between the layout's steps) and
 "all re-timed" (that and the collectives' per-call costs timed on the layout's groups after
 its steps). Layouts run round-robin, `--repeats` rounds. Reported per layout: the median of
 the measured medians over repeats, the spread across repeats ((max − min) / median: the
@@ -17,7 +17,7 @@ model's largest components.
 `dp1 (reference)` is the one-rank configuration `check` re-times (s = 64, micro-batch 1), so
 it is not a prediction: its measured/predicted ratio from the file in each round shows the
 machine's drift since the calibration; re-timed, it is near 0 (the same configuration,
-timed again in another process seconds later).
+its steps taking turns with the reference's).
 
 Run:
     PYTHONPATH=src python benchmarks/bench_check_step.py [--repeats 5] [--calibration FILE]

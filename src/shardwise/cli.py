@@ -521,7 +521,7 @@ def _error_cell(row: Any) -> str:
               type=click.Path(dir_okay=False),
               help="Predict the step time with this file from `shardwise calibrate`, and "
                    "again with its collectives' and host's costs re-timed beside the run "
-                   "(then a one-rank reference step, a few seconds) [default: the built-in "
+                   "(a one-rank reference step between its timed steps) [default: the built-in "
                    "constants, which have no figures for a CPU].")
 @json_option
 def check(model_name: str, seq: int, global_batch: str, seed: int, data_path: str | None,

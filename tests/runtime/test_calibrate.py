@@ -156,7 +156,7 @@ def test_check_json_has_the_step_time_row_from_the_file_it_names(calibration):
              for what, r in rows.items() if what.startswith(CALL_ROW)}
     assert set(calls) == {"all-reduce/2", "reduce-scatter/2", "all-gather/2"}
     assert all(v > 0 for v in calls.values())
-    # …and `calibrate`'s one-rank step (tiny, s = 64, micro-batch 1), timed after the ranks
+    # …and `calibrate`'s one-rank step (tiny, s = 64, micro-batch 1), timed between its steps
     reference = rows[REFERENCE_ROW]["measured"]
     assert reference > 0 and rows[REFERENCE_ROW]["predicted"] is None
     # one point: the refitted per-op cost makes the model's one-rank step equal it exactly;
@@ -207,6 +207,38 @@ def test_keeping_ranks_in_step_adds_no_op_the_model_would_not_charge():
     (plain, _), _ = spawn(_ops_of_a_step, 2, False, timeout_s=120)
     (synced, waited), _ = spawn(_ops_of_a_step, 2, True, timeout_s=120)
     assert synced == plain and waited
+
+
+def _reference_beside_a_layout(steps: int) -> tuple[list[float], int, bool]:
+    from shardwise.runtime.measure import _Reference
+    from shardwise.runtime.mesh import Mesh, current_mesh
+
+    layout_mesh = Mesh.from_layout(Layout(dp=2))
+    reference = _Reference("fp32")
+    for _ in range(steps):
+        reference.step()
+    losses = [r.loss for r in reference.state.records] if reference.state else []
+    return losses, len(reference.seconds), current_mesh() is layout_mesh
+
+
+def _one_rank_losses(steps: int) -> list[float]:
+    from shardwise.runtime.calibrate import REFERENCE_STEP, one_rank_state
+    from shardwise.runtime.train import train_step
+
+    state = one_rank_state("fp32", *REFERENCE_STEP)
+    return [train_step(state).loss for _ in range(steps)]
+
+
+def test_the_reference_step_beside_a_layout_is_calibrates_one_rank_step():
+    # `check` times `calibrate`'s one-rank step on rank 0 between a layout's steps, the other
+    # ranks at a barrier: it must train as one rank alone does (a process of its own), reach
+    # no other rank (its world is rank 0: no loss or norm all-reduce would be answered) and
+    # leave the layout's mesh current; the first step is not timed
+    (losses, timed, restored), (others, none, _) = spawn(_reference_beside_a_layout, 2, 3,
+                                                         timeout_s=120)
+    alone, = spawn(_one_rank_losses, 1, 4, timeout_s=120)
+    assert losses == alone and timed == 3 and restored
+    assert others == [] and none == 0
 
 
 def test_without_a_file_the_row_says_the_built_in_constants_cannot_predict_a_cpu():

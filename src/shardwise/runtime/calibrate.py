@@ -95,8 +95,8 @@ from shardwise.layout import Layout
 from shardwise.runtime import collectives as C
 from shardwise.runtime import launch
 
-__all__ = ["Plan", "calibrate", "host_cost_now", "one_rank_steps", "plot_calibration",
-           "time_layout_calls"]
+__all__ = ["Plan", "calibrate", "host_cost_now", "one_rank_state", "one_rank_steps",
+           "plot_calibration", "time_layout_calls"]
 
 COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all")
 KiB, MiB = 1024, 1024**2
@@ -291,11 +291,9 @@ def one_rank_steps(dtype_name: str, configs: tuple[tuple[int, int], ...],
     (`Mesh.alone`), the ranks all-reducing a scalar after each block's forward and backward
     (as a layout's collectives keep its ranks in step); the seconds outside those calls."""
     from shardwise.runtime.mesh import Mesh
-    from shardwise.runtime.train import TrainConfig, build, train_step
+    from shardwise.runtime.train import train_step
 
-    states = [build(TrainConfig(get_model("tiny"), Layout(micro_batch=mbs), seq_len=seq,
-                                global_batch=8, dtype=dtype_name, steps=STEPS),
-                    Mesh.alone() if synced else None)
+    states = [one_rank_state(dtype_name, seq, mbs, Mesh.alone() if synced else None)
               for seq, mbs in configs]
     if synced:
         for state in states:
@@ -308,6 +306,15 @@ def one_rank_steps(dtype_name: str, configs: tuple[tuple[int, int], ...],
             spent.append(seconds - waited["world"])
     return [[seq, mbs, statistics.median(spent[1:])]
             for (seq, mbs), spent in zip(configs, times, strict=True)]
+
+
+def one_rank_state(dtype_name: str, seq: int, mbs: int, mesh: Any = None) -> Any:
+    """The training state of `tiny` on one rank, global batch 8 sequences of `seq` tokens in
+    micro-batches of `mbs` (`one_rank_steps`; `mesh`: `Mesh.alone()` inside a larger group)."""
+    from shardwise.runtime.train import TrainConfig, build
+
+    return build(TrainConfig(get_model("tiny"), Layout(micro_batch=mbs), seq_len=seq,
+                             global_batch=8, dtype=dtype_name, steps=STEPS), mesh)
 
 
 def _keep_in_step(blocks: Any) -> None:

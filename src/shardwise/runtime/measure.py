@@ -12,7 +12,9 @@
                  moments allocated on the rank after the last step, each storage once
     peak memory  torch.cuda.max_memory_allocated on a GPU; on CPU the row says "no GPU"
     step time    rank 0's median and fastest step, timed on more steps after the checked ones
-                 (outside the hooks and counters); `runtime.step_time` adds the prediction
+                 (outside the hooks and counters); with `reference`, `calibrate`'s one-rank
+                 step timed on rank 0 between them (`REFERENCE_ROW`); `runtime.step_time`
+                 adds the prediction
 
 and predicts each from the analytic side for the same model, layout and pipeline stage with
 `estimate.check` (pure arithmetic over `estimate.comm` and `estimate.memory`), which also holds
@@ -31,6 +33,7 @@ setup traffic (the initial broadcast of ZeRO's weights, the pipeline's agreement
 from __future__ import annotations
 
 import contextlib
+import statistics
 import weakref
 from collections.abc import Callable, Container, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -56,8 +59,9 @@ from shardwise.estimate.check import (
 from shardwise.layout import Layout, TrainSpec
 from shardwise.runtime import collectives as C
 from shardwise.runtime import launch
-from shardwise.runtime.calibrate import REFERENCE_STEP, STEPS, one_rank_steps, time_layout_calls
+from shardwise.runtime.calibrate import REFERENCE_STEP, one_rank_state, time_layout_calls
 from shardwise.runtime.data import Batches, load_tokens
+from shardwise.runtime.mesh import Mesh, current_mesh, set_current_mesh
 from shardwise.runtime.parallel_transformer import ParallelTransformer
 from shardwise.runtime.train import TrainConfig, build, train_step
 from shardwise.units import dtype_bytes
@@ -375,20 +379,49 @@ def _state_test(parallel: ParallelTransformer) -> Callable[[torch.Tensor], bool]
 
 CALL_ROW = "per call: "  # rows of collective costs re-timed on the layout's own groups
 WAITED_ROW = "in collectives: "  # rows of the time the median step spent blocked, per axis
-# `calibrate`'s one-rank step, re-timed beside a layout's steps (`run_check(reference=True)`)
+# `calibrate`'s one-rank step, timed beside a layout's steps (`check_layout(reference=True)`)
 REFERENCE_ROW = "one-rank reference: tiny, s={}, micro-batch {} (s)".format(*REFERENCE_STEP)
 # steps timed after the checked ones (their median is the measured step: a step's collectives
 # have a long-tailed cost on a shared host, so a median of few steps swings)
 TIMED_STEPS = 8
 
 
-def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL
-                 ) -> list[CheckRow]:
+class _Reference:
+    """`calibrate`'s one-rank step (`REFERENCE_STEP`) on rank 0, timed between a layout's
+    timed steps while the other ranks wait at a barrier: the host's speed at the moment of
+    those steps. A shared machine's speed drifts by tens of percent within seconds (the same
+    one-rank step timed in processes seconds apart: 43–80 ms here), so a reference timed
+    before or after the layout's steps — even right after, in another process — differs from
+    the machine they ran on; one step each, taking turns, sees the same machine. Its model
+    talks to no other rank (`Mesh.alone(world=False)`) and is current only while it runs."""
+
+    def __init__(self, dtype_name: str) -> None:
+        self.seconds: list[float] = []
+        self.layout_mesh, self.rank = current_mesh(), launch.rank()
+        self.mesh = Mesh.alone(world=False)  # current while the state is built
+        self.state = one_rank_state(dtype_name, *REFERENCE_STEP, self.mesh) \
+            if self.rank == 0 else None
+        set_current_mesh(self.layout_mesh)
+        self.step()  # the first step allocates: not timed
+        self.seconds.clear()
+
+    def step(self) -> None:
+        C.barrier()  # every rank is done with the layout's step
+        if self.state is not None:
+            set_current_mesh(self.mesh)
+            self.seconds.append(train_step(self.state).seconds)
+            set_current_mesh(self.layout_mesh)
+        C.barrier()  # the others wait, not run, while rank 0 times it
+
+
+def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL,
+                 reference: bool = False) -> list[CheckRow]:
     """On every rank of `config.layout` (a process group up): `steps` training steps of
     `config` measured against the analytic model; this rank's rows, in bytes per optimizer
     step (comm), per micro-batch (activations), on the rank (state, peak). Activations are
     compared against profile `impl` (`estimate.profiles`): the runtime saves the `shardwise`
-    profile (target 1 %); another profile's rows are reported only."""
+    profile (target 1 %); another profile's rows are reported only. `reference`: time the
+    one-rank reference step between the timed steps too (`_Reference`, `REFERENCE_ROW`)."""
     device = launch.device()
     gpu = device.type == "cuda"
     if gpu:
@@ -402,11 +435,13 @@ def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL
             train_step(state)
     # Step time outside the hooks and counters (what training costs), after the checked steps,
     # with the time spent blocked in each axis's collectives (`collectives.clocking`).
-    timed = []
+    timed, beside = [], _Reference(config.dtype) if reference else None
     for _ in range(max(steps, TIMED_STEPS)):
         with C.clocking() as waited:
             seconds = train_step(state).seconds
         timed.append((seconds, dict(waited)))
+        if beside is not None:
+            beside.step()
     timed.sort(key=lambda t: t[0])
     (median, waited), fastest = timed[len(timed) // 2], timed[0][0]
     calls = time_layout_calls(parallel.axis)
@@ -432,6 +467,11 @@ def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL
                  *(CheckRow("step time", f"{CALL_ROW}{key} (s)", None, value, REPORTED,
                             "one call, timed on this layout's groups after its steps")
                    for key, value in calls.items())]
+        if beside is not None:
+            rows.append(CheckRow("step time", REFERENCE_ROW, None,
+                                 statistics.median(beside.seconds), REPORTED,
+                                 "as `calibrate` times it, on rank 0 between this layout's "
+                                 f"timed steps: the median of {len(beside.seconds)}"))
     if model.is_moe and layout.tp > 1:
         caveat = "; MoE layers are replicated over tp here (the analytic model splits experts)"
         rows = [replace(r, note=r.note + caveat) if not r.ok else r for r in rows]
@@ -444,18 +484,10 @@ def run_check(config: TrainConfig, steps: int = 2, *, timeout_s: float = 600,
     """`check_layout` on `config.layout.world_size` ranks (spawned here with gloo, or the
     torchrun world: `torchrun … -m shardwise check …`); the rows merged over ranks
     (`merge_rows`: per pipeline stage, the rank with the largest error), or every rank's rows
-    with `per_rank`. With `reference` (and ranks spawned here), then the one-rank steps
-    `shardwise calibrate` fits the host's per-op cost on, timed right after the layout's
-    ranks exit (`calibrate.one_rank_steps`): the `REFERENCE_ROW`."""
+    with `per_rank`. `reference`: with the one-rank step `shardwise calibrate` fits the
+    host's per-op cost on, timed between the layout's steps (the `REFERENCE_ROW`)."""
     config.validate()
     Batches(load_tokens(config.data), config.seq_len, config.global_batch)  # enough text?
     results = launch.launch(check_layout, config.layout.world_size, config, steps, impl,
-                            timeout_s=timeout_s)
-    rows = [row for rows in results for row in rows] if per_rank else merge_rows(results)
-    if reference and not launch.under_torchrun():
-        (*_, seconds), = launch.spawn(one_rank_steps, 1, config.dtype, (REFERENCE_STEP,),
-                                      timeout_s=timeout_s)[0]
-        rows.append(CheckRow("step time", REFERENCE_ROW, None, seconds, REPORTED,
-                             "as `calibrate` times it, right after this layout's ranks: the "
-                             f"median of {STEPS - 1} steps after the first"))
-    return rows
+                            reference, timeout_s=timeout_s)
+    return [row for rows in results for row in rows] if per_rank else merge_rows(results)

@@ -130,17 +130,21 @@ class Mesh:
         return mesh
 
     @classmethod
-    def alone(cls) -> Mesh:
-        """This rank by itself, every axis of degree 1, inside a larger process group (the
-        "world" axis stays the whole group): `calibrate` trains a one-rank model on every
-        rank at once. Made current."""
+    def alone(cls, *, world: bool = True, make_current: bool = True) -> Mesh:
+        """This rank by itself, every axis of degree 1, inside a larger process group.
+        `world`: the "world" axis stays the whole group (`calibrate` trains a one-rank model
+        on every rank at once, the ranks kept in step over it); otherwise the world is this
+        rank too and nothing its model does waits for another rank (`check` times
+        `calibrate`'s one-rank step on rank 0 between a layout's steps)."""
         me = dist.get_rank()
-        mesh = cls(MeshShape(), 0, {axis: AxisGroup(axis, None, 1, 0, (me,)) for axis in AXES})
-        set_current_mesh(mesh)
+        names = AXES if world else (*AXES, "world")
+        mesh = cls(MeshShape(), 0, {axis: AxisGroup(axis, None, 1, 0, (me,)) for axis in names})
+        if make_current:
+            set_current_mesh(mesh)
         return mesh
 
     def axis(self, name: str) -> AxisGroup:
-        if name == "world":
+        if name == "world" and name not in self.axes:
             return AxisGroup.world()
         if name not in self.axes:
             raise ShardwiseError(f"unknown mesh axis {name!r}; valid: {', '.join(AXES)}")

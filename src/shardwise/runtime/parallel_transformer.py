@@ -302,7 +302,7 @@ class ParallelTransformer:
             # accumulated in fp64 without an fp64 copy of the gradient (as clip_grad_norm_)
             grad = g if not isinstance(weight, torch.Tensor) else g[weight]
             total += torch.linalg.vector_norm(grad, dtype=torch.float64).square()
-        C.all_reduce(total, None, counter=C.CommCounter())  # bookkeeping, not step traffic
+        C.all_reduce(total, self.axis("world"), counter=C.CommCounter())  # bookkeeping, not step traffic
         return float(total.sqrt())
 
     def global_loss(self, local: float | None) -> float:
@@ -310,7 +310,7 @@ class ParallelTransformer:
         counts = self.last_stage and self.axis("tp").rank == 0
         share = torch.tensor([local / self.dp_axis.size if counts and local is not None
                               else 0.0], dtype=torch.float64, device=self.positions.device)
-        C.all_reduce(share, None, counter=C.CommCounter())
+        C.all_reduce(share, self.axis("world"), counter=C.CommCounter())
         return float(share)
 
     # --------------------------------------------------------------- norm bookkeeping

@@ -18,8 +18,8 @@ Then the same model again with the machine as it is *now*: a shared machine's sp
 10–50 % within minutes (measured here between `calibrate` and `check` a minute apart: the
 one-rank step ran 0.8–1.5× its calibrated time), so the file's figures are timed again beside
 the run. `HOST_RETIMED`: the host's per-op cost (`kernel_overhead`), refitted as `calibrate`
-fits it on `calibrate`'s own one-rank `tiny` step timed right after the layout's ranks exit
-(`REFERENCE_ROW`; `host_cost_now`). `RETIMED`: that, and the per-call cost of each collective
+fits it on `calibrate`'s own one-rank `tiny` step timed on rank 0 between the layout's timed
+steps (`REFERENCE_ROW`, `measure._Reference`; `host_cost_now`). `RETIMED`: that, and the per-call cost of each collective
 the layout makes, timed on its own groups right after its steps
 (`runtime.calibrate.time_layout_calls`, the "per call: …" rows; 120 calls, and they swing by
 2× from one check to the next, so this row is the noisier of the two). The GEMM, memory and
@@ -128,8 +128,8 @@ def with_prediction(rows: list[CheckRow], config: TrainConfig,
                       "predicted component")
              for name, label in COMPONENTS.items() if getattr(step, name) > 0]
     parts += _waited_rows(_by_name(blocked, WAITED_ROW), step, rows[measured[0]].measured)
-    # the same model with the machine's costs as timed beside the steps: the host's (no
-    # reference step under torchrun), then the collectives' too
+    # the same model with the machine's costs as timed beside the steps: the host's, then
+    # the collectives' too
     host = next((host_cost_now([[*REFERENCE_STEP, r.measured]], str(calibration))
                  for r in beside if r.what == REFERENCE_ROW), None)
     now = _by_name(beside, CALL_ROW)

@@ -486,13 +486,14 @@ AXIS_CALLS = {"tp": ("all-reduce", "reduce-scatter", "all-gather"), "cp": ("p2p"
               "world": ("all-reduce",)}
 
 
-def time_layout_calls(axis: Callable[[str], Any], calls: int = 120) -> dict[str, float]:
+def time_layout_calls(axis: Callable[[str], Any], calls: int) -> dict[str, float]:
     """The fixed cost of one call ("op/n", "p2p/2" one way) of every collective a layout's
     axes make, timed now on its own groups — every group of an axis at once, after the same
-    host work as `calibrate`'s — as the slowest member's mean. The host's collective costs
-    drift over minutes on a shared machine (2× seen here): timed beside the steps they
-    describe, they leave the compute constants to the calibration file. `axis(name)` gives
-    this rank's `AxisGroup`; every rank calls this together."""
+    host work as `calibrate`'s — as the slowest member's mean over `calls` calls. The host's
+    collective costs drift on a shared machine (2× seen here within minutes): timed between
+    the steps they describe (`measure.check_layout`), they leave the compute constants to the
+    calibration file. `axis(name)` gives this rank's `AxisGroup`; every rank calls this
+    together."""
     device, world = launch.device(), dist.get_world_size()
     timed: dict[str, list[float]] = {}
     for name, ops in AXIS_CALLS.items():

@@ -384,6 +384,7 @@ REFERENCE_ROW = "one-rank reference: tiny, s={}, micro-batch {} (s)".format(*REF
 # steps timed after the checked ones (their median is the measured step: a step's collectives
 # have a long-tailed cost on a shared host, so a median of few steps swings)
 TIMED_STEPS = 8
+CALLS_PER_BURST = 15  # calls of each collective timed after each of those steps
 
 
 class _Reference:
@@ -435,16 +436,21 @@ def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL,
             train_step(state)
     # Step time outside the hooks and counters (what training costs), after the checked steps,
     # with the time spent blocked in each axis's collectives (`collectives.clocking`).
-    timed, beside = [], _Reference(config.dtype) if reference else None
+    # Between them, the costs the step model is re-timed with (`runtime.step_time`): one burst
+    # of each of the layout's collectives on its own groups and `calibrate`'s one-rank step,
+    # so that they see the machine as the steps did.
+    timed, bursts = [], []
+    beside = _Reference(config.dtype) if reference else None
     for _ in range(max(steps, TIMED_STEPS)):
         with C.clocking() as waited:
             seconds = train_step(state).seconds
         timed.append((seconds, dict(waited)))
+        bursts.append(time_layout_calls(parallel.axis, CALLS_PER_BURST))
         if beside is not None:
             beside.step()
     timed.sort(key=lambda t: t[0])
     (median, waited), fastest = timed[len(timed) // 2], timed[0][0]
-    calls = time_layout_calls(parallel.axis)
+    calls = {key: statistics.fmean(b[key] for b in bursts) for key in bursts[0]}
     held = state_bytes([parallel.model], state.optimizer, parallel.parameters())
     peak = float(torch.cuda.max_memory_allocated(device)) if gpu else None
     model, layout, train = config.model, config.layout, config.train_spec()
@@ -465,7 +471,8 @@ def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL,
                             "median step (collectives.clocking)")
                    for axis, value in sorted(waited.items())),
                  *(CheckRow("step time", f"{CALL_ROW}{key} (s)", None, value, REPORTED,
-                            "one call, timed on this layout's groups after its steps")
+                            f"one call, timed on this layout's groups between its steps "
+                            f"({CALLS_PER_BURST} after each; the mean)")
                    for key, value in calls.items())]
         if beside is not None:
             rows.append(CheckRow("step time", REFERENCE_ROW, None,

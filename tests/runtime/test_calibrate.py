@@ -209,7 +209,7 @@ def test_keeping_ranks_in_step_adds_no_op_the_model_would_not_charge():
     assert synced == plain and waited
 
 
-def _reference_beside_a_layout(steps: int) -> tuple[list[float], int, bool]:
+def _reference_beside_a_layout(steps: int) -> tuple[list[float], list[float], bool]:
     from shardwise.runtime.measure import _Reference
     from shardwise.runtime.mesh import Mesh, current_mesh
 
@@ -217,8 +217,8 @@ def _reference_beside_a_layout(steps: int) -> tuple[list[float], int, bool]:
     reference = _Reference("fp32")
     for _ in range(steps):
         reference.step()
-    losses = [r.loss for r in reference.state.records] if reference.state else []
-    return losses, len(reference.seconds), current_mesh() is layout_mesh
+    losses = [r.loss for r in reference.state.records]
+    return losses, reference.seconds(), current_mesh() is layout_mesh
 
 
 def _one_rank_losses(steps: int) -> list[float]:
@@ -230,15 +230,16 @@ def _one_rank_losses(steps: int) -> list[float]:
 
 
 def test_the_reference_step_beside_a_layout_is_calibrates_one_rank_step():
-    # `check` times `calibrate`'s one-rank step on rank 0 between a layout's steps, the other
-    # ranks at a barrier: it must train as one rank alone does (a process of its own), reach
-    # no other rank (its world is rank 0: no loss or norm all-reduce would be answered) and
-    # leave the layout's mesh current; the first step is not timed
-    (losses, timed, restored), (others, none, _) = spawn(_reference_beside_a_layout, 2, 3,
-                                                         timeout_s=120)
-    alone, = spawn(_one_rank_losses, 1, 4, timeout_s=120)
-    assert losses == alone and timed == 3 and restored
-    assert others == [] and none == 0
+    # `check` times `calibrate`'s one-rank step between a layout's steps, the ranks taking
+    # turns while the others wait at a barrier: each must train as one rank alone does (a
+    # process of its own), reach no other rank (its world is itself: an all-reduce of the
+    # loss or norm would go unanswered) and leave the layout's mesh current; the first step
+    # is not timed; every rank gets every turn's time
+    ranks = spawn(_reference_beside_a_layout, 2, 3, timeout_s=120)
+    alone, = spawn(_one_rank_losses, 1, 3, timeout_s=120)
+    (first, times, restored), (second, same, _) = ranks
+    assert first == alone and second == alone[:2]  # untimed + turns 0, 2 / untimed + turn 1
+    assert restored and times == same and len(times) == 3 and all(t > 0 for t in times)
 
 
 def test_without_a_file_the_row_says_the_built_in_constants_cannot_predict_a_cpu():

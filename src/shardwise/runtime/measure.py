@@ -388,31 +388,42 @@ CALLS_PER_BURST = 15  # calls of each collective timed after each of those steps
 
 
 class _Reference:
-    """`calibrate`'s one-rank step (`REFERENCE_STEP`) on rank 0, timed between a layout's
-    timed steps while the other ranks wait at a barrier: the host's speed at the moment of
-    those steps. A shared machine's speed drifts by tens of percent within seconds (the same
-    one-rank step timed in processes seconds apart: 43–80 ms here), so a reference timed
-    before or after the layout's steps — even right after, in another process — differs from
-    the machine they ran on; one step each, taking turns, sees the same machine. Its model
+    """`calibrate`'s one-rank step (`REFERENCE_STEP`), timed between a layout's timed steps
+    on one rank at a time, the ranks taking turns, while the others wait at a barrier: the
+    host's speed at the moment of those steps, on the cores they ran on. A shared machine's
+    speed drifts by tens of percent within seconds (the same one-rank step timed in processes
+    seconds apart: 43–80 ms here), so a reference timed before or after the layout's steps —
+    even right after, in another process — describes another machine; one step each, taking
+    turns, sees the same one. And one core can be slower than the other for a while (one
+    process moved between this VM's two cores step by step: medians of 84 and 53 ms side by
+    side), hence the turns over the ranks. Every rank trains its own one-rank model, which
     talks to no other rank (`Mesh.alone(world=False)`) and is current only while it runs."""
 
     def __init__(self, dtype_name: str) -> None:
-        self.seconds: list[float] = []
-        self.layout_mesh, self.rank = current_mesh(), launch.rank()
-        self.mesh = Mesh.alone(world=False)  # current while the state is built
-        self.state = one_rank_state(dtype_name, *REFERENCE_STEP, self.mesh) \
-            if self.rank == 0 else None
+        self.layout_mesh, self.turns = current_mesh(), 0
+        self.mesh = Mesh.alone(world=False)  # current while the state is built and steps
+        self.state = one_rank_state(dtype_name, *REFERENCE_STEP, self.mesh)
+        train_step(self.state)  # the first step allocates: not timed
         set_current_mesh(self.layout_mesh)
-        self.step()  # the first step allocates: not timed
-        self.seconds.clear()
+        self.mine: dict[int, float] = {}  # turn -> seconds, this rank's turns
 
     def step(self) -> None:
+        """Every rank calls this after each timed step; rank `turn mod world` times one."""
         C.barrier()  # every rank is done with the layout's step
-        if self.state is not None:
+        if self.turns % launch.world_size() == launch.rank():
             set_current_mesh(self.mesh)
-            self.seconds.append(train_step(self.state).seconds)
+            self.mine[self.turns] = train_step(self.state).seconds
             set_current_mesh(self.layout_mesh)
-        C.barrier()  # the others wait, not run, while rank 0 times it
+        self.turns += 1
+        C.barrier()  # the others wait, not run, while it is timed
+
+    def seconds(self) -> list[float]:
+        """Every turn's time, whichever rank took it (every rank calls this)."""
+        times = torch.zeros(self.turns, dtype=torch.float64, device=launch.device())
+        for turn, seconds in self.mine.items():
+            times[turn] = seconds
+        C.all_reduce(times, counter=C.CommCounter())
+        return times.tolist()
 
 
 def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL,
@@ -451,6 +462,7 @@ def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL,
     timed.sort(key=lambda t: t[0])
     (median, waited), fastest = timed[len(timed) // 2], timed[0][0]
     calls = {key: statistics.fmean(b[key] for b in bursts) for key in bursts[0]}
+    reference_s = beside.seconds() if beside is not None else []
     held = state_bytes([parallel.model], state.optimizer, parallel.parameters())
     peak = float(torch.cuda.max_memory_allocated(device)) if gpu else None
     model, layout, train = config.model, config.layout, config.train_spec()
@@ -474,11 +486,11 @@ def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL,
                             f"one call, timed on this layout's groups between its steps "
                             f"({CALLS_PER_BURST} after each; the mean)")
                    for key, value in calls.items())]
-        if beside is not None:
-            rows.append(CheckRow("step time", REFERENCE_ROW, None,
-                                 statistics.median(beside.seconds), REPORTED,
-                                 "as `calibrate` times it, on rank 0 between this layout's "
-                                 f"timed steps: the median of {len(beside.seconds)}"))
+        if reference_s:
+            rows.append(CheckRow("step time", REFERENCE_ROW, None, statistics.median(reference_s),
+                                 REPORTED, "as `calibrate` times it, between this layout's "
+                                 "timed steps, the ranks taking turns: the median of "
+                                 f"{len(reference_s)}"))
     if model.is_moe and layout.tp > 1:
         caveat = "; MoE layers are replicated over tp here (the analytic model splits experts)"
         rows = [replace(r, note=r.note + caveat) if not r.ok else r for r in rows]

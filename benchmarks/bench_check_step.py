@@ -6,9 +6,9 @@ Calibrates once (`shardwise calibrate --ranks 8`), then for each layout runs
 row: the step model's prediction (deterministic for one calibration file) against the
 measured median step of the run (rank 0, steps after the checked ones), and the two
 predictions re-timed beside the run (`runtime.step_time`): "host re-timed" (the per-op host
-cost refitted on `calibrate`'s one-rank step, timed on rank 0 between the layout's steps) and
-"all re-timed" (that and the collectives' per-call costs timed on the layout's groups after
-its steps). Layouts run round-robin, `--repeats` rounds. Reported per layout: the median of
+cost refitted on `calibrate`'s one-rank step, timed between the layout's steps, the ranks
+taking turns) and "all re-timed" (that and the collectives' per-call costs timed on the
+layout's groups between its steps). Layouts run round-robin, `--repeats` rounds. Reported per layout: the median of
 the measured medians over repeats, the spread across repeats ((max − min) / median: the
 noise), the error of each prediction against the measured median (the re-timed ones per
 repeat, then the median), the error against the fastest step seen in any repeat, and the
@@ -20,11 +20,11 @@ machine's drift since the calibration; re-timed, it is near 0 (the same configur
 its steps taking turns with the reference's).
 
 Run:
-    PYTHONPATH=src python benchmarks/bench_check_step.py [--repeats 5] [--calibration FILE]
+    PYTHONPATH=src python benchmarks/bench_check_step.py [--repeats 7] [--calibration FILE]
         [--json results.json]
 
 (`--calibration FILE` skips the calibration and uses that file.) The figures recorded in the
-README came from `--repeats 5` on the 2-core VM with every other process in it stopped.
+README came from `--repeats 7` on the 2-core VM with every other process in it stopped.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def _step_rows(out: str) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--calibration", default=None)
     parser.add_argument("--json", dest="json_path", default=None)
     parser.add_argument("--layouts", default=",".join(LAYOUTS),

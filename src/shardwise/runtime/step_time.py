@@ -17,15 +17,18 @@ gradient norm) are reported measured only: the model charges them inside the opt
 Then the same model again with the machine as it is *now*: a shared machine's speed drifts
 10–50 % within minutes (measured here between `calibrate` and `check` a minute apart: the
 one-rank step ran 0.8–1.5× its calibrated time), so the file's figures are timed again beside
-the run. `HOST_RETIMED`: the host's per-op cost (`kernel_overhead`), refitted as `calibrate`
-fits it on `calibrate`'s own one-rank `tiny` step timed on rank 0 between the layout's timed
-steps (`REFERENCE_ROW`, `measure._Reference`; `host_cost_now`). `RETIMED`: that, and the per-call cost of each collective
-the layout makes, timed on its own groups right after its steps
-(`runtime.calibrate.time_layout_calls`, the "per call: …" rows; 120 calls, and they swing by
-2× from one check to the next, so this row is the noisier of the two). The GEMM, memory and
-attention constants, `synced_host_factor` and the link's α-β stay the file's. The rows are reported, not targets (`check`'s exit code ignores them):
-a step time on a shared CPU is noisy; `benchmarks/bench_check_step.py` measures the accuracy
-over repeats.
+the run, each between the layout's timed steps, so that it sees the machine they ran on.
+`HOST_RETIMED`: the host's per-op cost (`kernel_overhead`), refitted as `calibrate` fits it on
+`calibrate`'s own one-rank `tiny` step, one after each timed step, the ranks taking turns
+(`REFERENCE_ROW`, `measure._Reference`; `host_cost_now`). `RETIMED`: that, and the per-call
+cost of each collective the layout makes, timed on its own groups in a burst after each step
+(`runtime.calibrate.time_layout_calls`, the "per call: …" rows; they swing by 2× from one
+check to the next, and how the model splits a call's cost between the call and the compute
+around it is its least certain part — README, "Where the model's split is wrong" — so this
+row is the noisier of the two). The GEMM, memory and attention constants,
+`synced_host_factor` and the link's α-β stay the file's. The rows are reported, not targets
+(`check`'s exit code ignores them): a step time on a shared CPU is noisy;
+`benchmarks/bench_check_step.py` measures the accuracy over repeats.
 
 Without `--calibration` the built-in constants (`data/calibration.json`) apply, and they
 describe datasheet GPUs: on a CPU there is no hardware to predict with, so the row says so.

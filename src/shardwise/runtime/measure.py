@@ -13,8 +13,8 @@
     peak memory  torch.cuda.max_memory_allocated on a GPU; on CPU the row says "no GPU"
     step time    rank 0's median and fastest step, timed on more steps after the checked ones
                  (outside the hooks and counters); with `reference`, `calibrate`'s one-rank
-                 step timed on rank 0 between them (`REFERENCE_ROW`); `runtime.step_time`
-                 adds the prediction
+                 step timed between them, the ranks taking turns (`REFERENCE_ROW`);
+                 `runtime.step_time` adds the prediction
 
 and predicts each from the analytic side for the same model, layout and pipeline stage with
 `estimate.check` (pure arithmetic over `estimate.comm` and `estimate.memory`), which also holds
@@ -401,7 +401,7 @@ class _Reference:
 
     def __init__(self, dtype_name: str) -> None:
         self.layout_mesh, self.turns = current_mesh(), 0
-        self.mesh = Mesh.alone(world=False)  # current while the state is built and steps
+        self.mesh = Mesh.alone(world=False)  # current while its state is built or steps
         self.state = one_rank_state(dtype_name, *REFERENCE_STEP, self.mesh)
         train_step(self.state)  # the first step allocates: not timed
         set_current_mesh(self.layout_mesh)

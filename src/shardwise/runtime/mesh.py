@@ -13,7 +13,7 @@ Public API (stable; other runtime modules import it):
         collective: every rank must call it, in the same order. Creates one process group per
         group of every axis of degree > 1 (with `launch.group_timeout()`); degree-1 axes
         create none.
-    Mesh.alone() -> Mesh                         this rank by itself (every axis of degree 1)
+    Mesh.alone(world=True) -> Mesh               this rank by itself (every axis of degree 1)
                                                  inside a larger group; no collective
     mesh.group(axis) -> ProcessGroup | None     None for a degree-1 axis
     mesh.axis(axis) -> AxisGroup                what `collectives.py` takes: name, group, size,
@@ -130,17 +130,16 @@ class Mesh:
         return mesh
 
     @classmethod
-    def alone(cls, *, world: bool = True, make_current: bool = True) -> Mesh:
-        """This rank by itself, every axis of degree 1, inside a larger process group.
-        `world`: the "world" axis stays the whole group (`calibrate` trains a one-rank model
-        on every rank at once, the ranks kept in step over it); otherwise the world is this
-        rank too and nothing its model does waits for another rank (`check` times
-        `calibrate`'s one-rank step on rank 0 between a layout's steps)."""
+    def alone(cls, *, world: bool = True) -> Mesh:
+        """This rank by itself, every axis of degree 1, inside a larger process group. Made
+        current. `world`: the "world" axis stays the whole group (`calibrate` trains a
+        one-rank model on every rank at once, the ranks kept in step over it); otherwise the
+        world is this rank too and nothing its model does waits for another rank (`check`
+        times `calibrate`'s one-rank step between a layout's steps, one rank at a time)."""
         me = dist.get_rank()
         names = AXES if world else (*AXES, "world")
         mesh = cls(MeshShape(), 0, {axis: AxisGroup(axis, None, 1, 0, (me,)) for axis in names})
-        if make_current:
-            set_current_mesh(mesh)
+        set_current_mesh(mesh)
         return mesh
 
     def axis(self, name: str) -> AxisGroup:

@@ -17,7 +17,7 @@ from shardwise.estimate.comm import ring_bytes_on_wire, ring_steps
 from shardwise.estimate.compute import _OPS_LAYER
 from shardwise.layout import Layout
 from shardwise.runtime import collectives as C
-from shardwise.runtime.calibrate import _group_seconds
+from shardwise.runtime.calibrate import REFERENCE_STEP, _group_seconds
 from shardwise.runtime.launch import spawn
 from shardwise.runtime.measure import CALL_ROW, REFERENCE_ROW, REPORTED, WAITED_ROW, CheckRow
 from shardwise.runtime.step_time import (
@@ -158,11 +158,13 @@ def test_check_json_has_the_step_time_row_from_the_file_it_names(calibration):
     assert all(v > 0 for v in calls.values())
     # …and `calibrate`'s one-rank step (tiny, s = 64, micro-batch 1), timed between its steps
     reference = rows[REFERENCE_ROW]["measured"]
-    assert reference > 0 and rows[REFERENCE_ROW]["predicted"] is None
+    assert reference > 0
     # one point: the refitted per-op cost makes the model's one-rank step equal it exactly;
     # the step is linear in the cost, t = a + k·n, so k = (t − a) / n from two predictions
     one = Layout(micro_batch=1)
     one_train = TrainConfig(get_model("tiny"), one, seq_len=64).train_spec()
+    assert rows[REFERENCE_ROW]["predicted"] == pytest.approx(  # the file's figure for it
+        predict_step(get_model("tiny"), one, one_train, calibration).total, rel=1e-12)
     at = [predict_step(get_model("tiny"), one, one_train, calibration, kernel_overhead=k).total
           for k in (0.0, 1e-4)]
     k = (reference - at[0]) / ((at[1] - at[0]) / 1e-4)
@@ -282,6 +284,22 @@ def test_time_in_collectives_is_set_against_the_components_that_charge_it(calibr
     # without a calibration file the clock's rows are kept, measured only
     kept = with_prediction(rows, config, None)
     assert [r.what for r in kept if r.what.startswith(WAITED_ROW)] == [r.what for r in rows[1:]]
+
+
+def test_the_reference_row_says_how_far_the_machine_drifted_from_the_file(calibration):
+    # the reference step against the file's own prediction for it; off by more than the
+    # target, the row says the file is stale
+    config = TrainConfig(get_model("tiny"), Layout(dp=2))
+    one = Layout(micro_batch=REFERENCE_STEP[1])
+    file_s = predict_step(get_model("tiny"), one, TrainConfig(
+        get_model("tiny"), one, seq_len=REFERENCE_STEP[0]).train_spec(), calibration).total
+    step = CheckRow("step time", "step (s)", None, 0.25, REPORTED, "median of 3 steps")
+    for ratio, stale in ((1.1, False), (0.7, True), (1.3, True)):
+        ref = CheckRow("step time", REFERENCE_ROW, None, ratio * file_s, REPORTED, "turns")
+        row, = (r for r in with_prediction([step, ref], config, calibration)
+                if r.what == REFERENCE_ROW)
+        assert row.predicted == file_s and row.error == pytest.approx(ratio - 1)
+        assert f"{ratio:.2f}×" in row.note and ("calibrate` again" in row.note) == stale
 
 
 def test_check_with_a_bad_calibration_file_is_one_line(tmp_path):

@@ -20,7 +20,9 @@ one-rank step ran 0.8–1.5× its calibrated time), so the file's figures are ti
 the run, each between the layout's timed steps, so that it sees the machine they ran on.
 `HOST_RETIMED`: the host's per-op cost (`kernel_overhead`), refitted as `calibrate` fits it on
 `calibrate`'s own one-rank `tiny` step, one after each timed step, the ranks taking turns
-(`REFERENCE_ROW`, `measure._Reference`; `host_cost_now`). `RETIMED`: that, and the per-call
+(`REFERENCE_ROW`, `measure._Reference`; `host_cost_now`; the row carries the file's own
+figure for that step, and says the file is stale when the two differ by more than
+`DRIFT_TARGET`). `RETIMED`: that, and the per-call
 cost of each collective the layout makes, timed on its own groups in a burst after each step
 (`runtime.calibrate.time_layout_calls`, the "per call: …" rows; they swing by 2× from one
 check to the next, and how the model splits a call's cost between the call and the compute
@@ -39,9 +41,11 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from shardwise.arch import get_model
 from shardwise.calibration.machine import predict_step
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.step import StepEstimate
+from shardwise.layout import Layout
 from shardwise.runtime.calibrate import REFERENCE_STEP, host_cost_now
 from shardwise.runtime.measure import CALL_ROW, REFERENCE_ROW, REPORTED, WAITED_ROW, CheckRow
 from shardwise.runtime.train import TrainConfig
@@ -53,6 +57,7 @@ HOST_RETIMED = "step, host re-timed (s)"  # the per-op host cost timed beside th
 RETIMED = "step, host and collectives re-timed (s)"  # and the per-call costs
 
 OUTSIDE = "outside collectives (s)"  # the measured step less its time in collectives
+DRIFT_TARGET = 0.2  # the reference step off the file's figure by more: say the file is stale
 
 # StepEstimate field -> row label (the model's breakdown, SPEC §7)
 COMPONENTS = {"compute": "compute", "tp_comm": "tp comm", "cp_comm_exposed": "cp comm exposed",
@@ -97,6 +102,23 @@ def _waited_rows(waited: dict[str, float], step: StepEstimate, median: float
     return rows
 
 
+def _reference_row(row: CheckRow, config: TrainConfig, calibration: str | Path) -> CheckRow:
+    """The one-rank reference row (`REFERENCE_ROW`) with the file's prediction for that step:
+    how far the machine has drifted since it was calibrated."""
+    seq, mbs = REFERENCE_STEP
+    tiny, one = get_model("tiny"), Layout(micro_batch=mbs)
+    train = TrainConfig(tiny, one, seq_len=seq, global_batch=8, dtype=config.dtype).train_spec()
+    predicted = predict_step(tiny, one, train, calibration).total
+    drift = row.measured / predicted
+    note = (f"{row.note}; predicted: the calibration file's figure for it (the machine ran it "
+            f"at {drift:.2f}× that)")
+    if abs(drift - 1) > DRIFT_TARGET:
+        note += ("; more than ±20 %: the rows predicted from the file alone are off by about "
+                 "as much, the re-timed ones less (the file was written on a slower or faster "
+                 "machine than this run's: `shardwise calibrate` again)")
+    return replace(row, predicted=predicted, note=note)
+
+
 def with_prediction(rows: list[CheckRow], config: TrainConfig,
                     calibration: str | Path | None) -> list[CheckRow]:
     """`rows` with the measured step-time rows (median and fastest step) completed by the
@@ -135,6 +157,8 @@ def with_prediction(rows: list[CheckRow], config: TrainConfig,
     # the collectives' too
     host = next((host_cost_now([[*REFERENCE_STEP, r.measured]], str(calibration))
                  for r in beside if r.what == REFERENCE_ROW), None)
+    beside = [_reference_row(r, config, calibration) if r.what == REFERENCE_ROW else r
+              for r in beside]
     now = _by_name(beside, CALL_ROW)
     timed = "the per-op host cost refitted on the one-rank reference step"
 

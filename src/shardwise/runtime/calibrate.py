@@ -72,7 +72,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -94,6 +94,10 @@ from shardwise.estimate.comm import ring_bytes_on_wire, ring_steps
 from shardwise.layout import Layout
 from shardwise.runtime import collectives as C
 from shardwise.runtime import launch
+
+if TYPE_CHECKING:
+    from shardwise.runtime.mesh import Mesh
+    from shardwise.runtime.train import TrainState
 
 __all__ = ["Plan", "calibrate", "host_cost_now", "one_rank_state", "one_rank_steps",
            "plot_calibration", "time_layout_calls"]
@@ -308,7 +312,8 @@ def one_rank_steps(dtype_name: str, configs: tuple[tuple[int, int], ...],
             for (seq, mbs), spent in zip(configs, times, strict=True)]
 
 
-def one_rank_state(dtype_name: str, seq: int, mbs: int, mesh: Any = None) -> Any:
+def one_rank_state(dtype_name: str, seq: int, mbs: int, mesh: Mesh | None = None
+                   ) -> TrainState:
     """The training state of `tiny` on one rank, global batch 8 sequences of `seq` tokens in
     micro-batches of `mbs` (`one_rank_steps`; `mesh`: `Mesh.alone()` inside a larger group)."""
     from shardwise.runtime.train import TrainConfig, build

@@ -22,12 +22,11 @@ the run, each between the layout's timed steps, so that it sees the machine they
 `calibrate`'s own one-rank `tiny` step, one after each timed step, the ranks taking turns
 (`REFERENCE_ROW`, `measure._Reference`; `host_cost_now`; the row carries the file's own
 figure for that step, and says the file is stale when the two differ by more than
-`DRIFT_TARGET`). `RETIMED`: that, and the per-call
-cost of each collective the layout makes, timed on its own groups in a burst after each step
-(`runtime.calibrate.time_layout_calls`, the "per call: …" rows; they swing by 2× from one
-check to the next, and how the model splits a call's cost between the call and the compute
-around it is its least certain part — README, "Where the model's split is wrong" — so this
-row is the noisier of the two). The GEMM, memory and attention constants,
+`DRIFT_TARGET`). `RETIMED`: that, and the per-call cost of each collective the layout makes,
+timed on its own groups in a burst after each step (`runtime.calibrate.time_layout_calls`,
+the "per call: …" rows; they swing by 2× from one check to the next, and how the model splits
+a call's cost between the call and the compute around it is its least certain part — README,
+"Where the model's split is wrong" — so this row is the noisier of the two). The GEMM, memory and attention constants,
 `synced_host_factor` and the link's α-β stay the file's. The rows are reported, not targets
 (`check`'s exit code ignores them): a step time on a shared CPU is noisy;
 `benchmarks/bench_check_step.py` measures the accuracy over repeats.
@@ -113,9 +112,9 @@ def _reference_row(row: CheckRow, config: TrainConfig, calibration: str | Path) 
     note = (f"{row.note}; predicted: the calibration file's figure for it (the machine ran it "
             f"at {drift:.2f}× that)")
     if abs(drift - 1) > DRIFT_TARGET:
-        note += ("; more than ±20 %: the rows predicted from the file alone are off by about "
-                 "as much, the re-timed ones less (the file was written on a slower or faster "
-                 "machine than this run's: `shardwise calibrate` again)")
+        note += (f"; more than ±{DRIFT_TARGET:.0%}: the rows predicted from the file alone are "
+                 "off by about as much, the re-timed ones less (the file was written on a "
+                 "slower or faster machine than this run's: `shardwise calibrate` again)")
     return replace(row, predicted=predicted, note=note)
 
 

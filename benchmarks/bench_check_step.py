@@ -39,7 +39,7 @@ import tempfile
 import time
 from typing import Any
 
-from shardwise.runtime.measure import CALL_ROW, REFERENCE_ROW, WAITED_ROW
+from shardwise.runtime.measure import CALL_ROW, IN_STEP_ROW, REFERENCE_ROW, WAITED_ROW
 from shardwise.runtime.step_time import COMPONENTS, HOST_RETIMED, OUTSIDE, RETIMED
 
 LAYOUTS = {
@@ -76,7 +76,7 @@ def _step_rows(out: str) -> dict[str, Any]:
         "retimed": (rows[HOST_RETIMED]["predicted"],  # one rank: no collectives re-timed
                     rows.get(RETIMED, rows[HOST_RETIMED])["predicted"]),
         "beside": {what: r["measured"] for what, r in rows.items()
-                   if what.startswith(CALL_ROW) or what == REFERENCE_ROW},
+                   if what.startswith(CALL_ROW) or what in (REFERENCE_ROW, IN_STEP_ROW)},
         "clock": {what.removesuffix(" (s)"): (r["predicted"], r["measured"])
                   for what, r in rows.items() if what.startswith(WAITED_ROW) or what == OUTSIDE},
     }

@@ -16,10 +16,16 @@ from shardwise.calibration.machine import predict_step
 from shardwise.estimate.comm import ring_bytes_on_wire, ring_steps
 from shardwise.estimate.compute import _OPS_LAYER
 from shardwise.layout import Layout
-from shardwise.runtime import collectives as C
 from shardwise.runtime.calibrate import REFERENCE_STEP, _group_seconds
 from shardwise.runtime.launch import spawn
-from shardwise.runtime.measure import CALL_ROW, REFERENCE_ROW, REPORTED, WAITED_ROW, CheckRow
+from shardwise.runtime.measure import (
+    CALL_ROW,
+    IN_STEP_ROW,
+    REFERENCE_ROW,
+    REPORTED,
+    WAITED_ROW,
+    CheckRow,
+)
 from shardwise.runtime.step_time import (
     COMPONENTS,
     HOST_RETIMED,
@@ -167,51 +173,27 @@ def test_check_json_has_the_step_time_row_from_the_file_it_names(calibration):
         predict_step(get_model("tiny"), one, one_train, calibration).total, rel=1e-12)
     at = [predict_step(get_model("tiny"), one, one_train, calibration, kernel_overhead=k).total
           for k in (0.0, 1e-4)]
-    k = (reference - at[0]) / ((at[1] - at[0]) / 1e-4)
-    host = predict_step(get_model("tiny"), Layout(tp=2), train, calibration, kernel_overhead=k)
+    def per_op(seconds: float) -> float:
+        return (seconds - at[0]) / ((at[1] - at[0]) / 1e-4)
+
+    k = per_op(reference)
+    # the same step on both ranks at once: synced_host_factor now, its per-op cost ÷ alone
+    # (a rank per core: the test machine has 2, as the calibration file says)
+    factor = per_op(rows[IN_STEP_ROW]["measured"]) / k
+    assert rows[IN_STEP_ROW]["measured"] > 0 and f"synced_host_factor {factor:.2f}" in rows[
+        HOST_RETIMED]["note"]
+    host = predict_step(get_model("tiny"), Layout(tp=2), train, calibration, kernel_overhead=k,
+                        synced_host_factor=factor)
     assert rows[HOST_RETIMED]["predicted"] == pytest.approx(host.total, rel=1e-9)
     assert host.compute != expected.compute and host.tp_comm == expected.tp_comm
     retimed = predict_step(get_model("tiny"), Layout(tp=2), train, calibration, per_call=calls,
-                           kernel_overhead=k)
+                           kernel_overhead=k, synced_host_factor=factor)
     assert rows[RETIMED]["predicted"] == pytest.approx(retimed.total, rel=1e-9)
     assert rows[RETIMED]["measured"] == rows[HOST_RETIMED]["measured"] == step["measured"]
     assert retimed.tp_comm != expected.tp_comm  # it moves with the calls' costs too
 
 
-def _ops_of_a_step(synced: bool) -> tuple[int, bool]:
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    from shardwise.runtime.calibrate import _keep_in_step
-    from shardwise.runtime.mesh import Mesh
-    from shardwise.runtime.train import build, train_step
-
-    class Count(TorchDispatchMode):
-        ops = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            Count.ops += func.namespace != "c10d"  # the collectives are charged as calls
-            return func(*args, **(kwargs or {}))
-
-    state = build(TrainConfig(get_model("tiny"), Layout()), Mesh.alone())
-    if synced:
-        _keep_in_step(state.model.model.blocks)
-    train_step(state)
-    with Count(), C.clocking() as waited:
-        train_step(state)
-    return Count.ops, waited["world"] > 0
-
-
-def test_keeping_ranks_in_step_adds_no_op_the_model_would_not_charge():
-    # `calibrate` fits the per-op cost of ranks kept in step on the step model's op count:
-    # the all-reduces after each block (a forward hook, a hook on the output's gradient)
-    # must leave the step's aten ops as they are; they run, and their time is counted apart
-    # (two ranks each: the all-reduces are real, the loss's and gradient norm's too)
-    (plain, _), _ = spawn(_ops_of_a_step, 2, False, timeout_s=120)
-    (synced, waited), _ = spawn(_ops_of_a_step, 2, True, timeout_s=120)
-    assert synced == plain and waited
-
-
-def _reference_beside_a_layout(steps: int) -> tuple[list[float], list[float], bool]:
+def _reference_beside_a_layout(steps: int) -> tuple[list[float], list[float], float, bool]:
     from shardwise.runtime.measure import _Reference
     from shardwise.runtime.mesh import Mesh, current_mesh
 
@@ -220,7 +202,8 @@ def _reference_beside_a_layout(steps: int) -> tuple[list[float], list[float], bo
     for _ in range(steps):
         reference.step()
     losses = [r.loss for r in reference.state.records]
-    return losses, reference.seconds(), current_mesh() is layout_mesh
+    alone, in_step = reference.seconds()
+    return losses, alone, in_step, current_mesh() is layout_mesh
 
 
 def _one_rank_losses(steps: int) -> list[float]:
@@ -239,9 +222,10 @@ def test_the_reference_step_beside_a_layout_is_calibrates_one_rank_step():
     # is not timed; every rank gets every turn's time
     ranks = spawn(_reference_beside_a_layout, 2, 3, timeout_s=120)
     alone, = spawn(_one_rank_losses, 1, 3, timeout_s=120)
-    (first, times, restored), (second, same, _) = ranks
+    (first, times, in_step, restored), (second, same, in_step_too, _) = ranks
     assert first == alone and second == alone[:2]  # untimed + turns 0, 2 / untimed + turn 1
     assert restored and times == same and len(times) == 3 and all(t > 0 for t in times)
+    assert in_step == in_step_too > 0  # then both at once: the ranks' mean
 
 
 def test_without_a_file_the_row_says_the_built_in_constants_cannot_predict_a_cpu():
@@ -300,6 +284,34 @@ def test_the_reference_row_says_how_far_the_machine_drifted_from_the_file(calibr
                 if r.what == REFERENCE_ROW)
         assert row.predicted == file_s and row.error == pytest.approx(ratio - 1)
         assert f"{ratio:.2f}×" in row.note and ("calibrate` again" in row.note) == stale
+
+
+@pytest.mark.parametrize("layout", [Layout(dp=2), Layout(dp=2, tp=2, pp=2)])
+def test_the_host_retimed_row_charges_the_per_op_cost_of_every_rank_busy(calibration, layout):
+    # the one-rank step alone and on every rank at once, timed beside the run: the re-timed
+    # row charges each op what it cost with every rank busy — the refitted alone cost × the
+    # factor now ÷ the share of a core the model gives each rank (2 cores in the file: 1 for
+    # 2 ranks, 1/4 for 8, whose every rank was busy in that step) is that cost itself
+    config = TrainConfig(get_model("tiny"), layout)
+    one = Layout(micro_batch=REFERENCE_STEP[1])
+    one_train = TrainConfig(get_model("tiny"), one, seq_len=REFERENCE_STEP[0]).train_spec()
+    at = [predict_step(get_model("tiny"), one, one_train, calibration, kernel_overhead=k).total
+          for k in (0.0, 1e-4)]
+
+    def per_op(seconds: float) -> float:  # the step is linear in the per-op cost
+        return (seconds - at[0]) / ((at[1] - at[0]) / 1e-4)
+
+    alone, busy = 0.06, 0.09 * layout.world_size / 2
+    rows = with_prediction([CheckRow("step time", "step (s)", None, 0.25, REPORTED, "median"),
+                            CheckRow("step time", REFERENCE_ROW, None, alone, REPORTED, ""),
+                            CheckRow("step time", IN_STEP_ROW, None, busy, REPORTED, "")],
+                           config, calibration)
+    row, = (r for r in rows if r.what == HOST_RETIMED)
+    share = min(1.0, MACHINE["cores"] / layout.world_size)
+    charged = predict_step(config.model, layout, config.train_spec(), calibration,
+                           kernel_overhead=per_op(busy) * share, synced_host_factor=1.0)
+    assert row.predicted == pytest.approx(charged.total, rel=1e-9)
+    assert f"synced_host_factor {per_op(busy) / per_op(alone) * share:.2f}" in row.note
 
 
 def test_check_with_a_bad_calibration_file_is_one_line(tmp_path):

@@ -37,17 +37,17 @@ cores too, and nothing here sees them: calibrate and run under the same load.
 
 `kernel_overhead` is one rank's, alone on the machine. A layout of more than one rank is
 charged `kernel_overhead × synced_host_factor`: `shardwise calibrate` times the same one-rank
-steps on a rank per core at once, the ranks all-reducing a scalar after every block's forward
-and backward as a layout's collectives keep its ranks in step, fits the per-op cost on the
-time outside those all-reduces and divides by the same fit on the steps alone, timed just
-before (the median of three such rounds). On the 2-core VM every frequent aten op, views
-included, took 27–64 % longer in step than alone (a dispatch-mode timing of dp2×ep2 against
-one rank with the same tokens), while two one-rank trainings in
-separate worlds ran at the speed of one alone — the cost comes with keeping in step, not
-with sharing the cores. A likely cause, measured later (README, "Where the model's split is
-wrong"): gloo's helper threads burn CPU for every call, and with a core per rank that CPU
-comes out of the ranks' compute — so the cost grows with the number of calls, which this one
-factor does not see.
+steps on a rank per core at once, each rank training its own model, the ranks meeting once a
+step in the loss's and gradient norm's all-reduces, fits the per-op cost on the time outside
+those calls and divides by the same fit on the steps alone, timed just before (the median of
+three such rounds); `shardwise check --calibration` times the same pair again between the
+layout's steps. What it does not see: every collective a layout makes costs the ranks more
+than its wait — gloo's helper threads burn CPU for every call, and with a core per rank
+that CPU comes out of the ranks' compute (README, "Where the model's split is wrong") —
+which only the per-call costs timed on the layout's own groups carry. (Until 2026-12-01 the
+ranks also all-reduced a scalar after every block's forward and backward while timed, and
+the factor, 1.16–2.38 in the day's calibrations, charged every layout those 64 calls' CPU
+whatever its own number of calls.)
 """
 
 from __future__ import annotations
@@ -177,14 +177,18 @@ def cluster_of(spec: MachineSpec, cal: Calibration, ranks: int
 
 def predict_step(model: ModelSpec, layout: Layout, train: TrainSpec, path: str | Path,
                  per_call: dict[str, float] | None = None,
-                 kernel_overhead: float | None = None) -> StepEstimate:
+                 kernel_overhead: float | None = None,
+                 synced_host_factor: float | None = None) -> StepEstimate:
     """The step model's prediction for `layout` on `layout.world_size` ranks of the machine
     the calibration file describes (`estimate.step.estimate_step`); `per_call` ("op/n":
     seconds, measured with the layout's ranks busy) replaces the file's per-call costs,
-    `kernel_overhead` (one rank's seconds per op, measured later) the file's."""
+    `kernel_overhead` (one rank's seconds per op) and `synced_host_factor` (measured later)
+    the file's."""
     from shardwise.estimate.step import estimate_step
 
     spec = read_machine(path)
+    if synced_host_factor is not None:
+        spec = replace(spec, synced_host_factor=synced_host_factor).validate()
     if train.dtype != spec.dtype:
         raise ShardwiseError(f"the calibration {str(path)!r} was measured in {spec.dtype}; "
                              f"this run is {train.dtype} (calibrate in the same dtype)")

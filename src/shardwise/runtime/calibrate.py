@@ -28,12 +28,13 @@ per rank, `OMP_NUM_THREADS=1`, the same processes `shardwise train` starts):
                  and the allocator at real sizes). Only one-rank steps are fitted: every
                  layout `check` compares is a prediction
     kept in step the same one-rank steps on a rank per core at once (`Mesh.alone`: each
-                 rank its own model), the ranks all-reducing a scalar after every block's
-                 forward and backward as a layout's collectives keep its ranks in step;
-                 `kernel_overhead` fitted again on the time outside those calls, over the
-                 same fit on the steps alone timed just before; the median of
-                 `FACTOR_ROUNDS` such pairs → `synced_host_factor`, which the preset
-                 charges to layouts of more than one rank (`calibration.machine`)
+                 rank its own model), the ranks meeting once a step in the loss's and
+                 gradient norm's all-reduces over the world; `kernel_overhead` fitted again
+                 on the time outside those calls, over the same fit on the steps alone timed
+                 just before; the median of `FACTOR_ROUNDS` such pairs →
+                 `synced_host_factor`, which the preset charges to layouts of more than one
+                 rank (`calibration.machine`); `check` times the same pair again between a
+                 layout's steps (`measure._Reference`)
     collectives  all-reduce, reduce-scatter, all-gather, all-to-all over groups of 2…N ranks
                  and a p2p exchange between two (one way = half), against message size,
                  through `runtime.collectives` (what training calls, waiting as it
@@ -292,16 +293,13 @@ def one_rank_steps(dtype_name: str, configs: tuple[tuple[int, int], ...],
     on both alike (one measured after the other, a spell once put 46 % on one of them).
 
     `synced`: every rank of the process group trains its own one-rank model at once
-    (`Mesh.alone`), the ranks all-reducing a scalar after each block's forward and backward
-    (as a layout's collectives keep its ranks in step); the seconds outside those calls."""
+    (`Mesh.alone`), the ranks meeting in the loss's and gradient norm's all-reduces over the
+    world once a step; the seconds outside those calls."""
     from shardwise.runtime.mesh import Mesh
     from shardwise.runtime.train import train_step
 
     states = [one_rank_state(dtype_name, seq, mbs, Mesh.alone() if synced else None)
               for seq, mbs in configs]
-    if synced:
-        for state in states:
-            _keep_in_step(state.model.model.blocks)
     times: list[list[float]] = [[] for _ in configs]
     for _ in range(steps):
         for state, spent in zip(states, times, strict=True):
@@ -320,24 +318,6 @@ def one_rank_state(dtype_name: str, seq: int, mbs: int, mesh: Mesh | None = None
 
     return build(TrainConfig(get_model("tiny"), Layout(micro_batch=mbs), seq_len=seq,
                              global_batch=8, dtype=dtype_name, steps=STEPS), mesh)
-
-
-def _keep_in_step(blocks: Any) -> None:
-    """After each block's forward and (through a hook on its output) backward, all-reduce a
-    scalar over the world (its time: `collectives.clocking`'s "world"). A tensor hook: no
-    aten ops of its own, so the op count the step model charges holds."""
-    one = torch.ones(1, device=launch.device())
-
-    def sync(*_: Any) -> None:
-        C.all_reduce(one, "world", counter=C.CommCounter())
-
-    def after_forward(_module: Any, _inputs: Any, output: torch.Tensor) -> None:
-        sync()
-        if output.requires_grad:
-            output.register_hook(sync)
-
-    for block in blocks:
-        block.register_forward_hook(after_forward)
 
 
 def _step_plan(plan: Plan) -> tuple[tuple[tuple[int, int], ...], int]:

@@ -13,7 +13,8 @@
     peak memory  torch.cuda.max_memory_allocated on a GPU; on CPU the row says "no GPU"
     step time    rank 0's median and fastest step, timed on more steps after the checked ones
                  (outside the hooks and counters); with `reference`, `calibrate`'s one-rank
-                 step timed between them, the ranks taking turns (`REFERENCE_ROW`);
+                 step timed between them, the ranks taking turns (`REFERENCE_ROW`), and on
+                 every rank at once (`IN_STEP_ROW`);
                  `runtime.step_time` adds the prediction
 
 and predicts each from the analytic side for the same model, layout and pipeline stage with
@@ -381,6 +382,7 @@ CALL_ROW = "per call: "  # rows of collective costs re-timed on the layout's own
 WAITED_ROW = "in collectives: "  # rows of the time the median step spent blocked, per axis
 # `calibrate`'s one-rank step, timed beside a layout's steps (`check_layout(reference=True)`)
 REFERENCE_ROW = "one-rank reference: tiny, s={}, micro-batch {} (s)".format(*REFERENCE_STEP)
+IN_STEP_ROW = "one-rank reference, on every rank at once (s)"  # `calibrate`'s synced steps
 # steps timed after the checked ones (their median is the measured step: a step's collectives
 # have a long-tailed cost on a shared host, so a median of few steps swings)
 TIMED_STEPS = 8
@@ -389,41 +391,56 @@ CALLS_PER_BURST = 15  # calls of each collective timed after each of those steps
 
 class _Reference:
     """`calibrate`'s one-rank step (`REFERENCE_STEP`), timed between a layout's timed steps
-    on one rank at a time, the ranks taking turns, while the others wait at a barrier: the
-    host's speed at the moment of those steps, on the cores they ran on. A shared machine's
-    speed drifts by tens of percent within seconds (the same one-rank step timed in processes
-    seconds apart: 43–80 ms here), so a reference timed before or after the layout's steps —
-    even right after, in another process — describes another machine; one step each, taking
-    turns, sees the same one. And one core can be slower than the other for a while (one
-    process moved between this VM's two cores step by step: medians of 84 and 53 ms side by
-    side), hence the turns over the ranks. Every rank trains its own one-rank model, which
-    talks to no other rank (`Mesh.alone(world=False)`) and is current only while it runs."""
+    twice: on one rank at a time, the ranks taking turns while the others wait at a barrier
+    (`REFERENCE_ROW`), then on every rank at once, as `calibrate` times it for
+    `synced_host_factor` (`IN_STEP_ROW`: the time outside the loss's and gradient norm's
+    all-reduces over the world, where the ranks meet once a step): the host's
+    speed at the moment of those steps, alone and with the layout's ranks all busy. A shared
+    machine's speed drifts by tens of percent within seconds (the same one-rank step timed in
+    processes seconds apart: 43–80 ms here), so a reference timed before or after the layout's
+    steps — even right after, in another process — describes another machine; one step each,
+    between them, sees the same one. And one core can be slower than the other for a while
+    (one process moved between this VM's two cores step by step: medians of 84 and 53 ms side
+    by side), hence the turns over the ranks. Every rank trains two one-rank models of its
+    own: one talks to no other rank (`Mesh.alone(world=False)`), the other only through
+    those two all-reduces (`Mesh.alone()`); each is current only while it runs."""
 
     def __init__(self, dtype_name: str) -> None:
         self.layout_mesh, self.turns = current_mesh(), 0
         self.mesh = Mesh.alone(world=False)  # current while its state is built or steps
         self.state = one_rank_state(dtype_name, *REFERENCE_STEP, self.mesh)
         train_step(self.state)  # the first step allocates: not timed
+        self.in_step_mesh = Mesh.alone()
+        self.in_step = one_rank_state(dtype_name, *REFERENCE_STEP, self.in_step_mesh)
+        train_step(self.in_step)
         set_current_mesh(self.layout_mesh)
         self.mine: dict[int, float] = {}  # turn -> seconds, this rank's turns
+        self.mine_in_step: list[float] = []  # seconds outside the all-reduces, every step
 
     def step(self) -> None:
-        """Every rank calls this after each timed step; rank `turn mod world` times one."""
+        """Every rank calls this after each timed step; rank `turn mod world` times one step
+        alone, then every rank one step kept in step."""
         C.barrier()  # every rank is done with the layout's step
         if self.turns % launch.world_size() == launch.rank():
             set_current_mesh(self.mesh)
             self.mine[self.turns] = train_step(self.state).seconds
-            set_current_mesh(self.layout_mesh)
         self.turns += 1
         C.barrier()  # the others wait, not run, while it is timed
+        set_current_mesh(self.in_step_mesh)
+        with C.clocking() as waited:
+            seconds = train_step(self.in_step).seconds
+        self.mine_in_step.append(seconds - waited["world"])
+        set_current_mesh(self.layout_mesh)
 
-    def seconds(self) -> list[float]:
-        """Every turn's time, whichever rank took it (every rank calls this)."""
-        times = torch.zeros(self.turns, dtype=torch.float64, device=launch.device())
+    def seconds(self) -> tuple[list[float], float]:
+        """Every turn's time alone, whichever rank took it, and the ranks' mean of their
+        median step kept in step (every rank calls this)."""
+        times = torch.zeros(self.turns + 1, dtype=torch.float64, device=launch.device())
         for turn, seconds in self.mine.items():
             times[turn] = seconds
+        times[-1] = statistics.median(self.mine_in_step) / launch.world_size()
         C.all_reduce(times, counter=C.CommCounter())
-        return times.tolist()
+        return times[:-1].tolist(), float(times[-1])
 
 
 def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL,
@@ -462,7 +479,7 @@ def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL,
     timed.sort(key=lambda t: t[0])
     (median, waited), fastest = timed[len(timed) // 2], timed[0][0]
     calls = {key: statistics.fmean(b[key] for b in bursts) for key in bursts[0]}
-    reference_s = beside.seconds() if beside is not None else []
+    reference_s, in_step_s = beside.seconds() if beside is not None else ([], 0.0)
     held = state_bytes([parallel.model], state.optimizer, parallel.parameters())
     peak = float(torch.cuda.max_memory_allocated(device)) if gpu else None
     model, layout, train = config.model, config.layout, config.train_spec()
@@ -491,6 +508,11 @@ def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL,
                                  REPORTED, "as `calibrate` times it, between this layout's "
                                  "timed steps, the ranks taking turns: the median of "
                                  f"{len(reference_s)}"))
+            rows.append(CheckRow("step time", IN_STEP_ROW, None, in_step_s, REPORTED,
+                                 "after each of those, on every rank at once, the ranks "
+                                 "meeting in its loss's and gradient norm's all-reduces, as "
+                                 "`calibrate` times it for synced_host_factor: the time "
+                                 "outside those calls, each rank's median, the ranks' mean"))
     if model.is_moe and layout.tp > 1:
         caveat = "; MoE layers are replicated over tp here (the analytic model splits experts)"
         rows = [replace(r, note=r.note + caveat) if not r.ok else r for r in rows]

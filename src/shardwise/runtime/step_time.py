@@ -22,12 +22,16 @@ the run, each between the layout's timed steps, so that it sees the machine they
 `calibrate`'s own one-rank `tiny` step, one after each timed step, the ranks taking turns
 (`REFERENCE_ROW`, `measure._Reference`; `host_cost_now`; the row carries the file's own
 figure for that step, and says the file is stale when the two differ by more than
-`DRIFT_TARGET`). `RETIMED`: that, and the per-call cost of each collective the layout makes,
+`DRIFT_TARGET`), and `synced_host_factor`, refitted the same way on that step run by every
+rank at once right after (`IN_STEP_ROW`): its per-op cost ÷ the one alone, × the share of a
+core each rank has (`calibration.machine`: the model divides by it again, and with more
+ranks than cores every rank of the layout was busy). `RETIMED`: that, and the per-call cost
+of each collective the layout makes,
 timed on its own groups in a burst after each step (`runtime.calibrate.time_layout_calls`,
 the "per call: …" rows; they swing by 2× from one check to the next, and how the model splits
 a call's cost between the call and the compute around it is its least certain part — README,
-"Where the model's split is wrong" — so this row is the noisier of the two). The GEMM, memory and attention constants,
-`synced_host_factor` and the link's α-β stay the file's. The rows are reported, not targets
+"Where the model's split is wrong" — so this row is the noisier of the two). The GEMM,
+memory and attention constants and the link's α-β stay the file's. The rows are reported, not targets
 (`check`'s exit code ignores them): a step time on a shared CPU is noisy;
 `benchmarks/bench_check_step.py` measures the accuracy over repeats.
 
@@ -41,12 +45,19 @@ from dataclasses import replace
 from pathlib import Path
 
 from shardwise.arch import get_model
-from shardwise.calibration.machine import predict_step
+from shardwise.calibration.machine import predict_step, read_machine
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.step import StepEstimate
 from shardwise.layout import Layout
 from shardwise.runtime.calibrate import REFERENCE_STEP, host_cost_now
-from shardwise.runtime.measure import CALL_ROW, REFERENCE_ROW, REPORTED, WAITED_ROW, CheckRow
+from shardwise.runtime.measure import (
+    CALL_ROW,
+    IN_STEP_ROW,
+    REFERENCE_ROW,
+    REPORTED,
+    WAITED_ROW,
+    CheckRow,
+)
 from shardwise.runtime.train import TrainConfig
 
 __all__ = ["AXIS_COMPONENTS", "COMPONENTS", "HOST_RETIMED", "OUTSIDE", "RETIMED",
@@ -126,7 +137,7 @@ def with_prediction(rows: list[CheckRow], config: TrainConfig,
     re-timed where `rows` carry costs timed beside the steps: the one-rank reference step
     (`REFERENCE_ROW`: `HOST_RETIMED`) and with per-call rows (`CALL_ROW`) too (`RETIMED`)."""
     beside = [r for r in rows if r.item == "step time"
-              and (r.what.startswith(CALL_ROW) or r.what == REFERENCE_ROW)]
+              and (r.what.startswith(CALL_ROW) or r.what in (REFERENCE_ROW, IN_STEP_ROW))]
     blocked = [r for r in rows if r.item == "step time" and r.what.startswith(WAITED_ROW)]
     measured = [i for i, r in enumerate(rows) if r.item == "step time"
                 and r not in beside and r not in blocked]
@@ -156,14 +167,21 @@ def with_prediction(rows: list[CheckRow], config: TrainConfig,
     # the collectives' too
     host = next((host_cost_now([[*REFERENCE_STEP, r.measured]], str(calibration))
                  for r in beside if r.what == REFERENCE_ROW), None)
+    in_step = next((host_cost_now([[*REFERENCE_STEP, r.measured]], str(calibration))
+                    for r in beside if r.what == IN_STEP_ROW), None)
+    factor = None  # synced_host_factor now: the per-op cost of every rank busy ÷ alone,
+    if host is not None and in_step is not None and layout.world_size > 1:  # × the share
+        factor = in_step / host * min(1.0, read_machine(calibration).cores / layout.world_size)
     beside = [_reference_row(r, config, calibration) if r.what == REFERENCE_ROW else r
               for r in beside]
     now = _by_name(beside, CALL_ROW)
-    timed = "the per-op host cost refitted on the one-rank reference step"
+    timed = "the per-op host cost refitted on the one-rank reference step" + (
+        f", synced_host_factor {factor:.2f} from it on every rank at once" if factor is not None
+        else "")
 
     def retimed(label: str, calls: dict[str, float], what: str) -> CheckRow:
         again = predict_step(model, layout, train, calibration, per_call=calls,
-                             kernel_overhead=host)
+                             kernel_overhead=host, synced_host_factor=factor)
         return CheckRow("step time", label, again.total, rows[measured[0]].measured, REPORTED,
                         f"the step model with {what} (rows below, timed now), the rest from "
                         "the file")

@@ -415,11 +415,11 @@ class _Reference:
         train_step(self.in_step)
         set_current_mesh(self.layout_mesh)
         self.mine: dict[int, float] = {}  # turn -> seconds, this rank's turns
-        self.mine_in_step: list[float] = []  # seconds outside the all-reduces, every step
+        self.mine_in_step: list[float] = []  # seconds outside its all-reduces, every step
 
     def step(self) -> None:
         """Every rank calls this after each timed step; rank `turn mod world` times one step
-        alone, then every rank one step kept in step."""
+        alone, then every rank one step at once."""
         C.barrier()  # every rank is done with the layout's step
         if self.turns % launch.world_size() == launch.rank():
             set_current_mesh(self.mesh)
@@ -434,7 +434,7 @@ class _Reference:
 
     def seconds(self) -> tuple[list[float], float]:
         """Every turn's time alone, whichever rank took it, and the ranks' mean of their
-        median step kept in step (every rank calls this)."""
+        median step on every rank at once (every rank calls this)."""
         times = torch.zeros(self.turns + 1, dtype=torch.float64, device=launch.device())
         for turn, seconds in self.mine.items():
             times[turn] = seconds

@@ -101,7 +101,7 @@ if TYPE_CHECKING:
     from shardwise.runtime.train import TrainState
 
 __all__ = ["Plan", "calibrate", "host_cost_now", "one_rank_state", "one_rank_steps",
-           "plot_calibration", "time_layout_calls"]
+           "plot_calibration", "step_outside_world", "time_layout_calls"]
 
 COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all")
 KiB, MiB = 1024, 1024**2
@@ -296,18 +296,25 @@ def one_rank_steps(dtype_name: str, configs: tuple[tuple[int, int], ...],
     (`Mesh.alone`), the ranks meeting in the loss's and gradient norm's all-reduces over the
     world once a step; the seconds outside those calls."""
     from shardwise.runtime.mesh import Mesh
-    from shardwise.runtime.train import train_step
 
     states = [one_rank_state(dtype_name, seq, mbs, Mesh.alone() if synced else None)
               for seq, mbs in configs]
     times: list[list[float]] = [[] for _ in configs]
     for _ in range(steps):
         for state, spent in zip(states, times, strict=True):
-            with C.clocking() as waited:
-                seconds = train_step(state).seconds
-            spent.append(seconds - waited["world"])
+            spent.append(step_outside_world(state))
     return [[seq, mbs, statistics.median(spent[1:])]
             for (seq, mbs), spent in zip(configs, times, strict=True)]
+
+
+def step_outside_world(state: TrainState) -> float:
+    """One training step of `state`; its seconds outside the all-reduces over the world (the
+    loss's and gradient norm's: where one-rank models on `Mesh.alone()` meet)."""
+    from shardwise.runtime.train import train_step
+
+    with C.clocking() as waited:
+        seconds = train_step(state).seconds
+    return seconds - waited["world"]
 
 
 def one_rank_state(dtype_name: str, seq: int, mbs: int, mesh: Mesh | None = None

@@ -60,7 +60,12 @@ from shardwise.estimate.check import (
 from shardwise.layout import Layout, TrainSpec
 from shardwise.runtime import collectives as C
 from shardwise.runtime import launch
-from shardwise.runtime.calibrate import REFERENCE_STEP, one_rank_state, time_layout_calls
+from shardwise.runtime.calibrate import (
+    REFERENCE_STEP,
+    one_rank_state,
+    step_outside_world,
+    time_layout_calls,
+)
 from shardwise.runtime.data import Batches, load_tokens
 from shardwise.runtime.mesh import Mesh, current_mesh, set_current_mesh
 from shardwise.runtime.parallel_transformer import ParallelTransformer
@@ -427,14 +432,13 @@ class _Reference:
         self.turns += 1
         C.barrier()  # the others wait, not run, while it is timed
         set_current_mesh(self.in_step_mesh)
-        with C.clocking() as waited:
-            seconds = train_step(self.in_step).seconds
-        self.mine_in_step.append(seconds - waited["world"])
+        self.mine_in_step.append(step_outside_world(self.in_step))
         set_current_mesh(self.layout_mesh)
 
     def seconds(self) -> tuple[list[float], float]:
         """Every turn's time alone, whichever rank took it, and the ranks' mean of their
         median step on every rank at once (every rank calls this)."""
+        # [turn 0, …, turn n-1, this rank's share of the mean at once]: one all-reduce
         times = torch.zeros(self.turns + 1, dtype=torch.float64, device=launch.device())
         for turn, seconds in self.mine.items():
             times[turn] = seconds

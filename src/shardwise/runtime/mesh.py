@@ -132,8 +132,9 @@ class Mesh:
     @classmethod
     def alone(cls, *, world: bool = True) -> Mesh:
         """This rank by itself, every axis of degree 1, inside a larger process group. Made
-        current. `world`: the "world" axis stays the whole group (`calibrate` trains a
-        one-rank model on every rank at once, the ranks kept in step over it); otherwise the
+        current. `world`: the "world" axis stays the whole group (`calibrate` and `check`
+        train a one-rank model on every rank at once, the ranks meeting over it in the loss's
+        and gradient norm's all-reduces); otherwise the
         world is this rank too and nothing its model does waits for another rank (`check`
         times `calibrate`'s one-rank step between a layout's steps, one rank at a time)."""
         me = dist.get_rank()

@@ -165,10 +165,9 @@ def with_prediction(rows: list[CheckRow], config: TrainConfig,
     parts += _waited_rows(_by_name(blocked, WAITED_ROW), step, rows[measured[0]].measured)
     # the same model with the machine's costs as timed beside the steps: the host's, then
     # the collectives' too
-    host = next((host_cost_now([[*REFERENCE_STEP, r.measured]], str(calibration))
-                 for r in beside if r.what == REFERENCE_ROW), None)
-    in_step = next((host_cost_now([[*REFERENCE_STEP, r.measured]], str(calibration))
-                    for r in beside if r.what == IN_STEP_ROW), None)
+    per_op = {r.what: host_cost_now([[*REFERENCE_STEP, r.measured]], str(calibration))
+              for r in beside if r.what in (REFERENCE_ROW, IN_STEP_ROW)}
+    host, in_step = per_op.get(REFERENCE_ROW), per_op.get(IN_STEP_ROW)
     factor = None  # synced_host_factor now: the per-op cost of every rank busy ÷ alone,
     if host is not None and in_step is not None and layout.world_size > 1:  # × the share
         factor = in_step / host * min(1.0, read_machine(calibration).cores / layout.world_size)

@@ -8,8 +8,9 @@ measured median step of the run (rank 0, steps after the checked ones), and the 
 predictions re-timed beside the run (`runtime.step_time`): "host re-timed" (the per-op host
 cost refitted on `calibrate`'s one-rank step, timed between the layout's steps, the ranks
 taking turns) and "all re-timed" (that and the collectives' per-call costs timed on the
-layout's groups between its steps). Layouts run round-robin, `--repeats` rounds. Reported
-per layout: the median of the measured medians over repeats, the spread across repeats
+layout's groups between its steps); for dp2×ep2 all three at the routing the checked steps
+drew (`check`'s `routing:` rows, recorded with the costs timed beside the run). Layouts run
+round-robin, `--repeats` rounds. Reported per layout: the median of the measured medians over repeats, the spread across repeats
 ((max − min) / median: the noise), the error of each prediction against the measured median
 (the re-timed ones per repeat, then the median), the error against the fastest step seen in
 any repeat, and the model's largest components.
@@ -39,7 +40,13 @@ import tempfile
 import time
 from typing import Any
 
-from shardwise.runtime.measure import CALL_ROW, IN_STEP_ROW, REFERENCE_ROW, WAITED_ROW
+from shardwise.runtime.measure import (
+    CALL_ROW,
+    EXPERT_LOAD_ROWS,
+    IN_STEP_ROW,
+    REFERENCE_ROW,
+    WAITED_ROW,
+)
 from shardwise.runtime.step_time import COMPONENTS, HOST_RETIMED, OUTSIDE, RETIMED
 
 LAYOUTS = {
@@ -76,7 +83,8 @@ def _step_rows(out: str) -> dict[str, Any]:
         "retimed": (rows[HOST_RETIMED]["predicted"],  # one rank: no collectives re-timed
                     rows.get(RETIMED, rows[HOST_RETIMED])["predicted"]),
         "beside": {what: r["measured"] for what, r in rows.items()
-                   if what.startswith(CALL_ROW) or what in (REFERENCE_ROW, IN_STEP_ROW)},
+                   if what.startswith(CALL_ROW)
+                   or what in (REFERENCE_ROW, IN_STEP_ROW, *EXPERT_LOAD_ROWS.values())},
         "clock": {what.removesuffix(" (s)"): (r["predicted"], r["measured"])
                   for what, r in rows.items() if what.startswith(WAITED_ROW) or what == OUTSIDE},
     }

@@ -52,9 +52,23 @@ class TrainSpec:
     overlap_grad_reduce: bool = True
     overlap_p2p: bool = True
     cp_comm_overlap: bool = True
+    # MoE routing as the step's critical path sees it (`estimate.compute.layer_cost`): on the
+    # busiest expert-parallel rank of each MoE call (ep ranks meet at every call, so each
+    # waits for that one), the rows its experts run ÷ the balanced share T·k, and the share
+    # of its experts that receive any row (an expert without rows launches nothing). 1 and 1:
+    # balanced routing (SPEC §5), what the planner assumes; `shardwise check` passes the
+    # routing its run drew.
+    expert_load: float = 1.0
+    experts_active: float = 1.0
 
     def validate(self) -> TrainSpec:
         problems = []
+        for name, check in (("expert_load", validate.positive), ("experts_active",
+                                                                  validate.fraction)):
+            try:
+                check(getattr(self, name), name)
+            except ShardwiseError as exc:
+                problems.append(str(exc))
         for name in ("seq_len", "global_batch"):  # integers ≥ 1 (a batch may be None)
             value = getattr(self, name)
             if value is not None or name == "seq_len":

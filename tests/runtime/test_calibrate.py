@@ -3,6 +3,7 @@
 import json
 import os
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from shardwise.runtime.calibrate import REFERENCE_STEP, _group_seconds
 from shardwise.runtime.launch import spawn
 from shardwise.runtime.measure import (
     CALL_ROW,
+    EXPERT_LOAD_ROWS,
     IN_STEP_ROW,
     REFERENCE_ROW,
     REPORTED,
@@ -312,6 +314,25 @@ def test_the_host_retimed_row_charges_the_per_op_cost_of_every_rank_busy(calibra
                            kernel_overhead=per_op(busy) * share, synced_host_factor=1.0)
     assert row.predicted == pytest.approx(charged.total, rel=1e-9)
     assert f"synced_host_factor {per_op(busy) / per_op(alone) * share:.2f}" in row.note
+
+
+def test_an_moe_step_is_predicted_at_the_routing_the_run_drew(calibration):
+    # the routing rows `check` measured (the busiest ep rank: twice the balanced rows, half
+    # its experts running) go into every prediction; balanced routing is what the planner
+    # assumes
+    config = TrainConfig(get_model("tiny-moe"), Layout(dp=2, ep=2))
+    drawn = {"expert_load": 2.0, "experts_active": 0.5}
+    rows = with_prediction([CheckRow("step time", "step (s)", None, 0.25, REPORTED, "median"),
+                            *(CheckRow("step time", EXPERT_LOAD_ROWS[name], 1.0, value,
+                                       REPORTED, "") for name, value in drawn.items())],
+                           config, calibration)
+    expected = predict_step(config.model, config.layout,
+                            replace(config.train_spec(), **drawn), calibration)
+    balanced = predict_step(config.model, config.layout, config.train_spec(), calibration)
+    assert rows[0].predicted == expected.total != balanced.total
+    assert "routing the checked steps drew" in rows[0].note
+    assert {r.what: r.measured for r in rows if r.what in EXPERT_LOAD_ROWS.values()} == {
+        EXPERT_LOAD_ROWS[name]: value for name, value in drawn.items()}
 
 
 def test_check_with_a_bad_calibration_file_is_one_line(tmp_path):

@@ -27,10 +27,10 @@ from shardwise.estimate.check import CheckRow, merge_rows
 from shardwise.estimate.memory import saved_tensors_per_layer
 from shardwise.layout import Layout
 from shardwise.runtime.launch import spawn
-from shardwise.runtime.measure import LayerRecorder, check_layout
+from shardwise.runtime.measure import LayerRecorder, _expert_load, check_layout
 from shardwise.runtime.model import Transformer
 from shardwise.runtime.parallelize import apply_recompute
-from shardwise.runtime.train import TrainConfig
+from shardwise.runtime.train import TrainConfig, build, train_step
 
 SEQ, BATCH, STEPS = 32, 4, 2
 TINY = get_model("tiny")  # 4 layers, h 64, 4 heads (d 16), 2 kv heads, f 128, V 256
@@ -101,6 +101,31 @@ COMM = [{"dp all-reduce"}, {"tp all-reduce"}, {"tp all-gather", "tp reduce-scatt
         {"dp all-reduce", "ep all-to-all", "ep all-to-all (counts)"},
         {"dp all-reduce"},
         {"dp all-gather", "dp reduce-scatter"}]
+
+
+def _load_with_tied_router(layout: str) -> dict[str, float]:
+    """`check`'s expert load from one step of `tiny-moe` whose router logits all tie."""
+    state = build(config(layout, "tiny-moe"))
+    for block in state.model.model.blocks:
+        block.mlp.router.data.zero_()
+    recorder = LayerRecorder(state.model.model, lambda t: False, state.model.axis("ep").rank)
+    with recorder:
+        train_step(state)
+    return _expert_load(recorder.expert_load, state.model.axis("ep"))
+
+
+@pytest.mark.parametrize("layout, ranks", [("dp=1", 1), ("dp=2,ep=2", 2)])
+def test_the_expert_load_is_the_busiest_ranks_share_of_the_routing(layout, ranks):
+    """Tied logits send every token to the same k = 2 experts (top-k's tie rule), so the
+    busiest ep rank receives the rows of all ep ranks for those of them it holds: λ = ep·n/k
+    of the balanced share, n of its E/ep experts running."""
+    spec, ep = get_model("tiny-moe"), Layout.parse(layout).ep
+    chosen = torch.zeros(spec.n_experts).topk(spec.top_k).indices  # the experts every token picks
+    local = spec.n_experts // ep
+    n = max(int(((chosen // local) == r).sum()) for r in range(ep))  # on the busiest rank
+    for load in spawn(_load_with_tied_router, ranks, layout, timeout_s=120):
+        assert load == pytest.approx({"expert_load": ep * n / spec.top_k,
+                                      "experts_active": n / local})
 
 
 @pytest.mark.slow

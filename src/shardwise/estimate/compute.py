@@ -75,14 +75,19 @@ _KERNELS_ATTN_MATERIALISED = 4
 # them on the runtime): a dense layer 190; tensor parallelism's f/g functions +6; sequence
 # parallelism's gathers/scatters +48 more; ring attention +99, and +106 per extra ring step
 # (c − 1: 395 at c = 2, 607 at c = 4, mean over ranks); an MoE layer (router, top-k, dispatch,
-# combine, aux loss) 287 + 24 per local expert (384 counted with 4 experts on one rank, 348
-# with 2 under ep = 2: the count follows the routing, ±7 % from batch to batch). Embedding, LM
-# head and
-# loss add 64 per micro-batch. On a CPU with a small model each costs the host's ~µs
-# regardless of its size — `shardwise calibrate` measures that cost per op.
+# combine, aux loss) 261, + 31 per local expert that receives rows (its SwiGLU; an expert
+# without rows launches nothing: `ops.moe`), and under expert parallelism +16 (the count
+# exchange, the all-to-alls' autograd functions) and +5 more per such expert (its rows cut
+# and joined per source rank) — counted 385 with 4 experts on one rank and 349 with 2 per
+# rank under ep = 2, every expert receiving rows; one `moe_layer` call alone gives 31 per
+# expert, `run_local_experts` 36. Embedding, LM head and loss add 64 per micro-batch. On a
+# CPU with a small model each costs the host's ~µs regardless of its size — `shardwise
+# calibrate` measures that cost per op.
 _OPS_LAYER = 190
-_OPS_MOE_LAYER = 287
-_OPS_EXPERT = 24
+_OPS_MOE_LAYER = 261
+_OPS_EXPERT = 31
+_OPS_EP = 16
+_OPS_EP_EXPERT = 5
 _OPS_TP = 6
 _OPS_SP = 48
 _OPS_CP = 99
@@ -101,13 +106,16 @@ class ComputeContext:
     act_bytes: float
     flash: bool
     peak: float
+    expert_load: float = 1.0  # `TrainSpec.expert_load`, `experts_active`: balanced routing
+    experts_active: float = 1.0
 
     @classmethod
     def of(cls, model: ModelSpec, accelerator: Accelerator, train: TrainSpec,
            calibration: Calibration | None = None) -> ComputeContext:
         cal = calibration or default_calibration(accelerator.name)
         return cls(model, accelerator, cal, train.seq_len, dtype_bytes(train.dtype),
-                   train.flash_attention, accelerator.peak_flops(train.dtype))
+                   train.flash_attention, accelerator.peak_flops(train.dtype),
+                   train.expert_load, train.experts_active)
 
     @property
     def hbm(self) -> float:
@@ -207,7 +215,10 @@ def layer_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any,
 
     MoE layers replace the MLP by a router `(T × h)·(h × E)` and `E/ep` local experts of
     `T·top_k·ep/E` rows each (balanced routing; the all-to-alls are communication, step.py),
-    plus shared experts on all `T` rows. Memory-bound work per layer forward, in bytes
+    plus shared experts on all `T` rows. With the routing of a run (`TrainSpec.expert_load`
+    λ, `experts_active` a: the busiest ep rank's rows ÷ `T·top_k`, and the share of its
+    experts that receive rows), `a·E/ep` experts run `λ/a` times those rows each, and the
+    expert activations move λ times the bytes. Memory-bound work per layer forward, in bytes
     (`R = T·h`, ÷t under sequence parallelism, else every TP rank repeats it): two norms
     `4R·ab`, two residual adds `6R·ab` (+ `2R` dropout masks), QKV post-processing (bias, RoPE,
     head split) `2·ab·T·(q + 2kv)/t`, the activation `2·ab·T·f/t` (GELU) or `3·ab·T·f/t`
@@ -225,9 +236,10 @@ def layer_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any,
     mem = mem + 2 * ab * tokens * (q + 2 * kv) + 2 * ab * tokens * q  # QKV in, attention out
     if moe:
         e, k_top = model.n_experts, model.top_k
+        load, active = ctx.expert_load, ctx.experts_active
         f = model.expert_d_ff / t
-        rows = tokens * k_top * ep / e
-        local = e / ep
+        rows = tokens * k_top * ep / e * load / active  # per expert that runs
+        local = e / ep * active  # experts that run
         mm = mm + matmul_time(ctx, tokens, h, e)
         mm = mm + local * (matmul_time(ctx, rows, h, n_in * f) + matmul_time(ctx, rows, f, h))
         if model.n_shared_experts:
@@ -235,7 +247,7 @@ def layer_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any,
                                                 + matmul_time(ctx, tokens, f, h))
         routed = tokens * k_top
         mem = mem + 4 * ab * routed * h  # permute into and out of expert order
-        mem = mem + (n_in + 1) * ab * (routed + model.n_shared_experts * tokens) * f
+        mem = mem + (n_in + 1) * ab * (routed * load + model.n_shared_experts * tokens) * f
     else:
         f = model.d_ff / t
         mm = mm + matmul_time(ctx, tokens, h, n_in * f) + matmul_time(ctx, tokens, f, h)
@@ -273,10 +285,13 @@ def host_ops(ctx: ComputeContext, t: Any, c: Any, sp: Any, moe: bool = False, ep
     residual adds, the activation, QKV post-processing) plus the attention core (1 flash, 4
     materialised), the backward twice as many. `"runtime"` (the "this machine" preset, which
     runs shardwise's own runtime): the aten operations it dispatches (`_OPS_*` above), split
-    ⅓ forward, ⅔ backward like the fused count.
+    ⅓ forward, ⅔ backward like the fused count; an MoE layer's experts count when they
+    receive rows (`ComputeContext.experts_active` of the `E/ep` local ones).
     """
     if ctx.calibration.op_count == "runtime":
-        layer = (_OPS_MOE_LAYER + _OPS_EXPERT * ctx.model.n_experts / ep if moe
+        running = ctx.model.n_experts / ep * ctx.experts_active  # local experts with rows
+        layer = (_OPS_MOE_LAYER + _OPS_EXPERT * running
+                 + np.where(ep > 1, _OPS_EP + _OPS_EP_EXPERT * running, 0) if moe
                  else _OPS_LAYER)
         total = layer + np.where(t > 1, _OPS_TP, 0)
         total = total + np.where(np.logical_and(sp, t > 1), _OPS_SP, 0)

@@ -14,7 +14,8 @@
     step time    rank 0's median and fastest step, timed on more steps after the checked ones
                  (outside the hooks and counters); with `reference`, `calibrate`'s one-rank
                  step timed between them, the ranks taking turns (`REFERENCE_ROW`), and on
-                 every rank at once (`IN_STEP_ROW`);
+                 every rank at once (`IN_STEP_ROW`); for an MoE model the routing the
+                 checked steps drew, as the step model takes it (`EXPERT_LOAD_ROWS`);
                  `runtime.step_time` adds the prediction
 
 and predicts each from the analytic side for the same model, layout and pipeline stage with
@@ -67,7 +68,7 @@ from shardwise.runtime.calibrate import (
     time_layout_calls,
 )
 from shardwise.runtime.data import Batches, load_tokens
-from shardwise.runtime.mesh import Mesh, current_mesh, set_current_mesh
+from shardwise.runtime.mesh import AxisGroup, Mesh, current_mesh, set_current_mesh
 from shardwise.runtime.parallel_transformer import ParallelTransformer
 from shardwise.runtime.train import TrainConfig, build, train_step
 from shardwise.units import dtype_bytes
@@ -182,7 +183,9 @@ class LayerRecorder:
     `shared`. Tensors for which `is_state` holds (weights) are skipped. MoE blocks are counted
     apart, and the routing of every expert-parallel call (`MoE.ep_stats`, which
     `runtime.parallelize` leaves there) is kept as `(layer, rows sent to other ranks, rows
-    computed for other ranks)`, `ep_rank` being this rank's place in its ep group. A full recompute's replay in backward runs outside
+    computed for other ranks)`, `ep_rank` being this rank's place in its ep group; of every
+    MoE call, `expert_load` keeps (rows this rank's experts ran ÷ the call's tokens × k, the
+    share of its experts that ran any row: `MoE.expert_rows`). A full recompute's replay in backward runs outside
     the block hooks and is not recorded (its tensors are freed as they are used).
     """
 
@@ -192,6 +195,7 @@ class LayerRecorder:
     calls: list[LayerCall] = field(default_factory=list)
     shared: list[int] = field(default_factory=list)
     routing: list[tuple[int, int, int]] = field(default_factory=list)
+    expert_load: list[tuple[float, float]] = field(default_factory=list)
     # (layer, part) -> {storage pointer: (bytes, the saved tensor, weakly)}
     _pass: dict[tuple[int, str], dict[int, tuple[int, Any]]] = field(default_factory=dict)
     _where: tuple[int, str] | None = None
@@ -260,6 +264,10 @@ class LayerRecorder:
             if self._where is None:
                 return
             self._where = (k, "layer")
+            x, rows = args[0], module.expert_rows  # x (…, h); rows (experts here,)
+            assignments = x.numel() // x.shape[-1] * module.top_k
+            self.expert_load.append((float(rows.sum()) / assignments,
+                                     float((rows > 0).sum()) / rows.numel()))
             self._dropped[k] = getattr(module, "dropped", 0)
             self._extra_rows[k] = -self._dropped[k]
             if stats is not None:
@@ -388,6 +396,9 @@ WAITED_ROW = "in collectives: "  # rows of the time the median step spent blocke
 # `calibrate`'s one-rank step, timed beside a layout's steps (`check_layout(reference=True)`)
 REFERENCE_ROW = "one-rank reference: tiny, s={}, micro-batch {} (s)".format(*REFERENCE_STEP)
 IN_STEP_ROW = "one-rank reference, on every rank at once (s)"  # `calibrate`'s synced steps
+# the routing the checked steps drew, as `TrainSpec.expert_load` and `experts_active` take it
+EXPERT_LOAD_ROWS = {"expert_load": "routing: the busiest ep rank's expert rows ÷ balanced",
+                    "experts_active": "routing: the share of its experts that ran rows"}
 # steps timed after the checked ones (their median is the measured step: a step's collectives
 # have a long-tailed cost on a shared host, so a median of few steps swings)
 TIMED_STEPS = 8
@@ -484,6 +495,7 @@ def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL,
     (median, waited), fastest = timed[len(timed) // 2], timed[0][0]
     calls = {key: statistics.fmean(b[key] for b in bursts) for key in bursts[0]}
     reference_s, in_step_s = beside.seconds() if beside is not None else ([], 0.0)
+    load = _expert_load(recorder.expert_load, parallel.axis("ep")) if config.model.is_moe else {}
     held = state_bytes([parallel.model], state.optimizer, parallel.parameters())
     peak = float(torch.cuda.max_memory_allocated(device)) if gpu else None
     model, layout, train = config.model, config.layout, config.train_spec()
@@ -517,10 +529,28 @@ def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL,
                                  "meeting in its loss's and gradient norm's all-reduces, as "
                                  "`calibrate` times it for synced_host_factor: the time "
                                  "outside those calls, each rank's median, the ranks' mean"))
+        rows += [CheckRow("step time", EXPERT_LOAD_ROWS[name], 1.0, value, REPORTED,
+                          "the checked steps' MoE calls: per call the largest over the ep "
+                          "group (its ranks wait for each other at every call), the mean "
+                          "over the calls, the largest over the ranks; predicted: balanced "
+                          "routing (SPEC §5); the step-time predictions take the measured one")
+                 for name, value in load.items()]
     if model.is_moe and layout.tp > 1:
         caveat = "; MoE layers are replicated over tp here (the analytic model splits experts)"
         rows = [replace(r, note=r.note + caveat) if not r.ok else r for r in rows]
     return [replace(r, rank=launch.rank(), stage=stage) for r in rows]
+
+
+def _expert_load(calls: list[tuple[float, float]], ep: AxisGroup) -> dict[str, float]:
+    """{"expert_load": λ, "experts_active": a} (`TrainSpec`) from this rank's MoE calls
+    (`LayerRecorder.expert_load`): per call the largest over the ep group, the mean over the
+    calls, the largest over the world's ranks (every rank calls this together)."""
+    mine = torch.tensor(calls or [(0.0, 0.0)], dtype=torch.float64)  # (calls, 2)
+    everyone = torch.empty(ep.size, *mine.shape, dtype=mine.dtype)  # an ep group's ranks
+    C.all_gather(everyone, mine, ep, counter=C.CommCounter())  # make the same calls
+    load = everyone.amax(dim=0).mean(dim=0)
+    C.all_reduce(load, op="max", counter=C.CommCounter())
+    return dict(zip(EXPERT_LOAD_ROWS, load.tolist(), strict=True))
 
 
 def run_check(config: TrainConfig, steps: int = 2, *, timeout_s: float = 600,

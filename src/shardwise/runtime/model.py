@@ -356,6 +356,7 @@ class MoE(nn.Module):
         self.aux_loss_scale = 1.0
         self.aux_loss: torch.Tensor | None = None
         self.dropped = 0  # assignments of the last call's tokens dropped at the capacity
+        self.expert_rows: torch.Tensor | None = None  # (experts here,) rows each ran, last call
         # the call's tokens are part of sequences split over other ranks (cp, SP): the aux
         # loss is this rank's share of their group's (`ops.moe.load_balancing_loss`)
         self.sequence_shards: SequenceShards | None = None
@@ -376,7 +377,7 @@ class MoE(nn.Module):
         params = MoEParams(self.router, self.w_gate, self.w_up, self.w_down)
         result = moe_layer(x, params, self.top_k, capacity_factor=self.capacity_factor,
                            shards=self.routing_shards)
-        self.dropped = result.dropped
+        self.dropped, self.expert_rows = result.dropped, result.kept
         return result.out, result.aux_loss
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

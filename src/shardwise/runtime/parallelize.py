@@ -228,7 +228,7 @@ def _ep_experts(moe: MoE, ep: AxisGroup, x: torch.Tensor) -> tuple[torch.Tensor,
                                                  moe.w_down, moe.top_k, ep,
                                                  capacity_factor=moe.capacity_factor,
                                                  shards=moe.routing_shards)
-    moe.dropped = moe.ep_stats.dropped
+    moe.dropped, moe.expert_rows = moe.ep_stats.dropped, moe.ep_stats.local_expert_rows
     return out, aux
 
 

@@ -35,6 +35,14 @@ memory and attention constants and the link's α-β stay the file's. The rows ar
 (`check`'s exit code ignores them): a step time on a shared CPU is noisy;
 `benchmarks/bench_check_step.py` measures the accuracy over repeats.
 
+For an MoE model every prediction takes the routing the checked steps drew (the `routing:`
+rows, `measure.EXPERT_LOAD_ROWS`: the busiest ep rank's expert rows ÷ the balanced share, and
+the share of its experts that ran rows; `TrainSpec.expert_load`, `experts_active`), as the
+activation rows do: the ranks of an ep group wait for each other at every all-to-all, so the
+step runs at the busiest one's pace, and on this host an expert that receives no row launches
+nothing (a fresh `tiny-moe` routes most rows of a layer to one rank's experts; the planner
+assumes balanced routing).
+
 Without `--calibration` the built-in constants (`data/calibration.json`) apply, and they
 describe datasheet GPUs: on a CPU there is no hardware to predict with, so the row says so.
 """
@@ -52,6 +60,7 @@ from shardwise.layout import Layout
 from shardwise.runtime.calibrate import REFERENCE_STEP, host_cost_now
 from shardwise.runtime.measure import (
     CALL_ROW,
+    EXPERT_LOAD_ROWS,
     IN_STEP_ROW,
     REFERENCE_ROW,
     REPORTED,
@@ -136,8 +145,9 @@ def with_prediction(rows: list[CheckRow], config: TrainConfig,
     (`WAITED_ROW`) set against them (`_waited_rows`), then the step
     re-timed where `rows` carry costs timed beside the steps: the one-rank reference step
     (`REFERENCE_ROW`: `HOST_RETIMED`) and with per-call rows (`CALL_ROW`) too (`RETIMED`)."""
-    beside = [r for r in rows if r.item == "step time"
-              and (r.what.startswith(CALL_ROW) or r.what in (REFERENCE_ROW, IN_STEP_ROW))]
+    beside = [r for r in rows if r.item == "step time" and (
+        r.what.startswith(CALL_ROW)
+        or r.what in (REFERENCE_ROW, IN_STEP_ROW, *EXPERT_LOAD_ROWS.values()))]
     blocked = [r for r in rows if r.item == "step time" and r.what.startswith(WAITED_ROW)]
     measured = [i for i, r in enumerate(rows) if r.item == "step time"
                 and r not in beside and r not in blocked]
@@ -150,13 +160,17 @@ def with_prediction(rows: list[CheckRow], config: TrainConfig,
                 "--calibration FILE")
         return (rest + [replace(rows[i], note=f"{rows[i].note}; {note}") for i in measured]
                 + blocked + beside)
-    model, layout, train = config.model, config.layout, config.train_spec()
+    model, layout = config.model, config.layout
+    load = {name: r.measured for r in beside for name, label in EXPERT_LOAD_ROWS.items()
+            if r.what == label}  # the routing drawn (MoE)
+    train = replace(config.train_spec(), **load)
     try:
         step = predict_step(model, layout, train, calibration)
     except ShardwiseError as exc:
         return (rest + [replace(rows[i], note=f"{rows[i].note}; no prediction: {exc}")
                         for i in measured] + blocked + beside)
-    source = f"predicted by the step model (SPEC §7), calibration: {calibration}"
+    source = f"predicted by the step model (SPEC §7), calibration: {calibration}" + (
+        ", at the routing the checked steps drew (the routing rows)" if load else "")
     totals = [replace(rows[i], predicted=step.total, note=f"{rows[i].note}; {source}")
               for i in measured]
     parts = [CheckRow("step time", f"{label} (s)", getattr(step, name), None, REPORTED,

@@ -10,10 +10,10 @@ cost refitted on `calibrate`'s one-rank step, timed between the layout's steps, 
 taking turns) and "all re-timed" (that and the collectives' per-call costs timed on the
 layout's groups between its steps); for dp2×ep2 all three at the routing the checked steps
 drew (`check`'s `routing:` rows, recorded with the costs timed beside the run). Layouts run
-round-robin, `--repeats` rounds. Reported per layout: the median of the measured medians over repeats, the spread across repeats
-((max − min) / median: the noise), the error of each prediction against the measured median
-(the re-timed ones per repeat, then the median), the error against the fastest step seen in
-any repeat, and the model's largest components.
+round-robin, `--repeats` rounds. Reported per layout: the median of the measured medians over
+repeats, the spread across repeats ((max − min) / median: the noise), the error of each
+prediction against the measured median (the re-timed ones per repeat, then the median), the
+error against the fastest step seen in any repeat, and the model's largest components.
 
 `dp1 (reference)` is the one-rank configuration `check` re-times (s = 64, micro-batch 1), so
 it is not a prediction: its measured/predicted ratio from the file in each round shows the

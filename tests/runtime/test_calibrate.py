@@ -17,8 +17,9 @@ from shardwise.calibration.machine import predict_step
 from shardwise.estimate.comm import ring_bytes_on_wire, ring_steps
 from shardwise.estimate.compute import _OPS_LAYER
 from shardwise.layout import Layout
-from shardwise.runtime.calibrate import REFERENCE_STEP, _group_seconds
+from shardwise.runtime.calibrate import REFERENCE_STEP, _dispatch, _group_seconds
 from shardwise.runtime.launch import spawn
+from shardwise.runtime.mesh import AxisGroup
 from shardwise.runtime.measure import (
     CALL_ROW,
     EXPERT_LOAD_ROWS,
@@ -333,6 +334,26 @@ def test_an_moe_step_is_predicted_at_the_routing_the_run_drew(calibration):
     assert "routing the checked steps drew" in rows[0].note
     assert {r.what: r.measured for r in rows if r.what in EXPERT_LOAD_ROWS.values()} == {
         EXPERT_LOAD_ROWS[name]: value for name, value in drawn.items()}
+
+
+def _dispatched(rows: int) -> tuple[list[float], list[float]]:
+    """Through the MoE dispatch `check` times, each rank's rows numbered by global position
+    (rank r's row i is r·rows + i, h = 3): (what this rank received, what it should: from
+    each rank in turn, that rank's rows of this rank's share)."""
+    g = AxisGroup.world()
+    x = (torch.arange(rows, dtype=torch.float32) + g.rank * rows)[:, None].repeat(1, 3)
+    call, out = _dispatch(x, g)
+    call()
+    share = rows // g.size
+    lo, hi = g.rank * share, rows if g.rank == g.size - 1 else (g.rank + 1) * share
+    expected = [float(s * rows + i) for s in range(g.size) for i in range(lo, hi)]
+    return out[:, 0].tolist(), expected
+
+
+@pytest.mark.parametrize("ranks, rows", [(2, 128), (3, 10)])
+def test_the_timed_dispatch_moves_each_ranks_share_of_the_rows(ranks, rows):
+    for received, expected in spawn(_dispatched, ranks, rows, timeout_s=60):
+        assert received == expected
 
 
 def test_check_with_a_bad_calibration_file_is_one_line(tmp_path):

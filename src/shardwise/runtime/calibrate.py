@@ -478,14 +478,24 @@ AXIS_CALLS = {"tp": ("all-reduce", "reduce-scatter", "all-gather"), "cp": ("p2p"
               "world": ("all-reduce",)}
 
 
-def time_layout_calls(axis: Callable[[str], Any], calls: int) -> dict[str, float]:
+def time_layout_calls(axis: Callable[[str], Any], calls: int,
+                      dispatch_rows: tuple[int, int] = (0, 0)) -> dict[str, float]:
     """The fixed cost of one call ("op/n", "p2p/2" one way) of every collective a layout's
     axes make, timed now on its own groups — every group of an axis at once, after the same
     host work as `calibrate`'s — as the slowest member's mean over `calls` calls. The host's
     collective costs drift on a shared machine (2× seen here within minutes): timed between
     the steps they describe (`measure.check_layout`), they leave the compute constants to the
     calibration file. `axis(name)` gives this rank's `AxisGroup`; every rank calls this
-    together."""
+    together.
+
+    The calls are small (256 fp32 elements), as `calibrate`'s per-call figures are — except
+    the ep all-to-all, called as the MoE layer calls it (`expert_parallel_moe`): a
+    `dispatch_rows` = (rows, h) message, the balanced `T·k` rows of one micro-batch, with
+    explicit (even) splits. gloo's all-to-all cost steps up between 32 and 77 KB (measured
+    here, 2 ranks, 7 rounds of 30 calls: 0.47–0.49 ms up to 8192 fp32 elements, 0.96–1.00 ms
+    at 19,200), where the step model's `bytes/β` adds 10–20 µs, and an MoE layer's messages
+    sit at that step (a micro-batch of `tiny-moe` dispatches 128 rows of 64: 32 KB, up to
+    twice that received at the routing a run draws)."""
     device, world = launch.device(), dist.get_world_size()
     timed: dict[str, list[float]] = {}
     for name, ops in AXIS_CALLS.items():
@@ -501,11 +511,22 @@ def time_layout_calls(axis: Callable[[str], Any], calls: int) -> dict[str, float
                 seconds = _group_seconds(call, g.group, device, calls, world) / 2
             else:
                 key = f"{op}/{g.size}"
-                seconds = _group_seconds(_collective_call(op, 256 // g.size * g.size, g.size,
-                                                          g.group, device),
-                                         g.group, device, calls, world)
+                call = (_dispatch(torch.ones(*dispatch_rows, device=device), g)[0]
+                        if name == "ep" and dispatch_rows[0] else
+                        _collective_call(op, 256 // g.size * g.size, g.size, g.group, device))
+                seconds = _group_seconds(call, g.group, device, calls, world)
             timed.setdefault(key, []).append(seconds)
     return {key: statistics.fmean(values) for key, values in timed.items()}
+
+
+def _dispatch(x: torch.Tensor, g: Any) -> tuple[Callable[[], Any], torch.Tensor]:
+    """An MoE dispatch over ep group `g` as the runtime calls it: this rank's rows x (N, h)
+    split evenly over the ranks in order (the last takes the remainder), the splits given;
+    (the call, the (N_recv, h) buffer it fills: from each rank in turn, the split for me)."""
+    rows = x.shape[0]
+    splits = [rows // g.size] * (g.size - 1) + [rows - rows // g.size * (g.size - 1)]
+    out = x.new_empty(splits[g.rank] * g.size, *x.shape[1:])
+    return (lambda: C.all_to_all_single(out, x, [splits[g.rank]] * g.size, splits, g)), out
 
 
 # ---------------------------------------------------------------------------------- fits

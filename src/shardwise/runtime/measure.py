@@ -484,11 +484,14 @@ def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL,
     # so that they see the machine as the steps did.
     timed, bursts = [], []
     beside = _Reference(config.dtype) if reference else None
+    layout = config.layout  # an MoE dispatch: this rank's tokens of one micro-batch, × k
+    tokens = config.seq_len * layout.micro_batch // layout.cp // (layout.tp if layout.sp else 1)
+    dispatch = (tokens * config.model.top_k, config.model.d_model) if config.model.is_moe else (0, 0)
     for _ in range(max(steps, TIMED_STEPS)):
         with C.clocking() as waited:
             seconds = train_step(state).seconds
         timed.append((seconds, dict(waited)))
-        bursts.append(time_layout_calls(parallel.axis, CALLS_PER_BURST))
+        bursts.append(time_layout_calls(parallel.axis, CALLS_PER_BURST, dispatch))
         if beside is not None:
             beside.step()
     timed.sort(key=lambda t: t[0])
@@ -517,7 +520,9 @@ def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL,
                    for axis, value in sorted(waited.items())),
                  *(CheckRow("step time", f"{CALL_ROW}{key} (s)", None, value, REPORTED,
                             f"one call, timed on this layout's groups between its steps "
-                            f"({CALLS_PER_BURST} after each; the mean)")
+                            f"({CALLS_PER_BURST} after each; the mean)" + (
+                                f"; a micro-batch's dispatch, {dispatch[0]} rows of "
+                                f"{dispatch[1]}" if key.startswith("all-to-all") else ""))
                    for key, value in calls.items())]
         if reference_s:
             rows.append(CheckRow("step time", REFERENCE_ROW, None, statistics.median(reference_s),

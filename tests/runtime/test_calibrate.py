@@ -19,7 +19,6 @@ from shardwise.estimate.compute import _OPS_LAYER
 from shardwise.layout import Layout
 from shardwise.runtime.calibrate import REFERENCE_STEP, _dispatch, _group_seconds
 from shardwise.runtime.launch import spawn
-from shardwise.runtime.mesh import AxisGroup
 from shardwise.runtime.measure import (
     CALL_ROW,
     EXPERT_LOAD_ROWS,
@@ -29,6 +28,7 @@ from shardwise.runtime.measure import (
     WAITED_ROW,
     CheckRow,
 )
+from shardwise.runtime.mesh import AxisGroup
 from shardwise.runtime.step_time import (
     COMPONENTS,
     HOST_RETIMED,

@@ -185,8 +185,9 @@ class LayerRecorder:
     `runtime.parallelize` leaves there) is kept as `(layer, rows sent to other ranks, rows
     computed for other ranks)`, `ep_rank` being this rank's place in its ep group; of every
     MoE call, `expert_load` keeps (rows this rank's experts ran ÷ the call's tokens × k, the
-    share of its experts that ran any row: `MoE.expert_rows`). A full recompute's replay in backward runs outside
-    the block hooks and is not recorded (its tensors are freed as they are used).
+    share of its experts that ran any row: `MoE.expert_rows`). A full recompute's replay in
+    backward runs outside the block hooks and is not recorded (its tensors are freed as they
+    are used).
     """
 
     model: nn.Module
@@ -484,9 +485,7 @@ def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL,
     # so that they see the machine as the steps did.
     timed, bursts = [], []
     beside = _Reference(config.dtype) if reference else None
-    layout = config.layout  # an MoE dispatch: this rank's tokens of one micro-batch, × k
-    tokens = config.seq_len * layout.micro_batch // layout.cp // (layout.tp if layout.sp else 1)
-    dispatch = (tokens * config.model.top_k, config.model.d_model) if config.model.is_moe else (0, 0)
+    dispatch = _dispatch_rows(config)
     for _ in range(max(steps, TIMED_STEPS)):
         with C.clocking() as waited:
             seconds = train_step(state).seconds
@@ -544,6 +543,16 @@ def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL,
         caveat = "; MoE layers are replicated over tp here (the analytic model splits experts)"
         rows = [replace(r, note=r.note + caveat) if not r.ok else r for r in rows]
     return [replace(r, rank=launch.rank(), stage=stage) for r in rows]
+
+
+def _dispatch_rows(config: TrainConfig) -> tuple[int, int]:
+    """(rows, h) of one MoE dispatch as a rank sends it: its tokens of one micro-batch × k
+    ((0, 0) for a dense model)."""
+    layout, model = config.layout, config.model
+    if not model.is_moe:
+        return 0, 0
+    tokens = config.seq_len * layout.micro_batch // layout.cp // (layout.tp if layout.sp else 1)
+    return tokens * model.top_k, model.d_model
 
 
 def _expert_load(calls: list[tuple[float, float]], ep: AxisGroup) -> dict[str, float]:

@@ -479,7 +479,7 @@ AXIS_CALLS = {"tp": ("all-reduce", "reduce-scatter", "all-gather"), "cp": ("p2p"
 
 
 def time_layout_calls(axis: Callable[[str], Any], calls: int,
-                      dispatch_rows: tuple[int, int] = (0, 0)) -> dict[str, float]:
+                      dispatch_rows: tuple[int, int] | None = None) -> dict[str, float]:
     """The fixed cost of one call ("op/n", "p2p/2" one way) of every collective a layout's
     axes make, timed now on its own groups — every group of an axis at once, after the same
     host work as `calibrate`'s — as the slowest member's mean over `calls` calls. The host's
@@ -490,8 +490,8 @@ def time_layout_calls(axis: Callable[[str], Any], calls: int,
 
     The calls are small (256 fp32 elements), as `calibrate`'s per-call figures are — except
     the ep all-to-all, called as the MoE layer calls it (`expert_parallel_moe`): a
-    `dispatch_rows` = (rows, h) message, the balanced `T·k` rows of one micro-batch, with
-    explicit (even) splits. gloo's all-to-all cost steps up between 32 and 77 KB (measured
+    `dispatch_rows` = (rows, h) message, the `T·k` rows one MoE call sends (`check` takes
+    them from its checked steps), with explicit (even) splits. gloo's all-to-all cost steps up between 32 and 77 KB (measured
     here, 2 ranks, 7 rounds of 30 calls: 0.47–0.49 ms up to 8192 fp32 elements, 0.96–1.00 ms
     at 19,200), where the step model's `bytes/β` adds 10–20 µs, and an MoE layer's messages
     sit at that step (a micro-batch of `tiny-moe` dispatches 128 rows of 64: 32 KB, up to
@@ -512,7 +512,7 @@ def time_layout_calls(axis: Callable[[str], Any], calls: int,
             else:
                 key = f"{op}/{g.size}"
                 call = (_dispatch(torch.ones(*dispatch_rows, device=device), g)[0]
-                        if name == "ep" and dispatch_rows[0] else
+                        if name == "ep" and dispatch_rows else
                         _collective_call(op, 256 // g.size * g.size, g.size, g.group, device))
                 seconds = _group_seconds(call, g.group, device, calls, world)
             timed.setdefault(key, []).append(seconds)

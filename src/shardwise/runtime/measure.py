@@ -185,7 +185,8 @@ class LayerRecorder:
     `runtime.parallelize` leaves there) is kept as `(layer, rows sent to other ranks, rows
     computed for other ranks)`, `ep_rank` being this rank's place in its ep group; of every
     MoE call, `expert_load` keeps (rows this rank's experts ran ÷ the call's tokens × k, the
-    share of its experts that ran any row: `MoE.expert_rows`). A full recompute's replay in
+    share of its experts that ran any row: `MoE.expert_rows`), and `dispatch_rows` the
+    largest tokens × k of a call (the rows its dispatch sends). A full recompute's replay in
     backward runs outside the block hooks and is not recorded (its tensors are freed as they
     are used).
     """
@@ -197,6 +198,7 @@ class LayerRecorder:
     shared: list[int] = field(default_factory=list)
     routing: list[tuple[int, int, int]] = field(default_factory=list)
     expert_load: list[tuple[float, float]] = field(default_factory=list)
+    dispatch_rows: int = 0
     # (layer, part) -> {storage pointer: (bytes, the saved tensor, weakly)}
     _pass: dict[tuple[int, str], dict[int, tuple[int, Any]]] = field(default_factory=dict)
     _where: tuple[int, str] | None = None
@@ -267,6 +269,7 @@ class LayerRecorder:
             self._where = (k, "layer")
             x, rows = args[0], module.expert_rows  # x (…, h); rows (experts here,)
             assignments = x.numel() // x.shape[-1] * module.top_k
+            self.dispatch_rows = max(self.dispatch_rows, assignments)
             self.expert_load.append((float(rows.sum()) / assignments,
                                      float((rows > 0).sum()) / rows.numel()))
             self._dropped[k] = getattr(module, "dropped", 0)
@@ -485,7 +488,7 @@ def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL,
     # so that they see the machine as the steps did.
     timed, bursts = [], []
     beside = _Reference(config.dtype) if reference else None
-    dispatch = _dispatch_rows(config)
+    dispatch = (recorder.dispatch_rows, config.model.d_model) if recorder.dispatch_rows else None
     for _ in range(max(steps, TIMED_STEPS)):
         with C.clocking() as waited:
             seconds = train_step(state).seconds
@@ -521,7 +524,8 @@ def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL,
                             f"one call, timed on this layout's groups between its steps "
                             f"({CALLS_PER_BURST} after each; the mean)" + (
                                 f"; a micro-batch's dispatch, {dispatch[0]} rows of "
-                                f"{dispatch[1]}" if key.startswith("all-to-all") else ""))
+                                f"{dispatch[1]}" if dispatch and key.startswith("all-to-all")
+                                else ""))
                    for key, value in calls.items())]
         if reference_s:
             rows.append(CheckRow("step time", REFERENCE_ROW, None, statistics.median(reference_s),
@@ -543,16 +547,6 @@ def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL,
         caveat = "; MoE layers are replicated over tp here (the analytic model splits experts)"
         rows = [replace(r, note=r.note + caveat) if not r.ok else r for r in rows]
     return [replace(r, rank=launch.rank(), stage=stage) for r in rows]
-
-
-def _dispatch_rows(config: TrainConfig) -> tuple[int, int]:
-    """(rows, h) of one MoE dispatch as a rank sends it: its tokens of one micro-batch × k
-    ((0, 0) for a dense model)."""
-    layout, model = config.layout, config.model
-    if not model.is_moe:
-        return 0, 0
-    tokens = config.seq_len * layout.micro_batch // layout.cp // (layout.tp if layout.sp else 1)
-    return tokens * model.top_k, model.d_model
 
 
 def _expert_load(calls: list[tuple[float, float]], ep: AxisGroup) -> dict[str, float]:

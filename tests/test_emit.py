@@ -68,22 +68,23 @@ def test_megatron_grad_reduce_dtype_follows_the_plan():
 
 
 def test_megatron_and_deepspeed_carry_the_overlap_options():
-    # defaults: TP overlap (with SP), grad-reduce / param-gather overlap, Megatron's default p2p
-    _, on = _argv(emit("megatron", MODEL, LAYOUT, TRAIN).text)
+    # asked for: TP overlap (with SP), grad-reduce / param-gather overlap
+    on_train = TrainSpec(8192, 2048, tp_overlap="bulk", dp_overlap=True)
+    _, on = _argv(emit("megatron", MODEL, LAYOUT, on_train).text)
     assert {"--tp-comm-overlap", "--overlap-grad-reduce", "--overlap-param-gather"} <= set(on)
-    assert "--no-overlap-p2p-communication" not in on
-    off_train = TrainSpec(8192, 2048, tp_comm_overlap=False, overlap_grad_reduce=False,
-                          overlap_p2p=False)
-    _, off = _argv(emit("megatron", MODEL, LAYOUT, off_train).text)
-    assert "--no-overlap-p2p-communication" in off
-    assert not {"--tp-comm-overlap", "--overlap-grad-reduce", "--overlap-param-gather"} & set(off)
+    # Megatron-LM's defaults: none of them (its p2p overlap in the interleaved schedule is on
+    # by default, so no flag)
+    _, off = _argv(emit("megatron", MODEL, LAYOUT, TRAIN).text)
+    assert not {"--tp-comm-overlap", "--overlap-grad-reduce", "--overlap-param-gather",
+                "--no-overlap-p2p-communication"} & set(off)
     # Megatron needs SP for TP overlap: not emitted, and the note says the plan agrees
-    no_sp = emit("megatron", MODEL, LAYOUT.with_(sp=False), TRAIN)
+    no_sp = emit("megatron", MODEL, LAYOUT.with_(sp=False), on_train)
     assert "--tp-comm-overlap" not in _argv(no_sp.text)[1]
     assert any("--tp-comm-overlap needs --sequence-parallel" in note for note in no_sp.notes)
-    layout = Layout.parse("dp=2048,tp=8,zero=1")
-    for train, expected in ((TRAIN, True), (off_train, False)):
-        config = json.loads(emit("deepspeed", MODEL, layout, train).text)
+    # DeepSpeed's overlap_comm defaults to ZeRO-3 only (runtime/zero/config.py)
+    for zero, expected in ((1, False), (3, True)):
+        layout = Layout.parse(f"dp=2048,tp=8,zero={zero}")
+        config = json.loads(emit("deepspeed", MODEL, layout, TRAIN).text)
         assert config["zero_optimization"]["overlap_comm"] is expected
 
 

@@ -210,17 +210,30 @@ class ModelSpec:
         Model FLOPs (MFU, `recompute="none"`): 3 × forward — backward costs two forwards.
         Hardware FLOPs (HFU): full recompute adds the forward of every layer once more (not the
         head), which is Narayanan et al. 2021's `96·B·s·l·h²·(1 + s/6h + V/16lh)` per
-        iteration; selective recompute adds the attention score/PV forward once more.
+        iteration; selective recompute adds the attention score/PV forward once more; op-sac
+        (torchtitan's per-op SAC) the matmuls it does not save (`op_sac_recomputed_flops`).
         """
         forward = self.forward_flops_per_token(seq_len, causal)
         attention = self._attention_flops(seq_len, causal)
         head = 2 * self.vocab * self.d_model  # the head is not recomputed
-        extra = {"none": 0.0, "selective": attention, "full": forward - head}
+        extra = {"none": 0.0, "selective": attention, "full": forward - head,
+                 "op-sac": self.op_sac_recomputed_flops()}
         if recompute not in extra:
             raise ShardwiseError(
-                f"recompute must be one of none, selective, full; got {recompute!r}"
-            )
+                f"recompute must be one of {', '.join(extra)}; got {recompute!r}")
         return 3 * forward + extra[recompute]
+
+    def op_sac_recomputed_flops(self) -> float:
+        """Forward FLOPs per token that torchtitan's per-op SAC recomputes: it saves every
+        compute-intensive op's output except every second matmul of a block
+        (torchtitan 0.3.0 distributed/activation_checkpoint.py, `SelectiveAC`), and a Llama
+        block calls qkv (fused), wo, w1, w3, w2 (models/common: `FusedQKVLinear`,
+        `FeedForward.forward = w2(silu(w1 x) · w3 x)`), so wo and w3 (w2 without a gate) run
+        again — per token `2·(a·d·h + h·f)`, the routed and shared experts' in MoE layers."""
+        out_proj = self.q_dim * self.d_model
+        experts = (self.top_k + self.n_shared_experts) * self.d_model * self.expert_d_ff
+        return 2.0 * (self.n_dense_layers * (out_proj + self.d_model * self.d_ff)
+                      + self.n_moe_layers * (out_proj + experts))
 
 
 @dataclass(frozen=True)

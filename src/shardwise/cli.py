@@ -39,6 +39,7 @@ from shardwise.report.builders import (
 )
 from shardwise.report.text import render_comm, render_memory, render_models, render_schedule
 from shardwise.report.text import table as _table
+from shardwise.stacks import ATTENTION_KERNELS, DEFAULT_STACK, STACKS, TP_OVERLAPS, parse_impl
 from shardwise.units import human_time, parse_batch
 from shardwise.validate import (
     MAX_DEGREE,
@@ -71,6 +72,46 @@ def _emit_json(payload: Any) -> None:
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+def _stack_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    try:
+        return parse_impl(value)
+    except ShardwiseError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def stack_options(func: Callable) -> Callable:
+    """`--impl` (the training stack) and the stack's time choices; each left unset takes the
+    stack's own default (`shardwise.stacks`), named as assumed in the report."""
+    options = [
+        click.option("--impl", default=DEFAULT_STACK, show_default=True, callback=_stack_name,
+                     help="Training stack (name or name@version): "
+                          + ", ".join(STACKS) + ". Decides activations, step-time "
+                          "behaviours, the layouts searched and the export."),
+        click.option("--compile/--no-compile", "compile", default=None,
+                     help="torch.compile, where the stack has the choice [default: the "
+                          "stack's]."),
+        click.option("--tp-overlap", default=None, type=click.Choice(TP_OVERLAPS),
+                     help="TP communication: exposed, bulk (TE userbuffers, Megatron "
+                          "--tp-comm-overlap) or async (torchtitan) [default: the stack's]."),
+        click.option("--dp-overlap/--no-dp-overlap", "dp_overlap", default=None,
+                     help="DP/ZeRO traffic behind backward/forward (Megatron "
+                          "--overlap-grad-reduce/--overlap-param-gather, DeepSpeed "
+                          "overlap_comm) [default: the stack's].")]
+    options.append(click.option(
+        "--attention", default=None, type=click.Choice([k for k in ATTENTION_KERNELS
+                                                        if k != "math"]),
+        help="Fused attention kernel [default: the stack's]; --no-flash for the "
+             "materialised softmax."))
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _stack_kw(kw: dict[str, Any]) -> dict[str, Any]:
+    """Pop the stack's time choices (`stack_options`) out of a command's keyword arguments."""
+    return {name: kw.pop(name) for name in ("compile", "tp_overlap", "dp_overlap", "attention")}
 
 
 def impl_option(default: str = DEFAULT_IMPL) -> Callable:
@@ -164,7 +205,7 @@ def layout_options(func: Callable) -> Callable:
 @click.option("--optimizer", default="adam", show_default=True)
 @click.option("--formula", default="generalised", show_default=True,
               type=click.Choice(ACTIVATION_FORMULAS), help="Activation count.")
-@impl_option()
+@stack_options
 @click.option("--headroom", default=0.85, show_default=True, callback=checked(fraction),
               help="Usable fraction of GPU memory, in (0, 1].")
 @click.option("--calibration", "calibration_path", default=None,
@@ -180,7 +221,7 @@ def memory(model: str, gpus: int, gpu: str, gpus_per_node: int, seq: int,
     out = memory_payload(get_model(model), gpus=gpus, gpu=gpu, gpus_per_node=gpus_per_node,
                          seq=seq, global_batch=global_batch, flash=flash, dtype=dtype,
                          grad_dtype=grad_dtype, optimizer=optimizer, formula=formula,
-                         impl=impl, headroom=headroom,
+                         impl=impl, headroom=headroom, stack_kw=_stack_kw(layout_kw),
                          calibration_path=calibration_path, **layout_kw)
     if as_json:
         return _emit_json(out)
@@ -651,7 +692,7 @@ def calibrate(backend: str, ranks: int, out_path: str, plot_path: str | None, qu
 @click.option("--dtype", default="bf16", show_default=True)
 @click.option("--grad-dtype", default=None, help="Gradient dtype [default: --dtype].")
 @click.option("--optimizer", default="adam", show_default=True)
-@impl_option()
+@stack_options
 @click.option("--headroom", default=0.85, show_default=True, callback=checked(fraction),
               help="Usable fraction of GPU memory, in (0, 1].")
 @click.option("--calibration", "calibration_path", default=None,
@@ -662,7 +703,8 @@ def plan(model: str, gpus: int, gpu: str, gpus_per_node: int, intra: str | None,
          price: float | None, top: int, layout_text: str | None, partition: str | None,
          first_stage_layers: int | None, last_stage_layers: int | None, emit: str | None,
          flash: bool, dtype: str, grad_dtype: str | None, optimizer: str, impl: str,
-         headroom: float, calibration_path: str | None, as_json: bool) -> None:
+         headroom: float, calibration_path: str | None, as_json: bool,
+         **stack_kw: Any) -> None:
     """Search every layout of MODEL (preset or config.json) and explain the best.
 
     With no arguments: llama3-8b on 64 H100s (8 nodes), s=8192, a 4M-token batch.
@@ -675,7 +717,8 @@ def plan(model: str, gpus: int, gpu: str, gpus_per_node: int, intra: str | None,
         "inter": inter, "seq": seq, "global_batch": global_batch, "tokens": tokens,
         "price": price, "top": top, "layout_text": layout_text, "flash": flash, "dtype": dtype,
         "grad_dtype": grad_dtype, "optimizer": optimizer, "headroom": headroom,
-        "calibration_path": calibration_path, "impl": impl, "partition": partition,
+        "calibration_path": calibration_path, "impl": impl, "stack_kw": stack_kw,
+        "partition": partition,
         "first_stage_layers": first_stage_layers, "last_stage_layers": last_stage_layers}
     if console.is_terminal and not as_json and emit is None:
         with console.status("searching layouts…") as status:

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shardwise.arch import ModelSpec
 from shardwise.errors import ShardwiseError
 from shardwise.layout import Layout, TrainSpec, stage_partition
+from shardwise.stacks import STACKS
 
 FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
 VERSIONS = {"megatron": "Megatron-LM main (megatron-core 0.16-0.20)",
@@ -184,21 +185,20 @@ def megatron_args(model: ModelSpec, layout: Layout, train: TrainSpec,
         args.append(f"--expert-model-parallel-size {layout.ep}")
     if layout.sp:
         args.append("--sequence-parallel")
-    if train.tp_comm_overlap and layout.tp > 1:  # TE userbuffers; Megatron requires SP
+    settings = train.settings()
+    if settings.tp_overlap == "bulk" and layout.tp > 1:  # TE userbuffers; Megatron requires SP
         if layout.sp:
             args.append("--tp-comm-overlap")
         else:
             notes.append("--tp-comm-overlap needs --sequence-parallel: not emitted, and the "
                          "plan charges this layout's TP communication fully exposed")
-    if layout.pp > 1 and layout.chunks > 1 and not train.overlap_p2p:
-        args.append("--no-overlap-p2p-communication")  # Megatron overlaps by default
     if layout.recompute == "selective":
         args.append("--recompute-activations")
     elif layout.recompute == "full":
         args += ["--recompute-granularity full", "--recompute-method uniform",
                  "--recompute-num-layers 1"]
     fsdp = layout.zero >= 2
-    overlap = ["--overlap-grad-reduce"] if train.overlap_grad_reduce else []
+    overlap = ["--overlap-grad-reduce"] if settings.dp_overlapped(layout.zero) else []
     overlap_both = overlap + (["--overlap-param-gather"] if overlap else [])
     if layout.zero == 0:
         args += overlap
@@ -417,7 +417,8 @@ def deepspeed_config(model: ModelSpec, layout: Layout, train: TrainSpec,
                              f"({train.dtype}), not {grad}; use zero ≥ 1 or --grad-dtype "
                              f"{train.dtype}")
     notes: list[str] = []
-    zero: dict[str, object] = {"stage": layout.zero, "overlap_comm": train.overlap_grad_reduce,
+    zero: dict[str, object] = {"stage": layout.zero,
+                               "overlap_comm": bool(train.settings().dp_overlapped(layout.zero)),
                                "contiguous_gradients": True,
                                "reduce_bucket_size": int(5e8), "allgather_bucket_size": int(5e8)}
     if layout.zero == 3:
@@ -505,4 +506,8 @@ def emit(framework: str, model: ModelSpec, layout: Layout, train: TrainSpec,
         raise ShardwiseError(f"unknown framework {framework!r}; valid: {', '.join(FRAMEWORKS)}")
     if gpus_per_node < 1:
         raise ShardwiseError(f"gpus_per_node must be ≥ 1, got {gpus_per_node}")
+    if train.stack.export != key:  # the run will use that framework's stack, at its defaults
+        stack = next(s for s in STACKS.values() if s.export == key)
+        train = replace(train, impl=stack.name, compile=None, tp_overlap=None, dp_overlap=None,
+                        attention=None)
     return table[key](model, layout, train, gpus_per_node)

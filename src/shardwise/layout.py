@@ -15,16 +15,16 @@ import numpy as np
 import shardwise.validate as validate
 from shardwise.arch import ModelSpec
 from shardwise.errors import LayoutError, ShardwiseError
-from shardwise.estimate.profiles import DEFAULT_IMPL, PROFILES
 from shardwise.hardware import Cluster
 from shardwise.schedules.registry import DEFAULT_SCHEDULE, SCHEDULE_REGISTRY, SCHEDULES
+from shardwise.stacks import DEFAULT_STACK, STACKS, Settings, Stack, get_stack, parse_impl, resolve
 from shardwise.units import DTYPE_BYTES
 
 AXES: tuple[str, ...] = ("dp", "tp", "pp", "cp", "ep")
 """The parallel axes, spelled the same everywhere: `Layout` fields, CLI options (`--tp`), layout
 text (`tp=8`), JSON keys, the planner's arrays and the runtime mesh's axis names."""
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "op-sac")
 OPTIMIZERS = ("adam", "sgd-momentum", "sgd", "adam-8bit", "adafactor")
 
 
@@ -39,19 +39,13 @@ class TrainSpec:
     grad_dtype: str | None = None  # None: same as dtype (Megatron's default keeps fp32 grads)
     optimizer: str = "adam"
     flash_attention: bool = True
-    impl: str = DEFAULT_IMPL  # whose activations: an `estimate.profiles` name
-    # Communication overlap (issue 9 item 5; modelled in `estimate.step`, exported by `emit`),
-    # defaults as Megatron-Core + Transformer Engine runs them (the default `impl` profile):
-    # --tp-comm-overlap (TE userbuffers: TP all-gather / reduce-scatter pipelined with the
-    # adjacent GEMMs; applies with sequence parallelism and tp > 1), --overlap-grad-reduce /
-    # --overlap-param-gather (bucketed DP/ZeRO traffic behind backward / forward), and
-    # Megatron's default --overlap-p2p-communication (interleaved schedule only); ring
-    # attention's K/V hops behind the block computation (Transformer Engine's context
-    # parallelism posts the next hop before it computes the held block).
-    tp_comm_overlap: bool = True
-    overlap_grad_reduce: bool = True
-    overlap_p2p: bool = True
-    cp_comm_overlap: bool = True
+    impl: str = DEFAULT_STACK  # the training stack (`shardwise.stacks`): name or name@version
+    # The stack's time behaviours (`stacks.resolve`); None: that stack's default, named as
+    # assumed in the explanation and `--json`.
+    compile: bool | None = None  # torch.compile (stacks that have the choice)
+    tp_overlap: str | None = None  # "none" | "bulk" | "async" (`stacks.TP_OVERLAPS`)
+    dp_overlap: bool | None = None  # DP/ZeRO traffic behind backward/forward
+    attention: str | None = None  # fused attention kernel (`stacks.ATTENTION_KERNELS`)
     # MoE routing as the step's critical path sees it (`estimate.compute.layer_cost`): on the
     # busiest expert-parallel rank of each MoE call (ep ranks meet at every call, so each
     # waits for that one), the rows its experts run ÷ the balanced share T·k, and the share
@@ -60,6 +54,26 @@ class TrainSpec:
     # routing its run drew.
     expert_load: float = 1.0
     experts_active: float = 1.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.impl, str) and "@" in self.impl:
+            object.__setattr__(self, "impl", parse_impl(self.impl))
+
+    @property
+    def stack(self) -> Stack:
+        """The training stack (`TrainSpec.impl`)."""
+        return get_stack(self.impl)
+
+    @property
+    def profile(self) -> str:
+        """The stack's activation profile (`estimate.profiles`)."""
+        return self.stack.profile
+
+    def settings(self) -> Settings:
+        """The stack's behaviours for this run, defaults filled in (`stacks.resolve`)."""
+        return resolve(self.impl, compile=self.compile, tp_overlap=self.tp_overlap,
+                       dp_overlap=self.dp_overlap, attention=self.attention,
+                       flash=self.flash_attention)
 
     def validate(self) -> TrainSpec:
         problems = []
@@ -82,9 +96,16 @@ class TrainSpec:
                 problems.append(f"{name} {value!r} unknown; valid: {', '.join(DTYPE_BYTES)}")
         if self.optimizer not in OPTIMIZERS:
             problems.append(f"optimizer {self.optimizer!r} unknown; valid: {', '.join(OPTIMIZERS)}")
-        if self.impl not in PROFILES:
-            problems.append(f"implementation profile {self.impl!r} unknown; valid: "
-                            f"{', '.join(PROFILES)}")
+        if self.impl not in STACKS:
+            problems.append(f"stack {self.impl!r} unknown; valid: {', '.join(STACKS)}")
+        else:
+            try:
+                self.settings()
+            except ShardwiseError as exc:
+                problems.append(str(exc))
+            if self.dtype in DTYPE_BYTES and self.dtype not in self.stack.dtypes:
+                problems.append(f"{self.stack.name} does not train in {self.dtype}; valid: "
+                                f"{', '.join(self.stack.dtypes)}")
         if problems:
             raise ShardwiseError("; ".join(problems))
         return self
@@ -262,7 +283,7 @@ class Layout:
         return out
 
     def _train_problems(self, train: TrainSpec) -> list[str]:
-        out = []
+        out = train.stack.layout_problems(self) if train.impl in STACKS else []
         # Zigzag causal balancing splits the sequence into 2·cp chunks.
         if self.cp > 1 and train.seq_len % (2 * self.cp):
             out.append(f"2·cp={2 * self.cp} does not divide seq_len={train.seq_len}")

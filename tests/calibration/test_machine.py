@@ -213,8 +213,10 @@ def _runtime_spec():
 
 def test_the_runtime_spec_says_what_the_runtime_overlaps():
     spec = _runtime_spec()
-    assert (spec.tp_comm_overlap, spec.overlap_p2p, spec.cp_comm_overlap) == (False,) * 3
-    assert spec.overlap_grad_reduce and spec.impl == "shardwise"
+    settings = spec.settings()
+    assert spec.impl == "shardwise" and settings.tp_overlap == "none"
+    assert not settings.p2p_overlapped(2) and not settings.stack.cp_overlap
+    assert all(settings.dp_overlapped(z) for z in range(4))
 
 
 @pytest.mark.parametrize("kwargs, component, per_microbatch", [

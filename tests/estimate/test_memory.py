@@ -251,7 +251,7 @@ def test_moe_experts_sharded_by_ep():
 
 def test_hybrid_shard_group():
     model = PRESETS["llama2-7b"]
-    train = TrainSpec(seq_len=4096)
+    train = TrainSpec(seq_len=4096, impl="torchtitan")  # HSDP: ZeRO-3 in shard groups
     full = training_memory_per_gpu(model, Layout(dp=64, zero=3), train)[0]
     hybrid = training_memory_per_gpu(model, Layout(dp=64, zero=3, zero_group=8), train)[0]
     assert hybrid.state == pytest.approx(full.state * 8)

@@ -35,9 +35,10 @@ def test_registry_and_bad_names():
     assert DEFAULT_IMPL in PROFILES
     with pytest.raises(ShardwiseError, match="valid: shardwise, megatron-te"):
         get_profile("deepspeed")
-    with pytest.raises(ShardwiseError, match="implementation profile 'x' unknown"):
+    with pytest.raises(ShardwiseError, match="stack 'x' unknown"):
         TrainSpec(impl="x").validate()
-    assert TrainSpec().impl == DEFAULT_IMPL
+    assert TrainSpec().impl == DEFAULT_IMPL  # the default stack's profile has the same name
+    assert TrainSpec().profile == DEFAULT_IMPL
 
 
 def test_issue_figures_llama3_8b_layer():
@@ -177,12 +178,12 @@ def test_cli_memory_states_the_profile_and_the_peak():
     assert set(stage["transients"]) == {"loss buffer", "attention workspace", "ZeRO-3 gather",
                                         "gradient bucket", "optimizer step"}
     saved = out["layer_saved"]
-    assert saved["impl"] == "hf-eager" and "attention internals" in saved["by_component"]
+    assert saved["profile"] == "hf-eager" and "attention internals" in saved["by_component"]
     assert sum(saved["tensors"].values()) == pytest.approx(activation_bytes_per_layer(
         PRESETS["llama3-8b"], 8192, 1, flash=True, impl="hf-eager"))
     assert "One layer saves" in text and "MLP internals" in text
     help_text = " ".join(shardwise("memory", "--help").stdout.split())
-    assert f"default: {DEFAULT_IMPL}" in help_text and "the default" in help_text
+    assert f"default: {DEFAULT_IMPL}" in help_text and "Training stack" in help_text
 
 
 def test_cli_plan_takes_impl():
@@ -192,12 +193,14 @@ def test_cli_plan_takes_impl():
     eager = shardwise_json(*args, "--impl", "hf-eager")
     assert shard != eager
     text = shardwise(*args, "--impl", "torchtitan").stdout
-    assert "(--impl torchtitan)" in text
+    assert "(--impl torchtitan)" not in text and "torchtitan 0.3.0" in text
 
 
 def test_cli_bad_impl_is_one_line():
     assert_one_line_error(shardwise("memory", "--impl", "deepspeed", check=False),
-                          "'deepspeed' is not one of")
+                          "stack 'deepspeed' unknown; valid: megatron-te")
+    assert_one_line_error(shardwise("memory", "--impl", "torchtitan@0.2", check=False),
+                          "modelled at torchtitan 0.3.0 only")
 
 
 @pytest.mark.slow

@@ -80,7 +80,8 @@ def test_estimate_with_simulator_equals_closed_form(text):
     model = get_model("llama3-8b")
     cluster = Cluster.of(16, "h100")
     layout = Layout.parse(text + ",tp=2", dp=16 // (2 * int(text.split(",")[0][3:])))
-    train = TrainSpec(seq_len=4096, global_batch=32)
+    # a stack whose pipeline engine runs all three (`Stack.schedules`)
+    train = TrainSpec(seq_len=4096, global_batch=32, impl="torchtitan")
     closed = estimate_step(model, cluster, layout, train)
     sim = estimate_step(model, cluster, layout, train, simulate=True)
     assert sim.bubble_source == "simulator"
@@ -245,8 +246,8 @@ def test_tp_comm_overlap_hides_behind_the_pipelined_gemm_share():
     cal = _no_contention(tp_overlap_efficiency=1.0)
     layout = Layout(tp=8, sp=True, dp=1)
     base = TrainSpec(seq_len=4096, global_batch=2)
-    off = estimate_step(model, cluster, layout, replace(base, tp_comm_overlap=False), cal)
-    on = estimate_step(model, cluster, layout, replace(base, tp_comm_overlap=True), cal)
+    off = estimate_step(model, cluster, layout, replace(base, tp_overlap="none"), cal)
+    on = estimate_step(model, cluster, layout, replace(base, tp_overlap="bulk"), cal)
     m, layers, t = 2, model.n_layers, 8
     # the vocabulary-parallel cross-entropy's 3 all-reduces of one fp32 per token, exposed
     ce = 3 * group_collective_time("all-reduce", 4096 * 4, t, 8, Links.of(cluster, cal))
@@ -260,8 +261,11 @@ def test_tp_comm_overlap_hides_behind_the_pipelined_gemm_share():
     assert on.tp_comm < off.tp_comm
     # without sequence parallelism Megatron cannot overlap: nothing changes
     no_sp = Layout(tp=8, dp=1)
-    assert estimate_step(model, cluster, no_sp, base, cal).tp_comm == pytest.approx(
-        estimate_step(model, cluster, no_sp, replace(base, tp_comm_overlap=False), cal).tp_comm)
+    assert estimate_step(model, cluster, no_sp, replace(base, tp_overlap="bulk"), cal
+                         ).tp_comm == pytest.approx(
+        estimate_step(model, cluster, no_sp, replace(base, tp_overlap="none"), cal).tp_comm)
+    # Megatron-LM's default is no overlap (model_parallel_config.py: tp_comm_overlap False)
+    assert estimate_step(model, cluster, layout, base, cal).tp_comm == off.tp_comm
 
 
 def test_tp_overlapped_closed_form():
@@ -274,20 +278,22 @@ def test_tp_overlapped_closed_form():
 
 
 def test_p2p_overlap_leaves_warmup_and_cooldown_exposed():
-    # κ = 0: exposed transfers drop from 2·(v·m + p - 1) to 2·(p - 1)
+    # κ = 0: exposed transfers drop from 2·(v·m + p - 1) to 2·(p - 1). Megatron-LM overlaps
+    # them in the interleaved schedule (--no-overlap-p2p-communication: on by default);
+    # the shardwise runtime's receives block.
     model = get_model("llama3-8b")
     cluster = Cluster.of(16, "h100", gpus_per_node=4)  # pp crosses nodes
     cal = _no_contention()
     layout = Layout(dp=1, tp=4, pp=4, sp=True, schedule="interleaved", chunks=2)
     base = TrainSpec(seq_len=4096, global_batch=8)
-    off = estimate_step(model, cluster, layout, replace(base, overlap_p2p=False), cal)
-    on = estimate_step(model, cluster, layout, replace(base, overlap_p2p=True), cal)
+    off = estimate_step(model, cluster, layout, replace(base, impl="shardwise"), cal)
+    on = estimate_step(model, cluster, layout, base, cal)
     p, v, m = 4, 2, 8
     assert on.pp_comm == pytest.approx(off.pp_comm * (p - 1) / (v * m + p - 1), rel=1e-9)
     # Megatron overlaps p2p only in the interleaved schedule
     plain = Layout(dp=1, tp=4, pp=4, sp=True)
     assert estimate_step(model, cluster, plain, base, cal).pp_comm == pytest.approx(
-        estimate_step(model, cluster, plain, replace(base, overlap_p2p=False), cal).pp_comm)
+        estimate_step(model, cluster, plain, replace(base, impl="shardwise"), cal).pp_comm)
 
 
 def test_dp_without_overlap_exposes_all_traffic_and_grad_dtype_sets_the_bytes():
@@ -296,16 +302,19 @@ def test_dp_without_overlap_exposes_all_traffic_and_grad_dtype_sets_the_bytes():
     base = TrainSpec(seq_len=4096, global_batch=128)
     for zero in (0, 1, 3):
         est = estimate_step(model, cluster, Layout(dp=64, zero=zero),
-                            replace(base, overlap_grad_reduce=False))
+                            replace(base, dp_overlap=False))
         assert est.dp_comm_exposed == est.dp_comm_total > 0
+        # Megatron-LM's default (--overlap-grad-reduce is off) is the same
+        default = estimate_step(model, cluster, Layout(dp=64, zero=zero), base)
+        assert default.dp_comm_exposed == est.dp_comm_exposed
     # fp32 gradient reduction moves twice the bf16 bytes (latency terms aside: < 1 %)
     bf16 = estimate_step(model, cluster, Layout(dp=64), replace(base, grad_dtype="bf16"))
     fp32 = estimate_step(model, cluster, Layout(dp=64), replace(base, grad_dtype="fp32"))
     assert fp32.dp_comm_total == pytest.approx(2 * bf16.dp_comm_total, rel=0.01)
 
 
-@pytest.mark.parametrize("flags", [dict(tp_comm_overlap=False, overlap_p2p=False,
-                                        overlap_grad_reduce=False), {}])
+@pytest.mark.parametrize("flags", [dict(impl="shardwise"), {},
+                                   dict(tp_overlap="bulk", dp_overlap=True)])
 def test_planner_arrays_honour_the_overlap_options(flags):
     from shardwise.estimate.compute import ComputeContext
     from shardwise.estimate.step import step_terms
@@ -361,7 +370,7 @@ def test_contention_of_overlapped_dp_traffic_follows_its_bytes_not_its_time():
     # traffic takes longer but charges contention per byte, so the step grows by less than
     # κ times the extra traffic time.
     model = get_model("llama2-13b")
-    train = TrainSpec(seq_len=2048, global_batch=16)
+    train = TrainSpec(seq_len=2048, global_batch=16, dp_overlap=True)
     one = estimate_step(model, Cluster.of(8, "h100"), Layout(dp=8, zero=3, micro_batch=2),
                         train)
     eight = estimate_step(model, Cluster.of(64, "h100"), Layout(dp=64, zero=3, micro_batch=2),

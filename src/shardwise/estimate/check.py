@@ -295,11 +295,11 @@ def predicted_saved(model: ModelSpec, layout: Layout, train: TrainSpec, moe: boo
     s, b, sp = train.seq_len, layout.micro_batch, layout.sp and layout.tp > 1
     if rc == "full":
         return activation_bytes_per_layer(model, s, b, tp=t, sp=sp, cp=c, recompute=rc,
-                                          dtype=train.dtype, impl=train.impl), None, 0.0
+                                          dtype=train.dtype, impl=train.profile), None, 0.0
     saved = saved_tensors_per_layer(model, s, b, tp=t, sp=sp, cp=c, flash=train.flash_attention,
                                     selective=rc == "selective",
                                     dtype_bytes_=dtype_bytes(train.dtype), moe=moe,
-                                    impl=train.impl)
+                                    impl=train.profile)
     in_moe = {name for name in saved if name == "mlp_input"
               or name.startswith(("router_", "expert_", "shared_"))} if moe else set()
     per_row = sum(saved[name] for name in ("expert_inputs", "expert_gate", "expert_up",

@@ -95,9 +95,28 @@ _OPS_RING_STEP = 106
 _OPS_HEAD = 64
 
 
+# Memory-bound traffic of one layer per token, bytes at bf16 activations, as coefficients of
+# (h, q + kv, f): h the norms and residual adds (÷t only under sequence parallelism), q + kv
+# the attention's per-head work (RoPE on q and k, layout copies; q = a·d, kv = a_kv·d), f the
+# MLP's activation (per expert row in MoE layers); forward, backward.
+# "compiled": torch.compile's Inductor fuses every chain of pointwise ops and reductions
+# between two GEMMs / attention calls into one kernel that reads its inputs and writes its
+# outputs once: RMSNorm (read x, write y) 4h, residual add fused with the next norm 8h, the
+# closing residual 6h, RoPE on q and k 4(q + kv), silu(gate)·up 6f; backward the matching
+# gradient kernels, 32h + 4(q + kv) + 10f (derived from the fusion rule, not measured here).
+# Eager stacks carry their own measured table (`Stack.elementwise`).
+_COMPILED_TRAFFIC = ((18.0, 4.0, 6.0), (32.0, 4.0, 10.0))
+# Kernels per layer forward (backward: `_KERNELS_BWD`) besides GEMMs and attention:
+# compiled, about one per fused region above (norm, RoPE, add+norm, activation, add).
+_KERNELS_COMPILED = 5
+
+
 @dataclass(frozen=True)
 class ComputeContext:
-    """Everything the per-rank cost formulas need that does not depend on the layout."""
+    """Everything the per-rank cost formulas need that does not depend on the layout:
+    `kernels` and `traffic` (memory-bound bytes per token: None for the fused count of
+    `layer_cost`) and `host_ops` (kernels per layer forward, backward) follow the stack
+    (`shardwise.stacks`), `attention` is the attention kernel."""
 
     model: ModelSpec
     accelerator: Accelerator
@@ -108,14 +127,27 @@ class ComputeContext:
     peak: float
     expert_load: float = 1.0  # `TrainSpec.expert_load`, `experts_active`: balanced routing
     experts_active: float = 1.0
+    kernels: str = "fused"
+    traffic: tuple[tuple[float, float, float], tuple[float, float, float]] | None = None
+    layer_kernels: tuple[float, float] = (0.0, 0.0)
+    attention: str = "fa2"
 
     @classmethod
     def of(cls, model: ModelSpec, accelerator: Accelerator, train: TrainSpec,
            calibration: Calibration | None = None) -> ComputeContext:
         cal = calibration or default_calibration(accelerator.name)
+        settings = train.settings()
+        mode = settings.kernels
+        if mode == "compiled":
+            traffic, kernels = _COMPILED_TRAFFIC, (_KERNELS_COMPILED, 2 * _KERNELS_COMPILED)
+        elif mode == "eager" and settings.stack.elementwise is not None:
+            traffic, kernels = settings.stack.elementwise, settings.stack.eager_kernels
+        else:  # fused kernels, or the shardwise runtime (whose traffic `calibrate` times per op)
+            mode, traffic, kernels = "fused", None, (0.0, 0.0)
         return cls(model, accelerator, cal, train.seq_len, dtype_bytes(train.dtype),
-                   train.flash_attention, accelerator.peak_flops(train.dtype),
-                   train.expert_load, train.experts_active)
+                   settings.attention != "math", accelerator.peak_flops(train.dtype),
+                   train.expert_load, train.experts_active, mode, traffic,
+                   kernels, settings.attention)
 
     @property
     def hbm(self) -> float:
@@ -231,7 +263,8 @@ def layer_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any,
     q = h / t
     n_in = 2 if model.gated_mlp else 1
 
-    mm = matmul_time(ctx, tokens, h, q + 2 * kv) + matmul_time(ctx, tokens, q, h)
+    out_proj = matmul_time(ctx, tokens, q, h)
+    mm = matmul_time(ctx, tokens, h, q + 2 * kv) + out_proj
     mem = (4 * ab + 6 * ab + (2 if model.dropout else 0)) * replicated
     mem = mem + 2 * ab * tokens * (q + 2 * kv) + 2 * ab * tokens * q  # QKV in, attention out
     if moe:
@@ -246,31 +279,62 @@ def layer_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any,
             mm = mm + model.n_shared_experts * (matmul_time(ctx, tokens, h, n_in * f)
                                                 + matmul_time(ctx, tokens, f, h))
         routed = tokens * k_top
-        mem = mem + 4 * ab * routed * h  # permute into and out of expert order
-        mem = mem + (n_in + 1) * ab * (routed * load + model.n_shared_experts * tokens) * f
+        permute = 4 * ab * routed * h  # into and out of expert order
+        mlp_rows = routed * load + model.n_shared_experts * tokens
+        # op-sac runs each running expert's (and shared expert's) third matmul again
+        sac_mm = (local * matmul_time(ctx, rows, h, f)
+                  + model.n_shared_experts * matmul_time(ctx, tokens, h, f))
     else:
         f = model.d_ff / t
         mm = mm + matmul_time(ctx, tokens, h, n_in * f) + matmul_time(ctx, tokens, f, h)
-        mem = mem + (n_in + 1) * ab * tokens * f
+        permute, mlp_rows = 0.0, tokens
+        sac_mm = matmul_time(ctx, tokens, h, f)
+    if ctx.traffic is None:  # fused kernels: the bytes each kernel above moves
+        mem_f = mem + (n_in + 1) * ab * mlp_rows * f + permute
+        mem_b = 2 * mem_f
+    else:  # eager or compiled: the stack's measured (or the fusion rule's) bytes per token
+        (fh, fqk, ff), (bh, bqk, bf) = ctx.traffic
+        scale = ab / 2  # the tables are bf16 bytes
+        mem_f = scale * (fh * replicated + fqk * tokens * (q + kv) + ff * mlp_rows * f) + permute
+        mem_b = scale * (bh * replicated + bqk * tokens * (q + kv) + bf * mlp_rows * f) + permute
     attn_fwd, attn_bwd = _attention_core(ctx, t, c, b)
     ops_fwd, ops_bwd = host_ops(ctx, t, c, sp, moe, ep)
-    fwd = mm + attn_fwd + memory_time(ctx, mem) + host_overhead(ctx, ops_fwd)
-    bwd = 2 * mm + attn_bwd + memory_time(ctx, 2 * mem) + host_overhead(ctx, ops_bwd)
-    recompute = np.where(rc == 2, fwd, np.where(rc == 1, attn_fwd, 0.0))
+    fwd = _with_host(ctx, mm + attn_fwd + memory_time(ctx, mem_f), ops_fwd)
+    bwd = _with_host(ctx, 2 * mm + attn_bwd + memory_time(ctx, mem_b), ops_bwd)
+    # recompute before the backward: selective the attention core, full the whole forward,
+    # op-sac (torchtitan) what it does not save: wo, the third MLP matmul and every
+    # memory-bound op (`arch.ModelSpec.op_sac_recomputed_flops`)
+    op_sac = out_proj + sac_mm + memory_time(ctx, mem_f)
+    recompute = np.where(rc == 2, fwd, np.where(rc == 1, attn_fwd,
+                                                np.where(rc == 3, op_sac, 0.0)))
     return LayerCost(fwd, bwd, mm, recompute, attn_fwd, attn_bwd)
+
+
+def _with_host(ctx: ComputeContext, device: Any, ops: Any) -> Any:
+    """A pass's time given its device time and the host's `ops` launches: on a GPU the host
+    runs ahead of the device (launches are asynchronous), so the slower of the two; on the
+    "this machine" preset the CPU does both, one after the other."""
+    host = host_overhead(ctx, ops)
+    if ctx.calibration.op_count == "runtime":
+        return device + host
+    return np.maximum(device, host)
 
 
 def head_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any) -> tuple[Any, Any, Any]:
     """(forward, backward, weight-grad) seconds of the final norm, the vocabulary-parallel LM
-    head `(T × h)·(h × V/t)` and the fp32 cross-entropy over `T·V/t` logits (forward: read
-    the logits, write fp32 probabilities, ~`ab + 12` bytes per logit; backward `ab + 4`)."""
+    head `(T × h)·(h × V/t)` and the fp32 cross-entropy over `T·V/t` logits: bytes per logit
+    fused (Megatron's vocab-parallel kernel: read the logits, write fp32 probabilities)
+    `ab + 12`, backward `ab + 4`; eager (`F.cross_entropy(logits.float())`, counted on CPU:
+    18 and 26 at bf16) `ab + 16`, `ab + 24`; compiled (one fused pass each way) `2·ab`."""
     model, ab, h = ctx.model, ctx.act_bytes, ctx.model.d_model
     tokens = ctx.seq_len / c * b
     vocab = model.vocab / t
     mm = matmul_time(ctx, tokens, h, vocab)
     norm = 4 * ab * tokens * h / np.where(sp, t, 1)
-    fwd = mm + memory_time(ctx, norm + (ab + 12) * tokens * vocab)
-    bwd = 2 * mm + memory_time(ctx, 2 * norm + (ab + 4) * tokens * vocab)
+    per_logit = {"fused": (ab + 12, ab + 4), "eager": (ab + 16, ab + 24),
+                 "compiled": (2 * ab, 2 * ab)}[ctx.kernels]
+    fwd = mm + memory_time(ctx, norm + per_logit[0] * tokens * vocab)
+    bwd = 2 * mm + memory_time(ctx, 2 * norm + per_logit[1] * tokens * vocab)
     ops = _OPS_HEAD / 3 if ctx.calibration.op_count == "runtime" else 4
     overhead = host_overhead(ctx, ops)
     return fwd + overhead, bwd + 2 * overhead, mm
@@ -297,8 +361,15 @@ def host_ops(ctx: ComputeContext, t: Any, c: Any, sp: Any, moe: bool = False, ep
         total = total + np.where(np.logical_and(sp, t > 1), _OPS_SP, 0)
         total = total + np.where(c > 1, _OPS_CP + _OPS_RING_STEP * (c - 1), 0)
         return total / 3, 2 * total / 3
-    fwd = _KERNELS_FWD + (_KERNELS_ATTN_FLASH if ctx.flash else _KERNELS_ATTN_MATERIALISED)
-    return fwd, 2 * fwd
+    attention = _KERNELS_ATTN_FLASH if ctx.flash else _KERNELS_ATTN_MATERIALISED
+    if ctx.traffic is None:
+        fwd = _KERNELS_FWD + attention
+        return fwd, 2 * fwd
+    # eager / compiled: the stack's kernels besides GEMMs and attention, its five GEMMs
+    # (three per expert that runs in an MoE layer) and the attention core
+    gemms = 2 + (3 * ctx.model.n_experts / ep * ctx.experts_active + 1 if moe else 3)
+    return (ctx.layer_kernels[0] + gemms + attention,
+            ctx.layer_kernels[1] + 2 * gemms + attention)
 
 
 # The runtime's optimizer step, per parameter tensor on the rank (counted with a

@@ -234,12 +234,14 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any 
     input `s·b·h·bytes` (÷t with SP). Context parallelism divides by `c`.
 
     `tp`, `cp`, `micro_batch`, `sp` and `recompute` may be NumPy arrays (`recompute` then holds
-    codes: 0 none, 1 selective, 2 full) for the planner's vectorised evaluation.
+    codes: 0 none, 1 selective, 2 full, 3 op-sac) for the planner's vectorised evaluation.
     """
     if isinstance(recompute, str) and recompute not in RECOMPUTE:
-        raise ShardwiseError(f"recompute must be none, selective or full; got {recompute!r}")
+        raise ShardwiseError(f"recompute must be one of {', '.join(RECOMPUTE)}; got "
+                             f"{recompute!r}")
     rc = RECOMPUTE.index(recompute) if isinstance(recompute, str) else recompute
     selective, full = rc == RECOMPUTE.index("selective"), rc == RECOMPUTE.index("full")
+    op_sac = rc == RECOMPUTE.index("op-sac")
     if formula == "korthikanti":  # one layout (a closed form for MHA/GELU models)
         name = recompute if isinstance(recompute, str) else RECOMPUTE[int(recompute)]
         return korthikanti_activation_bytes(seq_len, micro_batch, model.d_model, model.n_heads,
@@ -247,7 +249,8 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any 
     if formula != "generalised":
         raise ShardwiseError(f"formula must be 'generalised' or 'korthikanti', got {formula!r}")
     return layer_bytes(impl, model, seq_len, micro_batch, tp=tp, sp=sp, cp=cp, flash=flash,
-                       selective=selective, full=full, dtype_bytes_=dtype_bytes(dtype),
+                       selective=selective, full=full, op_sac=op_sac,
+                       dtype_bytes_=dtype_bytes(dtype),
                        moe=model.is_moe if moe is None else moe)
 
 
@@ -464,7 +467,7 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
             return activation_bytes_per_layer(
                 model, s, micro_batch, tp=tp, sp=sp, cp=cp, recompute=recompute,
                 flash=train.flash_attention, dtype=train.dtype, formula=formula, moe=moe,
-                impl=train.impl)
+                impl=train.profile)
         act = {"dense": per_layer(False), "moe": per_layer(True) if model.is_moe else 0.0}
     zero_n = np.where(zero_group > 0, zero_group, dp * cp)
     dense_params, expert_params = stage_param_counts(model, tp=tp, pp=pp, ep=ep, chunks=chunks,
@@ -497,7 +500,7 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
     stepped = parts["optimizer"] / state.optimizer if state.optimizer else 0.0
     parts |= {
         "loss buffer": np.where(last, sb * model.vocab * 4 / tp, 0.0),  # one micro-batch
-        "attention workspace": (sbh4 if fused_attention(train.impl, train.flash_attention)
+        "attention workspace": (sbh4 if fused_attention(train.profile, train.flash_attention)
                                 else model.n_heads / tp * sb * s * 4),
         "ZeRO-3 gather": workspace,
         "gradient bucket": np.where(zero >= 2, np.maximum(dense_layer, moe_layer + expert_layer)

@@ -71,7 +71,7 @@ from shardwise.arch import ModelSpec
 from shardwise.errors import ShardwiseError
 
 __all__ = ["DEFAULT_IMPL", "PROFILES", "Profile", "by_component", "component", "fused_attention",
-           "get_profile", "layer_bytes", "profile_names", "saved_tensors"]
+           "get_profile", "layer_bytes", "op_sac_saved", "profile_names", "saved_tensors"]
 
 
 @dataclass(frozen=True)
@@ -318,15 +318,48 @@ def _moe_saved(prof: Profile, model: ModelSpec, tokens: Any, tp: Any, ab: float
     return out
 
 
+def op_sac_saved(model: ModelSpec, seq_len: int, micro_batch: Any, *, tp: Any = 1,
+                 sp: Any = False, cp: Any = 1, dtype_bytes_: float = 2, moe: bool = False
+                 ) -> dict[str, Any]:
+    """What torchtitan's per-op selective checkpointing keeps of one layer (torchtitan 0.3.0
+    distributed/activation_checkpoint.py `SelectiveAC`): the block's input, and the outputs of
+    its compute-intensive and reduce-scatter / all-to-all ops except every second matmul —
+    with a block's matmuls qkv, wo, w1, w3, w2 (`FusedQKVLinear`, `FeedForward`), the qkv, w1
+    and w2 outputs, the attention kernel's output and fp32 log-sum-exp; under sequence
+    parallelism also w2's reduce-scatter output. MoE layers: the same rule on the routed
+    copies (an approximation: expert GEMMs as w1/w2 of `top_k` tokens each)."""
+    ab, fp32 = dtype_bytes_, max(4.0, dtype_bytes_)
+    sb, h = seq_len / cp * micro_batch, model.d_model
+    rep = _pick(sp, tp, 1)
+    kv = _at_least_one(model.n_kv_heads // tp) * model.head_dim
+    copies = model.top_k + model.n_shared_experts if moe else 1
+    f = (model.expert_d_ff if moe else model.d_ff) / tp
+    out = {"block_input": sb * h * ab / rep,
+           "qkv_output": sb * (model.q_dim / tp + 2 * kv) * ab,
+           "attention_output": sb * model.q_dim / tp * ab,
+           "flash_logsumexp": model.n_heads / tp * sb * fp32,
+           "mlp_w1_output": copies * sb * f * ab,
+           "mlp_w2_output": copies * sb * h * ab}
+    if moe:
+        out["router_probs"] = sb * model.n_experts * fp32
+    out["mlp_reduce_scatter_output"] = _pick(sp, sb * h * ab / rep, 0.0)
+    return out
+
+
 def layer_bytes(profile: Profile | str, model: ModelSpec, seq_len: int, micro_batch: Any, *,
                 tp: Any = 1, sp: Any = False, cp: Any = 1, flash: bool = False,
-                selective: Any = False, full: Any = False, dtype_bytes_: float = 2,
-                moe: bool = False) -> Any:
+                selective: Any = False, full: Any = False, op_sac: Any = False,
+                dtype_bytes_: float = 2, moe: bool = False) -> Any:
     """Sum of `saved_tensors`; under full recompute (`full`, scalar or boolean array) the
-    layer input only, `s/c·b·h·bytes` (÷t with SP) — every profile checkpoints the layer."""
+    layer input only, `s/c·b·h·bytes` (÷t with SP) — every profile checkpoints the layer;
+    under per-op SAC (`op_sac`) what `op_sac_saved` keeps."""
     saved = saved_tensors(profile, model, seq_len, micro_batch, tp=tp, sp=sp, cp=cp,
                           flash=flash, selective=selective, dtype_bytes_=dtype_bytes_, moe=moe)
     total = sum(saved.values())
+    if not _is_false(op_sac):
+        sac = sum(op_sac_saved(model, seq_len, micro_batch, tp=tp, sp=sp, cp=cp,
+                               dtype_bytes_=dtype_bytes_, moe=moe).values())
+        total = _pick(op_sac, sac, total)
     if _is_false(full):
         return total
     kept = seq_len / cp * micro_batch * model.d_model * dtype_bytes_ / _pick(sp, tp, 1)

@@ -256,6 +256,7 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     t, p, c, e, zg, sched, v, rc, b = (tp, pp, cp, ep, zero_group, schedule, chunks, recompute,
                                        micro_batch)
     model, cal, s, ab = ctx.model, ctx.calibration, ctx.seq_len, ctx.act_bytes
+    settings = train.settings()
     h, gpn = model.d_model, links.gpus_per_node
     state = bytes_per_param_training(train.dtype, train.grad_dtype, train.optimizer)
     wb, gb_ = state.weight, state.grad
@@ -306,7 +307,7 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     layers = most * model.n_layers / p
     kappa = cal.overlap_contention
     # --tp-comm-overlap (needs SP): each layer's AG/RS pipelined with its adjacent GEMMs
-    tp_overlap = bool(train.tp_comm_overlap) & (sp == 1) & (t > 1)
+    tp_overlap = (settings.tp_overlap != "none") & (sp == 1) & (t > 1)
     gemm_f = dense.wgrad  # one dense layer's forward GEMMs (the backward runs 2x)
     tp_f1 = tp_overlapped(2 * tp_ar, gemm_f, t, tp_overlap, cal.tp_overlap_efficiency, kappa)
     tp_b1 = tp_overlapped((2 + 2 * full) * tp_ar, (2 + full) * gemm_f, t, tp_overlap,
@@ -332,14 +333,15 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
                + kv_block / np.where(cp_intra, links.intra_bw, links.inter_bw))
     # contention per second of a transfer relative to node-local traffic (`busy_fraction`)
     cp_busy = (p2p_latency(links, links.intra_lat) + kv_block / links.intra_bw) / cp_step
-    if not train.cp_comm_overlap:  # each hop a blocking send, then a blocking receive
+    cp_overlap = settings.stack.cp_overlap
+    if not cp_overlap:  # each hop a blocking send, then a blocking receive
         cp_step, cp_busy = 2 * cp_step, 1.0
     per_layer_f = attn_f / np.maximum(layers, 1e-30)  # attention time of one layer
     per_layer_b = attn_b / np.maximum(layers, 1e-30)
 
     def hidden(transfer: Any, block: Any) -> Any:
         """Exposed part of a transfer overlapped with `block` compute (+ contention)."""
-        if not train.cp_comm_overlap:
+        if not cp_overlap:
             return transfer
         exposed = np.maximum(0.0, transfer - block)
         return exposed + kappa * cp_busy * (transfer - exposed)
@@ -367,7 +369,7 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     p2p = (p2p_latency(links, np.where(pp_intra, links.intra_lat, links.inter_lat))
            + p2p_bytes / np.where(pp_intra, links.intra_bw, links.inter_bw))
     p2p_busy = (p2p_latency(links, links.intra_lat) + p2p_bytes / links.intra_bw) / p2p
-    pp_comm = (np.where(p > 1, p2p_exposed(p2p, p, v, m, bool(train.overlap_p2p) & (v > 1),
+    pp_comm = (np.where(p > 1, p2p_exposed(p2p, p, v, m, settings.p2p_overlapped(v),
                                            kappa * p2p_busy), 0.0)
                + small_calls(links, "all-gather", p, 1))  # the stages' agreement check
     big_f = f_mid + tp_f + cp_f + ep_f
@@ -440,7 +442,7 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
         dp_busy = dp_busy + np.where(n > 1, busy * np.maximum(total - exposed, 0.0), 0.0)
     # Overlapped traffic still slows the GEMMs it runs beside (SM and HBM contention); without
     # --overlap-grad-reduce / --overlap-param-gather every byte is on the critical path.
-    dp_exposed = dp_exposed + kappa * dp_busy if train.overlap_grad_reduce else dp_total
+    dp_exposed = np.where(settings.dp_overlapped(zero), dp_exposed + kappa * dp_busy, dp_total)
 
     # ---- optimizer step over the parameters this rank updates
     opt_dense = dense_params / np.where(zero >= 1, group, 1)

@@ -66,8 +66,9 @@ def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
         uniq = np.stack([col[first] for col in cols])
         inverse = inverse.reshape(cols[0].shape)
     n_u = uniq.shape[1]
-    sp_rc = np.array([(sp, rc) for sp in (0, 1) for rc in (0, 1, 2)], dtype=np.int64)
-    g_idx, q_idx = np.divmod(np.arange(n_u * 6), 6)
+    n_rc = len(RC_CODES)
+    sp_rc = np.array([(sp, rc) for sp in (0, 1) for rc in range(n_rc)], dtype=np.int64)
+    g_idx, q_idx = np.divmod(np.arange(n_u * 2 * n_rc), 2 * n_rc)
     small = {"tp": uniq[0, g_idx], "cp": uniq[1, g_idx], "micro_batch": uniq[2, g_idx],
              "ep": uniq[3, g_idx], "sp": sp_rc[q_idx, 0], "recompute": sp_rc[q_idx, 1]}
     costs = compute_costs(ctx, small["tp"], small["cp"], small["micro_batch"], small["sp"], small["recompute"],
@@ -77,10 +78,10 @@ def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
         return activation_bytes_per_layer(
             model, train.seq_len, small["micro_batch"], tp=small["tp"], sp=small["sp"],
             cp=small["cp"], recompute=small["recompute"], flash=train.flash_attention,
-            dtype=train.dtype, moe=moe, impl=train.impl)
+            dtype=train.dtype, moe=moe, impl=train.profile)
 
     act = {"dense": per_layer(False), "moe": per_layer(True) if model.is_moe else 0.0}
-    index = inverse * 6 + cand["sp"] * 3 + cand["recompute"]
+    index = inverse * 2 * n_rc + cand["sp"] * n_rc + cand["recompute"]
 
     def gather(value: Any) -> Any:
         if value is None:
@@ -88,14 +89,14 @@ def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
         if isinstance(value, tuple):
             return type(value)(*(gather(x) for x in value)) if hasattr(value, "_fields") \
                 else tuple(gather(x) for x in value)
-        return np.broadcast_to(value, (n_u * 6,))[index]
+        return np.broadcast_to(value, (n_u * 2 * n_rc,))[index]
 
     full_costs = {k: gather(v) for k, v in costs.items()}
     partition = _partition(cand)
     terms = step_terms(ctx, links, train, **{k: cand[k] for k in _STEP_KEYS}, costs=full_costs,
                        partition=partition)
     model_flops, hardware = flops_per_token(model, train.seq_len)
-    hw = np.array([hardware[i] for i in range(3)])[cand["recompute"]]
+    hw = np.array([hardware[i] for i in range(n_rc)])[cand["recompute"]]
     tokens = cand["m"] * cand["micro_batch"] * cand["dp"] * train.seq_len
     terms.update(finish(terms, model_flops, hw, tokens, cluster.n_gpus, ctx.peak,
                         flops_per_token(model, train.seq_len, causal=True)[0]))

@@ -20,7 +20,9 @@ def _divisors(n: int) -> list[int]:
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """The values each axis may take (`None`: the default described in `shardwise.plan`)."""
+    """The values each axis may take (`None`: the default described in `shardwise.plan`).
+    `resolve` keeps only what the run's stack can run (`stacks.Stack`: its axes, ZeRO forms,
+    recompute policies and pipeline schedules)."""
 
     tp: tuple[int, ...] | None = None
     pp: tuple[int, ...] | None = None
@@ -30,15 +32,16 @@ class SearchSpace:
     zero: tuple[int, ...] = (0, 1, 2, 3)
     zero_groups: tuple[int, ...] | None = None
     sp: tuple[bool, ...] = (False, True)
-    recompute: tuple[str, ...] = ("none", "selective", "full")
+    recompute: tuple[str, ...] | None = None
     schedules: tuple[str, ...] = SEARCHED_SCHEDULES
     chunks: tuple[int, ...] | None = None
     max_cp: int = 32
     max_micro_batch: int = 16
 
     def resolve(self, model: ModelSpec, cluster: Cluster, train: TrainSpec) -> dict[str, list]:
-        """Concrete value lists for this model and cluster."""
+        """Concrete value lists for this model, cluster and stack."""
         n = cluster.n_gpus
+        stack = train.stack
         tp = list(self.tp or _divisors(cluster.gpus_per_node))
         # pp dividing the layers, and uneven pp that divides the GPUs with the balanced default
         # partition (`Layout.stage_partition`: ≥ 1 layer per stage, so 2·pp ≤ L + 2)
@@ -51,19 +54,23 @@ class SearchSpace:
         ep = list(self.ep or (_divisors(model.n_experts) if model.is_moe else [1]))
         mb = list(self.micro_batch or range(1, self.max_micro_batch + 1))
         chunks = list(self.chunks or [d for d in _divisors(model.n_layers) if d >= 2])
+        tp, pp, cp, ep = ([1] if axis not in stack.axes else values
+                          for axis, values in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep)))
         groups = list(self.zero_groups or [2**k for k in range(1, 20) if 2**k < n])
         sched: list[tuple[int, int]] = []
-        for name in self.schedules:
+        for name in (s for s in self.schedules if s in stack.schedules() or s == "1f1b"):
             info = get_schedule(name)
             if info.chunked:
                 sched += [(info.code, v) for v in chunks if v >= 2]
             else:
                 sched.append((info.code, 1))
-        zero: list[tuple[int, int]] = [(z, 0) for z in self.zero]
-        zero += [(z, g) for z in self.zero if z >= 1 for g in groups]
-        for name in self.recompute:
+        stages = [z for z in self.zero if z in stack.zero]
+        zero: list[tuple[int, int]] = [(z, 0) for z in stages]
+        zero += [(z, g) for z in stages if z >= 1 and z in stack.zero_hybrid for g in groups]
+        recompute = self.recompute or stack.recompute
+        for name in recompute:
             if name not in RC_CODES:
-                raise ShardwiseError(f"unknown recompute {name!r}; valid: none, selective, full")
+                raise ShardwiseError(f"unknown recompute {name!r}; valid: {', '.join(RC_CODES)}")
         return {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "micro_batch": mb, "schedule": sched,
                 "zero": zero, "sp": [int(bool(x)) for x in self.sp],
-                "recompute": [RC_CODES[r] for r in self.recompute]}
+                "recompute": [RC_CODES[r] for r in recompute if r in stack.recompute]}

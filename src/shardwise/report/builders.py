@@ -16,9 +16,9 @@ from typing import Any
 import shardwise.validate as validate
 from shardwise.arch import PRESETS, ModelSpec
 from shardwise.errors import ShardwiseError
-from shardwise.estimate.profiles import DEFAULT_IMPL
 from shardwise.hardware import Cluster, get_link
 from shardwise.layout import Layout, TrainSpec, resolve_partition
+from shardwise.stacks import DEFAULT_STACK
 from shardwise.units import dtype_bytes, parse_batch, parse_count, parse_size
 
 __all__ = ["FRAMEWORKS", "build_layout", "comm_payload", "emit_payload", "memory_payload",
@@ -79,12 +79,14 @@ def cluster_for(gpus: int, gpu: str, gpus_per_node: int, intra: str | None = Non
 def memory_payload(spec: ModelSpec, *, gpus: int = 8, gpu: str = "h100", gpus_per_node: int = 8,
                    seq: int = 8192, global_batch: str | None = None, flash: bool = True,
                    dtype: str = "bf16", grad_dtype: str | None = None, optimizer: str = "adam",
-                   formula: str = "generalised", impl: str = DEFAULT_IMPL,
+                   formula: str = "generalised", impl: str = DEFAULT_STACK,
                    headroom: float = 0.85, calibration_path: str | None = None,
-                   **layout_kw: Any) -> dict[str, Any]:
+                   stack_kw: dict[str, Any] | None = None, **layout_kw: Any) -> dict[str, Any]:
     """`shardwise memory --json`: per-GPU bytes of every pipeline stage (SPEC §2–§4) against
     the budget `memory × headroom` (bytes; GB = 10^9, GiB = 2^30 when shown), with each
-    stage's modelled peak and what one layer saves under implementation profile `impl`."""
+    stage's modelled peak and what one layer saves on stack `impl` (its activation profile;
+    `stack_kw`: the stack's other choices, `TrainSpec`'s compile/tp_overlap/dp_overlap/
+    attention)."""
     from shardwise.estimate.memory import saved_tensors_per_layer, training_memory_per_gpu
     from shardwise.estimate.profiles import by_component, fused_attention, get_profile
 
@@ -92,13 +94,15 @@ def memory_payload(spec: ModelSpec, *, gpus: int = 8, gpu: str = "h100", gpus_pe
     layout = build_layout(gpus, spec.n_layers, **layout_kw)
     batch = None if global_batch is None else parse_batch(global_batch, seq)
     train = TrainSpec(seq_len=seq, global_batch=batch, dtype=dtype, grad_dtype=grad_dtype,
-                      optimizer=optimizer, flash_attention=flash, impl=impl).validate()
+                      optimizer=optimizer, flash_attention=flash, impl=impl,
+                      **(stack_kw or {})).validate()
     layout.validate(spec, cluster, train)
+    profile = train.profile
     stages = training_memory_per_gpu(spec, layout, train, formula=formula)
     layer = saved_tensors_per_layer(  # one (MoE, if any) layer, one micro-batch, this rank
         spec, seq, layout.micro_batch, tp=layout.tp, sp=layout.sp, cp=layout.cp,
         flash=flash, selective=layout.recompute == "selective",
-        dtype_bytes_=dtype_bytes(dtype), moe=spec.is_moe, impl=impl)
+        dtype_bytes_=dtype_bytes(dtype), moe=spec.is_moe, impl=profile)
     budget = cluster.accelerator.memory_bytes * headroom
     worst = max(stages, key=lambda s: s.total)
     return {
@@ -111,9 +115,11 @@ def memory_payload(spec: ModelSpec, *, gpus: int = 8, gpu: str = "h100", gpus_pe
         "headroom": headroom, "memory_bytes": cluster.accelerator.memory_bytes,
         "largest_stage": worst.stage,
         "largest_peak_stage": max(stages, key=lambda s: s.peak).stage,
-        "impl": impl, "impl_title": get_profile(impl).title,
-        "fused_attention": fused_attention(impl, flash),
-        "layer_saved": {"impl": impl, "recompute": layout.recompute, "moe": spec.is_moe,
+        "impl": train.impl, "impl_title": train.stack.title,
+        "stack": train.settings().describe(), "profile": profile,
+        "profile_title": get_profile(profile).title,
+        "fused_attention": fused_attention(profile, flash),
+        "layer_saved": {"impl": train.impl, "profile": profile, "recompute": layout.recompute, "moe": spec.is_moe,
                         "tensors": layer, "by_component": by_component(layer)},
     }
 
@@ -202,14 +208,16 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str = "h100", gpus_per_nod
              price: float | None = None, top: int = 10, layout_text: str | None = None,
              flash: bool = True, dtype: str = "bf16", grad_dtype: str | None = None,
              optimizer: str = "adam", headroom: float = 0.85,
-             calibration_path: str | None = None, impl: str = DEFAULT_IMPL,
+             calibration_path: str | None = None, impl: str = DEFAULT_STACK,
+             stack_kw: dict[str, Any] | None = None,
              progress: Callable[[str], None] | None = None,
              partition: str | tuple[int, ...] | None = None,
              first_stage_layers: int | None = None, last_stage_layers: int | None = None
              ) -> Any:
     """Validate the plan options and search every layout (SPEC §7); returns the `PlanResult`.
     `partition` or `first_stage_layers`/`last_stage_layers` set the given layout's stages.
-    `layout_text` (`tp=8,pp=2,zero=1`; dp: the GPUs the other axes leave) is evaluated too."""
+    `layout_text` (`tp=8,pp=2,zero=1`; dp: the GPUs the other axes leave) is evaluated too.
+    `impl` names the training stack, `stack_kw` its other choices (`TrainSpec`)."""
     from shardwise.calibration import load_calibration
     from shardwise.plan import plan
 
@@ -217,7 +225,8 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str = "h100", gpus_per_nod
                                          calibration_path)
     batch = parse_batch(global_batch, seq)
     train = TrainSpec(seq_len=seq, global_batch=batch, dtype=dtype, grad_dtype=grad_dtype,
-                      optimizer=optimizer, flash_attention=flash, impl=impl).validate()
+                      optimizer=optimizer, flash_attention=flash, impl=impl,
+                      **(stack_kw or {})).validate()
     calib = machine_calib or load_calibration(cluster.accelerator.name, calibration_path)
     given = None
     if not layout_text and (partition or first_stage_layers is not None

@@ -13,6 +13,8 @@ from shardwise.plan import Alternative, PlanEntry, PlanResult
 from shardwise.report.text import table as _table
 from shardwise.units import human_count, human_time
 
+_RECOMPUTE_ORDER = ("none", "selective", "op-sac", "full")  # least recomputed first
+
 __all__ = ["breakdown_table", "explain", "memory_table", "ranked_table", "render_plan",
            "training_summary"]
 
@@ -165,8 +167,7 @@ def explain(result: PlanResult) -> str:
                          f"{e.dp_comm_exposed / total:.1%} of the gradient all-reduce is "
                          "exposed.")
     lighter = [a for a in alts if a.axis == "recompute" and
-               ["none", "selective", "full"].index(a.value) <
-               ["none", "selective", "full"].index(lay.recompute)]
+               _RECOMPUTE_ORDER.index(a.value) < _RECOMPUTE_ORDER.index(lay.recompute)]
     if lighter:
         parts = []
         for a in lighter:
@@ -205,7 +206,7 @@ def render_plan(result: PlanResult, console: Console, *, tokens: float | None = 
     model, cl, tr = result.model, result.cluster, result.train
     counts = model.count_params()
     batch = tr.global_batch or 0
-    fused = fused_attention(tr.impl, tr.flash_attention)
+    fused = fused_attention(tr.profile, tr.flash_attention)
     kernel = "FlashAttention" if fused else "materialised attention"
     console.print(
         f"[bold]{model.name}[/] ({human_count(counts.total)} parameters) on {cl.n_gpus}× "
@@ -213,7 +214,7 @@ def render_plan(result: PlanResult, console: Console, *, tokens: float | None = 
         f"{cl.inter.name}), s={tr.seq_len}, global batch {batch:,} sequences "
         f"({human_count(batch * tr.seq_len)} tokens), {tr.dtype}, "
         f"{kernel}, "
-        f"activations of {get_profile(tr.impl).title} (--impl {tr.impl}); "
+        f"on {tr.settings().describe()}; activations of {get_profile(tr.profile).title}; "
         f"budget {result.budget / 2**30:.1f} GiB per GPU ({result.headroom:.0%}).")
     console.print(ranked_table(result))
     console.print(breakdown_table(result.best, "Winner's step time"))

@@ -40,7 +40,7 @@ def render_memory(out: dict[str, Any], console: Console) -> None:
     kernel = "FlashAttention" if out["fused_attention"] else "materialised attention"
     console.print(f"[bold]{out['model']}[/] on {out['gpus']}× {out['accelerator']}, "
                   f"layout {out['layout_short']}, s={train['seq_len']}, {kernel}, "
-                  + (f"activations of {out['impl_title']} (--impl {out['impl']})"
+                  + (f"activations of {out['profile_title']} (--impl {out['impl']})"
                      if out["formula"] == "generalised" else
                      f"{out['formula']} activation count"))
     parts = ("weights", "grads", "optimizer", "activations", "logits", "workspace", "total")

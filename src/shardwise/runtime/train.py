@@ -94,14 +94,13 @@ class TrainConfig:
     save_hf: str | None = None  # write the trained model here as config.json + safetensors
 
     def train_spec(self) -> TrainSpec:
-        """The step model's view of this run: the runtime's own activation profile and the
-        overlap it does — DP/ZeRO reductions behind backward, but TP collectives between
-        its GEMMs (no pipelining), blocking pipeline receives and blocking ring-attention
-        hops (`runtime.pipeline`, `runtime.context_parallel`)."""
+        """The step model's view of this run: the shardwise stack (`stacks.STACKS`: its
+        activation profile and the overlap it does — DP/ZeRO reductions behind backward, but
+        TP collectives between its GEMMs, blocking pipeline receives and blocking
+        ring-attention hops)."""
         return TrainSpec(seq_len=self.seq_len, global_batch=self.global_batch,
                          dtype=self.dtype, grad_dtype=self.grad_dtype,
-                         flash_attention=self.flash, impl="shardwise",
-                         tp_comm_overlap=False, overlap_p2p=False, cp_comm_overlap=False)
+                         flash_attention=self.flash, impl="shardwise")
 
     def problems(self) -> list[str]:
         out = []

@@ -161,8 +161,9 @@ ACCELERATORS: dict[str, Accelerator] = {
                     "nvlink4", "ndr", 1830, 900),
         Accelerator("gh200-141gb", 141 * GiB, 4.8e12, 989 * TFLOPS, 1979 * TFLOPS,
                     67 * TFLOPS, "nvlink4", "ndr", 1830, 900, "gh200"),
-        # NVIDIA DGX B200 datasheet: 72 PF FP8 / 36 PF BF16 dense per 8 GPUs (2.25 PF BF16 per
-        # GPU), 1,440 GB HBM3e and 64 TB/s per 8 GPUs; FP32 80 TF (ml-engineering table);
+        # NVIDIA DGX B200 datasheet: 72 PF FP8 training per 8 GPUs (with 2:4 sparsity: 4.5 PF
+        # dense FP8, 2.25 PF dense BF16 per GPU, ml-engineering table note 20), 1,440 GB HBM3e
+        # and 64 TB/s per 8 GPUs; FP32 80 TF (ml-engineering table);
         # 1,000 W maximum TGP (DGX B200 user guide, power capping); max SM clock 1,965 MHz
         # (nvidia-smi, via ml-engineering).
         Accelerator("b200", 180 * GiB, 8.0e12, 2250 * TFLOPS, 4500 * TFLOPS, 80 * TFLOPS,

@@ -47,8 +47,8 @@ from shardwise.units import dtype_bytes
 __all__ = [
     "RC_CODES",
     "ComputeContext",
-    "attention_efficiency",
     "LayerCost",
+    "attention_efficiency",
     "embedding_cost",
     "gemm_efficiency",
     "head_cost",

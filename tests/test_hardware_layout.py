@@ -106,3 +106,105 @@ def test_layout_parse_and_microbatches():
         Layout.parse("foo=1")
     with pytest.raises(ShardwiseError, match="must be an integer"):
         Layout.parse("tp=eight")
+
+
+# ------------------------------------------------------------- accelerators as sold (issue 30)
+def test_every_accelerator_is_valid_and_calibrated():
+    from shardwise.calibration import default_calibration
+
+    for accelerator in ACCELERATORS.values():
+        accelerator.validate()
+        assert accelerator.peak_fp8 is None or accelerator.peak_fp8 >= accelerator.peak_bf16
+        cal = default_calibration(accelerator.calibration_name)
+        assert cal.accelerator == accelerator.calibration_name
+
+
+@pytest.mark.parametrize(("name", "sms"), [("h100-sxm", 132), ("h100-pcie", 114),
+                                           ("h100-nvl", 132), ("h200", 132), ("h800", 132)])
+def test_hopper_peaks_are_their_clock_times_tensor_core_rate(name, sms):
+    # peak = SMs × 4 tensor cores × 1,024 dense BF16 FLOP per clock × the boost clock
+    # (ml-engineering "How To Calculate Theoretical TFLOPS"; H100 whitepaper's 132/114 SMs)
+    acc = get_accelerator(name)
+    assert sms * 4 * 1024 * acc.boost_clock_mhz * 1e6 == pytest.approx(acc.peak_bf16, rel=2e-3)
+
+
+def test_datasheet_figures_of_the_new_parts():
+    # DGX B200: 72 PF FP8 (sparse: twice dense) and 64 TB/s per 8 GPUs, BF16 half of FP8;
+    # H800: 400 GB/s NVLink both ways together;
+    # MI325X: the MI300X's compute with 256 GB at 6 TB/s.
+    b200 = get_accelerator("b200")
+    assert 2 * b200.peak_fp8 * 8 == pytest.approx(72e15) and b200.peak_fp8 == 2 * b200.peak_bf16
+    assert get_accelerator("b200").hbm_bandwidth * 8 == pytest.approx(64e12)
+    assert 2 * Cluster.of(8, "h800").intra.bandwidth == 400e9
+    mi300x, mi325x = get_accelerator("mi300x"), get_accelerator("mi325x")
+    assert mi325x.peak_bf16 == mi300x.peak_bf16 and mi325x.memory_bytes == 256 * 2**30
+    assert get_accelerator("gb200").peak_bf16 == 2.5e15
+
+
+def test_clock_cap_scales_every_compute_peak_and_nothing_else():
+    from shardwise.hardware import resolve_gpu
+
+    h100 = get_accelerator("h100")
+    half = resolve_gpu("h100", clock_mhz=915)  # half the 1,830 MHz the datasheet peaks assume
+    assert half.peak_bf16 == pytest.approx(h100.peak_bf16 / 2)
+    assert half.peak_fp8 == pytest.approx(h100.peak_fp8 / 2)
+    assert half.peak_fp32 == pytest.approx(h100.peak_fp32 / 2)
+    assert (half.hbm_bandwidth, half.memory_bytes) == (h100.hbm_bandwidth, h100.memory_bytes)
+    assert half.name == "h100-sxm@915MHz" and half.calibration_name == "h100-sxm"
+    assert resolve_gpu("h100", clock_mhz=2500).peak_bf16 == h100.peak_bf16  # no overclock
+    with pytest.raises(ShardwiseError, match="no boost clock"):
+        resolve_gpu("tpu-v5p", clock_mhz=1000)
+
+
+def _accelerator_file(tmp_path, **fields):
+    import json
+
+    base = {"name": "h100-96gb-hbm2e", "memory_bytes": 96 * 2**30, "hbm_bandwidth": 2.4e12,
+            "peak_bf16": 8.0e14, "peak_fp8": 1.6e15, "intra": "my-nvlink", "inter": "ndr",
+            "boost_clock_mhz": 1480, "tdp_w": 500, "calibrated_as": "h100",
+            "links": [{"name": "my-nvlink", "bandwidth": 4.0e11, "latency": 3e-6}]}
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps(base | fields))
+    return path
+
+
+def test_gpu_file_round_trips_through_the_cli(tmp_path):
+    from shardwise.hardware import Link, resolve_gpu
+    from tests.cli_helpers import shardwise_json
+
+    path = _accelerator_file(tmp_path)
+    acc = resolve_gpu(str(path), files=True)
+    assert acc.peak_bf16 == 8.0e14 and acc.calibrated_as == "h100-sxm"
+    cluster = Cluster.of(16, acc)
+    assert cluster.intra == Link("my-nvlink", 4.0e11, 3e-6) and cluster.inter.name == "ndr"
+    out = shardwise_json("memory", "llama3-8b", "--gpus", "8", "--gpu", str(path))
+    assert out["accelerator"] == "h100-96gb-hbm2e" and out["memory_bytes"] == 96 * 2**30
+
+
+@pytest.mark.parametrize(("fields", "fragment"), [
+    ({"colour": "green"}, "unknown key(s) colour"),
+    ({"peak_bf16": -1}, "peak_bf16 must be a finite number > 0"),
+    ({"hbm_bandwidth": "NaN"}, "hbm_bandwidth must be a finite number > 0"),
+    ({"intra": "warp-drive", "links": []}, "unknown link 'warp-drive'"),
+    ({"links": [{"name": "x", "bandwidth": 1e9}]}, "links[0] must be an object with exactly"),
+    ({"calibrated_as": "h1000"}, "unknown accelerator 'h1000'"),
+])
+def test_gpu_file_faults_name_the_field(tmp_path, fields, fragment):
+    from shardwise.hardware import resolve_gpu
+
+    path = _accelerator_file(tmp_path, **fields)
+    with pytest.raises(ShardwiseError, match="accelerator file|unknown") as info:
+        resolve_gpu(str(path), files=True)
+    assert fragment in str(info.value) and "\n" not in str(info.value)
+
+
+def test_gpu_file_and_clock_faults_are_one_line_from_the_cli(tmp_path):
+    import json
+
+    from tests.cli_helpers import assert_one_line_error, shardwise
+
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps({"name": "x", "memory_bytes": 1e9}))
+    assert_one_line_error(shardwise("memory", "--gpu", str(path), check=False),
+                          "missing hbm_bandwidth, peak_bf16, intra, inter")
+    assert_one_line_error(shardwise("plan", "--clock-mhz", "-5", check=False), "--clock-mhz")

@@ -188,12 +188,29 @@ def layout_options(func: Callable) -> Callable:
     return func
 
 
+def _gpu(gpu: str, clock_mhz: float | None) -> Any:
+    """`--gpu` and `--clock-mhz` as the estimators take them: this-machine stays a name (its
+    figures come from --calibration), anything else resolves here (`hardware.resolve_gpu`)."""
+    from shardwise.calibration.machine import THIS_MACHINE
+    from shardwise.hardware import resolve_gpu
+
+    if gpu.lower() == THIS_MACHINE:
+        if clock_mhz is not None:
+            raise ShardwiseError("--clock-mhz does not apply to --gpu this-machine (its "
+                                 "figures were measured)")
+        return gpu
+    return resolve_gpu(gpu, clock_mhz=clock_mhz, files=True)
+
+
 @cli.command()
 @click.argument("model", default=DEFAULT_MODEL)
 @click.option("--gpus", default=8, show_default=True, help="Number of GPUs.",
               callback=checked(degree))
 @click.option("--gpu", default="h100", show_default=True,
-              help="Accelerator preset, or this-machine (with --calibration FILE).")
+              help="Accelerator preset, an accelerator JSON FILE, or this-machine (with "
+                   "--calibration FILE).")
+@click.option("--clock-mhz", default=None, type=float, callback=checked(positive),
+              help="Sustained SM clock: compute peaks × clock / boost clock.")
 @click.option("--gpus-per-node", default=8, show_default=True, callback=checked(degree))
 @layout_options
 @click.option("--seq", default=8192, show_default=True, help="Sequence length.",
@@ -212,13 +229,15 @@ def layout_options(func: Callable) -> Callable:
               type=click.Path(dir_okay=False),
               help="A `shardwise calibrate` file (with --gpu this-machine).")
 @json_option
-def memory(model: str, gpus: int, gpu: str, gpus_per_node: int, seq: int,
+def memory(model: str, gpus: int, gpu: str, clock_mhz: float | None, gpus_per_node: int,
+           seq: int,
            global_batch: str | None, flash: bool, dtype: str, grad_dtype: str | None,
            optimizer: str, formula: str, impl: str, headroom: float,
            calibration_path: str | None, as_json: bool,
            **layout_kw: Any) -> None:
     """Per-GPU training memory of MODEL (preset or config.json), stage by stage."""
-    out = memory_payload(get_model(model), gpus=gpus, gpu=gpu, gpus_per_node=gpus_per_node,
+    out = memory_payload(get_model(model), gpus=gpus, gpu=_gpu(gpu, clock_mhz),
+                         gpus_per_node=gpus_per_node,
                          seq=seq, global_batch=global_batch, flash=flash, dtype=dtype,
                          grad_dtype=grad_dtype, optimizer=optimizer, formula=formula,
                          impl=impl, headroom=headroom, stack_kw=_stack_kw(layout_kw),
@@ -664,7 +683,10 @@ def calibrate(backend: str, ranks: int, out_path: str, plot_path: str | None, qu
 @click.option("--gpus", default=64, show_default=True, help="Number of GPUs.",
               callback=checked(degree))
 @click.option("--gpu", default="h100", show_default=True,
-              help="Accelerator preset, or this-machine (with --calibration FILE).")
+              help="Accelerator preset, an accelerator JSON FILE, or this-machine (with "
+                   "--calibration FILE).")
+@click.option("--clock-mhz", default=None, type=float, callback=checked(positive),
+              help="Sustained SM clock: compute peaks × clock / boost clock.")
 @click.option("--gpus-per-node", default=8, show_default=True, callback=checked(degree))
 @click.option("--intra", default=None, help="Intra-node link preset [default: the GPU's].")
 @click.option("--inter", default=None, help="Inter-node link preset [default: the GPU's].")
@@ -698,7 +720,8 @@ def calibrate(backend: str, ranks: int, out_path: str, plot_path: str | None, qu
 @click.option("--calibration", "calibration_path", default=None,
               type=click.Path(dir_okay=False), help="JSON file overriding efficiency constants.")
 @json_option
-def plan(model: str, gpus: int, gpu: str, gpus_per_node: int, intra: str | None,
+def plan(model: str, gpus: int, gpu: str, clock_mhz: float | None, gpus_per_node: int,
+         intra: str | None,
          inter: str | None, seq: int, global_batch: str, tokens: str | None,
          price: float | None, top: int, layout_text: str | None, partition: str | None,
          first_stage_layers: int | None, last_stage_layers: int | None, emit: str | None,
@@ -713,7 +736,8 @@ def plan(model: str, gpus: int, gpu: str, gpus_per_node: int, intra: str | None,
 
     spec = get_model(model)
     options: dict[str, Any] = {
-        "gpus": gpus, "gpu": gpu, "gpus_per_node": gpus_per_node, "intra": intra,
+        "gpus": gpus, "gpu": _gpu(gpu, clock_mhz), "gpus_per_node": gpus_per_node,
+        "intra": intra,
         "inter": inter, "seq": seq, "global_batch": global_batch, "tokens": tokens,
         "price": price, "top": top, "layout_text": layout_text, "flash": flash, "dtype": dtype,
         "grad_dtype": grad_dtype, "optimizer": optimizer, "headroom": headroom,

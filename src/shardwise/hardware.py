@@ -3,40 +3,33 @@
 Figures are vendor datasheet values (dense, no sparsity), per GPU; links are per direction per
 GPU. Memory capacities are in bytes as the datasheet's "GB" of HBM, which for HBM stacks is
 binary (an "80GB" H100 holds 80 GiB of HBM3; `nvidia-smi` shows 81,559 MiB usable).
+Where a comment cites "ml-engineering", it is stas00/ml-engineering@744d01e1,
+compute/accelerator/README.md (its TFLOPS, memory, clock and power tables, each row with the
+vendor page it was read from) or network/README.md (the link tables).
+
+A clock cap (`resolve_gpu(..., clock_mhz=f)`) scales every compute peak by `f / boost_clock`:
+tensor throughput is `clock × FMAs per clock per unit × 2 × units` (ml-engineering, "How To
+Calculate Theoretical TFLOPS"), so a sustained clock below the one the datasheet's peak was
+computed at lowers the peak in proportion; HBM and link bandwidths are left as they are (their
+clocks are separate). A power cap is not modelled: no cited source gives the sustained clock
+a given board power allows.
+
+A user-defined accelerator comes from a JSON file (`shardwise plan --gpu my.json`, format in
+docs/howto/accelerator.md): the `Accelerator` fields, and optionally `links` it names.
 """
 
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
 
 from shardwise.errors import ShardwiseError
 
 GiB = 2**30
 TFLOPS = 1e12
-
-
-@dataclass(frozen=True)
-class Accelerator:
-    """One GPU/TPU: peak dense FLOP/s per dtype, HBM capacity (bytes) and bandwidth (B/s), and
-    the links (`LINKS` names) it ships with: `intra` inside its node/board, `inter` between."""
-
-    name: str
-    memory_bytes: float
-    hbm_bandwidth: float
-    peak_bf16: float
-    peak_fp8: float | None = None
-    peak_fp32: float | None = None
-    intra: str = "nvlink4"  # every entry of `ACCELERATORS` names its own (tested)
-    inter: str = "ndr"
-
-    def peak_flops(self, dtype: str = "bf16") -> float:
-        table = {"bf16": self.peak_bf16, "fp16": self.peak_bf16, "fp8": self.peak_fp8,
-                 "fp32": self.peak_fp32, "tf32": self.peak_fp32}
-        value = table.get(dtype)
-        if value is None:
-            raise ShardwiseError(f"{self.name} has no {dtype} peak figure; use bf16")
-        return value
 
 
 @dataclass(frozen=True)
@@ -47,35 +40,148 @@ class Link:
     bandwidth: float
     latency: float
 
+    def validate(self) -> Link:
+        if not (isinstance(self.name, str) and self.name):
+            raise ShardwiseError(f"a link needs a name, got {self.name!r}")
+        if not (math.isfinite(self.bandwidth) and self.bandwidth > 0):
+            raise ShardwiseError(f"link {self.name}: bandwidth must be a finite number > 0 "
+                                 f"(bytes/s per direction per GPU), got {self.bandwidth!r}")
+        if not (math.isfinite(self.latency) and self.latency >= 0):
+            raise ShardwiseError(f"link {self.name}: latency must be a finite number ≥ 0 "
+                                 f"(seconds), got {self.latency!r}")
+        return self
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """One GPU/TPU: peak dense FLOP/s per dtype, HBM capacity (bytes) and bandwidth (B/s), and
+    the links (`LINKS` names, or its own `links`) it ships with: `intra` inside its node/board,
+    `inter` between. `boost_clock_mhz`: the clock its peaks are quoted at (a clock cap scales
+    them); `tdp_w`: board power (informational); `calibrated_as`: the accelerator whose
+    calibration constants it takes (default: its own name)."""
+
+    name: str
+    memory_bytes: float
+    hbm_bandwidth: float
+    peak_bf16: float
+    peak_fp8: float | None = None
+    peak_fp32: float | None = None
+    intra: str = "nvlink4"  # every entry of `ACCELERATORS` names its own (tested)
+    inter: str = "ndr"
+    boost_clock_mhz: float | None = None
+    tdp_w: float | None = None
+    calibrated_as: str | None = None
+    links: tuple[Link, ...] = ()
+
+    @property
+    def calibration_name(self) -> str:
+        """The key of its efficiency constants (`calibration.default_calibration`)."""
+        return self.calibrated_as or self.name
+
+    def peak_flops(self, dtype: str = "bf16") -> float:
+        table = {"bf16": self.peak_bf16, "fp16": self.peak_bf16, "fp8": self.peak_fp8,
+                 "fp32": self.peak_fp32, "tf32": self.peak_fp32}
+        value = table.get(dtype)
+        if value is None:
+            raise ShardwiseError(f"{self.name} has no {dtype} peak figure; use bf16")
+        return value
+
+    def validate(self) -> Accelerator:
+        problems = []
+        if not (isinstance(self.name, str) and self.name):
+            problems.append(f"name must be a non-empty string, got {self.name!r}")
+        for name in ("memory_bytes", "hbm_bandwidth", "peak_bf16"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                problems.append(f"{name} must be a finite number > 0, got {value!r}")
+        for name in ("peak_fp8", "peak_fp32", "boost_clock_mhz", "tdp_w"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                problems.append(f"{name} must be a finite number > 0 or absent, got {value!r}")
+        if problems:
+            raise ShardwiseError(f"accelerator {self.name}: " + "; ".join(problems))
+        for link in self.links:
+            link.validate()
+        return self
+
+    def at_clock(self, clock_mhz: float) -> Accelerator:
+        """This accelerator with its compute peaks scaled by `clock_mhz / boost_clock_mhz`
+        (a sustained-clock cap; see the module docstring). Above the boost clock: unchanged."""
+        if not (math.isfinite(clock_mhz) and clock_mhz > 0):
+            raise ShardwiseError(f"--clock-mhz must be a finite number > 0, got {clock_mhz!r}")
+        if self.boost_clock_mhz is None:
+            raise ShardwiseError(f"{self.name} has no boost clock to scale from; give "
+                                 "boost_clock_mhz in a --gpu FILE")
+        scale = min(1.0, clock_mhz / self.boost_clock_mhz)
+        return replace(self, peak_bf16=self.peak_bf16 * scale,
+                       peak_fp8=None if self.peak_fp8 is None else self.peak_fp8 * scale,
+                       peak_fp32=None if self.peak_fp32 is None else self.peak_fp32 * scale,
+                       name=f"{self.name}@{clock_mhz:g}MHz", boost_clock_mhz=clock_mhz
+                       if scale < 1 else self.boost_clock_mhz,
+                       calibrated_as=self.calibration_name)
+
 
 ACCELERATORS: dict[str, Accelerator] = {
     a.name: a
     for a in (
         # NVIDIA A100 datasheet (SXM4): 312 TFLOP/s BF16 dense, 19.5 FP32; HBM2e 2,039 GB/s
-        # (80GB) and HBM2 1,555 GB/s (40GB).
-        # HGX A100 baseboards: NVLink 3; the clusters of that era: one HDR port per GPU.
+        # (80GB) and HBM2 1,555 GB/s (40GB); 400 W; boost clock 1,410 MHz (A100 architecture
+        # white paper, via ml-engineering). HGX A100: NVLink 3; one HDR port per GPU.
         Accelerator("a100-40gb", 40 * GiB, 1.555e12, 312 * TFLOPS, None, 19.5 * TFLOPS,
-                    "nvlink3", "hdr"),
+                    "nvlink3", "hdr", 1410, 400),
         Accelerator("a100-80gb", 80 * GiB, 2.039e12, 312 * TFLOPS, None, 19.5 * TFLOPS,
-                    "nvlink3", "hdr"),
-        # NVIDIA H100 datasheet: SXM 989 TFLOP/s BF16, 1,979 FP8, 3.35 TB/s; PCIe 756 / 1,513,
-        # 2.0 TB/s. HGX H100: NVLink 4, one NDR port per GPU; PCIe cards talk over PCIe 5.
+                    "nvlink3", "hdr", 1410, 400),
+        # NVIDIA H100 datasheet (nvidia.com/en-us/data-center/h100): SXM 989 TFLOP/s BF16,
+        # 1,979 FP8, 67 FP32, 80 GB HBM3 at 3.35 TB/s, 700 W; PCIe 756 / 1,513 / 51,
+        # 2.0 TB/s, 350 W (H100 PCIe product brief PB-11133-001_v02); NVL 835 / 1,671 / 60,
+        # 94 GB HBM3 at 3.9 TB/s, 400 W (PCIe card; NVLink bridges pair two cards, so a
+        # node's GPUs talk over PCIe 5). 1,830 MHz is the clock the 989 TFLOP/s are computed at
+        # (ml-engineering clock table, note 12); the PCIe (114 SMs) and NVL (132 SMs) clocks
+        # are derived the same way, peak / (SMs × 4 tensor cores × 1,024 FLOP per clock).
+        # HGX H100: NVLink 4, one NDR port per GPU.
         Accelerator("h100-sxm", 80 * GiB, 3.35e12, 989 * TFLOPS, 1979 * TFLOPS, 67 * TFLOPS,
-                    "nvlink4", "ndr"),
+                    "nvlink4", "ndr", 1830, 700),
         Accelerator("h100-pcie", 80 * GiB, 2.0e12, 756 * TFLOPS, 1513 * TFLOPS, 51 * TFLOPS,
-                    "pcie5", "ndr"),
-        # NVIDIA H200 datasheet: same compute as H100 SXM, 141 GB HBM3e at 4.8 TB/s.
+                    "pcie5", "ndr", 1620, 350, "h100-sxm"),
+        Accelerator("h100-nvl", 94 * GiB, 3.9e12, 835 * TFLOPS, 1671 * TFLOPS, 60 * TFLOPS,
+                    "pcie5", "ndr", 1545, 400, "h100-sxm"),
+        # NVIDIA H800 SXM: the H100 SXM die and HBM3 (same dense BF16/FP8 peaks) with NVLink cut
+        # to 400 GB/s bidirectional, 200 GB/s per direction (philisun.com, "NVIDIA H800 vs
+        # H100", a secondary source; NVIDIA's H800 page is not in our sources). DeepSeek-V3
+        # technical report (arXiv:2412.19437, §3.2.2) measures 160 GB/s NVLink on H800.
+        Accelerator("h800", 80 * GiB, 3.35e12, 989 * TFLOPS, 1979 * TFLOPS, 67 * TFLOPS,
+                    "nvlink4-h800", "ndr", 1830, 700, "h100-sxm"),
+        # NVIDIA H200 datasheet: H100 SXM compute, 141 GB HBM3e at 4.8 TB/s, 700 W.
         Accelerator("h200", 141 * GiB, 4.8e12, 989 * TFLOPS, 1979 * TFLOPS, 67 * TFLOPS,
-                    "nvlink4", "ndr"),
-        # NVIDIA DGX B200 datasheet: 72 PF FP8 / 36 PF BF16 dense training per 8 GPUs
-        # (so 2.25 PF BF16 per GPU), 1,440 GB HBM3e per 8 GPUs, 64 TB/s per 8 GPUs.
-        Accelerator("b200", 180 * GiB, 8.0e12, 2250 * TFLOPS, 4500 * TFLOPS, 75 * TFLOPS,
-                    "nvlink5", "ndr"),
-        # AMD Instinct MI300X datasheet: 1,307.4 TFLOP/s BF16 dense, 2,614.9 FP8, 192 GB HBM3,
-        # 5.3 TB/s; 8 GPUs per platform fully connected by Infinity Fabric; a 400 Gb/s NIC per
-        # GPU between platforms.
+                    "nvlink4", "ndr", 1830, 700),
+        # NVIDIA GH200 Grace Hopper (ml-engineering tables, from NVIDIA's GH200 page): the
+        # Hopper GPU's peaks, 96 GB HBM3 at 4.0 TB/s, or 141 GB HBM3e at 4.8 TB/s (the 900 W
+        # module of ml-engineering's MAMF row). NVLink 4 between superchips.
+        Accelerator("gh200", 96 * GiB, 4.0e12, 989 * TFLOPS, 1979 * TFLOPS, 67 * TFLOPS,
+                    "nvlink4", "ndr", 1830, 900),
+        Accelerator("gh200-141gb", 141 * GiB, 4.8e12, 989 * TFLOPS, 1979 * TFLOPS,
+                    67 * TFLOPS, "nvlink4", "ndr", 1830, 900, "gh200"),
+        # NVIDIA DGX B200 datasheet: 72 PF FP8 training per 8 GPUs (with 2:4 sparsity: 4.5 PF
+        # dense FP8, 2.25 PF dense BF16 per GPU, ml-engineering table note 20), 1,440 GB HBM3e
+        # and 64 TB/s per 8 GPUs; FP32 80 TF (ml-engineering table);
+        # 1,000 W maximum TGP (DGX B200 user guide, power capping); max SM clock 1,965 MHz
+        # (nvidia-smi, via ml-engineering).
+        Accelerator("b200", 180 * GiB, 8.0e12, 2250 * TFLOPS, 4500 * TFLOPS, 80 * TFLOPS,
+                    "nvlink5", "ndr", 1965, 1000),
+        # NVIDIA GB200 NVL72 (per GPU, via ml-engineering): 2.5 PF BF16, 5 PF FP8, 80 TF FP32,
+        # 186 GB HBM3e at 8 TB/s, 1,200 W (Mission Control power FAQ); max SM clock 2,062 MHz.
+        # Its NVLink 5 domain spans the rack: plan it with --gpus-per-node 72.
+        Accelerator("gb200", 186 * GiB, 8.0e12, 2500 * TFLOPS, 5000 * TFLOPS, 80 * TFLOPS,
+                    "nvlink5", "ndr", 2062, 1200),
+        # AMD Instinct MI300X datasheet: 1,307.4 TFLOP/s BF16 dense, 2,614.9 FP8, 163.4 FP32,
+        # 192 GB HBM3 at 5.3 TB/s, 750 W, peak engine clock 2,100 MHz; 8 GPUs per platform
+        # fully connected by Infinity Fabric; a 400 Gb/s NIC per GPU between platforms.
         Accelerator("mi300x", 192 * GiB, 5.3e12, 1307.4 * TFLOPS, 2614.9 * TFLOPS,
-                    163.4 * TFLOPS, "infinity-fabric", "ndr"),
+                    163.4 * TFLOPS, "infinity-fabric", "ndr", 2100, 750),
+        # AMD Instinct MI325X (amd.com MI325X specifications, via ml-engineering): MI300X
+        # compute, 256 GB HBM3e at 6.0 TB/s, 1,000 W, the same Infinity Fabric platform.
+        Accelerator("mi325x", 256 * GiB, 6.0e12, 1307.4 * TFLOPS, 2614.9 * TFLOPS,
+                    163.4 * TFLOPS, "infinity-fabric", "ndr", 2100, 1000),
         # Google Cloud TPU v5p: 459 TFLOP/s BF16, 918 TOPS INT8, 95 GB HBM2e, 2,765 GB/s. The
         # chips of a pod (up to 8,960) share one ICI 3D torus, so ICI is also the "inter" link.
         Accelerator("tpu-v5p", 95 * GiB, 2.765e12, 459 * TFLOPS, 918 * TFLOPS, None,
@@ -88,15 +194,21 @@ ACCELERATOR_ALIASES = {"a100": "a100-80gb", "h100": "h100-sxm", "mi300": "mi300x
 LINKS: dict[str, Link] = {
     link.name: link
     for link in (
-        # NVLink per GPU per direction: v3 (A100) 300 GB/s, v4 (H100) 450 GB/s, v5 (B200) 900.
+        # NVLink per GPU per direction: v3 (A100) 300 GB/s, v4 (H100) 450 GB/s, v5 (B200) 900
+        # (ml-engineering NVLink table); H800's NVLink 4 is cut to 200 GB/s per direction.
         Link("nvlink3", 300e9, 2e-6),
         Link("nvlink4", 450e9, 2e-6),
+        Link("nvlink4-h800", 200e9, 2e-6),
         Link("nvlink5", 900e9, 2e-6),
-        # One InfiniBand port per GPU: HDR 200 Gb/s = 25 GB/s, NDR 400 Gb/s = 50 GB/s.
+        # One InfiniBand port per GPU: HDR 200 Gb/s = 25 GB/s, NDR 400 Gb/s = 50 GB/s,
+        # XDR 800 Gb/s = 100 GB/s (ConnectX-8 / Quantum-X800).
         Link("hdr", 25e9, 5e-6),
         Link("ndr", 50e9, 5e-6),
+        Link("xdr", 100e9, 5e-6),
         # RoCE v2 at 400 Gb/s: same line rate as NDR, a little more latency.
         Link("roce400", 50e9, 8e-6),
+        # AWS EFA v4 on P6-B200: 8 × 400 Gb/s per 8 GPUs, 50 GB/s per GPU (ml-engineering).
+        Link("efa400", 50e9, 8e-6),
         # PCIe x16 per direction: 4.0 ~32 GB/s, 5.0 ~64 GB/s.
         Link("pcie4", 32e9, 5e-6),
         Link("pcie5", 64e9, 5e-6),
@@ -109,7 +221,6 @@ LINKS: dict[str, Link] = {
         Link("ici-v5p", 300e9, 2e-6),
     )
 }
-
 
 
 def _lookup(table: dict, name: str, what: str, aliases: dict[str, str] | None = None):
@@ -126,8 +237,86 @@ def get_accelerator(name: str) -> Accelerator:
     return _lookup(ACCELERATORS, name, "accelerator", ACCELERATOR_ALIASES)
 
 
-def get_link(name: str) -> Link:
-    return _lookup(LINKS, name, "link")
+def get_link(name: str, own: tuple[Link, ...] = ()) -> Link:
+    """A link preset, or one of `own` (an accelerator file's links) by name."""
+    mine = {link.name.lower(): link for link in own}
+    return _lookup(LINKS | mine, name, "link")
+
+
+_SCALAR_FIELDS = ("memory_bytes", "hbm_bandwidth", "peak_bf16", "peak_fp8", "peak_fp32",
+                  "boost_clock_mhz", "tdp_w")
+_FILE_KEYS = {f.name for f in fields(Accelerator)}
+_REQUIRED = ("name", "memory_bytes", "hbm_bandwidth", "peak_bf16", "intra", "inter")
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and value > 0):
+        raise ShardwiseError(f"{where} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def accelerator_from_dict(data: Any, source: str) -> Accelerator:
+    """An `Accelerator` from a JSON object with its fields (SI units: bytes, bytes/s, FLOP/s,
+    MHz, W); `links` a list of {name, bandwidth (bytes/s per direction), latency (s)}.
+    Unknown keys, missing fields, non-finite or non-positive numbers: one-line error."""
+    where = f"accelerator file {source!r}"
+    if not isinstance(data, dict):
+        raise ShardwiseError(f"{where} must hold a JSON object")
+    unknown = set(data) - _FILE_KEYS
+    if unknown:
+        raise ShardwiseError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; valid: "
+                             f"{', '.join(sorted(_FILE_KEYS))}")
+    missing = [k for k in _REQUIRED if k not in data]
+    if missing:
+        raise ShardwiseError(f"{where}: missing {', '.join(missing)} (needed: "
+                             f"{', '.join(_REQUIRED)})")
+    for key in ("name", "intra", "inter", "calibrated_as"):
+        if key in data and data[key] is not None and not (
+                isinstance(data[key], str) and data[key]):
+            raise ShardwiseError(f"{where}: {key} must be a non-empty string, got {data[key]!r}")
+    values = {k: _number(data[k], f"{where}: {k}") for k in _SCALAR_FIELDS
+              if data.get(k) is not None}
+    links = data.get("links", [])
+    if not isinstance(links, list):
+        raise ShardwiseError(f"{where}: links must be a list of {{name, bandwidth, latency}}")
+    own = []
+    for i, link in enumerate(links):
+        if not isinstance(link, dict) or set(link) != {"name", "bandwidth", "latency"}:
+            raise ShardwiseError(f"{where}: links[{i}] must be an object with exactly name, "
+                                 f"bandwidth (bytes/s per direction), latency (s)")
+        latency = link["latency"]
+        if isinstance(latency, bool) or not isinstance(latency, (int, float)):
+            raise ShardwiseError(f"{where}: links[{i}].latency must be a number ≥ 0, got "
+                                 f"{latency!r}")
+        own.append(Link(str(link["name"]), _number(link["bandwidth"],
+                                                   f"{where}: links[{i}].bandwidth"),
+                        float(latency)).validate())
+    calibrated_as = data.get("calibrated_as")
+    if calibrated_as is not None:
+        calibrated_as = get_accelerator(calibrated_as).name
+    accelerator = Accelerator(name=data["name"], intra=data["intra"], inter=data["inter"],
+                              calibrated_as=calibrated_as, links=tuple(own),
+                              **values).validate()
+    for which in (accelerator.intra, accelerator.inter):
+        get_link(which, accelerator.links)  # a name neither preset nor its own: one line
+    return accelerator
+
+
+def resolve_gpu(gpu: str | Accelerator, *, clock_mhz: float | None = None,
+                files: bool = False) -> Accelerator:
+    """The accelerator `--gpu` names: a preset (or alias), or — with `files` (the CLI) — a JSON
+    file of `Accelerator` fields (`accelerator_from_dict`); then the clock cap, if any
+    (`Accelerator.at_clock`). The one place every interface resolves `--gpu`."""
+    if isinstance(gpu, Accelerator):
+        accelerator = gpu
+    elif files and (gpu.lower().endswith(".json") or Path(gpu).is_file()):
+        from shardwise.files import read_json
+
+        accelerator = accelerator_from_dict(read_json(gpu, "accelerator file"), gpu)
+    else:
+        accelerator = get_accelerator(gpu)
+    return accelerator if clock_mhz is None else accelerator.at_clock(clock_mhz)
 
 
 @dataclass(frozen=True)
@@ -153,11 +342,11 @@ class Cluster:
         return self
 
     @classmethod
-    def of(cls, gpus: int, gpu: str = "h100", gpus_per_node: int = 8,
+    def of(cls, gpus: int, gpu: str | Accelerator = "h100", gpus_per_node: int = 8,
            intra: str | None = None, inter: str | None = None) -> Cluster:
-        """A cluster of `gpus` accelerators, filled node by node (fewer than one node: one
-        partial node)."""
-        accelerator = get_accelerator(gpu)
+        """A cluster of `gpus` accelerators (a preset name or an `Accelerator`, see
+        `resolve_gpu`), filled node by node (fewer than one node: one partial node)."""
+        accelerator = resolve_gpu(gpu)
         if gpus < 1 or gpus_per_node < 1:
             raise ShardwiseError(f"need gpus ≥ 1 and gpus_per_node ≥ 1, got {gpus}, "
                                  f"{gpus_per_node}")
@@ -167,11 +356,12 @@ class Cluster:
                 f"{gpus} GPUs do not fill whole nodes of {gpus_per_node}; use a multiple of "
                 f"{gpus_per_node} or set --gpus-per-node"
             )
+        own = accelerator.links
         return cls(
             nodes=gpus // per_node,
             gpus_per_node=per_node,
             accelerator=accelerator,
-            intra=get_link(intra or accelerator.intra),
-            inter=get_link(inter or accelerator.inter),
+            intra=get_link(intra or accelerator.intra, own),
+            inter=get_link(inter or accelerator.inter, own),
         ).validate()
 

@@ -19,22 +19,23 @@ with the accelerator's datasheet peak and bandwidth times a few *achievable-frac
                           them (Calculon's `processor_usage`; measured slowdowns 5-20 %)
     tp_overlap_efficiency fraction of the adjacent GEMMs' time (of its `(t-1)/t` pipelined part)
                           that hides TP all-gathers/reduce-scatters under `--tp-comm-overlap`
+    attention_kernels     per fused-attention kernel ("fa2", "fa3", "cudnn", "math"): efficiency,
+                          half_dim, half_seq, backward_ratio of `estimate.compute.
+                          attention_efficiency` (fitted on kernel benchmarks)
+    attention_kernel      the kernel the step model's flash path uses for this accelerator
+                          ("" — none fitted: `attention_efficiency · d/(d + matmul_half_dim)`)
     links[name]           achievable fraction of a link's bandwidth (NCCL bus bandwidth)
+    link_latency[name]    fitted α per ring round of a link class (seconds; replaces the
+                          preset's latency)
     collective_call       measured fixed seconds per collective call, keyed "op/ranks" (set by
                           the "this machine" preset from its `machine.link.per_call`; empty for
                           the built-in presets, whose collectives pay α per ring round)
 
-Per accelerator generation (`accelerators` in the JSON; `sources` cites the rows):
-
-    a100-*    `default`, set on Narayanan et al. 2021 Table 1 (Megatron-LM 2021, A100-80GB)
-    h100-sxm  fitted jointly on mosaicml/llm-foundry's "H100 80GB BF16" table (19 FSDP rows)
-              and NVIDIA's DGXC Megatron-Core recipes (27 rows: Llama 3.1, Nemotron-4, GPT-3
-              with TP/PP/CP/VP; `benchmarks/validate_published.py --fit` reproduces the fit):
-              matmul 0.70 of peak (A100 0.76), d½ = 176, fused attention 1.0 × d/(d + d½)
-              (0.42 at head width 128), overlap contention 0.7 — every source, value and
-              residual in `SOURCES.md` next to this file
-    h200, h100-pcie  the H100 constants transferred (same SM), not fitted on their own rows
-    b200 and the rest  not fitted: datasheet scaling of the `default` constants
+Per accelerator (`accelerators` in the JSON; `sources` cites the rows): the GEMM, attention,
+HBM and link constants are fitted on published component benchmarks (`data/components.json`,
+`benchmarks/fit_components.py`, residuals in docs/accuracy/components.md); the overlap
+constants (`overlap_contention`, `tp_overlap_efficiency`) stay as set on end-to-end runs.
+`SOURCES.md` next to this file lists every source and what was transferred where none exists.
 
 A JSON file with the same shape overrides any subset
 (`load_calibration(accelerator, path)`; `shardwise plan --calibration FILE`).
@@ -64,7 +65,9 @@ _SCALARS = ("matmul_efficiency", "matmul_half_dim", "attention_efficiency", "hbm
 # `machine` (the measured hardware, `calibration.machine`) and `measurements` (raw points and
 # fit residuals) are written by `shardwise calibrate`; `sources` cites the public rows each
 # generation's constants were fitted on (below); the constants ignore all three.
-_SECTIONS = ("default", "accelerators", "links", "machine", "measurements", "sources")
+_SECTIONS = ("default", "accelerators", "links", "link_latency", "machine", "measurements",
+             "sources")
+_KERNEL_KEYS = ("efficiency", "half_dim", "half_seq", "backward_ratio")
 
 
 @dataclass(frozen=True)
@@ -81,14 +84,19 @@ class Calibration:
     overlap_contention: float = 0.15
     tp_overlap_efficiency: float = 0.8
     link_efficiency: dict[str, float] = field(default_factory=dict)
+    link_latency: dict[str, float] = field(default_factory=dict)
     collective_call: dict[str, float] = field(default_factory=dict)
+    attention_kernels: dict[str, dict[str, float]] = field(default_factory=dict)
+    attention_kernel: str = ""
     op_count: str = "fused"
     source: str = "built-in"
 
     def link(self, link: Link) -> Link:
-        """The link at its achievable bandwidth (datasheet × efficiency; latency unchanged)."""
+        """The link at its achievable bandwidth (datasheet × efficiency) and its fitted α
+        (the preset's latency where none was fitted)."""
         eff = self.link_efficiency.get(link.name, 1.0)
-        return Link(link.name, link.bandwidth * eff, link.latency)
+        return Link(link.name, link.bandwidth * eff, self.link_latency.get(link.name,
+                                                                           link.latency))
 
     def validate(self) -> Calibration:
         problems = []
@@ -109,6 +117,26 @@ class Calibration:
         for name, value in self.link_efficiency.items():
             if not 0 < value <= 1:
                 problems.append(f"link efficiency of {name} must be in (0, 1], got {value}")
+        for name, value in self.link_latency.items():
+            if not value >= 0:
+                problems.append(f"latency of {name} must be ≥ 0, got {value}")
+        for kernel, params in self.attention_kernels.items():
+            if set(params) != set(_KERNEL_KEYS):
+                problems.append(f"attention kernel {kernel} needs exactly "
+                                f"{', '.join(_KERNEL_KEYS)}")
+                continue
+            if not 0 < params["efficiency"] <= 1:
+                problems.append(f"attention {kernel} efficiency must be in (0, 1], got "
+                                f"{params['efficiency']}")
+            if not 0 < params["backward_ratio"] <= 2:
+                problems.append(f"attention {kernel} backward_ratio must be in (0, 2], got "
+                                f"{params['backward_ratio']}")
+            for key in ("half_dim", "half_seq"):
+                if not params[key] >= 0:
+                    problems.append(f"attention {kernel} {key} must be ≥ 0, got {params[key]}")
+        if self.attention_kernel and self.attention_kernel not in self.attention_kernels:
+            problems.append(f"attention_kernel {self.attention_kernel!r} has no fitted curve; "
+                            f"fitted: {', '.join(self.attention_kernels) or 'none'}")
         for name, value in self.collective_call.items():
             if not value >= 0:
                 problems.append(f"per-call cost of {name} must be ≥ 0, got {value}")
@@ -138,7 +166,7 @@ def _apply(cal: Calibration, data: dict[str, Any], accelerator: str, source: str
     changes: dict[str, Any] = {}
     from shardwise.validate import finite
 
-    for key in ("default", "accelerators", "links"):
+    for key in ("default", "accelerators", "links", "link_latency"):
         if not isinstance(data.get(key, {}), dict):
             raise ShardwiseError(f"calibration file {source!r}: {key} must be a JSON object")
     accelerators = data.get("accelerators", {})
@@ -146,20 +174,49 @@ def _apply(cal: Calibration, data: dict[str, Any], accelerator: str, source: str
         if not isinstance(section, dict):
             raise ShardwiseError(f"calibration file {source!r}: accelerators.{name} must be a "
                                  "JSON object")
+    kernels = dict(cal.attention_kernels)
     for section in (data.get("default", {}), accelerators.get(accelerator, {})):
-        bad = set(section) - set(_SCALARS)
+        bad = set(section) - set(_SCALARS) - {"attention", "attention_kernel"}
         if bad:
             raise ShardwiseError(
                 f"calibration file {source!r}: unknown key(s) {', '.join(sorted(bad))}; "
-                f"valid: {', '.join(_SCALARS)}"
+                f"valid: {', '.join(_SCALARS)}, attention, attention_kernel"
             )
         for key, value in section.items():
-            changes[key] = finite(value, f"calibration file {source!r}: {key}")
+            if key == "attention":
+                kernels |= _kernels(value, source)
+            elif key == "attention_kernel":
+                if not isinstance(value, str):
+                    raise ShardwiseError(f"calibration file {source!r}: attention_kernel must "
+                                         f"be a kernel name, got {value!r}")
+                changes[key] = value
+            else:
+                changes[key] = finite(value, f"calibration file {source!r}: {key}")
     links = dict(cal.link_efficiency)
     for name, value in data.get("links", {}).items():
         links[name] = finite(value, f"calibration file {source!r}: link {name} efficiency")
-    return replace(cal, accelerator=accelerator, link_efficiency=links, source=source,
-                   **changes)
+    latency = dict(cal.link_latency)
+    for name, value in data.get("link_latency", {}).items():
+        latency[name] = finite(value, f"calibration file {source!r}: link {name} latency")
+    return replace(cal, accelerator=accelerator, link_efficiency=links, link_latency=latency,
+                   attention_kernels=kernels, source=source, **changes)
+
+
+def _kernels(value: Any, source: str) -> dict[str, dict[str, float]]:
+    """`{"fa2": {"efficiency": …, "half_dim": …, "half_seq": …, "backward_ratio": …}, …}`."""
+    from shardwise.validate import finite
+
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        raise ShardwiseError(f"calibration file {source!r}: attention must map kernel names "
+                             f"to {{{', '.join(_KERNEL_KEYS)}}}")
+    out = {}
+    for kernel, params in value.items():
+        if set(params) != set(_KERNEL_KEYS):
+            raise ShardwiseError(f"calibration file {source!r}: attention.{kernel} needs "
+                                 f"exactly {', '.join(_KERNEL_KEYS)}")
+        out[kernel] = {k: finite(v, f"calibration file {source!r}: attention.{kernel}.{k}")
+                       for k, v in params.items()}
+    return out
 
 
 def default_calibration(accelerator: str = "default") -> Calibration:

@@ -19,8 +19,9 @@ Memory-bound kernels (norms, activations, residual/dropout adds, softmax of mate
 attention, the optimizer step) cost `bytes / (HBM · η_hbm)`; each kernel launch costs a fixed
 `kernel_overhead` (`host_overhead`: the host's dispatch + launch time per operation, which a
 small model cannot hide behind the device's work). Attention with FlashAttention (Dao et al. 2022) is one fused kernel at
-`attention_efficiency · d/(d+d½)` of peak, its backward 2.5 × the forward's FLOPs (it
-recomputes `QKᵀ`); causal masking halves the work (blocks above the diagonal are skipped).
+`attention_efficiency(kernel, d, s, causal)` of peak (below), its backward 2.5 × the forward's
+FLOPs (it recomputes `QKᵀ`); causal masking halves the work (blocks above the diagonal are
+skipped).
 Without FlashAttention (Megatron-LM 2021) the scores are materialised: two batched GEMMs with
 `K = d` and `K = s`, then scale-mask-softmax and dropout over `b·a·s²` elements in HBM, with
 no causal saving (the masked half is computed, then masked).
@@ -38,7 +39,8 @@ import numpy as np
 
 from shardwise.arch import ModelSpec
 from shardwise.calibration import Calibration, default_calibration
-from shardwise.hardware import Accelerator
+from shardwise.errors import ShardwiseError
+from shardwise.hardware import Accelerator, get_accelerator
 from shardwise.layout import RECOMPUTE, TrainSpec
 from shardwise.units import dtype_bytes
 
@@ -46,7 +48,9 @@ __all__ = [
     "RC_CODES",
     "ComputeContext",
     "LayerCost",
+    "attention_efficiency",
     "embedding_cost",
+    "gemm_efficiency",
     "head_cost",
     "host_ops",
     "host_overhead",
@@ -135,7 +139,7 @@ class ComputeContext:
     @classmethod
     def of(cls, model: ModelSpec, accelerator: Accelerator, train: TrainSpec,
            calibration: Calibration | None = None) -> ComputeContext:
-        cal = calibration or default_calibration(accelerator.name)
+        cal = calibration or default_calibration(accelerator.calibration_name)
         settings = train.settings()
         mode = settings.kernels
         if mode == "compiled":
@@ -177,10 +181,59 @@ def _sat(dim: Any, half: float) -> Any:
 
 
 def matmul_efficiency(ctx: ComputeContext, m: Any, k: Any, n: Any) -> Any:
-    """`e_max · Π d/(d + d½)` over the three GEMM dimensions."""
-    cal = ctx.calibration
+    """`gemm_efficiency` with the context's calibration."""
+    return gemm_efficiency(ctx.calibration, m, k, n)
+
+
+def gemm_efficiency(cal: Calibration, m: Any, k: Any, n: Any) -> Any:
+    """`e_max · Π d/(d + d½)` over the three GEMM dimensions (`matmul_efficiency`,
+    `matmul_half_dim`; fitted on published GEMM sweeps, `benchmarks/fit_components.py`)."""
     half = cal.matmul_half_dim
     return cal.matmul_efficiency * _sat(m, half) * _sat(k, half) * _sat(n, half)
+
+
+def attention_efficiency(kernel: str, head_dim: Any, seq: Any, causal: Any,
+                         accelerator: Accelerator | str, *, backward: bool = False,
+                         calibration: Calibration | None = None) -> Any:
+    """Fraction of the accelerator's peak a fused attention kernel reaches (FlashAttention's
+    FLOP count: forward `4·s²·d` per head, halved when causal; backward 2.5 × forward):
+
+        e = e_k · d/(d + d½) · s'/(s' + s½) · (r_b if backward),   s' = s·(½ if causal)
+
+    `e_k`, `d½`, `s½`, `r_b` per kernel ("fa2", "fa3", "cudnn", "math": PyTorch's SDPA math
+    path) and accelerator, fitted on the kernels' published benchmarks
+    (`benchmarks/fit_components.py`; FlashAttention-2 and -3 papers' figures): short
+    sequences and narrow heads leave the tensor cores idle, a causal sequence has half the
+    blocks of a full one. Array-polymorphic in `head_dim`, `seq`, `causal`; capped at 1."""
+    acc = get_accelerator(accelerator) if isinstance(accelerator, str) else accelerator
+    cal = calibration or default_calibration(acc.calibration_name)
+    params = cal.attention_kernels.get(kernel)
+    if params is None:
+        raise ShardwiseError(f"no fitted attention kernel {kernel!r} for {acc.name}; fitted: "
+                             f"{', '.join(cal.attention_kernels) or 'none'}")
+    s_eff = seq * np.where(causal, 0.5, 1.0)
+    eff = (params["efficiency"] * _sat(head_dim, params["half_dim"])
+           * _sat(s_eff, params["half_seq"]) * (params["backward_ratio"] if backward else 1.0))
+    return np.minimum(eff, 1.0)
+
+
+# FlexAttention against FlashAttention-2 on H100, forward and backward: "90% of
+# FlashAttention2's performance in the forward pass and 85% in the backward pass" (PyTorch
+# blog, "FlexAttention: The Flexibility of PyTorch with the Performance of FlashAttention",
+# 2024-08-07).
+_FLEX_OF_FA2 = (0.90, 0.85)
+
+
+def fitted_kernel(cal: Calibration, kernel: str) -> tuple[str, tuple[float, float]]:
+    """The fitted curve a stack's attention `kernel` runs at on this calibration, and a
+    (forward, backward) factor on it: the kernel's own curve; FlexAttention as FlashAttention-2
+    × `_FLEX_OF_FA2`; a kernel without a fitted curve here as the accelerator's default kernel
+    (`Calibration.attention_kernel`; "" when none is fitted)."""
+    if kernel in cal.attention_kernels:
+        return kernel, (1.0, 1.0)
+    if kernel == "flex" and "fa2" in cal.attention_kernels:
+        return "fa2", _FLEX_OF_FA2
+    return cal.attention_kernel, (1.0, 1.0)
 
 
 def matmul_time(ctx: ComputeContext, m: Any, k: Any, n: Any, batch: Any = 1) -> Any:
@@ -207,8 +260,9 @@ def _attention_core(ctx: ComputeContext, t: Any, c: Any, b: Any) -> tuple[Any, A
     rank for one micro-batch (its kernels are counted by `host_ops`).
 
     Flash (also whenever c > 1: ring attention merges blocks with the online softmax):
-    forward FLOPs `4·(s/c·b)·s·(h/t)·½` (causal), backward 2.5 ×, at
-    `attention_efficiency·d/(d+d½)` of peak. Materialised (c = 1): batched GEMMs `QKᵀ`
+    forward FLOPs `4·(s/c·b)·s·(h/t)·½` (causal), backward 2.5 ×, at the calibration's
+    `attention_kernel` curve (`attention_efficiency`, causal, blocks of `s/c`; without one:
+    `attention_efficiency·d/(d+d½)` of peak both ways). Materialised (c = 1): batched GEMMs `QKᵀ`
     `(s×d)·(d×s)` and `P·V` `(s×s)·(s×d)` over `b·a/t` heads, softmax over `b·(a/t)·s²` scores
     (read + write), with dropout another read, write and a 1-byte mask; backward 2 × the GEMMs,
     softmax backward 3 accesses, dropout backward 2 + mask.
@@ -217,10 +271,19 @@ def _attention_core(ctx: ComputeContext, t: Any, c: Any, b: Any) -> tuple[Any, A
     d = model.head_dim
     heads = model.n_heads / t
     cal = ctx.calibration
-    flash_eff = cal.attention_efficiency * _sat(d, cal.matmul_half_dim)
-    flash_fwd = 4.0 * (s / c * b) * s * d * heads * 0.5 / (ctx.peak * flash_eff)
+    flops = 4.0 * (s / c * b) * s * d * heads * 0.5
+    kernel, factor = fitted_kernel(cal, ctx.attention)
+    if kernel:
+        def eff(backward: bool) -> Any:
+            return factor[backward] * attention_efficiency(
+                kernel, d, s / c, True, ctx.accelerator, backward=backward, calibration=cal)
+        flash_fwd = flops / (ctx.peak * eff(False))
+        flash_bwd = 2.5 * flops / (ctx.peak * eff(True))
+    else:
+        flash_fwd = flops / (ctx.peak * cal.attention_efficiency * _sat(d, cal.matmul_half_dim))
+        flash_bwd = 2.5 * flash_fwd
     if ctx.flash:
-        return flash_fwd, 2.5 * flash_fwd
+        return flash_fwd, flash_bwd
     batch = b * heads
     gemms = matmul_time(ctx, s, d, s, batch) + matmul_time(ctx, s, s, d, batch)
     scores = batch * s * s
@@ -230,7 +293,7 @@ def _attention_core(ctx: ComputeContext, t: Any, c: Any, b: Any) -> tuple[Any, A
     bwd = 2 * gemms + memory_time(ctx, bwd_bytes)
     # Ring attention (c > 1) always runs the online-softmax (flash-style) kernel.
     materialised = c == 1
-    return np.where(materialised, fwd, flash_fwd), np.where(materialised, bwd, 2.5 * flash_fwd)
+    return np.where(materialised, fwd, flash_fwd), np.where(materialised, bwd, flash_bwd)
 
 
 def layer_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any,

@@ -647,7 +647,7 @@ def estimate_step(model: ModelSpec, cluster: Cluster, layout: Layout,
     """
     train = (train or TrainSpec()).validate()
     layout.validate(model, cluster, train)
-    cal = calib or default_calibration(cluster.accelerator.name)
+    cal = calib or default_calibration(cluster.accelerator.calibration_name)
     ctx = ComputeContext.of(model, cluster.accelerator, train, cal)
     links = Links.of(cluster, cal)
     m = layout.microbatches(train)

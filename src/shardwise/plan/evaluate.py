@@ -48,7 +48,7 @@ def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
     row, so terms that do not depend on them are computed once per row). Compute costs are evaluated once per distinct
     `(t, c, b, e)` and `(sp, rc)` and gathered.
     """
-    cal = calib or default_calibration(cluster.accelerator.name)
+    cal = calib or default_calibration(cluster.accelerator.calibration_name)
     ctx = ComputeContext.of(model, cluster.accelerator, train, cal)
     links = Links.of(cluster, cal)
     # distinct (t, c, b, e) × (sp, rc) for the compute costs and activations: the

@@ -44,7 +44,7 @@ def plan(model: ModelSpec, cluster: Cluster, train: TrainSpec, top: int = 10, *,
         raise ShardwiseError(f"headroom must be in (0, 1], got {headroom}")
     if top < 1:
         raise ShardwiseError(f"top must be ≥ 1, got {top}")
-    cal = calib or default_calibration(cluster.accelerator.name)
+    cal = calib or default_calibration(cluster.accelerator.calibration_name)
     budget = cluster.accelerator.memory_bytes * headroom
     rejections = _Rejections()
     say("enumerating layouts")

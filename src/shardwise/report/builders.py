@@ -16,7 +16,7 @@ from typing import Any
 import shardwise.validate as validate
 from shardwise.arch import PRESETS, ModelSpec
 from shardwise.errors import ShardwiseError
-from shardwise.hardware import Cluster, get_link
+from shardwise.hardware import Accelerator, Cluster, get_link
 from shardwise.layout import Layout, TrainSpec, resolve_partition
 from shardwise.stacks import DEFAULT_STACK
 from shardwise.units import dtype_bytes, parse_batch, parse_count, parse_size
@@ -64,19 +64,22 @@ def build_layout(gpus: int, n_layers: int = 0, **kw: Any) -> Layout:
     return Layout(dp=dp, **kw)
 
 
-def cluster_for(gpus: int, gpu: str, gpus_per_node: int, intra: str | None = None,
-                inter: str | None = None, calibration_path: str | None = None
-                ) -> tuple[Cluster, Any]:
-    """(cluster, its calibration or None): `--gpu this-machine` is one node of `gpus` ranks
-    of the machine a `shardwise calibrate` file describes (`calibration.machine`)."""
+def cluster_for(gpus: int, gpu: str | Accelerator, gpus_per_node: int,
+                intra: str | None = None, inter: str | None = None,
+                calibration_path: str | None = None) -> tuple[Cluster, Any]:
+    """(cluster, its calibration or None): `gpu` a preset name or an `Accelerator` (the CLI's
+    `--gpu FILE` / `--clock-mhz`, `hardware.resolve_gpu`); `--gpu this-machine` is one node of
+    `gpus` ranks of the machine a `shardwise calibrate` file describes
+    (`calibration.machine`)."""
     from shardwise.calibration.machine import THIS_MACHINE, machine_cluster
 
-    if gpu.lower() == THIS_MACHINE:
+    if isinstance(gpu, str) and gpu.lower() == THIS_MACHINE:
         return machine_cluster(gpus, calibration_path)
     return Cluster.of(gpus, gpu, gpus_per_node, intra, inter), None
 
 
-def memory_payload(spec: ModelSpec, *, gpus: int = 8, gpu: str = "h100", gpus_per_node: int = 8,
+def memory_payload(spec: ModelSpec, *, gpus: int = 8, gpu: str | Accelerator = "h100",
+                   gpus_per_node: int = 8,
                    seq: int = 8192, global_batch: str | None = None, flash: bool = True,
                    dtype: str = "bf16", grad_dtype: str | None = None, optimizer: str = "adam",
                    formula: str = "generalised", impl: str = DEFAULT_STACK,
@@ -202,7 +205,8 @@ def schedule_svg(timeline: Any, out: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------------------------- plan
-def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str = "h100", gpus_per_node: int = 8,
+def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str | Accelerator = "h100",
+             gpus_per_node: int = 8,
              intra: str | None = None, inter: str | None = None, seq: int = 8192,
              global_batch: str = "4M-tokens", tokens: str | None = None,
              price: float | None = None, top: int = 10, layout_text: str | None = None,
@@ -227,7 +231,8 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str = "h100", gpus_per_nod
     train = TrainSpec(seq_len=seq, global_batch=batch, dtype=dtype, grad_dtype=grad_dtype,
                       optimizer=optimizer, flash_attention=flash, impl=impl,
                       **(stack_kw or {})).validate()
-    calib = machine_calib or load_calibration(cluster.accelerator.name, calibration_path)
+    calib = machine_calib or load_calibration(cluster.accelerator.calibration_name,
+                                              calibration_path)
     given = None
     if not layout_text and (partition or first_stage_layers is not None
                             or last_stage_layers is not None):

@@ -183,8 +183,8 @@ _MEGATRON = "megatron-core 0.16.1; Megatron-LM main d98e8a6"
 # (tests/estimate/test_stack_traffic.py recounts them): bytes read + written per token by the
 # ops that are neither GEMMs nor attention, fitted as (h, q + kv, f) coefficients over five
 # shapes (within 1 %); kernels: those ops' count.
-TORCHTITAN_TRAFFIC = ((17.1, 27.9, 9.94), (35.4, 27.5, 17.8))
-TORCHTITAN_KERNELS = (15.0, 18.0)
+TORCHTITAN_TRAFFIC = ((29.1, 27.8, 9.93), (131.3, 27.4, 17.8))
+TORCHTITAN_KERNELS = (17.0, 36.0)
 HF_TRAFFIC = ((89.4, 19.5, 9.79), (224.9, 32.0, 17.97))
 HF_KERNELS = (40.0, 57.0)
 STACKS: dict[str, Stack] = {s.name: s.validate() for s in (

@@ -166,6 +166,17 @@ class Settings:
             return np.asarray(chunks) > 1 if np.ndim(chunks) else chunks > 1
         return rule == "always"
 
+    def to_dict(self) -> dict[str, Any]:
+        """The stack and its resolved settings for `--json` (`assumed`: the stack's defaults
+        the run did not state)."""
+        return {"name": self.stack.name, "title": self.stack.title,
+                "version": self.stack.version, "source": self.stack.source,
+                "compile": self.compile, "kernels": self.kernels,
+                "tp_overlap": self.tp_overlap, "dp_overlap": self.dp_overlap,
+                "dp_overlap_by_default_at_zero": list(self.stack.dp_overlap_zero),
+                "attention": self.attention, "assumed": list(self.assumed),
+                "export": self.stack.export}
+
     def describe(self) -> str:
         """One line: the stack and its settings, the assumed ones marked."""
         def mark(name: str, text: str) -> str:

@@ -119,7 +119,7 @@ def memory_payload(spec: ModelSpec, *, gpus: int = 8, gpu: str | Accelerator = "
         "largest_stage": worst.stage,
         "largest_peak_stage": max(stages, key=lambda s: s.peak).stage,
         "impl": train.impl, "impl_title": train.stack.title,
-        "stack": train.settings().describe(), "profile": profile,
+        "stack": train.settings().to_dict(), "profile": profile,
         "profile_title": get_profile(profile).title,
         "fused_attention": fused_attention(profile, flash),
         "layer_saved": {"impl": train.impl, "profile": profile, "recompute": layout.recompute, "moe": spec.is_moe,
@@ -280,6 +280,7 @@ def plan_payload(result: Any, *, tokens: str | None = None,
     from shardwise.report.plan_report import explain, training_summary
 
     out = result.to_dict()
+    out["stack"] = result.train.settings().to_dict()
     out["explanation"] = explain(result)
     out["training"] = training_summary(result.best, training_budget(tokens, price), price)
     emits: dict[str, Any] = {}

@@ -181,12 +181,29 @@ def test_memory_page_with_an_uploaded_config(page, server_url):
     expect(page.locator('[data-error-for="model"]')).to_be_hidden()
 
 
-def test_pages_fit_a_narrow_screen(page, server_url):
-    page.set_viewport_size({"width": 400, "height": 800})
-    for name, chart in (("planner", "#breakdown svg"), ("memory", "#chart svg"),
-                        ("schedule", "#chart svg")):
+# the smallest size an SVG text element is drawn at on screen, in CSS pixels
+SMALLEST_TEXT = """sel => Math.min(...[...document.querySelectorAll(sel)].map((t) => {
+  const svg = t.ownerSVGElement, box = svg.viewBox.baseVal;
+  const scale = box && box.width ? svg.getBoundingClientRect().width / box.width : 1;
+  return parseFloat(getComputedStyle(t).fontSize) * scale;
+}))"""
+
+
+def test_phone_layout(page, server_url):
+    """390×844: a link jumps to the results, the charts are drawn at the screen's width with
+    text of at least 11 px, and nothing scrolls sideways."""
+    page.set_viewport_size({"width": 390, "height": 844})
+    for name, chart in (("planner", "#breakdown svg"), ("memory", "#chart svg")):
         page.goto(f"{server_url}/{name}")
         page.wait_for_selector(chart)
-        # no sideways scrolling of the page itself (wide tables scroll inside their card)
-        assert page.evaluate("document.documentElement.scrollWidth") <= 400, name
-        assert page.locator(chart).bounding_box()["width"] <= 400
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390, name
+        assert page.evaluate(SMALLEST_TEXT, ".chart svg text") >= 10.95, name
+        for table in page.locator("#ranked").all():  # no hidden sideways scroll inside either
+            assert table.evaluate("t => t.scrollWidth <= t.parentElement.clientWidth")
+        page.get_by_role("link", name="Jump to results ↓").click()
+        top = page.locator("#results").bounding_box()["y"]
+        assert -1 <= top < 100, (name, top)
+        page.screenshot(path=str(ARTIFACTS / f"{name}-390x844.png"))
+    page.goto(f"{server_url}/schedule")
+    page.wait_for_selector("#chart svg")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390

@@ -92,7 +92,9 @@ def test_rejected_regions_and_evaluated_partition_the_grid(llama405b):
 
 def test_search_is_fast(llama405b):
     _, _, _, result = llama405b
-    assert result.stats.seconds < 5  # ≈ 0.15 s on 2 cores; loose for slow CI machines
+    # ≈ 1 s of CPU with its ~90 simulated uneven pipelines; loose for a loaded 2-core machine
+    # (the speed target lives in benchmarks/bench_planner.py)
+    assert result.stats.seconds < 15
 
 
 # ------------------------------------------------------------- vectorised == scalar
@@ -465,11 +467,11 @@ def test_fix_searches_only_what_it_allows():
 def test_max_and_fix_of_a_value_outside_the_default_axes():
     model, cluster = get_model("tiny").with_(n_layers=6), Cluster.of(8, "h100")
     train = TrainSpec(seq_len=64, global_batch=64)
-    capped = plan(model, cluster, train, top=50, baseline=False, all_variants=True,
+    capped = plan(model, cluster, train, top=20, baseline=False, all_variants=True,
                   space=SearchSpace(constraint=Constraint.parse(None, "tp=2,pp=2")))
     assert all(e.layout.tp <= 2 and e.layout.pp <= 2 for e in capped.ranked)
     rows = _brute_force(model, cluster, train)
-    inside = [(t, lay) for t, _, lay in rows if lay.tp <= 2 and lay.pp <= 2][:50]
+    inside = [(t, lay) for t, _, lay in rows if lay.tp <= 2 and lay.pp <= 2][:20]
     assert [e.estimate.total for e in capped.ranked] == pytest.approx(
         [t for t, _ in inside], rel=1e-8)
     # micro-batch 32 is beyond the default 1..16: fixing it searches it

@@ -26,9 +26,11 @@ SIMPLEST_WITHIN = 0.01  # the explanation names the simplest layout this close t
 
 
 def _alternatives(ranking: Ranking, best: int) -> list[Alternative]:
-    """For each axis and each value other than the winner's: the best fitting layout with
-    that value by the exact figure (`Ranking.top`), or, if none fits, the least memory any
-    such layout needs."""
+    """For each axis and each value other than the winner's: the fastest fitting layout with
+    that value by the figures the ranking knows (`Ranking.top(refine=False)`: the closed form's
+    upper bound for uneven pipelines it did not simulate, so the best such layout is at least
+    this fast), shown with its exact figure; or, if none fits, the least memory any such
+    layout needs."""
     out = []
     cand, memory = ranking.cand, ranking.terms["memory"]
     for axis in _ALTERNATIVE_AXES:
@@ -43,7 +45,7 @@ def _alternatives(ranking: Ranking, best: int) -> list[Alternative]:
                 shown = get_schedule(int(value)).name
             elif axis == "sp":
                 shown = bool(value)
-            rows = ranking.top(1, within=mask, fold=False)
+            rows = ranking.top(1, within=mask, fold=False, refine=False)
             if len(rows):
                 i = int(rows[0])
                 out.append(Alternative(axis, shown, float(ranking.known[i]),

@@ -149,9 +149,13 @@ class Ranking:
                 + np.maximum(makespan - self.busy[same], 0.0)
             self.lower[same] = np.maximum(self.lower[same], floor)
 
-    def top(self, n: int, within: np.ndarray | None = None, fold: bool = True) -> np.ndarray:
+    def top(self, n: int, within: np.ndarray | None = None, fold: bool = True,
+            refine: bool = True) -> np.ndarray:
         """The indices of the first `n` rows among the fitting layouts (`within` them), fastest
-        first by the exact figure, ties `SIMPLER`; `fold`: one row per family (its best)."""
+        first by the exact figure, ties `SIMPLER`; `fold`: one row per family (its best).
+        `refine=False` ranks by the figures known so far (the closed form's upper bound for
+        uneven pipelines not yet simulated) and makes only the returned rows' figures exact:
+        cheap, and no row shown faster than it is (the explanation's alternatives)."""
         idx = np.nonzero(self.fits if within is None else self.fits & within)[0]
         if not len(idx):
             return idx
@@ -162,18 +166,20 @@ class Ranking:
         k = min(n, len(best)) - 1
         while True:
             threshold = float(np.partition(best, k)[k]) * (1 + 2 * TIE)
-            open_ = self.pending[idx] & (self.lower[idx] <= threshold)
+            open_ = self.pending[idx] & (self.lower[idx] <= threshold) & refine
             if not open_.any():
-                break
+                near = idx[self.known[idx] <= threshold]
+                rows = near[self._order(near)]
+                if fold:
+                    _, first = np.unique(self.family[rows], return_index=True)
+                    rows = rows[np.sort(first)]
+                rows = rows[:n]
+                open_ = np.isin(idx, rows[self.pending[rows]])  # a row's own figure: exact
+                if not open_.any():
+                    return rows
             j = int(np.argmin(np.where(open_, self.lower[idx], np.inf)))
             self._simulate(int(idx[j]))
             best[row[j]] = min(best[row[j]], self.known[idx[j]])
-        near = idx[self.known[idx] <= threshold]
-        rows = near[self._order(near)]
-        if fold:
-            _, first = np.unique(self.family[rows], return_index=True)
-            rows = rows[np.sort(first)]
-        return rows[:n]
 
     def _order(self, idx: np.ndarray) -> np.ndarray:
         """Positions of `idx` in rank order: the figure to `TIE`, then `SIMPLER`."""

@@ -126,8 +126,7 @@ class Constraint:
     @classmethod
     def parse(cls, fix: str | None = None, most: str | None = None) -> Constraint:
         """`Constraint.parse("tp=8,pp=4", "cp=2")`; `ShardwiseError` (one line) on bad text."""
-        fixed = Layout.parse_fields(fix or "")
-        limits = Layout.parse_fields(most or "")
+        fixed, limits = _fields("--fix", fix), _fields("--max", most)
         for option, values in (("--fix", fixed), ("--max", limits)):
             for key, value in values.items():
                 if key not in SEARCHED_FIELDS:
@@ -158,6 +157,13 @@ class Constraint:
 
         return "; ".join(f"{name} {text(items)}" for name, items in
                          (("fix", self.fixed), ("max", self.most)) if items)
+
+
+def _fields(option: str, text: str | None) -> dict[str, Any]:
+    try:
+        return Layout.parse_fields(text or "")
+    except ShardwiseError as exc:
+        raise ShardwiseError(f"{option}: {exc}") from None
 
 
 def _shown(value: Any) -> str:

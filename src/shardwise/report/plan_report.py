@@ -199,8 +199,10 @@ def explain(result: PlanResult) -> str:
                      f"{best.budget / 2**30:.1f} GiB budget.")
     if result.baseline is not None:
         ratio = result.baseline.estimate.total / total
+        # faster only when the constraints keep the search from it
+        compared = f"{ratio - 1:.0%} slower" if ratio >= 1 else f"{1 - ratio:.0%} faster"
         sentences.append(f"SPEC §7's rule picks {result.baseline.layout.short()}, "
-                         f"{ratio - 1:.0%} slower ({result.baseline_note}).")
+                         f"{compared} ({result.baseline_note}).")
     return " ".join(sentences)
 
 

@@ -18,7 +18,7 @@ const PARTS = [
   { key: "workspace", label: "workspace", color: "var(--workspace)" },
 ];
 const UNITS = { GB: 1e9, GiB: 2 ** 30 };
-const ALIASES = { "config.json": "model", "accelerator": "gpu", "global batch": "global_batch", "tp·pp·cp": "tp", "chunks": "chunks", "micro-batch": "micro_batch" };
+const ALIASES = { "config.json": "model", "accelerator": "gpu", "global batch": "global_batch", "tp·pp·cp": "tp", "chunks": "chunks", "micro-batch": "micro_batch", "whole nodes": "gpus" };
 const KNOBS = { zero: "ZeRO stage", recompute: "recompute", tp: "TP", pp: "PP" };
 
 const form = document.getElementById("form");

@@ -3,7 +3,7 @@ import { fitWidth, horizontalBars, legend, stackedColumns } from "/static/charts
 import { modelFields, setupPickers } from "/static/picker.js";
 
 const DEFAULTS = { model: "llama3-8b", gpus: 64, gpu: "h100", gpus_per_node: 8, seq: 8192, global_batch: "4M-tokens", tokens: "", price: "", layout: "", top: 10, fix: "", max: "", all_variants: false, intra: "", inter: "", dtype: "bf16", headroom: 0.85, flash: true };
-const ALIASES = { "config.json": "model", "accelerator": "gpu", "--price": "price", "token budget": "tokens", "--fix": "fix", "--max": "max", "layout item": "layout", "batch": "global_batch", "no layout fits": "gpus" };
+const ALIASES = { "config.json": "model", "accelerator": "gpu", "--price": "price", "token budget": "tokens", "--fix": "fix", "--max": "max", "layout item": "layout", "batch": "global_batch", "no layout fits": "gpus", "whole nodes": "gpus" };
 // plan_report._LABELS, in the same order
 const COMPONENTS = [
   ["compute", "compute", "var(--compute)"], ["tp_comm", "TP comm (exposed)", "var(--tp)"],

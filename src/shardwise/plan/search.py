@@ -103,14 +103,15 @@ def plan(model: ModelSpec, cluster: Cluster, train: TrainSpec, top: int = 10, *,
                         rank=position + 1, variants=shown[k].variants)
               for position, k in enumerate(order)]
     best = int(rows[order[0]])
+    outside = ("outside the search space or its constraints" if space and space.constraint
+               else "outside the search space")
     base, note = None, ""
     if baseline:
         try:
             base_layout = choose_parallelism(model, cluster, train, headroom=headroom)
             base = evaluate_layout(model, cluster, train, base_layout, cal, headroom)
             pos = ranking.position(base_layout, model.n_layers)
-            note = (f"rank {pos} of {n_fit:,} fitting layouts" if pos else
-                    "outside the search space")
+            note = f"rank {pos} of {n_fit:,} fitting layouts" if pos else outside
         except ShardwiseError as exc:
             note = f"the §7 procedure finds no layout: {exc}"
     given_note = ""
@@ -118,8 +119,7 @@ def plan(model: ModelSpec, cluster: Cluster, train: TrainSpec, top: int = 10, *,
         pos = ranking.position(given.layout, model.n_layers)
         given = PlanEntry(given.layout, given.estimate, given.memory, budget, rank=pos)
         given_note = (f"rank {pos} of {n_fit:,} fitting layouts" if pos else
-                      "does not fit in GPU memory" if not given.fits else
-                      "outside the search space")
+                      "does not fit in GPU memory" if not given.fits else outside)
     alternatives = _alternatives(ranking, best)
     simple = _simplest(ranking, best)
     simplest = ranked[0] if simple == best else entry(simple)

@@ -137,7 +137,7 @@ class Constraint:
             if key in ("schedule", "recompute", "sp", "partition"):
                 raise ShardwiseError(f"--max {key}: --max takes counts ({', '.join(_COUNTS)}, "
                                      f"zero, zero_group); use --fix {key}=…")
-        return cls(tuple(fixed.items()), tuple(limits.items()))  # type: ignore[arg-type]
+        return cls(tuple(fixed.items()), tuple(limits.items()))
 
     def __bool__(self) -> bool:
         return bool(self.fixed or self.most)

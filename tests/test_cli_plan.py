@@ -1,8 +1,29 @@
-"""`shardwise plan` through the real entry point: the default run, JSON, emit, bad input."""
+"""`shardwise plan` through the real entry point: the default run, JSON, emit, bad input,
+the order the rows are shown in, constraints; `shardwise memory`'s fit hints."""
 
 import json
+from itertools import pairwise
 
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardwise.arch import get_model
+from shardwise.cli import cli
+from shardwise.hardware import Cluster
+from shardwise.layout import Layout, TrainSpec
+from shardwise.plan.fit import fit_hints
 from tests.cli_helpers import assert_one_line_error, shardwise, shardwise_json
+from tests.web.cli_json import cli_json
+
+try:  # /api/plan too where the ui extra is installed
+    from fastapi.testclient import TestClient
+
+    from shardwise.web.app import create_app
+
+    client = TestClient(create_app())
+except ImportError:
+    client = None
 
 
 def test_plan_with_no_arguments_runs_the_builtin_default():
@@ -53,6 +74,10 @@ def test_plan_bad_inputs_exit_2_with_one_line():
     assert_one_line_error(shardwise("plan", "llama3-405b", "--gpus", "8", check=False),
                           "GiB over")
     assert_one_line_error(shardwise("plan", "--price", "2", check=False), "--tokens")
+    assert_one_line_error(shardwise("plan", "--fix", "tp=x", check=False),
+                          "layout tp='x' must be an integer")
+    assert_one_line_error(shardwise("plan", "--max", "schedule=zb-h1", check=False),
+                          "--max takes counts")
 
 
 def test_plan_json_names_its_flop_convention_and_the_explanation_reads_right():
@@ -83,3 +108,80 @@ def test_no_layout_error_says_each_reason_once():
     assert "1 sequence:" in result.stderr
     assert "tp does not divide the attention heads (tp=19" not in result.stderr
     assert "tp=19 does not divide n_heads=32" in result.stderr
+
+
+# ------------------------------------------------------------- the order shown is sorted
+UNITS = {"µs": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0, "days": 86400.0}
+
+
+def _seconds(text: str) -> float:
+    """`human_time`'s text back to seconds: "758.0 µs" → 7.58e-4."""
+    value, unit = text.split()
+    return float(value) * UNITS[unit]
+
+
+def _shown_steps(output: str) -> list[float]:
+    """The step column of the ranked table the CLI prints."""
+    header = next(line for line in output.splitlines() if "┃ layout" in line or "layout ┃" in line)
+    column = [c.strip() for c in header.split("┃")].index("step")
+    rows = []
+    for line in output.splitlines():
+        cells = [c.strip() for c in line.split("│")]
+        if len(cells) > column and cells[1].isdigit():
+            rows.append(_seconds(cells[column]))
+        elif rows and "Winner" in line:
+            break
+    return rows
+
+
+@settings(max_examples=6)
+@given(model=st.sampled_from(["tiny", "tiny-moe"]), gpus=st.sampled_from([3, 4, 6, 8]),
+       batch=st.sampled_from([6, 8, 12]), variants=st.booleans())
+def test_cli_text_json_and_api_show_the_rows_sorted(model, gpus, batch, variants):
+    """The rows' step times read in the order shown — the CLI's table, its --json and
+    /api/plan — never decrease (ties to 1e-9, broken by the simpler layout)."""
+    args = ["plan", model, "--gpus", str(gpus), "--gpus-per-node", str(gpus),
+            "--global-batch", str(batch), "--seq", "64", "--top", "8"]
+    if variants:
+        args.append("--all-variants")
+    text = CliRunner().invoke(cli, args)
+    if text.exit_code == 2:  # no valid layout of this shape
+        return
+    assert text.exit_code == 0, text.output
+    shown = _shown_steps(text.output)
+    assert len(shown) >= 1 and shown == sorted(shown)
+    out = cli_json(*args)
+    totals = [e["estimate"]["total"] for e in out["ranked"]]
+    assert all(a <= b * (1 + 1e-9) for a, b in pairwise(totals))
+    assert [e["rank"] for e in out["ranked"]] == list(range(1, len(totals) + 1))
+    if client is not None:
+        body = {"model": model, "gpus": gpus, "gpus_per_node": gpus, "global_batch": str(batch),
+                "seq": 64, "top": 8, "all_variants": variants}
+        api = client.post("/api/plan", json=body).json()
+        assert [e["estimate"]["total"] for e in api["ranked"]] == totals
+
+
+def test_fix_ranks_only_what_it_fixes():
+    # the issue's acceptance: plan llama3-70b --gpus 512 --fix tp=8,pp=4
+    out = shardwise_json("plan", "llama3-70b", "--gpus", "512", "--fix", "tp=8,pp=4")
+    assert len(out["ranked"]) == 10
+    assert all(e["layout"]["tp"] == 8 and e["layout"]["pp"] == 4 for e in out["ranked"])
+    assert out["constraint"] == "fix tp=8,pp=4"
+    assert out["rejected"][0]["reason"] == "outside the constraints (fix tp=8,pp=4)"
+    # rows folded: no two differ only in the ZeRO group size
+    firsts = {json.dumps({k: v for k, v in e["layout"].items() if k != "zero_group"})
+              for e in out["ranked"]}
+    assert len(firsts) == len(out["ranked"])
+
+
+def test_memory_prints_and_returns_the_fit_hints():
+    args = ["memory", "llama3-70b", "--gpus", "64", "--tp", "8", "--zero", "1"]
+    out = cli_json(*args)
+    hints = fit_hints(get_model("llama3-70b"), Cluster.of(64, "h100"), TrainSpec(seq_len=8192),
+                      Layout(dp=8, tp=8, zero=1), out["budget_bytes"])
+    assert out["fit_hints"] == json.loads(json.dumps([h.to_dict() for h in hints])) and hints
+    assert not out["fits"] and out["margin_bytes"] < 0
+    text = CliRunner().invoke(cli, args).output
+    assert "To make it fit" in text
+    for hint in hints:
+        assert f"{hint.knob}={hint.value} → {hint.layout.short()}" in " ".join(text.split())

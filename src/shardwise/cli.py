@@ -708,6 +708,13 @@ def calibrate(backend: str, ranks: int, out_path: str, plot_path: str | None, qu
                    "--decoder-first-pipeline-num-layers).")
 @click.option("--last-stage-layers", default=None, type=click.IntRange(0),
               help="The --layout's last-stage layers (--decoder-last-pipeline-num-layers).")
+@click.option("--fix", "fix_text", default=None,
+              help="Search only layouts with these fields, e.g. tp=8,pp=4 (--layout syntax).")
+@click.option("--max", "max_text", default=None,
+              help="Search only layouts with at most these counts, e.g. tp=8,pp=8.")
+@click.option("--all-variants", is_flag=True,
+              help="List layouts that differ only in ZeRO group size or stage partition as "
+                   "rows of their own (by default folded into their best, '+N variants').")
 @click.option("--emit", default=None, type=click.Choice(FRAMEWORKS),
               help="Print only the launch configuration of the chosen layout.")
 @click.option("--flash/--no-flash", default=True, show_default=True, help="FlashAttention.")
@@ -724,13 +731,15 @@ def plan(model: str, gpus: int, gpu: str, clock_mhz: float | None, gpus_per_node
          intra: str | None,
          inter: str | None, seq: int, global_batch: str, tokens: str | None,
          price: float | None, top: int, layout_text: str | None, partition: str | None,
-         first_stage_layers: int | None, last_stage_layers: int | None, emit: str | None,
+         first_stage_layers: int | None, last_stage_layers: int | None, fix_text: str | None,
+         max_text: str | None, all_variants: bool, emit: str | None,
          flash: bool, dtype: str, grad_dtype: str | None, optimizer: str, impl: str,
          headroom: float, calibration_path: str | None, as_json: bool,
          **stack_kw: Any) -> None:
     """Search every layout of MODEL (preset or config.json) and explain the best.
 
-    With no arguments: llama3-8b on 64 H100s (8 nodes), s=8192, a 4M-token batch.
+    With no arguments: llama3-8b on 64 H100s (8 nodes), s=8192, a 4M-token batch. Rows are
+    ranked by the step time shown (ties: the simpler layout; docs/howto/plan.md).
     """
     from shardwise.report.plan_report import render_plan
 
@@ -743,7 +752,8 @@ def plan(model: str, gpus: int, gpu: str, clock_mhz: float | None, gpus_per_node
         "grad_dtype": grad_dtype, "optimizer": optimizer, "headroom": headroom,
         "calibration_path": calibration_path, "impl": impl, "stack_kw": stack_kw,
         "partition": partition,
-        "first_stage_layers": first_stage_layers, "last_stage_layers": last_stage_layers}
+        "first_stage_layers": first_stage_layers, "last_stage_layers": last_stage_layers,
+        "fix_text": fix_text, "max_text": max_text, "all_variants": all_variants}
     if console.is_terminal and not as_json and emit is None:
         with console.status("searching layouts…") as status:
             result = run_plan(spec, **options, progress=lambda msg: status.update(msg + "…"))

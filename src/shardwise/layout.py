@@ -25,6 +25,8 @@ AXES: tuple[str, ...] = ("dp", "tp", "pp", "cp", "ep")
 text (`tp=8`), JSON keys, the planner's arrays and the runtime mesh's axis names."""
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 RECOMPUTE = ("none", "selective", "full", "op-sac")
+RECOMPUTE_LIGHTEST_FIRST = ("none", "selective", "op-sac", "full")
+"""Recompute policies by how much they recompute (and save), least first."""
 OPTIMIZERS = ("adam", "sgd-momentum", "sgd", "adam-8bit", "adafactor")
 
 
@@ -183,9 +185,14 @@ class Layout:
     def parse(cls, text: str, **defaults: object) -> Layout:
         """`tp=8,pp=16,zero=1,schedule=interleaved,chunks=2,sp=1` → Layout; an explicit stage
         partition as `partition=7:8:…:7` (layers per stage, first to last)."""
+        return cls(**(defaults | cls.parse_fields(text)))  # type: ignore[arg-type]
+
+    @classmethod
+    def parse_fields(cls, text: str) -> dict[str, object]:
+        """The fields `text` names (the syntax of `parse`), typed: {"tp": 8, "sp": True, …}."""
         types = {f.name: f.type for f in fields(cls)}
         aliases = {"mbs": "micro_batch", "mb": "micro_batch", "v": "chunks"}
-        values: dict[str, object] = dict(defaults)
+        values: dict[str, object] = {}
         for item in filter(None, (part.strip() for part in text.split(","))):
             key, sep, raw = item.partition("=")
             key = aliases.get(key.strip(), key.strip())
@@ -210,7 +217,7 @@ class Layout:
                     raise ShardwiseError(f"layout {key}={raw!r} must be an integer") from None
             else:
                 values[key] = raw
-        return cls(**values)  # type: ignore[arg-type]
+        return values
 
     def stage_partition(self, n_layers: int) -> tuple[int, ...]:
         """Layers on each pipeline stage (per chunk when interleaved): `stage_partition`."""

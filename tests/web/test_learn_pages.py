@@ -11,6 +11,7 @@ import pytest
 from shardwise.arch import PRESETS
 from shardwise.estimate.context import longest_context
 from shardwise.layout import Layout
+from tests.web.test_tools_pages import SMALLEST_TEXT
 
 sync_api = pytest.importorskip("playwright.sync_api")
 expect = sync_api.expect
@@ -189,9 +190,20 @@ def test_context_wall_moves_with_p(page, server_url):
     expect(page.locator("#cp-out")).to_have_text("16")
     expect(tokens).to_have_text(f"{wall(16):,} tokens")
     assert wall(16) == 2 * wall(8)  # the wall moves out in step with P
+    # the axis counts tokens in binary units, k = 1,024 (131,072 reads 128k, not 131k)
+    ticks = page.locator("#chart text.muted").all_text_contents()
+    powers = [t for t in ticks if re.fullmatch(r"\d+[kM]", t)]
+    assert powers and all((int(t[:-1]) * {"k": 2**10, "M": 2**20}[t[-1]]).bit_count() == 1
+                          for t in powers), ticks
     page.locator("#model").select_option("llama3-70b")
     page.locator("#tp").select_option("1")
     expect(tokens).to_have_text("none fits")
+    expect(page.locator("#caption")).to_contain_text("more tensor parallelism")
+    # at TP 8 the page does not ask for more TP
+    page.goto(server_url + "/learn/context-wall?model=llama3-70b&budget_gb=10&tp=8&zero=0")
+    expect(tokens).to_have_text("none fits")
+    expect(page.locator("#caption")).to_contain_text("a higher ZeRO stage")
+    expect(page.locator("#caption")).not_to_contain_text("tensor parallelism")
 
 
 def test_every_explainer_fits_a_phone(page, server_url):
@@ -201,6 +213,7 @@ def test_every_explainer_fits_a_phone(page, server_url):
         expect(page.locator("section.widget figure")).not_to_have_attribute("aria-busy", "true")
         expect(page.locator("figure svg > g").first).to_be_attached()
         assert page.evaluate("document.documentElement.scrollWidth") <= 390, name
+        assert page.evaluate(SMALLEST_TEXT, "figure svg text") >= 10.95, name
 
 
 def test_bad_input_shows_the_one_line_message(page, server_url):

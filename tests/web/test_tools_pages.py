@@ -7,10 +7,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 from playwright.sync_api import expect
 
+from shardwise.report.plan_report import variants_text
 from shardwise.units import human_count, human_time
 from tests.web.cli_json import cli_json
+from tests.web.conftest import ARTIFACTS
 
 # SPEC §4: Llama-3-70B on 64 H100s, TP 8 × DP 8, ZeRO-1, selective recompute + SP, s=8192.
 SPEC4 = ["memory", "llama3-70b", "--gpus", "64", "--tp", "8", "--zero", "1", "--sp",
@@ -57,14 +60,25 @@ def test_memory_page_equals_cli(page, server_url):
 
 
 def test_memory_page_error_next_to_field(page, server_url):
+    """A 400 names the field in plain words (the API says "--gpus 64", the page "GPUs (64)"),
+    next to the field and in the banner; the last result stays, dimmed, under a badge."""
     page.goto(server_url + "/memory")
     expect(page.locator("#stages td[data-part=total]")).to_have_count(1)
     page.get_by_label("TP", exact=True).fill("3")
     error = page.locator('[data-error-for="tp"]')
-    expect(error).to_have_text("tp·pp·cp = 3 does not divide --gpus 64")
+    expect(error).to_have_text("tp·pp·cp = 3 does not divide GPUs (64)")
+    expect(page.locator("#form-error")).to_have_text("TP: tp·pp·cp = 3 does not divide GPUs (64)")
     expect(page.get_by_label("TP", exact=True)).to_have_attribute("aria-invalid", "true")
+    badge = page.locator("#results .stale-badge")
+    expect(badge).to_be_visible()
+    expect(badge).to_contain_text("Last valid result")
+    opacity = page.locator("#stages").evaluate(
+        "el => getComputedStyle(el.closest('.card')).opacity")
+    assert float(opacity) < 0.5
+    page.screenshot(path=str(ARTIFACTS / "memory-error-1280x800.png"))
     page.get_by_label("TP", exact=True).fill("8")
     expect(error).to_be_hidden()
+    expect(badge).to_be_hidden()
     page.console_errors.clear()  # the browser logs the deliberate 400
 
 
@@ -93,7 +107,9 @@ def test_schedule_page_equals_cli(page, server_url):
 
 def ranked_texts(entry: dict) -> list[str]:
     e = entry["estimate"]
-    return [str(entry["rank"]), entry["short"], human_time(e["total"]),
+    folded = variants_text(entry["variants"])
+    return [str(entry["rank"]), entry["short"] + (f" {folded}" if folded else ""),
+            human_time(e["total"]),
             human_count(e["tokens_per_s"]), f"{e['mfu']:.1%}", f"{e['hfu']:.1%}",
             f"{entry['memory']['total'] / 2**30:.1f}"]
 
@@ -113,8 +129,16 @@ def test_planner_page_equals_cli_and_its_link_reproduces_it(page, server_url, br
     expect(rows).to_have_count(6)  # five ranked and yours
     for i, entry in enumerate(out["ranked"]):
         cells = rows.nth(i).locator("td")
-        expect(cells.nth(1)).to_have_text(entry["short"])
+        expect(cells.nth(1)).to_have_text(ranked_texts(entry)[1])
         assert cells.all_text_contents()[:7] == ranked_texts(entry)
+    # the table fits the 1280 px page; the winner's and your bars share one scale (px/s)
+    assert page.locator("#ranked").evaluate("t => t.scrollWidth <= t.parentElement.clientWidth")
+    widths = [page.locator(f"{chart} svg rect").first.evaluate(
+        "r => r.getBoundingClientRect().width") for chart in ("#breakdown", "#given-breakdown")]
+    computes = [out["ranked"][0]["estimate"]["compute"], out["given"]["estimate"]["compute"]]
+    assert widths[0] / computes[0] == pytest.approx(widths[1] / computes[1], rel=0.02)
+    link = page.locator("#learn-link a")
+    assert link.get_attribute("href").startswith("/learn/")
     expect(page.locator("#ranked tr.given td").nth(1)).to_have_text(out["given"]["short"])
     expect(page.locator("#explanation")).to_have_text(out["explanation"])
     expect(page.locator("#training")).to_contain_text(f"${out['training']['cost']:,.0f}")
@@ -157,12 +181,29 @@ def test_memory_page_with_an_uploaded_config(page, server_url):
     expect(page.locator('[data-error-for="model"]')).to_be_hidden()
 
 
-def test_pages_fit_a_narrow_screen(page, server_url):
-    page.set_viewport_size({"width": 400, "height": 800})
-    for name, chart in (("planner", "#breakdown svg"), ("memory", "#chart svg"),
-                        ("schedule", "#chart svg")):
+# the smallest size an SVG text element is drawn at on screen, in CSS pixels
+SMALLEST_TEXT = """sel => Math.min(...[...document.querySelectorAll(sel)].map((t) => {
+  const svg = t.ownerSVGElement, box = svg.viewBox.baseVal;
+  const scale = box && box.width ? svg.getBoundingClientRect().width / box.width : 1;
+  return parseFloat(getComputedStyle(t).fontSize) * scale;
+}))"""
+
+
+def test_phone_layout(page, server_url):
+    """390×844: a link jumps to the results, the charts are drawn at the screen's width with
+    text of at least 11 px, and nothing scrolls sideways."""
+    page.set_viewport_size({"width": 390, "height": 844})
+    for name, chart in (("planner", "#breakdown svg"), ("memory", "#chart svg")):
         page.goto(f"{server_url}/{name}")
         page.wait_for_selector(chart)
-        # no sideways scrolling of the page itself (wide tables scroll inside their card)
-        assert page.evaluate("document.documentElement.scrollWidth") <= 400, name
-        assert page.locator(chart).bounding_box()["width"] <= 400
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390, name
+        assert page.evaluate(SMALLEST_TEXT, ".chart svg text") >= 10.95, name
+        for table in page.locator("#ranked").all():  # no hidden sideways scroll inside either
+            assert table.evaluate("t => t.scrollWidth <= t.parentElement.clientWidth")
+        page.get_by_role("link", name="Jump to results ↓").click()
+        top = page.locator("#results").bounding_box()["y"]
+        assert -1 <= top < 100, (name, top)
+        page.screenshot(path=str(ARTIFACTS / f"{name}-390x844.png"))
+    page.goto(f"{server_url}/schedule")
+    page.wait_for_selector("#chart svg")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390

@@ -95,10 +95,10 @@ def uncertainty(accelerator: str, stack: str, layout: Any, train: Any) -> Uncert
         (f"{stack}", lambda r: r["stack"] == stack),
         ("all runs", lambda r: True),
     )
-    for step, (name, match) in enumerate(levels):
-        errors = [r["loso_error"] for r in runs if match(r)]
-        if len(errors) >= MIN_RUNS or step == len(levels) - 1:
-            break
+    groups = [(name, [r["loso_error"] for r in runs if match(r)]) for name, match in levels]
+    step = next(i for i, (_, errors) in enumerate(groups)
+                if len(errors) >= MIN_RUNS or i == len(groups) - 1)
+    name, errors = groups[step]
     missing = unvalidated(accelerator, stack, layout, train)
     band = _quantile(errors) * WIDEN ** step + PER_FEATURE * len(missing)
     return Uncertainty(round(band, 4), name, len(errors), missing)

@@ -32,6 +32,7 @@ from shardwise.schedules.registry import (
 )
 
 RC_NAMES = {code: name for name, code in RC_CODES.items()}
+SIMULATED_ACTIONS = 4_000  # pipelines of up to pp·m·chunks actions are simulated (the figure)
 # what `step_terms` takes for arrays of layouts (`Layout.codes()`; the stage partition as
 # `first_less`/`last_less`, `_partition`)
 _STEP_KEYS = (*Layout().codes(), "m")
@@ -126,16 +127,21 @@ def _layout_of(cand: dict[str, Any], i: int) -> Layout:
     return Layout(**values)
 
 
+def simulated(cand: dict[str, Any]) -> Any:
+    """Which layouts' step time takes its bubble from the schedule simulator (pp > 1 and at
+    most `SIMULATED_ACTIONS`): `evaluate_layout`'s figure; array-generic."""
+    return (cand["pp"] > 1) & (cand["pp"] * cand["m"] * cand["chunks"] <= SIMULATED_ACTIONS)
+
+
 def evaluate_layout(model: ModelSpec, cluster: Cluster, train: TrainSpec, layout: Layout,
                     calib: Calibration | None = None, headroom: float = DEFAULT_HEADROOM,
                     *, simulate: bool = True) -> PlanEntry:
     """One layout, evaluated with the scalar model (its bubble from the simulator when the
-    schedule is small enough to simulate quickly)."""
+    schedule is small enough to simulate quickly: `simulated`)."""
     stages = training_memory_per_gpu(model, layout, train)
     peak = max(stages, key=lambda st: st.total)
-    m = layout.microbatches(train)
     # equal stages: the closed forms equal it (tested); uneven: the exact bubble
-    small = layout.pp * m * layout.chunks <= 4_000
+    run = simulated({"pp": layout.pp, "m": layout.microbatches(train), "chunks": layout.chunks})
     estimate = estimate_step(model, cluster, layout, train, calib,
-                             simulate=simulate and small and layout.pp > 1)
+                             simulate=simulate and bool(run))
     return PlanEntry(layout, estimate, peak, cluster.accelerator.memory_bytes * headroom)

@@ -1,5 +1,5 @@
-"""Explanation material: the best layout with each axis held at another value, and what
-would help when nothing fits."""
+"""Explanation material: the best layout with each axis held at another value, the simplest
+layout close to the winner, and what would help when nothing fits."""
 
 from __future__ import annotations
 
@@ -15,28 +15,29 @@ from shardwise.estimate.memory import (
 from shardwise.hardware import Cluster
 from shardwise.layout import AXES, TrainSpec
 from shardwise.plan.evaluate import RC_NAMES, _layout_of
+from shardwise.plan.rank import Ranking, nontrivial_axes
 from shardwise.plan.results import Alternative
 from shardwise.schedules.registry import (
     get_schedule,
 )
 
 _ALTERNATIVE_AXES = (*AXES[1:], "zero", "recompute", "schedule", "micro_batch", "sp")
+SIMPLEST_WITHIN = 0.01  # the explanation names the simplest layout this close to the winner
 
 
-def _alternatives(cand: dict[str, Any], terms: dict[str, Any], fits: np.ndarray,
-                  best: int) -> list[Alternative]:
-    """For each axis and each value other than the winner's: the best fitting layout with
-    that value (or, if none fits, the least memory any such layout needs)."""
+def _alternatives(ranking: Ranking, best: int) -> list[Alternative]:
+    """For each axis and each value other than the winner's: the fastest fitting layout with
+    that value by the figures the ranking knows (`Ranking.top(refine=False)`: the closed form's
+    upper bound for uneven pipelines it did not simulate, so the best such layout is at least
+    this fast), shown with its exact figure; or, if none fits, the least memory any such
+    layout needs."""
     out = []
-    total, memory = terms["total"], terms["memory"]
+    cand, memory = ranking.cand, ranking.terms["memory"]
     for axis in _ALTERNATIVE_AXES:
-        key = axis
-        values = np.unique(cand[key])
-        for value in values:
-            if value == cand[key][best]:
+        for value in np.unique(cand[axis]):
+            if value == cand[axis][best]:
                 continue
-            mask = cand[key] == value
-            ok = mask & fits
+            mask = cand[axis] == value
             shown: Any = int(value)
             if axis == "recompute":
                 shown = RC_NAMES[int(value)]
@@ -44,14 +45,26 @@ def _alternatives(cand: dict[str, Any], terms: dict[str, Any], fits: np.ndarray,
                 shown = get_schedule(int(value)).name
             elif axis == "sp":
                 shown = bool(value)
-            if ok.any():
-                i = int(np.argmin(np.where(ok, total, np.inf)))
-                out.append(Alternative(axis, shown, float(total[i]),
+            rows = ranking.top(1, within=mask, fold=False, refine=False)
+            if len(rows):
+                i = int(rows[0])
+                out.append(Alternative(axis, shown, float(ranking.known[i]),
                                        _layout_of(cand, i).short(), None))
             else:
-                out.append(Alternative(axis, shown, None, None,
-                                       float(memory[mask].min())))
+                out.append(Alternative(axis, shown, None, None, float(memory[mask].min())))
     return out
+
+
+def _simplest(ranking: Ranking, best: int, within: float = SIMPLEST_WITHIN) -> int:
+    """The layout with the fewest non-trivial axes (`rank.nontrivial_axes`) whose exact step
+    time is within `within` of the winner's (the fastest such; ties `rank.SIMPLER`)."""
+    axes = nontrivial_axes(ranking.cand)
+    limit = ranking.known[best] * (1 + within)
+    for count in range(int(axes[best])):
+        rows = ranking.top(1, within=axes == count, fold=False)
+        if len(rows) and ranking.known[rows[0]] <= limit:
+            return int(rows[0])
+    return best
 
 
 def _no_fit_message(model: ModelSpec, cluster: Cluster, train: TrainSpec,

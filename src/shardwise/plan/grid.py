@@ -15,7 +15,7 @@ from shardwise.estimate.memory import layer_params
 from shardwise.hardware import Cluster
 from shardwise.layout import Balanced, Layout, TrainSpec, stage_partition
 from shardwise.plan.results import Rejection
-from shardwise.plan.space import SearchSpace
+from shardwise.plan.space import Constraint, SearchSpace
 from shardwise.schedules.registry import (
     DEFAULT_SCHEDULE,
     SCHEDULE_CODES,
@@ -85,25 +85,44 @@ def _partitions(model: ModelSpec, pp: int) -> dict[tuple[int, int], tuple[int, .
 def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: SearchSpace,
                rejections: _Rejections) -> tuple[dict[str, np.ndarray], int]:
     """All valid candidates as flat int arrays (and the grid size)."""
-    axes = space.resolve(model, cluster, train)
+    full, axes = space.constrained(space.resolve(model, cluster, train))
+    rule = space.constraint or Constraint()
+    outside = f"outside the constraints ({rule.describe()})"
+    split_wanted = dict(rule.fixed).get("partition")  # () is the default partition
+    if split_wanted:  # written out, the default partition is still the default
+        n_stages = len(split_wanted)
+        if split_wanted == stage_partition(model.n_layers, n_stages):
+            split_wanted = ()
     n_gpus, gb, s = cluster.n_gpus, train.global_batch, train.seq_len
     assert gb is not None
-    inner = [len(axes[k]) for k in ("micro_batch", "schedule", "zero", "sp", "recompute")]
+    inner_keys = ("micro_batch", "schedule", "zero", "sp", "recompute")
+    inner = [len(axes[k]) for k in inner_keys]
 
     # level 1: structures (tp, pp, cp, ep, partition) and dp = GPUs / (tp·pp·cp); the
-    # searched partitions of each pp (`_partitions`) as Balanced(first_less, last_less)
-    partitions = {p: _partitions(model, p) for p in axes["pp"]}
+    # searched partitions of each pp (`_partitions`) as Balanced(first_less, last_less).
+    # The constraint's exclusions are counted first, on the grid with its fixed values added.
+    partitions = {p: _partitions(model, p) for p in full["pp"]}
     per_structure = math.prod(inner)
-    grid = (len(axes["tp"]) * sum(map(len, partitions.values())) * len(axes["cp"])
-            * len(axes["ep"]) * per_structure)
+    per_full = math.prod(len(full[k]) for k in inner_keys)
+    grid = (len(full["tp"]) * sum(map(len, partitions.values())) * len(full["cp"])
+            * len(full["ep"]) * per_full)
     rows = []
-    for t, p, c, e in itertools.product(axes["tp"], axes["pp"], axes["cp"], axes["ep"]):
-        region = per_structure * len(partitions[p])
+    for t, p, c, e in itertools.product(full["tp"], full["pp"], full["cp"], full["ep"]):
+        whole = per_full * len(partitions[p])
+        dp = n_gpus // (t * p * c)
+        kept = [ends for ends, split in partitions[p].items()
+                if split_wanted is None or split_wanted == split]
+        if (not all(rule.allows(k, v) for k, v in (("tp", t), ("pp", p), ("cp", c), ("ep", e)))
+                or (n_gpus % (t * p * c) == 0 and not rule.allows("dp", dp))):
+            kept = []
+        region = per_structure * len(kept)
+        rejections.add(outside, whole - region, category="user")
+        if not kept:
+            continue
         if n_gpus % (t * p * c):
             rejections.add("tp·pp·cp does not divide the GPU count", region,
                            f"tp={t} pp={p} cp={c}: {t * p * c} ∤ {n_gpus}")
             continue
-        dp = n_gpus // (t * p * c)
         problems = Layout(dp=dp, tp=t, pp=p, cp=c, ep=e).problems(model)
         if c > 1 and not train.flash_attention:
             problems.append("context parallelism (ring attention) needs FlashAttention")
@@ -116,7 +135,7 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
             rejections.add("more data-parallel replicas than sequences per step", region,
                            f"dp={dp} > global batch {gb}")
             continue
-        rows += [(t, p, c, e, dp, a, z) for a, z in partitions[p]]
+        rows += [(t, p, c, e, dp, a, z) for a, z in kept]
     if not rows:
         return {}, grid
     st = np.array(rows, dtype=np.int64)

@@ -1,4 +1,29 @@
-"""Ranking: fastest first, ties to the simpler layout; a given layout's position."""
+"""Ranking by the step time the report shows, ties to the simpler layout, variants folded.
+
+**The figure.** Each layout's step time is `estimate_step(..., simulate=True)`'s: the closed
+form, except for pipelines of uneven stages whose schedule is small enough to simulate
+(`evaluate.simulated`), where the bubble comes from the schedule simulator. For those the
+closed form is an upper bound (`estimate.step`), so the search knows every layout's figure
+within `[lower, upper]`: `upper` the closed form, `lower` the closed form less its bubble
+(a simulated bubble is ≥ 0), tightened as the simulator runs (below). `Ranking.top` simulates,
+cheapest bound first, every layout whose lower bound could still place it among the rows
+asked for, so the rows shown are the top under the exact figure, not under the bound.
+
+**The bound.** The simulator's makespan is a longest path through the schedule's actions, a
+maximum of sums of action times: nondecreasing in each of the per-micro-batch times
+`(t_f, t_b, t_w)` and homogeneous of degree 1 in them (each stage runs its share by layers).
+Two layouts with the same schedule, stages, micro-batches and partition differ only in those
+times, so once one of them (times `x'`, makespan `M'`) is simulated, the other (times `x`)
+has makespan ≥ `λ·M'` with `λ = min_k x_k / x'_k`.
+
+**Ties.** Step times equal to `TIE` (relative) are a tie, broken by `SIMPLER`: the smaller
+cp, pp, tp, ep (in that order), the lower ZeRO stage and the smaller hybrid-shard group
+(none first), less recompute, no sequence parallelism, the default schedule (1F1B), fewer
+chunks, the default stage partition, the smaller micro-batch.
+
+**Variants.** Layouts that differ only in `SECOND_ORDER` knobs — the ZeRO shard-group size and
+the stage partition — are one row: the best of them, with how many others fit.
+"""
 
 from __future__ import annotations
 
@@ -6,48 +31,191 @@ from typing import Any
 
 import numpy as np
 
-from shardwise.layout import Balanced, Layout
-from shardwise.schedules.registry import (
-    DEFAULT_SCHEDULE,
-    SCHEDULE_CODES,
-)
+from shardwise.arch import ModelSpec
+from shardwise.estimate.step import simulated_bubble
+from shardwise.layout import AXES, Balanced, Layout, stage_extremes
+from shardwise.plan.evaluate import _layout_of, simulated
+from shardwise.schedules.registry import DEFAULT_SCHEDULE, SCHEDULE_CODES, select
+
+TIE = 1e-9
+_TIE_DIGITS = 9  # TIE as decimal places of the figure over the fastest one
+SIMPLER = ("cp", "pp", "tp", "ep", "zero", "zero_group", "recompute", "sp", "schedule",
+           "chunks", "partition", "micro_batch")
+SECOND_ORDER = ("zero_group", "partition")
+# the fields that name a layout apart from its second-order knobs (dp follows from the rest)
+_FIRST_ORDER = ("tp", "pp", "cp", "ep", "micro_batch", "schedule", "chunks", "zero", "sp",
+                "recompute")
 
 
-def _complexity(cand: dict[str, Any]) -> np.ndarray:
-    """Tie-break among equally fast layouts: fewer and smaller model-parallel axes, less
-    sharding, less recomputation, the simpler schedule, the default stage partition."""
-    return (cand["cp"] * 1000 + cand["pp"] * 100 + cand["tp"] * 10 + cand["ep"] * 10
-            + cand["zero"] * 3 + (cand["zero_group"] > 0) * 2 + cand["recompute"] * 5 + cand["sp"]
-            + (cand["schedule"] != SCHEDULE_CODES[DEFAULT_SCHEDULE]) * 4 + cand["chunks"]
-            + _searched(cand) * 2).astype(np.float64)
+def rounded(totals: Any, fastest: float) -> Any:
+    """Step times as the ranking compares them: over the fastest, to `TIE` (equal: a tie)."""
+    return np.round(np.asarray(totals) / fastest, _TIE_DIGITS)
+
+
+def _ordinal(columns: list[Any]) -> np.ndarray:
+    """One int64 per row that sorts as the rows of `columns` do lexicographically (first
+    column most significant): a mixed-radix number, renumbered when it would overflow."""
+    code = np.zeros(len(columns[0]), dtype=np.int64)
+    bound = 1
+    for column in columns:
+        col = np.asarray(column, dtype=np.int64)
+        col = col - col.min() if len(col) else col
+        radix = int(col.max()) + 1 if len(col) else 1
+        if bound * radix >= 2**62:  # renumber the prefix 0..k-1, order kept
+            _, code = np.unique(code, return_inverse=True)
+            bound = int(code.max()) + 1
+        code = code * radix + col
+        bound *= radix
+    return code
+
+
+def _dense(columns: list[Any]) -> np.ndarray:
+    """Ids 0..k-1 of the distinct rows of `columns`."""
+    return np.unique(_ordinal(columns), return_inverse=True)[1].ravel()
 
 
 def _searched(cand: dict[str, Any]) -> Any:
     """Which layouts have a searched, not the default, stage partition (`Balanced.default`)."""
     if "first_less" not in cand:
-        return 0
+        return np.zeros_like(cand["pp"])
     return Balanced(cand["first_less"], cand["last_less"]).searched(cand["_n_layers"], cand["pp"])
 
 
-def _rank(cand: dict[str, Any], terms: dict[str, Any], fits: np.ndarray) -> np.ndarray:
-    """Indices of the fitting layouts, fastest first (ties: the simpler layout)."""
-    idx = np.nonzero(fits)[0]
-    total = terms["total"][idx]
-    rounded = np.round(total / total.min(), 9)  # equal to 1e-9: a tie
-    complexity = _complexity({k: v if k.startswith("_") else v[idx] for k, v in cand.items()})
-    return idx[np.lexsort((complexity, rounded))]
+def _ends(cand: dict[str, Any]) -> list[Any]:
+    zero = np.zeros_like(cand["pp"])
+    return [cand.get("first_less", zero), cand.get("last_less", zero)]
 
 
-def _position(cand: dict[str, Any], terms: dict[str, Any], fits: np.ndarray,
-              order: np.ndarray, layout: Layout) -> int | None:
-    """1-based rank of `layout` among the fitting layouts (None if absent or not fitting)."""
-    wanted = layout.codes()
+def simplicity(cand: dict[str, Any]) -> np.ndarray:
+    """The tie-break `SIMPLER` as one sortable integer per layout (smaller: simpler)."""
+    not_default = cand["schedule"] != SCHEDULE_CODES[DEFAULT_SCHEDULE]
+    return _ordinal([cand["cp"], cand["pp"], cand["tp"], cand["ep"], cand["zero"],
+                     cand["zero_group"], cand["recompute"], cand["sp"], not_default,
+                     cand["schedule"], cand["chunks"], _searched(cand), *_ends(cand),
+                     cand["micro_batch"]])
+
+
+def nontrivial_axes(cand: dict[str, Any]) -> np.ndarray:
+    """How many of dp, tp, pp, cp, ep are > 1 (the explanation's "simplest layout")."""
+    return np.sum([np.asarray(cand[axis]) > 1 for axis in AXES], axis=0)
+
+
+class Ranking:
+    """The fitting layouts of a search, ranked by their exact step time (module docstring).
+
+    `cand` and `terms` are the flat arrays of the search (`grid._flatten`; terms `total`,
+    `bubble`, `t_forward`, `t_backward`, `t_wgrad`); the exact figure is computed on demand.
+    """
+
+    def __init__(self, model: ModelSpec, cand: dict[str, Any], terms: dict[str, Any],
+                 fits: np.ndarray) -> None:
+        self.model, self.cand, self.terms, self.fits = model, cand, terms, fits
+        upper = np.where(fits, terms["total"], np.inf)
+        most = stage_extremes(model.n_layers, cand["pp"], cand["chunks"], _partition(cand))[0]
+        uneven = most * cand["pp"] != model.n_layers
+        self.pending = fits & simulated(cand) & uneven  # the figure is the simulator's
+        self.known = upper.copy()  # exact, or (while pending) the closed form's upper bound
+        self.lower = np.where(self.pending, upper - terms["bubble"], upper)
+        self.simple = simplicity(cand)
+        self.family = _dense([cand[k] for k in _FIRST_ORDER])
+        # layouts whose simulations differ only in their per-micro-batch times
+        self.group = _dense([cand["schedule"], cand["pp"], cand["chunks"], cand["m"],
+                             *_ends(cand)])
+        split = select(cand["schedule"], lambda info: info.splits_backward).astype(bool)
+        t_b, t_w = terms["t_backward"], terms["t_wgrad"]
+        # the simulator's action times, (layouts, 3): F, B (input gradient when split), W
+        self.times = np.stack([np.broadcast_to(terms["t_forward"], t_b.shape),
+                               np.where(split, t_b - t_w, t_b),
+                               np.where(split, t_w, np.inf)], axis=1)
+        self.busy = cand["m"] * (terms["t_forward"] + t_b)  # the busiest stage's work
+        self.simulations = 0
+
+    def _simulate(self, i: int) -> None:
+        """The exact figure of layout `i`, and the bound it gives its group (docstring)."""
+        bubble = simulated_bubble(_layout_of(self.cand, i), int(self.cand["m"][i]),
+                                  float(self.terms["t_forward"][i]),
+                                  float(self.terms["t_backward"][i]),
+                                  float(self.terms["t_wgrad"][i]), self.model.n_layers)
+        base = self.known[i] - self.terms["bubble"][i]
+        self.known[i] = self.lower[i] = base + bubble
+        self.pending[i] = False
+        self.simulations += 1
+        same = np.nonzero((self.group == self.group[i]) & self.pending)[0]
+        if len(same):
+            with np.errstate(invalid="ignore"):  # inf/inf: a schedule without W
+                ratio = np.nanmin(self.times[same] / self.times[i], axis=1)  # λ
+            makespan = ratio * (bubble + self.busy[i])
+            floor = self.known[same] - self.terms["bubble"][same] \
+                + np.maximum(makespan - self.busy[same], 0.0)
+            self.lower[same] = np.maximum(self.lower[same], floor)
+
+    def top(self, n: int, within: np.ndarray | None = None, fold: bool = True,
+            refine: bool = True) -> np.ndarray:
+        """The indices of the first `n` rows among the fitting layouts (`within` them), fastest
+        first by the exact figure, ties `SIMPLER`; `fold`: one row per family (its best).
+        `refine=False` ranks by the figures known so far (the closed form's upper bound for
+        uneven pipelines not yet simulated) and makes only the returned rows' figures exact:
+        cheap, and no row shown faster than it is (the explanation's alternatives)."""
+        idx = np.nonzero(self.fits if within is None else self.fits & within)[0]
+        if not len(idx):
+            return idx
+        # the best known figure of each row (family, when folding): a bound on its exact best
+        row = np.unique(self.family[idx], return_inverse=True)[1] if fold else np.arange(len(idx))
+        best = np.full(int(row.max()) + 1, np.inf)
+        np.minimum.at(best, row, self.known[idx])
+        k = min(n, len(best)) - 1
+        while True:
+            threshold = float(np.partition(best, k)[k]) * (1 + 2 * TIE)
+            open_ = self.pending[idx] & (self.lower[idx] <= threshold) & refine
+            if not open_.any():
+                near = idx[self.known[idx] <= threshold]
+                rows = near[self._order(near)]
+                if fold:
+                    _, first = np.unique(self.family[rows], return_index=True)
+                    rows = rows[np.sort(first)]
+                rows = rows[:n]
+                open_ = np.isin(idx, rows[self.pending[rows]])  # a row's own figure: exact
+                if not open_.any():
+                    return rows
+            j = int(np.argmin(np.where(open_, self.lower[idx], np.inf)))
+            self._simulate(int(idx[j]))
+            best[row[j]] = min(best[row[j]], self.known[idx[j]])
+
+    def _order(self, idx: np.ndarray) -> np.ndarray:
+        """Positions of `idx` in rank order: the figure to `TIE`, then `SIMPLER`."""
+        known = self.known[idx]
+        return np.lexsort((self.simple[idx], rounded(known, known.min())))
+
+    def variants(self, rows: np.ndarray) -> list[int]:
+        """For each row, how many other fitting layouts its family holds."""
+        counts = np.bincount(self.family[self.fits], minlength=int(self.family.max()) + 1)
+        return [int(counts[self.family[i]]) - 1 for i in rows]
+
+    def position(self, layout: Layout, n_layers: int) -> int | None:
+        """1-based rank of `layout` among all fitting layouts (variants counted), by the figure
+        known (exact within the ranked rows; elsewhere the closed form); None if absent."""
+        hit = _find(self.cand, layout, n_layers)
+        if hit is None or not self.fits[hit]:
+            return None
+        idx = np.nonzero(self.fits)[0]
+        figure = rounded(self.known[idx], self.known[idx].min())
+        mine = figure[idx == hit][0]
+        ahead = (figure < mine) | ((figure == mine) & (self.simple[idx] < self.simple[hit]))
+        return int(ahead.sum()) + 1
+
+
+def _partition(cand: dict[str, Any]) -> Any:
+    return Balanced(*_ends(cand)) if "first_less" in cand else ()
+
+
+def _find(cand: dict[str, Any], layout: Layout, n_layers: int) -> int | None:
+    """The index of `layout` among the candidates (None if the search does not hold it)."""
     mask = np.ones(len(cand["tp"]), dtype=bool)
-    for key, value in wanted.items():
+    for key, value in layout.codes().items():
         mask &= cand[key] == value
     # the searched partitions of its pp: () for the default (`grid._partitions`)
     split = layout.partition
-    if split and split == layout.with_(partition=()).stage_partition(sum(split)):
+    if split and split == layout.with_(partition=()).stage_partition(n_layers):
         split = ()
     ends = [(a, z) for (p, a, z), option in cand.get("_partitions", {}).items()
             if p == layout.pp and option == split]
@@ -56,8 +224,5 @@ def _position(cand: dict[str, Any], terms: dict[str, Any], fits: np.ndarray,
                        or [False], axis=0)
     elif split:
         return None
-    hits = np.nonzero(mask & fits)[0]
-    if not len(hits):
-        return None
-    where = np.nonzero(np.isin(order, hits))[0]
-    return int(where[0]) + 1 if len(where) else None
+    hits = np.nonzero(mask)[0]
+    return int(hits[0]) if len(hits) else None

@@ -37,13 +37,15 @@ class PlanEntry:
     memory: MemoryBreakdown
     budget: float
     rank: int | None = None
+    variants: int = 0  # other fitting layouts that differ only in second-order knobs
 
     @property
     def fits(self) -> bool:
         return self.memory.total <= self.budget
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "layout": self.layout.to_dict(), "short": self.layout.short(),
+        return {"rank": self.rank, "variants": self.variants,
+                "layout": self.layout.to_dict(), "short": self.layout.short(),
                 "estimate": self.estimate.to_dict(),
                 "memory": self.memory.as_dict() | {"stage": self.memory.stage,
                                                    "in_flight": self.memory.in_flight},
@@ -68,6 +70,7 @@ class SearchStats:
     fits: int
     seconds: float
     evaluation_seconds: float
+    simulated: int = 0  # layouts the ranking ran through the schedule simulator
 
     @property
     def layouts_per_s(self) -> float:
@@ -90,6 +93,9 @@ class PlanResult:
     given: PlanEntry | None = None
     given_note: str = ""
     alternatives: list[Alternative] = field(default_factory=list)
+    simplest: PlanEntry | None = None  # fewest non-trivial axes within 1 % of the best
+    constraint: str = ""  # the user's --fix / --max, as `Constraint.describe` writes it
+    all_variants: bool = False  # rows list every variant (else one row per family)
 
     @property
     def best(self) -> PlanEntry:
@@ -108,6 +114,8 @@ class PlanResult:
             "given": self.given.to_dict() if self.given else None, "given_note": self.given_note,
             "rejected": [asdict(r) for r in self.rejected],
             "alternatives": [asdict(a) for a in self.alternatives],
+            "simplest": self.simplest.to_dict() if self.simplest else None,
+            "constraint": self.constraint, "all_variants": self.all_variants,
             "stats": asdict(self.stats) | {"layouts_per_s": self.stats.layouts_per_s},
             "calibration": self.calibration.to_dict(),
             "flop_convention": FLOP_CONVENTION,

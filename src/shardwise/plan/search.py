@@ -1,5 +1,6 @@
-"""The search: enumerate, evaluate, reject what does not fit, rank, re-evaluate the top
-layouts with the scalar models, and gather the baseline and the alternatives."""
+"""The search: enumerate (within the user's constraints), evaluate, reject what does not fit,
+rank by the exact figure (`rank.Ranking`), re-evaluate the rows shown with the scalar models,
+and gather the baseline, the alternatives and the simplest layout near the best."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from shardwise.hardware import Cluster
 from shardwise.layout import Layout, TrainSpec
 from shardwise.plan.baseline import choose_parallelism
 from shardwise.plan.evaluate import _layout_of, evaluate_candidates, evaluate_layout
-from shardwise.plan.explain import _alternatives, _no_fit_message
+from shardwise.plan.explain import _alternatives, _no_fit_message, _simplest
 from shardwise.plan.grid import _enumerate, _flatten, _Rejections, _structure_reason
-from shardwise.plan.rank import _position, _rank
+from shardwise.plan.rank import Ranking, rounded
 from shardwise.plan.results import PlanEntry, PlanResult, SearchStats
 from shardwise.plan.space import DEFAULT_HEADROOM, SearchSpace
 
@@ -25,11 +26,16 @@ from shardwise.plan.space import DEFAULT_HEADROOM, SearchSpace
 def plan(model: ModelSpec, cluster: Cluster, train: TrainSpec, top: int = 10, *,
          headroom: float = DEFAULT_HEADROOM, calib: Calibration | None = None,
          space: SearchSpace | None = None, layout: Layout | None = None,
-         baseline: bool = True, progress: Callable[[str], None] | None = None) -> PlanResult:
-    """Search every layout of `model` on `cluster` for `train`, rank by step time.
+         baseline: bool = True, progress: Callable[[str], None] | None = None,
+         all_variants: bool = False) -> PlanResult:
+    """Search every layout of `model` on `cluster` for `train` (within `space`, its
+    `constraint` included), rank by step time (`rank.Ranking`: the exact figure, ties to the
+    simpler layout).
 
-    Returns the `top` fastest layouts that fit (GPU memory × `headroom` on every stage), the
-    rejected regions with reasons and counts, the `choose_parallelism` baseline, and, when
+    Returns the `top` fastest rows that fit (GPU memory × `headroom` on every stage) — one per
+    family of layouts that differ only in second-order knobs (`rank.SECOND_ORDER`), or every
+    layout with `all_variants` — the rejected regions with reasons and counts, the
+    `choose_parallelism` baseline, the simplest layout within 1 % of the best, and, when
     `layout` is given, that layout's evaluation and its rank. Raises `ShardwiseError` when no
     layout fits, saying by how much the leanest misses and what would help.
     """
@@ -63,7 +69,8 @@ def plan(model: ModelSpec, cluster: Cluster, train: TrainSpec, top: int = 10, *,
     say(f"evaluating {n:,} layouts")
     eval_start = time.perf_counter()
     terms = evaluate_candidates(model, cluster, train, cand, cal)
-    cand, flat_terms = _flatten(cand, terms, keys=("total", "memory"))
+    cand, flat_terms = _flatten(cand, terms, keys=("total", "memory", "bubble", "t_forward",
+                                                   "t_backward", "t_wgrad"))
     assert flat_terms is not None
     terms = flat_terms
     eval_seconds = time.perf_counter() - eval_start
@@ -80,31 +87,45 @@ def plan(model: ModelSpec, cluster: Cluster, train: TrainSpec, top: int = 10, *,
         raise ShardwiseError(_no_fit_message(model, cluster, train, cand, terms, budget,
                                              headroom))
     say("ranking")
-    order = _rank(cand, terms, fits)
-    ranked = []
-    for position, i in enumerate(order[:top]):
-        entry = evaluate_layout(model, cluster, train, _layout_of(cand, int(i)), cal, headroom)
-        ranked.append(PlanEntry(entry.layout, entry.estimate, entry.memory, budget,
-                                rank=position + 1))
+    ranking = Ranking(model, cand, terms, fits)
+    rows = ranking.top(top, fold=not all_variants)
+    variants = ranking.variants(rows) if not all_variants else [0] * len(rows)
+
+    def entry(i: int, **extra: int) -> PlanEntry:
+        found = evaluate_layout(model, cluster, train, _layout_of(cand, i), cal, headroom)
+        return PlanEntry(found.layout, found.estimate, found.memory, budget, **extra)
+
+    # the rows in the order of the figures they show (the ranking's rule, `rank.rounded`)
+    shown = [entry(int(i), variants=n) for i, n in zip(rows, variants)]
+    figure = rounded([e.estimate.total for e in shown], min(e.estimate.total for e in shown))
+    order = sorted(range(len(shown)), key=lambda k: (figure[k], ranking.simple[rows[k]]))
+    ranked = [PlanEntry(shown[k].layout, shown[k].estimate, shown[k].memory, budget,
+                        rank=position + 1, variants=shown[k].variants)
+              for position, k in enumerate(order)]
+    best = int(rows[order[0]])
+    outside = ("outside the search space or its constraints" if space and space.constraint
+               else "outside the search space")
     base, note = None, ""
     if baseline:
         try:
             base_layout = choose_parallelism(model, cluster, train, headroom=headroom)
             base = evaluate_layout(model, cluster, train, base_layout, cal, headroom)
-            pos = _position(cand, terms, fits, order, base_layout)
-            note = (f"rank {pos} of {n_fit:,} fitting layouts" if pos else
-                    "outside the search space")
+            pos = ranking.position(base_layout, model.n_layers)
+            note = f"rank {pos} of {n_fit:,} fitting layouts" if pos else outside
         except ShardwiseError as exc:
             note = f"the §7 procedure finds no layout: {exc}"
     given_note = ""
     if given is not None:
-        pos = _position(cand, terms, fits, order, given.layout)
+        pos = ranking.position(given.layout, model.n_layers)
         given = PlanEntry(given.layout, given.estimate, given.memory, budget, rank=pos)
         given_note = (f"rank {pos} of {n_fit:,} fitting layouts" if pos else
-                      "does not fit in GPU memory" if not given.fits else
-                      "outside the search space")
-    alternatives = _alternatives(cand, terms, fits, int(order[0]))
+                      "does not fit in GPU memory" if not given.fits else outside)
+    alternatives = _alternatives(ranking, best)
+    simple = _simplest(ranking, best)
+    simplest = ranked[0] if simple == best else entry(simple)
     seconds = time.perf_counter() - started
     return PlanResult(model, cluster, train, headroom, budget, cal, ranked, rejections.result(),
-                      SearchStats(grid, n, n_fit, seconds, eval_seconds), base, note, given,
-                      given_note, alternatives)
+                      SearchStats(grid, n, n_fit, seconds, eval_seconds, ranking.simulations),
+                      base, note, given, given_note, alternatives, simplest,
+                      space.constraint.describe() if space and space.constraint else "",
+                      all_variants)

@@ -1,15 +1,18 @@
-"""The search space: the values each layout axis may take (SPEC §7)."""
+"""The search space: the values each layout axis may take (SPEC §7), and the user's
+constraints on them (`--fix`, `--max`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+import shardwise.validate as validate
 from shardwise.arch import ModelSpec
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.compute import RC_CODES
 from shardwise.hardware import Cluster
-from shardwise.layout import TrainSpec
-from shardwise.schedules.registry import SEARCHED_SCHEDULES, get_schedule
+from shardwise.layout import RECOMPUTE, SCHEDULES, Layout, TrainSpec
+from shardwise.schedules.registry import DEFAULT_SCHEDULE, SEARCHED_SCHEDULES, get_schedule
 
 DEFAULT_HEADROOM = 0.85  # plan for 85 % of GPU memory
 
@@ -37,6 +40,7 @@ class SearchSpace:
     chunks: tuple[int, ...] | None = None
     max_cp: int = 32
     max_micro_batch: int = 16
+    constraint: Constraint | None = None  # the user's --fix / --max
 
     def resolve(self, model: ModelSpec, cluster: Cluster, train: TrainSpec) -> dict[str, list]:
         """Concrete value lists for this model, cluster and stack."""
@@ -74,3 +78,118 @@ class SearchSpace:
         return {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "micro_batch": mb, "schedule": sched,
                 "zero": zero, "sp": [int(bool(x)) for x in self.sp],
                 "recompute": [RC_CODES[r] for r in recompute if r in stack.recompute]}
+
+    def constrained(self, axes: dict[str, list]) -> tuple[dict[str, list], dict[str, list]]:
+        """(the grid: `axes` with each `--fix` value added where missing, the values the
+        constraint allows of it); without a constraint both are `axes`."""
+        rule = self.constraint
+        if not rule:
+            return axes, axes
+        fixed = dict(rule.fixed)
+        grid = {key: list(values) for key, values in axes.items()}
+        for key in ("tp", "pp", "cp", "ep", "micro_batch"):
+            if key in fixed and fixed[key] not in grid[key]:
+                grid[key] = sorted([*grid[key], fixed[key]])
+        if "schedule" in fixed or "chunks" in fixed:
+            info = get_schedule(fixed.get("schedule", DEFAULT_SCHEDULE))
+            pair = (info.code, fixed.get("chunks", 1 if not info.chunked else 2))
+            if "schedule" in fixed and pair not in grid["schedule"]:
+                grid["schedule"].append(pair)
+        if "zero" in fixed or "zero_group" in fixed:
+            pair = (fixed.get("zero", 1 if fixed.get("zero_group") else 0),
+                    fixed.get("zero_group", 0))
+            if pair not in grid["zero"]:
+                grid["zero"].append(pair)
+        names = {code: name for name, code in RC_CODES.items()}
+        allowed = {
+            **{key: [v for v in grid[key] if rule.allows(key, v)]
+               for key in ("tp", "pp", "cp", "ep", "micro_batch")},
+            "schedule": [(code, v) for code, v in grid["schedule"]
+                         if rule.allows("schedule", get_schedule(code).name)
+                         and rule.allows("chunks", v)],
+            "zero": [(z, g) for z, g in grid["zero"]
+                     if rule.allows("zero", z) and rule.allows("zero_group", g)],
+            "sp": [x for x in grid["sp"] if rule.allows("sp", bool(x))],
+            "recompute": [c for c in grid["recompute"] if rule.allows("recompute", names[c])],
+        }
+        return grid, allowed
+
+
+# the layout fields the search varies (dp follows from the GPUs the others leave)
+SEARCHED_FIELDS = ("dp", "tp", "pp", "cp", "ep", "micro_batch", "schedule", "chunks", "zero",
+                   "zero_group", "sp", "recompute", "partition")
+_COUNTS = ("dp", "tp", "pp", "cp", "ep", "micro_batch", "chunks")
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """The layouts the user allows: `fixed` fields equal to a value (`--fix tp=8,pp=4`), `most`
+    fields at most a value (`--max tp=8`), in the syntax of `Layout.parse`. The search
+    enumerates only what satisfies both (`grid._enumerate`) and counts what they exclude."""
+
+    fixed: tuple[tuple[str, Any], ...] = ()
+    most: tuple[tuple[str, int], ...] = ()
+
+    @classmethod
+    def parse(cls, fix: str | None = None, most: str | None = None) -> Constraint:
+        """`Constraint.parse("tp=8,pp=4", "cp=2")`; `ShardwiseError` (one line) on bad text."""
+        fixed, limits = _fields("--fix", fix), _fields("--max", most)
+        for option, values in (("--fix", fixed), ("--max", limits)):
+            for key, value in values.items():
+                if key not in SEARCHED_FIELDS:
+                    raise ShardwiseError(f"{option} {key}: the search does not vary {key}; "
+                                         f"valid: {', '.join(SEARCHED_FIELDS)}")
+                _check(option, key, value)
+        for key in limits:
+            if key in ("schedule", "recompute", "sp", "partition"):
+                raise ShardwiseError(f"--max {key}: --max takes counts ({', '.join(_COUNTS)}, "
+                                     f"zero, zero_group); use --fix {key}=…")
+        return cls(tuple(fixed.items()), tuple(limits.items()))
+
+    def __bool__(self) -> bool:
+        return bool(self.fixed or self.most)
+
+    def allows(self, field: str, value: Any) -> bool:
+        """Whether `field = value` satisfies every constraint on that field."""
+        return (all(value == want for key, want in self.fixed if key == field)
+                and all(value <= cap for key, cap in self.most if key == field))
+
+    def constrains(self, field: str) -> bool:
+        return any(key == field for key, _ in (*self.fixed, *self.most))
+
+    def describe(self) -> str:
+        """`fix tp=8,pp=4; max cp=2`: how the rejected-regions table names it."""
+        def text(items: tuple[tuple[str, Any], ...]) -> str:
+            return ",".join(f"{k}={_shown(v)}" for k, v in items)
+
+        return "; ".join(f"{name} {text(items)}" for name, items in
+                         (("fix", self.fixed), ("max", self.most)) if items)
+
+
+def _fields(option: str, text: str | None) -> dict[str, Any]:
+    try:
+        return Layout.parse_fields(text or "")
+    except ShardwiseError as exc:
+        raise ShardwiseError(f"{option}: {exc}") from None
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, tuple):
+        return ":".join(map(str, value))
+    return str(value)
+
+
+def _check(option: str, key: str, value: Any) -> None:
+    name = f"{option} {key}"
+    if key in _COUNTS:
+        validate.degree(value, name)
+    elif key == "zero":
+        validate.integer(value, name, low=0, high=3)
+    elif key == "zero_group":
+        validate.integer(value, name, low=0, high=validate.MAX_DEGREE)
+    elif key == "schedule" and value not in SCHEDULES:
+        raise ShardwiseError(f"{name}={value!r} unknown; valid: {', '.join(SCHEDULES)}")
+    elif key == "recompute" and value not in RECOMPUTE:
+        raise ShardwiseError(f"{name}={value!r} unknown; valid: {', '.join(RECOMPUTE)}")

@@ -87,11 +87,13 @@ def memory_payload(spec: ModelSpec, *, gpus: int = 8, gpu: str | Accelerator = "
                    stack_kw: dict[str, Any] | None = None, **layout_kw: Any) -> dict[str, Any]:
     """`shardwise memory --json`: per-GPU bytes of every pipeline stage (SPEC §2–§4) against
     the budget `memory × headroom` (bytes; GB = 10^9, GiB = 2^30 when shown), with each
-    stage's modelled peak and what one layer saves on stack `impl` (its activation profile;
-    `stack_kw`: the stack's other choices, `TrainSpec`'s compile/tp_overlap/dp_overlap/
-    attention)."""
+    stage's modelled peak and margin, what one layer saves on stack `impl` (its activation
+    profile; `stack_kw`: the stack's other choices, `TrainSpec`'s compile/tp_overlap/
+    dp_overlap/attention), and, when it does not fit, the smallest change of each knob that
+    would (`plan.fit.fit_hints`)."""
     from shardwise.estimate.memory import saved_tensors_per_layer, training_memory_per_gpu
     from shardwise.estimate.profiles import by_component, fused_attention, get_profile
+    from shardwise.plan.fit import fit_hints
 
     cluster, _ = cluster_for(gpus, gpu, gpus_per_node, calibration_path=calibration_path)
     layout = build_layout(gpus, spec.n_layers, **layout_kw)
@@ -108,12 +110,17 @@ def memory_payload(spec: ModelSpec, *, gpus: int = 8, gpu: str | Accelerator = "
         dtype_bytes_=dtype_bytes(dtype), moe=spec.is_moe, impl=profile)
     budget = cluster.accelerator.memory_bytes * headroom
     worst = max(stages, key=lambda s: s.total)
+    hints = fit_hints(spec, cluster, train, layout, budget, formula)
     return {
         "model": spec.name, "layout": layout.to_dict(), "train": asdict(train),
         "accelerator": cluster.accelerator.name, "budget_bytes": budget,
-        "fits": worst.total <= budget,
+        "fits": worst.total <= budget, "margin_bytes": budget - worst.total,
         "stages": [s.as_dict() | s.peak_dict() | {"stage": s.stage, "layers": s.layers,
-                                                  "in_flight": s.in_flight} for s in stages],
+                                                  "in_flight": s.in_flight,
+                                                  "margin": budget - s.total,
+                                                  "peak_margin": budget - s.peak}
+                   for s in stages],
+        "fit_hints": [hint.to_dict() for hint in hints],
         "layout_short": layout.short(), "gpus": gpus, "formula": formula,
         "headroom": headroom, "memory_bytes": cluster.accelerator.memory_bytes,
         "largest_stage": worst.stage,
@@ -216,14 +223,17 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str | Accelerator = "h100"
              stack_kw: dict[str, Any] | None = None,
              progress: Callable[[str], None] | None = None,
              partition: str | tuple[int, ...] | None = None,
-             first_stage_layers: int | None = None, last_stage_layers: int | None = None
-             ) -> Any:
+             first_stage_layers: int | None = None, last_stage_layers: int | None = None,
+             fix_text: str | None = None, max_text: str | None = None,
+             all_variants: bool = False) -> Any:
     """Validate the plan options and search every layout (SPEC §7); returns the `PlanResult`.
     `partition` or `first_stage_layers`/`last_stage_layers` set the given layout's stages.
     `layout_text` (`tp=8,pp=2,zero=1`; dp: the GPUs the other axes leave) is evaluated too.
-    `impl` names the training stack, `stack_kw` its other choices (`TrainSpec`)."""
+    `impl` names the training stack, `stack_kw` its other choices (`TrainSpec`).
+    `fix_text` (`tp=8,pp=4`) and `max_text` (`tp=8`) confine the search (`--fix`, `--max`);
+    `all_variants` lists every layout instead of folding second-order variants."""
     from shardwise.calibration import load_calibration
-    from shardwise.plan import plan
+    from shardwise.plan import Constraint, SearchSpace, plan
 
     cluster, machine_calib = cluster_for(gpus, gpu, gpus_per_node, intra, inter,
                                          calibration_path)
@@ -247,8 +257,9 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str | Accelerator = "h100"
                 spec.n_layers, given.pp, partition, first_stage_layers, last_stage_layers))
         given.validate(spec, cluster, train)
     training_budget(tokens, price)
+    space = SearchSpace(constraint=Constraint.parse(fix_text, max_text))
     return plan(spec, cluster, train, top, headroom=headroom, calib=calib, layout=given,
-                progress=progress)
+                progress=progress, space=space, all_variants=all_variants)
 
 
 def training_budget(tokens: str | None, price: float | None) -> float | None:
@@ -277,11 +288,13 @@ def plan_payload(result: Any, *, tokens: str | None = None,
     breakdowns, baseline, your layout, rejected regions, statistics), the explanation, time
     and cost of the token budget, and the chosen layout's three launch configurations (or why
     one cannot be written)."""
+    from shardwise.plan.rank import SECOND_ORDER, SIMPLER
     from shardwise.report.plan_report import explain, training_summary
 
     out = result.to_dict()
     out["stack"] = result.train.settings().to_dict()
     out["explanation"] = explain(result)
+    out["tie_break"], out["second_order"] = list(SIMPLER), list(SECOND_ORDER)
     out["training"] = training_summary(result.best, training_budget(tokens, price), price)
     emits: dict[str, Any] = {}
     for framework in FRAMEWORKS:

@@ -8,15 +8,15 @@ from rich.console import Console
 from rich.table import Table
 
 from shardwise.estimate.profiles import fused_attention, get_profile
+from shardwise.layout import AXES, RECOMPUTE_LIGHTEST_FIRST, Layout
 from shardwise.placement import members_per_node
 from shardwise.plan import Alternative, PlanEntry, PlanResult
+from shardwise.plan.explain import SIMPLEST_WITHIN
 from shardwise.report.text import table as _table
 from shardwise.units import human_count, human_time
 
-_RECOMPUTE_ORDER = ("none", "selective", "op-sac", "full")  # least recomputed first
-
-__all__ = ["breakdown_table", "explain", "memory_table", "ranked_table", "render_plan",
-           "training_summary"]
+__all__ = ["breakdown_table", "explain", "memory_table", "ranked_table", "ranked_title",
+           "render_plan", "training_summary", "variants_text"]
 
 _LABELS = {"compute": "compute", "tp_comm": "TP comm (exposed)",
            "cp_comm_exposed": "CP comm (exposed)", "ep_comm": "EP all-to-all",
@@ -32,18 +32,32 @@ def _pct(x: float) -> str:
     return f"{x:.1%}"
 
 
+def variants_text(n: int) -> str:
+    """`+3 variants`: the other fitting layouts a row folds (`plan.rank.SECOND_ORDER`)."""
+    return f"+{n} variant{'s' if n != 1 else ''}" if n else ""
+
+
+def ranked_title(result: PlanResult) -> str:
+    folded = ("" if result.all_variants else
+              "; +N variants: layouts that differ only in ZeRO group size or stage partition, "
+              "folded into their best (--all-variants lists them)")
+    return (f"Top {len(result.ranked)} layouts by step time (of {result.stats.fits:,} that fit"
+            f"{folded}; memory = largest stage, GiB; MFU and HFU count full attention, "
+            "6N + 12·L·h·s FLOPs per token)")
+
+
 def ranked_table(result: PlanResult) -> Table:
-    table = _table(
-        f"Top {len(result.ranked)} layouts by step time "
-        f"(of {result.stats.fits:,} that fit; memory = largest stage, GiB; MFU and HFU count "
-        "full attention, 6N + 12·L·h·s FLOPs per token)",
-        ["#", "layout", "step", "tokens/s", "MFU", "HFU", "mem GiB", "compute", "TP", "DP",
-         "PP+bubble", "other"])
+    table = _table(ranked_title(result),
+                   ["#", "layout", "step", "tokens/s", "MFU", "HFU", "mem GiB", "compute", "TP",
+                    "DP", "PP+bubble", "other"])
     for entry in result.ranked:
         e = entry.estimate
         share = {k: v / e.total for k, v in e.breakdown().items()}
         other = share["cp_comm_exposed"] + share["ep_comm"] + share["optimizer"]
-        table.add_row(str(entry.rank), entry.layout.short(), human_time(e.total),
+        folded = variants_text(entry.variants)
+        table.add_row(str(entry.rank),
+                      entry.layout.short() + (f" [dim]{folded}[/]" if folded else ""),
+                      human_time(e.total),
                       human_count(e.tokens_per_s), _pct(e.mfu), _pct(e.hfu),
                       _gib(entry.memory.total), _pct(share["compute"]), _pct(share["tp_comm"]),
                       _pct(share["dp_comm_exposed"]),
@@ -122,6 +136,7 @@ def explain(result: PlanResult) -> str:
         f"{human_time(total)} per step, {human_count(e.tokens_per_s)} tokens/s, "
         f"{e.mfu:.1%} MFU ({e.mfu_causal:.1%} counting only the causal half of attention; "
         f"HFU {e.hfu:.1%} also counts {_recompute_adds(lay.recompute)})."]
+    sentences.append(_simplest_sentence(result))
     if lay.tp > 1:
         where = "inside each node" if lay.tp <= cl.gpus_per_node else "across nodes"
         sentences.append(
@@ -167,7 +182,7 @@ def explain(result: PlanResult) -> str:
                          f"{e.dp_comm_exposed / total:.1%} of the gradient all-reduce is "
                          "exposed.")
     lighter = [a for a in alts if a.axis == "recompute" and
-               _RECOMPUTE_ORDER.index(a.value) < _RECOMPUTE_ORDER.index(lay.recompute)]
+               RECOMPUTE_LIGHTEST_FIRST.index(a.value) < RECOMPUTE_LIGHTEST_FIRST.index(lay.recompute)]
     if lighter:
         parts = []
         for a in lighter:
@@ -183,9 +198,29 @@ def explain(result: PlanResult) -> str:
                      f"{best.budget / 2**30:.1f} GiB budget.")
     if result.baseline is not None:
         ratio = result.baseline.estimate.total / total
+        # faster only when the constraints keep the search from it
+        compared = f"{ratio - 1:.0%} slower" if ratio >= 1 else f"{1 - ratio:.0%} faster"
         sentences.append(f"SPEC §7's rule picks {result.baseline.layout.short()}, "
-                         f"{ratio - 1:.0%} slower ({result.baseline_note}).")
+                         f"{compared} ({result.baseline_note}).")
     return " ".join(sentences)
+
+
+def _axes(layout: Layout) -> int:
+    return sum(getattr(layout, axis) > 1 for axis in AXES)
+
+
+def _simplest_sentence(result: PlanResult) -> str:
+    """The simplest layout within 1 % of the winner (fewest of dp, tp, pp, cp, ep > 1)."""
+    best, simple = result.best, result.simplest
+    if simple is None:
+        return ""
+    if simple.layout == best.layout:
+        return (f"No layout within {SIMPLEST_WITHIN:.0%} of it uses fewer parallel axes "
+                f"({_axes(best.layout)}).")
+    slower = simple.estimate.total / best.estimate.total - 1
+    return (f"The simplest layout within {SIMPLEST_WITHIN:.0%} is {simple.layout.short()} "
+            f"({_axes(simple.layout)} parallel axes against {_axes(best.layout)}, "
+            f"{slower:+.1%}): often the one to run.")
 
 
 def training_summary(entry: PlanEntry, tokens: float | None, price: float | None
@@ -215,7 +250,8 @@ def render_plan(result: PlanResult, console: Console, *, tokens: float | None = 
         f"({human_count(batch * tr.seq_len)} tokens), {tr.dtype}, "
         f"{kernel}, "
         f"on {tr.settings().describe()}; activations of {get_profile(tr.profile).title}; "
-        f"budget {result.budget / 2**30:.1f} GiB per GPU ({result.headroom:.0%}).")
+        f"budget {result.budget / 2**30:.1f} GiB per GPU ({result.headroom:.0%})"
+        + (f"; searched only {result.constraint}." if result.constraint else "."))
     console.print(ranked_table(result))
     console.print(breakdown_table(result.best, "Winner's step time"))
     console.print(memory_table(result.best))
@@ -244,4 +280,6 @@ def render_plan(result: PlanResult, console: Console, *, tokens: float | None = 
     s = result.stats
     console.print(f"Searched {s.grid:,} grid points; evaluated {s.evaluated:,} valid layouts in "
                   f"{s.evaluation_seconds * 1e3:.0f} ms ({s.layouts_per_s / 1e6:.2f}M layouts/s),"
-                  f" {s.seconds * 1e3:.0f} ms in all.")
+                  f" {s.seconds * 1e3:.0f} ms in all; ranked by the exact step time, "
+                  f"{_count(s.simulated, 'uneven pipeline')} simulated (the closed form "
+                  "bounds the rest).")

@@ -70,6 +70,15 @@ def render_memory(out: dict[str, Any], console: Console) -> None:
                   + ("" if top["peak"] <= out["budget_bytes"] else " — over the budget then")
                   + ". Modelled, not measured: the CPU allocator cannot report it; on a GPU "
                     "compare torch.cuda.max_memory_allocated (shardwise check).")
+    if not out["fits"]:
+        hints = out["fit_hints"]
+        console.print("To make it fit, change one knob (the smallest change of each, least "
+                      "disruptive first): " + ("; ".join(
+                          f"{h['change']} → {h['short']}, {gib(h['total_bytes'])} "
+                          f"({gib(h['margin_bytes'])} to spare)" for h in hints)
+                          if hints else "no single change of ZeRO stage, recompute, tp or pp "
+                                        "fits; try more GPUs (shardwise plan searches them)")
+                      + ".")
 
 
 def render_comm(out: dict[str, Any], console: Console) -> None:

@@ -1,7 +1,9 @@
-"""FastAPI application: the tool API (`tools.py`), the explainers' API (`learn.py`), the pages.
+"""FastAPI application: the tool API (`tools.py`), the explainers' API (`learn.py`), the pages,
+the API docs (`/docs`, served offline) and a 404 page.
 
 Every request/response is a pydantic model; a `ShardwiseError` (bad input the CLI would reject
-with exit code 2) becomes HTTP 400 with the same one-line message in `detail`.
+with exit code 2) becomes HTTP 400 with the same one-line message in `detail`. An unknown path
+outside `/api/` is the 404 page with the navigation; under `/api/` a JSON error.
 """
 
 from __future__ import annotations
@@ -9,8 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shardwise.errors import ShardwiseError
 
@@ -20,14 +24,27 @@ STATIC = Path(__file__).parent / "static"
 def create_app() -> FastAPI:
     from importlib.metadata import version
 
+    from fastapi_offline import FastAPIOffline
+
     from shardwise.web import learn, tools
 
-    app = FastAPI(title="shardwise", version=version("shardwise"),
-                  description="Plan, simulate and learn distributed training of Transformers.")
+    # /docs and /redoc with Swagger UI and ReDoc served from the fastapi-offline package: the
+    # API docs work with no network
+    app = FastAPIOffline(title="shardwise", version=version("shardwise"),
+                         description="Plan, simulate and learn distributed training of "
+                                     "Transformers.",
+                         favicon_url="/static/favicon.svg", static_url="/static-docs")
 
     @app.exception_handler(ShardwiseError)
     async def bad_input(_: Request, exc: ShardwiseError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def not_found(request: Request, exc: StarletteHTTPException) -> Response:
+        """An unknown page is a 404 page with the navigation; the API keeps JSON errors."""
+        if exc.status_code == 404 and not request.url.path.startswith("/api/"):
+            return FileResponse(STATIC / "404.html", status_code=404)
+        return await http_exception_handler(request, exc)
 
     app.add_middleware(tools.LimitBody)
     app.include_router(tools.router, prefix="/api")

@@ -295,10 +295,20 @@ class PlanRequest(ModelChoice, TrainFields):
     top: int = Field(10, ge=1, le=MAX_TOP, description="Layouts to show.")
     layout: str | None = Field(None, max_length=300,
                                description="Evaluate this layout too, e.g. tp=8,pp=2,zero=1.")
+    fix: str | None = Field(None, max_length=300,
+                            description="Search only layouts with these fields, e.g. "
+                                        "tp=8,pp=4 (`shardwise plan --fix`).")
+    max: str | None = Field(None, max_length=300,
+                            description="Search only layouts with at most these counts, e.g. "
+                                        "tp=8,pp=8 (`shardwise plan --max`).")
+    all_variants: bool = Field(False, description="One row per layout, not per family of "
+                                                  "second-order variants.")
 
 
 class PlanEntryOut(_Out):
     rank: int | None
+    variants: int = Field(0, description="Other fitting layouts this row folds (they differ "
+                                         "only in ZeRO group size or stage partition).")
     layout: dict[str, Any]
     short: str
     estimate: dict[str, Any] = Field(description="Seconds per step component and rates.")
@@ -320,6 +330,9 @@ class PlanResponse(_Out):
     given_note: str
     rejected: list[dict[str, Any]]
     alternatives: list[dict[str, Any]]
+    simplest: PlanEntryOut | None = Field(
+        description="The layout with the fewest parallel axes within 1 % of the best.")
+    constraint: str = Field(description="The --fix / --max the search kept to ('' if none).")
     stats: dict[str, Any]
     calibration: dict[str, Any]
     explanation: str
@@ -330,8 +343,9 @@ class PlanResponse(_Out):
 
 def plan_sync(request: PlanRequest) -> dict[str, Any]:
     """The search and its payload, as `shardwise plan --json` computes them."""
-    options = request.model_dump(exclude={"model", "hf_config", "layout"})
-    result = builders.run_plan(request.spec(), layout_text=request.layout, **options)
+    options = request.model_dump(exclude={"model", "hf_config", "layout", "fix", "max"})
+    result = builders.run_plan(request.spec(), layout_text=request.layout, fix_text=request.fix,
+                               max_text=request.max, **options)
     return builders.plan_payload(result, tokens=request.tokens, price=request.price)
 
 

@@ -14,6 +14,13 @@ function ticksUpTo(max) {
   return out;
 }
 
+// A chart's width in SVG units: the element's own width in pixels, at most `natural`, so that
+// text drawn at 11 units reads at 11 px on a phone instead of shrinking with the figure.
+export function fitWidth(element, natural) {
+  const room = element?.clientWidth || natural;
+  return Math.max(240, Math.min(natural, Math.floor(room)));
+}
+
 const fmtTick = (v) => (Math.abs(v) >= 100 || Number.isInteger(v) ? v.toFixed(0) : v.toPrecision(3).replace(/\.?0+$/, ""));
 
 // Stacked columns, one per group (e.g. pipeline stage), against an optional budget line.
@@ -51,18 +58,22 @@ export function stackedColumns({ groups, keys, budget = null, unit = "", title =
   return parts.join("");
 }
 
-// Horizontal bars, one per row: rows [{label, value, color, text}], value in display units.
-export function horizontalBars({ rows, title = "", width = 520 }) {
-  const rowH = 24, left = 170, right = 110;
+// Horizontal bars, one per row: rows [{label, value, color, text}], value in display units;
+// `max` fixes the scale (to compare several charts), else the largest row fills the width.
+// Narrow (a phone): each label above its bar.
+export function horizontalBars({ rows, title = "", width = 520, max = null }) {
+  const narrow = width < 420;
+  const rowH = narrow ? 36 : 24, left = narrow ? 0 : 170, right = narrow ? 120 : 110, top = narrow ? 14 : 0;
   const height = rows.length * rowH + 8;
-  const max = Math.max(...rows.map((r) => r.value)) || 1;
+  max = max || Math.max(...rows.map((r) => r.value)) || 1;
   const parts = [`<svg viewBox="0 0 ${width} ${height}" role="img" aria-label="${escapeHtml(title)}">`];
   rows.forEach((r, i) => {
     const y = 4 + i * rowH;
     const w = ((width - left - right) * r.value) / max;
-    parts.push(`<text x="${left - 8}" y="${y + 16}" text-anchor="end">${escapeHtml(r.label)}</text>`,
-      `<rect x="${left}" y="${y + 3}" width="${Math.max(w, r.value > 0 ? 1 : 0)}" height="${rowH - 8}" rx="3" fill="${r.color}"><title>${escapeHtml(r.label)}: ${escapeHtml(r.text)}</title></rect>`,
-      `<text x="${left + w + 6}" y="${y + 16}">${escapeHtml(r.text)}</text>`);
+    parts.push(narrow ? `<text x="0" y="${y + 10}">${escapeHtml(r.label)}</text>`
+      : `<text x="${left - 8}" y="${y + 16}" text-anchor="end">${escapeHtml(r.label)}</text>`,
+    `<rect x="${left}" y="${y + top + 3}" width="${Math.max(w, r.value > 0 ? 1 : 0)}" height="16" rx="3" fill="${r.color}"><title>${escapeHtml(r.label)}: ${escapeHtml(r.text)}</title></rect>`,
+    `<text x="${left + w + 6}" y="${y + top + 16}">${escapeHtml(r.text)}</text>`);
   });
   parts.push("</svg>");
   return parts.join("");

@@ -63,6 +63,55 @@ export function showError(target, message) {
   target.hidden = !message;
 }
 
+// While the form has an error the last good result stays, dimmed, under a badge saying so.
+export function markStale(results, stale) {
+  let badge = results.querySelector(":scope > .stale-badge");
+  if (!badge && stale) {
+    badge = Object.assign(document.createElement("p"), { className: "stale-badge", textContent: "Last valid result: fix the form to update it" });
+    badge.setAttribute("role", "status");
+    results.prepend(badge);
+  }
+  results.classList.toggle("stale", stale);
+  if (badge) badge.hidden = !stale;
+}
+
+// The explainer of each term a tool shows (the key of a step-time or memory part).
+const EXPLAINERS = {
+  tp_comm: ["tp-mlp", "tensor-parallel MLP"], cp_comm_exposed: ["ring-attention", "ring attention"],
+  pp_comm: ["bubble", "bubble vs micro-batches"], bubble: ["bubble", "bubble vs micro-batches"],
+  dp_comm_exposed: ["ring-allreduce", "ring all-reduce"], weights: ["memory-budget", "the memory budget"],
+  grads: ["zero-stages", "ZeRO stages"], optimizer: ["zero-stages", "ZeRO stages"],
+  activations: ["context-wall", "the context wall"], logits: ["context-wall", "the context wall"],
+  schedule: ["pipeline-grid", "the pipeline grid"],
+};
+
+// "Learn: …" for the largest of `parts` ({key: value}) that has an explainer, else "".
+export function explainerLink(parts, what) {
+  const [key] = Object.entries(parts).filter(([k, v]) => EXPLAINERS[k] && v > 0).sort((a, b) => b[1] - a[1])[0] || [];
+  if (!key) return "";
+  const [page, title] = EXPLAINERS[key];
+  return `<a class="learn-link" href="/learn/${page}">Learn: ${escapeHtml(title)}</a> <span class="hint">(${escapeHtml(what(key))})</span>`;
+}
+
+// A form field's visible name: its label without the hint.
+function fieldLabel(form, name) {
+  const control = form.querySelector(`[name="${name}"]`);
+  const label = form.querySelector(`label[for="${control?.id}"]`) || (control && document.getElementById(`${name}-label`));
+  if (!label) return null;
+  const copy = label.cloneNode(true);
+  copy.querySelectorAll(".hint, output").forEach((el) => el.remove());
+  return copy.textContent.replace(/[:\s]+$/, "").trim();
+}
+
+// The CLI's wording in plain words: "--gpus 64" → "GPUs (64)", naming the form's field.
+export function plainWords(message, form) {
+  return String(message).replace(/--([a-z][a-z-]*)(?: ([^\s,;)]+))?/g, (whole, option, value) => {
+    const label = fieldLabel(form, option.replaceAll("-", "_"));
+    if (!label) return whole;
+    return value === undefined ? label : `${label} (${value})`;
+  });
+}
+
 // ---- formatting (units.py's human_time / human_count, for display only) ----
 export function humanTime(s) {
   if (s < 1e-3) return `${(s * 1e6).toFixed(1)} µs`;
@@ -113,6 +162,7 @@ export function readForm(form, defaults) {
 
 // Show an API error next to the field it names (422: pydantic's loc; 400: the option the
 // CLI's message names, e.g. "--gpus 8" or "unknown accelerator"), else in `fallback`.
+// Messages are shown in plain words, the field they concern named by its label.
 export function showFieldErrors(form, error, fallback, aliases = {}) {
   clearFieldErrors(form);
   const items = Array.isArray(error.detail)
@@ -122,10 +172,13 @@ export function showFieldErrors(form, error, fallback, aliases = {}) {
   for (const [loc, message] of items) {
     const name = loc && form.querySelector(`[name="${loc}"]`) ? loc : guessField(form, message, aliases);
     const slot = name && form.querySelector(`[data-error-for="${name}"]`);
+    const label = name && fieldLabel(form, name);
+    const plain = plainWords(message, form);
     if (slot) {
-      showError(slot, message);
+      showError(slot, plain);
       form.querySelector(`[name="${name}"]`)?.setAttribute("aria-invalid", "true");
-    } else unplaced.push(message);
+    }
+    unplaced.push(label && !plain.includes(label) ? `${label}: ${plain}` : plain);
   }
   showError(fallback, unplaced.join("; "));
 }

@@ -1,9 +1,9 @@
-import { api, clearFieldErrors, copyText, escapeHtml, fillForm, humanCount, humanTime, pct, readForm, readState, renderNav, showError, showFieldErrors, writeState } from "/static/common.js";
-import { horizontalBars, legend, stackedColumns } from "/static/charts.js";
+import { api, clearFieldErrors, copyText, escapeHtml, explainerLink, fillForm, humanCount, humanTime, markStale, pct, readForm, readState, renderNav, showError, showFieldErrors, writeState } from "/static/common.js";
+import { fitWidth, horizontalBars, legend, stackedColumns } from "/static/charts.js";
 import { modelFields, setupPickers } from "/static/picker.js";
 
-const DEFAULTS = { model: "llama3-8b", gpus: 64, gpu: "h100", gpus_per_node: 8, seq: 8192, global_batch: "4M-tokens", tokens: "", price: "", layout: "", top: 10, intra: "", inter: "", dtype: "bf16", headroom: 0.85, flash: true };
-const ALIASES = { "config.json": "model", "accelerator": "gpu", "--price": "price", "token budget": "tokens", "layout item": "layout", "batch": "global_batch", "no layout fits": "gpus" };
+const DEFAULTS = { model: "llama3-8b", gpus: 64, gpu: "h100", gpus_per_node: 8, seq: 8192, global_batch: "4M-tokens", tokens: "", price: "", layout: "", top: 10, fix: "", max: "", all_variants: false, intra: "", inter: "", dtype: "bf16", headroom: 0.85, flash: true };
+const ALIASES = { "config.json": "model", "accelerator": "gpu", "--price": "price", "token budget": "tokens", "--fix": "fix", "--max": "max", "layout item": "layout", "batch": "global_batch", "no layout fits": "gpus", "whole nodes": "gpus" };
 // plan_report._LABELS, in the same order
 const COMPONENTS = [
   ["compute", "compute", "var(--compute)"], ["tp_comm", "TP comm (exposed)", "var(--tp)"],
@@ -16,11 +16,12 @@ const PARTS = [["weights", "var(--weights)"], ["grads", "var(--grads)"], ["optim
 const GIB = 2 ** 30;
 const form = document.getElementById("form");
 const formError = document.getElementById("form-error");
+const results = document.getElementById("results");
 let sortState = { column: 0, descending: false };
 
 function request(state) {
-  const { model, tokens, price, layout, intra, inter, ...rest } = state;
-  return { ...rest, ...modelFields(model), tokens: tokens || null, layout: layout || null, price: price === "" ? null : Number(price), intra: intra || null, inter: inter || null };
+  const { model, tokens, price, layout, fix, max, intra, inter, ...rest } = state;
+  return { ...rest, ...modelFields(model), tokens: tokens || null, layout: layout || null, fix: fix || null, max: max || null, price: price === "" ? null : Number(price), intra: intra || null, inter: inter || null };
 }
 
 async function run(initial = null) {
@@ -37,10 +38,13 @@ async function run(initial = null) {
     showError(formError, "");
     document.getElementById("timing").textContent = `${Math.round(performance.now() - started)} ms`;
     render(out);
+    markStale(results, false);
     await renderMemory(out, body);
   } catch (error) {
     showFieldErrors(form, error, formError, ALIASES);
+    markStale(results, !results.hidden);
   } finally {
+    document.getElementById("loading").hidden = true;
     button.disabled = false;
     button.textContent = "Plan";
   }
@@ -58,8 +62,10 @@ function row(entry, label, cls) {
     [label, entry.rank ?? 1e9], [entry.short, entry.short], [humanTime(e.total), e.total], [humanCount(e.tokens_per_s), e.tokens_per_s],
     [pct(e.mfu), e.mfu], [pct(e.hfu), e.hfu], [(entry.memory.total / GIB).toFixed(1), entry.memory.total],
     [pct(sh.compute), sh.compute], [pct(sh.tp), sh.tp], [pct(sh.dp), sh.dp], [pct(sh.pp), sh.pp], [pct(sh.other), sh.other],
-  ];
-  return `<tr class="${cls}">${cells.map(([text, key]) => `<td data-sort="${escapeHtml(key)}">${escapeHtml(text)}</td>`).join("")}</tr>`;
+  ].map(([text, key]) => [escapeHtml(text), key]);
+  // plan_report.variants_text: the layouts this row folds (ZeRO group size, stage split)
+  if (entry.variants) cells[1][0] += ` <span class="variants" title="layouts that differ only in ZeRO group size or stage partition">+${entry.variants} variant${entry.variants === 1 ? "" : "s"}</span>`;
+  return `<tr class="${cls}">${cells.map(([html, key]) => `<td data-sort="${escapeHtml(key)}">${html}</td>`).join("")}</tr>`;
 }
 
 const HEADERS = ["#", "layout", "step", "tokens/s", "MFU", "HFU", "mem GiB", "compute", "TP", "DP", "PP+bubble", "other"];
@@ -89,10 +95,12 @@ function sortTable(table) {
   table.querySelectorAll("th").forEach((th, i) => th.setAttribute("aria-sort", i === column ? (descending ? "descending" : "ascending") : "none"));
 }
 
-function breakdown(entry) {
+// One layout's step time by component; `max` (seconds) sets the scale so that bars of
+// several layouts compare.
+function breakdown(entry, max, target) {
   const e = entry.estimate;
   return horizontalBars({
-    title: `step time of ${entry.short}`,
+    title: `step time of ${entry.short}`, max, width: fitWidth(target, 520),
     rows: COMPONENTS.map(([key, label, color]) => ({
       label: label + (key === "bubble" && e.bubble_source === "simulator" ? " (simulated)" : ""),
       value: e[key], color, text: `${humanTime(e[key])} · ${pct(e[key] / e.total)}`,
@@ -103,12 +111,12 @@ function breakdown(entry) {
 function render(out) {
   document.getElementById("results").hidden = false;
   const best = out.ranked[0], e = best.estimate, c = out.cluster, t = out.train;
-  document.getElementById("summary").textContent = `${out.model} on ${c.gpus}× ${c.accelerator} (${c.gpus / c.gpus_per_node} nodes × ${c.gpus_per_node}, ${c.intra} / ${c.inter}), s=${t.seq_len}, global batch ${t.global_batch.toLocaleString("en")} sequences (${humanCount(t.global_batch * t.seq_len)} tokens), ${t.dtype}; budget ${(out.budget_bytes / GIB).toFixed(1)} GiB per GPU (${Math.round(out.headroom * 100)}%).`;
+  document.getElementById("summary").textContent = `${out.model} on ${c.gpus}× ${c.accelerator} (${c.gpus / c.gpus_per_node} nodes × ${c.gpus_per_node}, ${c.intra} / ${c.inter}), s=${t.seq_len}, global batch ${t.global_batch.toLocaleString("en")} sequences (${humanCount(t.global_batch * t.seq_len)} tokens), ${t.dtype}; budget ${(out.budget_bytes / GIB).toFixed(1)} GiB per GPU (${Math.round(out.headroom * 100)}%)${out.constraint ? `; searched only ${out.constraint}` : ""}.`;
   const kpis = [["step", humanTime(e.total)], ["tokens/s", humanCount(e.tokens_per_s)], ["MFU (model FLOPs)", pct(e.mfu)], ["memory (largest stage)", `${(best.memory.total / GIB).toFixed(1)} GiB`]];
   if (out.training) kpis.push(["time to train", humanTime(out.training.seconds)], ["GPU-hours", Math.round(out.training.gpu_hours).toLocaleString("en")]);
   if (out.training?.cost !== undefined) kpis.push(["cost", `$${Math.round(out.training.cost).toLocaleString("en")}`]);
   document.getElementById("kpis").innerHTML = kpis.map(([label, value]) => `<div class="kpi"><b>${escapeHtml(value)}</b><span>${escapeHtml(label)}</span></div>`).join("");
-  document.getElementById("ranked-title").textContent = `Top ${out.ranked.length} layouts by step time (of ${out.stats.fits.toLocaleString("en")} that fit)`;
+  document.getElementById("ranked-title").textContent = `Top ${out.ranked.length} layouts by step time (of ${out.stats.fits.toLocaleString("en")} that fit${out.all_variants ? "" : "; +N: variants folded into their best"})`;
   renderRanked(out);
   const g = out.given;
   document.getElementById("given-note").textContent = g ? `Your layout ${g.short}: ${humanTime(g.estimate.total)} per step, MFU ${pct(g.estimate.mfu)}, ${g.fits ? "fits" : `does NOT fit (${(g.memory.total / GIB).toFixed(1)} GiB > ${(g.budget_bytes / GIB).toFixed(1)} GiB)`}; ${(g.estimate.total / e.total).toFixed(2)}× the best's step time (${out.given_note}).` : "";
@@ -116,8 +124,14 @@ function render(out) {
   document.getElementById("training").textContent = out.training
     ? `Training ${humanCount(out.training.tokens)} tokens: ${humanTime(out.training.seconds)}, ${Math.round(out.training.gpu_hours).toLocaleString("en")} GPU-hours${out.training.cost !== undefined ? `, $${Math.round(out.training.cost).toLocaleString("en")} at $${out.training.price_per_gpu_hour}/GPU-hour` : ""}.` : "";
   document.getElementById("breakdown-title").textContent = `Step time: ${best.short} (${e.microbatches} micro-batches, ${humanTime(e.total)})`;
-  document.getElementById("breakdown").innerHTML = breakdown(best);
-  document.getElementById("given-breakdown").innerHTML = g ? `<h2>Your layout: ${escapeHtml(g.short)}</h2>${breakdown(g)}` : "";
+  // the winner's and your layout's bars on one scale
+  const scale = Math.max(...[best, g].filter(Boolean).flatMap((x) => COMPONENTS.map(([key]) => x.estimate[key])));
+  const chart = document.getElementById("breakdown");
+  chart.innerHTML = breakdown(best, scale, chart);
+  document.getElementById("given-breakdown").innerHTML = g ? `<h2>Your layout: ${escapeHtml(g.short)}</h2>${breakdown(g, scale, chart)}` : "";
+  const overheads = Object.fromEntries(COMPONENTS.filter(([key]) => key !== "compute").map(([key]) => [key, e[key]]));
+  const labels = Object.fromEntries(COMPONENTS.map(([key, label]) => [key, label]));
+  document.getElementById("learn-link").innerHTML = explainerLink(overheads, (key) => `${labels[key]}: the winner's largest cost besides compute`);
   renderEmits(out);
   document.getElementById("rejected").innerHTML = "<thead><tr><th>reason</th><th>grid points</th><th>example</th></tr></thead><tbody>"
     + out.rejected.map((r) => `<tr><td>${escapeHtml(r.reason)}</td><td>${r.count.toLocaleString("en")}</td><td>${escapeHtml(r.example)}</td></tr>`).join("") + "</tbody>";
@@ -156,13 +170,14 @@ function renderEmits(out) {
 
 async function renderMemory(out, body) {
   const best = out.ranked[0];
-  const { top, tokens, price, layout, global_batch, intra, inter, ...common } = body;
+  const { top, tokens, price, layout, fix, max, all_variants, global_batch, intra, inter, ...common } = body;
   const mem = await api("/api/memory", { ...common, ...best.layout, global_batch: String(out.train.global_batch) }, { method: "POST" });
   document.getElementById("memory-title").textContent = `Memory per stage: ${best.short} (GiB)`;
   document.getElementById("memory-legend").innerHTML = legend(PARTS) + `<span><i style="background:#b42318"></i>budget</span>`;
-  document.getElementById("memory").innerHTML = stackedColumns({
+  const chart = document.getElementById("memory");
+  chart.innerHTML = stackedColumns({
     groups: mem.stages.map((s) => ({ label: `${s.stage}`, values: Object.fromEntries(PARTS.map((p) => [p.key, s[p.key] / GIB])) })),
-    keys: PARTS, budget: mem.budget_bytes / GIB, unit: "GiB", title: "per-stage memory of the winner", width: 520, height: 260,
+    keys: PARTS, budget: mem.budget_bytes / GIB, unit: "GiB", title: "per-stage memory of the winner", width: fitWidth(chart, 520), height: 260,
   });
 }
 

@@ -46,7 +46,7 @@ function draw(d, st) {
   const hi = Math.log2(most) + 0.5;
   const x = (cp) => cl + (Math.log2(cp) / 6) * (cr - cl);
   const y = (n) => cb - ((Math.log2(n) - lo) / (hi - lo)) * (cb - ct);
-  g.append(s("text", { x: cl - 50, y: ct - 14, "font-weight": 600 }, "longest context vs P (log–log)"));
+  g.append(s("text", { x: cl - 50, y: ct - 14, "font-weight": 600 }, "longest context vs P (log–log; k = 1,024 tokens)"));
   for (const pt of d.curve) g.append(s("text", { x: x(pt.cp), y: cb + 18, "text-anchor": "middle", class: "muted" }, pt.cp));
   g.append(s("text", { x: (cl + cr) / 2, y: cb + 36, "text-anchor": "middle", class: "muted" }, "context-parallel devices P"));
   for (let e = Math.ceil(lo); e <= Math.floor(hi); e += 2) {
@@ -79,5 +79,11 @@ function draw(d, st) {
     h("div", {}, h("span", {}, "layout"), h("b", {}, d.layout)));
   fill(document.getElementById("caption"), d.max_seq_len
     ? `${d.model} with ${d.recompute} recompute on devices of ${gb(d.budget_bytes, 0)} GB (decimal): with P = ${d.cp} the longest sequence that fits is ${d.max_seq_len.toLocaleString("en-US")} tokens, ${d.per_device_tokens.toLocaleString("en-US")} per device. Bars and points come from the memory model; GB = 10⁹ bytes.`
-    : `${d.model}: the training state alone (${gb(d.state_bytes, 1)} GB) is over the ${gb(d.budget_bytes, 0)} GB budget, so no sequence fits. Add tensor parallelism or ZeRO.`);
+    : `${d.model}: the training state alone (${gb(d.state_bytes, 1)} GB) is over the ${gb(d.budget_bytes, 0)} GB budget, so no sequence fits. ${remedy(d)}`);
+}
+
+// What would shrink the state: only the knobs this page has not already turned up.
+function remedy(d) {
+  const more = [d.tp < 8 && "more tensor parallelism (TP 8 fits a node)", d.zero < 3 && "a higher ZeRO stage"].filter(Boolean);
+  return more.length ? `Try ${more.join(" or ")}.` : "TP 8 and ZeRO-3 are already the most this page offers: the model needs devices with more memory, or a pipeline (the planner searches one).";
 }

@@ -64,7 +64,9 @@ export function count(x) {
 }
 
 /** Tokens: 102576 -> "103k", 6.56e6 -> "6.56M". */
-export const tokens = (x) => (x >= 1e6 ? `${+(x / 1e6).toPrecision(3)}M` : x >= 1e3 ? `${+(x / 1e3).toPrecision(3)}k` : String(x));
+// Token counts in binary units, as context lengths are spoken of: k = 2¹⁰, M = 2²⁰ tokens
+// (131,072 → "128k", 2,097,152 → "2M").
+export const tokens = (x) => (x >= 2 ** 20 ? `${+(x / 2 ** 20).toPrecision(3)}M` : x >= 2 ** 10 ? `${+(x / 2 ** 10).toPrecision(3)}k` : String(x));
 
 // -------------------------------------------------------------------------- page frame
 /** Nav bar, breadcrumb and previous/next links for the widget page `slug`. */

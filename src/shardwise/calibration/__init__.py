@@ -19,6 +19,9 @@ with the accelerator's datasheet peak and bandwidth times a few *achievable-frac
                           them (Calculon's `processor_usage`; measured slowdowns 5-20 %)
     tp_overlap_efficiency fraction of the adjacent GEMMs' time (of its `(t-1)/t` pipelined part)
                           that hides TP all-gathers/reduce-scatters under `--tp-comm-overlap`
+    sustained_compute     share of the component benchmarks' tensor-core rate a training job
+                          sustains (clocks under a long job's power and thermal limits, and
+                          what short kernel benchmarks do not see); fitted end to end
     attention_kernels     per fused-attention kernel ("fa2", "fa3", "cudnn", "math"): efficiency,
                           half_dim, half_seq, backward_ratio of `estimate.compute.
                           attention_efficiency` (fitted on kernel benchmarks)
@@ -33,8 +36,10 @@ with the accelerator's datasheet peak and bandwidth times a few *achievable-frac
 
 Per accelerator (`accelerators` in the JSON; `sources` cites the rows): the GEMM, attention,
 HBM and link constants are fitted on published component benchmarks (`data/components.json`,
-`benchmarks/fit_components.py`, residuals in docs/accuracy/components.md); the overlap
-constants (`overlap_contention`, `tp_overlap_efficiency`) stay as set on end-to-end runs.
+`benchmarks/fit_components.py`, residuals in docs/accuracy/components.md); three end-to-end
+constants per accelerator generation (`sustained_compute`, `overlap_contention`,
+`tp_overlap_efficiency`) are fitted on published runs by `benchmarks/validate_published.py
+--fit`, which reports them leave-one-family-out (docs/accuracy/published.md).
 `SOURCES.md` next to this file lists every source and what was transferred where none exists.
 
 A JSON file with the same shape overrides any subset
@@ -61,7 +66,7 @@ __all__ = ["Calibration", "default_calibration", "load_calibration"]
 
 _SCALARS = ("matmul_efficiency", "matmul_half_dim", "attention_efficiency", "hbm_efficiency",
             "kernel_overhead", "dp_bucket_bytes", "overlap_contention",
-            "tp_overlap_efficiency")
+            "tp_overlap_efficiency", "sustained_compute")
 # `machine` (the measured hardware, `calibration.machine`) and `measurements` (raw points and
 # fit residuals) are written by `shardwise calibrate`; `sources` cites the public rows each
 # generation's constants were fitted on (below); the constants ignore all three.
@@ -83,6 +88,7 @@ class Calibration:
     dp_bucket_bytes: float = 80e6
     overlap_contention: float = 0.15
     tp_overlap_efficiency: float = 0.8
+    sustained_compute: float = 1.0
     link_efficiency: dict[str, float] = field(default_factory=dict)
     link_latency: dict[str, float] = field(default_factory=dict)
     collective_call: dict[str, float] = field(default_factory=dict)
@@ -103,7 +109,7 @@ class Calibration:
         if not 0 <= self.overlap_contention <= 1:
             problems.append(f"overlap_contention must be in [0, 1], got {self.overlap_contention}")
         for name in ("matmul_efficiency", "attention_efficiency", "hbm_efficiency",
-                     "tp_overlap_efficiency"):
+                     "tp_overlap_efficiency", "sustained_compute"):
             value = getattr(self, name)
             if not 0 < value <= 1:
                 problems.append(f"{name} must be in (0, 1], got {value}")

@@ -154,6 +154,12 @@ class ComputeContext:
                    kernels, settings.attention)
 
     @property
+    def rate(self) -> float:
+        """The tensor cores' rate a training job sustains: the datasheet peak (`peak`, which
+        MFU divides by) × `Calibration.sustained_compute`."""
+        return self.peak * self.calibration.sustained_compute
+
+    @property
     def hbm(self) -> float:
         """Achievable HBM bandwidth (bytes/s)."""
         return self.accelerator.hbm_bandwidth * self.calibration.hbm_efficiency
@@ -240,7 +246,7 @@ def matmul_time(ctx: ComputeContext, m: Any, k: Any, n: Any, batch: Any = 1) -> 
     """Roofline time of `batch` GEMMs `(m×k)·(k×n)`: compute at `peak·e(m,k,n)` or HBM traffic,
     whichever is slower."""
     flops = 2.0 * m * k * n * batch
-    compute = flops / (ctx.peak * matmul_efficiency(ctx, m, k, n))
+    compute = flops / (ctx.rate * matmul_efficiency(ctx, m, k, n))
     traffic = batch * ctx.act_bytes * (m * k + k * n + m * n) / ctx.hbm
     return np.maximum(compute, traffic)
 
@@ -277,10 +283,10 @@ def _attention_core(ctx: ComputeContext, t: Any, c: Any, b: Any) -> tuple[Any, A
         def eff(backward: bool) -> Any:
             return factor[backward] * attention_efficiency(
                 kernel, d, s / c, True, ctx.accelerator, backward=backward, calibration=cal)
-        flash_fwd = flops / (ctx.peak * eff(False))
-        flash_bwd = 2.5 * flops / (ctx.peak * eff(True))
+        flash_fwd = flops / (ctx.rate * eff(False))
+        flash_bwd = 2.5 * flops / (ctx.rate * eff(True))
     else:
-        flash_fwd = flops / (ctx.peak * cal.attention_efficiency * _sat(d, cal.matmul_half_dim))
+        flash_fwd = flops / (ctx.rate * cal.attention_efficiency * _sat(d, cal.matmul_half_dim))
         flash_bwd = 2.5 * flash_fwd
     if ctx.flash:
         return flash_fwd, flash_bwd

@@ -99,6 +99,7 @@ from shardwise.estimate.compute import (
     optimizer_time,
 )
 from shardwise.estimate.memory import bytes_per_param_training, stage_param_counts
+from shardwise.estimate.uncertainty import Uncertainty, uncertainty
 from shardwise.hardware import Cluster
 from shardwise.layout import Layout, Partition, TrainSpec, stage_extremes
 from shardwise.placement import members_per_node
@@ -604,10 +605,19 @@ class StepEstimate:
     bubble_fraction: float = 0.0
     bubble_source: str = "closed form"
     flop_convention: str = FLOP_CONVENTION
+    # how sure: the validation band and what no published run measured (`estimate.uncertainty`;
+    # None on the "this machine" preset, which `shardwise check` validates instead)
+    uncertainty: Uncertainty | None = None
 
     def breakdown(self) -> dict[str, float]:
         """Seconds per component (they sum to `total`)."""
         return {name: getattr(self, name) for name in BREAKDOWN}
+
+    @property
+    def band(self) -> tuple[float, float]:
+        """(low, high) step time of the band (`uncertainty`; the step time itself without)."""
+        width = self.uncertainty.band if self.uncertainty else 0.0
+        return self.total * (1 - width), self.total * (1 + width)
 
     def time_to_train(self, tokens: float) -> float:
         """Seconds to train on `tokens` tokens at this step's throughput."""
@@ -670,10 +680,12 @@ def estimate_step(model: ModelSpec, cluster: Cluster, layout: Layout,
                                                              "dp_comm_total", "t_forward",
                                                              "t_backward")}
     values.update({k: float(v) for k, v in rates.items()})
+    sure = (None if cal.op_count == "runtime" else
+            uncertainty(cluster.accelerator.name, train.impl, layout, train))
     return StepEstimate(
         **values, microbatches=m, n_gpus=cluster.n_gpus,
         bubble_fraction=terms["bubble"] / (terms["bubble"] + busy) if busy > 0 else 0.0,
-        bubble_source=source,
+        bubble_source=source, uncertainty=sure,
     )
 
 

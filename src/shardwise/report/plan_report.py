@@ -42,22 +42,25 @@ def ranked_title(result: PlanResult) -> str:
               "; +N variants: layouts that differ only in ZeRO group size or stage partition, "
               "folded into their best (--all-variants lists them)")
     return (f"Top {len(result.ranked)} layouts by step time (of {result.stats.fits:,} that fit"
-            f"{folded}; memory = largest stage, GiB; MFU and HFU count full attention, "
-            "6N + 12·L·h·s FLOPs per token)")
+            f"{folded}; ± the step time's band from published runs of the nearest group, † "
+            "relies on something no published run validates; memory = largest stage, GiB; "
+            "MFU and HFU count full attention, 6N + 12·L·h·s FLOPs per token)")
 
 
 def ranked_table(result: PlanResult) -> Table:
     table = _table(ranked_title(result),
-                   ["#", "layout", "step", "tokens/s", "MFU", "HFU", "mem GiB", "compute", "TP",
-                    "DP", "PP+bubble", "other"])
+                   ["#", "layout", "step", "±", "tokens/s", "MFU", "HFU", "mem GiB", "compute",
+                    "TP", "DP", "PP+bubble", "other"])
     for entry in result.ranked:
         e = entry.estimate
         share = {k: v / e.total for k, v in e.breakdown().items()}
         other = share["cp_comm_exposed"] + share["ep_comm"] + share["optimizer"]
         folded = variants_text(entry.variants)
+        sure = e.uncertainty
         table.add_row(str(entry.rank),
-                      entry.layout.short() + (f" [dim]{folded}[/]" if folded else ""),
-                      human_time(e.total),
+                      entry.layout.short() + (f" [dim]{folded}[/]" if folded else "")
+                      + (" †" if sure and sure.unvalidated else ""),
+                      human_time(e.total), f"{sure.band:.0%}" if sure else "",
                       human_count(e.tokens_per_s), _pct(e.mfu), _pct(e.hfu),
                       _gib(entry.memory.total), _pct(share["compute"]), _pct(share["tp_comm"]),
                       _pct(share["dp_comm_exposed"]),
@@ -124,6 +127,30 @@ def _recompute_adds(recompute: str) -> str:
             "full": "every layer's forward recomputed"}[recompute]
 
 
+def _validation_sentence(result: PlanResult) -> str:
+    """How sure the winner's step time is, and — when it relies on what no published run
+    measured and beats the best validated layout shown by more than its band — why."""
+    sure = result.best.estimate.uncertainty
+    if sure is None:
+        return ""
+    text = (f"Its step time is good to ±{sure.band:.0%} ({sure.runs} published runs of the "
+            f"nearest group, {sure.group}, out of sample)")
+    if sure.validated:
+        return text + "."
+    text += f"; no published run measures {', '.join(sure.unvalidated)}"
+    validated = [e for e in result.ranked if e.estimate.uncertainty
+                 and e.estimate.uncertainty.validated]
+    total = result.best.estimate.total
+    if not validated:
+        return text + ", and no layout shown avoids that: treat the ranking as unvalidated."
+    ref = validated[0]
+    gain = ref.estimate.total / total - 1
+    why = ("more than the band: the gain comes from what is not validated"
+           if gain > sure.band else "within the band")
+    return (text + f". The best validated layout shown, {ref.layout.short()} (#{ref.rank}), "
+            f"takes {human_time(ref.estimate.total)} ({gain:+.0%}), {why}.")
+
+
 def explain(result: PlanResult) -> str:
     """One paragraph: why the winner wins, axis by axis, from the search's own alternatives."""
     best = result.best
@@ -137,6 +164,7 @@ def explain(result: PlanResult) -> str:
         f"{e.mfu:.1%} MFU ({e.mfu_causal:.1%} counting only the causal half of attention; "
         f"HFU {e.hfu:.1%} also counts {_recompute_adds(lay.recompute)})."]
     sentences.append(_simplest_sentence(result))
+    sentences.append(_validation_sentence(result))
     if lay.tp > 1:
         where = "inside each node" if lay.tp <= cl.gpus_per_node else "across nodes"
         sentences.append(

@@ -123,10 +123,13 @@ def _lookup(table: dict, name: str, what: str, aliases: dict[str, str] | None = 
 
 
 def get_accelerator(name: str) -> Accelerator:
+    """The accelerator preset `name` (or an alias of it); a `ShardwiseError` naming the valid
+    ones otherwise."""
     return _lookup(ACCELERATORS, name, "accelerator", ACCELERATOR_ALIASES)
 
 
 def get_link(name: str) -> Link:
+    """The link preset `name`; a `ShardwiseError` naming the valid ones otherwise."""
     return _lookup(LINKS, name, "link")
 
 

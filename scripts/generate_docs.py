@@ -12,8 +12,8 @@ also pymdownx.snippets sections (so a docs page includes a README example with
   between them or after), `vary=REGEX` names the lines whose numbers legitimately change from
   run to run (timings), which `--check` compares with their numbers masked.
 * docs/architecture.md's code tree (`code-tree`): every module under src/shardwise, the
-  benchmarks and scripts, with the first sentence of each docstring, and the import rules
-  tests/test_layers.py enforces.
+  benchmarks and scripts, with the first sentence of each docstring; and the import rules
+  tests/test_layers.py enforces (`import-rules`).
 
 Run `python scripts/generate_docs.py` to rewrite them; `--check` rewrites nothing and exits 1
 naming each stale block (tests/test_readme.py and tests/test_docs.py do the same per block).
@@ -151,8 +151,7 @@ def import_rules() -> dict[str, list[str]]:
 
 
 def code_tree() -> str:
-    """The code-tree block's body: the tree with each module's first sentence, then the
-    import rules (packages with the same rule share a row)."""
+    """The code-tree block's body: every module with the first sentence of its docstring."""
     src = ROOT / "src/shardwise"
     rows: list[tuple[str, Path | None]] = [
         ("src/shardwise/", src / "__init__.py"),
@@ -163,19 +162,30 @@ def code_tree() -> str:
     names = max(len(name) for name, _ in rows) + 2
     tree = "\n".join(f"{name:<{names}}{first_sentence(path, 100 - names) if path else ''}"
                      .rstrip() for name, path in rows)
+    return f"```text\n{tree}\n```\n"
+
+
+def import_rules_table() -> str:
+    """The import-rules block's body: tests/test_layers.py's rules, packages with the same
+    rule sharing a row."""
     by_rule: dict[tuple[str, ...], list[str]] = {}
     for package, banned in sorted(import_rules().items()):
         by_rule.setdefault(tuple(banned), []).append(package)
-    table = "\n".join("| " + ", ".join(f"`{p}`" for p in packages) + " | "
-                      + ", ".join(f"`{m}`" for m in banned) + " |"
-                      for banned, packages in by_rule.items())
-    return f"```text\n{tree}\n```\n\n| package | never imports |\n| --- | --- |\n{table}\n"
+    rows = "\n".join("| " + ", ".join(f"`{p}`" for p in packages) + " | "
+                     + ", ".join(f"`{m}`" for m in banned) + " |"
+                     for banned, packages in by_rule.items())
+    return f"| package | never imports |\n| --- | --- |\n{rows}\n"
 
 
-def stale_tree(text: str) -> list[str]:
-    """['code-tree is stale'] when the block differs from the tree as it is now."""
-    return [f"code-tree is stale; now:\n{code_tree()}"
-            for block in blocks(text) if block.name == "code-tree" and block.body != code_tree()]
+GENERATED_PAGES = {"code-tree": code_tree, "import-rules": import_rules_table}
+
+
+def stale_pages(text: str) -> list[str]:
+    """The docs page's generated blocks (code tree, import rules) that differ from what the
+    source and tests/test_layers.py give now."""
+    return [f"{block.name} is stale; now:\n{GENERATED_PAGES[block.name]()}"
+            for block in blocks(text) if block.name in GENERATED_PAGES
+            and block.body != GENERATED_PAGES[block.name]()]
 
 
 def main() -> int:
@@ -185,16 +195,19 @@ def main() -> int:
     args = parser.parse_args()
     readme, architecture = README.read_text(encoding="utf-8"), ARCHITECTURE.read_text("utf-8")
     if args.check:
-        stale = stale_examples(readme, args.only) if args.only != "code-tree" else []
-        stale += stale_tree(architecture) if args.only in (None, "code-tree") else []
+        stale = stale_examples(readme, args.only)
+        stale += [s for s in stale_pages(architecture)
+                  if args.only in (None, s.split(" ", 1)[0])]
         print("\n".join(stale) or "up to date")
         return 1 if stale else 0
     for block in blocks(readme):
         if block.name.startswith("example-") and args.only in (None, block.name):
             readme = replace(readme, block.name, run_example(block))
     README.write_text(readme, encoding="utf-8")
-    if args.only in (None, "code-tree"):
-        ARCHITECTURE.write_text(replace(architecture, "code-tree", code_tree()), "utf-8")
+    for name, generate in GENERATED_PAGES.items():
+        if args.only in (None, name):
+            architecture = replace(architecture, name, generate())
+    ARCHITECTURE.write_text(architecture, encoding="utf-8")
     return 0
 
 

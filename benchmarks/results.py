@@ -45,10 +45,10 @@ def _memory_gib() -> float | None:
 
 
 def stamp() -> str:
-    """One line: when, at which commit (`+changes` when the tree differs from it), on what
-    machine, under what load, by which command."""
+    """One line: when, at which commit (`+changes` when a tracked file other than the results
+    differs from it), on what machine, under what load, by which command."""
     commit = _git("rev-parse", "--short", "HEAD") or "unknown"
-    if _git("status", "--porcelain", "--untracked-files=no"):
+    if _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs/generated"):
         commit += "+changes"
     cores = os.cpu_count() or 1
     load = os.getloadavg()[0]

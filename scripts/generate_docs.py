@@ -10,7 +10,8 @@ also pymdownx.snippets sections (so a docs page includes a README example with
   command runs (`python -m shardwise …`, COLUMNS=150) and its output replaces the rest of the
   block. Options: `head=N` / `tail=N` keep the first / last N lines of the output (an `…` line
   between them or after), `vary=REGEX` names the lines whose numbers legitimately change from
-  run to run (timings), which `--check` compares with their numbers masked.
+  run to run or machine to machine (timings, rounding-level errors), which `--check` compares
+  with their numbers masked.
 * docs/architecture.md's code tree (`code-tree`): every module under src/shardwise, the
   benchmarks and scripts, with the first sentence of each docstring; and the import rules
   tests/test_layers.py enforces (`import-rules`).

@@ -5,8 +5,9 @@ its command prints now.
 Each example block (`<!-- --8<-- [start:example-…] -->`, written by
 `scripts/generate_docs.py`) is run again as a user runs it (`python -m shardwise …`,
 COLUMNS=150) and compared exactly, trailing spaces aside — except the lines its `vary=` option
-names (the training run's tokens/s and step time), whose numbers are masked and whose table
-padding may differ. The runtime's commands (demo, train, check) start processes: `slow`.
+names, whose numbers are masked and whose table padding may differ: the training run's tokens/s
+and step time, and the demo's rounding-level differences from one device (they depend on the
+CPU's kernels). The runtime's commands (demo, train, check) start processes: `slow`.
 """
 
 from __future__ import annotations

@@ -24,8 +24,9 @@ Run:
     PYTHONPATH=src python benchmarks/bench_check_step.py [--repeats 7] [--calibration FILE]
         [--json results.json]
 
-(`--calibration FILE` skips the calibration and uses that file.) The figures recorded in the
-README came from `--repeats 7` on the 2-core VM with every other process in it stopped.
+(`--calibration FILE` skips the calibration and uses that file.) It writes its tables to
+`docs/generated/bench_check_step.md` (`results.write_result`); the Accuracy page includes them.
+About 2 minutes to calibrate, then roughly 15 s per layout and round on 2 cores.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ import sys
 import tempfile
 import time
 from typing import Any
+
+from results import markdown_table, write_result
 
 from shardwise.runtime.measure import (
     CALL_ROW,
@@ -140,25 +143,39 @@ def main() -> None:
                            for what, (p, m) in clock.items()},
                "components_s": parts, "load_average": [r["load"] for r in runs[name]]}
         results.append(row)
-        top = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
-        print(f"{name:22s} predicted {predicted * 1e3:7.1f} ms  measured {median * 1e3:7.1f} ms "
-              f"(spread {row['spread']:5.1%}, runs "
-              f"{' '.join(f'{m * 1e3:.0f}' for m in measured)})  error "
-              + "  ".join(f"{label}{e:+6.1%} {'ok' if abs(e) <= 0.2 else 'MISS'}" for label, e in
-                          (("", row["error"]), ("host re-timed ", host),
-                           ("all re-timed ", both)))
-              + f"  vs fastest step {fastest * 1e3:.0f} ms {row['error_vs_fastest']:+6.1%}  | "
-              f"{', '.join(f'{k} {v * 1e3:.0f}' for k, v in top)}", flush=True)
-        if clock:
-            print("    clock (measured / predicted ms): " + ", ".join(
-                f"{what} {m * 1e3:.0f} / " + (f"{p * 1e3:.0f}" if p is not None else "-")
-                for what, (p, m) in clock.items()), flush=True)
-    print("drift (one-rank reference measured / predicted from the file, per round): "
-          + " ".join(f"{d:.2f}" for d in drift))
+        print(f"  {name}: predicted {predicted * 1e3:.1f} ms, measured {median * 1e3:.1f} ms",
+              flush=True)
+    table = markdown_table(
+        ["layout", "predicted (file)", "measured median (rounds)", "spread", "error: file",
+         "host re-timed", "all re-timed", "vs fastest", "largest predicted terms (ms)"],
+        [[r["layout"], f"{r['predicted_s'] * 1e3:.1f} ms",
+          f"{r['measured_median_s'] * 1e3:.1f} ms "
+          f"({' / '.join(f'{m * 1e3:.0f}' for m in r['measured_s'])})",
+          f"{r['spread']:.0%}", f"{r['error']:+.1%}", f"{r['error_host_retimed']:+.1%}",
+          f"{r['error_retimed']:+.1%}", f"{r['error_vs_fastest']:+.1%}",
+          ", ".join(f"{k} {v * 1e3:.0f}"
+                    for k, v in sorted(r["components_s"].items(), key=lambda kv: -kv[1])[:3])]
+         for r in results], "lrrrrrrrl")
+    clocks = markdown_table(
+        ["layout", "measured / predicted (ms)"],
+        [[r["layout"], ", ".join(
+            f"{what} {c['measured_median'] * 1e3:.0f} / "
+            + (f"{c['predicted'] * 1e3:.0f}" if c["predicted"] is not None else "–")
+            for what, c in r["clock_s"].items())] for r in results if r["clock_s"]], "ll")
     counts = [sum(abs(r[key]) <= 0.2 for r in results)
               for key in ("error", "error_host_retimed", "error_retimed")]
-    print(f"within ±20 % of {len(results)} layouts: {counts[0]} with the calibration file "
-          f"alone, {counts[1]} host re-timed, {counts[2]} all re-timed; calibration {path}")
+    text = (
+        f"{args.repeats} rounds, layouts round-robin; tiny models, s=64, global batch 8, fp32, "
+        f"gloo. Error = (predicted − measured) / measured, against the median of the rounds' "
+        f"medians; the re-timed predictions per round, then the median. Target ±20 %.\n\n"
+        f"{table}\n\nWithin ±20 % of {len(results)} layouts: {counts[0]} from the calibration "
+        f"file alone, {counts[1]} host re-timed, {counts[2]} all re-timed. The machine's drift "
+        f"since the calibration (the one-rank reference, measured ÷ predicted from the file, "
+        f"per round): {' '.join(f'{d:.2f}' for d in drift) or 'not run'}.\n\n"
+        f"Where the step's time went (rank 0's median step; the time blocked in each axis's "
+        f"collectives and the rest, measured against the model's terms for them):\n\n{clocks}")
+    print(text)
+    write_result("bench_check_step", text)
     if args.json_path:
         with open(path, encoding="utf-8") as f:
             calibration = json.load(f)

@@ -13,23 +13,11 @@ Each size: 2 warm-up runs of each, then `iters` timed runs alternating backend a
 (barrier before each; a run's time is the slowest rank's); medians are reported. float32
 tensors, gloo on loopback.
 
-Recorded 2026-11-30 (gloo, 4 ranks, float32, 1 MiB segments, median of 15; torch 2.13.0+cpu
-on a 2-core container shared with other jobs, load average ≈ 2 — four ranks on two cores, so
-these figures measure loopback copies and scheduling, not a network; run-to-run spread is
-about ±20 %). Three consecutive runs:
-
-    size     backend busbw   p2p ring busbw   ratio (runs 1 / 2 / 3)
-    1 MiB    0.21-0.35 GB/s  0.12-0.19 GB/s   0.35 / 0.71 / 0.67
-    4 MiB    0.62-0.64 GB/s  0.48-0.54 GB/s   0.78 / 0.83 / 0.85
-    16 MiB   0.89-1.01 GB/s  0.69-0.75 GB/s   0.68 / 0.85 / 0.77
-    64 MiB   1.06-1.09 GB/s  0.92-0.94 GB/s   0.88 / 0.88 / 0.84
-
-The ≥ 0.8 target is met at 64 MiB in every run, at 4 MiB in two of three, at 16 MiB in one
-of three (0.68-0.85) and at 1 MiB in none: there the ring's 2(N-1) = 6 Python-level steps,
-each waking four processes that share two cores, cost more than gloo's single C++ call.
-(Before the reduce-scatter steps were segmented the ring reached only 0.54 at 64 MiB:
-adding a 16 MiB chunk only after all of it had arrived serialised transfer and addition.)
-On an idle machine with a core per rank the figures should be re-recorded.
+It writes its table to `docs/generated/bench_collectives.md` (`results.write_result`).
+With more ranks than cores (four on a 2-core machine) the figures measure loopback copies and
+scheduling, not a network, and runs differ by about ±20 %. At small sizes the ring's
+2(N-1) Python-level steps, each waking every process, cost more than gloo's single C++ call;
+segmenting the reduce-scatter steps (`--segment-kib`) overlaps transfer and addition.
 """
 
 from __future__ import annotations
@@ -40,6 +28,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from results import markdown_table, write_result
 
 from shardwise.estimate.comm import bus_bandwidth
 from shardwise.runtime import collectives as C
@@ -90,14 +79,16 @@ def main() -> None:
     sizes = [float(s) for s in args.sizes_mb.split(",")]
     rows = spawn(_bench, args.ranks, sizes, args.iters, args.segment_kib * 1024,
                  timeout_s=1800, backend="gloo")[0]
-    print(f"ring all-reduce, {args.ranks} ranks, gloo, float32, median of {args.iters}, "
-          f"segments of {args.segment_kib} KiB")
-    print(f"{'size':>8}  {'backend busbw':>14}  {'p2p ring busbw':>15}  {'ratio':>6}")
-    for r in rows:
-        ratio = r["busbw_ring"] / r["busbw_native"]
-        print(f"{r['size_mb']:>5g} MiB  {r['busbw_native'] / 1e9:>9.3f} GB/s  "
-              f"{r['busbw_ring'] / 1e9:>10.3f} GB/s  {ratio:>6.2f}")
-
+    table = markdown_table(
+        ["size", "backend busbw", "p2p ring busbw", "ratio (target ≥ 0.8)"],
+        [[f"{r['size_mb']:g} MiB", f"{r['busbw_native'] / 1e9:.3f} GB/s",
+          f"{r['busbw_ring'] / 1e9:.3f} GB/s", f"{r['busbw_ring'] / r['busbw_native']:.2f}"]
+         for r in rows])
+    text = (f"Ring all-reduce, {args.ranks} ranks, gloo, float32, median of {args.iters}, "
+            f"segments of {args.segment_kib} KiB; bus bandwidth as nccl-tests defines it.\n\n"
+            f"{table}")
+    print(text)
+    write_result("bench_collectives", text)
 
 if __name__ == "__main__":
     main()

@@ -9,16 +9,9 @@ is the reference for speed; an fp64 norm of all gradients concatenated, for the 
 Run (one rank, gloo group of one; fp32 gradients of a Llama-style model, ~25 M parameters):
     PYTHONPATH=src python benchmarks/bench_grad_norm.py [--d-model 512] [--layers 8] [--iters 20]
 
-Recorded 2026-11-30 (torch 2.13.0+cpu, 1 thread, 2-core container shared with other jobs,
-load average ≈ 20, so absolute times are inflated and noisy; median of 10):
-
-    33.8 M fp32 gradients in 75 tensors
-    grad_norm (vector_norm, fp64 accumulation)       92.9 ms   rel. error 3.2e-13
-    before: fp64 copy per gradient                 2874.9 ms   rel. error 3.6e-13
-    torch.nn.utils.get_total_norm (fp32)             31.6 ms   rel. error 8.2e-06
-
-The fp64 copies (270 MB here, allocated afresh every step) dominated; accumulating in fp64
-costs ~3× PyTorch's fp32 norm, which in exchange is off by 8e-6 relative.
+It writes its table to `docs/generated/bench_grad_norm.md` (`results.write_result`). The fp64
+copies (allocated afresh every step) dominated the old way; accumulating in fp64 costs a few
+times PyTorch's fp32 norm, which in exchange carries fp32's rounding error.
 """
 
 from __future__ import annotations
@@ -31,6 +24,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from results import markdown_table, write_result
 
 from shardwise.arch import get_model
 from shardwise.layout import Layout
@@ -79,11 +73,15 @@ def main() -> None:
                     ("torch.nn.utils.get_total_norm (fp32)",
                      lambda: float(torch.nn.utils.get_total_norm(grads)))]
             n = sum(g.numel() for g in grads)
-            print(f"{n / 1e6:.1f} M fp32 gradients in {len(grads)} tensors, "
-                  f"median of {args.iters}")
-            for label, fn in rows:
-                ms = _median_ms(fn, args.iters)
-                print(f"  {label:46s} {ms:8.2f} ms   rel. error {abs(fn() - exact) / exact:.1e}")
+            table = markdown_table(
+                ["global gradient norm", "median", "relative error"],
+                [[label, f"{_median_ms(fn, args.iters):.2f} ms",
+                  f"{abs(fn() - exact) / exact:.1e}"] for label, fn in rows])
+            text = (f"{n / 1e6:.1f} M fp32 gradients in {len(grads)} tensors, one thread, "
+                    f"median of {args.iters}; error against an fp64 norm of all gradients "
+                    f"concatenated.\n\n{table}")
+            print(text)
+            write_result("bench_grad_norm", text)
         finally:
             dist.destroy_process_group()
 

@@ -11,27 +11,12 @@ baseline and the explanation's alternatives.
     eval rate   evaluated / time of the vectorised evaluation (wall, and CPU time)
     e2e rate    evaluated / wall time of the whole search
 
-Run: `.venv/bin/python benchmarks/bench_planner.py` (a few seconds).
-
-Recorded (2-core VM shared with other jobs, load average 11.6, NumPy 2.4, Python 3.11; with
-uneven pipeline stages and up to three searched partitions per pp in the grid; medians of 5):
-
-    scenario                                 grid   evaluated    fits  search  eval rate  CPU rate
-    Llama-3-405B, 16,384 H100, s=8192  45,077,760     228,624  76,035  0.846 s  0.54 M/s  1.41 M/s
-    GPT-530B, 2,520 A100, s=2048 (2021) 36,059,904     59,319   8,731  0.590 s  0.65 M/s  1.71 M/s
-    GPT-530B, 2,520 A100, + FlashAttn  36,059,904     165,294  21,454  0.787 s  0.49 M/s  1.21 M/s
-    Llama-3-8B, 64 H100 (CLI default)   3,983,616      92,853  73,402  0.248 s  0.62 M/s  1.63 M/s
-
-    (the wall-clock rates share the cores with the other jobs; before uneven stages, on a
-    quiet machine: 85,332 layouts of the 405B grid at 2.1 M/s.)
-
-    best layouts: 405B dp16 tp8 pp32 cp4 zero1/8 sp zb-h1 mb1;
-    530B (2021) dp21 tp8 pp15 zero1 sp interleaved×7 mb2 selective.
-    (MoE searches evaluate more per layout: Mixtral-8x7B on 64 H100 ≈ 0.8 M/s, 0.5 s in all.)
+Run: `python benchmarks/bench_planner.py` (a few seconds). It writes its table to
+`docs/generated/bench_planner.md` (`results.write_result`), which the Accuracy page includes.
 
 The end-to-end rate (evaluated / whole search) is lower for the small searches, where the fixed
-costs (top-10 scalar re-evaluation, the §7 baseline) dominate; every full search is well under
-1 s. For scale: Calculon reports about 300 layouts per second.
+costs (top-10 scalar re-evaluation, the §7 baseline) dominate. For scale: Calculon reports
+about 300 layouts per second.
 """
 
 from __future__ import annotations
@@ -39,6 +24,8 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+
+from results import markdown_table, write_result
 
 from shardwise.arch import ModelSpec, get_model
 from shardwise.hardware import Cluster
@@ -76,8 +63,7 @@ def cpu_rate(model: ModelSpec, cluster: Cluster, train: TrainSpec) -> float:
 
 
 def main() -> int:
-    print(f"{'scenario':<38} {'grid':>11} {'evaluated':>10} {'fits':>7} {'search':>8} "
-          f"{'eval rate':>10} {'CPU rate':>9} {'e2e rate':>9}  best layout")
+    rows = []
     worst_search = 0.0
     for name, model, cluster, train in SCENARIOS:
         runs = [plan(model, cluster, train, top=10) for _ in range(REPEATS)]
@@ -85,10 +71,18 @@ def main() -> int:
         rate = statistics.median(r.stats.layouts_per_s for r in runs)
         stats = runs[0].stats
         worst_search = max(worst_search, seconds)
-        print(f"{name:<38} {stats.grid:>11,} {stats.evaluated:>10,} {stats.fits:>7,} "
-              f"{seconds:>7.3f}s {rate / 1e6:>8.2f}M/s {cpu_rate(model, cluster, train) / 1e6:>7.2f}"
-              f"M/s {stats.evaluated / seconds / 1e6:>7.2f}M/s  {runs[0].best.layout.short()}")
-    print(f"\nslowest full search: {worst_search:.3f} s (target < 1 s)")
+        rows.append([name, f"{stats.grid:,}", f"{stats.evaluated:,}", f"{stats.fits:,}",
+                     f"{seconds:.3f} s", f"{rate / 1e6:.2f} M/s",
+                     f"{cpu_rate(model, cluster, train) / 1e6:.2f} M/s",
+                     f"{stats.evaluated / seconds / 1e6:.2f} M/s",
+                     f"`{runs[0].best.layout.short()}`"])
+    table = markdown_table(["scenario", "grid", "evaluated", "fits", "search", "eval rate",
+                            "CPU rate", "e2e rate", "best layout"], rows, "lrrrrrrrl")
+    verdict = "met" if worst_search < 1.0 else "MISSED"
+    text = (f"{table}\n\nMedians of {REPEATS} full searches each. Slowest full search: "
+            f"{worst_search:.3f} s (target < 1 s: {verdict}).")
+    print(text)
+    write_result("bench_planner", text)
     return 0 if worst_search < 1.0 else 1
 
 

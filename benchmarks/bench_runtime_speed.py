@@ -26,6 +26,10 @@ faster). On a shared machine the fastest step is the steadier figure.
 Run:
     PYTHONPATH=src python benchmarks/bench_runtime_speed.py [--part model|layouts|all]
         [--layers 4] [--d-model 256] [--seq 256] [--batch 8] [--steps 10]
+
+Each part writes its table (`results.write_result`): `docs/generated/bench_runtime_speed_model.md`
+and `docs/generated/bench_runtime_speed_layouts.md`. A step's time varies up to 2× on a shared
+machine: rerun on a quiet one with more `--steps` before quoting a single ratio.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from results import markdown_table, write_result
 from torch import nn
 
 from shardwise.arch import ModelSpec, get_model
@@ -206,15 +211,18 @@ def model_part(args: argparse.Namespace) -> list[tuple[str, float, float]]:
     return rows
 
 
-def print_model_table(rows: list[tuple[str, float, float]], args: argparse.Namespace) -> None:
-    print(f"one process, fp32, {torch.get_num_threads()} thread(s): {args.layers} layers, "
-          f"d_model {args.d_model}, {args.heads}/{args.kv_heads} heads, seq {args.seq}, "
-          f"batch {args.batch}; median of {args.steps}, interleaved")
-    print(f"{'':28}{'shardwise':>12}{'PyTorch':>12}{'ratio':>8}")
-    for name, ours, plain in rows:
-        # ratio as "shardwise is this many times slower": time ratio
-        ratio = plain / ours if name.endswith("tokens/s") else ours / plain
-        print(f"{name:28}{ours:12.1f}{plain:12.1f}{ratio:8.2f}")
+def write_model_table(rows: list[tuple[str, float, float]], args: argparse.Namespace) -> None:
+    table = markdown_table(
+        ["", "shardwise", "PyTorch", "ratio (time, shardwise ÷ PyTorch)"],
+        # the ratio of times either way: tokens/s is a rate, so its ratio is inverted
+        [[name, f"{ours:.1f}", f"{plain:.1f}",
+          f"{plain / ours if name.endswith('tokens/s') else ours / plain:.2f}"]
+         for name, ours, plain in rows])
+    text = (f"One process, fp32, {torch.get_num_threads()} thread(s): {args.layers} layers, "
+            f"d_model {args.d_model}, {args.heads}/{args.kv_heads} heads, seq {args.seq}, "
+            f"batch {args.batch}; median of {args.steps}, interleaved.\n\n{table}")
+    print(text)
+    write_result("bench_runtime_speed_model", text)
 
 
 # ------------------------------------------------------------- part 2: the layouts
@@ -415,19 +423,23 @@ def layouts_part(args: argparse.Namespace, names: list[str]
     return rows
 
 
-def print_layout_table(rows: list[tuple[str, str, dict[str, float]]],
+def write_layout_table(rows: list[tuple[str, str, dict[str, float]]],
                        args: argparse.Namespace) -> None:
-    print(f"2 gloo ranks, 1 thread each, fp32; global batch {args.batch}, seq {args.seq}; "
-          f"one micro-batch per step (pp: {PP_MICRO_BATCHES}); rank 0's steps, "
-          f"{args.steps} of each, interleaved; ms, median and fastest")
-    print(f"{'layout':11}{'PyTorch native':32}{'shardwise':>18}{'native':>18}"
-          f"{'ratio':>7}{'fastest':>8}")
-    for name, native, t in rows:
-        ours = f"{1e3 * t['shardwise median']:.0f} / {1e3 * t['shardwise min']:.0f}"
-        theirs = f"{1e3 * t['native median']:.0f} / {1e3 * t['native min']:.0f}"
-        print(f"{name:11}{native:32}{ours:>18}{theirs:>18}"
-              f"{t['shardwise median'] / t['native median']:7.2f}"
-              f"{t['shardwise min'] / t['native min']:8.2f}")
+    def pair(t: dict[str, float], side: str) -> str:
+        return f"{1e3 * t[side + ' median']:.0f} / {1e3 * t[side + ' min']:.0f}"
+
+    table = markdown_table(
+        ["layout", "PyTorch native", "shardwise (ms)", "native (ms)", "ratio", "ratio, fastest"],
+        [[name, native, pair(t, "shardwise"), pair(t, "native"),
+          f"{t['shardwise median'] / t['native median']:.2f}",
+          f"{t['shardwise min'] / t['native min']:.2f}"] for name, native, t in rows],
+        "llrrrr")
+    text = (f"2 gloo ranks, 1 thread each, fp32; global batch {args.batch}, seq {args.seq}; one "
+            f"micro-batch per step (pp: {PP_MICRO_BATCHES}); rank 0's steps, {args.steps} of "
+            f"each, interleaved; median / fastest, and their ratios shardwise ÷ native (< 1: "
+            f"shardwise faster).\n\n{table}")
+    print(text)
+    write_result("bench_runtime_speed_layouts", text)
 
 
 def main() -> None:
@@ -449,13 +461,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.part in ("model", "all"):
         torch.set_num_threads(args.threads)
-        print_model_table(model_part(args), args)
+        write_model_table(model_part(args), args)
     if args.part in ("layouts", "all"):
         names = [n.strip() for n in args.layouts.split(",")]
         unknown = [n for n in names if n not in LAYOUTS]
         if unknown:
             parser.error(f"unknown layout(s) {', '.join(unknown)}; valid: {', '.join(LAYOUTS)}")
-        print_layout_table(layouts_part(args, names), args)
+        write_layout_table(layouts_part(args, names), args)
 
 
 if __name__ == "__main__":

@@ -11,27 +11,20 @@
 Run: `python benchmarks/bench_web.py` (about half a minute; the page loads need
 /usr/bin/chromium). Each figure is the median of the repeats after one warm-up request.
 
-Recorded (2-core VM shared with seven other jobs, load average 15-20 during every run, so
-these are upper bounds; four runs of this commit, range of the medians):
-
-    /api/memory    p50   4.5 -  9.0 ms   (in-process: builder 0.3 ms)
-    /api/schedule  p50   6.0 - 13.8 ms   (in-process: simulate 2.2 ms, payload + response
-                                          validation 0.8 ms; the rest is HTTP under load)
-    /api/plan      p50   228 -  375 ms
-    page → chart   memory 527 - 849 ms, schedule 469 - 672 ms, planner 844 - 1340 ms (the
-                   planner's first chart waits for a full search of Llama-3-8B on 64 GPUs)
+It writes its table to `docs/generated/bench_web.md` (`results.write_result`), which the
+Accuracy page includes.
 """
 
 from __future__ import annotations
 
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
 
 import httpx
 import uvicorn
+from results import markdown_table, write_result
 
 from shardwise.web.app import create_app
 
@@ -62,24 +55,27 @@ def timed_posts(client: httpx.Client, path: str, body: dict, n: int) -> list[flo
     return times
 
 
-def report(name: str, times: list[float], unit: float = 1e3) -> None:
+def report(name: str, times: list[float], target: str) -> list[str]:
+    """One table row: the median and 90th percentile of `times` (seconds), in ms."""
     times = sorted(times)
     p90 = times[min(len(times) - 1, int(0.9 * len(times)))]
-    print(f"{name:<14} p50 {statistics.median(times) * unit:6.1f} ms   "
-          f"(p90 {p90 * unit:6.1f} ms, {len(times)} requests)")
+    return [name, f"{statistics.median(times) * 1e3:.1f} ms", f"{p90 * 1e3:.1f} ms",
+            str(len(times)), target]
 
 
-def page_loads(url: str, repeats: int = 5) -> None:
+def page_loads(url: str, repeats: int = 5) -> list[list[str]]:
+    """One row per page: navigation start to its first chart, the median of `repeats`
+    fresh browser contexts (after one warm-up)."""
     chromium = Path("/usr/bin/chromium")
     if not chromium.exists():
         print("page → chart: skipped (no /usr/bin/chromium)")
-        return
+        return []
     from playwright.sync_api import sync_playwright
 
+    rows = []
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(chromium),
                                              args=["--headless", "--no-sandbox"])
-        figures = []
         for page_name, selector in PAGES.items():
             times = []
             for _ in range(repeats + 1):
@@ -90,23 +86,28 @@ def page_loads(url: str, repeats: int = 5) -> None:
                 # navigation start → now, in the page's own clock
                 times.append(page.evaluate("performance.now()") / 1e3)
                 context.close()
-            figures.append(f"{page_name} {statistics.median(times[1:]) * 1e3:.0f} ms")
+            rows.append([f"page → chart: {page_name}",
+                         f"{statistics.median(times[1:]) * 1e3:.0f} ms", "", str(repeats),
+                         "< 1 s"])
         browser.close()
-    print("page → chart  ", ", ".join(figures), f"(medians of {repeats})")
+    return rows
 
 
 def main() -> None:
     server, url = start_server()
     try:
         with httpx.Client(base_url=url, timeout=60) as client:
-            report("/api/memory", timed_posts(client, "/api/memory", MEMORY, 100))
-            report("/api/schedule", timed_posts(client, "/api/schedule", SCHEDULE, 100))
-            report("/api/plan", timed_posts(client, "/api/plan", PLAN, 7))
-        page_loads(url)
+            rows = [report("/api/memory", timed_posts(client, "/api/memory", MEMORY, 100),
+                           "p50 < 10 ms"),
+                    report("/api/schedule", timed_posts(client, "/api/schedule", SCHEDULE, 100),
+                           "p50 < 10 ms"),
+                    report("/api/plan", timed_posts(client, "/api/plan", PLAN, 7), "p50 < 1 s")]
+        rows += page_loads(url)
     finally:
         server.should_exit = True
-    sys.stdout.flush()
-
+    text = markdown_table(["request", "p50", "p90", "repeats", "target"], rows, "lrrrl")
+    print(text)
+    write_result("bench_web", text)
 
 if __name__ == "__main__":
     main()

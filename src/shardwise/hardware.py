@@ -234,6 +234,8 @@ def _lookup(table: dict, name: str, what: str, aliases: dict[str, str] | None = 
 
 
 def get_accelerator(name: str) -> Accelerator:
+    """The accelerator preset `name` (or an alias of it); a `ShardwiseError` naming the valid
+    ones otherwise."""
     return _lookup(ACCELERATORS, name, "accelerator", ACCELERATOR_ALIASES)
 
 

@@ -102,6 +102,7 @@ def finite(value: Any, name: str, *, low: float | None = None, high: float | Non
 
 
 def positive_int(value: Any, name: str, high: int | None = None) -> int:
+    """An integer ≥ 1 (and ≤ `high` when given)."""
     return integer(value, name, low=1, high=high)
 
 

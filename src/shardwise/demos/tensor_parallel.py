@@ -162,6 +162,7 @@ def tp_rank(sp: bool, dtype_name: str = "float64",
 
 def tp_rank_both(dtype_name: str, reference: TPReference = single_device_reference
              ) -> list[dict[str, Any]]:
+    """`tp_rank` without, then with sequence parallelism: the rows of both."""
     return [tp_rank(False, dtype_name, reference), tp_rank(True, dtype_name, reference)]
 
 

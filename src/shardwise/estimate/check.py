@@ -267,6 +267,8 @@ def predicted_comm(model: ModelSpec, layout: Layout, train: TrainSpec, stage: in
 
 def comm_rows(terms: Sequence[Term], measured: dict[tuple[str, str], float], steps: int,
                layout: Layout) -> list[CheckRow]:
+    """One row per (mesh axis, collective): the bytes per step its `terms` predict against the
+    bytes `measured` over `steps` steps, per step (target: exact)."""
     predicted: dict[tuple[str, str], list[Term]] = {}
     for term in terms:
         predicted.setdefault((term.axis, term.op), []).append(term)
@@ -412,6 +414,8 @@ def state_rows(model: ModelSpec, layout: Layout, train: TrainSpec, stage: int,
 
 def peak_row(model: ModelSpec, layout: Layout, train: TrainSpec, stage: int,
              measured: float | None) -> CheckRow:
+    """The peak-memory row of `stage`: the modelled peak against `max_memory_allocated`
+    (reported, no target; None on CPU)."""
     breakdown = training_memory_per_gpu(model, layout, train)[stage]
     predicted = breakdown.peak  # held memory + the largest transient (MemoryBreakdown.peak)
     if measured is None:

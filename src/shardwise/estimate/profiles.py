@@ -140,10 +140,12 @@ DEFAULT_IMPL = "megatron-te"
 
 
 def profile_names() -> tuple[str, ...]:
+    """The implementation profiles' names, in the registry's order."""
     return tuple(PROFILES)
 
 
 def get_profile(name: str) -> Profile:
+    """The implementation profile `name`; a `ShardwiseError` naming the valid ones otherwise."""
     if name not in PROFILES:
         raise ShardwiseError(f"implementation profile {name!r} unknown; valid: "
                              f"{', '.join(PROFILES)}")

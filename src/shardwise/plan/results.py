@@ -65,6 +65,9 @@ class Alternative:
 
 @dataclass(frozen=True)
 class SearchStats:
+    """How big the search was and how long it took: grid points, layouts evaluated, layouts
+    that fit, seconds."""
+
     grid: int
     evaluated: int
     fits: int
@@ -79,6 +82,9 @@ class SearchStats:
 
 @dataclass(frozen=True)
 class PlanResult:
+    """What `plan` returns: the ranked layouts, the rejected regions, the baseline, the
+    search's statistics and its inputs."""
+
     model: ModelSpec
     cluster: Cluster
     train: TrainSpec

@@ -48,6 +48,8 @@ def ranked_title(result: PlanResult) -> str:
 
 
 def ranked_table(result: PlanResult) -> Table:
+    """The top layouts, one row each: step time, its band, rates, MFU/HFU, memory, the step's
+    shares."""
     table = _table(ranked_title(result),
                    ["#", "layout", "step", "±", "tokens/s", "MFU", "HFU", "mem GiB", "compute",
                     "TP", "DP", "PP+bubble", "other"])
@@ -69,6 +71,7 @@ def ranked_table(result: PlanResult) -> Table:
 
 
 def breakdown_table(entry: PlanEntry, title: str = "Step time") -> Table:
+    """One layout's step time by component, in seconds and as a share of the step."""
     e = entry.estimate
     table = _table(f"{title}: {entry.layout.short()} ({_count(e.microbatches, 'micro-batch')})",
                    ["component", "seconds", "share"])
@@ -82,6 +85,7 @@ def breakdown_table(entry: PlanEntry, title: str = "Step time") -> Table:
 
 
 def memory_table(entry: PlanEntry) -> Table:
+    """The largest stage's memory by part, in GiB and GB."""
     m = entry.memory
     table = _table(f"Memory of the largest stage (stage {m.stage}, {m.layers} layers, "
                    f"{_in_flight(m.in_flight, entry.layout.chunks)})", ["part", "GiB", "GB"])
@@ -253,6 +257,8 @@ def _simplest_sentence(result: PlanResult) -> str:
 
 def training_summary(entry: PlanEntry, tokens: float | None, price: float | None
                      ) -> dict[str, float] | None:
+    """Seconds and GPU-hours (and cost, with `price`) of training `tokens` on `entry`'s layout;
+    None without `tokens`."""
     if not tokens:
         return None
     out = {"tokens": tokens, "seconds": entry.estimate.time_to_train(tokens),

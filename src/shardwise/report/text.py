@@ -26,6 +26,7 @@ def table(title: str, columns: list[str], rows: Iterable[list[Any]] = ()) -> Tab
 
 
 def render_models(rows: list[dict[str, Any]], console: Console) -> None:
+    """Print `models_payload`'s rows as a table."""
     console.print(table(
         "Model presets (parameters: total / active)",
         ["model", "L", "h", "heads", "kv", "f", "V", "experts", "total", "active"],
@@ -36,6 +37,7 @@ def render_models(rows: list[dict[str, Any]], console: Console) -> None:
 
 
 def render_memory(out: dict[str, Any], console: Console) -> None:
+    """Print `memory_payload`: per-stage memory, what a layer saves, whether it fits."""
     train = out["train"]
     kernel = "FlashAttention" if out["fused_attention"] else "materialised attention"
     console.print(f"[bold]{out['model']}[/] on {out['gpus']}× {out['accelerator']}, "
@@ -82,6 +84,7 @@ def render_memory(out: dict[str, Any], console: Console) -> None:
 
 
 def render_comm(out: dict[str, Any], console: Console) -> None:
+    """Print `comm_payload`: rounds, bytes per rank, α-β time, bus bandwidth."""
     console.print(table(
         f"{out['op']} of {gb(out['size_bytes'])} on {out['ranks']} ranks over {out['link']} "
         f"({out['algorithm']})",
@@ -97,6 +100,8 @@ def render_comm(out: dict[str, Any], console: Console) -> None:
 
 def render_schedule(out: dict[str, Any], ascii_grid: str, console: Console,
                     svg_path: str | None = None) -> None:
+    """Print the schedule's ASCII grid and `schedule_payload`'s figures (and write the SVG when
+    asked)."""
     console.print(ascii_grid, soft_wrap=True)
     closed = out["bubble_closed_form"]
     console.print(table(

@@ -106,6 +106,7 @@ _MOMENTS = ("exp_avg", "exp_avg_sq")
 
 # ---------------------------------------------------------------- the directory (no processes)
 def checkpoint_name(step: int) -> str:
+    """The directory name of the checkpoint after `step` optimizer steps: `step-NNNNNN`."""
     return f"step-{step:06d}"
 
 

@@ -400,6 +400,8 @@ def recv(tensor: torch.Tensor, src: int, group: GroupLike = None, *,
 
 
 def barrier(group: GroupLike = None) -> None:
+    """A barrier over `group`, timed as a wait in that axis's collectives; no-op on a group of
+    one."""
     g = resolve(group)
     if g.size > 1:
         with blocked_in(g.name):

@@ -46,6 +46,7 @@ def encode(text: str) -> torch.Tensor:
 
 
 def decode(tokens: torch.Tensor) -> str:
+    """Text of byte tokens (invalid UTF-8 replaced): the inverse of `encode`."""
     return bytes(tokens.tolist()).decode("utf-8", errors="replace")
 
 

@@ -88,10 +88,12 @@ class RankFailure(RuntimeError):
 
 # ------------------------------------------------------------------------------ helpers
 def rank() -> int:
+    """This process's global rank (0 without a process group)."""
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def world_size() -> int:
+    """The number of ranks (1 without a process group)."""
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 

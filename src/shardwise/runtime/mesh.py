@@ -179,6 +179,7 @@ class Mesh:
 
 
 def build_mesh(layout: Layout | MeshShape, *, make_current: bool = True) -> Mesh:
+    """`Mesh.from_layout`: the mesh of `layout` for this process (current when `make_current`)."""
     return Mesh.from_layout(layout, make_current=make_current)
 
 
@@ -191,5 +192,6 @@ def current_mesh() -> Mesh | None:
 
 
 def set_current_mesh(mesh: Mesh | None) -> None:
+    """Make `mesh` the one `current_mesh` returns (None: no mesh)."""
     global _CURRENT
     _CURRENT = mesh

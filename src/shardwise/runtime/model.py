@@ -57,6 +57,7 @@ Projection = Callable[[torch.Tensor, tuple[torch.Tensor, ...]], tuple[torch.Tens
 
 
 def identity(x: torch.Tensor) -> torch.Tensor:
+    """`x` unchanged: the projection of a layer without tensor parallelism."""
     return x
 
 
@@ -90,6 +91,8 @@ class RMSNormFunction(torch.autograd.Function):
 
 
 class RMSNorm(nn.Module):
+    """RMSNorm with a learned scale, through `RMSNormFunction` (saves x and rstd)."""
+
     def __init__(self, dim: int, eps: float = 1e-5, dtype: torch.dtype = torch.float64):
         super().__init__()
         self.eps = eps
@@ -241,6 +244,8 @@ class AttentionFunction(torch.autograd.Function):
 
 
 def local_attention(causal: bool, flash: bool) -> AttentionCore:
+    """The attention core of one rank holding every position: `AttentionFunction` (causal or
+    not; `flash`: the fused kernel)."""
     def core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return AttentionFunction.apply(q, k, v, causal, flash)
 

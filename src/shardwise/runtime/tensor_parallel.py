@@ -188,21 +188,27 @@ def gather_linears(x: torch.Tensor, weights: tuple[torch.Tensor, ...],
 
 
 def copy_to_tp(x: torch.Tensor, group: GroupLike = "tp") -> torch.Tensor:
+    """Megatron's `f`: identity forward, all-reduce of the gradient over `group` backward."""
     g = C.resolve(group)
     return x if g.size == 1 else _CopyToTP.apply(x, g)
 
 
 def reduce_from_tp(x: torch.Tensor, group: GroupLike = "tp") -> torch.Tensor:
+    """Megatron's `g`: all-reduce over `group` forward, identity backward."""
     g = C.resolve(group)
     return x if g.size == 1 else _ReduceFromTP.apply(x, g)
 
 
 def gather_from_sequence(x: torch.Tensor, group: GroupLike = "tp") -> torch.Tensor:
+    """Sequence parallelism's entry: all-gather the sequence shards forward, reduce-scatter the
+    gradient backward."""
     g = C.resolve(group)
     return x if g.size == 1 else _GatherFromSequence.apply(x, g)
 
 
 def reduce_scatter_to_sequence(x: torch.Tensor, group: GroupLike = "tp") -> torch.Tensor:
+    """Sequence parallelism's exit: reduce-scatter into sequence shards forward, all-gather the
+    gradient backward."""
     g = C.resolve(group)
     return x if g.size == 1 else _ReduceScatterToSequence.apply(x, g)
 

@@ -22,6 +22,8 @@ STATIC = Path(__file__).parent / "static"
 
 
 def create_app() -> FastAPI:
+    """The FastAPI application: the tool and explainer APIs, the pages, one-line 400s for
+    `ShardwiseError`."""
     from importlib.metadata import version
 
     from fastapi_offline import FastAPIOffline

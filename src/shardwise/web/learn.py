@@ -63,6 +63,8 @@ class StateParts(BaseModel):
 
 
 class StageRow(BaseModel):
+    """One ZeRO stage: what it shards, bytes per device, bytes sent per step."""
+
     stage: int
     sharded: str
     bytes_per_device: float
@@ -70,11 +72,15 @@ class StageRow(BaseModel):
 
 
 class CurvePoint(BaseModel):
+    """Bytes per device of stages 0–3 at one device count."""
+
     devices: int
     bytes_per_device: list[float]  # stages 0..3
 
 
 class MemoryBudget(BaseModel):
+    """The memory-budget and ZeRO explainers' data (SPEC §2)."""
+
     params: float
     devices: int
     stage: int
@@ -120,6 +126,8 @@ def memory_budget(
 
 # ----------------------------------------------------------------------- 2: ring all-reduce
 class RingSnapshot(BaseModel):
+    """Every device's buffer after one step of the emulated ring all-reduce."""
+
     step: int  # 1 .. 2(N-1)
     phase: str
     sends: list[tuple[int, int]]  # (sender, chunk); each goes to sender + 1 mod N
@@ -129,6 +137,8 @@ class RingSnapshot(BaseModel):
 
 
 class RingRun(BaseModel):
+    """The emulated ring all-reduce, step by step."""
+
     devices: int
     element_bytes: int
     message_bytes: int  # M: one device's buffer
@@ -168,12 +178,16 @@ def ring(devices: int = Query(4, ge=2, le=8, description="devices in the ring"))
 
 # ------------------------------------------------------------------- 4: tensor-parallel MLP
 class Tensor2D(BaseModel):
+    """A named matrix, for display."""
+
     name: str
     shape: list[int]
     values: list[list[float]]
 
 
 class TPStage(BaseModel):
+    """One stage of the tensor-parallel MLP: its tensors and the collective, if any."""
+
     key: str
     title: str
     communication: str | None  # the collective at this stage, None for local work
@@ -182,6 +196,8 @@ class TPStage(BaseModel):
 
 
 class TPForward(BaseModel):
+    """The tensor-parallel MLP's forward, stage by stage, against one device's."""
+
     devices: int
     tokens: int
     hidden: int
@@ -264,11 +280,15 @@ def tp_mlp(devices: int = Query(2, ge=1, le=4, description="tensor-parallel devi
 
 # --------------------------------------------------------------------- 5: bubble vs M
 class BubblePoint(BaseModel):
+    """The bubble fraction at `m` micro-batches."""
+
     m: int
     bubble: float
 
 
 class BubbleCurve(BaseModel):
+    """The bubble against micro-batches for `p` stages (SPEC §6)."""
+
     p: int
     m: int
     v: int
@@ -316,6 +336,8 @@ def bubble(p: int = Query(4, ge=2, le=32, description="pipeline stages P"),
 
 # --------------------------------------------------------------------- 6: pipeline grid
 class GridEvent(BaseModel):
+    """One simulated action of the pipeline grid."""
+
     stage: int
     kind: str  # F, B or W
     micro_batch: int
@@ -325,6 +347,8 @@ class GridEvent(BaseModel):
 
 
 class PipelineGrid(BaseModel):
+    """A simulated schedule for the pipeline-grid explainer."""
+
     schedule: str
     p: int
     m: int
@@ -369,12 +393,16 @@ def pipeline(schedule: Literal["gpipe", "1f1b", "interleaved", "zb-h1"] = "1f1b"
 
 # ---------------------------------------------------------------------- 7: ring attention
 class RingAttentionStep(BaseModel):
+    """One ring-attention step: the K/V block each device holds and the causal pairs it absorbs."""
+
     step: int
     holds: list[int]  # the K/V block each device holds at this step
     pairs: list[int]  # causal (query, key) pairs it absorbs from it (0: skipped)
 
 
 class RingAttentionRun(BaseModel):
+    """The emulated ring attention's steps and per-device work."""
+
     devices: int
     tokens_per_device: int
     causal: bool
@@ -444,11 +472,15 @@ def ring_attention_run(
 
 # ------------------------------------------------------------------------ 8: context wall
 class WallPoint(BaseModel):
+    """The longest sequence that fits at one context-parallel degree."""
+
     cp: int
     max_seq_len: int
 
 
 class ContextWall(BaseModel):
+    """The context-wall explainer's data: the longest sequence per cp degree."""
+
     model: str
     models: list[str]
     budget_bytes: float

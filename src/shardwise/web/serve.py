@@ -45,6 +45,8 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def serve(host: str = "127.0.0.1", port: int = 8765, open_browser: bool = True) -> None:
+    """Serve the web app on `host:port` until Ctrl-C (a `ShardwiseError` without the ui extra
+    or for a taken port)."""
     try:
         import uvicorn
 

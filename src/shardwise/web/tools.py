@@ -55,6 +55,8 @@ class _In(BaseModel):
 
 # ------------------------------------------------------------------------------------ models
 class ModelRow(_Out):
+    """One model: its shape and parameter counts (`/api/models`)."""
+
     name: str
     layers: int
     hidden: int
@@ -69,12 +71,16 @@ class ModelRow(_Out):
 
 
 class ConfigUpload(_In):
+    """A Hugging Face config.json uploaded as JSON, with a name for it."""
+
     name: str = Field("uploaded", max_length=80, pattern=r"^[\w.+-]+$",
                       description="Name shown for the model.")
     config: dict[str, Any] = Field(description="The parsed Hugging Face config.json.")
 
 
 class ModelChoice(_In):
+    """A preset name, or an uploaded config (which wins)."""
+
     model: ModelName = Field(  # type: ignore[valid-type]
         DEFAULT_MODEL, description="A preset (see GET /api/models).")
     hf_config: ConfigUpload | None = Field(
@@ -100,6 +106,8 @@ def upload_model(upload: ConfigUpload) -> Any:
 
 
 class Hardware(_Out):
+    """The accelerator and link presets (`/api/hardware`)."""
+
     accelerators: dict[str, float] = Field(description="Name → HBM bytes.")
     aliases: dict[str, str]
     links: dict[str, float] = Field(description="Name → bytes/s per direction per GPU.")
@@ -115,6 +123,8 @@ def hardware() -> Any:
 
 # ------------------------------------------------------------------------------------ memory
 class LayoutFields(_In):
+    """A layout's fields, as `Layout` takes them."""
+
     tp: int = Field(1, ge=1, le=MAX_GPUS, description="Tensor-parallel degree.")
     pp: int = Field(1, ge=1, le=MAX_GPUS, description="Pipeline stages.")
     dp: int | None = Field(None, ge=1, le=MAX_GPUS,
@@ -134,6 +144,8 @@ class LayoutFields(_In):
 
 
 class TrainFields(_In):
+    """The cluster and what is trained, as `TrainSpec` and `Cluster.of` take them."""
+
     gpus: int = Field(8, ge=1, le=MAX_GPUS)
     gpu: str = Field("h100", max_length=40, description="Accelerator preset.")
     gpus_per_node: int = Field(8, ge=1, le=1024)
@@ -149,12 +161,17 @@ class TrainFields(_In):
 
 
 class MemoryRequest(ModelChoice, TrainFields, LayoutFields):
+    """`/api/memory`'s input: model, cluster, layout, training options (`shardwise memory`'s
+    options)."""
+
     global_batch: str | None = Field(None, max_length=40,
                                      description="Sequences (1024) or tokens (16M-tokens).")
     formula: Literal["generalised", "korthikanti"] = "generalised"
 
 
 class StageMemory(_Out):
+    """Bytes per GPU of one pipeline stage, by part."""
+
     stage: int
     layers: int
     in_flight: int
@@ -168,6 +185,8 @@ class StageMemory(_Out):
 
 
 class MemoryResponse(_Out):
+    """`/api/memory`'s answer: `shardwise memory --json`."""
+
     model: str
     layout: dict[str, Any]
     layout_short: str
@@ -192,6 +211,8 @@ def memory(request: MemoryRequest) -> Any:
 
 # -------------------------------------------------------------------------------------- comm
 class CommRequest(_In):
+    """`/api/comm`'s input (`shardwise comm`'s options)."""
+
     op: Literal["all-reduce", "reduce-scatter", "all-gather", "all-to-all",
                 "broadcast"] = "all-reduce"
     size: str = Field("1GB", max_length=40, description="Tensor size, e.g. 13.5GB.")
@@ -203,6 +224,8 @@ class CommRequest(_In):
 
 
 class CommResponse(_Out):
+    """`/api/comm`'s answer: `shardwise comm --json`."""
+
     op: str
     size_bytes: float
     ranks: int
@@ -222,6 +245,8 @@ def comm(request: CommRequest) -> Any:
 
 # ---------------------------------------------------------------------------------- schedule
 class ScheduleRequest(_In):
+    """`/api/schedule`'s input (`shardwise schedule`'s options)."""
+
     stages: int = Field(4, ge=1, le=128, description="Pipeline stages p.")
     microbatches: int = Field(8, ge=1, le=1024, description="Micro-batches m.")
     schedule: Literal[SCHEDULES] = "1f1b"  # type: ignore[valid-type]
@@ -242,6 +267,8 @@ class ScheduleRequest(_In):
 
 
 class ScheduleEvent(_Out):
+    """One action of the simulated timeline: stage, kind, micro-batch, chunk, start and end."""
+
     stage: int
     kind: Literal["F", "B", "W"]
     microbatch: int
@@ -251,6 +278,8 @@ class ScheduleEvent(_Out):
 
 
 class ScheduleResponse(_Out):
+    """`/api/schedule`'s answer: `shardwise schedule --json`."""
+
     schedule: str
     stages: int
     microbatches: int
@@ -285,6 +314,8 @@ def schedule_svg(request: Annotated[ScheduleRequest, Query()]) -> Response:
 
 # ---------------------------------------------------------------------------------------- plan
 class PlanRequest(ModelChoice, TrainFields):
+    """`/api/plan`'s input (`shardwise plan`'s options)."""
+
     gpus: int = Field(64, ge=1, le=MAX_GPUS)
     intra: str | None = Field(None, max_length=40, description="Intra-node link preset.")
     inter: str | None = Field(None, max_length=40, description="Inter-node link preset.")
@@ -306,6 +337,8 @@ class PlanRequest(ModelChoice, TrainFields):
 
 
 class PlanEntryOut(_Out):
+    """One ranked layout of a plan."""
+
     rank: int | None
     variants: int = Field(0, description="Other fitting layouts this row folds (they differ "
                                          "only in ZeRO group size or stage partition).")
@@ -318,6 +351,8 @@ class PlanEntryOut(_Out):
 
 
 class PlanResponse(_Out):
+    """`/api/plan`'s answer: `shardwise plan --json`."""
+
     model: str
     cluster: dict[str, Any]
     train: dict[str, Any]

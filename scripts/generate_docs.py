@@ -1,0 +1,216 @@
+"""Write the parts of README.md and docs/ that the code produces, between markers that are
+also pymdownx.snippets sections (so a docs page includes a README example with
+`--8<-- "README.md:NAME"`):
+
+    <!-- --8<-- [start:NAME] [options] -->
+    ...
+    <!-- --8<-- [end:NAME] -->
+
+* README.md's examples (`example-…` blocks): the block's first line is `$ shardwise …`; the
+  command runs (`python -m shardwise …`, COLUMNS=150) and its output replaces the rest of the
+  block. Options: `head=N` / `tail=N` keep the first / last N lines of the output (an `…` line
+  between them or after), `vary=REGEX` names the lines whose numbers legitimately change from
+  run to run or machine to machine (timings, rounding-level errors), which `--check` compares
+  with their numbers masked.
+* docs/architecture.md's code tree (`code-tree`): every module under src/shardwise, the
+  benchmarks and scripts, with the first sentence of each docstring; and the import rules
+  tests/test_layers.py enforces (`import-rules`).
+
+Run `python scripts/generate_docs.py` to rewrite them; `--check` rewrites nothing and exits 1
+naming each stale block (tests/test_readme.py and tests/test_docs.py do the same per block).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.util
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+COLUMNS = "150"
+BLOCK = re.compile(r"<!-- --8<-- \[start:(?P<name>[\w-]+)\](?P<options>[^>]*?) -->\n"
+                   r"(?P<body>.*?)<!-- --8<-- \[end:(?P=name)\] -->", re.S)
+OPTION = re.compile(r'(\w+)=("[^"]*"|\S+)')
+
+
+@dataclass(frozen=True)
+class Block:
+    """One generated block of a file: its name, its options and its current text."""
+
+    name: str
+    options: dict[str, str]
+    body: str
+
+
+def blocks(text: str) -> list[Block]:
+    """The generated blocks of `text`, in order."""
+    return [Block(m["name"], {k: v.strip('"') for k, v in OPTION.findall(m["options"])},
+                  m["body"]) for m in BLOCK.finditer(text)]
+
+
+def replace(text: str, name: str, body: str) -> str:
+    """`text` with block `name`'s body replaced by `body`."""
+    def swap(m: re.Match[str]) -> str:
+        if m["name"] != name:
+            return m[0]
+        return (f"<!-- --8<-- [start:{name}]{m['options']} -->\n{body}"
+                f"<!-- --8<-- [end:{name}] -->")
+    return BLOCK.sub(swap, text)
+
+
+# ---------------------------------------------------------------------------- README examples
+def command_of(block: Block) -> str:
+    """The `shardwise …` command a README example block runs (its first line, after `$ `)."""
+    first = block.body.split("```", 2)[1].split("\n")[1]
+    if not first.startswith("$ shardwise "):
+        raise ValueError(f"block {block.name}: the first line must be `$ shardwise …`")
+    return first.removeprefix("$ ")
+
+
+def run_example(block: Block) -> str:
+    """The block's new body: the command, then its output as `head`/`tail` keep it."""
+    command = command_of(block)
+    argv = [sys.executable, "-m", "shardwise", *shlex.split(command)[1:]]
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, check=False,
+                          env=os.environ | {"COLUMNS": COLUMNS})
+    if done.returncode != 0:
+        raise RuntimeError(f"{command} exited {done.returncode}:\n{done.stderr[-2000:]}")
+    lines = [line.rstrip() for line in done.stdout.rstrip("\n").split("\n")]
+    head, tail = int(block.options.get("head", 0)), int(block.options.get("tail", 0))
+    if head and len(lines) > head + tail:
+        lines = [*lines[:head], "…", *(lines[-tail:] if tail else [])]
+    return "```text\n" + "\n".join([f"$ {command}", *lines]) + "\n```\n"
+
+
+def normalised(body: str, vary: str | None) -> str:
+    """`body` as `--check` compares it: trailing spaces dropped; with `vary`, the numbers of
+    the lines matching it masked and every run of spaces or table rules shortened to one, as
+    a different timing may widen a table's column."""
+    lines = [line.rstrip() for line in body.strip().split("\n")]
+    if vary:
+        pattern = re.compile(vary)
+        lines = [re.sub(r"[\d.,]+", "#", line) if pattern.search(line) else line
+                 for line in lines]
+        lines = [re.sub(r"([ ─━])\1+", r"\1", line) for line in lines]
+    return "\n".join(lines)
+
+
+def stale_examples(text: str, only: str | None = None) -> list[str]:
+    """The example blocks of `text` (or only block `only`) whose output differs from a new
+    run's, each with the new output."""
+    stale = []
+    for block in blocks(text):
+        if block.name.startswith("example-") and only in (None, block.name):
+            new = run_example(block)
+            vary = block.options.get("vary")
+            if normalised(new, vary) != normalised(block.body, vary):
+                stale.append(f"{block.name} is stale; now:\n{new}")
+    return stale
+
+
+# ---------------------------------------------------------------------------- the code tree
+def first_sentence(path: Path, width: int) -> str:
+    """The first sentence of the module docstring of `path` (empty without one), cut at a word
+    to at most `width` characters."""
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    paragraph = " ".join(doc.split("\n\n")[0].split())
+    match = re.match(r"(.+?(?<! al)(?<!e\.g)(?<!i\.e))\.(\s|$)", paragraph)
+    sentence = match[1] if match else paragraph
+    if len(sentence) <= width:
+        return sentence
+    return sentence[:width - 1].rsplit(" ", 1)[0].rstrip(",;:(") + "…"
+
+
+def _listing(folder: Path, indent: str) -> list[tuple[str, Path]]:
+    rows = []
+    for path in sorted(folder.iterdir(), key=lambda p: (p.is_dir(), p.name)):
+        if path.is_dir() and (path / "__init__.py").exists():
+            rows.append((f"{indent}{path.name}/", path / "__init__.py"))
+            rows += [row for row in _listing(path, indent + "  ")
+                     if not row[0].endswith("__init__.py")]
+        elif path.suffix == ".py":
+            rows.append((f"{indent}{path.name}", path))
+    return rows
+
+
+def import_rules() -> dict[str, list[str]]:
+    """tests/test_layers.py's RULES: package → the modules it must never import."""
+    spec = importlib.util.spec_from_file_location("test_layers", ROOT / "tests/test_layers.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.RULES
+
+
+def code_tree() -> str:
+    """The code-tree block's body: every module with the first sentence of its docstring."""
+    src = ROOT / "src/shardwise"
+    rows: list[tuple[str, Path | None]] = [
+        ("src/shardwise/", src / "__init__.py"),
+        *[row for row in _listing(src, "  ") if row[0] != "  __init__.py"]]
+    for folder in ("benchmarks", "scripts"):
+        rows += [(f"{folder}/", None),
+                 *[(f"  {p.name}", p) for p in sorted((ROOT / folder).glob("*.py"))]]
+    names = max(len(name) for name, _ in rows) + 2
+    tree = "\n".join(f"{name:<{names}}{first_sentence(path, 100 - names) if path else ''}"
+                     .rstrip() for name, path in rows)
+    return f"```text\n{tree}\n```\n"
+
+
+def import_rules_table() -> str:
+    """The import-rules block's body: tests/test_layers.py's rules, packages with the same
+    rule sharing a row."""
+    by_rule: dict[tuple[str, ...], list[str]] = {}
+    for package, banned in sorted(import_rules().items()):
+        by_rule.setdefault(tuple(banned), []).append(package)
+    rows = "\n".join("| " + ", ".join(f"`{p}`" for p in packages) + " | "
+                     + ", ".join(f"`{m}`" for m in banned) + " |"
+                     for banned, packages in by_rule.items())
+    return f"| package | never imports |\n| --- | --- |\n{rows}\n"
+
+
+GENERATED_PAGES = {"code-tree": code_tree, "import-rules": import_rules_table}
+
+
+def stale_pages(text: str) -> list[str]:
+    """The docs page's generated blocks (code tree, import rules) that differ from what the
+    source and tests/test_layers.py give now."""
+    return [f"{block.name} is stale; now:\n{GENERATED_PAGES[block.name]()}"
+            for block in blocks(text) if block.name in GENERATED_PAGES
+            and block.body != GENERATED_PAGES[block.name]()]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="rewrite nothing; exit 1 if stale")
+    parser.add_argument("--only", help="one block, e.g. example-plan or code-tree")
+    args = parser.parse_args()
+    readme, architecture = README.read_text(encoding="utf-8"), ARCHITECTURE.read_text("utf-8")
+    if args.check:
+        stale = stale_examples(readme, args.only)
+        stale += [s for s in stale_pages(architecture)
+                  if args.only in (None, s.split(" ", 1)[0])]
+        print("\n".join(stale) or "up to date")
+        return 1 if stale else 0
+    for block in blocks(readme):
+        if block.name.startswith("example-") and args.only in (None, block.name):
+            readme = replace(readme, block.name, run_example(block))
+    README.write_text(readme, encoding="utf-8")
+    for name, generate in GENERATED_PAGES.items():
+        if args.only in (None, name):
+            architecture = replace(architecture, name, generate())
+    ARCHITECTURE.write_text(architecture, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

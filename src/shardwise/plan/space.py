@@ -26,6 +26,9 @@ class SearchSpace:
     pp: tuple[int, ...] | None = None
     cp: tuple[int, ...] | None = None
     ep: tuple[int, ...] | None = None
+    # expert tensor parallel: 0 (= tp, Megatron's default) and 1 (experts unsplit, the
+    # DeepSeek-V3 recipes' choice) for MoE models
+    etp: tuple[int, ...] | None = None
     micro_batch: tuple[int, ...] | None = None
     zero: tuple[int, ...] = (0, 1, 2, 3)
     zero_groups: tuple[int, ...] | None = None
@@ -49,6 +52,7 @@ class SearchSpace:
                               if (c <= min(self.max_cp, n) and train.seq_len % (2 * c) == 0)
                               or c == 1])
         ep = list(self.ep or (_divisors(model.n_experts) if model.is_moe else [1]))
+        etp = list(self.etp or ([0, 1] if model.is_moe else [0]))
         mb = list(self.micro_batch or range(1, self.max_micro_batch + 1))
         chunks = list(self.chunks or [d for d in _divisors(model.n_layers) if d >= 2])
         groups = list(self.zero_groups or [2**k for k in range(1, 20) if 2**k < n])
@@ -64,6 +68,7 @@ class SearchSpace:
         for name in self.recompute:
             if name not in RC_CODES:
                 raise ShardwiseError(f"unknown recompute {name!r}; valid: none, selective, full")
-        return {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "micro_batch": mb, "schedule": sched,
+        return {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "etp": etp, "micro_batch": mb,
+                "schedule": sched,
                 "zero": zero, "sp": [int(bool(x)) for x in self.sp],
                 "recompute": [RC_CODES[r] for r in self.recompute]}

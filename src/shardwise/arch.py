@@ -648,7 +648,10 @@ def _from_deepseek(cfg: dict, name: str, kind: str) -> ModelSpec:
     V2 scores with a softmax, "greedy" or "group_limited_greedy" (group score: its best
     expert) and never renormalises (`DeepseekV2TopkRouter` ignores `norm_topk_prob`). Both
     scale the gates by `routed_scaling_factor`. Unset fields take transformers' defaults."""
+    # a null field takes the default, but a null q_lora_rank means no q latent
     c = {**_DEEPSEEK_DEFAULTS[kind], **{k: v for k, v in cfg.items() if v is not None}}
+    if "q_lora_rank" in cfg and cfg["q_lora_rank"] is None:
+        c["q_lora_rank"] = 0
     heads = c["num_attention_heads"]
     if c.get("attention_bias") or c.get("mlp_bias"):
         raise ShardwiseError(f"config {name!r}: biases (attention_bias, mlp_bias) are not "

@@ -53,9 +53,9 @@ the kv latent `r_kv`, whose input is a split view of W_DKV's output, so its whol
 `r_kv + d_R` storage stays alive; the latents are replicated over tp, ÷t with SP (the
 down-projections run on the sequence shard). q and k (`d_nope + d_R` per head) and v (`d_v`)
 are made contiguous before the core, which keeps them, its output (= O's input) and the
-softmax statistics. shardwise's runtime keeps the same (exact, `shardwise check`) except that
-with a fused kernel it pads V to the query/key width (`Profile.pads_value`). torchtitan and
-hf-* apply their norm and attention rules to the same walk: not measured for MLA.
+softmax statistics; shardwise's runtime keeps the same (exact against it, `shardwise check`).
+torchtitan and hf-* apply their norm and attention rules to the same walk: not measured for
+MLA.
 
 All profiles share shardwise's rules for parallelism (SPEC §3): replicated tensors ÷t only with
 sequence parallelism, head- or f-sharded ones ÷t, K/V at `max(a_kv/t, 1)` heads, all ÷c; full
@@ -101,9 +101,6 @@ class Profile:
     mlp_keeps_activation: the gated MLP's act(gate) is saved apart from the product.
     residual_dropout: hidden dropout masks after attention and MLP (with `model.dropout`).
     routing_per_copy / routing_per_token: what an MoE router keeps besides its probabilities.
-    pads_value: with a fused kernel, MLA's V and attention output are kept at the query/key
-    head width (`d_nope + d_R`), not `d_v` (shardwise's runtime pads V for torch's CPU flash
-    kernel; Transformer Engine's fused attention takes `d_v ≠ d_qk` as is).
     """
 
     name: str
@@ -116,7 +113,6 @@ class Profile:
     residual_dropout: bool
     routing_per_copy: float = 0.0  # MoE bookkeeping bytes per routed copy (indices, weights)
     routing_per_token: float = 0.0  # … and per token
-    pads_value: bool = False  # MLA: V (and the output) kept at the query/key head width
 
     def validate(self) -> Profile:
         if self.norm not in ("fused", "hf", "torch"):
@@ -134,8 +130,7 @@ _HF_ROUTING = (4 * 8 + 2 * 4, 4.0)
 
 PROFILES: dict[str, Profile] = {p.name: p.validate() for p in (
     Profile("shardwise", "shardwise runtime (SPEC §3 generalised count)", "shardwise.runtime",
-            "exact against the runtime (shardwise check)", "fused", "flag", False, True,
-            pads_value=True),
+            "exact against the runtime (shardwise check)", "fused", "flag", False, True),
     Profile("megatron-te", "Megatron-Core + Transformer Engine",
             "Megatron-Core 0.16.1 (fused_bias_swiglu), Megatron-LM theoretical_memory_usage.py, "
             "Transformer Engine's layernorm_linear/attention (main branch)",
@@ -278,11 +273,7 @@ def saved_tensors(profile: Profile | str, model: ModelSpec, seq_len: int, micro_
              model.kv_lora_rank + model.qk_rope_head_dim)
     not_selective = _pick(selective, False, True)
     fused = fused_attention(prof, flash)
-    # the value head width the core keeps: d_v, or (MLA in shardwise's runtime, fused) d_qk —
-    # it pads V to the query/key width for torch's CPU flash kernel, which needs equal widths
-    d_v = model.value_head_dim
-    if model.is_mla and prof.pads_value and fused:
-        d_v = model.head_dim
+    d_v = model.value_head_dim  # = d but for MLA
     add("q", sb * model.q_dim * ab / tp)  # a·d: h unless the config names head_dim
     if prof.attention == "eager":
         # repeat_kv copies K and V to all heads, unless one K/V head is left (the expand then

@@ -321,20 +321,23 @@ class RoutingRule:
         """probs (T, E) -> the k chosen experts (T, k) and their gates (T, k): the k largest
         `p + bias` within the `topk_groups` best groups; gates `p` of those, renormalised over
         the k when `normalize`, times `scale`."""
-        choice = probs if self.bias is None else probs + self.bias
-        if self.groups > 1:
-            tokens, experts = choice.shape
-            grouped = choice.view(tokens, self.groups, experts // self.groups)  # (T, G, E/G)
-            group_score = (grouped.topk(2, dim=-1).values.sum(dim=-1) if self.score == "sigmoid"
-                           else grouped.amax(dim=-1))  # (T, G)
-            best = group_score.topk(self.topk_groups, dim=-1).indices
-            allowed = torch.zeros_like(group_score, dtype=torch.bool).scatter(1, best, True)
-            choice = choice.masked_fill(~allowed.repeat_interleave(experts // self.groups, 1),
-                                        float("-inf"))
-        chosen = choice.topk(self.top_k, dim=-1).indices  # (T, k)
-        top = probs.gather(1, chosen)
+        if self.groups == 1 and self.bias is None:  # the k largest scores themselves
+            top, chosen = probs.topk(self.top_k, dim=-1)  # (T, k)
+        else:
+            choice = probs if self.bias is None else probs + self.bias
+            if self.groups > 1:
+                tokens, experts = choice.shape
+                grouped = choice.view(tokens, self.groups, -1)  # (T, E) -> (T, G, E/G)
+                group_score = (grouped.topk(2, dim=-1).values.sum(dim=-1)
+                               if self.score == "sigmoid" else grouped.amax(dim=-1))  # (T, G)
+                best = group_score.topk(self.topk_groups, dim=-1).indices
+                allowed = torch.zeros_like(group_score, dtype=torch.bool).scatter(1, best, True)
+                allowed = allowed.repeat_interleave(experts // self.groups, dim=1)  # (T, E)
+                choice = choice.masked_fill(~allowed, float("-inf"))
+            chosen = choice.topk(self.top_k, dim=-1).indices  # (T, k)
+            top = probs.gather(1, chosen)
         gates = top / top.sum(dim=-1, keepdim=True) if self.normalize else top
-        return chosen, gates * self.scale
+        return chosen, gates if self.scale == 1 else gates * self.scale
 
     def for_group(self, probs: torch.Tensor, shards: SequenceShards | None) -> RoutingRule:
         """This rule with the capacity's decision fixed when the group's tokens are spread
@@ -394,12 +397,12 @@ class _WeightedCombine(torch.autograd.Function):
         d_out = plan.gate.to(dy.dtype)[:, None] * dy_rows
         d_gates = torch.zeros_like(routing.gates)  # (T, k), the probabilities' dtype
         d_gates[plan.token, plan.slot] = (dy_rows * expert_out).sum(dim=1).to(d_gates.dtype)
+        scaled = d_gates if rule.scale == 1 else rule.scale * d_gates
         if rule.normalize:  # g = r·top / Σ top: d_top = (r·d_g - Σ d_g·g) / Σ top
             total = probs.gather(1, routing.experts).sum(dim=-1, keepdim=True)
-            d_top = (rule.scale * d_gates
-                     - (d_gates * routing.gates).sum(dim=-1, keepdim=True)) / total
+            d_top = (scaled - (d_gates * routing.gates).sum(dim=-1, keepdim=True)) / total
         else:  # g = r·top
-            d_top = rule.scale * d_gates
+            d_top = scaled
         d_probs = torch.zeros_like(probs).scatter(1, routing.experts, d_top)
         return d_out, d_probs, None, None
 

@@ -3,16 +3,24 @@
 shapes, and expert tensor parallelism's rank layout against megatron-core's own
 `RankGenerator`."""
 
+import json
+
 import pytest
 
 from shardwise.arch import PRESETS, from_hf_dict, get_model
 from shardwise.emit import megatron_args, torchtitan_args
 from shardwise.errors import LayoutError, ShardwiseError
-from shardwise.estimate.memory import kv_cache_bytes_per_token, layer_params
+from shardwise.estimate.memory import (
+    kv_cache_bytes_per_token,
+    layer_params,
+    moe_layers_on_stage,
+    stage_layers,
+)
 from shardwise.hardware import Cluster
 from shardwise.layout import Layout, TrainSpec
 from shardwise.placement import MeshShape
 from shardwise.plan.space import SearchSpace
+from tests.cli_helpers import shardwise
 
 # deepseek-ai/DeepSeek-V2-Lite config.json (the sizes; its rope and routing fields are the
 # preset's, `deepseek-v2-lite`)
@@ -172,3 +180,24 @@ def test_emit_expert_tensor_parallel_size():
         model, layout.with_(etp=0), train).text  # Megatron's default: tp
     with pytest.raises(ShardwiseError, match="torchtitan 0.3.0 has no expert tensor"):
         torchtitan_args(model, layout, train)
+
+
+@pytest.mark.parametrize("pp, chunks, partition", [(16, 1, ()), (4, 1, (10, 17, 17, 17)),
+                                                   (2, 1, ())])
+def test_moe_layers_per_stage_skip_the_dense_first_layers(pp, chunks, partition):
+    """The memory model's MoE count per stage equals the layers' own `is_moe_layer` (the
+    first 3 of DeepSeek-V3's 61 are dense)."""
+    v3 = get_model("deepseek-v3")
+    layout = Layout(pp=pp, dp=8, chunks=chunks, partition=partition)
+    for stage in range(pp):
+        held = stage_layers(v3, layout, stage)
+        assert moe_layers_on_stage(v3, pp, chunks, stage, partition) == sum(
+            v3.is_moe_layer(k) for k in held)
+    assert v3.n_moe_layers == 58 and not any(v3.is_moe_layer(k) for k in range(3))
+
+
+def test_memory_answers_for_deepseek_v3_on_2048_gpus():
+    out = shardwise("memory", "deepseek-v3", "--gpus", "2048", "--pp", "16", "--ep", "64",
+                    "--zero", "1", "--json")
+    stages = json.loads(out.stdout)["stages"]
+    assert len(stages) == 16 and all(s["total"] > 0 for s in stages)

@@ -122,7 +122,9 @@ __all__ = [
 
 FLOP_CONVENTION = (
     "mfu: model FLOPs = 3 x forward, full s^2 attention (6N + 12*L*h*s per token: Megatron-LM "
-    "num_floating_point_operations, Korthikanti et al. 2022, PaLM); mfu_causal: attention "
+    "num_floating_point_operations, Korthikanti et al. 2022, PaLM; MLA: scores at "
+    "d_nope + d_rope, P*V at d_v per head, the projections as they run, unabsorbed); "
+    "mfu_causal: attention "
     "counted as the causal half; hfu: mfu's FLOPs plus recomputation (full: every layer's "
     "forward again; selective: attention scores and P*V again)")
 
@@ -325,8 +327,8 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     tp_crit = tp_f + tp_b + tp_ar * np.where(single, 2, 1) + np.where(t > 1, ce, 0.0)
 
     # ---- context parallel: ring K/V transfers hidden behind block compute when possible
-    kv = np.maximum(model.n_kv_heads // t, 1) * model.head_dim
-    kv_block = 2 * s / c * b * kv * ab
+    kv_heads = np.maximum(model.n_kv_heads // t, 1)  # K at d, V at d_v (MLA: d_v < d)
+    kv_block = s / c * b * kv_heads * (model.head_dim + model.value_head_dim) * ab
     cp_intra = on_node("cp") == c
     cp_step = (p2p_latency(links, np.where(cp_intra, links.intra_lat, links.inter_lat))
                + kv_block / np.where(cp_intra, links.intra_bw, links.inter_bw))

@@ -237,14 +237,14 @@ def moe_layer(x: torch.Tensor, params: MoEParams, top_k: int, *,
     for xg in x.chunk(groups):
         probs = rule.probs(xg, params.router)
         group_rule = rule.for_group(probs, shards)
-        routing, plan = group_rule.plan(probs)
+        choice, plan = group_rule.plan(probs)
         rows = gather_rows(xg, probs, plan, group_rule)  # (N, h), sorted by expert
         outputs = [expert_mlp(chunk, params.w_gate[i], params.w_up[i], params.w_down[i])
                    for i, chunk in enumerate(rows.split(plan.per_expert.tolist()))
                    if chunk.shape[0]]
         expert_out = torch.cat(outputs) if outputs else rows
         outs.append(weighted_combine(expert_out, probs, plan, group_rule))
-        losses.append(load_balancing_loss(probs, routing.experts, shards))
+        losses.append(load_balancing_loss(probs, choice.experts, shards))
         routed.append(plan.routed)
         kept.append(plan.per_expert)
     return MoEResult(torch.cat(outs), torch.stack(losses).mean(),

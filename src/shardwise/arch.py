@@ -247,6 +247,9 @@ class ModelSpec:
         elif self.is_moe and (self.n_experts % g or self.top_k > k * self.n_experts // g):
             out.append(f"expert_groups={g} must divide n_experts={self.n_experts} and "
                        f"topk_groups={k} of them hold ≥ top_k={self.top_k} experts")
+        elif self.is_moe and g > 1 and self.router_score == "sigmoid" and self.n_experts < 2 * g:
+            out.append(f"sigmoid routing scores a group by its two best experts: "
+                       f"expert_groups={g} needs ≥ 2 experts each")
         return out
 
     def with_(self, **changes: object) -> ModelSpec:

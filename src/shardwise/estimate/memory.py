@@ -294,7 +294,8 @@ class MemoryBreakdown:
         loss buffer          last stage: the loss's fp32 softmax / gradient buffer, one
                              logits-sized fp32 tensor `s·b·V·4/t` beside the held logits
         attention workspace  backward of one layer's attention: FlashAttention-2's fp32 `dq`
-                             accumulator `s·b·h·4/t`; materialised attention: the fp32
+                             accumulator `s·b·a·d·4/t` (`a·d = h` but for `d_head` or
+                             MLA); materialised attention: the fp32
                              gradient of the scores `a·s²·b·4/t`
         ZeRO-3 gather        the two gathered layers (= `workspace`, already in `total`)
         gradient bucket      ZeRO-2/3: one layer's unsharded gradients before the
@@ -514,11 +515,11 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
     parts["total"] = (parts["weights"] + parts["grads"] + parts["optimizer"] + activations
                       + logits + workspace)
     # Transient buffers (see `MemoryBreakdown`): they set the peak, not the held total.
-    sbh4 = sb * h * 4 / tp
+    dq = sb * model.q_dim * 4 / tp  # FlashAttention-2's fp32 dq accumulator (a·d: h, or MLA's)
     stepped = parts["optimizer"] / state.optimizer if state.optimizer else 0.0
     parts |= {
         "loss buffer": np.where(last, sb * model.vocab * 4 / tp, 0.0),  # one micro-batch
-        "attention workspace": (sbh4 if fused_attention(train.impl, train.flash_attention)
+        "attention workspace": (dq if fused_attention(train.impl, train.flash_attention)
                                 else model.n_heads / tp * sb * s * 4),
         "ZeRO-3 gather": workspace,
         "gradient bucket": np.where(zero >= 2, np.maximum(dense_layer, moe_layer + expert_layer)

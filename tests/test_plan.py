@@ -128,6 +128,8 @@ def test_vectorised_and_scalar_agree_on_every_candidate_of_a_small_search():
     (get_model("mixtral-8x7b"), 32, 4096, 64, True),
     (get_model("tiny-moe").with_(moe_every=2, n_layers=6), 8, 64, 16, True),
     (get_model("gpt3-1.3b"), 16, 2048, 64, False),
+    # MLA, a dense first layer, shared experts; etp = tp and etp = 1 both searched
+    (get_model("deepseek-v2-lite"), 16, 4096, 64, True),
 ])
 def test_vectorised_matches_scalar_and_memory_on_random_candidates(model, gpus, seq, batch,
                                                                    flash):

@@ -10,11 +10,29 @@ width d (h/a unless the config names `head_dim`):
     model      L·per_layer + V·h (embedding) + V·h (head, unless tied) + h (final norm)
 
 MoE layers count all experts in the *total* and `top_k` (+ shared) experts in the *active*
-count, plus the router `h·n_experts`.
+count, plus the router `h·n_experts`; the first `first_dense_layers` layers are dense
+(DeepSeekMoE's `first_k_dense_replace`).
+
+Multi-head latent attention (MLA; DeepSeek-V2, arXiv:2405.04434 §2.1) replaces Q, K, V by
+low-rank projections through latents of width `r_q` (`q_lora_rank`; 0: a plain
+`h·a·d_qk` query projection, as DeepSeek-V2-Lite) and `r_kv` (`kv_lora_rank`), with a decoupled
+RoPE key of `d_R` shared by the heads; `d_qk = d_nope + d_R` per query/key head, `d_v` per value
+head (`mla_params`):
+
+    down   h·r_q (W_DQ) + h·(r_kv + d_R) (W_DKV and W_KR)                replicated over tp
+    up     r_q·a·d_qk (W_UQ, W_QR) + r_kv·a·(d_nope + d_v) (W_UK, W_UV)   split by heads
+    out    a·d_v·h (W_O)
+    norms  r_q + r_kv (the latents' RMSNorms, counted with the norms)
+
+Multi-token prediction (MTP; DeepSeek-V3, arXiv:2412.19437 §2.2) modules are counted apart
+(`ParamCount.mtp`, `mtp_params`): transformers' `DeepseekV3ForCausalLM` builds none, so
+`total` and `active` are the main model's, as Hugging Face counts it.
 
 FLOPs: a `(n×k)·(k×m)` matmul costs `2nkm`. A forward pass costs 2 FLOPs per active matmul
-parameter per token plus attention (scores and P·V) `4·s·a·d` (= `4·s·h`) per token per layer when every query
-sees every key; causal attention halves it. Training = forward + backward = 3× forward.
+parameter per token plus attention per token per layer, `2·s·a·(d_qk + d_v)` (scores at the
+query/key width, P·V at the value width: `4·s·a·d` = `4·s·h` for standard attention) when
+every query sees every key; causal attention halves it. Training = forward + backward =
+3× forward. MLA is counted as its projections run in training (no weight absorption).
 """
 
 from __future__ import annotations
@@ -63,22 +81,73 @@ class ModelSpec:
     d_head: int = 0
     qkv_bias: bool = False
     out_bias: bool = False
+    # Multi-head latent attention (kv_lora_rank > 0; DeepseekV3Config's names: q_lora_rank, 0 for
+    # a plain q projection; kv_lora_rank; qk_nope_head_dim; qk_rope_head_dim; v_head_dim;
+    # rope_interleave: RoPE on interleaved pairs, as DeepSeek's checkpoints lay them out).
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_interleave: bool = False
+    # DeepSeekMoE (Dai et al. 2024; DeepSeek-V3 §2.1.2): the first layers dense
+    # (first_k_dense_replace); the router's scores (`router_score`: "softmax", or "sigmoid"
+    # with DeepSeek-V3's per-expert bias `e_score_correction_bias` added for the choice only —
+    # a buffer in transformers, not a parameter), top-k gates renormalised (norm_topk_prob) and
+    # scaled (routed_scaling_factor), the choice limited to `topk_groups` of `expert_groups`
+    # groups of experts (topk_group, n_group).
+    first_dense_layers: int = 0
+    router_score: str = "softmax"
+    norm_topk: bool = True
+    routed_scaling: float = 1.0
+    expert_groups: int = 1
+    topk_groups: int = 1
+    # Multi-token prediction modules (num_nextn_predict_layers), counted apart (`mtp_params`).
+    mtp_layers: int = 0
 
     # ----------------------------------------------------------------------------- derived
     @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2/V3)."""
+        return self.kv_lora_rank > 0
+
+    @property
     def head_dim(self) -> int:
-        """Width d of one head: `d_head` when the config names it, else `h / a`."""
+        """Width d of one query/key head: `d_head` when the config names it, else `h / a`;
+        MLA: `d_nope + d_R`."""
+        if self.is_mla:
+            return self.qk_nope_head_dim + self.qk_rope_head_dim
         return self.d_head or self.d_model // self.n_heads
 
     @property
+    def value_head_dim(self) -> int:
+        """Width of one value head: `d` (MLA: `d_v`)."""
+        return self.v_head_dim if self.is_mla else self.head_dim
+
+    @property
+    def rope_dim(self) -> int:
+        """Width RoPE rotates per head: `d` (MLA: the decoupled `d_R`)."""
+        return self.qk_rope_head_dim if self.is_mla else self.head_dim
+
+    @property
     def q_dim(self) -> int:
-        """Width of Q (and of O's input): `a · d` (= h unless `d_head` says otherwise)."""
+        """Width of Q: `a · d` (= h unless `d_head` says otherwise)."""
         return self.n_heads * self.head_dim
 
     @property
+    def o_dim(self) -> int:
+        """Width of the attention output (O's input): `a · d_v` (= `q_dim` but for MLA)."""
+        return self.n_heads * self.value_head_dim
+
+    @property
     def kv_dim(self) -> int:
-        """Width of K (and of V): `a_kv · d`."""
+        """Width of K: `a_kv · d`."""
         return self.n_kv_heads * self.head_dim
+
+    @property
+    def v_dim(self) -> int:
+        """Width of V: `a_kv · d_v` (= `kv_dim` but for MLA)."""
+        return self.n_kv_heads * self.value_head_dim
 
     @property
     def rope_type(self) -> str:
@@ -95,11 +164,16 @@ class ModelSpec:
 
     @property
     def n_moe_layers(self) -> int:
-        return self.n_layers // self.moe_every if self.is_moe else 0
+        """`L//q - F//q`: layers `i ≥ F` with `i % q == q - 1` (`is_moe_layer`)."""
+        if not self.is_moe:
+            return 0
+        return self.n_layers // self.moe_every - self.first_dense_layers // self.moe_every
 
     def is_moe_layer(self, index: int) -> bool:
-        """Every `moe_every`-th layer is MoE, the last of each group."""
-        return self.is_moe and index % self.moe_every == self.moe_every - 1
+        """Every `moe_every`-th layer is MoE, the last of each group, except the first
+        `first_dense_layers` (F)."""
+        return (self.is_moe and index >= self.first_dense_layers
+                and index % self.moe_every == self.moe_every - 1)
 
     @property
     def n_dense_layers(self) -> int:
@@ -128,11 +202,55 @@ class ModelSpec:
         if self.norm_eps <= 0 or self.rope_theta <= 0:
             problems.append(f"norm_eps and rope_theta must be > 0, got {self.norm_eps} and "
                             f"{self.rope_theta}")
-        if self.head_dim % 2:
-            problems.append(f"RoPE needs an even head width, got {self.head_dim}")
+        if self.rope_dim % 2:
+            problems.append(f"RoPE needs an even head width, got {self.rope_dim}")
+        problems += self._mla_problems() + self._moe_problems()
         if problems:
             raise ShardwiseError(f"model {self.name}: " + "; ".join(problems))
         return self
+
+    def _mla_problems(self) -> list[str]:
+        ranks = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                 "v_head_dim")
+        if any(getattr(self, f) < 0 for f in ranks):
+            return [f"{', '.join(ranks)} must be ≥ 0"]
+        if not self.is_mla:
+            extra = [f for f in ranks if getattr(self, f)]
+            return [f"{', '.join(extra)} need kv_lora_rank > 0 (multi-head latent attention)"
+                    ] if extra else []
+        out = []
+        if min(self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim) < 1:
+            out.append("multi-head latent attention needs qk_nope_head_dim, qk_rope_head_dim "
+                       "and v_head_dim ≥ 1")
+        if self.n_kv_heads != self.n_heads:
+            out.append(f"multi-head latent attention has n_kv_heads = n_heads={self.n_heads}, "
+                       f"got {self.n_kv_heads}")
+        if self.bias or self.qkv_bias or self.out_bias or self.d_head:
+            out.append("multi-head latent attention takes no biases and no d_head "
+                       "(its head widths are qk_nope_head_dim + qk_rope_head_dim, v_head_dim)")
+        return out
+
+    def _moe_problems(self) -> list[str]:
+        out = []
+        if not 0 <= self.first_dense_layers <= self.n_layers:
+            out.append(f"first_dense_layers must be in 0..n_layers={self.n_layers}, got "
+                       f"{self.first_dense_layers}")
+        if self.router_score not in ("softmax", "sigmoid"):
+            out.append(f"router_score must be 'softmax' or 'sigmoid', got {self.router_score!r}")
+        if not self.routed_scaling > 0:
+            out.append(f"routed_scaling must be > 0, got {self.routed_scaling}")
+        if self.mtp_layers < 0:
+            out.append(f"mtp_layers must be ≥ 0, got {self.mtp_layers}")
+        g, k = self.expert_groups, self.topk_groups
+        if g < 1 or not 1 <= k <= g:
+            out.append(f"expert groups: need 1 ≤ topk_groups={k} ≤ expert_groups={g}")
+        elif self.is_moe and (self.n_experts % g or self.top_k > k * self.n_experts // g):
+            out.append(f"expert_groups={g} must divide n_experts={self.n_experts} and "
+                       f"topk_groups={k} of them hold ≥ top_k={self.top_k} experts")
+        elif self.is_moe and g > 1 and self.router_score == "sigmoid" and self.n_experts < 2 * g:
+            out.append(f"sigmoid routing scores a group by its two best experts: "
+                       f"expert_groups={g} needs ≥ 2 experts each")
+        return out
 
     def with_(self, **changes: object) -> ModelSpec:
         """A copy with some fields changed, validated."""
@@ -143,6 +261,10 @@ class ModelSpec:
 
     # ------------------------------------------------------------------------ param counts
     def attention_params(self) -> int:
+        """Attention weights (and biases) of one layer; MLA: `sum(mla_params())` (its latent
+        norms are counted with the norms, `latent_norm_params`)."""
+        if self.is_mla:
+            return sum(self.mla_params())
         h, q = self.d_model, self.q_dim
         weights = 2 * h * q + 2 * h * self.kv_dim  # Q and O: h·a·d each; K, V: h·a_kv·d each
         qkv = self.bias or self.qkv_bias
@@ -155,6 +277,24 @@ class ModelSpec:
         weights = (n_in + 1) * h * f
         biases = (n_in * f + h) if self.bias else 0
         return weights + biases
+
+    def mla_params(self) -> tuple[int, int]:
+        """MLA weights of one layer: (replicated over tp: the down-projections `h·r_q` and
+        `h·(r_kv + d_R)`; split by heads: the up-projections `r_q·a·d_qk` — `h·a·d_qk` without
+        a q latent — and `r_kv·a·(d_nope + d_v)`, and the output `a·d_v·h`). Megatron-Core's
+        MLASelfAttention keeps the down-projections duplicated on every tp rank
+        (`linear_q_down_proj`/`linear_kv_down_proj`, parallel_mode "duplicated")."""
+        if not self.is_mla:
+            return 0, 0
+        h, a = self.d_model, self.n_heads
+        down = h * (self.q_lora_rank + self.kv_lora_rank + self.qk_rope_head_dim)
+        up = ((self.q_lora_rank or h) * a * self.head_dim
+              + self.kv_lora_rank * a * (self.qk_nope_head_dim + self.v_head_dim))
+        return down, up + self.o_dim * h
+
+    def latent_norm_params(self) -> int:
+        """MLA's RMSNorms on the q and kv latents, `r_q + r_kv` per layer (0 otherwise)."""
+        return self.q_lora_rank + self.kv_lora_rank if self.is_mla else 0
 
     def norm_params(self) -> int:
         """One norm: scale (and shift for LayerNorm)."""
@@ -170,7 +310,23 @@ class ModelSpec:
         return (routed + self.n_shared_experts) * per_expert + self.router_params()
 
     def dense_layer_params(self) -> int:
-        return self.attention_params() + self.mlp_params() + 2 * self.norm_params()
+        return (self.attention_params() + self.mlp_params() + 2 * self.norm_params()
+                + self.latent_norm_params())
+
+    def mtp_params(self) -> int:
+        """Parameters of the `mtp_layers` multi-token-prediction modules (DeepSeek-V3 §2.2),
+        not in `count_params`' total: per module the RMSNorms of its two inputs (`2h`), the
+        projection M of their concatenation (`2h·h`), one Transformer layer (an MoE layer when
+        the model is MoE) and its head's final norm (`h`); the embedding and the output head
+        are the main model's (shared). DeepSeek-V3's checkpoint also stores a copy of both in
+        its layer 61 (`2·V·h` more per module on disk)."""
+        moe = self.is_moe and self.moe_every == 1
+        mlp = self.moe_mlp_params(active=False) if moe else self.mlp_params()
+        layer = (self.attention_params() + mlp + 2 * self.norm_params()
+                 + self.latent_norm_params())
+        h = self.d_model
+        return self.mtp_layers * (layer + 2 * self.norm_params() + 2 * h * h
+                                  + self.norm_params())
 
     def embedding_params(self) -> int:
         return self.vocab * self.d_model + self.learned_positions * self.d_model
@@ -199,8 +355,10 @@ class ModelSpec:
         return 2 * matmul + self._attention_flops(seq_len, causal)
 
     def _attention_flops(self, seq_len: int, causal: bool) -> float:
-        """Scores and P·V per token, all layers: `L·4·s·a·d` (a·d = h unless `d_head`)."""
-        return self.n_layers * 4 * seq_len * self.q_dim * (0.5 if causal else 1.0)
+        """Scores and P·V per token, all layers: `L·2·s·a·(d_qk + d_v)` — `L·4·s·a·d` (a·d = h
+        unless `d_head`) but for MLA, whose scores run at `d_nope + d_R` and P·V at `d_v`."""
+        widths = self.q_dim + self.o_dim  # a·d_qk + a·d_v
+        return self.n_layers * 2 * seq_len * widths * (0.5 if causal else 1.0)
 
     def training_flops_per_token(
         self, seq_len: int, causal: bool = False, recompute: str = "none"
@@ -238,7 +396,8 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class ParamCount:
-    """Parameters by component; `total` counts every expert, `active` those a token uses."""
+    """Parameters by component; `total` counts every expert, `active` those a token uses.
+    `mtp`: the multi-token-prediction modules (`ModelSpec.mtp_params`), in neither."""
 
     attention: int
     mlp: int
@@ -246,6 +405,7 @@ class ParamCount:
     norms: int
     embedding: int
     head: int
+    mtp: int = 0
 
     @property
     def total(self) -> int:
@@ -263,9 +423,11 @@ def count_params(model: ModelSpec) -> ParamCount:
         attention=model.n_layers * model.attention_params(),
         mlp=dense * model.mlp_params() + moe * model.moe_mlp_params(active=False),
         mlp_active=dense * model.mlp_params() + moe * model.moe_mlp_params(active=True),
-        norms=(2 * model.n_layers + 1) * model.norm_params(),
+        norms=((2 * model.n_layers + 1) * model.norm_params()
+               + model.n_layers * model.latent_norm_params()),
         embedding=model.embedding_params(),
         head=model.head_params(),
+        mtp=model.mtp_params(),
     )
 
 
@@ -283,6 +445,24 @@ def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ff: int, vo
            max_seq: int, n_experts: int = 0, top_k: int = 0, **extra: Any) -> ModelSpec:
     return ModelSpec(name, layers, hidden, heads, kv, ff, vocab, max_seq=max_seq,
                      n_experts=n_experts, top_k=top_k, **extra)
+
+
+def _deepseek(name: str, layers: int, hidden: int, heads: int, ff: int, vocab: int,
+              **extra: Any) -> ModelSpec:
+    """DeepSeek-V2/V3 family: MLA (`kv_lora_rank` 512, `d_nope` 128, `d_R` 64, `d_v` 128),
+    DeepSeekMoE, RMSNorm ε 1e-6, RoPE on interleaved pairs, untied embeddings."""
+    return ModelSpec(name, layers, hidden, heads, heads, ff, vocab, norm_eps=1e-6,
+                     kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+                     v_head_dim=128, rope_interleave=True, **extra)
+
+
+# YaRN context extension of the DeepSeek checkpoints' config.json ("rope_scaling"):
+# deepseek-ai/DeepSeek-V3 (mscale 1.0) and DeepSeek-V2-Lite (mscale 0.707); both pre-trained at
+# 4K tokens, extended to 128K / 32K (DeepSeek-V3 §4.3, DeepSeek-V2 §3.1.3).
+def _deepseek_yarn(mscale: float) -> tuple[tuple[str, Any], ...]:
+    return (("beta_fast", 32), ("beta_slow", 1), ("factor", 40), ("mscale", mscale),
+            ("mscale_all_dim", mscale), ("original_max_position_embeddings", 4096),
+            ("rope_type", "yarn"))
 
 
 # Llama 3.1's RoPE scaling (meta-llama/Llama-3.1-405B config.json, "rope_scaling").
@@ -331,9 +511,31 @@ PRESETS: dict[str, ModelSpec] = {
                norm_eps=1e-6, qkv_bias=True),
         _llama("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, 32768, rope_theta=1e6,
                norm_eps=1e-6, qkv_bias=True),
+        # DeepSeek-V3 (arXiv:2412.19437 §4.2; deepseek-ai/DeepSeek-V3 config.json, whose sizes
+        # are transformers 5.24's DeepseekV3Config defaults): 61 layers, the first 3 dense
+        # (f 18432), then 1 shared + 256 routed experts (f 2048), 8 routed per token from 4 of
+        # 8 groups, sigmoid scores, gates renormalised × 2.5; q latent 1536; one MTP module.
+        _deepseek("deepseek-v3", 61, 7168, 128, 18432, 129280, max_seq=163840,
+                  rope_scaling=_deepseek_yarn(1.0), q_lora_rank=1536, n_experts=256,
+                  top_k=8, d_ff_expert=2048, n_shared_experts=1, first_dense_layers=3,
+                  router_score="sigmoid", routed_scaling=2.5, expert_groups=8, topk_groups=4,
+                  mtp_layers=1),
+        # DeepSeek-V2-Lite (arXiv:2405.04434 Appendix B; deepseek-ai/DeepSeek-V2-Lite
+        # config.json): no q latent, the first layer dense (f 10944), 2 shared + 64 routed
+        # experts (f 1408), 6 per token, softmax scores, gates not renormalised.
+        _deepseek("deepseek-v2-lite", 27, 2048, 16, 10944, 102400, max_seq=163840,
+                  rope_scaling=_deepseek_yarn(0.707), n_experts=64, top_k=6, d_ff_expert=1408,
+                  n_shared_experts=2, first_dense_layers=1, norm_topk=False),
         # Small models for the executable runtime.
         _llama("tiny", 4, 64, 4, 2, 128, 256, 64),
         _llama("tiny-moe", 4, 64, 4, 2, 128, 256, 64, n_experts=4, top_k=2),
+        # DeepSeek-V3's structure, small: MLA with a q latent and V narrower than Q/K, one
+        # dense layer, a shared expert, sigmoid routing in groups with gates scaled.
+        ModelSpec("tiny-deepseek", 3, 64, 4, 4, 128, 256, max_seq=64, norm_eps=1e-6,
+                  q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8,
+                  v_head_dim=16, rope_interleave=True, n_experts=8, top_k=2, d_ff_expert=32,
+                  n_shared_experts=1, first_dense_layers=1, router_score="sigmoid",
+                  routed_scaling=2.5, expert_groups=2, topk_groups=1),
     )
 }
 
@@ -360,11 +562,14 @@ def get_model(name_or_path: str) -> ModelSpec:
 
 # --------------------------------------------------------------------- Hugging Face configs
 _LLAMA_LIKE = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe"}
-SUPPORTED_HF_TYPES = ("llama", "mistral", "mixtral", "qwen2", "gpt2", "gpt_neox", "bloom")
+SUPPORTED_HF_TYPES = ("llama", "mistral", "mixtral", "qwen2", "gpt2", "gpt_neox", "bloom",
+                      "deepseek_v2", "deepseek_v3")
 
 
 def _from_hf_dict(cfg: dict, name: str) -> ModelSpec:
     kind = cfg.get("model_type")
+    if kind in ("deepseek_v2", "deepseek_v3"):
+        return _from_deepseek(cfg, name, kind)
     if kind in _LLAMA_LIKE:
         heads = cfg["num_attention_heads"]
         moe = {}
@@ -427,6 +632,72 @@ def _from_hf_dict(cfg: dict, name: str) -> ModelSpec:
         )
     raise ShardwiseError(
         f"unsupported model_type {kind!r} in config; supported: {', '.join(SUPPORTED_HF_TYPES)}"
+    )
+
+
+# transformers 5.24 DeepseekV3Config / DeepseekV2Config defaults for the fields read below
+_DEEPSEEK_DEFAULTS: dict[str, dict[str, Any]] = {
+    "deepseek_v3": {
+        "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432,
+        "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128,
+        "n_shared_experts": 1, "n_routed_experts": 256, "routed_scaling_factor": 2.5,
+        "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128,
+        "qk_nope_head_dim": 128, "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8,
+        "first_k_dense_replace": 3, "norm_topk_prob": True, "max_position_embeddings": 4096,
+        "rope_interleave": True, "num_nextn_predict_layers": 1},
+    "deepseek_v2": {
+        "vocab_size": 102400, "hidden_size": 4096, "intermediate_size": 11008,
+        "moe_intermediate_size": 1407, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "n_shared_experts": 2, "n_routed_experts": 64, "routed_scaling_factor": 1.0,
+        "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128,
+        "qk_nope_head_dim": 128, "first_k_dense_replace": 0, "max_position_embeddings": 2048,
+        "topk_method": "greedy"},
+}
+
+
+def _from_deepseek(cfg: dict, name: str, kind: str) -> ModelSpec:
+    """DeepSeek-V2/V3 as transformers 5.24 builds them (`DeepseekV3ForCausalLM`,
+    `DeepseekV2ForCausalLM`): every layer from `first_k_dense_replace` on is MoE
+    (`moe_layer_freq` is not read by either); V3 scores experts with a sigmoid (+ the
+    correction bias) and picks top-k among the `topk_group` best of `n_group` groups
+    (group score: the sum of its two best experts), gates renormalised when `norm_topk_prob`;
+    V2 scores with a softmax, "greedy" or "group_limited_greedy" (group score: its best
+    expert) and never renormalises (`DeepseekV2TopkRouter` ignores `norm_topk_prob`). Both
+    scale the gates by `routed_scaling_factor`. Unset fields take transformers' defaults."""
+    # a null field takes the default, but a null q_lora_rank means no q latent
+    c = {**_DEEPSEEK_DEFAULTS[kind], **{k: v for k, v in cfg.items() if v is not None}}
+    if "q_lora_rank" in cfg and cfg["q_lora_rank"] is None:
+        c["q_lora_rank"] = 0
+    heads = c["num_attention_heads"]
+    if c.get("attention_bias") or c.get("mlp_bias"):
+        raise ShardwiseError(f"config {name!r}: biases (attention_bias, mlp_bias) are not "
+                             "supported with multi-head latent attention")
+    kv_heads = c.get("num_key_value_heads") or heads
+    if kv_heads != heads:
+        raise ShardwiseError(f"config {name!r}: num_key_value_heads={kv_heads} ≠ "
+                             f"num_attention_heads={heads}; MLA expands the latent to every head")
+    v3 = kind == "deepseek_v3"
+    grouped = v3 or c.get("topk_method") == "group_limited_greedy"
+    return ModelSpec(
+        name=name, n_layers=c["num_hidden_layers"], d_model=c["hidden_size"], n_heads=heads,
+        n_kv_heads=heads, d_ff=c["intermediate_size"], vocab=c["vocab_size"],
+        tie_embeddings=bool(c.get("tie_word_embeddings", False)),
+        max_seq=c["max_position_embeddings"], norm_eps=float(c.get("rms_norm_eps", 1e-6)),
+        q_lora_rank=c.get("q_lora_rank") or 0, kv_lora_rank=c["kv_lora_rank"],
+        qk_nope_head_dim=c["qk_nope_head_dim"], qk_rope_head_dim=c["qk_rope_head_dim"],
+        v_head_dim=c["v_head_dim"],
+        # V2's rotary multiplies interleaved pairs as complex numbers: the same rotation
+        rope_interleave=bool(c.get("rope_interleave", True)) if v3 else True,
+        n_experts=c["n_routed_experts"], top_k=c["num_experts_per_tok"],
+        d_ff_expert=c["moe_intermediate_size"], n_shared_experts=c["n_shared_experts"],
+        first_dense_layers=c["first_k_dense_replace"],
+        router_score="sigmoid" if v3 else "softmax",
+        norm_topk=bool(c.get("norm_topk_prob")) if v3 else False,
+        routed_scaling=float(c["routed_scaling_factor"]),
+        expert_groups=(c.get("n_group") or 1) if grouped else 1,
+        topk_groups=(c.get("topk_group") or 1) if grouped else 1,
+        mtp_layers=c.get("num_nextn_predict_layers", 0) if v3 else 0,
+        **_hf_rope(cfg, kind),
     )
 
 

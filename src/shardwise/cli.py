@@ -158,6 +158,9 @@ def layout_options(func: Callable) -> Callable:
                      callback=checked(degree)),
         click.option("--ep", default=1, show_default=True, help="Expert-parallel degree.",
                      callback=checked(degree)),
+        click.option("--etp", default=0, show_default=True, type=click.IntRange(0, MAX_DEGREE),
+                     help="Expert tensor-parallel degree: the routed experts split over etp "
+                          "ranks instead of tp (0: tp, Megatron's default)."),
         click.option("--zero", default=0, show_default=True, type=click.IntRange(0, 3),
                      help="ZeRO stage."),
         click.option("--zero-group", default=0, type=click.IntRange(0, MAX_DEGREE),

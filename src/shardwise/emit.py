@@ -55,9 +55,14 @@ class Emitted:
     notes: tuple[str, ...] = ()
 
 
-def _check(model: ModelSpec, layout: Layout, train: TrainSpec) -> tuple[int, str]:
-    """Validated (global batch, gradient dtype)."""
+def _check(model: ModelSpec, layout: Layout, train: TrainSpec, framework: str = ""
+           ) -> tuple[int, str]:
+    """Validated (global batch, gradient dtype); `framework` named: one without expert
+    tensor parallelism, which refuses etp ≠ tp."""
     layout.validate(model, train=train)
+    if framework and layout.expert_tp != layout.tp:
+        raise ShardwiseError(f"{framework} has no expert tensor parallelism (etp={layout.etp} "
+                             f"≠ tp={layout.tp}); emit it for Megatron-LM, or use etp=0")
     if train.global_batch is None:
         raise ShardwiseError("emitting a launch configuration needs a global batch")
     grad = train.grad_dtype or train.dtype
@@ -183,6 +188,8 @@ def megatron_args(model: ModelSpec, layout: Layout, train: TrainSpec,
         args.append(f"--context-parallel-size {layout.cp}")
     if layout.ep > 1:
         args.append(f"--expert-model-parallel-size {layout.ep}")
+    if layout.etp and layout.etp != layout.tp:  # Megatron's default is tp (etp = 0)
+        args.append(f"--expert-tensor-parallel-size {layout.etp}")
     if layout.sp:
         args.append("--sequence-parallel")
     settings = train.settings()
@@ -308,7 +315,7 @@ def _titan_partition(model: ModelSpec, layout: Layout) -> tuple[int, int, int]:
 def torchtitan_args(model: ModelSpec, layout: Layout, train: TrainSpec,
                     gpus_per_node: int = 8) -> Emitted:
     """torchtitan 0.3.x `torchrun -m torchtitan.train` command line for `layout`."""
-    gb, grad = _check(model, layout, train)
+    gb, grad = _check(model, layout, train, "torchtitan 0.3.0")
     if model.name not in _TITAN_CONFIGS:
         raise ShardwiseError(f"torchtitan 0.3 ships no {model.name} model (its llama3 configs "
                              f"fit {', '.join(_TITAN_CONFIGS)}); use --emit megatron or deepspeed")
@@ -400,7 +407,7 @@ def _deepspeed_partition(model: ModelSpec, layout: Layout) -> bool:
 def deepspeed_config(model: ModelSpec, layout: Layout, train: TrainSpec,
                      gpus_per_node: int = 8) -> Emitted:
     """A DeepSpeed 0.19.8 JSON config for `layout`; the launch line is the first note."""
-    gb, grad = _check(model, layout, train)
+    gb, grad = _check(model, layout, train, "DeepSpeed 0.19.8")
     if layout.pp > 1 and layout.zero >= 2:
         raise ShardwiseError(f"DeepSpeed's pipeline engine refuses ZeRO-{layout.zero} with "
                              f"pp={layout.pp} (ZeRO-2 and ZeRO-3 are incompatible with pipeline "

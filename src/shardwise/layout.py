@@ -2,7 +2,10 @@
 trained (sequence length, batch, dtypes, optimizer).
 
 World size = `dp · tp · pp · cp`; expert parallelism reuses ranks of `dp × cp`, so `ep`
-divides `dp · cp` and does not add ranks (SPEC notation).
+divides `dp · cp` and does not add ranks (SPEC notation). With expert tensor parallelism
+(`etp`, Megatron's `--expert-tensor-parallel-size`; 0 means tp, its default) the MoE layers
+lay the `tp·dp·cp` ranks of a stage out as `etp × ep × edp` instead (`shardwise.placement`):
+`etp·ep` divides `tp·dp·cp`.
 """
 
 from __future__ import annotations
@@ -132,6 +135,9 @@ class Layout:
     # layers per pipeline stage, first to last; () = even when pp·chunks divides n_layers,
     # else the balanced default (`stage_partition`)
     partition: tuple[int, ...] = ()
+    # expert tensor parallel: the routed experts' weights split over etp ranks instead of tp
+    # (0: tp, Megatron-Core's default for expert_tensor_parallel_size)
+    etp: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "partition", tuple(int(n) for n in self.partition))
@@ -139,6 +145,11 @@ class Layout:
     @property
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def expert_tp(self) -> int:
+        """The degree the routed experts' weights are split over: `etp`, or tp when 0."""
+        return self.etp or self.tp
 
     @property
     def zero_degree(self) -> int:
@@ -156,6 +167,8 @@ class Layout:
         """`dp8 tp8 pp16 z1 sp 1f1b mb1 sel`-style one-liner (degree-1 axes omitted)."""
         parts = [f"{axis}{getattr(self, axis)}" for axis in AXES
                  if getattr(self, axis) > 1] or ["single"]
+        if self.etp and self.etp != self.tp:
+            parts.append(f"etp{self.etp}")
         if self.zero:
             parts.append(f"zero{self.zero}" + (f"/{self.zero_group}" if self.zero_group else ""))
         if self.sp:
@@ -253,8 +266,17 @@ class Layout:
             )
         if model.d_ff % t:
             out.append(f"tp={t} does not divide d_ff={model.d_ff}")
-        if model.is_moe and model.expert_d_ff % t:
-            out.append(f"tp={t} does not divide the expert d_ff={model.expert_d_ff}")
+        if self.etp < 0:
+            out.append(f"etp must be ≥ 0 (0: the same as tp), got {self.etp}")
+            return out
+        et = self.expert_tp
+        if model.is_moe and model.expert_d_ff % et:
+            name = "etp" if self.etp else "tp"
+            out.append(f"{name}={et} does not divide the expert d_ff={model.expert_d_ff}")
+        if model.n_shared_experts and et != t and model.expert_d_ff % t:
+            out.append(f"tp={t} does not divide the shared experts' d_ff={model.expert_d_ff}")
+        if self.etp and not model.is_moe:
+            out.append(f"etp={self.etp} needs a mixture-of-experts model; {model.name} is dense")
         out.extend(partition_problems(model.n_layers, self.pp, self.chunks, self.partition))
         info = SCHEDULE_REGISTRY.get(self.schedule)
         if info is None:
@@ -277,9 +299,12 @@ class Layout:
             out.append(f"ep={self.ep} needs a mixture-of-experts model; {model.name} is dense")
         if model.is_moe and model.n_experts % self.ep:
             out.append(f"ep={self.ep} does not divide n_experts={model.n_experts}")
-        if (self.dp * self.cp) % self.ep:
+        if et == t and (self.dp * self.cp) % self.ep:
             out.append(f"ep={self.ep} must divide dp·cp={self.dp * self.cp} (experts reuse "
                        "data/context-parallel ranks)")
+        elif (t * self.dp * self.cp) % (et * self.ep):
+            out.append(f"etp·ep={et}·{self.ep} must divide tp·dp·cp={t * self.dp * self.cp} "
+                       "(the expert layers' ranks of a pipeline stage)")
         if cluster is not None and self.world_size != cluster.n_gpus:
             out.append(
                 f"dp·tp·pp·cp = {self.dp}·{self.tp}·{self.pp}·{self.cp} = {self.world_size} "

@@ -6,13 +6,22 @@ One rule for the whole project (the runtime's `runtime/mesh.py` numbers ranks th
     rank = ((pp_i·dp + dp_i)·cp + cp_i)·tp + tp_i          (Megatron-LM's order, tp fastest)
 
 so a tensor-parallel group is `tp` consecutive ranks (inside one NVLink domain when
-`tp ≤ gpus_per_node`). Expert parallelism reuses the `dp × cp` ranks: number that block
-`j = dp_i·cp + cp_i`; an `ep` group is `ep` consecutive values of `j`, `edp` (the ranks that
-all-reduce one expert's gradients) the ranks with the same position inside their ep group, and
-`dp_cp` the whole block (ZeRO and the gradient reduction span it when cp > 1).
+`tp ≤ gpus_per_node`). The MoE layers lay the same ranks out again, Megatron-Core's expert
+rank generator (megatron/core/parallel_state.py, 0.16.1: `RankGenerator(tp=etp, ep=ep,
+dp=edp, pp=pp, cp=1, order="tp-cp-ep-dp-pp")`, the attention layers' order with cp folded
+away): inside a pipeline stage, local rank `r = ((dp_i·cp + cp_i)·tp + tp_i)` is
+
+    r = (edp_i·ep + ep_i)·etp + etp_i                      (etp fastest, then ep, then edp)
+
+with `etp` the expert-tensor-parallel degree (0: tp, Megatron's default,
+`ModelParallelConfig.expert_tensor_parallel_size`), `edp = tp·dp·cp/(etp·ep)` the ranks that
+reduce one expert shard's gradients. With etp = tp (the default) this is the old rule: number
+the `dp × cp` block `j = dp_i·cp + cp_i`; an `ep` group is `ep` consecutive values of `j`,
+`edp` the ranks with the same position inside their ep group. `dp_cp` is the whole block (ZeRO
+and the gradient reduction span it when cp > 1).
 
 Nodes hold `gpus_per_node` consecutive ranks. A group whose members are `stride` ranks apart
-(tp: 1; cp, dp_cp, ep: tp; edp: tp·ep; dp: tp·cp; pp: tp·cp·dp) has
+(tp: 1; cp, dp_cp: tp; ep: etp; edp: etp·ep; dp: tp·cp; pp: tp·cp·dp) has
 
     members per node = min(n, max(1, gpus_per_node // stride))
 
@@ -35,7 +44,8 @@ import numpy as np
 
 from shardwise.errors import ShardwiseError
 
-__all__ = ["GROUP_AXES", "MESH_AXES", "MeshShape", "members_per_node", "stride"]
+__all__ = ["GROUP_AXES", "MESH_AXES", "MeshShape", "expert_tp_degree", "members_per_node",
+           "stride"]
 
 MESH_AXES: tuple[str, ...] = ("pp", "dp", "cp", "tp")
 """Rank numbering, outermost first (tp varies fastest)."""
@@ -43,26 +53,37 @@ GROUP_AXES: tuple[str, ...] = (*MESH_AXES, "ep", "edp", "dp_cp")
 """Every kind of group: the mesh axes and the expert / replica groups inside `dp × cp`."""
 
 
-def _sizes(axis: str, pp: Any, dp: Any, cp: Any, tp: Any, ep: Any) -> tuple[Any, Any]:
+def expert_tp_degree(etp: Any, tp: Any) -> Any:
+    """The expert-tensor-parallel degree: `etp`, or `tp` where it is 0 (Megatron-Core's
+    default: `expert_tensor_parallel_size = None` becomes `tensor_model_parallel_size`,
+    model_parallel_config.py and parallel_state.py, 0.16.1). Numbers or arrays."""
+    if np.ndim(etp) or np.ndim(tp):
+        return np.where(np.asarray(etp) > 0, etp, tp)
+    return etp or tp
+
+
+def _sizes(axis: str, pp: Any, dp: Any, cp: Any, tp: Any, ep: Any, etp: Any = 0
+           ) -> tuple[Any, Any]:
     """(group size, rank stride between consecutive members) of `axis`."""
+    et = expert_tp_degree(etp, tp)
     table = {"tp": (tp, 1), "cp": (cp, tp), "dp": (dp, tp * cp), "pp": (pp, tp * cp * dp),
-             "dp_cp": (dp * cp, tp), "ep": (ep, tp), "edp": (dp * cp // ep, tp * ep)}
+             "dp_cp": (dp * cp, tp), "ep": (ep, et), "edp": (tp * dp * cp // (et * ep), et * ep)}
     if axis not in table:
         raise ShardwiseError(f"unknown mesh axis {axis!r}; valid: {', '.join(GROUP_AXES)}")
     return table[axis]
 
 
-def stride(axis: str, *, pp: Any = 1, dp: Any = 1, cp: Any = 1, tp: Any = 1, ep: Any = 1
-           ) -> Any:
+def stride(axis: str, *, pp: Any = 1, dp: Any = 1, cp: Any = 1, tp: Any = 1, ep: Any = 1,
+           etp: Any = 0) -> Any:
     """Ranks between consecutive members of an `axis` group (numbers or arrays)."""
-    return _sizes(axis, pp, dp, cp, tp, ep)[1]
+    return _sizes(axis, pp, dp, cp, tp, ep, etp)[1]
 
 
 def members_per_node(axis: str, gpus_per_node: int, *, pp: Any = 1, dp: Any = 1, cp: Any = 1,
-                     tp: Any = 1, ep: Any = 1) -> Any:
+                     tp: Any = 1, ep: Any = 1, etp: Any = 0) -> Any:
     """How many members of one `axis` group share a node: `min(n, max(1, gpn // stride))`
     (see the module docstring; numbers or NumPy arrays of degrees)."""
-    n, step = _sizes(axis, pp, dp, cp, tp, ep)
+    n, step = _sizes(axis, pp, dp, cp, tp, ep, etp)
     return np.minimum(n, np.maximum(gpus_per_node // step, 1))
 
 
@@ -75,18 +96,24 @@ class MeshShape:
     cp: int = 1
     tp: int = 1
     ep: int = 1
+    etp: int = 0  # expert tensor parallel; 0: tp
 
     def __post_init__(self) -> None:
         for axis in ("pp", "dp", "cp", "tp", "ep"):
             if getattr(self, axis) < 1:
                 raise ShardwiseError(f"mesh axis {axis} must be ≥ 1, got {getattr(self, axis)}")
-        if (self.dp * self.cp) % self.ep:
-            raise ShardwiseError(f"ep={self.ep} must divide dp·cp={self.dp * self.cp}")
+        if self.etp < 0:
+            raise ShardwiseError(f"etp must be ≥ 0 (0: tp), got {self.etp}")
+        et = expert_tp_degree(self.etp, self.tp)
+        if (self.tp * self.dp * self.cp) % (et * self.ep):
+            raise ShardwiseError(f"etp·ep={et}·{self.ep} must divide tp·dp·cp="
+                                 f"{self.tp * self.dp * self.cp}")
 
     @classmethod
     def from_layout(cls, layout: Any) -> MeshShape:
-        """The mesh of a `Layout` (anything with pp, dp, cp, tp, ep)."""
-        return cls(pp=layout.pp, dp=layout.dp, cp=layout.cp, tp=layout.tp, ep=layout.ep)
+        """The mesh of a `Layout` (anything with pp, dp, cp, tp, ep and optionally etp)."""
+        return cls(pp=layout.pp, dp=layout.dp, cp=layout.cp, tp=layout.tp, ep=layout.ep,
+                   etp=getattr(layout, "etp", 0))
 
     @property
     def world_size(self) -> int:
@@ -107,7 +134,7 @@ class MeshShape:
         return int(np.ravel_multi_index(tuple(coord.get(a, 0) for a in MESH_AXES), self.dims()))
 
     def size(self, axis: str) -> int:
-        return int(_sizes(axis, self.pp, self.dp, self.cp, self.tp, self.ep)[0])
+        return int(_sizes(axis, self.pp, self.dp, self.cp, self.tp, self.ep, self.etp)[0])
 
     def groups(self, axis: str) -> list[tuple[int, ...]]:
         """Every group of `axis`, each a tuple of global ranks in group-rank order; groups
@@ -116,16 +143,14 @@ class MeshShape:
         ranks = np.arange(self.world_size).reshape(self.pp, self.dp, self.cp, self.tp)
         if axis in MESH_AXES:
             rows = np.moveaxis(ranks, MESH_AXES.index(axis), -1).reshape(-1, self.size(axis))
-        else:
+        elif axis == "dp_cp":
             n = self.dp * self.cp
-            block = ranks.reshape(self.pp, n, self.tp).transpose(0, 2, 1)  # (pp, tp, j)
-            if axis == "dp_cp":
-                rows = block.reshape(-1, n)
-            elif axis == "ep":
-                rows = block.reshape(-1, self.ep)
-            else:  # edp: position i inside every ep group of the block
-                rows = block.reshape(self.pp, self.tp, n // self.ep, self.ep)
-                rows = rows.transpose(0, 1, 3, 2).reshape(-1, n // self.ep)
+            rows = ranks.reshape(self.pp, n, self.tp).transpose(0, 2, 1).reshape(-1, n)
+        else:  # the expert layout: (pp, edp, ep, etp), etp fastest; rows by (pp, etp, …)
+            et = expert_tp_degree(self.etp, self.tp)
+            experts = ranks.reshape(self.pp, -1, self.ep, et)
+            order = (0, 3, 1, 2) if axis == "ep" else (0, 3, 2, 1)  # ep: (pp, etp, edp, ep)
+            rows = experts.transpose(order).reshape(-1, self.size(axis))
         return [tuple(int(r) for r in row) for row in rows]
 
     def group_of(self, axis: str, rank: int) -> tuple[int, ...]:

@@ -184,3 +184,45 @@ def test_materialised_attention_has_no_causal_saving():
     flash = layer_cost(ctx_for(model, 2048, True), 1, 1, 1, False, 0).attn_fwd
     dense = layer_cost(ctx_for(model, 2048, False), 1, 1, 1, False, 0).attn_fwd
     assert dense > flash
+
+
+def _flop_exact(model: str, seq: int = 4096) -> ComputeContext:
+    """Every GEMM at peak (no saturation, HBM never the bound): time × peak = FLOPs."""
+    cal = replace(default_calibration("h100-sxm"), matmul_half_dim=0.0, matmul_efficiency=1.0,
+                  attention_efficiency=1.0)
+    return ctx_for(model, seq=seq, cal=cal, acc=replace(H100, hbm_bandwidth=1e30))
+
+
+@pytest.mark.parametrize("tp, sp", [(1, False), (8, False), (8, True)])
+def test_mla_layer_gemms_are_its_projections(tp, sp):
+    """DeepSeek-V3's dense layer: the GEMM FLOPs per rank are 2·T per weight of the MLA
+    projections (`mla_params`) and the MLP — the down-projections whole on every tp rank (on
+    T/t rows with sequence parallelism, Megatron's duplicated linears on the sequence shard),
+    the rest ÷ tp — and the attention core runs scores at d_nope + d_R, P·V at d_v."""
+    ctx = _flop_exact("deepseek-v3")
+    model, tokens = ctx.model, 4096
+    cost = layer_cost(ctx, t=tp, c=1, b=1, sp=sp, rc=0)
+    down, split = model.mla_params()
+    flops = 2 * tokens * (down / (tp if sp else 1) + (split + model.mlp_params()) / tp)
+    assert cost.wgrad * ctx.peak == pytest.approx(flops, rel=1e-12)
+    heads = model.n_heads / tp
+    core = 2 * tokens * tokens * heads * (192 + 128) * 0.5  # causal
+    assert cost.attn_fwd * ctx.peak == pytest.approx(core, rel=1e-12)
+
+
+def test_routed_experts_split_over_etp_run_the_same_flops_per_rank():
+    """Expert tensor parallelism: each rank runs the routed rows of its etp group's share of
+    the tp group's tokens at f/etp — the same FLOPs per rank as etp = tp (balanced routing);
+    shared experts stay ÷ tp."""
+    ctx = _flop_exact("deepseek-v3")
+    by_tp = layer_cost(ctx, t=8, c=1, b=1, sp=True, rc=0, moe=True, ep=8)
+    by_one = layer_cost(ctx, t=8, c=1, b=1, sp=True, rc=0, moe=True, ep=8, etp=1)
+    assert by_one.wgrad == pytest.approx(by_tp.wgrad, rel=1e-12)
+    model = ctx.model
+    routed = 2 * 4096 * model.top_k * model.mlp_params(model.expert_d_ff) / 8
+    shared = 2 * 4096 * model.mlp_params(model.expert_d_ff) / 8
+    router = 2 * 4096 * model.d_model * model.n_experts
+    dense = layer_cost(ctx, t=8, c=1, b=1, sp=True, rc=0).wgrad
+    mlp = 2 * 4096 * model.mlp_params() / 8
+    assert (by_one.wgrad - dense) * ctx.peak == pytest.approx(routed + shared + router - mlp,
+                                                              rel=1e-12)

@@ -87,7 +87,7 @@ def test_shardwise_profile_is_the_generalised_count():
 def test_every_tensor_has_a_component(impl):
     gpt = ModelSpec("gpt", 2, 256, 4, 4, 1024, 1000, gated_mlp=False, norm="layernorm",
                     dropout=True)
-    for model in (PRESETS["llama3-8b"], PRESETS["mixtral-8x7b"], gpt):
+    for model in (PRESETS["llama3-8b"], PRESETS["mixtral-8x7b"], PRESETS["deepseek-v3"], gpt):
         for flash in (False, True):
             names = saved_tensors(impl, model, 1024, 1, flash=flash, moe=model.is_moe)
             assert all(component(name) != "other" for name in names), names
@@ -215,3 +215,37 @@ def test_cli_check_states_its_profile():
     assert all("against the hf-sdpa profile" in row["note"] for row in rows)
     # the shardwise runtime keeps less than HF's code would for the same layer
     assert all(row["measured"] < row["predicted"] for row in rows)
+
+
+def test_mla_layer_by_hand():
+    """DeepSeek-V3's layer under Megatron-Core + TE (tp 8, SP, fused attention, bf16), read
+    from megatron/core/transformer/multi_latent_attention.py 0.16.1: the input norm (input,
+    rsigma, output), the q latent (1536) and the kv latent (W_DKV's 512 + 64 output, the norm's
+    input a view of it; the normed 512) each with rsigma, all ÷8 by SP; q and k at 192 and v at
+    128 per head for 16 heads per rank, the output at 128, the softmax statistics fp32."""
+    v3 = PRESETS["deepseek-v3"]
+    s, b, t = 4096, 1, 8
+    rows = s * b
+    saved = saved_tensors("megatron-te", v3, s, b, tp=t, sp=True, flash=True)
+    mla = (rows * (2 * 7168 * 2 + 4)  # norm1 input and output, rstd
+           + rows * (2 * 1536 * 2 + 4) + rows * ((576 + 512) * 2 + 4)) / t  # latents
+    mla += rows * 16 * (192 * 2 * 2 + 128 * 2 * 2 + 4)  # q, k, v, output, log-sum-exp
+    names = [n for n in saved if not n.startswith(("norm2", "mlp", "router", "expert", "shared"))]
+    assert sum(saved[n] for n in names) == pytest.approx(mla, rel=1e-12)
+    assert saved == saved_tensors("shardwise", v3, s, b, tp=t, sp=True, flash=True)
+
+
+def test_expert_tensor_parallel_arrays_equal_scalars():
+    """MoE activations with expert tensor parallelism: the routed copies of the etp group's
+    share of the tokens, `etp/tp` of them, at f/etp (arrays as the planner passes them)."""
+    v3 = PRESETS["deepseek-v3"]
+    t, etp = np.array([1, 2, 8, 8]), np.array([0, 1, 1, 2])
+    arrays = layer_bytes("megatron-te", v3, 4096, 1, tp=t, sp=True, flash=True, moe=True,
+                         etp=etp)
+    scalars = [layer_bytes("megatron-te", v3, 4096, 1, tp=int(ti), sp=True, flash=True,
+                           moe=True, etp=int(ei)) for ti, ei in zip(t, etp, strict=True)]
+    np.testing.assert_allclose(arrays, scalars, rtol=1e-12)
+    one = saved_tensors("megatron-te", v3, 4096, 1, tp=8, sp=True, flash=True, moe=True, etp=1)
+    same = saved_tensors("megatron-te", v3, 4096, 1, tp=8, sp=True, flash=True, moe=True)
+    assert one["expert_inputs"] == same["expert_inputs"] / 8  # 1/8 of the rows …
+    assert one["expert_gate"] == same["expert_gate"]  # … at 8× the width

@@ -189,6 +189,10 @@ def predicted_comm(model: ModelSpec, layout: Layout, train: TrainSpec, stage: in
             terms.append(Term("tp", "all-reduce",
                               sequence_parallel_grad_comm_bytes(replicated, t, gb),
                               "SP: norm (and router) gradients"))
+        if model.is_mla:  # replicated down-projections and latent norms, partial per rank
+            latent = len(layers) * (model.mla_params()[0] + model.latent_norm_params())
+            terms.append(Term("tp", "all-reduce", sequence_parallel_grad_comm_bytes(
+                latent, t, gb), "MLA: down-projection and latent-norm gradients"))
         if model.n_kv_heads < t and layout.zero:  # parallel_transformer._reduce_kv_shards
             n = layout.zero_degree  # an (a_kv, shard) buffer per layer unit
             terms.append(Term("tp", "all-reduce", sum(ring_bytes_on_wire(
@@ -279,10 +283,12 @@ def comm_rows(terms: Sequence[Term], measured: dict[tuple[str, str], float], ste
         note = "; ".join(labels) if parts else "not in the analytic model"
         row = CheckRow("comm", " ".join(key), sum(term.bytes for term in parts),
                        measured.get(key, 0.0) / steps, EXACT, note)
-        if not row.ok and key == ("tp", "all-reduce") and layout.zero and layout.sp:
-            row = replace(row, note=note + "; ZeRO + SP: the runtime all-reduces over tp the "
-                          "whole ZeRO shard of every unit holding a sequence-parallel weight "
-                          "(other elements masked to zero), not only those weights' gradients")
+        if not row.ok and key == ("tp", "all-reduce") and layout.zero and (
+                layout.sp or "MLA" in note):
+            row = replace(row, note=note + "; ZeRO + SP or MLA: the runtime all-reduces over "
+                          "tp the whole ZeRO shard of every unit holding a weight whose "
+                          "gradient is partial over tp (other elements masked to zero), not "
+                          "only those weights' gradients")
         rows.append(row)
     return rows
 
@@ -325,8 +331,9 @@ def activation_note(row: CheckRow, layout: Layout, train: TrainSpec,
         t, sp = layout.tp, layout.sp and layout.tp > 1
         lse = (max(model.n_heads // t, 1) * rows
                if train.flash_attention and layout.recompute != "selective" else 0)
-        what, n = "RMSNorm's rstd and attention's log-sum-exp", 2 * rows / (
-            t if sp else 1) + lse
+        latent = (1 + bool(model.q_lora_rank)) if model.is_mla else 0  # MLA's latent norms
+        what, n = "RMSNorm's rstd and attention's log-sum-exp", (2 / (t if sp else 1)
+                                                                 + latent) * rows + lse
         notes.append(f"{train.dtype}: the runtime keeps {what} in {train.dtype}, the count in "
                      f"fp32: −{n * (4 - ab):,.0f} B")
     if c > 1:

@@ -42,6 +42,7 @@ from shardwise.calibration import Calibration, default_calibration
 from shardwise.errors import ShardwiseError
 from shardwise.hardware import Accelerator, get_accelerator
 from shardwise.layout import RECOMPUTE, TrainSpec
+from shardwise.placement import expert_tp_degree
 from shardwise.units import dtype_bytes
 
 __all__ = [
@@ -272,12 +273,15 @@ def _attention_core(ctx: ComputeContext, t: Any, c: Any, b: Any) -> tuple[Any, A
     `(s×d)·(d×s)` and `P·V` `(s×s)·(s×d)` over `b·a/t` heads, softmax over `b·(a/t)·s²` scores
     (read + write), with dropout another read, write and a 1-byte mask; backward 2 × the GEMMs,
     softmax backward 3 accesses, dropout backward 2 + mask.
+
+    Scores run at the query/key head width `d`, P·V at the value width `d_v` (= d but for
+    MLA: `d_nope + d_R` and `d_v`): flash forward FLOPs `2·(s/c·b)·s·(d + d_v)·(a/t)·½`.
     """
     model, s, ab = ctx.model, ctx.seq_len, ctx.act_bytes
-    d = model.head_dim
+    d, d_v = model.head_dim, model.value_head_dim
     heads = model.n_heads / t
     cal = ctx.calibration
-    flops = 4.0 * (s / c * b) * s * d * heads * 0.5
+    flops = 2.0 * (s / c * b) * s * (d + d_v) * heads * 0.5
     kernel, factor = fitted_kernel(cal, ctx.attention)
     if kernel:
         def eff(backward: bool) -> Any:
@@ -291,7 +295,7 @@ def _attention_core(ctx: ComputeContext, t: Any, c: Any, b: Any) -> tuple[Any, A
     if ctx.flash:
         return flash_fwd, flash_bwd
     batch = b * heads
-    gemms = matmul_time(ctx, s, d, s, batch) + matmul_time(ctx, s, s, d, batch)
+    gemms = matmul_time(ctx, s, d, s, batch) + matmul_time(ctx, s, s, d_v, batch)
     scores = batch * s * s
     fwd_bytes = 2 * ab * scores + ((2 * ab + 1) * scores if model.dropout else 0.0)
     bwd_bytes = 3 * ab * scores + ((2 * ab + 1) * scores if model.dropout else 0.0)
@@ -302,8 +306,34 @@ def _attention_core(ctx: ComputeContext, t: Any, c: Any, b: Any) -> tuple[Any, A
     return np.where(materialised, fwd, flash_fwd), np.where(materialised, bwd, flash_bwd)
 
 
+def _mla_projections(ctx: ComputeContext, t: Any, tokens: Any, sp: Any) -> tuple[Any, Any]:
+    """(GEMM seconds, memory-bound bytes) of MLA's projections on one rank, forward: the
+    down-projections `(T' × h)·(h × r_q)` and `(T' × h)·(h × (r_kv + d_R))` replicated over tp
+    (`T' = T/t` with sequence parallelism: Megatron-Core runs them on the sequence shard, else
+    every tp rank repeats them), the up-projections `(T × r_q)·(r_q × a/t·d_qk)` (or
+    `(T × h)·(h × a/t·d_qk)` without a q latent) and `(T × r_kv)·(r_kv × a/t·(d_nope + d_v))`,
+    the output `(T × a/t·d_v)·(a/t·d_v × h)`; bytes: the latent norms (read + write
+    `r_q + r_kv` per down row), the RoPE and concatenations into q, k, v (read + write
+    `a/t·(2·d_qk + d_v)` per row) and the attention output (read + write `a/t·d_v`)."""
+    model, ab, h = ctx.model, ctx.act_bytes, ctx.model.d_model
+    heads = model.n_heads / t
+    d, d_v = model.head_dim, model.value_head_dim
+    r_q, r_kv, d_r = model.q_lora_rank, model.kv_lora_rank, model.qk_rope_head_dim
+    down = tokens / np.where(sp, t, 1)
+    mm = matmul_time(ctx, down, h, r_kv + d_r)
+    mm = mm + matmul_time(ctx, tokens, r_kv, heads * (model.qk_nope_head_dim + d_v))
+    if r_q:
+        mm = mm + matmul_time(ctx, down, h, r_q) + matmul_time(ctx, tokens, r_q, heads * d)
+    else:
+        mm = mm + matmul_time(ctx, tokens, h, heads * d)
+    mm = mm + matmul_time(ctx, tokens, heads * d_v, h)
+    mem = 2 * ab * (down * (r_q + r_kv) + tokens * heads * (2 * d + d_v)
+                    + tokens * heads * d_v)
+    return mm, mem
+
+
 def layer_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any,
-               moe: bool = False, ep: Any = 1) -> LayerCost:
+               moe: bool = False, ep: Any = 1, etp: Any = 0) -> LayerCost:
     """Compute time of one layer (dense, or MoE when `moe`) for one micro-batch on one rank.
 
     Per rank the GEMMs see `T = s·b/c` token rows (sequence parallelism gathers the sequence
@@ -314,9 +344,11 @@ def layer_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any,
         MLP in    (T × h)·(h × n_in·f/t)            n_in = 2 gated (SwiGLU), 1 otherwise
         MLP out   (T × f/t)·(f/t × h)
 
-    MoE layers replace the MLP by a router `(T × h)·(h × E)` and `E/ep` local experts of
-    `T·top_k·ep/E` rows each (balanced routing; the all-to-alls are communication, step.py),
-    plus shared experts on all `T` rows. With the routing of a run (`TrainSpec.expert_load`
+    MLA layers replace QKV and out-proj by `_mla_projections`. MoE layers replace the MLP by
+    a router `(T × h)·(h × E)` and `E/ep` local experts of `T·top_k·ep/E · etp/t` rows each
+    at `f/etp` (balanced routing; the all-to-alls are communication, step.py; `etp` the
+    expert-tensor-parallel degree, 0 for t: each rank then runs its share of the routed rows,
+    `T·k·f/t` per rank whatever etp), plus shared experts on all `T` rows at `f/t`. With the routing of a run (`TrainSpec.expert_load`
     λ, `experts_active` a: the busiest ep rank's rows ÷ `T·top_k`, and the share of its
     experts that receive rows), `a·E/ep` experts run `λ/a` times those rows each, and the
     expert activations move λ times the bytes. Memory-bound work per layer forward, in bytes
@@ -332,40 +364,47 @@ def layer_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any,
     q = h / t
     n_in = 2 if model.gated_mlp else 1
 
-    out_proj = matmul_time(ctx, tokens, q, h)
-    mm = matmul_time(ctx, tokens, h, q + 2 * kv) + out_proj
     mem = (4 * ab + 6 * ab + (2 if model.dropout else 0)) * replicated
-    mem = mem + 2 * ab * tokens * (q + 2 * kv) + 2 * ab * tokens * q  # QKV in, attention out
+    if model.is_mla:
+        mm, mla_mem = _mla_projections(ctx, t, tokens, sp)
+        mem = mem + mla_mem
+    else:
+        mm = matmul_time(ctx, tokens, h, q + 2 * kv) + matmul_time(ctx, tokens, q, h)
+        mem = mem + 2 * ab * tokens * (q + 2 * kv) + 2 * ab * tokens * q  # QKV in, attn out
     if moe:
         e, k_top = model.n_experts, model.top_k
         load, active = ctx.expert_load, ctx.experts_active
-        f = model.expert_d_ff / t
-        rows = tokens * k_top * ep / e * load / active  # per expert that runs
+        expert_tp = expert_tp_degree(etp, t)
+        f = model.expert_d_ff / expert_tp
+        share = expert_tp / t  # of the tp group's routed rows, what one etp group runs
+        rows = tokens * k_top * ep / e * share * load / active  # per expert that runs
         local = e / ep * active  # experts that run
         mm = mm + matmul_time(ctx, tokens, h, e)
         mm = mm + local * (matmul_time(ctx, rows, h, n_in * f) + matmul_time(ctx, rows, f, h))
+        f_shared = model.expert_d_ff / t
         if model.n_shared_experts:
-            mm = mm + model.n_shared_experts * (matmul_time(ctx, tokens, h, n_in * f)
-                                                + matmul_time(ctx, tokens, f, h))
-        routed = tokens * k_top
+            mm = mm + model.n_shared_experts * (matmul_time(ctx, tokens, h, n_in * f_shared)
+                                                + matmul_time(ctx, tokens, f_shared, h))
+        routed = tokens * k_top * share
         permute = 4 * ab * routed * h  # into and out of expert order
-        mlp_rows = routed * load + model.n_shared_experts * tokens
+        # the MLP activation's rows: routed copies at f, shared experts' at f_shared
+        mlp_elements = routed * load * f + model.n_shared_experts * tokens * f_shared
         # op-sac runs each running expert's (and shared expert's) third matmul again
         sac_mm = (local * matmul_time(ctx, rows, h, f)
-                  + model.n_shared_experts * matmul_time(ctx, tokens, h, f))
+                  + model.n_shared_experts * matmul_time(ctx, tokens, h, f_shared))
     else:
         f = model.d_ff / t
         mm = mm + matmul_time(ctx, tokens, h, n_in * f) + matmul_time(ctx, tokens, f, h)
-        permute, mlp_rows = 0.0, tokens
+        permute, mlp_elements = 0.0, tokens * f
         sac_mm = matmul_time(ctx, tokens, h, f)
     if ctx.traffic is None:  # fused kernels: the bytes each kernel above moves
-        mem_f = mem + (n_in + 1) * ab * mlp_rows * f + permute
+        mem_f = mem + (n_in + 1) * ab * mlp_elements + permute
         mem_b = 2 * mem_f
     else:  # eager or compiled: the stack's measured (or the fusion rule's) bytes per token
         (fh, fqk, ff), (bh, bqk, bf) = ctx.traffic
         scale = ab / 2  # the tables are bf16 bytes
-        mem_f = scale * (fh * replicated + fqk * tokens * (q + kv) + ff * mlp_rows * f) + permute
-        mem_b = scale * (bh * replicated + bqk * tokens * (q + kv) + bf * mlp_rows * f) + permute
+        mem_f = scale * (fh * replicated + fqk * tokens * (q + kv) + ff * mlp_elements) + permute
+        mem_b = scale * (bh * replicated + bqk * tokens * (q + kv) + bf * mlp_elements) + permute
     attn_fwd, attn_bwd = _attention_core(ctx, t, c, b)
     ops_fwd, ops_bwd = host_ops(ctx, t, c, sp, moe, ep)
     fwd = _with_host(ctx, mm + attn_fwd + memory_time(ctx, mem_f), ops_fwd)
@@ -373,6 +412,7 @@ def layer_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any,
     # recompute before the backward: selective the attention core, full the whole forward,
     # op-sac (torchtitan) what it does not save: wo, the third MLP matmul and every
     # memory-bound op (`arch.ModelSpec.op_sac_recomputed_flops`)
+    out_proj = matmul_time(ctx, tokens, model.n_heads / t * model.value_head_dim, h)
     op_sac = out_proj + sac_mm + memory_time(ctx, mem_f)
     recompute = np.where(rc == 2, fwd, np.where(rc == 1, attn_fwd,
                                                 np.where(rc == 3, op_sac, 0.0)))
@@ -416,7 +456,8 @@ def host_ops(ctx: ComputeContext, t: Any, c: Any, sp: Any, moe: bool = False, ep
     `op_count == "fused"` (the built-in GPU presets): the kernels of a fused implementation
     (Megatron-LM's): 10 per layer forward (QKV, out-proj, two MLP GEMMs, two norms, two
     residual adds, the activation, QKV post-processing) plus the attention core (1 flash, 4
-    materialised), the backward twice as many. `"runtime"` (the "this machine" preset, which
+    materialised; MLA's extra projections and norms, `_mla_kernels`), the backward twice as
+    many. `"runtime"` (the "this machine" preset, which
     runs shardwise's own runtime): the aten operations it dispatches (`_OPS_*` above), split
     ⅓ forward, ⅔ backward like the fused count; an MoE layer's experts count when they
     receive rows (`ComputeContext.experts_active` of the `E/ep` local ones).
@@ -432,13 +473,19 @@ def host_ops(ctx: ComputeContext, t: Any, c: Any, sp: Any, moe: bool = False, ep
         return total / 3, 2 * total / 3
     attention = _KERNELS_ATTN_FLASH if ctx.flash else _KERNELS_ATTN_MATERIALISED
     if ctx.traffic is None:
-        fwd = _KERNELS_FWD + attention
+        fwd = _KERNELS_FWD + _mla_kernels(ctx.model) + attention
         return fwd, 2 * fwd
     # eager / compiled: the stack's kernels besides GEMMs and attention, its five GEMMs
     # (three per expert that runs in an MoE layer) and the attention core
     gemms = 2 + (3 * ctx.model.n_experts / ep * ctx.experts_active + 1 if moe else 3)
-    return (ctx.layer_kernels[0] + gemms + attention,
-            ctx.layer_kernels[1] + 2 * gemms + attention)
+    return (ctx.layer_kernels[0] + _mla_kernels(ctx.model) + gemms + attention,
+            ctx.layer_kernels[1] + _mla_kernels(ctx.model) + 2 * gemms + attention)
+
+
+def _mla_kernels(model: ModelSpec) -> int:
+    """Kernels MLA adds to a layer's forward: two down-projection GEMMs (one without a q
+    latent), their latent norms, and a second up-projection GEMM (q and kv apart)."""
+    return (5 if model.q_lora_rank else 3) if model.is_mla else 0
 
 
 # The runtime's optimizer step, per parameter tensor on the rank (counted with a
@@ -460,7 +507,9 @@ def optimizer_host_ops(ctx: ComputeContext, n_dense: Any, n_moe: Any, ep: Any, s
     model = ctx.model
     norm = 2 if model.norm == "layernorm" else 1
     mlp = (3 if model.gated_mlp else 2) * (2 if model.bias else 1)
-    attn = 2 * norm + 4 + 3 * model.qkv_bias + model.out_bias
+    # q, k, v, o; MLA: q (or q-down, q-norm, q-up), kv-down, kv-norm, kv-up, o
+    projections = (7 if model.q_lora_rank else 5) if model.is_mla else 4
+    attn = 2 * norm + projections + 3 * model.qkv_bias + model.out_bias
     moe = attn + 1 + mlp * (model.n_experts / ep + model.n_shared_experts)
     ends = norm + (0 if model.tie_embeddings else 1) + np.where(single, 1, 0)
     return _OPS_OPT_TENSOR * (n_dense * (attn + mlp) + n_moe * moe + ends)

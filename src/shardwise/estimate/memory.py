@@ -28,6 +28,7 @@ from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import dp_step_comm_bytes
 from shardwise.estimate.profiles import fused_attention, layer_bytes, saved_tensors
 from shardwise.layout import RECOMPUTE, Layout, Partition, TrainSpec, chunk_span
+from shardwise.placement import expert_tp_degree
 from shardwise.schedules.registry import get_schedule, select
 from shardwise.units import dtype_bytes
 
@@ -166,8 +167,12 @@ def zero_stage_table(n_params: float, n: int, state: StateBytes | None = None) -
 
 
 def kv_cache_bytes_per_token(model: ModelSpec, dtype: str = "bf16") -> float:
-    """Inference KV cache: `2 · L · a_kv · d · bytes` per token."""
-    return 2 * model.n_layers * model.kv_dim * dtype_bytes(dtype)
+    """Inference KV cache per token: `L · (a_kv·d + a_kv·d_v) · bytes` (`2·L·a_kv·d·bytes` for
+    standard attention); MLA caches its kv latent and RoPE key only, `L · (r_kv + d_R) ·
+    bytes` (DeepSeek-V2, arXiv:2405.04434 §2.1.3 and Table 1: `(d_c + d_h^R)·l` elements)."""
+    width = (model.kv_lora_rank + model.qk_rope_head_dim if model.is_mla
+             else model.kv_dim + model.v_dim)
+    return model.n_layers * width * dtype_bytes(dtype)
 
 
 # ----------------------------------------------------------------------------- §3 activations
@@ -194,7 +199,8 @@ def korthikanti_activation_bytes(seq_len: int, micro_batch: int, hidden: int, he
 def saved_tensors_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any, *, tp: Any = 1,
                             sp: Any = False, cp: Any = 1, flash: bool = False,
                             selective: Any = False, dtype_bytes_: float = 2,
-                            moe: bool = False, impl: str = "shardwise") -> dict[str, Any]:
+                            moe: bool = False, impl: str = "shardwise", etp: Any = 0
+                            ) -> dict[str, Any]:
     """The generalised count: every tensor one layer saves for backward, in bytes per rank.
 
     Walks the layer as Korthikanti et al. do, for the actual architecture: GQA widths for K and
@@ -217,14 +223,15 @@ def saved_tensors_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any, *,
     code keeps for the same layer.
     """
     return saved_tensors(impl, model, seq_len, micro_batch, tp=tp, sp=sp, cp=cp, flash=flash,
-                         selective=selective, dtype_bytes_=dtype_bytes_, moe=moe)
+                         selective=selective, dtype_bytes_=dtype_bytes_, moe=moe, etp=etp)
 
 
 def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any = 1, *,
                                tp: Any = 1, sp: Any = False, cp: Any = 1,
                                recompute: Any = "none", flash: bool = False,
                                dtype: str = "bf16", formula: str = "generalised",
-                               moe: bool | None = None, impl: str = "shardwise") -> Any:
+                               moe: bool | None = None, impl: str = "shardwise",
+                               etp: Any = 0) -> Any:
     """Bytes one layer keeps for backward per micro-batch, per rank.
 
     `formula="korthikanti"`: the paper's closed form (see `korthikanti_activation_bytes`, which
@@ -251,7 +258,7 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any 
     return layer_bytes(impl, model, seq_len, micro_batch, tp=tp, sp=sp, cp=cp, flash=flash,
                        selective=selective, full=full, op_sac=op_sac,
                        dtype_bytes_=dtype_bytes(dtype),
-                       moe=model.is_moe if moe is None else moe)
+                       moe=model.is_moe if moe is None else moe, etp=etp)
 
 
 # ------------------------------------------------------------------------------ §4 per GPU
@@ -290,7 +297,8 @@ class MemoryBreakdown:
         loss buffer          last stage: the loss's fp32 softmax / gradient buffer, one
                              logits-sized fp32 tensor `s·b·V·4/t` beside the held logits
         attention workspace  backward of one layer's attention: FlashAttention-2's fp32 `dq`
-                             accumulator `s·b·h·4/t`; materialised attention: the fp32
+                             accumulator `s·b·a·d·4/t` (`a·d = h` but for `d_head` or
+                             MLA); materialised attention: the fp32
                              gradient of the scores `a·s²·b·4/t`
         ZeRO-3 gather        the two gathered layers (= `workspace`, already in `total`)
         gradient bucket      ZeRO-2/3: one layer's unsharded gradients before the
@@ -389,43 +397,54 @@ def stage_layer_count(model: ModelSpec, pp: Any, chunks: Any, stage: Any,
 
 def moe_layers_on_stage(model: ModelSpec, pp: Any, chunks: Any, stage: Any,
                         partition: Partition = ()) -> Any:
-    """How many of `stage_layers(stage)` are MoE layers (layer `k` is when `k % q == q - 1`,
-    `q = moe_every`): chunk `c` holds layers `[start, start + n)` (`layout.chunk_span`), of
-    which `(start + n)//q - start//q` are MoE."""
+    """How many of `stage_layers(stage)` are MoE layers (layer `k ≥ F` is when
+    `k % q == q - 1`, `q = moe_every`, `F = first_dense_layers`): chunk `c` holds layers
+    `[start, start + n)` (`layout.chunk_span`), of which `max(start + n, F)//q -
+    max(start, F)//q` are MoE."""
     if not model.is_moe:
         return 0 * pp
-    q = model.moe_every
+    q, f = model.moe_every, model.first_dense_layers
     total = 0 * pp
     for chunk in range(int(np.max(chunks))):
         start, n = chunk_span(model.n_layers, pp, chunks, stage, chunk, partition)
-        total = total + np.where(chunk < chunks, (start + n) // q - start // q, 0)
+        moe = np.maximum(start + n, f) // q - np.maximum(start, f) // q
+        total = total + np.where(chunk < chunks, moe, 0)
     return total
 
 
-def layer_params(model: ModelSpec, tp: Any, ep: Any) -> tuple[Any, Any, Any]:
+def layer_params(model: ModelSpec, tp: Any, ep: Any, etp: Any = 0) -> tuple[Any, Any, Any]:
     """Per rank: a dense layer, an MoE layer without its experts, one MoE layer's experts.
     Dense weights ÷ tp (norms, router and an O bias replicated; K, V at `max(a_kv/t, 1)`
-    heads), experts ÷ (tp·ep)."""
+    heads; MLA's down-projections and latent norms replicated, `ModelSpec.mla_params`),
+    shared experts ÷ tp, routed experts ÷ (etp·ep) — `etp` the expert-tensor-parallel degree,
+    0 for tp (Megatron-Core's default, `ModelParallelConfig.expert_tensor_parallel_size`)."""
     h = model.d_model
-    kv = np.maximum(model.n_kv_heads // tp, 1) * model.head_dim
-    q = model.q_dim  # a·d: h unless the config names head_dim
-    attention = (2 * h * q / tp + 2 * h * kv + 2 * model.norm_params()
-                 + model.qkv_bias * (q / tp + 2 * kv) + model.out_bias * h)  # Qwen2/Llama biases
+    etp = expert_tp_degree(etp, tp)
+    norms = 2 * model.norm_params() + model.latent_norm_params()
+    if model.is_mla:
+        replicated, split = model.mla_params()
+        attention = replicated + split / tp + norms
+    else:
+        kv = np.maximum(model.n_kv_heads // tp, 1) * model.head_dim
+        q = model.q_dim  # a·d: h unless the config names head_dim
+        attention = (2 * h * q / tp + 2 * h * kv + norms
+                     + model.qkv_bias * (q / tp + 2 * kv) + model.out_bias * h)  # biases
     dense_layer = attention + model.mlp_params() / tp
     moe_layer = (attention + model.router_params()
                  + model.n_shared_experts * model.mlp_params(model.expert_d_ff) / tp)
-    expert_layer = (model.n_experts / ep * model.mlp_params(model.expert_d_ff) / tp
+    expert_layer = (model.n_experts / ep * model.mlp_params(model.expert_d_ff) / etp
                     if model.is_moe else 0 * tp)
     return dense_layer, moe_layer, expert_layer
 
 
 def stage_param_counts(model: ModelSpec, *, tp: Any, pp: Any, ep: Any, chunks: Any,
-                       stage: Any, partition: Partition = ()) -> tuple[Any, Any]:
+                       stage: Any, partition: Partition = (), etp: Any = 0
+                       ) -> tuple[Any, Any]:
     """(dense, expert) parameters one rank of pipeline `stage` holds (SPEC §4): its layers
     (`layer_params`); the first stage adds the vocabulary-parallel embedding `V·h/t`, the last
     the final norm and the head `V·h/t` (a tied head is a second copy when pp > 1)."""
     h = model.d_model
-    dense_layer, moe_layer, expert_layer = layer_params(model, tp, ep)
+    dense_layer, moe_layer, expert_layer = layer_params(model, tp, ep, etp)
     layers = stage_layer_count(model, pp, chunks, stage, partition)
     moe_layers = moe_layers_on_stage(model, pp, chunks, stage, partition)
     dense = (layers - moe_layers) * dense_layer + moe_layers * moe_layer
@@ -439,7 +458,7 @@ def stage_params(model: ModelSpec, layout: Layout, stage: int) -> tuple[float, f
     """`stage_param_counts` of one layout: (dense, expert) parameters on one rank of `stage`."""
     dense, expert = stage_param_counts(model, tp=layout.tp, pp=layout.pp, ep=layout.ep,
                                        chunks=layout.chunks, stage=stage,
-                                       partition=layout.partition)
+                                       partition=layout.partition, etp=layout.etp)
     return float(dense), float(expert)
 
 
@@ -447,12 +466,13 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
                  dp: Any, zero: Any, zero_group: Any, sp: Any, schedule: Any, chunks: Any,
                  recompute: Any, micro_batch: Any, m: Any, stage: Any,
                  act: dict[str, Any] | None = None, formula: str = "generalised",
-                 partition: Partition = ()) -> dict[str, Any]:
+                 partition: Partition = (), etp: Any = 0) -> dict[str, Any]:
     """Bytes on one GPU of pipeline `stage` (SPEC §4), for one layout or arrays of layouts:
     weights, grads, optimizer, activations, logits, workspace, in_flight and total.
 
     Parameters: `stage_param_counts`. ZeRO divides each state class by `dp·cp` (or the hybrid
-    shard group) per stage, expert state by `dp·cp/ep`. Activations: per-layer bytes × layers on
+    shard group) per stage, expert state by the expert-data-parallel group `tp·dp·cp/(etp·ep)`
+    (`dp·cp/ep` when etp = tp). Activations: per-layer bytes × layers on
     the stage × micro-batches in flight (the schedule's registry rule); the first stage adds
     the embedding's dropout mask (its output is layer 0's saved norm input, counted there), the
     last stage the final norm's input and fp32 logits `s·b·V·4/t` for the loss. ZeRO-3 adds a
@@ -467,13 +487,15 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
             return activation_bytes_per_layer(
                 model, s, micro_batch, tp=tp, sp=sp, cp=cp, recompute=recompute,
                 flash=train.flash_attention, dtype=train.dtype, formula=formula, moe=moe,
-                impl=train.profile)
+                impl=train.profile, etp=etp)
         act = {"dense": per_layer(False), "moe": per_layer(True) if model.is_moe else 0.0}
     zero_n = np.where(zero_group > 0, zero_group, dp * cp)
     dense_params, expert_params = stage_param_counts(model, tp=tp, pp=pp, ep=ep, chunks=chunks,
-                                                     stage=stage, partition=partition)
+                                                     stage=stage, partition=partition, etp=etp)
     w, g, o = zero_state_bytes(dense_params, zero_n, zero, state)
-    we, ge, oe = zero_state_bytes(expert_params, np.maximum(zero_n // ep, 1), zero, state)
+    expert_tp = expert_tp_degree(etp, tp)
+    we, ge, oe = zero_state_bytes(expert_params,
+                                  np.maximum(zero_n * tp // (expert_tp * ep), 1), zero, state)
     layers = stage_layer_count(model, pp, chunks, stage, partition)
     moe_layers = moe_layers_on_stage(model, pp, chunks, stage, partition)
     in_flight = _in_flight(schedule, pp, m, chunks, stage)
@@ -488,7 +510,7 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
     last_in_flight = select(schedule, lambda info: m if info.loss_waits else 1)
     activations = activations + np.where(last, last_in_flight * 2 * sb * h * ab / rep, 0.0)
     logits = np.where(last, last_in_flight * sb * model.vocab * 4 / tp, 0.0)
-    dense_layer, moe_layer, expert_layer = layer_params(model, tp, ep)
+    dense_layer, moe_layer, expert_layer = layer_params(model, tp, ep, etp)
     workspace = np.where(zero == 3, 2 * np.maximum(dense_layer, moe_layer + expert_layer)
                          * state.weight, 0.0)
     parts = {"weights": w + we, "grads": g + ge, "optimizer": o + oe,
@@ -496,11 +518,11 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
     parts["total"] = (parts["weights"] + parts["grads"] + parts["optimizer"] + activations
                       + logits + workspace)
     # Transient buffers (see `MemoryBreakdown`): they set the peak, not the held total.
-    sbh4 = sb * h * 4 / tp
+    dq = sb * model.q_dim * 4 / tp  # FlashAttention-2's fp32 dq accumulator (a·d: h, or MLA's)
     stepped = parts["optimizer"] / state.optimizer if state.optimizer else 0.0
     parts |= {
         "loss buffer": np.where(last, sb * model.vocab * 4 / tp, 0.0),  # one micro-batch
-        "attention workspace": (sbh4 if fused_attention(train.profile, train.flash_attention)
+        "attention workspace": (dq if fused_attention(train.profile, train.flash_attention)
                                 else model.n_heads / tp * sb * s * 4),
         "ZeRO-3 gather": workspace,
         "gradient bucket": np.where(zero >= 2, np.maximum(dense_layer, moe_layer + expert_layer)
@@ -519,8 +541,8 @@ def peak_stage_memory(model: ModelSpec, train: TrainSpec, *, pp: Any, stages: An
     holds one or two layers more than stage 0 and one micro-batch fewer in flight: Llama 3
     405B PP16 1F1B holds 8·15 layer activations there against 7·16 on stage 0; the same holds
     for the planner's other `Balanced` partitions, no middle stage above stage 1); MoE models
-    with `moe_every > 1` are checked stage by stage."""
-    if model.is_moe and model.moe_every > 1:
+    with `moe_every > 1` or dense first layers are checked stage by stage."""
+    if model.is_moe and (model.moe_every > 1 or model.first_dense_layers):
         candidates = [np.minimum(i, pp - 1) for i in range(int(np.max(pp)))]
     else:
         candidates = [0 * pp, np.minimum(1, pp - 1), pp - 1]

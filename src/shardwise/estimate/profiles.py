@@ -43,6 +43,20 @@ layer; a profile lists them, by component, with their dtype, as read from that c
                  dtype). Measured on CPU, to the byte.
                  Measured on CPU.
 
+Multi-head latent attention (DeepSeek-V2/V3, `ModelSpec.is_mla`), read from Megatron-Core
+0.16.1 megatron/core/transformer/multi_latent_attention.py (`MLASelfAttention`) with the MLA
+layer spec of models/gpt/gpt_layer_specs.py: after the input norm, whose output both
+down-projections keep (`TELinear`, parallel_mode "duplicated"), each latent passes an RMSNorm —
+with `--qk-layernorm` fused into the up-projection's `TELayerNormColumnParallelLinear`, which
+keeps its input, `ln_out` and rsigma — the q latent `r_q` (absent without `q_lora_rank`) and
+the kv latent `r_kv`, whose input is a split view of W_DKV's output, so its whole
+`r_kv + d_R` storage stays alive; the latents are replicated over tp, ÷t with SP (the
+down-projections run on the sequence shard). q and k (`d_nope + d_R` per head) and v (`d_v`)
+are made contiguous before the core, which keeps them, its output (= O's input) and the
+softmax statistics; shardwise's runtime keeps the same (exact against it, `shardwise check`).
+torchtitan and hf-* apply their norm and attention rules to the same walk: not measured for
+MLA.
+
 All profiles share shardwise's rules for parallelism (SPEC §3): replicated tensors ÷t only with
 sequence parallelism, head- or f-sharded ones ÷t, K/V at `max(a_kv/t, 1)` heads, all ÷c; full
 recompute keeps the layer input only (Megatron's uniform recompute, torch.utils.checkpoint
@@ -69,6 +83,7 @@ import numpy as np
 
 from shardwise.arch import ModelSpec
 from shardwise.errors import ShardwiseError
+from shardwise.placement import expert_tp_degree
 
 __all__ = ["DEFAULT_IMPL", "PROFILES", "Profile", "by_component", "component", "fused_attention",
            "get_profile", "layer_bytes", "op_sac_saved", "profile_names", "saved_tensors"]
@@ -153,7 +168,8 @@ def get_profile(name: str) -> Profile:
 
 
 _COMPONENTS = (  # name prefix → component; first match wins
-    ("norm1", "norm"), ("norm2", "norm"), ("qkv_input", "QKV input"), ("q", "q/k/v"),
+    ("norm1", "norm"), ("norm2", "norm"), ("qkv_input", "QKV input"),
+    ("q_latent", "MLA latents"), ("kv_latent", "MLA latents"), ("q", "q/k/v"),
     ("k", "q/k/v"), ("v", "q/k/v"), ("softmax", "attention internals"),
     ("attention_dropout", "attention internals"), ("flash", "attention internals"),
     ("flex", "attention internals"), ("attention_output", "output projection input"),
@@ -163,8 +179,9 @@ _COMPONENTS = (  # name prefix → component; first match wins
 
 
 def component(name: str) -> str:
-    """The component a saved tensor belongs to: norm, QKV input, q/k/v, attention internals,
-    output projection input, MLP input, MLP internals, MoE routing, MoE experts, dropout."""
+    """The component a saved tensor belongs to: norm, QKV input, MLA latents, q/k/v, attention
+    internals, output projection input, MLP input, MLP internals, MoE routing, MoE experts,
+    dropout."""
     if "residual_dropout" in name:
         return "dropout"
     for prefix, comp in _COMPONENTS:
@@ -210,8 +227,8 @@ def fused_attention(profile: Profile | str, flash: bool) -> bool:
 # ---------------------------------------------------------------------------- the walk
 def saved_tensors(profile: Profile | str, model: ModelSpec, seq_len: int, micro_batch: Any, *,
                   tp: Any = 1, sp: Any = False, cp: Any = 1, flash: bool = False,
-                  selective: Any = False, dtype_bytes_: float = 2, moe: bool = False
-                  ) -> dict[str, Any]:
+                  selective: Any = False, dtype_bytes_: float = 2, moe: bool = False,
+                  etp: Any = 0) -> dict[str, Any]:
     """Bytes per rank of every tensor one layer saves for backward under `profile`.
 
     `tp`, `cp`, `micro_batch` may be arrays, `sp` and `selective` boolean arrays (then every
@@ -236,28 +253,40 @@ def saved_tensors(profile: Profile | str, model: ModelSpec, seq_len: int, micro_
             return
         out[name] = value if _is_true(when) else _pick(when, value, 0.0)
 
-    def norm(prefix: str, output: str) -> None:
+    def norm(prefix: str, output: str, width: Any = h, kept: Any = None) -> None:
+        """An RMSNorm/LayerNorm over `width` columns; `kept`: the width of the storage its
+        input lives in when the fused norm keeps it (a view of a wider tensor)."""
         upcast = ab if prof.norm == "fused" else fp32
-        add(f"{prefix}_input", sb * h * upcast / rep)
+        held = kept if kept is not None and prof.norm == "fused" else width
+        add(f"{prefix}_input", sb * held * upcast / rep)
         add(f"{prefix}_stats", sb * stats / rep)
         if prof.norm != "fused":  # the normalised rows the weight multiply keeps
-            add(f"{prefix}_normalized", sb * h * (ab if prof.norm == "hf" else fp32) / rep)
-        add(output, sb * h * ab / rep)
+            add(f"{prefix}_normalized", sb * width * (ab if prof.norm == "hf" else fp32) / rep)
+        add(output, sb * width * ab / rep)
 
     norm("norm1", "qkv_input")
+    if model.is_mla:
+        # the latents leave the down-projections replicated over tp (÷t only with SP) and
+        # pass their RMSNorms; W_DKV's output holds the kv latent and the RoPE key, and the
+        # fused norm keeps that whole storage (its input is a view of it)
+        if model.q_lora_rank:
+            norm("q_latent", "q_latent_normed", model.q_lora_rank)
+        norm("kv_latent", "kv_latent_normed", model.kv_lora_rank,
+             model.kv_lora_rank + model.qk_rope_head_dim)
     not_selective = _pick(selective, False, True)
     fused = fused_attention(prof, flash)
+    d_v = model.value_head_dim  # = d but for MLA
     add("q", sb * model.q_dim * ab / tp)  # a·d: h unless the config names head_dim
     if prof.attention == "eager":
         # repeat_kv copies K and V to all heads, unless one K/V head is left (the expand then
         # reshapes as a view); under selective recompute the core's own inputs, before the
         # repeat, are what the checkpoint keeps
-        repeated = _pick(kv_heads == 1, kv, heads * model.head_dim)
-        add("k", _pick(selective, sb * kv * ab, sb * repeated * ab))
-        add("v", _pick(selective, sb * kv * ab, sb * repeated * ab))
+        repeated = _pick(kv_heads == 1, kv_heads, heads)
+        add("k", _pick(selective, sb * kv * ab, sb * repeated * model.head_dim * ab))
+        add("v", _pick(selective, sb * kv_heads * d_v * ab, sb * repeated * d_v * ab))
     else:
         add("k", sb * kv * ab)
-        add("v", sb * kv * ab)
+        add("v", sb * kv_heads * d_v * ab)
     scores = heads * sb * seq_len  # s/c query rows against all s keys per rank
     if fused:  # selective recompute re-runs the core, log-sum-exp included
         add("flash_logsumexp", heads * sb * fp32, not_selective)
@@ -275,12 +304,12 @@ def saved_tensors(profile: Profile | str, model: ModelSpec, seq_len: int, micro_
         if model.dropout:
             add("attention_dropout_mask", scores * 1, not_selective)
             add("attention_dropout_output", scores * ab, not_selective)
-    add("attention_output", sb * model.q_dim * ab / tp)
+    add("attention_output", sb * model.n_heads * d_v * ab / tp)
     if model.dropout and prof.residual_dropout:
         add("attention_residual_dropout_mask", sb * h / rep)
     norm("norm2", "mlp_input")
     if moe:
-        out.update(_moe_saved(prof, model, sb, tp, ab))
+        out.update(_moe_saved(prof, model, sb, tp, ab, etp))
     else:
         out.update(_mlp_saved(prof, model, sb, model.d_ff / tp, ab, "mlp"))
     if model.dropout and prof.residual_dropout:
@@ -302,18 +331,23 @@ def _mlp_saved(prof: Profile, model: ModelSpec, tokens: Any, f: Any, ab: float, 
             f"{prefix}_down_input": tokens * f * ab}
 
 
-def _moe_saved(prof: Profile, model: ModelSpec, tokens: Any, tp: Any, ab: float
+def _moe_saved(prof: Profile, model: ModelSpec, tokens: Any, tp: Any, ab: float, etp: Any = 0
                ) -> dict[str, Any]:
     """Router probabilities (fp32) and, per routed copy (top_k per token, balanced routing),
-    the expert's input, its hidden activations and its output (kept for the gate product)."""
+    the expert's input, its hidden activations and its output (kept for the gate product).
+    With expert tensor parallelism (`etp`, 0 for tp) a rank holds the routed copies of its etp
+    group's share of the tp group's tokens, `etp/tp` of them, at `f/etp`; shared experts run
+    every token at `f/tp`."""
     h, k = model.d_model, model.top_k
+    expert_tp = expert_tp_degree(etp, tp)
+    copies = k * tokens * expert_tp / tp
     out = {"router_probs": tokens * model.n_experts * max(4.0, ab)}
     if prof.routing_per_copy or prof.routing_per_token:
         out["router_indices_and_weights"] = tokens * (k * prof.routing_per_copy
                                                       + prof.routing_per_token)
-    out["expert_inputs"] = k * tokens * h * ab
-    out.update(_mlp_saved(prof, model, k * tokens, model.expert_d_ff / tp, ab, "expert"))
-    out["expert_outputs"] = k * tokens * h * ab
+    out["expert_inputs"] = copies * h * ab
+    out.update(_mlp_saved(prof, model, copies, model.expert_d_ff / expert_tp, ab, "expert"))
+    out["expert_outputs"] = copies * h * ab
     if model.n_shared_experts:
         shared = _mlp_saved(prof, model, tokens, model.expert_d_ff / tp, ab, "shared")
         out.update({name: model.n_shared_experts * v for name, v in shared.items()})
@@ -351,12 +385,13 @@ def op_sac_saved(model: ModelSpec, seq_len: int, micro_batch: Any, *, tp: Any = 
 def layer_bytes(profile: Profile | str, model: ModelSpec, seq_len: int, micro_batch: Any, *,
                 tp: Any = 1, sp: Any = False, cp: Any = 1, flash: bool = False,
                 selective: Any = False, full: Any = False, op_sac: Any = False,
-                dtype_bytes_: float = 2, moe: bool = False) -> Any:
+                dtype_bytes_: float = 2, moe: bool = False, etp: Any = 0) -> Any:
     """Sum of `saved_tensors`; under full recompute (`full`, scalar or boolean array) the
     layer input only, `s/c·b·h·bytes` (÷t with SP) — every profile checkpoints the layer;
     under per-op SAC (`op_sac`) what `op_sac_saved` keeps."""
     saved = saved_tensors(profile, model, seq_len, micro_batch, tp=tp, sp=sp, cp=cp,
-                          flash=flash, selective=selective, dtype_bytes_=dtype_bytes_, moe=moe)
+                          flash=flash, selective=selective, dtype_bytes_=dtype_bytes_, moe=moe,
+                          etp=etp)
     total = sum(saved.values())
     if not _is_false(op_sac):
         sac = sum(op_sac_saved(model, seq_len, micro_batch, tp=tp, sp=sp, cp=cp,

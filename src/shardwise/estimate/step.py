@@ -102,7 +102,7 @@ from shardwise.estimate.memory import bytes_per_param_training, stage_param_coun
 from shardwise.estimate.uncertainty import Uncertainty, uncertainty
 from shardwise.hardware import Cluster
 from shardwise.layout import Layout, Partition, TrainSpec, stage_extremes
-from shardwise.placement import members_per_node
+from shardwise.placement import expert_tp_degree, members_per_node
 from shardwise.schedules.registry import SCHEDULE_CODES, get_schedule, select
 
 __all__ = [
@@ -123,7 +123,9 @@ __all__ = [
 
 FLOP_CONVENTION = (
     "mfu: model FLOPs = 3 x forward, full s^2 attention (6N + 12*L*h*s per token: Megatron-LM "
-    "num_floating_point_operations, Korthikanti et al. 2022, PaLM); mfu_causal: attention "
+    "num_floating_point_operations, Korthikanti et al. 2022, PaLM; MLA: scores at "
+    "d_nope + d_rope, P*V at d_v per head, the projections as they run, unabsorbed); "
+    "mfu_causal: attention "
     "counted as the causal half; hfu: mfu's FLOPs plus recomputation (full: every layer's "
     "forward again; selective: attention scores and P*V again)")
 
@@ -222,7 +224,7 @@ def pipeline_bubble(sched: Any, p: Any, v: Any, m: Any, t_f: Any, t_b: Any, t_w:
 
 # ------------------------------------------------------------------------- the step model
 def busiest_stage_params(model: ModelSpec, t: Any, p: Any, e: Any, v: Any,
-                         partition: Partition = ()) -> tuple[Any, Any]:
+                         partition: Partition = (), etp: Any = 0) -> tuple[Any, Any]:
     """(dense, expert) parameters per rank of the pipeline stage holding the most, counted
     per stage by the memory model (`memory.stage_param_counts`): every stage of an explicit
     partition; of a `Balanced` one (the default) the first (embedding), the second (the
@@ -231,7 +233,7 @@ def busiest_stage_params(model: ModelSpec, t: Any, p: Any, e: Any, v: Any,
     explicit = isinstance(partition, tuple) and partition
     stages = np.arange(p) if explicit else np.stack([0 * p, np.minimum(1, p - 1), p - 1])
     dense, expert = stage_param_counts(model, tp=t, pp=p, ep=e, chunks=v, stage=stages,
-                                       partition=partition)
+                                       partition=partition, etp=etp)
     dense, expert = np.broadcast_arrays(dense, expert)
     pick = np.expand_dims(np.argmax(dense + expert, axis=0), 0)
     return (np.take_along_axis(dense, pick, 0)[0], np.take_along_axis(expert, pick, 0)[0])
@@ -240,7 +242,7 @@ def busiest_stage_params(model: ModelSpec, t: Any, p: Any, e: Any, v: Any,
 def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, pp: Any,
                cp: Any, ep: Any, dp: Any, zero: Any, zero_group: Any, sp: Any, schedule: Any,
                chunks: Any, recompute: Any, micro_batch: Any, m: Any,
-               costs: dict[str, Any] | None = None, partition: Partition = ()
+               costs: dict[str, Any] | None = None, partition: Partition = (), etp: Any = 0
                ) -> dict[str, Any]:
     """Every term of the step-time model for layouts given as numbers or arrays, keyed by the
     `Layout` field names (codes for `recompute` and `schedule`: `layout_codes`; `zero_group`
@@ -265,10 +267,10 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
 
     def on_node(axis: str) -> Any:
         """Members of one `axis` group on a node (`placement`, the runtime's rank order)."""
-        return members_per_node(axis, gpn, pp=p, dp=dp, cp=c, tp=t, ep=e)
+        return members_per_node(axis, gpn, pp=p, dp=dp, cp=c, tp=t, ep=e, etp=etp)
 
     # ---- compute per micro-batch: one dense layer, one MoE layer, head, embedding
-    costs = costs if costs is not None else compute_costs(ctx, t, c, b, sp, rc, e)
+    costs = costs if costs is not None else compute_costs(ctx, t, c, b, sp, rc, e, etp)
     dense = costs["dense"]
     # uneven stages: the layers of the busiest, the first and the last stage relative to L/p
     # (exactly 1 for even stages); MoE layers at their average share
@@ -327,8 +329,8 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     tp_crit = tp_f + tp_b + tp_ar * np.where(single, 2, 1) + np.where(t > 1, ce, 0.0)
 
     # ---- context parallel: ring K/V transfers hidden behind block compute when possible
-    kv = np.maximum(model.n_kv_heads // t, 1) * model.head_dim
-    kv_block = 2 * s / c * b * kv * ab
+    kv_heads = np.maximum(model.n_kv_heads // t, 1)  # K at d, V at d_v (MLA: d_v < d)
+    kv_block = s / c * b * kv_heads * (model.head_dim + model.value_head_dim) * ab
     cp_intra = on_node("cp") == c
     cp_step = (p2p_latency(links, np.where(cp_intra, links.intra_lat, links.inter_lat))
                + kv_block / np.where(cp_intra, links.intra_bw, links.inter_bw))
@@ -382,7 +384,7 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     bubble = np.where(p > 1, others * pipeline_bubble(sched, p, v, m, big_f, big_b, w_mid), 0.0)
 
     # ---- data parallel / ZeRO over the dp·cp replicas
-    dense_params, expert_params = busiest_stage_params(model, t, p, e, v, partition)
+    dense_params, expert_params = busiest_stage_params(model, t, p, e, v, partition, etp)
     replicas = dp * c
     in_node = on_node("dp_cp")
     group = np.where(zg > 0, zg, replicas)
@@ -402,7 +404,9 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     # (`busy_fraction`) follows the bytes it moves through the GPU, not the wall time
     nvlink = Links(links.intra_bw, links.intra_lat, links.intra_bw, links.intra_lat, gpn)
     dp_total, dp_exposed, dp_busy = 0.0 * t, 0.0 * t, 0.0 * t
-    groups = [(dense_params, 1)] + ([(expert_params, e)] if model.n_moe_layers else [])
+    # the experts' replicas: the expert-data-parallel group tp·dp·cp/(etp·ep) = dp·cp/shift
+    shift = e * expert_tp_degree(etp, t) / t
+    groups = [(dense_params, 1)] + ([(expert_params, shift)] if model.n_moe_layers else [])
     for params, n_shift in groups:
         n = replicas / n_shift
         g_all = np.maximum(in_node // n_shift, 1)
@@ -447,7 +451,7 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
 
     # ---- optimizer step over the parameters this rank updates
     opt_dense = dense_params / np.where(zero >= 1, group, 1)
-    opt_expert = expert_params / np.where(zero >= 1, np.maximum(group / e, 1), 1)
+    opt_expert = expert_params / np.where(zero >= 1, np.maximum(group / shift, 1), 1)
     optimizer = (optimizer_time(ctx, opt_dense + opt_expert, gb_, wb, state.master,
                                 state.moments)
                  + host_overhead(ctx, optimizer_host_ops(ctx, n_dense, n_moe, e, single))
@@ -551,13 +555,14 @@ def p2p_exposed(p2p: Any, p: Any, v: Any, m: Any, on: Any, kappa: float) -> Any:
                     2 * (v * m + p - 1) * p2p)
 
 
-def compute_costs(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any, e: Any
-                  ) -> dict[str, Any]:
+def compute_costs(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any, e: Any,
+                  etp: Any = 0) -> dict[str, Any]:
     """The compute costs `step_terms` needs: a dense layer, an MoE layer (MoE models), the
     head and the embedding, per rank and micro-batch."""
     return {
         "dense": layer_cost(ctx, t, c, b, sp, rc),
-        "moe": layer_cost(ctx, t, c, b, sp, rc, moe=True, ep=e) if ctx.model.is_moe else None,
+        "moe": (layer_cost(ctx, t, c, b, sp, rc, moe=True, ep=e, etp=etp) if ctx.model.is_moe
+                else None),
         "head": head_cost(ctx, t, c, b, sp),
         "embedding": embedding_cost(ctx, t, c, b),
     }

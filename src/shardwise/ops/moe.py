@@ -9,6 +9,13 @@ The layer (Shazeer et al. 2017; Switch, Fedus et al. 2021; Mixtral, Jiang et al.
                                                        Mixtral does (`normalize=False`: g_i = p_i)
     y(x)     = Σ_{i∈T_k(x), kept} g_i(x) · E_i(x),     E_i(x) = (SiLU(x W_g,i) ⊙ x W_u,i) W_d,i
 
+DeepSeek's routers (`RoutingRule` fields; transformers 5.24 `DeepseekV3TopkRouter`,
+`DeepseekV2TopkRouter`): DeepSeek-V3 scores with `p = sigmoid(x W_r)` and chooses by
+`p + b` (`bias`, the aux-loss-free balancing term `e_score_correction_bias`: the choice only,
+never the gates); both may limit the choice to the `topk_groups` best of `groups` equal groups
+of experts (a group's score: V3 the sum of its two best `p + b`, V2 its best `p`); the gates
+are `p` of the chosen experts, renormalised or not, times `scale` (routed_scaling_factor).
+
 Capacity (GShard, Lepikhin et al. 2020; Switch): tokens are routed in *groups* (a group is one
 rank's local tokens under expert parallelism). With a capacity factor `cf`, each expert accepts
 at most `C = ⌈cf · T_g · k / E⌉` assignments from a group of `T_g` tokens. The drop rule is
@@ -97,29 +104,26 @@ class Routing:
 def route(x: torch.Tensor, router: torch.Tensor, top_k: int, normalize: bool = True) -> Routing:
     """Top-k softmax routing: `p = softmax(x W_r)`, the k largest, gates renormalised over them
     (`normalize`, Mixtral) or the raw probabilities (Switch with k = 1, GShard)."""
-    _check_top_k(top_k, router.shape[1])
-    probs = router_probs(x, router)
-    return Routing(probs, *_top_k(probs, top_k, normalize))
+    rule = RoutingRule(top_k, normalize)
+    probs = rule.probs(x, router)
+    return Routing(probs, *rule.choose(probs))
 
 
-def router_probs(x: torch.Tensor, router: torch.Tensor) -> torch.Tensor:
-    """`softmax(x W_r)`, (T, h) @ (h, E) -> (T, E), in at least fp32: bf16 logits are cast up
-    before the softmax, as Hugging Face's Mixtral (`softmax(router_logits, dtype=torch.float)`)
-    and Megatron-LM's router do; the gates scale the expert outputs in their dtype."""
-    return torch.softmax(x @ router, dim=-1, dtype=torch.promote_types(x.dtype, torch.float32))
+def router_probs(x: torch.Tensor, router: torch.Tensor, score: str = "softmax") -> torch.Tensor:
+    """`softmax(x W_r)` (or `sigmoid`, DeepSeek-V3), (T, h) @ (h, E) -> (T, E), in at least
+    fp32: bf16 logits are cast up first, as Hugging Face's Mixtral (`softmax(router_logits,
+    dtype=torch.float)`), DeepSeek-V3 and Megatron-LM's routers do; the gates scale the expert
+    outputs in their dtype. Autograd keeps x and the scores (both functions save their
+    output)."""
+    logits = x @ router
+    if score == "sigmoid":
+        return torch.sigmoid(logits.to(torch.promote_types(x.dtype, torch.float32)))
+    return torch.softmax(logits, dim=-1, dtype=torch.promote_types(x.dtype, torch.float32))
 
 
 def _check_top_k(top_k: int, num_experts: int) -> None:
     if not 1 <= top_k <= num_experts:
         raise ShardwiseError(f"top_k={top_k} must be in 1..n_experts={num_experts}")
-
-
-def _top_k(probs: torch.Tensor, top_k: int, normalize: bool
-           ) -> tuple[torch.Tensor, torch.Tensor]:
-    """probs (T, E) -> the k chosen experts (T, k) and their gates (T, k)."""
-    top, experts = probs.topk(top_k, dim=-1)  # (T, k)
-    gates = top / top.sum(dim=-1, keepdim=True) if normalize else top
-    return experts, gates
 
 
 def expert_capacity(tokens: int, top_k: int, num_experts: int, capacity_factor: float) -> int:
@@ -216,28 +220,31 @@ def imbalance(counts: torch.Tensor) -> float:
 
 def moe_layer(x: torch.Tensor, params: MoEParams, top_k: int, *,
               capacity_factor: float | None = None, normalize: bool = True,
-              groups: int = 1, shards: SequenceShards | None = None) -> MoEResult:
+              groups: int = 1, shards: SequenceShards | None = None,
+              routing: RoutingRule | None = None) -> MoEResult:
     """The single-device MoE layer on x (T, h); `groups` equal slices of the tokens are routed
     and capacity-limited independently (use `groups = e` to match `e` expert-parallel ranks).
     `shards`: x is this rank's part of a group spread over several ranks; the auxiliary
     loss is then this rank's share (`load_balancing_loss`), and the capacity the group's
-    (`RoutingRule.for_group`)."""
+    (`RoutingRule.for_group`). `routing`: the router's rule (DeepSeek's scores, groups, bias,
+    scale; its top_k and normalize replace those given)."""
     tokens, _ = x.shape
     if groups < 1 or tokens % groups:
         raise ShardwiseError(f"groups={groups} must divide the {tokens} tokens")
-    rule = RoutingRule(top_k, normalize, 1, capacity_factor)
+    rule = replace(routing or RoutingRule(top_k, normalize), num_ranks=1,
+                   capacity_factor=capacity_factor)
     outs, losses, routed, kept = [], [], [], []
     for xg in x.chunk(groups):
         probs = rule.probs(xg, params.router)
         group_rule = rule.for_group(probs, shards)
-        routing, plan = group_rule.plan(probs)
+        choice, plan = group_rule.plan(probs)
         rows = gather_rows(xg, probs, plan, group_rule)  # (N, h), sorted by expert
         outputs = [expert_mlp(chunk, params.w_gate[i], params.w_up[i], params.w_down[i])
                    for i, chunk in enumerate(rows.split(plan.per_expert.tolist()))
                    if chunk.shape[0]]
         expert_out = torch.cat(outputs) if outputs else rows
         outs.append(weighted_combine(expert_out, probs, plan, group_rule))
-        losses.append(load_balancing_loss(probs, routing.experts, shards))
+        losses.append(load_balancing_loss(probs, choice.experts, shards))
         routed.append(plan.routed)
         kept.append(plan.per_expert)
     return MoEResult(torch.cat(outs), torch.stack(losses).mean(),
@@ -299,11 +306,38 @@ class RoutingRule:
     num_ranks: int = 1
     capacity_factor: float | None = None
     keep: torch.Tensor | None = None  # (T, k) the capacity's decision, fixed by `for_group`
+    score: str = "softmax"  # or "sigmoid" (DeepSeek-V3)
+    scale: float = 1.0  # the gates × routed_scaling_factor
+    groups: int = 1  # experts in `groups` equal groups, the choice from the best `topk_groups`
+    topk_groups: int = 1
+    bias: torch.Tensor | None = None  # (E,) added to the scores for the choice only
 
     def probs(self, x: torch.Tensor, router: torch.Tensor) -> torch.Tensor:
-        """`softmax(x W_r)` (T, E); autograd saves x and the probabilities only."""
+        """`softmax(x W_r)` or `sigmoid` (T, E); autograd saves x and the scores only."""
         _check_top_k(self.top_k, router.shape[1])
-        return router_probs(x, router)
+        return router_probs(x, router, self.score)
+
+    def choose(self, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """probs (T, E) -> the k chosen experts (T, k) and their gates (T, k): the k largest
+        `p + bias` within the `topk_groups` best groups; gates `p` of those, renormalised over
+        the k when `normalize`, times `scale`."""
+        if self.groups == 1 and self.bias is None:  # the k largest scores themselves
+            top, chosen = probs.topk(self.top_k, dim=-1)  # (T, k)
+        else:
+            choice = probs if self.bias is None else probs + self.bias
+            if self.groups > 1:
+                tokens, experts = choice.shape
+                grouped = choice.view(tokens, self.groups, -1)  # (T, E) -> (T, G, E/G)
+                group_score = (grouped.topk(2, dim=-1).values.sum(dim=-1)
+                               if self.score == "sigmoid" else grouped.amax(dim=-1))  # (T, G)
+                best = group_score.topk(self.topk_groups, dim=-1).indices
+                allowed = torch.zeros_like(group_score, dtype=torch.bool).scatter(1, best, True)
+                allowed = allowed.repeat_interleave(experts // self.groups, dim=1)  # (T, E)
+                choice = choice.masked_fill(~allowed, float("-inf"))
+            chosen = choice.topk(self.top_k, dim=-1).indices  # (T, k)
+            top = probs.gather(1, chosen)
+        gates = top / top.sum(dim=-1, keepdim=True) if self.normalize else top
+        return chosen, gates if self.scale == 1 else gates * self.scale
 
     def for_group(self, probs: torch.Tensor, shards: SequenceShards | None) -> RoutingRule:
         """This rule with the capacity's decision fixed when the group's tokens are spread
@@ -312,14 +346,14 @@ class RoutingRule:
         if shards is None or shards.keep is None or self.capacity_factor is None:
             return self
         with torch.no_grad():
-            experts = _top_k(probs.detach(), self.top_k, self.normalize)[0]
+            experts = self.choose(probs.detach())[0]
         return replace(self, keep=shards.keep(experts, self.capacity_factor))
 
     def plan(self, probs: torch.Tensor) -> tuple[Routing, DispatchPlan]:
         """Top-k choice, gates and dispatch order from probs (T, E); no autograd graph."""
         with torch.no_grad():
             probs = probs.detach()
-            routing = Routing(probs, *_top_k(probs, self.top_k, self.normalize))
+            routing = Routing(probs, *self.choose(probs))
             return routing, dispatch_plan(routing, self.num_ranks, self.capacity_factor,
                                           self.keep)
 
@@ -363,11 +397,12 @@ class _WeightedCombine(torch.autograd.Function):
         d_out = plan.gate.to(dy.dtype)[:, None] * dy_rows
         d_gates = torch.zeros_like(routing.gates)  # (T, k), the probabilities' dtype
         d_gates[plan.token, plan.slot] = (dy_rows * expert_out).sum(dim=1).to(d_gates.dtype)
-        if rule.normalize:  # g = top / Σ top: d_top = (d_g - Σ d_g·g) / Σ top
+        scaled = d_gates if rule.scale == 1 else rule.scale * d_gates
+        if rule.normalize:  # g = r·top / Σ top: d_top = (r·d_g - Σ d_g·g) / Σ top
             total = probs.gather(1, routing.experts).sum(dim=-1, keepdim=True)
-            d_top = (d_gates - (d_gates * routing.gates).sum(dim=-1, keepdim=True)) / total
-        else:
-            d_top = d_gates
+            d_top = (scaled - (d_gates * routing.gates).sum(dim=-1, keepdim=True)) / total
+        else:  # g = r·top
+            d_top = scaled
         d_probs = torch.zeros_like(probs).scatter(1, routing.experts, d_top)
         return d_out, d_probs, None, None
 

@@ -47,19 +47,21 @@ def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
     (`Balanced`; without them the default partition), flat or broadcastable against each
     other (the planner passes outer combinations as a column and the `(sp, rc)` pairs as a
     row, so terms that do not depend on them are computed once per row). Compute costs are evaluated once per distinct
-    `(t, c, b, e)` and `(sp, rc)` and gathered.
+    `(t, c, b, e, etp)` and `(sp, rc)` and gathered.
     """
     cal = calib or default_calibration(cluster.accelerator.calibration_name)
     ctx = ComputeContext.of(model, cluster.accelerator, train, cal)
     links = Links.of(cluster, cal)
-    # distinct (t, c, b, e) × (sp, rc) for the compute costs and activations: the
+    # distinct (t, c, b, e, etp) × (sp, rc) for the compute costs and activations: the
     # enumeration's (structure, micro-batch) pairs when known, else a packed integer key
     if "pair" in cand and "_pairs" in cand:
         pairs = cand["_pairs"]
-        uniq = np.stack([pairs["tp"], pairs["cp"], pairs["micro_batch"], pairs["ep"]])
+        uniq = np.stack([pairs["tp"], pairs["cp"], pairs["micro_batch"], pairs["ep"],
+                         pairs["etp"]])
         inverse = np.asarray(cand["pair"])
     else:
-        cols = [np.asarray(cand[k], dtype=np.int64) for k in ("tp", "cp", "micro_batch", "ep")]
+        cols = [np.asarray(cand[k], dtype=np.int64)
+                for k in ("tp", "cp", "micro_batch", "ep", "etp")]
         packed = np.zeros_like(cols[0])
         for col in cols:
             packed = packed * (int(col.max()) + 1) + col
@@ -71,15 +73,16 @@ def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
     sp_rc = np.array([(sp, rc) for sp in (0, 1) for rc in range(n_rc)], dtype=np.int64)
     g_idx, q_idx = np.divmod(np.arange(n_u * 2 * n_rc), 2 * n_rc)
     small = {"tp": uniq[0, g_idx], "cp": uniq[1, g_idx], "micro_batch": uniq[2, g_idx],
-             "ep": uniq[3, g_idx], "sp": sp_rc[q_idx, 0], "recompute": sp_rc[q_idx, 1]}
+             "ep": uniq[3, g_idx], "etp": uniq[4, g_idx], "sp": sp_rc[q_idx, 0],
+             "recompute": sp_rc[q_idx, 1]}
     costs = compute_costs(ctx, small["tp"], small["cp"], small["micro_batch"], small["sp"], small["recompute"],
-                          small["ep"])
+                          small["ep"], small["etp"])
 
     def per_layer(moe: bool) -> Any:
         return activation_bytes_per_layer(
             model, train.seq_len, small["micro_batch"], tp=small["tp"], sp=small["sp"],
             cp=small["cp"], recompute=small["recompute"], flash=train.flash_attention,
-            dtype=train.dtype, moe=moe, impl=train.profile)
+            dtype=train.dtype, moe=moe, impl=train.profile, etp=small["etp"])
 
     act = {"dense": per_layer(False), "moe": per_layer(True) if model.is_moe else 0.0}
     index = inverse * 2 * n_rc + cand["sp"] * n_rc + cand["recompute"]

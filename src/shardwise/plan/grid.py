@@ -49,6 +49,7 @@ def _structure_reason(problem: str) -> str:
              ("d_ff", "tp does not divide the FFN width"),
              ("n_layers", "pp does not split the layers"),
              ("n_experts", "ep does not divide the experts"),
+             ("etp·ep", "etp·ep does not divide tp·dp·cp"),
              ("dp·cp", "ep does not divide dp·cp"),
              ("2·cp", "2·cp does not divide the sequence length"),
              ("ring attention", "context parallelism needs FlashAttention"))
@@ -98,32 +99,41 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
     inner_keys = ("micro_batch", "schedule", "zero", "sp", "recompute")
     inner = [len(axes[k]) for k in inner_keys]
 
-    # level 1: structures (tp, pp, cp, ep, partition) and dp = GPUs / (tp·pp·cp); the
+    # level 1: structures (tp, pp, cp, ep, etp, partition) and dp = GPUs / (tp·pp·cp); the
     # searched partitions of each pp (`_partitions`) as Balanced(first_less, last_less).
     # The constraint's exclusions are counted first, on the grid with its fixed values added.
     partitions = {p: _partitions(model, p) for p in full["pp"]}
     per_structure = math.prod(inner)
     per_full = math.prod(len(full[k]) for k in inner_keys)
     grid = (len(full["tp"]) * sum(map(len, partitions.values())) * len(full["cp"])
-            * len(full["ep"]) * per_full)
+            * len(full["ep"]) * len(full["etp"]) * per_full)
     rows = []
-    for t, p, c, e in itertools.product(full["tp"], full["pp"], full["cp"], full["ep"]):
+    for t, p, c, e, et in itertools.product(full["tp"], full["pp"], full["cp"], full["ep"],
+                                            full["etp"]):
         whole = per_full * len(partitions[p])
         dp = n_gpus // (t * p * c)
         kept = [ends for ends, split in partitions[p].items()
                 if split_wanted is None or split_wanted == split]
-        if (not all(rule.allows(k, v) for k, v in (("tp", t), ("pp", p), ("cp", c), ("ep", e)))
+        if (not all(rule.allows(k, v) for k, v in (("tp", t), ("pp", p), ("cp", c), ("ep", e),
+                                                     ("etp", et)))
                 or (n_gpus % (t * p * c) == 0 and not rule.allows("dp", dp))):
             kept = []
         region = per_structure * len(kept)
         rejections.add(outside, whole - region, category="user")
         if not kept:
             continue
+        if et and et == t:
+            rejections.add("etp equal to tp (same as etp=0)", region, category="duplicate")
+            continue
+        if et and e == 1:
+            rejections.add("etp without ep (routed experts replicated over tp; not searched)",
+                           region, f"tp={t} etp={et} ep=1", category="duplicate")
+            continue
         if n_gpus % (t * p * c):
             rejections.add("tp·pp·cp does not divide the GPU count", region,
                            f"tp={t} pp={p} cp={c}: {t * p * c} ∤ {n_gpus}")
             continue
-        problems = Layout(dp=dp, tp=t, pp=p, cp=c, ep=e).problems(model)
+        problems = Layout(dp=dp, tp=t, pp=p, cp=c, ep=e, etp=et).problems(model)
         if c > 1 and not train.flash_attention:
             problems.append("context parallelism (ring attention) needs FlashAttention")
         elif c > 1 and s % (2 * c):
@@ -135,7 +145,7 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
             rejections.add("more data-parallel replicas than sequences per step", region,
                            f"dp={dp} > global batch {gb}")
             continue
-        rows += [(t, p, c, e, dp, a, z) for a, z in kept]
+        rows += [(t, p, c, e, dp, a, z, et) for a, z in kept]
     if not rows:
         return {}, grid
     st = np.array(rows, dtype=np.int64)
@@ -151,7 +161,8 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
     pair = np.nonzero(ok)[0]
     pairs = {"tp": st[s_idx[pair], 0], "pp": st[s_idx[pair], 1], "cp": st[s_idx[pair], 2],
              "ep": st[s_idx[pair], 3], "dp": dp_[pair], "micro_batch": b_[pair],
-             "first_less": st[s_idx[pair], 5], "last_less": st[s_idx[pair], 6]}
+             "first_less": st[s_idx[pair], 5], "last_less": st[s_idx[pair], 6],
+             "etp": st[s_idx[pair], 7]}
     pairs["m"] = gb // (pairs["dp"] * pairs["micro_batch"])
     n_pairs = len(pair)
     if not n_pairs:  # no (structure, micro-batch) pair splits the batch
@@ -224,8 +235,8 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
                                                           f"s={s}"))
     valid = ~(no_tp | bad_sp)
     cand: dict[str, Any] = {key: pairs[key][pr][:, None]
-                            for key in ("tp", "pp", "cp", "ep", "dp", "micro_batch", "m",
-                                        "first_less", "last_less")}
+                            for key in ("tp", "pp", "cp", "ep", "etp", "dp", "micro_batch",
+                                        "m", "first_less", "last_less")}
     cand.update(schedule=lvl3["schedule"][l3][:, None], chunks=lvl3["chunks"][l3][:, None],
                 zero=lvl4["zero"][:, None], zero_group=lvl4["zero_group"][:, None], sp=sp,
                 recompute=rc,

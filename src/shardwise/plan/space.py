@@ -31,6 +31,9 @@ class SearchSpace:
     pp: tuple[int, ...] | None = None
     cp: tuple[int, ...] | None = None
     ep: tuple[int, ...] | None = None
+    # expert tensor parallel: 0 (= tp, Megatron's default) and 1 (experts unsplit, the
+    # DeepSeek-V3 recipes' choice) for MoE models
+    etp: tuple[int, ...] | None = None
     micro_batch: tuple[int, ...] | None = None
     zero: tuple[int, ...] = (0, 1, 2, 3)
     zero_groups: tuple[int, ...] | None = None
@@ -56,6 +59,7 @@ class SearchSpace:
                               if (c <= min(self.max_cp, n) and train.seq_len % (2 * c) == 0)
                               or c == 1])
         ep = list(self.ep or (_divisors(model.n_experts) if model.is_moe else [1]))
+        etp = list(self.etp or ([0, 1] if model.is_moe else [0]))
         mb = list(self.micro_batch or range(1, self.max_micro_batch + 1))
         chunks = list(self.chunks or [d for d in _divisors(model.n_layers) if d >= 2])
         tp, pp, cp, ep = ([1] if axis not in stack.axes else values
@@ -75,7 +79,8 @@ class SearchSpace:
         for name in recompute:
             if name not in RC_CODES:
                 raise ShardwiseError(f"unknown recompute {name!r}; valid: {', '.join(RC_CODES)}")
-        return {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "micro_batch": mb, "schedule": sched,
+        return {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "etp": etp, "micro_batch": mb,
+                "schedule": sched,
                 "zero": zero, "sp": [int(bool(x)) for x in self.sp],
                 "recompute": [RC_CODES[r] for r in recompute if r in stack.recompute]}
 
@@ -87,7 +92,7 @@ class SearchSpace:
             return axes, axes
         fixed = dict(rule.fixed)
         grid = {key: list(values) for key, values in axes.items()}
-        for key in ("tp", "pp", "cp", "ep", "micro_batch"):
+        for key in ("tp", "pp", "cp", "ep", "etp", "micro_batch"):
             if key in fixed and fixed[key] not in grid[key]:
                 grid[key] = sorted([*grid[key], fixed[key]])
         if "schedule" in fixed or "chunks" in fixed:
@@ -103,7 +108,7 @@ class SearchSpace:
         names = {code: name for name, code in RC_CODES.items()}
         allowed = {
             **{key: [v for v in grid[key] if rule.allows(key, v)]
-               for key in ("tp", "pp", "cp", "ep", "micro_batch")},
+               for key in ("tp", "pp", "cp", "ep", "etp", "micro_batch")},
             "schedule": [(code, v) for code, v in grid["schedule"]
                          if rule.allows("schedule", get_schedule(code).name)
                          and rule.allows("chunks", v)],
@@ -116,9 +121,9 @@ class SearchSpace:
 
 
 # the layout fields the search varies (dp follows from the GPUs the others leave)
-SEARCHED_FIELDS = ("dp", "tp", "pp", "cp", "ep", "micro_batch", "schedule", "chunks", "zero",
-                   "zero_group", "sp", "recompute", "partition")
-_COUNTS = ("dp", "tp", "pp", "cp", "ep", "micro_batch", "chunks")
+SEARCHED_FIELDS = ("dp", "tp", "pp", "cp", "ep", "etp", "micro_batch", "schedule", "chunks",
+                   "zero", "zero_group", "sp", "recompute", "partition")
+_COUNTS = ("dp", "tp", "pp", "cp", "ep", "micro_batch", "chunks")  # etp: 0 means tp
 
 
 @dataclass(frozen=True)
@@ -187,7 +192,7 @@ def _check(option: str, key: str, value: Any) -> None:
         validate.degree(value, name)
     elif key == "zero":
         validate.integer(value, name, low=0, high=3)
-    elif key == "zero_group":
+    elif key in ("zero_group", "etp"):  # 0: all dp·cp ranks / the tp degree
         validate.integer(value, name, low=0, high=validate.MAX_DEGREE)
     elif key == "schedule" and value not in SCHEDULES:
         raise ShardwiseError(f"{name}={value!r} unknown; valid: {', '.join(SCHEDULES)}")

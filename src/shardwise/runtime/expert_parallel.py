@@ -33,7 +33,7 @@ parallel all-reduce that follows would do; an expert's gradient lands on its own
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -109,20 +109,24 @@ def expert_parallel_moe(x: torch.Tensor, router: torch.Tensor, w_gate: torch.Ten
                         w_up: torch.Tensor, w_down: torch.Tensor, top_k: int,
                         group: C.GroupLike = "ep", *, capacity_factor: float | None = None,
                         normalize: bool = True, counter: C.CommCounter | None = None,
-                        shards: SequenceShards | None = None
+                        shards: SequenceShards | None = None,
+                        routing: RoutingRule | None = None
                         ) -> tuple[torch.Tensor, torch.Tensor, EPStats]:
     """The expert-parallel MoE forward on this rank's tokens x (T, h).
 
     router (h, E) is replicated; w_gate, w_up (E/e, h, f) and w_down (E/e, f, h) are this
     rank's experts. Returns (y (T, h), this rank's aux loss, stats). `shards`: this rank's
     tokens are part of sequences split over other ranks too (cp, SP): the aux loss is this
-    rank's share of their group's (`ops.moe.load_balancing_loss`)."""
+    rank's share of their group's (`ops.moe.load_balancing_loss`). `routing`: the router's
+    rule (`ops.moe.RoutingRule`: DeepSeek's scores, groups, bias, scale; its top_k and
+    normalize replace those given)."""
     g = C.resolve(group)
     e, local = g.size, w_gate.shape[0]
     num_experts = router.shape[1]
     if local * e != num_experts:
         raise ShardwiseError(f"{local} local experts × ep={e} ranks ≠ n_experts={num_experts}")
-    rule = RoutingRule(top_k, normalize, e, capacity_factor)
+    rule = replace(routing or RoutingRule(top_k, normalize), num_ranks=e,
+                   capacity_factor=capacity_factor)
     probs = rule.probs(x, router)  # saved: x and probs; the plan is recomputed in backward
     rule = rule.for_group(probs, shards)  # capacity over sequences split over ranks too
     routing, plan = rule.plan(probs)

@@ -8,6 +8,9 @@ generalised activation count of SPEC §3 says (`estimate.memory.saved_tensors_pe
     RoPE         nothing (the backward is the inverse rotation by constant angles)
     attention    Q, K, V and the softmax output (materialised), or Q, K, V, the output and the
                  log-sum-exp per row (torch's fused flash kernel: the scores are recomputed)
+    MLA          the latents' norms (their input: for kv the whole r_kv + d_R output of W_DKV —
+                 a view of it — and rstd), the normed latents (the up-projections' input), then
+                 Q, K, V at their head widths as attention does (`LatentAttention`)
     SwiGLU       gate and up projections; the down projection keeps silu(gate)·up
     linear       its input (the weight is a parameter, not an activation)
     MoE          the router input and probabilities; per routed row the expert's input, gate,
@@ -46,7 +49,7 @@ from torch.utils.checkpoint import checkpoint, noop_context_fn
 from shardwise.arch import ModelSpec
 from shardwise.errors import ShardwiseError
 from shardwise.ops.attention import fused_backward, fused_forward
-from shardwise.ops.moe import MoEParams, SequenceShards, expert_mlp, moe_layer
+from shardwise.ops.moe import MoEParams, RoutingRule, SequenceShards, expert_mlp, moe_layer
 from shardwise.ops.swiglu import SwiGLUFunction
 from shardwise.runtime.mixed_precision import loss_dtype
 
@@ -194,13 +197,22 @@ def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool) -> torch.Tensor:
     return scores
 
 
+def _pad_to(t: torch.Tensor, width: int) -> torch.Tensor:
+    """t (…, d) zero-padded to (…, width) on the last dim (t itself when d = width)."""
+    return t if t.shape[-1] == width else F.pad(t, (0, width - t.shape[-1]))
+
+
 class AttentionFunction(torch.autograd.Function):
-    """softmax(QKᵀ/√d)·V with GQA, inputs and output in (b, s, heads, d).
+    """softmax(QKᵀ/√d)·V with GQA, inputs and output in (b, s, heads, d); V (and the output)
+    may be narrower than Q and K (MLA's `d_v`).
 
     `flash=True` runs the fused kernel of `ops.attention.fused_forward` (on CPU torch's flash
     kernel, what `F.scaled_dot_product_attention` runs) and saves Q, K, V, the output O and the
     log-sum-exp L per row (fp32 for 16-bit activations); its backward recomputes
-    `P = exp(S - L)` blockwise (Dao et al. 2022; `fused_backward`). `flash=False` materialises
+    `P = exp(S - L)` blockwise (Dao et al. 2022; `fused_backward`). The CPU kernel needs equal
+    head widths: a narrower V is zero-padded for the call and the output's zero columns cut
+    off; backward pads V, O and dO again (O enters only through `D = rowsum(dO ∘ O)`, where
+    zero columns add nothing), so what is saved is V and O at `d_v`. `flash=False` materialises
     and saves the softmax output P (`a·s²` per sequence) — the count without FlashAttention —
     with the hand-written backward `dV = Pᵀ·dO`, `dP = dO·Vᵀ`, `dS = P∘(dP - rowsum(dP∘P))`,
     `dQ = dS·K/√d`, `dK = dSᵀ·Q/√d`; kv-head gradients summed over their query group.
@@ -211,7 +223,10 @@ class AttentionFunction(torch.autograd.Function):
                 flash: bool) -> torch.Tensor:
         ctx.causal, ctx.flash, ctx.scale = causal, flash, 1 / math.sqrt(q.shape[-1])
         if flash:
-            out, lse = fused_forward(q, k, v, ctx.scale, causal)  # (b, s, a, d), (b, a, s)
+            width, d_v = q.shape[-1], v.shape[-1]
+            out, lse = fused_forward(q, k, _pad_to(v, width), ctx.scale, causal)
+            if d_v < width:  # (b, s, a, d) -> (b, s, a, d_v), contiguous: O's input keeps it
+                out = out[..., :d_v].contiguous()
             ctx.save_for_backward(q, k, v, out, lse)
             return out
         group = q.shape[2] // k.shape[2]
@@ -227,8 +242,10 @@ class AttentionFunction(torch.autograd.Function):
     def backward(ctx, d_out: torch.Tensor):
         if ctx.flash:
             q, k, v, out, lse = ctx.saved_tensors
-            d_q, d_k, d_v = fused_backward(d_out, q, k, v, out, lse, ctx.scale, ctx.causal)
-            return d_q, d_k, d_v, None, None
+            width = q.shape[-1]
+            d_q, d_k, d_v = fused_backward(_pad_to(d_out, width), q, k, _pad_to(v, width),
+                                           _pad_to(out, width), lse, ctx.scale, ctx.causal)
+            return d_q, d_k, d_v[..., :v.shape[-1]], None, None
         group = ctx.group
         q, k, v, probs = ctx.saved_tensors
         qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
@@ -282,6 +299,86 @@ class Attention(nn.Module):
         q, k, v = (t.view(b, s, -1, self.head_dim) for t in (q, k, v))
         out = self.core(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v)
         return self.leave(self.wo(out.reshape(b, s, -1)))  # (b, s, heads, d) -> (b, s, heads·d)
+
+
+# ------------------------------------------------------------------ multi-head latent attention
+def deinterleave(x: torch.Tensor) -> torch.Tensor:
+    """(…, d) as pairs (x0, x1), (x2, x3), … -> (x0, x2, …, x1, x3, …): DeepSeek's interleaved
+    RoPE layout turned into the half-split one `apply_rotary` rotates — each pair rotates by
+    its own angle in both, and q and k are permuted alike, so q·k is unchanged (transformers'
+    `apply_rotary_pos_emb_interleave` returns this layout too). A copy that saves nothing."""
+    return x.unflatten(-1, (-1, 2)).transpose(-1, -2).flatten(-2)  # (…, d/2, 2) -> (…, 2, d/2)
+
+
+# transformers builds MLA's latent norms with DeepseekV3RMSNorm's default ε, not rms_norm_eps
+# (as DeepSeek's reference inference/model.py: RMSNorm(q_lora_rank))
+LATENT_NORM_EPS = 1e-6
+
+
+class LatentAttention(nn.Module):
+    """Multi-head latent attention (DeepSeek-V2, arXiv:2405.04434 §2.1; transformers'
+    `DeepseekV3Attention`):
+
+        c_q = RMSNorm(x W_DQ)   (b, s, r_q)       q = c_q W_UQ   (x W_Q without a q latent)
+        [c_kv, k_R] = x W_DKV   (b, s, r_kv + d_R)
+        [k_nope, v] = RMSNorm(c_kv) W_UKV          per head d_nope + d_v
+        q = [q_nope, RoPE(q_R)],  k = [k_nope, RoPE(k_R)]   k_R (one head) shared by all heads
+        O = softmax(q kᵀ / √(d_nope + d_R)) v W_O
+
+    Keeps for backward the normed input (both down-projections share it), each latent norm's
+    input and rstd (the kv norm's input is a view of W_DKV's output: its storage, r_kv + d_R
+    wide, stays), the normed latents (the up-projections' input), and q, k, v, the output
+    and the log-sum-exp (or the softmax) of `AttentionFunction`; RoPE, the concatenations and
+    the expansion of k_R keep nothing.
+
+    Swap points as `Attention`: tensor parallelism splits the heads — W_UQ (W_Q) and W_UKV by
+    output rows, W_O by input columns — with `enter`/`leave` its f and g; the down-projections
+    and latent norms stay whole on every rank (Megatron-Core's duplicated `linear_q_down_proj`
+    / `linear_kv_down_proj`), so their gradients are partial sums over tp
+    (`ParamShard.sequence_parallel`)."""
+
+    def __init__(self, spec: ModelSpec, flash: bool, dtype: torch.dtype):
+        super().__init__()
+        h, a = spec.d_model, spec.n_heads
+        self.d_nope, self.d_rope, self.d_v = (spec.qk_nope_head_dim, spec.qk_rope_head_dim,
+                                              spec.v_head_dim)
+        self.head_dim, self.interleave = spec.head_dim, spec.rope_interleave
+        self.kv_rank = spec.kv_lora_rank
+        if spec.q_lora_rank:
+            self.wq_a = nn.Linear(h, spec.q_lora_rank, bias=False, dtype=dtype)
+            self.q_norm = RMSNorm(spec.q_lora_rank, LATENT_NORM_EPS, dtype=dtype)
+            self.wq_b = nn.Linear(spec.q_lora_rank, a * self.head_dim, bias=False, dtype=dtype)
+        else:
+            self.wq = nn.Linear(h, a * self.head_dim, bias=False, dtype=dtype)
+        self.wkv_a = nn.Linear(h, self.kv_rank + self.d_rope, bias=False, dtype=dtype)
+        self.kv_norm = RMSNorm(self.kv_rank, LATENT_NORM_EPS, dtype=dtype)
+        self.wkv_b = nn.Linear(self.kv_rank, a * (self.d_nope + self.d_v), bias=False,
+                               dtype=dtype)
+        self.wo = nn.Linear(a * self.d_v, h, bias=False, dtype=dtype)
+        self.core: AttentionCore = local_attention(causal=True, flash=flash)
+        self.enter: TensorMap = identity
+        self.leave: TensorMap = identity
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return apply_rotary(deinterleave(x) if self.interleave else x, cos, sin)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = self.enter(x)
+        b, s, _ = x.shape
+        q = self.wq_b(self.q_norm(self.wq_a(x))) if hasattr(self, "wq_a") else self.wq(x)
+        latent, k_rope = self.wkv_a(x).split([self.kv_rank, self.d_rope], dim=-1)  # views
+        kv = self.wkv_b(self.kv_norm(latent))
+        # (b, s, heads·d) -> (b, s, heads, d); heads = what this rank holds
+        q = q.view(b, s, -1, self.head_dim)
+        kv = kv.view(b, s, -1, self.d_nope + self.d_v)
+        heads = q.shape[2]
+        q_nope, q_rope = q.split([self.d_nope, self.d_rope], dim=-1)
+        k_nope, v = kv.split([self.d_nope, self.d_v], dim=-1)
+        k_rope = self._rope(k_rope.view(b, s, 1, self.d_rope), cos, sin)  # one shared head
+        q = torch.cat([q_nope, self._rope(q_rope, cos, sin)], dim=-1)
+        k = torch.cat([k_nope, k_rope.expand(b, s, heads, self.d_rope)], dim=-1)
+        out = self.core(q, k, v.contiguous())  # (b, s, heads, d_v)
+        return self.leave(self.wo(out.reshape(b, s, -1)))  # (b, s, heads, d_v) -> (b, s, ·)
 
 
 # ------------------------------------------------------------------------------------- MLPs
@@ -347,6 +444,15 @@ class MoE(nn.Module):
         super().__init__()
         h, f, e, s = spec.d_model, spec.expert_d_ff, spec.n_experts, spec.n_shared_experts
         self.top_k = spec.top_k
+        self.routing = {"normalize": spec.norm_topk, "score": spec.router_score,
+                        "scale": spec.routed_scaling, "groups": spec.expert_groups,
+                        "topk_groups": spec.topk_groups}
+        # DeepSeek-V3's e_score_correction_bias: fixed here (loaded with a checkpoint; its
+        # aux-loss-free update between steps is not run), in at least fp32 as transformers
+        self.score_bias: torch.Tensor | None
+        self.register_buffer("score_bias", torch.zeros(
+            e, dtype=torch.promote_types(dtype, torch.float32))
+            if spec.router_score == "sigmoid" else None)
         self.router = nn.Parameter(torch.empty(h, e, dtype=dtype))
         self.w_gate = nn.Parameter(torch.empty(e, h, f, dtype=dtype))
         self.w_up = nn.Parameter(torch.empty(e, h, f, dtype=dtype))
@@ -378,10 +484,14 @@ class MoE(nn.Module):
         return replace(s, total=s.total if self.aux_loss_coef else None,
                        keep=s.keep if self.capacity_factor is not None else None)
 
+    def rule(self) -> RoutingRule:
+        """The router's rule: top-k, scores, groups, bias and scale (`ops.moe.RoutingRule`)."""
+        return RoutingRule(self.top_k, bias=self.score_bias, **self.routing)
+
     def all_experts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         params = MoEParams(self.router, self.w_gate, self.w_up, self.w_down)
         result = moe_layer(x, params, self.top_k, capacity_factor=self.capacity_factor,
-                           shards=self.routing_shards)
+                           shards=self.routing_shards, routing=self.rule())
         self.dropped, self.expert_rows = result.dropped, result.kept
         return result.out, result.aux_loss
 
@@ -414,7 +524,8 @@ class Block(nn.Module):
     def __init__(self, spec: ModelSpec, flash: bool, dtype: torch.dtype, moe: bool = False):
         super().__init__()
         self.attention_norm = RMSNorm(spec.d_model, spec.norm_eps, dtype=dtype)
-        self.attention = Attention(spec, flash, dtype)
+        self.attention: nn.Module = (LatentAttention(spec, flash, dtype) if spec.is_mla
+                                     else Attention(spec, flash, dtype))
         self.mlp_norm = RMSNorm(spec.d_model, spec.norm_eps, dtype=dtype)
         self.mlp: nn.Module = MoE(spec, dtype) if moe else SwiGLU(spec.d_model, spec.d_ff, dtype)
         self.recompute = False
@@ -474,7 +585,7 @@ class Transformer(nn.Module):
 
     def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         spec = self.spec
-        return rotary_tables(positions, spec.head_dim, spec.rope_theta, self.dtype,
+        return rotary_tables(positions, spec.rope_dim, spec.rope_theta, self.dtype,
                              spec.rope_scaling)
 
     def run_blocks(self, x: torch.Tensor, layers: range | tuple[int, ...],

@@ -64,8 +64,9 @@ class ParamShard:
     """How this rank holds one parameter of the single-device model.
 
     `tp_dim`: the dim split over tp (None: replicated over tp); `expert`: dim 0 (the experts)
-    split over ep; `sequence_parallel`: replicated over tp but fed a sequence slice under SP,
-    so its gradient is partial over tp; `tied_copy`: the last stage's copy of a tied embedding;
+    split over ep; `sequence_parallel`: replicated over tp with a gradient partial over tp —
+    fed a sequence slice under SP, or MLA's down-projections and latent norms (summed over
+    tp before the update); `tied_copy`: the last stage's copy of a tied embedding;
     `tp_replicas`: how many consecutive tp ranks hold the same slice (replicated kv heads).
     """
 

@@ -9,7 +9,8 @@ this rank's share of it and swaps in the parallel operators through the model's 
 parameters keep their single-device names.
 
 * TP (Megatron, Shoeybi et al. 2019): Q, K, V and gate/up keep this rank's output rows (heads,
-  f/t), O and down this rank's input columns; `Attention.enter`/`.leave` and `SwiGLU.enter`/
+  f/t), O and down this rank's input columns (MLA: its up-projections by heads, the
+  down-projections and latent norms replicated, their gradients summed over tp); `Attention.enter`/`.leave` and `SwiGLU.enter`/
   `.leave` become `f` (identity fwd, all-reduce bwd) and `g` (all-reduce fwd, identity bwd);
   the embedding and the head are split by vocabulary and the loss is
   `vocab_parallel_cross_entropy`. With SP (Korthikanti et al. 2022) `f`/`g` become an
@@ -60,7 +61,8 @@ more; under ZeRO-3 B keeps the unit's other gradients, frees the gathered weight
 unit's last dW in W completes its flat gradient, reduce-scattered once (`runtime.zero`).
 
 Not supported (refused by `runtime_problems`, with the reason): a hybrid shard group that is
-neither a multiple nor a divisor of ep.
+neither a multiple nor a divisor of ep; expert tensor parallelism other than tp; MLA with
+sequence parallelism, or with context parallelism when its V is narrower than Q and K.
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ from shardwise.runtime.data_parallel import GradientReducer
 from shardwise.runtime.expert_parallel import expert_parallel_moe
 from shardwise.runtime.launch import group_timeout
 from shardwise.runtime.mesh import AxisGroup, Mesh
-from shardwise.runtime.model import MoE, SwiGLU, Transformer, identity
+from shardwise.runtime.model import LatentAttention, MoE, SwiGLU, Transformer, identity
 from shardwise.runtime.parallel_transformer import CP_LAYOUT, ParallelTransformer, ParamShard
 from shardwise.runtime.pipeline import VirtualStage, replay_contexts, virtual_stages
 from shardwise.runtime.tensor_parallel import (
@@ -120,6 +122,17 @@ def runtime_problems(layout: Layout, model: ModelSpec) -> list[str]:
     if model.vocab % layout.tp:
         out.append(f"tp={layout.tp} must divide the vocabulary {model.vocab} (vocabulary-"
                    "parallel embedding and head)")
+    if model.is_mla and layout.sp and layout.tp > 1:
+        out.append("sequence parallelism with multi-head latent attention is not supported by "
+                   "the training runtime (its latents would be gathered, not the hidden state); "
+                   "use sp=0")
+    if model.is_mla and layout.cp > 1 and model.value_head_dim != model.head_dim:
+        out.append(f"context parallelism with multi-head latent attention whose v_head_dim="
+                   f"{model.value_head_dim} ≠ q/k head width {model.head_dim} is not supported "
+                   "by the training runtime (ring attention sends K and V as one block)")
+    if layout.expert_tp != layout.tp:
+        out.append(f"expert tensor parallelism (etp={layout.etp} ≠ tp={layout.tp}) is not "
+                   "supported by the training runtime; use etp=0")
     k, e = layout.zero_group, layout.ep
     if layout.zero and k and e > 1 and k % e and e % k:
         out.append(f"ZeRO-{layout.zero} with a hybrid shard group zero_group={k} that is "
@@ -173,8 +186,10 @@ def apply_tensor_parallel(model: Transformer, tp: AxisGroup, sp: bool) -> None:
     else:
         enter, leave = partial(copy_to_tp, group=tp), partial(reduce_from_tp, group=tp)
     for block in model.blocks:
+        attention = (("wq_b" if hasattr(block.attention, "wq_b") else "wq", "wkv_b")
+                     if isinstance(block.attention, LatentAttention) else ("wq", "wk", "wv"))
         pairs: list[tuple[nn.Module, tuple[str, ...], tuple[str, ...]]] = [
-            (block.attention, ("wq", "wk", "wv"), ("wo",))]
+            (block.attention, attention, ("wo",))]
         if isinstance(block.mlp, SwiGLU):
             pairs.append((block.mlp, ("w_gate", "w_up"), ("w_down",)))
         for module, columns, rows in pairs:
@@ -209,7 +224,7 @@ def apply_tensor_parallel(model: Transformer, tp: AxisGroup, sp: bool) -> None:
 def _tp_dim(name: str) -> int | None:
     """The dim TP splits, from the parameter's single-device name."""
     leaf = name.rsplit(".", 2)[-2] if name.endswith((".weight", ".bias")) else ""
-    if leaf in ("wq", "wk", "wv", "w_gate", "w_up", "embedding", "head"):
+    if leaf in ("wq", "wk", "wv", "wq_b", "wkv_b", "w_gate", "w_up", "embedding", "head"):
         return 0
     return 1 if leaf in ("wo", "w_down") and name.endswith(".weight") else None
 
@@ -227,7 +242,8 @@ def _ep_experts(moe: MoE, ep: AxisGroup, x: torch.Tensor) -> tuple[torch.Tensor,
     out, aux, moe.ep_stats = expert_parallel_moe(x, moe.router, moe.w_gate, moe.w_up,
                                                  moe.w_down, moe.top_k, ep,
                                                  capacity_factor=moe.capacity_factor,
-                                                 shards=moe.routing_shards)
+                                                 shards=moe.routing_shards,
+                                                 routing=moe.rule())
     moe.dropped, moe.expert_rows = moe.ep_stats.dropped, moe.ep_stats.local_expert_rows
     return out, aux
 
@@ -447,12 +463,18 @@ def _zero_units(model: Transformer, shards: dict[str, ParamShard], mesh: Mesh,
     return units
 
 
+_MLA_LATENT = (".attention.wq_a.weight", ".attention.q_norm.weight",
+               ".attention.wkv_a.weight", ".attention.kv_norm.weight")
+
+
 def _shard_table(model: Transformer, layout: Layout) -> dict[str, ParamShard]:
     tied_copy = model.spec.tie_embeddings and model.embedding is None
     table = {}
     for name, p in model.named_parameters():
         tp_dim = _tp_dim(name) if layout.tp > 1 else None
-        sp = layout.sp and layout.tp > 1 and tp_dim is None
+        # gradients partial over tp: replicated weights that see a sequence slice (SP), and
+        # MLA's down-projections and latent norms (each rank backpropagates its heads only)
+        sp = layout.tp > 1 and tp_dim is None and (layout.sp or name.endswith(_MLA_LATENT))
         if sp:
             p.sequence_parallel = True  # read by allreduce_sequence_parallel_grads
         table[name] = ParamShard(tp_dim, layout.ep > 1 and name.endswith(

@@ -199,7 +199,8 @@ class ScheduleInfo:
 
     @property
     def default_chunks(self) -> int:
-        """The chunks per stage when none are asked for: its fixed count, else 2."""
+        """The chunks per stage when none are asked for: its fixed count (1 for the one-chunk
+        schedules), else 2."""
         return self.chunks or 2
 
     def chunk_options(self, candidates: Sequence[int]) -> list[int]:
@@ -286,7 +287,7 @@ def make_schedule(name: str, p: int, m: int, v: int | None = None) -> Schedule:
     """The schedule called `name` (one of `SCHEDULES`) for `p` stages, `m` micro-batches and `v`
     chunks per stage (default: the schedule's `default_chunks`)."""
     info = get_schedule(name)
-    v = info.default_chunks if v is None and info.chunked else v or 1
+    v = info.default_chunks if v is None else v
     check_dimensions(p, m, v)
     validate.schedule_shape(p, m, v)  # capped before allocating
     if (problem := info.chunk_problem(v)) is not None:

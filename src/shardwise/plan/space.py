@@ -55,10 +55,7 @@ class SearchSpace:
         sched: list[tuple[int, int]] = []
         for name in self.schedules:
             info = get_schedule(name)
-            if info.chunked:
-                sched += [(info.code, v) for v in chunks if v >= 2]
-            else:
-                sched.append((info.code, 1))
+            sched += [(info.code, v) for v in info.chunk_options(chunks)]
         zero: list[tuple[int, int]] = [(z, 0) for z in self.zero]
         zero += [(z, g) for z in self.zero if z >= 1 for g in groups]
         for name in self.recompute:

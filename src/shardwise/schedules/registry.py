@@ -20,8 +20,8 @@ Names in the frameworks (checked against their sources):
   it has no GPipe, ZB-H1, ZBV or DualPipeV in mainline (Qi et al.'s fork has the ZB family).
 * torchtitan / torch.distributed.pipelining (2.13, `schedules.get_schedule_class`):
   `PipelineScheduleSingle` classes `GPipe`, `1F1B`; multi-stage `Interleaved1F1B`,
-  `InterleavedZeroBubble` (the ZB-H1 family needs more than one stage per rank there),
-  `ZBVZeroBubble`, `DualPipeV` (two stages per rank in a V).
+  `ZBVZeroBubble`, `DualPipeV` (two stages per rank in a V). Its ZB-H1 relative,
+  `InterleavedZeroBubble`, needs several stages per rank: none runs our one-chunk ZB-H1.
 * DeepSpeed's pipeline engine runs 1F1B only (`deepspeed.runtime.pipe.schedule.TrainSchedule`).
 """
 
@@ -204,8 +204,9 @@ class ScheduleInfo:
         return self.chunks or 2
 
     def chunk_options(self, candidates: Sequence[int]) -> list[int]:
-        """The chunk counts of `candidates` it runs with (the planner's grid)."""
-        return [v for v in candidates if self.chunk_problem(v) is None]
+        """The chunk counts the planner's grid tries: its own count, or those of `candidates`
+        it runs with (interleaved: `v ≥ 2`)."""
+        return [self.chunks] if self.chunks else [v for v in candidates if v >= 2]
 
     def chunk_problem(self, v: int) -> str | None:
         """Why `v` chunks per stage cannot run this schedule (None: they can)."""
@@ -240,8 +241,7 @@ _REGISTRY: tuple[ScheduleInfo, ...] = (
                  torchtitan="Interleaved1F1B"),
     ScheduleInfo("zb-h1", 3, lambda p, m, v: zb_h1(p, m), "ZB-H1",
                  "Qi et al. 2023, §2.1", splits_backward=True,
-                 bubble=_zb_h1_bubble, in_flight=_one_f_one_b_in_flight,
-                 torchtitan="InterleavedZeroBubble"),
+                 bubble=_zb_h1_bubble, in_flight=_one_f_one_b_in_flight),
     ScheduleInfo("zbv", 4, lambda p, m, v: zbv(p, m), "ZBV",
                  "Qi et al. 2024 (controllable memory), §4", splits_backward=True,
                  bubble=_zbv_bubble, in_flight=_zbv_in_flight, chunks=2, placement="v",

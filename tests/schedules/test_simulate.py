@@ -196,7 +196,7 @@ def test_per_stage_times_p4_m8_every_schedule_does_1f1bs_work():
 def test_zbv_unit_chunk_times_idle_only_the_fill():
     # F = B = W = 1 per chunk (t_f = 2, t_b = 4, t_w = 2 per stage): the last stage's first
     # action waits for micro-batch 0's chunk-0 forward through p-1 stages, (p-1)·1, and at
-    # equal times ZBV then never idles (Qi et al. 2024, §4): makespan 6m + p - 1.
+    # equal times ZBV then never idles (Qi et al. 2023, §6): makespan 6m + p - 1.
     for p, m in [(2, 3), (4, 8), (5, 12)]:
         timeline = stage_timeline("zbv", p, m, t_f=2.0, t_b=4.0, t_w=2.0)
         assert timeline.makespan == 6 * m + p - 1

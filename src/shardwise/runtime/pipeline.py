@@ -28,7 +28,7 @@ micro-batches; 1F1B (PipeDream-Flush, Narayanan et al. 2021) warms up with `p-1-
 alternates, holding `min(p-i, m)`; interleaved 1F1B (Narayanan et al. 2021, §2.2) gives each rank
 `v` chunks and shrinks the bubble to `(p-1)/(v·m+p-1)`; ZB-H1 (Qi et al. 2023) splits the
 backward into B, the input gradient on the critical path, and W, the weight gradient, which
-fills the drain bubble; ZBV (Qi et al. 2024) and DualPipeV (DeepSeek-AI 2024) run two chunks per
+fills the drain bubble; ZBV (Qi et al. 2023, §6) and DualPipeV (DeepSeek-AI 2024) run two chunks per
 rank in a V, DualPipeV with overlapped F&B pairs and both whole and split backwards.
 
 B and W, honestly split: in a ZB-H1 run every weight-bearing op (embedding, each linear, the

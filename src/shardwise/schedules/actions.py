@@ -13,7 +13,7 @@ both are done, as torch.distributed.pipelining runs its `OVERLAP_F_B` action.
 Which virtual stage (the model's `p·v` consecutive layer blocks) chunk `c` of stage `i` runs is
 the schedule's *placement* (`virtual_stage`): "loop" (Megatron-LM's interleaving, Narayanan et
 al. 2021) puts virtual stage `c·p + i` there, so a forward visits stage 0, 1, …, p-1, then 0
-again; "v" (the V-shape of ZBV and DualPipeV, Qi et al. 2024) runs the even chunks down and the
+again; "v" (the V-shape of ZBV, Qi et al. 2023 §6, and DualPipeV) runs the even chunks down and the
 odd chunks back up: with two chunks stage `i` holds virtual stages `i` and `2p-1-i`, so stage
 0 holds the first and the last (torch.distributed.pipelining's `style="v"`).
 

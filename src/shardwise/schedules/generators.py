@@ -153,8 +153,9 @@ class _Stage:
 
 
 def zbv(p: int, m: int) -> Schedule:
-    """ZBV, the zero-bubble V schedule (Qi et al. 2024, "Pipeline Parallelism with Controllable
-    Memory", §4; torch.distributed.pipelining's `ScheduleZBVZeroBubble`, whose order this is).
+    """ZBV, the zero-bubble V schedule (Qi et al. 2023, "Zero Bubble Pipeline Parallelism",
+    arXiv:2401.10241, §6 "ZB-V"; torch.distributed.pipelining's `ScheduleZBVZeroBubble`,
+    whose order this is).
 
     Two chunks per stage in a V (placement "v"): chunk 0 runs virtual stage `i`, chunk 1
     virtual stage `2p-1-i`, so a micro-batch goes down the stages through chunk 0 and back up
@@ -199,9 +200,10 @@ def zbv(p: int, m: int) -> Schedule:
 
 
 def dualpipev(p: int, m: int) -> Schedule:
-    """DualPipeV (DeepSeek-AI 2024, DeepSeek-V3 report §3.2.1, in the V-shaped single-direction
-    form of github.com/deepseek-ai/DualPipe `dualpipev.py`; torch.distributed.pipelining's
-    `ScheduleDualPipeV`, whose order this is). Needs `m ≥ 2p`.
+    """DualPipeV: DeepSeek-AI's DualPipe (DeepSeek-V3 report, 2024, §3.2.1) cut in half into a
+    single-direction V (Sea AI Lab's "cut-in-half"; github.com/deepseek-ai/DualPipe
+    `dualpipev.py`); torch.distributed.pipelining's `ScheduleDualPipeV`, whose order this is.
+    Needs `m ≥ 2p`.
 
     Two chunks per stage in a V, as `zbv`. Stage `i`: `2(p-i-1)` forwards of chunk 0; `i+1`
     pairs F0 F1; `p-i-1` rounds of B1 (split) W F1; then the main phase of `m-2p+i+1` rounds

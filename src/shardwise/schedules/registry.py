@@ -91,8 +91,8 @@ def _zbv_bubble(p: Any, v: Any, m: Any, t_f: Any, t_b: Any, t_w: Any) -> Any:
         max(b + (p-2)w, (p-1)b, 2(p-1)(b-w), f + (p-2)w, (2p-3)f - (p-2)b,
             (2p-3)f + b - 2(p-1)w, 2(p-1)f - (p-1)b - w, 2(p-1)f - (2p-1)w);
 
-    `(p-1)·f` when `f = b = w` (the last stage waits for the first forward), the best of the
-    V schedules' times in Qi et al. 2024, §4. One stage idles never."""
+    `(p-1)·f` when `f = b = w`: the last stage waits for the first forward and, at equal
+    times, nothing else idles (Qi et al. 2023, §6)."""
     f, b, w = _chunk_times(t_f, t_b, t_w)
     paths = [b + (p - 2) * w, (p - 1) * b, 2 * (p - 1) * (b - w), f + (p - 2) * w,
              (2 * p - 3) * f - (p - 2) * b, (2 * p - 3) * f + b - 2 * (p - 1) * w,
@@ -130,13 +130,13 @@ def _zbv_in_flight(p: Any, m: Any, v: Any, stage: Any) -> Any:
     """ZBV: before its first backward stage `i` has run `2p-i-1` forwards of chunk 0 and `i+1`
     of chunk 1 (each at most `m`), and holds that many from then on: `2p` chunks, `p`
     micro-batches' worth, on every stage once `m ≥ 2p-1` — 1F1B's stage-0 peak (Qi et al.
-    2024, §4)."""
+    2023, §6)."""
     return np.minimum(2 * p - stage - 1, m) + np.minimum(stage + 1, m)
 
 
 def _dualpipev_in_flight(p: Any, m: Any, v: Any, stage: Any) -> Any:
-    """DualPipeV (`m ≥ 2p`): `2p + 1` chunks on every stage, DeepSeek's "PP+1" for PP = 2p
-    pipeline chunks (github.com/deepseek-ai/DualPipe README)."""
+    """DualPipeV (`m ≥ 2p`): `2p + 1` chunks on every stage — the "PP+1" activation per
+    device of github.com/deepseek-ai/DualPipe's README (@3da1bbe), PP = 2p stages."""
     return 2 * p + 1 + 0 * stage
 
 
@@ -217,6 +217,11 @@ class ScheduleInfo:
             return f"the {self.name} schedule runs {count} per stage, got chunks={v}"
         return None
 
+    def last_stage(self, p: Any) -> Any:
+        """The stage running the last virtual stage (head and loss): `p-1`, or 0 in the V
+        of two chunks (`actions.stage_of`). Array-generic."""
+        return 0 * p if self.placement == "v" else p - 1
+
     def microbatch_problem(self, p: int, m: int) -> str | None:
         """Why `m` micro-batches over `p` stages cannot run this schedule (None: they can)."""
         if not bool(self.accepts(p, m)):
@@ -243,14 +248,14 @@ _REGISTRY: tuple[ScheduleInfo, ...] = (
                  "Qi et al. 2023, §2.1", splits_backward=True,
                  bubble=_zb_h1_bubble, in_flight=_one_f_one_b_in_flight),
     ScheduleInfo("zbv", 4, lambda p, m, v: zbv(p, m), "ZBV",
-                 "Qi et al. 2024 (controllable memory), §4", splits_backward=True,
+                 "Qi et al. 2023, §6 (ZB-V)", splits_backward=True,
                  bubble=_zbv_bubble, in_flight=_zbv_in_flight, chunks=2, placement="v",
                  accepts=lambda p, m: m >= 2 * p - 1,
                  microbatch_rule="at least 2·pp-1 micro-batches (fewer leave the V idle; its "
                                  "closed-form bubble holds from there)",
                  trainable=False, torchtitan="ZBVZeroBubble"),
     ScheduleInfo("dualpipev", 5, lambda p, m, v: dualpipev(p, m), "DualPipeV",
-                 "DeepSeek-AI 2024 (DeepSeek-V3, §3.2.1), V-shaped", splits_backward=True,
+                 "DeepSeek-AI 2024 (DualPipe, DeepSeek-V3 §3.2.1), cut in half into a V by Sea AI Lab", splits_backward=True,
                  bubble=_dualpipev_bubble, in_flight=_dualpipev_in_flight, chunks=2,
                  placement="v", accepts=lambda p, m: m >= 2 * p,
                  microbatch_rule="at least 2·pp micro-batches (two chunks per stage)",

@@ -125,7 +125,7 @@ def layout_options(func: Callable) -> Callable:
         click.option("--schedule", default="1f1b", show_default=True,
                      type=click.Choice(SCHEDULES)),
         click.option("--chunks", default=1, show_default=True, callback=checked(degree),
-                     help="Virtual chunks per stage (interleaved)."),
+                     help="Virtual chunks per stage (interleaved: ≥ 2; zbv, dualpipev: 2)."),
         click.option("--recompute", default="none", show_default=True,
                      type=click.Choice(RECOMPUTE)),
         click.option("--partition", default=None,

@@ -187,7 +187,7 @@ def _check_replica(rows, plan, pp, m, v, placement):
     wired = {"loop": pp * v - 1, "v": 2 * (pp - 1)}[placement] if pp > 1 else 0
     assert total == wired * m * pp_comm_bytes_per_microbatch(SEQ, MB, HIDDEN, DOUBLE)
     timeline = measured_timeline([row["result"] for row in rows])
-    assert timeline.peak_in_flight == peak_in_flight(plan)
+    assert timeline.peak_in_flight == tuple(n / v for n in peak_in_flight(plan))
     start = {(e.action.kind, e.action.micro_batch,
               virtual_stage(e.stage, e.action.chunk, pp, placement)): e.start
              for e in timeline.events}

@@ -765,7 +765,8 @@ def _check_agreement(group: Any, plan: str) -> None:
 # ---------------------------------------------------------------------------- measurements
 def measured_timeline(results: Sequence[PipelineResult], same_clock: bool = True) -> Timeline:
     """The measured `Timeline` of one pipeline (one result per stage, any order), shifted so the
-    first action starts at 0; bubble `1 - busy/(p·makespan)`; peak = the measured peaks.
+    first action starts at 0; bubble `1 - busy/(p·makespan)`; peak = the measured peaks in
+    micro-batches (a chunk counts `1/v`, as `simulate`'s).
 
     `same_clock`: the ranks shared one host, whose monotonic clock (`time.perf_counter`) is the
     same in every process, so each stage's events are placed by its own clock origin — exact.
@@ -785,4 +786,4 @@ def measured_timeline(results: Sequence[PipelineResult], same_clock: bool = True
     busy = sum(e.end - e.start for e in shifted)
     p = len(by_stage)
     return Timeline(p, shifted, makespan, 1 - busy / (p * makespan) if makespan > 0 else 0.0,
-                    tuple(r.peak_alive for r in by_stage))
+                    tuple(r.peak_alive / r.chunks for r in by_stage))

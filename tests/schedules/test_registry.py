@@ -46,7 +46,7 @@ def test_traits_match_the_generated_actions(name, p, m):
         float(info.bubble(p, v, m, t_f, t_b, t_w)), abs=1e-9)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(name=st.sampled_from(SCHEDULES), p=st.integers(1, 8), m=st.integers(1, 34),
        v=st.integers(2, 4), t_f=st.floats(0.05, 5.0), t_b=st.floats(0.05, 5.0),
        w_share=st.floats(0.02, 0.98))

@@ -7,9 +7,10 @@ stages of `runtime.parallelize`.
 
 The model's layers are cut into `V = p·v` contiguous *virtual stages* with `partition_layers`
 (uneven splits allowed); chunk `c` of pipeline rank `i` runs virtual stage
-`schedules.virtual_stage(i, c, p, placement)`: `c·p + i` (Megatron-LM's interleaving, "loop"),
-or `i` and `2p-1-i` (the V of ZBV and DualPipeV, "v"). The first virtual stage also holds the
-embedding, the last the LM head and the loss. A batch of `m·b` sequences is cut into `m` micro-batches of `b`.
+`schedules.virtual_stage(i, c, p, placement)`: `c·p + i` (Megatron-LM's interleaving,
+"loop"), or `i` and `2p-1-i` (the V of ZBV and DualPipeV, "v"). The first virtual stage also
+holds the embedding, the last the LM head and the loss. A batch of `m·b` sequences is cut into
+`m` micro-batches of `b`.
 
 Every rank runs *its own* action list from `shardwise.schedules` — the very lists the simulator
 times — one action after the other:
@@ -28,8 +29,8 @@ micro-batches; 1F1B (PipeDream-Flush, Narayanan et al. 2021) warms up with `p-1-
 alternates, holding `min(p-i, m)`; interleaved 1F1B (Narayanan et al. 2021, §2.2) gives each rank
 `v` chunks and shrinks the bubble to `(p-1)/(v·m+p-1)`; ZB-H1 (Qi et al. 2023) splits the
 backward into B, the input gradient on the critical path, and W, the weight gradient, which
-fills the drain bubble; ZBV (Qi et al. 2023, §6) and DualPipeV (DeepSeek-AI 2024) run two chunks per
-rank in a V, DualPipeV with overlapped F&B pairs and both whole and split backwards.
+fills the drain bubble; ZBV (Qi et al. 2023, §6) and DualPipeV (DeepSeek-AI 2024) run two
+chunks per rank in a V, DualPipeV with overlapped F&B pairs and both whole and split backwards.
 
 B and W, honestly split: in a ZB-H1 run every weight-bearing op (embedding, each linear, the
 head) records its input X and its output Y during F. B asks autograd for the gradients with
@@ -572,7 +573,7 @@ class _Executor:
     def receive(self, kind: str, j: int, vs: int) -> torch.Tensor | None:
         """The message action `kind` of `j` at `vs` waits for (`_input_of`; None: none)."""
         tag, from_vs = self._input_of(kind, j, vs)
-        if from_vs is None or kind == "W":
+        if from_vs is None:
             return None
         if tag in self.mailbox:
             return self.mailbox.pop(tag)

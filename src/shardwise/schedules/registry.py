@@ -72,11 +72,9 @@ def _zb_h1_bubble(p: Any, v: Any, m: Any, t_f: Any, t_b: Any, t_w: Any) -> Any:
     when W is no longer than F and B; with fewer micro-batches there are too few deferred Ws
     to fill the drain (`docs/concepts/schedules.md`)."""
     back = t_b - t_w
-    return np.maximum.reduce([
-        (p - 1) * (t_f + back) - np.minimum(m - 1, p - 1) * t_w,
-        np.maximum(p - m, 0) * t_f + (p - 1) * back,
-        (p - 1) * t_f + (m < p) * back,
-    ])
+    drain = (p - 1) * (t_f + back) - np.minimum(m - 1, p - 1) * t_w
+    return np.maximum(drain, np.maximum(np.maximum(p - m, 0) * t_f + (p - 1) * back,
+                                        (p - 1) * t_f + (m < p) * back))
 
 
 def _chunk_times(t_f: Any, t_b: Any, t_w: Any) -> tuple[Any, Any, Any]:
@@ -97,7 +95,7 @@ def _zbv_bubble(p: Any, v: Any, m: Any, t_f: Any, t_b: Any, t_w: Any) -> Any:
     paths = [b + (p - 2) * w, (p - 1) * b, 2 * (p - 1) * (b - w), f + (p - 2) * w,
              (2 * p - 3) * f - (p - 2) * b, (2 * p - 3) * f + b - 2 * (p - 1) * w,
              2 * (p - 1) * f - (p - 1) * b - w, 2 * (p - 1) * f - (2 * p - 1) * w]
-    return np.where(p > 1, np.maximum(np.max(np.broadcast_arrays(*paths), axis=0), 0.0), 0.0)
+    return np.where(p > 1, np.max(np.broadcast_arrays(*paths), axis=0), 0.0)  # p = 1: none
 
 
 def _dualpipev_bubble(p: Any, v: Any, m: Any, t_f: Any, t_b: Any, t_w: Any) -> Any:
@@ -255,7 +253,8 @@ _REGISTRY: tuple[ScheduleInfo, ...] = (
                                  "closed-form bubble holds from there)",
                  trainable=False, torchtitan="ZBVZeroBubble"),
     ScheduleInfo("dualpipev", 5, lambda p, m, v: dualpipev(p, m), "DualPipeV",
-                 "DeepSeek-AI 2024 (DualPipe, DeepSeek-V3 §3.2.1), cut in half into a V by Sea AI Lab", splits_backward=True,
+                 "DeepSeek-AI 2024 (DualPipe, DeepSeek-V3 §3.2.1), cut into a V by Sea AI Lab",
+                 splits_backward=True,
                  bubble=_dualpipev_bubble, in_flight=_dualpipev_in_flight, chunks=2,
                  placement="v", accepts=lambda p, m: m >= 2 * p,
                  microbatch_rule="at least 2·pp micro-batches (two chunks per stage)",

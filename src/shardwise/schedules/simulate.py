@@ -164,50 +164,55 @@ def simulate(schedule: Mapping[int, Sequence[Action]], t_f: Times, t_b: Times,
     weight = _weight_times(t_w, backward, count) if any(split) else [0.0] * count
     validate.finite(p2p_latency, "p2p_latency", low=0)
 
-    def cost(stage: int, action: Action, vs: int) -> float:
-        if action.kind == "F":
-            return forward[vs]
-        if action.kind == "W":
-            return weight[vs]
-        return backward[vs] - ((action.micro_batch, action.chunk) in split[stage]) * weight[vs]
-
     last = count - 1
+    owner = [stage_of(vs, p, placement) for vs in range(count)]  # the stage of each vs
+    chunk_vs = [[virtual_stage(stage, c, p, placement) for c in range(count // p)]
+                for stage in range(p)]
     done: dict[_Key, float] = {}
     sleeping: dict[_Key, list[int]] = {}
     events: list[list[Event]] = [[] for _ in range(p)]
     ready = list(range(p))
     while ready:
         stage = ready.pop()
-        actions, row = schedule[stage], events[stage]
+        actions, row, where = schedule[stage], events[stage], chunk_vs[stage]
         free = row[-1].end if row else 0.0
         while len(row) < len(actions):
-            group = _group(actions, len(row))
+            first = len(row)
+            group = actions[first:first + 1 + actions[first].with_next]  # a pair: two
             start, blocked = free, None
-            for action in group:
-                vs = virtual_stage(stage, action.chunk, p, placement)
-                for dep in _dependencies(action.kind, action.micro_batch, vs, last):
+            for action in group:  # a pair starts once both inputs are in
+                for dep in _dependencies(action.kind, action.micro_batch, where[action.chunk],
+                                         last):
                     end = done.get(dep)
                     if end is None:
                         blocked = dep
                         break
-                    if stage_of(dep[2], p, placement) != stage:
+                    if owner[dep[2]] != stage:
                         end += p2p_latency
-                    start = max(start, end)
+                    if end > start:
+                        start = end
                 if blocked is not None:
                     break
             if blocked is not None:
                 sleeping.setdefault(blocked, []).append(stage)
                 break
-            free = start
             for action in group:
-                vs = virtual_stage(stage, action.chunk, p, placement)
-                row.append(Event(stage, action, free, free + cost(stage, action, vs)))
-                free = row[-1].end
+                vs = where[action.chunk]
+                if action.kind == "F":
+                    free = start + forward[vs]
+                elif action.kind == "W":
+                    free = start + weight[vs]
+                elif (action.micro_batch, action.chunk) in split[stage]:  # B, then its W
+                    free = start + backward[vs] - weight[vs]
+                else:  # the whole backward
+                    free = start + backward[vs]
+                row.append(Event(stage, action, start, free))
+                start = free
             for action in group:  # a pair's outputs leave when both are done
-                key = (action.kind, action.micro_batch,
-                       virtual_stage(stage, action.chunk, p, placement))
+                key = (action.kind, action.micro_batch, where[action.chunk])
                 done[key] = free
-                ready.extend(sleeping.pop(key, ()))
+                if key in sleeping:
+                    ready.extend(sleeping.pop(key))
     if any(len(events[s]) < len(schedule[s]) for s in range(p)):
         raise ShardwiseError(_deadlock_message(schedule, events, p, last, placement))
     makespan = max(row[-1].end for row in events if row)

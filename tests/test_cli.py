@@ -88,12 +88,34 @@ def test_schedule_spec_figures(tmp_path):
     assert "0 | F0 F1 .  .  B0 B1" in text
 
 
+def test_schedule_times_are_per_stage_for_every_schedule():
+    # issue 31's acceptance, t_f = t_b = 1 per stage: 1F1B (m+p-1)(t_f+t_b) = 22; interleaved
+    # m(t_f+t_b) + (p-1)(t_f+t_b)/v = 16 + 3 = 19; ZB-H1 (B = W = 1/2), ZBV and DualPipeV
+    # below 1F1B at the same work; in-flight in micro-batches (interleaved stage 0:
+    # p + (p-1)/v)
+    def run(*args):
+        return shardwise_json("schedule", "-p", "4", "-m", "8", *args)
+
+    one_f_one_b = run("--schedule", "1f1b")["makespan"]
+    interleaved = run("--schedule", "interleaved", "--chunks", "2")
+    assert one_f_one_b == 22 and interleaved["makespan"] == 19
+    assert interleaved["peak_in_flight"][0] == 5.5
+    for name in ("zb-h1", "zbv", "dualpipev"):
+        out = run("--schedule", name)
+        assert out["makespan"] < one_f_one_b and out["t_w"] == 0.5, name
+    assert run("--schedule", "zbv")["chunks"] == run("--schedule", "dualpipev")["chunks"] == 2
+
+
 def test_schedule_bad_input():
     result = shardwise("schedule", "-p", "4", "-m", "6", "--schedule", "interleaved",
                        check=False)
     assert_one_line_error(result, "m=6, p=4")
     assert_one_line_error(shardwise("schedule", "--schedule", "pipedream", check=False),
                           "'pipedream' is not one of")
+    assert_one_line_error(shardwise("schedule", "--schedule", "dualpipev", "-p", "4", "-m", "6",
+                                    check=False), "at least 2p = 8 micro-batches")
+    assert_one_line_error(shardwise("schedule", "--schedule", "zb-h1", "--tb", "1", "--tw", "1",
+                                    check=False), "t_w (1) must be less than t_b (1)")
 
 
 def test_the_analytic_side_never_imports_torch():

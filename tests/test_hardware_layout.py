@@ -83,7 +83,7 @@ def test_train_dependent_checks():
         Layout(dp=8).validate(LLAMA8, train=train)
     with pytest.raises(LayoutError, match="2·cp=6 does not divide seq_len=4096"):
         Layout(cp=3).validate(LLAMA8, train=TrainSpec(seq_len=4096))
-    with pytest.raises(LayoutError, match="multiple of pp=4"):
+    with pytest.raises(LayoutError, match="divisible by pp.*p=4, m=6"):
         Layout(dp=2, pp=4, chunks=2, schedule="interleaved").validate(
             LLAMA8, train=TrainSpec(global_batch=12))
 

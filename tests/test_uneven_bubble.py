@@ -27,11 +27,9 @@ def test_closed_form_bubble_bounds_the_simulated_one(name, partition, v, m):
     p, n_layers, most = len(partition), sum(partition), max(partition)
     sizes = [n // v for n in partition] * v  # virtual stage c·p + i
     schedule = make_schedule(name, p, m, v)
-    if get_schedule(name).splits_backward:
-        timeline = simulate(schedule, [f * n for n in sizes], [(b - w) * n for n in sizes],
-                            [w * n for n in sizes])
-    else:
-        timeline = simulate(schedule, [f * n for n in sizes], [b * n for n in sizes])
+    split = get_schedule(name).splits_backward  # then B takes b - w and W takes w
+    timeline = simulate(schedule, [f * n for n in sizes], [b * n for n in sizes],
+                        [w * n for n in sizes] if split else None)
     simulated = timeline.makespan - m * most * (f + b)
     # the step model's closed form: the equal-stage bubble at the busiest stage's times,
     # scaled from (p-1) busiest stages to the others' layers

@@ -169,7 +169,7 @@ def layout_options(func: Callable) -> Callable:
         click.option("--schedule", default="1f1b", show_default=True,
                      type=click.Choice(SCHEDULES)),
         click.option("--chunks", default=1, show_default=True, callback=checked(degree),
-                     help="Virtual chunks per stage (interleaved)."),
+                     help="Virtual chunks per stage (interleaved: ≥ 2; zbv, dualpipev: 2)."),
         click.option("--recompute", default="none", show_default=True,
                      type=click.Choice(RECOMPUTE)),
         click.option("--partition", default=None,
@@ -284,13 +284,17 @@ def comm(op: str, size: str, ranks: int, link: str, algorithm: str, nodes: int, 
               type=click.IntRange(1, MAX_SCHEDULE_ACTIONS))
 @click.option("--schedule", default="1f1b", show_default=True, type=click.Choice(SCHEDULES))
 @click.option("--chunks", "-v", default=None, type=click.IntRange(1, MAX_SCHEDULE_ACTIONS),
-              help="Chunks per stage [default: 2 for interleaved, else 1].")
-@click.option("--tf", "t_f", default=1.0, show_default=True, help="Forward time per micro-batch.",
-              callback=checked(positive))
+              help="Chunks per stage [default: the schedule's own: 2 for interleaved, zbv and "
+                   "dualpipev, else 1].")
+@click.option("--tf", "t_f", default=1.0, show_default=True, callback=checked(positive),
+              help="Forward time of one micro-batch on one stage (all its chunks: a chunk "
+                   "takes 1/v of it).")
 @click.option("--tb", "t_b", default=1.0, show_default=True, callback=checked(positive),
-              help="Backward time (input grad only when the schedule splits off W).")
-@click.option("--tw", "t_w", default=1.0, show_default=True, help="Weight-grad time (zb-h1).",
-              callback=checked(positive))
+              help="Whole backward time of one micro-batch on one stage (input and weight "
+                   "gradients, all chunks).")
+@click.option("--tw", "t_w", default=None, type=float, callback=checked(positive),
+              help="The weight-gradient part of --tb, for schedules that split the backward "
+                   "into B and W (zb-h1, zbv, dualpipev) [default: half of --tb].")
 @click.option("--p2p", "p2p_latency", default=0.0, show_default=True,
               callback=checked(finite, low=0),
               help="Latency between stages.")
@@ -300,20 +304,22 @@ def comm(op: str, size: str, ranks: int, link: str, algorithm: str, nodes: int, 
               help="Cut ASCII rows at this width.")
 @json_option
 def schedule(stages: int, microbatches: int, schedule: str, chunks: int | None, t_f: float,
-             t_b: float, t_w: float, p2p_latency: float, svg_path: str | None, width: int,
-             as_json: bool) -> None:
-    """Generate, simulate and draw a pipeline schedule."""
+             t_b: float, t_w: float | None, p2p_latency: float, svg_path: str | None,
+             width: int, as_json: bool) -> None:
+    """Generate, simulate and draw a pipeline schedule (times per stage: every schedule does
+    the same work)."""
     from pathlib import Path
 
-    from shardwise.schedules import render_ascii
+    from shardwise.schedules import get_schedule, render_ascii
 
-    v = chunks or (2 if schedule == "interleaved" else 1)
-    schedule_shape(stages, microbatches, v, limit=MAX_SCHEDULE_ACTIONS)
+    schedule_shape(stages, microbatches, chunks or get_schedule(schedule).default_chunks,
+                   limit=MAX_SCHEDULE_ACTIONS)
     writable_file(svg_path, "--svg")
-    shape: dict[str, Any] = {"stages": stages, "microbatches": microbatches,
-                             "schedule": schedule, "chunks": chunks}
-    timeline = simulate_schedule(**shape, t_f=t_f, t_b=t_b, t_w=t_w, p2p_latency=p2p_latency)
-    out = schedule_payload(timeline, **shape)
+    args: dict[str, Any] = {"stages": stages, "microbatches": microbatches,
+                            "schedule": schedule, "chunks": chunks, "t_f": t_f, "t_b": t_b,
+                            "t_w": t_w, "p2p_latency": p2p_latency}
+    timeline = simulate_schedule(**args)
+    out = schedule_payload(timeline, **args)
     if svg_path:
         Path(svg_path).write_text(schedule_svg(timeline, out))
     if as_json:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from shardwise.arch import ModelSpec
 from shardwise.errors import ShardwiseError
 from shardwise.layout import Layout, TrainSpec, stage_partition
+from shardwise.schedules.registry import get_schedule
 from shardwise.stacks import STACKS
 
 FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
@@ -176,14 +177,12 @@ def megatron_args(model: ModelSpec, layout: Layout, train: TrainSpec,
              f"--tensor-model-parallel-size {layout.tp}",
              f"--pipeline-model-parallel-size {layout.pp}"]
     args += _megatron_partition(model, layout)
-    if layout.schedule == "interleaved":
+    schedule = get_schedule(layout.schedule)
+    if schedule.megatron is None and layout.pp > 1:
+        notes.append(f"Megatron-LM main has no {schedule.title} schedule ({schedule.source}); "
+                     "as emitted it runs 1F1B, with 1F1B's bubble and activations in flight")
+    elif schedule.chunked:
         args.append(f"--num-virtual-stages-per-pipeline-rank {layout.chunks}")
-    elif layout.schedule == "zb-h1" and layout.pp > 1:
-        notes.append("ZB-H1 is not in Megatron-LM main (use the zero-bubble fork of Qi et al. "
-                     "2023); as emitted, Megatron runs 1F1B with a larger bubble")
-    elif layout.schedule == "gpipe" and layout.pp > 1:
-        notes.append("Megatron-LM has no GPipe schedule; as emitted it runs 1F1B (same bubble, "
-                     "fewer micro-batches' activations in flight)")
     if layout.cp > 1:
         args.append(f"--context-parallel-size {layout.cp}")
     if layout.ep > 1:
@@ -258,9 +257,6 @@ def megatron_args(model: ModelSpec, layout: Layout, train: TrainSpec,
 # config_registry.py); each has the preset's shape.
 _TITAN_CONFIGS = {"llama3-8b": ("llama3", "llama3_8b"), "llama3-70b": ("llama3", "llama3_70b"),
                   "llama3-405b": ("llama3", "llama3_405b")}
-# PyTorch pipelining schedule names (torch.distributed.pipelining.schedules).
-_TITAN_SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "gpipe": "GPipe",
-                    "zb-h1": "1F1B"}
 
 
 def _titan_shards(layout: Layout, notes: list[str]) -> tuple[int, int]:
@@ -357,14 +353,15 @@ def torchtitan_args(model: ModelSpec, layout: Layout, train: TrainSpec,
         args.append("--parallelism." + ("" if layout.sp else "no_") + "enable_sequence_parallel")
     if layout.pp > 1:
         per_stage, first_less, last_less = _titan_partition(model, layout)
-        args += [f"--parallelism.pipeline_parallel_schedule {_TITAN_SCHEDULES[layout.schedule]}",
+        schedule = get_schedule(layout.schedule)
+        args += [f"--parallelism.pipeline_parallel_schedule {schedule.torchtitan or '1F1B'}",
                  f"--parallelism.pipeline_parallel_microbatch_size {layout.micro_batch}",
                  f"--parallelism.pipeline_parallel_layers_per_stage {per_stage}",
                  f"--parallelism.pipeline_parallel_first_stage_less_layers {first_less}",
                  f"--parallelism.pipeline_parallel_last_stage_less_layers {last_less}"]
-        if layout.schedule == "zb-h1":
-            notes.append("PyTorch pipelining has no single-stage ZB-H1; emitted as 1F1B (a "
-                         "larger bubble than planned)")
+        if schedule.torchtitan is None:
+            notes.append(f"PyTorch pipelining has no {schedule.title} schedule with this many "
+                         "stages per rank; emitted as 1F1B (a larger bubble than planned)")
     args.append(f"activation-checkpoint:{layout.recompute}")
     if layout.recompute == "selective":
         notes.append("torchtitan's selective checkpointing is op-level (it keeps matmul outputs "
@@ -494,7 +491,7 @@ def deepspeed_config(model: ModelSpec, layout: Layout, train: TrainSpec,
     else:
         notes.insert(0, f"launch: {launch} train.py --deepspeed --deepspeed_config "
                         "ds_config.json")
-    if layout.pp > 1 and layout.schedule != "1f1b":
+    if layout.pp > 1 and get_schedule(layout.schedule).deepspeed is None:
         notes.append(f"DeepSpeed's pipeline engine runs 1F1B with one stage per rank; "
                      f"{layout.schedule} is emitted as 1F1B (a different bubble)")
     if layout.cp > 1:

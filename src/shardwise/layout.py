@@ -282,8 +282,8 @@ class Layout:
         if info is None:
             out.append(f"schedule {self.schedule!r} unknown; valid: {', '.join(SCHEDULES)}")
         elif info.chunked:
-            if self.chunks < 2:
-                out.append(f"the {info.name} schedule needs chunks ≥ 2")
+            if (problem := info.chunk_problem(self.chunks)) is not None:
+                out.append(problem)
             if self.pp < 2:
                 out.append(f"the {info.name} schedule needs pp ≥ 2")
         elif self.chunks != 1:
@@ -329,12 +329,10 @@ class Layout:
                     f"global batch {train.global_batch} is not a multiple of dp·micro_batch="
                     f"{self.dp}·{self.micro_batch}"
                 )
-            elif (self.schedule in SCHEDULE_REGISTRY and SCHEDULE_REGISTRY[self.schedule].chunked
-                  and self.microbatches(train) % self.pp):
-                out.append(
-                    f"{SCHEDULE_REGISTRY[self.schedule].title} needs micro-batches ({self.microbatches(train)}) to be a "
-                    f"multiple of pp={self.pp}"
-                )
+            elif self.schedule in SCHEDULE_REGISTRY and self.pp > 1 and (
+                    problem := SCHEDULE_REGISTRY[self.schedule].microbatch_problem(
+                        self.pp, self.microbatches(train))) is not None:
+                out.append(problem)
         return out
 
     def validate(self, model: ModelSpec, cluster: Cluster | None = None,

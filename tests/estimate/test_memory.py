@@ -1,5 +1,6 @@
 """SPEC §2–§4 acceptance figures and properties of the memory model."""
 
+from dataclasses import replace
 from itertools import pairwise
 
 import pytest
@@ -165,11 +166,36 @@ def test_selective_recompute_with_flash_keeps_no_log_sum_exp():
 @pytest.mark.parametrize(("name", "layout"), [
     ("llama3-8b", Layout(pp=4)), ("llama3-8b", Layout(tp=1, pp=2, chunks=2,
                                                      schedule="interleaved")),
+    ("llama3-8b", Layout(pp=4, chunks=2, schedule="zbv")),
     ("mixtral-8x7b", Layout(pp=4, dp=2, ep=2))])
 def test_stage_params_add_up_to_the_model(name, layout):
     model = PRESETS[name]
     dense, experts = zip(*(stage_params(model, layout, s) for s in range(layout.pp)))
     assert sum(dense) + sum(experts) * layout.ep == model.count_params().total
+
+
+@pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
+def test_v_placement_holds_embedding_head_and_logits_on_stage_0(schedule):
+    """In the V, stage 0 runs the first and the last virtual stage: the embedding, the head
+    (a tied head shares the embedding there), the final norm and the loss's logits; stage
+    p-1 holds layers only. ZBV's activations are 2p chunks of half a stage on every stage —
+    p micro-batches' worth, 1F1B's stage-0 peak (Qi et al. 2023, §6); DualPipeV's 2p+1."""
+    model, train = PRESETS["llama3-8b"], TrainSpec(seq_len=4096, global_batch=64)
+    v_shape = training_memory_per_gpu(model, Layout(pp=4, dp=2, chunks=2,
+                                                    schedule=schedule), train)
+    loop = training_memory_per_gpu(model, Layout(pp=4, dp=2), train)
+    h, vocab = model.d_model, model.vocab
+    assert v_shape[0].weights - v_shape[1].weights == pytest.approx(
+        (2 * vocab * h + model.norm_params()) * 2)  # bf16: embedding + head + final norm
+    assert v_shape[3].weights == v_shape[1].weights  # layers only
+    assert v_shape[0].logits == loop[3].logits > 0 and v_shape[3].logits == 0
+    layers_act = loop[1].activations / 3  # 1F1B stage 1 holds p - 1 = 3 micro-batches
+    held = {"zbv": 4, "dualpipev": 4.5}[schedule]  # micro-batches' worth on stage 1
+    assert v_shape[1].activations == pytest.approx(held * layers_act)
+    tied = replace(PRESETS["llama3-8b"], tie_embeddings=True)
+    tied_v = training_memory_per_gpu(tied, Layout(pp=4, dp=2, chunks=2, schedule=schedule),
+                                     train)
+    assert v_shape[0].weights - tied_v[0].weights == pytest.approx(vocab * h * 2)
 
 
 def test_kv_cache():
@@ -260,6 +286,7 @@ def test_hybrid_shard_group():
 @pytest.mark.parametrize(("schedule", "p", "m", "v"), [
     ("gpipe", 4, 8, 1), ("1f1b", 4, 8, 1), ("1f1b", 8, 3, 1), ("zb-h1", 4, 8, 1),
     ("interleaved", 4, 8, 2), ("interleaved", 4, 16, 3), ("interleaved", 2, 4, 4),
+    ("zbv", 4, 8, 2), ("zbv", 4, 3, 2), ("dualpipev", 4, 8, 2), ("dualpipev", 3, 7, 2),
 ])
 def test_in_flight_closed_form_equals_the_schedules(schedule, p, m, v):
     # The memory model's closed form and the action lists the executor runs must agree.

@@ -68,7 +68,7 @@ def test_spec_bubble_figures():
 @pytest.mark.parametrize("p, m", [(2, 2), (4, 1), (4, 3), (4, 8), (8, 5), (8, 16), (16, 64)])
 @pytest.mark.parametrize("t_f, t_b, t_w", [(1.0, 2.0, 1.0), (1.0, 2.1, 0.9), (1.3, 2.5, 0.5)])
 def test_zb_h1_closed_form_equals_the_simulator(p, m, t_f, t_b, t_w):
-    timeline = simulate(make_schedule("zb-h1", p, m), t_f, t_b - t_w, t_w)
+    timeline = simulate(make_schedule("zb-h1", p, m), t_f, t_b, t_w)
     simulated = timeline.makespan - m * (t_f + t_b)
     closed = pipeline_bubble(SCHEDULE_CODES["zb-h1"], p, 1, m, t_f, t_b, t_w)
     assert closed == pytest.approx(simulated, abs=1e-9)

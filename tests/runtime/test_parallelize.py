@@ -92,6 +92,8 @@ def test_context_parallel_ranks_hold_zigzag_positions():
 
 @pytest.mark.parametrize(("text", "model", "fragment"), [
     ("dp=6,zero=1,zero_group=3,ep=2", "tiny-moe", "neither a multiple nor a divisor of ep=2"),
+    ("pp=2,schedule=zbv,chunks=2", "tiny", "does not run the zbv schedule"),
+    ("pp=2,schedule=dualpipev,chunks=2", "tiny", "demo pipeline --schedule dualpipev"),
 ])
 def test_the_runtime_refuses_what_it_cannot_run(text, model, fragment):
     problems = runtime_problems(Layout.parse(text), spec(model))

@@ -1,13 +1,16 @@
-"""Pipeline executor on real gloo ranks against the single-device model (float64).
+"""Pipeline executor on real gloo ranks against the single-device model (float64), and
+against torch.distributed.pipelining's own ZBV and DualPipeV schedules.
 
 The required grid — GPipe, 1F1B, interleaved 1F1B (v = 2) and ZB-H1; p ∈ {2, 4}; m ∈ {1, 4, 8}
-(interleaved needs p | m, so m ∈ {4, 8} there) — runs inside one spawned world per p, since
-starting processes costs more than the steps. Each rank checks, per configuration:
+(interleaved needs p | m, so m ∈ {4, 8} there); ZBV and DualPipeV (two chunks in a V,
+DualPipeV with m ≥ 2p) — runs inside one spawned world per p, since starting processes costs
+more than the steps. Each rank checks, per configuration:
 
 * loss and gradients against the single-device model on the whole batch, written out below;
 * the peak micro-batch-chunks alive on its stage, measured while running, against the
-  simulator's `peak_in_flight` (and, for ZB-H1, the count until W: min(p, m) on every stage);
-* bytes sent against `pp_comm_bytes_per_microbatch`;
+  simulator's `peak_in_flight`, and counted until W (ZB-H1: min(p, m) on every stage);
+* bytes sent against `pp_comm_bytes_per_microbatch`, per boundary between virtual stages on
+  different ranks (the V's turn at stage p-1 stays on the rank);
 * the measured actions: its own action list, in order, and causally after the actions on
   other ranks they receive from (on the host's monotonic clock).
 """
@@ -30,7 +33,14 @@ from shardwise.runtime.pipeline import (
     measured_timeline,
     run_pipeline,
 )
-from shardwise.schedules import make_schedule, parse_schedule, peak_in_flight
+from shardwise.schedules import (
+    get_schedule,
+    make_schedule,
+    parse_schedule,
+    peak_in_flight,
+    stage_of,
+    virtual_stage,
+)
 
 TOL = 1e-12
 N_LAYERS, HIDDEN, FFN, VOCAB = 9, 8, 12, 24  # 9 layers: uneven over 2, 4 and 8 stages
@@ -39,7 +49,8 @@ SEED = 7
 DOUBLE = 8  # bytes per float64
 
 SINGLE_CHUNK = [(name, m, 1) for name in ("gpipe", "1f1b", "zb-h1") for m in (1, 4, 8)]
-GRID = [*SINGLE_CHUNK, ("interleaved", 4, 2), ("interleaved", 8, 2)]
+GRID = [*SINGLE_CHUNK, ("interleaved", 4, 2), ("interleaved", 8, 2), ("zbv", 3, 2),
+        ("zbv", 8, 2), ("dualpipev", 8, 2)]
 
 
 # ------------------------------------------------------------------- the single-device model
@@ -81,8 +92,9 @@ def _worlds(layouts):
             plan = make_schedule(name, pp, m, v)
             with C.counting() as counter:
                 result = run_pipeline(model, plan, tokens[share], targets[share], pp_axis,
-                                      dp_axis if dp > 1 else None, first_stage_extra=first,
-                                      last_stage_extra=last)
+                                      dp_axis if dp > 1 else None,
+                                      placement=get_schedule(name).placement,
+                                      first_stage_extra=first, last_stage_extra=last)
             share_loss, _ = single_device(tokens[share], targets[share])
             _, want = single_device(tokens, targets)
             errors = {n: float((g - want[n]).abs().max() / want[n].abs().max())
@@ -114,30 +126,42 @@ def _check_all(results, expected_configs):
         seen += 1
         assert len(rows) == pp * dp
         plan = make_schedule(name, pp, m, v)
+        placement = get_schedule(name).placement
         for row in rows:
-            _check_rank(row, plan, pp, dp, m, v)
+            _check_rank(row, plan, pp, dp, m, v, placement)
         for replica in range(dp):
             mine = [row for row in rows if row["dp_rank"] == replica]
-            _check_replica(mine, plan, pp, m, v)
+            _check_replica(mine, plan, pp, m, v, placement)
     assert seen == expected_configs
 
 
-def _check_rank(row, plan, pp, dp, m, v):
+def _sends(pp, v, placement, stage):
+    """Messages `stage` sends per micro-batch: for each of its virtual stages, an activation
+    to the next and a gradient to the previous when that one lives on another rank."""
+    def elsewhere(vs):
+        return 0 <= vs < pp * v and stage_of(vs, pp, placement) != stage
+
+    mine = [virtual_stage(stage, c, pp, placement) for c in range(v)]
+    return sum(elsewhere(vs + 1) + elsewhere(vs - 1) for vs in mine)
+
+
+def _check_rank(row, plan, pp, dp, m, v, placement):
     result, stage = row["result"], row["result"].stage
     where = (row["config"], stage, row["dp_rank"])
     # gradients and loss against the single-device model
     assert max(row["errors"].values()) <= TOL, (where, row["errors"])
-    if stage == pp - 1:
+    if stage == stage_of(pp * v - 1, pp, placement):  # the last virtual stage's rank
         assert result.loss == pytest.approx(row["share_loss"], rel=TOL, abs=TOL), where
     else:
         assert result.loss is None
     # activations alive, measured while running, against the simulator
     assert result.peak_alive == peak_in_flight(plan)[stage], where
-    split = plan[0][-1].kind == "W"
-    assert result.peak_alive_until_w == (min(pp, m) if split else result.peak_alive), where
+    assert result.peak_alive_until_w == peak_in_flight(plan, until="W")[stage], where
+    if row["config"][0] == "zb-h1":  # held until W, ZB-H1 keeps min(p, m) on every stage
+        assert result.peak_alive_until_w == min(pp, m), where
     # bytes: s·b·h forward per boundary fed, s·b·h backward per boundary fed back
     # (with p = 1 the chunks hand over inside the rank: nothing goes on the wire)
-    boundaries = 2 * v - (stage == 0) - (stage == pp - 1) if pp > 1 else 0
+    boundaries = _sends(pp, v, placement, stage)
     half = pp_comm_bytes_per_microbatch(SEQ, MB, HIDDEN, DOUBLE) / 2
     assert _counted(row, "pp", "send") == boundaries * m * half, where
     assert {r["op"] for r in row["counter"] if r["axis"] == "pp"} <= {"send"}
@@ -154,16 +178,18 @@ def _check_rank(row, plan, pp, dp, m, v):
     assert all(a.end <= b.start for a, b in zip(result.events, result.events[1:]))
 
 
-def _check_replica(rows, plan, pp, m, v):
+def _check_replica(rows, plan, pp, m, v, placement):
     """One pipeline: the loss, the layer partition, the bytes in total, causality in time."""
     assert sorted(n for row in rows for n in row["errors"]) == sorted(
         PipelineModel.build(N_LAYERS, HIDDEN, FFN, VOCAB).named_parameters())
     total = sum(_counted(row, "pp", "send") for row in rows)
-    wired = pp * v - 1 if pp > 1 else 0  # stage boundaries that cross between ranks
+    # stage boundaries that cross between ranks: pp·v - 1 in the loop, 2(pp-1) in the V
+    wired = {"loop": pp * v - 1, "v": 2 * (pp - 1)}[placement] if pp > 1 else 0
     assert total == wired * m * pp_comm_bytes_per_microbatch(SEQ, MB, HIDDEN, DOUBLE)
     timeline = measured_timeline([row["result"] for row in rows])
-    assert timeline.peak_in_flight == peak_in_flight(plan)
-    start = {(e.action.kind, e.action.micro_batch, e.action.chunk * pp + e.stage): e.start
+    assert timeline.peak_in_flight == tuple(n / v for n in peak_in_flight(plan))
+    start = {(e.action.kind, e.action.micro_batch,
+              virtual_stage(e.stage, e.action.chunk, pp, placement)): e.start
              for e in timeline.events}
     last = pp * v - 1
     for (kind, j, vs), t in start.items():
@@ -201,6 +227,89 @@ def test_eight_ranks_pp8_and_pp4_dp2():
                (4, 2, [("interleaved", 8, 2), ("zb-h1", 8, 1)])]
     results = spawn(_worlds, 8, layouts, timeout_s=180)
     _check_all(results, 4)
+
+
+# ------------------------------------------------------ against torch.distributed.pipelining
+class _Piece(torch.nn.Module):
+    """One virtual stage of `PipelineModel` as the nn.Module torch.distributed.pipelining
+    stages need: the same weights as parameters, the last stage returning logits (torch's
+    schedules apply the loss themselves)."""
+
+    def __init__(self, model, stage):
+        super().__init__()
+        self.stage = stage
+        self.weights = torch.nn.ParameterDict({
+            name.replace(".", "_"): torch.nn.Parameter(t.detach().clone())
+            for name, t in model.named_parameters(stage).items()})
+
+    def forward(self, x):
+        w = self.weights
+        if self.stage.first:
+            x = F.embedding(x, w["embed"])  # (b, s) -> (b, s, h)
+        for k in self.stage.layers:
+            hidden = torch.tanh(F.linear(x, w[f"blocks_{k}_w1"], w[f"blocks_{k}_b1"]))
+            x = x + F.linear(hidden, w[f"blocks_{k}_w2"], w[f"blocks_{k}_b2"])
+        return F.linear(x, w["head"]) if self.stage.last else x  # (b, s, V) logits
+
+
+def _against_pipelining(cases):
+    """On every rank: our executor and torch's own schedule class on the same weights and
+    batch; the relative gradient error per parameter and both losses."""
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import get_schedule_class
+
+    from shardwise.layout import Layout
+    from shardwise.runtime.mesh import Mesh
+    from shardwise.runtime.pipeline import virtual_stages
+
+    rank, p = dist.get_rank(), dist.get_world_size()
+    Mesh.from_layout(Layout(pp=p))
+    rows = []
+    for name, m in cases:
+        info = get_schedule(name)
+        tokens, targets = batch(m * MB, seed=200 + m)
+        ours = run_pipeline(PipelineModel.build(N_LAYERS, HIDDEN, FFN, VOCAB, SEED),
+                            make_schedule(name, p, m), tokens, targets,
+                            placement=info.placement)
+        model = PipelineModel.build(N_LAYERS, HIDDEN, FFN, VOCAB, SEED)
+        stages = virtual_stages(N_LAYERS, p, 2)
+        pieces = [_Piece(model, stages[virtual_stage(rank, c, p, info.placement)])
+                  for c in range(2)]
+        theirs = get_schedule_class(info.torchtitan)(
+            [PipelineStage(piece, piece.stage.index, 2 * p, torch.device("cpu"))
+             for piece in pieces], m,
+            loss_fn=lambda logits, y: F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1)))
+        losses = []
+        holds_ends = any(piece.stage.first or piece.stage.last for piece in pieces)
+        theirs.step(*([tokens] if holds_ends else []),
+                    **({"target": targets, "losses": losses} if holds_ends else {}))
+        grads = {n.replace("_", "."): t.grad for piece in pieces
+                 for n, t in piece.weights.items()}
+        assert grads.keys() == ours.grads.keys()
+        errors = {n: float((ours.grads[n] - g).abs().max() / g.abs().max()) for n, g in
+                  grads.items()}
+        rows.append({"schedule": name, "rank": rank, "errors": errors, "loss": ours.loss,
+                     "their_loss": float(sum(losses) / m) if losses else None})
+    return rows
+
+
+@pytest.mark.slow
+def test_v_schedules_equal_pipelinings_own_zbv_and_dualpipev():
+    """ZBV and DualPipeV on our executor and on torch.distributed.pipelining's
+    `ScheduleZBVZeroBubble` / `ScheduleDualPipeV` (2.13), same module, weights and batch:
+    equal gradients (fp64) and losses. (The orders are equal too:
+    tests/schedules/test_generators.py.)"""
+    results = spawn(_against_pipelining, 2, [("zbv", 3), ("dualpipev", 5)], timeout_s=120)
+    rows = [row for rank_rows in results for row in rank_rows]
+    assert {(row["schedule"], row["rank"]) for row in rows} == {
+        (name, rank) for name in ("zbv", "dualpipev") for rank in (0, 1)}
+    for row in rows:
+        assert max(row["errors"].values()) <= TOL, row
+        if row["rank"] == 0:  # the V's ends: the first and the last virtual stage
+            assert row["loss"] == pytest.approx(row["their_loss"], rel=TOL)
+        else:
+            assert row["loss"] is None and row["their_loss"] is None
 
 
 # ------------------------------------------------------------------------- failures, no hang

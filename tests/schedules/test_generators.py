@@ -1,5 +1,8 @@
 """Generators against SPEC §6's definitions and Megatron-LM's / Qi et al.'s schedules."""
 
+from itertools import pairwise
+from types import SimpleNamespace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -7,13 +10,17 @@ from hypothesis import strategies as st
 from shardwise.schedules import (
     SCHEDULES,
     Action,
+    dualpipev,
+    get_schedule,
     gpipe,
     interleaved_1f1b,
     make_schedule,
     one_f_one_b,
     parse_schedule,
+    schedule_text,
     validate_schedule,
     zb_h1,
+    zbv,
 )
 
 
@@ -88,7 +95,8 @@ def test_make_schedule_dispatches_by_name():
 
 
 def test_make_schedule_lists_valid_names():
-    with pytest.raises(ValueError, match="unknown schedule 'pipedream'.*gpipe, 1f1b, interleaved, zb-h1"):
+    with pytest.raises(ValueError, match="unknown schedule 'pipedream'.*gpipe, 1f1b, interleaved, "
+                                         "zb-h1, zbv, dualpipev"):
         make_schedule("pipedream", 4, 8)
 
 
@@ -110,10 +118,73 @@ def test_interleaved_validates_chunks():
 
 
 @given(name=st.sampled_from(SCHEDULES), p=st.integers(1, 8), m=st.integers(1, 24),
-       v=st.integers(1, 4))
+       v=st.integers(2, 4))
 def test_every_generated_schedule_validates(name, p, m, v):
-    if name == "interleaved":
-        m = -(-m // p) * p
-    else:
-        v = 1
-    validate_schedule(make_schedule(name, p, m, v), p, m, v)
+    info = get_schedule(name)
+    v = v if info.chunks is None else info.chunks
+    m = -(-m // p) * p if info.chunks is None else max(m, 2 * p)
+    validate_schedule(make_schedule(name, p, m, v), p, m, v, info.placement)
+
+
+# ------------------------------------------------------------------ ZBV and DualPipeV
+def _pipelining_order(name, p, m):
+    """torch.distributed.pipelining's own compute order (2.13) for schedule class `name` on
+    every rank, in our actions: its stage index `rank` is chunk 0 and `2p-1-rank` chunk 1 (the
+    V); `I` is a split B, `B` a whole one; `OVERLAP_F_B` is our overlapped pair."""
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    cls = schedules.get_schedule_class(name)
+    # the order is computed from these three attributes alone; no process group is needed
+    shape = SimpleNamespace(pp_group_size=p, _n_microbatches=m, num_stages=2 * p)
+    kinds = {"F": "F", "I": "B", "B": "B", "W": "W"}
+    order = {}
+    for rank in range(p):
+        actions = []
+        for action in cls._calculate_single_rank_operations(shape, rank):
+            parts = (action.sub_actions or (action,)) if action is not None else ()
+            for k, part in enumerate(parts):
+                actions.append(Action(kinds[part.computation_type.value], part.microbatch_index,
+                                      int(part.stage_index != rank), with_next=k < len(parts) - 1))
+        order[rank] = actions
+    return order
+
+
+@pytest.mark.parametrize(("name", "generator", "cases"), [
+    ("ZBVZeroBubble", zbv, [(1, 1), (2, 1), (2, 3), (3, 4), (4, 8), (4, 13), (5, 9), (6, 20)]),
+    ("DualPipeV", dualpipev, [(1, 2), (2, 4), (2, 7), (3, 6), (4, 8), (4, 11), (5, 16)]),
+])
+def test_v_schedules_are_pipelinings_own_order(name, generator, cases):
+    for p, m in cases:
+        ours, theirs = generator(p, m), _pipelining_order(name, p, m)
+        assert ours == theirs, (name, p, m)
+        for rank in range(p):  # equality ignores `with_next`: compare the pairs too
+            assert [a.with_next for a in ours[rank]] == [a.with_next for a in theirs[rank]]
+
+
+def test_zbv_p2_m3_by_hand():
+    # Stage 0: 2p-1 = 3 forwards of chunk 0; p = 2 rounds F1 B1 W1 (chunk 1 of stage 0 is the
+    # last virtual stage, so its backward follows at once); one steady round without a new F0:
+    # B0 W0 F2.1 B2.1 W2.1; cool-down p rounds B0 W0.
+    # Stage 1: 2(p-1)-1 = 1 forward F0, one pair F0.1 F1, one round F1.1 B0.1 W0.1, one steady
+    # round F2 B0 W0 F2.1 B1.1 W1.1, cool-down B1 B2.1 (i = 1 round) and B2 W1 (p-i = 1 round),
+    # then the deferred Ws: chunk 1's W2.1, chunk 0's W2.
+    assert schedule_text(zbv(2, 3)) == (
+        "0: F0 F1 F2 F0.1 B0.1 W0.1 F1.1 B1.1 W1.1 B0 W0 F2.1 B2.1 W2.1 B1 W1 B2 W2\n"
+        "1: F0 F0.1 F1 F1.1 B0.1 W0.1 F2 B0 W0 F2.1 B1.1 W1.1 B1 B2.1 B2 W1 W2.1 W2")
+
+
+def test_dualpipev_p2_m4_last_stage_by_hand():
+    # Stage 1 (i = p-1): no lone F0; i+1 = 2 pairs F0 F1; no B1 W F1 round; m-2p+i+1 = 2 main
+    # rounds — the first F0 and B0.1 apart (whole B), then F2.1&B0, then F3&B1.1, F3.1&B1;
+    # i+1 = 2 rounds B1 B0, split from round (i+1)//2 = 1 on (odd stage: from its B1); the
+    # deferred Ws last.
+    schedule = dualpipev(2, 4)
+    assert schedule_text(schedule).splitlines()[1] == (
+        "1: F0 F0.1 F1 F1.1 F2 B0.1 F2.1&B0 F3&B1.1 F3.1&B1 B2.1 B2 B3.1 B3 W3.1 W3")
+    for actions in schedule.values():  # every pair is a forward overlapped with a backward
+        assert all(a.kind == "F" and b.kind == "B"
+                   for a, b in pairwise(actions) if a.with_next)
+
+
+def test_dualpipev_needs_2p_micro_batches():
+    with pytest.raises(ValueError, match="at least 2p = 8 micro-batches"):
+        dualpipev(4, 7)

@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shardwise.errors import ShardwiseError
 from shardwise.layout import Layout
@@ -11,13 +13,13 @@ from shardwise.schedules import (
     get_schedule,
     make_schedule,
     peak_in_flight,
-    simulate,
+    stage_timeline,
 )
 from shardwise.schedules.registry import SCHEDULE_CODES, select
 
 
 def test_names_codes_and_lookup():
-    assert SCHEDULES == ("gpipe", "1f1b", "interleaved", "zb-h1")
+    assert SCHEDULES == ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipev")
     assert len(set(SCHEDULE_CODES.values())) == len(SCHEDULES)
     for name, info in SCHEDULE_REGISTRY.items():
         assert get_schedule(name) is info and get_schedule(info.code) is info
@@ -29,29 +31,67 @@ def test_names_codes_and_lookup():
 @pytest.mark.parametrize("p, m", [(1, 1), (2, 4), (4, 8), (4, 3), (8, 16)])
 def test_traits_match_the_generated_actions(name, p, m):
     info = get_schedule(name)
-    v = 2 if info.chunked else 1
-    if info.chunked and (p < 2 or m % p):
+    v = info.default_chunks if info.chunked else 1
+    if info.microbatch_problem(p, m) or (info.chunked and p < 2):
         return
     schedule = make_schedule(name, p, m, v)
     has_w = any(a.kind == "W" for actions in schedule.values() for a in actions)
     assert has_w == info.splits_backward
     # the memory rule equals the peak counted from the action order (F … B)
     assert tuple(int(info.in_flight(p, m, v, i)) for i in range(p)) == peak_in_flight(schedule)
-    # the bubble rule equals the simulator's idle time on equal stages
+    # the bubble rule equals the simulator's idle time on equal stages (per-stage times)
     t_f, t_b, t_w = 1.0, 2.0, 0.75
-    if info.splits_backward:
-        timeline = simulate(schedule, t_f, t_b - t_w, t_w)
-    else:
-        timeline = simulate(schedule, t_f / v, t_b / v)
+    timeline = stage_timeline(name, p, m, v, t_f=t_f, t_b=t_b, t_w=t_w)
     assert timeline.makespan - m * (t_f + t_b) == pytest.approx(
         float(info.bubble(p, v, m, t_f, t_b, t_w)), abs=1e-9)
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=st.sampled_from(SCHEDULES), p=st.integers(1, 8), m=st.integers(1, 34),
+       v=st.integers(2, 4), t_f=st.floats(0.05, 5.0), t_b=st.floats(0.05, 5.0),
+       w_share=st.floats(0.02, 0.98))
+def test_bubble_closed_forms_equal_the_simulator_for_any_times(name, p, m, v, t_f, t_b,
+                                                               w_share):
+    """Every registry bubble, for every time ratio the step model can produce, equals the
+    simulator's makespan minus the busy time `m·(t_f + t_b)` (per-stage times)."""
+    info = get_schedule(name)
+    v = v if info.chunks is None else info.chunks
+    m = -(-m // p) * p if info.chunks is None else m
+    if info.microbatch_problem(p, m) or (info.chunked and p < 2):
+        return
+    t_w = w_share * t_b
+    timeline = stage_timeline(name, p, m, v, t_f=t_f, t_b=t_b, t_w=t_w)
+    assert timeline.makespan - m * (t_f + t_b) == pytest.approx(
+        float(info.bubble(p, v, m, t_f, t_b, t_w)), rel=1e-9, abs=1e-9)
+
+
+@given(p=st.integers(2, 12), m=st.integers(1, 40))
+def test_v_schedules_in_flight_rules_equal_their_action_order(p, m):
+    for name in ("zbv", "dualpipev"):
+        info = get_schedule(name)
+        if info.microbatch_problem(p, m) is None or name == "zbv":
+            peaks = peak_in_flight(make_schedule(name, p, m))
+            assert peaks == tuple(int(info.in_flight(p, m, 2, i)) for i in range(p))
+
+
+def test_chunk_and_micro_batch_rules():
+    assert get_schedule("interleaved").chunk_options([1, 2, 3]) == [2, 3]
+    assert get_schedule("zbv").chunk_options([1, 2, 3]) == [2]
+    assert get_schedule("1f1b").chunk_options([1, 2, 3]) == [1]
+    assert [get_schedule(n).default_chunks for n in SCHEDULES] == [1, 1, 2, 1, 2, 2]
+    assert get_schedule("zbv").chunk_problem(3) == "the zbv schedule runs 2 chunks per stage, " \
+                                                   "got chunks=3"
+    assert "at least 2·pp micro-batches" in get_schedule("dualpipev").microbatch_problem(4, 7)
+    assert get_schedule("dualpipev").microbatch_problem(4, 8) is None
+    assert get_schedule("interleaved").microbatch_problem(4, 6) is not None
 
 
 def test_select_picks_each_layouts_rule_for_arrays_and_scalars():
     codes = np.array([SCHEDULE_CODES[name] for name in SCHEDULES])
     got = select(codes, lambda info: info.in_flight(4, 8, 2, 0))
     # p=4, m=8, v=2, stage 0: GPipe m; 1F1B, ZB-H1 min(p, m); interleaved 2(p-1) + (v-1)p + 1
-    assert got.tolist() == [8, 4, 11, 4]
+    # chunks; ZBV 2p-1 forwards of chunk 0 and 1 of chunk 1; DualPipeV 2p+1
+    assert got.tolist() == [8, 4, 11, 4, 8, 9]
     assert select(SCHEDULE_CODES["gpipe"], lambda info: info.loss_waits) is True
 
 

@@ -15,6 +15,7 @@ from shardwise.schedules import (
     parse_schedule,
     peak_in_flight,
     simulate,
+    stage_timeline,
     zb_h1,
 )
 
@@ -89,7 +90,7 @@ def test_interleaved_stage0_peak_is_vp_plus_p_minus_1_chunks(p, m, v):
 def test_zb_h1_p4_m8_bubble_is_a_third_of_1f1b():
     # Unit F, B, W: 1F1B's backward is B+W = 2, makespan 3(m+p-1) = 33, idle 3(p-1) per stage;
     # ZB-H1 idles only (p-1)·t_b: makespan 3m + p - 1 = 27, bubble 3/27.
-    zb = simulate(zb_h1(4, 8), t_f=1.0, t_b=1.0, t_w=1.0)
+    zb = simulate(zb_h1(4, 8), t_f=1.0, t_b=2.0, t_w=1.0)
     baseline = simulate(one_f_one_b(4, 8), t_f=1.0, t_b=2.0)
     assert baseline.makespan == 33
     assert zb.makespan == 27
@@ -103,7 +104,7 @@ def test_zb_h1_p4_m8_bubble_is_a_third_of_1f1b():
 def test_zb_h1_reaches_the_lower_bound_at_equal_times(p, m, t):
     # Stage 0 may start at most p forwards before its first B, which cannot start before
     # p·t_f + (p-1)·t_b: the makespan is at least max(m, p)·t_f + (p-1)·t_b + m(t_b + t_w).
-    timeline = simulate(zb_h1(p, m), t, t, t)
+    timeline = simulate(zb_h1(p, m), t, 2 * t, t)
     assert timeline.makespan == pytest.approx((max(m, p) + p - 1 + 2 * m) * t, rel=1e-9)
     assert timeline.peak_in_flight == tuple(min(p - i, m) for i in range(p))
 
@@ -111,7 +112,8 @@ def test_zb_h1_reaches_the_lower_bound_at_equal_times(p, m, t):
 @given(p=st.integers(2, 12), m=st.integers(1, 48), t_f=st.floats(0.1, 10.0),
        t_b=st.floats(0.1, 10.0), t_w=st.floats(0.1, 10.0))
 def test_zb_h1_beats_1f1b_and_respects_the_bound_for_any_times(p, m, t_f, t_b, t_w):
-    makespan = simulate(zb_h1(p, m), t_f, t_b, t_w).makespan
+    # t_b the input-gradient pass B here; the whole backward is t_b + t_w
+    makespan = simulate(zb_h1(p, m), t_f, t_b + t_w, t_w).makespan
     assert makespan >= (max(m, p) * t_f + (p - 1) * t_b + m * (t_b + t_w)) * (1 - 1e-12)
     assert makespan < (m + p - 1) * (t_f + t_b + t_w)  # 1F1B with a full backward t_b + t_w
 
@@ -135,9 +137,11 @@ def test_p2p_latency_delays_cross_stage_dependencies_only():
     assert simulate(interleaved_1f1b(1, 2, 2), 1.0, 1.0, p2p_latency=5.0).makespan == 8
 
 
-def test_split_backward_needs_t_w():
+def test_split_backward_needs_t_w_below_t_b():
     with pytest.raises(ValueError, match="pass t_w"):
         simulate(zb_h1(2, 2), 1.0, 1.0)
+    with pytest.raises(ValueError, match=r"t_w \(1\) must be less than t_b \(1\)"):
+        simulate(zb_h1(2, 2), 1.0, 1.0, 1.0)
 
 
 def test_t_w_is_ignored_without_w_actions():
@@ -145,7 +149,7 @@ def test_t_w_is_ignored_without_w_actions():
 
 
 @pytest.mark.parametrize(("t_f", "t_b", "t_w", "latency"),
-                         [(0, 1, 1, 0), (1, -1, 1, 0), (1, 1, 0, 0), (1, 1, 1, -1)])
+                         [(0, 2, 1, 0), (1, -1, 1, 0), (1, 2, 0, 0), (1, 2, 1, -1)])
 def test_times_must_be_positive(t_f, t_b, t_w, latency):
     with pytest.raises(ValueError, match="must be"):
         simulate(zb_h1(2, 2), t_f, t_b, t_w, p2p_latency=latency)
@@ -170,3 +174,62 @@ def test_peak_counted_until_w():
     assert peak_in_flight(zb_h1(4, 8), until="W") == (4, 4, 4, 4)
     assert peak_in_flight(zb_h1(4, 2), until="W") == (2, 2, 2, 2)
     assert peak_in_flight(one_f_one_b(4, 8), until="W") == (4, 3, 2, 1)
+
+
+# ------------------------------------------------------------ per-stage times (issue 31)
+def test_per_stage_times_p4_m8_every_schedule_does_1f1bs_work():
+    # t_f = t_b = 1 per stage: the work is m·(t_f + t_b) = 16 on every stage; 1F1B adds
+    # (p-1)(t_f+t_b) = 6 (makespan 22); interleaved chunks take 1/2, so its fill and drain are
+    # (p-1)(t_f+t_b)/v = 3: 19; ZB-H1 splits t_b into B = W = 1/2 and idles
+    # (p-1)·max(t_f + B - W, B, t_f) = 3: 19.
+    makespans = {name: stage_timeline(name, 4, 8, t_f=1.0, t_b=1.0).makespan
+                 for name in ("1f1b", "gpipe", "interleaved", "zb-h1", "zbv", "dualpipev")}
+    assert makespans["1f1b"] == makespans["gpipe"] == 22
+    assert makespans["interleaved"] == 19
+    assert makespans["zb-h1"] == 19
+    assert makespans["zbv"] < 22 and makespans["dualpipev"] < 22
+    interleaved = stage_timeline("interleaved", 4, 8, 2, t_f=1.0, t_b=1.0)
+    assert {e.end - e.start for e in interleaved.events} == {0.5}
+    assert interleaved.peak_in_flight[0] == 4 + 3 / 2  # p + (p-1)/v micro-batches
+
+
+def test_zbv_unit_chunk_times_idle_only_the_fill():
+    # F = B = W = 1 per chunk (t_f = 2, t_b = 4, t_w = 2 per stage): the last stage's first
+    # action waits for micro-batch 0's chunk-0 forward through p-1 stages, (p-1)·1, and at
+    # equal times ZBV then never idles (Qi et al. 2023, §6): makespan 6m + p - 1.
+    for p, m in [(2, 3), (4, 8), (5, 12)]:
+        timeline = stage_timeline("zbv", p, m, t_f=2.0, t_b=4.0, t_w=2.0)
+        assert timeline.makespan == 6 * m + p - 1
+        assert timeline.peak_in_flight == (p,) * p  # 2p chunks of half a stage
+
+
+def test_dualpipev_p2_m4_unit_chunk_times_by_hand():
+    # Chunk F = B = W = 1, a whole B 2, a pair F&B 3 (stage 1's list in
+    # test_dualpipev_p2_m4_last_stage_by_hand). Stage 1 waits [0, 1] for F0 and [21, 22] for
+    # stage 0's whole B3.1; stage 0 waits [10, 11] for stage 1's F2.1&B0 pair (both inputs of
+    # its own pair F2.1&B0 arrive when that pair ends) and [16, 17] for stage 1's F3.1&B1.
+    # Each stage works 6m = 24: makespan 26, a bubble of 2(p-1) chunk-forwards.
+    timeline = stage_timeline("dualpipev", 2, 4, t_f=2.0, t_b=4.0, t_w=2.0)
+    assert timeline.makespan == 26
+    idle = {stage: [(a.end, b.start) for a, b in pairwise(
+        [e for e in timeline.events if e.stage == stage]) if b.start > a.end]
+        for stage in (0, 1)}
+    assert idle == {0: [(10, 11), (16, 17)], 1: [(21, 22)]}
+    assert min(e.start for e in timeline.events if e.stage == 1) == 1
+
+
+def test_an_overlapped_pair_sends_both_outputs_when_both_are_done():
+    # Stage 0 runs F1&B0: B0 waits for stage 1's B0 (ends at 3), so the pair runs 3–5 and F1's
+    # activation leaves at 5, not at 4 — stage 1's F1 starts at 5.
+    schedule = parse_schedule("0: F0 F1&B0 B1\n1: F0 B0 F1 B1")
+    timeline = simulate(schedule, 1.0, 1.0)
+    start = {(e.stage, str(e.action)): e.start for e in timeline.events}
+    assert start[(0, "F1")] == 3 and start[(0, "B0")] == 4
+    assert start[(1, "F1")] == 5
+
+
+def test_stage_timeline_rejects_a_weight_part_not_below_the_backward():
+    with pytest.raises(ValueError, match=r"t_w \(2\) must be less than t_b \(1\)"):
+        stage_timeline("zb-h1", 2, 2, t_f=1.0, t_b=1.0, t_w=2.0)
+    # schedules without W ignore it
+    assert stage_timeline("1f1b", 2, 2, t_f=1.0, t_b=1.0, t_w=2.0).makespan == 6

@@ -7,6 +7,7 @@ from shardwise.schedules import (
     make_schedule,
     one_f_one_b,
     parse_schedule,
+    simulate,
     validate_schedule,
     zb_h1,
 )
@@ -41,11 +42,33 @@ def test_missing_action_is_rejected():
         validate_schedule(schedule, 4, 8)
 
 
-def test_missing_weight_gradient_on_one_stage_is_rejected():
+def test_a_backward_without_its_w_is_whole():
+    # DualPipeV mixes whole and split backwards: a B with no W on its stage is the whole
+    # backward, so dropping stage 1's Ws leaves a valid schedule whose Bs there take t_b
     schedule = zb_h1(2, 2)
     schedule[1] = [a for a in schedule[1] if a.kind != "W"]
-    with pytest.raises(ValueError, match="stage 1 is missing action W0 .*every backward"):
-        validate_schedule(schedule, 2, 2)
+    validate_schedule(schedule, 2, 2)
+    timeline = simulate(schedule, 1.0, 3.0, 1.0)
+    assert {e.end - e.start for e in timeline.events if e.stage == 1 and e.action.kind == "B"} \
+        == {3.0}
+    assert {e.end - e.start for e in timeline.events if e.stage == 0 and e.action.kind == "B"} \
+        == {2.0}
+
+
+def test_overlapped_pair_must_be_two_single_actions():
+    schedule = parse_schedule("0: F0 F1&B0 B1\n1: F0 B0 F1 B1")
+    validate_schedule(schedule, 2, 2)
+    with pytest.raises(ValueError, match="stage 0: action B1 overlaps with the next"):
+        validate_schedule({**schedule, 0: [*schedule[0][:-1], Action("B", 1, with_next=True)]},
+                          2, 2)
+
+
+def test_v_placement_deadlock_names_the_stage_of_the_chunk():
+    # p = 2 in a V: stage 1 holds virtual stages 1 and 2; its chunk 1 (vs 2) forward needs
+    # its own chunk 0 (vs 1) first
+    schedule = parse_schedule("0: F0 F0.1 B0.1 B0\n1: F0.1 F0 B0 B0.1")
+    with pytest.raises(ValueError, match="stage 1 at F0.1 waits for F0 on stage 1"):
+        validate_schedule(schedule, 2, 1, 2, placement="v")
 
 
 def test_duplicate_action_is_rejected():

@@ -175,13 +175,32 @@ def test_pipeline_grid_spec_figures(client, schedule, peak):
 
 
 def test_pipeline_grid_zb_h1_and_interleaved(client):
-    # ZB-H1 with t_f = t_b = t_w: makespan (3m + p - 1)·t (generators.py, Qi et al. 2023).
+    # ZB-H1 with a whole backward of 2 split into B = W = 1 = t_f: makespan (3m + p - 1)·t
+    # (generators.py, Qi et al. 2023).
     d = get(client, "pipeline", schedule="zb-h1", p=4, m=8, backward=2)
-    assert (d["t_b"], d["t_w"]) == (1, 1) and d["makespan"] == 3 * 8 + 3
+    assert (d["t_b"], d["t_w"]) == (2, 1) and d["makespan"] == 3 * 8 + 3
     assert {e["kind"] for e in d["events"]} == {"F", "B", "W"}
+    # interleaved: per-stage times, a chunk's box is half a stage's (issue 31): makespan
+    # m(t_f + t_b) + (p-1)(t_f + t_b)/v = 16 + 3
     d = get(client, "pipeline", schedule="interleaved", p=4, m=8, v=2)
-    assert d["bubble_fraction"] == pytest.approx(3 / (2 * 8 + 3))
+    assert d["makespan"] == 19 and d["bubble_fraction"] == pytest.approx(3 / (2 * 8 + 3))
     assert {e["chunk"] for e in d["events"]} == {0, 1}
+    assert {e["end"] - e["start"] for e in d["events"]} == {0.5}
+    assert d["peak_in_flight"][0] == 4 + 3 / 2  # micro-batches: p + (p-1)/v
+
+
+@pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
+def test_pipeline_grid_v_schedules_equal_the_schedule_api(client, schedule):
+    # the Learn grid and /api/schedule (= `shardwise schedule --json`) give the same numbers
+    d = get(client, "pipeline", schedule=schedule, p=4, m=8)
+    out = client.post("/api/schedule", json={"stages": 4, "microbatches": 8,
+                                             "schedule": schedule}).json()
+    assert d["v"] == out["chunks"] == 2 and d["placement"] == out["placement"] == "v"
+    assert d["makespan"] == out["makespan"] < 22  # below 1F1B's at the same work
+    assert d["peak_in_flight"] == out["peak_in_flight"]
+    assert d["closed_form_bubble"] == pytest.approx(d["bubble_fraction"])
+    assert [(e["stage"], e["kind"], e["start"]) for e in d["events"]] == [
+        (e["stage"], e["kind"], e["start"]) for e in out["timeline"]]
 
 
 def test_pipeline_grid_bad_input(client):

@@ -139,7 +139,7 @@ def test_bubble_vs_microbatches(page, server_url):
     expect(page.locator("#bubble-v")).to_have_text(f"{100 * 4 / (2 * 16 + 4):.1f}%")
 
 
-def test_pipeline_grid(page, server_url):
+def test_pipeline_grid(page, server_url, client):
     page.goto(server_url + "/learn/pipeline-grid")
     expect(page.locator("#bubble")).to_have_text("27.3%")  # SPEC §6: 3/11
     expect(page.locator("#makespan")).to_have_text("22")
@@ -147,6 +147,11 @@ def test_pipeline_grid(page, server_url):
     page.locator(".seg label", has_text="GPipe").click()
     expect(page.locator("#peak")).to_have_text("8 · 8 · 8 · 8")
     expect(page.locator("rect[data-kind]")).to_have_count(64)
+    # interleaved, per-stage times: a chunk's box is half a stage's, the makespan
+    # m(t_f+t_b) + (p-1)(t_f+t_b)/v = 19, stage 0 holds p + (p-1)/v micro-batches
+    page.locator(".seg label", has_text="interleaved").click()
+    expect(page.locator("#makespan")).to_have_text("19")
+    expect(page.locator("#peak")).to_have_text("5.5 · 4.5 · 3.5 · 2.5")
     page.locator(".seg label", has_text="ZB-H1").click()
     page.get_by_label("backward takes 2× the forward").check()
     expect(page.locator("#makespan")).to_have_text("27")  # (3m + p - 1) with unit F, B, W
@@ -155,6 +160,16 @@ def test_pipeline_grid(page, server_url):
     page.locator("#time").fill("10")
     expect(page.locator("#time-out")).to_have_text("10 / 27")
     assert page.locator("rect[data-kind]").count() < 96
+    # ZBV at equal chunk times (backward 2×: F = B = W = 1/2 a chunk) idles only the fill,
+    # (p-1)/2: 8·3 + 1.5; DualPipeV outlines its overlapped F&B pairs, as many as the CLI's
+    page.locator(".seg label", has_text="ZBV").click()
+    expect(page.locator("#makespan")).to_have_text("25.5")
+    expect(page.locator("#peak")).to_have_text("4 · 4 · 4 · 4")
+    page.locator(".seg label", has_text="DualPipeV").click()
+    out = client.post("/api/schedule", json={"stages": 4, "microbatches": 8, "t_b": 2,
+                                             "schedule": "dualpipev"}).json()
+    expect(page.locator("#makespan")).to_have_text(f"{out['makespan']:g}")
+    expect(page.locator("rect[data-pair]")).to_have_count(sum(e["pair"] for e in out["timeline"]))
 
 
 def test_ring_attention_causal_balance(page, server_url, client):

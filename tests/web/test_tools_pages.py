@@ -94,9 +94,10 @@ def test_schedule_page_equals_cli(page, server_url):
     expect(page.locator('[data-kpi="makespan"]')).to_have_text(f"{out['makespan']:g}")
     expect(page.locator('[data-kpi="bubble (simulated)"]')).to_have_text(
         f"{out['bubble_fraction']:.4f}")
-    expect(page.locator('[data-kpi="bubble (p−1)/(v·m+p−1)"]')).to_have_text("–")
+    expect(page.locator('[data-kpi="bubble (closed form)"]')).to_have_text(
+        f"{out['bubble_closed_form']:.4f}")
     expect(page.locator("#peaks tbody td:not(:first-child)")).to_have_text(
-        [str(n) for n in out["peak_in_flight"]])
+        [f"{n:g}" for n in out["peak_in_flight"]])
     expect(page.locator("#chart g.ev")).to_have_count(out["actions"])
     expect(page.locator("#chart g.ev-W")).to_have_count(4 * 12)
     assert page.locator("#text").text_content() == out["text"]

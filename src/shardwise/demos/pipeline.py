@@ -5,12 +5,13 @@ the "tiny" preset into `p·v` virtual stages and runs one training step's forwar
 with `runtime.pipeline.run_pipeline` under the schedule's action lists. Every rank also computes
 the single-device model on the whole batch; the demo reports rows shaped like those of
 `demos.common.check_row`, `{"check": str, "measured", "expected", "ok": bool}` (per-stage peaks are
-given as strings such as "(4, 3, 2, 1)"):
+given as strings such as "(4, 3, 2, 1)", in micro-batches: a chunk alive counts `1/v`):
 
 * the loss and every gradient against the single-device ones (float64, relative error ≤ 1e-12);
 * the peak micro-batch-chunks alive per stage, measured while running, against the
-  simulator's `peak_in_flight` (and, for ZB-H1, the count until W);
-* the bytes sent per stage boundary per micro-batch against
+  simulator's `peak_in_flight` (and, for schedules with W, the count until W), shown in
+  micro-batches;
+* the bytes sent per stage boundary between ranks per micro-batch against
   `estimate.comm.pp_comm_bytes_per_microbatch` (`2·s·b·h·8` bytes in float64);
 * with `dp > 1`, the number of data-parallel all-reduces in the step (one, after the last
   micro-batch).
@@ -34,10 +35,13 @@ from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import pp_comm_bytes_per_microbatch
 from shardwise.schedules import (
     Timeline,
+    get_schedule,
     make_schedule,
     peak_in_flight,
     render_ascii,
     simulate,
+    split_backwards,
+    stage_of,
     validate_schedule,
 )
 
@@ -70,10 +74,13 @@ def _demo_worker(p: int, dp: int, schedule: str, m: int, v: int, sizes: tuple[in
     dp_axis = "dp" if dp > 1 else None
     # A warm-up step first: the first backward of a process pays one-off costs (autograd
     # imports torch.fx/sympy lazily, ~1 s) that would dwarf the timeline. Its result is discarded.
+    placement = get_schedule(schedule).placement
     with C.counting():
-        run_pipeline(model, plan, tokens[share], targets[share], "pp", dp_axis)
+        run_pipeline(model, plan, tokens[share], targets[share], "pp", dp_axis,
+                     placement=placement)
     with C.counting() as counter:
-        result = run_pipeline(model, plan, tokens[share], targets[share], "pp", dp_axis)
+        result = run_pipeline(model, plan, tokens[share], targets[share], "pp", dp_axis,
+                              placement=placement)
 
     reference = PipelineModel.build(n_layers, hidden, ffn, vocab, seed)
     loss = reference.forward(tokens, targets)  # the whole batch on one device
@@ -89,7 +96,8 @@ def _demo_worker(p: int, dp: int, schedule: str, m: int, v: int, sizes: tuple[in
 
 
 def run_pipeline_demo(ranks: int = 4, schedule: str = "1f1b", microbatches: int = 8,
-                      chunks: int = 1, *, dp: int = 1, model: str = "tiny", seq_len: int = 32,
+                      chunks: int | None = None, *, dp: int = 1, model: str = "tiny",
+                      seq_len: int = 32,
                       micro_batch: int = 4, seed: int = 0, width: int = 160,
                       timeout_s: float = 120) -> dict[str, Any]:
     """Run `schedule` on `ranks` processes (`p = ranks / dp` pipeline stages) and check it.
@@ -97,17 +105,20 @@ def run_pipeline_demo(ranks: int = 4, schedule: str = "1f1b", microbatches: int 
     Returns {"ranks", "dp", "p", "m", "v", "schedule", "model", "rows": [{"check", "measured",
     "expected", "ok"}], "ok" (all rows ok), "measured_timeline", "simulated_timeline" (ASCII),
     "measured_makespan_s", "simulated_makespan_s", "measured_bubble", "simulated_bubble"}.
-    `format_pipeline_demo(report)` prints it. Raises `ShardwiseError` for bad arguments before
-    starting any process.
+    `format_pipeline_demo(report)` prints it. `chunks` defaults to the schedule's own
+    (`ScheduleInfo.default_chunks`: 2 for interleaved, ZBV and DualPipeV). Raises
+    `ShardwiseError` for bad arguments before starting any process.
     """
     from shardwise.runtime.launch import launch
     from shardwise.runtime.pipeline import measured_timeline
 
     if ranks < 1 or dp < 1 or ranks % dp:
         raise ShardwiseError(f"ranks={ranks} must be a positive multiple of dp={dp}")
-    p, m, v = ranks // dp, microbatches, chunks
+    info = get_schedule(schedule)
+    p, m = ranks // dp, microbatches
+    v = chunks or info.default_chunks
     plan = make_schedule(schedule, p, m, v)
-    validate_schedule(plan, p, m, v)
+    validate_schedule(plan, p, m, v, info.placement)
     spec = get_model(model)
     n_layers = max(spec.n_layers, p * v)  # at least one layer per virtual stage
     sizes = (n_layers, spec.d_model, spec.d_ff, spec.vocab)
@@ -116,13 +127,14 @@ def run_pipeline_demo(ranks: int = 4, schedule: str = "1f1b", microbatches: int 
 
     replica = [o for o in outputs if o["dp_rank"] == 0]
     results = [o["result"] for o in replica]
-    split = any(a.kind == "W" for actions in plan.values() for a in actions)
+    split = any(split_backwards(actions) for actions in plan.values())
     losses = [o["result"].loss for o in outputs if o["result"].loss is not None]
     loss = sum(losses) / len(losses)  # replicas' means over equal shares
     loss_ref = outputs[0]["loss_ref"]
     grad_error = max(o["grad_rel_error"] for o in outputs)
     peaks = tuple(r.peak_alive for r in sorted(results, key=lambda r: r.stage))
-    boundaries = p * v - 1
+    boundaries = sum(stage_of(vs, p, info.placement) != stage_of(vs + 1, p, info.placement)
+                     for vs in range(p * v - 1))  # between virtual stages on two ranks
     per_boundary = (sum(o["pp_bytes"] for o in replica) / (boundaries * m)) if boundaries else 0.0
     expected_bytes = pp_comm_bytes_per_microbatch(seq_len, micro_batch, spec.d_model,
                                                   _DTYPE_BYTES) if boundaries else 0.0
@@ -132,13 +144,13 @@ def run_pipeline_demo(ranks: int = 4, schedule: str = "1f1b", microbatches: int 
          "expected": loss_ref, "ok": abs(loss - loss_ref) <= _TOL * max(1.0, abs(loss_ref))},
         {"check": "gradients vs single device (max rel. error)", "measured": grad_error,
          "expected": f"≤ {_TOL:g}", "ok": grad_error <= _TOL},
-        {"check": "peak micro-batches alive per stage (F→B)", "measured": str(peaks),
-         "expected": str(peak_in_flight(plan)), "ok": peaks == peak_in_flight(plan)},
+        {"check": "peak micro-batches alive per stage (F→B)", "measured": _mbs(peaks, v),
+         "expected": _mbs(peak_in_flight(plan), v), "ok": peaks == peak_in_flight(plan)},
     ]
     if split:
         peaks_w = tuple(r.peak_alive_until_w for r in sorted(results, key=lambda r: r.stage))
-        rows.append({"check": "peak alive counted until W", "measured": str(peaks_w),
-                     "expected": str(peak_in_flight(plan, until="W")),
+        rows.append({"check": "peak alive counted until W", "measured": _mbs(peaks_w, v),
+                     "expected": _mbs(peak_in_flight(plan, until="W"), v),
                      "ok": peaks_w == peak_in_flight(plan, until="W")})
     rows.append({"check": "p2p bytes per boundary per micro-batch", "measured": per_boundary,
                  "expected": expected_bytes, "ok": per_boundary == expected_bytes})
@@ -148,7 +160,7 @@ def run_pipeline_demo(ranks: int = 4, schedule: str = "1f1b", microbatches: int 
                      "measured": float(max(calls)), "expected": 1.0, "ok": calls == [1]})
 
     measured = measured_timeline(results, same_clock=len({o["host"] for o in replica}) == 1)
-    simulated = _simulated_like(plan, measured)
+    simulated = _simulated_like(plan, measured, info.placement)
     # one time grid for both charts, coarse enough that the longer one fits in `width`
     label = len(f"F{m - 1}") + (len(f".{v - 1}") if v > 1 else 0)
     cells = max(8, (width - len(str(p - 1)) - 3) // (label + 1))
@@ -170,12 +182,29 @@ def run_pipeline_demo(ranks: int = 4, schedule: str = "1f1b", microbatches: int 
     }
 
 
-def _simulated_like(plan: Mapping[int, Any], measured: Timeline) -> Timeline:
-    """The simulator's timeline with the measured mean time of each action kind."""
-    times = {kind: [e.end - e.start for e in measured.events if e.action.kind == kind]
-             for kind in "FBW"}
-    t = {kind: max(mean(values), 1e-9) if values else None for kind, values in times.items()}
-    return simulate(plan, t["F"] or 1e-9, t["B"] or 1e-9, t["W"])
+def _mbs(chunks_alive: tuple[int, ...], v: int) -> str:
+    """Per-stage peaks in micro-batches, `(5.5, 4.5)`: a chunk is `1/v` of one."""
+    return "(" + ", ".join(f"{n / v:g}" for n in chunks_alive) + ")"
+
+
+def _simulated_like(plan: Mapping[int, Any], measured: Timeline, placement: Any) -> Timeline:
+    """The simulator's timeline with the measured mean times: F; W; a whole backward — the
+    unsplit Bs', else a split B's plus W's (a split B then takes the whole less W)."""
+    split = {(e.stage, e.action.micro_batch, e.action.chunk) for e in measured.events
+             if e.action.kind == "W"}
+
+    def mean_of(kind: str, split_b: bool | None = None) -> float | None:
+        values = [e.end - e.start for e in measured.events if e.action.kind == kind
+                  and (split_b is None or ((e.stage, e.action.micro_batch, e.action.chunk)
+                                           in split) == split_b)]
+        return max(mean(values), 1e-9) if values else None
+
+    t_f, t_w = mean_of("F") or 1e-9, mean_of("W")
+    whole = mean_of("B", False)
+    t_b = whole if whole is not None else (mean_of("B", True) or 1e-9) + (t_w or 0.0)
+    if t_w is not None and t_w >= t_b:  # noisy clocks: keep W a part of the backward
+        t_w = t_b / 2
+    return simulate(plan, t_f, t_b, t_w, placement=placement)
 
 
 def format_pipeline_demo(report: Mapping[str, Any]) -> str:

@@ -106,7 +106,8 @@ def gradient_match(num_layers: int, width: int, batch: int, num_stages: int,
     mailbox: dict[tuple[str, int, int], torch.Tensor] = {}  # (kind, j, to stage) -> tensor
     stash: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
     losses = []
-    timeline = simulate(plan, 1.0, 1.0, 1.0 if split else None)
+    # unit actions: F, B and W take 1 (a split backward is t_b = 2 with t_w = 1)
+    timeline = simulate(plan, 1.0, 2.0 if split else 1.0, 1.0 if split else None)
     for event in sorted(timeline.events, key=lambda e: (e.start, e.stage)):
         i, j, kind = event.stage, event.action.micro_batch, event.action.kind
         weights = [t for k in stages[i] for t in params[k]]

@@ -263,13 +263,15 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any 
 
 # ------------------------------------------------------------------------------ §4 per GPU
 def in_flight_per_stage(schedule: str, p: int, m: int, v: int = 1) -> list[int]:
-    """Peak micro-batches (interleaved: micro-batch-chunks) whose activations a stage holds.
+    """Peak micro-batch-chunks (a chunk holds `1/v` of the stage's layers; micro-batches when
+    `v = 1`) whose activations a stage holds.
 
     Each schedule's registry rule (`schedules.registry`): GPipe holds all `m`; 1F1B and ZB-H1
     stage `i` hold `min(p - i, m)` (Narayanan et al. 2021; Qi et al. 2023 keep 1F1B's
     memory); interleaved 1F1B stage `i` holds Megatron's warm-up
     `(p-i-1)·2 + (v-1)·p` chunks plus one, at most `m·v` — stage 0 then holds
-    `L·(1 + (p-1)/(p·v))` layers' worth (Korthikanti et al. 2022).
+    `L·(1 + (p-1)/(p·v))` layers' worth (Korthikanti et al. 2022); ZBV every stage `2p`
+    chunks (`p` micro-batches' worth) once `m ≥ 2p-1`; DualPipeV every stage `2p + 1`.
     """
     validate.degree(p, "p (stages)")  # a list of p entries is built: capped
     validate.degree(v, "v (chunks)")
@@ -438,19 +440,23 @@ def layer_params(model: ModelSpec, tp: Any, ep: Any, etp: Any = 0) -> tuple[Any,
 
 
 def stage_param_counts(model: ModelSpec, *, tp: Any, pp: Any, ep: Any, chunks: Any,
-                       stage: Any, partition: Partition = (), etp: Any = 0
+                       stage: Any, partition: Partition = (), etp: Any = 0,
+                       last: Any = None
                        ) -> tuple[Any, Any]:
     """(dense, expert) parameters one rank of pipeline `stage` holds (SPEC §4): its layers
-    (`layer_params`); the first stage adds the vocabulary-parallel embedding `V·h/t`, the last
-    the final norm and the head `V·h/t` (a tied head is a second copy when pp > 1)."""
+    (`layer_params`); the first stage adds the vocabulary-parallel embedding `V·h/t`, the
+    stage `last` holding the head (default `pp-1`; 0 in the V of ZBV and DualPipeV,
+    `ScheduleInfo.last_stage`) the final norm and the head `V·h/t` (a tied head is a second
+    copy when that is not stage 0)."""
     h = model.d_model
+    last = pp - 1 if last is None else last
     dense_layer, moe_layer, expert_layer = layer_params(model, tp, ep, etp)
     layers = stage_layer_count(model, pp, chunks, stage, partition)
     moe_layers = moe_layers_on_stage(model, pp, chunks, stage, partition)
     dense = (layers - moe_layers) * dense_layer + moe_layers * moe_layer
     dense = dense + np.where(stage == 0, model.vocab * h / tp + model.learned_positions * h, 0.0)
-    head = np.where(np.logical_or(not model.tie_embeddings, pp > 1), model.vocab * h / tp, 0.0)
-    dense = dense + np.where(stage == pp - 1, model.norm_params() + head, 0.0)
+    head = np.where(np.logical_or(not model.tie_embeddings, last != 0), model.vocab * h / tp, 0.0)
+    dense = dense + np.where(stage == last, model.norm_params() + head, 0.0)
     return dense, moe_layers * expert_layer
 
 
@@ -458,7 +464,8 @@ def stage_params(model: ModelSpec, layout: Layout, stage: int) -> tuple[float, f
     """`stage_param_counts` of one layout: (dense, expert) parameters on one rank of `stage`."""
     dense, expert = stage_param_counts(model, tp=layout.tp, pp=layout.pp, ep=layout.ep,
                                        chunks=layout.chunks, stage=stage,
-                                       partition=layout.partition, etp=layout.etp)
+                                       partition=layout.partition, etp=layout.etp,
+                                       last=get_schedule(layout.schedule).last_stage(layout.pp))
     return float(dense), float(expert)
 
 
@@ -475,7 +482,8 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
     (`dp·cp/ep` when etp = tp). Activations: per-layer bytes × layers on
     the stage × micro-batches in flight (the schedule's registry rule); the first stage adds
     the embedding's dropout mask (its output is layer 0's saved norm input, counted there), the
-    last stage the final norm's input and fp32 logits `s·b·V·4/t` for the loss. ZeRO-3 adds a
+    stage running the last virtual stage (`pp-1`; stage 0 in the V of ZBV and DualPipeV) the
+    final norm's input and fp32 logits `s·b·V·4/t` for the loss. ZeRO-3 adds a
     workspace of two gathered layers (the one in use and the prefetched one). `act` may carry
     the per-layer activation bytes (`{"dense": …, "moe": …}`) already evaluated.
     """
@@ -490,8 +498,10 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
                 impl=train.profile, etp=etp)
         act = {"dense": per_layer(False), "moe": per_layer(True) if model.is_moe else 0.0}
     zero_n = np.where(zero_group > 0, zero_group, dp * cp)
+    last_stage = select(schedule, lambda info: info.last_stage(pp))  # head, loss, logits
     dense_params, expert_params = stage_param_counts(model, tp=tp, pp=pp, ep=ep, chunks=chunks,
-                                                     stage=stage, partition=partition, etp=etp)
+                                                     stage=stage, partition=partition,
+                                                     etp=etp, last=last_stage)
     w, g, o = zero_state_bytes(dense_params, zero_n, zero, state)
     expert_tp = expert_tp_degree(etp, tp)
     we, ge, oe = zero_state_bytes(expert_params,
@@ -503,7 +513,7 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
     activations = in_flight * per_micro_batch
     sb = s / cp * micro_batch
     rep = np.where(sp, tp, 1)
-    first, last = stage == 0, stage == pp - 1
+    first, last = stage == 0, stage == last_stage
     if model.dropout:
         activations = activations + np.where(first, in_flight * sb * h / rep, 0.0)
     # the loss runs right after the last forward except when the schedule makes it wait

@@ -103,7 +103,7 @@ from shardwise.estimate.uncertainty import Uncertainty, uncertainty
 from shardwise.hardware import Cluster
 from shardwise.layout import Layout, Partition, TrainSpec, stage_extremes
 from shardwise.placement import expert_tp_degree, members_per_node
-from shardwise.schedules.registry import SCHEDULE_CODES, get_schedule, select
+from shardwise.schedules.registry import SCHEDULE_CODES, select
 
 __all__ = [
     "FLOP_CONVENTION",
@@ -214,10 +214,10 @@ def pipeline_bubble(sched: Any, p: Any, v: Any, m: Any, t_f: Any, t_b: Any, t_w:
 
     GPipe, 1F1B: `(p-1)·(t_f+t_b)`; interleaved: `(p-1)·(t_f+t_b)/v` (Narayanan et al. 2021);
     ZB-H1 (Qi et al. 2023), with `t_b` the whole backward and `t_w` its weight-gradient part
-    (so the input-gradient pass is `B = t_b - t_w`):
-    `max((p-1)·(t_f + B - t_w), (p-1)·(t_f + B) - (m-1)·t_w)` — the paper's `(p-1)(T_F+T_B-T_W)`
-    once `m ≥ p`; with fewer micro-batches there are too few deferred W to fill the drain.
-    All equal the event simulator's makespan minus the busy time when stages are equal (tested).
+    (so the input-gradient pass is `B = t_b - t_w`): `(p-1)·max(t_f + B - t_w, B, t_f)` once
+    `m ≥ p` (the paper's `(p-1)(T_F+T_B-T_W)` when W is the shortest), more with fewer
+    micro-batches; ZBV and DualPipeV: their critical paths (registry). All equal the event
+    simulator's makespan minus the busy time when stages are equal, for any times (tested).
     """
     return select(sched, lambda info: info.bubble(p, v, m, t_f, t_b, t_w))
 
@@ -698,24 +698,18 @@ def simulated_bubble(layout: Layout, m: int, t_f: float, t_b: float, t_w: float,
                      n_layers: int) -> float:
     """The bubble from the event simulator: makespan minus the busiest stage's busy time.
 
-    `t_f`, `t_b`, `t_w` are the busiest stage's per-micro-batch times (all its chunks); each
-    virtual stage's actions take its share by layers (`Layout.stage_sizes`): F = `t_f·n/N`
-    for a virtual stage of `n` layers and a busiest stage of `N`, B likewise (for ZB-H1,
-    B = `(t_b - t_w)·n/N` and W = `t_w·n/N`). Equal stages: F = `t_f/v`, B = `t_b/v`.
-    Imported lazily: the simulator is only needed here.
+    `t_f`, `t_b`, `t_w` are the busiest stage's per-micro-batch times (all its chunks; `t_w`
+    the weight-gradient part of `t_b`, split off where the schedule splits the backward); each
+    virtual stage takes its share by layers (`Layout.stage_sizes`): `n/N` of them for a
+    virtual stage of `n` layers and a busiest stage of `N` (equal stages: `1/v`), through
+    `schedules.stage_timeline`. Imported lazily: the simulator is only needed here.
     """
-    from shardwise.schedules import make_schedule, simulate
+    from shardwise.schedules import stage_timeline
 
     p, v = layout.pp, layout.chunks
     sizes = layout.stage_sizes(n_layers)
     busiest = max(sizes[:p]) * v  # a stage's chunks are equal: its layers over all chunks
-
-    def per_stage(t: float) -> list[float]:
-        return [max(t, 1e-12) * n / busiest for n in sizes]
-
-    schedule = make_schedule(layout.schedule, p, m, v)
-    if get_schedule(layout.schedule).splits_backward:
-        timeline = simulate(schedule, per_stage(t_f), per_stage(t_b - t_w), per_stage(t_w))
-    else:
-        timeline = simulate(schedule, per_stage(t_f), per_stage(t_b))
+    timeline = stage_timeline(layout.schedule, p, m, v, t_f=max(t_f, 1e-12),
+                              t_b=max(t_b, 1e-12), t_w=max(t_w, 1e-13),
+                              shares=[n / busiest for n in sizes])
     return timeline.makespan - m * (t_f + t_b)

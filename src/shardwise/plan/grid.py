@@ -19,6 +19,7 @@ from shardwise.plan.space import Constraint, SearchSpace
 from shardwise.schedules.registry import (
     DEFAULT_SCHEDULE,
     SCHEDULE_CODES,
+    SCHEDULE_REGISTRY,
     select,
 )
 
@@ -192,11 +193,13 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
                    _example(uneven_inter, lambda i: f"pp={p3[i]} chunks={v[i]}, layers "
                                                     f"{stages(i)}"))
     bad_layers |= uneven_inter
-    bad_m = ~single & inter & ~bad_layers & (m3 % p3 != 0)
-    rejections.add("interleaved 1F1B needs micro-batches divisible by pp",
-                   int(bad_m.sum()) * rest,
-                   _example(bad_m, lambda i: f"pp={p3[i]}, {m3[i]} micro-batch"
-                                             + ("es" if m3[i] != 1 else "")))
+    accepts = select(code, lambda info: info.accepts(p3, m3)).astype(bool)
+    bad_m = ~single & ~bad_layers & ~accepts
+    for info in SCHEDULE_REGISTRY.values():  # each schedule's micro-batch rule (registry)
+        mask = bad_m & (code == info.code)
+        rejections.add(f"{info.title} needs {info.microbatch_rule}", int(mask.sum()) * rest,
+                       _example(mask, lambda i: f"pp={p3[i]}, {m3[i]} micro-batch"
+                                                + ("es" if m3[i] != 1 else "")))
     keep = np.nonzero(~(single | bad_layers | bad_m))[0]
     lvl3 = {"pair": p_idx[keep], "schedule": code[keep], "chunks": v[keep]}
 

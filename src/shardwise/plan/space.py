@@ -68,10 +68,7 @@ class SearchSpace:
         sched: list[tuple[int, int]] = []
         for name in (s for s in self.schedules if s in stack.schedules() or s == "1f1b"):
             info = get_schedule(name)
-            if info.chunked:
-                sched += [(info.code, v) for v in chunks if v >= 2]
-            else:
-                sched.append((info.code, 1))
+            sched += [(info.code, v) for v in info.chunk_options(chunks)]
         stages = [z for z in self.zero if z in stack.zero]
         zero: list[tuple[int, int]] = [(z, 0) for z in stages]
         zero += [(z, g) for z in stages if z >= 1 and z in stack.zero_hybrid for g in groups]
@@ -97,7 +94,7 @@ class SearchSpace:
                 grid[key] = sorted([*grid[key], fixed[key]])
         if "schedule" in fixed or "chunks" in fixed:
             info = get_schedule(fixed.get("schedule", DEFAULT_SCHEDULE))
-            pair = (info.code, fixed.get("chunks", 1 if not info.chunked else 2))
+            pair = (info.code, fixed.get("chunks", info.default_chunks))
             if "schedule" in fixed and pair not in grid["schedule"]:
                 grid["schedule"].append(pair)
         if "zero" in fixed or "zero_group" in fixed:

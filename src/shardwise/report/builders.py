@@ -169,38 +169,53 @@ def comm_payload(*, op: str = "all-reduce", size: str = "1GB", ranks: int = 8,
 # ---------------------------------------------------------------------------------- schedule
 def simulate_schedule(*, stages: int = 4, microbatches: int = 8, schedule: str = "1f1b",
                       chunks: int | None = None, t_f: float = 1.0, t_b: float = 1.0,
-                      t_w: float = 1.0, p2p_latency: float = 0.0) -> Any:
-    """Generate, validate and simulate a schedule (SPEC §6); returns the `Timeline`."""
-    from shardwise.schedules import make_schedule, simulate, validate_schedule
+                      t_w: float | None = None, p2p_latency: float = 0.0) -> Any:
+    """Generate and simulate a schedule with per-stage times (SPEC §6,
+    `schedules.stage_timeline`); returns the `Timeline`."""
+    from shardwise.schedules import stage_timeline
 
-    v = chunks or (2 if schedule == "interleaved" else 1)
-    actions = make_schedule(schedule, stages, microbatches, v)
-    validate_schedule(actions, stages, microbatches, v)
-    split = schedule == "zb-h1"
-    return simulate(actions, t_f, t_b, t_w if split else None, p2p_latency)
+    return stage_timeline(schedule, stages, microbatches, chunks, t_f=t_f, t_b=t_b, t_w=t_w,
+                          p2p_latency=p2p_latency)
 
 
 def schedule_payload(timeline: Any, *, stages: int = 4, microbatches: int = 8,
-                     schedule: str = "1f1b", chunks: int | None = None) -> dict[str, Any]:
-    """`shardwise schedule --json`: counts, makespan, simulated and closed-form bubble
-    `(p-1)/(v·m+p-1)`, peak micro-batches in flight per stage, the action lists as text and
-    the simulated timeline (one event per action: stage, kind F/B/W, micro-batch, chunk,
-    start, end in the units of t_f)."""
-    from shardwise.schedules import bubble_fraction, schedule_text
+                     schedule: str = "1f1b", chunks: int | None = None, t_f: float = 1.0,
+                     t_b: float = 1.0, t_w: float | None = None,
+                     p2p_latency: float = 0.0) -> dict[str, Any]:
+    """`shardwise schedule --json`: counts, the times used (per stage: `t_f`, `t_b` a stage's
+    forward and whole backward of one micro-batch over all its chunks, `t_w` the weight-
+    gradient part of `t_b` when the schedule splits it, else None), makespan, simulated and
+    closed-form bubble fraction (the registry's bubble over bubble plus work, without p2p
+    latency; None where the schedule has no closed form for these `m`), peak micro-batches in
+    flight per stage (a chunk counts `1/v`), the chunks' placement ("loop" or "v"), the action
+    lists as text and the simulated timeline (one event per action: stage, kind F/B/W,
+    micro-batch, chunk, start, end in the units of the times, and `pair`: it is one of an
+    overlapped F&B pair, DualPipeV's)."""
+    from shardwise.schedules import get_schedule, schedule_text
 
-    p, m = stages, microbatches
-    v = chunks or (2 if schedule == "interleaved" else 1)
+    info = get_schedule(schedule)
+    p, m, v = stages, microbatches, chunks or info.default_chunks
+    t_w = (t_b / 2 if t_w is None else t_w) if info.splits_backward else None
+    closed = None
+    if info.microbatch_problem(p, m) is None:
+        bubble = float(info.bubble(p, v, m, t_f, t_b, t_w or 0.0))
+        closed = bubble / (bubble + m * (t_f + t_b))
     by_stage: dict[int, list[Any]] = {}
-    for event in timeline.events:
+    paired = set()  # events of an overlapped pair: the one marked `with_next` and its next
+    for index, event in enumerate(timeline.events):
         by_stage.setdefault(event.stage, []).append(event.action)
+        if event.action.with_next:
+            paired |= {index, index + 1}
     return {"schedule": schedule, "stages": p, "microbatches": m, "chunks": v,
-            "actions": len(timeline.events), "makespan": timeline.makespan,
-            "bubble_fraction": timeline.bubble_fraction,
-            "bubble_closed_form": None if schedule == "zb-h1" else bubble_fraction(p, m, v),
-            "peak_in_flight": list(timeline.peak_in_flight), "text": schedule_text(by_stage),
+            "placement": info.placement, "t_f": t_f, "t_b": t_b, "t_w": t_w,
+            "p2p_latency": p2p_latency, "actions": len(timeline.events),
+            "makespan": timeline.makespan, "bubble_fraction": timeline.bubble_fraction,
+            "bubble_closed_form": closed, "peak_in_flight": list(timeline.peak_in_flight),
+            "text": schedule_text(by_stage),
             "timeline": [{"stage": e.stage, "kind": e.action.kind,
                           "microbatch": e.action.micro_batch, "chunk": e.action.chunk,
-                          "start": e.start, "end": e.end} for e in timeline.events]}
+                          "start": e.start, "end": e.end, "pair": index in paired}
+                         for index, e in enumerate(timeline.events)]}
 
 
 def schedule_svg(timeline: Any, out: dict[str, Any]) -> str:

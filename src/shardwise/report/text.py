@@ -104,13 +104,18 @@ def render_schedule(out: dict[str, Any], ascii_grid: str, console: Console,
     asked)."""
     console.print(ascii_grid, soft_wrap=True)
     closed = out["bubble_closed_form"]
+    times = f"t_f {out['t_f']:g}, t_b {out['t_b']:g}" + (
+        f" (B {out['t_b'] - out['t_w']:g} + W {out['t_w']:g})" if out["t_w"] is not None else "")
     console.print(table(
         f"{out['schedule']}: {out['stages']} stages, {out['microbatches']} micro-batches, "
-        f"{out['chunks']} chunk(s) per stage",
+        f"{out['chunks']} chunk(s) per stage" + (" in a V" if out["placement"] == "v" else ""),
         ["quantity", "value"],
-        [["actions", out["actions"]], ["makespan", f"{out['makespan']:g}"],
+        [["actions", out["actions"]],
+         ["times per stage and micro-batch", times],
+         ["makespan", f"{out['makespan']:g}"],
          ["bubble (simulated)", f"{out['bubble_fraction']:.4f}"],
-         ["bubble (p-1)/(v·m+p-1)", "-" if closed is None else f"{closed:.4f}"],
-         ["peak in flight per stage", " ".join(map(str, out["peak_in_flight"]))]]
+         ["bubble (closed form)", "-" if closed is None else f"{closed:.4f}"],
+         ["peak micro-batches in flight per stage",
+          " ".join(f"{n:g}" for n in out["peak_in_flight"])]]
         + ([["SVG", svg_path]] if svg_path else []),
     ))

@@ -50,7 +50,7 @@ from shardwise.runtime.tensor_parallel import (
     allreduce_sequence_parallel_grads,
 )
 from shardwise.runtime.zero import ZeroDataParallel
-from shardwise.schedules import make_schedule
+from shardwise.schedules import get_schedule, make_schedule
 
 __all__ = ["CP_LAYOUT", "ParallelTransformer", "ParamShard", "TransformerStages",
            "gather_shards"]
@@ -190,6 +190,7 @@ class ParallelTransformer:
                                        self.layout.tp if self.layout.sp else 1)
             with self._no_sync():
                 return run_pipeline(stages, schedule, inputs, targets, self.axis("pp"),
+                                    placement=get_schedule(self.layout.schedule).placement,
                                     sizes=self.layout.stage_sizes(self.model.spec.n_layers)
                                     ).loss
         total = 0.0

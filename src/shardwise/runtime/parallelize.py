@@ -100,6 +100,7 @@ from shardwise.runtime.tensor_parallel import (
     vocab_parallel_cross_entropy,
 )
 from shardwise.runtime.zero import UnitSpec, ZeroConfig, ZeroDataParallel
+from shardwise.schedules.registry import SCHEDULE_REGISTRY
 
 __all__ = ["apply_context_parallel", "apply_expert_parallel", "apply_recompute",
            "apply_sequence_shards", "apply_tensor_parallel", "parallelize", "runtime_problems",
@@ -133,6 +134,11 @@ def runtime_problems(layout: Layout, model: ModelSpec) -> list[str]:
     if layout.expert_tp != layout.tp:
         out.append(f"expert tensor parallelism (etp={layout.etp} ≠ tp={layout.tp}) is not "
                    "supported by the training runtime; use etp=0")
+    schedule = SCHEDULE_REGISTRY.get(layout.schedule)
+    if layout.pp > 1 and schedule is not None and not schedule.trainable:
+        out.append(f"the training runtime does not run the {schedule.name} schedule (its V "
+                   "placement puts embedding and head on one rank); `shardwise demo pipeline "
+                   f"--schedule {schedule.name}` runs it on the pipeline executor")
     k, e = layout.zero_group, layout.ep
     if layout.zero and k and e > 1 and k % e and e % k:
         out.append(f"ZeRO-{layout.zero} with a hybrid shard group zero_group={k} that is "

@@ -6,9 +6,11 @@ virtual stage forward, and say the shape of the activation passed between stages
 stages of `runtime.parallelize`.
 
 The model's layers are cut into `V = p·v` contiguous *virtual stages* with `partition_layers`
-(uneven splits allowed); virtual stage `vs` lives on pipeline rank `vs mod p` as its chunk
-`vs // p` (Megatron-LM's interleaving). The first virtual stage also holds the embedding, the
-last the LM head and the loss. A batch of `m·b` sequences is cut into `m` micro-batches of `b`.
+(uneven splits allowed); chunk `c` of pipeline rank `i` runs virtual stage
+`schedules.virtual_stage(i, c, p, placement)`: `c·p + i` (Megatron-LM's interleaving,
+"loop"), or `i` and `2p-1-i` (the V of ZBV and DualPipeV, "v"). The first virtual stage also
+holds the embedding, the last the LM head and the loss. A batch of `m·b` sequences is cut into
+`m` micro-batches of `b`.
 
 Every rank runs *its own* action list from `shardwise.schedules` — the very lists the simulator
 times — one action after the other:
@@ -18,16 +20,17 @@ times — one action after the other:
              the last virtual stage, keep the loss L_j)
     B(j, c)  receive dL/d(output) from vs+1 (on the last virtual stage: the seed 1/m, so the
              step's loss is Σ_j L_j / m, the mean over the whole batch), back-propagate through
-             chunk c, send dL/d(input) to vs-1. Without W in the schedule B is the whole backward
-             and accumulates the weight gradients too.
-    W(j, c)  (zero-bubble schedules only) the weight gradients of chunk c for micro-batch j.
+             chunk c, send dL/d(input) to vs-1. Without a W of (j, c) on the rank B is the
+             whole backward and accumulates the weight gradients too.
+    W(j, c)  (zero-bubble schedules) the weight gradients of chunk c for micro-batch j.
 
 Schedules: GPipe (Huang et al. 2019) runs all forwards then all backwards and holds `m`
 micro-batches; 1F1B (PipeDream-Flush, Narayanan et al. 2021) warms up with `p-1-i` forwards then
 alternates, holding `min(p-i, m)`; interleaved 1F1B (Narayanan et al. 2021, §2.2) gives each rank
 `v` chunks and shrinks the bubble to `(p-1)/(v·m+p-1)`; ZB-H1 (Qi et al. 2023) splits the
 backward into B, the input gradient on the critical path, and W, the weight gradient, which
-fills the drain bubble.
+fills the drain bubble; ZBV (Qi et al. 2023, §6) and DualPipeV (DeepSeek-AI 2024) run two
+chunks per rank in a V, DualPipeV with overlapped F&B pairs and both whole and split backwards.
 
 B and W, honestly split: in a ZB-H1 run every weight-bearing op (embedding, each linear, the
 head) records its input X and its output Y during F. B asks autograd for the gradients with
@@ -114,11 +117,15 @@ from shardwise.runtime.data_parallel import GradientReducer
 from shardwise.schedules import (
     Action,
     Event,
+    Placement,
     Timeline,
     num_stages,
     partition_layers,
     schedule_text,
+    split_backwards,
+    stage_of,
     validate_schedule,
+    virtual_stage,
 )
 
 __all__ = [
@@ -490,16 +497,18 @@ class _Executor:
     and the receives posted ahead."""
 
     def __init__(self, model: StageModel, stages: list[VirtualStage], pp: Any, m: int,
-                 split: bool, shape: tuple[int, ...], device: torch.device,
+                 placement: Placement, shape: tuple[int, ...], device: torch.device,
                  actions: Sequence[Action]):
-        self.model, self.stages, self.pp, self.m, self.split = model, stages, pp, m, split
-        self.p = pp.size
+        self.model, self.stages, self.pp, self.m = model, stages, pp, m
+        self.p, self.placement = pp.size, placement
+        # the (micro-batch, virtual stage) pairs whose backward this rank splits into B and W
+        self.split = {(j, self.vs(c)) for j, c in split_backwards(actions)}
         # this rank's receives from another rank, in the order its actions consume them
         gloo = self.p > 1 and dist.get_backend(pp.group) == "gloo"
         self.receives = deque(
             (tag, src) for a in (actions if gloo else ())
-            for tag, src in [self._input_of(a.kind, a.micro_batch, a.chunk * self.p + pp.rank)]
-            if src is not None and src % self.p != pp.rank)
+            for tag, src in [self._input_of(a.kind, a.micro_batch, self.vs(a.chunk))]
+            if src is not None and self.rank_of(src) != pp.rank)
         self.posted: dict[int, tuple[Any, torch.Tensor]] = {}
         self.shape, self.device = shape, device  # of every message, e.g. (b, s, h)
         message = math.prod(shape) * model.dtype.itemsize
@@ -515,6 +524,14 @@ class _Executor:
         self.peak = self.peak_w = 0
         self.started = 0.0  # perf_counter() when the current action's compute began
         self._post_ahead()
+
+    def vs(self, chunk: int) -> int:
+        """The virtual stage this rank's `chunk` runs."""
+        return virtual_stage(self.pp.rank, chunk, self.p, self.placement)
+
+    def rank_of(self, vs: int) -> int:
+        """The pipeline rank running virtual stage `vs`."""
+        return stage_of(vs, self.p, self.placement)
 
     # -- messages --------------------------------------------------------------------------
     def _tag(self, kind: str, j: int, vs: int) -> int:
@@ -534,14 +551,18 @@ class _Executor:
         while self.receives and len(self.posted) < self.ahead:
             tag, src_vs = self.receives.popleft()
             buf = torch.empty(self.shape, dtype=self.model.dtype, device=self.device)
-            src = self.pp.global_rank(src_vs % self.p)
+            src = self.pp.global_rank(self.rank_of(src_vs))
             self.posted[tag] = (dist.irecv(buf, src=src, group=self.pp.group, tag=tag), buf)
 
-    def _send(self, tensor: torch.Tensor, to_vs: int, tag: int, direction: str) -> None:
-        dst = self.pp.global_rank(to_vs % self.p)
+    def send(self, message: tuple[torch.Tensor, int, int, str] | None) -> None:
+        """Send what an action produced, `(tensor, to virtual stage, tag, direction)`."""
+        if message is None:
+            return
+        tensor, to_vs, tag, direction = message
+        dst = self.pp.global_rank(self.rank_of(to_vs))
         payload = tensor.detach().contiguous()
         if dst == dist.get_rank():
-            self.mailbox[tag] = payload  # p = 1: the "neighbour" is this rank
+            self.mailbox[tag] = payload  # the neighbouring virtual stage is on this rank
             return
         nbytes = payload.numel() * payload.element_size()
         C.get_counter().add(self.pp.name, "send", nbytes)  # the key `collectives.send` uses
@@ -549,10 +570,11 @@ class _Executor:
         self.messages += 1
         self.handles.append((dist.isend(payload, dst=dst, group=self.pp.group, tag=tag), payload))
 
-    def _recv(self, kind: str, j: int, vs: int) -> torch.Tensor:
-        """The message action `kind` of `j` at `vs` waits for (`_input_of`)."""
+    def receive(self, kind: str, j: int, vs: int) -> torch.Tensor | None:
+        """The message action `kind` of `j` at `vs` waits for (`_input_of`; None: none)."""
         tag, from_vs = self._input_of(kind, j, vs)
-        assert from_vs is not None, (kind, j, vs)
+        if from_vs is None:
+            return None
         if tag in self.mailbox:
             return self.mailbox.pop(tag)
         if tag in self.posted:  # gloo: posted ahead, and consumed in order
@@ -561,51 +583,58 @@ class _Executor:
                 work.wait()
             self._post_ahead()
             return buf
-        src = self.pp.global_rank(from_vs % self.p)
+        src = self.pp.global_rank(self.rank_of(from_vs))
         buf = torch.empty(self.shape, dtype=self.model.dtype, device=self.device)
         with C.blocked_in(self.pp.name):
             dist.recv(buf, src=src, group=self.pp.group, tag=tag)
         return buf
 
     # -- actions ---------------------------------------------------------------------------
-    def forward(self, j: int, vs: int, tokens: torch.Tensor, targets: torch.Tensor) -> None:
-        stage = self.stages[vs]
-        if stage.first:
-            x, inp = None, tokens
-        else:
-            x = self._recv("F", j, vs).requires_grad_()
-            inp = x
+    def run(self, action: Action, message: torch.Tensor | None, tokens: torch.Tensor,
+            targets: torch.Tensor) -> tuple[torch.Tensor, int, int, str] | None:
+        """Run `action` on its received `message`; return what it sends (`send`), if any."""
+        j, vs = action.micro_batch, self.vs(action.chunk)
         self.started = time.perf_counter()
+        if action.kind == "F":
+            return self.forward(j, vs, message, tokens, targets)
+        if action.kind == "B":
+            return self.backward(j, vs, message)
+        backward_weight(self.pending_w.pop((j, vs)))
+        return None
+
+    def forward(self, j: int, vs: int, received: torch.Tensor | None, tokens: torch.Tensor,
+                targets: torch.Tensor) -> tuple[torch.Tensor, int, int, str] | None:
+        stage = self.stages[vs]
+        x = None if stage.first else received.requires_grad_()  # type: ignore[union-attr]
         saved: list[SavedOp] = []
-        out = self.model.forward_stage(stage, inp, targets if stage.last else None,
-                                       saved if self.split else None)
+        out = self.model.forward_stage(stage, tokens if stage.first else x,
+                                       targets if stage.last else None,
+                                       saved if (j, vs) in self.split else None)
+        self.stash[(j, vs)] = (x, out, saved)
         if stage.last:
             self.losses[j] = out.detach()
-        else:
-            self._send(out, vs + 1, self._tag("F", j, vs), "forward")
-        self.stash[(j, vs)] = (x, out, saved)
+            return None
+        return out, vs + 1, self._tag("F", j, vs), "forward"
 
-    def backward(self, j: int, vs: int) -> None:
+    def backward(self, j: int, vs: int, received: torch.Tensor | None
+                 ) -> tuple[torch.Tensor, int, int, str] | None:
         stage = self.stages[vs]
         x, out, saved = self.stash.pop((j, vs))
         grad_out = (torch.full_like(out, 1.0 / self.m)  # loss = Σ_j L_j / m
-                    if stage.last else self._recv("B", j, vs))
-        self.started = time.perf_counter()
-        if self.split and saved:  # the model recorded its weight-bearing ops
+                    if stage.last else received)
+        split = (j, vs) in self.split
+        if split and saved:  # the model recorded its weight-bearing ops
             dx, self.pending_w[(j, vs)] = backward_input(out, x, saved, grad_out)
         else:  # input and weight gradients at once — but the linears' dW under a split
-            # schedule, when the stage ran under `defer_linears` (the Transformer stages)
-            with deferring_weight_grads() if self.split else nullcontext() as later:
+            # backward, when the stage ran under `defer_linears` (the Transformer stages)
+            with deferring_weight_grads() if split else nullcontext() as later:
                 torch.autograd.backward(out, grad_out)
             dx = x.grad if x is not None else None
-            if self.split:
+            if split:
                 self.pending_w[(j, vs)] = later
-        if dx is not None:
-            self._send(dx, vs - 1, self._tag("B", j, vs), "backward")
-
-    def weight(self, j: int, vs: int) -> None:
-        self.started = time.perf_counter()
-        backward_weight(self.pending_w.pop((j, vs)))
+        if dx is None:
+            return None
+        return dx, vs - 1, self._tag("B", j, vs), "backward"
 
     def account(self) -> None:
         self.peak = max(self.peak, len(self.stash))
@@ -620,18 +649,35 @@ def _completed(work: Any) -> bool:
         return False
 
 
+def _groups(actions: Sequence[Action]) -> Iterator[list[Action]]:
+    """The actions one at a time, an overlapped pair (`Action.with_next`) as one group."""
+    index = 0
+    while index < len(actions):
+        size = 2 if actions[index].with_next else 1
+        yield list(actions[index:index + size])
+        index += size
+
+
 def run_pipeline(model: StageModel, schedule: Mapping[int, Sequence[Action]],
                  tokens: torch.Tensor, targets: torch.Tensor, pp: C.GroupLike = "pp",
-                 dp: C.GroupLike | None = None, *, first_stage_extra: float = 0.0,
-                 last_stage_extra: float = 0.0, sizes: Sequence[int] = ()) -> PipelineResult:
+                 dp: C.GroupLike | None = None, *, placement: Placement = "loop",
+                 first_stage_extra: float = 0.0, last_stage_extra: float = 0.0,
+                 sizes: Sequence[int] = ()) -> PipelineResult:
     """Run one training step's forward and backward of `model` under `schedule` on this rank.
 
     `pp` is the pipeline group (an `AxisGroup`, an axis name on the current mesh, …); this rank
-    runs `schedule[pp.rank]`. `tokens` and `targets` (m·b, s) are this data-parallel replica's
-    batch, the same on every stage (the first stage reads the tokens, the last the targets);
-    `m` and the chunks `v` come from the schedule. With `dp`, the gradients are averaged over
-    that group by one all-reduce after the last micro-batch. Parameter gradients are zeroed first
-    and left in `.grad` (and returned).
+    runs `schedule[pp.rank]`, its chunks on the virtual stages `placement` gives them (the
+    schedule's registry entry says which: "loop", or "v" for ZBV and DualPipeV). `tokens` and
+    `targets` (m·b, s) are this data-parallel replica's batch, the same on every stage (the
+    first virtual stage reads the tokens, the last the targets); `m` and the chunks `v` come
+    from the schedule. With `dp`, the gradients are averaged over that group by one all-reduce
+    after the last micro-batch. Parameter gradients are zeroed first and left in `.grad` (and
+    returned).
+
+    An overlapped pair (DualPipe's F&B, `Action.with_next`) waits for both its inputs, runs
+    the forward then the backward, and then sends both outputs, as torch.distributed.pipelining
+    runs `OVERLAP_F_B` (2.13, `_PipelineScheduleRuntime`; the overlap of one's communication
+    with the other's compute, DualPipe's point, needs a per-layer interleaving neither does).
 
     Raises `ShardwiseError`, before any message is sent, for a schedule that is incomplete or
     would deadlock, and on every stage when the stages disagree on the schedule, the model
@@ -644,7 +690,8 @@ def run_pipeline(model: StageModel, schedule: Mapping[int, Sequence[Action]],
     m = 1 + max(a.micro_batch for a in actions)
     v = 1 + max(a.chunk for a in actions)
     p = num_stages(schedule)
-    validate_schedule(schedule, p, m, v)  # complete and deadlock-free: the executor cannot hang
+    # complete and deadlock-free: the executor cannot hang
+    validate_schedule(schedule, p, m, v, placement)
     if tokens.shape != targets.shape or tokens.dim() != 2:
         raise ShardwiseError(f"tokens and targets must both be (batch, seq), got "
                              f"{tuple(tokens.shape)} and {tuple(targets.shape)}")
@@ -659,30 +706,31 @@ def run_pipeline(model: StageModel, schedule: Mapping[int, Sequence[Action]],
                              f"{group.size} ranks")
     b = tokens.shape[0] // m
     shape = model.message_shape(b, tokens.shape[1])
-    _check_agreement(group, f"{schedule_text(schedule)}|{[s.layers for s in stages]}|"
-                            f"{shape}|{model.dtype}|{tuple(tokens.shape)}")
+    _check_agreement(group, f"{schedule_text(schedule)}|{placement}|"
+                            f"{[s.layers for s in stages]}|{shape}|{model.dtype}|"
+                            f"{tuple(tokens.shape)}")
     me = group.rank
-    mine = [stages[c * p + me] for c in range(v)]
+    mine = [stages[virtual_stage(me, c, p, placement)] for c in range(v)]
     params = {name: t for stage in mine for name, t in model.named_parameters(stage).items()}
     for t in params.values():  # (an fp32 main_grad where t accumulates in fp32)
         mp.set_grad(t, torch.zeros_like(t, dtype=mp.grad_dtype(t)))
-    split = any(a.kind == "W" for a in actions)
     token_mbs, target_mbs = tokens.split(b), targets.split(b)  # m × (b, s)
-    ex = _Executor(model, stages, group, m, split, shape, tokens.device, schedule[me])
+    ex = _Executor(model, stages, group, m, placement, shape, tokens.device, schedule[me])
 
     t0 = time.perf_counter()  # just after the agreement all-gather: every stage starts now
     events: list[Event] = []
-    for action in schedule[me]:
-        j, vs = action.micro_batch, action.chunk * p + me
-        if action.kind == "F":
-            ex.forward(j, vs, token_mbs[j], target_mbs[j])
-        elif action.kind == "B":
-            ex.backward(j, vs)
-        else:
-            ex.weight(j, vs)
-        # the action starts once its input has arrived: waiting for it is idle time (bubble)
-        events.append(Event(me, action, ex.started - t0, time.perf_counter() - t0))
-        ex.account()
+    for group_actions in _groups(schedule[me]):
+        # an action starts once its input has arrived (a pair once both have): waiting for
+        # it is idle time (bubble)
+        received = [ex.receive(a.kind, a.micro_batch, ex.vs(a.chunk)) for a in group_actions]
+        outputs = []
+        for action, message in zip(group_actions, received):
+            j = action.micro_batch
+            outputs.append(ex.run(action, message, token_mbs[j], target_mbs[j]))
+            events.append(Event(me, action, ex.started - t0, time.perf_counter() - t0))
+            ex.account()
+        for output in outputs:  # a pair sends when both are done
+            ex.send(output)
     with C.blocked_in(group.name):
         for work, _ in ex.handles:
             work.wait()
@@ -718,7 +766,8 @@ def _check_agreement(group: Any, plan: str) -> None:
 # ---------------------------------------------------------------------------- measurements
 def measured_timeline(results: Sequence[PipelineResult], same_clock: bool = True) -> Timeline:
     """The measured `Timeline` of one pipeline (one result per stage, any order), shifted so the
-    first action starts at 0; bubble `1 - busy/(p·makespan)`; peak = the measured peaks.
+    first action starts at 0; bubble `1 - busy/(p·makespan)`; peak = the measured peaks in
+    micro-batches (a chunk counts `1/v`, as `simulate`'s).
 
     `same_clock`: the ranks shared one host, whose monotonic clock (`time.perf_counter`) is the
     same in every process, so each stage's events are placed by its own clock origin — exact.
@@ -738,4 +787,4 @@ def measured_timeline(results: Sequence[PipelineResult], same_clock: bool = True
     busy = sum(e.end - e.start for e in shifted)
     p = len(by_stage)
     return Timeline(p, shifted, makespan, 1 - busy / (p * makespan) if makespan > 0 else 0.0,
-                    tuple(r.peak_alive for r in by_stage))
+                    tuple(r.peak_alive / r.chunks for r in by_stage))

@@ -3,18 +3,34 @@
     >>> from shardwise.schedules import make_schedule, simulate
     >>> timeline = simulate(make_schedule("1f1b", p=4, m=8), t_f=1.0, t_b=1.0)
     >>> timeline.makespan, round(timeline.bubble_fraction, 4), timeline.peak_in_flight
-    (22.0, 0.2727, (4, 3, 2, 1))
+    (22.0, 0.2727, (4.0, 3.0, 2.0, 1.0))
+
+With per-stage times (a chunk takes `1/v`; a split backward is B = `t_b - t_w` plus W):
+
+    >>> from shardwise.schedules import stage_timeline
+    >>> stage_timeline("interleaved", 4, 8, 2, t_f=1.0, t_b=1.0).makespan
+    19.0
 """
 
 from shardwise.schedules.actions import (
     Action,
+    Placement,
     Schedule,
     check_dimensions,
     num_stages,
     parse_schedule,
     schedule_text,
+    stage_of,
+    virtual_stage,
 )
-from shardwise.schedules.generators import gpipe, interleaved_1f1b, one_f_one_b, zb_h1
+from shardwise.schedules.generators import (
+    dualpipev,
+    gpipe,
+    interleaved_1f1b,
+    one_f_one_b,
+    zb_h1,
+    zbv,
+)
 from shardwise.schedules.metrics import (
     bubble_fraction,
     bubble_over_ideal,
@@ -27,9 +43,16 @@ from shardwise.schedules.registry import (
     ScheduleInfo,
     get_schedule,
     make_schedule,
+    stage_timeline,
 )
 from shardwise.schedules.render import render_ascii, render_svg
-from shardwise.schedules.simulate import Event, Timeline, peak_in_flight, simulate
+from shardwise.schedules.simulate import (
+    Event,
+    Timeline,
+    peak_in_flight,
+    simulate,
+    split_backwards,
+)
 from shardwise.schedules.validate import validate_schedule
 
 __all__ = [
@@ -37,12 +60,14 @@ __all__ = [
     "SCHEDULE_REGISTRY",
     "Action",
     "Event",
+    "Placement",
     "Schedule",
     "ScheduleInfo",
     "Timeline",
     "bubble_fraction",
     "bubble_over_ideal",
     "check_dimensions",
+    "dualpipev",
     "get_schedule",
     "gpipe",
     "interleaved_1f1b",
@@ -57,6 +82,11 @@ __all__ = [
     "render_svg",
     "schedule_text",
     "simulate",
+    "split_backwards",
+    "stage_of",
+    "stage_timeline",
     "validate_schedule",
+    "virtual_stage",
     "zb_h1",
+    "zbv",
 ]

@@ -3,19 +3,27 @@
 A schedule is `dict[stage, list[Action]]`: what each pipeline stage computes, in order. The
 simulator and the pipeline executor consume the same lists.
 
-An action is `(kind, micro_batch, chunk)`: `F` forward, `B` backward (input gradient; the whole
-backward when the schedule has no `W`), `W` weight gradient (Qi et al. 2023). Chunk `c` of stage
-`i` holds the model's virtual stage `c·p + i` (Megatron-LM's interleaving, Narayanan et al.
-2021), so a forward pass visits stage 0 chunk 0, stage 1 chunk 0, …, stage p-1 chunk 0, stage 0
-chunk 1, …
+An action is `(kind, micro_batch, chunk)`: `F` forward, `B` backward, `W` weight gradient
+(Qi et al. 2023). A `B` whose stage also runs its `W` computes the input gradient only; a `B`
+without a `W` is the whole backward (schedules may mix both: DualPipeV). `with_next` marks an
+action that runs overlapped with the one after it on its stage (DualPipe's "F&B" chunk,
+DeepSeek-AI 2024): the pair starts once both inputs have arrived and sends both outputs when
+both are done, as torch.distributed.pipelining runs its `OVERLAP_F_B` action.
+
+Which virtual stage (the model's `p·v` consecutive layer blocks) chunk `c` of stage `i` runs is
+the schedule's *placement* (`virtual_stage`): "loop" (Megatron-LM's interleaving, Narayanan et
+al. 2021) puts virtual stage `c·p + i` there, so a forward visits stage 0, 1, …, p-1, then 0
+again; "v" (the V-shape of ZBV, Qi et al. 2023 §6, and DualPipeV) runs the even chunks down and the
+odd chunks back up: with two chunks stage `i` holds virtual stages `i` and `2p-1-i`, so stage
+0 holds the first and the last (torch.distributed.pipelining's `style="v"`).
 
 Text form: `<kind><micro-batch>[.<chunk>]` — `F2` is the forward of micro-batch 2 (through
 chunk 0), `B2.1` the backward of micro-batch 2 through chunk 1 (`.0` may be written, and is
-left out when printing). The kind comes first on purpose: torch.distributed.pipelining writes
-`<stage><kind><micro-batch>`, so its `2F0` is stage 2's forward of micro-batch 0; a text
-starting with a digit is refused with that explanation rather than read either way. One stage
-per line in `schedule_text` (the labels of the `render_ascii` grid, which also writes `.0` when a
-schedule has several chunks):
+left out when printing); an overlapped pair is joined by `&`, `F5&B2.1`. The kind comes first
+on purpose: torch.distributed.pipelining writes `<stage><kind><micro-batch>`, so its `2F0` is
+stage 2's forward of micro-batch 0; a text starting with a digit is refused with that
+explanation rather than read either way. One stage per line in `schedule_text` (the labels of
+the `render_ascii` grid, which also writes `.0` when a schedule has several chunks):
 
     0: F0 F1 B0 B1
     1: F0 B0 F1 B1
@@ -25,24 +33,30 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from shardwise.errors import ShardwiseError
 
 Kind = Literal["F", "B", "W"]
 KINDS: tuple[Kind, ...] = ("F", "B", "W")
+Placement = Literal["loop", "v"]
+PLACEMENTS: tuple[Placement, ...] = ("loop", "v")
 _ACTION = re.compile(r"([FBW])(\d+)(?:\.(\d+))?")
 _PIPELINING_ACTION = re.compile(r"\d+[FBW]\d+")  # torch.distributed.pipelining: stage, kind, mb
 
 
 @dataclass(frozen=True)
 class Action:
-    """One unit of pipeline work on one stage: `kind` of `micro_batch` through `chunk`."""
+    """One unit of pipeline work on one stage: `kind` of `micro_batch` through `chunk`.
+
+    `with_next`: it runs overlapped with the stage's next action. How an action runs, not which
+    action it is: equality and hashing ignore it."""
 
     kind: Kind
     micro_batch: int
     chunk: int = 0
+    with_next: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -79,6 +93,26 @@ def check_dimensions(p: int, m: int, v: int = 1) -> None:
             raise ShardwiseError(f"{name} must be an integer ≥ 1, got {value!r}")
 
 
+def virtual_stage(stage: int, chunk: int, p: int, placement: Placement = "loop") -> int:
+    """The virtual stage that `chunk` of `stage` runs: "loop" `c·p + i`; "v" `c·p + i` for even
+    chunks and `(c+1)·p - 1 - i` for odd ones (`2p-1-i` for chunk 1)."""
+    if placement == "v" and chunk % 2:
+        return (chunk + 1) * p - 1 - stage
+    return chunk * p + stage
+
+
+def stage_of(vs: int, p: int, placement: Placement = "loop") -> int:
+    """The stage that runs virtual stage `vs` (inverse of `virtual_stage`, for the stage)."""
+    chunk, offset = divmod(vs, p)
+    return p - 1 - offset if placement == "v" and chunk % 2 else offset
+
+
+def check_placement(placement: str) -> None:
+    if placement not in PLACEMENTS:
+        raise ShardwiseError(f"placement must be one of {', '.join(PLACEMENTS)}, got "
+                             f"{placement!r}")
+
+
 def num_stages(schedule: Mapping[int, Sequence[Action]]) -> int:
     """`p`, checking that the schedule's stages are exactly `0 … p-1`."""
     if not schedule or sorted(schedule) != list(range(len(schedule))):
@@ -87,8 +121,10 @@ def num_stages(schedule: Mapping[int, Sequence[Action]]) -> int:
 
 
 def schedule_text(schedule: Mapping[int, Sequence[Action]]) -> str:
-    """One line per stage, `"<stage>: <action> <action> …"`, stages in ascending order."""
-    return "\n".join(f"{stage}: {' '.join(map(str, schedule[stage]))}"
+    """One line per stage, `"<stage>: <action> <action> …"`, stages in ascending order; an
+    overlapped pair is one word, `F5&B2.1`."""
+    return "\n".join(f"{stage}: " + "".join(f"{a}{'&' if a.with_next else ' '}"
+                                            for a in schedule[stage]).rstrip()
                      for stage in sorted(schedule))
 
 
@@ -101,5 +137,16 @@ def parse_schedule(text: str) -> Schedule:
             raise ShardwiseError(f"cannot parse schedule line {line!r}: expected '<stage>: <actions>'")
         if int(stage) in schedule:
             raise ShardwiseError(f"stage {int(stage)} appears twice in the schedule text")
-        schedule[int(stage)] = [Action.parse(word) for word in actions.split()]
+        schedule[int(stage)] = [action for word in actions.split() for action in _parse_word(word)]
     return schedule
+
+
+def _parse_word(word: str) -> list[Action]:
+    """`F2` -> [F2]; an overlapped pair `F5&B2.1` -> [F5 (with_next), B2.1]."""
+    first, sep, second = word.partition("&")
+    if not sep:
+        return [Action.parse(word)]
+    if "&" in second:
+        raise ShardwiseError(f"cannot parse {word!r}: at most two actions overlap ('F5&B2.1')")
+    head = Action.parse(first)
+    return [Action(head.kind, head.micro_batch, head.chunk, with_next=True), Action.parse(second)]

@@ -1,22 +1,28 @@
-"""Schedule generators: GPipe, 1F1B, interleaved 1F1B and ZB-H1 (SPEC §6).
+"""Schedule generators: GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZBV and DualPipeV (SPEC §6).
 
 Each returns a `Schedule` (`dict[stage, list[Action]]`) for `p` stages and `m` micro-batches.
-With times per micro-batch per stage (per chunk for interleaved) and no p2p latency:
+With `t_f`, `t_b` a stage's forward and whole backward of one micro-batch (all its chunks:
+a chunk's action takes `1/v` of it; a split backward is B = `t_b - t_w` and W = `t_w`) and no
+p2p latency, makespan = `m·(t_f + t_b)` + the bubble:
 
-    schedule      makespan                   bubble fraction     peak in flight, stage i
-    gpipe         (m+p-1)(t_f+t_b)           (p-1)/(m+p-1)       m
-    1f1b          (m+p-1)(t_f+t_b)           (p-1)/(m+p-1)       min(p-i, m)
-    interleaved   (v·m+p-1)(t_f+t_b)         (p-1)/(v·m+p-1)     stage 0: v·p+p-1 chunks [*]
-    zb-h1         (3m+p-1)·t  [**]           (p-1)/(3m+p-1)      min(p-i, m)
+    schedule      bubble                        peak in flight, stage i (micro-batches)
+    gpipe         (p-1)(t_f+t_b)                m
+    1f1b          (p-1)(t_f+t_b)                min(p-i, m)
+    interleaved   (p-1)(t_f+t_b)/v              stage 0: p + (p-1)/v [*]
+    zb-h1         (p-1)(t_f+t_b-2t_w) [**]      min(p-i, m)
+    zbv           (p-1)(t_f+t_b-2t_w)/2 [**]    stage 0: p (2p chunks of half a stage)
+    dualpipev     see `registry`                stage 0: p + 1/2
 
-[*] for `m ≥ 2p`. [**] with `t_f = t_b = t_w = t` (B and W split the backward) and
-`m ≥ p`; 1F1B with the same work, a full backward of `2t`, takes `3(m+p-1)·t`.
+[*] for `m ≥ 2p`. [**] for `m ≥ p` (zbv: `m ≥ 2p`) and `t_w ≤` B, F (the registry's
+closed forms give the general case). `docs/concepts/schedules.md` derives them.
 """
 
 from __future__ import annotations
 
+from collections import deque
+
 from shardwise.errors import ShardwiseError
-from shardwise.schedules.actions import Action, Kind, Schedule, check_dimensions
+from shardwise.schedules.actions import KINDS, Action, Kind, Schedule, check_dimensions
 
 
 def _in_order(kind: Kind, m: int) -> list[Action]:
@@ -117,4 +123,131 @@ def zb_h1(p: int, m: int) -> Schedule:
                 actions.append(Action("W", next_w))
                 next_w += 1
         order[i] = actions + [Action("W", j) for j in range(next_w, m)]
+    return order
+
+
+class _Stage:
+    """One stage's action list being written: the next micro-batch of each (kind, chunk), and
+    the weight gradients a split backward has deferred, oldest first."""
+
+    def __init__(self) -> None:
+        self.actions: list[Action] = []
+        self.next_mb: dict[tuple[Kind, int], int] = {(k, c): 0 for k in KINDS for c in (0, 1)}
+        self.pending_w: deque[Action] = deque()
+
+    def run(self, kind: Kind, chunk: int, with_next: bool = False) -> Action:
+        action = Action(kind, self.next_mb[kind, chunk], chunk, with_next)
+        self.next_mb[kind, chunk] += 1
+        self.actions.append(action)
+        return action
+
+    def backward(self, chunk: int, split: bool) -> None:
+        """A B of `chunk`; split: its W waits in `pending_w`."""
+        action = self.run("B", chunk)
+        if split:
+            self.pending_w.append(Action("W", action.micro_batch, chunk))
+
+    def oldest_w(self) -> None:
+        if self.pending_w:
+            self.actions.append(self.pending_w.popleft())
+
+
+def zbv(p: int, m: int) -> Schedule:
+    """ZBV, the zero-bubble V schedule (Qi et al. 2023, "Zero Bubble Pipeline Parallelism",
+    arXiv:2401.10241, §6 "ZB-V"; torch.distributed.pipelining's `ScheduleZBVZeroBubble`,
+    whose order this is).
+
+    Two chunks per stage in a V (placement "v"): chunk 0 runs virtual stage `i`, chunk 1
+    virtual stage `2p-1-i`, so a micro-batch goes down the stages through chunk 0 and back up
+    through chunk 1, and stage 0 both starts and ends it. Stage `i` runs `2(p-i)-1` forwards of
+    chunk 0, then `i` pairs (F chunk 1, F chunk 0), then `p-i` rounds of chunk 1's F, B, W;
+    in the steady state (F0) B0 W0 F1 B1 W1; in the cool-down `i` rounds of B0 B1 and `p-i`
+    of B0 W0, the deferred Ws of chunk 1 and then of chunk 0 last. The pattern is that of
+    `max(m, 2p-1)` micro-batches with the ones beyond `m` left out. Peak activations: `2p`
+    chunks on every stage, i.e. `p` micro-batches' worth, 1F1B's stage-0 peak.
+    """
+    check_dimensions(p, m)
+    n = max(m, 2 * p - 1)
+    order: Schedule = {}
+    for i in range(p):
+        stage = _Stage()
+        for _ in range(2 * (p - i) - 1):
+            stage.run("F", 0)
+        for _ in range(i):
+            stage.run("F", 1)
+            stage.run("F", 0)
+        for _ in range(p - i):
+            for kind in KINDS:
+                stage.run(kind, 1)
+        while stage.next_mb["F", 1] < stage.next_mb["F", 0] or stage.next_mb["F", 0] < n:
+            if stage.next_mb["F", 0] < n:
+                stage.run("F", 0)
+            stage.run("B", 0)
+            stage.run("W", 0)
+            for kind in KINDS:
+                stage.run(kind, 1)
+        for _ in range(i):
+            stage.run("B", 0)
+            stage.run("B", 1)
+        for _ in range(p - i):
+            stage.run("B", 0)
+            stage.run("W", 0)
+        for c in (1, 0):
+            while stage.next_mb["W", c] < n:
+                stage.run("W", c)
+        order[i] = [a for a in stage.actions if a.micro_batch < m]
+    return order
+
+
+def dualpipev(p: int, m: int) -> Schedule:
+    """DualPipeV: DeepSeek-AI's DualPipe (DeepSeek-V3 report, 2024, §3.2.1) cut in half into a
+    single-direction V (Sea AI Lab's "cut-in-half"; github.com/deepseek-ai/DualPipe
+    `dualpipev.py`); torch.distributed.pipelining's `ScheduleDualPipeV`, whose order this is.
+    Needs `m ≥ 2p`.
+
+    Two chunks per stage in a V, as `zbv`. Stage `i`: `2(p-i-1)` forwards of chunk 0; `i+1`
+    pairs F0 F1; `p-i-1` rounds of B1 (split) W F1; then the main phase of `m-2p+i+1` rounds
+    of two overlapped pairs, F0&B1 and F1&B0 (whole backwards; the last stage runs its first
+    F0 and B1 one after the other); `p-i-1` rounds of B1, F1&B0; `i+1` rounds of B1 B0, whose
+    backwards are split from the middle round on (odd stages from its B1, even ones from its
+    B0); `p-i-1` rounds of a deferred W then a split B0; and the remaining Ws, oldest first.
+    A B is split exactly when its W appears on the stage (`actions`).
+    """
+    check_dimensions(p, m)
+    if m < 2 * p:
+        raise ShardwiseError(f"DualPipeV needs at least 2p = {2 * p} micro-batches (two "
+                             f"chunks per stage), got m={m}")
+    order: Schedule = {}
+    for i in range(p):
+        stage = _Stage()
+        for _ in range(2 * (p - i - 1)):
+            stage.run("F", 0)
+        for _ in range(i + 1):
+            stage.run("F", 0)
+            stage.run("F", 1)
+        for _ in range(p - i - 1):
+            stage.backward(1, split=True)
+            stage.oldest_w()
+            stage.run("F", 1)
+        for k in range(m - 2 * p + i + 1):
+            stage.run("F", 0, with_next=not (k == 0 and i == p - 1))
+            stage.backward(1, split=False)
+            stage.run("F", 1, with_next=True)
+            stage.backward(0, split=False)
+        for _ in range(p - i - 1):
+            stage.backward(1, split=False)
+            stage.run("F", 1, with_next=True)
+            stage.backward(0, split=False)
+        split = False
+        for k in range(i + 1):
+            split = split or (k == (i + 1) // 2 and i % 2 == 1)
+            stage.backward(1, split)
+            split = split or k == (i + 1) // 2
+            stage.backward(0, split)
+        for _ in range(p - i - 1):
+            stage.oldest_w()
+            stage.backward(0, split=True)
+        while stage.pending_w:
+            stage.oldest_w()
+        order[i] = stage.actions
     return order

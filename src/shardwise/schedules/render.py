@@ -1,8 +1,9 @@
 """Gantt charts of a schedule: a terminal grid and an SVG, one row per stage (SPEC §6).
 
-Both take a simulated `Timeline`, or a schedule, which they simulate with unit times
-(`t_f = t_b = t_w = 1`). Labels are kind and micro-batch, e.g. `F3`, with `.chunk` appended when
-the schedule has several chunks per stage (`F3.1`).
+Both take a simulated `Timeline`, or a schedule, which they simulate in `placement` with unit
+actions (F, B and W take 1: `t_f = 1`, a whole backward `t_b = 2` split as `t_w = 1`). Labels are
+kind and micro-batch, e.g. `F3`, with `.chunk` appended when the schedule has several chunks per
+stage (`F3.1`).
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ import math
 from collections.abc import Mapping, Sequence
 from xml.sax.saxutils import escape
 
-from shardwise.schedules.actions import Action
-from shardwise.schedules.simulate import Event, Timeline, simulate
+from shardwise.schedules.actions import Action, Placement
+from shardwise.schedules.simulate import Event, Timeline, simulate, split_backwards
 
 Source = Timeline | Mapping[int, Sequence[Action]]
 
@@ -20,18 +21,21 @@ _COLOURS = {"F": "#4c78a8", "B": "#f58518", "W": "#54a24b"}
 _ROW, _BOX, _LEFT, _TOP, _CHART_WIDTH = 28, 22, 64, 28, 960
 
 
-def _timeline(source: Source) -> Timeline:
+def _timeline(source: Source, placement: Placement) -> Timeline:
     if isinstance(source, Timeline):
         return source
-    split = any(action.kind == "W" for actions in source.values() for action in actions)
-    return simulate(source, 1.0, 1.0, 1.0 if split else None)
+    split = any(split_backwards(actions) for actions in source.values())
+    # unsplit backwards take t_b: 1 like the others when nothing is split
+    return simulate(source, 1.0, 2.0 if split else 1.0, 1.0 if split else None,
+                    placement=placement)
 
 
 def _label(action: Action, chunked: bool) -> str:
     return f"{action.kind}{action.micro_batch}" + (f".{action.chunk}" if chunked else "")
 
 
-def render_ascii(source: Source, width: int | None = None, slot: float | None = None) -> str:
+def render_ascii(source: Source, width: int | None = None, slot: float | None = None,
+                 placement: Placement = "loop") -> str:
     """A grid with one row per stage and one cell per `slot` of time (default: the shortest
     action). An action shows its label in its first cell and `-` in the cells it continues into;
     idle cells show `.`; an action shorter than a slot still gets a cell (later ones shift).
@@ -40,7 +44,7 @@ def render_ascii(source: Source, width: int | None = None, slot: float | None = 
         0 | F0 F1 F2 F3 .  .  B0 B1 B2 B3          (GPipe, p=2, m=4)
         1 | .  F0 F1 F2 F3 B0 B1 B2 B3 .
     """
-    timeline = _timeline(source)
+    timeline = _timeline(source, placement)
     slot = slot or min(event.end - event.start for event in timeline.events)
     chunked = any(event.action.chunk for event in timeline.events)
     cell = max(len(_label(event.action, chunked)) for event in timeline.events)
@@ -74,10 +78,10 @@ def _tick_step(span: float) -> float:
     return next(step * power for step in (1, 2, 5, 10) if step * power >= raw)
 
 
-def render_svg(source: Source, title: str | None = None) -> str:
+def render_svg(source: Source, title: str | None = None, placement: Placement = "loop") -> str:
     """An SVG Gantt chart: stages as rows, one `<rect>` per action coloured by kind (F blue,
     B orange, W green; later chunks paler), labelled when wide enough, over a time axis."""
-    timeline = _timeline(source)
+    timeline = _timeline(source, placement)
     chunks = 1 + max(event.action.chunk for event in timeline.events)
     scale = _CHART_WIDTH / timeline.makespan
     height = _TOP + timeline.stages * _ROW + 36

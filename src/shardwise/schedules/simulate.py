@@ -2,17 +2,24 @@
 
 Every stage runs its actions in order, one at a time; an action starts at
 `max(stage free, each dependency's end + p2p latency if that dependency ran on another stage)`.
-With `V = v·p` virtual stages and `vs = chunk·p + stage`, the dependencies of micro-batch `j` are
+With `V = v·p` virtual stages and `vs` the virtual stage an action's chunk runs on its stage
+(`actions.virtual_stage`: `c·p + i` in Megatron's "loop" placement, `i` and `2p-1-i` in the
+"v" placement of ZBV and DualPipeV), the dependencies of micro-batch `j` are
 
     F(j, vs)  needs  F(j, vs-1)                        (none for vs = 0)
     B(j, vs)  needs  F(j, vs) and B(j, vs+1)           (only F(j, vs) for vs = V-1)
     W(j, vs)  needs  B(j, vs)
 
-Costs per action: F costs `t_f`. When the schedule has no W, B is the whole backward and costs
-`t_b` (input and weight gradients). When it has Ws (zero-bubble schedules, Qi et al. 2023), B is
-the input gradient only and costs `t_b`, W the weight gradient and costs `t_w`: split a full
-backward `t_full` as `t_b + t_w = t_full` (about half each for a Transformer layer). For
-interleaved schedules the times are per chunk (`1/v` of a stage's layers).
+An overlapped pair (`Action.with_next`, DualPipe's F&B) starts once both members' dependencies
+are met, runs them one after the other, and both outputs count as produced at the pair's end
+(torch.distributed.pipelining sends them after its `OVERLAP_F_B` action). Its time is the sum
+of its members': the communication the overlap hides is not in this model.
+
+Costs per action, per virtual stage: F costs `t_f`; a B costs the whole backward `t_b` when its
+stage runs no W for it, else the input-gradient part `t_b - t_w`, and its W the weight-gradient
+part `t_w` (zero-bubble schedules, Qi et al. 2023). So a split and an unsplit backward do the
+same work. The times are per virtual stage: a stage's per-micro-batch time over its `v` chunks
+(`registry.simulate_schedule` takes per-stage times and does this division).
 
 Bubble fraction `1 - busy / (p · makespan)`.
 
@@ -20,7 +27,8 @@ Peak in flight: per stage, the most micro-batch-chunks whose activations are ali
 counted from its F until its B. In split schedules B frees most activations and a pending W keeps
 only the linear layers' inputs (Qi et al. 2023, Table 1), so pending Ws are not counted; by this
 count ZB-H1 has 1F1B's `[p, p-1, …, 1]`. (Counted until W, ZB-H1 holds `p` on every stage; the
-largest, stage 0's, is the same either way.)
+largest, stage 0's, is the same either way.) In micro-batches, a chunk is `1/v` of one:
+`Timeline.peak_in_flight`.
 """
 
 from __future__ import annotations
@@ -31,7 +39,15 @@ from typing import NamedTuple
 
 import shardwise.validate as validate
 from shardwise.errors import ShardwiseError
-from shardwise.schedules.actions import Action, Kind, num_stages
+from shardwise.schedules.actions import (
+    Action,
+    Kind,
+    Placement,
+    check_placement,
+    num_stages,
+    stage_of,
+    virtual_stage,
+)
 
 _Key = tuple[Kind, int, int]
 """(kind, micro-batch, virtual stage): an action's identity across the whole pipeline."""
@@ -52,13 +68,17 @@ class Event(NamedTuple):
 
 @dataclass(frozen=True)
 class Timeline:
-    """A simulated schedule: its events (stage by stage, in execution order) and figures."""
+    """A simulated schedule: its events (stage by stage, in execution order) and figures.
+
+    `peak_in_flight`: per stage, the most micro-batches' activations held at once — chunks
+    alive (`peak_in_flight()`) over the chunks per stage `v`, so interleaved 1F1B's stage 0
+    holds `p + (p-1)/v`, not `v·p + p - 1`."""
 
     stages: int
     events: tuple[Event, ...]
     makespan: float
     bubble_fraction: float
-    peak_in_flight: tuple[int, ...]
+    peak_in_flight: tuple[float, ...]
 
 
 def peak_in_flight(schedule: Mapping[int, Sequence[Action]], until: str = "B"
@@ -66,43 +86,51 @@ def peak_in_flight(schedule: Mapping[int, Sequence[Action]], until: str = "B"
     """Per stage, the most micro-batch-chunks alive at once (from F until B), from the action
     order alone: GPipe `m` everywhere, 1F1B `min(p-i, m)` on stage `i`.
 
-    `until="W"` counts a micro-batch until its weight gradient instead, what a split backward
-    holds while (X, dY) pairs wait for W (schedules without W release at B either way)."""
-    split = any(a.kind == "W" for actions in schedule.values() for a in actions)
-    release = "W" if until == "W" and split else "B"
+    `until="W"` counts a micro-batch-chunk until its weight gradient instead, what a split
+    backward holds while (X, dY) pairs wait for W (one with no W releases at B either way)."""
     peaks = []
     for stage in range(num_stages(schedule)):
+        later = split_backwards(schedule[stage]) if until == "W" else set()
         alive = peak = 0
         for action in schedule[stage]:
             if action.kind == "F":
                 alive += 1
                 peak = max(peak, alive)
-            elif action.kind == release:
+            elif action.kind == ("W" if (action.micro_batch, action.chunk) in later else "B"):
                 alive -= 1
         peaks.append(peak)
     return tuple(peaks)
 
 
-Times = float | Sequence[float]  # one per action kind, or one per virtual stage
+def split_backwards(actions: Sequence[Action]) -> set[tuple[int, int]]:
+    """The (micro-batch, chunk) pairs whose backward this stage splits: those it runs a W of."""
+    return {(a.micro_batch, a.chunk) for a in actions if a.kind == "W"}
 
 
-def _costs(t_f: Times, t_b: Times, t_w: Times | None, split: bool,
-           p2p_latency: float) -> dict[str, Times]:
-    if split and t_w is None:
-        raise ShardwiseError("the schedule splits backward into B and W: pass t_w (then t_b is the "
-                         "input-gradient time alone)")
-    w = t_w if split and t_w is not None else 0.0
-    times = {"t_f": t_f, "t_b": t_b, **({"t_w": w} if split else {})}
-    for name, value in times.items():
-        for one in ([value] if isinstance(value, (int, float)) else value):
-            validate.positive(one, name)
-    validate.finite(p2p_latency, "p2p_latency", low=0)
-    return {"F": t_f, "B": t_b, "W": w}
+Times = float | Sequence[float]  # one for every virtual stage, or one per virtual stage
 
 
-def _cost(value: Times, vs: int) -> float:
-    """An action's time: one for every virtual stage, or virtual stage `vs`'s own."""
-    return value if isinstance(value, (int, float)) else value[vs]
+def _per_vs(value: Times, name: str, count: int) -> list[float]:
+    """`value` for each of the `count` virtual stages, each checked > 0."""
+    if not isinstance(value, (int, float)) and len(value) != count:
+        raise ShardwiseError(f"{name}: {len(value)} times given, one per virtual stage "
+                             f"({count}) needed")
+    times = [float(value)] * count if isinstance(value, (int, float)) else list(value)
+    for one in times:
+        validate.positive(one, name)
+    return times
+
+
+def _weight_times(t_w: Times | None, backward: list[float], count: int) -> list[float]:
+    if t_w is None:
+        raise ShardwiseError("the schedule splits backward into B and W: pass t_w, the weight-"
+                             "gradient part of the backward t_b")
+    weight = _per_vs(t_w, "t_w", count)
+    for vs, (back, part) in enumerate(zip(backward, weight)):
+        if part >= back:
+            raise ShardwiseError(f"t_w ({part:g}) must be less than t_b ({back:g}), the "
+                                 f"whole backward it is part of (virtual stage {vs})")
+    return weight
 
 
 def _dependencies(kind: Kind, micro_batch: int, vs: int, last: int) -> tuple[_Key, ...]:
@@ -115,79 +143,112 @@ def _dependencies(kind: Kind, micro_batch: int, vs: int, last: int) -> tuple[_Ke
 
 
 def simulate(schedule: Mapping[int, Sequence[Action]], t_f: Times, t_b: Times,
-             t_w: Times | None = None, p2p_latency: float = 0.0) -> Timeline:
-    """Simulate `schedule` with per-action times `t_f`, `t_b` (and `t_w` when it has Ws): one
-    number for every virtual stage, or a sequence indexed by virtual stage `c·p + i`
-    (uneven stages).
+             t_w: Times | None = None, p2p_latency: float = 0.0,
+             placement: Placement = "loop") -> Timeline:
+    """Simulate `schedule` with per-action times: `t_f` a forward, `t_b` a whole backward and
+    `t_w` its weight-gradient part (needed when the schedule has Ws), of one virtual stage —
+    one number for all, or a sequence indexed by virtual stage (uneven stages). `placement`
+    maps chunks to virtual stages ("loop" or "v", `actions.virtual_stage`).
 
     Runs in O(actions): a stage waiting on a dependency sleeps until that action ends. Raises
-    `ValueError` naming the stuck actions if the schedule deadlocks; other defects (a duplicate
-    action, a missing W) are `validate_schedule`'s to find, once per schedule.
+    `ShardwiseError` naming the stuck actions if the schedule deadlocks; other defects (a
+    duplicate action, a W before its B) are `validate_schedule`'s to find, once per schedule.
     """
     p = num_stages(schedule)
+    check_placement(placement)
     if not any(schedule.values()):
         raise ShardwiseError("the schedule has no actions")
-    split = any(action.kind == "W" for actions in schedule.values() for action in actions)
-    cost = _costs(t_f, t_b, t_w, split, p2p_latency)
-    last = p * (1 + max(action.chunk for actions in schedule.values() for action in actions)) - 1
-    for kind, value in cost.items():
-        if not isinstance(value, (int, float)) and len(value) != last + 1:
-            raise ShardwiseError(f"{kind} times: {len(value)} given, one per virtual stage "
-                                 f"({last + 1}) needed")
+    split = [split_backwards(schedule[stage]) for stage in range(p)]
+    count = p * (1 + max(action.chunk for actions in schedule.values() for action in actions))
+    forward, backward = _per_vs(t_f, "t_f", count), _per_vs(t_b, "t_b", count)
+    weight = _weight_times(t_w, backward, count) if any(split) else [0.0] * count
+    validate.finite(p2p_latency, "p2p_latency", low=0)
+
+    last = count - 1
+    owner = [stage_of(vs, p, placement) for vs in range(count)]  # the stage of each vs
+    chunk_vs = [[virtual_stage(stage, c, p, placement) for c in range(count // p)]
+                for stage in range(p)]
     done: dict[_Key, float] = {}
     sleeping: dict[_Key, list[int]] = {}
     events: list[list[Event]] = [[] for _ in range(p)]
     ready = list(range(p))
     while ready:
         stage = ready.pop()
-        actions, row = schedule[stage], events[stage]
+        actions, row, where = schedule[stage], events[stage], chunk_vs[stage]
         free = row[-1].end if row else 0.0
         while len(row) < len(actions):
-            action = actions[len(row)]
-            vs = action.chunk * p + stage
+            first = len(row)
+            group = actions[first:first + 1 + actions[first].with_next]  # a pair: two
             start, blocked = free, None
-            for dep in _dependencies(action.kind, action.micro_batch, vs, last):
-                end = done.get(dep)
-                if end is None:
-                    blocked = dep
+            for action in group:  # a pair starts once both inputs are in
+                for dep in _dependencies(action.kind, action.micro_batch, where[action.chunk],
+                                         last):
+                    end = done.get(dep)
+                    if end is None:
+                        blocked = dep
+                        break
+                    if owner[dep[2]] != stage:
+                        end += p2p_latency
+                    if end > start:
+                        start = end
+                if blocked is not None:
                     break
-                if dep[2] % p != stage:
-                    end += p2p_latency
-                if end > start:
-                    start = end
             if blocked is not None:
                 sleeping.setdefault(blocked, []).append(stage)
                 break
-            free = start + _cost(cost[action.kind], vs)
-            row.append(Event(stage, action, start, free))
-            key = (action.kind, action.micro_batch, vs)
-            done[key] = free
-            ready.extend(sleeping.pop(key, ()))
+            for action in group:
+                vs = where[action.chunk]
+                if action.kind == "F":
+                    free = start + forward[vs]
+                elif action.kind == "W":
+                    free = start + weight[vs]
+                elif (action.micro_batch, action.chunk) in split[stage]:  # B, then its W
+                    free = start + backward[vs] - weight[vs]
+                else:  # the whole backward
+                    free = start + backward[vs]
+                row.append(Event(stage, action, start, free))
+                start = free
+            for action in group:  # a pair's outputs leave when both are done
+                key = (action.kind, action.micro_batch, where[action.chunk])
+                done[key] = free
+                if key in sleeping:
+                    ready.extend(sleeping.pop(key))
     if any(len(events[s]) < len(schedule[s]) for s in range(p)):
-        raise ShardwiseError(_deadlock_message(schedule, events, p, last))
+        raise ShardwiseError(_deadlock_message(schedule, events, p, last, placement))
     makespan = max(row[-1].end for row in events if row)
-    busy = sum(_cost(cost[action.kind], action.chunk * p + stage)
-               for stage, actions in schedule.items() for action in actions)
+    busy = sum(e.end - e.start for row in events for e in row)
+    chunks = count // p
     return Timeline(p, tuple(e for row in events for e in row), makespan,
-                    1 - busy / (p * makespan), peak_in_flight(schedule))
+                    1 - busy / (p * makespan),
+                    tuple(n / chunks for n in peak_in_flight(schedule)))
+
+
+def _group(actions: Sequence[Action], index: int) -> list[Action]:
+    """The action at `index` and, if it runs overlapped with the next, that one too."""
+    if actions[index].with_next and index + 1 < len(actions):
+        return [actions[index], actions[index + 1]]
+    return [actions[index]]
 
 
 def _deadlock_message(schedule: Mapping[int, Sequence[Action]], events: list[list[Event]],
-                      p: int, last: int) -> str:
-    scheduled: set[_Key] = {(a.kind, a.micro_batch, a.chunk * p + s)
-                            for s, actions in schedule.items() for a in actions}
-    done: set[_Key] = {(e.action.kind, e.action.micro_batch, e.action.chunk * p + e.stage)
-                       for row in events for e in row}
+                      p: int, last: int, placement: Placement) -> str:
+    def key(stage: int, a: Action) -> _Key:
+        return a.kind, a.micro_batch, virtual_stage(stage, a.chunk, p, placement)
+
+    scheduled = {key(s, a) for s, actions in schedule.items() for a in actions}
+    done = {key(e.stage, e.action) for row in events for e in row}
     stuck = []
     for stage in range(p):
         if len(events[stage]) == len(schedule[stage]):
             continue
-        action = schedule[stage][len(events[stage])]
-        vs = action.chunk * p + stage
-        for dep in _dependencies(action.kind, action.micro_batch, vs, last):
-            if dep not in done:
-                kind, j, dep_vs = dep
-                where = f"on stage {dep_vs % p}" if dep in scheduled else "which no stage runs"
+        for action in _group(schedule[stage], len(events[stage])):
+            vs = virtual_stage(stage, action.chunk, p, placement)
+            missing = [dep for dep in _dependencies(action.kind, action.micro_batch, vs, last)
+                       if dep not in done]
+            if missing:
+                kind, j, dep_vs = missing[0]  # chunk c runs virtual stages c·p … c·p + p-1
+                where = (f"on stage {stage_of(dep_vs, p, placement)}"
+                         if missing[0] in scheduled else "which no stage runs")
                 stuck.append(f"stage {stage} at {action} waits for "
                              f"{Action(kind, j, dep_vs // p)} {where}")
                 break

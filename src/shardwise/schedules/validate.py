@@ -5,35 +5,33 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from shardwise.errors import ShardwiseError
-from shardwise.schedules.actions import KINDS, Action, Kind, check_dimensions, num_stages
-from shardwise.schedules.simulate import simulate
+from shardwise.schedules.actions import Action, Kind, Placement, check_dimensions, num_stages
+from shardwise.schedules.simulate import simulate, split_backwards
 
 _BEFORE: dict[Kind, Kind] = {"B": "F", "W": "B"}
 """Each kind and the kind that must precede it on the same stage."""
 
 
 def validate_schedule(schedule: Mapping[int, Sequence[Action]], p: int, m: int,
-                      v: int = 1) -> None:
-    """Raise `ValueError` naming the offending action unless `schedule` is a complete,
+                      v: int = 1, placement: Placement = "loop") -> None:
+    """Raise `ShardwiseError` naming the offending action unless `schedule` is a complete,
     deadlock-free schedule of `p` stages, `m` micro-batches and `v` chunks per stage:
 
     * its stages are `0 … p-1`; every action has micro-batch `< m` and chunk `< v`;
-    * every stage runs one F and one B of each (micro-batch, chunk), and one W of each too if the
-      schedule has any W (zero-bubble), in the order F, B, W;
-    * under the dependencies of `simulate`, no stage waits forever.
+    * every stage runs one F and one B of each (micro-batch, chunk), in that order, and at most
+      one W after the B (a B with no W is the whole backward);
+    * an overlapped pair (`with_next`) is two actions, not the stage's last;
+    * under the dependencies of `simulate` (with `placement`), no stage waits forever.
     """
     check_dimensions(p, m, v)
     if (stages := num_stages(schedule)) != p:
         raise ShardwiseError(f"schedule has {stages} stages, expected p={p}")
-    split = any(a.kind == "W" for actions in schedule.values() for a in actions)
-    kinds = KINDS if split else KINDS[:2]
     for stage in range(p):
-        _check_stage(stage, schedule[stage], m, v, kinds)
-    simulate(schedule, 1.0, 1.0, 1.0 if split else None)
+        _check_stage(stage, schedule[stage], m, v)
+    simulate(schedule, 1.0, 2.0, 1.0, placement=placement)
 
 
-def _check_stage(stage: int, actions: Sequence[Action], m: int, v: int,
-                 kinds: tuple[Kind, ...]) -> None:
+def _check_stage(stage: int, actions: Sequence[Action], m: int, v: int) -> None:
     position: dict[Action, int] = {}
     for index, action in enumerate(actions):
         if action.micro_batch >= m or action.chunk >= v:
@@ -43,13 +41,18 @@ def _check_stage(stage: int, actions: Sequence[Action], m: int, v: int,
             raise ShardwiseError(f"stage {stage}: action {action} appears twice "
                              f"(positions {position[action]} and {index})")
         position[action] = index
-    for kind in kinds:
+        if action.with_next and (index + 1 == len(actions) or actions[index + 1].with_next):
+            raise ShardwiseError(f"stage {stage}: action {action} overlaps with the next, which "
+                                 "must be a single action")
+    split = split_backwards(actions)
+    for kind in ("F", "B", "W"):
         for j in range(m):
             for chunk in range(v):
                 action = Action(kind, j, chunk)
+                if kind == "W" and (j, chunk) not in split:
+                    continue
                 if action not in position:
-                    hint = " (the schedule has Ws, so every backward needs one)" * (kind == "W")
-                    raise ShardwiseError(f"stage {stage} is missing action {action}{hint}")
+                    raise ShardwiseError(f"stage {stage} is missing action {action}")
                 if kind in _BEFORE:
                     before = Action(_BEFORE[kind], j, chunk)
                     if position[before] > position[action]:

@@ -27,6 +27,7 @@ from shardwise.estimate.memory import (
     zero_stage_table,
     zero_state_bytes,
 )
+from shardwise.schedules.registry import SCHEDULES
 
 router = APIRouter(tags=["learn"])
 
@@ -344,6 +345,7 @@ class GridEvent(BaseModel):
     chunk: int
     start: float
     end: float
+    pair: bool  # one of an overlapped F&B pair (DualPipeV)
 
 
 class PipelineGrid(BaseModel):
@@ -353,41 +355,43 @@ class PipelineGrid(BaseModel):
     p: int
     m: int
     v: int
-    t_f: float
-    t_b: float
-    t_w: float | None
+    placement: str  # "loop" or "v" (ZBV, DualPipeV: chunk 1 runs back up the stages)
+    t_f: float  # per stage and micro-batch, all chunks: a chunk's box is 1/v of it
+    t_b: float  # the whole backward
+    t_w: float | None  # its weight-gradient part, for schedules that split it
     events: list[GridEvent]
     makespan: float
     bubble_fraction: float  # simulated: 1 − busy / (P · makespan)
-    closed_form_bubble: float  # (P-1)/(v·M+P-1) for GPipe / 1F1B / interleaved
-    peak_in_flight: list[int]
+    closed_form_bubble: float | None  # the schedule's closed form (registry), as a fraction
+    peak_in_flight: list[float]  # micro-batches (a chunk counts 1/v)
 
 
 @router.get("/pipeline", response_model=PipelineGrid)
-def pipeline(schedule: Literal["gpipe", "1f1b", "interleaved", "zb-h1"] = "1f1b",
+def pipeline(schedule: Literal[SCHEDULES] = "1f1b",  # type: ignore[valid-type]
              p: int = Query(4, ge=2, le=16, description="pipeline stages"),
              m: int = Query(8, ge=1, le=64, description="micro-batches"),
-             v: int = Query(2, ge=2, le=4, description="chunks per stage (interleaved only)"),
+             v: int = Query(2, ge=2, le=4, description="chunks per stage, for the schedules "
+                                                      "that take any v ≥ 2 (interleaved)"),
              backward: int = Query(1, ge=1, le=2, description="backward time / forward time"),
              ) -> PipelineGrid:
-    """A schedule from the generators, timed by the simulator (SPEC §6). Forward costs 1;
-    the backward `backward`; ZB-H1 splits it into B and W of half each."""
-    from shardwise.schedules import bubble_fraction, make_schedule, simulate
+    """A schedule from the generators, timed by the simulator (SPEC §6): the same function and
+    payload as `shardwise schedule --json` (`report.builders`). Per stage the forward costs 1
+    and the whole backward `backward`; schedules that split it run B and W of half each."""
+    from shardwise.report import builders
+    from shardwise.schedules import get_schedule
 
-    chunks = v if schedule == "interleaved" else 1
-    plan = make_schedule(schedule, p, m, chunks)
-    split = schedule == "zb-h1"
-    t_b = backward / 2 if split else float(backward)
-    t_w = backward / 2 if split else None
-    timeline = simulate(plan, 1.0, t_b, t_w)
+    args = {"stages": p, "microbatches": m, "schedule": schedule,
+            "chunks": v if get_schedule(schedule).chunks is None else None,
+            "t_f": 1.0, "t_b": float(backward)}
+    out = builders.schedule_payload(builders.simulate_schedule(**args), **args)
     return PipelineGrid(
-        schedule=schedule, p=p, m=m, v=chunks, t_f=1.0, t_b=t_b, t_w=t_w,
-        events=[GridEvent(stage=e.stage, kind=e.action.kind, micro_batch=e.action.micro_batch,
-                          chunk=e.action.chunk, start=e.start, end=e.end)
-                for e in timeline.events],
-        makespan=timeline.makespan, bubble_fraction=timeline.bubble_fraction,
-        closed_form_bubble=bubble_fraction(p, m, chunks),
-        peak_in_flight=list(timeline.peak_in_flight),
+        schedule=schedule, p=p, m=m, v=out["chunks"], placement=out["placement"],
+        t_f=out["t_f"], t_b=out["t_b"], t_w=out["t_w"],
+        events=[GridEvent(stage=e["stage"], kind=e["kind"], micro_batch=e["microbatch"],
+                          chunk=e["chunk"], start=e["start"], end=e["end"], pair=e["pair"])
+                for e in out["timeline"]],
+        makespan=out["makespan"], bubble_fraction=out["bubble_fraction"],
+        closed_form_bubble=out["bubble_closed_form"], peak_in_flight=out["peak_in_flight"],
     )
 
 

@@ -251,10 +251,15 @@ class ScheduleRequest(_In):
     microbatches: int = Field(8, ge=1, le=1024, description="Micro-batches m.")
     schedule: Literal[SCHEDULES] = "1f1b"  # type: ignore[valid-type]
     chunks: int | None = Field(None, ge=1, le=64,
-                               description="Chunks per stage v [default: 2 interleaved, else 1].")
-    t_f: float = Field(1.0, gt=0, le=1e6, description="Forward time per micro-batch.")
-    t_b: float = Field(1.0, gt=0, le=1e6, description="Backward time.")
-    t_w: float = Field(1.0, gt=0, le=1e6, description="Weight-gradient time (zb-h1).")
+                               description="Chunks per stage v [default: the schedule's: 2 for "
+                                           "interleaved, zbv and dualpipev, else 1].")
+    t_f: float = Field(1.0, gt=0, le=1e6, description="Forward time of one micro-batch on one "
+                                                      "stage (all its chunks).")
+    t_b: float = Field(1.0, gt=0, le=1e6, description="Whole backward time of one micro-batch "
+                                                      "on one stage (input and weight grads).")
+    t_w: float | None = Field(None, gt=0, le=1e6,
+                              description="The weight-gradient part of t_b, for schedules that "
+                                          "split the backward [default: t_b/2].")
     p2p_latency: float = Field(0.0, ge=0, le=1e6, description="Latency between stages.")
 
     @model_validator(mode="after")
@@ -275,6 +280,7 @@ class ScheduleEvent(_Out):
     chunk: int
     start: float
     end: float
+    pair: bool = Field(description="One of an overlapped F&B pair (DualPipeV).")
 
 
 class ScheduleResponse(_Out):
@@ -284,11 +290,20 @@ class ScheduleResponse(_Out):
     stages: int
     microbatches: int
     chunks: int
+    placement: Literal["loop", "v"]
+    t_f: float
+    t_b: float
+    t_w: float | None = Field(description="The weight-gradient part of t_b used; none when the "
+                                          "schedule does not split the backward.")
+    p2p_latency: float
     actions: int
     makespan: float
     bubble_fraction: float
-    bubble_closed_form: float | None = Field(description="(p-1)/(v·m+p-1); none for zb-h1.")
-    peak_in_flight: list[int]
+    bubble_closed_form: float | None = Field(description="The registry's closed-form bubble "
+                                                         "over bubble plus work (no p2p "
+                                                         "latency); none where there is none.")
+    peak_in_flight: list[float] = Field(description="Peak micro-batches in flight per stage "
+                                                    "(a chunk counts 1/v).")
     text: str
     timeline: list[ScheduleEvent]
 
@@ -296,18 +311,17 @@ class ScheduleResponse(_Out):
 @router.post("/schedule", response_model=ScheduleResponse)
 def schedule(request: ScheduleRequest) -> Any:
     """Generate, validate and simulate a pipeline schedule (`shardwise schedule --json`)."""
-    shape = request.model_dump(include={"stages", "microbatches", "schedule", "chunks"})
     timeline = builders.simulate_schedule(**request.model_dump())
-    return builders.schedule_payload(timeline, **shape)
+    return builders.schedule_payload(timeline, **request.model_dump())
 
 
 @router.get("/schedule.svg", response_class=Response,
             responses={200: {"content": {"image/svg+xml": {}}}})
 def schedule_svg(request: Annotated[ScheduleRequest, Query()]) -> Response:
     """The schedule's Gantt chart as SVG, the file `shardwise schedule --svg` writes."""
-    shape = request.model_dump(include={"stages", "microbatches", "schedule", "chunks"})
     timeline = builders.simulate_schedule(**request.model_dump())
-    svg = builders.schedule_svg(timeline, builders.schedule_payload(timeline, **shape))
+    svg = builders.schedule_svg(timeline, builders.schedule_payload(timeline,
+                                                                    **request.model_dump()))
     return Response(svg, media_type="image/svg+xml",
                     headers={"Content-Disposition": f'inline; filename="{request.schedule}.svg"'})
 

@@ -1,7 +1,7 @@
 import { api, clearFieldErrors, debounce, escapeHtml, fillForm, readForm, readState, renderNav, showError, showFieldErrors, writeState } from "/static/common.js";
 import { gantt } from "/static/charts.js";
 
-const DEFAULTS = { schedule: "1f1b", stages: 4, microbatches: 8, chunks: "", t_f: 1, t_b: 1, t_w: 1, p2p_latency: 0 };
+const DEFAULTS = { schedule: "1f1b", stages: 4, microbatches: 8, chunks: "", t_f: 1, t_b: 1, t_w: "", p2p_latency: 0 };
 const ALIASES = { "m=": "microbatches", "chunks": "chunks" };
 const form = document.getElementById("form");
 const formError = document.getElementById("form-error");
@@ -13,7 +13,8 @@ async function update() {
   writeState(state);
   const mine = ++sequence;
   try {
-    const out = await api("/api/schedule", { ...state, chunks: state.chunks === "" ? null : Number(state.chunks) }, { method: "POST" });
+    const blank = (key) => (state[key] === "" ? null : Number(state[key]));
+    const out = await api("/api/schedule", { ...state, chunks: blank("chunks"), t_w: blank("t_w") }, { method: "POST" });
     if (mine !== sequence) return;
     clearFieldErrors(form);
     showError(formError, "");
@@ -30,13 +31,14 @@ function render(out) {
   document.getElementById("kpis").innerHTML = [
     ["makespan", Number(out.makespan.toPrecision(6))],
     ["bubble (simulated)", out.bubble_fraction.toFixed(4)],
-    ["bubble (p−1)/(v·m+p−1)", closed === null ? "–" : closed.toFixed(4)],
+    ["bubble (closed form)", closed === null ? "–" : closed.toFixed(4)],
     ["actions", out.actions],
   ].map(([label, value]) => `<div class="kpi"><b data-kpi="${escapeHtml(label)}">${value}</b><span>${escapeHtml(label)}</span></div>`).join("");
-  document.getElementById("chart-title").textContent = `${out.schedule}: p=${out.stages}, m=${out.microbatches}, v=${out.chunks}`;
+  const times = `t_f ${out.t_f}, t_b ${out.t_b}` + (out.t_w === null ? "" : ` (B ${Number((out.t_b - out.t_w).toPrecision(6))} + W ${out.t_w})`);
+  document.getElementById("chart-title").textContent = `${out.schedule}: p=${out.stages}, m=${out.microbatches}, v=${out.chunks}${out.placement === "v" ? " in a V" : ""}; ${times}`;
   document.getElementById("chart").innerHTML = gantt({ events: out.timeline, stages: out.stages, makespan: out.makespan, chunks: out.chunks, title: `${out.schedule} timeline` });
   document.getElementById("peaks").innerHTML = `<thead><tr><th>stage</th>${out.peak_in_flight.map((_, s) => `<th>${s}</th>`).join("")}</tr></thead>`
-    + `<tbody><tr><td>peak in flight</td>${out.peak_in_flight.map((n) => `<td>${n}</td>`).join("")}</tr></tbody>`;
+    + `<tbody><tr><td>peak in flight</td>${out.peak_in_flight.map((n) => `<td>${Number(n.toPrecision(6))}</td>`).join("")}</tr></tbody>`;
   document.getElementById("text").textContent = out.text;
 }
 

@@ -47,8 +47,9 @@ function draw(d) {
     if (e.start >= t) continue;
     const y = top + e.stage * rowH, x0 = x(e.start), x1 = x(Math.min(e.end, t));
     const wd = Math.max(0.5, x1 - x0 - 1);
-    g.append(s("rect", { x: x0 + 0.5, y: y + 1, width: wd, height: rowH - 2, rx: 2, fill: COLOUR[e.kind], opacity: e.chunk % 2 ? 0.7 : 1, "data-kind": e.kind },
-      s("title", {}, `stage ${e.stage}: ${e.kind} of micro-batch ${e.micro_batch}${d.v > 1 ? `, chunk ${e.chunk}` : ""}, t = ${e.start}–${e.end}`)));
+    g.append(s("rect", { x: x0 + 0.5, y: y + 1, width: wd, height: rowH - 2, rx: 2, fill: COLOUR[e.kind], opacity: e.chunk % 2 ? 0.7 : 1, "data-kind": e.kind,
+      ...(e.pair ? { stroke: "var(--fg)", "stroke-width": 1.5, "data-pair": "" } : {}) },
+      s("title", {}, `stage ${e.stage}: ${e.kind} of micro-batch ${e.micro_batch}${d.v > 1 ? `, chunk ${e.chunk}` : ""}${e.pair ? " (overlapped F&B pair)" : ""}, t = ${e.start}–${e.end}`)));
     if (label && wd > 11) g.append(s("text", { x: x0 + wd / 2 + 0.5, y: y + rowH / 2 + 4, "text-anchor": "middle", "font-size": 10, style: "fill:#fff", "pointer-events": "none" }, e.micro_batch));
   }
   const bottom = top + rowH * d.p;
@@ -60,15 +61,18 @@ function draw(d) {
   g.append(s("text", { x: right, y: bottom + 28, "text-anchor": "end", "font-size": 10, class: "muted" }, "time (forward of one micro-batch on one stage = 1)"));
   fill(svg, g);
 
-  const sameAsClosed = Math.abs(d.bubble_fraction - d.closed_form_bubble) < 1e-9;
+  const closed = d.closed_form_bubble;
+  const num = (x) => Number(x.toPrecision(6));
   fill(document.getElementById("stats"),
     h("div", {}, h("span", {}, "bubble (simulated)"), h("b", { id: "bubble" }, pct(d.bubble_fraction))),
-    h("div", {}, h("span", {}, "(P−1)/(vM+P−1)"), h("b", {}, pct(d.closed_form_bubble))),
-    h("div", {}, h("span", {}, "makespan"), h("b", { id: "makespan" }, `${d.makespan}`)),
-    h("div", {}, h("span", {}, "peak in flight per stage"), h("b", { id: "peak" }, d.peak_in_flight.join(" · "))));
+    h("div", {}, h("span", {}, "bubble (closed form)"), h("b", { id: "closed" }, closed === null ? "–" : pct(closed))),
+    h("div", {}, h("span", {}, "makespan"), h("b", { id: "makespan" }, `${num(d.makespan)}`)),
+    h("div", {}, h("span", {}, "peak in flight per stage"), h("b", { id: "peak" }, d.peak_in_flight.map(num).join(" · "))));
+  const chunks = d.v > 1 ? `, v = ${d.v}${d.placement === "v" ? " in a V" : ""} (a chunk's box takes 1/${d.v} of the stage's time)` : "";
   fill(document.getElementById("caption"),
-    `${d.schedule} with P = ${d.p}, M = ${d.m}${d.v > 1 ? `, v = ${d.v}` : ""}; forward 1, ${d.t_w ? `B ${d.t_b} and W ${d.t_w}` : `backward ${d.t_b}`}. `,
-    sameAsClosed ? "The simulated bubble equals the closed form. "
-      : `The simulated bubble ${d.bubble_fraction.toFixed(4)} differs from the closed form ${d.closed_form_bubble.toFixed(4)}, which assumes an unsplit backward. `,
-    `Stage 0 holds at most ${d.peak_in_flight[0]} micro-batch${d.v > 1 ? "-chunk" : ""}es' activations at once.`);
+    `${d.schedule} with P = ${d.p}, M = ${d.m}${chunks}; per stage forward ${d.t_f}, backward ${d.t_b}${d.t_w === null ? "" : ` split into B ${num(d.t_b - d.t_w)} and W ${d.t_w}`}. `,
+    closed === null ? "This schedule has no closed form for so few micro-batches. "
+      : Math.abs(d.bubble_fraction - closed) < 1e-9 ? "The simulated bubble equals the schedule's closed form. "
+      : `The simulated bubble ${d.bubble_fraction.toFixed(4)} differs from the closed form ${closed.toFixed(4)}. `,
+    `Stage 0 holds at most ${num(d.peak_in_flight[0])} micro-batches' activations at once${d.v > 1 ? " (a chunk counts 1/v)" : ""}.`);
 }

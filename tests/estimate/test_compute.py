@@ -36,12 +36,13 @@ def test_large_gemm_is_compute_bound_at_the_calibrated_efficiency():
     m, k, n = 8192, 8192, 8192
     half = cal.matmul_half_dim
     eff = cal.matmul_efficiency * (m / (m + half)) ** 3
-    expected = 2 * m * k * n / (989e12 * eff)
+    expected = 2 * m * k * n / (989e12 * cal.sustained_compute * eff)
     assert matmul_time(ctx, m, k, n) == pytest.approx(expected, rel=1e-12)
 
 
 def test_skinny_gemm_is_memory_bound():
-    cal = default_calibration("h100-sxm")
+    # at the component benchmarks' own rate (a job's sustained share aside)
+    cal = replace(default_calibration("h100-sxm"), sustained_compute=1.0)
     ctx = ctx_for(cal=cal)
     m, k, n = 1, 8192, 8192  # a GEMV: reads the whole weight for 2 FLOPs per element
     traffic = 2 * (m * k + k * n + m * n) / (3.35e12 * cal.hbm_efficiency)
@@ -84,12 +85,12 @@ def test_flash_attention_halves_the_causal_square():
     curve = cal.attention_kernels[cal.attention_kernel]
     eff = (curve["efficiency"] * 128 / (128 + curve["half_dim"])
            * 4096 / (4096 + curve["half_seq"]))  # head dim 128, causal: half of 8192
-    assert cost.attn_fwd == pytest.approx(flops / (989e12 * eff))
-    assert cost.attn_bwd == pytest.approx(2.5 * flops / (989e12 * eff * curve["backward_ratio"]))
+    assert cost.attn_fwd == pytest.approx(flops / (989e12 * cal.sustained_compute * eff))
+    assert cost.attn_bwd == pytest.approx(2.5 * flops / (989e12 * cal.sustained_compute * eff * curve["backward_ratio"]))
     # without a kernel curve (the "this machine" calibration): one scalar, both passes
-    legacy = replace(cal, attention_kernel="", matmul_half_dim=0.0)
+    legacy = replace(cal, attention_kernel="", attention_kernels={}, matmul_half_dim=0.0)
     cost = layer_cost(ctx_for(cal=legacy, seq=8192), t=1, c=1, b=1, sp=False, rc=0)
-    assert cost.attn_fwd == pytest.approx(flops / (989e12 * legacy.attention_efficiency))
+    assert cost.attn_fwd == pytest.approx(flops / (989e12 * legacy.sustained_compute * legacy.attention_efficiency))
     assert cost.attn_bwd == pytest.approx(2.5 * cost.attn_fwd)
 
 
@@ -189,7 +190,8 @@ def test_materialised_attention_has_no_causal_saving():
 def _flop_exact(model: str, seq: int = 4096) -> ComputeContext:
     """Every GEMM at peak (no saturation, HBM never the bound): time × peak = FLOPs."""
     cal = replace(default_calibration("h100-sxm"), matmul_half_dim=0.0, matmul_efficiency=1.0,
-                  attention_efficiency=1.0)
+                  attention_efficiency=1.0, sustained_compute=1.0, attention_kernel="",
+                  attention_kernels={})
     return ctx_for(model, seq=seq, cal=cal, acc=replace(H100, hbm_bandwidth=1e30))
 
 
@@ -204,10 +206,10 @@ def test_mla_layer_gemms_are_its_projections(tp, sp):
     cost = layer_cost(ctx, t=tp, c=1, b=1, sp=sp, rc=0)
     down, split = model.mla_params()
     flops = 2 * tokens * (down / (tp if sp else 1) + (split + model.mlp_params()) / tp)
-    assert cost.wgrad * ctx.peak == pytest.approx(flops, rel=1e-12)
+    assert cost.wgrad * ctx.rate == pytest.approx(flops, rel=1e-12)
     heads = model.n_heads / tp
     core = 2 * tokens * tokens * heads * (192 + 128) * 0.5  # causal
-    assert cost.attn_fwd * ctx.peak == pytest.approx(core, rel=1e-12)
+    assert cost.attn_fwd * ctx.rate == pytest.approx(core, rel=1e-12)
 
 
 def test_routed_experts_split_over_etp_run_the_same_flops_per_rank():
@@ -224,5 +226,5 @@ def test_routed_experts_split_over_etp_run_the_same_flops_per_rank():
     router = 2 * 4096 * model.d_model * model.n_experts
     dense = layer_cost(ctx, t=8, c=1, b=1, sp=True, rc=0).wgrad
     mlp = 2 * 4096 * model.mlp_params() / 8
-    assert (by_one.wgrad - dense) * ctx.peak == pytest.approx(routed + shared + router - mlp,
+    assert (by_one.wgrad - dense) * ctx.rate == pytest.approx(routed + shared + router - mlp,
                                                               rel=1e-12)

@@ -180,7 +180,8 @@ def test_v_placement_holds_embedding_head_and_logits_on_stage_0(schedule):
     (a tied head shares the embedding there), the final norm and the loss's logits; stage
     p-1 holds layers only. ZBV's activations are 2p chunks of half a stage on every stage —
     p micro-batches' worth, 1F1B's stage-0 peak (Qi et al. 2023, §6); DualPipeV's 2p+1."""
-    model, train = PRESETS["llama3-8b"], TrainSpec(seq_len=4096, global_batch=64)
+    model = PRESETS["llama3-8b"]
+    train = TrainSpec(seq_len=4096, global_batch=64, impl="torchtitan")  # runs both V's
     v_shape = training_memory_per_gpu(model, Layout(pp=4, dp=2, chunks=2,
                                                     schedule=schedule), train)
     loop = training_memory_per_gpu(model, Layout(pp=4, dp=2), train)

@@ -80,8 +80,9 @@ def test_estimate_with_simulator_equals_closed_form(text):
     model = get_model("llama3-8b")
     cluster = Cluster.of(16, "h100")
     layout = Layout.parse(text + ",tp=2", dp=16 // (2 * int(text.split(",")[0][3:])))
-    # a stack whose pipeline engine runs all three (`Stack.schedules`)
-    train = TrainSpec(seq_len=4096, global_batch=32, impl="torchtitan")
+    # a stack whose pipeline engine runs the schedule (`Stack.schedules`): the shardwise
+    # runtime runs all three
+    train = TrainSpec(seq_len=4096, global_batch=32, impl="shardwise")
     closed = estimate_step(model, cluster, layout, train)
     sim = estimate_step(model, cluster, layout, train, simulate=True)
     assert sim.bubble_source == "simulator"

@@ -267,6 +267,7 @@ DEMOS = {
     "tp": ("shardwise.demos.tensor_parallel", "run_tp_demo", 2),
     "pipeline": ("shardwise.demos.pipeline", "run_pipeline_demo", 4),
     "ring-attention": ("shardwise.demos.context_parallel", "run_ring_attention_demo", 4),
+    "ulysses": ("shardwise.demos.ulysses", "run_ulysses_demo", 2),
     "moe": ("shardwise.demos.expert_parallel", "run_moe_demo", 4),
 }
 

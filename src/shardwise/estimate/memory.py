@@ -27,7 +27,14 @@ from shardwise.arch import ModelSpec, count_params
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import dp_step_comm_bytes
 from shardwise.estimate.profiles import fused_attention, layer_bytes, saved_tensors
-from shardwise.layout import RECOMPUTE, Layout, Partition, TrainSpec, chunk_span
+from shardwise.layout import (
+    RECOMPUTE,
+    Layout,
+    Partition,
+    TrainSpec,
+    chunk_span,
+    ulysses_degree,
+)
 from shardwise.schedules.registry import get_schedule, select
 from shardwise.units import dtype_bytes
 
@@ -194,7 +201,8 @@ def korthikanti_activation_bytes(seq_len: int, micro_batch: int, hidden: int, he
 def saved_tensors_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any, *, tp: Any = 1,
                             sp: Any = False, cp: Any = 1, flash: bool = False,
                             selective: Any = False, dtype_bytes_: float = 2,
-                            moe: bool = False, impl: str = "shardwise") -> dict[str, Any]:
+                            moe: bool = False, impl: str = "shardwise", a2a: Any = 1
+                            ) -> dict[str, Any]:
     """The generalised count: every tensor one layer saves for backward, in bytes per rank.
 
     Walks the layer as Korthikanti et al. do, for the actual architecture: GQA widths for K and
@@ -208,8 +216,9 @@ def saved_tensors_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any, *,
 
     Replicated tensors (norm inputs, the inputs of QKV and of the MLP, dropout masks) are ÷t
     only with sequence parallelism; head- or f-sharded ones are always ÷t. K and V hold
-    `max(a_kv/t, 1)` heads per rank. Everything is ÷c under context parallelism.
-    With MHA, GELU, f = 4h, LayerNorm, dropout and 2-byte activations the non-statistic items
+    `max(a_kv/t, 1)` heads per rank. Everything is ÷c under context parallelism; with
+    Ulysses (`a2a` > 1, the all-to-all degree) the attention output is kept twice, head- and
+    sequence-sharded (docs/concepts/context-parallel.md). With MHA, GELU, f = 4h, LayerNorm, dropout and 2-byte activations the non-statistic items
     sum to Korthikanti's `s·b·h·(34 + 5·a·s/h)`.
 
     `impl` names the implementation profile (`estimate.profiles`): "shardwise" (the default)
@@ -217,23 +226,25 @@ def saved_tensors_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any, *,
     code keeps for the same layer.
     """
     return saved_tensors(impl, model, seq_len, micro_batch, tp=tp, sp=sp, cp=cp, flash=flash,
-                         selective=selective, dtype_bytes_=dtype_bytes_, moe=moe)
+                         selective=selective, dtype_bytes_=dtype_bytes_, moe=moe, a2a=a2a)
 
 
 def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any = 1, *,
                                tp: Any = 1, sp: Any = False, cp: Any = 1,
                                recompute: Any = "none", flash: bool = False,
                                dtype: str = "bf16", formula: str = "generalised",
-                               moe: bool | None = None, impl: str = "shardwise") -> Any:
+                               moe: bool | None = None, impl: str = "shardwise", a2a: Any = 1
+                               ) -> Any:
     """Bytes one layer keeps for backward per micro-batch, per rank.
 
     `formula="korthikanti"`: the paper's closed form (see `korthikanti_activation_bytes`, which
     assumes MHA, GELU f=4h, dropout, 2-byte activations); `"generalised"`: the sum of the
     saved tensors of implementation profile `impl` (`estimate.profiles`; "shardwise", the
     default, is `saved_tensors_per_layer`, SPEC §3). Full recompute keeps only the layer
-    input `s·b·h·bytes` (÷t with SP). Context parallelism divides by `c`.
+    input `s·b·h·bytes` (÷t with SP). Context parallelism divides by `c` (Ulysses, `a2a` > 1:
+    the attention output twice, `saved_tensors_per_layer`).
 
-    `tp`, `cp`, `micro_batch`, `sp` and `recompute` may be NumPy arrays (`recompute` then holds
+    `tp`, `cp`, `micro_batch`, `sp`, `a2a` and `recompute` may be NumPy arrays (`recompute` then holds
     codes: 0 none, 1 selective, 2 full) for the planner's vectorised evaluation.
     """
     if isinstance(recompute, str) and recompute not in RECOMPUTE:
@@ -248,7 +259,7 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any 
         raise ShardwiseError(f"formula must be 'generalised' or 'korthikanti', got {formula!r}")
     return layer_bytes(impl, model, seq_len, micro_batch, tp=tp, sp=sp, cp=cp, flash=flash,
                        selective=selective, full=full, dtype_bytes_=dtype_bytes(dtype),
-                       moe=model.is_moe if moe is None else moe)
+                       moe=model.is_moe if moe is None else moe, a2a=a2a)
 
 
 # ------------------------------------------------------------------------------ §4 per GPU
@@ -444,7 +455,8 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
                  dp: Any, zero: Any, zero_group: Any, sp: Any, schedule: Any, chunks: Any,
                  recompute: Any, micro_batch: Any, m: Any, stage: Any,
                  act: dict[str, Any] | None = None, formula: str = "generalised",
-                 partition: Partition = ()) -> dict[str, Any]:
+                 partition: Partition = (), cp_kind: Any = 0, ulysses: Any = 0
+                 ) -> dict[str, Any]:
     """Bytes on one GPU of pipeline `stage` (SPEC §4), for one layout or arrays of layouts:
     weights, grads, optimizer, activations, logits, workspace, in_flight and total.
 
@@ -454,7 +466,8 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
     the embedding's dropout mask (its output is layer 0's saved norm input, counted there), the
     last stage the final norm's input and fp32 logits `s·b·V·4/t` for the loss. ZeRO-3 adds a
     workspace of two gathered layers (the one in use and the prefetched one). `act` may carry
-    the per-layer activation bytes (`{"dense": …, "moe": …}`) already evaluated.
+    the per-layer activation bytes (`{"dense": …, "moe": …}`) already evaluated (for the
+    layouts' `cp_kind` and `ulysses`: `layout.ulysses_degree`).
     """
     state = bytes_per_param_training(train.dtype, train.grad_dtype, train.optimizer)
     ab = dtype_bytes(train.dtype)
@@ -464,7 +477,7 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
             return activation_bytes_per_layer(
                 model, s, micro_batch, tp=tp, sp=sp, cp=cp, recompute=recompute,
                 flash=train.flash_attention, dtype=train.dtype, formula=formula, moe=moe,
-                impl=train.impl)
+                impl=train.impl, a2a=ulysses_degree(cp, cp_kind, ulysses))
         act = {"dense": per_layer(False), "moe": per_layer(True) if model.is_moe else 0.0}
     zero_n = np.where(zero_group > 0, zero_group, dp * cp)
     dense_params, expert_params = stage_param_counts(model, tp=tp, pp=pp, ep=ep, chunks=chunks,

@@ -208,14 +208,15 @@ def fused_attention(profile: Profile | str, flash: bool) -> bool:
 # ---------------------------------------------------------------------------- the walk
 def saved_tensors(profile: Profile | str, model: ModelSpec, seq_len: int, micro_batch: Any, *,
                   tp: Any = 1, sp: Any = False, cp: Any = 1, flash: bool = False,
-                  selective: Any = False, dtype_bytes_: float = 2, moe: bool = False
-                  ) -> dict[str, Any]:
+                  selective: Any = False, dtype_bytes_: float = 2, moe: bool = False,
+                  a2a: Any = 1) -> dict[str, Any]:
     """Bytes per rank of every tensor one layer saves for backward under `profile`.
 
-    `tp`, `cp`, `micro_batch` may be arrays, `sp` and `selective` boolean arrays (then every
-    entry is an array, 0 where it does not apply); with scalars only the tensors that exist are
-    listed. For `shardwise` this is SPEC §3's generalised count (see
-    `estimate.memory.saved_tensors_per_layer`).
+    `tp`, `cp`, `micro_batch`, `a2a` may be arrays, `sp` and `selective` boolean arrays (then
+    every entry is an array, 0 where it does not apply); with scalars only the tensors that
+    exist are listed. For `shardwise` this is SPEC §3's generalised count (see
+    `estimate.memory.saved_tensors_per_layer`). `a2a`: the context-parallel all-to-all
+    (Ulysses) degree, `Layout.ulysses_degree`; above 1 the attention output is kept twice.
     """
     prof = get_profile(profile) if isinstance(profile, str) else profile
     ab = dtype_bytes_
@@ -274,6 +275,12 @@ def saved_tensors(profile: Profile | str, model: ModelSpec, seq_len: int, micro_
             add("attention_dropout_mask", scores * 1, not_selective)
             add("attention_dropout_output", scores * ab, not_selective)
     add("attention_output", sb * model.q_dim * ab / tp)
+    # Ulysses: the kernel keeps its head-sharded output (b, s, a/(t·u), d) and the
+    # out-projection the sequence-sharded one its all-to-all returns, the same bytes (TE's
+    # AttnFuncWithCPAndQKVOA2A saves `out` before its all-to-all; DeepSpeed's
+    # DistributedAttention returns a new tensor); selective recompute keeps neither
+    add("attention_output_heads", sb * model.q_dim * ab / tp, _pick(a2a > 1, not_selective,
+                                                                   False))
     if model.dropout and prof.residual_dropout:
         add("attention_residual_dropout_mask", sb * h / rep)
     norm("norm2", "mlp_input")
@@ -321,11 +328,12 @@ def _moe_saved(prof: Profile, model: ModelSpec, tokens: Any, tp: Any, ab: float
 def layer_bytes(profile: Profile | str, model: ModelSpec, seq_len: int, micro_batch: Any, *,
                 tp: Any = 1, sp: Any = False, cp: Any = 1, flash: bool = False,
                 selective: Any = False, full: Any = False, dtype_bytes_: float = 2,
-                moe: bool = False) -> Any:
+                moe: bool = False, a2a: Any = 1) -> Any:
     """Sum of `saved_tensors`; under full recompute (`full`, scalar or boolean array) the
     layer input only, `s/c·b·h·bytes` (÷t with SP) — every profile checkpoints the layer."""
     saved = saved_tensors(profile, model, seq_len, micro_batch, tp=tp, sp=sp, cp=cp,
-                          flash=flash, selective=selective, dtype_bytes_=dtype_bytes_, moe=moe)
+                          flash=flash, selective=selective, dtype_bytes_=dtype_bytes_, moe=moe,
+                          a2a=a2a)
     total = sum(saved.values())
     if _is_false(full):
         return total

@@ -13,7 +13,7 @@ import numpy as np
 from shardwise.arch import ModelSpec
 from shardwise.estimate.memory import layer_params
 from shardwise.hardware import Cluster
-from shardwise.layout import Balanced, Layout, TrainSpec, stage_partition
+from shardwise.layout import CP_KINDS, Balanced, Layout, TrainSpec, stage_partition
 from shardwise.plan.results import Rejection
 from shardwise.plan.space import SearchSpace
 from shardwise.schedules.registry import (
@@ -51,7 +51,8 @@ def _structure_reason(problem: str) -> str:
              ("n_experts", "ep does not divide the experts"),
              ("dp·cp", "ep does not divide dp·cp"),
              ("2·cp", "2·cp does not divide the sequence length"),
-             ("ring attention", "context parallelism needs FlashAttention"))
+             ("ring attention", "context parallelism needs FlashAttention"),
+             ("Ulysses", "the Ulysses degree does not divide the heads"))
     for key, reason in rules:
         if key in problem:
             return reason
@@ -90,21 +91,29 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
     assert gb is not None
     inner = [len(axes[k]) for k in ("micro_batch", "schedule", "zero", "sp", "recompute")]
 
-    # level 1: structures (tp, pp, cp, ep, partition) and dp = GPUs / (tp·pp·cp); the
-    # searched partitions of each pp (`_partitions`) as Balanced(first_less, last_less)
+    # level 1: structures (tp, pp, cp, cp kind, ep, partition) and dp = GPUs / (tp·pp·cp); the
+    # searched partitions of each pp (`_partitions`) as Balanced(first_less, last_less); with
+    # cp > 1 each kind of `cp_kind` (the hybrid's all-to-all over the cp ranks of one node)
     partitions = {p: _partitions(model, p) for p in axes["pp"]}
     per_structure = math.prod(inner)
-    grid = (len(axes["tp"]) * sum(map(len, partitions.values())) * len(axes["cp"])
+    cp_kinds = [(c, k) for c in axes["cp"] for k in (axes["cp_kind"] if c > 1 else [0])]
+    grid = (len(axes["tp"]) * sum(map(len, partitions.values())) * len(cp_kinds)
             * len(axes["ep"]) * per_structure)
     rows = []
-    for t, p, c, e in itertools.product(axes["tp"], axes["pp"], axes["cp"], axes["ep"]):
+    for t, p, (c, kind), e in itertools.product(axes["tp"], axes["pp"], cp_kinds, axes["ep"]):
         region = per_structure * len(partitions[p])
         if n_gpus % (t * p * c):
             rejections.add("tp·pp·cp does not divide the GPU count", region,
                            f"tp={t} pp={p} cp={c}: {t * p * c} ∤ {n_gpus}")
             continue
         dp = n_gpus // (t * p * c)
-        problems = Layout(dp=dp, tp=t, pp=p, cp=c, ep=e).problems(model)
+        u = min(c, max(cluster.gpus_per_node // t, 1)) if CP_KINDS[kind] == "hybrid" else 0
+        if CP_KINDS[kind] == "hybrid" and not 1 < u < c:
+            rejections.add("hybrid cp with every cp rank in one node or one per node (same as "
+                           "Ulysses or ring)", region, category="duplicate")
+            continue
+        problems = Layout(dp=dp, tp=t, pp=p, cp=c, ep=e, cp_kind=CP_KINDS[kind],
+                          ulysses=u).problems(model)
         if c > 1 and not train.flash_attention:
             problems.append("context parallelism (ring attention) needs FlashAttention")
         elif c > 1 and s % (2 * c):
@@ -116,7 +125,7 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
             rejections.add("more data-parallel replicas than sequences per step", region,
                            f"dp={dp} > global batch {gb}")
             continue
-        rows += [(t, p, c, e, dp, a, z) for a, z in partitions[p]]
+        rows += [(t, p, c, e, dp, a, z, kind, u) for a, z in partitions[p]]
     if not rows:
         return {}, grid
     st = np.array(rows, dtype=np.int64)
@@ -132,7 +141,8 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
     pair = np.nonzero(ok)[0]
     pairs = {"tp": st[s_idx[pair], 0], "pp": st[s_idx[pair], 1], "cp": st[s_idx[pair], 2],
              "ep": st[s_idx[pair], 3], "dp": dp_[pair], "micro_batch": b_[pair],
-             "first_less": st[s_idx[pair], 5], "last_less": st[s_idx[pair], 6]}
+             "first_less": st[s_idx[pair], 5], "last_less": st[s_idx[pair], 6],
+             "cp_kind": st[s_idx[pair], 7], "ulysses": st[s_idx[pair], 8]}
     pairs["m"] = gb // (pairs["dp"] * pairs["micro_batch"])
     n_pairs = len(pair)
     if not n_pairs:  # no (structure, micro-batch) pair splits the batch
@@ -206,7 +216,7 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
     valid = ~(no_tp | bad_sp)
     cand: dict[str, Any] = {key: pairs[key][pr][:, None]
                             for key in ("tp", "pp", "cp", "ep", "dp", "micro_batch", "m",
-                                        "first_less", "last_less")}
+                                        "first_less", "last_less", "cp_kind", "ulysses")}
     cand.update(schedule=lvl3["schedule"][l3][:, None], chunks=lvl3["chunks"][l3][:, None],
                 zero=lvl4["zero"][:, None], zero_group=lvl4["zero_group"][:, None], sp=sp,
                 recompute=rc,

@@ -81,11 +81,12 @@ def plan(model: ModelSpec, cluster: Cluster, train: TrainSpec, top: int = 10, *,
                                              headroom))
     say("ranking")
     order = _rank(cand, terms, fits)
-    ranked = []
-    for position, i in enumerate(order[:top]):
-        entry = evaluate_layout(model, cluster, train, _layout_of(cand, int(i)), cal, headroom)
-        ranked.append(PlanEntry(entry.layout, entry.estimate, entry.memory, budget,
-                                rank=position + 1))
+    top_entries = [evaluate_layout(model, cluster, train, _layout_of(cand, int(i)), cal, headroom)
+                   for i in order[:top]]
+    # the scalar re-evaluation (the simulator's bubble for small schedules) may swap near ties
+    top_entries.sort(key=lambda entry: entry.estimate.total)
+    ranked = [PlanEntry(entry.layout, entry.estimate, entry.memory, budget, rank=position + 1)
+              for position, entry in enumerate(top_entries)]
     base, note = None, ""
     if baseline:
         try:

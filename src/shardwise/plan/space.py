@@ -8,7 +8,7 @@ from shardwise.arch import ModelSpec
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.compute import RC_CODES
 from shardwise.hardware import Cluster
-from shardwise.layout import TrainSpec
+from shardwise.layout import CP_KINDS, TrainSpec
 from shardwise.schedules.registry import SEARCHED_SCHEDULES, get_schedule
 
 DEFAULT_HEADROOM = 0.85  # plan for 85 % of GPU memory
@@ -26,6 +26,7 @@ class SearchSpace:
     pp: tuple[int, ...] | None = None
     cp: tuple[int, ...] | None = None
     ep: tuple[int, ...] | None = None
+    cp_kinds: tuple[str, ...] = CP_KINDS  # with cp > 1; the hybrid's all-to-all spans a node
     micro_batch: tuple[int, ...] | None = None
     zero: tuple[int, ...] = (0, 1, 2, 3)
     zero_groups: tuple[int, ...] | None = None
@@ -64,6 +65,10 @@ class SearchSpace:
         for name in self.recompute:
             if name not in RC_CODES:
                 raise ShardwiseError(f"unknown recompute {name!r}; valid: none, selective, full")
+        for name in self.cp_kinds:
+            if name not in CP_KINDS:
+                raise ShardwiseError(f"unknown cp kind {name!r}; valid: {', '.join(CP_KINDS)}")
         return {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "micro_batch": mb, "schedule": sched,
+                "cp_kind": [CP_KINDS.index(k) for k in self.cp_kinds],
                 "zero": zero, "sp": [int(bool(x)) for x in self.sp],
                 "recompute": [RC_CODES[r] for r in self.recompute]}

@@ -22,7 +22,7 @@ from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import ALGORITHMS, OPS
 from shardwise.estimate.memory import ACTIVATION_FORMULAS
 from shardwise.estimate.profiles import DEFAULT_IMPL, profile_names
-from shardwise.layout import RECOMPUTE, SCHEDULES
+from shardwise.layout import CP_KINDS, RECOMPUTE, SCHEDULES
 from shardwise.preflight import writable_file
 from shardwise.report.builders import (
     build_layout,
@@ -117,6 +117,12 @@ def layout_options(func: Callable) -> Callable:
                      callback=checked(degree)),
         click.option("--ep", default=1, show_default=True, help="Expert-parallel degree.",
                      callback=checked(degree)),
+        click.option("--cp-kind", default="ring", show_default=True, type=click.Choice(CP_KINDS),
+                     help="Context parallelism: ring attention, Ulysses (all-to-all over heads) "
+                          "or hybrid (Ulysses inside groups of --ulysses ranks, ring across)."),
+        click.option("--ulysses", default=0, type=click.IntRange(0, MAX_DEGREE),
+                     help="Hybrid cp: ranks of each all-to-all group (Megatron's first "
+                          "--hierarchical-context-parallel-sizes)."),
         click.option("--zero", default=0, show_default=True, type=click.IntRange(0, 3),
                      help="ZeRO stage."),
         click.option("--zero-group", default=0, type=click.IntRange(0, MAX_DEGREE),

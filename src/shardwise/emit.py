@@ -125,6 +125,11 @@ def _megatron_partition(model: ModelSpec, layout: Layout) -> list[str]:
             f"--decoder-last-pipeline-num-layers {last}"]
 
 
+# `Layout.cp_kind` as Megatron-Core's `cp_comm_type` (transformer_config.py, 0.16.1): ring
+# attention "p2p", Ulysses "a2a", the hybrid "a2a+p2p" (all-to-all inside, ring across).
+_MEGATRON_CP = {"ring": "p2p", "ulysses": "a2a", "hybrid": "a2a+p2p"}
+
+
 def megatron_args(model: ModelSpec, layout: Layout, train: TrainSpec,
                   gpus_per_node: int = 8) -> Emitted:
     """Megatron-LM `pretrain_gpt.py` launch script for `layout`.
@@ -178,8 +183,12 @@ def megatron_args(model: ModelSpec, layout: Layout, train: TrainSpec,
     elif layout.schedule == "gpipe" and layout.pp > 1:
         notes.append("Megatron-LM has no GPipe schedule; as emitted it runs 1F1B (same bubble, "
                      "fewer micro-batches' activations in flight)")
-    if layout.cp > 1:
-        args.append(f"--context-parallel-size {layout.cp}")
+    if layout.cp > 1:  # Megatron-LM arguments.py: --cp-comm-type, and a2a+p2p's group sizes
+        args += [f"--context-parallel-size {layout.cp}",
+                 f"--cp-comm-type {_MEGATRON_CP[layout.cp_kind]}"]
+        if layout.cp_kind == "hybrid":
+            args.append(f"--hierarchical-context-parallel-sizes {layout.ulysses} "
+                        f"{layout.cp // layout.ulysses}")
     if layout.ep > 1:
         args.append(f"--expert-model-parallel-size {layout.ep}")
     if layout.sp:
@@ -315,6 +324,11 @@ def torchtitan_args(model: ModelSpec, layout: Layout, train: TrainSpec,
     if train.dtype == "fp16":
         raise ShardwiseError("torchtitan 0.3 trains in bfloat16 or float32 only (no fp16 mixed "
                              "precision); use --dtype bf16")
+    if layout.cp > 1 and layout.cp_kind != "ring":
+        raise ShardwiseError(f"torchtitan 0.3's context parallelism shards the sequence and "
+                             f"exchanges K/V (PyTorch's context_parallel), it has no "
+                             f"all-to-all over heads: cp_kind={layout.cp_kind} cannot run; "
+                             "use cp_kind=ring or --emit megatron")
     notes: list[str] = []
     module, config = _TITAN_CONFIGS[model.name]
     replicate, shard = _titan_shards(layout, notes)
@@ -409,9 +423,10 @@ def deepspeed_config(model: ModelSpec, layout: Layout, train: TrainSpec,
         raise ShardwiseError("Megatron-DeepSpeed cannot combine Megatron sequence parallelism "
                              f"(sp) with DeepSpeed sequence parallelism (cp={layout.cp}); use "
                              "sp=0 or cp=1")
-    if layout.cp > 1 and (model.n_heads // layout.tp) % layout.cp:
-        raise ShardwiseError(f"DeepSpeed-Ulysses splits heads over cp={layout.cp}: it must divide "
-                             f"n_heads/tp={model.n_heads // layout.tp}")
+    if layout.cp > 1 and layout.cp_kind != "ulysses":
+        raise ShardwiseError(f"DeepSpeed's sequence parallelism is Ulysses (all-to-all over "
+                             f"heads) only: cp_kind={layout.cp_kind} cannot run; use "
+                             "cp_kind=ulysses or --emit megatron")
     if layout.zero == 0 and grad != train.dtype:
         raise ShardwiseError(f"DeepSpeed without ZeRO accumulates gradients in the model dtype "
                              f"({train.dtype}), not {grad}; use zero ≥ 1 or --grad-dtype "
@@ -489,9 +504,6 @@ def deepspeed_config(model: ModelSpec, layout: Layout, train: TrainSpec,
     if layout.pp > 1 and layout.schedule != "1f1b":
         notes.append(f"DeepSpeed's pipeline engine runs 1F1B with one stage per rank; "
                      f"{layout.schedule} is emitted as 1F1B (a different bubble)")
-    if layout.cp > 1:
-        notes.append("DeepSpeed's sequence parallelism is Ulysses (all-to-all over heads), not "
-                     f"ring attention: cp={layout.cp} becomes --ds-sequence-parallel-size")
     return Emitted("deepspeed", json.dumps(config, indent=2) + "\n", tuple(notes))
 
 

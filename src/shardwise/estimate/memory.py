@@ -217,7 +217,7 @@ def saved_tensors_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any, *,
     Replicated tensors (norm inputs, the inputs of QKV and of the MLP, dropout masks) are ÷t
     only with sequence parallelism; head- or f-sharded ones are always ÷t. K and V hold
     `max(a_kv/t, 1)` heads per rank. Everything is ÷c under context parallelism; with
-    Ulysses (`a2a` > 1, the all-to-all degree) the attention output is kept twice, head- and
+    Ulysses (`a2a` > 1, the all-to-all degree) a fused kernel's output is kept twice, head- and
     sequence-sharded (docs/concepts/context-parallel.md). With MHA, GELU, f = 4h, LayerNorm, dropout and 2-byte activations the non-statistic items
     sum to Korthikanti's `s·b·h·(34 + 5·a·s/h)`.
 

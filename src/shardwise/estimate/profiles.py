@@ -275,12 +275,12 @@ def saved_tensors(profile: Profile | str, model: ModelSpec, seq_len: int, micro_
             add("attention_dropout_mask", scores * 1, not_selective)
             add("attention_dropout_output", scores * ab, not_selective)
     add("attention_output", sb * model.q_dim * ab / tp)
-    # Ulysses: the kernel keeps its head-sharded output (b, s, a/(t·u), d) and the
-    # out-projection the sequence-sharded one its all-to-all returns, the same bytes (TE's
-    # AttnFuncWithCPAndQKVOA2A saves `out` before its all-to-all; DeepSpeed's
-    # DistributedAttention returns a new tensor); selective recompute keeps neither
-    add("attention_output_heads", sb * model.q_dim * ab / tp, _pick(a2a > 1, not_selective,
-                                                                   False))
+    if fused:  # Ulysses: a fused kernel keeps its head-sharded output (b, s, a/(t·u), d),
+        # the out-projection the sequence-sharded one the all-to-all returns: the same bytes
+        # twice (TE's AttnFuncWithCPAndQKVOA2A saves `out` before its all-to-all); selective
+        # recompute keeps neither, a materialised softmax keeps P, not the output
+        add("attention_output_heads", sb * model.q_dim * ab / tp,
+            _pick(a2a > 1, not_selective, False))
     if model.dropout and prof.residual_dropout:
         add("attention_residual_dropout_mask", sb * h / rep)
     norm("norm2", "mlp_input")

@@ -107,9 +107,12 @@ def test_plan_has_everything_the_page_shows(client):
     assert len(out["ranked"]) == 5 and out["ranked"][0]["rank"] == 1
     assert out["explanation"].startswith(out["ranked"][0]["short"])
     assert out["rejected"] and all(r["count"] > 0 for r in out["rejected"])
-    for framework in ("megatron", "torchtitan", "deepspeed"):
+    for framework in ("megatron", "torchtitan"):
         assert out["emits"][framework]["config"]
     assert "--tensor-model-parallel-size" in out["emits"]["megatron"]["config"]
+    # DeepSpeed cannot run this best layout (17/15 stages); the page shows why, one line
+    refusal = out["emits"]["deepspeed"]["error"]
+    assert "DeepSpeed cannot run" in refusal and "\n" not in refusal
 
 
 def test_hardware_lists_presets(client):

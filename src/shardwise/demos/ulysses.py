@@ -34,10 +34,10 @@ TOL = 1e-12
 BATCH, HEAD_DIM = 2, 8
 
 
-def _layouts(ranks: int) -> list[Layout]:
+def _layouts(ranks: int, kinds: tuple[str, ...]) -> list[Layout]:
     """Ulysses over every rank; the hybrid (pairs × a ring) with an even number ≥ 4."""
-    out = [Layout(cp=ranks, cp_kind="ulysses")]
-    if ranks >= 4 and ranks % 2 == 0:
+    out = [Layout(cp=ranks, cp_kind="ulysses")] if "ulysses" in kinds else []
+    if "hybrid" in kinds and ranks >= 4 and ranks % 2 == 0:
         out.append(Layout(cp=ranks, cp_kind="hybrid", ulysses=2))
     return out
 
@@ -110,11 +110,11 @@ def _model_spec(ranks: int) -> Any:
                                    d_model=16 * ranks, n_heads=2 * ranks, n_kv_heads=ranks)
 
 
-def _worker(ranks: int, seq_len: int) -> list[dict[str, Any]]:
+def _worker(ranks: int, seq_len: int, kinds: tuple[str, ...]) -> list[dict[str, Any]]:
     from shardwise.runtime.mesh import Mesh
 
     rows = []
-    for layout in _layouts(ranks):
+    for layout in _layouts(ranks, kinds):
         mesh = Mesh.from_layout(layout)
         for causal in (True, False):
             for kv_heads in (layout.cp, 2 * layout.cp):  # GQA and plain multi-head
@@ -135,16 +135,17 @@ def _predicted(layout: Layout, seq_len: int, kv_heads: int) -> dict[str, float]:
 
 
 def run_ulysses_demo(ranks: int = 2, *, seq_len: int | None = None,
+                     kinds: tuple[str, ...] = ("ulysses", "hybrid"),
                      timeout_s: float = 120) -> list[dict[str, Any]]:
-    """Ulysses (and with an even number of ranks ≥ 4 the hybrid) on `ranks` processes against
-    one device, fp64: attention outputs and gradients, a model's loss and gradients; bytes per
-    rank against `estimate.comm`."""
+    """`kinds` of Ulysses (the hybrid with an even number of ranks ≥ 4) on `ranks` processes
+    against one device, fp64: attention outputs and gradients, a model's loss and gradients;
+    bytes per rank against `estimate.comm`."""
     if ranks < 2:
         raise ShardwiseError(f"demo ulysses needs ≥ 2 ranks, got {ranks}")
     seq_len = seq_len or 8 * ranks  # 4 tokens per zigzag chunk
-    per_rank = launch(_worker, ranks, ranks, seq_len, timeout_s=timeout_s)
+    per_rank = launch(_worker, ranks, ranks, seq_len, kinds, timeout_s=timeout_s)
     rows, i = [], 0
-    for layout in _layouts(ranks):
+    for layout in _layouts(ranks, kinds):
         kind = layout.cp_kind + ("" if layout.cp_kind == "ulysses" else
                                  f" (a2a {layout.ulysses} × ring {layout.cp // layout.ulysses})")
         for causal in (True, False):

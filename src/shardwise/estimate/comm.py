@@ -267,7 +267,7 @@ def pp_send_bytes_per_step(seq_len: int, micro_batch: int, hidden: int, microbat
     return microbatches * boundaries * one_way
 
 
-def cp_comm_bytes_per_layer(seq_len: int, micro_batch: int, kv_dim: int, c: int,
+def cp_comm_bytes_per_layer(seq_len: int, micro_batch: int, kv_dim: float, c: int,
                             dtype_bytes: float = 2, backward: bool = True,
                             recompute: str = "none") -> float:
     """Ring attention (Liu et al. 2023): each rank passes its K and V blocks `(s/c, b, kv)`

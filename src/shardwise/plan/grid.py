@@ -44,15 +44,15 @@ class _Rejections:
 
 def _structure_reason(problem: str) -> str:
     """A region name for a `Layout.problems` sentence (numbers stripped)."""
-    rules = (("n_heads", "tp does not divide the attention heads"),
+    rules = (("Ulysses", "the Ulysses degree does not divide the heads"),  # names n_heads too
+             ("n_heads", "tp does not divide the attention heads"),
              ("n_kv_heads", "tp does not fit the key/value heads"),
              ("d_ff", "tp does not divide the FFN width"),
              ("n_layers", "pp does not split the layers"),
              ("n_experts", "ep does not divide the experts"),
              ("dp·cp", "ep does not divide dp·cp"),
              ("2·cp", "2·cp does not divide the sequence length"),
-             ("ring attention", "context parallelism needs FlashAttention"),
-             ("Ulysses", "the Ulysses degree does not divide the heads"))
+             ("ring attention", "context parallelism needs FlashAttention"))
     for key, reason in rules:
         if key in problem:
             return reason

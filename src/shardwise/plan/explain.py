@@ -13,14 +13,15 @@ from shardwise.estimate.memory import (
     bytes_per_param_training,
 )
 from shardwise.hardware import Cluster
-from shardwise.layout import AXES, TrainSpec
+from shardwise.layout import AXES, CP_KINDS, TrainSpec
 from shardwise.plan.evaluate import RC_NAMES, _layout_of
 from shardwise.plan.results import Alternative
 from shardwise.schedules.registry import (
     get_schedule,
 )
 
-_ALTERNATIVE_AXES = (*AXES[1:], "zero", "recompute", "schedule", "micro_batch", "sp")
+_ALTERNATIVE_AXES = (*AXES[1:], "cp_kind", "zero", "recompute", "schedule", "micro_batch",
+                     "sp")
 
 
 def _alternatives(cand: dict[str, Any], terms: dict[str, Any], fits: np.ndarray,
@@ -36,6 +37,10 @@ def _alternatives(cand: dict[str, Any], terms: dict[str, Any], fits: np.ndarray,
             if value == cand[key][best]:
                 continue
             mask = cand[key] == value
+            if axis == "cp_kind":  # only layouts with context parallelism have a kind
+                mask &= cand["cp"] > 1
+                if not mask.any():
+                    continue
             ok = mask & fits
             shown: Any = int(value)
             if axis == "recompute":
@@ -44,6 +49,8 @@ def _alternatives(cand: dict[str, Any], terms: dict[str, Any], fits: np.ndarray,
                 shown = get_schedule(int(value)).name
             elif axis == "sp":
                 shown = bool(value)
+            elif axis == "cp_kind":
+                shown = CP_KINDS[int(value)]
             if ok.any():
                 i = int(np.argmin(np.where(ok, total, np.inf)))
                 out.append(Alternative(axis, shown, float(total[i]),

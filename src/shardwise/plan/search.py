@@ -81,12 +81,12 @@ def plan(model: ModelSpec, cluster: Cluster, train: TrainSpec, top: int = 10, *,
                                              headroom))
     say("ranking")
     order = _rank(cand, terms, fits)
-    top_entries = [evaluate_layout(model, cluster, train, _layout_of(cand, int(i)), cal, headroom)
-                   for i in order[:top]]
     # the scalar re-evaluation (the simulator's bubble for small schedules) may swap near ties
-    top_entries.sort(key=lambda entry: entry.estimate.total)
+    top_entries = sorted(((evaluate_layout(model, cluster, train, _layout_of(cand, int(i)), cal,
+                                           headroom), int(i)) for i in order[:top]),
+                         key=lambda pair: pair[0].estimate.total)
     ranked = [PlanEntry(entry.layout, entry.estimate, entry.memory, budget, rank=position + 1)
-              for position, entry in enumerate(top_entries)]
+              for position, (entry, _) in enumerate(top_entries)]
     base, note = None, ""
     if baseline:
         try:
@@ -104,7 +104,7 @@ def plan(model: ModelSpec, cluster: Cluster, train: TrainSpec, top: int = 10, *,
         given_note = (f"rank {pos} of {n_fit:,} fitting layouts" if pos else
                       "does not fit in GPU memory" if not given.fits else
                       "outside the search space")
-    alternatives = _alternatives(cand, terms, fits, int(order[0]))
+    alternatives = _alternatives(cand, terms, fits, top_entries[0][1])
     seconds = time.perf_counter() - started
     return PlanResult(model, cluster, train, headroom, budget, cal, ranked, rejections.result(),
                       SearchStats(grid, n, n_fit, seconds, eval_seconds), base, note, given,

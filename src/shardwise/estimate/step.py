@@ -493,13 +493,13 @@ def cp_time(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, c: A
     replay = np.where(rc >= 1, hidden(hop, per_layer_f / r), 0.0)
     ring_f = layers * (r - 1) * hidden(hop, per_layer_f / r)
     ring_b = layers * (r - 1) * (hidden(2 * hop, per_layer_b / r) + replay)
-    # the all-to-alls: Q and the output (s/c)·b·q rows, K and V (s/c)·b·kv, per tp rank
+    # the all-to-alls of this rank's (s/c)·b tokens: Q and the output q wide, K and V kv wide
     a2a_in = members_per_node("cp_a2a", **where)
-    rows = s / c * b * ab
-    a2a = np.where(u > 1, 2 * (group_collective_time("all-to-all", rows * model.q_dim / t, u,
-                                                     a2a_in, links)
-                               + group_collective_time("all-to-all", rows * kv, u, a2a_in,
-                                                       links)), 0.0)
+    token_bytes = s / c * b * ab
+    a2a = np.where(u > 1, 2 * (group_collective_time("all-to-all", token_bytes * model.q_dim / t,
+                                                     u, a2a_in, links)
+                               + group_collective_time("all-to-all", token_bytes * kv, u,
+                                                       a2a_in, links)), 0.0)
     return ring_f + layers * a2a, ring_b + layers * a2a * np.where(rc >= 1, 2, 1)
 
 

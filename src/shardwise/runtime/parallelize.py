@@ -37,9 +37,10 @@ parameters keep their single-device names.
   the last stage; their gradients are summed over pp (Megatron's embedding group).
 * recompute: "full" re-runs each block's forward in backward, "selective" only the attention
   core (Korthikanti et al. 2022), all of it (Ulysses' output all-to-all too, as Megatron's
-  reentrant `tensor_parallel.checkpoint` replays Transformer Engine's attention). Under ZB-H1 the replay runs under `defer_linears` as the
-  forward did (`pipeline.replay_contexts`), so B still leaves the linears' dW to W; under
-  ZeRO-3 it runs on the weights the unit's backward gathers anyway (no extra gather).
+  reentrant `tensor_parallel.checkpoint` replays Transformer Engine's attention). Under ZB-H1
+  the replay runs under `defer_linears` as the forward did (`pipeline.replay_contexts`), so B
+  still leaves the linears' dW to W; under ZeRO-3 it runs on the weights the unit's backward
+  gathers anyway (no extra gather).
 * DP: gradients averaged over the dp×cp ranks by the bucketed `data_parallel.GradientReducer`,
   overlapped with the last micro-batch's backward (the others run under `no_sync`); under
   pp > 1 once, after the pipeline's last micro-batch. ZeRO-1/2/3 (`runtime.zero`) shard over

@@ -93,6 +93,11 @@ CLI_CASES = [
     (("train", "--tp", "0"), "--tp"),
     (("train", "--pp", "0"), "--pp"),
     (("train", "--cp", "0"), "--cp"),
+    (("memory", "llama3-70b", "--gpus", "16", "--tp", "8", "--cp", "2", "--cp-kind", "ulysses"),
+     "2 must divide 1"),
+    (("memory", "--cp", "2", "--cp-kind", "ring2"), "--cp-kind"),
+    (("memory", "--cp", "4", "--cp-kind", "hybrid"), "cp_kind=hybrid needs ulysses=u"),
+    (("plan", "--layout", "cp=4,ulysses=2"), "applies to cp_kind=hybrid only"),
     (("train", "--seq", "0"), "--seq"),
 ]
 

@@ -151,11 +151,37 @@ def test_deepspeed_hybrid_zero3_is_zeropp_not_mics():
 @pytest.mark.parametrize(("layout", "reason"), [
     ("dp=1024,tp=8,pp=2,zero=2", "refuses ZeRO-2 with pp=2"),
     ("dp=256,tp=8,cp=8,sp=1", "cannot combine Megatron sequence parallelism"),
-    ("dp=64,tp=8,cp=32", "must divide n_heads/tp=16"),
+    ("dp=64,tp=8,cp=32", r"Ulysses \(all-to-all over heads\) only: cp_kind=ring"),
+    ("dp=64,tp=2,cp=32,cp_kind=hybrid,ulysses=4", "only: cp_kind=hybrid"),
+    ("dp=64,tp=8,cp=32,cp_kind=ulysses", "32 must divide 16"),  # 128 query heads / tp 8
 ])
 def test_deepspeed_refuses_what_it_cannot_run(layout, reason):
     with pytest.raises(ShardwiseError, match=reason):
         emit("deepspeed", MODEL, Layout.parse(layout), TrainSpec(8192, 4096))
+
+
+def test_context_parallel_kind_follows_the_layout():
+    """Megatron names each kind (`--cp-comm-type`, the hybrid's group sizes); DeepSpeed runs
+    Ulysses only, torchtitan ring attention only — the others are refused, never converted."""
+    model, train = get_model("llama3-8b"), TrainSpec(32768, 64)
+    kinds = {"ring": "cp=4", "ulysses": "cp=4,cp_kind=ulysses",
+             "hybrid": "cp=8,cp_kind=hybrid,ulysses=4"}
+    for kind, text in kinds.items():
+        layout = Layout.parse(f"tp=2,dp=2,{text}")
+        _, words = _argv(emit("megatron", model, layout, train).text)
+        comm = words[words.index("--cp-comm-type") + 1]
+        assert comm == {"ring": "p2p", "ulysses": "a2a", "hybrid": "a2a+p2p"}[kind]
+        sizes = ("--hierarchical-context-parallel-sizes" in words
+                 and words[words.index("--hierarchical-context-parallel-sizes") + 1:][:2])
+        assert sizes == (["4", "2"] if kind == "hybrid" else False)
+        for framework, runs in (("deepspeed", "ulysses"), ("torchtitan", "ring")):
+            if kind == runs:
+                emitted = emit(framework, model, layout, train)
+                if framework == "deepspeed":
+                    assert "--ds-sequence-parallel-size 4" in emitted.notes[0]
+            else:
+                with pytest.raises(ShardwiseError, match=f"cp_kind={kind} cannot run"):
+                    emit(framework, model, layout, train)
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)

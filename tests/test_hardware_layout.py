@@ -97,6 +97,33 @@ def test_moe_expert_parallel_checks():
         Layout(dp=2, ep=4).validate(mixtral)
 
 
+def test_context_parallel_kinds():
+    """Ulysses gives each rank of its all-to-all 1/u of a tp rank's query and key/value heads
+    (Transformer Engine's a2a asserts both divide); the hybrid names its all-to-all degree."""
+    llama70 = PRESETS["llama3-70b"]  # 64 query heads, 8 key/value heads
+    hybrid = Layout.parse("cp=8,cp_kind=hybrid,ulysses=2,tp=4")
+    assert (hybrid.cp_kind, hybrid.ulysses, hybrid.ulysses_degree) == ("hybrid", 2, 2)
+    assert hybrid.problems(llama70) == []
+    assert "a2a2×ring4" in hybrid.short()
+    assert Layout(cp=4).ulysses_degree == 1 and Layout(cp=4, cp_kind="ulysses").ulysses_degree == 4
+    assert Layout(cp=2, tp=4, cp_kind="ulysses").problems(llama70) == []
+    cases = {  # layout: the one line it gets
+        "cp=4,tp=4,cp_kind=ulysses": "4 ranks splits each tensor-parallel rank's 2 key/value "
+                                     "heads (n_heads=64, n_kv_heads=8, tp=4): 4 must divide 2",
+        "cp=2,tp=8,cp_kind=ulysses": "2 must divide 1",  # one kv head per tp rank
+        "cp=8,cp_kind=hybrid": "cp_kind=hybrid needs ulysses=u with 1 < u < cp=8",
+        "cp=8,cp_kind=hybrid,ulysses=3": "u dividing cp",
+        "cp=8,cp_kind=hybrid,ulysses=8": "1 < u < cp=8",
+        "cp=4,ulysses=2": "ulysses=2 applies to cp_kind=hybrid only",
+        "cp=4,cp_kind=star": "cp_kind 'star' unknown; valid: ring, ulysses, hybrid",
+    }
+    for text, line in cases.items():
+        problems = Layout.parse(text).problems(llama70)
+        assert len(problems) == 1 and line in problems[0], (text, problems)
+    with pytest.raises(LayoutError, match="must divide 2"):
+        Layout.parse("cp=4,tp=4,cp_kind=ulysses").validate(llama70)
+
+
 def test_layout_parse_and_microbatches():
     layout = Layout.parse("tp=8, pp=16, zero=1, sp=1, schedule=interleaved, v=2, mbs=2", dp=4)
     assert (layout.tp, layout.pp, layout.zero, layout.sp, layout.chunks, layout.micro_batch,

@@ -14,7 +14,9 @@ from shardwise.placement import GROUP_AXES, MeshShape, members_per_node
 
 LAYOUTS = [Layout(dp=2, tp=2, pp=2), Layout(dp=4, cp=2, tp=2, ep=4),
            Layout(dp=2, cp=2, tp=2, pp=2, ep=2), Layout(dp=8, ep=8), Layout(dp=3, tp=2, pp=2),
-           Layout(dp=6, cp=2, ep=3), Layout(pp=4, tp=4, dp=2, ep=2), Layout(dp=16, tp=8, ep=4)]
+           Layout(dp=6, cp=2, ep=3), Layout(pp=4, tp=4, dp=2, ep=2), Layout(dp=16, tp=8, ep=4),
+           Layout(dp=2, cp=8, tp=2, cp_kind="hybrid", ulysses=4),
+           Layout(cp=4, pp=2, cp_kind="ulysses"), Layout(dp=2, cp=6, cp_kind="hybrid", ulysses=3)]
 
 
 def enumerated_groups(layout: Layout, axis: str) -> list[tuple[int, ...]]:
@@ -26,6 +28,13 @@ def enumerated_groups(layout: Layout, axis: str) -> list[tuple[int, ...]]:
     def rank(pp=0, dp=0, cp=0, tp=0):
         return ((pp * dims["dp"] + dp) * dims["cp"] + cp) * dims["tp"] + tp
 
+    if axis in ("cp_a2a", "cp_ring"):  # Megatron's hierarchical cp groups: a2a consecutive
+        u = layout.ulysses_degree
+        inner = axis == "cp_a2a"
+        size, count = (u, layout.cp // u) if inner else (layout.cp // u, u)
+        return [tuple(rank(pp, dp, j * u + i if inner else i * u + j, tp) for i in range(size))
+                for pp, dp in itertools.product(range(layout.pp), range(layout.dp))
+                for j in range(count) for tp in range(layout.tp)]
     if axis in dims:
         others = [a for a in dims if a != axis]
         return [tuple(rank(**dict(zip(others, rest)), **{axis: i}) for i in range(dims[axis]))
@@ -67,6 +76,7 @@ def test_the_documented_example_by_hand():
 def test_closed_form_counts_equal_the_groups(layout, gpn):
     shape = MeshShape.from_layout(layout)
     degrees = {a: getattr(layout, a) for a in ("pp", "dp", "cp", "tp", "ep")}
+    degrees["ulysses"] = layout.ulysses_degree
     for axis in GROUP_AXES:
         counts = shape.node_counts(axis, gpn)
         if gpn % shape.world_size and shape.world_size % gpn:
@@ -74,7 +84,8 @@ def test_closed_form_counts_equal_the_groups(layout, gpn):
         n = shape.size(axis)
         step = {"tp": 1, "cp": layout.tp, "dp": layout.tp * layout.cp, "dp_cp": layout.tp,
                 "ep": layout.tp, "edp": layout.tp * layout.ep,
-                "pp": layout.tp * layout.cp * layout.dp}[axis]
+                "pp": layout.tp * layout.cp * layout.dp, "cp_a2a": layout.tp,
+                "cp_ring": layout.tp * layout.ulysses_degree}[axis]
         if (step % gpn and gpn % step) or (n * step % gpn and gpn % (n * step)):
             continue  # the closed form's assumption (documented) does not hold
         assert counts == {int(members_per_node(axis, gpn, **degrees))}, (axis, counts)

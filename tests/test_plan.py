@@ -142,6 +142,31 @@ def test_vectorised_matches_scalar_and_memory_on_random_candidates(model, gpus, 
         assert terms["memory"][i] == pytest.approx(peak, rel=1e-9)
 
 
+def test_the_search_compares_context_parallel_kinds():
+    """With cp > 1 the search offers ring attention, Ulysses (when its degree divides a tp
+    rank's heads) and the hybrid (its all-to-all over the cp ranks of one node, when that is
+    neither 1 nor all of them), each as the scalar models evaluate it."""
+    model = get_model("llama3-8b")  # 32 query, 8 key/value heads
+    cluster, train = Cluster.of(32, "h100"), TrainSpec(seq_len=65536, global_batch=16)
+    space = SearchSpace(tp=(2,), pp=(1,), cp=(4, 16), micro_batch=(1,), zero=(1,), sp=(False,),
+                        recompute=("full",))
+    rejections = _Rejections()
+    grid, _ = _enumerate(model, cluster, train, space, rejections)
+    cand, terms = _flatten(grid, evaluate_candidates(model, cluster, train, grid))
+    layouts = [_layout_of(cand, i) for i in range(len(cand["tp"]))]
+    # 8/2 = 4 kv heads a tp rank: Ulysses over 16 cannot split them; 4 cp ranks a node: the
+    # hybrid of cp 4 would be Ulysses, of cp 16 an all-to-all over 4 and a ring of 4
+    assert {(lay.cp, lay.cp_kind, lay.ulysses) for lay in layouts} == {
+        (4, "ring", 0), (4, "ulysses", 0), (16, "hybrid", 4), (16, "ring", 0)}
+    reasons = {r.reason for r in rejections.result()}
+    assert "the Ulysses degree does not divide the heads" in reasons
+    for i, layout in enumerate(layouts):
+        assert terms["total"][i] == pytest.approx(
+            estimate_step(model, cluster, layout, train).total, rel=1e-9)
+        assert terms["memory"][i] == pytest.approx(
+            max(s.total for s in training_memory_per_gpu(model, layout, train)), rel=1e-9)
+
+
 def test_memory_arrays_handle_gpipe_and_full_sharding():
     model = ModelSpec("m", 8, 512, 8, 4, 2048, 1000, dropout=True, norm="layernorm")
     train = TrainSpec(seq_len=256, global_batch=32, flash_attention=False, impl="shardwise")

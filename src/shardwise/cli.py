@@ -22,7 +22,7 @@ from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import ALGORITHMS, OPS
 from shardwise.estimate.memory import ACTIVATION_FORMULAS
 from shardwise.estimate.profiles import DEFAULT_IMPL, profile_names
-from shardwise.layout import RECOMPUTE, SCHEDULES
+from shardwise.layout import CP_KINDS, RECOMPUTE, SCHEDULES
 from shardwise.preflight import writable_file
 from shardwise.report.builders import (
     build_layout,
@@ -161,6 +161,12 @@ def layout_options(func: Callable) -> Callable:
         click.option("--etp", default=0, show_default=True, type=click.IntRange(0, MAX_DEGREE),
                      help="Expert tensor-parallel degree: the routed experts split over etp "
                           "ranks instead of tp (0: tp, Megatron's default)."),
+        click.option("--cp-kind", default="ring", show_default=True, type=click.Choice(CP_KINDS),
+                     help="Context parallelism: ring attention, Ulysses (all-to-all over heads) "
+                          "or hybrid (Ulysses inside groups of --ulysses ranks, ring across)."),
+        click.option("--ulysses", default=0, type=click.IntRange(0, MAX_DEGREE),
+                     help="Hybrid cp: ranks of each all-to-all group (Megatron's first "
+                          "--hierarchical-context-parallel-sizes)."),
         click.option("--zero", default=0, show_default=True, type=click.IntRange(0, 3),
                      help="ZeRO stage."),
         click.option("--zero-group", default=0, type=click.IntRange(0, MAX_DEGREE),
@@ -336,6 +342,7 @@ DEMOS = {
     "tp": ("shardwise.demos.tensor_parallel", "run_tp_demo", 2),
     "pipeline": ("shardwise.demos.pipeline", "run_pipeline_demo", 4),
     "ring-attention": ("shardwise.demos.context_parallel", "run_ring_attention_demo", 4),
+    "ulysses": ("shardwise.demos.ulysses", "run_ulysses_demo", 2),
     "moe": ("shardwise.demos.expert_parallel", "run_moe_demo", 4),
 }
 

@@ -132,6 +132,11 @@ def _megatron_partition(model: ModelSpec, layout: Layout) -> list[str]:
             f"--decoder-last-pipeline-num-layers {last}"]
 
 
+# `Layout.cp_kind` as Megatron-Core's `cp_comm_type` (transformer_config.py, 0.16.1): ring
+# attention "p2p", Ulysses "a2a", the hybrid "a2a+p2p" (all-to-all inside, ring across).
+_MEGATRON_CP = {"ring": "p2p", "ulysses": "a2a", "hybrid": "a2a+p2p"}
+
+
 def megatron_args(model: ModelSpec, layout: Layout, train: TrainSpec,
                   gpus_per_node: int = 8) -> Emitted:
     """Megatron-LM `pretrain_gpt.py` launch script for `layout`.
@@ -183,8 +188,12 @@ def megatron_args(model: ModelSpec, layout: Layout, train: TrainSpec,
                      "as emitted it runs 1F1B, with 1F1B's bubble and activations in flight")
     elif schedule.chunked:
         args.append(f"--num-virtual-stages-per-pipeline-rank {layout.chunks}")
-    if layout.cp > 1:
-        args.append(f"--context-parallel-size {layout.cp}")
+    if layout.cp > 1:  # Megatron-LM arguments.py: --cp-comm-type, and a2a+p2p's group sizes
+        args += [f"--context-parallel-size {layout.cp}",
+                 f"--cp-comm-type {_MEGATRON_CP[layout.cp_kind]}"]
+        if layout.cp_kind == "hybrid":
+            args.append(f"--hierarchical-context-parallel-sizes {layout.ulysses} "
+                        f"{layout.cp // layout.ulysses}")
     if layout.ep > 1:
         args.append(f"--expert-model-parallel-size {layout.ep}")
     if layout.etp and layout.etp != layout.tp:  # Megatron's default is tp (etp = 0)
@@ -318,6 +327,11 @@ def torchtitan_args(model: ModelSpec, layout: Layout, train: TrainSpec,
     if train.dtype == "fp16":
         raise ShardwiseError("torchtitan 0.3 trains in bfloat16 or float32 only (no fp16 mixed "
                              "precision); use --dtype bf16")
+    if layout.cp > 1 and layout.cp_kind != "ring":
+        raise ShardwiseError(f"torchtitan 0.3's context parallelism shards the sequence and "
+                             f"exchanges K/V (PyTorch's context_parallel), it has no "
+                             f"all-to-all over heads: cp_kind={layout.cp_kind} cannot run; "
+                             "use cp_kind=ring or --emit megatron")
     notes: list[str] = []
     module, config = _TITAN_CONFIGS[model.name]
     replicate, shard = _titan_shards(layout, notes)
@@ -413,9 +427,10 @@ def deepspeed_config(model: ModelSpec, layout: Layout, train: TrainSpec,
         raise ShardwiseError("Megatron-DeepSpeed cannot combine Megatron sequence parallelism "
                              f"(sp) with DeepSpeed sequence parallelism (cp={layout.cp}); use "
                              "sp=0 or cp=1")
-    if layout.cp > 1 and (model.n_heads // layout.tp) % layout.cp:
-        raise ShardwiseError(f"DeepSpeed-Ulysses splits heads over cp={layout.cp}: it must divide "
-                             f"n_heads/tp={model.n_heads // layout.tp}")
+    if layout.cp > 1 and layout.cp_kind != "ulysses":
+        raise ShardwiseError(f"DeepSpeed's sequence parallelism is Ulysses (all-to-all over "
+                             f"heads) only: cp_kind={layout.cp_kind} cannot run; use "
+                             "cp_kind=ulysses or --emit megatron")
     if layout.zero == 0 and grad != train.dtype:
         raise ShardwiseError(f"DeepSpeed without ZeRO accumulates gradients in the model dtype "
                              f"({train.dtype}), not {grad}; use zero ≥ 1 or --grad-dtype "
@@ -494,9 +509,6 @@ def deepspeed_config(model: ModelSpec, layout: Layout, train: TrainSpec,
     if layout.pp > 1 and get_schedule(layout.schedule).deepspeed is None:
         notes.append(f"DeepSpeed's pipeline engine runs 1F1B with one stage per rank; "
                      f"{layout.schedule} is emitted as 1F1B (a different bubble)")
-    if layout.cp > 1:
-        notes.append("DeepSpeed's sequence parallelism is Ulysses (all-to-all over heads), not "
-                     f"ring attention: cp={layout.cp} becomes --ds-sequence-parallel-size")
     return Emitted("deepspeed", json.dumps(config, indent=2) + "\n", tuple(notes))
 
 

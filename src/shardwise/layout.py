@@ -30,6 +30,10 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 RECOMPUTE = ("none", "selective", "full", "op-sac")
 RECOMPUTE_LIGHTEST_FIRST = ("none", "selective", "op-sac", "full")
 """Recompute policies by how much they recompute (and save), least first."""
+CP_KINDS = ("ring", "ulysses", "hybrid")
+"""How context parallelism splits attention (`Layout.cp_kind`; docs/concepts/context-parallel.md):
+ring attention (K/V blocks around the cp group), DeepSpeed-Ulysses (all-to-all over heads) or
+their hybrid (Ulysses inside groups of `Layout.ulysses` ranks, a ring across the groups)."""
 OPTIMIZERS = ("adam", "sgd-momentum", "sgd", "adam-8bit", "adafactor")
 
 
@@ -125,6 +129,8 @@ class Layout:
     pp: int = 1
     cp: int = 1
     ep: int = 1
+    cp_kind: str = "ring"  # one of CP_KINDS
+    ulysses: int = 0  # hybrid: the all-to-all degree inside each cp group (ring across cp/ulysses)
     zero: int = 0  # ZeRO stage 0..3 over the data-parallel ranks
     zero_group: int = 0  # hybrid shard: shard over groups of this many dp·cp ranks (0: all)
     sp: bool = False  # Megatron sequence parallelism (with tp > 1)
@@ -156,6 +162,11 @@ class Layout:
         """Ranks a ZeRO shard spans: the dp×cp replicas, or the hybrid shard group."""
         return self.zero_group or self.dp * self.cp
 
+    @property
+    def ulysses_degree(self) -> int:
+        """Ranks each all-to-all over heads spans: 1 (ring), cp (Ulysses), `ulysses` (hybrid)."""
+        return int(ulysses_degree(self.cp, CP_KINDS.index(self.cp_kind), self.ulysses))
+
     def microbatches(self, train: TrainSpec) -> int:
         """Micro-batches per step `m = global_batch / (dp · micro_batch)`; with no global batch
         one per pipeline stage (the smallest `m` that fills 1F1B's steady state)."""
@@ -169,6 +180,9 @@ class Layout:
                  if getattr(self, axis) > 1] or ["single"]
         if self.etp and self.etp != self.tp:
             parts.append(f"etp{self.etp}")
+        if self.cp > 1 and self.cp_kind != "ring":
+            parts.insert(parts.index(f"cp{self.cp}") + 1, self.cp_kind if self.cp_kind ==
+                         "ulysses" else f"a2a{self.ulysses}×ring{self.cp // max(self.ulysses, 1)}")
         if self.zero:
             parts.append(f"zero{self.zero}" + (f"/{self.zero_group}" if self.zero_group else ""))
         if self.sp:
@@ -187,10 +201,11 @@ class Layout:
 
     def codes(self) -> dict[str, Any]:
         """The fields as integers, as the array-generic models take them: `schedule` as its
-        registry code, `recompute` as its index in `RECOMPUTE`, `sp` as 0/1; without the stage
-        `partition` (one layout's, passed on its own as `partition=`)."""
+        registry code, `recompute` as its index in `RECOMPUTE`, `cp_kind` in `CP_KINDS`, `sp`
+        as 0/1; without the stage `partition` (one layout's, passed on its own as
+        `partition=`)."""
         return {**{k: v for k, v in asdict(self).items() if k != "partition"},
-                "sp": int(self.sp),
+                "sp": int(self.sp), "cp_kind": CP_KINDS.index(self.cp_kind),
                 "schedule": SCHEDULE_REGISTRY[self.schedule].code,
                 "recompute": RECOMPUTE.index(self.recompute)}
 
@@ -289,6 +304,7 @@ class Layout:
         elif self.chunks != 1:
             chunked = "|".join(s.name for s in SCHEDULE_REGISTRY.values() if s.chunked)
             out.append(f"chunks={self.chunks} needs schedule={chunked}")
+        out.extend(self._cp_problems(model))
         if self.recompute not in RECOMPUTE:
             out.append(f"recompute {self.recompute!r} unknown; valid: {', '.join(RECOMPUTE)}")
         if self.zero not in (0, 1, 2, 3):
@@ -312,6 +328,39 @@ class Layout:
             )
         if train is not None:
             out.extend(self._train_problems(train))
+        return out
+
+    def _cp_problems(self, model: ModelSpec) -> list[str]:
+        """The context-parallel kind's constraints. An all-to-all over heads gives each of its
+        `u` ranks `1/u` of a tensor-parallel rank's query heads and of its key/value heads, so
+        `u` divides both (Transformer Engine's `AttnFuncWithCPAndQKVOA2A`, cp_comm_type "a2a",
+        asserts `num_heads % cp_size == 0` for Q and for K/V; TE 2.20.0.dev0,
+        attention/dot_product_attention/context_parallel.py). DeepSpeed 0.19.8 also runs
+        fewer key/value heads than ranks apart unevenly when a_kv ≥ u (`uneven_heads_all2all`,
+        deepspeed/sequence/layer.py); shardwise models the even split only."""
+        if self.cp_kind not in CP_KINDS:
+            return [f"cp_kind {self.cp_kind!r} unknown; valid: {', '.join(CP_KINDS)}"]
+        c, u = self.cp, self.ulysses
+        if self.cp_kind != "hybrid" and u:
+            return [f"ulysses={u} applies to cp_kind=hybrid only (the all-to-all degree inside "
+                    "each cp group)"]
+        if self.cp_kind == "hybrid" and (not 1 < u < c or c % u):
+            return [f"cp_kind=hybrid needs ulysses=u with 1 < u < cp={c} and u dividing cp "
+                    f"(all-to-all inside groups of u ranks, ring across cp/u), got ulysses={u}"]
+        return self._head_problems(model)
+
+    def _head_problems(self, model: ModelSpec) -> list[str]:
+        """`Layout.ulysses_degree` divides the query and the key/value heads of a tp rank."""
+        u, t = self.ulysses_degree, self.tp
+        if u == 1:
+            return []
+        out = []
+        q_heads, kv_heads = model.n_heads // t, max(model.n_kv_heads // t, 1)
+        for what, heads in (("query heads", q_heads), ("key/value heads", kv_heads)):
+            if heads % u:
+                out.append(f"the Ulysses all-to-all over {u} ranks splits each tensor-parallel "
+                           f"rank's {heads} {what} (n_heads={model.n_heads}, n_kv_heads="
+                           f"{model.n_kv_heads}, tp={t}): {u} must divide {heads}")
         return out
 
     def _train_problems(self, train: TrainSpec) -> list[str]:
@@ -509,3 +558,9 @@ def stage_extremes(n_layers: int, pp: Any, chunks: Any, partition: Partition = (
 
     first, last = count(0 * pp), count(pp - 1)
     return np.maximum(np.maximum(first, count(np.minimum(1, pp - 1))), last), first, last
+
+
+def ulysses_degree(cp: Any, cp_kind: Any, ulysses: Any) -> Any:
+    """Ranks each all-to-all over heads spans, for layouts as numbers or arrays (`cp_kind` as
+    its code in `CP_KINDS`): 1 for ring attention, `cp` for Ulysses, `ulysses` for the hybrid."""
+    return np.where(cp_kind == 0, 1, np.where(cp_kind == 1, cp, np.maximum(ulysses, 1)))

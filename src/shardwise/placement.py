@@ -18,10 +18,15 @@ with `etp` the expert-tensor-parallel degree (0: tp, Megatron's default,
 reduce one expert shard's gradients. With etp = tp (the default) this is the old rule: number
 the `dp × cp` block `j = dp_i·cp + cp_i`; an `ep` group is `ep` consecutive values of `j`,
 `edp` the ranks with the same position inside their ep group. `dp_cp` is the whole block (ZeRO
-and the gradient reduction span it when cp > 1).
+and the gradient reduction span it when cp > 1). Hybrid context parallelism (`Layout.cp_kind`
+"hybrid") cuts each cp group into `cp_a2a` groups of `u = ulysses` consecutive members (its
+all-to-alls) and `cp_ring` groups of the members `u` apart (its ring): Megatron-Core's
+`create_hierarchical_groups` with `--hierarchical-context-parallel-sizes u cp/u`
+(parallel_state.py, 0.16.1), the ring ranks Transformer Engine's a2a+p2p pairs.
 
 Nodes hold `gpus_per_node` consecutive ranks. A group whose members are `stride` ranks apart
-(tp: 1; cp, dp_cp: tp; ep: etp; edp: etp·ep; dp: tp·cp; pp: tp·cp·dp) has
+(tp: 1; cp, cp_a2a, dp_cp: tp; cp_ring: tp·u; ep: etp; edp: etp·ep; dp: tp·cp; pp:
+tp·cp·dp) has
 
     members per node = min(n, max(1, gpus_per_node // stride))
 
@@ -49,8 +54,9 @@ __all__ = ["GROUP_AXES", "MESH_AXES", "MeshShape", "expert_tp_degree", "members_
 
 MESH_AXES: tuple[str, ...] = ("pp", "dp", "cp", "tp")
 """Rank numbering, outermost first (tp varies fastest)."""
-GROUP_AXES: tuple[str, ...] = (*MESH_AXES, "ep", "edp", "dp_cp")
-"""Every kind of group: the mesh axes and the expert / replica groups inside `dp × cp`."""
+GROUP_AXES: tuple[str, ...] = (*MESH_AXES, "ep", "edp", "dp_cp", "cp_a2a", "cp_ring")
+"""Every kind of group: the mesh axes, the expert / replica groups inside `dp × cp`, and the
+hybrid context-parallel groups inside `cp`."""
 
 
 def expert_tp_degree(etp: Any, tp: Any) -> Any:
@@ -62,28 +68,31 @@ def expert_tp_degree(etp: Any, tp: Any) -> Any:
     return etp or tp
 
 
-def _sizes(axis: str, pp: Any, dp: Any, cp: Any, tp: Any, ep: Any, etp: Any = 0
+def _sizes(axis: str, pp: Any, dp: Any, cp: Any, tp: Any, ep: Any, etp: Any = 0,
+           ulysses: Any = 1
            ) -> tuple[Any, Any]:
     """(group size, rank stride between consecutive members) of `axis`."""
     et = expert_tp_degree(etp, tp)
     table = {"tp": (tp, 1), "cp": (cp, tp), "dp": (dp, tp * cp), "pp": (pp, tp * cp * dp),
-             "dp_cp": (dp * cp, tp), "ep": (ep, et), "edp": (tp * dp * cp // (et * ep), et * ep)}
+             "dp_cp": (dp * cp, tp), "ep": (ep, et), "edp": (tp * dp * cp // (et * ep), et * ep),
+             "cp_a2a": (ulysses, tp), "cp_ring": (cp // ulysses, tp * ulysses)}
     if axis not in table:
         raise ShardwiseError(f"unknown mesh axis {axis!r}; valid: {', '.join(GROUP_AXES)}")
     return table[axis]
 
 
 def stride(axis: str, *, pp: Any = 1, dp: Any = 1, cp: Any = 1, tp: Any = 1, ep: Any = 1,
-           etp: Any = 0) -> Any:
+           etp: Any = 0, ulysses: Any = 1) -> Any:
     """Ranks between consecutive members of an `axis` group (numbers or arrays)."""
-    return _sizes(axis, pp, dp, cp, tp, ep, etp)[1]
+    return _sizes(axis, pp, dp, cp, tp, ep, etp, ulysses)[1]
 
 
 def members_per_node(axis: str, gpus_per_node: int, *, pp: Any = 1, dp: Any = 1, cp: Any = 1,
-                     tp: Any = 1, ep: Any = 1, etp: Any = 0) -> Any:
+                     tp: Any = 1, ep: Any = 1, etp: Any = 0, ulysses: Any = 1) -> Any:
     """How many members of one `axis` group share a node: `min(n, max(1, gpn // stride))`
-    (see the module docstring; numbers or NumPy arrays of degrees)."""
-    n, step = _sizes(axis, pp, dp, cp, tp, ep, etp)
+    (see the module docstring; numbers or NumPy arrays of degrees; `ulysses`: the hybrid
+    context-parallel groups' all-to-all degree)."""
+    n, step = _sizes(axis, pp, dp, cp, tp, ep, etp, ulysses)
     return np.minimum(n, np.maximum(gpus_per_node // step, 1))
 
 
@@ -97,9 +106,10 @@ class MeshShape:
     tp: int = 1
     ep: int = 1
     etp: int = 0  # expert tensor parallel; 0: tp
+    ulysses: int = 1  # the all-to-all degree inside cp (`Layout.ulysses_degree`)
 
     def __post_init__(self) -> None:
-        for axis in ("pp", "dp", "cp", "tp", "ep"):
+        for axis in ("pp", "dp", "cp", "tp", "ep", "ulysses"):
             if getattr(self, axis) < 1:
                 raise ShardwiseError(f"mesh axis {axis} must be ≥ 1, got {getattr(self, axis)}")
         if self.etp < 0:
@@ -108,12 +118,15 @@ class MeshShape:
         if (self.tp * self.dp * self.cp) % (et * self.ep):
             raise ShardwiseError(f"etp·ep={et}·{self.ep} must divide tp·dp·cp="
                                  f"{self.tp * self.dp * self.cp}")
+        if self.cp % self.ulysses:
+            raise ShardwiseError(f"ulysses={self.ulysses} must divide cp={self.cp}")
 
     @classmethod
     def from_layout(cls, layout: Any) -> MeshShape:
-        """The mesh of a `Layout` (anything with pp, dp, cp, tp, ep and optionally etp)."""
+        """The mesh of a `Layout` (anything with pp, dp, cp, tp, ep and optionally etp and
+        `ulysses_degree`)."""
         return cls(pp=layout.pp, dp=layout.dp, cp=layout.cp, tp=layout.tp, ep=layout.ep,
-                   etp=getattr(layout, "etp", 0))
+                   etp=getattr(layout, "etp", 0), ulysses=getattr(layout, "ulysses_degree", 1))
 
     @property
     def world_size(self) -> int:
@@ -134,7 +147,8 @@ class MeshShape:
         return int(np.ravel_multi_index(tuple(coord.get(a, 0) for a in MESH_AXES), self.dims()))
 
     def size(self, axis: str) -> int:
-        return int(_sizes(axis, self.pp, self.dp, self.cp, self.tp, self.ep, self.etp)[0])
+        return int(_sizes(axis, self.pp, self.dp, self.cp, self.tp, self.ep, self.etp,
+                          self.ulysses)[0])
 
     def groups(self, axis: str) -> list[tuple[int, ...]]:
         """Every group of `axis`, each a tuple of global ranks in group-rank order; groups
@@ -143,6 +157,11 @@ class MeshShape:
         ranks = np.arange(self.world_size).reshape(self.pp, self.dp, self.cp, self.tp)
         if axis in MESH_AXES:
             rows = np.moveaxis(ranks, MESH_AXES.index(axis), -1).reshape(-1, self.size(axis))
+        elif axis in ("cp_a2a", "cp_ring"):  # cp as (ring, a2a), the a2a members consecutive
+            split = ranks.reshape(self.pp, self.dp, self.cp // self.ulysses, self.ulysses,
+                                  self.tp)
+            rows = np.moveaxis(split, 3 if axis == "cp_a2a" else 2, -1)
+            rows = rows.reshape(-1, self.size(axis))
         elif axis == "dp_cp":
             n = self.dp * self.cp
             rows = ranks.reshape(self.pp, n, self.tp).transpose(0, 2, 1).reshape(-1, n)

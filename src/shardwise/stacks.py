@@ -129,6 +129,9 @@ class Stack:
                        f"(zero_group={layout.zero_group}); "
                        + (f"it can at ZeRO {', '.join(map(str, self.zero_hybrid))}"
                           if self.zero_hybrid else "use zero_group=0"))
+        if layout.cp > 1 and getattr(layout, "cp_kind", "ring") not in self.cp_kinds:
+            out.append(f"{self.name} has no {layout.cp_kind} context parallelism; valid: "
+                       f"{', '.join(self.cp_kinds) or 'none'}")
         if layout.recompute not in self.recompute:
             out.append(f"{self.name} has no {layout.recompute} recompute; valid: "
                        f"{', '.join(self.recompute)}")
@@ -266,7 +269,7 @@ STACKS: dict[str, Stack] = {s.name: s.validate() for s in (
         profile="shardwise", kernels="eager", compile=(False,), tp_overlap=("none",),
         dp_overlap_zero=(0, 1, 2, 3), dp_overlap_settable=False, attention=("fa2", "math"),
         recompute=("none", "selective", "full"), zero=(0, 1, 2, 3), zero_hybrid=(0, 1, 2, 3),
-        cp_kinds=("ring",), cp_overlap=False, axes=("tp", "pp", "cp", "ep"),
+        cp_kinds=("ring", "ulysses", "hybrid"), cp_overlap=False, axes=("tp", "pp", "cp", "ep"),
         pipeline_engine="shardwise", p2p_overlap="never", dtypes=("fp32", "bf16", "fp16", "fp64"),
         export=None),
 )}

@@ -101,6 +101,26 @@ def test_ring_attention_demo_rows():
 
 
 @pytest.mark.slow
+def test_ulysses_demo_runs_the_hybrid_on_four_ranks():
+    """All-to-all inside pairs of ranks, ring attention across the pairs (USP): attention and
+    a 2-layer model equal to one device; bytes per rank worked out here (s = 32, b = 2): a
+    rank's s/c·b = 16 rows of Q (8 heads of 8), K and V (4 or 8 heads) and the output, the
+    pair's all-to-all sending half of them, forward and backward; the ring's one hop a K and
+    a V block of the pair's 16 tokens × b of half the kv heads, forward and twice backward."""
+    from shardwise.demos.ulysses import run_ulysses_demo
+
+    rows = run_ulysses_demo(4, kinds=("hybrid",))
+    assert [(row["check"], row["case"]) for row in rows] == [
+        ("attention", "GQA causal"), ("attention", "MHA causal"), ("attention", "GQA"),
+        ("attention", "MHA"), ("model loss and gradients", "2 layers")]
+    assert all(row["ok"] and row["max_diff"] < TOL for row in rows), rows
+    for row, kv_heads in zip(rows, (4, 8, 4, 8)):
+        a2a = 2 * 1 / 2 * 16 * (2 * 64 + 2 * kv_heads * 8) * DOUBLE
+        ring = 3 * 2 * 16 * 2 * (kv_heads // 2 * 8) * DOUBLE
+        assert row["bytes_measured"] == a2a + ring
+
+
+@pytest.mark.slow
 def test_moe_demo_rows():
     from shardwise.demos.expert_parallel import run_moe_demo
 

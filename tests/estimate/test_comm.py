@@ -25,6 +25,7 @@ from shardwise.estimate.comm import (
     tied_embedding_comm_bytes,
     tp_comm_bytes_per_layer,
     tp_comm_ops_per_layer,
+    ulysses_comm_bytes_per_layer,
     vocab_parallel_comm_ops,
 )
 from shardwise.hardware import LINKS, Link
@@ -112,6 +113,25 @@ def test_tp_pp_cp_ep_formulas():
     forward = 3 * 2 * (s / 4) * b * kv * 2
     assert cp_comm_bytes_per_layer(s, b, kv, c, backward=False) == forward
     assert ep_comm_bytes_per_layer(1000, 2, h, 4, backward=False) == 2 * 3 / 4 * 1000 * 2 * h * 2
+
+
+def test_ulysses_all_to_all_bytes():
+    """Jacobs et al. 2023 §3.2: per layer forward all-to-alls of Q, K, V and the output, each
+    rank sending (u-1)/u of its rows; Llama-3-8B (q 4096, kv 1024 wide), s = 32k, cp 4, bf16."""
+    rows = 32768 / 4
+    forward = 3 / 4 * rows * (4096 + 1024 + 1024 + 4096) * 2
+    assert ulysses_comm_bytes_per_layer(32768, 1, 4096, 1024, 4, backward=False) == forward
+    assert ulysses_comm_bytes_per_layer(32768, 1, 4096, 1024, 4) == 2 * forward
+    assert ulysses_comm_bytes_per_layer(32768, 1, 4096, 1024, 4, recompute="full") == 3 * forward
+    # the hybrid's all-to-all inside groups of 2 of the 8 cp ranks: half of s/8 rows each
+    assert ulysses_comm_bytes_per_layer(32768, 1, 4096, 1024, 8, 2, backward=False) == (
+        1 / 2 * 32768 / 8 * 10240 * 2)
+    # MHA: the paper's "4Nh/P" per GPU (N = s·b tokens), reached as P grows
+    n_tokens, h = 32768, 4096
+    for p in (8, 64, 512):
+        volume = ulysses_comm_bytes_per_layer(n_tokens, 1, h, h, p, dtype_bytes=1,
+                                              backward=False)
+        assert volume == pytest.approx((p - 1) / p * 4 * n_tokens * h / p, rel=1e-12)
 
 
 def test_zero_2_and_3_communicate_every_micro_batch():

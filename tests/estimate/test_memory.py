@@ -295,3 +295,21 @@ def test_in_flight_closed_form_equals_the_schedules(schedule, p, m, v):
 
     assert in_flight_per_stage(schedule, p, m, v) == list(
         peak_in_flight(make_schedule(schedule, p, m, v)))
+
+
+def test_ulysses_keeps_the_attention_output_twice():
+    """Ulysses relays the output by all-to-all: a fused kernel keeps the head-sharded
+    (b, s, a/(t·u), d) output, the out-projection the sequence-sharded copy, the same
+    `s/c·b·a·d/t` bytes; selective recompute keeps neither and a materialised softmax keeps P,
+    not the output. Everything else is ring attention's count."""
+    model, s, b = PRESETS["llama3-8b"], 32768, 1
+    for flash, selective, extra in ((True, False, s / 4 * b * 4096 / 2 * 2),
+                                    (True, True, 0.0), (False, False, 0.0)):
+        def count(a2a, flash=flash, selective=selective):
+            return sum(saved_tensors_per_layer(model, s, b, tp=2, cp=4, flash=flash,
+                                               selective=selective, a2a=a2a).values())
+        assert count(4) == count(1) + extra
+    ring, ulysses = (training_memory_per_gpu(model, Layout(tp=2, cp=4, cp_kind=kind),
+                                             TrainSpec(seq_len=s, global_batch=1))[0]
+                     for kind in ("ring", "ulysses"))
+    assert ulysses.activations - ring.activations == pytest.approx(32 * s / 4 * 4096 / 2 * 2)

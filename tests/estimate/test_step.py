@@ -380,3 +380,46 @@ def test_contention_of_overlapped_dp_traffic_follows_its_bytes_not_its_time():
     assert eight.dp_comm_total > one.dp_comm_total
     grown = eight.dp_comm_exposed - one.dp_comm_exposed
     assert 0 <= grown < kappa * (eight.dp_comm_total - one.dp_comm_total)
+
+
+# ------------------------------------------------------------- context-parallel kinds (issue 36)
+def _a2a(size, u, link):
+    """One all-to-all over `u` ranks of one node, SPEC §5: `(u-1)·α + (u-1)/u·S/β`."""
+    return (u - 1) * link.latency + (u - 1) / u * size / link.bandwidth
+
+
+def test_ulysses_all_to_alls_are_exposed():
+    """Ulysses inside one node (Jacobs et al. 2023): per layer and micro-batch the all-to-alls
+    of Q, K, V and the output forward and their four conjugates backward, on the critical path
+    (DeepSpeed's DistributedAttention, TE's a2a wait for them): nothing hides them."""
+    model, cluster = get_model("llama3-8b"), Cluster.of(8, "h100")
+    train = TrainSpec(seq_len=32768, global_batch=8)
+    est = estimate_step(model, cluster, Layout(tp=2, cp=4, cp_kind="ulysses"), train)
+    intra = default_calibration(cluster.accelerator.name).link(cluster.intra)
+    rows = 32768 / 4 * 2  # s/c tokens, 2 bytes
+    q, kv = 32 * 128 / 2, 8 * 128 / 2  # per tp rank
+    per_layer = 2 * (2 * _a2a(rows * q, 4, intra) + 2 * _a2a(rows * kv, 4, intra))
+    assert est.cp_comm_exposed == pytest.approx(8 * 32 * per_layer, rel=1e-12)
+    # recompute replays the forward's four (Megatron's core_attn recompute holds them)
+    again = estimate_step(model, cluster, Layout(tp=2, cp=4, cp_kind="ulysses",
+                                                 recompute="selective"), train)
+    assert again.cp_comm_exposed == pytest.approx(1.5 * est.cp_comm_exposed, rel=1e-12)
+
+
+def test_hybrid_all_to_all_inside_the_node_ring_across():
+    """USP's hybrid on 2 nodes of 8: tp 2 leaves 4 cp ranks a node, so the all-to-all spans
+    them (u = 4, NVLink) and the ring the r = 2 nodes, each hop a K/V block of 1/u of the
+    heads over u·s/c tokens (`2·s/c·b·kv` bytes, InfiniBand). Without overlap every hop is
+    a blocking send then receive: forward (r-1)·2 hops, backward twice as many bytes."""
+    model, cluster = get_model("llama3-8b"), Cluster.of(16, "h100")
+    train = TrainSpec(seq_len=65536, global_batch=4, impl="shardwise")  # blocking hops
+    layout = Layout(tp=2, cp=8, cp_kind="hybrid", ulysses=4)
+    est = estimate_step(model, cluster, layout, train)
+    cal = default_calibration(cluster.accelerator.name)
+    intra, inter = cal.link(cluster.intra), cal.link(cluster.inter)
+    rows = 65536 / 8 * 2
+    q, kv = 32 * 128 / 2, 8 * 128 / 2
+    a2a = 2 * (2 * _a2a(rows * q, 4, intra) + 2 * _a2a(rows * kv, 4, intra))
+    hop = inter.latency + 2 * rows * kv / inter.bandwidth
+    ring = (2 - 1) * (2 * hop + 2 * 2 * hop)
+    assert est.cp_comm_exposed == pytest.approx(4 * 32 * (a2a + ring), rel=1e-12)

@@ -1,4 +1,4 @@
-"""The 15 kinds of plan of issue 11, and the published uneven pipelines of issue 9 (Llama 3
+"""The 15 kinds of plan of issue 11, the context-parallel kinds of issue 36, and the published uneven pipelines of issue 9 (Llama 3
 405B: 126 layers over 16 stages; BLOOM-176B: 70 over 12), as the `shardwise plan` arguments a
 user types."""
 
@@ -48,6 +48,12 @@ PLANS: dict[str, list[str]] = {
                                    "--layout", "tp=8,pp=6,sp=1,schedule=interleaved,chunks=2,"
                                    "recompute=full", "--first-stage-layers", "12",
                                    "--last-stage-layers", "12"],
+    # context parallelism by all-to-all over heads: Ulysses (8 kv heads / tp 2 = 4 per rank
+    # over cp 4), and the hybrid, all-to-all inside the node's 4 cp ranks, ring across 4 nodes
+    "8b-ulysses": ["llama3-8b", "--gpus", "16", "--seq", "32768", "--global-batch", "32",
+                   "--layout", "tp=2,cp=4,cp_kind=ulysses,zero=1,recompute=selective"],
+    "8b-hybrid-cp": ["llama3-8b", "--gpus", "32", "--seq", "65536", "--global-batch", "16",
+                     "--layout", "tp=2,cp=16,cp_kind=hybrid,ulysses=4,zero=1,recompute=full"],
     "bloom-pp12": [BLOOM, "--gpu", "a100", "--gpus", "384", "--seq", "2048",
                    "--global-batch", "2048", "--layout", "tp=4,pp=12,zero=1,recompute=full"],
 }

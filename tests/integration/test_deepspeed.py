@@ -21,6 +21,9 @@ REFUSED = {"405b-16k-searched": "cannot combine Megatron sequence parallelism",
            "70b-tp8-cp8-zero3g4": "cannot combine Megatron sequence parallelism",
            "70b-tp8-pp2-zero3": "pipeline engine refuses ZeRO-3",
            "70b-pp6-uneven-interleaved": "DeepSpeed cannot run the partition 12,14,14,14,14,12",
+           # DeepSpeed's sequence parallelism is Ulysses only
+           "70b-zbh1-cp": "Ulysses (all-to-all over heads) only: cp_kind=ring",
+           "8b-hybrid-cp": "Ulysses (all-to-all over heads) only: cp_kind=hybrid",
            # the default run's winner once ranked by its simulated bubble: two stages of 17/15
            "8b-default": "DeepSpeed cannot run the partition 17,15"}
 

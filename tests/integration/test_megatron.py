@@ -62,6 +62,11 @@ def _config(argv):
                 args[f"decoder_{stage}_pipeline_num_layers"])
     if "group_query_attention" not in args:
         kwargs.pop("num_query_groups", None)
+    if "hierarchical_context_parallel_sizes" in args:  # nargs="+": every value after the flag
+        start = argv.index("--hierarchical-context-parallel-sizes") + 1
+        end = next(i for i in range(start, len(argv) + 1)
+                   if i == len(argv) or argv[i].startswith("--"))
+        kwargs["hierarchical_context_parallel_sizes"] = [int(w) for w in argv[start:end]]
     config = TransformerConfig(**kwargs)
     fsdp = "use_megatron_fsdp" in args
     ddp = DistributedDataParallelConfig(
@@ -98,6 +103,12 @@ def test_megatron_core_reads_back_the_plan(capsys, plan):
     assert config.virtual_pipeline_model_parallel_size == (
         layout.chunks if layout.schedule == "interleaved" else None)
     assert config.context_parallel_size == layout.cp
+    # the context-parallel kind as megatron-core names it (TEDotProductAttention's cp_comm_type)
+    # and, for a2a+p2p, the groups parallel_state.create_hierarchical_groups builds
+    assert config.cp_comm_type == ({"ring": "p2p", "ulysses": "a2a", "hybrid": "a2a+p2p"}[
+        layout.cp_kind] if layout.cp > 1 else None)
+    assert config.hierarchical_context_parallel_sizes == (
+        [layout.ulysses, layout.cp // layout.ulysses] if layout.cp_kind == "hybrid" else None)
     assert config.expert_model_parallel_size == layout.ep
     # the stage partition, as megatron-core builds each pipeline rank's layers
     from megatron.core.transformer.transformer_block import get_num_layers_to_build

@@ -3,7 +3,7 @@
 Megatron-LM's training package is not on PyPI: this runs when a Megatron-LM checkout is on
 PYTHONPATH (e.g. `PYTHONPATH=src:../Megatron-LM`) and skips otherwise, in CI too. Megatron-LM
 main imports Python 3.12's `typing.override` and probes the GPU generation; both stand-ins are
-below. All 15 plans passed with Megatron-LM main of 2026-08-22 (megatron-core 0.20).
+below. All 21 plans passed with Megatron-LM main of 2026-08-22 (d98e8a6, megatron-core 0.20).
 """
 
 import sys
@@ -44,6 +44,12 @@ def test_megatron_lm_parser_accepts_the_plan(capsys, monkeypatch, plan):
     assert args.virtual_pipeline_model_parallel_size == (
         layout.chunks if layout.schedule == "interleaved" else None)
     assert args.sequence_parallel == layout.sp
+    # the context-parallel kind (validate_args requires the a2a+p2p group sizes)
+    if layout.cp > 1:
+        assert args.cp_comm_type == [{"ring": "p2p", "ulysses": "a2a", "hybrid": "a2a+p2p"}[
+            layout.cp_kind]]
+    assert args.hierarchical_context_parallel_sizes == (
+        [layout.ulysses, layout.cp // layout.ulysses] if layout.cp_kind == "hybrid" else None)
     assert args.recompute_granularity == (None if layout.recompute == "none"
                                           else layout.recompute)
     assert args.micro_batch_size == layout.micro_batch

@@ -161,3 +161,17 @@ def test_group_of_one_is_plain_attention():
         assert counter.bytes() == 0
     with pytest.raises(ShardwiseError, match="wants local q"):
         ring_attention(q, k[:, :4], v[:, :4], single)
+
+
+def test_ulysses_refuses_what_its_group_cannot_split():
+    """The all-to-all gives each rank 1/u of the heads: a count u does not divide is refused
+    before anything is sent (one line), as are positions of the wrong shape."""
+    from shardwise.runtime.ulysses import ulysses_attention
+
+    group = AxisGroup("cp", None, 2, 0, (0, 1))  # the checks run before the group is used
+    q, kv = torch.zeros(1, 4, 3, D), torch.zeros(1, 4, 2, D)
+    with pytest.raises(ShardwiseError, match="2 must divide n_heads=3 and n_kv_heads=2"):
+        ulysses_attention(q, kv, kv, core=None, group=group, positions=torch.zeros(2, 4))
+    with pytest.raises(ShardwiseError, match=r"positions \(8,\) must be"):
+        ulysses_attention(torch.zeros(1, 4, 2, D), kv, kv, core=None, group=group,
+                          positions=torch.zeros(8))

@@ -94,13 +94,14 @@ def _assert_targets(rows: dict, comm: set[str]) -> None:
 
 
 TWO = [config("dp=2"), config("tp=2"), config("tp=2,sp=1"), config("pp=2"), config("cp=2"),
-       config("dp=2,ep=2", "tiny-moe"), config("dp=2", "tiny-moe"), config("dp=2,zero=3")]
+       config("dp=2,ep=2", "tiny-moe"), config("dp=2", "tiny-moe"), config("dp=2,zero=3"),
+       config("cp=2,cp_kind=ulysses,recompute=selective")]
 COMM = [{"dp all-reduce"}, {"tp all-reduce"}, {"tp all-gather", "tp reduce-scatter",
                                                "tp all-reduce"},
         {"pp send"}, {"cp send", "dp_cp all-reduce"},
         {"dp all-reduce", "ep all-to-all", "ep all-to-all (counts)"},
         {"dp all-reduce"},
-        {"dp all-gather", "dp reduce-scatter"}]
+        {"dp all-gather", "dp reduce-scatter"}, {"cp all-to-all", "dp_cp all-reduce"}]
 
 
 def _load_with_tied_router(layout: str) -> dict[str, float]:
@@ -134,7 +135,7 @@ def test_two_ranks_meet_every_target():
     rows = [_merged(results, i) for i in range(len(TWO))]
     for merged, comm in zip(rows, COMM):
         _assert_targets(merged, comm)
-    dp, tp, sp, pp, cp, ep, moe_dp, zero3 = rows
+    dp, tp, sp, pp, cp, ep, moe_dp, zero3, ulysses = rows
     # Measured, against figures worked out by hand.
     act = SEQ * 64 * F64
     assert dp[(0, "comm", "dp all-reduce")].measured == P_TINY * F64  # 2(N-1)/N = 1
@@ -164,6 +165,14 @@ def test_two_ranks_meet_every_target():
         moe_row = ep[(0, "activations", f"layer {k} MoE")]
         assert moe_row.error == 0 and moe_row.measured > 0, moe_row
     assert "routing drawn" in ep[(0, "comm", "ep all-to-all")].note
+    # Ulysses: per layer and micro-batch the all-to-alls of Q, K, V (64, 32, 32 wide) and the
+    # output, each sending the other rank half of this rank's s/2 rows: forward, backward,
+    # and the forward again under selective recompute (the whole attention core replayed)
+    per_call = (SEQ // 2) // 2 * (64 + 32 + 32 + 64) * F64
+    assert ulysses[(0, "comm", "cp all-to-all")].measured == BATCH * 4 * 3 * per_call
+    # ... and saves exactly the §3 count: the attention output sequence-sharded only (the
+    # core's head-sharded copy is recomputed), no positions
+    assert all(ulysses[(0, "activations", f"layer {k}")].error == 0 for k in range(4))
 
 
 @pytest.mark.slow

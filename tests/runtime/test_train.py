@@ -134,7 +134,8 @@ TWO = [config("dp=2"), config("tp=2"), config("tp=2,sp=1,recompute=full"),
        config("dp=2,ep=2", "tiny-moe"), config("dp=2,zero=3"),
        config("dp=2,tp=1,mbs=2", dtype="fp32"), config("tp=2", dtype="fp32"),
        config("pp=2,schedule=zb-h1", "tiny-tied"),
-       config("pp=2,schedule=zb-h1,recompute=full"), config("dp=2,zero=3,recompute=full")]
+       config("pp=2,schedule=zb-h1,recompute=full"), config("dp=2,zero=3,recompute=full"),
+       config("cp=2,cp_kind=ulysses")]
 
 
 @pytest.mark.slow

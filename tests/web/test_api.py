@@ -113,6 +113,9 @@ def test_plan_has_everything_the_page_shows(client):
         emit = out["emits"][framework]
         assert emit.get("config") or emit.get("error", "").startswith("DeepSpeed cannot run")
     assert "--tensor-model-parallel-size" in out["emits"]["megatron"]["config"]
+    # DeepSpeed cannot run this best layout (17/15 stages); the page shows why, one line
+    refusal = out["emits"]["deepspeed"]["error"]
+    assert "DeepSpeed cannot run" in refusal and "\n" not in refusal
 
 
 def test_hardware_lists_presets(client):

@@ -9,6 +9,7 @@ against the unsharded computation.
     tensor_parallel  Megatron MLP / SwiGLU / head-parallel attention, shard helpers, f and g
     pipeline         micro-batch gradient accumulation == the full-batch gradient
     ring_attention   the ring of online-softmax attention blocks, causal work per layout
+    ulysses          all-to-all over heads around ordinary attention (DeepSpeed-Ulysses)
     moe              emulated expert parallelism (all-to-all dispatch and combine)
 
 Teaching code: the numerics it shares with the runtime (SwiGLU, attention blocks and their

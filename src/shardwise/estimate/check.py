@@ -34,6 +34,7 @@ from shardwise.estimate.comm import (
     sequence_parallel_grad_comm_bytes,
     tied_embedding_comm_bytes,
     tp_comm_ops_per_layer,
+    ulysses_comm_bytes_per_layer,
     vocab_parallel_comm_ops,
 )
 from shardwise.estimate.memory import (
@@ -216,9 +217,7 @@ def predicted_comm(model: ModelSpec, layout: Layout, train: TrainSpec, stage: in
             terms.append(Term("pp", "all-reduce", tied, "tied embedding gradients"
                               + (" (ZeRO: this rank's shard)" if layout.zero else "")))
     if c > 1:
-        kv = max(model.n_kv_heads // t, 1) * model.head_dim
-        terms.append(Term("cp", "send", m * len(layers) * cp_comm_bytes_per_layer(
-            train.seq_len, b, kv, c, ab, recompute=rc), "ring attention K, V and dK, dV"))
+        terms += _cp_terms(model, layout, train, m * len(layers))
     if e > 1:
         rows_out = sum(r[1] for r in routing) / steps
         rows_in = sum(r[2] for r in routing) / steps
@@ -269,6 +268,25 @@ def predicted_comm(model: ModelSpec, layout: Layout, train: TrainSpec, stage: in
     return terms
 
 
+def _cp_terms(model: ModelSpec, layout: Layout, train: TrainSpec, calls: int) -> list[Term]:
+    """Context parallelism's traffic over `calls` layer passes (micro-batches × layers): ring
+    attention's K/V hops on "cp" (the hybrid's ring on "cp_ring", over cp/u ranks with 1/u of
+    the heads), Ulysses' all-to-alls on "cp" (the hybrid's on "cp_a2a", over u ranks)."""
+    t, c, u = layout.tp, layout.cp, layout.ulysses_degree
+    kv = max(model.n_kv_heads // t, 1) * model.head_dim
+    ab, s, b, rc = dtype_bytes(train.dtype), train.seq_len, layout.micro_batch, layout.recompute
+    ring, a2a = ("cp", "cp") if layout.cp_kind != "hybrid" else ("cp_ring", "cp_a2a")
+    terms = []
+    if u < c:
+        terms.append(Term(ring, "send", calls * cp_comm_bytes_per_layer(
+            s, b, kv / u, c // u, ab, recompute=rc), "ring attention K, V and dK, dV"))
+    if u > 1:
+        terms.append(Term(a2a, "all-to-all", calls * ulysses_comm_bytes_per_layer(
+            s, b, model.q_dim / t, kv, c, u, ab, recompute=rc),
+            "Ulysses: Q, K, V and the attention output, their gradients back"))
+    return terms
+
+
 def comm_rows(terms: Sequence[Term], measured: dict[tuple[str, str], float], steps: int,
                layout: Layout) -> list[CheckRow]:
     """One row per (mesh axis, collective): the bytes per step its `terms` predict against the
@@ -307,7 +325,7 @@ def predicted_saved(model: ModelSpec, layout: Layout, train: TrainSpec, moe: boo
     saved = saved_tensors_per_layer(model, s, b, tp=t, sp=sp, cp=c, flash=train.flash_attention,
                                     selective=rc == "selective",
                                     dtype_bytes_=dtype_bytes(train.dtype), moe=moe,
-                                    impl=train.profile)
+                                    impl=train.profile, a2a=layout.ulysses_degree)
     in_moe = {name for name in saved if name == "mlp_input"
               or name.startswith(("router_", "expert_", "shared_"))} if moe else set()
     per_row = sum(saved[name] for name in ("expert_inputs", "expert_gate", "expert_up",
@@ -336,7 +354,7 @@ def activation_note(row: CheckRow, layout: Layout, train: TrainSpec,
                                                                  + latent) * rows + lse
         notes.append(f"{train.dtype}: the runtime keeps {what} in {train.dtype}, the count in "
                      f"fp32: −{n * (4 - ab):,.0f} B")
-    if c > 1:
+    if c > layout.ulysses_degree:  # ring attention (the hybrid's too)
         notes.append(f"ring attention also saves the zigzag token positions, (c, s/c) int64: "
                      f"+{8 * train.seq_len:,} B")
         if not train.flash_attention:

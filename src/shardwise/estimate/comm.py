@@ -267,7 +267,7 @@ def pp_send_bytes_per_step(seq_len: int, micro_batch: int, hidden: int, microbat
     return microbatches * boundaries * one_way
 
 
-def cp_comm_bytes_per_layer(seq_len: int, micro_batch: int, kv_dim: int, c: int,
+def cp_comm_bytes_per_layer(seq_len: int, micro_batch: int, kv_dim: float, c: int,
                             dtype_bytes: float = 2, backward: bool = True,
                             recompute: str = "none") -> float:
     """Ring attention (Liu et al. 2023): each rank passes its K and V blocks `(s/c, b, kv)`
@@ -277,6 +277,27 @@ def cp_comm_bytes_per_layer(seq_len: int, micro_batch: int, kv_dim: int, c: int,
     forward = (c - 1) * 2 * (seq_len / c) * micro_batch * kv_dim * dtype_bytes
     replays = 0 if recompute == "none" else 1
     return forward * ((3 + replays) if backward else 1)
+
+
+def ulysses_comm_bytes_per_layer(seq_len: int, micro_batch: int, q_dim: float, kv_dim: float,
+                                 c: int, a2a: int | None = None, dtype_bytes: float = 2,
+                                 backward: bool = True, recompute: str = "none") -> float:
+    """DeepSpeed-Ulysses (Jacobs et al. 2023, §3.2): per layer forward four all-to-alls over the
+    `u = a2a` ranks (all `c` by default; the hybrid's groups of `u`), of Q, K, V before the
+    attention (sequence-sharded → head-sharded) and of its output after (back): each rank
+    sends `(u-1)/u` of its `(s/c)·b` rows of `q_dim + 2·kv_dim + q_dim` (per tp rank):
+
+        (u-1)/u · (s/c)·b·(2·q_dim + 2·kv_dim)·bytes
+
+    — the paper's "aggregate volume per link 4Nh/P" for MHA (N = s·b tokens, P = c) as u grows.
+    Backward runs the conjugate all-to-alls of dO, dQ, dK, dV: the same bytes. Selective or
+    full recompute replays the attention forward, its all-to-alls included (Megatron's
+    `core_attn` recompute wraps Transformer Engine's attention, which holds them)."""
+    u = c if a2a is None else a2a
+    rows = seq_len / c * micro_batch
+    forward = ring_bytes_on_wire("all-to-all", rows * (2 * q_dim + 2 * kv_dim) * dtype_bytes, u)
+    replays = 0 if recompute == "none" else 1
+    return forward * ((2 + replays) if backward else 1)
 
 
 def ep_comm_bytes_per_layer(tokens: int, top_k: int, hidden: int, e: int,

@@ -27,7 +27,14 @@ from shardwise.arch import ModelSpec, count_params
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import dp_step_comm_bytes
 from shardwise.estimate.profiles import fused_attention, layer_bytes, saved_tensors
-from shardwise.layout import RECOMPUTE, Layout, Partition, TrainSpec, chunk_span
+from shardwise.layout import (
+    RECOMPUTE,
+    Layout,
+    Partition,
+    TrainSpec,
+    chunk_span,
+    ulysses_degree,
+)
 from shardwise.placement import expert_tp_degree
 from shardwise.schedules.registry import get_schedule, select
 from shardwise.units import dtype_bytes
@@ -199,7 +206,8 @@ def korthikanti_activation_bytes(seq_len: int, micro_batch: int, hidden: int, he
 def saved_tensors_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any, *, tp: Any = 1,
                             sp: Any = False, cp: Any = 1, flash: bool = False,
                             selective: Any = False, dtype_bytes_: float = 2,
-                            moe: bool = False, impl: str = "shardwise", etp: Any = 0
+                            moe: bool = False, impl: str = "shardwise", etp: Any = 0,
+                            a2a: Any = 1
                             ) -> dict[str, Any]:
     """The generalised count: every tensor one layer saves for backward, in bytes per rank.
 
@@ -214,8 +222,9 @@ def saved_tensors_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any, *,
 
     Replicated tensors (norm inputs, the inputs of QKV and of the MLP, dropout masks) are ÷t
     only with sequence parallelism; head- or f-sharded ones are always ÷t. K and V hold
-    `max(a_kv/t, 1)` heads per rank. Everything is ÷c under context parallelism.
-    With MHA, GELU, f = 4h, LayerNorm, dropout and 2-byte activations the non-statistic items
+    `max(a_kv/t, 1)` heads per rank. Everything is ÷c under context parallelism; with
+    Ulysses (`a2a` > 1, the all-to-all degree) a fused kernel's output is kept twice, head- and
+    sequence-sharded (docs/concepts/context-parallel.md). With MHA, GELU, f = 4h, LayerNorm, dropout and 2-byte activations the non-statistic items
     sum to Korthikanti's `s·b·h·(34 + 5·a·s/h)`.
 
     `impl` names the implementation profile (`estimate.profiles`): "shardwise" (the default)
@@ -223,7 +232,8 @@ def saved_tensors_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any, *,
     code keeps for the same layer.
     """
     return saved_tensors(impl, model, seq_len, micro_batch, tp=tp, sp=sp, cp=cp, flash=flash,
-                         selective=selective, dtype_bytes_=dtype_bytes_, moe=moe, etp=etp)
+                         selective=selective, dtype_bytes_=dtype_bytes_, moe=moe, etp=etp,
+                         a2a=a2a)
 
 
 def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any = 1, *,
@@ -231,17 +241,19 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any 
                                recompute: Any = "none", flash: bool = False,
                                dtype: str = "bf16", formula: str = "generalised",
                                moe: bool | None = None, impl: str = "shardwise",
-                               etp: Any = 0) -> Any:
+                               etp: Any = 0, a2a: Any = 1) -> Any:
     """Bytes one layer keeps for backward per micro-batch, per rank.
 
     `formula="korthikanti"`: the paper's closed form (see `korthikanti_activation_bytes`, which
     assumes MHA, GELU f=4h, dropout, 2-byte activations); `"generalised"`: the sum of the
     saved tensors of implementation profile `impl` (`estimate.profiles`; "shardwise", the
     default, is `saved_tensors_per_layer`, SPEC §3). Full recompute keeps only the layer
-    input `s·b·h·bytes` (÷t with SP). Context parallelism divides by `c`.
+    input `s·b·h·bytes` (÷t with SP). Context parallelism divides by `c` (Ulysses, `a2a` > 1:
+    the attention output twice, `saved_tensors_per_layer`).
 
-    `tp`, `cp`, `micro_batch`, `sp` and `recompute` may be NumPy arrays (`recompute` then holds
-    codes: 0 none, 1 selective, 2 full, 3 op-sac) for the planner's vectorised evaluation.
+    `tp`, `cp`, `micro_batch`, `sp`, `a2a` and `recompute` may be NumPy arrays (`recompute`
+    then holds codes: 0 none, 1 selective, 2 full, 3 op-sac) for the planner's vectorised
+    evaluation.
     """
     if isinstance(recompute, str) and recompute not in RECOMPUTE:
         raise ShardwiseError(f"recompute must be one of {', '.join(RECOMPUTE)}; got "
@@ -258,7 +270,7 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any 
     return layer_bytes(impl, model, seq_len, micro_batch, tp=tp, sp=sp, cp=cp, flash=flash,
                        selective=selective, full=full, op_sac=op_sac,
                        dtype_bytes_=dtype_bytes(dtype),
-                       moe=model.is_moe if moe is None else moe, etp=etp)
+                       moe=model.is_moe if moe is None else moe, etp=etp, a2a=a2a)
 
 
 # ------------------------------------------------------------------------------ §4 per GPU
@@ -473,7 +485,8 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
                  dp: Any, zero: Any, zero_group: Any, sp: Any, schedule: Any, chunks: Any,
                  recompute: Any, micro_batch: Any, m: Any, stage: Any,
                  act: dict[str, Any] | None = None, formula: str = "generalised",
-                 partition: Partition = (), etp: Any = 0) -> dict[str, Any]:
+                 partition: Partition = (), etp: Any = 0, cp_kind: Any = 0, ulysses: Any = 0
+                 ) -> dict[str, Any]:
     """Bytes on one GPU of pipeline `stage` (SPEC §4), for one layout or arrays of layouts:
     weights, grads, optimizer, activations, logits, workspace, in_flight and total.
 
@@ -485,7 +498,8 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
     stage running the last virtual stage (`pp-1`; stage 0 in the V of ZBV and DualPipeV) the
     final norm's input and fp32 logits `s·b·V·4/t` for the loss. ZeRO-3 adds a
     workspace of two gathered layers (the one in use and the prefetched one). `act` may carry
-    the per-layer activation bytes (`{"dense": …, "moe": …}`) already evaluated.
+    the per-layer activation bytes (`{"dense": …, "moe": …}`) already evaluated (for the
+    layouts' `cp_kind` and `ulysses`: `layout.ulysses_degree`).
     """
     state = bytes_per_param_training(train.dtype, train.grad_dtype, train.optimizer)
     ab = dtype_bytes(train.dtype)
@@ -495,7 +509,7 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
             return activation_bytes_per_layer(
                 model, s, micro_batch, tp=tp, sp=sp, cp=cp, recompute=recompute,
                 flash=train.flash_attention, dtype=train.dtype, formula=formula, moe=moe,
-                impl=train.profile, etp=etp)
+                impl=train.profile, etp=etp, a2a=ulysses_degree(cp, cp_kind, ulysses))
         act = {"dense": per_layer(False), "moe": per_layer(True) if model.is_moe else 0.0}
     zero_n = np.where(zero_group > 0, zero_group, dp * cp)
     last_stage = select(schedule, lambda info: info.last_stage(pp))  # head, loss, logits

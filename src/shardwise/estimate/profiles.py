@@ -228,13 +228,14 @@ def fused_attention(profile: Profile | str, flash: bool) -> bool:
 def saved_tensors(profile: Profile | str, model: ModelSpec, seq_len: int, micro_batch: Any, *,
                   tp: Any = 1, sp: Any = False, cp: Any = 1, flash: bool = False,
                   selective: Any = False, dtype_bytes_: float = 2, moe: bool = False,
-                  etp: Any = 0) -> dict[str, Any]:
+                  etp: Any = 0, a2a: Any = 1) -> dict[str, Any]:
     """Bytes per rank of every tensor one layer saves for backward under `profile`.
 
-    `tp`, `cp`, `micro_batch` may be arrays, `sp` and `selective` boolean arrays (then every
-    entry is an array, 0 where it does not apply); with scalars only the tensors that exist are
-    listed. For `shardwise` this is SPEC §3's generalised count (see
-    `estimate.memory.saved_tensors_per_layer`).
+    `tp`, `cp`, `micro_batch`, `a2a` may be arrays, `sp` and `selective` boolean arrays (then
+    every entry is an array, 0 where it does not apply); with scalars only the tensors that
+    exist are listed. For `shardwise` this is SPEC §3's generalised count (see
+    `estimate.memory.saved_tensors_per_layer`). `a2a`: the context-parallel all-to-all
+    (Ulysses) degree, `Layout.ulysses_degree`; above 1 the attention output is kept twice.
     """
     prof = get_profile(profile) if isinstance(profile, str) else profile
     ab = dtype_bytes_
@@ -305,6 +306,12 @@ def saved_tensors(profile: Profile | str, model: ModelSpec, seq_len: int, micro_
             add("attention_dropout_mask", scores * 1, not_selective)
             add("attention_dropout_output", scores * ab, not_selective)
     add("attention_output", sb * model.n_heads * d_v * ab / tp)
+    if fused:  # Ulysses: a fused kernel keeps its head-sharded output (b, s, a/(t·u), d),
+        # the out-projection the sequence-sharded one the all-to-all returns: the same bytes
+        # twice (TE's AttnFuncWithCPAndQKVOA2A saves `out` before its all-to-all); selective
+        # recompute keeps neither, a materialised softmax keeps P, not the output
+        add("attention_output_heads", sb * model.n_heads * d_v * ab / tp,
+            _pick(a2a > 1, not_selective, False))
     if model.dropout and prof.residual_dropout:
         add("attention_residual_dropout_mask", sb * h / rep)
     norm("norm2", "mlp_input")
@@ -385,13 +392,13 @@ def op_sac_saved(model: ModelSpec, seq_len: int, micro_batch: Any, *, tp: Any = 
 def layer_bytes(profile: Profile | str, model: ModelSpec, seq_len: int, micro_batch: Any, *,
                 tp: Any = 1, sp: Any = False, cp: Any = 1, flash: bool = False,
                 selective: Any = False, full: Any = False, op_sac: Any = False,
-                dtype_bytes_: float = 2, moe: bool = False, etp: Any = 0) -> Any:
+                dtype_bytes_: float = 2, moe: bool = False, etp: Any = 0, a2a: Any = 1) -> Any:
     """Sum of `saved_tensors`; under full recompute (`full`, scalar or boolean array) the
     layer input only, `s/c·b·h·bytes` (÷t with SP) — every profile checkpoints the layer;
     under per-op SAC (`op_sac`) what `op_sac_saved` keeps."""
     saved = saved_tensors(profile, model, seq_len, micro_batch, tp=tp, sp=sp, cp=cp,
                           flash=flash, selective=selective, dtype_bytes_=dtype_bytes_, moe=moe,
-                          etp=etp)
+                          etp=etp, a2a=a2a)
     total = sum(saved.values())
     if not _is_false(op_sac):
         sac = sum(op_sac_saved(model, seq_len, micro_batch, tp=tp, sp=sp, cp=cp,

@@ -21,9 +21,11 @@ All per rank, on the pipeline's critical path, for `m` micro-batches:
   all-gathers the sequence-sharded QKV and gate/up input again in backward for the weight
   gradients (2 all-gathers of `(t-1)/t · s·b·h` per layer, `comm.tp_comm_ops_per_layer`);
   Megatron overlaps them with the input-gradient GEMMs, so they are not charged here.
-* **CP** (ring attention, Liu et al. 2023) — `c-1` K/V block transfers per layer forward, twice the
-  bytes backward; each hides behind one block of attention compute, only `max(0, transfer -
-  block)` is exposed.
+* **CP** (`cp_time`) — ring attention (Liu et al. 2023): `c-1` K/V block transfers per layer
+  forward, twice the bytes backward; each hides behind one block of attention compute, only
+  `max(0, transfer - block)` is exposed. Ulysses (Jacobs et al. 2023): four all-to-alls per
+  layer forward (Q, K, V, output), four backward, exposed; the hybrid both (all-to-all
+  inside groups of `Layout.ulysses`, ring across).
 * **EP** — dispatch + combine all-to-alls per MoE layer forward, two backward (exposed).
 * **PP** — one activation (forward) and one gradient (backward) p2p per micro-batch and virtual
   stage, `s/c·b·h/t` bytes (Megatron's scatter/gather): `2·(v·m + p - 1)` transfers exposed;
@@ -101,7 +103,7 @@ from shardwise.estimate.compute import (
 from shardwise.estimate.memory import bytes_per_param_training, stage_param_counts
 from shardwise.estimate.uncertainty import Uncertainty, uncertainty
 from shardwise.hardware import Cluster
-from shardwise.layout import Layout, Partition, TrainSpec, stage_extremes
+from shardwise.layout import Layout, Partition, TrainSpec, stage_extremes, ulysses_degree
 from shardwise.placement import expert_tp_degree, members_per_node
 from shardwise.schedules.registry import SCHEDULE_CODES, select
 
@@ -111,6 +113,7 @@ __all__ = [
     "StepEstimate",
     "busy_fraction",
     "compute_costs",
+    "cp_time",
     "estimate_step",
     "group_collective_time",
     "interleaved_window",
@@ -242,8 +245,8 @@ def busiest_stage_params(model: ModelSpec, t: Any, p: Any, e: Any, v: Any,
 def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, pp: Any,
                cp: Any, ep: Any, dp: Any, zero: Any, zero_group: Any, sp: Any, schedule: Any,
                chunks: Any, recompute: Any, micro_batch: Any, m: Any,
-               costs: dict[str, Any] | None = None, partition: Partition = (), etp: Any = 0
-               ) -> dict[str, Any]:
+               costs: dict[str, Any] | None = None, partition: Partition = (), etp: Any = 0,
+               cp_kind: Any = 0, ulysses: Any = 0) -> dict[str, Any]:
     """Every term of the step-time model for layouts given as numbers or arrays, keyed by the
     `Layout` field names (codes for `recompute` and `schedule`: `layout_codes`; `zero_group`
     = 0 for ZeRO over all dp·cp ranks) and `m` micro-batches. Returns seconds (and
@@ -328,30 +331,10 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     ce = 3 * group_collective_time("all-reduce", s / c * b * 4, t, on_node("tp"), links)
     tp_crit = tp_f + tp_b + tp_ar * np.where(single, 2, 1) + np.where(t > 1, ce, 0.0)
 
-    # ---- context parallel: ring K/V transfers hidden behind block compute when possible
-    kv_heads = np.maximum(model.n_kv_heads // t, 1)  # K at d, V at d_v (MLA: d_v < d)
-    kv_block = s / c * b * kv_heads * (model.head_dim + model.value_head_dim) * ab
-    cp_intra = on_node("cp") == c
-    cp_step = (p2p_latency(links, np.where(cp_intra, links.intra_lat, links.inter_lat))
-               + kv_block / np.where(cp_intra, links.intra_bw, links.inter_bw))
-    # contention per second of a transfer relative to node-local traffic (`busy_fraction`)
-    cp_busy = (p2p_latency(links, links.intra_lat) + kv_block / links.intra_bw) / cp_step
-    cp_overlap = settings.stack.cp_overlap
-    if not cp_overlap:  # each hop a blocking send, then a blocking receive
-        cp_step, cp_busy = 2 * cp_step, 1.0
-    per_layer_f = attn_f / np.maximum(layers, 1e-30)  # attention time of one layer
-    per_layer_b = attn_b / np.maximum(layers, 1e-30)
-
-    def hidden(transfer: Any, block: Any) -> Any:
-        """Exposed part of a transfer overlapped with `block` compute (+ contention)."""
-        if not cp_overlap:
-            return transfer
-        exposed = np.maximum(0.0, transfer - block)
-        return exposed + kappa * cp_busy * (transfer - exposed)
-
-    cp_f = layers * (c - 1) * hidden(cp_step, per_layer_f / c)
-    cp_b = layers * (c - 1) * (hidden(2 * cp_step, per_layer_b / c)
-                               + np.where(rc >= 1, hidden(cp_step, per_layer_f / c), 0.0))
+    # ---- context parallel: ring hops behind the block compute, Ulysses' all-to-alls exposed
+    cp_f, cp_b = cp_time(ctx, links, train, t=t, c=c, u=ulysses_degree(c, cp_kind, ulysses),
+                         b=b, rc=rc, layers=layers, attn_f=attn_f, attn_b=attn_b, dp=dp, p=p,
+                         e=e)
 
     # ---- expert parallel: dispatch + combine all-to-alls per MoE layer
     if model.n_moe_layers:
@@ -468,6 +451,67 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
         "dp_comm_exposed": dp_exposed, "optimizer": optimizer, "total": total,
         "dp_comm_total": dp_total, "t_forward": big_f, "t_backward": big_b, "t_wgrad": w_mid,
     }
+
+
+def cp_time(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, c: Any, u: Any,
+            b: Any, rc: Any, layers: Any, attn_f: Any, attn_b: Any, dp: Any, p: Any, e: Any
+            ) -> tuple[Any, Any]:
+    """Exposed context-parallel time of one micro-batch's forward and backward over `layers`
+    layers whose attention takes `attn_f` / `attn_b`, for ring attention, Ulysses or their
+    hybrid: `u` = `Layout.ulysses_degree` (1 ring, c Ulysses), the ring over `r = c/u` ranks.
+
+    Ring (Liu et al. 2023): each rank's K/V block `2·(s/c)·b·kv·bytes` (kv = a_kv·d/t; after
+    the hybrid's all-to-all a rank holds u× the tokens of 1/u of the heads: the same bytes)
+    hops `r-1` times per layer forward, twice as much backward (K/V again, dK/dV back), once
+    more when recompute replays the forward. Each hop hides behind one block of attention,
+    `1/r` of the layer's (Transformer Engine posts the next hop before it computes the held
+    block): `max(0, hop - block)` exposed, plus the contention share of the hidden part.
+
+    All-to-all over the `u` ranks of a `cp_a2a` group (Jacobs et al. 2023;
+    `comm.ulysses_comm_bytes_per_layer`): Q, K, V and the output per layer forward, their
+    conjugates backward, the forward's again with recompute — each on the critical path
+    (DeepSpeed's `DistributedAttention` without an `sp_stream`, and Transformer Engine's
+    `AttnFuncWithCPAndQKVOA2A`, wait for them before and after the attention kernel).
+    """
+    model, s, ab, kappa = ctx.model, ctx.seq_len, ctx.act_bytes, ctx.calibration.overlap_contention
+    r = c // u
+    where = {"gpus_per_node": links.gpus_per_node, "pp": p, "dp": dp, "cp": c, "tp": t, "ep": e,
+             "ulysses": u}
+    kv_heads = np.maximum(model.n_kv_heads // t, 1)
+    kv = kv_heads * model.head_dim
+    kv_block = s / c * b * kv_heads * (model.head_dim + model.value_head_dim) * ab  # K at d,
+    # V at d_v (MLA: d_v < d)
+    ring_intra = members_per_node("cp_ring", **where) == r
+    hop = (p2p_latency(links, np.where(ring_intra, links.intra_lat, links.inter_lat))
+           + kv_block / np.where(ring_intra, links.intra_bw, links.inter_bw))
+    # contention per second of a transfer relative to node-local traffic (`busy_fraction`)
+    busy = (p2p_latency(links, links.intra_lat) + kv_block / links.intra_bw) / hop
+    overlap = train.settings().stack.cp_overlap
+    if not overlap:  # each hop a blocking send, then a blocking receive
+        hop, busy = 2 * hop, 1.0
+    per_layer_f = attn_f / np.maximum(layers, 1e-30)  # attention time of one layer
+    per_layer_b = attn_b / np.maximum(layers, 1e-30)
+
+    def hidden(transfer: Any, block: Any) -> Any:
+        """Exposed part of a transfer overlapped with `block` compute (+ contention)."""
+        if not overlap:
+            return transfer
+        exposed = np.maximum(0.0, transfer - block)
+        return exposed + kappa * busy * (transfer - exposed)
+
+    # selective and full recompute replay the attention (op-sac keeps its output)
+    replays = (rc == 1) | (rc == 2)
+    replay = np.where(replays, hidden(hop, per_layer_f / r), 0.0)
+    ring_f = layers * (r - 1) * hidden(hop, per_layer_f / r)
+    ring_b = layers * (r - 1) * (hidden(2 * hop, per_layer_b / r) + replay)
+    # the all-to-alls of this rank's (s/c)·b tokens: Q and the output q wide, K and V kv wide
+    a2a_in = members_per_node("cp_a2a", **where)
+    token_bytes = s / c * b * ab
+    a2a = np.where(u > 1, 2 * (group_collective_time("all-to-all", token_bytes * model.q_dim / t,
+                                                     u, a2a_in, links)
+                               + group_collective_time("all-to-all", token_bytes * kv, u,
+                                                       a2a_in, links)), 0.0)
+    return ring_f + layers * a2a, ring_b + layers * a2a * np.where(replays, 2, 1)
 
 
 def busy_fraction(size: Any, n: Any, in_node: Any, links: Links, nvlink: Links) -> Any:

@@ -24,7 +24,7 @@ from shardwise.estimate.step import (
     step_terms,
 )
 from shardwise.hardware import Cluster
-from shardwise.layout import Balanced, Layout, Partition, TrainSpec
+from shardwise.layout import CP_KINDS, Balanced, Layout, Partition, TrainSpec, ulysses_degree
 from shardwise.plan.results import PlanEntry
 from shardwise.plan.space import DEFAULT_HEADROOM
 from shardwise.schedules.registry import (
@@ -42,26 +42,30 @@ def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
                         ) -> dict[str, Any]:
     """Step-time terms, rates and peak memory for arrays of layouts (the planner's kernel).
 
-    `cand` holds int arrays `t p c e dp b m sched v zero zg sp rc` (codes as in
+    `cand` holds int arrays `t p c e dp b m sched v zero zg sp rc cp_kind ulysses` (codes as in
     `estimate.step`) and, from the grid, the searched partitions `first_less last_less`
     (`Balanced`; without them the default partition), flat or broadcastable against each
     other (the planner passes outer combinations as a column and the `(sp, rc)` pairs as a
     row, so terms that do not depend on them are computed once per row). Compute costs are evaluated once per distinct
-    `(t, c, b, e, etp)` and `(sp, rc)` and gathered.
+    `(t, c, b, e, etp, all-to-all degree)` and `(sp, rc)` and gathered.
     """
     cal = calib or default_calibration(cluster.accelerator.calibration_name)
     ctx = ComputeContext.of(model, cluster.accelerator, train, cal)
     links = Links.of(cluster, cal)
-    # distinct (t, c, b, e, etp) × (sp, rc) for the compute costs and activations: the
-    # enumeration's (structure, micro-batch) pairs when known, else a packed integer key
+    # distinct (t, c, b, e, etp, all-to-all degree) × (sp, rc) for the compute costs and
+    # activations: the enumeration's (structure, micro-batch) pairs when known, else a packed
+    # integer key
     if "pair" in cand and "_pairs" in cand:
         pairs = cand["_pairs"]
         uniq = np.stack([pairs["tp"], pairs["cp"], pairs["micro_batch"], pairs["ep"],
-                         pairs["etp"]])
+                         pairs["etp"],
+                         ulysses_degree(pairs["cp"], pairs["cp_kind"], pairs["ulysses"])])
         inverse = np.asarray(cand["pair"])
     else:
+        a2a = ulysses_degree(cand["cp"], cand["cp_kind"], cand["ulysses"])
         cols = [np.asarray(cand[k], dtype=np.int64)
                 for k in ("tp", "cp", "micro_batch", "ep", "etp")]
+        cols.append(np.asarray(np.broadcast_to(a2a, cols[0].shape), dtype=np.int64))
         packed = np.zeros_like(cols[0])
         for col in cols:
             packed = packed * (int(col.max()) + 1) + col
@@ -74,7 +78,7 @@ def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
     g_idx, q_idx = np.divmod(np.arange(n_u * 2 * n_rc), 2 * n_rc)
     small = {"tp": uniq[0, g_idx], "cp": uniq[1, g_idx], "micro_batch": uniq[2, g_idx],
              "ep": uniq[3, g_idx], "etp": uniq[4, g_idx], "sp": sp_rc[q_idx, 0],
-             "recompute": sp_rc[q_idx, 1]}
+             "recompute": sp_rc[q_idx, 1], "a2a": uniq[5, g_idx]}
     costs = compute_costs(ctx, small["tp"], small["cp"], small["micro_batch"], small["sp"], small["recompute"],
                           small["ep"], small["etp"])
 
@@ -82,7 +86,8 @@ def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
         return activation_bytes_per_layer(
             model, train.seq_len, small["micro_batch"], tp=small["tp"], sp=small["sp"],
             cp=small["cp"], recompute=small["recompute"], flash=train.flash_attention,
-            dtype=train.dtype, moe=moe, impl=train.profile, etp=small["etp"])
+            dtype=train.dtype, moe=moe, impl=train.profile, etp=small["etp"],
+            a2a=small["a2a"])
 
     act = {"dense": per_layer(False), "moe": per_layer(True) if model.is_moe else 0.0}
     index = inverse * 2 * n_rc + cand["sp"] * n_rc + cand["recompute"]
@@ -123,7 +128,7 @@ def _layout_of(cand: dict[str, Any], i: int) -> Layout:
     """Layout `i` of the arrays, a searched partition as its explicit layers per stage."""
     values: dict[str, Any] = {key: int(cand[key][i]) for key in _STEP_KEYS if key != "m"}
     values.update(sp=bool(values["sp"]), schedule=get_schedule(values["schedule"]).name,
-                  recompute=RC_NAMES[values["recompute"]])
+                  recompute=RC_NAMES[values["recompute"]], cp_kind=CP_KINDS[values["cp_kind"]])
     if "first_less" in cand:
         key = (values["pp"], int(cand["first_less"][i]), int(cand["last_less"][i]))
         values["partition"] = cand["_partitions"][key]

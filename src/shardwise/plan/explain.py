@@ -13,7 +13,7 @@ from shardwise.estimate.memory import (
     bytes_per_param_training,
 )
 from shardwise.hardware import Cluster
-from shardwise.layout import AXES, TrainSpec
+from shardwise.layout import AXES, CP_KINDS, TrainSpec
 from shardwise.plan.evaluate import RC_NAMES, _layout_of
 from shardwise.plan.rank import Ranking, nontrivial_axes
 from shardwise.plan.results import Alternative
@@ -21,7 +21,8 @@ from shardwise.schedules.registry import (
     get_schedule,
 )
 
-_ALTERNATIVE_AXES = (*AXES[1:], "zero", "recompute", "schedule", "micro_batch", "sp")
+_ALTERNATIVE_AXES = (*AXES[1:], "cp_kind", "zero", "recompute", "schedule", "micro_batch",
+                     "sp")
 SIMPLEST_WITHIN = 0.01  # the explanation names the simplest layout this close to the winner
 
 
@@ -38,6 +39,10 @@ def _alternatives(ranking: Ranking, best: int) -> list[Alternative]:
             if value == cand[axis][best]:
                 continue
             mask = cand[axis] == value
+            if axis == "cp_kind":  # only layouts with context parallelism have a kind
+                mask &= cand["cp"] > 1
+                if not mask.any():
+                    continue
             shown: Any = int(value)
             if axis == "recompute":
                 shown = RC_NAMES[int(value)]
@@ -45,6 +50,8 @@ def _alternatives(ranking: Ranking, best: int) -> list[Alternative]:
                 shown = get_schedule(int(value)).name
             elif axis == "sp":
                 shown = bool(value)
+            elif axis == "cp_kind":
+                shown = CP_KINDS[int(value)]
             rows = ranking.top(1, within=mask, fold=False, refine=False)
             if len(rows):
                 i = int(rows[0])

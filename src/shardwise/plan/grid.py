@@ -13,7 +13,7 @@ import numpy as np
 from shardwise.arch import ModelSpec
 from shardwise.estimate.memory import layer_params
 from shardwise.hardware import Cluster
-from shardwise.layout import Balanced, Layout, TrainSpec, stage_partition
+from shardwise.layout import CP_KINDS, Balanced, Layout, TrainSpec, stage_partition
 from shardwise.plan.results import Rejection
 from shardwise.plan.space import Constraint, SearchSpace
 from shardwise.schedules.registry import (
@@ -45,7 +45,8 @@ class _Rejections:
 
 def _structure_reason(problem: str) -> str:
     """A region name for a `Layout.problems` sentence (numbers stripped)."""
-    rules = (("n_heads", "tp does not divide the attention heads"),
+    rules = (("Ulysses", "the Ulysses degree does not divide the heads"),  # names n_heads too
+             ("n_heads", "tp does not divide the attention heads"),
              ("n_kv_heads", "tp does not fit the key/value heads"),
              ("d_ff", "tp does not divide the FFN width"),
              ("n_layers", "pp does not split the layers"),
@@ -100,23 +101,27 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
     inner_keys = ("micro_batch", "schedule", "zero", "sp", "recompute")
     inner = [len(axes[k]) for k in inner_keys]
 
-    # level 1: structures (tp, pp, cp, ep, etp, partition) and dp = GPUs / (tp·pp·cp); the
-    # searched partitions of each pp (`_partitions`) as Balanced(first_less, last_less).
-    # The constraint's exclusions are counted first, on the grid with its fixed values added.
+    # level 1: structures (tp, pp, cp, cp kind, ep, etp, partition) and dp = GPUs / (tp·pp·cp);
+    # the searched partitions of each pp (`_partitions`) as Balanced(first_less, last_less);
+    # with cp > 1 each kind of `cp_kind` (the hybrid's all-to-all over the cp ranks of one
+    # node). The constraint's exclusions are counted first, on the grid with its fixed values
+    # added.
     partitions = {p: _partitions(model, p) for p in full["pp"]}
     per_structure = math.prod(inner)
     per_full = math.prod(len(full[k]) for k in inner_keys)
-    grid = (len(full["tp"]) * sum(map(len, partitions.values())) * len(full["cp"])
+    cp_kinds = [(c, k) for c in full["cp"] for k in (full["cp_kind"] if c > 1 else [0])]
+    grid = (len(full["tp"]) * sum(map(len, partitions.values())) * len(cp_kinds)
             * len(full["ep"]) * len(full["etp"]) * per_full)
     rows = []
-    for t, p, c, e, et in itertools.product(full["tp"], full["pp"], full["cp"], full["ep"],
-                                            full["etp"]):
+    for t, p, (c, kind), e, et in itertools.product(full["tp"], full["pp"], cp_kinds,
+                                                    full["ep"], full["etp"]):
         whole = per_full * len(partitions[p])
         dp = n_gpus // (t * p * c)
         kept = [ends for ends, split in partitions[p].items()
                 if split_wanted is None or split_wanted == split]
         if (not all(rule.allows(k, v) for k, v in (("tp", t), ("pp", p), ("cp", c), ("ep", e),
-                                                     ("etp", et)))
+                                                     ("etp", et),
+                                                     ("cp_kind", CP_KINDS[kind])))
                 or (n_gpus % (t * p * c) == 0 and not rule.allows("dp", dp))):
             kept = []
         region = per_structure * len(kept)
@@ -134,7 +139,13 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
             rejections.add("tp·pp·cp does not divide the GPU count", region,
                            f"tp={t} pp={p} cp={c}: {t * p * c} ∤ {n_gpus}")
             continue
-        problems = Layout(dp=dp, tp=t, pp=p, cp=c, ep=e, etp=et).problems(model)
+        u = min(c, max(cluster.gpus_per_node // t, 1)) if CP_KINDS[kind] == "hybrid" else 0
+        if CP_KINDS[kind] == "hybrid" and not 1 < u < c:
+            rejections.add("hybrid cp with every cp rank in one node or one per node (same as "
+                           "Ulysses or ring)", region, category="duplicate")
+            continue
+        problems = Layout(dp=dp, tp=t, pp=p, cp=c, ep=e, etp=et, cp_kind=CP_KINDS[kind],
+                          ulysses=u).problems(model)
         if c > 1 and not train.flash_attention:
             problems.append("context parallelism (ring attention) needs FlashAttention")
         elif c > 1 and s % (2 * c):
@@ -146,7 +157,7 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
             rejections.add("more data-parallel replicas than sequences per step", region,
                            f"dp={dp} > global batch {gb}")
             continue
-        rows += [(t, p, c, e, dp, a, z, et) for a, z in kept]
+        rows += [(t, p, c, e, dp, a, z, et, kind, u) for a, z in kept]
     if not rows:
         return {}, grid
     st = np.array(rows, dtype=np.int64)
@@ -163,7 +174,8 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
     pairs = {"tp": st[s_idx[pair], 0], "pp": st[s_idx[pair], 1], "cp": st[s_idx[pair], 2],
              "ep": st[s_idx[pair], 3], "dp": dp_[pair], "micro_batch": b_[pair],
              "first_less": st[s_idx[pair], 5], "last_less": st[s_idx[pair], 6],
-             "etp": st[s_idx[pair], 7]}
+             "etp": st[s_idx[pair], 7], "cp_kind": st[s_idx[pair], 8],
+             "ulysses": st[s_idx[pair], 9]}
     pairs["m"] = gb // (pairs["dp"] * pairs["micro_batch"])
     n_pairs = len(pair)
     if not n_pairs:  # no (structure, micro-batch) pair splits the batch
@@ -239,7 +251,7 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
     valid = ~(no_tp | bad_sp)
     cand: dict[str, Any] = {key: pairs[key][pr][:, None]
                             for key in ("tp", "pp", "cp", "ep", "etp", "dp", "micro_batch",
-                                        "m", "first_less", "last_less")}
+                                        "m", "first_less", "last_less", "cp_kind", "ulysses")}
     cand.update(schedule=lvl3["schedule"][l3][:, None], chunks=lvl3["chunks"][l3][:, None],
                 zero=lvl4["zero"][:, None], zero_group=lvl4["zero_group"][:, None], sp=sp,
                 recompute=rc,

@@ -17,9 +17,10 @@ times, so once one of them (times `x'`, makespan `M'`) is simulated, the other (
 has makespan ≥ `λ·M'` with `λ = min_k x_k / x'_k`.
 
 **Ties.** Step times equal to `TIE` (relative) are a tie, broken by `SIMPLER`: the smaller
-cp, pp, tp, ep (in that order), the lower ZeRO stage and the smaller hybrid-shard group
-(none first), less recompute, no sequence parallelism, the default schedule (1F1B), fewer
-chunks, the default stage partition, the smaller micro-batch.
+cp, pp, tp, ep (in that order), ring before Ulysses before the hybrid, etp as tp before a
+separate one, the lower ZeRO stage and the smaller hybrid-shard group (none first), less
+recompute (none, selective, op-sac, full), no sequence parallelism, the default schedule
+(1F1B), fewer chunks, the default stage partition, the smaller micro-batch.
 
 **Variants.** Layouts that differ only in `SECOND_ORDER` knobs — the ZeRO shard-group size and
 the stage partition — are one row: the best of them, with how many others fit.
@@ -33,18 +34,25 @@ import numpy as np
 
 from shardwise.arch import ModelSpec
 from shardwise.estimate.step import simulated_bubble
-from shardwise.layout import AXES, Balanced, Layout, stage_extremes
+from shardwise.layout import (
+    AXES,
+    RECOMPUTE,
+    RECOMPUTE_LIGHTEST_FIRST,
+    Balanced,
+    Layout,
+    stage_extremes,
+)
 from shardwise.plan.evaluate import _layout_of, simulated
 from shardwise.schedules.registry import DEFAULT_SCHEDULE, SCHEDULE_CODES, select
 
 TIE = 1e-9
 _TIE_DIGITS = 9  # TIE as decimal places of the figure over the fastest one
-SIMPLER = ("cp", "pp", "tp", "ep", "zero", "zero_group", "recompute", "sp", "schedule",
-           "chunks", "partition", "micro_batch")
+SIMPLER = ("cp", "pp", "tp", "ep", "cp_kind", "etp", "zero", "zero_group", "recompute", "sp",
+           "schedule", "chunks", "partition", "micro_batch")
 SECOND_ORDER = ("zero_group", "partition")
 # the fields that name a layout apart from its second-order knobs (dp follows from the rest)
-_FIRST_ORDER = ("tp", "pp", "cp", "ep", "micro_batch", "schedule", "chunks", "zero", "sp",
-                "recompute")
+_FIRST_ORDER = ("tp", "pp", "cp", "ep", "etp", "cp_kind", "ulysses", "micro_batch", "schedule",
+                "chunks", "zero", "sp", "recompute")
 
 
 def rounded(totals: Any, fastest: float) -> Any:
@@ -89,8 +97,10 @@ def _ends(cand: dict[str, Any]) -> list[Any]:
 def simplicity(cand: dict[str, Any]) -> np.ndarray:
     """The tie-break `SIMPLER` as one sortable integer per layout (smaller: simpler)."""
     not_default = cand["schedule"] != SCHEDULE_CODES[DEFAULT_SCHEDULE]
-    return _ordinal([cand["cp"], cand["pp"], cand["tp"], cand["ep"], cand["zero"],
-                     cand["zero_group"], cand["recompute"], cand["sp"], not_default,
+    lighter = np.array([RECOMPUTE_LIGHTEST_FIRST.index(name) for name in RECOMPUTE])
+    return _ordinal([cand["cp"], cand["pp"], cand["tp"], cand["ep"], cand["cp_kind"],
+                     cand["etp"], cand["zero"], cand["zero_group"],
+                     lighter[np.asarray(cand["recompute"])], cand["sp"], not_default,
                      cand["schedule"], cand["chunks"], _searched(cand), *_ends(cand),
                      cand["micro_batch"]])
 

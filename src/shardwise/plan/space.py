@@ -11,7 +11,7 @@ from shardwise.arch import ModelSpec
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.compute import RC_CODES
 from shardwise.hardware import Cluster
-from shardwise.layout import RECOMPUTE, SCHEDULES, Layout, TrainSpec
+from shardwise.layout import CP_KINDS, RECOMPUTE, SCHEDULES, Layout, TrainSpec
 from shardwise.schedules.registry import DEFAULT_SCHEDULE, SEARCHED_SCHEDULES, get_schedule
 
 DEFAULT_HEADROOM = 0.85  # plan for 85 % of GPU memory
@@ -34,6 +34,7 @@ class SearchSpace:
     # expert tensor parallel: 0 (= tp, Megatron's default) and 1 (experts unsplit, the
     # DeepSeek-V3 recipes' choice) for MoE models
     etp: tuple[int, ...] | None = None
+    cp_kinds: tuple[str, ...] = CP_KINDS  # with cp > 1; the hybrid's all-to-all spans a node
     micro_batch: tuple[int, ...] | None = None
     zero: tuple[int, ...] = (0, 1, 2, 3)
     zero_groups: tuple[int, ...] | None = None
@@ -76,8 +77,13 @@ class SearchSpace:
         for name in recompute:
             if name not in RC_CODES:
                 raise ShardwiseError(f"unknown recompute {name!r}; valid: {', '.join(RC_CODES)}")
+        for name in self.cp_kinds:
+            if name not in CP_KINDS:
+                raise ShardwiseError(f"unknown cp kind {name!r}; valid: {', '.join(CP_KINDS)}")
         return {"tp": tp, "pp": pp, "cp": cp, "ep": ep, "etp": etp, "micro_batch": mb,
                 "schedule": sched,
+                "cp_kind": [CP_KINDS.index(k) for k in self.cp_kinds if k in stack.cp_kinds]
+                or [0],
                 "zero": zero, "sp": [int(bool(x)) for x in self.sp],
                 "recompute": [RC_CODES[r] for r in recompute if r in stack.recompute]}
 
@@ -119,7 +125,7 @@ class SearchSpace:
 
 # the layout fields the search varies (dp follows from the GPUs the others leave)
 SEARCHED_FIELDS = ("dp", "tp", "pp", "cp", "ep", "etp", "micro_batch", "schedule", "chunks",
-                   "zero", "zero_group", "sp", "recompute", "partition")
+                   "zero", "zero_group", "sp", "recompute", "partition", "cp_kind")
 _COUNTS = ("dp", "tp", "pp", "cp", "ep", "micro_batch", "chunks")  # etp: 0 means tp
 
 
@@ -143,7 +149,7 @@ class Constraint:
                                          f"valid: {', '.join(SEARCHED_FIELDS)}")
                 _check(option, key, value)
         for key in limits:
-            if key in ("schedule", "recompute", "sp", "partition"):
+            if key in ("schedule", "recompute", "sp", "partition", "cp_kind"):
                 raise ShardwiseError(f"--max {key}: --max takes counts ({', '.join(_COUNTS)}, "
                                      f"zero, zero_group); use --fix {key}=…")
         return cls(tuple(fixed.items()), tuple(limits.items()))
@@ -193,5 +199,7 @@ def _check(option: str, key: str, value: Any) -> None:
         validate.integer(value, name, low=0, high=validate.MAX_DEGREE)
     elif key == "schedule" and value not in SCHEDULES:
         raise ShardwiseError(f"{name}={value!r} unknown; valid: {', '.join(SCHEDULES)}")
+    elif key == "cp_kind" and value not in CP_KINDS:
+        raise ShardwiseError(f"{name}={value!r} unknown; valid: {', '.join(CP_KINDS)}")
     elif key == "recompute" and value not in RECOMPUTE:
         raise ShardwiseError(f"{name}={value!r} unknown; valid: {', '.join(RECOMPUTE)}")

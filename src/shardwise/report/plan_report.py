@@ -195,8 +195,13 @@ def explain(result: PlanResult) -> str:
         sentences.append("No pipeline, so no bubble"
                          f"{_slower(_closest(alts, 'pp'), total)}.")
     if lay.cp > 1:
-        sentences.append(f"CP {lay.cp} splits each sequence; the ring transfers add "
-                         f"{e.cp_comm_exposed / total:.1%}.")
+        moves = {"ring": "ring attention's K/V transfers",
+                 "ulysses": "Ulysses' all-to-alls over heads",
+                 "hybrid": f"all-to-alls inside groups of {lay.ulysses} and a ring across "
+                           "them"}[lay.cp_kind]
+        sentences.append(f"CP {lay.cp} splits each sequence; {moves} add "
+                         f"{e.cp_comm_exposed / total:.1%}"
+                         f"{_slower(_closest(alts, 'cp_kind'), total)}.")
     if lay.ep > 1:
         sentences.append(f"EP {lay.ep} spreads the experts; the all-to-alls cost "
                          f"{e.ep_comm / total:.0%}.")

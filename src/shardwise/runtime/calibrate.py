@@ -474,6 +474,7 @@ def _group_seconds(call: Callable[[], Any], group: Any, device: torch.device,
 # the collectives each axis of the runtime calls (the step model charges them per call; pp:
 # the stages' per-step agreement all-gather too)
 AXIS_CALLS = {"tp": ("all-reduce", "reduce-scatter", "all-gather"), "cp": ("p2p",),
+              "cp_a2a": ("all-to-all",),  # Ulysses' (the whole cp group) or the hybrid's
               "pp": ("p2p", "all-gather"), "ep": ("all-to-all",), "dp": ("all-reduce",),
               "world": ("all-reduce",)}
 

@@ -148,7 +148,8 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    group: C.GroupLike = "cp", causal: bool = False,
                    layout: str = "contiguous", *, scale: float | None = None,
                    stats: RingRankStats | None = None,
-                   counter: C.CommCounter | None = None) -> torch.Tensor:
+                   counter: C.CommCounter | None = None,
+                   positions: torch.Tensor | None = None) -> torch.Tensor:
     """Ring attention of this rank's block over the whole sequence of its cp group.
 
     q (b, n, h_q, d), k/v (b, n, h_kv, d): this rank's block (`shard_for_rank`) of a sequence
@@ -156,13 +157,19 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     `softmax(scale·QKᵀ + causal mask)·V`, (b, n, h_q, d). Differentiable (the backward is the
     ring above, not autograd through the communication). `group`: an axis name of the current
     mesh, an `AxisGroup`, a process group or None (world); a group of one is plain attention.
+    `positions` (c, n): the global token positions each ring rank holds, in its local order,
+    in place of `layout`'s (the hybrid's rings, `runtime.ulysses`).
     """
     g = C.resolve(group)
     if q.dim() != 4 or k.dim() != 4 or v.shape[:3] != k.shape[:3] or k.shape[:2] != q.shape[:2]:
         raise ShardwiseError("ring_attention wants local q (b, n, h_q, d) and k, v (b, n, h_kv, d)")
     if q.shape[2] % k.shape[2]:
         raise ShardwiseError(f"n_kv_heads={k.shape[2]} does not divide n_heads={q.shape[2]}")
-    positions = layout_positions(q.shape[1] * g.size, g.size, layout)  # (c, n)
+    if positions is None:
+        positions = layout_positions(q.shape[1] * g.size, g.size, layout)  # (c, n)
+    elif positions.shape != (g.size, q.shape[1]):
+        raise ShardwiseError(f"ring_attention: positions {tuple(positions.shape)} must be "
+                             f"(ring ranks, tokens per rank) = ({g.size}, {q.shape[1]})")
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     return _RingAttention.apply(q, k, v, g, positions, causal, scale,
                                 stats if stats is not None else RingRankStats(), counter)

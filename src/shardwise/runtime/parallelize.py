@@ -22,8 +22,11 @@ parameters keep their single-device names.
   primitives are called on the transposed view (a free view: dim 0 becomes the sequence).
   Weights outside the pairs (norms, router, experts) are replicated over tp; under SP they see
   a slice of the sequence, so their gradients are summed over tp.
-* CP (ring attention, Liu et al. 2023): `Attention.core` becomes `ring_attention` on the zigzag
-  layout; each cp rank holds 2 of the 2c chunks of every sequence and their RoPE positions.
+* CP: each cp rank holds 2 of the 2c chunks of every sequence (zigzag) and their RoPE
+  positions; `Attention.core` becomes, by `Layout.cp_kind`, `ring_attention` (Liu et al. 2023),
+  Ulysses' all-to-all over heads around the single-device kernel (`runtime.ulysses`, Jacobs et
+  al. 2023), or the hybrid: the all-to-all inside `cp_a2a` around ring attention over
+  `cp_ring`.
 * EP (GShard): an MoE layer keeps experts [r·E/e, (r+1)·E/e) and `MoE.experts` becomes the
   all-to-all dispatch/combine of `expert_parallel_moe`. MoE layers under TP are replicated.
   Under cp or SP a rank routes a slice of each sequence: the capacity and the load-balancing
@@ -34,9 +37,11 @@ parameters keep their single-device names.
   `run_pipeline` drives them through `parallel_transformer.TransformerStages`. Tied embeddings live on the first and
   the last stage; their gradients are summed over pp (Megatron's embedding group).
 * recompute: "full" re-runs each block's forward in backward, "selective" only the attention
-  core (Korthikanti et al. 2022). Under ZB-H1 the replay runs under `defer_linears` as the
-  forward did (`pipeline.replay_contexts`), so B still leaves the linears' dW to W; under
-  ZeRO-3 it runs on the weights the unit's backward gathers anyway (no extra gather).
+  core (Korthikanti et al. 2022), all of it (Ulysses' output all-to-all too, as Megatron's
+  reentrant `tensor_parallel.checkpoint` replays Transformer Engine's attention). Under ZB-H1
+  the replay runs under `defer_linears` as the forward did (`pipeline.replay_contexts`), so B
+  still leaves the linears' dW to W; under ZeRO-3 it runs on the weights the unit's backward
+  gathers anyway (no extra gather).
 * DP: gradients averaged over the dp×cp ranks by the bucketed `data_parallel.GradientReducer`,
   overlapped with the last micro-batch's backward (the others run under `no_sync`); under
   pp > 1 once, after the pipeline's last micro-batch. ZeRO-1/2/3 (`runtime.zero`) shard over
@@ -79,6 +84,7 @@ from shardwise.arch import ModelSpec
 from shardwise.errors import LayoutError
 from shardwise.estimate.check import ROUTING_COUNTS_OP, ROUTING_GATHER_OP
 from shardwise.layout import Layout
+from shardwise.ops.attention import layout_positions
 from shardwise.ops.moe import SequenceShards, capacity_keep, expert_capacity
 from shardwise.runtime import collectives as C
 from shardwise.runtime import mixed_precision as mp
@@ -99,6 +105,7 @@ from shardwise.runtime.tensor_parallel import (
     reduce_scatter_to_sequence,
     vocab_parallel_cross_entropy,
 )
+from shardwise.runtime.ulysses import ulysses_attention
 from shardwise.runtime.zero import UnitSpec, ZeroConfig, ZeroDataParallel
 from shardwise.schedules.registry import SCHEDULE_REGISTRY
 
@@ -235,10 +242,26 @@ def _tp_dim(name: str) -> int | None:
     return 1 if leaf in ("wo", "w_down") and name.endswith(".weight") else None
 
 
-def apply_context_parallel(model: Transformer, cp: AxisGroup) -> None:
-    """Ring attention over cp (causal, zigzag layout)."""
+def apply_context_parallel(model: Transformer, mesh: Mesh, kind: str, seq_len: int) -> None:
+    """Context parallelism of `kind` (`Layout.cp_kind`) on the zigzag layout, causal: ring
+    attention over cp; Ulysses, the all-to-all over cp around the single-device kernel; the
+    hybrid, the all-to-all over `cp_a2a` around ring attention over `cp_ring`."""
+    cp = mesh.axis("cp")
+    held = layout_positions(seq_len, cp.size, CP_LAYOUT)  # (c, n): each cp rank's positions
     for block in model.blocks:
-        block.attention.core = partial(ring_attention, group=cp, causal=True, layout=CP_LAYOUT)
+        if kind == "ring":
+            core = partial(ring_attention, group=cp, causal=True, layout=CP_LAYOUT)
+        elif kind == "ulysses":
+            core = partial(ulysses_attention, core=block.attention.core, group=cp,
+                           positions=held)
+        else:  # cp rank j·u + i is member i of a2a group j, member j of ring group i
+            a2a, ring = mesh.axis("cp_a2a"), mesh.axis("cp_ring")
+            groups = held.reshape(ring.size, a2a.size, -1)  # (r, u, n)
+            rings = groups.flatten(1).sort(dim=1).values  # (r, u·n): each group's tokens
+            core = partial(ulysses_attention, group=a2a, positions=groups[ring.rank],
+                           core=partial(ring_attention, group=ring, causal=True,
+                                        positions=rings))
+        block.attention.core = core
 
 
 def _ep_experts(moe: MoE, ep: AxisGroup, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -362,7 +385,7 @@ def apply_recompute(model: Transformer, mode: str) -> None:
             block.recompute, block.recompute_contexts = True, replay_contexts
         elif mode == "selective":
             block.attention.core = partial(checkpoint, block.attention.core,
-                                           use_reentrant=False)
+                                           use_reentrant=False, early_stop=False)
 
 
 # ----------------------------------------------------------------------------- parallelize
@@ -380,7 +403,7 @@ def parallelize(model: Transformer, mesh: Mesh, layout: Layout, seq_len: int,
     if tp.size > 1:
         apply_tensor_parallel(model, tp, layout.sp)
     if cp.size > 1:
-        apply_context_parallel(model, cp)
+        apply_context_parallel(model, mesh, layout.cp_kind, seq_len)
     if ep.size > 1:
         apply_expert_parallel(model, ep)
     apply_sequence_shards(model, tp if layout.sp else None, cp, seq_len)

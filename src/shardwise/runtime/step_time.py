@@ -84,7 +84,9 @@ COMPONENTS = {"compute": "compute", "tp_comm": "tp comm", "cp_comm_exposed": "cp
               "dp_comm_exposed": "dp comm exposed", "optimizer": "optimizer"}
 # mesh axis -> the StepEstimate fields that charge the time a rank spends blocked in its
 # collectives (pp: waiting for a neighbour is the p2p and the bubble alike)
-AXIS_COMPONENTS = {"tp": ("tp_comm",), "cp": ("cp_comm_exposed",), "ep": ("ep_comm",),
+AXIS_COMPONENTS = {"tp": ("tp_comm",), "cp": ("cp_comm_exposed",),
+                   "cp_a2a": ("cp_comm_exposed",), "cp_ring": ("cp_comm_exposed",),
+                   "ep": ("ep_comm",),
                    "pp": ("pp_comm", "bubble"), "dp": ("dp_comm_exposed",),
                    "dp_cp": ("dp_comm_exposed",), "edp": ("dp_comm_exposed",)}
 

@@ -26,7 +26,7 @@ from starlette.concurrency import run_in_threadpool
 from shardwise.arch import DEFAULT_MODEL, PRESETS, ModelSpec, from_hf_dict, get_model
 from shardwise.estimate.profiles import DEFAULT_IMPL
 from shardwise.hardware import ACCELERATOR_ALIASES, ACCELERATORS, LINKS
-from shardwise.layout import RECOMPUTE, SCHEDULES
+from shardwise.layout import CP_KINDS, RECOMPUTE, SCHEDULES
 from shardwise.report import builders
 
 router = APIRouter(tags=["tools"])
@@ -131,6 +131,9 @@ class LayoutFields(_In):
                            description="Data-parallel degree [default: gpus / (tp·pp·cp)].")
     cp: int = Field(1, ge=1, le=MAX_GPUS, description="Context-parallel degree.")
     ep: int = Field(1, ge=1, le=MAX_GPUS, description="Expert-parallel degree.")
+    cp_kind: Literal[CP_KINDS] = "ring"  # type: ignore[valid-type]
+    ulysses: int = Field(0, ge=0, le=MAX_GPUS, description="Hybrid cp: ranks of each "
+                                                           "all-to-all group.")
     zero: int = Field(0, ge=0, le=3, description="ZeRO stage.")
     zero_group: int = Field(0, ge=0, le=MAX_GPUS, description="Hybrid shard group (0: all dp).")
     sp: bool = Field(False, description="Sequence parallelism (with tp > 1).")

@@ -109,8 +109,10 @@ def test_schedule_page_equals_cli(page, server_url):
 def ranked_texts(entry: dict) -> list[str]:
     e = entry["estimate"]
     folded = variants_text(entry["variants"])
-    return [str(entry["rank"]), entry["short"] + (f" {folded}" if folded else ""),
-            human_time(e["total"]),
+    sure = e["uncertainty"]
+    return [str(entry["rank"]), entry["short"] + (f" {folded}" if folded else "")
+            + (" †" if sure["unvalidated"] else ""),
+            f"{human_time(e['total'])} ±{round(sure['band'] * 100)}%",
             human_count(e["tokens_per_s"]), f"{e['mfu']:.1%}", f"{e['hfu']:.1%}",
             f"{entry['memory']['total'] / 2**30:.1f}"]
 

@@ -42,8 +42,8 @@ def ranked_title(result: PlanResult) -> str:
               "; +N variants: layouts that differ only in ZeRO group size or stage partition, "
               "folded into their best (--all-variants lists them)")
     return (f"Top {len(result.ranked)} layouts by step time (of {result.stats.fits:,} that fit"
-            f"{folded}; ± the step time's band from published runs of the nearest group, † "
-            "relies on something no published run validates; memory = largest stage, GiB; "
+            f"{folded}; step ± its band from published runs of the nearest group; † relies "
+            "on something no published run validates; memory = largest stage, GiB; "
             "MFU and HFU count full attention, 6N + 12·L·h·s FLOPs per token)")
 
 
@@ -51,8 +51,8 @@ def ranked_table(result: PlanResult) -> Table:
     """The top layouts, one row each: step time, its band, rates, MFU/HFU, memory, the step's
     shares."""
     table = _table(ranked_title(result),
-                   ["#", "layout", "step", "±", "tokens/s", "MFU", "HFU", "mem GiB", "compute",
-                    "TP", "DP", "PP+bubble", "other"])
+                   ["#", "layout", "step", "tokens/s", "MFU", "HFU", "mem GiB", "compute", "TP",
+                    "DP", "PP+bubble", "other"])
     for entry in result.ranked:
         e = entry.estimate
         share = {k: v / e.total for k, v in e.breakdown().items()}
@@ -62,7 +62,7 @@ def ranked_table(result: PlanResult) -> Table:
         table.add_row(str(entry.rank),
                       entry.layout.short() + (f" [dim]{folded}[/]" if folded else "")
                       + (" †" if sure and sure.unvalidated else ""),
-                      human_time(e.total), f"{sure.band:.0%}" if sure else "",
+                      human_time(e.total) + (f" ±{round(sure.band * 100)}%" if sure else ""),
                       human_count(e.tokens_per_s), _pct(e.mfu), _pct(e.hfu),
                       _gib(entry.memory.total), _pct(share["compute"]), _pct(share["tp_comm"]),
                       _pct(share["dp_comm_exposed"]),

@@ -20,14 +20,14 @@ import threading
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Response
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from starlette.concurrency import run_in_threadpool
 
 from shardwise.arch import DEFAULT_MODEL, PRESETS, ModelSpec, from_hf_dict, get_model
-from shardwise.estimate.profiles import DEFAULT_IMPL
 from shardwise.hardware import ACCELERATOR_ALIASES, ACCELERATORS, LINKS
 from shardwise.layout import CP_KINDS, RECOMPUTE, SCHEDULES
 from shardwise.report import builders
+from shardwise.stacks import ATTENTION_KERNELS, DEFAULT_STACK, STACKS, TP_OVERLAPS
 
 router = APIRouter(tags=["tools"])
 
@@ -111,6 +111,8 @@ class Hardware(_Out):
     accelerators: dict[str, float] = Field(description="Name → HBM bytes.")
     aliases: dict[str, str]
     links: dict[str, float] = Field(description="Name → bytes/s per direction per GPU.")
+    stacks: dict[str, str] = Field(description="Training stack (`--impl`) → its title and "
+                                               "version (`shardwise.stacks`).")
 
 
 @router.get("/hardware", response_model=Hardware)
@@ -118,10 +120,16 @@ def hardware() -> Any:
     """The accelerator and link presets (the names --gpu, --intra, --inter, --link take)."""
     return {"accelerators": {a.name: a.memory_bytes for a in ACCELERATORS.values()},
             "aliases": ACCELERATOR_ALIASES,
-            "links": {link.name: link.bandwidth for link in LINKS.values()}}
+            "links": {link.name: link.bandwidth for link in LINKS.values()},
+            "stacks": {s.name: f"{s.title} ({s.version})" for s in STACKS.values()}}
 
 
 # ------------------------------------------------------------------------------------ memory
+FUSED_KERNELS = tuple(k for k in ATTENTION_KERNELS if k != "math")
+STACK_CHOICES = ("compile", "tp_overlap", "dp_overlap", "attention")
+"""The stack's time choices besides `impl` (`TrainSpec`; `shardwise plan --compile …`)."""
+
+
 class LayoutFields(_In):
     """A layout's fields, as `Layout` takes them."""
 
@@ -131,6 +139,8 @@ class LayoutFields(_In):
                            description="Data-parallel degree [default: gpus / (tp·pp·cp)].")
     cp: int = Field(1, ge=1, le=MAX_GPUS, description="Context-parallel degree.")
     ep: int = Field(1, ge=1, le=MAX_GPUS, description="Expert-parallel degree.")
+    etp: int = Field(0, ge=0, le=MAX_GPUS,
+                     description="Expert tensor-parallel degree (0: tp, Megatron's default).")
     cp_kind: Literal[CP_KINDS] = "ring"  # type: ignore[valid-type]
     ulysses: int = Field(0, ge=0, le=MAX_GPUS, description="Hybrid cp: ranks of each "
                                                            "all-to-all group.")
@@ -158,9 +168,25 @@ class TrainFields(_In):
     grad_dtype: str | None = Field(None, max_length=20)
     optimizer: str = Field("adam", max_length=40)
     headroom: float = Field(0.85, gt=0, le=1, description="Usable fraction of GPU memory.")
-    impl: str = Field(DEFAULT_IMPL, max_length=40,
-                      description="Activation profile: whose code trains the model "
-                                  "(`shardwise memory --impl`).")
+    impl: str = Field(DEFAULT_STACK, max_length=40,
+                      description="Training stack, name or name@version (`--impl`): "
+                                  + ", ".join(STACKS) + ".")
+    compile: bool | None = Field(None, description="torch.compile [default: the stack's].")
+    tp_overlap: Literal[TP_OVERLAPS] | None = Field(  # type: ignore[valid-type]
+        None, description="TP communication overlap [default: the stack's].")
+    dp_overlap: bool | None = Field(None, description="DP/ZeRO overlap [default: the stack's].")
+    attention: Literal[FUSED_KERNELS] | None = Field(  # type: ignore[valid-type]
+        None, description="Fused attention kernel [default: the stack's].")
+
+    @field_validator(*STACK_CHOICES, mode="before")
+    @classmethod
+    def _unset(cls, value: Any) -> Any:
+        """A form's empty choice is the stack's default."""
+        return None if value == "" else value
+
+    def stack_kw(self) -> dict[str, Any]:
+        """The stack's choices as `TrainSpec` takes them."""
+        return {k: getattr(self, k) for k in STACK_CHOICES}
 
 
 class MemoryRequest(ModelChoice, TrainFields, LayoutFields):
@@ -208,8 +234,8 @@ class MemoryResponse(_Out):
 @router.post("/memory", response_model=MemoryResponse)
 def memory(request: MemoryRequest) -> Any:
     """Per-GPU memory stage by stage (`shardwise memory --json`); bytes."""
-    fields = request.model_dump(exclude={"model", "hf_config"})
-    return builders.memory_payload(request.spec(), **fields)
+    fields = request.model_dump(exclude={"model", "hf_config", *STACK_CHOICES})
+    return builders.memory_payload(request.spec(), stack_kw=request.stack_kw(), **fields)
 
 
 # -------------------------------------------------------------------------------------- comm
@@ -373,6 +399,8 @@ class PlanResponse(_Out):
     model: str
     cluster: dict[str, Any]
     train: dict[str, Any]
+    stack: dict[str, Any] = Field(description="The training stack and its resolved settings "
+                                              "(`assumed`: the stack's defaults).")
     headroom: float
     budget_bytes: float
     ranked: list[PlanEntryOut]
@@ -395,7 +423,9 @@ class PlanResponse(_Out):
 
 def plan_sync(request: PlanRequest) -> dict[str, Any]:
     """The search and its payload, as `shardwise plan --json` computes them."""
-    options = request.model_dump(exclude={"model", "hf_config", "layout", "fix", "max"})
+    options = request.model_dump(exclude={"model", "hf_config", "layout", "fix", "max",
+                                          *STACK_CHOICES})
+    options["stack_kw"] = request.stack_kw()
     result = builders.run_plan(request.spec(), layout_text=request.layout, fix_text=request.fix,
                                max_text=request.max, **options)
     return builders.plan_payload(result, tokens=request.tokens, price=request.price)

@@ -79,7 +79,7 @@ function render(out, unit) {
   const labels = Object.fromEntries(PARTS.map((p) => [p.key, p.label]));
   document.getElementById("learn-link").innerHTML = explainerLink(Object.fromEntries(PARTS.map((p) => [p.key, worst[p.key]])), (key) => `${labels[key]}: the largest part of stage ${worst.stage}`);
   const cols = ["weights", "grads", "optimizer", "activations", "logits", "workspace", "total", "peak", "margin"];
-  document.getElementById("stages").innerHTML = `<caption class="hint" style="text-align:left">per GPU, ${unit} = ${unit === "GB" ? "10⁹" : "2³⁰"} bytes; ${out.formula === "generalised" ? `activations of ${escapeHtml(out.impl_title)}` : `${out.formula} activation count`}, ${out.fused_attention ? "FlashAttention" : "materialised attention"}</caption>`
+  document.getElementById("stages").innerHTML = `<caption class="hint" style="text-align:left">per GPU, ${unit} = ${unit === "GB" ? "10⁹" : "2³⁰"} bytes; ${out.formula === "generalised" ? `activations of ${escapeHtml(out.profile_title)}` : `${out.formula} activation count`}, ${out.fused_attention ? "FlashAttention" : "materialised attention"}</caption>`
     + `<thead><tr><th>stage</th><th>layers</th><th>in flight</th>${cols.map((c) => `<th>${c}</th>`).join("")}</tr></thead><tbody>`
     + out.stages.map((s) => `<tr data-stage="${s.stage}"><td>${s.stage}</td><td>${s.layers}</td><td>${s.in_flight}</td>${cols.map((c) => `<td data-part="${c}">${fmt(s[c])}</td>`).join("")}</tr>`).join("")
     + "</tbody>";

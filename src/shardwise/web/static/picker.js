@@ -15,6 +15,9 @@ export async function setupPickers(form, onChange) {
   gpu.innerHTML = Object.entries(hardware.aliases).map(([alias, name]) => `<option value="${alias}">${alias} (${name})</option>`).join("")
     + Object.keys(hardware.accelerators).filter((n) => !Object.values(hardware.aliases).includes(n))
       .map((n) => `<option value="${n}">${n}</option>`).join("");
+  for (const stacks of form.querySelectorAll("select[data-stacks]")) {
+    stacks.innerHTML = Object.entries(hardware.stacks).map(([name, title]) => `<option value="${name}">${escapeHtml(title)}</option>`).join("");
+  }
   for (const links of form.querySelectorAll("select[data-links]")) {
     links.innerHTML = `<option value="">the GPU's default</option>` + Object.keys(hardware.links).map((n) => `<option value="${n}">${n}</option>`).join("");
   }

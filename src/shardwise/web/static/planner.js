@@ -2,7 +2,7 @@ import { api, clearFieldErrors, copyText, escapeHtml, explainerLink, fillForm, h
 import { fitWidth, horizontalBars, legend, stackedColumns } from "/static/charts.js";
 import { modelFields, setupPickers } from "/static/picker.js";
 
-const DEFAULTS = { model: "llama3-8b", gpus: 64, gpu: "h100", gpus_per_node: 8, seq: 8192, global_batch: "4M-tokens", tokens: "", price: "", layout: "", top: 10, fix: "", max: "", all_variants: false, intra: "", inter: "", dtype: "bf16", headroom: 0.85, flash: true };
+const DEFAULTS = { model: "llama3-8b", gpus: 64, gpu: "h100", gpus_per_node: 8, seq: 8192, global_batch: "4M-tokens", tokens: "", price: "", layout: "", top: 10, fix: "", max: "", all_variants: false, intra: "", inter: "", dtype: "bf16", headroom: 0.85, flash: true, impl: "megatron-te", compile: "", tp_overlap: "", dp_overlap: "", attention: "" };
 const ALIASES = { "config.json": "model", "accelerator": "gpu", "--price": "price", "token budget": "tokens", "--fix": "fix", "--max": "max", "layout item": "layout", "batch": "global_batch", "no layout fits": "gpus", "whole nodes": "gpus" };
 // plan_report._LABELS, in the same order
 const COMPONENTS = [
@@ -57,14 +57,18 @@ function shares(entry) {
 }
 
 function row(entry, label, cls) {
-  const e = entry.estimate, sh = shares(entry);
+  const e = entry.estimate, sh = shares(entry), sure = e.uncertainty;
+  const band = sure ? `±${Math.round(sure.band * 100)}%` : "";
   const cells = [
-    [label, entry.rank ?? 1e9], [entry.short, entry.short], [humanTime(e.total), e.total], [humanCount(e.tokens_per_s), e.tokens_per_s],
+    [label, entry.rank ?? 1e9], [entry.short, entry.short], [`${humanTime(e.total)}${band ? ` ${band}` : ""}`, e.total], [humanCount(e.tokens_per_s), e.tokens_per_s],
     [pct(e.mfu), e.mfu], [pct(e.hfu), e.hfu], [(entry.memory.total / GIB).toFixed(1), entry.memory.total],
     [pct(sh.compute), sh.compute], [pct(sh.tp), sh.tp], [pct(sh.dp), sh.dp], [pct(sh.pp), sh.pp], [pct(sh.other), sh.other],
   ].map(([text, key]) => [escapeHtml(text), key]);
   // plan_report.variants_text: the layouts this row folds (ZeRO group size, stage split)
   if (entry.variants) cells[1][0] += ` <span class="variants" title="layouts that differ only in ZeRO group size or stage partition">+${entry.variants} variant${entry.variants === 1 ? "" : "s"}</span>`;
+  // estimate.uncertainty (estimate/uncertainty.py): what no published run measured
+  if (sure && sure.unvalidated.length) cells[1][0] += ` <span class="unvalidated" title="not validated by any published run: ${escapeHtml(sure.unvalidated.join("; "))}">†</span>`;
+  if (sure) cells[2][0] = `${escapeHtml(humanTime(e.total))} <span class="band" title="band from ${sure.runs} published runs of ${escapeHtml(sure.group)} (out of sample)">${band}</span>`;
   return `<tr class="${cls}">${cells.map(([html, key]) => `<td data-sort="${escapeHtml(key)}">${html}</td>`).join("")}</tr>`;
 }
 
@@ -111,8 +115,8 @@ function breakdown(entry, max, target) {
 function render(out) {
   document.getElementById("results").hidden = false;
   const best = out.ranked[0], e = best.estimate, c = out.cluster, t = out.train;
-  document.getElementById("summary").textContent = `${out.model} on ${c.gpus}× ${c.accelerator} (${c.gpus / c.gpus_per_node} nodes × ${c.gpus_per_node}, ${c.intra} / ${c.inter}), s=${t.seq_len}, global batch ${t.global_batch.toLocaleString("en")} sequences (${humanCount(t.global_batch * t.seq_len)} tokens), ${t.dtype}; budget ${(out.budget_bytes / GIB).toFixed(1)} GiB per GPU (${Math.round(out.headroom * 100)}%)${out.constraint ? `; searched only ${out.constraint}` : ""}.`;
-  const kpis = [["step", humanTime(e.total)], ["tokens/s", humanCount(e.tokens_per_s)], ["MFU (model FLOPs)", pct(e.mfu)], ["memory (largest stage)", `${(best.memory.total / GIB).toFixed(1)} GiB`]];
+  document.getElementById("summary").textContent = `${out.model} on ${c.gpus}× ${c.accelerator} (${c.gpus / c.gpus_per_node} nodes × ${c.gpus_per_node}, ${c.intra} / ${c.inter}), s=${t.seq_len}, global batch ${t.global_batch.toLocaleString("en")} sequences (${humanCount(t.global_batch * t.seq_len)} tokens), ${t.dtype}; for ${out.stack.title} (${out.stack.version}${out.stack.assumed.length ? `; its defaults assumed: ${out.stack.assumed.join(", ")}` : ""}); budget ${(out.budget_bytes / GIB).toFixed(1)} GiB per GPU (${Math.round(out.headroom * 100)}%)${out.constraint ? `; searched only ${out.constraint}` : ""}.`;
+  const kpis = [["step", humanTime(e.total) + (e.uncertainty ? ` ±${Math.round(e.uncertainty.band * 100)}%` : "")], ["tokens/s", humanCount(e.tokens_per_s)], ["MFU (model FLOPs)", pct(e.mfu)], ["memory (largest stage)", `${(best.memory.total / GIB).toFixed(1)} GiB`]];
   if (out.training) kpis.push(["time to train", humanTime(out.training.seconds)], ["GPU-hours", Math.round(out.training.gpu_hours).toLocaleString("en")]);
   if (out.training?.cost !== undefined) kpis.push(["cost", `$${Math.round(out.training.cost).toLocaleString("en")}`]);
   document.getElementById("kpis").innerHTML = kpis.map(([label, value]) => `<div class="kpi"><b>${escapeHtml(value)}</b><span>${escapeHtml(label)}</span></div>`).join("");

@@ -61,7 +61,13 @@ All per rank, on the pipeline's critical path, for `m` micro-batches:
   nodes are hierarchical (inside the node on NVLink, across on the inter-node link).
 * **optimizer** — memory-bound step over the parameters this rank updates; on the "this
   machine" preset also the host cost of the runtime's ops per parameter tensor
-  (`compute.optimizer_host_ops`).
+  (`compute.optimizer_host_ops`). With host offload (`TrainSpec.offload`) the offloaded
+  share steps on the CPU instead, with its gradient and weight copies over the host link
+  (`offload.offload_step`); parameter offload's per-layer copies join the ZeRO-3 gathers and
+  reduce-scatters.
+* **FP8** (`TrainSpec.fp8`) — the layers' GEMMs and casts are in `compute`; `compute` also
+  holds the recipe's weight casts once per step (per micro-batch under ZeRO-3), and the TP
+  term current scaling's amax all-reduces under sequence parallelism.
 
 Ranks are placed tp fastest, then cp, dp (ep inside dp·cp), pp (Megatron-LM's order; one rule
 for estimate and runtime in `shardwise.placement`), so the tp group is inside a node, the dp×cp

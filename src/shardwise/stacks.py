@@ -157,10 +157,10 @@ class Stack:
             raise ShardwiseError(f"offload {kind!r} unknown; valid: {', '.join(OFFLOADS)}")
         found = next((o for o in self.offloads if o.kind == kind), None)
         if found is None:
-            have = ", ".join(o.kind for o in self.offloads) or "none"
+            have = ", ".join(o.kind for o in self.offloads) or "nothing"
+            others = [s.name for s in STACKS.values() if any(o.kind == kind for o in s.offloads)]
             raise ShardwiseError(f"{self.name} has no {kind} offload (it offloads: {have}); "
-                                 + ", ".join(f"{s.name}: {', '.join(o.kind for o in s.offloads)}"
-                                             for s in STACKS.values() if s.offloads))
+                                 f"stacks that offload the {kind}: {', '.join(others)}")
         return found
 
     def schedules(self) -> tuple[str, ...]:

@@ -61,20 +61,25 @@ def test_fp8_gemm_runs_at_the_measured_fp8_rate():
     assert hp.wgrad == pytest.approx(matmul_time(_ctx(impl="torchtitan"), m, k, n))
 
 
-def test_plan_layout_fp8_is_faster_but_not_twice_and_memory_not_half():
-    """The acceptance: Llama 3 70B on 64 H100, a fixed layout, TE delayed scaling against
-    bf16: step time below bf16's but above half of it; memory not half (TE keeps bf16 state
-    and adds FP8 weight copies)."""
-    cluster = Cluster.of(64, "h100")
-    layout = Layout(dp=8, tp=8, zero=1, sp=True, recompute="selective")
-    bf16 = TrainSpec(seq_len=8192, global_batch=256)
-    fp8 = TrainSpec(seq_len=8192, global_batch=256, fp8="delayed")
-    t16 = estimate_step(LLAMA70, cluster, layout, bf16).total
-    t8 = estimate_step(LLAMA70, cluster, layout, fp8).total
-    assert t16 / 2 < t8 < t16
-    m16 = max(s.total for s in training_memory_per_gpu(LLAMA70, layout, bf16))
-    m8 = max(s.total for s in training_memory_per_gpu(LLAMA70, layout, fp8))
-    assert m8 > m16 / 2
+def _plan_given(capsys, *extra):
+    """`shardwise plan … --layout L --json` (the search confined to L): its given row."""
+    import json
+
+    from shardwise.cli import main
+
+    main(["plan", "llama3-70b", "--gpus", "64", "--global-batch", "256", "--layout",
+          "tp=8,pp=2,zero=1,sp=1,recompute=selective", "--fix",
+          "tp=8,pp=2,cp=1,zero=1,sp=1,recompute=selective,mb=1,schedule=1f1b", *extra, "--json"])
+    return json.loads(capsys.readouterr().out)["given"]
+
+
+def test_plan_layout_fp8_is_faster_but_not_twice_and_memory_not_half(capsys):
+    """The acceptance: `plan` of Llama 3 70B on 64 H100 on a fixed layout, TE delayed scaling
+    against bf16: the step below bf16's but above half of it; memory not half (TE keeps bf16
+    state and adds FP8 weight copies)."""
+    bf16, fp8 = _plan_given(capsys), _plan_given(capsys, "--fp8", "delayed")
+    assert bf16["estimate"]["total"] / 2 < fp8["estimate"]["total"] < bf16["estimate"]["total"]
+    assert fp8["memory"]["total"] > bf16["memory"]["total"] / 2
 
 
 # ------------------------------------------------------------------------ FP8 memory
@@ -182,3 +187,19 @@ def test_params_offload_empties_the_gpu_state():
 ])
 def test_fp8_and_offload_refusals_are_one_line(capsys, args, fragment):
     assert_one_line(capsys, args, fragment)
+
+
+def test_planner_chooses_offload_where_nothing_fits_without(capsys):
+    """Llama 3 70B on 8 H100 under Megatron-DeepSpeed: no layout fits without offload (16 B
+    per parameter need ≥ 16 GPUs); `--offload auto` finds one that fits with it."""
+    import json
+
+    from shardwise.cli import main
+
+    args = ["plan", "llama3-70b", "--gpus", "8", "--global-batch", "64", "--seq", "4096",
+            "--impl", "megatron-deepspeed"]
+    assert_one_line(capsys, tuple(args), "no layout of llama3-70b fits")
+    main([*args, "--offload", "auto", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["train"]["offload"] in ("optimizer", "params")
+    assert out["ranked"][0]["memory"]["total"] <= out["budget_bytes"]

@@ -141,6 +141,15 @@ def recipe_table() -> list[list[Any]]:
     return rows
 
 
+def gemm_ratios() -> list[list[Any]]:
+    """`calibration.components.fp8_gemm_ratio` of each FP8-capable preset."""
+    from shardwise.calibration.components import fp8_gemm_ratio
+    from shardwise.hardware import ACCELERATORS
+
+    return [[name, f"{fp8_gemm_ratio(a.calibration_name):.3f}"]
+            for name, a in ACCELERATORS.items() if a.peak_fp8 is not None]
+
+
 def offload_example() -> list[list[Any]]:
     """Llama 3 70B on 64 H100, tp 8, ZeRO-1, SP, selective recompute, on each stack that
     offloads the optimizer at ZeRO-1: GPU memory, host memory per node, optimizer term."""
@@ -208,6 +217,11 @@ def main(argv: list[str] | None = None) -> int:
         markdown_table(["recipe", "framework", "GPUs", "stacks", "input", "grad", "weight",
                         "held / weight", "saved input", "state / GEMM", "wgrad", "head"],
                        recipe_table(), "llllrrrrrrll"),
+        "### FP8 GEMMs' share of their peak relative to BF16's",
+        "`(fp8 / peak_fp8) / (bf16 / peak_bf16)` of ml-engineering's MAMF best shapes "
+        "(`calibration.components.fp8_gemm_ratio`; a part without both takes its "
+        "generation's mean, 1 where none is measured).",
+        markdown_table(["--gpu", "ratio"], gemm_ratios(), "lr"),
         "### Optimizer offload, an example",
         "Llama 3 70B, 64 H100, s = 8192, global batch 256, tp 8 × dp 8, ZeRO-1, SP, "
         "selective recompute: GPU memory of the stage (GiB), its optimizer state (GiB), the "

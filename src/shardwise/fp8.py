@@ -87,26 +87,28 @@ class Fp8Recipe:
     """One framework's FP8 recipe and what it moves and keeps (the module docstring).
 
     `architectures`: the accelerator generations that run it (`estimate.uncertainty.generation`).
-    `per_tensor`: one scale per tensor (a transposed copy on Hopper). `amax_pass`: an amax
-    reduction pass before each cast (current scaling). `scale_bytes`: bytes of scale per
-    element of a quantised copy. `weight_cached`: the weight is cast once per step and held.
+    `amax_pass`: an amax reduction pass before each cast (current scaling). `scale_bytes`:
+    bytes of scale per element of a quantised copy. `both_directions`: row- and column-wise
+    copies on every architecture (block scaling; per-tensor recipes need the second, a
+    transpose, only before Blackwell). `weight_cached`: the weight is cast once per step and
+    held.
     `saves_fp8_inputs`: linear inputs are kept for backward in FP8. `wgrad_fp8`: the
     weight-gradient GEMM in FP8 (`rowwise_with_gw_hp`: bf16). `head_fp8`, `experts_fp8`: the
     LM head / the routed experts' grouped GEMMs run in FP8. `history`: amax history length.
     `amax_reduction_tp`: a scalar all-reduce over the TP group per quantised sequence-parallel
     input (column-parallel) and output gradient (row-parallel) — TE's current scaling,
     module/linear.py `set_quantizer_amax_reduction_group`. `torchao_bytes`: the torchao
-    roofline's (input, grad_output, weight) bytes and which of them run in the forward."""
+    roofline's bytes per element (input forward, input backward, output gradient, weight
+    forward, weight backward)."""
 
     name: str
     framework: str
     title: str
     source: str
     architectures: tuple[str, ...]
-    per_tensor: bool = True
     amax_pass: bool = False
     scale_bytes: float = 0.0
-    both_directions: bool = False  # row- and column-wise copies on every architecture
+    both_directions: bool = False
     weight_cached: bool = True
     saves_fp8_inputs: bool = True
     wgrad_fp8: bool = True
@@ -114,7 +116,6 @@ class Fp8Recipe:
     experts_fp8: bool = True
     history: int = 0
     amax_reduction_tp: bool = False
-    # torchao: (input fwd, input bwd, grad bwd, weight fwd, weight bwd) bytes per element
     torchao_bytes: tuple[float, float, float, float, float] | None = None
 
     def cast_bytes(self, generation: str, fsdp: bool = False) -> CastBytes:
@@ -158,23 +159,23 @@ RECIPES: dict[tuple[str, str], Fp8Recipe] = {(r.framework, r.name): r for r in (
     Fp8Recipe("tensorwise", "te", "Float8CurrentScaling (per-tensor current scaling)", _TE,
               ("hopper", "blackwell"), amax_pass=True, amax_reduction_tp=True),
     Fp8Recipe("mxfp8", "te", "MXFP8BlockScaling (1×32 blocks, E8M0 scales)", _TE,
-              ("blackwell",), per_tensor=False, scale_bytes=1 / 32, both_directions=True),
+              ("blackwell",), scale_bytes=1 / 32, both_directions=True),
     Fp8Recipe("blockwise", "te", "Float8BlockScaling (1×128 / 128×128 blocks)", _TE,
-              ("hopper",), per_tensor=False, scale_bytes=4 / 128, both_directions=True),
+              ("hopper",), scale_bytes=4 / 128, both_directions=True),
     # torchtitan converts every Linear whose dims are multiples of 16, the LM head included
     # (Float8LinearConverter.Config.filter_fqns defaults to []); GroupedExperts need a
     # separate converter (Float8GroupedExpertsConverter), so routed experts stay bf16
     Fp8Recipe("rowwise", "torchao", "float8 rowwise (axiswise scales, e4m3)", _AO,
-              ("hopper", "blackwell", "cdna3"), per_tensor=False, weight_cached=False,
+              ("hopper", "blackwell", "cdna3"), weight_cached=False,
               saves_fp8_inputs=False, head_fp8=True, experts_fp8=False,
               torchao_bytes=(5.0, 3.0, 8.0, 3.0, 7.0)),
     Fp8Recipe("rowwise_with_gw_hp", "torchao",
               "float8 rowwise, weight gradient in bf16", _AO,
-              ("hopper", "blackwell", "cdna3"), per_tensor=False, weight_cached=False,
+              ("hopper", "blackwell", "cdna3"), weight_cached=False,
               saves_fp8_inputs=False, wgrad_fp8=False, head_fp8=True, experts_fp8=False,
               torchao_bytes=(3.0, 0.0, 3.0, 3.0, 3.0)),
     Fp8Recipe("mxfp8", "torchao", "MX float8 (1×32 blocks)", _AO, ("blackwell",),
-              per_tensor=False, weight_cached=False, saves_fp8_inputs=False, head_fp8=True,
+              weight_cached=False, saves_fp8_inputs=False, head_fp8=True,
               experts_fp8=False, torchao_bytes=(3.0, 3.0, 6.0, 3.0, 3.0)),
 )}
 

@@ -248,15 +248,16 @@ class Gemms:
     __array_ufunc__ = None  # `array * Gemms` defers to `__rmul__`
 
     def __add__(self, other: Gemms) -> Gemms:
-        return Gemms(*(a + b for a, b in zip(astuple_(self), astuple_(other))))
+        return Gemms(*(a + b for a, b in zip(_values(self), _values(other))))
 
     def __mul__(self, k: Any) -> Gemms:
-        return Gemms(*(a * k for a in astuple_(self)))
+        return Gemms(*(a * k for a in _values(self)))
 
     __rmul__ = __mul__
 
 
-def astuple_(g: Gemms) -> tuple[Any, ...]:
+def _values(g: Gemms) -> tuple[Any, ...]:
+    """The fields of `g` in order."""
     return (g.fwd, g.dgrad, g.wgrad, g.cast_fwd, g.cast_bwd, g.weights)
 
 

@@ -198,9 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         "### FP8 / BF16 speed-up, published and predicted",
         f"{len(found)} pairs (an FP8 and a BF16 row of one source, same model, GPUs, layout and "
         "stack); the speed-up is FP8 throughput over BF16 throughput; median per model, "
-        f"accelerator and recipe. Over all pairs, the predicted speed-up's error: median "
-        f"|{_summary(ratio_errors)[0]}|, median signed {_summary(ratio_errors)[1]}, max "
-        f"{_summary(ratio_errors)[2]}.",
+        f"accelerator and recipe. Over all pairs, the predicted speed-up's error "
+        f"(predicted / published − 1): median |error| {_summary(ratio_errors)[0]}, median "
+        f"signed {_summary(ratio_errors)[1]}, max {_summary(ratio_errors)[2]}.",
         markdown_table(["model", "accelerator", "recipe", "pairs", "published", "predicted",
                         "error"], by_pair, "lllrrrr"),
         "### Memory: torchao float8 (torchtitan) against bf16",

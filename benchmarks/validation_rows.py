@@ -8,8 +8,8 @@ assumed). Each row becomes (ModelSpec, Cluster, Layout, TrainSpec) through shard
 dp_overlap=…, attention=…)` — and is predicted with `estimate_step` and the built-in
 calibration. A row shardwise cannot express is reported with the reason: the row's own
 `not_expressible` (what the API cannot notice, e.g. sliding-window attention) or the
-`ShardwiseError` building it raised (FP8, an unknown model or accelerator, a layout the stack
-cannot run). Nothing is fitted or tuned here.
+`ShardwiseError` building it raised (an FP8 recipe the stack or accelerator does not run, an
+unknown model or accelerator, a layout the stack cannot run). Nothing is fitted or tuned here.
 
 Error = (predicted − published) / published, in the published quantity: positive means
 shardwise predicts a longer step (step_time_s) or more throughput (every other quantity).
@@ -127,10 +127,15 @@ def build(row: dict[str, Any]) -> Case:
     stack = row["stack"]
     train = TrainSpec(seq_len=row["seq"], global_batch=row["global_batch"],
                       dtype=row.get("dtype", "bf16"), grad_dtype=row.get("grad_dtype"),
-                      flash_attention=stack.get("flash", True),
+                      fp8=row.get("fp8"), flash_attention=stack.get("flash", True),
                       **{k: stack[k] for k in _STACK_KEYS if stack.get(k) is not None})
     train.validate()
     given.validate(model, cluster, train)
+    if train.fp8:  # the recipe runs on this accelerator (one line where it does not)
+        from shardwise.estimate.compute import fp8_on
+        from shardwise.estimate.uncertainty import generation
+
+        fp8_on(train, cluster.accelerator, generation(cluster.accelerator.calibration_name))
     return Case(row, model, cluster, given, train)
 
 
@@ -236,7 +241,7 @@ def features(row: dict[str, Any]) -> list[str]:
         out.append("no-flash")
     elif stack.get("attention"):
         out.append(f"attn:{stack['attention']}")
-    out.append(row.get("dtype", "bf16"))
+    out.append(f"fp8:{row['fp8']}" if row.get("fp8") else row.get("dtype", "bf16"))
     return out
 
 

@@ -22,6 +22,7 @@ from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import ALGORITHMS, OPS
 from shardwise.estimate.memory import ACTIVATION_FORMULAS
 from shardwise.estimate.profiles import DEFAULT_IMPL, profile_names
+from shardwise.fp8 import recipe_names
 from shardwise.layout import CP_KINDS, RECOMPUTE, SCHEDULES
 from shardwise.preflight import writable_file
 from shardwise.report.builders import (
@@ -39,7 +40,14 @@ from shardwise.report.builders import (
 )
 from shardwise.report.text import render_comm, render_memory, render_models, render_schedule
 from shardwise.report.text import table as _table
-from shardwise.stacks import ATTENTION_KERNELS, DEFAULT_STACK, STACKS, TP_OVERLAPS, parse_impl
+from shardwise.stacks import (
+    ATTENTION_KERNELS,
+    DEFAULT_STACK,
+    OFFLOADS,
+    STACKS,
+    TP_OVERLAPS,
+    parse_impl,
+)
 from shardwise.units import human_time, parse_batch
 from shardwise.validate import (
     MAX_DEGREE,
@@ -107,6 +115,34 @@ def stack_options(func: Callable) -> Callable:
     for option in reversed(options):
         func = option(func)
     return func
+
+
+def precision_options(auto: bool = False) -> Callable:
+    """`--fp8 RECIPE` and `--offload KIND` (`--offload-fraction`): FP8 training and host
+    offload as the stack runs them (docs/concepts/fp8-offload.md); `auto`: `--offload auto`
+    lets the planner compare the stack's offloads."""
+    kinds = [*OFFLOADS, *(["auto"] if auto else [])]
+
+    def add(func: Callable) -> Callable:
+        for option in reversed([
+            click.option("--fp8", default=None, type=click.Choice(recipe_names()),
+                         help="FP8 recipe, by its framework's name (megatron-te: delayed, "
+                              "tensorwise, mxfp8, blockwise; torchtitan: rowwise, "
+                              "rowwise_with_gw_hp, mxfp8): the linear layers' GEMMs in FP8 "
+                              "beside bf16 weights."),
+            click.option("--offload", default="none", show_default=True,
+                         type=click.Choice(kinds),
+                         help="Training state in host memory: the optimizer (its step on "
+                              "the CPU) or every sharded state class (params, ZeRO-3)"
+                              + ("; auto: the planner compares the stack's offloads" if auto
+                                 else "") + "."),
+            click.option("--offload-fraction", default=1.0, show_default=True,
+                         callback=checked(fraction),
+                         help="Share of the optimizer state offloaded (megatron-te's "
+                              "--optimizer-offload-fraction).")]):
+            func = option(func)
+        return func
+    return add
 
 
 def _stack_kw(kw: dict[str, Any]) -> dict[str, Any]:
@@ -232,6 +268,7 @@ def _gpu(gpu: str, clock_mhz: float | None) -> Any:
 @click.option("--formula", default="generalised", show_default=True,
               type=click.Choice(ACTIVATION_FORMULAS), help="Activation count.")
 @stack_options
+@precision_options()
 @click.option("--headroom", default=0.85, show_default=True, callback=checked(fraction),
               help="Usable fraction of GPU memory, in (0, 1].")
 @click.option("--calibration", "calibration_path", default=None,
@@ -242,15 +279,16 @@ def memory(model: str, gpus: int, gpu: str, clock_mhz: float | None, gpus_per_no
            seq: int,
            global_batch: str | None, flash: bool, dtype: str, grad_dtype: str | None,
            optimizer: str, formula: str, impl: str, headroom: float,
-           calibration_path: str | None, as_json: bool,
-           **layout_kw: Any) -> None:
+           calibration_path: str | None, as_json: bool, fp8: str | None, offload: str,
+           offload_fraction: float, **layout_kw: Any) -> None:
     """Per-GPU training memory of MODEL (preset or config.json), stage by stage."""
     out = memory_payload(get_model(model), gpus=gpus, gpu=_gpu(gpu, clock_mhz),
                          gpus_per_node=gpus_per_node,
                          seq=seq, global_batch=global_batch, flash=flash, dtype=dtype,
                          grad_dtype=grad_dtype, optimizer=optimizer, formula=formula,
                          impl=impl, headroom=headroom, stack_kw=_stack_kw(layout_kw),
-                         calibration_path=calibration_path, **layout_kw)
+                         calibration_path=calibration_path, fp8=fp8, offload=offload,
+                         offload_fraction=offload_fraction, **layout_kw)
     if as_json:
         return _emit_json(out)
     render_memory(out, console)
@@ -738,6 +776,7 @@ def calibrate(backend: str, ranks: int, out_path: str, plot_path: str | None, qu
 @click.option("--grad-dtype", default=None, help="Gradient dtype [default: --dtype].")
 @click.option("--optimizer", default="adam", show_default=True)
 @stack_options
+@precision_options(auto=True)
 @click.option("--headroom", default=0.85, show_default=True, callback=checked(fraction),
               help="Usable fraction of GPU memory, in (0, 1].")
 @click.option("--calibration", "calibration_path", default=None,
@@ -750,8 +789,8 @@ def plan(model: str, gpus: int, gpu: str, clock_mhz: float | None, gpus_per_node
          first_stage_layers: int | None, last_stage_layers: int | None, fix_text: str | None,
          max_text: str | None, all_variants: bool, emit: str | None,
          flash: bool, dtype: str, grad_dtype: str | None, optimizer: str, impl: str,
-         headroom: float, calibration_path: str | None, as_json: bool,
-         **stack_kw: Any) -> None:
+         headroom: float, calibration_path: str | None, as_json: bool, fp8: str | None,
+         offload: str, offload_fraction: float, **stack_kw: Any) -> None:
     """Search every layout of MODEL (preset or config.json) and explain the best.
 
     With no arguments: llama3-8b on 64 H100s (8 nodes), s=8192, a 4M-token batch. Rows are
@@ -769,7 +808,8 @@ def plan(model: str, gpus: int, gpu: str, clock_mhz: float | None, gpus_per_node
         "calibration_path": calibration_path, "impl": impl, "stack_kw": stack_kw,
         "partition": partition,
         "first_stage_layers": first_stage_layers, "last_stage_layers": last_stage_layers,
-        "fix_text": fix_text, "max_text": max_text, "all_variants": all_variants}
+        "fix_text": fix_text, "max_text": max_text, "all_variants": all_variants,
+        "fp8": fp8, "offload": offload, "offload_fraction": offload_fraction}
     if console.is_terminal and not as_json and emit is None:
         with console.status("searching layouts…") as status:
             result = run_plan(spec, **options, progress=lambda msg: status.update(msg + "…"))

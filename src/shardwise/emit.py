@@ -137,6 +137,88 @@ def _megatron_partition(model: ModelSpec, layout: Layout) -> list[str]:
 _MEGATRON_CP = {"ring": "p2p", "ulysses": "a2a", "hybrid": "a2a+p2p"}
 
 
+def _megatron_deepseek(model: ModelSpec, notes: list[str]) -> list[str]:
+    """Multi-head latent attention and DeepSeekMoE as Megatron-LM arguments (MLATransformerConfig
+    and TransformerConfig fields of megatron-core 0.16.1, their flags in Megatron-LM's
+    arguments.py): `--multi-latent-attention`, the latent ranks and head widths (Megatron's
+    `qk_head_dim` is the no-RoPE part, `qk_pos_emb_head_dim` the RoPE part), the latent norms
+    (`--qk-layernorm`: MLA's up-projections fuse them), YaRN (`--rotary-scaling-factor`,
+    `--mscale`, `--mscale-all-dim`; its other constants are MLATransformerConfig's defaults,
+    DeepSeek's), the dense first layers (`--moe-layer-freq` as a pattern), shared experts (one
+    MLP of `n_shared · f`), the router (score function; expert bias for sigmoid; scaling;
+    group-limited top-k) and `--mtp-num-layers`. Refused in one line: what Megatron's router
+    cannot compute (sigmoid gates left unnormalised: it normalises top-k > 1)."""
+    args: list[str] = []
+    if model.is_mla:
+        args += ["--multi-latent-attention", f"--kv-lora-rank {model.kv_lora_rank}",
+                 f"--qk-head-dim {model.qk_nope_head_dim}",
+                 f"--qk-pos-emb-head-dim {model.qk_rope_head_dim}",
+                 f"--v-head-dim {model.value_head_dim}", "--qk-layernorm"]
+        if model.q_lora_rank:
+            args.append(f"--q-lora-rank {model.q_lora_rank}")
+        rope = dict(model.rope_scaling)
+        if model.rope_type == "yarn":
+            if (rope.get("beta_fast", 32), rope.get("beta_slow", 1),
+                    rope.get("original_max_position_embeddings", 4096)) != (32, 1, 4096):
+                raise ShardwiseError(
+                    f"{model.name}'s YaRN beta_fast/beta_slow/original_max_position_embeddings "
+                    "differ from Megatron-LM's fixed MLA defaults (32, 1, 4096), which it "
+                    "has no flags for")
+            args += ["--rope-type yarn", f"--rotary-scaling-factor {rope.get('factor', 1.0):g}",
+                     f"--mscale {rope.get('mscale', 1.0):g}",
+                     f"--mscale-all-dim {rope.get('mscale_all_dim', 0.0):g}"]
+        elif model.rope_type != "default":
+            raise ShardwiseError(f"Megatron-LM's MLA has no {model.rope_type} RoPE scaling "
+                                 "(rope or yarn)")
+        else:
+            args.append("--rope-type rope")
+    if model.is_moe and (model.first_dense_layers or model.moe_every > 1):
+        pattern = ",".join(str(int(model.is_moe_layer(i))) for i in range(model.n_layers))
+        args.append(f"--moe-layer-freq '[{pattern}]'")
+    if model.n_shared_experts:
+        args.append("--moe-shared-expert-intermediate-size "
+                    f"{model.n_shared_experts * model.expert_d_ff}")
+    if model.is_moe and model.router_score == "sigmoid":
+        if not model.norm_topk and model.top_k > 1:
+            raise ShardwiseError("Megatron-LM normalises sigmoid top-k gates (moe_utils."
+                                 "topk_routing_with_score_function); this model leaves them "
+                                 "unnormalised (norm_topk_prob false)")
+        args += ["--moe-router-score-function sigmoid", "--moe-router-enable-expert-bias"]
+    elif model.is_moe and not model.norm_topk:
+        args.append("--moe-router-pre-softmax")  # softmax over all experts, then top-k
+    if model.is_moe and model.routed_scaling != 1.0:
+        args.append(f"--moe-router-topk-scaling-factor {model.routed_scaling:g}")
+    if model.is_moe and model.expert_groups > 1:
+        args += [f"--moe-router-num-groups {model.expert_groups}",
+                 f"--moe-router-group-topk {model.topk_groups}"]
+    if model.mtp_layers:
+        args.append(f"--mtp-num-layers {model.mtp_layers}")
+        notes.append(f"--mtp-num-layers {model.mtp_layers}: Megatron trains the multi-token-"
+                     "prediction module(s) too; the plan counts their parameters apart "
+                     "(ModelSpec.mtp_params) and not their time or memory")
+    return args
+
+
+def _megatron_fp8_offload(train: TrainSpec) -> list[str]:
+    """`--fp8-format hybrid --fp8-recipe R` (delayed: the amax history the plan assumes) and
+    the optimizer offload (`--optimizer-cpu-offload`, which needs
+    `--use-precision-aware-optimizer`; `--overlap-cpu-optimizer-d2h-h2d`, the pipelining the
+    plan assumes; `--optimizer-offload-fraction`). A recipe or offload Megatron-LM does not
+    have: one line (`Stack.fp8_recipe`, `Stack.offload_support`)."""
+    args: list[str] = []
+    if train.fp8 is not None:
+        recipe = train.stack.fp8_recipe(train.fp8)
+        args += ["--fp8-format hybrid", f"--fp8-recipe {recipe.name}"]
+        if recipe.history:
+            args += [f"--fp8-amax-history-len {recipe.history}", "--fp8-amax-compute-algo max"]
+    if train.stack.offload_support(train.offload) is not None:
+        args += ["--optimizer-cpu-offload", "--use-precision-aware-optimizer",
+                 "--overlap-cpu-optimizer-d2h-h2d"]
+        if train.offload_fraction < 1:
+            args.append(f"--optimizer-offload-fraction {train.offload_fraction:g}")
+    return args
+
+
 def megatron_args(model: ModelSpec, layout: Layout, train: TrainSpec,
                   gpus_per_node: int = 8) -> Emitted:
     """Megatron-LM `pretrain_gpt.py` launch script for `layout`.
@@ -176,6 +258,7 @@ def megatron_args(model: ModelSpec, layout: Layout, train: TrainSpec,
                  f"--moe-ffn-hidden-size {model.expert_d_ff}"]
         if layout.ep > 1:
             args.append("--moe-token-dispatcher-type alltoall")
+    args += _megatron_deepseek(model, notes)
     args += [f"--seq-length {train.seq_len}",
              f"--max-position-embeddings {max(train.seq_len, model.max_seq)}",
              f"--micro-batch-size {layout.micro_batch}", f"--global-batch-size {gb}",
@@ -249,6 +332,7 @@ def megatron_args(model: ModelSpec, layout: Layout, train: TrainSpec,
     elif grad != "fp32":
         raise ShardwiseError("Megatron keeps fp32 gradients for fp32 training; drop --grad-dtype")
     args.append("--attention-backend " + ("flash" if train.flash_attention else "unfused"))
+    args += _megatron_fp8_offload(train)
     env = []
     if (layout.tp > 1 or layout.cp > 1) and not fsdp:
         # Megatron orders TP/CP communication before compute with a single hardware queue.
@@ -317,6 +401,27 @@ def _titan_partition(model: ModelSpec, layout: Layout) -> tuple[int, int, int]:
                          "head); use the balanced default partition")
 
 
+def _titan_fp8_offload(config: str, train: TrainSpec, notes: list[str]) -> list[str]:
+    """FSDP2 CPU offload (`--training.enable_cpu_offload`) and FP8: torchtitan 0.3 applies
+    Float8 through a config_registry function's `model_registry(converters=…)`, not a flag;
+    llama3_405b's is `Float8LinearConverter.Config(filter_fqns=["lm_head"])` (rowwise, the
+    head in bf16). Another recipe or config: one line."""
+    args = ["--training.enable_cpu_offload"] if train.offload == "params" else []
+    train.stack.offload_support(train.offload)  # one line when torchtitan has no such offload
+    if train.fp8 is None:
+        return args
+    train.stack.fp8_recipe(train.fp8)
+    if config != "llama3_405b" or train.fp8 != "rowwise":
+        raise ShardwiseError(
+            f"torchtitan 0.3 turns on FP8 ({train.fp8}) in a config function "
+            "(model_registry(..., converters=[Float8LinearConverter.Config(recipe_name=…)])), "
+            "not on the command line; only its llama3_405b config has one (rowwise): write "
+            "your own, or emit for Megatron-LM")
+    notes.append("llama3_405b's Float8 converter leaves lm_head in bf16 (filter_fqns); the "
+                 "plan charged the head's GEMMs in FP8")
+    return args
+
+
 def torchtitan_args(model: ModelSpec, layout: Layout, train: TrainSpec,
                     gpus_per_node: int = 8) -> Emitted:
     """torchtitan 0.3.x `torchrun -m torchtitan.train` command line for `layout`."""
@@ -376,6 +481,7 @@ def torchtitan_args(model: ModelSpec, layout: Layout, train: TrainSpec,
         if schedule.torchtitan is None:
             notes.append(f"PyTorch pipelining has no {schedule.title} schedule with this many "
                          "stages per rank; emitted as 1F1B (a larger bubble than planned)")
+    args += _titan_fp8_offload(config, train, notes)
     args.append(f"activation-checkpoint:{layout.recompute}")
     if layout.recompute == "selective":
         notes.append("torchtitan's selective checkpointing is op-level (it keeps matmul outputs "
@@ -387,7 +493,7 @@ def torchtitan_args(model: ModelSpec, layout: Layout, train: TrainSpec,
     if not train.flash_attention:
         notes.append("torchtitan's llama3 runs fused SDPA attention; the plan's unfused "
                      "attention memory and time are an overestimate")
-    if config == "llama3_405b":
+    if config == "llama3_405b" and train.fp8 is None:
         notes.append("torchtitan's llama3_405b config trains its linear layers in Float8 with "
                      "torch.compile (not changeable from the command line); the plan assumes "
                      f"{train.dtype} matmuls")
@@ -413,6 +519,22 @@ def _deepspeed_partition(model: ModelSpec, layout: Layout) -> bool:
             "splits blocks evenly or balances them with the embedding and head as one layer "
             f"each ({(model.n_layers + 2) // layout.pp - 1} on the first and last stage)")
     return True
+
+
+def _deepspeed_offload(train: TrainSpec, zero: dict[str, object]) -> None:
+    """ZeRO-Offload (`offload_optimizer`) and ZeRO-Infinity's parameter offload
+    (`offload_param`, with the optimizer) to pinned CPU memory, in `zero_optimization`
+    (deepspeed/runtime/zero/offload_config.py). FP8: DeepSpeed's stack here has none (one
+    line, `Stack.fp8_recipe`)."""
+    if train.fp8 is not None:
+        train.stack.fp8_recipe(train.fp8)
+    support = train.stack.offload_support(train.offload)
+    if support is None:
+        return
+    cpu = {"device": "cpu", "pin_memory": True}
+    zero["offload_optimizer"] = dict(cpu)
+    if support.kind == "params":
+        zero["offload_param"] = dict(cpu)
 
 
 def deepspeed_config(model: ModelSpec, layout: Layout, train: TrainSpec,
@@ -455,6 +577,7 @@ def deepspeed_config(model: ModelSpec, layout: Layout, train: TrainSpec,
     elif layout.zero_group:
         notes.append(f"DeepSpeed has no shard groups for ZeRO-{layout.zero}; it shards over all "
                      f"{layout.dp * layout.cp} replicas (less memory than planned)")
+    _deepspeed_offload(train, zero)
     names = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
     config: dict[str, object] = {
         "train_batch_size": gb,

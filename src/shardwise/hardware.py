@@ -56,7 +56,8 @@ class Link:
 class Accelerator:
     """One GPU/TPU: peak dense FLOP/s per dtype, HBM capacity (bytes) and bandwidth (B/s), and
     the links (`LINKS` names, or its own `links`) it ships with: `intra` inside its node/board,
-    `inter` between. `boost_clock_mhz`: the clock its peaks are quoted at (a clock cap scales
+    `inter` between, `host` to its host CPU's memory (PCIe, or NVLink-C2C on Grace superchips;
+    what optimizer and parameter offload move over). `boost_clock_mhz`: the clock its peaks are quoted at (a clock cap scales
     them); `tdp_w`: board power (informational); `calibrated_as`: the accelerator whose
     calibration constants it takes (default: its own name)."""
 
@@ -72,6 +73,7 @@ class Accelerator:
     tdp_w: float | None = None
     calibrated_as: str | None = None
     links: tuple[Link, ...] = ()
+    host: str = "pcie5"
 
     @property
     def calibration_name(self) -> str:
@@ -127,10 +129,11 @@ ACCELERATORS: dict[str, Accelerator] = {
         # NVIDIA A100 datasheet (SXM4): 312 TFLOP/s BF16 dense, 19.5 FP32; HBM2e 2,039 GB/s
         # (80GB) and HBM2 1,555 GB/s (40GB); 400 W; boost clock 1,410 MHz (A100 architecture
         # white paper, via ml-engineering). HGX A100: NVLink 3; one HDR port per GPU.
+        # HGX A100 hosts the GPUs on PCIe 4.0 x16.
         Accelerator("a100-40gb", 40 * GiB, 1.555e12, 312 * TFLOPS, None, 19.5 * TFLOPS,
-                    "nvlink3", "hdr", 1410, 400),
+                    "nvlink3", "hdr", 1410, 400, host="pcie4"),
         Accelerator("a100-80gb", 80 * GiB, 2.039e12, 312 * TFLOPS, None, 19.5 * TFLOPS,
-                    "nvlink3", "hdr", 1410, 400),
+                    "nvlink3", "hdr", 1410, 400, host="pcie4"),
         # NVIDIA H100 datasheet (nvidia.com/en-us/data-center/h100): SXM 989 TFLOP/s BF16,
         # 1,979 FP8, 67 FP32, 80 GB HBM3 at 3.35 TB/s, 700 W; PCIe 756 / 1,513 / 51,
         # 2.0 TB/s, 350 W (H100 PCIe product brief PB-11133-001_v02); NVL 835 / 1,671 / 60,
@@ -156,11 +159,12 @@ ACCELERATORS: dict[str, Accelerator] = {
                     "nvlink4", "ndr", 1830, 700),
         # NVIDIA GH200 Grace Hopper (ml-engineering tables, from NVIDIA's GH200 page): the
         # Hopper GPU's peaks, 96 GB HBM3 at 4.0 TB/s, or 141 GB HBM3e at 4.8 TB/s (the 900 W
-        # module of ml-engineering's MAMF row). NVLink 4 between superchips.
+        # module of ml-engineering's MAMF row). NVLink 4 between superchips; NVLink-C2C to
+        # its Grace CPU's memory.
         Accelerator("gh200", 96 * GiB, 4.0e12, 989 * TFLOPS, 1979 * TFLOPS, 67 * TFLOPS,
-                    "nvlink4", "ndr", 1830, 900),
+                    "nvlink4", "ndr", 1830, 900, host="c2c-gh200"),
         Accelerator("gh200-141gb", 141 * GiB, 4.8e12, 989 * TFLOPS, 1979 * TFLOPS,
-                    67 * TFLOPS, "nvlink4", "ndr", 1830, 900, "gh200"),
+                    67 * TFLOPS, "nvlink4", "ndr", 1830, 900, "gh200", host="c2c-gh200"),
         # NVIDIA DGX B200 datasheet: 72 PF FP8 training per 8 GPUs (with 2:4 sparsity: 4.5 PF
         # dense FP8, 2.25 PF dense BF16 per GPU, ml-engineering table note 20), 1,440 GB HBM3e
         # and 64 TB/s per 8 GPUs; FP32 80 TF (ml-engineering table);
@@ -172,7 +176,7 @@ ACCELERATORS: dict[str, Accelerator] = {
         # 186 GB HBM3e at 8 TB/s, 1,200 W (Mission Control power FAQ); max SM clock 2,062 MHz.
         # Its NVLink 5 domain spans the rack: plan it with --gpus-per-node 72.
         Accelerator("gb200", 186 * GiB, 8.0e12, 2500 * TFLOPS, 5000 * TFLOPS, 80 * TFLOPS,
-                    "nvlink5", "ndr", 2062, 1200),
+                    "nvlink5", "ndr", 2062, 1200, host="c2c-gb200"),
         # AMD Instinct MI300X datasheet: 1,307.4 TFLOP/s BF16 dense, 2,614.9 FP8, 163.4 FP32,
         # 192 GB HBM3 at 5.3 TB/s, 750 W, peak engine clock 2,100 MHz; 8 GPUs per platform
         # fully connected by Infinity Fabric; a 400 Gb/s NIC per GPU between platforms.
@@ -212,6 +216,11 @@ LINKS: dict[str, Link] = {
         # PCIe x16 per direction: 4.0 ~32 GB/s, 5.0 ~64 GB/s.
         Link("pcie4", 32e9, 5e-6),
         Link("pcie5", 64e9, 5e-6),
+        # NVLink-C2C between a Grace CPU and its GPUs: 900 GB/s both directions together
+        # (NVIDIA GH200 and GB200 NVL72 datasheets), 450 GB/s per direction to GH200's one GPU,
+        # shared by GB200's two (225 each). Latency taken as NVLink's.
+        Link("c2c-gh200", 450e9, 2e-6),
+        Link("c2c-gb200", 225e9, 2e-6),
         # AMD Instinct MI300X datasheet / platform brief: 7 Infinity Fabric links of 128 GB/s
         # (bidirectional) each to the other 7 GPUs, 896 GB/s aggregate peer bandwidth, i.e.
         # 7 × 64 = 448 GB/s per direction per GPU. Latency taken as NVLink's.
@@ -273,7 +282,7 @@ def accelerator_from_dict(data: Any, source: str) -> Accelerator:
     if missing:
         raise ShardwiseError(f"{where}: missing {', '.join(missing)} (needed: "
                              f"{', '.join(_REQUIRED)})")
-    for key in ("name", "intra", "inter", "calibrated_as"):
+    for key in ("name", "intra", "inter", "host", "calibrated_as"):
         if key in data and data[key] is not None and not (
                 isinstance(data[key], str) and data[key]):
             raise ShardwiseError(f"{where}: {key} must be a non-empty string, got {data[key]!r}")
@@ -299,8 +308,8 @@ def accelerator_from_dict(data: Any, source: str) -> Accelerator:
         calibrated_as = get_accelerator(calibrated_as).name
     accelerator = Accelerator(name=data["name"], intra=data["intra"], inter=data["inter"],
                               calibrated_as=calibrated_as, links=tuple(own),
-                              **values).validate()
-    for which in (accelerator.intra, accelerator.inter):
+                              host=data.get("host") or "pcie5", **values).validate()
+    for which in (accelerator.intra, accelerator.inter, accelerator.host):
         get_link(which, accelerator.links)  # a name neither preset nor its own: one line
     return accelerator
 

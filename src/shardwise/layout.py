@@ -63,6 +63,12 @@ class TrainSpec:
     # routing its run drew.
     expert_load: float = 1.0
     experts_active: float = 1.0
+    # FP8 training (`shardwise.fp8`): the stack's recipe name (None: bf16 GEMMs); host offload
+    # (`stacks.OFFLOADS`) and, for stacks that can keep a share on the GPU (Megatron's
+    # --optimizer-offload-fraction), the share of the optimizer state that moves
+    fp8: str | None = None
+    offload: str = "none"
+    offload_fraction: float = 1.0
 
     def __post_init__(self) -> None:
         if isinstance(self.impl, str) and "@" in self.impl:
@@ -84,6 +90,27 @@ class TrainSpec:
                        dp_overlap=self.dp_overlap, attention=self.attention,
                        flash=self.flash_attention)
 
+    def _fp8_offload_problems(self) -> list[str]:
+        out = []
+        if self.fp8 is not None:
+            try:
+                self.stack.fp8_recipe(self.fp8)
+                if self.dtype != "bf16":
+                    out.append(f"FP8 recipes run beside bf16 weights and activations; use "
+                               f"--dtype bf16 with --fp8 {self.fp8}, not {self.dtype}")
+            except ShardwiseError as exc:
+                out.append(str(exc))
+        try:
+            support = self.stack.offload_support(self.offload)
+            validate.fraction(self.offload_fraction, "offload_fraction")
+            if self.offload_fraction < 1 and not (support and support.fraction):
+                out.append(f"offload_fraction {self.offload_fraction:g} needs an optimizer "
+                           "offload that can keep a share on the GPU (megatron-te's "
+                           "--optimizer-offload-fraction)")
+        except ShardwiseError as exc:
+            out.append(str(exc))
+        return out
+
     def validate(self) -> TrainSpec:
         problems = []
         for name, check in (("expert_load", validate.positive), ("experts_active",
@@ -103,6 +130,11 @@ class TrainSpec:
             value = getattr(self, name)
             if value is not None and value not in DTYPE_BYTES:
                 problems.append(f"{name} {value!r} unknown; valid: {', '.join(DTYPE_BYTES)}")
+        if self.dtype == "fp8":  # a recipe, not a dtype: bf16 weights, FP8 GEMMs
+            problems.append("dtype fp8: FP8 training keeps bf16 weights and runs the linear "
+                            "layers' GEMMs in FP8; use --dtype bf16 --fp8 RECIPE "
+                            "(megatron-te: delayed, tensorwise, mxfp8, blockwise; torchtitan: "
+                            "rowwise, rowwise_with_gw_hp, mxfp8)")
         if self.optimizer not in OPTIMIZERS:
             problems.append(f"optimizer {self.optimizer!r} unknown; valid: {', '.join(OPTIMIZERS)}")
         if self.impl not in STACKS:
@@ -112,9 +144,11 @@ class TrainSpec:
                 self.settings()
             except ShardwiseError as exc:
                 problems.append(str(exc))
-            if self.dtype in DTYPE_BYTES and self.dtype not in self.stack.dtypes:
+            if (self.dtype in DTYPE_BYTES and self.dtype != "fp8"
+                    and self.dtype not in self.stack.dtypes):
                 problems.append(f"{self.stack.name} does not train in {self.dtype}; valid: "
                                 f"{', '.join(self.stack.dtypes)}")
+            problems += self._fp8_offload_problems()
         if problems:
             raise ShardwiseError("; ".join(problems))
         return self
@@ -365,6 +399,12 @@ class Layout:
 
     def _train_problems(self, train: TrainSpec) -> list[str]:
         out = train.stack.layout_problems(self) if train.impl in STACKS else []
+        if train.impl in STACKS and train.offload in train.stack.offload_kinds():
+            support = train.stack.offload_support(train.offload)
+            if support is not None and self.zero not in support.zero:
+                out.append(f"{train.stack.name} offloads the {train.offload} with ZeRO "
+                           f"{', '.join(map(str, support.zero))} only ({support.flag}), "
+                           f"not zero={self.zero}")
         # Zigzag causal balancing splits the sequence into 2·cp chunks.
         if self.cp > 1 and train.seq_len % (2 * self.cp):
             out.append(f"2·cp={2 * self.cp} does not divide seq_len={train.seq_len}")

@@ -20,8 +20,13 @@ from typing import Any
 
 from shardwise.errors import ShardwiseError
 
-__all__ = ["ATTENTION_KERNELS", "DEFAULT_STACK", "STACKS", "TP_OVERLAPS", "Settings", "Stack",
-           "get_stack", "parse_impl", "stack_names"]
+__all__ = ["ATTENTION_KERNELS", "DEFAULT_STACK", "OFFLOADS", "STACKS", "TP_OVERLAPS", "Offload",
+           "Settings", "Stack", "get_stack", "parse_impl", "stack_names"]
+
+OFFLOADS = ("none", "optimizer", "params")
+"""What lives in host memory: nothing; the optimizer state (fp32 master weights and moments,
+with the optimizer step on the CPU); or every sharded state class (parameters, gradients,
+optimizer), fetched per layer (ZeRO-3 / FSDP)."""
 
 TP_OVERLAPS = ("none", "bulk", "async")
 """Tensor-parallel communication: exposed; pipelined with the adjacent GEMMs in chunks
@@ -38,6 +43,23 @@ KERNEL_MODES = ("fused", "eager", "compiled")
 """How a layer's memory-bound work runs: hand-fused kernels (Transformer Engine, Megatron's
 fused bias-GeLU/SwiGLU, bias-dropout-add, RoPE and softmax), one PyTorch kernel per aten op
 (eager), or Inductor's fused kernels (`torch.compile`)."""
+
+
+@dataclass(frozen=True)
+class Offload:
+    """How a stack moves training state to host memory (`TrainSpec.offload`): `kind` (one of
+    `OFFLOADS`), the ZeRO stages it runs with, the CPU optimizer
+    (`estimate.offload.CPU_OPTIMIZERS`), how the optimizer offload's gradient copy, CPU step
+    and parameter copy overlap ("backward": the gradient copy behind the backward, the rest
+    exposed; "pipelined": the three pipelined over parameter groups; parameter offload always
+    prefetches each layer's parameters beside the compute), and the framework's switch."""
+
+    kind: str
+    zero: tuple[int, ...]
+    cpu_optimizer: str
+    overlap: str
+    flag: str
+    fraction: bool = False  # a share of the optimizer state may stay on the GPU
 
 
 @dataclass(frozen=True)
@@ -77,6 +99,10 @@ class Stack:
     elementwise: tuple[tuple[float, float, float], tuple[float, float, float]] | None = None
     eager_kernels: tuple[float, float] = (0.0, 0.0)
     notes: tuple[str, ...] = field(default=())
+    # FP8 recipes it runs (`shardwise.fp8`, by its framework's names) and that framework
+    fp8: tuple[str, ...] = ()
+    fp8_framework: str = ""
+    offloads: tuple[Offload, ...] = ()
 
     def validate(self) -> Stack:
         problems = []
@@ -90,6 +116,13 @@ class Stack:
             problems.append(f"p2p_overlap {self.p2p_overlap!r} unknown")
         if "async" in self.tp_overlap and True not in self.compile:
             problems.append("async TP needs torch.compile")
+        from shardwise.fp8 import RECIPES
+
+        problems += [f"fp8 recipe {name!r} is not one of {self.fp8_framework or 'no'} "
+                     "framework's" for name in self.fp8 if (self.fp8_framework, name)
+                     not in RECIPES]
+        problems += [f"offload {o.kind!r} not in {OFFLOADS[1:]}" for o in self.offloads
+                     if o.kind not in OFFLOADS[1:]]
         if problems:
             raise ShardwiseError(f"stack {self.name}: " + "; ".join(problems))
         return self
@@ -98,6 +131,37 @@ class Stack:
     def label(self) -> str:
         """`name@version`, as `--impl` accepts it."""
         return f"{self.name}@{self.version.split()[-1]}"
+
+    def fp8_recipe(self, name: str) -> Any:
+        """The `fp8.Fp8Recipe` this stack runs as `name`; one line when it has none."""
+        from shardwise.fp8 import get_recipe
+
+        if name not in self.fp8:
+            if not self.fp8:
+                raise ShardwiseError(f"{self.name} has no FP8 training; stacks with FP8: "
+                                     + ", ".join(f"{s.name} ({', '.join(s.fp8)})"
+                                                 for s in STACKS.values() if s.fp8))
+            raise ShardwiseError(f"{self.name} has no FP8 recipe {name!r}; valid: "
+                                 f"{', '.join(self.fp8)}")
+        return get_recipe(self.fp8_framework, name)
+
+    def offload_kinds(self) -> tuple[str, ...]:
+        """"none" and the kinds of offload this stack runs."""
+        return ("none", *(o.kind for o in self.offloads))
+
+    def offload_support(self, kind: str) -> Offload | None:
+        """How this stack offloads `kind` (None for "none"); one line when it cannot."""
+        if kind == "none":
+            return None
+        if kind not in OFFLOADS:
+            raise ShardwiseError(f"offload {kind!r} unknown; valid: {', '.join(OFFLOADS)}")
+        found = next((o for o in self.offloads if o.kind == kind), None)
+        if found is None:
+            have = ", ".join(o.kind for o in self.offloads) or "nothing"
+            others = [s.name for s in STACKS.values() if any(o.kind == kind for o in s.offloads)]
+            raise ShardwiseError(f"{self.name} has no {kind} offload (it offloads: {have}); "
+                                 f"stacks that offload the {kind}: {', '.join(others)}")
+        return found
 
     def schedules(self) -> tuple[str, ...]:
         """The pipeline schedules this stack's engine runs (the schedule registry's names)."""
@@ -214,7 +278,15 @@ STACKS: dict[str, Stack] = {s.name: s.validate() for s in (
         attention=("cudnn", "fa2", "fa3", "math"), recompute=("none", "selective", "full"),
         zero=(0, 1, 2, 3), zero_hybrid=(1,), cp_kinds=("ring", "ulysses", "hybrid"),
         cp_overlap=True, axes=("tp", "pp", "cp", "ep"), pipeline_engine="megatron",
-        p2p_overlap="interleaved", dtypes=("bf16", "fp16", "fp32"), export="megatron"),
+        p2p_overlap="interleaved", dtypes=("bf16", "fp16", "fp32"), export="megatron",
+        # transformer_config.py fp8_recipe: tensorwise | delayed | mxfp8 | blockwise; the
+        # optimizer offload: --optimizer-cpu-offload (with --use-precision-aware-optimizer and
+        # the distributed optimizer; a torch.optim.AdamW on the CPU, core/optimizer/__init__.py;
+        # HybridDeviceOptimizer pipelines D2H, step and H2D with
+        # --overlap-cpu-optimizer-d2h-h2d; --optimizer-offload-fraction keeps a share on GPU)
+        fp8=("delayed", "tensorwise", "mxfp8", "blockwise"), fp8_framework="te",
+        offloads=(Offload("optimizer", (1,), "torch-adamw", "pipelined",
+                          "--optimizer-cpu-offload", fraction=True),)),
     Stack(
         "megatron-deepspeed", "Megatron-DeepSpeed (DeepSpeed's pipeline engine and ZeRO)",
         "DeepSpeed 0.19.8; Megatron-DeepSpeed master",
@@ -226,7 +298,14 @@ STACKS: dict[str, Stack] = {s.name: s.validate() for s in (
         recompute=("none", "selective", "full"), zero=(0, 1, 2, 3), zero_hybrid=(),
         cp_kinds=("ulysses",), cp_overlap=False, axes=("tp", "pp", "cp"),
         pipeline_engine="deepspeed", p2p_overlap="never", dtypes=("bf16", "fp16", "fp32"),
-        export="deepspeed"),
+        export="deepspeed",
+        # ZeRO-Offload (zero_optimization.offload_optimizer, stages 1-3: DeepSpeedCPUAdam;
+        # gradients copied to the host as their buckets reduce) and ZeRO-Infinity's parameter
+        # offload (offload_param, stage 3 only); deepspeed/runtime/zero/offload_config.py
+        offloads=(Offload("optimizer", (1, 2, 3), "deepspeed-cpu-adam", "backward",
+                          "offload_optimizer"),
+                  Offload("params", (3,), "deepspeed-cpu-adam", "backward",
+                          "offload_param"))),
     Stack(
         "torchtitan", "torchtitan", "torchtitan 0.3.0",
         "torchtitan/config/configs.py (CompileConfig.enable False, enable_async_tensor_parallel "
@@ -241,7 +320,14 @@ STACKS: dict[str, Stack] = {s.name: s.validate() for s in (
         dtypes=("bf16", "fp32"), export="torchtitan",
         # its Llama 3 block counted eagerly, nn.RMSNorm as torch 2.13's fused CUDA kernel
         # (aten/src/ATen/native/layer_norm.cpp routes rms_norm to _fused_rms_norm)
-        elementwise=TORCHTITAN_TRAFFIC, eager_kernels=TORCHTITAN_KERNELS),
+        elementwise=TORCHTITAN_TRAFFIC, eager_kernels=TORCHTITAN_KERNELS,
+        # components/quantization/float8.py (Float8LinearConverter recipe_name: rowwise |
+        # rowwise_with_gw_hp) and mx.py (MXFP8LinearConverter); config/configs.py
+        # training.enable_cpu_offload: FSDP2's CPUOffloadPolicy (parameters, gradients and
+        # the optimizer, whose step then runs on the CPU: the default "fused" AdamW)
+        fp8=("rowwise", "rowwise_with_gw_hp", "mxfp8"), fp8_framework="torchao",
+        offloads=(Offload("params", (3,), "torch-adamw-fused", "none",
+                          "--training.enable_cpu_offload"),)),
     Stack(
         "hf-sdpa", "Hugging Face transformers (SDPA attention) with DDP/FSDP",
         "transformers 5.24.0",

@@ -28,6 +28,14 @@ no causal saving (the masked half is computed, then masked).
 
 Recomputation (Korthikanti et al. 2022): full repeats the layer's forward before its backward;
 selective repeats only the attention core (scores, softmax, dropout, `P·V`).
+
+FP8 (`TrainSpec.fp8`, `shardwise.fp8`): the linear layers' GEMMs (`linear`) run at the FP8
+peak × `sustained_compute` × the same `e(M,K,N)` with 1-byte operands — all three of them, or
+the weight gradient in bf16 (`rowwise_with_gw_hp`) — and each quantisation cast is
+memory-bound work of the bytes its recipe moves (`Fp8Recipe.cast_bytes`): the input in the
+forward, the output gradient in the backward, the weight per micro-batch or once per step
+(`Gemms.weights`, charged by `estimate.step`). Attention, norms, the router and (in Megatron)
+the LM head stay bf16.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ import numpy as np
 from shardwise.arch import ModelSpec
 from shardwise.calibration import Calibration, default_calibration
 from shardwise.errors import ShardwiseError
+from shardwise.fp8 import Fp8Recipe
 from shardwise.hardware import Accelerator, get_accelerator
 from shardwise.layout import RECOMPUTE, TrainSpec
 from shardwise.placement import expert_tp_degree
@@ -48,6 +57,7 @@ from shardwise.units import dtype_bytes
 __all__ = [
     "RC_CODES",
     "ComputeContext",
+    "Gemms",
     "LayerCost",
     "attention_efficiency",
     "embedding_cost",
@@ -57,6 +67,7 @@ __all__ = [
     "host_overhead",
     "layer_cost",
     "layer_model_flops",
+    "linear",
     "matmul_efficiency",
     "matmul_time",
     "memory_time",
@@ -136,15 +147,23 @@ class ComputeContext:
     traffic: tuple[tuple[float, float, float], tuple[float, float, float]] | None = None
     layer_kernels: tuple[float, float] = (0.0, 0.0)
     attention: str = "fa2"
+    fp8: Fp8Recipe | None = None  # `TrainSpec.fp8`'s recipe (None: bf16 GEMMs)
+    fp8_peak: float = 0.0
+    generation: str = "hopper"  # the accelerator's (`estimate.uncertainty.generation`)
 
     @classmethod
     def of(cls, model: ModelSpec, accelerator: Accelerator, train: TrainSpec,
            calibration: Calibration | None = None) -> ComputeContext:
+        from shardwise.estimate.uncertainty import generation
+
         cal = calibration or default_calibration(accelerator.calibration_name)
         settings = train.settings()
+        gen = generation(accelerator.calibration_name)
+        recipe = fp8_on(train, accelerator, gen)
         mode = settings.kernels
         if mode == "compiled":
-            traffic, kernels = _COMPILED_TRAFFIC, (_KERNELS_COMPILED, 2 * _KERNELS_COMPILED)
+            traffic, kernels = _COMPILED_TRAFFIC, (1.0 * _KERNELS_COMPILED,
+                                                   2.0 * _KERNELS_COMPILED)
         elif mode == "eager" and settings.stack.elementwise is not None:
             traffic, kernels = settings.stack.elementwise, settings.stack.eager_kernels
         else:  # fused kernels, or the shardwise runtime (whose traffic `calibrate` times per op)
@@ -152,7 +171,8 @@ class ComputeContext:
         return cls(model, accelerator, cal, train.seq_len, dtype_bytes(train.dtype),
                    settings.attention != "math", accelerator.peak_flops(train.dtype),
                    train.expert_load, train.experts_active, mode, traffic,
-                   kernels, settings.attention)
+                   kernels, settings.attention, recipe,
+                   accelerator.peak_flops("fp8") if recipe else 0.0, gen)
 
     @property
     def rate(self) -> float:
@@ -161,9 +181,37 @@ class ComputeContext:
         return self.peak * self.calibration.sustained_compute
 
     @property
+    def fp8_rate(self) -> float:
+        """The same at the datasheet FP8 peak (an FP8 recipe's GEMMs), × the share of it FP8
+        GEMMs reach relative to BF16 ones on this part (`calibration.components.
+        fp8_gemm_ratio`: 0.88 on H100, 0.98 on B200, from the MAMF measurements)."""
+        from shardwise.calibration.components import fp8_gemm_ratio
+
+        return (self.fp8_peak * self.calibration.sustained_compute
+                * fp8_gemm_ratio(self.accelerator.calibration_name))
+
+    @property
     def hbm(self) -> float:
         """Achievable HBM bandwidth (bytes/s)."""
         return self.accelerator.hbm_bandwidth * self.calibration.hbm_efficiency
+
+
+def fp8_on(train: TrainSpec, accelerator: Accelerator, gen: str) -> Fp8Recipe | None:
+    """`train`'s FP8 recipe, checked against the accelerator: one line where its generation
+    does not run it (TE: `check_fp8_support` Hopper+, `check_mxfp8_support` Blackwell,
+    `check_fp8_block_scaling_support` sm90 + CUDA 12.9; torchtitan: SM89+ or MI300) or it has
+    no FP8 peak figure."""
+    if train.fp8 is None:
+        return None
+    recipe: Fp8Recipe = train.stack.fp8_recipe(train.fp8)
+    if gen not in recipe.architectures:
+        raise ShardwiseError(f"--fp8 {recipe.name} ({recipe.title}) runs on "
+                             f"{', '.join(recipe.architectures)} GPUs, not {accelerator.name} "
+                             f"({gen})")
+    if accelerator.peak_fp8 is None:
+        raise ShardwiseError(f"{accelerator.name} has no FP8 peak figure (peak_fp8); give one "
+                             "in a --gpu FILE")
+    return recipe
 
 
 class LayerCost(NamedTuple):
@@ -172,7 +220,8 @@ class LayerCost(NamedTuple):
     `fwd`, `bwd` (the whole backward, input and weight gradients), `wgrad` (the weight-gradient
     part of `bwd`: what zero-bubble schedules defer), `recompute` (added before the backward),
     `attn_fwd`/`attn_bwd` (the attention core, which context parallelism overlaps with its ring
-    transfers).
+    transfers), `fp8_weights` (elements of the FP8 weights whose casts run once per step,
+    `Gemms.weights`).
     """
 
     fwd: Any
@@ -181,6 +230,54 @@ class LayerCost(NamedTuple):
     recompute: Any
     attn_fwd: Any
     attn_bwd: Any
+    fp8_weights: Any = 0.0
+
+
+@dataclass(frozen=True)
+class Gemms:
+    """Seconds of linear-layer GEMMs of one pass, forward / input gradient / weight gradient,
+    and the bytes their FP8 casts move in the forward and backward and the weight elements
+    whose casts run once per step (all 0 in bf16). Sums with `+`, scales with `*`."""
+
+    fwd: Any = 0.0
+    dgrad: Any = 0.0
+    wgrad: Any = 0.0
+    cast_fwd: Any = 0.0
+    cast_bwd: Any = 0.0
+    weights: Any = 0.0
+    __array_ufunc__ = None  # `array * Gemms` defers to `__rmul__`
+
+    def __add__(self, other: Gemms) -> Gemms:
+        return Gemms(*(a + b for a, b in zip(_values(self), _values(other))))
+
+    def __mul__(self, k: Any) -> Gemms:
+        return Gemms(*(a * k for a in _values(self)))
+
+    __rmul__ = __mul__
+
+
+def _values(g: Gemms) -> tuple[Any, ...]:
+    """The fields of `g` in order."""
+    return (g.fwd, g.dgrad, g.wgrad, g.cast_fwd, g.cast_bwd, g.weights)
+
+
+def linear(ctx: ComputeContext, m: Any, k: Any, n: Any, batch: Any = 1, fp8: bool = True
+           ) -> Gemms:
+    """A linear layer `(m×k)·(k×n)` (`batch` of them): forward, input- and weight-gradient
+    GEMMs (each `matmul_time` of the same shape, the roofline being symmetric), in FP8 when
+    the context has a recipe and `fp8` (the layer is one the recipe quantises), with the
+    recipe's cast bytes: input `m·k` and output gradient `m·n` elements, weight `k·n`."""
+    bf16 = matmul_time(ctx, m, k, n, batch)
+    recipe = ctx.fp8 if fp8 else None
+    if recipe is None:
+        return Gemms(bf16, bf16, bf16)
+    t8 = matmul_time(ctx, m, k, n, batch, fp8=True)
+    cast = recipe.cast_bytes(ctx.generation)
+    weight = batch * k * n
+    return Gemms(t8, t8, t8 if recipe.wgrad_fp8 else bf16,
+                 batch * cast.input_fwd * m * k + cast.weight_fwd * weight,
+                 batch * (cast.input_bwd * m * k + cast.grad_bwd * m * n)
+                 + cast.weight_bwd * weight, weight)
 
 
 def _sat(dim: Any, half: float) -> Any:
@@ -243,12 +340,16 @@ def fitted_kernel(cal: Calibration, kernel: str) -> tuple[str, tuple[float, floa
     return cal.attention_kernel, (1.0, 1.0)
 
 
-def matmul_time(ctx: ComputeContext, m: Any, k: Any, n: Any, batch: Any = 1) -> Any:
+def matmul_time(ctx: ComputeContext, m: Any, k: Any, n: Any, batch: Any = 1,
+                fp8: bool = False) -> Any:
     """Roofline time of `batch` GEMMs `(m×k)·(k×n)`: compute at `peak·e(m,k,n)` or HBM traffic,
-    whichever is slower."""
+    whichever is slower; `fp8`: at the FP8 rate, the operands 1 byte each (the output in the
+    activation dtype)."""
     flops = 2.0 * m * k * n * batch
-    compute = flops / (ctx.rate * matmul_efficiency(ctx, m, k, n))
-    traffic = batch * ctx.act_bytes * (m * k + k * n + m * n) / ctx.hbm
+    rate = ctx.fp8_rate if fp8 else ctx.rate
+    compute = flops / (rate * matmul_efficiency(ctx, m, k, n))
+    operand = 1.0 if fp8 else ctx.act_bytes
+    traffic = batch * (operand * (m * k + k * n) + ctx.act_bytes * m * n) / ctx.hbm
     return np.maximum(compute, traffic)
 
 
@@ -306,8 +407,8 @@ def _attention_core(ctx: ComputeContext, t: Any, c: Any, b: Any) -> tuple[Any, A
     return np.where(materialised, fwd, flash_fwd), np.where(materialised, bwd, flash_bwd)
 
 
-def _mla_projections(ctx: ComputeContext, t: Any, tokens: Any, sp: Any) -> tuple[Any, Any]:
-    """(GEMM seconds, memory-bound bytes) of MLA's projections on one rank, forward: the
+def _mla_projections(ctx: ComputeContext, t: Any, tokens: Any, sp: Any) -> tuple[Gemms, Any]:
+    """(GEMMs, memory-bound bytes) of MLA's projections on one rank, forward: the
     down-projections `(T' × h)·(h × r_q)` and `(T' × h)·(h × (r_kv + d_R))` replicated over tp
     (`T' = T/t` with sequence parallelism: Megatron-Core runs them on the sequence shard, else
     every tp rank repeats them), the up-projections `(T × r_q)·(r_q × a/t·d_qk)` (or
@@ -320,13 +421,13 @@ def _mla_projections(ctx: ComputeContext, t: Any, tokens: Any, sp: Any) -> tuple
     d, d_v = model.head_dim, model.value_head_dim
     r_q, r_kv, d_r = model.q_lora_rank, model.kv_lora_rank, model.qk_rope_head_dim
     down = tokens / np.where(sp, t, 1)
-    mm = matmul_time(ctx, down, h, r_kv + d_r)
-    mm = mm + matmul_time(ctx, tokens, r_kv, heads * (model.qk_nope_head_dim + d_v))
+    mm = linear(ctx, down, h, r_kv + d_r)
+    mm = mm + linear(ctx, tokens, r_kv, heads * (model.qk_nope_head_dim + d_v))
     if r_q:
-        mm = mm + matmul_time(ctx, down, h, r_q) + matmul_time(ctx, tokens, r_q, heads * d)
+        mm = mm + linear(ctx, down, h, r_q) + linear(ctx, tokens, r_q, heads * d)
     else:
-        mm = mm + matmul_time(ctx, tokens, h, heads * d)
-    mm = mm + matmul_time(ctx, tokens, heads * d_v, h)
+        mm = mm + linear(ctx, tokens, h, heads * d)
+    mm = mm + linear(ctx, tokens, heads * d_v, h)
     mem = 2 * ab * (down * (r_q + r_kv) + tokens * heads * (2 * d + d_v)
                     + tokens * heads * d_v)
     return mm, mem
@@ -355,7 +456,9 @@ def layer_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any,
     (`R = T·h`, ÷t under sequence parallelism, else every TP rank repeats it): two norms
     `4R·ab`, two residual adds `6R·ab` (+ `2R` dropout masks), QKV post-processing (bias, RoPE,
     head split) `2·ab·T·(q + 2kv)/t`, the activation `2·ab·T·f/t` (GELU) or `3·ab·T·f/t`
-    (SwiGLU); backward moves twice the forward's bytes.
+    (SwiGLU); backward moves twice the forward's bytes. The linear layers run through
+    `linear` (FP8 with a recipe: its GEMMs and cast bytes; the router stays bf16, routed
+    experts follow `Fp8Recipe.experts_fp8`).
     """
     model, ab, h = ctx.model, ctx.act_bytes, ctx.model.d_model
     tokens = ctx.seq_len / c * b
@@ -369,7 +472,7 @@ def layer_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any,
         mm, mla_mem = _mla_projections(ctx, t, tokens, sp)
         mem = mem + mla_mem
     else:
-        mm = matmul_time(ctx, tokens, h, q + 2 * kv) + matmul_time(ctx, tokens, q, h)
+        mm = linear(ctx, tokens, h, q + 2 * kv) + linear(ctx, tokens, q, h)
         mem = mem + 2 * ab * tokens * (q + 2 * kv) + 2 * ab * tokens * q  # QKV in, attn out
     if moe:
         e, k_top = model.n_experts, model.top_k
@@ -379,24 +482,26 @@ def layer_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any,
         share = expert_tp / t  # of the tp group's routed rows, what one etp group runs
         rows = tokens * k_top * ep / e * share * load / active  # per expert that runs
         local = e / ep * active  # experts that run
-        mm = mm + matmul_time(ctx, tokens, h, e)
-        mm = mm + local * (matmul_time(ctx, rows, h, n_in * f) + matmul_time(ctx, rows, f, h))
+        experts_fp8 = ctx.fp8 is not None and ctx.fp8.experts_fp8
+        mm = mm + linear(ctx, tokens, h, e, fp8=False)
+        mm = mm + local * (linear(ctx, rows, h, n_in * f, fp8=experts_fp8)
+                           + linear(ctx, rows, f, h, fp8=experts_fp8))
         f_shared = model.expert_d_ff / t
         if model.n_shared_experts:
-            mm = mm + model.n_shared_experts * (matmul_time(ctx, tokens, h, n_in * f_shared)
-                                                + matmul_time(ctx, tokens, f_shared, h))
+            mm = mm + model.n_shared_experts * (linear(ctx, tokens, h, n_in * f_shared)
+                                                + linear(ctx, tokens, f_shared, h))
         routed = tokens * k_top * share
         permute = 4 * ab * routed * h  # into and out of expert order
         # the MLP activation's rows: routed copies at f, shared experts' at f_shared
         mlp_elements = routed * load * f + model.n_shared_experts * tokens * f_shared
         # op-sac runs each running expert's (and shared expert's) third matmul again
-        sac_mm = (local * matmul_time(ctx, rows, h, f)
-                  + model.n_shared_experts * matmul_time(ctx, tokens, h, f_shared))
+        sac_mm = (local * linear(ctx, rows, h, f, fp8=experts_fp8).fwd
+                  + model.n_shared_experts * linear(ctx, tokens, h, f_shared).fwd)
     else:
         f = model.d_ff / t
-        mm = mm + matmul_time(ctx, tokens, h, n_in * f) + matmul_time(ctx, tokens, f, h)
+        mm = mm + linear(ctx, tokens, h, n_in * f) + linear(ctx, tokens, f, h)
         permute, mlp_elements = 0.0, tokens * f
-        sac_mm = matmul_time(ctx, tokens, h, f)
+        sac_mm = linear(ctx, tokens, h, f).fwd
     if ctx.traffic is None:  # fused kernels: the bytes each kernel above moves
         mem_f = mem + (n_in + 1) * ab * mlp_elements + permute
         mem_b = 2 * mem_f
@@ -405,18 +510,20 @@ def layer_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any,
         scale = ab / 2  # the tables are bf16 bytes
         mem_f = scale * (fh * replicated + fqk * tokens * (q + kv) + ff * mlp_elements) + permute
         mem_b = scale * (bh * replicated + bqk * tokens * (q + kv) + bf * mlp_elements) + permute
+    mem_f, mem_b = mem_f + mm.cast_fwd, mem_b + mm.cast_bwd  # FP8 quantisation (0 in bf16)
     attn_fwd, attn_bwd = _attention_core(ctx, t, c, b)
     ops_fwd, ops_bwd = host_ops(ctx, t, c, sp, moe, ep)
-    fwd = _with_host(ctx, mm + attn_fwd + memory_time(ctx, mem_f), ops_fwd)
-    bwd = _with_host(ctx, 2 * mm + attn_bwd + memory_time(ctx, mem_b), ops_bwd)
+    fwd = _with_host(ctx, mm.fwd + attn_fwd + memory_time(ctx, mem_f), ops_fwd)
+    bwd = _with_host(ctx, mm.dgrad + mm.wgrad + attn_bwd + memory_time(ctx, mem_b), ops_bwd)
     # recompute before the backward: selective the attention core, full the whole forward,
     # op-sac (torchtitan) what it does not save: wo, the third MLP matmul and every
     # memory-bound op (`arch.ModelSpec.op_sac_recomputed_flops`)
-    out_proj = matmul_time(ctx, tokens, model.n_heads / t * model.value_head_dim, h)
+    out_proj = linear(ctx, tokens, model.n_heads / t * model.value_head_dim, h).fwd
     op_sac = out_proj + sac_mm + memory_time(ctx, mem_f)
     recompute = np.where(rc == 2, fwd, np.where(rc == 1, attn_fwd,
                                                 np.where(rc == 3, op_sac, 0.0)))
-    return LayerCost(fwd, bwd, mm, recompute, attn_fwd, attn_bwd)
+    return LayerCost(fwd, bwd, mm.wgrad, recompute, attn_fwd, attn_bwd,
+                     mm.weights + 0.0 * fwd)
 
 
 def _with_host(ctx: ComputeContext, device: Any, ops: Any) -> Any:
@@ -431,22 +538,24 @@ def _with_host(ctx: ComputeContext, device: Any, ops: Any) -> Any:
 
 def head_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any) -> tuple[Any, Any, Any]:
     """(forward, backward, weight-grad) seconds of the final norm, the vocabulary-parallel LM
-    head `(T × h)·(h × V/t)` and the fp32 cross-entropy over `T·V/t` logits: bytes per logit
+    head `(T × h)·(h × V/t)` (FP8 when the recipe quantises it, `Fp8Recipe.head_fp8`) and the
+    fp32 cross-entropy over `T·V/t` logits: bytes per logit
     fused (Megatron's vocab-parallel kernel: read the logits, write fp32 probabilities)
     `ab + 12`, backward `ab + 4`; eager (`F.cross_entropy(logits.float())`, counted on CPU:
     18 and 26 at bf16) `ab + 16`, `ab + 24`; compiled (one fused pass each way) `2·ab`."""
     model, ab, h = ctx.model, ctx.act_bytes, ctx.model.d_model
     tokens = ctx.seq_len / c * b
     vocab = model.vocab / t
-    mm = matmul_time(ctx, tokens, h, vocab)
+    mm = linear(ctx, tokens, h, vocab, fp8=ctx.fp8 is not None and ctx.fp8.head_fp8)
     norm = 4 * ab * tokens * h / np.where(sp, t, 1)
     per_logit = {"fused": (ab + 12, ab + 4), "eager": (ab + 16, ab + 24),
                  "compiled": (2 * ab, 2 * ab)}[ctx.kernels]
-    fwd = mm + memory_time(ctx, norm + per_logit[0] * tokens * vocab)
-    bwd = 2 * mm + memory_time(ctx, 2 * norm + per_logit[1] * tokens * vocab)
+    fwd = mm.fwd + memory_time(ctx, norm + per_logit[0] * tokens * vocab + mm.cast_fwd)
+    bwd = (mm.dgrad + mm.wgrad
+           + memory_time(ctx, 2 * norm + per_logit[1] * tokens * vocab + mm.cast_bwd))
     ops = _OPS_HEAD / 3 if ctx.calibration.op_count == "runtime" else 4
     overhead = host_overhead(ctx, ops)
-    return fwd + overhead, bwd + 2 * overhead, mm
+    return fwd + overhead, bwd + 2 * overhead, mm.wgrad
 
 
 def host_ops(ctx: ComputeContext, t: Any, c: Any, sp: Any, moe: bool = False, ep: Any = 1

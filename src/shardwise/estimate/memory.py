@@ -26,7 +26,9 @@ import shardwise.validate as validate
 from shardwise.arch import ModelSpec, count_params
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import dp_step_comm_bytes
+from shardwise.estimate.offload import offload_state
 from shardwise.estimate.profiles import fused_attention, layer_bytes, saved_tensors
+from shardwise.fp8 import Fp8Recipe
 from shardwise.layout import (
     RECOMPUTE,
     Layout,
@@ -46,6 +48,7 @@ __all__ = [
     "activation_bytes_per_layer",
     "bytes_per_param_training",
     "count_params",
+    "fp8_linear_params",
     "in_flight_per_stage",
     "korthikanti_activation_bytes",
     "kv_cache_bytes_per_token",
@@ -241,7 +244,7 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any 
                                recompute: Any = "none", flash: bool = False,
                                dtype: str = "bf16", formula: str = "generalised",
                                moe: bool | None = None, impl: str = "shardwise",
-                               etp: Any = 0, a2a: Any = 1) -> Any:
+                               etp: Any = 0, a2a: Any = 1, fp8_inputs: float = 0.0) -> Any:
     """Bytes one layer keeps for backward per micro-batch, per rank.
 
     `formula="korthikanti"`: the paper's closed form (see `korthikanti_activation_bytes`, which
@@ -249,7 +252,9 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any 
     saved tensors of implementation profile `impl` (`estimate.profiles`; "shardwise", the
     default, is `saved_tensors_per_layer`, SPEC §3). Full recompute keeps only the layer
     input `s·b·h·bytes` (÷t with SP). Context parallelism divides by `c` (Ulysses, `a2a` > 1:
-    the attention output twice, `saved_tensors_per_layer`).
+    the attention output twice, `saved_tensors_per_layer`). `fp8_inputs`: the bytes per
+    element of the linear inputs an FP8 recipe saves (`fp8.Fp8Recipe.saved_input_bytes`; 0:
+    bf16).
 
     `tp`, `cp`, `micro_batch`, `sp`, `a2a` and `recompute` may be NumPy arrays (`recompute`
     then holds codes: 0 none, 1 selective, 2 full, 3 op-sac) for the planner's vectorised
@@ -270,7 +275,8 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any 
     return layer_bytes(impl, model, seq_len, micro_batch, tp=tp, sp=sp, cp=cp, flash=flash,
                        selective=selective, full=full, op_sac=op_sac,
                        dtype_bytes_=dtype_bytes(dtype),
-                       moe=model.is_moe if moe is None else moe, etp=etp, a2a=a2a)
+                       moe=model.is_moe if moe is None else moe, etp=etp, a2a=a2a,
+                       fp8_inputs=fp8_inputs)
 
 
 # ------------------------------------------------------------------------------ §4 per GPU
@@ -304,8 +310,10 @@ TRANSIENTS = ("loss buffer", "attention workspace", "ZeRO-3 gather", "gradient b
 class MemoryBreakdown:
     """Bytes on one GPU of one pipeline stage.
 
-    `total` is what the stage holds across the step (state, the in-flight activations, the last
-    stage's fp32 logits, ZeRO-3's two gathered layers): the planner's fit figure. `transients`
+    `total` is what the stage holds across the step (state, an FP8 recipe's weight copies and
+    scaling state (`fp8`), the in-flight activations, the last stage's fp32 logits, ZeRO-3's
+    two gathered layers): the planner's fit figure; `host` is what offload keeps in host
+    memory instead (`estimate.offload`). `transients`
     are buffers that live only for a moment, `(name, bytes)` in `TRANSIENTS` order:
 
         loss buffer          last stage: the loss's fp32 softmax / gradient buffer, one
@@ -338,6 +346,8 @@ class MemoryBreakdown:
     workspace: float = 0.0
     in_flight: int = 0
     transients: tuple[tuple[str, float], ...] = ()
+    fp8: float = 0.0  # an FP8 recipe's held weight copies and scaling state
+    host: float = 0.0  # offloaded state in host memory (not in `total`)
 
     @property
     def state(self) -> float:
@@ -345,7 +355,7 @@ class MemoryBreakdown:
 
     @property
     def total(self) -> float:
-        return self.state + self.activations + self.logits + self.workspace
+        return self.state + self.fp8 + self.activations + self.logits + self.workspace
 
     def _peak_parts(self) -> dict[str, float]:
         """The terms of the peak moment: state classes, activations, logits, one transient."""
@@ -354,12 +364,14 @@ class MemoryBreakdown:
         step = dict(self.transients).get("optimizer step", 0.0)
         name, transient = max(during.items(), key=lambda kv: kv[1], default=("", 0.0))
         held = {"weights": self.weights, "grads": self.grads, "optimizer": self.optimizer}
+        if self.fp8:
+            held["fp8 weights"] = self.fp8
         forward_backward = held | {"activations": self.activations, "logits": self.logits}
         if self.workspace:  # gathered during every layer's forward and backward
             forward_backward["ZeRO-3 gather"] = self.workspace
         if name:
             forward_backward[name] = transient
-        if self.state + step > sum(forward_backward.values()):
+        if sum(held.values()) + step > sum(forward_backward.values()):
             return held | {"optimizer step": step}
         return forward_backward
 
@@ -383,8 +395,8 @@ class MemoryBreakdown:
 
     def as_dict(self) -> dict[str, float]:
         return {"weights": self.weights, "grads": self.grads, "optimizer": self.optimizer,
-                "activations": self.activations, "logits": self.logits,
-                "workspace": self.workspace, "total": self.total}
+                "fp8": self.fp8, "activations": self.activations, "logits": self.logits,
+                "workspace": self.workspace, "total": self.total, "host": self.host}
 
     def peak_dict(self) -> dict[str, object]:
         """`peak`, `peak_term`, `peak_transient` and every transient, for JSON."""
@@ -451,6 +463,26 @@ def layer_params(model: ModelSpec, tp: Any, ep: Any, etp: Any = 0) -> tuple[Any,
     return dense_layer, moe_layer, expert_layer
 
 
+def fp8_linear_params(model: ModelSpec, recipe: Fp8Recipe, tp: Any, ep: Any, etp: Any = 0
+                      ) -> tuple[Any, Any, Any, Any]:
+    """Per rank, what an FP8 recipe quantises: (weights of a dense layer's linear layers, of an
+    MoE layer's, FP8 GEMMs of a dense layer, of an MoE layer). The linear layers are
+    `layer_params` without the norms and the router (bf16 in both frameworks); routed experts
+    count when the recipe runs them in FP8 (`Fp8Recipe.experts_fp8`: Transformer Engine's
+    grouped GEMMs, one FP8 GEMM per local expert and projection). GEMMs: QKV and out-proj
+    (MLA: q or q-down and q-up, kv-down, kv-up, out-proj), fc1 and fc2."""
+    dense_layer, moe_layer, expert_layer = layer_params(model, tp, ep, etp)
+    norms = 2 * model.norm_params() + model.latent_norm_params()
+    attention_gemms = ((5 if model.q_lora_rank else 4) if model.is_mla else 2)
+    dense = dense_layer - norms
+    moe = moe_layer - norms - model.router_params()
+    moe_gemms = attention_gemms + 2 * model.n_shared_experts
+    if recipe.experts_fp8 and model.is_moe:
+        moe = moe + expert_layer
+        moe_gemms = moe_gemms + 2 * model.n_experts / ep
+    return dense, moe, attention_gemms + 2, moe_gemms
+
+
 def stage_param_counts(model: ModelSpec, *, tp: Any, pp: Any, ep: Any, chunks: Any,
                        stage: Any, partition: Partition = (), etp: Any = 0,
                        last: Any = None
@@ -485,10 +517,11 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
                  dp: Any, zero: Any, zero_group: Any, sp: Any, schedule: Any, chunks: Any,
                  recompute: Any, micro_batch: Any, m: Any, stage: Any,
                  act: dict[str, Any] | None = None, formula: str = "generalised",
-                 partition: Partition = (), etp: Any = 0, cp_kind: Any = 0, ulysses: Any = 0
+                 partition: Partition = (), etp: Any = 0, cp_kind: Any = 0, ulysses: Any = 0,
+                 generation: str = "hopper"
                  ) -> dict[str, Any]:
     """Bytes on one GPU of pipeline `stage` (SPEC §4), for one layout or arrays of layouts:
-    weights, grads, optimizer, activations, logits, workspace, in_flight and total.
+    weights, grads, optimizer, fp8, activations, logits, workspace, in_flight, total and host.
 
     Parameters: `stage_param_counts`. ZeRO divides each state class by `dp·cp` (or the hybrid
     shard group) per stage, expert state by the expert-data-parallel group `tp·dp·cp/(etp·ep)`
@@ -500,8 +533,17 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
     workspace of two gathered layers (the one in use and the prefetched one). `act` may carry
     the per-layer activation bytes (`{"dense": …, "moe": …}`) already evaluated (for the
     layouts' `cp_kind` and `ulysses`: `layout.ulysses_degree`).
+
+    With an FP8 recipe (`TrainSpec.fp8`, `shardwise.fp8`) the state classes are bf16 mixed
+    precision's; `fp8` adds the held FP8 weight copies (`Fp8Recipe.weight_copy_bytes` on the
+    accelerator `generation`, e.g. "hopper": with transposes) of the stage's FP8 linear
+    layers (`fp8_linear_params`; the LM head when the recipe quantises it) and their scaling
+    state; the linear inputs are saved at the recipe's width (`fp8_inputs` of
+    `activation_bytes_per_layer`). With host offload (`TrainSpec.offload`) the offloaded
+    state leaves the GPU for `host` (`estimate.offload.offload_state`).
     """
     state = bytes_per_param_training(train.dtype, train.grad_dtype, train.optimizer)
+    recipe = train.stack.fp8_recipe(train.fp8) if train.fp8 else None
     ab = dtype_bytes(train.dtype)
     s, h = train.seq_len, model.d_model
     if act is None:
@@ -509,7 +551,8 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
             return activation_bytes_per_layer(
                 model, s, micro_batch, tp=tp, sp=sp, cp=cp, recompute=recompute,
                 flash=train.flash_attention, dtype=train.dtype, formula=formula, moe=moe,
-                impl=train.profile, etp=etp, a2a=ulysses_degree(cp, cp_kind, ulysses))
+                impl=train.profile, etp=etp, a2a=ulysses_degree(cp, cp_kind, ulysses),
+                fp8_inputs=recipe.saved_input_bytes() if recipe else 0.0)
         act = {"dense": per_layer(False), "moe": per_layer(True) if model.is_moe else 0.0}
     zero_n = np.where(zero_group > 0, zero_group, dp * cp)
     last_stage = select(schedule, lambda info: info.last_stage(pp))  # head, loss, logits
@@ -537,10 +580,23 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
     dense_layer, moe_layer, expert_layer = layer_params(model, tp, ep, etp)
     workspace = np.where(zero == 3, 2 * np.maximum(dense_layer, moe_layer + expert_layer)
                          * state.weight, 0.0)
-    parts = {"weights": w + we, "grads": g + ge, "optimizer": o + oe,
-             "activations": activations, "logits": logits, "workspace": workspace}
-    parts["total"] = (parts["weights"] + parts["grads"] + parts["optimizer"] + activations
-                      + logits + workspace)
+    fp8 = 0.0 * zero
+    if recipe is not None:
+        lin_dense, lin_moe, gemm_dense, gemm_moe = fp8_linear_params(model, recipe, tp, ep, etp)
+        weights_fp8 = (layers - moe_layers) * lin_dense + moe_layers * lin_moe
+        if recipe.head_fp8:
+            weights_fp8 = weights_fp8 + np.where(last, model.vocab * h / tp, 0.0)
+        copy = np.where(zero == 3, recipe.weight_copy_bytes(generation, fsdp=True),
+                        recipe.weight_copy_bytes(generation))
+        fp8 = (copy * weights_fp8 + recipe.scaling_state_bytes()
+               * ((layers - moe_layers) * gemm_dense + moe_layers * gemm_moe))
+    held = offload_state(train.offload, train.offload_fraction, w + we, g + ge, o + oe,
+                         state.optimizer)
+    parts = {"weights": held["weights"], "grads": held["grads"],
+             "optimizer": held["optimizer"], "fp8": fp8, "activations": activations,
+             "logits": logits, "workspace": workspace, "host": held["host"]}
+    parts["total"] = (parts["weights"] + parts["grads"] + parts["optimizer"] + fp8
+                      + activations + logits + workspace)
     # Transient buffers (see `MemoryBreakdown`): they set the peak, not the held total.
     dq = sb * model.q_dim * 4 / tp  # FlashAttention-2's fp32 dq accumulator (a·d: h, or MLA's)
     stepped = parts["optimizer"] / state.optimizer if state.optimizer else 0.0
@@ -559,6 +615,7 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
 
 def peak_stage_memory(model: ModelSpec, train: TrainSpec, *, pp: Any, stages: Any = None,
                       **layout: Any) -> dict[str, Any]:
+    # `layout`: `stage_memory`'s keyword arguments (the layout's codes, `generation`, …)
     """`stage_memory` of the stage with the largest total, per layout (arrays). Dense models
     peak on the first, the second or the last stage (stage 0 holds the most in flight and the
     embedding, the last the head and the logits; with the balanced uneven default, stage 1
@@ -583,20 +640,24 @@ def peak_stage_memory(model: ModelSpec, train: TrainSpec, *, pp: Any, stages: An
 
 
 def training_memory_per_gpu(model: ModelSpec, layout: Layout, train: TrainSpec | None = None,
-                            *, formula: str = "generalised") -> list[MemoryBreakdown]:
+                            *, formula: str = "generalised", generation: str = "hopper"
+                            ) -> list[MemoryBreakdown]:
     """Per-GPU memory of every pipeline stage for `layout` training `model` (SPEC §4): see
-    `stage_memory`, which this evaluates for each stage of one layout."""
+    `stage_memory`, which this evaluates for each stage of one layout (`generation`: the
+    accelerator's, for an FP8 recipe's weight copies)."""
     train = (train or TrainSpec()).validate()
     layout.validate(model, train=train)
     codes = layout.codes() | {"m": layout.microbatches(train), "partition": layout.partition}
     stages = []
     for stage in range(layout.pp):
-        parts = stage_memory(model, train, **codes, stage=stage, formula=formula)
+        parts = stage_memory(model, train, **codes, stage=stage, formula=formula,
+                             generation=generation)
         stages.append(MemoryBreakdown(
             stage, len(stage_layers(model, layout, stage)), float(parts["weights"]),
             float(parts["grads"]), float(parts["optimizer"]), float(parts["activations"]),
             float(parts["logits"]), float(parts["workspace"]), int(parts["in_flight"]),
-            tuple((name, float(parts[name])) for name in TRANSIENTS)))
+            tuple((name, float(parts[name])) for name in TRANSIENTS),
+            fp8=float(parts["fp8"]), host=float(parts["host"])))
     return stages
 
 

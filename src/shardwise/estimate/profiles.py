@@ -85,8 +85,9 @@ from shardwise.arch import ModelSpec
 from shardwise.errors import ShardwiseError
 from shardwise.placement import expert_tp_degree
 
-__all__ = ["DEFAULT_IMPL", "PROFILES", "Profile", "by_component", "component", "fused_attention",
-           "get_profile", "layer_bytes", "op_sac_saved", "profile_names", "saved_tensors"]
+__all__ = ["DEFAULT_IMPL", "FP8_SAVED_INPUTS", "PROFILES", "Profile", "by_component", "component",
+           "fp8_saved_delta", "fused_attention", "get_profile", "layer_bytes", "op_sac_saved",
+           "profile_names", "saved_tensors"]
 
 
 @dataclass(frozen=True)
@@ -389,17 +390,50 @@ def op_sac_saved(model: ModelSpec, seq_len: int, micro_batch: Any, *, tp: Any = 
     return out
 
 
+# The saved tensors a Transformer Engine linear layer keeps as its FP8 input copy under an FP8
+# recipe (`fp8.Fp8Recipe.saves_fp8_inputs`): the fused-norm outputs of QKV and fc1
+# (LayerNormLinear's ln_out), fc2's input, MLA's normed latents (their up-projections'
+# ln_out), the experts' grouped-GEMM inputs. An MoE layer's `mlp_input` stays bf16 (its
+# router keeps it); MLA's norm output feeds two down-projections, each saving its own copy.
+FP8_SAVED_INPUTS = ("qkv_input", "mlp_input", "mlp_down_input", "q_latent_normed",
+                    "kv_latent_normed", "expert_inputs", "expert_down_input",
+                    "shared_down_input")
+
+
+def fp8_saved_delta(saved: dict[str, Any], model: ModelSpec, fused: bool, fp8_inputs: float,
+                    dtype_bytes_: float, moe: bool) -> Any:
+    """Bytes an FP8 recipe that saves linear inputs at `fp8_inputs` bytes per element adds to
+    `saved` (negative: saves): each `FP8_SAVED_INPUTS` tensor at `fp8_inputs` instead of
+    `dtype_bytes_`; the attention output, which a fused attention kernel keeps in bf16 for
+    its own backward, gains the out-projection's FP8 copy beside it."""
+    per = fp8_inputs / dtype_bytes_
+    delta = 0.0
+    for name in FP8_SAVED_INPUTS:
+        if name not in saved or (moe and name == "mlp_input"):
+            continue
+        copies = 2 if (model.is_mla and name == "qkv_input") else 1
+        delta = delta + saved[name] * (copies * per - 1)
+    if "attention_output" in saved:
+        delta = delta + saved["attention_output"] * (per if fused else per - 1)
+    return delta
+
+
 def layer_bytes(profile: Profile | str, model: ModelSpec, seq_len: int, micro_batch: Any, *,
                 tp: Any = 1, sp: Any = False, cp: Any = 1, flash: bool = False,
                 selective: Any = False, full: Any = False, op_sac: Any = False,
-                dtype_bytes_: float = 2, moe: bool = False, etp: Any = 0, a2a: Any = 1) -> Any:
+                dtype_bytes_: float = 2, moe: bool = False, etp: Any = 0, a2a: Any = 1,
+                fp8_inputs: float = 0.0) -> Any:
     """Sum of `saved_tensors`; under full recompute (`full`, scalar or boolean array) the
     layer input only, `s/c·b·h·bytes` (÷t with SP) — every profile checkpoints the layer;
-    under per-op SAC (`op_sac`) what `op_sac_saved` keeps."""
+    under per-op SAC (`op_sac`) what `op_sac_saved` keeps. `fp8_inputs` > 0: an FP8 recipe
+    keeps the linear inputs at that many bytes per element (`fp8_saved_delta`)."""
     saved = saved_tensors(profile, model, seq_len, micro_batch, tp=tp, sp=sp, cp=cp,
                           flash=flash, selective=selective, dtype_bytes_=dtype_bytes_, moe=moe,
                           etp=etp, a2a=a2a)
     total = sum(saved.values())
+    if fp8_inputs:
+        total = total + fp8_saved_delta(saved, model, fused_attention(profile, flash),
+                                        fp8_inputs, dtype_bytes_, moe)
     if not _is_false(op_sac):
         sac = sum(op_sac_saved(model, seq_len, micro_batch, tp=tp, sp=sp, cp=cp,
                                dtype_bytes_=dtype_bytes_, moe=moe).values())

@@ -63,7 +63,13 @@ All per rank, on the pipeline's critical path, for `m` micro-batches:
   nodes are hierarchical (inside the node on NVLink, across on the inter-node link).
 * **optimizer** — memory-bound step over the parameters this rank updates; on the "this
   machine" preset also the host cost of the runtime's ops per parameter tensor
-  (`compute.optimizer_host_ops`).
+  (`compute.optimizer_host_ops`). With host offload (`TrainSpec.offload`) the offloaded
+  share steps on the CPU instead, with its gradient and weight copies over the host link
+  (`offload.offload_step`); parameter offload's per-layer copies join the ZeRO-3 gathers and
+  reduce-scatters.
+* **FP8** (`TrainSpec.fp8`) — the layers' GEMMs and casts are in `compute`; `compute` also
+  holds the recipe's weight casts once per step (per micro-batch under ZeRO-3), and the TP
+  term current scaling's amax all-reduces under sequence parallelism.
 
 Ranks are placed tp fastest, then cp, dp (ep inside dp·cp), pp (Megatron-LM's order; one rule
 for estimate and runtime in `shardwise.placement`), so the tp group is inside a node, the dp×cp
@@ -97,10 +103,12 @@ from shardwise.estimate.compute import (
     head_cost,
     host_overhead,
     layer_cost,
+    memory_time,
     optimizer_host_ops,
     optimizer_time,
 )
 from shardwise.estimate.memory import bytes_per_param_training, stage_param_counts
+from shardwise.estimate.offload import host_link, offload_step
 from shardwise.estimate.uncertainty import Uncertainty, uncertainty
 from shardwise.hardware import Cluster
 from shardwise.layout import Layout, Partition, TrainSpec, stage_extremes, ulysses_degree
@@ -148,12 +156,18 @@ class Links:
     gpus_per_node: int
     # measured fixed cost of one call per "op/ranks" (`Calibration.collective_call`)
     call: tuple[tuple[str, float], ...] = ()
+    # the accelerator's host link (`Accelerator.host`, calibrated): offload's copies
+    host_bw: float = 0.0
+    host_lat: float = 0.0
+    host: str = ""
 
     @classmethod
     def of(cls, cluster: Cluster, cal: Calibration) -> Links:
         intra, inter = cal.link(cluster.intra), cal.link(cluster.inter)
+        host = cal.link(host_link(cluster.accelerator))
         return cls(intra.bandwidth, intra.latency, inter.bandwidth, inter.latency,
-                   cluster.gpus_per_node, tuple(sorted(cal.collective_call.items())))
+                   cluster.gpus_per_node, tuple(sorted(cal.collective_call.items())),
+                   host.bandwidth, host.latency, host.name)
 
 
 def _ring(rounds_per_rank: Any, size: Any, n: Any, bw: float, lat: float) -> Any:
@@ -267,6 +281,11 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     state = bytes_per_param_training(train.dtype, train.grad_dtype, train.optimizer)
     wb, gb_ = state.weight, state.grad
     full = rc == RC_CODES["full"]
+    offload = settings.stack.offload_support(train.offload)
+
+    def host_copy(n_bytes: Any) -> Any:
+        """One host↔device copy of `n_bytes` (numbers or arrays) on the host link."""
+        return np.where(n_bytes > 0, links.host_lat + n_bytes / max(links.host_bw, 1e-30), 0.0)
 
     def on_node(axis: str) -> Any:
         """Members of one `axis` group on a node (`placement`, the runtime's rank order)."""
@@ -323,8 +342,15 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     # Megatron (not charged), between them in shardwise's runtime (`impl` "shardwise")
     ag = group_collective_time("all-gather", activation, t, on_node("tp"), links)
     regather = np.where((sp == 1) & (t > 1) & (train.impl == "shardwise"), 2 * ag, 0.0)
-    tp_f = layers * tp_f1
-    tp_b = layers * (tp_b1 + regather)
+    # FP8 current scaling under SP: each column-parallel input (QKV, fc1) and row-parallel
+    # output gradient (out-proj, fc2) all-reduces its amax over the tp group before the cast
+    # (TE module/linear.py `set_quantizer_amax_reduction_group`): 2 scalars each way
+    amax = 0.0 * t
+    if ctx.fp8 is not None and ctx.fp8.amax_reduction_tp:
+        amax = np.where((sp == 1) & (t > 1), 2 * group_collective_time(
+            "all-reduce", 4.0, t, on_node("tp"), links), 0.0)
+    tp_f = layers * (tp_f1 + amax)
+    tp_b = layers * (tp_b1 + regather + amax)
     # head: the input-gradient all-reduce backward; embedding (pp = 1): its output all-reduce;
     # the vocabulary-parallel cross-entropy: 3 all-reduces of one fp32 per token (the logits'
     # max, the target logit, the sum of exponentials; Megatron's `_VocabParallelCrossEntropy`)
@@ -409,10 +435,15 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
         ag_exposed = np.maximum(ag / ag_buckets, ag - window_f)
         reductions = np.where(zero == 2, m, 1)
         z12 = reductions * rs_exposed + np.where(across > 1, xr_exposed, 0.0) + ag_exposed
-        # stage 3: per-layer gathers (forward, backward) and reduce-scatters, prefetched
+        # stage 3: per-layer gathers (forward, backward) and reduce-scatters, prefetched;
+        # parameter offload copies each layer's shard to the GPU before its gather and its
+        # gradient shard back after the reduce-scatter, on the same streams
         units = np.maximum(layers, 1.0)
         ag_u = group_collective_time("all-gather", weights / units, grp, grp_in, links)
         rs_u = group_collective_time("reduce-scatter", grads / units, grp, grp_in, links)
+        if offload is not None and offload.kind == "params":
+            ag_u = ag_u + host_copy(weights / units / grp)
+            rs_u = rs_u + host_copy(grads / units / grp)
         fwd_u, bwd_u = big_f / units, big_b / units
         z3_mb = (units * np.maximum(0.0, ag_u - fwd_u) + ag_u
                  + units * np.maximum(0.0, ag_u + rs_u - bwd_u) + rs_u)
@@ -432,15 +463,30 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     # --overlap-grad-reduce / --overlap-param-gather every byte is on the critical path.
     dp_exposed = np.where(settings.dp_overlapped(zero), dp_exposed + kappa * dp_busy, dp_total)
 
-    # ---- optimizer step over the parameters this rank updates
+    # ---- optimizer step over the parameters this rank updates (offloaded: on the CPU)
     opt_dense = dense_params / np.where(zero >= 1, group, 1)
     opt_expert = expert_params / np.where(zero >= 1, np.maximum(group / shift, 1), 1)
-    optimizer = (optimizer_time(ctx, opt_dense + opt_expert, gb_, wb, state.master,
-                                state.moments)
+    on_host = 0.0 if offload is None else (1.0 if offload.kind == "params"
+                                           else train.offload_fraction)
+    optimizer = (optimizer_time(ctx, (opt_dense + opt_expert) * (1 - on_host), gb_, wb,
+                                state.master, state.moments)
                  + host_overhead(ctx, optimizer_host_ops(ctx, n_dense, n_moe, e, single))
                  + small_calls(links, "all-reduce", t * p * c * dp, 2))
+    if offload is not None:
+        optimizer = optimizer + offload_step(
+            offload, (opt_dense + opt_expert) * on_host, gb_, wb, np.where(zero == 2, m, 1),
+            window_b, settings.dp_overlapped(zero), host_copy, gpn, links.host)
 
-    compute = m * (f_crit + b_crit)
+    # ---- FP8 weight casts once per step (Transformer Engine caches them over the
+    # micro-batches; under ZeRO-3 it casts every micro-batch's gathered weights)
+    fp8_casts = 0.0 * t
+    if ctx.fp8 is not None:
+        per_cast = ctx.fp8.cast_bytes(ctx.generation).weight_step
+        fp8_weights = n_dense * dense.fp8_weights + (
+            n_moe * costs["moe"].fp8_weights if model.n_moe_layers else 0.0)
+        fp8_casts = memory_time(ctx, per_cast * fp8_weights * np.where(zero == 3, m, 1))
+
+    compute = m * (f_crit + b_crit) + fp8_casts
     tp_comm = m * tp_crit
     cp_comm = m * (cp_f + cp_b)
     ep_comm = m * (ep_f + ep_b)

@@ -7,6 +7,7 @@ from shardwise.errors import LayoutError, ShardwiseError
 from shardwise.estimate.memory import (
     training_memory_per_gpu,
 )
+from shardwise.estimate.uncertainty import generation
 from shardwise.hardware import Cluster
 from shardwise.layout import Layout, TrainSpec
 from shardwise.plan.space import DEFAULT_HEADROOM, _divisors
@@ -26,6 +27,7 @@ def choose_parallelism(model: ModelSpec, cluster: Cluster, train: TrainSpec, *,
        MoE (the most experts per replica group that divides dp·cp).
     """
     budget = cluster.accelerator.memory_bytes * headroom
+    gen = generation(cluster.accelerator.calibration_name)
     n = cluster.n_gpus
     tps = [t for t in _divisors(min(8, cluster.gpus_per_node)) if model.n_heads % t == 0
            and (model.n_kv_heads % t == 0 or t % model.n_kv_heads == 0)
@@ -49,7 +51,8 @@ def choose_parallelism(model: ModelSpec, cluster: Cluster, train: TrainSpec, *,
                     layout.validate(model, cluster, train)
                 except LayoutError:
                     continue
-                peak = max(s.total for s in training_memory_per_gpu(model, layout, train))
+                peak = max(s.total for s in training_memory_per_gpu(
+                    model, layout, train, generation=gen))
                 tried.append((peak, layout))
                 if peak <= budget:
                     return layout

@@ -23,6 +23,7 @@ from shardwise.estimate.step import (
     flops_per_token,
     step_terms,
 )
+from shardwise.estimate.uncertainty import generation
 from shardwise.hardware import Cluster
 from shardwise.layout import CP_KINDS, Balanced, Layout, Partition, TrainSpec, ulysses_degree
 from shardwise.plan.results import PlanEntry
@@ -87,7 +88,8 @@ def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
             model, train.seq_len, small["micro_batch"], tp=small["tp"], sp=small["sp"],
             cp=small["cp"], recompute=small["recompute"], flash=train.flash_attention,
             dtype=train.dtype, moe=moe, impl=train.profile, etp=small["etp"],
-            a2a=small["a2a"])
+            a2a=small["a2a"],
+            fp8_inputs=ctx.fp8.saved_input_bytes() if ctx.fp8 else 0.0)
 
     act = {"dense": per_layer(False), "moe": per_layer(True) if model.is_moe else 0.0}
     index = inverse * 2 * n_rc + cand["sp"] * n_rc + cand["recompute"]
@@ -110,7 +112,8 @@ def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
     terms.update(finish(terms, model_flops, hw, tokens, cluster.n_gpus, ctx.peak,
                         flops_per_token(model, train.seq_len, causal=True)[0]))
     memory = peak_stage_memory(model, train, **{k: cand[k] for k in _STEP_KEYS},
-                               act={k: gather(v) for k, v in act.items()}, partition=partition)
+                               act={k: gather(v) for k, v in act.items()}, partition=partition,
+                               generation=ctx.generation)
     terms["memory"] = memory["total"]
     terms["memory_parts"] = memory
     return terms
@@ -146,7 +149,8 @@ def evaluate_layout(model: ModelSpec, cluster: Cluster, train: TrainSpec, layout
                     *, simulate: bool = True) -> PlanEntry:
     """One layout, evaluated with the scalar model (its bubble from the simulator when the
     schedule is small enough to simulate quickly: `simulated`)."""
-    stages = training_memory_per_gpu(model, layout, train)
+    stages = training_memory_per_gpu(
+        model, layout, train, generation=generation(cluster.accelerator.calibration_name))
     peak = max(stages, key=lambda st: st.total)
     # equal stages: the closed forms equal it (tested); uneven: the exact bubble
     run = simulated({"pp": layout.pp, "m": layout.microbatches(train), "chunks": layout.chunks})

@@ -8,6 +8,7 @@ from typing import Any
 
 from shardwise.arch import ModelSpec
 from shardwise.estimate.memory import training_memory_per_gpu
+from shardwise.estimate.uncertainty import generation
 from shardwise.hardware import Cluster
 from shardwise.layout import RECOMPUTE_LIGHTEST_FIRST, Layout, TrainSpec
 
@@ -40,7 +41,8 @@ def fit_hints(model: ModelSpec, cluster: Cluster, train: TrainSpec, layout: Layo
     knobs where no valid value fits are left out; [] when `layout` fits already. A larger tp
     or pp keeps cp and takes its GPUs from dp; a changed pp drops an explicit partition.
     `formula`: the activation count (`training_memory_per_gpu`)."""
-    if _largest(model, train, layout, formula) <= budget:
+    gen = generation(cluster.accelerator.calibration_name)
+    if _largest(model, train, layout, formula, gen) <= budget:
         return []
     n, rest = cluster.n_gpus, layout.cp
     options: dict[str, list[Layout]] = {
@@ -57,16 +59,18 @@ def fit_hints(model: ModelSpec, cluster: Cluster, train: TrainSpec, layout: Layo
         for option in options[knob]:
             if option.problems(model, cluster, train):
                 continue
-            total = _largest(model, train, option, formula)
+            total = _largest(model, train, option, formula, gen)
             if total <= budget:
                 hints.append(FitHint(knob, getattr(option, knob), option, total, budget))
                 break
     return hints
 
 
-def _largest(model: ModelSpec, train: TrainSpec, layout: Layout, formula: str) -> float:
+def _largest(model: ModelSpec, train: TrainSpec, layout: Layout, formula: str, gen: str
+             ) -> float:
     return max(stage.total for stage in training_memory_per_gpu(model, layout, train,
-                                                                 formula=formula))
+                                                                 formula=formula,
+                                                                 generation=gen))
 
 
 def _larger_divisors(n: int, above: int) -> list[int]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -39,6 +41,10 @@ def plan(model: ModelSpec, cluster: Cluster, train: TrainSpec, top: int = 10, *,
     `layout` is given, that layout's evaluation and its rank. Raises `ShardwiseError` when no
     layout fits, saying by how much the leanest misses and what would help.
     """
+    if space is not None and space.offload:
+        return _best_offload(model, cluster, train, top, space, headroom=headroom, calib=calib,
+                             layout=layout, baseline=baseline, progress=progress,
+                             all_variants=all_variants)
     started = time.perf_counter()
     say = progress or (lambda message: None)
     model.validate()
@@ -129,3 +135,23 @@ def plan(model: ModelSpec, cluster: Cluster, train: TrainSpec, top: int = 10, *,
                       base, note, given, given_note, alternatives, simplest,
                       space.constraint.describe() if space and space.constraint else "",
                       all_variants)
+
+
+def _best_offload(model: ModelSpec, cluster: Cluster, train: TrainSpec, top: int,
+                  space: SearchSpace, **options: Any) -> PlanResult:
+    """`plan` once per host offload in `space.offload` the stack runs (`stacks.Offload`), the
+    fastest best layout kept (ties: the earlier kind, "none" first); when none fits, the
+    first kind's error."""
+    results, errors = [], []
+    for kind in space.offload or ():
+        if kind not in train.stack.offload_kinds():
+            continue
+        try:
+            results.append(plan(model, cluster, replace(train, offload=kind), top,
+                                space=replace(space, offload=None), **options))
+        except ShardwiseError as exc:
+            errors.append(exc)
+    if not results:
+        raise errors[0] if errors else ShardwiseError(
+            f"{train.stack.name} has none of the offloads {', '.join(space.offload or ())}")
+    return min(results, key=lambda r: r.best.estimate.total)

@@ -45,6 +45,9 @@ class SearchSpace:
     max_cp: int = 32
     max_micro_batch: int = 16
     constraint: Constraint | None = None  # the user's --fix / --max
+    # host offloads to compare (`stacks.OFFLOADS`; None: the run's `TrainSpec.offload` only):
+    # the search runs once per kind the stack has and keeps the fastest (`plan.search.plan`)
+    offload: tuple[str, ...] | None = None
 
     def resolve(self, model: ModelSpec, cluster: Cluster, train: TrainSpec) -> dict[str, list]:
         """Concrete value lists for this model, cluster and stack."""
@@ -70,7 +73,9 @@ class SearchSpace:
         for name in (s for s in self.schedules if s in stack.schedules() or s == "1f1b"):
             info = get_schedule(name)
             sched += [(info.code, v) for v in info.chunk_options(chunks)]
-        stages = [z for z in self.zero if z in stack.zero]
+        offload = stack.offload_support(train.offload)  # its ZeRO stages only
+        stages = [z for z in self.zero if z in stack.zero
+                  and (offload is None or z in offload.zero)]
         zero: list[tuple[int, int]] = [(z, 0) for z in stages]
         zero += [(z, g) for z in stages if z >= 1 and z in stack.zero_hybrid for g in groups]
         recompute = self.recompute or stack.recompute

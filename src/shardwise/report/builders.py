@@ -84,26 +84,35 @@ def memory_payload(spec: ModelSpec, *, gpus: int = 8, gpu: str | Accelerator = "
                    dtype: str = "bf16", grad_dtype: str | None = None, optimizer: str = "adam",
                    formula: str = "generalised", impl: str = DEFAULT_STACK,
                    headroom: float = 0.85, calibration_path: str | None = None,
-                   stack_kw: dict[str, Any] | None = None, **layout_kw: Any) -> dict[str, Any]:
+                   stack_kw: dict[str, Any] | None = None, fp8: str | None = None,
+                   offload: str = "none", offload_fraction: float = 1.0,
+                   **layout_kw: Any) -> dict[str, Any]:
     """`shardwise memory --json`: per-GPU bytes of every pipeline stage (SPEC §2–§4) against
     the budget `memory × headroom` (bytes; GB = 10^9, GiB = 2^30 when shown), with each
     stage's modelled peak and margin, what one layer saves on stack `impl` (its activation
     profile; `stack_kw`: the stack's other choices, `TrainSpec`'s compile/tp_overlap/
     dp_overlap/attention), and, when it does not fit, the smallest change of each knob that
-    would (`plan.fit.fit_hints`)."""
+    would (`plan.fit.fit_hints`). `fp8`: an FP8 recipe of the stack; `offload`,
+    `offload_fraction`: host offload (`TrainSpec`), with the host bytes per rank and per node
+    (the largest stage's × GPUs per node: an upper bound)."""
+    from shardwise.estimate.compute import fp8_on
     from shardwise.estimate.memory import saved_tensors_per_layer, training_memory_per_gpu
     from shardwise.estimate.profiles import by_component, fused_attention, get_profile
+    from shardwise.estimate.uncertainty import generation
     from shardwise.plan.fit import fit_hints
 
     cluster, _ = cluster_for(gpus, gpu, gpus_per_node, calibration_path=calibration_path)
     layout = build_layout(gpus, spec.n_layers, **layout_kw)
     batch = None if global_batch is None else parse_batch(global_batch, seq)
     train = TrainSpec(seq_len=seq, global_batch=batch, dtype=dtype, grad_dtype=grad_dtype,
-                      optimizer=optimizer, flash_attention=flash, impl=impl,
+                      optimizer=optimizer, flash_attention=flash, impl=impl, fp8=fp8,
+                      offload=offload, offload_fraction=offload_fraction,
                       **(stack_kw or {})).validate()
     layout.validate(spec, cluster, train)
     profile = train.profile
-    stages = training_memory_per_gpu(spec, layout, train, formula=formula)
+    gen = generation(cluster.accelerator.calibration_name)
+    fp8_on(train, cluster.accelerator, gen)  # the recipe runs on this GPU
+    stages = training_memory_per_gpu(spec, layout, train, formula=formula, generation=gen)
     layer = saved_tensors_per_layer(  # one (MoE, if any) layer, one micro-batch, this rank
         spec, seq, layout.micro_batch, tp=layout.tp, sp=layout.sp, cp=layout.cp,
         flash=flash, selective=layout.recompute == "selective",
@@ -124,6 +133,9 @@ def memory_payload(spec: ModelSpec, *, gpus: int = 8, gpu: str | Accelerator = "
         "layout_short": layout.short(), "gpus": gpus, "formula": formula,
         "headroom": headroom, "memory_bytes": cluster.accelerator.memory_bytes,
         "largest_stage": worst.stage,
+        "host_bytes_per_rank": max(s.host for s in stages),
+        "host_bytes_per_node": max(s.host for s in stages) * cluster.gpus_per_node,
+        "gpus_per_node": cluster.gpus_per_node,
         "largest_peak_stage": max(stages, key=lambda s: s.peak).stage,
         "impl": train.impl, "impl_title": train.stack.title,
         "stack": train.settings().to_dict(), "profile": profile,
@@ -240,21 +252,26 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str | Accelerator = "h100"
              partition: str | tuple[int, ...] | None = None,
              first_stage_layers: int | None = None, last_stage_layers: int | None = None,
              fix_text: str | None = None, max_text: str | None = None,
-             all_variants: bool = False) -> Any:
+             all_variants: bool = False, fp8: str | None = None, offload: str = "none",
+             offload_fraction: float = 1.0) -> Any:
     """Validate the plan options and search every layout (SPEC §7); returns the `PlanResult`.
     `partition` or `first_stage_layers`/`last_stage_layers` set the given layout's stages.
     `layout_text` (`tp=8,pp=2,zero=1`; dp: the GPUs the other axes leave) is evaluated too.
     `impl` names the training stack, `stack_kw` its other choices (`TrainSpec`).
     `fix_text` (`tp=8,pp=4`) and `max_text` (`tp=8`) confine the search (`--fix`, `--max`);
-    `all_variants` lists every layout instead of folding second-order variants."""
+    `all_variants` lists every layout instead of folding second-order variants. `fp8`,
+    `offload`, `offload_fraction`: `TrainSpec`'s; `offload="auto"` lets the search compare
+    the stack's offloads with none (`SearchSpace.offload`)."""
     from shardwise.calibration import load_calibration
     from shardwise.plan import Constraint, SearchSpace, plan
 
     cluster, machine_calib = cluster_for(gpus, gpu, gpus_per_node, intra, inter,
                                          calibration_path)
     batch = parse_batch(global_batch, seq)
+    auto = offload == "auto"
     train = TrainSpec(seq_len=seq, global_batch=batch, dtype=dtype, grad_dtype=grad_dtype,
-                      optimizer=optimizer, flash_attention=flash, impl=impl,
+                      optimizer=optimizer, flash_attention=flash, impl=impl, fp8=fp8,
+                      offload="none" if auto else offload, offload_fraction=offload_fraction,
                       **(stack_kw or {})).validate()
     calib = machine_calib or load_calibration(cluster.accelerator.calibration_name,
                                               calibration_path)
@@ -272,7 +289,8 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str | Accelerator = "h100"
                 spec.n_layers, given.pp, partition, first_stage_layers, last_stage_layers))
         given.validate(spec, cluster, train)
     training_budget(tokens, price)
-    space = SearchSpace(constraint=Constraint.parse(fix_text, max_text))
+    space = SearchSpace(constraint=Constraint.parse(fix_text, max_text),
+                        offload=train.stack.offload_kinds() if auto else None)
     return plan(spec, cluster, train, top, headroom=headroom, calib=calib, layout=given,
                 progress=progress, space=space, all_variants=all_variants)
 

@@ -287,7 +287,9 @@ def render_plan(result: PlanResult, console: Console, *, tokens: float | None = 
         f"{cl.accelerator.name} ({cl.nodes} nodes × {cl.gpus_per_node}, {cl.intra.name} / "
         f"{cl.inter.name}), s={tr.seq_len}, global batch {batch:,} sequences "
         f"({human_count(batch * tr.seq_len)} tokens), {tr.dtype}, "
-        f"{kernel}, "
+        + (f"FP8 {tr.fp8} GEMMs, " if tr.fp8 else "")
+        + (f"{tr.offload} offloaded to host, " if tr.offload != "none" else "")
+        + f"{kernel}, "
         f"on {tr.settings().describe()}; activations of {get_profile(tr.profile).title}; "
         f"budget {result.budget / 2**30:.1f} GiB per GPU ({result.headroom:.0%})"
         + (f"; searched only {result.constraint}." if result.constraint else "."))

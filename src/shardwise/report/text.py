@@ -45,7 +45,8 @@ def render_memory(out: dict[str, Any], console: Console) -> None:
                   + (f"activations of {out['profile_title']} (--impl {out['impl']})"
                      if out["formula"] == "generalised" else
                      f"{out['formula']} activation count"))
-    parts = ("weights", "grads", "optimizer", "activations", "logits", "workspace", "total")
+    parts = ("weights", "grads", "optimizer", *(("fp8",) if train.get("fp8") else ()),
+             "activations", "logits", "workspace", "total")
     console.print(table(
         "Per-GPU memory by pipeline stage (GB = 10^9 bytes)",
         ["stage", "layers", "in flight", *parts, "total GiB", "peak", "peak from"],
@@ -60,6 +61,16 @@ def render_memory(out: dict[str, Any], console: Console) -> None:
         kind = "MoE layer" if layer["moe"] else "layer"
         console.print(f"One {kind} saves {sum(layer['tensors'].values()) / 2**20:,.0f} MiB per "
                       f"micro-batch under --impl {layer['impl']}: {each} (MiB).")
+    if train.get("fp8"):
+        console.print(f"FP8 recipe {train['fp8']} ({out['impl']}): bf16 weights, gradients and "
+                      "optimizer state as without it; fp8 = its held FP8 weight copies and "
+                      "scaling state; linear inputs saved at its width "
+                      "(docs/concepts/fp8-offload.md).")
+    if train.get("offload", "none") != "none":
+        console.print(f"Offloaded ({train['offload']}) to host memory: "
+                      f"{gb(out['host_bytes_per_rank'])} per rank, "
+                      f"{gb(out['host_bytes_per_node'])} per node of {out['gpus_per_node']} "
+                      "GPUs (the largest stage's × GPUs per node).")
     worst = out["stages"][out["largest_stage"]]
     verdict = "[green]fits[/]" if out["fits"] else "[red]does not fit[/]"
     console.print(f"Largest stage {worst['stage']}: {gb(worst['total'])} ({gib(worst['total'])})"

@@ -1,0 +1,110 @@
+"""Host offload: the optimizer (or every sharded state class) in host memory, its step on the
+CPU, and the host↔device copies that costs (docs/concepts/fp8-offload.md).
+
+Per rank, with `P` the parameters whose optimizer state it holds (its ZeRO shard), `f` the
+offloaded share (`TrainSpec.offload_fraction`), `g`, `w` gradient and weight bytes:
+
+    optimizer offload   host: f·P·(master + moments) + f·P·4 (the fp32 gradient copy the CPU
+                        step reads: DeepSpeed's fp32 partition, Megatron's CPU param.grad)
+                        copies per step: D2H f·P·g (per micro-batch under ZeRO-2), H2D f·P·w
+    params offload      host: every sharded state class (ZeRO-3 / FSDP shards)
+                        per layer and micro-batch: H2D of the parameter shard before each of
+                        its two all-gathers, D2H of the gradient shard after the
+                        reduce-scatter — on the collectives' streams, so they join the
+                        prefetched gathers' time (`estimate.step`)
+    CPU step            f·P / (rate / GPUs per host): the host's optimizer throughput shared
+                        by the GPUs that use its CPU
+
+Exposed per step (`offload_step`), by the stack's overlap (`stacks.Offload.overlap`):
+"backward" (DeepSpeed ZeRO-Offload: gradients copied as their buckets reduce, behind the
+backward when DP traffic overlaps; the CPU step and the parameter copy after it: the step
+needs the global gradient norm first — DeepSpeed's SuperOffload blog, Fig. 2)
+`max(0, D2H − window) + CPU + H2D`; "pipelined" (Megatron's HybridDeviceOptimizer with
+`--overlap-cpu-optimizer-d2h-h2d`, per parameter group) `max(D2H, CPU, H2D)`; "none" the sum.
+Parameter offload: the CPU step only (its copies ride the gathers).
+
+Copies run over the accelerator's `host` link (PCIe or NVLink-C2C) at its calibrated share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from shardwise.errors import ShardwiseError
+from shardwise.hardware import Accelerator, Link, get_link
+from shardwise.stacks import Offload
+
+__all__ = ["CPU_OPTIMIZERS", "GPUS_PER_HOST_CPU", "cpu_step_time", "host_link", "offload_state",
+           "offload_step"]
+
+# Parameters per second one host CPU updates with Adam, fp32 master and moments:
+# DeepSpeedCPUAdam 11.6e9 parameters in 8.2 s and torch.optim.Adam in 56 s on the same host
+# (an 11.6B-parameter GPT-2 under ZeRO-Offload; deepspeedai/DeepSpeed PR #735, 2021-02-08,
+# by CPU-Adam's author). torch's fused CPU AdamW (torchtitan's default implementation
+# "fused", a vectorised kernel since torch 2.4) is taken at DeepSpeedCPUAdam's rate; Megatron's
+# HybridDeviceOptimizer builds torch.optim.AdamW with its defaults, the per-op loop on CPU
+# tensors (torch/utils/_foreach_utils.py: no foreach kernels on CPU). One 2021 dual-socket
+# Xeon host: a newer host CPU is faster — the figure is a floor, stated where it is used.
+CPU_OPTIMIZERS: dict[str, float] = {
+    "deepspeed-cpu-adam": 11.6e9 / 8.2,
+    "torch-adamw-fused": 11.6e9 / 8.2,
+    "torch-adamw": 11.6e9 / 56.0,
+}
+
+GPUS_PER_HOST_CPU = {"c2c-gh200": 1, "c2c-gb200": 2}
+"""GPUs that share one host CPU where it is not the whole node: a GH200 superchip's Grace
+serves its one GPU, a GB200's Grace two. Elsewhere (x86 servers) all GPUs of the node."""
+
+
+def host_link(accelerator: Accelerator) -> Link:
+    """The accelerator's link to host memory (`Accelerator.host`)."""
+    return get_link(accelerator.host, accelerator.links)
+
+
+def cpu_step_time(params: Any, optimizer: str, gpus_per_node: int, host: str) -> Any:
+    """Seconds of one rank's CPU optimizer step over `params` parameters: the host's
+    `CPU_OPTIMIZERS` rate shared by the GPUs that use that CPU."""
+    if optimizer not in CPU_OPTIMIZERS:
+        raise ShardwiseError(f"CPU optimizer {optimizer!r} unknown; valid: "
+                             f"{', '.join(CPU_OPTIMIZERS)}")
+    sharing = GPUS_PER_HOST_CPU.get(host, gpus_per_node)
+    return params * sharing / CPU_OPTIMIZERS[optimizer]
+
+
+def offload_state(kind: str, fraction: float, weights: Any, grads: Any, optimizer: Any,
+                  optimizer_bytes_per_param: float) -> dict[str, Any]:
+    """Per rank (numbers or arrays): what stays on the GPU of the three state classes and what
+    the host holds, for offload `kind` ("none", "optimizer", "params")."""
+    zero = 0.0 * optimizer
+    if kind == "optimizer":
+        moved = fraction * optimizer
+        params = moved / optimizer_bytes_per_param if optimizer_bytes_per_param else zero
+        return {"weights": weights, "grads": grads, "optimizer": optimizer - moved,
+                "host": moved + 4.0 * params}
+    if kind == "params":
+        return {"weights": zero, "grads": zero, "optimizer": zero,
+                "host": weights + grads + optimizer}
+    return {"weights": weights, "grads": grads, "optimizer": optimizer, "host": zero}
+
+
+def offload_step(offload: Offload, params: Any, grad_bytes: float, weight_bytes: float,
+                 reductions: Any, window: Any, overlapped: Any,
+                 host_copy: Callable[[Any], Any], gpus_per_node: int, host: str) -> Any:
+    """Exposed seconds per step of an optimizer offload over `params` parameters of one rank
+    (the module docstring): `reductions` gradient copies (ZeRO-2: one per micro-batch),
+    `window` the backward they can hide behind when DP traffic is `overlapped`, `host_copy`
+    the time of one copy of n bytes on the host link."""
+    cpu = cpu_step_time(params, offload.cpu_optimizer, gpus_per_node, host)
+    if offload.kind == "params":
+        return cpu
+    d2h = host_copy(params * grad_bytes)
+    h2d = host_copy(params * weight_bytes)
+    if offload.overlap == "pipelined":
+        return np.maximum(np.maximum(reductions * d2h, cpu), h2d)
+    hidden = np.where(overlapped, np.maximum(0.0, d2h - window), d2h)
+    if offload.overlap == "backward":
+        return reductions * hidden + cpu + h2d
+    return reductions * d2h + cpu + h2d

@@ -396,18 +396,19 @@ def resolve(stack_name: str, *, compile: bool | None = None, tp_overlap: str | N
     assumed = []
     problems = []
 
-    def pick(name: str, value: Any, choices: tuple[Any, ...], show: Any = str) -> Any:
+    def pick(name: str, value: Any, choices: tuple[Any, ...], show: Any = str,
+             what: str = "") -> Any:
         if value is None:
             assumed.append(name)
             return choices[0]
         if value not in choices:
-            problems.append(f"{stack.name} has no {name} {show(value)}; valid: "
+            problems.append(f"{stack.name} has no {what or name} {show(value)}; valid: "
                             f"{', '.join(show(c) for c in choices)}")
         return value
 
     compiled = pick("compile", compile, stack.compile,
-                    lambda v: "torch.compile" if v else "eager")
-    tp = pick("tp_overlap", tp_overlap, stack.tp_overlap)
+                    lambda v: "torch.compile" if v else "eager", "kernel mode")
+    tp = pick("tp_overlap", tp_overlap, stack.tp_overlap, what="TP overlap")
     if tp == "async" and not compiled:
         problems.append("async TP needs torch.compile (--compile)")
     if dp_overlap is None:
@@ -424,7 +425,7 @@ def resolve(stack_name: str, *, compile: bool | None = None, tp_overlap: str | N
         kernel = "math"
     else:
         fused = tuple(k for k in stack.attention if k != "math") or stack.attention
-        kernel = pick("attention", attention, fused)
+        kernel = pick("attention", attention, fused, what="attention kernel")
     if problems:
         raise ShardwiseError("; ".join(problems))
     kernels = "compiled" if compiled else stack.kernels

@@ -110,3 +110,41 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args):
                           timeout=60, cwd=ROOT, check=False)
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("gpu_check: ")
+
+
+def test_gpu_only_figures_are_checked_and_summarised():
+    """The branches only a GPU reaches (the allocator's figures) on recorded numbers, and a
+    summary with a failed check and a figure without a value."""
+    spec = gpu_check.get_model("tiny")
+    gib = 2**30
+    items = {"tiny: rows": [], "tiny: memory_stats": {"allocated_bytes.all.peak": 2 * gib,
+                                                      "reserved_bytes.all.peak": 3 * gib}}
+    checks = {c["what"]: c for c in gpu_check.memory_checks(items, spec, 64, 8)}
+    assert checks["tiny: peak reserved / peak allocated − 1"]["value"] == pytest.approx(0.5)
+    assert checks["tiny: peak reserved vs the modelled peak"]["ok"] is None  # reported
+    layer = gpu_check._layer_model(gpu_check.Context(True, gpu_check.DRY, "h200", "."))
+    hf = {"sdpa": {"saved_per_layer": [1, 2], "allocated_by_forward": gib,
+                   "peak_above_weights": 2 * gib}}
+    names = [c["what"] for c in gpu_check.hf_checks(hf, layer, 128)]
+    assert names == ["transformers sdpa: layer 1 saved vs hf-sdpa",
+                     "transformers sdpa: allocated by the forward vs modelled",
+                     "transformers sdpa: forward + backward peak above the weights vs modelled"]
+    data = {"dry_run": False, "started": "now", "budget_s": 450, "wall_s": 1,
+            "environment": {"devices": [{"name": "NVIDIA H200"}]},
+            "sections": {"memory": {"steps": {"tiny": {
+                "status": "failed", "timeout_s": 60, "error": "RankFailure: boom",
+                "checks": [gpu_check.check_item("a failed figure", 2.0, 1.0),
+                           gpu_check.check_item("reserved, unknown", None, None)]}}}}}
+    text = gpu_check.summary_markdown(data)
+    assert "| tiny | a failed figure | 2 | 1 |" in text and "RankFailure: boom" in text
+
+
+@pytest.mark.parametrize(("name", "memory", "preset"), [
+    ("NVIDIA H200", 141, "h200"), ("NVIDIA H100 80GB HBM3", 80, "h100-sxm"),
+    ("NVIDIA GH200 480GB", 96, "gh200"), ("NVIDIA A100-SXM4-40GB", 40, "a100-40gb"),
+    ("NVIDIA GeForce RTX 4090", 24, None)])
+def test_device_names_map_to_hardware_presets(name, memory, preset):
+    from shardwise.hardware import ACCELERATORS
+
+    label = gpu_check.accelerator_label(name, memory * 2**30)
+    assert label == preset and (label is None or label in ACCELERATORS)

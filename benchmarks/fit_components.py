@@ -125,7 +125,7 @@ def fit_gemm(points: list[dict]) -> dict[str, dict[str, Any]]:
             if best is None or loss[i] < best[0]:
                 best = (loss[i], e[i], halves[i], t0)
         assert best is not None
-        out[label] = {"matmul_efficiency": round(float(best[1]), 4),
+        out[label] = {"matmul_efficiency": float(f"{best[1]:.4g}"),
                       "matmul_half_dim": round(float(best[2]), 1),
                       "harness_fixed_us": round(float(best[3]) * 1e6, 1), "how": how}
     return out
@@ -161,7 +161,7 @@ def fit_attention_kernel(rows: list[dict], half_dim: float | None = None,
     fit_res = residual_summary(1 - e[i, j, q, 0] * shape[i, j, q] / meas)
     return {"fit_median_abs": round(fit_res["median_abs"], 4),
             "fit_max_abs": round(fit_res["max_abs"], 4),
-            "efficiency": round(float(e[i, j, q, 0]), 4),
+            "efficiency": float(f"{e[i, j, q, 0]:.4g}"),
             "half_dim": round(float(halves_d[i]), 1), "half_seq": round(float(halves_s[j]), 1),
             "backward_ratio": round(float(ratios[q]), 3)}
 
@@ -193,8 +193,9 @@ def fit_attention(points: list[dict]) -> dict[str, dict[str, dict[str, Any]]]:
 
 def fit_hbm(points: list[dict]) -> dict[str, dict[str, float]]:
     """`hbm_efficiency` per label: a copy's measured bandwidth ÷ the datasheet's."""
-    return {p["accelerator"]: {"hbm_efficiency": round(
-        p["gbps"] * 1e9 / accelerator_of(p["accelerator"]).hbm_bandwidth, 3)} for p in points}
+    return {p["accelerator"]: {"hbm_efficiency": float(
+        f"{p['gbps'] * 1e9 / accelerator_of(p['accelerator']).hbm_bandwidth:.3g}")}
+        for p in points}
 
 
 # ----------------------------------------------------------------------------------------- links

@@ -1322,7 +1322,8 @@ class Report:
         try:
             summary = summary_markdown(self.data)
         except Exception as exc:  # the JSON holds everything: never lose the run to a table
-            summary = f"# gpu_check\n\nThe summary failed ({_error_text(exc)}); see gpu_check.json.\n"
+            summary = (f"# gpu_check\n\nThe summary failed ({_error_text(exc)}); "
+                       "see gpu_check.json.\n")
         for name, text in (("gpu_check.json", json.dumps(_plain(self.data), indent=1,
                                                          default=str) + "\n"),
                            ("summary.md", summary)):
@@ -1380,13 +1381,18 @@ def summary_markdown(data: dict[str, Any]) -> str:
                   "|---|---|---:|---:|"]
         lines += [f"| {name} | {c['what']} | {_cell(c['value'])} | {_cell(c['tolerance'])} |"
                   for name, c in failed]
-    memory = [(name, c) for name, e in data["sections"]["memory"]["steps"].items()
-              for c in e.get("checks", []) if c["ok"] is None and any(
-                  key in c["what"] for key in MEMORY_FIGURES)]
-    if memory:
-        lines += ["", "## Memory", "", "| step | figure | value | note |", "|---|---|---:|---|"]
-        lines += [f"| {name} | {c['what']} | {_cell(c['value'])} | {c['note'][:200]} |"
-                  for name, c in memory]
+    for title, section, keep in (
+            ("Runtime against fp64", "runtime", lambda c: c["ok"] is not None),
+            ("Memory", "memory", lambda c: any(key in c["what"] for key in MEMORY_FIGURES)),
+            ("Multi-GPU step time", "multi-gpu", lambda c: "step time" in c["what"])):
+        steps = data["sections"].get(section, {}).get("steps", {})
+        rows = [(name, c) for name, e in steps.items() for c in e.get("checks", []) if keep(c)]
+        if rows:
+            lines += ["", f"## {title}", "", "| step | figure | value | tolerance | note |",
+                      "|---|---|---:|---:|---|"]
+            lines += [f"| {name} | {c['what']} | {_cell(c['value'])} | "
+                      f"{_cell(c['tolerance']) if c['tolerance'] is not None else '-'} | "
+                      f"{c['note'][:200]} |" for name, c in rows]
     fit = data["sections"].get("calibration", {}).get("steps", {}).get("fit", {})
     consts = (fit.get("items") or {}).get("constants")
     if consts:

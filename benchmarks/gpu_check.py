@@ -44,7 +44,7 @@ from typing import Any
 from shardwise.arch import get_model
 
 GLOBAL_BUDGET_S = 450.0  # one GPU: 7.5 minutes, inside the 8
-DRY_BUDGET_S = 110.0  # CI: under 2 minutes
+DRY_BUDGET_S = 170.0  # a stop, not a target: 60–107 s measured on 2 cores at load 12–18
 MIN_STEP_S = 8.0  # a step given less is skipped ("global budget spent")
 SCHEMA = 1
 

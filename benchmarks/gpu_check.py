@@ -29,6 +29,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -1031,7 +1032,7 @@ def fit_calibration(results: dict[str, dict[str, Any]], label: str, out: Path,
             for k in kernels}}
         residuals: dict[str, Any] = {}
         for group, (component, rows) in groups.items():
-            for name, cal in (("preset", preset), ("measured", loaded)):
+            for name, cal in (("preset", preset), ("measured", loaded)) if rows else ():
                 if component == "attention" and group.split()[1] not in cal.attention_kernels:
                     residuals[f"{group}: {name}"] = "no curve for this kernel"
                     continue
@@ -1486,7 +1487,7 @@ def run(out: Path, dry_run: bool, budget: float, accelerator: str | None,
         except StepFailed as exc:
             entry |= {"status": "failed", "error": str(exc), "items": exc.items,
                       "checks": exc.checks}
-        except Exception as exc:  # (any error is recorded; the run goes on)
+        except Exception as exc:  # any error is recorded; the run goes on
             entry |= {"status": "failed", "error": _error_text(exc) + "\n"
                       + "".join(traceback.format_tb(exc.__traceback__)[-3:])}
         entry["wall_s"] = time.monotonic() - began
@@ -1506,6 +1507,7 @@ def run(out: Path, dry_run: bool, budget: float, accelerator: str | None,
     report.data["finished"] = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     report.data["wall_s"] = time.monotonic() - start
     report.write()
+    shutil.rmtree(scratch, ignore_errors=True)  # every notebook is in the JSON
     return report.data
 
 

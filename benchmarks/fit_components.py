@@ -125,13 +125,47 @@ def fit_gemm(points: list[dict]) -> dict[str, dict[str, Any]]:
             if best is None or loss[i] < best[0]:
                 best = (loss[i], e[i], halves[i], t0)
         assert best is not None
-        out[label] = {"matmul_efficiency": round(float(best[1]), 4),
+        out[label] = {"matmul_efficiency": float(f"{best[1]:.4g}"),
                       "matmul_half_dim": round(float(best[2]), 1),
                       "harness_fixed_us": round(float(best[3]) * 1e6, 1), "how": how}
     return out
 
 
 # ----------------------------------------------------------------------------------- attention
+def fit_attention_kernel(rows: list[dict], half_dim: float | None = None,
+                         backward_ratio: float | None = None) -> dict[str, Any]:
+    """(e_k, d½, s½, r_b) of one kernel on one accelerator (`rows`: its points, one label):
+    a grid search of `e_k·d/(d + d½)·s'/(s' + s½)` (s' = s/2 causal; backward × r_b; a
+    fwd+bwd point at `3.5/(1/e_f + 2.5/e_b)`), e_k the median ratio at each grid point.
+    `half_dim` / `backward_ratio` given: held at that value (transferred) instead of fitted."""
+    acc = accelerator_of(rows[0]["accelerator"])
+    d = np.array([p["head_dim"] for p in rows], float)
+    s = np.array([p["seq"] * (0.5 if p["causal"] else 1.0) for p in rows], float)
+    passes = [p["pass"] for p in rows]
+    meas = np.array([p["tflops"] for p in rows]) * 1e12 / acc.peak_bf16
+    halves_d = np.geomspace(1, 2048, 56) if half_dim is None else np.array([half_dim])
+    ratios = np.linspace(0.5, 1.3, 33) if backward_ratio is None else np.array([backward_ratio])
+    halves_s = np.geomspace(1, 16384, 60)
+    sd = (d / (d + halves_d[:, None]))[:, None, None, :]  # (D, 1, 1, P)
+    ss = (s / (s + halves_s[:, None]))[None, :, None, :]  # (1, S, 1, P)
+    r = ratios[None, None, :, None]  # (1, 1, R, 1)
+    fwd_share = np.array([{"fwd": 1.0, "bwd": 0.0, "fwd+bwd": 1.0}[x] for x in passes])
+    bwd_only = np.array([x == "bwd" for x in passes])
+    combined = np.array([x == "fwd+bwd" for x in passes])
+    unit = sd * ss  # forward efficiency at e_k = 1
+    shape = np.where(combined, 3.5 / (1 / unit + 2.5 / (r * unit)),
+                     np.where(bwd_only, r * unit, fwd_share * unit))
+    e = np.minimum(1.0, np.exp(np.median(np.log(meas / shape), axis=-1, keepdims=True)))
+    loss = _loss(e * shape, meas)
+    i, j, q = np.unravel_index(int(np.argmin(loss)), loss.shape)
+    fit_res = residual_summary(1 - e[i, j, q, 0] * shape[i, j, q] / meas)
+    return {"fit_median_abs": round(fit_res["median_abs"], 4),
+            "fit_max_abs": round(fit_res["max_abs"], 4),
+            "efficiency": float(f"{e[i, j, q, 0]:.4g}"),
+            "half_dim": round(float(halves_d[i]), 1), "half_seq": round(float(halves_s[j]), 1),
+            "backward_ratio": round(float(ratios[q]), 3)}
+
+
 def fit_attention(points: list[dict]) -> dict[str, dict[str, dict[str, Any]]]:
     """(e_k, d½, s½, r_b) per (label, kernel); what the points cannot tell is transferred."""
     fits: dict[str, dict[str, dict[str, Any]]] = {}
@@ -139,46 +173,29 @@ def fit_attention(points: list[dict]) -> dict[str, dict[str, dict[str, Any]]]:
              ("a100", "fa2"), ("a100", "math"), ("b200", "fa2"), ("b200", "fa4")]
     for label, kernel in order:
         rows = [p for p in points if p["accelerator"] == label and p["kernel"] == kernel]
-        acc = accelerator_of(label)
-        notes = []
-        d = np.array([p["head_dim"] for p in rows], float)
-        s = np.array([p["seq"] * (0.5 if p["causal"] else 1.0) for p in rows], float)
-        passes = [p["pass"] for p in rows]
-        meas = np.array([p["tflops"] for p in rows]) * 1e12 / acc.peak_bf16
-        halves_d = np.geomspace(1, 2048, 56)
-        if len(set(d)) < 2:
-            halves_d = np.array([fits["h100"][kernel]["half_dim"]])
+        passes = {p["pass"] for p in rows}
+        notes, half_dim, ratio = [], None, None
+        if len({p["head_dim"] for p in rows}) < 2:
+            half_dim = fits["h100"][kernel]["half_dim"]
             notes.append("d½ from h100 (one head dim measured)")
-        ratios = np.linspace(0.5, 1.3, 33)
-        has_ratio = "fwd+bwd" in passes or {"fwd", "bwd"} <= set(passes)
-        if not has_ratio or (label != "h100" and not {"fwd", "bwd"} <= set(passes)):
+        has_ratio = "fwd+bwd" in passes or {"fwd", "bwd"} <= passes
+        if not has_ratio or (label != "h100" and not {"fwd", "bwd"} <= passes):
             donor = "fa3" if kernel in ("cudnn", "fa4") else kernel
-            ratios = np.array([fits["h100"][donor]["backward_ratio"]])
+            ratio = fits["h100"][donor]["backward_ratio"]
             notes.append(f"backward ratio from h100 {donor}")
-        halves_s = np.geomspace(1, 16384, 60)
-        sd = (d / (d + halves_d[:, None]))[:, None, None, :]  # (D, 1, 1, P)
-        ss = (s / (s + halves_s[:, None]))[None, :, None, :]  # (1, S, 1, P)
-        r = ratios[None, None, :, None]  # (1, 1, R, 1)
-        fwd_share = np.array([{"fwd": 1.0, "bwd": 0.0, "fwd+bwd": 1.0}[x] for x in passes])
-        bwd_only = np.array([x == "bwd" for x in passes])
-        combined = np.array([x == "fwd+bwd" for x in passes])
-        unit = sd * ss  # forward efficiency at e_k = 1
-        shape = np.where(combined, 3.5 / (1 / unit + 2.5 / (r * unit)),
-                         np.where(bwd_only, r * unit, fwd_share * unit))
-        e = np.minimum(1.0, np.exp(np.median(np.log(meas / shape), axis=-1, keepdims=True)))
-        loss = _loss(e * shape, meas)
-        i, j, q = np.unravel_index(int(np.argmin(loss)), loss.shape)
-        fit_res = residual_summary(1 - e[i, j, q, 0] * shape[i, j, q] / meas)
-        fits.setdefault(label, {})[kernel] = {
-            "fit_median_abs": round(fit_res["median_abs"], 4),
-            "fit_max_abs": round(fit_res["max_abs"], 4),
-            "efficiency": round(float(e[i, j, q, 0]), 4),
-            "half_dim": round(float(halves_d[i]), 1), "half_seq": round(float(halves_s[j]), 1),
-            "backward_ratio": round(float(ratios[q]), 3), "how": "; ".join(notes) or "fitted"}
+        fits.setdefault(label, {})[kernel] = fit_attention_kernel(rows, half_dim, ratio) | {
+            "how": "; ".join(notes) or "fitted"}
     # MI300X: no attention benchmark found; H100's FlashAttention-2 curve (CK's kernel is an
     # FA2-style one) as a fraction of peak
     fits["mi300x"] = {"fa2": dict(fits["h100"]["fa2"], how="transferred from h100 fa2")}
     return fits
+
+
+def fit_hbm(points: list[dict]) -> dict[str, dict[str, float]]:
+    """`hbm_efficiency` per label: a copy's measured bandwidth ÷ the datasheet's."""
+    return {p["accelerator"]: {"hbm_efficiency": float(
+        f"{p['gbps'] * 1e9 / accelerator_of(p['accelerator']).hbm_bandwidth:.3g}")}
+        for p in points}
 
 
 # ----------------------------------------------------------------------------------------- links
@@ -414,9 +431,7 @@ def main() -> int:
     base = default_calibration("h100-sxm")
     gemm = fit_gemm(data["gemm"])
     attention = fit_attention(data["attention"])
-    hbm = {p["accelerator"]: {"hbm_efficiency": round(
-        p["gbps"] * 1e9 / accelerator_of(p["accelerator"]).hbm_bandwidth, 3)}
-        for p in data["hbm"]}
+    hbm = fit_hbm(data["hbm"])
     wire = {p["link"]: p["efficiency"] for p in data["links"]}
     links = fit_links(data["collectives"], replace(base, link_efficiency={}, link_latency={}),
                       wire)

@@ -72,7 +72,8 @@ LINK_FROM = {"nvlink4-h800": "nvlink4", "ndr": "efa400", "roce400": "efa400", "x
              "hdr": "efa400"}
 TILE = 256.0  # the largest cuBLAS/CUTLASS output-tile side (fit_gemm)
 UNFITTED_LINKS = {"pcie4": 0.8, "pcie5": 0.8}  # no component source found: kept, assumed
-E2E_KEYS = ("kernel_overhead", "dp_bucket_bytes", "overlap_contention", "tp_overlap_efficiency")
+E2E_KEYS = ("kernel_overhead", "dp_bucket_bytes", "overlap_contention", "tp_overlap_efficiency",
+            "sustained_compute")
 
 
 # ------------------------------------------------------------------------------------ helpers

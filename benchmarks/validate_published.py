@@ -206,7 +206,7 @@ def write_fit(params: dict[str, Params]) -> None:
         values = params.get(generation(name))
         if values:
             entry.update(values)
-    CALIBRATION.write_text(json.dumps(data, indent=2) + "\n")
+    CALIBRATION.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
 def report(rows: list[Case], sources: dict[str, Any], skipped: list[tuple[str, str]],

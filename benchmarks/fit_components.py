@@ -270,9 +270,11 @@ def calibration_json(old: dict[str, Any], gemm: dict, attention: dict, hbm: dict
                      links: dict, sources: dict[str, Any]) -> dict[str, Any]:
     accelerators: dict[str, dict[str, Any]] = {}
     for name in GEMM_OF:
-        keep = {k: v for k, v in old.get("accelerators", {}).get(name, {}).items()
-                if k in E2E_KEYS}
         g, a = gemm[GEMM_OF[name]], attention[ATTENTION_OF[name]]
+        # a GEMM shape constant no sweep measured is validate_published.py's to fit
+        e2e = (*E2E_KEYS, "matmul_half_dim") if g["how"] != "fitted" else E2E_KEYS
+        keep = {k: v for k, v in old.get("accelerators", {}).get(name, {}).items()
+                if k in e2e}
         kernel = DEFAULT_KERNEL.get(ATTENTION_OF[name], "fa2")
         accelerators[name] = {
             "matmul_efficiency": g["matmul_efficiency"], "matmul_half_dim": g["matmul_half_dim"],
@@ -289,8 +291,10 @@ def calibration_json(old: dict[str, Any], gemm: dict, attention: dict, hbm: dict
         "per ring round). Residuals per component: docs/accuracy/components.md. What no source measures is",
         "transferred from a named accelerator or link ('sources' says which).",
         "END-TO-END, carried over unchanged: 'default' (Narayanan et al. 2021 Table 1, A100; now only for",
-        "accelerators without component constants: tpu-v5p) and the overlap constants overlap_contention /",
-        "tp_overlap_efficiency (h100-sxm, h200: 0.7, fitted on llm-foundry + DGXC H100 rows).",
+        "accelerators without component constants: tpu-v5p), and per accelerator sustained_compute,",
+        "overlap_contention, tp_overlap_efficiency and, where no GEMM sweep measured it, matmul_half_dim:",
+        "fitted on published runs by benchmarks/validate_published.py --fit (leave-one-family-out in",
+        "docs/generated/accuracy-published.md).",
         "Override from a file with `shardwise plan --calibration my.json` (same shape, only the keys it names)."]
     return {"_doc": doc, "default": old["default"], "accelerators": accelerators,
             "links": {k: v["efficiency"] for k, v in links.items()},

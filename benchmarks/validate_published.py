@@ -10,8 +10,12 @@ end-to-end constants per accelerator generation, which nothing else measures:
     overlap_contention     how much overlapped communication slows the compute beside it
     tp_overlap_efficiency  the GEMM share that hides TP traffic under bulk TP overlap
 
-fitted by coordinate search on the generation's rows (objective: median |error| + ¼ mean
-|error|). A generation with no row of its own takes Hopper's (said in the output).
+fitted by coordinate search on the generation's bf16/fp16 rows (objective: median |error| + ¼
+mean |error|); the FP8 rows only validate (the recipes' own model, docs/concepts/fp8-offload.md).
+A generation with no row of its own takes Hopper's (said in the output). Where no component
+benchmark measured a generation's GEMM shape curve (`fit_components.py` transferred its
+`matmul_half_dim` from H100: Ampere, Blackwell), that constant is fitted here too, and the
+leave-one-family-out figures say how well it carries to the runs it was not fitted on.
 
 Reported, per family (sources that share rows, e.g. the DGXC versions), generation and stack:
 in-sample errors (constants fitted on every row) and leave-one-family-out errors (each family
@@ -54,9 +58,14 @@ CALIBRATION = ROOT / "src/shardwise/data/calibration.json"
 VALIDATION = ROOT / "src/shardwise/data/validation.json"
 EXCLUDED_FAMILIES = {"torchtitan-docs": "carries the TorchTitan paper's tables (held out)"}
 PARAMS = ("sustained_compute", "overlap_contention", "tp_overlap_efficiency")
+SHAPE = "matmul_half_dim"  # fitted end to end only where no GEMM sweep measured it
 BOUNDS = {"sustained_compute": (0.55, 1.0), "overlap_contention": (0.0, 1.0),
-          "tp_overlap_efficiency": (0.3, 1.0)}
+          "tp_overlap_efficiency": (0.3, 1.0), SHAPE: (16.0, 256.0)}
+SCALE = {SHAPE: 256.0}  # a search step is this many units of the constant (else 1)
 Params = dict[str, float]
+NEUTRAL: Params = {"sustained_compute": 1.0, "overlap_contention": 0.5,
+                   "tp_overlap_efficiency": 0.8}
+"""Where every fit starts (each fold too, so a left-out family leaves no trace in its fit)."""
 
 
 def cases() -> tuple[list[Case], dict[str, dict[str, Any]], list[tuple[str, str]]]:
@@ -95,30 +104,45 @@ def _score(errors: list[float]) -> float:
     return statistics.median(magnitudes) + 0.25 * statistics.fmean(magnitudes)
 
 
-def fit(rows: list[Case], start: dict[str, Params]) -> dict[str, Params]:
-    """Each generation's three constants by coordinate search on its rows (`_score`)."""
+def fit(rows: list[Case], steps: tuple[float, ...] = (0.08, 0.04, 0.02, 0.01),
+        rounds: int = 2) -> dict[str, Params]:
+    """Each generation's three constants by coordinate search on its bf16/fp16 rows
+    (`_score`), from `NEUTRAL`; a generation without such rows takes Hopper's."""
     by_gen: dict[str, list[Case]] = defaultdict(list)
     for case in rows:
-        by_gen[generation(case.cluster.accelerator.name)].append(case)
-    out = {gen: dict(values) for gen, values in start.items()}
-    for gen, group in by_gen.items():
-        current = dict(out.get(gen) or out.get("hopper") or _builtin(group[0]))
-        for step in (0.08, 0.04, 0.02, 0.01):
-            for _ in range(2):
-                for name in PARAMS:
+        if case.train.fp8 is None:
+            by_gen[generation(case.cluster.accelerator.name)].append(case)
+    out: dict[str, Params] = {}
+    for gen, group in sorted(by_gen.items(), key=lambda item: item[0] != "hopper"):
+        free = (*PARAMS, SHAPE) if shape_transferred(group[0]) else PARAMS
+        current = dict(NEUTRAL) | ({SHAPE: BOUNDS[SHAPE][1]} if SHAPE in free else {})
+        for step in steps:
+            for _ in range(rounds):
+                for name in free:
                     low, high = BOUNDS[name]
-                    trials = sorted({min(high, max(low, current[name] + k * step))
+                    trials = sorted({min(high, max(low, current[name] + k * step *
+                                                   SCALE.get(name, 1.0)))
                                      for k in (-2, -1, 0, 1, 2)})
                     scores = {x: _score([error(c, {gen: current | {name: x}}) for c in group])
                               for x in trials}
                     current[name] = min(scores, key=lambda x: (scores[x], abs(x - current[name])))
         out[gen] = {k: round(v, 3) for k, v in current.items()}
+    for gen in {generation(c.cluster.accelerator.name) for c in rows} - set(out):
+        out[gen] = dict(out["hopper"])
     return out
+
+
+def shape_transferred(case: Case) -> bool:
+    """Did `fit_components.py` transfer this accelerator's GEMM shape constant instead of
+    fitting it on a sweep of its own (its `sources` entry says so)?"""
+    data = json.loads(CALIBRATION.read_text())
+    return "d½ from" in data["sources"].get(case.cluster.accelerator.calibration_name, "")
 
 
 def _builtin(case: Case) -> Params:
     cal = default_calibration(case.cluster.accelerator.calibration_name)
-    return {name: getattr(cal, name) for name in PARAMS}
+    names = (*PARAMS, SHAPE) if shape_transferred(case) else PARAMS
+    return {name: getattr(cal, name) for name in names}
 
 
 def builtin_params(rows: list[Case]) -> dict[str, Params]:
@@ -126,17 +150,16 @@ def builtin_params(rows: list[Case]) -> dict[str, Params]:
     return {generation(c.cluster.accelerator.name): _builtin(c) for c in rows}
 
 
-def leave_one_family_out(rows: list[Case], params: dict[str, Params]
-                         ) -> dict[str, float]:
+def leave_one_family_out(rows: list[Case]) -> dict[str, float]:
     """Row id → error when its family's rows are left out of the fit."""
     out = {}
     for fam in sorted({c.row["family"] for c in rows}):
         rest = [c for c in rows if c.row["family"] != fam]
-        fitted = fit(rest, {g: p for g, p in params.items() if g == "hopper"})
+        fitted = fit(rest)
+        for gen in {generation(c.cluster.accelerator.name) for c in rows} - set(fitted):
+            fitted[gen] = dict(fitted["hopper"])  # no run of its own left: Hopper's
         for case in (c for c in rows if c.row["family"] == fam):
-            gen = generation(case.cluster.accelerator.name)
-            use = fitted if gen in fitted else {**fitted, gen: fitted.get("hopper", {})}
-            out[case.row["id"]] = error(case, use)
+            out[case.row["id"]] = error(case, fitted)
         print(f"  left out {fam}", file=sys.stderr)
     return out
 
@@ -220,12 +243,15 @@ def report(rows: list[Case], sources: dict[str, Any], skipped: list[tuple[str, s
              "end-to-end constants fitted on every run; LOFO (leave one family out): each "
              "family predicted with the constants fitted without it — the out-of-sample "
              "figure.\n", "## Fitted end-to-end constants\n",
-             "| generation | " + " | ".join(PARAMS) + " |", "|---" * (len(PARAMS) + 1) + "|"]
-    lines += [f"| {gen} | " + " | ".join(f"{p[k]:g}" for k in PARAMS) + " |"
-              for gen, p in sorted(params.items())]
+             "| generation | " + " | ".join(PARAMS) + f" | {SHAPE} |",
+             "|---" * (len(PARAMS) + 2) + "|"]
+    lines += [f"| {gen} | " + " | ".join(f"{p[k]:g}" for k in PARAMS)
+              + f" | {p.get(SHAPE, 'component fit')} |" for gen, p in sorted(params.items())]
     for title, key in (("family", lambda c: c.row["family"]),
                        ("generation", lambda c: generation(c.cluster.accelerator.name)),
                        ("stack", lambda c: c.train.impl),
+                       ("precision", lambda c: f"fp8 {c.train.fp8}" if c.train.fp8
+                        else c.train.dtype),
                        ("source", lambda c: c.row["source"])):
         lines += [f"\n## By {title}\n", header]
         groups: dict[str, list[Case]] = defaultdict(list)
@@ -254,10 +280,10 @@ def main(argv: list[str] | None = None) -> int:
     rows, sources, skipped = cases()
     params = builtin_params(rows)
     if args.fit:
-        params = fit(rows, {"hopper": params.get("hopper", {})})
+        params = fit(rows)
         write_fit(params)
     insample = {c.row["id"]: error(c, params) for c in rows}
-    loso = leave_one_family_out(rows, params)
+    loso = leave_one_family_out(rows)
     write_validation(rows, insample, loso, stamp())
     text = report(rows, sources, skipped, params, insample, loso)
     write_result("accuracy-published", text)

@@ -131,6 +131,7 @@ class LayoutFields(_In):
                            description="Data-parallel degree [default: gpus / (tp·pp·cp)].")
     cp: int = Field(1, ge=1, le=MAX_GPUS, description="Context-parallel degree.")
     ep: int = Field(1, ge=1, le=MAX_GPUS, description="Expert-parallel degree.")
+    etp: int = Field(0, ge=0, le=MAX_GPUS, description="Expert tensor-parallel degree (0: tp).")
     zero: int = Field(0, ge=0, le=3, description="ZeRO stage.")
     zero_group: int = Field(0, ge=0, le=MAX_GPUS, description="Hybrid shard group (0: all dp).")
     sp: bool = Field(False, description="Sequence parallelism (with tp > 1).")
@@ -334,6 +335,18 @@ class PlanRequest(ModelChoice, TrainFields):
                                         "tp=8,pp=8 (`shardwise plan --max`).")
     all_variants: bool = Field(False, description="One row per layout, not per family of "
                                                   "second-order variants.")
+    rank_by: Literal["step", "goodput"] = Field(
+        "step", description="Rank by step time or by step ÷ goodput (`--rank-by`).")
+    mtbf_gpu_hours: float | None = Field(
+        None, gt=0, le=1e12, description="GPU-hours between job-interrupting failures per GPU "
+                                         "[default: Llama 3's fleet figure].")
+    checkpoint_bandwidth: str | None = Field(
+        None, max_length=40, description="Each node's write bandwidth to storage, e.g. 2GB/s.")
+    restart_minutes: float | None = Field(
+        None, ge=0, le=1e6, description="Failure to training again: detect, reschedule, "
+                                        "reload.")
+    async_checkpoint: bool = Field(False, description="Only the device→host copy stalls "
+                                                      "training.")
 
 
 class PlanEntryOut(_Out):
@@ -348,6 +361,8 @@ class PlanEntryOut(_Out):
     memory: dict[str, Any] = Field(description="Bytes of the largest stage, by part.")
     budget_bytes: float
     fits: bool
+    goodput: dict[str, Any] | None = Field(
+        None, description="What failures, checkpoints and restarts leave (estimate.goodput).")
 
 
 class PlanResponse(_Out):
@@ -372,6 +387,11 @@ class PlanResponse(_Out):
     calibration: dict[str, Any]
     explanation: str
     training: dict[str, float] | None
+    goodput: dict[str, Any] | None = Field(
+        description="The winner's goodput; with a token budget its expected interruptions, "
+                    "days, GPU-hours and cost.")
+    rank_by: str
+    reliability: dict[str, Any] = Field(description="The goodput inputs the plan used.")
     emits: dict[str, dict[str, Any]] = Field(
         description="Megatron-LM / torchtitan / DeepSpeed configuration of the chosen layout.")
 

@@ -20,10 +20,15 @@ from shardwise.arch import DEFAULT_MODEL, get_model
 from shardwise.emit import FRAMEWORKS
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import ALGORITHMS, OPS
+from shardwise.estimate.goodput import (
+    DEFAULT_CHECKPOINT_BANDWIDTH,
+    DEFAULT_MTBF_GPU_HOURS,
+    DEFAULT_RESTART_S,
+    RANK_BY,
+)
 from shardwise.estimate.memory import ACTIVATION_FORMULAS
 from shardwise.estimate.profiles import DEFAULT_IMPL, profile_names
 from shardwise.layout import RECOMPUTE, SCHEDULES
-from shardwise.plan.rank import RANK_BY
 from shardwise.preflight import writable_file
 from shardwise.report.builders import (
     build_layout,
@@ -154,12 +159,6 @@ def _mtbf_option(help_text: str) -> Callable:
 def goodput_options(func: Callable) -> Callable:
     """What failures and checkpoints cost (`estimate.goodput`): per-GPU MTBF, each node's
     checkpoint bandwidth, the restart, asynchronous checkpoints. Unset: published figures."""
-    from shardwise.estimate.goodput import (
-        DEFAULT_CHECKPOINT_BANDWIDTH,
-        DEFAULT_MTBF_GPU_HOURS,
-        DEFAULT_RESTART_S,
-    )
-
     options = [
         _mtbf_option(f"GPU-hours between job-interrupting failures, per GPU [default: "
                      f"{DEFAULT_MTBF_GPU_HOURS:,.0f}, Llama 3's 419 interruptions in 54 days "

@@ -51,7 +51,8 @@ from shardwise.layout import Layout, Partition, TrainSpec
 from shardwise.placement import expert_tp_degree
 
 __all__ = ["CHECKPOINTS", "DEFAULT_CHECKPOINT_BANDWIDTH", "DEFAULT_MTBF_GPU_HOURS",
-           "DEFAULT_RESTART_S", "MIN_GOODPUT", "CheckpointFormat", "Goodput", "Reliability",
+           "DEFAULT_RESTART_S", "MIN_GOODPUT", "RANK_BY", "CheckpointFormat", "Goodput",
+           "Reliability",
            "checkpoint_bytes", "checkpoint_bytes_per_param", "checkpoint_format",
            "checkpoint_timing", "checkpoint_writes", "daly_interval", "estimate_goodput",
            "host_link", "interval_curve", "no_progress", "wall_per_useful", "young_interval"]
@@ -72,6 +73,9 @@ DEFAULT_RESTART_S = 600.0
 minutes. Llama 3's "more than 90 % effective training time" over 466 interruptions in 54 days
 bounds everything one interruption costs, restart and lost work together, at 16.7 minutes."""
 MIN_GOODPUT = 1e-6  # below it a job makes no useful progress: refused with one line
+RANK_BY = ("step", "goodput")
+"""What a plan can rank by (`plan.rank`, `PlanEntry.figure`): the step time, or the effective
+step time, step ÷ goodput."""
 # NVIDIA GH200 / GB200 datasheets: NVLink-C2C, 900 GB/s between CPU and GPU (both directions)
 NVLINK_C2C = Link("nvlink-c2c", 450e9, 2e-6)
 _HOST_LINKS = {"a100": LINKS["pcie4"], "gh200": NVLINK_C2C, "gb200": NVLINK_C2C}

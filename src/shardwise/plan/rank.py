@@ -40,7 +40,6 @@ from shardwise.layout import AXES, Balanced, Layout, stage_extremes
 from shardwise.plan.evaluate import _layout_of, simulated
 from shardwise.schedules.registry import DEFAULT_SCHEDULE, SCHEDULE_CODES, select
 
-RANK_BY = ("step", "goodput")  # the figures a plan ranks by (`PlanEntry.figure`)
 TIE = 1e-9
 _TIE_DIGITS = 9  # TIE as decimal places of the figure over the fastest one
 SIMPLER = ("cp", "pp", "tp", "ep", "zero", "zero_group", "recompute", "sp", "schedule",

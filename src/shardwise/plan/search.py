@@ -14,7 +14,7 @@ import numpy as np
 from shardwise.arch import ModelSpec
 from shardwise.calibration import Calibration, default_calibration
 from shardwise.errors import ShardwiseError
-from shardwise.estimate.goodput import MIN_GOODPUT, Reliability, no_progress
+from shardwise.estimate.goodput import MIN_GOODPUT, RANK_BY, Reliability, no_progress
 from shardwise.hardware import Cluster
 from shardwise.layout import Layout, TrainSpec
 from shardwise.plan.baseline import choose_parallelism
@@ -26,7 +26,7 @@ from shardwise.plan.evaluate import (
 )
 from shardwise.plan.explain import _alternatives, _no_fit_message, _simplest
 from shardwise.plan.grid import _enumerate, _flatten, _Rejections, _structure_reason
-from shardwise.plan.rank import RANK_BY, Ranking, rounded
+from shardwise.plan.rank import Ranking, rounded
 from shardwise.plan.results import PlanEntry, PlanResult, SearchStats
 from shardwise.plan.space import DEFAULT_HEADROOM, SearchSpace
 

@@ -20,6 +20,12 @@ from shardwise.arch import DEFAULT_MODEL, get_model
 from shardwise.emit import FRAMEWORKS
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import ALGORITHMS, OPS
+from shardwise.estimate.goodput import (
+    DEFAULT_CHECKPOINT_BANDWIDTH,
+    DEFAULT_MTBF_GPU_HOURS,
+    DEFAULT_RESTART_S,
+    RANK_BY,
+)
 from shardwise.estimate.memory import ACTIVATION_FORMULAS
 from shardwise.estimate.profiles import DEFAULT_IMPL, profile_names
 from shardwise.fp8 import recipe_names
@@ -177,6 +183,54 @@ def models(as_json: bool) -> None:
     if as_json:
         return _emit_json(rows)
     render_models(rows, console)
+
+
+# ----------------------------------------------------------------------------------- goodput
+def _mtbf_option(help_text: str) -> Callable:
+    return click.option("--mtbf-gpu-hours", "mtbf_gpu_hours", default=None, type=float,
+                        callback=checked(finite, low=0, low_open=True, high=1e12),
+                        help=help_text)
+
+
+def goodput_options(func: Callable) -> Callable:
+    """What failures and checkpoints cost (`estimate.goodput`): per-GPU MTBF, each node's
+    checkpoint bandwidth, the restart, asynchronous checkpoints. Unset: published figures."""
+    options = [
+        _mtbf_option(f"GPU-hours between job-interrupting failures, per GPU [default: "
+                     f"{DEFAULT_MTBF_GPU_HOURS:,.0f}, Llama 3's 419 interruptions in 54 days "
+                     "on 16,384 GPUs]."),
+        click.option("--checkpoint-bandwidth", default=None,
+                     help=f"Each node's write bandwidth to storage, e.g. 2GB/s [default: "
+                          f"{DEFAULT_CHECKPOINT_BANDWIDTH / 1e9:.3g} GB/s, Llama 3's 2 TB/s "
+                          "over 2,048 nodes]."),
+        click.option("--restart-minutes", default=None, type=float,
+                     callback=checked(finite, low=0, high=1e6),
+                     help=f"Failure to training again: detect, reschedule, reload [default: "
+                          f"{DEFAULT_RESTART_S / 60:g}]."),
+        click.option("--async-checkpoint", is_flag=True,
+                     help="Asynchronous checkpoints: only the device→host copy stalls training "
+                          "(Megatron --async-save, torchtitan checkpoint.async_mode)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _every(ctx: click.Context, param: click.Parameter, value: str) -> int | str:
+    """`--checkpoint-every`: a step count ≥ 0 or "auto"."""
+    text = str(value).strip().lower()
+    if text == "auto":
+        return "auto"
+    if not text.isdigit():
+        raise ShardwiseError(f"--checkpoint-every must be a whole number of steps ≥ 0 or auto, "
+                             f"got {value!r}")
+    return int(text)
+
+
+def _goodput_kw(kw: dict[str, Any]) -> dict[str, Any]:
+    """Pop `goodput_options` out of a command's keyword arguments."""
+    return {name: kw.pop(name) for name in ("mtbf_gpu_hours", "checkpoint_bandwidth",
+                                            "restart_minutes", "async_checkpoint")}
 
 
 # ------------------------------------------------------------------------------------ memory
@@ -552,8 +606,12 @@ def _on_ranks(run: Callable[[], Any]) -> Any:
               help="Write a loss-curve PNG here.")
 @click.option("--checkpoint-dir", "checkpoint_dir", default=None,
               type=click.Path(file_okay=False), help="Save sharded checkpoints here.")
-@click.option("--checkpoint-every", default=0, show_default=True, type=click.IntRange(0),
-              help="Steps between checkpoints (0: only after the last step).")
+@click.option("--checkpoint-every", default="0", show_default=True, callback=_every,
+              help="Steps between checkpoints (0: only after the last step), or auto: Daly's "
+                   "interval from the measured write time and --mtbf-gpu-hours, in steps "
+                   "(docs/concepts/goodput.md).")
+@_mtbf_option("With --checkpoint-every auto: GPU-hours between job-interrupting failures, per "
+              "GPU [default: Llama 3's fleet figure].")
 @click.option("--checkpoint-keep", default=2, show_default=True, type=click.IntRange(1),
               help="Newest checkpoints kept.")
 @click.option("--resume", is_flag=True,
@@ -565,7 +623,8 @@ def train(model_name: str, steps: int, seq: int, global_batch: str, lr: float, m
           warmup: int, weight_decay: float, clip: float, seed: int, data_path: str | None,
           dtype: str, grad_dtype: str | None, flash: bool, log_path: str | None,
           plot_path: str | None, timeout: float,
-          checkpoint_dir: str | None, checkpoint_every: int, checkpoint_keep: int,
+          checkpoint_dir: str | None, checkpoint_every: int | str, checkpoint_keep: int,
+          mtbf_gpu_hours: float | None,
           resume: bool, quiet: bool, as_json: bool, save_hf: str | None,
           **layout_kw: Any) -> None:
     """Train --model for real on dp·tp·pp·cp local CPU ranks (gloo), or on the ranks torchrun
@@ -582,6 +641,7 @@ def train(model_name: str, steps: int, seq: int, global_batch: str, lr: float, m
         lr=lr, min_lr=min_lr, warmup=warmup, weight_decay=weight_decay, clip=clip,
         log_path=log_path, progress=not quiet, checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep, resume=resume,
+        mtbf_gpu_hours=mtbf_gpu_hours,
         save_hf=save_hf)
     layout = config.layout
     _preflight(config, files={"--plot": plot_path, "--log": log_path},
@@ -609,6 +669,17 @@ def train(model_name: str, steps: int, seq: int, global_batch: str, lr: float, m
     rows = [["loss first → last", f"{records[0].loss:.4f} → {records[-1].loss:.4f}"],
             ["tokens/s (second half)", f"{sum(r.tokens for r in tail) / seconds:,.0f}"],
             ["step time (second half)", human_time(seconds / len(tail))]]
+    saves = [r for r in records if r.checkpoint_seconds is not None]
+    if saves:
+        rows.append(["checkpoints saved", f"{len(saves)}, {_cell(saves[-1].checkpoint_bytes)} "
+                     f"bytes of tensors each, written in "
+                     f"{human_time(sum(r.checkpoint_seconds or 0 for r in saves) / len(saves))} "
+                     "on average"])
+    chosen = [r.checkpoint_every for r in records if r.checkpoint_every is not None]
+    if chosen:
+        every = "every step" if chosen[-1] == 1 else f"every {chosen[-1]:,} steps"
+        rows.append(["checkpoint interval (auto)", f"{every} (Daly's, from the measured write "
+                     "and step times)"])
     rows += [["loss curve", plot_path]] if plot_path else []
     rows += [["log", log_path]] if log_path else []
     console.print(_table(title, ["quantity", "value"], rows))
@@ -781,6 +852,10 @@ def calibrate(backend: str, ranks: int, out_path: str, plot_path: str | None, qu
               help="Usable fraction of GPU memory, in (0, 1].")
 @click.option("--calibration", "calibration_path", default=None,
               type=click.Path(dir_okay=False), help="JSON file overriding efficiency constants.")
+@click.option("--rank-by", default="step", show_default=True, type=click.Choice(RANK_BY),
+              help="Rank by the step time, or by the effective step time with failures, "
+                   "checkpoints and restarts (step ÷ goodput; docs/concepts/goodput.md).")
+@goodput_options
 @json_option
 def plan(model: str, gpus: int, gpu: str, clock_mhz: float | None, gpus_per_node: int,
          intra: str | None,
@@ -789,12 +864,14 @@ def plan(model: str, gpus: int, gpu: str, clock_mhz: float | None, gpus_per_node
          first_stage_layers: int | None, last_stage_layers: int | None, fix_text: str | None,
          max_text: str | None, all_variants: bool, emit: str | None,
          flash: bool, dtype: str, grad_dtype: str | None, optimizer: str, impl: str,
-         headroom: float, calibration_path: str | None, as_json: bool, fp8: str | None,
-         offload: str, offload_fraction: float, **stack_kw: Any) -> None:
+         headroom: float, calibration_path: str | None, rank_by: str, as_json: bool,
+         fp8: str | None, offload: str, offload_fraction: float, **stack_kw: Any) -> None:
     """Search every layout of MODEL (preset or config.json) and explain the best.
 
     With no arguments: llama3-8b on 64 H100s (8 nodes), s=8192, a 4M-token batch. Rows are
-    ranked by the step time shown (ties: the simpler layout; docs/howto/plan.md).
+    ranked by the step time shown, or with --rank-by goodput by the effective step time
+    (ties: the simpler layout; docs/howto/plan.md); each row's goodput prices failures,
+    checkpoints and restarts (docs/concepts/goodput.md).
     """
     from shardwise.report.plan_report import render_plan
 
@@ -809,7 +886,8 @@ def plan(model: str, gpus: int, gpu: str, clock_mhz: float | None, gpus_per_node
         "partition": partition,
         "first_stage_layers": first_stage_layers, "last_stage_layers": last_stage_layers,
         "fix_text": fix_text, "max_text": max_text, "all_variants": all_variants,
-        "fp8": fp8, "offload": offload, "offload_fraction": offload_fraction}
+        "fp8": fp8, "offload": offload, "offload_fraction": offload_fraction,
+        "rank_by": rank_by, **_goodput_kw(stack_kw)}
     if console.is_terminal and not as_json and emit is None:
         with console.status("searching layouts…") as status:
             result = run_plan(spec, **options, progress=lambda msg: status.update(msg + "…"))

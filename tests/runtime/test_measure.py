@@ -36,6 +36,7 @@ SEQ, BATCH, STEPS = 32, 4, 2
 TINY = get_model("tiny")  # 4 layers, h 64, 4 heads (d 16), 2 kv heads, f 128, V 256
 P_TINY = 180_800  # 4·(2·64·64 + 2·64·32 + 3·64·128 + 2·64) + 2·256·64 + 64
 F64 = 8
+CHECKPOINT = "weights, masters, moments (bytes)"  # `estimate.check.checkpoint_rows`
 
 
 def config(layout: str, model: str = "tiny") -> TrainConfig:
@@ -88,6 +89,7 @@ def _assert_targets(rows: dict, comm: set[str]) -> None:
     for row in rows.values():
         assert row.ok, row
     assert sum(item == "state" for _, item, _ in rows) == 4 * len({s for s, _, _ in rows})
+    assert rows[(0, "checkpoint", CHECKPOINT)].target == "exact"  # one save, rank 0's rows
     if not torch.cuda.is_available():
         assert all(r.note.startswith("no GPU") for (_, item, _), r in rows.items()
                    if item == "peak memory")
@@ -139,6 +141,9 @@ def test_two_ranks_meet_every_target():
     # Measured, against figures worked out by hand.
     act = SEQ * 64 * F64
     assert dp[(0, "comm", "dp all-reduce")].measured == P_TINY * F64  # 2(N-1)/N = 1
+    # the checkpoint: fp64 weights and AdamW's two fp64 moments, each parameter once
+    assert dp[(0, "checkpoint", CHECKPOINT)].measured == P_TINY * 3 * F64
+    assert zero3[(0, "checkpoint", CHECKPOINT)].measured == P_TINY * 3 * F64
     # Without ep the experts are ordinary replicated weights: every parameter is averaged.
     every = get_model("tiny-moe").count_params().total
     assert moe_dp[(0, "comm", "dp all-reduce")].measured == every * F64
@@ -181,8 +186,9 @@ def test_eight_ranks_dp2_tp2_pp2_meet_every_target():
     rows = _merged(spawn(_check_all, 8, cfg, timeout_s=240), 0)
     _assert_targets(rows, {"dp all-reduce", "pp send", "tp all-reduce"})
     assert {stage for stage, _, _ in rows} == {0, 1}
-    # the step-time rows (median and fastest step) are rank 0's
-    assert all(row.ranks == 4 for row in rows.values() if row.item != "step time")
+    # the step-time rows (median and fastest step) and the checkpoint's are rank 0's
+    assert all(row.ranks == (1 if row.item in ("step time", "checkpoint") else 4)
+               for row in rows.values())
 
 
 # ---------------------------------------------------------------------------------- CLI
@@ -191,16 +197,16 @@ def test_cli_check_prints_rows_and_exits_by_the_targets():
     met = shardwise("check", "--dp", "2", "--seq", "32", "--global-batch", "4", "--dtype",
                     "fp64", "--steps", "1")
     # (12 rows + the all-reduce's per-call cost re-timed on the layout's groups + the time
-    # the median step spent in dp's and the world's collectives)
-    assert "All 15 rows meet their targets." in met.stdout
+    # the median step spent in dp's and the world's collectives + 5 checkpoint rows)
+    assert "All 20 rows meet their targets." in met.stdout
     assert "dp all-reduce" in met.stdout and "no GPU" in met.stdout
     sp = shardwise("check", "--tp", "2", "--sp", "--seq", "32", "--global-batch", "2",
                    "--steps", "1", "--json")
     out = json.loads(sp.stdout)
     assert out["ok"] and out["ranks"] == 2 and out["layout"]["sp"]
     # 14 rows + tp's all-reduce, reduce-scatter and all-gather re-timed per call + the time
-    # in tp's and the world's collectives
-    assert all(row["ok"] for row in out["rows"]) and len(out["rows"]) == 19
+    # in tp's and the world's collectives + 5 checkpoint rows
+    assert all(row["ok"] for row in out["rows"]) and len(out["rows"]) == 24
     # Mixed precision, ZeRO-2 over 2 ranks: SPEC §2's 2P + 14P/N bytes, measured — bf16
     # weights whole, bf16 gradient shard, fp32 master shard, fp32 Adam moments shard; with
     # fp32 gradients (Megatron's main_grad, 18 B/param) the gradient shard is fp32: 2P + 16P/N
@@ -213,6 +219,10 @@ def test_cli_check_prints_rows_and_exits_by_the_targets():
         assert state == {"weights": 2 * P_TINY, "grads": grad_bytes * P_TINY / 2,
                          "master": 4 * P_TINY / 2, "optimizer": 8 * P_TINY / 2}
         assert sum(state.values()) == 2 * P_TINY + (12 + grad_bytes) * P_TINY / 2
+        # its checkpoint: bf16 weights, fp32 masters and moments, 2 + 4 + 8 B/param
+        saved = {row["what"]: row["measured"] for row in mixed["rows"]
+                 if row["item"] == "checkpoint"}
+        assert saved[CHECKPOINT] == 14 * P_TINY
     moe = shardwise("check", "--model", "tiny-moe", "--dp", "2", "--ep", "2", "--seq", "32",
                     "--global-batch", "2", "--steps", "1", "--dtype", "fp64", "--json")
     out = json.loads(moe.stdout)
@@ -228,8 +238,8 @@ def test_cli_check_prints_rows_and_exits_by_the_targets():
                        "--global-batch", "2", "--steps", "1", "--json", check=False)
     assert missed.returncode == 1, missed.stderr
     # (16 rows + 4 per-call costs: all-reduce, reduce-scatter, all-gather on 2, all-reduce on 4
-    # + the time in tp's, dp's and the world's collectives)
-    assert missed.stderr.strip() == "error: 1 of 23 rows miss their target (see the notes)"
+    # + the time in tp's, dp's and the world's collectives + 5 checkpoint rows)
+    assert missed.stderr.strip() == "error: 1 of 28 rows miss their target (see the notes)"
     out = json.loads(missed.stdout)
     assert not out["ok"] and out["ranks"] == 4 and out["layout"]["zero"] == 1
     failing = {row["what"]: row["note"] for row in out["rows"] if not row["ok"]}

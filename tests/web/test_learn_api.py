@@ -285,3 +285,34 @@ def test_context_wall_state_over_budget_and_bad_input(client):
     assert "tp=3 does not divide" in one_line_error(client, "context-wall", 400, tp=3)
     one_line_error(client, "context-wall", 422, cp=65)
     one_line_error(client, "context-wall", 422, recompute="some")
+
+
+# ------------------------------------------------------------------- checkpoint interval
+def test_checkpoint_interval_in_closed_form(client):
+    """Llama 3's failure rate: M = 54·24 h / 419 at 16,384 GPUs, 7.8 interruptions a day;
+    Young's √(2δM), Daly's refinement and Daly's wall time at it, worked out here."""
+    d = get(client, "checkpoint-interval", gpus=16384, mtbf_gpu_hours=16384 * 54 * 24 / 419,
+            stall_s=30, restart_min=10)
+    m, delta, r = 54 * 24 * 3600 / 419, 30.0, 600.0
+    assert d["job_mtbf_s"] == pytest.approx(m) and round(d["interruptions_per_day"], 1) == 7.8
+    assert d["young_interval_s"] == pytest.approx(math.sqrt(2 * delta * m))
+    x = delta / (2 * m)
+    tau = math.sqrt(2 * delta * m) * (1 + math.sqrt(x) / 3 + x / 9) - delta
+    assert d["daly_interval_s"] == pytest.approx(tau)
+    wall = (m / tau) * math.exp(r / m) * math.expm1((tau + delta) / m)
+    assert d["daly_total"] == pytest.approx(wall - 1) and d["goodput"] == pytest.approx(1 / wall)
+    # the curve: its parts add up, the stalls are δ/τ, and Daly's point is its minimum
+    for i, tau_i in enumerate(d["interval_s"]):
+        assert d["checkpoint"][i] == pytest.approx(delta / tau_i)
+        assert d["checkpoint"][i] + d["restart"][i] + d["lost"][i] == pytest.approx(d["total"][i])
+        assert d["total"][i] >= d["daly_total"] * (1 - 1e-9)
+    # the restart lifts the curve but does not move the interval
+    later = get(client, "checkpoint-interval", gpus=16384, mtbf_gpu_hours=16384 * 54 * 24 / 419,
+                stall_s=30, restart_min=60)
+    assert later["daly_interval_s"] == d["daly_interval_s"] and later["daly_total"] > d["daly_total"]
+
+
+@pytest.mark.parametrize("params", [{"gpus": 0}, {"stall_s": 0}, {"restart_min": -1},
+                                    {"mtbf_gpu_hours": 1}])
+def test_checkpoint_interval_rejects_out_of_range(client, params):
+    one_line_error(client, "checkpoint-interval", 422, **params)

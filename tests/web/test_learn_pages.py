@@ -18,14 +18,14 @@ expect = sync_api.expect
 expect.set_options(timeout=15_000)
 
 WIDGETS = ["memory-budget", "ring-allreduce", "zero-stages", "tp-mlp", "bubble", "pipeline-grid",
-           "ring-attention", "context-wall"]
+           "ring-attention", "context-wall", "checkpoint-interval"]
 
 
-def test_learn_index_lists_the_eight_widgets(page, server_url, client):
+def test_learn_index_lists_the_nine_widgets(page, server_url, client):
     page.goto(server_url + "/learn/index")
     links = page.locator("#widgets a")
-    expect(links).to_have_count(8)
-    assert [links.nth(i).get_attribute("href") for i in range(8)] == [
+    expect(links).to_have_count(9)
+    assert [links.nth(i).get_attribute("href") for i in range(9)] == [
         f"/learn/{name}" for name in WIDGETS]
     for name in WIDGETS:
         assert client.get(f"/learn/{name}").status_code == 200
@@ -219,6 +219,23 @@ def test_context_wall_moves_with_p(page, server_url):
     expect(tokens).to_have_text("none fits")
     expect(page.locator("#caption")).to_contain_text("a higher ZeRO stage")
     expect(page.locator("#caption")).not_to_contain_text("tensor parallelism")
+
+
+def test_checkpoint_interval(page, server_url):
+    """Llama 3's failure rate (H = 50,677 GPU-hours at 16,384 GPUs): 7.8 interruptions a day;
+    twice the GPUs, twice the rate and a √2 shorter interval; the restart moves the curve,
+    not its minimum."""
+    page.goto(server_url + "/learn/checkpoint-interval")
+    expect(page.locator("#per-day")).to_have_text("7.8")
+    interval = page.locator("#interval").text_content()
+    page.locator("#restart").fill("30")
+    expect(page).to_have_url(re.compile(r"restart_min=30"))
+    expect(page.locator("#interval")).to_have_text(interval)
+    expect(page.locator("#caption")).to_contain_text("30 min")
+    page.locator("#gpus").press("ArrowRight")  # 32,768 GPUs
+    expect(page.locator("#per-day")).to_have_text("15.5")
+    expect(page.locator("#gpus-out")).to_have_text("32,768")
+    expect(page.locator("#chart circle")).to_have_count(1)  # Daly's point on the curve
 
 
 def test_every_explainer_fits_a_phone(page, server_url):

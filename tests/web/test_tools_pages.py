@@ -145,6 +145,13 @@ def test_planner_page_equals_cli_and_its_link_reproduces_it(page, server_url, br
     expect(page.locator("#ranked tr.given td").nth(1)).to_have_text(out["given"]["short"])
     expect(page.locator("#explanation")).to_have_text(out["explanation"])
     expect(page.locator("#training")).to_contain_text(f"${out['training']['cost']:,.0f}")
+    # the goodput panel: the CLI's block, and the explainer set to this plan's numbers
+    good = out["goodput"]
+    expect(page.locator("#goodput-kpis")).to_contain_text(f"{100 * good['goodput']:.1f}%")
+    expect(page.locator("#goodput-kpis")).to_contain_text(f"{good['days']:.1f}")
+    expect(page.locator("#goodput-chart svg rect")).to_have_count(4)
+    learn = page.locator("#goodput-learn a").get_attribute("href")
+    assert learn.startswith("/learn/checkpoint-interval?gpus=32&")
     assert page.locator("#breakdown svg rect").count() == 8
     expect(page.locator("#memory svg rect.budget, #memory svg line.budget")).to_have_count(1)
     # exports: the chosen layout (yours) for each framework, with a copy button

@@ -10,6 +10,8 @@ layout sends, saves and holds, and the rows that compare it with what a run meas
     activation_note  why an activation row differs
     state_rows       parameters, gradients, fp32 masters, optimizer moments per rank (SPEC §2)
     peak_row         the predicted peak next to torch's allocator peak (reported)
+    checkpoint_rows  one checkpoint's tensors (exact) and write time against this disk's
+                     measured bandwidth (`estimate.goodput`)
 
 Targets (`CheckRow.target`): communication exact (to float rounding, 1e-12 relative), saved
 activations within 1 %, state exact; "-" for a row outside the §3/§5 model.
@@ -37,6 +39,11 @@ from shardwise.estimate.comm import (
     ulysses_comm_bytes_per_layer,
     vocab_parallel_comm_ops,
 )
+from shardwise.estimate.goodput import (
+    checkpoint_bytes,
+    checkpoint_bytes_per_param,
+    checkpoint_writes,
+)
 from shardwise.estimate.memory import (
     activation_bytes_per_layer,
     bytes_per_param_training,
@@ -60,6 +67,7 @@ __all__ = [
     "CheckRow",
     "Term",
     "activation_note",
+    "checkpoint_rows",
     "comm_rows",
     "merge_rows",
     "peak_row",
@@ -451,3 +459,40 @@ def peak_row(model: ModelSpec, layout: Layout, train: TrainSpec, stage: int,
                     "allocator peak: the model's state and activations plus transient buffers "
                     f"(modelled: {breakdown.peak_transient or 'none'}; not modelled: collective "
                     "and recompute buffers, fragmentation); CUDA context excluded")
+
+
+def checkpoint_rows(model: ModelSpec, layout: Layout, train: TrainSpec,
+                    measured: dict[str, float]) -> list[CheckRow]:
+    """One checkpoint of the run (`runtime.saving.measure_checkpoint`) against
+    `estimate.goodput`: its weights, fp32 masters and moments (exact: `P ×` the stack's bytes
+    per parameter), its other tensors, the busiest rank's file, the bytes on disk (reported),
+    and the write time this machine's measured disk bandwidth predicts for the whole
+    checkpoint (reported: one machine writes every rank's share)."""
+    per_param = checkpoint_bytes_per_param(train, layout.zero)
+    whole = checkpoint_bytes(model, train, layout.zero)
+    rank = float(checkpoint_writes(model, layout.world_size, train, **layout.codes(),
+                                   partition=layout.partition)[0])
+    bandwidth = measured["bandwidth"]
+    return [
+        CheckRow("checkpoint", "weights, masters, moments (bytes)", whole, measured["state"],
+                 EXACT, f"{model.count_params().total:,} params × {per_param:g} B "
+                 f"({train.dtype}, the {train.impl} runtime's format); measured: the chunks "
+                 "DCP's .metadata lists, each once"),
+        CheckRow("checkpoint", "step counters, RNG (bytes)", None, measured["other"], REPORTED,
+                 "AdamW's step count per parameter and the CPU generator's state: outside "
+                 "the per-parameter model"),
+        CheckRow("checkpoint", "busiest rank's file (bytes)", rank,
+                 measured["busiest_rank_bytes"], REPORTED,
+                 "predicted: an even share of its stage (DCP gives each replicated chunk to "
+                 "the rank with the least planned so far); measured: its .distcp file, "
+                 "torch.save's framing of every chunk included"),
+        CheckRow("checkpoint", "on disk (bytes)", None, measured["disk_bytes"], REPORTED,
+                 "every file: the tensors in torch.save framing, DCP's .metadata, "
+                 "shardwise.json and the checksum manifest"),
+        CheckRow("checkpoint", "write (s)", whole / bandwidth, measured["seconds"], REPORTED,
+                 f"predicted: the tensors ÷ this disk's {bandwidth / 1e6:,.0f} MB/s "
+                 f"({measured['disk_test_bytes'] / 2**20:g} MiB written and fsync'ed into the "
+                 "same directory just before); measured: the "
+                 "whole save, with DCP's planning and serialisation, the manifest's SHA-256 "
+                 "of every file, the fsyncs and the atomic publish"),
+    ]

@@ -47,6 +47,7 @@ __all__ = [
     "StateBytes",
     "activation_bytes_per_layer",
     "bytes_per_param_training",
+    "candidate_stages",
     "count_params",
     "fp8_linear_params",
     "in_flight_per_stage",
@@ -613,6 +614,15 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
     return parts | {"in_flight": in_flight, "stage": stage + 0 * pp}
 
 
+def candidate_stages(model: ModelSpec, pp: Any) -> list[Any]:
+    """The pipeline stages that can hold the most (`peak_stage_memory`'s reasoning): the
+    first, the second and the last (arrays of stage indices for arrays of `pp`), or every stage
+    of an MoE model with `moe_every > 1` or dense first layers."""
+    if model.is_moe and (model.moe_every > 1 or model.first_dense_layers):
+        return [np.minimum(i, pp - 1) for i in range(int(np.max(pp)))]
+    return [0 * pp, np.minimum(1, pp - 1), pp - 1]
+
+
 def peak_stage_memory(model: ModelSpec, train: TrainSpec, *, pp: Any, stages: Any = None,
                       **layout: Any) -> dict[str, Any]:
     # `layout`: `stage_memory`'s keyword arguments (the layout's codes, `generation`, …)
@@ -623,12 +633,8 @@ def peak_stage_memory(model: ModelSpec, train: TrainSpec, *, pp: Any, stages: An
     405B PP16 1F1B holds 8·15 layer activations there against 7·16 on stage 0; the same holds
     for the planner's other `Balanced` partitions, no middle stage above stage 1); MoE models
     with `moe_every > 1` or dense first layers are checked stage by stage."""
-    if model.is_moe and (model.moe_every > 1 or model.first_dense_layers):
-        candidates = [np.minimum(i, pp - 1) for i in range(int(np.max(pp)))]
-    else:
-        candidates = [0 * pp, np.minimum(1, pp - 1), pp - 1]
     best: dict[str, Any] | None = None
-    for stage in candidates:
+    for stage in candidate_stages(model, pp):
         parts = stage_memory(model, train, pp=pp, stage=stage, **layout)
         if best is None:
             best = parts

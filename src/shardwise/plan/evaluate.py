@@ -10,6 +10,7 @@ import numpy as np
 from shardwise.arch import ModelSpec
 from shardwise.calibration import Calibration, default_calibration
 from shardwise.estimate.compute import RC_CODES, ComputeContext
+from shardwise.estimate.goodput import Reliability, checkpoint_timing, estimate_goodput
 from shardwise.estimate.memory import (
     activation_bytes_per_layer,
     peak_stage_memory,
@@ -144,11 +145,21 @@ def simulated(cand: dict[str, Any]) -> Any:
     return (cand["pp"] > 1) & (cand["pp"] * cand["m"] * cand["chunks"] <= SIMULATED_ACTIONS)
 
 
+def candidate_goodput(model: ModelSpec, cluster: Cluster, train: TrainSpec,
+                      cand: dict[str, Any], reliability: Reliability) -> dict[str, Any]:
+    """`estimate.goodput.checkpoint_timing` of arrays of layouts (the search's flat `cand`)."""
+    return checkpoint_timing(model, cluster, train, reliability,
+                             **{k: cand[k] for k in _STEP_KEYS if k != "m"},
+                             partition=_partition(cand))
+
+
 def evaluate_layout(model: ModelSpec, cluster: Cluster, train: TrainSpec, layout: Layout,
                     calib: Calibration | None = None, headroom: float = DEFAULT_HEADROOM,
-                    *, simulate: bool = True) -> PlanEntry:
+                    *, simulate: bool = True, reliability: Reliability | None = None
+                    ) -> PlanEntry:
     """One layout, evaluated with the scalar model (its bubble from the simulator when the
-    schedule is small enough to simulate quickly: `simulated`)."""
+    schedule is small enough to simulate quickly: `simulated`); with `reliability`, its
+    goodput too (`estimate.goodput.estimate_goodput`)."""
     stages = training_memory_per_gpu(
         model, layout, train, generation=generation(cluster.accelerator.calibration_name))
     peak = max(stages, key=lambda st: st.total)
@@ -156,4 +167,7 @@ def evaluate_layout(model: ModelSpec, cluster: Cluster, train: TrainSpec, layout
     run = simulated({"pp": layout.pp, "m": layout.microbatches(train), "chunks": layout.chunks})
     estimate = estimate_step(model, cluster, layout, train, calib,
                              simulate=simulate and bool(run))
-    return PlanEntry(layout, estimate, peak, cluster.accelerator.memory_bytes * headroom)
+    goodput = (None if reliability is None else
+               estimate_goodput(model, cluster, layout, train, estimate.total, reliability))
+    return PlanEntry(layout, estimate, peak, cluster.accelerator.memory_bytes * headroom,
+                     goodput=goodput)

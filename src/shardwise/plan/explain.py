@@ -55,7 +55,7 @@ def _alternatives(ranking: Ranking, best: int) -> list[Alternative]:
             rows = ranking.top(1, within=mask, fold=False, refine=False)
             if len(rows):
                 i = int(rows[0])
-                out.append(Alternative(axis, shown, float(ranking.known[i]),
+                out.append(Alternative(axis, shown, float(ranking.figure(i)),
                                        _layout_of(cand, i).short(), None))
             else:
                 out.append(Alternative(axis, shown, None, None, float(memory[mask].min())))
@@ -63,13 +63,13 @@ def _alternatives(ranking: Ranking, best: int) -> list[Alternative]:
 
 
 def _simplest(ranking: Ranking, best: int, within: float = SIMPLEST_WITHIN) -> int:
-    """The layout with the fewest non-trivial axes (`rank.nontrivial_axes`) whose exact step
-    time is within `within` of the winner's (the fastest such; ties `rank.SIMPLER`)."""
+    """The layout with the fewest non-trivial axes (`rank.nontrivial_axes`) whose exact figure
+    (step time, or effective step time) is within `within` of the winner's (the fastest such; ties `rank.SIMPLER`)."""
     axes = nontrivial_axes(ranking.cand)
-    limit = ranking.known[best] * (1 + within)
+    limit = ranking.figure(best) * (1 + within)
     for count in range(int(axes[best])):
         rows = ranking.top(1, within=axes == count, fold=False)
-        if len(rows) and ranking.known[rows[0]] <= limit:
+        if len(rows) and ranking.figure(rows[0]) <= limit:
             return int(rows[0])
     return best
 

@@ -1,6 +1,9 @@
-"""Ranking by the step time the report shows, ties to the simpler layout, variants folded.
+"""Ranking by the step time the report shows (or by the effective step time, step ÷ goodput:
+`--rank-by goodput`), ties to the simpler layout, variants folded.
 
-**The figure.** Each layout's step time is `estimate_step(..., simulate=True)`'s: the closed
+**The figure.** Each layout's figure is its step time times a factor of its own that does not
+depend on the step time (`Ranking(scale=…)`: 1, or 1/goodput, `estimate.goodput`, whose
+checkpoint interval is in seconds), so the bounds below carry over. The step time is `estimate_step(..., simulate=True)`'s: the closed
 form, except for pipelines of uneven stages whose schedule is small enough to simulate
 (`evaluate.simulated`), where the bubble comes from the schedule simulator. For those the
 closed form is an upper bound (`estimate.step`), so the search knows every layout's figure
@@ -111,15 +114,16 @@ def nontrivial_axes(cand: dict[str, Any]) -> np.ndarray:
 
 
 class Ranking:
-    """The fitting layouts of a search, ranked by their exact step time (module docstring).
+    """The fitting layouts of a search, ranked by their exact figure (module docstring).
 
     `cand` and `terms` are the flat arrays of the search (`grid._flatten`; terms `total`,
     `bubble`, `t_forward`, `t_backward`, `t_wgrad`); the exact figure is computed on demand.
     """
 
     def __init__(self, model: ModelSpec, cand: dict[str, Any], terms: dict[str, Any],
-                 fits: np.ndarray) -> None:
+                 fits: np.ndarray, scale: Any = 1.0) -> None:
         self.model, self.cand, self.terms, self.fits = model, cand, terms, fits
+        self.scale = np.broadcast_to(np.asarray(scale, dtype=float), fits.shape)
         upper = np.where(fits, terms["total"], np.inf)
         most = stage_extremes(model.n_layers, cand["pp"], cand["chunks"], _partition(cand))[0]
         uneven = most * cand["pp"] != model.n_layers
@@ -139,6 +143,10 @@ class Ranking:
                                np.where(split, t_w, np.inf)], axis=1)
         self.busy = cand["m"] * (terms["t_forward"] + t_b)  # the busiest stage's work
         self.simulations = 0
+
+    def figure(self, idx: Any) -> Any:
+        """The ranked figure of layouts `idx`: the step time known × `scale`."""
+        return self.known[idx] * self.scale[idx]
 
     def _simulate(self, i: int) -> None:
         """The exact figure of layout `i`, and the bound it gives its group (docstring)."""
@@ -172,13 +180,13 @@ class Ranking:
         # the best known figure of each row (family, when folding): a bound on its exact best
         row = np.unique(self.family[idx], return_inverse=True)[1] if fold else np.arange(len(idx))
         best = np.full(int(row.max()) + 1, np.inf)
-        np.minimum.at(best, row, self.known[idx])
+        np.minimum.at(best, row, self.figure(idx))
         k = min(n, len(best)) - 1
         while True:
             threshold = float(np.partition(best, k)[k]) * (1 + 2 * TIE)
-            open_ = self.pending[idx] & (self.lower[idx] <= threshold) & refine
+            open_ = self.pending[idx] & (self.lower[idx] * self.scale[idx] <= threshold) & refine
             if not open_.any():
-                near = idx[self.known[idx] <= threshold]
+                near = idx[self.figure(idx) <= threshold]
                 rows = near[self._order(near)]
                 if fold:
                     _, first = np.unique(self.family[rows], return_index=True)
@@ -189,11 +197,11 @@ class Ranking:
                     return rows
             j = int(np.argmin(np.where(open_, self.lower[idx], np.inf)))
             self._simulate(int(idx[j]))
-            best[row[j]] = min(best[row[j]], self.known[idx[j]])
+            best[row[j]] = min(best[row[j]], self.figure(idx[j]))
 
     def _order(self, idx: np.ndarray) -> np.ndarray:
         """Positions of `idx` in rank order: the figure to `TIE`, then `SIMPLER`."""
-        known = self.known[idx]
+        known = self.figure(idx)
         return np.lexsort((self.simple[idx], rounded(known, known.min())))
 
     def variants(self, rows: np.ndarray) -> list[int]:
@@ -208,7 +216,7 @@ class Ranking:
         if hit is None or not self.fits[hit]:
             return None
         idx = np.nonzero(self.fits)[0]
-        figure = rounded(self.known[idx], self.known[idx].min())
+        figure = rounded(self.figure(idx), self.figure(idx).min())
         mine = figure[idx == hit][0]
         ahead = (figure < mine) | ((figure == mine) & (self.simple[idx] < self.simple[hit]))
         return int(ahead.sum()) + 1

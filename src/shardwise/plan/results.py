@@ -7,6 +7,7 @@ from typing import Any
 
 from shardwise.arch import ModelSpec
 from shardwise.calibration import Calibration
+from shardwise.estimate.goodput import Goodput, Reliability
 from shardwise.estimate.memory import (
     MemoryBreakdown,
 )
@@ -30,7 +31,8 @@ class Rejection:
 
 @dataclass(frozen=True)
 class PlanEntry:
-    """One evaluated layout: its step estimate, its largest stage's memory, the budget."""
+    """One evaluated layout: its step estimate, its largest stage's memory, the budget, and
+    what failures and checkpoints leave of its time (`estimate.goodput`)."""
 
     layout: Layout
     estimate: StepEstimate
@@ -38,10 +40,19 @@ class PlanEntry:
     budget: float
     rank: int | None = None
     variants: int = 0  # other fitting layouts that differ only in second-order knobs
+    goodput: Goodput | None = None
 
     @property
     def fits(self) -> bool:
         return self.memory.total <= self.budget
+
+    def figure(self, rank_by: str = "step") -> float:
+        """What the planner ranks by: the step time, or (`rank_by="goodput"`) the effective
+        step time, step ÷ goodput."""
+        if rank_by == "goodput":
+            assert self.goodput is not None
+            return self.goodput.effective_step_s
+        return self.estimate.total
 
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "variants": self.variants,
@@ -49,12 +60,14 @@ class PlanEntry:
                 "estimate": self.estimate.to_dict(),
                 "memory": self.memory.as_dict() | {"stage": self.memory.stage,
                                                    "in_flight": self.memory.in_flight},
-                "budget_bytes": self.budget, "fits": self.fits}
+                "budget_bytes": self.budget, "fits": self.fits,
+                "goodput": self.goodput.to_dict() if self.goodput else None}
 
 
 @dataclass(frozen=True)
 class Alternative:
-    """The best layout when one axis is held at another value (for the explanation)."""
+    """The best layout when one axis is held at another value (for the explanation);
+    `best_total`: its figure (`PlanEntry.figure`: the step time, or step ÷ goodput)."""
 
     axis: str
     value: Any
@@ -102,6 +115,8 @@ class PlanResult:
     simplest: PlanEntry | None = None  # fewest non-trivial axes within 1 % of the best
     constraint: str = ""  # the user's --fix / --max, as `Constraint.describe` writes it
     all_variants: bool = False  # rows list every variant (else one row per family)
+    rank_by: str = "step"  # "step" or "goodput" (`PlanEntry.figure`)
+    reliability: Reliability = field(default_factory=Reliability)  # the goodput inputs
 
     @property
     def best(self) -> PlanEntry:
@@ -122,6 +137,7 @@ class PlanResult:
             "alternatives": [asdict(a) for a in self.alternatives],
             "simplest": self.simplest.to_dict() if self.simplest else None,
             "constraint": self.constraint, "all_variants": self.all_variants,
+            "rank_by": self.rank_by, "reliability": self.reliability.to_dict(),
             "stats": asdict(self.stats) | {"layouts_per_s": self.stats.layouts_per_s},
             "calibration": self.calibration.to_dict(),
             "flop_convention": FLOP_CONVENTION,

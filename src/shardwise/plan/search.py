@@ -14,10 +14,16 @@ import numpy as np
 from shardwise.arch import ModelSpec
 from shardwise.calibration import Calibration, default_calibration
 from shardwise.errors import ShardwiseError
+from shardwise.estimate.goodput import MIN_GOODPUT, RANK_BY, Reliability, no_progress
 from shardwise.hardware import Cluster
 from shardwise.layout import Layout, TrainSpec
 from shardwise.plan.baseline import choose_parallelism
-from shardwise.plan.evaluate import _layout_of, evaluate_candidates, evaluate_layout
+from shardwise.plan.evaluate import (
+    _layout_of,
+    candidate_goodput,
+    evaluate_candidates,
+    evaluate_layout,
+)
 from shardwise.plan.explain import _alternatives, _no_fit_message, _simplest
 from shardwise.plan.grid import _enumerate, _flatten, _Rejections, _structure_reason
 from shardwise.plan.rank import Ranking, rounded
@@ -29,10 +35,13 @@ def plan(model: ModelSpec, cluster: Cluster, train: TrainSpec, top: int = 10, *,
          headroom: float = DEFAULT_HEADROOM, calib: Calibration | None = None,
          space: SearchSpace | None = None, layout: Layout | None = None,
          baseline: bool = True, progress: Callable[[str], None] | None = None,
-         all_variants: bool = False) -> PlanResult:
+         all_variants: bool = False, rank_by: str = "step",
+         reliability: Reliability | None = None) -> PlanResult:
     """Search every layout of `model` on `cluster` for `train` (within `space`, its
-    `constraint` included), rank by step time (`rank.Ranking`: the exact figure, ties to the
-    simpler layout).
+    `constraint` included), rank by step time, or with `rank_by="goodput"` by the effective
+    step time, step ÷ goodput under `reliability` (`estimate.goodput`; default: the published
+    fleet figures) — `rank.Ranking`: the exact figure, ties to the simpler layout. Every row
+    carries its goodput.
 
     Returns the `top` fastest rows that fit (GPU memory × `headroom` on every stage) — one per
     family of layouts that differ only in second-order knobs (`rank.SECOND_ORDER`), or every
@@ -56,12 +65,17 @@ def plan(model: ModelSpec, cluster: Cluster, train: TrainSpec, top: int = 10, *,
         raise ShardwiseError(f"headroom must be in (0, 1], got {headroom}")
     if top < 1:
         raise ShardwiseError(f"top must be ≥ 1, got {top}")
+    if rank_by not in RANK_BY:
+        raise ShardwiseError(f"rank_by must be one of {', '.join(RANK_BY)}, got {rank_by!r}")
+    rel = (reliability or Reliability()).validate()
+    rel.check_stack(train)
     cal = calib or default_calibration(cluster.accelerator.calibration_name)
     budget = cluster.accelerator.memory_bytes * headroom
     rejections = _Rejections()
     say("enumerating layouts")
     cand, grid = _enumerate(model, cluster, train, space or SearchSpace(), rejections)
-    given = evaluate_layout(model, cluster, train, layout, cal, headroom) if layout else None
+    given = (evaluate_layout(model, cluster, train, layout, cal, headroom, reliability=rel)
+             if layout else None)
     if not cand or not cand["_valid"].any():
         # a structural example is already the full sentence of which `reason` is the summary
         reasons = "; ".join(r.example if r.example and _structure_reason(r.example) == r.reason
@@ -93,21 +107,30 @@ def plan(model: ModelSpec, cluster: Cluster, train: TrainSpec, top: int = 10, *,
         raise ShardwiseError(_no_fit_message(model, cluster, train, cand, terms, budget,
                                              headroom))
     say("ranking")
-    ranking = Ranking(model, cand, terms, fits)
+    scale: Any = 1.0
+    if rank_by == "goodput":
+        timing = candidate_goodput(model, cluster, train, cand, rel)
+        usable = fits & (timing["goodput"] >= MIN_GOODPUT)
+        if not usable.any():
+            i = int(np.argmax(np.where(fits, timing["goodput"], -1.0)))
+            raise ShardwiseError(no_progress(float(timing["job_mtbf_s"][i]), cluster.n_gpus,
+                                             rel, float(timing["stall_s"][i])))
+        scale = np.where(usable, 1 / timing["goodput"], np.inf)
+    ranking = Ranking(model, cand, terms, fits, scale)
     rows = ranking.top(top, fold=not all_variants)
     variants = ranking.variants(rows) if not all_variants else [0] * len(rows)
 
-    def entry(i: int, **extra: int) -> PlanEntry:
-        found = evaluate_layout(model, cluster, train, _layout_of(cand, i), cal, headroom)
-        return PlanEntry(found.layout, found.estimate, found.memory, budget, **extra)
+    def entry(i: int, variants: int = 0) -> PlanEntry:
+        found = evaluate_layout(model, cluster, train, _layout_of(cand, i), cal, headroom,
+                                reliability=rel)
+        return replace(found, budget=budget, variants=variants)
 
     # the rows in the order of the figures they show (the ranking's rule, `rank.rounded`)
     shown = [entry(int(i), variants=n) for i, n in zip(rows, variants)]
-    figure = rounded([e.estimate.total for e in shown], min(e.estimate.total for e in shown))
+    shown_figures = [e.figure(rank_by) for e in shown]
+    figure = rounded(shown_figures, min(shown_figures))
     order = sorted(range(len(shown)), key=lambda k: (figure[k], ranking.simple[rows[k]]))
-    ranked = [PlanEntry(shown[k].layout, shown[k].estimate, shown[k].memory, budget,
-                        rank=position + 1, variants=shown[k].variants)
-              for position, k in enumerate(order)]
+    ranked = [replace(shown[k], rank=position + 1) for position, k in enumerate(order)]
     best = int(rows[order[0]])
     outside = ("outside the search space or its constraints" if space and space.constraint
                else "outside the search space")
@@ -115,7 +138,8 @@ def plan(model: ModelSpec, cluster: Cluster, train: TrainSpec, top: int = 10, *,
     if baseline:
         try:
             base_layout = choose_parallelism(model, cluster, train, headroom=headroom)
-            base = evaluate_layout(model, cluster, train, base_layout, cal, headroom)
+            base = evaluate_layout(model, cluster, train, base_layout, cal, headroom,
+                                   reliability=rel)
             pos = ranking.position(base_layout, model.n_layers)
             note = f"rank {pos} of {n_fit:,} fitting layouts" if pos else outside
         except ShardwiseError as exc:
@@ -123,7 +147,7 @@ def plan(model: ModelSpec, cluster: Cluster, train: TrainSpec, top: int = 10, *,
     given_note = ""
     if given is not None:
         pos = ranking.position(given.layout, model.n_layers)
-        given = PlanEntry(given.layout, given.estimate, given.memory, budget, rank=pos)
+        given = replace(given, budget=budget, rank=pos)
         given_note = (f"rank {pos} of {n_fit:,} fitting layouts" if pos else
                       "does not fit in GPU memory" if not given.fits else outside)
     alternatives = _alternatives(ranking, best)
@@ -134,7 +158,7 @@ def plan(model: ModelSpec, cluster: Cluster, train: TrainSpec, top: int = 10, *,
                       SearchStats(grid, n, n_fit, seconds, eval_seconds, ranking.simulations),
                       base, note, given, given_note, alternatives, simplest,
                       space.constraint.describe() if space and space.constraint else "",
-                      all_variants)
+                      all_variants, rank_by, rel)
 
 
 def _best_offload(model: ModelSpec, cluster: Cluster, train: TrainSpec, top: int,

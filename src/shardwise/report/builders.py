@@ -22,8 +22,8 @@ from shardwise.stacks import DEFAULT_STACK
 from shardwise.units import dtype_bytes, parse_batch, parse_count, parse_size
 
 __all__ = ["FRAMEWORKS", "build_layout", "comm_payload", "emit_payload", "memory_payload",
-           "model_row", "models_payload", "plan_payload", "run_plan", "schedule_payload",
-           "schedule_svg", "simulate_schedule", "training_budget"]
+           "model_row", "models_payload", "plan_payload", "reliability", "run_plan",
+           "schedule_payload", "schedule_svg", "simulate_schedule", "training_budget"]
 
 FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
 
@@ -253,7 +253,9 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str | Accelerator = "h100"
              first_stage_layers: int | None = None, last_stage_layers: int | None = None,
              fix_text: str | None = None, max_text: str | None = None,
              all_variants: bool = False, fp8: str | None = None, offload: str = "none",
-             offload_fraction: float = 1.0) -> Any:
+             offload_fraction: float = 1.0, rank_by: str = "step",
+             mtbf_gpu_hours: float | None = None, checkpoint_bandwidth: str | None = None,
+             restart_minutes: float | None = None, async_checkpoint: bool = False) -> Any:
     """Validate the plan options and search every layout (SPEC §7); returns the `PlanResult`.
     `partition` or `first_stage_layers`/`last_stage_layers` set the given layout's stages.
     `layout_text` (`tp=8,pp=2,zero=1`; dp: the GPUs the other axes leave) is evaluated too.
@@ -261,7 +263,9 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str | Accelerator = "h100"
     `fix_text` (`tp=8,pp=4`) and `max_text` (`tp=8`) confine the search (`--fix`, `--max`);
     `all_variants` lists every layout instead of folding second-order variants. `fp8`,
     `offload`, `offload_fraction`: `TrainSpec`'s; `offload="auto"` lets the search compare
-    the stack's offloads with none (`SearchSpace.offload`)."""
+    the stack's offloads with none (`SearchSpace.offload`). `rank_by` ("step" or "goodput")
+    and the failure and checkpoint inputs (`reliability`) set how rows rank and what their
+    goodput is."""
     from shardwise.calibration import load_calibration
     from shardwise.plan import Constraint, SearchSpace, plan
 
@@ -289,10 +293,41 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str | Accelerator = "h100"
                 spec.n_layers, given.pp, partition, first_stage_layers, last_stage_layers))
         given.validate(spec, cluster, train)
     training_budget(tokens, price)
+    inputs = reliability(mtbf_gpu_hours, checkpoint_bandwidth, restart_minutes,
+                         async_checkpoint)
+    inputs.check_stack(train)
     space = SearchSpace(constraint=Constraint.parse(fix_text, max_text),
                         offload=train.stack.offload_kinds() if auto else None)
     return plan(spec, cluster, train, top, headroom=headroom, calib=calib, layout=given,
-                progress=progress, space=space, all_variants=all_variants)
+                progress=progress, space=space, all_variants=all_variants, rank_by=rank_by,
+                reliability=inputs)
+
+
+def reliability(mtbf_gpu_hours: float | None = None, checkpoint_bandwidth: str | None = None,
+                restart_minutes: float | None = None, async_checkpoint: bool = False) -> Any:
+    """The goodput inputs (`estimate.goodput.Reliability`) from the plan options, each
+    checked under its option's name; None takes the published default.
+    `checkpoint_bandwidth` per node: `2GB/s`, `500MB/s` or bytes/s."""
+    from shardwise.estimate.goodput import Reliability
+
+    given: dict[str, Any] = {"async_checkpoint": bool(async_checkpoint)}
+    if mtbf_gpu_hours is not None:
+        given["mtbf_gpu_hours"] = validate.finite(mtbf_gpu_hours, "--mtbf-gpu-hours", low=0,
+                                                  low_open=True, high=1e12)
+    if checkpoint_bandwidth is not None:
+        text = str(checkpoint_bandwidth).strip()
+        try:
+            rate = parse_size(text[:-2] if text.lower().endswith("/s") else text)
+        except ShardwiseError:
+            raise ShardwiseError(f"--checkpoint-bandwidth {checkpoint_bandwidth!r}: write bytes "
+                                 "per second per node, e.g. 2GB/s or 500MB/s") from None
+        given["checkpoint_bandwidth"] = validate.finite(
+            rate, f"--checkpoint-bandwidth {checkpoint_bandwidth} (bytes/s per node)", low=0,
+            low_open=True, high=1e15)
+    if restart_minutes is not None:
+        given["restart_s"] = 60 * validate.finite(restart_minutes, "--restart-minutes",
+                                                  low=0, high=1e6)
+    return Reliability(**given).validate()
 
 
 def training_budget(tokens: str | None, price: float | None) -> float | None:
@@ -318,17 +353,20 @@ def emit_payload(framework: str, result: Any) -> dict[str, Any]:
 def plan_payload(result: Any, *, tokens: str | None = None,
                  price: float | None = None) -> dict[str, Any]:
     """`shardwise plan --json`: the search result (ranked layouts with step-time and memory
-    breakdowns, baseline, your layout, rejected regions, statistics), the explanation, time
-    and cost of the token budget, and the chosen layout's three launch configurations (or why
-    one cannot be written)."""
+    breakdowns and goodput, baseline, your layout, rejected regions, statistics), the
+    explanation, time and cost of the token budget, the winner's goodput (with the budget: its
+    expected interruptions, days, GPU-hours and cost), and the chosen layout's three launch
+    configurations (or why one cannot be written)."""
     from shardwise.plan.rank import SECOND_ORDER, SIMPLER
-    from shardwise.report.plan_report import explain, training_summary
+    from shardwise.report.plan_report import explain, goodput_summary, training_summary
 
     out = result.to_dict()
     out["stack"] = result.train.settings().to_dict()
     out["explanation"] = explain(result)
     out["tie_break"], out["second_order"] = list(SIMPLER), list(SECOND_ORDER)
-    out["training"] = training_summary(result.best, training_budget(tokens, price), price)
+    budget = training_budget(tokens, price)
+    out["training"] = training_summary(result.best, budget, price)
+    out["goodput"] = goodput_summary(result.best, budget, price)
     emits: dict[str, Any] = {}
     for framework in FRAMEWORKS:
         try:

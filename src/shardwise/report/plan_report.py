@@ -4,9 +4,12 @@ search statistics (rich tables; units named: GiB = 2^30 B, GB = 10^9 B)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Console
 from rich.table import Table
 
+from shardwise.estimate.goodput import CHECKPOINTS
 from shardwise.estimate.profiles import fused_attention, get_profile
 from shardwise.layout import AXES, RECOMPUTE_LIGHTEST_FIRST, Layout
 from shardwise.placement import members_per_node
@@ -15,8 +18,9 @@ from shardwise.plan.explain import SIMPLEST_WITHIN
 from shardwise.report.text import table as _table
 from shardwise.units import human_count, human_time
 
-__all__ = ["breakdown_table", "explain", "memory_table", "ranked_table", "ranked_title",
-           "render_plan", "training_summary", "variants_text"]
+__all__ = ["breakdown_table", "explain", "goodput_sentence", "goodput_summary", "goodput_table",
+           "memory_table", "ranked_table", "ranked_title", "render_plan", "training_summary",
+           "variants_text"]
 
 _LABELS = {"compute": "compute", "tp_comm": "TP comm (exposed)",
            "cp_comm_exposed": "CP comm (exposed)", "ep_comm": "EP all-to-all",
@@ -38,22 +42,29 @@ def variants_text(n: int) -> str:
 
 
 def ranked_title(result: PlanResult) -> str:
+    """The ranked table's title: what the rows are ranked by, how many fit, what the columns
+    count."""
     folded = ("" if result.all_variants else
               "; +N variants: layouts that differ only in ZeRO group size or stage partition, "
               "folded into their best (--all-variants lists them)")
-    return (f"Top {len(result.ranked)} layouts by step time (of {result.stats.fits:,} that fit"
+    by = ("effective step time (step ÷ goodput: failures, checkpoints and restarts counted)"
+          if result.rank_by == "goodput" else "step time")
+    return (f"Top {len(result.ranked)} layouts by {by} (of {result.stats.fits:,} that fit"
             f"{folded}; step ± its band from published runs of the nearest group; † relies "
             "on something no published run validates; memory = largest stage, GiB; "
             "MFU and HFU count full attention, 6N + 12·L·h·s FLOPs per token)")
 
 
 def ranked_table(result: PlanResult) -> Table:
-    """The top layouts, one row each: step time, its band, rates, MFU/HFU, memory, the step's
-    shares."""
+    """The top layouts, one row each: step time, its band, (ranking by goodput: the effective
+    step time,) goodput, rates, MFU/HFU, memory, the step's shares."""
+    effective = result.rank_by == "goodput"
     table = _table(ranked_title(result),
-                   ["#", "layout", "step", "tokens/s", "MFU", "HFU", "mem GiB", "compute", "TP",
-                    "DP", "PP+bubble", "other"])
+                   ["#", "layout", "step", *(["eff. step"] if effective else []),
+                    "goodput", "tokens/s", "MFU", "HFU", "mem GiB", "compute", "TP", "DP",
+                    "PP+bubble", "other"])
     for entry in result.ranked:
+        good = entry.goodput
         e = entry.estimate
         share = {k: v / e.total for k, v in e.breakdown().items()}
         other = share["cp_comm_exposed"] + share["ep_comm"] + share["optimizer"]
@@ -63,6 +74,8 @@ def ranked_table(result: PlanResult) -> Table:
                       entry.layout.short() + (f" [dim]{folded}[/]" if folded else "")
                       + (" †" if sure and sure.unvalidated else ""),
                       human_time(e.total) + (f" ±{round(sure.band * 100)}%" if sure else ""),
+                      *([human_time(entry.figure("goodput"))] if effective else []),
+                      _pct(good.goodput) if good else "",
                       human_count(e.tokens_per_s), _pct(e.mfu), _pct(e.hfu),
                       _gib(entry.memory.total), _pct(share["compute"]), _pct(share["tp_comm"]),
                       _pct(share["dp_comm_exposed"]),
@@ -156,15 +169,21 @@ def _validation_sentence(result: PlanResult) -> str:
 
 
 def explain(result: PlanResult) -> str:
-    """One paragraph: why the winner wins, axis by axis, from the search's own alternatives."""
+    """One paragraph: why the winner wins, axis by axis, from the search's own alternatives
+    (compared by the figure ranked: step time, or effective step time), and what failures and
+    checkpoints cost it (`goodput_sentence`)."""
     best = result.best
     lay, e = best.layout, best.estimate
-    total = e.total
+    total, figure = e.total, best.figure(result.rank_by)
     alts = result.alternatives
     cl = result.cluster
+    lead = (f"{lay.short()} is the fastest of {result.stats.fits:,} layouts that fit"
+            if result.rank_by == "step" else
+            f"{lay.short()} has the shortest effective step time (step ÷ goodput) of "
+            f"{result.stats.fits:,} layouts that fit, {human_time(figure)}")
     sentences = [
-        f"{lay.short()} is the fastest of {result.stats.fits:,} layouts that fit: "
-        f"{human_time(total)} per step, {human_count(e.tokens_per_s)} tokens/s, "
+        f"{lead}: "
+        f"{human_time(e.total)} per step, {human_count(e.tokens_per_s)} tokens/s, "
         f"{e.mfu:.1%} MFU ({e.mfu_causal:.1%} counting only the causal half of attention; "
         f"HFU {e.hfu:.1%} also counts {_recompute_adds(lay.recompute)})."]
     sentences.append(_simplest_sentence(result))
@@ -174,10 +193,10 @@ def explain(result: PlanResult) -> str:
         sentences.append(
             f"TP {lay.tp} shards every layer {where} over {cl.intra.name}; its "
             f"{'reduce-scatters and all-gathers (sequence parallel)' if lay.sp else 'all-reduces'} "
-            f"cost {e.tp_comm / total:.0%} of the step{_slower(_closest(alts, 'tp'), total)}.")
+            f"cost {e.tp_comm / total:.0%} of the step{_slower(_closest(alts, 'tp'), figure)}.")
     else:
         sentences.append("No tensor parallelism: per-layer all-reduces would cost more than "
-                         f"they save{_slower(_closest(alts, 'tp'), total)}.")
+                         f"they save{_slower(_closest(alts, 'tp'), figure)}.")
     if lay.pp > 1:
         in_node = members_per_node("pp", cl.gpus_per_node, pp=lay.pp, dp=lay.dp, cp=lay.cp,
                                    tp=lay.tp, ep=lay.ep)
@@ -190,10 +209,10 @@ def explain(result: PlanResult) -> str:
             f"PP {lay.pp} {span} gives {each}; "
             f"{sched} over {_count(e.microbatches, 'micro-batch')} leaves a "
             f"{e.bubble / total:.1%} "
-            f"bubble{_slower(_closest(alts, 'pp'), total)}.")
+            f"bubble{_slower(_closest(alts, 'pp'), figure)}.")
     else:
         sentences.append("No pipeline, so no bubble"
-                         f"{_slower(_closest(alts, 'pp'), total)}.")
+                         f"{_slower(_closest(alts, 'pp'), figure)}.")
     if lay.cp > 1:
         moves = {"ring": "ring attention's K/V transfers",
                  "ulysses": "Ulysses' all-to-alls over heads",
@@ -213,7 +232,7 @@ def explain(result: PlanResult) -> str:
         sentences.append(
             f"ZeRO-{lay.zero} shards state {where}; "
             f"{e.dp_comm_exposed / total:.1%} of DP traffic stays exposed"
-            f"{_slower(_closest(alts, 'zero'), total)}.")
+            f"{_slower(_closest(alts, 'zero'), figure)}.")
     elif lay.dp * lay.cp > 1:
         sentences.append(f"Plain data parallelism over {lay.dp * lay.cp} replicas; "
                          f"{e.dp_comm_exposed / total:.1%} of the gradient all-reduce is "
@@ -229,16 +248,17 @@ def explain(result: PlanResult) -> str:
                              f"{best.budget / 2**30:.1f} GiB)")
             elif a.best_total is not None:
                 parts.append(f"{_recompute_name(a.value)} at best "
-                             f"{a.best_total / total - 1:+.0%}")
+                             f"{a.best_total / figure - 1:+.0%}")
         sentences.append(f"{lay.recompute.capitalize()} recompute: " + "; ".join(parts) + ".")
     sentences.append(f"The largest stage needs {best.memory.total / 2**30:.1f} GiB of the "
                      f"{best.budget / 2**30:.1f} GiB budget.")
     if result.baseline is not None:
-        ratio = result.baseline.estimate.total / total
+        ratio = result.baseline.figure(result.rank_by) / figure
         # faster only when the constraints keep the search from it
         compared = f"{ratio - 1:.0%} slower" if ratio >= 1 else f"{1 - ratio:.0%} faster"
         sentences.append(f"SPEC §7's rule picks {result.baseline.layout.short()}, "
                          f"{compared} ({result.baseline_note}).")
+    sentences.append(goodput_sentence(best))
     return " ".join(sentences)
 
 
@@ -254,16 +274,93 @@ def _simplest_sentence(result: PlanResult) -> str:
     if simple.layout == best.layout:
         return (f"No layout within {SIMPLEST_WITHIN:.0%} of it uses fewer parallel axes "
                 f"({_axes(best.layout)}).")
-    slower = simple.estimate.total / best.estimate.total - 1
+    slower = simple.figure(result.rank_by) / best.figure(result.rank_by) - 1
     return (f"The simplest layout within {SIMPLEST_WITHIN:.0%} is {simple.layout.short()} "
             f"({_axes(simple.layout)} parallel axes against {_axes(best.layout)}, "
             f"{slower:+.1%}): often the one to run.")
 
 
+_DOMINATES = {"restart": "restarts dominate", "checkpoint": "checkpoints dominate",
+              "lost work": "lost work dominates"}
+_REMEDY = {"restart": "a faster restart (--restart-minutes) gains most",
+           "checkpoint": "faster storage (--checkpoint-bandwidth) or asynchronous checkpoints "
+                         "(--async-checkpoint) gain most",
+           "lost work": "a cheaper checkpoint (faster storage, asynchronous saves) allows a "
+                        "shorter interval and gains most"}
+
+
+def goodput_sentence(entry: PlanEntry) -> str:
+    """What failures, checkpoints and restarts leave of the wall time, and what dominates the
+    loss (`estimate.goodput`)."""
+    g = entry.goodput
+    if g is None:
+        return ""
+    parts = {"restart": f"restarts {_pct(g.shares['restart'])} ({human_time(g.restart_s)} "
+                        "each)",
+             "lost work": f"work lost since the last checkpoint {_pct(g.shares['lost work'])}",
+             "checkpoint": f"checkpoints {_pct(g.shares['checkpoint'])} (a "
+                           f"{human_time(g.stall_s)} stall every {human_time(g.interval_s)})"}
+    order = sorted(parts, key=lambda k: -g.shares[k])
+    return (f"Failures and checkpoints leave it {_pct(g.goodput)} of the wall time (goodput; a "
+            f"failure every {human_time(g.job_mtbf_s)} on {g.gpus:,} GPUs, "
+            f"{g.interruptions_per_day:.1f} a day): " + ", ".join(parts[k] for k in order)
+            + f"; {_DOMINATES[g.dominant]}, so {_REMEDY[g.dominant]}.")
+
+
+def goodput_table(entry: PlanEntry) -> Table:
+    """One layout's goodput: job MTBF, checkpoint size and write, interval, restart, goodput
+    and what the loss goes to (GB = 10^9 B)."""
+    g = entry.goodput
+    assert g is not None
+    writing = (f"{human_time(g.write_s)}: {g.node_bytes / 1e9:,.2f} GB from the busiest node "
+               f"at {g.node_bandwidth / 1e9:.3g} GB/s, after a {human_time(g.copy_s)} "
+               f"device→host copy over {g.host_link}")
+    stall = (f"{human_time(g.stall_s)} (asynchronous: the copy; the write ends "
+             f"{human_time(g.lag_s)} later)" if g.async_checkpoint else
+             f"{human_time(g.stall_s)} (synchronous: the whole write)")
+    rows = [
+        ["job MTBF", f"{human_time(g.job_mtbf_s)} ({g.mtbf_gpu_hours:,.0f} GPU-hours per GPU "
+                     f"÷ {g.gpus:,} GPUs): {g.interruptions_per_day:.1f} interruptions a day"],
+        ["checkpoint", f"{g.checkpoint_bytes / 1e9:,.1f} GB ({g.bytes_per_param:g} B/param, "
+                       f"{CHECKPOINTS[g.stack].title}); the busiest rank writes "
+                       f"{g.rank_bytes / 1e9:,.2f} GB"],
+        ["write", writing],
+        ["stall per checkpoint", stall],
+        ["interval", f"{human_time(g.interval_s)} of training, every {g.every_steps:,} steps "
+                     f"(Daly 2006; Young 1974: {human_time(g.young_interval_s)})"],
+        ["restart", f"{human_time(g.restart_s)} (detect, reschedule, reload); each "
+                    f"interruption costs {human_time(g.lost_per_interruption_s)} with the "
+                    "lost work"],
+        ["goodput", f"{_pct(g.goodput)}: effective step {human_time(g.effective_step_s)}"],
+        ["lost to", ", ".join(f"{k} {_pct(v)}" for k, v in g.shares.items())],
+    ]
+    return _table(f"Failures, checkpoints and restarts: {entry.layout.short()}",
+                  ["quantity", "value"], rows)
+
+
+def goodput_summary(entry: PlanEntry, tokens: float | None, price: float | None
+                    ) -> dict[str, Any] | None:
+    """`entry`'s goodput (`Goodput.to_dict`) and, for a budget of `tokens`, the wall-clock
+    time with failures: `expected_interruptions`, `days`, `gpu_hours` (and `cost` with
+    `price`); those are None without `tokens`."""
+    g = entry.goodput
+    if g is None:
+        return None
+    out: dict[str, Any] = g.to_dict() | {"tokens": tokens, "expected_interruptions": None,
+                                         "days": None, "gpu_hours": None, "cost": None}
+    if tokens:
+        wall = g.budget(entry.estimate.time_to_train(tokens))
+        out |= {"expected_interruptions": wall["expected_interruptions"], "days": wall["days"],
+                "gpu_hours": wall["seconds"] * g.gpus / 3600}
+        if price is not None:
+            out["cost"] = out["gpu_hours"] * price
+    return out
+
+
 def training_summary(entry: PlanEntry, tokens: float | None, price: float | None
                      ) -> dict[str, float] | None:
-    """Seconds and GPU-hours (and cost, with `price`) of training `tokens` on `entry`'s layout;
-    None without `tokens`."""
+    """Seconds and GPU-hours (and cost, with `price`) of training `tokens` on `entry`'s layout
+    if nothing failed; None without `tokens` (`goodput_summary`: with failures)."""
     if not tokens:
         return None
     out = {"tokens": tokens, "seconds": entry.estimate.time_to_train(tokens),
@@ -296,13 +393,19 @@ def render_plan(result: PlanResult, console: Console, *, tokens: float | None = 
     console.print(ranked_table(result))
     console.print(breakdown_table(result.best, "Winner's step time"))
     console.print(memory_table(result.best))
+    console.print(goodput_table(result.best))
     console.print(explain(result))
     summary = training_summary(result.best, tokens, price)
-    if summary:
+    failing = goodput_summary(result.best, tokens, price)
+    if summary and failing:
         line = (f"Training {human_count(summary['tokens'])} tokens: "
-                f"{human_time(summary['seconds'])}, {summary['gpu_hours']:,.0f} GPU-hours")
-        if "cost" in summary:
-            line += f", ${summary['cost']:,.0f} at ${summary['price_per_gpu_hour']:g}/GPU-hour"
+                f"{human_time(summary['seconds'])} if nothing failed; with failures "
+                f"{failing['days']:,.1f} days at {_pct(failing['goodput'])} goodput (about "
+                f"{failing['expected_interruptions']:,.0f} interruptions), "
+                f"{failing['gpu_hours']:,.0f} GPU-hours")
+        if failing["cost"] is not None:
+            line += (f", ${failing['cost']:,.0f} at ${summary['price_per_gpu_hour']:g}/"
+                     f"GPU-hour (${summary['cost']:,.0f} without failures)")
         console.print(line + ".")
     if result.given is not None:
         g = result.given
@@ -321,6 +424,7 @@ def render_plan(result: PlanResult, console: Console, *, tokens: float | None = 
     s = result.stats
     console.print(f"Searched {s.grid:,} grid points; evaluated {s.evaluated:,} valid layouts in "
                   f"{s.evaluation_seconds * 1e3:.0f} ms ({s.layouts_per_s / 1e6:.2f}M layouts/s),"
-                  f" {s.seconds * 1e3:.0f} ms in all; ranked by the exact step time, "
+                  f" {s.seconds * 1e3:.0f} ms in all; ranked by the exact "
+                  f"{'step time' if result.rank_by == 'step' else 'effective step time'}, "
                   f"{_count(s.simulated, 'uneven pipeline')} simulated (the closed form "
                   "bounds the rest).")

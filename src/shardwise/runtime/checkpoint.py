@@ -88,9 +88,9 @@ from shardwise.runtime.mixed_precision import MasterOptimizer
 
 if TYPE_CHECKING:
     from shardwise.runtime.parallel_transformer import ParallelTransformer
-    from shardwise.runtime.train import StepRecord, TrainConfig, TrainState
+    from shardwise.runtime.train import TrainConfig, TrainState
 
-__all__ = ["FORMAT", "LATEST", "MANIFEST", "METADATA", "CheckpointEvery", "DirectoryLock",
+__all__ = ["FORMAT", "LATEST", "MANIFEST", "METADATA", "DirectoryLock",
            "check_start", "checkpoint_name", "complete_checkpoints", "damage",
            "data_fingerprint", "latest_checkpoint", "load_checkpoint", "prune", "read_metadata",
            "read_parameters", "resume_point", "save_checkpoint", "write_manifest"]
@@ -833,16 +833,3 @@ def read_parameters(path: str | Path) -> dict[str, torch.Tensor]:
         dcp_load(out, storage_reader=reader, no_dist=True)
     return {key.removeprefix("model."): t for key, t in out.items()}
 
-
-@dataclass(frozen=True)
-class CheckpointEvery:
-    """A training hook: save after every `every` steps (0: none in between) and after the last
-    step into `directory`, keeping the newest `keep`."""
-
-    directory: str
-    every: int = 0
-    keep: int = 2
-
-    def __call__(self, state: TrainState, record: StepRecord) -> None:
-        if state.step == state.config.steps or (self.every and state.step % self.every == 0):
-            save_checkpoint(state, self.directory, self.keep)

@@ -11,6 +11,9 @@
     state        parameters, gradients, fp32 master copies (mixed precision) and optimizer
                  moments allocated on the rank after the last step, each storage once
     peak memory  torch.cuda.max_memory_allocated on a GPU; on CPU the row says "no GPU"
+    checkpoint   one save after the timed steps into a temporary directory (`runtime.saving.
+                 measure_checkpoint`): the tensors it holds, its files, its wall time and
+                 this disk's bandwidth measured just before (rank 0)
     step time    rank 0's median and fastest step, timed on more steps after the checked ones
                  (outside the hooks and counters); with `reference`, `calibrate`'s one-rank
                  step timed between them, the ranks taking turns (`REFERENCE_ROW`), and on
@@ -51,6 +54,7 @@ from shardwise.estimate.check import (
     WITHIN_1PC,
     CheckRow,
     activation_note,
+    checkpoint_rows,
     comm_rows,
     merge_rows,
     peak_row,
@@ -70,6 +74,7 @@ from shardwise.runtime.calibrate import (
 from shardwise.runtime.data import Batches, load_tokens
 from shardwise.runtime.mesh import AxisGroup, Mesh, current_mesh, set_current_mesh
 from shardwise.runtime.parallel_transformer import ParallelTransformer
+from shardwise.runtime.saving import measure_checkpoint
 from shardwise.runtime.train import TrainConfig, build, train_step
 from shardwise.units import dtype_bytes
 
@@ -502,6 +507,7 @@ def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL,
     reference_s, in_step_s = beside.seconds() if beside is not None else ([], 0.0)
     load = _expert_load(recorder.expert_load, parallel.axis("ep")) if config.model.is_moe else {}
     held = state_bytes([parallel.model], state.optimizer, parallel.parameters())
+    saved = measure_checkpoint(state)
     peak = float(torch.cuda.max_memory_allocated(device)) if gpu else None
     model, layout, train = config.model, config.layout, config.train_spec()
     terms = predicted_comm(model, layout, train, stage, recorder.routing, steps,
@@ -512,6 +518,7 @@ def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL,
             *state_rows(model, layout, train, stage, held),
             peak_row(model, layout, train, stage, peak)]
     if launch.rank() == 0:  # completed by `runtime.step_time.with_prediction`
+        rows += checkpoint_rows(model, layout, train, saved)
         rows += [CheckRow("step time", "step (s)", None, median, REPORTED,
                           f"median of {len(timed)} steps after the checked ones, rank 0"),
                  CheckRow("step time", "fastest step (s)", None, fastest, REPORTED,

@@ -16,8 +16,10 @@ One step (every rank, `train_step`):
     6. hooks      `hook(state, record)` after the step, on every rank (logging, progress,
                   checkpoints: `TrainState` holds everything a resume needs)
 
-Checkpoints (`runtime.checkpoint`): with `checkpoint_dir`, every `checkpoint_every` steps and
-after the last one, a sharded, layout-independent, atomically published checkpoint; `resume`
+Checkpoints (`runtime.checkpoint`): with `checkpoint_dir`, every `checkpoint_every` steps (or
+"auto": Daly's interval from the measured write time, `runtime.saving`) and after the last
+one, a sharded, layout-independent, atomically published checkpoint, its bytes and seconds in
+the step's record; `resume`
 loads the newest one into the freshly built state (on any layout) and goes on from its step,
 the same trajectory as an uninterrupted run.
 
@@ -41,6 +43,7 @@ import torch
 
 from shardwise.arch import ModelSpec
 from shardwise.errors import LayoutError, ShardwiseError
+from shardwise.estimate.goodput import DEFAULT_MTBF_GPU_HOURS
 from shardwise.layout import Layout, TrainSpec
 from shardwise.runtime import checkpoint, hf, launch
 from shardwise.runtime.data import BYTE_VOCAB, Batches, load_tokens
@@ -49,6 +52,7 @@ from shardwise.runtime.mixed_precision import MasterOptimizer
 from shardwise.runtime.model import Transformer, configure_moe
 from shardwise.runtime.parallel_transformer import ParallelTransformer
 from shardwise.runtime.parallelize import parallelize, runtime_problems
+from shardwise.runtime.saving import Checkpoints
 
 __all__ = ["DTYPES", "StepRecord", "TrainConfig", "TrainState", "build", "plot_losses", "run",
            "train", "train_step"]
@@ -83,7 +87,10 @@ class TrainConfig:
     log_path: str | None = None  # JSON lines, one per step (rank 0)
     progress: bool = False  # progress bar / lines on rank 0
     checkpoint_dir: str | None = None  # sharded checkpoints here (runtime.checkpoint)
-    checkpoint_every: int = 0  # steps between checkpoints; 0: only after the last step
+    # steps between checkpoints; 0: only after the last step; "auto": Daly's interval from the
+    # measured write time and `mtbf_gpu_hours` (`runtime.saving.Checkpoints`)
+    checkpoint_every: int | str = 0
+    mtbf_gpu_hours: float | None = None  # per GPU, with "auto" [default: the published one]
     checkpoint_keep: int = 2  # the newest checkpoints kept
     resume: bool = False  # start from the newest checkpoint in checkpoint_dir, if any
     # MoE: ⌈cf · T·k / E⌉ assignments per expert from the T tokens of one micro-batch on one
@@ -120,9 +127,18 @@ class TrainConfig:
             out.append(f"need 0 ≤ min_lr ≤ lr, got min_lr={self.min_lr}, lr={self.lr}")
         if self.warmup < 0 or self.clip < 0 or self.weight_decay < 0:
             out.append("warmup, clip and weight_decay must be ≥ 0")
-        if self.checkpoint_every < 0 or self.checkpoint_keep < 1:
-            out.append(f"need checkpoint_every ≥ 0 and checkpoint_keep ≥ 1, got "
-                       f"{self.checkpoint_every} and {self.checkpoint_keep}")
+        auto = self.checkpoint_every == "auto"
+        if (not auto and not (isinstance(self.checkpoint_every, int)
+                              and self.checkpoint_every >= 0)) or self.checkpoint_keep < 1:
+            out.append(f"need checkpoint_every ≥ 0 (or 'auto') and checkpoint_keep ≥ 1, got "
+                       f"{self.checkpoint_every!r} and {self.checkpoint_keep}")
+        if self.mtbf_gpu_hours is not None and not auto:
+            out.append("mtbf_gpu_hours (--mtbf-gpu-hours) sets the automatic checkpoint "
+                       "interval: use it with checkpoint_every 'auto'")
+        elif self.mtbf_gpu_hours is not None and not (
+                math.isfinite(self.mtbf_gpu_hours) and self.mtbf_gpu_hours > 0):
+            out.append(f"mtbf_gpu_hours must be a finite number > 0, got "
+                       f"{self.mtbf_gpu_hours!r}")
         if not self.checkpoint_dir and (self.resume or self.checkpoint_every):
             out.append("resume and checkpoint_every need a checkpoint directory "
                        "(checkpoint_dir, --checkpoint-dir)")
@@ -179,13 +195,20 @@ class StepRecord:
     lr: float
     tokens: int
     seconds: float
+    # a checkpoint saved after this step (`runtime.saving.Checkpoints`): its tensors' bytes
+    # (rank 0), the save's wall time, and with an automatic interval the steps to the next
+    checkpoint_bytes: float | None = None
+    checkpoint_seconds: float | None = None
+    checkpoint_every: int | None = None
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
     def as_dict(self) -> dict[str, float]:
-        return asdict(self) | {"tokens_per_s": self.tokens_per_s}
+        """The record for a log line: the checkpoint fields only after a save."""
+        return ({k: v for k, v in asdict(self).items() if v is not None}
+                | {"tokens_per_s": self.tokens_per_s})
 
 
 @dataclass
@@ -276,14 +299,15 @@ def train(config: TrainConfig, hooks: Sequence[Hook] = (), state: TrainState | N
         state = build(config)
         if config.resume:
             checkpoint.load_checkpoint(state, str(config.checkpoint_dir))
-    saving = ([checkpoint.CheckpointEvery(config.checkpoint_dir, config.checkpoint_every,
-                                          config.checkpoint_keep)]
+    saving = ([Checkpoints(config.checkpoint_dir, config.checkpoint_every,
+                           config.checkpoint_keep,
+                           config.mtbf_gpu_hours or DEFAULT_MTBF_GPU_HOURS)]
               if config.checkpoint_dir else [])
-    hooks = [*_rank0_hooks(config, state.step), *saving, *hooks]
+    hooks = [*saving, *_rank0_hooks(config, state.step), *hooks]  # a save enters the record
     while state.step < config.steps:
-        record = train_step(state)
+        train_step(state)
         for hook in hooks:
-            hook(state, record)
+            hook(state, state.records[-1])
     for hook in hooks:
         getattr(hook, "close", lambda: None)()
     if config.save_hf:

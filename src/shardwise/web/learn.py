@@ -534,3 +534,48 @@ def context_wall(
         curve=[WallPoint(cp=c, max_seq_len=longest_context(spec, layout_for(c), budget))
                for c in (1, 2, 4, 8, 16, 32, 64)],
     )
+
+
+# -------------------------------------------------------------- 9: how often to checkpoint
+class IntervalCurve(BaseModel):
+    """The "how often to checkpoint" explainer's data (`estimate.goodput.interval_curve`):
+    per useful second, the wall seconds lost to checkpoints, restarts and lost work against
+    the interval between checkpoints."""
+
+    gpus: int
+    mtbf_gpu_hours: float
+    job_mtbf_s: float  # M = H / N
+    interruptions_per_day: float
+    stall_s: float  # δ: what one checkpoint stalls training
+    restart_s: float  # R
+    interval_s: list[float]  # τ, log-spaced
+    checkpoint: list[float]  # δ/τ
+    restart: list[float]
+    lost: list[float]
+    total: list[float]
+    best_interval_s: float  # the total's minimum on the grid
+    best_total: float
+    young_interval_s: float  # √(2δM)
+    daly_interval_s: float  # Daly 2006
+    daly_total: float
+    goodput: float  # at Daly's interval: 1 / (1 + total)
+
+
+@router.get("/checkpoint-interval", response_model=IntervalCurve)
+def checkpoint_interval(
+    gpus: int = Query(16384, ge=1, le=1_048_576, description="GPUs N in the job"),
+    mtbf_gpu_hours: float = Query(50677, ge=100, le=1e7,
+                                  description="GPU-hours between failures per GPU, H"),
+    stall_s: float = Query(30, ge=0.1, le=3600, description="seconds one checkpoint stalls"),
+    restart_min: float = Query(10, ge=0, le=240, description="minutes to restart, R"),
+) -> IntervalCurve:
+    """Lost time per useful second against the checkpoint interval, Young's and Daly's
+    intervals (`estimate.goodput`: M = H/N, Daly's complete model)."""
+    from shardwise.estimate.goodput import HOUR, interval_curve
+
+    mtbf = mtbf_gpu_hours * HOUR / gpus
+    curve = interval_curve(stall_s, mtbf, restart_min * 60)
+    return IntervalCurve(gpus=gpus, mtbf_gpu_hours=mtbf_gpu_hours, job_mtbf_s=mtbf,
+                         interruptions_per_day=86400 / mtbf, stall_s=stall_s,
+                         restart_s=restart_min * 60, **curve,
+                         goodput=1 / (1 + curve["daly_total"]))

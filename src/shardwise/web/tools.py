@@ -377,6 +377,18 @@ class PlanRequest(ModelChoice, TrainFields):
                                         "tp=8,pp=8 (`shardwise plan --max`).")
     all_variants: bool = Field(False, description="One row per layout, not per family of "
                                                   "second-order variants.")
+    rank_by: Literal["step", "goodput"] = Field(
+        "step", description="Rank by step time or by step ÷ goodput (`--rank-by`).")
+    mtbf_gpu_hours: float | None = Field(
+        None, gt=0, le=1e12, description="GPU-hours between job-interrupting failures per GPU "
+                                         "[default: Llama 3's fleet figure].")
+    checkpoint_bandwidth: str | None = Field(
+        None, max_length=40, description="Each node's write bandwidth to storage, e.g. 2GB/s.")
+    restart_minutes: float | None = Field(
+        None, ge=0, le=1e6, description="Failure to training again: detect, reschedule, "
+                                        "reload.")
+    async_checkpoint: bool = Field(False, description="Only the device→host copy stalls "
+                                                      "training.")
 
 
 class PlanEntryOut(_Out):
@@ -391,6 +403,8 @@ class PlanEntryOut(_Out):
     memory: dict[str, Any] = Field(description="Bytes of the largest stage, by part.")
     budget_bytes: float
     fits: bool
+    goodput: dict[str, Any] | None = Field(
+        None, description="What failures, checkpoints and restarts leave (estimate.goodput).")
 
 
 class PlanResponse(_Out):
@@ -417,6 +431,11 @@ class PlanResponse(_Out):
     calibration: dict[str, Any]
     explanation: str
     training: dict[str, float] | None
+    goodput: dict[str, Any] | None = Field(
+        description="The winner's goodput; with a token budget its expected interruptions, "
+                    "days, GPU-hours and cost.")
+    rank_by: str
+    reliability: dict[str, Any] = Field(description="The goodput inputs the plan used.")
     emits: dict[str, dict[str, Any]] = Field(
         description="Megatron-LM / torchtitan / DeepSpeed configuration of the chosen layout.")
 

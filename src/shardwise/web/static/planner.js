@@ -2,7 +2,7 @@ import { api, clearFieldErrors, copyText, escapeHtml, explainerLink, fillForm, h
 import { fitWidth, horizontalBars, legend, stackedColumns } from "/static/charts.js";
 import { modelFields, setupPickers } from "/static/picker.js";
 
-const DEFAULTS = { model: "llama3-8b", gpus: 64, gpu: "h100", gpus_per_node: 8, seq: 8192, global_batch: "4M-tokens", tokens: "", price: "", layout: "", top: 10, fix: "", max: "", all_variants: false, intra: "", inter: "", dtype: "bf16", headroom: 0.85, flash: true, impl: "megatron-te", compile: "", tp_overlap: "", dp_overlap: "", attention: "" };
+const DEFAULTS = { model: "llama3-8b", gpus: 64, gpu: "h100", gpus_per_node: 8, seq: 8192, global_batch: "4M-tokens", tokens: "", price: "", layout: "", top: 10, fix: "", max: "", all_variants: false, intra: "", inter: "", dtype: "bf16", headroom: 0.85, flash: true, impl: "megatron-te", compile: "", tp_overlap: "", dp_overlap: "", attention: "", rank_by: "step", mtbf_gpu_hours: "", checkpoint_bandwidth: "", restart_minutes: "", async_checkpoint: false };
 const ALIASES = { "config.json": "model", "accelerator": "gpu", "--price": "price", "token budget": "tokens", "--fix": "fix", "--max": "max", "layout item": "layout", "batch": "global_batch", "no layout fits": "gpus", "whole nodes": "gpus" };
 // plan_report._LABELS, in the same order
 const COMPONENTS = [
@@ -19,9 +19,12 @@ const formError = document.getElementById("form-error");
 const results = document.getElementById("results");
 let sortState = { column: 0, descending: false };
 
+const number = (text) => (text === "" ? null : Number(text));
+
 function request(state) {
-  const { model, tokens, price, layout, fix, max, intra, inter, ...rest } = state;
-  return { ...rest, ...modelFields(model), tokens: tokens || null, layout: layout || null, fix: fix || null, max: max || null, price: price === "" ? null : Number(price), intra: intra || null, inter: inter || null };
+  const { model, tokens, price, layout, fix, max, intra, inter, mtbf_gpu_hours, checkpoint_bandwidth, restart_minutes, ...rest } = state;
+  return { ...rest, ...modelFields(model), tokens: tokens || null, layout: layout || null, fix: fix || null, max: max || null, price: number(price), intra: intra || null, inter: inter || null,
+    mtbf_gpu_hours: number(mtbf_gpu_hours), checkpoint_bandwidth: checkpoint_bandwidth || null, restart_minutes: number(restart_minutes) };
 }
 
 async function run(initial = null) {
@@ -60,7 +63,7 @@ function row(entry, label, cls) {
   const e = entry.estimate, sh = shares(entry), sure = e.uncertainty;
   const band = sure ? `±${Math.round(sure.band * 100)}%` : "";
   const cells = [
-    [label, entry.rank ?? 1e9], [entry.short, entry.short], [`${humanTime(e.total)}${band ? ` ${band}` : ""}`, e.total], [humanCount(e.tokens_per_s), e.tokens_per_s],
+    [label, entry.rank ?? 1e9], [entry.short, entry.short], [`${humanTime(step(entry))}${band ? ` ${band}` : ""}`, step(entry)], [humanCount(e.tokens_per_s), e.tokens_per_s],
     [pct(e.mfu), e.mfu], [pct(e.hfu), e.hfu], [(entry.memory.total / GIB).toFixed(1), entry.memory.total],
     [pct(sh.compute), sh.compute], [pct(sh.tp), sh.tp], [pct(sh.dp), sh.dp], [pct(sh.pp), sh.pp], [pct(sh.other), sh.other],
   ].map(([text, key]) => [escapeHtml(text), key]);
@@ -68,21 +71,26 @@ function row(entry, label, cls) {
   if (entry.variants) cells[1][0] += ` <span class="variants" title="layouts that differ only in ZeRO group size or stage partition">+${entry.variants} variant${entry.variants === 1 ? "" : "s"}</span>`;
   // estimate.uncertainty (estimate/uncertainty.py): what no published run measured
   if (sure && sure.unvalidated.length) cells[1][0] += ` <span class="unvalidated" title="not validated by any published run: ${escapeHtml(sure.unvalidated.join("; "))}">†</span>`;
-  if (sure) cells[2][0] = `${escapeHtml(humanTime(e.total))} <span class="band" title="band from ${sure.runs} published runs of ${escapeHtml(sure.group)} (out of sample)">${band}</span>`;
+  if (sure) cells[2][0] = `${escapeHtml(humanTime(step(entry)))} <span class="band" title="band from ${sure.runs} published runs of ${escapeHtml(sure.group)} (out of sample)">${band}</span>`;
   return `<tr class="${cls}">${cells.map(([html, key]) => `<td data-sort="${escapeHtml(key)}">${html}</td>`).join("")}</tr>`;
 }
 
 const HEADERS = ["#", "layout", "step", "tokens/s", "MFU", "HFU", "mem GiB", "compute", "TP", "DP", "PP+bubble", "other"];
+let rankBy = "step";
+// the figure the plan ranked by (PlanEntry.figure): the step time, or step ÷ goodput
+const step = (entry) => (rankBy === "goodput" ? entry.goodput.effective_step_s : entry.estimate.total);
 
 function renderRanked(out) {
+  rankBy = out.rank_by;
+  const headers = HEADERS.map((h) => (h === "step" && rankBy === "goodput" ? "step ÷ goodput" : h));
   const table = document.getElementById("ranked");
-  table.innerHTML = `<thead><tr>${HEADERS.map((h, i) => `<th aria-sort="none"><button type="button" data-column="${i}">${h}</button></th>`).join("")}</tr></thead><tbody>`
+  table.innerHTML = `<thead><tr>${headers.map((h, i) => `<th aria-sort="none"><button type="button" data-column="${i}">${h}</button></th>`).join("")}</tr></thead><tbody>`
     + out.ranked.map((e) => row(e, String(e.rank), e.rank === 1 ? "winner" : "")).join("")
     + (out.given ? row(out.given, "yours", "given") : "") + "</tbody>";
   for (const button of table.querySelectorAll("th button")) {
     button.addEventListener("click", () => {
       const column = Number(button.dataset.column);
-      sortState = { column, descending: sortState.column === column ? !sortState.descending : column >= 3 && column !== 6 && column !== 2 };
+      sortState = { column, descending: sortState.column === column ? !sortState.descending : column >= 3 && column !== 6 };
       sortTable(table);
     });
   }
@@ -120,7 +128,7 @@ function render(out) {
   if (out.training) kpis.push(["time to train", humanTime(out.training.seconds)], ["GPU-hours", Math.round(out.training.gpu_hours).toLocaleString("en")]);
   if (out.training?.cost !== undefined) kpis.push(["cost", `$${Math.round(out.training.cost).toLocaleString("en")}`]);
   document.getElementById("kpis").innerHTML = kpis.map(([label, value]) => `<div class="kpi"><b>${escapeHtml(value)}</b><span>${escapeHtml(label)}</span></div>`).join("");
-  document.getElementById("ranked-title").textContent = `Top ${out.ranked.length} layouts by step time (of ${out.stats.fits.toLocaleString("en")} that fit${out.all_variants ? "" : "; +N: variants folded into their best"})`;
+  document.getElementById("ranked-title").textContent = `Top ${out.ranked.length} layouts by ${out.rank_by === "goodput" ? "step ÷ goodput (failures, checkpoints and restarts counted)" : "step time"} (of ${out.stats.fits.toLocaleString("en")} that fit${out.all_variants ? "" : "; +N: variants folded into their best"})`;
   renderRanked(out);
   const g = out.given;
   document.getElementById("given-note").textContent = g ? `Your layout ${g.short}: ${humanTime(g.estimate.total)} per step, MFU ${pct(g.estimate.mfu)}, ${g.fits ? "fits" : `does NOT fit (${(g.memory.total / GIB).toFixed(1)} GiB > ${(g.budget_bytes / GIB).toFixed(1)} GiB)`}; ${(g.estimate.total / e.total).toFixed(2)}× the best's step time (${out.given_note}).` : "";
@@ -136,11 +144,33 @@ function render(out) {
   const overheads = Object.fromEntries(COMPONENTS.filter(([key]) => key !== "compute").map(([key]) => [key, e[key]]));
   const labels = Object.fromEntries(COMPONENTS.map(([key, label]) => [key, label]));
   document.getElementById("learn-link").innerHTML = explainerLink(overheads, (key) => `${labels[key]}: the winner's largest cost besides compute`);
+  renderGoodput(out);
   renderEmits(out);
   document.getElementById("rejected").innerHTML = "<thead><tr><th>reason</th><th>grid points</th><th>example</th></tr></thead><tbody>"
     + out.rejected.map((r) => `<tr><td>${escapeHtml(r.reason)}</td><td>${r.count.toLocaleString("en")}</td><td>${escapeHtml(r.example)}</td></tr>`).join("") + "</tbody>";
   const s = out.stats;
   document.getElementById("stats").textContent = `Searched ${s.grid.toLocaleString("en")} grid points; evaluated ${s.evaluated.toLocaleString("en")} valid layouts in ${Math.round(s.evaluation_seconds * 1e3)} ms, ${Math.round(s.seconds * 1e3)} ms in all.`;
+}
+
+// The winner's goodput (estimate.goodput, as `shardwise plan --json` gives it): figures, the
+// wall time's shares and a link to the explainer set to the winner's numbers.
+function renderGoodput(out) {
+  const g = out.goodput, r = out.reliability;
+  const kpis = [["goodput", pct(g.goodput)], ["a failure every", humanTime(g.job_mtbf_hours * 3600)], ["interruptions a day", g.interruptions_per_day.toFixed(1)],
+    ["checkpoint every", `${humanTime(g.checkpoint_interval_s)} (${g.checkpoint_every_steps.toLocaleString("en")} steps)`],
+    ["checkpoint", `${(g.checkpoint_bytes / 1e9).toLocaleString("en", { maximumFractionDigits: 1 })} GB`], ["write", humanTime(g.checkpoint_write_s)]];
+  if (g.days !== null) kpis.push(["days with failures", g.days.toFixed(1)], ["interruptions", Math.round(g.expected_interruptions).toLocaleString("en")]);
+  if (g.cost !== null) kpis.push(["cost with failures", `$${Math.round(g.cost).toLocaleString("en")}`]);
+  document.getElementById("goodput-title").textContent = `Failures, checkpoints and restarts: ${out.ranked[0].short}`;
+  document.getElementById("goodput-kpis").innerHTML = kpis.map(([label, value]) => `<div class="kpi"><b>${escapeHtml(value)}</b><span>${escapeHtml(label)}</span></div>`).join("");
+  const chart = document.getElementById("goodput-chart");
+  const rows = [["training", g.goodput, "var(--compute)"], ["checkpoints", g.shares.checkpoint, "var(--optimizer)"], ["restarts", g.shares.restart, "var(--activations)"], ["lost work", g.shares["lost work"], "var(--grads)"]];
+  chart.innerHTML = horizontalBars({ title: "share of the wall time", width: fitWidth(chart, 520), max: 1,
+    rows: rows.map(([label, value, color]) => ({ label, value, color, text: pct(value) })) });
+  document.getElementById("goodput-text").textContent = `${g.bytes_per_param} B/param; the busiest node writes ${(g.checkpoint_node_bytes / 1e9).toFixed(2)} GB at ${(r.checkpoint_bandwidth / 1e9).toPrecision(3)} GB/s; `
+    + `${g.async_checkpoint ? `asynchronous: a ${humanTime(g.checkpoint_stall_s)} stall` : "synchronous: the whole write stalls"}; restart ${humanTime(g.restart_s)}; ${r.mtbf_gpu_hours.toLocaleString("en", { maximumFractionDigits: 0 })} GPU-hours between failures per GPU.`;
+  const params = new URLSearchParams({ gpus: g.gpus, mtbf_gpu_hours: Math.round(r.mtbf_gpu_hours), stall_s: Math.max(1, Math.round(g.checkpoint_stall_s)), restart_min: Math.min(240, Math.round(g.restart_s / 60)) });
+  document.getElementById("goodput-learn").innerHTML = `<a class="learn-link" href="/learn/checkpoint-interval?${params}">Learn: how often to checkpoint</a> <span class="hint">(this plan's failures and checkpoint)</span>`;
 }
 
 function renderEmits(out) {
@@ -174,7 +204,7 @@ function renderEmits(out) {
 
 async function renderMemory(out, body) {
   const best = out.ranked[0];
-  const { top, tokens, price, layout, fix, max, all_variants, global_batch, intra, inter, ...common } = body;
+  const { top, tokens, price, layout, fix, max, all_variants, global_batch, intra, inter, rank_by, mtbf_gpu_hours, checkpoint_bandwidth, restart_minutes, async_checkpoint, ...common } = body;
   const mem = await api("/api/memory", { ...common, ...best.layout, global_batch: String(out.train.global_batch) }, { method: "POST" });
   document.getElementById("memory-title").textContent = `Memory per stage: ${best.short} (GiB)`;
   document.getElementById("memory-legend").innerHTML = legend(PARTS) + `<span><i style="background:#b42318"></i>budget</span>`;

@@ -12,6 +12,7 @@ export const WIDGETS = [
   ["pipeline-grid", "Pipeline grid", "GPipe, 1F1B, interleaved and ZB-H1 on a device × time grid."],
   ["ring-attention", "Ring attention", "K/V blocks hop around the ring; causal balance by layout."],
   ["context-wall", "Context wall", "The longest sequence that fits grows with context-parallel devices."],
+  ["checkpoint-interval", "How often to checkpoint", "Checkpoint stalls against the work a failure loses, and the interval between them that wastes least."],
 ];
 
 const SVG_NS = "http://www.w3.org/2000/svg";

@@ -1,0 +1,83 @@
+"""Goodput in the planner: `--rank-by goodput` ranks by the effective step time it shows,
+exactly (against every fitting layout evaluated one by one), and `plan` prints and returns the
+goodput block; its inputs are checked like every other (one line, exit code 2)."""
+
+import json
+from itertools import pairwise
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardwise.errors import ShardwiseError
+from shardwise.estimate.goodput import Reliability, estimate_goodput
+from shardwise.hardware import Cluster
+from shardwise.layout import TrainSpec
+from shardwise.plan import plan
+from tests.cli_helpers import assert_one_line_error, shardwise
+from tests.test_plan import SMALL_MODELS, _brute_force, _family
+
+# slow storage and frequent failures, so that layouts differ in goodput
+SLOW = Reliability(mtbf_gpu_hours=0.2, checkpoint_bandwidth=2e5, restart_s=5.0)
+
+
+@settings(max_examples=6, deadline=None)
+@given(model=st.sampled_from(SMALL_MODELS[:2]), gpus=st.sampled_from([2, 4, 8]),
+       batch=st.sampled_from([4, 8, 16]), top=st.sampled_from([1, 3, 10]))
+def test_rows_are_the_exact_top_by_effective_step_time(model, gpus, batch, top):
+    """The rows are the first `top` families by step ÷ goodput: the reference takes every
+    fitting layout's exact step time (uneven pipelines simulated) in increasing order and
+    evaluates its goodput one layout at a time, until the step time alone (goodput ≤ 1)
+    exceeds the `top`-th best figure."""
+    cluster = Cluster.of(gpus, "h100", min(gpus, 4))
+    train = TrainSpec(seq_len=64, global_batch=batch)
+    try:
+        result = plan(model, cluster, train, top=top, baseline=False, rank_by="goodput",
+                      reliability=SLOW)
+    except ShardwiseError:  # no valid layout of this shape
+        return
+    best: dict = {}  # family -> its best figure
+    for total, _, layout in sorted(_brute_force(model, cluster, train), key=lambda r: r[0]):
+        if len(best) >= top and total > sorted(best.values())[top - 1] * (1 + 1e-9):
+            break
+        figure = total / estimate_goodput(model, cluster, layout, train, total, SLOW).goodput
+        best[_family(layout)] = min(best.get(_family(layout), figure), figure)
+    shown = [e.goodput.effective_step_s for e in result.ranked]
+    assert shown == pytest.approx(sorted(best.values())[:top], rel=1e-8)
+    assert all(a <= b * (1 + 1e-9) for a, b in pairwise(shown))
+    assert result.rank_by == "goodput" and result.reliability == SLOW
+
+
+def test_plan_prints_and_returns_the_goodput_block():
+    out = json.loads(shardwise("plan", "llama3-8b", "--gpus", "64", "--tokens", "1T",
+                               "--price", "2", "--restart-minutes", "5", "--rank-by",
+                               "goodput", "--top", "3", "--json").stdout)
+    g = out["goodput"]
+    for key in ("job_mtbf_hours", "checkpoint_bytes", "checkpoint_write_s",
+                "checkpoint_interval_s", "expected_interruptions", "goodput", "days"):
+        assert isinstance(g[key], float), key
+    assert g["restart_s"] == 300 and out["rank_by"] == "goodput"
+    assert g["checkpoint_bytes"] == 14 * 8_030_261_248  # Megatron: 2 + 4 + 8 B/param
+    # the budget: failure-free seconds ÷ goodput, and one interruption per job MTBF
+    assert g["days"] * 86400 == pytest.approx(out["training"]["seconds"] / g["goodput"])
+    assert g["expected_interruptions"] == pytest.approx(g["days"] * 24 / g["job_mtbf_hours"])
+    assert g["cost"] == pytest.approx(g["gpu_hours"] * 2)
+    effective = [row["goodput"]["effective_step_s"] for row in out["ranked"]]
+    assert effective == sorted(effective)
+    assert "dominate" in out["explanation"]
+    text = shardwise("plan", "llama3-8b", "--gpus", "64", "--tokens", "1T", "--top",
+                     "2").stdout
+    assert "Failures, checkpoints and restarts" in text and "interruptions a day" in text
+    assert "with failures" in text
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--mtbf-gpu-hours", "-1"), "--mtbf-gpu-hours must be a finite number in (0"),
+    (("--restart-minutes", "nan"), "--restart-minutes must be a finite number"),
+    (("--checkpoint-bandwidth", "fast"), "--checkpoint-bandwidth 'fast'"),
+    (("--checkpoint-bandwidth", "0GB/s"), "--checkpoint-bandwidth 0GB/s"),
+    (("--async-checkpoint", "--impl", "hf-sdpa"), "saves checkpoints synchronously only"),
+    (("--mtbf-gpu-hours", "1e-9", "--rank-by", "goodput"), "makes no progress"),
+])
+def test_bad_goodput_inputs_are_one_line(args, message):
+    assert_one_line_error(shardwise("plan", *args, check=False), message)

@@ -38,7 +38,7 @@ class TrainSpec:
     seq_len: int = 4096
     global_batch: int | None = None  # sequences per optimizer step; None: one micro-batch per pp stage
     dtype: str = "bf16"  # weights and activations
-    grad_dtype: str | None = None  # None: same as dtype (Megatron's default keeps fp32 grads)
+    grad_dtype: str | None = None  # None: the stack's first for dtype (`Stack.grad_dtypes`), else dtype
     optimizer: str = "adam"
     flash_attention: bool = True
     impl: str = DEFAULT_STACK  # the training stack (`shardwise.stacks`): name or name@version
@@ -60,6 +60,10 @@ class TrainSpec:
     def __post_init__(self) -> None:
         if isinstance(self.impl, str) and "@" in self.impl:
             object.__setattr__(self, "impl", parse_impl(self.impl))
+        if self.grad_dtype is None and self.impl in STACKS:  # torchtitan: fp32 reductions
+            choices = STACKS[self.impl].grad_choices(self.dtype)
+            if choices and choices[0] != self.dtype:
+                object.__setattr__(self, "grad_dtype", choices[0])
 
     @property
     def stack(self) -> Stack:
@@ -108,6 +112,11 @@ class TrainSpec:
             if self.dtype in DTYPE_BYTES and self.dtype not in self.stack.dtypes:
                 problems.append(f"{self.stack.name} does not train in {self.dtype}; valid: "
                                 f"{', '.join(self.stack.dtypes)}")
+            grads = self.stack.grad_choices(self.dtype)
+            if grads and (self.grad_dtype or self.dtype) not in grads:
+                problems.append(f"{self.stack.name} reduces {self.dtype} gradients in "
+                                f"{' or '.join(grads)}, not {self.grad_dtype}; valid "
+                                f"--grad-dtype: {', '.join(grads)}")
         if problems:
             raise ShardwiseError("; ".join(problems))
         return self
@@ -286,11 +295,12 @@ class Layout:
                 f"ranks, but the cluster has {cluster.n_gpus} GPUs"
             )
         if train is not None:
-            out.extend(self._train_problems(train))
+            out.extend(self._train_problems(train, model))
         return out
 
-    def _train_problems(self, train: TrainSpec) -> list[str]:
-        out = train.stack.layout_problems(self) if train.impl in STACKS else []
+    def _train_problems(self, train: TrainSpec, model: ModelSpec) -> list[str]:
+        out = (train.stack.layout_problems(self, model.n_layers, train)
+               if train.impl in STACKS else [])
         # Zigzag causal balancing splits the sequence into 2·cp chunks.
         if self.cp > 1 and train.seq_len % (2 * self.cp):
             out.append(f"2·cp={2 * self.cp} does not divide seq_len={train.seq_len}")

@@ -15,6 +15,7 @@ from typing import Any
 
 import shardwise.validate as validate
 from shardwise.arch import PRESETS, ModelSpec
+from shardwise.emit import model_refusal, unrunnable
 from shardwise.errors import ShardwiseError
 from shardwise.hardware import Accelerator, Cluster, get_link
 from shardwise.layout import Layout, TrainSpec, resolve_partition
@@ -225,13 +226,14 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str | Accelerator = "h100"
              partition: str | tuple[int, ...] | None = None,
              first_stage_layers: int | None = None, last_stage_layers: int | None = None,
              fix_text: str | None = None, max_text: str | None = None,
-             all_variants: bool = False) -> Any:
+             all_variants: bool = False, export: str | None = None) -> Any:
     """Validate the plan options and search every layout (SPEC §7); returns the `PlanResult`.
     `partition` or `first_stage_layers`/`last_stage_layers` set the given layout's stages.
     `layout_text` (`tp=8,pp=2,zero=1`; dp: the GPUs the other axes leave) is evaluated too.
     `impl` names the training stack, `stack_kw` its other choices (`TrainSpec`).
     `fix_text` (`tp=8,pp=4`) and `max_text` (`tp=8`) confine the search (`--fix`, `--max`);
-    `all_variants` lists every layout instead of folding second-order variants."""
+    `all_variants` lists every layout instead of folding second-order variants. `export`
+    (`--emit`): the framework the chosen layout goes to, whose refusals come first."""
     from shardwise.calibration import load_calibration
     from shardwise.plan import Constraint, SearchSpace, plan
 
@@ -241,6 +243,9 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str | Accelerator = "h100"
     train = TrainSpec(seq_len=seq, global_batch=batch, dtype=dtype, grad_dtype=grad_dtype,
                       optimizer=optimizer, flash_attention=flash, impl=impl,
                       **(stack_kw or {})).validate()
+    refused = model_refusal(export, spec, train) if export else None
+    if refused:
+        raise ShardwiseError(f"{export} cannot run this plan: {refused}")
     calib = machine_calib or load_calibration(cluster.accelerator.calibration_name,
                                               calibration_path)
     given = None
@@ -255,6 +260,10 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str | Accelerator = "h100"
         if partition or first_stage_layers is not None or last_stage_layers is not None:
             given = given.with_(partition=resolve_partition(
                 spec.n_layers, given.pp, partition, first_stage_layers, last_stage_layers))
+        given.validate(spec, cluster)
+        refusal = unrunnable(spec, given, train, cluster, export)  # before any estimate
+        if refusal is not None:
+            raise refusal
         given.validate(spec, cluster, train)
     training_budget(tokens, price)
     space = SearchSpace(constraint=Constraint.parse(fix_text, max_text))
@@ -277,9 +286,14 @@ def emit_payload(framework: str, result: Any) -> dict[str, Any]:
 
     chosen = result.given.layout if result.given is not None else result.best.layout
     emitted = emit(framework, result.model, chosen, result.train,
-                   result.cluster.gpus_per_node)
+                   result.cluster.gpus_per_node, result.cluster)
+    train = result.train
     return {"framework": framework, "layout": chosen.to_dict(), "config": emitted.text,
-            "notes": list(emitted.notes)}
+            "notes": list(emitted.notes),
+            "plan": {"model": result.model.name, "seq_len": train.seq_len,
+                     "global_batch": train.global_batch, "dtype": train.dtype,
+                     "grad_dtype": train.grad_dtype or train.dtype,
+                     "stack": train.settings().to_dict()}}
 
 
 def plan_payload(result: Any, *, tokens: str | None = None,
@@ -297,7 +311,8 @@ def plan_payload(result: Any, *, tokens: str | None = None,
     out["tie_break"], out["second_order"] = list(SIMPLER), list(SECOND_ORDER)
     out["training"] = training_summary(result.best, training_budget(tokens, price), price)
     emits: dict[str, Any] = {}
-    for framework in FRAMEWORKS:
+    own = result.train.stack.export  # the stack's own framework first, the others say why not
+    for framework in sorted(FRAMEWORKS, key=lambda name: name != own):
         try:
             emits[framework] = emit_payload(framework, result)
         except ShardwiseError as exc:

@@ -41,7 +41,10 @@ def ranked_title(result: PlanResult) -> str:
     folded = ("" if result.all_variants else
               "; +N variants: layouts that differ only in ZeRO group size or stage partition, "
               "folded into their best (--all-variants lists them)")
-    return (f"Top {len(result.ranked)} layouts by step time (of {result.stats.fits:,} that fit"
+    stack = result.train.stack
+    export = f", --emit {stack.export}" if stack.export else ", no export"
+    return (f"Top {len(result.ranked)} layouts by step time for {stack.title} "
+            f"({stack.label}{export}; of {result.stats.fits:,} that fit"
             f"{folded}; memory = largest stage, GiB; MFU and HFU count full attention, "
             "6N + 12·L·h·s FLOPs per token)")
 

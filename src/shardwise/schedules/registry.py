@@ -11,12 +11,18 @@ numbers or NumPy arrays (the planner evaluates millions of layouts at once), and
 
 Names in the frameworks (checked against their sources):
 
-* Megatron-LM: interleaving is `--num-layers-per-virtual-pipeline-stage` (1F1B otherwise);
-  it has no GPipe and no ZB-H1 in mainline (Qi et al.'s fork has it).
-* torchtitan / torch.distributed.pipelining: `PipelineScheduleSingle` classes `GPipe`,
-  `1F1B`; multi-stage `Interleaved1F1B`, `InterleavedZeroBubble` (the ZB-H1 family needs more
-  than one stage per rank there).
-* DeepSpeed's pipeline engine runs 1F1B only (`deepspeed.runtime.pipe.schedule.TrainSchedule`).
+* Megatron-LM main (d98e8a6, megatron/core/pipeline_parallel/schedules.py): 1F1B
+  (`forward_backward_pipelining_without_interleaving`) and interleaved 1F1B
+  (`--num-virtual-stages-per-pipeline-rank`); no GPipe, no ZB-H1 (Qi et al.'s fork has it).
+* torchtitan 0.3.0 / torch.distributed.pipelining 2.13 (`schedules.get_schedule_class`):
+  `PipelineScheduleSingle` classes `GPipe`, `1F1B`; multi-stage `Interleaved1F1B`.
+  torchtitan gives a multi-stage schedule at least two stages per rank
+  (distributed/pipeline_parallel.py `_get_pipeline_metadata`), so `InterleavedZeroBubble`
+  cannot run our one-chunk ZB-H1.
+* Megatron-DeepSpeed (4efb479) on DeepSpeed 0.19.8's pipeline engine: 1F1B
+  (`deepspeed.runtime.pipe.schedule.TrainSchedule`), and ZB-H1 with `--enable-zbh1-pipeline`
+  (megatron/initialize.py:223 swaps in its `ZeroBubbleH1Pipeline`, which sends each input
+  gradient before the weight gradient and defers those Ws to the drain).
 """
 
 from __future__ import annotations
@@ -125,12 +131,12 @@ _REGISTRY: tuple[ScheduleInfo, ...] = (
     ScheduleInfo("interleaved", 2, interleaved_1f1b, "interleaved 1F1B",
                  "Narayanan et al. 2021, §2.2", chunked=True, splits_backward=False,
                  bubble=_interleaved_bubble, in_flight=_interleaved_in_flight,
-                 megatron="--num-layers-per-virtual-pipeline-stage",
+                 megatron="--num-virtual-stages-per-pipeline-rank",
                  torchtitan="Interleaved1F1B"),
     ScheduleInfo("zb-h1", 3, lambda p, m, v: zb_h1(p, m), "ZB-H1",
                  "Qi et al. 2023, §2.1", chunked=False, splits_backward=True,
                  bubble=_zb_h1_bubble, in_flight=_one_f_one_b_in_flight, trainable=False,
-                 torchtitan="InterleavedZeroBubble"),
+                 deepspeed="--enable-zbh1-pipeline"),
 )
 
 SCHEDULE_REGISTRY: dict[str, ScheduleInfo] = {info.name: info for info in _REGISTRY}

@@ -337,8 +337,12 @@ class PlanResponse(_Out):
     calibration: dict[str, Any]
     explanation: str
     training: dict[str, float] | None
+    stack: dict[str, Any] = Field(
+        description="The training stack the layouts are for and its resolved settings "
+                    "(`shardwise plan --json` stack).")
     emits: dict[str, dict[str, Any]] = Field(
-        description="Megatron-LM / torchtitan / DeepSpeed configuration of the chosen layout.")
+        description="Megatron-LM / torchtitan / DeepSpeed configuration of the chosen layout; "
+                    "the stack's own framework first (the others say which --impl they need).")
 
 
 def plan_sync(request: PlanRequest) -> dict[str, Any]:

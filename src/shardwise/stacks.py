@@ -46,6 +46,11 @@ fused bias-GeLU/SwiGLU, bias-dropout-add, RoPE and softmax), one PyTorch kernel 
 (eager), or Inductor's fused kernels (`torch.compile`)."""
 
 
+CP_KIND_TEXT = {"ring": "ring attention", "ulysses": "Ulysses (an all-to-all over heads)",
+                "hybrid": "Ulysses inside groups with a ring across them",
+                "allgather": "an all-gather of K/V (FlexAttention)"}
+"""The context-parallel kinds of `Stack.cp_kinds`, in words."""
+
 SPLITS = ("any", "torchtitan", "deepspeed")
 """How a stack can split the layers over its pipeline stages (`Stack.split`): any count per
 (virtual) stage (Megatron-LM's `--pipeline-model-parallel-layout`), torchtitan's rule
@@ -165,8 +170,9 @@ class Stack:
                 out.append(f"{self.name} has no {axis.upper()} ({axis}={getattr(layout, axis)}); "
                            f"it runs {', '.join(self.axes) or 'data parallelism only'}")
         if layout.cp > 1 and "cp" in self.axes and "ring" not in self.cp_kinds:
-            out.append(f"{self.name}'s context parallelism is {' or '.join(self.cp_kinds)}, not "
-                       f"the ring attention this layout's cp={layout.cp} is")
+            kinds = " or ".join(CP_KIND_TEXT[kind] for kind in self.cp_kinds)
+            out.append(f"{self.name}'s context parallelism is {kinds}, not the ring attention "
+                       f"planned for cp={layout.cp}")
         if layout.pp > 1 and layout.schedule not in self.schedules():
             out.append(f"{self.name} has no {layout.schedule} pipeline schedule; valid: "
                        f"{', '.join(self.schedules())}")

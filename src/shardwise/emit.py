@@ -192,10 +192,14 @@ def nearest(framework: str | None, model: ModelSpec, layout: Layout, train: Trai
     time in s, fits); None when none is found."""
     from shardwise.plan.evaluate import evaluate_layout
 
-    edits = list(_edits(train.stack, model, layout, train))
+    edits = [(_changed(layout, new_layout), new_layout, new_run)
+             for _, new_layout, new_run in _edits(train.stack, model, layout, train)]
     found: dict[tuple[Layout, TrainSpec], int] = {}
     for k in range(1, depth + 1):
         for combo in itertools.combinations(edits, k):
+            touched = [name for names, _, _ in combo for name in names]
+            if len(touched) != len(set(touched)):  # two edits of one field
+                continue
             cand, run = layout, train
             for _, new_layout, new_run in combo:
                 if new_layout is not None:
@@ -220,6 +224,14 @@ def nearest(framework: str | None, model: ModelSpec, layout: Layout, train: Trai
     _, cand, run = best
     entry = evaluate_layout(model, cluster, run, cand)
     return cand, run, entry.estimate.total, entry.fits
+
+
+def _changed(base: Layout, new: Layout | None) -> tuple[str, ...]:
+    """The fields (dp aside) `new` changes from `base` (a run edit: "run")."""
+    if new is None:
+        return ("run",)
+    return tuple(f.name for f in fields(Layout)
+                 if f.name != "dp" and getattr(new, f.name) != getattr(base, f.name))
 
 
 def _distance(a: Layout, b: Layout) -> int:

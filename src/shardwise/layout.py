@@ -299,7 +299,8 @@ class Layout:
         return out
 
     def _train_problems(self, train: TrainSpec, model: ModelSpec) -> list[str]:
-        out = (train.stack.layout_problems(self, model.n_layers, train)
+        split_ok = not partition_problems(model.n_layers, self.pp, self.chunks, self.partition)
+        out = (train.stack.layout_problems(self, model.n_layers if split_ok else None, train)
                if train.impl in STACKS else [])
         # Zigzag causal balancing splits the sequence into 2·cp chunks.
         if self.cp > 1 and train.seq_len % (2 * self.cp):

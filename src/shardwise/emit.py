@@ -28,7 +28,7 @@ import itertools
 import json
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 
 from shardwise.arch import ModelSpec
 from shardwise.errors import ShardwiseError
@@ -115,147 +115,113 @@ def model_refusal(framework: str, model: ModelSpec, train: TrainSpec) -> str | N
     return None
 
 
-def _train_refusal(framework: str, train: TrainSpec) -> str | None:
-    """What the run's settings ask that the exported framework cannot select."""
-    settings = train.settings()
-    if framework == "torchtitan" and settings.attention != "flex":
-        return (f"torchtitan 0.3.0's llama3 configs build FlexAttention (model_registry "
-                f"attn_backend='flex', models/llama3/__init__.py:371) and no command-line option "
-                f"selects {settings.attention}")
-    return None
-
-
 def _refusals(framework: str | None, model: ModelSpec, layout: Layout, train: TrainSpec
               ) -> list[str]:
     """Everything the run's stack (and `framework`'s export of it) cannot run of this valid
     layout and run, one sentence each."""
     out = train.stack.layout_problems(layout, model.n_layers, train)
-    if framework is None:
-        return out
-    out += _vocab_problems(framework, model, layout)
-    refusal = _train_refusal(framework, train)
-    return out + ([refusal] if refusal else [])
+    return out if framework is None else out + _vocab_problems(framework, model, layout)
 
 
-def _edits(stack: Stack, model: ModelSpec, layout: Layout, train: TrainSpec
-           ) -> Iterator[tuple[str, Layout | None, TrainSpec | None]]:
-    """One-field changes toward what `stack` runs: (field, new layout or None, new run or
-    None)."""
+def _edits(stack: Stack, model: ModelSpec, layout: Layout) -> Iterator[Layout]:
+    """`layout` changed toward what `stack` runs, one choice at a time: each schedule, ZeRO
+    stage and recompute policy it has, no shard groups, SP toggled, a degree folded into data
+    parallelism or (tp, cp) into pipeline stages, the default or the stack's own partition."""
     for name in stack.schedules():
         if layout.pp > 1 and name != layout.schedule:
-            chunked = get_schedule(name).chunked
             chunks = (layout.chunks if layout.chunks > 1 else next(
                 (v for v in range(2, model.n_layers + 1)
-                 if model.n_layers % (layout.pp * v) == 0), 2)) if chunked else 1
-            yield "schedule", layout.with_(schedule=name, chunks=chunks), None
+                 if model.n_layers % (layout.pp * v) == 0), 2)
+                      ) if get_schedule(name).chunked else 1
+            yield layout.with_(schedule=name, chunks=chunks)
     for z in stack.zero:
         if z != layout.zero:
             keep = layout.zero_group if z in stack.zero_hybrid else 0
-            yield "zero", layout.with_(zero=z, zero_group=keep if z else 0), None
+            yield layout.with_(zero=z, zero_group=keep if z else 0)
     if layout.zero_group:
-        yield "zero_group", layout.with_(zero_group=0), None
+        yield layout.with_(zero_group=0)
     for name in stack.recompute:
         if name != layout.recompute:
-            yield "recompute", layout.with_(recompute=name), None
+            yield layout.with_(recompute=name)
     if layout.tp > 1:
-        yield "sp", layout.with_(sp=not layout.sp), None
+        yield layout.with_(sp=not layout.sp)
     for axis in ("tp", "cp", "ep", "pp"):
         degree = getattr(layout, axis)
         if degree > 1:
-            dp = layout.dp * (degree if axis != "ep" else 1)
-            changes: dict[str, object] = {axis: 1, "dp": dp}
+            changes: dict[str, object] = {axis: 1}
             if axis == "tp":
                 changes["sp"] = False
             if axis == "pp":
                 changes.update(schedule="1f1b", chunks=1, partition=())
-            yield axis, layout.with_(**changes), None
+            yield layout.with_(**changes)
             if axis in ("tp", "cp") and layout.pp * degree <= model.n_layers:  # into stages
-                yield axis, layout.with_(**{axis: 1, "pp": layout.pp * degree, "partition": (),
-                                            "sp": layout.sp and axis == "cp"}), None
+                yield layout.with_(**{axis: 1, "pp": layout.pp * degree, "partition": (),
+                                      "sp": layout.sp and axis == "cp"})
     if layout.partition:
-        yield "partition", layout.with_(partition=()), None
+        yield layout.with_(partition=())
     own = stack_split(stack.split, model.n_layers, layout.pp)
     if layout.pp > 1 and layout.chunks == 1 and own and own != layout.stage_partition(
             model.n_layers):
-        yield "partition", layout.with_(partition=own), None
-    settings = train.settings()
-    if stack.name == "torchtitan" and settings.attention != "flex":
-        yield "attention", None, replace(train, attention="flex")
+        yield layout.with_(partition=own)
 
 
 def nearest(framework: str | None, model: ModelSpec, layout: Layout, train: TrainSpec,
-            cluster: Cluster, depth: int = 3) -> tuple[Layout, TrainSpec, float, bool] | None:
-    """The run `framework` (None: the run's stack) can take that is reached from (`layout`,
-    `train`) by at most
-    `depth` one-field edits (`_edits`) and differs in the fewest fields (dp aside), one that
-    fits in memory before one that does not, then the fastest: (layout, run, predicted step
-    time in s, fits); None when none is found."""
+            cluster: Cluster, depth: int = 3) -> tuple[Layout, float, bool] | None:
+    """The layout `framework`'s export (None: the run's stack) runs that is reached from
+    `layout` by at most `depth` edits of distinct fields (`_edits`; dp takes the GPUs left)
+    and differs from it in the fewest fields, one that fits in memory before one that does
+    not, then the fastest: (layout, predicted step time in s, fits); None when none is."""
     from shardwise.plan.evaluate import evaluate_layout
 
-    edits = [(_changed(layout, new_layout), new_layout, new_run)
-             for _, new_layout, new_run in _edits(train.stack, model, layout, train)]
-    found: dict[tuple[Layout, TrainSpec], int] = {}
+    edits = [(_changed(layout, new), new) for new in _edits(train.stack, model, layout)]
+    found: dict[Layout, int] = {}
     for k in range(1, depth + 1):
         for combo in itertools.combinations(edits, k):
-            touched = [name for names, _, _ in combo for name in names]
+            touched = [name for names, _ in combo for name in names]
             if len(touched) != len(set(touched)):  # two edits of one field
                 continue
-            cand, run = layout, train
-            for _, new_layout, new_run in combo:
-                if new_layout is not None:
-                    cand = _merge(cand, layout, new_layout)
-                run = new_run or run
-            if (cand, run) in found or cand.problems(model, cluster, run) or _refusals(
-                    framework, model, cand, run):
+            cand = layout
+            for _, new in combo:
+                cand = _merge(cand, layout, new)
+            if cand in found or cand.problems(model, cluster, train) or _refusals(
+                    framework, model, cand, train):
                 continue
-            found[(cand, run)] = _distance(layout, cand) + (run != train)
-    best = None
+            found[cand] = len(_changed(layout, cand))
+    best: tuple[tuple[bool, int, float], Layout] | None = None
     for distance in sorted(set(found.values())):
-        for (cand, run), d in found.items():
-            if d == distance:
-                entry = evaluate_layout(model, cluster, run, cand, simulate=False)
-                key = (not entry.fits, distance, entry.estimate.total)
-                if best is None or key < best[0]:
-                    best = (key, cand, run)
+        for cand in (c for c, d in found.items() if d == distance):
+            entry = evaluate_layout(model, cluster, train, cand, simulate=False)
+            key = (not entry.fits, distance, entry.estimate.total)
+            if best is None or key < best[0]:
+                best = (key, cand)
         if best is not None and not best[0][0]:
-            break  # a fitting run at the fewest changes that have one
+            break  # a fitting layout at the fewest changes that have one
     if best is None:
         return None
-    _, cand, run = best
-    entry = evaluate_layout(model, cluster, run, cand)
-    return cand, run, entry.estimate.total, entry.fits
+    entry = evaluate_layout(model, cluster, train, best[1])
+    return best[1], entry.estimate.total, entry.fits
 
 
-def _changed(base: Layout, new: Layout | None) -> tuple[str, ...]:
-    """The fields (dp aside) `new` changes from `base` (a run edit: "run")."""
-    if new is None:
-        return ("run",)
+def _changed(base: Layout, new: Layout) -> tuple[str, ...]:
+    """The fields (dp aside) in which `new` differs from `base`."""
     return tuple(f.name for f in fields(Layout)
                  if f.name != "dp" and getattr(new, f.name) != getattr(base, f.name))
 
 
-def _distance(a: Layout, b: Layout) -> int:
-    """Fields (dp aside) in which two layouts differ."""
-    return sum(getattr(a, f.name) != getattr(b, f.name) for f in fields(Layout) if f.name != "dp")
-
-
 def _merge(current: Layout, base: Layout, changed: Layout) -> Layout:
     """`current` with the fields `changed` changed from `base` (edits applied one after
-    another; dp is recomputed from the world size)."""
+    another; dp takes the GPUs the other axes leave)."""
     values = {f.name: getattr(current, f.name) for f in fields(Layout)}
-    for f in fields(Layout):
-        if getattr(changed, f.name) != getattr(base, f.name):
-            values[f.name] = getattr(changed, f.name)
-    world = base.world_size
-    values["dp"] = world // (values["tp"] * values["pp"] * values["cp"])
+    values.update({name: getattr(changed, name) for name in _changed(base, changed)})
+    values["dp"] = base.world_size // (values["tp"] * values["pp"] * values["cp"])
     return Layout(**values)
 
 
 def unrunnable(model: ModelSpec, layout: Layout, train: TrainSpec, cluster: Cluster,
                framework: str | None = None) -> ShardwiseError | None:
     """The one-line refusal of a valid layout the run's stack (with `framework`: that
-    framework's export) cannot run — what, the nearest run and its predicted step time — or
-    None when it runs."""
+    framework's export) cannot run — what, the nearest layout it runs and that layout's
+    predicted step time — or None when it runs."""
     problems = _refusals(framework, model, layout, train)
     if not problems:
         return None
@@ -265,10 +231,9 @@ def unrunnable(model: ModelSpec, layout: Layout, train: TrainSpec, cluster: Clus
     found = nearest(framework, model, layout, train, cluster)
     if found is None:
         return ShardwiseError(head + "; no layout within three changes runs")
-    near, run, seconds, fits = found
-    changed = "" if run == train else f" with --attention {run.attention}"
+    near, seconds, fits = found
     return ShardwiseError(
-        f"{head}; nearest it runs: {near.short()} (--layout {layout_text(near)}{changed}), "
+        f"{head}; nearest it runs: {near.short()} (--layout {layout_text(near)}), "
         f"{seconds:.3g} s per step predicted{'' if fits else ', over the memory budget'}")
 
 

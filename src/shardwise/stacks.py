@@ -432,7 +432,9 @@ STACKS: dict[str, Stack] = {s.name: s.validate() for s in (
         "except every second matmul), models/llama3 (attn_backend 'flex')",
         profile="torchtitan", kernels="eager", compile=(False, True),
         tp_overlap=("none", "async"), dp_overlap_zero=(0, 1, 2, 3), dp_overlap_settable=False,
-        attention=("flex", "fa2", "cudnn"), recompute=("none", "full", "op-sac"),
+        # a language model's attention is flex, flex_flash or varlen; SDPA is not one
+        # (models/common/config_utils.py get_attention_config); its llama3 configs use flex
+        attention=("flex",), recompute=("none", "full", "op-sac"),
         # FSDP2 on every run (models/llama3/parallelize.py apply_fsdp_to_decoder): replicate
         # only (ZeRO-0), reshard after forward "never" (ZeRO-2) or "always" (ZeRO-3), HSDP with
         # data_parallel_replicate_degree; no ZeRO-1 (nothing shards only optimizer states)

@@ -13,10 +13,14 @@ import pytest
 
 from tests.integration.conftest import Emit
 from tests.integration.plans import EXPECTED, MEGATRON_EXTRA, PLANS
+from tests.integration.test_winners import GRID
 
 pytestmark = pytest.mark.integration
 
-RUNS = {**{p: PLANS[p] for p in PLANS if EXPECTED[p]["megatron"] is None}, **MEGATRON_EXTRA}
+# the accepted plans, the other runs and the planner's winners (test_winners.GRID)
+RUNS = {**{p: PLANS[p] for p in PLANS if EXPECTED[p]["megatron"] is None}, **MEGATRON_EXTRA,
+        **{f"winner-{m}-{g}-{s}": [m, "--gpus", str(g), "--seq", str(s), "--top", "1"]
+           for m, g, s in GRID["megatron"]}}
 BACKENDS = {"cudnn": "fused", "fa2": "flash", "fa3": "flash", "math": "unfused"}
 
 

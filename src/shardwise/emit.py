@@ -94,11 +94,8 @@ def _vocab_problems(framework: str, model: ModelSpec, layout: Layout) -> list[st
 
 
 def model_refusal(framework: str, model: ModelSpec, train: TrainSpec) -> str | None:
-    """What no layout fixes: the framework does not run this model or dtype as planned."""
-    if train.dtype not in ("bf16", "fp16", "fp32") or (train.grad_dtype or train.dtype) not in (
-            "bf16", "fp16", "fp32"):
-        bad = train.dtype if train.dtype not in ("bf16", "fp16", "fp32") else train.grad_dtype
-        return f"{bad} has no launch configuration; valid: bf16, fp16, fp32"
+    """What no layout fixes: the framework does not run this model as planned (the stack's
+    dtypes are checked by `TrainSpec.validate`)."""
     if framework == "torchtitan":
         if model.name not in _TITAN_CONFIGS:
             return (f"torchtitan 0.3.0 ships no {model.name} model (its llama3 configs fit "

@@ -107,12 +107,12 @@ def test_plan_has_everything_the_page_shows(client):
     assert len(out["ranked"]) == 5 and out["ranked"][0]["rank"] == 1
     assert out["explanation"].startswith(out["ranked"][0]["short"])
     assert out["rejected"] and all(r["count"] > 0 for r in out["rejected"])
-    # each framework's configuration, or why it cannot run the winner (DeepSpeed cannot split
-    # the 32 layers 17/15, the winner's stages since the ranking simulates uneven pipelines)
-    for framework in ("megatron", "torchtitan", "deepspeed"):
-        emit = out["emits"][framework]
-        assert emit.get("config") or emit.get("error", "").startswith("DeepSpeed cannot run")
+    # the layouts are for one stack (issue 33): its framework's configuration first, the
+    # others say which stack they run
+    assert out["stack"]["name"] == "megatron-te" and list(out["emits"])[0] == "megatron"
     assert "--tensor-model-parallel-size" in out["emits"]["megatron"]["config"]
+    for framework in ("torchtitan", "deepspeed"):
+        assert "plan with --impl" in out["emits"][framework]["error"]
 
 
 def test_hardware_lists_presets(client):
@@ -236,3 +236,14 @@ def test_plan_constraints_and_memory_fit_hints(client):
     assert memory["fit_hints"] == cli_json("memory", "llama3-70b", "--gpus", "64", "--tp",
                                            "8", "--zero", "1")["fit_hints"]
     assert memory["fit_hints"] and all(s["margin"] < 0 for s in memory["stages"])
+
+
+def test_plan_for_another_stack_searches_and_exports_it(client):
+    """The planner page's stack choice: torchtitan's search (no ZeRO-1, fp32 gradient
+    reduce) and its export first."""
+    out = ok(client, "/api/plan", {"model": "llama3-8b", "gpus": 16, "top": 3,
+                                   "impl": "torchtitan"})
+    assert out["stack"]["name"] == "torchtitan" and list(out["emits"])[0] == "torchtitan"
+    assert all(entry["layout"]["zero"] != 1 for entry in out["ranked"])
+    assert "torchtitan.train" in out["emits"]["torchtitan"]["config"]
+    assert out["train"]["grad_dtype"] == "fp32"

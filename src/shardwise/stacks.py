@@ -24,9 +24,9 @@ import numpy as np
 from shardwise.errors import ShardwiseError
 from shardwise.schedules.registry import SCHEDULE_CODES
 
-__all__ = ["ATTENTION_KERNELS", "DEFAULT_STACK", "SPLITS", "STACKS", "TP_OVERLAPS", "Rule",
-           "Settings", "Stack", "get_stack", "parse_impl", "split_refuses", "stack_names",
-           "stack_split",
+__all__ = ["ATTENTION_KERNELS", "CP_KIND_TEXT", "DEFAULT_STACK", "SPLITS", "SPLIT_RULES",
+           "STACKS", "TP_OVERLAPS", "Rule", "Settings", "Stack", "deepspeed_split",
+           "get_stack", "parse_impl", "split_refuses", "stack_names", "stack_split",
            "titan_partition", "titan_split"]
 
 TP_OVERLAPS = ("none", "bulk", "async")
@@ -83,8 +83,8 @@ class Stack:
     pipeline parallelism). `axes`: the parallel axes it can run beyond data parallelism.
     `zero_hybrid`: the ZeRO stages it shards in groups (`Layout.zero_group`). `grad_dtypes`:
     per training dtype, the gradient dtypes it accumulates and reduces in (the first is what a
-    run that names none gets, `TrainSpec`; None: not restricted). `split`: how it splits the layers over pipeline
-    stages (`SPLITS`). `rules`: the combinations it refuses (`Rule`).
+    run that names none gets, `TrainSpec`; None: not restricted). `split`: how it splits the
+    layers over pipeline stages (`SPLITS`). `rules`: the combinations it refuses (`Rule`).
     """
 
     name: str
@@ -346,8 +346,8 @@ def _zb_h1(v: Mapping[str, Any]) -> Any:
     return (np.asarray(v["pp"]) > 1) & (np.asarray(v["schedule"]) == SCHEDULE_CODES["zb-h1"])
 
 
-# Each fact names the code it was read from (file@version; tests/integration check the
-# refusals against that code).
+# Each fact names the code it was read from, in the stack's pinned version (Megatron-LM
+# paths at d98e8a6, its own megatron/core); tests/integration check them against that code.
 STACKS: dict[str, Stack] = {s.name: s.validate() for s in (
     Stack(
         "megatron-te", "Megatron-LM + Transformer Engine", _MEGATRON,
@@ -415,7 +415,7 @@ STACKS: dict[str, Stack] = {s.name: s.validate() for s in (
                  & ((np.asarray(v["tp"]) > 1) | (np.asarray(v["pp"]) > 1)),
                  "runs its sequence parallelism (cp={cp}) without tensor and pipeline "
                  "parallelism only (tp={tp}, pp={pp})",
-                 "Megatron-DeepSpeed megatron/core/parallel_state.py:145 @4efb479"),
+                 "Megatron-DeepSpeed megatron/core/parallel_state.py:146 @4efb479"),
             Rule(lambda v, train: _zb_h1(v) & (np.asarray(v["sp"]) > 0),
                  "runs ZB-H1 without sequence parallelism only",
                  "Megatron-DeepSpeed megatron/arguments.py:81 @4efb479"),

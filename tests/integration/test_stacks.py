@@ -76,10 +76,9 @@ def test_torchtitan_split_is_torchtitans():
 def test_deepspeed_split_is_deepspeeds():
     """`deepspeed_split` equals DeepSpeed's partition of GPTModelPipe's blocks."""
     require("deepspeed")
-    for layers in (16, 32, 61, 70, 80, 126):
-        for pp in range(2, 17):
-            if pp <= layers:
-                assert tuple(deepspeed_split(layers, pp)) == deepspeed_stages(layers, pp)
+    for layers in (32, 61, 70, 126):
+        for pp in (2, 3, 5, 7, 12, 16):
+            assert tuple(deepspeed_split(layers, pp)) == deepspeed_stages(layers, pp)
 
 
 # --------------------------------------------------------------- each rule, by its source
@@ -146,12 +145,11 @@ def deepspeed_grads_in_the_model_dtype_without_zero(tmp_path):
     require("deepspeed")
     import json
 
+    import deepspeed
     import torch
+    import torch.distributed as dist
     from deepspeed.runtime.config import DeepSpeedConfig
     from deepspeed.runtime.engine import DeepSpeedEngine
-
-    import deepspeed
-    import torch.distributed as dist
 
     from tests.integration.test_deepspeed import _Mpu
 
@@ -205,7 +203,7 @@ def torchtitan_ep_from_fsdp_cp_tp():
 RULES = {
     "megatron/core/parallel_state.py:1447 @d98e8a6": megatron_ep_in_shard_groups,
     "deepspeed/runtime/pipe/engine.py:76 @0.19.8": deepspeed_zero_with_pp,
-    "Megatron-DeepSpeed megatron/core/parallel_state.py:145 @4efb479": deepspeed_ulysses_alone,
+    "Megatron-DeepSpeed megatron/core/parallel_state.py:146 @4efb479": deepspeed_ulysses_alone,
     "Megatron-DeepSpeed megatron/arguments.py:81 @4efb479": deepspeed_zbh1_without_sp,
     "deepspeed/runtime/engine.py:2313 @0.19.8": deepspeed_grads_in_the_model_dtype_without_zero,
     "torchtitan/config/configs.py expert_parallel_degree @0.3.0": torchtitan_ep_from_fsdp_cp_tp,

@@ -109,7 +109,7 @@ def test_plan_has_everything_the_page_shows(client):
     assert out["rejected"] and all(r["count"] > 0 for r in out["rejected"])
     # the layouts are for one stack (issue 33): its framework's configuration first, the
     # others say which stack they run
-    assert out["stack"]["name"] == "megatron-te" and list(out["emits"])[0] == "megatron"
+    assert out["stack"]["name"] == "megatron-te" and next(iter(out["emits"])) == "megatron"
     assert "--tensor-model-parallel-size" in out["emits"]["megatron"]["config"]
     for framework in ("torchtitan", "deepspeed"):
         assert "plan with --impl" in out["emits"][framework]["error"]
@@ -243,7 +243,7 @@ def test_plan_for_another_stack_searches_and_exports_it(client):
     reduce) and its export first."""
     out = ok(client, "/api/plan", {"model": "llama3-8b", "gpus": 16, "top": 3,
                                    "impl": "torchtitan"})
-    assert out["stack"]["name"] == "torchtitan" and list(out["emits"])[0] == "torchtitan"
+    assert out["stack"]["name"] == "torchtitan" and next(iter(out["emits"])) == "torchtitan"
     assert all(entry["layout"]["zero"] != 1 for entry in out["ranked"])
     assert "torchtitan.train" in out["emits"]["torchtitan"]["config"]
     assert out["train"]["grad_dtype"] == "fp32"

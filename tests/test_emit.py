@@ -161,6 +161,24 @@ def test_a_refusal_names_the_nearest_layout_and_its_step_time():
     assert seconds == pytest.approx(entry.estimate.total, rel=5e-3)
 
 
+@pytest.mark.parametrize(("framework", "model", "layout", "train"), [
+    ("deepspeed", "llama3-70b", "dp=8,tp=4,cp=4,sp=1", DS),  # Ulysses with TP and SP
+    ("deepspeed", "llama3-70b", "dp=8,tp=8,pp=2,zero=3", DS),
+    ("deepspeed", "llama3-8b", "dp=1,tp=8,pp=3,zero=1,partition=10:11:11",
+     TrainSpec(8192, 96, impl="megatron-deepspeed")),
+    ("torchtitan", "llama3-70b", "dp=8,tp=4,cp=2,zero=1", TITAN),
+    ("megatron", "llama3-70b", "dp=4,tp=8,pp=4,schedule=gpipe", TrainSpec(8192, 256)),
+])
+def test_the_nearest_layout_named_runs(framework, model, layout, train):
+    """The layout a refusal advises is one the framework runs as planned (issue 33: the
+    SP + Ulysses advice was refused by the same rule)."""
+    spec, refused = get_model(model), Layout.parse(layout)
+    text, _ = _nearest_in(_refusal(framework, spec, refused, train))
+    near = Layout.parse(text)
+    near = near.with_(dp=refused.world_size // (near.tp * near.pp * near.cp))
+    assert emit(framework, spec, near, train).text
+
+
 def test_nearest_changes_the_fewest_fields():
     """ZB-H1 on Megatron: the nearest is the same layout on 1F1B."""
     layout = Layout.parse("dp=4,tp=8,pp=4,zero=1,schedule=zb-h1,recompute=full")

@@ -244,10 +244,11 @@ def _checked(framework: str, model: ModelSpec, layout: Layout, train: TrainSpec,
         raise ShardwiseError("emitting a launch configuration needs a global batch")
     stack = framework_stack(framework)
     if train.stack.name != stack.name:
+        own = (f"its own export is --emit {train.stack.export}" if train.stack.export
+               else f"{train.stack.name} has no export")
         raise ShardwiseError(
-            f"this plan is for the {train.stack.name} stack; --emit {framework} runs "
-            f"{stack.name}: plan with --impl {stack.name} (or --emit "
-            f"{train.stack.export or 'nothing: no export'})")
+            f"this plan is for the {train.stack.name} stack ({own}); --emit {framework} runs "
+            f"{stack.name}: plan with --impl {stack.name}")
     refusal = model_refusal(framework, model, train)
     if refusal:
         raise ShardwiseError(f"{framework} ({VERSIONS[framework]}) cannot run this plan: "

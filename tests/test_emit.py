@@ -1,22 +1,30 @@
-"""Launch configurations (emit.py) without the frameworks: degrees, batch, refusals, notes.
+"""Launch configurations (emit.py) without the frameworks: the stack binding, degrees, batch,
+dtypes, overlaps, and refusals that name the nearest runnable layout and its step time.
 
 The frameworks' own parsers read these configurations in tests/integration.
 """
 
 import json
+import re
 import shlex
 
 import pytest
 
 from shardwise.arch import get_model
-from shardwise.emit import FRAMEWORKS, emit
+from shardwise.emit import FRAMEWORKS, emit, framework_stack
 from shardwise.errors import LayoutError, ShardwiseError
+from shardwise.hardware import Cluster
 from shardwise.layout import Layout, TrainSpec
+from shardwise.plan.evaluate import evaluate_layout
+from tests.cli_helpers import assert_one_line_error, shardwise, shardwise_json
 
 MODEL = get_model("llama3-405b")
-TRAIN = TrainSpec(seq_len=8192, global_batch=2048)
+TRAIN = TrainSpec(seq_len=8192, global_batch=2048)  # megatron-te, Megatron's stack
 LAYOUT = Layout.parse("dp=1024,tp=8,pp=2,zero=1,sp=1,schedule=interleaved,chunks=21,"
                       "recompute=selective")
+TITAN = TrainSpec(seq_len=8192, global_batch=512, impl="torchtitan")
+DS = TrainSpec(seq_len=8192, global_batch=512, impl="megatron-deepspeed")
+L70 = get_model("llama3-70b")
 
 
 def _argv(text):
@@ -32,6 +40,22 @@ def _value(words, flag):
     return words[words.index(flag) + 1]
 
 
+def _refusal(framework, model, layout, train):
+    with pytest.raises(ShardwiseError) as info:
+        emit(framework, model, layout, train)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_the_plan_must_be_for_the_frameworks_stack():
+    for framework in FRAMEWORKS:
+        stack = framework_stack(framework).name
+        other = "hf-sdpa"
+        with pytest.raises(ShardwiseError, match=f"plan with --impl {stack}"):
+            emit(framework, L70, Layout(dp=64), TrainSpec(8192, 512, impl=other))
+
+
 def test_megatron_carries_the_layout_and_the_model():
     env, words = _argv(emit("megatron", MODEL, LAYOUT, TRAIN, gpus_per_node=8).text)
     assert env == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}  # TP needs one hardware queue
@@ -39,32 +63,48 @@ def test_megatron_carries_the_layout_and_the_model():
     assert _value(words, "--tensor-model-parallel-size") == "8"
     assert _value(words, "--num-virtual-stages-per-pipeline-rank") == "21"
     assert _value(words, "--rotary-base") == "500000"  # Llama 3 config.json rope_theta
+    assert "--use-rope-scaling" in words  # Llama 3.1's rope_type "llama3"
     assert _value(words, "--vocab-size") == "128256"
     # Megatron pads V to a multiple of divisible_by·tp; 128256 = 2^8·501 stays unpadded
     assert 128256 % (int(_value(words, "--make-vocab-size-divisible-by")) * 8) == 0
     for flag in ("--sequence-parallel", "--recompute-activations", "--swiglu",
                  "--use-distributed-optimizer", "--grad-reduce-in-bf16", "--bf16"):
         assert flag in words
+    # megatron-te's attention kernel is TE's cuDNN fused attention ("fused")
+    assert _value(words, "--attention-backend") == "fused"
 
 
-def test_megatron_zero3_is_megatron_fsdp_without_the_single_queue():
+def test_megatron_zero3_is_megatron_fsdp_in_fp16_too():
+    """Megatron-FSDP trains fp16 (only --use-torch-fsdp2 refuses it) and takes the gradient
+    dtype as its main-gradient dtype; FSDP refuses CUDA_DEVICE_MAX_CONNECTIONS=1."""
     layout = Layout.parse("dp=1024,tp=8,pp=2,zero=3,sp=1")
-    emitted = emit("megatron", MODEL, layout, TRAIN)
-    env, words = _argv(emitted.text)
-    assert "--use-torch-fsdp2" not in words  # refused with pp by Megatron-LM
-    assert _value(words, "--data-parallel-sharding-strategy") == "optim_grads_params"
-    assert env == {}  # Megatron-FSDP refuses CUDA_DEVICE_MAX_CONNECTIONS=1
-    assert any("CUDA_DEVICE_MAX_CONNECTIONS" in note for note in emitted.notes)
+    for dtype in ("bf16", "fp16"):
+        emitted = emit("megatron", MODEL, layout, TrainSpec(8192, 2048, dtype=dtype))
+        env, words = _argv(emitted.text)
+        assert "--use-torch-fsdp2" not in words and "--use-megatron-fsdp" in words
+        assert _value(words, "--data-parallel-sharding-strategy") == "optim_grads_params"
+        assert _value(words, "--megatron-fsdp-main-grads-dtype") == dtype
+        assert f"--{dtype}" in words and env == {} and emitted.notes == ()
+
+
+@pytest.mark.parametrize(("zero", "groups"), [(1, 8), (2, 8), (3, 8)])
+def test_megatron_shard_groups_are_optimizer_instances(zero, groups):
+    """ZeRO in groups of 8 over dp=64: 8 instances (the distributed optimizer's, or
+    Megatron-FSDP's HSDP outer replicas)."""
+    layout = Layout(dp=64, zero=zero, zero_group=groups)
+    _, words = _argv(emit("megatron", get_model("llama3-8b"), layout,
+                          TrainSpec(8192, 512)).text)
+    assert _value(words, "--num-distributed-optimizer-instances") == str(64 // groups)
 
 
 def test_megatron_grad_reduce_dtype_follows_the_plan():
     _, bf16 = _argv(emit("megatron", MODEL, LAYOUT, TRAIN).text)
     _, fp32 = _argv(emit("megatron", MODEL, LAYOUT, TrainSpec(8192, 2048, grad_dtype="fp32"))
                     .text)
+    _, fp16 = _argv(emit("megatron", MODEL, LAYOUT, TrainSpec(8192, 2048, dtype="fp16",
+                                                              grad_dtype="fp32")).text)
     assert "--grad-reduce-in-bf16" in bf16 and "--grad-reduce-in-bf16" not in fp32
-    with pytest.raises(ShardwiseError, match="fp16"):
-        emit("megatron", MODEL, LAYOUT.with_(zero=3, schedule="1f1b", chunks=1),
-             TrainSpec(8192, 2048, dtype="fp16"))
+    assert "--accumulate-allreduce-grads-in-fp32" in fp16
 
 
 def test_megatron_and_deepspeed_carry_the_overlap_options():
@@ -77,87 +117,174 @@ def test_megatron_and_deepspeed_carry_the_overlap_options():
     _, off = _argv(emit("megatron", MODEL, LAYOUT, TRAIN).text)
     assert not {"--tp-comm-overlap", "--overlap-grad-reduce", "--overlap-param-gather",
                 "--no-overlap-p2p-communication"} & set(off)
-    # Megatron needs SP for TP overlap: not emitted, and the note says the plan agrees
+    # Megatron needs SP for TP overlap: not emitted, and the plan charges it exposed too
     no_sp = emit("megatron", MODEL, LAYOUT.with_(sp=False), on_train)
     assert "--tp-comm-overlap" not in _argv(no_sp.text)[1]
-    assert any("--tp-comm-overlap needs --sequence-parallel" in note for note in no_sp.notes)
     # DeepSpeed's overlap_comm defaults to ZeRO-3 only (runtime/zero/config.py)
     for zero, expected in ((1, False), (3, True)):
-        layout = Layout.parse(f"dp=2048,tp=8,zero={zero}")
-        config = json.loads(emit("deepspeed", MODEL, layout, TRAIN).text)
+        layout = Layout.parse(f"dp=64,zero={zero}")
+        config = json.loads(emit("deepspeed", L70, layout, DS).text)
         assert config["zero_optimization"]["overlap_comm"] is expected
 
 
-def test_megatron_vocabulary_padding_is_said():
-    gpt3 = get_model("gpt3-175b")  # V = 50257 is odd: tp=8 must pad it
-    emitted = emit("megatron", gpt3, Layout(dp=8, tp=8), TrainSpec(2048, 64))
-    assert any("pads the vocabulary 50257 to 50264" in note for note in emitted.notes)
+def test_megatron_explicit_pipeline_layout():
+    """Middle stages that differ: every virtual stage in --pipeline-model-parallel-layout,
+    the embedding on the first, the loss on the last."""
+    layout = Layout.parse("dp=4,tp=2,pp=4,zero=1,partition=7:9:8:8")
+    _, words = _argv(emit("megatron", get_model("llama3-8b"), layout, TrainSpec(8192, 256))
+                     .text)
+    assert _value(words, "--pipeline-model-parallel-layout") == "Et*7|t*9|t*8|t*8L"
+    assert "--decoder-first-pipeline-num-layers" not in words
+
+
+def _nearest_in(message):
+    """The `--layout` text a refusal names and its predicted seconds per step."""
+    match = re.search(r"\(--layout ([^)]*)\), ([0-9.]+) s per step predicted", message)
+    assert match, message
+    return match.group(1), float(match.group(2))
+
+
+def test_a_refusal_names_the_nearest_layout_and_its_step_time():
+    """GPT-3's 50257 rows cannot split over tp=8 (Megatron pads them): the refusal names a
+    layout Megatron runs as planned and its step time, which `plan --layout` would show."""
+    gpt3 = get_model("gpt3-175b")
+    train = TrainSpec(2048, 1536)
+    layout = Layout.parse("dp=8,tp=8,pp=16,zero=1,sp=1,recompute=full")
+    message = _refusal("megatron", gpt3, layout, train)
+    assert "pads 50257 to 50264 rows" in message
+    text, seconds = _nearest_in(message)
+    near = Layout.parse(text)
+    near = near.with_(dp=layout.world_size // (near.tp * near.pp * near.cp))
+    assert near.tp == 1 or 50257 % near.tp == 0
+    emit("megatron", gpt3, near, train)  # runs as planned
+    entry = evaluate_layout(gpt3, Cluster.of(1024, "h100"), train, near)
+    assert seconds == pytest.approx(entry.estimate.total, rel=5e-3)
+
+
+@pytest.mark.parametrize(("framework", "model", "layout", "train"), [
+    ("deepspeed", "llama3-70b", "dp=8,tp=4,cp=4,sp=1", DS),  # Ulysses with TP and SP
+    ("deepspeed", "llama3-70b", "dp=8,tp=8,pp=2,zero=3", DS),
+    ("deepspeed", "llama3-8b", "dp=1,tp=8,pp=3,zero=1,partition=10:11:11",
+     TrainSpec(8192, 96, impl="megatron-deepspeed")),
+    ("torchtitan", "llama3-70b", "dp=8,tp=4,cp=2,zero=1", TITAN),
+    ("megatron", "llama3-70b", "dp=4,tp=8,pp=4,schedule=gpipe", TrainSpec(8192, 256)),
+])
+def test_the_nearest_layout_named_runs(framework, model, layout, train):
+    """The layout a refusal advises is one the framework runs as planned (issue 33: the
+    SP + Ulysses advice was refused by the same rule)."""
+    spec, refused = get_model(model), Layout.parse(layout)
+    text, _ = _nearest_in(_refusal(framework, spec, refused, train))
+    near = Layout.parse(text)
+    near = near.with_(dp=refused.world_size // (near.tp * near.pp * near.cp))
+    assert emit(framework, spec, near, train).text
+
+
+def test_nearest_changes_the_fewest_fields():
+    """ZB-H1 on Megatron: the nearest is the same layout on 1F1B."""
+    layout = Layout.parse("dp=4,tp=8,pp=4,zero=1,schedule=zb-h1,recompute=full")
+    message = _refusal("megatron", L70, layout, TrainSpec(8192, 256))
+    assert "megatron-te has no zb-h1 pipeline schedule" in message
+    assert _nearest_in(message)[0] == "tp=8,pp=4,zero=1,recompute=full"
 
 
 def test_torchtitan_command_line():
-    emitted = emit("torchtitan", MODEL, LAYOUT, TRAIN)
+    layout = Layout.parse("dp=8,tp=4,pp=2,zero=2,sp=1,schedule=interleaved,chunks=10,"
+                          "recompute=op-sac")
+    emitted = emit("torchtitan", L70, layout, TITAN)
     _, words = _argv(emitted.text)
     assert words[words.index("-m") + 1:words.index("-m") + 6] == [
-        "torchtitan.train", "--module", "llama3", "--config", "llama3_405b"]
-    assert _value(words, "--parallelism.data_parallel_shard_degree") == "1024"
-    assert _value(words, "--parallelism.pipeline_parallel_layers_per_stage") == "3"
-    assert _value(words, "--parallelism.pipeline_parallel_first_stage_less_layers") == "0"
-    assert _value(words, "--training.local_batch_size") == "2"  # 2048 / dp, split by the pp
+        "torchtitan.train", "--module", "llama3", "--config", "llama3_70b"]
+    assert _value(words, "--parallelism.data_parallel_shard_degree") == "8"
+    assert _value(words, "--parallelism.fsdp_reshard_after_forward") == "never"  # ZeRO-2
+    assert _value(words, "--parallelism.pipeline_parallel_schedule") == "Interleaved1F1B"
+    assert _value(words, "--parallelism.pipeline_parallel_layers_per_stage") == "4"
+    assert _value(words, "--training.local_batch_size") == "64"  # 512 / dp, split by the pp
+    assert _value(words, "--training.mixed_precision_reduce") == "float32"
     assert "--training.disable_cuda_graphs" in words  # pp > 1
-    assert words[-1] == "activation-checkpoint:selective"
-    assert any("ZeRO-1" in note for note in emitted.notes)
-    assert any("reduces gradients in float32" in note for note in emitted.notes)
+    assert words[-1] == "activation-checkpoint:selective"  # op-sac is torchtitan's SelectiveAC
+    assert emitted.notes == ()
 
 
 def test_torchtitan_hybrid_shard_and_zero3_reshard():
-    layout = Layout.parse("dp=2048,tp=8,zero=3,zero_group=16")
-    _, words = _argv(emit("torchtitan", MODEL, layout, TRAIN).text)
+    layout = Layout.parse("dp=64,zero=3,zero_group=16")
+    _, words = _argv(emit("torchtitan", get_model("llama3-8b"), layout, TITAN).text)
     assert _value(words, "--parallelism.data_parallel_shard_degree") == "16"
-    assert _value(words, "--parallelism.data_parallel_replicate_degree") == "128"
+    assert _value(words, "--parallelism.data_parallel_replicate_degree") == "4"
     assert _value(words, "--parallelism.fsdp_reshard_after_forward") == "always"
 
 
-@pytest.mark.parametrize(("model", "train", "reason"), [
-    ("mixtral-8x7b", TRAIN, "ships no mixtral-8x7b model"),
-    ("llama3-405b", TrainSpec(8192, 2048, dtype="fp16"), "bfloat16 or float32 only"),
+def test_torchtitan_reduces_gradients_in_fp32():
+    """mixed_precision_reduce is float32 only: a torchtitan run's gradients are fp32 unless it
+    names another, which it cannot run."""
+    assert TITAN.grad_dtype == "fp32"
+    with pytest.raises(ShardwiseError, match="reduces bf16 gradients in fp32"):
+        TrainSpec(8192, 512, impl="torchtitan", grad_dtype="bf16").validate()
+
+
+@pytest.mark.parametrize(("model", "layout", "reason"), [
+    ("mixtral-8x7b", "dp=64", "ships no mixtral-8x7b model"),
+    ("llama3-405b", "dp=64", "Float8"),
+    ("llama3-70b", "dp=8,tp=8,zero=1", "torchtitan has no ZeRO-1"),
+    ("llama3-70b", "dp=8,tp=4,cp=2,zero=3", "an all-gather of K/V"),
+    ("llama3-70b", "dp=8,tp=2,pp=4,schedule=zb-h1,zero=2", "no zb-h1 pipeline schedule"),
 ])
-def test_torchtitan_refuses_what_it_cannot_run(model, train, reason):
-    layout = Layout(dp=64, tp=8, zero=1)
-    with pytest.raises(ShardwiseError, match=reason):
-        emit("torchtitan", get_model(model), layout, train)
+def test_torchtitan_refuses_what_it_cannot_run(model, layout, reason):
+    assert reason in _refusal("torchtitan", get_model(model), Layout.parse(layout), TITAN)
 
 
 def test_deepspeed_json_batch_arithmetic_and_launch():
-    emitted = emit("deepspeed", MODEL, LAYOUT, TRAIN)
+    layout = Layout.parse("dp=8,tp=8,pp=2,zero=1,sp=1")
+    emitted = emit("deepspeed", L70, layout, DS)
     config = json.loads(emitted.text)
-    assert config["train_batch_size"] == 2048
+    assert config["train_batch_size"] == 512
     assert (config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"]
-            * LAYOUT.dp == config["train_batch_size"])
+            * layout.dp == config["train_batch_size"])
     assert config["zero_optimization"]["stage"] == 1
     assert config["data_types"]["grad_accum_dtype"] == "bf16"
-    assert emitted.notes[0].startswith("launch (Megatron-DeepSpeed): deepspeed --num_nodes 2048")
-    assert "--tensor-model-parallel-size 8" in emitted.notes[0]
+    launch = emitted.notes[0]
+    assert launch.startswith("launch (Megatron-DeepSpeed 4efb479): CUDA_DEVICE_MAX_CONNECTIONS=1 "
+                             "deepspeed --num_nodes 16")
+    words = launch.split()
+    assert _value(words, "--tensor-model-parallel-size") == "8"
+    assert _value(words, "--num-layers") == "80" and "--sequence-parallel" in words
 
 
-def test_deepspeed_hybrid_zero3_is_zeropp_not_mics():
-    layout = Layout.parse("dp=2048,tp=8,zero=3,zero_group=16")
-    emitted = emit("deepspeed", MODEL, layout, TRAIN)
-    zero = json.loads(emitted.text)["zero_optimization"]
-    assert "mics_shard_size" not in zero  # removed in DeepSpeed 0.19
-    assert zero["zero_hpz_partition_size"] == 16
-    assert any("MiCS was removed" in note for note in emitted.notes)
+def test_deepspeed_uneven_stages_are_its_own_split_without_a_partition_flag():
+    """32 blocks over 3 stages: Megatron-DeepSpeed's GPTModelPipe always partitions
+    'type:transformer' (11, 11, 10); its parser has no --pp-partition-method."""
+    model = get_model("llama3-8b")
+    train = TrainSpec(8192, 96, impl="megatron-deepspeed")
+    ok = emit("deepspeed", model, Layout.parse("dp=1,tp=8,pp=3,zero=1,partition=11:11:10"),
+              train)
+    assert "--pp-partition-method" not in ok.notes[0]
+    assert "cannot split 32 layers as 10,11,11" in _refusal(
+        "deepspeed", model, Layout.parse("dp=1,tp=8,pp=3,zero=1,partition=10:11:11"), train)
+
+
+def test_deepspeed_zb_h1():
+    words = emit("deepspeed", L70, Layout.parse("dp=4,tp=8,pp=4,zero=1,schedule=zb-h1"),
+                 DS).notes[0].split()
+    assert "--enable-zbh1-pipeline" in words and "--sequence-parallel" not in words
 
 
 @pytest.mark.parametrize(("layout", "reason"), [
-    ("dp=1024,tp=8,pp=2,zero=2", "refuses ZeRO-2 with pp=2"),
-    ("dp=256,tp=8,cp=8,sp=1", "cannot combine Megatron sequence parallelism"),
-    ("dp=64,tp=8,cp=32", r"Ulysses \(all-to-all over heads\) only: cp_kind=ring"),
-    ("dp=64,tp=2,cp=32,cp_kind=hybrid,ulysses=4", "only: cp_kind=hybrid"),
+    ("dp=8,tp=8,pp=2,zero=2", "asserts ZeRO < 2"),
+    ("dp=64,zero=3,zero_group=8", "cannot shard ZeRO-3 in groups"),
+    ("dp=8,tp=8,pp=2,zero=1,sp=1,schedule=zb-h1", "runs ZB-H1 without sequence parallelism"),
+    # Ulysses needs tp = pp = 1 (and the layout's cp is ring attention)
+    ("dp=8,tp=4,cp=4,sp=1", "without tensor and pipeline parallelism only"),
     ("dp=64,tp=8,cp=32,cp_kind=ulysses", "32 must divide 16"),  # 128 query heads / tp 8
 ])
 def test_deepspeed_refuses_what_it_cannot_run(layout, reason):
-    with pytest.raises(ShardwiseError, match=reason):
-        emit("deepspeed", MODEL, Layout.parse(layout), TrainSpec(8192, 4096))
+    message = _refusal("deepspeed", L70, Layout.parse(layout), DS)
+    assert reason in message and "nearest it runs:" in message
+
+
+def test_deepspeed_refuses_moe_and_fp32_grads_without_zero():
+    assert "DeepSpeed-MoE" in _refusal("deepspeed", get_model("mixtral-8x7b"), Layout(dp=64),
+                                       DS)
+    fp32 = TrainSpec(8192, 512, impl="megatron-deepspeed", grad_dtype="fp32")
+    assert "model dtype only" in _refusal("deepspeed", L70, Layout(dp=64), fp32)
 
 
 def test_context_parallel_kind_follows_the_layout():
@@ -186,16 +313,36 @@ def test_context_parallel_kind_follows_the_layout():
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_every_framework_rejects_invalid_layouts(framework):
+    train = TrainSpec(8192, 512, impl=framework_stack(framework).name)
     with pytest.raises(LayoutError):
-        emit(framework, MODEL, Layout(tp=3), TRAIN)
+        emit(framework, L70, Layout(tp=3), train)
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_every_framework_refuses_dtypes_it_cannot_launch(framework):
-    with pytest.raises(ShardwiseError, match="fp8 has no launch configuration"):
-        emit(framework, MODEL, LAYOUT, TrainSpec(8192, 2048, dtype="fp8"))
+    with pytest.raises(ShardwiseError, match="does not train in fp8"):
+        emit(framework, L70, Layout(dp=64), TrainSpec(8192, 512, dtype="fp8",
+                                                      impl=framework_stack(framework).name))
 
 
 def test_unknown_framework():
     with pytest.raises(ShardwiseError, match="unknown framework"):
         emit("jax", MODEL, LAYOUT, TRAIN)
+
+
+def test_cli_emit_binds_the_search_to_the_frameworks_stack():
+    args = ("plan", "llama3-8b", "--gpus", "16", "--seq", "4096", "--global-batch", "64",
+            "--top", "1")
+    out = shardwise_json(*args, "--emit", "torchtitan")
+    assert out["plan"]["stack"]["name"] == "torchtitan" and out["plan"]["grad_dtype"] == "fp32"
+    assert shardwise_json(*args, "--emit", "deepspeed", "--impl", "megatron-deepspeed")[
+        "plan"]["stack"]["name"] == "megatron-deepspeed"
+    assert_one_line_error(shardwise(*args, "--emit", "torchtitan", "--impl", "megatron-te",
+                                    check=False),
+                          "--emit torchtitan runs the torchtitan stack")
+
+
+def test_cli_forced_layout_the_stack_cannot_run_is_refused_before_any_estimate():
+    result = shardwise("plan", "llama3-8b", "--gpus", "32", "--global-batch", "256",
+                       "--impl", "torchtitan", "--layout", "tp=2,pp=4,zero=1", check=False)
+    assert_one_line_error(result, "torchtitan has no ZeRO-1", "nearest it runs:")

@@ -17,7 +17,7 @@ import click
 from rich.console import Console
 
 from shardwise.arch import DEFAULT_MODEL, get_model
-from shardwise.emit import FRAMEWORKS
+from shardwise.emit import FRAMEWORKS, framework_stack
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import ALGORITHMS, OPS
 from shardwise.estimate.goodput import (
@@ -841,7 +841,9 @@ def calibrate(backend: str, ranks: int, out_path: str, plot_path: str | None, qu
               help="List layouts that differ only in ZeRO group size or stage partition as "
                    "rows of their own (by default folded into their best, '+N variants').")
 @click.option("--emit", default=None, type=click.Choice(FRAMEWORKS),
-              help="Print only the launch configuration of the chosen layout.")
+              help="Print only the launch configuration of the chosen layout; searches that "
+                   "framework's stack (megatron: megatron-te, torchtitan: torchtitan, "
+                   "deepspeed: megatron-deepspeed) unless --impl names it.")
 @click.option("--flash/--no-flash", default=True, show_default=True, help="FlashAttention.")
 @click.option("--dtype", default="bf16", show_default=True)
 @click.option("--grad-dtype", default=None, help="Gradient dtype [default: --dtype].")
@@ -875,6 +877,8 @@ def plan(model: str, gpus: int, gpu: str, clock_mhz: float | None, gpus_per_node
     """
     from shardwise.report.plan_report import render_plan
 
+    if emit:  # the search is bound to the framework's stack (issue 33)
+        impl = _emit_stack(emit, impl)
     spec = get_model(model)
     options: dict[str, Any] = {
         "gpus": gpus, "gpu": _gpu(gpu, clock_mhz), "gpus_per_node": gpus_per_node,
@@ -887,7 +891,7 @@ def plan(model: str, gpus: int, gpu: str, clock_mhz: float | None, gpus_per_node
         "first_stage_layers": first_stage_layers, "last_stage_layers": last_stage_layers,
         "fix_text": fix_text, "max_text": max_text, "all_variants": all_variants,
         "fp8": fp8, "offload": offload, "offload_fraction": offload_fraction,
-        "rank_by": rank_by, **_goodput_kw(stack_kw)}
+        "rank_by": rank_by, **_goodput_kw(stack_kw), "export": emit}
     if console.is_terminal and not as_json and emit is None:
         with console.status("searching layouts…") as status:
             result = run_plan(spec, **options, progress=lambda msg: status.update(msg + "…"))
@@ -905,6 +909,17 @@ def plan(model: str, gpus: int, gpu: str, clock_mhz: float | None, gpus_per_node
         return _emit_json(plan_payload(result, tokens=tokens, price=price))
     render_plan(result, console, tokens=training_budget(tokens, price), price=price)
     return None
+
+
+def _emit_stack(framework: str, impl: str) -> str:
+    """The stack a `plan --emit FRAMEWORK` searches: the framework's, unless `--impl` names
+    another (then one line, exit 2)."""
+    stack = framework_stack(framework).name
+    source = click.get_current_context().get_parameter_source("impl")
+    if source is not click.core.ParameterSource.DEFAULT and impl != stack:
+        raise ShardwiseError(f"--emit {framework} runs the {stack} stack, --impl {impl} another; "
+                             f"drop --impl or use --impl {stack}")
+    return stack
 
 
 # ------------------------------------------------------------------------------------------ ui

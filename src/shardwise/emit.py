@@ -1,77 +1,268 @@
 """Launch configuration of a layout for a real framework: go from the plan to a run.
 
-    emit(framework, model, layout, train, gpus_per_node=8) -> Emitted(text, notes)
+    emit(framework, model, layout, train, gpus_per_node=8, cluster=None) -> Emitted(text, notes)
 
-Each exporter targets one named framework version and is tested against that version's own
-parser (tests/integration):
+The plan's stack (`TrainSpec.impl`) must be the framework's (`Stack.export`): the search
+already took only what that stack runs. Each exporter targets one framework version and is
+tested against that version's own parser (tests/integration):
 
-* `megatron` — Megatron-LM `pretrain_gpt.py` (main branch, megatron-core 0.16–0.20): a shell
-  script with the environment, a `torchrun` line and every argument the plan assumes (model
-  shape, rotary base, vocabulary, parallel degrees, virtual stages, SP, recompute, ZeRO through
-  the distributed optimizer or Megatron-FSDP, precision and gradient-reduce dtype, attention
-  backend).
-* `torchtitan` — torchtitan 0.3.x: `torchrun -m torchtitan.train --module … --config …` plus
+* `megatron` — Megatron-LM main (d98e8a6) `pretrain_gpt.py`: a shell script with the
+  environment, a `torchrun` line and every argument the plan assumes (model shape, vocabulary,
+  degrees, virtual stages or an explicit pipeline layout, SP, recompute, ZeRO as the
+  distributed optimizer or Megatron-FSDP and their shard groups, precision and gradient
+  dtype, the stack's overlap settings, attention backend).
+* `torchtitan` — torchtitan 0.3.0: `torchrun -m torchtitan.train --module … --config …` plus
   `--section.key value` overrides and the `activation-checkpoint:<mode>` subcommand.
-* `deepspeed` — a DeepSpeed 0.19.8 JSON config (batch, ZeRO stage and ZeRO++ partition, precision,
-  gradient-accumulation and communication dtypes, activation checkpointing); the `deepspeed`
-  launch line (Megatron-DeepSpeed flags for TP/PP/sequence parallelism) is the first note.
+* `deepspeed` — a DeepSpeed 0.19.8 JSON config (batch, ZeRO stage, precision, gradient
+  accumulation and communication dtypes, overlap); the Megatron-DeepSpeed (4efb479)
+  `pretrain_gpt.py` launch line is the first note.
 
-What a framework cannot run exactly is either refused — `ShardwiseError`, one line, when the run
-would need more memory than planned or the framework rejects it — or emitted as the nearest
-equivalent with a note saying how the run differs from the plan.
+Exact or refused: the configuration runs every planned value, or `ShardwiseError` says in one
+line what the framework cannot run, the nearest layout it runs and that layout's predicted
+step time (`nearest`). docs/howto/export.md lists what each export runs and refuses.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
-from dataclasses import dataclass, replace
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
 
 from shardwise.arch import ModelSpec
 from shardwise.errors import ShardwiseError
-from shardwise.layout import Layout, TrainSpec, stage_partition
+from shardwise.hardware import Cluster
+from shardwise.layout import Layout, TrainSpec
 from shardwise.schedules.registry import get_schedule
-from shardwise.stacks import STACKS
+from shardwise.stacks import STACKS, Stack, stack_split, titan_partition
 
 FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
-VERSIONS = {"megatron": "Megatron-LM main (megatron-core 0.16-0.20)",
-            "torchtitan": "torchtitan 0.3.x", "deepspeed": "DeepSpeed 0.19.8"}
+VERSIONS = {"megatron": "Megatron-LM main d98e8a6", "torchtitan": "torchtitan 0.3.0",
+            "deepspeed": "DeepSpeed 0.19.8 with Megatron-DeepSpeed 4efb479"}
 
-__all__ = ["FRAMEWORKS", "VERSIONS", "Emitted", "deepspeed_config", "emit", "megatron_args",
-           "torchtitan_args"]
-
-# Rotary base (`rope_theta`) of the presets, from each model's Hugging Face config.json;
-# models not listed use 10000 (the RoPE paper's base, and Megatron's default).
-_ROPE_BASE = {"llama3-8b": 500000, "llama3-70b": 500000, "llama3-405b": 500000,
-              "mistral-7b": 1000000, "mixtral-8x7b": 1000000, "mixtral-8x22b": 1000000,
-              "qwen2.5-7b": 1000000, "qwen2.5-72b": 1000000}
+__all__ = ["FRAMEWORKS", "VERSIONS", "Emitted", "deepspeed_config", "emit", "framework_stack",
+           "layout_text", "megatron_args", "model_refusal", "nearest", "torchtitan_args",
+           "unrunnable"]
 
 
 @dataclass(frozen=True)
 class Emitted:
-    """The configuration text and how the run differs from the plan."""
+    """The configuration text and what else the run needs (DeepSpeed: the launch line)."""
 
     framework: str
     text: str
     notes: tuple[str, ...] = ()
 
 
-def _check(model: ModelSpec, layout: Layout, train: TrainSpec, framework: str = ""
-           ) -> tuple[int, str]:
-    """Validated (global batch, gradient dtype); `framework` named: one without expert
-    tensor parallelism, which refuses etp ≠ tp."""
-    layout.validate(model, train=train)
-    if framework and layout.expert_tp != layout.tp:
-        raise ShardwiseError(f"{framework} has no expert tensor parallelism (etp={layout.etp} "
-                             f"≠ tp={layout.tp}); emit it for Megatron-LM, or use etp=0")
+def framework_stack(framework: str) -> Stack:
+    """The stack whose export `framework` is (`Stack.export`)."""
+    key = framework.lower()
+    for stack in STACKS.values():
+        if stack.export == key:
+            return stack
+    raise ShardwiseError(f"unknown framework {framework!r}; valid: {', '.join(FRAMEWORKS)}")
+
+
+def layout_text(layout: Layout) -> str:
+    """`layout` as `--layout` text: every field but dp that differs from `Layout()`."""
+    default = Layout()
+    parts = []
+    for f in fields(Layout):
+        value = getattr(layout, f.name)
+        if f.name == "dp" or value == getattr(default, f.name):
+            continue
+        if f.name == "partition":
+            parts.append("partition=" + ":".join(map(str, value)))
+        else:
+            parts.append(f"{f.name}={int(value) if isinstance(value, bool) else value}")
+    return ",".join(parts) or "dp only"
+
+
+# ------------------------------------------------------------------------------- refusals
+def _vocab_problems(framework: str, model: ModelSpec, layout: Layout) -> list[str]:
+    """Megatron's vocabulary-parallel embedding splits V evenly over tp and pads V up to a
+    multiple of `make_vocab_size_divisible_by · tp` (Megatron-LM megatron/training/tokenizer
+    `_vocab_size_with_padding`; Megatron-DeepSpeed megatron/tokenizer/tokenizer.py:58): V % tp
+    rows more than the plan counts."""
+    if framework == "torchtitan" or model.vocab % layout.tp == 0:
+        return []
+    padded = -(-model.vocab // layout.tp) * layout.tp
+    return [f"{framework} splits the vocabulary evenly over tp={layout.tp}: it pads "
+            f"{model.vocab} to {padded} rows, which the plan does not count (plan a model with "
+            f"vocab {padded} to run this layout)"]
+
+
+def model_refusal(framework: str, model: ModelSpec, train: TrainSpec) -> str | None:
+    """What no layout fixes: the framework does not run this model as planned (the stack's
+    dtypes are checked by `TrainSpec.validate`)."""
+    if framework == "torchtitan":
+        if model.name not in _TITAN_CONFIGS:
+            return (f"torchtitan 0.3.0 ships no {model.name} model (its llama3 configs fit "
+                    f"{', '.join(_TITAN_CONFIGS)}); plan with --impl megatron-te for Megatron-LM")
+        if model.name == "llama3-405b" and train.fp8 != "rowwise":
+            return ("torchtitan 0.3.0's llama3_405b config trains its linear layers in Float8 "
+                    "(rowwise) under torch.compile (models/llama3/config_registry.py): plan it "
+                    "with --fp8 rowwise --compile, or with --impl megatron-te for Megatron-LM")
+    if framework == "deepspeed" and model.is_moe:
+        return ("Megatron-DeepSpeed's MoE is DeepSpeed-MoE (capacity-factor token dropping and "
+                "experts replicated over tensor-parallel ranks by default, megatron/arguments.py:"
+                "910-919 @4efb479), which the megatron-deepspeed stack does not model; plan "
+                "with --impl megatron-te for Megatron-LM")
+    return None
+
+
+def _refusals(framework: str | None, model: ModelSpec, layout: Layout, train: TrainSpec
+              ) -> list[str]:
+    """Everything the run's stack (and `framework`'s export of it) cannot run of this valid
+    layout and run, one sentence each."""
+    out = train.stack.layout_problems(layout, model.n_layers, train)
+    if framework in ("torchtitan", "deepspeed") and layout.expert_tp != layout.tp:
+        out.append(f"{VERSIONS[framework]} has no expert tensor parallelism (etp={layout.etp} "
+                   f"≠ tp={layout.tp}); use etp=0")
+    return out if framework is None else out + _vocab_problems(framework, model, layout)
+
+
+def _edits(stack: Stack, model: ModelSpec, layout: Layout) -> Iterator[Layout]:
+    """`layout` changed toward what `stack` runs, one choice at a time: each schedule, ZeRO
+    stage and recompute policy it has, no shard groups, SP toggled, a degree folded into data
+    parallelism or (tp, cp) into pipeline stages, the default or the stack's own partition."""
+    for name in stack.schedules():
+        if layout.pp > 1 and name != layout.schedule:
+            chunks = (layout.chunks if layout.chunks > 1 else next(
+                (v for v in range(2, model.n_layers + 1)
+                 if model.n_layers % (layout.pp * v) == 0), 2)
+                      ) if get_schedule(name).chunked else 1
+            yield layout.with_(schedule=name, chunks=chunks)
+    for z in stack.zero:
+        if z != layout.zero:
+            keep = layout.zero_group if z in stack.zero_hybrid else 0
+            yield layout.with_(zero=z, zero_group=keep if z else 0)
+    if layout.zero_group:
+        yield layout.with_(zero_group=0)
+    for name in stack.recompute:
+        if name != layout.recompute:
+            yield layout.with_(recompute=name)
+    if layout.tp > 1:
+        yield layout.with_(sp=not layout.sp)
+    for axis in ("tp", "cp", "ep", "pp"):
+        degree = getattr(layout, axis)
+        if degree > 1:
+            changes: dict[str, object] = {axis: 1}
+            if axis == "tp":
+                changes["sp"] = False
+            if axis == "pp":
+                changes.update(schedule="1f1b", chunks=1, partition=())
+            yield layout.with_(**changes)
+            if axis in ("tp", "cp") and layout.pp * degree <= model.n_layers:  # into stages
+                yield layout.with_(**{axis: 1, "pp": layout.pp * degree, "partition": (),
+                                      "sp": layout.sp and axis == "cp"})
+    if layout.partition:
+        yield layout.with_(partition=())
+    own = stack_split(stack.split, model.n_layers, layout.pp)
+    if layout.pp > 1 and layout.chunks == 1 and own and own != layout.stage_partition(
+            model.n_layers):
+        yield layout.with_(partition=own)
+
+
+def nearest(framework: str | None, model: ModelSpec, layout: Layout, train: TrainSpec,
+            cluster: Cluster, depth: int = 3) -> tuple[Layout, float, bool] | None:
+    """The layout `framework`'s export (None: the run's stack) runs that is reached from
+    `layout` by at most `depth` edits of distinct fields (`_edits`; dp takes the GPUs left)
+    and differs from it in the fewest fields, one that fits in memory before one that does
+    not, then the fastest: (layout, predicted step time in s, fits); None when none is."""
+    from shardwise.plan.evaluate import evaluate_layout
+
+    edits = [(_changed(layout, new), new) for new in _edits(train.stack, model, layout)]
+    found: dict[Layout, int] = {}
+    for k in range(1, depth + 1):
+        for combo in itertools.combinations(edits, k):
+            touched = [name for names, _ in combo for name in names]
+            if len(touched) != len(set(touched)):  # two edits of one field
+                continue
+            cand = layout
+            for _, new in combo:
+                cand = _merge(cand, layout, new)
+            if cand in found or cand.problems(model, cluster, train) or _refusals(
+                    framework, model, cand, train):
+                continue
+            found[cand] = len(_changed(layout, cand))
+    best: tuple[tuple[bool, int, float], Layout] | None = None
+    for distance in sorted(set(found.values())):
+        for cand in (c for c, d in found.items() if d == distance):
+            entry = evaluate_layout(model, cluster, train, cand, simulate=False)
+            key = (not entry.fits, distance, entry.estimate.total)
+            if best is None or key < best[0]:
+                best = (key, cand)
+        if best is not None and not best[0][0]:
+            break  # a fitting layout at the fewest changes that have one
+    if best is None:
+        return None
+    entry = evaluate_layout(model, cluster, train, best[1])
+    return best[1], entry.estimate.total, entry.fits
+
+
+def _changed(base: Layout, new: Layout) -> tuple[str, ...]:
+    """The fields (dp aside) in which `new` differs from `base`."""
+    return tuple(f.name for f in fields(Layout)
+                 if f.name != "dp" and getattr(new, f.name) != getattr(base, f.name))
+
+
+def _merge(current: Layout, base: Layout, changed: Layout) -> Layout:
+    """`current` with the fields `changed` changed from `base` (edits applied one after
+    another; dp takes the GPUs the other axes leave)."""
+    values = {f.name: getattr(current, f.name) for f in fields(Layout)}
+    values.update({name: getattr(changed, name) for name in _changed(base, changed)})
+    values["dp"] = base.world_size // (values["tp"] * values["pp"] * values["cp"])
+    return Layout(**values)
+
+
+def unrunnable(model: ModelSpec, layout: Layout, train: TrainSpec, cluster: Cluster,
+               framework: str | None = None) -> ShardwiseError | None:
+    """The one-line refusal of a valid layout the run's stack (with `framework`: that
+    framework's export) cannot run — what, the nearest layout it runs and that layout's
+    predicted step time — or None when it runs."""
+    problems = _refusals(framework, model, layout, train)
+    if not problems:
+        return None
+    who = (f"{framework} ({VERSIONS[framework]})" if framework else
+           f"{train.stack.name} ({train.stack.version})")
+    head = f"{who} cannot run this layout: {'; '.join(problems)}"
+    found = nearest(framework, model, layout, train, cluster)
+    if found is None:
+        return ShardwiseError(head + "; no layout within three changes runs")
+    near, seconds, fits = found
+    return ShardwiseError(
+        f"{head}; nearest it runs: {near.short()} (--layout {layout_text(near)}), "
+        f"{seconds:.3g} s per step predicted{'' if fits else ', over the memory budget'}")
+
+
+def _checked(framework: str, model: ModelSpec, layout: Layout, train: TrainSpec,
+             cluster: Cluster | None, gpus_per_node: int) -> tuple[int, str]:
+    """(global batch, gradient dtype) of a layout and run `framework` runs exactly, else the
+    refusal."""
+    layout.validate(model)
+    train.validate()
     if train.global_batch is None:
         raise ShardwiseError("emitting a launch configuration needs a global batch")
-    grad = train.grad_dtype or train.dtype
-    for what, dtype in (("dtype", train.dtype), ("grad dtype", grad)):
-        if dtype not in ("bf16", "fp16", "fp32"):
-            raise ShardwiseError(f"{what} {dtype} has no launch configuration; valid: bf16, "
-                                 "fp16, fp32")
-    return train.global_batch, grad
+    stack = framework_stack(framework)
+    if train.stack.name != stack.name:
+        own = (f"its own export is --emit {train.stack.export}" if train.stack.export
+               else f"{train.stack.name} has no export")
+        raise ShardwiseError(
+            f"this plan is for the {train.stack.name} stack ({own}); --emit {framework} runs "
+            f"{stack.name}: plan with --impl {stack.name}")
+    refusal = model_refusal(framework, model, train)
+    if refusal:
+        raise ShardwiseError(f"{framework} ({VERSIONS[framework]}) cannot run this plan: "
+                             f"{refusal}")
+    refusal_of_layout = unrunnable(
+        model, layout, train, cluster or Cluster.of(layout.world_size, gpus_per_node=min(
+            gpus_per_node, layout.world_size)), framework)
+    if refusal_of_layout is not None:
+        raise refusal_of_layout
+    layout.validate(model, train=train)
+    return train.global_batch, train.grad_dtype or train.dtype
 
 
 def _nodes(layout: Layout, gpus_per_node: int) -> tuple[int, int]:
@@ -95,41 +286,41 @@ def _script(header: str, env: list[str], command: str, args: list[str]) -> str:
 
 def _header(framework: str, model: ModelSpec, layout: Layout, train: TrainSpec, gb: int) -> str:
     return (f"# shardwise: {model.name}, {layout.short()}, s={train.seq_len}, global batch {gb} "
-            f"sequences, {train.dtype} — for {VERSIONS[framework]}")
+            f"sequences, {train.dtype} — {train.stack.label} for {VERSIONS[framework]}")
+
+
+def _vocab_divisor(model: ModelSpec, tp: int) -> int:
+    """The `--make-vocab-size-divisible-by` that keeps V unpadded: the largest d ≤ 128 with
+    `d·tp | V` (Megatron pads V to a multiple of d·tp, default d = 128; V % tp == 0 is
+    checked before, `_vocab_problems`)."""
+    return math.gcd(model.vocab // tp, 128)
 
 
 # ----------------------------------------------------------------------------------- Megatron
-def _megatron_vocab(model: ModelSpec, tp: int, notes: list[str]) -> list[str]:
-    """`--vocab-size` and a `--make-vocab-size-divisible-by` that keeps it unpadded.
-
-    Megatron pads the vocabulary to a multiple of `make_vocab_size_divisible_by · tp` (default
-    128·tp); the largest divisor d ≤ 128 with `d·tp | V` keeps the planned V.
-    """
-    v = model.vocab
-    divisor = math.gcd(v // tp, 128) if v % tp == 0 else 1
-    padded = -(-v // (divisor * tp)) * divisor * tp
-    if padded != v:
-        notes.append(f"Megatron pads the vocabulary {v} to {padded} (a multiple of tp={tp}); "
-                     f"embedding and head grow by {padded - v} rows")
-    return [f"--vocab-size {v}", f"--make-vocab-size-divisible-by {divisor}"]
+# `Stack.settings().attention` as Megatron's --attention-backend (megatron-core
+# transformer/enums.py AttnBackend): Transformer Engine's cuDNN fused attention is "fused",
+# FlashAttention "flash" (TE runs FA3 on Hopper when flash-attn 3 is installed, else FA2), the
+# materialised softmax "unfused".
+_MEGATRON_ATTENTION = {"cudnn": "fused", "fa2": "flash", "fa3": "flash", "math": "unfused"}
 
 
 def _megatron_partition(model: ModelSpec, layout: Layout) -> list[str]:
-    """Uneven stages as Megatron-LM's `--decoder-first-pipeline-num-layers F
-    --decoder-last-pipeline-num-layers G` (the middle stages even: megatron-core's
-    `num_layers_in_first/last_pipeline_stage`); refused when the middle stages differ. With
-    a virtual pipeline the counts are per stage over its chunks, each a multiple of `chunks`
-    (`Layout.problems` checks that, as megatron-core does)."""
+    """Uneven stages: `--decoder-first/last-pipeline-num-layers` when the middle stages are
+    equal (per stage over its chunks), else `--pipeline-model-parallel-layout` with every
+    virtual stage's layers (megatron-core transformer/pipeline_parallel_layer_layout.py: stages
+    in virtual-stage order `c·pp + i`, `E` the embedding on the first, `L` the loss on the
+    last)."""
     parts = tuple(n * layout.chunks for n in layout.stage_partition(model.n_layers))
     if len(set(parts)) == 1:
         return []
     first, *middle, last = parts
-    if len(set(middle)) > 1:
-        raise ShardwiseError(
-            f"Megatron-LM cannot run the partition {','.join(map(str, parts))}: its uneven "
-            "stages are a first and a last stage with the middle ones equal")
-    return [f"--decoder-first-pipeline-num-layers {first}",
-            f"--decoder-last-pipeline-num-layers {last}"]
+    if len(set(middle)) <= 1:
+        return [f"--decoder-first-pipeline-num-layers {first}",
+                f"--decoder-last-pipeline-num-layers {last}"]
+    sizes = layout.stage_sizes(model.n_layers)
+    stages = [f"t*{n}" if n else "" for n in sizes]
+    stages[0], stages[-1] = "E" + stages[0], stages[-1] + "L"
+    return [f"--pipeline-model-parallel-layout '{'|'.join(stages)}'"]
 
 
 # `Layout.cp_kind` as Megatron-Core's `cp_comm_type` (transformer_config.py, 0.16.1): ring
@@ -220,18 +411,23 @@ def _megatron_fp8_offload(train: TrainSpec) -> list[str]:
 
 
 def megatron_args(model: ModelSpec, layout: Layout, train: TrainSpec,
-                  gpus_per_node: int = 8) -> Emitted:
-    """Megatron-LM `pretrain_gpt.py` launch script for `layout`.
+                  gpus_per_node: int = 8, cluster: Cluster | None = None) -> Emitted:
+    """Megatron-LM main `pretrain_gpt.py` launch script for `layout`.
 
     ZeRO-1 is the distributed optimizer; ZeRO-2/3 are Megatron-FSDP's `optim_grads` /
-    `optim_grads_params` strategies (`--use-torch-fsdp2` refuses pipeline parallelism and tied
-    embeddings, Megatron-FSDP does not). Gradients: Megatron accumulates and reduces them in
-    fp32 for bf16 unless `--grad-reduce-in-bf16` is passed, so a bf16 gradient plan passes it.
+    `optim_grads_params` (it trains fp16 too; `--use-torch-fsdp2` would refuse fp16, pipeline
+    parallelism and tied embeddings). Shard groups: `--num-distributed-optimizer-instances`
+    (dp·cp / group), HSDP under Megatron-FSDP. Gradients: the distributed optimizer reduces
+    bf16 in fp32 unless `--grad-reduce-in-bf16`, fp16 in fp16 unless
+    `--accumulate-allreduce-grads-in-fp32`; Megatron-FSDP takes `--megatron-fsdp-main-grads-
+    dtype`.
     """
-    gb, grad = _check(model, layout, train)
+    gb, grad = _checked("megatron", model, layout, train, cluster, gpus_per_node)
     notes: list[str] = []
     args = [f"--num-layers {model.n_layers}", f"--hidden-size {model.d_model}",
             f"--ffn-hidden-size {model.d_ff}", f"--num-attention-heads {model.n_heads}"]
+    if model.d_head and model.d_head != model.d_model // model.n_heads:
+        args.append(f"--kv-channels {model.d_head}")
     if model.n_kv_heads != model.n_heads:
         args += ["--group-query-attention", f"--num-query-groups {model.n_kv_heads}"]
     if model.gated_mlp:
@@ -240,17 +436,18 @@ def megatron_args(model: ModelSpec, layout: Layout, train: TrainSpec,
     if model.learned_positions:
         args.append("--position-embedding-type learned_absolute")
     else:
-        rope = _ROPE_BASE.get(model.name)
-        if rope is None:
-            rope = 10000
-            notes.append(f"rotary base of {model.name} unknown; emitted Megatron's default "
-                         "--rotary-base 10000 (set your model's rope_theta)")
-        args += ["--position-embedding-type rope", f"--rotary-base {rope}"]
-    args += _megatron_vocab(model, layout.tp, notes)
+        args += ["--position-embedding-type rope", f"--rotary-base {int(model.rope_theta)}"]
+        if model.rope_type == "llama3":  # Llama 3.1's frequency scaling, factor 8
+            args += ["--use-rope-scaling",
+                     f"--rope-scaling-factor {dict(model.rope_scaling)['factor']:g}"]
+    args += [f"--vocab-size {model.vocab}",
+             f"--make-vocab-size-divisible-by {_vocab_divisor(model, layout.tp)}"]
     if not model.tie_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     if not model.bias:
         args.append("--disable-bias-linear")
+    if model.qkv_bias:
+        args.append("--add-qkv-bias")
     if not model.dropout:
         args += ["--attention-dropout 0.0", "--hidden-dropout 0.0"]
     if model.is_moe:
@@ -264,12 +461,10 @@ def megatron_args(model: ModelSpec, layout: Layout, train: TrainSpec,
              f"--micro-batch-size {layout.micro_batch}", f"--global-batch-size {gb}",
              f"--tensor-model-parallel-size {layout.tp}",
              f"--pipeline-model-parallel-size {layout.pp}"]
-    args += _megatron_partition(model, layout)
-    schedule = get_schedule(layout.schedule)
-    if schedule.megatron is None and layout.pp > 1:
-        notes.append(f"Megatron-LM main has no {schedule.title} schedule ({schedule.source}); "
-                     "as emitted it runs 1F1B, with 1F1B's bubble and activations in flight")
-    elif schedule.chunked:
+    partition = _megatron_partition(model, layout)
+    args += partition
+    explicit = any(a.startswith("--pipeline-model-parallel-layout") for a in partition)
+    if layout.pp > 1 and get_schedule(layout.schedule).chunked and not explicit:
         args.append(f"--num-virtual-stages-per-pipeline-rank {layout.chunks}")
     if layout.cp > 1:  # Megatron-LM arguments.py: --cp-comm-type, and a2a+p2p's group sizes
         args += [f"--context-parallel-size {layout.cp}",
@@ -288,8 +483,8 @@ def megatron_args(model: ModelSpec, layout: Layout, train: TrainSpec,
         if layout.sp:
             args.append("--tp-comm-overlap")
         else:
-            notes.append("--tp-comm-overlap needs --sequence-parallel: not emitted, and the "
-                         "plan charges this layout's TP communication fully exposed")
+            notes.append("TP overlap applies with --sequence-parallel only (training/arguments."
+                         "py); as planned, this layout's TP communication is charged exposed")
     if layout.recompute == "selective":
         args.append("--recompute-activations")
     elif layout.recompute == "full":
@@ -298,48 +493,30 @@ def megatron_args(model: ModelSpec, layout: Layout, train: TrainSpec,
     fsdp = layout.zero >= 2
     overlap = ["--overlap-grad-reduce"] if settings.dp_overlapped(layout.zero) else []
     overlap_both = overlap + (["--overlap-param-gather"] if overlap else [])
+    instances = (layout.dp * layout.cp // layout.zero_group) if layout.zero_group else 1
     if layout.zero == 0:
         args += overlap
     elif layout.zero == 1:
         args += ["--use-distributed-optimizer", *overlap_both]
-        if layout.zero_group:
-            args.append("--num-distributed-optimizer-instances "
-                        f"{layout.dp * layout.cp // layout.zero_group}")
     else:
         strategy = "optim_grads" if layout.zero == 2 else "optim_grads_params"
         args += ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}",
                  "--ckpt-format fsdp_dtensor", *overlap_both]
-        if layout.zero_group:
-            notes.append(f"Megatron-FSDP shards over all {layout.dp * layout.cp} data-parallel "
-                         f"ranks, not groups of {layout.zero_group}: less memory, the "
-                         "all-gathers and reduce-scatters span every replica (evaluate that "
-                         "run with zero_group=0 in --layout)")
-    if train.dtype == "bf16":
-        args.append("--bf16")
-    elif train.dtype == "fp16":
-        if fsdp:
-            raise ShardwiseError(f"Megatron-FSDP (ZeRO-{layout.zero}) does not train in fp16; "
-                                 "use --dtype bf16 or zero ≤ 1")
-        args.append("--fp16")
-    if train.dtype != "fp32":
-        if grad == train.dtype == "bf16":
-            args.append("--grad-reduce-in-bf16")
-        elif grad == "fp32":
-            args.append("--accumulate-allreduce-grads-in-fp32")
-        elif grad != train.dtype:
-            raise ShardwiseError(f"Megatron reduces {train.dtype} gradients in {train.dtype} "
-                                 f"or fp32, not {grad}; use --grad-dtype fp32")
-    elif grad != "fp32":
-        raise ShardwiseError("Megatron keeps fp32 gradients for fp32 training; drop --grad-dtype")
-    args.append("--attention-backend " + ("flash" if train.flash_attention else "unfused"))
+    if instances > 1:  # ZeRO-1 in groups; Megatron-FSDP: HSDP, replicas across the groups
+        args.append(f"--num-distributed-optimizer-instances {instances}")
+    args += {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": []}[train.dtype]
+    if fsdp:
+        args.append(f"--megatron-fsdp-main-grads-dtype {grad}")
+    elif train.dtype == "bf16" and grad == "bf16":
+        args.append("--grad-reduce-in-bf16")
+    elif train.dtype == "fp16" and grad == "fp32":
+        args.append("--accumulate-allreduce-grads-in-fp32")
+    args.append(f"--attention-backend {_MEGATRON_ATTENTION[settings.attention]}")
     args += _megatron_fp8_offload(train)
-    env = []
-    if (layout.tp > 1 or layout.cp > 1) and not fsdp:
-        # Megatron orders TP/CP communication before compute with a single hardware queue.
-        env.append("CUDA_DEVICE_MAX_CONNECTIONS=1")
-    elif layout.tp > 1 or layout.cp > 1:
-        notes.append("Megatron-FSDP refuses CUDA_DEVICE_MAX_CONNECTIONS=1, so TP/CP "
-                     "communication overlaps compute less than the plan assumes")
+    # Megatron orders TP/CP communication before compute with one hardware queue; FSDP
+    # asserts it is not set (training/arguments.py validate_args)
+    env = ["CUDA_DEVICE_MAX_CONNECTIONS=1"] if (layout.tp > 1 or layout.cp > 1) and not fsdp \
+        else []
     text = _script(_header("megatron", model, layout, train, gb), env,
                    _torchrun(layout, gpus_per_node) + " pretrain_gpt.py", args)
     return Emitted("megatron", text, tuple(notes))
@@ -350,55 +527,9 @@ def megatron_args(model: ModelSpec, layout: Layout, train: TrainSpec,
 # config_registry.py); each has the preset's shape.
 _TITAN_CONFIGS = {"llama3-8b": ("llama3", "llama3_8b"), "llama3-70b": ("llama3", "llama3_70b"),
                   "llama3-405b": ("llama3", "llama3_405b")}
-
-
-def _titan_shards(layout: Layout, notes: list[str]) -> tuple[int, int]:
-    """(dp_replicate, dp_shard): FSDP shards over dp_shard·cp ranks, so ZeRO groups are too."""
-    if layout.zero == 0:
-        if layout.cp > 1:
-            notes.append(f"torchtitan always applies FSDP over the cp={layout.cp} ranks, so "
-                         "weights, gradients and optimizer states are sharded over them "
-                         "(less memory than planned)")
-        return layout.dp, 1
-    group = layout.zero_group or layout.dp * layout.cp
-    shard = max(1, group // layout.cp)
-    if shard * layout.cp != group:
-        notes.append(f"zero_group={group} is not a multiple of cp={layout.cp}; torchtitan "
-                     f"shards over groups of {shard * layout.cp} (dp_shard·cp)")
-    return layout.dp // shard, shard
-
-
-def _titan_split(stages: int, n_layers: int, first_less: int, last_less: int) -> list[int]:
-    """Layers per virtual stage as torchtitan 0.3 splits them
-    (`distributed/pipeline_parallel.py: _generate_llm_fqn_per_model_part`): `L + first_less +
-    last_less` units, `units // stages` each, the remainder one more on the first stages, the
-    first stage `first_less` layers short and the last `last_less`."""
-    units = n_layers + first_less + last_less
-    q, r = divmod(units, stages)
-    sizes = [q + (i < r) for i in range(stages)]
-    sizes[0] -= first_less
-    sizes[-1] -= last_less
-    return sizes
-
-
-def _titan_partition(model: ModelSpec, layout: Layout) -> tuple[int, int, int]:
-    """(`pipeline_parallel_layers_per_stage`, `first_stage_less_layers`,
-    `last_stage_less_layers`) that make torchtitan split the layers as `layout.stage_sizes`;
-    torchtitan makes `ceil((L + first + last)/layers_per_stage)` virtual stages."""
-    sizes = list(layout.stage_sizes(model.n_layers))
-    stages, n = len(sizes), model.n_layers
-    pairs = sorted(((a, b) for a in range(max(sizes) + 1) for b in range(max(sizes) + 1)),
-                   key=lambda ab: (abs(ab[0] - ab[1]), ab))  # the symmetric choice first
-    for first, last in pairs:
-        units = n + first + last
-        if units // stages < max(first, last) or _titan_split(stages, n, first, last) != sizes:
-            continue
-        for per_stage in range(max(1, units // stages), units + 1):
-            if math.ceil(units / per_stage) == stages:
-                return per_stage, first, last
-    raise ShardwiseError(f"torchtitan cannot split {n} layers as {','.join(map(str, sizes))} "
-                         "(its stages differ by at most one layer beside the embedding and "
-                         "head); use the balanced default partition")
+# `Layout.recompute` as torchtitan's activation-checkpoint subcommand
+# (distributed/activation_checkpoint.py): op-sac is SelectiveAC ("selective").
+_TITAN_RECOMPUTE = {"none": "none", "full": "full", "op-sac": "selective"}
 
 
 def _titan_fp8_offload(config: str, train: TrainSpec, notes: list[str]) -> list[str]:
@@ -423,47 +554,34 @@ def _titan_fp8_offload(config: str, train: TrainSpec, notes: list[str]) -> list[
 
 
 def torchtitan_args(model: ModelSpec, layout: Layout, train: TrainSpec,
-                    gpus_per_node: int = 8) -> Emitted:
-    """torchtitan 0.3.x `torchrun -m torchtitan.train` command line for `layout`."""
-    gb, grad = _check(model, layout, train, "torchtitan 0.3.0")
-    if model.name not in _TITAN_CONFIGS:
-        raise ShardwiseError(f"torchtitan 0.3 ships no {model.name} model (its llama3 configs "
-                             f"fit {', '.join(_TITAN_CONFIGS)}); use --emit megatron or deepspeed")
-    if train.dtype == "fp16":
-        raise ShardwiseError("torchtitan 0.3 trains in bfloat16 or float32 only (no fp16 mixed "
-                             "precision); use --dtype bf16")
-    if layout.cp > 1 and layout.cp_kind != "ring":
-        raise ShardwiseError(f"torchtitan 0.3's context parallelism shards the sequence and "
-                             f"exchanges K/V (PyTorch's context_parallel), it has no "
-                             f"all-to-all over heads: cp_kind={layout.cp_kind} cannot run; "
-                             "use cp_kind=ring or --emit megatron")
-    notes: list[str] = []
+                    gpus_per_node: int = 8, cluster: Cluster | None = None) -> Emitted:
+    """torchtitan 0.3.0 `torchrun -m torchtitan.train` command line for `layout`.
+
+    FSDP2 wraps every run (models/llama3/parallelize.py): ZeRO-0 replicates
+    (`data_parallel_replicate_degree`), ZeRO-2/3 shard over the group and reshard after
+    forward never / always, HSDP across the groups; gradients reduce in float32.
+    """
+    gb, _ = _checked("torchtitan", model, layout, train, cluster, gpus_per_node)
     module, config = _TITAN_CONFIGS[model.name]
-    replicate, shard = _titan_shards(layout, notes)
-    if layout.ep > 1 and (shard * layout.cp * layout.tp) % layout.ep:
-        raise ShardwiseError(f"torchtitan borrows expert-parallel ranks from FSDP, CP and TP: "
-                             f"ep={layout.ep} must divide dp_shard·cp·tp="
-                             f"{shard * layout.cp * layout.tp}; use a larger zero_group or zero≥1")
-    # ZeRO-3 reshards after every forward ("default" keeps weights gathered when pp > 1);
-    # ZeRO-1/2 are nearest FSDP without resharding.
-    reshard = "always" if layout.zero == 3 else "never"
-    if layout.zero in (1, 2):
-        notes.append(f"torchtitan has no ZeRO-{layout.zero}: FSDP without resharding after "
-                     "forward keeps ZeRO-2's traffic and holds each layer's full weights from "
-                     "its forward to its backward")
+    group = (layout.zero_group or layout.dp * layout.cp) if layout.zero else layout.cp
+    shard = group // layout.cp
+    replicate = layout.dp // shard
     # Without pp, local_batch_size is the micro-batch and torchtitan accumulates gradients up
     # to global_batch_size; with pp, one local batch is split into pipeline micro-batches.
     local = gb // layout.dp if layout.pp > 1 else layout.micro_batch
     precision = "bfloat16" if train.dtype == "bf16" else "float32"
+    settings = train.settings()
     args = [f"--module {module}", f"--config {config}",
             f"--training.local_batch_size {local}", f"--training.global_batch_size {gb}",
             f"--training.seq_len {train.seq_len}",
-            f"--training.mixed_precision_param {precision}"]
+            f"--training.mixed_precision_param {precision}",
+            "--training.mixed_precision_reduce float32"]
     if layout.pp > 1 or layout.ep > 1:
         args.append("--training.disable_cuda_graphs")
     args += [f"--parallelism.data_parallel_replicate_degree {replicate}",
              f"--parallelism.data_parallel_shard_degree {shard}",
-             f"--parallelism.fsdp_reshard_after_forward {reshard}",
+             "--parallelism.fsdp_reshard_after_forward "
+             + ("always" if layout.zero == 3 else "never"),
              f"--parallelism.tensor_parallel_degree {layout.tp}",
              f"--parallelism.pipeline_parallel_degree {layout.pp}",
              f"--parallelism.context_parallel_degree {layout.cp}",
@@ -471,54 +589,69 @@ def torchtitan_args(model: ModelSpec, layout: Layout, train: TrainSpec,
     if layout.tp > 1:
         args.append("--parallelism." + ("" if layout.sp else "no_") + "enable_sequence_parallel")
     if layout.pp > 1:
-        per_stage, first_less, last_less = _titan_partition(model, layout)
-        schedule = get_schedule(layout.schedule)
-        args += [f"--parallelism.pipeline_parallel_schedule {schedule.torchtitan or '1F1B'}",
+        split = titan_partition(model.n_layers, layout.stage_sizes(model.n_layers))
+        assert split is not None  # the stack's split rule passed (`_refusals`)
+        per_stage, first_less, last_less = split
+        name = get_schedule(layout.schedule).torchtitan
+        args += [f"--parallelism.pipeline_parallel_schedule {name}",
                  f"--parallelism.pipeline_parallel_microbatch_size {layout.micro_batch}",
                  f"--parallelism.pipeline_parallel_layers_per_stage {per_stage}",
                  f"--parallelism.pipeline_parallel_first_stage_less_layers {first_less}",
                  f"--parallelism.pipeline_parallel_last_stage_less_layers {last_less}"]
-        if schedule.torchtitan is None:
-            notes.append(f"PyTorch pipelining has no {schedule.title} schedule with this many "
-                         "stages per rank; emitted as 1F1B (a larger bubble than planned)")
+    if settings.compile:
+        args.append("--compile.enable")
+        if settings.tp_overlap == "async" and layout.tp > 1:
+            args.append("--compile.enable_async_tensor_parallel")
+    notes: list[str] = []
     args += _titan_fp8_offload(config, train, notes)
-    args.append(f"activation-checkpoint:{layout.recompute}")
-    if layout.recompute == "selective":
-        notes.append("torchtitan's selective checkpointing is op-level (it keeps matmul outputs "
-                     "and recomputes the rest), close to but not Korthikanti's selective set")
-    if grad != "fp32" and layout.dp * layout.cp > 1:
-        notes.append("torchtitan reduces gradients in float32 (mixed_precision_reduce accepts "
-                     "float32 only): gradient reductions move twice the planned bytes (evaluate "
-                     "that run with --grad-dtype fp32)")
-    if not train.flash_attention:
-        notes.append("torchtitan's llama3 runs fused SDPA attention; the plan's unfused "
-                     "attention memory and time are an overestimate")
-    if config == "llama3_405b" and train.fp8 is None:
-        notes.append("torchtitan's llama3_405b config trains its linear layers in Float8 with "
-                     "torch.compile (not changeable from the command line); the plan assumes "
-                     f"{train.dtype} matmuls")
+    args.append(f"activation-checkpoint:{_TITAN_RECOMPUTE[layout.recompute]}")
     text = _script(_header("torchtitan", model, layout, train, gb), [],
                    _torchrun(layout, gpus_per_node) + " -m torchtitan.train", args)
     return Emitted("torchtitan", text, tuple(notes))
 
 
 # ---------------------------------------------------------------------------------- DeepSpeed
-def _deepspeed_partition(model: ModelSpec, layout: Layout) -> bool:
-    """Whether the stages are uneven: DeepSpeed's `partition_method='type:transformer'` (the
-    Megatron-DeepSpeed default) splits the blocks evenly; `'type:transformer|embedding'`
-    balances `L + 2` layers (embedding and head one each), which gives the balanced default when
-    `pp` divides `L + 2` (`deepspeed.runtime.utils.partition_balanced`). Other partitions are
-    refused: DeepSpeed takes no explicit layer counts (and no virtual stages: the counts are
-    per stage over its chunks)."""
-    parts = tuple(n * layout.chunks for n in layout.stage_partition(model.n_layers))
-    if len(set(parts)) == 1:
-        return False
-    if (model.n_layers + 2) % layout.pp or parts != stage_partition(model.n_layers, layout.pp):
-        raise ShardwiseError(
-            f"DeepSpeed cannot run the partition {','.join(map(str, parts))}: its pipeline "
-            "splits blocks evenly or balances them with the embedding and head as one layer "
-            f"each ({(model.n_layers + 2) // layout.pp - 1} on the first and last stage)")
-    return True
+def _deepspeed_launch(model: ModelSpec, layout: Layout, train: TrainSpec, gb: int) -> list[str]:
+    """Megatron-DeepSpeed `pretrain_gpt.py` arguments (megatron/arguments.py @4efb479) for
+    the model, the degrees, the schedule, recompute, precision and attention."""
+    args = [f"--num-layers {model.n_layers}", f"--hidden-size {model.d_model}",
+            f"--ffn-hidden-size {model.d_ff}", f"--num-attention-heads {model.n_heads}",
+            f"--num-key-value-heads {model.n_kv_heads}",
+            f"--seq-length {train.seq_len}",
+            f"--max-position-embeddings {max(train.seq_len, model.max_seq)}",
+            f"--make-vocab-size-divisible-by {_vocab_divisor(model, layout.tp)}",
+            "--normalization " + ("rmsnorm" if model.norm == "rmsnorm" else "layernorm")]
+    if model.gated_mlp:
+        args.append("--swiglu")
+    if not model.learned_positions:
+        args += ["--use-rotary-position-embeddings", "--no-position-embedding",
+                 f"--rotary-position-embeddings-theta {int(model.rope_theta)}"]
+    if not model.tie_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    if not model.bias:
+        args.append("--disable-bias-linear")
+    if not model.dropout:
+        args += ["--attention-dropout 0.0", "--hidden-dropout 0.0"]
+    args += [f"--micro-batch-size {layout.micro_batch}", f"--global-batch-size {gb}",
+             f"--tensor-model-parallel-size {layout.tp}",
+             f"--pipeline-model-parallel-size {layout.pp}", f"--zero-stage {layout.zero}"]
+    if layout.pp == 1:  # DeepSpeedEngine, not the pipeline engine (which refuses ZeRO-2/3)
+        args.append("--no-pipeline-parallel")
+    elif layout.schedule == "zb-h1":
+        args.append("--enable-zbh1-pipeline")
+    if layout.sp:
+        args.append("--sequence-parallel")
+    if layout.cp > 1:
+        args.append(f"--ds-sequence-parallel-size {layout.cp}")
+    if layout.recompute == "full":
+        args += ["--recompute-granularity full", "--recompute-method uniform",
+                 "--recompute-num-layers 1"]
+    elif layout.recompute == "selective":
+        args.append("--recompute-activations")
+    args += {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": []}[train.dtype]
+    if train.settings().attention == "fa2":
+        args.append("--use-flash-attn-v2")
+    return [*args, "--deepspeed", "--deepspeed_config ds_config.json"]
 
 
 def _deepspeed_offload(train: TrainSpec, zero: dict[str, object]) -> None:
@@ -538,26 +671,10 @@ def _deepspeed_offload(train: TrainSpec, zero: dict[str, object]) -> None:
 
 
 def deepspeed_config(model: ModelSpec, layout: Layout, train: TrainSpec,
-                     gpus_per_node: int = 8) -> Emitted:
-    """A DeepSpeed 0.19.8 JSON config for `layout`; the launch line is the first note."""
-    gb, grad = _check(model, layout, train, "DeepSpeed 0.19.8")
-    if layout.pp > 1 and layout.zero >= 2:
-        raise ShardwiseError(f"DeepSpeed's pipeline engine refuses ZeRO-{layout.zero} with "
-                             f"pp={layout.pp} (ZeRO-2 and ZeRO-3 are incompatible with pipeline "
-                             "parallelism); use zero ≤ 1 or pp=1")
-    if layout.cp > 1 and layout.sp:
-        raise ShardwiseError("Megatron-DeepSpeed cannot combine Megatron sequence parallelism "
-                             f"(sp) with DeepSpeed sequence parallelism (cp={layout.cp}); use "
-                             "sp=0 or cp=1")
-    if layout.cp > 1 and layout.cp_kind != "ulysses":
-        raise ShardwiseError(f"DeepSpeed's sequence parallelism is Ulysses (all-to-all over "
-                             f"heads) only: cp_kind={layout.cp_kind} cannot run; use "
-                             "cp_kind=ulysses or --emit megatron")
-    if layout.zero == 0 and grad != train.dtype:
-        raise ShardwiseError(f"DeepSpeed without ZeRO accumulates gradients in the model dtype "
-                             f"({train.dtype}), not {grad}; use zero ≥ 1 or --grad-dtype "
-                             f"{train.dtype}")
-    notes: list[str] = []
+                     gpus_per_node: int = 8, cluster: Cluster | None = None) -> Emitted:
+    """A DeepSpeed 0.19.8 JSON config for `layout`; the Megatron-DeepSpeed launch line is the
+    first note (the tokenizer and data are the user's: its vocabulary must be the plan's V)."""
+    gb, grad = _checked("deepspeed", model, layout, train, cluster, gpus_per_node)
     zero: dict[str, object] = {"stage": layout.zero,
                                "overlap_comm": bool(train.settings().dp_overlapped(layout.zero)),
                                "contiguous_gradients": True,
@@ -565,28 +682,15 @@ def deepspeed_config(model: ModelSpec, layout: Layout, train: TrainSpec,
     if layout.zero == 3:
         zero.update({"stage3_prefetch_bucket_size": int(5e8),
                      "stage3_param_persistence_threshold": int(1e6)})
-        if layout.zero_group:
-            # MiCS (per-group shards) is removed in 0.19; ZeRO++ hpZ keeps a secondary weight
-            # shard per group so the backward all-gathers stay inside it.
-            zero["zero_hpz_partition_size"] = layout.zero_group
-            notes.append(f"DeepSpeed 0.19 has no hybrid ZeRO-3 (MiCS was removed): emitted as "
-                         f"ZeRO-3 over all {layout.dp * layout.cp} replicas with a ZeRO++ "
-                         f"secondary weight shard per {layout.zero_group} ranks; memory is "
-                         "the plan's plus 1/(dp·cp) of the weights, forward all-gathers span "
-                         "every replica")
-    elif layout.zero_group:
-        notes.append(f"DeepSpeed has no shard groups for ZeRO-{layout.zero}; it shards over all "
-                     f"{layout.dp * layout.cp} replicas (less memory than planned)")
     _deepspeed_offload(train, zero)
-    names = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
     config: dict[str, object] = {
         "train_batch_size": gb,
         "train_micro_batch_size_per_gpu": layout.micro_batch,
         "gradient_accumulation_steps": layout.microbatches(train),
         "gradient_clipping": 1.0,
         "zero_optimization": zero,
-        "data_types": {"grad_accum_dtype": names[grad]},
-        "communication_data_type": names[grad],
+        "data_types": {"grad_accum_dtype": grad},
+        "communication_data_type": grad,
         "steps_per_print": 10,
         "wall_clock_breakdown": False,
     }
@@ -594,50 +698,23 @@ def deepspeed_config(model: ModelSpec, layout: Layout, train: TrainSpec,
         config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
     elif train.dtype == "bf16":
         config["bf16"] = {"enabled": True}
-    if layout.recompute != "none":
-        config["activation_checkpointing"] = {
-            "partition_activations": layout.tp > 1, "contiguous_memory_optimization": False,
-            "cpu_checkpointing": False, "number_checkpoints": None,
-            "synchronize_checkpoint_boundary": False, "profile": False}
     nodes, per_node = _nodes(layout, gpus_per_node)
-    launch = f"deepspeed --num_nodes {nodes} --num_gpus {per_node}"
-    if layout.tp > 1 or layout.pp > 1 or layout.cp > 1 or layout.ep > 1:
-        flags = [f"--tensor-model-parallel-size {layout.tp}",
-                 f"--pipeline-model-parallel-size {layout.pp}",
-                 f"--micro-batch-size {layout.micro_batch}", f"--global-batch-size {gb}",
-                 f"--zero-stage {layout.zero}"]
-        if layout.pp == 1:
-            flags.append("--no-pipeline-parallel")
-        elif _deepspeed_partition(model, layout):
-            flags.append("--pp-partition-method 'type:transformer|embedding'")
-            notes.append("uneven stages: DeepSpeed's PipelineModule(partition_method="
-                         "'type:transformer|embedding') balances the blocks with the embedding "
-                         "and the head counted as one layer each (BigScience Megatron-DeepSpeed's "
-                         "--pp-partition-method, as BLOOM-176B trained)")
-        if layout.sp:
-            flags.append("--sequence-parallel")
-        if layout.cp > 1:
-            flags.append(f"--ds-sequence-parallel-size {layout.cp}")
-        if layout.ep > 1:
-            flags += [f"--num-experts {model.n_experts}", f"--moe-expert-parallel-size {layout.ep}"]
-        if layout.recompute == "full":
-            flags += ["--checkpoint-activations", "--deepspeed-activation-checkpointing"]
-        elif layout.recompute == "selective":
-            flags.append("--recompute-activations")
-        notes.insert(0, f"launch (Megatron-DeepSpeed): {launch} pretrain_gpt.py "
-                        + " ".join(flags) + " --deepspeed --deepspeed_config ds_config.json")
-    else:
-        notes.insert(0, f"launch: {launch} train.py --deepspeed --deepspeed_config "
-                        "ds_config.json")
-    if layout.pp > 1 and get_schedule(layout.schedule).deepspeed is None:
-        notes.append(f"DeepSpeed's pipeline engine runs 1F1B with one stage per rank; "
-                     f"{layout.schedule} is emitted as 1F1B (a different bubble)")
+    # Megatron-DeepSpeed raises without it under SP (megatron/arguments.py:403 @4efb479)
+    env = "CUDA_DEVICE_MAX_CONNECTIONS=1 " if layout.sp else ""
+    notes = [f"launch (Megatron-DeepSpeed 4efb479): {env}deepspeed --num_nodes {nodes} "
+             f"--num_gpus {per_node} pretrain_gpt.py "
+             + " ".join(_deepspeed_launch(model, layout, train, gb))]
+    if env and nodes > 1:
+        notes.append("on the other nodes CUDA_DEVICE_MAX_CONNECTIONS=1 comes from "
+                     ".deepspeed_env (the launcher forwards only its listed variables, "
+                     "deepspeed/launcher/runner.py:36)")
     return Emitted("deepspeed", json.dumps(config, indent=2) + "\n", tuple(notes))
 
 
 def emit(framework: str, model: ModelSpec, layout: Layout, train: TrainSpec,
-         gpus_per_node: int = 8) -> Emitted:
-    """The launch configuration of `layout` for `framework` (one of `FRAMEWORKS`)."""
+         gpus_per_node: int = 8, cluster: Cluster | None = None) -> Emitted:
+    """The launch configuration of `layout` for `framework` (one of `FRAMEWORKS`), whose stack
+    `train` must name; `cluster` prices the nearest layout of a refusal (default: H100s)."""
     table = {"megatron": megatron_args, "torchtitan": torchtitan_args,
              "deepspeed": deepspeed_config}
     key = framework.lower()
@@ -645,8 +722,4 @@ def emit(framework: str, model: ModelSpec, layout: Layout, train: TrainSpec,
         raise ShardwiseError(f"unknown framework {framework!r}; valid: {', '.join(FRAMEWORKS)}")
     if gpus_per_node < 1:
         raise ShardwiseError(f"gpus_per_node must be ≥ 1, got {gpus_per_node}")
-    if train.stack.export != key:  # the run will use that framework's stack, at its defaults
-        stack = next(s for s in STACKS.values() if s.export == key)
-        train = replace(train, impl=stack.name, compile=None, tp_overlap=None, dp_overlap=None,
-                        attention=None)
-    return table[key](model, layout, train, gpus_per_node)
+    return table[key](model, layout, train, gpus_per_node, cluster)

@@ -45,7 +45,7 @@ class TrainSpec:
     seq_len: int = 4096
     global_batch: int | None = None  # sequences per optimizer step; None: one micro-batch per pp stage
     dtype: str = "bf16"  # weights and activations
-    grad_dtype: str | None = None  # None: same as dtype (Megatron's default keeps fp32 grads)
+    grad_dtype: str | None = None  # None: the stack's first for dtype (`Stack.grad_dtypes`), else dtype
     optimizer: str = "adam"
     flash_attention: bool = True
     impl: str = DEFAULT_STACK  # the training stack (`shardwise.stacks`): name or name@version
@@ -73,6 +73,10 @@ class TrainSpec:
     def __post_init__(self) -> None:
         if isinstance(self.impl, str) and "@" in self.impl:
             object.__setattr__(self, "impl", parse_impl(self.impl))
+        if self.grad_dtype is None and self.impl in STACKS:  # torchtitan: fp32 reductions
+            choices = STACKS[self.impl].grad_choices(self.dtype)
+            if choices and choices[0] != self.dtype:
+                object.__setattr__(self, "grad_dtype", choices[0])
 
     @property
     def stack(self) -> Stack:
@@ -149,6 +153,11 @@ class TrainSpec:
                 problems.append(f"{self.stack.name} does not train in {self.dtype}; valid: "
                                 f"{', '.join(self.stack.dtypes)}")
             problems += self._fp8_offload_problems()
+            grads = self.stack.grad_choices(self.dtype)
+            if grads and (self.grad_dtype or self.dtype) not in grads:
+                problems.append(f"{self.stack.name} reduces {self.dtype} gradients in "
+                                f"{' or '.join(grads)}, not {self.grad_dtype}; valid "
+                                f"--grad-dtype: {', '.join(grads)}")
         if problems:
             raise ShardwiseError("; ".join(problems))
         return self
@@ -361,7 +370,7 @@ class Layout:
                 f"ranks, but the cluster has {cluster.n_gpus} GPUs"
             )
         if train is not None:
-            out.extend(self._train_problems(train))
+            out.extend(self._train_problems(train, model))
         return out
 
     def _cp_problems(self, model: ModelSpec) -> list[str]:
@@ -397,8 +406,10 @@ class Layout:
                            f"{model.n_kv_heads}, tp={t}): {u} must divide {heads}")
         return out
 
-    def _train_problems(self, train: TrainSpec) -> list[str]:
-        out = train.stack.layout_problems(self) if train.impl in STACKS else []
+    def _train_problems(self, train: TrainSpec, model: ModelSpec) -> list[str]:
+        split_ok = not partition_problems(model.n_layers, self.pp, self.chunks, self.partition)
+        out = (train.stack.layout_problems(self, model.n_layers if split_ok else None, train)
+               if train.impl in STACKS else [])
         if train.impl in STACKS and train.offload in train.stack.offload_kinds():
             support = train.stack.offload_support(train.offload)
             if support is not None and self.zero not in support.zero:

@@ -15,13 +15,19 @@ how each behaviour enters the step-time model.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardwise.errors import ShardwiseError
+import numpy as np
 
-__all__ = ["ATTENTION_KERNELS", "DEFAULT_STACK", "OFFLOADS", "STACKS", "TP_OVERLAPS", "Offload",
-           "Settings", "Stack", "get_stack", "parse_impl", "stack_names"]
+from shardwise.errors import ShardwiseError
+from shardwise.schedules.registry import SCHEDULE_CODES
+
+__all__ = ["ATTENTION_KERNELS", "CP_KIND_TEXT", "DEFAULT_STACK", "OFFLOADS", "SPLITS", "SPLIT_RULES",
+           "STACKS", "TP_OVERLAPS", "Offload", "Rule", "Settings", "Stack", "deepspeed_split",
+           "get_stack", "parse_impl", "split_refuses", "stack_names", "stack_split",
+           "titan_partition", "titan_split"]
 
 OFFLOADS = ("none", "optimizer", "params")
 """What lives in host memory: nothing; the optimizer state (fp32 master weights and moments,
@@ -43,6 +49,33 @@ KERNEL_MODES = ("fused", "eager", "compiled")
 """How a layer's memory-bound work runs: hand-fused kernels (Transformer Engine, Megatron's
 fused bias-GeLU/SwiGLU, bias-dropout-add, RoPE and softmax), one PyTorch kernel per aten op
 (eager), or Inductor's fused kernels (`torch.compile`)."""
+
+
+CP_KIND_TEXT = {"ring": "ring attention", "ulysses": "Ulysses (an all-to-all over heads)",
+                "hybrid": "Ulysses inside groups with a ring across them",
+                "allgather": "an all-gather of K/V (FlexAttention)"}
+"""The context-parallel kinds of `Stack.cp_kinds`, in words."""
+
+SPLITS = ("any", "torchtitan", "deepspeed")
+"""How a stack can split the layers over its pipeline stages (`Stack.split`): any count per
+(virtual) stage (Megatron-LM's `--pipeline-model-parallel-layout`), torchtitan's rule
+(`titan_split`), or DeepSpeed's `type:transformer` partition (`split_refuses`)."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A combination of layout fields a stack cannot run, written once and array-generic like
+    the schedule registry's rules: `refuses(v, train)` is true where the layout (or each of
+    arrays of layouts) cannot run, `v` holding its fields as `Layout.codes()` gives them
+    (`schedule` as its registry code, `recompute` as its index in `RECOMPUTE`, `sp` 0/1).
+    `reason` is formatted with the same fields; `source` is the framework code that refuses."""
+
+    refuses: Callable[[Mapping[str, Any], Any], Any]
+    reason: str
+    source: str
+
+    def message(self, stack: str, fields: Mapping[str, Any]) -> str:
+        return f"{stack} " + self.reason.format(**fields) + f" ({self.source})"
 
 
 @dataclass(frozen=True)
@@ -70,6 +103,10 @@ class Stack:
     traffic overlaps compute by default; `dp_overlap_settable`: a flag turns it on or off.
     `pipeline_engine` names the `ScheduleInfo` attribute of the schedules it runs (None: no
     pipeline parallelism). `axes`: the parallel axes it can run beyond data parallelism.
+    `zero_hybrid`: the ZeRO stages it shards in groups (`Layout.zero_group`). `grad_dtypes`:
+    per training dtype, the gradient dtypes it accumulates and reduces in (the first is what a
+    run that names none gets, `TrainSpec`; None: not restricted). `split`: how it splits the
+    layers over pipeline stages (`SPLITS`). `rules`: the combinations it refuses (`Rule`).
     """
 
     name: str
@@ -93,6 +130,9 @@ class Stack:
     p2p_overlap: str  # "never", "interleaved" (Megatron: only the interleaved schedule), "always"
     dtypes: tuple[str, ...]
     export: str | None
+    grad_dtypes: tuple[tuple[str, tuple[str, ...]], ...] | None = None
+    split: str = "any"
+    rules: tuple[Rule, ...] = ()
     # eager stacks: memory-bound bytes per token of one layer (bf16) as coefficients of
     # (h, q + kv, f), forward and backward, and the kernels a layer launches besides GEMMs and
     # attention — counted on the stack's own layer code (tests/estimate/test_stack_traffic.py)
@@ -123,6 +163,10 @@ class Stack:
                      not in RECIPES]
         problems += [f"offload {o.kind!r} not in {OFFLOADS[1:]}" for o in self.offloads
                      if o.kind not in OFFLOADS[1:]]
+        if self.split not in SPLITS:
+            problems.append(f"split {self.split!r} not in {SPLITS}")
+        if self.grad_dtypes is not None and {d for d, _ in self.grad_dtypes} != set(self.dtypes):
+            problems.append(f"grad_dtypes {self.grad_dtypes} do not cover {self.dtypes}")
         if problems:
             raise ShardwiseError(f"stack {self.name}: " + "; ".join(problems))
         return self
@@ -174,9 +218,16 @@ class Stack:
         return tuple(name for name, info in SCHEDULE_REGISTRY.items()
                      if getattr(info, self.pipeline_engine) is not None)
 
-    def layout_problems(self, layout: Any) -> list[str]:
+    def grad_choices(self, dtype: str) -> tuple[str, ...] | None:
+        """The gradient dtypes this stack runs with `dtype` weights, the default first (None:
+        not modelled, any)."""
+        return None if self.grad_dtypes is None else dict(self.grad_dtypes).get(dtype)
+
+    def layout_problems(self, layout: Any, n_layers: int | None = None,
+                        train: Any = None) -> list[str]:
         """What in `layout` this stack cannot run, one sentence each (issue 33: the search and
-        a forced `--layout` only take what the stack runs)."""
+        a forced `--layout` only take what the stack runs); with `n_layers` also its stage
+        partition, with `train` also the rules that read the run's dtypes."""
         out = []
         for axis in ("tp", "pp", "cp", "ep"):
             if getattr(layout, axis) > 1 and axis not in self.axes:
@@ -193,13 +244,101 @@ class Stack:
                        f"(zero_group={layout.zero_group}); "
                        + (f"it can at ZeRO {', '.join(map(str, self.zero_hybrid))}"
                           if self.zero_hybrid else "use zero_group=0"))
-        if layout.cp > 1 and getattr(layout, "cp_kind", "ring") not in self.cp_kinds:
-            out.append(f"{self.name} has no {layout.cp_kind} context parallelism; valid: "
-                       f"{', '.join(self.cp_kinds) or 'none'}")
+        if layout.cp > 1 and "cp" in self.axes and layout.cp_kind not in self.cp_kinds:
+            kinds = " or ".join(CP_KIND_TEXT[kind] for kind in self.cp_kinds)
+            out.append(f"{self.name}'s context parallelism is {kinds}, not the "
+                       f"{CP_KIND_TEXT[layout.cp_kind]} planned for cp={layout.cp} "
+                       f"(cp_kind={layout.cp_kind})")
         if layout.recompute not in self.recompute:
             out.append(f"{self.name} has no {layout.recompute} recompute; valid: "
                        f"{', '.join(self.recompute)}")
+        if n_layers is not None and layout.pp > 1 and split_refuses(
+                self.split, n_layers, layout.stage_sizes(n_layers), layout.pp):
+            out.append(f"{self.name} cannot split {n_layers} layers as "
+                       f"{','.join(map(str, layout.stage_sizes(n_layers)))} "
+                       f"({SPLIT_RULES[self.split]})")
+        codes = layout.codes()
+        out += [rule.message(self.name, codes) for rule in self.rules
+                if bool(rule.refuses(codes, train))]
         return out
+
+    def refused(self, v: Mapping[str, Any], train: Any = None) -> list[tuple[Rule, Any]]:
+        """Each rule with the mask of the layouts it refuses among arrays `v` (the planner's
+        grid: its fields as integer arrays, `Rule`)."""
+        return [(rule, np.asarray(rule.refuses(v, train), dtype=bool)) for rule in self.rules]
+
+
+def titan_split(stages: int, n_layers: int, first_less: int, last_less: int) -> list[int]:
+    """Layers per virtual stage as torchtitan 0.3.0 splits them (distributed/
+    pipeline_parallel.py `_generate_llm_fqn_per_model_part`): `L + first_less + last_less`
+    units, `units // stages` each, the remainder one more on the first stages, the first stage
+    `first_less` layers short and the last `last_less`."""
+    units = n_layers + first_less + last_less
+    q, r = divmod(units, stages)
+    sizes = [q + (i < r) for i in range(stages)]
+    sizes[0] -= first_less
+    sizes[-1] -= last_less
+    return sizes
+
+
+def titan_partition(n_layers: int, sizes: tuple[int, ...]) -> tuple[int, int, int] | None:
+    """(`pipeline_parallel_layers_per_stage`, `first_stage_less_layers`,
+    `last_stage_less_layers`) that make torchtitan 0.3.0 split `n_layers` as `sizes` (layers
+    per virtual stage), the most symmetric first; None when no setting does. torchtitan makes
+    `ceil((L + first + last) / layers_per_stage)` virtual stages and refuses a first or last
+    weight above `units // stages` (`_get_pipeline_metadata`, `_generate_llm_fqn_...`)."""
+    stages = len(sizes)
+    pairs = sorted(((a, b) for a in range(max(sizes) + 1) for b in range(max(sizes) + 1)),
+                   key=lambda ab: (abs(ab[0] - ab[1]), ab))
+    for first, last in pairs:
+        units = n_layers + first + last
+        if units // stages < max(first, last, 1) or titan_split(stages, n_layers, first,
+                                                                 last) != list(sizes):
+            continue
+        for per_stage in range(max(1, units // stages), units + 1):
+            if -(-units // per_stage) == stages:
+                return per_stage, first, last
+    return None
+
+
+def deepspeed_split(n_layers: int, pp: int) -> list[int]:
+    """Megatron-DeepSpeed's stages: `GPTModelPipe` hands DeepSpeed `partition_method=
+    'type:transformer'` (megatron/model/gpt_model.py:463 @4efb479), which balances the blocks
+    only (`deepspeed.runtime.utils.partition_balanced` on 0/1 weights, 0.19.8): `L // pp` each,
+    the first `L mod pp` stages one more (tests/integration recompute it with DeepSpeed)."""
+    q, r = divmod(n_layers, pp)
+    return [q + (i < r) for i in range(pp)]
+
+
+SPLIT_RULES = {
+    "any": "any layers per stage",
+    "torchtitan": "torchtitan 0.3.0 spreads L + first + last units evenly, the extra units on "
+                  "the first stages, and shortens only the first and the last stage "
+                  "(distributed/pipeline_parallel.py)",
+    "deepspeed": "Megatron-DeepSpeed's GPTModelPipe splits the blocks with DeepSpeed's "
+                 "'type:transformer' partition, the first L mod pp stages one block more "
+                 "(megatron/model/gpt_model.py:463)"}
+
+
+def stack_split(split: str, n_layers: int, pp: int) -> tuple[int, ...] | None:
+    """The stage partition a stack splitting as `split` makes by default over `pp` stages
+    (None: it runs any): DeepSpeed's, or torchtitan's with the embedding and the head one
+    layer each (its `first/last_stage_less_layers` default of 1)."""
+    if split == "deepspeed":
+        return tuple(deepspeed_split(n_layers, pp))
+    if split == "torchtitan" and n_layers + 2 >= 2 * pp:
+        return tuple(titan_split(pp, n_layers, 1, 1))
+    return None
+
+
+def split_refuses(split: str, n_layers: int, sizes: tuple[int, ...], pp: int) -> bool:
+    """Whether a stack splitting as `split` (`SPLITS`) cannot run `sizes` (layers per virtual
+    stage, `Layout.stage_sizes`) over `pp` ranks."""
+    if split == "torchtitan":
+        return titan_partition(n_layers, sizes) is None
+    if split == "deepspeed":
+        return len(sizes) != pp or list(sizes) != deepspeed_split(n_layers, pp)
+    return False
 
 
 @dataclass(frozen=True)
@@ -257,6 +396,7 @@ class Settings:
 
 
 _MEGATRON = "megatron-core 0.16.1; Megatron-LM main d98e8a6"
+_MDS = "Megatron-DeepSpeed 4efb479"  # github.com/deepspeedai/Megatron-DeepSpeed, 2025-07-16
 # Counted with a TorchDispatchMode over one decoder layer's forward and backward on CPU in bf16
 # (tests/estimate/test_stack_traffic.py recounts them): bytes read + written per token by the
 # ops that are neither GEMMs nor attention, fitted as (h, q + kv, f) coefficients over five
@@ -265,6 +405,14 @@ TORCHTITAN_TRAFFIC = ((29.1, 27.8, 9.93), (131.3, 27.4, 17.8))
 TORCHTITAN_KERNELS = (17.0, 36.0)
 HF_TRAFFIC = ((89.4, 19.5, 9.79), (224.9, 32.0, 17.97))
 HF_KERNELS = (40.0, 57.0)
+
+
+def _zb_h1(v: Mapping[str, Any]) -> Any:
+    return (np.asarray(v["pp"]) > 1) & (np.asarray(v["schedule"]) == SCHEDULE_CODES["zb-h1"])
+
+
+# Each fact names the code it was read from, in the stack's pinned version (Megatron-LM
+# paths at d98e8a6, its own megatron/core); tests/integration check them against that code.
 STACKS: dict[str, Stack] = {s.name: s.validate() for s in (
     Stack(
         "megatron-te", "Megatron-LM + Transformer Engine", _MEGATRON,
@@ -276,7 +424,13 @@ STACKS: dict[str, Stack] = {s.name: s.validate() for s in (
         profile="megatron-te", kernels="fused", compile=(False,),
         tp_overlap=("none", "bulk"), dp_overlap_zero=(), dp_overlap_settable=True,
         attention=("cudnn", "fa2", "fa3", "math"), recompute=("none", "selective", "full"),
-        zero=(0, 1, 2, 3), zero_hybrid=(1,), cp_kinds=("ring", "ulysses", "hybrid"),
+        # ZeRO-1: the distributed optimizer, in groups with --num-distributed-optimizer-
+        # instances (core/parallel_state.py:922); ZeRO-2/3: Megatron-FSDP's optim_grads /
+        # optim_grads_params, in groups as HSDP when there are several instances
+        # (core/distributed/fsdp/mcore_fsdp_adapter.py:346, outer group no_shard)
+        zero=(0, 1, 2, 3), zero_hybrid=(1, 2, 3),
+        # --cp-comm-type p2p | a2a | a2a+p2p (training/arguments.py --cp-comm-type)
+        cp_kinds=("ring", "ulysses", "hybrid"),
         cp_overlap=True, axes=("tp", "pp", "cp", "ep"), pipeline_engine="megatron",
         p2p_overlap="interleaved", dtypes=("bf16", "fp16", "fp32"), export="megatron",
         # transformer_config.py fp8_recipe: tensorwise | delayed | mxfp8 | blockwise; the
@@ -286,16 +440,39 @@ STACKS: dict[str, Stack] = {s.name: s.validate() for s in (
         # --overlap-cpu-optimizer-d2h-h2d; --optimizer-offload-fraction keeps a share on GPU)
         fp8=("delayed", "tensorwise", "mxfp8", "blockwise"), fp8_framework="te",
         offloads=(Offload("optimizer", (1,), "torch-adamw", "pipelined",
-                          "--optimizer-cpu-offload", fraction=True),)),
+                          "--optimizer-cpu-offload", fraction=True),),
+        # bf16: --grad-reduce-in-bf16 or fp32 (validate_args sets accumulate_allreduce_grads_
+        # in_fp32 for bf16 unless --grad-reduce-in-bf16); fp16: fp16 or
+        # --accumulate-allreduce-grads-in-fp32; Megatron-FSDP: --megatron-fsdp-main-grads-dtype
+        grad_dtypes=(("bf16", ("bf16", "fp32")), ("fp16", ("fp16", "fp32")),
+                     ("fp32", ("fp32",))),
+        # --pipeline-model-parallel-layout gives any layers per (virtual) stage
+        # (training/arguments.py, core/transformer/pipeline_parallel_layer_layout.py)
+        split="any",
+        rules=(
+            Rule(lambda v, train: (np.asarray(v["zero_group"]) > 0) & (np.asarray(v["ep"]) > 1)
+                 & ((np.asarray(v["dp"]) * v["cp"] // v["ep"])
+                    % np.maximum(np.asarray(v["dp"]) * v["cp"]
+                                 // np.maximum(v["zero_group"], 1), 1) != 0),
+                 "shards experts' ZeRO state over the expert data-parallel ranks dp·cp/ep: "
+                 "with ep={ep} they must hold whole zero_group={zero_group} groups",
+                 "megatron/core/parallel_state.py:1447 @d98e8a6"),
+        )),
     Stack(
         "megatron-deepspeed", "Megatron-DeepSpeed (DeepSpeed's pipeline engine and ZeRO)",
-        "DeepSpeed 0.19.8; Megatron-DeepSpeed master",
+        f"DeepSpeed 0.19.8; {_MDS}",
         "deepspeed/runtime/zero/config.py (overlap_comm defaults to stage == 3), "
         "deepspeed/runtime/pipe/schedule.py (TrainSchedule: 1F1B), Megatron-DeepSpeed "
-        "megatron/arguments.py (--use-flash-attn-v2 off by default, --ds-sequence-parallel-size)",
+        "megatron/arguments.py (--use-flash-attn-v2 off by default, --ds-sequence-parallel-size,"
+        " --enable-zbh1-pipeline)",
         profile="megatron-te", kernels="fused", compile=(False,), tp_overlap=("none",),
         dp_overlap_zero=(3,), dp_overlap_settable=True, attention=("math", "fa2"),
-        recompute=("none", "selective", "full"), zero=(0, 1, 2, 3), zero_hybrid=(),
+        recompute=("none", "selective", "full"),
+        # ZeRO 0-3 (deepspeed/runtime/zero/config.py); no shard groups: MiCS is gone from
+        # 0.19 and ZeRO++'s hpZ (zero_hpz_partition_size) only keeps a secondary copy of
+        # ZeRO-3 weights per group, the optimizer state stays sharded over all replicas
+        zero=(0, 1, 2, 3), zero_hybrid=(),
+        # --ds-sequence-parallel-size is DeepSpeed-Ulysses (deepspeed/sequence/layer.py)
         cp_kinds=("ulysses",), cp_overlap=False, axes=("tp", "pp", "cp"),
         pipeline_engine="deepspeed", p2p_overlap="never", dtypes=("bf16", "fp16", "fp32"),
         export="deepspeed",
@@ -305,7 +482,28 @@ STACKS: dict[str, Stack] = {s.name: s.validate() for s in (
         offloads=(Offload("optimizer", (1, 2, 3), "deepspeed-cpu-adam", "backward",
                           "offload_optimizer"),
                   Offload("params", (3,), "deepspeed-cpu-adam", "backward",
-                          "offload_param"))),
+                          "offload_param")),
+        # data_types.grad_accum_dtype: the model dtype, or fp32 with ZeRO (rule below)
+        grad_dtypes=(("bf16", ("bf16", "fp32")), ("fp16", ("fp16", "fp32")),
+                     ("fp32", ("fp32",))),
+        split="deepspeed",
+        rules=(
+            Rule(lambda v, train: (np.asarray(v["pp"]) > 1) & (np.asarray(v["zero"]) >= 2),
+                 "runs ZeRO-{zero} without pipeline parallelism only (pp={pp}): its pipeline "
+                 "engine asserts ZeRO < 2", "deepspeed/runtime/pipe/engine.py:76 @0.19.8"),
+            Rule(lambda v, train: (np.asarray(v["cp"]) > 1)
+                 & ((np.asarray(v["tp"]) > 1) | (np.asarray(v["pp"]) > 1)),
+                 "runs its sequence parallelism (cp={cp}) without tensor and pipeline "
+                 "parallelism only (tp={tp}, pp={pp})",
+                 "Megatron-DeepSpeed megatron/core/parallel_state.py:146 @4efb479"),
+            Rule(lambda v, train: _zb_h1(v) & (np.asarray(v["sp"]) > 0),
+                 "runs ZB-H1 without sequence parallelism only",
+                 "Megatron-DeepSpeed megatron/arguments.py:81 @4efb479"),
+            Rule(lambda v, train: (np.asarray(v["zero"]) == 0) & (
+                     train is not None and (train.grad_dtype or train.dtype) != train.dtype),
+                 "without ZeRO accumulates gradients in the model dtype only",
+                 "deepspeed/runtime/engine.py:2313 @0.19.8"),
+        )),
     Stack(
         "torchtitan", "torchtitan", "torchtitan 0.3.0",
         "torchtitan/config/configs.py (CompileConfig.enable False, enable_async_tensor_parallel "
@@ -314,10 +512,32 @@ STACKS: dict[str, Stack] = {s.name: s.validate() for s in (
         "except every second matmul), models/llama3 (attn_backend 'flex')",
         profile="torchtitan", kernels="eager", compile=(False, True),
         tp_overlap=("none", "async"), dp_overlap_zero=(0, 1, 2, 3), dp_overlap_settable=False,
-        attention=("flex", "fa2", "cudnn"), recompute=("none", "full", "op-sac"),
-        zero=(0, 2, 3), zero_hybrid=(2, 3), cp_kinds=("ring",), cp_overlap=True,
+        # a language model's attention is flex, flex_flash or varlen; SDPA is not one
+        # (models/common/config_utils.py get_attention_config); its llama3 configs use flex
+        attention=("flex",), recompute=("none", "full", "op-sac"),
+        # FSDP2 on every run (models/llama3/parallelize.py apply_fsdp_to_decoder): replicate
+        # only (ZeRO-0), reshard after forward "never" (ZeRO-2) or "always" (ZeRO-3), HSDP with
+        # data_parallel_replicate_degree; no ZeRO-1 (nothing shards only optimizer states)
+        zero=(0, 2, 3), zero_hybrid=(2, 3),
+        # llama3's FlexAttention under CP all-gathers K/V (distributed/context_parallel/api.py
+        # apply_cp_to_forward); ring attention needs an SDPA config none of its llama3 has
+        cp_kinds=("allgather",), cp_overlap=True,
         axes=("tp", "pp", "cp", "ep"), pipeline_engine="torchtitan", p2p_overlap="always",
         dtypes=("bf16", "fp32"), export="torchtitan",
+        # FSDP's MixedPrecisionPolicy reduce_dtype: training.mixed_precision_reduce, which
+        # accepts "float32" only (config/configs.py)
+        grad_dtypes=(("bf16", ("fp32",)), ("fp32", ("fp32",))),
+        split="torchtitan",
+        rules=(
+            Rule(lambda v, train: (np.asarray(v["ep"]) > 1) & (
+                     (np.where(np.asarray(v["zero"]) > 0,
+                               np.where(np.asarray(v["zero_group"]) > 0, v["zero_group"],
+                                        np.asarray(v["dp"]) * v["cp"]), v["cp"])
+                      * np.asarray(v["tp"])) % np.maximum(v["ep"], 1) != 0),
+                 "borrows expert-parallel ranks from FSDP, CP and TP: ep={ep} must divide "
+                 "dp_shard·cp·tp", "torchtitan/config/configs.py expert_parallel_degree "
+                 "@0.3.0"),
+        ),
         # its Llama 3 block counted eagerly, nn.RMSNorm as torch 2.13's fused CUDA kernel
         # (aten/src/ATen/native/layer_norm.cpp routes rms_norm to _fused_rms_norm)
         elementwise=TORCHTITAN_TRAFFIC, eager_kernels=TORCHTITAN_KERNELS,
@@ -349,6 +569,20 @@ STACKS: dict[str, Stack] = {s.name: s.validate() for s in (
         cp_overlap=False, axes=(), pipeline_engine=None, p2p_overlap="never",
         dtypes=("bf16", "fp16", "fp32"), export=None,
         elementwise=HF_TRAFFIC, eager_kernels=HF_KERNELS),
+    Stack(
+        "pytorch-fsdp", "PyTorch FSDP training loops (llm-foundry/Composer, IBM fms-fsdp)",
+        "torch 2.13",
+        "torch.distributed.fsdp (FULL_SHARD / SHARD_GRAD_OP / HYBRID_SHARD, backward and "
+        "forward prefetch), eager decoder blocks with a FlashAttention-2 kernel (flash-attn or "
+        "SDPA's flash backend); no tensor, pipeline or context parallelism",
+        profile="torchtitan", kernels="eager", compile=(False, True), tp_overlap=("none",),
+        dp_overlap_zero=(0, 1, 2, 3), dp_overlap_settable=False, attention=("fa2",),
+        recompute=("none", "full"), zero=(0, 2, 3), zero_hybrid=(2, 3), cp_kinds=(),
+        cp_overlap=False, axes=(), pipeline_engine=None, p2p_overlap="never",
+        dtypes=("bf16", "fp16", "fp32"), export=None,
+        # the same eager PyTorch ops as torchtitan's counted Llama block (norm, RoPE or
+        # learned positions, SwiGLU or GeLU, residual adds)
+        elementwise=TORCHTITAN_TRAFFIC, eager_kernels=TORCHTITAN_KERNELS),
     Stack(
         "shardwise", "shardwise runtime", "shardwise 0.1.0",
         "shardwise.runtime (blocking collectives on gloo/NCCL; bucketed gradient reducer)",

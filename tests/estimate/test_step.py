@@ -20,6 +20,7 @@ from shardwise.estimate.step import (
 from shardwise.hardware import Accelerator, Cluster, Link, get_link
 from shardwise.layout import Layout, TrainSpec
 from shardwise.schedules import bubble_fraction, make_schedule, simulate
+from shardwise.stacks import STACKS
 
 
 def links(intra_bw=450e9, inter_bw=50e9, lat=0.0, gpn=8):
@@ -80,9 +81,9 @@ def test_estimate_with_simulator_equals_closed_form(text):
     model = get_model("llama3-8b")
     cluster = Cluster.of(16, "h100")
     layout = Layout.parse(text + ",tp=2", dp=16 // (2 * int(text.split(",")[0][3:])))
-    # a stack whose pipeline engine runs the schedule (`Stack.schedules`): the shardwise
-    # runtime runs all three
-    train = TrainSpec(seq_len=4096, global_batch=32, impl="shardwise")
+    # a stack whose pipeline engine runs the schedule (`Stack.schedules`)
+    impl = next(s.name for s in STACKS.values() if layout.schedule in s.schedules())
+    train = TrainSpec(seq_len=4096, global_batch=32, impl=impl)
     closed = estimate_step(model, cluster, layout, train)
     sim = estimate_step(model, cluster, layout, train, simulate=True)
     assert sim.bubble_source == "simulator"

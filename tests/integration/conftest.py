@@ -1,5 +1,6 @@
 """Integration tests: each `shardwise plan … --emit <framework>` output is loaded by the real
-framework's own parser (installed by the `frameworks` extra, see .ci/run).
+framework's own parser (installed by the `frameworks` extra, see .ci/run); `--emit F` plans
+on F's stack (issue 33), so every planned value must come back.
 
 A framework that is not importable skips its tests locally; with the CI environment variable
 set (as .ci/run sets it) the import error fails them instead.
@@ -46,6 +47,7 @@ class Emit:
             self.layout = Layout(**payload["layout"])
             self.text: str = payload["config"]
             self.notes: list[str] = payload["notes"]
+            self.plan: dict = payload["plan"]  # the planned run: dtypes, batch, stack settings
             # the plain form prints the same text on stdout, notes on stderr
             main(["plan", *args, "--emit", framework])
             plain = capsys.readouterr()

@@ -3,7 +3,8 @@
 Megatron-LM's `core_transformer_config_from_args` copies every argument whose name is a
 `TransformerConfig` field; the few renamed ones are mapped below as that function maps them
 (megatron/training/arguments.py, Megatron-LM main). `TransformerConfig.__post_init__` and
-`DistributedDataParallelConfig` then run megatron-core's own validation.
+`DistributedDataParallelConfig` then run megatron-core's own validation. Megatron-LM's own
+`parse_args` + `validate_args` read the same scripts in test_megatron_lm.py.
 """
 
 import dataclasses
@@ -11,11 +12,15 @@ import dataclasses
 import pytest
 
 from shardwise.arch import get_model
-from shardwise.layout import Layout, chunk_span
-from tests.integration.conftest import emit, flags, planned_batch, planned_seq, require
-from tests.integration.plans import PLANS
+from shardwise.layout import chunk_span
+from shardwise.schedules.registry import get_schedule
+from tests.integration.conftest import Emit, emit, flags, require
+from tests.integration.plans import EXPECTED, MEGATRON_EXTRA, PLANS
 
 pytestmark = pytest.mark.integration
+
+# the plan's attention kernel as Megatron's --attention-backend (emit._MEGATRON_ATTENTION)
+BACKENDS = {"cudnn": "fused", "fa2": "flash", "fa3": "flash", "math": "unfused"}
 
 
 def _value(raw):
@@ -56,6 +61,14 @@ def _config(argv):
     if "num_virtual_stages_per_pipeline_rank" in args:
         kwargs["virtual_pipeline_model_parallel_size"] = int(
             args["num_virtual_stages_per_pipeline_rank"])
+    if "pipeline_model_parallel_layout" in args:  # validate_args derives vpp from the layout
+        from megatron.core.transformer.pipeline_parallel_layer_layout import (
+            PipelineParallelLayerLayout,
+        )
+        stages = PipelineParallelLayerLayout.get_num_stages_from_str(
+            args["pipeline_model_parallel_layout"])
+        vpp = stages // int(args["pipeline_model_parallel_size"])
+        kwargs["virtual_pipeline_model_parallel_size"] = vpp if vpp > 1 else None
     for stage in ("first", "last"):  # Megatron-LM's arguments.py renames these
         if f"decoder_{stage}_pipeline_num_layers" in args:
             kwargs[f"num_layers_in_{stage}_pipeline_stage"] = int(
@@ -84,15 +97,12 @@ def _config(argv):
     return args, config, ddp
 
 
-@pytest.mark.parametrize("plan", list(PLANS))
-def test_megatron_core_reads_back_the_plan(capsys, plan):
-    out = emit(capsys, plan, "megatron")
-    assert out.code == 0, out.err
+def reads_back(out: Emit, model) -> None:
+    """Every planned value of a `--emit megatron` script, as megatron-core reads it."""
     env, argv = out.command()
     args, config, ddp = _config(argv)
-    layout: Layout = out.layout
-    model = get_model(PLANS[plan][0] if PLANS[plan] else "llama3-8b")
-    dtype = "fp16" if "fp16" in PLANS[plan] else "bf16"
+    layout, plan = out.layout, out.plan
+    stack = plan["stack"]
     # launch: torchrun over whole nodes, as many processes as the layout's ranks
     assert argv[0] == "torchrun" and "pretrain_gpt.py" in argv
     launch = flags(argv[:argv.index("pretrain_gpt.py")])
@@ -100,8 +110,8 @@ def test_megatron_core_reads_back_the_plan(capsys, plan):
     # parallel degrees, schedule, SP, recompute
     assert config.tensor_model_parallel_size == layout.tp
     assert config.pipeline_model_parallel_size == layout.pp
-    assert config.virtual_pipeline_model_parallel_size == (
-        layout.chunks if layout.schedule == "interleaved" else None)
+    chunked = layout.pp > 1 and get_schedule(layout.schedule).chunked
+    assert config.virtual_pipeline_model_parallel_size == (layout.chunks if chunked else None)
     assert config.context_parallel_size == layout.cp
     # the context-parallel kind as megatron-core names it (TEDotProductAttention's cp_comm_type)
     # and, for a2a+p2p, the groups parallel_state.create_hierarchical_groups builds
@@ -111,25 +121,29 @@ def test_megatron_core_reads_back_the_plan(capsys, plan):
         [layout.ulysses, layout.cp // layout.ulysses] if layout.cp_kind == "hybrid" else None)
     assert config.expert_model_parallel_size == layout.ep
     # the stage partition, as megatron-core builds each pipeline rank's layers
-    from megatron.core.transformer.transformer_block import get_num_layers_to_build
-    if layout.chunks == 1:
-        built = tuple(get_num_layers_to_build(config, pp_rank=i) for i in range(layout.pp))
-        assert built == layout.stage_partition(config.num_layers)
-    else:  # each (stage, chunk)'s first layer and count, as megatron-core builds them
+    if config.pipeline_model_parallel_layout is not None:  # the parsed explicit layout
+        from megatron.core.transformer.enums import LayerType
+        parsed = config.pipeline_model_parallel_layout.layout  # [pp rank][virtual stage]
+        counts = [parsed[i][c].count(LayerType.decoder)
+                  for c in range(layout.chunks) for i in range(layout.pp)]
+        spans = [(sum(counts[:k]), n) for k, n in enumerate(counts)]
+    else:
+        from megatron.core.transformer.transformer_block import get_num_layers_to_build
         from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
-        spans = [(get_transformer_layer_offset(config, vp_stage=c, pp_rank=i),
-                  get_num_layers_to_build(config, vp_stage=c, pp_rank=i))
+        spans = [(get_transformer_layer_offset(config, vp_stage=c if chunked else None,
+                                               pp_rank=i),
+                  get_num_layers_to_build(config, vp_stage=c if chunked else None, pp_rank=i))
                  for c in range(layout.chunks) for i in range(layout.pp)]
-        assert spans == [tuple(int(x) for x in chunk_span(config.num_layers, layout.pp,
-                                                          layout.chunks, i, c, layout.partition))
-                         for c in range(layout.chunks) for i in range(layout.pp)]
+    assert spans == [tuple(int(x) for x in chunk_span(config.num_layers, layout.pp,
+                                                      layout.chunks, i, c, layout.partition))
+                     for c in range(layout.chunks) for i in range(layout.pp)]
     assert config.sequence_parallel == layout.sp
     assert config.recompute_granularity == {"none": None, "selective": "selective",
                                             "full": "full"}[layout.recompute]
     # batch
     assert int(args["micro_batch_size"]) == layout.micro_batch
-    assert int(args["global_batch_size"]) == planned_batch(plan)
-    assert int(args["seq_length"]) == planned_seq(plan)
+    assert int(args["global_batch_size"]) == plan["global_batch"]
+    assert int(args["seq_length"]) == plan["seq_len"]
     # model shape, vocabulary (Megatron pads to a multiple of divisible_by·tp), rotary base
     assert (config.num_layers, config.hidden_size, config.ffn_hidden_size,
             config.num_attention_heads) == (model.n_layers, model.d_model, model.d_ff,
@@ -139,26 +153,65 @@ def test_megatron_core_reads_back_the_plan(capsys, plan):
     assert config.normalization == ("RMSNorm" if model.norm == "rmsnorm" else "LayerNorm")
     assert config.num_moe_experts == (model.n_experts or None)
     step = int(args["make_vocab_size_divisible_by"]) * layout.tp
-    padded = -(-int(args["vocab_size"]) // step) * step
-    assert int(args["vocab_size"]) == model.vocab
-    assert (padded == model.vocab) == (model.vocab % layout.tp == 0)
+    assert int(args["vocab_size"]) == model.vocab and model.vocab % step == 0  # unpadded
     if not model.learned_positions:
-        # rope_theta in the Hugging Face config.json of Llama 3 and Mixtral
-        # others: Megatron's default 10000 (BLOOM's ALiBi is not modelled, issue 9 item 6)
-        theta = {"llama3": 500000, "mixtral": 1000000}.get(model.name.split("-")[0], 10000)
-        assert int(args["rotary_base"]) == theta
-    # ZeRO stage through the distributed optimizer / Megatron-FSDP
+        assert int(args["rotary_base"]) == model.rope_theta
+    # ZeRO stage through the distributed optimizer / Megatron-FSDP, and its shard groups
     strategy = {0: "no_shard", 1: "no_shard", 2: "optim_grads", 3: "optim_grads_params"}
     assert ddp.use_distributed_optimizer == (layout.zero >= 1)
     assert ddp.data_parallel_sharding_strategy == strategy[layout.zero]
-    if layout.zero == 1 and layout.zero_group:
-        assert (ddp.num_distributed_optimizer_instances * layout.zero_group
-                == layout.dp * layout.cp)
-    # precision and gradient reduce dtype (the plan's grads are the dtype's)
-    assert config.bf16 == (dtype == "bf16") and config.fp16 == (dtype == "fp16")
-    assert not ddp.grad_reduce_in_fp32  # these plans reduce gradients in the training dtype
-    # attention backend and the environment Megatron wants for TP/CP
-    flash = "--no-flash" not in PLANS[plan]
-    assert config.attention_backend.name == ("flash" if flash else "unfused")
+    instances = ddp.num_distributed_optimizer_instances
+    assert (layout.dp * layout.cp // instances if layout.zero else instances) == (
+        layout.zero_degree if layout.zero else 1)
+    # precision and gradient dtype: the distributed optimizer's reduce dtype, or
+    # Megatron-FSDP's main-gradient dtype (validate_args; megatron_fsdp.MixedPrecisionPolicy)
+    assert config.bf16 == (plan["dtype"] == "bf16") and config.fp16 == (plan["dtype"] == "fp16")
+    if layout.zero >= 2:
+        assert args["megatron_fsdp_main_grads_dtype"] == plan["grad_dtype"]
+    else:
+        assert ddp.grad_reduce_in_fp32 == (plan["grad_dtype"] == "fp32")
+    # the stack's overlap settings and attention kernel
+    overlapped = (stack["dp_overlap"] if stack["dp_overlap"] is not None
+                  else layout.zero in stack["dp_overlap_by_default_at_zero"])
+    assert ddp.overlap_grad_reduce == overlapped
+    assert ddp.overlap_param_gather == (overlapped and layout.zero >= 1)
+    assert config.tp_comm_overlap == (stack["tp_overlap"] == "bulk" and layout.sp)
+    assert config.attention_backend.name == BACKENDS[stack["attention"]]
+    # Megatron wants one hardware queue for TP/CP; Megatron-FSDP refuses it
     assert (env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1") == (
         (layout.tp > 1 or layout.cp > 1) and layout.zero < 2)
+
+
+def _model(plan: str):
+    return get_model(PLANS[plan][0] if PLANS[plan] else "llama3-8b")
+
+
+@pytest.mark.parametrize("plan", [p for p in PLANS if EXPECTED[p]["megatron"] is None])
+def test_megatron_core_reads_back_the_plan(capsys, plan):
+    out = emit(capsys, plan, "megatron")
+    assert out.code == 0, out.err
+    assert out.notes == []  # nothing runs other than planned
+    reads_back(out, _model(plan))
+
+
+@pytest.mark.parametrize("plan", [p for p in PLANS if EXPECTED[p]["megatron"] is not None])
+def test_megatron_refuses_in_one_line(capsys, plan):
+    out = emit(capsys, plan, "megatron")
+    phrase, _ = EXPECTED[plan]["megatron"]
+    assert out.code == 2 and len(out.err.splitlines()) == 1 and phrase in out.err, out.err
+    assert "nearest it runs:" in out.err and "s per step predicted" in out.err
+
+
+@pytest.mark.parametrize("case", list(MEGATRON_EXTRA))
+def test_megatron_core_reads_back_the_other_runs(capsys, case):
+    """fp16 with ZeRO-3 (Megatron-FSDP), an explicit pipeline layout, hybrid ZeRO-2 (HSDP),
+    fp32 gradients with DP and TP overlap (`MEGATRON_EXTRA`)."""
+    out = Emit(capsys, MEGATRON_EXTRA[case], "megatron")
+    assert out.code == 0, out.err
+    _, argv = out.command()
+    expected = {"8b-fp16-zero3": "--use-megatron-fsdp",
+                "8b-pp4-7-9-8-8": "--pipeline-model-parallel-layout",
+                "8b-hybrid-zero2": "--num-distributed-optimizer-instances",
+                "8b-fp32-grads-overlap": "--tp-comm-overlap"}[case]
+    assert expected in argv and "--use-torch-fsdp2" not in argv
+    reads_back(out, get_model(MEGATRON_EXTRA[case][0]))

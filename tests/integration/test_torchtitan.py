@@ -1,40 +1,25 @@
 """`--emit torchtitan` read by torchtitan 0.3.0's own code: `ConfigManager.parse_args` (the
 `--module/--config` loader, tyro parsing and `Trainer.Config` validation), `ParallelDims` and
 its device mesh (on PyTorch's fake process group, the backend of torchtitan's own dry-run
-mode), the pipeline stage split, FSDP's reshard policy and the trainer's batch arithmetic.
+mode), the pipeline metadata, stage split and schedule class, FSDP's reshard policy, the
+mixed-precision policy and the trainer's batch arithmetic.
 """
 
 import pytest
 
 from shardwise.arch import get_model
-from tests.integration.conftest import emit, planned_batch, planned_seq, require
-from tests.integration.plans import PLANS
+from shardwise.schedules.registry import get_schedule
+from tests.integration.conftest import Emit, emit, require
+from tests.integration.plans import EXPECTED, PLANS
 
 pytestmark = pytest.mark.integration
 
-# Plans torchtitan cannot run, with the reason the export gives.
-REFUSED = {"mixtral-ep8": "ships no mixtral-8x7b model",
-           "mixtral-ep8-zero1": "ships no mixtral-8x7b model",
-           "8b-fp16": "bfloat16 or float32 only",
-           "gpt3-1.3b-zero3": "ships no gpt3-1.3b model",
-           "175b-a100-noflash": "ships no gpt3-175b model",
-           "bloom-pp12": "ships no bloom model",
-           # torchtitan shortens only the first and the last virtual stage
-           "70b-pp6-uneven-interleaved": "torchtitan cannot split 80 layers",
-           # its context parallelism exchanges K/V; no all-to-all over heads
-           "8b-ulysses": "cp_kind=ulysses cannot run", "8b-hybrid-cp": "cp_kind=hybrid cannot run",
-           "405b-16k-searched": "cp_kind=hybrid cannot run"}  # the search's best: cp8 hybrid
 
-
-def _parse(argv, monkeypatch):
+def parse(argv):
     """torchtitan's Trainer.Config from the arguments after `-m torchtitan.train`."""
     require("torchtitan")
-    import torchtitan.components.quantization.float8 as float8
     from torchtitan.config.manager import ConfigManager
 
-    # llama3_405b converts its linears to Float8, which probes for an SM89+ GPU; stand in
-    # for the H100s the plan targets (the conversion itself is torchao's, run as shipped).
-    monkeypatch.setattr(float8, "has_cuda_capability", lambda major, minor: True)
     return ConfigManager().parse_args(argv)
 
 
@@ -54,71 +39,102 @@ def _mesh(parallelism, world_size):
     return dims, sizes
 
 
-@pytest.mark.parametrize("plan", list(PLANS))
-def test_torchtitan_reads_back_the_plan(capsys, monkeypatch, plan):
-    require("torchtitan")
+def reads_back(out: Emit, model) -> None:
+    """Every planned value of a `--emit torchtitan` command line, as torchtitan reads it."""
+    from torch.distributed.pipelining.schedules import get_schedule_class
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
     from torchtitan.distributed.fsdp import get_fsdp_reshard_after_forward_policy
     from torchtitan.distributed.pipeline_parallel import (
         _generate_llm_fqn_per_model_part,
         _get_pipeline_metadata,
     )
+    from torchtitan.models.common.attention import FlexAttention
 
-    out = emit(capsys, plan, "torchtitan")
-    if plan in REFUSED:
-        assert out.code == 2 and len(out.err.splitlines()) == 1
-        assert REFUSED[plan] in out.err
-        return
-    assert out.code == 0, out.err
-    layout = out.layout
+    layout, plan = out.layout, out.plan
+    stack = plan["stack"]
     env, words = out.command()
     assert env == {}  # torchtitan needs no environment beyond torchrun's
     assert words[0] == "torchrun" and words[words.index("-m") + 1] == "torchtitan.train"
     launch = words[:words.index("-m")]
     nodes = int(launch[launch.index("--nnodes") + 1])
     assert nodes * int(launch[launch.index("--nproc-per-node") + 1]) == layout.world_size
-    config = _parse(words[words.index("-m") + 2:], monkeypatch)
+    config = parse(words[words.index("-m") + 2:])
     par, training = config.parallelism, config.training
-    # the model torchtitan builds has the planned shape
-    model = get_model(PLANS[plan][0] if PLANS[plan] else "llama3-8b")
+    # the model torchtitan builds has the planned shape and attention
     spec = config.model_spec.model
     assert (len(spec.layers), spec.dim, spec.vocab_size) == (model.n_layers, model.d_model,
                                                              model.vocab)
+    assert stack["attention"] == "flex" and any(spec.traverse(FlexAttention.Config))
     # parallel degrees: the mesh has the planned dp·cp·tp·pp and ep
     dims, sizes = _mesh(par, layout.world_size)
     assert (sizes["tp"], sizes["pp"], sizes["cp"], sizes["ep"]) == (layout.tp, layout.pp,
                                                                     layout.cp, layout.ep)
     assert sizes["batch"] == layout.dp
     assert par.enable_sequence_parallel == (layout.sp or layout.tp == 1)
-    # ZeRO: FSDP shards over dp_shard·cp ranks (the hybrid group) and reshards after forward
-    # exactly for ZeRO-3
-    group = layout.zero_group or layout.dp * layout.cp
-    if layout.zero and group % layout.cp == 0:
-        assert dims.dp_shard * layout.cp == group
+    # ZeRO: FSDP shards over dp_shard·cp ranks (the group; replicate only for ZeRO-0) and
+    # reshards after forward exactly for ZeRO-3
+    assert dims.dp_shard * layout.cp == (layout.zero_degree if layout.zero else layout.cp)
+    assert dims.dp_replicate * dims.dp_shard == layout.dp
     assert get_fsdp_reshard_after_forward_policy(par.fsdp_reshard_after_forward,
                                                  layout.pp > 1) == (layout.zero == 3)
-    # pipeline: pp·chunks stages of L/(pp·chunks) layers each
+    # pipeline: the schedule class, pp·chunks stages of the planned layers each
     if layout.pp > 1:
+        assert get_schedule_class(par.pipeline_parallel_schedule) is get_schedule_class(
+            get_schedule(layout.schedule).torchtitan)
         stages, layers, first, last = _get_pipeline_metadata(dims, par, spec)
         assert stages == layout.pp * layout.chunks
         parts = _generate_llm_fqn_per_model_part(stages, layers, first, last)
         per_stage = tuple(sum(name.startswith("layers.") for name in part) for part in parts)
         assert per_stage == layout.stage_sizes(model.n_layers)
         assert par.pipeline_parallel_microbatch_size == layout.micro_batch
-        schedule = {"interleaved": "Interleaved1F1B", "gpipe": "GPipe"}
-        assert par.pipeline_parallel_schedule == schedule.get(layout.schedule, "1F1B")
     # batch, as the trainer computes it (torchtitan/trainer.py): accumulation steps and
     # pipeline micro-batches multiply to the planned micro-batches per step
-    assert training.global_batch_size == planned_batch(plan)
-    assert training.seq_len == planned_seq(plan)
+    assert training.global_batch_size == plan["global_batch"]
+    assert training.seq_len == plan["seq_len"]
     accumulation = training.global_batch_size // (training.local_batch_size * layout.dp)
     micro = (training.local_batch_size // par.pipeline_parallel_microbatch_size
              if layout.pp > 1 else 1)
-    assert accumulation * micro * layout.dp * layout.micro_batch == planned_batch(plan)
-    if layout.pp == 1:  # without pp the local batch is the micro-batch
-        assert training.local_batch_size == layout.micro_batch
-    # precision, activation checkpointing, CUDA graphs
-    assert training.mixed_precision_param == "bfloat16"
-    kind = {"none": type(None), "selective": SelectiveAC.Config, "full": FullAC.Config}
+    assert accumulation * micro * layout.dp * layout.micro_batch == plan["global_batch"]
+    # precision: FSDP's parameter dtype and its float32 reduce (the planned gradient dtype)
+    assert training.mixed_precision_param == {"bf16": "bfloat16", "fp32": "float32"}[
+        plan["dtype"]]
+    assert training.mixed_precision_reduce == "float32" and plan["grad_dtype"] == "fp32"
+    # activation checkpointing (op-sac is SelectiveAC), compile and async TP, CUDA graphs
+    kind = {"none": type(None), "op-sac": SelectiveAC.Config, "full": FullAC.Config}
     assert type(config.activation_checkpoint) is kind[layout.recompute]
+    assert config.compile.enable == stack["compile"]
+    assert config.compile.enable_async_tensor_parallel == (
+        stack["tp_overlap"] == "async" and layout.tp > 1)
     assert training.disable_cuda_graphs == (layout.pp > 1 or layout.ep > 1)
+
+
+@pytest.mark.parametrize("plan", [p for p in PLANS if EXPECTED[p]["torchtitan"] is None])
+def test_torchtitan_reads_back_the_plan(capsys, plan):
+    require("torchtitan")
+    out = emit(capsys, plan, "torchtitan")
+    assert out.code == 0, out.err
+    assert out.notes == []  # nothing runs other than planned
+    reads_back(out, get_model(PLANS[plan][0] if PLANS[plan] else "llama3-8b"))
+
+
+@pytest.mark.parametrize("plan", [p for p in PLANS if EXPECTED[p]["torchtitan"] is not None])
+def test_torchtitan_refuses_in_one_line(capsys, plan):
+    out = emit(capsys, plan, "torchtitan")
+    phrase, _ = EXPECTED[plan]["torchtitan"]
+    assert out.code == 2 and len(out.err.splitlines()) == 1 and phrase in out.err, out.err
+
+
+@pytest.mark.parametrize("args", [
+    # op-sac, interleaved with chunks, HSDP ZeRO-2, torch.compile with async TP
+    ["llama3-8b", "--gpus", "32", "--global-batch", "256", "--compile", "--tp-overlap", "async",
+     "--layout", "tp=2,sp=1,pp=2,schedule=interleaved,chunks=2,zero=2,zero_group=4,"
+                 "recompute=op-sac"],
+    # GPipe, uneven stages torchtitan splits (the embedding and head as one layer each)
+    ["llama3-70b", "--gpus", "64", "--global-batch", "64", "--layout",
+     "tp=8,pp=4,schedule=gpipe,zero=3,recompute=full", "--partition", "19,21,21,19"],
+])
+def test_torchtitan_reads_back_other_runs(capsys, args):
+    require("torchtitan")
+    out = Emit(capsys, args, "torchtitan")
+    assert out.code == 0, out.err
+    reads_back(out, get_model(args[0]))

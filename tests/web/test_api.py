@@ -107,13 +107,13 @@ def test_plan_has_everything_the_page_shows(client):
     assert len(out["ranked"]) == 5 and out["ranked"][0]["rank"] == 1
     assert out["explanation"].startswith(out["ranked"][0]["short"])
     assert out["rejected"] and all(r["count"] > 0 for r in out["rejected"])
-    # each framework's configuration, or why it cannot run the winner (the winner is ranked
-    # for the plan's stack, Megatron-LM's by default: the others may refuse it, in one line)
-    for framework in ("megatron", "torchtitan", "deepspeed"):
-        emit = out["emits"][framework]
-        assert emit.get("config") or "\n" not in emit["error"]
+    # the layouts are for one stack (issue 33): its framework's configuration first, the
+    # others say which stack they run
+    assert out["stack"]["name"] == "megatron-te" and next(iter(out["emits"])) == "megatron"
     assert "--tensor-model-parallel-size" in out["emits"]["megatron"]["config"]
-    assert out["stack"]["name"] == "megatron-te" and "tp_overlap" in out["stack"]["assumed"]
+    for framework in ("torchtitan", "deepspeed"):
+        assert "plan with --impl" in out["emits"][framework]["error"]
+    assert "tp_overlap" in out["stack"]["assumed"]
 
 
 def test_hardware_lists_presets(client):
@@ -237,3 +237,14 @@ def test_plan_constraints_and_memory_fit_hints(client):
     assert memory["fit_hints"] == cli_json("memory", "llama3-70b", "--gpus", "64", "--tp",
                                            "8", "--zero", "1")["fit_hints"]
     assert memory["fit_hints"] and all(s["margin"] < 0 for s in memory["stages"])
+
+
+def test_plan_for_another_stack_searches_and_exports_it(client):
+    """The planner page's stack choice: torchtitan's search (no ZeRO-1, fp32 gradient
+    reduce) and its export first."""
+    out = ok(client, "/api/plan", {"model": "llama3-8b", "gpus": 16, "top": 3,
+                                   "impl": "torchtitan"})
+    assert out["stack"]["name"] == "torchtitan" and next(iter(out["emits"])) == "torchtitan"
+    assert all(entry["layout"]["zero"] != 1 for entry in out["ranked"])
+    assert "torchtitan.train" in out["emits"]["torchtitan"]["config"]
+    assert out["train"]["grad_dtype"] == "fp32"

@@ -22,6 +22,7 @@ from shardwise.schedules.registry import (
     SCHEDULE_REGISTRY,
     select,
 )
+from shardwise.stacks import SPLIT_RULES, split_refuses
 
 
 class _Rejections:
@@ -107,6 +108,8 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
     # node). The constraint's exclusions are counted first, on the grid with its fixed values
     # added.
     partitions = {p: _partitions(model, p) for p in full["pp"]}
+    default_split = {p: stage_partition(model.n_layers, p) for p in full["pp"]}
+    stack = train.stack
     per_structure = math.prod(inner)
     per_full = math.prod(len(full[k]) for k in inner_keys)
     cp_kinds = [(c, k) for c in full["cp"] for k in (full["cp_kind"] if c > 1 else [0])]
@@ -157,7 +160,14 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
             rejections.add("more data-parallel replicas than sequences per step", region,
                            f"dp={dp} > global batch {gb}")
             continue
-        rows += [(t, p, c, e, dp, a, z, et, kind, u) for a, z in kept]
+        split = [ends for ends in kept if p == 1 or not split_refuses(
+            stack.split, model.n_layers, partitions[p][ends] or default_split[p], p)]
+        rejections.add(f"{stack.name} cannot split the layers so ({SPLIT_RULES[stack.split]})",
+                       per_structure * (len(kept) - len(split)),
+                       f"pp={p}, layers " + ",".join(map(str, next(
+                           (partitions[p][ends] or default_split[p] for ends in kept
+                            if ends not in split), ()))))
+        rows += [(t, p, c, e, dp, a, z, et, kind, u) for a, z in split]
     if not rows:
         return {}, grid
     st = np.array(rows, dtype=np.int64)
@@ -256,6 +266,16 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
                 zero=lvl4["zero"][:, None], zero_group=lvl4["zero_group"][:, None], sp=sp,
                 recompute=rc,
                 pair=pr[:, None])
+    # the combinations the stack refuses (`Stack.rules`), counted where the rest is valid
+    for stack_rule, refused in stack.refused(cand, train):
+        bad = np.broadcast_to(refused, valid.shape) & valid
+        if bad.any():
+            at = tuple(np.argwhere(bad)[0])
+            rejections.add(f"{stack.name} cannot run it ({stack_rule.source})", int(bad.sum()),
+                           stack_rule.message(stack.name, {
+                               k: int(np.broadcast_to(v, valid.shape)[at])
+                               for k, v in cand.items()}))
+        valid = valid & ~bad
     cand["_pairs"] = pairs
     cand["_n_layers"] = model.n_layers
     cand["_partitions"] = {(p, a, z): split for p, options in partitions.items()

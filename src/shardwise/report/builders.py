@@ -15,6 +15,7 @@ from typing import Any
 
 import shardwise.validate as validate
 from shardwise.arch import PRESETS, ModelSpec
+from shardwise.emit import model_refusal, unrunnable
 from shardwise.errors import ShardwiseError
 from shardwise.hardware import Accelerator, Cluster, get_link
 from shardwise.layout import Layout, TrainSpec, resolve_partition
@@ -255,7 +256,8 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str | Accelerator = "h100"
              all_variants: bool = False, fp8: str | None = None, offload: str = "none",
              offload_fraction: float = 1.0, rank_by: str = "step",
              mtbf_gpu_hours: float | None = None, checkpoint_bandwidth: str | None = None,
-             restart_minutes: float | None = None, async_checkpoint: bool = False) -> Any:
+             restart_minutes: float | None = None, async_checkpoint: bool = False,
+             export: str | None = None) -> Any:
     """Validate the plan options and search every layout (SPEC §7); returns the `PlanResult`.
     `partition` or `first_stage_layers`/`last_stage_layers` set the given layout's stages.
     `layout_text` (`tp=8,pp=2,zero=1`; dp: the GPUs the other axes leave) is evaluated too.
@@ -265,7 +267,8 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str | Accelerator = "h100"
     `offload`, `offload_fraction`: `TrainSpec`'s; `offload="auto"` lets the search compare
     the stack's offloads with none (`SearchSpace.offload`). `rank_by` ("step" or "goodput")
     and the failure and checkpoint inputs (`reliability`) set how rows rank and what their
-    goodput is."""
+    goodput is. `export` (`--emit`): the framework the chosen layout goes to, whose refusals
+    come first."""
     from shardwise.calibration import load_calibration
     from shardwise.plan import Constraint, SearchSpace, plan
 
@@ -277,6 +280,9 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str | Accelerator = "h100"
                       optimizer=optimizer, flash_attention=flash, impl=impl, fp8=fp8,
                       offload="none" if auto else offload, offload_fraction=offload_fraction,
                       **(stack_kw or {})).validate()
+    refused = model_refusal(export, spec, train) if export else None
+    if refused:
+        raise ShardwiseError(f"{export} cannot run this plan: {refused}")
     calib = machine_calib or load_calibration(cluster.accelerator.calibration_name,
                                               calibration_path)
     given = None
@@ -291,6 +297,10 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str | Accelerator = "h100"
         if partition or first_stage_layers is not None or last_stage_layers is not None:
             given = given.with_(partition=resolve_partition(
                 spec.n_layers, given.pp, partition, first_stage_layers, last_stage_layers))
+        given.validate(spec, cluster)
+        refusal = unrunnable(spec, given, train, cluster, export)  # before any estimate
+        if refusal is not None:
+            raise refusal
         given.validate(spec, cluster, train)
     training_budget(tokens, price)
     inputs = reliability(mtbf_gpu_hours, checkpoint_bandwidth, restart_minutes,
@@ -345,9 +355,14 @@ def emit_payload(framework: str, result: Any) -> dict[str, Any]:
 
     chosen = result.given.layout if result.given is not None else result.best.layout
     emitted = emit(framework, result.model, chosen, result.train,
-                   result.cluster.gpus_per_node)
+                   result.cluster.gpus_per_node, result.cluster)
+    train = result.train
     return {"framework": framework, "layout": chosen.to_dict(), "config": emitted.text,
-            "notes": list(emitted.notes)}
+            "notes": list(emitted.notes),
+            "plan": {"model": result.model.name, "seq_len": train.seq_len,
+                     "global_batch": train.global_batch, "dtype": train.dtype,
+                     "grad_dtype": train.grad_dtype or train.dtype,
+                     "stack": train.settings().to_dict()}}
 
 
 def plan_payload(result: Any, *, tokens: str | None = None,
@@ -368,7 +383,8 @@ def plan_payload(result: Any, *, tokens: str | None = None,
     out["training"] = training_summary(result.best, budget, price)
     out["goodput"] = goodput_summary(result.best, budget, price)
     emits: dict[str, Any] = {}
-    for framework in FRAMEWORKS:
+    own = result.train.stack.export  # the stack's own framework first, the others say why not
+    for framework in sorted(FRAMEWORKS, key=lambda name: name != own):
         try:
             emits[framework] = emit_payload(framework, result)
         except ShardwiseError as exc:

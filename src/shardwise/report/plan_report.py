@@ -49,7 +49,10 @@ def ranked_title(result: PlanResult) -> str:
               "folded into their best (--all-variants lists them)")
     by = ("effective step time (step ÷ goodput: failures, checkpoints and restarts counted)"
           if result.rank_by == "goodput" else "step time")
-    return (f"Top {len(result.ranked)} layouts by {by} (of {result.stats.fits:,} that fit"
+    stack = result.train.stack
+    export = f", --emit {stack.export}" if stack.export else ", no export"
+    return (f"Top {len(result.ranked)} layouts by {by} for {stack.title} "
+            f"({stack.label}{export}; of {result.stats.fits:,} that fit"
             f"{folded}; step ± its band from published runs of the nearest group; † relies "
             "on something no published run validates; memory = largest stage, GiB; "
             "MFU and HFU count full attention, 6N + 12·L·h·s FLOPs per token)")

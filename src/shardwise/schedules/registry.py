@@ -16,13 +16,19 @@ numbers or NumPy arrays (the planner evaluates millions of layouts at once), and
 
 Names in the frameworks (checked against their sources):
 
-* Megatron-LM: interleaving is `--num-layers-per-virtual-pipeline-stage` (1F1B otherwise);
-  it has no GPipe, ZB-H1, ZBV or DualPipeV in mainline (Qi et al.'s fork has the ZB family).
-* torchtitan / torch.distributed.pipelining (2.13, `schedules.get_schedule_class`):
+* Megatron-LM main (d98e8a6, megatron/core/pipeline_parallel/schedules.py): 1F1B
+  (`forward_backward_pipelining_without_interleaving`) and interleaved 1F1B
+  (`--num-virtual-stages-per-pipeline-rank`); no GPipe, ZB-H1, ZBV or DualPipeV (Qi et al.'s
+  fork has the ZB family).
+* torchtitan 0.3.0 / torch.distributed.pipelining 2.13 (`schedules.get_schedule_class`):
   `PipelineScheduleSingle` classes `GPipe`, `1F1B`; multi-stage `Interleaved1F1B`,
-  `ZBVZeroBubble`, `DualPipeV` (two stages per rank in a V). Its ZB-H1 relative,
-  `InterleavedZeroBubble`, needs several stages per rank: none runs our one-chunk ZB-H1.
-* DeepSpeed's pipeline engine runs 1F1B only (`deepspeed.runtime.pipe.schedule.TrainSchedule`).
+  `ZBVZeroBubble`, `DualPipeV` (two stages per rank in a V). torchtitan gives a multi-stage
+  schedule at least two stages per rank (distributed/pipeline_parallel.py
+  `_get_pipeline_metadata`), so `InterleavedZeroBubble` cannot run our one-chunk ZB-H1.
+* Megatron-DeepSpeed (4efb479) on DeepSpeed 0.19.8's pipeline engine: 1F1B
+  (`deepspeed.runtime.pipe.schedule.TrainSchedule`), and ZB-H1 with `--enable-zbh1-pipeline`
+  (megatron/initialize.py:223 swaps in its `ZeroBubbleH1Pipeline`, which sends each input
+  gradient before the weight gradient and defers those Ws to the drain).
 """
 
 from __future__ import annotations
@@ -240,11 +246,12 @@ _REGISTRY: tuple[ScheduleInfo, ...] = (
                  bubble=_interleaved_bubble, in_flight=_interleaved_in_flight, chunks=None,
                  accepts=lambda p, m: m % p == 0,
                  microbatch_rule="micro-batches divisible by pp (groups of p per chunk)",
-                 megatron="--num-layers-per-virtual-pipeline-stage",
+                 megatron="--num-virtual-stages-per-pipeline-rank",
                  torchtitan="Interleaved1F1B"),
     ScheduleInfo("zb-h1", 3, lambda p, m, v: zb_h1(p, m), "ZB-H1",
                  "Qi et al. 2023, §2.1", splits_backward=True,
-                 bubble=_zb_h1_bubble, in_flight=_one_f_one_b_in_flight),
+                 bubble=_zb_h1_bubble, in_flight=_one_f_one_b_in_flight,
+                 deepspeed="--enable-zbh1-pipeline"),
     ScheduleInfo("zbv", 4, lambda p, m, v: zbv(p, m), "ZBV",
                  "Qi et al. 2023, §6 (ZB-V)", splits_backward=True,
                  bubble=_zbv_bubble, in_flight=_zbv_in_flight, chunks=2, placement="v",

@@ -437,7 +437,8 @@ class PlanResponse(_Out):
     rank_by: str
     reliability: dict[str, Any] = Field(description="The goodput inputs the plan used.")
     emits: dict[str, dict[str, Any]] = Field(
-        description="Megatron-LM / torchtitan / DeepSpeed configuration of the chosen layout.")
+        description="Megatron-LM / torchtitan / DeepSpeed configuration of the chosen layout; "
+                    "the stack's own framework first (the others say which --impl they need).")
 
 
 def plan_sync(request: PlanRequest) -> dict[str, Any]:

@@ -2,7 +2,7 @@ import { api, clearFieldErrors, copyText, escapeHtml, explainerLink, fillForm, h
 import { fitWidth, horizontalBars, legend, stackedColumns } from "/static/charts.js";
 import { modelFields, setupPickers } from "/static/picker.js";
 
-const DEFAULTS = { model: "llama3-8b", gpus: 64, gpu: "h100", gpus_per_node: 8, seq: 8192, global_batch: "4M-tokens", tokens: "", price: "", layout: "", top: 10, fix: "", max: "", all_variants: false, intra: "", inter: "", dtype: "bf16", headroom: 0.85, flash: true, impl: "megatron-te", compile: "", tp_overlap: "", dp_overlap: "", attention: "", rank_by: "step", mtbf_gpu_hours: "", checkpoint_bandwidth: "", restart_minutes: "", async_checkpoint: false };
+const DEFAULTS = { model: "llama3-8b", impl: "megatron-te", gpus: 64, gpu: "h100", gpus_per_node: 8, seq: 8192, global_batch: "4M-tokens", tokens: "", price: "", layout: "", top: 10, fix: "", max: "", all_variants: false, intra: "", inter: "", dtype: "bf16", headroom: 0.85, flash: true, compile: "", tp_overlap: "", dp_overlap: "", attention: "", rank_by: "step", mtbf_gpu_hours: "", checkpoint_bandwidth: "", restart_minutes: "", async_checkpoint: false };
 const ALIASES = { "config.json": "model", "accelerator": "gpu", "--price": "price", "token budget": "tokens", "--fix": "fix", "--max": "max", "layout item": "layout", "batch": "global_batch", "no layout fits": "gpus", "whole nodes": "gpus" };
 // plan_report._LABELS, in the same order
 const COMPONENTS = [
@@ -128,7 +128,7 @@ function render(out) {
   if (out.training) kpis.push(["time to train", humanTime(out.training.seconds)], ["GPU-hours", Math.round(out.training.gpu_hours).toLocaleString("en")]);
   if (out.training?.cost !== undefined) kpis.push(["cost", `$${Math.round(out.training.cost).toLocaleString("en")}`]);
   document.getElementById("kpis").innerHTML = kpis.map(([label, value]) => `<div class="kpi"><b>${escapeHtml(value)}</b><span>${escapeHtml(label)}</span></div>`).join("");
-  document.getElementById("ranked-title").textContent = `Top ${out.ranked.length} layouts by ${out.rank_by === "goodput" ? "step ÷ goodput (failures, checkpoints and restarts counted)" : "step time"} (of ${out.stats.fits.toLocaleString("en")} that fit${out.all_variants ? "" : "; +N: variants folded into their best"})`;
+  document.getElementById("ranked-title").textContent = `Top ${out.ranked.length} layouts by ${out.rank_by === "goodput" ? "step ÷ goodput (failures, checkpoints and restarts counted)" : "step time"} for ${out.stack.title} (${out.stack.export ? `export: ${out.stack.export}` : "no export"}; of ${out.stats.fits.toLocaleString("en")} that fit${out.all_variants ? "" : "; +N: variants folded into their best"}; step ± its band, † not validated by a published run)`;
   renderRanked(out);
   const g = out.given;
   document.getElementById("given-note").textContent = g ? `Your layout ${g.short}: ${humanTime(g.estimate.total)} per step, MFU ${pct(g.estimate.mfu)}, ${g.fits ? "fits" : `does NOT fit (${(g.memory.total / GIB).toFixed(1)} GiB > ${(g.budget_bytes / GIB).toFixed(1)} GiB)`}; ${(g.estimate.total / e.total).toFixed(2)}× the best's step time (${out.given_note}).` : "";

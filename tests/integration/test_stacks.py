@@ -1,0 +1,222 @@
+"""The stack facts (`shardwise.stacks`) against each framework's own code: the schedule names,
+the gradient-reduce dtypes, the stage splits (torchtitan's and DeepSpeed's own functions over
+a sweep), and every combination a stack refuses (`Stack.rules`) refused by the framework."""
+
+import typing
+
+import pytest
+
+from shardwise.schedules.registry import SCHEDULE_REGISTRY
+from shardwise.stacks import STACKS, deepspeed_split, titan_split
+from tests.integration import megatron_deepspeed
+from tests.integration.conftest import require
+from tests.integration.test_deepspeed import deepspeed_stages
+
+pytestmark = pytest.mark.integration
+
+
+def test_torchtitan_schedule_names_and_stages_per_rank():
+    """Each registry schedule torchtitan runs names a torch.distributed.pipelining class of
+    the right kind: one stage per rank for unchunked schedules, several for chunked ones
+    (torchtitan's `_get_pipeline_metadata` rule)."""
+    require("torchtitan")
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
+
+    names = STACKS["torchtitan"].schedules()
+    assert {"gpipe", "1f1b", "interleaved"} <= set(names) and "zb-h1" not in names
+    for name in names:
+        info = SCHEDULE_REGISTRY[name]
+        single = issubclass(get_schedule_class(info.torchtitan), PipelineScheduleSingle)
+        assert single == (not info.chunked)
+
+
+def test_deepspeed_schedules_are_its_engine_and_megatron_deepspeeds_zbh1():
+    require("deepspeed")
+    from deepspeed.runtime.pipe import schedule
+
+    assert STACKS["megatron-deepspeed"].schedules() == ("1f1b", "zb-h1")
+    assert hasattr(schedule, SCHEDULE_REGISTRY["1f1b"].deepspeed)
+    flags = {flag for opt in megatron_deepspeed.options() for flag in opt["flags"]}
+    assert SCHEDULE_REGISTRY["zb-h1"].deepspeed in flags
+    # issue 33: uneven stages have no option; GPTModelPipe always splits 'type:transformer'
+    assert not any("partition" in flag for flag in flags if flag.startswith("--pp"))
+    assert "--pp-partition-method" not in flags
+
+
+def test_torchtitan_reduces_gradients_in_float32_only():
+    require("torchtitan")
+    from torchtitan.config.configs import TrainingConfig
+
+    hint = typing.get_type_hints(TrainingConfig)["mixed_precision_reduce"]
+    assert typing.get_args(hint) == ("float32",)
+    assert STACKS["torchtitan"].grad_choices("bf16") == ("fp32",)
+
+
+def test_torchtitan_split_is_torchtitans():
+    """`titan_split` equals torchtitan's `_generate_llm_fqn_per_model_part` wherever that
+    function accepts the weights."""
+    require("torchtitan")
+    from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part
+
+    checked = 0
+    for layers in (16, 32, 61, 80, 126):
+        for stages in (2, 3, 4, 6, 8, 12, 16):
+            for first in range(3):
+                for last in range(3):
+                    try:
+                        parts = _generate_llm_fqn_per_model_part(stages, layers, first, last)
+                    except ValueError:
+                        continue
+                    real = [sum(n.startswith("layers.") for n in part) for part in parts]
+                    assert titan_split(stages, layers, first, last) == real
+                    checked += 1
+    assert checked > 250
+
+
+def test_deepspeed_split_is_deepspeeds():
+    """`deepspeed_split` equals DeepSpeed's partition of GPTModelPipe's blocks."""
+    require("deepspeed")
+    for layers in (32, 61, 70, 126):
+        for pp in (2, 3, 5, 7, 12, 16):
+            assert tuple(deepspeed_split(layers, pp)) == deepspeed_stages(layers, pp)
+
+
+# --------------------------------------------------------------- each rule, by its source
+def megatron_ep_in_shard_groups():
+    """megatron-core shards the experts' ZeRO state over dp·cp/ep ranks: with ep = 8 and
+    distributed-optimizer instances of 4 ranks (16 instances of dp = 64), the expert
+    data-parallel size 8 does not divide into them."""
+    require("megatron")
+    from unittest import mock
+
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    def build(instances):
+        with (mock.patch.object(parallel_state, "create_group", lambda *a, **k: object()),
+              mock.patch.object(dist, "is_initialized", lambda: True),
+              mock.patch.object(dist, "get_world_size", lambda *a, **k: 64),
+              mock.patch.object(dist, "get_rank", lambda *a, **k: 0)):
+            try:
+                parallel_state.initialize_model_parallel(
+                    expert_model_parallel_size=8, num_distributed_optimizer_instances=instances)
+            finally:
+                parallel_state.destroy_model_parallel()
+
+    build(8)  # groups of 8: each holds a whole expert data-parallel group
+    with pytest.raises(AssertionError, match="Expert data parallel size"):
+        build(16)  # groups of 4
+    rule = STACKS["megatron-te"].rules[0]
+    assert rule.refuses({"dp": 64, "cp": 1, "ep": 8, "zero_group": 4}, None)
+    assert not rule.refuses({"dp": 64, "cp": 1, "ep": 8, "zero_group": 8}, None)
+
+
+def deepspeed_zero_with_pp():
+    require("deepspeed")
+    import inspect
+
+    from deepspeed.runtime.pipe.engine import PipelineEngine
+
+    assert "incompatible with pipeline parallelism" in inspect.getsource(PipelineEngine.__init__)
+
+
+def deepspeed_ulysses_alone():
+    argv = ["--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32",
+            "--seq-length", "8192", "--max-position-embeddings", "8192",
+            "--micro-batch-size", "1", "--deepspeed", "--ds-sequence-parallel-size", "2"]
+    with pytest.raises(megatron_deepspeed.Refused, match="parallel_state.py:146"):
+        megatron_deepspeed.parse([*argv, "--pipeline-model-parallel-size", "2"], 8)
+
+
+def deepspeed_zbh1_without_sp():
+    argv = ["--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32",
+            "--seq-length", "8192", "--max-position-embeddings", "8192",
+            "--micro-batch-size", "1", "--deepspeed", "--tensor-model-parallel-size", "2",
+            "--pipeline-model-parallel-size", "2", "--enable-zbh1-pipeline"]
+    assert megatron_deepspeed.parse(argv, 4).enable_zbh1_pipeline
+    with pytest.raises(megatron_deepspeed.Refused, match="arguments.py:81"):
+        megatron_deepspeed.parse([*argv, "--sequence-parallel"], 4,
+                                 {"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
+
+
+def deepspeed_grads_in_the_model_dtype_without_zero(tmp_path):
+    """DeepSpeed's engine: without ZeRO, bf16 weights with fp32 gradient accumulation is an
+    unsupported mix; with ZeRO-1 it is the BF16 optimizer."""
+    require("deepspeed")
+    import json
+
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    from tests.integration.test_deepspeed import _Mpu
+
+    def check(stage):
+        path = tmp_path / f"zero{stage}.json"
+        path.write_text(json.dumps({"train_batch_size": 8, "bf16": {"enabled": True},
+                                    "zero_optimization": {"stage": stage},
+                                    "data_types": {"grad_accum_dtype": "fp32"}}))
+        engine = DeepSpeedEngine.__new__(DeepSpeedEngine)
+        torch.nn.Module.__init__(engine)
+        engine._config = DeepSpeedConfig(str(path), mpu=_Mpu(1))
+        engine.global_rank, engine.pipeline_parallelism = 0, False
+        return engine._do_optimizer_sanity_check(
+            torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))]))
+
+    with pytest.MonkeyPatch.context() as mp:  # a one-rank group for DeepSpeedConfig
+        mp.setenv("LOCAL_RANK", "0")
+        deepspeed.init_distributed("gloo", auto_mpi_discovery=False, verbose=False,
+                                   init_method=f"file://{tmp_path / 'store'}", rank=0,
+                                   world_size=1)
+    try:
+        check(1)
+        with pytest.raises(NotImplementedError, match="unsupported mix"):
+            check(0)
+    finally:
+        dist.destroy_process_group()
+
+
+def torchtitan_ep_from_fsdp_cp_tp():
+    """torchtitan's expert mesh: efsdp = dp_shard·cp·tp / ep must be whole (parallel_dims.py):
+    ep = 8 over tp = 2 and no sharding has no mesh."""
+    require("torchtitan")
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    def mesh(dp_shard, dp_replicate):
+        dims = ParallelDims(dp_replicate=dp_replicate, dp_shard=dp_shard, cp=1, tp=2, pp=1,
+                            ep=8, world_size=64)
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=64)
+        try:
+            dims.build_mesh()
+        finally:
+            dist.destroy_process_group()
+
+    mesh(4, 8)  # dp_shard·tp = 8
+    with pytest.raises((AssertionError, ValueError, RuntimeError)):
+        mesh(1, 32)
+
+
+RULES = {
+    "megatron/core/parallel_state.py:1447 @d98e8a6": megatron_ep_in_shard_groups,
+    "deepspeed/runtime/pipe/engine.py:76 @0.19.8": deepspeed_zero_with_pp,
+    "Megatron-DeepSpeed megatron/core/parallel_state.py:146 @4efb479": deepspeed_ulysses_alone,
+    "Megatron-DeepSpeed megatron/arguments.py:81 @4efb479": deepspeed_zbh1_without_sp,
+    "deepspeed/runtime/engine.py:2313 @0.19.8": deepspeed_grads_in_the_model_dtype_without_zero,
+    "torchtitan/config/configs.py expert_parallel_degree @0.3.0": torchtitan_ep_from_fsdp_cp_tp,
+}
+
+
+def test_every_rule_has_its_check():
+    assert {rule.source for stack in STACKS.values() for rule in stack.rules} == set(RULES)
+
+
+@pytest.mark.parametrize("source", list(RULES))
+def test_the_framework_refuses_what_the_rule_refuses(source, tmp_path):
+    import inspect
+
+    check = RULES[source]
+    check(tmp_path) if "tmp_path" in inspect.signature(check).parameters else check()

@@ -273,7 +273,6 @@ def test_deepspeed_zb_h1():
     ("dp=8,tp=8,pp=2,zero=1,sp=1,schedule=zb-h1", "runs ZB-H1 without sequence parallelism"),
     # Ulysses needs tp = pp = 1 (and the layout's cp is ring attention)
     ("dp=8,tp=4,cp=4,sp=1", "without tensor and pipeline parallelism only"),
-    ("dp=64,tp=8,cp=32,cp_kind=ulysses", "32 must divide 16"),  # 128 query heads / tp 8
 ])
 def test_deepspeed_refuses_what_it_cannot_run(layout, reason):
     message = _refusal("deepspeed", L70, Layout.parse(layout), DS)
@@ -289,26 +288,29 @@ def test_deepspeed_refuses_moe_and_fp32_grads_without_zero():
 
 def test_context_parallel_kind_follows_the_layout():
     """Megatron names each kind (`--cp-comm-type`, the hybrid's group sizes); DeepSpeed runs
-    Ulysses only, torchtitan ring attention only — the others are refused, never converted."""
-    model, train = get_model("llama3-8b"), TrainSpec(32768, 64)
+    Ulysses only and only without TP and PP; torchtitan's CP is an all-gather of K/V, none of
+    the three — the others are refused, never converted."""
+    model = get_model("llama3-8b")
     kinds = {"ring": "cp=4", "ulysses": "cp=4,cp_kind=ulysses",
              "hybrid": "cp=8,cp_kind=hybrid,ulysses=4"}
+    megatron = TrainSpec(32768, 64)
     for kind, text in kinds.items():
         layout = Layout.parse(f"tp=2,dp=2,{text}")
-        _, words = _argv(emit("megatron", model, layout, train).text)
+        _, words = _argv(emit("megatron", model, layout, megatron).text)
         comm = words[words.index("--cp-comm-type") + 1]
         assert comm == {"ring": "p2p", "ulysses": "a2a", "hybrid": "a2a+p2p"}[kind]
         sizes = ("--hierarchical-context-parallel-sizes" in words
                  and words[words.index("--hierarchical-context-parallel-sizes") + 1:][:2])
         assert sizes == (["4", "2"] if kind == "hybrid" else False)
-        for framework, runs in (("deepspeed", "ulysses"), ("torchtitan", "ring")):
-            if kind == runs:
-                emitted = emit(framework, model, layout, train)
-                if framework == "deepspeed":
-                    assert "--ds-sequence-parallel-size 4" in emitted.notes[0]
-            else:
-                with pytest.raises(ShardwiseError, match=f"cp_kind={kind} cannot run"):
-                    emit(framework, model, layout, train)
+        for framework in ("deepspeed", "torchtitan"):
+            train = TrainSpec(32768, 64, impl=framework_stack(framework).name)
+            with pytest.raises(ShardwiseError, match="context parallelism is|without tensor "
+                                                     "and pipeline parallelism"):
+                emit(framework, model, layout.with_(zero=2), train)
+    ulysses = Layout.parse("dp=4,cp=4,cp_kind=ulysses")
+    emitted = emit("deepspeed", model, ulysses,
+                   TrainSpec(32768, 64, impl="megatron-deepspeed"))
+    assert "--ds-sequence-parallel-size 4" in emitted.notes[0]
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
@@ -320,7 +322,8 @@ def test_every_framework_rejects_invalid_layouts(framework):
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_every_framework_refuses_dtypes_it_cannot_launch(framework):
-    with pytest.raises(ShardwiseError, match="does not train in fp8"):
+    # FP8 is a recipe (`--fp8`), not a dtype: refused in one line pointing to the recipes
+    with pytest.raises(ShardwiseError, match="use --dtype bf16 --fp8 RECIPE"):
         emit(framework, L70, Layout(dp=64), TrainSpec(8192, 512, dtype="fp8",
                                                       impl=framework_stack(framework).name))
 

@@ -102,14 +102,16 @@ def test_exports_refuse_partitions_their_framework_cannot_run():
     from shardwise.emit import emit
 
     model = get_model("llama3-8b")  # 32 layers
-    train = TrainSpec(seq_len=4096, global_batch=64)
     odd = Layout(dp=2, pp=4, partition=(6, 10, 8, 8))  # middle stages differ
-    with pytest.raises(ShardwiseError, match="Megatron-LM cannot run the partition"):
-        emit("megatron", model, odd, train)
-    with pytest.raises(ShardwiseError, match="DeepSpeed cannot run the partition"):
-        emit("deepspeed", model, odd, train)
-    with pytest.raises(ShardwiseError, match="torchtitan cannot split 32 layers"):
-        emit("torchtitan", model, Layout(dp=2, pp=4, partition=(5, 11, 8, 8)), train)
-    first_last = emit("megatron", model, Layout(dp=2, pp=4, partition=(6, 9, 9, 8)), train)
+    megatron = emit("megatron", model, odd, TrainSpec(seq_len=4096, global_batch=64))
+    assert "--num-layers 32" in megatron.text  # Megatron-LM runs it with an explicit layout
+    deepspeed = TrainSpec(seq_len=4096, global_batch=64, impl="megatron-deepspeed")
+    with pytest.raises(ShardwiseError, match="cannot split 32 layers as 6,10,8,8"):
+        emit("deepspeed", model, odd, deepspeed)
+    titan = TrainSpec(seq_len=4096, global_batch=64, impl="torchtitan")
+    with pytest.raises(ShardwiseError, match="cannot split 32 layers as 5,11,8,8"):
+        emit("torchtitan", model, Layout(dp=2, pp=4, partition=(5, 11, 8, 8)), titan)
+    first_last = emit("megatron", model, Layout(dp=2, pp=4, partition=(6, 9, 9, 8)),
+                      TrainSpec(seq_len=4096, global_batch=64))
     assert "--decoder-first-pipeline-num-layers 6" in first_last.text
     assert "--decoder-last-pipeline-num-layers 8" in first_last.text

@@ -98,7 +98,7 @@ def run_memory(model: Any, layout: Any, seq_len: int, global_batch: int, dtype: 
     from shardwise.layout import TrainSpec
 
     train = TrainSpec(seq_len=seq_len, global_batch=global_batch, dtype=dtype,
-                      flash_attention=flash)
+                      flash_attention=flash, impl="shardwise")  # the runtime's own stack
     stages = training_memory_per_gpu(model, layout, train)
     return sum(stage.total for stage in stages) * layout.dp * layout.tp * layout.cp
 

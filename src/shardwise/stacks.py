@@ -599,6 +599,7 @@ DEFAULT_STACK = "megatron-te"
 
 
 def stack_names() -> tuple[str, ...]:
+    """The registered stacks' names, the default first."""
     return tuple(STACKS)
 
 

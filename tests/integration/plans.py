@@ -117,6 +117,13 @@ EXPECTED: dict[str, dict[str, tuple[str, str] | None]] = {
     "bloom-pp12": {"megatron": ACCEPTED,
                    "torchtitan": ("ships no bloom", "torchtitan-models"),
                    "deepspeed": ("cannot split 70 layers", "deepspeed-split")},
+    "8b-ulysses": {"megatron": ACCEPTED,
+                   "torchtitan": ("all-gather of K/V", "torchtitan-cp-allgather"),
+                   "deepspeed": ("without tensor and pipeline parallelism",
+                                 "deepspeed-ulysses-alone")},
+    "8b-hybrid-cp": {"megatron": ACCEPTED,
+                     "torchtitan": ("all-gather of K/V", "torchtitan-cp-allgather"),
+                     "deepspeed": ("Ulysses", "deepspeed-ulysses-alone")},
 }
 
 # Further Megatron-LM runs issue 33 names: fp16 with ZeRO-3 (Megatron-FSDP trains fp16;

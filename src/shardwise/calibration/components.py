@@ -19,58 +19,23 @@ Residuals are `(measured − predicted) / measured` (`calibration.fit.relative_r
 
 from __future__ import annotations
 
-import json
-from functools import cache
-from importlib import resources
 from typing import Any
 
 import numpy as np
 
 from shardwise.calibration import Calibration, default_calibration
-from shardwise.hardware import Accelerator, get_accelerator, get_link
+from shardwise.calibration.points import (
+    GENERATIONS,
+    accelerator_of,
+    fp8_gemm_ratio,
+    load_components,
+)
+from shardwise.hardware import get_link
 
 __all__ = ["COMPONENTS", "GENERATIONS", "accelerator_of", "fp8_gemm_ratio", "load_components",
            "measured", "predict", "residual_summary", "ring_model"]
 
 COMPONENTS = ("gemm", "attention", "hbm", "collectives")
-
-GENERATIONS = {"a100": "a100-80gb", "h100": "h100-sxm", "gh200": "gh200-141gb"}
-"""A source's accelerator label → the preset it is evaluated on (the other labels are preset
-names): an unnamed A100 is an 80 GB SXM, an unnamed H100 an SXM, ml-engineering's GH200 row
-the 141 GB 900 W module."""
-
-
-def load_components() -> dict[str, Any]:
-    """The published component points (`data/components.json`)."""
-    text = resources.files("shardwise").joinpath("data/components.json").read_text()
-    return json.loads(text)
-
-
-def accelerator_of(label: str) -> Accelerator:
-    return get_accelerator(GENERATIONS.get(label, label))
-
-
-@cache
-def fp8_gemm_ratio(accelerator: str) -> float:
-    """How much of its datasheet peak an FP8 GEMM reaches relative to a BF16 GEMM on the same
-    part: `(fp8 / peak_fp8) / (bf16 / peak_bf16)` of the best shapes ml-engineering's MAMF
-    harness measured (`data/components.json`, source "mamf": torch._scaled_mm and torch.mm);
-    a part with no such pair takes the mean over the pairs of its generation, and 1 where
-    there is none (FP8 GEMMs at BF16's share of their peak)."""
-    from shardwise.estimate.uncertainty import generation
-
-    best: dict[str, dict[str, float]] = {}
-    for point in load_components()["gemm"]:
-        if point["source"] == "mamf":
-            part = accelerator_of(point["accelerator"])
-            share = point["tflops"] * 1e12 / part.peak_flops(point["dtype"])
-            best.setdefault(part.name, {})[point["dtype"]] = share
-    ratios = {name: d["fp8"] / d["bf16"] for name, d in best.items() if {"fp8", "bf16"} <= set(d)}
-    if accelerator in ratios:
-        return ratios[accelerator]
-    same = [r for name, r in ratios.items() if generation(name) == generation(accelerator)]
-    return float(np.mean(same)) if same else 1.0
-
 
 def ring_model(point: dict[str, Any]) -> bool:
     """A collective point the model's ring describes (not NVLS, not NCCL's own choice, not a

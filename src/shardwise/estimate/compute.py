@@ -183,9 +183,9 @@ class ComputeContext:
     @property
     def fp8_rate(self) -> float:
         """The same at the datasheet FP8 peak (an FP8 recipe's GEMMs), × the share of it FP8
-        GEMMs reach relative to BF16 ones on this part (`calibration.components.
+        GEMMs reach relative to BF16 ones on this part (`calibration.points.
         fp8_gemm_ratio`: 0.88 on H100, 0.98 on B200, from the MAMF measurements)."""
-        from shardwise.calibration.components import fp8_gemm_ratio
+        from shardwise.calibration.points import fp8_gemm_ratio
 
         return (self.fp8_peak * self.calibration.sustained_compute
                 * fp8_gemm_ratio(self.accelerator.calibration_name))

@@ -142,6 +142,10 @@ CHECKPOINTS: dict[str, CheckpointFormat] = {
         "mixed precision, exp_avg, exp_avg_sq; DCP writes each replicated chunk once)"),
 }
 CHECKPOINTS["hf-eager"] = CHECKPOINTS["hf-sdpa"]
+CHECKPOINTS["pytorch-fsdp"] = CheckpointFormat(
+    "PyTorch FSDP sharded checkpoint (DCP)", (), "spread", None,
+    "torch.distributed.checkpoint with FSDP's SHARDED_STATE_DICT (llm-foundry/Composer's "
+    "and fms-fsdp's sharded checkpoints): the fp32 parameters and moments, each rank its shard")
 
 
 def checkpoint_format(train: TrainSpec) -> CheckpointFormat:

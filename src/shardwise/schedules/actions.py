@@ -108,6 +108,7 @@ def stage_of(vs: int, p: int, placement: Placement = "loop") -> int:
 
 
 def check_placement(placement: str) -> None:
+    """Refuse a stage placement that is not one of `PLACEMENTS`."""
     if placement not in PLACEMENTS:
         raise ShardwiseError(f"placement must be one of {', '.join(PLACEMENTS)}, got "
                              f"{placement!r}")

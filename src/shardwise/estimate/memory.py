@@ -27,7 +27,7 @@ from shardwise.arch import ModelSpec, count_params
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import dp_step_comm_bytes
 from shardwise.estimate.profiles import fused_attention, layer_bytes, saved_tensors
-from shardwise.layout import RECOMPUTE, Layout, Partition, TrainSpec, chunk_span
+from shardwise.layout import RECOMPUTE, Layout, Partition, TrainSpec, check_specs, chunk_span
 from shardwise.schedules.registry import get_schedule, select
 from shardwise.units import dtype_bytes
 
@@ -537,6 +537,7 @@ def training_memory_per_gpu(model: ModelSpec, layout: Layout, train: TrainSpec |
                             *, formula: str = "generalised") -> list[MemoryBreakdown]:
     """Per-GPU memory of every pipeline stage for `layout` training `model` (SPEC §4): see
     `stage_memory`, which this evaluates for each stage of one layout."""
+    check_specs(model=model, layout=layout, train=train, optional=("train",))
     train = (train or TrainSpec()).validate()
     layout.validate(model, train=train)
     codes = layout.codes() | {"m": layout.microbatches(train), "partition": layout.partition}

@@ -100,7 +100,7 @@ from shardwise.estimate.compute import (
 )
 from shardwise.estimate.memory import bytes_per_param_training, stage_param_counts
 from shardwise.hardware import Cluster
-from shardwise.layout import Layout, Partition, TrainSpec, stage_extremes
+from shardwise.layout import Layout, Partition, TrainSpec, check_specs, stage_extremes
 from shardwise.placement import members_per_node
 from shardwise.schedules.registry import SCHEDULE_CODES, get_schedule, select
 
@@ -643,6 +643,8 @@ def estimate_step(model: ModelSpec, cluster: Cluster, layout: Layout,
     (`shardwise.schedules`) run with this layout's per-micro-batch stage times instead of the
     closed form; with equal stages the two agree.
     """
+    check_specs(model=model, layout=layout, cluster=cluster, train=train,
+                optional=("train",))
     train = (train or TrainSpec()).validate()
     layout.validate(model, cluster, train)
     cal = calib or default_calibration(cluster.accelerator.name)

@@ -8,11 +8,12 @@ from collections.abc import Callable
 
 import numpy as np
 
+import shardwise.validate as validate
 from shardwise.arch import ModelSpec
 from shardwise.calibration import Calibration, default_calibration
 from shardwise.errors import ShardwiseError
 from shardwise.hardware import Cluster
-from shardwise.layout import Layout, TrainSpec
+from shardwise.layout import Layout, TrainSpec, check_specs
 from shardwise.plan.baseline import choose_parallelism
 from shardwise.plan.evaluate import _layout_of, evaluate_candidates, evaluate_layout
 from shardwise.plan.explain import _alternatives, _no_fit_message
@@ -35,6 +36,9 @@ def plan(model: ModelSpec, cluster: Cluster, train: TrainSpec, top: int = 10, *,
     """
     started = time.perf_counter()
     say = progress or (lambda message: None)
+    check_specs(model=model, layout=layout, cluster=cluster, train=train,
+                optional=("layout",))
+    validate.integer(top, "top", low=1, high=10**6)
     model.validate()
     cluster.validate()
     train = train.validate()

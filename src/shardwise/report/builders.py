@@ -26,12 +26,13 @@ __all__ = ["FRAMEWORKS", "build_layout", "comm_payload", "emit_payload", "memory
            "schedule_svg", "simulate_schedule", "training_budget"]
 
 FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
+MAX_TOKENS = 1e18  # a training budget: a million times the largest published run (15T)
 
 
 # ------------------------------------------------------------------------------------ models
 def model_row(spec: ModelSpec) -> dict[str, Any]:
     """A model's shape and parameter counts (total, and active per token for MoE)."""
-    counts = spec.count_params()
+    counts = validate.instance(spec, ModelSpec, "model").count_params()
     return {"name": spec.name, "layers": spec.n_layers, "hidden": spec.d_model,
             "heads": spec.n_heads, "kv_heads": spec.n_kv_heads, "ffn": spec.d_ff,
             "vocab": spec.vocab, "experts": spec.n_experts, "top_k": spec.top_k,
@@ -44,6 +45,13 @@ def models_payload() -> list[dict[str, Any]]:
 
 
 # ------------------------------------------------------------------------------------ memory
+def _check_seq(spec: ModelSpec, seq: int) -> None:
+    """The model can run sequences of `seq` tokens (its sliding window: `seq_problems`)."""
+    validate.instance(spec, ModelSpec, "model", " (shardwise.get_model)")
+    for problem in spec.seq_problems(seq):
+        raise ShardwiseError(problem)
+
+
 def build_layout(gpus: int, n_layers: int = 0, **kw: Any) -> Layout:
     """A `Layout` from the layout options; `dp=None` takes the GPUs tp·pp·cp leave; the stage
     partition from `partition` (text or counts) or `first_stage_layers`/`last_stage_layers`
@@ -93,6 +101,7 @@ def memory_payload(spec: ModelSpec, *, gpus: int = 8, gpu: str = "h100", gpus_pe
     batch = None if global_batch is None else parse_batch(global_batch, seq)
     train = TrainSpec(seq_len=seq, global_batch=batch, dtype=dtype, grad_dtype=grad_dtype,
                       optimizer=optimizer, flash_attention=flash, impl=impl).validate()
+    _check_seq(spec, seq)
     layout.validate(spec, cluster, train)
     stages = training_memory_per_gpu(spec, layout, train, formula=formula)
     layer = saved_tensors_per_layer(  # one (MoE, if any) layer, one micro-batch, this rank
@@ -101,7 +110,7 @@ def memory_payload(spec: ModelSpec, *, gpus: int = 8, gpu: str = "h100", gpus_pe
         dtype_bytes_=dtype_bytes(dtype), moe=spec.is_moe, impl=impl)
     budget = cluster.accelerator.memory_bytes * headroom
     worst = max(stages, key=lambda s: s.total)
-    return {
+    return validate.finite_result({
         "model": spec.name, "layout": layout.to_dict(), "train": asdict(train),
         "accelerator": cluster.accelerator.name, "budget_bytes": budget,
         "fits": worst.total <= budget,
@@ -115,7 +124,7 @@ def memory_payload(spec: ModelSpec, *, gpus: int = 8, gpu: str = "h100", gpus_pe
         "fused_attention": fused_attention(impl, flash),
         "layer_saved": {"impl": impl, "recompute": layout.recompute, "moe": spec.is_moe,
                         "tensors": layer, "by_component": by_component(layer)},
-    }
+    }, "memory")
 
 
 # -------------------------------------------------------------------------------------- comm
@@ -143,21 +152,34 @@ def comm_payload(*, op: str = "all-reduce", size: str = "1GB", ranks: int = 8,
         chosen = get_link(link)
     seconds = collective_time(op, size_bytes, ranks, chosen, algorithm, nodes=nodes,
                               inter=get_link(inter))
-    return {"op": op, "size_bytes": size_bytes, "ranks": ranks, "link": chosen.name,
-            "algorithm": algorithm, "rounds": ring_steps(op, ranks),
-            "bytes_sent_per_rank": ring_bytes_on_wire(op, size_bytes, ranks),
-            "seconds": seconds,
-            "bus_bandwidth": bus_bandwidth(op, size_bytes, ranks, seconds) if seconds else None}
+    return validate.finite_result({
+        "op": op, "size_bytes": size_bytes, "ranks": ranks, "link": chosen.name,
+        "algorithm": algorithm, "rounds": ring_steps(op, ranks),
+        "bytes_sent_per_rank": ring_bytes_on_wire(op, size_bytes, ranks), "seconds": seconds,
+        "bus_bandwidth": bus_bandwidth(op, size_bytes, ranks, seconds) if seconds else None},
+        "comm")
 
 
 # ---------------------------------------------------------------------------------- schedule
 def simulate_schedule(*, stages: int = 4, microbatches: int = 8, schedule: str = "1f1b",
                       chunks: int | None = None, t_f: float = 1.0, t_b: float = 1.0,
                       t_w: float = 1.0, p2p_latency: float = 0.0) -> Any:
-    """Generate, validate and simulate a schedule (SPEC §6); returns the `Timeline`."""
+    """Generate, validate and simulate a schedule (SPEC §6); returns the `Timeline`. Times
+    are in [MIN_TIME, MAX_TIME] (`validate.duration`), so no start or end overflows; a
+    chunked schedule needs v ≥ 2 chunks and the others v = 1, as a `Layout` does."""
     from shardwise.schedules import make_schedule, simulate, validate_schedule
+    from shardwise.schedules.registry import SCHEDULE_REGISTRY
 
+    for value, name in ((t_f, "t_f"), (t_b, "t_b"), (t_w, "t_w")):
+        validate.duration(value, name)
+    validate.finite(p2p_latency, "p2p_latency", low=0, high=validate.MAX_TIME)
     v = chunks or (2 if schedule == "interleaved" else 1)
+    info = SCHEDULE_REGISTRY.get(schedule)
+    if info is not None and info.chunked and v < 2:
+        raise ShardwiseError(f"the {info.name} schedule needs chunks ≥ 2, got {v}")
+    if info is not None and not info.chunked and v != 1:
+        raise ShardwiseError(f"chunks={v} needs a chunked schedule (interleaved), not "
+                             f"{schedule}")
     actions = make_schedule(schedule, stages, microbatches, v)
     validate_schedule(actions, stages, microbatches, v)
     split = schedule == "zb-h1"
@@ -177,14 +199,15 @@ def schedule_payload(timeline: Any, *, stages: int = 4, microbatches: int = 8,
     by_stage: dict[int, list[Any]] = {}
     for event in timeline.events:
         by_stage.setdefault(event.stage, []).append(event.action)
-    return {"schedule": schedule, "stages": p, "microbatches": m, "chunks": v,
-            "actions": len(timeline.events), "makespan": timeline.makespan,
-            "bubble_fraction": timeline.bubble_fraction,
-            "bubble_closed_form": None if schedule == "zb-h1" else bubble_fraction(p, m, v),
-            "peak_in_flight": list(timeline.peak_in_flight), "text": schedule_text(by_stage),
-            "timeline": [{"stage": e.stage, "kind": e.action.kind,
-                          "microbatch": e.action.micro_batch, "chunk": e.action.chunk,
-                          "start": e.start, "end": e.end} for e in timeline.events]}
+    out = {"schedule": schedule, "stages": p, "microbatches": m, "chunks": v,
+           "actions": len(timeline.events), "makespan": timeline.makespan,
+           "bubble_fraction": timeline.bubble_fraction,
+           "bubble_closed_form": None if schedule == "zb-h1" else bubble_fraction(p, m, v),
+           "peak_in_flight": list(timeline.peak_in_flight), "text": schedule_text(by_stage),
+           "timeline": [{"stage": e.stage, "kind": e.action.kind,
+                         "microbatch": e.action.micro_batch, "chunk": e.action.chunk,
+                         "start": e.start, "end": e.end} for e in timeline.events]}
+    return validate.finite_result(out, "schedule")
 
 
 def schedule_svg(timeline: Any, out: dict[str, Any]) -> str:
@@ -218,6 +241,7 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str = "h100", gpus_per_nod
     batch = parse_batch(global_batch, seq)
     train = TrainSpec(seq_len=seq, global_batch=batch, dtype=dtype, grad_dtype=grad_dtype,
                       optimizer=optimizer, flash_attention=flash, impl=impl).validate()
+    _check_seq(spec, seq)
     calib = machine_calib or load_calibration(cluster.accelerator.name, calibration_path)
     given = None
     if not layout_text and (partition or first_stage_layers is not None
@@ -239,7 +263,10 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str = "h100", gpus_per_nod
 
 def training_budget(tokens: str | None, price: float | None) -> float | None:
     """The token budget `--tokens` names (None without it); `--price` needs it."""
-    budget = parse_count(tokens, what="token budget") if tokens else None
+    budget = None
+    if tokens is not None:
+        budget = validate.positive(parse_count(tokens, what="token budget"),
+                                   f"--tokens {tokens}", high=MAX_TOKENS)
     if price is not None and budget is None:
         raise ShardwiseError("--price needs --tokens (the training budget)")
     return budget
@@ -275,4 +302,4 @@ def plan_payload(result: Any, *, tokens: str | None = None,
         except ShardwiseError as exc:
             emits[framework] = {"framework": framework, "error": str(exc)}
     out["emits"] = emits
-    return out
+    return validate.finite_result(out, "plan")

@@ -12,6 +12,7 @@ from shardwise.placement import members_per_node
 from shardwise.plan import Alternative, PlanEntry, PlanResult
 from shardwise.report.text import table as _table
 from shardwise.units import human_count, human_time
+from shardwise.validate import finite_result
 
 __all__ = ["breakdown_table", "explain", "memory_table", "ranked_table", "render_plan",
            "training_summary"]
@@ -196,7 +197,7 @@ def training_summary(entry: PlanEntry, tokens: float | None, price: float | None
     if price is not None:
         out["cost"] = entry.estimate.cost(tokens, price)
         out["price_per_gpu_hour"] = price
-    return out
+    return finite_result(out, "training time and cost")
 
 
 def render_plan(result: PlanResult, console: Console, *, tokens: float | None = None,

@@ -38,6 +38,8 @@ every query sees every key; causal attention halves it. Training = forward + bac
 from __future__ import annotations
 
 import difflib
+import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -104,6 +106,13 @@ class ModelSpec:
     topk_groups: int = 1
     # Multi-token prediction modules (num_nextn_predict_layers), counted apart (`mtp_params`).
     mtp_layers: int = 0
+    # Sliding-window attention (Mistral's sliding_window): a query sees the last `w` keys;
+    # 0: all. Not implemented beyond the window: a sequence longer than it is refused
+    # (`seq_problems`), since up to it the window changes nothing.
+    sliding_window: int = 0
+
+    def __post_init__(self) -> None:
+        self.validate()  # an invalid ModelSpec does not exist (negative layers, "32", …)
 
     # ----------------------------------------------------------------------------- derived
     @property
@@ -180,31 +189,55 @@ class ModelSpec:
         return self.n_layers - self.n_moe_layers
 
     def validate(self) -> ModelSpec:
+        """Every field of the right type and in range (sizes capped, `validate.MAX_*`), and
+        the shapes consistent; one `ShardwiseError` listing the problems."""
+        import shardwise.validate as v
+
         problems = []
-        for field in ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_ff", "vocab"):
-            if getattr(self, field) < 1:
-                problems.append(f"{field} must be ≥ 1, got {getattr(self, field)}")
+        caps = {"n_layers": v.MAX_LAYERS, "d_model": v.MAX_WIDTH, "n_heads": v.MAX_WIDTH,
+                "n_kv_heads": v.MAX_WIDTH, "d_ff": v.MAX_WIDTH, "vocab": v.MAX_VOCAB}
+        zero_ok = {"learned_positions": v.MAX_VOCAB, "n_experts": v.MAX_WIDTH,
+                   "top_k": v.MAX_WIDTH, "d_ff_expert": v.MAX_WIDTH,
+                   "n_shared_experts": v.MAX_WIDTH, "d_head": v.MAX_WIDTH,
+                   "sliding_window": v.MAX_VOCAB, "q_lora_rank": v.MAX_WIDTH,
+                   "kv_lora_rank": v.MAX_WIDTH, "qk_nope_head_dim": v.MAX_WIDTH,
+                   "qk_rope_head_dim": v.MAX_WIDTH, "v_head_dim": v.MAX_WIDTH,
+                   "first_dense_layers": v.MAX_LAYERS, "mtp_layers": v.MAX_LAYERS,
+                   "topk_groups": v.MAX_WIDTH}
+        checks: list[tuple[str, Callable[..., Any], dict[str, Any]]] = [
+            (f, v.integer, {"low": 1, "high": high}) for f, high in caps.items()]
+        checks += [(f, v.integer, {"low": 0, "high": high}) for f, high in zero_ok.items()]
+        checks += [("max_seq", v.integer, {"low": 1, "high": v.MAX_VOCAB}),
+                   ("moe_every", v.integer, {"low": 1, "high": v.MAX_LAYERS}),
+                   ("expert_groups", v.integer, {"low": 1, "high": v.MAX_WIDTH}),
+                   ("routed_scaling", v.finite, {"low": 0, "low_open": True}),
+                   ("norm_eps", v.finite, {"low": 0, "low_open": True}),
+                   ("rope_theta", v.finite, {"low": 0, "low_open": True})]
+        for field, check, bounds in checks:
+            try:
+                check(getattr(self, field), field, **bounds)
+            except ShardwiseError as exc:
+                problems.append(str(exc))
+        flags = ("gated_mlp", "tie_embeddings", "bias", "dropout", "qkv_bias", "out_bias",
+                 "rope_interleave", "norm_topk")
+        problems += [f"{f} must be true or false, got {getattr(self, f)!r}" for f in flags
+                     if not isinstance(getattr(self, f), bool)]
+        if not isinstance(self.name, str):
+            problems.append(f"name must be a string, got {self.name!r}")
         if not problems:
-            if self.d_head < 0:
-                problems.append(f"d_head must be ≥ 0 (0: d_model / n_heads), got {self.d_head}")
-            elif not self.d_head and self.d_model % self.n_heads:
+            if not self.d_head and self.d_model % self.n_heads:
                 problems.append(f"n_heads={self.n_heads} does not divide d_model={self.d_model}")
             if self.n_heads % self.n_kv_heads:
                 problems.append(
                     f"n_kv_heads={self.n_kv_heads} does not divide n_heads={self.n_heads}"
                 )
+            if self.is_moe and not 1 <= self.top_k <= self.n_experts:
+                problems.append(f"top_k={self.top_k} must be in 1..n_experts={self.n_experts}")
+            if self.rope_dim % 2:
+                problems.append(f"RoPE needs an even head width, got {self.rope_dim}")
+            problems += self._mla_problems() + self._moe_problems()
         if self.norm not in ("rmsnorm", "layernorm"):
             problems.append(f"norm must be 'rmsnorm' or 'layernorm', got {self.norm!r}")
-        if self.is_moe and not 1 <= self.top_k <= self.n_experts:
-            problems.append(f"top_k={self.top_k} must be in 1..n_experts={self.n_experts}")
-        if self.moe_every < 1:
-            problems.append(f"moe_every must be ≥ 1, got {self.moe_every}")
-        if self.norm_eps <= 0 or self.rope_theta <= 0:
-            problems.append(f"norm_eps and rope_theta must be > 0, got {self.norm_eps} and "
-                            f"{self.rope_theta}")
-        if self.rope_dim % 2:
-            problems.append(f"RoPE needs an even head width, got {self.rope_dim}")
-        problems += self._mla_problems() + self._moe_problems()
         if problems:
             raise ShardwiseError(f"model {self.name}: " + "; ".join(problems))
         return self
@@ -251,10 +284,19 @@ class ModelSpec:
             out.append(f"sigmoid routing scores a group by its two best experts: "
                        f"expert_groups={g} needs ≥ 2 experts each")
         return out
+    def seq_problems(self, seq_len: int) -> list[str]:
+        """What this model cannot do at sequence length `seq_len`: attend past its sliding
+        window (not implemented; up to the window it is full causal attention)."""
+        if self.sliding_window and seq_len > self.sliding_window:
+            return [f"sequence length {seq_len} exceeds {self.name}'s sliding_window "
+                    f"{self.sliding_window}: sliding-window attention is not implemented "
+                    f"(full causal attention equals it only up to the window); use a sequence "
+                    f"length ≤ {self.sliding_window}"]
+        return []
 
     def with_(self, **changes: object) -> ModelSpec:
         """A copy with some fields changed, validated."""
-        return replace(self, **changes).validate()  # type: ignore[arg-type]
+        return replace(self, **changes)  # type: ignore[arg-type]
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -349,6 +391,9 @@ class ModelSpec:
         Matmul parameters exclude the embedding lookup and the norms but include the output
         head (tied or not: the head matmul runs either way).
         """
+        from shardwise.validate import MAX_SEQUENCES, integer
+
+        integer(seq_len, "seq_len", low=1, high=MAX_SEQUENCES)
         counts = count_params(self)
         tied_head = self.vocab * self.d_model if self.tie_embeddings else 0
         matmul = counts.active - counts.embedding - counts.norms + tied_head
@@ -376,7 +421,7 @@ class ModelSpec:
         head = 2 * self.vocab * self.d_model  # the head is not recomputed
         extra = {"none": 0.0, "selective": attention, "full": forward - head,
                  "op-sac": self.op_sac_recomputed_flops()}
-        if recompute not in extra:
+        if not isinstance(recompute, str) or recompute not in extra:
             raise ShardwiseError(
                 f"recompute must be one of {', '.join(extra)}; got {recompute!r}")
         return 3 * forward + extra[recompute]
@@ -418,6 +463,9 @@ class ParamCount:
 
 def count_params(model: ModelSpec) -> ParamCount:
     """Parameters by component (SPEC §1)."""
+    if not isinstance(model, ModelSpec):
+        raise ShardwiseError(f"model must be a ModelSpec (shardwise.get_model), got {model!r}"
+                             [:200])
     dense, moe = model.n_dense_layers, model.n_moe_layers
     return ParamCount(
         attention=model.n_layers * model.attention_params(),
@@ -561,9 +609,173 @@ def get_model(name_or_path: str) -> ModelSpec:
 
 
 # --------------------------------------------------------------------- Hugging Face configs
-_LLAMA_LIKE = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe"}
 SUPPORTED_HF_TYPES = ("llama", "mistral", "mixtral", "qwen2", "gpt2", "gpt_neox", "bloom",
                       "deepseek_v2", "deepseek_v3")
+
+
+@dataclass(frozen=True)
+class HFFields:
+    """What shardwise does with each `config.json` field of one model_type: `read` fields
+    shape the `ModelSpec`; `fixed` ones must hold the one value shardwise implements (field →
+    (the values, what another value would change)); `ignored` ones are known not to change
+    what is trained or counted (field → why). Any other field is refused, naming it."""
+
+    read: frozenset[str]
+    fixed: dict[str, tuple[tuple[Any, ...], str]]
+    ignored: dict[str, str]
+
+    def check(self, cfg: dict[str, Any], where: str) -> None:
+        kind = cfg.get("model_type")
+        for key, value in cfg.items():
+            if key in self.read or key in self.ignored or key in _HF_IGNORED:
+                continue
+            if key not in self.fixed:
+                raise ShardwiseError(
+                    f"config file {where!r}: field {key!r} is not one shardwise knows for "
+                    f"model_type {kind!r} (it may change the model); remove it if it does "
+                    "not (the fields known: shardwise.arch.HF_FIELDS)")
+            values, why = self.fixed[key]
+            if not any(_same_json(value, v) for v in values):
+                shown = " or ".join(json.dumps(v) for v in values)
+                raise ShardwiseError(f"config file {where!r}: {key}={json.dumps(value)} is not "
+                                     f"supported ({why}); shardwise implements {key}={shown}")
+
+
+def _same_json(value: Any, want: Any) -> bool:
+    """Equal as JSON values: 0 and 0.0 alike, but false is not 0 and null only null."""
+    return ((value is None) == (want is None) and isinstance(value, bool) == isinstance(
+        want, bool) and value == want)
+
+
+# Ignored in every model_type (transformers' PretrainedConfig bookkeeping).
+_WHY_BOOKKEEPING = "names, labels and the saved dtype: bookkeeping (the run's --dtype decides)"
+_WHY_TOKENS = "token ids: the tokenizer's business"
+_WHY_OUTPUTS = "inference and output switches"
+_HF_IGNORED: dict[str, str] = {
+    **dict.fromkeys(("_name_or_path", "architectures", "auto_map", "transformers_version",
+                     "torch_dtype", "dtype", "id2label", "label2id", "num_labels",
+                     "problem_type", "finetuning_task", "task_specific_params",
+                     "tokenizer_class", "prefix"), _WHY_BOOKKEEPING),
+    **dict.fromkeys(("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id",
+                     "sep_token_id", "decoder_start_token_id"), _WHY_TOKENS),
+    **dict.fromkeys(("use_cache", "output_attentions", "output_hidden_states", "return_dict",
+                     "chunk_size_feed_forward", "is_encoder_decoder", "is_decoder",
+                     "torchscript"), _WHY_OUTPUTS),
+    "initializer_range": "initialisation only: a run starts from the checkpoint's weights or "
+                         "from the runtime's own (std 0.02)",
+}
+_LLAMA_READ = frozenset((
+    "model_type", "num_hidden_layers", "hidden_size", "num_attention_heads",
+    "num_key_value_heads", "intermediate_size", "vocab_size", "max_position_embeddings",
+    "tie_word_embeddings", "rms_norm_eps", "head_dim", "rope_theta", "rope_scaling",
+    "rope_parameters", "attention_dropout"))
+_SILU = {"hidden_act": (("silu", "swish"), "the runtime's MLP is SwiGLU")}
+_SAME_COUNTS = "the parameter and FLOP counts are the same (the runtime trains Llama-style only)"
+_FUSION = "a fusion or numerics switch of Megatron-DeepSpeed: the same parameters and FLOPs"
+_DEEPSEEK_READ = frozenset((
+    "model_type", "num_hidden_layers", "hidden_size", "num_attention_heads",
+    "num_key_value_heads", "intermediate_size", "moe_intermediate_size", "vocab_size",
+    "max_position_embeddings", "tie_word_embeddings", "rms_norm_eps", "rope_theta",
+    "rope_scaling", "rope_parameters", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+    "qk_rope_head_dim", "v_head_dim", "n_routed_experts", "n_shared_experts",
+    "num_experts_per_tok", "first_k_dense_replace", "routed_scaling_factor",
+    "attention_bias", "mlp_bias"))
+_DEEPSEEK_FIXED = _SILU | {
+    "moe_layer_freq": ((1,), "transformers makes every layer from first_k_dense_replace on "
+                             "MoE (it does not read moe_layer_freq)"),
+    "attention_dropout": ((0.0,), "attention dropout is not implemented with MLA")}
+_DEEPSEEK_IGNORED = {
+    "head_dim": "derived by transformers (qk_rope_head_dim)",
+    "qk_head_dim": "derived by transformers (qk_nope_head_dim + qk_rope_head_dim)",
+    "pretraining_tp": "transformers 5.24's DeepSeek models do not read it",
+    "ep_size": "DeepSeek's own code's expert-parallel degree: a layout choice (--layout ep=…)",
+    "quantization_config": "how the released weights are stored (FP8 blocks); the run's "
+                           "--dtype and --fp8 decide how it trains",
+    **dict.fromkeys(("aux_loss_alpha", "seq_aux", "output_router_logits"),
+                    "the load-balancing loss weight is the run's --aux-loss-coef")}
+HF_FIELDS: dict[str, HFFields] = {
+    "llama": HFFields(
+        _LLAMA_READ | {"attention_bias"},
+        _SILU | {"mlp_bias": ((False,), "MLP biases are not implemented")},
+        {"pretraining_tp": "transformers 5.24's LlamaModel does not read it"}),
+    "mistral": HFFields(_LLAMA_READ | {"sliding_window"}, _SILU, {}),
+    "mixtral": HFFields(
+        _LLAMA_READ | {"sliding_window", "num_local_experts", "num_experts_per_tok"},
+        _SILU | {"router_jitter_noise": ((0.0,), "router jitter is not implemented")},
+        dict.fromkeys(("router_aux_loss_coef", "output_router_logits"),
+                      "the load-balancing loss weight is the run's --aux-loss-coef")),
+    "qwen2": HFFields(
+        _LLAMA_READ | {"sliding_window", "use_sliding_window", "max_window_layers",
+                       "layer_types"}, _SILU, {}),
+    "gpt2": HFFields(
+        frozenset(("model_type", "n_layer", "n_embd", "n_head", "n_inner", "vocab_size",
+                   "n_positions", "resid_pdrop", "attn_pdrop", "embd_pdrop",
+                   "tie_word_embeddings", "layer_norm_epsilon")),
+        {"scale_attn_weights": ((True,), "attention scores are scaled by 1/√d"),
+         "scale_attn_by_inverse_layer_idx": ((False,), "attention is not scaled by layer"),
+         "add_cross_attention": ((False,), "the model is decoder-only")},
+        {"activation_function": _SAME_COUNTS,
+         "n_ctx": "an old name of n_positions that transformers no longer reads",
+         "reorder_and_upcast_attn": "numerics of the attention product only",
+         **dict.fromkeys(("summary_type", "summary_use_proj", "summary_activation",
+                          "summary_proj_to_labels", "summary_first_dropout"),
+                         "the sequence-classification head, not the language model")}),
+    "gpt_neox": HFFields(
+        frozenset(("model_type", "num_hidden_layers", "hidden_size", "num_attention_heads",
+                   "intermediate_size", "vocab_size", "max_position_embeddings",
+                   "tie_word_embeddings", "layer_norm_eps", "hidden_dropout",
+                   "attention_dropout", "rope_theta", "rotary_emb_base", "rope_scaling",
+                   "rope_parameters")),
+        {"attention_bias": ((True,), "GPT-NeoX's MLP keeps its biases; biases on the MLP "
+                                     "alone are not modelled")},
+        {"hidden_act": _SAME_COUNTS, "classifier_dropout": "the classification head",
+         "use_parallel_residual": "the same parameters and FLOPs, summed in another order",
+         **dict.fromkeys(("rotary_pct", "partial_rotary_factor"),
+                         "RoPE has no parameters: the share of dimensions it turns changes "
+                         "no count")}),
+    "bloom": HFFields(
+        frozenset(("model_type", "hidden_size", "n_embed", "n_layer", "num_hidden_layers",
+                   "n_head", "num_attention_heads", "vocab_size", "seq_length",
+                   "tie_word_embeddings", "hidden_dropout", "attention_dropout",
+                   "layer_norm_epsilon")),
+        {},
+        {"n_inner": "transformers' BloomConfig does not read it (BLOOM's MLP is 4h)",
+         "apply_residual_connection_post_layernorm": "the same parameters and FLOPs",
+         **dict.fromkeys(("attention_softmax_in_fp32", "masked_softmax_fusion",
+                          "bias_dropout_fusion", "skip_bias_add", "skip_bias_add_qkv",
+                          "offset_alibi", "slow_but_exact", "pretraining_tp"), _FUSION)}),
+    "deepseek_v3": HFFields(
+        _DEEPSEEK_READ | {"norm_topk_prob", "n_group", "topk_group", "rope_interleave",
+                          "num_nextn_predict_layers"},
+        _DEEPSEEK_FIXED | {
+            "scoring_func": (("sigmoid",), "DeepSeek-V3 scores experts with a sigmoid"),
+            "topk_method": (("noaux_tc",), "DeepSeek-V3 picks experts by the biased scores "
+                                           "within the best groups")},
+        _DEEPSEEK_IGNORED),
+    "deepseek_v2": HFFields(
+        _DEEPSEEK_READ | {"topk_method", "n_group", "topk_group"},
+        _DEEPSEEK_FIXED | {
+            "scoring_func": (("softmax",), "DeepSeek-V2 scores experts with a softmax"),
+            "topk_method": (("greedy", "group_limited_greedy"), "DeepSeek-V2's routers")},
+        _DEEPSEEK_IGNORED | {"norm_topk_prob": "DeepseekV2TopkRouter does not read it (the "
+                                               "gates are never renormalised)"}),
+}
+_LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2")
+
+
+def _window(cfg: dict, kind: str) -> int:
+    """The sliding-window width the config's attention uses in some layer (0: none):
+    Mistral's and Mixtral's `sliding_window`; Qwen2's when `use_sliding_window` gives layers
+    from `max_window_layers` on, or `layer_types` names "sliding_attention" (transformers
+    5.24's Qwen2Config)."""
+    width = cfg.get("sliding_window") or 0
+    if kind == "qwen2":
+        layers = cfg.get("layer_types") or []
+        windowed = "sliding_attention" in layers or (
+            not layers and cfg.get("use_sliding_window", False)
+            and cfg.get("max_window_layers", 28) < cfg["num_hidden_layers"])
+        return width if windowed else 0
+    return width
 
 
 def _from_hf_dict(cfg: dict, name: str) -> ModelSpec:
@@ -573,11 +785,9 @@ def _from_hf_dict(cfg: dict, name: str) -> ModelSpec:
     if kind in _LLAMA_LIKE:
         heads = cfg["num_attention_heads"]
         moe = {}
-        if "num_local_experts" in cfg:
+        if kind == "mixtral":
             moe = {"n_experts": cfg["num_local_experts"], "top_k": cfg["num_experts_per_tok"]}
-        if cfg.get("mlp_bias"):
-            raise ShardwiseError(f"config {name!r}: mlp_bias is not supported")
-        attention_bias = bool(cfg.get("attention_bias", False))
+        attention_bias = cfg.get("attention_bias", False)
         return ModelSpec(
             name=name,
             n_layers=cfg["num_hidden_layers"],
@@ -586,34 +796,44 @@ def _from_hf_dict(cfg: dict, name: str) -> ModelSpec:
             n_kv_heads=cfg.get("num_key_value_heads") or heads,
             d_ff=cfg["intermediate_size"],
             vocab=cfg["vocab_size"],
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            tie_embeddings=cfg.get("tie_word_embeddings", False),
             max_seq=cfg.get("max_position_embeddings", 4096),
             # transformers 5.24 defaults: rms_norm_eps 1e-6 (LlamaConfig, MistralConfig,
             # Qwen2Config) and 1e-5 (MixtralConfig); head_dim None → h/a
             norm_eps=float(cfg.get("rms_norm_eps", 1e-5 if kind == "mixtral" else 1e-6)),
             d_head=int(cfg.get("head_dim") or 0),
-            qkv_bias=kind in ("qwen2", "qwen2_moe") or attention_bias,
+            qkv_bias=kind == "qwen2" or attention_bias,
             out_bias=attention_bias,
+            dropout=cfg.get("attention_dropout", 0.0) > 0,
+            sliding_window=_window(cfg, kind),
             **_hf_rope(cfg, kind),
             **moe,
         )
     if kind == "gpt2":
         hidden = cfg["n_embd"]
+        dropout = max(cfg.get(k, 0.1) for k in ("resid_pdrop", "attn_pdrop", "embd_pdrop"))
         return ModelSpec(
             name=name, n_layers=cfg["n_layer"], d_model=hidden, n_heads=cfg["n_head"],
             n_kv_heads=cfg["n_head"], d_ff=cfg.get("n_inner") or 4 * hidden,
-            vocab=cfg["vocab_size"], gated_mlp=False, tie_embeddings=True, norm="layernorm",
-            dropout=cfg.get("resid_pdrop", 0.0) > 0, learned_positions=cfg["n_positions"],
-            max_seq=cfg["n_positions"],
+            vocab=cfg["vocab_size"], gated_mlp=False, bias=True,
+            tie_embeddings=cfg.get("tie_word_embeddings", True), norm="layernorm",
+            norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)), dropout=dropout > 0,
+            learned_positions=cfg["n_positions"], max_seq=cfg["n_positions"],
         )
     if kind == "gpt_neox":
+        # GPT-NeoX (transformers 5.24's GPTNeoXConfig): LayerNorm, GELU MLP, biases on every
+        # linear (attention_bias, default true, and the MLP's always), partial RoPE.
         heads = cfg["num_attention_heads"]
+        dropout = max(cfg.get("hidden_dropout", 0.0), cfg.get("attention_dropout", 0.0))
+        theta = cfg.get("rope_theta", cfg.get("rotary_emb_base"))
         return ModelSpec(
             name=name, n_layers=cfg["num_hidden_layers"], d_model=cfg["hidden_size"],
             n_heads=heads, n_kv_heads=heads, d_ff=cfg["intermediate_size"],
             vocab=cfg["vocab_size"], gated_mlp=False,
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)), norm="layernorm",
+            tie_embeddings=cfg.get("tie_word_embeddings", False), norm="layernorm",
+            norm_eps=float(cfg.get("layer_norm_eps", 1e-5)), bias=True, dropout=dropout > 0,
             max_seq=cfg.get("max_position_embeddings", 2048),
+            **_hf_rope(cfg | ({"rope_theta": theta} if theta is not None else {}), kind),
         )
     if kind == "bloom":
         # BLOOM (BigScience 2022): ALiBi (no rotary, no position table), LayerNorm, MHA, GELU
@@ -625,8 +845,8 @@ def _from_hf_dict(cfg: dict, name: str) -> ModelSpec:
         return ModelSpec(
             name=name, n_layers=cfg.get("n_layer") or cfg["num_hidden_layers"], d_model=hidden,
             n_heads=heads, n_kv_heads=heads, d_ff=4 * hidden, vocab=cfg["vocab_size"],
-            gated_mlp=False, tie_embeddings=bool(cfg.get("tie_word_embeddings", True)),
-            norm="layernorm", bias=True,
+            gated_mlp=False, tie_embeddings=cfg.get("tie_word_embeddings", True),
+            norm="layernorm", norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)), bias=True,
             dropout=max(cfg.get("hidden_dropout", 0.0), cfg.get("attention_dropout", 0.0)) > 0,
             max_seq=cfg.get("seq_length", 2048),
         )
@@ -728,14 +948,27 @@ def from_hf_config(path: str | Path) -> ModelSpec:
 
 def from_hf_dict(cfg: Any, name: str, where: str = "uploaded") -> ModelSpec:
     """A parsed Hugging Face `config.json` (e.g. an upload to the web app) → `ModelSpec`;
-    `where` names its origin in error messages."""
+    `where` names its origin in error messages. Every field is read, fixed or ignored
+    (`HF_FIELDS`); anything else, a value of the wrong type, a non-finite number or a nest
+    deeper than any config is refused in one line."""
+    from shardwise.files import check_json
     from shardwise.validate import hf_config
 
     if not isinstance(cfg, dict):
         raise ShardwiseError(f"config file {where!r} must hold a JSON object")
+    if not isinstance(name, str):
+        raise ShardwiseError(f"the model name must be a string, got {name!r}")
+    check_json(cfg, f"config file {where!r}")
+    kind = cfg.get("model_type")
+    if kind not in HF_FIELDS:
+        raise ShardwiseError(f"config file {where!r}: unsupported model_type {kind!r}; "
+                             f"supported: {', '.join(SUPPORTED_HF_TYPES)}")
     hf_config(cfg, where)
+    HF_FIELDS[kind].check(cfg, where)
     try:
-        return _from_hf_dict(cfg, name).validate()
+        return _from_hf_dict(cfg, name)
+    except ShardwiseError as exc:  # the model it describes is not a valid one
+        raise ShardwiseError(f"config file {where!r}: {exc}") from None
     except KeyError as exc:
         raise ShardwiseError(
             f"config file {where!r} ({cfg.get('model_type')}) lacks the field {exc}"
@@ -743,4 +976,3 @@ def from_hf_dict(cfg: Any, name: str, where: str = "uploaded") -> ModelSpec:
     except (TypeError, ValueError) as exc:
         raise ShardwiseError(f"config file {where!r} has a field of the wrong type ({exc})"
                              ) from None
-

@@ -18,7 +18,7 @@ from rich.console import Console
 
 from shardwise.arch import DEFAULT_MODEL, get_model
 from shardwise.emit import FRAMEWORKS, framework_stack
-from shardwise.errors import ShardwiseError
+from shardwise.errors import ShardwiseError, one_line
 from shardwise.estimate.comm import ALGORITHMS, OPS
 from shardwise.estimate.goodput import (
     DEFAULT_CHECKPOINT_BANDWIDTH,
@@ -28,6 +28,7 @@ from shardwise.estimate.goodput import (
 )
 from shardwise.estimate.memory import ACTIVATION_FORMULAS
 from shardwise.estimate.profiles import DEFAULT_IMPL, profile_names
+from shardwise.files import save_output
 from shardwise.fp8 import recipe_names
 from shardwise.layout import CP_KINDS, RECOMPUTE, SCHEDULES
 from shardwise.preflight import writable_file
@@ -57,10 +58,14 @@ from shardwise.stacks import (
 from shardwise.units import human_time, parse_batch
 from shardwise.validate import (
     MAX_DEGREE,
+    MAX_FACTOR,
     MAX_SCHEDULE_ACTIONS,
     MAX_SEQUENCES,
+    MAX_TIME,
     degree,
+    duration,
     finite,
+    finite_result,
     fraction,
     positive,
     positive_int,
@@ -82,7 +87,8 @@ def _emit_json(payload: Any) -> None:
             return asdict(obj)  # type: ignore[arg-type]
         raise TypeError(f"cannot serialise {type(obj).__name__}")
 
-    click.echo(json.dumps(payload, indent=2, default=default))
+    finite_result(payload, "the result")  # never nan or inf as an answer
+    click.echo(json.dumps(payload, indent=2, default=default, allow_nan=False))
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -384,17 +390,17 @@ def comm(op: str, size: str, ranks: int, link: str, algorithm: str, nodes: int, 
 @click.option("--chunks", "-v", default=None, type=click.IntRange(1, MAX_SCHEDULE_ACTIONS),
               help="Chunks per stage [default: the schedule's own: 2 for interleaved, zbv and "
                    "dualpipev, else 1].")
-@click.option("--tf", "t_f", default=1.0, show_default=True, callback=checked(positive),
+@click.option("--tf", "t_f", default=1.0, show_default=True, callback=checked(duration),
               help="Forward time of one micro-batch on one stage (all its chunks: a chunk "
                    "takes 1/v of it).")
-@click.option("--tb", "t_b", default=1.0, show_default=True, callback=checked(positive),
+@click.option("--tb", "t_b", default=1.0, show_default=True, callback=checked(duration),
               help="Whole backward time of one micro-batch on one stage (input and weight "
                    "gradients, all chunks).")
-@click.option("--tw", "t_w", default=None, type=float, callback=checked(positive),
+@click.option("--tw", "t_w", default=None, type=float, callback=checked(duration),
               help="The weight-gradient part of --tb, for schedules that split the backward "
                    "into B and W (zb-h1, zbv, dualpipev) [default: half of --tb].")
 @click.option("--p2p", "p2p_latency", default=0.0, show_default=True,
-              callback=checked(finite, low=0),
+              callback=checked(finite, low=0, high=MAX_TIME),
               help="Latency between stages.")
 @click.option("--svg", "svg_path", type=click.Path(dir_okay=False, writable=True),
               help="Write an SVG Gantt chart here.")
@@ -406,8 +412,6 @@ def schedule(stages: int, microbatches: int, schedule: str, chunks: int | None, 
              width: int, as_json: bool) -> None:
     """Generate, simulate and draw a pipeline schedule (times per stage: every schedule does
     the same work)."""
-    from pathlib import Path
-
     from shardwise.schedules import get_schedule, render_ascii
 
     schedule_shape(stages, microbatches, chunks or get_schedule(schedule).default_chunks,
@@ -419,7 +423,8 @@ def schedule(stages: int, microbatches: int, schedule: str, chunks: int | None, 
     timeline = simulate_schedule(**args)
     out = schedule_payload(timeline, **args)
     if svg_path:
-        Path(svg_path).write_text(schedule_svg(timeline, out))
+        svg = schedule_svg(timeline, out)
+        save_output(svg_path, lambda path: path.write_text(svg, encoding="utf-8"), "--svg")
     if as_json:
         return _emit_json(out)
     render_schedule(out, render_ascii(timeline, width=width), console, svg_path)
@@ -529,12 +534,12 @@ def run_options(func: Callable) -> Callable:
         click.option("--timeout", default=600.0, show_default=True,
                      callback=checked(positive, high=366 * 86400),
                      help="Seconds before a stuck or failed run is stopped."),
-        click.option("--capacity-factor", "capacity_factor", default=None,
-                     type=click.FloatRange(min=0, min_open=True),
+        click.option("--capacity-factor", "capacity_factor", default=None, type=float,
+                     callback=checked(positive, high=MAX_FACTOR),
                      help="MoE: each expert takes at most ⌈cf·T·k/E⌉ of the T tokens of one "
                           "micro-batch on one rank; the rest are dropped [default: no limit]."),
         click.option("--aux-loss-coef", "aux_loss_coef", default=0.0, show_default=True,
-                     type=click.FloatRange(min=0),
+                     callback=checked(finite, low=0),
                      help="MoE: weight of Switch's load-balancing loss per MoE layer."),
     ]
     for option in reversed(options):
@@ -561,17 +566,46 @@ def _train_config(model_name: str, layout_kw: dict[str, Any], seq: int, global_b
 
 
 def _preflight(config: Any, **paths: dict[str, str | None]) -> None:
-    """`shardwise.preflight.check_run` on the launching process (rank 0 under torchrun)."""
+    """`shardwise.preflight.check_run` on the launching process (rank 0 under torchrun), and
+    what only the runtime can check: the --data file, the Hugging Face weights (every tensor
+    read once), and that --save-hf can describe the model."""
+    from shardwise.files import regular_file
     from shardwise.preflight import check_run
+    from shardwise.runtime.data import MAX_DATA_BYTES
 
     if os.environ.get("RANK", "0") == "0":
         config.validate()
-        if config.hf_weights:  # names and shapes from the files' headers, before any rank
+        if config.data is not None:
+            regular_file(config.data, "--data file", MAX_DATA_BYTES)
+        if config.hf_weights:
             from shardwise.runtime.hf import check_hf_weights
 
             check_hf_weights(config.model, config.hf_weights)
+        if config.save_hf:
+            from shardwise.runtime.hf import hf_config
+
+            hf_config(config.model)
         check_run(config.model, config.layout, config.seq_len, config.global_batch,
                   config.dtype, config.flash, local="RANK" not in os.environ, **paths)
+
+
+def _need_matplotlib(option: str, path: str | None) -> None:
+    """--plot needs matplotlib: said before any work, not after it."""
+    if path is None:
+        return
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ShardwiseError(f"{option} needs matplotlib: pip install 'shardwise[plot]'"
+                             ) from None
+
+
+def _setting_names(ctx: Any, param: Any, value: str | None) -> tuple[str, ...]:
+    """`lr,min-lr` → ("lr", "min_lr"): TrainConfig's names (checked there)."""
+    if value is None:
+        return ()
+    return tuple(name.strip().removeprefix("--").replace("-", "_")
+                 for name in value.split(",") if name.strip())
 
 
 def _on_ranks(run: Callable[[], Any]) -> Any:
@@ -617,6 +651,10 @@ def _on_ranks(run: Callable[[], Any]) -> Any:
 @click.option("--resume", is_flag=True,
               help="Continue from the newest checkpoint in --checkpoint-dir, on any layout "
                    "(from step 0 when there is none yet).")
+@click.option("--override", default=None, callback=_setting_names,
+              help="With --resume: the optimizer settings this run changes from the "
+                   "checkpoint's for the steps it already took, e.g. lr,warmup (of lr, min-lr, "
+                   "warmup, steps, weight-decay, clip); a change not named is refused.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
 @json_option
 def train(model_name: str, steps: int, seq: int, global_batch: str, lr: float, min_lr: float,
@@ -624,9 +662,8 @@ def train(model_name: str, steps: int, seq: int, global_batch: str, lr: float, m
           dtype: str, grad_dtype: str | None, flash: bool, log_path: str | None,
           plot_path: str | None, timeout: float,
           checkpoint_dir: str | None, checkpoint_every: int | str, checkpoint_keep: int,
-          mtbf_gpu_hours: float | None,
-          resume: bool, quiet: bool, as_json: bool, save_hf: str | None,
-          **layout_kw: Any) -> None:
+          mtbf_gpu_hours: float | None, resume: bool, override: tuple[str, ...], quiet: bool,
+          as_json: bool, save_hf: str | None, **layout_kw: Any) -> None:
     """Train --model for real on dp·tp·pp·cp local CPU ranks (gloo), or on the ranks torchrun
     started (`torchrun … -m shardwise train --dp 2 …`; NCCL on GPUs). The loss curve
     equals one device's on the same data; --dp defaults to 1 here. A --model folder with
@@ -642,10 +679,11 @@ def train(model_name: str, steps: int, seq: int, global_batch: str, lr: float, m
         log_path=log_path, progress=not quiet, checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep, resume=resume,
         mtbf_gpu_hours=mtbf_gpu_hours,
-        save_hf=save_hf)
+        save_hf=save_hf, override=override)
     layout = config.layout
+    _need_matplotlib("--plot", plot_path)
     _preflight(config, files={"--plot": plot_path, "--log": log_path},
-               directories={"--checkpoint-dir": checkpoint_dir})
+               directories={"--checkpoint-dir": checkpoint_dir, "--save-hf": save_hf})
     if resume and os.environ.get("RANK", "0") == "0":
         start = check_start(config.validate(),
                             report=lambda line: click.echo(f"warning: {line}", err=True))
@@ -656,7 +694,8 @@ def train(model_name: str, steps: int, seq: int, global_batch: str, lr: float, m
         return None
     title = f"{config.model.name}, {layout.short()}, {layout.world_size} rank(s)"
     if plot_path:
-        rt.plot_losses(records, plot_path, title)
+        save_output(plot_path, lambda path: rt.plot_losses(records, str(path), title),
+                    "--plot")
     if as_json:
         return _emit_json({"model": config.model.name, "layout": layout.to_dict(),
                            "ranks": layout.world_size,
@@ -779,6 +818,9 @@ def calibrate(backend: str, ranks: int, out_path: str, plot_path: str | None, qu
     """Measure this machine (GEMMs, memory-bound kernels, attention, training steps,
     collectives) and fit the step-time model's constants; the file it writes works with
     `--calibration FILE` (plan, memory, comm, check) and `--gpu this-machine`."""
+    writable_file(out_path, "--out")  # before minutes of measuring, not after
+    writable_file(plot_path, "--plot")
+    _need_matplotlib("--plot", plot_path)
     rt = _import_runtime("shardwise.runtime.calibrate")
     plan = rt.Plan(backend, ranks, quick).validate()
     if console.is_terminal and not as_json:
@@ -787,10 +829,10 @@ def calibrate(backend: str, ranks: int, out_path: str, plot_path: str | None, qu
     else:
         data = rt.calibrate(plan, progress=lambda msg: click.echo(f"calibrate: {msg}",
                                                                   err=True))
-    with open(out_path, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
+    text = json.dumps(finite_result(data, "the calibration"), indent=1, allow_nan=False)
+    save_output(out_path, lambda path: path.write_text(text, encoding="utf-8"), "--out")
     if plot_path:
-        rt.plot_calibration(data, plot_path)
+        save_output(plot_path, lambda path: rt.plot_calibration(data, str(path)), "--plot")
     if as_json:
         return _emit_json(data | {"path": out_path})
     console.print(_table(f"{backend}, {ranks} ranks: fitted constants (residuals: relative, "
@@ -907,6 +949,7 @@ def plan(model: str, gpus: int, gpu: str, clock_mhz: float | None, gpus_per_node
         return None
     if as_json:
         return _emit_json(plan_payload(result, tokens=tokens, price=price))
+    finite_result(result.to_dict(), "plan")
     render_plan(result, console, tokens=training_budget(tokens, price), price=price)
     return None
 
@@ -943,13 +986,16 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cli.main(args=argv, prog_name="shardwise", standalone_mode=False)
     except ShardwiseError as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {one_line(exc)}", err=True)
         sys.exit(2)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
+    except click.exceptions.NoArgsIsHelpError as exc:  # `shardwise` alone: the help, no error
+        click.echo(exc.ctx.get_help() if exc.ctx else exc.format_message())
+        sys.exit(0)
     except click.ClickException as exc:
-        click.echo(f"error: {exc.format_message()}", err=True)
+        click.echo(f"error: {one_line(exc.format_message())}", err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)

@@ -233,6 +233,9 @@ LINKS: dict[str, Link] = {
 
 
 def _lookup(table: dict, name: str, what: str, aliases: dict[str, str] | None = None):
+    if not isinstance(name, str):
+        raise ShardwiseError(f"{what} must be a name (one of {', '.join(table)}), got "
+                             f"{name!r}"[:300])
     key = name.lower()
     key = (aliases or {}).get(key, key)
     if key in table:
@@ -357,6 +360,10 @@ class Cluster:
            intra: str | None = None, inter: str | None = None) -> Cluster:
         """A cluster of `gpus` accelerators (a preset name or an `Accelerator`, see
         `resolve_gpu`), filled node by node (fewer than one node: one partial node)."""
+        from shardwise.validate import degree
+
+        degree(gpus, "gpus")
+        degree(gpus_per_node, "gpus_per_node")
         accelerator = resolve_gpu(gpu)
         if gpus < 1 or gpus_per_node < 1:
             raise ShardwiseError(f"need gpus ≥ 1 and gpus_per_node ≥ 1, got {gpus}, "

@@ -73,7 +73,8 @@ class TrainSpec:
     def __post_init__(self) -> None:
         if isinstance(self.impl, str) and "@" in self.impl:
             object.__setattr__(self, "impl", parse_impl(self.impl))
-        if self.grad_dtype is None and self.impl in STACKS:  # torchtitan: fp32 reductions
+        if (self.grad_dtype is None and isinstance(self.impl, str) and self.impl in STACKS
+                and isinstance(self.dtype, str)):  # torchtitan: fp32 reductions
             choices = STACKS[self.impl].grad_choices(self.dtype)
             if choices and choices[0] != self.dtype:
                 object.__setattr__(self, "grad_dtype", choices[0])
@@ -130,6 +131,16 @@ class TrainSpec:
                     validate.integer(value, name, low=1, high=validate.MAX_SEQUENCES)
                 except ShardwiseError as exc:
                     problems.append(str(exc))
+        for name in ("dtype", "grad_dtype", "optimizer", "impl"):
+            value = getattr(self, name)
+            if not isinstance(value, str) and not (name == "grad_dtype" and value is None):
+                raise ShardwiseError(f"{name} must be a string, got {value!r}")
+        for name, kind in (("compile", bool), ("dp_overlap", bool), ("tp_overlap", str),
+                           ("attention", str), ("fp8", str)):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, kind):
+                raise ShardwiseError(f"{name} must be {'true or false' if kind is bool else 'a string'}"
+                                     f" or None, got {value!r}")
         for name in ("dtype", "grad_dtype"):
             value = getattr(self, name)
             if value is not None and value not in DTYPE_BYTES:
@@ -139,6 +150,12 @@ class TrainSpec:
                             "layers' GEMMs in FP8; use --dtype bf16 --fp8 RECIPE "
                             "(megatron-te: delayed, tensorwise, mxfp8, blockwise; torchtitan: "
                             "rowwise, rowwise_with_gw_hp, mxfp8)")
+        grad = self.grad_dtype
+        if (grad in DTYPE_BYTES and self.dtype in DTYPE_BYTES
+                and DTYPE_BYTES[grad] < DTYPE_BYTES[self.dtype]):
+            problems.append(f"grad_dtype {grad} is narrower than dtype {self.dtype}: gradients "
+                            f"are kept in the weights' dtype or wider (fp32 main grads); use "
+                            f"grad_dtype {self.dtype} or fp32")
         if self.optimizer not in OPTIMIZERS:
             problems.append(f"optimizer {self.optimizer!r} unknown; valid: {', '.join(OPTIMIZERS)}")
         if self.impl not in STACKS:
@@ -189,7 +206,13 @@ class Layout:
     etp: int = 0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "partition", tuple(int(n) for n in self.partition))
+        counts = self.partition
+        if not isinstance(counts, tuple | list | np.ndarray) or not all(
+                isinstance(n, int | np.integer | float | np.floating) and not isinstance(n, bool)
+                and float(n).is_integer() for n in counts):
+            raise ShardwiseError(f"partition must be whole layer counts per stage, got "
+                                 f"{counts!r}"[:200])
+        object.__setattr__(self, "partition", tuple(int(n) for n in counts))
 
     @property
     def world_size(self) -> int:
@@ -260,10 +283,13 @@ class Layout:
 
     @classmethod
     def parse_fields(cls, text: str) -> dict[str, object]:
-        """The fields `text` names (the syntax of `parse`), typed: {"tp": 8, "sp": True, …}."""
+        """The fields `text` names (the syntax of `parse`), typed: {"tp": 8, "sp": True, …};
+        each key at most once."""
+        validate.instance(text, str, "layout text")
         types = {f.name: f.type for f in fields(cls)}
         aliases = {"mbs": "micro_batch", "mb": "micro_batch", "v": "chunks"}
         values: dict[str, object] = {}
+        given: set[str] = set()
         for item in filter(None, (part.strip() for part in text.split(","))):
             key, sep, raw = item.partition("=")
             key = aliases.get(key.strip(), key.strip())
@@ -272,6 +298,9 @@ class Layout:
                     f"cannot read layout item {item!r}; write key=value with key in "
                     f"{', '.join(types)}"
                 )
+            if key in given:
+                raise ShardwiseError(f"layout {text!r} sets {key} twice; give each key once")
+            given.add(key)
             raw = raw.strip()
             kind = types[key]
             if key == "partition":
@@ -305,13 +334,25 @@ class Layout:
     # ------------------------------------------------------------------------- validation
     def problems(self, model: ModelSpec, cluster: Cluster | None = None,
                  train: TrainSpec | None = None) -> list[str]:
-        """Every constraint this layout violates, one clear sentence each."""
+        """Every constraint this layout violates, one clear sentence each (arguments that are
+        not a `ModelSpec`, `Cluster`, `TrainSpec` raise `ShardwiseError`)."""
+        check_specs(model=model, cluster=cluster, train=train, optional=("cluster", "train"))
         out: list[str] = []
         for axis in (*AXES, "chunks", "micro_batch"):
             try:
                 validate.degree(getattr(self, axis), axis)
             except ShardwiseError as exc:
                 out.append(str(exc))
+        try:
+            validate.integer(self.zero_group, "zero_group", low=0, high=validate.MAX_DEGREE)
+        except ShardwiseError as exc:
+            out.append(str(exc))
+        for name, allowed in (("schedule", SCHEDULES), ("recompute", RECOMPUTE)):
+            if not isinstance(getattr(self, name), str):
+                out.append(f"{name} must be one of {', '.join(allowed)}, got "
+                           f"{getattr(self, name)!r}")
+        if not isinstance(self.sp, bool | int):
+            out.append(f"sp must be true or false, got {self.sp!r}")
         if out:
             return out
         t = self.tp
@@ -475,9 +516,10 @@ Partition = tuple[int, ...] | Balanced
 
 
 def parse_partition(text: str) -> tuple[int, ...]:
-    """`"7,8,8,7"` → (7, 8, 8, 7): layers per pipeline stage, first to last."""
+    """`"7,8,8,7"` → (7, 8, 8, 7): layers per pipeline stage, first to last (every item a
+    whole number: `,,,` or `7,,8` is refused, not read as fewer stages)."""
     try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
+        return tuple(int(x) for x in text.split(","))
     except ValueError:
         raise ShardwiseError(f"partition {text!r} must be layer counts per stage, e.g. 7,8,8,7"
                              ) from None
@@ -615,3 +657,18 @@ def ulysses_degree(cp: Any, cp_kind: Any, ulysses: Any) -> Any:
     """Ranks each all-to-all over heads spans, for layouts as numbers or arrays (`cp_kind` as
     its code in `CP_KINDS`): 1 for ring attention, `cp` for Ulysses, `ulysses` for the hybrid."""
     return np.where(cp_kind == 0, 1, np.where(cp_kind == 1, cp, np.maximum(ulysses, 1)))
+_ABSENT: Any = object()
+
+
+def check_specs(*, model: Any = _ABSENT, layout: Any = _ABSENT, cluster: Any = _ABSENT,
+                train: Any = _ABSENT, optional: tuple[str, ...] = ()) -> None:
+    """The specs a public estimate takes are what their names say (`ModelSpec`, `Layout`,
+    `Cluster`, `TrainSpec`; those named in `optional` may be None): `ShardwiseError` naming
+    the first that is not, instead of an `AttributeError` from deep inside."""
+    for value, kind, name, hint in ((model, ModelSpec, "model", " (shardwise.get_model)"),
+                                    (layout, Layout, "layout", " (Layout(tp=…) or "
+                                                               "Layout.parse('tp=8'))"),
+                                    (cluster, Cluster, "cluster", " (Cluster.of(gpus, gpu))"),
+                                    (train, TrainSpec, "train", " (TrainSpec(seq_len=…))")):
+        if value is not _ABSENT and not (value is None and name in optional):
+            validate.instance(value, kind, name, hint)

@@ -19,6 +19,7 @@ in the memory available now (`MemAvailable`, /proc/meminfo).
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -40,17 +41,29 @@ def _reason(exc: OSError) -> str:
 
 
 def writable_file(path: str | os.PathLike[str] | None, option: str) -> None:
-    """`path` can be created or overwritten as a file (refused in one line otherwise)."""
+    """`path` can be created or overwritten as a file (refused in one line otherwise): a new
+    file or an existing regular one (or /dev/null), never a directory, FIFO or device, which
+    would block or swallow the output."""
     if path is None:
         return
     target = Path(path)
-    if target.is_dir():
+    try:
+        info = os.stat(target)
+    except (FileNotFoundError, NotADirectoryError):  # the parent's checks say why
+        info = None
+    except (OSError, ValueError) as exc:  # a symlink loop, a name too long, a NUL byte
+        reason = _reason(exc) if isinstance(exc, OSError) else str(exc)
+        raise ShardwiseError(f"{option} {path}: cannot write there ({reason})") from None
+    if info is not None and stat.S_ISDIR(info.st_mode):
         raise ShardwiseError(f"{option} {path}: is a directory; give a file name")
+    if info is not None and not stat.S_ISREG(info.st_mode) and str(target) != os.devnull:
+        raise ShardwiseError(f"{option} {path}: is not a regular file (a FIFO, device or "
+                             "socket); give a file name")
     parent = target.parent
     if not parent.is_dir():
         what = "is not a directory" if parent.exists() else "does not exist"
         raise ShardwiseError(f"{option} {path}: the directory {parent} {what}")
-    existed = target.exists()
+    existed = info is not None
     try:
         with target.open("a"):
             pass
@@ -65,14 +78,17 @@ def writable_dir(path: str | os.PathLike[str] | None, option: str) -> None:
     if path is None:
         return
     target = Path(path)
-    if target.exists() and not target.is_dir():
-        raise ShardwiseError(f"{option} {path}: is a file, not a directory")
     try:
+        if target.exists() and not target.is_dir():
+            raise ShardwiseError(f"{option} {path}: is a file, not a directory")
         target.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=target):
             pass
-    except OSError as exc:
-        raise ShardwiseError(f"{option} {path}: cannot write there ({_reason(exc)})") from None
+    except ShardwiseError:
+        raise
+    except (OSError, ValueError) as exc:
+        reason = _reason(exc) if isinstance(exc, OSError) else str(exc)
+        raise ShardwiseError(f"{option} {path}: cannot write there ({reason})") from None
 
 
 def available_memory() -> int | None:
@@ -116,6 +132,8 @@ def check_run(model: Any, layout: Any, seq_len: int, global_batch: int, dtype: s
     if seq_len > model.max_seq:
         raise ShardwiseError(f"--seq {seq_len} exceeds {model.name}'s maximum sequence length "
                              f"{model.max_seq}; use --seq ≤ {model.max_seq}")
+    for problem in model.seq_problems(seq_len):
+        raise ShardwiseError(problem)
     available = available_memory()
     if not local or available is None:
         return

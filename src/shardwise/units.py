@@ -39,17 +39,22 @@ def dtype_bytes(dtype: str) -> float:
 
 
 def parse_size(text: str | float | int) -> float:
-    """Bytes from `13.5GB`, `2GiB`, `512MB`, `4000`, `4000B` (GB decimal, GiB binary)."""
-    if isinstance(text, int | float):
-        return float(text)
+    """Bytes from `13.5GB`, `2GiB`, `512MB`, `4000`, `4000B` (GB decimal, GiB binary): a
+    finite number ≥ 0."""
+    from shardwise.validate import finite
+
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        return finite(text, "size", low=0)
+    if not isinstance(text, str):
+        raise ShardwiseError(f"size must be a number or a text such as 13.5GB, got {text!r}"
+                             [:200])
     match = _NUMBER.match(text)
     if match:
         value, unit = float(match.group(1)), match.group(2).upper()
         unit = unit.removesuffix("B")
-        if unit in _BINARY:
-            return value * _BINARY[unit]
-        if unit in _DECIMAL:
-            return value * _DECIMAL[unit]
+        scale = _BINARY.get(unit, _DECIMAL.get(unit))
+        if scale is not None:
+            return finite(value * scale, f"size {text!r}", low=0)
     raise ShardwiseError(
         f"cannot read size {text!r}; write e.g. 13.5GB, 2GiB, 512MB or a byte count"
     )
@@ -57,8 +62,13 @@ def parse_size(text: str | float | int) -> float:
 
 def parse_count(text: str | float | int, *, what: str = "count") -> float:
     """A count with an optional decimal suffix: `15T`, `16M`, `2.5B` (billion), `1e6`."""
-    if isinstance(text, int | float):
-        return float(text)
+    from shardwise.validate import finite
+
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        return finite(text, what, low=0)
+    if not isinstance(text, str):
+        raise ShardwiseError(f"{what} must be a number or a text such as 15T, got {text!r}"
+                             [:200])
     cleaned = text.strip().upper()
     for word in ("-TOKENS", "TOKENS", "-SEQS", "SEQS"):
         cleaned = cleaned.removesuffix(word)
@@ -67,7 +77,7 @@ def parse_count(text: str | float | int, *, what: str = "count") -> float:
         value, unit = float(match.group(1)), match.group(2)
         scale = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}.get(unit)
         if scale is not None:
-            return value * scale
+            return finite(value * scale, f"{what} {text!r}", low=0)
     raise ShardwiseError(f"cannot read {what} {text!r}; write e.g. 16M, 15T, 2.5B or 4096")
 
 

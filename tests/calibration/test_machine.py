@@ -101,7 +101,7 @@ def test_this_machine_without_a_file_is_one_line(tmp_path):
     broken.write_text(json.dumps({"machine": MACHINE | {"peak_flops": -1}}))
     result = shardwise("plan", "tiny", "--gpus", "2", "--gpu", "this-machine",
                        "--calibration", str(broken), check=False)
-    assert_one_line_error(result, "peak_flops must be > 0")
+    assert_one_line_error(result, "peak_flops must be a finite number > 0")
 
 
 def test_per_call_costs_replace_the_ring_latencies(tmp_path):

@@ -21,12 +21,13 @@ import json
 import os
 import signal
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 from tests.cli_helpers import assert_one_line_error, shardwise
+from tests.runtime.checkpoint_files import write_checkpoint
 
 from shardwise.arch import get_model
 from shardwise.errors import ShardwiseError
@@ -45,6 +46,7 @@ from shardwise.runtime.checkpoint import (
     read_parameters,
 )
 from shardwise.runtime.launch import RankFailure, rank, spawn
+from shardwise.runtime.state import json_config
 from shardwise.runtime.train import TrainConfig, build, run, train
 
 STEPS, K, EVERY = 8, 4, 2  # K: where the interrupted runs stop / resume
@@ -305,13 +307,9 @@ def test_blocks_tile_a_flat_range_in_memory_order(shape):
 
 def fake_checkpoint(root: Path, name: str, step: int = 0, cfg: TrainConfig | None = None
                     ) -> Path:
-    path = root / name
-    path.mkdir(parents=True)
     meta = {"format": checkpoint.FORMAT, "step": step, "world_size": 2,
-            "config": asdict(cfg or config())}
-    (path / METADATA).write_text(json.dumps(meta))
-    checkpoint.write_manifest(path)
-    return path
+            "config": json_config(cfg or config())}
+    return write_checkpoint(root / name, meta)
 
 
 def test_latest_is_the_newest_complete_checkpoint(tmp_path):
@@ -378,7 +376,9 @@ def test_cli_saves_then_resumes_on_another_layout(tmp_path):
     assert "note: no checkpoint in" in first.stderr and "starting from step 0" in first.stderr
     assert [r["step"] for r in json.loads(first.stdout)["records"]] == [0, 1, 2, 3]
     assert [p.name for p in complete_checkpoints(tmp_path)] == ["step-000002", "step-000004"]
-    second = shardwise("train", "--tp", "2", "--steps", "6", *common, "--json")
+    # 6 steps instead of 4 move the cosine of step 3, already taken: said with --override
+    second = shardwise("train", "--tp", "2", "--steps", "6", *common, "--override", "steps",
+                       "--json")
     assert f"note: resuming from {tmp_path / 'step-000004'}" in second.stderr
     assert [r["step"] for r in json.loads(second.stdout)["records"]] == [4, 5]
     assert [p.name for p in complete_checkpoints(tmp_path)] == ["step-000004", "step-000006"]

@@ -13,11 +13,12 @@ import os
 import shutil
 import socket
 import subprocess
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from tests.cli_helpers import assert_one_line_error, shardwise
+from tests.runtime.checkpoint_files import write_checkpoint
 
 from shardwise.arch import get_model
 from shardwise.errors import ShardwiseError
@@ -33,6 +34,7 @@ from shardwise.runtime.checkpoint import (
     resume_point,
     write_manifest,
 )
+from shardwise.runtime.state import json_config
 from shardwise.runtime.train import TrainConfig
 
 SHARD = "__0_0.distcp"
@@ -44,17 +46,12 @@ def cfg(directory: Path, **kw) -> TrainConfig:
 
 
 def fake(root: Path, step: int, config: TrainConfig, **extra) -> Path:
-    """A checkpoint directory: shardwise.json, 3 pseudo-random files standing for DCP's, and
-    the manifest over them."""
-    path = root / checkpoint.checkpoint_name(step)
-    path.mkdir(parents=True)
+    """A checkpoint directory: shardwise.json, DCP's `.metadata` and shard (a real DCP save
+    of one tensor), a second pseudo-random shard, and the manifest over them."""
     meta = {"format": checkpoint.FORMAT, "step": step, "world_size": 2,
-            "config": asdict(config), "data_sha256": checkpoint.data_fingerprint(config.data)}
-    (path / METADATA).write_text(json.dumps(meta | extra))
-    for i, name in enumerate((".metadata", SHARD, "__1_0.distcp")):
-        (path / name).write_bytes(hashlib.sha256(bytes([i])).digest() * 512)  # 16 KiB
-    write_manifest(path)
-    return path
+            "config": json_config(config), "data_sha256": checkpoint.data_fingerprint(config.data)}
+    return write_checkpoint(root / checkpoint.checkpoint_name(step), meta | extra,
+                            {"__1_0.distcp": hashlib.sha256(b"1").digest() * 512})  # 16 KiB
 
 
 def xor(path: Path, at: int, n: int = 4096) -> None:
@@ -214,6 +211,7 @@ def test_a_full_disk_says_so_and_keeps_the_previous_checkpoint(tmp_path):
     try:
         stale = disk / "step-000001.tmp-deadbeef"  # an interrupted save's leftover
         stale.mkdir()
+        (stale / checkpoint.MARKER).write_text("")  # written first by every save
         (stale / "__0_0.distcp").write_bytes(bytes(3 << 20))
         result = shardwise("train", "--steps", "4", "--checkpoint-dir", str(disk), *COMMON,
                            check=False)

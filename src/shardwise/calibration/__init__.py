@@ -53,6 +53,7 @@ sections: `machine` (the "this machine" hardware preset, `calibration.machine`) 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
@@ -114,12 +115,12 @@ class Calibration:
             if not 0 < value <= 1:
                 problems.append(f"{name} must be in (0, 1], got {value}")
         for name in ("matmul_half_dim", "kernel_overhead"):
-            if getattr(self, name) < 0:
-                problems.append(f"{name} must be ≥ 0, got {getattr(self, name)}")
+            if not 0 <= getattr(self, name) < math.inf:
+                problems.append(f"{name} must be finite and ≥ 0, got {getattr(self, name)}")
         if self.op_count not in ("fused", "runtime"):
             problems.append(f"op_count must be fused or runtime, got {self.op_count!r}")
-        if self.dp_bucket_bytes <= 0:
-            problems.append(f"dp_bucket_bytes must be > 0, got {self.dp_bucket_bytes}")
+        if not 0 < self.dp_bucket_bytes < math.inf:
+            problems.append(f"dp_bucket_bytes must be finite and > 0, got {self.dp_bucket_bytes}")
         for name, value in self.link_efficiency.items():
             if not 0 < value <= 1:
                 problems.append(f"link efficiency of {name} must be in (0, 1], got {value}")
@@ -144,7 +145,7 @@ class Calibration:
             problems.append(f"attention_kernel {self.attention_kernel!r} has no fitted curve; "
                             f"fitted: {', '.join(self.attention_kernels) or 'none'}")
         for name, value in self.collective_call.items():
-            if not value >= 0:
+            if not 0 <= value < math.inf:
                 problems.append(f"per-call cost of {name} must be ≥ 0, got {value}")
         if problems:
             raise ShardwiseError(f"calibration ({self.source}): " + "; ".join(problems))

@@ -52,6 +52,8 @@ whatever its own number of calls.)
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -90,18 +92,30 @@ class MachineSpec:
     synced_host_factor: float = 1.0
 
     def validate(self) -> MachineSpec:
+        """Every figure a finite number in range, `cores` an integer, each per-call key
+        "op/ranks" or "op/ranks@busy" (`_PER_CALL_KEY`)."""
+        import shardwise.validate as v
+
+        checks: list[tuple[str, Callable[..., Any], dict[str, Any]]] = [
+            ("cores", v.integer, {"low": 1, "high": v.MAX_DEGREE}),
+            ("link_latency", v.finite, {"low": 0}),
+            ("synced_host_factor", v.positive, {})]
+        checks += [(name, v.positive, {}) for name in ("memory_bytes", "peak_flops",
+                                                       "memory_bandwidth", "link_bandwidth")]
         problems = []
-        if self.cores < 1:
-            problems.append(f"cores must be ≥ 1, got {self.cores}")
-        for name in ("memory_bytes", "peak_flops", "memory_bandwidth", "link_bandwidth"):
-            if not getattr(self, name) > 0:
-                problems.append(f"{name} must be > 0, got {getattr(self, name)}")
-        if self.link_latency < 0:
-            problems.append(f"link latency must be ≥ 0, got {self.link_latency}")
-        problems += [f"per-call cost of {k} must be ≥ 0, got {v}" for k, v in self.per_call
-                     if not v >= 0]
-        if not 0 < self.synced_host_factor < float("inf"):
-            problems.append(f"synced_host_factor must be > 0, got {self.synced_host_factor}")
+        for name, check, bounds in checks:
+            try:
+                check(getattr(self, name), name, **bounds)
+            except ShardwiseError as exc:
+                problems.append(str(exc))
+        for key, cost in self.per_call:
+            if not isinstance(key, str) or not _PER_CALL_KEY.fullmatch(key):
+                problems.append(f"per-call key {key!r} must be op/ranks or op/ranks@busy with "
+                                f"op one of {', '.join(_CALL_OPS)}")
+            try:
+                v.finite(cost, f"per-call cost of {key}", low=0)
+            except ShardwiseError as exc:
+                problems.append(str(exc))
         if problems:
             raise ShardwiseError("calibration machine section: " + "; ".join(problems))
         return self
@@ -118,20 +132,29 @@ class MachineSpec:
     def from_dict(cls, data: Any, source: str) -> MachineSpec:
         try:
             link = data["link"]
-            return cls(str(data.get("name", THIS_MACHINE)), str(data.get("backend", "gloo")),
-                       str(data.get("dtype", "fp32")), int(data["cores"]),
-                       float(data["memory_bytes"]), float(data["peak_flops"]),
-                       float(data["memory_bandwidth"]), float(link["bandwidth"]),
-                       float(link["latency"]), str(link.get("name", "gloo")),
-                       tuple((str(k), float(v))
-                             for k, v in sorted(link.get("per_call", {}).items())),
-                       float(data.get("synced_host_factor", 1.0))).validate()
-        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            per_call = link.get("per_call", {})
+            spec = cls(str(data.get("name", THIS_MACHINE)), str(data.get("backend", "gloo")),
+                       str(data.get("dtype", "fp32")), data["cores"], data["memory_bytes"],
+                       data["peak_flops"], data["memory_bandwidth"], link["bandwidth"],
+                       link["latency"], str(link.get("name", "gloo")),
+                       tuple(sorted(per_call.items())), data.get("synced_host_factor", 1.0))
+        except (AttributeError, KeyError, TypeError) as exc:
             raise ShardwiseError(
                 f"calibration file {source!r}: the machine section needs cores, memory_bytes, "
                 f"peak_flops, memory_bandwidth and link {{bandwidth, latency[, per_call]}}"
-                f"[, synced_host_factor] ({exc})"
+                f"[, synced_host_factor] ({type(exc).__name__}: {exc})"
             ) from None
+        try:
+            return spec.validate()
+        except ShardwiseError as exc:
+            raise ShardwiseError(f"calibration file {source!r}: "
+                                 f"{str(exc).removeprefix('calibration ')}") from None
+
+
+# The keys of `per_call`: a collective (estimate.comm.OPS, or "p2p": one message one way) on
+# n ranks, "@R" when measured with R ranks busy.
+_CALL_OPS = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "broadcast", "p2p")
+_PER_CALL_KEY = re.compile(rf"(?:{'|'.join(_CALL_OPS)})/[1-9][0-9]{{0,6}}(?:@[1-9][0-9]{{0,6}})?")
 
 
 def read_machine(path: str | Path | None) -> MachineSpec:

@@ -67,7 +67,10 @@ def collective_time(op: str, size: float, n: int, link: Link, algorithm: str = "
                    `link`, all-reduce of `S/g` across nodes on `inter`, all-gather inside.
     """
     _check(op, n, size)
-    if algorithm not in ALGORITHMS:
+    validate.instance(link, Link, "link", " (hardware.get_link)")
+    if inter is not None:
+        validate.instance(inter, Link, "inter", " (hardware.get_link)")
+    if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
         raise ShardwiseError(f"unknown algorithm {algorithm!r}; valid: {', '.join(ALGORITHMS)}")
     if n == 1:
         return 0.0

@@ -34,6 +34,7 @@ from shardwise.layout import (
     Layout,
     Partition,
     TrainSpec,
+    check_specs,
     chunk_span,
     ulysses_degree,
 )
@@ -651,6 +652,7 @@ def training_memory_per_gpu(model: ModelSpec, layout: Layout, train: TrainSpec |
     """Per-GPU memory of every pipeline stage for `layout` training `model` (SPEC §4): see
     `stage_memory`, which this evaluates for each stage of one layout (`generation`: the
     accelerator's, for an FP8 recipe's weight copies)."""
+    check_specs(model=model, layout=layout, train=train, optional=("train",))
     train = (train or TrainSpec()).validate()
     layout.validate(model, train=train)
     codes = layout.codes() | {"m": layout.microbatches(train), "partition": layout.partition}

@@ -111,7 +111,14 @@ from shardwise.estimate.memory import bytes_per_param_training, stage_param_coun
 from shardwise.estimate.offload import host_link, offload_step
 from shardwise.estimate.uncertainty import Uncertainty, uncertainty
 from shardwise.hardware import Cluster
-from shardwise.layout import Layout, Partition, TrainSpec, stage_extremes, ulysses_degree
+from shardwise.layout import (
+    Layout,
+    Partition,
+    TrainSpec,
+    check_specs,
+    stage_extremes,
+    ulysses_degree,
+)
 from shardwise.placement import expert_tp_degree, members_per_node
 from shardwise.schedules.registry import SCHEDULE_CODES, select
 
@@ -750,6 +757,8 @@ def estimate_step(model: ModelSpec, cluster: Cluster, layout: Layout,
     (`shardwise.schedules`) run with this layout's per-micro-batch stage times instead of the
     closed form; with equal stages the two agree.
     """
+    check_specs(model=model, layout=layout, cluster=cluster, train=train,
+                optional=("train",))
     train = (train or TrainSpec()).validate()
     layout.validate(model, cluster, train)
     cal = calib or default_calibration(cluster.accelerator.calibration_name)

@@ -11,12 +11,13 @@ from typing import Any
 
 import numpy as np
 
+import shardwise.validate as validate
 from shardwise.arch import ModelSpec
 from shardwise.calibration import Calibration, default_calibration
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.goodput import MIN_GOODPUT, RANK_BY, Reliability, no_progress
 from shardwise.hardware import Cluster
-from shardwise.layout import Layout, TrainSpec
+from shardwise.layout import Layout, TrainSpec, check_specs
 from shardwise.plan.baseline import choose_parallelism
 from shardwise.plan.evaluate import (
     _layout_of,
@@ -56,6 +57,9 @@ def plan(model: ModelSpec, cluster: Cluster, train: TrainSpec, top: int = 10, *,
                              all_variants=all_variants)
     started = time.perf_counter()
     say = progress or (lambda message: None)
+    check_specs(model=model, layout=layout, cluster=cluster, train=train,
+                optional=("layout",))
+    validate.integer(top, "top", low=1, high=10**6)
     model.validate()
     cluster.validate()
     train = train.validate()

@@ -18,7 +18,18 @@ DEFAULT_HEADROOM = 0.85  # plan for 85 % of GPU memory
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of n ≥ 1, ascending, from its prime factorisation (trials up to √n, not
+    n: instant for any n the model caps allow)."""
+    divisors, p = [1], 2
+    while p * p <= n:
+        count = 0
+        while n % p == 0:
+            n, count = n // p, count + 1
+        divisors = [x * p**k for x in divisors for k in range(count + 1)]
+        p += 1
+    if n > 1:  # one prime factor above √n is left
+        divisors += [x * n for x in divisors]
+    return sorted(divisors)
 
 
 @dataclass(frozen=True)

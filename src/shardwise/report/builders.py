@@ -27,12 +27,13 @@ __all__ = ["FRAMEWORKS", "build_layout", "comm_payload", "emit_payload", "memory
            "schedule_payload", "schedule_svg", "simulate_schedule", "training_budget"]
 
 FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
+MAX_TOKENS = 1e18  # a training budget: a million times the largest published run (15T)
 
 
 # ------------------------------------------------------------------------------------ models
 def model_row(spec: ModelSpec) -> dict[str, Any]:
     """A model's shape and parameter counts (total, and active per token for MoE)."""
-    counts = spec.count_params()
+    counts = validate.instance(spec, ModelSpec, "model").count_params()
     return {"name": spec.name, "layers": spec.n_layers, "hidden": spec.d_model,
             "heads": spec.n_heads, "kv_heads": spec.n_kv_heads, "ffn": spec.d_ff,
             "vocab": spec.vocab, "experts": spec.n_experts, "top_k": spec.top_k,
@@ -45,6 +46,13 @@ def models_payload() -> list[dict[str, Any]]:
 
 
 # ------------------------------------------------------------------------------------ memory
+def _check_seq(spec: ModelSpec, seq: int) -> None:
+    """The model can run sequences of `seq` tokens (its sliding window: `seq_problems`)."""
+    validate.instance(spec, ModelSpec, "model", " (shardwise.get_model)")
+    for problem in spec.seq_problems(seq):
+        raise ShardwiseError(problem)
+
+
 def build_layout(gpus: int, n_layers: int = 0, **kw: Any) -> Layout:
     """A `Layout` from the layout options; `dp=None` takes the GPUs tp·pp·cp leave; the stage
     partition from `partition` (text or counts) or `first_stage_layers`/`last_stage_layers`
@@ -109,6 +117,7 @@ def memory_payload(spec: ModelSpec, *, gpus: int = 8, gpu: str | Accelerator = "
                       optimizer=optimizer, flash_attention=flash, impl=impl, fp8=fp8,
                       offload=offload, offload_fraction=offload_fraction,
                       **(stack_kw or {})).validate()
+    _check_seq(spec, seq)
     layout.validate(spec, cluster, train)
     profile = train.profile
     gen = generation(cluster.accelerator.calibration_name)
@@ -121,7 +130,7 @@ def memory_payload(spec: ModelSpec, *, gpus: int = 8, gpu: str | Accelerator = "
     budget = cluster.accelerator.memory_bytes * headroom
     worst = max(stages, key=lambda s: s.total)
     hints = fit_hints(spec, cluster, train, layout, budget, formula)
-    return {
+    return validate.finite_result({
         "model": spec.name, "layout": layout.to_dict(), "train": asdict(train),
         "accelerator": cluster.accelerator.name, "budget_bytes": budget,
         "fits": worst.total <= budget, "margin_bytes": budget - worst.total,
@@ -144,7 +153,7 @@ def memory_payload(spec: ModelSpec, *, gpus: int = 8, gpu: str | Accelerator = "
         "fused_attention": fused_attention(profile, flash),
         "layer_saved": {"impl": train.impl, "profile": profile, "recompute": layout.recompute, "moe": spec.is_moe,
                         "tensors": layer, "by_component": by_component(layer)},
-    }
+    }, "memory")
 
 
 # -------------------------------------------------------------------------------------- comm
@@ -172,11 +181,12 @@ def comm_payload(*, op: str = "all-reduce", size: str = "1GB", ranks: int = 8,
         chosen = get_link(link)
     seconds = collective_time(op, size_bytes, ranks, chosen, algorithm, nodes=nodes,
                               inter=get_link(inter))
-    return {"op": op, "size_bytes": size_bytes, "ranks": ranks, "link": chosen.name,
-            "algorithm": algorithm, "rounds": ring_steps(op, ranks),
-            "bytes_sent_per_rank": ring_bytes_on_wire(op, size_bytes, ranks),
-            "seconds": seconds,
-            "bus_bandwidth": bus_bandwidth(op, size_bytes, ranks, seconds) if seconds else None}
+    return validate.finite_result({
+        "op": op, "size_bytes": size_bytes, "ranks": ranks, "link": chosen.name,
+        "algorithm": algorithm, "rounds": ring_steps(op, ranks),
+        "bytes_sent_per_rank": ring_bytes_on_wire(op, size_bytes, ranks), "seconds": seconds,
+        "bus_bandwidth": bus_bandwidth(op, size_bytes, ranks, seconds) if seconds else None},
+        "comm")
 
 
 # ---------------------------------------------------------------------------------- schedule
@@ -184,9 +194,14 @@ def simulate_schedule(*, stages: int = 4, microbatches: int = 8, schedule: str =
                       chunks: int | None = None, t_f: float = 1.0, t_b: float = 1.0,
                       t_w: float | None = None, p2p_latency: float = 0.0) -> Any:
     """Generate and simulate a schedule with per-stage times (SPEC §6,
-    `schedules.stage_timeline`); returns the `Timeline`."""
+    `schedules.stage_timeline`); returns the `Timeline`. Times are in [MIN_TIME, MAX_TIME]
+    (`validate.duration`), so no start or end overflows."""
     from shardwise.schedules import stage_timeline
 
+    for value, name in ((t_f, "t_f"), (t_b, "t_b"), (t_w, "t_w")):
+        if value is not None:
+            validate.duration(value, name)
+    validate.finite(p2p_latency, "p2p_latency", low=0, high=validate.MAX_TIME)
     return stage_timeline(schedule, stages, microbatches, chunks, t_f=t_f, t_b=t_b, t_w=t_w,
                           p2p_latency=p2p_latency)
 
@@ -219,16 +234,17 @@ def schedule_payload(timeline: Any, *, stages: int = 4, microbatches: int = 8,
         by_stage.setdefault(event.stage, []).append(event.action)
         if event.action.with_next:
             paired |= {index, index + 1}
-    return {"schedule": schedule, "stages": p, "microbatches": m, "chunks": v,
-            "placement": info.placement, "t_f": t_f, "t_b": t_b, "t_w": t_w,
-            "p2p_latency": p2p_latency, "actions": len(timeline.events),
-            "makespan": timeline.makespan, "bubble_fraction": timeline.bubble_fraction,
-            "bubble_closed_form": closed, "peak_in_flight": list(timeline.peak_in_flight),
-            "text": schedule_text(by_stage),
-            "timeline": [{"stage": e.stage, "kind": e.action.kind,
-                          "microbatch": e.action.micro_batch, "chunk": e.action.chunk,
-                          "start": e.start, "end": e.end, "pair": index in paired}
-                         for index, e in enumerate(timeline.events)]}
+    out = {"schedule": schedule, "stages": p, "microbatches": m, "chunks": v,
+           "placement": info.placement, "t_f": t_f, "t_b": t_b, "t_w": t_w,
+           "p2p_latency": p2p_latency, "actions": len(timeline.events),
+           "makespan": timeline.makespan, "bubble_fraction": timeline.bubble_fraction,
+           "bubble_closed_form": closed, "peak_in_flight": list(timeline.peak_in_flight),
+           "text": schedule_text(by_stage),
+           "timeline": [{"stage": e.stage, "kind": e.action.kind,
+                         "microbatch": e.action.micro_batch, "chunk": e.action.chunk,
+                         "start": e.start, "end": e.end, "pair": index in paired}
+                        for index, e in enumerate(timeline.events)]}
+    return validate.finite_result(out, "schedule")
 
 
 def schedule_svg(timeline: Any, out: dict[str, Any]) -> str:
@@ -280,6 +296,7 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str | Accelerator = "h100"
                       optimizer=optimizer, flash_attention=flash, impl=impl, fp8=fp8,
                       offload="none" if auto else offload, offload_fraction=offload_fraction,
                       **(stack_kw or {})).validate()
+    _check_seq(spec, seq)
     refused = model_refusal(export, spec, train) if export else None
     if refused:
         raise ShardwiseError(f"{export} cannot run this plan: {refused}")
@@ -342,7 +359,10 @@ def reliability(mtbf_gpu_hours: float | None = None, checkpoint_bandwidth: str |
 
 def training_budget(tokens: str | None, price: float | None) -> float | None:
     """The token budget `--tokens` names (None without it); `--price` needs it."""
-    budget = parse_count(tokens, what="token budget") if tokens else None
+    budget = None
+    if tokens is not None:
+        budget = validate.positive(parse_count(tokens, what="token budget"),
+                                   f"--tokens {tokens}", high=MAX_TOKENS)
     if price is not None and budget is None:
         raise ShardwiseError("--price needs --tokens (the training budget)")
     return budget
@@ -390,4 +410,4 @@ def plan_payload(result: Any, *, tokens: str | None = None,
         except ShardwiseError as exc:
             emits[framework] = {"framework": framework, "error": str(exc)}
     out["emits"] = emits
-    return out
+    return validate.finite_result(out, "plan")

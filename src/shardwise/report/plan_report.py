@@ -17,6 +17,7 @@ from shardwise.plan import Alternative, PlanEntry, PlanResult
 from shardwise.plan.explain import SIMPLEST_WITHIN
 from shardwise.report.text import table as _table
 from shardwise.units import human_count, human_time
+from shardwise.validate import finite_result
 
 __all__ = ["breakdown_table", "explain", "goodput_sentence", "goodput_summary", "goodput_table",
            "memory_table", "ranked_table", "ranked_title", "render_plan", "training_summary",
@@ -371,7 +372,7 @@ def training_summary(entry: PlanEntry, tokens: float | None, price: float | None
     if price is not None:
         out["cost"] = entry.estimate.cost(tokens, price)
         out["price_per_gpu_hour"] = price
-    return out
+    return finite_result(out, "training time and cost")
 
 
 def render_plan(result: PlanResult, console: Console, *, tokens: float | None = None,

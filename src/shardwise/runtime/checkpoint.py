@@ -30,35 +30,44 @@ gathered to full parameters, and no DeviceMesh or extra process group is needed:
 over the default group. A tied embedding's copy on the last pipeline stage (`head.weight`)
 is stored under `embedding.weight`, whose value it equals.
 
-Atomicity. `save_checkpoint` writes into `dir/step-000012.tmp-<uuid>` (a name rank 0 picks
-and broadcasts): DCP's files, then `shardwise.json`. After a barrier (every rank's files are
-written) rank 0 renames it to `dir/step-000012` — one atomic rename — then rewrites the
-`latest` file atomically (a temporary file, fsync, `os.replace`) and prunes: it keeps the
-newest `keep` checkpoints and removes `.tmp` leftovers (renaming a victim to `.tmp-` before
-deleting it). So a directory named `step-N` is always complete; a crash at any point leaves the
-previous checkpoint intact, and `latest_checkpoint` (the complete `step-N` with the largest N,
-which the `latest` file names unless a crash fell between the rename and its update) never
-sees a partial one. A second barrier keeps every rank in `save_checkpoint` until the checkpoint
-is published.
+Atomicity. `save_checkpoint` writes into `dir/step-000012.tmp-<uuid>` (a directory rank 0
+creates, with the marker `.shardwise-checkpoint` in it first, and broadcasts): DCP's files,
+then `shardwise.json`. Once every rank's files are written rank 0 renames it to
+`dir/step-000012` — one atomic rename — then rewrites the `latest` file atomically (a
+temporary file, fsync, `os.replace`) and prunes. So a directory named `step-N` is always
+complete; a crash at any point leaves the previous checkpoint intact, and `latest_checkpoint`
+(the complete `step-N` with the largest N, which the `latest` file names unless a crash fell
+between the rename and its update) never sees a partial one. Every rank waits in
+`save_checkpoint` until the checkpoint is published (or the failure known).
+
+Ownership. shardwise touches only directories it wrote (`MARKER`): pruning keeps the newest
+`keep` marked checkpoints up to the one just saved and removes the older ones and the
+leftovers of interrupted saves (`step-N.tmp-…` holding the marker; a victim is renamed to
+`.tmp-…` and its marker deleted last); a checkpoint whose `shardwise.json` names another step
+than its directory is never pruned nor trusted; a `step-N` shardwise did not write is never
+replaced (`check_start` refuses such a run before it starts). A person's `*.tmp-*` files stay.
 
 Integrity. After every rank wrote and before the publish, rank 0 writes `manifest.json`: the
-size and SHA-256 of every other file of the checkpoint (DCP's shards and `.metadata`,
-`shardwise.json`). `damage(path)` re-checks them, and the shape of `shardwise.json`, and says
-what is wrong (a missing or truncated file, changed bytes, a malformed value); a resume takes
-the newest intact checkpoint (`resume_point`, naming each damaged newer one) and stops with one
-line when none is intact. `shardwise.json` also records the SHA-256 of the training text, so a
+size and SHA-256 of every other file of the checkpoint. `damage(path)` re-checks them and says
+what is wrong: a listed file missing, truncated or changed; a file the manifest does not list;
+a file DCP's `.metadata` names that the manifest does not cover; a malformed `shardwise.json`
+or one whose step is not the directory's. A resume takes the newest intact checkpoint
+(`resume_point`, naming each damaged newer one) and stops with one line when none is intact;
+a checkpoint DCP then fails to load is damage too (`load_checkpoint` falls back to the next
+older one and says so). `shardwise.json` also records the SHA-256 of the training text, so a
 resume refuses a `--data` file whose text changed. A save that runs out of disk space says so
 ("no space left on device …"), removes its temporary directory and keeps the previous
-checkpoint; leftovers of interrupted saves are removed before each save. `DirectoryLock`
-(taken by the launcher around a run) keeps a second run out of the same directory; a lock whose
-holder process is dead is taken over.
+checkpoint. `DirectoryLock` (taken by the launcher around a run) keeps a second run out of the
+same directory; a lock whose holder process is dead is taken over.
 
 Resume. `load_checkpoint(state, directory)` fills a freshly `build`-ed state in place, on any
-layout: weights, AdamW moments and step counts, the step (data position), the RNG. The model
-and dtype must match the checkpoint's; the other settings are the new run's (more `steps`
-extends a run; its learning-rate schedule then follows the new step count). The RNG: model
-initialisation seeds the torch generator identically on every rank and no step draws from it,
-so rank 0's state is saved and restored on every rank (CUDA generators are not saved).
+layout: weights, AdamW moments and step counts, the step (data position), the RNG. The model,
+dtype and data settings must match the checkpoint's; so must the optimizer schedule of the
+steps already taken (`state.schedule_changes`: learning rate, warm-up, min_lr, the steps the
+cosine spans, weight decay, clipping, betas, ε) unless `TrainConfig.override` names each
+change (`--override lr,steps`); the layout is the new run's. The RNG: model initialisation
+seeds the torch generator identically on every rank and no step draws from it, so rank 0's
+state is saved and restored on every rank (CUDA generators are not saved).
 """
 
 from __future__ import annotations
@@ -72,9 +81,11 @@ import os
 import re
 import shutil
 import socket
+import stat
 import uuid
 import warnings
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -83,14 +94,20 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
 from shardwise.errors import ShardwiseError
+from shardwise.files import parse_json, regular_file
 from shardwise.runtime import launch
 from shardwise.runtime.mixed_precision import MasterOptimizer
+from shardwise.runtime.state import (
+    TrainConfig,
+    TrainState,
+    json_config,
+    schedule_changes,
+)
 
 if TYPE_CHECKING:
     from shardwise.runtime.parallel_transformer import ParallelTransformer
-    from shardwise.runtime.train import TrainConfig, TrainState
 
-__all__ = ["FORMAT", "LATEST", "MANIFEST", "METADATA", "DirectoryLock",
+__all__ = ["FORMAT", "LATEST", "MANIFEST", "MARKER", "METADATA", "DirectoryLock",
            "check_start", "checkpoint_name", "complete_checkpoints", "damage",
            "data_fingerprint", "latest_checkpoint", "load_checkpoint", "prune", "read_metadata",
            "read_parameters", "resume_point", "save_checkpoint", "write_manifest"]
@@ -99,8 +116,14 @@ FORMAT = 1
 METADATA = "shardwise.json"  # our metadata, next to DCP's `.metadata`
 LATEST = "latest"  # a file naming the newest checkpoint directory
 MANIFEST = "manifest.json"  # size and SHA-256 of every other file of the checkpoint
+MARKER = ".shardwise-checkpoint"  # in every directory shardwise writes: only those it touches
+DCP_METADATA = ".metadata"  # DCP's index of the tensors and the files that hold them
 LOCK = ".lock"  # in the checkpoint directory while a run uses it: "pid host"
 _STEP_DIR = re.compile(r"step-(\d+)")
+_LEFTOVER = re.compile(r"step-\d+\.tmp-.+")  # an unpublished save or a victim being deleted
+_OUR_TMP = re.compile(r"step-\d+\.tmp-[0-9a-f]{32}")  # a name `save_checkpoint` or `_remove` picks
+_POINTER_TMP = re.compile(rf"{LATEST}\.tmp-[0-9a-f]{{32}}")  # `latest` being replaced
+_MAX_JSON = 64 * 2**20  # shardwise.json and the manifest: a few kB
 _MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
@@ -110,14 +133,20 @@ def checkpoint_name(step: int) -> str:
     return f"step-{step:06d}"
 
 
+def _ours(path: Path) -> bool:
+    """A directory shardwise wrote (it holds `MARKER`, written before anything else)."""
+    return path.is_dir() and not path.is_symlink() and (path / MARKER).is_file()
+
+
 def complete_checkpoints(directory: str | Path) -> list[Path]:
-    """The complete checkpoints in `directory`, oldest first: directories named `step-N`
-    holding `shardwise.json` (`.tmp-…` directories are unfinished or being deleted)."""
+    """The complete checkpoints in `directory`, oldest first: directories shardwise wrote
+    (`MARKER`) named `step-N`, holding `shardwise.json` (`.tmp-…` directories are unfinished
+    or being deleted)."""
     root = Path(directory)
     if not root.is_dir():
         return []
     found = [(int(m.group(1)), p) for p in root.iterdir()
-             if (m := _STEP_DIR.fullmatch(p.name)) and (p / METADATA).is_file()]
+             if (m := _STEP_DIR.fullmatch(p.name)) and _ours(p) and (p / METADATA).is_file()]
     return [p for _, p in sorted(found)]
 
 
@@ -156,16 +185,22 @@ def _metadata_problem(meta: Any) -> str | None:
     return None
 
 
+def _read_json(path: Path) -> Any:
+    """A JSON file of the checkpoint (strict: `files.parse_json`), or one line on why not."""
+    try:
+        text = regular_file(path, path.name, _MAX_JSON).read_bytes()
+    except OSError as exc:
+        raise ShardwiseError(f"{path.name} cannot be read ({exc.strerror})") from None
+    return parse_json(text, path.name)
+
+
 def read_metadata(path: str | Path) -> dict[str, Any]:
     """A checkpoint's `shardwise.json`: format, step, world_size, config (checked: a missing
     or malformed file raises `ShardwiseError` naming the path and the problem)."""
     try:
-        meta = json.loads((Path(path) / METADATA).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ShardwiseError(f"checkpoint {path}: cannot read {METADATA}: "
-                             f"{exc.strerror}") from None
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
-        raise ShardwiseError(f"checkpoint {path}: {METADATA} is not valid JSON ({exc})") from None
+        meta = _read_json(Path(path) / METADATA)
+    except ShardwiseError as exc:
+        raise ShardwiseError(f"checkpoint {path}: {exc}") from None
     problem = _metadata_problem(meta)
     if problem:
         raise ShardwiseError(f"checkpoint {path}: {problem}")
@@ -191,54 +226,97 @@ def write_manifest(path: str | Path) -> None:
                                                indent=1) + "\n")
 
 
+def _manifest(root: Path) -> dict[str, tuple[int, str]]:
+    """The manifest's files: relative name → (bytes, SHA-256)."""
+    files = _read_json(root / MANIFEST)["files"]
+    out = {}
+    for name, entry in files.items():
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            raise ValueError(f"it names {name!r}, outside the checkpoint")
+        out[str(name)] = (int(entry["bytes"]), str(entry["sha256"]))
+    return out
+
+
+def _dcp_files(root: Path) -> set[str]:
+    """The files DCP's `.metadata` says hold the checkpoint's tensors."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    metadata = FileSystemReader(root).read_metadata()
+    return {info.relative_path for info in metadata.storage_data.values()}
+
+
 def damage(path: str | Path) -> str | None:
-    """What is wrong with checkpoint `path` — a file missing, truncated or changed since the
-    save (checked against `MANIFEST`), a malformed `shardwise.json` — or None if intact."""
+    """What is wrong with checkpoint `path`, or None if intact. Checked: the directory is
+    one shardwise wrote (`MARKER`); every file is listed in `MANIFEST` and every listed file
+    has its size and SHA-256 (missing, truncated, changed); every file DCP's `.metadata`
+    names is listed; `shardwise.json` is well-formed and its step is the directory's."""
     root = Path(path)
-    try:
-        manifest = json.loads((root / MANIFEST).read_text(encoding="utf-8"))
-        files = manifest["files"]
-        listed = [(str(name), int(entry["bytes"]), str(entry["sha256"]))
-                  for name, entry in files.items()]
-    except FileNotFoundError:
+    if not (root / MANIFEST).exists():
         return f"its checksum manifest {MANIFEST} is missing"
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+    try:
+        listed = _manifest(root)
+    except (ShardwiseError, OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         return f"its checksum manifest {MANIFEST} is unreadable or malformed ({exc})"
-    if METADATA not in files:
-        return f"its manifest does not cover {METADATA}"
-    for name, size, digest in listed:
+    for required, what in ((METADATA, "shardwise's metadata"), (MARKER, "shardwise's marker"),
+                           (DCP_METADATA, "DCP's metadata")):
+        if required not in listed:
+            return f"its manifest does not cover {required} ({what}): not a checkpoint " \
+                   "shardwise wrote, or damaged"
+    for name, (size, digest) in listed.items():
         file = root / name
         if not file.is_file():
             return f"{name} is missing"
-        actual = file.stat().st_size
-        if actual != size:
-            return f"{name} is {actual} bytes, {size} when saved (truncated or overwritten)"
-        if _sha256(file) != digest:
-            return f"{name} fails its SHA-256 checksum (bytes changed since the save)"
+        try:
+            actual = file.stat().st_size
+            if actual != size:
+                return f"{name} is {actual} bytes, {size} when saved (truncated or overwritten)"
+            if _sha256(file) != digest:
+                return f"{name} fails its SHA-256 checksum (bytes changed since the save)"
+        except OSError as exc:
+            return f"{name} cannot be read ({exc.strerror})"
+    unlisted = sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
+                      if not p.is_dir() and p.name != MANIFEST
+                      and p.relative_to(root).as_posix() not in listed)
+    if unlisted:
+        return f"{unlisted[0]} is not in its manifest (added or renamed since the save)"
     try:
-        read_metadata(root)
+        unverified = sorted(_dcp_files(root) - listed.keys())
+    except Exception as exc:  # DCP unpickles: anything can be raised
+        return f"DCP's {DCP_METADATA} cannot be read ({type(exc).__name__}: {exc})"[:300]
+    if unverified:
+        return f"DCP's {DCP_METADATA} names {unverified[0]}, which its manifest does not cover"
+    try:
+        meta = read_metadata(root)
     except ShardwiseError as exc:
         return str(exc).removeprefix(f"checkpoint {path}: ")
+    m = _STEP_DIR.fullmatch(root.name)
+    if m and int(m.group(1)) != meta["step"]:
+        return (f"{METADATA} says step {meta['step']} but the directory is {root.name} "
+                "(renamed or copied: its step cannot be trusted)")
     return None
 
 
 def _candidates(directory: Path) -> list[Path]:
-    """Published checkpoint directories, newest first: `step-N` with `shardwise.json` or a
-    manifest (a directory with neither is not one of ours)."""
+    """Published checkpoint directories, newest first: `step-N` holding `shardwise.json`, a
+    manifest or `MARKER` (a directory with none of them is not one of ours; it is never read,
+    replaced or removed)."""
     if not directory.is_dir():
         return []
     found = [(int(m.group(1)), p) for p in directory.iterdir()
              if (m := _STEP_DIR.fullmatch(p.name)) and p.is_dir()
-             and ((p / METADATA).exists() or (p / MANIFEST).exists())]
+             and any((p / f).exists() for f in (METADATA, MANIFEST, MARKER))]
     return [p for _, p in sorted(found, reverse=True)]
 
 
-def resume_point(directory: str | Path) -> tuple[Path | None, list[str]]:
-    """(the newest intact checkpoint in `directory` or None when there is none at all, one
-    line per newer damaged checkpoint skipped). Raises `ShardwiseError` when checkpoints exist
-    but none is intact."""
+def resume_point(directory: str | Path, skip: tuple[Path, ...] = ()
+                 ) -> tuple[Path | None, list[str]]:
+    """(the newest intact checkpoint in `directory` not in `skip`, or None when there is
+    none at all; one line per newer damaged checkpoint skipped). Raises `ShardwiseError` when
+    checkpoints exist but none is intact."""
     skipped = []
     for path in _candidates(Path(directory)):
+        if path in skip:
+            continue
         problem = damage(path)
         if problem is None:
             return path, skipped
@@ -265,6 +343,8 @@ def data_fingerprint(path: str | None) -> str | None:
     try:
         st = os.stat(path)
     except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):  # a FIFO or device: never read for a fingerprint
         return None
     return _fingerprint(str(path), (st.st_mtime_ns, st.st_size))
 
@@ -349,35 +429,82 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _remove(path: Path) -> None:
-    """Delete a checkpoint or leftover: first renamed to `.tmp-…`, so a crash mid-delete never
-    leaves a partial directory under a checkpoint's name."""
-    if not path.name.partition(".tmp-")[1]:
-        path = path.rename(path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex}"))
+    """Delete a directory shardwise wrote (a checkpoint or a leftover) or a `latest.tmp-…`
+    file: a directory is first renamed to `.tmp-…`, so a crash mid-delete never leaves a
+    partial directory under a checkpoint's name, and its `MARKER` goes last, so a leftover
+    with anything in it is still recognisably ours."""
     if path.is_dir():
-        shutil.rmtree(path, ignore_errors=True)
+        if not path.name.partition(".tmp-")[1]:
+            path = path.rename(path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex}"))
+        for child in path.iterdir():
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            elif child.name != MARKER:
+                child.unlink(missing_ok=True)
+        (path / MARKER).unlink(missing_ok=True)
+        path.rmdir()
     else:
         path.unlink(missing_ok=True)
 
 
 def _check_keep(keep: int) -> None:
-    if keep < 1:
-        raise ShardwiseError(f"keep must be ≥ 1 checkpoint, got {keep}")
+    if not isinstance(keep, int) or keep < 1:
+        raise ShardwiseError(f"keep must be ≥ 1 checkpoint, got {keep!r}")
 
 
-def prune(directory: str | Path, keep: int) -> list[Path]:
-    """Keep the newest `keep` complete checkpoints; remove the older ones and every `.tmp-…`
-    leftover (call it only while no save is in progress). Returns what was removed."""
+def _leftovers(root: Path) -> list[Path]:
+    """What interrupted saves and deletions left: `step-N.tmp-…` directories shardwise wrote
+    (`MARKER`; or empty, under a name it picks) and `latest.tmp-…` files; nothing else
+    matching `*.tmp-*`."""
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir()
+                  if (p.is_dir() and not p.is_symlink()
+                      and ((_LEFTOVER.fullmatch(p.name) and _ours(p))
+                           or (_OUR_TMP.fullmatch(p.name) and not any(p.iterdir()))))
+                  or (_POINTER_TMP.fullmatch(p.name) and p.is_file()))
+
+
+def _trusted_step(path: Path) -> int | None:
+    """The step of checkpoint `path` when its `shardwise.json` names the directory's step."""
+    try:
+        step = read_metadata(path)["step"]
+    except ShardwiseError:
+        return None
+    return step if path.name == checkpoint_name(step) else None
+
+
+def prune(directory: str | Path, keep: int, newest: Path | None = None) -> list[Path]:
+    """Keep the newest `keep` complete checkpoints shardwise wrote up to `newest` (the one
+    just published, always kept); remove the older ones and the leftovers (`_leftovers`).
+    Never removed: a directory without `MARKER`, one whose `shardwise.json` does not name its
+    own step (damage, left for a person to look at), one newer than `newest`. Call it only
+    while no save is in progress. Returns what was removed."""
     _check_keep(keep)
     root = Path(directory)
-    victims = complete_checkpoints(root)[:-keep] + sorted(root.glob("*.tmp-*"))
+    ceiling = _trusted_step(newest) if newest is not None else None
+    trusted = [p for p in complete_checkpoints(root)
+               if (step := _trusted_step(p)) is not None and (ceiling is None or step <= ceiling)]
+    victims = trusted[:-keep] + _leftovers(root)
     for path in victims:
         _remove(path)
     return victims
 
 
+def _foreign(final: Path) -> str | None:
+    """Why `final` cannot be written: something there that shardwise did not write."""
+    if os.path.lexists(final) and not _ours(final):
+        return (f"{final} exists and was not written by shardwise (no {MARKER}); move it away "
+                "or use another --checkpoint-dir")
+    return None
+
+
 def _publish(tmp: Path, final: Path, keep: int) -> None:
     """Rank 0, once every rank has written `tmp`: make it the checkpoint `final` (one atomic
     rename), point `latest` at it (atomically), prune."""
+    problem = _foreign(final)
+    if problem:
+        raise ShardwiseError(problem)
     if final.exists():  # the same step saved again: the new one replaces it
         _remove(final)
     tmp.rename(final)
@@ -386,47 +513,75 @@ def _publish(tmp: Path, final: Path, keep: int) -> None:
     _write_durably(pointer, final.name + "\n")
     os.replace(pointer, final.parent / LATEST)
     _fsync_dir(final.parent)
-    prune(final.parent, keep)
+    prune(final.parent, keep, newest=final)
 
 
-def check_start(config: TrainConfig, report: Any = None) -> Path | None:
+def check_start(config: TrainConfig, report: Callable[[str], None] | None = None
+                ) -> Path | None:
     """Where a run of `config` starts: the checkpoint it resumes from, or None (from step 0).
 
     Refused with one sentence each: a fresh run into a directory that already holds
     checkpoints (it would mix two runs), a checkpoint of another model or dtype or of other
-    data settings (sequence length, global batch, seed, data path or its text), one already at
-    `config.steps`, a directory whose checkpoints are all damaged. A damaged newest checkpoint
-    is skipped for the newest intact one; `report(line)` (if given) hears of each skipped one.
-    Resuming from a directory with no checkpoint yet starts from step 0 (the first launch of a
-    job that is relaunched as it is after each failure)."""
+    data settings (sequence length, global batch, seed, data path or its text), one whose
+    optimizer schedule this run changes for steps already taken (unless `config.override`
+    names the change), one already at `config.steps`, a directory whose checkpoints are all
+    damaged, a directory shardwise did not write where this run would save a checkpoint. A
+    damaged newest checkpoint is skipped for the newest intact one; `report(line)` (if given)
+    hears of each skipped one. Resuming from a directory with no checkpoint yet starts from
+    step 0 (the first launch of a job that is relaunched as it is after each failure)."""
     if not config.checkpoint_dir:
         return None
+    root = Path(config.checkpoint_dir)
     if not config.resume:
-        found = _candidates(Path(config.checkpoint_dir))
+        found = _candidates(root)
         if found:
             raise ShardwiseError(
                 f"{config.checkpoint_dir} already holds checkpoints (newest: {found[0].name}); "
                 "resume from them (--resume) or choose an empty directory")
+        _check_saves(config, root, 0)
         return None
-    path, skipped = resume_point(config.checkpoint_dir)
+    path, skipped = resume_point(root)
     for line in skipped:
         if report is not None:
             report(f"{line}; resuming from the older {path.name if path else None}")
     if path is None:
+        _check_saves(config, root, 0)
         return None
     meta = read_metadata(path)
-    _check_compatible(path, meta, config)
     if meta["step"] >= config.steps:
         raise ShardwiseError(f"{path} is already at step {meta['step']} of steps="
                              f"{config.steps}; train for more steps to continue")
+    _check_compatible(path, meta, config)
+    _check_saves(config, root, meta["step"])
     return path
 
 
+def _check_saves(config: TrainConfig, root: Path, start: int) -> None:
+    """No checkpoint this run will save (after step `start`) would replace a directory
+    shardwise did not write."""
+    if not root.is_dir():
+        return
+    for entry in root.iterdir():
+        m = _STEP_DIR.fullmatch(entry.name)
+        if m is None:
+            continue
+        step = int(m.group(1))
+        every = config.checkpoint_every
+        if start < step <= config.steps and (step == config.steps or (every and
+                                                                      step % every == 0)):
+            problem = _foreign(entry)
+            if problem:
+                raise ShardwiseError(f"this run would save checkpoint {entry.name}, but "
+                                     f"{problem}")
+
+
 def _check_compatible(path: Path, meta: dict[str, Any], config: TrainConfig) -> None:
-    """The checkpoint at `path` holds this run's model in its dtype (the layout may differ)."""
+    """The checkpoint at `path` holds this run's model in its dtype and data settings (the
+    layout may differ), and this run takes the steps before it with the same optimizer
+    schedule, unless `config.override` names what changes."""
     saved = meta["config"]
-    if saved["model"] != json.loads(json.dumps(asdict(config.model))):  # tuples → lists
-        raise ShardwiseError(f"{path} holds model {saved['model']['name']!r}, not "
+    if saved["model"] != json_config(config)["model"]:  # tuples → lists
+        raise ShardwiseError(f"{path} holds model {saved['model'].get('name')!r}, not "
                              f"{config.model.name!r} (or with other dimensions); it cannot "
                              "resume this run")
     if saved["dtype"] != config.dtype:
@@ -446,6 +601,13 @@ def _check_compatible(path: Path, meta: dict[str, Any], config: TrainConfig) -> 
         raise ShardwiseError(f"{path} was trained on other text: {what} changed since the "
                              "checkpoint (SHA-256 differs); resume on the original text or "
                              "start a new run in an empty directory")
+    changed = [k for k in schedule_changes(saved, config, meta["step"])
+               if k not in config.override]
+    if changed:
+        was = ", ".join(f"{k}={saved.get(k)!r} → {json_config(config)[k]!r}" for k in changed)
+        raise ShardwiseError(f"{path} took its {meta['step']} step(s) with another optimizer "
+                             f"schedule ({was}); resume with the same settings, or say the "
+                             f"change is meant with --override {','.join(changed)}")
 
 
 # ------------------------------------------------------------------------ the rank's share
@@ -640,24 +802,6 @@ def _adamw_zeros(p: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 # ------------------------------------------------------------------------- save and load
-def _world() -> bool:
-    return launch.world_size() > 1
-
-
-def _barrier() -> None:
-    if _world():
-        dist.barrier()  # the default group, with the run's timeout
-
-
-def _from_rank0(value: Any) -> Any:
-    """Rank 0's `value` on every rank."""
-    if not _world():
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 def _errors(exc: BaseException) -> list[BaseException]:
     """`exc`, the per-rank exceptions of a DCP `CheckpointException`, and their causes."""
     out, todo = [], [exc]
@@ -704,13 +848,24 @@ def _save_failure(exc: BaseException, final: Path) -> str:
     return f"cannot save checkpoint {final}: {reason}; {kept}"
 
 
-def _clear_leftovers(directory: Path) -> None:
-    """Remove the temporary directories of interrupted saves (this run holds the directory,
-    so no save is in progress)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for path in sorted(directory.glob("*.tmp-*")):
-        if not path.name.startswith(LOCK):
-            _remove(path)
+def _start_save(final: Path) -> tuple[str | None, str | None]:
+    """Rank 0, before any rank writes: remove the leftovers of interrupted saves (this run
+    holds the directory, so no save is in progress), refuse a `final` shardwise did not
+    write, and create the save's temporary directory with `MARKER` in it. (its path, None)
+    or (None, why not)."""
+    problem = _foreign(final)
+    if problem:
+        return None, f"cannot save checkpoint {final}: {problem}"
+    tmp = final.with_name(f"{final.name}.tmp-{uuid.uuid4().hex}")
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        for leftover in _leftovers(final.parent):
+            _remove(leftover)
+        tmp.mkdir()
+        _write_durably(tmp / MARKER, "a checkpoint directory written by shardwise\n")
+    except OSError as exc:
+        return None, _save_failure(exc, final)
+    return str(tmp), None
 
 
 def save_checkpoint(state: TrainState, directory: str | Path, keep: int = 2) -> Path:
@@ -723,11 +878,10 @@ def save_checkpoint(state: TrainState, directory: str | Path, keep: int = 2) -> 
 
     _check_keep(keep)  # before any collective: every rank refuses alike
     final = Path(directory) / checkpoint_name(state.step)
-    name = None
-    if launch.rank() == 0:
-        _clear_leftovers(final.parent)
-        name = str(final.with_name(f"{final.name}.tmp-{uuid.uuid4().hex}"))
-    tmp = Path(_from_rank0(name))  # after the clean-up: no rank writes before it
+    name, failure = launch.from_rank0(_start_save(final) if launch.rank() == 0 else (None, None))
+    if failure is not None:  # after the clean-up: no rank writes before it
+        raise ShardwiseError(failure)
+    tmp = Path(name)
     stepped = _stepped(state)
     moments = [dict(state.optimizer.state.get(p) or _adamw_zeros(p))  # none before step 1
                for p in stepped]
@@ -737,7 +891,6 @@ def save_checkpoint(state: TrainState, directory: str | Path, keep: int = 2) -> 
     content = _state_dict(state, moments)
     if launch.rank() == 0:
         content["rng"] = torch.get_rng_state()
-    failure = None
     try:
         # DCP's save is collective: a rank's failed write raises on every rank, after every
         # rank's files are written.
@@ -745,52 +898,79 @@ def save_checkpoint(state: TrainState, directory: str | Path, keep: int = 2) -> 
                  no_dist=not dist.is_initialized())
         if launch.rank() == 0:
             meta = {"format": FORMAT, "step": state.step, "world_size": launch.world_size(),
-                    "config": asdict(state.config),
+                    "config": json_config(state.config),
                     "data_sha256": data_fingerprint(state.config.data)}
             _write_durably(tmp / METADATA, json.dumps(meta, indent=1) + "\n")
             write_manifest(tmp)
     except (OSError, CheckpointException) as exc:
         failure = _save_failure(exc, final)
-    failure = _from_rank0(failure)  # rank 0 saw every failure (DCP's) and its own
-    if failure is None and launch.rank() == 0:
-        _publish(tmp, final, keep)
-    elif launch.rank() == 0:
-        _remove(tmp)
-    _barrier()  # published (or cleaned) before any rank goes on
+    failure = launch.from_rank0(failure)  # rank 0 saw every failure (DCP's) and its own
+    if launch.rank() == 0:
+        try:
+            if failure is None:
+                _publish(tmp, final, keep)
+            else:
+                _remove(tmp)
+        except (OSError, ShardwiseError) as exc:  # e.g. `final` appeared meanwhile
+            failure = failure or f"cannot publish checkpoint {final}: {exc}"
+    failure = launch.from_rank0(failure)  # published (or cleaned) before any rank goes on
     if failure is not None:
         raise ShardwiseError(failure)
     return final
 
 
-def load_checkpoint(state: TrainState, directory: str | Path) -> bool:
+def load_checkpoint(state: TrainState, directory: str | Path,
+                    report: Callable[[str], None] | None = None) -> bool:
     """Load the newest intact checkpoint in `directory` (or the checkpoint `directory`
     itself) into `state`, a freshly `build`-ed state on any layout, in place. Collective.
-    Returns False (and leaves `state` as built) when there is no checkpoint; raises
-    `ShardwiseError` on every rank when the checkpoint is damaged or does not fit."""
+    Returns False (and leaves `state` as built) when there is no checkpoint. A checkpoint
+    that passes `damage` but that DCP then fails to load is damage like any other: the next
+    older intact one is loaded instead (`report(line)`, on rank 0, hears of it); raises
+    `ShardwiseError` on every rank when none loads or the checkpoint does not fit."""
+    failed: list[Path] = []
+    while True:
+        found: tuple[str | None, str | None] = (None, None)  # (path, error)
+        if launch.rank() == 0:  # rank 0 verifies; every rank reads the same checkpoint
+            found = _choose(Path(directory), state.config, tuple(failed))
+        path, error = launch.from_rank0(found)
+        if error is not None:
+            raise ShardwiseError(error)
+        if path is None:
+            return False
+        problem = launch.first_problem(_load(state, Path(path)))
+        if problem is None:
+            return True
+        failed.append(Path(path))
+        if report is not None and launch.rank() == 0:
+            report(f"checkpoint {path} cannot be loaded ({problem}); trying an older one")
+
+
+def _choose(given: Path, config: TrainConfig, failed: tuple[Path, ...]
+            ) -> tuple[str | None, str | None]:
+    """Rank 0: (the checkpoint to load, None), (None, None) for none, or (None, why not)."""
+    try:
+        if (given / METADATA).is_file() or (given / MANIFEST).is_file():  # one checkpoint
+            problem = "DCP could not load it" if given in failed else damage(given)
+            if problem:
+                raise ShardwiseError(f"checkpoint {given} is damaged: {problem}")
+            path: Path | None = given
+        else:
+            path, _ = resume_point(given, skip=failed)
+            if path is None and failed:
+                raise ShardwiseError(f"no checkpoint in {given} loads: "
+                                     f"{', '.join(map(str, failed))} failed")
+        if path is not None:
+            _check_compatible(path, read_metadata(path), config)
+        return (None if path is None else str(path)), None
+    except ShardwiseError as exc:
+        return None, str(exc)
+
+
+def _load(state: TrainState, path: Path) -> str | None:
+    """Load checkpoint `path` into `state` (this rank's share); None, or why it failed."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint import load as dcp_load
 
-    found: tuple[str | None, str | None] = (None, None)  # (path, error)
-    if launch.rank() == 0:  # rank 0 verifies; every rank reads the same checkpoint
-        given = Path(directory)
-        try:
-            if (given / METADATA).is_file() or (given / MANIFEST).is_file():
-                problem = damage(given)
-                if problem:
-                    raise ShardwiseError(f"checkpoint {given} is damaged: {problem}")
-                path = given
-            else:
-                path = resume_point(given)[0]
-            if path is not None:
-                _check_compatible(path, read_metadata(path), state.config)
-            found = (None if path is None else str(path), None)
-        except ShardwiseError as exc:
-            found = (None, str(exc))
-    path, error = _from_rank0(found)
-    if error is not None:
-        raise ShardwiseError(error)
-    if path is None:
-        return False
     meta = read_metadata(path)
     stepped = _stepped(state)
     mixed = isinstance(state.optimizer, MasterOptimizer)
@@ -801,10 +981,10 @@ def load_checkpoint(state: TrainState, directory: str | Path) -> bool:
     try:
         dcp_load(content, storage_reader=FileSystemReader(path),
                  no_dist=not dist.is_initialized())
-    except (OSError, CheckpointException) as exc:  # changed after it was verified
+    except (Exception, CheckpointException) as exc:  # I/O, unpickling; DCP's is a BaseException
         first = _errors(exc)[-1]
-        raise ShardwiseError(f"cannot load checkpoint {path}: {type(first).__name__}: "
-                             f"{str(first).strip().splitlines()[0]}") from None
+        text = str(first).strip().splitlines()
+        return f"{type(first).__name__}: {text[0] if text else ''}"[:300]
     if mixed:  # the fp32 masters; the bf16 weights came with `model.*` (their rounding)
         with torch.no_grad():
             for moment, master in zip(moments, stepped):
@@ -815,7 +995,7 @@ def load_checkpoint(state: TrainState, directory: str | Path) -> bool:
     torch.set_rng_state(content["rng"])
     state.rng = content["rng"]
     state.step = int(meta["step"])
-    return True
+    return None
 
 
 def read_parameters(path: str | Path) -> dict[str, torch.Tensor]:

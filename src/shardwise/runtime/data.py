@@ -17,6 +17,9 @@ import torch
 from shardwise.errors import ShardwiseError
 
 BYTE_VOCAB = 256
+# A `--data` file is read whole by every rank, 8 bytes per token (int64): 256 MiB of text
+# is 2 GiB per rank.
+MAX_DATA_BYTES = 256 * 2**20
 
 _SUBJECTS = ("the planner", "a pipeline stage", "each rank", "the optimizer", "a tensor shard",
              "the ring", "every expert", "the scheduler", "a micro-batch", "the gradient")
@@ -42,7 +45,10 @@ def builtin_corpus(n_sentences: int = 4000, seed: int = 1234) -> str:
 
 def encode(text: str) -> torch.Tensor:
     """UTF-8 bytes as int64 token ids in [0, 256)."""
-    return torch.tensor(list(text.encode("utf-8")), dtype=torch.int64)
+    data = bytearray(text.encode("utf-8"))
+    if not data:
+        return torch.zeros(0, dtype=torch.int64)
+    return torch.frombuffer(data, dtype=torch.uint8).to(torch.int64)
 
 
 def decode(tokens: torch.Tensor) -> str:
@@ -52,13 +58,12 @@ def decode(tokens: torch.Tensor) -> str:
 
 def load_tokens(path: str | Path | None = None) -> torch.Tensor:
     """Tokens of a user's text file, or of the built-in corpus."""
+    from shardwise.files import read_bytes
+
     if path is None:
         return encode(builtin_corpus())
-    try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise ShardwiseError(f"cannot read data file {str(path)!r}: {exc.strerror}") from None
-    return encode(text)
+    raw = read_bytes(path, "data file", MAX_DATA_BYTES)  # a regular file, size capped
+    return encode(raw.decode("utf-8", errors="replace"))
 
 
 @dataclass(frozen=True)

@@ -37,18 +37,27 @@ is the runtime's: softmax over all E experts, top-k, gates renormalised over the
 Loading (`load_hf_weights`): every rank reads the whole state dict on CPU into the
 single-device model it builds from the seed, before `parallelize` keeps its slice — the simplest
 correct path, and the memory cost is one full copy of the weights per rank while loading (a
-7B model in fp32: 28 GB per rank, briefly); sharded reading per layout is not done.
+7B model in fp32: 28 GB per rank, briefly); sharded reading per layout is not done. Every
+weight the folder holds is read or the run is refused (`hf_weight_files`): the files the
+index maps (each holding exactly its tensors) or `model.safetensors`, regular files only;
+float tensors only (quantised ones are refused, never cast), finite values only.
+`check_hf_weights` runs the same checks on the launcher, one tensor at a time, before any rank
+starts.
 
 Saving (`save_hf`): `ParallelTransformer.full_parameters()` gathers each pipeline stage's
 parameters over tp, ep and ZeRO; the rank at coordinate 0 of every axis but pp writes its
 stage's tensors to `model-0000k-of-0000p.safetensors` (one `model.safetensors` when pp = 1);
-rank 0 writes `config.json` and, with several files, the index. No gather across stages.
+rank 0 writes `config.json` and, with several files, the index. No gather across stages. A
+failed write on any rank is one `ShardwiseError` on every rank (`runtime.train` then saves the
+model to a temporary directory and says where).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -139,86 +148,116 @@ def to_runtime_name(name: str) -> str:
                          "weight shardwise knows")
 
 
+# Files that hold weights in the formats shardwise does not read (PyTorch pickles, TF, Flax,
+# GGUF): a folder holding them without safetensors is refused, never trained from scratch.
+_OTHER_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.h5", "*.msgpack", "*.gguf")
+# safetensors dtypes shardwise loads (converted to the run's dtype); int8/uint8/fp8 and other
+# quantised tensors are refused, never cast.
+_FLOAT_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+def _weight_map(index: Path) -> dict[str, str]:
+    """The `weight_map` of a safetensors index: tensor name → file name in the folder."""
+    from shardwise.files import read_json
+
+    data = read_json(index, "safetensors index")
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ShardwiseError(f"safetensors index {str(index)!r} has no weight_map (tensor → "
+                             "file); it cannot say where the weights are")
+    for name, file in weight_map.items():
+        if not isinstance(file, str) or Path(file).name != file or file in ("", ".", ".."):
+            raise ShardwiseError(f"safetensors index {str(index)!r}: {name!r} maps to "
+                                 f"{file!r}, not a file name in the checkpoint folder")
+    return weight_map
+
+
 def hf_weight_files(directory: str | Path) -> list[Path]:
-    """The safetensors files of a checkpoint folder ([] when it holds none)."""
+    """The safetensors files of a checkpoint folder: the files its index names, or
+    `model.safetensors`; [] for a folder with a config alone (or a path that is not a
+    folder). Weights that cannot all be read are refused in one line, never skipped: an index
+    without a weight_map, a named file missing or not a regular file (a directory, a symlink
+    loop), both an index and `model.safetensors`, or weights in another format."""
+    from shardwise.files import regular_file
+    from shardwise.validate import MAX_BYTES
+
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    index = directory / _INDEX
-    if index.is_file():
-        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
-        return [directory / f for f in sorted(set(weight_map.values()))]
-    single = directory / "model.safetensors"
-    return [single] if single.is_file() else []
+    index, single = directory / _INDEX, directory / "model.safetensors"
+    if os.path.lexists(index) and os.path.lexists(single):
+        raise ShardwiseError(f"{directory} holds both {_INDEX} and model.safetensors; keep the "
+                             "one that is the checkpoint")
+    if os.path.lexists(index):
+        names = sorted(set(_weight_map(index).values()))
+        return [regular_file(directory / n, "checkpoint file", MAX_BYTES) for n in names]
+    if os.path.lexists(single):
+        return [regular_file(single, "checkpoint file", MAX_BYTES)]
+    others = sorted({p.name for pattern in ("*.safetensors", *_OTHER_WEIGHTS)
+                     for p in directory.glob(pattern)})
+    if others:
+        raise ShardwiseError(f"{directory} holds weights shardwise cannot read as a checkpoint "
+                             f"({', '.join(others[:3])}{' …' if len(others) > 3 else ''}): it "
+                             f"reads model.safetensors, or shards named by {_INDEX}")
+    return []
 
 
-def _tensors(path: Path, headers_only: bool
-             ) -> list[tuple[str, tuple[int, ...], torch.Tensor | None]]:
-    """(name, shape, tensor) of each tensor of a safetensors file; the tensor is None when
-    only the header is read. An unreadable file is one line."""
+def _tensors(path: Path) -> Iterator[tuple[str, tuple[int, ...], str, torch.Tensor]]:
+    """(name, shape, safetensors dtype, tensor) of each tensor of a safetensors file, one at
+    a time. An unreadable file is one line."""
     from safetensors import SafetensorError, safe_open
-    from safetensors.torch import load_file
 
     try:
-        if headers_only:
-            with safe_open(str(path), "pt") as f:
-                return [(k, tuple(f.get_slice(k).get_shape()), None)
-                        for k in f.keys()]  # noqa: SIM118 (a safe_open, not a dict)
-        return [(k, tuple(t.shape), t) for k, t in load_file(str(path)).items()]
+        with safe_open(str(path), "pt") as f:
+            for name in f.keys():  # noqa: SIM118 (a safe_open, not a dict)
+                view = f.get_slice(name)
+                yield name, tuple(view.get_shape()), view.get_dtype(), f.get_tensor(name)
     except (OSError, SafetensorError) as exc:
         raise ShardwiseError(f"{path}: not a readable safetensors file ({exc})") from None
 
 
 def check_hf_weights(spec: ModelSpec, directory: str | Path) -> None:
     """`load_hf_weights`'s checks (every name placed, every shape as config.json implies,
-    nothing read twice, nothing missing) on the files' headers alone, against the model built
-    on the meta device: a bad checkpoint is refused before any rank starts."""
+    float dtypes, finite values, nothing read twice, nothing missing, the index's map
+    honoured) against the model built on the meta device: a bad checkpoint is refused before
+    any rank starts. Reads every tensor once, one at a time."""
     from shardwise.runtime.model import Transformer
 
     with torch.device("meta"):
         model = Transformer(spec)
-    load_hf_weights(model, directory, headers_only=True)
+    load_hf_weights(model, directory, copy=False)
 
 
 @torch.no_grad()
 def load_hf_weights(model: torch.nn.Module, directory: str | Path, *,
-                    headers_only: bool = False) -> None:
+                    copy: bool = True) -> None:
     """Copy the checkpoint in `directory` into `model` (a single-device `Transformer`, before
-    `parallelize`), converting to the model's dtype. Every runtime parameter must be present
-    (the head may be absent when embeddings are tied) and no tensor may be left over.
-    `headers_only`: the same checks on names and shapes, nothing copied."""
+    `parallelize`), converting float tensors to the model's dtype. Every runtime parameter
+    must be present (the head may be absent when embeddings are tied), no tensor may be left
+    over, every tensor must be a float one holding finite values, and each file must hold
+    exactly the tensors the index maps to it. `copy=False`: the same checks, nothing copied."""
     files = hf_weight_files(directory)
     if not files:
         raise ShardwiseError(f"{directory}: no model.safetensors or {_INDEX} to load")
+    index = Path(directory) / _INDEX
+    mapped = _weight_map(index) if index.exists() else None
     params = dict(model.named_parameters())
     seen: dict[tuple[str, int | None], str] = {}  # (parameter, expert row) → checkpoint tensor
     for path in files:
-        for hf_name, tensor_shape, tensor in _tensors(path, headers_only):
-            try:
-                views = _destinations(hf_name, params)
-            except ShardwiseError as exc:  # a name shardwise does not know
-                raise ShardwiseError(f"{path.name}: {exc}") from None
-            if not views:
-                raise ShardwiseError(f"{path.name}: tensor {hf_name!r} has no place in the "
-                                     "model config.json describes")
-            shape = views[0][2].shape  # the views stacked along dim -2
-            if len(views) > 1:
-                shape = (*shape[:-2], sum(v.shape[-2] for _, _, v in views), shape[-1])
-            if tensor_shape != tuple(shape):
-                raise ShardwiseError(f"{path.name}: {hf_name} has shape {tensor_shape}, "
-                                     f"config.json implies {tuple(shape)}")
-            pieces = ([None] * len(views) if tensor is None else
-                      tensor.split([v.shape[-2] for _, _, v in views], dim=-2)
-                      if len(views) > 1 else [tensor])
-            for (name, row, view), piece in zip(views, pieces, strict=True):
-                rows = range(view.shape[0]) if row is None and _STACKED.fullmatch(name) else [row]
-                for key in ((name, r) for r in rows):
-                    if key in seen:
-                        raise ShardwiseError(f"{path.name}: {hf_name} holds weights already "
-                                             f"read from {seen[key]} (two expert layouts?)")
-                    seen[key] = hf_name
-                if piece is not None:
-                    view.copy_(piece)  # (converting the dtype)
+        names = set()
+        for hf_name, tensor_shape, dtype, tensor in _tensors(path):
+            names.add(hf_name)
+            if dtype not in _FLOAT_DTYPES:
+                raise ShardwiseError(f"{path.name}: {hf_name} is {dtype}; shardwise loads "
+                                     f"float tensors ({', '.join(_FLOAT_DTYPES)}), not "
+                                     "quantised ones")
+            if not bool(torch.isfinite(tensor).all()):
+                bad = int((~torch.isfinite(tensor)).sum())
+                raise ShardwiseError(f"{path.name}: {hf_name} holds {bad:,} NaN or infinite "
+                                     "value(s); a model cannot train from them")
+            _place(hf_name, tensor_shape, tensor if copy else None, params, seen, path)
+        if mapped is not None:
+            _check_mapped(path, names, mapped)
     expected = {(n, r) for n, p in params.items()
                 for r in (range(p.shape[0]) if _STACKED.fullmatch(n) else [None])}
     missing = sorted(list(to_hf_tensors(n, params[n].detach()))[r or 0]  # its HF name
@@ -230,13 +269,55 @@ def load_hf_weights(model: torch.nn.Module, directory: str | Path, *,
                              f"{' …' if len(missing) > 3 else ''}{fused}")
 
 
+def _check_mapped(path: Path, names: set[str], mapped: dict[str, str]) -> None:
+    """The file holds exactly the tensors the index maps to it."""
+    listed = {n for n, f in mapped.items() if f == path.name}
+    for extra, where in ((sorted(listed - names), "the index maps it there but the file lacks "
+                          "it"), (sorted(names - listed), "the file holds it but the index "
+                                 "does not map it there")):
+        if extra:
+            raise ShardwiseError(f"{path.name}: {extra[0]}: {where}")
+
+
+def _place(hf_name: str, tensor_shape: tuple[int, ...], tensor: torch.Tensor | None,
+           params: dict[str, torch.Tensor], seen: dict[tuple[str, int | None], str],
+           path: Path) -> None:
+    """Check where checkpoint tensor `hf_name` goes (and copy `tensor` there, if given)."""
+    try:
+        views = _destinations(hf_name, params)
+    except ShardwiseError as exc:  # a name shardwise does not know
+        raise ShardwiseError(f"{path.name}: {exc}") from None
+    if not views:
+        raise ShardwiseError(f"{path.name}: tensor {hf_name!r} has no place in the "
+                             "model config.json describes")
+    shape = views[0][2].shape  # the views stacked along dim -2
+    if len(views) > 1:
+        shape = (*shape[:-2], sum(v.shape[-2] for _, _, v in views), shape[-1])
+    if tensor_shape != tuple(shape):
+        raise ShardwiseError(f"{path.name}: {hf_name} has shape {tensor_shape}, "
+                             f"config.json implies {tuple(shape)}")
+    pieces = ([None] * len(views) if tensor is None else
+              tensor.split([v.shape[-2] for _, _, v in views], dim=-2)
+              if len(views) > 1 else [tensor])
+    for (name, row, view), piece in zip(views, pieces, strict=True):
+        rows = range(view.shape[0]) if row is None and _STACKED.fullmatch(name) else [row]
+        for key in ((name, r) for r in rows):
+            if key in seen:
+                raise ShardwiseError(f"{path.name}: {hf_name} holds weights already "
+                                     f"read from {seen[key]} (two expert layouts?)")
+            seen[key] = hf_name
+        if piece is not None:
+            view.copy_(piece)  # (converting the dtype)
+
+
 def hf_config(spec: ModelSpec) -> dict[str, Any]:
     """A `config.json` transformers reads back as the same model: `mixtral` for an MoE model,
-    `qwen2` when the spec has Q/K/V biases without an O bias, else `llama` (Mistral's weights
-    are Llama's)."""
+    `qwen2` when the spec has Q/K/V biases without an O bias, `mistral` with a sliding window,
+    else `llama` (Mistral's weights are Llama's)."""
     mixtral = spec.is_moe
     if (spec.bias or spec.norm != "rmsnorm" or not spec.gated_mlp or (mixtral and (
-            spec.n_shared_experts or spec.moe_every != 1 or spec.qkv_bias or spec.out_bias))):
+            spec.n_shared_experts or spec.moe_every != 1 or spec.qkv_bias or spec.out_bias))
+            or (spec.sliding_window and (spec.qkv_bias or spec.out_bias))):
         raise ShardwiseError(f"{spec.name}: only Llama-style models (dense, or Mixtral's MoE in "
                              "every layer without shared experts) can be saved in the Hugging "
                              "Face format")
@@ -256,7 +337,11 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
     if mixtral:
         config |= {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
                    "intermediate_size": spec.expert_d_ff, "num_local_experts": spec.n_experts,
-                   "num_experts_per_tok": spec.top_k, "router_jitter_noise": 0.0}
+                   "num_experts_per_tok": spec.top_k, "router_jitter_noise": 0.0,
+                   "sliding_window": spec.sliding_window or None}
+    elif spec.sliding_window:
+        config |= {"architectures": ["MistralForCausalLM"], "model_type": "mistral",
+                   "sliding_window": spec.sliding_window}
     elif not qwen2:
         config["attention_bias"] = spec.qkv_bias
     return config
@@ -264,10 +349,11 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
 
 def save_hf(parallel: Any, directory: str | Path) -> None:
     """Write the trained model of a `ParallelTransformer` to `directory` as config.json +
-    safetensors (collective: every rank calls it)."""
+    safetensors (collective: every rank calls it). A write that fails on any rank raises
+    `ShardwiseError` on every rank (none is left waiting)."""
     from safetensors.torch import save_file
 
-    from shardwise.runtime import collectives as C
+    from shardwise.runtime import launch
 
     directory = Path(directory)
     full = parallel.full_parameters()  # this stage's parameters, gathered over tp/ep/ZeRO
@@ -276,26 +362,41 @@ def save_hf(parallel: Any, directory: str | Path) -> None:
     names = {p: f"model-{p + 1:05d}-of-{pp:05d}.safetensors" for p in range(pp)}
     if pp == 1:
         names = {0: "model.safetensors"}
+    problem = None
     if writer:
-        directory.mkdir(parents=True, exist_ok=True)
         tensors = {k: v.detach().cpu().contiguous() for n, t in full.items()
                    for k, v in to_hf_tensors(n, t).items()}
-        save_file(tensors, str(directory / names[coord.get("pp", 0)]),
-                  metadata={"format": "pt"})
-    C.barrier()
-    if all(v == 0 for v in coord.values()):  # rank 0
-        spec = parallel.model.spec
-        (directory / "config.json").write_text(
-            json.dumps(hf_config(spec) | {"torch_dtype": str(parallel.model.dtype)[6:]},
-                       indent=2), encoding="utf-8")
-        if pp > 1:
-            from safetensors import safe_open
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            save_file(tensors, str(directory / names[coord.get("pp", 0)]),
+                      metadata={"format": "pt"})
+        except (OSError, RuntimeError) as exc:  # safetensors reports I/O as either
+            problem = f"{directory}: {getattr(exc, 'strerror', None) or exc}"
+    problem = launch.first_problem(problem)
+    if problem is None and all(v == 0 for v in coord.values()):  # rank 0
+        try:
+            _write_config(parallel, directory, list(names.values()))
+        except OSError as exc:
+            problem = f"{directory}: {exc.strerror}"
+        except ShardwiseError as exc:  # a model the format cannot describe
+            problem = f"{directory}: {exc}"
+    problem = launch.first_problem(problem)
+    if problem is not None:
+        raise ShardwiseError(f"cannot write the model to {problem}")
 
-            weight_map = {}
-            for name in names.values():
-                with safe_open(str(directory / name), "pt") as f:
-                    weight_map.update(dict.fromkeys(f.keys(), name))
-            (directory / _INDEX).write_text(json.dumps({"metadata": {}, "weight_map":
-                                                        weight_map}, indent=2),
-                                            encoding="utf-8")
-    C.barrier()
+
+def _write_config(parallel: Any, directory: Path, files: list[str]) -> None:
+    """Rank 0: config.json and, with several files, the index."""
+    from safetensors import safe_open
+
+    spec = parallel.model.spec
+    (directory / "config.json").write_text(
+        json.dumps(hf_config(spec) | {"torch_dtype": str(parallel.model.dtype)[6:]},
+                   indent=2), encoding="utf-8")
+    if len(files) > 1:
+        weight_map = {}
+        for name in files:
+            with safe_open(str(directory / name), "pt") as f:
+                weight_map.update(dict.fromkeys(f.keys(), name))
+        (directory / _INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map},
+                                                   indent=2), encoding="utf-8")

@@ -24,6 +24,9 @@ Public API (stable; other runtime modules import it):
     group_timeout() -> timedelta     the timeout every group of this run must use (mesh.py)
     device() -> torch.device         cuda:LOCAL_RANK under NCCL, else cpu
     rank() -> int, world_size() -> int   (0 and 1 when no group is initialised)
+    from_rank0(value), first_problem(problem)   rank 0's value / the first rank's problem
+                                     (a string or None) on every rank: decisions every rank
+                                     takes alike, so a failure on one never hangs the others
     RankFailure                      a `RuntimeError` raised by `spawn`
 
 `fn` must be picklable (a module-level function): ranks fork from a forkserver (a clean
@@ -66,6 +69,8 @@ __all__ = [
     "RankFailure",
     "choose_backend",
     "device",
+    "first_problem",
+    "from_rank0",
     "group_timeout",
     "init_from_env",
     "launch",
@@ -95,6 +100,25 @@ def rank() -> int:
 def world_size() -> int:
     """The number of ranks (1 without a process group)."""
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def from_rank0(value: Any) -> Any:
+    """Rank 0's (picklable) `value` on every rank (collective)."""
+    if world_size() == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def first_problem(problem: str | None) -> str | None:
+    """The problem of the lowest rank that has one, on every rank; None when none has
+    (collective)."""
+    if world_size() == 1:
+        return problem
+    problems: list[str | None] = [None] * world_size()
+    dist.all_gather_object(problems, problem)
+    return next((p for p in problems if p is not None), None)
 
 
 def group_timeout() -> _dt.timedelta:

@@ -37,7 +37,7 @@ from shardwise.runtime import launch
 from shardwise.runtime.checkpoint import save_checkpoint
 
 if TYPE_CHECKING:
-    from shardwise.runtime.train import StepRecord, TrainState
+    from shardwise.runtime.state import StepRecord, TrainState
 
 __all__ = ["AUTO", "Checkpoints", "checkpoint_payload", "disk_bandwidth", "measure_checkpoint"]
 

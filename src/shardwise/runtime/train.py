@@ -34,196 +34,27 @@ import contextlib
 import json
 import math
 import os
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
-from shardwise.arch import ModelSpec
-from shardwise.errors import LayoutError, ShardwiseError
+from shardwise.errors import ShardwiseError
 from shardwise.estimate.goodput import DEFAULT_MTBF_GPU_HOURS
-from shardwise.layout import Layout, TrainSpec
 from shardwise.runtime import checkpoint, hf, launch
-from shardwise.runtime.data import BYTE_VOCAB, Batches, load_tokens
+from shardwise.runtime.data import Batches, load_tokens
 from shardwise.runtime.mesh import Mesh
 from shardwise.runtime.mixed_precision import MasterOptimizer
 from shardwise.runtime.model import Transformer, configure_moe
-from shardwise.runtime.parallel_transformer import ParallelTransformer
-from shardwise.runtime.parallelize import parallelize, runtime_problems
+from shardwise.runtime.parallelize import parallelize
 from shardwise.runtime.saving import Checkpoints
+from shardwise.runtime.state import DTYPES, StepRecord, TrainConfig, TrainState
 
 __all__ = ["DTYPES", "StepRecord", "TrainConfig", "TrainState", "build", "plot_losses", "run",
            "train", "train_step"]
-
-# the weights' dtype; "bf16" is mixed precision (`runtime.mixed_precision`: bf16 weights,
-# bf16 or (grad_dtype "fp32") fp32 gradients, fp32 master weights and AdamW moments)
-DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16}
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """What to train, on which layout, for how long, with which optimizer settings."""
-
-    model: ModelSpec
-    layout: Layout = field(default_factory=Layout)
-    steps: int = 20
-    seq_len: int = 64
-    global_batch: int = 8  # sequences per optimizer step
-    lr: float = 3e-3
-    min_lr: float = 3e-4
-    warmup: int = 2  # steps of linear warm-up
-    weight_decay: float = 0.1
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    clip: float = 1.0  # max global gradient norm; 0: no clipping
-    seed: int = 0  # model initialisation and data order
-    data: str | None = None  # a text file; None: the built-in corpus
-    dtype: str = "fp32"  # "fp32" | "fp64" | "bf16" (mixed precision, fp32 master)
-    grad_dtype: str | None = None  # gradients (accumulated and reduced); None: dtype; "fp32"
-    # with dtype "bf16": Megatron's fp32 main_grad (`mixed_precision.accumulate_in_fp32`)
-    flash: bool = True
-    log_path: str | None = None  # JSON lines, one per step (rank 0)
-    progress: bool = False  # progress bar / lines on rank 0
-    checkpoint_dir: str | None = None  # sharded checkpoints here (runtime.checkpoint)
-    # steps between checkpoints; 0: only after the last step; "auto": Daly's interval from the
-    # measured write time and `mtbf_gpu_hours` (`runtime.saving.Checkpoints`)
-    checkpoint_every: int | str = 0
-    mtbf_gpu_hours: float | None = None  # per GPU, with "auto" [default: the published one]
-    checkpoint_keep: int = 2  # the newest checkpoints kept
-    resume: bool = False  # start from the newest checkpoint in checkpoint_dir, if any
-    # MoE: ⌈cf · T·k / E⌉ assignments per expert from the T tokens of one micro-batch on one
-    # rank (None: no limit); α of every MoE layer's load-balancing loss added to the objective
-    capacity_factor: float | None = None
-    aux_loss_coef: float = 0.0
-    hf_weights: str | None = None  # start from this Hugging Face checkpoint (runtime.hf)
-    save_hf: str | None = None  # write the trained model here as config.json + safetensors
-
-    def train_spec(self) -> TrainSpec:
-        """The step model's view of this run: the shardwise stack (`stacks.STACKS`: its
-        activation profile and the overlap it does — DP/ZeRO reductions behind backward, but
-        TP collectives between its GEMMs, blocking pipeline receives and blocking
-        ring-attention hops)."""
-        return TrainSpec(seq_len=self.seq_len, global_batch=self.global_batch,
-                         dtype=self.dtype, grad_dtype=self.grad_dtype,
-                         flash_attention=self.flash, impl="shardwise")
-
-    def problems(self) -> list[str]:
-        out = []
-        if self.steps < 0:  # 0: no step (load and save a checkpoint, say)
-            out.append(f"steps must be ≥ 0, got {self.steps}")
-        for name in ("seq_len", "global_batch"):
-            if getattr(self, name) < 1:
-                out.append(f"{name} must be ≥ 1, got {getattr(self, name)}")
-        if self.dtype not in DTYPES:
-            out.append(f"dtype {self.dtype!r} cannot train here; valid: {', '.join(DTYPES)}")
-        elif self.grad_dtype not in (None, self.dtype) and not (
-                self.dtype == "bf16" and self.grad_dtype == "fp32"):
-            out.append(f"grad_dtype {self.grad_dtype} with dtype {self.dtype} is not supported "
-                       "by the training runtime; use grad_dtype "
-                       + (f"{self.dtype} or fp32" if self.dtype == "bf16" else self.dtype))
-        if not 0 <= self.min_lr <= self.lr:
-            out.append(f"need 0 ≤ min_lr ≤ lr, got min_lr={self.min_lr}, lr={self.lr}")
-        if self.warmup < 0 or self.clip < 0 or self.weight_decay < 0:
-            out.append("warmup, clip and weight_decay must be ≥ 0")
-        auto = self.checkpoint_every == "auto"
-        if (not auto and not (isinstance(self.checkpoint_every, int)
-                              and self.checkpoint_every >= 0)) or self.checkpoint_keep < 1:
-            out.append(f"need checkpoint_every ≥ 0 (or 'auto') and checkpoint_keep ≥ 1, got "
-                       f"{self.checkpoint_every!r} and {self.checkpoint_keep}")
-        if self.mtbf_gpu_hours is not None and not auto:
-            out.append("mtbf_gpu_hours (--mtbf-gpu-hours) sets the automatic checkpoint "
-                       "interval: use it with checkpoint_every 'auto'")
-        elif self.mtbf_gpu_hours is not None and not (
-                math.isfinite(self.mtbf_gpu_hours) and self.mtbf_gpu_hours > 0):
-            out.append(f"mtbf_gpu_hours must be a finite number > 0, got "
-                       f"{self.mtbf_gpu_hours!r}")
-        if not self.checkpoint_dir and (self.resume or self.checkpoint_every):
-            out.append("resume and checkpoint_every need a checkpoint directory "
-                       "(checkpoint_dir, --checkpoint-dir)")
-        out += self._moe_problems()
-        if self.model.vocab < BYTE_VOCAB:
-            out.append(f"the byte tokenizer needs a vocabulary ≥ {BYTE_VOCAB}; "
-                       f"{self.model.name} has {self.model.vocab}")
-        if out:
-            return out
-        return (self.layout.problems(self.model, train=self.train_spec())
-                or runtime_problems(self.layout, self.model))
-
-    def _moe_problems(self) -> list[str]:
-        cf, coef = self.capacity_factor, self.aux_loss_coef
-        if cf is None and not coef:
-            return []
-        if not self.model.is_moe:
-            return ["capacity_factor and aux_loss_coef need a mixture-of-experts model; "
-                    f"{self.model.name} is dense"]
-        out = []
-        if cf is not None and not cf > 0:
-            out.append(f"capacity_factor must be > 0, got {cf}")
-        if not coef >= 0:
-            out.append(f"aux_loss_coef must be ≥ 0, got {coef}")
-        return out
-
-    @property
-    def mixed_precision(self) -> bool:
-        """bf16 weights with fp32 master weights and optimizer state."""
-        return self.dtype == "bf16"
-
-    def validate(self) -> TrainConfig:
-        problems = self.problems()
-        if problems:
-            raise LayoutError(problems)
-        return self
-
-    def lr_at(self, step: int) -> float:
-        """Linear warm-up to `lr` over `warmup` steps, then cosine decay to `min_lr`."""
-        if step < self.warmup:
-            return self.lr * (step + 1) / self.warmup
-        progress = (step - self.warmup) / max(1, self.steps - 1 - self.warmup)
-        return self.min_lr + 0.5 * (self.lr - self.min_lr) * (1 + math.cos(math.pi * progress))
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """One optimizer step as logged: the global batch's mean loss, the gradient norm before
-    clipping, the learning rate used, tokens processed, wall time (rank 0)."""
-
-    step: int
-    loss: float
-    grad_norm: float
-    lr: float
-    tokens: int
-    seconds: float
-    # a checkpoint saved after this step (`runtime.saving.Checkpoints`): its tensors' bytes
-    # (rank 0), the save's wall time, and with an automatic interval the steps to the next
-    checkpoint_bytes: float | None = None
-    checkpoint_seconds: float | None = None
-    checkpoint_every: int | None = None
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
-
-    def as_dict(self) -> dict[str, float]:
-        """The record for a log line: the checkpoint fields only after a save."""
-        return ({k: v for k, v in asdict(self).items() if v is not None}
-                | {"tokens_per_s": self.tokens_per_s})
-
-
-@dataclass
-class TrainState:
-    """Everything a step reads and writes, and a checkpoint would hold: the step (= the data
-    position: step k reads global batch k), the model, the optimizer, the data, the RNG."""
-
-    config: TrainConfig
-    model: ParallelTransformer
-    optimizer: torch.optim.Optimizer | MasterOptimizer
-    batches: Batches
-    step: int = 0
-    rng: torch.Tensor = field(default_factory=torch.get_rng_state)
-    records: list[StepRecord] = field(default_factory=list)
-
 
 Hook = Callable[[TrainState, StepRecord], None]
 
@@ -293,26 +124,63 @@ def train_step(state: TrainState) -> StepRecord:
 def train(config: TrainConfig, hooks: Sequence[Hook] = (), state: TrainState | None = None
           ) -> TrainState:
     """Train on this rank until `config.steps`, from `state.step` (a given state), or from
-    the newest checkpoint when `config.resume` (from step 0 when there is none yet)."""
+    the newest checkpoint when `config.resume` (from step 0 when there is none yet). A step
+    whose loss or gradient norm is not finite stops the run on every rank (the values are
+    global) before any hook logs or saves it."""
     if state is None:
         checkpoint.check_start(config)
         state = build(config)
         if config.resume:
-            checkpoint.load_checkpoint(state, str(config.checkpoint_dir))
+            checkpoint.load_checkpoint(state, str(config.checkpoint_dir), report=_warn)
     saving = ([Checkpoints(config.checkpoint_dir, config.checkpoint_every,
                            config.checkpoint_keep,
                            config.mtbf_gpu_hours or DEFAULT_MTBF_GPU_HOURS)]
               if config.checkpoint_dir else [])
     hooks = [*saving, *_rank0_hooks(config, state.step), *hooks]  # a save enters the record
     while state.step < config.steps:
-        train_step(state)
+        record = train_step(state)
+        if not (math.isfinite(record.loss) and math.isfinite(record.grad_norm)):
+            kept = _kept(config)
+            raise ShardwiseError(
+                f"step {record.step}: the loss is {record.loss} and the gradient norm "
+                f"{record.grad_norm}: training diverged (lower --lr, or check the data); "
+                + (f"the last checkpoint {kept} is kept" if kept else "nothing was saved"))
         for hook in hooks:
             hook(state, state.records[-1])
     for hook in hooks:
         getattr(hook, "close", lambda: None)()
     if config.save_hf:
-        hf.save_hf(state.model, config.save_hf)
+        _save_model(state, config)
     return state
+
+
+def _kept(config: TrainConfig) -> Path | None:
+    """The newest checkpoint of the run, if it saves any."""
+    return checkpoint.latest_checkpoint(config.checkpoint_dir) if config.checkpoint_dir else None
+
+
+def _warn(line: str) -> None:
+    print(f"warning: {line}", file=sys.stderr, flush=True)
+
+
+def _save_model(state: TrainState, config: TrainConfig) -> None:
+    """`hf.save_hf` to `config.save_hf`; when that fails, to a new temporary directory (rank
+    0's choice), and the one-line error says where the trained model is."""
+    try:
+        hf.save_hf(state.model, str(config.save_hf))
+        return
+    except ShardwiseError as exc:
+        problem = str(exc)
+    spare = launch.from_rank0(tempfile.mkdtemp(prefix="shardwise-model-")
+                              if launch.rank() == 0 else None)
+    try:
+        hf.save_hf(state.model, spare)
+    except ShardwiseError as exc:
+        kept = _kept(config)
+        raise ShardwiseError(f"{problem}; nor to {spare} ({exc}): "
+                             + (f"the trained model is in checkpoint {kept}" if kept
+                                else "the trained model is lost")) from None
+    raise ShardwiseError(f"{problem}; the trained model was written to {spare} instead")
 
 
 # ---------------------------------------------------------------------- logging (rank 0)

@@ -278,7 +278,8 @@ _BY_CODE: dict[int, ScheduleInfo] = {info.code: info for info in _REGISTRY}
 
 def get_schedule(name: str | int) -> ScheduleInfo:
     """The registry entry for a schedule name (or planner code)."""
-    info = _BY_CODE.get(name) if isinstance(name, int) else SCHEDULE_REGISTRY.get(name)
+    info = (_BY_CODE.get(name) if isinstance(name, int) else
+            SCHEDULE_REGISTRY.get(name) if isinstance(name, str) else None)
     if info is None:
         raise ShardwiseError(f"unknown schedule {name!r}; valid: {', '.join(SCHEDULES)}")
     return info

@@ -45,7 +45,8 @@ def render_ascii(source: Source, width: int | None = None, slot: float | None = 
         1 | .  F0 F1 F2 F3 B0 B1 B2 B3 .
     """
     timeline = _timeline(source, placement)
-    slot = slot or min(event.end - event.start for event in timeline.events)
+    durations = [d for d in (event.end - event.start for event in timeline.events) if d > 0]
+    slot = slot or min(durations, default=1.0)
     chunked = any(event.action.chunk for event in timeline.events)
     cell = max(len(_label(event.action, chunked)) for event in timeline.events)
     # Actions of a stage run one after another: each gets at least one cell, pushed right
@@ -58,10 +59,13 @@ def render_ascii(source: Source, width: int | None = None, slot: float | None = 
         cursor[event.stage] = stop
         spans.append((event, first, stop))
     slots = max(stop for _, _, stop in spans)
+    if width is not None:  # cells past the cut are never shown: not even allocated
+        slots = min(slots, width)
     grid = [["."] * slots for _ in range(timeline.stages)]
     for event, first, stop in spans:
-        grid[event.stage][first] = _label(event.action, chunked)
-        for k in range(first + 1, stop):
+        if first < slots:
+            grid[event.stage][first] = _label(event.action, chunked)
+        for k in range(first + 1, min(stop, slots)):
             grid[event.stage][k] = "-" * cell
     digits = len(str(timeline.stages - 1))
     rows = [f"{stage:>{digits}} | " + " ".join(text.ljust(cell) for text in row).rstrip()

@@ -29,8 +29,9 @@ def bind(host: str, port: int) -> socket.socket:
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port,
                                                              type=socket.SOCK_STREAM)[0]
-    except socket.gaierror:
-        raise ShardwiseError(f"cannot resolve --host {host!r}; try 127.0.0.1") from None
+    except (socket.gaierror, UnicodeError, ValueError):  # unknown, or not a host name at all
+        shown = host if len(host) <= 60 else f"{host[:60]}…"
+        raise ShardwiseError(f"cannot resolve --host {shown!r}; try 127.0.0.1") from None
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:

@@ -40,7 +40,7 @@ def test_expert_groups_inside_dp_cp() -> None:
     assert s.groups("dp_cp") == [(0, 1, 2, 3)]
     assert s.groups("ep") == [(0, 1), (2, 3)]
     assert s.groups("edp") == [(0, 2), (1, 3)]
-    with pytest.raises(ShardwiseError, match="ep=3 must divide"):
+    with pytest.raises(ShardwiseError, match=r"etp·ep=1·3 must divide tp·dp·cp=2"):
         MeshShape(dp=2, ep=3)
 
 

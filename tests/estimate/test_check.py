@@ -107,7 +107,7 @@ def test_wire_rows_name_the_algorithm_the_bytes_show():
     # data = the ring's 3/4 of 4 MB + 2 calls' message headers (48 B, 12 per peer): ring
     ring = Traffic(3_000_000 + 2 * 3 * 12 * 48, 60, 52)
     row = _rows({("dp", "reduce-scatter"): ring})[1]
-    assert row.measured == ring.data + headers and "the ring's 0.75·payload" in row.note
+    assert row.measured == ring.data + headers and "SPEC §5's 0.75·payload" in row.note
     # data = 2(N-1)/N of it: gloo's reduce-scatter is an all-reduce
     row = _rows({("dp", "reduce-scatter"): Traffic(6_000_000 + 1000, 60, 52)})[1]
     assert "all-reduce of the whole input" in row.note and row.error == 1.0 + (

@@ -390,7 +390,7 @@ def _wire_row(key: tuple[str, str], ring: float, counted: Counted, steps: int,
         base = op.split(" (")[0]
         other = OTHER_ALGORITHMS.get(base)
         if near(ring_f) and not (other and near(other[0](n))):
-            note += f"; data = the ring's {ring_f:.3g}·payload + message headers"
+            note += f"; data = SPEC §5's {ring_f:.3g}·payload + message headers"
         elif other and near(other[0](n)) and not near(ring_f):
             note += f"; not the ring: {other[1]}"
         elif near(ring_f):

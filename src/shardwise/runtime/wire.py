@@ -146,8 +146,8 @@ class Meter:
     def traffic(self, groups: Sequence[Any]) -> dict[tuple[str, str], Traffic]:
         """{(axis, op): Traffic} this rank sent inside the block (module docstring), once,
         after it. A collective: every rank calls it with its AxisGroups (any order).
-        Bytes on a group's connections while none of its calls ran (nor had run) are
-        charged to ("?", "?")."""
+        Bytes on a group's connections before its first call (a receive the pipeline posted
+        ahead) are that call's; on a group with no call at all, ("?", "?")'s."""
         try:
             owner = connections_of([*groups, *self.groups.values()], self.connections)
         finally:
@@ -168,7 +168,7 @@ class Meter:
                 if not data and not segments:
                     continue
                 calls = list(open_calls[group].values())
-                who = calls[-1] if calls else latest.get(group, ("?", "?"))
+                who = calls[-1] if calls else latest.get(group, ("?", group))
                 result[who] = result[who].plus(data, segments, header[conn])
             before = now
             if what == "open":
@@ -176,8 +176,16 @@ class Meter:
             elif what == "close":
                 open_calls[key].pop(call, None)
             if what in ("open", "mark"):
+                if key not in latest and ("?", key) in result:  # before the group's first call
+                    early = result.pop(("?", key))
+                    result[(axis, op)] = result[(axis, op)].plus(early.data, early.segments,
+                                                                 early.header)
                 latest[key] = (axis, op)
-        return dict(result)
+        merged: dict[tuple[str, str], Traffic] = defaultdict(Traffic)
+        for (axis, op), t in result.items():  # groups that never had a call: one key
+            who = (axis, op) if axis != "?" else ("?", "?")
+            merged[who] = merged[who].plus(t.data, t.segments, t.header)
+        return dict(merged)
 
 
 def connections_of(groups: Sequence[Any], connections: dict[str, tuple[socket.socket, int]]

@@ -114,6 +114,7 @@ def _load_with_tied_router(layout: str) -> dict[str, float]:
     return _expert_load(recorder.expert_load, state.model.axis("ep"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout, ranks", [("dp=1", 1), ("dp=2,ep=2", 2)])
 def test_the_expert_load_is_the_busiest_ranks_share_of_the_routing(layout, ranks):
     """Tied logits send every token to the same k = 2 experts (top-k's tie rule), so the

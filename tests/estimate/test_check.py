@@ -112,6 +112,10 @@ def test_wire_rows_name_the_algorithm_the_bytes_show():
     row = _rows({("dp", "reduce-scatter"): Traffic(6_000_000 + 1000, 60, 52)})[1]
     assert "all-reduce of the whole input" in row.note and row.error == 1.0 + (
         1000 + headers) / 3_000_000
+    # TCP's retransmissions are said, and left out of the algorithm's bytes
+    row = _rows({("dp", "reduce-scatter"): Traffic(6_000_000 + 1000 + 65_000, 61, 52,
+                                                   65_000)})[1]
+    assert "65,000 B of the data sent again" in row.note and "all-reduce of the whole" in row.note
     # neither: the measured factor is said
     row = _rows({("dp", "reduce-scatter"): Traffic(4_000_000, 60, 52)})[1]
     assert "data 1·payload, not the ring's 0.75" in row.note

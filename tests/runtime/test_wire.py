@@ -63,7 +63,8 @@ def _calls(g: AxisGroup) -> dict:
 
 
 def _measure_each() -> dict[str, tuple[float, float, int, float]]:
-    """{op: (data, segments, header bytes, bytes counted as sent)} of this rank, CALLS calls."""
+    """{op: (data sent once, segments, header bytes, bytes counted as sent)} of this rank,
+    CALLS calls (a segment TCP sends again, under load, is the kernel's, not the algorithm's)."""
     g = AxisGroup.world()
     out = {}
     for name, call in _calls(g).items():
@@ -72,7 +73,7 @@ def _measure_each() -> dict[str, tuple[float, float, int, float]]:
             for _ in range(CALLS):
                 call()
         traffic = meter.traffic([g])
-        data = sum(t.data for t in traffic.values())
+        data = sum(t.data - t.retransmitted for t in traffic.values())  # sent once
         segments = sum(t.segments for t in traffic.values())
         header = max([t.header for t in traffic.values()], default=0)
         out[name] = (data, segments, header, counted.bytes())

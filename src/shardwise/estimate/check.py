@@ -295,20 +295,23 @@ class Counted:
 @dataclass(frozen=True)
 class Traffic:
     """Bytes one rank sent on some TCP connections (`runtime.wire` measures them): data (the
-    backend's messages, its own headers included), segments, IP + TCP header bytes per
-    segment."""
+    backend's messages, its own headers included, and any sent again), segments, IP + TCP
+    header bytes per segment, and the data bytes retransmitted (part of `data`)."""
 
     data: float = 0.0
     segments: float = 0.0
     header: int = 0
+    retransmitted: float = 0.0
 
     @property
     def wire(self) -> float:
         """Data plus IP and TCP headers: what left the rank at the IP layer."""
         return self.data + self.segments * self.header
 
-    def plus(self, data: float, segments: float, header: int) -> Traffic:
-        return Traffic(self.data + data, self.segments + segments, header or self.header)
+    def plus(self, data: float, segments: float, header: int, retransmitted: float = 0.0
+             ) -> Traffic:
+        return Traffic(self.data + data, self.segments + segments, header or self.header,
+                       self.retransmitted + retransmitted)
 
 
 # A backend's own message headers, per call and peer, within which its data still "follows the
@@ -380,12 +383,15 @@ def _wire_row(key: tuple[str, str], ring: float, counted: Counted, steps: int,
     note = (f"TCP data {measured.data / steps:,.0f} B + IP/TCP headers "
             f"{measured.segments * measured.header / steps:,.0f} B ({measured.segments / steps:,.0f} "
             f"segments × {measured.header} B)")
+    if measured.retransmitted:
+        note += f"; {measured.retransmitted / steps:,.0f} B of the data sent again (TCP)"
+    once = measured.data - measured.retransmitted  # what the algorithm sent
     if payload and n > 1:
         slack = FRAMING_PER_PEER * (n - 1) * calls  # the backend's own message headers
-        factor, ring_f = measured.data / payload, ring_factor(op, n)
+        factor, ring_f = once / payload, ring_factor(op, n)
 
         def near(f: float) -> bool:
-            return 0 <= measured.data - f * payload <= slack
+            return 0 <= once - f * payload <= slack
 
         base = op.split(" (")[0]
         other = OTHER_ALGORITHMS.get(base)

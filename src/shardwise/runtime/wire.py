@@ -5,7 +5,8 @@ SPEC §5 predicts the bytes each rank *sends* per collective from the ring algor
 counted collectives layer (`collectives.py`) knows exactly what each call was handed (its
 payload) but not what the backend made of it. gloo talks TCP, one connection per pair of
 ranks per process group, and the kernel counts, per connection, the data bytes sent
-(`tcpi_bytes_sent`: gloo's messages with their own small headers, retransmits included)
+(`tcpi_bytes_sent`: gloo's messages with their own small headers, retransmits included, which
+`tcpi_bytes_retrans` counts apart)
 and the segments sent (`tcpi_segs_out`, acknowledgements included). Each segment carries
 an IP and a TCP header: IPv4 20 B (IPv6 40) + TCP 20 B + the timestamp option 12 B when the
 connection negotiated it (`tcpi_options`), 52 B on this loopback. Link-layer framing is not
@@ -52,8 +53,8 @@ __all__ = ["Meter", "active", "available", "closed", "connections_of", "marked",
 
 # struct tcp_info (linux/tcp.h): byte offsets of the fields read here
 _STATE, _OPTIONS = 0, 5
-_BYTES_RECEIVED, _SEGS_OUT, _NOTSENT_BYTES, _BYTES_SENT = 128, 136, 144, 200
-_INFO_SIZE = 208  # up to tcpi_bytes_sent (Linux 4.19)
+_BYTES_RECEIVED, _SEGS_OUT, _NOTSENT_BYTES, _BYTES_SENT, _BYTES_RETRANS = 128, 136, 144, 200, 208
+_INFO_SIZE = 216  # up to tcpi_bytes_retrans (Linux 4.19)
 _ESTABLISHED, _TIMESTAMPS = 1, 1  # TCP_ESTABLISHED; TCPI_OPT_TIMESTAMPS
 
 
@@ -98,20 +99,23 @@ def _connections() -> dict[str, tuple[socket.socket, int]]:
     return found
 
 
-def _read(connections: dict[str, tuple[socket.socket, int]]) -> dict[str, tuple[int, int, int]]:
-    """{connection: (data bytes, segments sent, bytes received)} now. Data bytes are those
-    sent (retransmits included) plus those written but not sent yet, so a call's bytes are
-    its own from the moment it writes them, even if the kernel sends some after it ends."""
+def _read(connections: dict[str, tuple[socket.socket, int]]
+          ) -> dict[str, tuple[int, int, int, int]]:
+    """{connection: (data bytes, segments sent, bytes received, bytes retransmitted)} now.
+    Data bytes are those sent (retransmits included) plus those written but not sent yet, so
+    a call's bytes are its own from the moment it writes them, even if the kernel sends some
+    after it ends."""
     now = {}
     for conn, (sock, _) in connections.items():
         info = _info(sock)
         if info is not None:
-            (sent,), (segments,), (waiting,), (received,) = (
+            (sent,), (segments,), (waiting,), (received,), (again,) = (
                 struct.unpack_from("=Q", info, _BYTES_SENT),
                 struct.unpack_from("=I", info, _SEGS_OUT),
                 struct.unpack_from("=I", info, _NOTSENT_BYTES),
-                struct.unpack_from("=Q", info, _BYTES_RECEIVED))
-            now[conn] = (sent + waiting, segments, received)
+                struct.unpack_from("=Q", info, _BYTES_RECEIVED),
+                struct.unpack_from("=Q", info, _BYTES_RETRANS))
+            now[conn] = (sent + waiting, segments, received, again)
     return now
 
 
@@ -163,13 +167,12 @@ class Meter:
             for conn, group in owner.items():
                 if conn not in now or conn not in before:
                     continue
-                data = now[conn][0] - before[conn][0]
-                segments = now[conn][1] - before[conn][1]
+                data, segments, _, again = (a - b for a, b in zip(now[conn], before[conn]))
                 if not data and not segments:
                     continue
                 calls = list(open_calls[group].values())
                 who = calls[-1] if calls else latest.get(group, ("?", group))
-                result[who] = result[who].plus(data, segments, header[conn])
+                result[who] = result[who].plus(data, segments, header[conn], again)
             before = now
             if what == "open":
                 open_calls[key][call] = (axis, op)
@@ -178,13 +181,13 @@ class Meter:
             if what in ("open", "mark"):
                 if key not in latest and ("?", key) in result:  # before the group's first call
                     early = result.pop(("?", key))
-                    result[(axis, op)] = result[(axis, op)].plus(early.data, early.segments,
-                                                                 early.header)
+                    result[(axis, op)] = result[(axis, op)].plus(
+                        early.data, early.segments, early.header, early.retransmitted)
                 latest[key] = (axis, op)
         merged: dict[tuple[str, str], Traffic] = defaultdict(Traffic)
         for (axis, op), t in result.items():  # groups that never had a call: one key
             who = (axis, op) if axis != "?" else ("?", "?")
-            merged[who] = merged[who].plus(t.data, t.segments, t.header)
+            merged[who] = merged[who].plus(t.data, t.segments, t.header, t.retransmitted)
         return dict(merged)
 
 

@@ -14,7 +14,8 @@ of its own) is the algorithm's bytes plus at most `FRAMING_PER_PEER` (1 KiB) per
     send / recv      S from the sender; the receiver only its "ready" messages
     p2p ring         exactly what `collectives` counts it sent, 2(N-1)/N·S
 
-Each segment adds its IP and TCP headers (52 B on IPv4 with timestamps). That accounting is
+Each segment adds its IP and TCP headers (52 B on IPv4 with timestamps): under 2 % of the data
+for these 768 KiB payloads, nearly all of it for 16-byte ones. That accounting is
 checked against an independent reference: in a network namespace of their own (root:
 `unshare --net`), the ranks are the only ones on the loopback, whose interface counters
 (/proc/net/dev) must equal the sum of the ranks' data and headers.
@@ -105,8 +106,12 @@ def test_each_collective_sends_its_closed_form_on_the_wire(n: int) -> None:
             framing = CALLS * FRAMING_PER_PEER * (n - 1)
             assert expected <= data <= expected + framing, (op, n, rank, data, expected)
             assert header in (52, 72) or not segments, header  # IPv4/6 + TCP + timestamps
-            # at least one segment per 64 KiB (the loopback's MTU) of data
+            # at least one segment per 64 KiB (the loopback's MTU) of data; for these
+            # 768 KiB payloads the IP/TCP headers (acknowledgements included) stay under 2 %
+            # of the data (measured: 0.1-0.5 %)
             assert segments >= data / 65536, (op, segments)
+            if data >= CALLS * S / 2:
+                assert segments * header <= 0.02 * data, (op, segments, data)
             if op == "p2p ring all-reduce":  # the counter's own bytes, now seen on the wire
                 assert expected == counted
     # broadcast: every rank but the root receives S once, whatever the tree

@@ -308,10 +308,9 @@ class Traffic:
         """Data plus IP and TCP headers: what left the rank at the IP layer."""
         return self.data + self.segments * self.header
 
-    def plus(self, data: float, segments: float, header: int, retransmitted: float = 0.0
-             ) -> Traffic:
-        return Traffic(self.data + data, self.segments + segments, header or self.header,
-                       self.retransmitted + retransmitted)
+    def __add__(self, other: Traffic) -> Traffic:
+        return Traffic(self.data + other.data, self.segments + other.segments,
+                       other.header or self.header, self.retransmitted + other.retransmitted)
 
 
 # A backend's own message headers, per call and peer, within which its data still "follows the

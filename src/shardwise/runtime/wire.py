@@ -5,9 +5,9 @@ SPEC §5 predicts the bytes each rank *sends* per collective from the ring algor
 counted collectives layer (`collectives.py`) knows exactly what each call was handed (its
 payload) but not what the backend made of it. gloo talks TCP, one connection per pair of
 ranks per process group, and the kernel counts, per connection, the data bytes sent
-(`tcpi_bytes_sent`: gloo's messages with their own small headers, retransmits included, which
-`tcpi_bytes_retrans` counts apart)
-and the segments sent (`tcpi_segs_out`, acknowledgements included). Each segment carries
+(`tcpi_bytes_sent`: gloo's messages with their own small headers, and what TCP sent again,
+which `tcpi_bytes_retrans` counts apart) and the segments sent (`tcpi_segs_out`,
+acknowledgements included). Each segment carries
 an IP and a TCP header: IPv4 20 B (IPv6 40) + TCP 20 B + the timestamp option 12 B when the
 connection negotiated it (`tcpi_options`), 52 B on this loopback. Link-layer framing is not
 counted (loopback has none; Ethernet adds 38 B per frame with preamble and gap).
@@ -49,7 +49,8 @@ import torch.distributed as dist
 
 from shardwise.estimate.check import Traffic
 
-__all__ = ["Meter", "active", "available", "closed", "connections_of", "marked", "metering", "opened"]
+__all__ = ["Meter", "active", "available", "closed", "connections_of", "marked", "metering",
+           "opened"]
 
 # struct tcp_info (linux/tcp.h): byte offsets of the fields read here
 _STATE, _OPTIONS = 0, 5
@@ -159,6 +160,7 @@ class Meter:
                 sock.close()
         header = {conn: h for conn, (_, h) in self.connections.items()}
         result: dict[tuple[str, str], Traffic] = defaultdict(Traffic)
+        early: dict[int, Traffic] = defaultdict(Traffic)  # per group, before its first call
         open_calls: dict[int, dict[int, tuple[str, str]]] = defaultdict(dict)
         latest: dict[int, tuple[str, str]] = {}
         before = self.start
@@ -170,25 +172,25 @@ class Meter:
                 data, segments, _, again = (a - b for a, b in zip(now[conn], before[conn]))
                 if not data and not segments:
                     continue
+                bytes_ = Traffic(data, segments, header[conn], again)
                 calls = list(open_calls[group].values())
-                who = calls[-1] if calls else latest.get(group, ("?", group))
-                result[who] = result[who].plus(data, segments, header[conn], again)
+                if calls or group in latest:
+                    who = calls[-1] if calls else latest[group]
+                    result[who] += bytes_
+                else:
+                    early[group] += bytes_
             before = now
             if what == "open":
                 open_calls[key][call] = (axis, op)
             elif what == "close":
                 open_calls[key].pop(call, None)
             if what in ("open", "mark"):
-                if key not in latest and ("?", key) in result:  # before the group's first call
-                    early = result.pop(("?", key))
-                    result[(axis, op)] = result[(axis, op)].plus(
-                        early.data, early.segments, early.header, early.retransmitted)
+                if key not in latest and key in early:
+                    result[(axis, op)] += early.pop(key)
                 latest[key] = (axis, op)
-        merged: dict[tuple[str, str], Traffic] = defaultdict(Traffic)
-        for (axis, op), t in result.items():  # groups that never had a call: one key
-            who = (axis, op) if axis != "?" else ("?", "?")
-            merged[who] = merged[who].plus(t.data, t.segments, t.header, t.retransmitted)
-        return dict(merged)
+        for bytes_ in early.values():  # groups that never had a call
+            result[("?", "?")] += bytes_
+        return dict(result)
 
 
 def connections_of(groups: Sequence[Any], connections: dict[str, tuple[socket.socket, int]]

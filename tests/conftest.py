@@ -1,7 +1,8 @@
 """Test-wide settings. Hypothesis: no per-example deadline (a shared 2-core machine makes
 wall-clock deadlines flaky; the tests bound their own work), and derandomised examples so a CI
-failure reproduces locally. Timeouts (pytest-timeout): a hang fails the test, after 120 s, or
-600 s for a multi-process (`slow`) one."""
+failure reproduces locally. Timeouts (pytest-timeout): a hang fails the test, after 120 s, 300 s
+for one that runs torch in this process (tests/runtime, emulate, demos), 600 s for a
+multi-process (`slow`) one."""
 
 import pytest
 from hypothesis import settings
@@ -9,11 +10,20 @@ from hypothesis import settings
 settings.register_profile("shardwise", deadline=None, derandomize=True)
 settings.load_profile("shardwise")
 
-SLOW_TIMEOUT_S = 600  # a multi-process test's limit (pyproject's `timeout` is the others')
+# Limits of a test without a timeout of its own (pyproject's `timeout`, 120 s, is the rest's:
+# the analytic, CLI and web tests): a multi-process one; one that trains or differentiates a
+# model with torch in this process (a reference run: 20-30 s on a quiet 2-core machine, 120 s
+# seen under load).
+SLOW_TIMEOUT_S = 600
+TORCH_TIMEOUT_S = 300
+TORCH_DIRS = ("runtime", "emulate", "demos")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every `slow` test without a timeout of its own gets `SLOW_TIMEOUT_S`."""
     for item in items:
-        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+        if item.get_closest_marker("timeout"):
+            continue
+        if item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
+        elif item.path.parent.name in TORCH_DIRS:
+            item.add_marker(pytest.mark.timeout(TORCH_TIMEOUT_S))

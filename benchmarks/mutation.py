@@ -61,15 +61,17 @@ def _toml_list(items: list[str]) -> str:
 
 
 def _scratch(group: str) -> Path:
-    """A copy of src/, tests/ and pyproject.toml with mutmut's settings for `group`."""
+    """A copy of src/, tests/, benchmarks/ (some tests read its published figures) and
+    pyproject.toml with mutmut's settings for `group`."""
     files, tests = GROUPS[group]
     where = Path(tempfile.mkdtemp(prefix=f"shardwise-mutation-{group}-"))
-    for name in ("src", "tests"):
+    for name in ("src", "tests", "benchmarks"):
         shutil.copytree(ROOT / name, where / name,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     config = (ROOT / "pyproject.toml").read_text() + f"""
 [tool.mutmut]
 source_paths = ["src/shardwise/"]
+also_copy = ["benchmarks/"]
 only_mutate = {_toml_list([f"src/shardwise/{f}" for f in files])}
 pytest_add_cli_args_test_selection = {_toml_list(tests)}
 pytest_add_cli_args = {_toml_list(PYTEST_ARGS)}
@@ -137,8 +139,11 @@ def write_report(records: dict[str, dict[str, object]]) -> None:
     import mutmut
 
     groups = [records[g] for g in GROUPS if g in records]
-    runs = sorted({(str(g["command"]), str(g["commit"]), str(g["date"]), str(g["machine"]))
-                   for g in groups})
+    runs: dict[tuple[str, str, str], list[str]] = {}  # (command, commit, date) -> groups
+    for g in groups:
+        load = re.search(r"load average ([\d.]+)", str(g["machine"]))
+        runs.setdefault((str(g["command"]), str(g["commit"]), str(g["date"])), []).append(
+            f"{g['group']} (load average {load.group(1) if load else '?'} at its end)")
     lines = ["# Mutation testing of the analytic core", "",
              "Written by `benchmarks/mutation.py` (do not edit by hand). Each mutant is one "
              "small change to a formula's code (mutmut "
@@ -148,8 +153,11 @@ def write_report(records: dict[str, dict[str, object]]) -> None:
              "error message no test reads word for word, a default no caller relies on), "
              "and functions checked only by the multi-process tests (`check`'s rows, "
              "tests/runtime) count as survivors here.", "", "Runs:", ""]
-    for command, commit, date, machine in runs:
-        lines.append(f"- `{command}` — commit {commit}, {date}, {machine}")
+    machine = re.sub(r", load average [\d.]+ at the end", "", str(groups[-1]["machine"])
+                     ) if groups else "?"
+    for (command, commit, date), where in runs.items():
+        lines.append(f"- `{command}` — commit {commit}, {date}: {', '.join(where)}")
+    lines += ["", f"Machine: {machine}."]
     lines += ["", "| group | mutated | tests | mutants | checked | killed | survived | no tests "
               "| timeout | survival | minutes |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -198,6 +206,7 @@ def main() -> int:
     records = json.loads(RECORDS.read_text()) if RECORDS.exists() else {}
     command = "python benchmarks/mutation.py " + " ".join(sys.argv[1:])
     for group in args.only:
+        commit = _commit()  # what the scratch copy is made of
         result = run_group(group, args.sample, args.seed)
         print(f"{group:<10} {result['checked']:>5} of {result['mutants']:>5} mutants: "
               f"{result['counts']} ({float(str(result['seconds'])):.0f} s, {result['where']})",
@@ -206,7 +215,7 @@ def main() -> int:
             shutil.rmtree(str(result.pop("where")), ignore_errors=True)
         else:
             result.pop("where")
-        records[group] = result | {"command": command.strip(), "commit": _commit(),
+        records[group] = result | {"command": command.strip(), "commit": commit,
                                    "date": datetime.date.today().isoformat(),
                                    "machine": _machine()}
         RECORDS.parent.mkdir(parents=True, exist_ok=True)

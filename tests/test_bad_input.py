@@ -4,14 +4,14 @@ never a traceback, a hang or a silently wrong number.
 Two parts: the fault cases found by hand (each names the value and what is valid), and a
 property test (hypothesis) that drives the analytic CLI commands and the public functions with
 arbitrary values of each parameter and accepts only "a valid result" or "one line, exit 2 /
-ShardwiseError", each within a time bound. The reference for "valid" is the closed form where
-there is one (ring formulas), else that the command succeeded with exit code 0.
+ShardwiseError"; a hang fails through the test's timeout (benchmarks/bench_bad_input.py times
+the slowest answer). The reference for "valid" is the closed form where there is one (ring
+formulas), else that the command succeeded with exit code 0.
 """
 
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -216,9 +216,7 @@ OPTIONS = [
 @given(case=st.sampled_from(OPTIONS), value=_values())
 def test_every_option_gives_a_result_or_one_line(capsys, case, value):
     command, name, fixed = case
-    start = time.monotonic()
     code, out, err = run(capsys, command, *fixed, name, value, "--json")
-    assert time.monotonic() - start < 20, (command, name, value)
     assert "Traceback" not in err, (command, name, value, err)
     if code == 0:
         assert out.strip(), (command, name, value)

@@ -9,6 +9,9 @@ with /proc/meminfo.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -42,14 +45,31 @@ def test_output_paths_are_tried_before_work(tmp_path):
     assert (tmp_path / "a" / "b").is_dir() and not list((tmp_path / "a" / "b").iterdir())
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
 def test_a_read_only_directory_is_refused(tmp_path):
-    tmp_path.chmod(0o555)
-    try:
-        with pytest.raises(ShardwiseError, match="Permission denied"):
-            writable_file(tmp_path / "x.png", "--plot")
-    finally:
-        tmp_path.chmod(0o755)
+    """A directory without write permission; as root (who writes past permission bits, and
+    CI runs as), a read-only bind mount of it in a mount namespace of its own."""
+    if os.geteuid() != 0:
+        tmp_path.chmod(0o555)
+        try:
+            with pytest.raises(ShardwiseError, match="Permission denied"):
+                writable_file(tmp_path / "x.png", "--plot")
+        finally:
+            tmp_path.chmod(0o755)
+        return
+    if shutil.which("unshare") is None:
+        pytest.skip("no `unshare` (util-linux) for a mount namespace")
+    target = tmp_path / "x.png"
+    code = ("from shardwise.errors import ShardwiseError\n"
+            "from shardwise.preflight import writable_file\n"
+            f"try:\n    writable_file({str(target)!r}, '--plot')\n"
+            "except ShardwiseError as exc:\n    print(exc)")
+    run = subprocess.run(["unshare", "--mount", "sh", "-c",
+                          'mount --bind -o ro "$0" "$0" && exec "$1" -c "$2"', str(tmp_path),
+                          sys.executable, code], capture_output=True, text=True, timeout=60)
+    if run.returncode and "mount" in run.stderr + run.stdout:
+        pytest.skip(f"no read-only bind mount here: {run.stderr.strip()}")
+    assert run.stdout.strip() == f"--plot {target}: cannot write there (Read-only file system)"
+    assert not target.exists()
 
 
 def test_the_memory_figure_is_the_memory_models():

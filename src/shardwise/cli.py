@@ -754,9 +754,11 @@ def check(model_name: str, seq: int, global_batch: str, seed: int, data_path: st
           calibration_path: str | None, as_json: bool, **layout_kw: Any) -> None:
     """Predicted versus measured (SPEC §9): train --model for a few steps on the layout, as
     `shardwise train` does, and compare what the ranks really sent and kept with the analytic
-    model: bytes per mesh axis and collective (target: exact), bytes each layer saves for
+    model: the payload per mesh axis and collective (target: exact) and, on gloo, the bytes its
+    TCP connections carried (reported; else "assumed (ring)"), bytes each layer saves for
     backward (within 1 %), parameters, gradients and optimizer state per rank (exact), peak GPU
-    memory (reported). Exit code 0 when every target is met, 1 otherwise."""
+    memory (reported). docs/howto/check.md says what is measured and what assumed. Exit code 0
+    when every target is met, 1 otherwise."""
     measure = _import_runtime("shardwise.runtime.measure")
     from shardwise.runtime.launch import rank
 

@@ -4,7 +4,16 @@ over ranks, and the analytic traffic of a layout against figures worked out by h
 tests/runtime/test_measure.py."""
 
 from shardwise.arch import get_model
-from shardwise.estimate.check import CheckRow, merge_rows, predicted_comm
+from shardwise.estimate.check import (
+    CheckRow,
+    Counted,
+    Term,
+    Traffic,
+    comm_rows,
+    merge_rows,
+    predicted_comm,
+    ring_factor,
+)
 from shardwise.layout import Layout, TrainSpec
 
 SEQ, BATCH = 32, 4
@@ -67,3 +76,52 @@ def test_replicated_kv_heads_add_their_gradient_all_reduce():
     assert [t.bytes for t in terms] == [4 * 2 * (2 * 16 * 64) * 8 * 2 * 3 / 4]
     assert not [t for t in predicted_comm(model, Layout.parse("tp=2"), train, 0)
                 if "replicated kv" in t.label]
+
+
+# ---------------------------------------------------------------- payload and wire rows
+def _rows(wire, op="reduce-scatter", n=4, payload=4_000_000.0, calls=2):
+    """One predicted term of `op` on a "dp" group of `n` and what a run counted: a payload
+    of `payload` bytes over `calls` calls in one step."""
+    ring = payload * (2 * (n - 1) / n if op == "all-reduce" else (n - 1) / n)
+    counted = Counted({("dp", op): payload}, {("dp", op): calls}, {"dp": n})
+    return comm_rows([Term("dp", op, ring, "ZeRO")], counted, 1, Layout.parse(f"dp={n}"),
+                     wire, "gloo not in use")
+
+
+def test_payload_rows_undo_the_ring_factor():
+    # SPEC §5: the ring sends 2(N-1)/N·S of an all-reduce, (N-1)/N·S of the others; the
+    # payload of all-to-all and send is already the bytes leaving the rank
+    assert ring_factor("all-reduce", 4) == 1.5 and ring_factor("all-gather", 4) == 0.75
+    assert ring_factor("all-reduce (routing counts)", 2) == 1.0
+    assert ring_factor("all-to-all (counts)", 4) == ring_factor("send", 8) == 1.0
+    payload, wire = _rows(None)
+    assert (payload.item, payload.predicted, payload.measured, payload.ok) == (
+        "comm", 4_000_000.0, 4_000_000.0, True)
+    # nothing measured: the wire row keeps the ring's bytes and says they are assumed
+    assert (wire.item, wire.predicted, wire.measured) == ("wire", 3_000_000.0, None)
+    assert wire.note == "assumed (ring): gloo not in use" and wire.target == "-"
+
+
+def test_wire_rows_name_the_algorithm_the_bytes_show():
+    headers = 60 * 52
+    # data = the ring's 3/4 of 4 MB + 2 calls' message headers (48 B, 12 per peer): ring
+    ring = Traffic(3_000_000 + 2 * 3 * 12 * 48, 60, 52)
+    row = _rows({("dp", "reduce-scatter"): ring})[1]
+    assert row.measured == ring.data + headers and "SPEC §5's 0.75·payload" in row.note
+    # data = 2(N-1)/N of it: gloo's reduce-scatter is an all-reduce
+    row = _rows({("dp", "reduce-scatter"): Traffic(6_000_000 + 1000, 60, 52)})[1]
+    assert "all-reduce of the whole input" in row.note and row.error == 1.0 + (
+        1000 + headers) / 3_000_000
+    # TCP's retransmissions are said, and left out of the algorithm's bytes
+    row = _rows({("dp", "reduce-scatter"): Traffic(6_000_000 + 1000 + 65_000, 61, 52,
+                                                   65_000)})[1]
+    assert "65,000 B of the data sent again" in row.note and "all-reduce of the whole" in row.note
+    # neither: the measured factor is said
+    row = _rows({("dp", "reduce-scatter"): Traffic(4_000_000, 60, 52)})[1]
+    assert "data 1·payload, not the ring's 0.75" in row.note
+    # 16 bytes: the message headers outweigh any difference between the algorithms
+    row = _rows({("dp", "reduce-scatter"): Traffic(900, 4, 52)}, payload=16.0)[1]
+    assert "too small to tell" in row.note
+    # bytes of calls the counters leave out get a row of their own
+    rows = _rows({("dp", "reduce-scatter"): ring, ("world", "all-reduce"): Traffic(600, 2, 52)})
+    assert (rows[-1].what, rows[-1].measured) == ("not counted", 600 + 2 * 52)

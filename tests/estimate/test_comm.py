@@ -215,3 +215,105 @@ def test_bad_collective_inputs():
         ring_bytes_on_wire("allreduce", 1, 2)
     with pytest.raises(ShardwiseError, match="modelled for all-reduce only"):
         collective_time("all-gather", 1e6, 8, LINKS["ndr"], "tree")
+
+
+# ------------------------------------------- what mutation testing found unchecked (issue 37)
+# Each test below kills mutants benchmarks/mutation.py saw survive (docs/accuracy/mutation.md),
+# with figures worked out by hand from SPEC §5.
+
+def test_defaults_are_the_documented_ones():
+    s, b, h = 1024, 2, 512
+    act = s * b * h * 2  # bf16, the default
+    assert sequence_parallel_grad_comm_bytes(1000, 4) == 1.5 * 1000 * 2
+    assert tied_embedding_comm_bytes(32000, 4096, 4) == 1.5 * 32000 * 4096 * 2  # t = 1
+    assert pp_comm_bytes_per_microbatch(s, b, h) == 2 * act
+    # the scatter/gather optimisation divides by t only when asked for, and t defaults to 1
+    assert pp_comm_bytes_per_microbatch(s, b, h, 2, 8) == 2 * act
+    assert pp_comm_bytes_per_microbatch(s, b, h, scatter_gather=True) == 2 * act
+    assert pp_comm_bytes_per_microbatch(s, b, h, 2, 8, scatter_gather=True) == 2 * act / 8
+    # one chunk per stage, 8 micro-batches of one activation each way: the first of 4
+    # stages sends activations only, the second activations and gradients
+    assert pp_send_bytes_per_step(s, b, h, 8, 4, 0) == 8 * act
+    assert pp_send_bytes_per_step(s, b, h, 8, 4, 1, tp=8) == 16 * act
+    assert pp_send_bytes_per_step(s, b, h, 8, 4, 1, scatter_gather=True) == 16 * act
+    assert pp_send_bytes_per_step(s, b, h, 8, 4, 1, 1, 2, 8, True) == 16 * act / 8
+    P, n = 1e9, 8
+    rs = ag = 7 / 8 * 2 * P
+    assert dp_step_comm_ops(P, n, 0, 2, 2) == [("all-reduce", 2 * rs)]
+    assert dp_step_comm_ops(P, n, 2, 2, 2) == [("reduce-scatter", rs), ("all-gather", ag)]
+    # ZeRO-1 with fp32 gradients (Megatron's main_grad) gathers bf16 weights
+    assert dp_step_comm_bytes(P, n, 1, grad_bytes=4, weight_bytes=2) == pytest.approx(
+        7 / 8 * P * (4 + 2))
+
+
+def test_recompute_replays_exactly_what_the_docstrings_say():
+    s, b, kv, c = 4096, 1, 1024, 4
+    forward = cp_comm_bytes_per_layer(s, b, kv, c, backward=False)
+    assert forward == 3 * 2 * (s / c) * b * kv * 2
+    assert cp_comm_bytes_per_layer(s, b, kv, c) == 3 * forward  # K, V + dK, dV backward
+    assert ep_count_exchange_bytes(8, 4, recompute="full") == 2 * 3 / 4 * 8 * 8
+    assert ep_count_exchange_bytes(8, 4, recompute="selective") == 3 / 4 * 8 * 8
+
+
+def test_tp_ops_of_one_layer_written_out():
+    s, b, h, t = 64, 2, 32, 4
+    one = 3 / 4 * s * b * h * 2  # (t-1)/t of the (s, b, h) bf16 activation
+    ag, rs, ar = "all-gather", "reduce-scatter", "all-reduce"
+    pair_sp = [(ag, one, True), (rs, one, True), (rs, one, False), (ag, one, False)]
+    assert tp_comm_ops_per_layer(s, b, h, t, sp=True, recompute="full") == (
+        pair_sp * 2 + [(ag, one, False)] * 2  # the backward re-gathers
+        + [(ag, one, False), (rs, one, False), (ag, one, False)])  # the replay
+    assert tp_comm_ops_per_layer(s, b, h, t, sp=True, mlp_pair=False, recompute="full") == (
+        [*pair_sp, (ag, one, False), (ag, one, False), (rs, one, False)])  # re-gather, replay
+    assert tp_comm_ops_per_layer(s, b, h, t, recompute="full") == (
+        [(ar, 2 * one, True), (ar, 2 * one, False)] * 2 + [(ar, 2 * one, False)])
+    assert tp_comm_ops_per_layer(s, b, h, t) == tp_comm_ops_per_layer(s, b, h, t, sp=False)
+    assert tp_comm_bytes_per_layer(s, b, h, t, backward=False) == 2 * 2 * one  # g twice
+
+
+def test_vocab_parallel_ends_written_out():
+    s, b, h, t = 64, 2, 32, 4
+    act = s * b * h * 2
+    # both ends: the embedding's and the head's all-reduce, the loss's three (s, b) fp32 ones
+    assert vocab_parallel_comm_ops(s, b, h, t, loss_bytes=4) == (
+        [("all-reduce", 1.5 * act)] * 2 + [("all-reduce", 1.5 * s * b * 4)] * 3)
+    assert vocab_parallel_comm_ops(s, b, h, t, sp=True, loss_bytes=4) == (
+        [("reduce-scatter", 0.75 * act), ("all-gather", 0.75 * act)] * 2
+        + [("all-reduce", 1.5 * s * b * 4)] * 3)
+    assert vocab_parallel_comm_ops(s, b, h, t, embedding=False, head=False) == []
+
+
+def test_one_rank_and_one_node_cost_nothing_to_cross():
+    nvlink, ndr, size = LINKS["nvlink4"], LINKS["ndr"], 1e9
+    assert collective_time("all-reduce", size, 1, nvlink) == 0.0
+    # one node (the default): reduce-scatter and all-gather inside, nothing across
+    assert collective_time("all-reduce", size, 8, nvlink, "hierarchical", inter=ndr) == (
+        pytest.approx(2 * (7 * nvlink.latency + 7 / 8 * size / nvlink.bandwidth)))
+    # one GPU per node: nothing inside, a ring across the nodes
+    assert hierarchical_all_reduce_time(size, 4, 1, nvlink, ndr) == pytest.approx(
+        collective_time("all-reduce", size, 4, ndr))
+    assert hierarchical_all_reduce_time(size, 1, 1, nvlink, ndr) == 0.0
+    for nodes, gpus in ((0, 8), (4, 0)):
+        with pytest.raises(ShardwiseError) as info:
+            hierarchical_all_reduce_time(size, nodes, gpus, nvlink, ndr)
+        assert str(info.value) == ("hierarchical all-reduce needs nodes ≥ 1 and "
+                                   "gpus_per_node ≥ 1")
+
+
+def test_bad_input_messages_name_the_argument():
+    def message(call) -> str:
+        with pytest.raises(ShardwiseError) as info:
+            call()
+        return str(info.value)
+
+    assert message(lambda: ring_bytes_on_wire("allreduce", 1, 2)) == (
+        "unknown collective 'allreduce'; valid: all-reduce, reduce-scatter, all-gather, "
+        "all-to-all, broadcast")
+    assert "n (ranks in the collective)" in message(lambda: ring_bytes_on_wire(
+        "all-reduce", 1, 0))
+    assert "size (bytes)" in message(lambda: ring_bytes_on_wire("all-reduce", -1, 2))
+    assert "size (bytes)" in message(lambda: collective_time("all-reduce", math.nan, 2,
+                                                             LINKS["ndr"]))
+    assert message(lambda: collective_time("all-reduce", 1, 2, LINKS["ndr"], "star")) == (
+        "unknown algorithm 'star'; valid: ring, tree, hierarchical")
+    assert message(lambda: dp_step_comm_ops(1e9, 8, 4, 2, 2)) == "zero stage must be 0..3, got 4"

@@ -13,6 +13,8 @@ from shardwise.calibration import Calibration, default_calibration, load_calibra
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.compute import (
     ComputeContext,
+    _kv_heads,
+    host_overhead,
     layer_cost,
     layer_model_flops,
     matmul_efficiency,
@@ -228,3 +230,37 @@ def test_routed_experts_split_over_etp_run_the_same_flops_per_rank():
     mlp = 2 * 4096 * model.mlp_params() / 8
     assert (by_one.wgrad - dense) * ctx.rate == pytest.approx(routed + shared + router - mlp,
                                                               rel=1e-12)
+# ------------------------------------------- what mutation testing found unchecked (issue 37)
+def test_model_flops_of_one_layer_causal_and_full():
+    """SPEC §1: `2·T·(matmul params) + 4·T·s·h` per layer forward, T = s·b; causal attention
+    halves the score and P·V term (the default, as MFU is usually quoted)."""
+    model = get_model("llama3-8b")
+    s, b, h = 4096, 2, model.d_model
+    tokens = s * b
+    params = model.attention_params() + model.mlp_params()
+    full = 2 * tokens * params + 4 * tokens * s * h
+    assert layer_model_flops(model, s, b, causal=False) == full
+    assert layer_model_flops(model, s, b) == full - 2 * tokens * s * h
+    assert layer_model_flops(model, s) == layer_model_flops(model, s, 1)
+    assert layer_model_flops(model, s, 2) == 2 * layer_model_flops(model, s, 1)
+
+
+def test_batched_gemms_and_the_optimizer_step_cost_by_the_roofline():
+    cal = default_calibration("h100-sxm")
+    ctx = ctx_for(cal=cal)
+    # `batch` GEMMs cost `batch` times one (same efficiency, same per-GEMM traffic)
+    assert matmul_time(ctx, 4096, 4096, 4096, batch=8) == pytest.approx(
+        8 * matmul_time(ctx, 4096, 4096, 4096), rel=1e-12)
+    # Adam, bf16: 2·2 + 2 + 2·(4 + 8) = 30 B/param through HBM, plus three launches
+    params = 1e9
+    expected = params * 30 / (3.35e12 * cal.hbm_efficiency) + 3 * cal.kernel_overhead
+    assert optimizer_time(ctx, params, 2, 2, 4, 8) == pytest.approx(expected, rel=1e-12)
+    assert host_overhead(ctx, 1000) == pytest.approx(1000 * cal.kernel_overhead, rel=1e-12)
+
+
+def test_kv_heads_per_rank_are_split_or_one_replicated():
+    """Llama-3-8B has 8 K/V heads: 4 per rank at t = 2, one at t = 8, and still one (a
+    replicated head) at t = 16; an array of degrees gives integers."""
+    model = get_model("llama3-8b")
+    assert _kv_heads(model, np.array([2, 8, 16])).tolist() == [4, 1, 1]
+    assert _kv_heads(model, 3) == 2  # ⌊8/3⌋ heads: whole heads only

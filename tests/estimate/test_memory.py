@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shardwise.arch import PRESETS, ModelSpec
+from shardwise.arch import PRESETS, ModelSpec, get_model
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.memory import (
     activation_bytes_per_layer,
@@ -313,3 +313,62 @@ def test_ulysses_keeps_the_attention_output_twice():
                                              TrainSpec(seq_len=s, global_batch=1))[0]
                      for kind in ("ring", "ulysses"))
     assert ulysses.activations - ring.activations == pytest.approx(32 * s / 4 * 4096 / 2 * 2)
+# ------------------------------------------- what mutation testing found unchecked (issue 37)
+# Each test kills mutants benchmarks/mutation.py saw survive (docs/accuracy/mutation.md), with
+# figures worked out by hand from SPEC §3 and the docstrings.
+
+def test_korthikanti_closed_form_under_context_parallelism_and_full_recompute():
+    gpt = ModelSpec("gpt", 24, 2048, 16, 16, 8192, 50257, gated_mlp=False, norm="layernorm",
+                    dropout=True)
+    s, h, a = 2048, 2048, 16
+    one = activation_bytes_per_layer(gpt, s, 1, formula="korthikanti", flash=False)
+    assert one == s * h * (34 + 5 * a * s / h)
+    # cp splits the sequence: every term ÷c
+    assert activation_bytes_per_layer(gpt, s, 1, cp=2, formula="korthikanti",
+                                      flash=False) == one / 2
+    # full recompute keeps the layer input, 2·s·b·h, ÷t only with SP
+    full = dict(recompute="full", formula="korthikanti")
+    assert activation_bytes_per_layer(gpt, s, 1, tp=4, **full) == 2 * s * h
+    assert activation_bytes_per_layer(gpt, s, 1, tp=4, sp=True, **full) == 2 * s * h / 4
+
+
+def test_the_generalised_count_takes_every_argument():
+    llama, mixtral = PRESETS["llama3-8b"], PRESETS["mixtral-8x7b"]
+    s, h = 4096, llama.d_model
+    # full recompute: the layer input (s, b, h) in the activation dtype (bf16 by default),
+    # ÷t with SP
+    assert activation_bytes_per_layer(llama, s, 2, recompute="full") == 2 * s * 2 * h
+    assert activation_bytes_per_layer(llama, s, 2, recompute="full", dtype="fp32") == (
+        4 * s * 2 * h)
+    assert activation_bytes_per_layer(llama, s, 2, tp=4, sp=True, recompute="full") == (
+        2 * s * 2 * h / 4)
+    # a MoE model's layers are MoE layers unless told otherwise
+    assert activation_bytes_per_layer(mixtral, s) == activation_bytes_per_layer(
+        mixtral, s, moe=True) > activation_bytes_per_layer(mixtral, s, moe=False)
+    # tp shards the heads' tensors even without SP; FlashAttention changes the scores' terms
+    assert activation_bytes_per_layer(llama, s, tp=2) < activation_bytes_per_layer(llama, s)
+    assert saved_tensors_per_layer(llama, s, 1, flash=True) != saved_tensors_per_layer(
+        llama, s, 1)
+    assert sum(saved_tensors_per_layer(llama, s, 1, dtype_bytes_=4).values()) > sum(
+        saved_tensors_per_layer(llama, s, 1).values())
+    # an MoE layer saves the router's probabilities and the experts' tensors, not one MLP's
+    moe = saved_tensors_per_layer(mixtral, s, 1, moe=True)
+    assert "mlp_gate" in saved_tensors_per_layer(mixtral, s, 1) and "mlp_gate" not in moe
+    assert any(name.startswith("router_") for name in moe)
+
+
+def test_each_stage_reports_its_index_layers_and_transients_in_order():
+    """tiny (4 layers, h 64, V 256) over 2 stages, s = 32, fp32, FlashAttention: stage i holds
+    layers 2i, 2i+1; the last stage's loss buffer is one fp32 (s, b, V) tensor, every stage's
+    attention workspace FlashAttention's fp32 dq accumulator (s, b, h)."""
+    tiny = get_model("tiny")
+    stages = training_memory_per_gpu(tiny, Layout(pp=2), TrainSpec(seq_len=32, global_batch=8,
+                                                                     dtype="fp32"))
+    assert [(m.stage, m.layers) for m in stages] == [(0, 2), (1, 2)]
+    for m in stages:
+        assert [name for name, _ in m.transients] == ["loss buffer", "attention workspace",
+                                                      "ZeRO-3 gather", "gradient bucket",
+                                                      "optimizer step"]
+        assert dict(m.transients)["attention workspace"] == 32 * 64 * 4
+    assert dict(stages[0].transients)["loss buffer"] == 0
+    assert dict(stages[1].transients)["loss buffer"] == 32 * 256 * 4

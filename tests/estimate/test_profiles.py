@@ -43,8 +43,8 @@ def test_registry_and_bad_names():
 
 def test_issue_figures_llama3_8b_layer():
     """Issue 10, measured on the real transformers LlamaDecoderLayer (s=4096, b=1, bf16, one
-    layer, so with the RoPE cos/sin tables, 2·s·d·2 B): 49.16·sbh with SDPA, 244.13·sbh eager;
-    shardwise's own count 34.03 (flash) / 98.0 (materialised)."""
+    layer, so with the RoPE cos/sin tables, 2·s·d·2 B): 49.16·sbh with SDPA, 244.13·sbh eager.
+    shardwise's own count is the walk of `test_shardwise_count_walked_out_for_llama3_8b`."""
     model = PRESETS["llama3-8b"]
     s, h = 4096, model.d_model
     sbh = s * h
@@ -55,10 +55,35 @@ def test_issue_figures_llama3_8b_layer():
 
     assert per_sbh("hf-sdpa", True, tables) == pytest.approx(49.16, abs=0.005)
     assert per_sbh("hf-eager", False, tables) == pytest.approx(244.13, abs=0.005)
-    assert per_sbh("shardwise", True) == pytest.approx(34.03, abs=0.005)
-    assert per_sbh("shardwise", False) == pytest.approx(98.0, abs=0.005)
     # hf-sdpa and hf-eager fix their kernel; shardwise follows --flash
     assert per_sbh("hf-sdpa", False) == per_sbh("hf-sdpa", True)
+
+
+def test_shardwise_count_walked_out_for_llama3_8b():
+    """SPEC §3's generalised count, one Llama-3-8B layer (h 4096, a 32, a_kv 8, d 128,
+    f 14336, RMSNorm, SwiGLU, no dropout), bf16 (2 B), fp32 statistics (4 B), b = 1, walked
+    tensor by tensor in units of s·b·h bytes:
+
+        norm 1: input 2, rstd 4/h            attention: QKV input 2, Q 2, K and V 2·a_kv/a each
+        attention output (out-proj input) 2  norm 2: input 2, rstd 4/h
+        MLP: input 2, gate and up 2f/h each, down-projection input 2f/h
+        flash: log-sum-exp (b, a, s) fp32, 4a/h; materialised: softmax output 2as/h
+
+    = 34 + 8/h + 4a/h = 34.0332 (flash), 34 + 8/h + 2as/h = 98.0020 (materialised)."""
+    model = PRESETS["llama3-8b"]
+    s, h, a, kv, f = 4096, model.d_model, model.n_heads, model.n_kv_heads, model.d_ff
+    walk = {"norm1_input": 2, "norm1_stats": 4 / h, "qkv_input": 2, "q": 2, "k": 2 * kv / a,
+            "v": 2 * kv / a, "attention_output": 2, "norm2_input": 2, "norm2_stats": 4 / h,
+            "mlp_input": 2, "mlp_gate": 2 * f / h, "mlp_up": 2 * f / h,
+            "mlp_down_input": 2 * f / h}
+    for flash, attention in ((True, {"flash_logsumexp": 4 * a / h}),
+                             (False, {"softmax_output": 2 * a * s / h})):
+        expected = walk | attention
+        saved = saved_tensors("shardwise", model, s, 1, flash=flash)
+        assert saved == pytest.approx({k: v * s * h for k, v in expected.items()}, rel=1e-12)
+        total = activation_bytes_per_layer(model, s, 1, flash=flash) / (s * h)
+        assert total == pytest.approx(34 + 8 / h + (4 * a / h if flash else 2 * a * s / h),
+                                      rel=1e-12)
 
 
 def test_megatron_te_follows_theoretical_memory_usage():

@@ -11,10 +11,14 @@ from shardwise.arch import ModelSpec, get_model
 from shardwise.calibration import default_calibration
 from shardwise.estimate.comm import collective_time, hierarchical_all_reduce_time
 from shardwise.estimate.step import (
+    RC_CODES,
     SCHEDULE_CODES,
     Links,
+    _bucketed,
     estimate_step,
+    flops_per_token,
     group_collective_time,
+    p2p_exposed,
     pipeline_bubble,
 )
 from shardwise.hardware import Accelerator, Cluster, Link, get_link
@@ -424,3 +428,42 @@ def test_hybrid_all_to_all_inside_the_node_ring_across():
     hop = inter.latency + 2 * rows * kv / inter.bandwidth
     ring = (2 - 1) * (2 * hop + 2 * 2 * hop)
     assert est.cp_comm_exposed == pytest.approx(4 * 32 * (a2a + ring), rel=1e-12)
+# ------------------------------------------- what mutation testing found unchecked (issue 37)
+def test_exposed_p2p_with_contention_written_out():
+    """`p2p_exposed`: without overlap `2·(v·m + p - 1)` transfers; overlapped, the warm-up and
+    cool-down `2·(p - 1)` plus κ of the steady state's `2·v·m`."""
+    p2p, p, v, m, kappa = 1e-4, 4, 2, 8, 0.25
+    assert p2p_exposed(p2p, p, v, m, False, kappa) == pytest.approx(2 * (v * m + p - 1) * p2p)
+    assert p2p_exposed(p2p, p, v, m, True, kappa) == pytest.approx(
+        2 * (p - 1) * p2p + kappa * 2 * v * m * p2p)
+
+
+def test_bucketed_collectives_pay_one_latency_per_bucket():
+    """`ceil(S/bucket)` all-reduces of `S/buckets`: the bandwidth of S and one α per bucket;
+    a message smaller than a bucket is one call."""
+    link = get_link("nvlink4")
+    links = Links(link.bandwidth, link.latency, link.bandwidth, link.latency, 8)
+    size, n = 10e6, 8  # one node of 8: the plain ring on the intra link
+    time, buckets = _bucketed("all-reduce", size, n, 8, links, 4e6)
+    assert buckets == 3
+    assert time == pytest.approx(3 * collective_time("all-reduce", size / 3, n, link))
+    time, buckets = _bucketed("all-reduce", 1e6, n, 8, links, 4e6)
+    assert (buckets, time) == (1, pytest.approx(collective_time("all-reduce", 1e6, n, link)))
+
+
+def test_flops_per_token_and_gpu_hours_follow_their_definitions():
+    model = get_model("llama3-8b")
+    full, hardware = flops_per_token(model, 8192)
+    causal, causal_hw = flops_per_token(model, 8192, causal=True)
+    assert full == model.training_flops_per_token(8192) > causal
+    assert causal == model.training_flops_per_token(8192, causal=True)
+    for name, code in RC_CODES.items():
+        assert causal_hw[code] == model.training_flops_per_token(8192, causal=True,
+                                                                 recompute=name)
+        assert hardware[code] == model.training_flops_per_token(8192, recompute=name)
+    step = estimate_step(model, Cluster.of(64, "h100"), Layout(dp=8, tp=8),
+                         TrainSpec(seq_len=8192, global_batch=512))
+    tokens = 1e12
+    assert step.time_to_train(tokens) == pytest.approx(tokens / step.tokens_per_s)
+    assert step.gpu_hours(tokens) == pytest.approx(tokens / step.tokens_per_s * 64 / 3600)
+    assert step.cost(tokens, 2.5) == pytest.approx(2.5 * step.gpu_hours(tokens))

@@ -68,8 +68,15 @@ class Emit:
         return env, words
 
 
+_EMITTED: dict[tuple[str, str], Emit] = {}  # the CLI's output for a plan: the same each time
+
+
 def emit(capsys, plan: str, framework: str) -> Emit:
-    return Emit(capsys, PLANS[plan], framework)
+    """`shardwise plan PLAN --emit FRAMEWORK`, run once per session (test_megatron and
+    test_megatron_lm read the same plans)."""
+    if (plan, framework) not in _EMITTED:
+        _EMITTED[(plan, framework)] = Emit(capsys, PLANS[plan], framework)
+    return _EMITTED[(plan, framework)]
 
 
 def _option(args: list[str], name: str, default: str) -> str:

@@ -5,7 +5,6 @@ Megatron-LM checkout on PYTHONPATH, its `parse_args` + `validate_args`; DeepSpee
 `DeepSpeedZeroConfig`; and the recipes against torchao's roofline and the frameworks' names."""
 
 import dataclasses
-import sys
 import typing
 
 import pytest
@@ -119,26 +118,12 @@ def test_megatron_core_reads_back_mla_fp8_and_offload(capsys, monkeypatch, plan)
 
 
 @pytest.mark.parametrize("plan", list(PLANS))
-def test_megatron_lm_parser_accepts_mla_fp8_and_offload(capsys, monkeypatch, plan):
-    """Megatron-LM's full parser (a checkout on PYTHONPATH; skipped otherwise, as
-    test_megatron_lm.py): every emitted flag exists and `validate_args` accepts the set."""
-    import typing_extensions
+def test_megatron_lm_parser_accepts_mla_fp8_and_offload(capsys, plan):
+    """Megatron-LM's parser at the pinned commit (test_megatron_lm.py): every emitted flag
+    exists and the `validate_args` rules it reaches hold."""
+    from tests.integration.test_megatron_lm import megatron_lm_args
 
-    monkeypatch.setattr(typing, "override", typing_extensions.override, raising=False)
-    arguments = pytest.importorskip("megatron.training.arguments")
-    monkeypatch.setattr(arguments, "get_device_arch_version", lambda: 9)
-    out = Emit(capsys, PLANS[plan], "megatron")
-    assert out.code == 0, out.err
-    env, words = out.command()
-    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py",
-                                      *words[words.index("pretrain_gpt.py") + 1:],
-                                      "--tokenizer-type", "NullTokenizer", "--mock-data"])
-    args = arguments.parse_args()
-    args.world_size, args.rank = out.layout.world_size, 0
-    arguments.validate_args(args)
+    args = megatron_lm_args(Emit(capsys, PLANS[plan], "megatron"))
     model = get_model(PLANS[plan][0])
     assert args.multi_latent_attention and args.kv_lora_rank == model.kv_lora_rank
     assert args.fp8_recipe == PLANS[plan][PLANS[plan].index("--fp8") + 1]

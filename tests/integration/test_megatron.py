@@ -215,3 +215,52 @@ def test_megatron_core_reads_back_the_other_runs(capsys, case):
                 "8b-fp32-grads-overlap": "--tp-comm-overlap"}[case]
     assert expected in argv and "--use-torch-fsdp2" not in argv
     reads_back(out, get_model(MEGATRON_EXTRA[case][0]))
+def _megatron_groups(world: int, args: dict) -> dict[str, list[list[int]]]:
+    """The process groups megatron-core's own `parallel_state.initialize_model_parallel`
+    builds from the emitted degrees, on a world of `world` ranks faked for it (rank 0's
+    view; every group's rank list is recorded, not created)."""
+    from unittest import mock
+
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    made: dict[str, list[list[int]]] = {}
+
+    def create_group(ranks=None, *_, group_desc=None, **__):
+        made.setdefault(group_desc, []).append(list(ranks))
+        return object()
+
+    with (mock.patch.object(parallel_state, "create_group", create_group),
+          mock.patch.object(dist, "is_initialized", lambda: True),
+          mock.patch.object(dist, "get_world_size", lambda *_, **__: world),
+          mock.patch.object(dist, "get_rank", lambda *_, **__: 0)):
+        try:
+            parallel_state.initialize_model_parallel(
+                tensor_model_parallel_size=int(args["tensor_model_parallel_size"]),
+                pipeline_model_parallel_size=int(args["pipeline_model_parallel_size"]),
+                context_parallel_size=int(args.get("context_parallel_size") or 1),
+                num_distributed_optimizer_instances=int(
+                    args.get("num_distributed_optimizer_instances") or 1))
+        finally:
+            parallel_state.destroy_model_parallel()
+    return made
+
+
+@pytest.mark.parametrize("cp", [1, 2, 4])
+def test_distributed_optimizer_instances_shard_over_the_zero_group(capsys, cp):
+    """Hybrid ZeRO-1 (a shard group of 4 inside the dp × cp block) as Megatron-LM's distributed
+    optimizer instances: megatron-core shards each instance over dp·cp / instances ranks of
+    the data-parallel-with-context group, which must be our ZeRO group, for cp = 1, 2 and 4."""
+    layout = f"tp=2,cp={cp},zero=1,zero_group=4"
+    out = Emit(capsys, ["llama3-8b", "--gpus", "64", "--seq", "32768", "--global-batch", "64",
+                        "--layout", layout], "megatron")
+    assert out.code == 0, out.err
+    assert (out.layout.cp, out.layout.zero_group, out.layout.dp) == (cp, 4, 32 // cp)
+    _, argv = out.command()
+    args = {k[2:].replace("-", "_"): v for k, v in flags(argv).items()}
+    groups = _megatron_groups(out.layout.world_size, args)
+    shards = groups["INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP"]
+    assert {len(ranks) for ranks in shards} == {4}
+    # every dp × cp block of 32 ranks holds 8 shard groups of 4: 8 instances
+    assert int(args["num_distributed_optimizer_instances"]) == 32 // 4
+    assert len(shards) == out.layout.world_size // 4

@@ -267,6 +267,7 @@ def test_a_crash_while_publishing_leaves_the_last_checkpoint(first_runs, tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_a_killed_rank_resumes_without_losing_or_repeating_a_step(first_runs, tmp_path):
     log = tmp_path / "log.jsonl"
     cfg = saving(config("dp=2"), tmp_path / "ckpt", log_path=str(log))

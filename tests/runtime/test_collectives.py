@@ -150,17 +150,27 @@ def test_counted_layer_values_and_bytes() -> None:
         assert per_op.get(("dp", "send"), 0) == (40 if dp_i == 0 else 0)
 
 
-def _spec_example() -> float:
-    """SPEC §5 acceptance: 4000 bytes all-reduced on 4 ranks → 6000 bytes sent per rank."""
+def _spec_example() -> tuple[float, float, float]:
+    """SPEC §5 acceptance: 4000 bytes all-reduced on 4 ranks → 6000 bytes sent per rank: what
+    the p2p ring counts it sent, and the TCP data gloo's own all-reduce put on the wire."""
+    from shardwise.runtime import wire
+    from shardwise.runtime.mesh import AxisGroup
+
     with C.counting() as c:
         C.ring_all_reduce_p2p(torch.ones(1000, dtype=torch.float32))
+    with wire.metering() as meter:
         C.all_reduce(torch.ones(1000, dtype=torch.float32))
-    return c.bytes() / 2
+    native = meter.traffic([AxisGroup.world()])[("world", "all-reduce")]
+    return c.bytes(), c.payload_bytes(), native.data
 
 
 @pytest.mark.slow
 def test_spec_ring_all_reduce_bytes_measured() -> None:
-    assert spawn(_spec_example, 4) == [6000.0] * 4
+    from shardwise.estimate.check import FRAMING_PER_PEER
+
+    for ring, payload, native in spawn(_spec_example, 4):
+        assert (ring, payload) == (6000.0, 4000.0)
+        assert 6000 <= native <= 6000 + 3 * FRAMING_PER_PEER  # + gloo's message headers
 
 
 def test_counter_sums_and_resets() -> None:
@@ -193,12 +203,21 @@ def test_chunk_sizes_match_tensor_split() -> None:
 
 
 def _late_peer_waits(delay: float) -> dict[str, object]:
-    """Rank 1 arrives `delay` s late to three all-reduces; rank 0's main thread CPU seconds
-    during each wait: with a core per rank (polls), with more ranks said to run than cores
+    """Rank 1 arrives `delay` s late to three all-reduces; how rank 0 waited in each: its polls
+    (each `os.sched_yield` of `collectives.wait`, counted) and when the last one came after
+    the call began — with a core per rank (polls), with more ranks said to run than cores
     (blocks), and a peer later than `POLL_SECONDS` (polls that long, then blocks)."""
     import os
     import time
 
+    polls: list[float] = []
+    real_yield = os.sched_yield
+
+    def counted_yield() -> None:
+        polls.append(time.perf_counter())
+        real_yield()
+
+    os.sched_yield = counted_yield
     cores = len(os.sched_getaffinity(0))
     out: dict[str, object] = {"polls": C._polls()}
     for name, late, running in (("polled", delay, 2), ("blocked", delay, cores + 1),
@@ -209,32 +228,39 @@ def _late_peer_waits(delay: float) -> dict[str, object]:
             out[f"polls_{name}"] = C._polls()
             if dist.get_rank() == 1:
                 time.sleep(late)
-            start = time.thread_time()
+            polls.clear()
+            start = time.perf_counter()
             C.all_reduce(x)
-            out[name] = time.thread_time() - start
+            out[name] = (len(polls), polls[-1] - start if polls else 0.0)
         out[f"{name}_sum"] = x.tolist()
-    # gloo's reduce-scatter handle reports completion only inside wait(): no poll to the cap
+    # gloo's reduce-scatter handle reports completion only inside wait(): no poll at all
     part = torch.empty(2)
-    start = time.perf_counter()
+    polls.clear()
     C.reduce_scatter(part, torch.ones(4))
-    out["reduce_scatter_s"] = time.perf_counter() - start
+    out["reduce_scatter_polls"] = len(polls)
     out["reduce_scatter"] = part.tolist()
+    os.sched_yield = real_yield
     return out
 
 
+@pytest.mark.slow
+@pytest.mark.timing
 @pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="needs 2 cores")
 def test_waits_poll_with_a_core_per_rank_and_block_otherwise() -> None:
+    """Counted polls, not CPU time (which a loaded machine takes away): the one window is the
+    poll cap's, POLL_SECONDS, checked to a quarter second."""
     delay = 0.4
     rank0, rank1 = spawn(_late_peer_waits, 2, delay, timeout_s=60)
     for r in (rank0, rank1):  # the same sums whichever way a rank waited
         assert r["polled_sum"] == r["blocked_sum"] == r["capped_sum"] == [3.0] * 4
     assert rank0["polls"] and rank0["polls_polled"] and not rank0["polls_blocked"]
-    # rank 0 spent the wait on its core (CPU ≈ the peer's delay) only when it polled
-    assert rank0["polled"] > 0.5 * delay
-    assert rank0["blocked"] < 0.1
-    assert 0.5 * C.POLL_SECONDS < rank0["capped"] < C.POLL_SECONDS + 0.5 * delay
+    # rank 0 waited on its core, yielding it between polls, only when it polled
+    assert rank0["polled"][0] > 0 and rank0["blocked"][0] == 0
+    # past the cap it stopped polling and blocked until the peer came, 0.4 s later
+    count, last = rank0["capped"]
+    assert count > 0 and last < C.POLL_SECONDS + 0.25
     for r in (rank0, rank1):
-        assert r["reduce_scatter"] == [2.0, 2.0] and r["reduce_scatter_s"] < 0.5 * C.POLL_SECONDS
+        assert r["reduce_scatter"] == [2.0, 2.0] and r["reduce_scatter_polls"] == 0
 
 
 def _clocked_waits(delay: float) -> dict[str, float]:
@@ -259,12 +285,16 @@ def _clocked_waits(delay: float) -> dict[str, float]:
             "sum": x[0].item()}
 
 
+@pytest.mark.slow
+@pytest.mark.timing
 def test_the_clock_charges_each_axis_the_time_a_rank_waits_in_its_collectives() -> None:
-    delay = 0.3
+    """Windows that hold on a loaded machine: a charge is at least the peer's delay (less the
+    ranks' skew leaving the barrier) and not twice it; nothing is charged at issue."""
+    delay = 0.5
     rank0, rank1 = spawn(_clocked_waits, 2, delay, timeout_s=60)
     assert rank0["sum"] == rank1["sum"] == 8.0  # three all-reduces of ones over 2 ranks
     # rank 0 waited for the late peer in the first call; rank 1 for rank 0 in the wait
-    assert delay * 0.8 <= rank0["tp"] < delay * 0.8 + 0.5 and rank0["axes"] == 1
-    assert delay * 0.8 <= rank1["tp"] < delay * 0.8 + 0.5
+    assert delay * 0.8 <= rank0["tp"] < delay * 2 and rank0["axes"] == 1
+    assert delay * 0.8 <= rank1["tp"] < delay * 2
     # an async call is charged in `wait`, not when it is issued
-    assert rank1["issued_tp"] < 0.1 * delay
+    assert rank1["issued_tp"] < 0.5 * delay

@@ -79,11 +79,13 @@ def _check(model_name: str, layout: Layout, ranks: int, zero_router: bool = Fals
     assert _modelled(model_name, layout, running) == pytest.approx(ops, rel=0.03)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_name", ["tiny", "tiny-moe"])
 def test_one_rank_op_count_is_the_runtimes(model_name):
     _check(model_name, Layout(), 1)
 
 
+@pytest.mark.slow
 def test_an_moe_layer_counts_only_the_experts_that_receive_rows():
     """Tied router logits send every token to the same top-k experts: the others launch
     nothing, and the count is the model's at that share of running experts (half)."""

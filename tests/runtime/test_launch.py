@@ -66,6 +66,7 @@ def test_spawn_tcp_init_on_a_free_port() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 @pytest.mark.parametrize(("fn", "n", "message"), [
     (_raise_on, 4, "ValueError: deliberate failure on rank 2"),
     (_exit_on, 4, "died (exit code 7)"),
@@ -80,6 +81,7 @@ def test_failing_rank_raises_naming_it(fn, n: int, message: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_hanging_rank_times_out() -> None:
     start = time.monotonic()
     with pytest.raises(RankFailure, match="rank|timed out"):

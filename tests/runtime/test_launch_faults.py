@@ -48,6 +48,7 @@ def _alive(pids: set[int]) -> set[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 @pytest.mark.parametrize(("method", "sig"), [("spawn", signal.SIGKILL),
                                              ("forkserver", signal.SIGKILL),
                                              ("forkserver", signal.SIGTERM)])
@@ -86,6 +87,7 @@ def _stop_rank_one() -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_a_stopped_rank_is_the_one_reported():
     start = time.monotonic()
     with pytest.raises(RankFailure, match="rank 1 stopped responding \\(stopped") as info:

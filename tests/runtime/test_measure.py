@@ -117,6 +117,7 @@ def _load_with_tied_router(layout: str) -> dict[str, float]:
     return _expert_load(recorder.expert_load, state.model.axis("ep"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout, ranks", [("dp=1", 1), ("dp=2,ep=2", 2)])
 def test_the_expert_load_is_the_busiest_ranks_share_of_the_routing(layout, ranks):
     """Tied logits send every token to the same k = 2 experts (top-k's tie rule), so the
@@ -140,7 +141,9 @@ def test_two_ranks_meet_every_target():
     dp, tp, sp, pp, cp, ep, moe_dp, zero3, ulysses = rows
     # Measured, against figures worked out by hand.
     act = SEQ * 64 * F64
-    assert dp[(0, "comm", "dp all-reduce")].measured == P_TINY * F64  # 2(N-1)/N = 1
+    # The payload each call was handed (SPEC §5's S; the ring sends 2(N-1)/N·S = S of an
+    # all-reduce on 2 ranks, (N-1)/N·S = S/2 of a gather or scatter).
+    assert dp[(0, "comm", "dp all-reduce")].measured == P_TINY * F64
     # the checkpoint: fp64 weights and AdamW's two fp64 moments, each parameter once
     assert dp[(0, "checkpoint", CHECKPOINT)].measured == P_TINY * 3 * F64
     assert zero3[(0, "checkpoint", CHECKPOINT)].measured == P_TINY * 3 * F64
@@ -148,7 +151,7 @@ def test_two_ranks_meet_every_target():
     every = get_model("tiny-moe").count_params().total
     assert moe_dp[(0, "comm", "dp all-reduce")].measured == every * F64
     assert tp[(0, "comm", "tp all-reduce")].measured == BATCH * (18 * act + 3 * SEQ * F64)
-    assert zero3[(0, "comm", "dp all-gather")].measured == 2 * 2 * P_TINY * F64 / 2
+    assert zero3[(0, "comm", "dp all-gather")].measured == 2 * 2 * P_TINY * F64
     assert zero3[(0, "state", "weights")].measured == P_TINY * F64 / 2
     assert pp[(1, "comm", "pp send")].measured == BATCH * act  # gradients going back
     # Sequence parallelism keeps only the (s/2, b, h) shard of the QKV and MLP inputs: the
@@ -159,8 +162,8 @@ def test_two_ranks_meet_every_target():
     # ... and all-gathers it again in backward. All-gathers per micro-batch, each (t-1)/t = 1/2
     # of an (s, b, h) activation: per layer the 2 of f forward, the 2 conjugates of g backward
     # and the 2 re-gathers; the head's f forward and the embedding's g conjugate backward.
-    assert sp[(0, "comm", "tp all-gather")].measured == BATCH * (4 * 6 + 2) * act / 2
-    assert sp[(0, "comm", "tp reduce-scatter")].measured == BATCH * (4 * 4 + 2) * act / 2
+    assert sp[(0, "comm", "tp all-gather")].measured == BATCH * (4 * 6 + 2) * act
+    assert sp[(0, "comm", "tp reduce-scatter")].measured == BATCH * (4 * 4 + 2) * act
     # Ring attention also keeps the (c, s/c) int64 token positions: within 1 %, said.
     row = cp[(0, "activations", "layer 0")]
     assert row.measured - row.predicted == 8 * SEQ and "positions" in row.note
@@ -178,6 +181,16 @@ def test_two_ranks_meet_every_target():
     # ... and saves exactly the §3 count: the attention output sequence-sharded only (the
     # core's head-sharded copy is recomputed), no positions
     assert all(ulysses[(0, "activations", f"layer {k}")].error == 0 for k in range(4))
+    # On the wire (gloo, the kernel's TCP counters): every counted op has its wire row, its
+    # data within the ring's bytes plus gloo's message headers — but the reduce-scatter,
+    # which gloo runs as an all-reduce (tests/runtime/test_wire.py)
+    for merged, comm in zip(rows, COMM):
+        for what in comm:
+            wire = merged[(0, "wire", what)]
+            assert wire.measured > wire.predicted, wire
+            verdict = ("all-reduce of the whole input" if what.endswith("reduce-scatter")
+                       else "SPEC §5's")
+            assert verdict in wire.note, wire
 
 
 @pytest.mark.slow
@@ -198,15 +211,16 @@ def test_cli_check_prints_rows_and_exits_by_the_targets():
                     "fp64", "--steps", "1")
     # (12 rows + the all-reduce's per-call cost re-timed on the layout's groups + the time
     # the median step spent in dp's and the world's collectives + 5 checkpoint rows)
-    assert "All 20 rows meet their targets." in met.stdout
+    # (+ its wire row and one for the world's bookkeeping all-reduces, loss and gradient norm)
+    assert "All 22 rows meet their targets." in met.stdout
     assert "dp all-reduce" in met.stdout and "no GPU" in met.stdout
     sp = shardwise("check", "--tp", "2", "--sp", "--seq", "32", "--global-batch", "2",
                    "--steps", "1", "--json")
     out = json.loads(sp.stdout)
     assert out["ok"] and out["ranks"] == 2 and out["layout"]["sp"]
     # 14 rows + tp's all-reduce, reduce-scatter and all-gather re-timed per call + the time
-    # in tp's and the world's collectives + 5 checkpoint rows
-    assert all(row["ok"] for row in out["rows"]) and len(out["rows"]) == 24
+    # in tp's and the world's collectives + 5 checkpoint rows + 3 wire rows and the world's
+    assert all(row["ok"] for row in out["rows"]) and len(out["rows"]) == 28
     # Mixed precision, ZeRO-2 over 2 ranks: SPEC §2's 2P + 14P/N bytes, measured — bf16
     # weights whole, bf16 gradient shard, fp32 master shard, fp32 Adam moments shard; with
     # fp32 gradients (Megatron's main_grad, 18 B/param) the gradient shard is fp32: 2P + 16P/N
@@ -238,8 +252,9 @@ def test_cli_check_prints_rows_and_exits_by_the_targets():
                        "--global-batch", "2", "--steps", "1", "--json", check=False)
     assert missed.returncode == 1, missed.stderr
     # (16 rows + 4 per-call costs: all-reduce, reduce-scatter, all-gather on 2, all-reduce on 4
-    # + the time in tp's, dp's and the world's collectives + 5 checkpoint rows)
-    assert missed.stderr.strip() == "error: 1 of 28 rows miss their target (see the notes)"
+    # + the time in tp's, dp's and the world's collectives + 5 checkpoint rows + 5 wire rows
+    # and the world's)
+    assert missed.stderr.strip() == "error: 1 of 34 rows miss their target (see the notes)"
     out = json.loads(missed.stdout)
     assert not out["ok"] and out["ranks"] == 4 and out["layout"]["zero"] == 1
     failing = {row["what"]: row["note"] for row in out["rows"] if not row["ok"]}

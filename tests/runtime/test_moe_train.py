@@ -152,7 +152,8 @@ def test_check_is_exact_with_capacity_aux_loss_and_shared_experts():
     # cp: the aux loss's per-expert counts all-reduced and the capacity's expert choices
     # all-gathered over cp, every MoE call
     rows = run_check(config("cp=2,ep=2"), 1, timeout_s=240)
-    routing = [r for r in rows if r.what in (f"cp {ROUTING_COUNTS_OP}", f"cp {ROUTING_GATHER_OP}")]
+    routing = [r for r in rows if r.item == "comm"
+               and r.what in (f"cp {ROUTING_COUNTS_OP}", f"cp {ROUTING_GATHER_OP}")]
     assert len(routing) == 2 and all(r.error == 0 and r.measured for r in routing), routing
 
 

@@ -226,6 +226,7 @@ def _die_on_rank_one(state, record) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_a_killed_rank_fails_the_run_within_the_timeout():
     start = time.monotonic()
     with pytest.raises(RankFailure, match="rank 1 died"):

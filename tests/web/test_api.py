@@ -187,6 +187,24 @@ def test_upload_over_one_megabyte_is_413(client):
     assert response.status_code == 413 and "1,000,000-byte limit" in response.json()["detail"]
 
 
+def test_chunked_upload_without_a_length_is_411(client):
+    """A body sent in chunks has no Content-Length for the 1 MB limit to read: refused before
+    anything reads it, or a 2 MB upload would get past the limit."""
+    padding = b"x" * 1_000_000
+
+    def chunks():
+        yield b'{"name": "big", "config": {"model_type": "llama", "padding": "'
+        yield from (padding, padding)
+        yield b'"}}'
+
+    response = client.post("/api/models", content=chunks(),
+                           headers={"content-type": "application/json"})
+    assert response.request.headers.get("transfer-encoding") == "chunked"
+    assert "content-length" not in response.request.headers
+    assert response.status_code == 411
+    assert response.json()["detail"] == "send the request body with a Content-Length"
+
+
 def test_plan_busy_and_time_limit(client, monkeypatch):
     from shardwise.web import tools
 

@@ -5,7 +5,9 @@ layout sends, saves and holds, and the rows that compare it with what a run meas
     CheckRow         one predicted-versus-measured item, its target and why it differs
     merge_rows       per pipeline stage and item, the rank with the largest error
     predicted_comm   every collective one rank issues per optimizer step (`estimate.comm`)
-    comm_rows        predicted terms vs measured bytes per (mesh axis, op)
+    comm_rows        per (mesh axis, op): the payload the model predicts vs the payload counted,
+                     and SPEC §5's ring bytes vs the bytes measured on the wire (`Counted`,
+                     `Traffic`; "assumed (ring)" where nothing could be measured)
     predicted_saved  bytes one layer saves per micro-batch (`estimate.memory`, SPEC §3)
     activation_note  why an activation row differs
     state_rows       parameters, gradients, fp32 masters, optimizer moments per rank (SPEC §2)
@@ -13,8 +15,11 @@ layout sends, saves and holds, and the rows that compare it with what a run meas
     checkpoint_rows  one checkpoint's tensors (exact) and write time against this disk's
                      measured bandwidth (`estimate.goodput`)
 
-Targets (`CheckRow.target`): communication exact (to float rounding, 1e-12 relative), saved
-activations within 1 %, state exact; "-" for a row outside the §3/§5 model.
+Targets (`CheckRow.target`): communication payload exact (to float rounding, 1e-12
+relative), saved activations within 1 %, state exact; "-" for a row outside the §3/§5 model
+and for the wire rows, whose bytes include what no model here describes: TCP/IP headers and
+the backend's own message headers, and its own algorithm where it is not the ring's
+(docs/howto/check.md).
 """
 
 from __future__ import annotations
@@ -65,7 +70,9 @@ __all__ = [
     "RUNTIME_IMPL",
     "WITHIN_1PC",
     "CheckRow",
+    "Counted",
     "Term",
+    "Traffic",
     "activation_note",
     "checkpoint_rows",
     "comm_rows",
@@ -73,6 +80,7 @@ __all__ = [
     "peak_row",
     "predicted_comm",
     "predicted_saved",
+    "ring_factor",
     "state_rows",
     "zero_units",
 ]
@@ -148,7 +156,7 @@ def merge_rows(per_rank: Sequence[Sequence[CheckRow]]) -> list[CheckRow]:
         return (not row.ok, abs(error) if error is not None else 0.0)
 
     merged = [replace(max(rows, key=badness), ranks=len(rows)) for rows in groups.values()]
-    order = {"comm": 0, "activations": 1, "state": 2, "peak memory": 3}
+    order = {"comm": 0, "wire": 0, "activations": 1, "state": 2, "peak memory": 3}
     return sorted(merged, key=lambda r: (r.stage, order.get(r.item, 9)))
 
 
@@ -295,20 +303,85 @@ def _cp_terms(model: ModelSpec, layout: Layout, train: TrainSpec, calls: int) ->
     return terms
 
 
-def comm_rows(terms: Sequence[Term], measured: dict[tuple[str, str], float], steps: int,
-               layout: Layout) -> list[CheckRow]:
-    """One row per (mesh axis, collective): the bytes per step its `terms` predict against the
-    bytes `measured` over `steps` steps, per step (target: exact)."""
+def ring_factor(op: str, n: int) -> float:
+    """Bytes one rank sends per byte of payload by SPEC §5's ring: `2(N-1)/N` for all-reduce,
+    `(N-1)/N` for reduce-scatter, all-gather and broadcast (payload: the full size `S`); 1 for
+    all-to-all and send, whose payload is already the bytes leaving the rank. `op` may carry a
+    label ("all-to-all (counts)")."""
+    base = op.split(" (")[0]
+    return 1.0 if base in ("all-to-all", "send") else ring_bytes_on_wire(base, 1.0, n)
+
+
+@dataclass(frozen=True)
+class Counted:
+    """What one rank's counted collectives were handed (`runtime.collectives.CommCounter`):
+    payload bytes and calls per (axis, op), and the size of every axis group called."""
+
+    payload: dict[tuple[str, str], float]
+    calls: dict[tuple[str, str], int]
+    sizes: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Bytes one rank sent on some TCP connections (`runtime.wire` measures them): data (the
+    backend's messages, its own headers included, and any sent again), segments, IP + TCP
+    header bytes per segment, and the data bytes retransmitted (part of `data`)."""
+
+    data: float = 0.0
+    segments: float = 0.0
+    header: int = 0
+    retransmitted: float = 0.0
+
+    @property
+    def wire(self) -> float:
+        """Data plus IP and TCP headers: what left the rank at the IP layer."""
+        return self.data + self.segments * self.header
+
+    def __add__(self, other: Traffic) -> Traffic:
+        return Traffic(self.data + other.data, self.segments + other.segments,
+                       other.header or self.header, self.retransmitted + other.retransmitted)
+
+
+# A backend's own message headers, per call and peer, within which its data still "follows the
+# ring": gloo's are 48 B each, 3-12 per peer and call (measured on torch 2.13's gloo,
+# docs/howto/check.md).
+FRAMING_PER_PEER = 1024
+# SPEC §5's ring next to what a backend is known to run instead: (op, measured factor) -> why
+OTHER_ALGORITHMS = {
+    "reduce-scatter": (lambda n: 2 * (n - 1) / n,
+                       "gloo runs reduce-scatter as an all-reduce of the whole input and keeps "
+                       "its chunk (torch ProcessGroupGloo::reduce_scatter_tensor_coalesced): "
+                       "2(N-1)/N·S"),
+}
+
+
+def comm_rows(terms: Sequence[Term], counted: Counted, steps: int, layout: Layout,
+              wire: dict[tuple[str, str], Traffic] | None = None, unmeasured: str = ""
+              ) -> list[CheckRow]:
+    """Per (axis, op), two rows. Payload (item "comm", target exact): the bytes the calls were
+    handed, predicted (the terms ÷ `ring_factor`) against counted. Wire (item "wire",
+    reported): SPEC §5's ring bytes per rank against the bytes this rank's connections carried
+    (`wire`), with the backend's algorithm named where its factor is not the ring's; without
+    `wire`, "assumed (ring)" and why (`unmeasured`). Then one wire row for traffic outside
+    the counted calls (the loss's and gradient norm's all-reduces)."""
     predicted: dict[tuple[str, str], list[Term]] = {}
     for term in terms:
         predicted.setdefault((term.axis, term.op), []).append(term)
     rows = []
-    for key in sorted(set(predicted) | set(measured)):
+    for key in sorted(set(predicted) | set(counted.payload)):
+        axis, op = key
         parts = predicted.get(key, [])
         labels = list(dict.fromkeys(term.label for term in parts))
         note = "; ".join(labels) if parts else "not in the analytic model"
-        row = CheckRow("comm", " ".join(key), sum(term.bytes for term in parts),
-                       measured.get(key, 0.0) / steps, EXACT, note)
+        ring = sum(term.bytes for term in parts)
+        n = counted.sizes.get(axis)
+        if n is None:  # never called: the size of its group is not known here
+            payload, note = ring, note + "; never called (ring bytes, not payload)"
+        else:
+            payload = ring / ring_factor(op, n)
+        row = CheckRow("comm", " ".join(key), payload, counted.payload.get(key, 0.0) / steps,
+                       EXACT, note)
         if not row.ok and key == ("tp", "all-reduce") and layout.zero and (
                 layout.sp or "MLA" in note):
             row = replace(row, note=note + "; ZeRO + SP or MLA: the runtime all-reduces over "
@@ -316,7 +389,52 @@ def comm_rows(terms: Sequence[Term], measured: dict[tuple[str, str], float], ste
                           "gradient is partial over tp (other elements masked to zero), not "
                           "only those weights' gradients")
         rows.append(row)
+        rows.append(_wire_row(key, ring, counted, steps, wire, unmeasured))
+    other = {key: t for key, t in (wire or {}).items() if key not in predicted
+             and key not in counted.payload}
+    if other:
+        rows.append(CheckRow(
+            "wire", "not counted", None, sum(t.wire for t in other.values()) / steps, REPORTED,
+            "bytes on the wire of calls outside the model and the counters: " + ", ".join(
+                f"{' '.join(key) if key != ('?', '?') else 'before any call'} "
+                f"{t.wire / steps:,.0f} B" for key, t in sorted(other.items()))))
     return rows
+
+
+def _wire_row(key: tuple[str, str], ring: float, counted: Counted, steps: int,
+              wire: dict[tuple[str, str], Traffic] | None, unmeasured: str) -> CheckRow:
+    """SPEC §5's ring bytes of (axis, op) per rank and step against the wire (comm_rows)."""
+    axis, op = key
+    what = f"{axis} {op}"
+    if wire is None:
+        return CheckRow("wire", what, ring, None, REPORTED, f"assumed (ring): {unmeasured}")
+    measured = wire.get(key, Traffic())
+    n, calls = counted.sizes.get(axis, 1), counted.calls.get(key, 0)
+    payload = counted.payload.get(key, 0.0)
+    note = (f"TCP data {measured.data / steps:,.0f} B + IP/TCP headers "
+            f"{measured.segments * measured.header / steps:,.0f} B ({measured.segments / steps:,.0f} "
+            f"segments × {measured.header} B)")
+    if measured.retransmitted:
+        note += f"; {measured.retransmitted / steps:,.0f} B of the data sent again (TCP)"
+    once = measured.data - measured.retransmitted  # what the algorithm sent
+    if payload and n > 1:
+        slack = FRAMING_PER_PEER * (n - 1) * calls  # the backend's own message headers
+        factor, ring_f = once / payload, ring_factor(op, n)
+
+        def near(f: float) -> bool:
+            return 0 <= once - f * payload <= slack
+
+        base = op.split(" (")[0]
+        other = OTHER_ALGORITHMS.get(base)
+        if near(ring_f) and not (other and near(other[0](n))):
+            note += f"; data = SPEC §5's {ring_f:.3g}·payload + message headers"
+        elif other and near(other[0](n)) and not near(ring_f):
+            note += f"; not the ring: {other[1]}"
+        elif near(ring_f):
+            note += "; payload too small to tell the algorithm from the message headers"
+        else:
+            note += f"; data {factor:.3g}·payload, not the ring's {ring_f:.3g}"
+    return CheckRow("wire", what, ring, measured.wire / steps, REPORTED, note)
 
 
 def predicted_saved(model: ModelSpec, layout: Layout, train: TrainSpec, moe: bool

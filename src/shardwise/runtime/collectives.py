@@ -24,20 +24,28 @@ moves (and counts) nothing. Peers (`src`, `dst`) are *global* ranks, as in torch
     ring_reduce_scatter_p2p(output, input, group=None, *, op="sum", counter=None)
     ring_all_gather_p2p(output, input, group=None, *, counter=None)
     chunk_sizes(numel, n) -> list[int]           the tensor_split sizes every rank agrees on
-    CommCounter: .add(axis, op, nbytes), .bytes(axis=None, op=None), .calls(axis=None, op=None),
-                 .reset(), .rows(), .as_dict()
+    CommCounter: .add(axis, op, nbytes, payload=None, ranks=None), .bytes(axis=None, op=None),
+                 .payload_bytes(axis=None, op=None), .calls(axis=None, op=None), .reset(),
+                 .rows(), .as_dict()
+    note_send(group, nbytes, counter=None)   a send issued outside this layer (the pipeline's)
+    labelled(op) -> context manager: calls inside are counted (and metered) as `op`
     get_counter(), counting() -> context manager yielding a fresh active counter
     clocking() -> context manager yielding {axis: seconds} spent inside collectives (below)
     blocked_in(axis) -> context manager charging its wall time to `axis` on active clocks
 
-Counting (the measurement SPEC §9 compares with the model): every call records the bytes
-*this rank sends* under (axis name, op), with the op names of `shardwise.estimate.comm`
-("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "broadcast") plus "send".
-Backend collectives are counted with SPEC §5's ring formulas, `ring_bytes_on_wire(op, S, N)`:
-all-reduce `2(N-1)/N·S`, reduce-scatter and all-gather `(N-1)/N·S` with `S` the full
-(unsharded) size, broadcast `(N-1)/N·S`; all-to-all counts the exact bytes leaving the rank
-(`(N-1)/N·S` for equal splits); `send` the exact tensor bytes. The p2p rings count the bytes
-they actually send (equal to the formula when N divides the size).
+Counting (what SPEC §9 compares with the model): every call records under (axis name, op),
+with the op names of `shardwise.estimate.comm` ("all-reduce", "reduce-scatter", "all-gather",
+"all-to-all", "broadcast") plus "send", two figures:
+
+* its *payload*, exact: the bytes the call was handed — `S`, the full (unsharded) size, for
+  all-reduce, reduce-scatter (its input), all-gather (its output) and broadcast; for
+  all-to-all the bytes leaving the rank (everything but the split it keeps); for send the
+  tensor's bytes;
+* the bytes *this rank sends* (`sent`): the p2p rings count what they send; a backend
+  collective is opaque here, so its `sent` is SPEC §5's ring model of the payload,
+  `ring_bytes_on_wire(op, S, N)` (all-reduce `2(N-1)/N·S`, the others `(N-1)/N·S`), assumed,
+  not measured. What the backend really put on the wire is `runtime.wire`'s measurement:
+  every call opens and closes a call on its meter when one is active.
 
 Clocking (what `shardwise check` reports as the time a step spent in communication, per
 axis): inside `clocking()`, every collective charges to its axis the wall time this rank spends
@@ -95,6 +103,7 @@ import torch.distributed as dist
 
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import ring_bytes_on_wire
+from shardwise.runtime import wire
 from shardwise.runtime.mesh import AxisGroup, current_mesh
 
 __all__ = [
@@ -111,6 +120,8 @@ __all__ = [
     "clocking",
     "counting",
     "get_counter",
+    "labelled",
+    "note_send",
     "ranks_running",
     "recv",
     "reduce_scatter",
@@ -128,18 +139,31 @@ GroupLike = AxisGroup | str | Any | None
 # ------------------------------------------------------------------------------ counting
 @dataclass(eq=False)  # identity semantics: `counting()` pops its own counter
 class CommCounter:
-    """Bytes sent and calls made by this rank, per (axis, op)."""
+    """Payload, bytes sent (module docstring: Counting) and calls of this rank, per (axis, op)."""
 
     sent: dict[tuple[str, str], float] = field(default_factory=lambda: defaultdict(float))
+    payload: dict[tuple[str, str], float] = field(default_factory=lambda: defaultdict(float))
     ncalls: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
+    sizes: dict[str, int] = field(default_factory=dict)  # axis -> ranks in its group
 
-    def add(self, axis: str, op: str, nbytes: float) -> None:
+    def add(self, axis: str, op: str, nbytes: float, payload: float | None = None,
+            ranks: int | None = None) -> None:
+        """One call sending `nbytes`, handed `payload` bytes (default: `nbytes`), on a group
+        of `ranks`."""
         self.sent[(axis, op)] += nbytes
+        self.payload[(axis, op)] += nbytes if payload is None else payload
         self.ncalls[(axis, op)] += 1
+        if ranks is not None:
+            self.sizes[axis] = ranks
 
     def bytes(self, axis: str | None = None, op: str | None = None) -> float:
         """Total bytes sent, optionally restricted to one axis and/or one op."""
         return sum(v for (a, o), v in self.sent.items()
+                   if (axis is None or a == axis) and (op is None or o == op))
+
+    def payload_bytes(self, axis: str | None = None, op: str | None = None) -> float:
+        """Total payload, optionally restricted to one axis and/or one op."""
+        return sum(v for (a, o), v in self.payload.items()
                    if (axis is None or a == axis) and (op is None or o == op))
 
     def calls(self, axis: str | None = None, op: str | None = None) -> int:
@@ -148,7 +172,9 @@ class CommCounter:
 
     def reset(self) -> None:
         self.sent.clear()
+        self.payload.clear()
         self.ncalls.clear()
+        self.sizes.clear()
 
     def rows(self) -> list[dict[str, Any]]:
         """[{"axis", "op", "calls", "bytes"}] sorted by axis then op."""
@@ -181,8 +207,55 @@ def counting() -> Iterator[CommCounter]:
                 break
 
 
-def _record(g: AxisGroup, op: str, nbytes: float, counter: CommCounter | None) -> None:
-    (counter or get_counter()).add(g.name, op, nbytes)
+_LABELS: list[str] = []  # `labelled`'s stack
+
+
+@contextlib.contextmanager
+def labelled(op: str) -> Iterator[None]:
+    """Count (and meter) every call inside as `op`, e.g. expert parallelism's exchange of
+    per-expert row counts as "all-to-all (counts)", apart from its dispatch."""
+    _LABELS.append(op)
+    try:
+        yield
+    finally:
+        _LABELS.pop()
+
+
+def _label(op: str) -> str:
+    return _LABELS[-1] if _LABELS else op
+
+
+def _record(g: AxisGroup, op: str, payload: float, sent: float,
+            counter: CommCounter | None) -> None:
+    (counter or get_counter()).add(g.name, _label(op), sent, payload, g.size)
+
+
+def _open(g: AxisGroup, op: str) -> tuple[AxisGroup, str, int]:
+    """Open a call on the active wire meter (`runtime.wire`); `_close` it once complete."""
+    op = _label(op)
+    return g, op, wire.opened(g, op)
+
+
+def _close(call: tuple[AxisGroup, str, int] | None) -> None:
+    if call is not None:
+        wire.closed(*call)
+
+
+@contextlib.contextmanager
+def _metered(g: AxisGroup, op: str) -> Iterator[None]:
+    call = _open(g, op)
+    try:
+        yield
+    finally:
+        _close(call)
+
+
+def note_send(group: GroupLike, nbytes: float, counter: CommCounter | None = None) -> None:
+    """A send issued outside this layer (the pipeline's own `isend`): counted as "send", and
+    marked on the wire meter (its completion is not seen here)."""
+    g = resolve(group)
+    _record(g, "send", nbytes, nbytes, counter)
+    wire.marked(g, _label("send"))
 
 
 # ------------------------------------------------------------------------------ clocking
@@ -217,10 +290,12 @@ def blocked_in(axis: str | None) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class Pending:
-    """The handle of an `async_op=True` collective and the axis its wait is charged to."""
+    """The handle of an `async_op=True` collective, the axis its wait is charged to, and its
+    call on the wire meter (closed when waited)."""
 
     work: Any
     axis: str
+    call: tuple[AxisGroup, str, int] | None = None
 
     def wait(self) -> bool:
         wait(self)
@@ -276,7 +351,8 @@ def all_reduce(tensor: torch.Tensor, group: GroupLike = None, *, op: str = "sum"
                counter: CommCounter | None = None) -> Any:
     """In-place all-reduce; returns `tensor` (or the async work handle when `async_op`).
 
-    Counted as `2(N-1)/N · S` bytes sent (ring). `impl="ring"` runs `ring_all_reduce_p2p`.
+    Payload `S`; sent counted as `2(N-1)/N · S` (ring, assumed). `impl="ring"` runs
+    `ring_all_reduce_p2p`.
     """
     g = resolve(group)
     if g.size == 1:
@@ -284,10 +360,12 @@ def all_reduce(tensor: torch.Tensor, group: GroupLike = None, *, op: str = "sum"
     if impl == "ring":
         ring_all_reduce_p2p(tensor, g, op=op, counter=counter)
         return _done() if async_op else tensor
-    _record(g, "all-reduce", ring_bytes_on_wire("all-reduce", _nbytes(tensor), g.size), counter)
+    size = _nbytes(tensor)
+    _record(g, "all-reduce", size, ring_bytes_on_wire("all-reduce", size, g.size), counter)
+    call = _open(g, "all-reduce")
     work = Pending(dist.all_reduce(tensor, op=_reduce_op(op), group=g.group, async_op=True),
-                   g.name)
-    return work if async_op else _waited(work, tensor)
+                   g.name, call)
+    return _finish(work, tensor, async_op)
 
 
 def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group: GroupLike = None, *,
@@ -295,7 +373,7 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group: GroupLike =
                    counter: CommCounter | None = None) -> Any:
     """Rank i receives the reduction of chunk i of every rank's `input` (flat order).
 
-    Counted as `(N-1)/N · S`, `S` = bytes of `input`. When N does not divide the size the
+    Payload `S` = bytes of `input`, sent counted as `(N-1)/N · S`. When N does not divide the size the
     backend cannot do it, so the p2p ring runs instead (uneven `tensor_split` chunks).
     Returns `output`, or a work handle with `async_op` (already complete for the ring).
     """
@@ -312,12 +390,14 @@ def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group: GroupLike =
     if impl == "ring" or input.numel() % g.size:
         ring_reduce_scatter_p2p(output, input, g, op=op, counter=counter)
         return _done() if async_op else output
-    _record(g, "reduce-scatter", ring_bytes_on_wire("reduce-scatter", _nbytes(input), g.size),
+    size = _nbytes(input)
+    _record(g, "reduce-scatter", size, ring_bytes_on_wire("reduce-scatter", size, g.size),
             counter)
+    call = _open(g, "reduce-scatter")
     fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     work = Pending(fn(output.view(-1), input.view(-1), op=_reduce_op(op), group=g.group,
-                      async_op=True), g.name)
-    return work if async_op else _waited(work, output)
+                      async_op=True), g.name, call)
+    return _finish(work, output, async_op)
 
 
 def all_gather(output: torch.Tensor, input: torch.Tensor, group: GroupLike = None, *,
@@ -325,7 +405,8 @@ def all_gather(output: torch.Tensor, input: torch.Tensor, group: GroupLike = Non
                counter: CommCounter | None = None) -> Any:
     """`output` (flat order) = the ranks' `input`s concatenated in group-rank order.
 
-    Counted as `(N-1)/N · S`, `S` = bytes of `output`; uneven chunk sizes use the p2p ring.
+    Payload `S` = bytes of `output`, sent counted as `(N-1)/N · S`; uneven chunk sizes use
+    the p2p ring.
     Returns `output`, or a work handle with `async_op` (already complete for the ring).
     """
     g = resolve(group)
@@ -341,40 +422,48 @@ def all_gather(output: torch.Tensor, input: torch.Tensor, group: GroupLike = Non
     if impl == "ring" or output.numel() % g.size:
         ring_all_gather_p2p(output, input, g, counter=counter)
         return _done() if async_op else output
-    _record(g, "all-gather", ring_bytes_on_wire("all-gather", _nbytes(output), g.size), counter)
+    size = _nbytes(output)
+    _record(g, "all-gather", size, ring_bytes_on_wire("all-gather", size, g.size), counter)
+    call = _open(g, "all-gather")
     fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    work = Pending(fn(output.view(-1), input.view(-1), group=g.group, async_op=True), g.name)
-    return work if async_op else _waited(work, output)
+    work = Pending(fn(output.view(-1), input.view(-1), group=g.group, async_op=True), g.name,
+                   call)
+    return _finish(work, output, async_op)
 
 
 def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
                       out_splits: Sequence[int] | None = None,
                       in_splits: Sequence[int] | None = None, group: GroupLike = None, *,
                       counter: CommCounter | None = None) -> torch.Tensor:
-    """torch.distributed.all_to_all_single (splits along dim 0), counted by the exact bytes
-    that leave this rank: everything but the split it keeps (`(N-1)/N · S` when equal)."""
+    """torch.distributed.all_to_all_single (splits along dim 0); payload and sent are the
+    exact bytes that leave this rank: everything but the split it keeps (`(N-1)/N · S` when
+    equal)."""
     g = resolve(group)
     if g.size == 1:
         output.copy_(input)
         return output
     row = _nbytes(input) // max(1, input.shape[0]) if input.dim() else _nbytes(input)
     kept = (in_splits[g.rank] if in_splits is not None else input.shape[0] // g.size) * row
-    _record(g, "all-to-all", _nbytes(input) - kept, counter)
+    leaving = _nbytes(input) - kept
+    _record(g, "all-to-all", leaving, leaving, counter)
+    call = _open(g, "all-to-all")
     work = Pending(dist.all_to_all_single(
         output, input, list(out_splits) if out_splits is not None else None,
         list(in_splits) if in_splits is not None else None, group=g.group, async_op=True),
-        g.name)
+        g.name, call)
     return _waited(work, output)
 
 
 def broadcast(tensor: torch.Tensor, src: int, group: GroupLike = None, *,
               counter: CommCounter | None = None) -> torch.Tensor:
-    """Copy `tensor` from global rank `src` to every member; counted `(N-1)/N · S`."""
+    """Copy `tensor` from global rank `src` to every member; payload `S`, sent counted
+    `(N-1)/N · S` (ring)."""
     g = resolve(group)
     if g.size == 1:
         return tensor
-    _record(g, "broadcast", ring_bytes_on_wire("broadcast", _nbytes(tensor), g.size), counter)
-    with blocked_in(g.name):
+    size = _nbytes(tensor)
+    _record(g, "broadcast", size, ring_bytes_on_wire("broadcast", size, g.size), counter)
+    with blocked_in(g.name), _metered(g, "broadcast"):
         dist.broadcast(tensor, src=src, group=g.group)
     return tensor
 
@@ -383,18 +472,19 @@ def send(tensor: torch.Tensor, dst: int, group: GroupLike = None, *,
          counter: CommCounter | None = None) -> None:
     """Blocking send to global rank `dst`, counted (exact bytes) under the group's axis."""
     g = resolve(group)
-    _record(g, "send", _nbytes(tensor), counter)
-    with blocked_in(g.name):
+    _record(g, "send", _nbytes(tensor), _nbytes(tensor), counter)
+    with blocked_in(g.name), _metered(g, "send"):
         dist.send(tensor, dst=dst, group=g.group if g.size > 1 else None)
 
 
 def recv(tensor: torch.Tensor, src: int, group: GroupLike = None, *,
          counter: CommCounter | None = None) -> torch.Tensor:
     """Blocking receive from global rank `src` into `tensor` (bytes received are not
-    counted: the counter measures what each rank sends)."""
+    counted: the counter measures what each rank sends; on the wire meter the receive's
+    acknowledgements are the axis's "send")."""
     g = resolve(group)
     del counter
-    with blocked_in(g.name):
+    with blocked_in(g.name), _metered(g, "send"):
         dist.recv(tensor, src=src, group=g.group if g.size > 1 else None)
     return tensor
 
@@ -451,18 +541,29 @@ def _reports_completion(work: Any) -> bool:
 def wait(work: Any) -> None:
     """Wait for the handle of an `async_op=True` collective (module docstring: Waiting),
     charged to its axis (a `Pending`'s; module docstring: Clocking)."""
-    axis, work = (work.axis, work.work) if isinstance(work, Pending) else (None, work)
+    axis, call, work = ((work.axis, work.call, work.work) if isinstance(work, Pending)
+                        else (None, None, work))
     with blocked_in(axis):
         if _polls() and _reports_completion(work):
             deadline = time.perf_counter() + POLL_SECONDS
             while not work.is_completed() and time.perf_counter() < deadline:
                 os.sched_yield()
         work.wait()
+    _close(call)
 
 
 def _waited(work: Any, result: torch.Tensor) -> torch.Tensor:
     wait(work)
     return result
+
+
+def _finish(work: Pending, result: torch.Tensor, async_op: bool) -> Any:
+    """The handle of an `async_op` call, else its result once complete. While the wire is
+    metered every call completes before the next starts (`runtime.wire`)."""
+    if async_op and not wire.active():
+        return work
+    wait(work)
+    return _done() if async_op else result
 
 
 class _Done:
@@ -570,11 +671,12 @@ def ring_all_reduce_p2p(tensor: torch.Tensor, group: GroupLike = None, *, op: st
         return tensor
     flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
     chunks = list(torch.tensor_split(flat, g.size))  # views of `flat`
-    sent = _ring_reduce_scatter_inplace(chunks, g, op)
-    sent += _ring_all_gather_inplace(chunks, g)
+    with _metered(g, "all-reduce"):
+        sent = _ring_reduce_scatter_inplace(chunks, g, op)
+        sent += _ring_all_gather_inplace(chunks, g)
     if flat.data_ptr() != tensor.data_ptr():
         tensor.copy_(flat.view_as(tensor))
-    _record(g, "all-reduce", sent, counter)
+    _record(g, "all-reduce", _nbytes(flat), sent, counter)
     return tensor
 
 
@@ -590,10 +692,11 @@ def ring_reduce_scatter_p2p(output: torch.Tensor, input: torch.Tensor, group: Gr
     if output.numel() != chunks[g.rank].numel():
         raise ShardwiseError(f"ring_reduce_scatter_p2p: output has {output.numel()} elements, "
                              f"expected {chunks[g.rank].numel()}")
-    sent = _ring_reduce_scatter_inplace(chunks, g, op) if g.size > 1 else 0
-    output.view(-1).copy_(chunks[g.rank])
     if g.size > 1:
-        _record(g, "reduce-scatter", sent, counter)
+        with _metered(g, "reduce-scatter"):
+            sent = _ring_reduce_scatter_inplace(chunks, g, op)
+        _record(g, "reduce-scatter", _nbytes(work), sent, counter)
+    output.view(-1).copy_(chunks[g.rank])
     return output
 
 
@@ -608,5 +711,7 @@ def ring_all_gather_p2p(output: torch.Tensor, input: torch.Tensor, group: GroupL
                              f"expected {chunks[g.rank].numel()}")
     chunks[g.rank].copy_(input.reshape(-1))
     if g.size > 1:
-        _record(g, "all-gather", _ring_all_gather_inplace(chunks, g), counter)
+        with _metered(g, "all-gather"):
+            sent = _ring_all_gather_inplace(chunks, g)
+        _record(g, "all-gather", _nbytes(output), sent, counter)
     return output

@@ -132,10 +132,9 @@ def expert_parallel_moe(x: torch.Tensor, router: torch.Tensor, w_gate: torch.Ten
     routing, plan = rule.plan(probs)
     # Count exchange: (E,) = (e, E/e) per destination -> (e, E/e) per source, for my experts.
     counts = torch.empty_like(plan.per_expert)
-    metadata = C.CommCounter()
-    C.all_to_all_single(counts, plan.per_expert.contiguous(), None, None, g, counter=metadata)
-    if metadata.sent:
-        (counter or C.get_counter()).add(g.name, COUNTS_OP, metadata.bytes())
+    with C.labelled(COUNTS_OP):
+        C.all_to_all_single(counts, plan.per_expert.contiguous(), None, None, g,
+                            counter=counter)
     counts = counts.reshape(e, local)  # rows from source s for local expert j
     send, recv = plan.send.tolist(), counts.sum(dim=1).tolist()
     received = all_to_all(gather_rows(x, probs, plan, rule), recv, send, g, counter=counter)  # (N_recv, h)

@@ -3,8 +3,10 @@
 `check_layout(config, steps)` runs on every rank of a layout: it builds the training state
 (`runtime.train.build`), runs `steps` real optimizer steps (`train_step`) and measures
 
-    comm         bytes this rank sent per (mesh axis, op), from the counted collectives layer
-                 (`collectives.counting`), per optimizer step
+    comm         per (mesh axis, op) and optimizer step: the payload this rank's calls were
+                 handed, from the counted collectives layer (`collectives.counting`), and the
+                 bytes its connections carried for them, from the kernel's TCP counters
+                 (`runtime.wire`; gloo only, else "assumed (ring)")
     activations  bytes each Transformer layer on the rank saves for backward per micro-batch,
                  through autograd's saved-tensor hooks: one figure per forward call (a pipeline
                  stage calls each of its layers once per micro-batch)
@@ -53,6 +55,7 @@ from shardwise.estimate.check import (
     RUNTIME_IMPL,
     WITHIN_1PC,
     CheckRow,
+    Counted,
     activation_note,
     checkpoint_rows,
     comm_rows,
@@ -64,7 +67,7 @@ from shardwise.estimate.check import (
 )
 from shardwise.layout import Layout, TrainSpec
 from shardwise.runtime import collectives as C
-from shardwise.runtime import launch
+from shardwise.runtime import launch, wire
 from shardwise.runtime.calibrate import (
     REFERENCE_STEP,
     one_rank_state,
@@ -483,9 +486,13 @@ def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL,
     parallel = state.model
     stage = parallel.axis("pp").rank
     recorder = LayerRecorder(parallel.model, _state_test(parallel), parallel.axis("ep").rank)
-    with recorder, C.counting() as counter:
+    unmeasured = wire.available()
+    with (recorder, C.counting() as counter,
+          contextlib.nullcontext() if unmeasured else wire.metering() as meter):
         for _ in range(steps):
             train_step(state)
+    traffic = None if meter is None else meter.traffic(
+        [parallel.axis(name) for name in (*parallel.mesh.axes, "world")])
     # Step time outside the hooks and counters (what training costs), after the checked steps,
     # with the time spent blocked in each axis's collectives (`collectives.clocking`).
     # Between them, the costs the step model is re-timed with (`runtime.step_time`): one burst
@@ -512,7 +519,8 @@ def check_layout(config: TrainConfig, steps: int = 2, impl: str = RUNTIME_IMPL,
     model, layout, train = config.model, config.layout, config.train_spec()
     terms = predicted_comm(model, layout, train, stage, recorder.routing, steps,
                            config.aux_loss_coef > 0, config.capacity_factor is not None)
-    rows = [*comm_rows(terms, dict(counter.sent), steps, layout),
+    counted = Counted(dict(counter.payload), dict(counter.ncalls), dict(counter.sizes))
+    rows = [*comm_rows(terms, counted, steps, layout, traffic, unmeasured or ""),
             *_activation_rows(model, layout, replace(train, impl=impl), recorder,
                               config.aux_loss_coef > 0),
             *state_rows(model, layout, train, stage, held),

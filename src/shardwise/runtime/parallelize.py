@@ -282,19 +282,16 @@ def _sequence_total(groups: tuple[AxisGroup, ...], t: torch.Tensor) -> torch.Ten
     (SP's slices), then over cp; counted under (axis, `ROUTING_COUNTS_OP`)."""
     t = t.clone()
     for g in groups:
-        sent = C.CommCounter()
-        C.all_reduce(t, g, counter=sent)
-        if sent.sent:
-            C.get_counter().add(g.name, ROUTING_COUNTS_OP, sent.bytes())
+        with C.labelled(ROUTING_COUNTS_OP):
+            C.all_reduce(t, g)
     return t
 
 
 def _gather_routing(x: torch.Tensor, g: AxisGroup) -> torch.Tensor:
     """x from every rank of `g`: (…) -> (g.size, …); counted under (axis, ROUTING_GATHER_OP)."""
     out = x.new_empty(g.size * x.numel())
-    sent = C.CommCounter()
-    C.all_gather(out, x.contiguous().view(-1), g, counter=sent)
-    C.get_counter().add(g.name, ROUTING_GATHER_OP, sent.bytes())
+    with C.labelled(ROUTING_GATHER_OP):
+        C.all_gather(out, x.contiguous().view(-1), g)
     return out.view(g.size, *x.shape)
 
 

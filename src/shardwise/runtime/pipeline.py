@@ -565,7 +565,7 @@ class _Executor:
             self.mailbox[tag] = payload  # the neighbouring virtual stage is on this rank
             return
         nbytes = payload.numel() * payload.element_size()
-        C.get_counter().add(self.pp.name, "send", nbytes)  # the key `collectives.send` uses
+        C.note_send(self.pp, nbytes)
         self.sent[direction] += nbytes
         self.messages += 1
         self.handles.append((dist.isend(payload, dst=dst, group=self.pp.group, tag=tag), payload))

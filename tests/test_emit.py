@@ -320,12 +320,18 @@ def test_every_framework_rejects_invalid_layouts(framework):
         emit(framework, L70, Layout(tp=3), train)
 
 
-@pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_every_framework_refuses_dtypes_it_cannot_launch(framework):
-    # FP8 is a recipe (`--fp8`), not a dtype: refused in one line pointing to the recipes
-    with pytest.raises(ShardwiseError, match="use --dtype bf16 --fp8 RECIPE"):
-        emit(framework, L70, Layout(dp=64), TrainSpec(8192, 512, dtype="fp8",
-                                                      impl=framework_stack(framework).name))
+def test_dtype_fp8_is_the_stacks_default_recipe_or_refused():
+    """FP8 is a recipe: `--dtype fp8` reads as bf16 weights with the stack's default recipe
+    (Megatron-LM's --fp8-recipe default, delayed), the same export as `--fp8 delayed`; a stack
+    without FP8 (Megatron-DeepSpeed) refuses in one line pointing to the recipes."""
+    as_dtype = TrainSpec(8192, 512, dtype="fp8")
+    assert (as_dtype.dtype, as_dtype.fp8) == ("bf16", "delayed")
+    layout = Layout(dp=8, tp=8)
+    assert emit("megatron", L70, layout, as_dtype).text == emit(
+        "megatron", L70, layout, TrainSpec(8192, 512, fp8="delayed")).text
+    with pytest.raises(ShardwiseError, match="use --dtype bf16 --fp8 RECIPE on megatron-te"):
+        emit("deepspeed", L70, Layout(dp=64), TrainSpec(8192, 512, dtype="fp8",
+                                                        impl="megatron-deepspeed"))
 
 
 def test_unknown_framework():

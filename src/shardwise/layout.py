@@ -73,6 +73,12 @@ class TrainSpec:
     def __post_init__(self) -> None:
         if isinstance(self.impl, str) and "@" in self.impl:
             object.__setattr__(self, "impl", parse_impl(self.impl))
+        if (self.dtype == "fp8" and self.fp8 is None and isinstance(self.impl, str)
+                and self.impl in STACKS and STACKS[self.impl].fp8):
+            # --dtype fp8 reads as FP8 training is done: bf16 weights, the stack's default
+            # recipe for the GEMMs (Megatron-LM's --fp8-recipe default, torchao's rowwise…)
+            object.__setattr__(self, "dtype", "bf16")
+            object.__setattr__(self, "fp8", STACKS[self.impl].fp8[0])
         if (self.grad_dtype is None and isinstance(self.impl, str) and self.impl in STACKS
                 and isinstance(self.dtype, str)):  # torchtitan: fp32 reductions
             choices = STACKS[self.impl].grad_choices(self.dtype)
@@ -145,11 +151,13 @@ class TrainSpec:
             value = getattr(self, name)
             if value is not None and value not in DTYPE_BYTES:
                 problems.append(f"{name} {value!r} unknown; valid: {', '.join(DTYPE_BYTES)}")
-        if self.dtype == "fp8":  # a recipe, not a dtype: bf16 weights, FP8 GEMMs
-            problems.append("dtype fp8: FP8 training keeps bf16 weights and runs the linear "
-                            "layers' GEMMs in FP8; use --dtype bf16 --fp8 RECIPE "
-                            "(megatron-te: delayed, tensorwise, mxfp8, blockwise; torchtitan: "
-                            "rowwise, rowwise_with_gw_hp, mxfp8)")
+        if self.dtype == "fp8":  # left by __post_init__: a stack without FP8, or --fp8 too
+            problems.append(f"dtype fp8: FP8 training keeps bf16 weights and runs the linear "
+                            f"layers' GEMMs in FP8, which {self.impl} does not; use --dtype "
+                            f"bf16 --fp8 RECIPE on megatron-te (delayed, tensorwise, mxfp8, "
+                            f"blockwise) or torchtitan (rowwise, rowwise_with_gw_hp, mxfp8)"
+                            if self.fp8 is None else
+                            f"dtype fp8 with --fp8 {self.fp8}: use --dtype bf16 --fp8 {self.fp8}")
         grad = self.grad_dtype
         if (grad in DTYPE_BYTES and self.dtype in DTYPE_BYTES
                 and DTYPE_BYTES[grad] < DTYPE_BYTES[self.dtype]):

@@ -80,6 +80,8 @@ def test_plan_layout_fp8_is_faster_but_not_twice_and_memory_not_half(capsys):
     bf16, fp8 = _plan_given(capsys), _plan_given(capsys, "--fp8", "delayed")
     assert bf16["estimate"]["total"] / 2 < fp8["estimate"]["total"] < bf16["estimate"]["total"]
     assert fp8["memory"]["total"] > bf16["memory"]["total"] / 2
+    # `--dtype fp8`, as the issue wrote it, is that recipe: Megatron-LM's default, delayed
+    assert _plan_given(capsys, "--dtype", "fp8") == fp8
 
 
 # ------------------------------------------------------------------------ FP8 memory
@@ -173,7 +175,7 @@ def test_params_offload_empties_the_gpu_state():
 
 # --------------------------------------------------------------------------- refusals
 @pytest.mark.parametrize(("args", "fragment"), [
-    (("plan", "--dtype", "fp8"), "use --dtype bf16 --fp8 RECIPE"),
+    (("plan", "--dtype", "fp8", "--impl", "hf-sdpa"), "use --dtype bf16 --fp8 RECIPE"),
     (("memory", "--fp8", "mxfp8"), "runs on blackwell GPUs, not h100-sxm"),
     (("memory", "--fp8", "delayed", "--impl", "torchtitan", "--zero", "3"),
      "torchtitan has no FP8 recipe 'delayed'"),

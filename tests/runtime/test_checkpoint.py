@@ -225,10 +225,13 @@ def test_resume_on_the_same_layout_is_bit_identical(first_runs):
 
 SAVED = {"dp4": config("dp=4", checkpoint_every=K, checkpoint_keep=5),
          "zero2": config("dp=2,tp=2,zero=2,sp=1", checkpoint_every=K, checkpoint_keep=5),
-         "moe": config("dp=4,ep=4", "tiny-moe", checkpoint_every=K, checkpoint_keep=5)}
+         "moe": config("dp=4,ep=4", "tiny-moe", checkpoint_every=K, checkpoint_keep=5),
+         # tiny's 2 kv heads over tp=4: each held by two tp ranks, saved once
+         "kv-replicas": config("tp=4", checkpoint_every=K, checkpoint_keep=5)}
 RESUMED = [("dp4", config("dp=2,tp=2")), ("dp4", config("dp=2,pp=2")),
            ("dp4", config("dp=2,tp=2,zero=3,sp=1")), ("zero2", config("dp=4")),
-           ("zero2", config("pp=2,tp=2")), ("moe", config("dp=2,pp=2,ep=2", "tiny-moe"))]
+           ("zero2", config("pp=2,tp=2")), ("moe", config("dp=2,pp=2,ep=2", "tiny-moe")),
+           ("kv-replicas", config("dp=2,tp=2,zero=1"))]
 
 
 @pytest.mark.slow

@@ -723,7 +723,9 @@ def _place(model: ParallelTransformer, name: str, local: tuple[int, ...]
     for dim, group in ((shard.tp_dim, "tp"), (0 if shard.expert else None, "ep")):
         if dim is not None:  # an even split (parallelize._keep): shard r starts at r·size
             axis = model.axis(group)
-            base[dim], full[dim] = axis.rank * local[dim], local[dim] * axis.size
+            copies = shard.tp_replicas if group == "tp" else 1  # replicated kv heads: once
+            base[dim] = axis.rank // copies * local[dim]
+            full[dim] = local[dim] * axis.size // copies
     key = "embedding.weight" if shard.tied_copy else name  # equal to the embedding it copies
     return key, tuple(full), tuple(base)
 

@@ -171,7 +171,8 @@ def fit_attention(points: list[dict]) -> dict[str, dict[str, dict[str, Any]]]:
     """(e_k, d½, s½, r_b) per (label, kernel); what the points cannot tell is transferred."""
     fits: dict[str, dict[str, dict[str, Any]]] = {}
     order = [("h100", "fa2"), ("h100", "fa3"), ("h100", "math"), ("h100", "cudnn"),
-             ("a100", "fa2"), ("a100", "math"), ("b200", "fa2"), ("b200", "fa4")]
+             ("h100", "triton"), ("a100", "fa2"), ("a100", "math"), ("a100", "triton"),
+             ("b200", "fa2"), ("b200", "fa4")]
     for label, kernel in order:
         rows = [p for p in points if p["accelerator"] == label and p["kernel"] == kernel]
         passes = {p["pass"] for p in rows}
@@ -181,7 +182,7 @@ def fit_attention(points: list[dict]) -> dict[str, dict[str, dict[str, Any]]]:
             notes.append("d½ from h100 (one head dim measured)")
         has_ratio = "fwd+bwd" in passes or {"fwd", "bwd"} <= passes
         if not has_ratio or (label != "h100" and not {"fwd", "bwd"} <= passes):
-            donor = "fa3" if kernel in ("cudnn", "fa4") else kernel
+            donor = {"cudnn": "fa3", "fa4": "fa3", "triton": "fa2"}.get(kernel, kernel)
             ratio = fits["h100"][donor]["backward_ratio"]
             notes.append(f"backward ratio from h100 {donor}")
         fits.setdefault(label, {})[kernel] = fit_attention_kernel(rows, half_dim, ratio) | {

@@ -40,10 +40,11 @@ TP_OVERLAPS = ("none", "bulk", "async")
 micro-pipelined all-gather-matmul / matmul-reduce-scatter (PyTorch async TP, torchtitan
 `compile.enable_async_tensor_parallel`, which needs `torch.compile`)."""
 
-ATTENTION_KERNELS = ("cudnn", "fa2", "fa3", "flex", "math")
+ATTENTION_KERNELS = ("cudnn", "fa2", "fa3", "flex", "triton", "math")
 """Fused attention kernels (cuDNN fused attention, FlashAttention-2 (Dao 2023; PyTorch SDPA's
-flash backend), FlashAttention-3 (Shah et al. 2024, Hopper), FlexAttention (PyTorch)) and the
-materialised softmax (`math`: scores in HBM; `--no-flash`)."""
+flash backend), FlashAttention-3 (Shah et al. 2024, Hopper), FlexAttention (PyTorch),
+flash-attn's Triton FlashAttention (llm-foundry's `attn_impl: triton`)) and the materialised
+softmax (`math`: scores in HBM; `--no-flash`)."""
 
 KERNEL_MODES = ("fused", "eager", "compiled")
 """How a layer's memory-bound work runs: hand-fused kernels (Transformer Engine, Megatron's
@@ -135,9 +136,10 @@ class Stack:
     rules: tuple[Rule, ...] = ()
     # eager stacks: memory-bound bytes per token of one layer (bf16) as coefficients of
     # (h, q + kv, f), forward and backward, and the kernels a layer launches besides GEMMs and
-    # attention — counted on the stack's own layer code (tests/estimate/test_stack_traffic.py)
-    elementwise: tuple[tuple[float, float, float], tuple[float, float, float]] | None = None
-    eager_kernels: tuple[float, float] = (0.0, 0.0)
+    # attention, per block variant (RoPE, gated MLP) — counted on the stack's own layer code
+    # (tests/estimate/test_stack_traffic.py); `eager_traffic` picks the model's
+    elementwise: tuple[tuple[tuple[bool, bool], Traffic], ...] | None = None
+    eager_kernels: tuple[tuple[tuple[bool, bool], tuple[float, float]], ...] = ()
     notes: tuple[str, ...] = field(default=())
     # FP8 recipes it runs (`shardwise.fp8`, by its framework's names) and that framework
     fp8: tuple[str, ...] = ()
@@ -170,6 +172,12 @@ class Stack:
         if problems:
             raise ShardwiseError(f"stack {self.name}: " + "; ".join(problems))
         return self
+
+    def eager_traffic(self, model: Any) -> tuple[Traffic, tuple[float, float]]:
+        """The (traffic, kernels) tables of `model`'s block variant: RoPE unless it has
+        learned positions, gated unless its MLP is not."""
+        variant = (not model.learned_positions, bool(model.gated_mlp))
+        return dict(self.elementwise or ())[variant], dict(self.eager_kernels)[variant]
 
     @property
     def label(self) -> str:
@@ -400,11 +408,26 @@ _MDS = "Megatron-DeepSpeed 4efb479"  # github.com/deepspeedai/Megatron-DeepSpeed
 # Counted with a TorchDispatchMode over one decoder layer's forward and backward on CPU in bf16
 # (tests/estimate/test_stack_traffic.py recounts them): bytes read + written per token by the
 # ops that are neither GEMMs nor attention, fitted as (h, q + kv, f) coefficients over five
-# shapes (within 1 %); kernels: those ops' count.
-TORCHTITAN_TRAFFIC = ((29.1, 27.8, 9.93), (131.3, 27.4, 17.8))
-TORCHTITAN_KERNELS = (17.0, 36.0)
-HF_TRAFFIC = ((89.4, 19.5, 9.79), (224.9, 32.0, 17.97))
-HF_KERNELS = (40.0, 57.0)
+# shapes (within 1 %); kernels: those ops' count. One table per block variant (RoPE, gated
+# MLP): the Llama block as the stack writes it; without its rotary embedding (learned or no
+# positions: GPT-2/3, MPT); with `w2(gelu(w1 x))` for SwiGLU (MPT, GPT-2/3, BLOOM).
+Traffic = tuple[tuple[float, float, float], tuple[float, float, float]]
+TORCHTITAN_TRAFFIC: tuple[tuple[tuple[bool, bool], Traffic], ...] = (
+    ((True, True), ((29.1, 27.8, 9.93), (131.3, 27.4, 17.8))),
+    ((False, True), ((28.9, 7.8, 9.93), (130.5, 7.4, 17.8))),
+    ((True, False), ((29.1, 27.8, 3.93), (125.3, 27.4, 5.8))),
+    ((False, False), ((28.9, 7.8, 3.93), (124.5, 7.4, 5.8))),
+)
+TORCHTITAN_KERNELS = (((True, True), (17.0, 36.0)), ((False, True), (11.0, 28.0)),
+                      ((True, False), (16.0, 33.0)), ((False, False), (10.0, 25.0)))
+HF_TRAFFIC: tuple[tuple[tuple[bool, bool], Traffic], ...] = (
+    ((True, True), ((89.4, 19.5, 9.79), (224.9, 32.0, 17.97))),
+    ((False, True), ((87.4, 0.0, 9.79), (224.6, 0.0, 17.97))),
+    ((True, False), ((89.4, 19.5, 3.79), (218.9, 32.0, 5.97))),
+    ((False, False), ((87.4, 0.0, 3.79), (218.6, 0.0, 5.97))),
+)
+HF_KERNELS = (((True, True), (40.0, 57.0)), ((False, True), (20.0, 41.0)),
+              ((True, False), (39.0, 54.0)), ((False, False), (19.0, 38.0)))
 
 
 def _zb_h1(v: Mapping[str, Any]) -> Any:
@@ -574,14 +597,15 @@ STACKS: dict[str, Stack] = {s.name: s.validate() for s in (
         "torch 2.13",
         "torch.distributed.fsdp (FULL_SHARD / SHARD_GRAD_OP / HYBRID_SHARD, backward and "
         "forward prefetch), eager decoder blocks with a FlashAttention-2 kernel (flash-attn or "
-        "SDPA's flash backend); no tensor, pipeline or context parallelism",
+        "SDPA's flash backend) or flash-attn's Triton kernel (llm-foundry's attn_impl "
+        "'triton'); no tensor, pipeline or context parallelism",
         profile="torchtitan", kernels="eager", compile=(False, True), tp_overlap=("none",),
-        dp_overlap_zero=(0, 1, 2, 3), dp_overlap_settable=False, attention=("fa2",),
+        dp_overlap_zero=(0, 1, 2, 3), dp_overlap_settable=False, attention=("fa2", "triton"),
         recompute=("none", "full"), zero=(0, 2, 3), zero_hybrid=(2, 3), cp_kinds=(),
         cp_overlap=False, axes=(), pipeline_engine=None, p2p_overlap="never",
         dtypes=("bf16", "fp16", "fp32"), export=None,
-        # the same eager PyTorch ops as torchtitan's counted Llama block (norm, RoPE or
-        # learned positions, SwiGLU or GeLU, residual adds)
+        # the same eager PyTorch ops as torchtitan's counted block, in the model's variant
+        # (RoPE or learned positions, SwiGLU or GeLU)
         elementwise=TORCHTITAN_TRAFFIC, eager_kernels=TORCHTITAN_KERNELS),
     Stack(
         "shardwise", "shardwise runtime", "shardwise 0.1.0",

@@ -120,11 +120,21 @@ def _sdpa(self, q, k, v, *, attention_masks=None, scale=None, enable_gqa=False, 
     return out.transpose(1, 2)
 
 
-def _predicted(stack: str, h, a, kv, f, tokens):
-    (fh, fqk, ff), (bh, bqk, bf) = get_stack(stack).elementwise
+VARIANTS = [(True, True), (False, True), (True, False), (False, False)]  # (RoPE, gated MLP)
+
+
+def _spec(rope: bool, gated: bool) -> ModelSpec:
+    h, a, kv, f, _, _ = SHAPE
+    return ModelSpec("block", 1, h, a, kv, f, 64, gated_mlp=gated,
+                     learned_positions=0 if rope else 4096)
+
+
+def _predicted(stack: str, rope: bool, gated: bool, tokens):
+    h, a, kv, f, _, _ = SHAPE
+    ((fh, fqk, ff), (bh, bqk, bf)), kernels = get_stack(stack).eager_traffic(_spec(rope, gated))
     q, k = h, kv * (h // a)
     return (tokens * (fh * h + fqk * (q + k) + ff * f),
-            tokens * (bh * h + bqk * (q + k) + bf * f))
+            tokens * (bh * h + bqk * (q + k) + bf * f)), kernels
 
 
 def _measure(run, x):
@@ -137,13 +147,24 @@ def _measure(run, x):
     return forward, backward
 
 
-def test_torchtitan_eager_traffic_is_its_blocks(monkeypatch):
+@pytest.mark.parametrize(("rope", "gated"), VARIANTS)
+def test_torchtitan_eager_traffic_is_its_blocks(monkeypatch, rope, gated):
+    """Its Llama 3 block, and the same block without RoPE (its rotary embedding an identity)
+    and with `w2(gelu(w1 x))` for SwiGLU: the variants of learned-position and GeLU models."""
     pytest.importorskip("torchtitan")
     from torchtitan.models.common.attention import FlexAttention
+    from torchtitan.models.common.feed_forward import FeedForward
 
     monkeypatch.setattr(FlexAttention, "forward", _sdpa)
+    if not gated:
+        monkeypatch.setattr(FeedForward, "forward",
+                            lambda self, x: self.w2(torch.nn.functional.gelu(self.w1(x))))
     h, a, kv, f, s, b = SHAPE
     block = _torchtitan_block(h, a, kv, f)
+    if not rope:
+        for module in block.modules():
+            if hasattr(module, "rope"):
+                monkeypatch.setattr(module.rope, "forward", lambda xq, xk, *_, **__: (xq, xk))
     x = torch.randn(b, s, h, dtype=torch.bfloat16, requires_grad=True)
     forward, backward = _Traffic(), _Traffic()
     monkeypatch.setattr(torch.nn.functional, "rms_norm", _fused_rms_norm(forward))
@@ -152,39 +173,48 @@ def test_torchtitan_eager_traffic_is_its_blocks(monkeypatch):
     monkeypatch.setattr(torch.nn.functional, "rms_norm", _fused_rms_norm(backward))
     with backward:
         y.sum().backward()
-    measured = (forward.bytes, backward.bytes)
-    predicted = _predicted("torchtitan", h, a, kv, f, b * s)
-    assert measured[0] == pytest.approx(predicted[0], rel=0.03)
-    assert measured[1] == pytest.approx(predicted[1], rel=0.03)
+    predicted, kernels = _predicted("torchtitan", rope, gated, b * s)
+    assert forward.bytes == pytest.approx(predicted[0], rel=0.03)
+    assert backward.bytes == pytest.approx(predicted[1], rel=0.03)
     # and the kernels it launches besides GEMMs and attention
-    kernels = get_stack("torchtitan").eager_kernels
     assert forward.ops == kernels[0]
     assert backward.ops == pytest.approx(kernels[1], abs=2)
 
 
-def test_hf_eager_traffic_is_its_layers():
+@pytest.mark.parametrize(("rope", "gated"), VARIANTS)
+def test_hf_eager_traffic_is_its_layers(monkeypatch, rope, gated):
     transformers = pytest.importorskip("transformers")
+    import transformers.models.llama.modeling_llama as modeling_llama
+
     h, a, kv, f, s, b = SHAPE
+    if not rope:
+        monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb",
+                            lambda q, k, *_, **__: (q, k))
     config = transformers.LlamaConfig(
         hidden_size=h, num_attention_heads=a, num_key_value_heads=kv, intermediate_size=f,
         num_hidden_layers=1, vocab_size=64, attn_implementation="sdpa")
     model = transformers.LlamaModel(config).to(torch.bfloat16).train()
     layer, rotary = model.layers[0], model.rotary_emb
+    if not gated:
+        mlp = layer.mlp
+        monkeypatch.setattr(mlp, "forward", lambda x: mlp.down_proj(
+            torch.nn.functional.gelu(mlp.gate_proj(x))))
     positions = torch.arange(s)[None]
 
     def run(x):
-        return layer(x, position_embeddings=rotary(x, positions), attention_mask=None,
+        embedding = rotary(x, positions) if rope else (None, None)
+        return layer(x, position_embeddings=embedding, attention_mask=None,
                      position_ids=positions)
 
     x = torch.randn(b, s, h, dtype=torch.bfloat16, requires_grad=True)
     forward, backward = _measure(run, x)
-    predicted = _predicted("hf-sdpa", h, a, kv, f, b * s)
+    predicted, kernels = _predicted("hf-sdpa", rope, gated, b * s)
     assert forward.bytes == pytest.approx(predicted[0], rel=0.03)
     assert backward.bytes == pytest.approx(predicted[1], rel=0.03)
-    assert (forward.ops, backward.ops) == get_stack("hf-sdpa").eager_kernels
+    assert (forward.ops, backward.ops) == kernels
     # the eager stacks move several times the fused count: compile has something to win
     fused = b * s * (28 * h + 8 * kv * (h // a) + 6 * f)
-    assert forward.bytes > 2 * fused
+    assert forward.bytes > (2 if rope else 1.5) * fused
 
 
 def test_torchtitan_op_sac_keeps_what_the_profile_counts(monkeypatch):

@@ -165,7 +165,7 @@ class ComputeContext:
             traffic, kernels = _COMPILED_TRAFFIC, (1.0 * _KERNELS_COMPILED,
                                                    2.0 * _KERNELS_COMPILED)
         elif mode == "eager" and settings.stack.elementwise is not None:
-            traffic, kernels = settings.stack.elementwise, settings.stack.eager_kernels
+            traffic, kernels = settings.stack.eager_traffic(model)
         else:  # fused kernels, or the shardwise runtime (whose traffic `calibrate` times per op)
             mode, traffic, kernels = "fused", None, (0.0, 0.0)
         return cls(model, accelerator, cal, train.seq_len, dtype_bytes(train.dtype),

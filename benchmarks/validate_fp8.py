@@ -108,7 +108,7 @@ def torchao_memory() -> list[list[Any]]:
     spec = get_model("llama3-8b")
     for name, published in TORCHAO_MEMORY.items():
         out = memory_payload(spec, gpus=8, gpu="h100", seq=8192, global_batch="8",
-                             impl="torchtitan", stack_kw={"compile": True, "attention": "fa2"},
+                             impl="torchtitan", stack_kw={"compile": True},
                              fp8=None if name == "bf16" else name, tp=1, pp=1, dp=None, cp=1,
                              ep=1, zero=3, recompute="op-sac", micro_batch=1)
         peak = max(s["peak"] for s in out["stages"])

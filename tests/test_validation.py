@@ -125,3 +125,15 @@ def test_every_prediction_carries_its_band_in_the_api_and_the_cli():
         sure = entry["estimate"]["uncertainty"]
         assert sure["band"] > 0 and sure["group"] and sure["runs"] >= 1
     assert "±" in out["explanation"]
+
+
+def test_torchao_memory_table_is_within_ten_percent():
+    """benchmarks/validate_fp8.py's torchao memory rows run (the stack settings it passes are
+    valid for torchtitan) and land within 10 % of torchao's README table (47.65 / 47.79 GB)."""
+    sys.path.insert(0, str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location("validate_fp8", BENCHMARKS / "validate_fp8.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = module.torchao_memory()
+    for name, published, predicted in rows[:2]:
+        assert float(predicted) == pytest.approx(float(published), rel=0.10), name

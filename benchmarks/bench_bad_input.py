@@ -13,6 +13,9 @@ import contextlib
 import io
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests/
 
 from tests.test_bad_input import OPTIONS
 

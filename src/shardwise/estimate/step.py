@@ -554,9 +554,10 @@ def cp_time(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, c: A
 
     # selective and full recompute replay the attention (op-sac keeps its output)
     replays = (rc == 1) | (rc == 2)
-    replay = np.where(replays, hidden(hop, per_layer_f / r), 0.0)
-    ring_f = layers * (r - 1) * hidden(hop, per_layer_f / r)
-    ring_b = layers * (r - 1) * (hidden(2 * hop, per_layer_b / r) + replay)
+    hop_f = hidden(hop, per_layer_f / r)  # one forward hop; a replay repeats it
+    ring_f = layers * (r - 1) * hop_f
+    ring_b = layers * (r - 1) * (hidden(2 * hop, per_layer_b / r)
+                                 + np.where(replays, hop_f, 0.0))
     # the all-to-alls of this rank's (s/c)·b tokens: Q and the output q wide, K and V kv wide
     a2a_in = members_per_node("cp_a2a", **where)
     token_bytes = s / c * b * ab

@@ -106,10 +106,11 @@ def test_each_collective_sends_its_closed_form_on_the_wire(n: int) -> None:
             framing = CALLS * FRAMING_PER_PEER * (n - 1)
             assert expected <= data <= expected + framing, (op, n, rank, data, expected)
             assert header in (52, 72) or not segments, header  # IPv4/6 + TCP + timestamps
-            # at least one segment per 64 KiB (the loopback's MTU) of data; for these
-            # 768 KiB payloads the IP/TCP headers (acknowledgements included) stay under 2 %
-            # of the data (measured: 0.1-0.5 %)
-            assert segments >= data / 65536, (op, segments)
+            # about one segment per 64 KiB (the loopback's MTU) of data or more — one CI run
+            # counted 34 segments for 2.36 MB (69 KB each), so the bound leaves a factor of
+            # two; for these 768 KiB payloads the IP/TCP headers (acknowledgements included)
+            # stay under 2 % of the data (measured: 0.1-0.5 %)
+            assert segments >= data / (2 * 65536), (op, segments)
             if data >= CALLS * S / 2:
                 assert segments * header <= 0.02 * data, (op, segments, data)
             if op == "p2p ring all-reduce":  # the counter's own bytes, now seen on the wire

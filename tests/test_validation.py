@@ -33,10 +33,10 @@ from tests.cli_helpers import shardwise_json
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-def _harness():
+def _harness(name: str = "validate_published"):
+    """A benchmark script of benchmarks/ as a module."""
     sys.path.insert(0, str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location("validate_published",
-                                                  BENCHMARKS / "validate_published.py")
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -130,10 +130,6 @@ def test_every_prediction_carries_its_band_in_the_api_and_the_cli():
 def test_torchao_memory_table_is_within_ten_percent():
     """benchmarks/validate_fp8.py's torchao memory rows run (the stack settings it passes are
     valid for torchtitan) and land within 10 % of torchao's README table (47.65 / 47.79 GB)."""
-    sys.path.insert(0, str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location("validate_fp8", BENCHMARKS / "validate_fp8.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    rows = module.torchao_memory()
+    rows = _harness("validate_fp8").torchao_memory()
     for name, published, predicted in rows[:2]:
         assert float(predicted) == pytest.approx(float(published), rel=0.10), name

@@ -73,10 +73,8 @@ def test_memory_page_error_next_to_field(page, server_url):
     expect(badge).to_be_visible()
     expect(badge).to_contain_text("Last valid result")
     # the dimming is a 0.15 s CSS transition: wait until it has settled below one half
-    page.locator("#stages").evaluate(
-        "el => new Promise(done => { const card = el.closest('.card');"
-        " const poll = () => getComputedStyle(card).opacity < 0.5 ? done() : setTimeout(poll, 20);"
-        " poll(); })")
+    page.wait_for_function(
+        "() => getComputedStyle(document.querySelector('#stages').closest('.card')).opacity < 0.5")
     page.screenshot(path=str(ARTIFACTS / "memory-error-1280x800.png"))
     page.get_by_label("TP", exact=True).fill("8")
     expect(error).to_be_hidden()

@@ -58,6 +58,7 @@ __all__ = [
     "layer_params",
     "moe_layers_on_stage",
     "peak_stage_memory",
+    "peak_stage_total",
     "saved_tensors_per_layer",
     "stage_layer_count",
     "stage_layers",
@@ -644,6 +645,13 @@ def peak_stage_memory(model: ModelSpec, train: TrainSpec, *, pp: Any, stages: An
             best = {k: np.where(take, parts[k], best[k]) for k in best}
     assert best is not None
     return best
+
+
+def peak_stage_total(model: ModelSpec, train: TrainSpec, *, pp: Any, **layout: Any) -> Any:
+    """The largest `stage_memory` total over `candidate_stages`, per layout (arrays): what
+    the planner ranks and prunes by, without `peak_stage_memory`'s per-part selection."""
+    return np.max([stage_memory(model, train, pp=pp, stage=stage, **layout)["total"]
+                   for stage in candidate_stages(model, pp)], axis=0)
 
 
 def training_memory_per_gpu(model: ModelSpec, layout: Layout, train: TrainSpec | None = None,

@@ -15,7 +15,7 @@ ZeRO, per-rank options), each rejected region counted with its reason (the rules
 `Layout.problems`'), and the survivors are evaluated *as arrays*: the step-time model of
 `estimate.step` (the same `step_terms` function the scalar `estimate_step` calls, with the
 per-layer compute costs evaluated once per distinct `(tp, cp, micro-batch, sp, recompute)` and
-gathered) and per-stage memory (`estimate.memory.peak_stage_memory`, the same array-generic
+gathered) and per-stage memory (`estimate.memory.peak_stage_total`, the same array-generic
 code `training_memory_per_gpu` runs for one layout). Layouts whose largest stage exceeds GPU memory ×
 headroom are rejected with the amount they miss by; the rest are ranked by the step time the
 report shows (`rank`: exact, the schedule simulator's bubble for uneven pipelines, found

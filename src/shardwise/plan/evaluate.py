@@ -13,8 +13,7 @@ from shardwise.estimate.compute import RC_CODES, ComputeContext
 from shardwise.estimate.goodput import Reliability, checkpoint_timing, estimate_goodput
 from shardwise.estimate.memory import (
     activation_bytes_per_layer,
-    candidate_stages,
-    stage_memory,
+    peak_stage_total,
     training_memory_per_gpu,
 )
 from shardwise.estimate.step import (
@@ -113,13 +112,9 @@ def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
     tokens = cand["m"] * cand["micro_batch"] * cand["dp"] * train.seq_len
     terms.update(finish(terms, model_flops, hw, tokens, cluster.n_gpus, ctx.peak,
                         flops_per_token(model, train.seq_len, causal=True)[0]))
-    # the largest stage's total (`peak_stage_memory`'s stages; the search needs no parts)
-    layout = {k: cand[k] for k in _STEP_KEYS if k != "pp"}
-    acts = {k: gather(v) for k, v in act.items()}
-    terms["memory"] = np.max([stage_memory(model, train, pp=cand["pp"], stage=stage, act=acts,
-                                           partition=partition, generation=ctx.generation,
-                                           **layout)["total"]
-                              for stage in candidate_stages(model, cand["pp"])], axis=0)
+    terms["memory"] = peak_stage_total(model, train, **{k: cand[k] for k in _STEP_KEYS},
+                                       act={k: gather(v) for k, v in act.items()},
+                                       partition=partition, generation=ctx.generation)
     return terms
 
 

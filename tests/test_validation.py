@@ -133,3 +133,17 @@ def test_torchao_memory_table_is_within_ten_percent():
     rows = _harness("validate_fp8").torchao_memory()
     for name, published, predicted in rows[:2]:
         assert float(predicted) == pytest.approx(float(published), rel=0.10), name
+
+
+def test_an_attention_kernel_without_a_benchmark_on_the_accelerator_is_said():
+    from shardwise.calibration import default_calibration
+
+    layout = Layout(dp=8, zero=3)
+    train = TrainSpec(seq_len=4096, global_batch=64, impl="pytorch-fsdp", attention="triton")
+    assert "triton" in default_calibration("h100-sxm").attention_kernels
+    assert "triton" not in default_calibration("b200").attention_kernels
+    hopper = uncertainty("h100-sxm", "pytorch-fsdp", layout, train)
+    blackwell = uncertainty("b200", "pytorch-fsdp", layout, train)
+    assert not any("triton" in f for f in hopper.unvalidated)
+    borrowed = [f for f in blackwell.unvalidated if f.startswith("triton attention")]
+    assert borrowed and "no kernel benchmark on b200" in borrowed[0]

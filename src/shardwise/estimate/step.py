@@ -786,7 +786,7 @@ def estimate_step(model: ModelSpec, cluster: Cluster, layout: Layout,
                                                              "t_backward")}
     values.update({k: float(v) for k, v in rates.items()})
     sure = (None if cal.op_count == "runtime" else
-            uncertainty(cluster.accelerator.name, train.impl, layout, train))
+            uncertainty(cluster.accelerator.name, train.impl, layout, train, cal))
     return StepEstimate(
         **values, microbatches=m, n_gpus=cluster.n_gpus,
         bubble_fraction=terms["bubble"] / (terms["bubble"] + busy) if busy > 0 else 0.0,

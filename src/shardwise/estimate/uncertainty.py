@@ -81,9 +81,10 @@ def _quantile(errors: list[float]) -> float:
     return float(np.quantile(np.abs(errors), QUANTILE))
 
 
-def uncertainty(accelerator: str, stack: str, layout: Any, train: Any) -> Uncertainty:
+def uncertainty(accelerator: str, stack: str, layout: Any, train: Any,
+                calibration: Any = None) -> Uncertainty:
     """The band of one layout's predicted step time (`layout`: a `Layout`; `train`: a
-    `TrainSpec`)."""
+    `TrainSpec`; `calibration`: the constants it was timed with, default the built-in ones)."""
     data = validation_data()
     runs = data["runs"]
     gen = generation(accelerator)
@@ -99,17 +100,20 @@ def uncertainty(accelerator: str, stack: str, layout: Any, train: Any) -> Uncert
     step = next(i for i, (_, errors) in enumerate(groups)
                 if len(errors) >= MIN_RUNS or i == len(groups) - 1)
     name, errors = groups[step]
-    missing = unvalidated(accelerator, stack, layout, train)
+    missing = unvalidated(accelerator, stack, layout, train, calibration)
     band = _quantile(errors) * WIDEN ** step + PER_FEATURE * len(missing)
     return Uncertainty(round(band, 4), name, len(errors), missing)
 
 
-def unvalidated(accelerator: str, stack: str, layout: Any, train: Any) -> tuple[str, ...]:
+def unvalidated(accelerator: str, stack: str, layout: Any, train: Any,
+                calibration: Any = None) -> tuple[str, ...]:
     """The features of this layout outside the validated ground (`data/validation.json`
-    "ground": what any validation run on this stack measured), one phrase each."""
+    "ground": what any validation run on this stack measured), and an attention kernel no
+    benchmark measured on this accelerator (timed with another kernel's curve), one phrase
+    each."""
     ground = validation_data()["ground"]
     mine = ground.get("stacks", {}).get(stack)
-    out = []
+    out = list(_borrowed_kernel(accelerator, train.settings().attention, calibration))
     if generation(accelerator) not in ground["generations"]:
         out.append(f"no validation run on {generation(accelerator)} GPUs")
     if mine is None:
@@ -134,3 +138,22 @@ def unvalidated(accelerator: str, stack: str, layout: Any, train: Any) -> tuple[
     if settings.compile and not mine["compile"]:
         out.append("torch.compile")
     return tuple(out)
+
+
+def _borrowed_kernel(accelerator: str, kernel: str, calibration: Any) -> tuple[str, ...]:
+    """("<kernel> attention (no kernel benchmark on <accelerator>: timed with …)",) when
+    the calibration has no fitted curve of `kernel` (FlexAttention's stated fraction of
+    FlashAttention-2 is not a borrowing)."""
+    from shardwise.calibration import default_calibration
+    from shardwise.estimate.compute import fitted_kernel
+
+    if kernel == "math":
+        return ()
+    if calibration is None:
+        from shardwise.hardware import get_accelerator
+        calibration = default_calibration(get_accelerator(accelerator).calibration_name)
+    curve, _ = fitted_kernel(calibration, kernel)
+    if curve == kernel or (kernel == "flex" and curve == "fa2"):
+        return ()
+    used = f"{curve}'s curve" if curve else "the generic attention efficiency"
+    return (f"{kernel} attention (no kernel benchmark on {accelerator}: timed with {used})",)

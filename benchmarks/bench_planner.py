@@ -57,7 +57,8 @@ def cpu_rate(model: ModelSpec, cluster: Cluster, train: TrainSpec) -> float:
     best = float("inf")
     for _ in range(REPEATS):
         start = time.process_time()
-        _flatten(cand, evaluate_candidates(model, cluster, train, cand), keys=("total", "memory"))
+        _flatten(cand, evaluate_candidates(model, cluster, train, cand,
+                                           keys=("total", "memory")))
         best = min(best, time.process_time() - start)
     return n / best
 

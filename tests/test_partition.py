@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from shardwise.arch import count_params, get_model
@@ -12,7 +13,14 @@ from shardwise.errors import LayoutError, ShardwiseError
 from shardwise.estimate.memory import stage_params, training_memory_per_gpu
 from shardwise.estimate.step import estimate_step
 from shardwise.hardware import Cluster
-from shardwise.layout import Layout, TrainSpec, first_last_partition, stage_partition
+from shardwise.layout import (
+    Balanced,
+    Layout,
+    TrainSpec,
+    chunk_span,
+    first_last_partition,
+    stage_partition,
+)
 from shardwise.plan import plan
 from tests.cli_helpers import assert_one_line_error, shardwise, shardwise_json
 
@@ -115,3 +123,22 @@ def test_exports_refuse_partitions_their_framework_cannot_run():
                       TrainSpec(seq_len=4096, global_batch=64))
     assert "--decoder-first-pipeline-num-layers 6" in first_last.text
     assert "--decoder-last-pipeline-num-layers 8" in first_last.text
+
+
+@pytest.mark.parametrize("n_layers", [8, 61, 94, 126])
+def test_one_layouts_span_in_integers_equals_the_array_path(n_layers):
+    """`chunk_span` answers one layout in plain integers (the simulator asks per stage); the
+    array path over one-element arrays is the reference."""
+    one = np.array([1])
+    for pp in range(1, 17):
+        for chunks in (1, 2, 3):
+            parts = [()] if chunks > 1 else [(), Balanced(0, 0), Balanced(1, 1), Balanced(2, 0)]
+            for part in parts:
+                arr = part if part == () else Balanced(part.first_less * one,
+                                                       part.last_less * one)
+                for stage in range(pp):
+                    for chunk in range(chunks):
+                        got = chunk_span(n_layers, pp, chunks, stage, chunk, part)
+                        ref = chunk_span(n_layers, pp * one, chunks * one, stage * one,
+                                         chunk * one, arr)
+                        assert got == (int(ref[0][0]), int(ref[1][0]))

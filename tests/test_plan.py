@@ -115,6 +115,25 @@ def test_vectorised_and_scalar_agree_on_every_candidate_of_a_small_search():
             assert terms[key][i] == pytest.approx(getattr(est, key), rel=1e-9, abs=1e-300)
 
 
+def test_tp1_rows_skip_sequence_parallel_columns_without_changing_a_number():
+    """The CLI default's grid is large enough that rows with tp = 1 are evaluated on their
+    sp = 0 columns only (`_without_sp`); every valid layout's numbers equal the flat
+    evaluation's, which never splits."""
+    from shardwise.plan.evaluate import _without_sp
+
+    model, cluster = get_model("llama3-8b"), Cluster.of(64, "h100")
+    train = TrainSpec(seq_len=8192, global_batch=512)
+    grid, _ = _enumerate(model, cluster, train, SearchSpace(), _Rejections())
+    assert _without_sp(grid) is not None
+    keys = ("total", "memory", "bubble", "mfu", "dp_comm_exposed")
+    _, split = _flatten(grid, evaluate_candidates(model, cluster, train, grid, keys=keys))
+    flat, _ = _flatten(grid)
+    direct = evaluate_candidates(model, cluster, train,
+                                 {k: v for k, v in flat.items() if k != "_pairs"})
+    for key in keys:
+        assert np.array_equal(np.broadcast_to(direct[key], split[key].shape), split[key]), key
+
+
 @pytest.mark.parametrize("model, gpus, seq, batch, flash", [
     (get_model("llama3-8b"), 16, 4096, 64, True),
     (get_model("mixtral-8x7b"), 32, 4096, 64, True),

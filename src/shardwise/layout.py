@@ -631,6 +631,11 @@ def chunk_span(n_layers: int, pp: Any, chunks: Any, stage: Any, chunk: Any,
         sizes = np.asarray(partition, dtype=np.int64) // chunks
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         return chunk * (n_layers // chunks) + starts[stage], sizes[stage]
+    if not any(np.ndim(x) for x in (pp, chunks, stage, chunk)) and not (
+            isinstance(partition, Balanced) and np.ndim(partition.first_less)
+            + np.ndim(partition.last_less)):
+        return _chunk_span_of_one(n_layers, int(pp), int(chunks), int(stage), int(chunk),
+                                  partition)
     per = n_layers // (pp * chunks)
     divides = n_layers % (pp * chunks) == 0
     ends = partition if isinstance(partition, Balanced) else Balanced.default(n_layers, pp, chunks)
@@ -644,6 +649,21 @@ def chunk_span(n_layers: int, pp: Any, chunks: Any, stage: Any, chunk: Any,
         return (chunk * pp + stage) * per, per
     return (np.where(even, (chunk * pp + stage) * per, start),
             np.where(even, per, count))
+
+
+def _chunk_span_of_one(n_layers: int, pp: int, chunks: int, stage: int, chunk: int,
+                       partition: Balanced | tuple[()]) -> tuple[int, int]:
+    """`chunk_span` of one layout in plain integers (the simulator asks it per stage)."""
+    per, rest = divmod(n_layers, pp * chunks)
+    if isinstance(partition, Balanced):
+        a, z = int(partition.first_less), int(partition.last_less)
+    else:
+        a = z = int(rest != 0)
+    if rest == 0 and a == z == 0:
+        return (chunk * pp + stage) * per, per
+    q, r = divmod(n_layers + a + z, pp)
+    count = q + (1 <= stage <= r) - a * (stage == 0) - z * (stage == pp - 1)
+    return stage * q + max(min(stage - 1, r), 0) - a * (stage > 0), count
 
 
 def stage_extremes(n_layers: int, pp: Any, chunks: Any, partition: Partition = ()

@@ -3,7 +3,8 @@ kernel), and of one layout with the scalar models."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -38,25 +39,64 @@ SIMULATED_ACTIONS = 4_000  # pipelines of up to pp·m·chunks actions are simula
 # what `step_terms` takes for arrays of layouts (`Layout.codes()`; the stage partition as
 # `first_less`/`last_less`, `_partition`)
 _STEP_KEYS = (*Layout().codes(), "m")
+# a second evaluation's fixed cost is about this many grid cells' work (benchmarks/
+# bench_planner.py): below it, copying sp = 0 into sp = 1 for tp = 1 rows does not pay
+_SPLIT_MIN_CELLS = 16_384
 
 def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
-                        cand: dict[str, Any], calib: Calibration | None = None
-                        ) -> dict[str, Any]:
-    """Step-time terms, rates and peak memory for arrays of layouts (the planner's kernel).
+                        cand: dict[str, Any], calib: Calibration | None = None,
+                        keys: Sequence[str] | None = None) -> dict[str, Any]:
+    """Step-time terms (only `keys` when given), rates and peak memory for arrays of layouts
+    (the planner's kernel).
 
     `cand` holds int arrays `t p c e dp b m sched v zero zg sp rc cp_kind ulysses` (codes as in
     `estimate.step`) and, from the grid, the searched partitions `first_less last_less`
     (`Balanced`; without them the default partition), flat or broadcastable against each
     other (the planner passes outer combinations as a column and the `(sp, rc)` pairs as a
-    row, so terms that do not depend on them are computed once per row). Compute costs are evaluated once per distinct
-    `(t, c, b, e, etp, all-to-all degree)` and `(sp, rc)` and gathered.
+    row, so terms that do not depend on them are computed once per row). Compute costs and
+    activations are evaluated once per distinct `(t, c, b, e, etp, all-to-all degree)` and
+    `(sp, rc)` and gathered. On the planner's grid, rows with tp = 1 are evaluated on their
+    sp = 0 columns only and copied into the sp = 1 ones: sequence parallelism without TP is
+    the same layout (the grid marks those cells invalid).
     """
     cal = calib or default_calibration(cluster.accelerator.calibration_name)
+    shared = _per_pair(model, cluster, train, cand, cal)
+    split = _without_sp(cand)
+    if split is None:
+        terms = _terms(model, cluster, train, cand, shared, shared.inverse)
+        return {k: terms[k] for k in keys} if keys is not None else terms
+    lone, columns, same = split
+    alone = _terms(model, cluster, train, _take(cand, lone, columns), shared,
+                   shared.inverse[lone])
+    rest = _terms(model, cluster, train, _take(cand, ~lone, None), shared,
+                  shared.inverse[~lone])
+    shape = (len(lone), len(same))
+    out = {}
+    for key in keys if keys is not None else rest:
+        full = np.empty(shape)
+        full[lone] = np.broadcast_to(alone[key], (int(lone.sum()), len(columns)))[:, same]
+        full[~lone] = np.broadcast_to(rest[key], (shape[0] - int(lone.sum()), shape[1]))
+        out[key] = full
+    return out
+
+
+class _PerPair(NamedTuple):
+    """Compute costs and activation bytes per distinct (structure, micro-batch) × (sp, rc),
+    and each layout's index into them before its (sp, rc) offset (`inverse`)."""
+
+    ctx: ComputeContext
+    links: Links
+    costs: dict[str, Any]
+    act: dict[str, Any]
+    inverse: Any
+    size: int
+
+
+def _per_pair(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[str, Any],
+              cal: Calibration) -> _PerPair:
     ctx = ComputeContext.of(model, cluster.accelerator, train, cal)
-    links = Links.of(cluster, cal)
-    # distinct (t, c, b, e, etp, all-to-all degree) × (sp, rc) for the compute costs and
-    # activations: the enumeration's (structure, micro-batch) pairs when known, else a packed
-    # integer key
+    # distinct (t, c, b, e, etp, all-to-all degree): the enumeration's (structure,
+    # micro-batch) pairs when known, else a packed integer key
     if "pair" in cand and "_pairs" in cand:
         pairs = cand["_pairs"]
         uniq = np.stack([pairs["tp"], pairs["cp"], pairs["micro_batch"], pairs["ep"],
@@ -74,15 +114,14 @@ def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
         _, first, inverse = np.unique(packed, return_index=True, return_inverse=True)
         uniq = np.stack([col[first] for col in cols])
         inverse = inverse.reshape(cols[0].shape)
-    n_u = uniq.shape[1]
     n_rc = len(RC_CODES)
     sp_rc = np.array([(sp, rc) for sp in (0, 1) for rc in range(n_rc)], dtype=np.int64)
-    g_idx, q_idx = np.divmod(np.arange(n_u * 2 * n_rc), 2 * n_rc)
+    g_idx, q_idx = np.divmod(np.arange(uniq.shape[1] * 2 * n_rc), 2 * n_rc)
     small = {"tp": uniq[0, g_idx], "cp": uniq[1, g_idx], "micro_batch": uniq[2, g_idx],
              "ep": uniq[3, g_idx], "etp": uniq[4, g_idx], "sp": sp_rc[q_idx, 0],
              "recompute": sp_rc[q_idx, 1], "a2a": uniq[5, g_idx]}
-    costs = compute_costs(ctx, small["tp"], small["cp"], small["micro_batch"], small["sp"], small["recompute"],
-                          small["ep"], small["etp"])
+    costs = compute_costs(ctx, small["tp"], small["cp"], small["micro_batch"], small["sp"],
+                          small["recompute"], small["ep"], small["etp"])
 
     def per_layer(moe: bool) -> Any:
         return activation_bytes_per_layer(
@@ -93,6 +132,13 @@ def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
             fp8_inputs=ctx.fp8.saved_input_bytes() if ctx.fp8 else 0.0)
 
     act = {"dense": per_layer(False), "moe": per_layer(True) if model.is_moe else 0.0}
+    return _PerPair(ctx, Links.of(cluster, cal), costs, act, inverse, len(g_idx))
+
+
+def _terms(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[str, Any],
+           shared: _PerPair, inverse: Any) -> dict[str, Any]:
+    """`evaluate_candidates` of the layouts `cand`, their per-pair indices `inverse`."""
+    ctx, n_rc = shared.ctx, len(RC_CODES)
     index = inverse * 2 * n_rc + cand["sp"] * n_rc + cand["recompute"]
 
     def gather(value: Any) -> Any:
@@ -101,21 +147,51 @@ def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
         if isinstance(value, tuple):
             return type(value)(*(gather(x) for x in value)) if hasattr(value, "_fields") \
                 else tuple(gather(x) for x in value)
-        return np.broadcast_to(value, (n_u * 2 * n_rc,))[index]
+        return np.broadcast_to(value, (shared.size,))[index]
 
-    full_costs = {k: gather(v) for k, v in costs.items()}
+    full_costs = {k: gather(v) for k, v in shared.costs.items()}
     partition = _partition(cand)
-    terms = step_terms(ctx, links, train, **{k: cand[k] for k in _STEP_KEYS}, costs=full_costs,
-                       partition=partition)
+    terms = step_terms(ctx, shared.links, train, **{k: cand[k] for k in _STEP_KEYS},
+                       costs=full_costs, partition=partition)
     model_flops, hardware = flops_per_token(model, train.seq_len)
     hw = np.array([hardware[i] for i in range(n_rc)])[cand["recompute"]]
     tokens = cand["m"] * cand["micro_batch"] * cand["dp"] * train.seq_len
     terms.update(finish(terms, model_flops, hw, tokens, cluster.n_gpus, ctx.peak,
                         flops_per_token(model, train.seq_len, causal=True)[0]))
     terms["memory"] = peak_stage_total(model, train, **{k: cand[k] for k in _STEP_KEYS},
-                                       act={k: gather(v) for k, v in act.items()},
+                                       act={k: gather(v) for k, v in shared.act.items()},
                                        partition=partition, generation=ctx.generation)
     return terms
+
+
+def _without_sp(cand: dict[str, Any]) -> tuple[Any, Any, Any] | None:
+    """(rows with tp = 1, the sp = 0 columns, for each column the sp = 0 column of its
+    recompute) of a rows × (sp, rc) grid where skipping tp = 1 rows' sp = 1 columns saves at
+    least `_SPLIT_MIN_CELLS`; None otherwise."""
+    tp, sp, rc = (np.asarray(cand[k]) for k in ("tp", "sp", "recompute"))
+    if tp.ndim != 2 or tp.shape[1] != 1 or sp.shape != rc.shape or sp.shape[:1] != (1,):
+        return None
+    lone, columns = tp[:, 0] == 1, np.nonzero(sp[0] == 0)[0]
+    saved = int(lone.sum()) * (sp.shape[1] - len(columns))
+    if lone.all() or saved < _SPLIT_MIN_CELLS:
+        return None
+    of_rc = {int(rc[0, j]): i for i, j in enumerate(columns)}
+    if set(of_rc) != {int(x) for x in rc[0]}:
+        return None
+    return lone, columns, np.array([of_rc[int(x)] for x in rc[0]])
+
+
+def _take(cand: dict[str, Any], rows: Any, columns: Any) -> dict[str, Any]:
+    """The grid's `rows` (and `columns`, when given) of every array in `cand`."""
+    n_rows, n_cols = np.shape(cand["tp"])[0], np.shape(cand["sp"])[1]
+    out = {}
+    for key, value in cand.items():
+        if not key.startswith("_") and np.ndim(value) == 2:
+            value = value[rows] if np.shape(value)[0] == n_rows else value
+            if columns is not None and np.shape(value)[1] == n_cols:
+                value = value[:, columns]
+        out[key] = value
+    return out
 
 
 def _partition(cand: dict[str, Any]) -> Partition:

@@ -67,8 +67,10 @@ def _simplest(ranking: Ranking, best: int, within: float = SIMPLEST_WITHIN) -> i
     (step time, or effective step time) is within `within` of the winner's (the fastest such; ties `rank.SIMPLER`)."""
     axes = nontrivial_axes(ranking.cand)
     limit = ranking.figure(best) * (1 + within)
+    # a layout whose lower bound is past the limit cannot be the answer: not simulated
+    near = ranking.lower * ranking.scale <= limit
     for count in range(int(axes[best])):
-        rows = ranking.top(1, within=axes == count, fold=False)
+        rows = ranking.top(1, within=near & (axes == count), fold=False)
         if len(rows) and ranking.figure(rows[0]) <= limit:
             return int(rows[0])
     return best

@@ -17,7 +17,8 @@ maximum of sums of action times: nondecreasing in each of the per-micro-batch ti
 `(t_f, t_b, t_w)` and homogeneous of degree 1 in them (each stage runs its share by layers).
 Two layouts with the same schedule, stages, micro-batches and partition differ only in those
 times, so once one of them (times `x'`, makespan `M'`) is simulated, the other (times `x`)
-has makespan ≥ `λ·M'` with `λ = min_k x_k / x'_k`.
+has makespan ≥ `λ·M'` with `λ = min_k x_k / x'_k`, and exactly `λ·M'` when every ratio is
+`λ` (then it is not simulated).
 
 **Ties.** Step times equal to `TIE` (relative) are a tie, broken by `SIMPLER`: the smaller
 cp, pp, tp, ep (in that order), ring before Ulysses before the hybrid, etp as tp before a
@@ -161,11 +162,16 @@ class Ranking:
         same = np.nonzero((self.group == self.group[i]) & self.pending)[0]
         if len(same):
             with np.errstate(invalid="ignore"):  # inf/inf: a schedule without W
-                ratio = np.nanmin(self.times[same] / self.times[i], axis=1)  # λ
+                ratios = self.times[same] / self.times[i]
+                ratio, most = np.nanmin(ratios, axis=1), np.nanmax(ratios, axis=1)  # λ
             makespan = ratio * (bubble + self.busy[i])
             floor = self.known[same] - self.terms["bubble"][same] \
                 + np.maximum(makespan - self.busy[same], 0.0)
             self.lower[same] = np.maximum(self.lower[same], floor)
+            # times λ× layout i's: the whole timeline scales, the floor is the exact figure
+            exact = same[most <= ratio * (1 + 1e-12)]
+            self.known[exact] = self.lower[exact]
+            self.pending[exact] = False
 
     def top(self, n: int, within: np.ndarray | None = None, fold: bool = True,
             refine: bool = True) -> np.ndarray:

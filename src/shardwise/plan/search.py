@@ -92,9 +92,9 @@ def plan(model: ModelSpec, cluster: Cluster, train: TrainSpec, top: int = 10, *,
     n = int(cand["_valid"].sum())
     say(f"evaluating {n:,} layouts")
     eval_start = time.perf_counter()
-    terms = evaluate_candidates(model, cluster, train, cand, cal)
-    cand, flat_terms = _flatten(cand, terms, keys=("total", "memory", "bubble", "t_forward",
-                                                   "t_backward", "t_wgrad"))
+    terms = evaluate_candidates(model, cluster, train, cand, cal, keys=(
+        "total", "memory", "bubble", "t_forward", "t_backward", "t_wgrad"))
+    cand, flat_terms = _flatten(cand, terms)
     assert flat_terms is not None
     terms = flat_terms
     eval_seconds = time.perf_counter() - eval_start

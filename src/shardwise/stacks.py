@@ -413,13 +413,13 @@ _MDS = "Megatron-DeepSpeed 4efb479"  # github.com/deepspeedai/Megatron-DeepSpeed
 # positions: GPT-2/3, MPT); with `w2(gelu(w1 x))` for SwiGLU (MPT, GPT-2/3, BLOOM).
 Traffic = tuple[tuple[float, float, float], tuple[float, float, float]]
 TORCHTITAN_TRAFFIC: tuple[tuple[tuple[bool, bool], Traffic], ...] = (
-    ((True, True), ((29.1, 27.8, 9.93), (131.3, 27.4, 17.8))),
-    ((False, True), ((28.9, 7.8, 9.93), (130.5, 7.4, 17.8))),
-    ((True, False), ((29.1, 27.8, 3.93), (125.3, 27.4, 5.8))),
-    ((False, False), ((28.9, 7.8, 3.93), (124.5, 7.4, 5.8))),
+    ((True, True), ((15.8, 27.9, 10.29), (27.4, 27.7, 18.86))),
+    ((False, True), ((16.0, 8.0, 10.01), (28.0, 8.0, 18.01))),
+    ((True, False), ((15.8, 27.9, 4.29), (21.4, 27.7, 6.86))),
+    ((False, False), ((16.0, 8.0, 4.01), (22.0, 8.0, 6.01))),
 )
-TORCHTITAN_KERNELS = (((True, True), (17.0, 36.0)), ((False, True), (11.0, 28.0)),
-                      ((True, False), (16.0, 33.0)), ((False, False), (10.0, 25.0)))
+TORCHTITAN_KERNELS = (((True, True), (15.0, 18.0)), ((False, True), (9.0, 10.0)),
+                      ((True, False), (14.0, 15.0)), ((False, False), (8.0, 7.0)))
 HF_TRAFFIC: tuple[tuple[tuple[bool, bool], Traffic], ...] = (
     ((True, True), ((89.4, 19.5, 9.79), (224.9, 32.0, 17.97))),
     ((False, True), ((87.4, 0.0, 9.79), (224.6, 0.0, 17.97))),

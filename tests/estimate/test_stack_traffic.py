@@ -59,12 +59,14 @@ class _Traffic(TorchDispatchMode):
         return out
 
 
-def _fused_rms_norm(counter: _Traffic):
-    """`F.rms_norm` as CUDA runs it: one kernel each way, counted as such."""
+def _fused_rms_norm(active: dict[str, _Traffic]):
+    """`F.rms_norm` as CUDA runs it: one kernel each way, counted as such on the counter
+    active when it runs (`active["now"]`: the forward's, then the backward's)."""
 
     class FusedRMSNorm(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x, weight, eps):
+            counter = active["now"]
             counter.muted += 1
             try:
                 xf = x.float()
@@ -80,6 +82,7 @@ def _fused_rms_norm(counter: _Traffic):
         @staticmethod
         def backward(ctx, dy):
             x, weight, rstd = ctx.saved_tensors
+            counter = active["now"]
             with torch.enable_grad():
                 xd, wd = x.detach().requires_grad_(), weight.detach().requires_grad_()
                 counter.muted += 1
@@ -167,11 +170,12 @@ def test_torchtitan_eager_traffic_is_its_blocks(monkeypatch, rope, gated):
                 monkeypatch.setattr(module.rope, "forward", lambda xq, xk, *_, **__: (xq, xk))
     x = torch.randn(b, s, h, dtype=torch.bfloat16, requires_grad=True)
     forward, backward = _Traffic(), _Traffic()
-    monkeypatch.setattr(torch.nn.functional, "rms_norm", _fused_rms_norm(forward))
+    active = {"now": forward}
+    monkeypatch.setattr(torch.nn.functional, "rms_norm", _fused_rms_norm(active))
     with forward:
         y = block(x, None)
-    monkeypatch.setattr(torch.nn.functional, "rms_norm", _fused_rms_norm(backward))
-    with backward:
+    active["now"] = backward  # the norms' backward kernels count there (autograd keeps
+    with backward:            # the forward's Function)
         y.sum().backward()
     predicted, kernels = _predicted("torchtitan", rope, gated, b * s)
     assert forward.bytes == pytest.approx(predicted[0], rel=0.03)

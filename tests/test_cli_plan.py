@@ -186,3 +186,18 @@ def test_memory_prints_and_returns_the_fit_hints():
     assert "To make it fit" in text
     for hint in hints:
         assert f"{hint.knob}={hint.value} → {hint.layout.short()}" in " ".join(text.split())
+
+
+def test_an_attention_kernel_without_a_benchmark_on_the_gpu_is_marked_unvalidated():
+    """flash-attn's Triton kernel has fitted curves on A100 and H100 only (data/
+    calibration.json); on a B200 the plan times it with B200's default kernel and says so."""
+    args = ("plan", "llama3-8b", "--gpus", "8", "--impl", "pytorch-fsdp", "--attention",
+            "triton", "--top", "2")
+    b200 = shardwise_json(*args, "--gpu", "b200")
+    h100 = shardwise_json(*args, "--gpu", "h100")
+    phrase = "triton attention (no kernel benchmark on b200"
+    assert all(any(f.startswith(phrase) for f in row["estimate"]["uncertainty"]["unvalidated"])
+               for row in b200["ranked"])
+    assert phrase.split(" (")[0] + " (no kernel benchmark" in b200["explanation"]
+    assert not any("kernel benchmark" in f for row in h100["ranked"]
+                   for f in row["estimate"]["uncertainty"]["unvalidated"])

@@ -8,7 +8,8 @@ baseline and the explanation's alternatives.
     grid        grid points of the search space (tp × pp × cp × ep × micro-batch × schedule ×
                 ZeRO/hybrid group × sp × recompute)
     evaluated   valid layouts whose step time and per-stage memory were computed
-    eval rate   evaluated / time of the vectorised evaluation (wall, and CPU time)
+    eval rate   evaluated / time of the vectorised evaluation: wall time (large grids run
+                in row blocks on up to 4 threads) and CPU time (all threads)
     e2e rate    evaluated / wall time of the whole search
 
 Run: `python benchmarks/bench_planner.py` (a few seconds). It writes its table to

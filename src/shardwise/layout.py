@@ -652,8 +652,9 @@ def chunk_span(n_layers: int, pp: Any, chunks: Any, stage: Any, chunk: Any,
 
 
 def _chunk_span_of_one(n_layers: int, pp: int, chunks: int, stage: int, chunk: int,
-                       partition: Balanced | tuple[()]) -> tuple[int, int]:
-    """`chunk_span` of one layout in plain integers (the simulator asks it per stage)."""
+                       partition: Partition) -> tuple[int, int]:
+    """`chunk_span` of one layout in plain integers (the simulator asks it per stage);
+    `partition` a `Balanced` one or () (an explicit one never reaches here)."""
     per, rest = divmod(n_layers, pp * chunks)
     if isinstance(partition, Balanced):
         a, z = int(partition.first_less), int(partition.last_less)

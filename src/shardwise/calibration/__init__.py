@@ -63,6 +63,12 @@ from shardwise.errors import ShardwiseError
 from shardwise.files import read_json
 from shardwise.hardware import Link
 
+# FlexAttention against FlashAttention-2 on H100, forward and backward: "90% of
+# FlashAttention2's performance in the forward pass and 85% in the backward pass" (PyTorch
+# blog, "FlexAttention: The Flexibility of PyTorch with the Performance of FlashAttention",
+# 2024-08-07).
+FLEX_OF_FA2 = (0.90, 0.85)
+
 __all__ = ["Calibration", "default_calibration", "load_calibration"]
 
 _SCALARS = ("matmul_efficiency", "matmul_half_dim", "attention_efficiency", "hbm_efficiency",
@@ -97,6 +103,17 @@ class Calibration:
     attention_kernel: str = ""
     op_count: str = "fused"
     source: str = "built-in"
+
+    def attention_curve(self, kernel: str) -> tuple[str, tuple[float, float]]:
+        """The fitted curve attention `kernel` runs at here, and a (forward, backward) factor
+        on it: the kernel's own curve; FlexAttention as FlashAttention-2 × `FLEX_OF_FA2`; a
+        kernel without a fitted curve as the accelerator's default kernel
+        (`attention_kernel`; "" when none is fitted)."""
+        if kernel in self.attention_kernels:
+            return kernel, (1.0, 1.0)
+        if kernel == "flex" and "fa2" in self.attention_kernels:
+            return "fa2", FLEX_OF_FA2
+        return self.attention_kernel, (1.0, 1.0)
 
     def link(self, link: Link) -> Link:
         """The link at its achievable bandwidth (datasheet × efficiency) and its fitted α

@@ -321,25 +321,6 @@ def attention_efficiency(kernel: str, head_dim: Any, seq: Any, causal: Any,
     return np.minimum(eff, 1.0)
 
 
-# FlexAttention against FlashAttention-2 on H100, forward and backward: "90% of
-# FlashAttention2's performance in the forward pass and 85% in the backward pass" (PyTorch
-# blog, "FlexAttention: The Flexibility of PyTorch with the Performance of FlashAttention",
-# 2024-08-07).
-_FLEX_OF_FA2 = (0.90, 0.85)
-
-
-def fitted_kernel(cal: Calibration, kernel: str) -> tuple[str, tuple[float, float]]:
-    """The fitted curve a stack's attention `kernel` runs at on this calibration, and a
-    (forward, backward) factor on it: the kernel's own curve; FlexAttention as FlashAttention-2
-    × `_FLEX_OF_FA2`; a kernel without a fitted curve here as the accelerator's default kernel
-    (`Calibration.attention_kernel`; "" when none is fitted)."""
-    if kernel in cal.attention_kernels:
-        return kernel, (1.0, 1.0)
-    if kernel == "flex" and "fa2" in cal.attention_kernels:
-        return "fa2", _FLEX_OF_FA2
-    return cal.attention_kernel, (1.0, 1.0)
-
-
 def matmul_time(ctx: ComputeContext, m: Any, k: Any, n: Any, batch: Any = 1,
                 fp8: bool = False) -> Any:
     """Roofline time of `batch` GEMMs `(m×k)·(k×n)`: compute at `peak·e(m,k,n)` or HBM traffic,
@@ -383,7 +364,7 @@ def _attention_core(ctx: ComputeContext, t: Any, c: Any, b: Any) -> tuple[Any, A
     heads = model.n_heads / t
     cal = ctx.calibration
     flops = 2.0 * (s / c * b) * s * (d + d_v) * heads * 0.5
-    kernel, factor = fitted_kernel(cal, ctx.attention)
+    kernel, factor = cal.attention_curve(ctx.attention)
     if kernel:
         def eff(backward: bool) -> Any:
             return factor[backward] * attention_efficiency(

@@ -145,14 +145,13 @@ def _borrowed_kernel(accelerator: str, kernel: str, calibration: Any) -> tuple[s
     the calibration has no fitted curve of `kernel` (FlexAttention's stated fraction of
     FlashAttention-2 is not a borrowing)."""
     from shardwise.calibration import default_calibration
-    from shardwise.estimate.compute import fitted_kernel
 
     if kernel == "math":
         return ()
     if calibration is None:
         from shardwise.hardware import get_accelerator
         calibration = default_calibration(get_accelerator(accelerator).calibration_name)
-    curve, _ = fitted_kernel(calibration, kernel)
+    curve, _ = calibration.attention_curve(kernel)
     if curve == kernel or (kernel == "flex" and curve == "fa2"):
         return ()
     used = f"{curve}'s curve" if curve else "the generic attention efficiency"

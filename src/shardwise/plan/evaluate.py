@@ -3,7 +3,9 @@ kernel), and of one layout with the scalar models."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -42,6 +44,10 @@ _STEP_KEYS = (*Layout().codes(), "m")
 # a second evaluation's fixed cost is about this many grid cells' work (benchmarks/
 # bench_planner.py): below it, copying sp = 0 into sp = 1 for tp = 1 rows does not pay
 _SPLIT_MIN_CELLS = 16_384
+# numpy's array loops release the GIL: the grid's blocks run on this many threads, each
+# block at least `_THREAD_MIN_CELLS` cells (smaller grids are not worth a thread's start)
+_THREADS = min(4, os.cpu_count() or 1)
+_THREAD_MIN_CELLS = 32_768
 
 def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
                         cand: dict[str, Any], calib: Calibration | None = None,
@@ -57,26 +63,54 @@ def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
     activations are evaluated once per distinct `(t, c, b, e, etp, all-to-all degree)` and
     `(sp, rc)` and gathered. On the planner's grid, rows with tp = 1 are evaluated on their
     sp = 0 columns only and copied into the sp = 1 ones: sequence parallelism without TP is
-    the same layout (the grid marks those cells invalid).
+    the same layout (the grid marks those cells invalid). Large grids are evaluated in row
+    blocks on a few threads (`_blocks`).
     """
     cal = calib or default_calibration(cluster.accelerator.calibration_name)
     shared = _per_pair(model, cluster, train, cand, cal)
-    split = _without_sp(cand)
-    if split is None:
+    blocks = _blocks(cand)
+    if blocks is None or (len(blocks) == 1 and blocks[0][1] is None):  # one block: as it is
         terms = _terms(model, cluster, train, cand, shared, shared.inverse)
         return {k: terms[k] for k in keys} if keys is not None else terms
-    lone, columns, same = split
-    alone = _terms(model, cluster, train, _take(cand, lone, columns), shared,
-                   shared.inverse[lone])
-    rest = _terms(model, cluster, train, _take(cand, ~lone, None), shared,
-                  shared.inverse[~lone])
-    shape = (len(lone), len(same))
+
+    def run(block: tuple[Any, Any, Any]) -> dict[str, Any]:
+        rows, columns, _ = block
+        return _terms(model, cluster, train, _take(cand, rows, columns), shared,
+                      shared.inverse[rows])
+
+    with ThreadPoolExecutor(min(len(blocks), _THREADS)) as pool:
+        results = list(pool.map(run, blocks))
+    shape = (np.shape(cand["tp"])[0], np.shape(cand["sp"])[1])
     out = {}
-    for key in keys if keys is not None else rest:
+    for key in keys if keys is not None else results[0]:
         full = np.empty(shape)
-        full[lone] = np.broadcast_to(alone[key], (int(lone.sum()), len(columns)))[:, same]
-        full[~lone] = np.broadcast_to(rest[key], (shape[0] - int(lone.sum()), shape[1]))
+        for (rows, columns, same), terms in zip(blocks, results, strict=True):
+            width = shape[1] if columns is None else len(columns)
+            value = np.broadcast_to(terms[key], (len(rows), width))
+            full[rows] = value if same is None else value[:, same]
         out[key] = full
+    return out
+
+
+def _blocks(cand: dict[str, Any]) -> list[tuple[Any, Any, Any]] | None:
+    """The planner's rows × (sp, rc) grid as blocks of (row indices, the columns evaluated or
+    None for all, for each column the evaluated one it copies or None), a few per thread;
+    None for flat arrays. Rows with tp = 1 evaluate their sp = 0 columns only where that
+    saves `_SPLIT_MIN_CELLS` (`_without_sp`)."""
+    tp, sp = np.asarray(cand["tp"]), np.asarray(cand["sp"])
+    if tp.ndim != 2 or tp.shape[1] != 1 or sp.ndim != 2 or sp.shape[0] != 1:
+        return None
+    split = _without_sp(cand)
+    if split is None:
+        parts = [(np.arange(tp.shape[0]), None, None)]
+    else:
+        lone, columns, same = split
+        parts = [(np.nonzero(lone)[0], columns, same), (np.nonzero(~lone)[0], None, None)]
+    out = []
+    for rows, columns, same in parts:
+        cells = len(rows) * (sp.shape[1] if columns is None else len(columns))
+        pieces = max(1, min(_THREADS, cells // _THREAD_MIN_CELLS))
+        out += [(chunk, columns, same) for chunk in np.array_split(rows, pieces)]
     return out
 
 

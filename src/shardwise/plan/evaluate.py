@@ -200,10 +200,10 @@ def _terms(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[str,
 
 def _without_sp(cand: dict[str, Any]) -> tuple[Any, Any, Any] | None:
     """(rows with tp = 1, the sp = 0 columns, for each column the sp = 0 column of its
-    recompute) of a rows × (sp, rc) grid where skipping tp = 1 rows' sp = 1 columns saves at
-    least `_SPLIT_MIN_CELLS`; None otherwise."""
+    recompute) of a rows × (sp, rc) grid (`_blocks`) where skipping tp = 1 rows' sp = 1
+    columns saves at least `_SPLIT_MIN_CELLS`; None otherwise."""
     tp, sp, rc = (np.asarray(cand[k]) for k in ("tp", "sp", "recompute"))
-    if tp.ndim != 2 or tp.shape[1] != 1 or sp.shape != rc.shape or sp.shape[:1] != (1,):
+    if sp.shape != rc.shape:
         return None
     lone, columns = tp[:, 0] == 1, np.nonzero(sp[0] == 0)[0]
     saved = int(lone.sum()) * (sp.shape[1] - len(columns))

@@ -24,6 +24,9 @@ from typing import Any
 
 import numpy as np
 
+from shardwise.calibration import default_calibration
+from shardwise.hardware import get_accelerator
+
 __all__ = ["Uncertainty", "family", "generation", "uncertainty", "validation_data"]
 
 MIN_RUNS = 3  # a group with fewer runs says too little: relax to the next one
@@ -142,17 +145,14 @@ def unvalidated(accelerator: str, stack: str, layout: Any, train: Any,
 
 def _borrowed_kernel(accelerator: str, kernel: str, calibration: Any) -> tuple[str, ...]:
     """("<kernel> attention (no kernel benchmark on <accelerator>: timed with …)",) when
-    the calibration has no fitted curve of `kernel` (FlexAttention's stated fraction of
-    FlashAttention-2 is not a borrowing)."""
-    from shardwise.calibration import default_calibration
-
+    `Calibration.attention_curve` borrows another kernel's curve for `kernel` (a stated
+    fraction of another kernel, FlexAttention's of FlashAttention-2, is not a borrowing)."""
     if kernel == "math":
         return ()
     if calibration is None:
-        from shardwise.hardware import get_accelerator
         calibration = default_calibration(get_accelerator(accelerator).calibration_name)
-    curve, _ = calibration.attention_curve(kernel)
-    if curve == kernel or (kernel == "flex" and curve == "fa2"):
+    curve, factor = calibration.attention_curve(kernel)
+    if curve == kernel or factor != (1.0, 1.0):
         return ()
     used = f"{curve}'s curve" if curve else "the generic attention efficiency"
     return (f"{kernel} attention (no kernel benchmark on {accelerator}: timed with {used})",)

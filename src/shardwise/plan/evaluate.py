@@ -49,6 +49,7 @@ _SPLIT_MIN_CELLS = 16_384
 _THREADS = min(4, os.cpu_count() or 1)
 _THREAD_MIN_CELLS = 32_768
 
+
 def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
                         cand: dict[str, Any], calib: Calibration | None = None,
                         keys: Sequence[str] | None = None) -> dict[str, Any]:
@@ -69,7 +70,7 @@ def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
     cal = calib or default_calibration(cluster.accelerator.calibration_name)
     shared = _per_pair(model, cluster, train, cand, cal)
     blocks = _blocks(cand)
-    if blocks is None or (len(blocks) == 1 and blocks[0][1] is None):  # one block: as it is
+    if blocks is None:
         terms = _terms(model, cluster, train, cand, shared, shared.inverse)
         return {k: terms[k] for k in keys} if keys is not None else terms
 
@@ -95,8 +96,8 @@ def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
 def _blocks(cand: dict[str, Any]) -> list[tuple[Any, Any, Any]] | None:
     """The planner's rows × (sp, rc) grid as blocks of (row indices, the columns evaluated or
     None for all, for each column the evaluated one it copies or None), a few per thread;
-    None for flat arrays. Rows with tp = 1 evaluate their sp = 0 columns only where that
-    saves `_SPLIT_MIN_CELLS` (`_without_sp`)."""
+    None for flat arrays and for a grid that is one block as it is. Rows with tp = 1
+    evaluate their sp = 0 columns only where that saves `_SPLIT_MIN_CELLS` (`_without_sp`)."""
     tp, sp = np.asarray(cand["tp"]), np.asarray(cand["sp"])
     if tp.ndim != 2 or tp.shape[1] != 1 or sp.ndim != 2 or sp.shape[0] != 1:
         return None
@@ -111,7 +112,7 @@ def _blocks(cand: dict[str, Any]) -> list[tuple[Any, Any, Any]] | None:
         cells = len(rows) * (sp.shape[1] if columns is None else len(columns))
         pieces = max(1, min(_THREADS, cells // _THREAD_MIN_CELLS))
         out += [(chunk, columns, same) for chunk in np.array_split(rows, pieces)]
-    return out
+    return out if len(out) > 1 or split is not None else None
 
 
 class _PerPair(NamedTuple):

@@ -569,7 +569,8 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
     layers = stage_layer_count(model, pp, chunks, stage, partition)
     moe_layers = moe_layers_on_stage(model, pp, chunks, stage, partition)
     in_flight = _in_flight(schedule, pp, m, chunks, stage)
-    per_micro_batch = ((layers - moe_layers) * act["dense"] + moe_layers * act["moe"]) / chunks
+    per_micro_batch = (((layers - moe_layers) * act["dense"] + moe_layers * act["moe"])
+                       if model.is_moe else layers * act["dense"]) / chunks
     activations = in_flight * per_micro_batch
     sb = s / cp * micro_batch
     rep = np.where(sp, tp, 1)

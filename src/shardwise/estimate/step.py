@@ -347,8 +347,9 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     # SP keeps only the sequence shard of the QKV and gate/up inputs: backward all-gathers
     # them again for the weight gradients (2 per layer), beside the input-gradient GEMMs in
     # Megatron (not charged), between them in shardwise's runtime (`impl` "shardwise")
-    ag = group_collective_time("all-gather", activation, t, on_node("tp"), links)
-    regather = np.where((sp == 1) & (t > 1) & (train.impl == "shardwise"), 2 * ag, 0.0)
+    regather = (np.where((sp == 1) & (t > 1), 2 * group_collective_time(
+        "all-gather", activation, t, on_node("tp"), links), 0.0)
+        if train.impl == "shardwise" else 0.0)
     # FP8 current scaling under SP: each column-parallel input (QKV, fc1) and row-parallel
     # output gradient (out-proj, fc2) all-reduces its amax over the tp group before the cast
     # (TE module/linear.py `set_quantizer_amax_reduction_group`): 2 scalars each way
@@ -526,6 +527,8 @@ def cp_time(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, c: A
     (DeepSpeed's `DistributedAttention` without an `sp_stream`, and Transformer Engine's
     `AttnFuncWithCPAndQKVOA2A`, wait for them before and after the attention kernel).
     """
+    if not (np.any(c > 1) or np.any(u > 1)):  # no layout splits the sequence
+        return 0.0 * attn_f, 0.0 * attn_b
     model, s, ab, kappa = ctx.model, ctx.seq_len, ctx.act_bytes, ctx.calibration.overlap_contention
     r = c // u
     where = {"gpus_per_node": links.gpus_per_node, "pp": p, "dp": dp, "cp": c, "tp": t, "ep": e,
@@ -611,6 +614,8 @@ def tp_overlapped(comm: Any, gemm: Any, t: Any, on: Any, eta: float, kappa: floa
 
         exposed = max(0, comm - W) + κ·min(comm, W)     (κ = `overlap_contention`)
     """
+    if not np.any(on):
+        return comm
     window = eta * gemm * (t - 1) / np.maximum(t, 1)
     hidden = np.minimum(comm, window)
     return np.where(on, comm - hidden + kappa * hidden, comm)

@@ -290,8 +290,15 @@ def _flatten(cand: dict[str, Any], terms: dict[str, Any] | None = None,
     """The valid layouts of a broadcast (outer × inner) grid as flat arrays (of `terms`, only
     `keys` when given)."""
     valid = cand["_valid"]
-    flat = {k: np.broadcast_to(v, valid.shape)[valid] for k, v in cand.items()
-            if not k.startswith("_")}
+    per_row = valid.sum(axis=1) if valid.ndim == 2 else None
+
+    def pick(value: Any) -> Any:
+        value = np.asarray(value)
+        if per_row is not None and value.shape == (valid.shape[0], 1):
+            return np.repeat(value[:, 0], per_row)  # a row's value once per valid cell
+        return np.broadcast_to(value, valid.shape)[valid]
+
+    flat = {k: pick(v) for k, v in cand.items() if not k.startswith("_")}
     flat |= {k: v for k, v in cand.items() if k.startswith("_") and k != "_valid"}
     if terms is None:
         return flat, None
@@ -299,10 +306,8 @@ def _flatten(cand: dict[str, Any], terms: dict[str, Any] | None = None,
     for key, value in terms.items():
         if keys is not None and key not in keys:
             continue
-        if isinstance(value, dict):
-            out[key] = {k: np.broadcast_to(v, valid.shape)[valid] for k, v in value.items()}
-        else:
-            out[key] = np.broadcast_to(value, valid.shape)[valid]
+        out[key] = ({k: pick(v) for k, v in value.items()} if isinstance(value, dict)
+                    else pick(value))
     return flat, out
 
 

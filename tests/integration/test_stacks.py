@@ -2,6 +2,7 @@
 the gradient-reduce dtypes, the stage splits (torchtitan's and DeepSpeed's own functions over
 a sweep), and every combination a stack refuses (`Stack.rules`) refused by the framework."""
 
+import json
 import typing
 
 import pytest
@@ -79,6 +80,28 @@ def test_deepspeed_split_is_deepspeeds():
     for layers in (32, 61, 70, 126):
         for pp in (2, 3, 5, 7, 12, 16):
             assert tuple(deepspeed_split(layers, pp)) == deepspeed_stages(layers, pp)
+
+
+def test_megatron_deepspeed_plans_and_takes_layouts_on_deepspeeds_stages(tmp_path):
+    """With pp not dividing the layers (BLOOM-176B's 70 blocks on 384 GPUs: a power-of-two
+    global batch leaves pp a multiple of 3), the megatron-deepspeed search holds layouts on
+    DeepSpeed's own stages, and a `--layout` without stages gets them — as the CLI runs."""
+    require("deepspeed")
+    from tests.cli_helpers import shardwise_json
+
+    config = tmp_path / "config.json"  # BLOOM-176B's dimensions (bigscience/bloom config.json)
+    config.write_text(json.dumps({
+        "model_type": "bloom", "n_layer": 70, "hidden_size": 14336, "n_head": 112,
+        "vocab_size": 250880, "layer_norm_epsilon": 1e-5}))
+    out = shardwise_json("plan", str(config), "--gpus", "384", "--gpu", "a100-80gb",
+                         "--seq", "2048", "--global-batch", "2048", "--impl",
+                         "megatron-deepspeed", "--layout", "tp=4,pp=12,zero=1,mb=2,"
+                         "recompute=full", "--top", "20")
+    assert out["given"]["layout"]["partition"] == list(deepspeed_stages(70, 12))
+    uneven = [row["layout"] for row in out["ranked"] if 70 % row["layout"]["pp"]]
+    assert uneven
+    for layout in uneven:
+        assert tuple(layout["partition"]) == deepspeed_stages(70, layout["pp"])
 
 
 # --------------------------------------------------------------- each rule, by its source

@@ -62,21 +62,27 @@ def _structure_reason(problem: str) -> str:
     return problem
 
 
-def _partitions(model: ModelSpec, pp: int) -> dict[tuple[int, int], tuple[int, ...]]:
+def _partitions(model: ModelSpec, pp: int, split: str = "any"
+                ) -> dict[tuple[int, int], tuple[int, ...]]:
     """The searched stage partitions of `pp` stages, `Balanced(a, z)` → layers per stage (()
     for the default, `Layout.stage_partition`), distinct and ≥ 1 layer per stage: the default,
     the other of (0, 0) and (1, 1) (even / torchtitan's embedding and head as one layer each),
     and (0, z) with the head's cost in layers, `z = round(V·h / N_layer)` (its GEMM against a
     layer's, both 6·N FLOPs per token trained; the embedding is a gather, ≈ 0 layers), at most
-    what leaves the last stage one layer."""
+    what leaves the last stage one layer. A stack splitting as "deepspeed" runs one partition,
+    the first `L mod pp` stages one layer more (`stacks.deepspeed_split`): Balanced(-1, 0)."""
     n_layers = model.n_layers
+    default = stage_partition(n_layers, pp)
+    if split == "deepspeed":
+        ends = (-1, 0) if n_layers % pp else (0, 0)
+        own = stage_partition(n_layers, pp, 1, Balanced(*ends))
+        return {ends: () if own == default else own}
     dense, moe, experts = layer_params(model, 1, 1)
     per_layer = (model.n_dense_layers * dense + model.n_moe_layers
                  * (moe + experts * model.top_k / max(model.n_experts, 1))) / n_layers
     head = min(round(model.vocab * model.d_model / per_layer), n_layers)
     while head > 1 and min(stage_partition(n_layers, pp, 1, Balanced(0, head))) < 1:
         head -= 1
-    default = stage_partition(n_layers, pp)
     out: dict[tuple[int, int], tuple[int, ...]] = {}
     default_ends = int(Balanced.default(n_layers, pp).first_less)
     for a, z in ((default_ends, default_ends), (0, 0), (1, 1), (0, head)):
@@ -107,9 +113,9 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
     # with cp > 1 each kind of `cp_kind` (the hybrid's all-to-all over the cp ranks of one
     # node). The constraint's exclusions are counted first, on the grid with its fixed values
     # added.
-    partitions = {p: _partitions(model, p) for p in full["pp"]}
-    default_split = {p: stage_partition(model.n_layers, p) for p in full["pp"]}
     stack = train.stack
+    partitions = {p: _partitions(model, p, stack.split) for p in full["pp"]}
+    default_split = {p: stage_partition(model.n_layers, p) for p in full["pp"]}
     per_structure = math.prod(inner)
     per_full = math.prod(len(full[k]) for k in inner_keys)
     cp_kinds = [(c, k) for c in full["cp"] for k in (full["cp_kind"] if c > 1 else [0])]

@@ -118,9 +118,9 @@ def unvalidated(accelerator: str, stack: str, layout: Any, train: Any,
     mine = ground.get("stacks", {}).get(stack)
     out = list(_borrowed_kernel(accelerator, train.settings().attention, calibration))
     if generation(accelerator) not in ground["generations"]:
-        out.append(f"no validation run on {generation(accelerator)} GPUs")
+        out.append(f"{generation(accelerator)} GPUs")
     if mine is None:
-        return (*out, f"no validation run on the {stack} stack")
+        return (*out, f"the {stack} stack")
     settings = train.settings()
     if layout.pp > 1 and layout.schedule not in mine["schedules"]:
         out.append(f"the {layout.schedule} schedule")

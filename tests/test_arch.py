@@ -69,6 +69,10 @@ def test_bloom_config_is_read_like_transformers_reads_it():
         ref.n_layer, ref.hidden_size, ref.n_head, ref.vocab_size)
     assert model.n_kv_heads == model.n_heads and not model.gated_mlp and model.bias
     assert model.norm == "layernorm" and model.learned_positions == 0 and model.tie_embeddings
+    # ALiBi: transformers' BloomModel builds the attention biases, it has no rotary module
+    modeling = pytest.importorskip("transformers.models.bloom.modeling_bloom")
+    assert model.alibi and hasattr(modeling, "build_alibi_tensor")
+    assert not any("Rotary" in name for name in dir(modeling))
     # BigScience's model card: 176,247,271,424 parameters (ours omits the embedding
     # LayerNorm's 2h = 28,672)
     assert model.count_params().total + 2 * model.d_model == 176_247_271_424
@@ -85,6 +89,23 @@ def test_bloom_parameter_count_equals_transformers_model():
                                                 n_kv_heads=8, d_ff=256, vocab=1000)
     embedding_norm = 2 * 64
     assert ours.count_params().total + embedding_norm == sum(p.numel() for p in hf.parameters())
+
+
+@pytest.mark.parametrize("fields", [
+    {}, {"rotary_pct": 0.5}, {"use_parallel_residual": False},
+    {"rope_parameters": {"rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                         "rope_type": "default"}},
+    {"partial_rotary_factor": 0.5}])  # not read at the top level by transformers
+def test_gpt_neox_rotary_share_and_block_as_transformers_reads_them(tmp_path, fields):
+    transformers = pytest.importorskip("transformers")
+    cfg = {k: v for k, v in json.loads((HF / "pythia-1.4b" / "config.json").read_text()).items()
+           if k != "rotary_pct"} | fields
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    model = from_hf_config(tmp_path / "config.json")
+    ref = transformers.GPTNeoXConfig(**cfg)
+    assert model.rotary_percent == ref.rope_parameters["partial_rotary_factor"]
+    assert model.parallel_residual == ref.use_parallel_residual
+    assert model.rope_dim == int(model.head_dim * model.rotary_percent)
 
 
 def test_hf_config_equals_preset():

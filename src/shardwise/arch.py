@@ -110,6 +110,14 @@ class ModelSpec:
     # 0: all. Not implemented beyond the window: a sequence longer than it is refused
     # (`seq_problems`), since up to it the window changes nothing.
     sliding_window: int = 0
+    # Position and residual variants no framework export reproduces unless named: ALiBi
+    # attention biases instead of rotary or learned positions (BLOOM; no parameters), RoPE on
+    # the first `rotary_percent` of each head's dimensions (GPT-NeoX's rotary_pct), attention
+    # and MLP on the same normalised input, summed (GPT-J / GPT-NeoX use_parallel_residual).
+    # None changes a parameter or FLOP count.
+    alibi: bool = False
+    rotary_percent: float = 1.0
+    parallel_residual: bool = False
 
     def __post_init__(self) -> None:
         self.validate()  # an invalid ModelSpec does not exist (negative layers, "32", …)
@@ -135,8 +143,9 @@ class ModelSpec:
 
     @property
     def rope_dim(self) -> int:
-        """Width RoPE rotates per head: `d` (MLA: the decoupled `d_R`)."""
-        return self.qk_rope_head_dim if self.is_mla else self.head_dim
+        """Width RoPE rotates per head: `d` (MLA: the decoupled `d_R`; GPT-NeoX: the
+        `rotary_percent` share of `d`, as Megatron's `--rotary-percent` truncates it)."""
+        return self.qk_rope_head_dim if self.is_mla else int(self.head_dim * self.rotary_percent)
 
     @property
     def q_dim(self) -> int:
@@ -212,14 +221,15 @@ class ModelSpec:
                    ("expert_groups", v.integer, {"low": 1, "high": v.MAX_WIDTH}),
                    ("routed_scaling", v.finite, {"low": 0, "low_open": True}),
                    ("norm_eps", v.finite, {"low": 0, "low_open": True}),
-                   ("rope_theta", v.finite, {"low": 0, "low_open": True})]
+                   ("rope_theta", v.finite, {"low": 0, "low_open": True}),
+                   ("rotary_percent", v.finite, {"low": 0, "low_open": True, "high": 1})]
         for field, check, bounds in checks:
             try:
                 check(getattr(self, field), field, **bounds)
             except ShardwiseError as exc:
                 problems.append(str(exc))
         flags = ("gated_mlp", "tie_embeddings", "bias", "dropout", "qkv_bias", "out_bias",
-                 "rope_interleave", "norm_topk")
+                 "rope_interleave", "norm_topk", "alibi", "parallel_residual")
         problems += [f"{f} must be true or false, got {getattr(self, f)!r}" for f in flags
                      if not isinstance(getattr(self, f), bool)]
         if not isinstance(self.name, str):
@@ -235,6 +245,8 @@ class ModelSpec:
                 problems.append(f"top_k={self.top_k} must be in 1..n_experts={self.n_experts}")
             if self.rope_dim % 2:
                 problems.append(f"RoPE needs an even head width, got {self.rope_dim}")
+            if self.alibi and (self.learned_positions or self.rotary_percent != 1.0):
+                problems.append("ALiBi takes no learned positions and no rotary_percent")
             problems += self._mla_problems() + self._moe_problems()
         if self.norm not in ("rmsnorm", "layernorm"):
             problems.append(f"norm must be 'rmsnorm' or 'layernorm', got {self.norm!r}")
@@ -725,14 +737,12 @@ HF_FIELDS: dict[str, HFFields] = {
                    "intermediate_size", "vocab_size", "max_position_embeddings",
                    "tie_word_embeddings", "layer_norm_eps", "hidden_dropout",
                    "attention_dropout", "rope_theta", "rotary_emb_base", "rope_scaling",
-                   "rope_parameters")),
+                   "rope_parameters", "rotary_pct", "use_parallel_residual")),
         {"attention_bias": ((True,), "GPT-NeoX's MLP keeps its biases; biases on the MLP "
                                      "alone are not modelled")},
         {"hidden_act": _SAME_COUNTS, "classifier_dropout": "the classification head",
-         "use_parallel_residual": "the same parameters and FLOPs, summed in another order",
-         **dict.fromkeys(("rotary_pct", "partial_rotary_factor"),
-                         "RoPE has no parameters: the share of dimensions it turns changes "
-                         "no count")}),
+         "partial_rotary_factor": "transformers 5.24's GPTNeoXConfig does not read it at the "
+                                  "top level (rotary_pct or rope_parameters)"}),
     "bloom": HFFields(
         frozenset(("model_type", "hidden_size", "n_embed", "n_layer", "num_hidden_layers",
                    "n_head", "num_attention_heads", "vocab_size", "seq_length",
@@ -823,16 +833,25 @@ def _from_hf_dict(cfg: dict, name: str) -> ModelSpec:
     if kind == "gpt_neox":
         # GPT-NeoX (transformers 5.24's GPTNeoXConfig): LayerNorm, GELU MLP, biases on every
         # linear (attention_bias, default true, and the MLP's always), partial RoPE.
+        # RoPE turns `partial_rotary_factor` of each head (rope_parameters), else rotary_pct,
+        # default 0.25; attention and MLP in parallel (use_parallel_residual, default true).
         heads = cfg["num_attention_heads"]
         dropout = max(cfg.get("hidden_dropout", 0.0), cfg.get("attention_dropout", 0.0))
         theta = cfg.get("rope_theta", cfg.get("rotary_emb_base"))
+        rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+        percent = rope.pop("partial_rotary_factor", cfg.get("rotary_pct", 0.25))
+        if cfg.get("rope_parameters"):
+            cfg = cfg | {"rope_parameters": rope}
+        elif cfg.get("rope_scaling"):
+            cfg = cfg | {"rope_scaling": rope}
         return ModelSpec(
             name=name, n_layers=cfg["num_hidden_layers"], d_model=cfg["hidden_size"],
             n_heads=heads, n_kv_heads=heads, d_ff=cfg["intermediate_size"],
             vocab=cfg["vocab_size"], gated_mlp=False,
             tie_embeddings=cfg.get("tie_word_embeddings", False), norm="layernorm",
             norm_eps=float(cfg.get("layer_norm_eps", 1e-5)), bias=True, dropout=dropout > 0,
-            max_seq=cfg.get("max_position_embeddings", 2048),
+            max_seq=cfg.get("max_position_embeddings", 2048), rotary_percent=float(percent),
+            parallel_residual=cfg.get("use_parallel_residual", True),
             **_hf_rope(cfg | ({"rope_theta": theta} if theta is not None else {}), kind),
         )
     if kind == "bloom":
@@ -848,7 +867,7 @@ def _from_hf_dict(cfg: dict, name: str) -> ModelSpec:
             gated_mlp=False, tie_embeddings=cfg.get("tie_word_embeddings", True),
             norm="layernorm", norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)), bias=True,
             dropout=max(cfg.get("hidden_dropout", 0.0), cfg.get("attention_dropout", 0.0)) > 0,
-            max_seq=cfg.get("seq_length", 2048),
+            max_seq=cfg.get("seq_length", 2048), alibi=True,
         )
     raise ShardwiseError(
         f"unsupported model_type {kind!r} in config; supported: {', '.join(SUPPORTED_HF_TYPES)}"

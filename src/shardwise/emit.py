@@ -104,6 +104,15 @@ def model_refusal(framework: str, model: ModelSpec, train: TrainSpec) -> str | N
             return ("torchtitan 0.3.0's llama3_405b config trains its linear layers in Float8 "
                     "(rowwise) under torch.compile (models/llama3/config_registry.py): plan it "
                     "with --fp8 rowwise --compile, or with --impl megatron-te for Megatron-LM")
+    if framework in ("megatron", "deepspeed"):
+        name = VERSIONS[framework]
+        if model.alibi:
+            return (f"{model.name} adds ALiBi attention biases, which {name} has no option for "
+                    "(its positions are learned or rotary): an export would train another model")
+        if model.parallel_residual:
+            return (f"{model.name} runs attention and MLP side by side on one normalised input "
+                    f"(GPT-NeoX's use_parallel_residual), which {name}'s block does not: an "
+                    "export would train another model")
     if framework == "deepspeed" and model.is_moe:
         return ("Megatron-DeepSpeed's MoE is DeepSpeed-MoE (capacity-factor token dropping and "
                 "experts replicated over tensor-parallel ranks by default, megatron/arguments.py:"
@@ -437,6 +446,8 @@ def megatron_args(model: ModelSpec, layout: Layout, train: TrainSpec,
         args.append("--position-embedding-type learned_absolute")
     else:
         args += ["--position-embedding-type rope", f"--rotary-base {int(model.rope_theta)}"]
+        if model.rotary_percent != 1.0:
+            args.append(f"--rotary-percent {model.rotary_percent:g}")
         if model.rope_type == "llama3":  # Llama 3.1's frequency scaling, factor 8
             args += ["--use-rope-scaling",
                      f"--rope-scaling-factor {dict(model.rope_scaling)['factor']:g}"]
@@ -626,6 +637,8 @@ def _deepspeed_launch(model: ModelSpec, layout: Layout, train: TrainSpec, gb: in
     if not model.learned_positions:
         args += ["--use-rotary-position-embeddings", "--no-position-embedding",
                  f"--rotary-position-embeddings-theta {int(model.rope_theta)}"]
+        if model.rotary_percent != 1.0:
+            args.append(f"--rotary-percent {model.rotary_percent:g}")
     if not model.tie_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     if not model.bias:

@@ -237,12 +237,12 @@ _HF_NULLABLE = ("num_key_value_heads", "n_inner", "head_dim", "sliding_window",
 _HF_COUNTS = ("max_window_layers", "first_k_dense_replace", "n_shared_experts",
               "num_nextn_predict_layers")  # integers ≥ 0
 _HF_FRACTIONS = ("resid_pdrop", "attn_pdrop", "embd_pdrop", "hidden_dropout",
-                 "attention_dropout", "router_jitter_noise")
+                 "attention_dropout", "router_jitter_noise", "rotary_pct")
 _HF_POSITIVE = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "rope_theta",
                 "rotary_emb_base", "routed_scaling_factor")
 _HF_BOOLS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window",
              "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "add_cross_attention",
-             "norm_topk_prob", "rope_interleave")
+             "norm_topk_prob", "rope_interleave", "use_parallel_residual")
 _HF_STRINGS = ("model_type", "hidden_act", "topk_method", "scoring_func")
 _HF_OBJECTS = ("rope_scaling", "rope_parameters")  # null or {name: number or string}
 

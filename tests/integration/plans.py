@@ -1,10 +1,12 @@
-"""The 15 kinds of plan of issue 11, the context-parallel kinds of issue 36, and the published uneven pipelines of issue 9 (Llama 3
-405B: 126 layers over 16 stages; BLOOM-176B: 70 over 12), as the `shardwise plan` arguments a
-user types."""
+"""The 15 kinds of plan of issue 11, the context-parallel kinds of issue 36, the published
+uneven pipelines of issue 9 (Llama 3 405B: 126 layers over 16 stages; BLOOM-176B: 70 over 12)
+and GPT-NeoX's parallel block, as the `shardwise plan` arguments a user types."""
 
 from pathlib import Path
 
 BLOOM = str(Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "bloom" / "config.json")
+PYTHIA = str(Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "pythia-1.4b" /
+             "config.json")
 
 PLANS: dict[str, list[str]] = {
     "405b-16k-interleaved": ["llama3-405b", "--gpus", "16384", "--global-batch", "16M-tokens",
@@ -37,11 +39,14 @@ PLANS: dict[str, list[str]] = {
                             "recompute=full"],
     "70b-tp8-pp2-zero3": ["llama3-70b", "--gpus", "64", "--global-batch", "256",
                           "--layout", "tp=8,pp=2,zero=3,sp=1,recompute=selective"],
-    # uneven stages: 7, 8 × 14, 7 (Llama 3 paper §3.3) and 5, 6 × 10, 5 (BLOOM)
+    # uneven stages: 7, 8 × 14, 7 (Llama 3 paper §3.3; the default, and given explicitly)
+    # and 5, 6 × 10, 5 (BLOOM); where the default is not the stack's split, a layout without
+    # stages takes the stack's (DeepSpeed's 8 × 14, 7, 7)
     "405b-8k-pp16": ["llama3-405b", "--gpus", "8192", "--global-batch", "16M-tokens",
                      "--layout", "tp=8,pp=16,zero=1,sp=1,recompute=full"],
     "405b-16k-pp16": ["llama3-405b", "--gpus", "16384", "--global-batch", "16M-tokens",
-                      "--layout", "tp=8,pp=16,zero=1,sp=1,recompute=full"],
+                      "--layout", "tp=8,pp=16,zero=1,sp=1,recompute=full",
+                      "--first-stage-layers", "7", "--last-stage-layers", "7"],
     # uneven and interleaved (Megatron's rule: each stage's layers split evenly over its 2
     # chunks): 80 layers as 12, 14 × 4, 12
     "70b-pp6-uneven-interleaved": ["llama3-70b", "--gpus", "96", "--global-batch", "96",
@@ -56,6 +61,9 @@ PLANS: dict[str, list[str]] = {
                      "--layout", "tp=2,cp=16,cp_kind=hybrid,ulysses=4,zero=1,recompute=full"],
     "bloom-pp12": [BLOOM, "--gpu", "a100", "--gpus", "384", "--seq", "2048",
                    "--global-batch", "2048", "--layout", "tp=4,pp=12,zero=1,recompute=full"],
+    # GPT-NeoX's block: attention and MLP side by side (use_parallel_residual)
+    "pythia-parallel-residual": [PYTHIA, "--gpus", "16", "--seq", "2048", "--global-batch",
+                                 "256", "--layout", "tp=2,zero=1"],
 }
 
 # What each framework does with each plan (issue 33's acceptance, `--emit F` on F's stack):
@@ -107,16 +115,19 @@ EXPECTED: dict[str, dict[str, tuple[str, str] | None]] = {
                           "deepspeed": ("asserts ZeRO < 2", "deepspeed-zero-pp")},
     "405b-8k-pp16": {"megatron": ACCEPTED,
                      "torchtitan": ("Float8", "torchtitan-405b-float8"),
-                     "deepspeed": ("cannot split 126 layers", "deepspeed-split")},
+                     "deepspeed": ACCEPTED},
     "405b-16k-pp16": {"megatron": ACCEPTED,
                       "torchtitan": ("Float8", "torchtitan-405b-float8"),
                       "deepspeed": ("cannot split 126 layers", "deepspeed-split")},
     "70b-pp6-uneven-interleaved": {"megatron": ACCEPTED,
                                    "torchtitan": ("cannot split 80 layers", "torchtitan-split"),
                                    "deepspeed": ("no interleaved", "deepspeed-1f1b-or-zbh1")},
-    "bloom-pp12": {"megatron": ACCEPTED,
+    "bloom-pp12": {"megatron": ("ALiBi", "megatron-positions"),
                    "torchtitan": ("ships no bloom", "torchtitan-models"),
-                   "deepspeed": ("cannot split 70 layers", "deepspeed-split")},
+                   "deepspeed": ("ALiBi", "deepspeed-positions")},
+    "pythia-parallel-residual": {"megatron": ("side by side", "megatron-parallel-residual"),
+                                 "torchtitan": ("ships no pythia", "torchtitan-models"),
+                                 "deepspeed": ("side by side", "deepspeed-parallel-residual")},
     "8b-ulysses": {"megatron": ACCEPTED,
                    "torchtitan": ("all-gather of K/V", "torchtitan-cp-allgather"),
                    "deepspeed": ("without tensor and pipeline parallelism",

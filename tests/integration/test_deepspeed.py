@@ -181,6 +181,17 @@ def test_deepspeed_reads_back_other_runs(capsys, tmp_path, deepspeed_dist, run):
     reads_back(out, get_model(OTHER_RUNS[run][0]), tmp_path)
 
 
+def test_a_partial_rotary_share_reaches_megatron_deepspeed(capsys, tmp_path):
+    from tests.integration.test_megatron_lm import sequential_neox
+
+    out = Emit(capsys, [sequential_neox(tmp_path), "--gpus", "16", "--seq", "2048",
+                        "--global-batch", "256", "--layout", "tp=2,zero=1"], "deepspeed")
+    assert out.code == 0, out.err
+    env, argv, nodes, gpus = launch(out)
+    args = megatron_deepspeed.parse(argv, nodes * gpus, env)
+    assert args.use_rotary_position_embeddings and args.rotary_percent == 0.25
+
+
 _REAL = """
 import json, sys, types, argparse
 import deepspeed, torch

@@ -199,7 +199,8 @@ def test_megatron_refuses_in_one_line(capsys, plan):
     out = emit(capsys, plan, "megatron")
     phrase, _ = EXPECTED[plan]["megatron"]
     assert out.code == 2 and len(out.err.splitlines()) == 1 and phrase in out.err, out.err
-    assert "nearest it runs:" in out.err and "s per step predicted" in out.err
+    if "cannot run this plan:" not in out.err:  # what the model is, no layout fixes
+        assert "nearest it runs:" in out.err and "s per step predicted" in out.err
 
 
 @pytest.mark.parametrize("case", list(MEGATRON_EXTRA))

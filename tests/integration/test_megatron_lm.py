@@ -185,6 +185,24 @@ def test_megatron_lm_parser_reads_back_the_plan(capsys, run):
     assert args.attention_backend == BACKENDS[stack["attention"]]
 
 
+def sequential_neox(tmp_path) -> str:
+    """Pythia-1.4B's config with a sequential block: RoPE on a quarter of each head."""
+    from tests.integration.plans import PYTHIA
+
+    cfg = json.loads(Path(PYTHIA).read_text()) | {"use_parallel_residual": False}
+    path = tmp_path / "neox" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+def test_a_partial_rotary_share_reaches_megatron_lm(capsys, tmp_path):
+    out = Emit(capsys, [sequential_neox(tmp_path), "--gpus", "16", "--seq", "2048",
+                        "--global-batch", "256", "--layout", "tp=2,zero=1"], "megatron")
+    args = megatron_lm_args(out)
+    assert args.position_embedding_type == "rope" and args.rotary_percent == 0.25
+
+
 def test_an_option_megatron_lm_does_not_know_is_refused():
     """The rebuilt parser fails where Megatron-LM's would: an unknown option, a value its
     type cannot read, a value outside its choices."""

@@ -248,6 +248,52 @@ def deepspeed_split():
     assert deepspeed_stages(70, 12) == (6,) * 10 + (5, 5)
 
 
+def _megatron_lm_options() -> list[dict]:
+    from tests.integration.test_megatron_lm import TABLE
+
+    return TABLE["options"]
+
+
+def megatron_positions():
+    """Megatron-LM's positions are learned, rotary (RoPE, YaRN, mRoPE), relative or none:
+    `--position-embedding-type` has no ALiBi choice (the pinned parser's table)."""
+    choices = next(o["choices"] for o in _megatron_lm_options()
+                   if o["dest"] == "position_embedding_type")
+    assert "rope" in choices and "learned_absolute" in choices
+    assert not any("alibi" in str(o["flags"]).lower() or "alibi" in str(o["choices"]).lower()
+                   for o in _megatron_lm_options())
+
+
+def deepspeed_positions():
+    """Megatron-DeepSpeed's positions are a learned table or rotary
+    (`--use-rotary-position-embeddings`, `--no-position-embedding`): no ALiBi option."""
+    flags = {flag for opt in megatron_deepspeed.options() for flag in opt["flags"]}
+    assert {"--use-rotary-position-embeddings", "--no-position-embedding"} <= flags
+    assert not any("alibi" in flag for flag in flags)
+
+
+def _no_parallel_block(dests: list[str]) -> None:
+    assert not any("parallel_residual" in d or "parallel_attn" in d or "parallel_block" in d
+                   for d in dests)
+
+
+def megatron_parallel_residual():
+    """Megatron-LM's block runs attention, then the MLP on its output: neither its parser nor
+    megatron-core's TransformerConfig has a parallel-residual switch."""
+    require("megatron")
+    import dataclasses
+
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    _no_parallel_block([o["dest"] for o in _megatron_lm_options()])
+    _no_parallel_block([f.name for f in dataclasses.fields(TransformerConfig)])
+
+
+def deepspeed_parallel_residual():
+    """Megatron-DeepSpeed's ParallelTransformerLayer is sequential too: no such option."""
+    _no_parallel_block([opt["dest"] for opt in megatron_deepspeed.options()])
+
+
 def deepspeed_moe():
     """Megatron-DeepSpeed's MoE is DeepSpeed-MoE: tokens dropped over a capacity factor of 1
     and experts not split over tensor-parallel ranks unless asked (megatron/arguments.py)."""
@@ -266,7 +312,10 @@ CONFIRM = {
     "torchtitan-split": torchtitan_split, "deepspeed-1f1b-or-zbh1": deepspeed_1f1b_or_zbh1,
     "deepspeed-zero-pp": deepspeed_zero_pp, "deepspeed-ulysses-alone": deepspeed_ulysses_alone,
     "deepspeed-no-groups": deepspeed_no_groups, "deepspeed-split": deepspeed_split,
-    "deepspeed-moe": deepspeed_moe,
+    "deepspeed-moe": deepspeed_moe, "megatron-positions": megatron_positions,
+    "deepspeed-positions": deepspeed_positions,
+    "megatron-parallel-residual": megatron_parallel_residual,
+    "deepspeed-parallel-residual": deepspeed_parallel_residual,
 }
 
 

@@ -62,18 +62,18 @@ def _structure_reason(problem: str) -> str:
     return problem
 
 
-def _partitions(model: ModelSpec, pp: int, split: str = "any"
+def _partitions(model: ModelSpec, pp: int, rule: str = "any"
                 ) -> dict[tuple[int, int], tuple[int, ...]]:
     """The searched stage partitions of `pp` stages, `Balanced(a, z)` → layers per stage (()
     for the default, `Layout.stage_partition`), distinct and ≥ 1 layer per stage: the default,
     the other of (0, 0) and (1, 1) (even / torchtitan's embedding and head as one layer each),
     and (0, z) with the head's cost in layers, `z = round(V·h / N_layer)` (its GEMM against a
     layer's, both 6·N FLOPs per token trained; the embedding is a gather, ≈ 0 layers), at most
-    what leaves the last stage one layer. A stack splitting as "deepspeed" runs one partition,
+    what leaves the last stage one layer. A stack whose split `rule` is "deepspeed" runs one,
     the first `L mod pp` stages one layer more (`stacks.deepspeed_split`): Balanced(-1, 0)."""
     n_layers = model.n_layers
     default = stage_partition(n_layers, pp)
-    if split == "deepspeed":
+    if rule == "deepspeed":
         ends = (-1, 0) if n_layers % pp else (0, 0)
         own = stage_partition(n_layers, pp, 1, Balanced(*ends))
         return {ends: () if own == default else own}

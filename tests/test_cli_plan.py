@@ -4,6 +4,7 @@ the order the rows are shown in, constraints; `shardwise memory`'s fit hints."""
 import json
 from itertools import pairwise
 
+import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -92,6 +93,21 @@ def test_plan_json_names_its_flop_convention_and_the_explanation_reads_right():
     layout = out["ranked"][0]["layout"]
     if layout["sp"]:  # sequence parallel: reduce-scatter / all-gather, not all-reduce
         assert "reduce-scatters and all-gathers" in text
+
+
+def test_a_torchtitan_plan_won_by_op_sac_explains_its_hfu():
+    """torchtitan's per-op SAC wins Llama 3 70B on 256 H100s; the explanation says what its HFU
+    adds, and the HFU/MFU ratio is the recomputed matmuls' closed form (`ModelSpec`)."""
+    out = shardwise_json("plan", "llama3-70b", "--impl", "torchtitan", "--gpus", "256",
+                         "--global-batch", "256", "--compile", "--tp-overlap", "async",
+                         "--top", "1")
+    assert out["ranked"][0]["layout"]["recompute"] == "op-sac"
+    assert "matmuls per-op SAC does not save (wo, w3) recomputed" in out["explanation"]
+    model, best = get_model("llama3-70b"), out["ranked"][0]["estimate"]
+    forward = model.forward_flops_per_token(8192)
+    # wo (a·d·h) and w3 (h·f) of every layer once more, 2 FLOPs per multiply-add
+    recomputed = 2 * model.n_layers * (model.q_dim * model.d_model + model.d_model * model.d_ff)
+    assert best["hfu"] / best["mfu"] == pytest.approx(1 + recomputed / (3 * forward))
 
 
 def test_gpt3_13b_preset_plans():

@@ -145,7 +145,8 @@ def _recompute_name(value: str) -> str:
 def _recompute_adds(recompute: str) -> str:
     return {"none": "nothing more: no recomputation",
             "selective": "the attention scores and P·V recomputed",
-            "full": "every layer's forward recomputed"}[recompute]
+            "full": "every layer's forward recomputed",
+            "op-sac": "the matmuls per-op SAC does not save (wo, w3) recomputed"}[recompute]
 
 
 def _validation_sentence(result: PlanResult) -> str:

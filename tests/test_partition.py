@@ -142,3 +142,39 @@ def test_one_layouts_span_in_integers_equals_the_array_path(n_layers):
                         ref = chunk_span(n_layers, pp * one, chunks * one, stage * one,
                                          chunk * one, arr)
                         assert got == (int(ref[0][0]), int(ref[1][0]))
+
+
+@pytest.mark.parametrize(("schedule", "per_stage"), [
+    ("interleaved", (12, 14, 14, 14, 14, 12)), ("interleaved", (14, 14, 12, 12, 14, 14))])
+def test_virtual_stage_counts_estimate_as_the_stage_counts_they_equal(schedule, per_stage):
+    """A partition of `pp·chunks` virtual stages (torchtitan's split) that puts `n_i/v` layers
+    on each chunk of stage `i` is the per-stage partition `n_i` (Megatron's rule): the same
+    stages, memory and step time, through the other representation."""
+    model, train = get_model("llama3-70b"), TrainSpec(seq_len=8192, global_batch=96)
+    cluster = Cluster.of(96, "h100")
+    stages = Layout(dp=2, tp=8, pp=6, sp=True, schedule=schedule, chunks=2,
+                    recompute="full", partition=per_stage)
+    virtual = stages.with_(partition=tuple(n // 2 for n in per_stage) * 2)
+    assert virtual.virtual_stages and virtual.stage_layers(80) == per_stage
+    assert virtual.stage_sizes(80) == stages.stage_sizes(80)
+    for stage in range(6):
+        for chunk in range(2):
+            assert chunk_span(80, 6, 2, stage, chunk, virtual.partition) == tuple(
+                chunk_span(80, 6, 2, stage, chunk, stages.partition))
+    assert [m.total for m in training_memory_per_gpu(model, virtual, train)] == \
+        [m.total for m in training_memory_per_gpu(model, stages, train)]
+    assert estimate_step(model, cluster, virtual, train, simulate=True).total == \
+        estimate_step(model, cluster, stages, train, simulate=True).total
+
+
+def test_virtual_stages_in_a_v_sit_on_the_ranks_the_schedule_puts_them():
+    # ZBV: rank i runs virtual stages i and 2p-1-i, so Llama 3 405B's 7, 8 × 14, 7 over 8
+    # ranks holds 14 on rank 0 (both short ends), 16 elsewhere; looped, 15 on the end ranks
+    split = (7,) + (8,) * 14 + (7,)
+    v = Layout(dp=8, tp=8, pp=8, schedule="zbv", chunks=2, partition=split)
+    loop = v.with_(schedule="interleaved")
+    assert v.stage_layers(126) == (14,) + (16,) * 7
+    assert loop.stage_layers(126) == (15,) + (16,) * 6 + (15,)
+    problems = Layout(dp=8, tp=8, pp=8, chunks=2, schedule="interleaved",
+                      partition=(7, 8)).problems(get_model("llama3-405b"))
+    assert any("pp·chunks=16 virtual stages" in p for p in problems)

@@ -319,11 +319,11 @@ def _megatron_partition(model: ModelSpec, layout: Layout) -> list[str]:
     virtual stage's layers (megatron-core transformer/pipeline_parallel_layer_layout.py: stages
     in virtual-stage order `c·pp + i`, `E` the embedding on the first, `L` the loss on the
     last)."""
-    parts = tuple(n * layout.chunks for n in layout.stage_partition(model.n_layers))
-    if len(set(parts)) == 1:
+    parts = layout.stage_layers(model.n_layers)
+    if len(set(parts)) == 1 and not layout.virtual_stages:
         return []
     first, *middle, last = parts
-    if len(set(middle)) <= 1:
+    if len(set(middle)) <= 1 and not layout.virtual_stages:
         return [f"--decoder-first-pipeline-num-layers {first}",
                 f"--decoder-last-pipeline-num-layers {last}"]
     sizes = layout.stage_sizes(model.n_layers)

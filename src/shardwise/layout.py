@@ -332,9 +332,28 @@ class Layout:
         return stage_partition(n_layers, self.pp, self.chunks, self.partition)
 
     def stage_sizes(self, n_layers: int) -> tuple[int, ...]:
-        """Layers of each of the `pp·chunks` virtual stages (virtual stage `c·p + i` is chunk
-        `c` of stage `i`, each chunk of stage `i` holding `1/chunks` of its layers)."""
+        """Layers of each of the `pp·chunks` virtual stages, in model order: a partition of
+        virtual stages as given; else virtual stage `c·p + i` is chunk `c` of stage `i`, each
+        chunk of stage `i` holding `1/chunks` of its layers."""
+        if self.virtual_stages:
+            return self.partition
         return self.stage_partition(n_layers) * self.chunks
+
+    @property
+    def virtual_stages(self) -> bool:
+        """The partition counts each virtual stage (`pp·chunks` of them, interleaved)."""
+        return bool(self.partition) and len(self.partition) != self.pp
+
+    @property
+    def placement(self) -> str:
+        """Which virtual stage each chunk runs: "loop" or "v" (the schedule's)."""
+        return SCHEDULE_REGISTRY[self.schedule].placement
+
+    def stage_layers(self, n_layers: int) -> tuple[int, ...]:
+        """Layers on each stage over all its chunks, first to last."""
+        if self.partition:
+            return stage_totals(n_layers, self.pp, self.chunks, self.partition, self.placement)
+        return tuple(n * self.chunks for n in self.stage_partition(n_layers))
 
     def with_(self, **changes: object) -> Layout:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -565,20 +584,24 @@ def first_last_partition(n_layers: int, pp: int, first: int | None, last: int | 
 
 def partition_problems(n_layers: int, pp: int, chunks: int, partition: tuple[int, ...]
                        ) -> list[str]:
-    """What is wrong with `partition` (or with the default one when it is empty). With
-    interleaving (`chunks > 1`) every stage's layers are a multiple of `chunks`, as
-    megatron-core requires of `num_layers_in_first/last_pipeline_stage` and of the middle
-    stages (`TransformerConfig.__post_init__`)."""
+    """What is wrong with `partition` (or with the default one when it is empty): `pp` stage
+    counts or, interleaved, `pp·chunks` virtual-stage counts (torchtitan's split; Megatron's
+    `--pipeline-model-parallel-layout`). With `pp` counts and interleaving every stage's layers
+    are a multiple of `chunks`, as megatron-core requires of
+    `num_layers_in_first/last_pipeline_stage` and of the middle stages
+    (`TransformerConfig.__post_init__`)."""
     if partition:
         out = []
-        if len(partition) != pp:
-            out.append(f"partition has {len(partition)} stages but pp={pp}")
+        virtual = chunks > 1 and len(partition) == pp * chunks
+        if len(partition) != pp and not virtual:
+            out.append(f"partition has {len(partition)} stages but pp={pp}"
+                       + (f" (or pp·chunks={pp * chunks} virtual stages)" if chunks > 1 else ""))
         if sum(partition) != n_layers:
             out.append(f"partition sums to {sum(partition)} layers but n_layers={n_layers}")
         if min(partition, default=1) < 1:
             out.append(f"every pipeline stage needs ≥ 1 layer, got partition "
                        f"{','.join(map(str, partition))}")
-        elif chunks > 1 and any(n % chunks for n in partition):
+        elif chunks > 1 and not virtual and any(n % chunks for n in partition):
             out.append(f"with chunks={chunks} every stage's layers must be a multiple of "
                        f"{chunks} (each chunk holds an equal share, Megatron's rule), got "
                        f"partition {','.join(map(str, partition))}")
@@ -587,8 +610,8 @@ def partition_problems(n_layers: int, pp: int, chunks: int, partition: tuple[int
         return []
     if chunks > 1:
         return [f"pp·chunks={pp}·{chunks} does not divide n_layers={n_layers}; give uneven "
-                f"interleaved stages explicitly (partition=…, each stage a multiple of "
-                f"{chunks} layers)"]
+                f"interleaved stages explicitly (partition=…: {pp} stages each a multiple of "
+                f"{chunks} layers, or {pp * chunks} virtual stages)"]
     if n_layers + 2 < 2 * pp:
         return [f"pp={pp} does not divide n_layers={n_layers} and the balanced partition would "
                 "leave a stage without layers; use a smaller pp"]
@@ -610,6 +633,16 @@ def stage_partition(n_layers: int, pp: int, chunks: int = 1, partition: Partitio
                  (layers_on_stage(n_layers, pp, chunks, stage, partition) for stage in range(pp)))
 
 
+def stage_totals(n_layers: int, pp: int, chunks: int, partition: tuple[int, ...],
+                 placement: str = "loop") -> tuple[int, ...]:
+    """Layers on each stage over all its chunks, of one layout's explicit `partition` (per
+    stage, or per virtual stage laid out by `placement`)."""
+    if len(partition) == pp:
+        return partition
+    return tuple(sum(int(chunk_span(n_layers, pp, chunks, i, c, partition, placement)[1])
+                     for c in range(chunks)) for i in range(pp))
+
+
 def layers_on_stage(n_layers: int, pp: Any, chunks: Any, stage: Any,
                     partition: Partition = ()) -> Any:
     """Layers one chunk of pipeline `stage` holds (`stage_partition`), for numbers or arrays of
@@ -618,15 +651,24 @@ def layers_on_stage(n_layers: int, pp: Any, chunks: Any, stage: Any,
 
 
 def chunk_span(n_layers: int, pp: Any, chunks: Any, stage: Any, chunk: Any,
-               partition: Partition = ()) -> tuple[Any, Any]:
+               partition: Partition = (), placement: str = "loop") -> tuple[Any, Any]:
     """(first layer, layers) of virtual chunk `chunk` on pipeline `stage`: even stages hold
     `[(c·p + stage)·n, … + n)`, `n = L/(p·v)`; uneven ones are contiguous in virtual-stage
     order, chunk `c` of stage `i` holding `partition[i]/v` layers from
     `c·L/v + Σ_{j<i} partition[j]/v` (megatron-core's `get_transformer_layer_offset` with
-    first/last-stage layers and a virtual pipeline); a `Balanced` one (chunks = 1; the
-    default is `Balanced.default`) spreads `L + a + z` units as evenly as possible, the extras
-    on the stages after the first, then the first stage `a` layers short and the last `z`.
-    Array-generic in `pp`, `chunks`, `stage` and the `Balanced` counts."""
+    first/last-stage layers and a virtual pipeline), or with `pp·v` counts (`virtual_stages`)
+    the count of the virtual stage it runs (`schedules.actions.virtual_stage` in `placement`);
+    a `Balanced` one (chunks = 1; the default is `Balanced.default`) spreads `L + a + z` units
+    as evenly as possible, the extras on the stages after the first, then the first stage `a`
+    layers short and the last `z`. Array-generic in `pp`, `chunks`, `stage` and the `Balanced`
+    counts."""
+    if isinstance(partition, tuple) and partition and len(partition) != pp:
+        sizes = np.asarray(partition, dtype=np.int64)  # per virtual stage, in model order
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        vs = chunk * pp + stage
+        if placement == "v":  # odd chunks run back up the stages
+            vs = np.where(np.asarray(chunk) % 2 == 1, (chunk + 1) * pp - 1 - stage, vs)
+        return starts[vs], sizes[vs]
     if isinstance(partition, tuple) and partition:
         sizes = np.asarray(partition, dtype=np.int64) // chunks
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
@@ -667,13 +709,14 @@ def _chunk_span_of_one(n_layers: int, pp: int, chunks: int, stage: int, chunk: i
     return stage * q + max(min(stage - 1, r), 0) - a * (stage > 0), count
 
 
-def stage_extremes(n_layers: int, pp: Any, chunks: Any, partition: Partition = ()
-                   ) -> tuple[Any, Any, Any]:
+def stage_extremes(n_layers: int, pp: Any, chunks: Any, partition: Partition = (),
+                   placement: str = "loop") -> tuple[Any, Any, Any]:
     """(the most layers any stage holds, the first stage's, the last stage's), over all chunks
     (`stage_partition`; array-generic for `Balanced` partitions, whose busiest stage is the
     first, the second or the last)."""
     if isinstance(partition, tuple) and partition:
-        return max(partition), partition[0], partition[-1]
+        totals = stage_totals(n_layers, pp, chunks, partition, placement)
+        return max(totals), totals[0], totals[-1]
 
     def count(stage: Any) -> Any:
         return layers_on_stage(n_layers, pp, chunks, stage, partition) * chunks

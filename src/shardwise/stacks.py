@@ -328,14 +328,16 @@ SPLIT_RULES = {
                  "(megatron/model/gpt_model.py:463)"}
 
 
-def stack_split(split: str, n_layers: int, pp: int) -> tuple[int, ...] | None:
-    """The stage partition a stack splitting as `split` makes by default over `pp` stages
-    (None: it runs any): DeepSpeed's, or torchtitan's with the embedding and the head one
-    layer each (its `first/last_stage_less_layers` default of 1)."""
-    if split == "deepspeed":
+def stack_split(split: str, n_layers: int, pp: int, chunks: int = 1
+                ) -> tuple[int, ...] | None:
+    """The stage partition a stack splitting as `split` makes by default over `pp` stages of
+    `chunks` virtual stages each (None: it runs any): DeepSpeed's (no chunks), or torchtitan's
+    over its `pp·chunks` virtual stages with the embedding and the head one layer each (its
+    `first/last_stage_less_layers` default of 1)."""
+    if split == "deepspeed" and chunks == 1:
         return tuple(deepspeed_split(n_layers, pp))
-    if split == "torchtitan" and n_layers + 2 >= 2 * pp:
-        return tuple(titan_split(pp, n_layers, 1, 1))
+    if split == "torchtitan" and n_layers + 2 >= 2 * pp * chunks:
+        return tuple(titan_split(pp * chunks, n_layers, 1, 1))
     return None
 
 

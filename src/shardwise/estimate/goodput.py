@@ -45,7 +45,12 @@ import numpy as np
 import shardwise.validate as validate
 from shardwise.arch import ModelSpec
 from shardwise.errors import ShardwiseError
-from shardwise.estimate.memory import bytes_per_param_training, candidate_stages, stage_param_counts
+from shardwise.estimate.memory import (
+    bytes_per_param_training,
+    candidate_stages,
+    placement_of,
+    stage_param_counts,
+)
 from shardwise.hardware import LINKS, Accelerator, Cluster, Link
 from shardwise.layout import Layout, Partition, TrainSpec
 from shardwise.placement import expert_tp_degree
@@ -182,7 +187,8 @@ def checkpoint_bytes(model: ModelSpec, train: TrainSpec, zero: int = 1) -> float
 
 def checkpoint_writes(model: ModelSpec, gpus_per_node: int, train: TrainSpec, *, tp: Any,
                       pp: Any, dp: Any, cp: Any, ep: Any, zero: Any, chunks: Any,
-                      etp: Any = 0, partition: Partition = (), **_: Any) -> tuple[Any, Any]:
+                      etp: Any = 0, partition: Partition = (), schedule: Any = 1,
+                      **_: Any) -> tuple[Any, Any]:
     """(bytes the busiest rank writes, bytes the busiest node writes) per checkpoint, for one
     layout or arrays of layouts (`Layout.codes()` names).
 
@@ -206,7 +212,8 @@ def checkpoint_writes(model: ModelSpec, gpus_per_node: int, train: TrainSpec, *,
     rank, node = 0.0 * tp, 0.0 * tp
     for stage in candidate_stages(model, pp):
         dense, expert = stage_param_counts(model, tp=tp, pp=pp, ep=ep, chunks=chunks,
-                                           stage=stage, partition=partition, etp=etp)
+                                           stage=stage, partition=partition, etp=etp,
+                                           placement=placement_of(schedule, partition))
         if fmt.writers == "spread":
             sharing = np.maximum(tp * replicas // (expert_tp_degree(etp, tp) * ep), 1)
             mine = (dense / replicas + expert / sharing) * (weights + optimizer)

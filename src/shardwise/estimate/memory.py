@@ -36,6 +36,7 @@ from shardwise.layout import (
     TrainSpec,
     check_specs,
     chunk_span,
+    stage_totals,
     ulysses_degree,
 )
 from shardwise.placement import expert_tp_degree
@@ -59,6 +60,7 @@ __all__ = [
     "moe_layers_on_stage",
     "peak_stage_memory",
     "peak_stage_total",
+    "placement_of",
     "saved_tensors_per_layer",
     "stage_layer_count",
     "stage_layers",
@@ -413,19 +415,30 @@ def stage_layers(model: ModelSpec, layout: Layout, stage: int) -> list[int]:
     out: list[int] = []
     for chunk in range(layout.chunks):
         start, count = chunk_span(model.n_layers, layout.pp, layout.chunks, stage, chunk,
-                                  layout.partition)
+                                  layout.partition, layout.placement)
         out.extend(range(int(start), int(start) + int(count)))
     return out
 
 
 def stage_layer_count(model: ModelSpec, pp: Any, chunks: Any, stage: Any,
-                      partition: Partition = ()) -> Any:
-    """How many layers `stage` holds over all its chunks (`Layout.stage_partition`)."""
+                      partition: Partition = (), placement: str = "loop") -> Any:
+    """How many layers `stage` holds over all its chunks (`Layout.stage_layers`)."""
+    if isinstance(partition, tuple) and partition:
+        return np.asarray(stage_totals(model.n_layers, pp, chunks, partition,
+                                       placement))[stage]
     return chunk_span(model.n_layers, pp, chunks, stage, 0, partition)[1] * chunks
 
 
+def placement_of(schedule: Any, partition: Partition) -> str:
+    """The placement ("loop" or "v") that lays out one layout's explicit `partition` (its
+    `schedule` code); "loop" for arrays of layouts, whose partitions are never explicit."""
+    if isinstance(partition, tuple) and partition and np.ndim(schedule) == 0:
+        return get_schedule(int(schedule)).placement
+    return "loop"
+
+
 def moe_layers_on_stage(model: ModelSpec, pp: Any, chunks: Any, stage: Any,
-                        partition: Partition = ()) -> Any:
+                        partition: Partition = (), placement: str = "loop") -> Any:
     """How many of `stage_layers(stage)` are MoE layers (layer `k ≥ F` is when
     `k % q == q - 1`, `q = moe_every`, `F = first_dense_layers`): chunk `c` holds layers
     `[start, start + n)` (`layout.chunk_span`), of which `max(start + n, F)//q -
@@ -435,7 +448,7 @@ def moe_layers_on_stage(model: ModelSpec, pp: Any, chunks: Any, stage: Any,
     q, f = model.moe_every, model.first_dense_layers
     total = 0 * pp
     for chunk in range(int(np.max(chunks))):
-        start, n = chunk_span(model.n_layers, pp, chunks, stage, chunk, partition)
+        start, n = chunk_span(model.n_layers, pp, chunks, stage, chunk, partition, placement)
         moe = np.maximum(start + n, f) // q - np.maximum(start, f) // q
         total = total + np.where(chunk < chunks, moe, 0)
     return total
@@ -488,7 +501,7 @@ def fp8_linear_params(model: ModelSpec, recipe: Fp8Recipe, tp: Any, ep: Any, etp
 
 def stage_param_counts(model: ModelSpec, *, tp: Any, pp: Any, ep: Any, chunks: Any,
                        stage: Any, partition: Partition = (), etp: Any = 0,
-                       last: Any = None
+                       last: Any = None, placement: str = "loop"
                        ) -> tuple[Any, Any]:
     """(dense, expert) parameters one rank of pipeline `stage` holds (SPEC §4): its layers
     (`layer_params`); the first stage adds the vocabulary-parallel embedding `V·h/t`, the
@@ -498,8 +511,8 @@ def stage_param_counts(model: ModelSpec, *, tp: Any, pp: Any, ep: Any, chunks: A
     h = model.d_model
     last = pp - 1 if last is None else last
     dense_layer, moe_layer, expert_layer = layer_params(model, tp, ep, etp)
-    layers = stage_layer_count(model, pp, chunks, stage, partition)
-    moe_layers = moe_layers_on_stage(model, pp, chunks, stage, partition)
+    layers = stage_layer_count(model, pp, chunks, stage, partition, placement)
+    moe_layers = moe_layers_on_stage(model, pp, chunks, stage, partition, placement)
     dense = (layers - moe_layers) * dense_layer + moe_layers * moe_layer
     dense = dense + np.where(stage == 0, model.vocab * h / tp + model.learned_positions * h, 0.0)
     head = np.where(np.logical_or(not model.tie_embeddings, last != 0), model.vocab * h / tp, 0.0)
@@ -512,7 +525,8 @@ def stage_params(model: ModelSpec, layout: Layout, stage: int) -> tuple[float, f
     dense, expert = stage_param_counts(model, tp=layout.tp, pp=layout.pp, ep=layout.ep,
                                        chunks=layout.chunks, stage=stage,
                                        partition=layout.partition, etp=layout.etp,
-                                       last=get_schedule(layout.schedule).last_stage(layout.pp))
+                                       last=get_schedule(layout.schedule).last_stage(layout.pp),
+                                       placement=layout.placement)
     return float(dense), float(expert)
 
 
@@ -559,15 +573,17 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
         act = {"dense": per_layer(False), "moe": per_layer(True) if model.is_moe else 0.0}
     zero_n = np.where(zero_group > 0, zero_group, dp * cp)
     last_stage = select(schedule, lambda info: info.last_stage(pp))  # head, loss, logits
+    placement = placement_of(schedule, partition)
     dense_params, expert_params = stage_param_counts(model, tp=tp, pp=pp, ep=ep, chunks=chunks,
                                                      stage=stage, partition=partition,
-                                                     etp=etp, last=last_stage)
+                                                     etp=etp, last=last_stage,
+                                                     placement=placement)
     w, g, o = zero_state_bytes(dense_params, zero_n, zero, state)
     expert_tp = expert_tp_degree(etp, tp)
     we, ge, oe = zero_state_bytes(expert_params,
                                   np.maximum(zero_n * tp // (expert_tp * ep), 1), zero, state)
-    layers = stage_layer_count(model, pp, chunks, stage, partition)
-    moe_layers = moe_layers_on_stage(model, pp, chunks, stage, partition)
+    layers = stage_layer_count(model, pp, chunks, stage, partition, placement)
+    moe_layers = moe_layers_on_stage(model, pp, chunks, stage, partition, placement)
     in_flight = _in_flight(schedule, pp, m, chunks, stage)
     per_micro_batch = (((layers - moe_layers) * act["dense"] + moe_layers * act["moe"])
                        if model.is_moe else layers * act["dense"]) / chunks

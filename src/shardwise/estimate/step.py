@@ -107,7 +107,7 @@ from shardwise.estimate.compute import (
     optimizer_host_ops,
     optimizer_time,
 )
-from shardwise.estimate.memory import bytes_per_param_training, stage_param_counts
+from shardwise.estimate.memory import bytes_per_param_training, placement_of, stage_param_counts
 from shardwise.estimate.offload import host_link, offload_step
 from shardwise.estimate.uncertainty import Uncertainty, uncertainty
 from shardwise.hardware import Cluster
@@ -248,7 +248,8 @@ def pipeline_bubble(sched: Any, p: Any, v: Any, m: Any, t_f: Any, t_b: Any, t_w:
 
 # ------------------------------------------------------------------------- the step model
 def busiest_stage_params(model: ModelSpec, t: Any, p: Any, e: Any, v: Any,
-                         partition: Partition = (), etp: Any = 0) -> tuple[Any, Any]:
+                         partition: Partition = (), etp: Any = 0, placement: str = "loop"
+                         ) -> tuple[Any, Any]:
     """(dense, expert) parameters per rank of the pipeline stage holding the most, counted
     per stage by the memory model (`memory.stage_param_counts`): every stage of an explicit
     partition; of a `Balanced` one (the default) the first (embedding), the second (the
@@ -257,7 +258,7 @@ def busiest_stage_params(model: ModelSpec, t: Any, p: Any, e: Any, v: Any,
     explicit = isinstance(partition, tuple) and partition
     stages = np.arange(p) if explicit else np.stack([0 * p, np.minimum(1, p - 1), p - 1])
     dense, expert = stage_param_counts(model, tp=t, pp=p, ep=e, chunks=v, stage=stages,
-                                       partition=partition, etp=etp)
+                                       partition=partition, etp=etp, placement=placement)
     dense, expert = np.broadcast_arrays(dense, expert)
     pick = np.expand_dims(np.argmax(dense + expert, axis=0), 0)
     return (np.take_along_axis(dense, pick, 0)[0], np.take_along_axis(expert, pick, 0)[0])
@@ -301,10 +302,11 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     # ---- compute per micro-batch: one dense layer, one MoE layer, head, embedding
     costs = costs if costs is not None else compute_costs(ctx, t, c, b, sp, rc, e, etp)
     dense = costs["dense"]
+    placement = placement_of(sched, partition)
     # uneven stages: the layers of the busiest, the first and the last stage relative to L/p
     # (exactly 1 for even stages); MoE layers at their average share
     most, first, last = (n * p / model.n_layers
-                         for n in stage_extremes(model.n_layers, p, v, partition))
+                         for n in stage_extremes(model.n_layers, p, v, partition, placement))
     n_dense, n_moe = most * model.n_dense_layers / p, most * model.n_moe_layers / p
     f_mid = n_dense * dense.fwd
     b_mid = n_dense * (dense.bwd + dense.recompute)
@@ -401,7 +403,8 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     bubble = np.where(p > 1, others * pipeline_bubble(sched, p, v, m, big_f, big_b, w_mid), 0.0)
 
     # ---- data parallel / ZeRO over the dp·cp replicas
-    dense_params, expert_params = busiest_stage_params(model, t, p, e, v, partition, etp)
+    dense_params, expert_params = busiest_stage_params(model, t, p, e, v, partition, etp,
+                                                       placement)
     replicas = dp * c
     in_node = on_node("dp_cp")
     group = np.where(zg > 0, zg, replicas)
@@ -813,7 +816,7 @@ def simulated_bubble(layout: Layout, m: int, t_f: float, t_b: float, t_w: float,
 
     p, v = layout.pp, layout.chunks
     sizes = layout.stage_sizes(n_layers)
-    busiest = max(sizes[:p]) * v  # a stage's chunks are equal: its layers over all chunks
+    busiest = max(layout.stage_layers(n_layers))  # over all its chunks
     timeline = stage_timeline(layout.schedule, p, m, v, t_f=max(t_f, 1e-12),
                               t_b=max(t_b, 1e-12), t_w=max(t_w, 1e-13),
                               shares=[n / busiest for n in sizes])

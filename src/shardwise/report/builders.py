@@ -18,7 +18,7 @@ from shardwise.arch import PRESETS, ModelSpec
 from shardwise.emit import model_refusal, unrunnable
 from shardwise.errors import ShardwiseError
 from shardwise.hardware import Accelerator, Cluster, get_link
-from shardwise.layout import Layout, TrainSpec, resolve_partition
+from shardwise.layout import Layout, TrainSpec, partition_problems, resolve_partition
 from shardwise.stacks import DEFAULT_STACK, split_refuses, stack_split
 from shardwise.units import dtype_bytes, parse_batch, parse_count, parse_size
 
@@ -314,11 +314,13 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str | Accelerator = "h100"
         if partition or first_stage_layers is not None or last_stage_layers is not None:
             given = given.with_(partition=resolve_partition(
                 spec.n_layers, given.pp, partition, first_stage_layers, last_stage_layers))
-        elif given.pp > 1 and split_refuses(train.stack.split, spec.n_layers,
-                                            given.stage_sizes(spec.n_layers), given.pp):
-            # no stages given and the stack cannot run the default: the stack's own split
-            given = given.with_(partition=stack_split(train.stack.split, spec.n_layers,
-                                                      given.pp) or ())
+        elif given.pp > 1:  # no stages given: the stack's own split where it cannot run
+            # the default one (torchtitan's virtual stages, DeepSpeed's blocks)
+            own = stack_split(train.stack.split, spec.n_layers, given.pp, given.chunks)
+            if own and (partition_problems(spec.n_layers, given.pp, given.chunks, ())
+                        or split_refuses(train.stack.split, spec.n_layers,
+                                         given.stage_sizes(spec.n_layers), given.pp)):
+                given = given.with_(partition=own)
         given.validate(spec, cluster)
         refusal = unrunnable(spec, given, train, cluster, export)  # before any estimate
         if refusal is not None:

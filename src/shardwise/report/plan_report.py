@@ -207,8 +207,8 @@ def explain(result: PlanResult) -> str:
                                    tp=lay.tp, ep=lay.ep)
         span = "inside the node" if in_node == lay.pp else "across nodes"
         sched = lay.schedule + (f" with v={lay.chunks}" if lay.chunks > 1 else "")
-        split = lay.stage_partition(result.model.n_layers)
-        each = (f"each stage {split[0] * lay.chunks} layers" if len(set(split)) == 1 else
+        split = lay.stage_layers(result.model.n_layers)
+        each = (f"each stage {split[0]} layers" if len(set(split)) == 1 else
                 "its stages " + "/".join(map(str, split)) + " layers (first to last)")
         sentences.append(
             f"PP {lay.pp} {span} gives {each}; "

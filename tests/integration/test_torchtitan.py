@@ -9,6 +9,7 @@ import pytest
 
 from shardwise.arch import get_model
 from shardwise.schedules.registry import get_schedule
+from tests.cli_helpers import shardwise_json
 from tests.integration.conftest import Emit, emit, require
 from tests.integration.plans import EXPECTED, PLANS
 
@@ -154,3 +155,26 @@ def test_torchtitan_reads_back_other_runs(capsys, monkeypatch, args):
     out = Emit(capsys, args, "torchtitan")
     assert out.code == 0, out.err
     reads_back(out, get_model(args[0]))
+
+
+@pytest.mark.parametrize("schedule", ["interleaved", "zbv"])
+def test_memory_charges_each_rank_the_layers_torchtitan_builds_on_it(schedule):
+    """`shardwise memory --impl torchtitan` of Llama 3 405B over 8 ranks × 2 virtual stages,
+    no stages given: each stage's layers are those torchtitan's own split
+    (`_generate_llm_fqn_per_model_part`, first/last stage one layer short) puts on that rank
+    (`_get_pp_rank_to_stage_indices_mapping`: looped, or the V of ZBV)."""
+    require("torchtitan")
+    from torchtitan.distributed.pipeline_parallel import (
+        _generate_llm_fqn_per_model_part,
+        _get_pp_rank_to_stage_indices_mapping,
+    )
+
+    out = shardwise_json("memory", "llama3-405b", "--gpus", "512", "--impl", "torchtitan",
+                         "--tp", "8", "--pp", "8", "--zero", "3", "--sp", "--schedule",
+                         schedule, "--chunks", "2", "--recompute", "full")
+    parts = _generate_llm_fqn_per_model_part(16, 126, 1, 1)
+    layers = [sum(name.startswith("layers.") for name in part) for part in parts]
+    name = get_schedule(schedule).torchtitan
+    expected = [sum(layers[k] for k in _get_pp_rank_to_stage_indices_mapping(r, 8, name, 16))
+                for r in range(8)]
+    assert [stage["layers"] for stage in out["stages"]] == expected

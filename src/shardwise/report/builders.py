@@ -73,6 +73,19 @@ def build_layout(gpus: int, n_layers: int = 0, **kw: Any) -> Layout:
     return Layout(dp=dp, **kw)
 
 
+def stack_stages(layout: Layout, n_layers: int, train: TrainSpec) -> Layout:
+    """`layout`, given without stages, on the stack's own split where the stack cannot run
+    the default one (torchtitan's virtual stages, DeepSpeed's blocks: `stacks.stack_split`)."""
+    split = train.stack.split
+    own = stack_split(split, n_layers, layout.pp, layout.chunks) if layout.pp > 1 else None
+    if layout.partition or not own:
+        return layout
+    if partition_problems(n_layers, layout.pp, layout.chunks, ()) or split_refuses(
+            split, n_layers, layout.stage_sizes(n_layers), layout.pp):
+        return layout.with_(partition=own)
+    return layout
+
+
 def cluster_for(gpus: int, gpu: str | Accelerator, gpus_per_node: int,
                 intra: str | None = None, inter: str | None = None,
                 calibration_path: str | None = None) -> tuple[Cluster, Any]:
@@ -118,6 +131,7 @@ def memory_payload(spec: ModelSpec, *, gpus: int = 8, gpu: str | Accelerator = "
                       offload=offload, offload_fraction=offload_fraction,
                       **(stack_kw or {})).validate()
     _check_seq(spec, seq)
+    layout = stack_stages(layout, spec.n_layers, train)
     layout.validate(spec, cluster, train)
     profile = train.profile
     gen = generation(cluster.accelerator.calibration_name)
@@ -314,13 +328,8 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str | Accelerator = "h100"
         if partition or first_stage_layers is not None or last_stage_layers is not None:
             given = given.with_(partition=resolve_partition(
                 spec.n_layers, given.pp, partition, first_stage_layers, last_stage_layers))
-        elif given.pp > 1:  # no stages given: the stack's own split where it cannot run
-            # the default one (torchtitan's virtual stages, DeepSpeed's blocks)
-            own = stack_split(train.stack.split, spec.n_layers, given.pp, given.chunks)
-            if own and (partition_problems(spec.n_layers, given.pp, given.chunks, ())
-                        or split_refuses(train.stack.split, spec.n_layers,
-                                         given.stage_sizes(spec.n_layers), given.pp)):
-                given = given.with_(partition=own)
+        else:
+            given = stack_stages(given, spec.n_layers, train)
         given.validate(spec, cluster)
         refusal = unrunnable(spec, given, train, cluster, export)  # before any estimate
         if refusal is not None:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from shardwise.arch import ModelSpec
-from shardwise.estimate.memory import training_memory_per_gpu
+from shardwise.arch import ModelSpec, get_model
+from shardwise.estimate.memory import stage_memory, training_memory_per_gpu
 from shardwise.estimate.step import estimate_step
 from shardwise.hardware import Cluster
-from shardwise.layout import Balanced, TrainSpec, stage_partition
+from shardwise.layout import CP_KINDS, Balanced, Layout, TrainSpec, stage_partition
 from shardwise.plan import (
     SearchSpace,
     _enumerate,
@@ -75,3 +75,36 @@ def test_searched_partitions_evaluate_as_the_scalar_models_do():
         assert terms["memory"][i] == pytest.approx(peak, rel=1e-9)
     # interleaving keeps the even split: searched partitions run with chunks = 1
     assert all(layouts[i].chunks == 1 for i in searched)
+
+
+def test_torchtitan_all_gather_cp_evaluates_as_the_scalar_models_do():
+    """torchtitan's searched context parallelism is its all-gather of K/V: every such layout of
+    a small search, the planner's arrays equal `estimate_step` and `training_memory_per_gpu`;
+    without recompute a layer keeps the whole sequence's K and V, `(c-1)·(s/c)·b·kv/t·(d_k+d_v)`
+    bytes more than the rank's share (`gathered_kv_bytes`), with op-sac nothing more."""
+    model, cluster = get_model("llama3-8b"), Cluster.of(16, "h100")
+    train = TrainSpec(seq_len=32768, global_batch=8, impl="torchtitan")
+    grid, _ = _enumerate(model, cluster, train, SearchSpace(tp=(1, 2), pp=(1,)), _Rejections())
+    cand, terms = _flatten(grid, evaluate_candidates(model, cluster, train, grid))
+    layouts = [_layout_of(cand, i) for i in range(len(cand["tp"]))]
+    gathered = [i for i, lay in enumerate(layouts) if lay.cp > 1]
+    assert gathered and all(layouts[i].cp_kind == "allgather" for i in gathered)
+    for i in gathered[::5]:
+        est = estimate_step(model, cluster, layouts[i], train)
+        assert terms["total"][i] == pytest.approx(est.total, rel=1e-9)
+        peak = max(s.total for s in training_memory_per_gpu(model, layouts[i], train))
+        assert terms["memory"][i] == pytest.approx(peak, rel=1e-9)
+    plain = Layout(dp=4, cp=4, cp_kind="allgather", zero=3)
+    per_layer = 3 * 32768 / 4 * 1 * 8 * (128 + 128) * 2  # (c-1)·s/c·b·kv_heads·(d_k+d_v)·2
+
+    def activations(layout: Layout, kind: str) -> float:  # the stage's, cp_kind forced
+        codes = layout.codes() | {"cp_kind": CP_KINDS.index(kind)}
+        return float(stage_memory(model, train, m=layout.microbatches(train), stage=0,
+                                  **codes)["activations"])
+
+    assert activations(plain, "allgather") - activations(plain, "ring") == pytest.approx(
+        32 * per_layer, rel=1e-12)  # one micro-batch in flight
+    sac = plain.with_(recompute="op-sac")
+    assert activations(sac, "allgather") == activations(sac, "ring")
+    assert training_memory_per_gpu(model, plain, train)[0].activations == pytest.approx(
+        activations(plain, "allgather"), rel=1e-12)

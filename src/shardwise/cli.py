@@ -258,8 +258,9 @@ def layout_options(func: Callable) -> Callable:
                      help="Expert tensor-parallel degree: the routed experts split over etp "
                           "ranks instead of tp (0: tp, Megatron's default)."),
         click.option("--cp-kind", default="ring", show_default=True, type=click.Choice(CP_KINDS),
-                     help="Context parallelism: ring attention, Ulysses (all-to-all over heads) "
-                          "or hybrid (Ulysses inside groups of --ulysses ranks, ring across)."),
+                     help="Context parallelism: ring attention, Ulysses (all-to-all over heads), "
+                          "hybrid (Ulysses inside groups of --ulysses ranks, ring across) or "
+                          "allgather (K and V all-gathered: torchtitan's)."),
         click.option("--ulysses", default=0, type=click.IntRange(0, MAX_DEGREE),
                      help="Hybrid cp: ranks of each all-to-all group (Megatron's first "
                           "--hierarchical-context-parallel-sizes)."),

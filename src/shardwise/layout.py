@@ -30,10 +30,11 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 RECOMPUTE = ("none", "selective", "full", "op-sac")
 RECOMPUTE_LIGHTEST_FIRST = ("none", "selective", "op-sac", "full")
 """Recompute policies by how much they recompute (and save), least first."""
-CP_KINDS = ("ring", "ulysses", "hybrid")
+CP_KINDS = ("ring", "ulysses", "hybrid", "allgather")
 """How context parallelism splits attention (`Layout.cp_kind`; docs/concepts/context-parallel.md):
-ring attention (K/V blocks around the cp group), DeepSpeed-Ulysses (all-to-all over heads) or
-their hybrid (Ulysses inside groups of `Layout.ulysses` ranks, a ring across the groups)."""
+ring attention (K/V blocks around the cp group), DeepSpeed-Ulysses (all-to-all over heads),
+their hybrid (Ulysses inside groups of `Layout.ulysses` ranks, a ring across the groups), or
+K and V all-gathered before the attention (torchtitan's FlexAttention CP)."""
 OPTIMIZERS = ("adam", "sgd-momentum", "sgd", "adam-8bit", "adafactor")
 
 
@@ -255,8 +256,8 @@ class Layout:
         if self.etp and self.etp != self.tp:
             parts.append(f"etp{self.etp}")
         if self.cp > 1 and self.cp_kind != "ring":
-            parts.insert(parts.index(f"cp{self.cp}") + 1, self.cp_kind if self.cp_kind ==
-                         "ulysses" else f"a2a{self.ulysses}×ring{self.cp // max(self.ulysses, 1)}")
+            parts.insert(parts.index(f"cp{self.cp}") + 1, self.cp_kind if self.cp_kind !=
+                         "hybrid" else f"a2a{self.ulysses}×ring{self.cp // max(self.ulysses, 1)}")
         if self.zero:
             parts.append(f"zero{self.zero}" + (f"/{self.zero_group}" if self.zero_group else ""))
         if self.sp:
@@ -727,8 +728,9 @@ def stage_extremes(n_layers: int, pp: Any, chunks: Any, partition: Partition = (
 
 def ulysses_degree(cp: Any, cp_kind: Any, ulysses: Any) -> Any:
     """Ranks each all-to-all over heads spans, for layouts as numbers or arrays (`cp_kind` as
-    its code in `CP_KINDS`): 1 for ring attention, `cp` for Ulysses, `ulysses` for the hybrid."""
-    return np.where(cp_kind == 0, 1, np.where(cp_kind == 1, cp, np.maximum(ulysses, 1)))
+    its code in `CP_KINDS`): 1 for ring attention and the all-gather, `cp` for Ulysses,
+    `ulysses` for the hybrid."""
+    return np.where(cp_kind == 1, cp, np.where(cp_kind == 2, np.maximum(ulysses, 1), 1))
 _ABSENT: Any = object()
 
 

@@ -428,6 +428,26 @@ def test_hybrid_all_to_all_inside_the_node_ring_across():
     hop = inter.latency + 2 * rows * kv / inter.bandwidth
     ring = (2 - 1) * (2 * hop + 2 * 2 * hop)
     assert est.cp_comm_exposed == pytest.approx(4 * 32 * (a2a + ring), rel=1e-12)
+
+
+def test_torchtitan_all_gather_context_parallelism_is_exposed():
+    """torchtitan's FlexAttention CP inside one node: per layer and micro-batch torch's
+    `flex_cp_allgather` gathers K and V of the whole sequence (two all-gathers, waited for),
+    its backward reduce-scatters their gradients; op-sac gathers again in backward (no
+    all-gather is in the SAC policy's save list). Ring all-gather: `(c-1)·(α + S/(c·β))`."""
+    model, cluster = get_model("llama3-8b"), Cluster.of(8, "h100")
+    train = TrainSpec(seq_len=32768, global_batch=8, impl="torchtitan")
+    layout = Layout(tp=2, cp=4, cp_kind="allgather", zero=3)
+    est = estimate_step(model, cluster, layout, train)
+    intra = default_calibration(cluster.accelerator.name).link(cluster.intra)
+    whole = 32768 * 8 * 128 / 2 * 2  # s tokens, 4 K (or V) heads of 128 per tp rank, 2 bytes
+    ring = 3 * (intra.latency + whole / (4 * intra.bandwidth))  # an all-gather or a RS
+    per_layer = 2 * ring + 2 * ring  # K and V gathered forward, their gradients scattered
+    assert est.cp_comm_exposed == pytest.approx(8 * 32 * per_layer, rel=1e-12)  # m = 8
+    again = estimate_step(model, cluster, layout.with_(recompute="op-sac"), train)
+    assert again.cp_comm_exposed == pytest.approx(1.5 * est.cp_comm_exposed, rel=1e-12)
+
+
 # ------------------------------------------- what mutation testing found unchecked (issue 37)
 def test_exposed_p2p_with_contention_written_out():
     """`p2p_exposed`: without overlap `2·(v·m + p - 1)` transfers; overlapped, the warm-up and

@@ -139,6 +139,9 @@ def test_torchtitan_refuses_in_one_line(capsys, plan):
     # GPipe, uneven stages torchtitan splits (the embedding and head as one layer each)
     ["llama3-70b", "--gpus", "64", "--global-batch", "64", "--layout",
      "tp=8,pp=4,schedule=gpipe,zero=3,recompute=full", "--partition", "19,21,21,19"],
+    # its context parallelism: K and V all-gathered (FlexAttention), with TP and FSDP
+    ["llama3-8b", "--gpus", "32", "--seq", "65536", "--global-batch", "8", "--layout",
+     "tp=2,sp=1,cp=4,cp_kind=allgather,zero=3,recompute=full"],
     # Llama 3 405B's 126 layers over 8 ranks × 2 virtual stages, no stages given: torchtitan's
     # own 7, 8 × 14, 7 — looped (interleaved) and in a V (ZBV: ranks 0 and 7 hold 14, 16)
     *[["llama3-405b", "--gpus", "512", "--global-batch", "256", "--fp8", "rowwise",

@@ -30,6 +30,7 @@ from shardwise.estimate.offload import offload_state
 from shardwise.estimate.profiles import fused_attention, layer_bytes, saved_tensors
 from shardwise.fp8 import Fp8Recipe
 from shardwise.layout import (
+    CP_KINDS,
     RECOMPUTE,
     Layout,
     Partition,
@@ -52,6 +53,7 @@ __all__ = [
     "candidate_stages",
     "count_params",
     "fp8_linear_params",
+    "gathered_kv_bytes",
     "in_flight_per_stage",
     "korthikanti_activation_bytes",
     "kv_cache_bytes_per_token",
@@ -429,6 +431,19 @@ def stage_layer_count(model: ModelSpec, pp: Any, chunks: Any, stage: Any,
     return chunk_span(model.n_layers, pp, chunks, stage, 0, partition)[1] * chunks
 
 
+def gathered_kv_bytes(model: ModelSpec, train: TrainSpec, *, tp: Any, cp: Any, cp_kind: Any,
+                      recompute: Any, micro_batch: Any) -> Any:
+    """What all-gathered context parallelism (`cp_kind` "allgather", torchtitan's FlexAttention
+    CP) adds to one layer's saved bytes: the attention saves the whole sequence's K and V
+    (`cplib::flex_cp_allgather`'s outputs) instead of the rank's share, `(c-1)·(s/c)·b·
+    kv_heads/t·(d_k + d_v)` more — without recompute; op-sac and full recompute gather
+    them again in backward (the SAC policy saves no all-gather). Codes as `stage_memory`'s."""
+    kv = np.maximum(model.n_kv_heads // tp, 1) * (model.head_dim + model.value_head_dim)
+    on = (np.asarray(cp_kind) == CP_KINDS.index("allgather")) & (np.asarray(recompute) == 0)
+    return np.where(on, (cp - 1) * train.seq_len / cp * micro_batch * kv
+                    * dtype_bytes(train.dtype), 0.0)
+
+
 def placement_of(schedule: Any, partition: Partition) -> str:
     """The placement ("loop" or "v") that lays out one layout's explicit `partition` (its
     `schedule` code); "loop" for arrays of layouts, whose partitions are never explicit."""
@@ -571,6 +586,10 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
                 impl=train.profile, etp=etp, a2a=ulysses_degree(cp, cp_kind, ulysses),
                 fp8_inputs=recipe.saved_input_bytes() if recipe else 0.0)
         act = {"dense": per_layer(False), "moe": per_layer(True) if model.is_moe else 0.0}
+    gathered = gathered_kv_bytes(model, train, tp=tp, cp=cp, cp_kind=cp_kind,
+                                 recompute=recompute, micro_batch=micro_batch)
+    if np.any(gathered):
+        act = {kind: saved + gathered for kind, saved in act.items()}
     zero_n = np.where(zero_group > 0, zero_group, dp * cp)
     last_stage = select(schedule, lambda info: info.last_stage(pp))  # head, loss, logits
     placement = placement_of(schedule, partition)

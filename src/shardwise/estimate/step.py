@@ -112,6 +112,7 @@ from shardwise.estimate.offload import host_link, offload_step
 from shardwise.estimate.uncertainty import Uncertainty, uncertainty
 from shardwise.hardware import Cluster
 from shardwise.layout import (
+    CP_KINDS,
     Layout,
     Partition,
     TrainSpec,
@@ -369,6 +370,7 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
 
     # ---- context parallel: ring hops behind the block compute, Ulysses' all-to-alls exposed
     cp_f, cp_b = cp_time(ctx, links, train, t=t, c=c, u=ulysses_degree(c, cp_kind, ulysses),
+                         gather=cp_kind == CP_KINDS.index("allgather"),
                          b=b, rc=rc, layers=layers, attn_f=attn_f, attn_b=attn_b, dp=dp, p=p,
                          e=e)
 
@@ -511,8 +513,8 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
 
 
 def cp_time(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, c: Any, u: Any,
-            b: Any, rc: Any, layers: Any, attn_f: Any, attn_b: Any, dp: Any, p: Any, e: Any
-            ) -> tuple[Any, Any]:
+            b: Any, rc: Any, layers: Any, attn_f: Any, attn_b: Any, dp: Any, p: Any, e: Any,
+            gather: Any = False) -> tuple[Any, Any]:
     """Exposed context-parallel time of one micro-batch's forward and backward over `layers`
     layers whose attention takes `attn_f` / `attn_b`, for ring attention, Ulysses or their
     hybrid: `u` = `Layout.ulysses_degree` (1 ring, c Ulysses), the ring over `r = c/u` ranks.
@@ -529,6 +531,11 @@ def cp_time(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, c: A
     conjugates backward, the forward's again with recompute — each on the critical path
     (DeepSpeed's `DistributedAttention` without an `sp_stream`, and Transformer Engine's
     `AttnFuncWithCPAndQKVOA2A`, wait for them before and after the attention kernel).
+
+    All-gather (`gather`, torchtitan's FlexAttention CP: torch's `cplib::flex_cp_allgather`):
+    each layer all-gathers K and V over the `c` ranks before the attention and waits for them
+    (exposed); backward reduce-scatters their gradients (exposed), and gathers again when
+    full or op-sac recompute replays the forward (the SAC policy saves no all-gather).
     """
     if not (np.any(c > 1) or np.any(u > 1)):  # no layout splits the sequence
         return 0.0 * attn_f, 0.0 * attn_b
@@ -571,7 +578,19 @@ def cp_time(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, c: A
                                                      u, a2a_in, links)
                                + group_collective_time("all-to-all", token_bytes * kv, u,
                                                        a2a_in, links)), 0.0)
-    return ring_f + layers * a2a, ring_b + layers * a2a * np.where(replays, 2, 1)
+    fwd, bwd = ring_f + layers * a2a, ring_b + layers * a2a * np.where(replays, 2, 1)
+    if not np.any(gather):
+        return fwd, bwd
+    # K and V of the whole sequence, s·b·kv_heads·(d_k + d_v)·bytes, gathered over cp
+    cp_in = members_per_node("cp", **where)
+    whole = s * b * kv_heads * ab
+    ag = sum(group_collective_time("all-gather", whole * d, c, cp_in, links)
+             for d in (model.head_dim, model.value_head_dim))
+    rs = sum(group_collective_time("reduce-scatter", whole * d, c, cp_in, links)
+             for d in (model.head_dim, model.value_head_dim))
+    again = (rc == RC_CODES["full"]) | (rc == RC_CODES["op-sac"])
+    return (np.where(gather, layers * ag, fwd),
+            np.where(gather, layers * (rs + np.where(again, ag, 0.0)), bwd))
 
 
 def busy_fraction(size: Any, n: Any, in_node: Any, links: Links, nvlink: Links) -> Any:

@@ -79,8 +79,8 @@ class SearchSpace:
         chunks = list(self.chunks or [d for d in _divisors(model.n_layers) if d >= 2])
         tp, pp, cp, ep = ([1] if axis not in stack.axes else values
                           for axis, values in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep)))
-        if "ring" not in stack.cp_kinds:  # the context parallelism searched is ring attention
-            cp = [1]
+        if not {"ring", "allgather"} & set(stack.cp_kinds):  # the searched context
+            cp = [1]  # parallelism: ring attention, or a stack's all-gather (torchtitan's)
         groups = list(self.zero_groups or [2**k for k in range(1, 20) if 2**k < n])
         sched: list[tuple[int, int]] = []
         for name in (s for s in self.schedules if s in stack.schedules() or s == "1f1b"):

@@ -222,7 +222,9 @@ def explain(result: PlanResult) -> str:
         moves = {"ring": "ring attention's K/V transfers",
                  "ulysses": "Ulysses' all-to-alls over heads",
                  "hybrid": f"all-to-alls inside groups of {lay.ulysses} and a ring across "
-                           "them"}[lay.cp_kind]
+                           "them",
+                 "allgather": "the all-gathers of K and V (and their gradients' "
+                              "reduce-scatters)"}[lay.cp_kind]
         sentences.append(f"CP {lay.cp} splits each sequence; {moves} add "
                          f"{e.cp_comm_exposed / total:.1%}"
                          f"{_slower(_closest(alts, 'cp_kind'), total)}.")

@@ -138,6 +138,10 @@ def runtime_problems(layout: Layout, model: ModelSpec) -> list[str]:
         out.append(f"context parallelism with multi-head latent attention whose v_head_dim="
                    f"{model.value_head_dim} ≠ q/k head width {model.head_dim} is not supported "
                    "by the training runtime (ring attention sends K and V as one block)")
+    if layout.cp > 1 and layout.cp_kind == "allgather":
+        out.append("context parallelism by an all-gather of K/V (cp_kind=allgather, "
+                   "torchtitan's) is not run by the training runtime; use ring, ulysses or "
+                   "hybrid")
     if layout.expert_tp != layout.tp:
         out.append(f"expert tensor parallelism (etp={layout.etp} ≠ tp={layout.tp}) is not "
                    "supported by the training runtime; use etp=0")

@@ -289,20 +289,21 @@ def test_deepspeed_refuses_moe_and_fp32_grads_without_zero():
 def test_context_parallel_kind_follows_the_layout():
     """Megatron names each kind (`--cp-comm-type`, the hybrid's group sizes); DeepSpeed runs
     Ulysses only and only without TP and PP; torchtitan's CP is an all-gather of K/V, none of
-    the three — the others are refused, never converted."""
+    the first three — the others are refused, never converted."""
     model = get_model("llama3-8b")
     kinds = {"ring": "cp=4", "ulysses": "cp=4,cp_kind=ulysses",
-             "hybrid": "cp=8,cp_kind=hybrid,ulysses=4"}
+             "hybrid": "cp=8,cp_kind=hybrid,ulysses=4", "allgather": "cp=4,cp_kind=allgather"}
     megatron = TrainSpec(32768, 64)
     for kind, text in kinds.items():
         layout = Layout.parse(f"tp=2,dp=2,{text}")
         _, words = _argv(emit("megatron", model, layout, megatron).text)
         comm = words[words.index("--cp-comm-type") + 1]
-        assert comm == {"ring": "p2p", "ulysses": "a2a", "hybrid": "a2a+p2p"}[kind]
+        assert comm == {"ring": "p2p", "ulysses": "a2a", "hybrid": "a2a+p2p",
+                        "allgather": "all_gather"}[kind]
         sizes = ("--hierarchical-context-parallel-sizes" in words
                  and words[words.index("--hierarchical-context-parallel-sizes") + 1:][:2])
         assert sizes == (["4", "2"] if kind == "hybrid" else False)
-        for framework in ("deepspeed", "torchtitan"):
+        for framework in ("deepspeed", "torchtitan")[:2 if kind != "allgather" else 1]:
             train = TrainSpec(32768, 64, impl=framework_stack(framework).name)
             with pytest.raises(ShardwiseError, match="context parallelism is|without tensor "
                                                      "and pipeline parallelism"):

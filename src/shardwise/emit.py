@@ -334,7 +334,7 @@ def _megatron_partition(model: ModelSpec, layout: Layout) -> list[str]:
 
 # `Layout.cp_kind` as Megatron-Core's `cp_comm_type` (transformer_config.py, 0.16.1): ring
 # attention "p2p", Ulysses "a2a", the hybrid "a2a+p2p" (all-to-all inside, ring across).
-_MEGATRON_CP = {"ring": "p2p", "ulysses": "a2a", "hybrid": "a2a+p2p"}
+_MEGATRON_CP = {"ring": "p2p", "ulysses": "a2a", "hybrid": "a2a+p2p", "allgather": "all_gather"}
 
 
 def _megatron_deepseek(model: ModelSpec, notes: list[str]) -> list[str]:

@@ -108,6 +108,9 @@ class Stack:
     per training dtype, the gradient dtypes it accumulates and reduces in (the first is what a
     run that names none gets, `TrainSpec`; None: not restricted). `split`: how it splits the
     layers over pipeline stages (`SPLITS`). `rules`: the combinations it refuses (`Rule`).
+    `cp_gather_kept`: with `cp_kind` "allgather" the attention keeps the gathered K/V for
+    backward (torchtitan's FlexAttention) instead of gathering them again (Transformer Engine's
+    `AttnFuncWithCPAndKVAllGather`).
     """
 
     name: str
@@ -133,6 +136,7 @@ class Stack:
     export: str | None
     grad_dtypes: tuple[tuple[str, tuple[str, ...]], ...] | None = None
     split: str = "any"
+    cp_gather_kept: bool = False
     rules: tuple[Rule, ...] = ()
     # eager stacks: memory-bound bytes per token of one layer (bf16) as coefficients of
     # (h, q + kv, f), forward and backward, and the kernels a layer launches besides GEMMs and
@@ -455,7 +459,9 @@ STACKS: dict[str, Stack] = {s.name: s.validate() for s in (
         # (core/distributed/fsdp/mcore_fsdp_adapter.py:346, outer group no_shard)
         zero=(0, 1, 2, 3), zero_hybrid=(1, 2, 3),
         # --cp-comm-type p2p | a2a | a2a+p2p (training/arguments.py --cp-comm-type)
-        cp_kinds=("ring", "ulysses", "hybrid"),
+        # context_parallel.py AttnFuncWithCPAndKVAllGather: K/V gathered forward and again
+        # backward (it saves the rank's own), dK/dV reduce-scattered
+        cp_kinds=("ring", "ulysses", "hybrid", "allgather"),
         cp_overlap=True, axes=("tp", "pp", "cp", "ep"), pipeline_engine="megatron",
         p2p_overlap="interleaved", dtypes=("bf16", "fp16", "fp32"), export="megatron",
         # transformer_config.py fp8_recipe: tensorwise | delayed | mxfp8 | blockwise; the
@@ -546,7 +552,7 @@ STACKS: dict[str, Stack] = {s.name: s.validate() for s in (
         zero=(0, 2, 3), zero_hybrid=(2, 3),
         # llama3's FlexAttention under CP all-gathers K/V (distributed/context_parallel/api.py
         # apply_cp_to_forward); ring attention needs an SDPA config none of its llama3 has
-        cp_kinds=("allgather",), cp_overlap=True,
+        cp_kinds=("allgather",), cp_overlap=True, cp_gather_kept=True,
         axes=("tp", "pp", "cp", "ep"), pipeline_engine="torchtitan", p2p_overlap="always",
         dtypes=("bf16", "fp32"), export="torchtitan",
         # FSDP's MixedPrecisionPolicy reduce_dtype: training.mixed_precision_reduce, which

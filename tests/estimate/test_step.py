@@ -430,7 +430,7 @@ def test_hybrid_all_to_all_inside_the_node_ring_across():
     assert est.cp_comm_exposed == pytest.approx(4 * 32 * (a2a + ring), rel=1e-12)
 
 
-def test_torchtitan_all_gather_context_parallelism_is_exposed():
+def test_all_gather_context_parallelism_is_exposed():
     """torchtitan's FlexAttention CP inside one node: per layer and micro-batch torch's
     `flex_cp_allgather` gathers K and V of the whole sequence (two all-gathers, waited for),
     its backward reduce-scatters their gradients; op-sac gathers again in backward (no
@@ -446,6 +446,13 @@ def test_torchtitan_all_gather_context_parallelism_is_exposed():
     assert est.cp_comm_exposed == pytest.approx(8 * 32 * per_layer, rel=1e-12)  # m = 8
     again = estimate_step(model, cluster, layout.with_(recompute="op-sac"), train)
     assert again.cp_comm_exposed == pytest.approx(1.5 * est.cp_comm_exposed, rel=1e-12)
+    # Megatron's all_gather (TE's AttnFuncWithCPAndKVAllGather) saves the rank's own K/V and
+    # gathers them again in backward; selective recompute's core attention a third time
+    te = TrainSpec(seq_len=32768, global_batch=8)
+    mine = estimate_step(model, cluster, layout.with_(zero=1), te)
+    assert mine.cp_comm_exposed == pytest.approx(8 * 32 * 6 * ring, rel=1e-12)
+    mine = estimate_step(model, cluster, layout.with_(zero=1, recompute="selective"), te)
+    assert mine.cp_comm_exposed == pytest.approx(8 * 32 * 8 * ring, rel=1e-12)
 
 
 # ------------------------------------------- what mutation testing found unchecked (issue 37)

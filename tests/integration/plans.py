@@ -141,6 +141,10 @@ EXPECTED: dict[str, dict[str, tuple[str, str] | None]] = {
 # only --use-torch-fsdp2 refuses it), a partition whose middle stages differ (an explicit
 # --pipeline-model-parallel-layout) and ZeRO-2 in shard groups (Megatron-FSDP's HSDP).
 MEGATRON_EXTRA: dict[str, list[str]] = {
+    # context parallelism by all-gathered K/V (Llama 3's kind; --cp-comm-type all_gather)
+    "70b-cp8-allgather": ["llama3-70b", "--gpus", "128", "--seq", "65536", "--global-batch",
+                          "16", "--layout", "tp=8,cp=8,cp_kind=allgather,zero=1,sp=1,"
+                          "recompute=full"],
     "8b-fp16-zero3": ["llama3-8b", "--gpus", "16", "--global-batch", "128", "--dtype", "fp16",
                       "--layout", "tp=2,zero=3"],
     "8b-pp4-7-9-8-8": ["llama3-8b", "--gpus", "32", "--global-batch", "256",

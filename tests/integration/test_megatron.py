@@ -115,7 +115,8 @@ def reads_back(out: Emit, model) -> None:
     assert config.context_parallel_size == layout.cp
     # the context-parallel kind as megatron-core names it (TEDotProductAttention's cp_comm_type)
     # and, for a2a+p2p, the groups parallel_state.create_hierarchical_groups builds
-    assert config.cp_comm_type == ({"ring": "p2p", "ulysses": "a2a", "hybrid": "a2a+p2p"}[
+    assert config.cp_comm_type == ({"ring": "p2p", "ulysses": "a2a", "hybrid": "a2a+p2p",
+                                   "allgather": "all_gather"}[
         layout.cp_kind] if layout.cp > 1 else None)
     assert config.hierarchical_context_parallel_sizes == (
         [layout.ulysses, layout.cp // layout.ulysses] if layout.cp_kind == "hybrid" else None)
@@ -206,14 +207,16 @@ def test_megatron_refuses_in_one_line(capsys, plan):
 @pytest.mark.parametrize("case", list(MEGATRON_EXTRA))
 def test_megatron_core_reads_back_the_other_runs(capsys, case):
     """fp16 with ZeRO-3 (Megatron-FSDP), an explicit pipeline layout, hybrid ZeRO-2 (HSDP),
-    fp32 gradients with DP and TP overlap (`MEGATRON_EXTRA`)."""
+    fp32 gradients with DP and TP overlap, all-gathered context parallelism
+    (`MEGATRON_EXTRA`)."""
     out = Emit(capsys, MEGATRON_EXTRA[case], "megatron")
     assert out.code == 0, out.err
     _, argv = out.command()
     expected = {"8b-fp16-zero3": "--use-megatron-fsdp",
                 "8b-pp4-7-9-8-8": "--pipeline-model-parallel-layout",
                 "8b-hybrid-zero2": "--num-distributed-optimizer-instances",
-                "8b-fp32-grads-overlap": "--tp-comm-overlap"}[case]
+                "8b-fp32-grads-overlap": "--tp-comm-overlap",
+                "70b-cp8-allgather": "all_gather"}[case]
     assert expected in argv and "--use-torch-fsdp2" not in argv
     reads_back(out, get_model(MEGATRON_EXTRA[case][0]))
 def _megatron_groups(world: int, args: dict) -> dict[str, list[list[int]]]:

@@ -152,7 +152,8 @@ def test_megatron_lm_parser_reads_back_the_plan(capsys, run):
     assert args.virtual_pipeline_model_parallel_size == (layout.chunks if chunked else None)
     assert args.sequence_parallel == layout.sp
     if layout.cp > 1:  # the context-parallel kind
-        assert args.cp_comm_type == [{"ring": "p2p", "ulysses": "a2a", "hybrid": "a2a+p2p"}[
+        assert args.cp_comm_type == [{"ring": "p2p", "ulysses": "a2a", "hybrid": "a2a+p2p",
+                                   "allgather": "all_gather"}[
             layout.cp_kind]]
     assert args.hierarchical_context_parallel_sizes == (
         [layout.ulysses, layout.cp // layout.ulysses] if layout.cp_kind == "hybrid" else None)

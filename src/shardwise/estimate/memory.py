@@ -433,11 +433,14 @@ def stage_layer_count(model: ModelSpec, pp: Any, chunks: Any, stage: Any,
 
 def gathered_kv_bytes(model: ModelSpec, train: TrainSpec, *, tp: Any, cp: Any, cp_kind: Any,
                       recompute: Any, micro_batch: Any) -> Any:
-    """What all-gathered context parallelism (`cp_kind` "allgather", torchtitan's FlexAttention
-    CP) adds to one layer's saved bytes: the attention saves the whole sequence's K and V
-    (`cplib::flex_cp_allgather`'s outputs) instead of the rank's share, `(c-1)·(s/c)·b·
-    kv_heads/t·(d_k + d_v)` more — without recompute; op-sac and full recompute gather
-    them again in backward (the SAC policy saves no all-gather). Codes as `stage_memory`'s."""
+    """What all-gathered context parallelism (`cp_kind` "allgather") adds to one layer's saved
+    bytes where the stack keeps the gathered K/V (`Stack.cp_gather_kept`: torchtitan's
+    FlexAttention saves `cplib::flex_cp_allgather`'s outputs): the whole sequence's K and V
+    instead of the rank's share, `(c-1)·(s/c)·b·kv_heads/t·(d_k + d_v)` more — without
+    recompute; op-sac and full recompute gather them again in backward (the SAC policy saves
+    no all-gather). Codes as `stage_memory`'s."""
+    if not train.stack.cp_gather_kept:
+        return 0.0
     kv = np.maximum(model.n_kv_heads // tp, 1) * (model.head_dim + model.value_head_dim)
     on = (np.asarray(cp_kind) == CP_KINDS.index("allgather")) & (np.asarray(recompute) == 0)
     return np.where(on, (cp - 1) * train.seq_len / cp * micro_batch * kv

@@ -532,10 +532,12 @@ def cp_time(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, c: A
     (DeepSpeed's `DistributedAttention` without an `sp_stream`, and Transformer Engine's
     `AttnFuncWithCPAndQKVOA2A`, wait for them before and after the attention kernel).
 
-    All-gather (`gather`, torchtitan's FlexAttention CP: torch's `cplib::flex_cp_allgather`):
-    each layer all-gathers K and V over the `c` ranks before the attention and waits for them
-    (exposed); backward reduce-scatters their gradients (exposed), and gathers again when
-    full or op-sac recompute replays the forward (the SAC policy saves no all-gather).
+    All-gather (`gather`; torchtitan's FlexAttention CP, torch's `cplib::flex_cp_allgather`;
+    Megatron's `--cp-comm-type all_gather`, TE's `AttnFuncWithCPAndKVAllGather`): each layer
+    all-gathers K and V over the `c` ranks before the attention and waits for them (exposed);
+    backward reduce-scatters their gradients (exposed) and gathers them again unless the
+    stack keeps the gathered ones (`Stack.cp_gather_kept`), and once more when recompute
+    replays the attention (the SAC policy saves no all-gather; TE's core attention holds it).
     """
     if not (np.any(c > 1) or np.any(u > 1)):  # no layout splits the sequence
         return 0.0 * attn_f, 0.0 * attn_b
@@ -588,9 +590,9 @@ def cp_time(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, c: A
              for d in (model.head_dim, model.value_head_dim))
     rs = sum(group_collective_time("reduce-scatter", whole * d, c, cp_in, links)
              for d in (model.head_dim, model.value_head_dim))
-    again = (rc == RC_CODES["full"]) | (rc == RC_CODES["op-sac"])
+    gathers = (rc != RC_CODES["none"]) + (not train.settings().stack.cp_gather_kept)
     return (np.where(gather, layers * ag, fwd),
-            np.where(gather, layers * (rs + np.where(again, ag, 0.0)), bwd))
+            np.where(gather, layers * (rs + gathers * ag), bwd))
 
 
 def busy_fraction(size: Any, n: Any, in_node: Any, links: Links, nvlink: Links) -> Any:

@@ -185,14 +185,14 @@ def group_of(case: Case) -> dict[str, Any]:
 
 
 def ground(rows: list[Case]) -> dict[str, Any]:
-    """What the runs measured, per stack: schedules, largest degrees, shortest CP sequence,
-    ZeRO stages, recompute policies, TP overlap modes, compile."""
+    """What the runs measured, per stack: schedules, largest degrees, shortest CP sequence and
+    CP kinds, ZeRO stages, recompute policies, TP overlap modes, compile."""
     stacks: dict[str, dict[str, Any]] = {}
     for case in rows:
         lay, settings = case.layout, case.train.settings()
         g = stacks.setdefault(case.train.impl, {
             "schedules": [], "max_tp": 1, "max_pp": 1, "max_cp": 1, "max_ep": 1, "cp_seq": 0,
-            "zero": [], "recompute": [], "tp_overlap": [], "compile": False})
+            "cp_kinds": [], "zero": [], "recompute": [], "tp_overlap": [], "compile": False})
         if lay.pp > 1 and lay.schedule not in g["schedules"]:
             g["schedules"].append(lay.schedule)
         for axis in ("tp", "pp", "cp", "ep"):
@@ -200,6 +200,8 @@ def ground(rows: list[Case]) -> dict[str, Any]:
         if lay.cp > 1:
             seq = case.train.seq_len
             g["cp_seq"] = seq if not g["cp_seq"] else min(g["cp_seq"], seq)
+            if lay.cp_kind not in g["cp_kinds"]:
+                g["cp_kinds"].append(lay.cp_kind)
         for key, value in (("zero", lay.zero), ("recompute", lay.recompute),
                            ("tp_overlap", settings.tp_overlap)):
             if value not in g[key]:

@@ -101,6 +101,14 @@ def test_the_band_widens_outside_validated_ground():
     cp = uncertainty("h100-sxm", "megatron-te", base.with_(cp=2, dp=1), short)
     assert any("context parallelism" in f for f in cp.unvalidated)
     assert cp.band >= PER_FEATURE
+    # at a validated length, a kind of context parallelism no run measured (they ran ring)
+    kinds = validation_data()["ground"]["stacks"]["megatron-te"]["cp_kinds"]
+    assert kinds == ["ring"]
+    ring = uncertainty("h100-sxm", "megatron-te", base.with_(cp=2, dp=1), train)
+    gathered = uncertainty("h100-sxm", "megatron-te",
+                           base.with_(cp=2, dp=1, cp_kind="allgather"), train)
+    assert ring.validated and gathered.unvalidated == ("allgather context parallelism",)
+    assert gathered.band == pytest.approx(ring.band + PER_FEATURE)
     # a stack no published run measured: the group relaxes to all runs, widened
     deepspeed = uncertainty("h100-sxm", "megatron-deepspeed", Layout(dp=8, zero=1),
                             TrainSpec(seq_len=4096, global_batch=64, impl="megatron-deepspeed"))

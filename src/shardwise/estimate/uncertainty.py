@@ -127,6 +127,8 @@ def unvalidated(accelerator: str, stack: str, layout: Any, train: Any,
     if layout.cp > 1 and (not mine["cp_seq"] or train.seq_len < mine["cp_seq"]):
         floor = f" below {mine['cp_seq'] // 1024}k tokens" if mine["cp_seq"] else ""
         out.append(f"context parallelism{floor}")
+    elif layout.cp > 1 and layout.cp_kind not in mine["cp_kinds"]:
+        out.append(f"{layout.cp_kind} context parallelism")
     for axis in ("tp", "pp", "cp", "ep"):
         if getattr(layout, axis) > mine[f"max_{axis}"] and not (axis == "cp" and layout.cp > 1
                                                                   and not mine["cp_seq"]):

@@ -21,7 +21,7 @@ from shardwise.estimate.memory import (
 )
 from shardwise.estimate.step import estimate_step
 from shardwise.hardware import Cluster
-from shardwise.layout import Layout, TrainSpec
+from shardwise.layout import CP_KINDS, Layout, TrainSpec
 from shardwise.plan import (
     Constraint,
     SearchSpace,
@@ -559,3 +559,26 @@ def test_pinned_winner_is_no_slower_than_any_layout_one_knob_away(model, gpus, b
         compared += 1
         assert _scalar(spec, cluster, other, train) >= step * (1 - TIE), other.short()
     assert compared >= 5
+
+
+def test_the_all_gather_can_beat_ring_attention():
+    """Both are searched where a stack runs both (Megatron): ring attention hides its hops
+    behind the attention, but across nodes every hop crosses the slow link, while the
+    hierarchical all-gather crosses it with `1/g` of the bytes — at a short sequence over two
+    nodes the all-gather wins; inside a node at a long one ring does. torchtitan's only
+    context parallelism is the all-gather."""
+    model, cluster = get_model("llama3-8b"), Cluster.of(64, "h100")
+    megatron = TrainSpec(seq_len=8192, global_batch=64)
+    kinds = SearchSpace().resolve(model, cluster, megatron)["cp_kind"]
+    assert {CP_KINDS.index("allgather"), CP_KINDS.index("ring")} <= set(kinds)
+    titan = TrainSpec(seq_len=65536, global_batch=64, impl="torchtitan")
+    assert SearchSpace().resolve(model, cluster, titan)["cp_kind"] == [
+        CP_KINDS.index("allgather")]
+
+    def step(layout: Layout, seq: int) -> float:
+        return estimate_step(model, cluster, layout, TrainSpec(seq_len=seq, global_batch=64)).total
+
+    across = Layout(dp=4, cp=16, zero=1)  # cp spans two nodes
+    assert step(across.with_(cp_kind="allgather"), 8192) < step(across, 8192)
+    inside = Layout(dp=8, cp=8, zero=1)
+    assert step(inside, 65536) < step(inside.with_(cp_kind="allgather"), 65536)

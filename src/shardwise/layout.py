@@ -19,6 +19,7 @@ import shardwise.validate as validate
 from shardwise.arch import ModelSpec
 from shardwise.errors import LayoutError, ShardwiseError
 from shardwise.hardware import Cluster
+from shardwise.schedules.actions import Placement
 from shardwise.schedules.registry import DEFAULT_SCHEDULE, SCHEDULE_REGISTRY, SCHEDULES
 from shardwise.stacks import DEFAULT_STACK, STACKS, Settings, Stack, get_stack, parse_impl, resolve
 from shardwise.units import DTYPE_BYTES
@@ -346,7 +347,7 @@ class Layout:
         return bool(self.partition) and len(self.partition) != self.pp
 
     @property
-    def placement(self) -> str:
+    def placement(self) -> Placement:
         """Which virtual stage each chunk runs: "loop" or "v" (the schedule's)."""
         return SCHEDULE_REGISTRY[self.schedule].placement
 

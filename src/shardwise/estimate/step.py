@@ -838,8 +838,9 @@ def simulated_bubble(layout: Layout, m: int, t_f: float, t_b: float, t_w: float,
 
     p, v = layout.pp, layout.chunks
     sizes = layout.stage_sizes(n_layers)
-    busiest = max(sum(sizes[virtual_stage(i, c, p, layout.placement)] for c in range(v))
-                  for i in range(p))  # a stage's layers over all its chunks
+    # a stage's layers over all its chunks
+    busiest = max(sum(int(sizes[virtual_stage(i, c, p, layout.placement)]) for c in range(v))
+                  for i in range(p))
     timeline = stage_timeline(layout.schedule, p, m, v, t_f=max(t_f, 1e-12),
                               t_b=max(t_b, 1e-12), t_w=max(t_w, 1e-13),
                               shares=[n / busiest for n in sizes])

@@ -19,7 +19,7 @@ import shardwise.validate as validate
 from shardwise.arch import ModelSpec
 from shardwise.errors import LayoutError, ShardwiseError
 from shardwise.hardware import Cluster
-from shardwise.schedules.actions import Placement
+from shardwise.schedules.actions import Placement, virtual_stage
 from shardwise.schedules.registry import DEFAULT_SCHEDULE, SCHEDULE_REGISTRY, SCHEDULES
 from shardwise.stacks import DEFAULT_STACK, STACKS, Settings, Stack, get_stack, parse_impl, resolve
 from shardwise.units import DTYPE_BYTES
@@ -636,7 +636,7 @@ def stage_partition(n_layers: int, pp: int, chunks: int = 1, partition: Partitio
 
 
 def stage_totals(n_layers: int, pp: int, chunks: int, partition: tuple[int, ...],
-                 placement: str = "loop") -> tuple[int, ...]:
+                 placement: Placement = "loop") -> tuple[int, ...]:
     """Layers on each stage over all its chunks, of one layout's explicit `partition` (per
     stage, or per virtual stage laid out by `placement`)."""
     if len(partition) == pp:
@@ -653,7 +653,7 @@ def layers_on_stage(n_layers: int, pp: Any, chunks: Any, stage: Any,
 
 
 def chunk_span(n_layers: int, pp: Any, chunks: Any, stage: Any, chunk: Any,
-               partition: Partition = (), placement: str = "loop") -> tuple[Any, Any]:
+               partition: Partition = (), placement: Placement = "loop") -> tuple[Any, Any]:
     """(first layer, layers) of virtual chunk `chunk` on pipeline `stage`: even stages hold
     `[(c·p + stage)·n, … + n)`, `n = L/(p·v)`; uneven ones are contiguous in virtual-stage
     order, chunk `c` of stage `i` holding `partition[i]/v` layers from
@@ -667,9 +667,7 @@ def chunk_span(n_layers: int, pp: Any, chunks: Any, stage: Any, chunk: Any,
     if isinstance(partition, tuple) and partition and len(partition) != pp:
         sizes = np.asarray(partition, dtype=np.int64)  # per virtual stage, in model order
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        vs = chunk * pp + stage
-        if placement == "v":  # odd chunks run back up the stages
-            vs = np.where(np.asarray(chunk) % 2 == 1, (chunk + 1) * pp - 1 - stage, vs)
+        vs = virtual_stage(stage, int(chunk), int(pp), placement)
         return starts[vs], sizes[vs]
     if isinstance(partition, tuple) and partition:
         sizes = np.asarray(partition, dtype=np.int64) // chunks
@@ -712,7 +710,7 @@ def _chunk_span_of_one(n_layers: int, pp: int, chunks: int, stage: int, chunk: i
 
 
 def stage_extremes(n_layers: int, pp: Any, chunks: Any, partition: Partition = (),
-                   placement: str = "loop") -> tuple[Any, Any, Any]:
+                   placement: Placement = "loop") -> tuple[Any, Any, Any]:
     """(the most layers any stage holds, the first stage's, the last stage's), over all chunks
     (`stage_partition`; array-generic for `Balanced` partitions, whose busiest stage is the
     first, the second or the last)."""

@@ -41,6 +41,7 @@ from shardwise.layout import (
     ulysses_degree,
 )
 from shardwise.placement import expert_tp_degree
+from shardwise.schedules.actions import Placement
 from shardwise.schedules.registry import get_schedule, select
 from shardwise.units import dtype_bytes
 
@@ -423,7 +424,7 @@ def stage_layers(model: ModelSpec, layout: Layout, stage: int) -> list[int]:
 
 
 def stage_layer_count(model: ModelSpec, pp: Any, chunks: Any, stage: Any,
-                      partition: Partition = (), placement: str = "loop") -> Any:
+                      partition: Partition = (), placement: Placement = "loop") -> Any:
     """How many layers `stage` holds over all its chunks (`Layout.stage_layers`)."""
     if isinstance(partition, tuple) and partition:
         return np.asarray(stage_totals(model.n_layers, pp, chunks, partition,
@@ -447,7 +448,7 @@ def gathered_kv_bytes(model: ModelSpec, train: TrainSpec, *, tp: Any, cp: Any, c
                     * dtype_bytes(train.dtype), 0.0)
 
 
-def placement_of(schedule: Any, partition: Partition) -> str:
+def placement_of(schedule: Any, partition: Partition) -> Placement:
     """The placement ("loop" or "v") that lays out one layout's explicit `partition` (its
     `schedule` code); "loop" for arrays of layouts, whose partitions are never explicit."""
     if isinstance(partition, tuple) and partition and np.ndim(schedule) == 0:
@@ -456,7 +457,7 @@ def placement_of(schedule: Any, partition: Partition) -> str:
 
 
 def moe_layers_on_stage(model: ModelSpec, pp: Any, chunks: Any, stage: Any,
-                        partition: Partition = (), placement: str = "loop") -> Any:
+                        partition: Partition = (), placement: Placement = "loop") -> Any:
     """How many of `stage_layers(stage)` are MoE layers (layer `k ≥ F` is when
     `k % q == q - 1`, `q = moe_every`, `F = first_dense_layers`): chunk `c` holds layers
     `[start, start + n)` (`layout.chunk_span`), of which `max(start + n, F)//q -
@@ -519,7 +520,7 @@ def fp8_linear_params(model: ModelSpec, recipe: Fp8Recipe, tp: Any, ep: Any, etp
 
 def stage_param_counts(model: ModelSpec, *, tp: Any, pp: Any, ep: Any, chunks: Any,
                        stage: Any, partition: Partition = (), etp: Any = 0,
-                       last: Any = None, placement: str = "loop"
+                       last: Any = None, placement: Placement = "loop"
                        ) -> tuple[Any, Any]:
     """(dense, expert) parameters one rank of pipeline `stage` holds (SPEC §4): its layers
     (`layer_params`); the first stage adds the vocabulary-parallel embedding `V·h/t`, the

@@ -121,6 +121,7 @@ from shardwise.layout import (
     ulysses_degree,
 )
 from shardwise.placement import expert_tp_degree, members_per_node
+from shardwise.schedules.actions import Placement
 from shardwise.schedules.registry import SCHEDULE_CODES, select
 
 __all__ = [
@@ -249,7 +250,7 @@ def pipeline_bubble(sched: Any, p: Any, v: Any, m: Any, t_f: Any, t_b: Any, t_w:
 
 # ------------------------------------------------------------------------- the step model
 def busiest_stage_params(model: ModelSpec, t: Any, p: Any, e: Any, v: Any,
-                         partition: Partition = (), etp: Any = 0, placement: str = "loop"
+                         partition: Partition = (), etp: Any = 0, placement: Placement = "loop"
                          ) -> tuple[Any, Any]:
     """(dense, expert) parameters per rank of the pipeline stage holding the most, counted
     per stage by the memory model (`memory.stage_param_counts`): every stage of an explicit

@@ -157,8 +157,8 @@ def test_vectorised_matches_scalar_and_memory_on_random_candidates(model, gpus, 
 
 def test_the_search_compares_context_parallel_kinds():
     """With cp > 1 the search offers ring attention, Ulysses (when its degree divides a tp
-    rank's heads) and the hybrid (its all-to-all over the cp ranks of one node, when that is
-    neither 1 nor all of them), each as the scalar models evaluate it."""
+    rank's heads), the hybrid (its all-to-all over the cp ranks of one node, when that is
+    neither 1 nor all of them) and the all-gather, each as the scalar models evaluate it."""
     model = get_model("llama3-8b")  # 32 query, 8 key/value heads
     cluster, train = Cluster.of(32, "h100"), TrainSpec(seq_len=65536, global_batch=16)
     space = SearchSpace(tp=(2,), pp=(1,), cp=(4, 16), micro_batch=(1,), zero=(1,), sp=(False,),
@@ -170,7 +170,8 @@ def test_the_search_compares_context_parallel_kinds():
     # 8/2 = 4 kv heads a tp rank: Ulysses over 16 cannot split them; 4 cp ranks a node: the
     # hybrid of cp 4 would be Ulysses, of cp 16 an all-to-all over 4 and a ring of 4
     assert {(lay.cp, lay.cp_kind, lay.ulysses) for lay in layouts} == {
-        (4, "ring", 0), (4, "ulysses", 0), (16, "hybrid", 4), (16, "ring", 0)}
+        (4, "ring", 0), (4, "ulysses", 0), (16, "hybrid", 4), (16, "ring", 0),
+        (4, "allgather", 0), (16, "allgather", 0)}
     reasons = {r.reason for r in rejections.result()}
     assert "the Ulysses degree does not divide the heads" in reasons
     for i, layout in enumerate(layouts):

@@ -591,7 +591,7 @@ def cp_time(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, c: A
              for d in (model.head_dim, model.value_head_dim))
     rs = sum(group_collective_time("reduce-scatter", whole * d, c, cp_in, links)
              for d in (model.head_dim, model.value_head_dim))
-    gathers = (rc != RC_CODES["none"]) + (not train.settings().stack.cp_gather_kept)
+    gathers = np.where(rc != RC_CODES["none"], 1, 0) + int(not train.settings().stack.cp_gather_kept)
     return (np.where(gather, layers * ag, fwd),
             np.where(gather, layers * (rs + gathers * ag), bwd))
 

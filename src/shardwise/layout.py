@@ -354,7 +354,7 @@ class Layout:
     def stage_layers(self, n_layers: int) -> tuple[int, ...]:
         """Layers on each stage over all its chunks, first to last."""
         if self.partition:
-            return stage_totals(n_layers, self.pp, self.chunks, self.partition, self.placement)
+            return stage_totals(self.pp, self.chunks, self.partition, self.placement)
         return tuple(n * self.chunks for n in self.stage_partition(n_layers))
 
     def with_(self, **changes: object) -> Layout:
@@ -635,14 +635,14 @@ def stage_partition(n_layers: int, pp: int, chunks: int = 1, partition: Partitio
                  (layers_on_stage(n_layers, pp, chunks, stage, partition) for stage in range(pp)))
 
 
-def stage_totals(n_layers: int, pp: int, chunks: int, partition: tuple[int, ...],
+def stage_totals(pp: int, chunks: int, partition: tuple[int, ...],
                  placement: Placement = "loop") -> tuple[int, ...]:
     """Layers on each stage over all its chunks, of one layout's explicit `partition` (per
-    stage, or per virtual stage laid out by `placement`)."""
+    stage, or per virtual stage in model order, laid out by `placement`)."""
     if len(partition) == pp:
         return partition
-    return tuple(sum(int(chunk_span(n_layers, pp, chunks, i, c, partition, placement)[1])
-                     for c in range(chunks)) for i in range(pp))
+    return tuple(sum(partition[virtual_stage(i, c, pp, placement)] for c in range(chunks))
+                 for i in range(pp))
 
 
 def layers_on_stage(n_layers: int, pp: Any, chunks: Any, stage: Any,
@@ -715,7 +715,7 @@ def stage_extremes(n_layers: int, pp: Any, chunks: Any, partition: Partition = (
     (`stage_partition`; array-generic for `Balanced` partitions, whose busiest stage is the
     first, the second or the last)."""
     if isinstance(partition, tuple) and partition:
-        totals = stage_totals(n_layers, pp, chunks, partition, placement)
+        totals = stage_totals(pp, chunks, partition, placement)
         return max(totals), totals[0], totals[-1]
 
     def count(stage: Any) -> Any:

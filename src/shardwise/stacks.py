@@ -258,9 +258,9 @@ class Stack:
                           if self.zero_hybrid else "use zero_group=0"))
         if layout.cp > 1 and "cp" in self.axes and layout.cp_kind not in self.cp_kinds:
             kinds = " or ".join(CP_KIND_TEXT[kind] for kind in self.cp_kinds)
-            out.append(f"{self.name}'s context parallelism is {kinds}, not the "
-                       f"{CP_KIND_TEXT[layout.cp_kind].removeprefix('an ')} planned for "
-                       f"cp={layout.cp} (cp_kind={layout.cp_kind})")
+            out.append(f"{self.name}'s context parallelism is {kinds}, not "
+                       f"{CP_KIND_TEXT[layout.cp_kind]} (cp_kind={layout.cp_kind}, planned for "
+                       f"cp={layout.cp})")
         if layout.recompute not in self.recompute:
             out.append(f"{self.name} has no {layout.recompute} recompute; valid: "
                        f"{', '.join(self.recompute)}")

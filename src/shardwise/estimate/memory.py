@@ -427,8 +427,7 @@ def stage_layer_count(model: ModelSpec, pp: Any, chunks: Any, stage: Any,
                       partition: Partition = (), placement: Placement = "loop") -> Any:
     """How many layers `stage` holds over all its chunks (`Layout.stage_layers`)."""
     if isinstance(partition, tuple) and partition:
-        return np.asarray(stage_totals(model.n_layers, pp, chunks, partition,
-                                       placement))[stage]
+        return np.asarray(stage_totals(pp, chunks, partition, placement))[stage]
     return chunk_span(model.n_layers, pp, chunks, stage, 0, partition)[1] * chunks
 
 

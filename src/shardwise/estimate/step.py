@@ -835,13 +835,10 @@ def simulated_bubble(layout: Layout, m: int, t_f: float, t_b: float, t_w: float,
     `schedules.stage_timeline`. Imported lazily: the simulator is only needed here.
     """
     from shardwise.schedules import stage_timeline
-    from shardwise.schedules.actions import virtual_stage
 
     p, v = layout.pp, layout.chunks
     sizes = layout.stage_sizes(n_layers)
-    # a stage's layers over all its chunks
-    busiest = max(sum(int(sizes[virtual_stage(i, c, p, layout.placement)]) for c in range(v))
-                  for i in range(p))
+    busiest = max(layout.stage_layers(n_layers))  # over all its chunks
     timeline = stage_timeline(layout.schedule, p, m, v, t_f=max(t_f, 1e-12),
                               t_b=max(t_b, 1e-12), t_w=max(t_w, 1e-13),
                               shares=[n / busiest for n in sizes])

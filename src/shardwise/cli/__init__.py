@@ -5,7 +5,7 @@ cannot run — prints one line on stderr and exits with code 2, never a tracebac
 
 One module per command group, registered on the click group `cli` (`group`) by importing it:
 `analytic` (models, memory, comm, schedule), `planner` (plan), `runs` (train, check),
-`machine` (demo, calibrate), `serve` (ui); the shared options and helpers live in `common`.
+`machine` (demo, calibrate), `serve` (ui, mcp); the shared options and helpers live in `common`.
 Importing this package never imports torch: the runtime is imported inside the commands.
 """
 

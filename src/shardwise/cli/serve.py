@@ -1,10 +1,11 @@
-"""`shardwise ui`: the web app."""
+"""`shardwise ui` (the web app) and `shardwise mcp` (the tools for coding agents)."""
 
 from __future__ import annotations
 
 import click
 
 from shardwise.cli.group import cli
+from shardwise.errors import ShardwiseError
 
 
 # ------------------------------------------------------------------------------------------ ui
@@ -21,3 +22,16 @@ def ui(host: str, port: int, no_browser: bool) -> None:
 
     serve(host, port, open_browser=not no_browser)
 
+
+
+# ----------------------------------------------------------------------------------------- mcp
+@cli.command()
+def mcp() -> None:
+    """Serve the planner to coding agents (MCP over stdio; needs the mcp extra: pip install
+    'shardwise[mcp]')."""
+    try:
+        from shardwise.web.mcp_server import serve_stdio
+    except ImportError as exc:
+        raise ShardwiseError(f"`shardwise mcp` needs the mcp extra ({exc.name} is missing): "
+                             "pip install 'shardwise[mcp]'") from None
+    serve_stdio()

@@ -27,8 +27,10 @@ def ui(host: str, port: int, no_browser: bool) -> None:
 # ----------------------------------------------------------------------------------------- mcp
 @cli.command()
 def mcp() -> None:
-    """Serve the planner to coding agents (MCP over stdio; needs the mcp extra: pip install
-    'shardwise[mcp]')."""
+    """Serve the planner to agents over MCP.
+
+    The Model Context Protocol on stdin/stdout, for coding agents (needs the mcp extra:
+    pip install 'shardwise[mcp]')."""
     try:
         from shardwise.web.mcp_server import serve_stdio
     except ImportError as exc:

@@ -59,6 +59,7 @@ __all__ = [
     "ACTIVATION_FORMULAS",
     "MemoryBreakdown",
     "StateBytes",
+    "ZeroRow",
     "activation_bytes_per_layer",
     "bytes_per_param_training",
     "candidate_stages",

@@ -31,9 +31,9 @@ def main() -> None:
     fleet = single_class(GPUS, DEFAULT_MTBF_GPU_HOURS)
     work = DAYS * 86400.0
     rows = []
-    multi = Fleet(GPUS, (FailureClass("gpu", GPUS, 2 * DEFAULT_MTBF_GPU_HOURS, 1, 72),
-                         FailureClass("host", GPUS // 8, 8 * DEFAULT_MTBF_GPU_HOURS, 8, 24),
-                         FailureClass("switch", GPUS // 256, 20_000.0, 256, 8)), spares=256)
+    multi = Fleet(GPUS, (FailureClass("gpu", 2 * DEFAULT_MTBF_GPU_HOURS, repair_hours=72),
+                         FailureClass("host", 8 * DEFAULT_MTBF_GPU_HOURS, 8, repair_hours=24),
+                         FailureClass("switch", 20_000.0, 256, repair_hours=8)), spares=256)
     cases = [("synchronous (Daly's assumptions)", fleet, Policy("sync", stall_s=60.0)),
              ("asynchronous, 10 s stall, 60 s lag", fleet,
               Policy("async", stall_s=10.0, lag_s=60.0)),

@@ -52,9 +52,9 @@ def test_one_run_without_failures_is_work_plus_stalls():
 
 
 def test_component_classes_add_their_rates_and_blast_radius_decides_the_recovery():
-    gpu = FailureClass("gpu", 1024, 40_000.0, blast_gpus=1, repair_hours=24)
-    host = FailureClass("host", 128, 20_000.0, blast_gpus=8, repair_hours=12)
-    switch = FailureClass("switch", 4, 5_000.0, blast_gpus=256, repair_hours=6)
+    gpu = FailureClass("gpu", 40_000.0, repair_hours=24)
+    host = FailureClass("host", 20_000.0, gpus_each=8, repair_hours=12)
+    switch = FailureClass("switch", 5_000.0, gpus_each=256, repair_hours=6)
     fleet = Fleet(1024, (gpu, host, switch))
     assert fleet.job_mtbf_s == pytest.approx(3600 / (1024 / 40_000 + 128 / 20_000 + 4 / 5_000))
     work = 30 * DAY
@@ -71,7 +71,7 @@ def test_component_classes_add_their_rates_and_blast_radius_decides_the_recovery
 
 
 def test_elastic_continuation_keeps_the_work_and_slows_down():
-    fleet = Fleet(1024, (FailureClass("host", 128, 10_000.0, blast_gpus=8, repair_hours=2),))
+    fleet = Fleet(1024, (FailureClass("host", 10_000.0, gpus_each=8, repair_hours=2),))
     base = simulate(20 * DAY, fleet, Policy("sync", stall_s=60.0), runs=300, seed=1)
     elastic = simulate(20 * DAY, fleet, Policy("sync", stall_s=60.0, elastic=True,
                                                replica_gpus=64, elastic_restart_s=60.0),
@@ -85,7 +85,7 @@ def test_elastic_continuation_keeps_the_work_and_slows_down():
 def test_spares_wait_for_the_pool_or_the_repair():
     # one class, blast 8, repair 10 h, 8 spares: a second failure within 10 h of the first
     # finds no spare and waits for the first repair; none ever waits longer than a repair
-    fleet = Fleet(512, (FailureClass("host", 64, 64 * 4.0, blast_gpus=8, repair_hours=10),),
+    fleet = Fleet(512, (FailureClass("host", 64 * 4.0, gpus_each=8, repair_hours=10),),
                   spares=8)
     unlimited = Fleet(512, fleet.classes)
     policy = Policy("sync", stall_s=30.0, restart_s=300.0)
@@ -108,21 +108,20 @@ def test_slowest_rank_is_the_order_statistic():
 
 def test_a_failure_model_file_is_read_strictly(tmp_path):
     path = tmp_path / "fleet.json"
-    path.write_text(json.dumps({"gpus": 256, "classes": [
-        {"name": "gpu", "count": 256, "mtbf_hours": 50_000},
-        {"name": "host", "count": 32, "mtbf_hours": 30_000, "blast_gpus": 8}],
+    path.write_text(json.dumps({"classes": [
+        {"name": "gpu", "mtbf_hours": 50_000},
+        {"name": "host", "mtbf_hours": 30_000, "gpus_each": 8}],
         "spares": 16, "policy": {"kind": "memory", "storage_every": 5}}))
-    fleet, policy = load_failure_model(path)
+    fleet, policy = load_failure_model(path, 256)
     assert (fleet.gpus, len(fleet.classes), fleet.spares, policy.kind) == (256, 2, 16, "memory")
-    for bad, fragment in (({"gpus": 8, "classes": [], "polcy": {}}, "unknown key"),
-                          ({"gpus": 8, "classes": [{"name": "gpu", "count": 8,
-                                                    "mtbf_hours": -1}]}, "mtbf_hours"),
-                          ({"gpus": 8, "classes": [{"name": "gpu", "count": 8,
-                                                    "mtbf_hours": 10}],
+    # per hour: 256 GPUs / 50,000 h + 32 hosts / 30,000 h
+    assert fleet.job_mtbf_s == pytest.approx(3600 / (256 / 50_000 + 32 / 30_000))
+    for bad, fragment in (({"classes": [], "polcy": {}}, "unknown key"),
+                          ({"classes": [{"name": "gpu", "mtbf_hours": -1}]}, "mtbf_hours"),
+                          ({"classes": [{"name": "gpu", "mtbf_hours": 10}],
                             "policy": {"kind": "tape"}}, "checkpoint policy"),
-                          ({"gpus": 8, "classes": [{"name": "gpu", "count": 8,
-                                                    "mtbf_hours": 10, "blast": 8}]},
+                          ({"classes": [{"name": "gpu", "mtbf_hours": 10, "blast": 8}]},
                            "blast")):
         path.write_text(json.dumps(bad))
         with pytest.raises(ShardwiseError, match=fragment):
-            load_failure_model(path)
+            load_failure_model(path, 8)

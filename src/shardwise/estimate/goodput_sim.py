@@ -12,8 +12,6 @@ synchronous, restart interruptible, spares unlimited) the mean wall time equals
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -30,26 +28,32 @@ _PENDING = 64  # repairs in flight tracked per run (spares)
 
 @dataclass(frozen=True)
 class FailureClass:
-    """One kind of component: how many the job uses (`count`), hours between failures of one
-    (`mtbf_hours`), GPUs one failure stops (`blast_gpus`) and hours until it is back."""
+    """One kind of component: hours between failures of one (`mtbf_hours`), the GPUs one
+    serves (`gpus_each`: 1 for a GPU, 8 for an eight-GPU host, 256 for a leaf switch…), the
+    GPUs one failure stops (`blast_gpus`, default `gpus_each`) and hours until it is back."""
 
     name: str
-    count: int
     mtbf_hours: float
-    blast_gpus: int = 1
+    gpus_each: int = 1
+    blast_gpus: int | None = None
     repair_hours: float = 24.0
 
     def validate(self) -> None:
         """One `ShardwiseError` naming the first bad field."""
-        validate.integer(self.count, f"{self.name}.count", low=1, high=10**7)
         validate.positive(self.mtbf_hours, f"{self.name}.mtbf_hours", high=1e9)
-        validate.integer(self.blast_gpus, f"{self.name}.blast_gpus", low=1, high=10**7)
+        validate.integer(self.gpus_each, f"{self.name}.gpus_each", low=1, high=10**7)
+        if self.blast_gpus is not None:
+            validate.integer(self.blast_gpus, f"{self.name}.blast_gpus", low=1, high=10**7)
         validate.positive(self.repair_hours, f"{self.name}.repair_hours", high=1e6)
 
     @property
-    def rate(self) -> float:
-        """Failures per second of this class over the job."""
-        return self.count / (self.mtbf_hours * HOUR)
+    def blast(self) -> int:
+        """GPUs one failure stops."""
+        return self.blast_gpus or self.gpus_each
+
+    def count(self, gpus: int) -> int:
+        """Components of this class a job of `gpus` GPUs uses: `⌈gpus / gpus_each⌉`."""
+        return -(-gpus // self.gpus_each)
 
 
 @dataclass(frozen=True)
@@ -108,14 +112,24 @@ class Fleet:
         validate.finite(self.detect_s, "detect_s", low=0, high=1e7)
 
     @property
+    def rates(self) -> np.ndarray:
+        """Failures per second of each class over the job: count / MTBF."""
+        return np.array([cls.count(self.gpus) / (cls.mtbf_hours * HOUR)
+                         for cls in self.classes])
+
+    @property
     def job_mtbf_s(self) -> float:
         """Seconds between job-stopping failures: 1 / the classes' summed rates."""
-        return 1.0 / sum(cls.rate for cls in self.classes)
+        return float(1.0 / self.rates.sum())
+
+    def with_gpus(self, gpus: int) -> Fleet:
+        """The same failure processes for a job of `gpus` GPUs."""
+        return replace(self, gpus=gpus)
 
 
 def single_class(gpus: int, mtbf_gpu_hours: float) -> Fleet:
     """Daly's assumption: independent GPU failures, each stopping one GPU."""
-    return Fleet(gpus, (FailureClass("gpu", gpus, mtbf_gpu_hours),))
+    return Fleet(gpus, (FailureClass("gpu", mtbf_gpu_hours),))
 
 
 @dataclass(frozen=True)
@@ -164,8 +178,8 @@ def simulate(work_s: float, fleet: Fleet, policy: Policy, *, runs: int = 1000,
     mtbf, tau = fleet.job_mtbf_s, _interval(fleet, policy)
     segment = tau + policy.stall_s
     lag = policy.lag_s if policy.kind == "async" else 0.0
-    rates = np.array([cls.rate for cls in fleet.classes])
-    blast = np.array([cls.blast_gpus for cls in fleet.classes])
+    rates = fleet.rates
+    blast = np.array([cls.blast for cls in fleet.classes])
     repair = np.array([cls.repair_hours * HOUR for cls in fleet.classes])
     replicas = max(fleet.gpus // policy.replica_gpus, 1)
 
@@ -261,19 +275,37 @@ def _spares_wait(returns: np.ndarray, back: np.ndarray, runs: np.ndarray, now: n
     return np.where(use, ready - now, repair)
 
 
-def stragglers_factor(samples: Any, ranks: int) -> float:
+def stragglers_factor(samples: Any, ranks: float) -> float:
     """Expected slowest of `ranks` independent draws from `samples` (relative step times of one
     rank, 1 = nominal): a synchronous step waits for it. Order statistics of the empirical
-    distribution: `E[max] = Σ x_(i)·((i/n)^N − ((i−1)/n)^N)`."""
+    distribution: `E[max] = Σ x_(i)·((i/n)^N − ((i−1)/n)^N)` (`N` may be fractional: the
+    samples may already be the slowest of several ranks, `measured_stragglers`)."""
     x = np.sort(np.asarray(samples, dtype=float).ravel())
     if x.size == 0 or not np.isfinite(x).all() or (x <= 0).any():
         raise ShardwiseError("straggler samples must be positive, finite relative step times")
-    validate.integer(ranks, "ranks", low=1, high=10**7)
-    n = x.size
-    grid = np.arange(n + 1) / n
-    weights = np.diff(np.exp(ranks * np.log(np.maximum(grid, 1e-300))))
-    weights[0] = grid[1] ** ranks if ranks * math.log(max(grid[1], 1e-300)) > -700 else 0.0
-    return float(np.dot(x, weights) / weights.sum())
+    validate.finite(ranks, "ranks", low=0, low_open=True, high=1e8)
+    cdf = np.arange(x.size + 1) / x.size
+    with np.errstate(divide="ignore"):
+        weights = np.diff(np.exp(ranks * np.log(cdf)))  # P(max is the i-th smallest)
+    return float(np.dot(x, weights))
+
+
+def measured_stragglers(path: str | Path) -> tuple[np.ndarray, int]:
+    """Relative step times (÷ their median) from `shardwise train --json` output, the warm-up
+    step left out, and the ranks each step waited for: each step already is the slowest of
+    those ranks, so `N` ranks draw `stragglers_factor(samples, N / ranks)`."""
+    from shardwise.files import read_json
+
+    data = read_json(path, "training run (shardwise train --json)")
+    try:
+        seconds = np.array([float(r["seconds"]) for r in data["records"]][1:])
+        ranks = int(data["ranks"])
+    except (KeyError, TypeError, ValueError):
+        raise ShardwiseError(f"{path}: not the output of `shardwise train --json` (records with "
+                             "seconds, ranks)") from None
+    if seconds.size < 2 or not np.isfinite(seconds).all() or (seconds <= 0).any():
+        raise ShardwiseError(f"{path}: needs at least 3 timed steps to measure stragglers")
+    return seconds / np.median(seconds), ranks
 
 
 def policies(goodput: Any, fleet: Fleet, *, replica_gpus: int, work_s: float,
@@ -310,30 +342,25 @@ def policies(goodput: Any, fleet: Fleet, *, replica_gpus: int, work_s: float,
             "job_mtbf_hours": fleet.job_mtbf_s / HOUR}
 
 
-def load_failure_model(path: str | Path) -> tuple[Fleet, Policy]:
-    """A failure model from a JSON file: `{"gpus", "classes": [{"name", "count", "mtbf_hours",
-    "blast_gpus", "repair_hours"}…], "spares", "detect_s", "policy": {Policy's fields}}`."""
+def load_failure_model(path: str | Path, gpus: int) -> tuple[Fleet, Policy]:
+    """A failure model from a JSON file: `{"classes": [{"name", "mtbf_hours", "gpus_each",
+    "blast_gpus", "repair_hours"}…], "spares", "detect_s", "policy": {Policy's fields}}`, for a
+    job of `gpus` GPUs."""
     from shardwise.files import read_json
 
     data = read_json(path, "failure model")
     if not isinstance(data, dict):
         raise ShardwiseError(f"{path}: a failure model is a JSON object")
-    known = {"gpus", "classes", "spares", "detect_s", "policy"}
+    known = {"classes", "spares", "detect_s", "policy"}
     if unknown := set(data) - known:
         raise ShardwiseError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; valid: "
                              f"{', '.join(sorted(known))}")
     try:
         classes = tuple(FailureClass(**c) for c in data.get("classes", []))
-        fleet = Fleet(data.get("gpus", 0), classes, data.get("spares"),
-                      data.get("detect_s", 0.0))
+        fleet = Fleet(gpus, classes, data.get("spares"), data.get("detect_s", 0.0))
         policy = Policy(**data.get("policy", {}))
     except TypeError as exc:
         raise ShardwiseError(f"{path}: {exc}") from None
     fleet.validate()
     policy.validate()
     return fleet, policy
-
-
-def to_json(outcome: Outcome) -> str:
-    """The summary as JSON text."""
-    return json.dumps(outcome.summary)

@@ -85,7 +85,7 @@ def test_bloom_parameter_count_equals_transformers_model():
     with torch.device("meta"):
         hf = transformers.BloomForCausalLM(config)
     path = HF / "bloom" / "config.json"
-    ours = ModelSpec.from_hf_config(path).with_(n_layers=3, d_model=64, n_heads=8,
+    ours = from_hf_config(path).with_(n_layers=3, d_model=64, n_heads=8,
                                                 n_kv_heads=8, d_ff=256, vocab=1000)
     embedding_norm = 2 * 64
     assert ours.count_params().total + embedding_norm == sum(p.numel() for p in hf.parameters())

@@ -23,7 +23,6 @@ def ui(host: str, port: int, no_browser: bool) -> None:
     serve(host, port, open_browser=not no_browser)
 
 
-
 # ----------------------------------------------------------------------------------------- mcp
 @cli.command()
 def mcp() -> None:

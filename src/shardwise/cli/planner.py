@@ -13,6 +13,7 @@ from shardwise.cli.common import (
     goodput_options,
     gpu_option,
     json_option,
+    layout_fields,
     pop_goodput_kw,
     precision_options,
     stack_options,
@@ -42,7 +43,7 @@ from shardwise.validate import option as checked
 
 
 # ---------------------------------------------------------------------------------------- plan
-@cli.command()
+@cli.command(short_help="Search every layout and explain the best.")
 @click.argument("model", default=DEFAULT_MODEL)
 @click.option("--gpus", default=64, show_default=True, help="Number of GPUs.",
               callback=checked(degree))
@@ -63,7 +64,7 @@ from shardwise.validate import option as checked
               callback=checked(finite, low=0))
 @click.option("--top", default=10, show_default=True, type=click.IntRange(1, 1000),
               help="Layouts to show (each is simulated again; at most 1000).")
-@click.option("--layout", "layout_text", default=None,
+@click.option("--layout", "layout_text", default=None, callback=layout_fields,
               help="Evaluate this layout too, e.g. tp=8,pp=16,zero=1 (dp: the rest).")
 @click.option("--partition", default=None,
               help="The --layout's layers per pipeline stage, first to last (7,8,…,8,7).")
@@ -72,9 +73,9 @@ from shardwise.validate import option as checked
                    "--decoder-first-pipeline-num-layers).")
 @click.option("--last-stage-layers", default=None, type=click.IntRange(0),
               help="The --layout's last-stage layers (--decoder-last-pipeline-num-layers).")
-@click.option("--fix", "fix_text", default=None,
+@click.option("--fix", "fix_text", default=None, callback=layout_fields,
               help="Search only layouts with these fields, e.g. tp=8,pp=4 (--layout syntax).")
-@click.option("--max", "max_text", default=None,
+@click.option("--max", "max_text", default=None, callback=layout_fields,
               help="Search only layouts with at most these counts, e.g. tp=8,pp=8.")
 @click.option("--all-variants", is_flag=True,
               help="List layouts that differ only in ZeRO group size or stage partition as "

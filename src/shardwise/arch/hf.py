@@ -162,6 +162,10 @@ def _from_deepseek(cfg: dict, name: str, kind: str) -> ModelSpec:
                              f"num_attention_heads={heads}; MLA expands the latent to every head")
     v3 = kind == "deepseek_v3"
     grouped = v3 or c.get("topk_method") == "group_limited_greedy"
+    if grouped and not v3 and not (cfg.get("n_group") and cfg.get("topk_group")):
+        raise ShardwiseError(f"config {name!r}: topk_method 'group_limited_greedy' needs "
+                             "n_group and topk_group (transformers' DeepseekV2TopkRouter splits "
+                             "the experts into n_group groups); set them, or use 'greedy'")
     return ModelSpec(
         name=name, n_layers=c["num_hidden_layers"], d_model=c["hidden_size"], n_heads=heads,
         n_kv_heads=heads, d_ff=c["intermediate_size"], vocab=c["vocab_size"],

@@ -45,20 +45,43 @@ def _same_json(value: Any, want: Any) -> bool:
         want, bool) and value == want)
 
 
-# Ignored in every model_type (transformers' PretrainedConfig bookkeeping).
+# Ignored in every model_type: what transformers' PretrainedConfig writes or pops without
+# building anything from it (transformers 5.24 configuration_utils.py: the class attributes
+# and `to_dict`; `__post_init__` pops torch_dtype, name_or_path, _commit_hash,
+# attn/experts_implementation and every GenerationConfig default; older 4.x versions also
+# wrote _attn_implementation_autoset, use_bfloat16, pruned_heads, tf_legacy_loss, ...).
+# tests/test_arch.py compares the list with transformers'.
 _WHY_BOOKKEEPING = "names, labels and the saved dtype: bookkeeping (the run's --dtype decides)"
 _WHY_TOKENS = "token ids: the tokenizer's business"
 _WHY_OUTPUTS = "inference and output switches"
+_WHY_KERNELS = "which attention or experts kernel transformers runs: the same model"
+_WHY_GENERATION = "generation settings (transformers moves them to GenerationConfig)"
+HF_GENERATION_KEYS = (
+    "assistant_confidence_threshold", "assistant_lookbehind", "bad_words_ids",
+    "begin_suppress_tokens", "diversity_penalty", "do_sample", "early_stopping",
+    "encoder_no_repeat_ngram_size", "encoder_repetition_penalty", "epsilon_cutoff",
+    "eta_cutoff", "exponential_decay_length_penalty", "forced_bos_token_id",
+    "forced_eos_token_id", "length_penalty", "max_length", "min_length", "no_repeat_ngram_size",
+    "num_assistant_tokens", "num_assistant_tokens_schedule", "num_beam_groups", "num_beams",
+    "num_return_sequences", "output_scores", "remove_invalid_values", "repetition_penalty",
+    "return_dict_in_generate", "suppress_tokens", "target_lookbehind", "temperature", "top_k",
+    "top_p", "typical_p", "use_cache")
 _HF_IGNORED: dict[str, str] = {
-    **dict.fromkeys(("_name_or_path", "architectures", "auto_map", "transformers_version",
-                     "torch_dtype", "dtype", "id2label", "label2id", "num_labels",
-                     "problem_type", "finetuning_task", "task_specific_params",
-                     "tokenizer_class", "prefix"), _WHY_BOOKKEEPING),
+    **dict.fromkeys(("_name_or_path", "name_or_path", "_commit_hash", "architectures",
+                     "auto_map", "transformers_version", "torch_dtype", "dtype", "use_bfloat16",
+                     "id2label", "label2id", "num_labels", "problem_type", "finetuning_task",
+                     "task_specific_params", "tokenizer_class", "prefix", "pruned_heads",
+                     "tf_legacy_loss"), _WHY_BOOKKEEPING),
     **dict.fromkeys(("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id",
                      "sep_token_id", "decoder_start_token_id"), _WHY_TOKENS),
-    **dict.fromkeys(("use_cache", "output_attentions", "output_hidden_states", "return_dict",
-                     "chunk_size_feed_forward", "is_encoder_decoder", "is_decoder",
-                     "torchscript"), _WHY_OUTPUTS),
+    **dict.fromkeys(HF_GENERATION_KEYS, _WHY_GENERATION),
+    **dict.fromkeys(("output_attentions", "_output_attentions", "output_hidden_states",
+                     "return_dict", "chunk_size_feed_forward", "is_encoder_decoder",
+                     "is_decoder", "torchscript", "tie_encoder_decoder"), _WHY_OUTPUTS),
+    **dict.fromkeys(("_attn_implementation_autoset", "attn_implementation",
+                     "_attn_implementation", "_attn_implementation_internal",
+                     "experts_implementation", "_experts_implementation",
+                     "_experts_implementation_internal"), _WHY_KERNELS),
     "initializer_range": "initialisation only: a run starts from the checkpoint's weights or "
                          "from the runtime's own (std 0.02)",
 }
@@ -149,10 +172,13 @@ HF_FIELDS: dict[str, HFFields] = {
                                            "within the best groups")},
         _DEEPSEEK_IGNORED),
     "deepseek_v2": HFFields(
-        _DEEPSEEK_READ | {"topk_method", "n_group", "topk_group"},
+        _DEEPSEEK_READ | {"n_group", "topk_group"},
         _DEEPSEEK_FIXED | {
             "scoring_func": (("softmax",), "DeepSeek-V2 scores experts with a softmax"),
-            "topk_method": (("greedy", "group_limited_greedy"), "DeepSeek-V2's routers")},
+            # transformers 5.24 DeepseekV2TopkRouter.forward branches on these two only
+            "topk_method": (("greedy", "group_limited_greedy"),
+                            "transformers' DeepseekV2TopkRouter picks experts greedily or within "
+                            "the best groups only")},
         _DEEPSEEK_IGNORED | {"norm_topk_prob": "DeepseekV2TopkRouter does not read it (the "
                                                "gates are never renormalised)"}),
 }

@@ -73,6 +73,13 @@ def _refusals(framework: str | None, model: ModelSpec, layout: Layout, train: Tr
     if framework in ("torchtitan", "deepspeed") and layout.expert_tp != layout.tp:
         out.append(f"{VERSIONS[framework]} has no expert tensor parallelism (etp={layout.etp} "
                    f"≠ tp={layout.tp}); use etp=0")
+    if framework == "deepspeed" and model.is_moe and layout.sp:
+        out.append("DeepSpeed-MoE takes the tensor-parallel ranks' tokens as duplicates and "
+                   "drops all but a share (deepspeed/moe/sharded_moe.py:686-698 @0.19.8), which "
+                   "Megatron sequence parallelism makes distinct; use sp=0")
+    if framework == "deepspeed" and model.is_moe and layout.zero == 3:
+        out.append("DeepSpeed refuses its MoE under ZeRO-3 (deepspeed/runtime/engine.py:2215 "
+                   "@0.19.8); use zero ≤ 2")
     return out if framework is None else out + _vocab_problems(framework, model, layout)
 
 

@@ -16,8 +16,9 @@ from shardwise.layout import Layout, TrainSpec
 def _deepspeed_launch(model: ModelSpec, layout: Layout, train: TrainSpec, gb: int) -> list[str]:
     """Megatron-DeepSpeed `pretrain_gpt.py` arguments (megatron/arguments.py @4efb479) for
     the model, the degrees, the schedule, recompute, precision and attention."""
+    ffn = model.expert_d_ff if model.is_moe and not model.n_dense_layers else model.d_ff
     args = [f"--num-layers {model.n_layers}", f"--hidden-size {model.d_model}",
-            f"--ffn-hidden-size {model.d_ff}", f"--num-attention-heads {model.n_heads}",
+            f"--ffn-hidden-size {ffn}", f"--num-attention-heads {model.n_heads}",
             f"--num-key-value-heads {model.n_kv_heads}",
             f"--seq-length {train.seq_len}",
             f"--max-position-embeddings {max(train.seq_len, model.max_seq)}",
@@ -36,6 +37,7 @@ def _deepspeed_launch(model: ModelSpec, layout: Layout, train: TrainSpec, gb: in
         args.append("--disable-bias-linear")
     if not model.dropout:
         args += ["--attention-dropout 0.0", "--hidden-dropout 0.0"]
+    args += _deepspeed_moe(model, layout)
     args += [f"--micro-batch-size {layout.micro_batch}", f"--global-batch-size {gb}",
              f"--tensor-model-parallel-size {layout.tp}",
              f"--pipeline-model-parallel-size {layout.pp}", f"--zero-stage {layout.zero}"]
@@ -56,6 +58,25 @@ def _deepspeed_launch(model: ModelSpec, layout: Layout, train: TrainSpec, gb: in
     if train.settings().attention == "fa2":
         args.append("--use-flash-attn-v2")
     return [*args, "--deepspeed", "--deepspeed_config ds_config.json"]
+
+
+def _deepspeed_moe(model: ModelSpec, layout: Layout) -> list[str]:
+    """DeepSpeed-MoE as Megatron-DeepSpeed builds it (megatron/model/transformer.py:1066-1083
+    @4efb479), dropless as planned: `--disable-moe-token-dropping` (capacity = the busiest
+    expert's count, sharded_moe.py), the second expert chosen by the scores, not Gumbel-sampled
+    (`--disable-moe-top2-2nd-expert-sampling`), experts split over tp like the dense MLP
+    (`--enable-expert-tensor-parallelism`, etp = tp), and the MoE parameter group ZeRO 1/2
+    assert on (`--create-moe-param-group`, stage_1_and_2.py `_configure_moe_settings`)."""
+    if not model.is_moe:
+        return []
+    args = [f"--num-experts {model.n_experts}", f"--expert-interval {model.moe_every}",
+            f"--topk {model.top_k}", f"--moe-expert-parallel-size {layout.ep}",
+            "--disable-moe-token-dropping", "--create-moe-param-group"]
+    if model.top_k == 2:
+        args.append("--disable-moe-top2-2nd-expert-sampling")
+    if layout.tp > 1:
+        args.append("--enable-expert-tensor-parallelism")
+    return args
 
 
 def _deepspeed_offload(train: TrainSpec, zero: dict[str, object]) -> None:

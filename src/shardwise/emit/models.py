@@ -29,12 +29,37 @@ def titan_model_refusal(model: ModelSpec, train: TrainSpec) -> str | None:
     return None
 
 
-def moe_refusal(model: ModelSpec) -> str | None:
-    """What Megatron-DeepSpeed's MoE (DeepSpeed-MoE) cannot train of `model` as planned."""
-    return ("Megatron-DeepSpeed's MoE is DeepSpeed-MoE (capacity-factor token dropping and "
-            "experts replicated over tensor-parallel ranks by default, megatron/arguments.py:"
-            "910-919 @4efb479), which the megatron-deepspeed stack does not model; plan "
-            "with --impl megatron-te for Megatron-LM")
+def deepspeed_moe_refusal(model: ModelSpec) -> str | None:
+    """What Megatron-DeepSpeed's MoE (DeepSpeed 0.19.8's `deepspeed.moe`, built by
+    megatron/model/transformer.py:1066-1083 @4efb479) cannot train of `model` as planned:
+    its `TopKGate` scores with a softmax over every expert, top-1 keeps the probability as the
+    gate and top-k > 1 renormalises the k (sharded_moe.py `top1gating`, `top2gating`,
+    `topkgating`); experts are `ParallelMLP`s of `--ffn-hidden-size`; every
+    `--expert-interval`-th layer is MoE (transformer.py:1650 `get_num_experts_per_layer`)."""
+    if model.n_shared_experts:
+        return (f"{model.name} has {model.n_shared_experts} shared expert(s); DeepSpeed-MoE has "
+                "none (its --mlp-type residual is PR-MoE's residual MLP mixed by a learned "
+                "coefficient, another model)")
+    if model.router_score != "softmax" or model.expert_groups > 1 or model.routed_scaling != 1:
+        return (f"{model.name} routes with {model.router_score} scores"
+                + (f" in {model.expert_groups} groups" if model.expert_groups > 1 else "")
+                + (f" scaled by {model.routed_scaling:g}" if model.routed_scaling != 1 else "")
+                + "; DeepSpeed-MoE's TopKGate takes the softmax over all experts, ungrouped "
+                  "and unscaled (deepspeed/moe/sharded_moe.py)")
+    if model.norm_topk != (model.top_k > 1):
+        how = ("keeps the softmax probability as the top-1 gate" if model.top_k == 1 else
+               f"renormalises the top-{model.top_k} gates to sum to 1")
+        return (f"DeepSpeed-MoE {how} (deepspeed/moe/sharded_moe.py), which {model.name}'s "
+                f"router (norm_topk={model.norm_topk}) does not")
+    if model.n_dense_layers and model.expert_d_ff != model.d_ff:
+        return (f"DeepSpeed-MoE's experts are Megatron-DeepSpeed ParallelMLPs of the dense "
+                f"layers' --ffn-hidden-size ({model.d_ff}), not {model.expert_d_ff}")
+    interval = model.moe_every
+    if any(model.is_moe_layer(i) != ((i + 1) % interval == 0) for i in range(model.n_layers)):
+        return (f"{model.name}'s first {model.first_dense_layers} layers are dense; "
+                f"Megatron-DeepSpeed makes every {interval}-th layer MoE (--expert-interval, "
+                "megatron/model/transformer.py:1650 @4efb479)")
+    return None
 
 
 def model_refusal(framework: str, model: ModelSpec, train: TrainSpec) -> str | None:
@@ -52,5 +77,5 @@ def model_refusal(framework: str, model: ModelSpec, train: TrainSpec) -> str | N
                     f"(GPT-NeoX's use_parallel_residual), which {name}'s block does not: an "
                     "export would train another model")
     if framework == "deepspeed" and model.is_moe:
-        return moe_refusal(model)
+        return deepspeed_moe_refusal(model)
     return None

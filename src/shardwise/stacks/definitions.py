@@ -106,7 +106,8 @@ STACKS.update({s.name: s.validate() for s in (
         # ZeRO-3 weights per group, the optimizer state stays sharded over all replicas
         zero=(0, 1, 2, 3), zero_hybrid=(),
         # --ds-sequence-parallel-size is DeepSpeed-Ulysses (deepspeed/sequence/layer.py)
-        cp_kinds=("ulysses",), cp_overlap=False, axes=("tp", "pp", "cp"),
+        # ep: DeepSpeed-MoE (deepspeed/moe, --moe-expert-parallel-size), exported dropless
+        cp_kinds=("ulysses",), cp_overlap=False, axes=("tp", "pp", "cp", "ep"),
         pipeline_engine="deepspeed", p2p_overlap="never", dtypes=("bf16", "fp16", "fp32"),
         export="deepspeed",
         # ZeRO-Offload (zero_optimization.offload_optimizer, stages 1-3: DeepSpeedCPUAdam;
@@ -136,6 +137,14 @@ STACKS.update({s.name: s.validate() for s in (
                      train is not None and (train.grad_dtype or train.dtype) != train.dtype),
                  "without ZeRO accumulates gradients in the model dtype only",
                  "deepspeed/runtime/engine.py:2313 @0.19.8"),
+            # DeepSpeed-MoE carves its expert-parallel groups out of Megatron-DeepSpeed's
+            # data-parallel group, which excludes the sequence-parallel (cp) ranks
+            Rule(lambda v, train: np.asarray(v["dp"]) % np.asarray(v["ep"]) != 0,
+                 "forms expert-parallel groups inside the data-parallel group only: ep={ep} "
+                 "must divide dp={dp}", "deepspeed/utils/groups.py:634 @0.19.8"),
+            Rule(lambda v, train: (np.asarray(v["ep"]) > 1) & (np.asarray(v["zero"]) == 3),
+                 "runs DeepSpeed-MoE (ep={ep}) without ZeRO-3 only",
+                 "deepspeed/runtime/engine.py:2215 @0.19.8"),
         )),
     Stack(
         "torchtitan", "torchtitan", "torchtitan 0.3.0",

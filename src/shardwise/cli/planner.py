@@ -20,6 +20,7 @@ from shardwise.cli.common import (
 )
 from shardwise.cli.group import cli
 from shardwise.emit import FRAMEWORKS, framework_stack
+from shardwise.emit.launchers import LAUNCHERS
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.goodput import RANK_BY
 from shardwise.estimate.goodput_sim import load_failure_model, measured_stragglers
@@ -107,6 +108,12 @@ from shardwise.validate import option as checked
 @click.option("--stragglers", "stragglers", type=click.Path(dir_okay=False),
               help="Slowest-rank cost from a `shardwise train --json` run's step times "
                    "(with --failure-model).")
+@click.option("--launcher", type=click.Choice(LAUNCHERS), default=None,
+              help="With --emit: the job that runs it on the planned nodes (torchrun, a Slurm "
+                   "sbatch script, a Kubeflow PyTorchJob, a SkyPilot task).")
+@click.option("--image", default=None, help="Container image for --launcher k8s.")
+@click.option("--job-name", default=None, help="Job name for --launcher [default: the model "
+                                               "and layout].")
 @json_option
 def plan(model: str, gpus: int, gpu: str, clock_mhz: float | None, gpus_per_node: int,
          intra: str | None,
@@ -117,7 +124,8 @@ def plan(model: str, gpus: int, gpu: str, clock_mhz: float | None, gpus_per_node
          flash: bool, dtype: str, grad_dtype: str | None, optimizer: str, impl: str,
          headroom: float, calibration_path: str | None, rank_by: str, as_json: bool,
          fp8: str | None, offload: str, offload_fraction: float, failure_model: str | None,
-         simulate: int | None, stragglers: str | None, **stack_kw: Any) -> None:
+         simulate: int | None, stragglers: str | None, launcher: str | None,
+         image: str | None, job_name: str | None, **stack_kw: Any) -> None:
     """Search every layout of MODEL (preset or config.json) and explain the best.
 
     With no arguments: llama3-8b on 64 H100s (8 nodes), s=8192, a 4M-token batch. Rows are
@@ -127,6 +135,8 @@ def plan(model: str, gpus: int, gpu: str, clock_mhz: float | None, gpus_per_node
     """
     from shardwise.report.plan_report import render_plan
 
+    if (launcher or image or job_name) and not emit:
+        raise ShardwiseError("--launcher, --image and --job-name need --emit FRAMEWORK")
     if emit:  # the search is bound to the framework's stack (issue 33)
         impl = _emit_stack(emit, impl)
     spec = get_model(model)
@@ -156,10 +166,10 @@ def plan(model: str, gpus: int, gpu: str, clock_mhz: float | None, gpus_per_node
     else:
         result = run_plan(spec, **options)
     if emit:
-        emitted = emit_payload(emit, result)
+        emitted = emit_payload(emit, result, launcher, image, job_name)
         if as_json:
             return emit_json(emitted)
-        click.echo(emitted["config"], nl=False)
+        click.echo(emitted["script"] or emitted["config"], nl=False)
         for line in emitted["notes"]:
             click.echo(f"note: {line}", err=True)
         return None

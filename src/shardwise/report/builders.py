@@ -384,16 +384,33 @@ def training_budget(tokens: str | None, price: float | None) -> float | None:
     return budget
 
 
-def emit_payload(framework: str, result: Any) -> dict[str, Any]:
+def emit_payload(framework: str, result: Any, launcher: str | None = None,
+                 image: str | None = None, job_name: str | None = None) -> dict[str, Any]:
     """`shardwise plan --emit F --json`: the launch configuration of the chosen layout (yours
-    with --layout, else the winner) for Megatron-LM, torchtitan or DeepSpeed."""
+    with --layout, else the winner) for Megatron-LM, torchtitan or DeepSpeed; with `launcher`
+    (`emit.launchers.LAUNCHERS`) the job that runs it on the planned nodes (`script`), and
+    every launcher's job or why it cannot write one (`launchers`; k8s needs `image`)."""
     from shardwise.emit import emit
+    from shardwise.emit.launchers import LAUNCHERS, launcher_script
 
     chosen = result.given.layout if result.given is not None else result.best.layout
     emitted = emit(framework, result.model, chosen, result.train,
                    result.cluster.gpus_per_node, result.cluster)
     train = result.train
+    jobs: dict[str, Any] = {}
+    for name in LAUNCHERS:  # each launcher's job, or why it cannot write one
+        try:
+            jobs[name] = launcher_script(
+                name, emitted.launch, chosen.world_size, image=image,
+                name=job_name or f"{result.model.name}-{chosen.short()}",
+                accelerator=result.cluster.accelerator.calibration_name)
+        except ShardwiseError as exc:
+            if name == launcher:
+                raise
+            jobs[name] = {"error": str(exc)}
     return {"framework": framework, "layout": chosen.to_dict(), "config": emitted.text,
+            "launcher": launcher, "script": jobs[launcher] if launcher else None,
+            "launchers": jobs,
             "notes": list(emitted.notes),
             "plan": {"model": result.model.name, "seq_len": train.seq_len,
                      "global_batch": train.global_batch, "dtype": train.dtype,

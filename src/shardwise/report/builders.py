@@ -398,6 +398,7 @@ def emit_payload(framework: str, result: Any, launcher: str | None = None,
                    result.cluster.gpus_per_node, result.cluster)
     train = result.train
     jobs: dict[str, Any] = {}
+    assert emitted.launch is not None  # every framework's export has one
     for name in LAUNCHERS:  # each launcher's job, or why it cannot write one
         try:
             jobs[name] = launcher_script(

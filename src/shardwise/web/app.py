@@ -50,7 +50,9 @@ def create_app() -> FastAPI:
 
     @app.exception_handler(ShardwiseError)
     async def bad_input(_: Request, exc: ShardwiseError) -> JSONResponse:
-        return JSONResponse({"detail": one_line(exc)}, status_code=400)
+        field = getattr(exc, "field", None)  # tools.FieldError: the form field at fault
+        return JSONResponse({"detail": one_line(exc)} | ({"field": field} if field else {}),
+                            status_code=400)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

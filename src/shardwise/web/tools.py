@@ -24,10 +24,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from starlette.concurrency import run_in_threadpool
 
 from shardwise.arch import DEFAULT_MODEL, PRESETS, ModelSpec, from_hf_dict, get_model
+from shardwise.emit import framework_stack
+from shardwise.errors import ShardwiseError
 from shardwise.hardware import ACCELERATOR_ALIASES, ACCELERATORS, LINKS
 from shardwise.layout import CP_KINDS, RECOMPUTE, SCHEDULES
 from shardwise.report import builders
 from shardwise.stacks import ATTENTION_KERNELS, DEFAULT_STACK, STACKS, TP_OVERLAPS
+from shardwise.web import export
 
 router = APIRouter(tags=["tools"])
 
@@ -389,6 +392,12 @@ class PlanRequest(ModelChoice, TrainFields):
                                         "reload.")
     async_checkpoint: bool = Field(False, description="Only the device→host copy stalls "
                                                       "training.")
+    choose: Literal["simplest", "fastest"] = Field(
+        "simplest", description="Which layout of the first tier to recommend: the simplest "
+                                "(fewest parallel axes) or the fastest (`--choose`).")
+    link: str | None = Field(None, max_length=4000,
+                             description="The page's share link, written into each download's "
+                                         "header; no effect on the plan.")
 
 
 class PlanEntryOut(_Out):
@@ -444,11 +453,52 @@ class PlanResponse(_Out):
 def plan_sync(request: PlanRequest) -> dict[str, Any]:
     """The search and its payload, as `shardwise plan --json` computes them."""
     options = request.model_dump(exclude={"model", "hf_config", "layout", "fix", "max",
-                                          *STACK_CHOICES})
+                                          "choose", "link", *STACK_CHOICES})
     options["stack_kw"] = request.stack_kw()
     result = builders.run_plan(request.spec(), layout_text=request.layout, fix_text=request.fix,
                                max_text=request.max, **options)
-    return builders.plan_payload(result, tokens=request.tokens, price=request.price)
+    payload = builders.plan_payload(result, tokens=request.tokens, price=request.price)
+    return with_downloads(payload, request)
+
+
+class FieldError(ShardwiseError):
+    """Bad input of one form field: the 400 names it (`field`) besides the one-line message."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def plan_checked(request: PlanRequest) -> dict[str, Any]:
+    """`plan_sync`, with an error that only the compared layout causes (the search without it
+    runs) named as the `layout` field's."""
+    try:
+        return plan_sync(request)
+    except ShardwiseError as exc:
+        if not request.layout:
+            raise
+        try:
+            plan_sync(request.model_copy(update={"layout": None}))
+        except ShardwiseError:
+            raise exc from None
+        raise FieldError(str(exc), "layout") from None
+
+
+def with_downloads(payload: dict[str, Any], request: PlanRequest) -> dict[str, Any]:
+    """Each export of `payload` with its file to download (`web.export.download`), or, for a
+    framework another stack exports, that stack's name (`replan`: the planner's "re-plan for
+    this stack")."""
+    fields = request.model_dump(exclude={"link"})
+    for framework, emitted in payload["emits"].items():
+        if emitted.get("error"):
+            stack = framework_stack(framework)
+            if stack.name != request.impl.split("@")[0]:
+                emitted["replan"] = {"impl": stack.name, "title": stack.title}
+        else:
+            command = export.plan_command(fields, framework)
+            emitted["download"] = export.download(framework, emitted["config"], command,
+                                                  request.link)
+    return payload
 
 
 @router.post("/plan", response_model=PlanResponse,
@@ -462,7 +512,7 @@ async def plan(request: PlanRequest) -> Any:
 
     def work() -> dict[str, Any]:
         try:
-            return plan_sync(request)
+            return plan_checked(request)
         finally:
             _plan_slots.release()
 

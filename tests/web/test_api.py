@@ -105,7 +105,7 @@ def test_comm_spec_figure(client):
 def test_plan_has_everything_the_page_shows(client):
     out = ok(client, "/api/plan", {"model": "llama3-8b", "gpus": 64, "top": 5})
     assert len(out["ranked"]) == 5 and out["ranked"][0]["rank"] == 1
-    assert out["explanation"].startswith(out["ranked"][0]["short"])
+    assert out["explanation"].startswith(out["recommended"]["short"])
     assert out["rejected"] and all(r["count"] > 0 for r in out["rejected"])
     # the layouts are for one stack (issue 33): its framework's configuration first, the
     # others say which stack they run

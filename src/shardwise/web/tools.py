@@ -382,6 +382,9 @@ class PlanRequest(ModelChoice, TrainFields):
                                                   "second-order variants.")
     rank_by: Literal["step", "goodput"] = Field(
         "step", description="Rank by step time or by step ÷ goodput (`--rank-by`).")
+    choose: Literal["simplest", "fastest"] = Field(
+        "simplest", description="Recommend the simplest layout of the first tier or the "
+                                "fastest (`--choose`).")
     mtbf_gpu_hours: float | None = Field(
         None, gt=0, le=1e12, description="GPU-hours between job-interrupting failures per GPU "
                                          "[default: Llama 3's fleet figure].")
@@ -414,6 +417,8 @@ class PlanEntryOut(_Out):
     fits: bool
     goodput: dict[str, Any] | None = Field(
         None, description="What failures, checkpoints and restarts leave (estimate.goodput).")
+    tier: int | None = Field(None, description="1: the rows the model cannot tell from the "
+                                               "fastest (`tiers`); None off the ranking.")
 
 
 class PlanResponse(_Out):
@@ -433,8 +438,11 @@ class PlanResponse(_Out):
     given_note: str
     rejected: list[dict[str, Any]]
     alternatives: list[dict[str, Any]]
-    simplest: PlanEntryOut | None = Field(
-        description="The layout with the fewest parallel axes within 1 % of the best.")
+    tiers: dict[str, Any] = Field(description="The tiers' resolution (relative), rule and "
+                                               "the rows in the first tier (`count`).")
+    choose: Literal["simplest", "fastest"]
+    recommended: PlanEntryOut = Field(description="The row the figures, the explanation and "
+                                                  "the exports use.")
     constraint: str = Field(description="The --fix / --max the search kept to ('' if none).")
     stats: dict[str, Any]
     calibration: dict[str, Any]

@@ -51,8 +51,10 @@ PLANNER = {
 PLANNER_ANSWER = ["#summary", "#answer", "#ranked", "#given-note", "#goodput-card",
                   "#breakdown", "#rejected tbody"]
 
-# the memory page starts from Mixtral with cp=2 and ep=2, so those fields can change to 1
-MEMORY_BASE = "/memory?model=mixtral-8x7b&tp=2&cp=2&ep=2"
+# the memory page starts from Mixtral with cp=2, ep=2 and an interleaved pipeline of 2 chunks,
+# and materialised attention, so those fields can change (torchtitan runs fused attention only)
+MEMORY_BASE = ("/memory?model=mixtral-8x7b&tp=2&cp=2&ep=2&pp=2&schedule=interleaved&chunks=2"
+               "&flash=0&recompute=none")
 MEMORY = {
     "ep": ("1", 1),
     "cp": ("1", 1),
@@ -63,34 +65,37 @@ MEMORY = {
     "seq": ("4096", 4096),
     "global_batch": ("256", "256"),
     "tp": ("4", 4),
-    "pp": ("2", 2),
-    "dp": ("4", 4),
+    "pp": ("4", 4),
+    "dp": ("2", 2),
     "micro_batch": ("2", 2),
-    "schedule": ("interleaved", "interleaved"),
-    "chunks": ("2", 2),
-    "zero": ("2", 2),
+    "chunks": ("4", 4),
+    "schedule": ("1f1b", "1f1b"),  # with chunks=1 (COUPLED)
+    "zero": ("0", 0),
+    "flash": (True, True),
+    "impl": ("torchtitan", "torchtitan"),  # before full recompute and Korthikanti's count
     "recompute": ("full", "full"),
     "sp": (False, False),
-    "flash": (False, False),
     "formula": ("korthikanti", "korthikanti"),
-    "impl": ("torchtitan", "torchtitan"),
     "headroom": ("0.7", 0.7),
     "unit": ("GiB", None),  # display only: no request, the numbers change
 }
+# fields set, without an event, before the step's own field: 1F1B runs one chunk per stage
+COUPLED = {"schedule": {"chunks": "1"}}
 MEMORY_ANSWER = ["#verdict", "#stages", "#kpis", "#chart"]
 # sent, same answer: per-GPU memory does not depend on how the GPUs are grouped into nodes, nor,
 # with no pipeline yet (pp=1 when it is set), on how many micro-batches make the global batch;
 # dp can only be set to what the GPUs leave (any other count is refused)
 SAME_ANSWER = {"gpus_per_node", "global_batch", "dp"}
 
-SCHEDULE = {
-    "schedule": ("zb-h1", "zb-h1"),
+SCHEDULE = {  # from interleaved with 2 chunks
+    "chunks": ("4", 4),
+    "schedule": ("zb-h1", "zb-h1"),  # with chunks=1 (COUPLED)
     "stages": ("6", 6),
     "microbatches": ("12", 12),
-    "chunks": ("1", 1),
     "t_f": ("1.5", 1.5),
     "t_b": ("2.5", 2.5),
     "t_w": ("1", 1),
+    "p2p_latency": ("0.2", 0.2),
 }
 SCHEDULE_ANSWER = ["#kpis", "#chart", "#peaks"]
 
@@ -129,6 +134,8 @@ def drive(page, fields: dict, answer: list[str], endpoint: str, submit: bool) ->
     for name, (value, sent) in fields.items():
         before = page.evaluate(ANSWER_TEXT, answer)
         seen = len(sent_bodies)
+        for other, quiet in COUPLED.get(name, {}).items():
+            page.locator(f'#form [name="{other}"]').evaluate("(e, v) => { e.value = v; }", quiet)
         set_field(page, name, value)
         if submit:
             page.get_by_role("button", name="Plan", exact=True).click()

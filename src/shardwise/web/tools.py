@@ -395,9 +395,6 @@ class PlanRequest(ModelChoice, TrainFields):
                                         "reload.")
     async_checkpoint: bool = Field(False, description="Only the device→host copy stalls "
                                                       "training.")
-    choose: Literal["simplest", "fastest"] = Field(
-        "simplest", description="Which layout of the first tier to recommend: the simplest "
-                                "(fewest parallel axes) or the fastest (`--choose`).")
     link: str | None = Field(None, max_length=4000,
                              description="The page's share link, written into each download's "
                                          "header; no effect on the plan.")
@@ -461,7 +458,7 @@ class PlanResponse(_Out):
 def plan_sync(request: PlanRequest) -> dict[str, Any]:
     """The search and its payload, as `shardwise plan --json` computes them."""
     options = request.model_dump(exclude={"model", "hf_config", "layout", "fix", "max",
-                                          "choose", "link", *STACK_CHOICES})
+                                          "link", *STACK_CHOICES})
     options["stack_kw"] = request.stack_kw()
     result = builders.run_plan(request.spec(), layout_text=request.layout, fix_text=request.fix,
                                max_text=request.max, **options)

@@ -124,7 +124,7 @@ function breakdown(entry, max, target) {
 // The layout the answer card recommends (the payload's `recommended`: the fastest, or the
 // simplest of the first tier); its figures and exports are the ones shown.
 function recommended(out, state) {
-  return out.recommended ?? (state.choose === "simplest" && out.simplest) ?? out.ranked[0];
+  return out.recommended ?? out.ranked[0];
 }
 
 function render(out, state) {
@@ -287,7 +287,7 @@ function renderAnswer(out, best, state) {
   document.getElementById("decisions").innerHTML = decisions(best, out);
   const tiers = out.tiers;
   document.getElementById("ties").innerHTML = first.length
-    ? `${first.length === 1 ? "No row ties with the fastest" : `Rows ${escapeHtml(first.map((r) => r.rank).join(", "))} are ties (the first tier${tiers ? `: ${escapeHtml(tiers.rule)}` : ""})`}; a tie is marked in the table's first column.`
+    ? `${first.length === 1 ? "No row ties with the fastest" : `${first.length === out.ranked.length ? "All rows shown" : `Rows ${escapeHtml(first.map((r) => r.rank).join(", "))}`} are ties: the model cannot order them${tiers ? ` (the first tier: ${tiers.count.toLocaleString("en")} layouts within a resolution of ${pct(tiers.resolution, 0)}; <span title="${escapeHtml(tiers.rule)}">rule</span>)` : ""}`}; a tie is marked in the table's first column.`
     : "";
   for (const radio of document.querySelectorAll("input[name=choose-view]")) radio.checked = radio.value === choose;
 }

@@ -9,9 +9,11 @@ also pymdownx.snippets sections (so a docs page includes a README example with
 * README.md's examples (`example-…` blocks): the block's first line is `$ shardwise …`; the
   command runs (`python -m shardwise …`, COLUMNS=150) and its output replaces the rest of the
   block. Options: `head=N` / `tail=N` keep the first / last N lines of the output (an `…` line
-  between them or after), `vary=REGEX` names the lines whose numbers legitimately change from
+  between them or after), `exit=N` expects that exit code and shows stderr (a refusal),
+  `vary=REGEX` names the lines whose numbers legitimately change from
   run to run or machine to machine (timings, rounding-level errors), which `--check` compares
   with their numbers masked.
+* the how-to pages' examples (`example-…` blocks in docs/howto/*.md), the same way.
 * docs/architecture.md's code tree (`code-tree`): every module under src/shardwise, the
   benchmarks and scripts, with the first sentence of each docstring; and the import rules
   tests/test_layers.py enforces (`import-rules`).
@@ -36,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
+HOWTO = sorted((ROOT / "docs" / "howto").glob("*.md"))
 COLUMNS = "150"
 BLOCK = re.compile(r"<!-- --8<-- \[start:(?P<name>[\w-]+)\](?P<options>[^>]*?) -->\n"
                    r"(?P<body>.*?)<!-- --8<-- \[end:(?P=name)\] -->", re.S)
@@ -82,9 +85,11 @@ def run_example(block: Block) -> str:
     argv = [sys.executable, "-m", "shardwise", *shlex.split(command)[1:]]
     done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, check=False,
                           env=os.environ | {"COLUMNS": COLUMNS})
-    if done.returncode != 0:
+    expected = int(block.options.get("exit", 0))
+    if done.returncode != expected:
         raise RuntimeError(f"{command} exited {done.returncode}:\n{done.stderr[-2000:]}")
-    lines = [line.rstrip() for line in done.stdout.rstrip("\n").split("\n")]
+    shown = done.stdout if expected == 0 else done.stderr
+    lines = [line.rstrip() for line in shown.rstrip("\n").split("\n")]
     head, tail = int(block.options.get("head", 0)), int(block.options.get("tail", 0))
     if head and len(lines) > head + tail:
         lines = [*lines[:head], "…", *(lines[-tail:] if tail else [])]
@@ -197,6 +202,7 @@ def main() -> int:
     readme, architecture = README.read_text(encoding="utf-8"), ARCHITECTURE.read_text("utf-8")
     if args.check:
         stale = stale_examples(readme, args.only)
+        stale += [s for page in HOWTO for s in stale_examples(page.read_text("utf-8"), args.only)]
         stale += [s for s in stale_pages(architecture)
                   if args.only in (None, s.split(" ", 1)[0])]
         print("\n".join(stale) or "up to date")
@@ -205,6 +211,12 @@ def main() -> int:
         if block.name.startswith("example-") and args.only in (None, block.name):
             readme = replace(readme, block.name, run_example(block))
     README.write_text(readme, encoding="utf-8")
+    for page in HOWTO:
+        text = page.read_text(encoding="utf-8")
+        for block in blocks(text):
+            if block.name.startswith("example-") and args.only in (None, block.name):
+                text = replace(text, block.name, run_example(block))
+        page.write_text(text, encoding="utf-8")
     for name, generate in GENERATED_PAGES.items():
         if args.only in (None, name):
             architecture = replace(architecture, name, generate())

@@ -168,3 +168,14 @@ def test_the_site_makes_no_external_request(site):
              for m in external.finditer(page.read_text("utf-8"))
              if 'rel="canonical"' not in m[0] and 'rel="alternate"' not in m[0]}
     assert not found, sorted(found)[:5]
+
+
+def test_the_howto_examples_are_current():
+    """The how-to pages' example blocks print what their commands print now (a refusal's
+    figures included: `exit=2` blocks show stderr)."""
+    from scripts import generate_docs
+
+    pages = [p for p in generate_docs.HOWTO if "[start:example-" in p.read_text("utf-8")]
+    assert pages
+    stale = [s for p in pages for s in generate_docs.stale_examples(p.read_text("utf-8"))]
+    assert not stale, "run `python scripts/generate_docs.py`:\n" + "\n".join(stale)

@@ -201,8 +201,9 @@ SCREENSHOTS = {
     "ui-schedule": "/schedule?schedule=interleaved&chunks=2",
     **{f"learn-{name}": f"/learn/{name}" for name in (
         "memory-budget", "zero-stages", "ring-allreduce", "tp-mlp", "bubble", "pipeline-grid",
-        "ring-attention", "context-wall")},
+        "ring-attention", "context-wall", "checkpoint-interval")},
 }
+THUMBS = ROOT / "src/shardwise/web/static/thumbs"  # the Learn cards' pictures
 # docs/NAME.svg ← `shardwise schedule ARGS --svg FILE`
 GANTTS = {
     "gantt-1f1b": ["-p", "4", "-m", "8", "--schedule", "1f1b"],
@@ -297,6 +298,15 @@ def write_pictures() -> None:
             page.wait_for_timeout(300)  # charts drawn after the last answer
             page.screenshot(path=str(DOCS / f"{name}.png"))
             page.close()
+            if name.startswith("learn-"):  # the card's thumbnail: the widget, at 0.3 scale
+                small = browser.new_page(viewport={"width": 1440, "height": 900},
+                                         device_scale_factor=0.3)
+                small.goto(base + address, wait_until="networkidle")
+                small.wait_for_timeout(300)
+                THUMBS.mkdir(exist_ok=True)
+                small.screenshot(path=str(THUMBS / f"{name.removeprefix('learn-')}.png"),
+                                 clip={"x": 90, "y": 200, "width": 1260, "height": 600})
+                small.close()
             calls.sort(key=lambda c: json.dumps(c, sort_keys=True))
             html = "static/" + ("learn/" if "/learn/" in address else "") \
                 + address.split("?")[0].rsplit("/", 1)[1] + ".html"

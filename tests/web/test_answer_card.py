@@ -70,3 +70,35 @@ def test_selected_segment_shows_the_keyboard_focus(page, server_url):
         "s => [getComputedStyle(s).outlineStyle, getComputedStyle(s).outlineColor, "
         "getComputedStyle(s).backgroundColor]")
     assert ring[0] == "solid" and ring[1] != ring[2], ring  # a ring unlike the fill
+
+
+def test_home_questions_open_prefilled_tools(page, server_url):
+    """Each example question on the home page opens its tool with the question's inputs in
+    the form and an answer, with no error."""
+    page.goto(server_url + "/")
+    links = page.locator("#questions a")
+    hrefs = [links.nth(i).get_attribute("href") for i in range(links.count())]
+    assert len(hrefs) >= 5
+    answers = {"/planner": "#answer-layout", "/memory": "#stages td[data-part=total]",
+               "/schedule": "#chart svg", "/learn/context-wall": "svg"}
+    for href in hrefs:
+        page.goto(server_url + "/")
+        page.locator(f'#questions a[href="{href}"]').click()
+        path, _, query = href.partition("?")
+        expect(page.locator(answers[path]).first).to_be_visible(timeout=30_000)
+        for key, value in (pair.split("=") for pair in query.split("&") if pair):
+            radio = page.locator(f'#form input[type=radio][name="{key}"][value="{value}"]')
+            if radio.count():
+                expect(radio).to_be_checked()
+            else:
+                expect(page.locator(f'#form [name="{key}"]')).to_have_value(value)
+        assert page.locator("#form-error").count() == 0 or page.locator(
+            "#form-error").is_hidden(), href
+
+
+def test_learn_cards_show_thumbnails(page, server_url):
+    page.goto(server_url + "/learn/index")
+    thumbs = page.locator("#widgets img.thumb")
+    expect(thumbs).to_have_count(9)
+    page.evaluate("() => Promise.all([...document.images].map((i) => i.decode()))")
+    assert all(w > 100 for w in thumbs.evaluate_all("imgs => imgs.map((i) => i.naturalWidth)"))

@@ -221,3 +221,5 @@ def test_phone_layout(page, server_url):
     page.goto(f"{server_url}/schedule")
     page.wait_for_selector("#chart svg")
     assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    # the Gantt chart is drawn at the phone's width: its labels stay readable (issue 46: 3.8 px)
+    assert page.evaluate(SMALLEST_TEXT, "#chart svg text") >= 9

@@ -282,7 +282,8 @@ def write_pictures() -> None:
                                              args=["--headless", "--no-sandbox"])
         for name, address in SCREENSHOTS.items():
             page = browser.new_page(viewport={"width": 1440, "height": 900})
-            calls, statics = [], set()
+            calls: list[dict] = []
+            statics: set[str] = set()
 
             def seen(request, calls=calls, statics=statics) -> None:
                 path = request.url.removeprefix(base)

@@ -113,7 +113,7 @@ FLAG_NOTES: dict[str, str] = {
     "train_batch_size": "sequences per optimizer step",
     "stage": "ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters sharded over the "
              "data-parallel GPUs",
-    "overlap_comm": "ZeRO communication overlapped with backward",
+    "overlap_comm": "whether ZeRO's communication overlaps backward",
     "reduce_bucket_size": "elements per gradient reduction bucket",
     "allgather_bucket_size": "elements per parameter all-gather bucket",
     "stage3_prefetch_bucket_size": "ZeRO-3: elements of parameters fetched ahead",
@@ -150,9 +150,10 @@ def plan_command(request: dict[str, Any], framework: str) -> str:
     words = ["shardwise", "plan", "config.json" if request.get("hf_config") else
              str(request.get("model", ""))]
     for param in command.params:
-        if not isinstance(param, click.Option) or param.name not in request:
+        key = param.opts[0].lstrip("-").replace("-", "_")  # --fix → fix (its name: fix_text)
+        if not isinstance(param, click.Option) or key not in request:
             continue
-        value, default = request[param.name], param.default
+        value, default = request[key], param.default
         if value is None or value == default or param.name == "emit":
             continue
         if param.is_flag and param.secondary_opts:  # --flash / --no-flash

@@ -185,9 +185,9 @@ def uncertainty(accelerator: str, stack: str, layout: Any, train: Any,
                         family(layout.tp, layout.pp, layout.cp, layout.ep, layout.zero))
     missing = unvalidated(accelerator, stack, layout, train, calibration)
     extra = PER_FEATURE * len(missing)
-    widths = {c: (None if w is None else round(w + extra, 4), *rest)
-              for c, (w, *rest) in bands(runs, names, _factors()).items()}
-    band, group, n, step = widths[COVERAGE]
+    found = bands(runs, names, _factors())
+    width, group, n, step = found[COVERAGE]
+    band = None if width is None else round(width + extra, 4)
     if band is None:
         why = (f"the out-of-sample errors of {group} ({n} runs) exceed ±{MAX_BAND:.0%}" if n
                else f"no group of published runs on {stack} has {needed(COVERAGE)} runs whose "
@@ -200,9 +200,9 @@ def uncertainty(accelerator: str, stack: str, layout: Any, train: Any,
              + (f", × {WIDEN:g}^{step} (the nearest group with enough runs whose sources "
                 "cover each other)" if step else "")
              + (f", + {PER_FEATURE:.0%} × {len(missing)} unvalidated" if missing else ""))
-    high = widths[COVERAGES[-1]]
-    return Uncertainty(band, group, n, missing, high[0], high[1] if high[0] else "",
-                       COVERAGE, True, basis)
+    high, group_95 = found[COVERAGES[-1]][:2]
+    return Uncertainty(band, group, n, missing, None if high is None else round(high + extra, 4),
+                       group_95 if high is not None else "", COVERAGE, True, basis)
 
 
 def bounds(total: float, sure: dict[str, Any] | None) -> dict[str, float | None]:

@@ -212,3 +212,32 @@ def test_an_attention_kernel_without_a_benchmark_on_the_accelerator_is_said():
     assert not any("triton" in f for f in hopper.unvalidated)
     borrowed = [f for f in blackwell.unvalidated if f.startswith("triton attention")]
     assert borrowed and "no kernel benchmark on b200" in borrowed[0]
+
+
+def test_the_recorded_band_factors_are_the_calibration_now():
+    """validation.json's factors are what benchmarks/band_coverage.py computes from its runs
+    (a change of the band rule without a rerun fails here)."""
+    _harness()
+    import band_coverage
+
+    data = validation_data()
+    assert band_coverage.calibrate(data["runs"]) == data["band_factors"]
+
+
+def test_a_group_factor_by_hand():
+    """hopper · megatron-te · tp+cp holds two source families of six runs each: each family's
+    runs get the band of the other's six (the conformal 80 % quantile of six is the 6th, their
+    largest |error|); the factor is the 11th smallest of the twelve |error| ÷ band scores
+    (⌈13·0.8⌉), at least 1 — and the band it widens then covers 11 of the 12 out of sample."""
+    runs = [r for r in validation_data()["runs"]
+            if (r["generation"], r["stack"], r["family"]) == ("hopper", "megatron-te", "tp+cp")]
+    families = {r["family_of_sources"] for r in runs}
+    assert len(runs) == 12 and len(families) == 2
+    largest = {f: max(abs(r["loso_error"]) for r in runs if r["family_of_sources"] == f)
+               for f in families}
+    scores = sorted(abs(r["loso_error"]) / next(v for f, v in largest.items()
+                                                if f != r["family_of_sources"]) for r in runs)
+    factor = max(1.0, scores[10])
+    recorded = validation_data()["band_factors"]["0.8"]["hopper · megatron-te · tp+cp"]
+    assert recorded == pytest.approx(factor, abs=1e-3) and factor > 1
+    assert sum(s <= recorded + 1e-9 for s in scores) >= 0.8 * len(scores)

@@ -10,8 +10,9 @@ coverage nominal. The band at coverage `c` (0.8 printed, 0.95 reported):
     band_c = conformal_c(|LOSO errors| of the nearest group with ≥ needed(c) runs)
              × factor_c(group) × WIDEN^(steps up to a parent group) + PER_FEATURE × unvalidated
 
-with conformal_c the ⌈(n+1)·c⌉-th smallest of n errors. No group with enough runs: no band,
-"not validated". docs/concepts/step-time.md derives it; docs/accuracy/bands.md measures it.
+with conformal_c the ⌈(n+1)·c⌉-th smallest of n errors. No group with enough runs, or a
+group band over ±`MAX_BAND`: no band, "not validated". docs/concepts/step-time.md derives it;
+docs/accuracy/bands.md measures it.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ import numpy as np
 from shardwise.calibration import default_calibration
 from shardwise.hardware import get_accelerator
 
-__all__ = ["COVERAGE", "COVERAGES", "DOCS", "Uncertainty", "band_of", "bounds", "conformal",
+__all__ = ["COVERAGE", "COVERAGES", "DOCS", "Uncertainty", "band_of", "bands", "bounds",
+           "cap_for",
+           "conformal",
            "family", "generation", "group_names", "needed", "resolution", "uncertainty",
            "validation_data"]
 
@@ -38,6 +41,7 @@ COVERAGES = (0.8, 0.95)  # both measured and reported
 MIN_RUNS = 5  # a smaller group says too little: its parent group, widened, gives the band
 WIDEN = 1.5  # per step up to a parent group (group → generation · stack → stack)
 PER_FEATURE = 0.05  # per feature no validation run measured
+MAX_BAND = 0.5  # a group band wider than ±50 % says nothing: "not validated" instead
 MIN_PAIRS = 10  # pairs of runs the resolution needs at a level before it relaxes
 DOCS = "docs/accuracy/bands.md"  # where each group's band and coverage are published
 
@@ -123,24 +127,53 @@ def conformal(errors: list[float], coverage: float) -> float | None:
 
 
 def band_of(runs: list[dict[str, Any]], names: tuple[str, ...], coverage: float,
-            factors: dict[str, float] | None = None) -> tuple[float | None, str, int, int]:
+            factors: dict[str, float | None] | None = None, start: int = 0,
+            cap: float | None = None) -> tuple[float | None, str, int, int]:
     """(half-width, group, runs, steps up) of the band at `coverage` from `runs` (validation
     runs: `generation`, `stack`, `family`, `loso_error`) for a layout of groups `names`
-    (`group_names`): the nearest with `needed(coverage)` runs, × its `factors` entry (1
-    without) × `WIDEN` per step up; (None, names[0], 0, -1) when none has enough."""
-    for step, name in enumerate(names):
+    (`group_names`), from level `start` on: the nearest group with `needed(coverage)` runs,
+    × its `factors` entry (1 without; a group whose entry is None — its sources' coverage
+    could not be calibrated — is passed over) × `WIDEN` per step up. (None, group, runs, -1)
+    when none qualifies or the band is wider than `cap`: not validated."""
+    for step in range(start, len(names)):
+        name = names[step]
         errors = [r["loso_error"] for r in runs if _names(r)[step] == name]
-        if len(errors) >= needed(coverage):
+        factor = (factors or {}).get(name, 1.0)
+        if len(errors) >= needed(coverage) and factor is not None:
             quantile = conformal(errors, coverage)
             assert quantile is not None
-            factor = (factors or {}).get(name, 1.0)
-            return quantile * factor * WIDEN ** step, name, len(errors), step
-    return None, names[0], 0, -1
+            width = quantile * factor * WIDEN ** (step - start)
+            if cap is not None and width > cap:
+                return None, name, len(errors), -1
+            return width, name, len(errors), step
+    return None, names[start], 0, -1
 
 
-def _factors(coverage: float) -> dict[str, float]:
-    """Per group, the widening that makes its LOSO coverage nominal (validation.json)."""
-    return validation_data().get("band_factors", {}).get(f"{coverage:g}", {})
+def cap_for(coverage: float) -> float:
+    """The widest band still given at `coverage`: `MAX_BAND` for the printed one, ±100 % (a
+    band that admits a zero step time) at 95 %."""
+    return MAX_BAND if coverage == COVERAGE else 1.0
+
+
+def bands(runs: list[dict[str, Any]], names: tuple[str, ...],
+          factors: dict[str, dict[str, float | None]] | None = None
+          ) -> dict[float, tuple[float | None, str, int, int]]:
+    """`band_of` at each of `COVERAGES` (`factors` by coverage as "0.8"; capped by `cap_for`),
+    the 95 % band never narrower than the 80 % one (a parent's can be) and none without
+    it."""
+    out = {c: band_of(runs, names, c, (factors or {}).get(f"{c:g}"), cap=cap_for(c))
+           for c in COVERAGES}
+    low, high = out[COVERAGES[0]], out[COVERAGES[-1]]
+    if low[0] is None:
+        out[COVERAGES[-1]] = (None, high[1], high[2], -1)
+    elif high[0] is not None and high[0] < low[0]:
+        out[COVERAGES[-1]] = low
+    return out
+
+
+def _factors() -> dict[str, dict[str, float | None]]:
+    """Per coverage and group, the widening that makes its LOSO coverage nominal."""
+    return validation_data().get("band_factors", {})
 
 
 def uncertainty(accelerator: str, stack: str, layout: Any, train: Any,
@@ -151,25 +184,25 @@ def uncertainty(accelerator: str, stack: str, layout: Any, train: Any,
     names = group_names(generation(accelerator), stack,
                         family(layout.tp, layout.pp, layout.cp, layout.ep, layout.zero))
     missing = unvalidated(accelerator, stack, layout, train, calibration)
-    widths = {}
-    for coverage in COVERAGES:
-        width, group, n, step = band_of(runs, names, coverage, _factors(coverage))
-        extra = PER_FEATURE * len(missing)
-        widths[coverage] = (None if width is None else round(width + extra, 4), group, n, step)
-    band, group, n, step = widths[COVERAGE]
+    extra = PER_FEATURE * len(missing)
+    found = bands(runs, names, _factors())
+    width, group, n, step = found[COVERAGE]
+    band = None if width is None else round(width + extra, 4)
     if band is None:
+        why = (f"the out-of-sample errors of {group} ({n} runs) exceed ±{MAX_BAND:.0%}" if n
+               else f"no group of published runs on {stack} has {needed(COVERAGE)} runs whose "
+                    "sources cover each other")
         return Uncertainty(None, names[0], 0, missing, None, "", COVERAGE, False,
-                           f"no group of published runs with {needed(COVERAGE)} or more runs "
-                           f"on {stack}: not validated")
-    factor = _factors(COVERAGE).get(group, 1.0)
+                           f"{why}: not validated")
+    factor = _factors().get(f"{COVERAGE:g}", {}).get(group) or 1.0
     basis = (f"{COVERAGE:.0%} conformal quantile of the {n} leave-one-source-out errors of "
              f"{group}" + (f", × {factor:g} for its sources' spread" if factor > 1 else "")
-             + (f", × {WIDEN:g}^{step} (its own group has under {MIN_RUNS} runs)" if step
-                else "")
+             + (f", × {WIDEN:g}^{step} (the nearest group with enough runs whose sources "
+                "cover each other)" if step else "")
              + (f", + {PER_FEATURE:.0%} × {len(missing)} unvalidated" if missing else ""))
-    high = widths[COVERAGES[-1]]
-    return Uncertainty(band, group, n, missing, high[0], high[1] if high[0] else "",
-                       COVERAGE, True, basis)
+    high, group_95 = found[COVERAGES[-1]][:2]
+    return Uncertainty(band, group, n, missing, None if high is None else round(high + extra, 4),
+                       group_95 if high is not None else "", COVERAGE, True, basis)
 
 
 def bounds(total: float, sure: dict[str, Any] | None) -> dict[str, float | None]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from shardwise.estimate.goodput import CHECKPOINTS
@@ -466,7 +467,16 @@ def render_plan(result: PlanResult, console: Console, *, tokens: float | None = 
         f"budget {result.budget / 2**30:.1f} GiB per GPU ({result.headroom:.0%})"
         + (f"; searched only {result.constraint}." if result.constraint else "."))
     rec = result.recommended
-    console.print(ranked_table(result, wide))
+    table = ranked_table(result, wide)
+    # every column at its full width, past the terminal's if need be (it wraps the lines)
+    need = Measurement.get(console, console.options.update_width(400), table).maximum \
+        if wide else console.width
+    width = console.width
+    console.width = max(width, need)
+    try:
+        console.print(table)
+    finally:
+        console.width = width
     console.print(headline(result))
     console.print(breakdown_table(rec, "Recommended layout's step time"))
     console.print(memory_table(rec))

@@ -72,3 +72,12 @@ def test_a_layout_error_names_the_layout_field(client, body, field):
     assert response.status_code == 400
     assert response.json().get("field") == field
     assert isinstance(response.json()["detail"], str)
+
+
+def test_the_fastest_choice_is_in_the_command(client):
+    out = client.post("/api/plan", json={"gpus": 16, "choose": "fastest"}).json()
+    text = out["emits"]["megatron"]["download"]["text"]
+    command = header_command(text)
+    assert command[-4:] == ["--choose", "fastest", "--emit", "megatron"]
+    printed = CliRunner().invoke(cli, command[1:], catch_exceptions=False)
+    assert text.endswith(printed.output) and out["ranked"][0]["short"] in printed.output

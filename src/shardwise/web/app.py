@@ -2,7 +2,8 @@
 the API docs (`/docs`, served offline) and a 404 page.
 
 Every request/response is a pydantic model; a `ShardwiseError` (bad input the CLI would reject
-with exit code 2) becomes HTTP 400 with the same one-line message in `detail`. An unknown path
+with exit code 2) becomes HTTP 400 with the same one-line message in `detail` (and, for a
+`tools.FieldError`, the form field at fault in `field`). An unknown path
 outside `/api/` is the 404 page with the navigation; under `/api/` a JSON error. A request that
 fails validation is a 422 whose echo of the input is always JSON (NaN, Infinity or 1e400 in a
 body are shown as text, never break the answer into a 500); a result that is not a finite

@@ -18,9 +18,12 @@ from tests.web.cli_json import cli_json
 
 
 def test_answer_card_ties_choice_and_download(page, server_url):
+    page.set_viewport_size({"width": 1440, "height": 900})
     page.goto(server_url + "/planner?gpus=16")
     out = cli_json("plan", "llama3-8b", "--gpus", "16")
     expect(page.locator("#answer-layout")).to_have_text(out["recommended"]["short"])
+    box = page.locator("#answer").bounding_box()  # the answer is on the first screen
+    assert box["y"] + box["height"] <= 900, box
     ties = [e["rank"] for e in out["ranked"] if e["tier"] == 1]
     expect(page.locator("#ranked tbody tr.tie")).to_have_count(len(ties))
     expect(page.locator("#decisions li a.learn-link")).to_have_count(
@@ -41,6 +44,7 @@ def test_answer_card_ties_choice_and_download(page, server_url):
     fastest = out["ranked"][0]["short"]
     expect(page.locator("#answer-layout")).to_have_text(fastest)
     assert "choose=fastest" in page.url
+    expect(page.locator("#emit-for")).to_contain_text(f"the recommended layout, {fastest}")
     expect(page.locator("#emit-text")).to_contain_text(f"# shardwise: llama3-8b, {fastest},")
 
 

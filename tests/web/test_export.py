@@ -27,7 +27,7 @@ def header_command(text: str) -> list[str]:
 @pytest.mark.parametrize(("impl", "framework", "fix"), STACKS)
 def test_download_is_the_cli_export_under_a_header(client, impl, framework, fix):
     out = client.post("/api/plan", json={"model": "llama3-8b", "gpus": 16, "impl": impl,
-                                         "fix": fix, "seq": 4096,
+                                         "fix": fix, "seq": 4096, "layout": fix, "top": 3,
                                          "link": "http://example.org/planner?gpus=16"}).json()
     file = out["emits"][framework]["download"]
     text = file["text"]

@@ -138,6 +138,11 @@ def flag_notes(config: str) -> list[str]:
     return notes
 
 
+# not in the command: how many rows the page lists changes nothing in the file (a compared
+# --layout stays: --emit exports it, as the plan's payload does)
+SKIPPED = {"emit", "top"}
+
+
 def plan_command(request: dict[str, Any], framework: str) -> str:
     """The `shardwise plan … --emit FRAMEWORK` command that prints `framework`'s file for the
     planner's `request` (its fields named as `shardwise plan`'s parameters; defaults left
@@ -154,7 +159,7 @@ def plan_command(request: dict[str, Any], framework: str) -> str:
         if not isinstance(param, click.Option) or key not in request:
             continue
         value, default = request[key], param.default
-        if value is None or value == default or param.name == "emit":
+        if value is None or value == default or key in SKIPPED:
             continue
         if param.is_flag and param.secondary_opts:  # --flash / --no-flash
             words.append(param.opts[0] if value else param.secondary_opts[0])

@@ -209,7 +209,8 @@ function renderEmits(out) {
     const file = emit.download;
     URL.revokeObjectURL(downloadUrl);
     downloadUrl = URL.createObjectURL(new Blob([file.text], { type: "text/plain" }));
-    panel.innerHTML = `<div class="actions"><a class="button primary" id="download" download="${escapeHtml(file.filename)}" href="${downloadUrl}">Download ${escapeHtml(file.filename)}</a><button type="button" id="copy">Copy ${escapeHtml(name)} config</button></div><pre class="code" id="emit-text" tabindex="0"></pre>`
+    const which = out.given ? `your layout, ${out.given.short}` : `the recommended layout, ${(out.recommended ?? out.ranked[0]).short}`;
+    panel.innerHTML = `<p class="hint" id="emit-for">For ${escapeHtml(which)} (as <code>shardwise plan … --emit ${escapeHtml(name)}</code>).</p><div class="actions"><a class="button primary" id="download" download="${escapeHtml(file.filename)}" href="${downloadUrl}">Download ${escapeHtml(file.filename)}</a><button type="button" id="copy">Copy ${escapeHtml(name)} config</button></div><pre class="code" id="emit-text" tabindex="0"></pre>`
       + (emit.notes.length ? `<ul class="hint">${emit.notes.map((n) => `<li>${escapeHtml(n)}</li>`).join("")}</ul>` : "");
     document.getElementById("emit-text").textContent = file.text;
     document.getElementById("copy").addEventListener("click", (ev) => copyText(ev.target, file.text));

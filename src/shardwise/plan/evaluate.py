@@ -35,7 +35,6 @@ from shardwise.layout import (
     Layout,
     Partition,
     TrainSpec,
-    stage_extremes,
     ulysses_degree,
 )
 from shardwise.plan.results import PlanEntry

@@ -17,6 +17,7 @@ and the exactness argument: docs/concepts/planner.md.
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,15 +25,19 @@ import numpy as np
 
 from shardwise.arch import ModelSpec
 from shardwise.calibration import Calibration
+from shardwise.errors import ShardwiseError
 from shardwise.hardware import Cluster
 from shardwise.layout import CP_KINDS, Layout, TrainSpec
 from shardwise.plan.evaluate import (
+    _THREADS,
     cell_terms,
     flat_cells,
     memory_grid,
     shared_costs,
     step_floor,
 )
+from shardwise.plan.grid import _Rejections, _structures
+from shardwise.plan.space import SearchSpace
 
 # valid layouts above which `plan` prunes (below it evaluates every step time: cheaper)
 PRUNE_ABOVE = 300_000
@@ -46,6 +51,43 @@ _COL_AXES = ("recompute", "sp")
 # the fields that name a family (`rank._FIRST_ORDER`): all but zero_group and the partition
 _PAIR_FAMILY = ("tp", "pp", "cp", "ep", "etp", "cp_kind", "ulysses", "micro_batch")
 _ROW_FAMILY = ("schedule", "chunks", "zero")
+
+
+# the search's resident memory: the interpreter and its modules, and per grid cell left after
+# the structural pruning (benchmarks/bench_planner.py's peak RSS over `SearchSize.cells`)
+BASE_BYTES = 150e6
+BYTES_PER_CELL = 80.0
+
+
+@dataclass(frozen=True)
+class SearchSize:
+    """How big a search is before it runs (`search_size`): grid points, an upper bound on
+    the cells it holds (the valid structures × every other axis' values), and the peak
+    resident bytes that predicts."""
+
+    grid: int
+    cells: int
+    bytes: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"grid": self.grid, "cells": self.cells, "bytes": self.bytes}
+
+
+def search_size(model: ModelSpec, cluster: Cluster, train: TrainSpec,
+                space: SearchSpace | None = None) -> SearchSize:
+    """The size of `plan`'s search from the grid's first two levels (the structures and the
+    micro-batches that split the batch; well under a second): what a server checks before
+    it accepts a search (`--fix`/`--max` shrink it). `bytes = BASE_BYTES + BYTES_PER_CELL ·
+    cells`."""
+    if train.global_batch is None:
+        raise ShardwiseError("planning needs a global batch (e.g. --global-batch 4M-tokens)")
+    space = space or SearchSpace()
+    rows, grid, axes, _ = _structures(model, cluster, train, space, _Rejections())
+    per = math.prod(len(axes[k]) for k in ("schedule", "zero", "sp", "recompute"))
+    dp = np.array([row[4] for row in rows], dtype=np.int64)[:, None]
+    mb = np.array(axes["micro_batch"], dtype=np.int64)[None, :]
+    cells = int((train.global_batch % (dp * mb) == 0).sum()) * per if len(rows) else 0
+    return SearchSize(grid, cells, BASE_BYTES + BYTES_PER_CELL * cells)
 
 
 class BoundBroken(Exception):
@@ -82,20 +124,27 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
     shared = shared_costs(model, cluster, train, cand, calib)
     memory = np.full(valid.shape, np.inf)
     step = max(1, BLOCK_CELLS // n_cols)
-    for rows in _by_stages(cand, np.arange(n_rows)):
-        for start in range(0, len(rows), step):
-            block = rows[start:start + step]
-            memory[block] = memory_grid(model, train, cand, shared, block)
+    blocks = [rows[start:start + step] for rows in _by_stages(cand, np.arange(n_rows))
+              for start in range(0, len(rows), step)]
+
+    def fill(block: np.ndarray) -> None:
+        memory[block] = memory_grid(model, train, cand, shared, block)
+
     # the floor: once per run of rows that differ only in ZeRO (stage, group)
     key = np.stack([np.asarray(cand[k])[:, 0] for k in ("pair", "schedule", "chunks")])
     first = np.flatnonzero(np.concatenate([[True], (np.diff(key, axis=1) != 0).any(axis=0)]))
     run = np.cumsum(np.isin(np.arange(n_rows), first)) - 1
     per_run = np.empty((len(first), n_cols))
-    for start in range(0, len(first), step):
+
+    def fill_floor(start: int) -> None:
         block = first[start:start + step]
         per_run[start:start + step] = step_floor(model, cluster, train, cand, shared, block)
+
+    with ThreadPoolExecutor(_THREADS) as pool:  # numpy's loops release the GIL
+        list(pool.map(fill, blocks))
+        list(pool.map(fill_floor, range(0, len(first), step)))
     floor = per_run[run]
-    del per_run, run, key
+    del run, key
     memory[~valid] = np.inf
     floor[~valid] = np.inf
     fits = valid & (memory <= budget)
@@ -110,9 +159,13 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
     seeds += [hit for hit in (find_cell(cand, layout, model.n_layers) if layout else None
                               for layout in layouts) if hit is not None]
     fit_floor = np.where(fits, floor, np.inf)
+    least_of = _Least(fit_floor)
     for axis, code in codes.items():
-        seeds += _least_cells(code, fit_floor, values[axis])
-    seeds += _least_cells(np.zeros((1, 1), dtype=np.int64), np.where(fits, np.inf, floor), [0])
+        seeds += least_of.cells(code, values[axis])
+    over_floor = np.where(fits, np.inf, floor).ravel()
+    if np.isfinite(over_floor.min(initial=np.inf)):
+        seeds.append(int(np.argmin(over_floor)))
+    del over_floor
     fit_cells = fits.ravel()
     k = min(SEED_CELLS, int(fit_cells.sum())) - 1
     if k >= 0:
@@ -130,7 +183,7 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
         if not len(need):
             break
         state.add(need)
-    least = {}
+    least: dict[tuple[str, int], float] = {}
     for axis, present in values.items():
         per = _least(codes[axis], memory, axis)
         least |= {(axis, v): float(per[v]) for v in present}
@@ -366,34 +419,35 @@ def _codes(cand: dict[str, Any], axis: str) -> np.ndarray:
 
 
 def _present(code: np.ndarray, valid: np.ndarray, axis: str) -> list[int]:
-    any_valid = valid.any(axis=1)[:, None] if code.shape[1] == 1 else valid.any(axis=0)[None]
+    rows_ok: np.ndarray = np.asarray(valid.any(axis=1))
+    cols_ok: np.ndarray = np.asarray(valid.any(axis=0))
+    any_valid = rows_ok[:, None] if code.shape[1] == 1 else cols_ok[None, :]
     out = np.unique(code[any_valid]) if any_valid.any() else np.zeros(0, dtype=np.int64)
     return [int(v) for v in out if not (axis == "cp_kind" and v == len(CP_KINDS))]
 
 
-def _least_cells(code: np.ndarray, grid: np.ndarray, present: list[int]) -> list[int]:
-    """For each code in `present`, the flat index of a cell of least `grid` (none if
-    infinite)."""
-    n_cols = grid.shape[1]
-    out = []
-    if code.shape == (1, 1):
-        at = int(np.argmin(grid))
-        return [at] if np.isfinite(grid.ravel()[at]) else []
-    if code.shape[1] == 1:
-        low, arg = grid.min(axis=1), grid.argmin(axis=1)
+class _Least:
+    """The least value of a grid per row and per column, and where: for each code of an axis,
+    the flat index of a cell of least value (`cells`)."""
+
+    def __init__(self, grid: np.ndarray) -> None:
+        self.n_cols = grid.shape[1]
+        self.low = {True: grid.min(axis=1), False: grid.min(axis=0)}
+        self.arg = {True: grid.argmin(axis=1), False: grid.argmin(axis=0)}
+
+    def cells(self, code: np.ndarray, present: list[int]) -> list[int]:
+        on_rows = code.shape[1] == 1
+        low, arg, line = self.low[on_rows], self.arg[on_rows], code[:, 0] if on_rows else code[0]
+        best = np.full(int(line.max()) + 1, np.inf)
+        np.minimum.at(best, line, low)
+        out = []
         for v in present:
-            mask = np.where(code[:, 0] == v, low, np.inf)
-            row = int(np.argmin(mask))
-            if np.isfinite(mask[row]):
-                out.append(row * n_cols + int(arg[row]))
-    else:
-        low, arg = grid.min(axis=0), grid.argmin(axis=0)
-        for v in present:
-            mask = np.where(code[0] == v, low, np.inf)
-            col = int(np.argmin(mask))
-            if np.isfinite(mask[col]):
-                out.append(int(arg[col]) * n_cols + col)
-    return out
+            if not np.isfinite(best[v]):
+                continue
+            at = int(np.flatnonzero((line == v) & (low == best[v]))[0])
+            out.append(at * self.n_cols + int(arg[at]) if on_rows
+                       else int(arg[at]) * self.n_cols + at)
+        return out
 
 
 def _least(code: np.ndarray, grid: np.ndarray, axis: str) -> np.ndarray:

@@ -63,7 +63,7 @@ def plan(model: ModelSpec, cluster: Cluster, train: TrainSpec, top: int = 10, *,
     if space is not None and space.offload:
         return _best_offload(model, cluster, train, top, space, headroom=headroom, calib=calib,
                              layout=layout, baseline=baseline, progress=progress,
-                             all_variants=all_variants)
+                             all_variants=all_variants, prune_above=prune_above)
     started = time.perf_counter()
     say = progress or (lambda message: None)
     check_specs(model=model, layout=layout, cluster=cluster, train=train,

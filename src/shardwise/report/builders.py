@@ -341,10 +341,12 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str | Accelerator = "h100"
     inputs.check_stack(train)
     space = SearchSpace(constraint=Constraint.parse(fix_text, max_text),
                         offload=train.stack.offload_kinds() if auto else None)
+    from shardwise.plan.prune import PRUNE_ABOVE
+
     return plan(spec, cluster, train, top, headroom=headroom, calib=calib, layout=given,
                 progress=progress, space=space, all_variants=all_variants, rank_by=rank_by,
                 reliability=inputs,
-                **({} if prune_above is None else {"prune_above": prune_above}))
+                prune_above=PRUNE_ABOVE if prune_above is None else prune_above)
 
 
 def reliability(mtbf_gpu_hours: float | None = None, checkpoint_bandwidth: str | None = None,

@@ -1,0 +1,92 @@
+"""The pruned search (`plan.prune`) against the exhaustive one, through `run_plan` (what the
+CLI and the web app call): the same rows, counts, notes, alternatives, simplest layout and
+ranks on MoE grids small enough to enumerate; its floor under every step time; the size
+estimate against the grid it predicts."""
+
+import numpy as np
+import pytest
+
+from shardwise.arch import get_model
+from shardwise.calibration import default_calibration
+from shardwise.hardware import Cluster
+from shardwise.layout import TrainSpec
+from shardwise.plan import SearchSpace, _enumerate, _Rejections, evaluate_candidates
+from shardwise.plan.evaluate import shared_costs, step_floor
+from shardwise.plan.prune import search_size
+from shardwise.report.builders import run_plan
+
+EXHAUSTIVE = 10**12  # `prune_above` above any grid: every step time evaluated
+
+
+def _comparable(result):
+    """The result as the user sees it, without the timings and the count of step times."""
+    out = result.to_dict()
+    out["stats"] = {k: v for k, v in out["stats"].items()
+                    if k not in ("seconds", "evaluation_seconds", "layouts_per_s", "timed")}
+    return out
+
+
+# MoE models with shared experts (tiny-deepseek: MLA, a dense first layer; mixtral: GQA),
+# grids with tp·ep > 1 layouts, 1F1B, zero-bubble and interleaved schedules, ZeRO groups
+CASES = [
+    ("tiny-deepseek", dict(gpus=32, seq=64, global_batch="256")),
+    ("tiny-deepseek", dict(gpus=16, seq=64, global_batch="64", top=3,
+                           layout_text="tp=2,pp=1,ep=4,zero=1")),
+    ("tiny-moe", dict(gpus=32, seq=64, global_batch="128", all_variants=True, top=5)),
+    ("mixtral-8x7b", dict(gpus=16, seq=4096, global_batch="64", max_text="pp=4",
+                          layout_text="tp=2,pp=4,ep=2,zero=1,sp=1")),
+]
+
+
+@pytest.mark.parametrize(("name", "options"), CASES)
+def test_pruned_search_equals_the_exhaustive_one(name, options):
+    spec = get_model(name)
+    exhaustive = run_plan(spec, **options, prune_above=EXHAUSTIVE)
+    pruned = run_plan(spec, **options, prune_above=0)
+    # the grid is not degenerate: MoE with experts split over tp·ep > 1, several schedules
+    assert spec.is_moe
+    assert pruned.stats.timed < exhaustive.stats.timed == exhaustive.stats.evaluated
+    assert _comparable(pruned) == _comparable(exhaustive)
+    assert pruned.stats.fits == exhaustive.stats.fits > len(exhaustive.ranked)
+
+
+def test_the_grids_compared_hold_what_the_comparison_needs():
+    """The compared grids have tp·ep > 1 layouts that fit, and more than one schedule and
+    ZeRO stage among the layouts that fit (else the comparison would prove little)."""
+    spec = get_model("tiny-deepseek")
+    result = run_plan(spec, gpus=32, seq=64, global_batch="256", all_variants=True,
+                      top=10**4, prune_above=EXHAUSTIVE)
+    layouts = [entry.layout for entry in result.ranked]
+    assert any(layout.tp * layout.ep > 2 for layout in layouts)
+    assert len({layout.schedule for layout in layouts}) >= 2
+    assert len({layout.zero for layout in layouts}) >= 3
+    assert spec.n_shared_experts >= 1
+
+
+@pytest.mark.parametrize(("name", "gpus", "seq", "batch"),
+                         [("tiny-deepseek", 32, 64, 256), ("mixtral-8x7b", 16, 4096, 64)])
+def test_the_floor_is_under_every_step_time(name, gpus, seq, batch):
+    """`step_floor` (the ZeRO-independent terms at ZeRO 0) is at most the step time less its
+    closed-form bubble of every layout of the grid (the ranking's lower bound), each ZeRO
+    variant included."""
+    spec, cluster = get_model(name), Cluster.of(gpus, "h100")
+    train = TrainSpec(seq_len=seq, global_batch=batch)
+    cand, _ = _enumerate(spec, cluster, train, SearchSpace(), _Rejections())
+    cal = default_calibration(cluster.accelerator.calibration_name)
+    terms = evaluate_candidates(spec, cluster, train, cand, cal, keys=("total", "bubble"))
+    shared = shared_costs(spec, cluster, train, cand, cal)
+    floor = step_floor(spec, cluster, train, cand, shared, np.arange(cand["_valid"].shape[0]))
+    valid = cand["_valid"]
+    lower = (terms["total"] - terms["bubble"])[valid]
+    assert np.all(floor[valid] <= lower * (1 + 1e-12))
+    assert np.median(floor[valid] / lower) > 0.5  # a bound that prunes
+
+
+def test_search_size_bounds_the_cells_the_search_holds():
+    spec, cluster = get_model("mixtral-8x7b"), Cluster.of(64, "h100")
+    train = TrainSpec(seq_len=4096, global_batch=256)
+    size = search_size(spec, cluster, train)
+    cand, grid = _enumerate(spec, cluster, train, SearchSpace(), _Rejections())
+    assert size.grid == grid
+    assert cand["_valid"].size <= size.cells <= 20 * cand["_valid"].size
+    assert size.bytes > size.cells

@@ -43,24 +43,22 @@ def test_pruned_search_equals_the_exhaustive_one(name, options):
     spec = get_model(name)
     exhaustive = run_plan(spec, **options, prune_above=EXHAUSTIVE)
     pruned = run_plan(spec, **options, prune_above=0)
-    # the grid is not degenerate: MoE with experts split over tp·ep > 1, several schedules
-    assert spec.is_moe
     assert pruned.stats.timed < exhaustive.stats.timed == exhaustive.stats.evaluated
     assert _comparable(pruned) == _comparable(exhaustive)
     assert pruned.stats.fits == exhaustive.stats.fits > len(exhaustive.ranked)
-
-
-def test_the_grids_compared_hold_what_the_comparison_needs():
-    """The compared grids have tp·ep > 1 layouts that fit, and more than one schedule and
-    ZeRO stage among the layouts that fit (else the comparison would prove little)."""
-    spec = get_model("tiny-deepseek")
-    result = run_plan(spec, gpus=32, seq=64, global_batch="256", all_variants=True,
-                      top=10**4, prune_above=EXHAUSTIVE)
-    layouts = [entry.layout for entry in result.ranked]
-    assert any(layout.tp * layout.ep > 2 for layout in layouts)
-    assert len({layout.schedule for layout in layouts}) >= 2
-    assert len({layout.zero for layout in layouts}) >= 3
-    assert spec.n_shared_experts >= 1
+    # not degenerate: fitting layouts with tp·ep > 1, three ZeRO stages, several schedules
+    # (where pipelines can interleave), layouts that do not fit (mixtral)
+    fitting = {(a.axis, a.value) for a in exhaustive.alternatives if a.best_total is not None}
+    best = exhaustive.best.layout
+    fitting |= {("tp", best.tp), ("ep", best.ep), ("schedule", best.schedule),
+                ("zero", best.zero)}
+    assert any(axis in ("tp", "ep") and value > 1 for axis, value in fitting)
+    assert len({value for axis, value in fitting if axis == "zero"}) >= 3
+    assert len({value for axis, value in fitting if axis == "schedule"}) >= (
+        2 if spec.n_layers >= 4 else 1)
+    assert spec.n_moe_layers and (spec.n_shared_experts or name != "tiny-deepseek")
+    if name == "mixtral-8x7b":
+        assert exhaustive.stats.fits < exhaustive.stats.evaluated
 
 
 @pytest.mark.parametrize(("name", "gpus", "seq", "batch"),

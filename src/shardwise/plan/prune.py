@@ -40,7 +40,7 @@ from shardwise.plan.grid import _Rejections, _structures
 from shardwise.plan.space import SearchSpace
 
 # valid layouts above which `plan` prunes (below it evaluates every step time: cheaper)
-PRUNE_ABOVE = 300_000
+PRUNE_ABOVE = 400_000
 BLOCK_CELLS = 1 << 17  # cells per memory / floor block (bounds the temporaries)
 SEED_CELLS = 4_096  # the first step times: the fitting layouts of smallest floor
 POSITION_CELLS = 300_000  # step times a rank may add before it is reported as bounds
@@ -134,11 +134,13 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
     key = np.stack([np.asarray(cand[k])[:, 0] for k in ("pair", "schedule", "chunks")])
     first = np.flatnonzero(np.concatenate([[True], (np.diff(key, axis=1) != 0).any(axis=0)]))
     run = np.cumsum(np.isin(np.arange(n_rows), first)) - 1
-    per_run = np.empty((len(first), n_cols))
+    per_run = np.empty((len(first), n_cols), dtype=np.float32)
 
     def fill_floor(start: int) -> None:
         block = first[start:start + step]
-        per_run[start:start + step] = step_floor(model, cluster, train, cand, shared, block)
+        # float32 to halve the grid's bytes, rounded down so that it stays a lower bound
+        per_run[start:start + step] = step_floor(model, cluster, train, cand, shared,
+                                                 block) * (1 - 1e-6)
 
     with ThreadPoolExecutor(_THREADS) as pool:  # numpy's loops release the GIL
         list(pool.map(fill, blocks))
@@ -151,18 +153,24 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
     state = _State(model, cluster, train, cand, shared, floor, fits, valid)
     codes = {axis: _codes(cand, axis) for axis in (*_ROW_AXES, *_COL_AXES)}
     values = {axis: _present(codes[axis], valid, axis) for axis in codes}
+    least: dict[tuple[str, int], float] = {}
+    for axis, present in values.items():
+        per = _least(codes[axis], memory, axis)
+        least |= {(axis, v): float(per[v]) for v in present}
+    leanest = int(np.argmin(memory))
+    del memory  # the cells timed carry their own (`cell_terms`)
     # seeds: the least memory (named when nothing fits), the ranked layouts, the fitting
     # layouts of least floor, and for each axis value the fitting layout of least floor and
     # the valid one of least floor that does not fit: every threshold below is then finite
     # from the first round on, and only falls
-    seeds = [int(np.argmin(memory))]
+    seeds = [leanest]
     seeds += [hit for hit in (find_cell(cand, layout, model.n_layers) if layout else None
                               for layout in layouts) if hit is not None]
-    fit_floor = np.where(fits, floor, np.inf)
+    fit_floor = np.where(fits, floor, np.float32(np.inf))
     least_of = _Least(fit_floor)
     for axis, code in codes.items():
         seeds += least_of.cells(code, values[axis])
-    over_floor = np.where(fits, np.inf, floor).ravel()
+    over_floor = np.where(fits, np.float32(np.inf), floor).ravel()
     if np.isfinite(over_floor.min(initial=np.inf)):
         seeds.append(int(np.argmin(over_floor)))
     del over_floor
@@ -183,14 +191,9 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
         if not len(need):
             break
         state.add(need)
-    least: dict[tuple[str, int], float] = {}
-    for axis, present in values.items():
-        per = _least(codes[axis], memory, axis)
-        least |= {(axis, v): float(per[v]) for v in present}
     idx = np.sort(state.index)
     cells = flat_cells(cand, *np.divmod(idx, n_cols))
     terms = {k: state.terms[k][np.argsort(state.index)] for k in _KEYS}
-    terms["memory"] = memory.ravel()[idx]
     return Pruned(cells, terms, fits.ravel()[idx], int(valid.sum()), int(fits.sum()),
                   {a: [int(v) for v in vals] for a, vals in values.items()}, least,
                   int((valid & ~fits).sum()), len(idx),
@@ -292,9 +295,11 @@ class _Live:
                 row_thr = np.maximum(row_thr, best[codes[axis][:, 0]])
             else:
                 col_thr = np.maximum(col_thr, best[codes[axis][0]])
-        thr = np.maximum(row_thr[:, None], col_thr[None, :])
-        thr = np.where(state.fits, thr, fastest_over)
-        self.index = np.flatnonzero(left & (state.floor <= thr))
+        # float32 like the floor, rounded up (the thresholds only widen)
+        thr = (np.maximum(row_thr[:, None], col_thr[None, :]) * (1 + 1e-6)).astype(np.float32)
+        np.copyto(thr, np.float32(fastest_over * (1 + 1e-6)), where=~state.fits)
+        left &= state.floor <= thr
+        self.index = np.flatnonzero(left)
         del thr, left
         rows, cols = np.divmod(self.index, state.valid.shape[1])
         self.floor = state.floor.ravel()[self.index]

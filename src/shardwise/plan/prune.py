@@ -1,17 +1,15 @@
 """The pruned evaluation: the exhaustive search's answer from a fraction of the step times.
 
-Every valid layout's peak memory is evaluated (in blocks of one pp, so only that pp's stages
-are: the counts of fitting layouts, the least memory per axis value and the variants stay
-exact). Step times are evaluated only where a layout could change the answer: each layout's
-step time is at least its busiest stage's layer compute (`evaluate.compute_floor`), so a
-layout whose floor is above every threshold the report asks about — the `top`-th family's
-step time (with the 1 % the simplest layout may lose), the best layout of each axis value,
-the fastest layout that does not fit, the rank of the baseline and of a given layout — cannot
-appear in it. The thresholds come from layouts already evaluated (upper bounds of the true
-ones), so the loop grows the evaluated set until no unevaluated floor is under them; the
-ranking (`rank.Ranking`) then runs on that set as it would on all. A rank that would need more
-than `POSITION_CELLS` more step times is reported as the bounds it lies between. Derivation
-and the exactness argument: docs/concepts/planner.md.
+Every valid layout's peak memory is evaluated (in blocks of one pp and chunk count, so only
+their stages are), so the counts of fitting layouts, the least memory per axis value and the
+variants stay exact. A step time is at least its terms that depend on neither the ZeRO stage
+nor its group (`evaluate.step_floor`, once per run of ZeRO variants), so a layout whose floor
+is above every threshold the report asks about — the `top`-th row's step time plus the 1 %
+the simplest layout may lose, each axis value's best, the fastest layout that does not fit, a
+ranked layout's own — cannot change it. The thresholds come from timed layouts (upper bounds
+of the exact ones); the layouts under them are timed best first until none is left, and the
+ranking (`rank.Ranking`) runs on them as on all. A rank that needs more than `POSITION_CELLS`
+step times is given as the bounds it lies between. Details: docs/concepts/planner.md.
 """
 
 from __future__ import annotations
@@ -43,7 +41,7 @@ from shardwise.plan.space import SearchSpace
 PRUNE_ABOVE = 400_000
 BLOCK_CELLS = 1 << 17  # cells per memory / floor block (bounds the temporaries)
 SEED_CELLS = 4_096  # the first step times: the fitting layouts of smallest floor
-POSITION_CELLS = 300_000  # step times a rank may add before it is reported as bounds
+POSITION_CELLS = 100_000  # step times a rank may add before it is reported as bounds
 MARGIN = 1e-6  # relative slack on every threshold (the ranking's ties are 1e-9)
 _KEYS = ("total", "memory", "bubble", "t_forward", "t_backward", "t_wgrad")
 _ROW_AXES = ("tp", "pp", "cp", "ep", "cp_kind", "zero", "schedule", "micro_batch")
@@ -127,8 +125,8 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
     blocks = [rows[start:start + step] for rows in _by_stages(cand, np.arange(n_rows))
               for start in range(0, len(rows), step)]
 
-    def fill(block: np.ndarray) -> None:
-        memory[block] = memory_grid(model, train, cand, shared, block)
+    def fill(block: np.ndarray, grid: np.ndarray = memory) -> None:
+        grid[block] = memory_grid(model, train, cand, shared, block)
 
     # the floor: once per run of rows that differ only in ZeRO (stage, group)
     key = np.stack([np.asarray(cand[k])[:, 0] for k in ("pair", "schedule", "chunks")])

@@ -35,6 +35,7 @@ from shardwise.layout import (
     Layout,
     Partition,
     TrainSpec,
+    stage_extremes,
     ulysses_degree,
 )
 from shardwise.plan.results import PlanEntry
@@ -316,11 +317,12 @@ FLOOR_TERMS = ("compute", "tp_comm", "cp_comm_exposed", "ep_comm", "pp_comm")
 
 def step_floor(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[str, Any],
                shared: _PerPair, rows: Any) -> Any:
-    """A lower bound on the step time of every ZeRO variant of the grid's `rows` (× the (sp,
-    rc) columns): `FLOOR_TERMS` of `estimate.step.step_terms` at ZeRO stage 0 — the step time
-    is their sum plus the bubble, the exposed DP/ZeRO traffic and the optimizer step, each
-    ≥ 0, and the ranking's figure is at least the step time less its closed-form bubble
-    (`rank`). `prune` checks the bound on every layout it times."""
+    """A lower bound on the figure of every ZeRO variant of the grid's `rows` (× the (sp, rc)
+    columns): `FLOOR_TERMS` of `estimate.step.step_terms` at ZeRO stage 0, plus the bubble
+    except for the uneven pipelines the ranking simulates — the step time is their sum plus
+    the bubble, the exposed DP/ZeRO traffic and the optimizer step, each ≥ 0, and the
+    ranking's figure is the step time, or for those pipelines at least the step time less its
+    closed-form bubble (`rank`). `prune` checks the bound on every layout it times."""
     sub = _take(cand, rows, None)
     sub["zero"] = np.zeros_like(sub["zero"])
     sub["zero_group"] = np.zeros_like(sub["zero_group"])
@@ -338,7 +340,11 @@ def step_floor(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[
     terms = step_terms(shared.ctx, shared.links, train, **{k: sub[k] for k in _STEP_KEYS},
                        costs={k: gather(v) for k, v in shared.costs.items()},
                        partition=_partition(sub))
-    return sum(np.asarray(terms[k], dtype=float) for k in FLOOR_TERMS)
+    floor = sum(np.asarray(terms[k], dtype=float) for k in FLOOR_TERMS)
+    # the closed-form bubble is the figure's too, except where the ranking simulates it
+    most = stage_extremes(model.n_layers, sub["pp"], sub["chunks"], _partition(sub))[0]
+    exact = ~(simulated(sub) & (most * sub["pp"] != model.n_layers))
+    return floor + np.where(exact, np.asarray(terms["bubble"], dtype=float), 0.0)
 
 
 def flat_cells(cand: dict[str, Any], rows: Any, cols: Any) -> dict[str, Any]:

@@ -51,10 +51,11 @@ _PAIR_FAMILY = ("tp", "pp", "cp", "ep", "etp", "cp_kind", "ulysses", "micro_batc
 _ROW_FAMILY = ("schedule", "chunks", "zero")
 
 
-# the search's resident memory: the interpreter and its modules, and per grid cell left after
-# the structural pruning (benchmarks/bench_planner.py's peak RSS over `SearchSize.cells`)
+# the search's resident memory: the interpreter and its modules, and per cell of
+# `SearchSize.cells` (benchmarks/bench_planner.py's MoE rows, 2026-12-05: peak RSS less the
+# base over the cells, 17-27 B; rounded up)
 BASE_BYTES = 150e6
-BYTES_PER_CELL = 80.0
+BYTES_PER_CELL = 30.0
 
 
 @dataclass(frozen=True)

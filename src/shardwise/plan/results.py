@@ -88,6 +88,7 @@ class SearchStats:
     seconds: float
     evaluation_seconds: float
     simulated: int = 0  # layouts the ranking ran through the schedule simulator
+    timed: int = 0  # layouts whose step time was evaluated (all valid ones unless pruned)
 
     @property
     def layouts_per_s(self) -> float:

@@ -287,7 +287,8 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str | Accelerator = "h100"
              offload_fraction: float = 1.0, rank_by: str = "step",
              mtbf_gpu_hours: float | None = None, checkpoint_bandwidth: str | None = None,
              restart_minutes: float | None = None, async_checkpoint: bool = False,
-             export: str | None = None, choose: str = "simplest") -> Any:
+             export: str | None = None, choose: str = "simplest",
+             prune_above: int | None = None) -> Any:
     """Validate the plan options and search every layout (SPEC §7); returns the `PlanResult`.
     `partition` or `first_stage_layers`/`last_stage_layers` set the given layout's stages.
     `layout_text` (`tp=8,pp=2,zero=1`; dp: the GPUs the other axes leave) is evaluated too.
@@ -299,7 +300,8 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str | Accelerator = "h100"
     and the failure and checkpoint inputs (`reliability`) set how rows rank and what their
     goodput is. `export` (`--emit`): the framework the chosen layout goes to, whose refusals
     come first. `choose` ("simplest" or "fastest", `plan.rank.CHOOSE`): which row of the first
-    tier is recommended — the headline, the explanation and the exports use it."""
+    tier is recommended — the headline, the explanation and the exports use it. `prune_above`:
+    the valid layouts above which the search prunes (`plan`)."""
     from shardwise.calibration import load_calibration
     from shardwise.plan import Constraint, SearchSpace, plan
     from shardwise.plan.rank import CHOOSE
@@ -346,9 +348,12 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str | Accelerator = "h100"
     inputs.check_stack(train)
     space = SearchSpace(constraint=Constraint.parse(fix_text, max_text),
                         offload=train.stack.offload_kinds() if auto else None)
+    from shardwise.plan.prune import PRUNE_ABOVE
+
     result = plan(spec, cluster, train, top, headroom=headroom, calib=calib, layout=given,
                   progress=progress, space=space, all_variants=all_variants, rank_by=rank_by,
-                  reliability=inputs)
+                  reliability=inputs,
+                  prune_above=PRUNE_ABOVE if prune_above is None else prune_above)
     return replace(result, choose=choose)
 
 

@@ -29,7 +29,7 @@ from shardwise.choices import (
 )
 from shardwise.errors import LayoutError, ShardwiseError
 from shardwise.hardware import Cluster
-from shardwise.layout_checks import layout_problems
+from shardwise.layout_checks import layout_problems, memory_setting_problems
 from shardwise.partition import (
     Balanced,
     Partition,
@@ -75,6 +75,17 @@ class TrainSpec:
     tp_overlap: str | None = None  # "none" | "bulk" | "async" (`stacks.TP_OVERLAPS`)
     dp_overlap: bool | None = None  # DP/ZeRO traffic behind backward/forward
     attention: str | None = None  # fused attention kernel (`stacks.ATTENTION_KERNELS`)
+    # Memory as trained (Megatron-Core 0.16.1, `shardwise.choices`): the modules selective
+    # recompute re-runs (--recompute-modules; None: core_attn, Megatron's default), the
+    # precision-aware optimizer's moments and master weights (--exp-avg-dtype,
+    # --exp-avg-sq-dtype, --main-params-dtype; None: fp32), the SwiGLU input kept in FP8
+    # (--activation-func-fp8-input-store) and multi-token prediction layers (--mtp-num-layers)
+    recompute_modules: tuple[str, ...] | None = None
+    exp_avg_dtype: str | None = None
+    exp_avg_sq_dtype: str | None = None
+    main_params_dtype: str | None = None
+    act_fp8_store: bool = False
+    mtp_layers: int = 0
     # MoE routing as the step's critical path sees it (`estimate.compute.layer_cost`): on the
     # busiest expert-parallel rank of each MoE call (ep ranks meet at every call, so each
     # waits for that one), the rows its experts run ÷ the balanced share T·k, and the share
@@ -91,6 +102,10 @@ class TrainSpec:
     offload_fraction: float = 1.0
 
     def __post_init__(self) -> None:
+        if isinstance(self.recompute_modules, list | str):
+            modules = self.recompute_modules
+            object.__setattr__(self, "recompute_modules", tuple(
+                modules.replace(",", " ").split() if isinstance(modules, str) else modules))
         if isinstance(self.impl, str) and "@" in self.impl:
             object.__setattr__(self, "impl", parse_impl(self.impl))
         if (self.dtype == "fp8" and self.fp8 is None and isinstance(self.impl, str)
@@ -198,6 +213,7 @@ class TrainSpec:
                 problems.append(f"{self.stack.name} does not train in {self.dtype}; valid: "
                                 f"{', '.join(self.stack.dtypes)}")
             problems += self._fp8_offload_problems()
+            problems += memory_setting_problems(self)
             grads = self.stack.grad_choices(self.dtype)
             if grads and (self.grad_dtype or self.dtype) not in grads:
                 problems.append(f"{self.stack.name} reduces {self.dtype} gradients in "

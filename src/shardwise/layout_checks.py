@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import shardwise.validate as validate
 from shardwise.arch import ModelSpec
-from shardwise.choices import AXES, CP_KINDS, RECOMPUTE
+from shardwise.choices import AXES, CP_KINDS, MOMENT_DTYPES, RECOMPUTE, RECOMPUTE_MODULES
 from shardwise.errors import ShardwiseError
 from shardwise.hardware import Cluster
 from shardwise.partition import partition_problems
@@ -167,3 +167,35 @@ def _train_problems(layout: Layout, train: TrainSpec, model: ModelSpec) -> list[
             out.append(problem)
     return out
 
+
+
+def memory_setting_problems(train: TrainSpec) -> list[str]:
+    """The memory-as-trained settings of `train` (`TrainSpec.recompute_modules`, the moment
+    and master dtypes, `act_fp8_store`, `mtp_layers`): known names, and a stack that has them
+    (Megatron-Core's `--recompute-modules`, `--use-precision-aware-optimizer`,
+    `--activation-func-fp8-input-store`, `--mtp-num-layers`)."""
+    out = []
+    modules = train.recompute_modules
+    if modules is not None:
+        unknown = [m for m in modules if m not in RECOMPUTE_MODULES]
+        if unknown or not modules:
+            out.append(f"recompute modules {','.join(map(str, unknown)) or '(none)'} unknown; "
+                       f"valid: {', '.join(RECOMPUTE_MODULES)}")
+    for name in ("exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype"):
+        value = getattr(train, name)
+        valid = ("fp32", "fp16") if name == "main_params_dtype" else MOMENT_DTYPES
+        if value is not None and value not in valid:
+            out.append(f"{name} {value!r} unknown; valid: {', '.join(valid)}")
+    if not isinstance(train.mtp_layers, int) or not 0 <= train.mtp_layers <= 16:
+        out.append(f"mtp_layers must be a whole number 0..16, got {train.mtp_layers!r}")
+    megatron = train.stack.profile == "megatron-te"
+    used = [flag for flag, on in (
+        ("--recompute-modules", modules is not None),
+        ("--use-precision-aware-optimizer", any(getattr(train, n) not in (None, "fp32") for n in
+                                                ("exp_avg_dtype", "exp_avg_sq_dtype",
+                                                 "main_params_dtype"))),
+        ("--activation-func-fp8-input-store", train.act_fp8_store)) if on]
+    if used and not megatron:
+        out.append(f"{', '.join(used)}: Megatron-Core's settings; {train.stack.name} has none "
+                   "(use --impl megatron-te)")
+    return out

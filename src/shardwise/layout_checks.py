@@ -148,6 +148,9 @@ def _train_problems(layout: Layout, train: TrainSpec, model: ModelSpec) -> list[
             out.append(f"{train.stack.name} offloads the {train.offload} with ZeRO "
                        f"{', '.join(map(str, support.zero))} only ({support.flag}), "
                        f"not zero={layout.zero}")
+    if "mla_up_proj" in (train.recompute_modules or ()) and not model.is_mla:
+        out.append(f"recompute module mla_up_proj needs multi-latent attention; {model.name} "
+                   "has none (megatron-core's TransformerConfig refuses it too)")
     # Zigzag causal balancing splits the sequence into 2·cp chunks.
     if layout.cp > 1 and train.seq_len % (2 * layout.cp):
         out.append(f"2·cp={2 * layout.cp} does not divide seq_len={train.seq_len}")

@@ -79,13 +79,14 @@ class TrainSpec:
     # recompute re-runs (--recompute-modules; None: core_attn, Megatron's default), the
     # precision-aware optimizer's moments and master weights (--exp-avg-dtype,
     # --exp-avg-sq-dtype, --main-params-dtype; None: fp32), the SwiGLU input kept in FP8
-    # (--activation-func-fp8-input-store) and multi-token prediction layers (--mtp-num-layers)
+    # (--activation-func-fp8-input-store) and the multi-token prediction modules trained
+    # (--mtp-num-layers)
     recompute_modules: tuple[str, ...] | None = None
     exp_avg_dtype: str | None = None
     exp_avg_sq_dtype: str | None = None
     main_params_dtype: str | None = None
     act_fp8_store: bool = False
-    mtp_layers: int = 0
+    mtp_layers: int | None = None  # None: the model's (`ModelSpec.mtp_layers`)
     # MoE routing as the step's critical path sees it (`estimate.compute.layer_cost`): on the
     # busiest expert-parallel rank of each MoE call (ep ranks meet at every call, so each
     # waits for that one), the rows its experts run ÷ the balanced share T·k, and the share

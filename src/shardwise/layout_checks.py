@@ -148,6 +148,11 @@ def _train_problems(layout: Layout, train: TrainSpec, model: ModelSpec) -> list[
             out.append(f"{train.stack.name} offloads the {train.offload} with ZeRO "
                        f"{', '.join(map(str, support.zero))} only ({support.flag}), "
                        f"not zero={layout.zero}")
+    if layout.zero == 0 and any(getattr(train, name) not in (None, "fp32") for name in (
+            "exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype")):
+        out.append("the precision-aware optimizer (moment or master dtypes other than fp32) "
+                   "runs with the distributed optimizer only: use zero ≥ 1 (megatron-core "
+                   "0.16.1 optimizer_config.py)")
     if "mla_up_proj" in (train.recompute_modules or ()) and not model.is_mla:
         out.append(f"recompute module mla_up_proj needs multi-latent attention; {model.name} "
                    "has none (megatron-core's TransformerConfig refuses it too)")
@@ -189,7 +194,8 @@ def memory_setting_problems(train: TrainSpec) -> list[str]:
         valid = ("fp32", "fp16") if name == "main_params_dtype" else MOMENT_DTYPES
         if value is not None and value not in valid:
             out.append(f"{name} {value!r} unknown; valid: {', '.join(valid)}")
-    if not isinstance(train.mtp_layers, int) or not 0 <= train.mtp_layers <= 16:
+    if train.mtp_layers is not None and (not isinstance(train.mtp_layers, int)
+                                         or not 0 <= train.mtp_layers <= 16):
         out.append(f"mtp_layers must be a whole number 0..16, got {train.mtp_layers!r}")
     megatron = train.stack.profile == "megatron-te"
     used = [flag for flag, on in (

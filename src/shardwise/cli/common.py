@@ -146,9 +146,10 @@ def memory_setting_options() -> list[Callable]:
                      help="Master weights [default: fp32]."),
         click.option("--activation-func-fp8-input-store", "act_fp8_store", is_flag=True,
                      default=False, help="Keep the SwiGLU inputs in FP8 for backward."),
-        click.option("--mtp-num-layers", "mtp_layers", default=0, show_default=True,
+        click.option("--mtp-num-layers", "mtp_layers", default=None,
                      type=click.IntRange(0, 16),
-                     help="Multi-token prediction modules (DeepSeek-V3) on the last stage."),
+                     help="Multi-token prediction modules trained, on the head's stage "
+                          "[default: the model's, num_nextn_predict_layers]."),
     ]
 
 

@@ -121,9 +121,9 @@ def mtp_params(model: ModelSpec, tp: Any, ep: Any, etp: Any = 0) -> tuple[Any, A
     §2.2, `num_nextn_predict_layers`; Megatron's `--mtp-num-layers`, megatron-core 0.16.1
     transformer/multi_token_prediction.py): a Transformer layer of the model's last kind (MoE
     for an MoE model), `eh_proj` (2h → h, column-parallel ÷ tp) and its enorm, hnorm and final
-    norm. The embedding and the head are the main model's: the stage holding them keeps
-    another copy of the embedding when that is not stage 0 (GPTModel builds it where
-    `mtp_process`)."""
+    norm: `ModelSpec.mtp_params` per module, sharded as `layer_params`. The embedding and the
+    head are the main model's: the stage holding them keeps another copy of the embedding when
+    that is not stage 0 (GPTModel builds it where `mtp_process`)."""
     dense_layer, moe_layer, expert_layer = layer_params(model, tp, ep, etp)
     h = model.d_model
     extra = 2 * h * h / tp + 3 * model.norm_params()

@@ -246,7 +246,7 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
     geo = StageGeometry.of(model, pp=pp, chunks=chunks, stage=stage, schedule=schedule, m=m,
                            partition=partition)
     dense_params, expert_params = geo.params(model, tp, ep, etp)
-    mtp = train.mtp_layers
+    mtp = model.mtp_layers if train.mtp_layers is None else train.mtp_layers
     if mtp:  # DeepSeek-V3's MTP modules on the stage holding the head (`mtp_params`)
         mtp_dense, mtp_expert = mtp_params(model, tp, ep, etp)
         embedding = np.where(geo.last_stage != 0, model.vocab * model.d_model / tp, 0.0)

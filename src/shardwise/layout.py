@@ -35,8 +35,10 @@ from shardwise.partition import (
     Partition,
     chunk_span,
     first_last_partition,
+    is_pipeline_layout,
     layers_on_stage,
     parse_partition,
+    parse_pipeline_layout,
     partition_problems,
     resolve_partition,
     stage_extremes,
@@ -51,7 +53,7 @@ from shardwise.units import DTYPE_BYTES
 __all__ = [
     "AXES", "CP_KINDS", "OPTIMIZERS", "RECOMPUTE", "RECOMPUTE_LIGHTEST_FIRST", "SCHEDULES",
     "Balanced", "Layout", "Partition", "TrainSpec", "check_specs", "chunk_span",
-    "first_last_partition", "layers_on_stage", "parse_partition", "partition_problems",
+    "first_last_partition", "layers_on_stage", "parse_partition", "parse_pipeline_layout", "partition_problems",
     "resolve_partition", "stage_extremes", "stage_partition", "stage_totals", "ulysses_degree",
 ]
 
@@ -323,7 +325,9 @@ class Layout:
     @classmethod
     def parse(cls, text: str, **defaults: object) -> Layout:
         """`tp=8,pp=16,zero=1,schedule=interleaved,chunks=2,sp=1` → Layout; an explicit stage
-        partition as `partition=7:8:…:7` (layers per stage, first to last)."""
+        partition as `partition=7:8:…:7` (layers per stage, first to last) or Megatron's
+        layout string, `partition=Et|(tt|)*30L` (`partition.parse_pipeline_layout`; its
+        virtual stages set `chunks` and the interleaved schedule when not given)."""
         return cls(**(defaults | cls.parse_fields(text)))  # type: ignore[arg-type]
 
     @classmethod
@@ -335,7 +339,13 @@ class Layout:
         aliases = {"mbs": "micro_batch", "mb": "micro_batch", "v": "chunks"}
         values: dict[str, object] = {}
         given: set[str] = set()
-        for item in filter(None, (part.strip() for part in text.split(","))):
+        items: list[str] = []
+        for part in filter(None, (part.strip() for part in text.split(","))):
+            if "=" not in part and items and items[-1].startswith("partition="):
+                items[-1] += part  # a Megatron layout's cosmetic comma ("…*29,m|L")
+            else:
+                items.append(part)
+        for item in items:
             key, sep, raw = item.partition("=")
             key = aliases.get(key.strip(), key.strip())
             if not sep or key not in types:
@@ -348,7 +358,9 @@ class Layout:
             given.add(key)
             raw = raw.strip()
             kind = types[key]
-            if key == "partition":
+            if key == "partition" and is_pipeline_layout(raw):  # Megatron's layout string
+                values[key] = parse_pipeline_layout(raw)
+            elif key == "partition":
                 values[key] = parse_partition(raw.replace(":", ","))
             elif kind in ("bool", bool):
                 if raw.lower() not in _TRUE + _FALSE:
@@ -362,6 +374,12 @@ class Layout:
                     raise ShardwiseError(f"layout {key}={raw!r} must be an integer") from None
             else:
                 values[key] = raw
+        staged = values.get("partition", ())
+        if isinstance(staged, tuple) and isinstance(values.get("pp"), int) and (
+                "chunks" not in values and len(staged) > values["pp"]  # type: ignore[operator]
+                and len(staged) % values["pp"] == 0):  # type: ignore[operator]
+            values["chunks"] = len(staged) // values["pp"]  # type: ignore[operator]
+            values.setdefault("schedule", "interleaved")
         return values
 
     def stage_partition(self, n_layers: int) -> tuple[int, ...]:

@@ -128,6 +128,8 @@ def zero_memory_per_device(n_params: float, n: int, stage: int,
 
 @dataclass(frozen=True)
 class ZeroRow:
+    """One row of `zero_stage_table`: a ZeRO stage, what it shards, bytes and traffic."""
+
     stage: int
     sharded: str
     bytes_per_device: float

@@ -148,11 +148,6 @@ def _train_problems(layout: Layout, train: TrainSpec, model: ModelSpec) -> list[
             out.append(f"{train.stack.name} offloads the {train.offload} with ZeRO "
                        f"{', '.join(map(str, support.zero))} only ({support.flag}), "
                        f"not zero={layout.zero}")
-    if layout.zero == 0 and any(getattr(train, name) not in (None, "fp32") for name in (
-            "exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype")):
-        out.append("the precision-aware optimizer (moment or master dtypes other than fp32) "
-                   "runs with the distributed optimizer only: use zero ≥ 1 (megatron-core "
-                   "0.16.1 optimizer_config.py)")
     if "mla_up_proj" in (train.recompute_modules or ()) and not model.is_mla:
         out.append(f"recompute module mla_up_proj needs multi-latent attention; {model.name} "
                    "has none (megatron-core's TransformerConfig refuses it too)")

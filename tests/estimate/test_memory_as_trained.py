@@ -180,3 +180,35 @@ def test_deepseek_v3_recipe_fits_on_80gb():
     after = max(s.total for s in training_memory_per_gpu(
         model, replace(layout, recompute="selective"), recipe))
     assert before > budget > after
+
+
+@pytest.mark.parametrize("name", ["tiny-deepseek", "deepseek-v2-lite"])
+def test_planner_arrays_charge_the_recipe_as_the_memory_model(name):
+    """The planner's arrays (`plan.evaluate`) and `training_memory_per_gpu` agree under the
+    recipe's recompute modules, FP8 SwiGLU inputs, BF16 moments and MTP module."""
+    import random
+
+    import numpy as np
+
+    from shardwise.hardware import Cluster
+    from shardwise.plan.evaluate import _layout_of, evaluate_candidates
+    from shardwise.plan.grid import _enumerate, _flatten, _Rejections
+    from shardwise.plan.space import SearchSpace
+
+    model = replace(get_model(name), mtp_layers=1)
+    cluster = Cluster.of(32, "h100")
+    train = TrainSpec(seq_len=2048, global_batch=64, impl="megatron-te",
+                      recompute_modules=("layernorm", "mla_up_proj", "moe_act"),
+                      exp_avg_dtype="bf16", exp_avg_sq_dtype="bf16",
+                      act_fp8_store=True).validate()
+    grid, _ = _enumerate(model, cluster, train, SearchSpace(), _Rejections())
+    flat, _ = _flatten(grid)
+    pick = random.Random(3).sample(range(len(flat["tp"])), min(len(flat["tp"]), 30))
+    cand = {k: flat[k][pick] for k in (*Layout().codes(), "m")}
+    assert set(cand["recompute"].tolist()) >= {0, 1}  # selective and none both drawn
+    terms = evaluate_candidates(model, cluster, train, cand)
+    for i in range(len(pick)):
+        peak = max(training_memory_per_gpu(model, _layout_of(cand, i), train),
+                   key=lambda st: st.total)
+        assert terms["memory"][i] == pytest.approx(peak.total, rel=1e-12)
+    assert np.all(terms["memory"] > 0)

@@ -212,3 +212,28 @@ def test_planner_arrays_charge_the_recipe_as_the_memory_model(name):
                    key=lambda st: st.total)
         assert terms["memory"][i] == pytest.approx(peak.total, rel=1e-12)
     assert np.all(terms["memory"] > 0)
+
+
+def test_the_cli_takes_megatrons_flags():
+    """`shardwise memory` with Megatron's flag names gives the memory model's figure; a bad
+    module is one line and exit 2."""
+    from tests.cli_helpers import assert_one_line_error, shardwise, shardwise_json
+
+    args = ["memory", "deepseek-v3", "--gpus", "2048", "--gpu", "h800", "--seq", "4096",
+            "--global-batch", "15360", "--pp", "16", "--ep", "64", "--zero", "1",
+            "--fp8", "blockwise", "--impl", "megatron-te"]
+    recipe = ["--recompute", "selective", "--recompute-modules", "layernorm,mla_up_proj,moe_act",
+              "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16",
+              "--activation-func-fp8-input-store", "--mtp-num-layers", "0"]
+    out = shardwise_json(*args, *recipe)
+    train = TrainSpec(seq_len=4096, global_batch=15360, fp8="blockwise", impl="megatron-te",
+                      recompute_modules=("layernorm", "mla_up_proj", "moe_act"),
+                      exp_avg_dtype="bf16", exp_avg_sq_dtype="bf16", act_fp8_store=True,
+                      mtp_layers=0)
+    stages = training_memory_per_gpu(get_model("deepseek-v3"),
+                                     Layout(dp=128, pp=16, ep=64, zero=1, recompute="selective"),
+                                     train)
+    assert out["fits"] and [s["total"] for s in out["stages"]] == pytest.approx(
+        [s.total for s in stages], rel=1e-9)
+    assert_one_line_error(shardwise(*args, "--recompute-modules", "attn", check=False),
+                          "recompute modules attn unknown")

@@ -89,6 +89,7 @@ class TrainSpec:
     main_params_dtype: str | None = None
     act_fp8_store: bool = False
     mtp_layers: int | None = None  # None: the model's (`ModelSpec.mtp_layers`)
+    offload_modules: tuple[str, ...] = ()  # --fine-grained-activation-offloading
     # MoE routing as the step's critical path sees it (`estimate.compute.layer_cost`): on the
     # busiest expert-parallel rank of each MoE call (ep ranks meet at every call, so each
     # waits for that one), the rows its experts run ÷ the balanced share T·k, and the share
@@ -105,6 +106,11 @@ class TrainSpec:
     offload_fraction: float = 1.0
 
     def __post_init__(self) -> None:
+        if isinstance(self.offload_modules, list | str):
+            offloaded = self.offload_modules
+            object.__setattr__(self, "offload_modules", tuple(
+                offloaded.replace(",", " ").split() if isinstance(offloaded, str)
+                else offloaded))
         if isinstance(self.recompute_modules, list | str):
             modules = self.recompute_modules
             object.__setattr__(self, "recompute_modules", tuple(

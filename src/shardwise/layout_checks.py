@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING
 
 import shardwise.validate as validate
 from shardwise.arch import ModelSpec
-from shardwise.choices import AXES, CP_KINDS, MOMENT_DTYPES, RECOMPUTE, RECOMPUTE_MODULES
+from shardwise.choices import (
+    AXES,
+    CP_KINDS,
+    MOMENT_DTYPES,
+    OFFLOAD_MODULES,
+    RECOMPUTE,
+    RECOMPUTE_MODULES,
+)
 from shardwise.errors import ShardwiseError
 from shardwise.hardware import Cluster
 from shardwise.partition import partition_problems
@@ -184,6 +191,12 @@ def memory_setting_problems(train: TrainSpec) -> list[str]:
         if unknown or not modules:
             out.append(f"recompute modules {','.join(map(str, unknown)) or '(none)'} unknown; "
                        f"valid: {', '.join(RECOMPUTE_MODULES)}")
+    if unknown := [m for m in train.offload_modules if m not in OFFLOAD_MODULES]:
+        out.append(f"offload modules {','.join(map(str, unknown))} unknown; valid: "
+                   f"{', '.join(OFFLOAD_MODULES)}")
+    if "attn_proj" in train.offload_modules and "core_attn" not in train.offload_modules:
+        out.append("offload module attn_proj needs core_attn too (its input is core_attn's "
+                   "output; megatron-core's TransformerConfig refuses it alone)")
     for name in ("exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype"):
         value = getattr(train, name)
         valid = ("fp32", "fp16") if name == "main_params_dtype" else MOMENT_DTYPES
@@ -198,7 +211,8 @@ def memory_setting_problems(train: TrainSpec) -> list[str]:
         ("--use-precision-aware-optimizer", any(getattr(train, n) not in (None, "fp32") for n in
                                                 ("exp_avg_dtype", "exp_avg_sq_dtype",
                                                  "main_params_dtype"))),
-        ("--activation-func-fp8-input-store", train.act_fp8_store)) if on]
+        ("--activation-func-fp8-input-store", train.act_fp8_store),
+        ("--offload-modules", bool(train.offload_modules))) if on]
     if used and not megatron:
         out.append(f"{', '.join(used)}: Megatron-Core's settings; {train.stack.name} has none "
                    "(use --impl megatron-te)")

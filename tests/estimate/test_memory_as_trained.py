@@ -237,3 +237,34 @@ def test_the_cli_takes_megatrons_flags():
         [s.total for s in stages], rel=1e-9)
     assert_one_line_error(shardwise(*args, "--recompute-modules", "attn", check=False),
                           "recompute modules attn unknown")
+
+
+def test_offload_module_names_are_megatrons():
+    config = pytest.importorskip("megatron.core.transformer.transformer_config")
+    from shardwise.choices import OFFLOAD_MODULES
+
+    with pytest.raises(AssertionError, match="Allowed modules are") as err:
+        config.TransformerConfig(num_layers=2, hidden_size=64, num_attention_heads=4,
+                                 fine_grained_activation_offloading=True,
+                                 offload_modules=["bogus"])
+    assert set(OFFLOAD_MODULES) == ast.literal_eval(
+        str(err.value).split("Allowed modules are: ")[1].strip())
+    with pytest.raises(ValueError, match="attn_proj"):
+        config.TransformerConfig(num_layers=2, hidden_size=64, num_attention_heads=4,
+                                 fine_grained_activation_offloading=True,
+                                 offload_modules=["attn_proj"])
+    with pytest.raises(ShardwiseError, match="attn_proj needs core_attn"):
+        TrainSpec(impl="megatron-te", offload_modules="attn_proj").validate()
+
+
+def test_offloaded_inputs_leave_the_gpu():
+    """--offload-modules: core_attn's input (q, k, v), attn_proj's (the core's output) and
+    expert_fc1's (the routed copies) leave the GPU (attention.py, experts.py `off_interface`)."""
+    def held(offload):
+        return activation_bytes_per_layer(
+            MODEL, S, 1, tp=T, sp=True, recompute="none", flash=True, moe=True,
+            impl="megatron-te", etp=ETP, offload_modules=offload)
+
+    assert held(()) - held(("core_attn",)) == S * (A / T) * (D_QK + D_QK + D_V) * 2
+    assert held(("core_attn",)) - held(("core_attn", "attn_proj")) == S * (A / T) * D_V * 2
+    assert held(()) - held(("expert_fc1",)) == COPIES * H * 2

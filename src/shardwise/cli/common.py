@@ -13,7 +13,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from shardwise.choices import MOMENT_DTYPES, RECOMPUTE_MODULES
+from shardwise.choices import MOMENT_DTYPES, OFFLOAD_MODULES, RECOMPUTE_MODULES
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.goodput import (
     DEFAULT_CHECKPOINT_BANDWIDTH,
@@ -126,7 +126,7 @@ def precision_options(auto: bool = False) -> Callable:
 
 
 MEMORY_SETTINGS = ("recompute_modules", "exp_avg_dtype", "exp_avg_sq_dtype",
-                   "main_params_dtype", "act_fp8_store", "mtp_layers")
+                   "main_params_dtype", "act_fp8_store", "mtp_layers", "offload_modules")
 
 
 def memory_setting_options() -> list[Callable]:
@@ -146,6 +146,11 @@ def memory_setting_options() -> list[Callable]:
                      help="Master weights [default: fp32]."),
         click.option("--activation-func-fp8-input-store", "act_fp8_store", is_flag=True,
                      default=False, help="Keep the SwiGLU inputs in FP8 for backward."),
+        click.option("--offload-modules", default="",
+                     help="Fine-grained activation offloading (Megatron's "
+                          "--fine-grained-activation-offloading): the modules whose inputs "
+                          "move to host memory, comma-separated, from "
+                          + ", ".join(OFFLOAD_MODULES) + "."),
         click.option("--mtp-num-layers", "mtp_layers", default=None,
                      type=click.IntRange(0, 16),
                      help="Multi-token prediction modules trained, on the head's stage "

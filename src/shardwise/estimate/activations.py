@@ -82,7 +82,8 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any 
                                moe: bool | None = None, impl: str = "shardwise",
                                etp: Any = 0, a2a: Any = 1, fp8_inputs: float = 0.0,
                                modules: tuple[str, ...] | None = None,
-                               act_fp8_store: bool = False) -> Any:
+                               act_fp8_store: bool = False,
+                               offload_modules: tuple[str, ...] = ()) -> Any:
     """Bytes one layer keeps for backward per micro-batch, per rank.
 
     `formula="korthikanti"`: the paper's closed form (see `korthikanti_activation_bytes`, which
@@ -95,7 +96,8 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any 
     bf16).
 
     `modules`: what selective recompute re-runs (`recompute_adjust`; None: the attention core,
-    Megatron's default); `act_fp8_store`: the SwiGLU inputs kept in FP8.
+    Megatron's default); `act_fp8_store`: the SwiGLU inputs kept in FP8; `offload_modules`:
+    the module inputs moved to host memory (`OFFLOADED`).
 
     `tp`, `cp`, `micro_batch`, `sp`, `a2a` and `recompute` may be NumPy arrays (`recompute`
     then holds codes: 0 none, 1 selective, 2 full, 3 op-sac) for the planner's vectorised
@@ -115,9 +117,9 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any 
         raise ShardwiseError(f"formula must be 'generalised' or 'korthikanti', got {formula!r}")
     moe = model.is_moe if moe is None else moe
     adjust = None
-    if modules is not None or act_fp8_store:
+    if modules is not None or act_fp8_store or offload_modules:
         adjust = recompute_adjust(model, modules or ("core_attn",), moe, selective,
-                                  dtype_bytes(dtype), act_fp8_store)
+                                  dtype_bytes(dtype), act_fp8_store, offload_modules)
         if modules is not None and "core_attn" not in modules:
             selective = selective & False
     return layer_bytes(impl, model, seq_len, micro_batch, tp=tp, sp=sp, cp=cp, flash=flash,
@@ -189,15 +191,28 @@ def recompute_dropped(model: ModelSpec, modules: tuple[str, ...], moe: bool) -> 
     return drop
 
 
+# Megatron's --fine-grained-activation-offloading --offload-modules: the saved input each
+# module's offload moves to host memory (megatron-core 0.16.1 transformer_config.py
+# `offload_modules`; transformer_layer.py, attention.py, moe/experts.py `off_interface`)
+OFFLOADED = {"attn_norm": ("norm1_input",), "qkv_linear": ("qkv_input",),
+             "core_attn": ("q", "k", "v"), "attn_proj": ("attention_output",),
+             "mlp_norm": ("norm2_input",), "expert_fc1": ("expert_inputs",),
+             "moe_act": ("expert_gate", "expert_up")}
+
+
 def recompute_adjust(model: ModelSpec, modules: tuple[str, ...], moe: bool, selective: Any,
-                     dtype_bytes_: float, act_fp8_store: bool
+                     dtype_bytes_: float, act_fp8_store: bool,
+                     offload_modules: tuple[str, ...] = ()
                      ) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """The rewrite of a layer's saved tensors (`profiles.layer_bytes(adjust=…)`) where
     `selective` holds (scalar or boolean array): `recompute_dropped` freed; under mla_up_proj
     the normed latents stay the checkpoint's bf16 inputs (no FP8 copy); `act_fp8_store`: the
     SwiGLU inputs (gate and up) at one byte (transformer_config.py
-    `activation_func_fp8_input_store`, fused `bias_swiglu`/`weighted_bias_swiglu`)."""
+    `activation_func_fp8_input_store`, fused `bias_swiglu`/`weighted_bias_swiglu`);
+    `offload_modules`: their `OFFLOADED` inputs leave the GPU (`min_offloaded_tensor_size`
+    and the layer in flight on the GPU are not modelled)."""
     drop = recompute_dropped(model, modules, moe)
+    offloaded = {name for module in offload_modules for name in OFFLOADED[module]}
     keep_latents = "mla_up_proj" in modules and model.is_mla
 
     def adjust(saved: dict[str, Any]) -> dict[str, Any]:
@@ -205,7 +220,9 @@ def recompute_adjust(model: ModelSpec, modules: tuple[str, ...], moe: bool, sele
         for name, value in saved.items():
             if act_fp8_store and name in _GATE_UP:
                 value = value / dtype_bytes_
-            if name in drop:
+            if name in offloaded:
+                value = 0.0 * value
+            elif name in drop:
                 value = np.where(selective, 0.0, value) if np.ndim(selective) else (
                     0.0 if selective else value)
             if keep_latents and name in _LATENTS and not (np.ndim(selective) == 0

@@ -345,6 +345,7 @@ class Layout:
         aliases = {"mbs": "micro_batch", "mb": "micro_batch", "v": "chunks"}
         values: dict[str, object] = {}
         given: set[str] = set()
+        staged: tuple[int, ...] = ()  # a Megatron layout's virtual stages
         items: list[str] = []
         for part in filter(None, (part.strip() for part in text.split(","))):
             if "=" not in part and items and items[-1].startswith("partition="):
@@ -365,7 +366,7 @@ class Layout:
             raw = raw.strip()
             kind = types[key]
             if key == "partition" and is_pipeline_layout(raw):  # Megatron's layout string
-                values[key] = parse_pipeline_layout(raw)
+                values[key] = staged = parse_pipeline_layout(raw)
             elif key == "partition":
                 values[key] = parse_partition(raw.replace(":", ","))
             elif kind in ("bool", bool):
@@ -380,8 +381,7 @@ class Layout:
                     raise ShardwiseError(f"layout {key}={raw!r} must be an integer") from None
             else:
                 values[key] = raw
-        staged = values.get("partition", ())
-        if isinstance(staged, tuple) and isinstance(values.get("pp"), int) and (
+        if staged and isinstance(values.get("pp"), int) and (
                 "chunks" not in values and len(staged) > values["pp"]  # type: ignore[operator]
                 and len(staged) % values["pp"] == 0):  # type: ignore[operator]
             values["chunks"] = len(staged) // values["pp"]  # type: ignore[operator]

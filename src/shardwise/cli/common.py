@@ -62,6 +62,10 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Machine-read
 
 
 def _stack_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    _, at, version = value.partition("@")
+    if at and not version.strip():
+        raise ShardwiseError(f"--impl {value}: the version after @ is empty; give name or "
+                             f"name@version ({', '.join(STACKS)})")
     try:
         return parse_impl(value)
     except ShardwiseError as exc:
@@ -328,12 +332,28 @@ def print_rows(title: str, rows: list[dict[str, Any]]) -> None:
 
 
 def need_matplotlib(option: str, path: str | None) -> None:
-    """--plot needs matplotlib: said before any work, not after it."""
+    """--plot needs matplotlib and a file name whose extension matplotlib writes (none: PNG,
+    as `savefig` does): said before any work, not after it."""
     if path is None:
         return
     try:
-        import matplotlib  # noqa: F401
+        from matplotlib.backend_bases import FigureCanvasBase
     except ImportError:
         raise ShardwiseError(f"{option} needs matplotlib: pip install 'shardwise[plot]'"
                              ) from None
+    formats = FigureCanvasBase.get_supported_filetypes()  # extension → description
+    extension = os.path.splitext(path)[1][1:].lower()  # savefig reads the format so
+    if extension and extension not in formats:
+        raise ShardwiseError(f"{option} {path}: matplotlib cannot write .{extension} files; "
+                             f"valid: {', '.join(sorted(formats))}")
+
+
+def layout_fields(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """`--layout`/`--fix`/`--max` text: refused in one line when an item is empty
+    (`tp=8,,pp=2`, a trailing comma), which `Layout.parse_fields` would skip."""
+    if value is not None and any(not item.strip() for item in value.split(",")):
+        raise ShardwiseError(f"{param.opts[0]} {value!r}: "
+                             "an item is empty; write key=value items separated by single "
+                             "commas, e.g. tp=8,pp=2")
+    return value
 

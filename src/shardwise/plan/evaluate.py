@@ -172,7 +172,9 @@ def _per_pair(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[s
             cp=small["cp"], recompute=small["recompute"], flash=train.flash_attention,
             dtype=train.dtype, moe=moe, impl=train.profile, etp=small["etp"],
             a2a=small["a2a"],
-            fp8_inputs=ctx.fp8.saved_input_bytes() if ctx.fp8 else 0.0)
+            fp8_inputs=ctx.fp8.saved_input_bytes() if ctx.fp8 else 0.0,
+            modules=train.recompute_modules, act_fp8_store=train.act_fp8_store,
+            offload_modules=train.offload_modules)
 
     act = {"dense": per_layer(False), "moe": per_layer(True) if model.is_moe else 0.0}
     return _PerPair(ctx, Links.of(cluster, cal), costs, act, inverse, len(g_idx))

@@ -2,54 +2,13 @@
 `model.safetensors.index.json`) for Llama, Mistral and Qwen2 (`LlamaForCausalLM`,
 `MistralForCausalLM`, `Qwen2ForCausalLM`: the same module tree).
 
-Names (HF ↔ runtime `runtime.model.Transformer`; nn.Linear weights are (out, in) in both):
-
-    model.embed_tokens.weight                     embedding.weight
-    model.layers.i.input_layernorm.weight         blocks.i.attention_norm.weight
-    model.layers.i.self_attn.{q,k,v,o}_proj.*     blocks.i.attention.w{q,k,v,o}.*   (.bias too)
-    model.layers.i.post_attention_layernorm.weight  blocks.i.mlp_norm.weight
-    model.layers.i.mlp.{gate,up,down}_proj.weight blocks.i.mlp.w_{gate,up,down}.weight
-    model.norm.weight                             norm.weight
-    lm_head.weight                                head.weight  (absent when tied)
-
-Mixtral (`MixtralForCausalLM`): each MoE layer's router `gate.weight` (E, h) is
-`blocks.i.mlp.router` (h, E) transposed. The experts come in two on-disk layouts, both of which
-transformers 5 loads (its `conversion_mapping.py` "mixtral" entry: rename `.block_sparse_moe.`
-→ `.mlp.`, merge `experts.*.w1`/`w3` into `gate_up_proj` and `experts.*.w2` into `down_proj`):
-
-    per expert (what `save_pretrained` writes by default, `save_original_format=True`, and
-    every Mixtral checkpoint written before transformers 5):
-      model.layers.i.block_sparse_moe.gate.weight             (E, h)
-      model.layers.i.block_sparse_moe.experts.N.w1/w3.weight  (f, h)   row N of w_gate/w_up, .T
-      model.layers.i.block_sparse_moe.experts.N.w2.weight     (h, f)   row N of w_down, .T
-    fused (transformers 5's in-memory `MixtralExperts`, `save_pretrained(...,
-    save_original_format=False)`):
-      model.layers.i.mlp.gate.weight                          (E, h)
-      model.layers.i.mlp.experts.gate_up_proj                 (E, 2f, h) = cat(w_gate.mT, w_up.mT, dim 1)
-      model.layers.i.mlp.experts.down_proj                    (E, h, f)  = w_down.mT
-
 Either prefix (`block_sparse_moe` or `mlp`) goes with either layout, as in transformers.
 `save_hf` writes the per-expert layout under `block_sparse_moe`: what transformers 5.24's
 `save_pretrained` writes by default and what every transformers version loads. HF's router
 is the runtime's: softmax over all E experts, top-k, gates renormalised over the k
 (`ops.moe.RoutingRule(normalize=True)`); expert parallelism then keeps each rank's experts.
 
-Loading (`load_hf_weights`): every rank reads the whole state dict on CPU into the
-single-device model it builds from the seed, before `parallelize` keeps its slice — the simplest
-correct path, and the memory cost is one full copy of the weights per rank while loading (a
-7B model in fp32: 28 GB per rank, briefly); sharded reading per layout is not done. Every
-weight the folder holds is read or the run is refused (`hf_weight_files`): the files the
-index maps (each holding exactly its tensors) or `model.safetensors`, regular files only;
-float tensors only (quantised ones are refused, never cast), finite values only.
-`check_hf_weights` runs the same checks on the launcher, one tensor at a time, before any rank
-starts.
-
-Saving (`save_hf`): `ParallelTransformer.full_parameters()` gathers each pipeline stage's
-parameters over tp, ep and ZeRO; the rank at coordinate 0 of every axis but pp writes its
-stage's tensors to `model-0000k-of-0000p.safetensors` (one `model.safetensors` when pp = 1);
-rank 0 writes `config.json` and, with several files, the index. No gather across stages. A
-failed write on any rank is one `ShardwiseError` on every rank (`runtime.train` then saves the
-model to a temporary directory and says where).
+Design notes: docs/concepts/runtime.md#runtime-hf.
 """
 
 from __future__ import annotations

@@ -3,38 +3,11 @@
 `check_layout(config, steps)` runs on every rank of a layout: it builds the training state
 (`runtime.train.build`), runs `steps` real optimizer steps (`train_step`) and measures
 
-    comm         per (mesh axis, op) and optimizer step: the payload this rank's calls were
-                 handed, from the counted collectives layer (`collectives.counting`), and the
-                 bytes its connections carried for them, from the kernel's TCP counters
-                 (`runtime.wire`; gloo only, else "assumed (ring)")
-    activations  bytes each Transformer layer on the rank saves for backward per micro-batch,
-                 through autograd's saved-tensor hooks: one figure per forward call (a pipeline
-                 stage calls each of its layers once per micro-batch)
-    state        parameters, gradients, fp32 master copies (mixed precision) and optimizer
-                 moments allocated on the rank after the last step, each storage once
-    peak memory  torch.cuda.max_memory_allocated on a GPU; on CPU the row says "no GPU"
-    checkpoint   one save after the timed steps into a temporary directory (`runtime.saving.
-                 measure_checkpoint`): the tensors it holds, its files, its wall time and
-                 this disk's bandwidth measured just before (rank 0)
-    step time    rank 0's median and fastest step, timed on more steps after the checked ones
-                 (outside the hooks and counters); with `reference`, `calibrate`'s one-rank
-                 step timed between them, the ranks taking turns (`REFERENCE_ROW`), and on
-                 every rank at once (`IN_STEP_ROW`); for an MoE model the routing the
-                 checked steps drew, as the step model takes it (`EXPERT_LOAD_ROWS`);
-                 `runtime.step_time` adds the prediction
-
 and predicts each from the analytic side for the same model, layout and pipeline stage with
 `estimate.check` (pure arithmetic over `estimate.comm` and `estimate.memory`), which also holds
 the rows (`CheckRow`) and their targets.
 
-Targets (`CheckRow.target`): communication exact (to float rounding, 1e-12 relative), saved
-activations within 1 %, state exact. A row outside the §3/§5 model has target "-" and its note
-says why; a row that misses its target says why too. `run_check` launches the ranks and merges
-their rows: for each pipeline stage and item, the rank with the largest error.
-
-Not measured: the two scalar all-reduces per step over the world (the loss and the gradient
-norm, 8 bytes each) that `runtime.parallel_transformer` issues on a private counter as bookkeeping, and
-setup traffic (the initial broadcast of ZeRO's weights, the pipeline's agreement check).
+Design notes: docs/concepts/runtime.md#runtime-measure.
 """
 
 from __future__ import annotations

@@ -1,73 +1,12 @@
 """Compose every parallelism on one model, one axis at a time (torchtitan's `parallelize`):
-
-    tensor (+ sequence) parallel → context parallel → expert parallel → pipeline split
-    → activation recompute → data parallel / ZeRO
+tensor (+ sequence) → context → expert parallel → pipeline split → recompute → data / ZeRO.
 
 Every rank builds the same single-device `Transformer` from the seed, then each step keeps
 this rank's share of it and swaps in the parallel operators through the model's swap points
 (`runtime.model`): the parallel model starts from exactly the single-device weights, and its
 parameters keep their single-device names.
 
-* TP (Megatron, Shoeybi et al. 2019): Q, K, V and gate/up keep this rank's output rows (heads,
-  f/t), O and down this rank's input columns (MLA: its up-projections by heads, the
-  down-projections and latent norms replicated, their gradients summed over tp); `Attention.enter`/`.leave` and `SwiGLU.enter`/
-  `.leave` become `f` (identity fwd, all-reduce bwd) and `g` (all-reduce fwd, identity bwd);
-  the embedding and the head are split by vocabulary and the loss is
-  `vocab_parallel_cross_entropy`. With SP (Korthikanti et al. 2022) `f`/`g` become an
-  all-gather / reduce-scatter along the sequence and the residual stream stays (b, s/t, h);
-  the all-gather is fused with the column linears (`Attention.project`, `SwiGLU.project` become
-  `gather_linears`), which keep the (b, s/t, h) shard and gather it again in backward for the
-  weight gradients (Megatron), so QKV and gate/up save s/t rows, not s.
-  `runtime.tensor_parallel` lays activations out (s, b, h); this model is (b, s, h), so its
-  primitives are called on the transposed view (a free view: dim 0 becomes the sequence).
-  Weights outside the pairs (norms, router, experts) are replicated over tp; under SP they see
-  a slice of the sequence, so their gradients are summed over tp.
-* CP: each cp rank holds 2 of the 2c chunks of every sequence (zigzag) and their RoPE
-  positions; `Attention.core` becomes, by `Layout.cp_kind`, `ring_attention` (Liu et al. 2023),
-  Ulysses' all-to-all over heads around the single-device kernel (`runtime.ulysses`, Jacobs et
-  al. 2023), or the hybrid: the all-to-all inside `cp_a2a` around ring attention over
-  `cp_ring`.
-* EP (GShard): an MoE layer keeps experts [r·E/e, (r+1)·E/e) and `MoE.experts` becomes the
-  all-to-all dispatch/combine of `expert_parallel_moe`. MoE layers under TP are replicated.
-  Under cp or SP a rank routes a slice of each sequence: the capacity and the load-balancing
-  loss stay the micro-batch's, as on one device (`apply_sequence_shards`: the expert choices
-  all-gathered, the per-expert counts all-reduced, over the ranks sharing the sequences).
-* PP: the layers are cut into p·v virtual stages (`pipeline.virtual_stages`); this rank keeps
-  its chunks (the first stage the embedding, the last the final norm and head) and
-  `run_pipeline` drives them through `parallel_transformer.TransformerStages`. Tied embeddings live on the first and
-  the last stage; their gradients are summed over pp (Megatron's embedding group).
-* recompute: "full" re-runs each block's forward in backward, "selective" only the attention
-  core (Korthikanti et al. 2022), all of it (Ulysses' output all-to-all too, as Megatron's
-  reentrant `tensor_parallel.checkpoint` replays Transformer Engine's attention). Under ZB-H1
-  the replay runs under `defer_linears` as the forward did (`pipeline.replay_contexts`), so B
-  still leaves the linears' dW to W; under ZeRO-3 it runs on the weights the unit's backward
-  gathers anyway (no extra gather).
-* DP: gradients averaged over the dp×cp ranks by the bucketed `data_parallel.GradientReducer`,
-  overlapped with the last micro-batch's backward (the others run under `no_sync`); under
-  pp > 1 once, after the pipeline's last micro-batch. ZeRO-1/2/3 (`runtime.zero`) shard over
-  the same ranks instead. Under mixed precision (`runtime.mixed_precision`) the gradients are
-  accumulated and reduced in `grad_dtype` (bf16, or fp32 `main_grad` buffers) and the fp32
-  masters belong to the optimizer (per parameter, or per ZeRO shard).
-
-The result is a `runtime.parallel_transformer.ParallelTransformer`, the training-step object
-(gradient reductions, norm, loss; its docstring derives the loss normalisation).
-
-ZeRO composes with pp (each stage's units over its dp×cp group, Megatron's distributed
-optimizer; a tied embedding's shard gradients summed over pp), tied embeddings (one slot
-viewed by the embedding and the head), ep (experts a unit of their own over `edp`; a rank
-whose experts no token reached gives them zero gradients, so every edp rank reduces them),
-replicated kv heads (the K/V elements of the shards summed over their tp replicas) and hybrid
-shard groups (`hybrid_shard_groups`: reduce-scatter within a group, all-reduce across groups;
-with ep the experts' edp ranks within a group shard them).
-
-ZeRO composes with ZB-H1: W accumulates the deferred weight gradients through autograd, so
-ZeRO-2's hooks see them, and a unit is reduce-scattered once all its slots have a micro-batch
-more; under ZeRO-3 B keeps the unit's other gradients, frees the gathered weights, and the
-unit's last dW in W completes its flat gradient, reduce-scattered once (`runtime.zero`).
-
-Not supported (refused by `runtime_problems`, with the reason): a hybrid shard group that is
-neither a multiple nor a divisor of ep; expert tensor parallelism other than tp; MLA with
-sequence parallelism, or with context parallelism when its V is narrower than Q and K.
+Design notes: docs/concepts/runtime.md#runtime-parallelize.
 """
 
 from __future__ import annotations

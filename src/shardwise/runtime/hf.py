@@ -24,11 +24,12 @@ import torch
 
 from shardwise.arch import ModelSpec
 from shardwise.errors import ShardwiseError
+from shardwise.runtime import hf_target
 
 __all__ = ["check_hf_weights", "hf_config", "hf_weight_files", "load_hf_weights", "save_hf",
            "to_hf_name", "to_hf_tensors", "to_runtime_name"]
 
-_INDEX = "model.safetensors.index.json"
+_INDEX = hf_target.INDEX
 _BLOCK = {  # runtime name inside blocks.i ↔ HF name inside model.layers.i
     "attention_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm",
     "attention.wq": "self_attn.q_proj", "attention.wk": "self_attn.k_proj",
@@ -308,8 +309,10 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
 
 def save_hf(parallel: Any, directory: str | Path) -> None:
     """Write the trained model of a `ParallelTransformer` to `directory` as config.json +
-    safetensors (collective: every rank calls it). A write that fails on any rank raises
-    `ShardwiseError` on every rank (none is left waiting)."""
+    safetensors (collective: every rank calls it). A checkpoint already there is replaced
+    as a whole (`hf_target`: written beside it, then swapped in). A write that fails on any
+    rank raises `ShardwiseError` on every rank (none is left waiting) and leaves `directory`
+    as it was."""
     from safetensors.torch import save_file
 
     from shardwise.runtime import launch
@@ -318,27 +321,44 @@ def save_hf(parallel: Any, directory: str | Path) -> None:
     full = parallel.full_parameters()  # this stage's parameters, gathered over tp/ep/ZeRO
     coord, pp = parallel.mesh.coord, parallel.layout.pp
     writer = all(v == 0 for k, v in coord.items() if k != "pp")
+    rank0 = all(v == 0 for v in coord.values())
     names = {p: f"model-{p + 1:05d}-of-{pp:05d}.safetensors" for p in range(pp)}
     if pp == 1:
         names = {0: "model.safetensors"}
+    where: tuple[str | None, bool, str | None] = (None, False, None)  # (folder, swap, problem)
+    if rank0:  # before any rank writes: where the files go
+        try:
+            staged, swap = hf_target.stage(directory)
+            where = (str(staged), swap, None)
+        except ShardwiseError as exc:
+            where = (None, False, str(exc))
+        except OSError as exc:
+            where = (None, False, f"cannot write the model to {directory}: {exc.strerror}")
+    folder, swap, refused = launch.from_rank0(where)
+    if refused is not None:
+        raise ShardwiseError(refused)
+    out = Path(folder)
     problem = None
     if writer:
         tensors = {k: v.detach().cpu().contiguous() for n, t in full.items()
                    for k, v in to_hf_tensors(n, t).items()}
         try:
-            directory.mkdir(parents=True, exist_ok=True)
-            save_file(tensors, str(directory / names[coord.get("pp", 0)]),
-                      metadata={"format": "pt"})
+            save_file(tensors, str(out / names[coord.get("pp", 0)]), metadata={"format": "pt"})
         except (OSError, RuntimeError) as exc:  # safetensors reports I/O as either
             problem = f"{directory}: {getattr(exc, 'strerror', None) or exc}"
     problem = launch.first_problem(problem)
-    if problem is None and all(v == 0 for v in coord.values()):  # rank 0
+    if rank0:
         try:
-            _write_config(parallel, directory, list(names.values()))
+            if problem is None:
+                _write_config(parallel, out, list(names.values()))
+                if swap:
+                    hf_target.publish(out, directory)
         except OSError as exc:
             problem = f"{directory}: {exc.strerror}"
         except ShardwiseError as exc:  # a model the format cannot describe
             problem = f"{directory}: {exc}"
+        if problem is not None and swap:
+            hf_target.discard(out)
     problem = launch.first_problem(problem)
     if problem is not None:
         raise ShardwiseError(f"cannot write the model to {problem}")

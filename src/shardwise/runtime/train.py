@@ -30,7 +30,7 @@ import torch
 
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.goodput import DEFAULT_MTBF_GPU_HOURS
-from shardwise.runtime import checkpoint, hf, launch
+from shardwise.runtime import checkpoint, hf, hf_target, launch
 from shardwise.runtime.data import Batches, load_tokens
 from shardwise.runtime.mesh import Mesh
 from shardwise.runtime.mixed_precision import MasterOptimizer
@@ -277,6 +277,8 @@ def run(config: TrainConfig, *, hooks: Sequence[Hook] = (), timeout_s: float = 6
     owner = config.checkpoint_dir and os.environ.get("RANK", "0") == "0"  # one lock per run
     with checkpoint.DirectoryLock(config.checkpoint_dir) if owner else contextlib.nullcontext():
         checkpoint.check_start(config)  # a checkpoint directory this run can use?
+        if config.save_hf and os.environ.get("RANK", "0") == "0":  # a --save-hf folder too?
+            hf_target.check_save_target(config.save_hf)
         results = launch.launch(_rank_main, layout.world_size, config, tuple(hooks),
                                 timeout_s=timeout_s)
     return results[0]

@@ -3,12 +3,9 @@ context parallelism (`runtime.context_parallel`): sequence layouts, the block pl
 mask, one block's forward and backward, and the exact merge of partial results.
 
 Partial results merge exactly with the online softmax (Milakov & Gimelshein 2018): each query
-row keeps a running max `m`, denominator `ℓ` and unnormalised output `o`; a new block of scores
-`S` (with values `V`) is absorbed as
-
-and at the end `O = o / ℓ`, `lse = m + log ℓ`. Equivalently (ring-flash-attention's form, what a
-flash kernel returns) each block yields a normalised `(O_b, lse_b)` and two partial results
-merge as
+row keeps a running max `m`, denominator `ℓ` and unnormalised output `o` as blocks of scores
+are absorbed, and at the end `O = o / ℓ`, `lse = m + log ℓ` (the update formulas, and the
+merge of normalised `(O_b, lse_b)` pairs, are in the design notes).
 
 Design notes: docs/concepts/runtime.md#ops-attention.
 """

@@ -3,11 +3,9 @@ optimizer step needs of it — forward and backward over the micro-batches (thro
 schedule when pp > 1), the gradient reductions over the mesh, the global gradient norm, the
 global loss — built by `runtime.parallelize.parallelize`.
 
-Loss normalisation. The step's loss is the mean over all `N = B·s` tokens of the global batch.
-Every rank holds `B/dp` sequences and, of each, `s/cp` tokens: `n = N/(dp·cp)` tokens, the same
-on every rank. Each rank computes the mean over its own tokens, `L_r = (1/n) Σ_{t∈r} ℓ_t`
-(split into m micro-batches of mean `L_rj`, `L_r = (1/m) Σ_j L_rj`: the pipeline's seed 1/m,
-or `loss/m` per accumulation step), so `L = (1/(dp·cp)) Σ_r L_r`, and
+Loss normalisation: the step's loss is the mean over all `N = B·s` tokens of the global
+batch; each rank's mean over its own `N/(dp·cp)` tokens makes `∇L` the average of the ranks'
+gradients over dp×cp (experts: over edp, divided by e; nothing over tp).
 
 Design notes: docs/concepts/runtime.md#runtime-parallel_transformer.
 """

@@ -2,10 +2,10 @@
 hybrid with ring attention (USP, Fang & Zhao 2024; Transformer Engine's cp_comm_type
 "a2a+p2p", Megatron's `--hierarchical-context-parallel-sizes`).
 
-so each rank attends `1/u` of the heads over the group's `u·n` tokens, the whole sequence when
-`u = c` (Ulysses: the single-device kernel runs unchanged). A fourth all-to-all returns the
-output to the sequence blocks. Backward: the conjugate all-to-alls of the gradients (the
-all-to-all's adjoint is the inverse all-to-all). Bytes a rank sends per layer forward, and the
+Before the attention an all-to-all trades tokens for heads, `(b, n, H, d) → (b, u·n, H/u, d)`
+for Q, K and V, so each rank attends `1/u` of the heads over the group's `u·n` tokens (the
+whole sequence when `u = c`); a fourth all-to-all returns the output to the sequence blocks,
+and backward runs the conjugate all-to-alls. Bytes a rank sends per layer forward, and the
 same backward (`estimate.comm.ulysses_comm_bytes_per_layer`): `(u-1)/u · n·b·(2q + 2kv)·bytes`.
 
 Design notes: docs/concepts/runtime.md#runtime-ulysses.

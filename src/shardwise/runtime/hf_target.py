@@ -127,6 +127,7 @@ def publish(staging: Path, directory: str | Path) -> None:
     for entry in real.iterdir():
         if entry.name not in stale and not os.path.lexists(staging / entry.name):
             _carry(entry, staging / entry.name)
+    shutil.copymode(real, staging)  # the folder keeps its permissions
     old = real.parent / f".{real.name}.old-{uuid.uuid4().hex}"
     os.rename(real, old)
     try:

@@ -130,3 +130,38 @@ def test_the_target_check_names_what_the_folder_holds(tmp_path):
         patch.setattr(os.path, "ismount", lambda p: Path(p) == sharded.resolve())
         with pytest.raises(ShardwiseError, match=f"{INDEX} and 2 safetensors files.*mount"):
             hf_target.check_save_target(sharded)
+
+
+def test_publish_swaps_in_the_new_set_and_keeps_the_other_files(tmp_path):
+    """The swap on its own, over files the test wrote: the old index, every file it names
+    (whatever their names) and the old single file go; the new files, the folder's other
+    files and folders, and its permissions stay; nothing is left beside it."""
+    out = tmp_path / "out"
+    (out / "extra").mkdir(parents=True)
+    out.chmod(0o750)
+    old = {"weights-a.safetensors": b"a", "weights-b.safetensors": b"b"}
+    for name, data in old.items():
+        (out / name).write_bytes(data)
+    (out / INDEX).write_text('{"weight_map": {"x": "weights-a.safetensors", '
+                             '"y": "weights-b.safetensors"}}')
+    (out / "model.safetensors").write_bytes(b"an old single file as well")
+    (out / "config.json").write_text("old config")
+    (out / "tokenizer.json").write_bytes(TOKENIZER)
+    (out / "extra" / "notes.md").write_text("kept")
+    staging, swap = hf_target.stage(out)
+    assert swap and staging.parent == tmp_path and staging != out
+    for name in SHARDS:
+        (staging / name).write_bytes(name.encode())
+    (staging / INDEX).write_text("new index")
+    (staging / "config.json").write_text("new config")
+    hf_target.publish(staging, out)
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["config.json", "extra", "tokenizer.json", INDEX, *SHARDS])
+    assert (out / "config.json").read_text() == "new config"
+    assert (out / INDEX).read_text() == "new index"
+    assert (out / "tokenizer.json").read_bytes() == TOKENIZER
+    assert (out / "extra" / "notes.md").read_text() == "kept"
+    assert out.stat().st_mode & 0o777 == 0o750
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    fresh = tmp_path / "fresh"
+    assert hf_target.stage(fresh) == (fresh, False) and fresh.is_dir()  # nothing to replace

@@ -49,6 +49,7 @@ from shardwise.runtime.data import Batches, load_tokens
 from shardwise.runtime.mesh import AxisGroup, Mesh, current_mesh, set_current_mesh
 from shardwise.runtime.parallel_transformer import ParallelTransformer
 from shardwise.runtime.saved_tensors import (
+    LayerCall,
     LayerRecorder,
     _storage,
     saved_bytes_per_layer,
@@ -58,7 +59,7 @@ from shardwise.runtime.saving import measure_checkpoint
 from shardwise.runtime.train import TrainConfig, build, train_step
 from shardwise.units import dtype_bytes
 
-__all__ = ["LayerRecorder", "check_layout", "run_check", "saved_bytes_per_layer",
+__all__ = ["LayerCall", "LayerRecorder", "check_layout", "run_check", "saved_bytes_per_layer",
            "saved_tensor_bytes", "state_bytes"]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -25,6 +26,7 @@ from shardwise.errors import ShardwiseError
 from shardwise.layout import Layout
 from shardwise.runtime import checkpoint
 from shardwise.runtime.checkpoint import (
+    HASH_CHUNK,
     MANIFEST,
     METADATA,
     DirectoryLock,
@@ -142,6 +144,52 @@ def test_a_changed_data_text_is_refused(tmp_path):
     fake(tmp_path / "ckpt", 4, config)
     assert check_start(config) == tmp_path / "ckpt" / "step-000004"
     text.write_text("the ring reduces two buffers! " * 200)  # same path, same length
+    with pytest.raises(ShardwiseError, match="trained on other text: the text of --data"):
+        check_start(config)
+
+
+BIG = "__1_0.distcp"
+BIG_BYTES = HASH_CHUNK * 5 // 2 + 7  # three reads of `HASH_CHUNK`, the last one partial
+
+
+@pytest.mark.parametrize("at", [HASH_CHUNK, HASH_CHUNK + 12345, BIG_BYTES - 1],
+                         ids=["second-chunk-first-byte", "second-chunk", "last-partial-chunk"])
+def test_a_file_larger_than_the_hash_chunk_is_verified_past_its_first_chunk(tmp_path, at):
+    """A shard of 2.5 hashing chunks (every other file here is far under one): its manifest
+    SHA-256 is hashlib's over the whole file, and one byte changed past the first chunk (the
+    size unchanged) is damage."""
+    blob = random.Random(0).randbytes(BIG_BYTES)
+    config = cfg(tmp_path)
+    meta = {"format": checkpoint.FORMAT, "step": 4, "world_size": 2,
+            "config": json_config(config), "data_sha256": checkpoint.data_fingerprint(None)}
+    path = write_checkpoint(tmp_path / checkpoint.checkpoint_name(4), meta, {BIG: blob})
+    manifest = json.loads((path / MANIFEST).read_text())["files"]
+    assert manifest[BIG] == {"bytes": BIG_BYTES, "sha256": hashlib.sha256(blob).hexdigest()}
+    assert damage(path) is None
+    xor(path / BIG, at, 1)
+    problem = damage(path)
+    assert problem is not None and BIG in problem and "SHA-256" in problem, problem
+    xor(path / BIG, at, 1)  # undone: intact again
+    assert damage(path) is None
+
+
+def test_a_data_text_larger_than_the_hash_chunk_changed_past_its_first_chunk_is_refused(
+        tmp_path):
+    """The --data fingerprint reads the file `HASH_CHUNK` bytes at a time: a text of 2.5
+    chunks changed in one character of its third chunk (same length) is other text."""
+    text = tmp_path / "corpus.txt"
+    line = "the ring reduces two buffers. "
+    body = line * (BIG_BYTES // len(line) + 1)
+    text.write_text(body)
+    assert text.stat().st_size > 2 * HASH_CHUNK
+    config = cfg(tmp_path / "ckpt", data=str(text))
+    fake(tmp_path / "ckpt", 4, config)
+    assert check_start(config) == tmp_path / "ckpt" / "step-000004"
+    at = 2 * HASH_CHUNK + 100
+    at = body.index(".", at)  # a full stop in the third chunk
+    text.write_text(body[:at] + "!" + body[at + 1:])
+    stamp = text.stat().st_mtime_ns + 10**9  # an edit a second later (the fingerprint's cache
+    os.utime(text, ns=(stamp, stamp))  # is keyed on mtime; a fast rewrite can keep it)
     with pytest.raises(ShardwiseError, match="trained on other text: the text of --data"):
         check_start(config)
 

@@ -3,16 +3,7 @@
 backward, for each sequence layout × causal; bytes per rank vs SPEC §5
 (`estimate.comm.cp_comm_bytes_per_layer`).
 
-Each function returns rows (dicts) of what was checked:
-
-    check, case, ranks        what ran
-    max_diff                  largest |parallel - single device| over outputs and gradients (fp64)
-    bytes_measured            bytes one rank sent (the counted collectives layer; max over ranks)
-    bytes_predicted           SPEC §5's formula (`estimate.comm`), or for unbalanced routing
-                              the exact bytes implied by the reference's split counts
-    ok                        max_diff ≤ tol and bytes_measured == bytes_predicted on every rank
-    …                         per-case extras: skipped blocks and causal pairs per rank,
-                              tokens per expert, dropped tokens, imbalance
+Design notes: docs/concepts/runtime.md#demos-context_parallel.
 """
 
 from __future__ import annotations

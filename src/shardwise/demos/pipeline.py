@@ -1,26 +1,6 @@
 """`shardwise demo pipeline`: run a schedule on real ranks and check it (SPEC §6, §8, §9).
 
-Spawns `ranks` local gloo processes (or runs under `torchrun`), cuts a small LM with the sizes of
-the "tiny" preset into `p·v` virtual stages and runs one training step's forward and backward
-with `runtime.pipeline.run_pipeline` under the schedule's action lists. Every rank also computes
-the single-device model on the whole batch; the demo reports rows shaped like those of
-`demos.common.check_row`, `{"check": str, "measured", "expected", "ok": bool}` (per-stage peaks are
-given as strings such as "(4, 3, 2, 1)", in micro-batches: a chunk alive counts `1/v`):
-
-* the loss and every gradient against the single-device ones (float64, relative error ≤ 1e-12);
-* the peak micro-batch-chunks alive per stage, measured while running, against the
-  simulator's `peak_in_flight` (and, for schedules with W, the count until W), shown in
-  micro-batches;
-* the bytes sent per stage boundary between ranks per micro-batch against
-  `estimate.comm.pp_comm_bytes_per_microbatch` (`2·s·b·h·8` bytes in float64);
-* with `dp > 1`, the number of data-parallel all-reduces in the step (one, after the last
-  micro-batch).
-
-It also returns the bubble fraction, measured and simulated with the measured mean action times
-(reported, not checked: a few CPU ranks sharing cores make noisy clocks), and both timelines as ASCII Gantt charts drawn on the same time grid (one cell is
-at least the shortest simulated action and small enough for the longer chart to fit `width`; an
-action shorter than a cell may be hidden by its neighbour). The measured step is the second one:
-the first pays one-off start-up costs.
+Design notes: docs/concepts/runtime.md#demos-pipeline.
 """
 
 from __future__ import annotations

@@ -11,8 +11,7 @@ where the step's messages are in flight simultaneously. (In this schedule no ran
 into the chunk it is sending in the same step, so the step is race-free; the snapshot makes
 that independence explicit instead of relying on the order of a Python loop.)
 
-SPEC example: [1,2,3,4] + [10,20,30,40] + [100,…] + [1000,…] = [1111, 2222, 3333, 4444] on
-every rank.
+Design notes: docs/concepts/runtime.md#emulate-collectives.
 """
 
 from __future__ import annotations

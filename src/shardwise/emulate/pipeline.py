@@ -9,14 +9,7 @@ send/recv. The actions run in the order the schedule's simulation starts them (a
 an action starts only after its dependencies end), so GPipe (Huang et al. 2019), 1F1B
 (Narayanan et al. 2021) and ZB-H1 (Qi et al. 2023) all give the same gradient.
 
-Why it is exact: with the loss `L = (1/m) Σ_j L_j`, `L_j` the mean squared error of micro-batch
-`j` over its `batch/m` rows, `L` is the full-batch mean, and its gradient is the sum over
-micro-batches of the gradients of `L_j / m` — which is what accumulating each micro-batch's
-backward (seeded with `1/m`) into the same `.grad` computes. Only float reassociation differs.
-Unequal micro-batches would need weights `n_j / n` instead of `1/m`, so they are rejected.
-
-ZB-H1 here splits B and W with autograd: B takes the gradient with respect to the stage input
-only (keeping the graph), W with respect to the stage's weights (freeing it).
+Design notes: docs/concepts/runtime.md#emulate-pipeline.
 """
 
 from __future__ import annotations

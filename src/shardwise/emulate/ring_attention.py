@@ -1,12 +1,5 @@
 """Ring attention in one process: a list of shards plays the context-parallel ranks (SPEC §8).
 
-Ring attention (Liu, Zaharia & Abbeel 2023) splits the sequence over `c` devices. Device `p`
-keeps its query block `Q_p`; the key/value blocks travel around the ring, so after `c` steps
-every query block has met every key/value block:
-
-    step t = 0..c-1:  device p holds (K, V) of device (p - t) mod c,
-                      absorbs it into its running softmax, then passes it to p + 1.
-
 The per-block results merge exactly with the online softmax; the block kernels, the merge and
 FlashAttention-2's backward live in `shardwise.ops.attention` (shared with the runtime's context
 parallelism), which states the formulas.
@@ -14,19 +7,7 @@ parallelism), which states the formulas.
 `dQ` accumulates on the query's device; `dK, dV` accumulate in a buffer that travels around the
 ring and arrives at the block's owner after `c - 1` hops (see `_ring_backward`).
 
-Causal masking uses global token positions, so the same code serves three sequence layouts:
-
-* ``contiguous``: device p holds positions [p·n, (p+1)·n): blocks from later devices are
-  entirely in the future and are skipped, but device c-1 does ~2c-1 times device 0's work;
-* ``striped`` (Brandon et al. 2023, Striped Attention): device p holds p, p+c, p+2c, …;
-* ``zigzag``: the sequence is cut into 2c chunks and device p holds chunks p and 2c-1-p.
-
-Striped and zigzag balance the causal work (SPEC §8: with 8 devices × 16 tokens contiguous
-blocks give per-device pair counts [136, 392, …, 1928], 14.18× max/min; striped 976…1088, 1.11×).
-
-Tensors are laid out as flash-attn does: ``q`` is (b, s, h_q, d), ``k`` and ``v`` are
-(b, s, h_kv, d) with ``h_kv`` dividing ``h_q`` (grouped-query attention: query head ``i`` reads
-key/value head ``i // (h_q / h_kv)``); ``lse`` is (b, h_q, s).
+Design notes: docs/concepts/runtime.md#emulate-ring_attention.
 """
 
 from __future__ import annotations

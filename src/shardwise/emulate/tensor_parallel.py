@@ -10,14 +10,7 @@ to match: `Y = Σ_i GELU(X·A_i)·B_i`. One all-reduce per MLP forward, no other
 SwiGLU `Y = (SiLU(X·G) ⊙ X·U)·D`: gate `G` and up `U` are column-sharded *alike* (rank i
 holds the same column block of both, so the ⊙ pairs matching columns), `D` row-sharded.
 
-Attention is parallel over heads: rank i holds the query heads of its block and the key/value
-heads those queries use (GQA: `a_kv/N` kv heads), i.e. column blocks of W_q, W_k, W_v, and the
-matching row block of W_o. `Y = Σ_i Attn_i(X)·W_o,i`.
-
-The conjugate operators: `f` is the identity forward and an all-reduce backward (the input X
-is used by every rank, so ∂L/∂X sums the ranks' contributions); `g` is an all-reduce forward
-and the identity backward. In one process the autograd engine performs `f`'s all-reduce by
-itself: a tensor used by N branches gets the sum of their gradients — see `f_copy`/`g_sum`.
+Design notes: docs/concepts/runtime.md#emulate-tensor_parallel.
 """
 
 from __future__ import annotations

@@ -3,34 +3,11 @@ context parallelism (`runtime.context_parallel`): sequence layouts, the block pl
 mask, one block's forward and backward, and the exact merge of partial results.
 
 Partial results merge exactly with the online softmax (Milakov & Gimelshein 2018): each query
-row keeps a running max `m`, denominator `ℓ` and unnormalised output `o`; a new block of scores
-`S` (with values `V`) is absorbed as
+row keeps a running max `m`, denominator `ℓ` and unnormalised output `o` as blocks of scores
+are absorbed, and at the end `O = o / ℓ`, `lse = m + log ℓ` (the update formulas, and the
+merge of normalised `(O_b, lse_b)` pairs, are in the design notes).
 
-    m' = max(m, rowmax S)
-    ℓ' = ℓ·exp(m - m') + Σ_j exp(S_j - m')
-    o' = o·exp(m - m') + Σ_j exp(S_j - m')·V_j
-
-and at the end `O = o / ℓ`, `lse = m + log ℓ`. Equivalently (ring-flash-attention's form, what a
-flash kernel returns) each block yields a normalised `(O_b, lse_b)` and two partial results
-merge as
-
-    lse' = log(exp(lse) + exp(lse_b))          (computed stably around the larger one)
-    O'   = exp(lse - lse')·O + exp(lse_b - lse')·O_b.
-
-Backward (FlashAttention-2, Dao 2023) recomputes each block's probabilities from the saved
-`lse`, `P = exp(S - lse)`, with `D = rowsum(dO ∘ O)`:
-
-    dV = Pᵀ dO,   dS = P ∘ (dO Vᵀ - D),   dQ = scale · dS K,   dK = scale · dSᵀ Q.
-
-Causal masking uses global token positions, so the same code serves three sequence layouts:
-
-* ``contiguous``: device p holds positions [p·n, (p+1)·n);
-* ``striped`` (Brandon et al. 2023, Striped Attention): device p holds p, p+c, p+2c, …;
-* ``zigzag``: the sequence is cut into 2c chunks and device p holds chunks p and 2c-1-p.
-
-Tensors are laid out as flash-attn does: ``q`` is (b, s, h_q, d), ``k`` and ``v`` are
-(b, s, h_kv, d) with ``h_kv`` dividing ``h_q`` (grouped-query attention: query head ``i`` reads
-key/value head ``i // (h_q / h_kv)``); ``lse`` is (b, h_q, s).
+Design notes: docs/concepts/runtime.md#ops-attention.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
 """Mixture-of-experts numerics shared by the emulated MoE (`emulate.moe`), the runtime model
 (`runtime.model`) and expert parallelism (`runtime.expert_parallel`) (SPEC §8).
 
-The layer (Shazeer et al. 2017; Switch, Fedus et al. 2021; Mixtral, Jiang et al. 2024):
-
-    p(x)     = softmax(x W_r)                          router probabilities over E experts
-    T_k(x)   = the k experts with the largest p(x)     (as torch.topk picks them)
-    g_i(x)   = p_i(x) / Σ_{j∈T_k} p_j(x)               gates, renormalised over the top k as
-                                                       Mixtral does (`normalize=False`: g_i = p_i)
-    y(x)     = Σ_{i∈T_k(x), kept} g_i(x) · E_i(x),     E_i(x) = (SiLU(x W_g,i) ⊙ x W_u,i) W_d,i
-
 DeepSeek's routers (`RoutingRule` fields; transformers 5.24 `DeepseekV3TopkRouter`,
 `DeepseekV2TopkRouter`): DeepSeek-V3 scores with `p = sigmoid(x W_r)` and chooses by
 `p + b` (`bias`, the aux-loss-free balancing term `e_score_correction_bias`: the choice only,
@@ -16,30 +8,7 @@ never the gates); both may limit the choice to the `topk_groups` best of `groups
 of experts (a group's score: V3 the sum of its two best `p + b`, V2 its best `p`); the gates
 are `p` of the chosen experts, renormalised or not, times `scale` (routed_scaling_factor).
 
-Capacity (GShard, Lepikhin et al. 2020; Switch): tokens are routed in *groups* (a group is one
-rank's local tokens under expert parallelism). With a capacity factor `cf`, each expert accepts
-at most `C = ⌈cf · T_g · k / E⌉` assignments from a group of `T_g` tokens. The drop rule is
-deterministic: an expert keeps the assignments in token order within the group (token t before
-t+1; a token picks an expert at most once) and drops the rest. A dropped assignment
-contributes nothing (its expert output is zero), so a token whose every choice is dropped
-passes through the layer as zero — the residual connection around the layer carries it.
-Gates are *not* renormalised after dropping. A group whose tokens several ranks hold (the
-sequences of one micro-batch split by context or sequence parallelism, `SequenceShards`) is
-still one group: its capacity and drop order are one device's (`RoutingRule.for_group`).
-
-Load-balancing loss (Switch): per group `L_aux = E · Σ_i f_i · P_i` with `f_i` the fraction of
-the group's `T_g·k` assignments routed to expert i (before dropping; for k = 1 Switch's
-fraction of tokens) and `P_i` the mean router probability of expert i over the group; the
-layer's loss is the mean over groups. Perfectly balanced routing gives `L_aux = 1`. Over a
-group split between ranks each rank returns its share, with the group's f_i
-(`load_balancing_loss`).
-
-Saved for backward (`moe_layer`, and `runtime.expert_parallel.expert_parallel_moe` through
-`gather_rows` / `weighted_combine`): exactly SPEC §3's MoE count — the router input and
-probabilities `p`; per routed row the expert input, SwiGLU gate and up (`SwiGLUFunction`) and
-the down projection's input; and the expert output for the gate product. The top-k choice,
-gates and dispatch order are not kept: `RoutingRule.plan` recomputes them from the saved `p`
-in backward (deterministically: the same ops on the same tensor).
+Design notes: docs/concepts/runtime.md#ops-moe.
 """
 from __future__ import annotations
 

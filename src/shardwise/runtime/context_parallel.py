@@ -1,21 +1,5 @@
 """Context parallelism: ring attention over the `cp` axis (Liu, Zaharia & Abbeel 2023).
 
-Each of the `c` ranks of a cp group holds one block of the sequence (`n = s/c` tokens, in the
-`contiguous`, `striped` or `zigzag` layout of `shardwise.ops.attention`). Queries stay;
-key/value blocks travel around the ring:
-
-    forward,  t = 0..c-1:  attend Q_r over the held (K, V) of rank r-t, merge with the stable
-                           log-sum-exp update (ring-flash-attention's form)
-                               lse' = log(e^lse + e^lse_b),  O' = e^(lse-lse')·O + e^(lse_b-lse')·O_b
-                           then (t < c-1) send the held block to r+1, receive from r-1.
-    backward, t = 0..c-2:  (K, V) rotate again; rank r meets blocks r-1, r-2, …, r+1 and its own
-                           last. A dK,dV buffer for block j starts on j+1, each rank adds its
-                           contribution and passes it on, so it reaches the owner j after c-1
-                           hops ("dK, dV rotate back"). dQ stays local. Block gradients use the
-                           saved O and lse (FlashAttention-2; torch's fused CPU kernel for
-                           unmasked and causal blocks): P = exp(S - lse), D = rowsum(dO ∘ O),
-                           dV = PᵀdO, dS = P ∘ (dO Vᵀ - D), dQ = scale·dS K, dK = scale·dSᵀ Q.
-
 Causal blocks entirely in the future are skipped (their K,V still pass along the ring).
 Bytes each rank sends per layer (SPEC §5, `estimate.comm.cp_comm_bytes_per_layer`): forward
 `(c-1)·2·(s/c)·b·kv·bytes`, backward twice that, `kv = h_kv·d` (GQA ships only the kv heads).
@@ -24,6 +8,8 @@ Sends and receives are paired in a fixed order (even ranks send first) with CPU 
 gloo; every transfer goes through the counted `collectives` layer under the group's axis name.
 Transfers are blocking: this file shows the algorithm and measures its bytes; it does not
 overlap communication with the block computation as a production kernel would.
+
+Design notes: docs/concepts/runtime.md#runtime-context_parallel.
 """
 
 from __future__ import annotations

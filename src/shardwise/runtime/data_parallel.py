@@ -4,23 +4,7 @@ the gradients are averaged before the optimizer step.
 With a loss that is a mean over the batch and equal shards, the average of the ranks'
 gradients is the full-batch gradient: `∇L = (1/N) Σ_i ∇L_i`.
 
-One reducer, `GradientReducer(params, group)`, used by `shardwise train` (through
-`runtime.parallel_transformer.ParallelTransformer`), the pipeline executor and the demos — PyTorch DDP's
-design (Li et al. 2020, "PyTorch Distributed", VLDB): parameters are packed, in reverse
-registration order (about the order backward produces their gradients), into buckets of
-~`bucket_cap_bytes`; a hook fires as each gradient is accumulated, and when a bucket is complete
-its flat buffer is all-reduced (SUM, then ÷ N; gloo: prefer SUM to AVG) *asynchronously* while
-backward continues on earlier layers. Buckets are issued in index order on every rank (the
-collectives must match across ranks). At the end of backward (an autograd-engine callback) the
-pending all-reduces are awaited and the averaged gradients copied back. Under `no_sync()` the
-hooks do nothing, so gradients accumulate locally over micro-batches and only the last
-micro-batch's backward communicates — one all-reduce of `2(N-1)/N · P·bytes` per optimizer
-step, however many micro-batches. `reduce()` reduces every bucket now (after a pipeline's last
-micro-batch, whose backward runs chunk by chunk; or on a rank whose last backward reached none
-of the parameters).
-
-`BucketedDataParallel(module, group)` wraps a module with it, as `DistributedDataParallel`
-does (the replicas start from the group's first rank's weights).
+Design notes: docs/concepts/runtime.md#runtime-data_parallel.
 """
 
 from __future__ import annotations

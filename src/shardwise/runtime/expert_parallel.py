@@ -1,34 +1,7 @@
 """Expert parallelism: an MoE layer whose experts are sharded over the `ep` axis (GShard,
 Lepikhin et al. 2020; Switch Transformer, Fedus et al. 2021).
 
-Rank r of an ep group of `e` ranks owns experts [r·E/e, (r+1)·E/e) and keeps its own tokens
-(expert parallelism reuses the data/context-parallel ranks). One forward:
-
-    1. route      p = softmax(x W_r), the top-k experts, gates g (renormalised over the top k,
-                  as Mixtral; `normalize=False` keeps the raw probabilities)
-    2. capacity   optional: an expert accepts ⌈cf · T·k / E⌉ of this rank's assignments, in
-                  token order; the rest are dropped here, before anything moves (GShard's
-                  groups = ranks), and contribute zero output
-    3. counts     all-to-all of the per-expert counts, so each rank knows the uneven splits
-                  it will receive (rows from every source for each of its experts)
-    4. dispatch   all_to_all_single of the token rows, sorted by expert (uneven splits)
-    5. experts    SwiGLU experts on the received rows
-    6. combine    all_to_all_single back (the splits swapped), gate-weighted sum per token
-
-Backward runs the two row all-to-alls in reverse (the combine's gradient goes out like a
-dispatch, the dispatch's comes back like a combine). With balanced routing each of the four
-moves `(e-1)/e · T·k·h·bytes` per rank (SPEC §5, `estimate.comm.ep_comm_bytes_per_layer`);
-the counted layer records the exact off-rank bytes under (axis, "all-to-all"). The small count
-exchange is recorded separately, under "all-to-all (counts)", so the measured row traffic is
-comparable with the formula. Load-balancing loss per rank: Switch's `E · Σ_i f_i · P_i` over
-this rank's tokens; the layer's loss is the mean over ranks. A rank whose experts no row
-reaches still gives them a (zero) gradient, so every rank of the expert-data-parallel group
-runs the same gradient reductions (ZeRO-2/3 shard expert state over it; Megatron's distributed
-optimizer likewise reduces its whole contiguous expert-gradient buffer, zeros included).
-
-Equal to `shardwise.ops.moe.moe_layer(x_all, params, k, groups=e)` on one device: same
-outputs, aux losses and gradients (the router's gradient summed over the ep ranks, as the data
-parallel all-reduce that follows would do; an expert's gradient lands on its owner).
+Design notes: docs/concepts/runtime.md#runtime-expert_parallel.
 """
 
 from __future__ import annotations

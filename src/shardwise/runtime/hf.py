@@ -2,54 +2,13 @@
 `model.safetensors.index.json`) for Llama, Mistral and Qwen2 (`LlamaForCausalLM`,
 `MistralForCausalLM`, `Qwen2ForCausalLM`: the same module tree).
 
-Names (HF ↔ runtime `runtime.model.Transformer`; nn.Linear weights are (out, in) in both):
-
-    model.embed_tokens.weight                     embedding.weight
-    model.layers.i.input_layernorm.weight         blocks.i.attention_norm.weight
-    model.layers.i.self_attn.{q,k,v,o}_proj.*     blocks.i.attention.w{q,k,v,o}.*   (.bias too)
-    model.layers.i.post_attention_layernorm.weight  blocks.i.mlp_norm.weight
-    model.layers.i.mlp.{gate,up,down}_proj.weight blocks.i.mlp.w_{gate,up,down}.weight
-    model.norm.weight                             norm.weight
-    lm_head.weight                                head.weight  (absent when tied)
-
-Mixtral (`MixtralForCausalLM`): each MoE layer's router `gate.weight` (E, h) is
-`blocks.i.mlp.router` (h, E) transposed. The experts come in two on-disk layouts, both of which
-transformers 5 loads (its `conversion_mapping.py` "mixtral" entry: rename `.block_sparse_moe.`
-→ `.mlp.`, merge `experts.*.w1`/`w3` into `gate_up_proj` and `experts.*.w2` into `down_proj`):
-
-    per expert (what `save_pretrained` writes by default, `save_original_format=True`, and
-    every Mixtral checkpoint written before transformers 5):
-      model.layers.i.block_sparse_moe.gate.weight             (E, h)
-      model.layers.i.block_sparse_moe.experts.N.w1/w3.weight  (f, h)   row N of w_gate/w_up, .T
-      model.layers.i.block_sparse_moe.experts.N.w2.weight     (h, f)   row N of w_down, .T
-    fused (transformers 5's in-memory `MixtralExperts`, `save_pretrained(...,
-    save_original_format=False)`):
-      model.layers.i.mlp.gate.weight                          (E, h)
-      model.layers.i.mlp.experts.gate_up_proj                 (E, 2f, h) = cat(w_gate.mT, w_up.mT, dim 1)
-      model.layers.i.mlp.experts.down_proj                    (E, h, f)  = w_down.mT
-
 Either prefix (`block_sparse_moe` or `mlp`) goes with either layout, as in transformers.
 `save_hf` writes the per-expert layout under `block_sparse_moe`: what transformers 5.24's
 `save_pretrained` writes by default and what every transformers version loads. HF's router
 is the runtime's: softmax over all E experts, top-k, gates renormalised over the k
 (`ops.moe.RoutingRule(normalize=True)`); expert parallelism then keeps each rank's experts.
 
-Loading (`load_hf_weights`): every rank reads the whole state dict on CPU into the
-single-device model it builds from the seed, before `parallelize` keeps its slice — the simplest
-correct path, and the memory cost is one full copy of the weights per rank while loading (a
-7B model in fp32: 28 GB per rank, briefly); sharded reading per layout is not done. Every
-weight the folder holds is read or the run is refused (`hf_weight_files`): the files the
-index maps (each holding exactly its tensors) or `model.safetensors`, regular files only;
-float tensors only (quantised ones are refused, never cast), finite values only.
-`check_hf_weights` runs the same checks on the launcher, one tensor at a time, before any rank
-starts.
-
-Saving (`save_hf`): `ParallelTransformer.full_parameters()` gathers each pipeline stage's
-parameters over tp, ep and ZeRO; the rank at coordinate 0 of every axis but pp writes its
-stage's tensors to `model-0000k-of-0000p.safetensors` (one `model.safetensors` when pp = 1);
-rank 0 writes `config.json` and, with several files, the index. No gather across stages. A
-failed write on any rank is one `ShardwiseError` on every rank (`runtime.train` then saves the
-model to a temporary directory and says where).
+Design notes: docs/concepts/runtime.md#runtime-hf.
 """
 
 from __future__ import annotations
@@ -65,11 +24,12 @@ import torch
 
 from shardwise.arch import ModelSpec
 from shardwise.errors import ShardwiseError
+from shardwise.runtime import hf_target
 
 __all__ = ["check_hf_weights", "hf_config", "hf_weight_files", "load_hf_weights", "save_hf",
            "to_hf_name", "to_hf_tensors", "to_runtime_name"]
 
-_INDEX = "model.safetensors.index.json"
+_INDEX = hf_target.INDEX
 _BLOCK = {  # runtime name inside blocks.i ↔ HF name inside model.layers.i
     "attention_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm",
     "attention.wq": "self_attn.q_proj", "attention.wk": "self_attn.k_proj",
@@ -349,8 +309,10 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
 
 def save_hf(parallel: Any, directory: str | Path) -> None:
     """Write the trained model of a `ParallelTransformer` to `directory` as config.json +
-    safetensors (collective: every rank calls it). A write that fails on any rank raises
-    `ShardwiseError` on every rank (none is left waiting)."""
+    safetensors (collective: every rank calls it). A checkpoint already there is replaced
+    as a whole (`hf_target`: written beside it, then swapped in). A write that fails on any
+    rank raises `ShardwiseError` on every rank (none is left waiting) and leaves `directory`
+    as it was."""
     from safetensors.torch import save_file
 
     from shardwise.runtime import launch
@@ -359,27 +321,44 @@ def save_hf(parallel: Any, directory: str | Path) -> None:
     full = parallel.full_parameters()  # this stage's parameters, gathered over tp/ep/ZeRO
     coord, pp = parallel.mesh.coord, parallel.layout.pp
     writer = all(v == 0 for k, v in coord.items() if k != "pp")
+    rank0 = all(v == 0 for v in coord.values())
     names = {p: f"model-{p + 1:05d}-of-{pp:05d}.safetensors" for p in range(pp)}
     if pp == 1:
         names = {0: "model.safetensors"}
+    where: tuple[str | None, bool, str | None] = (None, False, None)  # (folder, swap, problem)
+    if rank0:  # before any rank writes: where the files go
+        try:
+            staged, swap = hf_target.stage(directory)
+            where = (str(staged), swap, None)
+        except ShardwiseError as exc:
+            where = (None, False, str(exc))
+        except OSError as exc:
+            where = (None, False, f"cannot write the model to {directory}: {exc.strerror}")
+    folder, swap, refused = launch.from_rank0(where)
+    if refused is not None:
+        raise ShardwiseError(refused)
+    out = Path(folder)
     problem = None
     if writer:
         tensors = {k: v.detach().cpu().contiguous() for n, t in full.items()
                    for k, v in to_hf_tensors(n, t).items()}
         try:
-            directory.mkdir(parents=True, exist_ok=True)
-            save_file(tensors, str(directory / names[coord.get("pp", 0)]),
-                      metadata={"format": "pt"})
+            save_file(tensors, str(out / names[coord.get("pp", 0)]), metadata={"format": "pt"})
         except (OSError, RuntimeError) as exc:  # safetensors reports I/O as either
             problem = f"{directory}: {getattr(exc, 'strerror', None) or exc}"
     problem = launch.first_problem(problem)
-    if problem is None and all(v == 0 for v in coord.values()):  # rank 0
+    if rank0:
         try:
-            _write_config(parallel, directory, list(names.values()))
+            if problem is None:
+                _write_config(parallel, out, list(names.values()))
+                if swap:
+                    hf_target.publish(out, directory)
         except OSError as exc:
             problem = f"{directory}: {exc.strerror}"
         except ShardwiseError as exc:  # a model the format cannot describe
             problem = f"{directory}: {exc}"
+        if problem is not None and swap:
+            hf_target.discard(out)
     problem = launch.first_problem(problem)
     if problem is not None:
         raise ShardwiseError(f"cannot write the model to {problem}")

@@ -1,34 +1,5 @@
 """Start a process group: N local ranks (spawned here) or the ranks `torchrun` started.
 
-Public API (stable; other runtime modules import it):
-
-    spawn(fn, world_size, *args, timeout_s=60, backend=None, init="file",
-          start_method=None) -> list
-        Run `fn(*args)` on `world_size` fresh local processes after `init_process_group`;
-        return each rank's (picklable) result in rank order. The first rank that raises or
-        dies makes `spawn` raise `RankFailure` naming that rank and its message; the others
-        are killed. Nothing outlives `timeout_s` (then `RankFailure` too): a broken rank fails
-        the caller, it never hangs it. `init`: "file" (rendezvous file in a fresh temporary
-        directory) or "tcp" (a free port on 127.0.0.1). `start_method`: "forkserver"
-        (default where the platform has it: ranks fork from a server that imported torch
-        once) or "spawn" (a fresh interpreter per rank); the SHARDWISE_START_METHOD
-        environment variable overrides the default. The CLI and the tests use the default.
-    launch(fn, world_size, *args, timeout_s=60, backend=None, init="file") -> list
-        Under `torchrun` (RANK/WORLD_SIZE set, no group yet): init from the environment, run
-        `fn(*args)` here, return every rank's result (all-gathered) in rank order. Otherwise
-        `spawn`. The same demo code runs on a laptop and on a multi-node cluster.
-    init_from_env(backend=None, timeout_s=600) -> None
-        `init_process_group` from torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
-        MASTER_ADDR, MASTER_PORT); NCCL + `cuda.set_device(LOCAL_RANK)` when GPUs are there.
-    choose_backend(world_size) -> "nccl" | "gloo"
-    group_timeout() -> timedelta     the timeout every group of this run must use (mesh.py)
-    device() -> torch.device         cuda:LOCAL_RANK under NCCL, else cpu
-    rank() -> int, world_size() -> int   (0 and 1 when no group is initialised)
-    from_rank0(value), first_problem(problem)   rank 0's value / the first rank's problem
-                                     (a string or None) on every rank: decisions every rank
-                                     takes alike, so a failure on one never hangs the others
-    RankFailure                      a `RuntimeError` raised by `spawn`
-
 `fn` must be picklable (a module-level function): ranks fork from a forkserver (a clean
 process that imported torch once, started on first use; 8 ranks start in well under a second
 instead of ~10 s of torch imports on a 2-core machine) or are `spawn`ed, never forked from the
@@ -37,9 +8,7 @@ every random draw a rank must share with its peers takes a seeded generator. Eac
 on a few CPU cores do not oversubscribe them. Results travel back as bytes pickled with the
 standard pickler (not torch's shared-memory reducer), so a rank may exit right after sending.
 
-gloo realities (torch 2.x on CPU): a rendezvous on `file://` in a fresh temporary directory
-is race-free (`init="tcp"` picks a free port instead); the group timeout bounds every
-collective, so a peer that died turns into an exception on the survivors.
+Design notes: docs/concepts/runtime.md#runtime-launch.
 """
 
 from __future__ import annotations

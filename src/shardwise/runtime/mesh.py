@@ -1,27 +1,5 @@
 """A named device mesh built from a `Layout`: which ranks talk to which, per parallel axis.
 
-Public API (stable; other runtime modules import it):
-
-    MESH_AXES = ("pp", "dp", "cp", "tp")        rank numbering, outermost first (tp fastest)
-    AXES = MESH_AXES + ("ep", "edp", "dp_cp")   every name `Mesh.group`/`axis` accepts
-    MeshShape(pp=1, dp=1, cp=1, tp=1, ep=1)     `shardwise.placement`'s (one placement for the
-                                                 estimate and the runtime); pure arithmetic:
-        .world_size, .coord(rank) -> dict, .rank_of(**coord) -> int,
-        .groups(axis) -> list[tuple[int, ...]]  every group of that axis (global ranks),
-        .group_of(axis, rank) -> tuple[int, ...]; MeshShape.from_layout(layout)
-    Mesh.from_layout(layout, *, make_current=True) -> Mesh   (alias: build_mesh(layout))
-        collective: every rank must call it, in the same order. Creates one process group per
-        group of every axis of degree > 1 (with `launch.group_timeout()`); degree-1 axes
-        create none.
-    Mesh.alone(world=True) -> Mesh               this rank by itself (every axis of degree 1)
-                                                 inside a larger group; no collective
-    mesh.group(axis) -> ProcessGroup | None     None for a degree-1 axis
-    mesh.axis(axis) -> AxisGroup                what `collectives.py` takes: name, group, size,
-                                                 rank (index inside the group), ranks (global)
-    mesh.size(axis), mesh.rank(axis), mesh.ranks(axis), mesh.coord, mesh.global_rank
-    current_mesh() -> Mesh | None; set_current_mesh(mesh | None)
-    AxisGroup.world() / AxisGroup.of(process_group, name)
-
 Rank numbering (Megatron's order, tp fastest so a tensor-parallel group sits inside one
 NVLink domain): `rank = ((pp_i·dp + dp_i)·cp + cp_i)·tp + tp_i`. Expert parallelism reuses
 the `dp × cp` ranks (SPEC notation: world = dp·tp·pp·cp): flatten `(dp_i, cp_i)` to
@@ -32,6 +10,8 @@ gradient all-reduce span it when cp > 1).
 
 Example, Layout(dp=2, tp=2, pp=2) on 8 ranks: tp groups (0,1) (2,3) (4,5) (6,7);
 dp groups (0,2) (1,3) (4,6) (5,7); pp groups (0,4) (1,5) (2,6) (3,7).
+
+Design notes: docs/concepts/runtime.md#runtime-mesh.
 """
 
 from __future__ import annotations

@@ -2,38 +2,10 @@
 (Micikevicius et al. 2018, "Mixed Precision Training"; Megatron-LM's `Float16OptimizerWithFloat16Params`
 and its distributed optimizer; PyTorch FSDP's `MixedPrecision(param_dtype=bfloat16)`).
 
-The recipe (`TrainConfig(dtype="bf16")`, `shardwise train --dtype bf16`):
-
-    weights     the model's parameters are bf16; forward and backward compute in bf16 (torch's
-                CPU/GPU bf16 GEMMs accumulate in fp32 and round the result once)
-    gradients   `grad_dtype` bf16 (the default): autograd's bf16 gradients, accumulated over
-                micro-batches and averaged over the dp×cp ranks (all-reduce, or ZeRO's
-                reduce-scatter) in bf16, SPEC §2's 2 + 2 + 4 + 4 + 4 = 16 B/param.
-                `grad_dtype` fp32 (Megatron's default, `accumulate_allreduce_grads_in_fp32`):
-                each micro-batch's bf16 gradient is added into an fp32 `main_grad` buffer and
-                freed (`accumulate_in_fp32`, a post-accumulate-grad hook), and every reduction
-                runs on the fp32 buffers — the dp×cp all-reduce, ZeRO's reduce-scatter (ZeRO-3:
-                the unit's bf16 gradient of one micro-batch reduce-scattered in fp32 into the
-                shard's `main_grad`), the tp/sp sums of replicated weights, the tied
-                embedding's sum over pp, the experts' over edp: 2 + 4 + 4 + 4 + 4 = 18 B/param
-                (Megatron-LM's distributed-optimizer notes, "bf16 param, fp32 grads": 18 B).
-                Reductions and the optimizer read a parameter's gradient through `grad(p)`
-                (its `main_grad` when it has one, else `.grad`).
-    master      an fp32 copy of every tensor the optimizer updates — a parameter, or under
-                ZeRO-1/2/3 this rank's flat shard, so the master is sharded over the dp×cp
-                group exactly like the optimizer state (Megatron's distributed optimizer)
-    optimizer   AdamW's moments in fp32, over the master copies
-    step        master.grad = fp32(grad) · clip coefficient (the fp32 `main_grad` itself,
-                no copy, under `grad_dtype` fp32); AdamW on the master; the bf16
-                weights ← round-to-nearest-even(master) (ZeRO-1/2 then all-gather the updated
-                bf16 rows, ZeRO-3 keeps the bf16 row and gathers it at the next forward)
-    loss        the cross-entropy (log-sum-exp over the vocabulary, vocabulary-parallel too)
-                in fp32, as Megatron (`logits.float()`) and Hugging Face's Llama do; norms,
-                attention softmax and RoPE compute in bf16 with fp32 accumulation inside
-                torch's reductions — the single-device reference does the same
-
 `MasterOptimizer` is that optimizer: it looks like `torch.optim.AdamW` to the training loop
 (`param_groups`, `state`, `step`) but owns the fp32 masters.
+
+Design notes: docs/concepts/runtime.md#runtime-mixed_precision.
 """
 
 from __future__ import annotations

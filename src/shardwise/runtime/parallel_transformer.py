@@ -3,29 +3,11 @@ optimizer step needs of it — forward and backward over the micro-batches (thro
 schedule when pp > 1), the gradient reductions over the mesh, the global gradient norm, the
 global loss — built by `runtime.parallelize.parallelize`.
 
-Loss normalisation. The step's loss is the mean over all `N = B·s` tokens of the global batch.
-Every rank holds `B/dp` sequences and, of each, `s/cp` tokens: `n = N/(dp·cp)` tokens, the same
-on every rank. Each rank computes the mean over its own tokens, `L_r = (1/n) Σ_{t∈r} ℓ_t`
-(split into m micro-batches of mean `L_rj`, `L_r = (1/m) Σ_j L_rj`: the pipeline's seed 1/m,
-or `loss/m` per accumulation step), so `L = (1/(dp·cp)) Σ_r L_r`, and
+Loss normalisation: the step's loss is the mean over all `N = B·s` tokens of the global
+batch; each rank's mean over its own `N/(dp·cp)` tokens makes `∇L` the average of the ranks'
+gradients over dp×cp (experts: over edp, divided by e; nothing over tp).
 
-    ∇L = (1/(dp·cp)) Σ_r ∇L_r        — average the gradients over the dp×cp ranks.
-
-The cp ranks of one sequence hold different tokens but the same weights: ring attention's
-backward already sends every key/value gradient back to the cp rank that owns the token, so
-`∇L_r` is this rank's tokens' complete contribution and the average over dp×cp is the sum
-above. An expert's gradient, on its owner, is already the sum over the e ranks of its ep
-group (the all-to-all brought their tokens); averaging over `edp` (the ranks that hold the same
-experts, dp·cp/e of them) and dividing by e gives the same `1/(dp·cp)` sum. TP ranks compute
-identical per-token losses, so nothing is averaged over tp.
-
-Gradient norm for clipping: `‖g‖² = Σ` over every unique parameter element once. A rank adds
-the squares of the elements it is responsible for: tp-sharded weights on every tp rank,
-tp-replicated ones on tp rank 0; dense weights on dp×cp rank 0 (edp rank 0 for experts), or
-its own ZeRO shard on every dp×cp rank; a tied head on the last stage is the first stage's
-embedding and is not counted again. One all-reduce over the world sums the parts. Each part
-is accumulated in fp64 without an fp64 copy of the gradient (`torch.linalg.vector_norm` with
-`dtype=torch.float64`).
+Design notes: docs/concepts/runtime.md#runtime-parallel_transformer.
 """
 
 from __future__ import annotations
@@ -295,7 +277,7 @@ class ParallelTransformer:
 
     @torch.no_grad()
     def grad_norm(self) -> float:
-        """‖g‖ over every unique parameter element (see the module docstring)."""
+        """‖g‖ over every unique parameter element (docs/concepts/runtime.md#runtime-parallel_transformer)."""
         total = torch.zeros(1, dtype=torch.float64, device=self.positions.device)
         for p, weight in self.norm_terms:
             g = mp.grad(p)

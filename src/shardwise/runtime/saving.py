@@ -9,12 +9,7 @@ from the mean measured write time `δ` and the job's MTBF `M = H / ranks`, in wh
 median step time so far, and picks it again after every save (`StepRecord.checkpoint_every`).
 Rank 0's measurements decide, broadcast to every rank, so all save at the same steps.
 
-`checkpoint_payload(path)` reads what a checkpoint holds from DCP's `.metadata`: the bytes of
-every tensor, each chunk once (`state`: the weights, fp32 masters and AdamW moments — what
-`estimate.goodput.checkpoint_bytes` predicts; `other`: step counters and the RNG).
-`disk_bandwidth(directory)` writes and fsyncs a file there and times it. `measure_checkpoint`
-(every rank) saves once into a temporary directory and returns what `shardwise check`
-compares with `estimate.goodput`.
+Design notes: docs/concepts/runtime.md#runtime-saving.
 """
 
 from __future__ import annotations
@@ -85,7 +80,7 @@ def disk_bandwidth(directory: str | Path, nbytes: int = DISK_TEST_BYTES) -> floa
 
 @dataclass
 class Checkpoints:
-    """The training loop's checkpoint hook (module docstring): save into `directory` after
+    """The training loop's checkpoint hook (docs/concepts/runtime.md#runtime-saving): save into `directory` after
     every `every` steps (0: only after the last; "auto": Daly's interval from the measured
     write time and `mtbf_gpu_hours` per GPU), keeping the newest `keep`."""
 

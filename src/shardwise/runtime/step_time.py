@@ -1,50 +1,7 @@
 """The step-time rows of `shardwise check`: the step model's prediction (`estimate.step`,
 SPEC §7) for the layout on this machine against the measured median step.
 
-`check_layout` measures rank 0's step time (the median and the fastest of the steps after
-the checked ones, outside the saved-tensor hooks and byte counters) and, in the median step,
-the time it spent blocked in each axis's collectives (`collectives.clocking`: from a call to
-its completion, or inside `wait` for an overlapped one — the communication the step did not
-hide, waiting for the slowest peer included); `with_prediction` adds the prediction from a
-calibration file written by `shardwise calibrate` (its `machine` section is the hardware, its
-constants the efficiencies) and one row per component of the model's step (compute, exposed
-communication per axis, bubble, optimizer), then the clock's rows against the components
-that charge them (`AXIS_COMPONENTS`: tp comm; cp comm exposed; ep comm; pp p2p + bubble,
-which a stage's waits for its neighbour cannot tell apart; dp comm exposed) and the rest of
-the step, `OUTSIDE`, against compute + optimizer. The world's two scalar all-reduces (loss,
-gradient norm) are reported measured only: the model charges them inside the optimizer.
-
-Then the same model again with the machine as it is *now*: a shared machine's speed drifts
-10–50 % within minutes (measured here between `calibrate` and `check` a minute apart: the
-one-rank step ran 0.8–1.5× its calibrated time), so the file's figures are timed again beside
-the run, each between the layout's timed steps, so that it sees the machine they ran on.
-`HOST_RETIMED`: the host's per-op cost (`kernel_overhead`), refitted as `calibrate` fits it on
-`calibrate`'s own one-rank `tiny` step, one after each timed step, the ranks taking turns
-(`REFERENCE_ROW`, `measure._Reference`; `host_cost_now`; the row carries the file's own
-figure for that step, and says the file is stale when the two differ by more than
-`DRIFT_TARGET`), and `synced_host_factor`, refitted the same way on that step run by every
-rank at once right after (`IN_STEP_ROW`): its per-op cost ÷ the one alone, × the share of a
-core each rank has (`calibration.machine`: the model divides by it again, and with more
-ranks than cores every rank of the layout was busy). `RETIMED`: that, and the per-call cost
-of each collective the layout makes,
-timed on its own groups in a burst after each step (`runtime.calibrate.time_layout_calls`,
-the "per call: …" rows; they swing by 2× from one check to the next, and how the model splits
-a call's cost between the call and the compute around it is its least certain part — README,
-"Where the model's split is wrong" — so this row is the noisier of the two). The GEMM,
-memory and attention constants and the link's α-β stay the file's. The rows are reported, not targets
-(`check`'s exit code ignores them): a step time on a shared CPU is noisy;
-`benchmarks/bench_check_step.py` measures the accuracy over repeats.
-
-For an MoE model every prediction takes the routing the checked steps drew (the `routing:`
-rows, `measure.EXPERT_LOAD_ROWS`: the busiest ep rank's expert rows ÷ the balanced share, and
-the share of its experts that ran rows; `TrainSpec.expert_load`, `experts_active`), as the
-activation rows do: the ranks of an ep group wait for each other at every all-to-all, so the
-step runs at the busiest one's pace, and on this host an expert that receives no row launches
-nothing (a fresh `tiny-moe` routes most rows of a layer to one rank's experts; the planner
-assumes balanced routing).
-
-Without `--calibration` the built-in constants (`data/calibration.json`) apply, and they
-describe datasheet GPUs: on a CPU there is no hardware to predict with, so the row says so.
+Design notes: docs/concepts/runtime.md#runtime-step_time.
 """
 
 from __future__ import annotations

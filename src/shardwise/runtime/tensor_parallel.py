@@ -4,11 +4,6 @@ parallelism (Korthikanti et al. 2022) and a vocabulary-parallel embedding and cr
 Activations are laid out `(s, b, h)` (sequence first, as Megatron), so a sequence shard is a
 contiguous block of rows and reduce-scatter / all-gather along the sequence are flat ones.
 
-The conjugate operators (Megatron §3):
-
-    f  identity forward, all-reduce backward     before a column-parallel layer
-    g  all-reduce forward, identity backward     after a row-parallel layer
-
 Column-parallel linear `Y_i = X·A_i` (A split by output columns; nn.Linear's weight rows)
 needs the full input on every rank; row-parallel `Y = Σ_i X_i·B_i` consumes the split
 activation and sums the partial products. Pairing them (QKV→O in attention, gate/up→down in
@@ -16,33 +11,7 @@ the MLP) leaves one `g` forward and one `f` backward per pair: per layer 2 all-r
 and 2 backward on an `(s, b, h)` activation, `4 · 2(t-1)/t · s·b·h·bytes` per rank
 (SPEC §5, `estimate.comm.tp_comm_bytes_per_layer`).
 
-Sequence parallelism keeps the regions between those pairs (norms, residuals, dropout)
-split along the sequence: `g` becomes a reduce-scatter to `(s/t, b, h)` and `f` an all-gather
-back to `(s, b, h)` — conjugates again (RS forward ↔ AG backward). An all-reduce is exactly an
-RS followed by an AG, so the bytes are the same while activation memory between the pairs
-shrinks by t. The norms' weights then see only a slice of the sequence, so their gradients are
-partial and must be all-reduced over tp (`allreduce_sequence_parallel_grads`).
-
-The column-parallel linears right after SP's all-gather would keep the *gathered* `(s, b, h)`
-input for their weight gradients, undoing SP's saving on the largest activations of the layer.
-`gather_linears` (Megatron's `LinearWithGradAccumulationAndAsyncCommunication` with
-`sequence_parallel`) fuses the all-gather with the linears that share its output (Q, K, V; gate
-and up): it keeps only the `(s/t, b, h)` shard and all-gathers it again in backward for the
-weight gradients — one more all-gather of `(t-1)/t · s·b·h·bytes` per pair backward (Megatron
-overlaps it with the input-gradient GEMM; here it runs before it), counted like every other
-collective (`estimate.comm.tp_comm_ops_per_layer`).
-
-Vocabulary parallelism: the embedding table and the output projection are split by vocabulary
-rows `[r·V/t, (r+1)·V/t)`; the embedding zeroes rows it does not own and `g` sums; the
-cross-entropy never gathers the logits: max, Σexp and the target logit are each all-reduced
-over `(s, b)` (Megatron's `vocab_parallel_cross_entropy`).
-
-These are the building blocks; `runtime.parallelize.apply_tensor_parallel` applies them to
-the one model (`runtime.model`): attention split by heads (t divides the query heads; GQA's
-kv heads split when t divides them, else replicated: with t a multiple of a_kv, rank r keeps kv
-head `r // (t/a_kv)`, the one its a/t query heads use, as Megatron-LM does when
-tensor_model_parallel_size > num_query_groups), the MLP by d_ff, the embedding and head by
-vocabulary.
+Design notes: docs/concepts/runtime.md#runtime-tensor_parallel.
 """
 
 from __future__ import annotations

@@ -1,21 +1,5 @@
 """Train the runtime Transformer on any supported layout: the same loss curve as one device.
 
-One step (every rank, `train_step`):
-
-    1. data       this dp rank's rows of the step's global batch (`data.Batches`: a seeded
-                  permutation of the corpus's windows; the position is the step number)
-    2. fwd + bwd  `ParallelTransformer.forward_backward`: m = B/(dp·micro_batch) micro-batches,
-                  through the pipeline schedule when pp > 1, gradients accumulated
-    3. reduce     gradients summed/averaged over the mesh (see `runtime.parallelize`)
-    4. clip       by the global norm over every unique parameter (Pascanu et al. 2013):
-                  g ← g · min(1, c / (‖g‖ + 1e-6)), exactly `torch.nn.utils.clip_grad_norm_`
-    5. AdamW      decoupled weight decay (Loshchilov & Hutter 2019) on this rank's parameters
-                  (ZeRO: its flat shards; elementwise, so the same update as one device)
-                  at the learning rate of the step: linear warm-up over `warmup` steps, then
-                  cosine decay to `min_lr` at the last step
-    6. hooks      `hook(state, record)` after the step, on every rank (logging, progress,
-                  checkpoints: `TrainState` holds everything a resume needs)
-
 Checkpoints (`runtime.checkpoint`): with `checkpoint_dir`, every `checkpoint_every` steps (or
 "auto": Daly's interval from the measured write time, `runtime.saving`) and after the last
 one, a sharded, layout-independent, atomically published checkpoint, its bytes and seconds in
@@ -26,6 +10,8 @@ the same trajectory as an uninterrupted run.
 `run(config)` spawns the ranks locally (gloo on CPU) or, under `torchrun`, runs in place (NCCL
 on GPUs): `torchrun --nproc-per-node 2 -m shardwise train --dp 2 …` runs `shardwise train` on
 the ranks torchrun started (`python -m shardwise` is the one entry point).
+
+Design notes: docs/concepts/runtime.md#runtime-train.
 """
 
 from __future__ import annotations
@@ -44,7 +30,7 @@ import torch
 
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.goodput import DEFAULT_MTBF_GPU_HOURS
-from shardwise.runtime import checkpoint, hf, launch
+from shardwise.runtime import checkpoint, hf, hf_target, launch
 from shardwise.runtime.data import Batches, load_tokens
 from shardwise.runtime.mesh import Mesh
 from shardwise.runtime.mixed_precision import MasterOptimizer
@@ -291,6 +277,8 @@ def run(config: TrainConfig, *, hooks: Sequence[Hook] = (), timeout_s: float = 6
     owner = config.checkpoint_dir and os.environ.get("RANK", "0") == "0"  # one lock per run
     with checkpoint.DirectoryLock(config.checkpoint_dir) if owner else contextlib.nullcontext():
         checkpoint.check_start(config)  # a checkpoint directory this run can use?
+        if config.save_hf and os.environ.get("RANK", "0") == "0":  # a --save-hf folder too?
+            hf_target.check_save_target(config.save_hf)
         results = launch.launch(_rank_main, layout.world_size, config, tuple(hooks),
                                 timeout_s=timeout_s)
     return results[0]

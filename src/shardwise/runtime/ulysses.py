@@ -2,31 +2,13 @@
 hybrid with ring attention (USP, Fang & Zhao 2024; Transformer Engine's cp_comm_type
 "a2a+p2p", Megatron's `--hierarchical-context-parallel-sizes`).
 
-Each of the `u` ranks of an all-to-all group holds `n` tokens of all `H` heads (of its tp rank).
-Before the attention an all-to-all trades tokens for heads — member `i` sends member `j` its
-tokens of head group `j` and receives every member's tokens of head group `i`:
-
-    (b, n, H, d)  --all-to-all-->  (b, u·n, H/u, d)          Q, K, V: three calls
-
-so each rank attends `1/u` of the heads over the group's `u·n` tokens, the whole sequence when
-`u = c` (Ulysses: the single-device kernel runs unchanged). A fourth all-to-all returns the
-output to the sequence blocks. Backward: the conjugate all-to-alls of the gradients (the
-all-to-all's adjoint is the inverse all-to-all). Bytes a rank sends per layer forward, and the
+Before the attention an all-to-all trades tokens for heads, `(b, n, H, d) → (b, u·n, H/u, d)`
+for Q, K and V, so each rank attends `1/u` of the heads over the group's `u·n` tokens (the
+whole sequence when `u = c`); a fourth all-to-all returns the output to the sequence blocks,
+and backward runs the conjugate all-to-alls. Bytes a rank sends per layer forward, and the
 same backward (`estimate.comm.ulysses_comm_bytes_per_layer`): `(u-1)/u · n·b·(2q + 2kv)·bytes`.
 
-Tokens arrive in member order, each member's block in the zigzag layout; they are put in
-position order on arrival, so the kernel's causal mask is the single device's (Transformer
-Engine reorders the zigzag chunks after its all-to-all the same way,
-`reorder_seq_chunks_for_a2a_before_attn`). The permutation is a constant of the layout, kept on
-the autograd context, not saved for backward.
-
-Hybrid (`u < c`): the all-to-all runs inside each `cp_a2a` group of `u` consecutive cp ranks
-(`shardwise.placement`), after which a rank holds its group's `u·n` tokens of `H/u` heads; ring
-attention (`runtime.context_parallel`) over the `cp_ring` group — the `c/u` ranks holding the
-same heads, one per group — completes it, each ring block a group's token set.
-
-`u` divides the query and the key/value heads of a tp rank (`Layout.problems`). gloo: one
-`all_to_all_single` per tensor on contiguous CPU tensors, counted under the group's axis.
+Design notes: docs/concepts/runtime.md#runtime-ulysses.
 """
 
 from __future__ import annotations

@@ -1,36 +1,7 @@
 """What a rank's collectives really put on the wire: the kernel's own counters of the TCP
 connections gloo opened for each process group (Linux `TCP_INFO`).
 
-SPEC §5 predicts the bytes each rank *sends* per collective from the ring algorithm. The
-counted collectives layer (`collectives.py`) knows exactly what each call was handed (its
-payload) but not what the backend made of it. gloo talks TCP, one connection per pair of
-ranks per process group, and the kernel counts, per connection, the data bytes sent
-(`tcpi_bytes_sent`: gloo's messages with their own small headers, and what TCP sent again,
-which `tcpi_bytes_retrans` counts apart) and the segments sent (`tcpi_segs_out`,
-acknowledgements included). Each segment carries
-an IP and a TCP header: IPv4 20 B (IPv6 40) + TCP 20 B + the timestamp option 12 B when the
-connection negotiated it (`tcpi_options`), 52 B on this loopback. Link-layer framing is not
-counted (loopback has none; Ethernet adds 38 B per frame with preamble and gap).
-
-    metering() -> context manager yielding a `Meter`, active inside the block: every call the
-        collectives layer makes opens and closes a *call* on it (`opened`, `closed`, `marked`)
-        and the meter takes the counters of every TCP connection of this process at each
-        of those moments
-    Meter.traffic(groups) -> {(axis, op): Traffic}   collective over `groups` (every rank):
-        which connections belong to which process group (`connections_of`), then every
-        connection's bytes between two moments charged to the call open on its group then
-        (none open: the group's latest call, whose acknowledgements trail)
-    (`estimate.check.Traffic`: data, segments, header bytes per segment; `.wire`)
-    available() -> str | None   why nothing can be measured here (None: it can)
-
-While a meter is active every call completes before the next starts: the collectives layer
-waits at once for a call issued with `async_op=True` (`active()`), so a group's bytes belong
-to one call at a time. `check` meters its checked steps, whose figures (payload, saved
-activations, state) do not depend on overlap; the steps it times run unmetered. The pipeline's
-own sends are marks: their bytes go to the group's latest call, which on `pp` is a send.
-
-Nothing is measured under NCCL (no sockets: `check` says "assumed (ring)"), on a platform
-without `TCP_INFO`'s byte counters (Linux ≥ 4.19), or for connections whose group is unknown.
+Design notes: docs/concepts/runtime.md#runtime-wire.
 """
 
 from __future__ import annotations
@@ -126,7 +97,7 @@ def _key(group: Any) -> int:
 
 @dataclass
 class Meter:
-    """The counters of every connection at each call's start and end (module docstring)."""
+    """The counters of every connection at each call's start and end (docs/concepts/runtime.md#runtime-wire)."""
 
     connections: dict[str, tuple[socket.socket, int]] = field(default_factory=_connections)
     # (what, call id, group key, axis, op, counters at that moment)
@@ -149,7 +120,7 @@ class Meter:
         self.end = _read(self.connections)
 
     def traffic(self, groups: Sequence[Any]) -> dict[tuple[str, str], Traffic]:
-        """{(axis, op): Traffic} this rank sent inside the block (module docstring), once,
+        """{(axis, op): Traffic} this rank sent inside the block (docs/concepts/runtime.md#runtime-wire), once,
         after it. A collective: every rank calls it with its AxisGroups (any order).
         Bytes on a group's connections before its first call (a receive the pipeline posted
         ahead) are that call's; on a group with no call at all, ("?", "?")'s."""

@@ -13,18 +13,46 @@ from shardwise.runtime.calibrate.comm import (
     time_layout_calls,
 )
 from shardwise.runtime.calibrate.compute import (
+    FACTOR_ROUNDS,
     HOST_PROBE,
     REFERENCE_STEP,
     STEP_CONFIGS,
+    STEPS,
     one_rank_state,
     one_rank_steps,
     step_outside_world,
 )
 from shardwise.runtime.calibrate.fit import fit_measurements, host_cost_now
-from shardwise.runtime.calibrate.plan import COLLECTIVES, Plan, _seconds, _sync
+from shardwise.runtime.calibrate.plan import (
+    COLLECTIVES,
+    PER_CALL_BELOW,
+    Plan,
+    _seconds,
+    _sync,
+)
 from shardwise.runtime.calibrate.run import calibrate, plot_calibration, summary_rows
 
-__all__ = ["AXIS_CALLS", "COLLECTIVES", "HOST_PROBE", "REFERENCE_STEP", "STEP_CONFIGS", "Plan",
-           "_dispatch", "_group_seconds", "_seconds", "_sync", "calibrate", "fit_measurements",
-           "host_cost_now", "one_rank_state", "one_rank_steps", "plot_calibration",
-           "step_outside_world", "summary_rows", "time_layout_calls"]
+__all__ = [
+    "AXIS_CALLS",
+    "COLLECTIVES",
+    "FACTOR_ROUNDS",
+    "HOST_PROBE",
+    "PER_CALL_BELOW",
+    "REFERENCE_STEP",
+    "STEPS",
+    "STEP_CONFIGS",
+    "Plan",
+    "_dispatch",
+    "_group_seconds",
+    "_seconds",
+    "_sync",
+    "calibrate",
+    "fit_measurements",
+    "host_cost_now",
+    "one_rank_state",
+    "one_rank_steps",
+    "plot_calibration",
+    "step_outside_world",
+    "summary_rows",
+    "time_layout_calls",
+]

@@ -102,7 +102,7 @@ def _group_seconds(call: Callable[[], Any], group: Any, device: torch.device,
     they compute count as they do in a step (the wait grows with the work before a call:
     after 72 tiny ops a small all-reduce took 1.1 ms, after ten times as many 1.7 ms); the
     slowest member's mean (max all-reduce). The mean, not the median: a step pays every call,
-    the slow tail too (module docstring).
+    the slow tail too (docs/concepts/runtime.md#calibration).
 
     With more `active` ranks than cores (a CPU), the cores are time-sliced and a rank that
     waits in a call leaves its core to the others: what a call costs the step is then the CPU

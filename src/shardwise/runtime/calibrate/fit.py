@@ -50,7 +50,7 @@ def _clamped(value: float, notes: list[str], name: str) -> float:
 
 def fit_measurements(raw: dict[str, Any], plan: Plan) -> dict[str, Any]:
     """The calibration file (`calibration` format + `machine` + `measurements`) from the raw
-    points: every constant fitted in the model's own form (module docstring)."""
+    points: every constant fitted in the model's own form (docs/concepts/runtime.md#calibration)."""
     notes: list[str] = []
     mm = raw["matmul"]
     # the launch is timed apart; under load a tiny GEMM can come out faster than it

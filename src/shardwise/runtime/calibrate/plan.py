@@ -74,7 +74,7 @@ def _seconds(fn: Callable[[], Any], device: torch.device, budget: float = 0.05,
              repeats: int = 5) -> float:
     """The median of `repeats` blocks, per call; each block runs enough calls to last about
     `budget / repeats` seconds (one warm-up call first). The median, not the fastest: the
-    prediction is compared with the median step (module docstring)."""
+    prediction is compared with the median step (docs/concepts/runtime.md#calibration)."""
     fn()
     _sync(device)
     start = time.perf_counter()

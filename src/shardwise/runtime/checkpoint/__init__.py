@@ -14,6 +14,7 @@ from shardwise.runtime.checkpoint.load import load_checkpoint, read_parameters
 from shardwise.runtime.checkpoint.manifest import (
     DCP_METADATA,
     FORMAT,
+    HASH_CHUNK,
     LATEST,
     LOCK,
     MANIFEST,
@@ -32,8 +33,9 @@ from shardwise.runtime.checkpoint.reshard import _blocks
 from shardwise.runtime.checkpoint.save import _start_save, save_checkpoint
 from shardwise.runtime.checkpoint.start import check_start
 
-__all__ = ["DCP_METADATA", "FORMAT", "LATEST", "LOCK", "MANIFEST", "MARKER", "METADATA",
-           "DirectoryLock", "_blocks", "_publish", "_start_save", "check_start",
-           "checkpoint_name", "complete_checkpoints", "damage", "data_fingerprint",
-           "latest_checkpoint", "load_checkpoint", "prune", "read_metadata", "read_parameters",
-           "resume_point", "save_checkpoint", "write_manifest"]
+__all__ = ["DCP_METADATA", "FORMAT", "HASH_CHUNK", "LATEST", "LOCK", "MANIFEST", "MARKER",
+           "METADATA", "DirectoryLock", "_blocks", "_publish", "_start_save",
+           "check_start", "checkpoint_name", "complete_checkpoints", "damage",
+           "data_fingerprint", "latest_checkpoint", "load_checkpoint", "prune",
+           "read_metadata", "read_parameters", "resume_point", "save_checkpoint",
+           "write_manifest"]

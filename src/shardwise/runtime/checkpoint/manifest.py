@@ -31,6 +31,7 @@ _LEFTOVER = re.compile(r"step-\d+\.tmp-.+")  # an unpublished save or a victim b
 _OUR_TMP = re.compile(r"step-\d+\.tmp-[0-9a-f]{32}")  # a name `save_checkpoint` or `_remove` picks
 _POINTER_TMP = re.compile(rf"{LATEST}\.tmp-[0-9a-f]{{32}}")  # `latest` being replaced
 _MAX_JSON = 64 * 2**20  # shardwise.json and the manifest: a few kB
+HASH_CHUNK = 1 << 20  # bytes `_sha256` reads at a time (manifest, data fingerprint)
 
 
 # ---------------------------------------------------------------- the directory (no processes)
@@ -117,7 +118,7 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
+        while chunk := f.read(HASH_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
 

@@ -207,7 +207,7 @@ def barrier(group: GroupLike = None) -> None:
             dist.barrier(group=g.group)
 
 
-POLL_SECONDS = 1.0  # poll at most this long, then block (module docstring: Waiting)
+POLL_SECONDS = 1.0  # poll at most this long, then block (concepts/runtime.md: Waiting)
 _RUNNING: list[int] = []  # `ranks_running`'s stack
 
 
@@ -248,8 +248,8 @@ def _reports_completion(work: Any) -> bool:
 
 
 def wait(work: Any) -> None:
-    """Wait for the handle of an `async_op=True` collective (module docstring: Waiting),
-    charged to its axis (a `Pending`'s; module docstring: Clocking)."""
+    """Wait for the handle of an `async_op=True` collective (concepts/runtime.md: Waiting),
+    charged to its axis (a `Pending`'s; concepts/runtime.md: Clocking)."""
     axis, call, work = ((work.axis, work.call, work.work) if isinstance(work, Pending)
                         else (None, None, work))
     with blocked_in(axis):

@@ -24,7 +24,8 @@ GroupLike = AxisGroup | str | Any | None
 
 @dataclass(eq=False)  # identity semantics: `counting()` pops its own counter
 class CommCounter:
-    """Payload, bytes sent (module docstring: Counting) and calls of this rank, per (axis, op)."""
+    """Payload, bytes sent (concepts/runtime.md: Counting) and calls of this rank, per
+    (axis, op)."""
 
     sent: dict[tuple[str, str], float] = field(default_factory=lambda: defaultdict(float))
     payload: dict[tuple[str, str], float] = field(default_factory=lambda: defaultdict(float))
@@ -150,7 +151,7 @@ _CLOCKS: list[dict[str, float]] = []
 @contextlib.contextmanager
 def clocking() -> Iterator[dict[str, float]]:
     """`with clocking() as waited: ...` — waited[axis]: the wall seconds this rank spent
-    blocked in that axis's collectives inside the block (module docstring: Clocking)."""
+    blocked in that axis's collectives inside the block (concepts/runtime.md: Clocking)."""
     clock: dict[str, float] = defaultdict(float)
     _CLOCKS.append(clock)
     try:

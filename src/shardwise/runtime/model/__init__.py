@@ -10,25 +10,25 @@ What each op saves, and the swap points: docs/concepts/runtime.md#the-runtime-mo
 
 from shardwise.ops.swiglu import SwiGLUFunction
 from shardwise.runtime.model.attention import (
-           LATENT_NORM_EPS,
-           Attention,
-           AttentionFunction,
-           LatentAttention,
-           deinterleave,
-           local_attention,
+    LATENT_NORM_EPS,
+    Attention,
+    AttentionFunction,
+    LatentAttention,
+    deinterleave,
+    local_attention,
 )
 from shardwise.runtime.model.layers import (
-           AttentionCore,
-           Projection,
-           RMSNorm,
-           RMSNormFunction,
-           RotaryFunction,
-           TensorMap,
-           apply_rotary,
-           identity,
-           inverse_frequencies,
-           rotary_tables,
-           separate_linears,
+    AttentionCore,
+    Projection,
+    RMSNorm,
+    RMSNormFunction,
+    RotaryFunction,
+    TensorMap,
+    apply_rotary,
+    identity,
+    inverse_frequencies,
+    rotary_tables,
+    separate_linears,
 )
 from shardwise.runtime.model.mlp import AuxLossAutoScaler, Experts, MoE, SwiGLU, configure_moe
 from shardwise.runtime.model.transformer import Block, Transformer, token_cross_entropy

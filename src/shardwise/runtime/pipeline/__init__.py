@@ -18,6 +18,8 @@ from shardwise.runtime.pipeline.deferral import (
     replay_contexts,
 )
 from shardwise.runtime.pipeline.executor import (
+    RECV_AHEAD_BYTES,
+    RECV_AHEAD_MIN,
     PipelineResult,
     _check_agreement,
     measured_timeline,
@@ -31,6 +33,8 @@ from shardwise.runtime.pipeline.stages import (
 )
 
 __all__ = [
+    "RECV_AHEAD_BYTES",
+    "RECV_AHEAD_MIN",
     "GradTarget",
     "PipelineModel",
     "PipelineResult",

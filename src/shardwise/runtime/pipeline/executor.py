@@ -69,7 +69,7 @@ class PipelineResult:
 
 
 # receives a stage keeps posted before it needs them (each an s·b·h message buffer): as many
-# as fit in RECV_AHEAD_BYTES, at least RECV_AHEAD_MIN (module docstring)
+# as fit in RECV_AHEAD_BYTES, at least RECV_AHEAD_MIN (docs/concepts/runtime.md#pipeline-parallelism)
 RECV_AHEAD_BYTES = 64 * 2**20
 RECV_AHEAD_MIN = 4
 

@@ -7,7 +7,7 @@ Reads `src/shardwise/data/components.json` (every point with its source) and wri
 `src/shardwise/data/calibration.json` (the constants per accelerator; the end-to-end overlap
 constants and the `default` section are carried over unchanged), `docs/accuracy/components.json`
 (every point's prediction and residual) and `docs/accuracy/components.md` (the same as tables).
-Every prediction is the model's own (`shardwise.calibration.components.predict`), so a residual
+Every prediction is the model's own (`shardwise.estimate.components.predict`), so a residual
 is the model's error on that measurement. Fits are grid searches minimising the squared log
 ratio predicted/measured (each point counts alike whatever its size):
 
@@ -38,10 +38,10 @@ from shardwise.calibration.components import (
     accelerator_of,
     load_components,
     measured,
-    predict,
     residual_summary,
     ring_model,
 )
+from shardwise.estimate.components import predict
 from shardwise.hardware import ACCELERATORS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -352,7 +352,7 @@ def markdown(results: dict[str, Any], fits: dict[str, Any], data: dict[str, Any]
              f"Written by `python benchmarks/fit_components.py` (tree at commit {commit}). "
              "Every point below is a published measurement (`src/shardwise/data/components.json`, "
              "sources in `src/shardwise/calibration/SOURCES.md`); *predicted* is the step model's "
-             "own value for it with the built-in constants (`shardwise.calibration.components."
+             "own value for it with the built-in constants (`shardwise.estimate.components."
              "predict`); residual = (measured − predicted) / measured. These are in-sample "
              "residuals of component fits, not a validation of step times.", "",
              "## Residuals per component", "",

@@ -955,7 +955,8 @@ def fit_calibration(results: dict[str, dict[str, Any]], label: str, out: Path,
     from fit_components import fit_attention_kernel, fit_gemm, fit_hbm
 
     from shardwise.calibration import Calibration, default_calibration, load_calibration
-    from shardwise.calibration.components import predict, residual_summary
+    from shardwise.calibration.components import residual_summary
+    from shardwise.estimate.components import predict
 
     gemm = [p for p in results.get("gemm", {}).values() if "tflops" in p]
     attention = [p for v in (*results.get("attention", {}).values(),

@@ -313,6 +313,18 @@ def accelerator_from_dict(data: Any, source: str) -> Accelerator:
     return accelerator
 
 
+def generation(accelerator: str) -> str:
+    """The generation of an accelerator preset by name (`h100-sxm`, `h200`, `h800` and
+    `gh200` are Hopper; `b200`, `gb200` Blackwell; …): the validation groups' span and the
+    FP8 recipes' support (`fp8.Fp8Recipe.architectures`)."""
+    for prefix, gen in (("a100", "ampere"), ("h", "hopper"), ("gh", "hopper"),
+                        ("b", "blackwell"), ("gb", "blackwell"), ("mi", "cdna3"),
+                        ("tpu", "tpu")):
+        if accelerator.startswith(prefix):
+            return gen
+    return accelerator
+
+
 def resolve_gpu(gpu: str | Accelerator, *, clock_mhz: float | None = None,
                 files: bool = False) -> Accelerator:
     """The accelerator `--gpu` names: a preset (or alias), or — with `files` (the CLI) — a JSON

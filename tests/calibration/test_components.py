@@ -2,7 +2,7 @@
 docs/accuracy/components.md reports (`benchmarks/fit_components.py`).
 
 The reference is each published measurement (`data/components.json`, every point with its
-source); the prediction is the model's own code (`calibration.components.predict`). Editing a
+source); the prediction is the model's own code (`estimate.components.predict`). Editing a
 fitted constant, or the form it enters, moves these residuals and fails here.
 """
 
@@ -17,10 +17,10 @@ from shardwise.calibration.components import (
     COMPONENTS,
     load_components,
     measured,
-    predict,
     ring_model,
 )
 from shardwise.errors import ShardwiseError
+from shardwise.estimate.components import predict
 from shardwise.estimate.compute import attention_efficiency
 
 # (median |residual|, max |residual|) per group, as docs/accuracy/components.md reports them,

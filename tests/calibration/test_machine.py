@@ -7,8 +7,9 @@ import pytest
 
 from shardwise.arch import get_model
 from shardwise.calibration import load_calibration
-from shardwise.calibration.machine import machine_cluster, predict_step
+from shardwise.calibration.machine import machine_cluster
 from shardwise.errors import ShardwiseError
+from shardwise.estimate.machine import predict_step
 from shardwise.estimate.step import Links, estimate_step, group_collective_time
 from shardwise.hardware import Accelerator, Cluster, Link
 from shardwise.layout import Layout, TrainSpec

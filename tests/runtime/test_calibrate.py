@@ -13,9 +13,9 @@ from tests.cli_helpers import assert_one_line_error, shardwise, shardwise_json
 from shardwise.arch import get_model
 from shardwise.calibration import load_calibration
 from shardwise.calibration.fit import matmul_seconds, relative_residuals
-from shardwise.calibration.machine import predict_step
 from shardwise.estimate.comm import ring_bytes_on_wire, ring_steps
 from shardwise.estimate.compute import _OPS_LAYER
+from shardwise.estimate.machine import predict_step
 from shardwise.layout import Layout
 from shardwise.runtime.calibrate import REFERENCE_STEP, _dispatch, _group_seconds
 from shardwise.runtime.launch import spawn

@@ -1,53 +1,15 @@
 """Efficiency constants of the step-time model, in one place (`data/calibration.json`).
 
-The step-time model (`estimate.compute`, `estimate.step`) turns FLOPs and bytes into seconds
-with the accelerator's datasheet peak and bandwidth times a few *achievable-fraction* constants:
-
-    matmul_efficiency     fraction of peak a large, well-shaped GEMM reaches (cuBLAS/CUTLASS)
-    matmul_half_dim       a GEMM dimension `d` costs a factor `d/(d + d½)` (tile quantisation and
-                          prologue/epilogue overheads of small per-rank matmuls)
-    attention_efficiency  fraction of peak of fused (Flash) attention kernels
-    hbm_efficiency        achievable fraction of HBM bandwidth for memory-bound kernels
-    kernel_overhead       seconds per kernel launch (fixed cost per operation)
-    op_count              which operations `kernel_overhead` is charged for
-                          (`estimate.compute.host_ops`): "fused" — a fused GPU implementation's
-                          kernels (the built-in presets); "runtime" — the aten ops shardwise's
-                          own runtime dispatches (set by the "this machine" preset)
-    dp_bucket_bytes       gradient bucket for data-parallel overlap (Megatron: 40M params × 2 B)
-    overlap_contention    fraction of *overlapped* communication time still charged to the step:
-                          NCCL kernels running beside the GEMMs take SMs and HBM bandwidth from
-                          them (Calculon's `processor_usage`; measured slowdowns 5-20 %)
-    tp_overlap_efficiency fraction of the adjacent GEMMs' time (of its `(t-1)/t` pipelined part)
-                          that hides TP all-gathers/reduce-scatters under `--tp-comm-overlap`
-    sustained_compute     share of the component benchmarks' tensor-core rate a training job
-                          sustains (clocks under a long job's power and thermal limits, and
-                          what short kernel benchmarks do not see); fitted end to end
-    attention_kernels     per fused-attention kernel ("fa2", "fa3", "cudnn", "math"): efficiency,
-                          half_dim, half_seq, backward_ratio of `estimate.compute.
-                          attention_efficiency` (fitted on kernel benchmarks)
-    attention_kernel      the kernel the step model's flash path uses for this accelerator
-                          ("" — none fitted: `attention_efficiency · d/(d + matmul_half_dim)`)
-    links[name]           achievable fraction of a link's bandwidth (NCCL bus bandwidth)
-    link_latency[name]    fitted α per ring round of a link class (seconds; replaces the
-                          preset's latency)
-    collective_call       measured fixed seconds per collective call, keyed "op/ranks" (set by
-                          the "this machine" preset from its `machine.link.per_call`; empty for
-                          the built-in presets, whose collectives pay α per ring round)
-
-Per accelerator (`accelerators` in the JSON; `sources` cites the rows): the GEMM, attention,
-HBM and link constants are fitted on published component benchmarks (`data/components.json`,
-`benchmarks/fit_components.py`, residuals in docs/accuracy/components.md); three end-to-end
-constants per accelerator generation (`sustained_compute`, `overlap_contention`,
-`tp_overlap_efficiency`) are fitted on published runs by `benchmarks/validate_published.py
---fit`, which reports them leave-one-family-out (docs/accuracy/published.md).
-`SOURCES.md` next to this file lists every source and what was transferred where none exists.
-
-A JSON file with the same shape overrides any subset
-(`load_calibration(accelerator, path)`; `shardwise plan --calibration FILE`).
-
-`shardwise calibrate` measures the machine it runs on and writes such a file with two more
-sections: `machine` (the "this machine" hardware preset, `calibration.machine`) and
-`measurements` (raw points and fit residuals, `calibration.fit`).
+The step-time model (`estimate.kernels`, `estimate.links`, `estimate.step`) turns FLOPs and
+bytes into seconds with the accelerator's datasheet peak and bandwidth times a few
+*achievable-fraction* constants (`Calibration`'s fields: GEMM and attention efficiency, HBM
+and link efficiency, kernel overhead, overlap contention, sustained compute, …), per
+accelerator. The GEMM, attention, HBM and link constants are fitted on published component
+benchmarks (`benchmarks/fit_components.py`); three end-to-end constants per generation on
+published runs (`benchmarks/validate_published.py --fit`). `SOURCES.md` cites every one.
+A JSON file of the same shape overrides any subset (`load_calibration`, `--calibration`);
+`shardwise calibrate` writes one with a `machine` and a `measurements` section.
+Each constant and its source: docs/howto/calibrate.md ("The constants").
 """
 
 from __future__ import annotations

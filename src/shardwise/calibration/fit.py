@@ -1,25 +1,13 @@
-"""Fit the step-time model's constants to measurements (NumPy least squares; no torch).
+"""Fit the step-time model's constants to measurements (NumPy least squares; no torch), each in
+the model's own form (`estimate.kernels`, `estimate.comm`), residuals relative
+(`(measured − fitted) / measured`):
 
-Every fit is in the model's own form (`estimate.compute`, `estimate.comm`), so the fitted
-numbers mean exactly what the planner does with them. Residuals are reported *relative*,
-`(measured − fitted) / measured`; the linear fits minimise their sum of squares (timings
-span orders of magnitude and each point should count alike).
+    GEMM      t = t₀ + 2·M·K·N / (P∞ · M/(M+d½) · K/(K+d½) · N/(N+d½))  → P∞, d½
+    α-β       t = rounds·α + bytes/β                                     → α, β
+    per call  t = α_call + bytes/β, β given                              → α_call
+    scale     t_i = a_i + k·n_i                                          → k
 
-    GEMM          t = t₀ + 2·M·K·N / (P∞ · M/(M+d½) · K/(K+d½) · N/(N+d½))  → P∞, d½
-                  (t₀: one call's fixed cost, measured apart and given). For each d½ the
-                  median ratio gives 1/P∞ (robust to outliers); d½ is found by
-                  golden-section search on log d½ minimising the squared log residuals.
-                  (`P∞ = peak · e_max`, the asymptote of a large GEMM).
-    α-β           t = rounds·α + bytes/β                                     → α, β
-                  collectives (`rounds`, `bytes` on the wire per rank: SPEC §5's ring
-                  counts), p2p (1 round, the message), memory-bound kernels (1 "round": the
-                  launch cost, bytes moved: 1/β is seconds per byte). Linear in (α, 1/β).
-    per call      t = α_call + bytes/β, β given (the α-β fit over every collective)   → α_call
-                  one fixed cost per call for each collective and group size: on gloo a
-                  small call costs about the same with one ring round or two.
-    scale         t_i = a_i + k·n_i                                           → k
-                  1/efficiency of a kernel whose time at efficiency 1 is `n_i` (`a_i = 0`:
-                  the attention kernel), or any per-unit cost over a known base.
+How each fit runs: docs/howto/calibrate.md ("The fits").
 """
 
 from __future__ import annotations

@@ -1,53 +1,11 @@
-"""The "this machine" hardware preset: a `Cluster` built from a calibration file's `machine`
-section (written by `shardwise calibrate`), so the planner, `memory` and `check` predict for
-the machine the runtime runs on.
-
-    "machine": {
-      "name": "this-machine", "backend": "gloo", "dtype": "fp32",
-      "cores": 2,                     CPU cores (or GPUs) the measurements ran on
-      "memory_bytes": 2.5e10,         the machine's memory (CPU) or one GPU's (NCCL)
-      "peak_flops": 9.1e10,           P∞ of one rank (one thread): the fitted GEMM asymptote
-      "memory_bandwidth": 1.2e10,     one rank's copy bandwidth (bytes/s, read + write)
-      "link": {"name": "gloo", "bandwidth": 1.1e9, "latency": 4e-5,    fitted α-β
-               "per_call": {"all-reduce/2": 7e-4, ...,   fixed seconds per call, by
-                            "all-reduce/2@8": 2e-3}}  collective and group size (optional;
-                                      `fit.fit_per_call`); "@8": measured with all 8 ranks busy
-      "synced_host_factor": 1.2       the per-op host cost of ranks that keep in step, ÷ one
-    }                                 rank's alone (optional, 1; below)
-
-With `per_call`, a collective on that many ranks costs `α_call + bytes/β` instead of
-`rounds·α + bytes/β` (`estimate.step.group_collective_time`): gloo's cost of a small call
-barely depends on its ring rounds. A key "op/n@R" was measured with all R ranks busy in
-side-by-side groups of n (`shardwise calibrate --ranks R` with more ranks than cores): a layout
-of R ranks takes it as it is, instead of the core-per-member figure time-sliced below.
-
-On a CPU there is no datasheet figure to trust, so the machine's "peak" is the measured
-asymptote `P∞ = peak·e_max` and its "HBM bandwidth" a measured copy: `matmul_efficiency`
-and `hbm_efficiency` are then relative to those (the fit's free parameters are P∞ and d½;
-e_max = 1 by construction).
-
-Ranks share the cores: with `ranks > cores` every rank is time-sliced to `share =
-cores/ranks` of a core, so its peak, memory bandwidth and link bandwidth are × share, its
-kernel overhead and link latency ÷ share (the model assumes every rank busy at once;
-pipeline ranks that wait in their bubble leave their share to the others, which this does
-not capture). Each rank's memory is the machine's ÷ ranks. The preset runs shardwise's own runtime, so
-`kernel_overhead` (seconds per aten op) is charged for the ops that runtime dispatches
-(`op_count = "runtime"`, `estimate.compute.host_ops`). Other jobs on the machine take
-cores too, and nothing here sees them: calibrate and run under the same load.
-
-`kernel_overhead` is one rank's, alone on the machine. A layout of more than one rank is
-charged `kernel_overhead × synced_host_factor`: `shardwise calibrate` times the same one-rank
-steps on a rank per core at once, each rank training its own model, the ranks meeting once a
-step in the loss's and gradient norm's all-reduces, fits the per-op cost on the time outside
-those calls and divides by the same fit on the steps alone, timed just before (the median of
-three such rounds); `shardwise check --calibration` times the same pair again between the
-layout's steps. What it does not see: every collective a layout makes costs the ranks more
-than its wait — gloo's helper threads burn CPU for every call, and with a core per rank
-that CPU comes out of the ranks' compute (README, "Where the model's split is wrong") —
-which only the per-call costs timed on the layout's own groups carry. (Until 2026-12-01 the
-ranks also all-reduced a scalar after every block's forward and backward while timed, and
-the factor, 1.16–2.38 in the day's calibrations, charged every layout those 64 calls' CPU
-whatever its own number of calls.)
+"""The "this machine" hardware preset: a `Cluster` and `Calibration` built from a calibration
+file's `machine` section (written by `shardwise calibrate`: cores, memory, the fitted GEMM
+asymptote P∞ as the "peak", a copy bandwidth as the "HBM", the fitted α-β link with its
+per-call costs, the synced-host factor), so the planner, `memory` and `check` predict for the
+machine the runtime runs on. With more ranks than cores every rank is time-sliced to
+`cores/ranks` of a core. The step model's prediction on it is `estimate.machine.predict_step`
+(the estimate side; this module never imports it). The section's fields and the derivation:
+docs/howto/calibrate.md ("The this-machine preset").
 """
 
 from __future__ import annotations
@@ -56,20 +14,14 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from shardwise.arch import ModelSpec
 from shardwise.calibration import Calibration, load_calibration
 from shardwise.errors import ShardwiseError
 from shardwise.files import read_json
 from shardwise.hardware import Accelerator, Cluster, Link
-from shardwise.layout import Layout, TrainSpec
 
-if TYPE_CHECKING:
-    from shardwise.estimate.step import StepEstimate
-
-__all__ = ["THIS_MACHINE", "MachineSpec", "cluster_of", "machine_cluster", "predict_step",
-           "read_machine"]
+__all__ = ["THIS_MACHINE", "MachineSpec", "cluster_of", "machine_cluster", "read_machine"]
 
 THIS_MACHINE = "this-machine"
 
@@ -196,29 +148,3 @@ def cluster_of(spec: MachineSpec, cal: Calibration, ranks: int
                   collective_call=alone | busy,
                   link_efficiency=cal.link_efficiency | {link.name: 1.0}, op_count="runtime")
     return cluster, cal.validate()
-
-
-def predict_step(model: ModelSpec, layout: Layout, train: TrainSpec, path: str | Path,
-                 per_call: dict[str, float] | None = None,
-                 kernel_overhead: float | None = None,
-                 synced_host_factor: float | None = None) -> StepEstimate:
-    """The step model's prediction for `layout` on `layout.world_size` ranks of the machine
-    the calibration file describes (`estimate.step.estimate_step`); `per_call` ("op/n":
-    seconds, measured with the layout's ranks busy) replaces the file's per-call costs,
-    `kernel_overhead` (one rank's seconds per op) and `synced_host_factor` (measured later)
-    the file's."""
-    from shardwise.estimate.step import estimate_step
-
-    spec = read_machine(path)
-    if synced_host_factor is not None:
-        spec = replace(spec, synced_host_factor=synced_host_factor).validate()
-    if train.dtype != spec.dtype:
-        raise ShardwiseError(f"the calibration {str(path)!r} was measured in {spec.dtype}; "
-                             f"this run is {train.dtype} (calibrate in the same dtype)")
-    cal = load_calibration(THIS_MACHINE, path)
-    if kernel_overhead is not None:
-        cal = replace(cal, kernel_overhead=kernel_overhead)
-    cluster, cal = cluster_of(spec, cal, layout.world_size)
-    if per_call:
-        cal = replace(cal, collective_call=cal.collective_call | per_call).validate()
-    return estimate_step(model, cluster, layout, train, cal)

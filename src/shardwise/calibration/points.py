@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from shardwise.hardware import Accelerator, get_accelerator
+from shardwise.hardware import Accelerator, generation, get_accelerator
 
 __all__ = ["GENERATIONS", "accelerator_of", "fp8_gemm_ratio", "load_components"]
 
@@ -39,8 +39,6 @@ def fp8_gemm_ratio(accelerator: str) -> float:
     harness measured (`data/components.json`, source "mamf": torch._scaled_mm and torch.mm);
     a part with no such pair takes the mean over the pairs of its generation, and 1 where
     there is none (FP8 GEMMs at BF16's share of their peak)."""
-    from shardwise.estimate.uncertainty import generation
-
     best: dict[str, dict[str, float]] = {}
     for point in load_components()["gemm"]:
         if point["source"] == "mamf":

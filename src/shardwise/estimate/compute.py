@@ -1,66 +1,52 @@
-"""Compute time of one Transformer layer, the LM head and the optimizer step, per rank (SPEC §7).
-
-Every function here is *array-polymorphic*: the layout quantities (`t`, `c`, `b`, `sp`, `rc`)
-may be Python numbers or NumPy arrays, and the result has their broadcast shape. The scalar
-`estimate_step` and the vectorised planner call the very same code, so they cannot disagree.
-
-Time of one matmul `(M×K)·(K×N)` (Williams et al. 2009, roofline):
-
-    t = max( 2·M·K·N / (peak · e(M,K,N)),  bytes(M·K + K·N + M·N) / (HBM · η_hbm) )
-    e(M,K,N) = e_max · M/(M+d½) · K/(K+d½) · N/(N+d½)
-
-`e_max` is what cuBLAS reaches on large, well-shaped GEMMs; the saturating factors capture why
-small per-rank matmuls (after tensor-parallel sharding, or attention's head-dim `K = d`) run
-below it: the fixed prologue/epilogue of each output tile and tile/wave quantisation weigh more
-when a dimension is short. The form is symmetric in `M, K, N`, so the two backward GEMMs
-(`dX = dY·Wᵀ`, `dW = Xᵀ·dY`) take the forward's time each: backward = 2 × forward.
-
-Memory-bound kernels (norms, activations, residual/dropout adds, softmax of materialised
-attention, the optimizer step) cost `bytes / (HBM · η_hbm)`; each kernel launch costs a fixed
-`kernel_overhead` (`host_overhead`: the host's dispatch + launch time per operation, which a
-small model cannot hide behind the device's work). Attention with FlashAttention (Dao et al. 2022) is one fused kernel at
-`attention_efficiency(kernel, d, s, causal)` of peak (below), its backward 2.5 × the forward's
-FLOPs (it recomputes `QKᵀ`); causal masking halves the work (blocks above the diagonal are
-skipped).
-Without FlashAttention (Megatron-LM 2021) the scores are materialised: two batched GEMMs with
-`K = d` and `K = s`, then scale-mask-softmax and dropout over `b·a·s²` elements in HBM, with
-no causal saving (the masked half is computed, then masked).
-
-Recomputation (Korthikanti et al. 2022): full repeats the layer's forward before its backward;
-selective repeats only the attention core (scores, softmax, dropout, `P·V`).
-
-FP8 (`TrainSpec.fp8`, `shardwise.fp8`): the linear layers' GEMMs (`linear`) run at the FP8
-peak × `sustained_compute` × the same `e(M,K,N)` with 1-byte operands — all three of them, or
-the weight gradient in bf16 (`rowwise_with_gw_hp`) — and each quantisation cast is
-memory-bound work of the bytes its recipe moves (`Fp8Recipe.cast_bytes`): the input in the
-forward, the output gradient in the backward, the weight per micro-batch or once per step
-(`Gemms.weights`, charged by `estimate.step`). Attention, norms, the router and (in Megatron)
-the LM head stay bf16.
+"""Compute time of one Transformer layer (dense or MoE), the LM head, the embedding and the
+optimizer step, per rank and micro-batch (SPEC §7): the GEMMs through `estimate.kernels`
+(roofline at a shape-dependent efficiency, FP8 with a recipe), the attention core at the
+fitted kernel's efficiency (FlashAttention skips the causal half), memory-bound kernels at
+HBM speed, the host's launches (`estimate.host`); recomputation (Korthikanti et al. 2022)
+before the backward. Array-polymorphic in the layout quantities (`t`, `c`, `b`, `sp`, `rc`):
+the scalar `estimate_step` and the vectorised planner call the very same code.
+Derivation: docs/concepts/step-time.md ("Compute").
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from shardwise.arch import ModelSpec
-from shardwise.calibration import Calibration, default_calibration
-from shardwise.errors import ShardwiseError
-from shardwise.fp8 import Fp8Recipe
-from shardwise.hardware import Accelerator, get_accelerator
-from shardwise.layout import RECOMPUTE, TrainSpec
+from shardwise.estimate.host import (
+    _OPS_HEAD,
+    _OPS_LAYER,
+    _with_host,
+    host_ops,
+    host_overhead,
+    optimizer_host_ops,
+)
+from shardwise.estimate.kernels import (
+    ComputeContext,
+    Gemms,
+    _sat,
+    attention_efficiency,
+    fp8_on,
+    gemm_efficiency,
+    linear,
+    matmul_efficiency,
+    matmul_time,
+    memory_time,
+)
+from shardwise.layout import RECOMPUTE
 from shardwise.placement import expert_tp_degree
-from shardwise.units import dtype_bytes
 
-__all__ = [
+__all__ = [  # with the names of `estimate.kernels` and `estimate.host` it re-exports
     "RC_CODES",
+    "_OPS_LAYER",
     "ComputeContext",
     "Gemms",
     "LayerCost",
     "attention_efficiency",
     "embedding_cost",
+    "fp8_on",
     "gemm_efficiency",
     "head_cost",
     "host_ops",
@@ -71,147 +57,12 @@ __all__ = [
     "matmul_efficiency",
     "matmul_time",
     "memory_time",
+    "optimizer_host_ops",
     "optimizer_time",
 ]
 
 RC_CODES = {name: code for code, name in enumerate(RECOMPUTE)}  # none 0, selective 1, full 2
 """Recompute policy as an integer code (arrays of layouts carry codes, not strings)."""
-
-# Kernels launched per layer forward: QKV, out-proj, two MLP GEMMs (gate+up fused), two norms,
-# two residual/dropout adds, activation, QKV post-processing; attention core 1 (flash) or 4
-# (two batched GEMMs, softmax, dropout). Backward launches about twice as many.
-_KERNELS_FWD = 10
-_KERNELS_ATTN_FLASH = 1
-_KERNELS_ATTN_MATERIALISED = 4
-
-# The shardwise runtime's own count (`Calibration.op_count == "runtime"`): aten operations it
-# dispatches per layer and micro-batch, forward + backward together (views, transposes and the
-# autograd engine's gradient ops included), counted with a `TorchDispatchMode` on `tiny` and
-# `tiny-moe` (fp32, torch's fused CPU flash attention; tests/runtime/test_host_ops.py recounts
-# them on the runtime): a dense layer 190; tensor parallelism's f/g functions +6; sequence
-# parallelism's gathers/scatters +48 more; ring attention +99, and +106 per extra ring step
-# (c − 1: 395 at c = 2, 607 at c = 4, mean over ranks); an MoE layer (router, top-k, dispatch,
-# combine, aux loss) 261, + 31 per local expert that receives rows (its SwiGLU; an expert
-# without rows launches nothing: `ops.moe`), and under expert parallelism +16 (the count
-# exchange, the all-to-alls' autograd functions) and +5 more per such expert (its rows cut
-# and joined per source rank) — counted 385 with 4 experts on one rank and 349 with 2 per
-# rank under ep = 2, every expert receiving rows; one `moe_layer` call alone gives 31 per
-# expert, `run_local_experts` 36. Embedding, LM head and loss add 64 per micro-batch. On a
-# CPU with a small model each costs the host's ~µs regardless of its size — `shardwise
-# calibrate` measures that cost per op.
-_OPS_LAYER = 190
-_OPS_MOE_LAYER = 261
-_OPS_EXPERT = 31
-_OPS_EP = 16
-_OPS_EP_EXPERT = 5
-_OPS_TP = 6
-_OPS_SP = 48
-_OPS_CP = 99
-_OPS_RING_STEP = 106
-_OPS_HEAD = 64
-
-
-# Memory-bound traffic of one layer per token, bytes at bf16 activations, as coefficients of
-# (h, q + kv, f): h the norms and residual adds (÷t only under sequence parallelism), q + kv
-# the attention's per-head work (RoPE on q and k, layout copies; q = a·d, kv = a_kv·d), f the
-# MLP's activation (per expert row in MoE layers); forward, backward.
-# "compiled": torch.compile's Inductor fuses every chain of pointwise ops and reductions
-# between two GEMMs / attention calls into one kernel that reads its inputs and writes its
-# outputs once: RMSNorm (read x, write y) 4h, residual add fused with the next norm 8h, the
-# closing residual 6h, RoPE on q and k 4(q + kv), silu(gate)·up 6f; backward the matching
-# gradient kernels, 32h + 4(q + kv) + 10f (derived from the fusion rule, not measured here).
-# Eager stacks carry their own measured table (`Stack.elementwise`).
-_COMPILED_TRAFFIC = ((18.0, 4.0, 6.0), (32.0, 4.0, 10.0))
-# Kernels per layer forward (backward: `_KERNELS_BWD`) besides GEMMs and attention:
-# compiled, about one per fused region above (norm, RoPE, add+norm, activation, add).
-_KERNELS_COMPILED = 5
-
-
-@dataclass(frozen=True)
-class ComputeContext:
-    """Everything the per-rank cost formulas need that does not depend on the layout:
-    `kernels` and `traffic` (memory-bound bytes per token: None for the fused count of
-    `layer_cost`) and `host_ops` (kernels per layer forward, backward) follow the stack
-    (`shardwise.stacks`), `attention` is the attention kernel."""
-
-    model: ModelSpec
-    accelerator: Accelerator
-    calibration: Calibration
-    seq_len: int
-    act_bytes: float
-    flash: bool
-    peak: float
-    expert_load: float = 1.0  # `TrainSpec.expert_load`, `experts_active`: balanced routing
-    experts_active: float = 1.0
-    kernels: str = "fused"
-    traffic: tuple[tuple[float, float, float], tuple[float, float, float]] | None = None
-    layer_kernels: tuple[float, float] = (0.0, 0.0)
-    attention: str = "fa2"
-    fp8: Fp8Recipe | None = None  # `TrainSpec.fp8`'s recipe (None: bf16 GEMMs)
-    fp8_peak: float = 0.0
-    generation: str = "hopper"  # the accelerator's (`estimate.uncertainty.generation`)
-
-    @classmethod
-    def of(cls, model: ModelSpec, accelerator: Accelerator, train: TrainSpec,
-           calibration: Calibration | None = None) -> ComputeContext:
-        from shardwise.estimate.uncertainty import generation
-
-        cal = calibration or default_calibration(accelerator.calibration_name)
-        settings = train.settings()
-        gen = generation(accelerator.calibration_name)
-        recipe = fp8_on(train, accelerator, gen)
-        mode = settings.kernels
-        if mode == "compiled":
-            traffic, kernels = _COMPILED_TRAFFIC, (1.0 * _KERNELS_COMPILED,
-                                                   2.0 * _KERNELS_COMPILED)
-        elif mode == "eager" and settings.stack.elementwise is not None:
-            traffic, kernels = settings.stack.eager_traffic(model)
-        else:  # fused kernels, or the shardwise runtime (whose traffic `calibrate` times per op)
-            mode, traffic, kernels = "fused", None, (0.0, 0.0)
-        return cls(model, accelerator, cal, train.seq_len, dtype_bytes(train.dtype),
-                   settings.attention != "math", accelerator.peak_flops(train.dtype),
-                   train.expert_load, train.experts_active, mode, traffic,
-                   kernels, settings.attention, recipe,
-                   accelerator.peak_flops("fp8") if recipe else 0.0, gen)
-
-    @property
-    def rate(self) -> float:
-        """The tensor cores' rate a training job sustains: the datasheet peak (`peak`, which
-        MFU divides by) × `Calibration.sustained_compute`."""
-        return self.peak * self.calibration.sustained_compute
-
-    @property
-    def fp8_rate(self) -> float:
-        """The same at the datasheet FP8 peak (an FP8 recipe's GEMMs), × the share of it FP8
-        GEMMs reach relative to BF16 ones on this part (`calibration.points.
-        fp8_gemm_ratio`: 0.88 on H100, 0.98 on B200, from the MAMF measurements)."""
-        from shardwise.calibration.points import fp8_gemm_ratio
-
-        return (self.fp8_peak * self.calibration.sustained_compute
-                * fp8_gemm_ratio(self.accelerator.calibration_name))
-
-    @property
-    def hbm(self) -> float:
-        """Achievable HBM bandwidth (bytes/s)."""
-        return self.accelerator.hbm_bandwidth * self.calibration.hbm_efficiency
-
-
-def fp8_on(train: TrainSpec, accelerator: Accelerator, gen: str) -> Fp8Recipe | None:
-    """`train`'s FP8 recipe, checked against the accelerator: one line where its generation
-    does not run it (TE: `check_fp8_support` Hopper+, `check_mxfp8_support` Blackwell,
-    `check_fp8_block_scaling_support` sm90 + CUDA 12.9; torchtitan: SM89+ or MI300) or it has
-    no FP8 peak figure."""
-    if train.fp8 is None:
-        return None
-    recipe: Fp8Recipe = train.stack.fp8_recipe(train.fp8)
-    if gen not in recipe.architectures:
-        raise ShardwiseError(f"--fp8 {recipe.name} ({recipe.title}) runs on "
-                             f"{', '.join(recipe.architectures)} GPUs, not {accelerator.name} "
-                             f"({gen})")
-    if accelerator.peak_fp8 is None:
-        raise ShardwiseError(f"{accelerator.name} has no FP8 peak figure (peak_fp8); give one "
-                             "in a --gpu FILE")
-    return recipe
 
 
 class LayerCost(NamedTuple):
@@ -231,112 +82,6 @@ class LayerCost(NamedTuple):
     attn_fwd: Any
     attn_bwd: Any
     fp8_weights: Any = 0.0
-
-
-@dataclass(frozen=True)
-class Gemms:
-    """Seconds of linear-layer GEMMs of one pass, forward / input gradient / weight gradient,
-    and the bytes their FP8 casts move in the forward and backward and the weight elements
-    whose casts run once per step (all 0 in bf16). Sums with `+`, scales with `*`."""
-
-    fwd: Any = 0.0
-    dgrad: Any = 0.0
-    wgrad: Any = 0.0
-    cast_fwd: Any = 0.0
-    cast_bwd: Any = 0.0
-    weights: Any = 0.0
-    __array_ufunc__ = None  # `array * Gemms` defers to `__rmul__`
-
-    def __add__(self, other: Gemms) -> Gemms:
-        return Gemms(*(a + b for a, b in zip(_values(self), _values(other))))
-
-    def __mul__(self, k: Any) -> Gemms:
-        return Gemms(*(a * k for a in _values(self)))
-
-    __rmul__ = __mul__
-
-
-def _values(g: Gemms) -> tuple[Any, ...]:
-    """The fields of `g` in order."""
-    return (g.fwd, g.dgrad, g.wgrad, g.cast_fwd, g.cast_bwd, g.weights)
-
-
-def linear(ctx: ComputeContext, m: Any, k: Any, n: Any, batch: Any = 1, fp8: bool = True
-           ) -> Gemms:
-    """A linear layer `(m×k)·(k×n)` (`batch` of them): forward, input- and weight-gradient
-    GEMMs (each `matmul_time` of the same shape, the roofline being symmetric), in FP8 when
-    the context has a recipe and `fp8` (the layer is one the recipe quantises), with the
-    recipe's cast bytes: input `m·k` and output gradient `m·n` elements, weight `k·n`."""
-    bf16 = matmul_time(ctx, m, k, n, batch)
-    recipe = ctx.fp8 if fp8 else None
-    if recipe is None:
-        return Gemms(bf16, bf16, bf16)
-    t8 = matmul_time(ctx, m, k, n, batch, fp8=True)
-    cast = recipe.cast_bytes(ctx.generation)
-    weight = batch * k * n
-    return Gemms(t8, t8, t8 if recipe.wgrad_fp8 else bf16,
-                 batch * cast.input_fwd * m * k + cast.weight_fwd * weight,
-                 batch * (cast.input_bwd * m * k + cast.grad_bwd * m * n)
-                 + cast.weight_bwd * weight, weight)
-
-
-def _sat(dim: Any, half: float) -> Any:
-    return dim / (dim + half)
-
-
-def matmul_efficiency(ctx: ComputeContext, m: Any, k: Any, n: Any) -> Any:
-    """`gemm_efficiency` with the context's calibration."""
-    return gemm_efficiency(ctx.calibration, m, k, n)
-
-
-def gemm_efficiency(cal: Calibration, m: Any, k: Any, n: Any) -> Any:
-    """`e_max · Π d/(d + d½)` over the three GEMM dimensions (`matmul_efficiency`,
-    `matmul_half_dim`; fitted on published GEMM sweeps, `benchmarks/fit_components.py`)."""
-    half = cal.matmul_half_dim
-    return cal.matmul_efficiency * _sat(m, half) * _sat(k, half) * _sat(n, half)
-
-
-def attention_efficiency(kernel: str, head_dim: Any, seq: Any, causal: Any,
-                         accelerator: Accelerator | str, *, backward: bool = False,
-                         calibration: Calibration | None = None) -> Any:
-    """Fraction of the accelerator's peak a fused attention kernel reaches (FlashAttention's
-    FLOP count: forward `4·s²·d` per head, halved when causal; backward 2.5 × forward):
-
-        e = e_k · d/(d + d½) · s'/(s' + s½) · (r_b if backward),   s' = s·(½ if causal)
-
-    `e_k`, `d½`, `s½`, `r_b` per kernel ("fa2", "fa3", "cudnn", "math": PyTorch's SDPA math
-    path) and accelerator, fitted on the kernels' published benchmarks
-    (`benchmarks/fit_components.py`; FlashAttention-2 and -3 papers' figures): short
-    sequences and narrow heads leave the tensor cores idle, a causal sequence has half the
-    blocks of a full one. Array-polymorphic in `head_dim`, `seq`, `causal`; capped at 1."""
-    acc = get_accelerator(accelerator) if isinstance(accelerator, str) else accelerator
-    cal = calibration or default_calibration(acc.calibration_name)
-    params = cal.attention_kernels.get(kernel)
-    if params is None:
-        raise ShardwiseError(f"no fitted attention kernel {kernel!r} for {acc.name}; fitted: "
-                             f"{', '.join(cal.attention_kernels) or 'none'}")
-    s_eff = seq * np.where(causal, 0.5, 1.0)
-    eff = (params["efficiency"] * _sat(head_dim, params["half_dim"])
-           * _sat(s_eff, params["half_seq"]) * (params["backward_ratio"] if backward else 1.0))
-    return np.minimum(eff, 1.0)
-
-
-def matmul_time(ctx: ComputeContext, m: Any, k: Any, n: Any, batch: Any = 1,
-                fp8: bool = False) -> Any:
-    """Roofline time of `batch` GEMMs `(m×k)·(k×n)`: compute at `peak·e(m,k,n)` or HBM traffic,
-    whichever is slower; `fp8`: at the FP8 rate, the operands 1 byte each (the output in the
-    activation dtype)."""
-    flops = 2.0 * m * k * n * batch
-    rate = ctx.fp8_rate if fp8 else ctx.rate
-    compute = flops / (rate * matmul_efficiency(ctx, m, k, n))
-    operand = 1.0 if fp8 else ctx.act_bytes
-    traffic = batch * (operand * (m * k + k * n) + ctx.act_bytes * m * n) / ctx.hbm
-    return np.maximum(compute, traffic)
-
-
-def memory_time(ctx: ComputeContext, n_bytes: Any) -> Any:
-    """`bytes / (HBM · η_hbm)`: a memory-bound kernel."""
-    return n_bytes / ctx.hbm
 
 
 def _kv_heads(model: ModelSpec, t: Any) -> Any:
@@ -507,16 +252,6 @@ def layer_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any,
                      mm.weights + 0.0 * fwd)
 
 
-def _with_host(ctx: ComputeContext, device: Any, ops: Any) -> Any:
-    """A pass's time given its device time and the host's `ops` launches: on a GPU the host
-    runs ahead of the device (launches are asynchronous), so the slower of the two; on the
-    "this machine" preset the CPU does both, one after the other."""
-    host = host_overhead(ctx, ops)
-    if ctx.calibration.op_count == "runtime":
-        return device + host
-    return np.maximum(device, host)
-
-
 def head_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any) -> tuple[Any, Any, Any]:
     """(forward, backward, weight-grad) seconds of the final norm, the vocabulary-parallel LM
     head `(T × h)·(h × V/t)` (FP8 when the recipe quantises it, `Fp8Recipe.head_fp8`) and the
@@ -537,81 +272,6 @@ def head_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any) -> tuple[Any
     ops = _OPS_HEAD / 3 if ctx.calibration.op_count == "runtime" else 4
     overhead = host_overhead(ctx, ops)
     return fwd + overhead, bwd + 2 * overhead, mm.wgrad
-
-
-def host_ops(ctx: ComputeContext, t: Any, c: Any, sp: Any, moe: bool = False, ep: Any = 1
-             ) -> tuple[Any, Any]:
-    """(forward, backward) operations one layer launches per micro-batch on one rank.
-
-    `op_count == "fused"` (the built-in GPU presets): the kernels of a fused implementation
-    (Megatron-LM's): 10 per layer forward (QKV, out-proj, two MLP GEMMs, two norms, two
-    residual adds, the activation, QKV post-processing) plus the attention core (1 flash, 4
-    materialised; MLA's extra projections and norms, `_mla_kernels`), the backward twice as
-    many. `"runtime"` (the "this machine" preset, which
-    runs shardwise's own runtime): the aten operations it dispatches (`_OPS_*` above), split
-    ⅓ forward, ⅔ backward like the fused count; an MoE layer's experts count when they
-    receive rows (`ComputeContext.experts_active` of the `E/ep` local ones).
-    """
-    if ctx.calibration.op_count == "runtime":
-        running = ctx.model.n_experts / ep * ctx.experts_active  # local experts with rows
-        layer = (_OPS_MOE_LAYER + _OPS_EXPERT * running
-                 + np.where(ep > 1, _OPS_EP + _OPS_EP_EXPERT * running, 0) if moe
-                 else _OPS_LAYER)
-        total = layer + np.where(t > 1, _OPS_TP, 0)
-        total = total + np.where(np.logical_and(sp, t > 1), _OPS_SP, 0)
-        total = total + np.where(c > 1, _OPS_CP + _OPS_RING_STEP * (c - 1), 0)
-        return total / 3, 2 * total / 3
-    attention = _KERNELS_ATTN_FLASH if ctx.flash else _KERNELS_ATTN_MATERIALISED
-    if ctx.traffic is None:
-        fwd = _KERNELS_FWD + _mla_kernels(ctx.model) + attention
-        return fwd, 2 * fwd
-    # eager / compiled: the stack's kernels besides GEMMs and attention, its five GEMMs
-    # (three per expert that runs in an MoE layer) and the attention core
-    gemms = 2 + (3 * ctx.model.n_experts / ep * ctx.experts_active + 1 if moe else 3)
-    return (ctx.layer_kernels[0] + _mla_kernels(ctx.model) + gemms + attention,
-            ctx.layer_kernels[1] + _mla_kernels(ctx.model) + 2 * gemms + attention)
-
-
-def _mla_kernels(model: ModelSpec) -> int:
-    """Kernels MLA adds to a layer's forward: two down-projection GEMMs (one without a q
-    latent), their latent norms, and a second up-projection GEMM (q and kv apart)."""
-    return (5 if model.q_lora_rank else 3) if model.is_mla else 0
-
-
-# The runtime's optimizer step, per parameter tensor on the rank (counted with a
-# TorchDispatchMode on torch 2.13, CPU): AdamW(foreach=False) 10 aten ops, the global-norm
-# terms 3 (vector_norm, square, add_), the clipping scale 1 — 14; tiny's 39 tensors ≈ 566 ops.
-_OPS_OPT_TENSOR = 14
-
-
-def optimizer_host_ops(ctx: ComputeContext, n_dense: Any, n_moe: Any, ep: Any, single: Any
-                       ) -> Any:
-    """Aten ops of the optimizer step on the busiest stage, "this machine" preset only
-    (`op_count == "runtime"`; 0 for the fused GPU presets, whose optimizer is a few fused
-    kernels): `_OPS_OPT_TENSOR` per parameter tensor — `n_dense` dense and `n_moe` MoE
-    layers (norms, q/k/v/o, the MLP's 2-3 matrices, biases where the model has them; an MoE
-    layer its router and local + shared experts' MLPs), the final norm and LM head, and the
-    embedding with one stage (`single`)."""
-    if ctx.calibration.op_count != "runtime":
-        return 0.0 * n_dense
-    model = ctx.model
-    norm = 2 if model.norm == "layernorm" else 1
-    mlp = (3 if model.gated_mlp else 2) * (2 if model.bias else 1)
-    # q, k, v, o; MLA: q (or q-down, q-norm, q-up), kv-down, kv-norm, kv-up, o
-    projections = (7 if model.q_lora_rank else 5) if model.is_mla else 4
-    attn = 2 * norm + projections + 3 * model.qkv_bias + model.out_bias
-    moe = attn + 1 + mlp * (model.n_experts / ep + model.n_shared_experts)
-    ends = norm + (0 if model.tie_embeddings else 1) + np.where(single, 1, 0)
-    return _OPS_OPT_TENSOR * (n_dense * (attn + mlp) + n_moe * moe + ends)
-
-
-def host_overhead(ctx: ComputeContext, ops: Any) -> Any:
-    """`ops · kernel_overhead`: the host's fixed cost per operation (Python, the dispatcher,
-    autograd bookkeeping, the kernel launch). GPU presets: `kernel_overhead` = 5 µs
-    (data/calibration.json; a CUDA launch plus framework dispatch is a few µs), with the fused
-    kernel count; the "this machine" preset: the cost per aten op `shardwise calibrate`
-    fits on the runtime's one-rank training steps, with the runtime's op count."""
-    return ops * ctx.calibration.kernel_overhead
 
 
 def embedding_cost(ctx: ComputeContext, t: Any, c: Any, b: Any) -> tuple[Any, Any]:
@@ -640,3 +300,4 @@ def layer_model_flops(model: ModelSpec, seq_len: int, micro_batch: int = 1,
     attention = 4 * tokens * seq_len * model.d_model * (0.5 if causal else 1.0)
     matmul = model.attention_params() + model.mlp_params()
     return 2 * tokens * matmul + attention
+

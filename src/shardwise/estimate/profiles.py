@@ -1,77 +1,11 @@
-"""Implementation profiles: what one Transformer layer of a given training code saves for backward.
-
-SPEC §3's generalised count is what shardwise's own runtime saves (fused SwiGLU, an RMSNorm that
-keeps its input and one statistic per row). Other training code keeps other tensors for the same
-layer; a profile lists them, by component, with their dtype, as read from that code:
-
-    shardwise    shardwise.runtime (this package): SPEC §3's generalised count, exact against
-                 the runtime (`shardwise check`).
-    megatron-te  Megatron-Core 0.16.1 with Transformer Engine: megatron/training/
-                 theoretical_memory_usage.py (Megatron-LM, `compute_activation_memory`: Table 2 of
-                 Korthikanti et al. 2022, `sbh(18 + 4f/h)` with SP and selective recompute) for
-                 the walk, and what TE's fused modules keep (Transformer Engine's public
-                 source, transformer_engine/pytorch/module/layernorm_linear.py and
-                 attention/, main branch, not a pinned release; Megatron's own fusions from the
-                 megatron-core 0.16.1 wheel): `LayerNormLinear` saves the norm
-                 input, `ln_out` and `rsigma` (fp32); `DotProductAttention` (flash / cuDNN fused)
-                 saves q, k, v, out and the fp32 softmax statistics (b·a·s); Megatron's fused
-                 `bias_swiglu` saves the fc1 output (gate and up, 2f), `TERowParallelLinear` its
-                 input (f); hidden dropout keeps a 1-byte mask. Not measurable here (TE needs
-                 CUDA): derived, not measured. For dense layers it equals `shardwise`.
-    torchtitan   torchtitan 0.3.0, torchtitan/models/llama3/model.py with models/common/
-                 (`FusedQKVLinear`, `ComplexRoPE`, `FlexAttention`, `FeedForward`,
-                 `nn.RMSNorm`): torch 2.13's composite `rms_norm` keeps the fp32 upcast, the fp32
-                 normalised rows and the rsqrt; `w2(silu(w1 x) · w3 x)` keeps gate, silu(gate),
-                 up and the product (4f); FlexAttention's autograd op
-                 (torch/_higher_order_ops/flex_attention.py) keeps q, k, v, out, the log-sum-exp
-                 and the row maxima (both fp32, b·a·s). No dropout. Measured on CPU with the
-                 inner attention swapped for SDPA (FlexAttention has no CPU backward in torch
-                 2.13; the row maxima are added from the source). Unverified here: whether
-                 CUDA builds route `F.rms_norm` to a fused kernel that keeps less.
-    hf-sdpa      Hugging Face transformers 5.24.0, models/llama/modeling_llama.py with
-                 integrations/sdpa_attention.py: `LlamaRMSNorm` keeps the fp32 upcast of its input,
-                 the rsqrt (fp32) and the normalised rows cast back (input dtype) before the
-                 weight multiply; `LlamaMLP` keeps gate, act(gate), up and the product (4f);
-                 `scaled_dot_product_attention(enable_gqa=True, is_causal=True)` runs a fused
-                 kernel that keeps q, k, v (K/V at a_kv width), out and the fp32 log-sum-exp; the
-                 output's transpose is already contiguous, so `o_proj` keeps the same storage.
-                 Measured on CPU (tests/estimate/test_profiles_measured.py, to the byte).
-    hf-eager     the same with `eager_attention_forward`: K and V repeated to `a` heads
-                 (`repeat_kv`; a view when one K/V head is left), the fp32 softmax output, its
-                 cast to the input dtype (with attention dropout: CUDA's 1-byte mask and the
-                 dropped-out probabilities instead; on CPU torch keeps the mask in the input
-                 dtype). Measured on CPU, to the byte.
-                 Measured on CPU.
-
-Multi-head latent attention (DeepSeek-V2/V3, `ModelSpec.is_mla`), read from Megatron-Core
-0.16.1 megatron/core/transformer/multi_latent_attention.py (`MLASelfAttention`) with the MLA
-layer spec of models/gpt/gpt_layer_specs.py: after the input norm, whose output both
-down-projections keep (`TELinear`, parallel_mode "duplicated"), each latent passes an RMSNorm —
-with `--qk-layernorm` fused into the up-projection's `TELayerNormColumnParallelLinear`, which
-keeps its input, `ln_out` and rsigma — the q latent `r_q` (absent without `q_lora_rank`) and
-the kv latent `r_kv`, whose input is a split view of W_DKV's output, so its whole
-`r_kv + d_R` storage stays alive; the latents are replicated over tp, ÷t with SP (the
-down-projections run on the sequence shard). q and k (`d_nope + d_R` per head) and v (`d_v`)
-are made contiguous before the core, which keeps them, its output (= O's input) and the
-softmax statistics; shardwise's runtime keeps the same (exact against it, `shardwise check`).
-torchtitan and hf-* apply their norm and attention rules to the same walk: not measured for
-MLA.
-
-All profiles share shardwise's rules for parallelism (SPEC §3): replicated tensors ÷t only with
-sequence parallelism, head- or f-sharded ones ÷t, K/V at `max(a_kv/t, 1)` heads, all ÷c; full
-recompute keeps the layer input only (Megatron's uniform recompute, torch.utils.checkpoint
-around the layer in HF and torchtitan); selective recompute re-runs the attention core (Megatron's
-`core_attn`, torchtitan's op-level SAC; HF has none — the profile models the core wrapped in
-`torch.utils.checkpoint`), keeping q, k, v at a_kv width and the output. A profile fixes its
-attention kernel where the code does (`hf-sdpa`, `torchtitan`: fused; `hf-eager`: never); only
-`shardwise` and `megatron-te` follow `flash`. MoE layers run the profile's MLP on every routed
-copy, after the router's fp32 probabilities; hf-* add what transformers' Mixtral router keeps
-(indices and weights, measured on CPU); megatron-te's and torchtitan's routing extras are not
-modelled.
-
-Every function here is plain arithmetic on Python scalars *or* NumPy arrays (`tp`, `cp`,
-`micro_batch`, `sp`, `selective`), so the planner evaluates millions of layouts at once.
-Torch-free.
+"""Implementation profiles: what one Transformer layer of a given training code saves for
+backward, by component, with their dtype, as read from that code — `shardwise` (SPEC §3's
+generalised count, exact against the runtime), `megatron-te` (Megatron-Core 0.16.1 with
+Transformer Engine), `torchtitan` (0.3.0), `hf-sdpa` and `hf-eager` (transformers 5.24.0),
+MLA layers from Megatron-Core 0.16.1's `MLASelfAttention`. All share SPEC §3's rules for
+parallelism and recompute. Plain arithmetic on Python scalars or NumPy arrays (the planner
+evaluates millions of layouts at once); torch-free. Each profile, the code it was read from
+and what was measured: docs/concepts/profiles.md.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from shardwise.calibration import default_calibration
-from shardwise.hardware import get_accelerator
+from shardwise.hardware import generation, get_accelerator
 
 __all__ = ["Uncertainty", "family", "generation", "uncertainty", "validation_data"]
 
@@ -53,17 +53,6 @@ class Uncertainty:
     def to_dict(self) -> dict[str, Any]:
         return {"band": self.band, "group": self.group, "runs": self.runs,
                 "unvalidated": list(self.unvalidated)}
-
-
-def generation(accelerator: str) -> str:
-    """The accelerator generation a validation group spans (`h100-sxm`, `h200`, `h800` and
-    `gh200` are Hopper; `b200`, `gb200` Blackwell; …)."""
-    for prefix, gen in (("a100", "ampere"), ("h", "hopper"), ("gh", "hopper"),
-                        ("b", "blackwell"), ("gb", "blackwell"), ("mi", "cdna3"),
-                        ("tpu", "tpu")):
-        if accelerator.startswith(prefix):
-            return gen
-    return accelerator
 
 
 def family(tp: int, pp: int, cp: int, ep: int, zero: int) -> str:

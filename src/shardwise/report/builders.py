@@ -401,15 +401,18 @@ def emit_payload(framework: str, result: Any) -> dict[str, Any]:
                      "stack": train.settings().to_dict()}}
 
 
-def plan_payload(result: Any, *, tokens: str | None = None,
-                 price: float | None = None) -> dict[str, Any]:
+def plan_payload(result: Any, *, tokens: str | None = None, price: float | None = None,
+                 failure_model: str | None = None, simulate: int | None = None,
+                 stragglers: str | None = None) -> dict[str, Any]:
     """`shardwise plan --json`: the search result (ranked layouts with step-time and memory
     breakdowns and goodput, baseline, your layout, rejected regions, statistics), the
     explanation, time and cost of the token budget, the winner's goodput (with the budget: its
     expected interruptions, days, GPU-hours and cost), and the chosen layout's three launch
-    configurations (or why one cannot be written)."""
+    configurations (or why one cannot be written); with `failure_model`, the winner's run
+    simulated under it (`report.simulation`)."""
     from shardwise.plan.rank import SECOND_ORDER, SIMPLER
     from shardwise.report.plan_report import explain, goodput_summary, training_summary
+    from shardwise.report.simulation import simulation_payload
 
     out = result.to_dict()
     out["stack"] = result.train.settings().to_dict()
@@ -418,6 +421,9 @@ def plan_payload(result: Any, *, tokens: str | None = None,
     budget = training_budget(tokens, price)
     out["training"] = training_summary(result.best, budget, price)
     out["goodput"] = goodput_summary(result.best, budget, price)
+    out["goodput_simulated"] = (simulation_payload(result, failure_model, runs=simulate,
+                                                   tokens=budget, stragglers=stragglers)
+                                if failure_model else None)
     emits: dict[str, Any] = {}
     own = result.train.stack.export  # the stack's own framework first, the others say why not
     for framework in sorted(FRAMEWORKS, key=lambda name: name != own):

@@ -16,7 +16,7 @@ from shardwise.placement import members_per_node
 from shardwise.plan import Alternative, PlanEntry, PlanResult
 from shardwise.plan.explain import SIMPLEST_WITHIN
 from shardwise.report.text import table as _table
-from shardwise.units import human_count, human_time
+from shardwise.units import human_count, human_rate, human_time
 from shardwise.validate import finite_result
 
 __all__ = ["breakdown_table", "explain", "goodput_sentence", "goodput_summary", "goodput_table",
@@ -310,7 +310,7 @@ def goodput_sentence(entry: PlanEntry) -> str:
     order = sorted(parts, key=lambda k: -g.shares[k])
     return (f"Failures and checkpoints leave it {_pct(g.goodput)} of the wall time (goodput; a "
             f"failure every {human_time(g.job_mtbf_s)} on {g.gpus:,} GPUs, "
-            f"{g.interruptions_per_day:.1f} a day): " + ", ".join(parts[k] for k in order)
+            f"{human_rate(g.interruptions_per_day)}): " + ", ".join(parts[k] for k in order)
             + f"; {_DOMINATES[g.dominant]}, so {_REMEDY[g.dominant]}.")
 
 
@@ -327,7 +327,7 @@ def goodput_table(entry: PlanEntry) -> Table:
              f"{human_time(g.stall_s)} (synchronous: the whole write)")
     rows = [
         ["job MTBF", f"{human_time(g.job_mtbf_s)} ({g.mtbf_gpu_hours:,.0f} GPU-hours per GPU "
-                     f"÷ {g.gpus:,} GPUs): {g.interruptions_per_day:.1f} interruptions a day"],
+                     f"÷ {g.gpus:,} GPUs): {human_rate(g.interruptions_per_day, 'interruption')}"],
         ["checkpoint", f"{g.checkpoint_bytes / 1e9:,.1f} GB ({g.bytes_per_param:g} B/param, "
                        f"{CHECKPOINTS[g.stack].title}); the busiest rank writes "
                        f"{g.rank_bytes / 1e9:,.2f} GB"],

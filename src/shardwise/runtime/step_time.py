@@ -53,8 +53,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from shardwise.arch import get_model
-from shardwise.calibration.machine import predict_step, read_machine
+from shardwise.calibration.machine import read_machine
 from shardwise.errors import ShardwiseError
+from shardwise.estimate.machine import predict_step
 from shardwise.estimate.step import StepEstimate
 from shardwise.layout import Layout
 from shardwise.runtime.calibrate import REFERENCE_STEP, host_cost_now

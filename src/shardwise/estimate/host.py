@@ -1,0 +1,136 @@
+"""The host's share of a pass: operations launched per layer (`host_ops`: the fused kernel
+count of the GPU stacks, or the aten operations shardwise's runtime dispatches on the "this
+machine" preset) and their fixed cost each (`host_overhead`, `Calibration.kernel_overhead`).
+On a GPU the host runs ahead of the device, so a pass takes the slower of the two; on the
+"this machine" preset the CPU does both (`_with_host`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from shardwise.arch import ModelSpec
+from shardwise.estimate.kernels import ComputeContext
+
+__all__ = ["host_ops", "host_overhead", "optimizer_host_ops"]
+
+# Kernels launched per layer forward: QKV, out-proj, two MLP GEMMs (gate+up fused), two norms,
+# two residual/dropout adds, activation, QKV post-processing; attention core 1 (flash) or 4
+# (two batched GEMMs, softmax, dropout). Backward launches about twice as many.
+_KERNELS_FWD = 10
+_KERNELS_ATTN_FLASH = 1
+_KERNELS_ATTN_MATERIALISED = 4
+
+# The shardwise runtime's own count (`Calibration.op_count == "runtime"`): aten operations it
+# dispatches per layer and micro-batch, forward + backward together (views, transposes and the
+# autograd engine's gradient ops included), counted with a `TorchDispatchMode` on `tiny` and
+# `tiny-moe` (fp32, torch's fused CPU flash attention; tests/runtime/test_host_ops.py recounts
+# them on the runtime): a dense layer 190; tensor parallelism's f/g functions +6; sequence
+# parallelism's gathers/scatters +48 more; ring attention +99, and +106 per extra ring step
+# (c − 1: 395 at c = 2, 607 at c = 4, mean over ranks); an MoE layer (router, top-k, dispatch,
+# combine, aux loss) 261, + 31 per local expert that receives rows (its SwiGLU; an expert
+# without rows launches nothing: `ops.moe`), and under expert parallelism +16 (the count
+# exchange, the all-to-alls' autograd functions) and +5 more per such expert (its rows cut
+# and joined per source rank) — counted 385 with 4 experts on one rank and 349 with 2 per
+# rank under ep = 2, every expert receiving rows; one `moe_layer` call alone gives 31 per
+# expert, `run_local_experts` 36. Embedding, LM head and loss add 64 per micro-batch. On a
+# CPU with a small model each costs the host's ~µs regardless of its size — `shardwise
+# calibrate` measures that cost per op.
+_OPS_LAYER = 190
+_OPS_MOE_LAYER = 261
+_OPS_EXPERT = 31
+_OPS_EP = 16
+_OPS_EP_EXPERT = 5
+_OPS_TP = 6
+_OPS_SP = 48
+_OPS_CP = 99
+_OPS_RING_STEP = 106
+_OPS_HEAD = 64
+
+
+def host_ops(ctx: ComputeContext, t: Any, c: Any, sp: Any, moe: bool = False, ep: Any = 1
+             ) -> tuple[Any, Any]:
+    """(forward, backward) operations one layer launches per micro-batch on one rank.
+
+    `op_count == "fused"` (the built-in GPU presets): the kernels of a fused implementation
+    (Megatron-LM's): 10 per layer forward (QKV, out-proj, two MLP GEMMs, two norms, two
+    residual adds, the activation, QKV post-processing) plus the attention core (1 flash, 4
+    materialised; MLA's extra projections and norms, `_mla_kernels`), the backward twice as
+    many. `"runtime"` (the "this machine" preset, which
+    runs shardwise's own runtime): the aten operations it dispatches (`_OPS_*` above), split
+    ⅓ forward, ⅔ backward like the fused count; an MoE layer's experts count when they
+    receive rows (`ComputeContext.experts_active` of the `E/ep` local ones).
+    """
+    if ctx.calibration.op_count == "runtime":
+        running = ctx.model.n_experts / ep * ctx.experts_active  # local experts with rows
+        layer = (_OPS_MOE_LAYER + _OPS_EXPERT * running
+                 + np.where(ep > 1, _OPS_EP + _OPS_EP_EXPERT * running, 0) if moe
+                 else _OPS_LAYER)
+        total = layer + np.where(t > 1, _OPS_TP, 0)
+        total = total + np.where(np.logical_and(sp, t > 1), _OPS_SP, 0)
+        total = total + np.where(c > 1, _OPS_CP + _OPS_RING_STEP * (c - 1), 0)
+        return total / 3, 2 * total / 3
+    attention = _KERNELS_ATTN_FLASH if ctx.flash else _KERNELS_ATTN_MATERIALISED
+    if ctx.traffic is None:
+        fwd = _KERNELS_FWD + _mla_kernels(ctx.model) + attention
+        return fwd, 2 * fwd
+    # eager / compiled: the stack's kernels besides GEMMs and attention, its five GEMMs
+    # (three per expert that runs in an MoE layer) and the attention core
+    gemms = 2 + (3 * ctx.model.n_experts / ep * ctx.experts_active + 1 if moe else 3)
+    return (ctx.layer_kernels[0] + _mla_kernels(ctx.model) + gemms + attention,
+            ctx.layer_kernels[1] + _mla_kernels(ctx.model) + 2 * gemms + attention)
+
+
+def _mla_kernels(model: ModelSpec) -> int:
+    """Kernels MLA adds to a layer's forward: two down-projection GEMMs (one without a q
+    latent), their latent norms, and a second up-projection GEMM (q and kv apart)."""
+    return (5 if model.q_lora_rank else 3) if model.is_mla else 0
+
+
+# The runtime's optimizer step, per parameter tensor on the rank (counted with a
+# TorchDispatchMode on torch 2.13, CPU): AdamW(foreach=False) 10 aten ops, the global-norm
+# terms 3 (vector_norm, square, add_), the clipping scale 1 — 14; tiny's 39 tensors ≈ 566 ops.
+_OPS_OPT_TENSOR = 14
+
+
+def optimizer_host_ops(ctx: ComputeContext, n_dense: Any, n_moe: Any, ep: Any, single: Any
+                       ) -> Any:
+    """Aten ops of the optimizer step on the busiest stage, "this machine" preset only
+    (`op_count == "runtime"`; 0 for the fused GPU presets, whose optimizer is a few fused
+    kernels): `_OPS_OPT_TENSOR` per parameter tensor — `n_dense` dense and `n_moe` MoE
+    layers (norms, q/k/v/o, the MLP's 2-3 matrices, biases where the model has them; an MoE
+    layer its router and local + shared experts' MLPs), the final norm and LM head, and the
+    embedding with one stage (`single`)."""
+    if ctx.calibration.op_count != "runtime":
+        return 0.0 * n_dense
+    model = ctx.model
+    norm = 2 if model.norm == "layernorm" else 1
+    mlp = (3 if model.gated_mlp else 2) * (2 if model.bias else 1)
+    # q, k, v, o; MLA: q (or q-down, q-norm, q-up), kv-down, kv-norm, kv-up, o
+    projections = (7 if model.q_lora_rank else 5) if model.is_mla else 4
+    attn = 2 * norm + projections + 3 * model.qkv_bias + model.out_bias
+    moe = attn + 1 + mlp * (model.n_experts / ep + model.n_shared_experts)
+    ends = norm + (0 if model.tie_embeddings else 1) + np.where(single, 1, 0)
+    return _OPS_OPT_TENSOR * (n_dense * (attn + mlp) + n_moe * moe + ends)
+
+
+def host_overhead(ctx: ComputeContext, ops: Any) -> Any:
+    """`ops · kernel_overhead`: the host's fixed cost per operation (Python, the dispatcher,
+    autograd bookkeeping, the kernel launch). GPU presets: `kernel_overhead` = 5 µs
+    (data/calibration.json; a CUDA launch plus framework dispatch is a few µs), with the fused
+    kernel count; the "this machine" preset: the cost per aten op `shardwise calibrate`
+    fits on the runtime's one-rank training steps, with the runtime's op count."""
+    return ops * ctx.calibration.kernel_overhead
+
+
+def _with_host(ctx: ComputeContext, device: Any, ops: Any) -> Any:
+    """A pass's time given its device time and the host's `ops` launches: on a GPU the host
+    runs ahead of the device (launches are asynchronous), so the slower of the two; on the
+    "this machine" preset the CPU does both, one after the other."""
+    host = host_overhead(ctx, ops)
+    if ctx.calibration.op_count == "runtime":
+        return device + host
+    return np.maximum(device, host)
+

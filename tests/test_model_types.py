@@ -1,0 +1,169 @@
+"""The newer Hugging Face model_types (issue 51, issue 43 item 6) read as transformers 5.24 reads
+them: a config its own config class writes is read, and `count_params` equals the parameters of
+transformers' own model built on the meta device."""
+
+import json
+
+import pytest
+
+from shardwise.arch import PRESETS, from_hf_dict
+from shardwise.errors import ShardwiseError
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+# small, non-degenerate configs: head_dim ≠ h/a, GQA, windows shorter than max_position with
+# both sliding and full layers, MoE every k-th layer or with dense layers, shared experts
+_SMALL = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "intermediate_size": 96, "vocab_size": 300, "pad_token_id": None,
+          "bos_token_id": None, "eos_token_id": None}
+CASES = {
+    "qwen3": ("Qwen3Config", {"num_hidden_layers": 4, "head_dim": 24,
+                              "use_sliding_window": True, "sliding_window": 16,
+                              "max_window_layers": 2}),
+    "qwen3_moe": ("Qwen3MoeConfig", {"num_hidden_layers": 6, "head_dim": 24,
+                                     "decoder_sparse_step": 2, "mlp_only_layers": [3],
+                                     "num_experts": 8, "num_experts_per_tok": 2,
+                                     "moe_intermediate_size": 40, "norm_topk_prob": True}),
+    "gemma2": ("Gemma2Config", {"num_hidden_layers": 4, "head_dim": 32, "sliding_window": 16}),
+    "gemma3_text": ("Gemma3TextConfig", {"num_hidden_layers": 7, "head_dim": 32,
+                                         "sliding_window": 16, "sliding_window_pattern": 3}),
+    "phi3": ("Phi3Config", {"num_hidden_layers": 3, "sliding_window": 16,
+                            "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                                "partial_rotary_factor": 0.75}}),
+    "olmo2": ("Olmo2Config", {"num_hidden_layers": 3, "attention_bias": True}),
+    "granite": ("GraniteConfig", {"num_hidden_layers": 3, "mlp_bias": True,
+                                  "embedding_multiplier": 12.0, "residual_multiplier": 0.22,
+                                  "attention_multiplier": 0.0078125, "logits_scaling": 8.0}),
+    "smollm3": ("SmolLM3Config", {"num_hidden_layers": 8, "use_sliding_window": True,
+                                  "sliding_window": 16, "tie_word_embeddings": False}),
+    "gpt_oss": ("GptOssConfig", {"num_hidden_layers": 4, "head_dim": 24, "sliding_window": 16,
+                                 "num_local_experts": 8, "num_experts_per_tok": 2}),
+    "llama4_text": ("Llama4TextConfig", {"num_hidden_layers": 8, "head_dim": 24,
+                                         "intermediate_size_mlp": 112,
+                                         "attention_chunk_size": 16, "num_local_experts": 4,
+                                         "interleave_moe_layer_step": 2}),
+    "glm4_moe": ("Glm4MoeConfig", {"num_hidden_layers": 4, "head_dim": 24,
+                                   "attention_bias": True, "use_qk_norm": True,
+                                   "n_routed_experts": 8, "num_experts_per_tok": 2,
+                                   "n_shared_experts": 2, "moe_intermediate_size": 40,
+                                   "first_k_dense_replace": 1, "n_group": 2,
+                                   "topk_group": 1}),
+}
+
+
+def _saved(kind: str) -> tuple[object, dict]:
+    cls, fields = CASES[kind]
+    config = getattr(transformers, cls)(**(_SMALL | fields))
+    return config, json.loads(config.to_json_string(use_diff=False))
+
+
+def _hf_params(config: object) -> int:
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())  # tied tables once
+
+
+@pytest.mark.parametrize("kind", sorted(CASES))
+def test_count_equals_transformers_model(kind):
+    config, saved = _saved(kind)
+    spec = from_hf_dict(saved, kind)
+    assert spec.count_params().total == _hf_params(config)
+    # a key transformers never writes is still refused, in one line
+    with pytest.raises(ShardwiseError, match="'per_layer_config'") as err:
+        from_hf_dict(saved | {"per_layer_config": {}}, kind)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("kind", sorted(CASES))
+def test_layer_kinds_and_experts_as_transformers_builds_them(kind):
+    """Each layer's attention window and MLP kind equal the module transformers builds."""
+    config, saved = _saved(kind)
+    spec = from_hf_dict(saved, kind)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    for i, layer in enumerate(model.model.layers):
+        window = (config.sliding_window if kind == "phi3"  # passed to every layer's kernel
+                  else getattr(layer.self_attn, "sliding_window", None) or 0)
+        if spec.layer_kind(i) == "sliding":
+            assert window == spec.sliding_window > 0
+        else:
+            assert not window
+        mlp = getattr(layer, "mlp", None) or layer.feed_forward
+        has_experts = any("experts" in n for n, _ in mlp.named_modules()) or hasattr(
+            mlp, "experts")
+        assert has_experts == spec.is_moe_layer(i), i
+    if kind == "llama4_text":
+        assert [spec.layer_kind(i) == "chunked" for i in range(spec.n_layers)] == [
+            bool(r) for r in config.no_rope_layers]
+        assert spec.attention_chunk == 16 and spec.nope_layers == (3, 7)
+
+
+def test_qwen3_moe_hub_names_and_tied_embeddings():
+    """The hub's Qwen3-MoE configs name the experts `num_experts` (5.24 writes
+    num_local_experts); tie_word_embeddings is read as written."""
+    config, saved = _saved("qwen3_moe")
+    hub = {k: v for k, v in saved.items() if k != "num_local_experts"} | {
+        "num_experts": 8, "tie_word_embeddings": True}
+    spec = from_hf_dict(hub, "q")
+    config.tie_word_embeddings = True
+    assert spec.tie_embeddings and spec.n_experts == 8
+    assert spec.count_params().total == _hf_params(config)
+
+
+# Published sizes of the presets (model cards; total parameters)
+@pytest.mark.parametrize(("name", "billions", "active"), [
+    ("qwen3-235b-a22b", 235, 22), ("qwen3-30b-a3b", 30.5, 3.3), ("qwen3-8b", 8.2, None),
+    ("kimi-k2", 1040, 32)])
+def test_preset_sizes_match_model_cards(name, billions, active):
+    counts = PRESETS[name].count_params()
+    assert counts.total / 1e9 == pytest.approx(billions, rel=0.02)
+    if active:
+        assert counts.active / 1e9 == pytest.approx(active, rel=0.05)
+
+
+@pytest.mark.parametrize(("name", "cls"), [
+    ("qwen3-235b-a22b", "Qwen3MoeConfig"), ("qwen3-30b-a3b", "Qwen3MoeConfig"),
+    ("qwen3-8b", "Qwen3Config")])
+def test_qwen3_presets_equal_transformers_on_their_hub_configs(name, cls):
+    preset = PRESETS[name]
+    fields = {"num_hidden_layers": preset.n_layers, "hidden_size": preset.d_model,
+              "num_attention_heads": preset.n_heads, "num_key_value_heads": preset.n_kv_heads,
+              "head_dim": preset.head_dim, "intermediate_size": preset.d_ff,
+              "vocab_size": preset.vocab, "tie_word_embeddings": preset.tie_embeddings}
+    if preset.is_moe:
+        fields |= {"num_experts": preset.n_experts, "num_experts_per_tok": preset.top_k,
+                   "moe_intermediate_size": preset.d_ff_expert, "norm_topk_prob": True}
+    config = getattr(transformers, cls)(**fields)
+    assert preset.count_params().total == _hf_params(config)
+
+
+def test_kimi_k2_equals_transformers_deepseek_v3_reading():
+    """Kimi K2 is DeepSeek-V3's architecture (model_type deepseek_v3): transformers'
+    DeepseekV3ForCausalLM built from the preset's config values has its parameters."""
+    k2 = PRESETS["kimi-k2"]
+    config = transformers.DeepseekV3Config(
+        num_hidden_layers=61, hidden_size=7168, intermediate_size=18432,
+        moe_intermediate_size=2048, num_attention_heads=64, num_key_value_heads=64,
+        n_routed_experts=384, n_shared_experts=1, num_experts_per_tok=8,
+        first_k_dense_replace=1, n_group=1, topk_group=1, routed_scaling_factor=2.827,
+        vocab_size=163840)
+    assert k2.count_params().total == _hf_params(config)
+    assert (k2.n_experts, k2.top_k, k2.n_shared_experts, k2.expert_groups) == (384, 8, 1, 1)
+    assert k2.router_score == "sigmoid" and k2.norm_topk and k2.mtp_layers == 0
+
+
+# Published totals (billions): model cards / reports of each checkpoint (text model only)
+@pytest.mark.parametrize(("name", "billions"), [
+    ("gemma3-27b", 27.0),      # Gemma 3 report (arXiv:2503.19786) Table 1: 25.6 B + 1.4 B emb.
+    ("gemma2-27b", 27.2),      # Gemma 2 report (arXiv:2408.00118): 27.2 B
+    ("gpt-oss-120b", 116.8),   # gpt-oss model card: 116.83 B total
+    ("llama4-scout", 108),     # Llama 4 Scout: 109 B with its vision encoder
+    ("phi-4", 14.7),           # Phi-4 technical report: 14 B (14.7 B on the hub)
+    ("olmo2-32b", 32.2),       # OLMo 2 32B (hub: 32.2 B)
+    ("granite-3.3-8b", 8.17),  # granite-3.3-8b-base (hub: 8.17 B)
+    ("smollm3-3b", 3.08),      # SmolLM3-3B (hub: 3.08 B)
+    ("glm-4.5", 355)])         # GLM-4.5 report: 355 B total (here + its MTP layer)
+def test_newer_presets_match_published_sizes(name, billions):
+    counts = PRESETS[name].count_params()
+    assert (counts.total + counts.mtp) / 1e9 == pytest.approx(billions, rel=0.02)

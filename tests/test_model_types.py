@@ -167,3 +167,117 @@ def test_kimi_k2_equals_transformers_deepseek_v3_reading():
 def test_newer_presets_match_published_sizes(name, billions):
     counts = PRESETS[name].count_params()
     assert (counts.total + counts.mtp) / 1e9 == pytest.approx(billions, rel=0.02)
+
+
+# ------------------------------------------------------------------ attention variants' FLOPs
+def _windowed():
+    """4 layers, sliding (w = 1024) / full alternating, a·d = 4·48 ≠ h = 128, s = 4096."""
+    from shardwise.arch import ModelSpec
+
+    return ModelSpec("win", 4, 128, 4, 2, 256, 1000, d_head=48, sliding_window=1024,
+                     layer_types=("sliding", "full", "sliding", "full"), max_seq=8192)
+
+
+def test_windowed_attention_flops_closed_form():
+    """Worked by hand, s = 4096, w = 1024: a sliding layer's causal query sees on average
+    w − w²/2s = 1024 − 128 = 896 keys, a full one s/2 = 2048; non-causal 1024 and 4096.
+    Scores + P·V: 2·keys·(a·d + a·d_v) FLOPs per token per layer."""
+    model, s = _windowed(), 4096
+    full = model.with_(sliding_window=0, layer_types=())
+    ad = 4 * 48
+    assert model.attention_keys(s) == (896 + 2048 + 896 + 2048) / 4
+    causal = 2 * (896 + 2048 + 896 + 2048) * 2 * ad
+    non_causal = 2 * (1024 + 4096 + 1024 + 4096) * 2 * ad
+    matmul = full.forward_flops_per_token(s) - 4 * 2 * 4096 * 2 * ad
+    assert model.forward_flops_per_token(s, causal=True) == matmul + causal
+    assert model.forward_flops_per_token(s) == matmul + non_causal
+    # a window at least as long as the sequence changes nothing
+    assert model.forward_flops_per_token(1024, causal=True) == full.forward_flops_per_token(
+        1024, causal=True)
+
+
+@pytest.mark.parametrize(("kind", "span"), [("sliding", 7), ("chunked", 5)])
+def test_keys_per_query_equal_transformers_masks(kind, span):
+    """The keys each query sees under transformers' own mask functions (masking_utils) are
+    `attention_keys` in the area convention of the causal `s/2` (s²/2 of the s(s+1)/2 mask
+    entries): the mask's area drops half the diagonal of each triangle — s/2 for a causal
+    mask or a row of chunks, min(s, w)/2 for a band (only its first triangle)."""
+    from shardwise.arch import ModelSpec
+
+    masking = pytest.importorskip("transformers.masking_utils")
+    s = 23
+    if kind == "sliding":
+        fn = masking.sliding_window_causal_mask_function(span)
+        model = ModelSpec("m", 2, 64, 4, 4, 64, 100, sliding_window=span,
+                          layer_types=("sliding", "full"))
+    else:
+        fn = masking.chunked_causal_mask_function(span, torch.zeros(1, dtype=torch.long))
+        model = ModelSpec("m", 2, 64, 4, 4, 64, 100, attention_chunk=span,
+                          layer_types=("chunked", "full"))
+    t = torch.tensor
+    visible = sum(bool(fn(t(0), t(0), t(q), t(k))) for q in range(s) for k in range(s))
+    diagonal = s / 2
+    windowed = visible - (min(s, span) / 2 if kind == "sliding" else diagonal)
+    full = s * (s + 1) / 2 - diagonal
+    assert model.attention_keys(s) * s == pytest.approx((windowed + full) / 2)
+
+
+def test_attention_time_follows_the_window():
+    """The fused kernel's time (estimate.compute) scales with the keys it visits: Gemma 3's
+    1024-token windows in 5 of 6 layers at 32k tokens."""
+    from shardwise.estimate.compute import layer_model_flops
+
+    gemma = PRESETS["gemma3-27b"]
+    full = gemma.with_(layer_types=(), sliding_window=0)
+    s = 32768
+    keys = gemma.attention_keys(s)
+    sliding = 1024 - 1024**2 / (2 * s)
+    assert keys == pytest.approx((52 * sliding + 10 * s / 2) / 62)
+    att = layer_model_flops(gemma, s) - layer_model_flops(full, s)
+    assert att == pytest.approx(4 * s * (keys - s / 2) * gemma.d_model)
+
+
+NEW_PRESETS = ["qwen3-235b-a22b", "qwen3-30b-a3b", "qwen3-8b", "kimi-k2", "gemma3-27b",
+               "gemma2-27b", "gpt-oss-120b", "llama4-scout", "phi-4", "olmo2-32b",
+               "granite-3.3-8b", "smollm3-3b", "glm-4.5"]
+
+
+@pytest.mark.parametrize("name", NEW_PRESETS)
+def test_memory_answers_for_every_new_preset(name):
+    from click.testing import CliRunner
+
+    from shardwise.cli import cli
+
+    result = CliRunner().invoke(cli, ["memory", name, "--gpus", "8", "--seq", "32768"])
+    assert result.exit_code == 0, result.output[-500:]
+
+
+_SLOW = pytest.mark.slow  # MoE searches take 20 s and more on 2 cores (issue 43 item 7)
+
+
+@pytest.mark.parametrize(("name", "gpus"), [
+    ("qwen3-8b", 8), ("gemma3-27b", 16), ("phi-4", 16), ("smollm3-3b", 8),
+    pytest.param("gpt-oss-120b", 64, marks=_SLOW), pytest.param("llama4-scout", 64, marks=_SLOW)])
+def test_plan_answers_for_new_presets(name, gpus):
+    from click.testing import CliRunner
+
+    from shardwise.cli import cli
+
+    result = CliRunner().invoke(cli, ["plan", name, "--gpus", str(gpus), "--seq", "8192"])
+    assert result.exit_code == 0, result.output[-500:]
+    assert name in result.output
+
+
+def test_models_lists_the_new_presets():
+    from click.testing import CliRunner
+
+    from shardwise.cli import cli
+
+    result = CliRunner().invoke(cli, ["models"])
+    assert result.exit_code == 0
+    assert all(name in result.output for name in NEW_PRESETS)
+
+
+def test_runtime_refuses_what_it_does_not_implement():
+    assert "QK-norm" in PRESETS["qwen3-8b"].seq_problems(1024)[0]
+    assert PRESETS["llama3-8b"].seq_problems(8192) == []

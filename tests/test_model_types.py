@@ -3,12 +3,14 @@ them: a config its own config class writes is read, and `count_params` equals th
 transformers' own model built on the meta device."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 from shardwise.arch import PRESETS, from_hf_dict
 from shardwise.errors import ShardwiseError
 
+HF = Path(__file__).parent / "fixtures" / "hf"
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
@@ -281,3 +283,22 @@ def test_models_lists_the_new_presets():
 def test_runtime_refuses_what_it_does_not_implement():
     assert "QK-norm" in PRESETS["qwen3-8b"].seq_problems(1024)[0]
     assert PRESETS["llama3-8b"].seq_problems(8192) == []
+
+
+@pytest.mark.parametrize(("name", "seq", "why"), [
+    ("qwen3-8b", 4096, "QK-norm"), ("gemma3-27b", 4096, "sandwich-norm"),
+    ("mistral-window", 8192, "windowed or chunked below --seq 8192")])
+def test_exports_refuse_what_they_cannot_express(tmp_path, capsys, name, seq, why):
+    """An export never trains another model: variants without a verified option, and windows
+    shorter than the sequence, are refused in one line (exit 2, the entry point users run)."""
+    from shardwise.cli import main
+
+    if name == "mistral-window":
+        cfg = json.loads((HF / "mistral-7b" / "config.json").read_text())
+        assert cfg["sliding_window"] == 4096
+        (tmp_path / "config.json").write_text(json.dumps(cfg))
+        name = str(tmp_path / "config.json")
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", name, "--gpus", "16", "--seq", str(seq), "--emit", "megatron"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and why in err and err.count("\n") == 1, err

@@ -302,3 +302,33 @@ def test_exports_refuse_what_they_cannot_express(tmp_path, capsys, name, seq, wh
         main(["plan", name, "--gpus", "16", "--seq", str(seq), "--emit", "megatron"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and why in err and err.count("\n") == 1, err
+
+
+# ------------------------------------------------------------- the variants' activation memory
+@pytest.mark.parametrize("kind", ["qwen3", "olmo2", "gemma3_text"])
+def test_saved_activations_equal_transformers_measured(kind):
+    """QK-norm (per head: Qwen3, Gemma 3; over a·d: OLMo 2) and Gemma's extra block norms,
+    under the hf-sdpa profile, equal what transformers' decoder layer saves for backward
+    (autograd's saved-tensor hooks, `runtime.measure`), bf16, head_dim ≠ h/a, GQA."""
+    from shardwise.estimate.profiles import saved_tensors
+    from shardwise.runtime.measure import saved_bytes_per_layer
+
+    h, a, kv, f, s, b = 256, 8, 2, 688, 128, 2
+    cls, model_cls = {"qwen3": ("Qwen3Config", "Qwen3Model"),
+                      "olmo2": ("Olmo2Config", "Olmo2Model"),
+                      "gemma3_text": ("Gemma3TextConfig", "Gemma3TextModel")}[kind]
+    extra = {} if kind == "olmo2" else {"head_dim": 48}
+    config = getattr(transformers, cls)(
+        hidden_size=h, num_attention_heads=a, num_key_value_heads=kv, intermediate_size=f,
+        num_hidden_layers=2, vocab_size=64, attn_implementation="sdpa", pad_token_id=None,
+        bos_token_id=None, eos_token_id=None, **extra)
+    spec = from_hf_dict(json.loads(config.to_json_string(use_diff=False)), kind)
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(config).to(torch.bfloat16).train()
+    ids = torch.randint(0, 64, (b, s))
+    measured = saved_bytes_per_layer(model, list(model.layers), lambda: model(input_ids=ids))
+    predicted = sum(saved_tensors("hf-sdpa", spec, s, b, dtype_bytes_=2).values())
+    plain = sum(saved_tensors("hf-sdpa", spec.with_(qk_norm="", block_norms="pre"), s, b,
+                              dtype_bytes_=2).values())
+    assert measured[1] == pytest.approx(predicted, rel=0.002)
+    assert measured[1] - plain > 0.15 * plain  # the variants' share is not noise

@@ -193,7 +193,7 @@ def read_family(cfg: dict, name: str, kind: str) -> ModelSpec:
     qk = {"qwen3": "head", "qwen3_moe": "head", "gemma3_text": "head", "olmo2": "full",
           "glm4_moe": "head" if c.get("use_qk_norm") else "",
           "llama4_text": "l2" if c.get("use_qk_norm") else ""}.get(kind, "")
-    nope = ()
+    nope: tuple[int, ...] = ()
     if kind in ("smollm3", "llama4_text"):
         nope = tuple(i for i, r in enumerate(_rope_layers(c, layers)) if not r)
     chunk = int(c.get("attention_chunk_size") or 0) if "chunked" in types else 0

@@ -203,37 +203,12 @@ class ModelSpec:
         kind = self.layer_kind(index)
         return {"full": 0, "sliding": self.sliding_window, "chunked": self.attention_chunk}[kind]
 
-    def attention_keys(self, seq_len: float, causal: bool = True) -> float:
-        """Keys per query, averaged over the layers (docs/concepts/attention.md). Full: `s`
-        (causal `s/2`); a window `w < s`: `w` (causal `w - w²/2s`, the band's mean); chunks of
-        `c < s`: `c` (causal: `(⌊s/c⌋·c²/2 + r²/2)/s`, r = s mod c). Array-polymorphic in s."""
-        import numpy as np
+    def attention_keys(self, seq_len: Any, causal: bool = True) -> Any:
+        """Keys per query averaged over the layers: `s` (causal `s/2`), less under windows and
+        chunks (`arch.variants.attention_keys`)."""
+        from shardwise.arch.variants import attention_keys
 
-        full = seq_len * 0.5 if causal else seq_len
-        kinds = [self.layer_kind(i) for i in range(self.n_layers)]
-        if all(k == "full" for k in kinds) or (set(kinds) == {"sliding"}
-                                               and not self.sliding_window):
-            return full
-        total = 0.0
-        for kind in kinds:
-            if kind == "chunked":
-                total = total + self._chunk_keys(seq_len, self.attention_chunk, causal)
-            elif kind == "sliding" and self.sliding_window:
-                w = np.minimum(self.sliding_window, seq_len)
-                total = total + (w - w * w / (2 * seq_len) if causal else w)
-            else:
-                total = total + full
-        return total / self.n_layers
-
-    @staticmethod
-    def _chunk_keys(seq_len: float, chunk: int, causal: bool) -> float:
-        import numpy as np
-
-        if not causal:
-            return np.minimum(chunk, seq_len)
-        whole = np.floor(seq_len / chunk)
-        rest = seq_len - whole * chunk
-        return (whole * chunk * chunk / 2 + rest * rest / 2) / seq_len
+        return attention_keys(self, seq_len, causal)
 
     @property
     def n_dense_layers(self) -> int:
@@ -321,34 +296,9 @@ class ModelSpec:
         return out
 
     def _variant_problems(self) -> list[str]:
-        out = []
-        kinds = ("full", "sliding", "chunked")
-        if not isinstance(self.layer_types, tuple) or (self.layer_types and (
-                len(self.layer_types) != self.n_layers
-                or any(k not in kinds for k in self.layer_types))):
-            out.append(f"layer_types must be empty or name one of {', '.join(kinds)} for each "
-                       f"of the {self.n_layers} layers")
-        elif "sliding" in self.layer_types and not self.sliding_window:
-            out.append("sliding layers need sliding_window > 0")
-        elif "chunked" in self.layer_types and not self.attention_chunk:
-            out.append("chunked layers need attention_chunk > 0")
-        for field in ("nope_layers", "mlp_only_layers"):
-            value = getattr(self, field)
-            if not isinstance(value, tuple) or any(
-                    not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < self.n_layers
-                    for i in value):
-                out.append(f"{field} must list layer indices in 0..{self.n_layers - 1}")
-        choices = {"qk_norm": ("", "head", "full", "l2"),
-                   "block_norms": ("pre", "post", "sandwich"),
-                   "gated_act": ("silu", "gelu_tanh", "swiglu_clamp")}
-        out += [f"{f} must be one of {', '.join(map(repr, c))}, got {getattr(self, f)!r}"
-                for f, c in choices.items() if getattr(self, f) not in c]
-        if not isinstance(self.multipliers, tuple) or any(
-                not isinstance(p, tuple) or len(p) != 2 or not isinstance(p[0], str)
-                or isinstance(p[1], bool) or not isinstance(p[1], int | float) for p in
-                self.multipliers):
-            out.append("multipliers must be (name, number) pairs")
-        return out
+        from shardwise.arch.variants import variant_problems
+
+        return variant_problems(self)
 
     def _moe_problems(self) -> list[str]:
         out = []
@@ -372,19 +322,10 @@ class ModelSpec:
                        f"expert_groups={g} needs ≥ 2 experts each")
         return out
     def runtime_variants(self) -> list[str]:
-        """The attention and block variants the model has that the training runtime does not
-        implement (the analytic side counts them all)."""
-        names = {"qk_norm": "QK-norm", "attention_sinks": "attention sinks",
-                 "attn_softcap": "attention logit soft-capping",
-                 "final_softcap": "final logit soft-capping", "nope_layers": "layers without RoPE",
-                 "rope_local_theta": "a second RoPE θ for sliding layers",
-                 "mlp_bias": "MLP biases", "router_bias": "a router bias",
-                 "mlp_only_layers": "dense layers among MoE ones (mlp_only_layers)",
-                 "multipliers": "scalar multipliers"}
-        out = [why for field, why in names.items() if getattr(self, field)]
-        out += [f"{self.block_norms}-norm blocks"] if self.block_norms != "pre" else []
-        out += [f"{self.gated_act} MLP"] if self.gated_act != "silu" else []
-        return out
+        """The variants the training runtime does not implement (`arch.variants`)."""
+        from shardwise.arch.variants import runtime_variants
+
+        return runtime_variants(self)
 
     def seq_problems(self, seq_len: int) -> list[str]:
         """What the training runtime cannot run of this model at sequence length `seq_len`:

@@ -332,3 +332,24 @@ def test_saved_activations_equal_transformers_measured(kind):
                               dtype_bytes_=2).values())
     assert measured[1] == pytest.approx(predicted, rel=0.002)
     assert measured[1] - plain > 0.15 * plain  # the variants' share is not noise
+
+
+@pytest.mark.parametrize(("kind", "fields"), [
+    ("qwen3", {"use_sliding_window": True, "max_window_layers": 1}),  # window: class default
+    ("gemma2", {"sliding_window": None}), ("gpt_oss", {}), ("smollm3", {})])
+def test_windows_unset_or_null_as_the_config_class_reads_them(kind, fields):
+    """A hub-style file that omits `sliding_window` (or writes null) gets the window the config
+    class gives the model's layers."""
+    cls = CASES[kind][0]
+    base = {"model_type": kind, "num_hidden_layers": 4, "hidden_size": 64,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96,
+            "vocab_size": 300, "pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
+    spec = from_hf_dict(base | fields, kind)
+    config = getattr(transformers, cls)(**{k: v for k, v in (base | fields).items()
+                                           if k != "model_type"})
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    windows = [getattr(layer.self_attn, "sliding_window", None) or 0
+               for layer in model.model.layers]
+    assert windows == [spec.sliding_window if spec.layer_kind(i) == "sliding" else 0
+                       for i in range(4)]

@@ -162,9 +162,9 @@ def read_family(cfg: dict, name: str, kind: str) -> ModelSpec:
     defaults (`_DEFAULTS`)."""
     c = {**_DEFAULTS[kind], **{k: v for k, v in cfg.items() if v is not None}}
     layers, hidden, heads = c["num_hidden_layers"], c["hidden_size"], c["num_attention_heads"]
-    window = int(cfg.get("sliding_window") or 0) if kind not in ("gemma2", "gemma3_text",
-                                                                 "gpt_oss") else \
-        int(c.get("sliding_window") or 0)
+    # the class default window (Gemma, gpt-oss, Qwen3) unless the file says null
+    window = 0 if "sliding_window" in cfg and cfg["sliding_window"] is None else int(
+        c.get("sliding_window") or 0)
     if kind in ("qwen3", "qwen3_moe", "smollm3") and not c.get("use_sliding_window"):
         window = 0  # Qwen3Config / SmolLM3 drop the window unless use_sliding_window
     types = _layer_types(c, kind, layers, window)

@@ -353,3 +353,14 @@ def test_windows_unset_or_null_as_the_config_class_reads_them(kind, fields):
                for layer in model.model.layers]
     assert windows == [spec.sliding_window if spec.layer_kind(i) == "sliding" else 0
                        for i in range(4)]
+
+
+@pytest.mark.parametrize("name", NEW_PRESETS)
+def test_memory_holds_every_parameter_the_count_has(name):
+    """One rank of a one-stage, unsharded layout holds exactly `count_params().total`
+    (estimate.geometry: sinks, QK-norm, extra block norms, expert and router biases)."""
+    from shardwise.estimate.geometry import stage_param_counts
+
+    model = PRESETS[name]
+    dense, experts = stage_param_counts(model, tp=1, pp=1, ep=1, chunks=1, stage=0)
+    assert dense + experts == model.count_params().total

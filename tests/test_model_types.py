@@ -280,9 +280,17 @@ def test_models_lists_the_new_presets():
     assert all(name in result.output for name in NEW_PRESETS)
 
 
-def test_runtime_refuses_what_it_does_not_implement():
-    assert "QK-norm" in PRESETS["qwen3-8b"].seq_problems(1024)[0]
+def test_runtime_refuses_what_it_does_not_implement(tmp_path, capsys):
+    """`train` (the runtime) refuses a variant it does not implement, in one line, exit 2."""
+    from shardwise.cli import main
+
     assert PRESETS["llama3-8b"].seq_problems(8192) == []
+    _, saved = _saved("qwen3")
+    (tmp_path / "config.json").write_text(json.dumps(saved | {"vocab_size": 512}))
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--model", str(tmp_path / "config.json"), "--seq", "8", "--steps", "1"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "QK-norm" in err and err.count("\n") == 1, err
 
 
 @pytest.mark.parametrize(("name", "seq", "why"), [

@@ -209,7 +209,9 @@ HF_FIELDS |= {
         _LLAMA_READ | {"sliding_window", "partial_rotary_factor"},
         _SILU | {"embd_pdrop": ((0.0,), "dropout is not modelled in a trained Phi-3"),
                  "resid_pdrop": ((0.0,), "dropout is not modelled in a trained Phi-3")},
-        {"original_max_position_embeddings": "read by the RoPE scaling (rope_parameters)"}),
+        {"original_max_position_embeddings": "LongRoPE's switch point (transformers' Phi3 "
+                                             "generation cache; LongRoPE's factor lists are "
+                                             "refused in rope_scaling): no parameters or FLOPs"}),
     "olmo2": HFFields(_BASE, _SILU, {}),
     "granite": HFFields(
         _BASE | {"mlp_bias", "embedding_multiplier", "residual_multiplier",

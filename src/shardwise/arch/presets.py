@@ -77,8 +77,8 @@ _NEWER = (
     # moonshotai/Kimi-K2-Base config.json: DeepSeek-V3's architecture (model_type
     # deepseek_v3) with 64 heads, 384 routed + 1 shared experts (8 per token, one group),
     # one dense layer, gates × 2.827, vocabulary 163840, RoPE θ 50000 with YaRN ×32, no MTP
-    # module in the release (Kimi K2 tech report, arXiv:2507.20534, Table 2: 1.04 T total,
-    # 32.6 B activated).
+    # module in the release. Kimi K2's tech report (arXiv:2507.20534) gives 1.04 T total and
+    # 32 B activated; transformers' DeepseekV3ForCausalLM on these values holds 1.026 T.
     _hub("kimi-k2", "deepseek_v3", num_hidden_layers=61, hidden_size=7168,
          intermediate_size=18432, moe_intermediate_size=2048, num_attention_heads=64,
          num_key_value_heads=64, n_routed_experts=384, n_shared_experts=1,

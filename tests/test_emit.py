@@ -386,3 +386,13 @@ def test_cli_forced_layout_the_stack_cannot_run_is_refused_before_any_estimate()
     result = shardwise("plan", "llama3-8b", "--gpus", "32", "--global-batch", "256",
                        "--impl", "torchtitan", "--layout", "tp=2,pp=4,zero=1", check=False)
     assert_one_line_error(result, "torchtitan has no ZeRO-1", "nearest it runs:")
+
+
+def test_a_launch_that_does_not_fill_its_nodes_is_refused():
+    """`emit.launchers.check_shape`: 12 ranks on two 8-GPU nodes would start 16."""
+    from shardwise.emit.launchers import Launch, launcher_script
+
+    launch = Launch(2, 8, (), ("pretrain_gpt.py",), ("--num-layers 4",))
+    with pytest.raises(ShardwiseError, match="12 GPUs do not fill 2 nodes of 8 GPUs"):
+        launcher_script("slurm", launch, 12)
+    assert launcher_script("slurm", launch, 16).count("#SBATCH --nodes=2") == 1

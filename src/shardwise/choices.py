@@ -23,6 +23,18 @@ CP_KINDS = ("ring", "ulysses", "hybrid", "allgather")
 ring attention (K/V blocks around the cp group), DeepSpeed-Ulysses (all-to-all over heads),
 their hybrid (Ulysses inside groups of `Layout.ulysses` ranks, a ring across the groups), or
 K and V all-gathered before the attention (torchtitan's FlexAttention CP)."""
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
+                     "shared_experts")
+"""Megatron's `--recompute-modules` (with `--recompute-granularity selective`; megatron-core
+0.16.1 transformer/transformer_config.py `recompute_modules`, default ["core_attn"])."""
+OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm",
+                   "expert_fc1", "moe_act")
+"""Megatron's `--offload-modules` (with `--fine-grained-activation-offloading`; megatron-core
+0.16.1 transformer_config.py `offload_modules`): whose inputs move to host memory."""
+MOMENT_DTYPES = ("fp32", "fp16", "bf16", "fp8")
+"""Megatron's precision-aware optimizer: `--exp-avg-dtype`/`--exp-avg-sq-dtype` choices
+(megatron-core 0.16.1 optimizer/optimizer_config.py; TE's FusedAdam); master weights
+`--main-params-dtype` fp32 or fp16."""
 OPTIMIZERS = ("adam", "sgd-momentum", "sgd", "adam-8bit", "adafactor")
 
 

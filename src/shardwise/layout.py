@@ -29,14 +29,16 @@ from shardwise.choices import (
 )
 from shardwise.errors import LayoutError, ShardwiseError
 from shardwise.hardware import Cluster
-from shardwise.layout_checks import layout_problems
+from shardwise.layout_checks import layout_problems, memory_setting_problems
 from shardwise.partition import (
     Balanced,
     Partition,
     chunk_span,
     first_last_partition,
+    is_pipeline_layout,
     layers_on_stage,
     parse_partition,
+    parse_pipeline_layout,
     partition_problems,
     resolve_partition,
     stage_extremes,
@@ -51,7 +53,7 @@ from shardwise.units import DTYPE_BYTES
 __all__ = [
     "AXES", "CP_KINDS", "OPTIMIZERS", "RECOMPUTE", "RECOMPUTE_LIGHTEST_FIRST", "SCHEDULES",
     "Balanced", "Layout", "Partition", "TrainSpec", "check_specs", "chunk_span",
-    "first_last_partition", "layers_on_stage", "parse_partition", "partition_problems",
+    "first_last_partition", "layers_on_stage", "parse_partition", "parse_pipeline_layout", "partition_problems",
     "resolve_partition", "stage_extremes", "stage_partition", "stage_totals", "ulysses_degree",
 ]
 
@@ -75,6 +77,19 @@ class TrainSpec:
     tp_overlap: str | None = None  # "none" | "bulk" | "async" (`stacks.TP_OVERLAPS`)
     dp_overlap: bool | None = None  # DP/ZeRO traffic behind backward/forward
     attention: str | None = None  # fused attention kernel (`stacks.ATTENTION_KERNELS`)
+    # Memory as trained (Megatron-Core 0.16.1, `shardwise.choices`): the modules selective
+    # recompute re-runs (--recompute-modules; None: core_attn, Megatron's default), the
+    # precision-aware optimizer's moments and master weights (--exp-avg-dtype,
+    # --exp-avg-sq-dtype, --main-params-dtype; None: fp32), the SwiGLU input kept in FP8
+    # (--activation-func-fp8-input-store) and the multi-token prediction modules trained
+    # (--mtp-num-layers)
+    recompute_modules: tuple[str, ...] | None = None
+    exp_avg_dtype: str | None = None
+    exp_avg_sq_dtype: str | None = None
+    main_params_dtype: str | None = None
+    act_fp8_store: bool = False
+    mtp_layers: int | None = None  # None: the model's (`ModelSpec.mtp_layers`)
+    offload_modules: tuple[str, ...] = ()  # --fine-grained-activation-offloading
     # MoE routing as the step's critical path sees it (`estimate.compute.layer_cost`): on the
     # busiest expert-parallel rank of each MoE call (ep ranks meet at every call, so each
     # waits for that one), the rows its experts run ÷ the balanced share T·k, and the share
@@ -91,6 +106,15 @@ class TrainSpec:
     offload_fraction: float = 1.0
 
     def __post_init__(self) -> None:
+        if isinstance(self.offload_modules, list | str):
+            offloaded = self.offload_modules
+            object.__setattr__(self, "offload_modules", tuple(
+                offloaded.replace(",", " ").split() if isinstance(offloaded, str)
+                else offloaded))
+        if isinstance(self.recompute_modules, list | str):
+            modules = self.recompute_modules
+            object.__setattr__(self, "recompute_modules", tuple(
+                modules.replace(",", " ").split() if isinstance(modules, str) else modules))
         if isinstance(self.impl, str) and "@" in self.impl:
             object.__setattr__(self, "impl", parse_impl(self.impl))
         if (self.dtype == "fp8" and self.fp8 is None and isinstance(self.impl, str)
@@ -198,6 +222,7 @@ class TrainSpec:
                 problems.append(f"{self.stack.name} does not train in {self.dtype}; valid: "
                                 f"{', '.join(self.stack.dtypes)}")
             problems += self._fp8_offload_problems()
+            problems += memory_setting_problems(self)
             grads = self.stack.grad_choices(self.dtype)
             if grads and (self.grad_dtype or self.dtype) not in grads:
                 problems.append(f"{self.stack.name} reduces {self.dtype} gradients in "
@@ -306,7 +331,9 @@ class Layout:
     @classmethod
     def parse(cls, text: str, **defaults: object) -> Layout:
         """`tp=8,pp=16,zero=1,schedule=interleaved,chunks=2,sp=1` → Layout; an explicit stage
-        partition as `partition=7:8:…:7` (layers per stage, first to last)."""
+        partition as `partition=7:8:…:7` (layers per stage, first to last) or Megatron's
+        layout string, `partition=Et|(tt|)*30L` (`partition.parse_pipeline_layout`; its
+        virtual stages set `chunks` and the interleaved schedule when not given)."""
         return cls(**(defaults | cls.parse_fields(text)))  # type: ignore[arg-type]
 
     @classmethod
@@ -318,7 +345,14 @@ class Layout:
         aliases = {"mbs": "micro_batch", "mb": "micro_batch", "v": "chunks"}
         values: dict[str, object] = {}
         given: set[str] = set()
-        for item in filter(None, (part.strip() for part in text.split(","))):
+        staged: tuple[int, ...] = ()  # a Megatron layout's virtual stages
+        items: list[str] = []
+        for part in filter(None, (part.strip() for part in text.split(","))):
+            if "=" not in part and items and items[-1].startswith("partition="):
+                items[-1] += part  # a Megatron layout's cosmetic comma ("…*29,m|L")
+            else:
+                items.append(part)
+        for item in items:
             key, sep, raw = item.partition("=")
             key = aliases.get(key.strip(), key.strip())
             if not sep or key not in types:
@@ -331,7 +365,9 @@ class Layout:
             given.add(key)
             raw = raw.strip()
             kind = types[key]
-            if key == "partition":
+            if key == "partition" and is_pipeline_layout(raw):  # Megatron's layout string
+                values[key] = staged = parse_pipeline_layout(raw)
+            elif key == "partition":
                 values[key] = parse_partition(raw.replace(":", ","))
             elif kind in ("bool", bool):
                 if raw.lower() not in _TRUE + _FALSE:
@@ -345,6 +381,11 @@ class Layout:
                     raise ShardwiseError(f"layout {key}={raw!r} must be an integer") from None
             else:
                 values[key] = raw
+        if staged and isinstance(values.get("pp"), int) and (
+                "chunks" not in values and len(staged) > values["pp"]  # type: ignore[operator]
+                and len(staged) % values["pp"] == 0):  # type: ignore[operator]
+            values["chunks"] = len(staged) // values["pp"]  # type: ignore[operator]
+            values.setdefault("schedule", "interleaved")
         return values
 
     def stage_partition(self, n_layers: int) -> tuple[int, ...]:

@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING
 
 import shardwise.validate as validate
 from shardwise.arch import ModelSpec
-from shardwise.choices import AXES, CP_KINDS, RECOMPUTE
+from shardwise.choices import (
+    AXES,
+    CP_KINDS,
+    MOMENT_DTYPES,
+    OFFLOAD_MODULES,
+    RECOMPUTE,
+    RECOMPUTE_MODULES,
+)
 from shardwise.errors import ShardwiseError
 from shardwise.hardware import Cluster
 from shardwise.partition import partition_problems
@@ -148,6 +155,9 @@ def _train_problems(layout: Layout, train: TrainSpec, model: ModelSpec) -> list[
             out.append(f"{train.stack.name} offloads the {train.offload} with ZeRO "
                        f"{', '.join(map(str, support.zero))} only ({support.flag}), "
                        f"not zero={layout.zero}")
+    if "mla_up_proj" in (train.recompute_modules or ()) and not model.is_mla:
+        out.append(f"recompute module mla_up_proj needs multi-latent attention; {model.name} "
+                   "has none (megatron-core's TransformerConfig refuses it too)")
     # Zigzag causal balancing splits the sequence into 2·cp chunks.
     if layout.cp > 1 and train.seq_len % (2 * layout.cp):
         out.append(f"2·cp={2 * layout.cp} does not divide seq_len={train.seq_len}")
@@ -167,3 +177,43 @@ def _train_problems(layout: Layout, train: TrainSpec, model: ModelSpec) -> list[
             out.append(problem)
     return out
 
+
+
+def memory_setting_problems(train: TrainSpec) -> list[str]:
+    """The memory-as-trained settings of `train` (`TrainSpec.recompute_modules`, the moment
+    and master dtypes, `act_fp8_store`, `mtp_layers`): known names, and a stack that has them
+    (Megatron-Core's `--recompute-modules`, `--use-precision-aware-optimizer`,
+    `--activation-func-fp8-input-store`, `--mtp-num-layers`)."""
+    out = []
+    modules = train.recompute_modules
+    if modules is not None:
+        unknown = [m for m in modules if m not in RECOMPUTE_MODULES]
+        if unknown or not modules:
+            out.append(f"recompute modules {','.join(map(str, unknown)) or '(none)'} unknown; "
+                       f"valid: {', '.join(RECOMPUTE_MODULES)}")
+    if unknown := [m for m in train.offload_modules if m not in OFFLOAD_MODULES]:
+        out.append(f"offload modules {','.join(map(str, unknown))} unknown; valid: "
+                   f"{', '.join(OFFLOAD_MODULES)}")
+    if "attn_proj" in train.offload_modules and "core_attn" not in train.offload_modules:
+        out.append("offload module attn_proj needs core_attn too (its input is core_attn's "
+                   "output; megatron-core's TransformerConfig refuses it alone)")
+    for name in ("exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype"):
+        value = getattr(train, name)
+        valid = ("fp32", "fp16") if name == "main_params_dtype" else MOMENT_DTYPES
+        if value is not None and value not in valid:
+            out.append(f"{name} {value!r} unknown; valid: {', '.join(valid)}")
+    if train.mtp_layers is not None and (not isinstance(train.mtp_layers, int)
+                                         or not 0 <= train.mtp_layers <= 16):
+        out.append(f"mtp_layers must be a whole number 0..16, got {train.mtp_layers!r}")
+    megatron = train.stack.profile == "megatron-te"
+    used = [flag for flag, on in (
+        ("--recompute-modules", modules is not None),
+        ("--use-precision-aware-optimizer", any(getattr(train, n) not in (None, "fp32") for n in
+                                                ("exp_avg_dtype", "exp_avg_sq_dtype",
+                                                 "main_params_dtype"))),
+        ("--activation-func-fp8-input-store", train.act_fp8_store),
+        ("--offload-modules", bool(train.offload_modules))) if on]
+    if used and not megatron:
+        out.append(f"{', '.join(used)}: Megatron-Core's settings; {train.stack.name} has none "
+                   "(use --impl megatron-te)")
+    return out

@@ -63,7 +63,8 @@ def resolve_partition(n_layers: int, pp: int, partition: str | tuple[int, ...] |
     """The partition of the CLI options: `--partition 7,8,…,7` or Megatron's
     `--first-stage-layers F --last-stage-layers G` (`first_last_partition`), () for neither."""
     if isinstance(partition, str):
-        partition = parse_partition(partition)
+        partition = (parse_pipeline_layout(partition, pp) if is_pipeline_layout(partition)
+                     else parse_partition(partition))
     if partition and (first is not None or last is not None):
         raise ShardwiseError("give either --partition or --first/--last-stage-layers, not both")
     if first is not None or last is not None:
@@ -95,7 +96,8 @@ def partition_problems(n_layers: int, pp: int, chunks: int, partition: tuple[int
     `--pipeline-model-parallel-layout`). With `pp` counts and interleaving every stage's layers
     are a multiple of `chunks`, as megatron-core requires of
     `num_layers_in_first/last_pipeline_stage` and of the middle stages
-    (`TransformerConfig.__post_init__`)."""
+    (`TransformerConfig.__post_init__`). A stage may be empty only at the ends of `pp` counts
+    (embedding-only, loss-only); any virtual stage may (`parse_pipeline_layout`)."""
     if partition:
         out = []
         virtual = chunks > 1 and len(partition) == pp * chunks
@@ -104,8 +106,10 @@ def partition_problems(n_layers: int, pp: int, chunks: int, partition: tuple[int
                        + (f" (or pp·chunks={pp * chunks} virtual stages)" if chunks > 1 else ""))
         if sum(partition) != n_layers:
             out.append(f"partition sums to {sum(partition)} layers but n_layers={n_layers}")
-        if min(partition, default=1) < 1:
-            out.append(f"every pipeline stage needs ≥ 1 layer, got partition "
+        inner = () if virtual else partition[1:-1]  # Megatron's layouts: empty E/m/L stages
+        if min(inner, default=1) < 1 or min(partition, default=1) < 0:
+            out.append(f"every pipeline stage but the first (embedding only) and the last "
+                       f"(loss only) needs ≥ 1 layer, got partition "
                        f"{','.join(map(str, partition))}")
         elif chunks > 1 and not virtual and any(n % chunks for n in partition):
             out.append(f"with chunks={chunks} every stage's layers must be a multiple of "
@@ -227,3 +231,63 @@ def stage_extremes(n_layers: int, pp: Any, chunks: Any, partition: Partition = (
 
     first, last = count(0 * pp), count(pp - 1)
     return np.maximum(np.maximum(first, count(np.minimum(1, pp - 1))), last), first, last
+
+
+_LAYER_CHARS = {"E": "embedding", "L": "loss", "t": "decoder", "m": "mtp"}
+
+
+def _unroll(text: str) -> str:
+    """Expand Megatron's repetitions: `(x)*n` and `c*n` (innermost groups first)."""
+    out, i = "", 0
+    while i < len(text):
+        char = text[i]
+        if char == "(":
+            depth, j = 1, i + 1
+            while j < len(text) and depth:
+                depth += {"(": 1, ")": -1}.get(text[j], 0)
+                j += 1
+            if depth:
+                raise ShardwiseError(f"pipeline layout {text!r}: unclosed '('")
+            body, i = _unroll(text[i + 1:j - 1]), j
+        else:
+            body, i = char, i + 1
+        if text[i:i + 1] == "*":
+            digits = ""
+            while i + 1 < len(text) and text[i + 1].isdigit():
+                digits, i = digits + text[i + 1], i + 1
+            if not digits:
+                raise ShardwiseError(f"pipeline layout {text!r}: '*' needs a count")
+            body, i = body * int(digits), i + 1
+        out += body
+    return out
+
+
+def parse_pipeline_layout(text: str, pp: int | None = None) -> tuple[int, ...]:
+    """Megatron-LM's `--pipeline-model-parallel-layout` (megatron-core 0.16.1,
+    transformer/pipeline_parallel_layer_layout.py): virtual stages separated by `|` in model
+    order (virtual stage `c·pp + i` is chunk `c` of rank `i`), `E` the embedding, `t` a
+    Transformer layer, `m` an MTP layer, `L` the loss, `(…)*n` and `x*n` repeated, commas
+    cosmetic. Returns the Transformer layers per virtual stage (`Layout.partition`); the
+    embedding must open the first stage and the loss close the last, once each, and the MTP
+    layers follow every Transformer layer (Megatron's `validate_layer_layout`)."""
+    stages = _unroll(text.replace(",", "").replace(" ", "")).split("|")
+    chars = "".join(stages)
+    if bad := sorted(set(chars) - set(_LAYER_CHARS)):
+        raise ShardwiseError(f"pipeline layout {text!r}: unknown layer character(s) "
+                             f"{''.join(bad)}; known: E (embedding), t (layer), m (MTP), L (loss)")
+    if not chars.startswith("E") or not chars.endswith("L") or chars.count("E") != 1 or (
+            chars.count("L") != 1):
+        raise ShardwiseError(f"pipeline layout {text!r}: the embedding E must open the first "
+                             "stage and the loss L close the last, once each")
+    if "m" in chars and "t" in chars[chars.index("m"):]:
+        raise ShardwiseError(f"pipeline layout {text!r}: MTP layers m come after every "
+                             "Transformer layer t")
+    if pp is not None and len(stages) % pp:
+        raise ShardwiseError(f"pipeline layout {text!r} has {len(stages)} stages, not a "
+                             f"multiple of pp={pp}")
+    return tuple(stage.count("t") for stage in stages)
+
+
+def is_pipeline_layout(text: str) -> bool:
+    """`text` is a Megatron layout string (it names the embedding), not layer counts."""
+    return "E" in text

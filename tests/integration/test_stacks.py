@@ -134,6 +134,22 @@ def megatron_ep_in_shard_groups():
     assert not rule.refuses({"dp": 64, "cp": 1, "ep": 8, "zero_group": 8}, None)
 
 
+def megatron_precision_aware_optimizer_with_the_distributed_optimizer():
+    """megatron-core's OptimizerConfig runs BF16 moments only with the distributed optimizer
+    (shardwise's ZeRO-1 and up)."""
+    require("megatron")
+    import torch
+    from megatron.core.optimizer.optimizer_config import OptimizerConfig
+
+    with pytest.raises(AssertionError, match="only supported with distributed optimizer"):
+        OptimizerConfig(use_precision_aware_optimizer=True, exp_avg_dtype=torch.bfloat16,
+                        exp_avg_sq_dtype=torch.bfloat16)
+    rule = next(r for r in STACKS["megatron-te"].rules if "optimizer_config" in r.source)
+    bf16 = typing.cast(typing.Any, type("T", (), {"exp_avg_dtype": "bf16"}))
+    assert rule.refuses({"zero": 0}, bf16) and not rule.refuses({"zero": 1}, bf16)
+    assert not rule.refuses({"zero": 0}, None)
+
+
 def deepspeed_zero_with_pp():
     require("deepspeed")
     import inspect
@@ -265,6 +281,8 @@ def deepspeed_moe_without_zero3():
 
 RULES = {
     "megatron/core/parallel_state.py:1447 @d98e8a6": megatron_ep_in_shard_groups,
+    "megatron/core/optimizer/optimizer_config.py, megatron-core 0.16.1":
+        megatron_precision_aware_optimizer_with_the_distributed_optimizer,
     "deepspeed/utils/groups.py:634 @0.19.8": deepspeed_ep_inside_dp,
     "deepspeed/runtime/engine.py:2215 @0.19.8": deepspeed_moe_without_zero3,
     "deepspeed/runtime/pipe/engine.py:76 @0.19.8": deepspeed_zero_with_pp,

@@ -13,6 +13,7 @@ from typing import Any
 import click
 from rich.console import Console
 
+from shardwise.choices import MOMENT_DTYPES, OFFLOAD_MODULES, RECOMPUTE_MODULES
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.goodput import (
     DEFAULT_CHECKPOINT_BANDWIDTH,
@@ -94,6 +95,7 @@ def stack_options(func: Callable) -> Callable:
                                                         if k != "math"]),
         help="Fused attention kernel [default: the stack's]; --no-flash for the "
              "materialised softmax."))
+    options += memory_setting_options()
     for option in reversed(options):
         func = option(func)
     return func
@@ -127,9 +129,44 @@ def precision_options(auto: bool = False) -> Callable:
     return add
 
 
+MEMORY_SETTINGS = ("recompute_modules", "exp_avg_dtype", "exp_avg_sq_dtype",
+                   "main_params_dtype", "act_fp8_store", "mtp_layers", "offload_modules")
+
+
+def memory_setting_options() -> list[Callable]:
+    """Memory as Megatron-Core trains it (`TrainSpec.recompute_modules` …; megatron-core
+    0.16.1 flags of the same names)."""
+    return [
+        click.option("--recompute-modules", default=None,
+                     help="With --recompute selective (or recompute=selective in --layout): "
+                          "the modules re-run in backward, comma-separated, from "
+                          + ", ".join(RECOMPUTE_MODULES) + " [default: core_attn]."),
+        click.option("--exp-avg-dtype", default=None, type=click.Choice(MOMENT_DTYPES),
+                     help="Adam's first moment (Megatron's precision-aware optimizer) "
+                          "[default: fp32]."),
+        click.option("--exp-avg-sq-dtype", default=None, type=click.Choice(MOMENT_DTYPES),
+                     help="Adam's second moment [default: fp32]."),
+        click.option("--main-params-dtype", default=None, type=click.Choice(("fp32", "fp16")),
+                     help="Master weights [default: fp32]."),
+        click.option("--activation-func-fp8-input-store", "act_fp8_store", is_flag=True,
+                     default=False, help="Keep the SwiGLU inputs in FP8 for backward."),
+        click.option("--offload-modules", default="",
+                     help="Fine-grained activation offloading (Megatron's "
+                          "--fine-grained-activation-offloading): the modules whose inputs "
+                          "move to host memory, comma-separated, from "
+                          + ", ".join(OFFLOAD_MODULES) + "."),
+        click.option("--mtp-num-layers", "mtp_layers", default=None,
+                     type=click.IntRange(0, 16),
+                     help="Multi-token prediction modules trained, on the head's stage "
+                          "[default: the model's, num_nextn_predict_layers]."),
+    ]
+
+
 def pop_stack_kw(kw: dict[str, Any]) -> dict[str, Any]:
-    """Pop the stack's time choices (`stack_options`) out of a command's keyword arguments."""
-    return {name: kw.pop(name) for name in ("compile", "tp_overlap", "dp_overlap", "attention")}
+    """Pop the stack's time choices and memory settings (`stack_options`) out of a command's
+    keyword arguments."""
+    return {name: kw.pop(name) for name in ("compile", "tp_overlap", "dp_overlap", "attention",
+                                            *MEMORY_SETTINGS) if name in kw}
 
 
 def impl_option(default: str = DEFAULT_IMPL) -> Callable:

@@ -20,6 +20,7 @@ from shardwise.cli.common import (
 )
 from shardwise.cli.group import cli
 from shardwise.emit import FRAMEWORKS, framework_stack
+from shardwise.emit.launchers import LAUNCHERS
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.goodput import RANK_BY
 from shardwise.estimate.goodput_sim import load_failure_model, measured_stragglers
@@ -97,6 +98,12 @@ from shardwise.validate import option as checked
 @click.option("--rank-by", default="step", show_default=True, type=click.Choice(RANK_BY),
               help="Rank by the step time, or by the effective step time with failures, "
                    "checkpoints and restarts (step ÷ goodput; docs/concepts/goodput.md).")
+@click.option("--choose", default="simplest", show_default=True,
+              type=click.Choice(["simplest", "fastest"]),
+              help="The layout recommended (and exported) among the rows the model cannot "
+                   "tell apart: the simplest, or the fastest (docs/howto/plan.md).")
+@click.option("--wide", is_flag=True,
+              help="Every column of the ranked table (the default fits 80 columns).")
 @goodput_options
 @click.option("--failure-model", "failure_model", type=click.Path(dir_okay=False),
               help="Simulate the chosen layout's run under this fleet's failures and compare "
@@ -107,6 +114,12 @@ from shardwise.validate import option as checked
 @click.option("--stragglers", "stragglers", type=click.Path(dir_okay=False),
               help="Slowest-rank cost from a `shardwise train --json` run's step times "
                    "(with --failure-model).")
+@click.option("--launcher", type=click.Choice(LAUNCHERS), default=None,
+              help="With --emit: the job that runs it on the planned nodes (torchrun, a Slurm "
+                   "sbatch script, a Kubeflow PyTorchJob, a SkyPilot task).")
+@click.option("--image", default=None, help="Container image for --launcher k8s.")
+@click.option("--job-name", default=None, help="Job name for --launcher [default: the model "
+                                               "and layout].")
 @json_option
 def plan(model: str, gpus: int, gpu: str, clock_mhz: float | None, gpus_per_node: int,
          intra: str | None,
@@ -115,18 +128,23 @@ def plan(model: str, gpus: int, gpu: str, clock_mhz: float | None, gpus_per_node
          first_stage_layers: int | None, last_stage_layers: int | None, fix_text: str | None,
          max_text: str | None, all_variants: bool, emit: str | None,
          flash: bool, dtype: str, grad_dtype: str | None, optimizer: str, impl: str,
-         headroom: float, calibration_path: str | None, rank_by: str, as_json: bool,
-         fp8: str | None, offload: str, offload_fraction: float, failure_model: str | None,
-         simulate: int | None, stragglers: str | None, **stack_kw: Any) -> None:
+         headroom: float, calibration_path: str | None, rank_by: str, choose: str,
+         wide: bool, as_json: bool, fp8: str | None, offload: str, offload_fraction: float,
+         failure_model: str | None, simulate: int | None, stragglers: str | None,
+         launcher: str | None, image: str | None, job_name: str | None,
+         **stack_kw: Any) -> None:
     """Search every layout of MODEL (preset or config.json) and explain the best.
 
     With no arguments: llama3-8b on 64 H100s (8 nodes), s=8192, a 4M-token batch. Rows are
-    ranked by the step time shown, or with --rank-by goodput by the effective step time
-    (ties: the simpler layout; docs/howto/plan.md); each row's goodput prices failures,
-    checkpoints and restarts (docs/concepts/goodput.md).
+    ranked by the step time shown, or with --rank-by goodput by the effective step time;
+    rows closer than the model resolves share a tier, and the simplest of the first (or the
+    fastest, --choose fastest) is recommended and exported (docs/howto/plan.md); each row's
+    goodput prices failures, checkpoints and restarts (docs/concepts/goodput.md).
     """
     from shardwise.report.plan_report import render_plan
 
+    if (launcher or image or job_name) and not emit:
+        raise ShardwiseError("--launcher, --image and --job-name need --emit FRAMEWORK")
     if emit:  # the search is bound to the framework's stack (issue 33)
         impl = _emit_stack(emit, impl)
     spec = get_model(model)
@@ -149,17 +167,17 @@ def plan(model: str, gpus: int, gpu: str, clock_mhz: float | None, gpus_per_node
         "first_stage_layers": first_stage_layers, "last_stage_layers": last_stage_layers,
         "fix_text": fix_text, "max_text": max_text, "all_variants": all_variants,
         "fp8": fp8, "offload": offload, "offload_fraction": offload_fraction,
-        "rank_by": rank_by, **pop_goodput_kw(stack_kw), "export": emit}
+        "rank_by": rank_by, **pop_goodput_kw(stack_kw), "export": emit, "choose": choose}
     if console.is_terminal and not as_json and emit is None:
         with console.status("searching layouts…") as status:
             result = run_plan(spec, **options, progress=lambda msg: status.update(msg + "…"))
     else:
         result = run_plan(spec, **options)
     if emit:
-        emitted = emit_payload(emit, result)
+        emitted = emit_payload(emit, result, launcher, image, job_name)
         if as_json:
             return emit_json(emitted)
-        click.echo(emitted["config"], nl=False)
+        click.echo(emitted["script"] or emitted["config"], nl=False)
         for line in emitted["notes"]:
             click.echo(f"note: {line}", err=True)
         return None
@@ -167,7 +185,7 @@ def plan(model: str, gpus: int, gpu: str, clock_mhz: float | None, gpus_per_node
         return emit_json(plan_payload(result, tokens=tokens, price=price, **simulation))
     finite_result(result.to_dict(), "plan")
     budget = training_budget(tokens, price)
-    render_plan(result, console, tokens=budget, price=price)
+    render_plan(result, console, tokens=budget, price=price, wide=wide)
     if failure_model:
         render_simulation(simulation_payload(result, failure_model, runs=simulate,
                                              tokens=budget, stragglers=stragglers), console)

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, fields
 
 from shardwise.arch import ModelSpec
+from shardwise.emit.launchers import Launch, torchrun_script
 from shardwise.emit.models import FRAMEWORKS, VERSIONS, model_refusal
 from shardwise.errors import ShardwiseError
 from shardwise.hardware import Cluster
@@ -25,6 +26,7 @@ class Emitted:
     framework: str
     text: str
     notes: tuple[str, ...] = ()
+    launch: Launch | None = None  # what each node runs (`emit.launchers`)
 
 
 def framework_stack(framework: str) -> Stack:
@@ -231,17 +233,14 @@ def _nodes(layout: Layout, gpus_per_node: int) -> tuple[int, int]:
     return math.ceil(layout.world_size / per_node), per_node
 
 
-def _torchrun(layout: Layout, gpus_per_node: int) -> str:
+def _launched(header: str, env: list[str], program: tuple[str, ...], args: list[str],
+              layout: Layout, gpus_per_node: int, files: dict[str, str] | None = None
+              ) -> tuple[str, Launch]:
+    """The `Launch` of `program args` on the layout's nodes and its torchrun script (the
+    configuration's text: `emit.launchers.torchrun_script`)."""
     nodes, per_node = _nodes(layout, gpus_per_node)
-    rdzv = " --rdzv-backend c10d --rdzv-endpoint $MASTER_ADDR:29500" if nodes > 1 else ""
-    return f"torchrun --nnodes {nodes} --nproc-per-node {per_node}{rdzv}"
-
-
-def _script(header: str, env: list[str], command: str, args: list[str]) -> str:
-    """`export`s, then `command` with one argument per continued line."""
-    lines = [header] + [f"export {item}" for item in env] + [command + " \\"]
-    lines += [f"  {arg} \\" for arg in args[:-1]] + [f"  {args[-1]}"]
-    return "\n".join(lines) + "\n"
+    launch = Launch(nodes, per_node, tuple(env), program, tuple(args), header, files or {})
+    return torchrun_script(launch), launch
 
 
 def _header(framework: str, model: ModelSpec, layout: Layout, train: TrainSpec, gb: int) -> str:

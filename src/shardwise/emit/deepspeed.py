@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 
 from shardwise.arch import ModelSpec
-from shardwise.emit.common import Emitted, _checked, _nodes, _vocab_divisor
+from shardwise.emit.common import Emitted, _checked, _header, _nodes, _vocab_divisor
+from shardwise.emit.launchers import Launch
 from shardwise.hardware import Cluster
 from shardwise.layout import Layout, TrainSpec
 
@@ -133,5 +134,11 @@ def deepspeed_config(model: ModelSpec, layout: Layout, train: TrainSpec,
         notes.append("on the other nodes CUDA_DEVICE_MAX_CONNECTIONS=1 comes from "
                      ".deepspeed_env (the launcher forwards only its listed variables, "
                      "deepspeed/launcher/runner.py:36)")
-    return Emitted("deepspeed", json.dumps(config, indent=2) + "\n", tuple(notes))
+    text = json.dumps(config, indent=2) + "\n"
+    # under torchrun (the launchers) DeepSpeed reads RANK, LOCAL_RANK and MASTER_ADDR from the
+    # environment torchrun sets (deepspeed/comm/comm.py init_distributed)
+    launch = Launch(nodes, per_node, ("CUDA_DEVICE_MAX_CONNECTIONS=1",) if layout.sp else (),
+                    ("pretrain_gpt.py",), tuple(_deepspeed_launch(model, layout, train, gb)),
+                    _header("deepspeed", model, layout, train, gb), {"ds_config.json": text})
+    return Emitted("deepspeed", text, tuple(notes), launch)
 

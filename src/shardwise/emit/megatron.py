@@ -12,8 +12,7 @@ from shardwise.emit.common import (
     Emitted,
     _checked,
     _header,
-    _script,
-    _torchrun,
+    _launched,
     _vocab_divisor,
 )
 from shardwise.errors import ShardwiseError
@@ -243,8 +242,8 @@ def megatron_args(model: ModelSpec, layout: Layout, train: TrainSpec,
     # asserts it is not set (training/arguments.py validate_args)
     env = ["CUDA_DEVICE_MAX_CONNECTIONS=1"] if (layout.tp > 1 or layout.cp > 1) and not fsdp \
         else []
-    text = _script(_header("megatron", model, layout, train, gb), env,
-                   _torchrun(layout, gpus_per_node) + " pretrain_gpt.py", args)
-    return Emitted("megatron", text, tuple(notes))
+    text, launch = _launched(_header("megatron", model, layout, train, gb), env,
+                             ("pretrain_gpt.py",), args, layout, gpus_per_node)
+    return Emitted("megatron", text, tuple(notes), launch)
 
 

@@ -6,7 +6,7 @@ models torchtitan ships. Tested against torchtitan's own config parser
 from __future__ import annotations
 
 from shardwise.arch import ModelSpec
-from shardwise.emit.common import Emitted, _checked, _header, _script, _torchrun
+from shardwise.emit.common import Emitted, _checked, _header, _launched
 from shardwise.emit.models import _TITAN_CONFIGS
 from shardwise.errors import ShardwiseError
 from shardwise.hardware import Cluster
@@ -93,7 +93,7 @@ def torchtitan_args(model: ModelSpec, layout: Layout, train: TrainSpec,
     notes: list[str] = []
     args += _titan_fp8_offload(config, train, notes)
     args.append(f"activation-checkpoint:{_TITAN_RECOMPUTE[layout.recompute]}")
-    text = _script(_header("torchtitan", model, layout, train, gb), [],
-                   _torchrun(layout, gpus_per_node) + " -m torchtitan.train", args)
-    return Emitted("torchtitan", text, tuple(notes))
+    text, launch = _launched(_header("torchtitan", model, layout, train, gb), [],
+                             ("-m", "torchtitan.train"), args, layout, gpus_per_node)
+    return Emitted("torchtitan", text, tuple(notes), launch)
 

@@ -117,6 +117,22 @@ def layer_params(model: ModelSpec, tp: Any, ep: Any, etp: Any = 0) -> tuple[Any,
     return dense_layer, moe_layer, expert_layer
 
 
+def mtp_params(model: ModelSpec, tp: Any, ep: Any, etp: Any = 0) -> tuple[Any, Any]:
+    """(dense, expert) parameters per rank of one multi-token-prediction module (DeepSeek-V3
+    §2.2, `num_nextn_predict_layers`; Megatron's `--mtp-num-layers`, megatron-core 0.16.1
+    transformer/multi_token_prediction.py): a Transformer layer of the model's last kind (MoE
+    for an MoE model), `eh_proj` (2h → h, column-parallel ÷ tp) and its enorm, hnorm and final
+    norm: `ModelSpec.mtp_params` per module, sharded as `layer_params`. The embedding and the
+    head are the main model's: the stage holding them keeps another copy of the embedding when
+    that is not stage 0 (GPTModel builds it where `mtp_process`)."""
+    dense_layer, moe_layer, expert_layer = layer_params(model, tp, ep, etp)
+    h = model.d_model
+    extra = 2 * h * h / tp + 3 * model.norm_params()
+    if model.is_moe:
+        return moe_layer + extra, expert_layer
+    return dense_layer + extra, 0 * expert_layer
+
+
 def fp8_linear_params(model: ModelSpec, recipe: Fp8Recipe, tp: Any, ep: Any, etp: Any = 0
                       ) -> tuple[Any, Any, Any, Any]:
     """Per rank, what an FP8 recipe quantises: (weights of a dense layer's linear layers, of an

@@ -32,6 +32,7 @@ from shardwise.estimate.geometry import (
     in_flight_per_stage,
     layer_params,
     moe_layers_on_stage,
+    mtp_params,
     placement_of,
     stage_layer_count,
     stage_layers,
@@ -46,6 +47,7 @@ from shardwise.estimate.state import (
     ZeroRow,
     bytes_per_param_training,
     kv_cache_bytes_per_token,
+    train_state_bytes,
     training_memory_bytes,
     zero_memory_per_device,
     zero_stage_table,
@@ -72,6 +74,7 @@ __all__ = [
     "largest_stage_memory",
     "layer_params",
     "moe_layers_on_stage",
+    "mtp_params",
     "peak_stage_memory",
     "peak_stage_total",
     "placement_of",
@@ -81,6 +84,7 @@ __all__ = [
     "stage_memory",
     "stage_param_counts",
     "stage_params",
+    "train_state_bytes",
     "training_memory_bytes",
     "training_memory_per_gpu",
     "zero_memory_per_device",
@@ -221,7 +225,7 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
     `activation_bytes_per_layer`). With host offload (`TrainSpec.offload`) the offloaded
     state leaves the GPU for `host` (`estimate.offload.offload_state`).
     """
-    state = bytes_per_param_training(train.dtype, train.grad_dtype, train.optimizer)
+    state = train_state_bytes(train)
     recipe = train.stack.fp8_recipe(train.fp8) if train.fp8 else None
     ab = dtype_bytes(train.dtype)
     s, h = train.seq_len, model.d_model
@@ -231,7 +235,9 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
                 model, s, micro_batch, tp=tp, sp=sp, cp=cp, recompute=recompute,
                 flash=train.flash_attention, dtype=train.dtype, formula=formula, moe=moe,
                 impl=train.profile, etp=etp, a2a=ulysses_degree(cp, cp_kind, ulysses),
-                fp8_inputs=recipe.saved_input_bytes() if recipe else 0.0)
+                fp8_inputs=recipe.saved_input_bytes() if recipe else 0.0,
+                modules=train.recompute_modules, act_fp8_store=train.act_fp8_store,
+                offload_modules=train.offload_modules)
         act = {"dense": per_layer(False), "moe": per_layer(True) if model.is_moe else 0.0}
     gathered = gathered_kv_bytes(model, train, tp=tp, cp=cp, cp_kind=cp_kind,
                                  recompute=recompute, micro_batch=micro_batch)
@@ -241,6 +247,12 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
     geo = StageGeometry.of(model, pp=pp, chunks=chunks, stage=stage, schedule=schedule, m=m,
                            partition=partition)
     dense_params, expert_params = geo.params(model, tp, ep, etp)
+    mtp = model.mtp_layers if train.mtp_layers is None else train.mtp_layers
+    if mtp:  # DeepSeek-V3's MTP modules on the stage holding the head (`mtp_params`)
+        mtp_dense, mtp_expert = mtp_params(model, tp, ep, etp)
+        embedding = np.where(geo.last_stage != 0, model.vocab * model.d_model / tp, 0.0)
+        dense_params = dense_params + np.where(geo.last, mtp * mtp_dense + embedding, 0.0)
+        expert_params = expert_params + np.where(geo.last, mtp * mtp_expert, 0.0)
     w, g, o = zero_state_bytes(dense_params, zero_n, zero, state)
     expert_tp = expert_tp_degree(etp, tp)
     we, ge, oe = zero_state_bytes(expert_params,
@@ -257,7 +269,10 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
     # the loss runs right after the last forward except when the schedule makes it wait
     last_in_flight = geo.last_in_flight
     activations = activations + np.where(last, last_in_flight * 2 * sb * h * ab / rep, 0.0)
-    logits = np.where(last, last_in_flight * sb * model.vocab * 4 / tp, 0.0)
+    logits = np.where(last, (1 + mtp) * last_in_flight * sb * model.vocab * 4 / tp, 0.0)
+    if mtp:  # each MTP module: its layer, eh_proj's 2h input, enorm, hnorm, final norm
+        mtp_act = (act["moe"] if model.is_moe else act["dense"]) + 5 * sb * h * ab / rep
+        activations = activations + np.where(last, mtp * last_in_flight * mtp_act, 0.0)
     dense_layer, moe_layer, expert_layer = layer_params(model, tp, ep, etp)
     workspace = np.where(zero == 3, 2 * np.maximum(dense_layer, moe_layer + expert_layer)
                          * state.weight, 0.0)

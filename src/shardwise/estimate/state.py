@@ -51,13 +51,17 @@ class StateBytes:
 
 
 def bytes_per_param_training(dtype: str = "bf16", grad_dtype: str | None = None,
-                             optimizer: str = "adam") -> StateBytes:
+                             optimizer: str = "adam", *, exp_avg_dtype: str | None = None,
+                             exp_avg_sq_dtype: str | None = None,
+                             main_params_dtype: str | None = None) -> StateBytes:
     """Weight + gradient + fp32 master (when weights are not fp32) + optimizer moments.
 
     bf16 weights and grads with Adam: `2 + 2 + 4 + 4 + 4 = 16` B/param (Rajbhandari et al.
     2020); Megatron's fp32 gradient accumulation makes it 18; 8-bit moments make it 10.
     Moments are kept in at least fp32: weights wider than fp32 (fp64) keep Adam's and
     momentum's buffers in their own dtype, as torch's optimizers do (fp64 Adam: 8+8+0+16).
+    `exp_avg_dtype`, `exp_avg_sq_dtype`, `main_params_dtype`: Adam's moments and the master
+    copy in those dtypes (Megatron's precision-aware optimizer, `train_state_bytes`).
     """
     if optimizer not in MOMENT_BYTES:
         raise ShardwiseError(f"optimizer {optimizer!r} unknown; valid: {', '.join(MOMENT_BYTES)}")
@@ -67,7 +71,24 @@ def bytes_per_param_training(dtype: str = "bf16", grad_dtype: str | None = None,
     moments = MOMENT_BYTES[optimizer]
     if optimizer in ("adam", "sgd-momentum") and weight > 4:
         moments *= weight / 4  # one (momentum) or two (Adam) buffers of the weight dtype
+    if optimizer == "adam" and (exp_avg_dtype or exp_avg_sq_dtype):
+        moments = dtype_bytes(exp_avg_dtype or "fp32") + dtype_bytes(exp_avg_sq_dtype or "fp32")
+    if main_params_dtype and master:
+        master = dtype_bytes(main_params_dtype)
     return StateBytes(weight, grad, master, moments)
+
+
+def train_state_bytes(train: Any) -> StateBytes:
+    """`bytes_per_param_training` of a `TrainSpec`: its dtypes and optimizer, with Megatron's
+    precision-aware optimizer (`--use-precision-aware-optimizer`: `exp_avg_dtype`,
+    `exp_avg_sq_dtype`, `main_params_dtype`; megatron-core 0.16.1 optimizer/
+    optimizer_config.py, TE's FusedAdam keeps each moment in its dtype, fp8 with a per-tensor
+    scale). DeepSeek-V3 §3.3.3: BF16 moments, FP32 master weights — 2+4+4+2+2 = 14 B/param
+    with fp32 gradients."""
+    return bytes_per_param_training(train.dtype, train.grad_dtype, train.optimizer,
+                                    exp_avg_dtype=getattr(train, "exp_avg_dtype", None),
+                                    exp_avg_sq_dtype=getattr(train, "exp_avg_sq_dtype", None),
+                                    main_params_dtype=getattr(train, "main_params_dtype", None))
 
 
 def training_memory_bytes(n_params: float, state: StateBytes | None = None) -> dict[str, float]:
@@ -107,6 +128,8 @@ def zero_memory_per_device(n_params: float, n: int, stage: int,
 
 @dataclass(frozen=True)
 class ZeroRow:
+    """One row of `zero_stage_table`: a ZeRO stage, what it shards, bytes and traffic."""
+
     stage: int
     sharded: str
     bytes_per_device: float

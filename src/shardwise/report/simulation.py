@@ -24,9 +24,10 @@ DEFAULT_DAYS = 30.0  # the useful training simulated without a token budget
 def simulation_payload(result: Any, failure_model: str, *, runs: int | None = None,
                        tokens: float | None = None, stragglers: str | None = None
                        ) -> dict[str, Any]:
-    """The chosen layout (`result.best`) trained for `tokens` (else 30 days of useful work)
-    under `failure_model`'s fleet, `runs` times per policy; the policy that gains most."""
-    entry = result.best
+    """The recommended layout (`result.recommended`) trained for `tokens` (else 30 days of
+    useful work) under `failure_model`'s fleet, `runs` times per policy; the policy that gains
+    most."""
+    entry = result.recommended
     if entry.goodput is None:
         return {"error": "no goodput for this layout"}
     runs = validate.integer(DEFAULT_RUNS if runs is None else runs, "--simulate", low=10,

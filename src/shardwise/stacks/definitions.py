@@ -90,6 +90,12 @@ STACKS.update({s.name: s.validate() for s in (
                  "shards experts' ZeRO state over the expert data-parallel ranks dp·cp/ep: "
                  "with ep={ep} they must hold whole zero_group={zero_group} groups",
                  "megatron/core/parallel_state.py:1447 @d98e8a6"),
+            Rule(lambda v, train: (np.asarray(v["zero"]) == 0) & any(
+                     getattr(train, name, None) not in (None, "fp32") for name in
+                     ("exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype")),
+                 "runs the precision-aware optimizer (moments or master weights below fp32) "
+                 "with the distributed optimizer only, not zero={zero}",
+                 "megatron/core/optimizer/optimizer_config.py, megatron-core 0.16.1"),
         )),
     Stack(
         "megatron-deepspeed", "Megatron-DeepSpeed (DeepSpeed's pipeline engine and ZeRO)",

@@ -258,8 +258,11 @@ _SLOW = pytest.mark.slow  # MoE searches take 20 s and more on 2 cores (issue 43
 
 
 @pytest.mark.parametrize(("name", "gpus"), [
-    ("qwen3-8b", 8), ("gemma3-27b", 16), ("phi-4", 16), ("smollm3-3b", 8),
-    pytest.param("gpt-oss-120b", 64, marks=_SLOW), pytest.param("llama4-scout", 64, marks=_SLOW)])
+    ("qwen3-8b", 8), ("gemma3-27b", 16), ("gemma2-27b", 16), ("phi-4", 16), ("olmo2-32b", 16),
+    ("granite-3.3-8b", 8), ("smollm3-3b", 8),
+    *(pytest.param(name, gpus, marks=_SLOW) for name, gpus in (
+        ("gpt-oss-120b", 64), ("llama4-scout", 64), ("qwen3-30b-a3b", 64),
+        ("qwen3-235b-a22b", 256), ("glm-4.5", 256), ("kimi-k2", 1024)))])
 def test_plan_answers_for_new_presets(name, gpus):
     from click.testing import CliRunner
 

@@ -107,8 +107,9 @@ _NEWER = (
     _hub("gpt-oss-120b", "gpt_oss", num_hidden_layers=36, hidden_size=2880,
          num_attention_heads=64, num_key_value_heads=8, head_dim=64, intermediate_size=2880,
          num_local_experts=128, num_experts_per_tok=4, vocab_size=201088, sliding_window=128),
-    # meta-llama/Llama-4-Scout-17B-16E's text_config: 16 experts (top-1) + a shared expert in
-    # every layer, chunked attention (8192) with every 4th layer global and without RoPE.
+    # meta-llama/Llama-4-Scout-17B-16E's text_config (transformers 5.24's Llama4TextConfig
+    # defaults are Scout's sizes): 16 experts (top-1) + a shared expert in every layer,
+    # chunked attention (8192) with every 4th layer global and without RoPE.
     _hub("llama4-scout", "llama4_text", num_hidden_layers=48, hidden_size=5120,
          num_attention_heads=40, num_key_value_heads=8, head_dim=128, intermediate_size=8192,
          intermediate_size_mlp=16384, num_local_experts=16, num_experts_per_tok=1,
@@ -136,7 +137,8 @@ _NEWER = (
          vocab_size=128256, max_position_embeddings=65536, rope_theta=5000000.0),
     # zai-org/GLM-4.5 config.json: 92 layers (3 dense), 160 routed + 1 shared experts (8 per
     # token, sigmoid, × 2.5), head_dim 128 ≠ h/a, QK-norm, Q/K/V biases, RoPE on half of
-    # each head, one MTP layer.
+    # each head, one MTP layer (the same sizes in Megatron-Bridge docs/models/llm/glm45.md
+    # and THUDM/slime scripts/models/glm4.5-355B-A32B.sh; 355 B total, 32 B active).
     _hub("glm-4.5", "glm4_moe", num_hidden_layers=92, hidden_size=5120,
          num_attention_heads=96, num_key_value_heads=8, head_dim=128, intermediate_size=12288,
          moe_intermediate_size=1536, n_routed_experts=160, n_shared_experts=1,

@@ -85,6 +85,14 @@ def model_refusal(framework: str, model: ModelSpec, train: TrainSpec) -> str | N
         if model.alibi:
             return (f"{model.name} adds ALiBi attention biases, which {name} has no option for "
                     "(its positions are learned or rotary): an export would train another model")
+        variants = model.runtime_variants()  # QK-norm, sinks, sandwich norms, GeGLU, …
+        if variants:
+            return (f"{model.name} has {', '.join(variants)}; the export has no option of "
+                    f"{name} verified to build them: it would train another model")
+        if any(0 < model.attention_span(i) < train.seq_len for i in range(model.n_layers)):
+            return (f"{model.name}'s attention is windowed or chunked below --seq "
+                    f"{train.seq_len}; the export's attention is full causal attention: it "
+                    "would train another model (use a sequence length within the window)")
         if model.parallel_residual:
             return (f"{model.name} runs attention and MLP side by side on one normalised input "
                     f"(GPT-NeoX's use_parallel_residual), which {name}'s block does not: an "

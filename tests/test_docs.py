@@ -103,7 +103,8 @@ def test_every_module_has_an_api_page():
     modules = {".".join(p.relative_to(ROOT / "src").with_suffix("").parts).removesuffix(
         ".__init__") for p in (ROOT / "src/shardwise").rglob("*.py")}
     docless = {"shardwise.estimate"}  # an empty __init__: its modules have their own entries
-    assert modules - NOT_API - docless - on_pages == set()
+    inside = {m for m in modules if m.rpartition(".")[0] in NOT_API}  # the cli package's modules
+    assert modules - NOT_API - inside - docless - on_pages == set()
     assert on_pages - modules == set()
 
 

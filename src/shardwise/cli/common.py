@@ -1,0 +1,302 @@
+"""Shared options and helpers of the `shardwise` commands: the console, `--json`, the option
+groups (stack, precision, goodput, layout), `--gpu`, the runtime import, table cells."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, is_dataclass
+from typing import Any
+
+import click
+from rich.console import Console
+
+from shardwise.errors import ShardwiseError
+from shardwise.estimate.goodput import (
+    DEFAULT_CHECKPOINT_BANDWIDTH,
+    DEFAULT_MTBF_GPU_HOURS,
+    DEFAULT_RESTART_S,
+)
+from shardwise.estimate.profiles import DEFAULT_IMPL, profile_names
+from shardwise.fp8 import recipe_names
+from shardwise.layout import CP_KINDS, RECOMPUTE, SCHEDULES
+from shardwise.report.text import table as _table
+from shardwise.stacks import (
+    ATTENTION_KERNELS,
+    DEFAULT_STACK,
+    OFFLOADS,
+    STACKS,
+    TP_OVERLAPS,
+    parse_impl,
+)
+from shardwise.validate import (
+    MAX_DEGREE,
+    MAX_SEQUENCES,
+    degree,
+    finite,
+    finite_result,
+    fraction,
+    positive_int,
+)
+from shardwise.validate import option as checked
+
+# Wide tables when piped (rich would wrap at 80 columns) unless COLUMNS says otherwise.
+console = Console(highlight=False,
+                  width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160)
+
+
+def emit_json(payload: Any) -> None:
+    def default(obj: Any) -> Any:
+        if is_dataclass(obj):
+            return asdict(obj)  # type: ignore[arg-type]
+        raise TypeError(f"cannot serialise {type(obj).__name__}")
+
+    finite_result(payload, "the result")  # never nan or inf as an answer
+    click.echo(json.dumps(payload, indent=2, default=default, allow_nan=False))
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+def _stack_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    try:
+        return parse_impl(value)
+    except ShardwiseError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def stack_options(func: Callable) -> Callable:
+    """`--impl` (the training stack) and the stack's time choices; each left unset takes the
+    stack's own default (`shardwise.stacks`), named as assumed in the report."""
+    options = [
+        click.option("--impl", default=DEFAULT_STACK, show_default=True, callback=_stack_name,
+                     help="Training stack (name or name@version): "
+                          + ", ".join(STACKS) + ". Decides activations, step-time "
+                          "behaviours, the layouts searched and the export."),
+        click.option("--compile/--no-compile", "compile", default=None,
+                     help="torch.compile, where the stack has the choice [default: the "
+                          "stack's]."),
+        click.option("--tp-overlap", default=None, type=click.Choice(TP_OVERLAPS),
+                     help="TP communication: exposed, bulk (TE userbuffers, Megatron "
+                          "--tp-comm-overlap) or async (torchtitan) [default: the stack's]."),
+        click.option("--dp-overlap/--no-dp-overlap", "dp_overlap", default=None,
+                     help="DP/ZeRO traffic behind backward/forward (Megatron "
+                          "--overlap-grad-reduce/--overlap-param-gather, DeepSpeed "
+                          "overlap_comm) [default: the stack's].")]
+    options.append(click.option(
+        "--attention", default=None, type=click.Choice([k for k in ATTENTION_KERNELS
+                                                        if k != "math"]),
+        help="Fused attention kernel [default: the stack's]; --no-flash for the "
+             "materialised softmax."))
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def precision_options(auto: bool = False) -> Callable:
+    """`--fp8 RECIPE` and `--offload KIND` (`--offload-fraction`): FP8 training and host
+    offload as the stack runs them (docs/concepts/fp8-offload.md); `auto`: `--offload auto`
+    lets the planner compare the stack's offloads."""
+    kinds = [*OFFLOADS, *(["auto"] if auto else [])]
+
+    def add(func: Callable) -> Callable:
+        for option in reversed([
+            click.option("--fp8", default=None, type=click.Choice(recipe_names()),
+                         help="FP8 recipe, by its framework's name (megatron-te: delayed, "
+                              "tensorwise, mxfp8, blockwise; torchtitan: rowwise, "
+                              "rowwise_with_gw_hp, mxfp8): the linear layers' GEMMs in FP8 "
+                              "beside bf16 weights."),
+            click.option("--offload", default="none", show_default=True,
+                         type=click.Choice(kinds),
+                         help="Training state in host memory: the optimizer (its step on "
+                              "the CPU) or every sharded state class (params, ZeRO-3)"
+                              + ("; auto: the planner compares the stack's offloads" if auto
+                                 else "") + "."),
+            click.option("--offload-fraction", default=1.0, show_default=True,
+                         callback=checked(fraction),
+                         help="Share of the optimizer state offloaded (megatron-te's "
+                              "--optimizer-offload-fraction).")]):
+            func = option(func)
+        return func
+    return add
+
+
+def pop_stack_kw(kw: dict[str, Any]) -> dict[str, Any]:
+    """Pop the stack's time choices (`stack_options`) out of a command's keyword arguments."""
+    return {name: kw.pop(name) for name in ("compile", "tp_overlap", "dp_overlap", "attention")}
+
+
+def impl_option(default: str = DEFAULT_IMPL) -> Callable:
+    """`--impl`: whose code trains the model, i.e. which tensors a layer saves for backward
+    (`estimate.profiles`)."""
+    return click.option(
+        "--impl", default=default, show_default=True, type=click.Choice(profile_names()),
+        help="Activation profile: what this training code saves per layer — megatron-te "
+             "(Megatron-Core + Transformer Engine: what most large pretraining runs use, the "
+             "default), hf-sdpa (Hugging Face transformers with SDPA: fine-tuning; ~45 % more "
+             "per Llama layer), hf-eager, torchtitan, shardwise (SPEC §3, this package's "
+             "runtime).")
+
+
+
+
+# ----------------------------------------------------------------------------------- goodput
+def mtbf_option(help_text: str) -> Callable:
+    return click.option("--mtbf-gpu-hours", "mtbf_gpu_hours", default=None, type=float,
+                        callback=checked(finite, low=0, low_open=True, high=1e12),
+                        help=help_text)
+
+
+def goodput_options(func: Callable) -> Callable:
+    """What failures and checkpoints cost (`estimate.goodput`): per-GPU MTBF, each node's
+    checkpoint bandwidth, the restart, asynchronous checkpoints. Unset: published figures."""
+    options = [
+        mtbf_option(f"GPU-hours between job-interrupting failures, per GPU [default: "
+                     f"{DEFAULT_MTBF_GPU_HOURS:,.0f}, Llama 3's 419 interruptions in 54 days "
+                     "on 16,384 GPUs]."),
+        click.option("--checkpoint-bandwidth", default=None,
+                     help=f"Each node's write bandwidth to storage, e.g. 2GB/s [default: "
+                          f"{DEFAULT_CHECKPOINT_BANDWIDTH / 1e9:.3g} GB/s, Llama 3's 2 TB/s "
+                          "over 2,048 nodes]."),
+        click.option("--restart-minutes", default=None, type=float,
+                     callback=checked(finite, low=0, high=1e6),
+                     help=f"Failure to training again: detect, reschedule, reload [default: "
+                          f"{DEFAULT_RESTART_S / 60:g}]."),
+        click.option("--async-checkpoint", is_flag=True,
+                     help="Asynchronous checkpoints: only the device→host copy stalls training "
+                          "(Megatron --async-save, torchtitan checkpoint.async_mode)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def every_steps(ctx: click.Context, param: click.Parameter, value: str) -> int | str:
+    """`--checkpoint-every`: a step count ≥ 0 or "auto"."""
+    text = str(value).strip().lower()
+    if text == "auto":
+        return "auto"
+    if not text.isdigit():
+        raise ShardwiseError(f"--checkpoint-every must be a whole number of steps ≥ 0 or auto, "
+                             f"got {value!r}")
+    return int(text)
+
+
+def pop_goodput_kw(kw: dict[str, Any]) -> dict[str, Any]:
+    """Pop `goodput_options` out of a command's keyword arguments."""
+    return {name: kw.pop(name) for name in ("mtbf_gpu_hours", "checkpoint_bandwidth",
+                                            "restart_minutes", "async_checkpoint")}
+
+
+# ------------------------------------------------------------------------------------ layout
+def layout_options(func: Callable) -> Callable:
+    """The options that describe one layout (shared by memory, plan --layout, check…)."""
+    options = [
+        click.option("--tp", default=1, show_default=True, help="Tensor-parallel degree.",
+                     callback=checked(degree)),
+        click.option("--pp", default=1, show_default=True, help="Pipeline stages.",
+                     callback=checked(degree)),
+        click.option("--dp", default=None, type=int, callback=checked(degree),
+                     help="Data-parallel degree [default: memory/plan: gpus / (tp·pp·cp); "
+                          "train/check: 1]."),
+        click.option("--cp", default=1, show_default=True, help="Context-parallel degree.",
+                     callback=checked(degree)),
+        click.option("--ep", default=1, show_default=True, help="Expert-parallel degree.",
+                     callback=checked(degree)),
+        click.option("--etp", default=0, show_default=True, type=click.IntRange(0, MAX_DEGREE),
+                     help="Expert tensor-parallel degree: the routed experts split over etp "
+                          "ranks instead of tp (0: tp, Megatron's default)."),
+        click.option("--cp-kind", default="ring", show_default=True, type=click.Choice(CP_KINDS),
+                     help="Context parallelism: ring attention, Ulysses (all-to-all over heads), "
+                          "hybrid (Ulysses inside groups of --ulysses ranks, ring across) or "
+                          "allgather (K and V all-gathered: torchtitan's)."),
+        click.option("--ulysses", default=0, type=click.IntRange(0, MAX_DEGREE),
+                     help="Hybrid cp: ranks of each all-to-all group (Megatron's first "
+                          "--hierarchical-context-parallel-sizes)."),
+        click.option("--zero", default=0, show_default=True, type=click.IntRange(0, 3),
+                     help="ZeRO stage."),
+        click.option("--zero-group", default=0, type=click.IntRange(0, MAX_DEGREE),
+                     help="Hybrid shard group size (0: all dp)."),
+        click.option("--sp", is_flag=True, help="Sequence parallelism (with tp > 1)."),
+        click.option("--schedule", default="1f1b", show_default=True,
+                     type=click.Choice(SCHEDULES)),
+        click.option("--chunks", default=1, show_default=True, callback=checked(degree),
+                     help="Virtual chunks per stage (interleaved: ≥ 2; zbv, dualpipev: 2)."),
+        click.option("--recompute", default="none", show_default=True,
+                     type=click.Choice(RECOMPUTE)),
+        click.option("--partition", default=None,
+                     help="Layers per pipeline stage, first to last (7,8,…,8,7) "
+                          "[default: even, or balanced with embedding and head as one layer "
+                          "each when pp does not divide the layers]."),
+        click.option("--first-stage-layers", default=None, type=click.IntRange(0),
+                     help="Layers on the first stage, the rest spread evenly (Megatron's "
+                          "--decoder-first-pipeline-num-layers)."),
+        click.option("--last-stage-layers", default=None, type=click.IntRange(0),
+                     help="Layers on the last stage (Megatron's "
+                          "--decoder-last-pipeline-num-layers)."),
+        click.option("--mbs", "micro_batch", default=1, show_default=True,
+                     callback=checked(positive_int, high=MAX_SEQUENCES),
+                     help="Micro-batch size (sequences)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def gpu_option(gpu: str, clock_mhz: float | None) -> Any:
+    """`--gpu` and `--clock-mhz` as the estimators take them: this-machine stays a name (its
+    figures come from --calibration), anything else resolves here (`hardware.resolve_gpu`)."""
+    from shardwise.calibration.machine import THIS_MACHINE
+    from shardwise.hardware import resolve_gpu
+
+    if gpu.lower() == THIS_MACHINE:
+        if clock_mhz is not None:
+            raise ShardwiseError("--clock-mhz does not apply to --gpu this-machine (its "
+                                 "figures were measured)")
+        return gpu
+    return resolve_gpu(gpu, clock_mhz=clock_mhz, files=True)
+
+
+def import_runtime(module: str) -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.split(".")[0] == "torch":
+            raise ShardwiseError(
+                "the runtime needs torch: pip install 'shardwise[torch]'") from None
+        raise
+
+
+def cell(value: Any) -> str:
+    if isinstance(value, float):
+        exact = value.is_integer() and abs(value) < 1e15
+        return f"{value:,.0f}" if exact else f"{value:.3g}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    if isinstance(value, list | tuple):
+        return " ".join(cell(v) for v in value)
+    return str(value)
+
+
+def print_rows(title: str, rows: list[dict[str, Any]]) -> None:
+    """A table with the union of the rows' keys as columns, in first-seen order."""
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    console.print(_table(title, columns, [[cell(row.get(c, "")) for c in columns]
+                                          for row in rows]))
+
+
+
+def need_matplotlib(option: str, path: str | None) -> None:
+    """--plot needs matplotlib: said before any work, not after it."""
+    if path is None:
+        return
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ShardwiseError(f"{option} needs matplotlib: pip install 'shardwise[plot]'"
+                             ) from None
+

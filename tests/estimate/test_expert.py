@@ -201,3 +201,27 @@ def test_bad_moe_settings_are_one_line():
         TrainSpec(impl="megatron-te", moe_dispatch_fp8=True).validate()
     with pytest.raises(ShardwiseError, match="shared needs the alltoall"):
         TrainSpec(impl="megatron-te", moe_dispatcher="flex", moe_overlap="shared").validate()
+
+
+def test_moe_layers_without_shared_experts_make_no_mlp_tp_pair():
+    """Megatron's MoE layer keeps the routed tokens sequence-sharded (the dispatcher gathers
+    over expert-TP), so only the shared experts' MLP makes the reduce-scatter/all-gather pair
+    under TP + SP: a MoE model without shared experts pays one pair per layer and pass less
+    than the same model with one — `m · L · 2 · (RS + AG)` of the (s, b, h) activation."""
+    from shardwise.calibration import default_calibration
+    from shardwise.estimate.links import Links, group_collective_time
+    from shardwise.estimate.step import estimate_step
+
+    with_shared = replace(MOE, n_layers=8, d_model=512, n_heads=8, n_kv_heads=8, d_ff=1024,
+                          d_ff_expert=384, expert_groups=1, topk_groups=1, max_seq=1024)
+    without = replace(with_shared, n_shared_experts=0)
+    cluster = Cluster.of(16, "h100")
+    layout = Layout(dp=8, tp=2, ep=4, sp=True)
+    train = TrainSpec(seq_len=1024, global_batch=32, impl="megatron-te")
+    a = estimate_step(with_shared, cluster, layout, train)
+    b = estimate_step(without, cluster, layout, train)
+    links = Links.of(cluster, default_calibration(cluster.accelerator.calibration_name))
+    act = 1024 * 1 * 512 * 2
+    pair = (group_collective_time("reduce-scatter", act, 2, 2, links)
+            + group_collective_time("all-gather", act, 2, 2, links))
+    assert a.tp_comm - b.tp_comm == pytest.approx(a.microbatches * 8 * 2 * pair, rel=1e-9)

@@ -105,8 +105,8 @@ def ep_volumes(model: ModelSpec, train: TrainSpec, *, tokens: Any, e: Any, et: A
     is on, `moe_sharding.py`), `et` the expert-TP degree. Keys: "rows" (routed copies this
     rank sends, busiest rank: × `expert_load`, or × the capacity factor when padded),
     "dispatch"/"combine" (all-to-all payload, bytes), "gather" (the expert-TP all-gather's
-    output; reduce-scatter in combine), "inter"/"intra" (DeepEP: elements over IB and NVLink
-    per pass), "dispatch_bytes" (per element: FP8 with its scales, or the activation dtype).
+    output; reduce-scatter in combine), "inter"/"intra" (with the flex dispatcher: DeepEP's
+    elements over IB and NVLink per pass), "dispatch_bytes" (per element: FP8 with its scales, or the activation dtype).
     """
     k, h = model.top_k, model.d_model
     load = train.moe_capacity if train.moe_capacity is not None else train.expert_load
@@ -119,6 +119,8 @@ def ep_volumes(model: ModelSpec, train: TrainSpec, *, tokens: Any, e: Any, et: A
     out: dict[str, Any] = {"rows": rows, "dispatch": rows * (h * dispatch_b + probs),
                            "combine": rows * h * act_bytes,
                            "gather": et * rows * h * act_bytes, "dispatch_bytes": dispatch_b}
+    if train.moe_dispatcher != "flex":
+        return out
     nodes = np.maximum(e / np.maximum(ep_in_node, 1), 1)
     # DeepEP (flex): one RDMA copy per remote node reached, then one NVLink copy per GPU
     # reached (the routing map replicated over the expert-TP ranks: Megatron's

@@ -192,9 +192,14 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     # ---- tensor parallel: all-reduces of the (s/c, b, h) activation, on the critical path
     layers = most * model.n_layers / p
     kappa = cal.overlap_contention
+    # Megatron's MoE layers without shared experts make no MLP pair (`tp_time`)
+    no_pair = (train.impl.startswith("megatron") and model.n_moe_layers > 0
+               and not model.n_shared_experts)
+    mlp_share = 1 - n_moe / np.maximum(layers, 1e-30) if no_pair else 1.0
     tp_f, tp_b, tp_crit, _ = tp_time(ctx, links, train, t=t, sp=sp, rc=rc, b=b, c=c,
                                      layers=layers, gemm_f=dense.wgrad,
-                                     tp_in_node=on_node("tp"), single=single)
+                                     tp_in_node=on_node("tp"), single=single,
+                                     mlp_share=mlp_share)
 
     # ---- context parallel: ring hops behind the block compute, Ulysses' all-to-alls exposed
     cp_f, cp_b = cp_time(ctx, links, train, t=t, c=c, u=ulysses_degree(c, cp_kind, ulysses),

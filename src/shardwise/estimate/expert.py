@@ -147,9 +147,9 @@ def ep_time(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, c: A
     over `n_moe` MoE layers on the critical stage, per rank: the dispatcher's collectives on
     the calibrated links (`ep_volumes`), backward the same again (the gradients take the
     reverse path; full recompute replays the forward's), then the overlap
-    (`TrainSpec.moe_overlap`): "shared" hides each forward dispatch and combine behind the
-    shared experts' forward GEMMs (Megatron's `--moe-shared-expert-overlap`, on a side
-    stream); "1f1b" pairs one micro-batch's forward with another's backward (Megatron's
+    (`TrainSpec.moe_overlap`): "shared" hides each dispatch and combine behind the shared
+    experts' GEMMs of the same pass (Megatron's `--moe-shared-expert-overlap`, on a side
+    stream, `shared_experts.py`); "1f1b" pairs one micro-batch's forward with another's backward (Megatron's
     `--overlap-moe-expert-parallel-comm`, `pipeline_parallel/combined_1f1b.py`; DualPipe's
     chunk pairs), each pass's communication beside the other's compute `work_f`/`work_b`,
     the first micro-batch unpaired. Overlapped time costs `paired`'s SM share, never 0."""
@@ -220,8 +220,13 @@ def ep_time(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, c: A
         rows = ctx.seq_len / c * b
         shared = model.n_shared_experts * (linear(ctx, rows, model.d_model, n_in * f_shared).fwd
                                            + linear(ctx, rows, f_shared, model.d_model).fwd)
+        # the backward too: the comm outputs' grad_fn sequence numbers are raised
+        # (`set_tensor_grad_fn_sequence_sr`), so autograd launches the gradients' dispatch and
+        # combine first and the shared experts' backward (2x the forward GEMMs) beside them
         exposed_f = n_moe * (paired(fwd, shared, sms, busy) - shared)
-        return exposed_f, comm_b
+        exposed_b = n_moe * (paired(bwd_one, 2 * shared, sms, busy) - 2 * shared
+                             + np.where(full, paired(fwd, shared, sms, busy) - shared, 0.0))
+        return exposed_f, exposed_b
     # "1f1b": m-1 pairs (F of one micro-batch beside B of another), the first alone
     both = comm_f + comm_b
     pair = paired(both, work_f + work_b, sms, busy) - (work_f + work_b)

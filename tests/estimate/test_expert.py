@@ -228,3 +228,19 @@ def test_moe_layers_without_shared_experts_make_no_mlp_tp_pair():
     pair = (group_collective_time("reduce-scatter", act, 2, 2, links)
             + group_collective_time("all-gather", act, 2, 2, links))
     assert a.tp_comm - b.tp_comm == pytest.approx(a.microbatches * 8 * 2 * pair, rel=1e-9)
+
+
+def test_capacity_factor_pads_every_expert():
+    """A capacity factor with padding (Megatron `get_capacity`: `ceil(T·k/E · factor)` rows
+    per expert, `moe_pad_expert_input_to_capacity`) sends and computes `factor · T · k` rows
+    per rank whatever the routing: the same step as balanced routing at expert_load = factor."""
+    from megatron.core.transformer.moe.moe_utils import get_capacity
+
+    tokens, k, n_exp, factor = 4096, MOE.top_k, MOE.n_experts, 1.25
+    assert get_capacity(tokens * k, n_exp, factor) * n_exp == pytest.approx(
+        factor * tokens * k, rel=1e-3)
+    base = TrainSpec(seq_len=4096, global_batch=256, impl="megatron-te")
+    padded = _step(replace(base, moe_capacity=factor))
+    loaded = _step(replace(base, expert_load=factor))
+    assert padded.total == pytest.approx(loaded.total, rel=1e-12)
+    assert padded.total > _step(base).total

@@ -115,7 +115,7 @@ def ep_volumes(model: ModelSpec, train: TrainSpec, *, tokens: Any, e: Any, et: A
     # Megatron's alltoall dispatcher sends each copy's routing probability beside it
     # (`token_dispatch`: `global_probs = all_to_all(...)`, the router's dtype); torchtitan
     # keeps the scores local and applies them after the combine
-    probs = act_bytes if train.impl.startswith("megatron") else 0.0
+    probs = act_bytes if train.impl == "megatron-te" else 0.0
     out: dict[str, Any] = {"rows": rows, "dispatch": rows * (h * dispatch_b + probs),
                            "combine": rows * h * act_bytes,
                            "gather": et * rows * h * act_bytes, "dispatch_bytes": dispatch_b}
@@ -158,7 +158,7 @@ def ep_time(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, c: A
     et = expert_tp_degree(etp, t)
     # each rank routes its sequence shard: Megatron under SP (required with TP for MoE
     # training, `moe_layer.py`), torchtitan whenever EP is on (`moe_sharding.py`)
-    shard = (np.where(sp == 1, t, 1) if train.impl.startswith("megatron") else
+    shard = (np.where(sp == 1, t, 1) if train.impl == "megatron-te" else
              np.where(e > 1, t, 1) if train.impl == "torchtitan" else 1)
     tokens = ctx.seq_len / c * b / shard
     vol = ep_volumes(model, train, tokens=tokens, e=e, et=et, ep_in_node=ep_in_node,
@@ -194,7 +194,7 @@ def ep_time(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, c: A
         a2a_c = group_collective_time("all-to-all", vol["combine"], e, ep_in_node, links)
         # Megatron's expert-TP gather after the all-to-all and reduce-scatter before it
         # (torchtitan 0.3.0 shards routed experts over EP only: `expert_param_placement_sparse`)
-        megatron = train.impl.startswith("megatron")
+        megatron = train.impl == "megatron-te"
         gather = np.where(megatron & (et > 1), group_collective_time(
             "all-gather", vol["gather"], et, et_in, links), 0.0)
         scatter = np.where(megatron & (et > 1), group_collective_time(

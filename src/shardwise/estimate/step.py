@@ -192,8 +192,9 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     # ---- tensor parallel: all-reduces of the (s/c, b, h) activation, on the critical path
     layers = most * model.n_layers / p
     kappa = cal.overlap_contention
-    # Megatron's MoE layers without shared experts make no MLP pair (`tp_time`)
-    no_pair = (train.impl.startswith("megatron") and model.n_moe_layers > 0
+    # Megatron-Core's MoE layers without shared experts make no MLP pair (`tp_time`;
+    # Megatron-DeepSpeed runs DeepSpeed-MoE, whose layer is not this one)
+    no_pair = (train.impl == "megatron-te" and model.n_moe_layers > 0
                and not model.n_shared_experts)
     mlp_share = 1 - n_moe / np.maximum(layers, 1e-30) if no_pair else 1.0
     tp_f, tp_b, tp_crit, _ = tp_time(ctx, links, train, t=t, sp=sp, rc=rc, b=b, c=c,

@@ -31,8 +31,13 @@ torchtitan's `benchmarks/` folder and the TorchTitan paper's tables (so torchtit
 docs/performance.md, which carries them, is excluded too); Nemotron-4 15B and 340B technical
 reports' tables; Megatron-Turing NLG 530B paper; GPT-NeoX-20B paper.
 
+The bands each prediction carries are calibrated on those out-of-sample errors and their
+leave-one-source-out coverage measured (`band_coverage.py`): `docs/generated/accuracy-bands.md`
+and the plots `docs/accuracy/bands-*.png`.
+
 Run: `python benchmarks/validate_published.py` (report with the built-in constants and the
-leave-one-family-out refits, a few minutes) or `--fit` (refit, then report).
+leave-one-family-out refits, a few minutes), `--fit` (refit, then report) or `--bands-only`
+(recalibrate the bands and redraw the plots from data/validation.json, seconds).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import band_coverage
 from validation_rows import Case, build, load, to_published
 
 from shardwise.calibration import Calibration, default_calibration
@@ -212,16 +218,31 @@ def ground(rows: list[Case]) -> dict[str, Any]:
 
 
 def write_validation(rows: list[Case], insample: dict[str, float], loso: dict[str, float],
-                     stamp: str) -> None:
+                     stamp: str) -> list[dict[str, Any]]:
+    """data/validation.json: the runs, the ground, the bands' factors (`band_coverage`)."""
     runs = [{"id": c.row["id"], "source": c.row["source"], "family_of_sources": c.row["family"],
              **group_of(c), "error": round(insample[c.row["id"]], 4),
              "loso_error": round(loso[c.row["id"]], 4)} for c in rows]
     VALIDATION.write_text(json.dumps({
         "_doc": "Written by benchmarks/validate_published.py: each expressible published run's "
                 "group and its in-sample and leave-one-family-out errors (predicted/published - "
-                "1 in the published quantity), and the ground the runs cover, per stack. "
-                "estimate.uncertainty reads it.", "stamp": stamp, "runs": runs,
-        "ground": ground(rows)}, indent=1) + "\n")
+                "1 in the published quantity), the ground the runs cover, per stack, and per "
+                "coverage and group the factor that makes the band's leave-one-source-out "
+                "coverage nominal (benchmarks/band_coverage.py). estimate.uncertainty reads it.",
+        "stamp": stamp, "runs": runs, "ground": ground(rows),
+        "band_factors": band_coverage.calibrate(runs)}, indent=1) + "\n")
+    return runs
+
+
+def write_bands(rows: list[Case], runs: list[dict[str, Any]], factors: Any) -> None:
+    """The bands' coverage table (docs/generated/accuracy-bands.md) and the plots."""
+    from results import markdown_table, write_result
+
+    published = {c.row["id"]: (c.row["published"]["value"], c.row["published"]["quantity"])
+                 for c in rows}
+    for path in band_coverage.plots(runs, published, factors):
+        print(f"wrote {path.relative_to(ROOT)}", file=sys.stderr)
+    write_result("accuracy-bands", band_coverage.report(runs, factors, markdown_table))
 
 
 def write_fit(params: dict[str, Params]) -> None:
@@ -275,18 +296,28 @@ def report(rows: list[Case], sources: dict[str, Any], skipped: list[tuple[str, s
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fit", action="store_true", help="refit the end-to-end constants")
+    parser.add_argument("--bands-only", action="store_true",
+                        help="only recalibrate the bands and redraw the plots from the errors "
+                             "data/validation.json holds (no refits)")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).parent))
     from results import stamp, write_result
 
     rows, sources, skipped = cases()
+    if args.bands_only:
+        data = json.loads(VALIDATION.read_text())
+        data["band_factors"] = band_coverage.calibrate(data["runs"])
+        VALIDATION.write_text(json.dumps(data, indent=1) + "\n")
+        write_bands(rows, data["runs"], data["band_factors"])
+        return 0
     params = builtin_params(rows)
     if args.fit:
         params = fit(rows)
         write_fit(params)
     insample = {c.row["id"]: error(c, params) for c in rows}
     loso = leave_one_family_out(rows)
-    write_validation(rows, insample, loso, stamp())
+    runs = write_validation(rows, insample, loso, stamp())
+    write_bands(rows, runs, json.loads(VALIDATION.read_text())["band_factors"])
     text = report(rows, sources, skipped, params, insample, loso)
     write_result("accuracy-published", text)
     print(text)

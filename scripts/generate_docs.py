@@ -9,14 +9,21 @@ also pymdownx.snippets sections (so a docs page includes a README example with
 * README.md's examples (`example-…` blocks): the block's first line is `$ shardwise …`; the
   command runs (`python -m shardwise …`, COLUMNS=150) and its output replaces the rest of the
   block. Options: `head=N` / `tail=N` keep the first / last N lines of the output (an `…` line
-  between them or after), `vary=REGEX` names the lines whose numbers legitimately change from
+  between them or after), `exit=N` expects that exit code and shows stderr (a refusal),
+  `vary=REGEX` names the lines whose numbers legitimately change from
   run to run or machine to machine (timings, rounding-level errors), which `--check` compares
   with their numbers masked.
+* the how-to pages' examples (`example-…` blocks in docs/howto/*.md), the same way.
 * docs/architecture.md's code tree (`code-tree`): every module under src/shardwise, the
   benchmarks and scripts, with the first sentence of each docstring; and the import rules
   tests/test_layers.py enforces (`import-rules`).
 
-Run `python scripts/generate_docs.py` to rewrite them; `--check` rewrites nothing and exits 1
+* the pictures (`PICTURES`): Chromium screenshots of the web app's pages and explainers, and
+  `shardwise schedule --svg` Gantt charts; docs/pictures.json stores, per screenshot, the API
+  calls the page made and a hash of their answers and of the front-end files it loaded, so
+  tests/test_readme.py can tell, without a browser, when a picture is older than what it shows.
+
+Run `python scripts/generate_docs.py` to rewrite them (`--no-pictures`: all but pictures); `--check` rewrites nothing and exits 1
 naming each stale block (tests/test_readme.py and tests/test_docs.py do the same per block).
 """
 
@@ -36,6 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
+HOWTO = sorted((ROOT / "docs" / "howto").glob("*.md"))
 COLUMNS = "150"
 BLOCK = re.compile(r"<!-- --8<-- \[start:(?P<name>[\w-]+)\](?P<options>[^>]*?) -->\n"
                    r"(?P<body>.*?)<!-- --8<-- \[end:(?P=name)\] -->", re.S)
@@ -82,9 +90,11 @@ def run_example(block: Block) -> str:
     argv = [sys.executable, "-m", "shardwise", *shlex.split(command)[1:]]
     done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, check=False,
                           env=os.environ | {"COLUMNS": COLUMNS})
-    if done.returncode != 0:
+    expected = int(block.options.get("exit", 0))
+    if done.returncode != expected:
         raise RuntimeError(f"{command} exited {done.returncode}:\n{done.stderr[-2000:]}")
-    lines = [line.rstrip() for line in done.stdout.rstrip("\n").split("\n")]
+    shown = done.stdout if expected == 0 else done.stderr
+    lines = [line.rstrip() for line in shown.rstrip("\n").split("\n")]
     head, tail = int(block.options.get("head", 0)), int(block.options.get("tail", 0))
     if head and len(lines) > head + tail:
         lines = [*lines[:head], "…", *(lines[-tail:] if tail else [])]
@@ -181,6 +191,159 @@ def import_rules_table() -> str:
 GENERATED_PAGES = {"code-tree": code_tree, "import-rules": import_rules_table}
 
 
+# ---------------------------------------------------------------------------------- pictures
+DOCS = ROOT / "docs"
+MANIFEST = DOCS / "pictures.json"
+# docs/NAME.png ← the page at this address, at 1440×900 (the first screen only)
+SCREENSHOTS = {
+    "ui-planner": "/planner?model=llama3-405b&gpus=16384&global_batch=16M-tokens",
+    "ui-memory": "/memory",
+    "ui-schedule": "/schedule?schedule=interleaved&chunks=2",
+    **{f"learn-{name}": f"/learn/{name}" for name in (
+        "memory-budget", "zero-stages", "ring-allreduce", "tp-mlp", "bubble", "pipeline-grid",
+        "ring-attention", "context-wall", "checkpoint-interval")},
+}
+THUMBS = ROOT / "src/shardwise/web/static/thumbs"  # the Learn cards' pictures
+# docs/NAME.svg ← `shardwise schedule ARGS --svg FILE`
+GANTTS = {
+    "gantt-1f1b": ["-p", "4", "-m", "8", "--schedule", "1f1b"],
+    "gantt-interleaved": ["-p", "4", "-m", "8", "--schedule", "interleaved", "--chunks", "2"],
+    "gantt-zb-h1": ["-p", "4", "-m", "8", "--schedule", "zb-h1"],
+}
+VOLATILE = {"seconds", "evaluation_seconds", "layouts_per_s"}  # a search's timings
+
+
+def _steady(value: object) -> object:
+    """`value` without the keys whose numbers change from run to run (timings)."""
+    if isinstance(value, dict):
+        return {k: _steady(v) for k, v in sorted(value.items()) if k not in VOLATILE}
+    if isinstance(value, list):
+        return [_steady(v) for v in value]
+    return value
+
+
+def picture_hash(calls: list[dict], statics: list[str], answer) -> str:
+    """sha256 of what a screenshot shows: each API call's answer (`answer(call)`, timings left
+    out) and each front-end file the page loaded (paths under src/shardwise/web/)."""
+    import hashlib
+    import json
+
+    digest = hashlib.sha256()
+    for call in calls:
+        digest.update(json.dumps([call, _steady(answer(call))], sort_keys=True).encode())
+    for path in statics:
+        digest.update(path.encode() + (ROOT / "src/shardwise/web" / path).read_bytes())
+    return digest.hexdigest()
+
+
+def client_answer(client):
+    """A function answering a recorded call through the app (`fastapi.testclient`)."""
+    def answer(call: dict):
+        if call["method"] == "POST":
+            return client.post(call["path"], json=call["body"]).json()
+        return client.get(call["path"]).json()
+    return answer
+
+
+def gantt_svg(args: list[str]) -> str:
+    """The SVG `shardwise schedule ARGS --svg` writes."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "chart.svg"
+        subprocess.run([sys.executable, "-m", "shardwise", "schedule", *args, "--svg", str(out)],
+                       check=True, capture_output=True, cwd=ROOT)
+        return out.read_text(encoding="utf-8")
+
+
+def write_pictures() -> None:
+    """Write every picture and docs/pictures.json (needs chromium and the ui extra)."""
+    import json
+    import threading
+    import time
+
+    import uvicorn
+    from fastapi.testclient import TestClient
+    from playwright.sync_api import sync_playwright
+
+    from shardwise.web.app import create_app
+
+    for name, args in GANTTS.items():
+        (DOCS / f"{name}.svg").write_text(gantt_svg(args), encoding="utf-8")
+    app = create_app()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    threading.Thread(target=server.run, daemon=True).start()
+    while not server.started:
+        time.sleep(0.05)
+    base = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    manifest = {}
+    with sync_playwright() as playwright, TestClient(app) as client:
+        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium",
+                                             args=["--headless", "--no-sandbox"])
+        for name, address in SCREENSHOTS.items():
+            page = browser.new_page(viewport={"width": 1440, "height": 900})
+            calls: list[dict] = []
+            statics: set[str] = set()
+
+            def seen(request, calls=calls, statics=statics) -> None:
+                path = request.url.removeprefix(base)
+                if path.startswith("/api/"):
+                    body = json.loads(request.post_data) if request.post_data else None
+                    if body and "link" in body:  # the share link names the server's port
+                        body["link"] = body["link"].removeprefix(base)
+                    calls.append({"method": request.method, "path": path, "body": body})
+                elif path.startswith("/static/"):
+                    statics.add(path.removeprefix("/"))
+            page.on("request", seen)
+            page.goto(base + address, wait_until="networkidle")
+            page.wait_for_timeout(300)  # charts drawn after the last answer
+            page.screenshot(path=str(DOCS / f"{name}.png"))
+            page.close()
+            if name.startswith("learn-"):  # the card's thumbnail: the widget, at 0.3 scale
+                small = browser.new_page(viewport={"width": 1440, "height": 900},
+                                         device_scale_factor=0.3)
+                small.goto(base + address, wait_until="networkidle")
+                small.wait_for_timeout(300)
+                THUMBS.mkdir(exist_ok=True)
+                small.screenshot(path=str(THUMBS / f"{name.removeprefix('learn-')}.png"),
+                                 clip={"x": 90, "y": 200, "width": 1260, "height": 600})
+                small.close()
+            calls.sort(key=lambda c: json.dumps(c, sort_keys=True))
+            html = "static/" + ("learn/" if "/learn/" in address else "") \
+                + address.split("?")[0].rsplit("/", 1)[1] + ".html"
+            files = sorted(statics | {html})
+            manifest[f"{name}.png"] = {"address": address, "calls": calls, "static": files,
+                                       "sha256": picture_hash(calls, files,
+                                                              client_answer(client))}
+        browser.close()
+    server.should_exit = True
+    MANIFEST.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+
+
+def stale_pictures() -> list[str]:
+    """The pictures whose data or front end changed since they were taken, or that are
+    missing (needs the ui extra; no browser)."""
+    import json
+
+    from fastapi.testclient import TestClient
+
+    from shardwise.web.app import create_app
+
+    stale = [f"{name}.svg" for name, args in GANTTS.items()
+             if not (DOCS / f"{name}.svg").exists()
+             or (DOCS / f"{name}.svg").read_text(encoding="utf-8") != gantt_svg(args)]
+    manifest = json.loads(MANIFEST.read_text(encoding="utf-8")) if MANIFEST.exists() else {}
+    with TestClient(create_app()) as client:
+        for name, address in SCREENSHOTS.items():
+            entry = manifest.get(f"{name}.png")
+            if (entry is None or entry["address"] != address
+                    or not (DOCS / f"{name}.png").exists()
+                    or picture_hash(entry["calls"], entry["static"],
+                                    client_answer(client)) != entry["sha256"]):
+                stale.append(f"{name}.png")
+    return stale
+
+
 def stale_pages(text: str) -> list[str]:
     """The docs page's generated blocks (code tree, import rules) that differ from what the
     source and tests/test_layers.py give now."""
@@ -193,22 +356,35 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="rewrite nothing; exit 1 if stale")
     parser.add_argument("--only", help="one block, e.g. example-plan or code-tree")
+    parser.add_argument("--no-pictures", action="store_true",
+                        help="leave the screenshots and Gantt charts as they are")
     args = parser.parse_args()
     readme, architecture = README.read_text(encoding="utf-8"), ARCHITECTURE.read_text("utf-8")
     if args.check:
         stale = stale_examples(readme, args.only)
+        stale += [s for page in HOWTO for s in stale_examples(page.read_text("utf-8"), args.only)]
         stale += [s for s in stale_pages(architecture)
                   if args.only in (None, s.split(" ", 1)[0])]
+        if not args.no_pictures and args.only in (None, "pictures"):
+            stale += [f"{name} is stale" for name in stale_pictures()]
         print("\n".join(stale) or "up to date")
         return 1 if stale else 0
     for block in blocks(readme):
         if block.name.startswith("example-") and args.only in (None, block.name):
             readme = replace(readme, block.name, run_example(block))
     README.write_text(readme, encoding="utf-8")
+    for page in HOWTO:
+        text = page.read_text(encoding="utf-8")
+        for block in blocks(text):
+            if block.name.startswith("example-") and args.only in (None, block.name):
+                text = replace(text, block.name, run_example(block))
+        page.write_text(text, encoding="utf-8")
     for name, generate in GENERATED_PAGES.items():
         if args.only in (None, name):
             architecture = replace(architecture, name, generate())
     ARCHITECTURE.write_text(architecture, encoding="utf-8")
+    if not args.no_pictures and args.only in (None, "pictures"):
+        write_pictures()
     return 0
 
 

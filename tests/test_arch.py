@@ -85,7 +85,7 @@ def test_bloom_parameter_count_equals_transformers_model():
     with torch.device("meta"):
         hf = transformers.BloomForCausalLM(config)
     path = HF / "bloom" / "config.json"
-    ours = ModelSpec.from_hf_config(path).with_(n_layers=3, d_model=64, n_heads=8,
+    ours = from_hf_config(path).with_(n_layers=3, d_model=64, n_heads=8,
                                                 n_kv_heads=8, d_ff=256, vocab=1000)
     embedding_norm = 2 * 64
     assert ours.count_params().total + embedding_norm == sum(p.numel() for p in hf.parameters())
@@ -200,3 +200,44 @@ def test_other_rope_scalings_are_planned_and_refused_only_by_the_runtime():
                            "type": "yarn"}  # Qwen2.5's long-context recipe (its model card)
     spec = from_hf_dict(cfg, "qwen-yarn")
     assert spec.rope_type == "yarn" and spec.count_params() == PRESETS["qwen2.5-7b"].count_params()
+
+
+# transformers' config classes of the supported model_types, built with their defaults
+HF_CONFIG_CLASSES = {"llama": "LlamaConfig", "mistral": "MistralConfig",
+                     "mixtral": "MixtralConfig", "qwen2": "Qwen2Config", "gpt2": "GPT2Config",
+                     "gpt_neox": "GPTNeoXConfig", "bloom": "BloomConfig",
+                     "deepseek_v2": "DeepseekV2Config", "deepseek_v3": "DeepseekV3Config"}
+
+
+def test_the_bookkeeping_list_is_transformers_own():
+    """The keys transformers 5.24 writes into every config.json (`PretrainedConfig.to_dict`)
+    and the generation settings it pops from one (`GenerationConfig`'s defaults) are all in
+    the reader's ignore list, kept in the code so the analytic side never imports transformers."""
+    transformers = pytest.importorskip("transformers")
+    from shardwise.arch.hf_fields import _HF_IGNORED, HF_GENERATION_KEYS
+
+    written = set(transformers.PretrainedConfig().to_dict()) - {"model_type"}
+    generation = set(transformers.GenerationConfig._get_default_generation_params())
+    assert written <= set(_HF_IGNORED), written - set(_HF_IGNORED)
+    assert generation == set(HF_GENERATION_KEYS)
+
+
+@pytest.mark.parametrize("kind", sorted(HF_CONFIG_CLASSES))
+def test_a_config_json_transformers_saves_is_read(kind):
+    """A config.json as transformers saves it (every field, its bookkeeping and the keys older
+    versions wrote: `_attn_implementation_autoset`, `torch_dtype`, generation settings) is
+    read, and one truly unknown key is still refused in one line."""
+    transformers = pytest.importorskip("transformers")
+    extra = {"num_experts_per_tok": 6} if kind == "deepseek_v2" else {}  # its default is None
+    config = getattr(transformers, HF_CONFIG_CLASSES[kind])(**extra)
+    saved = json.loads(config.to_json_string(use_diff=False))
+    assert "transformers_version" in saved
+    legacy = {"_attn_implementation_autoset": True, "torch_dtype": "bfloat16",
+              "_name_or_path": "org/model", "architectures": [config.__class__.__name__[:-6]],
+              "id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}, "max_length": 20,
+              "do_sample": False, "use_bfloat16": False, "tf_legacy_loss": False}
+    model = from_hf_dict(saved | legacy, kind)
+    assert model.n_layers == config.num_hidden_layers
+    with pytest.raises(ShardwiseError, match="'per_layer_config'") as err:
+        from_hf_dict(saved | {"per_layer_config": {"0": {}}}, kind)
+    assert "\n" not in str(err.value)

@@ -31,8 +31,8 @@ def test_plan_with_no_arguments_runs_the_builtin_default():
     result = shardwise("plan")
     assert "llama3-8b" in result.stdout
     assert "Top 10 layouts" in result.stdout
-    assert "Winner's step time" in result.stdout
-    assert "is the fastest of" in result.stdout  # the explanation paragraph
+    assert "Recommended layout's step time" in result.stdout
+    assert "is recommended among" in result.stdout or "is the fastest of" in result.stdout
     assert "Rejected regions" in result.stdout
 
 
@@ -146,7 +146,7 @@ def _shown_steps(output: str) -> list[float]:
         cells = [c.strip() for c in line.split("│")]
         if len(cells) > column and cells[1].isdigit():
             rows.append(_seconds(cells[column]))
-        elif rows and "Winner" in line:
+        elif rows and "Recommended" in line:
             break
     return rows
 

@@ -202,3 +202,45 @@ def test_memory_answers_for_deepseek_v3_on_2048_gpus():
                     "--zero", "1", "--json")
     stages = json.loads(out.stdout)["stages"]
     assert len(stages) == 16 and all(s["total"] > 0 for s in stages)
+
+
+def test_v2_topk_methods_are_those_transformers_routes():
+    """DeepSeek-V2's `topk_method`: exactly the values transformers 5.24's
+    DeepseekV2TopkRouter.forward branches on are accepted (any other leaves its top-k
+    undefined); another is refused in one line naming them."""
+    import ast
+    import inspect
+
+    modeling = pytest.importorskip("transformers.models.deepseek_v2.modeling_deepseek_v2")
+    tree = ast.parse(inspect.getsource(modeling.DeepseekV2TopkRouter.forward).lstrip())
+    routed = {node.comparators[0].value for node in ast.walk(tree)
+              if isinstance(node, ast.Compare) and "topk_method" in ast.unparse(node.left)}
+    from shardwise.arch import HF_FIELDS
+
+    assert set(HF_FIELDS["deepseek_v2"].fixed["topk_method"][0]) == routed
+    cfg = dict(V2_LITE, model_type="deepseek_v2")
+    for method in sorted(routed):
+        from_hf_dict(cfg | {"topk_method": method, "n_group": 8, "topk_group": 3}, "v2")
+    for bad in ("noaux_tc", "sigmoid", "", None):
+        with pytest.raises(ShardwiseError, match="topk_method") as err:
+            from_hf_dict(cfg | {"topk_method": bad}, "v2")
+        assert "\n" not in str(err.value)
+        assert bad is None or "topk_method=\"greedy\" or \"group_limited_greedy\"" in str(
+            err.value)
+
+
+def test_v2_group_limited_greedy_routes_in_groups_as_transformers():
+    """group_limited_greedy limits the choice to `topk_group` of `n_group` groups (the runtime's
+    softmax rule scores a group by its best expert, as DeepseekV2TopkRouter does); greedy
+    ignores the groups; group_limited_greedy without groups (transformers cannot build it) is
+    refused."""
+    cfg = dict(V2_LITE, model_type="deepseek_v2")
+    grouped = from_hf_dict(cfg | {"topk_method": "group_limited_greedy", "n_group": 8,
+                                  "topk_group": 3}, "v2")
+    assert (grouped.expert_groups, grouped.topk_groups) == (8, 3)
+    greedy = from_hf_dict(cfg | {"topk_method": "greedy", "n_group": 8, "topk_group": 3}, "v2")
+    assert (greedy.expert_groups, greedy.topk_groups) == (1, 1)
+    for missing in ({"n_group": None}, {"topk_group": None}):
+        with pytest.raises(ShardwiseError, match="'group_limited_greedy' needs n_group"):
+            from_hf_dict(cfg | {"topk_method": "group_limited_greedy", "n_group": 8,
+                                "topk_group": 3} | missing, "v2")

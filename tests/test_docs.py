@@ -159,3 +159,24 @@ def test_the_layer_picture_names_every_package():
     modules = {p.stem if p.is_file() else p.name for p in (ROOT / "src/shardwise").iterdir()
                if (p.suffix == ".py" or (p / "__init__.py").exists()) and not p.name.startswith("__")}
     assert sorted(named) == sorted(modules)
+
+
+def test_the_site_makes_no_external_request(site):
+    """Every stylesheet, script and font the built pages load comes from the site itself
+    (mkdocs-material's Google Fonts are off: `theme.font: false`), so it works offline."""
+    external = re.compile(r'<(?:link|script)\b[^>]*\b(?:href|src)="(https?:)?//[^"]*"')
+    found = {m[0] for page in site.rglob("*.html")
+             for m in external.finditer(page.read_text("utf-8"))
+             if 'rel="canonical"' not in m[0] and 'rel="alternate"' not in m[0]}
+    assert not found, sorted(found)[:5]
+
+
+def test_the_howto_examples_are_current():
+    """The how-to pages' example blocks print what their commands print now (a refusal's
+    figures included: `exit=2` blocks show stderr)."""
+    from scripts import generate_docs
+
+    pages = [p for p in generate_docs.HOWTO if "[start:example-" in p.read_text("utf-8")]
+    assert pages
+    stale = [s for p in pages for s in generate_docs.stale_examples(p.read_text("utf-8"))]
+    assert not stale, "run `python scripts/generate_docs.py`:\n" + "\n".join(stale)

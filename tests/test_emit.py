@@ -279,9 +279,39 @@ def test_deepspeed_refuses_what_it_cannot_run(layout, reason):
     assert reason in message and "nearest it runs:" in message
 
 
-def test_deepspeed_refuses_moe_and_fp32_grads_without_zero():
-    assert "DeepSpeed-MoE" in _refusal("deepspeed", get_model("mixtral-8x7b"), Layout(dp=64),
-                                       DS)
+@pytest.mark.parametrize(("model", "layout", "reason"), [
+    # DeepSpeed-MoE's softmax top-k gate has no shared experts, sigmoid scores or groups
+    ("deepseek-v2-lite", "dp=64,ep=8", "shared expert"),
+    ("tiny-deepseek", "dp=8,ep=2", "shared expert"),
+    # its expert groups live inside the data-parallel group (cp ranks excluded), no ZeRO-3,
+    # and it takes the tp ranks' tokens as duplicates (no SP)
+    ("mixtral-8x7b", "dp=64,ep=8,zero=3", "without ZeRO-3"),
+    ("mixtral-8x7b", "dp=32,tp=2,ep=8,sp=1", "sequence parallelism makes distinct"),
+    ("mixtral-8x7b", "dp=4,cp=8,ep=8,cp_kind=ulysses", "ep=8 must divide dp=4"),
+])
+def test_deepspeed_refuses_what_deepspeed_moe_cannot_run(model, layout, reason):
+    train = TrainSpec(seq_len=64 if model.startswith("tiny") else 8192, global_batch=512,
+                      impl="megatron-deepspeed")
+    assert reason in _refusal("deepspeed", get_model(model), Layout.parse(layout), train)
+
+
+def test_deepspeed_moe_gate_and_layers_follow_the_model():
+    """top-1 keeps the probability as the gate, top-k > 1 renormalises: the router's
+    norm_topk must match; a first dense layer is not every --expert-interval-th layer."""
+    mixtral = get_model("mixtral-8x7b")
+    layout = Layout(dp=64, ep=8)
+    assert "renormalises the top-2 gates" in _refusal(
+        "deepspeed", mixtral.with_(norm_topk=False), layout, DS)
+    assert "top-1 gate" in _refusal("deepspeed", mixtral.with_(top_k=1), layout, DS)
+    assert "first 1 layers are dense" in _refusal(
+        "deepspeed", mixtral.with_(first_dense_layers=1), layout, DS)
+    assert "--ffn-hidden-size (14336), not 4096" in _refusal(
+        "deepspeed", mixtral.with_(d_ff_expert=4096, moe_every=2), layout, DS)
+    top1 = emit("deepspeed", mixtral.with_(top_k=1, norm_topk=False), layout, DS).notes[0]
+    assert "--topk 1 " in top1 and "top2-2nd" not in top1
+
+
+def test_deepspeed_refuses_fp32_grads_without_zero():
     fp32 = TrainSpec(8192, 512, impl="megatron-deepspeed", grad_dtype="fp32")
     assert "model dtype only" in _refusal("deepspeed", L70, Layout(dp=64), fp32)
 
@@ -356,3 +386,13 @@ def test_cli_forced_layout_the_stack_cannot_run_is_refused_before_any_estimate()
     result = shardwise("plan", "llama3-8b", "--gpus", "32", "--global-batch", "256",
                        "--impl", "torchtitan", "--layout", "tp=2,pp=4,zero=1", check=False)
     assert_one_line_error(result, "torchtitan has no ZeRO-1", "nearest it runs:")
+
+
+def test_a_launch_that_does_not_fill_its_nodes_is_refused():
+    """`emit.launchers.check_shape`: 12 ranks on two 8-GPU nodes would start 16."""
+    from shardwise.emit.launchers import Launch, launcher_script
+
+    launch = Launch(2, 8, (), ("pretrain_gpt.py",), ("--num-layers 4",))
+    with pytest.raises(ShardwiseError, match="12 GPUs do not fill 2 nodes of 8 GPUs"):
+        launcher_script("slurm", launch, 12)
+    assert launcher_script("slurm", launch, 16).count("#SBATCH --nodes=2") == 1

@@ -67,7 +67,9 @@ def test_plan_prints_and_returns_the_goodput_block():
     assert "dominate" in out["explanation"]
     text = shardwise("plan", "llama3-8b", "--gpus", "64", "--tokens", "1T", "--top",
                      "2").stdout
-    assert "Failures, checkpoints and restarts" in text and "interruptions a day" in text
+    # 50,677 GPU-hours ÷ 64 GPUs = 792 h: one interruption every 33 days (not "0.0 a day")
+    assert "Failures, checkpoints and restarts" in text
+    assert "one interruption every 33 days" in text
     assert "with failures" in text
 
 
@@ -81,3 +83,36 @@ def test_plan_prints_and_returns_the_goodput_block():
 ])
 def test_bad_goodput_inputs_are_one_line(args, message):
     assert_one_line_error(shardwise("plan", *args, check=False), message)
+
+
+def test_simulated_goodput_agrees_with_the_closed_form_where_it_holds(tmp_path):
+    """`plan --failure-model` with Daly's assumptions (one class: independent GPU failures at
+    the plan's own per-GPU MTBF, no spares limit, a restart the plan also charges): the
+    synchronous policy's simulated mean goodput equals the winner's closed-form goodput
+    (`estimate.goodput`) within Monte Carlo error; the other policies beat or match it."""
+    fleet = tmp_path / "fleet.json"
+    fleet.write_text(json.dumps({"classes": [{"name": "gpu", "mtbf_hours": 2000}]}))
+    out = json.loads(shardwise("plan", "llama3-70b", "--gpus", "1024", "--top", "2",
+                               "--mtbf-gpu-hours", "2000", "--checkpoint-bandwidth", "0.5GB/s",
+                               "--failure-model", str(fleet), "--simulate", "400",
+                               "--json").stdout)
+    sim, closed = out["goodput_simulated"], out["goodput"]
+    assert sim["job_mtbf_hours"] == pytest.approx(closed["job_mtbf_hours"])
+    sync = sim["policies"]["synchronous"]
+    assert sync["interval_s"] == pytest.approx(closed["checkpoint_interval_s"])
+    assert sync["goodput"]["mean"] == pytest.approx(closed["goodput"], abs=0.005)
+    assert closed["goodput"] < 0.95  # failures matter here: the agreement is not trivial
+    assert all(row["goodput"]["mean"] >= sync["goodput"]["mean"] - 0.005
+               for row in sim["policies"].values())
+    assert sim["best"] != "synchronous" and sim["sentence"].startswith("Simulated over 400")
+    text = shardwise("plan", "llama3-70b", "--gpus", "1024", "--top", "2", "--failure-model",
+                     str(fleet)).stdout
+    assert "Goodput simulated (200 runs per policy" in text and "(planned)" in text
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--simulate", "50"], "need --failure-model"),
+    (["--failure-model", "/no/such/fleet.json"], "/no/such/fleet.json"),
+])
+def test_bad_simulation_inputs_are_one_line(args, message):
+    assert_one_line_error(shardwise("plan", "--gpus", "8", *args, check=False), message)

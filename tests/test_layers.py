@@ -19,7 +19,7 @@ import pytest
 import shardwise
 
 SRC = Path(shardwise.__file__).parent
-ANALYTIC = ["arch", "hardware", "layout", "units", "errors", "files", "estimate", "schedules",
+ANALYTIC = ["arch", "hardware", "layout", "layout_checks", "partition", "choices", "units", "errors", "files", "estimate", "schedules",
             "plan", "emit", "report", "calibration"]
 RULES = {  # package -> module prefixes it must never import
     "runtime": ["shardwise.emulate", "shardwise.demos"],

@@ -51,8 +51,9 @@ def test_bad_partitions_are_reported():
     assert "partition sums to 5 layers but n_layers=4" in str(info.value)
     with pytest.raises(LayoutError, match="must be a multiple of 2"):  # Megatron's rule
         Layout(pp=2, chunks=2, schedule="interleaved", partition=(3, 1)).validate(model)
-    with pytest.raises(LayoutError, match="≥ 1 layer"):
-        Layout(pp=2, partition=(4, 0)).validate(model)
+    with pytest.raises(LayoutError, match="≥ 1 layer"):  # only the ends may be empty
+        Layout(pp=3, partition=(2, 0, 2)).validate(model)
+    Layout(pp=2, partition=(4, 0)).validate(model)  # a loss-only last stage (Megatron's "L")
     with pytest.raises(LayoutError, match="partition has 3 stages but pp=2"):
         Layout(pp=2, partition=(1, 1, 2)).validate(model)
 
@@ -178,3 +179,62 @@ def test_virtual_stages_in_a_v_sit_on_the_ranks_the_schedule_puts_them():
     problems = Layout(dp=8, tp=8, pp=8, chunks=2, schedule="interleaved",
                       partition=(7, 8)).problems(get_model("llama3-405b"))
     assert any("pp·chunks=16 virtual stages" in p for p in problems)
+
+
+MEGATRON_LAYOUTS = [  # (layout string, pp, decoder layers, MTP layers)
+    ("Et|(tt|)*30L", 16, 61, None),  # DeepSeek-V3's recipe: embedding and loss stages
+    ("Et*3|(tt|)*29,m|L", 16, 61, 1),  # megatron-core's docstring example, an MTP stage
+    ("E|t*4|t*4|tL", 4, 9, None),  # an embedding-only first stage, pp = 4, one chunk
+]
+
+
+@pytest.mark.parametrize(("text", "pp", "layers", "mtp"), MEGATRON_LAYOUTS)
+def test_megatron_pipeline_layouts_read_as_megatron_reads_them(text, pp, layers, mtp):
+    """`partition=` takes Megatron's `--pipeline-model-parallel-layout`: the layers per virtual
+    stage equal what megatron-core 0.16.1's own `PipelineParallelLayerLayout` builds on each
+    (pp rank, vpp rank), and `validate_layer_layout` accepts the same string."""
+    pl = pytest.importorskip("megatron.core.transformer.pipeline_parallel_layer_layout")
+    from megatron.core.transformer.enums import LayerType
+
+    theirs = pl.PipelineParallelLayerLayout(text, pp)
+    theirs.validate_layer_layout(num_layers=layers, mtp_num_layers=mtp)
+    vpp = theirs.virtual_pipeline_model_parallel_size
+    layout = Layout.parse(f"pp={pp},partition={text}")
+    assert layout.chunks == vpp and layout.schedule == ("interleaved" if vpp > 1 else "1f1b")
+    for rank in range(pp):
+        for chunk in range(vpp):
+            # (get_num_layers_to_build reads vp_stage only with parallel_state initialised)
+            want = theirs.layout[rank][chunk].count(LayerType.decoder)
+            assert layout.partition[chunk * pp + rank] == want
+    model = get_model("deepseek-v3") if layers == 61 else get_model("tiny")
+    if layers == model.n_layers:
+        layout.validate(model)
+        totals = [sum(layout.partition[c * pp + r] for c in range(vpp)) for r in range(pp)]
+        assert list(layout.stage_layers(model.n_layers)) == totals
+
+
+@pytest.mark.parametrize("text", ["tE|L", "Et|t", "Et|tLL", "Et|mt|L", "Et|x|L", "E(t|L"])
+def test_megatron_layouts_megatron_refuses_are_refused(text):
+    pl = pytest.importorskip("megatron.core.transformer.pipeline_parallel_layer_layout")
+    with pytest.raises((AssertionError, KeyError)):
+        theirs = pl.PipelineParallelLayerLayout(text, 1)
+        theirs.validate_layer_layout(num_layers=text.count("t"), mtp_num_layers=text.count("m"))
+    with pytest.raises(ShardwiseError):
+        Layout.parse(f"pp=1,partition={text}")
+
+
+def test_loss_only_stage_holds_the_head_and_no_layers():
+    """DeepSeek-V3 pp16 with `Et|(tt|)*30L` (Megatron interleaved, 2 chunks): rank 15's second
+    chunk is the loss stage, so it holds 2 layers and the head; rank 0 3 layers and the
+    embedding."""
+    model = get_model("deepseek-v3")
+    layout = Layout.parse("dp=128,pp=16,ep=64,zero=1,partition=Et|(tt|)*30L")
+    train = TrainSpec(seq_len=4096, global_batch=16384, impl="megatron-te", mtp_layers=0)
+    stages = training_memory_per_gpu(model, layout, train)
+    assert [s.layers for s in stages] == [3] + [4] * 14 + [2]
+    assert stages[-1].logits > 0 and all(s.logits == 0 for s in stages[:-1])
+    h, v = model.d_model, model.vocab
+    dense, expert = stage_params(model, layout, 15)
+    dense14, expert14 = stage_params(model, layout, 14)
+    assert expert == expert14 / 2  # two MoE layers' experts of the four
+    assert dense - dense14 / 2 == pytest.approx(v * h + model.norm_params())  # head + final norm

@@ -75,3 +75,29 @@ def test_stale_output_is_seen():
         generate_docs.normalised(body, vary)
     assert generate_docs.normalised(body.replace("5.5486", "5.5487"), vary) != \
         generate_docs.normalised(body, vary)
+
+
+def test_no_picture_is_older_than_what_it_shows():
+    """Each screenshot's recorded API calls, answered now, and the front-end files it loaded
+    hash to what docs/pictures.json stored when it was taken; each Gantt chart is what
+    `shardwise schedule --svg` writes now (scripts/generate_docs.py retakes them)."""
+    pytest.importorskip("fastapi")
+    stale = generate_docs.stale_pictures()
+    assert not stale, f"stale pictures (python scripts/generate_docs.py retakes them): {stale}"
+
+
+def test_a_picture_goes_stale_with_its_data():
+    """The hash itself: a changed figure or front-end file changes it, a search's timing
+    does not."""
+    calls = [{"method": "POST", "path": "/api/plan", "body": {"gpus": 64}}]
+    statics = ["static/planner.js"]
+
+    def answer(step: float, timing: float):
+        return lambda call: {"ranked": [{"total": step}], "stats": {"seconds": timing}}
+
+    now = generate_docs.picture_hash(calls, statics, answer(6.94, 1.0))
+    assert generate_docs.picture_hash(calls, statics, answer(6.94, 2.5)) == now
+    assert generate_docs.picture_hash(calls, statics, answer(7.23, 1.0)) != now
+    assert generate_docs.picture_hash(calls, ["static/memory.js"], answer(6.94, 1.0)) != now
+    assert generate_docs.picture_hash([{**calls[0], "body": {"gpus": 32}}], statics,
+                                      answer(6.94, 1.0)) != now

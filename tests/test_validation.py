@@ -9,6 +9,7 @@ out-of-sample errors, widened for every relaxation and every feature no run meas
 from __future__ import annotations
 
 import importlib.util
+import math
 import statistics
 import sys
 from collections import defaultdict
@@ -21,14 +22,15 @@ from shardwise.estimate.step import estimate_step
 from shardwise.estimate.uncertainty import (
     MIN_RUNS,
     PER_FEATURE,
-    QUANTILE,
     WIDEN,
+    band_of,
+    group_names,
     uncertainty,
     validation_data,
 )
 from shardwise.hardware import Cluster
 from shardwise.layout import Layout, TrainSpec
-from tests.cli_helpers import shardwise_json
+from tests.cli_helpers import shardwise, shardwise_json
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -80,22 +82,64 @@ def _runs(group: str) -> list[float]:
             if (r["generation"], r["stack"], r["family"]) == (gen, stack, family)]
 
 
-def test_the_band_is_the_nearest_groups_out_of_sample_quantile():
+def _conformal(errors: list[float], coverage: float) -> float:
+    """The split-conformal quantile by hand: the ⌈(n+1)·c⌉-th smallest |error|."""
+    ranked = sorted(abs(e) for e in errors)
+    return ranked[math.ceil((len(ranked) + 1) * coverage - 1e-9) - 1]
+
+
+def _factor(group: str, coverage: float) -> float:
+    return validation_data().get("band_factors", {}).get(f"{coverage:g}", {}).get(group, 1.0)
+
+
+def test_the_band_is_the_nearest_groups_conformal_quantile():
     train = TrainSpec(seq_len=8192, global_batch=64, tp_overlap="bulk", dp_overlap=True)
     layout = Layout(dp=2, tp=8, pp=4, sp=True, zero=1, schedule="interleaved", chunks=4)
     sure = uncertainty("h100-sxm", "megatron-te", layout, train)
     errors = _runs(sure.group)
-    assert sure.group == "hopper · megatron-te · tp+pp" and len(errors) >= MIN_RUNS
-    import numpy as np
+    assert sure.group == "hopper · megatron-te · tp+pp" and len(errors) >= 19
+    assert sure.band == pytest.approx(_conformal(errors, 0.8) * _factor(sure.group, 0.8),
+                                      abs=1e-4)
+    assert sure.band_95 == pytest.approx(_conformal(errors, 0.95)
+                                         * _factor(sure.group, 0.95), abs=1e-4)
+    assert sure.band_95 > sure.band and sure.validated and sure.on_ground
+    assert sure.coverage == 0.8 and "51 leave-one-source-out errors" in sure.basis
 
-    assert sure.band == pytest.approx(float(np.quantile(np.abs(errors), QUANTILE)), abs=1e-4)
-    assert sure.validated
+
+def _run(group: tuple[str, str, str], error: float) -> dict:
+    gen, stack, fam = group
+    return {"generation": gen, "stack": stack, "family": fam, "loso_error": error}
+
+
+@pytest.mark.parametrize("coverage", [0.8, 0.95])
+def test_the_band_at_each_threshold_of_the_group_size(coverage):
+    """A group of n = min−1, min and min+1 runs (min: `MIN_RUNS`, or the 19 runs a 95 %
+    conformal quantile needs): below min its parent group gives the band, widened by `WIDEN`;
+    from min on, its own — the ⌈(n+1)·c⌉-th smallest of its |errors| (every error distinct,
+    the parent's distinct from the group's)."""
+    least = max(MIN_RUNS, 19 if coverage == 0.95 else 4)
+    mine = ("hopper", "megatron-te", "tp+pp")
+    parent = [_run(("hopper", "megatron-te", "tp"), 0.01 * (k + 1)) for k in range(40)]
+    names = group_names(*mine)
+    for n in (least - 1, least, least + 1):
+        own = [_run(mine, -0.3 - 0.02 * k) for k in range(n)]  # all wider than the parent's
+        width, group, runs, step = band_of(parent + own, names, coverage)
+        if n < least:
+            assert (group, runs, step) == ("hopper · megatron-te", 40 + n, 1)
+            everything = [r["loso_error"] for r in parent + own]
+            assert width == pytest.approx(_conformal(everything, coverage) * WIDEN)
+        else:
+            assert (group, runs, step) == (names[0], n, 0)
+            k = math.ceil((n + 1) * coverage - 1e-9)
+            assert width == pytest.approx(0.3 + 0.02 * (k - 1))
+    # no level with enough runs: no band at all, never the whole set's
+    few = [_run(mine, 0.1 * (k + 1)) for k in range(least - 1)]
+    assert band_of(few, names, coverage) == (None, names[0], 0, -1)
 
 
 def test_the_band_widens_outside_validated_ground():
     train = TrainSpec(seq_len=8192, global_batch=64, tp_overlap="bulk", dp_overlap=True)
     base = Layout(dp=2, tp=8, pp=4, sp=True, zero=1, schedule="interleaved", chunks=4)
-    inside = uncertainty("h100-sxm", "megatron-te", base, train)
     # context parallelism at 1k tokens: shorter than any validation run with CP
     short = TrainSpec(seq_len=1024, global_batch=64, tp_overlap="bulk", dp_overlap=True)
     cp = uncertainty("h100-sxm", "megatron-te", base.with_(cp=2, dp=1), short)
@@ -107,19 +151,29 @@ def test_the_band_widens_outside_validated_ground():
     ring = uncertainty("h100-sxm", "megatron-te", base.with_(cp=2, dp=1), train)
     gathered = uncertainty("h100-sxm", "megatron-te",
                            base.with_(cp=2, dp=1, cp_kind="allgather"), train)
-    assert ring.validated and gathered.unvalidated == ("allgather context parallelism",)
+    assert ring.on_ground and gathered.unvalidated == ("allgather context parallelism",)
     assert gathered.band == pytest.approx(ring.band + PER_FEATURE)
-    # a stack no published run measured: the group relaxes to all runs, widened
+    assert "+ 5% × 1 unvalidated" in gathered.basis
+
+
+def test_a_stack_without_published_runs_is_not_validated_not_widened():
+    """Megatron-DeepSpeed has no published run in the set: no band (never the whole set's
+    quantile widened into a meaningless ±79 %), `validated` false in the JSON, "not
+    validated" in the CLI's table in place of ±N %."""
     deepspeed = uncertainty("h100-sxm", "megatron-deepspeed", Layout(dp=8, zero=1),
                             TrainSpec(seq_len=4096, global_batch=64, impl="megatron-deepspeed"))
-    assert deepspeed.group == "all runs" and deepspeed.band > inside.band
+    assert deepspeed.band is None and not deepspeed.validated
     assert any("megatron-deepspeed" in f for f in deepspeed.unvalidated)
-    errors = [r["loso_error"] for r in validation_data()["runs"]]
-    import numpy as np
-
-    expected = (float(np.quantile(np.abs(errors), QUANTILE)) * WIDEN ** 3
-                + PER_FEATURE * len(deepspeed.unvalidated))
-    assert deepspeed.band == pytest.approx(expected, abs=1e-4)
+    args = ("plan", "llama3-8b", "--gpus", "8", "--global-batch", "64", "--top", "3",
+            "--impl", "megatron-deepspeed")
+    out = shardwise_json(*args)
+    for entry in out["ranked"]:
+        sure = entry["estimate"]["uncertainty"]
+        assert sure["validated"] is False and sure["band"] is None and sure["low"] is None
+    text = shardwise(*args).stdout
+    rows = [line for line in text.split("Recommended:")[0].splitlines() if line.startswith("│")]
+    assert any("not validated" in line for line in rows)
+    assert rows and not any("±" in line for line in rows)
 
 
 def test_every_prediction_carries_its_band_in_the_api_and_the_cli():
@@ -131,8 +185,11 @@ def test_every_prediction_carries_its_band_in_the_api_and_the_cli():
                          "3")
     for entry in out["ranked"]:
         sure = entry["estimate"]["uncertainty"]
-        assert sure["band"] > 0 and sure["group"] and sure["runs"] >= 1
-    assert "±" in out["explanation"]
+        total = entry["estimate"]["total"]
+        assert sure["band"] > 0 and sure["group"] and sure["runs"] >= MIN_RUNS
+        assert sure["low"] < total < sure["high"] and sure["high_95"] > sure["high"]
+        assert sure["docs"] == "docs/accuracy/bands.md"
+    assert "±" in out["explanation"] and "docs/accuracy/bands.md" in out["explanation"]
 
 
 def test_torchao_memory_table_is_within_ten_percent():
@@ -155,3 +212,32 @@ def test_an_attention_kernel_without_a_benchmark_on_the_accelerator_is_said():
     assert not any("triton" in f for f in hopper.unvalidated)
     borrowed = [f for f in blackwell.unvalidated if f.startswith("triton attention")]
     assert borrowed and "no kernel benchmark on b200" in borrowed[0]
+
+
+def test_the_recorded_band_factors_are_the_calibration_now():
+    """validation.json's factors are what benchmarks/band_coverage.py computes from its runs
+    (a change of the band rule without a rerun fails here)."""
+    _harness()
+    import band_coverage
+
+    data = validation_data()
+    assert band_coverage.calibrate(data["runs"]) == data["band_factors"]
+
+
+def test_a_group_factor_by_hand():
+    """hopper · megatron-te · tp+cp holds two source families of six runs each: each family's
+    runs get the band of the other's six (the conformal 80 % quantile of six is the 6th, their
+    largest |error|); the factor is the 11th smallest of the twelve |error| ÷ band scores
+    (⌈13·0.8⌉), at least 1 — and the band it widens then covers 11 of the 12 out of sample."""
+    runs = [r for r in validation_data()["runs"]
+            if (r["generation"], r["stack"], r["family"]) == ("hopper", "megatron-te", "tp+cp")]
+    families = {r["family_of_sources"] for r in runs}
+    assert len(runs) == 12 and len(families) == 2
+    largest = {f: max(abs(r["loso_error"]) for r in runs if r["family_of_sources"] == f)
+               for f in families}
+    scores = sorted(abs(r["loso_error"]) / next(v for f, v in largest.items()
+                                                if f != r["family_of_sources"]) for r in runs)
+    factor = max(1.0, scores[10])
+    recorded = validation_data()["band_factors"]["0.8"]["hopper · megatron-te · tp+cp"]
+    assert recorded == pytest.approx(factor, abs=1e-3) and factor > 1
+    assert sum(s <= recorded + 1e-9 for s in scores) >= 0.8 * len(scores)

@@ -1,53 +1,10 @@
-"""FP8 training recipes as the frameworks run them (docs/concepts/fp8-offload.md).
-
-A recipe keeps the weights, gradients and optimizer state of bf16 mixed precision and runs the
-GEMMs of the linear layers in FP8: before each GEMM its bf16 operands are quantised (an amax
-reduction where the scale is computed from the tensor itself, a cast to 1-byte values, on
-Hopper a transposed copy for the backward's TN-only FP8 GEMMs), and the GEMM runs at the FP8
-peak. Attention stays bf16 (Transformer Engine's `fp8_dpa` and Megatron's
-`--fp8-dot-product-attention` are off by default), and so do the norms, the router and,
-in Megatron-LM, the LM head (`GPTModel.output_layer` is megatron-core's own
-`ColumnParallelLinear`, not a Transformer Engine module).
-
-Recipes are named by their frameworks:
-
-    framework "te": Transformer Engine through Megatron-LM's `--fp8-recipe`
-        delayed      DelayedScaling: per-tensor scale from an amax history (the cast records
-                     the amax on the fly: one pass)
-        tensorwise   Float8CurrentScaling: per-tensor scale from the tensor itself (an amax
-                     pass, then the cast)
-        mxfp8        MXFP8BlockScaling: one E8M0 scale per 32 values, row- and column-wise
-                     copies both quantised from bf16 (Blackwell)
-        blockwise    Float8BlockScaling: 1×128 activation / 128×128 weight blocks, fp32
-                     scales (DeepSeek-V3's scheme; Hopper, CUDA ≥ 12.9)
-    framework "torchao": torchao.float8 / MX through torchtitan 0.3.0's converters
-        rowwise, rowwise_with_gw_hp   `Float8LinearConverter.Config.recipe_name`
-        mxfp8        `MXFP8LinearConverter` (SM100)
-
-Bytes per element each recipe's casts move (bf16 in; ×1 per element of the tensor):
-
-    Transformer Engine (quantizer.cpp @ TransformerEngine d0067d0, 2.20.0.dev0): read 2, write
-    1, plus 1 for the transposed copy on Hopper (`nvte_is_non_tn_fp8_gemm_supported` is false
-    before Blackwell); current scaling adds the amax pass (`nvte_compute_amax`, read 2);
-    MXFP8 writes both directions and a 1-byte scale per 32; block scaling both directions and
-    a 4-byte scale per 128. The input is cast in the forward, the output gradient in the
-    backward; the weight once per step (Megatron-Core passes `is_first_microbatch`,
-    extensions/transformer_engine.py @ 0.16.1, and TE caches the quantised weight in
-    `_fp8_workspaces`), per micro-batch under FSDP (TE does not cache there).
-    torchao (torchao/testing/training/roofline_utils.py @ 0.18.0,
-    `get_tensor_memory_traffic_ovhd_s`, its own roofline of the compiled casts, not fused
-    with the previous op): rowwise input and grad_output 8, weight 10; rowwise_with_gw_hp 3,
-    3 and 6; mxfp8 (`mxfp8_cublas`) 6 each — every micro-batch, forward kernels in the
-    forward, the rest in the backward.
-
-What stays in memory: TE saves each linear input for the backward as its FP8 (column-wise)
-copy (module/linear.py: `inputmat.update_usage(rowwise_usage=False, columnwise_usage=True)`)
-and holds the cached FP8 weights (row-wise, plus the transpose on Hopper); delayed scaling
-keeps, per FP8 GEMM, an amax history of `AMAX_HISTORY` fp32 values for each of its five
-scaled tensors (input, weight, output forward; output gradient, input gradient backward) and
-their scales. torchao's autograd function saves the bf16 input and weight
-(float8/float8_linear.py @ 0.18.0 `matmul_with_hp_or_float8_args`) and re-quantises in
-backward: activations and weights as in bf16.
+"""FP8 training recipes as the frameworks run them: `Fp8Recipe`, `RECIPES` (framework "te":
+Transformer Engine through Megatron-LM's `--fp8-recipe` — delayed, tensorwise, mxfp8,
+blockwise; "torchao": torchtitan 0.3.0's converters — rowwise, rowwise_with_gw_hp, mxfp8), the
+bytes each recipe's casts move and what stays in memory. The GEMMs of the linear layers run in
+FP8; attention, norms, router and (Megatron-LM) the LM head stay bf16. The derivation and its
+sources (Transformer Engine d0067d0, torchao 0.18.0): docs/concepts/fp8-offload.md, "FP8
+recipes in the code".
 """
 
 from __future__ import annotations

@@ -7,15 +7,11 @@ Where a comment cites "ml-engineering", it is stas00/ml-engineering@744d01e1,
 compute/accelerator/README.md (its TFLOPS, memory, clock and power tables, each row with the
 vendor page it was read from) or network/README.md (the link tables).
 
-A clock cap (`resolve_gpu(..., clock_mhz=f)`) scales every compute peak by `f / boost_clock`:
-tensor throughput is `clock × FMAs per clock per unit × 2 × units` (ml-engineering, "How To
-Calculate Theoretical TFLOPS"), so a sustained clock below the one the datasheet's peak was
-computed at lowers the peak in proportion; HBM and link bandwidths are left as they are (their
-clocks are separate). A power cap is not modelled: no cited source gives the sustained clock
-a given board power allows.
+A clock cap (`resolve_gpu(..., clock_mhz=f)`) scales every compute peak by `f / boost_clock`
+(tensor throughput is proportional to the clock, ml-engineering "How To Calculate Theoretical
+TFLOPS"); HBM and link bandwidths stay; a power cap is not modelled.
 
-A user-defined accelerator comes from a JSON file (`shardwise plan --gpu my.json`, format in
-docs/howto/accelerator.md): the `Accelerator` fields, and optionally `links` it names.
+A user-defined accelerator comes from a JSON file (`--gpu my.json`, docs/howto/accelerator.md).
 """
 
 from __future__ import annotations

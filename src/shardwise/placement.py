@@ -5,38 +5,11 @@ One rule for the whole project (the runtime's `runtime/mesh.py` numbers ranks th
 
     rank = ((pp_i·dp + dp_i)·cp + cp_i)·tp + tp_i          (Megatron-LM's order, tp fastest)
 
-so a tensor-parallel group is `tp` consecutive ranks (inside one NVLink domain when
-`tp ≤ gpus_per_node`). The MoE layers lay the same ranks out again, Megatron-Core's expert
-rank generator (megatron/core/parallel_state.py, 0.16.1: `RankGenerator(tp=etp, ep=ep,
-dp=edp, pp=pp, cp=1, order="tp-cp-ep-dp-pp")`, the attention layers' order with cp folded
-away): inside a pipeline stage, local rank `r = ((dp_i·cp + cp_i)·tp + tp_i)` is
-
-    r = (edp_i·ep + ep_i)·etp + etp_i                      (etp fastest, then ep, then edp)
-
-with `etp` the expert-tensor-parallel degree (0: tp, Megatron's default,
-`ModelParallelConfig.expert_tensor_parallel_size`), `edp = tp·dp·cp/(etp·ep)` the ranks that
-reduce one expert shard's gradients. With etp = tp (the default) this is the old rule: number
-the `dp × cp` block `j = dp_i·cp + cp_i`; an `ep` group is `ep` consecutive values of `j`,
-`edp` the ranks with the same position inside their ep group. `dp_cp` is the whole block (ZeRO
-and the gradient reduction span it when cp > 1). Hybrid context parallelism (`Layout.cp_kind`
-"hybrid") cuts each cp group into `cp_a2a` groups of `u = ulysses` consecutive members (its
-all-to-alls) and `cp_ring` groups of the members `u` apart (its ring): Megatron-Core's
-`create_hierarchical_groups` with `--hierarchical-context-parallel-sizes u cp/u`
-(parallel_state.py, 0.16.1), the ring ranks Transformer Engine's a2a+p2p pairs.
-
-Nodes hold `gpus_per_node` consecutive ranks. A group whose members are `stride` ranks apart
-(tp: 1; cp, cp_a2a, dp_cp: tp; cp_ring: tp·u; ep: etp; edp: etp·ep; dp: tp·cp; pp:
-tp·cp·dp) has
-
-    members per node = min(n, max(1, gpus_per_node // stride))
-
-when the stride, and the span `n·stride` of a group, each divide the node size or are
-multiples of it (power-of-two layouts on 8-GPU nodes, for example; otherwise groups straddle
-node boundaries unevenly and this is the count of the fullest node, an approximation); `members_per_node` evaluates that for arrays of layouts,
-`MeshShape.node_counts` counts it exactly for one.
-
-Example, dp4 cp2 tp2 ep4 on 8-GPU nodes: ep groups (0, 2, 4, 6), (8, 10, 12, 14), … — the four
-members of an ep group share a node.
+The MoE layers lay the same ranks out again as Megatron-Core 0.16.1's expert rank generator
+(etp fastest, then ep, then edp); hybrid context parallelism cuts each cp group into all-to-all
+and ring groups. Nodes hold `gpus_per_node` consecutive ranks; `members_per_node` counts a
+group's members per node for arrays of layouts. The derivation, with its sources and an
+example: docs/concepts/communication.md, "Rank placement".
 """
 
 from __future__ import annotations

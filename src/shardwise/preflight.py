@@ -1,9 +1,8 @@
 """Checks before any rank starts: every output path can be written, the sequence fits the
 model, and the run fits in this machine's memory. Each failure is one `ShardwiseError` line
 (exit code 2 from the CLI), so a bad path or an impossible run is refused in a second instead
-of being discovered after the training (or after the machine ran out of memory).
-
-Torch-free (the analytic side): `train`/`check` call `check_run` with the run's settings.
+of being discovered after the training (or after the machine ran out of memory). Torch-free:
+`train`/`check` call `check_run` with the run's settings before importing the runtime.
 
 Paths are checked by doing what the run will do — creating the file (removed again if it did
 not exist) or the directory and a temporary file in it — so a missing parent, a file where a

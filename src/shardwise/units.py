@@ -146,3 +146,17 @@ def human_time(seconds: float) -> str:
     if seconds < 3 * 86400:
         return f"{seconds / 3600:.1f} h"
     return f"{seconds / 86400:.1f} days"
+
+
+def human_rate(per_day: float, noun: str = "") -> str:
+    """How often an event recurs, in the unit that reads: `7.8 interruptions a day`, `2.3
+    interruptions a week` (below one a day), `one interruption every 33 days` (below one a
+    week); `noun` is the event's singular name ("": no noun)."""
+    plural = f" {noun}s" if noun else ""
+    if not per_day > 0:
+        return f"no{plural or ' events'}"
+    if per_day >= 1:
+        return f"{per_day:,.1f}{plural} a day"
+    if per_day >= 1 / 7:
+        return f"{per_day * 7:.1f}{plural} a week"
+    return f"one{' ' + noun if noun else ''} every {1 / per_day:,.0f} days"

@@ -108,9 +108,13 @@ def test_wire_rows_name_the_algorithm_the_bytes_show():
     ring = Traffic(3_000_000 + 2 * 3 * 12 * 48, 60, 52)
     row = _rows({("dp", "reduce-scatter"): ring})[1]
     assert row.measured == ring.data + headers and "SPEC §5's 0.75·payload" in row.note
+    # its verdict: the ring's 3 MB + the headers counted, up to 1 KiB of message headers per
+    # peer and call (3 peers, 2 calls) more
+    assert row.target == "algorithm" and row.ok
+    assert row.allowed == (3_000_000 + headers, 3_000_000 + headers + 1024 * 3 * 2)
     # data = 2(N-1)/N of it: gloo's reduce-scatter is an all-reduce
     row = _rows({("dp", "reduce-scatter"): Traffic(6_000_000 + 1000, 60, 52)})[1]
-    assert "all-reduce of the whole input" in row.note and row.error == 1.0 + (
+    assert row.ok and "all-reduce of the whole input" in row.note and row.error == 1.0 + (
         1000 + headers) / 3_000_000
     # TCP's retransmissions are said, and left out of the algorithm's bytes
     row = _rows({("dp", "reduce-scatter"): Traffic(6_000_000 + 1000 + 65_000, 61, 52,
@@ -118,7 +122,11 @@ def test_wire_rows_name_the_algorithm_the_bytes_show():
     assert "65,000 B of the data sent again" in row.note and "all-reduce of the whole" in row.note
     # neither: the measured factor is said
     row = _rows({("dp", "reduce-scatter"): Traffic(4_000_000, 60, 52)})[1]
-    assert "data 1·payload, not the ring's 0.75" in row.note
+    assert "data 1·payload, not the ring's 0.75" in row.note and not row.ok
+    # at the edges of the framing allowance: 1 B under the ring's bytes, 1 B over its headers
+    for extra, ok in ((-1, False), (0, True), (1024 * 3 * 2, True), (1024 * 3 * 2 + 1, False)):
+        assert _rows({("dp", "all-gather"): Traffic(3_000_000 + extra, 60, 52)},
+                     op="all-gather")[1].ok is ok, extra
     # 16 bytes: the message headers outweigh any difference between the algorithms
     row = _rows({("dp", "reduce-scatter"): Traffic(900, 4, 52)}, payload=16.0)[1]
     assert "too small to tell" in row.note

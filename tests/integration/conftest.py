@@ -20,6 +20,9 @@ FRAMEWORKS = {"megatron": "megatron.core", "torchtitan": "torchtitan",
               "deepspeed": "deepspeed"}
 
 
+IMAGE = "registry.example.com/training:latest"  # the k8s launcher's container (--image)
+
+
 def require(framework: str):
     """The framework's top package, or a skip (locally) / failure (CI) when missing."""
     name = FRAMEWORKS[framework]
@@ -37,7 +40,7 @@ class Emit:
         code = 0
         capsys.readouterr()  # drop what importing a framework printed
         try:  # the JSON form carries the layout the config was made for
-            main(["plan", *args, "--emit", framework, "--json"])
+            main(["plan", *args, "--emit", framework, "--image", IMAGE, "--json"])
         except SystemExit as exc:
             code = exc.code
         captured = capsys.readouterr()
@@ -48,6 +51,7 @@ class Emit:
             self.text: str = payload["config"]
             self.notes: list[str] = payload["notes"]
             self.plan: dict = payload["plan"]  # the planned run: dtypes, batch, stack settings
+            self.launchers: dict = payload["launchers"]  # each launcher's job (emit.launchers)
             # the plain form prints the same text on stdout, notes on stderr
             main(["plan", *args, "--emit", framework])
             plain = capsys.readouterr()

@@ -138,6 +138,10 @@ def validate(args: SimpleNamespace, env: dict[str, str]) -> None:
         args.num_key_value_heads = args.num_attention_heads
     _check(args.num_attention_heads % args.num_key_value_heads == 0, f"{a}:446",
            "num_attention_heads must be divisible by num_key_value_heads")
+    if max(args.num_experts) > 1:  # DeepSpeed-MoE's expert groups (DeepSpeed 0.19.8)
+        _check(args.data_parallel_size % args.moe_expert_parallel_size == 0,
+               "deepspeed/utils/groups.py:634",
+               "the data-parallel size is not divisible by the expert-parallel size")
     # _initialize_distributed, then initialize_model_parallel
     if args.ds_sequence_parallel_size > 1:
         _check(not args.sequence_parallel, "megatron/initialize.py:247",
@@ -147,6 +151,15 @@ def validate(args: SimpleNamespace, env: dict[str, str]) -> None:
                "megatron/core/parallel_state.py:146",
                "DeepSpeed's sequence parallel does not work with tensor parallel or pipeline "
                "parallel")
+
+
+def moe_layers(args: SimpleNamespace) -> list[bool]:
+    """Which layers are MoE: megatron/model/transformer.py:1650 `get_num_experts_per_layer`
+    (layer number `i + 1` divisible by --expert-interval, with the single --num-experts)."""
+    assert len(args.num_experts) == 1 or len(args.num_experts) == (
+        args.num_layers // args.expert_interval)  # transformer.py:1651
+    return [max(args.num_experts) > 1 and (i + 1) % args.expert_interval == 0
+            for i in range(args.num_layers)]
 
 
 def _dump(checkout: Path) -> dict:

@@ -126,19 +126,65 @@ def reads_back(out: Emit, model, tmp_path) -> None:
         layout.micro_batch, plan["global_batch"], plan["seq_len"])
     assert (args.bf16, args.fp16) == (plan["dtype"] == "bf16", plan["dtype"] == "fp16")
     assert args.use_flash_attn_v2 == (stack["attention"] == "fa2")
-    assert (args.num_layers, args.hidden_size, args.ffn_hidden_size, args.num_attention_heads,
-            args.num_key_value_heads) == (model.n_layers, model.d_model, model.d_ff,
-                                          model.n_heads, model.n_kv_heads)
+    assert (args.num_layers, args.hidden_size, args.num_attention_heads,
+            args.num_key_value_heads) == (model.n_layers, model.d_model, model.n_heads,
+                                          model.n_kv_heads)
+    # the dense MLPs' width (and DeepSpeed-MoE's experts', ParallelMLPs of the same)
+    assert args.ffn_hidden_size == (model.d_ff if model.n_dense_layers else model.expert_d_ff)
     assert args.swiglu == model.gated_mlp
     assert args.normalization == model.norm
     assert args.use_rotary_position_embeddings == (not model.learned_positions)
     # the tokenizer's V stays unpadded (megatron/tokenizer/tokenizer.py:58)
     assert model.vocab % (args.make_vocab_size_divisible_by * layout.tp) == 0
+    if model.is_moe:
+        moe_reads_back(args, model, layout)
+    else:
+        assert args.num_experts == [1]
     if layout.pp > 1:  # the stages, as DeepSpeed partitions GPTModelPipe
         assert deepspeed_stages(model.n_layers, layout.pp) == layout.stage_partition(
             model.n_layers)
         from deepspeed.runtime.zero.config import ZeroStageEnum
         assert config.zero_optimization_stage < ZeroStageEnum.gradients  # engine.py:76
+
+
+def moe_reads_back(args, model, layout) -> None:
+    """DeepSpeed-MoE as Megatron-DeepSpeed builds it from `args` (megatron/model/
+    transformer.py:1066-1083 @4efb479), checked by DeepSpeed 0.19.8's own classes: the MoE
+    layers, experts per rank, the gate's k, dropless capacity and no sampled second expert,
+    experts split over tp; then the gate's routing on random tokens equals the planned
+    model's (shardwise's router, which tests/runtime hold to transformers' Mixtral)."""
+    import torch
+    from deepspeed.moe.layer import MoE
+
+    from shardwise.ops.moe import RoutingRule
+
+    assert megatron_deepspeed.moe_layers(args) == [model.is_moe_layer(i)
+                                                   for i in range(model.n_layers)]
+    assert args.num_experts == [model.n_experts] and args.mlp_type == "standard"
+    assert args.moe_expert_parallel_size == layout.ep
+    assert args.enable_expert_tensor_parallelism == (layout.tp > 1)  # etp = tp
+    assert args.create_moe_param_group  # ZeRO 1/2 assert on it (stage_1_and_2.py)
+    h = 32
+    moe = MoE(h, torch.nn.Linear(h, h), num_experts=args.num_experts[0],
+              ep_size=args.moe_expert_parallel_size, k=args.topk,
+              use_residual=args.mlp_type == "residual",
+              capacity_factor=args.moe_train_capacity_factor,
+              eval_capacity_factor=args.moe_eval_capacity_factor,
+              min_capacity=args.moe_min_capacity, drop_tokens=args.moe_token_dropping,
+              enable_expert_tensor_parallelism=args.enable_expert_tensor_parallelism,
+              top2_2nd_expert_sampling=args.moe_top2_2nd_expert_sampling)
+    assert moe.num_local_experts == model.n_experts // layout.ep
+    gate = moe.deepspeed_moe.gate
+    torch.manual_seed(0)
+    x = torch.randn(256, h)
+    combine = gate(x)[1]  # (tokens, experts, capacity): every token kept when dropless
+    routed = combine.sum(dim=-1)
+    probs = torch.softmax(x @ gate.wg.weight.T, dim=-1)
+    chosen, gates = RoutingRule(model.top_k, normalize=model.norm_topk,
+                                score=model.router_score, scale=model.routed_scaling).choose(
+        probs)
+    ours = torch.zeros_like(probs).scatter(1, chosen, gates)
+    torch.testing.assert_close(routed, ours)
 
 
 def _model(plan):
@@ -168,6 +214,10 @@ OTHER_RUNS = {
     # ZeRO-2 without a pipeline, fp32 gradients, SP (CUDA_DEVICE_MAX_CONNECTIONS=1)
     "8b-zero2-fp32-grads": ["llama3-8b", "--gpus", "16", "--global-batch", "128",
                             "--grad-dtype", "fp32", "--layout", "tp=2,sp=1,zero=2"],
+    # DeepSpeed-MoE with experts split over tp=2 (no SP: DeepSpeed-MoE takes the tp ranks'
+    # tokens as duplicates), ep=4 inside dp=8, ZeRO-1's MoE parameter group, 2 stages
+    "mixtral-tp2-ep4-zero1-pp2": ["mixtral-8x7b", "--gpus", "32", "--global-batch", "256",
+                                  "--layout", "tp=2,pp=2,ep=4,zero=1,recompute=full"],
     # fp16 with ZeRO-1 and selective recompute
     "8b-fp16-zero1": ["llama3-8b", "--gpus", "16", "--global-batch", "128", "--dtype", "fp16",
                       "--layout", "tp=2,zero=1,recompute=selective"],

@@ -294,13 +294,14 @@ def deepspeed_parallel_residual():
     _no_parallel_block([opt["dest"] for opt in megatron_deepspeed.options()])
 
 
-def deepspeed_moe():
-    """Megatron-DeepSpeed's MoE is DeepSpeed-MoE: tokens dropped over a capacity factor of 1
-    and experts not split over tensor-parallel ranks unless asked (megatron/arguments.py)."""
-    defaults = {opt["dest"]: opt["default"] for opt in megatron_deepspeed.options()}
-    assert defaults["moe_token_dropping"] is True
-    assert defaults["moe_train_capacity_factor"] == 1.0
-    assert defaults["enable_expert_tensor_parallelism"] is False
+def deepspeed_moe_sp():
+    """DeepSpeed-MoE keeps 1/tp of the dispatched tokens on each tensor-parallel rank, taking
+    them as duplicates (deepspeed/moe/sharded_moe.py MOELayer.forward, 0.19.8), which
+    Megatron sequence parallelism makes distinct."""
+    sharded_moe = pytest.importorskip("deepspeed.moe.sharded_moe")
+    source = inspect.getsource(sharded_moe.MOELayer.forward)
+    assert "tensor_model_world_size > 1" in source
+    assert "drop_tokens(dispatched_input, dim=1)" in source
 
 
 CONFIRM = {
@@ -312,7 +313,7 @@ CONFIRM = {
     "torchtitan-split": torchtitan_split, "deepspeed-1f1b-or-zbh1": deepspeed_1f1b_or_zbh1,
     "deepspeed-zero-pp": deepspeed_zero_pp, "deepspeed-ulysses-alone": deepspeed_ulysses_alone,
     "deepspeed-no-groups": deepspeed_no_groups, "deepspeed-split": deepspeed_split,
-    "deepspeed-moe": deepspeed_moe, "megatron-positions": megatron_positions,
+    "deepspeed-moe-sp": deepspeed_moe_sp, "megatron-positions": megatron_positions,
     "deepspeed-positions": deepspeed_positions,
     "megatron-parallel-residual": megatron_parallel_residual,
     "deepspeed-parallel-residual": deepspeed_parallel_residual,

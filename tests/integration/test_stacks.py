@@ -134,6 +134,22 @@ def megatron_ep_in_shard_groups():
     assert not rule.refuses({"dp": 64, "cp": 1, "ep": 8, "zero_group": 8}, None)
 
 
+def megatron_precision_aware_optimizer_with_the_distributed_optimizer():
+    """megatron-core's OptimizerConfig runs BF16 moments only with the distributed optimizer
+    (shardwise's ZeRO-1 and up)."""
+    require("megatron")
+    import torch
+    from megatron.core.optimizer.optimizer_config import OptimizerConfig
+
+    with pytest.raises(AssertionError, match="only supported with distributed optimizer"):
+        OptimizerConfig(use_precision_aware_optimizer=True, exp_avg_dtype=torch.bfloat16,
+                        exp_avg_sq_dtype=torch.bfloat16)
+    rule = next(r for r in STACKS["megatron-te"].rules if "optimizer_config" in r.source)
+    bf16 = typing.cast(typing.Any, type("T", (), {"exp_avg_dtype": "bf16"}))
+    assert rule.refuses({"zero": 0}, bf16) and not rule.refuses({"zero": 1}, bf16)
+    assert not rule.refuses({"zero": 0}, None)
+
+
 def deepspeed_zero_with_pp():
     require("deepspeed")
     import inspect
@@ -223,8 +239,52 @@ def torchtitan_ep_from_fsdp_cp_tp():
         mesh(1, 32)
 
 
+def _rule(stack: str, source: str):
+    return next(rule for rule in STACKS[stack].rules if rule.source == source)
+
+
+def deepspeed_ep_inside_dp():
+    """DeepSpeed-MoE's expert groups (deepspeed/utils/groups.py `_get_expert_parallel_ranks`,
+    which `_create_expert_data_and_model_parallel` runs): ep must divide the data-parallel
+    size; the rule refuses exactly the (dp, tp, ep) DeepSpeed refuses."""
+    require("deepspeed")
+    from deepspeed.utils import groups
+
+    rule = _rule("megatron-deepspeed", "deepspeed/utils/groups.py:634 @0.19.8")
+    for dp, tp, ep in ((8, 2, 4), (8, 2, 16), (24, 1, 16), (24, 1, 8), (4, 8, 8), (64, 1, 8)):
+        try:
+            groups._get_expert_parallel_ranks(dp * tp, tp, ep, 1)
+            refused = False
+        except AssertionError:
+            refused = True
+        assert bool(rule.refuses({"dp": dp, "tp": tp, "ep": ep}, None)) == refused, (dp, tp, ep)
+
+
+def deepspeed_moe_without_zero3():
+    """DeepSpeed's engine refuses its own MoE layers under ZeRO-3."""
+    require("deepspeed")
+    import torch
+    from deepspeed.moe.layer import MoE
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    engine = DeepSpeedEngine.__new__(DeepSpeedEngine)  # the check alone, no process group
+    torch.nn.Module.__init__(engine)
+    engine.module = torch.nn.Sequential(MoE(8, torch.nn.Linear(8, 8), num_experts=4, ep_size=2,
+                                            k=2))
+    engine.has_moe_layers = True
+    with pytest.raises(AssertionError, match="not supported with ZeRO Stage 3"):
+        engine._validate_zero3_moe_compatibility()
+    rule = _rule("megatron-deepspeed", "deepspeed/runtime/engine.py:2215 @0.19.8")
+    assert rule.refuses({"ep": 2, "zero": 3}, None)
+    assert not rule.refuses({"ep": 2, "zero": 2}, None)
+
+
 RULES = {
     "megatron/core/parallel_state.py:1447 @d98e8a6": megatron_ep_in_shard_groups,
+    "megatron/core/optimizer/optimizer_config.py, megatron-core 0.16.1":
+        megatron_precision_aware_optimizer_with_the_distributed_optimizer,
+    "deepspeed/utils/groups.py:634 @0.19.8": deepspeed_ep_inside_dp,
+    "deepspeed/runtime/engine.py:2215 @0.19.8": deepspeed_moe_without_zero3,
     "deepspeed/runtime/pipe/engine.py:76 @0.19.8": deepspeed_zero_with_pp,
     "Megatron-DeepSpeed megatron/core/parallel_state.py:146 @4efb479": deepspeed_ulysses_alone,
     "Megatron-DeepSpeed megatron/arguments.py:81 @4efb479": deepspeed_zbh1_without_sp,

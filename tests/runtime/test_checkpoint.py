@@ -45,6 +45,7 @@ from shardwise.runtime.checkpoint import (
     read_metadata,
     read_parameters,
 )
+from shardwise.runtime.checkpoint import save as checkpoint_save
 from shardwise.runtime.launch import RankFailure, rank, spawn
 from shardwise.runtime.state import json_config
 from shardwise.runtime.train import TrainConfig, build, run, train
@@ -131,7 +132,7 @@ def _resume_from(pairs: list[tuple[str, TrainConfig]]) -> list[dict]:
     return out
 
 
-_PUBLISH = checkpoint._publish
+_PUBLISH = checkpoint._publish  # save_checkpoint calls it from checkpoint.save
 
 
 def _publish_or_die(tmp: Path, final: Path, keep: int) -> None:
@@ -142,7 +143,7 @@ def _publish_or_die(tmp: Path, final: Path, keep: int) -> None:
 
 def _die_while_publishing_k(cfg: TrainConfig) -> None:
     if rank() == 0:
-        checkpoint._publish = _publish_or_die
+        checkpoint_save._publish = _publish_or_die
     train(cfg)
 
 

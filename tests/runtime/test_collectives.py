@@ -9,6 +9,7 @@ import torch.distributed as dist
 from shardwise.estimate.comm import ring_bytes_on_wire
 from shardwise.layout import Layout
 from shardwise.runtime import collectives as C
+from shardwise.runtime.collectives import rings
 from shardwise.runtime.launch import spawn
 from shardwise.runtime.mesh import Mesh
 
@@ -34,7 +35,7 @@ def _rings_vs_backend() -> dict[str, object]:
     default_segment = C.SEGMENT_BYTES
     # Second pass with 40-byte segments: chunks travel as many (uneven) pipelined pieces.
     for numel, segment in [(k, default_segment) for k in SIZES] + [(k, 40) for k in SIZES]:
-        C.SEGMENT_BYTES = segment
+        rings.SEGMENT_BYTES = segment  # read where the rings run
         gen = torch.Generator().manual_seed(1000 * numel + r)
         x = torch.randn(numel, dtype=torch.float64, generator=gen)
         ints = torch.randint(-1000, 1000, (numel,), generator=gen).double()
@@ -66,7 +67,7 @@ def _rings_vs_backend() -> dict[str, object]:
         mine = y.clone()
         dist.broadcast(mine, src=0)
         agree &= bool(torch.equal(mine, y))
-    C.SEGMENT_BYTES = default_segment
+    rings.SEGMENT_BYTES = default_segment
     return {"worst": worst, "exact": exact, "bytes_ok": bytes_ok, "agree": agree}
 
 

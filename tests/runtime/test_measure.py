@@ -17,6 +17,9 @@ ring formulas on its shapes), for the analytic composition itself and for what w
 """
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -260,6 +263,34 @@ def test_cli_check_prints_rows_and_exits_by_the_targets():
     failing = {row["what"]: row["note"] for row in out["rows"] if not row["ok"]}
     assert set(failing) == {"tp all-reduce"}  # ZeRO-1 frees its full gradients once reduced
     assert "ZeRO + SP" in failing["tp all-reduce"]
+
+
+PLANT = """
+import shardwise.estimate.comm as comm
+right = comm.ring_bytes_on_wire
+def planted(op, size, n):  # the all-reduce's 2(N-1)/N written as 2N/N
+    return right(op, size, n) * (n / (n - 1) if op == "all-reduce" and n > 1 else 1)
+comm.ring_bytes_on_wire = planted
+"""
+
+
+@pytest.mark.slow
+def test_cli_check_fails_on_a_wrong_wire_formula(tmp_path):
+    """A factor planted in SPEC §5's ring bytes (loaded into `shardwise check` and each of its
+    ranks through `sitecustomize`) cancels in the payload rows (predicted ÷ the same ring
+    factor) but not on the wire: the wire rows miss and `check` exits 1."""
+    (tmp_path / "sitecustomize.py").write_text(PLANT)
+    env = os.environ | {"COLUMNS": "200",
+                        "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    run = subprocess.run([sys.executable, "-m", "shardwise", "check", "--dp", "2", "--seq",
+                          "32", "--global-batch", "4", "--dtype", "fp64", "--steps", "1",
+                          "--json"], capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 1, run.stderr
+    out = json.loads(run.stdout)
+    failing = {(row["item"], row["what"]) for row in out["rows"] if not row["ok"]}
+    assert failing == {("wire", "dp all-reduce")}, failing
+    assert "not the ring's 2" in next(row["note"] for row in out["rows"]
+                                      if (row["item"], row["what"]) == ("wire", "dp all-reduce"))
 
 
 def test_cli_check_bad_input_is_a_one_line_error():

@@ -110,7 +110,8 @@ def ranked_texts(entry: dict) -> list[str]:
     e = entry["estimate"]
     folded = variants_text(entry["variants"])
     sure = e["uncertainty"]
-    return [str(entry["rank"]), entry["short"] + (f" {folded}" if folded else "")
+    tier = "tie" if entry["tier"] == 1 else f"t{entry['tier']}"  # the first tier: ties
+    return [f"{entry['rank']} {tier}", entry["short"] + (f" {folded}" if folded else "")
             + (" †" if sure["unvalidated"] else ""),
             f"{human_time(e['total'])} ±{round(sure['band'] * 100)}%",
             human_count(e["tokens_per_s"]), f"{e['mfu']:.1%}", f"{e['hfu']:.1%}",
@@ -125,7 +126,7 @@ def test_planner_page_equals_cli_and_its_link_reproduces_it(page, server_url, br
     page.get_by_label(re.compile("^Compare my layout")).fill("tp=2,zero=1")
     page.get_by_label(re.compile("^Training tokens")).fill("1T")
     page.get_by_label(re.compile("per GPU-hour")).fill("2")
-    page.get_by_role("button", name="Plan").click()
+    page.get_by_role("button", name="Plan", exact=True).click()
     out = cli_json("plan", "llama3-8b", "--gpus", "32", "--top", "5", "--layout",
                    "tp=2,zero=1", "--tokens", "1T", "--price", "2")
     rows = page.locator("#ranked tbody tr")
@@ -157,13 +158,14 @@ def test_planner_page_equals_cli_and_its_link_reproduces_it(page, server_url, br
     # the stack the layouts are for; its export (yours), with a copy button; the other
     # frameworks say which stack they run
     expect(page.locator("#ranked-title")).to_contain_text(out["stack"]["title"])
-    expect(page.locator("#emit-text")).to_have_text(out["emits"]["megatron"]["config"])
+    expect(page.locator("#emit-text")).to_contain_text(out["emits"]["megatron"]["config"])
     page.get_by_role("button", name="Copy megatron config").click()
     expect(page.get_by_role("button", name="Copied")).to_be_visible()
     page.get_by_role("tab", name="megatron").focus()
     page.keyboard.press("ArrowLeft")  # wraps round to the last tab
     expect(page.get_by_role("tab", name="deepspeed")).to_have_attribute("aria-selected", "true")
-    expect(page.locator("#emit .error")).to_have_text(out["emits"]["deepspeed"]["error"])
+    expect(page.get_by_role("button", name=re.compile("^Re-plan for Megatron-DeepSpeed"))) \
+        .to_be_visible()
     # sorting by MFU puts the highest first
     page.get_by_role("button", name="MFU", exact=True).click()
     mfus = [float(t.rstrip("%")) for t in page.locator("#ranked tbody td:nth-child(5)")
@@ -219,3 +221,5 @@ def test_phone_layout(page, server_url):
     page.goto(f"{server_url}/schedule")
     page.wait_for_selector("#chart svg")
     assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    # the Gantt chart is drawn at the phone's width: its labels stay readable (issue 46: 3.8 px)
+    assert page.evaluate(SMALLEST_TEXT, "#chart svg text") >= 9

@@ -49,7 +49,7 @@ from shardwise.validate import option as checked
 
 
 # ------------------------------------------------------------------------------------ models
-@cli.command()
+@cli.command(short_help="List the presets and their parameter counts.")
 @json_option
 def models(as_json: bool) -> None:
     """Presets with their parameter counts (total and active)."""
@@ -60,7 +60,7 @@ def models(as_json: bool) -> None:
 
 
 
-@cli.command()
+@cli.command(short_help="Show one layout's memory per GPU, by stage.")
 @click.argument("model", default=DEFAULT_MODEL)
 @click.option("--gpus", default=8, show_default=True, help="Number of GPUs.",
               callback=checked(degree))
@@ -108,7 +108,7 @@ def memory(model: str, gpus: int, gpu: str, clock_mhz: float | None, gpus_per_no
 
 
 # -------------------------------------------------------------------------------------- comm
-@cli.command()
+@cli.command(short_help="Time one collective and count its bytes.")
 @click.option("--op", default="all-reduce", show_default=True,
               type=click.Choice(OPS))
 @click.option("--size", default="1GB", show_default=True, help="Tensor size, e.g. 13.5GB.")
@@ -134,7 +134,7 @@ def comm(op: str, size: str, ranks: int, link: str, algorithm: str, nodes: int, 
 
 
 # ---------------------------------------------------------------------------------- schedule
-@cli.command()
+@cli.command(short_help="Simulate and draw a pipeline schedule.")
 @click.option("--stages", "-p", default=4, show_default=True,
               type=click.IntRange(1, MAX_SCHEDULE_ACTIONS))
 @click.option("--microbatches", "-m", default=8, show_default=True,

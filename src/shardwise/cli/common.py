@@ -13,6 +13,7 @@ from typing import Any
 import click
 from rich.console import Console
 
+from shardwise.choices import MOMENT_DTYPES, OFFLOAD_MODULES, RECOMPUTE_MODULES
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.goodput import (
     DEFAULT_CHECKPOINT_BANDWIDTH,
@@ -61,6 +62,10 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Machine-read
 
 
 def _stack_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    _, at, version = value.partition("@")
+    if at and not version.strip():
+        raise ShardwiseError(f"--impl {value}: the version after @ is empty; give name or "
+                             f"name@version ({', '.join(STACKS)})")
     try:
         return parse_impl(value)
     except ShardwiseError as exc:
@@ -91,6 +96,7 @@ def stack_options(func: Callable) -> Callable:
         help="Fused attention kernel [default: the stack's]; --no-flash for the "
              "materialised softmax."))
     options += moe_comm_options()
+    options += memory_setting_options()
     for option in reversed(options):
         func = option(func)
     return func
@@ -148,10 +154,44 @@ def moe_comm_options() -> list[Callable]:
     ]
 
 
+MEMORY_SETTINGS = ("recompute_modules", "exp_avg_dtype", "exp_avg_sq_dtype",
+                   "main_params_dtype", "act_fp8_store", "mtp_layers", "offload_modules")
+
+
+def memory_setting_options() -> list[Callable]:
+    """Memory as Megatron-Core trains it (`TrainSpec.recompute_modules` …; megatron-core
+    0.16.1 flags of the same names)."""
+    return [
+        click.option("--recompute-modules", default=None,
+                     help="With --recompute selective (or recompute=selective in --layout): "
+                          "the modules re-run in backward, comma-separated, from "
+                          + ", ".join(RECOMPUTE_MODULES) + " [default: core_attn]."),
+        click.option("--exp-avg-dtype", default=None, type=click.Choice(MOMENT_DTYPES),
+                     help="Adam's first moment (Megatron's precision-aware optimizer) "
+                          "[default: fp32]."),
+        click.option("--exp-avg-sq-dtype", default=None, type=click.Choice(MOMENT_DTYPES),
+                     help="Adam's second moment [default: fp32]."),
+        click.option("--main-params-dtype", default=None, type=click.Choice(("fp32", "fp16")),
+                     help="Master weights [default: fp32]."),
+        click.option("--activation-func-fp8-input-store", "act_fp8_store", is_flag=True,
+                     default=False, help="Keep the SwiGLU inputs in FP8 for backward."),
+        click.option("--offload-modules", default="",
+                     help="Fine-grained activation offloading (Megatron's "
+                          "--fine-grained-activation-offloading): the modules whose inputs "
+                          "move to host memory, comma-separated, from "
+                          + ", ".join(OFFLOAD_MODULES) + "."),
+        click.option("--mtp-num-layers", "mtp_layers", default=None,
+                     type=click.IntRange(0, 16),
+                     help="Multi-token prediction modules trained, on the head's stage "
+                          "[default: the model's, num_nextn_predict_layers]."),
+    ]
+
+
 def pop_stack_kw(kw: dict[str, Any]) -> dict[str, Any]:
-    """Pop the stack's time choices (`stack_options`) out of a command's keyword arguments."""
+    """Pop the stack's time choices, expert-parallel communication and memory settings
+    (`stack_options`) out of a command's keyword arguments."""
     return {name: kw.pop(name) for name in ("compile", "tp_overlap", "dp_overlap", "attention",
-                                            *MOE_COMM_KW)}
+                                            *MOE_COMM_KW, *MEMORY_SETTINGS) if name in kw}
 
 
 def impl_option(default: str = DEFAULT_IMPL) -> Callable:
@@ -317,12 +357,28 @@ def print_rows(title: str, rows: list[dict[str, Any]]) -> None:
 
 
 def need_matplotlib(option: str, path: str | None) -> None:
-    """--plot needs matplotlib: said before any work, not after it."""
+    """--plot needs matplotlib and a file name whose extension matplotlib writes (none: PNG,
+    as `savefig` does): said before any work, not after it."""
     if path is None:
         return
     try:
-        import matplotlib  # noqa: F401
+        from matplotlib.backend_bases import FigureCanvasBase
     except ImportError:
         raise ShardwiseError(f"{option} needs matplotlib: pip install 'shardwise[plot]'"
                              ) from None
+    formats = FigureCanvasBase.get_supported_filetypes()  # extension → description
+    extension = os.path.splitext(path)[1][1:].lower()  # savefig reads the format so
+    if extension and extension not in formats:
+        raise ShardwiseError(f"{option} {path}: matplotlib cannot write .{extension} files; "
+                             f"valid: {', '.join(sorted(formats))}")
+
+
+def layout_fields(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """`--layout`/`--fix`/`--max` text: refused in one line when an item is empty
+    (`tp=8,,pp=2`, a trailing comma), which `Layout.parse_fields` would skip."""
+    if value is not None and any(not item.strip() for item in value.split(",")):
+        raise ShardwiseError(f"{param.opts[0]} {value!r}: "
+                             "an item is empty; write key=value items separated by single "
+                             "commas, e.g. tp=8,pp=2")
+    return value
 

@@ -40,7 +40,7 @@ DEMOS = {
 
 
 
-@cli.command()
+@cli.command(short_help="Run one parallelism for real and check it.")
 @click.argument("name", type=click.Choice(list(DEMOS)))
 @click.option("--ranks", default=None, type=click.IntRange(1, 64),
               help="Local CPU processes (gloo) [default depends on the demo].")
@@ -73,7 +73,7 @@ def demo(name: str, ranks: int | None, schedule: str | None, as_json: bool) -> N
 
 
 # ----------------------------------------------------------------------------------- calibrate
-@cli.command()
+@cli.command(short_help="Measure this machine and fit the constants.")
 @click.option("--backend", default="gloo", show_default=True, type=click.Choice(["gloo", "nccl"]))
 @click.option("--ranks", default=2, show_default=True, type=click.IntRange(2, 64),
               help="Ranks for the collectives (group sizes 2, 4, … up to it).")

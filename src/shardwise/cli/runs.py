@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import click
 
@@ -22,7 +23,10 @@ from shardwise.cli.common import (
     need_matplotlib,
 )
 from shardwise.cli.group import cli
-from shardwise.files import save_output
+from shardwise.errors import LayoutError, ShardwiseError
+from shardwise.files import regular_file, save_output
+from shardwise.layout import TrainSpec
+from shardwise.preflight import check_run
 from shardwise.report.builders import build_layout
 from shardwise.report.text import table as _table
 from shardwise.units import human_time, parse_batch
@@ -78,30 +82,61 @@ def run_options(func: Callable) -> Callable:
     return func
 
 
-def _train_config(model_name: str, layout_kw: dict[str, Any], seq: int, global_batch: str,
-                  seed: int, data_path: str | None, dtype: str, flash: bool,
-                  grad_dtype: str | None = None, **settings: Any) -> Any:
-    """The `runtime.train.TrainConfig` of `run_options` (--dp defaults to 1 here)."""
-    rt = import_runtime("shardwise.runtime.train")
-    from shardwise.runtime.hf import hf_weight_files
+class _Run(NamedTuple):
+    """The run's arguments as read and checked before torch is imported."""
 
+    spec: Any
+    layout: Any
+    global_batch: int
+    moe: dict[str, Any]
+
+
+def _check_arguments(model_name: str, layout_kw: dict[str, Any], seq: int, global_batch: str,
+                     dtype: str, grad_dtype: str | None, flash: bool, data_path: str | None,
+                     **paths: dict[str, str | None]) -> _Run:
+    """Every check of `run_options` that needs no torch, before the runtime is imported (2–3
+    s): the model, the layout on it (`Layout.problems` for the shardwise stack), the batch,
+    the --data file's kind, and on the launching process (rank 0 under torchrun)
+    `preflight.check_run` (output paths, the sequence, this machine's memory). The runtime's
+    own checks (`TrainConfig.validate`) follow in `_train_config`."""
     moe = {name: layout_kw.pop(name) for name in ("capacity_factor", "aux_loss_coef")}
     spec = get_model(model_name)
     layout = build_layout(1, spec.n_layers, **(layout_kw | {"dp": layout_kw["dp"] or 1}))
+    batch = parse_batch(global_batch, seq)
+    train = TrainSpec(seq_len=seq, global_batch=batch, dtype=dtype, grad_dtype=grad_dtype,
+                      flash_attention=flash, impl="shardwise")  # `TrainConfig.train_spec`
+    problems = layout.problems(spec, train=train)
+    if problems:
+        raise LayoutError(problems)
+    if data_path is not None:
+        regular_file(data_path, "--data file", math.inf)  # its size: `_preflight`
+    if os.environ.get("RANK", "0") == "0":
+        check_run(spec, layout, seq, batch, dtype, flash, local="RANK" not in os.environ,
+                  **paths)
+    return _Run(spec, layout, batch, moe)
+
+
+def _train_config(run: _Run, model_name: str, seq: int, seed: int, data_path: str | None,
+                  dtype: str, flash: bool, grad_dtype: str | None = None,
+                  **settings: Any) -> Any:
+    """The `runtime.train.TrainConfig` of `run_options` (--dp defaults to 1 here), checked
+    (`_preflight`): imports torch."""
+    rt = import_runtime("shardwise.runtime.train")
+    from shardwise.runtime.hf import hf_weight_files
+
     if hf_weight_files(model_name):  # a Hugging Face checkpoint folder: start from its weights
         settings.setdefault("hf_weights", model_name)
-    return rt.TrainConfig(spec, layout, seq_len=seq,
-                          global_batch=parse_batch(global_batch, seq), seed=seed,
-                          data=data_path, dtype=dtype, grad_dtype=grad_dtype, flash=flash,
-                          **moe, **settings)
+    config = rt.TrainConfig(run.spec, run.layout, seq_len=seq, global_batch=run.global_batch,
+                            seed=seed, data=data_path, dtype=dtype, grad_dtype=grad_dtype,
+                            flash=flash, **run.moe, **settings)
+    _preflight(config)
+    return config
 
 
-def _preflight(config: Any, **paths: dict[str, str | None]) -> None:
-    """`shardwise.preflight.check_run` on the launching process (rank 0 under torchrun), and
-    what only the runtime can check: the --data file, the Hugging Face weights (every tensor
-    read once), and that --save-hf can describe the model."""
-    from shardwise.files import regular_file
-    from shardwise.preflight import check_run
+def _preflight(config: Any) -> None:
+    """On the launching process (rank 0 under torchrun), what only the runtime can check:
+    the whole config, the --data file's size, the Hugging Face weights (every tensor read
+    once), and that --save-hf can describe the model."""
     from shardwise.runtime.data import MAX_DATA_BYTES
 
     if os.environ.get("RANK", "0") == "0":
@@ -116,9 +151,6 @@ def _preflight(config: Any, **paths: dict[str, str | None]) -> None:
             from shardwise.runtime.hf import hf_config
 
             hf_config(config.model)
-        check_run(config.model, config.layout, config.seq_len, config.global_batch,
-                  config.dtype, config.flash, local="RANK" not in os.environ, **paths)
-
 
 
 def _setting_names(ctx: Any, param: Any, value: str | None) -> tuple[str, ...]:
@@ -140,7 +172,7 @@ def _on_ranks(run: Callable[[], Any]) -> Any:
         raise click.ClickException(str(exc).split("\n--- rank")[0]) from None
 
 
-@cli.command()
+@cli.command(short_help="Train a model for real on local ranks.")
 @run_options
 @click.option("--steps", default=20, show_default=True, type=click.IntRange(0),
               help="Optimizer steps (0: none; with --save-hf, a checkpoint round trip).")
@@ -189,12 +221,20 @@ def train(model_name: str, steps: int, seq: int, global_batch: str, lr: float, m
     started (`torchrun … -m shardwise train --dp 2 …`; NCCL on GPUs). The loss curve
     equals one device's on the same data; --dp defaults to 1 here. A --model folder with
     config.json and safetensors weights starts from those weights."""
+    if override and not resume:
+        raise ShardwiseError("--override names settings a --resume changes from the "
+                             "checkpoint's; add --resume, or drop --override")
+    need_matplotlib("--plot", plot_path)
+    run = _check_arguments(model_name, layout_kw, seq, global_batch, dtype, grad_dtype, flash,
+                           data_path, files={"--plot": plot_path, "--log": log_path},
+                           directories={"--checkpoint-dir": checkpoint_dir,
+                                        "--save-hf": save_hf})
     rt = import_runtime("shardwise.runtime.train")
     from shardwise.runtime.checkpoint import check_start
     from shardwise.runtime.launch import rank
 
     config = _train_config(
-        model_name, layout_kw, seq, global_batch, seed, data_path, dtype, flash,
+        run, model_name, seq, seed, data_path, dtype, flash,
         grad_dtype=grad_dtype, steps=steps,
         lr=lr, min_lr=min_lr, warmup=warmup, weight_decay=weight_decay, clip=clip,
         log_path=log_path, progress=not quiet, checkpoint_dir=checkpoint_dir,
@@ -202,9 +242,6 @@ def train(model_name: str, steps: int, seq: int, global_batch: str, lr: float, m
         mtbf_gpu_hours=mtbf_gpu_hours,
         save_hf=save_hf, override=override)
     layout = config.layout
-    need_matplotlib("--plot", plot_path)
-    _preflight(config, files={"--plot": plot_path, "--log": log_path},
-               directories={"--checkpoint-dir": checkpoint_dir, "--save-hf": save_hf})
     if resume and os.environ.get("RANK", "0") == "0":
         start = check_start(config.validate(),
                             report=lambda line: click.echo(f"warning: {line}", err=True))
@@ -254,7 +291,7 @@ def _error_cell(row: Any) -> str:
     return "0" if error == 0 else f"{error:+.3%}"
 
 
-@cli.command()
+@cli.command(short_help="Compare predicted and measured on real ranks.")
 @run_options
 @click.option("--steps", default=2, show_default=True, type=click.IntRange(1),
               help="Training steps to measure.")
@@ -280,17 +317,18 @@ def check(model_name: str, seq: int, global_batch: str, seed: int, data_path: st
     backward (within 1 %), parameters, gradients and optimizer state per rank (exact), peak GPU
     memory (reported). docs/howto/check.md says what is measured and what assumed. Exit code 0
     when every target is met, 1 otherwise."""
-    measure = import_runtime("shardwise.runtime.measure")
-    from shardwise.runtime.launch import rank
-
-    config = _train_config(model_name, layout_kw, seq, global_batch, seed, data_path, dtype,
-                           flash, grad_dtype=grad_dtype, steps=steps)
-    layout = config.layout
+    run = _check_arguments(model_name, layout_kw, seq, global_batch, dtype, grad_dtype, flash,
+                           data_path)
     if calibration_path is not None:
         from shardwise.calibration.machine import read_machine
 
         read_machine(calibration_path)  # a bad file: one line, exit 2, before any rank runs
-    _preflight(config)
+    measure = import_runtime("shardwise.runtime.measure")
+    from shardwise.runtime.launch import rank
+
+    config = _train_config(run, model_name, seq, seed, data_path, dtype, flash,
+                           grad_dtype=grad_dtype, steps=steps)
+    layout = config.layout
     rows = _on_ranks(lambda: measure.run_check(config, steps, timeout_s=timeout,
                                                per_rank=per_rank, impl=impl,
                                                reference=calibration_path is not None))

@@ -9,7 +9,7 @@ from shardwise.errors import ShardwiseError
 
 
 # ------------------------------------------------------------------------------------------ ui
-@cli.command()
+@cli.command(short_help="Serve the planner and tools in a browser.")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to serve on (anything but loopback is reachable from the network).")
 @click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535),
@@ -21,7 +21,6 @@ def ui(host: str, port: int, no_browser: bool) -> None:
     from shardwise.web.serve import serve
 
     serve(host, port, open_browser=not no_browser)
-
 
 
 # ----------------------------------------------------------------------------------------- mcp

@@ -64,6 +64,7 @@ from shardwise.units import dtype_bytes
 __all__ = [
     "COUNTS_OP",
     "EXACT",
+    "FRAMED",
     "REPORTED",
     "ROUTING_COUNTS_OP",
     "ROUTING_GATHER_OP",
@@ -86,6 +87,7 @@ __all__ = [
 ]
 
 EXACT, WITHIN_1PC, REPORTED = "exact", "1%", "-"
+FRAMED = "algorithm"  # a wire row: the algorithm's bytes + framing allowance (`_wire_row`)
 RUNTIME_IMPL = "shardwise"  # the activation profile the runtime implements (estimate.profiles)
 _ROUNDING = 1e-12  # "exact": equal to float rounding
 # the op name under which expert parallelism's per-expert row-count exchange is counted
@@ -104,8 +106,10 @@ class CheckRow:
 
     item: "comm", "activations", "state" or "peak memory"; what: "tp all-reduce", "layer 3",
     "weights"…; predicted, measured: bytes (None where there is nothing to compare); target:
-    "exact", "1%" or "-" (reported, outside the model); note: why they differ, or how the
-    prediction was composed; ranks: how many ranks the row stands for.
+    "exact", "1%", "algorithm" (a wire row: measured within `allowed`, the algorithm's bytes
+    plus the framing allowance) or "-"
+    (reported, outside the model); note: why they differ, or how the prediction was composed;
+    ranks: how many ranks the row stands for.
     """
 
     item: str
@@ -117,6 +121,7 @@ class CheckRow:
     rank: int = 0
     stage: int = 0
     ranks: int = 1
+    allowed: tuple[float, float] | None = None  # FRAMED: the measured bytes' bounds
 
     @property
     def error(self) -> float | None:
@@ -133,6 +138,9 @@ class CheckRow:
         error = self.error
         if self.target == REPORTED:
             return True
+        if self.target == FRAMED:
+            return (self.allowed is not None and self.measured is not None
+                    and self.allowed[0] <= self.measured <= self.allowed[1])
         if error is None:
             return False
         return abs(error) <= (_ROUNDING if self.target == EXACT else 0.01)
@@ -417,24 +425,30 @@ def _wire_row(key: tuple[str, str], ring: float, counted: Counted, steps: int,
     if measured.retransmitted:
         note += f"; {measured.retransmitted / steps:,.0f} B of the data sent again (TCP)"
     once = measured.data - measured.retransmitted  # what the algorithm sent
-    if payload and n > 1:
-        slack = FRAMING_PER_PEER * (n - 1) * calls  # the backend's own message headers
-        factor, ring_f = once / payload, ring_factor(op, n)
+    if not (payload and n > 1):
+        return CheckRow("wire", what, ring, measured.wire / steps, REPORTED, note)
+    slack = FRAMING_PER_PEER * (n - 1) * calls  # the backend's own message headers
+    ring_f = ring_factor(op, n)
+    other = OTHER_ALGORITHMS.get(op.split(" (")[0])
 
-        def near(f: float) -> bool:
-            return 0 <= once - f * payload <= slack
+    def near(f: float) -> bool:
+        return 0 <= once - f * payload <= slack
 
-        base = op.split(" (")[0]
-        other = OTHER_ALGORITHMS.get(base)
-        if near(ring_f) and not (other and near(other[0](n))):
-            note += f"; data = SPEC §5's {ring_f:.3g}·payload + message headers"
-        elif other and near(other[0](n)) and not near(ring_f):
-            note += f"; not the ring: {other[1]}"
-        elif near(ring_f):
-            note += "; payload too small to tell the algorithm from the message headers"
-        else:
-            note += f"; data {factor:.3g}·payload, not the ring's {ring_f:.3g}"
-    return CheckRow("wire", what, ring, measured.wire / steps, REPORTED, note)
+    if near(ring_f) and not (other and near(other[0](n))):
+        factor, say = ring_f, f"data = SPEC §5's {ring_f:.3g}·payload + message headers"
+    elif other and near(other[0](n)) and not near(ring_f):
+        factor, say = other[0](n), f"not the ring: {other[1]}"
+    elif near(ring_f):
+        factor, say = ring_f, "payload too small to tell the algorithm from the message headers"
+    else:
+        factor = other[0](n) if other else ring_f
+        say = (f"data {once / payload:.3g}·payload, not the ring's {ring_f:.3g}"
+               + (f" nor the {factor:.3g} of the backend's own algorithm" if other else ""))
+    # the wire = the algorithm's data + the backend's message headers (≤ `slack`) + what TCP
+    # sent again + the IP/TCP headers of the segments counted
+    low = factor * payload + measured.retransmitted + measured.segments * measured.header
+    return CheckRow("wire", what, ring, measured.wire / steps, FRAMED, f"{note}; {say}",
+                    allowed=(low / steps, (low + slack) / steps))
 
 
 def predicted_saved(model: ModelSpec, layout: Layout, train: TrainSpec, moe: bool

@@ -10,6 +10,7 @@ and what was measured: docs/concepts/profiles.md.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,11 @@ class Profile:
     residual_dropout: bool
     routing_per_copy: float = 0.0  # MoE bookkeeping bytes per routed copy (indices, weights)
     routing_per_token: float = 0.0  # … and per token
+    # routing weights applied inside the experts' activation (megatron-core 0.16.1
+    # moe/experts.py TEGroupedMLP: `weighted_bias_swiglu_impl(fc1_output, bias, permuted_probs)`;
+    # the dispatcher's unpermute takes no probs): the fp32 weight per routed copy is saved
+    # instead of the expert's output
+    probs_in_activation: bool = False
 
     def validate(self) -> Profile:
         if self.norm not in ("fused", "hf", "torch"):
@@ -69,7 +75,8 @@ PROFILES: dict[str, Profile] = {p.name: p.validate() for p in (
     Profile("megatron-te", "Megatron-Core + Transformer Engine",
             "Megatron-Core 0.16.1 (fused_bias_swiglu), Megatron-LM theoretical_memory_usage.py, "
             "Transformer Engine's layernorm_linear/attention (main branch)",
-            "derived from the source, not measured (TE needs CUDA)", "fused", "flag", False, True),
+            "derived from the source, not measured (TE needs CUDA)", "fused", "flag", False, True,
+            probs_in_activation=True),
     Profile("torchtitan", "torchtitan Llama 3 (FlexAttention)",
             "torchtitan 0.3.0 models/llama3, torch 2.13",
             "measured on CPU, attention core from the source (no FlexAttention backward on CPU)",
@@ -276,7 +283,8 @@ def _mlp_saved(prof: Profile, model: ModelSpec, tokens: Any, f: Any, ab: float, 
 def _moe_saved(prof: Profile, model: ModelSpec, tokens: Any, tp: Any, ab: float, etp: Any = 0
                ) -> dict[str, Any]:
     """Router probabilities (fp32) and, per routed copy (top_k per token, balanced routing),
-    the expert's input, its hidden activations and its output (kept for the gate product).
+    the expert's input, its hidden activations and its output (kept for the gate product; the
+    fp32 weight instead where the profile applies it inside the activation).
     With expert tensor parallelism (`etp`, 0 for tp) a rank holds the routed copies of its etp
     group's share of the tp group's tokens, `etp/tp` of them, at `f/etp`; shared experts run
     every token at `f/tp`."""
@@ -289,7 +297,10 @@ def _moe_saved(prof: Profile, model: ModelSpec, tokens: Any, tp: Any, ab: float,
                                                       + prof.routing_per_token)
     out["expert_inputs"] = copies * h * ab
     out.update(_mlp_saved(prof, model, copies, model.expert_d_ff / expert_tp, ab, "expert"))
-    out["expert_outputs"] = copies * h * ab
+    if prof.probs_in_activation:
+        out["expert_probs"] = copies * max(4.0, ab)
+    else:
+        out["expert_outputs"] = copies * h * ab
     if model.n_shared_experts:
         shared = _mlp_saved(prof, model, tokens, model.expert_d_ff / tp, ab, "shared")
         out.update({name: model.n_shared_experts * v for name, v in shared.items()})
@@ -356,14 +367,18 @@ def layer_bytes(profile: Profile | str, model: ModelSpec, seq_len: int, micro_ba
                 tp: Any = 1, sp: Any = False, cp: Any = 1, flash: bool = False,
                 selective: Any = False, full: Any = False, op_sac: Any = False,
                 dtype_bytes_: float = 2, moe: bool = False, etp: Any = 0, a2a: Any = 1,
-                fp8_inputs: float = 0.0) -> Any:
+                fp8_inputs: float = 0.0,
+                adjust: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> Any:
     """Sum of `saved_tensors`; under full recompute (`full`, scalar or boolean array) the
     layer input only, `s/c·b·h·bytes` (÷t with SP) — every profile checkpoints the layer;
     under per-op SAC (`op_sac`) what `op_sac_saved` keeps. `fp8_inputs` > 0: an FP8 recipe
-    keeps the linear inputs at that many bytes per element (`fp8_saved_delta`)."""
+    keeps the linear inputs at that many bytes per element (`fp8_saved_delta`). `adjust`
+    rewrites the saved tensors first (per-module recompute)."""
     saved = saved_tensors(profile, model, seq_len, micro_batch, tp=tp, sp=sp, cp=cp,
                           flash=flash, selective=selective, dtype_bytes_=dtype_bytes_, moe=moe,
                           etp=etp, a2a=a2a)
+    if adjust is not None:  # what per-module recompute frees (`estimate.activations`)
+        saved = adjust(saved)
     total = sum(saved.values())
     if fp8_inputs:
         total = total + fp8_saved_delta(saved, model, fused_attention(profile, flash),

@@ -358,7 +358,7 @@ class StepEstimate:
     @property
     def band(self) -> tuple[float, float]:
         """(low, high) step time of the band (`uncertainty`; the step time itself without)."""
-        width = self.uncertainty.band if self.uncertainty else 0.0
+        width = (self.uncertainty.band or 0.0) if self.uncertainty else 0.0
         return self.total * (1 - width), self.total * (1 + width)
 
     def time_to_train(self, tokens: float) -> float:

@@ -32,6 +32,8 @@ Modules, one job each:
     space       SearchSpace: the values each axis may take
     grid        enumeration and pruning, each rejected region counted with its reason
     evaluate    the array kernel (step time, rates, memory) and one layout's scalar evaluation
+    prune       large grids: every layout's memory, step times only under the thresholds
+                the answer depends on; `search_size` before a search runs
     rank        exact figure, fastest first, ties to the simpler layout, variants folded; a
                 given layout's position
     explain     the best layout per axis value, the simplest near the best; what would help
@@ -43,6 +45,7 @@ Modules, one job each:
 from shardwise.plan.baseline import choose_parallelism
 from shardwise.plan.evaluate import _layout_of, evaluate_candidates, evaluate_layout
 from shardwise.plan.grid import _enumerate, _flatten, _Rejections
+from shardwise.plan.prune import SearchSize, search_size
 from shardwise.plan.results import Alternative, PlanEntry, PlanResult, Rejection, SearchStats
 from shardwise.plan.search import plan
 from shardwise.plan.space import DEFAULT_HEADROOM, Constraint, SearchSpace
@@ -54,6 +57,7 @@ __all__ = [
     "PlanEntry",
     "PlanResult",
     "Rejection",
+    "SearchSize",
     "SearchSpace",
     "SearchStats",
     "_Rejections",
@@ -64,4 +68,5 @@ __all__ = [
     "evaluate_candidates",
     "evaluate_layout",
     "plan",
+    "search_size",
 ]

@@ -29,7 +29,15 @@ from shardwise.estimate.step import (
 )
 from shardwise.estimate.uncertainty import generation
 from shardwise.hardware import Cluster
-from shardwise.layout import CP_KINDS, Balanced, Layout, Partition, TrainSpec, ulysses_degree
+from shardwise.layout import (
+    CP_KINDS,
+    Balanced,
+    Layout,
+    Partition,
+    TrainSpec,
+    stage_extremes,
+    ulysses_degree,
+)
 from shardwise.plan.results import PlanEntry
 from shardwise.plan.space import DEFAULT_HEADROOM
 from shardwise.schedules.registry import (
@@ -164,7 +172,9 @@ def _per_pair(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[s
             cp=small["cp"], recompute=small["recompute"], flash=train.flash_attention,
             dtype=train.dtype, moe=moe, impl=train.profile, etp=small["etp"],
             a2a=small["a2a"],
-            fp8_inputs=ctx.fp8.saved_input_bytes() if ctx.fp8 else 0.0)
+            fp8_inputs=ctx.fp8.saved_input_bytes() if ctx.fp8 else 0.0,
+            modules=train.recompute_modules, act_fp8_store=train.act_fp8_store,
+            offload_modules=train.offload_modules)
 
     act = {"dense": per_layer(False), "moe": per_layer(True) if model.is_moe else 0.0}
     return _PerPair(ctx, Links.of(cluster, cal), costs, act, inverse, len(g_idx))
@@ -280,3 +290,82 @@ def evaluate_layout(model: ModelSpec, cluster: Cluster, train: TrainSpec, layout
                estimate_goodput(model, cluster, layout, train, estimate.total, reliability))
     return PlanEntry(layout, estimate, peak, cluster.accelerator.memory_bytes * headroom,
                      goodput=goodput)
+
+
+# ------------------------------------------------------- the pruned search's pieces (`prune`)
+def shared_costs(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[str, Any],
+                 calib: Calibration) -> _PerPair:
+    """Compute costs and activation bytes per (structure, micro-batch) × (sp, rc) of the
+    planner's grid, evaluated once for all the calls below."""
+    return _per_pair(model, cluster, train, cand, calib)
+
+
+def memory_grid(model: ModelSpec, train: TrainSpec, cand: dict[str, Any], shared: _PerPair,
+                rows: Any) -> Any:
+    """Peak per-stage memory (`peak_stage_total`) of the grid's `rows` × every (sp, rc)
+    column; `rows` should share one pp, so that only its stages are evaluated."""
+    sub = _take(cand, rows, None)
+    index = shared.inverse[rows] * 2 * len(RC_CODES) + sub["sp"] * len(RC_CODES) \
+        + sub["recompute"]
+    act = {k: np.broadcast_to(v, (shared.size,))[index] for k, v in shared.act.items()}
+    return peak_stage_total(model, train, **{k: sub[k] for k in _STEP_KEYS}, act=act,
+                            partition=_partition(sub), generation=shared.ctx.generation)
+
+
+# the step-time terms that depend on neither the ZeRO stage (beyond FP8 weight casts under
+# ZeRO-3, which only add) nor the ZeRO group, and are never simulated (the bubble is)
+FLOOR_TERMS = ("compute", "tp_comm", "cp_comm_exposed", "ep_comm", "pp_comm")
+
+
+def step_floor(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[str, Any],
+               shared: _PerPair, rows: Any) -> Any:
+    """A lower bound on the figure of every ZeRO variant of the grid's `rows` (× the (sp, rc)
+    columns): `FLOOR_TERMS` of `estimate.step.step_terms` at ZeRO stage 0, plus the bubble
+    except for the uneven pipelines the ranking simulates — the step time is their sum plus
+    the bubble, the exposed DP/ZeRO traffic and the optimizer step, each ≥ 0, and the
+    ranking's figure is the step time, or for those pipelines at least the step time less its
+    closed-form bubble (`rank`). `prune` checks the bound on every layout it times."""
+    sub = _take(cand, rows, None)
+    sub["zero"] = np.zeros_like(sub["zero"])
+    sub["zero_group"] = np.zeros_like(sub["zero_group"])
+    index = shared.inverse[rows] * 2 * len(RC_CODES) + sub["sp"] * len(RC_CODES) \
+        + sub["recompute"]
+
+    def gather(value: Any) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, tuple):
+            return type(value)(*(gather(x) for x in value)) if hasattr(value, "_fields") \
+                else tuple(gather(x) for x in value)
+        return np.broadcast_to(value, (shared.size,))[index]
+
+    terms = step_terms(shared.ctx, shared.links, train, **{k: sub[k] for k in _STEP_KEYS},
+                       costs={k: gather(v) for k, v in shared.costs.items()},
+                       partition=_partition(sub))
+    floor = sum(np.asarray(terms[k], dtype=float) for k in FLOOR_TERMS)
+    # the closed-form bubble is the figure's too, except where the ranking simulates it
+    most = stage_extremes(model.n_layers, sub["pp"], sub["chunks"], _partition(sub))[0]
+    exact = ~(simulated(sub) & (most * sub["pp"] != model.n_layers))
+    return floor + np.where(exact, np.asarray(terms["bubble"], dtype=float), 0.0)
+
+
+def flat_cells(cand: dict[str, Any], rows: Any, cols: Any) -> dict[str, Any]:
+    """The grid's cells (`rows[i]`, `cols[i]`) as flat arrays, the grid's tables kept."""
+    n_cols = np.shape(cand["sp"])[1]
+    out: dict[str, Any] = {}
+    for key, value in cand.items():
+        if key.startswith("_"):
+            out[key] = value
+        elif np.shape(value)[1] == n_cols and np.shape(value)[0] == 1:
+            out[key] = value[0, cols]
+        else:
+            out[key] = value[rows, 0]
+    out.pop("_valid", None)
+    return out
+
+
+def cell_terms(model: ModelSpec, cluster: Cluster, train: TrainSpec, cells: dict[str, Any],
+               shared: _PerPair, keys: Sequence[str]) -> dict[str, Any]:
+    """`evaluate_candidates`' `keys` of flat cells (`flat_cells`), with the costs `shared`."""
+    terms = _terms(model, cluster, train, cells, shared, np.asarray(cells["pair"]))
+    return {k: np.asarray(terms[k], dtype=float) for k in keys}

@@ -26,22 +26,24 @@ _ALTERNATIVE_AXES = (*AXES[1:], "cp_kind", "zero", "recompute", "schedule", "mic
 SIMPLEST_WITHIN = 0.01  # the explanation names the simplest layout this close to the winner
 
 
-def _alternatives(ranking: Ranking, best: int) -> list[Alternative]:
+def _alternatives(ranking: Ranking, best: int, values: dict[str, list[int]] | None = None,
+                  least: dict[tuple[str, int], float] | None = None) -> list[Alternative]:
     """For each axis and each value other than the winner's: the fastest fitting layout with
     that value by the figures the ranking knows (`Ranking.top(refine=False)`: the closed form's
     upper bound for uneven pipelines it did not simulate, so the best such layout is at least
     this fast), shown with its exact figure; or, if none fits, the least memory any such
-    layout needs."""
+    layout needs. `values` (each axis' values) and `least` (the least memory per axis value)
+    over the whole grid when the ranking holds only part of it (`prune.Pruned`)."""
     out = []
     cand, memory = ranking.cand, ranking.terms["memory"]
     for axis in _ALTERNATIVE_AXES:
-        for value in np.unique(cand[axis]):
+        for value in np.unique(cand[axis]) if values is None else values[axis]:
             if value == cand[axis][best]:
                 continue
             mask = cand[axis] == value
             if axis == "cp_kind":  # only layouts with context parallelism have a kind
                 mask &= cand["cp"] > 1
-                if not mask.any():
+                if not mask.any() and values is None:
                     continue
             shown: Any = int(value)
             if axis == "recompute":
@@ -58,7 +60,8 @@ def _alternatives(ranking: Ranking, best: int) -> list[Alternative]:
                 out.append(Alternative(axis, shown, float(ranking.figure(i)),
                                        _layout_of(cand, i).short(), None))
             else:
-                out.append(Alternative(axis, shown, None, None, float(memory[mask].min())))
+                out.append(Alternative(axis, shown, None, None, float(
+                    memory[mask].min() if least is None else least[(axis, int(value))])))
     return out
 
 

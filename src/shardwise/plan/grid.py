@@ -95,6 +95,18 @@ def _partitions(model: ModelSpec, pp: int, rule: str = "any"
 def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: SearchSpace,
                rejections: _Rejections) -> tuple[dict[str, np.ndarray], int]:
     """All valid candidates as flat int arrays (and the grid size)."""
+    rows, grid, axes, partitions = _structures(model, cluster, train, space, rejections)
+    if not rows:
+        return {}, grid
+    return _expand(model, train, rows, grid, axes, partitions, rejections)
+
+
+def _structures(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: SearchSpace,
+                rejections: _Rejections) -> tuple[list[tuple[int, ...]], int, dict[str, list],
+                                                  dict[int, dict[tuple[int, int], tuple]]]:
+    """Level 1 of the enumeration: the valid structures (rows `(t, p, c, e, dp, a, z, etp,
+    cp kind, ulysses)`), the grid size, the allowed axis values and the searched
+    partitions."""
     full, axes = space.constrained(space.resolve(model, cluster, train))
     rule = space.constraint or Constraint()
     outside = f"outside the constraints ({rule.describe()})"
@@ -121,7 +133,7 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
     cp_kinds = [(c, k) for c in full["cp"] for k in (full["cp_kind"] if c > 1 else [0])]
     grid = (len(full["tp"]) * sum(map(len, partitions.values())) * len(cp_kinds)
             * len(full["ep"]) * len(full["etp"]) * per_full)
-    rows = []
+    rows: list[tuple[int, ...]] = []
     for t, p, (c, kind), e, et in itertools.product(full["tp"], full["pp"], cp_kinds,
                                                     full["ep"], full["etp"]):
         whole = per_full * len(partitions[p])
@@ -174,8 +186,17 @@ def _enumerate(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sear
                            (partitions[p][ends] or default_split[p] for ends in kept
                             if ends not in split), ()))))
         rows += [(t, p, c, e, dp, a, z, et, kind, u) for a, z in split]
-    if not rows:
-        return {}, grid
+    return rows, grid, axes, partitions
+
+
+def _expand(model: ModelSpec, train: TrainSpec, rows: list[tuple[int, ...]], grid: int,
+            axes: dict[str, list], partitions: dict[int, dict[tuple[int, int], tuple]],
+            rejections: _Rejections) -> tuple[dict[str, np.ndarray], int]:
+    """Levels 2-5 of the enumeration, from the valid structures `rows`."""
+    gb, s, stack = train.global_batch, train.seq_len, train.stack
+    assert gb is not None
+    inner_keys = ("micro_batch", "schedule", "zero", "sp", "recompute")
+    inner = [len(axes[k]) for k in inner_keys]
     st = np.array(rows, dtype=np.int64)
 
     # level 2: × micro-batch — the global batch must split into dp·mb

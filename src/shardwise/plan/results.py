@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any
 
 from shardwise.arch import ModelSpec
@@ -87,6 +88,7 @@ class SearchStats:
     seconds: float
     evaluation_seconds: float
     simulated: int = 0  # layouts the ranking ran through the schedule simulator
+    timed: int = 0  # layouts whose step time was evaluated (all valid ones unless pruned)
 
     @property
     def layouts_per_s(self) -> float:
@@ -117,10 +119,23 @@ class PlanResult:
     all_variants: bool = False  # rows list every variant (else one row per family)
     rank_by: str = "step"  # "step" or "goodput" (`PlanEntry.figure`)
     reliability: Reliability = field(default_factory=Reliability)  # the goodput inputs
+    choose: str = "simplest"  # the recommendation inside the first tier (`rank.CHOOSE`)
 
     @property
     def best(self) -> PlanEntry:
         return self.ranked[0]
+
+    @cached_property
+    def tiering(self) -> Any:
+        """The rows' tiers and the recommendation (`rank.tiering`)."""
+        from shardwise.plan.rank import tiering
+
+        return tiering(self)
+
+    @property
+    def recommended(self) -> PlanEntry:
+        """The layout the headline, the explanation and the exports use (`rank.recommend`)."""
+        return self.ranked[self.tiering.recommended]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -129,7 +144,11 @@ class PlanResult:
                         "accelerator": self.cluster.accelerator.name,
                         "intra": self.cluster.intra.name, "inter": self.cluster.inter.name},
             "train": asdict(self.train), "headroom": self.headroom, "budget_bytes": self.budget,
-            "ranked": [e.to_dict() for e in self.ranked],
+            "ranked": [e.to_dict() | {"tier": t} for e, t in zip(self.ranked,
+                                                                  self.tiering.tier)],
+            "tiers": self.tiering.to_dict(), "choose": self.choose,
+            "recommended": self.recommended.to_dict()
+            | {"tier": self.tiering.tier[self.tiering.recommended]},
             "baseline": self.baseline.to_dict() if self.baseline else None,
             "baseline_note": self.baseline_note,
             "given": self.given.to_dict() if self.given else None, "given_note": self.given_note,

@@ -25,9 +25,17 @@ from shardwise.plan.evaluate import (
     evaluate_candidates,
     evaluate_layout,
 )
-from shardwise.plan.explain import _alternatives, _no_fit_message, _simplest
+from shardwise.plan.explain import SIMPLEST_WITHIN, _alternatives, _no_fit_message, _simplest
 from shardwise.plan.grid import _enumerate, _flatten, _Rejections, _structure_reason
-from shardwise.plan.rank import Ranking, rounded
+from shardwise.plan.prune import (
+    PRUNE_ABOVE,
+    BoundBroken,
+    Pruned,
+    family_fits,
+    prune_evaluate,
+    rank_bounds,
+)
+from shardwise.plan.rank import Ranking, _find, rounded
 from shardwise.plan.results import PlanEntry, PlanResult, SearchStats
 from shardwise.plan.space import DEFAULT_HEADROOM, SearchSpace
 
@@ -37,7 +45,8 @@ def plan(model: ModelSpec, cluster: Cluster, train: TrainSpec, top: int = 10, *,
          space: SearchSpace | None = None, layout: Layout | None = None,
          baseline: bool = True, progress: Callable[[str], None] | None = None,
          all_variants: bool = False, rank_by: str = "step",
-         reliability: Reliability | None = None) -> PlanResult:
+         reliability: Reliability | None = None,
+         prune_above: int = PRUNE_ABOVE) -> PlanResult:
     """Search every layout of `model` on `cluster` for `train` (within `space`, its
     `constraint` included), rank by step time, or with `rank_by="goodput"` by the effective
     step time, step ÷ goodput under `reliability` (`estimate.goodput`; default: the published
@@ -54,7 +63,7 @@ def plan(model: ModelSpec, cluster: Cluster, train: TrainSpec, top: int = 10, *,
     if space is not None and space.offload:
         return _best_offload(model, cluster, train, top, space, headroom=headroom, calib=calib,
                              layout=layout, baseline=baseline, progress=progress,
-                             all_variants=all_variants)
+                             all_variants=all_variants, prune_above=prune_above)
     started = time.perf_counter()
     say = progress or (lambda message: None)
     check_specs(model=model, layout=layout, cluster=cluster, train=train,
@@ -91,19 +100,36 @@ def plan(model: ModelSpec, cluster: Cluster, train: TrainSpec, top: int = 10, *,
         )
     n = int(cand["_valid"].sum())
     say(f"evaluating {n:,} layouts")
+    base_layout, base_error = None, None
+    if baseline:
+        try:
+            base_layout = choose_parallelism(model, cluster, train, headroom=headroom)
+        except ShardwiseError as exc:
+            base_error = exc
     eval_start = time.perf_counter()
-    terms = evaluate_candidates(model, cluster, train, cand, cal, keys=(
-        "total", "memory", "bubble", "t_forward", "t_backward", "t_wgrad"))
-    cand, flat_terms = _flatten(cand, terms)
-    assert flat_terms is not None
-    terms = flat_terms
+    pruned: Pruned | None = None
+    if rank_by == "step" and n > prune_above:
+        try:
+            pruned = prune_evaluate(model, cluster, train, cand, cal, budget, top,
+                                    not all_variants, SIMPLEST_WITHIN,
+                                    (base_layout, given.layout if given else None))
+        except BoundBroken:  # the step model no longer bounds so: evaluate every layout
+            pruned = None
+    if pruned is not None:
+        cand, terms, fits, n_fit = pruned.cand, pruned.terms, pruned.fits, pruned.n_fit
+    else:
+        terms = evaluate_candidates(model, cluster, train, cand, cal, keys=(
+            "total", "memory", "bubble", "t_forward", "t_backward", "t_wgrad"))
+        cand, flat_terms = _flatten(cand, terms)
+        assert flat_terms is not None
+        terms = flat_terms
+        fits = terms["memory"] <= budget
+        n_fit = int(fits.sum())
     eval_seconds = time.perf_counter() - eval_start
-    fits = terms["memory"] <= budget
-    n_fit = int(fits.sum())
     if n_fit < n:
         over = ~fits
         i = int(np.argmin(np.where(over, terms["total"], np.inf)))
-        rejections.add("does not fit in GPU memory", int(over.sum()),
+        rejections.add("does not fit in GPU memory", n - n_fit,
                        f"fastest such, {_layout_of(cand, i).short()}, needs "
                        f"{terms['memory'][i] / 2**30:.1f} GiB, {(terms['memory'][i] - budget) / 2**30:.1f} "
                        f"GiB over the {budget / 2**30:.1f} GiB budget", "memory")
@@ -122,7 +148,12 @@ def plan(model: ModelSpec, cluster: Cluster, train: TrainSpec, top: int = 10, *,
         scale = np.where(usable, 1 / timing["goodput"], np.inf)
     ranking = Ranking(model, cand, terms, fits, scale)
     rows = ranking.top(top, fold=not all_variants)
-    variants = ranking.variants(rows) if not all_variants else [0] * len(rows)
+    if all_variants:
+        variants = [0] * len(rows)
+    elif pruned is not None:  # counted over the whole grid
+        variants = [family_fits(pruned, _layout_of(cand, int(i))) - 1 for i in rows]
+    else:
+        variants = ranking.variants(rows)
 
     def entry(i: int, variants: int = 0) -> PlanEntry:
         found = evaluate_layout(model, cluster, train, _layout_of(cand, i), cal, headroom,
@@ -138,28 +169,41 @@ def plan(model: ModelSpec, cluster: Cluster, train: TrainSpec, top: int = 10, *,
     best = int(rows[order[0]])
     outside = ("outside the search space or its constraints" if space and space.constraint
                else "outside the search space")
+    def position(layout: Layout) -> tuple[int | None, str | None]:
+        """The rank of `layout` among the fitting layouts and how a note says it (the bounds
+        it lies between when pruning left it open); (None, None) if the search lacks it."""
+        pos = ranking.position(layout, model.n_layers)
+        if pos is None:
+            return None, None
+        if pruned is not None:
+            hit = _find(cand, layout, model.n_layers)
+            assert hit is not None
+            low, high = rank_bounds(pruned, pos, float(ranking.figure(hit)))
+            if high > low:
+                return None, (f"rank {low:,} to {high:,} of {n_fit:,} fitting layouts (bounds: "
+                              f"{high - low:,} layouts that may be ahead were not timed)")
+        return pos, f"rank {pos} of {n_fit:,} fitting layouts"
+
     base, note = None, ""
-    if baseline:
-        try:
-            base_layout = choose_parallelism(model, cluster, train, headroom=headroom)
-            base = evaluate_layout(model, cluster, train, base_layout, cal, headroom,
-                                   reliability=rel)
-            pos = ranking.position(base_layout, model.n_layers)
-            note = f"rank {pos} of {n_fit:,} fitting layouts" if pos else outside
-        except ShardwiseError as exc:
-            note = f"the §7 procedure finds no layout: {exc}"
+    if base_layout is not None:
+        base = evaluate_layout(model, cluster, train, base_layout, cal, headroom,
+                               reliability=rel)
+        note = position(base_layout)[1] or outside
+    elif base_error is not None:
+        note = f"the §7 procedure finds no layout: {base_error}"
     given_note = ""
     if given is not None:
-        pos = ranking.position(given.layout, model.n_layers)
+        pos, text = position(given.layout)
         given = replace(given, budget=budget, rank=pos)
-        given_note = (f"rank {pos} of {n_fit:,} fitting layouts" if pos else
-                      "does not fit in GPU memory" if not given.fits else outside)
-    alternatives = _alternatives(ranking, best)
+        given_note = text or ("does not fit in GPU memory" if not given.fits else outside)
+    alternatives = (_alternatives(ranking, best) if pruned is None else
+                    _alternatives(ranking, best, pruned.values, pruned.least))
     simple = _simplest(ranking, best)
     simplest = ranked[0] if simple == best else entry(simple)
     seconds = time.perf_counter() - started
     return PlanResult(model, cluster, train, headroom, budget, cal, ranked, rejections.result(),
-                      SearchStats(grid, n, n_fit, seconds, eval_seconds, ranking.simulations),
+                      SearchStats(grid, n, n_fit, seconds, eval_seconds, ranking.simulations,
+                                  pruned.evaluated if pruned is not None else n),
                       base, note, given, given_note, alternatives, simplest,
                       space.constraint.describe() if space and space.constraint else "",
                       all_variants, rank_by, rel)

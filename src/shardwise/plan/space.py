@@ -95,6 +95,12 @@ class SearchSpace:
         for name in recompute:
             if name not in RC_CODES:
                 raise ShardwiseError(f"unknown recompute {name!r}; valid: {', '.join(RC_CODES)}")
+        searched = [r for r in recompute if r in stack.recompute]
+        fixed = self.constraint.fixed if self.constraint else ()
+        for key, value in fixed:  # a recompute not searched: no grid at all, so say so here
+            if key == "recompute" and value not in searched:
+                raise ShardwiseError(f"--fix recompute={value}: the {stack.name} search has no "
+                                     f"{value} recompute; valid: {', '.join(searched)}")
         for name in self.cp_kinds:
             if name not in CP_KINDS:
                 raise ShardwiseError(f"unknown cp kind {name!r}; valid: {', '.join(CP_KINDS)}")
@@ -103,7 +109,7 @@ class SearchSpace:
                 "cp_kind": [CP_KINDS.index(k) for k in self.cp_kinds if k in stack.cp_kinds]
                 or [0],
                 "zero": zero, "sp": [int(bool(x)) for x in self.sp],
-                "recompute": [RC_CODES[r] for r in recompute if r in stack.recompute]}
+                "recompute": [RC_CODES[r] for r in searched]}
 
     def constrained(self, axes: dict[str, list]) -> tuple[dict[str, list], dict[str, list]]:
         """(the grid: `axes` with each `--fix` value added where missing, the values the

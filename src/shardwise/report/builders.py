@@ -10,7 +10,7 @@ plain JSON types. Bad input raises `ShardwiseError` (CLI: one line, exit 2; API:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import shardwise.validate as validate
@@ -287,7 +287,8 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str | Accelerator = "h100"
              offload_fraction: float = 1.0, rank_by: str = "step",
              mtbf_gpu_hours: float | None = None, checkpoint_bandwidth: str | None = None,
              restart_minutes: float | None = None, async_checkpoint: bool = False,
-             export: str | None = None) -> Any:
+             export: str | None = None, choose: str = "simplest",
+             prune_above: int | None = None) -> Any:
     """Validate the plan options and search every layout (SPEC §7); returns the `PlanResult`.
     `partition` or `first_stage_layers`/`last_stage_layers` set the given layout's stages.
     `layout_text` (`tp=8,pp=2,zero=1`; dp: the GPUs the other axes leave) is evaluated too.
@@ -298,9 +299,15 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str | Accelerator = "h100"
     the stack's offloads with none (`SearchSpace.offload`). `rank_by` ("step" or "goodput")
     and the failure and checkpoint inputs (`reliability`) set how rows rank and what their
     goodput is. `export` (`--emit`): the framework the chosen layout goes to, whose refusals
-    come first."""
+    come first. `choose` ("simplest" or "fastest", `plan.rank.CHOOSE`): which row of the first
+    tier is recommended — the headline, the explanation and the exports use it. `prune_above`:
+    the valid layouts above which the search prunes (`plan`)."""
     from shardwise.calibration import load_calibration
     from shardwise.plan import Constraint, SearchSpace, plan
+    from shardwise.plan.rank import CHOOSE
+
+    if choose not in CHOOSE:
+        raise ShardwiseError(f"--choose {choose!r}: use one of {', '.join(CHOOSE)}")
 
     cluster, machine_calib = cluster_for(gpus, gpu, gpus_per_node, intra, inter,
                                          calibration_path)
@@ -341,9 +348,13 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str | Accelerator = "h100"
     inputs.check_stack(train)
     space = SearchSpace(constraint=Constraint.parse(fix_text, max_text),
                         offload=train.stack.offload_kinds() if auto else None)
-    return plan(spec, cluster, train, top, headroom=headroom, calib=calib, layout=given,
-                progress=progress, space=space, all_variants=all_variants, rank_by=rank_by,
-                reliability=inputs)
+    from shardwise.plan.prune import PRUNE_ABOVE
+
+    result = plan(spec, cluster, train, top, headroom=headroom, calib=calib, layout=given,
+                  progress=progress, space=space, all_variants=all_variants, rank_by=rank_by,
+                  reliability=inputs,
+                  prune_above=PRUNE_ABOVE if prune_above is None else prune_above)
+    return replace(result, choose=choose)
 
 
 def reliability(mtbf_gpu_hours: float | None = None, checkpoint_bandwidth: str | None = None,
@@ -384,16 +395,35 @@ def training_budget(tokens: str | None, price: float | None) -> float | None:
     return budget
 
 
-def emit_payload(framework: str, result: Any) -> dict[str, Any]:
+def emit_payload(framework: str, result: Any, launcher: str | None = None,
+                 image: str | None = None, job_name: str | None = None) -> dict[str, Any]:
     """`shardwise plan --emit F --json`: the launch configuration of the chosen layout (yours
-    with --layout, else the winner) for Megatron-LM, torchtitan or DeepSpeed."""
+    with --layout, else the recommended one, `PlanResult.recommended`) for Megatron-LM,
+    torchtitan or DeepSpeed; with `launcher` (`emit.launchers.LAUNCHERS`) the job that runs it
+    on the planned nodes (`script`), and every launcher's job or why it cannot write one
+    (`launchers`; k8s needs `image`)."""
     from shardwise.emit import emit
+    from shardwise.emit.launchers import LAUNCHERS, launcher_script
 
-    chosen = result.given.layout if result.given is not None else result.best.layout
+    chosen = result.given.layout if result.given is not None else result.recommended.layout
     emitted = emit(framework, result.model, chosen, result.train,
                    result.cluster.gpus_per_node, result.cluster)
     train = result.train
+    jobs: dict[str, Any] = {}
+    assert emitted.launch is not None  # every framework's export has one
+    for name in LAUNCHERS:  # each launcher's job, or why it cannot write one
+        try:
+            jobs[name] = launcher_script(
+                name, emitted.launch, chosen.world_size, image=image,
+                name=job_name or f"{result.model.name}-{chosen.short()}",
+                accelerator=result.cluster.accelerator.calibration_name)
+        except ShardwiseError as exc:
+            if name == launcher:
+                raise
+            jobs[name] = {"error": str(exc)}
     return {"framework": framework, "layout": chosen.to_dict(), "config": emitted.text,
+            "launcher": launcher, "script": jobs[launcher] if launcher else None,
+            "launchers": jobs,
             "notes": list(emitted.notes),
             "plan": {"model": result.model.name, "seq_len": train.seq_len,
                      "global_batch": train.global_batch, "dtype": train.dtype,
@@ -401,23 +431,40 @@ def emit_payload(framework: str, result: Any) -> dict[str, Any]:
                      "stack": train.settings().to_dict()}}
 
 
-def plan_payload(result: Any, *, tokens: str | None = None,
-                 price: float | None = None) -> dict[str, Any]:
+def plan_payload(result: Any, *, tokens: str | None = None, price: float | None = None,
+                 failure_model: str | None = None, simulate: int | None = None,
+                 stragglers: str | None = None) -> dict[str, Any]:
     """`shardwise plan --json`: the search result (ranked layouts with step-time and memory
     breakdowns and goodput, baseline, your layout, rejected regions, statistics), the
-    explanation, time and cost of the token budget, the winner's goodput (with the budget: its
-    expected interruptions, days, GPU-hours and cost), and the chosen layout's three launch
-    configurations (or why one cannot be written)."""
+    explanation, time and cost of the token budget, the recommended layout's goodput (with the
+    budget: its expected interruptions, days, GPU-hours and cost), and the chosen layout's
+    three launch configurations (or why one cannot be written). Every row's tier, the tiers'
+    resolution and rule, and the `recommended` row (`PlanResult.tiering`); every estimate's
+    `uncertainty` carries its band's bounds in seconds (`low`, `high`; `_95` at 95 %). With
+    `failure_model`, the recommended layout's run simulated under it (`report.simulation`)."""
+    from shardwise.estimate.uncertainty import bounds
     from shardwise.plan.rank import SECOND_ORDER, SIMPLER
     from shardwise.report.plan_report import explain, goodput_summary, training_summary
+    from shardwise.report.simulation import simulation_payload
 
     out = result.to_dict()
+    out.pop("simplest", None)  # the recommendation replaces it
+    for key in ("baseline", "given"):  # off the ranking: no tier of their own
+        if out[key] is not None:
+            out[key]["tier"] = None
+    for entry in (*out["ranked"], out["recommended"], out["baseline"], out["given"]):
+        sure = entry["estimate"]["uncertainty"] if entry else None
+        if sure is not None:
+            sure.update(bounds(entry["estimate"]["total"], sure))
     out["stack"] = result.train.settings().to_dict()
     out["explanation"] = explain(result)
     out["tie_break"], out["second_order"] = list(SIMPLER), list(SECOND_ORDER)
     budget = training_budget(tokens, price)
-    out["training"] = training_summary(result.best, budget, price)
-    out["goodput"] = goodput_summary(result.best, budget, price)
+    out["training"] = training_summary(result.recommended, budget, price)
+    out["goodput"] = goodput_summary(result.recommended, budget, price)
+    out["goodput_simulated"] = (simulation_payload(result, failure_model, runs=simulate,
+                                                   tokens=budget, stragglers=stragglers)
+                                if failure_model else None)
     emits: dict[str, Any] = {}
     own = result.train.stack.export  # the stack's own framework first, the others say why not
     for framework in sorted(FRAMEWORKS, key=lambda name: name != own):

@@ -7,21 +7,23 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from shardwise.estimate.goodput import CHECKPOINTS
 from shardwise.estimate.profiles import fused_attention, get_profile
-from shardwise.layout import AXES, RECOMPUTE_LIGHTEST_FIRST, Layout
+from shardwise.estimate.uncertainty import COVERAGE, DOCS
+from shardwise.layout import RECOMPUTE_LIGHTEST_FIRST, Layout
 from shardwise.placement import members_per_node
 from shardwise.plan import Alternative, PlanEntry, PlanResult
-from shardwise.plan.explain import SIMPLEST_WITHIN
+from shardwise.plan.rank import exposed_comm, parallel_axes
 from shardwise.report.text import table as _table
-from shardwise.units import human_count, human_time
+from shardwise.units import human_count, human_rate, human_time
 from shardwise.validate import finite_result
 
-__all__ = ["breakdown_table", "explain", "goodput_sentence", "goodput_summary", "goodput_table",
-           "memory_table", "ranked_table", "ranked_title", "render_plan", "training_summary",
-           "variants_text"]
+__all__ = ["band_text", "breakdown_table", "explain", "goodput_sentence", "goodput_summary",
+           "goodput_table", "headline", "memory_table", "ranked_table", "ranked_title",
+           "render_plan", "training_summary", "variants_text"]
 
 _LABELS = {"compute": "compute", "tp_comm": "TP comm (exposed)",
            "cp_comm_exposed": "CP comm (exposed)", "ep_comm": "EP all-to-all",
@@ -42,9 +44,17 @@ def variants_text(n: int) -> str:
     return f"+{n} variant{'s' if n != 1 else ''}" if n else ""
 
 
-def ranked_title(result: PlanResult) -> str:
-    """The ranked table's title: what the rows are ranked by, how many fit, what the columns
-    count."""
+def band_text(sure: Any) -> str:
+    """"±6%" (the printed band, `estimate.uncertainty`), "not validated" where no group of
+    published runs backs one, "" without a band (the this-machine preset)."""
+    if sure is None:
+        return ""
+    return f"±{round(sure.band * 100)}%" if sure.band is not None else "not validated"
+
+
+def ranked_title(result: PlanResult, wide: bool = True) -> str:
+    """The ranked table's title: what the rows are ranked by, how many fit, what the tiers
+    and marks mean, where the bands are measured; `wide`: what every column counts."""
     folded = ("" if result.all_variants else
               "; +N variants: layouts that differ only in ZeRO group size or stage partition, "
               "folded into their best (--all-variants lists them)")
@@ -52,39 +62,75 @@ def ranked_title(result: PlanResult) -> str:
           if result.rank_by == "goodput" else "step time")
     stack = result.train.stack
     export = f", --emit {stack.export}" if stack.export else ", no export"
+    tiers = result.tiering
+    columns = ("; memory = largest stage, GiB; MFU and HFU count full attention, "
+               "6N + 12·L·h·s FLOPs per token" if wide else
+               "; mem = largest stage, GiB; MFU counts full attention")
     return (f"Top {len(result.ranked)} layouts by {by} for {stack.title} "
-            f"({stack.label}{export}; of {result.stats.fits:,} that fit"
-            f"{folded}; step ± its band from published runs of the nearest group; † relies "
-            "on something no published run validates; memory = largest stage, GiB; "
-            "MFU and HFU count full attention, 6N + 12·L·h·s FLOPs per token)")
+            f"({stack.label}{export}; of {result.stats.fits:,} that fit{folded}; "
+            f"tier: rows closer than the model resolves (±{tiers.resolution:.1%}) share one; "
+            f"★ recommended ({result.choose}); step ± its {COVERAGE:.0%} band from published "
+            f"runs of the group named in the explanation ({DOCS}); † relies on something no "
+            f"published run validates{columns})")
 
 
-def ranked_table(result: PlanResult) -> Table:
-    """The top layouts, one row each: step time, its band, (ranking by goodput: the effective
-    step time,) goodput, rates, MFU/HFU, memory, the step's shares."""
+def ranked_table(result: PlanResult, wide: bool = False) -> Table:
+    """The top layouts, one row each, tiers separated and the recommended row marked:
+    compact (fits 80 columns: step and its band, tokens/s, MFU, memory) or `wide` (also the
+    effective step, goodput, HFU and the step's shares). Numbers never wrap or truncate; the
+    layout column folds."""
     effective = result.rank_by == "goodput"
-    table = _table(ranked_title(result),
-                   ["#", "layout", "step", *(["eff. step"] if effective else []),
-                    "goodput", "tokens/s", "MFU", "HFU", "mem GiB", "compute", "TP", "DP",
-                    "PP+bubble", "other"])
-    for entry in result.ranked:
+    heads = (["#", "tier", "layout", "step", *(["eff. step"] if effective else []),
+              "goodput", "tokens/s", "MFU", "HFU", "mem GiB", "compute", "TP", "DP",
+              "PP+bubble", "other"] if wide else
+             ["#", "tier", "layout", "step", *(["eff. step"] if effective else []),
+              "tok/s", "MFU", "mem"])
+    table = _table(ranked_title(result, wide), heads)
+    for i, column in enumerate(table.columns):
+        if heads[i] == "layout":
+            column.overflow, column.min_width, column.justify = "fold", 12, "left"
+        else:
+            column.no_wrap = True
+    tiers = result.tiering
+    for k, entry in enumerate(result.ranked):
         good = entry.goodput
         e = entry.estimate
-        share = {k: v / e.total for k, v in e.breakdown().items()}
+        share = {key: v / e.total for key, v in e.breakdown().items()}
         other = share["cp_comm_exposed"] + share["ep_comm"] + share["optimizer"]
         folded = variants_text(entry.variants)
         sure = e.uncertainty
-        table.add_row(str(entry.rank),
-                      entry.layout.short() + (f" [dim]{folded}[/]" if folded else "")
-                      + (" †" if sure and sure.unvalidated else ""),
-                      human_time(e.total) + (f" ±{round(sure.band * 100)}%" if sure else ""),
-                      *([human_time(entry.figure("goodput"))] if effective else []),
-                      _pct(good.goodput) if good else "",
-                      human_count(e.tokens_per_s), _pct(e.mfu), _pct(e.hfu),
-                      _gib(entry.memory.total), _pct(share["compute"]), _pct(share["tp_comm"]),
-                      _pct(share["dp_comm_exposed"]),
-                      _pct(share["pp_comm"] + share["bubble"]), _pct(other))
+        band = band_text(sure)
+        step = human_time(e.total) + ("\n" if band == "not validated" else " " if band else "")
+        mark = " ★" if k == tiers.recommended else ""
+        if folded and not wide:
+            folded = f"+{entry.variants}"
+        layout = (entry.layout.short() + (f" [dim]{folded}[/]" if folded else "")
+                  + (" †" if sure and sure.unvalidated else ""))
+        effective_cell = [human_time(entry.figure("goodput"))] if effective else []
+        cells = ([_pct(good.goodput) if good else "", human_count(e.tokens_per_s), _pct(e.mfu),
+                  _pct(e.hfu), _gib(entry.memory.total), _pct(share["compute"]),
+                  _pct(share["tp_comm"]), _pct(share["dp_comm_exposed"]),
+                  _pct(share["pp_comm"] + share["bubble"]), _pct(other)] if wide else
+                 [human_count(e.tokens_per_s), _pct(e.mfu), _gib(entry.memory.total)])
+        last = k + 1 == len(result.ranked) or tiers.tier[k + 1] != tiers.tier[k]
+        table.add_row(str(entry.rank), f"{tiers.tier[k]}{mark}", layout, step + band,
+                      *effective_cell, *cells, end_section=last)
     return table
+
+
+def headline(result: PlanResult) -> str:
+    """One line: the recommended layout, why it (its tier and the rule), and its figures."""
+    rec, tiers = result.recommended, result.tiering
+    e = rec.estimate
+    band = band_text(e.uncertainty)
+    why = ("the fastest row" if result.choose == "fastest" else
+           "the simplest of the first tier: fewest parallel axes, then least exposed "
+           "communication, then memory headroom")
+    return (f"Recommended: {rec.layout.short()} (#{rec.rank}, {why}; {tiers.count} of "
+            f"{len(result.ranked)} rows shown are in the first tier) — "
+            f"{human_time(e.total)}{' ' + band if band else ''} per step, "
+            f"{human_count(e.tokens_per_s)} tokens/s, {e.mfu:.1%} MFU, "
+            f"{rec.memory.total / 2**30:.1f} GiB.")
 
 
 def breakdown_table(entry: PlanEntry, title: str = "Step time") -> Table:
@@ -113,8 +159,12 @@ def memory_table(entry: PlanEntry) -> Table:
     return table
 
 
-def _closest(alternatives: list[Alternative], axis: str) -> Alternative | None:
-    options = [a for a in alternatives if a.axis == axis and a.best_total is not None]
+def _closest(alternatives: list[Alternative], axis: str,
+             layout: Layout | None = None) -> Alternative | None:
+    """The fastest alternative along `axis` (none with `layout`'s own value)."""
+    own = getattr(layout, axis, None) if layout is not None else None
+    options = [a for a in alternatives if a.axis == axis and a.best_total is not None
+               and a.value != own]
     return min(options, key=lambda a: a.best_total or 0.0) if options else None
 
 
@@ -150,25 +200,30 @@ def _recompute_adds(recompute: str) -> str:
 
 
 def _validation_sentence(result: PlanResult) -> str:
-    """How sure the winner's step time is, and — when it relies on what no published run
-    measured and beats the best validated layout shown by more than its band — why."""
-    sure = result.best.estimate.uncertainty
+    """How sure the recommended layout's step time is (its band, the group and how it was
+    formed, where it is published), and — when it relies on what no published run measured
+    and beats the best validated layout shown by more than its band — why."""
+    rec = result.recommended
+    sure = rec.estimate.uncertainty
     if sure is None:
         return ""
-    text = (f"Its step time is good to ±{sure.band:.0%} ({sure.runs} published runs of the "
-            f"nearest group, {sure.group}, out of sample)")
-    if sure.validated:
+    if sure.band is None:
+        text = (f"Its step time is not validated: {sure.basis} ({DOCS})")
+    else:
+        text = (f"Its step time is good to ±{sure.band:.0%} at {sure.coverage:.0%} coverage "
+                f"({sure.basis}; {DOCS})")
+    if sure.on_ground:
         return text + "."
     text += f"; no published run measures {', '.join(sure.unvalidated)}"
     validated = [e for e in result.ranked if e.estimate.uncertainty
-                 and e.estimate.uncertainty.validated]
-    total = result.best.estimate.total
+                 and e.estimate.uncertainty.on_ground]
+    total = rec.estimate.total
     if not validated:
         return text + ", and no layout shown avoids that: treat the ranking as unvalidated."
     ref = validated[0]
     gain = ref.estimate.total / total - 1
-    why = ("more than the band: the gain comes from what is not validated"
-           if gain > sure.band else "within the band")
+    why = ("within the band" if sure.band is not None and gain <= sure.band else
+           "more than the band: the gain comes from what is not validated")
     return (text + f". The best validated layout shown, {ref.layout.short()} (#{ref.rank}), "
             f"takes {human_time(ref.estimate.total)} ({gain:+.0%}), {why}.")
 
@@ -177,31 +232,27 @@ def explain(result: PlanResult) -> str:
     """One paragraph: why the winner wins, axis by axis, from the search's own alternatives
     (compared by the figure ranked: step time, or effective step time), and what failures and
     checkpoints cost it (`goodput_sentence`)."""
-    best = result.best
+    best = result.recommended
     lay, e = best.layout, best.estimate
     total, figure = e.total, best.figure(result.rank_by)
     alts = result.alternatives
     cl = result.cluster
-    lead = (f"{lay.short()} is the fastest of {result.stats.fits:,} layouts that fit"
-            if result.rank_by == "step" else
-            f"{lay.short()} has the shortest effective step time (step ÷ goodput) of "
-            f"{result.stats.fits:,} layouts that fit, {human_time(figure)}")
     sentences = [
-        f"{lead}: "
+        f"{_lead(result)}: "
         f"{human_time(e.total)} per step, {human_count(e.tokens_per_s)} tokens/s, "
         f"{e.mfu:.1%} MFU ({e.mfu_causal:.1%} counting only the causal half of attention; "
         f"HFU {e.hfu:.1%} also counts {_recompute_adds(lay.recompute)})."]
-    sentences.append(_simplest_sentence(result))
+    sentences.append(_tier_sentence(result))
     sentences.append(_validation_sentence(result))
     if lay.tp > 1:
         where = "inside each node" if lay.tp <= cl.gpus_per_node else "across nodes"
         sentences.append(
             f"TP {lay.tp} shards every layer {where} over {cl.intra.name}; its "
             f"{'reduce-scatters and all-gathers (sequence parallel)' if lay.sp else 'all-reduces'} "
-            f"cost {e.tp_comm / total:.0%} of the step{_slower(_closest(alts, 'tp'), figure)}.")
+            f"cost {e.tp_comm / total:.0%} of the step{_slower(_closest(alts, 'tp', lay), figure)}.")
     else:
         sentences.append("No tensor parallelism: per-layer all-reduces would cost more than "
-                         f"they save{_slower(_closest(alts, 'tp'), figure)}.")
+                         f"they save{_slower(_closest(alts, 'tp', lay), figure)}.")
     if lay.pp > 1:
         in_node = members_per_node("pp", cl.gpus_per_node, pp=lay.pp, dp=lay.dp, cp=lay.cp,
                                    tp=lay.tp, ep=lay.ep)
@@ -214,10 +265,10 @@ def explain(result: PlanResult) -> str:
             f"PP {lay.pp} {span} gives {each}; "
             f"{sched} over {_count(e.microbatches, 'micro-batch')} leaves a "
             f"{e.bubble / total:.1%} "
-            f"bubble{_slower(_closest(alts, 'pp'), figure)}.")
+            f"bubble{_slower(_closest(alts, 'pp', lay), figure)}.")
     else:
         sentences.append("No pipeline, so no bubble"
-                         f"{_slower(_closest(alts, 'pp'), figure)}.")
+                         f"{_slower(_closest(alts, 'pp', lay), figure)}.")
     if lay.cp > 1:
         moves = {"ring": "ring attention's K/V transfers",
                  "ulysses": "Ulysses' all-to-alls over heads",
@@ -227,7 +278,7 @@ def explain(result: PlanResult) -> str:
                               "reduce-scatters)"}[lay.cp_kind]
         sentences.append(f"CP {lay.cp} splits each sequence; {moves} add "
                          f"{e.cp_comm_exposed / total:.1%}"
-                         f"{_slower(_closest(alts, 'cp_kind'), total)}.")
+                         f"{_slower(_closest(alts, 'cp_kind', lay), figure)}.")
     if lay.ep > 1:
         sentences.append(f"EP {lay.ep} spreads the experts; the all-to-alls cost "
                          f"{e.ep_comm / total:.0%}.")
@@ -239,7 +290,7 @@ def explain(result: PlanResult) -> str:
         sentences.append(
             f"ZeRO-{lay.zero} shards state {where}; "
             f"{e.dp_comm_exposed / total:.1%} of DP traffic stays exposed"
-            f"{_slower(_closest(alts, 'zero'), figure)}.")
+            f"{_slower(_closest(alts, 'zero', lay), figure)}.")
     elif lay.dp * lay.cp > 1:
         sentences.append(f"Plain data parallelism over {lay.dp * lay.cp} replicas; "
                          f"{e.dp_comm_exposed / total:.1%} of the gradient all-reduce is "
@@ -269,22 +320,40 @@ def explain(result: PlanResult) -> str:
     return " ".join(sentences)
 
 
-def _axes(layout: Layout) -> int:
-    return sum(getattr(layout, axis) > 1 for axis in AXES)
+def _lead(result: PlanResult) -> str:
+    """What the recommended layout is among the layouts that fit."""
+    rec, fits = result.recommended, result.stats.fits
+    if result.rank_by == "goodput":
+        what = (f"has the shortest effective step time (step ÷ goodput) of {fits:,} layouts "
+                "that fit" if rec is result.best else
+                f"is recommended among {fits:,} layouts that fit (effective step time "
+                f"{human_time(rec.figure('goodput'))})")
+        return f"{rec.layout.short()} {what}"
+    what = (f"is the fastest of {fits:,} layouts that fit" if rec is result.best else
+            f"is recommended among {fits:,} layouts that fit")
+    return f"{rec.layout.short()} {what}"
 
 
-def _simplest_sentence(result: PlanResult) -> str:
-    """The simplest layout within 1 % of the winner (fewest of dp, tp, pp, cp, ep > 1)."""
-    best, simple = result.best, result.simplest
-    if simple is None:
-        return ""
-    if simple.layout == best.layout:
-        return (f"No layout within {SIMPLEST_WITHIN:.0%} of it uses fewer parallel axes "
-                f"({_axes(best.layout)}).")
-    slower = simple.figure(result.rank_by) / best.figure(result.rank_by) - 1
-    return (f"The simplest layout within {SIMPLEST_WITHIN:.0%} is {simple.layout.short()} "
-            f"({_axes(simple.layout)} parallel axes against {_axes(best.layout)}, "
-            f"{slower:+.1%}): often the one to run.")
+def _tier_sentence(result: PlanResult) -> str:
+    """Which rows the model cannot tell apart (the first tier) and why the recommended one
+    (`plan.rank.recommend`): the rule, or the fastest."""
+    tiers, rec, best = result.tiering, result.recommended, result.best
+    count, shown = tiers.count, len(result.ranked)
+    basis = f"the model orders step times {tiers.resolution:.1%} apart: {tiers.basis}"
+    if count == 1:
+        return f"No other row shown is in its tier ({basis})."
+    tie = (f"The first tier holds {count} of the {shown} rows shown: each within "
+           f"{tiers.resolution:.1%} of its neighbour, closer than the model can order ({basis})")
+    if result.choose == "fastest":
+        return tie + "; the fastest is recommended (--choose fastest)."
+    slower = rec.figure(result.rank_by) / best.figure(result.rank_by) - 1
+    versus = ("it is also the fastest" if rec is best else
+              f"it is {slower:+.1%} against the fastest, {best.layout.short()}, which "
+              "--choose fastest recommends")
+    return (tie + f". Of them it has the fewest parallel axes ({parallel_axes(rec.layout)}), "
+            "then the least exposed communication "
+            f"({exposed_comm(rec.estimate) / rec.estimate.total:.1%} of its step), then the "
+            f"most memory headroom; {versus}.")
 
 
 _DOMINATES = {"restart": "restarts dominate", "checkpoint": "checkpoints dominate",
@@ -310,7 +379,7 @@ def goodput_sentence(entry: PlanEntry) -> str:
     order = sorted(parts, key=lambda k: -g.shares[k])
     return (f"Failures and checkpoints leave it {_pct(g.goodput)} of the wall time (goodput; a "
             f"failure every {human_time(g.job_mtbf_s)} on {g.gpus:,} GPUs, "
-            f"{g.interruptions_per_day:.1f} a day): " + ", ".join(parts[k] for k in order)
+            f"{human_rate(g.interruptions_per_day)}): " + ", ".join(parts[k] for k in order)
             + f"; {_DOMINATES[g.dominant]}, so {_REMEDY[g.dominant]}.")
 
 
@@ -327,7 +396,7 @@ def goodput_table(entry: PlanEntry) -> Table:
              f"{human_time(g.stall_s)} (synchronous: the whole write)")
     rows = [
         ["job MTBF", f"{human_time(g.job_mtbf_s)} ({g.mtbf_gpu_hours:,.0f} GPU-hours per GPU "
-                     f"÷ {g.gpus:,} GPUs): {g.interruptions_per_day:.1f} interruptions a day"],
+                     f"÷ {g.gpus:,} GPUs): {human_rate(g.interruptions_per_day, 'interruption')}"],
         ["checkpoint", f"{g.checkpoint_bytes / 1e9:,.1f} GB ({g.bytes_per_param:g} B/param, "
                        f"{CHECKPOINTS[g.stack].title}); the busiest rank writes "
                        f"{g.rank_bytes / 1e9:,.2f} GB"],
@@ -379,8 +448,8 @@ def training_summary(entry: PlanEntry, tokens: float | None, price: float | None
 
 
 def render_plan(result: PlanResult, console: Console, *, tokens: float | None = None,
-                price: float | None = None) -> None:
-    """Print the whole plan report."""
+                price: float | None = None, wide: bool = False) -> None:
+    """Print the whole plan report (`wide`: every column of the ranked table)."""
     model, cl, tr = result.model, result.cluster, result.train
     counts = model.count_params()
     batch = tr.global_batch or 0
@@ -397,13 +466,24 @@ def render_plan(result: PlanResult, console: Console, *, tokens: float | None = 
         f"on {tr.settings().describe()}; activations of {get_profile(tr.profile).title}; "
         f"budget {result.budget / 2**30:.1f} GiB per GPU ({result.headroom:.0%})"
         + (f"; searched only {result.constraint}." if result.constraint else "."))
-    console.print(ranked_table(result))
-    console.print(breakdown_table(result.best, "Winner's step time"))
-    console.print(memory_table(result.best))
-    console.print(goodput_table(result.best))
+    rec = result.recommended
+    table = ranked_table(result, wide)
+    # every column at its full width, past the terminal's if need be (it wraps the lines)
+    need = Measurement.get(console, console.options.update_width(400), table).maximum \
+        if wide else console.width
+    width = console.width
+    console.width = max(width, need)
+    try:
+        console.print(table)
+    finally:
+        console.width = width
+    console.print(headline(result))
+    console.print(breakdown_table(rec, "Recommended layout's step time"))
+    console.print(memory_table(rec))
+    console.print(goodput_table(rec))
     console.print(explain(result))
-    summary = training_summary(result.best, tokens, price)
-    failing = goodput_summary(result.best, tokens, price)
+    summary = training_summary(rec, tokens, price)
+    failing = goodput_summary(rec, tokens, price)
     if summary and failing:
         line = (f"Training {human_count(summary['tokens'])} tokens: "
                 f"{human_time(summary['seconds'])} if nothing failed; with failures "
@@ -416,12 +496,12 @@ def render_plan(result: PlanResult, console: Console, *, tokens: float | None = 
         console.print(line + ".")
     if result.given is not None:
         g = result.given
-        ratio = g.estimate.total / result.best.estimate.total
+        ratio = g.estimate.total / rec.estimate.total
         fit = "fits" if g.fits else (f"does NOT fit ({g.memory.total / 2**30:.1f} GiB > "
                                      f"{g.budget / 2**30:.1f} GiB)")
         console.print(f"Your layout {g.layout.short()}: {human_time(g.estimate.total)} per "
-                      f"step, MFU {g.estimate.mfu:.1%}, {fit}; {ratio:.2f}× the best's step "
-                      f"time ({result.given_note}).")
+                      f"step, MFU {g.estimate.mfu:.1%}, {fit}; {ratio:.2f}× the recommended "
+                      f"layout's step time ({result.given_note}).")
         console.print(breakdown_table(g, "Your layout's step time"))
     rejected = _table("Rejected regions of the search space (grid points)",
                       ["reason", "count", "example"])

@@ -16,10 +16,11 @@ __all__ = ["render_comm", "render_memory", "render_models", "render_schedule", "
 
 
 def table(title: str, columns: list[str], rows: Iterable[list[Any]] = ()) -> Table:
-    """A rich table: first column left-aligned, the others right-aligned."""
+    """A rich table: first column left-aligned, the others right-aligned; a cell too long for
+    a narrow terminal folds onto the next line, never cut to "…"."""
     out = Table(title=title, title_justify="left", min_width=min(len(title) + 4, 100))
     for i, column in enumerate(columns):
-        out.add_column(column, justify="left" if i == 0 else "right")
+        out.add_column(column, justify="left" if i == 0 else "right", overflow="fold")
     for row in rows:
         out.add_row(*(str(cell) for cell in row))
     return out

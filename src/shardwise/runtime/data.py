@@ -83,8 +83,10 @@ class Batches:
     def __post_init__(self) -> None:
         if self.n_windows < self.global_batch:
             raise ShardwiseError(
-                f"the data holds {self.n_windows} windows of {self.seq_len + 1} tokens, fewer "
-                f"than one global batch of {self.global_batch}; use shorter --seq, a smaller "
+                f"the data holds {len(self.tokens):,} tokens (bytes), fewer than one global "
+                f"batch needs: {self.global_batch} windows of --seq + 1 = {self.seq_len + 1} "
+                f"tokens, each starting {self.seq_len} after the last, take "
+                f"{self.global_batch * self.seq_len + 1:,}; use shorter --seq, a smaller "
                 "--global-batch or more text"
             )
 

@@ -2,7 +2,8 @@
 the API docs (`/docs`, served offline) and a 404 page.
 
 Every request/response is a pydantic model; a `ShardwiseError` (bad input the CLI would reject
-with exit code 2) becomes HTTP 400 with the same one-line message in `detail`. An unknown path
+with exit code 2) becomes HTTP 400 with the same one-line message in `detail` (and, for a
+`tools.FieldError`, the form field at fault in `field`). An unknown path
 outside `/api/` is the 404 page with the navigation; under `/api/` a JSON error. A request that
 fails validation is a 422 whose echo of the input is always JSON (NaN, Infinity or 1e400 in a
 body are shown as text, never break the answer into a 500); a result that is not a finite
@@ -50,7 +51,9 @@ def create_app() -> FastAPI:
 
     @app.exception_handler(ShardwiseError)
     async def bad_input(_: Request, exc: ShardwiseError) -> JSONResponse:
-        return JSONResponse({"detail": one_line(exc)}, status_code=400)
+        field = getattr(exc, "field", None)  # tools.FieldError: the form field at fault
+        return JSONResponse({"detail": one_line(exc)} | ({"field": field} if field else {}),
+                            status_code=400)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -55,10 +55,10 @@ def serve(host: str = "127.0.0.1", port: int = 8765, open_browser: bool = True) 
     except ImportError as exc:
         raise ShardwiseError(f"`shardwise ui` needs the ui extra ({exc.name} is missing): "
                              "pip install 'shardwise[ui]'") from None
+    sock = bind(host, port)  # an invalid host is refused before any warning
     if not _is_loopback(host):
         click.echo(f"warning: serving on {host}, reachable from other machines; the app has "
                    "no authentication", err=True)
-    sock = bind(host, port)
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{bound}/"

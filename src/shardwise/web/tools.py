@@ -24,10 +24,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from starlette.concurrency import run_in_threadpool
 
 from shardwise.arch import DEFAULT_MODEL, PRESETS, ModelSpec, from_hf_dict, get_model
+from shardwise.emit import framework_stack
+from shardwise.errors import ShardwiseError
 from shardwise.hardware import ACCELERATOR_ALIASES, ACCELERATORS, LINKS
 from shardwise.layout import CP_KINDS, RECOMPUTE, SCHEDULES
 from shardwise.report import builders
 from shardwise.stacks import ATTENTION_KERNELS, DEFAULT_STACK, STACKS, TP_OVERLAPS
+from shardwise.web import export
 
 router = APIRouter(tags=["tools"])
 
@@ -379,6 +382,9 @@ class PlanRequest(ModelChoice, TrainFields):
                                                   "second-order variants.")
     rank_by: Literal["step", "goodput"] = Field(
         "step", description="Rank by step time or by step ÷ goodput (`--rank-by`).")
+    choose: Literal["simplest", "fastest"] = Field(
+        "simplest", description="Recommend the simplest layout of the first tier or the "
+                                "fastest (`--choose`).")
     mtbf_gpu_hours: float | None = Field(
         None, gt=0, le=1e12, description="GPU-hours between job-interrupting failures per GPU "
                                          "[default: Llama 3's fleet figure].")
@@ -389,6 +395,9 @@ class PlanRequest(ModelChoice, TrainFields):
                                         "reload.")
     async_checkpoint: bool = Field(False, description="Only the device→host copy stalls "
                                                       "training.")
+    link: str | None = Field(None, max_length=4000,
+                             description="The page's share link, written into each download's "
+                                         "header; no effect on the plan.")
 
 
 class PlanEntryOut(_Out):
@@ -405,6 +414,8 @@ class PlanEntryOut(_Out):
     fits: bool
     goodput: dict[str, Any] | None = Field(
         None, description="What failures, checkpoints and restarts leave (estimate.goodput).")
+    tier: int | None = Field(None, description="1: the rows the model cannot tell from the "
+                                               "fastest (`tiers`); None off the ranking.")
 
 
 class PlanResponse(_Out):
@@ -424,8 +435,11 @@ class PlanResponse(_Out):
     given_note: str
     rejected: list[dict[str, Any]]
     alternatives: list[dict[str, Any]]
-    simplest: PlanEntryOut | None = Field(
-        description="The layout with the fewest parallel axes within 1 % of the best.")
+    tiers: dict[str, Any] = Field(description="The tiers' resolution (relative), rule and "
+                                               "the rows in the first tier (`count`).")
+    choose: Literal["simplest", "fastest"]
+    recommended: PlanEntryOut = Field(description="The row the figures, the explanation and "
+                                                  "the exports use.")
     constraint: str = Field(description="The --fix / --max the search kept to ('' if none).")
     stats: dict[str, Any]
     calibration: dict[str, Any]
@@ -444,11 +458,52 @@ class PlanResponse(_Out):
 def plan_sync(request: PlanRequest) -> dict[str, Any]:
     """The search and its payload, as `shardwise plan --json` computes them."""
     options = request.model_dump(exclude={"model", "hf_config", "layout", "fix", "max",
-                                          *STACK_CHOICES})
+                                          "link", *STACK_CHOICES})
     options["stack_kw"] = request.stack_kw()
     result = builders.run_plan(request.spec(), layout_text=request.layout, fix_text=request.fix,
                                max_text=request.max, **options)
-    return builders.plan_payload(result, tokens=request.tokens, price=request.price)
+    payload = builders.plan_payload(result, tokens=request.tokens, price=request.price)
+    return with_downloads(payload, request)
+
+
+class FieldError(ShardwiseError):
+    """Bad input of one form field: the 400 names it (`field`) besides the one-line message."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def plan_checked(request: PlanRequest) -> dict[str, Any]:
+    """`plan_sync`, with an error that only the compared layout causes (the search without it
+    runs) named as the `layout` field's."""
+    try:
+        return plan_sync(request)
+    except ShardwiseError as exc:
+        if not request.layout:
+            raise
+        try:
+            plan_sync(request.model_copy(update={"layout": None}))
+        except ShardwiseError:
+            raise exc from None
+        raise FieldError(str(exc), "layout") from None
+
+
+def with_downloads(payload: dict[str, Any], request: PlanRequest) -> dict[str, Any]:
+    """Each export of `payload` with its file to download (`web.export.download`), or, for a
+    framework another stack exports, that stack's name (`replan`: the planner's "re-plan for
+    this stack")."""
+    fields = request.model_dump(exclude={"link"})
+    for framework, emitted in payload["emits"].items():
+        if emitted.get("error"):
+            stack = framework_stack(framework)
+            if stack.name != request.impl.split("@")[0]:
+                emitted["replan"] = {"impl": stack.name, "title": stack.title}
+        else:
+            command = export.plan_command(fields, framework)
+            emitted["download"] = export.download(framework, emitted["config"], command,
+                                                  request.link)
+    return payload
 
 
 @router.post("/plan", response_model=PlanResponse,
@@ -462,7 +517,7 @@ async def plan(request: PlanRequest) -> Any:
 
     def work() -> dict[str, Any]:
         try:
-            return plan_sync(request)
+            return plan_checked(request)
         finally:
             _plan_slots.release()
 

@@ -81,8 +81,10 @@ export function horizontalBars({ rows, title = "", width = 520, max = null }) {
 
 // Pipeline Gantt chart: events [{stage, kind, microbatch, chunk, start, end}] from the simulator.
 const KIND_COLOR = { F: "var(--forward)", B: "var(--backward)", W: "var(--wgrad)" };
-export function gantt({ events, stages, makespan, chunks = 1, title = "" }) {
-  const width = 1000, left = 62, right = 12, top = 8, row = 26, box = 20;
+// `width`: the drawing's width in screen pixels (fitWidth), so its labels keep their size on a
+// phone instead of shrinking with a wide drawing.
+export function gantt({ events, stages, makespan, chunks = 1, title = "", width = 1000 }) {
+  const left = 62, right = 12, top = 8, row = 26, box = 20;
   const height = top + stages * row + 30;
   const x = (t) => left + ((width - left - right) * t) / makespan;
   const parts = [`<svg viewBox="0 0 ${width} ${height}" role="img" aria-label="${escapeHtml(title)}">`];

@@ -9,12 +9,13 @@ export async function api(path, params = {}, options = {}) {
     ? { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(params) }
     : {});
   const body = await response.json().catch(() => ({ detail: response.statusText }));
-  if (!response.ok) throw new ApiError(errorText(body.detail), body.detail, response.status);
+  if (!response.ok) throw new ApiError(errorText(body.detail), body.detail, response.status, body.field);
   return body;
 }
 
 export class ApiError extends Error {
-  constructor(message, detail, status) { super(message); this.detail = detail; this.status = status; }
+  // field: the form field a 400 names (web/tools.py FieldError)
+  constructor(message, detail, status, field) { super(message); this.detail = detail; this.status = status; this.field = field; }
 }
 
 function errorText(detail) {
@@ -167,7 +168,7 @@ export function showFieldErrors(form, error, fallback, aliases = {}) {
   clearFieldErrors(form);
   const items = Array.isArray(error.detail)
     ? error.detail.map((d) => [String(d.loc[d.loc.length - 1]), `${d.msg}`])
-    : [[null, error.message]];
+    : [[error.field ?? null, error.message]];
   const unplaced = [];
   for (const [loc, message] of items) {
     const name = loc && form.querySelector(`[name="${loc}"]`) ? loc : guessField(form, message, aliases);

@@ -1,5 +1,5 @@
 import { api, clearFieldErrors, debounce, escapeHtml, fillForm, readForm, readState, renderNav, showError, showFieldErrors, writeState } from "/static/common.js";
-import { gantt } from "/static/charts.js";
+import { fitWidth, gantt } from "/static/charts.js";
 
 const DEFAULTS = { schedule: "1f1b", stages: 4, microbatches: 8, chunks: "", t_f: 1, t_b: 1, t_w: "", p2p_latency: 0 };
 const ALIASES = { "m=": "microbatches", "chunks": "chunks" };
@@ -36,7 +36,8 @@ function render(out) {
   ].map(([label, value]) => `<div class="kpi"><b data-kpi="${escapeHtml(label)}">${value}</b><span>${escapeHtml(label)}</span></div>`).join("");
   const times = `t_f ${out.t_f}, t_b ${out.t_b}` + (out.t_w === null ? "" : ` (B ${Number((out.t_b - out.t_w).toPrecision(6))} + W ${out.t_w})`);
   document.getElementById("chart-title").textContent = `${out.schedule}: p=${out.stages}, m=${out.microbatches}, v=${out.chunks}${out.placement === "v" ? " in a V" : ""}; ${times}`;
-  document.getElementById("chart").innerHTML = gantt({ events: out.timeline, stages: out.stages, makespan: out.makespan, chunks: out.chunks, title: `${out.schedule} timeline` });
+  const chart = document.getElementById("chart");
+  chart.innerHTML = gantt({ events: out.timeline, stages: out.stages, makespan: out.makespan, chunks: out.chunks, title: `${out.schedule} timeline`, width: fitWidth(chart, 1000) });
   document.getElementById("peaks").innerHTML = `<thead><tr><th>stage</th>${out.peak_in_flight.map((_, s) => `<th>${s}</th>`).join("")}</tr></thead>`
     + `<tbody><tr><td>peak in flight</td>${out.peak_in_flight.map((n) => `<td>${Number(n.toPrecision(6))}</td>`).join("")}</tr></tbody>`;
   document.getElementById("text").textContent = out.text;

@@ -1,0 +1,81 @@
+"""Which models each framework's export runs, whatever the layout (`model_refusal`): the models
+torchtitan ships, what Megatron-LM's and Megatron-DeepSpeed's blocks cannot express, and
+Megatron-DeepSpeed's DeepSpeed-MoE."""
+
+from __future__ import annotations
+
+from shardwise.arch import ModelSpec
+from shardwise.layout import TrainSpec
+
+FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
+VERSIONS = {"megatron": "Megatron-LM main d98e8a6", "torchtitan": "torchtitan 0.3.0",
+            "deepspeed": "DeepSpeed 0.19.8 with Megatron-DeepSpeed 4efb479"}
+
+# torchtitan ships these models as `--module llama3 --config <name>` (models/llama3/
+# config_registry.py); each has the preset's shape.
+_TITAN_CONFIGS = {"llama3-8b": ("llama3", "llama3_8b"), "llama3-70b": ("llama3", "llama3_70b"),
+                  "llama3-405b": ("llama3", "llama3_405b")}
+
+
+def titan_model_refusal(model: ModelSpec, train: TrainSpec) -> str | None:
+    """What no layout fixes: torchtitan 0.3.0 ships no such model, or trains it otherwise."""
+    if model.name not in _TITAN_CONFIGS:
+        return (f"torchtitan 0.3.0 ships no {model.name} model (its llama3 configs fit "
+                f"{', '.join(_TITAN_CONFIGS)}); plan with --impl megatron-te for Megatron-LM")
+    if model.name == "llama3-405b" and train.fp8 != "rowwise":
+        return ("torchtitan 0.3.0's llama3_405b config trains its linear layers in Float8 "
+                "(rowwise) under torch.compile (models/llama3/config_registry.py): plan it "
+                "with --fp8 rowwise --compile, or with --impl megatron-te for Megatron-LM")
+    return None
+
+
+def deepspeed_moe_refusal(model: ModelSpec) -> str | None:
+    """What Megatron-DeepSpeed's MoE (DeepSpeed 0.19.8's `deepspeed.moe`, built by
+    megatron/model/transformer.py:1066-1083 @4efb479) cannot train of `model` as planned:
+    its `TopKGate` scores with a softmax over every expert, top-1 keeps the probability as the
+    gate and top-k > 1 renormalises the k (sharded_moe.py `top1gating`, `top2gating`,
+    `topkgating`); experts are `ParallelMLP`s of `--ffn-hidden-size`; every
+    `--expert-interval`-th layer is MoE (transformer.py:1650 `get_num_experts_per_layer`)."""
+    if model.n_shared_experts:
+        return (f"{model.name} has {model.n_shared_experts} shared expert(s); DeepSpeed-MoE has "
+                "none (its --mlp-type residual is PR-MoE's residual MLP mixed by a learned "
+                "coefficient, another model)")
+    if model.router_score != "softmax" or model.expert_groups > 1 or model.routed_scaling != 1:
+        return (f"{model.name} routes with {model.router_score} scores"
+                + (f" in {model.expert_groups} groups" if model.expert_groups > 1 else "")
+                + (f" scaled by {model.routed_scaling:g}" if model.routed_scaling != 1 else "")
+                + "; DeepSpeed-MoE's TopKGate takes the softmax over all experts, ungrouped "
+                  "and unscaled (deepspeed/moe/sharded_moe.py)")
+    if model.norm_topk != (model.top_k > 1):
+        how = ("keeps the softmax probability as the top-1 gate" if model.top_k == 1 else
+               f"renormalises the top-{model.top_k} gates to sum to 1")
+        return (f"DeepSpeed-MoE {how} (deepspeed/moe/sharded_moe.py), which {model.name}'s "
+                f"router (norm_topk={model.norm_topk}) does not")
+    if model.n_dense_layers and model.expert_d_ff != model.d_ff:
+        return (f"DeepSpeed-MoE's experts are Megatron-DeepSpeed ParallelMLPs of the dense "
+                f"layers' --ffn-hidden-size ({model.d_ff}), not {model.expert_d_ff}")
+    interval = model.moe_every
+    if any(model.is_moe_layer(i) != ((i + 1) % interval == 0) for i in range(model.n_layers)):
+        return (f"{model.name}'s first {model.first_dense_layers} layers are dense; "
+                f"Megatron-DeepSpeed makes every {interval}-th layer MoE (--expert-interval, "
+                "megatron/model/transformer.py:1650 @4efb479)")
+    return None
+
+
+def model_refusal(framework: str, model: ModelSpec, train: TrainSpec) -> str | None:
+    """What no layout fixes: the framework does not run this model as planned (the stack's
+    dtypes are checked by `TrainSpec.validate`)."""
+    if framework == "torchtitan":
+        return titan_model_refusal(model, train)
+    if framework in ("megatron", "deepspeed"):
+        name = VERSIONS[framework]
+        if model.alibi:
+            return (f"{model.name} adds ALiBi attention biases, which {name} has no option for "
+                    "(its positions are learned or rotary): an export would train another model")
+        if model.parallel_residual:
+            return (f"{model.name} runs attention and MLP side by side on one normalised input "
+                    f"(GPT-NeoX's use_parallel_residual), which {name}'s block does not: an "
+                    "export would train another model")
+    if framework == "deepspeed" and model.is_moe:
+        return deepspeed_moe_refusal(model)
+    return None

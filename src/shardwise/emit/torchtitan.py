@@ -1,0 +1,99 @@
+"""torchtitan 0.3.0: `torchrun -m torchtitan.train --module … --config …` plus
+`--section.key value` overrides and the `activation-checkpoint:<mode>` subcommand, for the
+models torchtitan ships. Tested against torchtitan's own config parser
+(tests/integration/test_torchtitan.py)."""
+
+from __future__ import annotations
+
+from shardwise.arch import ModelSpec
+from shardwise.emit.common import Emitted, _checked, _header, _launched
+from shardwise.emit.models import _TITAN_CONFIGS
+from shardwise.errors import ShardwiseError
+from shardwise.hardware import Cluster
+from shardwise.layout import Layout, TrainSpec
+from shardwise.schedules.registry import get_schedule
+from shardwise.stacks import titan_partition
+
+# `Layout.recompute` as torchtitan's activation-checkpoint subcommand
+# (distributed/activation_checkpoint.py): op-sac is SelectiveAC ("selective").
+_TITAN_RECOMPUTE = {"none": "none", "full": "full", "op-sac": "selective"}
+
+
+
+def _titan_fp8_offload(config: str, train: TrainSpec, notes: list[str]) -> list[str]:
+    """FSDP2 CPU offload (`--training.enable_cpu_offload`) and FP8: torchtitan 0.3 applies
+    Float8 through a config_registry function's `model_registry(converters=…)`, not a flag;
+    llama3_405b's is `Float8LinearConverter.Config(filter_fqns=["lm_head"])` (rowwise, the
+    head in bf16). Another recipe or config: one line."""
+    args = ["--training.enable_cpu_offload"] if train.offload == "params" else []
+    train.stack.offload_support(train.offload)  # one line when torchtitan has no such offload
+    if train.fp8 is None:
+        return args
+    train.stack.fp8_recipe(train.fp8)
+    if config != "llama3_405b" or train.fp8 != "rowwise":
+        raise ShardwiseError(
+            f"torchtitan 0.3 turns on FP8 ({train.fp8}) in a config function "
+            "(model_registry(..., converters=[Float8LinearConverter.Config(recipe_name=…)])), "
+            "not on the command line; only its llama3_405b config has one (rowwise): write "
+            "your own, or emit for Megatron-LM")
+    notes.append("llama3_405b's Float8 converter leaves lm_head in bf16 (filter_fqns); the "
+                 "plan charged the head's GEMMs in FP8")
+    return args
+
+
+def torchtitan_args(model: ModelSpec, layout: Layout, train: TrainSpec,
+                    gpus_per_node: int = 8, cluster: Cluster | None = None) -> Emitted:
+    """torchtitan 0.3.0 `torchrun -m torchtitan.train` command line for `layout`.
+
+    FSDP2 wraps every run (models/llama3/parallelize.py): ZeRO-0 replicates
+    (`data_parallel_replicate_degree`), ZeRO-2/3 shard over the group and reshard after
+    forward never / always, HSDP across the groups; gradients reduce in float32.
+    """
+    gb, _ = _checked("torchtitan", model, layout, train, cluster, gpus_per_node)
+    module, config = _TITAN_CONFIGS[model.name]
+    group = (layout.zero_group or layout.dp * layout.cp) if layout.zero else layout.cp
+    shard = group // layout.cp
+    replicate = layout.dp // shard
+    # Without pp, local_batch_size is the micro-batch and torchtitan accumulates gradients up
+    # to global_batch_size; with pp, one local batch is split into pipeline micro-batches.
+    local = gb // layout.dp if layout.pp > 1 else layout.micro_batch
+    precision = "bfloat16" if train.dtype == "bf16" else "float32"
+    settings = train.settings()
+    args = [f"--module {module}", f"--config {config}",
+            f"--training.local_batch_size {local}", f"--training.global_batch_size {gb}",
+            f"--training.seq_len {train.seq_len}",
+            f"--training.mixed_precision_param {precision}",
+            "--training.mixed_precision_reduce float32"]
+    if layout.pp > 1 or layout.ep > 1:
+        args.append("--training.disable_cuda_graphs")
+    args += [f"--parallelism.data_parallel_replicate_degree {replicate}",
+             f"--parallelism.data_parallel_shard_degree {shard}",
+             "--parallelism.fsdp_reshard_after_forward "
+             + ("always" if layout.zero == 3 else "never"),
+             f"--parallelism.tensor_parallel_degree {layout.tp}",
+             f"--parallelism.pipeline_parallel_degree {layout.pp}",
+             f"--parallelism.context_parallel_degree {layout.cp}",
+             f"--parallelism.expert_parallel_degree {layout.ep}"]
+    if layout.tp > 1:
+        args.append("--parallelism." + ("" if layout.sp else "no_") + "enable_sequence_parallel")
+    if layout.pp > 1:
+        split = titan_partition(model.n_layers, layout.stage_sizes(model.n_layers))
+        assert split is not None  # the stack's split rule passed (`_refusals`)
+        per_stage, first_less, last_less = split
+        name = get_schedule(layout.schedule).torchtitan
+        args += [f"--parallelism.pipeline_parallel_schedule {name}",
+                 f"--parallelism.pipeline_parallel_microbatch_size {layout.micro_batch}",
+                 f"--parallelism.pipeline_parallel_layers_per_stage {per_stage}",
+                 f"--parallelism.pipeline_parallel_first_stage_less_layers {first_less}",
+                 f"--parallelism.pipeline_parallel_last_stage_less_layers {last_less}"]
+    if settings.compile:
+        args.append("--compile.enable")
+        if settings.tp_overlap == "async" and layout.tp > 1:
+            args.append("--compile.enable_async_tensor_parallel")
+    notes: list[str] = []
+    args += _titan_fp8_offload(config, train, notes)
+    args.append(f"activation-checkpoint:{_TITAN_RECOMPUTE[layout.recompute]}")
+    text, launch = _launched(_header("torchtitan", model, layout, train, gb), [],
+                             ("-m", "torchtitan.train"), args, layout, gpus_per_node)
+    return Emitted("torchtitan", text, tuple(notes), launch)
+

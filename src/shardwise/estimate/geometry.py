@@ -1,0 +1,257 @@
+"""Stage geometry: which layers, parameters and in-flight micro-batches one pipeline stage
+holds (SPEC §4), asked of the layout once (`StageGeometry`) for one layout or arrays of them.
+
+A stage's layers come from its partition (`shardwise.partition.chunk_span`), its in-flight
+micro-batch-chunks from the schedule's registry rule (`schedules.registry`), its parameters
+from `layer_params` per layer kind; the first stage holds the embedding, the schedule's last
+stage (`ScheduleInfo.last_stage`) the head and the loss. Derivation: docs/concepts/memory.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import shardwise.validate as validate
+from shardwise.arch import ModelSpec
+from shardwise.fp8 import Fp8Recipe
+from shardwise.layout import Layout
+from shardwise.partition import Partition, chunk_span, stage_totals
+from shardwise.placement import expert_tp_degree
+from shardwise.schedules.actions import Placement
+from shardwise.schedules.registry import get_schedule, select
+
+
+def in_flight_per_stage(schedule: str, p: int, m: int, v: int = 1) -> list[int]:
+    """Peak micro-batch-chunks (a chunk holds `1/v` of the stage's layers; micro-batches when
+    `v = 1`) whose activations a stage holds.
+
+    Each schedule's registry rule (`schedules.registry`): GPipe holds all `m`; 1F1B and ZB-H1
+    stage `i` hold `min(p - i, m)` (Narayanan et al. 2021; Qi et al. 2023 keep 1F1B's
+    memory); interleaved 1F1B stage `i` holds Megatron's warm-up
+    `(p-i-1)·2 + (v-1)·p` chunks plus one, at most `m·v` — stage 0 then holds
+    `L·(1 + (p-1)/(p·v))` layers' worth (Korthikanti et al. 2022); ZBV every stage `2p`
+    chunks (`p` micro-batches' worth) once `m ≥ 2p-1`; DualPipeV every stage `2p + 1`.
+    """
+    validate.degree(p, "p (stages)")  # a list of p entries is built: capped
+    validate.degree(v, "v (chunks)")
+    validate.positive_int(m, "m (micro-batches)")
+    code = get_schedule(schedule).code
+    return [int(_in_flight(code, p, m, v, i)) for i in range(p)]
+
+
+def _in_flight(schedule: Any, p: Any, m: Any, v: Any, stage: Any) -> Any:
+    return select(schedule, lambda info: info.in_flight(p, m, v, stage))
+
+
+
+def stage_layers(model: ModelSpec, layout: Layout, stage: int) -> list[int]:
+    """Layer indices held by `stage`: chunk c holds virtual stage `c·p + stage`; an uneven
+    partition (`Layout.stage_partition`) holds a contiguous run."""
+    out: list[int] = []
+    for chunk in range(layout.chunks):
+        start, count = chunk_span(model.n_layers, layout.pp, layout.chunks, stage, chunk,
+                                  layout.partition, layout.placement)
+        out.extend(range(int(start), int(start) + int(count)))
+    return out
+
+
+def stage_layer_count(model: ModelSpec, pp: Any, chunks: Any, stage: Any,
+                      partition: Partition = (), placement: Placement = "loop") -> Any:
+    """How many layers `stage` holds over all its chunks (`Layout.stage_layers`)."""
+    if isinstance(partition, tuple) and partition:
+        return np.asarray(stage_totals(pp, chunks, partition, placement))[stage]
+    return chunk_span(model.n_layers, pp, chunks, stage, 0, partition)[1] * chunks
+
+
+def placement_of(schedule: Any, partition: Partition) -> Placement:
+    """The placement ("loop" or "v") that lays out one layout's explicit `partition` (its
+    `schedule` code); "loop" for arrays of layouts, whose partitions are never explicit."""
+    if isinstance(partition, tuple) and partition and np.ndim(schedule) == 0:
+        return get_schedule(int(schedule)).placement
+    return "loop"
+
+
+def moe_layers_on_stage(model: ModelSpec, pp: Any, chunks: Any, stage: Any,
+                        partition: Partition = (), placement: Placement = "loop") -> Any:
+    """How many of `stage_layers(stage)` are MoE layers (layer `k ≥ F` is when
+    `k % q == q - 1`, `q = moe_every`, `F = first_dense_layers`): chunk `c` holds layers
+    `[start, start + n)` (`layout.chunk_span`), of which `max(start + n, F)//q -
+    max(start, F)//q` are MoE."""
+    if not model.is_moe:
+        return 0 * pp
+    q, f = model.moe_every, model.first_dense_layers
+    total = 0 * pp
+    for chunk in range(int(np.max(chunks))):
+        start, n = chunk_span(model.n_layers, pp, chunks, stage, chunk, partition, placement)
+        moe = np.maximum(start + n, f) // q - np.maximum(start, f) // q
+        total = total + np.where(chunk < chunks, moe, 0)
+    return total
+
+
+def layer_params(model: ModelSpec, tp: Any, ep: Any, etp: Any = 0) -> tuple[Any, Any, Any]:
+    """Per rank: a dense layer, an MoE layer without its experts, one MoE layer's experts.
+    Dense weights ÷ tp (norms, router and an O bias replicated; K, V at `max(a_kv/t, 1)`
+    heads; MLA's down-projections and latent norms replicated, `ModelSpec.mla_params`),
+    shared experts ÷ tp, routed experts ÷ (etp·ep) — `etp` the expert-tensor-parallel degree,
+    0 for tp (Megatron-Core's default, `ModelParallelConfig.expert_tensor_parallel_size`)."""
+    h = model.d_model
+    etp = expert_tp_degree(etp, tp)
+    norms = 2 * model.norm_params() + model.latent_norm_params()
+    if model.is_mla:
+        replicated, split = model.mla_params()
+        attention = replicated + split / tp + norms
+    else:
+        kv = np.maximum(model.n_kv_heads // tp, 1) * model.head_dim
+        q = model.q_dim  # a·d: h unless the config names head_dim
+        attention = (2 * h * q / tp + 2 * h * kv + norms
+                     + model.qkv_bias * (q / tp + 2 * kv) + model.out_bias * h)  # biases
+    dense_layer = attention + model.mlp_params() / tp
+    moe_layer = (attention + model.router_params()
+                 + model.n_shared_experts * model.mlp_params(model.expert_d_ff) / tp)
+    expert_layer = (model.n_experts / ep * model.mlp_params(model.expert_d_ff) / etp
+                    if model.is_moe else 0 * tp)
+    return dense_layer, moe_layer, expert_layer
+
+
+def mtp_params(model: ModelSpec, tp: Any, ep: Any, etp: Any = 0) -> tuple[Any, Any]:
+    """(dense, expert) parameters per rank of one multi-token-prediction module (DeepSeek-V3
+    §2.2, `num_nextn_predict_layers`; Megatron's `--mtp-num-layers`, megatron-core 0.16.1
+    transformer/multi_token_prediction.py): a Transformer layer of the model's last kind (MoE
+    for an MoE model), `eh_proj` (2h → h, column-parallel ÷ tp) and its enorm, hnorm and final
+    norm: `ModelSpec.mtp_params` per module, sharded as `layer_params`. The embedding and the
+    head are the main model's: the stage holding them keeps another copy of the embedding when
+    that is not stage 0 (GPTModel builds it where `mtp_process`)."""
+    dense_layer, moe_layer, expert_layer = layer_params(model, tp, ep, etp)
+    h = model.d_model
+    extra = 2 * h * h / tp + 3 * model.norm_params()
+    if model.is_moe:
+        return moe_layer + extra, expert_layer
+    return dense_layer + extra, 0 * expert_layer
+
+
+def fp8_linear_params(model: ModelSpec, recipe: Fp8Recipe, tp: Any, ep: Any, etp: Any = 0
+                      ) -> tuple[Any, Any, Any, Any]:
+    """Per rank, what an FP8 recipe quantises: (weights of a dense layer's linear layers, of an
+    MoE layer's, FP8 GEMMs of a dense layer, of an MoE layer). The linear layers are
+    `layer_params` without the norms and the router (bf16 in both frameworks); routed experts
+    count when the recipe runs them in FP8 (`Fp8Recipe.experts_fp8`: Transformer Engine's
+    grouped GEMMs, one FP8 GEMM per local expert and projection). GEMMs: QKV and out-proj
+    (MLA: q or q-down and q-up, kv-down, kv-up, out-proj), fc1 and fc2."""
+    dense_layer, moe_layer, expert_layer = layer_params(model, tp, ep, etp)
+    norms = 2 * model.norm_params() + model.latent_norm_params()
+    attention_gemms = ((5 if model.q_lora_rank else 4) if model.is_mla else 2)
+    dense = dense_layer - norms
+    moe = moe_layer - norms - model.router_params()
+    moe_gemms = attention_gemms + 2 * model.n_shared_experts
+    if recipe.experts_fp8 and model.is_moe:
+        moe = moe + expert_layer
+        moe_gemms = moe_gemms + 2 * model.n_experts / ep
+    return dense, moe, attention_gemms + 2, moe_gemms
+
+
+def stage_param_counts(model: ModelSpec, *, tp: Any, pp: Any, ep: Any, chunks: Any,
+                       stage: Any, partition: Partition = (), etp: Any = 0,
+                       last: Any = None, placement: Placement = "loop",
+                       geometry: StageGeometry | None = None) -> tuple[Any, Any]:
+    """(dense, expert) parameters one rank of pipeline `stage` holds (SPEC §4): its layers
+    (`layer_params`); the first stage adds the vocabulary-parallel embedding `V·h/t`, the
+    stage `last` holding the head (default `pp-1`; 0 in the V of ZBV and DualPipeV,
+    `ScheduleInfo.last_stage`) the final norm and the head `V·h/t` (a tied head is a second
+    copy when that is not stage 0). `geometry`: the stage's, when already built."""
+    if geometry is None:
+        last = pp - 1 if last is None else last
+        layers = stage_layer_count(model, pp, chunks, stage, partition, placement)
+        moe_layers = moe_layers_on_stage(model, pp, chunks, stage, partition, placement)
+        geometry = StageGeometry(stage, layers, moe_layers, chunks, 0, 0, stage == 0,
+                                 stage == last, last, placement)
+    return geometry.params(model, tp, ep, etp)
+
+
+def stage_params(model: ModelSpec, layout: Layout, stage: int) -> tuple[float, float]:
+    """`stage_param_counts` of one layout: (dense, expert) parameters on one rank of `stage`."""
+    dense, expert = stage_param_counts(model, tp=layout.tp, pp=layout.pp, ep=layout.ep,
+                                       chunks=layout.chunks, stage=stage,
+                                       partition=layout.partition, etp=layout.etp,
+                                       last=get_schedule(layout.schedule).last_stage(layout.pp),
+                                       placement=layout.placement)
+    return float(dense), float(expert)
+
+
+
+@dataclass(frozen=True)
+class StageGeometry:
+    """What one pipeline stage holds, asked of the layout once (numbers for one layout, NumPy
+    arrays for many): its `layers` over all `chunks`, `moe_layers` of them, the micro-batch
+    chunks `in_flight` (the schedule's registry rule; a chunk holds `1/chunks` of the layers),
+    the micro-batches whose loss waits (`last_in_flight`: 1, or `m` when the schedule defers
+    the loss), whether it holds the embedding (`first`) and the head and loss (`last`, stage
+    `last_stage`: `pp-1`, or 0 in the V of ZBV and DualPipeV), and the `placement` of an
+    explicit partition's virtual stages."""
+
+    stage: Any
+    layers: Any
+    moe_layers: Any
+    chunks: Any
+    in_flight: Any
+    last_in_flight: Any
+    first: Any
+    last: Any
+    last_stage: Any
+    placement: Placement = "loop"
+
+    @classmethod
+    def of(cls, model: ModelSpec, *, pp: Any, chunks: Any, stage: Any, schedule: Any, m: Any,
+           partition: Partition = ()) -> StageGeometry:
+        """Stage `stage` of layouts given as `stage_memory`'s codes (`schedule` a registry
+        code)."""
+        placement = placement_of(schedule, partition)
+        last_stage = select(schedule, lambda info: info.last_stage(pp))
+        return cls(stage=stage,
+                   layers=stage_layer_count(model, pp, chunks, stage, partition, placement),
+                   moe_layers=moe_layers_on_stage(model, pp, chunks, stage, partition,
+                                                  placement),
+                   chunks=chunks, in_flight=_in_flight(schedule, pp, m, chunks, stage),
+                   last_in_flight=select(schedule, lambda info: m if info.loss_waits else 1),
+                   first=stage == 0, last=stage == last_stage, last_stage=last_stage,
+                   placement=placement)
+
+    @classmethod
+    def of_layout(cls, model: ModelSpec, layout: Layout, m: int, stage: int) -> StageGeometry:
+        """Stage `stage` of one `layout` running `m` micro-batches."""
+        codes = layout.codes()
+        return cls.of(model, pp=layout.pp, chunks=layout.chunks, stage=stage,
+                      schedule=codes["schedule"], m=m, partition=layout.partition)
+
+    @property
+    def dense_layers(self) -> Any:
+        return self.layers - self.moe_layers
+
+    def per_layer_kind(self, dense: Any, moe: Any) -> Any:
+        """`dense` per dense layer plus `moe` per MoE layer, summed over the stage's layers."""
+        return self.dense_layers * dense + self.moe_layers * moe
+
+    def params(self, model: ModelSpec, tp: Any, ep: Any, etp: Any = 0) -> tuple[Any, Any]:
+        """(dense, expert) parameters on one rank of this stage (`stage_param_counts`)."""
+        h = model.d_model
+        dense_layer, moe_layer, expert_layer = layer_params(model, tp, ep, etp)
+        dense = self.per_layer_kind(dense_layer, moe_layer)
+        dense = dense + np.where(self.first, model.vocab * h / tp + model.learned_positions * h,
+                                 0.0)
+        head = np.where(np.logical_or(not model.tie_embeddings, self.last_stage != 0),
+                        model.vocab * h / tp, 0.0)
+        dense = dense + np.where(self.last, model.norm_params() + head, 0.0)
+        return dense, self.moe_layers * expert_layer
+
+
+def candidate_stages(model: ModelSpec, pp: Any) -> list[Any]:
+    """The pipeline stages that can hold the most (`peak_stage_memory`'s reasoning): the
+    first, the second and the last (arrays of stage indices for arrays of `pp`), or every stage
+    of an MoE model with `moe_every > 1` or dense first layers."""
+    if model.is_moe and (model.moe_every > 1 or model.first_dense_layers):
+        return [np.minimum(i, pp - 1) for i in range(int(np.max(pp)))]
+    return [0 * pp, np.minimum(1, pp - 1), pp - 1]
+
+

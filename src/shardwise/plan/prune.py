@@ -1,0 +1,483 @@
+"""The pruned evaluation: the exhaustive search's answer from a fraction of the step times.
+
+Every valid layout's peak memory is evaluated (in blocks of one pp and chunk count, so only
+their stages are), so the counts of fitting layouts, the least memory per axis value and the
+variants stay exact. A step time is at least its terms that depend on neither the ZeRO stage
+nor its group (`evaluate.step_floor`, once per run of ZeRO variants), so a layout whose floor
+is above every threshold the report asks about — the `top`-th row's step time plus the 1 %
+the simplest layout may lose, each axis value's best, the fastest layout that does not fit, a
+ranked layout's own — cannot change it. The thresholds come from timed layouts (upper bounds
+of the exact ones); the layouts under them are timed best first until none is left, and the
+ranking (`rank.Ranking`) runs on them as on all. A rank that needs more than `POSITION_CELLS`
+step times is given as the bounds it lies between. Details: docs/concepts/planner.md.
+"""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from shardwise.arch import ModelSpec
+from shardwise.calibration import Calibration
+from shardwise.errors import ShardwiseError
+from shardwise.hardware import Cluster
+from shardwise.layout import CP_KINDS, Layout, TrainSpec
+from shardwise.plan.evaluate import (
+    _THREADS,
+    cell_terms,
+    flat_cells,
+    memory_grid,
+    shared_costs,
+    step_floor,
+)
+from shardwise.plan.grid import _Rejections, _structures
+from shardwise.plan.space import SearchSpace
+
+# valid layouts above which `plan` prunes (below it evaluates every step time: cheaper)
+PRUNE_ABOVE = 400_000
+BLOCK_CELLS = 1 << 17  # cells per memory / floor block (bounds the temporaries)
+SEED_CELLS = 4_096  # the first step times: the fitting layouts of smallest floor
+POSITION_CELLS = 100_000  # step times a rank may add before it is reported as bounds
+MARGIN = 1e-6  # relative slack on every threshold (the ranking's ties are 1e-9)
+_KEYS = ("total", "memory", "bubble", "t_forward", "t_backward", "t_wgrad")
+_ROW_AXES = ("tp", "pp", "cp", "ep", "cp_kind", "zero", "schedule", "micro_batch")
+_COL_AXES = ("recompute", "sp")
+# the fields that name a family (`rank._FIRST_ORDER`): all but zero_group and the partition
+_PAIR_FAMILY = ("tp", "pp", "cp", "ep", "etp", "cp_kind", "ulysses", "micro_batch")
+_ROW_FAMILY = ("schedule", "chunks", "zero")
+
+
+# the search's resident memory: the interpreter and its modules, and per cell of
+# `SearchSize.cells` (benchmarks/bench_planner.py's MoE rows, 2026-12-05: peak RSS less the
+# base over the cells, 17-27 B; rounded up)
+BASE_BYTES = 150e6
+BYTES_PER_CELL = 30.0
+
+
+@dataclass(frozen=True)
+class SearchSize:
+    """How big a search is before it runs (`search_size`): grid points, an upper bound on
+    the cells it holds (the valid structures × every other axis' values), and the peak
+    resident bytes that predicts."""
+
+    grid: int
+    cells: int
+    bytes: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"grid": self.grid, "cells": self.cells, "bytes": self.bytes}
+
+
+def search_size(model: ModelSpec, cluster: Cluster, train: TrainSpec,
+                space: SearchSpace | None = None) -> SearchSize:
+    """The size of `plan`'s search from the grid's first two levels (the structures and the
+    micro-batches that split the batch; well under a second): what a server checks before
+    it accepts a search (`--fix`/`--max` shrink it). `bytes = BASE_BYTES + BYTES_PER_CELL ·
+    cells`."""
+    if train.global_batch is None:
+        raise ShardwiseError("planning needs a global batch (e.g. --global-batch 4M-tokens)")
+    space = space or SearchSpace()
+    rows, grid, axes, _ = _structures(model, cluster, train, space, _Rejections())
+    per = math.prod(len(axes[k]) for k in ("schedule", "zero", "sp", "recompute"))
+    dp = np.array([row[4] for row in rows], dtype=np.int64)[:, None]
+    mb = np.array(axes["micro_batch"], dtype=np.int64)[None, :]
+    cells = int((train.global_batch % (dp * mb) == 0).sum()) * per if len(rows) else 0
+    return SearchSize(grid, cells, BASE_BYTES + BYTES_PER_CELL * cells)
+
+
+class BoundBroken(Exception):
+    """A step time below its compute floor: the step model changed; search exhaustively."""
+
+
+@dataclass
+class Pruned:
+    """The evaluated layouts (flat, in the exhaustive search's order) and the full grid's
+    aggregates the report needs."""
+
+    cand: dict[str, Any]
+    terms: dict[str, Any]
+    fits: np.ndarray
+    n_valid: int
+    n_fit: int
+    values: dict[str, list[int]]  # each alternative axis' values among valid layouts
+    least: dict[tuple[str, int], float]  # least memory of the valid layouts with axis = value
+    over: int  # valid layouts that do not fit
+    evaluated: int  # step times evaluated
+    grid: dict[str, Any] = field(repr=False, default_factory=dict)
+
+
+def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
+                   cand: dict[str, Any], calib: Calibration, budget: float, top: int,
+                   fold: bool, within: float, layouts: tuple[Layout | None, ...] = ()
+                   ) -> Pruned:
+    """The pruned evaluation of the grid `cand` (`grid._enumerate`) for a search that shows
+    `top` rows (`fold`: one per family), the simplest layout `within` of the best, and the
+    ranks of `layouts` (module docstring). Raises `BoundBroken` if a step time is under its
+    floor."""
+    valid = cand["_valid"]
+    n_rows, n_cols = valid.shape
+    shared = shared_costs(model, cluster, train, cand, calib)
+    memory = np.full(valid.shape, np.inf)
+    step = max(1, BLOCK_CELLS // n_cols)
+    blocks = [rows[start:start + step] for rows in _by_stages(cand, np.arange(n_rows))
+              for start in range(0, len(rows), step)]
+
+    def fill(block: np.ndarray, grid: np.ndarray = memory) -> None:
+        grid[block] = memory_grid(model, train, cand, shared, block)
+
+    # the floor: once per run of rows that differ only in ZeRO (stage, group)
+    key = np.stack([np.asarray(cand[k])[:, 0] for k in ("pair", "schedule", "chunks")])
+    first = np.flatnonzero(np.concatenate([[True], (np.diff(key, axis=1) != 0).any(axis=0)]))
+    run = np.cumsum(np.isin(np.arange(n_rows), first)) - 1
+    per_run = np.empty((len(first), n_cols), dtype=np.float32)
+
+    def fill_floor(start: int) -> None:
+        block = first[start:start + step]
+        # float32 to halve the grid's bytes, rounded down so that it stays a lower bound
+        per_run[start:start + step] = step_floor(model, cluster, train, cand, shared,
+                                                 block) * (1 - 1e-6)
+
+    with ThreadPoolExecutor(_THREADS) as pool:  # numpy's loops release the GIL
+        list(pool.map(fill, blocks))
+        list(pool.map(fill_floor, range(0, len(first), step)))
+    floor = per_run[run]
+    del run, key
+    memory[~valid] = np.inf
+    floor[~valid] = np.inf
+    fits = valid & (memory <= budget)
+    state = _State(model, cluster, train, cand, shared, floor, fits, valid)
+    codes = {axis: _codes(cand, axis) for axis in (*_ROW_AXES, *_COL_AXES)}
+    values = {axis: _present(codes[axis], valid, axis) for axis in codes}
+    least: dict[tuple[str, int], float] = {}
+    for axis, present in values.items():
+        per = _least(codes[axis], memory, axis)
+        least |= {(axis, v): float(per[v]) for v in present}
+    leanest = int(np.argmin(memory))
+    del memory  # the cells timed carry their own (`cell_terms`)
+    # seeds: the least memory (named when nothing fits), the ranked layouts, the fitting
+    # layouts of least floor, and for each axis value the fitting layout of least floor and
+    # the valid one of least floor that does not fit: every threshold below is then finite
+    # from the first round on, and only falls
+    seeds = [leanest]
+    seeds += [hit for hit in (find_cell(cand, layout, model.n_layers) if layout else None
+                              for layout in layouts) if hit is not None]
+    fit_floor = np.where(fits, floor, np.float32(np.inf))
+    least_of = _Least(fit_floor)
+    for axis, code in codes.items():
+        seeds += least_of.cells(code, values[axis])
+    over_floor = np.where(fits, np.float32(np.inf), floor).ravel()
+    if np.isfinite(over_floor.min(initial=np.inf)):
+        seeds.append(int(np.argmin(over_floor)))
+    del over_floor
+    fit_cells = fits.ravel()
+    k = min(SEED_CELLS, int(fit_cells.sum())) - 1
+    if k >= 0:
+        values_k = np.partition(fit_floor.ravel(), k)[k]
+        seeds += list(np.flatnonzero(fit_floor.ravel() <= values_k)[:4 * SEED_CELLS])
+    del fit_floor
+    state.add(np.unique(np.array(seeds, dtype=np.int64)))
+    positions = [state.rank_threshold(layout) for layout in layouts]
+    live = None
+    while True:
+        thresholds = state.thresholds(top, fold, within, codes, values, positions)
+        if live is None:  # the cells under the first (loosest) thresholds; later ones fall
+            live = _Live(state, codes, thresholds)
+        need = live.needed(state, thresholds)
+        if not len(need):
+            break
+        state.add(need)
+    idx = np.sort(state.index)
+    cells = flat_cells(cand, *np.divmod(idx, n_cols))
+    terms = {k: state.terms[k][np.argsort(state.index)] for k in _KEYS}
+    return Pruned(cells, terms, fits.ravel()[idx], int(valid.sum()), int(fits.sum()),
+                  {a: [int(v) for v in vals] for a, vals in values.items()}, least,
+                  int((valid & ~fits).sum()), len(idx),
+                  {"cand": cand, "fits": fits, "floor": floor, "evaluated": state.done,
+                   "index": idx, "total": terms["total"]})
+
+
+class _State:
+    """The evaluated cells (flat grid indices) and their step-time terms."""
+
+    def __init__(self, model: ModelSpec, cluster: Cluster, train: TrainSpec,
+                 cand: dict[str, Any], shared: Any, floor: np.ndarray, fits: np.ndarray,
+                 valid: np.ndarray) -> None:
+        self.model, self.cluster, self.train, self.cand = model, cluster, train, cand
+        self.shared, self.floor, self.fits, self.valid = shared, floor, fits, valid
+        self.done = np.zeros(valid.shape, dtype=bool)
+        self.index = np.zeros(0, dtype=np.int64)
+        self.terms: dict[str, Any] = {k: np.zeros(0) for k in _KEYS}
+
+    def add(self, flat: np.ndarray) -> None:
+        """Evaluate the valid, not yet evaluated cells `flat` (flat grid indices)."""
+        flat = flat[self.valid.ravel()[flat] & ~self.done.ravel()[flat]]
+        if not len(flat):
+            return
+        n_cols = self.valid.shape[1]
+        rows, cols = np.divmod(flat, n_cols)
+        parts, where = [], []
+        for pick in _by_stages(self.cand, rows):  # positions in `rows` of one (pp, chunks)
+            for start in range(0, len(pick), BLOCK_CELLS):
+                chunk = pick[start:start + BLOCK_CELLS]
+                cells = flat_cells(self.cand, rows[chunk], cols[chunk])
+                parts.append(cell_terms(self.model, self.cluster, self.train, cells,
+                                        self.shared, _KEYS))
+                where.append(chunk)
+        new = {k: np.empty(len(flat)) for k in _KEYS}
+        for chunk, terms in zip(where, parts, strict=True):
+            for k in _KEYS:
+                new[k][chunk] = terms[k]
+        below = new["total"] < self.floor.ravel()[flat] * (1 - 1e-9)
+        if below.any():
+            raise BoundBroken(f"step time under its compute floor at cell {flat[below][0]}")
+        self.done.ravel()[flat] = True
+        self.index = np.concatenate([self.index, flat])
+        self.terms = {k: np.concatenate([self.terms[k], new[k]]) for k in _KEYS}
+
+    def thresholds(self, top: int, fold: bool, within: float, codes: dict[str, Any],
+                   values: dict[str, Any], positions: list[float | None]
+                   ) -> tuple[float, dict[str, np.ndarray], float]:
+        """(the step time under which any fitting layout may be shown or rank a given layout,
+        per axis the step time under which a fitting layout with each value may be that
+        value's best, the step time under which a layout that does not fit may be the fastest
+        such), from the layouts evaluated so far (each an upper bound of the exact one)."""
+        n_cols = self.valid.shape[1]
+        idx, total = self.index, self.terms["total"]
+        rows, cols = np.divmod(idx, n_cols)
+        fit = self.fits.ravel()[idx]
+        ahead = _kth_best(self.cand, rows[fit], cols[fit], total[fit], top, fold)
+        fit_threshold = ahead * (1 + within) * (1 + MARGIN)  # inf: fewer rows than asked
+        for threshold in positions:
+            if threshold is not None:
+                fit_threshold = max(fit_threshold, threshold)
+        per_axis = {}
+        for axis, code in codes.items():
+            mine = code[rows, 0] if axis in _ROW_AXES else code[0, cols]
+            best = np.full(int(code.max()) + 1, np.inf)
+            np.minimum.at(best, mine[fit], total[fit])
+            named = np.zeros(len(best), dtype=bool)
+            named[values[axis]] = True  # cp_kind without context parallelism: no alternative
+            per_axis[axis] = np.where(named, best * (1 + MARGIN), -np.inf)
+        over = ~fit
+        fastest_over = float(total[over].min()) * (1 + MARGIN) if over.any() else -np.inf
+        return fit_threshold, per_axis, fastest_over
+
+    def rank_threshold(self, layout: Layout | None) -> float | None:
+        """The step time under which every fitting layout must be timed to rank `layout`
+        exactly, unless that would take more than `POSITION_CELLS` step times."""
+        hit = find_cell(self.cand, layout, self.model.n_layers) if layout else None
+        if hit is None or not self.fits.ravel()[hit]:
+            return None
+        at = np.flatnonzero(self.index == hit)
+        thr = float(self.terms["total"][at[0]]) * (1 + MARGIN)
+        if int((self.fits & ~self.done & (self.floor <= thr)).sum()) > POSITION_CELLS:
+            return None
+        return thr
+
+
+class _Live:
+    """The unevaluated cells under the first thresholds, as flat arrays: the later rounds
+    look only at them."""
+
+    def __init__(self, state: _State, codes: dict[str, Any],
+                 thresholds: tuple[float, dict[str, np.ndarray], float]) -> None:
+        fit_threshold, per_axis, fastest_over = thresholds
+        left = state.valid & ~state.done
+        row_thr = np.full(left.shape[0], fit_threshold)
+        col_thr = np.full(left.shape[1], fit_threshold)
+        for axis, best in per_axis.items():
+            if axis in _ROW_AXES:
+                row_thr = np.maximum(row_thr, best[codes[axis][:, 0]])
+            else:
+                col_thr = np.maximum(col_thr, best[codes[axis][0]])
+        # float32 like the floor, rounded up (the thresholds only widen)
+        thr = (np.maximum(row_thr[:, None], col_thr[None, :]) * (1 + 1e-6)).astype(np.float32)
+        np.copyto(thr, np.float32(fastest_over * (1 + 1e-6)), where=~state.fits)
+        left &= state.floor <= thr
+        self.index = np.flatnonzero(left)
+        del thr, left
+        rows, cols = np.divmod(self.index, state.valid.shape[1])
+        self.floor = state.floor.ravel()[self.index]
+        self.fits = state.fits.ravel()[self.index]
+        self.codes = {axis: code[rows, 0] if axis in _ROW_AXES else code[0, cols]
+                      for axis, code in codes.items()}
+        self.done = np.zeros(len(self.index), dtype=bool)
+
+    def needed(self, state: _State, thresholds: tuple[float, dict[str, np.ndarray], float]
+               ) -> np.ndarray:
+        """The next cells to time (flat grid indices), best first: at most as many as are
+        timed, those furthest under their threshold; none when every threshold is
+        settled."""
+        fit_threshold, per_axis, fastest_over = thresholds
+        thr = np.full(len(self.index), fit_threshold)
+        for axis, best in per_axis.items():
+            thr = np.maximum(thr, best[self.codes[axis]])
+        thr = np.where(self.fits, thr, fastest_over)
+        pick = np.flatnonzero(~self.done & (self.floor <= thr))
+        batch = max(len(state.index), SEED_CELLS)
+        if len(pick) > batch:
+            ratio = self.floor[pick] / thr[pick]
+            pick = pick[np.argpartition(ratio, batch - 1)[:batch]]
+        self.done[pick] = True
+        return self.index[pick]
+
+
+def rank_bounds(pruned: Pruned, position: int | None, figure: float) -> tuple[int, int]:
+    """(lowest, highest) rank of a layout whose rank among the evaluated layouts is `position`
+    and whose figure is `figure`: the unevaluated fitting layouts whose floor is under it may
+    each be ahead."""
+    grid = pruned.grid
+    unknown = grid["fits"] & ~grid["evaluated"] & (grid["floor"] <= figure * (1 + MARGIN))
+    low = position or 1
+    return low, low + int(unknown.sum())
+
+
+def family_fits(pruned: Pruned, layout: Layout) -> int:
+    """How many fitting layouts of the whole grid share `layout`'s family (they differ only
+    in the ZeRO group or the stage partition)."""
+    cand, fits = pruned.grid["cand"], pruned.grid["fits"]
+    codes = layout.codes()
+    count = 0
+    for rows in _pair_rows(cand, {k: codes[k] for k in _PAIR_FAMILY}):
+        mask = np.ones(len(rows), dtype=bool)
+        for key in _ROW_FAMILY:
+            mask &= np.asarray(cand[key])[rows, 0] == codes[key]
+        col = (np.asarray(cand["sp"])[0] == codes["sp"]) \
+            & (np.asarray(cand["recompute"])[0] == codes["recompute"])
+        count += int(fits[rows[mask]][:, col].sum())
+    return count
+
+
+def find_cell(cand: dict[str, Any], layout: Layout, n_layers: int) -> int | None:
+    """The flat grid index of `layout` (`rank._find`'s rule for its partition), or None."""
+    codes = layout.codes()
+    split = layout.partition
+    if split and split == layout.with_(partition=()).stage_partition(n_layers):
+        split = ()
+    ends = [(a, z) for (p, a, z), option in cand.get("_partitions", {}).items()
+            if p == layout.pp and option == split]
+    n_cols = np.shape(cand["sp"])[1]
+    col = np.flatnonzero((np.asarray(cand["sp"])[0] == codes["sp"])
+                         & (np.asarray(cand["recompute"])[0] == codes["recompute"]))
+    if not len(col):
+        return None
+    for a, z in ends:
+        pair = {k: codes[k] for k in (*_PAIR_FAMILY, "dp")} | {"first_less": a, "last_less": z}
+        for rows in _pair_rows(cand, pair):
+            mask = np.ones(len(rows), dtype=bool)
+            for key in (*_ROW_FAMILY, "zero_group"):
+                mask &= np.asarray(cand[key])[rows, 0] == codes[key]
+            hits = rows[mask]
+            if len(hits):
+                return int(hits[0]) * n_cols + int(col[0])
+    return None
+
+
+def _by_stages(cand: dict[str, Any], rows: np.ndarray) -> list[np.ndarray]:
+    """Positions in `rows` grouped by (pp, chunks): the memory model evaluates every stage
+    and chunk up to the largest in its arrays, so each group costs only its own."""
+    key = np.asarray(cand["pp"])[rows, 0] * 1024 + np.asarray(cand["chunks"])[rows, 0]
+    order = np.argsort(key, kind="stable")
+    bounds = np.flatnonzero(np.diff(key[order])) + 1
+    return np.split(order, bounds)
+
+
+def _dense_ids(columns: list[np.ndarray]) -> np.ndarray:
+    """Ids 0..k-1 of the distinct rows of `columns` (1-D arrays of one length)."""
+    code = np.zeros(len(columns[0]), dtype=np.int64)
+    for column in columns:
+        values, inverse = np.unique(column, return_inverse=True)
+        code = code * len(values) + inverse.ravel()
+        if code.max(initial=0) > 2**40:
+            code = np.unique(code, return_inverse=True)[1].ravel()
+    return np.unique(code, return_inverse=True)[1].ravel()
+
+
+def _pair_rows(cand: dict[str, Any], want: dict[str, int]) -> list[np.ndarray]:
+    """For each (structure, micro-batch) pair matching `want`, its grid rows (the grid's rows
+    are sorted by pair)."""
+    pairs = cand["_pairs"]
+    mask = np.ones(len(pairs["tp"]), dtype=bool)
+    for key, value in want.items():
+        mask &= pairs[key] == value
+    column = np.asarray(cand["pair"])[:, 0]
+    out = []
+    for q in np.flatnonzero(mask):
+        lo, hi = np.searchsorted(column, q), np.searchsorted(column, q, "right")
+        if hi > lo:
+            out.append(np.arange(lo, hi))
+    return out
+
+
+def _codes(cand: dict[str, Any], axis: str) -> np.ndarray:
+    """Small non-negative codes of `axis` on the grid ((rows, 1) or (1, cols)); cp_kind of
+    layouts without context parallelism gets a code of its own (no alternative)."""
+    value = np.asarray(cand[axis], dtype=np.int64)
+    if axis == "cp_kind":
+        value = np.where(np.asarray(cand["cp"]) > 1, value, len(CP_KINDS))
+    return value
+
+
+def _present(code: np.ndarray, valid: np.ndarray, axis: str) -> list[int]:
+    rows_ok: np.ndarray = np.asarray(valid.any(axis=1))
+    cols_ok: np.ndarray = np.asarray(valid.any(axis=0))
+    any_valid = rows_ok[:, None] if code.shape[1] == 1 else cols_ok[None, :]
+    out = np.unique(code[any_valid]) if any_valid.any() else np.zeros(0, dtype=np.int64)
+    return [int(v) for v in out if not (axis == "cp_kind" and v == len(CP_KINDS))]
+
+
+class _Least:
+    """The least value of a grid per row and per column, and where: for each code of an axis,
+    the flat index of a cell of least value (`cells`)."""
+
+    def __init__(self, grid: np.ndarray) -> None:
+        self.n_cols = grid.shape[1]
+        self.low = {True: grid.min(axis=1), False: grid.min(axis=0)}
+        self.arg = {True: grid.argmin(axis=1), False: grid.argmin(axis=0)}
+
+    def cells(self, code: np.ndarray, present: list[int]) -> list[int]:
+        on_rows = code.shape[1] == 1
+        low, arg, line = self.low[on_rows], self.arg[on_rows], code[:, 0] if on_rows else code[0]
+        best = np.full(int(line.max()) + 1, np.inf)
+        np.minimum.at(best, line, low)
+        out = []
+        for v in present:
+            if not np.isfinite(best[v]):
+                continue
+            at = int(np.flatnonzero((line == v) & (low == best[v]))[0])
+            out.append(at * self.n_cols + int(arg[at]) if on_rows
+                       else int(arg[at]) * self.n_cols + at)
+        return out
+
+
+def _least(code: np.ndarray, grid: np.ndarray, axis: str) -> np.ndarray:
+    """The least of `grid` over the cells of each code."""
+    per = np.full(int(code.max()) + 1, np.inf)
+    if code.shape[1] == 1:
+        np.minimum.at(per, code[:, 0], grid.min(axis=1))
+    else:
+        np.minimum.at(per, code[0], grid.min(axis=0))
+    return per
+
+
+def _kth_best(cand: dict[str, Any], rows: np.ndarray, cols: np.ndarray, total: np.ndarray,
+              top: int, fold: bool) -> float:
+    """The `top`-th smallest step time of the evaluated fitting layouts (of their families'
+    bests when folding); inf when there are fewer."""
+    if not len(total):
+        return np.inf
+    if fold:
+        keys = [np.asarray(cand[k])[rows, 0] for k in (*_PAIR_FAMILY, *_ROW_FAMILY)]
+        keys += [np.asarray(cand[k])[0, cols] for k in ("sp", "recompute")]
+        family = _dense_ids(keys)
+        best = np.full(int(family.max()) + 1, np.inf)
+        np.minimum.at(best, family, total)
+    else:
+        best = total
+    if len(best) < top:
+        return np.inf
+    return float(np.partition(best, top - 1)[top - 1])

@@ -1,0 +1,127 @@
+"""The failure simulation against closed forms it must reproduce where their assumptions hold:
+Daly's complete model (one failure class, synchronous or asynchronous checkpoints, restarts
+that failures can interrupt), the order statistics of the slowest rank, the spare pool's
+waits in a case worked by hand, and each policy's direction and bounds."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from shardwise.errors import ShardwiseError
+from shardwise.estimate.goodput import daly_interval, wall_per_useful
+from shardwise.estimate.goodput_sim import (
+    FailureClass,
+    Fleet,
+    Policy,
+    load_failure_model,
+    simulate,
+    single_class,
+    stragglers_factor,
+)
+
+DAY = 86400.0
+
+
+@pytest.mark.parametrize(("kind", "stall", "lag", "restart"), [
+    ("sync", 60.0, 0.0, 600.0),     # Llama-3-like: 16,384 GPUs, a failure every ~3 h
+    ("sync", 300.0, 0.0, 1800.0),   # long stall and restart: every factor of Daly's distinct
+    ("async", 15.0, 240.0, 600.0),  # the durability lag adds e^(L/M)
+])
+def test_mean_wall_time_equals_dalys_model(kind, stall, lag, restart):
+    fleet = single_class(16_384, 50_677.0)
+    mtbf = fleet.job_mtbf_s
+    policy = Policy(kind, stall_s=stall, lag_s=lag, restart_s=restart)
+    tau = float(max(daly_interval(stall, mtbf), lag))
+    work = 400 * tau  # whole segments, as Daly's model counts them
+    means = [simulate(work, fleet, policy, runs=1000, seed=seed).wall_s.mean()
+             for seed in range(3)]
+    closed = float(wall_per_useful(tau, stall, mtbf, restart, lag)) * work
+    assert np.mean(means) == pytest.approx(closed, rel=0.01)
+    # not a degenerate agreement: failures cost real time here (goodput well below 1)
+    assert closed / work > 1.05
+
+
+def test_one_run_without_failures_is_work_plus_stalls():
+    fleet = single_class(8, 1e9)  # a failure every 1.25e8 hours: none in a day's work
+    out = simulate(3600.0, fleet, Policy("sync", interval_s=600.0, stall_s=30.0), runs=5)
+    assert out.wall_s == pytest.approx(np.full(5, 3600.0 + 6 * 30.0))
+    assert (out.interruptions == 0).all() and (out.lost_s == 0).all()
+
+
+def test_component_classes_add_their_rates_and_blast_radius_decides_the_recovery():
+    gpu = FailureClass("gpu", 40_000.0, repair_hours=24)
+    host = FailureClass("host", 20_000.0, gpus_each=8, repair_hours=12)
+    switch = FailureClass("switch", 5_000.0, gpus_each=256, repair_hours=6)
+    fleet = Fleet(1024, (gpu, host, switch))
+    assert fleet.job_mtbf_s == pytest.approx(3600 / (1024 / 40_000 + 128 / 20_000 + 4 / 5_000))
+    work = 30 * DAY
+    runs = {kind: simulate(work, fleet, Policy(kind, stall_s=120.0, restart_s=900.0,
+                                               memory_restart_s=120.0, peer_gpus=8),
+                           runs=400, seed=3)
+            for kind in ("sync", "memory")}
+    interruptions = runs["sync"].summary["interruptions"]["mean"]
+    expected = runs["sync"].wall_s.mean() / fleet.job_mtbf_s  # Poisson: wall / MTBF
+    assert interruptions == pytest.approx(expected, rel=0.03)
+    # in-memory checkpoints recover GPU and host failures (≤ 8 GPUs) fast, not the switch's
+    assert runs["memory"].goodput.mean() > runs["sync"].goodput.mean()
+    assert runs["memory"].lost_s.mean() > 0  # switch failures roll back to storage
+
+
+def test_elastic_continuation_keeps_the_work_and_slows_down():
+    fleet = Fleet(1024, (FailureClass("host", 10_000.0, gpus_each=8, repair_hours=2),))
+    base = simulate(20 * DAY, fleet, Policy("sync", stall_s=60.0), runs=300, seed=1)
+    elastic = simulate(20 * DAY, fleet, Policy("sync", stall_s=60.0, elastic=True,
+                                               replica_gpus=64, elastic_restart_s=60.0),
+                       runs=300, seed=1)
+    assert elastic.lost_s.max() == 0 and base.lost_s.mean() > 0
+    assert elastic.goodput.mean() > base.goodput.mean()
+    # a degraded hour runs at 15/16 speed: goodput stays below the no-failure bound
+    assert elastic.goodput.max() < 1 / (1 + 60.0 / elastic.interval_s)
+
+
+def test_spares_wait_for_the_pool_or_the_repair():
+    # one class, blast 8, repair 10 h, 8 spares: a second failure within 10 h of the first
+    # finds no spare and waits for the first repair; none ever waits longer than a repair
+    fleet = Fleet(512, (FailureClass("host", 64 * 4.0, gpus_each=8, repair_hours=10),),
+                  spares=8)
+    unlimited = Fleet(512, fleet.classes)
+    policy = Policy("sync", stall_s=30.0, restart_s=300.0)
+    short = simulate(5 * DAY, fleet, policy, runs=200, seed=2)
+    plenty = simulate(5 * DAY, unlimited, policy, runs=200, seed=2)
+    assert short.wall_s.mean() > plenty.wall_s.mean()
+    # more spares than failures in flight: the same as unlimited
+    many = simulate(5 * DAY, Fleet(512, fleet.classes, spares=8 * 64), policy, runs=200, seed=2)
+    assert many.wall_s == pytest.approx(plenty.wall_s)
+
+
+def test_slowest_rank_is_the_order_statistic():
+    # two values, 1.0 and 1.5, equally likely: the max of N draws is 1.5 unless all are 1.0
+    for n in (1, 2, 7, 64):
+        assert stragglers_factor([1.0, 1.5], n) == pytest.approx(1.5 - 0.5 * 0.5 ** n)
+    samples = np.random.default_rng(0).lognormal(0, 0.05, 10_000)
+    draws = np.random.default_rng(1).choice(samples, (20_000, 16)).max(axis=1).mean()
+    assert stragglers_factor(samples, 16) == pytest.approx(draws, rel=2e-3)
+
+
+def test_a_failure_model_file_is_read_strictly(tmp_path):
+    path = tmp_path / "fleet.json"
+    path.write_text(json.dumps({"classes": [
+        {"name": "gpu", "mtbf_hours": 50_000},
+        {"name": "host", "mtbf_hours": 30_000, "gpus_each": 8}],
+        "spares": 16, "policy": {"kind": "memory", "storage_every": 5}}))
+    fleet, policy = load_failure_model(path, 256)
+    assert (fleet.gpus, len(fleet.classes), fleet.spares, policy.kind) == (256, 2, 16, "memory")
+    # per hour: 256 GPUs / 50,000 h + 32 hosts / 30,000 h
+    assert fleet.job_mtbf_s == pytest.approx(3600 / (256 / 50_000 + 32 / 30_000))
+    for bad, fragment in (({"classes": [], "polcy": {}}, "unknown key"),
+                          ({"classes": [{"name": "gpu", "mtbf_hours": -1}]}, "mtbf_hours"),
+                          ({"classes": [{"name": "gpu", "mtbf_hours": 10}],
+                            "policy": {"kind": "tape"}}, "checkpoint policy"),
+                          ({"classes": [{"name": "gpu", "mtbf_hours": 10, "blast": 8}]},
+                           "blast")):
+        path.write_text(json.dumps(bad))
+        with pytest.raises(ShardwiseError, match=fragment):
+            load_failure_model(path, 8)

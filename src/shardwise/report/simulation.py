@@ -7,12 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
 import shardwise.validate as validate
-import numpy as np
-
 from shardwise.estimate.goodput_sim import (
     Fleet,
     load_failure_model,

@@ -38,6 +38,8 @@ class Checkpointing:
 
 
 class Failure(BaseModel):
+    """One failure of the drawn run."""
+
     t: float  # seconds from the start
     cls: str
     recovery: str  # "storage", "memory" or "elastic"
@@ -46,6 +48,8 @@ class Failure(BaseModel):
 
 
 class PolicyGoodput(BaseModel):
+    """One policy's goodput over the simulated runs, and its checkpoint interval."""
+
     name: str
     mean: float  # goodput against a straggler-free run
     p10: float

@@ -171,3 +171,21 @@ def test_timeline_without_failures_checkpoints_every_interval_and_stretches_for_
     assert t["wall_s"] == pytest.approx(4500 + 8 * 30)
     assert t["goodput"] == pytest.approx(3600 / (4500 + 8 * 30))
     assert t["straggler_share"] == pytest.approx(0.2)
+
+
+def test_elastic_timeline_redoes_nothing_and_slows_while_replicas_are_out():
+    """Elastic continuation: every failure of one GPU leaves 127 of 128 replicas going, so
+    nothing is redone; the run's windows and checkpoints end at `simulate`'s wall time, and a
+    window that starts while a replica is out checkpoints more slowly than interval + stall."""
+    fleet = Fleet(16_384, (FailureClass("gpu", 50_677.0, repair_hours=4.0),))
+    policy = Policy("sync", stall_s=60.0, elastic=True, replica_gpus=128)
+    t = timeline(2 * DAY, fleet, policy, runs=10, seed=1)
+    out = simulate(2 * DAY, fleet, policy, runs=10, seed=1)
+    assert t["wall_s"] == out.wall_s[0] and len(t["failures"]) == out.interruptions[0] > 5
+    assert t["lost"] == [] and {f["recovery"] for f in t["failures"]} == {"elastic"}
+    assert t["checkpoints"][-1] == pytest.approx(out.wall_s[0])
+    ends, segment = np.array(t["checkpoints"]), out.interval_s + policy.stall_s
+    gaps = np.concatenate([np.diff(ends[(ends > a) & (ends <= b)])
+                           for a, b in t["work"][:-1]])  # the last window ends short
+    assert gaps.min() == pytest.approx(segment)  # all replicas in
+    assert gaps.max() == pytest.approx(segment * 128 / 127)  # one of 128 out: 127/128 speed

@@ -190,7 +190,7 @@ SCREENSHOTS = {
     "ui-schedule": "/schedule?schedule=interleaved&chunks=2",
     **{f"learn-{name}": f"/learn/{name}" for name in (
         "memory-budget", "zero-stages", "ring-allreduce", "tp-mlp", "bubble", "pipeline-grid",
-        "ring-attention", "context-wall", "checkpoint-interval")},
+        "ring-attention", "context-wall", "checkpoint-interval", "run-timeline")},
 }
 THUMBS = ROOT / "src/shardwise/web/static/thumbs"  # the Learn cards' pictures
 # docs/NAME.svg ← `shardwise schedule ARGS --svg FILE`

@@ -152,3 +152,57 @@ def test_cli_draws_and_simulates_it(tmp_path, capsys):
         main(["schedule", "--schedule", "dualpipe", "-p", "3", "-m", "12"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "even pp" in err and len(err.strip().splitlines()) == 1
+
+
+# ------------------------------------------------------------------ memory: two stages per rank
+def _stage_memory(schedule, stage, p=4, m=8):
+    from shardwise.arch import get_model
+    from shardwise.estimate.memory import stage_memory
+    from shardwise.layout import Layout, TrainSpec
+
+    model = get_model("deepseek-v2-lite")  # MLA (d_k ≠ d_v), shared experts, a dense layer 0
+    train = TrainSpec(seq_len=4096, global_batch=64, impl="torchtitan")
+    layout = Layout(pp=p, tp=2, ep=2, dp=4, schedule=schedule,
+                    chunks=get_schedule(schedule).default_chunks)
+    codes = layout.codes() | {"m": m, "partition": ()}
+    return {k: float(v) for k, v in stage_memory(model, train, **codes, stage=stage).items()}
+
+
+@pytest.mark.parametrize("stage", range(4))
+def test_each_rank_holds_two_stages_parameters(stage):
+    # rank i holds stage i of one direction and stage p-1-i of the other: 1F1B's two stages,
+    # embedding and head included at both ends (DeepSeek-V3 report Table 2: parameters 2×)
+    dual, mine, mirror = (_stage_memory("dualpipe", stage), _stage_memory("1f1b", stage),
+                          _stage_memory("1f1b", 3 - stage))
+    for part in ("weights", "grads", "optimizer"):
+        assert dual[part] == pytest.approx(mine[part] + mirror[part], rel=1e-12)
+    assert dual["logits"] == pytest.approx(max(mine["logits"], mirror["logits"]))
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_activations_are_pp_plus_one_chunks_of_both_stages(stage):
+    # 1F1B holds p-i micro-batches of stage i's layers; DualPipe p+1 chunks, half of each kind
+    p = 4
+    dual, mine, mirror = (_stage_memory("dualpipe", stage), _stage_memory("1f1b", stage),
+                          _stage_memory("1f1b", p - 1 - stage))
+    per_mine, per_mirror = mine["activations"] / (p - stage), mirror["activations"] / (stage + 1)
+    assert dual["activations"] == pytest.approx((p + 1) * (per_mine + per_mirror) / 2)
+    assert dual["in_flight"] == p + 1
+
+
+# ------------------------------------------------------------------ stacks
+def test_no_stack_runs_it_and_the_planner_says_why(capsys):
+    from shardwise.schedules.registry import SEARCHED_SCHEDULES
+    from shardwise.stacks import STACKS
+
+    assert "dualpipe" not in SEARCHED_SCHEDULES
+    assert not any("dualpipe" in stack.schedules() for stack in STACKS.values())
+    torch_schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    with pytest.raises(ValueError):  # torch.distributed.pipelining 2.13 has DualPipeV only
+        torch_schedules.get_schedule_class("DualPipe")
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", "llama3-8b", "--gpus", "64", "--seq", "4096", "--global-batch", "512",
+              "--layout", "pp=4,tp=2,schedule=dualpipe,chunks=2"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "not run by any stack" in err
+    assert len(err.strip().splitlines()) == 1

@@ -200,7 +200,8 @@ class ScheduleInfo:
       placement puts embedding and head on one rank, which its stage split does not do; the
       pipeline executor (`runtime.pipeline`) runs every schedule;
     * `megatron`, `torchtitan`, `deepspeed`: how each framework selects it (None: it has no
-      such schedule).
+      such schedule);
+    * `no_stack`: why no stack runs it, when none does (shown where a layout asks for it).
     """
 
     name: str
@@ -222,6 +223,7 @@ class ScheduleInfo:
     megatron: str | None = None
     torchtitan: str | None = None
     deepspeed: str | None = None
+    no_stack: str = ""
 
     @property
     def chunked(self) -> bool:
@@ -300,7 +302,11 @@ _REGISTRY: tuple[ScheduleInfo, ...] = (
                  accepts=lambda p, m: (p % 2 == 0) & (m % 2 == 0) & (m >= 2 * p),
                  microbatch_rule="an even pp and an even number of micro-batches ≥ 2·pp "
                                  "(half from each end)",
-                 trainable=False, searched=False),
+                 trainable=False, searched=False,
+                 no_stack="DualPipe is not run by any stack: torchtitan 0.3.0 (torch.distributed."
+                          "pipelining 2.13) and DeepSpeed 0.19.8 ship only DualPipeV, megatron-core "
+                          "0.16.1 neither, and shardwise's pipeline executor runs one direction; "
+                          "simulate and draw it with `shardwise schedule --schedule dualpipe`"),
 )
 
 SCHEDULE_REGISTRY: dict[str, ScheduleInfo] = {info.name: info for info in _REGISTRY}

@@ -206,3 +206,10 @@ def test_no_stack_runs_it_and_the_planner_says_why(capsys):
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "not run by any stack" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_pipeline_demo_refuses_it_before_starting_processes():
+    from shardwise.demos.pipeline import run_pipeline_demo
+
+    with pytest.raises(ShardwiseError, match="pipeline demo cannot run dualpipe: .*one direction"):
+        run_pipeline_demo(ranks=4, schedule="dualpipe")

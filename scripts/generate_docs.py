@@ -198,6 +198,8 @@ GANTTS = {
     "gantt-1f1b": ["-p", "4", "-m", "8", "--schedule", "1f1b"],
     "gantt-interleaved": ["-p", "4", "-m", "8", "--schedule", "interleaved", "--chunks", "2"],
     "gantt-zb-h1": ["-p", "4", "-m", "8", "--schedule", "zb-h1"],
+    "gantt-dualpipe": ["-p", "8", "-m", "20", "--schedule", "dualpipe", "--tf", "2", "--tb", "3",
+                       "--tw", "1"],
 }
 VOLATILE = {"seconds", "evaluation_seconds", "layouts_per_s"}  # a search's timings
 

@@ -28,6 +28,7 @@ from shardwise.estimate.activations import (
 from shardwise.estimate.geometry import (
     StageGeometry,
     candidate_stages,
+    distinct_stages,
     fp8_linear_params,
     in_flight_per_stage,
     layer_params,
@@ -66,6 +67,7 @@ __all__ = [
     "bytes_per_param_training",
     "candidate_stages",
     "count_params",
+    "distinct_stages",
     "fp8_linear_params",
     "gathered_kv_bytes",
     "in_flight_per_stage",
@@ -333,9 +335,13 @@ def peak_stage_memory(model: ModelSpec, train: TrainSpec, *, pp: Any, stages: An
 
 def peak_stage_total(model: ModelSpec, train: TrainSpec, *, pp: Any, **layout: Any) -> Any:
     """The largest `stage_memory` total over `candidate_stages`, per layout (arrays): what
-    the planner ranks and prunes by, without `peak_stage_memory`'s per-part selection."""
+    the planner ranks and prunes by, without `peak_stage_memory`'s per-part selection; only
+    the stages of distinct composition are evaluated (`distinct_stages`, exact)."""
+    stages = distinct_stages(model, pp, candidate_stages(model, pp), chunks=layout["chunks"],
+                             schedule=layout["schedule"], m=layout["m"],
+                             partition=layout.get("partition", ()))
     return np.max([stage_memory(model, train, pp=pp, stage=stage, **layout)["total"]
-                   for stage in candidate_stages(model, pp)], axis=0)
+                   for stage in stages], axis=0)
 
 
 def training_memory_per_gpu(model: ModelSpec, layout: Layout, train: TrainSpec | None = None,

@@ -108,7 +108,8 @@ def layer_params(model: ModelSpec, tp: Any, ep: Any, etp: Any = 0) -> tuple[Any,
         kv = np.maximum(model.n_kv_heads // tp, 1) * model.head_dim
         q = model.q_dim  # a·d: h unless the config names head_dim
         attention = (2 * h * q / tp + 2 * h * kv + norms
-                     + model.qkv_bias * (q / tp + 2 * kv) + model.out_bias * h)  # biases
+                     + model.qkv_bias * (q / tp + 2 * kv) + model.out_bias * h  # biases
+                     + model.attention_sinks * model.n_heads / tp)  # gpt-oss: a logit per head
     dense_layer = attention + model.mlp_params() / tp
     moe_layer = (attention + model.router_params()
                  + model.n_shared_experts * model.mlp_params(model.expert_d_ff) / tp)

@@ -279,19 +279,64 @@ def distinct_stages(model: ModelSpec, pp: Any, stages: list[Any], *, chunks: Any
     if not shape or (isinstance(partition, tuple) and partition):
         return _distinct(model, pp, stages, chunks, schedule, m, partition)
     columns = [np.broadcast_to(np.asarray(x, dtype=np.int64), shape).ravel() for x in inputs]
-    radix = [int(column.max()) + 1 for column in columns]
-    if min(int(column.min()) for column in columns) < 0 or math.prod(radix) >= 1 << 62:
-        return _distinct(model, pp, stages, chunks, schedule, m, partition)
-    code = np.zeros(len(columns[0]), dtype=np.int64)
-    for column, base in zip(columns, radix, strict=True):  # mixed radix: one int64 per row
-        code = code * base + column
-    _, at, inverse = np.unique(code, return_index=True, return_inverse=True)
+    at, inverse = _unique_rows(columns)
     u = [column[at] for column in columns]
     stage_u = [np.broadcast_to(stage, shape).ravel()[at] for stage in stages]  # of pp only
-    reps = _distinct(model, u[0], stage_u, u[1], u[2], u[3],
-                     Balanced(u[4], u[5]) if balanced else ())
+    part_u: Partition = Balanced(u[4], u[5]) if balanced else ()
+    reps = _distinct(model, u[0], stage_u, u[1], u[2], u[3], part_u)
     inverse = inverse.ravel()
     return [np.asarray(rep)[inverse].reshape(shape) for rep in reps]
+
+
+def distinct_geometries(model: ModelSpec, pp: Any, stages: list[Any], *, chunks: Any,
+                        schedule: Any, m: Any, partition: Partition = ()
+                        ) -> list[StageGeometry]:
+    """The `StageGeometry` of each of `distinct_stages`, worked out once per distinct (pp,
+    chunks, schedule, m, partition) and spread back to the arrays' shape (the same numbers
+    as `StageGeometry.of` on the arrays)."""
+    reps = distinct_stages(model, pp, stages, chunks=chunks, schedule=schedule, m=m,
+                           partition=partition)
+    balanced = isinstance(partition, Balanced)
+    inputs = [pp, chunks, schedule, m, *((partition.first_less, partition.last_less)
+                                           if balanced else ())]
+    shape = np.broadcast_shapes(*(np.shape(x) for x in inputs), *(np.shape(r) for r in reps))
+    if not shape or (isinstance(partition, tuple) and partition):
+        return [StageGeometry.of(model, pp=pp, chunks=chunks, stage=rep, schedule=schedule,
+                                 m=m, partition=partition) for rep in reps]
+    columns = [np.broadcast_to(np.asarray(x, dtype=np.int64), shape).ravel()
+               for x in (*inputs, *reps)]
+    at, inverse = _unique_rows(columns)
+    u = [column[at] for column in columns]
+    part_u: Partition = Balanced(u[4], u[5]) if balanced else ()
+    inverse = np.asarray(inverse).ravel()
+
+    def spread(x: Any) -> Any:
+        return np.asarray(x)[inverse].reshape(shape) if np.ndim(x) == 1 else x
+
+    out = []
+    for k in range(len(reps)):
+        geo = StageGeometry.of(model, pp=u[0], chunks=u[1], stage=u[len(inputs) + k],
+                               schedule=u[2], m=u[3], partition=part_u)
+        out.append(StageGeometry(*(spread(getattr(geo, f)) for f in (
+            "stage", "layers", "moe_layers", "chunks", "in_flight", "last_in_flight",
+            "first", "last", "last_stage")), placement=geo.placement))
+    return out
+
+
+def _unique_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(axis=0, return_index, return_inverse)` of the rows of `columns` (non-negative
+    int64), through one mixed-radix code per row (falls back to `np.unique` if it would not fit
+    in 62 bits)."""
+    radix = [int(column.max()) + 1 for column in columns]
+    if min(int(column.min()) for column in columns) < 0 or math.prod(radix) >= 1 << 62:
+        _, at, inverse = np.unique(np.stack(columns, axis=1), axis=0, return_index=True,
+                                   return_inverse=True)
+        return at, inverse
+    code = np.zeros(len(columns[0]), dtype=np.int64)
+    for column, base in zip(columns, radix, strict=True):
+        code = code * base + column
+    _, at, inverse = np.unique(code, return_index=True, return_inverse=True)
+    return at, inverse
 
 
 def _distinct(model: ModelSpec, pp: Any, stages: list[Any], chunks: Any, schedule: Any,

@@ -10,7 +10,7 @@ stage (`ScheduleInfo.last_stage`) the head and the loss. Derivation: docs/concep
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -273,8 +273,8 @@ def distinct_stages(model: ModelSpec, pp: Any, stages: list[Any], *, chunks: Any
     if len(stages) <= 1:
         return stages
     balanced = isinstance(partition, Balanced)
-    inputs = [pp, chunks, schedule, m, *((partition.first_less, partition.last_less)
-                                           if balanced else ())]
+    ends = (partition.first_less, partition.last_less) if isinstance(partition, Balanced) else ()
+    inputs = [pp, chunks, schedule, m, *ends]
     shape = np.broadcast_shapes(*(np.shape(x) for x in inputs))
     if not shape or (isinstance(partition, tuple) and partition):
         return _distinct(model, pp, stages, chunks, schedule, m, partition)
@@ -297,8 +297,8 @@ def distinct_geometries(model: ModelSpec, pp: Any, stages: list[Any], *, chunks:
     reps = distinct_stages(model, pp, stages, chunks=chunks, schedule=schedule, m=m,
                            partition=partition)
     balanced = isinstance(partition, Balanced)
-    inputs = [pp, chunks, schedule, m, *((partition.first_less, partition.last_less)
-                                           if balanced else ())]
+    ends = (partition.first_less, partition.last_less) if isinstance(partition, Balanced) else ()
+    inputs = [pp, chunks, schedule, m, *ends]
     shape = np.broadcast_shapes(*(np.shape(x) for x in inputs), *(np.shape(r) for r in reps))
     if not shape or (isinstance(partition, tuple) and partition):
         return [StageGeometry.of(model, pp=pp, chunks=chunks, stage=rep, schedule=schedule,
@@ -317,9 +317,9 @@ def distinct_geometries(model: ModelSpec, pp: Any, stages: list[Any], *, chunks:
     for k in range(len(reps)):
         geo = StageGeometry.of(model, pp=u[0], chunks=u[1], stage=u[len(inputs) + k],
                                schedule=u[2], m=u[3], partition=part_u)
-        out.append(StageGeometry(*(spread(getattr(geo, f)) for f in (
+        out.append(replace(geo, **{f: spread(getattr(geo, f)) for f in (
             "stage", "layers", "moe_layers", "chunks", "in_flight", "last_in_flight",
-            "first", "last", "last_stage")), placement=geo.placement))
+            "first", "last", "last_stage")}))
     return out
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from shardwise.arch import get_model
 from shardwise.errors import ShardwiseError
-from shardwise.plan.rank import tiers
+from shardwise.plan.tiers import tiers
 from shardwise.report.builders import plan_payload, run_plan
 from tests.cli_helpers import shardwise, shardwise_json
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from shardwise.arch.hf_families import read_family
+from shardwise.arch.hf_families import _hf_rope, read_family
 from shardwise.arch.hf_fields import HF_FIELDS, SUPPORTED_HF_TYPES
 from shardwise.arch.spec import ModelSpec
 from shardwise.errors import ShardwiseError
@@ -188,22 +188,6 @@ def _from_deepseek(cfg: dict, name: str, kind: str) -> ModelSpec:
         mtp_layers=c.get("num_nextn_predict_layers", 0) if v3 else 0,
         **_hf_rope(cfg, kind),
     )
-
-
-def _hf_rope(cfg: dict, kind: str) -> dict[str, Any]:
-    """RoPE θ and scaling from `rope_parameters` (transformers ≥ 5), or the older top-level
-    `rope_theta` + `rope_scaling`. Default θ as transformers 5.24: 1e6 for Mixtral
-    (MixtralConfig.default_theta), else 10000."""
-    params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
-    theta = params.pop("rope_theta", cfg.get("rope_theta"))
-    theta = theta if theta is not None else (1e6 if kind == "mixtral" else 10000.0)
-    kind_ = params.pop("rope_type", params.pop("type", "default"))
-    scaling: tuple[tuple[str, Any], ...] = ()
-    if kind_ != "default":
-        params.setdefault("original_max_position_embeddings",
-                          cfg.get("max_position_embeddings", 4096))
-        scaling = tuple(sorted({**params, "rope_type": kind_}.items()))
-    return {"rope_theta": float(theta), "rope_scaling": scaling}
 
 
 # model_type -> reader(cfg, name, model_type); a new model_type adds its reader here and its

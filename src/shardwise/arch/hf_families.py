@@ -49,6 +49,22 @@ _KINDS = {"full_attention": "full", "sliding_attention": "sliding",
           "chunked_attention": "chunked"}
 
 
+def _hf_rope(cfg: dict, kind: str) -> dict[str, Any]:
+    """RoPE θ and scaling from `rope_parameters` (transformers ≥ 5), or the older top-level
+    `rope_theta` + `rope_scaling`. Default θ as transformers 5.24: 1e6 for Mixtral
+    (MixtralConfig.default_theta), else 10000."""
+    params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    theta = params.pop("rope_theta", cfg.get("rope_theta"))
+    theta = theta if theta is not None else (1e6 if kind == "mixtral" else 10000.0)
+    kind_ = params.pop("rope_type", params.pop("type", "default"))
+    scaling: tuple[tuple[str, Any], ...] = ()
+    if kind_ != "default":
+        params.setdefault("original_max_position_embeddings",
+                          cfg.get("max_position_embeddings", 4096))
+        scaling = tuple(sorted({**params, "rope_type": kind_}.items()))
+    return {"rope_theta": float(theta), "rope_scaling": scaling}
+
+
 def _layer_types(c: dict, kind: str, layers: int, window: int) -> tuple[str, ...]:
     """Each layer's attention as the config class derives `layer_types` when it is unset."""
     given = c.get("layer_types")
@@ -94,7 +110,6 @@ def _rope_layers(c: dict, layers: int) -> list[int]:
 def _rope(c: dict, kind: str) -> tuple[dict[str, Any], float, float]:
     """(rope_theta and rope_scaling, local θ, rotary share): transformers 5.24's
     `rope_parameters` — per layer type for Gemma 3 — or the older top-level fields."""
-    from shardwise.arch.hf import _hf_rope
 
     params = c.get("rope_parameters") or {}
     local = 0.0

@@ -47,9 +47,15 @@ def job_argv(argv: list[str]) -> list[str]:
     return out
 
 
-def launcher_options(func: Callable[..., Any]) -> Callable[..., Any]:
+def launcher_options(check: Callable[..., Any]) -> Callable[[Callable[..., Any]],
+                                                             Callable[..., Any]]:
     """--launcher, --nodes, --gpus-per-node, --image, --job-name, --accelerator: with
-    --launcher, print the job that runs this command on the cluster instead of running it."""
+    --launcher, print the job that runs this command on the cluster instead of running it;
+    `check` (the command's own argument check, `runs._check_arguments`) vets the layout."""
+    return functools.partial(_with_launcher, check)
+
+
+def _with_launcher(check: Callable[..., Any], func: Callable[..., Any]) -> Callable[..., Any]:
     named = {name for name, param in inspect.signature(func).parameters.items()
              if param.kind is not param.VAR_KEYWORD}
 
@@ -65,7 +71,7 @@ def launcher_options(func: Callable[..., Any]) -> Callable[..., Any]:
                                      f"({'|'.join(LAUNCHERS)})")
             return func(**kw)
         layout_kw = {name: value for name, value in kw.items() if name not in named}
-        click.echo(job(ctx, kw, layout_kw, **given), nl=False)
+        click.echo(job(check, ctx, kw, layout_kw, **given), nl=False)
         return None
 
     options = [
@@ -89,14 +95,14 @@ def launcher_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
-def job(ctx: click.Context, kw: dict[str, Any], layout_kw: dict[str, Any], *, launcher: str,
+def job(check: Callable[..., Any], ctx: click.Context, kw: dict[str, Any],
+        layout_kw: dict[str, Any], *, launcher: str,
         nodes: int | None, gpus_per_node: int, image: str | None, job_name: str | None,
         accelerator: str) -> str:
     """The job `launcher` writes for this command: the layout checked as the run checks it
-    (`runs._check_arguments`, less what only the nodes can check), then `emit.launchers`."""
-    from shardwise.cli.runs import _check_arguments
-
-    run = _check_arguments(kw["model_name"], dict(layout_kw), kw["seq"], kw["global_batch"],
+    (`check`: `runs._check_arguments`, less what only the nodes can check), then
+    `emit.launchers`."""
+    run = check(kw["model_name"], dict(layout_kw), kw["seq"], kw["global_batch"],
                            kw["dtype"], kw["grad_dtype"], kw["flash"], kw["data_path"],
                            here=False)
     ranks = run.layout.world_size

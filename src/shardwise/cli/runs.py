@@ -178,7 +178,7 @@ def _on_ranks(run: Callable[[], Any]) -> Any:
 
 
 @cli.command(cls=ArgvCommand, short_help="Train a model for real on local ranks.")
-@launcher_options
+@launcher_options(_check_arguments)
 @run_options
 @click.option("--steps", default=20, show_default=True, type=click.IntRange(0),
               help="Optimizer steps (0: none; with --save-hf, a checkpoint round trip).")
@@ -298,7 +298,7 @@ def _error_cell(row: Any) -> str:
 
 
 @cli.command(cls=ArgvCommand, short_help="Compare predicted and measured on real ranks.")
-@launcher_options
+@launcher_options(_check_arguments)
 @run_options
 @click.option("--steps", default=2, show_default=True, type=click.IntRange(1),
               help="Training steps to measure.")

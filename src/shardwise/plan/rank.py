@@ -1,42 +1,18 @@
 """Ranking by the step time the report shows (or by the effective step time, step ÷ goodput:
 `--rank-by goodput`), ties to the simpler layout, variants folded.
 
-**The figure.** Each layout's figure is its step time times a factor of its own that does not
-depend on the step time (`Ranking(scale=…)`: 1, or 1/goodput, `estimate.goodput`, whose
-checkpoint interval is in seconds), so the bounds below carry over. The step time is `estimate_step(..., simulate=True)`'s: the closed
-form, except for pipelines of uneven stages whose schedule is small enough to simulate
-(`evaluate.simulated`), where the bubble comes from the schedule simulator. For those the
-closed form is an upper bound (`estimate.step`), so the search knows every layout's figure
-within `[lower, upper]`: `upper` the closed form, `lower` the closed form less its bubble
-(a simulated bubble is ≥ 0), tightened as the simulator runs (below). `Ranking.top` simulates,
-cheapest bound first, every layout whose lower bound could still place it among the rows
-asked for, so the rows shown are the top under the exact figure, not under the bound.
-
-**The bound.** The simulator's makespan is a longest path through the schedule's actions, a
-maximum of sums of action times: nondecreasing in each of the per-micro-batch times
-`(t_f, t_b, t_w)` and homogeneous of degree 1 in them (each stage runs its share by layers).
-Two layouts with the same schedule, stages, micro-batches and partition differ only in those
-times, so once one of them (times `x'`, makespan `M'`) is simulated, the other (times `x`)
-has makespan ≥ `λ·M'` with `λ = min_k x_k / x'_k`, and exactly `λ·M'` when every ratio is
-`λ` (then it is not simulated).
-
-**Ties.** Step times equal to `TIE` (relative) are a tie, broken by `SIMPLER`: the smaller
-cp, pp, tp, ep (in that order), ring before Ulysses before the hybrid, etp as tp before a
-separate one, the lower ZeRO stage and the smaller hybrid-shard group (none first), less
-recompute (none, selective, op-sac, full), no sequence parallelism, the default schedule
-(1F1B), fewer chunks, the default stage partition, the smaller micro-batch.
-
-**Variants.** Layouts that differ only in `SECOND_ORDER` knobs — the ZeRO shard-group size and
-the stage partition — are one row: the best of them, with how many others fit.
-
-**Tiers.** Rows the model cannot order form one tier (`tiers`, `TIER_RULE`); inside the first,
-`recommend` picks by `CHOOSE` (docs/howto/plan.md).
-"""
+Each layout's figure is its step time times a factor that does not depend on the step time
+(1, or 1/goodput). For uneven pipelines small enough to simulate the bubble comes from the
+schedule simulator; the closed form bounds it above and the closed form less its bubble below,
+so `Ranking.top` simulates, cheapest bound first, every layout that could still place among
+the rows asked for (the makespan is monotone and homogeneous of degree 1 in the per-micro-batch
+times: one simulation bounds every layout of the same schedule, stages and partition). Step
+times within `TIE` are broken by `SIMPLER`; layouts differing only in `SECOND_ORDER` knobs fold
+into one row. The proofs: docs/concepts/planner.md#ranking. Tiers and the recommendation:
+`plan.tiers`."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -54,12 +30,6 @@ from shardwise.layout import (
 from shardwise.plan.evaluate import _layout_of, simulated
 from shardwise.schedules.registry import DEFAULT_SCHEDULE, SCHEDULE_CODES, select
 
-CHOOSE = ("simplest", "fastest")  # the recommendation inside the first tier
-TIER_RULE = ("rows are sorted by the figure ranked; a new tier starts where a row's figure "
-             "exceeds the previous row's by the resolution or more, so rows closer than the "
-             "resolution always share a tier (a tier may chain wider than it)")
-SIMPLEST_RULE = ("inside the first tier: fewest parallel axes (dp, tp, pp, cp, ep > 1), then "
-                 "least exposed communication, then the most memory headroom")
 TIE = 1e-9
 _TIE_DIGITS = 9  # TIE as decimal places of the figure over the fastest one
 SIMPLER = ("cp", "pp", "tp", "ep", "cp_kind", "etp", "zero", "zero_group", "recompute", "sp",
@@ -261,80 +231,3 @@ def _find(cand: dict[str, Any], layout: Layout, n_layers: int) -> int | None:
         return None
     hits = np.nonzero(mask)[0]
     return int(hits[0]) if len(hits) else None
-
-
-def tiers(figures: Sequence[float], resolution: float) -> list[int]:
-    """The tier (1 = first) of each figure, in the order given (`TIER_RULE`): sorted, a new
-    tier begins at a figure ≥ the previous one × (1 + `resolution`). Two figures closer than
-    that (relative to the smaller) are in one tier; two in one tier are linked by a chain of
-    neighbours each closer than that."""
-    order = sorted(range(len(figures)), key=lambda i: figures[i])
-    out = [0] * len(figures)
-    tier, previous = 0, None
-    for i in order:
-        if previous is None or figures[i] >= previous * (1 + resolution):
-            tier += 1
-        out[i], previous = tier, figures[i]
-    return out
-
-
-def exposed_comm(estimate: Any) -> float:
-    """Seconds of the step spent in communication nothing hides (TP, CP, EP, PP, DP)."""
-    return float(estimate.tp_comm + estimate.cp_comm_exposed + estimate.ep_comm
-                 + estimate.pp_comm + estimate.dp_comm_exposed)
-
-
-def parallel_axes(layout: Layout) -> int:
-    """How many of dp, tp, pp, cp, ep are > 1."""
-    return sum(getattr(layout, axis) > 1 for axis in AXES)
-
-
-@dataclass(frozen=True)
-class Tiers:
-    """The tiers of a plan's rows (`tier[i]` of `ranked[i]`), the relative `resolution` they
-    use and its `basis`, the rows in the first tier (`count`), how the recommendation was
-    chosen (`choose`, one of `CHOOSE`) and the recommended row's index (`recommended`)."""
-
-    tier: tuple[int, ...]
-    resolution: float
-    basis: str
-    choose: str
-    recommended: int
-
-    @property
-    def count(self) -> int:
-        return self.tier.count(1)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"resolution": self.resolution, "rule": TIER_RULE, "count": self.count,
-                "basis": self.basis,
-                "recommendation": SIMPLEST_RULE if self.choose == "simplest"
-                else "the fastest row"}
-
-
-def recommend(entries: Sequence[Any], tier: Sequence[int], choose: str,
-              rank_by: str = "step") -> int:
-    """The index of the recommended entry (`PlanEntry`s): in the first tier, with
-    `choose="simplest"` by `SIMPLEST_RULE` (ties: the earlier row), else the fastest."""
-    first = [i for i, t in enumerate(tier) if t == 1]
-    if choose == "fastest":
-        return min(first, key=lambda i: (entries[i].figure(rank_by), i))
-    return min(first, key=lambda i: (parallel_axes(entries[i].layout),
-                                      exposed_comm(entries[i].estimate),
-                                      entries[i].memory.total - entries[i].budget, i))
-
-
-def tiering(result: Any) -> Tiers:
-    """`result`'s (`PlanResult`) tiers at the model's resolution for its accelerator and stack
-    (`estimate.uncertainty.resolution`) and its recommendation (`result.choose`)."""
-    from shardwise.errors import ShardwiseError
-    from shardwise.estimate.uncertainty import resolution
-
-    if result.choose not in CHOOSE:
-        raise ShardwiseError(f"choose must be one of {', '.join(CHOOSE)}, got "
-                             f"{result.choose!r}")
-    value, basis = resolution(result.cluster.accelerator.name, result.train.impl)
-    figures = [entry.figure(result.rank_by) for entry in result.ranked]
-    tier = tiers(figures, value)
-    best = recommend(result.ranked, tier, result.choose, result.rank_by)
-    return Tiers(tuple(tier), value, basis, result.choose, best)

@@ -128,7 +128,7 @@ class PlanResult:
     @cached_property
     def tiering(self) -> Any:
         """The rows' tiers and the recommendation (`rank.tiering`)."""
-        from shardwise.plan.rank import tiering
+        from shardwise.plan.tiers import tiering
 
         return tiering(self)
 

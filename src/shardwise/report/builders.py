@@ -303,7 +303,7 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str | Accelerator = "h100"
     the valid layouts above which the search prunes (`plan`)."""
     from shardwise.calibration import load_calibration
     from shardwise.plan import Constraint, SearchSpace, plan
-    from shardwise.plan.rank import CHOOSE
+    from shardwise.plan.tiers import CHOOSE
 
     if choose not in CHOOSE:
         raise ShardwiseError(f"--choose {choose!r}: use one of {', '.join(CHOOSE)}")

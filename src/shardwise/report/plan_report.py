@@ -16,7 +16,7 @@ from shardwise.estimate.uncertainty import COVERAGE, DOCS
 from shardwise.layout import RECOMPUTE_LIGHTEST_FIRST, Layout
 from shardwise.placement import members_per_node
 from shardwise.plan import Alternative, PlanEntry, PlanResult
-from shardwise.plan.rank import exposed_comm, parallel_axes
+from shardwise.plan.tiers import exposed_comm, parallel_axes
 from shardwise.report.text import table as _table
 from shardwise.units import human_count, human_rate, human_time
 from shardwise.validate import finite_result

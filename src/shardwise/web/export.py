@@ -153,9 +153,8 @@ def plan_command(request: dict[str, Any], framework: str) -> str:
     out). An uploaded config.json is `config.json` on the command line."""
     import click
 
-    from shardwise.cli import cli
+    from shardwise.cli.planner import plan as command
 
-    command = cli.commands["plan"]
     words = ["shardwise", "plan", "config.json" if request.get("hf_config") else
              str(request.get("model", ""))]
     for param in command.params:

@@ -83,6 +83,12 @@ STACKS.update({s.name: s.validate() for s in (
         # (training/arguments.py, core/transformer/pipeline_parallel_layer_layout.py)
         split="any",
         rules=(
+            # validate_args turns SP off without TP, then asserts SP under --tp-comm-overlap
+            Rule(lambda v, train: (np.asarray(v["tp"]) > 1) & (np.asarray(v["sp"]) == 0)
+                 & (getattr(train, "tp_overlap", None) == "bulk"),
+                 "overlaps TP communication with GEMMs (--tp-comm-overlap, TP overlap bulk) "
+                 "only with sequence parallelism: tp={tp} needs sp=1 or --tp-overlap none",
+                 "Megatron-LM megatron/training/arguments.py:1441 @d98e8a6"),
             Rule(lambda v, train: (np.asarray(v["zero_group"]) > 0) & (np.asarray(v["ep"]) > 1)
                  & ((np.asarray(v["dp"]) * v["cp"] // v["ep"])
                     % np.maximum(np.asarray(v["dp"]) * v["cp"]

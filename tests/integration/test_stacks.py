@@ -2,6 +2,7 @@
 the gradient-reduce dtypes, the stage splits (torchtitan's and DeepSpeed's own functions over
 a sweep), and every combination a stack refuses (`Stack.rules`) refused by the framework."""
 
+import itertools
 import json
 import typing
 
@@ -303,3 +304,35 @@ def test_the_framework_refuses_what_the_rule_refuses(source, tmp_path):
 
     check = RULES[source]
     check(tmp_path) if "tmp_path" in inspect.signature(check).parameters else check()
+
+
+def test_bloom_partition_method_is_refused_by_the_pinned_megatron_deepspeed_only():
+    """BLOOM-176B's stages ('type:transformer|embedding': DeepSpeed's PipelineModule weighs
+    the embedding, each block and the tied embedding 1, the casts and the final norm 0, and
+    balances them with `partition_balanced`, deepspeed/runtime/pipe/module.py
+    `_partition_layers` @0.19.8): Megatron-DeepSpeed 4efb479 cannot select that method
+    (GPTModelPipe hard-codes 'type:transformer', no --pp-partition-method), so the layout is
+    refused there naming the missing option; Megatron-LM takes any stage sizes."""
+    require("deepspeed")
+    from types import SimpleNamespace
+
+    from deepspeed.runtime.pipe.module import PipelineModule
+    from deepspeed.runtime.utils import partition_balanced
+
+    from shardwise.layout import Layout
+
+    specs = ["EmbeddingPipe", "cast"] + ["ParallelTransformerLayerPipe"] * 70 + [
+        "cast", "MixedFusedLayerNorm", "EmbeddingPipe", "float16_to_fp32"]
+    # DeepSpeed's own regex match over the specs' names, then its balanced partition
+    named = SimpleNamespace(_layer_specs=[type(name, (), {}) for name in specs])
+    found = PipelineModule._find_layer_type(named, "transformer|embedding")
+    weights = [int(i in found) for i in range(len(specs))]
+    assert sum(weights) == 72
+    bounds = partition_balanced(weights, 12)
+    blocks = tuple(sum(s == "ParallelTransformerLayerPipe" for s in specs[a:b])
+                   for a, b in itertools.pairwise(bounds))
+    assert sum(blocks) == 70 and blocks != tuple(deepspeed_split(70, 12))
+    layout = Layout(dp=8, tp=4, pp=12, zero=1, partition=blocks)
+    problems = STACKS["megatron-deepspeed"].layout_problems(layout, 70)
+    assert len(problems) == 1 and "--pp-partition-method" in problems[0]
+    assert STACKS["megatron-te"].layout_problems(layout, 70) == []

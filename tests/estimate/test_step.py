@@ -494,3 +494,29 @@ def test_flops_per_token_and_gpu_hours_follow_their_definitions():
     assert step.time_to_train(tokens) == pytest.approx(tokens / step.tokens_per_s)
     assert step.gpu_hours(tokens) == pytest.approx(tokens / step.tokens_per_s * 64 / 3600)
     assert step.cost(tokens, 2.5) == pytest.approx(2.5 * step.gpu_hours(tokens))
+
+
+def test_torchtitans_varlen_attention_is_timed_with_fa3s_curve_on_hopper():
+    """torchtitan 0.3.0's varlen backend runs FlashAttention-3 on Hopper: against
+    FlexAttention (FA2's curve × 0.9 forward, × 0.85 backward) the step changes by exactly
+    the attention FLOPs (causal 2·s²·d per head forward, 2.5× backward, every layer) over
+    the two kernels' efficiencies at the sustained clock."""
+    from shardwise.estimate.kernels import attention_efficiency
+
+    model, cluster = get_model("llama3-8b"), Cluster.of(8, "h100")
+    cal, layout, s = default_calibration("h100-sxm"), Layout(dp=8, zero=3), 8192
+    flex, fa3 = (estimate_step(model, cluster, layout,
+                               TrainSpec(s, 8, impl="torchtitan", attention=kernel), cal)
+                 for kernel in ("flex", "fa3"))
+    d = model.d_model // model.n_heads
+    flops = 4 * s * s * d * model.n_heads * 0.5 * model.n_layers
+    peak = cluster.accelerator.peak_bf16 * cal.sustained_compute
+
+    def eff(kernel, backward):
+        return attention_efficiency(kernel, d, s, True, "h100-sxm", backward=backward)
+
+    assert cal.attention_curve("fa3") == ("fa3", (1.0, 1.0))
+    assert flex.t_forward - fa3.t_forward == pytest.approx(
+        flops / peak * (1 / (0.9 * eff("fa2", False)) - 1 / eff("fa3", False)), rel=1e-6)
+    assert flex.t_backward - fa3.t_backward == pytest.approx(
+        2.5 * flops / peak * (1 / (0.85 * eff("fa2", True)) - 1 / eff("fa3", True)), rel=1e-6)

@@ -198,17 +198,14 @@ ACCELERATORS: dict[str, Accelerator] = {
         # is refused). Calibration borrowed from the H100 SXM (unvalidated, `BORROWED`).
         Accelerator("h20", 96 * GiB, 4.0e12, 148 * TFLOPS, 296 * TFLOPS, 44 * TFLOPS,
                     "nvlink4", "ndr", None, 400, "h100-sxm"),
-        # NVIDIA Blackwell Ultra, per GPU (NVIDIA HGX B300 and GB300 NVL72 pages as tabulated
-        # by verda.com/blog/gb300-nvl72-architecture and glennklockwood.com/garden/processors/
-        # B300): HGX B300 2.25 PF BF16 dense, 4.5 PF FP8, 75 TF FP32, 1.1 kW; GB300 2.5 PF
-        # BF16, 5 PF FP8, 80 TF FP32, 1.4 kW; both 288 GB HBM3e (2.3 TB per 8, 20.7 TB per 72)
-        # at 8 TB/s (576 TB/s per 72), NVLink 5 at 1.8 TB/s both ways, a ConnectX-8 800 Gb/s
-        # NIC per GPU (XDR). No boost clock in these sources. Calibration borrowed from
-        # B200 / GB200 (unvalidated, `BORROWED`).
+        # NVIDIA HGX B300 (Blackwell Ultra), per GPU (NVIDIA's HGX B300 page as tabulated by
+        # verda.com/blog/gb300-nvl72-architecture and glennklockwood.com/garden/processors/
+        # B300): 2.25 PF BF16 dense, 4.5 PF FP8, 75 TF FP32, 1.1 kW, 288 GB HBM3e (2.3 TB per
+        # 8) at 8 TB/s, NVLink 5 at 1.8 TB/s both ways, a ConnectX-8 800 Gb/s NIC per GPU
+        # (XDR). No boost clock in these sources. Calibration borrowed from the B200
+        # (unvalidated, `BORROWED`).
         Accelerator("b300", 288 * GiB, 8.0e12, 2250 * TFLOPS, 4500 * TFLOPS, 75 * TFLOPS,
                     "nvlink5", "xdr", None, 1100, "b200"),
-        Accelerator("gb300", 288 * GiB, 8.0e12, 2500 * TFLOPS, 5000 * TFLOPS, 80 * TFLOPS,
-                    "nvlink5", "xdr", None, 1400, "gb200", host="c2c-gb200"),
         # Google Cloud TPU v5p: 459 TFLOP/s BF16, 918 TOPS INT8, 95 GB HBM2e, 2,765 GB/s. The
         # chips of a pod (up to 8,960) share one ICI 3D torus, so ICI is also the "inter" link.
         Accelerator("tpu-v5p", 95 * GiB, 2.765e12, 459 * TFLOPS, 918 * TFLOPS, None,
@@ -343,14 +340,14 @@ def accelerator_from_dict(data: Any, source: str) -> Accelerator:
     return accelerator
 
 
-BORROWED = frozenset({"h20", "b300", "gb300", "mi355x"})
+BORROWED = frozenset({"h20", "b300", "mi355x"})
 """Presets timed with another part's calibration (`calibrated_as`) that no published run or
 component benchmark measured: `estimate.uncertainty.unvalidated` names them (†)."""
 
 
 def generation(accelerator: str) -> str:
     """The generation of an accelerator preset by name (`h100-sxm`, `h200`, `h800`, `h20` and
-    `gh200` are Hopper; `b200`, `gb200`, `b300`, `gb300` Blackwell; `mi355x` CDNA 4, the
+    `gh200` are Hopper; `b200`, `gb200`, `b300` Blackwell; `mi355x` CDNA 4, the
     MI300X/MI325X CDNA 3; …): the validation groups' span and the FP8 recipes' support
     (`fp8.Fp8Recipe.architectures`). Callers timing a step pass `calibration_name`, so a
     borrowed calibration's generation is the one its constants come from."""

@@ -9,6 +9,7 @@ import pytest
 
 from shardwise.arch import ModelSpec, get_model
 from shardwise.calibration import default_calibration
+from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import collective_time, hierarchical_all_reduce_time
 from shardwise.estimate.step import (
     RC_CODES,
@@ -265,11 +266,11 @@ def test_tp_comm_overlap_hides_behind_the_pipelined_gemm_share():
                     + 2 * ar + ce)
     assert on.tp_comm == pytest.approx(expected, rel=1e-9)
     assert on.tp_comm < off.tp_comm
-    # without sequence parallelism Megatron cannot overlap: nothing changes
+    # without sequence parallelism Megatron-LM refuses --tp-comm-overlap (arguments.py:1441):
+    # the layout is refused, not timed as a no-op
     no_sp = Layout(tp=8, dp=1)
-    assert estimate_step(model, cluster, no_sp, replace(base, tp_overlap="bulk"), cal
-                         ).tp_comm == pytest.approx(
-        estimate_step(model, cluster, no_sp, replace(base, tp_overlap="none"), cal).tp_comm)
+    with pytest.raises(ShardwiseError, match="arguments.py:1441"):
+        estimate_step(model, cluster, no_sp, replace(base, tp_overlap="bulk"), cal)
     # Megatron-LM's default is no overlap (model_parallel_config.py: tp_comm_overlap False)
     assert estimate_step(model, cluster, layout, base, cal).tp_comm == off.tp_comm
 

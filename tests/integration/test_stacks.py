@@ -280,7 +280,51 @@ def deepspeed_moe_without_zero3():
     assert not rule.refuses({"ep": 2, "zero": 2}, None)
 
 
+def megatron_tp_overlap_needs_sp():
+    """Megatron-LM's validate_args (rebuilt parser and checks, test_megatron_lm) asserts
+    sequence parallelism under --tp-comm-overlap; the rule refuses exactly those with TP
+    (at tp=1 the export leaves the flag out: no TP traffic to overlap)."""
+    from shardwise.layout import TrainSpec
+    from tests.integration.test_megatron_lm import USER, _parse, _validate
+
+    rule = _rule("megatron-te", "Megatron-LM megatron/training/arguments.py:1441 @d98e8a6")
+    base = ["--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32",
+            "--seq-length", "4096", "--max-position-embeddings", "4096",
+            "--micro-batch-size", "1", "--global-batch-size", "16", "--bf16", *USER]
+    for tp, sp in ((2, 0), (8, 0), (2, 1), (8, 1)):
+        args = _parse([*base, "--tensor-model-parallel-size", str(tp), "--tp-comm-overlap",
+                       *(["--sequence-parallel"] if sp else [])])
+        try:
+            _validate(args, 16, {"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
+            refused = False
+        except AssertionError:
+            refused = True
+        for overlap in ("bulk", "none"):
+            train = TrainSpec(tp_overlap=overlap)
+            assert bool(rule.refuses({"tp": tp, "sp": sp}, train)) == (
+                refused and overlap == "bulk"), (tp, sp, overlap)
+
+
+def torchtitan_varlen_without_cp():
+    """torchtitan's context parallelism wraps FlexAttention only: apply_cp_to_forward raises
+    for its varlen attention."""
+    require("torchtitan")
+    from torchtitan.distributed.context_parallel.api import apply_cp_to_forward
+    from torchtitan.models.common.attention import VarlenAttention
+
+    from shardwise.layout import TrainSpec
+
+    with pytest.raises(NotImplementedError, match="Variable-length attention CP"):
+        apply_cp_to_forward([VarlenAttention(VarlenAttention.Config())], None)
+    rule = _rule("torchtitan", "torchtitan/distributed/context_parallel/api.py:104 @0.3.0")
+    fa3, flex = TrainSpec(impl="torchtitan", attention="fa3"), TrainSpec(impl="torchtitan")
+    assert rule.refuses({"cp": 2}, fa3) and not rule.refuses({"cp": 1}, fa3)
+    assert not rule.refuses({"cp": 2}, flex)
+
+
 RULES = {
+    "Megatron-LM megatron/training/arguments.py:1441 @d98e8a6": megatron_tp_overlap_needs_sp,
+    "torchtitan/distributed/context_parallel/api.py:104 @0.3.0": torchtitan_varlen_without_cp,
     "megatron/core/parallel_state.py:1447 @d98e8a6": megatron_ep_in_shard_groups,
     "megatron/core/optimizer/optimizer_config.py, megatron-core 0.16.1":
         megatron_precision_aware_optimizer_with_the_distributed_optimizer,

@@ -83,12 +83,6 @@ STACKS.update({s.name: s.validate() for s in (
         # (training/arguments.py, core/transformer/pipeline_parallel_layer_layout.py)
         split="any",
         rules=(
-            # validate_args turns SP off without TP, then asserts SP under --tp-comm-overlap
-            Rule(lambda v, train: (np.asarray(v["tp"]) > 1) & (np.asarray(v["sp"]) == 0)
-                 & (getattr(train, "tp_overlap", None) == "bulk"),
-                 "overlaps TP communication with GEMMs (--tp-comm-overlap, TP overlap bulk) "
-                 "only with sequence parallelism: tp={tp} needs sp=1 or --tp-overlap none",
-                 "Megatron-LM megatron/training/arguments.py:1441 @d98e8a6"),
             Rule(lambda v, train: (np.asarray(v["zero_group"]) > 0) & (np.asarray(v["ep"]) > 1)
                  & ((np.asarray(v["dp"]) * v["cp"] // v["ep"])
                     % np.maximum(np.asarray(v["dp"]) * v["cp"]
@@ -102,6 +96,12 @@ STACKS.update({s.name: s.validate() for s in (
                  "runs the precision-aware optimizer (moments or master weights below fp32) "
                  "with the distributed optimizer only, not zero={zero}",
                  "megatron/core/optimizer/optimizer_config.py, megatron-core 0.16.1"),
+            # validate_args turns SP off without TP, then asserts SP under --tp-comm-overlap
+            Rule(lambda v, train: (np.asarray(v["tp"]) > 1) & (np.asarray(v["sp"]) == 0)
+                 & (getattr(train, "tp_overlap", None) == "bulk"),
+                 "overlaps TP communication with GEMMs (--tp-comm-overlap, TP overlap bulk) "
+                 "only with sequence parallelism: tp={tp} needs sp=1 or --tp-overlap none",
+                 "Megatron-LM megatron/training/arguments.py:1441 @d98e8a6"),
         )),
     Stack(
         "megatron-deepspeed", "Megatron-DeepSpeed (DeepSpeed's pipeline engine and ZeRO)",

@@ -117,9 +117,9 @@ def test_megatron_and_deepspeed_carry_the_overlap_options():
     _, off = _argv(emit("megatron", MODEL, LAYOUT, TRAIN).text)
     assert not {"--tp-comm-overlap", "--overlap-grad-reduce", "--overlap-param-gather",
                 "--no-overlap-p2p-communication"} & set(off)
-    # Megatron needs SP for TP overlap: not emitted, and the plan charges it exposed too
-    no_sp = emit("megatron", MODEL, LAYOUT.with_(sp=False), on_train)
-    assert "--tp-comm-overlap" not in _argv(no_sp.text)[1]
+    # Megatron-LM asserts SP under --tp-comm-overlap (arguments.py:1441): refused in one line
+    assert "only with sequence parallelism" in _refusal("megatron", MODEL,
+                                                        LAYOUT.with_(sp=False), on_train)
     # DeepSpeed's overlap_comm defaults to ZeRO-3 only (runtime/zero/config.py)
     for zero, expected in ((1, False), (3, True)):
         layout = Layout.parse(f"dp=64,zero={zero}")

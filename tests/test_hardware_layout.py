@@ -235,3 +235,36 @@ def test_gpu_file_and_clock_faults_are_one_line_from_the_cli(tmp_path):
     assert_one_line_error(shardwise("memory", "--gpu", str(path), check=False),
                           "missing hbm_bandwidth, peak_bf16, intra, inter")
     assert_one_line_error(shardwise("plan", "--clock-mhz", "-5", check=False), "--clock-mhz")
+
+
+def test_datasheet_figures_of_the_parts_users_run_beside_the_catalogue():
+    # HGX B300 per 8 GPUs: 36 PF BF16 and 72 PF FP8 with sparsity (twice dense), 2.3 TB HBM3e,
+    # NVLink 5 at 14.4 TB/s (both ways); MI355X: 7 Infinity Fabric links of 153.6 GB/s both
+    # ways; H20: FP8 twice BF16
+    b300 = get_accelerator("b300")
+    assert 2 * b300.peak_bf16 * 8 == pytest.approx(36e15)
+    assert 2 * b300.peak_fp8 * 8 == pytest.approx(72e15)
+    assert b300.memory_bytes * 8 / 2**40 == pytest.approx(2.25)  # "2.3 TB" of binary GB
+    assert 2 * Cluster.of(8, "b300").intra.bandwidth * 8 == pytest.approx(14.4e12)
+    assert Cluster.of(8, "mi355x").intra.bandwidth * 2 == pytest.approx(7 * 153.6e9)
+    h20 = get_accelerator("h20")
+    assert h20.peak_fp8 == 2 * h20.peak_bf16 and h20.memory_bytes == 96 * 2**30
+
+
+@pytest.mark.parametrize(("name", "borrows", "generation_", "phrase"), [
+    ("h20", "h100-sxm", "hopper", "h20 GPUs (timed with h100-sxm's constants)"),
+    ("b300", "b200", "blackwell", "b300 GPUs (timed with b200's constants)"),
+    ("mi355x", "mi325x", "cdna4", "cdna4 GPUs")])
+def test_a_part_timed_with_anothers_calibration_is_marked_unvalidated(name, borrows,
+                                                                      generation_, phrase):
+    from shardwise.estimate.uncertainty import unvalidated
+    from shardwise.hardware import generation
+    from shardwise.layout import TrainSpec
+
+    acc = get_accelerator(name)
+    assert acc.calibration_name == borrows and generation(name) == generation_
+    # the step is timed with the borrowed part's generation (its constants' kernels, FP8)
+    assert generation(acc.calibration_name) == generation(borrows)
+    assert phrase in unvalidated(name, "megatron-te", Layout(dp=8), TrainSpec())
+    assert not any("GPUs" in p for p in unvalidated(borrows, "megatron-te", Layout(dp=8),
+                                                     TrainSpec()))

@@ -182,6 +182,30 @@ ACCELERATORS: dict[str, Accelerator] = {
         # compute, 256 GB HBM3e at 6.0 TB/s, 1,000 W, the same Infinity Fabric platform.
         Accelerator("mi325x", 256 * GiB, 6.0e12, 1307.4 * TFLOPS, 2614.9 * TFLOPS,
                     163.4 * TFLOPS, "infinity-fabric", "ndr", 2100, 1000),
+        # AMD Instinct MI355X (CDNA 4; amd.com/en/products/accelerators/instinct/mi350/
+        # mi355x.html, figures also in Tom's Hardware 2025-06 "MI355X will consume 1,400
+        # watts" and wccftech's Hot Chips 2025 report): 2,516.6 TFLOP/s BF16 dense, 5,033.2
+        # FP8, 157.3 FP32, 288 GB HBM3E at 8.0 TB/s, 1,400 W, peak engine clock 2,400 MHz;
+        # 8 OAMs per platform over 7 Infinity Fabric links of 153.6 GB/s; a 400 Gb/s NIC per
+        # GPU. Calibration borrowed from the MI325X (`generation`: cdna4, unvalidated).
+        Accelerator("mi355x", 288 * GiB, 8.0e12, 2516.6 * TFLOPS, 5033.2 * TFLOPS,
+                    157.3 * TFLOPS, "infinity-fabric-mi355x", "ndr", 2400, 1400, "mi325x"),
+        # NVIDIA H20 (the China-market Hopper; no NVIDIA datasheet in our sources — secondary:
+        # willitrunai.com/gpus/h20-96gb and zangshuxian.com/new/674733024499207168, which
+        # quote NVIDIA's product brief): 148 TFLOP/s BF16 dense, 296 FP8, 44 FP32, 96 GB HBM3
+        # at 4.0 TB/s, NVLink 4 at 900 GB/s both ways, 400 W, 78 SMs. Its tensor rate is cut
+        # below what 78 SMs give at any Hopper clock, so no boost clock is stated (a clock cap
+        # is refused). Calibration borrowed from the H100 SXM (unvalidated, `BORROWED`).
+        Accelerator("h20", 96 * GiB, 4.0e12, 148 * TFLOPS, 296 * TFLOPS, 44 * TFLOPS,
+                    "nvlink4", "ndr", None, 400, "h100-sxm"),
+        # NVIDIA HGX B300 (Blackwell Ultra), per GPU (NVIDIA's HGX B300 page as tabulated by
+        # verda.com/blog/gb300-nvl72-architecture and glennklockwood.com/garden/processors/
+        # B300): 2.25 PF BF16 dense, 4.5 PF FP8, 75 TF FP32, 1.1 kW, 288 GB HBM3e (2.3 TB per
+        # 8) at 8 TB/s, NVLink 5 at 1.8 TB/s both ways, a ConnectX-8 800 Gb/s NIC per GPU
+        # (XDR). No boost clock in these sources. Calibration borrowed from the B200
+        # (unvalidated, `BORROWED`).
+        Accelerator("b300", 288 * GiB, 8.0e12, 2250 * TFLOPS, 4500 * TFLOPS, 75 * TFLOPS,
+                    "nvlink5", "xdr", None, 1100, "b200"),
         # Google Cloud TPU v5p: 459 TFLOP/s BF16, 918 TOPS INT8, 95 GB HBM2e, 2,765 GB/s. The
         # chips of a pod (up to 8,960) share one ICI 3D torus, so ICI is also the "inter" link.
         Accelerator("tpu-v5p", 95 * GiB, 2.765e12, 459 * TFLOPS, 918 * TFLOPS, None,
@@ -221,6 +245,9 @@ LINKS: dict[str, Link] = {
         # (bidirectional) each to the other 7 GPUs, 896 GB/s aggregate peer bandwidth, i.e.
         # 7 × 64 = 448 GB/s per direction per GPU. Latency taken as NVLink's.
         Link("infinity-fabric", 448e9, 2e-6),
+        # AMD Instinct MI355X datasheet: 7 links of 153.6 GB/s (bidirectional), 1,075.2 GB/s
+        # aggregate: 7 × 76.8 = 537.6 GB/s per direction per GPU.
+        Link("infinity-fabric-mi355x", 7 * 76.8e9, 2e-6),
         # Google Cloud TPU v5p documentation: inter-chip interconnect 4,800 Gb/s per chip
         # (600 GB/s, both directions together), so 300 GB/s per direction. Latency as NVLink's.
         Link("ici-v5p", 300e9, 2e-6),
@@ -313,11 +340,18 @@ def accelerator_from_dict(data: Any, source: str) -> Accelerator:
     return accelerator
 
 
+BORROWED = frozenset({"h20", "b300", "mi355x"})
+"""Presets timed with another part's calibration (`calibrated_as`) that no published run or
+component benchmark measured: `estimate.uncertainty.unvalidated` names them (†)."""
+
+
 def generation(accelerator: str) -> str:
-    """The generation of an accelerator preset by name (`h100-sxm`, `h200`, `h800` and
-    `gh200` are Hopper; `b200`, `gb200` Blackwell; …): the validation groups' span and the
-    FP8 recipes' support (`fp8.Fp8Recipe.architectures`)."""
-    for prefix, gen in (("a100", "ampere"), ("h", "hopper"), ("gh", "hopper"),
+    """The generation of an accelerator preset by name (`h100-sxm`, `h200`, `h800`, `h20` and
+    `gh200` are Hopper; `b200`, `gb200`, `b300` Blackwell; `mi355x` CDNA 4, the
+    MI300X/MI325X CDNA 3; …): the validation groups' span and the FP8 recipes' support
+    (`fp8.Fp8Recipe.architectures`). Callers timing a step pass `calibration_name`, so a
+    borrowed calibration's generation is the one its constants come from."""
+    for prefix, gen in (("a100", "ampere"), ("mi355", "cdna4"), ("h", "hopper"), ("gh", "hopper"),
                         ("b", "blackwell"), ("gb", "blackwell"), ("mi", "cdna3"),
                         ("tpu", "tpu")):
         if accelerator.startswith(prefix):

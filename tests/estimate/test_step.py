@@ -9,6 +9,7 @@ import pytest
 
 from shardwise.arch import ModelSpec, get_model
 from shardwise.calibration import default_calibration
+from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import collective_time, hierarchical_all_reduce_time
 from shardwise.estimate.step import (
     RC_CODES,
@@ -265,11 +266,11 @@ def test_tp_comm_overlap_hides_behind_the_pipelined_gemm_share():
                     + 2 * ar + ce)
     assert on.tp_comm == pytest.approx(expected, rel=1e-9)
     assert on.tp_comm < off.tp_comm
-    # without sequence parallelism Megatron cannot overlap: nothing changes
+    # without sequence parallelism Megatron-LM refuses --tp-comm-overlap (arguments.py:1441):
+    # the layout is refused, not timed as a no-op
     no_sp = Layout(tp=8, dp=1)
-    assert estimate_step(model, cluster, no_sp, replace(base, tp_overlap="bulk"), cal
-                         ).tp_comm == pytest.approx(
-        estimate_step(model, cluster, no_sp, replace(base, tp_overlap="none"), cal).tp_comm)
+    with pytest.raises(ShardwiseError, match="arguments.py:1441"):
+        estimate_step(model, cluster, no_sp, replace(base, tp_overlap="bulk"), cal)
     # Megatron-LM's default is no overlap (model_parallel_config.py: tp_comm_overlap False)
     assert estimate_step(model, cluster, layout, base, cal).tp_comm == off.tp_comm
 
@@ -494,3 +495,29 @@ def test_flops_per_token_and_gpu_hours_follow_their_definitions():
     assert step.time_to_train(tokens) == pytest.approx(tokens / step.tokens_per_s)
     assert step.gpu_hours(tokens) == pytest.approx(tokens / step.tokens_per_s * 64 / 3600)
     assert step.cost(tokens, 2.5) == pytest.approx(2.5 * step.gpu_hours(tokens))
+
+
+def test_torchtitans_varlen_attention_is_timed_with_fa3s_curve_on_hopper():
+    """torchtitan 0.3.0's varlen backend runs FlashAttention-3 on Hopper: against
+    FlexAttention (FA2's curve × 0.9 forward, × 0.85 backward) the step changes by exactly
+    the attention FLOPs (causal 2·s²·d per head forward, 2.5× backward, every layer) over
+    the two kernels' efficiencies at the sustained clock."""
+    from shardwise.estimate.kernels import attention_efficiency
+
+    model, cluster = get_model("llama3-8b"), Cluster.of(8, "h100")
+    cal, layout, s = default_calibration("h100-sxm"), Layout(dp=8, zero=3), 8192
+    flex, fa3 = (estimate_step(model, cluster, layout,
+                               TrainSpec(s, 8, impl="torchtitan", attention=kernel), cal)
+                 for kernel in ("flex", "fa3"))
+    d = model.d_model // model.n_heads
+    flops = 4 * s * s * d * model.n_heads * 0.5 * model.n_layers
+    peak = cluster.accelerator.peak_bf16 * cal.sustained_compute
+
+    def eff(kernel, backward):
+        return attention_efficiency(kernel, d, s, True, "h100-sxm", backward=backward)
+
+    assert cal.attention_curve("fa3") == ("fa3", (1.0, 1.0))
+    assert flex.t_forward - fa3.t_forward == pytest.approx(
+        flops / peak * (1 / (0.9 * eff("fa2", False)) - 1 / eff("fa3", False)), rel=1e-6)
+    assert flex.t_backward - fa3.t_backward == pytest.approx(
+        2.5 * flops / peak * (1 / (0.85 * eff("fa2", True)) - 1 / eff("fa3", True)), rel=1e-6)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from shardwise.cli import main
 from tests.integration.conftest import Emit, require
 from tests.integration.plans import EXPECTED, MEGATRON_EXTRA, PLANS
 from tests.integration.test_winners import GRID
@@ -211,3 +212,41 @@ def test_an_option_megatron_lm_does_not_know_is_refused():
                  ["--attention-backend", "flash2"]):
         with pytest.raises(argparse.ArgumentError):
             _parse(argv)
+
+
+@pytest.mark.parametrize("tp,sp", [(2, False), (4, False), (2, True), (1, False)])
+def test_bulk_tp_overlap_is_refused_where_megatron_lm_refuses_it(capsys, tp, sp):
+    """`--tp-comm-overlap` without sequence parallelism fails Megatron-LM's validate_args
+    (arguments.py L1441): shardwise refuses `--tp-overlap bulk` on such a layout in one line
+    (exit 2) instead of planning a no-op; with SP it is exported and Megatron takes it; at
+    tp=1 there is no TP traffic and the export leaves the flag out."""
+    base = ["llama3-8b", "--gpus", "16", "--global-batch", "128"]
+    layout = f"tp={tp},sp={int(sp)},zero=1"
+    plain = Emit(capsys, [*base, "--layout", layout], "megatron")
+    env, words = plain.command()
+    argv = [*words[words.index("pretrain_gpt.py") + 1:], *USER]
+    megatron_refuses = False
+    try:
+        _validate(_parse([*argv, "--tp-comm-overlap"]), plain.layout.world_size, env)
+    except AssertionError:
+        megatron_refuses = True
+    assert megatron_refuses == (not sp)  # tp=1: SP off, then the assertion
+    bulk = Emit(capsys, [*base, "--layout", layout, "--tp-overlap", "bulk"], "megatron")
+    if tp > 1 and not sp:
+        assert bulk.code == 2 and len(bulk.err.splitlines()) == 1
+        assert "--tp-comm-overlap" in bulk.err and "sequence parallelism" in bulk.err
+    else:
+        assert bulk.code == 0, bulk.err
+        args = megatron_lm_args(bulk)  # Megatron-LM's checks take what is exported
+        assert args.tp_comm_overlap == (tp > 1)
+
+
+def test_the_planner_never_searches_bulk_tp_overlap_without_sp(capsys):
+    """With `--tp-overlap bulk` every ranked layout with TP has SP (the rule above), and the
+    rejection names Megatron-LM's check."""
+    main(["plan", "llama3-8b", "--gpus", "16", "--global-batch", "128", "--tp-overlap", "bulk",
+          "--json"])
+    payload = json.loads(capsys.readouterr().out)
+    rows = [row["layout"] for row in payload["ranked"]]
+    assert any(r["tp"] > 1 for r in rows) and all(r["sp"] for r in rows if r["tp"] > 1)
+    assert any("arguments.py:1441" in r["reason"] for r in payload["rejected"])

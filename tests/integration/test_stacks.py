@@ -2,6 +2,7 @@
 the gradient-reduce dtypes, the stage splits (torchtitan's and DeepSpeed's own functions over
 a sweep), and every combination a stack refuses (`Stack.rules`) refused by the framework."""
 
+import itertools
 import json
 import typing
 
@@ -279,7 +280,51 @@ def deepspeed_moe_without_zero3():
     assert not rule.refuses({"ep": 2, "zero": 2}, None)
 
 
+def megatron_tp_overlap_needs_sp():
+    """Megatron-LM's validate_args (rebuilt parser and checks, test_megatron_lm) asserts
+    sequence parallelism under --tp-comm-overlap; the rule refuses exactly those with TP
+    (at tp=1 the export leaves the flag out: no TP traffic to overlap)."""
+    from shardwise.layout import TrainSpec
+    from tests.integration.test_megatron_lm import USER, _parse, _validate
+
+    rule = _rule("megatron-te", "Megatron-LM megatron/training/arguments.py:1441 @d98e8a6")
+    base = ["--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32",
+            "--seq-length", "4096", "--max-position-embeddings", "4096",
+            "--micro-batch-size", "1", "--global-batch-size", "16", "--bf16", *USER]
+    for tp, sp in ((2, 0), (8, 0), (2, 1), (8, 1)):
+        args = _parse([*base, "--tensor-model-parallel-size", str(tp), "--tp-comm-overlap",
+                       *(["--sequence-parallel"] if sp else [])])
+        try:
+            _validate(args, 16, {"CUDA_DEVICE_MAX_CONNECTIONS": "1"})
+            refused = False
+        except AssertionError:
+            refused = True
+        for overlap in ("bulk", "none"):
+            train = TrainSpec(tp_overlap=overlap)
+            assert bool(rule.refuses({"tp": tp, "sp": sp}, train)) == (
+                refused and overlap == "bulk"), (tp, sp, overlap)
+
+
+def torchtitan_varlen_without_cp():
+    """torchtitan's context parallelism wraps FlexAttention only: apply_cp_to_forward raises
+    for its varlen attention."""
+    require("torchtitan")
+    from torchtitan.distributed.context_parallel.api import apply_cp_to_forward
+    from torchtitan.models.common.attention import VarlenAttention
+
+    from shardwise.layout import TrainSpec
+
+    with pytest.raises(NotImplementedError, match="Variable-length attention CP"):
+        apply_cp_to_forward([VarlenAttention(VarlenAttention.Config())], None)
+    rule = _rule("torchtitan", "torchtitan/distributed/context_parallel/api.py:104 @0.3.0")
+    fa3, flex = TrainSpec(impl="torchtitan", attention="fa3"), TrainSpec(impl="torchtitan")
+    assert rule.refuses({"cp": 2}, fa3) and not rule.refuses({"cp": 1}, fa3)
+    assert not rule.refuses({"cp": 2}, flex)
+
+
 RULES = {
+    "Megatron-LM megatron/training/arguments.py:1441 @d98e8a6": megatron_tp_overlap_needs_sp,
+    "torchtitan/distributed/context_parallel/api.py:104 @0.3.0": torchtitan_varlen_without_cp,
     "megatron/core/parallel_state.py:1447 @d98e8a6": megatron_ep_in_shard_groups,
     "megatron/core/optimizer/optimizer_config.py, megatron-core 0.16.1":
         megatron_precision_aware_optimizer_with_the_distributed_optimizer,
@@ -303,3 +348,35 @@ def test_the_framework_refuses_what_the_rule_refuses(source, tmp_path):
 
     check = RULES[source]
     check(tmp_path) if "tmp_path" in inspect.signature(check).parameters else check()
+
+
+def test_bloom_partition_method_is_refused_by_the_pinned_megatron_deepspeed_only():
+    """BLOOM-176B's stages ('type:transformer|embedding': DeepSpeed's PipelineModule weighs
+    the embedding, each block and the tied embedding 1, the casts and the final norm 0, and
+    balances them with `partition_balanced`, deepspeed/runtime/pipe/module.py
+    `_partition_layers` @0.19.8): Megatron-DeepSpeed 4efb479 cannot select that method
+    (GPTModelPipe hard-codes 'type:transformer', no --pp-partition-method), so the layout is
+    refused there naming the missing option; Megatron-LM takes any stage sizes."""
+    require("deepspeed")
+    from types import SimpleNamespace
+
+    from deepspeed.runtime.pipe.module import PipelineModule
+    from deepspeed.runtime.utils import partition_balanced
+
+    from shardwise.layout import Layout
+
+    specs = ["EmbeddingPipe", "cast"] + ["ParallelTransformerLayerPipe"] * 70 + [
+        "cast", "MixedFusedLayerNorm", "EmbeddingPipe", "float16_to_fp32"]
+    # DeepSpeed's own regex match over the specs' names, then its balanced partition
+    named = SimpleNamespace(_layer_specs=[type(name, (), {}) for name in specs])
+    found = PipelineModule._find_layer_type(named, "transformer|embedding")
+    weights = [int(i in found) for i in range(len(specs))]
+    assert sum(weights) == 72
+    bounds = partition_balanced(weights, 12)
+    blocks = tuple(sum(s == "ParallelTransformerLayerPipe" for s in specs[a:b])
+                   for a, b in itertools.pairwise(bounds))
+    assert sum(blocks) == 70 and blocks != tuple(deepspeed_split(70, 12))
+    layout = Layout(dp=8, tp=4, pp=12, zero=1, partition=blocks)
+    problems = STACKS["megatron-deepspeed"].layout_problems(layout, 70)
+    assert len(problems) == 1 and "--pp-partition-method" in problems[0]
+    assert STACKS["megatron-te"].layout_problems(layout, 70) == []

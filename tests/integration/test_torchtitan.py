@@ -233,3 +233,34 @@ def test_memory_charges_each_rank_the_layers_torchtitan_builds_on_it(schedule):
     expected = [sum(layers[k] for k in _get_pp_rank_to_stage_indices_mapping(r, 8, name, 16))
                 for r in range(8)]
     assert [stage["layers"] for stage in out["stages"]] == expected
+
+
+def test_the_attention_kernels_torchtitan_0_3_runs(capsys, monkeypatch):
+    """torchtitan 0.3.0 refuses SDPA for language models and builds flex or varlen; varlen
+    activates FlashAttention-3 on Hopper (FA4 on Blackwell, nothing before: PyTorch's FA2),
+    refuses context parallelism, and is chosen in a config function only — so the stack
+    offers flex and fa3, plans fa3 (not with cp), and refuses to export it in one line."""
+    require("torchtitan")
+    import torchtitan.tools.utils as titan_utils
+    from torchtitan.models.common.attention import VarlenAttention
+    from torchtitan.models.common.config_utils import get_attention_config
+    from torchtitan.models.llama3 import model_registry
+
+    from shardwise.stacks import STACKS
+
+    with pytest.raises(ValueError, match="sdpa is no longer supported"):
+        get_attention_config("sdpa")
+    spec = model_registry("8B", attn_backend="varlen").model
+    assert any(spec.traverse(VarlenAttention.Config))
+    for capability, impl in (((9, 0), "FA3"), ((10, 0), "FA4"), ((8, 0), None)):
+        monkeypatch.setattr(titan_utils, "has_cuda_capability",
+                            lambda major, minor, c=capability: c >= (major, minor))
+        assert titan_utils.get_cuda_flash_attention_impl() == impl
+    assert STACKS["torchtitan"].attention == ("flex", "fa3")
+    base = ["llama3-8b", "--impl", "torchtitan", "--gpus", "16", "--global-batch", "128",
+            "--attention", "fa3"]
+    assert shardwise_json("plan", *base)["stack"]["attention"] == "fa3"
+    out = Emit(capsys, base, "torchtitan")
+    assert out.code == 2 and len(out.err.splitlines()) == 1 and "varlen" in out.err
+    refused = Emit(capsys, [*base, "--layout", "cp=2,cp_kind=allgather,zero=3"], "torchtitan")
+    assert refused.code == 2 and "context_parallel/api.py" in refused.err

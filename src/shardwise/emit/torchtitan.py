@@ -92,6 +92,12 @@ def torchtitan_args(model: ModelSpec, layout: Layout, train: TrainSpec,
         args.append("--compile.enable")
         if settings.tp_overlap == "async" and layout.tp > 1:
             args.append("--compile.enable_async_tensor_parallel")
+    if settings.attention != "flex":  # the varlen backend (stacks.definitions)
+        raise ShardwiseError(
+            f"torchtitan 0.3 picks the attention backend ({settings.attention}: "
+            "attn_backend='varlen') in a config function (model_registry(flavor, "
+            "attn_backend='varlen'), as its llama3_debugmodel_varlen_attn does), not on the "
+            "command line: write your own config, or emit with --attention flex")
     notes: list[str] = []
     args += _titan_fp8_offload(config, train, notes)
     if config == "deepseek_v3_16b":

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from shardwise.calibration import default_calibration
-from shardwise.hardware import generation, get_accelerator
+from shardwise.hardware import BORROWED, generation, get_accelerator
 
 __all__ = ["COVERAGE", "COVERAGES", "DOCS", "Uncertainty", "band_of", "bands", "bounds",
            "cap_for",
@@ -249,6 +249,9 @@ def unvalidated(accelerator: str, stack: str, layout: Any, train: Any,
     out = list(_borrowed_kernel(accelerator, train.settings().attention, calibration))
     if generation(accelerator) not in ground["generations"]:
         out.append(f"{generation(accelerator)} GPUs")
+    elif accelerator.split("@")[0] in BORROWED:
+        out.append(f"{accelerator} GPUs (timed with "
+                   f"{get_accelerator(accelerator.split('@')[0]).calibration_name}'s constants)")
     if mine is None:
         return (*out, f"the {stack} stack")
     settings = train.settings()

@@ -96,6 +96,12 @@ STACKS.update({s.name: s.validate() for s in (
                  "runs the precision-aware optimizer (moments or master weights below fp32) "
                  "with the distributed optimizer only, not zero={zero}",
                  "megatron/core/optimizer/optimizer_config.py, megatron-core 0.16.1"),
+            # validate_args turns SP off without TP, then asserts SP under --tp-comm-overlap
+            Rule(lambda v, train: (np.asarray(v["tp"]) > 1) & (np.asarray(v["sp"]) == 0)
+                 & (getattr(train, "tp_overlap", None) == "bulk"),
+                 "overlaps TP communication with GEMMs (--tp-comm-overlap, TP overlap bulk) "
+                 "only with sequence parallelism: tp={tp} needs sp=1 or --tp-overlap none",
+                 "Megatron-LM megatron/training/arguments.py:1441 @d98e8a6"),
         )),
     Stack(
         "megatron-deepspeed", "Megatron-DeepSpeed (DeepSpeed's pipeline engine and ZeRO)",
@@ -160,9 +166,15 @@ STACKS.update({s.name: s.validate() for s in (
         "except every second matmul), models/llama3 (attn_backend 'flex')",
         profile="torchtitan", kernels="eager", compile=(False, True),
         tp_overlap=("none", "async"), dp_overlap_zero=(0, 1, 2, 3), dp_overlap_settable=False,
-        # a language model's attention is flex, flex_flash or varlen; SDPA is not one
-        # (models/common/config_utils.py get_attention_config); its llama3 configs use flex
-        attention=("flex",), recompute=("none", "full", "op-sac"),
+        # a language model's attention is flex, flex_flash or varlen; SDPA is refused ("sdpa
+        # is no longer supported for language models", models/common/config_utils.py
+        # get_attention_config); its llama3 configs use flex. "fa3": the varlen backend
+        # (models/common/attention.py VarlenAttention: torch's varlen_attn with FA3 activated
+        # on Hopper, FA4 on Blackwell, PyTorch's default FlashAttention-2 before, tools/utils.py
+        # get_cuda_flash_attention_impl), set in a config function (model_registry(flavor,
+        # attn_backend="varlen")), not on the command line; the fa3 curve times it (another
+        # accelerator's default kernel where no fa3 curve is fitted, `attention_curve`)
+        attention=("flex", "fa3"), recompute=("none", "full", "op-sac"),
         # FSDP2 on every run (models/llama3/parallelize.py apply_fsdp_to_decoder): replicate
         # only (ZeRO-0), reshard after forward "never" (ZeRO-2) or "always" (ZeRO-3), HSDP with
         # data_parallel_replicate_degree; no ZeRO-1 (nothing shards only optimizer states)
@@ -185,6 +197,10 @@ STACKS.update({s.name: s.validate() for s in (
                  "borrows expert-parallel ranks from FSDP, CP and TP: ep={ep} must divide "
                  "dp_shard·cp·tp", "torchtitan/config/configs.py expert_parallel_degree "
                  "@0.3.0"),
+            Rule(lambda v, train: (np.asarray(v["cp"]) > 1)
+                 & (getattr(train, "attention", None) == "fa3"),
+                 "has no context parallelism (cp={cp}) with its varlen attention (fa3); use "
+                 "flex", "torchtitan/distributed/context_parallel/api.py:104 @0.3.0"),
         ),
         # its Llama 3 block counted eagerly, nn.RMSNorm as torch 2.13's fused CUDA kernel
         # (aten/src/ATen/native/layer_norm.cpp routes rms_norm to _fused_rms_norm)

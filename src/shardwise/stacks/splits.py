@@ -53,7 +53,9 @@ SPLIT_RULES = {
                   "(distributed/pipeline_parallel.py)",
     "deepspeed": "Megatron-DeepSpeed's GPTModelPipe splits the blocks with DeepSpeed's "
                  "'type:transformer' partition, the first L mod pp stages one block more "
-                 "(megatron/model/gpt_model.py:463)"}
+                 "(megatron/model/gpt_model.py:463); 4efb479's parser has no "
+                 "--pp-partition-method (BigScience's fork had one; BLOOM's "
+                 "'type:transformer|embedding' split needs that fork)"}
 
 
 def stack_split(split: str, n_layers: int, pp: int, chunks: int = 1

@@ -155,3 +155,34 @@ def test_an_attention_kernel_without_a_benchmark_on_the_accelerator_is_said():
     assert not any("triton" in f for f in hopper.unvalidated)
     borrowed = [f for f in blackwell.unvalidated if f.startswith("triton attention")]
     assert borrowed and "no kernel benchmark on b200" in borrowed[0]
+
+
+@pytest.mark.parametrize(("n", "group", "band"), [
+    # n = MIN_RUNS - 1: too few, relax one step to the generation and stack (2 + 3 runs):
+    # |errors| sorted 0.02, 0.04, 0.5, 0.5, 0.5 → 0.9 quantile 0.5, widened once ×1.5
+    (2, "hopper · megatron-te", 0.5 * 1.5),
+    # n = MIN_RUNS: the group itself, 0.02 0.04 0.06 → position 0.9·2 = 1.8 → 0.056
+    (3, "hopper · megatron-te · tp+pp", 0.04 + 0.8 * 0.02),
+    # n = MIN_RUNS + 1: 0.02 … 0.08 → position 2.7 → 0.074
+    (4, "hopper · megatron-te · tp+pp", 0.06 + 0.7 * 0.02),
+])
+def test_the_band_at_the_group_size_threshold(monkeypatch, n, group, band):
+    """The group-size threshold (`MIN_RUNS` = 3) at n = 2, 3, 4 runs in the layout's own group,
+    beside three runs of another family on the same stack and generation whose errors (0.5)
+    would show if the band relaxed when it should not, or stayed when it should relax. Hand
+    quantiles (linear interpolation, NumPy's default)."""
+    import shardwise.estimate.uncertainty as unc
+
+    assert MIN_RUNS == 3 and QUANTILE == 0.9 and WIDEN == 1.5
+    real = validation_data()
+    mine = [{"generation": "hopper", "stack": "megatron-te", "family": "tp+pp",
+             "loso_error": e} for e in (0.02, -0.04, 0.06, 0.08)[:n]]
+    other = [{"generation": "hopper", "stack": "megatron-te", "family": "dp",
+              "loso_error": 0.5}] * 3
+    monkeypatch.setattr(unc, "validation_data", lambda: real | {"runs": mine + other})
+    train = TrainSpec(seq_len=8192, global_batch=64, tp_overlap="bulk", dp_overlap=True)
+    layout = Layout(dp=2, tp=8, pp=4, sp=True, zero=1, schedule="interleaved", chunks=4)
+    got = unc.uncertainty("h100-sxm", "megatron-te", layout, train)
+    assert got.validated and got.group == group
+    assert got.runs == (n if n >= MIN_RUNS else n + 3)
+    assert got.band == pytest.approx(band, abs=1e-4)

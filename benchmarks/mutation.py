@@ -20,6 +20,7 @@ Run on demand, not in CI (the `mutation` extra installs mutmut):
     .venv/bin/python benchmarks/mutation.py --sample 200     # 200 per group
     .venv/bin/python benchmarks/mutation.py --only comm memory   # some groups
     .venv/bin/python benchmarks/mutation.py --list               # groups and their tests
+    .venv/bin/python benchmarks/mutation.py --report             # the page from the JSON
 
 `mutmut show NAME`, run in the scratch copy the script names, prints a survivor's diff.
 """
@@ -157,6 +158,7 @@ def _constants(path: Path) -> list[tuple[int, int, int, str]]:
                     if (isinstance(lit, ast.Constant) and type(lit.value) in (int, float)
                             and lit.lineno == lit.end_lineno):
                         value = lit.value
+                        assert isinstance(value, (int, float)) and lit.end_col_offset
                         new = value + 1 if isinstance(value, int) else (value * 1.1 or 1.0)
                         out.append((lit.lineno, lit.col_offset, lit.end_col_offset, repr(new)))
 
@@ -211,7 +213,9 @@ def run_group(group: str, sample: int | None, seed: int) -> dict[str, object]:
     counts = {status: sum(s == status for s in checked.values()) for status in STATUSES}
     constants = {s: sum(st == s for n, st in checked.items() if ".constant_L" in n)
                  for s in ("killed", "survived", "no tests", "timeout")}
-    return {"group": group, "where": str(where), "mutants": len(results),
+    files, tests = GROUPS[group]
+    return {"group": group, "where": str(where), "files": files, "tests": tests,
+            "mutants": len(results),
             "checked": len(checked), "counts": counts, "constants": constants,
             "seconds": time.monotonic() - start,
             "survivors": sorted(name for name, s in checked.items()
@@ -240,7 +244,9 @@ def survival(record: dict[str, object], equivalent: dict[str, str]) -> tuple[int
     timeout is killed, the mutants listed as equivalent leave both counts."""
     c = record["counts"]
     assert isinstance(c, dict)
-    listed = sum(name in equivalent for name in record["survivors"])  # type: ignore[union-attr]
+    survivors = record["survivors"]
+    assert isinstance(survivors, list)
+    listed = sum(name in equivalent for name in survivors)
     reached = c["killed"] + c["survived"] + c["timeout"] + c["no tests"]
     return c["survived"] + c["no tests"] - listed, reached - listed
 
@@ -273,18 +279,26 @@ def write_report(records: dict[str, dict[str, object]]) -> None:
     for (command, commit, date), where in runs.items():
         lines.append(f"- `{command}` — commit {commit}, {date}: {', '.join(where)}")
     missing = [g for g in GROUPS if g not in records]
+    latest = max(groups, key=lambda g: (str(g["date"]), str(g["commit"])), default=None)
+    if latest is not None:
+        now = [str(g["group"]) for g in groups if g["commit"] == latest["commit"]]
+        older = [str(g["group"]) for g in groups if g["commit"] != latest["commit"]]
+        lines += ["", f"Run at the latest commit ({latest['commit']}, {latest['date']}): "
+                  f"{', '.join(now)}. Not run this time (their rows are from the older "
+                  f"commits above): {', '.join(older) or 'none'}."]
     lines += ["", f"Machine: {machine}.", "",
-              "Not run at any recorded commit: " + (", ".join(missing) or "none") + "."]
+              "Never run: " + (", ".join(missing) or "none") + "."]
     lines += ["", "| group | mutated | tests | mutants | checked | killed | survived | no tests "
               "| timeout | equivalent | constants killed/all | survival | minutes |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     total = [0, 0]
     for g in groups:
-        files, tests = GROUPS[str(g["group"])]
+        files, tests = g.get("files"), g.get("tests")  # as run (not today's GROUPS)
+        assert isinstance(files, list) and isinstance(tests, list)
         c = g["counts"]
         assert isinstance(c, dict)
         alive, denominator = survival(g, equivalent)
-        listed = sum(n in equivalent for n in g["survivors"])  # type: ignore[union-attr]
+        listed = survival(g, {})[1] - denominator  # equivalent mutants left out
         k = g.get("constants") or {}
         assert isinstance(k, dict)
         consts = f"{k.get('killed', 0)}/{sum(k.values())}" if k else "-"
@@ -306,7 +320,9 @@ def write_report(records: dict[str, dict[str, object]]) -> None:
               "(`--keep`) prints one; `constant_L<line>_C<col>` is the script's constant "
               "mutant at that place.", ""]
     for g in groups:
-        survivors = [n for n in g["survivors"] if n not in equivalent]  # type: ignore[union-attr]
+        every = g["survivors"]
+        assert isinstance(every, list)
+        survivors = [n for n in every if n not in equivalent]
         per_function: dict[str, int] = {}
         for name in survivors:
             function = re.sub(r"^x_?|__mutmut_\d+$", "", name.split(".")[-1])
@@ -329,7 +345,13 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", action="store_true", help="keep the scratch copies")
     parser.add_argument("--list", action="store_true", help="print the groups and tests")
+    parser.add_argument("--report", action="store_true",
+                        help="rewrite the page from mutation.json only (after listing "
+                             "equivalent mutants by hand)")
     args = parser.parse_args()
+    if args.report:
+        write_report(json.loads(RECORDS.read_text()))
+        return 0
     if args.list:
         for name, (files, tests) in GROUPS.items():
             print(f"{name}: {', '.join(files)} <- {', '.join(tests) or 'no test file'}")

@@ -1,10 +1,15 @@
 """Mutation testing of the analytic core (mutmut 3): how many small changes to the formulas
 (an operator swapped, a constant moved by one, a condition negated…) the unit tests notice.
 
-Each module group is mutated on its own, in a scratch copy of the repository, against a small
-fast selection of its unit tests (in-process, not `slow` or `integration`; mutmut runs, per
-mutant, only the selected tests that call the mutated function). `--sample N` draws N mutants
-per group (seeded) instead of all of them. Each group's result, with the commit, date,
+Each module group is mutated on its own, in a scratch copy of the repository, against every
+test file that imports it (found by grepping the imports; in-process tests, not `slow` or
+`integration`; mutmut runs, per mutant, only the selected tests that call the mutated
+function). Module- and class-level numeric constants, which mutmut does not reach, are
+mutated too by a small operator of our own (an int n → n + 1, a float x → 1.1·x), each
+against the group's whole test selection. Unreached mutants ("no tests") count as survivors;
+equivalent mutants are listed by hand in mutation.json's "equivalent" (mutant → reason) and
+leave both the numerator and the denominator. `--sample N` draws N mutants per group (seeded)
+instead of all of them. Each group's result, with the commit, date,
 machine and command of its run, is kept in docs/accuracy/mutation.json (a later run of some
 groups replaces theirs only); docs/accuracy/mutation.md, the table and the surviving mutants,
 is written from it.
@@ -14,6 +19,8 @@ Run on demand, not in CI (the `mutation` extra installs mutmut):
     .venv/bin/python benchmarks/mutation.py                  # every mutant, every group
     .venv/bin/python benchmarks/mutation.py --sample 200     # 200 per group
     .venv/bin/python benchmarks/mutation.py --only comm memory   # some groups
+    .venv/bin/python benchmarks/mutation.py --list               # groups and their tests
+    .venv/bin/python benchmarks/mutation.py --report             # the page from the JSON
 
 `mutmut show NAME`, run in the scratch copy the script names, prints a survivor's diff.
 """
@@ -37,19 +44,55 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "accuracy" / "mutation.md"
 RECORDS = OUT.with_suffix(".json")
-# group: (files to mutate under src/shardwise/, the tests that check them)
-GROUPS = {
-    "comm": (["estimate/comm.py"], ["tests/estimate/test_comm.py"]),
-    "memory": (["estimate/memory.py"], ["tests/estimate/test_memory.py"]),
-    "compute": (["estimate/compute.py"], ["tests/estimate/test_compute.py"]),
-    "step": (["estimate/step.py"], ["tests/estimate/test_step.py"]),
-    "context": (["estimate/context.py"], ["tests/estimate/test_context.py"]),
-    "profiles": (["estimate/profiles.py"], ["tests/estimate/test_profiles.py"]),
-    "check": (["estimate/check.py"], ["tests/estimate/test_check.py"]),
-    "plan": (["plan/*"], ["tests/test_plan.py", "tests/test_searched_partitions.py"]),
-    "schedules": (["schedules/*"], ["tests/schedules/"]),
-    "emit": (["emit.py"], ["tests/test_emit.py"]),
+# group: files to mutate under src/shardwise/ (every module that computes an answer); the
+# tests are every test file that imports one of them (`tests_of`)
+MODULES = {
+    "comm": ["estimate/comm.py"], "memory": ["estimate/memory.py"],
+    "compute": ["estimate/compute.py"], "step": ["estimate/step.py"],
+    "context": ["estimate/context.py"], "profiles": ["estimate/profiles.py"],
+    "check": ["estimate/check.py"], "state": ["estimate/state.py"],
+    "activations": ["estimate/activations.py"], "axes": ["estimate/axes.py"],
+    "geometry": ["estimate/geometry.py"], "links": ["estimate/links.py"],
+    "host": ["estimate/host.py"], "kernels": ["estimate/kernels.py"],
+    "machine": ["estimate/machine.py"], "components": ["estimate/components.py"],
+    "goodput": ["estimate/goodput.py"], "goodput_sim": ["estimate/goodput_sim.py"],
+    "offload": ["estimate/offload.py"], "uncertainty": ["estimate/uncertainty.py"],
+    "fp8": ["fp8.py"], "plan": ["plan/*"], "stacks": ["stacks/*"], "arch": ["arch/*"],
+    "layout": ["layout.py"], "schedules": ["schedules/*"], "emit": ["emit/*"],
+    "checkpoint": ["runtime/checkpoint/*"], "reducers": ["runtime/collectives/*"],
 }
+SRC = ROOT / "src" / "shardwise"
+
+
+def _dotted(pattern: str) -> str:
+    """"estimate/goodput.py" → "shardwise.estimate.goodput", "plan/*" → "shardwise.plan"."""
+    return "shardwise." + pattern.removesuffix("/*").removesuffix(".py").replace("/", ".")
+
+
+def _importing(files: list[str], where: Path, glob: str) -> list[Path]:
+    """The files under `where` matching `glob` that import one of `files` (`import
+    shardwise.a.b`, `from shardwise.a.b import …`, `from shardwise.a import b`)."""
+    patterns = []
+    for f in files:
+        dotted = _dotted(f)
+        parent, _, leaf = dotted.rpartition(".")
+        patterns += [re.escape(dotted) + r"\b",
+                     rf"from {re.escape(parent)} import [^\n]*\b{leaf}\b"]
+    found = re.compile("|".join(patterns))
+    return [p for p in where.rglob(glob) if found.search(p.read_text())]
+
+
+def tests_of(files: list[str]) -> list[str]:
+    """The test files that import one of `files`; for a module no test imports (an internal
+    one, e.g. estimate/state.py), those importing the modules that import it."""
+    direct = _importing(files, ROOT / "tests", "test_*.py")
+    if not direct:
+        users = [str(p.relative_to(SRC)) for p in _importing(files, SRC, "*.py")]
+        direct = _importing(users, ROOT / "tests", "test_*.py") if users else []
+    return sorted(str(p.relative_to(ROOT)) for p in direct)
+
+
+GROUPS = {name: (files, tests_of(files)) for name, files in MODULES.items()}
 PYTEST_ARGS = ["-p", "no:cacheprovider", "-q", "-m", "not slow and not integration",
                "-k", "not cli"]  # the CLI tests run a subprocess, which mutmut cannot trace
 STATUSES = ("killed", "survived", "timeout", "no tests", "suspicious", "segfault",
@@ -98,6 +141,62 @@ def _results(where: Path) -> dict[str, str]:
     return dict(re.findall(r"^\s*(\S+__mutmut_\d+): (.+?)\s*$", out, flags=re.MULTILINE))
 
 
+def _constants(path: Path) -> list[tuple[int, int, int, str]]:
+    """(line, start column, end column, mutated literal) of every numeric literal in a
+    module-level or class-level assignment of the file at `path` (not in functions: mutmut
+    mutates those): an int n → n + 1, a float x → 1.1·x (0.0 → 1.0); booleans left alone."""
+    import ast
+
+    out = []
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.ClassDef):
+                visit(node.body)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                for lit in ast.walk(node.value):
+                    if (isinstance(lit, ast.Constant) and type(lit.value) in (int, float)
+                            and lit.lineno == lit.end_lineno):
+                        value = lit.value
+                        assert isinstance(value, (int, float)) and lit.end_col_offset
+                        new = value + 1 if isinstance(value, int) else (value * 1.1 or 1.0)
+                        out.append((lit.lineno, lit.col_offset, lit.end_col_offset, repr(new)))
+
+    visit(ast.parse(path.read_text()).body)
+    return out
+
+
+def run_constants(where: Path, group: str, timeout: float = 600) -> dict[str, str]:
+    """{constant mutant: status}: each literal of `_constants` changed in turn in the scratch
+    copy's src/ and the group's tests run on it (in-process tests, stop at the first failure):
+    killed when they fail, survived when they pass, "no tests" when none is selected."""
+    files, tests = GROUPS[group]
+    env = dict(os.environ, PYTHONPATH=str(where / "src"))
+    command = [sys.executable, "-m", "pytest", "-x", *PYTEST_ARGS, *tests]
+    results = {}
+    paths = sorted({p for f in files for p in (where / "src" / "shardwise").glob(f)
+                    if p.suffix == ".py"})
+    for path in paths:
+        original = path.read_text()
+        lines = original.splitlines(keepends=True)
+        module = _dotted(str(path.relative_to(where / "src" / "shardwise")))
+        for line, start, end, new in _constants(path):
+            mutated = list(lines)
+            text = mutated[line - 1]
+            mutated[line - 1] = text[:start] + new + text[end:]
+            path.write_text("".join(mutated))
+            name = f"{module}.constant_L{line}_C{start}"
+            try:
+                run = subprocess.run(command, cwd=where, env=env, capture_output=True,
+                                     timeout=timeout)
+                results[name] = {0: "survived", 5: "no tests"}.get(run.returncode, "killed")
+            except subprocess.TimeoutExpired:
+                results[name] = "timeout"
+            finally:
+                path.write_text(original)
+    return results
+
+
 def run_group(group: str, sample: int | None, seed: int) -> dict[str, object]:
     where = _scratch(group)
     start = time.monotonic()
@@ -109,12 +208,18 @@ def run_group(group: str, sample: int | None, seed: int) -> dict[str, object]:
         chosen = random.Random(seed).sample(names, min(sample, len(names)))
         for i in range(0, len(chosen), 200):  # keep the command line short
             _mutmut(where, "run", *chosen[i:i + 200])
-    results = _results(where)
+    results = _results(where) | run_constants(where, group)
     checked = {name: status for name, status in results.items() if status != "not checked"}
     counts = {status: sum(s == status for s in checked.values()) for status in STATUSES}
-    return {"group": group, "where": str(where), "mutants": len(results),
-            "checked": len(checked), "counts": counts, "seconds": time.monotonic() - start,
-            "survivors": sorted(name for name, s in checked.items() if s == "survived")}
+    constants = {s: sum(st == s for n, st in checked.items() if ".constant_L" in n)
+                 for s in ("killed", "survived", "no tests", "timeout")}
+    files, tests = GROUPS[group]
+    return {"group": group, "where": str(where), "files": files, "tests": tests,
+            "mutants": len(results),
+            "checked": len(checked), "counts": counts, "constants": constants,
+            "seconds": time.monotonic() - start,
+            "survivors": sorted(name for name, s in checked.items()
+                                if s in ("survived", "no tests"))}
 
 
 def _commit() -> str:
@@ -134,10 +239,23 @@ def _machine() -> str:
             f"Python {platform.python_version()}")
 
 
+def survival(record: dict[str, object], equivalent: dict[str, str]) -> tuple[int, int]:
+    """(survivors, mutants) of one group's record: unreached ("no tests") mutants survive, a
+    timeout is killed, the mutants listed as equivalent leave both counts."""
+    c = record["counts"]
+    assert isinstance(c, dict)
+    survivors = record["survivors"]
+    assert isinstance(survivors, list)
+    listed = sum(name in equivalent for name in survivors)
+    reached = c["killed"] + c["survived"] + c["timeout"] + c["no tests"]
+    return c["survived"] + c["no tests"] - listed, reached - listed
+
+
 def write_report(records: dict[str, dict[str, object]]) -> None:
     """docs/accuracy/mutation.md from every group's latest record, in GROUPS order."""
     import mutmut
 
+    equivalent: dict[str, str] = dict(records.get("equivalent", {}))  # type: ignore[arg-type]
     groups = [records[g] for g in GROUPS if g in records]
     runs: dict[tuple[str, str, str], list[str]] = {}  # (command, commit, date) -> groups
     for g in groups:
@@ -147,43 +265,67 @@ def write_report(records: dict[str, dict[str, object]]) -> None:
     lines = ["# Mutation testing of the analytic core", "",
              "Written by `benchmarks/mutation.py` (do not edit by hand). Each mutant is one "
              "small change to a formula's code (mutmut "
-             f"{getattr(mutmut, '__version__', '3')}); *killed* means a unit test failed on "
-             "it, *survived* that none did, *no tests* that none of the group's selected "
-             "tests runs the function. Many survivors are equivalent mutants (a changed "
-             "error message no test reads word for word, a default no caller relies on), "
-             "and functions checked only by the multi-process tests (`check`'s rows, "
-             "tests/runtime) count as survivors here.", "", "Runs:", ""]
+             f"{getattr(mutmut, '__version__', '3')}), or to a module- or class-level "
+             "numeric constant (the script's own operator: an int n → n + 1, a float "
+             "x → 1.1·x); *killed* means a test failed on it, *survived* that none did, "
+             "*no tests* that none of the group's tests runs it — counted as a survivor. "
+             "Each group runs against every test file that imports its modules (in-process "
+             "tests; the multi-process ones, tests/runtime's launches and the CLI's "
+             "subprocesses, are out of mutmut's reach, so what only they check survives "
+             "here). Mutants listed by hand as equivalent (mutation.json, \"equivalent\": "
+             "mutant → reason) leave the numerator and the denominator. No subset runs in CI yet: "
+             "the smallest group run so far (goodput_sim, ~1,000 mutants) takes ~10 minutes "
+             "on the shared 2-core machine, over the 3 minutes a CI check may take.", "",
+             "Runs:", ""]
     machine = re.sub(r", load average [\d.]+ at the end", "", str(groups[-1]["machine"])
                      ) if groups else "?"
     for (command, commit, date), where in runs.items():
         lines.append(f"- `{command}` — commit {commit}, {date}: {', '.join(where)}")
-    lines += ["", f"Machine: {machine}."]
+    missing = [g for g in GROUPS if g not in records]
+    latest = max(groups, key=lambda g: (str(g["date"]), str(g["commit"])), default=None)
+    if latest is not None:
+        now = [str(g["group"]) for g in groups if g["commit"] == latest["commit"]]
+        older = [str(g["group"]) for g in groups if g["commit"] != latest["commit"]]
+        lines += ["", f"Run at the latest commit ({latest['commit']}, {latest['date']}): "
+                  f"{', '.join(now)}. Not run this time (their rows are from the older "
+                  f"commits above): {', '.join(older) or 'none'}."]
+    lines += ["", f"Machine: {machine}.", "",
+              "Never run: " + (", ".join(missing) or "none") + "."]
     lines += ["", "| group | mutated | tests | mutants | checked | killed | survived | no tests "
-              "| timeout | survival | minutes |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    total = {"checked": 0, "survived": 0}
+              "| timeout | equivalent | constants killed/all | survival | minutes |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    total = [0, 0]
     for g in groups:
-        files, tests = GROUPS[str(g["group"])]
+        files, tests = g.get("files"), g.get("tests")  # as run (not today's GROUPS)
+        assert isinstance(files, list) and isinstance(tests, list)
         c = g["counts"]
         assert isinstance(c, dict)
-        tested = c["killed"] + c["survived"] + c["timeout"]
-        rate = f"{c['survived'] / tested:.1%}" if tested else "-"
-        lines.append(f"| {g['group']} | {', '.join(files)} | {', '.join(tests)} | "
+        alive, denominator = survival(g, equivalent)
+        listed = survival(g, {})[1] - denominator  # equivalent mutants left out
+        k = g.get("constants") or {}
+        assert isinstance(k, dict)
+        consts = f"{k.get('killed', 0)}/{sum(k.values())}" if k else "-"
+        shown = tests if len(tests) <= 3 else [*tests[:3], f"… {len(tests) - 3} more"]
+        rate = f"{alive / denominator:.1%}" if denominator else "-"
+        lines.append(f"| {g['group']} | {', '.join(files)} | {', '.join(shown)} | "
                      f"{g['mutants']} | {g['checked']} | {c['killed']} | {c['survived']} | "
-                     f"{c['no tests']} | {c['timeout']} | {rate} | "
+                     f"{c['no tests']} | {c['timeout']} | {listed} | {consts} | {rate} | "
                      f"{float(str(g['seconds'])) / 60:.1f} |")
-        total["checked"] += tested
-        total["survived"] += c["survived"]
-    if total["checked"]:
-        lines += ["", f"Survival rate over the mutants the tests reach: "
-                      f"{total['survived']:,} of {total['checked']:,} = "
-                      f"{total['survived'] / total['checked']:.1%} (a timeout counts as killed)."]
+        total[0] += alive
+        total[1] += denominator
+    if total[1]:
+        lines += ["", f"Survival over every checked mutant, unreached ones included: "
+                      f"{total[0]:,} of {total[1]:,} = {total[0] / total[1]:.1%} (a timeout "
+                      "counts as killed; equivalent mutants left out). Rows of runs made before "
+                      "this rule counted no constants (\"-\")."]
     lines += ["", "## Surviving mutants, per function", "",
               "`mutmut show shardwise.<module>.x_<function>__mutmut_<n>` in a scratch copy "
-              "(`--keep`) prints one.", ""]
+              "(`--keep`) prints one; `constant_L<line>_C<col>` is the script's constant "
+              "mutant at that place.", ""]
     for g in groups:
-        survivors = g["survivors"]
-        assert isinstance(survivors, list)
+        every = g["survivors"]
+        assert isinstance(every, list)
+        survivors = [n for n in every if n not in equivalent]
         per_function: dict[str, int] = {}
         for name in survivors:
             function = re.sub(r"^x_?|__mutmut_\d+$", "", name.split(".")[-1])
@@ -192,6 +334,9 @@ def write_report(records: dict[str, dict[str, object]]) -> None:
         lines.append(f"- **{g['group']}** ({len(survivors)}): " + (", ".join(
             f"`{f}` {n}" for f, n in sorted(per_function.items(), key=lambda kv: -kv[1]))
             or "none"))
+    if equivalent:
+        lines += ["", "## Equivalent mutants (listed by hand)", ""]
+        lines += [f"- `{name}`: {reason}" for name, reason in sorted(equivalent.items())]
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text("\n".join(lines) + "\n")
 
@@ -202,7 +347,18 @@ def main() -> int:
     parser.add_argument("--sample", type=int, default=None, help="mutants per group")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", action="store_true", help="keep the scratch copies")
+    parser.add_argument("--list", action="store_true", help="print the groups and tests")
+    parser.add_argument("--report", action="store_true",
+                        help="rewrite the page from mutation.json only (after listing "
+                             "equivalent mutants by hand)")
     args = parser.parse_args()
+    if args.report:
+        write_report(json.loads(RECORDS.read_text()))
+        return 0
+    if args.list:
+        for name, (files, tests) in GROUPS.items():
+            print(f"{name}: {', '.join(files)} <- {', '.join(tests) or 'no test file'}")
+        return 0
     records = json.loads(RECORDS.read_text()) if RECORDS.exists() else {}
     command = "python benchmarks/mutation.py " + " ".join(sys.argv[1:])
     for group in args.only:

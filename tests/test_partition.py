@@ -126,10 +126,26 @@ def test_exports_refuse_partitions_their_framework_cannot_run():
     assert "--decoder-last-pipeline-num-layers 8" in first_last.text
 
 
+def test_chunk_spans_worked_by_hand():
+    """(first layer, layers) by hand. Interleaved, 8 layers on pp = 4 with v = 2 chunks: chunk
+    c of stage i is virtual stage c·4 + i, one layer each (Megatron's interleaved order).
+    Balanced(1, 1), 10 layers on pp = 4: 10 + 1 + 1 = 12 units, 3 per stage; the first and the
+    last stage one layer short: 2, 3, 3, 2 layers from 0, 2, 5, 8. Uneven (6, 2) on pp = 2
+    with v = 2: chunk c of stage i holds partition[i]/2 layers from c·8/2 + Σ_{j<i} p_j/2."""
+    for stage in range(4):
+        for chunk in range(2):
+            assert chunk_span(8, 4, 2, stage, chunk) == (chunk * 4 + stage, 1)
+    assert [chunk_span(10, 4, 1, s, 0, Balanced(1, 1)) for s in range(4)] == [
+        (0, 2), (2, 3), (5, 3), (8, 2)]
+    assert [chunk_span(8, 2, 2, s, c, (6, 2)) for c in range(2) for s in range(2)] == [
+        (0, 3), (3, 1), (4, 3), (7, 1)]
+
+
 @pytest.mark.parametrize("n_layers", [8, 61, 94, 126])
 def test_one_layouts_span_in_integers_equals_the_array_path(n_layers):
-    """`chunk_span` answers one layout in plain integers (the simulator asks per stage); the
-    array path over one-element arrays is the reference."""
+    """Plumbing: `chunk_span` answers one layout in plain integers (the simulator asks per
+    stage) as its array path does over one-element arrays. The spans themselves are checked
+    against hand-worked layouts in `test_chunk_spans_worked_by_hand`."""
     one = np.array([1])
     for pp in range(1, 17):
         for chunks in (1, 2, 3):

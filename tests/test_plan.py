@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardwise.arch import ModelSpec, get_model
+from shardwise.arch import ModelSpec, count_params, get_model
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.memory import (
     activation_bytes_per_layer,
@@ -20,7 +20,7 @@ from shardwise.estimate.memory import (
     training_memory_per_gpu,
 )
 from shardwise.estimate.step import estimate_step
-from shardwise.hardware import Cluster
+from shardwise.hardware import Cluster, get_accelerator
 from shardwise.layout import CP_KINDS, Layout, TrainSpec
 from shardwise.plan import (
     Constraint,
@@ -104,6 +104,9 @@ def _small_search(model, gpus, seq, batch, flash=True):
 
 
 def test_vectorised_and_scalar_agree_on_every_candidate_of_a_small_search():
+    """Plumbing: the planner's arrays equal `estimate_step` one layout at a time; the formulas
+    themselves are checked against hand closed forms in tests/estimate (and, for the
+    planner's own columns, `test_planner_mfu_is_the_models_flops_over_the_step_by_hand`)."""
     model = get_model("tiny")
     cluster, train, cand, terms = _small_search(model, 8, 64, 16)
     n = len(cand["tp"])
@@ -113,6 +116,23 @@ def test_vectorised_and_scalar_agree_on_every_candidate_of_a_small_search():
         for key in ("total", "compute", "tp_comm", "cp_comm_exposed", "pp_comm", "bubble",
                     "dp_comm_exposed", "optimizer", "mfu", "hfu"):
             assert terms[key][i] == pytest.approx(getattr(est, key), rel=1e-9, abs=1e-300)
+
+
+def test_planner_mfu_is_the_models_flops_over_the_step_by_hand():
+    """Whatever the layout, a step does the same model FLOPs: MFU·step time·GPUs·peak is one
+    number over every candidate, 3 × the forward FLOPs of the global batch — by hand for tiny,
+    per token 2·(attention + MLP + head weights) + scores and P·V 2·2·L·s·h (the full square:
+    model FLOPs count attention non-causal, Megatron's and PaLM's MFU convention)."""
+    model = get_model("tiny")
+    *_, terms = _small_search(model, 8, 64, 16)
+    h, layers, s = model.d_model, model.n_layers, 64
+    counts = count_params(model)
+    weights = counts.attention + counts.mlp + counts.head  # the GEMMs a token passes
+    fwd = 2 * weights + 2 * 2 * layers * s * h
+    peak = get_accelerator("h100").peak_flops("bf16")
+    flops = terms["mfu"] * terms["total"] * 8 * peak
+    assert len(flops) > 500
+    assert flops == pytest.approx(np.full(len(flops), 3 * fwd * s * 16), rel=1e-9)
 
 
 def test_tp1_rows_skip_sequence_parallel_columns_without_changing_a_number():

@@ -136,6 +136,38 @@ def test_who_writes_what_by_hand():
     assert float(rank) == float(node) == pytest.approx(12 * p)
 
 
+def test_who_writes_what_with_tp_cp_pp_by_hand():
+    """llama3-8b at tp = cp = pp = dp = 2 on 8-GPU nodes (16 ranks, 2 nodes): every divisor is
+    distinguishable (tp·cp = 4 ≠ dp·cp = 4 ≠ 8 ranks per node; the last stage one norm larger).
+    Per rank at tp = 2: a layer is q, o 2·4096²/2, k, v 2·4096·(8/2 heads·128), 2 norms of
+    4096, SwiGLU 3·4096·14336/2; stage 1 of 2: 16 layers, the final norm and the head
+    128256·4096/2 (stage 0: the embedding, the same size, no norm)."""
+    model = get_model("llama3-8b")
+    assert (model.d_model, model.n_layers, model.n_kv_heads, model.d_ff, model.vocab) == (
+        4096, 32, 8, 14336, 128256)
+    layer = 2 * 4096 * 4096 // 2 + 2 * 4096 * 4 * 128 + 2 * 4096 + 3 * 4096 * 14336 // 2
+    last = 16 * layer + 4096 + 128256 * 4096 // 2  # the busiest stage (stage 0: - 4096)
+    assert layer == 109_060_096 and last == 2_007_633_920
+    codes = Layout(tp=2, cp=2, pp=2, dp=2, zero=1).codes()
+    # Megatron "spread": a rank writes its stage's state ÷ (dp·cp) at 2 + 4 + 8 = 14 B/param;
+    # its node holds 8 such ranks (tp fastest)
+    rank, node = checkpoint_writes(model, 8, TrainSpec(), **codes)
+    assert float(rank) == pytest.approx(14 * last / 4, rel=1e-12)
+    assert float(node) == pytest.approx(8 * 14 * last / 4, rel=1e-12)
+    # DeepSpeed "dp0": the tp·cp = 4 ranks of data-parallel rank 0 on a node write the bf16
+    # module (2 B/param), every rank its ZeRO-1 optimizer partition 12/(dp·cp)
+    rank, node = checkpoint_writes(model, 8, TrainSpec(impl="megatron-deepspeed"), **codes)
+    assert float(rank) == pytest.approx(2 * last + 12 * last / 4, rel=1e-12)
+    assert float(node) == pytest.approx(8 * 12 * last / 4 + 4 * 2 * last, rel=1e-12)
+    # on 2-GPU nodes: min(2, tp·cp) = 2 module writers, 2 partitions per node
+    rank2, node2 = checkpoint_writes(model, 2, TrainSpec(impl="megatron-deepspeed"), **codes)
+    assert float(rank2) == pytest.approx(2 * last + 12 * last / 4, rel=1e-12)
+    assert float(node2) == pytest.approx(2 * 12 * last / 4 + 2 * 2 * last, rel=1e-12)
+    # Hugging Face "rank0": the whole model (8,030,261,248 parameters) at 4 + 8 B/param
+    rank, node = checkpoint_writes(model, 8, TrainSpec(impl="hf-sdpa"), **codes)
+    assert float(rank) == float(node) == pytest.approx(12 * 8_030_261_248, rel=1e-12)
+
+
 def test_host_links():
     assert host_link(get_accelerator("h100")).bandwidth == 64e9  # PCIe 5 x16
     assert host_link(get_accelerator("a100")).bandwidth == 32e9  # PCIe 4 x16

@@ -189,3 +189,77 @@ def test_elastic_timeline_redoes_nothing_and_slows_while_replicas_are_out():
                            for a, b in t["work"][:-1]])  # the last window ends short
     assert gaps.min() == pytest.approx(segment)  # all replicas in
     assert gaps.max() == pytest.approx(segment * 128 / 127)  # one of 128 out: 127/128 speed
+
+
+def test_policies_run_the_policies_their_contract_names():
+    """`policies` against its docstring's contract, each policy built here by hand from the
+    layout's copy, write and restart seconds and simulated on its own: synchronous (stall the
+    write), asynchronous (stall the copy, lag write − copy), in-memory (storage every 10th, a
+    peer reload in a fifth of the restart for ≤ 8 GPUs) and elastic (replicas, a fifth of the
+    restart); the slowest rank's factor stretches the work and divides goodput-vs-ideal; the
+    job MTBF in hours is the fleet's GPU MTBF over its GPUs."""
+    from types import SimpleNamespace
+
+    from shardwise.estimate.goodput_sim import policies
+
+    layout = SimpleNamespace(write_s=90.0, copy_s=15.0, restart_s=600.0, async_checkpoint=True)
+    fleet = single_class(4096, 4096 * 6.0)  # a failure every 6 hours
+    work, straggler, runs = 5 * DAY, 1.25, 30
+    got = policies(layout, fleet, replica_gpus=512, work_s=work, runs=runs, seed=3,
+                   straggler=straggler)
+    hand = {
+        "synchronous": Policy("sync", stall_s=90.0, restart_s=600.0),
+        "asynchronous": Policy("async", stall_s=15.0, lag_s=75.0, restart_s=600.0),
+        "in-memory": Policy("memory", stall_s=15.0, restart_s=600.0, memory_restart_s=120.0,
+                            storage_every=10, peer_gpus=8),
+        "elastic": Policy("sync", stall_s=90.0, restart_s=600.0, elastic=True,
+                          replica_gpus=512, elastic_restart_s=120.0),
+    }
+    assert list(got["policies"]) == list(hand)
+    for name, policy in hand.items():
+        alone = simulate(work * straggler, fleet, policy, runs=runs, seed=3)
+        row = got["policies"][name]
+        assert row["goodput"] == alone.summary["goodput"] and row["interval_s"] == alone.interval_s
+        assert row["goodput_vs_ideal"] == pytest.approx(
+            {k: v / straggler for k, v in alone.summary["goodput"].items()})
+    means = {name: row["goodput"]["mean"] for name, row in got["policies"].items()}
+    best = max(means, key=means.__getitem__)
+    assert got["planned"] == "asynchronous" and got["best"] == best
+    assert got["gain"] == pytest.approx(means[best] - means["asynchronous"])
+    assert got["work_s"] == work * straggler and got["runs"] == runs
+    assert got["straggler_factor"] == straggler and got["job_mtbf_hours"] == pytest.approx(6.0)
+    assert policies(SimpleNamespace(**(vars(layout) | {"async_checkpoint": False})), fleet,
+                    replica_gpus=512, work_s=work, runs=5)["planned"] == "synchronous"
+
+
+def test_measured_stragglers_by_hand(tmp_path):
+    """A `shardwise train --json` output: the warm-up step left out, the rest ÷ their median
+    (1.0, 1.2, 0.9, 1.1 s → median 1.05), the ranks each step waited for; three values by hand
+    for the slowest of N draws of three samples; bad files and samples refused in one line."""
+    from shardwise.estimate.goodput_sim import measured_stragglers
+
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"ranks": 4, "records": [{"seconds": s} for s in
+                                                        (9.0, 1.0, 1.2, 0.9, 1.1)]}))
+    samples, ranks = measured_stragglers(path)
+    assert ranks == 4
+    assert samples.tolist() == pytest.approx([1.0 / 1.05, 1.2 / 1.05, 0.9 / 1.05, 1.1 / 1.05])
+    # three samples 1, 2, 4: P(max = 1) = (1/3)^N, P(max <= 2) = (2/3)^N
+    for n in (1, 2, 0.5):
+        hand = 1 * (1 / 3) ** n + 2 * ((2 / 3) ** n - (1 / 3) ** n) + 4 * (1 - (2 / 3) ** n)
+        assert stragglers_factor([4.0, 1.0, 2.0], n) == pytest.approx(hand, rel=1e-12)
+    for bad in ([], [1.0, 0.0], [1.0, float("nan")], [-1.0]):
+        with pytest.raises(ShardwiseError, match="positive, finite"):
+            stragglers_factor(bad, 2)
+    for ranks_bad in (0, -1, 1e9):
+        with pytest.raises(ShardwiseError, match="ranks"):
+            stragglers_factor([1.0, 2.0], ranks_bad)
+    for content, message in (({"records": []}, "not the output"),
+                             ({"ranks": 2, "records": [{"seconds": 1.0}] * 2}, "at least 3"),
+                             ({"ranks": 2, "records": [{"seconds": s} for s in
+                                                       (1.0, 1.0, 0.0)]}, "at least 3")):
+        path.write_text(json.dumps(content))
+        with pytest.raises(ShardwiseError, match=message):
+            measured_stragglers(path)
+    path.write_text(json.dumps({"ranks": 2, "records": [{"seconds": 1.0}] * 3}))
+    assert measured_stragglers(path)[0].tolist() == [1.0, 1.0]

@@ -241,6 +241,9 @@ def test_without_a_file_the_row_says_the_built_in_constants_cannot_predict_a_cpu
 
 
 def test_components_follow_the_total(calibration):
+    """Plumbing: `check`'s predicted step row is `predict_step`'s total and its component
+    rows are named from `COMPONENTS` (no formula is at stake here: `predict_step`'s terms
+    are checked by tests/estimate's closed forms and, against a run, by `calibrate`'s fit)."""
     measured = CheckRow("step time", "step (s)", None, 0.25, REPORTED, "median of 3 steps")
     config = TrainConfig(get_model("tiny"), Layout(pp=2))
     rows = with_prediction([measured], config, calibration)

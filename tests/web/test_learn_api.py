@@ -191,7 +191,8 @@ def test_pipeline_grid_zb_h1_and_interleaved(client):
 
 @pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
 def test_pipeline_grid_v_schedules_equal_the_schedule_api(client, schedule):
-    # the Learn grid and /api/schedule (= `shardwise schedule --json`) give the same numbers
+    """Plumbing: the Learn grid and /api/schedule (= `shardwise schedule --json`) give the
+    same numbers; `test_pipeline_grid_v_schedules_work_by_hand` checks the numbers."""
     d = get(client, "pipeline", schedule=schedule, p=4, m=8)
     out = client.post("/api/schedule", json={"stages": 4, "microbatches": 8,
                                              "schedule": schedule}).json()
@@ -201,6 +202,20 @@ def test_pipeline_grid_v_schedules_equal_the_schedule_api(client, schedule):
     assert d["closed_form_bubble"] == pytest.approx(d["bubble_fraction"])
     assert [(e["stage"], e["kind"], e["start"]) for e in d["events"]] == [
         (e["stage"], e["kind"], e["start"]) for e in out["timeline"]]
+
+
+@pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
+def test_pipeline_grid_v_schedules_work_by_hand(client, schedule):
+    """By hand: 1F1B on p = 4, m = 8 takes (m + p - 1)·(F + B) = 11·2 = 22 units (F = B = 1 a
+    micro-batch), so every stage of a V schedule must still do m·(F + B) = 16 units of work
+    (its two chunks at half each), and the bubble is the idle share 1 - 16/makespan."""
+    one = get(client, "pipeline", schedule="1f1b", p=4, m=8)
+    assert one["makespan"] == (8 + 4 - 1) * 2
+    d = get(client, "pipeline", schedule=schedule, p=4, m=8)
+    for stage in range(4):
+        busy = sum(e["end"] - e["start"] for e in d["events"] if e["stage"] == stage)
+        assert busy == pytest.approx(8 * 2)
+    assert d["bubble_fraction"] == pytest.approx(1 - 16 / d["makespan"])
 
 
 def test_pipeline_grid_bad_input(client):

@@ -11,7 +11,8 @@ end-to-end constants per accelerator generation, which nothing else measures:
     tp_overlap_efficiency  the GEMM share that hides TP traffic under bulk TP overlap
 
 fitted by coordinate search on the generation's bf16/fp16 rows (objective: median |error| + ¼
-mean |error|); the FP8 rows only validate (the recipes' own model, docs/concepts/fp8-offload.md).
+mean |error|); the FP8 rows only validate (the recipes' own model, docs/concepts/fp8-offload.md),
+and so do the MoE rows (the expert model is derived from the stacks' code, not fitted end to end).
 A generation with no row of its own takes Hopper's (said in the output). Where no component
 benchmark measured a generation's GEMM shape curve (`fit_components.py` transferred its
 `matmul_half_dim` from H100: Ampere, Blackwell), that constant is fitted here too, and the
@@ -112,11 +113,11 @@ def _score(errors: list[float]) -> float:
 
 def fit(rows: list[Case], steps: tuple[float, ...] = (0.08, 0.04, 0.02, 0.01),
         rounds: int = 2) -> dict[str, Params]:
-    """Each generation's three constants by coordinate search on its bf16/fp16 rows
+    """Each generation's three constants by coordinate search on its dense bf16/fp16 rows
     (`_score`), from `NEUTRAL`; a generation without such rows takes Hopper's."""
     by_gen: dict[str, list[Case]] = defaultdict(list)
     for case in rows:
-        if case.train.fp8 is None:
+        if case.train.fp8 is None and not case.model.is_moe:
             by_gen[generation(case.cluster.accelerator.name)].append(case)
     out: dict[str, Params] = {}
     for gen, group in sorted(by_gen.items(), key=lambda item: item[0] != "hopper"):
@@ -275,12 +276,19 @@ def report(rows: list[Case], sources: dict[str, Any], skipped: list[tuple[str, s
                        ("stack", lambda c: c.train.impl),
                        ("precision", lambda c: f"fp8 {c.train.fp8}" if c.train.fp8
                         else c.train.dtype),
-                       ("source", lambda c: c.row["source"])):
+                       ("source", lambda c: c.row["source"]),
+                       ("model kind (MoE rows only validate)",
+                        lambda c: "moe" if c.model.is_moe else "dense"),
+                       ("MoE source", lambda c: c.row["source"] if c.model.is_moe else ""),
+                       ("MoE group", lambda c: " · ".join(group_of(c).values())
+                        if c.model.is_moe else "")):
         lines += [f"\n## By {title}\n", header]
         groups: dict[str, list[Case]] = defaultdict(list)
         for case in rows:
             groups[key(case)].append(case)
         for name, group in sorted(groups.items()):
+            if not name:
+                continue
             lines.append(_line(name, [insample[c.row["id"]] for c in group],
                                [loso[c.row["id"]] for c in group]))
     lines += ["\n## All runs\n", header,

@@ -22,7 +22,7 @@ from shardwise.estimate.goodput import (
 )
 from shardwise.estimate.profiles import DEFAULT_IMPL, profile_names
 from shardwise.fp8 import recipe_names
-from shardwise.layout import CP_KINDS, RECOMPUTE, SCHEDULES
+from shardwise.layout import CP_KINDS, MOE_DISPATCHERS, MOE_OVERLAPS, RECOMPUTE, SCHEDULES
 from shardwise.report.text import table as _table
 from shardwise.stacks import (
     ATTENTION_KERNELS,
@@ -95,6 +95,7 @@ def stack_options(func: Callable) -> Callable:
                                                         if k != "math"]),
         help="Fused attention kernel [default: the stack's]; --no-flash for the "
              "materialised softmax."))
+    options += moe_comm_options()
     options += memory_setting_options()
     for option in reversed(options):
         func = option(func)
@@ -127,6 +128,30 @@ def precision_options(auto: bool = False) -> Callable:
             func = option(func)
         return func
     return add
+
+
+MOE_COMM_KW = ("moe_dispatcher", "moe_overlap", "moe_dispatch_fp8", "moe_capacity", "comm_sms")
+
+
+def moe_comm_options() -> list[Callable]:
+    """The expert-parallel communication choices (`TrainSpec.moe_*`, `estimate.expert`;
+    docs/concepts/communication.md)."""
+    return [
+        click.option("--moe-dispatcher", default=None, type=click.Choice(MOE_DISPATCHERS),
+                     help="MoE token dispatcher (Megatron --moe-token-dispatcher-type; flex: "
+                          "DeepEP) [default: the stack's first, alltoall]."),
+        click.option("--moe-overlap", default="none", show_default=True,
+                     type=click.Choice(MOE_OVERLAPS),
+                     help="Overlap of the expert-parallel collectives: shared (Megatron "
+                          "--moe-shared-expert-overlap), 1f1b (--overlap-moe-expert-parallel-"
+                          "comm, DualPipe's pairs); charged the SMs they hold."),
+        click.option("--moe-dispatch-fp8", is_flag=True, default=False,
+                     help="FP8 dispatch, BF16 combine (DeepSeek-V3's recipe; flex only)."),
+        click.option("--moe-capacity", default=None, type=float,
+                     help="Expert capacity factor, padded to capacity [default: dropless]."),
+        click.option("--comm-sms", default=None, type=int,
+                     help="SMs the overlapped expert-parallel kernels hold [default: 20]."),
+    ]
 
 
 MEMORY_SETTINGS = ("recompute_modules", "exp_avg_dtype", "exp_avg_sq_dtype",
@@ -163,10 +188,10 @@ def memory_setting_options() -> list[Callable]:
 
 
 def pop_stack_kw(kw: dict[str, Any]) -> dict[str, Any]:
-    """Pop the stack's time choices and memory settings (`stack_options`) out of a command's
-    keyword arguments."""
+    """Pop the stack's time choices, expert-parallel communication and memory settings
+    (`stack_options`) out of a command's keyword arguments."""
     return {name: kw.pop(name) for name in ("compile", "tp_overlap", "dp_overlap", "attention",
-                                            *MEMORY_SETTINGS) if name in kw}
+                                            *MOE_COMM_KW, *MEMORY_SETTINGS) if name in kw}
 
 
 def impl_option(default: str = DEFAULT_IMPL) -> Callable:

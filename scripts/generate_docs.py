@@ -1,30 +1,19 @@
 """Write the parts of README.md and docs/ that the code produces, between markers that are
-also pymdownx.snippets sections (so a docs page includes a README example with
-`--8<-- "README.md:NAME"`):
+also pymdownx.snippets sections (`<!-- --8<-- [start:NAME] [options] -->` … `[end:NAME]`):
 
-    <!-- --8<-- [start:NAME] [options] -->
-    ...
-    <!-- --8<-- [end:NAME] -->
+* README.md's and docs/howto/*.md's examples (`example-…`): the block's `$ shardwise …` runs
+  (COLUMNS=150) and its output replaces the rest. Options: `head=N` / `tail=N` keep the first /
+  last N lines, `exit=N` expects that exit code and shows stderr (a refusal), `vary=REGEX` the
+  lines whose numbers change run to run (`--check` masks them).
+* docs/architecture.md's code tree (`code-tree`: every module with its docstring's first
+  sentence) and the import rules tests/test_layers.py enforces (`import-rules`).
+* the pictures (`PICTURES`): Chromium screenshots of the web app and explainers and
+  `schedule --svg` Gantt charts; docs/pictures.json stores each screenshot's API calls and a
+  hash of their answers and front-end files, so tests/test_readme.py can tell without a
+  browser when a picture is older than what it shows.
 
-* README.md's examples (`example-…` blocks): the block's first line is `$ shardwise …`; the
-  command runs (`python -m shardwise …`, COLUMNS=150) and its output replaces the rest of the
-  block. Options: `head=N` / `tail=N` keep the first / last N lines of the output (an `…` line
-  between them or after), `exit=N` expects that exit code and shows stderr (a refusal),
-  `vary=REGEX` names the lines whose numbers legitimately change from
-  run to run or machine to machine (timings, rounding-level errors), which `--check` compares
-  with their numbers masked.
-* the how-to pages' examples (`example-…` blocks in docs/howto/*.md), the same way.
-* docs/architecture.md's code tree (`code-tree`): every module under src/shardwise, the
-  benchmarks and scripts, with the first sentence of each docstring; and the import rules
-  tests/test_layers.py enforces (`import-rules`).
-
-* the pictures (`PICTURES`): Chromium screenshots of the web app's pages and explainers, and
-  `shardwise schedule --svg` Gantt charts; docs/pictures.json stores, per screenshot, the API
-  calls the page made and a hash of their answers and of the front-end files it loaded, so
-  tests/test_readme.py can tell, without a browser, when a picture is older than what it shows.
-
-Run `python scripts/generate_docs.py` to rewrite them (`--no-pictures`: all but pictures); `--check` rewrites nothing and exits 1
-naming each stale block (tests/test_readme.py and tests/test_docs.py do the same per block).
+Run `python scripts/generate_docs.py` (`--no-pictures`: all but pictures); `--check` rewrites
+nothing and exits 1 naming each stale block (tests/test_readme.py and test_docs.py do the same).
 """
 
 from __future__ import annotations
@@ -201,7 +190,7 @@ SCREENSHOTS = {
     "ui-schedule": "/schedule?schedule=interleaved&chunks=2",
     **{f"learn-{name}": f"/learn/{name}" for name in (
         "memory-budget", "zero-stages", "ring-allreduce", "tp-mlp", "bubble", "pipeline-grid",
-        "ring-attention", "context-wall", "checkpoint-interval")},
+        "ring-attention", "context-wall", "checkpoint-interval", "run-timeline")},
 }
 THUMBS = ROOT / "src/shardwise/web/static/thumbs"  # the Learn cards' pictures
 # docs/NAME.svg ← `shardwise schedule ARGS --svg FILE`
@@ -209,6 +198,8 @@ GANTTS = {
     "gantt-1f1b": ["-p", "4", "-m", "8", "--schedule", "1f1b"],
     "gantt-interleaved": ["-p", "4", "-m", "8", "--schedule", "interleaved", "--chunks", "2"],
     "gantt-zb-h1": ["-p", "4", "-m", "8", "--schedule", "zb-h1"],
+    "gantt-dualpipe": ["-p", "8", "-m", "20", "--schedule", "dualpipe", "--tf", "2", "--tb", "3",
+                       "--tw", "1"],
 }
 VOLATILE = {"seconds", "evaluation_seconds", "layouts_per_s"}  # a search's timings
 

@@ -103,6 +103,6 @@ def test_home_questions_open_prefilled_tools(page, server_url):
 def test_learn_cards_show_thumbnails(page, server_url):
     page.goto(server_url + "/learn/index")
     thumbs = page.locator("#widgets img.thumb")
-    expect(thumbs).to_have_count(9)
+    expect(thumbs).to_have_count(10)
     page.evaluate("() => Promise.all([...document.images].map((i) => i.decode()))")
     assert all(w > 100 for w in thumbs.evaluate_all("imgs => imgs.map((i) => i.naturalWidth)"))

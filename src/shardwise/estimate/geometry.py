@@ -4,7 +4,9 @@ holds (SPEC §4), asked of the layout once (`StageGeometry`) for one layout or a
 A stage's layers come from its partition (`shardwise.partition.chunk_span`), its in-flight
 micro-batch-chunks from the schedule's registry rule (`schedules.registry`), its parameters
 from `layer_params` per layer kind; the first stage holds the embedding, the schedule's last
-stage (`ScheduleInfo.last_stage`) the head and the loss. Derivation: docs/concepts/memory.md.
+stage (`ScheduleInfo.last_stage`) the head and the loss. A bidirectional schedule (DualPipe)
+puts stage `i` of one direction and `p-1-i` of the other on rank `i`: two stages' layers, and
+the embedding and head at both ends. Derivation: docs/concepts/memory.md.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 
 import shardwise.validate as validate
 from shardwise.arch import ModelSpec
+from shardwise.errors import ShardwiseError
 from shardwise.fp8 import Fp8Recipe
 from shardwise.layout import Layout
 from shardwise.partition import Partition, chunk_span, stage_totals
@@ -51,6 +54,11 @@ def stage_layers(model: ModelSpec, layout: Layout, stage: int) -> list[int]:
     """Layer indices held by `stage`: chunk c holds virtual stage `c·p + stage`; an uneven
     partition (`Layout.stage_partition`) holds a contiguous run."""
     out: list[int] = []
+    if get_schedule(layout.schedule).bidirectional:  # DualPipe: stages i and p-1-i
+        for one in (stage, layout.pp - 1 - stage):
+            start, count = chunk_span(model.n_layers, layout.pp, 1, one, 0, layout.partition)
+            out.extend(range(int(start), int(start) + int(count)))
+        return out
     for chunk in range(layout.chunks):
         start, count = chunk_span(model.n_layers, layout.pp, layout.chunks, stage, chunk,
                                   layout.partition, layout.placement)
@@ -210,13 +218,26 @@ class StageGeometry:
         code)."""
         placement = placement_of(schedule, partition)
         last_stage = select(schedule, lambda info: info.last_stage(pp))
-        return cls(stage=stage,
-                   layers=stage_layer_count(model, pp, chunks, stage, partition, placement),
-                   moe_layers=moe_layers_on_stage(model, pp, chunks, stage, partition,
-                                                  placement),
+        layers = stage_layer_count(model, pp, chunks, stage, partition, placement)
+        moe_layers = moe_layers_on_stage(model, pp, chunks, stage, partition, placement)
+        first, last = stage == 0, stage == last_stage
+        dual = select(schedule, lambda info: info.bidirectional)
+        if np.any(dual):  # DualPipe: stages i and p-1-i of a p-way split, both ends' ends
+            if isinstance(partition, tuple) and partition and len(partition) != np.max(pp):
+                raise ShardwiseError(f"DualPipe's partition gives one count per stage of one "
+                                     f"direction ({np.max(pp)}), got {len(partition)}")
+            both = (stage, pp - 1 - stage)
+            layers = np.where(dual, sum(stage_layer_count(model, pp, 1, i, partition)
+                                        for i in both), layers)
+            moe_layers = np.where(dual, sum(moe_layers_on_stage(model, pp, 1, i, partition)
+                                            for i in both), moe_layers)
+            ends = (stage == 0) | (stage == pp - 1)
+            first, last = np.where(dual, ends, first), np.where(dual, ends, last)
+            last_stage = np.where(dual, pp - 1, last_stage)  # each head apart from its embedding
+        return cls(stage=stage, layers=layers, moe_layers=moe_layers,
                    chunks=chunks, in_flight=_in_flight(schedule, pp, m, chunks, stage),
                    last_in_flight=select(schedule, lambda info: m if info.loss_waits else 1),
-                   first=stage == 0, last=stage == last_stage, last_stage=last_stage,
+                   first=first, last=last, last_stage=last_stage,
                    placement=placement)
 
     @classmethod

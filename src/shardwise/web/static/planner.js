@@ -164,7 +164,7 @@ function render(out, state) {
 // wall time's shares and a link to the explainer set to the winner's numbers.
 function renderGoodput(out, best) {
   const g = out.goodput, r = out.reliability;
-  const kpis = [["goodput", pct(g.goodput)], ["a failure every", humanTime(g.job_mtbf_hours * 3600)], ["interruptions a day", g.interruptions_per_day.toFixed(1)],
+  const kpis = [["goodput", pct(g.goodput)], ["a failure every", humanTime(g.job_mtbf_hours * 3600)], ["interruptions", g.interruption_rate],
     ["checkpoint every", `${humanTime(g.checkpoint_interval_s)} (${g.checkpoint_every_steps.toLocaleString("en")} steps)`],
     ["checkpoint", `${(g.checkpoint_bytes / 1e9).toLocaleString("en", { maximumFractionDigits: 1 })} GB`], ["write", humanTime(g.checkpoint_write_s)]];
   if (g.days !== null) kpis.push(["days with failures", g.days.toFixed(1)], ["interruptions", Math.round(g.expected_interruptions).toLocaleString("en")]);

@@ -13,6 +13,7 @@ from typing import Any
 import click
 from rich.console import Console
 
+from shardwise.arch import DEFAULT_MODEL
 from shardwise.choices import MOMENT_DTYPES, OFFLOAD_MODULES, RECOMPUTE_MODULES
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.goodput import (
@@ -39,6 +40,7 @@ from shardwise.validate import (
     finite,
     finite_result,
     fraction,
+    positive,
     positive_int,
 )
 from shardwise.validate import option as checked
@@ -254,6 +256,29 @@ def pop_goodput_kw(kw: dict[str, Any]) -> dict[str, Any]:
     """Pop `goodput_options` out of a command's keyword arguments."""
     return {name: kw.pop(name) for name in ("mtbf_gpu_hours", "checkpoint_bandwidth",
                                             "restart_minutes", "async_checkpoint")}
+
+
+# ----------------------------------------------------------------------------------- cluster
+def cluster_options(gpus: int) -> Callable[[Callable], Callable]:
+    """MODEL and the cluster a command plans for: --gpus (default `gpus`), --gpu, --clock-mhz,
+    --gpus-per-node (shared by memory and plan)."""
+    def decorate(func: Callable) -> Callable:
+        options = [
+            click.argument("model", default=DEFAULT_MODEL),
+            click.option("--gpus", default=gpus, show_default=True, help="Number of GPUs.",
+                         callback=checked(degree)),
+            click.option("--gpu", default="h100", show_default=True,
+                         help="Accelerator preset, an accelerator JSON FILE, or this-machine "
+                              "(with --calibration FILE)."),
+            click.option("--clock-mhz", default=None, type=float, callback=checked(positive),
+                         help="Sustained SM clock: compute peaks × clock / boost clock."),
+            click.option("--gpus-per-node", default=8, show_default=True,
+                         callback=checked(degree)),
+        ]
+        for option in reversed(options):
+            func = option(func)
+        return func
+    return decorate
 
 
 # ------------------------------------------------------------------------------------ layout

@@ -92,11 +92,11 @@ def _score(errors: list[float]) -> float:
 
 def fit(rows: list[Case], steps: tuple[float, ...] = (0.08, 0.04, 0.02, 0.01),
         rounds: int = 2) -> dict[str, Params]:
-    """Each generation's three constants by coordinate search on its bf16/fp16 rows
+    """Each generation's three constants by coordinate search on its dense bf16/fp16 rows
     (`_score`), from `NEUTRAL`; a generation without such rows takes Hopper's."""
     by_gen: dict[str, list[Case]] = defaultdict(list)
     for case in rows:
-        if case.train.fp8 is None:
+        if case.train.fp8 is None and not case.model.is_moe:
             by_gen[generation(case.cluster.accelerator.name)].append(case)
     out: dict[str, Params] = {}
     for gen, group in sorted(by_gen.items(), key=lambda item: item[0] != "hopper"):
@@ -255,12 +255,19 @@ def report(rows: list[Case], sources: dict[str, Any], skipped: list[tuple[str, s
                        ("stack", lambda c: c.train.impl),
                        ("precision", lambda c: f"fp8 {c.train.fp8}" if c.train.fp8
                         else c.train.dtype),
-                       ("source", lambda c: c.row["source"])):
+                       ("source", lambda c: c.row["source"]),
+                       ("model kind (MoE rows only validate)",
+                        lambda c: "moe" if c.model.is_moe else "dense"),
+                       ("MoE source", lambda c: c.row["source"] if c.model.is_moe else ""),
+                       ("MoE group", lambda c: " · ".join(group_of(c).values())
+                        if c.model.is_moe else "")):
         lines += [f"\n## By {title}\n", header]
         groups: dict[str, list[Case]] = defaultdict(list)
         for case in rows:
             groups[key(case)].append(case)
         for name, group in sorted(groups.items()):
+            if not name:
+                continue
             lines.append(_line(name, [insample[c.row["id"]] for c in group],
                                [loso[c.row["id"]] for c in group]))
     lines += ["\n## All runs\n", header,

@@ -98,3 +98,32 @@ def test_palm_convention_reproduces_the_ibm_mfu_within_the_stated_band(vr, loade
             peak = 312e12 if row["accelerator"].startswith("a100") else 989e12
             mfu = vr.CONVENTIONS["palm-6n"](case) / tokens * row["published"]["value"] / peak
             assert -0.04 <= mfu / row["also_published"]["mfu"] - 1 <= 0.09, row["id"]
+
+
+def test_megatron_bridge_moe_rows_agree_with_their_own_tflops_column(vr, loaded):
+    # Megatron-Bridge's summaries print tokens/s/GPU and model TFLOP/s/GPU side by side: their
+    # ratio is the page's FLOPs per token, one number per model, sequence and MTP choice, on
+    # every system and in both releases (25.11, 26.02) — a transcription slip breaks it; and
+    # 26.02's unlabelled DeepSeekV3 rows count MTP (25.11's 'w/ MTP' ratio, not 'w/o MTP')
+    _, _, rows = loaded
+    per_token: dict[tuple[str, int, bool], list[tuple[str, float]]] = {}
+    for row in rows:
+        if not row["source"].startswith("nemo-mbridge-") or "tflops_per_gpu" not in row.get(
+                "also_published", {}):
+            continue
+        model = row["model"] if isinstance(row["model"], str) else row["model"]["spec"]["name"]
+        if model not in ("deepseek-v3", "qwen3-30b-a3b", "qwen3-235b-a22b"):
+            continue
+        mtp = "with mtp" in row.get("notes", "").lower()
+        ratio = row["also_published"]["tflops_per_gpu"] * 1e12 / row["published"]["value"]
+        per_token.setdefault((model, row["seq"], mtp), []).append((row["id"], ratio))
+    assert len(per_token) == 4 and sum(map(len, per_token.values())) >= 25
+    for key, ratios in per_token.items():
+        first = ratios[0][1]
+        for rid, ratio in ratios:  # the columns are rounded to 3-4 digits
+            assert ratio == pytest.approx(first, rel=0.006), (key, rid)
+    with_mtp = per_token[("deepseek-v3", 4096, True)]
+    assert {rid.split(":")[0] for rid, _ in with_mtp} == {"nemo-mbridge-25.11",
+                                                          "nemo-mbridge-26.02"}
+    without = per_token[("deepseek-v3", 4096, False)][0][1]
+    assert with_mtp[0][1] / without - 1 == pytest.approx(0.04, abs=0.01)  # MTP's extra block and output head

@@ -210,11 +210,17 @@ def default_calibration(accelerator: str = "default") -> Calibration:
     return _apply(Calibration(), _read_builtin(), accelerator, "built-in").validate()
 
 
-def load_calibration(accelerator: str = "default", path: str | Path | None = None
-                     ) -> Calibration:
-    """Built-in constants, then the keys a user file names (same JSON shape) on top."""
+def load_calibration(accelerator: str = "default", path: str | Path | None = None,
+                     links: tuple[str, ...] = ()) -> Calibration:
+    """Built-in constants, then the keys a user file names (same JSON shape) on top; an
+    accelerator or link it names that is neither a preset nor one of `links` (an accelerator
+    file's own) is refused (`hardware.check_constants`)."""
     cal = default_calibration(accelerator)
     if path is None:
         return cal
     data = read_json(path, "calibration file")
-    return _apply(cal, data, accelerator, str(path)).validate()
+    from shardwise.hardware import check_constants
+
+    mine = _apply(cal, data, accelerator, str(path))
+    check_constants(data, str(path), (accelerator, *cal.link_efficiency, *links))
+    return mine.validate()

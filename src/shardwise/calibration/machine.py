@@ -55,6 +55,11 @@ class MachineSpec:
         checks += [(name, v.positive, {}) for name in ("memory_bytes", "peak_flops",
                                                        "memory_bandwidth", "link_bandwidth")]
         problems = []
+        from shardwise.units import DTYPE_BYTES
+
+        if self.dtype not in DTYPE_BYTES:
+            problems.append(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got "
+                            f"{self.dtype!r}"[:200])
         for name, check, bounds in checks:
             try:
                 check(getattr(self, name), name, **bounds)

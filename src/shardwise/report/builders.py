@@ -321,8 +321,9 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str | Accelerator = "h100"
     refused = model_refusal(export, spec, train) if export else None
     if refused:
         raise ShardwiseError(f"{export} cannot run this plan: {refused}")
-    calib = machine_calib or load_calibration(cluster.accelerator.calibration_name,
-                                              calibration_path)
+    calib = machine_calib or load_calibration(
+        cluster.accelerator.calibration_name, calibration_path,
+        tuple(link.name for link in cluster.accelerator.links))
     given = None
     if not layout_text and (partition or first_stage_layers is not None
                             or last_stage_layers is not None):
@@ -376,8 +377,8 @@ def reliability(mtbf_gpu_hours: float | None = None, checkpoint_bandwidth: str |
             raise ShardwiseError(f"--checkpoint-bandwidth {checkpoint_bandwidth!r}: write bytes "
                                  "per second per node, e.g. 2GB/s or 500MB/s") from None
         given["checkpoint_bandwidth"] = validate.finite(
-            rate, f"--checkpoint-bandwidth {checkpoint_bandwidth} (bytes/s per node)", low=0,
-            low_open=True, high=1e15)
+            rate, f"--checkpoint-bandwidth {checkpoint_bandwidth} (bytes/s per node)", low=1e6,
+            high=1e15)  # 1 MB/s (a slow disk) to 1 PB/s
     if restart_minutes is not None:
         given["restart_s"] = 60 * validate.finite(restart_minutes, "--restart-minutes",
                                                   low=0, high=1e6)

@@ -117,7 +117,6 @@ def memory_payload(spec: ModelSpec, *, gpus: int = 8, gpu: str | Accelerator = "
     would (`plan.fit.fit_hints`). `fp8`: an FP8 recipe of the stack; `offload`,
     `offload_fraction`: host offload (`TrainSpec`), with the host bytes per rank and per node
     (the largest stage's × GPUs per node: an upper bound)."""
-    from shardwise.estimate.compute import fp8_on
     from shardwise.estimate.memory import saved_tensors_per_layer, training_memory_per_gpu
     from shardwise.estimate.profiles import by_component, fused_attention, get_profile
     from shardwise.estimate.uncertainty import generation
@@ -135,7 +134,9 @@ def memory_payload(spec: ModelSpec, *, gpus: int = 8, gpu: str | Accelerator = "
     layout.validate(spec, cluster, train)
     profile = train.profile
     gen = generation(cluster.accelerator.calibration_name)
-    fp8_on(train, cluster.accelerator, gen)  # the recipe runs on this GPU
+    from shardwise.capabilities import check
+
+    check(train, cluster.accelerator, gen)  # its attention kernel and FP8 recipe run here
     stages = training_memory_per_gpu(spec, layout, train, formula=formula, generation=gen)
     layer = saved_tensors_per_layer(  # one (MoE, if any) layer, one micro-batch, this rank
         spec, seq, layout.micro_batch, tp=layout.tp, sp=layout.sp, cp=layout.cp,

@@ -43,6 +43,7 @@ __all__ = [
     "integer",
     "known",
     "label",
+    "layout_items",
     "nonfinite",
     "option",
     "positive",
@@ -249,6 +250,15 @@ def known(given: Any, valid: Any, what: str) -> None:
     if unknown:
         raise ShardwiseError(f"{what}: unknown {', '.join(clean(u, 60) for u in unknown[:5])}"
                              f"{' …' if len(unknown) > 5 else ''}; valid: {', '.join(valid)}")
+
+
+def layout_items(value: str | None, option: str) -> str | None:
+    """`--layout`/`--fix`/`--max` text (CLI and web alike): refused in one line when an item
+    is empty (`tp=8,,pp=2`, a trailing comma), which `Layout.parse_fields` would skip."""
+    if value is not None and any(not item.strip() for item in value.split(",")):
+        raise ShardwiseError(f"{option} {clean(value)!r}: an item is empty; write key=value "
+                             "items separated by single commas, e.g. tp=8,pp=2")
+    return value
 
 
 def option(check: Callable[..., Any], **bounds: Any) -> Callable[[Any, Any, Any], Any]:

@@ -289,8 +289,9 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str | Accelerator = "h100"
              mtbf_gpu_hours: float | None = None, checkpoint_bandwidth: str | None = None,
              restart_minutes: float | None = None, async_checkpoint: bool = False,
              export: str | None = None, choose: str = "simplest",
-             prune_above: int | None = None) -> Any:
+             prune_above: int | None = None, memory_budget: float | None = None) -> Any:
     """Validate the plan options and search every layout (SPEC §7); returns the `PlanResult`.
+    `memory_budget`: bytes the search may hold (`budget.check_search`; None: no limit).
     `partition` or `first_stage_layers`/`last_stage_layers` set the given layout's stages.
     `layout_text` (`tp=8,pp=2,zero=1`; dp: the GPUs the other axes leave) is evaluated too.
     `impl` names the training stack, `stack_kw` its other choices (`TrainSpec`).
@@ -350,7 +351,10 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str | Accelerator = "h100"
     inputs.check_stack(train)
     space = SearchSpace(constraint=Constraint.parse(fix_text, max_text),
                         offload=train.stack.offload_kinds() if auto else None)
+    from shardwise.budget import check_search
     from shardwise.plan.prune import PRUNE_ABOVE
+
+    check_search(spec, cluster, train, space, memory_budget, fix_text, max_text)
 
     result = plan(spec, cluster, train, top, headroom=headroom, calib=calib, layout=given,
                   progress=progress, space=space, all_variants=all_variants, rank_by=rank_by,

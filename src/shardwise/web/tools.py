@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from starlette.concurrency import run_in_threadpool
 
 from shardwise.arch import DEFAULT_MODEL, PRESETS, ModelSpec, from_hf_dict, get_model
+from shardwise.budget import web_request_budget
 from shardwise.emit import framework_stack
 from shardwise.errors import ShardwiseError
 from shardwise.hardware import ACCELERATOR_ALIASES, ACCELERATORS, LINKS
@@ -44,6 +45,8 @@ MAX_UPLOAD_BYTES = 1_000_000
 PLAN_TIMEOUT_S = 30.0
 PLAN_WORKERS = 2
 _plan_slots = threading.BoundedSemaphore(PLAN_WORKERS)
+# bytes one search may hold: PLAN_WORKERS of them stay under `budget.WEB_BUDGET` (1.5 GB)
+PLAN_REQUEST_BYTES = web_request_budget(PLAN_WORKERS)
 
 ModelName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
 
@@ -483,7 +486,8 @@ def plan_sync(request: PlanRequest) -> dict[str, Any]:
                                           "link", *STACK_CHOICES})
     options["stack_kw"] = request.stack_kw()
     result = builders.run_plan(request.spec(), layout_text=request.layout, fix_text=request.fix,
-                               max_text=request.max, **options)
+                               max_text=request.max, memory_budget=PLAN_REQUEST_BYTES,
+                               **options)
     payload = builders.plan_payload(result, tokens=request.tokens, price=request.price)
     return with_downloads(payload, request)
 

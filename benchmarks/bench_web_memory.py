@@ -98,9 +98,12 @@ def measure(requests: int, budget: str, body: dict, timeout: float = 300.0) -> d
             t.start()
         for t in posts:
             t.join()
-        # a search the client gave up on (408) still runs in its worker: wait for it to end
         wall = time.monotonic() - start_time
-        time.sleep(1.0)
+        # a search answered 408 still runs in its worker: sample until the server is idle
+        # (under 5 % of a core over a second), at most `timeout` more
+        settle = time.monotonic() + timeout
+        while time.monotonic() < settle and server.cpu_percent(interval=1.0) > 5:
+            pass
         done.set()
         sampler.join()
         return {"requests": requests, "budget_bytes": parse_size(budget), "base_rss": base,

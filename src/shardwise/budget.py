@@ -33,18 +33,17 @@ def parse_budget(text: Any, option: str) -> float:
 
 
 def web_request_budget(workers: int, total: float | None = None) -> float:
-    """Bytes one `/api/plan` search may hold so that `workers` of them at once, over one
-    interpreter's base (`plan.prune.BASE_BYTES`, counted once), stay under `total`
-    (default: `$SHARDWISE_WEB_MEMORY`, a size such as 1.5GB, else `WEB_BUDGET`):
-    `BASE + (total − BASE) / workers`, in `search_size`'s convention (base included)."""
+    """Bytes one `/api/plan` search may hold (`search_size`'s estimate, its interpreter base
+    included) so that `workers` of them at once stay under `total` (default:
+    `$SHARDWISE_WEB_MEMORY`, a size such as 1.5GB, else `WEB_BUDGET`): `total / workers`.
+    The base is counted per search, not once: two DeepSeek-V3 / 1,024-GPU searches (each
+    estimated 0.73 GB) peaked at 1.40 GB RSS together (benchmarks/bench_web_memory.py)."""
     import os
-
-    from shardwise.plan.prune import BASE_BYTES
 
     if total is None:
         text = os.environ.get("SHARDWISE_WEB_MEMORY")
         total = WEB_BUDGET if text is None else parse_budget(text, "SHARDWISE_WEB_MEMORY")
-    return BASE_BYTES + (total - BASE_BYTES) / workers
+    return total / workers
 
 
 def _fits(model: Any, cluster: Any, train: Any, space: Any, budget: float) -> bool:

@@ -7,10 +7,13 @@ the suggested constraint (re-run with the same budget)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
 from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from shardwise.errors import ShardwiseError
 from tests.cli_helpers import assert_one_line_error, shardwise
@@ -188,3 +191,39 @@ def test_web_rss_stays_under_its_budget_under_concurrent_plans():
     assert set(result["statuses"]) <= {"200", "503", "408"}, result
     assert result["statuses"].get("200", 0) >= 1, result
     assert result["base_rss"] < result["peak_rss"] <= 700e6, result
+
+
+_ANY = st.one_of(st.none(), st.booleans(), st.integers(-10, 10**6), st.integers(-2**70, 2**70),
+                 st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=5),
+                 st.sampled_from(["ring", "hybrid", "1f1b", "zbv", "selective", "nvlink4"]))
+_LAYOUT = ("dp", "tp", "pp", "cp", "ep", "cp_kind", "ulysses", "zero", "zero_group", "sp",
+           "schedule", "chunks", "recompute", "micro_batch", "partition", "etp")
+_TRAIN = ("seq_len", "global_batch", "dtype", "grad_dtype", "optimizer", "flash_attention",
+          "expert_load", "experts_active", "fp8", "offload", "offload_fraction", "impl")
+_GPU_KEYS = ("name", "memory_bytes", "hbm_bandwidth", "peak_bf16", "peak_fp8", "intra", "inter",
+             "host", "calibrated_as", "boost_clock_mhz", "links")
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(field=st.sampled_from(_LAYOUT), value=_ANY, train_field=st.sampled_from(_TRAIN),
+       train_value=_ANY, gpu_key=st.sampled_from(_GPU_KEYS), gpu_value=_ANY)
+def test_public_functions_give_a_result_or_shardwise_error(field, value, train_field,
+                                                          train_value, gpu_key, gpu_value):
+    """Any value of one Layout, TrainSpec or accelerator-file field through the memory and
+    step estimates and the accelerator reader: a result or `ShardwiseError`, no other
+    exception (found here before the fix: a None or text `etp`/`ulysses` was a TypeError, a
+    null required accelerator field a TypeError)."""
+    from shardwise import get_model
+    from shardwise.estimate.memory import training_memory_per_gpu
+    from shardwise.estimate.step import estimate_step
+    from shardwise.hardware import Cluster, accelerator_from_dict
+    from shardwise.layout import Layout, TrainSpec
+
+    model = get_model("tiny-moe")
+    for call in (lambda: training_memory_per_gpu(model, Layout(**{field: value}),
+                                                 TrainSpec(**{train_field: train_value})),
+                 lambda: estimate_step(model, Cluster.of(8, "h100"), Layout(**{field: value}),
+                                       TrainSpec(**{train_field: train_value})),
+                 lambda: accelerator_from_dict(GPU | {gpu_key: gpu_value}, "gpu.json")):
+        with contextlib.suppress(ShardwiseError):
+            call()

@@ -296,7 +296,7 @@ def accelerator_from_dict(data: Any, source: str) -> Accelerator:
     if unknown:
         raise ShardwiseError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; valid: "
                              f"{', '.join(sorted(_FILE_KEYS))}")
-    missing = [k for k in _REQUIRED if k not in data]
+    missing = [k for k in _REQUIRED if data.get(k) is None]  # absent or null
     if missing:
         raise ShardwiseError(f"{where}: missing {', '.join(missing)} (needed: "
                              f"{', '.join(_REQUIRED)})")

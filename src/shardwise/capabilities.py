@@ -10,7 +10,14 @@ the kernels every generation runs.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from shardwise.errors import ShardwiseError
+
+if TYPE_CHECKING:
+    from shardwise.fp8 import Fp8Recipe
+    from shardwise.hardware import Accelerator
+    from shardwise.layout import TrainSpec
 
 __all__ = ["ANY", "ATTENTION", "attention_runs", "check"]
 
@@ -44,7 +51,7 @@ def attention_runs(kernel: str, generation: str) -> bool:
     return ANY in where or generation in where
 
 
-def check(train, accelerator, generation: str):  # type: ignore[no-untyped-def]
+def check(train: TrainSpec, accelerator: Accelerator, generation: str) -> Fp8Recipe | None:
     """`train`'s kernels against `accelerator` (of `generation`): its attention kernel
     (`ATTENTION`) and FP8 recipe (`estimate.kernels.fp8_on`); one line naming the generations
     that run it and what would run here. Returns the FP8 recipe (None in bf16)."""

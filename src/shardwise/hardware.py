@@ -313,7 +313,7 @@ def accelerator_from_dict(data: Any, source: str) -> Accelerator:
     links = data.get("links", [])
     if not isinstance(links, list):
         raise ShardwiseError(f"{where}: links must be a list of {{name, bandwidth, latency}}")
-    own = []
+    own: list[Link] = []
     for i, link in enumerate(links):
         if not isinstance(link, dict) or set(link) != {"name", "bandwidth", "latency"}:
             raise ShardwiseError(f"{where}: links[{i}] must be an object with exactly name, "

@@ -87,8 +87,9 @@ def collective_time(op: str, size: float, n: int, link: Link, algorithm: str = "
 def hierarchical_all_reduce_time(size: float, nodes: int, gpus_per_node: int, intra: Link,
                                  inter: Link) -> float:
     """RS inside each node, ring all-reduce of `S/g` across nodes, AG inside each node."""
-    validate.degree(nodes, "nodes")
-    validate.degree(gpus_per_node, "gpus_per_node")
+    if not all(validate._is_int(x) and 1 <= x <= validate.MAX_DEGREE
+               for x in (nodes, gpus_per_node)):
+        raise ShardwiseError("hierarchical all-reduce needs nodes ≥ 1 and gpus_per_node ≥ 1")
     g = gpus_per_node
     inside = 2 * collective_time("reduce-scatter", size, g, intra) if g > 1 else 0.0
     across = collective_time("all-reduce", size / g, nodes, inter)

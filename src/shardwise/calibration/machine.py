@@ -57,6 +57,11 @@ class MachineSpec:
         problems = []
         from shardwise.units import DTYPE_BYTES
 
+        for name in ("name", "backend", "link_name"):  # printed: no control characters
+            try:
+                v.label(getattr(self, name), name)
+            except ShardwiseError as exc:
+                problems.append(str(exc))
         if self.dtype not in DTYPE_BYTES:
             problems.append(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got "
                             f"{self.dtype!r}"[:200])

@@ -93,6 +93,9 @@ def test_clamp_absurd_options():
     ({"link_latency": {"ndrr": 5e-6}}, ("link_latency: unknown ndrr",)),
     ({"accelerators": {"h100-sxn": {"kernel_overhead": 1e-5}}},
      ("accelerators: unknown h100-sxn", "h100-sxm")),
+    ({"link_latency": {"ndr": 1e300}}, ("latency of ndr must be ≤ 1 s",)),
+    ({"links": {"ndr": 1e-300}}, ("link efficiency of ndr must be ≥ 0.001",)),
+    ({"default": {"kernel_overhead": 1e300}}, ("kernel_overhead must be ≤ 1 s",)),
 ])
 def test_constants_file_with_an_unknown_name(tmp_path, data, fragments):
     path = tmp_path / "constants.json"

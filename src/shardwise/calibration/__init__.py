@@ -106,6 +106,20 @@ class Calibration:
         for name, value in self.link_latency.items():
             if not value >= 0:
                 problems.append(f"latency of {name} must be ≥ 0, got {value}")
+        # physical bounds (issue 47): 1e300 s or an efficiency of 1e-300 is one line, not a
+        # 300-digit step time (`hardware.RANGES` bounds the accelerator's own figures)
+        for name, value, high in (("kernel_overhead", self.kernel_overhead, "1 s"),
+                                  ("matmul_half_dim", self.matmul_half_dim, "1e6"),
+                                  *((f"latency of {k}", v, "1 s")
+                                    for k, v in self.link_latency.items())):
+            if value > float(high.split()[0]):
+                problems.append(f"{name} must be ≤ {high}, got {value}")
+        for name, value in (*((k, getattr(self, k)) for k in (
+                "matmul_efficiency", "attention_efficiency", "hbm_efficiency",
+                "sustained_compute")), *((f"link efficiency of {k}", v)
+                                         for k, v in self.link_efficiency.items())):
+            if 0 < value < 1e-3:
+                problems.append(f"{name} must be ≥ 0.001, got {value}")
         for kernel, params in self.attention_kernels.items():
             if set(params) != set(_KERNEL_KEYS):
                 problems.append(f"attention kernel {kernel} needs exactly "

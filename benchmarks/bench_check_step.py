@@ -1,32 +1,18 @@
 """Predicted versus measured step time on this machine, per layout (issue 15's target: ±20 %).
 
-Calibrates once (`shardwise calibrate --ranks 8`), then for each layout runs
-`shardwise check --json --calibration FILE` `--repeats` times (fresh ranks each time, the
-`tiny` models, s = 64, global batch 8, fp32 — `check`'s defaults) and reads its step-time
-row: the step model's prediction (deterministic for one calibration file) against the
-measured median step of the run (rank 0, steps after the checked ones), and the two
-predictions re-timed beside the run (`runtime.step_time`): "host re-timed" (the per-op host
-cost refitted on `calibrate`'s one-rank step, timed between the layout's steps, the ranks
-taking turns) and "all re-timed" (that and the collectives' per-call costs timed on the
-layout's groups between its steps); for dp2×ep2 all three at the routing the checked steps
-drew (`check`'s `routing:` rows, recorded with the costs timed beside the run). Layouts run
-round-robin, `--repeats` rounds. Reported per layout: the median of the measured medians over
-repeats, the spread across repeats ((max − min) / median: the noise), the error of each
-prediction against the measured median (the re-timed ones per repeat, then the median), the
-error against the fastest step seen in any repeat, and the model's largest components.
+Calibrates once (`shardwise calibrate --ranks 8`), then runs `shardwise check --json
+--calibration FILE` per layout `--repeats` times, round-robin (fresh ranks, the `tiny` models,
+`check`'s defaults), and reads its step-time row: the prediction against the measured median
+step, and the two predictions re-timed beside the run (`runtime.step_time`: the host cost
+refitted, then also the collectives' per-call costs). Reported per layout: the median of the
+measured medians, their spread (the noise), each prediction's error against the median and
+against the fastest step, the model's largest components. `dp1 (reference)` is `check`'s own
+one-rank configuration: its ratio shows the machine's drift since calibrating. Details:
+docs/accuracy/index.md.
 
-`dp1 (reference)` is the one-rank configuration `check` re-times (s = 64, micro-batch 1), so
-it is not a prediction: its measured/predicted ratio from the file in each round shows the
-machine's drift since the calibration; re-timed, it is near 0 (the same configuration,
-its steps taking turns with the reference's).
-
-Run:
-    PYTHONPATH=src python benchmarks/bench_check_step.py [--repeats 7] [--calibration FILE]
-        [--json results.json]
-
-(`--calibration FILE` skips the calibration and uses that file.) It writes its tables to
-`docs/generated/bench_check_step.md` (`results.write_result`); the Accuracy page includes them.
-About 2 minutes to calibrate, then roughly 15 s per layout and round on 2 cores.
+Run: `PYTHONPATH=src python benchmarks/bench_check_step.py [--repeats 7] [--calibration FILE]
+[--json results.json]`; writes `docs/generated/bench_check_step.md`. About 2 minutes to
+calibrate, then roughly 15 s per layout and round on 2 cores.
 """
 
 from __future__ import annotations

@@ -1,35 +1,18 @@
-"""Speed of the runtime against plain PyTorch: the model on one process, and each layout's step
-against PyTorch's native equivalent, paired in the same run and interleaved.
+"""Speed of the runtime against plain PyTorch, paired in the same run and interleaved.
 
-Part `model` (one process): a training step (forward, backward, AdamW) of the runtime
-`Transformer` (hand-written RMSNorm/RoPE/SwiGLU autograd functions that save exactly SPEC §3's
-tensors, attention through torch's fused CPU flash kernel) against `PlainLlama` below — the
-same architecture written the way a PyTorch user would (`nn.RMSNorm`, `F.silu(g)·u`,
-`F.scaled_dot_product_attention(is_causal=True, enable_gqa=True)`), holding the same weights
-(the losses agree to rounding, checked). Also the two kernels on their own: attention
-(`AttentionFunction`, flash) vs SDPA, and `SwiGLUFunction` vs autograd's `F.silu(g)·u`.
+Part `model` (one process): a training step of the runtime `Transformer` against `PlainLlama`
+below (the same architecture as a PyTorch user writes it, the same weights; the losses agree
+to rounding), and the attention and SwiGLU kernels on their own against SDPA and autograd.
+Part `layouts` (2 gloo ranks): one optimizer step of `runtime.train.train_step` against
+PyTorch's own wrappers doing the same — dp2 (DDP), zero1 (ZeroRedundancyOptimizer), zero2/3
+(FSDP2), tp2(+sp) (DTensor), pp2 1f1b/gpipe (torch.distributed.pipelining). Steps alternate
+shardwise, native, …; rank 0's median and fastest step times and their ratios (< 1: shardwise
+faster). Details: docs/accuracy/index.md.
 
-Part `layouts` (2 gloo ranks): one optimizer step of `shardwise.runtime.train.train_step`
-(data shard, micro-batches, gradient reduction, clip, AdamW) against PyTorch's own parallel
-wrappers around `PlainLlama` doing the same (clip_grad_norm_, AdamW):
-
-    dp2         DistributedDataParallel
-    zero1       DDP + ZeroRedundancyOptimizer(AdamW)
-    zero2/3     FSDP2 `fully_shard` per block and at the root, reshard_after_forward=False/True
-    tp2(+sp)    DTensor `parallelize_module` (Colwise/Rowwise; SequenceParallel norms with sp)
-    pp2 1f1b/gpipe   torch.distributed.pipelining `PipelineStage` + Schedule1F1B/ScheduleGPipe
-
-Steps alternate shardwise, native, shardwise, … on the same ranks; the table gives rank 0's
-median and fastest step time of each and their ratios shardwise/native (< 1: shardwise
-faster). On a shared machine the fastest step is the steadier figure.
-
-Run:
-    PYTHONPATH=src python benchmarks/bench_runtime_speed.py [--part model|layouts|all]
-        [--layers 4] [--d-model 256] [--seq 256] [--batch 8] [--steps 10]
-
-Each part writes its table (`results.write_result`): `docs/generated/bench_runtime_speed_model.md`
-and `docs/generated/bench_runtime_speed_layouts.md`. A step's time varies up to 2× on a shared
-machine: rerun on a quiet one with more `--steps` before quoting a single ratio.
+Run: `PYTHONPATH=src python benchmarks/bench_runtime_speed.py [--part model|layouts|all]
+[--layers 4] [--d-model 256] [--seq 256] [--batch 8] [--steps 10]`; writes
+`docs/generated/bench_runtime_speed_{model,layouts}.md`. A step varies up to 2× on a shared
+machine: rerun on a quiet one before quoting a single ratio.
 """
 
 from __future__ import annotations

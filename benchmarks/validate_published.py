@@ -1,43 +1,23 @@
-"""Predicted against published training runs: in-sample and leave-one-family-out (issue 30).
+"""Predicted against published training runs: in-sample and leave-one-source-out (issue 30).
 
-The validation set is `validation_runs.json` beside this file (sources with citations, rows
-with model, cluster, layout, stack settings and the published figure; loader and conventions:
-`validation_rows.py`). The step model's component constants (GEMMs, attention kernels, HBM,
-links) come from component benchmarks (`fit_components.py`); published runs fix three
-end-to-end constants per accelerator generation, which nothing else measures:
-
-    sustained_compute      the share of the benchmarks' tensor-core rate a long job sustains
-    overlap_contention     how much overlapped communication slows the compute beside it
-    tp_overlap_efficiency  the GEMM share that hides TP traffic under bulk TP overlap
-
-fitted by coordinate search on the generation's bf16/fp16 rows (objective: median |error| + ¼
-mean |error|); the FP8 rows only validate (the recipes' own model, docs/concepts/fp8-offload.md).
-A generation with no row of its own takes Hopper's (said in the output). Where no component
-benchmark measured a generation's GEMM shape curve (`fit_components.py` transferred its
-`matmul_half_dim` from H100: Ampere, Blackwell), that constant is fitted here too, and the
-leave-one-family-out figures say how well it carries to the runs it was not fitted on.
-
-Reported, per family (sources that share rows, e.g. the DGXC versions), generation and stack:
-in-sample errors (constants fitted on every row) and leave-one-family-out errors (each family
-predicted with constants fitted without it) — the out-of-sample figure. Written:
-`docs/generated/accuracy-published.md` (the tables, stamped with commit, date and machine) and
-`src/shardwise/data/validation.json` (each run's group and out-of-sample error, and the ground
-the runs cover: what `estimate.uncertainty` widens the band for). `--fit` also writes the
-fitted constants into `src/shardwise/data/calibration.json`.
+The validation set is `validation_runs.json` (sources with citations, rows with model, cluster,
+layout, stack settings and the published figure; loader: `validation_rows.py`). Component
+constants come from component benchmarks (`fit_components.py`); published runs fix three
+end-to-end constants per GPU generation — `sustained_compute`, `overlap_contention`,
+`tp_overlap_efficiency` — fitted on the generation's bf16/fp16 dense rows (FP8 and MoE rows
+only validate). Reported per family, generation and stack: in-sample errors and
+leave-one-family-out errors (the out-of-sample figure), written to
+`docs/generated/accuracy-published.md` and `src/shardwise/data/validation.json` (each run's
+group and out-of-sample error, the ground the runs cover); `--fit` also writes the constants
+into `src/shardwise/data/calibration.json`. Method: docs/accuracy/index.md.
 
 Held out — never read here, never fitted on: Megatron-LM README's H100 weak-scaling table;
 Llama 3 paper Table 4; Korthikanti et al. 2022 tables; BLOOM-176B's training README;
-torchtitan's `benchmarks/` folder and the TorchTitan paper's tables (so torchtitan's
-docs/performance.md, which carries them, is excluded too); Nemotron-4 15B and 340B technical
-reports' tables; Megatron-Turing NLG 530B paper; GPT-NeoX-20B paper.
+torchtitan's `benchmarks/` and the TorchTitan paper's tables (and docs/performance.md, which
+carries them); Nemotron-4 15B and 340B reports' tables; MT-NLG 530B; GPT-NeoX-20B; the
+DeepSeek-V2/V3 reports' throughput; Megatron-MoE-ModelZoo; Megatron's DeepSeek-V3-on-GB200 guide.
 
-The bands each prediction carries are calibrated on those out-of-sample errors and their
-leave-one-source-out coverage measured (`band_coverage.py`): `docs/generated/accuracy-bands.md`
-and the plots `docs/accuracy/bands-*.png`.
-
-Run: `python benchmarks/validate_published.py` (report with the built-in constants and the
-leave-one-family-out refits, a few minutes), `--fit` (refit, then report) or `--bands-only`
-(recalibrate the bands and redraw the plots from data/validation.json, seconds).
+Run: `python benchmarks/validate_published.py` (a few minutes) or `--fit` (refit, then report).
 """
 
 from __future__ import annotations

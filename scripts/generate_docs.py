@@ -1,30 +1,20 @@
 """Write the parts of README.md and docs/ that the code produces, between markers that are
-also pymdownx.snippets sections (so a docs page includes a README example with
-`--8<-- "README.md:NAME"`):
+also pymdownx.snippets sections (`<!-- --8<-- [start:NAME] [options] -->` … `[end:NAME]`):
 
-    <!-- --8<-- [start:NAME] [options] -->
-    ...
-    <!-- --8<-- [end:NAME] -->
+* README.md's and docs/howto/*.md's examples (`example-…`): the block's `$ shardwise …` runs
+  (COLUMNS=150) and its output replaces the rest. Options: `head=N` / `tail=N` keep the first /
+  last N lines, `exit=N` expects that exit code and shows stderr (a refusal), `vary=REGEX` the
+  lines whose numbers change run to run (`--check` masks them).
+* docs/architecture.md's code tree (`code-tree`: every module with its docstring's first
+  sentence), the import rules tests/test_layers.py enforces (`import-rules`) and the layers'
+  picture with every import between them (`layers`: docs/layers.svg).
+* the pictures (`PICTURES`): Chromium screenshots of the web app and explainers and
+  `schedule --svg` Gantt charts; docs/pictures.json stores each screenshot's API calls and a
+  hash of their answers and front-end files, so tests/test_readme.py can tell without a
+  browser when a picture is older than what it shows.
 
-* README.md's examples (`example-…` blocks): the block's first line is `$ shardwise …`; the
-  command runs (`python -m shardwise …`, COLUMNS=150) and its output replaces the rest of the
-  block. Options: `head=N` / `tail=N` keep the first / last N lines of the output (an `…` line
-  between them or after), `exit=N` expects that exit code and shows stderr (a refusal),
-  `vary=REGEX` names the lines whose numbers legitimately change from
-  run to run or machine to machine (timings, rounding-level errors), which `--check` compares
-  with their numbers masked.
-* the how-to pages' examples (`example-…` blocks in docs/howto/*.md), the same way.
-* docs/architecture.md's code tree (`code-tree`): every module under src/shardwise, the
-  benchmarks and scripts, with the first sentence of each docstring; and the import rules
-  tests/test_layers.py enforces (`import-rules`).
-
-* the pictures (`PICTURES`): Chromium screenshots of the web app's pages and explainers, and
-  `shardwise schedule --svg` Gantt charts; docs/pictures.json stores, per screenshot, the API
-  calls the page made and a hash of their answers and of the front-end files it loaded, so
-  tests/test_readme.py can tell, without a browser, when a picture is older than what it shows.
-
-Run `python scripts/generate_docs.py` to rewrite them (`--no-pictures`: all but pictures); `--check` rewrites nothing and exits 1
-naming each stale block (tests/test_readme.py and tests/test_docs.py do the same per block).
+Run `python scripts/generate_docs.py` (`--no-pictures`: all but pictures); `--check` rewrites
+nothing and exits 1 naming each stale block (tests/test_readme.py and test_docs.py do the same).
 """
 
 from __future__ import annotations
@@ -188,7 +178,73 @@ def import_rules_table() -> str:
     return f"| package | never imports |\n| --- | --- |\n{rows}\n"
 
 
+def layer_rows() -> list[tuple[str, list[str]]]:
+    """The architecture page's layer picture: (layer, its top-level modules), top to bottom."""
+    page = (ROOT / "docs/architecture.md").read_text(encoding="utf-8")
+    picture = page.split("top-level modules of src/shardwise -->\n```text\n", 1)[1]
+    return [(m[1], m[2].split()) for line in picture.split("```", 1)[0].splitlines()
+            if (m := re.match(r"(\w+) {2,}(.+?) {3,}", line))]
+
+
+def package_imports() -> set[tuple[str, str]]:
+    """(package, package it imports) over every module of src/shardwise, lazy imports too
+    (tests/test_layers.py's reading of the AST)."""
+    spec = importlib.util.spec_from_file_location("test_layers", ROOT / "tests/test_layers.py")
+    assert spec and spec.loader
+    layers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(layers)
+    src = ROOT / "src/shardwise"
+    edges = set()
+    for path in src.rglob("*.py"):
+        parts = path.relative_to(src).with_suffix("").parts
+        if parts[0].startswith("__"):
+            continue
+        for name in layers.imported_modules(path):
+            target = name.split(".")[1] if name.startswith("shardwise.") else ""
+            if target not in ("", parts[0]) and ((src / target).is_dir()
+                                                 or (src / f"{target}.py").exists()):
+                edges.add((parts[0], target))
+    return edges
+
+
+def layer_svg() -> str:
+    """docs/layers.svg: the layers' modules as boxes, top to bottom as the page lists them, and
+    every import between two of them as a line (hover: which imports which)."""
+    rows, edges = layer_rows(), package_imports()
+    where: dict[str, tuple[float, float, float]] = {}  # module -> (x centre, y top, width)
+    row_h, gap, left = 46, 34, 120
+    for r, (_, names) in enumerate(rows):
+        x = left
+        for name in names:
+            width = 14 + 7.2 * len(name)
+            where[name] = (x + width / 2, 20 + r * (row_h + gap), width)
+            x += width + 14
+    width = max(x + w / 2 for x, _, w in where.values()) + 20
+    height = 20 + len(rows) * (row_h + gap)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height}" '
+           f'font-family="monospace" font-size="12">']
+    level = {name: r for r, (_, names) in enumerate(rows) for name in names}
+    for a, b in sorted(edges):
+        if a not in where or b not in where:
+            continue
+        (xa, ya, _), (xb, yb, _) = where[a], where[b]
+        if level[a] == level[b]:  # within a layer: between the boxes' middles
+            y1 = y2 = ya + row_h / 2
+        else:
+            y1, y2 = (ya + row_h, yb) if level[b] > level[a] else (ya, yb + row_h)
+        out.append(f'<line x1="{xa:.1f}" y1="{y1}" x2="{xb:.1f}" y2="{y2}" stroke="#9aa0a6" '
+                   f'stroke-width="1"><title>{a} imports {b}</title></line>')
+    for r, (layer, _) in enumerate(rows):
+        out.append(f'<text x="8" y="{20 + r * (row_h + gap) + row_h / 2 + 4}">{layer}</text>')
+    for name, (x, y, w) in where.items():
+        out.append(f'<rect x="{x - w / 2:.1f}" y="{y}" width="{w:.1f}" height="{row_h}" rx="6" '
+                   f'fill="#e8f0fe" stroke="#1a73e8"/><text x="{x:.1f}" y="{y + row_h / 2 + 4}" '
+                   f'text-anchor="middle">{name}</text>')
+    return "\n".join([*out, "</svg>"]) + "\n"
+
+
 GENERATED_PAGES = {"code-tree": code_tree, "import-rules": import_rules_table}
+LAYERS_SVG = ROOT / "docs/layers.svg"  # layer_svg(), shown on the architecture page
 
 
 # ---------------------------------------------------------------------------------- pictures
@@ -201,7 +257,7 @@ SCREENSHOTS = {
     "ui-schedule": "/schedule?schedule=interleaved&chunks=2",
     **{f"learn-{name}": f"/learn/{name}" for name in (
         "memory-budget", "zero-stages", "ring-allreduce", "tp-mlp", "bubble", "pipeline-grid",
-        "ring-attention", "context-wall", "checkpoint-interval")},
+        "ring-attention", "context-wall", "checkpoint-interval", "run-timeline")},
 }
 THUMBS = ROOT / "src/shardwise/web/static/thumbs"  # the Learn cards' pictures
 # docs/NAME.svg ← `shardwise schedule ARGS --svg FILE`
@@ -209,6 +265,8 @@ GANTTS = {
     "gantt-1f1b": ["-p", "4", "-m", "8", "--schedule", "1f1b"],
     "gantt-interleaved": ["-p", "4", "-m", "8", "--schedule", "interleaved", "--chunks", "2"],
     "gantt-zb-h1": ["-p", "4", "-m", "8", "--schedule", "zb-h1"],
+    "gantt-dualpipe": ["-p", "8", "-m", "20", "--schedule", "dualpipe", "--tf", "2", "--tb", "3",
+                       "--tw", "1"],
 }
 VOLATILE = {"seconds", "evaluation_seconds", "layouts_per_s"}  # a search's timings
 
@@ -365,6 +423,8 @@ def main() -> int:
         stale += [s for page in HOWTO for s in stale_examples(page.read_text("utf-8"), args.only)]
         stale += [s for s in stale_pages(architecture)
                   if args.only in (None, s.split(" ", 1)[0])]
+        if args.only in (None, "layers") and LAYERS_SVG.read_text("utf-8") != layer_svg():
+            stale.append("layers is stale (docs/layers.svg)")
         if not args.no_pictures and args.only in (None, "pictures"):
             stale += [f"{name} is stale" for name in stale_pictures()]
         print("\n".join(stale) or "up to date")
@@ -383,6 +443,8 @@ def main() -> int:
         if args.only in (None, name):
             architecture = replace(architecture, name, generate())
     ARCHITECTURE.write_text(architecture, encoding="utf-8")
+    if args.only in (None, "layers"):
+        LAYERS_SVG.write_text(layer_svg(), encoding="utf-8")
     if not args.no_pictures and args.only in (None, "pictures"):
         write_pictures()
     return 0

@@ -148,6 +148,15 @@ def test_the_code_tree_and_import_rules_are_current():
     assert not stale, "run `python scripts/generate_docs.py`:\n" + "\n".join(stale)
 
 
+def test_the_layers_svg_is_current():
+    """docs/layers.svg draws the layer picture below and every import between two of its
+    modules as the source has them now (`scripts/generate_docs.py --only layers`)."""
+    from scripts import generate_docs
+
+    assert generate_docs.LAYERS_SVG.read_text("utf-8") == generate_docs.layer_svg(), \
+        "run `python scripts/generate_docs.py --only layers`"
+
+
 def test_the_layer_picture_names_every_package():
     """The architecture page's layer picture names each top-level module of src/shardwise
     once, and nothing else."""

@@ -116,3 +116,31 @@ def test_simulated_goodput_agrees_with_the_closed_form_where_it_holds(tmp_path):
 ])
 def test_bad_simulation_inputs_are_one_line(args, message):
     assert_one_line_error(shardwise("plan", "--gpus", "8", *args, check=False), message)
+
+
+def test_rank_by_goodput_with_a_failure_model_ranks_by_the_simulated_mean(tmp_path):
+    """`--rank-by goodput --failure-model`: the shown rows re-ranked by step ÷ mean simulated
+    goodput. With Daly's assumptions (one GPU class at the plan's own MTBF, synchronous
+    checkpoints) each row's simulated effective step equals the closed form's within Monte
+    Carlo error, and its p10–p90 brackets the mean."""
+    fleet = tmp_path / "fleet.json"
+    fleet.write_text(json.dumps({"classes": [{"name": "gpu", "mtbf_hours": 2000}]}))
+    args = ("plan", "llama3-70b", "--gpus", "1024", "--top", "3", "--mtbf-gpu-hours", "2000",
+            "--checkpoint-bandwidth", "0.5GB/s", "--rank-by", "goodput",
+            "--failure-model", str(fleet), "--simulate", "300")
+    out = json.loads(shardwise(*args, "--json").stdout)
+    ranking = out["goodput_simulated"]["ranking"]
+    assert [row["layout"] for row in ranking] != [] and len(ranking) == len(out["ranked"])
+    effective = [row["effective_step_s"] for row in ranking]
+    assert effective == sorted(effective) and [r["rank"] for r in ranking] == [1, 2, 3]
+    closed = {row["short"]: row["goodput"]["effective_step_s"] for row in out["ranked"]}
+    for row in ranking:
+        assert row["effective_step_s"] == pytest.approx(closed[row["layout"]], rel=0.005)
+        assert row["effective_step_s"] == pytest.approx(row["step_s"] / row["goodput_mean"])
+        assert row["p10"] < row["effective_step_s"] < row["p90"]
+        assert row["effective_step_s"] > 1.05 * row["step_s"]  # failures cost real time
+    text = shardwise(*args).stdout
+    assert "re-ranked by the simulated mean effective step time" in text
+    # without --rank-by goodput the closed-form ranking stands alone
+    plain = json.loads(shardwise(*args[:-6], "--failure-model", str(fleet), "--json").stdout)
+    assert "ranking" not in plain["goodput_simulated"]

@@ -110,3 +110,32 @@ def test_no_import_cycles():
         if name not in state:
             cycle = visit(name, [name])
             assert cycle is None, " → ".join(cycle)
+
+
+# ------------------------------------------------------------------------- rooms to read
+ROOT = SRC.parents[1]
+MAX_LINES, MAX_DOCSTRING = 600, 20  # a module to read in one sitting; its docstring a summary
+
+
+def python_files() -> list[Path]:
+    """Every Python file of the package, the benchmarks and the scripts."""
+    return sorted(p for folder in (SRC, ROOT / "benchmarks", ROOT / "scripts")
+                  for p in folder.rglob("*.py"))
+
+
+def test_no_file_is_over_600_lines():
+    """A file one sitting can read (issue 48): split a larger one along its seams."""
+    long = {str(p.relative_to(ROOT)): n for p in python_files()
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, long
+
+
+def test_module_docstrings_are_summaries():
+    """A module docstring is the contract, the formula and the source — at most 20 lines; the
+    derivation goes to a docs/concepts page the docstring links (issue 48)."""
+    long = {}
+    for path in python_files():
+        doc = ast.get_docstring(ast.parse(path.read_text()))
+        if doc and len(doc.splitlines()) > MAX_DOCSTRING:
+            long[str(path.relative_to(ROOT))] = len(doc.splitlines())
+    assert not long, long

@@ -96,8 +96,13 @@ def hf_parameters(kind: str, config) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+# the newer types, each counted against transformers in tests/test_model_types.py
+NEWER = {"qwen3", "qwen3_moe", "gemma2", "gemma3_text", "phi3", "olmo2", "granite", "smollm3",
+         "gpt_oss", "llama4_text", "glm4_moe"}
+
+
 def test_every_supported_type_has_a_field_table():
-    assert set(HF_FIELDS) == set(SUPPORTED_HF_TYPES) == set(HF)
+    assert set(HF_FIELDS) == set(SUPPORTED_HF_TYPES) == set(HF) | NEWER
 
 
 @settings(max_examples=25, deadline=None)

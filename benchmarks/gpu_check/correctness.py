@@ -12,7 +12,6 @@ from typing import Any
 
 from gpu_check.config import TOLERANCE, Context, Sizes
 from gpu_check.notebook import Notebook, _cores, check_item
-
 from shardwise.arch import get_model
 
 

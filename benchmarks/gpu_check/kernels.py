@@ -11,7 +11,6 @@ from typing import Any
 
 from gpu_check.config import TOLERANCE, Context
 from gpu_check.notebook import Notebook, _error_text, _rel
-
 from shardwise.arch import get_model
 
 

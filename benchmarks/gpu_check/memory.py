@@ -10,7 +10,6 @@ from typing import Any
 from gpu_check.config import PROFILE_TARGET, Context
 from gpu_check.kernels import _memory_stats, _release
 from gpu_check.notebook import Notebook, _cores, _row_checks, check_item
-
 from shardwise.arch import get_model
 
 

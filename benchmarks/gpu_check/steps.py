@@ -24,7 +24,6 @@ from gpu_check.memory import (
 )
 from gpu_check.multigpu import _cli, collective_checks, collectives_rank
 from gpu_check.notebook import Notebook, _error_text, _row_checks, check_item
-
 from shardwise.arch import get_model
 
 

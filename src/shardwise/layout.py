@@ -51,12 +51,56 @@ from shardwise.stacks import DEFAULT_STACK, STACKS, Settings, Stack, get_stack, 
 from shardwise.units import DTYPE_BYTES
 
 __all__ = [
-    "AXES", "CP_KINDS", "OPTIMIZERS", "RECOMPUTE", "RECOMPUTE_LIGHTEST_FIRST", "SCHEDULES",
+    "AXES", "CP_KINDS", "MOE_COMM", "MOE_DISPATCHERS", "MOE_OVERLAPS", "OPTIMIZERS", "RECOMPUTE",
+    "RECOMPUTE_LIGHTEST_FIRST", "SCHEDULES",
     "Balanced", "Layout", "Partition", "TrainSpec", "check_specs", "chunk_span",
     "first_last_partition", "layers_on_stage", "parse_partition", "parse_pipeline_layout", "partition_problems",
     "resolve_partition", "stage_extremes", "stage_partition", "stage_totals", "ulysses_degree",
 ]
 
+
+
+MOE_DISPATCHERS = ("alltoall", "allgather", "flex")
+"""Token dispatchers (Megatron-Core 0.16.1 `--moe-token-dispatcher-type`; "flex" is DeepEP's
+fused all-to-all, `--moe-flex-dispatcher-backend deepep`, and torchtitan 0.3.0's
+`DeepEPTokenDispatcher`; "alltoall" also torchtitan's `AllToAllTokenDispatcher` and the
+runtime's)."""
+MOE_OVERLAPS = ("none", "shared", "1f1b")
+"""Overlap of the expert-parallel collectives: none; "shared": the shared experts' forward
+beside the dispatch and combine (`--moe-shared-expert-overlap`); "1f1b": one micro-batch's
+forward beside another's backward (`--overlap-moe-expert-parallel-comm`, DualPipe's pairs)."""
+MOE_COMM = {  # stack -> (dispatchers, overlaps) its code runs, at the pinned versions
+    "megatron-te": (MOE_DISPATCHERS, MOE_OVERLAPS),  # transformer_config.py, 0.16.1
+    "torchtitan": (("alltoall", "flex"), ("none",)),  # models/common/token_dispatcher.py, 0.3.0
+}
+
+
+def _moe_comm_problems(train: TrainSpec) -> list[str]:
+    """What is wrong with `train`'s expert-parallel communication settings for its stack."""
+    out: list[str] = []
+    dispatchers, overlaps = MOE_COMM.get(train.impl, (("alltoall",), ("none",)))
+    if train.moe_dispatcher is not None and train.moe_dispatcher not in dispatchers:
+        out.append(f"moe_dispatcher {train.moe_dispatcher!r}: {train.impl} runs "
+                   f"{', '.join(dispatchers)}")
+    if train.moe_overlap not in overlaps:
+        out.append(f"moe_overlap {train.moe_overlap!r}: {train.impl} runs {', '.join(overlaps)}")
+    dispatcher = train.moe_dispatcher or dispatchers[0]
+    if train.moe_overlap == "shared" and dispatcher != "alltoall":
+        out.append("moe_overlap shared needs the alltoall dispatcher (Megatron-Core "
+                   "transformer_config.py: moe_shared_expert_overlap only works with alltoall)")
+    if train.moe_overlap == "1f1b" and dispatcher == "allgather":
+        out.append("moe_overlap 1f1b needs the alltoall or flex dispatcher")
+    if train.moe_dispatch_fp8 and dispatcher != "flex":
+        out.append("moe_dispatch_fp8 needs the flex (DeepEP) dispatcher, whose kernels take an "
+                   "FP8 payload with its scales")
+    if train.moe_capacity is not None and not (isinstance(train.moe_capacity, (int, float))
+                                               and train.moe_capacity >= 1):
+        out.append(f"moe_capacity must be a factor ≥ 1 or None (dropless), got "
+                   f"{train.moe_capacity!r}")
+    if train.comm_sms is not None and not (isinstance(train.comm_sms, int)
+                                           and 1 <= train.comm_sms <= 64):
+        out.append(f"comm_sms must be an integer in 1..64 or None, got {train.comm_sms!r}")
+    return out
 
 
 @dataclass(frozen=True)
@@ -104,6 +148,17 @@ class TrainSpec:
     fp8: str | None = None
     offload: str = "none"
     offload_fraction: float = 1.0
+    # ---- expert-parallel communication as the stack runs it (`estimate.expert`; issue 43,
+    # added by moetime): the token dispatcher (None: the stack's first, `MOE_COMM`), the
+    # overlap of its collectives (`MOE_OVERLAPS`), FP8 dispatch with BF16 combine (DeepSeek-V3
+    # §3.3.2; DeepEP), the capacity factor (None: dropless; else padded to capacity, every
+    # rank sends factor·T·k rows) and the SMs the overlapped communication kernels take
+    # (None: `estimate.expert.COMM_SMS`, 20). Checked by `_moe_comm_problems`.
+    moe_dispatcher: str | None = None
+    moe_overlap: str = "none"
+    moe_dispatch_fp8: bool = False
+    moe_capacity: float | None = None
+    comm_sms: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.offload_modules, list | str):
@@ -226,6 +281,7 @@ class TrainSpec:
                 problems.append(f"{self.stack.name} does not train in {self.dtype}; valid: "
                                 f"{', '.join(self.stack.dtypes)}")
             problems += self._fp8_offload_problems()
+            problems += _moe_comm_problems(self)
             problems += memory_setting_problems(self)
             grads = self.stack.grad_choices(self.dtype)
             if grads and (self.grad_dtype or self.dtype) not in grads:

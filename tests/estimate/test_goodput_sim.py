@@ -20,6 +20,7 @@ from shardwise.estimate.goodput_sim import (
     simulate,
     single_class,
     stragglers_factor,
+    timeline,
 )
 
 DAY = 86400.0
@@ -125,3 +126,66 @@ def test_a_failure_model_file_is_read_strictly(tmp_path):
         path.write_text(json.dumps(bad))
         with pytest.raises(ShardwiseError, match=fragment):
             load_failure_model(path, 8)
+
+
+@pytest.mark.parametrize("policy", [
+    Policy("sync", stall_s=60.0, restart_s=600.0),
+    Policy("async", stall_s=10.0, lag_s=120.0, restart_s=600.0),
+    Policy("memory", stall_s=10.0, restart_s=600.0, peer_gpus=8),
+])
+def test_timeline_redraws_the_same_run_that_simulate_counts(policy):
+    """One run's events, rebuilt from its failure times, give `simulate`'s totals for that
+    run and seed: the redone stretches (last checkpoint → failure, drawn in wall time) sum to
+    its lost work, one failure per interruption, the last window ends at its wall time; and
+    between failures checkpoints come every interval + stall (hosts stop 8 GPUs, so the
+    in-memory policy also rolls back to storage)."""
+    fleet = Fleet(16_384, (FailureClass("gpu", 50_677.0),
+                           FailureClass("host", 400_000.0, gpus_each=8, blast_gpus=16)))
+    work = 3 * DAY
+    t = timeline(work, fleet, policy, runs=20, seed=3)
+    out = simulate(work, fleet, policy, runs=20, seed=3)
+    assert t["wall_s"] == out.wall_s[0] and t["work"][-1][1] == pytest.approx(out.wall_s[0])
+    assert len(t["failures"]) == out.interruptions[0] > 10
+    rolled_back = sum(f["lost_s"] for f in t["failures"]) - sum(b - a for a, b in t["lost"])
+    if policy.kind == "memory":
+        assert rolled_back >= 0
+    else:
+        assert rolled_back == pytest.approx(0, abs=1e-6)
+    assert sum(f["lost_s"] for f in t["failures"]) == pytest.approx(out.lost_s[0])
+    ends = np.array(t["checkpoints"])
+    for begin, end in t["work"][:-1]:
+        inside = ends[(ends > begin) & (ends <= end)]
+        expected = begin + np.arange(1, inside.size + 1) * (out.interval_s + policy.stall_s)
+        assert inside == pytest.approx(expected)
+        assert end - (inside[-1] if inside.size else begin) < out.interval_s + policy.stall_s
+    starts = {round(a, 6) for a, _ in t["work"]} | {round(c, 6) for c in t["checkpoints"]}
+    assert all(round(a, 6) in starts for a, _ in t["lost"])  # redone from a durable point
+    assert all(a < b for a, b in t["restarts"])
+
+
+def test_timeline_without_failures_checkpoints_every_interval_and_stretches_for_stragglers():
+    fleet = single_class(8, 1e9)
+    t = timeline(3600.0, fleet, Policy("sync", interval_s=600.0, stall_s=30.0), straggler=1.25)
+    # 4,500 s of stretched work: 8 checkpoints (the last after the final 300 s), no failure
+    assert t["failures"] == [] and t["lost"] == [] and len(t["checkpoints"]) == 8
+    assert t["wall_s"] == pytest.approx(4500 + 8 * 30)
+    assert t["goodput"] == pytest.approx(3600 / (4500 + 8 * 30))
+    assert t["straggler_share"] == pytest.approx(0.2)
+
+
+def test_elastic_timeline_redoes_nothing_and_slows_while_replicas_are_out():
+    """Elastic continuation: every failure of one GPU leaves 127 of 128 replicas going, so
+    nothing is redone; the run's windows and checkpoints end at `simulate`'s wall time, and a
+    window that starts while a replica is out checkpoints more slowly than interval + stall."""
+    fleet = Fleet(16_384, (FailureClass("gpu", 50_677.0, repair_hours=4.0),))
+    policy = Policy("sync", stall_s=60.0, elastic=True, replica_gpus=128)
+    t = timeline(2 * DAY, fleet, policy, runs=10, seed=1)
+    out = simulate(2 * DAY, fleet, policy, runs=10, seed=1)
+    assert t["wall_s"] == out.wall_s[0] and len(t["failures"]) == out.interruptions[0] > 5
+    assert t["lost"] == [] and {f["recovery"] for f in t["failures"]} == {"elastic"}
+    assert t["checkpoints"][-1] == pytest.approx(out.wall_s[0])
+    ends, segment = np.array(t["checkpoints"]), out.interval_s + policy.stall_s
+    gaps = np.concatenate([np.diff(ends[(ends > a) & (ends <= b)])
+                           for a, b in t["work"][:-1]])  # the last window ends short
+    assert gaps.min() == pytest.approx(segment)  # all replicas in
+    assert gaps.max() == pytest.approx(segment * 128 / 127)  # one of 128 out: 127/128 speed

@@ -138,10 +138,6 @@ def validate(args: SimpleNamespace, env: dict[str, str]) -> None:
         args.num_key_value_heads = args.num_attention_heads
     _check(args.num_attention_heads % args.num_key_value_heads == 0, f"{a}:446",
            "num_attention_heads must be divisible by num_key_value_heads")
-    if max(args.num_experts) > 1:  # DeepSpeed-MoE's expert groups (DeepSpeed 0.19.8)
-        _check(args.data_parallel_size % args.moe_expert_parallel_size == 0,
-               "deepspeed/utils/groups.py:634",
-               "the data-parallel size is not divisible by the expert-parallel size")
     # _initialize_distributed, then initialize_model_parallel
     if args.ds_sequence_parallel_size > 1:
         _check(not args.sequence_parallel, "megatron/initialize.py:247",

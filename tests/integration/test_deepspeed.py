@@ -174,6 +174,13 @@ def moe_reads_back(args, model, layout) -> None:
               enable_expert_tensor_parallelism=args.enable_expert_tensor_parallelism,
               top2_2nd_expert_sampling=args.moe_top2_2nd_expert_sampling)
     assert moe.num_local_experts == model.n_experts // layout.ep
+    # the expert-parallel groups DeepSpeed builds with expert TP over this world
+    # (deepspeed/utils/groups.py `_get_expert_parallel_ranks`): each of ep ranks
+    from deepspeed.utils import groups
+
+    ep_groups, _ = groups._get_expert_parallel_ranks(layout.world_size, layout.tp, layout.ep,
+                                                     layout.pp)
+    assert {len(g) for g in ep_groups} == {layout.ep}
     gate = moe.deepspeed_moe.gate
     torch.manual_seed(0)
     x = torch.randn(256, h)

@@ -51,8 +51,9 @@ def megatron_vocab():
 
 
 def torchtitan_models():
-    """torchtitan 0.3.0 ships the Llama 3 shapes only among our presets: no Mixtral, GPT-3 or
-    BLOOM module, and its llama3 flavors are the three Llama 3 sizes."""
+    """torchtitan 0.3.0 ships the Llama 3 shapes and, as deepseek_v3 flavors, DeepSeek-V2-Lite's
+    and DeepSeek-V3's among our presets (test_torchtitan.py reads those back): no Mixtral,
+    GPT-3 or BLOOM module, and its llama3 flavors are the three Llama 3 sizes."""
     require("torchtitan")
     import importlib.util
 

@@ -67,6 +67,8 @@ def reads_back(out: Emit, model) -> None:
     assert (len(spec.layers), spec.dim, spec.vocab_size) == (model.n_layers, model.d_model,
                                                              model.vocab)
     assert stack["attention"] == "flex" and any(spec.traverse(FlexAttention.Config))
+    if model.is_moe:
+        moe_reads_back(spec, model)
     # parallel degrees: the mesh has the planned dp·cp·tp·pp and ep
     dims, sizes = _mesh(par, layout.world_size)
     assert (sizes["tp"], sizes["pp"], sizes["cp"], sizes["ep"]) == (layout.tp, layout.pp,
@@ -110,9 +112,33 @@ def reads_back(out: Emit, model) -> None:
     kind = {"none": type(None), "op-sac": SelectiveAC.Config, "full": FullAC.Config}
     assert type(config.activation_checkpoint) is kind[layout.recompute]
     assert config.compile.enable == stack["compile"]
+    assert not stack["compile"] or "model" in config.compile.components
     assert config.compile.enable_async_tensor_parallel == (
         stack["tp_overlap"] == "async" and layout.tp > 1)
     assert training.disable_cuda_graphs == (layout.pp > 1 or layout.ep > 1)
+
+
+def moe_reads_back(spec, model) -> None:
+    """The MoE model torchtitan builds is the planned one: its parameters (built on the meta
+    device) are the plan's total, its MoE layers, experts, shared experts' and experts' widths
+    (in that count) and its router (top-k, scores, groups, gate renormalisation and scale)."""
+    import dataclasses
+
+    import torch
+
+    with torch.device("meta"):
+        built = spec.build()
+    assert sum(p.numel() for p in built.parameters()) == model.count_params().total
+    moe = [layer.moe for layer in spec.layers if layer.moe is not None]
+    assert len(moe) == model.n_moe_layers and not spec.mtp_layers
+    assert [layer.moe is not None for layer in spec.layers] == [
+        model.is_moe_layer(i) for i in range(model.n_layers)]
+    router = {f.name: getattr(moe[0].router, f.name) for f in dataclasses.fields(moe[0].router)}
+    assert (moe[0].num_experts, router["top_k"], router["score_func"], router["route_norm"],
+            router["route_scale"], router["num_expert_groups"] or 1,
+            router["num_limited_groups"] or 1) == (
+        model.n_experts, model.top_k, model.router_score, model.norm_topk, model.routed_scaling,
+        model.expert_groups, model.topk_groups)
 
 
 @pytest.mark.parametrize("plan", [p for p in PLANS if EXPECTED[p]["torchtitan"] is None])
@@ -148,6 +174,14 @@ def test_torchtitan_refuses_in_one_line(capsys, plan):
        "--compile", "--tp-overlap", "async", "--layout",
        f"tp=8,pp=8,zero=3,sp=1,schedule={name},chunks=2,recompute=full"]
       for name in ("interleaved", "zbv")],
+    # its MoE models (issue 46/47): DeepSeek-V2-Lite as its deepseek_v3 "16B" flavor, experts
+    # over ep=8 inside FSDP, compiled; DeepSeek-V3 as "671B", 8 stages × ep=64, and with tp
+    ["deepseek-v2-lite", "--gpus", "64", "--seq", "4096", "--global-batch", "256", "--compile",
+     "--layout", "ep=8,zero=3,recompute=op-sac"],
+    ["deepseek-v3", "--gpus", "512", "--seq", "4096", "--global-batch", "1024",
+     "--layout", "pp=8,ep=64,zero=3,recompute=full"],
+    ["deepseek-v3", "--gpus", "256", "--seq", "4096", "--global-batch", "512",
+     "--layout", "tp=8,sp=1,ep=32,zero=2,recompute=full"],
 ])
 def test_torchtitan_reads_back_other_runs(capsys, monkeypatch, args):
     require("torchtitan")
@@ -158,6 +192,24 @@ def test_torchtitan_reads_back_other_runs(capsys, monkeypatch, args):
     out = Emit(capsys, args, "torchtitan")
     assert out.code == 0, out.err
     reads_back(out, get_model(args[0]))
+    if args[0] == "deepseek-v2-lite":  # what differs from the checkpoint, named
+        assert len(out.notes) == 1 and "mscale 0.70" in out.notes[0]
+
+
+@pytest.mark.parametrize("model", ["deepseek-v3", "deepseek-v2-lite"])
+def test_torchtitan_refuses_a_sequence_past_its_rope_cache(capsys, model):
+    """torchtitan's deepseek_v3 flavors keep RoPE for 16384 positions: its own
+    Decoder.update_from_config refuses seq_len 32768, and so does the export, in one line."""
+    require("torchtitan")
+    out = Emit(capsys, [model, "--gpus", "64", "--seq", "32768", "--global-batch", "64",
+                        "--impl", "torchtitan", "--layout", "ep=8,cp=2,zero=3"], "torchtitan")
+    assert out.code == 2 and len(out.err.splitlines()) == 1 and "16384 positions" in out.err
+    config = parse(["--module", "deepseek_v3", "--config",
+                    {"deepseek-v3": "deepseek_v3_671b",
+                     "deepseek-v2-lite": "deepseek_v3_16b"}[model],
+                    "--training.seq_len", "32768"])
+    with pytest.raises(ValueError, match="exceeds attention RoPE maximum"):
+        config.model_spec.model.update_from_config(config=config)
 
 
 @pytest.mark.parametrize("schedule", ["interleaved", "zbv"])

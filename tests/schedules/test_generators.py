@@ -96,7 +96,7 @@ def test_make_schedule_dispatches_by_name():
 
 def test_make_schedule_lists_valid_names():
     with pytest.raises(ValueError, match="unknown schedule 'pipedream'.*gpipe, 1f1b, interleaved, "
-                                         "zb-h1, zbv, dualpipev"):
+                                         "zb-h1, zbv, dualpipev, dualpipe"):
         make_schedule("pipedream", 4, 8)
 
 
@@ -121,9 +121,11 @@ def test_interleaved_validates_chunks():
        v=st.integers(2, 4))
 def test_every_generated_schedule_validates(name, p, m, v):
     info = get_schedule(name)
+    if info.bidirectional:  # DualPipe: even p, even m
+        p, m = p + p % 2, m + m % 2
     v = v if info.chunks is None else info.chunks
     m = -(-m // p) * p if info.chunks is None else max(m, 2 * p)
-    validate_schedule(make_schedule(name, p, m, v), p, m, v, info.placement)
+    validate_schedule(make_schedule(name, p, m, v), p, m, v, info.placement, info.bidirectional)
 
 
 # ------------------------------------------------------------------ ZBV and DualPipeV

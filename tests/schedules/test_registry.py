@@ -19,7 +19,8 @@ from shardwise.schedules.registry import SCHEDULE_CODES, select
 
 
 def test_names_codes_and_lookup():
-    assert SCHEDULES == ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipev")
+    assert SCHEDULES == ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipev",
+                         "dualpipe")
     assert len(set(SCHEDULE_CODES.values())) == len(SCHEDULES)
     for name, info in SCHEDULE_REGISTRY.items():
         assert get_schedule(name) is info and get_schedule(info.code) is info
@@ -78,7 +79,7 @@ def test_chunk_and_micro_batch_rules():
     assert get_schedule("interleaved").chunk_options([1, 2, 3]) == [2, 3]
     assert get_schedule("zbv").chunk_options([1, 2, 3]) == [2]
     assert get_schedule("1f1b").chunk_options([1, 2, 3]) == [1]
-    assert [get_schedule(n).default_chunks for n in SCHEDULES] == [1, 1, 2, 1, 2, 2]
+    assert [get_schedule(n).default_chunks for n in SCHEDULES] == [1, 1, 2, 1, 2, 2, 2]
     assert get_schedule("zbv").chunk_problem(3) == "the zbv schedule runs 2 chunks per stage, " \
                                                    "got chunks=3"
     assert "at least 2·pp micro-batches" in get_schedule("dualpipev").microbatch_problem(4, 7)
@@ -90,8 +91,8 @@ def test_select_picks_each_layouts_rule_for_arrays_and_scalars():
     codes = np.array([SCHEDULE_CODES[name] for name in SCHEDULES])
     got = select(codes, lambda info: info.in_flight(4, 8, 2, 0))
     # p=4, m=8, v=2, stage 0: GPipe m; 1F1B, ZB-H1 min(p, m); interleaved 2(p-1) + (v-1)p + 1
-    # chunks; ZBV 2p-1 forwards of chunk 0 and 1 of chunk 1; DualPipeV 2p+1
-    assert got.tolist() == [8, 4, 11, 4, 8, 9]
+    # chunks; ZBV 2p-1 forwards of chunk 0 and 1 of chunk 1; DualPipeV 2p+1; DualPipe p+1
+    assert got.tolist() == [8, 4, 11, 4, 8, 9, 5]
     assert select(SCHEDULE_CODES["gpipe"], lambda info: info.loss_waits) is True
 
 

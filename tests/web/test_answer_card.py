@@ -103,6 +103,28 @@ def test_home_questions_open_prefilled_tools(page, server_url):
 def test_learn_cards_show_thumbnails(page, server_url):
     page.goto(server_url + "/learn/index")
     thumbs = page.locator("#widgets img.thumb")
-    expect(thumbs).to_have_count(9)
+    expect(thumbs).to_have_count(10)
     page.evaluate("() => Promise.all([...document.images].map((i) => i.decode()))")
     assert all(w > 100 for w in thumbs.evaluate_all("imgs => imgs.map((i) => i.naturalWidth)"))
+
+
+def test_each_launcher_job_downloads_as_the_cli_writes_it(page, server_url):
+    # 32 GPUs on 8-GPU nodes: 4 nodes, so the job's shape is not the single-node one
+    page.goto(server_url + "/planner?gpus=32")
+    expect(page.locator("#job-k8s")).to_contain_text("needs --image")  # no image on the page
+    for launcher, filename in (("slurm", "megatron.sbatch"),
+                               ("skypilot", "megatron-skypilot.yaml")):
+        with page.expect_download() as download:
+            page.locator(f"#job-{launcher}").click()
+        assert download.value.suggested_filename == filename
+        text = Path(download.value.path()).read_text()
+        command = shlex.split(re.search(r"^# the same file: (.+)$", text, re.M)[1])
+        assert command[-4:] == ["--emit", "megatron", "--launcher", launcher]
+        printed = CliRunner().invoke(cli, command[1:], catch_exceptions=False)
+        assert printed.exit_code == 0, printed.output
+        job = printed.stdout
+        if job.startswith("#!"):  # the header goes under the shebang
+            first, job = job.split("\n", 1)
+            assert text.startswith(first + "\n")
+        assert text.endswith(job) and "this plan: " + server_url in text
+    assert "num_nodes: 4" in text  # the SkyPilot task: the planned nodes

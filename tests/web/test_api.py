@@ -69,6 +69,10 @@ def test_api_equals_cli_json(client, cli_args, path, body):
             if "download" in emitted:
                 assert emitted.pop("download")["text"].endswith(
                     expected["emits"][framework]["config"])
+                # and each launcher's job that the CLI writes (test_export.py: its text)
+                jobs = expected["emits"][framework]["launchers"]
+                assert set(emitted.pop("jobs")) == {name for name, job in jobs.items()
+                                                    if isinstance(job, str)}
             else:
                 assert emitted.pop("replan")["impl"] != expected["stack"]["name"]
     assert got == expected
@@ -163,6 +167,7 @@ def test_openapi_documents_every_tool(client):
     ("/api/plan", {"layout": "tp=3"}, 400, "does not divide"),
     ("/api/plan", {"layout": "banana"}, 400, "cannot read layout item 'banana'"),
     ("/api/plan", {"top": 1000}, 422, "less than or equal to 50"),
+    ("/api/plan", {"image": "img; rm -rf ~"}, 422, "should match pattern"),
     ("/api/plan", {"model": "llama3-405b", "gpus": 8}, 400, "no layout"),
     ("/api/plan", {"gpus": 64, "gpus_per_node": 48}, 400, ""),
     ("/api/models", {"config": {"model_type": "llama"}}, 400, "lacks the field"),

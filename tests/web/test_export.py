@@ -81,3 +81,46 @@ def test_the_fastest_choice_is_in_the_command(client):
     assert command[-4:] == ["--choose", "fastest", "--emit", "megatron"]
     printed = CliRunner().invoke(cli, command[1:], catch_exceptions=False)
     assert text.endswith(printed.output) and out["ranked"][0]["short"] in printed.output
+
+
+def cli_output(command: list[str]) -> str:
+    printed = CliRunner().invoke(cli, command, catch_exceptions=False)
+    assert printed.exit_code == 0, printed.output
+    return printed.stdout  # the notes go to stderr
+
+
+def under_header(text: str, job: str) -> bool:
+    """`text` is `job` with a comment header after its first line (a shebang) or before it."""
+    if job.startswith("#!"):
+        first, rest = job.split("\n", 1)
+        header = text[len(first) + 1: len(text) - len(rest)]
+        return text.startswith(first + "\n") and text.endswith(rest) and all(
+            line.startswith("#") for line in header.splitlines())
+    header = text[: len(text) - len(job)]
+    return text.endswith(job) and all(line.startswith("#") for line in header.splitlines())
+
+
+@pytest.mark.parametrize(("impl", "framework", "fix"), STACKS)
+def test_each_launcher_download_is_the_cli_job(client, impl, framework, fix):
+    # 32 GPUs on 8-GPU nodes: 4 nodes; k8s only with an image. The compared layout is the
+    # one exported (the recommended one can differ: `plan --emit` searches the framework's
+    # own layouts)
+    body = {"model": "llama3-8b", "gpus": 32, "impl": impl, "fix": fix, "seq": 4096,
+            "layout": fix, "top": 2}
+    emits = client.post("/api/plan", json=body).json()["emits"][framework]
+    assert "needs --image" in emits["launchers"]["k8s"]["error"]
+    assert set(emits["jobs"]) == {"torchrun", "slurm", "skypilot"}
+    emits = client.post("/api/plan", json={**body, "image": "registry.example.com/t:1"}
+                        ).json()["emits"][framework]
+    assert set(emits["jobs"]) == {"torchrun", "slurm", "k8s", "skypilot"}
+    for launcher, file in emits["jobs"].items():
+        command = header_command(file["text"])
+        assert command[-2:] == (["--image", "registry.example.com/t:1"] if launcher == "k8s"
+                                else ["--launcher", launcher])
+        # the header's command (`plan … --emit F --launcher L`) prints the job
+        assert command[:3] == ["shardwise", "plan", "llama3-8b"] and "--fix" in command
+        job = cli_output(command[1:])
+        assert job == emits["launchers"][launcher]
+        assert under_header(file["text"], job), file["text"][:400]
+    assert emits["jobs"]["slurm"]["filename"] == f"{framework}.sbatch"
+    assert "#SBATCH --nodes=4" in emits["jobs"]["slurm"]["text"]

@@ -316,3 +316,44 @@ def test_checkpoint_interval_in_closed_form(client):
                                     {"mtbf_gpu_hours": 1}])
 def test_checkpoint_interval_rejects_out_of_range(client, params):
     one_line_error(client, "checkpoint-interval", 422, **params)
+
+
+# ----------------------------------------------------------------------- a run's timeline
+def test_run_timeline_is_the_simulation_called_directly(client):
+    """The endpoint returns what `goodput_sim.timeline` and `policies` compute for the same
+    fleet, policy and seed (hosts failing too, so a failure's blast radius matters), and the
+    run's events add up to its totals."""
+    from shardwise.estimate.goodput_sim import (
+        FailureClass,
+        Fleet,
+        policies,
+        policy_options,
+        timeline,
+    )
+    from shardwise.web.learn_timeline import Checkpointing
+
+    d = get(client, "run-timeline", gpus=4096, mtbf_gpu_hours=20000, host_mtbf_hours=20000,
+            days=3, write_s=90, copy_s=6, restart_min=15, straggler=1.1, policy="in-memory",
+            seed=4)
+    fleet = Fleet(4096, (FailureClass("gpu", 20000), FailureClass("host", 20000, gpus_each=8)))
+    saving = Checkpointing(6, 90, 900)
+    run = timeline(3 * 86400, fleet, policy_options(saving, 512)["in-memory"], seed=4,
+                   straggler=1.1)
+    assert d["wall_s"] == pytest.approx(run["wall_s"])
+    assert d["interruptions"] == run["interruptions"] == len(d["failures"]) > 3
+    assert d["goodput"] == pytest.approx(3 * 86400 / d["wall_s"])
+    assert d["straggler_share"] == pytest.approx(1 - 1 / 1.1)
+    assert {f["cls"] for f in d["failures"]} == {"gpu", "host"}
+    assert sum(f["lost_s"] for f in d["failures"]) == pytest.approx(d["lost_s"])
+    assert d["job_mtbf_s"] == pytest.approx(3600 / (4096 / 20000 + 512 / 20000))
+    table = policies(saving, fleet, replica_gpus=512, work_s=3 * 86400, runs=200, seed=4,
+                     straggler=1.1)
+    for row in d["policies"]:
+        assert row["mean"] == pytest.approx(table["policies"][row["name"]]
+                                            ["goodput_vs_ideal"]["mean"])
+    assert d["best"] == table["best"]
+
+
+@pytest.mark.parametrize("params", [{"policy": "lazy"}, {"gpus": 4}, {"straggler": 0.5}])
+def test_run_timeline_rejects_out_of_range(client, params):
+    one_line_error(client, "run-timeline", 422, **params)

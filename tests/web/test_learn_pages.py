@@ -18,14 +18,14 @@ expect = sync_api.expect
 expect.set_options(timeout=15_000)
 
 WIDGETS = ["memory-budget", "ring-allreduce", "zero-stages", "tp-mlp", "bubble", "pipeline-grid",
-           "ring-attention", "context-wall", "checkpoint-interval"]
+           "ring-attention", "context-wall", "checkpoint-interval", "run-timeline"]
 
 
-def test_learn_index_lists_the_nine_widgets(page, server_url, client):
+def test_learn_index_lists_the_ten_widgets(page, server_url, client):
     page.goto(server_url + "/learn/index")
     links = page.locator("#widgets a")
-    expect(links).to_have_count(9)
-    assert [links.nth(i).get_attribute("href") for i in range(9)] == [
+    expect(links).to_have_count(10)
+    assert [links.nth(i).get_attribute("href") for i in range(10)] == [
         f"/learn/{name}" for name in WIDGETS]
     for name in WIDGETS:
         assert client.get(f"/learn/{name}").status_code == 200
@@ -236,6 +236,34 @@ def test_checkpoint_interval(page, server_url):
     expect(page.locator("#per-day")).to_have_text("15.5")
     expect(page.locator("#gpus-out")).to_have_text("32,768")
     expect(page.locator("#chart circle")).to_have_count(1)  # Daly's point on the curve
+
+
+def test_run_timeline(page, server_url, client):
+    """The page draws the run the API simulated: one marker per failure, one tick per
+    checkpoint; the policy and the run drawn live in the URL, and each policy's bar shows its
+    simulated mean goodput."""
+    def api(**params):
+        return client.get("/api/learn/run-timeline", params=params).json()
+
+    page.goto(server_url + "/learn/run-timeline")
+    d = api()
+    expect(page.locator("#failures")).to_have_text(str(d["interruptions"]))
+    expect(page.locator("#chart .failure")).to_have_count(d["interruptions"])
+    expect(page.locator("#chart .checkpoint")).to_have_count(len(d["checkpoints"]))
+    expect(page.locator("#chart .redone")).to_have_count(len(d["lost"]))
+    expect(page.locator("#goodput")).to_have_text(f"{100 * d['goodput']:.1f}%")
+    page.locator(".seg label", has_text="in-memory").click()
+    expect(page).to_have_url(re.compile(r"policy=in-memory"))
+    memory = api(policy="in-memory")
+    mean = next(r["mean"] for r in memory["policies"] if r["name"] == "in-memory")
+    expect(page.locator("#mean")).to_have_text(f"{100 * mean:.1f}%")
+    expect(page.locator("#chart .checkpoint")).to_have_count(len(memory["checkpoints"]))
+    assert len(memory["checkpoints"]) > len(d["checkpoints"])  # a copy stalls less: more often
+    page.get_by_role("button", name="Another run").click()
+    expect(page).to_have_url(re.compile(r"seed=1"))
+    other = api(policy="in-memory", seed=1)
+    expect(page.locator("#failures")).to_have_text(str(other["interruptions"]))
+    expect(page.locator("#caption")).to_contain_text(f"the best policy here is {other['best']}")
 
 
 def test_every_explainer_fits_a_phone(page, server_url):

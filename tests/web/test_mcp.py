@@ -46,12 +46,16 @@ def without_timings(payload: dict[str, Any]) -> dict[str, Any]:
 def test_mcp_tools_answer_as_the_cli_and_refuse_in_one_line():
     plan_args = {"model": "mixtral-8x7b", "gpus": 32, "gpu": "a100", "top": 2, "seq": 4096,
                  "global_batch": "256"}
-    listed, (plan, refused, unknown, export, bad_type) = drive([
+    export_args = {**plan_args, "framework": "megatron"}
+    listed, (plan, refused, unknown, export, bad_type, slurm, k8s, no_image) = drive([
         ("plan", plan_args),
         ("plan", {"model": "llama3-8b", "gpus": 64, "layout": "tp=8,pp=3"}),
         ("memory", {"model": "no-such-model"}),
-        ("export", {**plan_args, "framework": "megatron"}),
+        ("export", export_args),
         ("comm", {"ranks": "many"}),
+        ("export", {**export_args, "launcher": "slurm"}),
+        ("export", {**export_args, "launcher": "k8s", "image": "registry.example.com/t:1"}),
+        ("export", {**export_args, "launcher": "k8s"}),
     ])
     schemas = {tool.name: tool for tool in listed}
     assert set(schemas) == {"plan", "memory", "schedule", "comm", "export", "models"}
@@ -75,8 +79,19 @@ def test_mcp_tools_answer_as_the_cli_and_refuse_in_one_line():
     assert export.structured_content["layout"] == chosen["short"]
     assert export.structured_content["uncertainty"] == chosen["estimate"]["uncertainty"]
 
+    # with a launcher, the job the CLI writes for the same plan (`plan --json`'s launchers;
+    # `plan --emit megatron --launcher k8s --image` prints the same job)
+    assert slurm.structured_content["script"] == expected["emits"]["megatron"]["launchers"][
+        "slurm"]
+    assert slurm.structured_content["launcher"] == "slurm"
+    assert export.structured_content["script"] is None
+    k8s_job = cli_json("plan", "mixtral-8x7b", "--gpus", "32", "--gpu", "a100", "--top", "2",
+                       "--seq", "4096", "--global-batch", "256", "--emit", "megatron",
+                       "--launcher", "k8s", "--image", "registry.example.com/t:1")["script"]
+    assert k8s.structured_content["script"] == k8s_job and "kind: \"PyTorchJob\"" in k8s_job
+
     for result, fragment in ((refused, "does not divide"), (unknown, "no-such-model"),
-                             (bad_type, "ranks")):
+                             (bad_type, "ranks"), (no_image, "needs --image")):
         assert result.is_error
         (text,) = [block.text for block in result.content]
         assert fragment in text and "\n" not in text and "Traceback" not in text

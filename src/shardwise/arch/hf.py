@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from shardwise.arch.hf_families import read_family
 from shardwise.arch.hf_fields import HF_FIELDS, SUPPORTED_HF_TYPES
 from shardwise.arch.spec import ModelSpec
 from shardwise.errors import ShardwiseError
@@ -211,6 +212,8 @@ READERS: dict[str, Callable[[dict, str, str], ModelSpec]] = {
     **dict.fromkeys(("llama", "mistral", "mixtral", "qwen2"), _llama_like),
     "gpt2": _gpt2, "gpt_neox": _gpt_neox, "bloom": _bloom,
     **dict.fromkeys(("deepseek_v2", "deepseek_v3"), _from_deepseek),
+    **dict.fromkeys(("qwen3", "qwen3_moe", "gemma2", "gemma3_text", "phi3", "olmo2", "granite",
+                     "smollm3", "gpt_oss", "llama4_text", "glm4_moe"), read_family),
 }
 
 
@@ -240,7 +243,18 @@ def from_hf_dict(cfg: Any, name: str, where: str = "uploaded") -> ModelSpec:
     if kind not in HF_FIELDS or kind not in READERS:
         raise ShardwiseError(f"config file {where!r}: unsupported model_type {kind!r}; "
                              f"supported: {', '.join(SUPPORTED_HF_TYPES)}")
-    hf_config(cfg, where)
+    rope = cfg.get("rope_parameters")
+    if isinstance(rope, dict) and kind in ("gemma3_text", "gpt_oss"):
+        # Gemma 3: one RoPE per layer type; gpt-oss: YaRN's `truncate` flag (a boolean)
+        nested = rope if kind == "gemma3_text" and any(
+            isinstance(v, dict) for v in rope.values()) else {"": rope}
+        for layer_type, params in nested.items():
+            if isinstance(params, dict):
+                params = {k: v for k, v in params.items() if not isinstance(v, bool)}
+            hf_config({"rope_parameters": params}, f"{where} {layer_type}".strip())
+        hf_config({k: v for k, v in cfg.items() if k != "rope_parameters"}, where)
+    else:
+        hf_config(cfg, where)
     HF_FIELDS[kind].check(cfg, where)
     try:
         return READERS[kind](cfg, name, kind)

@@ -182,4 +182,65 @@ HF_FIELDS: dict[str, HFFields] = {
         _DEEPSEEK_IGNORED | {"norm_topk_prob": "DeepseekV2TopkRouter does not read it (the "
                                                "gates are never renormalised)"}),
 }
+
+# The newer families (arch.hf_families reads them), as transformers 5.24 writes their configs
+_BASE = _LLAMA_READ | {"attention_bias"}
+_WINDOW = frozenset(("sliding_window", "layer_types"))
+_ROUTER_LOSS = dict.fromkeys(("router_aux_loss_coef", "output_router_logits"),
+                             "the load-balancing loss weight is the run's --aux-loss-coef")
+_GEMMA_ACT = {"hidden_activation": (("gelu_pytorch_tanh",), "Gemma's MLP is GeGLU (tanh GELU)"),
+              "hidden_act": (("gelu_pytorch_tanh",), "Gemma's MLP is GeGLU (tanh GELU)"),
+              "use_bidirectional_attention": ((False, None), "the model is a causal decoder")}
+_GEMMA_READ = _BASE | _WINDOW | {"query_pre_attn_scalar", "attn_logit_softcapping",
+                                 "final_logit_softcapping"}
+_QWEN3_READ = _BASE | _WINDOW | {"use_sliding_window", "max_window_layers"}
+_MOE_READ = frozenset(("num_experts_per_tok", "num_local_experts", "num_experts",
+                       "moe_intermediate_size", "norm_topk_prob"))
+HF_FIELDS |= {
+    "qwen3": HFFields(_QWEN3_READ, _SILU, {}),
+    "qwen3_moe": HFFields(
+        _QWEN3_READ | _MOE_READ | {"decoder_sparse_step", "mlp_only_layers"},
+        _SILU, _ROUTER_LOSS),
+    "gemma2": HFFields(_GEMMA_READ, _GEMMA_ACT, {}),
+    "gemma3_text": HFFields(
+        _GEMMA_READ | {"sliding_window_pattern", "_sliding_window_pattern",
+                       "rope_local_base_freq"}, _GEMMA_ACT, {}),
+    "phi3": HFFields(
+        _LLAMA_READ | {"sliding_window", "partial_rotary_factor"},
+        _SILU | {"embd_pdrop": ((0.0,), "dropout is not modelled in a trained Phi-3"),
+                 "resid_pdrop": ((0.0,), "dropout is not modelled in a trained Phi-3")},
+        {"original_max_position_embeddings": "LongRoPE's switch point (transformers' Phi3 "
+                                             "generation cache; LongRoPE's factor lists are "
+                                             "refused in rope_scaling): no parameters or FLOPs"}),
+    "olmo2": HFFields(_BASE, _SILU, {}),
+    "granite": HFFields(
+        _BASE | {"mlp_bias", "embedding_multiplier", "residual_multiplier",
+                 "attention_multiplier", "logits_scaling"}, _SILU, {}),
+    "smollm3": HFFields(
+        _BASE | _WINDOW | {"mlp_bias", "use_sliding_window", "no_rope_layers",
+                           "no_rope_layer_interval"},
+        _SILU, {"max_window_layers": "SmolLM3Config derives layer_types from no_rope_layers"}),
+    "gpt_oss": HFFields(
+        _BASE | _WINDOW | {"num_local_experts", "num_experts", "num_experts_per_tok",
+                           "swiglu_limit", "swiglu_alpha"},
+        _SILU, _ROUTER_LOSS),
+    "llama4_text": HFFields(
+        _BASE | {"attention_chunk_size", "layer_types", "no_rope_layers",
+                 "no_rope_layer_interval", "use_qk_norm", "num_local_experts",
+                 "num_experts_per_tok", "interleave_moe_layer_step", "moe_layers",
+                 "intermediate_size_mlp"},
+        _SILU | {"router_jitter_noise": ((0.0,), "router jitter is not implemented")},
+        _ROUTER_LOSS | dict.fromkeys(
+            ("attn_temperature_tuning", "floor_scale", "attn_scale"),
+            "Llama 4's inference-time query scaling of its NoPE layers at long context: "
+            "no parameters or FLOPs"),
+    ),
+    "glm4_moe": HFFields(
+        _BASE | {"head_dim", "partial_rotary_factor", "use_qk_norm", "moe_intermediate_size",
+                 "n_routed_experts", "num_local_experts", "n_shared_experts",
+                 "num_experts_per_tok", "first_k_dense_replace", "norm_topk_prob",
+                 "routed_scaling_factor", "n_group", "topk_group", "num_nextn_predict_layers",
+                 "num_mtp_layers"},
+        _SILU, _ROUTER_LOSS),
+}
 SUPPORTED_HF_TYPES = tuple(HF_FIELDS)

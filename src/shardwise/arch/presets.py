@@ -7,7 +7,7 @@ import difflib
 from pathlib import Path
 from typing import Any
 
-from shardwise.arch.hf import from_hf_config
+from shardwise.arch.hf import from_hf_config, from_hf_dict
 from shardwise.arch.spec import ModelSpec
 from shardwise.errors import ShardwiseError
 
@@ -48,6 +48,105 @@ def _deepseek_yarn(mscale: float) -> tuple[tuple[str, Any], ...]:
 # Llama 3.1's RoPE scaling (meta-llama/Llama-3.1-405B config.json, "rope_scaling").
 _LLAMA31_ROPE = (("factor", 8.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
                  ("original_max_position_embeddings", 8192), ("rope_type", "llama3"))
+
+
+def _hub(name: str, kind: str, **fields: Any) -> ModelSpec:
+    """A preset as its Hugging Face config.json reads (`fields`: the checkpoint's values of
+    the fields that differ from transformers 5.24's defaults for `kind`), through the same
+    reader as a user's file."""
+    return from_hf_dict({"model_type": kind, **fields}, name, f"preset {name}")
+
+
+_QWEN3 = {"head_dim": 128, "rms_norm_eps": 1e-6, "rope_theta": 1e6, "vocab_size": 151936,
+          "max_position_embeddings": 40960, "tie_word_embeddings": False}
+_NEWER = (
+    # Qwen/Qwen3-235B-A22B, Qwen3-30B-A3B, Qwen3-8B config.json (the MoE sizes also in
+    # THUDM/slime scripts/models/qwen3-235B-A22B.sh, qwen3-30B-A3B.sh): QK-norm, head_dim 128,
+    # every layer MoE (decoder_sparse_step 1, mlp_only_layers []), no shared expert, top-k
+    # gates renormalised, untied.
+    _hub("qwen3-235b-a22b", "qwen3_moe", **_QWEN3, num_hidden_layers=94, hidden_size=4096,
+         num_attention_heads=64, num_key_value_heads=4, intermediate_size=12288,
+         moe_intermediate_size=1536, num_experts=128, num_experts_per_tok=8,
+         norm_topk_prob=True),
+    _hub("qwen3-30b-a3b", "qwen3_moe", **_QWEN3, num_hidden_layers=48, hidden_size=2048,
+         num_attention_heads=32, num_key_value_heads=4, intermediate_size=6144,
+         moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
+         norm_topk_prob=True),
+    _hub("qwen3-8b", "qwen3", **_QWEN3, num_hidden_layers=36, hidden_size=4096,
+         num_attention_heads=32, num_key_value_heads=8, intermediate_size=12288),
+    # moonshotai/Kimi-K2-Base config.json: DeepSeek-V3's architecture (model_type
+    # deepseek_v3) with 64 heads, 384 routed + 1 shared experts (8 per token, one group),
+    # one dense layer, gates × 2.827, vocabulary 163840, RoPE θ 50000 with YaRN ×32, no MTP
+    # module in the release. Kimi K2's tech report (arXiv:2507.20534) gives 1.04 T total and
+    # 32 B activated; transformers' DeepseekV3ForCausalLM on these values holds 1.026 T.
+    _hub("kimi-k2", "deepseek_v3", num_hidden_layers=61, hidden_size=7168,
+         intermediate_size=18432, moe_intermediate_size=2048, num_attention_heads=64,
+         num_key_value_heads=64, n_routed_experts=384, n_shared_experts=1,
+         num_experts_per_tok=8, first_k_dense_replace=1, n_group=1, topk_group=1,
+         routed_scaling_factor=2.827, vocab_size=163840, num_nextn_predict_layers=0,
+         max_position_embeddings=131072, rms_norm_eps=1e-6,
+         rope_scaling={"type": "yarn", "factor": 32.0, "beta_fast": 1.0, "beta_slow": 1.0,
+                       "mscale": 1.0, "mscale_all_dim": 1.0,
+                       "original_max_position_embeddings": 4096}, rope_theta=50000.0),
+    # google/gemma-3-27b-pt's text_config: 62 layers, 5 sliding (window 1024) then 1 global,
+    # QK-norm, sandwich norms, GeGLU, scores × 168^-½, global RoPE θ 1e6 with linear ×8.
+    _hub("gemma3-27b", "gemma3_text", num_hidden_layers=62, hidden_size=5376,
+         num_attention_heads=32, num_key_value_heads=16, head_dim=128,
+         intermediate_size=21504, vocab_size=262208, sliding_window=1024,
+         sliding_window_pattern=6, query_pre_attn_scalar=168,
+         rope_scaling={"rope_type": "linear", "factor": 8.0}, rope_theta=1e6,
+         rope_local_base_freq=10000.0),
+    # google/gemma-2-27b config.json: alternating sliding (4096) and global layers, score and
+    # logit soft-capping (50, 30), scores × 144^-½.
+    _hub("gemma2-27b", "gemma2", num_hidden_layers=46, hidden_size=4608,
+         num_attention_heads=32, num_key_value_heads=16, head_dim=128,
+         intermediate_size=36864, vocab_size=256000, sliding_window=4096,
+         query_pre_attn_scalar=144),
+    # openai/gpt-oss-120b config.json: 36 layers alternating a 128-token window and full
+    # attention, sinks, 128 experts (4 per token) with biases, YaRN ×32 over θ 150000.
+    _hub("gpt-oss-120b", "gpt_oss", num_hidden_layers=36, hidden_size=2880,
+         num_attention_heads=64, num_key_value_heads=8, head_dim=64, intermediate_size=2880,
+         num_local_experts=128, num_experts_per_tok=4, vocab_size=201088, sliding_window=128),
+    # meta-llama/Llama-4-Scout-17B-16E's text_config (transformers 5.24's Llama4TextConfig
+    # defaults are Scout's sizes): 16 experts (top-1) + a shared expert in every layer,
+    # chunked attention (8192) with every 4th layer global and without RoPE.
+    _hub("llama4-scout", "llama4_text", num_hidden_layers=48, hidden_size=5120,
+         num_attention_heads=40, num_key_value_heads=8, head_dim=128, intermediate_size=8192,
+         intermediate_size_mlp=16384, num_local_experts=16, num_experts_per_tok=1,
+         interleave_moe_layer_step=1, vocab_size=202048, attention_chunk_size=8192,
+         max_position_embeddings=10485760,
+         rope_scaling={"rope_type": "llama3", "factor": 16.0, "high_freq_factor": 1.0,
+                       "low_freq_factor": 1.0, "original_max_position_embeddings": 8192}),
+    # microsoft/phi-4 config.json (model_type phi3): fused QKV and gate-up, no window.
+    _hub("phi-4", "phi3", num_hidden_layers=40, hidden_size=5120, num_attention_heads=40,
+         num_key_value_heads=10, intermediate_size=17920, vocab_size=100352,
+         max_position_embeddings=16384, rope_theta=250000.0),
+    # allenai/OLMo-2-0325-32B config.json: post-norm blocks, QK-norm over a·d and a_kv·d.
+    _hub("olmo2-32b", "olmo2", num_hidden_layers=64, hidden_size=5120, num_attention_heads=40,
+         num_key_value_heads=8, intermediate_size=27648, vocab_size=100352,
+         max_position_embeddings=4096, rope_theta=500000.0, rms_norm_eps=1e-6),
+    # ibm-granite/granite-3.3-8b-base config.json: Granite's four multipliers, tied.
+    _hub("granite-3.3-8b", "granite", num_hidden_layers=40, hidden_size=4096,
+         num_attention_heads=32, num_key_value_heads=8, intermediate_size=12800,
+         vocab_size=49159, tie_word_embeddings=True, embedding_multiplier=12.0,
+         residual_multiplier=0.22, attention_multiplier=0.0078125, logits_scaling=16.0,
+         max_position_embeddings=131072, rope_theta=10000000.0),
+    # HuggingFaceTB/SmolLM3-3B config.json: every 4th layer without RoPE, tied.
+    _hub("smollm3-3b", "smollm3", num_hidden_layers=36, hidden_size=2048,
+         num_attention_heads=16, num_key_value_heads=4, intermediate_size=11008,
+         vocab_size=128256, max_position_embeddings=65536, rope_theta=5000000.0),
+    # zai-org/GLM-4.5 config.json: 92 layers (3 dense), 160 routed + 1 shared experts (8 per
+    # token, sigmoid, × 2.5), head_dim 128 ≠ h/a, QK-norm, Q/K/V biases, RoPE on half of
+    # each head, one MTP layer (the same sizes in Megatron-Bridge docs/models/llm/glm45.md
+    # and THUDM/slime scripts/models/glm4.5-355B-A32B.sh; 355 B total, 32 B active).
+    _hub("glm-4.5", "glm4_moe", num_hidden_layers=92, hidden_size=5120,
+         num_attention_heads=96, num_key_value_heads=8, head_dim=128, intermediate_size=12288,
+         moe_intermediate_size=1536, n_routed_experts=160, n_shared_experts=1,
+         num_experts_per_tok=8, first_k_dense_replace=3, routed_scaling_factor=2.5,
+         vocab_size=151552, use_qk_norm=True, attention_bias=True,
+         rope_parameters={"rope_type": "default", "rope_theta": 1e6,
+                          "partial_rotary_factor": 0.5}),
+)
 
 
 PRESETS: dict[str, ModelSpec] = {
@@ -116,6 +215,7 @@ PRESETS: dict[str, ModelSpec] = {
                   v_head_dim=16, rope_interleave=True, n_experts=8, top_k=2, d_ff_expert=32,
                   n_shared_experts=1, first_dense_layers=1, router_score="sigmoid",
                   routed_scaling=2.5, expert_groups=2, topk_groups=1),
+        *_NEWER,
     )
 }
 

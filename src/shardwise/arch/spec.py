@@ -85,6 +85,34 @@ class ModelSpec:
     alibi: bool = False
     rotary_percent: float = 1.0
     parallel_residual: bool = False
+    # Attention variants (docs/concepts/attention.md): each layer's kind (`layer_types`:
+    # "full"; "sliding": the last `sliding_window` keys; "chunked": causal within blocks of
+    # `attention_chunk` tokens — Llama 4; empty: every layer "sliding" when `sliding_window`,
+    # else "full"), layers without RoPE (`nope_layers`), QK-norm on Q and K (`qk_norm`: "head"
+    # RMSNorm over d — Qwen3, Gemma 3, GLM-4.5; "full" over a·d and a_kv·d — OLMo 2; "l2"
+    # without parameters — Llama 4), one learned sink logit per head (gpt-oss), tanh caps on
+    # the scores and the logits (Gemma 2; no parameters), RoPE θ of the sliding layers
+    # (Gemma 3's rope_local_base_freq; 0: `rope_theta`).
+    layer_types: tuple[str, ...] = ()
+    attention_chunk: int = 0
+    nope_layers: tuple[int, ...] = ()
+    qk_norm: str = ""
+    attention_sinks: bool = False
+    attn_softcap: float = 0.0
+    final_softcap: float = 0.0
+    rope_local_theta: float = 0.0
+    # Block variants: where the norms sit (`block_norms`: "pre"; "post" — OLMo 2 normalises
+    # each sublayer's output instead of its input; "sandwich" — Gemma 2/3: both, four per
+    # layer), the gated MLP's activation ("silu": SwiGLU; "gelu_tanh": GeGLU — Gemma;
+    # "swiglu_clamp": gpt-oss's clamped SwiGLU), biases on the MLP alone (`mlp_bias`) and on
+    # the router (gpt-oss), MoE layers kept dense (Qwen3-MoE's mlp_only_layers), and scalar
+    # multipliers (Granite's, Gemma's √h embedding scale: sorted (name, value) pairs).
+    block_norms: str = "pre"
+    gated_act: str = "silu"
+    mlp_bias: bool = False
+    router_bias: bool = False
+    mlp_only_layers: tuple[int, ...] = ()
+    multipliers: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         self.validate()  # an invalid ModelSpec does not exist (negative layers, "32", …)
@@ -149,16 +177,38 @@ class ModelSpec:
 
     @property
     def n_moe_layers(self) -> int:
-        """`L//q - F//q`: layers `i ≥ F` with `i % q == q - 1` (`is_moe_layer`)."""
+        """`L//q - F//q`: layers `i ≥ F` with `i % q == q - 1` (`is_moe_layer`), less the
+        `mlp_only_layers` among them."""
         if not self.is_moe:
             return 0
-        return self.n_layers // self.moe_every - self.first_dense_layers // self.moe_every
+        kept = sum(self._moe_slot(i) for i in set(self.mlp_only_layers) if 0 <= i < self.n_layers)
+        return self.n_layers // self.moe_every - self.first_dense_layers // self.moe_every - kept
+
+    def _moe_slot(self, index: int) -> bool:
+        return index >= self.first_dense_layers and index % self.moe_every == self.moe_every - 1
 
     def is_moe_layer(self, index: int) -> bool:
         """Every `moe_every`-th layer is MoE, the last of each group, except the first
-        `first_dense_layers` (F)."""
-        return (self.is_moe and index >= self.first_dense_layers
-                and index % self.moe_every == self.moe_every - 1)
+        `first_dense_layers` (F) and the `mlp_only_layers`."""
+        return self.is_moe and self._moe_slot(index) and index not in self.mlp_only_layers
+
+    def layer_kind(self, index: int) -> str:
+        """Layer `index`'s attention: "full", "sliding" or "chunked" (`layer_types`)."""
+        if self.layer_types:
+            return self.layer_types[index]
+        return "sliding" if self.sliding_window else "full"
+
+    def attention_span(self, index: int) -> int:
+        """Keys layer `index` may attend to at most: the window, the chunk, or 0 (all)."""
+        kind = self.layer_kind(index)
+        return {"full": 0, "sliding": self.sliding_window, "chunked": self.attention_chunk}[kind]
+
+    def attention_keys(self, seq_len: Any, causal: bool = True) -> Any:
+        """Keys per query averaged over the layers: `s` (causal `s/2`), less under windows and
+        chunks (`arch.variants.attention_keys`)."""
+        from shardwise.arch.variants import attention_keys
+
+        return attention_keys(self, seq_len, causal)
 
     @property
     def n_dense_layers(self) -> int:
@@ -179,7 +229,7 @@ class ModelSpec:
                    "kv_lora_rank": v.MAX_WIDTH, "qk_nope_head_dim": v.MAX_WIDTH,
                    "qk_rope_head_dim": v.MAX_WIDTH, "v_head_dim": v.MAX_WIDTH,
                    "first_dense_layers": v.MAX_LAYERS, "mtp_layers": v.MAX_LAYERS,
-                   "topk_groups": v.MAX_WIDTH}
+                   "topk_groups": v.MAX_WIDTH, "attention_chunk": v.MAX_VOCAB}
         checks: list[tuple[str, Callable[..., Any], dict[str, Any]]] = [
             (f, v.integer, {"low": 1, "high": high}) for f, high in caps.items()]
         checks += [(f, v.integer, {"low": 0, "high": high}) for f, high in zero_ok.items()]
@@ -189,14 +239,17 @@ class ModelSpec:
                    ("routed_scaling", v.finite, {"low": 0, "low_open": True}),
                    ("norm_eps", v.finite, {"low": 0, "low_open": True}),
                    ("rope_theta", v.finite, {"low": 0, "low_open": True}),
-                   ("rotary_percent", v.finite, {"low": 0, "low_open": True, "high": 1})]
+                   ("rotary_percent", v.finite, {"low": 0, "low_open": True, "high": 1}),
+                   ("attn_softcap", v.finite, {"low": 0}), ("final_softcap", v.finite, {"low": 0}),
+                   ("rope_local_theta", v.finite, {"low": 0})]
         for field, check, bounds in checks:
             try:
                 check(getattr(self, field), field, **bounds)
             except ShardwiseError as exc:
                 problems.append(str(exc))
         flags = ("gated_mlp", "tie_embeddings", "bias", "dropout", "qkv_bias", "out_bias",
-                 "rope_interleave", "norm_topk", "alibi", "parallel_residual")
+                 "rope_interleave", "norm_topk", "alibi", "parallel_residual",
+                 "attention_sinks", "mlp_bias", "router_bias")
         problems += [f"{f} must be true or false, got {getattr(self, f)!r}" for f in flags
                      if not isinstance(getattr(self, f), bool)]
         if not isinstance(self.name, str):
@@ -214,7 +267,7 @@ class ModelSpec:
                 problems.append(f"RoPE needs an even head width, got {self.rope_dim}")
             if self.alibi and (self.learned_positions or self.rotary_percent != 1.0):
                 problems.append("ALiBi takes no learned positions and no rotary_percent")
-            problems += self._mla_problems() + self._moe_problems()
+            problems += self._mla_problems() + self._moe_problems() + self._variant_problems()
         if self.norm not in ("rmsnorm", "layernorm"):
             problems.append(f"norm must be 'rmsnorm' or 'layernorm', got {self.norm!r}")
         if problems:
@@ -242,6 +295,11 @@ class ModelSpec:
                        "(its head widths are qk_nope_head_dim + qk_rope_head_dim, v_head_dim)")
         return out
 
+    def _variant_problems(self) -> list[str]:
+        from shardwise.arch.variants import variant_problems
+
+        return variant_problems(self)
+
     def _moe_problems(self) -> list[str]:
         out = []
         if not 0 <= self.first_dense_layers <= self.n_layers:
@@ -263,14 +321,28 @@ class ModelSpec:
             out.append(f"sigmoid routing scores a group by its two best experts: "
                        f"expert_groups={g} needs ≥ 2 experts each")
         return out
+    def runtime_variants(self) -> list[str]:
+        """The variants the training runtime does not implement (`arch.variants`)."""
+        from shardwise.arch.variants import runtime_variants
+
+        return runtime_variants(self)
+
     def seq_problems(self, seq_len: int) -> list[str]:
-        """What this model cannot do at sequence length `seq_len`: attend past its sliding
-        window (not implemented; up to the window it is full causal attention)."""
-        if self.sliding_window and seq_len > self.sliding_window:
-            return [f"sequence length {seq_len} exceeds {self.name}'s sliding_window "
-                    f"{self.sliding_window}: sliding-window attention is not implemented "
-                    f"(full causal attention equals it only up to the window); use a sequence "
-                    f"length ≤ {self.sliding_window}"]
+        """What the training runtime cannot run of this model at sequence length `seq_len`:
+        the variants it does not implement (`runtime_variants`), attention past a sliding
+        window (up to the window it is full causal attention). The analytic side models them."""
+        variants = self.runtime_variants()
+        if variants:
+            return [f"{self.name} has {', '.join(variants)}, which the training runtime does not "
+                    "implement (memory, plan and time model them)"]
+        spans = {self.attention_span(i) for i in range(self.n_layers)} - {0}
+        if spans and seq_len > min(spans):
+            field = ("sliding_window" if min(spans) == self.sliding_window
+                     else "attention_chunk")
+            return [f"sequence length {seq_len} exceeds {self.name}'s {field} {min(spans)}: "
+                    f"the training runtime attends over every earlier key (full causal "
+                    f"attention equals windowed or chunked attention only up to the window); "
+                    f"use a sequence length ≤ {min(spans)} to train it"]
         return []
 
     def with_(self, **changes: object) -> ModelSpec:
@@ -290,13 +362,13 @@ class ModelSpec:
         weights = 2 * h * q + 2 * h * self.kv_dim  # Q and O: h·a·d each; K, V: h·a_kv·d each
         qkv = self.bias or self.qkv_bias
         biases = (q + 2 * self.kv_dim) * qkv + h * (self.bias or self.out_bias)
-        return weights + biases
+        return weights + biases + self.n_heads * self.attention_sinks  # a sink logit per head
 
     def mlp_params(self, d_ff: int | None = None) -> int:
         h, f = self.d_model, d_ff or self.d_ff
         n_in = 2 if self.gated_mlp else 1
         weights = (n_in + 1) * h * f
-        biases = (n_in * f + h) if self.bias else 0
+        biases = (n_in * f + h) if self.bias or self.mlp_bias else 0
         return weights + biases
 
     def mla_params(self) -> tuple[int, int]:
@@ -314,15 +386,19 @@ class ModelSpec:
         return down, up + self.o_dim * h
 
     def latent_norm_params(self) -> int:
-        """MLA's RMSNorms on the q and kv latents, `r_q + r_kv` per layer (0 otherwise)."""
-        return self.q_lora_rank + self.kv_lora_rank if self.is_mla else 0
+        """The norms of one layer beyond its two block norms (replicated over tp): MLA's
+        RMSNorms on the q and kv latents `r_q + r_kv`; QK-norm's `2d` ("head") or
+        `a·d + a_kv·d` ("full", OLMo 2); Gemma's two more block norms ("sandwich")."""
+        mla = self.q_lora_rank + self.kv_lora_rank if self.is_mla else 0
+        qk = {"head": 2 * self.head_dim, "full": self.q_dim + self.kv_dim}.get(self.qk_norm, 0)
+        return mla + qk + (2 * self.norm_params() if self.block_norms == "sandwich" else 0)
 
     def norm_params(self) -> int:
         """One norm: scale (and shift for LayerNorm)."""
         return self.d_model * (2 if self.norm == "layernorm" else 1)
 
     def router_params(self) -> int:
-        return self.d_model * self.n_experts
+        return (self.d_model + self.router_bias) * self.n_experts
 
     def moe_mlp_params(self, active: bool) -> int:
         """Experts of one MoE layer (all of them, or the `top_k` a token uses) + shared + router."""
@@ -374,10 +450,12 @@ class ModelSpec:
         return 2 * matmul + self._attention_flops(seq_len, causal)
 
     def _attention_flops(self, seq_len: int, causal: bool) -> float:
-        """Scores and P·V per token, all layers: `L·2·s·a·(d_qk + d_v)` — `L·4·s·a·d` (a·d = h
-        unless `d_head`) but for MLA, whose scores run at `d_nope + d_R` and P·V at `d_v`."""
+        """Scores and P·V per token, all layers: `L·2·k·a·(d_qk + d_v)` with `k` the keys per
+        query (`attention_keys`: `s`, `s/2` causal, less under windows and chunks) — `L·4·s·a·d`
+        (a·d = h unless `d_head`) but for MLA, whose scores run at `d_nope + d_R` and P·V at
+        `d_v`."""
         widths = self.q_dim + self.o_dim  # a·d_qk + a·d_v
-        return self.n_layers * 2 * seq_len * widths * (0.5 if causal else 1.0)
+        return self.n_layers * 2 * self.attention_keys(seq_len, causal) * widths
 
     def training_flops_per_token(
         self, seq_len: int, causal: bool = False, recompute: str = "none"

@@ -6,8 +6,9 @@ from typing import Any
 
 import click
 
-from shardwise.arch import DEFAULT_MODEL, get_model
+from shardwise.arch import get_model
 from shardwise.cli.common import (
+    cluster_options,
     console,
     emit_json,
     gpu_option,
@@ -41,7 +42,6 @@ from shardwise.validate import (
     duration,
     finite,
     fraction,
-    positive,
     positive_int,
     schedule_shape,
 )
@@ -61,15 +61,7 @@ def models(as_json: bool) -> None:
 
 
 @cli.command(short_help="Show one layout's memory per GPU, by stage.")
-@click.argument("model", default=DEFAULT_MODEL)
-@click.option("--gpus", default=8, show_default=True, help="Number of GPUs.",
-              callback=checked(degree))
-@click.option("--gpu", default="h100", show_default=True,
-              help="Accelerator preset, an accelerator JSON FILE, or this-machine (with "
-                   "--calibration FILE).")
-@click.option("--clock-mhz", default=None, type=float, callback=checked(positive),
-              help="Sustained SM clock: compute peaks × clock / boost clock.")
-@click.option("--gpus-per-node", default=8, show_default=True, callback=checked(degree))
+@cluster_options(gpus=8)
 @layout_options
 @click.option("--seq", default=8192, show_default=True, help="Sequence length.",
               callback=checked(positive_int, high=MAX_SEQUENCES))

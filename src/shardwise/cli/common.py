@@ -13,6 +13,7 @@ from typing import Any
 import click
 from rich.console import Console
 
+from shardwise.arch import DEFAULT_MODEL
 from shardwise.choices import MOMENT_DTYPES, OFFLOAD_MODULES, RECOMPUTE_MODULES
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.goodput import (
@@ -22,7 +23,7 @@ from shardwise.estimate.goodput import (
 )
 from shardwise.estimate.profiles import DEFAULT_IMPL, profile_names
 from shardwise.fp8 import recipe_names
-from shardwise.layout import CP_KINDS, RECOMPUTE, SCHEDULES
+from shardwise.layout import CP_KINDS, MOE_DISPATCHERS, MOE_OVERLAPS, RECOMPUTE, SCHEDULES
 from shardwise.report.text import table as _table
 from shardwise.stacks import (
     ATTENTION_KERNELS,
@@ -39,6 +40,7 @@ from shardwise.validate import (
     finite,
     finite_result,
     fraction,
+    positive,
     positive_int,
 )
 from shardwise.validate import option as checked
@@ -95,6 +97,7 @@ def stack_options(func: Callable) -> Callable:
                                                         if k != "math"]),
         help="Fused attention kernel [default: the stack's]; --no-flash for the "
              "materialised softmax."))
+    options += moe_comm_options()
     options += memory_setting_options()
     for option in reversed(options):
         func = option(func)
@@ -127,6 +130,30 @@ def precision_options(auto: bool = False) -> Callable:
             func = option(func)
         return func
     return add
+
+
+MOE_COMM_KW = ("moe_dispatcher", "moe_overlap", "moe_dispatch_fp8", "moe_capacity", "comm_sms")
+
+
+def moe_comm_options() -> list[Callable]:
+    """The expert-parallel communication choices (`TrainSpec.moe_*`, `estimate.expert`;
+    docs/concepts/communication.md)."""
+    return [
+        click.option("--moe-dispatcher", default=None, type=click.Choice(MOE_DISPATCHERS),
+                     help="MoE token dispatcher (Megatron --moe-token-dispatcher-type; flex: "
+                          "DeepEP) [default: the stack's first, alltoall]."),
+        click.option("--moe-overlap", default="none", show_default=True,
+                     type=click.Choice(MOE_OVERLAPS),
+                     help="Overlap of the expert-parallel collectives: shared (Megatron "
+                          "--moe-shared-expert-overlap), 1f1b (--overlap-moe-expert-parallel-"
+                          "comm, DualPipe's pairs); charged the SMs they hold."),
+        click.option("--moe-dispatch-fp8", is_flag=True, default=False,
+                     help="FP8 dispatch, BF16 combine (DeepSeek-V3's recipe; flex only)."),
+        click.option("--moe-capacity", default=None, type=float,
+                     help="Expert capacity factor, padded to capacity [default: dropless]."),
+        click.option("--comm-sms", default=None, type=int,
+                     help="SMs the overlapped expert-parallel kernels hold [default: 20]."),
+    ]
 
 
 MEMORY_SETTINGS = ("recompute_modules", "exp_avg_dtype", "exp_avg_sq_dtype",
@@ -163,10 +190,10 @@ def memory_setting_options() -> list[Callable]:
 
 
 def pop_stack_kw(kw: dict[str, Any]) -> dict[str, Any]:
-    """Pop the stack's time choices and memory settings (`stack_options`) out of a command's
-    keyword arguments."""
+    """Pop the stack's time choices, expert-parallel communication and memory settings
+    (`stack_options`) out of a command's keyword arguments."""
     return {name: kw.pop(name) for name in ("compile", "tp_overlap", "dp_overlap", "attention",
-                                            *MEMORY_SETTINGS) if name in kw}
+                                            *MOE_COMM_KW, *MEMORY_SETTINGS) if name in kw}
 
 
 def impl_option(default: str = DEFAULT_IMPL) -> Callable:
@@ -229,6 +256,29 @@ def pop_goodput_kw(kw: dict[str, Any]) -> dict[str, Any]:
     """Pop `goodput_options` out of a command's keyword arguments."""
     return {name: kw.pop(name) for name in ("mtbf_gpu_hours", "checkpoint_bandwidth",
                                             "restart_minutes", "async_checkpoint")}
+
+
+# ----------------------------------------------------------------------------------- cluster
+def cluster_options(gpus: int) -> Callable[[Callable], Callable]:
+    """MODEL and the cluster a command plans for: --gpus (default `gpus`), --gpu, --clock-mhz,
+    --gpus-per-node (shared by memory and plan)."""
+    def decorate(func: Callable) -> Callable:
+        options = [
+            click.argument("model", default=DEFAULT_MODEL),
+            click.option("--gpus", default=gpus, show_default=True, help="Number of GPUs.",
+                         callback=checked(degree)),
+            click.option("--gpu", default="h100", show_default=True,
+                         help="Accelerator preset, an accelerator JSON FILE, or this-machine "
+                              "(with --calibration FILE)."),
+            click.option("--clock-mhz", default=None, type=float, callback=checked(positive),
+                         help="Sustained SM clock: compute peaks × clock / boost clock."),
+            click.option("--gpus-per-node", default=8, show_default=True,
+                         callback=checked(degree)),
+        ]
+        for option in reversed(options):
+            func = option(func)
+        return func
+    return decorate
 
 
 # ------------------------------------------------------------------------------------ layout

@@ -6,8 +6,9 @@ from typing import Any
 
 import click
 
-from shardwise.arch import DEFAULT_MODEL, get_model
+from shardwise.arch import get_model
 from shardwise.cli.common import (
+    cluster_options,
     console,
     emit_json,
     goodput_options,
@@ -33,11 +34,9 @@ from shardwise.report.builders import (
 from shardwise.report.simulation import render_simulation, simulation_payload
 from shardwise.validate import (
     MAX_SEQUENCES,
-    degree,
     finite,
     finite_result,
     fraction,
-    positive,
     positive_int,
 )
 from shardwise.validate import option as checked
@@ -45,15 +44,7 @@ from shardwise.validate import option as checked
 
 # ---------------------------------------------------------------------------------------- plan
 @cli.command(short_help="Search every layout and explain the best.")
-@click.argument("model", default=DEFAULT_MODEL)
-@click.option("--gpus", default=64, show_default=True, help="Number of GPUs.",
-              callback=checked(degree))
-@click.option("--gpu", default="h100", show_default=True,
-              help="Accelerator preset, an accelerator JSON FILE, or this-machine (with "
-                   "--calibration FILE).")
-@click.option("--clock-mhz", default=None, type=float, callback=checked(positive),
-              help="Sustained SM clock: compute peaks × clock / boost clock.")
-@click.option("--gpus-per-node", default=8, show_default=True, callback=checked(degree))
+@cluster_options(gpus=64)
 @click.option("--intra", default=None, help="Intra-node link preset [default: the GPU's].")
 @click.option("--inter", default=None, help="Inter-node link preset [default: the GPU's].")
 @click.option("--seq", default=8192, show_default=True, help="Sequence length.",

@@ -23,6 +23,7 @@ from shardwise.cli.common import (
     need_matplotlib,
 )
 from shardwise.cli.group import cli
+from shardwise.cli.run_jobs import ArgvCommand, launcher_options
 from shardwise.errors import LayoutError, ShardwiseError
 from shardwise.files import regular_file, save_output
 from shardwise.layout import TrainSpec
@@ -93,11 +94,12 @@ class _Run(NamedTuple):
 
 def _check_arguments(model_name: str, layout_kw: dict[str, Any], seq: int, global_batch: str,
                      dtype: str, grad_dtype: str | None, flash: bool, data_path: str | None,
-                     **paths: dict[str, str | None]) -> _Run:
+                     here: bool = True, **paths: dict[str, str | None]) -> _Run:
     """Every check of `run_options` that needs no torch, before the runtime is imported (2–3
     s): the model, the layout on it (`Layout.problems` for the shardwise stack), the batch,
     the --data file's kind, and on the launching process (rank 0 under torchrun)
-    `preflight.check_run` (output paths, the sequence, this machine's memory). The runtime's
+    `preflight.check_run` (output paths, the sequence, this machine's memory). Not `here` (a
+    --launcher job runs elsewhere): only the model, layout, batch and sequence. The runtime's
     own checks (`TrainConfig.validate`) follow in `_train_config`."""
     moe = {name: layout_kw.pop(name) for name in ("capacity_factor", "aux_loss_coef")}
     spec = get_model(model_name)
@@ -108,6 +110,9 @@ def _check_arguments(model_name: str, layout_kw: dict[str, Any], seq: int, globa
     problems = layout.problems(spec, train=train)
     if problems:
         raise LayoutError(problems)
+    if not here:
+        check_run(spec, layout, seq, batch, dtype, flash, local=False)
+        return _Run(spec, layout, batch, moe)
     if data_path is not None:
         regular_file(data_path, "--data file", math.inf)  # its size: `_preflight`
     if os.environ.get("RANK", "0") == "0":
@@ -172,7 +177,8 @@ def _on_ranks(run: Callable[[], Any]) -> Any:
         raise click.ClickException(str(exc).split("\n--- rank")[0]) from None
 
 
-@cli.command(short_help="Train a model for real on local ranks.")
+@cli.command(cls=ArgvCommand, short_help="Train a model for real on local ranks.")
+@launcher_options
 @run_options
 @click.option("--steps", default=20, show_default=True, type=click.IntRange(0),
               help="Optimizer steps (0: none; with --save-hf, a checkpoint round trip).")
@@ -291,7 +297,8 @@ def _error_cell(row: Any) -> str:
     return "0" if error == 0 else f"{error:+.3%}"
 
 
-@cli.command(short_help="Compare predicted and measured on real ranks.")
+@cli.command(cls=ArgvCommand, short_help="Compare predicted and measured on real ranks.")
+@launcher_options
 @run_options
 @click.option("--steps", default=2, show_default=True, type=click.IntRange(1),
               help="Training steps to measure.")

@@ -95,6 +95,8 @@ def run_pipeline_demo(ranks: int = 4, schedule: str = "1f1b", microbatches: int 
     if ranks < 1 or dp < 1 or ranks % dp:
         raise ShardwiseError(f"ranks={ranks} must be a positive multiple of dp={dp}")
     info = get_schedule(schedule)
+    if info.bidirectional:  # two model copies and directions: not in the executor
+        raise ShardwiseError(f"the pipeline demo cannot run {schedule}: {info.no_stack}")
     p, m = ranks // dp, microbatches
     v = chunks or info.default_chunks
     plan = make_schedule(schedule, p, m, v)

@@ -11,17 +11,30 @@ FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
 VERSIONS = {"megatron": "Megatron-LM main d98e8a6", "torchtitan": "torchtitan 0.3.0",
             "deepspeed": "DeepSpeed 0.19.8 with Megatron-DeepSpeed 4efb479"}
 
-# torchtitan ships these models as `--module llama3 --config <name>` (models/llama3/
-# config_registry.py); each has the preset's shape.
+# torchtitan ships these models as `--module M --config C` (models/*/config_registry.py);
+# each has the preset's shape (tests/integration/test_torchtitan.py compares them). Its
+# deepseek_v3 flavors "16B" (DeepSeek-V2-Lite's shape: hf_assets deepseek-moe-16b-base) and
+# "671B" precompute RoPE for 4096·4 positions (models/deepseek_v3/__init__.py `_16b`,
+# `_671b`: max_seq_len), and Decoder.update_from_config refuses a longer seq_len. Its other
+# MoE models (qwen3 30B-A3B, gpt_oss, kimi_k2_7) match no preset.
 _TITAN_CONFIGS = {"llama3-8b": ("llama3", "llama3_8b"), "llama3-70b": ("llama3", "llama3_70b"),
-                  "llama3-405b": ("llama3", "llama3_405b")}
+                  "llama3-405b": ("llama3", "llama3_405b"),
+                  "deepseek-v2-lite": ("deepseek_v3", "deepseek_v3_16b"),
+                  "deepseek-v3": ("deepseek_v3", "deepseek_v3_671b")}
+_TITAN_MAX_SEQ = {"deepseek_v3_16b": 16384, "deepseek_v3_671b": 16384}
 
 
 def titan_model_refusal(model: ModelSpec, train: TrainSpec) -> str | None:
     """What no layout fixes: torchtitan 0.3.0 ships no such model, or trains it otherwise."""
     if model.name not in _TITAN_CONFIGS:
-        return (f"torchtitan 0.3.0 ships no {model.name} model (its llama3 configs fit "
+        return (f"torchtitan 0.3.0 ships no {model.name} model (its configs fit "
                 f"{', '.join(_TITAN_CONFIGS)}); plan with --impl megatron-te for Megatron-LM")
+    config = _TITAN_CONFIGS[model.name][1]
+    if train.seq_len > _TITAN_MAX_SEQ.get(config, train.seq_len):
+        return (f"torchtitan 0.3.0's {config} precomputes RoPE for "
+                f"{_TITAN_MAX_SEQ[config]} positions and refuses a longer seq_len "
+                f"(models/common/decoder.py update_from_config); plan with --seq ≤ "
+                f"{_TITAN_MAX_SEQ[config]}, or with --impl megatron-te for Megatron-LM")
     if model.name == "llama3-405b" and train.fp8 != "rowwise":
         return ("torchtitan 0.3.0's llama3_405b config trains its linear layers in Float8 "
                 "(rowwise) under torch.compile (models/llama3/config_registry.py): plan it "
@@ -72,6 +85,14 @@ def model_refusal(framework: str, model: ModelSpec, train: TrainSpec) -> str | N
         if model.alibi:
             return (f"{model.name} adds ALiBi attention biases, which {name} has no option for "
                     "(its positions are learned or rotary): an export would train another model")
+        variants = model.runtime_variants()  # QK-norm, sinks, sandwich norms, GeGLU, …
+        if variants:
+            return (f"{model.name} has {', '.join(variants)}; the export has no option of "
+                    f"{name} verified to build them: it would train another model")
+        if any(0 < model.attention_span(i) < train.seq_len for i in range(model.n_layers)):
+            return (f"{model.name}'s attention is windowed or chunked below --seq "
+                    f"{train.seq_len}; the export's attention is full causal attention: it "
+                    "would train another model (use a sequence length within the window)")
         if model.parallel_residual:
             return (f"{model.name} runs attention and MLP side by side on one normalised input "
                     f"(GPT-NeoX's use_parallel_residual), which {name}'s block does not: an "

@@ -19,7 +19,6 @@ from shardwise.stacks import titan_partition
 _TITAN_RECOMPUTE = {"none": "none", "full": "full", "op-sac": "selective"}
 
 
-
 def _titan_fp8_offload(config: str, train: TrainSpec, notes: list[str]) -> list[str]:
     """FSDP2 CPU offload (`--training.enable_cpu_offload`) and FP8: torchtitan 0.3 applies
     Float8 through a config_registry function's `model_registry(converters=…)`, not a flag;
@@ -86,12 +85,20 @@ def torchtitan_args(model: ModelSpec, layout: Layout, train: TrainSpec,
                  f"--parallelism.pipeline_parallel_layers_per_stage {per_stage}",
                  f"--parallelism.pipeline_parallel_first_stage_less_layers {first_less}",
                  f"--parallelism.pipeline_parallel_last_stage_less_layers {last_less}"]
-    if settings.compile:
+    if module == "deepseek_v3":  # its configs compile the loss only by default
+        args += (["--compile.enable", "--compile.components model,loss"] if settings.compile
+                 else ["--compile.no_enable"])
+    elif settings.compile:
         args.append("--compile.enable")
         if settings.tp_overlap == "async" and layout.tp > 1:
             args.append("--compile.enable_async_tensor_parallel")
     notes: list[str] = []
     args += _titan_fp8_offload(config, train, notes)
+    if config == "deepseek_v3_16b":
+        notes.append("torchtitan's 16B flavor scales YaRN attention by mscale 0.70 (DeepSeek-"
+                     "V2-Lite's config.json: 0.707) and balances its experts with a router bias "
+                     "(MoE load_balance_coeff 1e-3), not DeepSeek-V2's auxiliary losses: the "
+                     "same parameters, FLOPs and traffic")
     args.append(f"activation-checkpoint:{_TITAN_RECOMPUTE[layout.recompute]}")
     text, launch = _launched(_header("torchtitan", model, layout, train, gb), [],
                              ("-m", "torchtitan.train"), args, layout, gpus_per_node)

@@ -32,13 +32,16 @@ __all__ = ["cp_time", "dp_time", "interleaved_window", "p2p_exposed", "pipeline_
 
 def tp_time(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, sp: Any,
             rc: Any, b: Any, c: Any, layers: Any, gemm_f: Any, tp_in_node: Any,
-            single: Any) -> tuple[Any, Any, Any, Any]:
+            single: Any, mlp_share: Any = 1.0) -> tuple[Any, Any, Any, Any]:
     """Tensor-parallel time of one micro-batch on the critical stage: (forward, backward,
     critical-path total, one all-reduce of the `(s/c, b, h)` activation) over `layers`
     layers whose forward GEMMs take `gemm_f` (Shoeybi et al. 2019; SP: Korthikanti et al.
     2022; overlap: `tp_overlapped`). The total adds the head's and (one stage) the
     embedding's all-reduce and the vocabulary-parallel cross-entropy's 3 fp32 all-reduces
-    per token (Megatron's `_VocabParallelCrossEntropy`)."""
+    per token (Megatron's `_VocabParallelCrossEntropy`). `mlp_share`: the share of the layers
+    whose MLP makes its TP pair (MoE layers without shared experts on Megatron make none: the
+    routed tokens stay sequence-sharded and the dispatcher gathers over expert-TP,
+    `estimate.expert`); the attention's pair is in every layer."""
     model, cal, ab = ctx.model, ctx.calibration, ctx.act_bytes
     settings = train.settings()
     full = rc == RC_CODES["full"]
@@ -68,8 +71,9 @@ def tp_time(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, sp: 
     if ctx.fp8 is not None and ctx.fp8.amax_reduction_tp:
         amax = np.where((sp == 1) & (t > 1), 2 * group_collective_time(
             "all-reduce", 4.0, t, tp_in_node, links), 0.0)
-    tp_f = layers * (tp_f1 + amax)
-    tp_b = layers * (tp_b1 + regather + amax)
+    pairs = (1 + mlp_share) / 2  # of the two per layer (attention, MLP)
+    tp_f = layers * (pairs * tp_f1 + amax)
+    tp_b = layers * (pairs * (tp_b1 + regather) + amax)
     ce = 3 * group_collective_time("all-reduce", ctx.seq_len / c * b * 4, t, tp_in_node, links)
     tp_crit = tp_f + tp_b + tp_ar * np.where(single, 2, 1) + np.where(t > 1, ce, 0.0)
     return tp_f, tp_b, tp_crit, tp_ar

@@ -108,7 +108,8 @@ def _attention_core(ctx: ComputeContext, t: Any, c: Any, b: Any) -> tuple[Any, A
     d, d_v = model.head_dim, model.value_head_dim
     heads = model.n_heads / t
     cal = ctx.calibration
-    flops = 2.0 * (s / c * b) * s * (d + d_v) * heads * 0.5
+    # keys per query, mean over layers: s/2 causal, less under windows/chunks (attention_keys)
+    flops = 2.0 * (s / c * b) * model.attention_keys(s) * (d + d_v) * heads
     kernel, factor = cal.attention_curve(ctx.attention)
     if kernel:
         def eff(backward: bool) -> Any:
@@ -295,9 +296,10 @@ def optimizer_time(ctx: ComputeContext, params: Any, grad_bytes: float, weight_b
 def layer_model_flops(model: ModelSpec, seq_len: int, micro_batch: int = 1,
                       causal: bool = True) -> float:
     """Model FLOPs of one dense layer's forward for one micro-batch (all ranks together):
-    `2·T·(matmul params) + 4·T·s·h·(½ if causal)`, `T = s·b` (SPEC §1)."""
+    `2·T·(matmul params) + 4·T·k·h`, `T = s·b`, `k` keys per query (`attention_keys`: `s`,
+    `s/2` causal, less under windows) (SPEC §1)."""
     tokens = seq_len * micro_batch
-    attention = 4 * tokens * seq_len * model.d_model * (0.5 if causal else 1.0)
+    attention = 4 * tokens * model.attention_keys(seq_len, causal) * model.d_model
     matmul = model.attention_params() + model.mlp_params()
     return 2 * tokens * matmul + attention
 

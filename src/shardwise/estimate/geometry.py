@@ -4,21 +4,25 @@ holds (SPEC §4), asked of the layout once (`StageGeometry`) for one layout or a
 A stage's layers come from its partition (`shardwise.partition.chunk_span`), its in-flight
 micro-batch-chunks from the schedule's registry rule (`schedules.registry`), its parameters
 from `layer_params` per layer kind; the first stage holds the embedding, the schedule's last
-stage (`ScheduleInfo.last_stage`) the head and the loss. Derivation: docs/concepts/memory.md.
+stage (`ScheduleInfo.last_stage`) the head and the loss. A bidirectional schedule (DualPipe)
+puts stage `i` of one direction and `p-1-i` of the other on rank `i`: two stages' layers, and
+the embedding and head at both ends. Derivation: docs/concepts/memory.md.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 import shardwise.validate as validate
 from shardwise.arch import ModelSpec
+from shardwise.errors import ShardwiseError
 from shardwise.fp8 import Fp8Recipe
 from shardwise.layout import Layout
-from shardwise.partition import Partition, chunk_span, stage_totals
+from shardwise.partition import Balanced, Partition, chunk_span, stage_totals
 from shardwise.placement import expert_tp_degree
 from shardwise.schedules.actions import Placement
 from shardwise.schedules.registry import get_schedule, select
@@ -51,6 +55,11 @@ def stage_layers(model: ModelSpec, layout: Layout, stage: int) -> list[int]:
     """Layer indices held by `stage`: chunk c holds virtual stage `c·p + stage`; an uneven
     partition (`Layout.stage_partition`) holds a contiguous run."""
     out: list[int] = []
+    if get_schedule(layout.schedule).bidirectional:  # DualPipe: stages i and p-1-i
+        for one in (stage, layout.pp - 1 - stage):
+            start, count = chunk_span(model.n_layers, layout.pp, 1, one, 0, layout.partition)
+            out.extend(range(int(start), int(start) + int(count)))
+        return out
     for chunk in range(layout.chunks):
         start, count = chunk_span(model.n_layers, layout.pp, layout.chunks, stage, chunk,
                                   layout.partition, layout.placement)
@@ -107,7 +116,8 @@ def layer_params(model: ModelSpec, tp: Any, ep: Any, etp: Any = 0) -> tuple[Any,
         kv = np.maximum(model.n_kv_heads // tp, 1) * model.head_dim
         q = model.q_dim  # a·d: h unless the config names head_dim
         attention = (2 * h * q / tp + 2 * h * kv + norms
-                     + model.qkv_bias * (q / tp + 2 * kv) + model.out_bias * h)  # biases
+                     + model.qkv_bias * (q / tp + 2 * kv) + model.out_bias * h  # biases
+                     + model.attention_sinks * model.n_heads / tp)  # gpt-oss: a logit per head
     dense_layer = attention + model.mlp_params() / tp
     moe_layer = (attention + model.router_params()
                  + model.n_shared_experts * model.mlp_params(model.expert_d_ff) / tp)
@@ -209,13 +219,26 @@ class StageGeometry:
         code)."""
         placement = placement_of(schedule, partition)
         last_stage = select(schedule, lambda info: info.last_stage(pp))
-        return cls(stage=stage,
-                   layers=stage_layer_count(model, pp, chunks, stage, partition, placement),
-                   moe_layers=moe_layers_on_stage(model, pp, chunks, stage, partition,
-                                                  placement),
+        layers = stage_layer_count(model, pp, chunks, stage, partition, placement)
+        moe_layers = moe_layers_on_stage(model, pp, chunks, stage, partition, placement)
+        first, last = stage == 0, stage == last_stage
+        dual = select(schedule, lambda info: info.bidirectional)
+        if np.any(dual):  # DualPipe: stages i and p-1-i of a p-way split, both ends' ends
+            if isinstance(partition, tuple) and partition and len(partition) != np.max(pp):
+                raise ShardwiseError(f"DualPipe's partition gives one count per stage of one "
+                                     f"direction ({np.max(pp)}), got {len(partition)}")
+            both = (stage, pp - 1 - stage)
+            layers = np.where(dual, sum(stage_layer_count(model, pp, 1, i, partition)
+                                        for i in both), layers)
+            moe_layers = np.where(dual, sum(moe_layers_on_stage(model, pp, 1, i, partition)
+                                            for i in both), moe_layers)
+            ends = (stage == 0) | (stage == pp - 1)
+            first, last = np.where(dual, ends, first), np.where(dual, ends, last)
+            last_stage = np.where(dual, pp - 1, last_stage)  # each head apart from its embedding
+        return cls(stage=stage, layers=layers, moe_layers=moe_layers,
                    chunks=chunks, in_flight=_in_flight(schedule, pp, m, chunks, stage),
                    last_in_flight=select(schedule, lambda info: m if info.loss_waits else 1),
-                   first=stage == 0, last=stage == last_stage, last_stage=last_stage,
+                   first=first, last=last, last_stage=last_stage,
                    placement=placement)
 
     @classmethod
@@ -255,3 +278,113 @@ def candidate_stages(model: ModelSpec, pp: Any) -> list[Any]:
     return [0 * pp, np.minimum(1, pp - 1), pp - 1]
 
 
+def distinct_stages(model: ModelSpec, pp: Any, stages: list[Any], *, chunks: Any, schedule: Any,
+                    m: Any, partition: Partition = ()) -> list[Any]:
+    """Of `stages` (`candidate_stages`), the ones whose `stage_memory` total can be the largest,
+    as fewer arrays (the geometry's shape; a row's list padded with its first stage).
+
+    Exact: `stage_memory` sees the stage only through `StageGeometry` — `layers`,
+    `moe_layers`, `first`, `last` (the composition) and `in_flight`; `chunks`, `last_stage`
+    and `last_in_flight` are the layout's — and its total is nondecreasing in `in_flight`
+    (activations `in_flight·(per micro-batch + first·dropout mask)`, both ≥ 0; float
+    products and sums are monotone). So of the stages of one composition the one with the
+    most in flight (the earliest on ties) holds at least as much as any other, and the largest
+    total over these representatives is bit-identical to that over every stage. The
+    geometry is worked out once per distinct (pp, chunks, schedule, m, partition)."""
+    if len(stages) <= 1:
+        return stages
+    balanced = isinstance(partition, Balanced)
+    ends = (partition.first_less, partition.last_less) if isinstance(partition, Balanced) else ()
+    inputs = [pp, chunks, schedule, m, *ends]
+    shape = np.broadcast_shapes(*(np.shape(x) for x in inputs))
+    if not shape or (isinstance(partition, tuple) and partition):
+        return _distinct(model, pp, stages, chunks, schedule, m, partition)
+    columns = [np.broadcast_to(np.asarray(x, dtype=np.int64), shape).ravel() for x in inputs]
+    at, inverse = _unique_rows(columns)
+    u = [column[at] for column in columns]
+    stage_u = [np.broadcast_to(stage, shape).ravel()[at] for stage in stages]  # of pp only
+    part_u: Partition = Balanced(u[4], u[5]) if balanced else ()
+    reps = _distinct(model, u[0], stage_u, u[1], u[2], u[3], part_u)
+    inverse = inverse.ravel()
+    return [np.asarray(rep)[inverse].reshape(shape) for rep in reps]
+
+
+def distinct_geometries(model: ModelSpec, pp: Any, stages: list[Any], *, chunks: Any,
+                        schedule: Any, m: Any, partition: Partition = ()
+                        ) -> list[StageGeometry]:
+    """The `StageGeometry` of each of `distinct_stages`, worked out once per distinct (pp,
+    chunks, schedule, m, partition) and spread back to the arrays' shape (the same numbers
+    as `StageGeometry.of` on the arrays)."""
+    reps = distinct_stages(model, pp, stages, chunks=chunks, schedule=schedule, m=m,
+                           partition=partition)
+    balanced = isinstance(partition, Balanced)
+    ends = (partition.first_less, partition.last_less) if isinstance(partition, Balanced) else ()
+    inputs = [pp, chunks, schedule, m, *ends]
+    shape = np.broadcast_shapes(*(np.shape(x) for x in inputs), *(np.shape(r) for r in reps))
+    if not shape or (isinstance(partition, tuple) and partition):
+        return [StageGeometry.of(model, pp=pp, chunks=chunks, stage=rep, schedule=schedule,
+                                 m=m, partition=partition) for rep in reps]
+    columns = [np.broadcast_to(np.asarray(x, dtype=np.int64), shape).ravel()
+               for x in (*inputs, *reps)]
+    at, inverse = _unique_rows(columns)
+    u = [column[at] for column in columns]
+    part_u: Partition = Balanced(u[4], u[5]) if balanced else ()
+    inverse = np.asarray(inverse).ravel()
+
+    def spread(x: Any) -> Any:
+        return np.asarray(x)[inverse].reshape(shape) if np.ndim(x) == 1 else x
+
+    out = []
+    for k in range(len(reps)):
+        geo = StageGeometry.of(model, pp=u[0], chunks=u[1], stage=u[len(inputs) + k],
+                               schedule=u[2], m=u[3], partition=part_u)
+        out.append(replace(geo, **{f: spread(getattr(geo, f)) for f in (
+            "stage", "layers", "moe_layers", "chunks", "in_flight", "last_in_flight",
+            "first", "last", "last_stage")}))
+    return out
+
+
+def _unique_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(axis=0, return_index, return_inverse)` of the rows of `columns` (non-negative
+    int64), through one mixed-radix code per row (falls back to `np.unique` if it would not fit
+    in 62 bits)."""
+    radix = [int(column.max()) + 1 for column in columns]
+    if min(int(column.min()) for column in columns) < 0 or math.prod(radix) >= 1 << 62:
+        _, at, inverse = np.unique(np.stack(columns, axis=1), axis=0, return_index=True,
+                                   return_inverse=True)
+        return at, inverse
+    code = np.zeros(len(columns[0]), dtype=np.int64)
+    for column, base in zip(columns, radix, strict=True):
+        code = code * base + column
+    _, at, inverse = np.unique(code, return_index=True, return_inverse=True)
+    return at, inverse
+
+
+def _distinct(model: ModelSpec, pp: Any, stages: list[Any], chunks: Any, schedule: Any,
+              m: Any, partition: Partition) -> list[Any]:
+    geos = [StageGeometry.of(model, pp=pp, chunks=chunks, stage=stage, schedule=schedule, m=m,
+                             partition=partition) for stage in stages]
+    shape = np.broadcast_shapes(*(np.shape(x) for g in geos
+                                  for x in (g.stage, g.layers, g.moe_layers, g.first, g.last,
+                                            g.in_flight)))
+
+    def grid(field: str) -> np.ndarray:
+        return np.stack([np.broadcast_to(np.asarray(getattr(g, field), dtype=np.int64), shape)
+                         for g in geos])
+
+    key = ((grid("layers") * (model.n_layers + 1) + grid("moe_layers")) * 2
+           + grid("first")) * 2 + grid("last")
+    flight = grid("in_flight")
+    needed = np.ones(key.shape, dtype=bool)
+    for i in range(len(geos)):  # stage i is dominated by an earlier or fuller one of its kind
+        same = key == key[i]
+        beaten = same & ((flight > flight[i]) | ((flight == flight[i])
+                                                  & (np.arange(len(geos)) < i).reshape(
+                                                      (-1,) + (1,) * len(shape))))
+        needed[i] = ~beaten.any(axis=0)
+    count = needed.sum(axis=0)
+    order = np.argsort(~needed, axis=0, kind="stable")[:int(count.max())]
+    order = np.where(np.arange(len(order)).reshape((-1,) + (1,) * len(shape)) < count,
+                     order, order[:1])
+    index = grid("stage")
+    return [np.take_along_axis(index, order[k:k + 1], axis=0)[0] for k in range(len(order))]

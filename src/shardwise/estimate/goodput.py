@@ -1,38 +1,14 @@
 """Goodput: what failures, checkpoints and restarts cost a run (docs/concepts/goodput.md).
 
-A synchronous job stops at every failure of any of its `N` GPUs. With `H` GPU-hours between
-job-interrupting failures per GPU (failures independent, exponential), the job fails every
+    M = H / N                       job MTBF: H GPU-hours between failures per GPU, N GPUs
+    w = rank bytes / host link + node bytes / node bandwidth      checkpoint write
+    δ = w (synchronous) or the host copy (asynchronous, durable L = w − δ later)
+    τ = Daly (2006, eq. 37): √(2δM)·[1 + ⅓√(δ/2M) + ⅑·δ/2M] − δ      (Young 1974: √(2δM))
+    T_w / T_s = (M/τ)·e^((R + L)/M)·(e^((τ + δ)/M) − 1),    goodput g = T_s / T_w
 
-    M = H / N                                            (job MTBF)
-
-Checkpoint. What the stack saves (`CHECKPOINTS`): the fp32 master weights and the optimizer's
-moments, and the weights in their training dtype where the stack keeps a copy beside the
-master (`checkpoint_bytes_per_param`: 14 B/param for bf16 Megatron, 12 for torchtitan's fp32
-FSDP2 parameters). Its ranks write in parallel (each node at `checkpoint_bandwidth`, the
-slowest node sets the time), or from one rank per model-parallel group, or from rank 0 alone
-(`CheckpointFormat.writers`). A checkpoint first copies each rank's share to the host over
-its host link, then writes it:
-
-    w = rank bytes / host-link bandwidth + node bytes / node bandwidth      (write time)
-
-A synchronous checkpoint stalls training for `δ = w`; an asynchronous one only for the copy,
-`δ = rank bytes / host-link bandwidth`, while the write finishes `L = w − δ` later (the newest
-durable checkpoint is that much older, and a write must end before the next one starts).
-
-Interval and wall time. Young (1974, CACM 17(9):530) `τ = √(2δM)`; Daly (2006, FGCS
-22(3):303, doi:10.1016/j.future.2004.11.016, eq. 37) `τ = √(2δM)·[1 + ⅓√(δ/2M) + ⅑·δ/2M] − δ`
-for `δ < 2M`, else `τ = M`; the interval used is Daly's (at least `L`). Daly's complete model
-of the wall time `T_w` of `T_s` seconds of work under Poisson failures, restarts costing `R`
-(detect, reschedule, reload), with the durability lag `L` added to each restart's rework:
-
-    T_w / T_s = (M/τ) · e^((R + L)/M) · (e^((τ + δ)/M) − 1),      goodput g = T_s / T_w
-
-a product of three factors: checkpoints `1 + δ/τ`, restarts `e^(R/M)`, rework
-`(M/(τ+δ))·(e^((τ+δ)/M) − 1)·e^(L/M)`. Checkpoints take `g·δ/τ` of the wall time; the
-`T_w/M` interruptions take the rest of the loss, `1 − g·(1 + δ/τ)`, so each costs
-`M·(1 − g·(1 + δ/τ))`, to first order in 1/M `(τ + δ)/2 + L + R` (half a segment of lost work
-plus the restart); that part splits between restarts and lost work in proportion to the
-logarithms of their factors.
+What each stack saves and who writes it (`CHECKPOINTS`), the split of the lost wall time into
+checkpoints, restarts and lost work, and the sources: the concept page's "The model" section.
+The simulated counterpart (component classes, policies, stragglers) is `goodput_sim`.
 """
 
 from __future__ import annotations

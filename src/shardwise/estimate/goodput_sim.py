@@ -165,11 +165,12 @@ def _interval(fleet: Fleet, policy: Policy) -> float:
 
 
 def simulate(work_s: float, fleet: Fleet, policy: Policy, *, runs: int = 1000,
-             seed: int = 0) -> Outcome:
+             seed: int = 0, trace: list[dict[str, Any]] | None = None) -> Outcome:
     """`runs` independent runs of `work_s` seconds of useful training under `fleet`'s failures
     and `policy`; a run ends when all its work is durable. One loop step per failure, every
     run at once: the window between failures holds whole segments (work `τ`, then the
-    checkpoint's stall); the partial one is redone."""
+    checkpoint's stall); the partial one is redone. `trace` (a list) receives the first run's
+    state at each of its failures and at its end (`timeline` draws it)."""
     fleet.validate()
     policy.validate()
     validate.positive(work_s, "work", high=1e10)
@@ -207,6 +208,12 @@ def simulate(work_s: float, fleet: Fleet, policy: Policy, *, runs: int = 1000,
         at_rate = rate * degraded
         finish_wall = np.where(need <= at_rate, need / np.maximum(rate, 1e-12),
                                degraded + need - at_rate)
+        if trace is not None and idx[0] == 0:  # the first run, still going
+            trace.append({"t": float(wall[0]), "pause": float(pause[0]),
+                          "gap": float(gap[0]), "rate": float(rate[0]),
+                          "degraded": float(degraded[0]), "equiv": float(equiv[0]),
+                          "need": float(need[0]), "done": float(done[0]),
+                          "lost": float(lost[0]), "finish": bool(finish[0])})
         f = idx[finish]
         wall[f] += pause[f] + finish_wall[finish]
         done[f], active[f] = work_s, False
@@ -218,6 +225,7 @@ def simulate(work_s: float, fleet: Fleet, policy: Policy, *, runs: int = 1000,
         count[i] += 1
         cls = rng.choice(len(rates), size=i.size, p=rates / rates.sum())
         restart = np.full(i.size, policy.restart_s)
+        kept_by: tuple[str, np.ndarray] | None = None  # recovered without storage: how, which
         if policy.elastic:  # the other replicas hold the state: nothing to redo
             dropped = np.ceil(blast[cls] / policy.replica_gpus)
             survive = dropped < replicas
@@ -228,20 +236,28 @@ def simulate(work_s: float, fleet: Fleet, policy: Policy, *, runs: int = 1000,
             slow_until[i] = np.where(survive, wall[i] + repair[cls], 0.0)
             restart = np.where(survive, policy.elastic_restart_s, restart)
             pause[i] = fleet.detect_s + restart
-            continue
-        lost[i] += np.clip(eq - durable * segment, 0, None)
-        if policy.kind == "memory":
-            chunk = policy.storage_every * tau
-            stored[i] = np.maximum(stored[i], np.floor(progressed / chunk + 1e-9) * chunk)
-            from_memory = blast[cls] <= policy.peer_gpus  # a peer's copy survives it
-            lost[i] += np.where(from_memory, 0.0, progressed - stored[i])
-            done[i] = np.where(from_memory, progressed, stored[i])
-            restart = np.where(from_memory, policy.memory_restart_s, restart)
+            kept_by = ("elastic", survive)
         else:
-            done[i] = progressed
-        wait = (np.zeros(i.size) if fleet.spares is None else
-                _spares_wait(returns, back, i, wall[i], blast[cls], repair[cls], fleet.spares))
-        pause[i] = fleet.detect_s + wait + restart
+            lost[i] += np.clip(eq - durable * segment, 0, None)
+            if policy.kind == "memory":
+                chunk = policy.storage_every * tau
+                stored[i] = np.maximum(stored[i], np.floor(progressed / chunk + 1e-9) * chunk)
+                from_memory = blast[cls] <= policy.peer_gpus  # a peer's copy survives it
+                lost[i] += np.where(from_memory, 0.0, progressed - stored[i])
+                done[i] = np.where(from_memory, progressed, stored[i])
+                restart = np.where(from_memory, policy.memory_restart_s, restart)
+                kept_by = ("memory", from_memory)
+            else:
+                done[i] = progressed
+            wait = (np.zeros(i.size) if fleet.spares is None else
+                    _spares_wait(returns, back, i, wall[i], blast[cls], repair[cls],
+                                 fleet.spares))
+            pause[i] = fleet.detect_s + wait + restart
+        if trace is not None and i.size and i[0] == 0:
+            trace[-1] |= {"class": fleet.classes[int(cls[0])].name,
+                          "recovery": kept_by[0] if kept_by and kept_by[1][0] else "storage", "durable": float(durable[0]),
+                          "lost_after": float(lost[0]), "done_after": float(done[0]),
+                          "pause_after": float(pause[0])}
     else:
         raise ShardwiseError("the simulation did not finish: the job makes no progress "
                              "between failures (a shorter checkpoint stall or fewer failures)")
@@ -250,6 +266,58 @@ def simulate(work_s: float, fleet: Fleet, policy: Policy, *, runs: int = 1000,
                "interruptions": _quantiles(count.astype(float)),
                "lost_hours": _quantiles(lost / HOUR)}
     return replace(outcome, summary=summary)
+
+
+def timeline(work_s: float, fleet: Fleet, policy: Policy, *, runs: int = 1, seed: int = 0,
+             straggler: float = 1.0) -> dict[str, Any]:
+    """The first of `simulate(work_s · straggler, fleet, policy, runs=runs, seed=seed)`'s runs
+    as events, in seconds from its start: the windows it trained (`work`), the checkpoints it
+    finished, each failure (its class, how it recovered, the work it lost), the restarts and
+    the stretches redone (`lost`: from the last durable checkpoint to the failure). `straggler`
+    (≥ 1) stretches the work as the slowest rank does: `1 − 1/straggler` of each window waits
+    for it. The run's totals (`wall_s`, `interruptions`, `lost_s`) are `simulate`'s."""
+    validate.finite(straggler, "straggler", low=1, high=100)
+    trace: list[dict[str, Any]] = []
+    out = simulate(work_s * straggler, fleet, policy, runs=runs, seed=seed, trace=trace)
+    segment = out.interval_s + policy.stall_s
+    lag = policy.lag_s if policy.kind == "async" else 0.0
+    work, checkpoints, restarts, lost, failures = [], [], [], [], []
+    for r in trace:
+        begin = r["t"] + r["pause"]
+        fast = r["rate"] * r["degraded"]
+
+        def at(e: float, begin: float = begin, r: dict[str, Any] = r, fast: float = fast
+               ) -> float:  # wall time `e` work-equivalent seconds into the window
+            return begin + (e / r["rate"] if e <= fast else r["degraded"] + e - fast)
+
+        end = at(r["need"]) if r["finish"] else r["t"] + r["gap"]
+        if r["pause"] > 0:  # the restart after the previous failure (cut short by this one)
+            restarts.append([r["t"], min(begin, end)])
+        if end <= begin:
+            failures.append(_failure(r, end, 0.0))
+            continue
+        work.append([begin, end])
+        if r["finish"]:
+            n = int(np.ceil((work_s * straggler - r["done"]) / out.interval_s - 1e-9))
+            checkpoints += [at(k * segment) for k in range(1, n)] + [at(r["need"] - lag)]
+            continue
+        checkpoints += [at(k * segment) for k in range(1, int(r["equiv"] // segment) + 1)]
+        redone = r["lost_after"] - r["lost"]
+        if r["recovery"] != "elastic" and r["equiv"] > r["durable"] * segment:
+            lost.append([at(r["durable"] * segment), end])
+        failures.append(_failure(r, end, redone))
+    wall = float(out.wall_s[0])
+    return {"work_s": work_s, "straggler_factor": straggler, "interval_s": out.interval_s,
+            "stall_s": policy.stall_s, "policy": policy.kind, "elastic": policy.elastic,
+            "wall_s": wall, "goodput": work_s / wall, "interruptions": int(out.interruptions[0]),
+            "lost_s": float(out.lost_s[0]), "straggler_share": 1 - 1 / straggler,
+            "work": work, "checkpoints": checkpoints, "restarts": restarts, "lost": lost,
+            "failures": failures}
+
+
+def _failure(r: dict[str, Any], t: float, redone: float) -> dict[str, Any]:
+    return {"t": t, "class": r["class"], "recovery": r["recovery"], "lost_s": redone,
+            "restart_s": r["pause_after"]}
 
 
 def _spares_wait(returns: np.ndarray, back: np.ndarray, runs: np.ndarray, now: np.ndarray,
@@ -308,6 +376,26 @@ def measured_stragglers(path: str | Path) -> tuple[np.ndarray, int]:
     return seconds / np.median(seconds), ranks
 
 
+def policy_options(goodput: Any, replica_gpus: int) -> dict[str, Policy]:
+    """The checkpoint policies `policies` compares, for one layout's `Goodput` (its copy,
+    write and restart seconds), by name."""
+    restart = goodput.restart_s
+    return {
+        "synchronous": Policy("sync", stall_s=goodput.write_s, restart_s=restart),
+        "asynchronous": Policy("async", stall_s=goodput.copy_s,
+                               lag_s=goodput.write_s - goodput.copy_s, restart_s=restart),
+        "in-memory": Policy("memory", stall_s=goodput.copy_s, restart_s=restart,
+                            memory_restart_s=restart / 5, storage_every=10, peer_gpus=8),
+        "elastic": Policy("sync", stall_s=goodput.write_s, restart_s=restart, elastic=True,
+                          replica_gpus=replica_gpus, elastic_restart_s=restart / 5),
+    }
+
+
+def planned_policy(goodput: Any) -> str:
+    """The policy a layout's plan prices: asynchronous when its stack saves asynchronously."""
+    return "asynchronous" if goodput.async_checkpoint else "synchronous"
+
+
 def policies(goodput: Any, fleet: Fleet, *, replica_gpus: int, work_s: float,
              runs: int = 200, seed: int = 0, straggler: float = 1.0) -> dict[str, Any]:
     """Each checkpoint policy simulated for one layout (`estimate.goodput.Goodput`: its copy,
@@ -318,23 +406,14 @@ def policies(goodput: Any, fleet: Fleet, *, replica_gpus: int, work_s: float,
     the slowest rank sets every synchronous step. The best policy and its gain over the one
     planned (`goodput.async_checkpoint`)."""
     work = work_s * straggler
-    restart = goodput.restart_s
-    options = {
-        "synchronous": Policy("sync", stall_s=goodput.write_s, restart_s=restart),
-        "asynchronous": Policy("async", stall_s=goodput.copy_s,
-                               lag_s=goodput.write_s - goodput.copy_s, restart_s=restart),
-        "in-memory": Policy("memory", stall_s=goodput.copy_s, restart_s=restart,
-                            memory_restart_s=restart / 5, storage_every=10, peer_gpus=8),
-        "elastic": Policy("sync", stall_s=goodput.write_s, restart_s=restart, elastic=True,
-                          replica_gpus=replica_gpus, elastic_restart_s=restart / 5),
-    }
+    options = policy_options(goodput, replica_gpus)
     out = {name: simulate(work, fleet, policy, runs=runs, seed=seed)
            for name, policy in options.items()}
     rows: dict[str, dict[str, Any]] = {name: {**o.summary, "interval_s": o.interval_s,
                    "goodput_vs_ideal": {k: v / straggler
                                         for k, v in o.summary["goodput"].items()}}
             for name, o in out.items()}
-    planned = "asynchronous" if goodput.async_checkpoint else "synchronous"
+    planned = planned_policy(goodput)
     best = max(rows, key=lambda name: rows[name]["goodput"]["mean"])
     gain = rows[best]["goodput"]["mean"] - rows[planned]["goodput"]["mean"]
     return {"runs": runs, "work_s": work, "straggler_factor": straggler, "planned": planned,

@@ -90,7 +90,7 @@ class ComputeContext:
             mode, traffic, kernels = "fused", None, (0.0, 0.0)
         return cls(model, accelerator, cal, train.seq_len, dtype_bytes(train.dtype),
                    settings.attention != "math", accelerator.peak_flops(train.dtype),
-                   train.expert_load, train.experts_active, mode, traffic,
+                   *_routing(train), mode, traffic,
                    kernels, settings.attention, recipe,
                    accelerator.peak_flops("fp8") if recipe else 0.0, gen)
 
@@ -114,6 +114,15 @@ class ComputeContext:
     def hbm(self) -> float:
         """Achievable HBM bandwidth (bytes/s)."""
         return self.accelerator.hbm_bandwidth * self.calibration.hbm_efficiency
+
+
+def _routing(train: TrainSpec) -> tuple[float, float]:
+    """(expert_load, experts_active) the experts' GEMMs see: the run's routing, or with a
+    capacity factor padded to capacity (Megatron `--moe-pad-expert-input-to-capacity`: every
+    expert runs `capacity = factor·T·k/E` rows, `moe_utils.get_capacity`), all of them."""
+    if train.moe_capacity is not None:
+        return float(train.moe_capacity), 1.0
+    return train.expert_load, train.experts_active
 
 
 def fp8_on(train: TrainSpec, accelerator: Accelerator, gen: str) -> Fp8Recipe | None:

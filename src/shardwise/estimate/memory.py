@@ -28,6 +28,8 @@ from shardwise.estimate.activations import (
 from shardwise.estimate.geometry import (
     StageGeometry,
     candidate_stages,
+    distinct_geometries,
+    distinct_stages,
     fp8_linear_params,
     in_flight_per_stage,
     layer_params,
@@ -66,6 +68,8 @@ __all__ = [
     "bytes_per_param_training",
     "candidate_stages",
     "count_params",
+    "distinct_geometries",
+    "distinct_stages",
     "fp8_linear_params",
     "gathered_kv_bytes",
     "in_flight_per_stage",
@@ -201,7 +205,7 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
                  recompute: Any, micro_batch: Any, m: Any, stage: Any,
                  act: dict[str, Any] | None = None, formula: str = "generalised",
                  partition: Partition = (), etp: Any = 0, cp_kind: Any = 0, ulysses: Any = 0,
-                 generation: str = "hopper"
+                 generation: str = "hopper", geometry: StageGeometry | None = None
                  ) -> dict[str, Any]:
     """Bytes on one GPU of pipeline `stage` (SPEC §4), for one layout or arrays of layouts:
     weights, grads, optimizer, fp8, activations, logits, workspace, in_flight, total and host.
@@ -215,7 +219,8 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
     final norm's input and fp32 logits `s·b·V·4/t` for the loss. ZeRO-3 adds a
     workspace of two gathered layers (the one in use and the prefetched one). `act` may carry
     the per-layer activation bytes (`{"dense": …, "moe": …}`) already evaluated (for the
-    layouts' `cp_kind` and `ulysses`: `layout.ulysses_degree`).
+    layouts' `cp_kind` and `ulysses`: `layout.ulysses_degree`), `geometry` the stage's
+    `StageGeometry` (`distinct_geometries`).
 
     With an FP8 recipe (`TrainSpec.fp8`, `shardwise.fp8`) the state classes are bf16 mixed
     precision's; `fp8` adds the held FP8 weight copies (`Fp8Recipe.weight_copy_bytes` on the
@@ -244,8 +249,8 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
     if np.any(gathered):
         act = {kind: saved + gathered for kind, saved in act.items()}
     zero_n = np.where(zero_group > 0, zero_group, dp * cp)
-    geo = StageGeometry.of(model, pp=pp, chunks=chunks, stage=stage, schedule=schedule, m=m,
-                           partition=partition)
+    geo = geometry if geometry is not None else StageGeometry.of(
+        model, pp=pp, chunks=chunks, stage=stage, schedule=schedule, m=m, partition=partition)
     dense_params, expert_params = geo.params(model, tp, ep, etp)
     mtp = model.mtp_layers if train.mtp_layers is None else train.mtp_layers
     if mtp:  # DeepSeek-V3's MTP modules on the stage holding the head (`mtp_params`)
@@ -333,9 +338,14 @@ def peak_stage_memory(model: ModelSpec, train: TrainSpec, *, pp: Any, stages: An
 
 def peak_stage_total(model: ModelSpec, train: TrainSpec, *, pp: Any, **layout: Any) -> Any:
     """The largest `stage_memory` total over `candidate_stages`, per layout (arrays): what
-    the planner ranks and prunes by, without `peak_stage_memory`'s per-part selection."""
-    return np.max([stage_memory(model, train, pp=pp, stage=stage, **layout)["total"]
-                   for stage in candidate_stages(model, pp)], axis=0)
+    the planner ranks and prunes by, without `peak_stage_memory`'s per-part selection; only
+    the stages of distinct composition are evaluated (`distinct_stages`, exact), their
+    geometry once per distinct row (`distinct_geometries`)."""
+    geos = distinct_geometries(model, pp, candidate_stages(model, pp), chunks=layout["chunks"],
+                               schedule=layout["schedule"], m=layout["m"],
+                               partition=layout.get("partition", ()))
+    return np.max([stage_memory(model, train, pp=pp, stage=geo.stage, geometry=geo,
+                                **layout)["total"] for geo in geos], axis=0)
 
 
 def training_memory_per_gpu(model: ModelSpec, layout: Layout, train: TrainSpec | None = None,

@@ -1,29 +1,15 @@
 """Host offload: the optimizer (or every sharded state class) in host memory, its step on the
-CPU, and the host↔device copies that costs (docs/concepts/fp8-offload.md).
+CPU, and the host↔device copies that costs (docs/concepts/fp8-offload.md#host-offload-the-formulas).
 
-Per rank, with `P` the parameters whose optimizer state it holds (its ZeRO shard), `f` the
-offloaded share (`TrainSpec.offload_fraction`), `g`, `w` gradient and weight bytes:
+    optimizer offload   host f·P·(master + moments + 4); per step D2H f·P·g, H2D f·P·w
+    params offload      host: every sharded state class; per layer and micro-batch H2D of
+                        the shard before its gathers, D2H of the gradient shard after
+    CPU step            f·P / (rate / GPUs per host)
+    exposed (`offload_step`, by `stacks.Offload.overlap`): "backward" (DeepSpeed)
+        max(0, D2H − window) + CPU + H2D; "pipelined" (Megatron) max(D2H, CPU, H2D); "none" sum
 
-    optimizer offload   host: f·P·(master + moments) + f·P·4 (the fp32 gradient copy the CPU
-                        step reads: DeepSpeed's fp32 partition, Megatron's CPU param.grad)
-                        copies per step: D2H f·P·g (per micro-batch under ZeRO-2), H2D f·P·w
-    params offload      host: every sharded state class (ZeRO-3 / FSDP shards)
-                        per layer and micro-batch: H2D of the parameter shard before each of
-                        its two all-gathers, D2H of the gradient shard after the
-                        reduce-scatter — on the collectives' streams, so they join the
-                        prefetched gathers' time (`estimate.step`)
-    CPU step            f·P / (rate / GPUs per host): the host's optimizer throughput shared
-                        by the GPUs that use its CPU
-
-Exposed per step (`offload_step`), by the stack's overlap (`stacks.Offload.overlap`):
-"backward" (DeepSpeed ZeRO-Offload: gradients copied as their buckets reduce, behind the
-backward when DP traffic overlaps; the CPU step and the parameter copy after it: the step
-needs the global gradient norm first — DeepSpeed's SuperOffload blog, Fig. 2)
-`max(0, D2H − window) + CPU + H2D`; "pipelined" (Megatron's HybridDeviceOptimizer with
-`--overlap-cpu-optimizer-d2h-h2d`, per parameter group) `max(D2H, CPU, H2D)`; "none" the sum.
-Parameter offload: the CPU step only (its copies ride the gathers).
-
-Copies run over the accelerator's `host` link (PCIe or NVLink-C2C) at its calibrated share.
+`P` the parameters whose optimizer state the rank holds, `f` the offloaded share, `g`, `w`
+gradient and weight bytes; copies run over the accelerator's `host` link.
 """
 
 from __future__ import annotations

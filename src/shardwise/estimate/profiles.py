@@ -263,6 +263,40 @@ def saved_tensors(profile: Profile | str, model: ModelSpec, seq_len: int, micro_
         out.update(_mlp_saved(prof, model, sb, model.d_ff / tp, ab, "mlp"))
     if model.dropout and prof.residual_dropout:
         add("mlp_residual_dropout_mask", sb * h / rep)
+    out.update(_variant_saved(prof, model, sb, tp, rep, ab, fp32, stats))
+    return out
+
+
+def _variant_saved(prof: Profile, model: ModelSpec, sb: Any, tp: Any, rep: Any, ab: float,
+                   fp32: float, stats: float) -> dict[str, Any]:
+    """What the block variants add (docs/concepts/attention.md): QK-norm keeps its inputs Q
+    and K (head-sharded), one fp32 rstd per head row ("head") or per row ("full", OLMo 2) and,
+    unfused, the normalised rows; Gemma's two more block norms ("sandwich") keep the same per
+    row of h. Gemma's and OLMo 2's RMSNorms multiply the weight in fp32 (transformers 5.24
+    Gemma3RMSNorm, Olmo2RMSNorm), so under the "hf" profile every norm of theirs keeps fp32
+    normalised rows. Windows and chunks keep nothing more (a fused kernel keeps O and the
+    log-sum-exp per query). Measured: tests/test_model_types.py."""
+    out: dict[str, Any] = {}
+    upcast = ab if prof.norm == "fused" else fp32
+    rows = {"fused": 0.0, "hf": ab, "torch": fp32}[prof.norm]
+    if prof.norm == "hf" and model.block_norms != "pre":
+        rows = fp32
+        out["norm_fp32_rows"] = 2 * sb * model.d_model * (fp32 - ab) / rep  # norm1, norm2
+    widths = []
+    if model.qk_norm in ("head", "full"):
+        kv = _at_least_one(model.n_kv_heads // tp) * model.head_dim
+        for name, width, heads in (("q_norm", model.q_dim / tp, model.n_heads / tp),
+                                   ("k_norm", kv, kv / model.head_dim)):
+            out[f"{name}_input"] = sb * width * upcast
+            out[f"{name}_stats"] = sb * fp32 * (heads if model.qk_norm == "head" else 1)
+            widths.append((name, width))
+    if model.block_norms == "sandwich":
+        for name in ("post_attention_norm", "post_mlp_norm"):
+            out[f"{name}_input"] = sb * model.d_model * upcast / rep
+            out[f"{name}_stats"] = sb * stats / rep
+            widths.append((name, model.d_model / rep))
+    for name, width in widths if rows else ():
+        out[f"{name}_normalized"] = sb * width * rows
     return out
 
 

@@ -41,6 +41,7 @@ from shardwise.estimate.compute import (
     optimizer_host_ops,
     optimizer_time,
 )
+from shardwise.estimate.expert import ep_time
 from shardwise.estimate.links import (
     Links,
     _bucketed,
@@ -191,9 +192,15 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     # ---- tensor parallel: all-reduces of the (s/c, b, h) activation, on the critical path
     layers = most * model.n_layers / p
     kappa = cal.overlap_contention
+    # Megatron-Core's MoE layers without shared experts make no MLP pair (`tp_time`;
+    # Megatron-DeepSpeed runs DeepSpeed-MoE, whose layer is not this one)
+    no_pair = (train.impl == "megatron-te" and model.n_moe_layers > 0
+               and not model.n_shared_experts)
+    mlp_share = 1 - n_moe / np.maximum(layers, 1e-30) if no_pair else 1.0
     tp_f, tp_b, tp_crit, _ = tp_time(ctx, links, train, t=t, sp=sp, rc=rc, b=b, c=c,
                                      layers=layers, gemm_f=dense.wgrad,
-                                     tp_in_node=on_node("tp"), single=single)
+                                     tp_in_node=on_node("tp"), single=single,
+                                     mlp_share=mlp_share)
 
     # ---- context parallel: ring hops behind the block compute, Ulysses' all-to-alls exposed
     cp_f, cp_b = cp_time(ctx, links, train, t=t, c=c, u=ulysses_degree(c, cp_kind, ulysses),
@@ -201,16 +208,11 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
                          b=b, rc=rc, layers=layers, attn_f=attn_f, attn_b=attn_b, dp=dp, p=p,
                          e=e)
 
-    # ---- expert parallel: dispatch + combine all-to-alls per MoE layer
+    # ---- expert parallel: the dispatcher's collectives per MoE layer, exposed or overlapped
     if model.n_moe_layers:
-        routed = s / c * b * model.top_k * h * ab
-        ep_in_node = on_node("ep")
-        a2a = group_collective_time("all-to-all", routed, e, ep_in_node, links)
-        # before the dispatch the ranks swap their token counts per expert (an all-to-all
-        # of one int64 per expert: Megatron-Core's alltoall dispatcher, the runtime's too)
-        counts = group_collective_time("all-to-all", 8 * model.n_experts, e, ep_in_node, links)
-        ep_f = n_moe * (2 * a2a + np.where(e > 1, counts, 0.0))
-        ep_b = n_moe * (2 + 2 * full) * a2a
+        ep_f, ep_b = ep_time(ctx, links, train, t=t, c=c, b=b, sp=sp, e=e, etp=etp, full=full,
+                             n_moe=n_moe, ep_in_node=on_node("ep"), m=m,
+                             work_f=f_mid, work_b=b_mid)
     else:
         ep_f = ep_b = 0.0 * t
 

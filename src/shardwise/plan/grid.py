@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from shardwise.arch import ModelSpec
+from shardwise.errors import ShardwiseError
 from shardwise.estimate.memory import layer_params
 from shardwise.hardware import Cluster
 from shardwise.layout import CP_KINDS, Balanced, Layout, TrainSpec, stage_partition
@@ -128,6 +129,10 @@ def _structures(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sea
     stack = train.stack
     partitions = {p: _partitions(model, p, stack.split) for p in full["pp"]}
     default_split = {p: stage_partition(model.n_layers, p) for p in full["pp"]}
+    if split_wanted and not any(split_wanted in options.values() for options in partitions.values()):
+        raise ShardwiseError(  # the grid holds Balanced one-chunk splits only (issue 43)
+            f"--fix partition={':'.join(map(str, split_wanted))}: the search enumerates only "
+            f"its balanced one-chunk stage splits, not this one; --layout evaluates it")
     per_structure = math.prod(inner)
     per_full = math.prod(len(full[k]) for k in inner_keys)
     cp_kinds = [(c, k) for c in full["cp"] for k in (full["cp_kind"] if c > 1 else [0])]

@@ -151,11 +151,14 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
     fits = valid & (memory <= budget)
     state = _State(model, cluster, train, cand, shared, floor, fits, valid)
     codes = {axis: _codes(cand, axis) for axis in (*_ROW_AXES, *_COL_AXES)}
-    values = {axis: _present(codes[axis], valid, axis) for axis in codes}
+    lines = {True: valid.any(axis=1), False: valid.any(axis=0)}  # per row, per column
+    values = {axis: _present(codes[axis], lines, axis) for axis in codes}
+    lines = {True: memory.min(axis=1), False: memory.min(axis=0)}
     least: dict[tuple[str, int], float] = {}
     for axis, present in values.items():
-        per = _least(codes[axis], memory, axis)
+        per = _least(codes[axis], lines)
         least |= {(axis, v): float(per[v]) for v in present}
+    del lines
     leanest = int(np.argmin(memory))
     del memory  # the cells timed carry their own (`cell_terms`)
     # seeds: the least memory (named when nothing fits), the ranked layouts, the fitting
@@ -317,13 +320,23 @@ class _Live:
         for axis, best in per_axis.items():
             thr = np.maximum(thr, best[self.codes[axis]])
         thr = np.where(self.fits, thr, fastest_over)
-        pick = np.flatnonzero(~self.done & (self.floor <= thr))
+        under = ~self.done & (self.floor <= thr)
+        pick = np.flatnonzero(under)
         batch = max(len(state.index), SEED_CELLS)
         if len(pick) > batch:
             ratio = self.floor[pick] / thr[pick]
             pick = pick[np.argpartition(ratio, batch - 1)[:batch]]
-        self.done[pick] = True
-        return self.index[pick]
+        out = self.index[pick]
+        under[pick] = False
+        # the thresholds only fall: a cell above its own now is never needed; drop those
+        if 2 * len(out) + 2 * int(under.sum()) < len(under):
+            self.index, self.floor, self.fits = (x[under] for x in
+                                                 (self.index, self.floor, self.fits))
+            self.codes = {axis: code[under] for axis, code in self.codes.items()}
+            self.done = np.zeros(len(self.index), dtype=bool)
+        else:
+            self.done[pick] = True
+        return out
 
 
 def rank_bounds(pruned: Pruned, position: int | None, figure: float) -> tuple[int, int]:
@@ -419,14 +432,16 @@ def _codes(cand: dict[str, Any], axis: str) -> np.ndarray:
     value = np.asarray(cand[axis], dtype=np.int64)
     if axis == "cp_kind":
         value = np.where(np.asarray(cand["cp"]) > 1, value, len(CP_KINDS))
-    return value
+    # int16 where the values allow (GPU counts ≤ 16,384): a quarter of the bytes to gather
+    return value.astype(np.int16) if value.max(initial=0) < 1 << 15 else value
 
 
-def _present(code: np.ndarray, valid: np.ndarray, axis: str) -> list[int]:
-    rows_ok: np.ndarray = np.asarray(valid.any(axis=1))
-    cols_ok: np.ndarray = np.asarray(valid.any(axis=0))
-    any_valid = rows_ok[:, None] if code.shape[1] == 1 else cols_ok[None, :]
-    out = np.unique(code[any_valid]) if any_valid.any() else np.zeros(0, dtype=np.int64)
+def _present(code: np.ndarray, any_valid: dict[bool, np.ndarray], axis: str) -> list[int]:
+    """The codes of `axis` some valid layout has (`any_valid`: per row (True) and per column
+    (False), whether any cell is valid)."""
+    line = any_valid[code.shape[1] == 1]
+    flat = code[:, 0] if code.shape[1] == 1 else code[0]
+    out = np.unique(flat[line]) if line.any() else np.zeros(0, dtype=np.int64)
     return [int(v) for v in out if not (axis == "cp_kind" and v == len(CP_KINDS))]
 
 
@@ -442,8 +457,7 @@ class _Least:
     def cells(self, code: np.ndarray, present: list[int]) -> list[int]:
         on_rows = code.shape[1] == 1
         low, arg, line = self.low[on_rows], self.arg[on_rows], code[:, 0] if on_rows else code[0]
-        best = np.full(int(line.max()) + 1, np.inf)
-        np.minimum.at(best, line, low)
+        best = _group_min(line, low)
         out = []
         for v in present:
             if not np.isfinite(best[v]):
@@ -454,13 +468,21 @@ class _Least:
         return out
 
 
-def _least(code: np.ndarray, grid: np.ndarray, axis: str) -> np.ndarray:
-    """The least of `grid` over the cells of each code."""
-    per = np.full(int(code.max()) + 1, np.inf)
+def _least(code: np.ndarray, low: dict[bool, np.ndarray]) -> np.ndarray:
+    """The least of a grid over the cells of each code (`low`: the grid's least per row
+    (True) and per column (False))."""
     if code.shape[1] == 1:
-        np.minimum.at(per, code[:, 0], grid.min(axis=1))
-    else:
-        np.minimum.at(per, code[0], grid.min(axis=0))
+        return _group_min(code[:, 0], low[True])
+    return _group_min(code[0], low[False])
+
+
+def _group_min(code: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """The least `value` of each code `0..max(code)` (inf where none): `np.minimum.at`, one
+    masked pass per code present (an axis has few values, the lines are long)."""
+    count = np.bincount(code)
+    per = np.full(len(count), np.inf)
+    for v in np.flatnonzero(count):  # the codes present: a few values of an axis
+        per[v] = value[code == v].min()
     return per
 
 

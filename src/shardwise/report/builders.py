@@ -47,10 +47,9 @@ def models_payload() -> list[dict[str, Any]]:
 
 # ------------------------------------------------------------------------------------ memory
 def _check_seq(spec: ModelSpec, seq: int) -> None:
-    """The model can run sequences of `seq` tokens (its sliding window: `seq_problems`)."""
+    """`spec` is a model (windowed attention is modelled at any `seq`: `attention_keys`; the
+    runtime's limits are `seq_problems`)."""
     validate.instance(spec, ModelSpec, "model", " (shardwise.get_model)")
-    for problem in spec.seq_problems(seq):
-        raise ShardwiseError(problem)
 
 
 def build_layout(gpus: int, n_layers: int = 0, **kw: Any) -> Layout:
@@ -439,12 +438,13 @@ def emit_payload(framework: str, result: Any, launcher: str | None = None,
 
 def plan_payload(result: Any, *, tokens: str | None = None, price: float | None = None,
                  failure_model: str | None = None, simulate: int | None = None,
-                 stragglers: str | None = None) -> dict[str, Any]:
+                 stragglers: str | None = None, image: str | None = None) -> dict[str, Any]:
     """`shardwise plan --json`: the search result (ranked layouts with step-time and memory
     breakdowns and goodput, baseline, your layout, rejected regions, statistics), the
     explanation, time and cost of the token budget, the recommended layout's goodput (with the
     budget: its expected interruptions, days, GPU-hours and cost), and the chosen layout's
-    three launch configurations (or why one cannot be written). Every row's tier, the tiers'
+    three launch configurations (or why one cannot be written) with every launcher's job (k8s:
+    with `image`). Every row's tier, the tiers'
     resolution and rule, and the `recommended` row (`PlanResult.tiering`); every estimate's
     `uncertainty` carries its band's bounds in seconds (`low`, `high`; `_95` at 95 %). With
     `failure_model`, the recommended layout's run simulated under it (`report.simulation`)."""
@@ -475,7 +475,7 @@ def plan_payload(result: Any, *, tokens: str | None = None, price: float | None 
     own = result.train.stack.export  # the stack's own framework first, the others say why not
     for framework in sorted(FRAMEWORKS, key=lambda name: name != own):
         try:
-            emits[framework] = emit_payload(framework, result)
+            emits[framework] = emit_payload(framework, result, image=image)
         except ShardwiseError as exc:
             emits[framework] = {"framework": framework, "error": str(exc)}
     out["emits"] = emits

@@ -416,14 +416,16 @@ def goodput_table(entry: PlanEntry) -> Table:
 
 def goodput_summary(entry: PlanEntry, tokens: float | None, price: float | None
                     ) -> dict[str, Any] | None:
-    """`entry`'s goodput (`Goodput.to_dict`) and, for a budget of `tokens`, the wall-clock
-    time with failures: `expected_interruptions`, `days`, `gpu_hours` (and `cost` with
-    `price`); those are None without `tokens`."""
+    """`entry`'s goodput (`Goodput.to_dict`, with `interruption_rate` in words) and, for a
+    budget of `tokens`, the wall-clock time with failures: `expected_interruptions`, `days`,
+    `gpu_hours` (and `cost` with `price`); those are None without `tokens`."""
     g = entry.goodput
     if g is None:
         return None
-    out: dict[str, Any] = g.to_dict() | {"tokens": tokens, "expected_interruptions": None,
-                                         "days": None, "gpu_hours": None, "cost": None}
+    out: dict[str, Any] = g.to_dict() | {
+        "interruption_rate": human_rate(g.interruptions_per_day, "interruption"),
+        "tokens": tokens, "expected_interruptions": None, "days": None, "gpu_hours": None,
+        "cost": None}
     if tokens:
         wall = g.budget(entry.estimate.time_to_train(tokens))
         out |= {"expected_interruptions": wall["expected_interruptions"], "days": wall["days"],

@@ -19,6 +19,8 @@ import shutil
 import uuid
 from pathlib import Path
 
+from shardwise.runtime.checkpoint.directory import _fsync_dir
+
 __all__ = ["INDEX", "check_save_target", "discard", "held_checkpoint", "publish", "stage"]
 
 INDEX = "model.safetensors.index.json"
@@ -107,14 +109,6 @@ def _carry(src: Path, dst: Path) -> None:
         shutil.copytree(src, dst, symlinks=True, copy_function=_link_or_copy)
     else:
         _link_or_copy(str(src), str(dst))
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def publish(staging: Path, directory: str | Path) -> None:

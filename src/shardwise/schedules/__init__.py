@@ -24,6 +24,7 @@ from shardwise.schedules.actions import (
     virtual_stage,
 )
 from shardwise.schedules.generators import (
+    dualpipe,
     dualpipev,
     gpipe,
     interleaved_1f1b,
@@ -67,6 +68,7 @@ __all__ = [
     "bubble_fraction",
     "bubble_over_ideal",
     "check_dimensions",
+    "dualpipe",
     "dualpipev",
     "get_schedule",
     "gpipe",

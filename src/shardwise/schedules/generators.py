@@ -1,4 +1,4 @@
-"""Schedule generators: GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZBV and DualPipeV (SPEC §6).
+"""Schedule generators: GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZBV, DualPipeV, DualPipe (SPEC §6).
 
 Each returns a `Schedule` (`dict[stage, list[Action]]`) for `p` stages and `m` micro-batches.
 With `t_f`, `t_b` a stage's forward and whole backward of one micro-batch (all its chunks:
@@ -12,6 +12,7 @@ p2p latency, makespan = `m·(t_f + t_b)` + the bubble:
     zb-h1         (p-1)(t_f+t_b-2t_w) [**]      min(p-i, m)
     zbv           (p-1)(t_f+t_b-2t_w)/2 [**]    stage 0: p (2p chunks of half a stage)
     dualpipev     see `registry`                stage 0: p + 1/2
+    dualpipe      see `registry`                p + 1 on every rank (two model copies)
 
 [*] for `m ≥ 2p`. [**] for `m ≥ p` (zbv: `m ≥ 2p`) and `t_w ≤` B, F (the registry's
 closed forms give the general case). `docs/concepts/schedules.md` derives them.
@@ -217,37 +218,66 @@ def dualpipev(p: int, m: int) -> Schedule:
     if m < 2 * p:
         raise ShardwiseError(f"DualPipeV needs at least 2p = {2 * p} micro-batches (two "
                              f"chunks per stage), got m={m}")
+    return {i: _dual_stage(p, i, m) for i in range(p)}
+
+
+def dualpipe(p: int, m: int) -> Schedule:
+    """DualPipe, the bidirectional schedule (DeepSeek-V3 report, 2024, §3.2.1, Fig. 5;
+    github.com/deepseek-ai/DualPipe `dualpipe.py` @3da1bbe, `DualPipe.step`, whose order this
+    is). Needs an even `p` and an even `m ≥ 2p`.
+
+    Two pipelines in opposite directions on the same `p` ranks: `m/2` micro-batches enter at
+    rank 0 and run chunk 0 (rank `i` holds stage `i` of that direction), `m/2` enter at rank
+    `p-1` and run chunk 1 (rank `i` holds stage `p-1-i`); micro-batches are numbered
+    `0 … m/2-1` within each direction (chunk). Rank `i` runs DualPipeV's order (`_dual_stage`)
+    for `p/2` stages and `m/2` micro-batches at half-rank `min(i, p-1-i)` — DualPipeV is this
+    schedule cut in half — with the two directions swapped on the second half of the ranks
+    (`phase ^= is_in_second_half` in the reference).
+    """
+    check_dimensions(p, m)
+    if p % 2 or m % 2 or m < 2 * p:
+        raise ShardwiseError(f"DualPipe needs an even pp and an even number of micro-batches "
+                             f"m ≥ 2·pp (m/2 from each end), got p={p}, m={m}")
+    half = p // 2
+    swap = {0: 1, 1: 0}
     order: Schedule = {}
     for i in range(p):
-        stage = _Stage()
-        for _ in range(2 * (p - i - 1)):
-            stage.run("F", 0)
-        for _ in range(i + 1):
-            stage.run("F", 0)
-            stage.run("F", 1)
-        for _ in range(p - i - 1):
-            stage.backward(1, split=True)
-            stage.oldest_w()
-            stage.run("F", 1)
-        for k in range(m - 2 * p + i + 1):
-            stage.run("F", 0, with_next=not (k == 0 and i == p - 1))
-            stage.backward(1, split=False)
-            stage.run("F", 1, with_next=True)
-            stage.backward(0, split=False)
-        for _ in range(p - i - 1):
-            stage.backward(1, split=False)
-            stage.run("F", 1, with_next=True)
-            stage.backward(0, split=False)
-        split = False
-        for k in range(i + 1):
-            split = split or (k == (i + 1) // 2 and i % 2 == 1)
-            stage.backward(1, split)
-            split = split or k == (i + 1) // 2
-            stage.backward(0, split)
-        for _ in range(p - i - 1):
-            stage.oldest_w()
-            stage.backward(0, split=True)
-        while stage.pending_w:
-            stage.oldest_w()
-        order[i] = stage.actions
+        actions = _dual_stage(half, min(i, p - 1 - i), m // 2)
+        order[i] = actions if i < half else [
+            Action(a.kind, a.micro_batch, swap[a.chunk], a.with_next) for a in actions]
     return order
+
+
+def _dual_stage(p: int, i: int, m: int) -> list[Action]:
+    """Stage `i` of DualPipeV's order for `p` stages and `m` micro-batches (`dualpipev`)."""
+    stage = _Stage()
+    for _ in range(2 * (p - i - 1)):
+        stage.run("F", 0)
+    for _ in range(i + 1):
+        stage.run("F", 0)
+        stage.run("F", 1)
+    for _ in range(p - i - 1):
+        stage.backward(1, split=True)
+        stage.oldest_w()
+        stage.run("F", 1)
+    for k in range(m - 2 * p + i + 1):
+        stage.run("F", 0, with_next=not (k == 0 and i == p - 1))
+        stage.backward(1, split=False)
+        stage.run("F", 1, with_next=True)
+        stage.backward(0, split=False)
+    for _ in range(p - i - 1):
+        stage.backward(1, split=False)
+        stage.run("F", 1, with_next=True)
+        stage.backward(0, split=False)
+    split = False
+    for k in range(i + 1):
+        split = split or (k == (i + 1) // 2 and i % 2 == 1)
+        stage.backward(1, split)
+        split = split or k == (i + 1) // 2
+        stage.backward(0, split)
+    for _ in range(p - i - 1):
+        stage.oldest_w()
+        stage.backward(0, split=True)
+    while stage.pending_w:
+        stage.oldest_w()
+    return stage.actions

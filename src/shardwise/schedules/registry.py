@@ -7,7 +7,8 @@ split, the exports' names — reads this table; nothing else compares schedule n
 
 Times are per stage (`stage_timeline`): `t_f`, `t_b` a stage's forward and whole backward of
 one micro-batch over all its chunks, `t_w` the weight-gradient part of `t_b` for schedules
-that split it. A chunk's action takes `1/v` of its stage's time, so every schedule does the
+that split it. A chunk's action takes `1/v` of its stage's time (DualPipe's all of it: a
+micro-batch crosses one of its two chunks per stage), so every schedule does the
 same work and their makespans compare (`docs/concepts/schedules.md`).
 
 Each rule is written once and is array-generic: `p, m, v, stage` and the times may be Python
@@ -19,10 +20,11 @@ Names in the frameworks (checked against their sources):
 * Megatron-LM main (d98e8a6, megatron/core/pipeline_parallel/schedules.py): 1F1B
   (`forward_backward_pipelining_without_interleaving`) and interleaved 1F1B
   (`--num-virtual-stages-per-pipeline-rank`); no GPipe, ZB-H1, ZBV or DualPipeV (Qi et al.'s
-  fork has the ZB family).
+  fork has the ZB family); megatron-core 0.16.1 has no DualPipe either. DualPipe is run by
+  DeepSeek's own code only (github.com/deepseek-ai/DualPipe), so no stack here runs it.
 * torchtitan 0.3.0 / torch.distributed.pipelining 2.13 (`schedules.get_schedule_class`):
   `PipelineScheduleSingle` classes `GPipe`, `1F1B`; multi-stage `Interleaved1F1B`,
-  `ZBVZeroBubble`, `DualPipeV` (two stages per rank in a V). torchtitan gives a multi-stage
+  `ZBVZeroBubble`, `DualPipeV` (two stages per rank in a V); no bidirectional DualPipe. torchtitan gives a multi-stage
   schedule at least two stages per rank (distributed/pipeline_parallel.py
   `_get_pipeline_metadata`), so `InterleavedZeroBubble` cannot run our one-chunk ZB-H1.
 * Megatron-DeepSpeed (4efb479) on DeepSpeed 0.19.8's pipeline engine: 1F1B
@@ -43,6 +45,7 @@ import shardwise.validate as validate
 from shardwise.errors import ShardwiseError
 from shardwise.schedules.actions import Placement, Schedule, check_dimensions
 from shardwise.schedules.generators import (
+    dualpipe,
     dualpipev,
     gpipe,
     interleaved_1f1b,
@@ -108,9 +111,22 @@ def _dualpipev_bubble(p: Any, v: Any, m: Any, t_f: Any, t_b: Any, t_w: Any) -> A
     """DualPipeV (`m ≥ 2p`), in chunk times `f, b, w` (`_chunk_times`), an overlapped F&B
     taking `f + b + w`: `(p-1)·max(b-w, 0) + max((p-2)f + (p-1)b, 2(p-1)f)`, the longest of
     its four critical paths (`docs/concepts/schedules.md`); `2(p-1)·f` when `f = b = w`."""
-    f, b, w = _chunk_times(t_f, t_b, t_w)
-    return ((p - 1) * np.maximum(b - w, 0.0)
-            + np.maximum((p - 2) * f + (p - 1) * b, 2 * (p - 1) * f))
+    return _dual_bubble(p, *_chunk_times(t_f, t_b, t_w))
+
+
+def _dual_bubble(h: Any, f: Any, b: Any, w: Any) -> Any:
+    """DualPipe's order on `h` half-ranks with chunk times `f`, input-gradient `b`, `w`."""
+    return (h - 1) * np.maximum(b - w, 0.0) + np.maximum((h - 2) * f + (h - 1) * b,
+                                                         2 * (h - 1) * f)
+
+
+def _dualpipe_bubble(p: Any, v: Any, m: Any, t_f: Any, t_b: Any, t_w: Any) -> Any:
+    """DualPipe (even `p`, even `m ≥ 2p`): DualPipeV's critical paths on `p/2` ranks, each
+    chunk a whole stage (`f = t_f`, `b = t_b - t_w`, `w = t_w`). It equals the DeepSeek-V3
+    report's `(p/2-1)(F&B + B - 3W)` (Table 2; F&B = `t_f + t_b` here, nothing hidden) when
+    the forward takes as long as the input gradient, `t_f = t_b - t_w`; it is `t_f` shorter
+    when the input gradient dominates (`docs/concepts/schedules.md`)."""
+    return _dual_bubble(p / 2, t_f, t_b - t_w, t_w)
 
 
 def _all_in_flight(p: Any, m: Any, v: Any, stage: Any) -> Any:
@@ -144,6 +160,12 @@ def _dualpipev_in_flight(p: Any, m: Any, v: Any, stage: Any) -> Any:
     return 2 * p + 1 + 0 * stage
 
 
+def _dualpipe_in_flight(p: Any, m: Any, v: Any, stage: Any) -> Any:
+    """DualPipe (even `m ≥ 2p`): `p + 1` chunks on every rank, each a whole stage's layers of
+    one direction — the report's "PP+1" activation per device (DeepSeek-V3 report, Table 2)."""
+    return p + 1 + 0 * stage
+
+
 def _any_microbatches(p: Any, m: Any) -> Any:
     return m >= 1
 
@@ -168,13 +190,18 @@ class ScheduleInfo:
       words: the generator's requirement, or where the bubble's closed form holds (ZBV);
     * `loss_waits`: the last stage keeps all `m` micro-batches' logits and final-norm inputs
       until backward starts (GPipe), instead of one;
+    * `bidirectional`: two pipelines in opposite directions on the same ranks (DualPipe):
+      chunk `d` runs direction `d`'s `m/2` micro-batches (numbered within it) in the "v"
+      placement, each chunk a whole stage's layers, so a rank holds two stages' parameters
+      and a chunk's action takes the stage's time, not `1/v` of it (`simulate`);
     * `searched`: the planner's default grid includes it (GPipe does not: 1F1B has its bubble
       with less memory);
     * `trainable`: the Transformer training runtime (`runtime.parallelize`) runs it — the V
       placement puts embedding and head on one rank, which its stage split does not do; the
       pipeline executor (`runtime.pipeline`) runs every schedule;
     * `megatron`, `torchtitan`, `deepspeed`: how each framework selects it (None: it has no
-      such schedule).
+      such schedule);
+    * `no_stack`: why no stack runs it, when none does (shown where a layout asks for it).
     """
 
     name: str
@@ -190,11 +217,13 @@ class ScheduleInfo:
     accepts: Callable[[Any, Any], Any] = _any_microbatches
     microbatch_rule: str = ""
     loss_waits: bool = False
+    bidirectional: bool = False
     trainable: bool = True
     searched: bool = True
     megatron: str | None = None
     torchtitan: str | None = None
     deepspeed: str | None = None
+    no_stack: str = ""
 
     @property
     def chunked(self) -> bool:
@@ -266,6 +295,18 @@ _REGISTRY: tuple[ScheduleInfo, ...] = (
                  placement="v", accepts=lambda p, m: m >= 2 * p,
                  microbatch_rule="at least 2·pp micro-batches (two chunks per stage)",
                  trainable=False, torchtitan="DualPipeV"),
+    ScheduleInfo("dualpipe", 6, lambda p, m, v: dualpipe(p, m), "DualPipe",
+                 "DeepSeek-AI 2024 (DeepSeek-V3 §3.2.1, Fig. 5; github.com/deepseek-ai/DualPipe)",
+                 splits_backward=True, bubble=_dualpipe_bubble, in_flight=_dualpipe_in_flight,
+                 chunks=2, placement="v", bidirectional=True,
+                 accepts=lambda p, m: (p % 2 == 0) & (m % 2 == 0) & (m >= 2 * p),
+                 microbatch_rule="an even pp and an even number of micro-batches ≥ 2·pp "
+                                 "(half from each end)",
+                 trainable=False, searched=False,
+                 no_stack="DualPipe is not run by any stack: torchtitan 0.3.0 (torch.distributed."
+                          "pipelining 2.13) and DeepSpeed 0.19.8 ship only DualPipeV, megatron-core "
+                          "0.16.1 neither, and shardwise's pipeline executor runs one direction; "
+                          "simulate and draw it with `shardwise schedule --schedule dualpipe`"),
 )
 
 SCHEDULE_REGISTRY: dict[str, ScheduleInfo] = {info.name: info for info in _REGISTRY}
@@ -330,10 +371,10 @@ def stage_timeline(name: str, p: int, m: int, v: int | None = None, *, t_f: floa
         if t_w >= t_b:
             raise ShardwiseError(f"t_w ({t_w:g}) must be less than t_b ({t_b:g}): it is the "
                                  "weight-gradient part of the backward")
-    share = list(shares) or [1 / chunks] * (p * chunks)
+    share = list(shares) or [1.0 if info.bidirectional else 1 / chunks] * (p * chunks)
     if len(share) != p * chunks:
         raise ShardwiseError(f"{len(share)} shares given, one per virtual stage "
                              f"({p * chunks}) needed")
     return simulate(schedule, [t_f * s for s in share], [t_b * s for s in share],
                     [t_w * s for s in share] if info.splits_backward and t_w else None,
-                    p2p_latency, placement=info.placement)
+                    p2p_latency, placement=info.placement, bidirectional=info.bidirectional)

@@ -1,6 +1,7 @@
 """Gantt charts of a schedule: a terminal grid and an SVG, one row per stage (SPEC §6).
 
-Both take a simulated `Timeline`, or a schedule, which they simulate in `placement` with unit
+Both take a simulated `Timeline`, or a schedule, which they simulate in `placement` (and
+`bidirectional`, DualPipe's two directions, `simulate`) with unit
 actions (F, B and W take 1: `t_f = 1`, a whole backward `t_b = 2` split as `t_w = 1`). Labels are
 kind and micro-batch, e.g. `F3`, with `.chunk` appended when the schedule has several chunks per
 stage (`F3.1`).
@@ -21,13 +22,13 @@ _COLOURS = {"F": "#4c78a8", "B": "#f58518", "W": "#54a24b"}
 _ROW, _BOX, _LEFT, _TOP, _CHART_WIDTH = 28, 22, 64, 28, 960
 
 
-def _timeline(source: Source, placement: Placement) -> Timeline:
+def _timeline(source: Source, placement: Placement, bidirectional: bool = False) -> Timeline:
     if isinstance(source, Timeline):
         return source
     split = any(split_backwards(actions) for actions in source.values())
     # unsplit backwards take t_b: 1 like the others when nothing is split
     return simulate(source, 1.0, 2.0 if split else 1.0, 1.0 if split else None,
-                    placement=placement)
+                    placement=placement, bidirectional=bidirectional)
 
 
 def _label(action: Action, chunked: bool) -> str:
@@ -35,7 +36,7 @@ def _label(action: Action, chunked: bool) -> str:
 
 
 def render_ascii(source: Source, width: int | None = None, slot: float | None = None,
-                 placement: Placement = "loop") -> str:
+                 placement: Placement = "loop", bidirectional: bool = False) -> str:
     """A grid with one row per stage and one cell per `slot` of time (default: the shortest
     action). An action shows its label in its first cell and `-` in the cells it continues into;
     idle cells show `.`; an action shorter than a slot still gets a cell (later ones shift).
@@ -44,7 +45,7 @@ def render_ascii(source: Source, width: int | None = None, slot: float | None = 
         0 | F0 F1 F2 F3 .  .  B0 B1 B2 B3          (GPipe, p=2, m=4)
         1 | .  F0 F1 F2 F3 B0 B1 B2 B3 .
     """
-    timeline = _timeline(source, placement)
+    timeline = _timeline(source, placement, bidirectional)
     durations = [d for d in (event.end - event.start for event in timeline.events) if d > 0]
     slot = slot or min(durations, default=1.0)
     chunked = any(event.action.chunk for event in timeline.events)
@@ -82,10 +83,11 @@ def _tick_step(span: float) -> float:
     return next(step * power for step in (1, 2, 5, 10) if step * power >= raw)
 
 
-def render_svg(source: Source, title: str | None = None, placement: Placement = "loop") -> str:
+def render_svg(source: Source, title: str | None = None, placement: Placement = "loop",
+               bidirectional: bool = False) -> str:
     """An SVG Gantt chart: stages as rows, one `<rect>` per action coloured by kind (F blue,
     B orange, W green; later chunks paler), labelled when wide enough, over a time axis."""
-    timeline = _timeline(source, placement)
+    timeline = _timeline(source, placement, bidirectional)
     chunks = 1 + max(event.action.chunk for event in timeline.events)
     scale = _CHART_WIDTH / timeline.makespan
     height = _TOP + timeline.stages * _ROW + 36

@@ -10,6 +10,12 @@ With `V = v·p` virtual stages and `vs` the virtual stage an action's chunk runs
     B(j, vs)  needs  F(j, vs) and B(j, vs+1)           (only F(j, vs) for vs = V-1)
     W(j, vs)  needs  B(j, vs)
 
+A bidirectional schedule (DualPipe) runs two pipelines of `p` virtual stages each: chunk `d`
+carries direction `d`'s micro-batches (numbered within their direction) in the "v" placement,
+so direction 0 runs virtual stages `0 … p-1` on stages `0 … p-1` and direction 1 runs
+`p … 2p-1` on stages `p-1 … 0`; a micro-batch's chain starts at `vs ≡ 0` and ends at
+`vs ≡ p-1 (mod p)`, and a micro-batch-chunk is a whole micro-batch's work on its stage.
+
 An overlapped pair (`Action.with_next`, DualPipe's F&B) starts once both members' dependencies
 are met, runs them one after the other, and both outputs count as produced at the pair's end
 (torch.distributed.pipelining sends them after its `OVERLAP_F_B` action). Its time is the sum
@@ -133,22 +139,27 @@ def _weight_times(t_w: Times | None, backward: list[float], count: int) -> list[
     return weight
 
 
-def _dependencies(kind: Kind, micro_batch: int, vs: int, last: int) -> tuple[_Key, ...]:
+def _dependencies(kind: Kind, micro_batch: int, vs: int, last: int,
+                  span: int = 0) -> tuple[_Key, ...]:
+    """`span`: the virtual stages of one pipeline (`p` when bidirectional; 0: all of them)."""
+    first = span and vs % span == 0
+    final = vs == last or (span and vs % span == span - 1)
     if kind == "F":
-        return (("F", micro_batch, vs - 1),) if vs > 0 else ()
+        return (("F", micro_batch, vs - 1),) if vs > 0 and not first else ()
     if kind == "B":
-        upstream = (("B", micro_batch, vs + 1),) if vs < last else ()
+        upstream = (("B", micro_batch, vs + 1),) if not final else ()
         return ("F", micro_batch, vs), *upstream
     return (("B", micro_batch, vs),)
 
 
 def simulate(schedule: Mapping[int, Sequence[Action]], t_f: Times, t_b: Times,
              t_w: Times | None = None, p2p_latency: float = 0.0,
-             placement: Placement = "loop") -> Timeline:
+             placement: Placement = "loop", bidirectional: bool = False) -> Timeline:
     """Simulate `schedule` with per-action times: `t_f` a forward, `t_b` a whole backward and
     `t_w` its weight-gradient part (needed when the schedule has Ws), of one virtual stage —
     one number for all, or a sequence indexed by virtual stage (uneven stages). `placement`
-    maps chunks to virtual stages ("loop" or "v", `actions.virtual_stage`).
+    maps chunks to virtual stages ("loop" or "v", `actions.virtual_stage`); `bidirectional`:
+    two chunks, one pipeline of `p` virtual stages each (DualPipe, see above).
 
     Runs in O(actions): a stage waiting on a dependency sleeps until that action ends. Raises
     `ShardwiseError` naming the stuck actions if the schedule deadlocks; other defects (a
@@ -164,7 +175,10 @@ def simulate(schedule: Mapping[int, Sequence[Action]], t_f: Times, t_b: Times,
     weight = _weight_times(t_w, backward, count) if any(split) else [0.0] * count
     validate.finite(p2p_latency, "p2p_latency", low=0)
 
-    last = count - 1
+    last, span = count - 1, (p if bidirectional else 0)
+    if bidirectional and (count != 2 * p or placement != "v"):
+        raise ShardwiseError("a bidirectional schedule runs two chunks per stage, one per "
+                             "direction, in the \"v\" placement")
     owner = [stage_of(vs, p, placement) for vs in range(count)]  # the stage of each vs
     chunk_vs = [[virtual_stage(stage, c, p, placement) for c in range(count // p)]
                 for stage in range(p)]
@@ -182,7 +196,7 @@ def simulate(schedule: Mapping[int, Sequence[Action]], t_f: Times, t_b: Times,
             start, blocked = free, None
             for action in group:  # a pair starts once both inputs are in
                 for dep in _dependencies(action.kind, action.micro_batch, where[action.chunk],
-                                         last):
+                                         last, span):
                     end = done.get(dep)
                     if end is None:
                         blocked = dep
@@ -214,10 +228,10 @@ def simulate(schedule: Mapping[int, Sequence[Action]], t_f: Times, t_b: Times,
                 if key in sleeping:
                     ready.extend(sleeping.pop(key))
     if any(len(events[s]) < len(schedule[s]) for s in range(p)):
-        raise ShardwiseError(_deadlock_message(schedule, events, p, last, placement))
+        raise ShardwiseError(_deadlock_message(schedule, events, p, last, placement, span))
     makespan = max(row[-1].end for row in events if row)
     busy = sum(e.end - e.start for row in events for e in row)
-    chunks = count // p
+    chunks = 1 if bidirectional else count // p  # chunks per micro-batch on a stage
     return Timeline(p, tuple(e for row in events for e in row), makespan,
                     1 - busy / (p * makespan),
                     tuple(n / chunks for n in peak_in_flight(schedule)))
@@ -231,7 +245,7 @@ def _group(actions: Sequence[Action], index: int) -> list[Action]:
 
 
 def _deadlock_message(schedule: Mapping[int, Sequence[Action]], events: list[list[Event]],
-                      p: int, last: int, placement: Placement) -> str:
+                      p: int, last: int, placement: Placement, span: int = 0) -> str:
     def key(stage: int, a: Action) -> _Key:
         return a.kind, a.micro_batch, virtual_stage(stage, a.chunk, p, placement)
 
@@ -243,8 +257,8 @@ def _deadlock_message(schedule: Mapping[int, Sequence[Action]], events: list[lis
             continue
         for action in _group(schedule[stage], len(events[stage])):
             vs = virtual_stage(stage, action.chunk, p, placement)
-            missing = [dep for dep in _dependencies(action.kind, action.micro_batch, vs, last)
-                       if dep not in done]
+            missing = [dep for dep in _dependencies(action.kind, action.micro_batch, vs, last,
+                                                    span) if dep not in done]
             if missing:
                 kind, j, dep_vs = missing[0]  # chunk c runs virtual stages c·p … c·p + p-1
                 where = (f"on stage {stage_of(dep_vs, p, placement)}"

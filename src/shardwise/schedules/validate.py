@@ -13,7 +13,8 @@ _BEFORE: dict[Kind, Kind] = {"B": "F", "W": "B"}
 
 
 def validate_schedule(schedule: Mapping[int, Sequence[Action]], p: int, m: int,
-                      v: int = 1, placement: Placement = "loop") -> None:
+                      v: int = 1, placement: Placement = "loop",
+                      bidirectional: bool = False) -> None:
     """Raise `ShardwiseError` naming the offending action unless `schedule` is a complete,
     deadlock-free schedule of `p` stages, `m` micro-batches and `v` chunks per stage:
 
@@ -22,13 +23,19 @@ def validate_schedule(schedule: Mapping[int, Sequence[Action]], p: int, m: int,
       one W after the B (a B with no W is the whole backward);
     * an overlapped pair (`with_next`) is two actions, not the stage's last;
     * under the dependencies of `simulate` (with `placement`), no stage waits forever.
+
+    `bidirectional` (DualPipe): `m/2` micro-batches per direction, numbered `0 … m/2-1` within
+    each chunk (`simulate`), so the checks above run with `m/2`; `m` must be even.
     """
     check_dimensions(p, m, v)
     if (stages := num_stages(schedule)) != p:
         raise ShardwiseError(f"schedule has {stages} stages, expected p={p}")
+    if bidirectional and (m % 2 or v != 2):
+        raise ShardwiseError(f"a bidirectional schedule needs an even m and v=2, got m={m}, "
+                             f"v={v}")
     for stage in range(p):
-        _check_stage(stage, schedule[stage], m, v)
-    simulate(schedule, 1.0, 2.0, 1.0, placement=placement)
+        _check_stage(stage, schedule[stage], m // 2 if bidirectional else m, v)
+    simulate(schedule, 1.0, 2.0, 1.0, placement=placement, bidirectional=bidirectional)
 
 
 def _check_stage(stage: int, actions: Sequence[Action], m: int, v: int) -> None:

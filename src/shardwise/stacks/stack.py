@@ -236,8 +236,10 @@ class Stack:
                 out.append(f"{self.name} has no {axis.upper()} ({axis}={getattr(layout, axis)}); "
                            f"it runs {', '.join(self.axes) or 'data parallelism only'}")
         if layout.pp > 1 and layout.schedule not in self.schedules():
+            from shardwise.schedules.registry import get_schedule
+            none = get_schedule(layout.schedule).no_stack  # DualPipe: no stack runs it
             out.append(f"{self.name} has no {layout.schedule} pipeline schedule; valid: "
-                       f"{', '.join(self.schedules())}")
+                       f"{', '.join(self.schedules())}" + (f" ({none})" if none else ""))
         if layout.zero not in self.zero:
             out.append(f"{self.name} has no ZeRO-{layout.zero}; valid: "
                        f"{', '.join(map(str, self.zero))}")

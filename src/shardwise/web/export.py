@@ -1,7 +1,8 @@
 """A plan's launch configuration as a file to download: the framework's text under a header
 comment with the share link, the equivalent `shardwise plan … --emit …` command and one note per
 flag the file sets (what `activation-checkpoint:selective` or `--use-distributed-optimizer`
-does). The web planner's Download buttons serve it; the CLI can print the same header.
+does), and each launcher's job under the same header (`download_job`). The web planner's
+Download buttons serve them; the CLI can print the same header.
 
 `#` starts a comment in the launch scripts (bash) and in DeepSpeed's config, which DeepSpeed
 0.19.8 reads with hjson (deepspeed/runtime/config.py, `DeepSpeedConfig.__init__`).
@@ -140,7 +141,10 @@ def flag_notes(config: str) -> list[str]:
 
 # not in the command: how many rows the page lists changes nothing in the file (a compared
 # --layout stays: --emit exports it, as the plan's payload does)
-SKIPPED = {"emit", "top"}
+SKIPPED = {"emit", "top", "image"}
+# a launcher's job: its file name (`{framework}` the exported framework's)
+JOB_FILES = {"torchrun": "torchrun-{framework}.sh", "slurm": "{framework}.sbatch",
+             "k8s": "{framework}-pytorchjob.yaml", "skypilot": "{framework}-skypilot.yaml"}
 
 
 def plan_command(request: dict[str, Any], framework: str) -> str:
@@ -189,3 +193,12 @@ def download(framework: str, config: str, command: str, link: str | None) -> dic
         first, rest = config.split("\n", 1)
         return {"filename": FILES[framework], "text": f"{first}\n{top}{rest}"}
     return {"filename": FILES[framework], "text": top + config}
+
+
+def download_job(framework: str, launcher: str, job: str, command: str, link: str | None,
+                 image: str | None) -> dict[str, str]:
+    """A launcher's job as a file: `download`'s header (its command `plan … --emit F
+    --launcher L`, `--image` for k8s) over the job `plan … --launcher L` prints."""
+    words = ["--launcher", launcher, *(["--image", image] if launcher == "k8s" and image else [])]
+    file = download(framework, job, f"{command} {shlex.join(words)}", link)
+    return {"filename": JOB_FILES[launcher].format(framework=framework), "text": file["text"]}

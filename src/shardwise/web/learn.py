@@ -579,3 +579,9 @@ def checkpoint_interval(
                          interruptions_per_day=86400 / mtbf, stall_s=stall_s,
                          restart_s=restart_min * 60, **curve,
                          goodput=1 / (1 + curve["daly_total"]))
+
+
+# ------------------------------------------------------------------- 10: a run's timeline
+from shardwise.web.learn_timeline import router as _timeline_router  # noqa: E402
+
+router.include_router(_timeline_router)

@@ -21,6 +21,7 @@ from mcp.server.stdio import stdio_server
 from pydantic import BaseModel, Field, ValidationError
 
 from shardwise import __version__
+from shardwise.emit.launchers import LAUNCHERS
 from shardwise.errors import ShardwiseError, one_line
 from shardwise.web import tools
 from shardwise.web.app import _json_safe
@@ -29,10 +30,14 @@ FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
 
 
 class ExportRequest(tools.PlanRequest):
-    """`export`'s input: a plan request and the framework to launch its layout with."""
+    """`export`'s input: a plan request, the framework to launch its layout with, and the
+    launcher whose job runs it on the planned nodes (`image`: the k8s job's container)."""
 
     framework: Literal[FRAMEWORKS] = Field(  # type: ignore[valid-type]
         "megatron", description="The framework whose configuration to write.")
+    launcher: Literal[LAUNCHERS] | None = Field(  # type: ignore[valid-type]
+        None, description="Also write the job that runs it on the planned nodes "
+                          "(`plan --emit F --launcher L`; k8s needs `image`).")
 
 
 class ExportResponse(tools._Out):
@@ -43,6 +48,8 @@ class ExportResponse(tools._Out):
     step_seconds: float = Field(description="Its predicted step time.")
     uncertainty: dict[str, Any] = Field(description="The step time's band and its basis.")
     config: str = Field(description="The launch configuration (a refusal is a tool error).")
+    launcher: str | None = Field(None, description="The launcher asked for, if any.")
+    script: str | None = Field(None, description="Its job (`plan … --launcher L`).")
 
 
 class ModelsResponse(tools._Out):
@@ -55,15 +62,31 @@ class NoInput(tools._In):
     """A tool without arguments."""
 
 
+WEB_ONLY = ("download", "jobs", "replan")  # the planner page's files and buttons
+
+
+def _plan(request: tools.PlanRequest) -> dict[str, Any]:
+    """`/api/plan`'s answer less what only the page uses (`WEB_ONLY`): `plan --json`'s."""
+    payload = tools.plan_sync(request)
+    for emitted in payload["emits"].values():
+        for key in WEB_ONLY:
+            emitted.pop(key, None)
+    return payload
+
+
 def _export(request: ExportRequest) -> dict[str, Any]:
-    plan_request = tools.PlanRequest(**request.model_dump(exclude={"framework"},
+    plan_request = tools.PlanRequest(**request.model_dump(exclude={"framework", "launcher"},
                                                           exclude_unset=True))
-    payload = tools.plan_sync(plan_request)
+    payload = _plan(plan_request)
     emit = payload["emits"][request.framework]
     if emit.get("error"):
         raise ShardwiseError(emit["error"])
+    job = emit["launchers"][request.launcher] if request.launcher else None
+    if isinstance(job, dict):  # k8s without an image
+        raise ShardwiseError(job["error"])
     chosen = payload.get("recommended") or payload["ranked"][0]
-    return {**emit, "framework": request.framework, "layout": chosen["short"],
+    return {**emit, "launcher": request.launcher, "script": job,
+            "framework": request.framework, "layout": chosen["short"],
             "step_seconds": chosen["estimate"]["total"],
             "uncertainty": chosen["estimate"]["uncertainty"]}
 
@@ -82,7 +105,7 @@ TOOLS: dict[str, Tool] = {
     "plan": Tool("Search every layout of a model on a cluster and rank them "
                  "(`shardwise plan --json`): step time with its band (± from published runs; "
                  "'unvalidated' marks what no run validates), memory, MFU, the exports.",
-                 tools.PlanRequest, tools.PlanResponse, tools.plan_sync),
+                 tools.PlanRequest, tools.PlanResponse, _plan),
     "memory": Tool("Per-GPU memory of one layout, stage by stage, in bytes "
                    "(`shardwise memory --json`).",
                    tools.MemoryRequest, tools.MemoryResponse, tools.memory),
@@ -93,7 +116,9 @@ TOOLS: dict[str, Tool] = {
                  "(`shardwise comm --json`).",
                  tools.CommRequest, tools.CommResponse, tools.comm),
     "export": Tool("The planned layout as a Megatron-LM, torchtitan or DeepSpeed launch "
-                   "configuration (`shardwise plan --emit FRAMEWORK`), with its band.",
+                   "configuration (`shardwise plan --emit FRAMEWORK`), with its band; with "
+                   "`launcher` also the torchrun, Slurm, Kubeflow or SkyPilot job that runs it "
+                   "(`--launcher`).",
                    ExportRequest, ExportResponse, _export),
     "models": Tool("The preset models and their parameter counts (`shardwise models --json`).",
                    NoInput, ModelsResponse, lambda _: {"models": tools.models()}),

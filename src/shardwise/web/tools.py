@@ -423,6 +423,9 @@ class PlanRequest(ModelChoice, TrainFields):
     link: str | None = Field(None, max_length=4000,
                              description="The page's share link, written into each download's "
                                          "header; no effect on the plan.")
+    image: str | None = Field(None, max_length=255, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$",
+                              description="Container image of the k8s launcher's job "
+                                          "(`--image`); no effect on the plan.")
 
 
 class PlanEntryOut(_Out):
@@ -483,12 +486,13 @@ class PlanResponse(_Out):
 def plan_sync(request: PlanRequest) -> dict[str, Any]:
     """The search and its payload, as `shardwise plan --json` computes them."""
     options = request.model_dump(exclude={"model", "hf_config", "layout", "fix", "max",
-                                          "link", *STACK_CHOICES})
+                                          "link", "image", *STACK_CHOICES})
     options["stack_kw"] = request.stack_kw()
     result = builders.run_plan(request.spec(), layout_text=request.layout, fix_text=request.fix,
                                max_text=request.max, memory_budget=PLAN_REQUEST_BYTES,
                                **options)
-    payload = builders.plan_payload(result, tokens=request.tokens, price=request.price)
+    payload = builders.plan_payload(result, tokens=request.tokens, price=request.price,
+                                    image=request.image)
     return with_downloads(payload, request)
 
 
@@ -521,9 +525,10 @@ def plan_checked(request: PlanRequest) -> dict[str, Any]:
 
 
 def with_downloads(payload: dict[str, Any], request: PlanRequest) -> dict[str, Any]:
-    """Each export of `payload` with its file to download (`web.export.download`), or, for a
-    framework another stack exports, that stack's name (`replan`: the planner's "re-plan for
-    this stack")."""
+    """Each export of `payload` with its file to download (`web.export.download`) and each
+    launcher's job (`jobs`: launcher → file, `web.export.download_job`), or, for a framework
+    another stack exports, that stack's name (`replan`: the planner's "re-plan for this
+    stack")."""
     fields = request.model_dump(exclude={"link"})
     for framework, emitted in payload["emits"].items():
         if emitted.get("error"):
@@ -534,6 +539,10 @@ def with_downloads(payload: dict[str, Any], request: PlanRequest) -> dict[str, A
             command = export.plan_command(fields, framework)
             emitted["download"] = export.download(framework, emitted["config"], command,
                                                   request.link)
+            emitted["jobs"] = {
+                launcher: export.download_job(framework, launcher, job, command, request.link,
+                                              request.image)
+                for launcher, job in emitted["launchers"].items() if isinstance(job, str)}
     return payload
 
 

@@ -164,7 +164,7 @@ function render(out, state) {
 // wall time's shares and a link to the explainer set to the winner's numbers.
 function renderGoodput(out, best) {
   const g = out.goodput, r = out.reliability;
-  const kpis = [["goodput", pct(g.goodput)], ["a failure every", humanTime(g.job_mtbf_hours * 3600)], ["interruptions a day", g.interruptions_per_day.toFixed(1)],
+  const kpis = [["goodput", pct(g.goodput)], ["a failure every", humanTime(g.job_mtbf_hours * 3600)], ["interruptions", g.interruption_rate],
     ["checkpoint every", `${humanTime(g.checkpoint_interval_s)} (${g.checkpoint_every_steps.toLocaleString("en")} steps)`],
     ["checkpoint", `${(g.checkpoint_bytes / 1e9).toLocaleString("en", { maximumFractionDigits: 1 })} GB`], ["write", humanTime(g.checkpoint_write_s)]];
   if (g.days !== null) kpis.push(["days with failures", g.days.toFixed(1)], ["interruptions", Math.round(g.expected_interruptions).toLocaleString("en")]);
@@ -182,6 +182,23 @@ function renderGoodput(out, best) {
 }
 
 let downloadUrl = "";
+let jobUrls = [];
+
+// each launcher's job (`emits[framework].jobs`, `shardwise plan … --launcher L`) as a download;
+// a launcher that cannot write one says why (k8s: the container image)
+function jobLinks(emit) {
+  jobUrls.forEach((url) => URL.revokeObjectURL(url));
+  jobUrls = [];
+  const entries = Object.entries(emit.launchers ?? {});
+  const links = [...entries.filter(([l]) => emit.jobs?.[l]), ...entries.filter(([l]) => !emit.jobs?.[l])].map(([launcher, job]) => {
+    const file = emit.jobs?.[launcher];
+    if (!file) return `<span class="hint" id="job-${launcher}">${escapeHtml(launcher)}: ${escapeHtml(job.error ?? "no job")}</span>`;
+    const url = URL.createObjectURL(new Blob([file.text], { type: "text/plain" }));
+    jobUrls.push(url);
+    return `<a class="button" id="job-${launcher}" download="${escapeHtml(file.filename)}" href="${url}">Download ${escapeHtml(file.filename)}</a>`;
+  });
+  return links.length ? `<p class="hint">The job that runs it on the planned nodes (<code>--launcher</code>):</p><div class="actions" id="jobs">${links.join("")}</div>` : "";
+}
 
 function renderEmits(out) {
   const tabs = document.getElementById("tabs");
@@ -210,7 +227,7 @@ function renderEmits(out) {
     URL.revokeObjectURL(downloadUrl);
     downloadUrl = URL.createObjectURL(new Blob([file.text], { type: "text/plain" }));
     const which = out.given ? `your layout, ${out.given.short}` : `the recommended layout, ${(out.recommended ?? out.ranked[0]).short}`;
-    panel.innerHTML = `<p class="hint" id="emit-for">For ${escapeHtml(which)} (as <code>shardwise plan … --emit ${escapeHtml(name)}</code>).</p><div class="actions"><a class="button primary" id="download" download="${escapeHtml(file.filename)}" href="${downloadUrl}">Download ${escapeHtml(file.filename)}</a><button type="button" id="copy">Copy ${escapeHtml(name)} config</button></div><pre class="code" id="emit-text" tabindex="0"></pre>`
+    panel.innerHTML = `<p class="hint" id="emit-for">For ${escapeHtml(which)} (as <code>shardwise plan … --emit ${escapeHtml(name)}</code>).</p><div class="actions"><a class="button primary" id="download" download="${escapeHtml(file.filename)}" href="${downloadUrl}">Download ${escapeHtml(file.filename)}</a><button type="button" id="copy">Copy ${escapeHtml(name)} config</button></div>${jobLinks(emit)}<pre class="code" id="emit-text" tabindex="0"></pre>`
       + (emit.notes.length ? `<ul class="hint">${emit.notes.map((n) => `<li>${escapeHtml(n)}</li>`).join("")}</ul>` : "");
     document.getElementById("emit-text").textContent = file.text;
     document.getElementById("copy").addEventListener("click", (ev) => copyText(ev.target, file.text));

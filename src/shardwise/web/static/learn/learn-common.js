@@ -13,6 +13,7 @@ export const WIDGETS = [
   ["ring-attention", "Ring attention", "K/V blocks hop around the ring; causal balance by layout."],
   ["context-wall", "Context wall", "The longest sequence that fits grows with context-parallel devices."],
   ["checkpoint-interval", "How often to checkpoint", "Checkpoint stalls against the work a failure loses, and the interval between them that wastes least."],
+  ["run-timeline", "A run's timeline", "One simulated run's failures, checkpoints, restarts and stragglers, and the goodput each checkpoint policy leaves."],
 ];
 
 const SVG_NS = "http://www.w3.org/2000/svg";

@@ -1,35 +1,23 @@
-"""The predicted side of `shardwise check` (SPEC §9): what the analytic model says one rank of a
-layout sends, saves and holds, and the rows that compare it with what a run measured
-(`runtime.measure` measures; this module is pure arithmetic, no torch).
-
-    CheckRow         one predicted-versus-measured item, its target and why it differs
-    merge_rows       per pipeline stage and item, the rank with the largest error
-    predicted_comm   every collective one rank issues per optimizer step (`estimate.comm`)
-    comm_rows        per (mesh axis, op): the payload the model predicts vs the payload counted,
-                     and SPEC §5's ring bytes vs the bytes measured on the wire (`Counted`,
-                     `Traffic`; "assumed (ring)" where nothing could be measured)
-    predicted_saved  bytes one layer saves per micro-batch (`estimate.memory`, SPEC §3)
-    activation_note  why an activation row differs
-    state_rows       parameters, gradients, fp32 masters, optimizer moments per rank (SPEC §2)
-    peak_row         the predicted peak next to torch's allocator peak (reported)
-    checkpoint_rows  one checkpoint's tensors (exact) and write time against this disk's
-                     measured bandwidth (`estimate.goodput`)
-
-Targets (`CheckRow.target`): communication payload exact (to float rounding, 1e-12
-relative), saved activations within 1 %, state exact; "-" for a row outside the §3/§5 model
-and for the wire rows, whose bytes include what no model here describes: TCP/IP headers and
-the backend's own message headers, and its own algorithm where it is not the ring's
-(docs/howto/check.md).
-"""
+"""What one rank sends per optimizer step (`predicted_comm`, from `estimate.comm`'s formulas)
+and the rows comparing it with a run: the payload handed to each collective (exact) and the
+bytes on the wire (`comm_rows`: within the algorithm's bytes plus the framing allowance,
+docs/howto/check.md)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+from dataclasses import dataclass, replace
 
 from shardwise.arch import ModelSpec
+from shardwise.estimate.check.rows import (
+    COUNTS_OP,
+    EXACT,
+    FRAMED,
+    REPORTED,
+    ROUTING_COUNTS_OP,
+    ROUTING_GATHER_OP,
+    CheckRow,
+)
 from shardwise.estimate.comm import (
     cp_comm_bytes_per_layer,
     dp_step_comm_ops,
@@ -44,131 +32,15 @@ from shardwise.estimate.comm import (
     ulysses_comm_bytes_per_layer,
     vocab_parallel_comm_ops,
 )
-from shardwise.estimate.goodput import (
-    checkpoint_bytes,
-    checkpoint_bytes_per_param,
-    checkpoint_writes,
-)
 from shardwise.estimate.memory import (
-    activation_bytes_per_layer,
-    bytes_per_param_training,
     layer_params,
-    saved_tensors_per_layer,
     stage_layers,
     stage_params,
-    training_memory_per_gpu,
 )
 from shardwise.layout import Layout, TrainSpec
 from shardwise.units import dtype_bytes
 
-__all__ = [
-    "COUNTS_OP",
-    "EXACT",
-    "FRAMED",
-    "REPORTED",
-    "ROUTING_COUNTS_OP",
-    "ROUTING_GATHER_OP",
-    "RUNTIME_IMPL",
-    "WITHIN_1PC",
-    "CheckRow",
-    "Counted",
-    "Term",
-    "Traffic",
-    "activation_note",
-    "checkpoint_rows",
-    "comm_rows",
-    "merge_rows",
-    "peak_row",
-    "predicted_comm",
-    "predicted_saved",
-    "ring_factor",
-    "state_rows",
-    "zero_units",
-]
 
-EXACT, WITHIN_1PC, REPORTED = "exact", "1%", "-"
-FRAMED = "algorithm"  # a wire row: the algorithm's bytes + framing allowance (`_wire_row`)
-RUNTIME_IMPL = "shardwise"  # the activation profile the runtime implements (estimate.profiles)
-_ROUNDING = 1e-12  # "exact": equal to float rounding
-# the op name under which expert parallelism's per-expert row-count exchange is counted
-COUNTS_OP = "all-to-all (counts)"
-# ... and the all-reduce of an MoE layer's per-expert counts over the ranks sharing its
-# sequences (cp, SP), for the load-balancing loss (`runtime.parallelize.apply_sequence_shards`)
-ROUTING_COUNTS_OP = "all-reduce (routing counts)"
-# ... and the all-gather of their expert choices for the capacity (`_sequence_keep` there)
-ROUTING_GATHER_OP = "all-gather (routing)"
-
-
-# ------------------------------------------------------------------------------- the rows
-@dataclass(frozen=True)
-class CheckRow:
-    """One predicted-versus-measured item of one rank (or the worst rank, after merging).
-
-    item: "comm", "activations", "state" or "peak memory"; what: "tp all-reduce", "layer 3",
-    "weights"…; predicted, measured: bytes (None where there is nothing to compare); target:
-    "exact", "1%", "algorithm" (a wire row: measured within `allowed`, the algorithm's bytes
-    plus the framing allowance) or "-"
-    (reported, outside the model); note: why they differ, or how the prediction was composed;
-    ranks: how many ranks the row stands for.
-    """
-
-    item: str
-    what: str
-    predicted: float | None
-    measured: float | None
-    target: str = EXACT
-    note: str = ""
-    rank: int = 0
-    stage: int = 0
-    ranks: int = 1
-    allowed: tuple[float, float] | None = None  # FRAMED: the measured bytes' bounds
-
-    @property
-    def error(self) -> float | None:
-        """(measured − predicted) / predicted; 0 when both are 0; None without both."""
-        if self.predicted is None or self.measured is None:
-            return None
-        if self.predicted == 0:
-            return 0.0 if self.measured == 0 else math.inf
-        return (self.measured - self.predicted) / self.predicted
-
-    @property
-    def ok(self) -> bool:
-        """Whether the row meets its target (a "-" row always does)."""
-        error = self.error
-        if self.target == REPORTED:
-            return True
-        if self.target == FRAMED:
-            return (self.allowed is not None and self.measured is not None
-                    and self.allowed[0] <= self.measured <= self.allowed[1])
-        if error is None:
-            return False
-        return abs(error) <= (_ROUNDING if self.target == EXACT else 0.01)
-
-    def as_dict(self) -> dict[str, Any]:
-        error = self.error
-        return asdict(self) | {"error": None if error is None or math.isinf(error) else error,
-                               "ok": self.ok}
-
-
-def merge_rows(per_rank: Sequence[Sequence[CheckRow]]) -> list[CheckRow]:
-    """One row per (pipeline stage, item, what): the rank with the largest error (a row that
-    misses its target first), `ranks` set to how many ranks reported it."""
-    groups: dict[tuple[int, str, str], list[CheckRow]] = {}
-    for rows in per_rank:
-        for row in rows:
-            groups.setdefault((row.stage, row.item, row.what), []).append(row)
-
-    def badness(row: CheckRow) -> tuple[bool, float]:
-        error = row.error
-        return (not row.ok, abs(error) if error is not None else 0.0)
-
-    merged = [replace(max(rows, key=badness), ranks=len(rows)) for rows in groups.values()]
-    order = {"comm": 0, "wire": 0, "activations": 1, "state": 2, "peak memory": 3}
-    return sorted(merged, key=lambda r: (r.stage, order.get(r.item, 9)))
-
-
-# ------------------------------------------------------------------------- predictions
 @dataclass(frozen=True)
 class Term:
     """One analytic traffic term: bytes per optimizer step this rank sends on (axis, op)."""
@@ -451,57 +323,6 @@ def _wire_row(key: tuple[str, str], ring: float, counted: Counted, steps: int,
                     allowed=(low / steps, (low + slack) / steps))
 
 
-def predicted_saved(model: ModelSpec, layout: Layout, train: TrainSpec, moe: bool
-                     ) -> tuple[float, float | None, float]:
-    """Bytes one layer saves per micro-batch on one rank (SPEC §3's generalised count): the
-    layer without its MoE block, the MoE block (None for a dense layer, or under full
-    recompute, which keeps the layer input only), and the bytes the count keeps per row an
-    expert runs (its input, gate, up and down-projection input; 0 for a dense layer)."""
-    t, c, rc = layout.tp, layout.cp, layout.recompute
-    s, b, sp = train.seq_len, layout.micro_batch, layout.sp and layout.tp > 1
-    if rc == "full":
-        return activation_bytes_per_layer(model, s, b, tp=t, sp=sp, cp=c, recompute=rc,
-                                          dtype=train.dtype, impl=train.profile), None, 0.0
-    saved = saved_tensors_per_layer(model, s, b, tp=t, sp=sp, cp=c, flash=train.flash_attention,
-                                    selective=rc == "selective",
-                                    dtype_bytes_=dtype_bytes(train.dtype), moe=moe,
-                                    impl=train.profile, a2a=layout.ulysses_degree)
-    in_moe = {name for name in saved if name == "mlp_input"
-              or name.startswith(("router_", "expert_", "shared_"))} if moe else set()
-    per_row = sum(saved[name] for name in ("expert_inputs", "expert_gate", "expert_up",
-                                           "expert_activation_input", "expert_down_input")
-                  if name in saved) / (model.top_k * s / c * b) if moe else 0.0
-    return (sum(v for name, v in saved.items() if name not in in_moe),
-            sum(saved[name] for name in in_moe) if moe else None, per_row)
-
-
-def activation_note(row: CheckRow, layout: Layout, train: TrainSpec,
-                    model: ModelSpec | None = None) -> list[str]:
-    """Why an activation row differs: the runtime facts that make it differ, with their size."""
-    if row.error == 0 or layout.recompute == "full":
-        return []
-    notes = []
-    c, ab = layout.cp, dtype_bytes(train.dtype)
-    if (model is not None and ab < 4 and train.impl == RUNTIME_IMPL
-            and not row.what.endswith("MoE")):  # (the router's probabilities are fp32 in both)
-        # the count keeps statistics in fp32; the runtime's bf16 kernels keep them in bf16
-        rows = train.seq_len / c * layout.micro_batch
-        t, sp = layout.tp, layout.sp and layout.tp > 1
-        lse = (max(model.n_heads // t, 1) * rows
-               if train.flash_attention and layout.recompute != "selective" else 0)
-        latent = (1 + bool(model.q_lora_rank)) if model.is_mla else 0  # MLA's latent norms
-        what, n = "RMSNorm's rstd and attention's log-sum-exp", (2 / (t if sp else 1)
-                                                                 + latent) * rows + lse
-        notes.append(f"{train.dtype}: the runtime keeps {what} in {train.dtype}, the count in "
-                     f"fp32: −{n * (4 - ab):,.0f} B")
-    if c > layout.ulysses_degree:  # ring attention (the hybrid's too)
-        notes.append(f"ring attention also saves the zigzag token positions, (c, s/c) int64: "
-                     f"+{8 * train.seq_len:,} B")
-        if not train.flash_attention:
-            notes.append("ring attention keeps its output and log-sum-exp, never the scores")
-    return notes
-
-
 def zero_units(model: ModelSpec, layout: Layout, stage: int) -> list[tuple[int, int, bool]]:
     """The flat units `runtime.zero` builds on one rank of pipeline `stage`, in order:
     (parameters, ranks the unit is sharded over, whether it holds experts). The embedding
@@ -541,90 +362,3 @@ def _layer_units(model: ModelSpec, layout: Layout, layers: Sequence[int]
 def _padded(numel: int, n: int) -> int:
     """A flat unit's length padded to a multiple of the `n` ranks sharding it (runtime.zero)."""
     return -(-numel // n) * n
-
-
-def state_rows(model: ModelSpec, layout: Layout, train: TrainSpec, stage: int,
-                measured: dict[str, int]) -> list[CheckRow]:
-    """Weights, gradients, fp32 master weights (mixed precision) and optimizer moments one rank
-    holds after a step (SPEC §2: bf16 + bf16 grads + Adam = 2 + 2 + 4 + 8 B/param). Under ZeRO
-    each flat unit is padded to a multiple of its shard group (`zero_units`), and the
-    gradients held after the step are the reduce-scattered shard on every stage (ZeRO-1 holds
-    the full gradients only from backward until they are reduce-scattered at the step)."""
-    state = bytes_per_param_training(train.dtype, train.grad_dtype, train.optimizer)
-    dense, experts = stage_params(model, layout, stage)
-    n = layout.zero_degree
-    note = (f"{dense:,.0f} dense + {experts:,.0f} expert params; "
-            f"{state.weight:g}/{state.grad:g}/{state.master:g}/{state.moments:g} B per param "
-            "(weights/grads/master/moments)")
-    if layout.zero:
-        units = zero_units(model, layout, stage)
-        full = sum(_padded(u, k) for u, k, _ in units)
-        shard = sum(_padded(u, k) // k for u, k, _ in units)
-        predicted = (state.weight * (shard if layout.zero == 3 else full),
-                     state.grad * shard, state.master * shard, state.moments * shard)
-        note += (f", ZeRO-{layout.zero} over {n}: {len(units)} flat units padded to "
-                 f"{full:,} elements, {shard:,} per shard; gradients held after the step: "
-                 "the shard")
-    else:
-        params = dense + experts  # unsharded: every rank holds its whole share
-        predicted = (state.weight * params, state.grad * params, state.master * params,
-                     state.moments * params)
-    notes = {"master": "fp32 master copies of the bf16 weights (mixed precision; none when "
-                       "the weights are fp32 or wider)",
-             "optimizer": "AdamW's two moments"}
-    return [CheckRow("state", name, predicted[i], measured[name], EXACT,
-                     f"{notes[name]}; {note}" if name in notes else note)
-            for i, name in enumerate(("weights", "grads", "master", "optimizer"))]
-
-
-def peak_row(model: ModelSpec, layout: Layout, train: TrainSpec, stage: int,
-             measured: float | None) -> CheckRow:
-    """The peak-memory row of `stage`: the modelled peak against `max_memory_allocated`
-    (reported, no target; None on CPU)."""
-    breakdown = training_memory_per_gpu(model, layout, train)[stage]
-    predicted = breakdown.peak  # held memory + the largest transient (MemoryBreakdown.peak)
-    if measured is None:
-        return CheckRow("peak memory", "max_memory_allocated", predicted, None, REPORTED,
-                        "no GPU: this run is on CPU (gloo), whose allocator cannot report "
-                        f"a peak; modelled peak from {breakdown.peak_term}")
-    return CheckRow("peak memory", "max_memory_allocated", predicted, measured, REPORTED,
-                    "allocator peak: the model's state and activations plus transient buffers "
-                    f"(modelled: {breakdown.peak_transient or 'none'}; not modelled: collective "
-                    "and recompute buffers, fragmentation); CUDA context excluded")
-
-
-def checkpoint_rows(model: ModelSpec, layout: Layout, train: TrainSpec,
-                    measured: dict[str, float]) -> list[CheckRow]:
-    """One checkpoint of the run (`runtime.saving.measure_checkpoint`) against
-    `estimate.goodput`: its weights, fp32 masters and moments (exact: `P ×` the stack's bytes
-    per parameter), its other tensors, the busiest rank's file, the bytes on disk (reported),
-    and the write time this machine's measured disk bandwidth predicts for the whole
-    checkpoint (reported: one machine writes every rank's share)."""
-    per_param = checkpoint_bytes_per_param(train, layout.zero)
-    whole = checkpoint_bytes(model, train, layout.zero)
-    rank = float(checkpoint_writes(model, layout.world_size, train, **layout.codes(),
-                                   partition=layout.partition)[0])
-    bandwidth = measured["bandwidth"]
-    return [
-        CheckRow("checkpoint", "weights, masters, moments (bytes)", whole, measured["state"],
-                 EXACT, f"{model.count_params().total:,} params × {per_param:g} B "
-                 f"({train.dtype}, the {train.impl} runtime's format); measured: the chunks "
-                 "DCP's .metadata lists, each once"),
-        CheckRow("checkpoint", "step counters, RNG (bytes)", None, measured["other"], REPORTED,
-                 "AdamW's step count per parameter and the CPU generator's state: outside "
-                 "the per-parameter model"),
-        CheckRow("checkpoint", "busiest rank's file (bytes)", rank,
-                 measured["busiest_rank_bytes"], REPORTED,
-                 "predicted: an even share of its stage (DCP gives each replicated chunk to "
-                 "the rank with the least planned so far); measured: its .distcp file, "
-                 "torch.save's framing of every chunk included"),
-        CheckRow("checkpoint", "on disk (bytes)", None, measured["disk_bytes"], REPORTED,
-                 "every file: the tensors in torch.save framing, DCP's .metadata, "
-                 "shardwise.json and the checksum manifest"),
-        CheckRow("checkpoint", "write (s)", whole / bandwidth, measured["seconds"], REPORTED,
-                 f"predicted: the tensors ÷ this disk's {bandwidth / 1e6:,.0f} MB/s "
-                 f"({measured['disk_test_bytes'] / 2**20:g} MiB written and fsync'ed into the "
-                 "same directory just before); measured: the "
-                 "whole save, with DCP's planning and serialisation, the manifest's SHA-256 "
-                 "of every file, the fsyncs and the atomic publish"),
-    ]

@@ -210,8 +210,8 @@ def test_gpu_file_round_trips_through_the_cli(tmp_path):
 
 @pytest.mark.parametrize(("fields", "fragment"), [
     ({"colour": "green"}, "unknown key(s) colour"),
-    ({"peak_bf16": -1}, "peak_bf16 must be a finite number > 0"),
-    ({"hbm_bandwidth": "NaN"}, "hbm_bandwidth must be a finite number > 0"),
+    ({"peak_bf16": -1}, "peak_bf16 (FLOP/s) must be a finite number in [1e+09, 1e+18]"),
+    ({"hbm_bandwidth": "NaN"}, "hbm_bandwidth (bytes/s) must be a finite number in"),
     ({"intra": "warp-drive", "links": []}, "unknown link 'warp-drive'"),
     ({"links": [{"name": "x", "bandwidth": 1e9}]}, "links[0] must be an object with exactly"),
     ({"calibrated_as": "h1000"}, "unknown accelerator 'h1000'"),

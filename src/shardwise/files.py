@@ -6,7 +6,8 @@ it is opened, so `/dev/zero` is not read for ever and a FIFO does not block), an
 size cap. JSON must be strict where it matters: nested at most `MAX_JSON_DEPTH` deep (Python's
 parser recurses; a 100,000-deep file is one line, not a `RecursionError`) and every number
 finite (`NaN`, `Infinity` and `1e400`, which Python reads as inf, are refused naming where
-they stand, e.g. "links.nvlink4 must be a finite number, got inf").
+they stand, e.g. "links.nvlink4 must be a finite number, got inf"), and no object repeats a
+key (Python's parser keeps the last silently; `{"peak_bf16": 1, "peak_bf16": 2}` is refused).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from shardwise.errors import ShardwiseError
-from shardwise.validate import nonfinite, walk
+from shardwise.validate import clean, nonfinite, walk
 
 __all__ = ["MAX_JSON_BYTES", "MAX_JSON_DEPTH", "check_json", "parse_json", "read_bytes",
            "read_json", "regular_file", "save_output"]
@@ -80,10 +81,28 @@ def check_json(data: Any, what: str) -> Any:
     return data
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object's `dict`, refusing a key given twice (`json.loads`' `object_pairs_hook`)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
 def parse_json(text: str | bytes, what: str) -> Any:
-    """Parsed and checked (`check_json`) JSON text; malformed text is one line."""
+    """Parsed and checked (`check_json`) JSON text; malformed text and a key given twice in
+    one object are one line."""
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        raise ShardwiseError(f"{what}: key {clean(str(exc))!r} is given twice in one object; "
+                             "keep one") from None
     except RecursionError:
         raise ShardwiseError(f"{what} nests deeper than {MAX_JSON_DEPTH} levels") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

@@ -17,7 +17,6 @@ A user-defined accelerator comes from a JSON file (`--gpu my.json`, docs/howto/a
 from __future__ import annotations
 
 import difflib
-import math
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -37,15 +36,31 @@ class Link:
     latency: float
 
     def validate(self) -> Link:
-        if not (isinstance(self.name, str) and self.name):
-            raise ShardwiseError(f"a link needs a name, got {self.name!r}")
-        if not (math.isfinite(self.bandwidth) and self.bandwidth > 0):
-            raise ShardwiseError(f"link {self.name}: bandwidth must be a finite number > 0 "
-                                 f"(bytes/s per direction per GPU), got {self.bandwidth!r}")
-        if not (math.isfinite(self.latency) and self.latency >= 0):
-            raise ShardwiseError(f"link {self.name}: latency must be a finite number ≥ 0 "
-                                 f"(seconds), got {self.latency!r}")
+        """Name printable (`validate.label`); bandwidth and latency in `RANGES`."""
+        from shardwise.validate import finite, label
+
+        label(self.name, "a link's name")
+        for key in ("bandwidth", "latency"):
+            low, high, unit = RANGES[key]
+            finite(getattr(self, key), f"link {self.name}: {key} ({unit})", low=low,
+                   high=high)
         return self
+
+
+# The physical range of each figure of an accelerator or link (SI units), far beyond any part
+# made or planned, so that a typo (1e-300 FLOP/s, a latency of 1e300 s) is one line instead of
+# a 300-digit step time: (low, high, unit).
+RANGES: dict[str, tuple[float, float, str]] = {
+    "memory_bytes": (2**20, 2**50, "bytes"),  # 1 MiB to 1 PiB per device
+    "hbm_bandwidth": (1e8, 1e15, "bytes/s"),  # 100 MB/s to 1 PB/s
+    "peak_bf16": (1e9, 1e18, "FLOP/s"),  # 1 GFLOP/s to 1 EFLOP/s per device
+    "peak_fp8": (1e9, 1e18, "FLOP/s"),
+    "peak_fp32": (1e9, 1e18, "FLOP/s"),
+    "boost_clock_mhz": (10.0, 10_000.0, "MHz"),
+    "tdp_w": (1.0, 100_000.0, "W"),
+    "bandwidth": (1e6, 1e15, "bytes/s per direction"),  # 1 MB/s to 1 PB/s
+    "latency": (0.0, 1.0, "s"),  # a message's α: 0 to one second
+}
 
 
 @dataclass(frozen=True)
@@ -85,19 +100,28 @@ class Accelerator:
         return value
 
     def validate(self) -> Accelerator:
+        """Name printable (`validate.label`); every figure in its `RANGES`."""
+        from shardwise.validate import finite, label
+
         problems = []
-        if not (isinstance(self.name, str) and self.name):
-            problems.append(f"name must be a non-empty string, got {self.name!r}")
-        for name in ("memory_bytes", "hbm_bandwidth", "peak_bf16"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                problems.append(f"{name} must be a finite number > 0, got {value!r}")
-        for name in ("peak_fp8", "peak_fp32", "boost_clock_mhz", "tdp_w"):
-            value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and value > 0):
-                problems.append(f"{name} must be a finite number > 0 or absent, got {value!r}")
+        try:
+            label(self.name, "name")
+        except ShardwiseError as exc:
+            problems.append(str(exc))
+        for key in _SCALAR_FIELDS:
+            value = getattr(self, key)
+            if value is None and key not in _REQUIRED:
+                continue
+            low, high, unit = RANGES[key]
+            try:
+                finite(value, f"{key} ({unit})", low=low, high=high)
+            except ShardwiseError as exc:
+                problems.append(str(exc))
         if problems:
-            raise ShardwiseError(f"accelerator {self.name}: " + "; ".join(problems))
+            from shardwise.validate import clean
+
+            raise ShardwiseError(f"accelerator {clean(str(self.name), 64)}: "
+                                 + "; ".join(problems))
         for link in self.links:
             link.validate()
         return self
@@ -105,8 +129,10 @@ class Accelerator:
     def at_clock(self, clock_mhz: float) -> Accelerator:
         """This accelerator with its compute peaks scaled by `clock_mhz / boost_clock_mhz`
         (a sustained-clock cap; see the module docstring). Above the boost clock: unchanged."""
-        if not (math.isfinite(clock_mhz) and clock_mhz > 0):
-            raise ShardwiseError(f"--clock-mhz must be a finite number > 0, got {clock_mhz!r}")
+        from shardwise.validate import finite
+
+        low, high, _ = RANGES["boost_clock_mhz"]
+        finite(clock_mhz, "--clock-mhz", low=low, high=high)
         if self.boost_clock_mhz is None:
             raise ShardwiseError(f"{self.name} has no boost clock to scale from; give "
                                  "boost_clock_mhz in a --gpu FILE")
@@ -286,13 +312,6 @@ _FILE_KEYS = {f.name for f in fields(Accelerator)}
 _REQUIRED = ("name", "memory_bytes", "hbm_bandwidth", "peak_bf16", "intra", "inter")
 
 
-def _number(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            math.isfinite(value) and value > 0):
-        raise ShardwiseError(f"{where} must be a finite number > 0, got {value!r}")
-    return float(value)
-
-
 def accelerator_from_dict(data: Any, source: str) -> Accelerator:
     """An `Accelerator` from a JSON object with its fields (SI units: bytes, bytes/s, FLOP/s,
     MHz, W); `links` a list of {name, bandwidth (bytes/s per direction), latency (s)}.
@@ -304,31 +323,38 @@ def accelerator_from_dict(data: Any, source: str) -> Accelerator:
     if unknown:
         raise ShardwiseError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; valid: "
                              f"{', '.join(sorted(_FILE_KEYS))}")
-    missing = [k for k in _REQUIRED if k not in data]
+    missing = [k for k in _REQUIRED if data.get(k) is None]  # absent or null
     if missing:
         raise ShardwiseError(f"{where}: missing {', '.join(missing)} (needed: "
                              f"{', '.join(_REQUIRED)})")
+    from shardwise.validate import finite, label
+
     for key in ("name", "intra", "inter", "host", "calibrated_as"):
-        if key in data and data[key] is not None and not (
-                isinstance(data[key], str) and data[key]):
-            raise ShardwiseError(f"{where}: {key} must be a non-empty string, got {data[key]!r}")
-    values = {k: _number(data[k], f"{where}: {k}") for k in _SCALAR_FIELDS
-              if data.get(k) is not None}
+        if key in data and data[key] is not None:
+            label(data[key], f"{where}: {key}")
+    if data["name"].lower() in ACCELERATORS or data["name"].lower() in ACCELERATOR_ALIASES:
+        raise ShardwiseError(f"{where}: name {data['name']!r} is a preset's; give your "
+                             "accelerator its own name (the header would show the preset)")
+    values = {k: finite(data[k], f"{where}: {k} ({RANGES[k][2]})", low=RANGES[k][0],
+                        high=RANGES[k][1]) for k in _SCALAR_FIELDS if data.get(k) is not None}
     links = data.get("links", [])
     if not isinstance(links, list):
         raise ShardwiseError(f"{where}: links must be a list of {{name, bandwidth, latency}}")
-    own = []
+    own: list[Link] = []
     for i, link in enumerate(links):
         if not isinstance(link, dict) or set(link) != {"name", "bandwidth", "latency"}:
             raise ShardwiseError(f"{where}: links[{i}] must be an object with exactly name, "
                                  f"bandwidth (bytes/s per direction), latency (s)")
-        latency = link["latency"]
-        if isinstance(latency, bool) or not isinstance(latency, (int, float)):
-            raise ShardwiseError(f"{where}: links[{i}].latency must be a number ≥ 0, got "
-                                 f"{latency!r}")
-        own.append(Link(str(link["name"]), _number(link["bandwidth"],
-                                                   f"{where}: links[{i}].bandwidth"),
-                        float(latency)).validate())
+        name = label(link["name"], f"{where}: links[{i}].name")
+        if name.lower() in LINKS:
+            raise ShardwiseError(f"{where}: links[{i}] is named {name!r} like a preset link; "
+                                 f"give it its own name (presets: {', '.join(LINKS)})")
+        if name.lower() in {x.name.lower() for x in own}:
+            raise ShardwiseError(f"{where}: link {name!r} is defined twice")
+        bandwidth, latency = (finite(link[k], f"{where}: links[{i}].{k} ({RANGES[k][2]})",
+                                     low=RANGES[k][0], high=RANGES[k][1])
+                              for k in ("bandwidth", "latency"))
+        own.append(Link(name, bandwidth, latency).validate())
     calibrated_as = data.get("calibrated_as")
     if calibrated_as is not None:
         calibrated_as = get_accelerator(calibrated_as).name
@@ -340,9 +366,31 @@ def accelerator_from_dict(data: Any, source: str) -> Accelerator:
     return accelerator
 
 
+THIS_MACHINE = "this-machine"  # the accelerator `shardwise calibrate` measures (calibration)
 BORROWED = frozenset({"h20", "b300", "mi355x"})
 """Presets timed with another part's calibration (`calibrated_as`) that no published run or
 component benchmark measured: `estimate.uncertainty.unvalidated` names them (†)."""
+
+
+def check_constants(data: Any, source: str, names: tuple[str, ...] = ()) -> None:
+    """A calibration (constants) file names only accelerators and links that exist: the
+    presets, `this-machine`, its own machine section's link, and `names` (the accelerator in
+    use and its file's links); a typo is refused naming the valid ones, not ignored."""
+    if not isinstance(data, dict):
+        return  # `calibration._apply` says what it must hold
+    from shardwise.validate import known
+
+    where = f"calibration file {source!r}"
+    section = data.get("accelerators")
+    if isinstance(section, dict):
+        known(section, dict.fromkeys((*ACCELERATORS, THIS_MACHINE, *names[:1])),
+              f"{where}: accelerators")
+    machine = data.get("machine")
+    link = machine.get("link") if isinstance(machine, dict) else None
+    own = (link.get("name", "gloo"),) if isinstance(link, dict) else ()
+    for key in ("links", "link_latency"):
+        if isinstance(data.get(key), dict):
+            known(data[key], dict.fromkeys((*LINKS, *names[1:], *own)), f"{where}: {key}")
 
 
 def generation(accelerator: str) -> str:

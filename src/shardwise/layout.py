@@ -229,6 +229,10 @@ class TrainSpec:
                 check(getattr(self, name), name)
             except ShardwiseError as exc:
                 problems.append(str(exc))
+        if (isinstance(self.expert_load, int | float) and not isinstance(self.expert_load, bool)
+                and self.expert_load < 1 - 1e-9):  # the busiest rank holds ≥ the mean
+            problems.append(f"expert_load must be ≥ 1 (the busiest expert-parallel rank's rows "
+                            f"÷ the balanced share; 1: balanced), got {self.expert_load!r}")
         for name in ("seq_len", "global_batch"):  # integers ≥ 1 (a batch may be None)
             value = getattr(self, name)
             if value is not None or name == "seq_len":
@@ -340,6 +344,7 @@ class Layout:
     @property
     def ulysses_degree(self) -> int:
         """Ranks each all-to-all over heads spans: 1 (ring), cp (Ulysses), `ulysses` (hybrid)."""
+        self.check_names()
         return int(ulysses_degree(self.cp, CP_KINDS.index(self.cp_kind), self.ulysses))
 
     def microbatches(self, train: TrainSpec) -> int:
@@ -374,11 +379,22 @@ class Layout:
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
+    def check_names(self) -> None:
+        """`schedule`, `cp_kind` and `recompute` are names their tables hold; else one
+        `ShardwiseError` naming the valid ones (not a `KeyError` from a lookup)."""
+        for name, valid in (("schedule", SCHEDULES), ("cp_kind", CP_KINDS),
+                            ("recompute", RECOMPUTE)):
+            value = getattr(self, name)
+            if not isinstance(value, str) or value not in valid:
+                raise ShardwiseError(f"{name} {value!r} unknown; valid: "
+                                     f"{', '.join(valid)}"[:300])
+
     def codes(self) -> dict[str, Any]:
         """The fields as integers, as the array-generic models take them: `schedule` as its
         registry code, `recompute` as its index in `RECOMPUTE`, `cp_kind` in `CP_KINDS`, `sp`
         as 0/1; without the stage `partition` (one layout's, passed on its own as
         `partition=`)."""
+        self.check_names()
         return {**{k: v for k, v in asdict(self).items() if k != "partition"},
                 "sp": int(self.sp), "cp_kind": CP_KINDS.index(self.cp_kind),
                 "schedule": SCHEDULE_REGISTRY[self.schedule].code,
@@ -464,6 +480,7 @@ class Layout:
     @property
     def placement(self) -> Placement:
         """Which virtual stage each chunk runs: "loop" or "v" (the schedule's)."""
+        self.check_names()
         return SCHEDULE_REGISTRY[self.schedule].placement
 
     def stage_layers(self, n_layers: int) -> tuple[int, ...]:

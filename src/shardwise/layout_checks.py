@@ -41,10 +41,11 @@ def layout_problems(layout: Layout, model: ModelSpec, cluster: Cluster | None = 
             validate.degree(getattr(layout, axis), axis)
         except ShardwiseError as exc:
             out.append(str(exc))
-    try:
-        validate.integer(layout.zero_group, "zero_group", low=0, high=validate.MAX_DEGREE)
-    except ShardwiseError as exc:
-        out.append(str(exc))
+    for name in ("zero_group", "etp", "ulysses"):  # 0: the default each documents
+        try:
+            validate.integer(getattr(layout, name), name, low=0, high=validate.MAX_DEGREE)
+        except ShardwiseError as exc:
+            out.append(str(exc))
     for name, allowed in (("schedule", SCHEDULES), ("recompute", RECOMPUTE)):
         if not isinstance(getattr(layout, name), str):
             out.append(f"{name} must be one of {', '.join(allowed)}, got "

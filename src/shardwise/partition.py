@@ -138,9 +138,27 @@ def stage_partition(n_layers: int, pp: int, chunks: int = 1, partition: Partitio
     possible, the extras on the stages after the first, then the first and the last stage one
     layer short. Llama 3 405B (126 layers) over 16 stages: 7, 8 × 14, 7 (Llama 3 paper §3.3.2);
     BLOOM-176B (70 layers) over 12: 5, 6 × 10, 5 (BLOOM paper §3.4: embedding + 5 blocks on the
-    first stage)."""
-    return tuple(int(n) for n in
-                 (layers_on_stage(n_layers, pp, chunks, stage, partition) for stage in range(pp)))
+    first stage). Inputs checked: integers ≥ 1, a partition of non-negative counts; a
+    stage that would hold a negative count (fewer layers than stages) is one line."""
+    from shardwise import validate
+
+    validate.integer(n_layers, "n_layers", low=1, high=validate.MAX_LAYERS)
+    validate.degree(pp, "pp")
+    validate.degree(chunks, "chunks")
+    if not isinstance(partition, Balanced) and not (isinstance(partition, tuple) and all(
+            validate._is_int(n) and n >= 0 for n in partition)):
+        raise ShardwiseError(f"partition must be a tuple of layer counts ≥ 0, got "
+                             f"{partition!r}"[:200])
+    if isinstance(partition, tuple) and partition and len(partition) not in (pp, pp * chunks):
+        raise ShardwiseError(f"partition has {len(partition)} counts; give pp={pp} or "
+                             f"pp·chunks={pp * chunks}")
+    counts = tuple(int(n) for n in (layers_on_stage(n_layers, pp, chunks, stage, partition)
+                                    for stage in range(pp)))
+    if isinstance(partition, tuple) and min(counts) < 0:  # a `Balanced` probe may go below
+        raise ShardwiseError(f"{n_layers} layers cannot fill pp={pp} stages × {chunks} "
+                             f"chunk(s) (a stage would hold {min(counts)}); use pp·chunks ≤ "
+                             f"{n_layers}")
+    return counts
 
 
 def stage_totals(pp: int, chunks: int, partition: tuple[int, ...],

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import unicodedata
 from collections.abc import Callable, Iterator
 from dataclasses import fields, is_dataclass
 from typing import Any
@@ -31,6 +32,7 @@ __all__ = [
     "MAX_SEQUENCES",
     "MAX_TIME",
     "MIN_TIME",
+    "clean",
     "degree",
     "duration",
     "finite",
@@ -39,6 +41,9 @@ __all__ = [
     "hf_config",
     "instance",
     "integer",
+    "known",
+    "label",
+    "layout_items",
     "nonfinite",
     "option",
     "positive",
@@ -211,6 +216,49 @@ def finite_result(result: Any, what: str = "the result") -> Any:
                              "number; the inputs are beyond what can be computed (use smaller "
                              "or less extreme values)")
     return result
+
+
+def clean(text: str, limit: int = 200) -> str:
+    """`text` safe to print on a terminal or a page: every control or format character
+    (newlines, ESC of an ANSI/OSC sequence, BEL, bidi overrides, Unicode category C*) shown as
+    its escape (`\\x1b`), and at most `limit` characters (then "…")."""
+    out = "".join(ch if unicodedata.category(ch)[0] != "C" else ascii(ch)[1:-1]
+                  for ch in text[:limit])
+    return out + ("…" if len(text) > limit else "")
+
+
+def label(value: Any, name: str, limit: int = 64) -> str:
+    """A name from a user's file (an accelerator's, a link's): a non-empty string of at most
+    `limit` printable characters; a control character (an ANSI/OSC escape, a newline that
+    could forge an `error:` line) is refused, shown escaped."""
+    if not isinstance(value, str) or not value:
+        raise ShardwiseError(f"{name} must be a non-empty string, got {clean(repr(value))}")
+    if value != value.strip() or any(unicodedata.category(ch)[0] in "CZ" and ch != " "
+                                     for ch in value):
+        raise ShardwiseError(f"{name} must be printable text without control characters, "
+                             f"leading or trailing blanks, got {clean(repr(value))}")
+    if len(value) > limit:
+        raise ShardwiseError(f"{name} must be at most {limit} characters, got {len(value)}")
+    return value
+
+
+def known(given: Any, valid: Any, what: str) -> None:
+    """Every name in `given` is one of `valid`; else one line naming the unknown ones and the
+    valid ones (a typo in a file is refused, not ignored)."""
+    valid = list(valid)
+    unknown = [str(g) for g in given if g not in valid]
+    if unknown:
+        raise ShardwiseError(f"{what}: unknown {', '.join(clean(u, 60) for u in unknown[:5])}"
+                             f"{' …' if len(unknown) > 5 else ''}; valid: {', '.join(valid)}")
+
+
+def layout_items(value: str | None, option: str) -> str | None:
+    """`--layout`/`--fix`/`--max` text (CLI and web alike): refused in one line when an item
+    is empty (`tp=8,,pp=2`, a trailing comma), which `Layout.parse_fields` would skip."""
+    if value is not None and any(not item.strip() for item in value.split(",")):
+        raise ShardwiseError(f"{option} {clean(value)!r}: an item is empty; write key=value "
+                             "items separated by single commas, e.g. tp=8,pp=2")
+    return value
 
 
 def option(check: Callable[..., Any], **bounds: Any) -> Callable[[Any, Any, Any], Any]:

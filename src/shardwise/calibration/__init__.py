@@ -106,6 +106,20 @@ class Calibration:
         for name, value in self.link_latency.items():
             if not value >= 0:
                 problems.append(f"latency of {name} must be ≥ 0, got {value}")
+        # physical bounds (issue 47): 1e300 s or an efficiency of 1e-300 is one line, not a
+        # 300-digit step time (`hardware.RANGES` bounds the accelerator's own figures)
+        for name, value, high in (("kernel_overhead", self.kernel_overhead, "1 s"),
+                                  ("matmul_half_dim", self.matmul_half_dim, "1e6"),
+                                  *((f"latency of {k}", v, "1 s")
+                                    for k, v in self.link_latency.items())):
+            if value > float(high.split()[0]):
+                problems.append(f"{name} must be ≤ {high}, got {value}")
+        for name, value in (*((k, getattr(self, k)) for k in (
+                "matmul_efficiency", "attention_efficiency", "hbm_efficiency",
+                "sustained_compute")), *((f"link efficiency of {k}", v)
+                                         for k, v in self.link_efficiency.items())):
+            if 0 < value < 1e-3:
+                problems.append(f"{name} must be ≥ 0.001, got {value}")
         for kernel, params in self.attention_kernels.items():
             if set(params) != set(_KERNEL_KEYS):
                 problems.append(f"attention kernel {kernel} needs exactly "
@@ -210,11 +224,17 @@ def default_calibration(accelerator: str = "default") -> Calibration:
     return _apply(Calibration(), _read_builtin(), accelerator, "built-in").validate()
 
 
-def load_calibration(accelerator: str = "default", path: str | Path | None = None
-                     ) -> Calibration:
-    """Built-in constants, then the keys a user file names (same JSON shape) on top."""
+def load_calibration(accelerator: str = "default", path: str | Path | None = None,
+                     links: tuple[str, ...] = ()) -> Calibration:
+    """Built-in constants, then the keys a user file names (same JSON shape) on top; an
+    accelerator or link it names that is neither a preset nor one of `links` (an accelerator
+    file's own) is refused (`hardware.check_constants`)."""
     cal = default_calibration(accelerator)
     if path is None:
         return cal
     data = read_json(path, "calibration file")
-    return _apply(cal, data, accelerator, str(path)).validate()
+    from shardwise.hardware import check_constants
+
+    mine = _apply(cal, data, accelerator, str(path))
+    check_constants(data, str(path), (accelerator, *cal.link_efficiency, *links))
+    return mine.validate()

@@ -19,11 +19,10 @@ from typing import Any
 from shardwise.calibration import Calibration, load_calibration
 from shardwise.errors import ShardwiseError
 from shardwise.files import read_json
-from shardwise.hardware import Accelerator, Cluster, Link
+from shardwise.hardware import THIS_MACHINE, Accelerator, Cluster, Link
 
 __all__ = ["THIS_MACHINE", "MachineSpec", "cluster_of", "machine_cluster", "read_machine"]
 
-THIS_MACHINE = "this-machine"
 
 
 @dataclass(frozen=True)
@@ -55,6 +54,16 @@ class MachineSpec:
         checks += [(name, v.positive, {}) for name in ("memory_bytes", "peak_flops",
                                                        "memory_bandwidth", "link_bandwidth")]
         problems = []
+        from shardwise.units import DTYPE_BYTES
+
+        for name in ("name", "backend", "link_name"):  # printed: no control characters
+            try:
+                v.label(getattr(self, name), name)
+            except ShardwiseError as exc:
+                problems.append(str(exc))
+        if self.dtype not in DTYPE_BYTES:
+            problems.append(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got "
+                            f"{self.dtype!r}"[:200])
         for name, check, bounds in checks:
             try:
                 check(getattr(self, name), name, **bounds)

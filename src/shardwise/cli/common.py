@@ -401,9 +401,7 @@ def need_matplotlib(option: str, path: str | None) -> None:
 def layout_fields(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """`--layout`/`--fix`/`--max` text: refused in one line when an item is empty
     (`tp=8,,pp=2`, a trailing comma), which `Layout.parse_fields` would skip."""
-    if value is not None and any(not item.strip() for item in value.split(",")):
-        raise ShardwiseError(f"{param.opts[0]} {value!r}: "
-                             "an item is empty; write key=value items separated by single "
-                             "commas, e.g. tp=8,pp=2")
-    return value
+    from shardwise.validate import layout_items
+
+    return layout_items(value, param.opts[0])
 

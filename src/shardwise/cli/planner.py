@@ -111,6 +111,9 @@ from shardwise.validate import option as checked
 @click.option("--image", default=None, help="Container image for --launcher k8s.")
 @click.option("--job-name", default=None, help="Job name for --launcher [default: the model "
                                                "and layout].")
+@click.option("--memory-budget", default="8GB", show_default=True,
+              help="Refuse a search estimated to hold more memory than this (GB = 10^9), "
+                   "naming a --fix/--max that fits.")
 @json_option
 def plan(model: str, gpus: int, gpu: str, clock_mhz: float | None, gpus_per_node: int,
          intra: str | None,
@@ -123,7 +126,7 @@ def plan(model: str, gpus: int, gpu: str, clock_mhz: float | None, gpus_per_node
          wide: bool, as_json: bool, fp8: str | None, offload: str, offload_fraction: float,
          failure_model: str | None, simulate: int | None, stragglers: str | None,
          launcher: str | None, image: str | None, job_name: str | None,
-         **stack_kw: Any) -> None:
+         memory_budget: str, **stack_kw: Any) -> None:
     """Search every layout of MODEL (preset or config.json) and explain the best.
 
     With no arguments: llama3-8b on 64 H100s (8 nodes), s=8192, a 4M-token batch. Rows are
@@ -132,6 +135,7 @@ def plan(model: str, gpus: int, gpu: str, clock_mhz: float | None, gpus_per_node
     fastest, --choose fastest) is recommended and exported (docs/howto/plan.md); each row's
     goodput prices failures, checkpoints and restarts (docs/concepts/goodput.md).
     """
+    from shardwise.budget import parse_budget
     from shardwise.report.plan_report import render_plan
 
     if (launcher or image or job_name) and not emit:
@@ -158,7 +162,8 @@ def plan(model: str, gpus: int, gpu: str, clock_mhz: float | None, gpus_per_node
         "first_stage_layers": first_stage_layers, "last_stage_layers": last_stage_layers,
         "fix_text": fix_text, "max_text": max_text, "all_variants": all_variants,
         "fp8": fp8, "offload": offload, "offload_fraction": offload_fraction,
-        "rank_by": rank_by, **pop_goodput_kw(stack_kw), "export": emit, "choose": choose}
+        "rank_by": rank_by, **pop_goodput_kw(stack_kw), "export": emit, "choose": choose,
+        "memory_budget": parse_budget(memory_budget, "--memory-budget")}
     if console.is_terminal and not as_json and emit is None:
         with console.status("searching layouts…") as status:
             result = run_plan(spec, **options, progress=lambda msg: status.update(msg + "…"))

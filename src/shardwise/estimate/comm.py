@@ -54,7 +54,8 @@ def bus_bandwidth_factor(op: str, n: int) -> float:
 
 def bus_bandwidth(op: str, size: float, n: int, seconds: float) -> float:
     """Bus bandwidth (bytes/s) as nccl-tests defines it: `algbw · factor`, `algbw = S/t`."""
-    return size / seconds * bus_bandwidth_factor(op, n)
+    _check(op, n, size)
+    return size / validate.positive(seconds, "seconds") * bus_bandwidth_factor(op, n)
 
 
 def collective_time(op: str, size: float, n: int, link: Link, algorithm: str = "ring",
@@ -86,7 +87,8 @@ def collective_time(op: str, size: float, n: int, link: Link, algorithm: str = "
 def hierarchical_all_reduce_time(size: float, nodes: int, gpus_per_node: int, intra: Link,
                                  inter: Link) -> float:
     """RS inside each node, ring all-reduce of `S/g` across nodes, AG inside each node."""
-    if nodes < 1 or gpus_per_node < 1:
+    if not all(validate._is_int(x) and 1 <= x <= validate.MAX_DEGREE
+               for x in (nodes, gpus_per_node)):
         raise ShardwiseError("hierarchical all-reduce needs nodes ≥ 1 and gpus_per_node ≥ 1")
     g = gpus_per_node
     inside = 2 * collective_time("reduce-scatter", size, g, intra) if g > 1 else 0.0

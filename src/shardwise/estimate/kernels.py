@@ -77,7 +77,9 @@ class ComputeContext:
         cal = calibration or default_calibration(accelerator.calibration_name)
         settings = train.settings()
         gen = generation(accelerator.calibration_name)
-        recipe = fp8_on(train, accelerator, gen)
+        from shardwise.capabilities import check
+
+        recipe = check(train, accelerator, gen)  # attention kernel and FP8 recipe run here
         mode = settings.kernels
         if mode == "compiled":
             traffic, kernels = _COMPILED_TRAFFIC, (1.0 * _KERNELS_COMPILED,

@@ -116,7 +116,6 @@ def memory_payload(spec: ModelSpec, *, gpus: int = 8, gpu: str | Accelerator = "
     would (`plan.fit.fit_hints`). `fp8`: an FP8 recipe of the stack; `offload`,
     `offload_fraction`: host offload (`TrainSpec`), with the host bytes per rank and per node
     (the largest stage's × GPUs per node: an upper bound)."""
-    from shardwise.estimate.compute import fp8_on
     from shardwise.estimate.memory import saved_tensors_per_layer, training_memory_per_gpu
     from shardwise.estimate.profiles import by_component, fused_attention, get_profile
     from shardwise.estimate.uncertainty import generation
@@ -134,7 +133,9 @@ def memory_payload(spec: ModelSpec, *, gpus: int = 8, gpu: str | Accelerator = "
     layout.validate(spec, cluster, train)
     profile = train.profile
     gen = generation(cluster.accelerator.calibration_name)
-    fp8_on(train, cluster.accelerator, gen)  # the recipe runs on this GPU
+    from shardwise.capabilities import check
+
+    check(train, cluster.accelerator, gen)  # its attention kernel and FP8 recipe run here
     stages = training_memory_per_gpu(spec, layout, train, formula=formula, generation=gen)
     layer = saved_tensors_per_layer(  # one (MoE, if any) layer, one micro-batch, this rank
         spec, seq, layout.micro_batch, tp=layout.tp, sp=layout.sp, cp=layout.cp,
@@ -287,8 +288,9 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str | Accelerator = "h100"
              mtbf_gpu_hours: float | None = None, checkpoint_bandwidth: str | None = None,
              restart_minutes: float | None = None, async_checkpoint: bool = False,
              export: str | None = None, choose: str = "simplest",
-             prune_above: int | None = None) -> Any:
+             prune_above: int | None = None, memory_budget: float | None = None) -> Any:
     """Validate the plan options and search every layout (SPEC §7); returns the `PlanResult`.
+    `memory_budget`: bytes the search may hold (`budget.check_search`; None: no limit).
     `partition` or `first_stage_layers`/`last_stage_layers` set the given layout's stages.
     `layout_text` (`tp=8,pp=2,zero=1`; dp: the GPUs the other axes leave) is evaluated too.
     `impl` names the training stack, `stack_kw` its other choices (`TrainSpec`).
@@ -320,8 +322,9 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str | Accelerator = "h100"
     refused = model_refusal(export, spec, train) if export else None
     if refused:
         raise ShardwiseError(f"{export} cannot run this plan: {refused}")
-    calib = machine_calib or load_calibration(cluster.accelerator.calibration_name,
-                                              calibration_path)
+    calib = machine_calib or load_calibration(
+        cluster.accelerator.calibration_name, calibration_path,
+        tuple(link.name for link in cluster.accelerator.links))
     given = None
     if not layout_text and (partition or first_stage_layers is not None
                             or last_stage_layers is not None):
@@ -347,7 +350,10 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str | Accelerator = "h100"
     inputs.check_stack(train)
     space = SearchSpace(constraint=Constraint.parse(fix_text, max_text),
                         offload=train.stack.offload_kinds() if auto else None)
+    from shardwise.budget import check_search
     from shardwise.plan.prune import PRUNE_ABOVE
+
+    check_search(spec, cluster, train, space, memory_budget, fix_text, max_text)
 
     result = plan(spec, cluster, train, top, headroom=headroom, calib=calib, layout=given,
                   progress=progress, space=space, all_variants=all_variants, rank_by=rank_by,
@@ -375,8 +381,8 @@ def reliability(mtbf_gpu_hours: float | None = None, checkpoint_bandwidth: str |
             raise ShardwiseError(f"--checkpoint-bandwidth {checkpoint_bandwidth!r}: write bytes "
                                  "per second per node, e.g. 2GB/s or 500MB/s") from None
         given["checkpoint_bandwidth"] = validate.finite(
-            rate, f"--checkpoint-bandwidth {checkpoint_bandwidth} (bytes/s per node)", low=0,
-            low_open=True, high=1e15)
+            rate, f"--checkpoint-bandwidth {checkpoint_bandwidth} (bytes/s per node)", low=1e6,
+            high=1e15)  # 1 MB/s (a slow disk) to 1 PB/s
     if restart_minutes is not None:
         given["restart_s"] = 60 * validate.finite(restart_minutes, "--restart-minutes",
                                                   low=0, high=1e6)

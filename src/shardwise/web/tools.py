@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import typing
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Response
@@ -24,12 +25,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from starlette.concurrency import run_in_threadpool
 
 from shardwise.arch import DEFAULT_MODEL, PRESETS, ModelSpec, from_hf_dict, get_model
+from shardwise.budget import web_request_budget
 from shardwise.emit import framework_stack
 from shardwise.errors import ShardwiseError
 from shardwise.hardware import ACCELERATOR_ALIASES, ACCELERATORS, LINKS
 from shardwise.layout import CP_KINDS, RECOMPUTE, SCHEDULES
 from shardwise.report import builders
 from shardwise.stacks import ATTENTION_KERNELS, DEFAULT_STACK, STACKS, TP_OVERLAPS
+from shardwise.validate import layout_items
 from shardwise.web import export
 
 router = APIRouter(tags=["tools"])
@@ -42,6 +45,8 @@ MAX_UPLOAD_BYTES = 1_000_000
 PLAN_TIMEOUT_S = 30.0
 PLAN_WORKERS = 2
 _plan_slots = threading.BoundedSemaphore(PLAN_WORKERS)
+# bytes one search may hold: PLAN_WORKERS of them stay under `budget.WEB_BUDGET` (1.5 GB)
+PLAN_REQUEST_BYTES = web_request_budget(PLAN_WORKERS)
 
 ModelName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
 
@@ -52,8 +57,28 @@ class _Out(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+def _takes_bool(annotation: Any) -> bool:
+    """Whether a field's type admits a bool (bool, bool | None, Any)."""
+    if annotation is bool or annotation is Any:
+        return True
+    return any(_takes_bool(a) for a in typing.get_args(annotation))
+
+
 class _In(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, data: Any) -> Any:
+        """JSON true/false is refused where a number is wanted (pydantic's lax mode reads
+        `{"tp": true}` as tp=1); a form's text "8" still reads as 8."""
+        if isinstance(data, dict):
+            for name, value in data.items():
+                field = cls.model_fields.get(name)
+                if isinstance(value, bool) and field is not None and not _takes_bool(
+                        field.annotation):
+                    raise ValueError(f"{name} must be a number or text, not {str(value).lower()}")
+        return data
 
 
 # ------------------------------------------------------------------------------------ models
@@ -464,7 +489,8 @@ def plan_sync(request: PlanRequest) -> dict[str, Any]:
                                           "link", "image", *STACK_CHOICES})
     options["stack_kw"] = request.stack_kw()
     result = builders.run_plan(request.spec(), layout_text=request.layout, fix_text=request.fix,
-                               max_text=request.max, **options)
+                               max_text=request.max, memory_budget=PLAN_REQUEST_BYTES,
+                               **options)
     payload = builders.plan_payload(result, tokens=request.tokens, price=request.price,
                                     image=request.image)
     return with_downloads(payload, request)
@@ -481,6 +507,11 @@ class FieldError(ShardwiseError):
 def plan_checked(request: PlanRequest) -> dict[str, Any]:
     """`plan_sync`, with an error that only the compared layout causes (the search without it
     runs) named as the `layout` field's."""
+    for name in ("layout", "fix", "max"):  # `tp=8,,pp=2`: 400 naming the field, as the CLI
+        try:
+            layout_items(getattr(request, name), name)
+        except ShardwiseError as exc:
+            raise FieldError(str(exc), name) from None
     try:
         return plan_sync(request)
     except ShardwiseError as exc:

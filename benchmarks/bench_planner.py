@@ -1,29 +1,14 @@
 """Planner speed: layouts evaluated per second and the wall time of a full search.
 
-For each scenario the full `plan()` runs `REPEATS` times (median reported): enumeration of the
-whole grid with pruning, the vectorised step-time and memory evaluation of every valid layout,
-ranking, the scalar re-evaluation of the top 10 (simulator included when small), the §7
-baseline and the explanation's alternatives.
-
-    grid        grid points of the search space (tp × pp × cp × ep × micro-batch × schedule ×
-                ZeRO/hybrid group × sp × recompute)
-    evaluated   valid layouts whose step time and per-stage memory were computed
-    eval rate   evaluated / time of the vectorised evaluation: wall time (large grids run
-                in row blocks on up to 4 threads) and CPU time (all threads)
-    e2e rate    evaluated / wall time of the whole search
-
-MoE searches (second table) prune (`shardwise.plan.prune`): every layout's memory, the step
-time only where it can change the answer. Each runs `MOE_REPEATS` times in a process of its
-own, which reports its peak resident memory (`ru_maxrss`); `timed` counts the step times the
-search evaluated. Targets: dense searches < 1 s, MoE searches < 2 s and < 1.5 GB resident on a
-quiet 2-core machine.
-
-Run: `python benchmarks/bench_planner.py` (a few minutes). It writes its tables to
-`docs/generated/bench_planner.md` (`results.write_result`), which the Accuracy page includes.
-
-The end-to-end rate (evaluated / whole search) is lower for the small searches, where the fixed
-costs (top-10 scalar re-evaluation, the §7 baseline) dominate. For scale: Calculon reports
-about 300 layouts per second.
+Each scenario runs the whole `plan()` `REPEATS` times (median): enumeration with pruning, the
+vectorised evaluation of every valid layout, ranking, the scalar re-evaluation of the top 10,
+the §7 baseline and the explanation. Columns: grid points, layouts evaluated, evaluation rate
+(wall and CPU: large grids run in row blocks on up to 4 threads), end-to-end rate. MoE searches
+(second table) prune (`shardwise.plan.prune`); each runs `MOE_REPEATS` times in a process of
+its own reporting its peak resident memory; `timed` counts the step times evaluated. Targets:
+dense < 1 s, MoE < 2 s and < 1.5 GB resident on a quiet 2-core machine (Calculon reports about
+300 layouts/s). Run: `python benchmarks/bench_planner.py` (minutes); writes
+`docs/generated/bench_planner.md`.
 """
 
 from __future__ import annotations

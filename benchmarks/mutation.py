@@ -2,27 +2,15 @@
 (an operator swapped, a constant moved by one, a condition negated…) the unit tests notice.
 
 Each module group is mutated on its own, in a scratch copy of the repository, against every
-test file that imports it (found by grepping the imports; in-process tests, not `slow` or
-`integration`; mutmut runs, per mutant, only the selected tests that call the mutated
-function). Module- and class-level numeric constants, which mutmut does not reach, are
-mutated too by a small operator of our own (an int n → n + 1, a float x → 1.1·x), each
-against the group's whole test selection. Unreached mutants ("no tests") count as survivors;
-equivalent mutants are listed by hand in mutation.json's "equivalent" (mutant → reason) and
-leave both the numerator and the denominator. `--sample N` draws N mutants per group (seeded)
-instead of all of them. Each group's result, with the commit, date,
-machine and command of its run, is kept in docs/accuracy/mutation.json (a later run of some
-groups replaces theirs only); docs/accuracy/mutation.md, the table and the surviving mutants,
-is written from it.
+test file that imports it (in-process tests only). Module- and class-level numeric constants
+are mutated too by a small operator of our own (int n → n + 1, float x → 1.1·x). Unreached
+mutants count as survivors; equivalent ones are listed by hand in mutation.json's
+"equivalent" (mutant → reason). Results per group, with commit, date, machine and command,
+live in docs/accuracy/mutation.json; docs/accuracy/mutation.md is written from it.
 
-Run on demand, not in CI (the `mutation` extra installs mutmut):
-
-    .venv/bin/python benchmarks/mutation.py                  # every mutant, every group
-    .venv/bin/python benchmarks/mutation.py --sample 200     # 200 per group
-    .venv/bin/python benchmarks/mutation.py --only comm memory   # some groups
-    .venv/bin/python benchmarks/mutation.py --list               # groups and their tests
-    .venv/bin/python benchmarks/mutation.py --report             # the page from the JSON
-
-`mutmut show NAME`, run in the scratch copy the script names, prints a survivor's diff.
+Run on demand (the `mutation` extra): `.venv/bin/python benchmarks/mutation.py` (every group),
+`--sample 200`, `--only comm memory`, `--list` (groups and their tests), `--report` (the page
+from the JSON); `mutmut show NAME` in the scratch copy prints a survivor's diff.
 """
 
 from __future__ import annotations

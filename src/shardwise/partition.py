@@ -140,7 +140,7 @@ def stage_partition(n_layers: int, pp: int, chunks: int = 1, partition: Partitio
     BLOOM-176B (70 layers) over 12: 5, 6 × 10, 5 (BLOOM paper §3.4: embedding + 5 blocks on the
     first stage). Inputs checked: integers ≥ 1, a partition of non-negative counts; a
     stage that would hold a negative count (fewer layers than stages) is one line."""
-    from shardwise import validate
+    import shardwise.validate as validate
 
     validate.integer(n_layers, "n_layers", low=1, high=validate.MAX_LAYERS)
     validate.degree(pp, "pp")

@@ -1,32 +1,12 @@
 """Pipeline actions and schedules as plain data (SPEC §6).
 
-A schedule is `dict[stage, list[Action]]`: what each pipeline stage computes, in order. The
-simulator and the pipeline executor consume the same lists.
-
-An action is `(kind, micro_batch, chunk)`: `F` forward, `B` backward, `W` weight gradient
-(Qi et al. 2023). A `B` whose stage also runs its `W` computes the input gradient only; a `B`
-without a `W` is the whole backward (schedules may mix both: DualPipeV). `with_next` marks an
-action that runs overlapped with the one after it on its stage (DualPipe's "F&B" chunk,
-DeepSeek-AI 2024): the pair starts once both inputs have arrived and sends both outputs when
-both are done, as torch.distributed.pipelining runs its `OVERLAP_F_B` action.
-
-Which virtual stage (the model's `p·v` consecutive layer blocks) chunk `c` of stage `i` runs is
-the schedule's *placement* (`virtual_stage`): "loop" (Megatron-LM's interleaving, Narayanan et
-al. 2021) puts virtual stage `c·p + i` there, so a forward visits stage 0, 1, …, p-1, then 0
-again; "v" (the V-shape of ZBV, Qi et al. 2023 §6, and DualPipeV) runs the even chunks down and the
-odd chunks back up: with two chunks stage `i` holds virtual stages `i` and `2p-1-i`, so stage
-0 holds the first and the last (torch.distributed.pipelining's `style="v"`).
-
-Text form: `<kind><micro-batch>[.<chunk>]` — `F2` is the forward of micro-batch 2 (through
-chunk 0), `B2.1` the backward of micro-batch 2 through chunk 1 (`.0` may be written, and is
-left out when printing); an overlapped pair is joined by `&`, `F5&B2.1`. The kind comes first
-on purpose: torch.distributed.pipelining writes `<stage><kind><micro-batch>`, so its `2F0` is
-stage 2's forward of micro-batch 0; a text starting with a digit is refused with that
-explanation rather than read either way. One stage per line in `schedule_text` (the labels of
-the `render_ascii` grid, which also writes `.0` when a schedule has several chunks):
-
-    0: F0 F1 B0 B1
-    1: F0 B0 F1 B1
+A schedule is `dict[stage, list[Action]]`; the simulator and the pipeline executor consume the
+same lists. An action is `(kind, micro_batch, chunk)`: `F`, `B` (input gradient when its `W`
+runs apart, else the whole backward), `W` (Qi et al. 2023); `with_next` overlaps it with the
+next (DualPipe's F&B). A chunk's virtual stage is the schedule's placement (`virtual_stage`):
+"loop" (Megatron's interleaving: `c·p + i`) or "v" (ZBV, DualPipeV: stage `i` holds `i` and
+`2p-1-i`). Text form: kind first, `F2`, `B2.1`, `F5&B2.1`; torch's `2F0` (stage first) is
+refused with that explanation. docs/concepts/schedules.md#actions-in-full.
 """
 
 from __future__ import annotations

@@ -1,36 +1,11 @@
 """The schedule registry: everything the project knows about each pipeline schedule, in one place.
 
-Adding a schedule means: a generator in `schedules/generators.py` and one `ScheduleInfo` here.
-Everything else — `Layout` validation, the CLI choices and defaults, the planner's grid, the
-bubble and in-flight formulas of the step and memory models, the simulator's placement and B/W
-split, the exports' names — reads this table; nothing else compares schedule names.
-
-Times are per stage (`stage_timeline`): `t_f`, `t_b` a stage's forward and whole backward of
-one micro-batch over all its chunks, `t_w` the weight-gradient part of `t_b` for schedules
-that split it. A chunk's action takes `1/v` of its stage's time (DualPipe's all of it: a
-micro-batch crosses one of its two chunks per stage), so every schedule does the
-same work and their makespans compare (`docs/concepts/schedules.md`).
-
-Each rule is written once and is array-generic: `p, m, v, stage` and the times may be Python
-numbers or NumPy arrays (the planner evaluates millions of layouts at once), and
-`select(codes, rule)` picks each layout's schedule's rule by its integer `code`.
-
-Names in the frameworks (checked against their sources):
-
-* Megatron-LM main (d98e8a6, megatron/core/pipeline_parallel/schedules.py): 1F1B
-  (`forward_backward_pipelining_without_interleaving`) and interleaved 1F1B
-  (`--num-virtual-stages-per-pipeline-rank`); no GPipe, ZB-H1, ZBV or DualPipeV (Qi et al.'s
-  fork has the ZB family); megatron-core 0.16.1 has no DualPipe either. DualPipe is run by
-  DeepSeek's own code only (github.com/deepseek-ai/DualPipe), so no stack here runs it.
-* torchtitan 0.3.0 / torch.distributed.pipelining 2.13 (`schedules.get_schedule_class`):
-  `PipelineScheduleSingle` classes `GPipe`, `1F1B`; multi-stage `Interleaved1F1B`,
-  `ZBVZeroBubble`, `DualPipeV` (two stages per rank in a V); no bidirectional DualPipe. torchtitan gives a multi-stage
-  schedule at least two stages per rank (distributed/pipeline_parallel.py
-  `_get_pipeline_metadata`), so `InterleavedZeroBubble` cannot run our one-chunk ZB-H1.
-* Megatron-DeepSpeed (4efb479) on DeepSpeed 0.19.8's pipeline engine: 1F1B
-  (`deepspeed.runtime.pipe.schedule.TrainSchedule`), and ZB-H1 with `--enable-zbh1-pipeline`
-  (megatron/initialize.py:223 swaps in its `ZeroBubbleH1Pipeline`, which sends each input
-  gradient before the weight gradient and defers those Ws to the drain).
+Adding a schedule: a generator in `schedules/generators.py` and one `ScheduleInfo` here; layout
+validation, the CLI, the planner's grid, the bubble and in-flight rules of the step and memory
+models, the simulator's placement and B/W split and the exports' names read this table. Times
+are per stage (`t_f`, `t_b`, `t_w` over all its chunks; a chunk's action takes `1/v`). Rules
+are array-generic; `select(codes, rule)` picks each layout's. Which framework runs which
+schedule, with the files and versions read: docs/concepts/schedules.md#the-registry-in-full.
 """
 
 from __future__ import annotations

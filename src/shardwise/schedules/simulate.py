@@ -1,40 +1,12 @@
 """List-scheduling simulation of a pipeline schedule (SPEC §6).
 
-Every stage runs its actions in order, one at a time; an action starts at
-`max(stage free, each dependency's end + p2p latency if that dependency ran on another stage)`.
-With `V = v·p` virtual stages and `vs` the virtual stage an action's chunk runs on its stage
-(`actions.virtual_stage`: `c·p + i` in Megatron's "loop" placement, `i` and `2p-1-i` in the
-"v" placement of ZBV and DualPipeV), the dependencies of micro-batch `j` are
-
-    F(j, vs)  needs  F(j, vs-1)                        (none for vs = 0)
-    B(j, vs)  needs  F(j, vs) and B(j, vs+1)           (only F(j, vs) for vs = V-1)
-    W(j, vs)  needs  B(j, vs)
-
-A bidirectional schedule (DualPipe) runs two pipelines of `p` virtual stages each: chunk `d`
-carries direction `d`'s micro-batches (numbered within their direction) in the "v" placement,
-so direction 0 runs virtual stages `0 … p-1` on stages `0 … p-1` and direction 1 runs
-`p … 2p-1` on stages `p-1 … 0`; a micro-batch's chain starts at `vs ≡ 0` and ends at
-`vs ≡ p-1 (mod p)`, and a micro-batch-chunk is a whole micro-batch's work on its stage.
-
-An overlapped pair (`Action.with_next`, DualPipe's F&B) starts once both members' dependencies
-are met, runs them one after the other, and both outputs count as produced at the pair's end
-(torch.distributed.pipelining sends them after its `OVERLAP_F_B` action). Its time is the sum
-of its members': the communication the overlap hides is not in this model.
-
-Costs per action, per virtual stage: F costs `t_f`; a B costs the whole backward `t_b` when its
-stage runs no W for it, else the input-gradient part `t_b - t_w`, and its W the weight-gradient
-part `t_w` (zero-bubble schedules, Qi et al. 2023). So a split and an unsplit backward do the
-same work. The times are per virtual stage: a stage's per-micro-batch time over its `v` chunks
-(`registry.simulate_schedule` takes per-stage times and does this division).
-
-Bubble fraction `1 - busy / (p · makespan)`.
-
-Peak in flight: per stage, the most micro-batch-chunks whose activations are alive at once, each
-counted from its F until its B. In split schedules B frees most activations and a pending W keeps
-only the linear layers' inputs (Qi et al. 2023, Table 1), so pending Ws are not counted; by this
-count ZB-H1 has 1F1B's `[p, p-1, …, 1]`. (Counted until W, ZB-H1 holds `p` on every stage; the
-largest, stage 0's, is the same either way.) In micro-batches, a chunk is `1/v` of one:
-`Timeline.peak_in_flight`.
+An action starts at `max(stage free, each dependency's end + p2p latency across stages)`;
+with `vs` an action's virtual stage: `F(j, vs)` needs `F(j, vs-1)`; `B(j, vs)` needs
+`F(j, vs)` and `B(j, vs+1)`; `W(j, vs)` needs `B(j, vs)`. Bidirectional schedules (DualPipe)
+run two chains of `p`; an overlapped pair starts when both inputs are in and ends after both.
+F costs `t_f`, an unsplit B `t_b`, a split one `t_b - t_w` and its W `t_w` (per virtual
+stage). Bubble `1 - busy / (p · makespan)`; peak in flight counts each micro-batch-chunk from
+its F to its B (Qi et al. 2023, Table 1). docs/concepts/schedules.md#the-simulator-in-full.
 """
 
 from __future__ import annotations

@@ -55,8 +55,6 @@ def check(train: TrainSpec, accelerator: Accelerator, generation: str) -> Fp8Rec
     """`train`'s kernels against `accelerator` (of `generation`): its attention kernel
     (`ATTENTION`) and FP8 recipe (`estimate.kernels.fp8_on`); one line naming the generations
     that run it and what would run here. Returns the FP8 recipe (None in bf16)."""
-    from shardwise.estimate.kernels import fp8_on
-
     settings = train.settings()
     kernel = settings.attention
     # a stack's default kernel (not chosen) stands: it is how the stack is modelled everywhere
@@ -69,3 +67,21 @@ def check(train: TrainSpec, accelerator: Accelerator, generation: str) -> Fp8Rec
             f"{', '.join(ATTENTION[kernel])} GPUs, not {accelerator.name} ({generation})"
             f"{other}")
     return fp8_on(train, accelerator, generation)
+
+
+def fp8_on(train: TrainSpec, accelerator: Accelerator, gen: str) -> Fp8Recipe | None:
+    """`train`'s FP8 recipe, checked against the accelerator: one line where its generation
+    does not run it (TE: `check_fp8_support` Hopper+, `check_mxfp8_support` Blackwell,
+    `check_fp8_block_scaling_support` sm90 + CUDA 12.9; torchtitan: SM89+ or MI300) or it has
+    no FP8 peak figure."""
+    if train.fp8 is None:
+        return None
+    recipe: Fp8Recipe = train.stack.fp8_recipe(train.fp8)
+    if gen not in recipe.architectures:
+        raise ShardwiseError(f"--fp8 {recipe.name} ({recipe.title}) runs on "
+                             f"{', '.join(recipe.architectures)} GPUs, not {accelerator.name} "
+                             f"({gen})")
+    if accelerator.peak_fp8 is None:
+        raise ShardwiseError(f"{accelerator.name} has no FP8 peak figure (peak_fp8); give one "
+                             "in a --gpu FILE")
+    return recipe

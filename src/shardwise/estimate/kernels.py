@@ -19,6 +19,7 @@ import numpy as np
 
 from shardwise.arch import ModelSpec
 from shardwise.calibration import Calibration, default_calibration
+from shardwise.capabilities import check, fp8_on
 from shardwise.errors import ShardwiseError
 from shardwise.fp8 import Fp8Recipe
 from shardwise.hardware import Accelerator, get_accelerator
@@ -77,7 +78,6 @@ class ComputeContext:
         cal = calibration or default_calibration(accelerator.calibration_name)
         settings = train.settings()
         gen = generation(accelerator.calibration_name)
-        from shardwise.capabilities import check
 
         recipe = check(train, accelerator, gen)  # attention kernel and FP8 recipe run here
         mode = settings.kernels
@@ -123,24 +123,6 @@ def _routing(train: TrainSpec) -> tuple[float, float]:
     if train.moe_capacity is not None:
         return float(train.moe_capacity), 1.0
     return train.expert_load, train.experts_active
-
-
-def fp8_on(train: TrainSpec, accelerator: Accelerator, gen: str) -> Fp8Recipe | None:
-    """`train`'s FP8 recipe, checked against the accelerator: one line where its generation
-    does not run it (TE: `check_fp8_support` Hopper+, `check_mxfp8_support` Blackwell,
-    `check_fp8_block_scaling_support` sm90 + CUDA 12.9; torchtitan: SM89+ or MI300) or it has
-    no FP8 peak figure."""
-    if train.fp8 is None:
-        return None
-    recipe: Fp8Recipe = train.stack.fp8_recipe(train.fp8)
-    if gen not in recipe.architectures:
-        raise ShardwiseError(f"--fp8 {recipe.name} ({recipe.title}) runs on "
-                             f"{', '.join(recipe.architectures)} GPUs, not {accelerator.name} "
-                             f"({gen})")
-    if accelerator.peak_fp8 is None:
-        raise ShardwiseError(f"{accelerator.name} has no FP8 peak figure (peak_fp8); give one "
-                             "in a --gpu FILE")
-    return recipe
 
 
 @dataclass(frozen=True)

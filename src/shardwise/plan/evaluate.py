@@ -58,6 +58,17 @@ _THREADS = min(4, os.cpu_count() or 1)
 _THREAD_MIN_CELLS = 32_768
 
 
+def _gathered(value: Any, size: int, index: Any) -> Any:
+    """`value` (an array over `size` distinct pairs, a scalar, None, or a tuple or named tuple
+    of them) taken at `index`, one per layout."""
+    if value is None:
+        return None
+    if isinstance(value, tuple):
+        parts = (_gathered(x, size, index) for x in value)
+        return type(value)(*parts) if hasattr(value, "_fields") else tuple(parts)
+    return np.broadcast_to(value, (size,))[index]
+
+
 def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
                         cand: dict[str, Any], calib: Calibration | None = None,
                         keys: Sequence[str] | None = None) -> dict[str, Any]:
@@ -187,12 +198,7 @@ def _terms(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[str,
     index = inverse * 2 * n_rc + cand["sp"] * n_rc + cand["recompute"]
 
     def gather(value: Any) -> Any:
-        if value is None:
-            return None
-        if isinstance(value, tuple):
-            return type(value)(*(gather(x) for x in value)) if hasattr(value, "_fields") \
-                else tuple(gather(x) for x in value)
-        return np.broadcast_to(value, (shared.size,))[index]
+        return _gathered(value, shared.size, index)
 
     full_costs = {k: gather(v) for k, v in shared.costs.items()}
     partition = _partition(cand)
@@ -332,12 +338,7 @@ def step_floor(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[
         + sub["recompute"]
 
     def gather(value: Any) -> Any:
-        if value is None:
-            return None
-        if isinstance(value, tuple):
-            return type(value)(*(gather(x) for x in value)) if hasattr(value, "_fields") \
-                else tuple(gather(x) for x in value)
-        return np.broadcast_to(value, (shared.size,))[index]
+        return _gathered(value, shared.size, index)
 
     terms = step_terms(shared.ctx, shared.links, train, **{k: sub[k] for k in _STEP_KEYS},
                        costs={k: gather(v) for k, v in shared.costs.items()},

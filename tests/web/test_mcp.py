@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import anyio
@@ -34,7 +35,10 @@ def drive(calls: list[tuple[str, dict[str, Any]]]) -> tuple[list[Any], list[Any]
             listed = (await client.list_tools()).tools
             return listed, [await client.call_tool(name, args) for name, args in calls]
 
-    return anyio.run(session)
+    # in a thread of its own: an earlier test (Playwright's sync API) may leave an event loop
+    # running in this one, and anyio.run refuses to start inside it
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(anyio.run, session).result()
 
 
 def without_timings(payload: dict[str, Any]) -> dict[str, Any]:

@@ -16,8 +16,7 @@ ratio predicted/measured (each point counts alike whatever its size):
     attention    e_k (≤ 1), d½, s½, r_b of `attention_efficiency` per (generation, kernel); what
                  a source does not measure (a head dim, the backward) is transferred, and said so
     HBM          measured / datasheet bandwidth
-    links        efficiency η (≤ 1) and α per ring round of each link class, through
-                 `estimate.comm.collective_time` (ring on a node; hierarchical across nodes)
+    links        efficiency η (≤ 1) and α per ring round, through `estimate.comm.collective_time`
 """
 
 from __future__ import annotations

@@ -9,9 +9,7 @@ only validate). Reported per family, generation and stack: in-sample errors and
 leave-one-family-out errors (the out-of-sample figure), written to
 `docs/generated/accuracy-published.md` and `src/shardwise/data/validation.json` (each run's
 group and out-of-sample error, the ground the runs cover); `--fit` also writes the constants
-into `src/shardwise/data/calibration.json`. Method: docs/accuracy/index.md.
-
-Held out — never read here, never fitted on: Megatron-LM README's H100 weak-scaling table;
+into `src/shardwise/data/calibration.json`. Method: docs/accuracy/index.md. Held out — never read here, never fitted on: Megatron-LM README's H100 weak-scaling table;
 Llama 3 paper Table 4; Korthikanti et al. 2022 tables; BLOOM-176B's training README;
 torchtitan's `benchmarks/` and the TorchTitan paper's tables (and docs/performance.md, which
 carries them); Nemotron-4 15B and 340B reports' tables; MT-NLG 530B; GPT-NeoX-20B; the

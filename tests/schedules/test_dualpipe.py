@@ -3,7 +3,6 @@ the report's closed forms and torch.distributed.pipelining's DualPipeV (DualPipe
 
 import json
 from itertools import pairwise
-from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
@@ -20,6 +19,7 @@ from shardwise.schedules import (
     validate_schedule,
 )
 from shardwise.schedules.generators import dualpipe
+from tests.schedules.test_generators import _pipelining_order
 
 # t_f, t_b (whole backward), t_w with t_f ≠ t_b and t_w ≠ t_b/2, on the line where the forward
 # takes as long as the input gradient (t_f = t_b - t_w), the report's own assumption
@@ -109,22 +109,8 @@ def test_refuses_odd_ranks_odd_or_too_few_micro_batches(p, m):
 
 
 def _dualpipev_order(p, m):
-    """torch.distributed.pipelining 2.13's `ScheduleDualPipeV` order on every rank (its stage
-    `rank` is our chunk 0, `2p-1-rank` chunk 1; `I` a split B; `OVERLAP_F_B` a pair)."""
-    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
-    cls = schedules.get_schedule_class("DualPipeV")
-    shape = SimpleNamespace(pp_group_size=p, _n_microbatches=m, num_stages=2 * p)
-    kinds = {"F": "F", "I": "B", "B": "B", "W": "W"}
-    order = {}
-    for rank in range(p):
-        actions = []
-        for action in cls._calculate_single_rank_operations(shape, rank):
-            parts = (action.sub_actions or (action,)) if action is not None else ()
-            for k, part in enumerate(parts):
-                actions.append(Action(kinds[part.computation_type.value], part.microbatch_index,
-                                      int(part.stage_index != rank), with_next=k < len(parts) - 1))
-        order[rank] = actions
-    return order
+    """torch.distributed.pipelining 2.13's `ScheduleDualPipeV` order on every rank."""
+    return _pipelining_order("DualPipeV", p, m)
 
 
 @pytest.mark.parametrize(("p", "m"), [(2, 4), (4, 8), (4, 10), (8, 20), (8, 22)])

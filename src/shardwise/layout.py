@@ -221,6 +221,13 @@ class TrainSpec:
             out.append(str(exc))
         return out
 
+    @property
+    def routed_load(self) -> float:
+        """The busiest expert-parallel rank's routed rows ÷ the balanced share `T·k`: the
+        capacity factor when experts are padded to capacity (Megatron
+        `--moe-pad-expert-input-to-capacity`, `moe_utils.get_capacity`), else `expert_load`."""
+        return float(self.moe_capacity) if self.moe_capacity is not None else self.expert_load
+
     def validate(self) -> TrainSpec:
         problems = []
         for name, check in (("expert_load", validate.positive), ("experts_active",

@@ -109,8 +109,7 @@ def ep_volumes(model: ModelSpec, train: TrainSpec, *, tokens: Any, e: Any, et: A
     elements over IB and NVLink per pass), "dispatch_bytes" (per element: FP8 with its scales, or the activation dtype).
     """
     k, h = model.top_k, model.d_model
-    load = train.moe_capacity if train.moe_capacity is not None else train.expert_load
-    rows = tokens * k * load
+    rows = tokens * k * train.routed_load
     dispatch_b = FP8_DISPATCH_BYTES if train.moe_dispatch_fp8 else act_bytes
     # Megatron's alltoall dispatcher sends each copy's routing probability beside it
     # (`token_dispatch`: `global_probs = all_to_all(...)`, the router's dtype); torchtitan
@@ -127,8 +126,8 @@ def ep_volumes(model: ModelSpec, train: TrainSpec, *, tokens: Any, e: Any, et: A
     # `MoEFlexTokenDispatcher._initialize_metadata`), balanced over the group
     remote = nodes_reached(model, nodes) * (nodes - 1) / nodes
     local = gpus_reached(model, nodes, ep_in_node) * et * (1 - 1 / (nodes * ep_in_node * et))
-    out["inter"] = tokens * load * remote * h  # elements per pass
-    out["intra"] = tokens * load * local * h
+    out["inter"] = tokens * train.routed_load * remote * h  # elements per pass
+    out["intra"] = tokens * train.routed_load * local * h
     return out
 
 

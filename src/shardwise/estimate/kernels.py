@@ -120,9 +120,7 @@ def _routing(train: TrainSpec) -> tuple[float, float]:
     """(expert_load, experts_active) the experts' GEMMs see: the run's routing, or with a
     capacity factor padded to capacity (Megatron `--moe-pad-expert-input-to-capacity`: every
     expert runs `capacity = factor·T·k/E` rows, `moe_utils.get_capacity`), all of them."""
-    if train.moe_capacity is not None:
-        return float(train.moe_capacity), 1.0
-    return train.expert_load, train.experts_active
+    return train.routed_load, 1.0 if train.moe_capacity is not None else train.experts_active
 
 
 @dataclass(frozen=True)

@@ -185,7 +185,7 @@ def _per_pair(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[s
             a2a=small["a2a"],
             fp8_inputs=ctx.fp8.saved_input_bytes() if ctx.fp8 else 0.0,
             modules=train.recompute_modules, act_fp8_store=train.act_fp8_store,
-            offload_modules=train.offload_modules)
+            offload_modules=train.offload_modules, routed_load=train.routed_load)
 
     act = {"dense": per_layer(False), "moe": per_layer(True) if model.is_moe else 0.0}
     return _PerPair(ctx, Links.of(cluster, cal), costs, act, inverse, len(g_idx))

@@ -68,11 +68,12 @@ STACKS.update({s.name: s.validate() for s in (
         p2p_overlap="interleaved", dtypes=("bf16", "fp16", "fp32"), export="megatron",
         # transformer_config.py fp8_recipe: tensorwise | delayed | mxfp8 | blockwise; the
         # optimizer offload: --optimizer-cpu-offload (with --use-precision-aware-optimizer and
-        # the distributed optimizer; a torch.optim.AdamW on the CPU, core/optimizer/__init__.py;
+        # the distributed optimizer; torch.optim.AdamW(fused=True) on the CPU,
+        # core/optimizer/__init__.py `optimizer_defaults`;
         # HybridDeviceOptimizer pipelines D2H, step and H2D with
         # --overlap-cpu-optimizer-d2h-h2d; --optimizer-offload-fraction keeps a share on GPU)
         fp8=("delayed", "tensorwise", "mxfp8", "blockwise"), fp8_framework="te",
-        offloads=(Offload("optimizer", (1,), "torch-adamw", "pipelined",
+        offloads=(Offload("optimizer", (1,), "torch-adamw-fused", "pipelined",
                           "--optimizer-cpu-offload", fraction=True),),
         # bf16: --grad-reduce-in-bf16 or fp32 (validate_args sets accumulate_allreduce_grads_
         # in_fp32 for bf16 unless --grad-reduce-in-bf16); fp16: fp16 or

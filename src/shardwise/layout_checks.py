@@ -99,8 +99,10 @@ def layout_problems(layout: Layout, model: ModelSpec, cluster: Cluster | None = 
     if model.is_moe and model.n_experts % layout.ep:
         out.append(f"ep={layout.ep} does not divide n_experts={model.n_experts}")
     if et == t and (layout.dp * layout.cp) % layout.ep:
+        folded = ("; with etp=1 (Megatron's --expert-tensor-parallel-size 1) the experts fold "
+                  "over tp·dp·cp" if (t * layout.dp * layout.cp) % layout.ep == 0 else "")
         out.append(f"ep={layout.ep} must divide dp·cp={layout.dp * layout.cp} (experts reuse "
-                   "data/context-parallel ranks)")
+                   f"data/context-parallel ranks){folded}")
     elif (t * layout.dp * layout.cp) % (et * layout.ep):
         out.append(f"etp·ep={et}·{layout.ep} must divide tp·dp·cp={t * layout.dp * layout.cp} "
                    "(the expert layers' ranks of a pipeline stage)")

@@ -244,3 +244,37 @@ def test_capacity_factor_pads_every_expert():
     loaded = _step(replace(base, expert_load=factor))
     assert padded.total == pytest.approx(loaded.total, rel=1e-12)
     assert padded.total > _step(base).total
+
+
+def test_sm_count_by_part_and_generation():
+    """The SM share overlap costs uses the part's own SMs where it has fewer than its
+    generation's flagship (H100 whitepaper: SXM5 132, PCIe 114; H20 78), else the generation's
+    (B200 148, A100 108, MI300X 304 CUs, MI355X 256)."""
+    from shardwise.estimate.expert import sm_count
+    from shardwise.hardware import get_accelerator
+    counts = {name: sm_count(get_accelerator(name)) for name in
+              ("h100-sxm", "h100-pcie", "h800", "h20", "b200", "a100-80gb", "mi300x", "mi355x")}
+    assert counts == {"h100-sxm": 132, "h100-pcie": 114, "h800": 132, "h20": 78, "b200": 148,
+                      "a100-80gb": 108, "mi300x": 304, "mi355x": 256}
+
+
+def test_h20_overlap_costs_its_own_sm_share():
+    """1F1B EP overlap on 64 H20: each of the m - 1 paired micro-batches still pays C·σ/S of
+    its hidden communication C (the first is unpaired), so ep_comm = C·((m-1)·σ/S + 1); the
+    same part counted at Hopper's 132 SMs must give the same C with S = 132 — the H20's 78
+    make the hidden share 132/78 times as dear."""
+    from shardwise.estimate.step import estimate_step
+    from shardwise.hardware import get_accelerator
+    model = get_model("deepseek-v2-lite")
+    train = TrainSpec(seq_len=4096, global_batch=512, impl="megatron-te", moe_dispatcher="flex",
+                      moe_overlap="1f1b")
+    lay = Layout.parse("pp=2,ep=8,zero=1")
+    lay = replace(lay, dp=32)
+    h20 = get_accelerator("h20")
+    as_flagship = replace(h20, name="h20-as-h100", calibrated_as=h20.calibration_name)
+    own = estimate_step(model, Cluster.of(64, h20), lay, train)
+    flagship = estimate_step(model, Cluster.of(64, as_flagship), lay, train)
+    assert own.compute == flagship.compute
+    m, sigma = own.microbatches, COMM_SMS
+    comm = flagship.ep_comm / ((m - 1) * sigma / 132 + 1)
+    assert own.ep_comm == pytest.approx(comm * ((m - 1) * sigma / 78 + 1), rel=1e-9)

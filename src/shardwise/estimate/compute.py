@@ -19,6 +19,7 @@ from shardwise.estimate.host import (
     _OPS_HEAD,
     _OPS_LAYER,
     _with_host,
+    dispatch_sync,
     host_ops,
     host_overhead,
     optimizer_host_ops,
@@ -245,6 +246,8 @@ def layer_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any,
     attn_fwd, attn_bwd = _attention_core(ctx, t, c, b)
     ops_fwd, ops_bwd = host_ops(ctx, t, c, sp, moe, ep)
     fwd = _with_host(ctx, mm.fwd + attn_fwd + memory_time(ctx, mem_f), ops_fwd)
+    if moe:  # the dispatcher's blocking copy of the routing counts (`host.dispatch_sync`)
+        fwd = fwd + dispatch_sync(ctx)
     bwd = _with_host(ctx, mm.dgrad + mm.wgrad + attn_bwd + memory_time(ctx, mem_b), ops_bwd)
     # recompute before the backward: selective the attention core, full the whole forward,
     # op-sac (torchtitan) what it does not save: wo, the third MLP matmul (MoE: the routed

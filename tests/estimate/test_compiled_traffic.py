@@ -142,8 +142,8 @@ def test_compiled_backward_traffic_is_inductors_kernels(rope, gated):
     the input gradients of the projections its output feeds — q, k, v; w1, w3 — and its
     recomputed input, writes one gradient) and the norm weights' gradient reduction over
     tokens 14h (reads the same gradients and inputs again): 38h; RoPE 4(q + kv); SwiGLU 10f
-    (GeLU 6f). The remaining ~0.6 % is a CPU-side copy of the attention's logsumexp (a·8
-    bytes per token) and RoPE's cos/sin reads."""
+    (GeLU 6f). Inductor's kernels move 0.1 to 0.6 % more (RoPE's cos/sin tables, the norms'
+    weights and rstd, which the rule leaves out)."""
     assert _inductor_kernels(rope, gated)[0][1] == pytest.approx(
         _predicted(rope, gated)[0][1], rel=0.03)
 
@@ -152,8 +152,5 @@ def test_compiled_backward_traffic_is_inductors_kernels(rope, gated):
 @pytest.mark.parametrize(("rope", "gated"), VARIANTS)
 def test_compiled_kernel_count_is_inductors(rope, gated):
     """The kernels `host_ops` charges a compiled layer besides GEMMs and attention, against
-    the number Inductor generates (backward: at most one more, the CPU-side logsumexp copy
-    of SDPA's backward)."""
-    (fwd, bwd), (p_fwd, p_bwd) = _inductor_kernels(rope, gated)[1], _predicted(rope, gated)[1]
-    assert fwd == p_fwd
-    assert p_bwd <= bwd <= p_bwd + 1
+    the number Inductor generates (six each way with RoPE, four without)."""
+    assert _inductor_kernels(rope, gated)[1] == _predicted(rope, gated)[1]

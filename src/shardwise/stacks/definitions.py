@@ -36,6 +36,15 @@ HF_TRAFFIC: tuple[tuple[tuple[bool, bool], Traffic], ...] = (
 )
 HF_KERNELS = (((True, True), (40.0, 57.0)), ((False, True), (20.0, 41.0)),
               ((True, False), (39.0, 54.0)), ((False, False), (19.0, 38.0)))
+# pytorch-fsdp's blocks: Llama (RoPE) as IBM fms-fsdp writes it, whose RMSNorm is composite in
+# eager (foundation-model-stack fms/modules/layernorm.py LayerNormParameterized: pow, mean,
+# rsqrt, mul, type_as, weight mul) — HF's counted LlamaDecoderLayer, the same composite norm
+# (fms's complex-number RoPE moves about as much as HF's rotate-half); without RoPE as
+# llm-foundry's MPT (fused F.layer_norm, GeLU) — torchtitan's table.
+FSDP_TRAFFIC = tuple(r for r in HF_TRAFFIC if r[0][0]) + tuple(
+    r for r in TORCHTITAN_TRAFFIC if not r[0][0])
+FSDP_KERNELS = tuple(r for r in HF_KERNELS if r[0][0]) + tuple(
+    r for r in TORCHTITAN_KERNELS if not r[0][0])
 
 
 def _zb_h1(v: Mapping[str, Any]) -> Any:
@@ -246,9 +255,7 @@ STACKS.update({s.name: s.validate() for s in (
         recompute=("none", "full"), zero=(0, 2, 3), zero_hybrid=(2, 3), cp_kinds=(),
         cp_overlap=False, axes=(), pipeline_engine=None, p2p_overlap="never",
         dtypes=("bf16", "fp16", "fp32"), export=None,
-        # the same eager PyTorch ops as torchtitan's counted block, in the model's variant
-        # (RoPE or learned positions, SwiGLU or GeLU)
-        elementwise=TORCHTITAN_TRAFFIC, eager_kernels=TORCHTITAN_KERNELS),
+        elementwise=FSDP_TRAFFIC, eager_kernels=FSDP_KERNELS),
     Stack(
         "shardwise", "shardwise runtime", "shardwise 0.1.0",
         "shardwise.runtime (blocking collectives on gloo/NCCL; bucketed gradient reducer)",

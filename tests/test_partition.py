@@ -17,6 +17,7 @@ from shardwise.layout import (
     Balanced,
     Layout,
     TrainSpec,
+    accounted_partition,
     chunk_span,
     first_last_partition,
     stage_partition,
@@ -254,3 +255,55 @@ def test_loss_only_stage_holds_the_head_and_no_layers():
     dense14, expert14 = stage_params(model, layout, 14)
     assert expert == expert14 / 2  # two MoE layers' experts of the four
     assert dense - dense14 / 2 == pytest.approx(v * h + model.norm_params())  # head + final norm
+
+
+ACCOUNTED = [(126, 8, 8), (126, 16, 4), (62, 4, 8), (30, 4, 8), (94, 8, 2), (94, 8, 3),
+             (94, 8, 4), (94, 4, 12)]  # the published recipes' uneven interleaved splits
+
+
+@pytest.mark.parametrize(("layers", "pp", "vp"), ACCOUNTED)
+def test_accounted_partition_is_what_megatron_core_builds(layers, pp, vp):
+    """`--account-for-embedding/loss-in-pipeline-split` with a virtual pipeline: the layers
+    and offset of every (pp rank, vp stage) equal megatron-core 0.16.1's
+    `get_num_layers_to_build` / `get_transformer_layer_offset`, and the same split written as
+    a Megatron layout string reads back equal."""
+    pytest.importorskip("megatron.core")
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+    torch = pytest.importorskip("torch")
+
+    config = TransformerConfig(pipeline_dtype=torch.bfloat16, num_layers=layers, hidden_size=64, num_attention_heads=8,
+                               pipeline_model_parallel_size=pp,
+                               virtual_pipeline_model_parallel_size=vp,
+                               account_for_embedding_in_pipeline_split=True,
+                               account_for_loss_in_pipeline_split=True)
+    ours = accounted_partition(layers, pp, vp)
+    layout = Layout(pp=pp, chunks=vp, schedule="interleaved", partition=ours)
+    for rank in range(pp):
+        for chunk in range(vp):
+            span = chunk_span(layers, pp, vp, rank, chunk, layout.partition)
+            assert (int(span[0]), int(span[1])) == (
+                get_transformer_layer_offset(config, vp_stage=chunk, pp_rank=rank),
+                get_num_layers_to_build(config, vp_stage=chunk, pp_rank=rank))
+    per = (layers + 2) // (pp * vp)
+    text = f"E{'t' * (per - 1)}|({'t' * per}|)*{pp * vp - 2}{'t' * (per - 1)}L"
+    assert Layout.parse(f"pp={pp},partition={text}").partition == ours
+    assert not layout.problems(get_model("tiny").with_(n_layers=layers))
+
+
+def test_accounted_partition_refuses_what_megatron_core_refuses():
+    with pytest.raises(ShardwiseError, match="must divide"):
+        accounted_partition(61, 4, 4)  # 63 units over 16 virtual stages
+    pytest.importorskip("megatron.core")
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    torch = pytest.importorskip("torch")
+
+    with pytest.raises((AssertionError, ValueError), match="divisible"):
+        config = TransformerConfig(pipeline_dtype=torch.bfloat16, num_layers=61, hidden_size=64, num_attention_heads=8,
+                                   pipeline_model_parallel_size=4,
+                                   virtual_pipeline_model_parallel_size=4,
+                                   account_for_embedding_in_pipeline_split=True,
+                                   account_for_loss_in_pipeline_split=True)
+        get_num_layers_to_build(config, vp_stage=0, pp_rank=0)

@@ -89,6 +89,28 @@ def first_last_partition(n_layers: int, pp: int, first: int | None, last: int | 
     return tuple([*([f] if f >= 0 else []), *[each] * middle, *([g] if g >= 0 else [])])
 
 
+def accounted_partition(n_layers: int, pp: int, chunks: int = 1, embedding: bool = True,
+                        loss: bool = True) -> tuple[int, ...]:
+    """Megatron's `--account-for-embedding-in-pipeline-split` / `--account-for-loss-in-
+    pipeline-split`: the embedding and the loss count one layer each, every one of the `pp·v`
+    virtual stages gets `(L + e + l)/(pp·v)` units, and the first (last) virtual stage builds
+    one Transformer layer fewer (megatron-core 0.16.1 `get_num_layers_to_build`, which also
+    requires the division). Layers per virtual stage in model order (`Layout.partition`)."""
+    units = n_layers + int(embedding) + int(loss)
+    stages = pp * chunks
+    if pp < 2 or units % stages:
+        raise ShardwiseError(
+            f"accounting for the embedding/loss gives {units} layer units, which pp·chunks="
+            f"{pp}·{chunks} must divide (megatron-core's rule); valid pp·chunks: divisors of "
+            f"{units}")
+    counts = [units // stages] * stages
+    counts[0] -= int(embedding)
+    counts[-1] -= int(loss)
+    if min(counts) < 0:
+        raise ShardwiseError(f"{n_layers} layers cannot fill pp·chunks={stages} virtual stages")
+    return tuple(counts)
+
+
 def partition_problems(n_layers: int, pp: int, chunks: int, partition: tuple[int, ...]
                        ) -> list[str]:
     """What is wrong with `partition` (or with the default one when it is empty): `pp` stage

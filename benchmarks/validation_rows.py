@@ -81,7 +81,8 @@ def model_of(value: str | dict[str, Any]) -> ModelSpec:
         if unknown:
             raise ShardwiseError(f"ModelSpec has no field {', '.join(sorted(unknown))}")
         return ModelSpec(**value["spec"]).validate()
-    changes = {k: v for k, v in value.items() if k != "preset"}
+    changes = {k: tuple(v) if isinstance(v, list) else v  # JSON lists: the spec's tuples
+               for k, v in value.items() if k != "preset"}
     unknown = set(changes) - _MODEL_FIELDS
     if unknown:
         raise ShardwiseError(f"ModelSpec has no field {', '.join(sorted(unknown))}")

@@ -152,3 +152,27 @@ def test_uneven_interleaved_rows_are_the_recipes_own_splits(vr, loaded):
             assert layout.partition == (4,) + (4,) * 14 + (1,)
             seen += 1
     assert seen >= 20
+
+
+def test_gpt_oss_rows_are_the_models_transformers_configures(loaded, vr):
+    """The gpt-oss rows build the architecture transformers' own `GptOssConfig` gives each size
+    (its defaults are gpt-oss-120b's shapes; 20b: 24 layers, 32 experts): windows alternating
+    with full layers, sinks, the parameter count."""
+    transformers = pytest.importorskip("transformers")
+    from shardwise.arch.hf import from_hf_dict
+
+    sizes = {"gpt-oss-120b": {}, "gpt-oss-20b": {"num_hidden_layers": 24,
+                                                 "num_local_experts": 32}}
+    seen = set()
+    for row in loaded[2]:
+        if "gpt-oss" not in str(row["model"]):
+            continue
+        model = vr.model_of(row["model"])
+        config = transformers.GptOssConfig(**sizes[model.name]).to_dict()
+        theirs = from_hf_dict(config, model.name)
+        assert model.count_params().total == theirs.count_params().total
+        assert (model.layer_types, model.sliding_window, model.attention_sinks) == (
+            theirs.layer_types, theirs.sliding_window, theirs.attention_sinks)
+        assert 0 < model.sliding_window < row["seq"] and "full" in model.layer_types
+        seen.add(model.name)
+    assert seen == set(sizes)

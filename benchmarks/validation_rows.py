@@ -129,6 +129,7 @@ def build(row: dict[str, Any]) -> Case:
     train = TrainSpec(seq_len=row["seq"], global_batch=row["global_batch"],
                       dtype=row.get("dtype", "bf16"), grad_dtype=row.get("grad_dtype"),
                       fp8=row.get("fp8"), flash_attention=stack.get("flash", True),
+                      recompute_share=row.get("recompute_share", 1.0),
                       **{k: stack[k] for k in _STACK_KEYS if stack.get(k) is not None})
     train.validate()
     given.validate(model, cluster, train)

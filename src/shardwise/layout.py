@@ -150,6 +150,12 @@ class TrainSpec:
     # (--activation-func-fp8-input-store) and the multi-token prediction modules trained
     # (--mtp-num-layers)
     recompute_modules: tuple[str, ...] | None = None
+    # With `Layout.recompute="full"`: the share of the layers fully recomputed, the others
+    # keeping every activation (block-level selective checkpointing: torchtitan's
+    # `selective_ac_option="n"` checkpoints every n-th block, fms-fsdp's
+    # `selective_checkpointing=p` a share p; Megatron's `--recompute-method block
+    # --recompute-num-layers N`, N of each stage chunk's layers). 1: every layer.
+    recompute_share: float = 1.0
     exp_avg_dtype: str | None = None
     exp_avg_sq_dtype: str | None = None
     main_params_dtype: str | None = None

@@ -307,3 +307,29 @@ def test_accounted_partition_refuses_what_megatron_core_refuses():
                                    account_for_embedding_in_pipeline_split=True,
                                    account_for_loss_in_pipeline_split=True)
         get_num_layers_to_build(config, vp_stage=0, pp_rank=0)
+
+
+@pytest.mark.parametrize(("split", "recompute"), [
+    ("partition=Et|(tt|)*62tL", "none"),  # 64 virtual stages (Megatron's layout string)
+    ("partition=16:16:16:16:16:16:16:14", "full")])  # 8 stages, each ÷ 2 chunks
+def test_fix_uses_an_uneven_interleaved_partition_as_given(split, recompute):
+    """`--fix` takes an uneven interleaved partition the search does not enumerate and uses it
+    as given: the fixed layout's row equals what `--layout` evaluates for it (Llama 3.1 405B
+    as NeMo ran it: account-for-embedding/loss over pp8·vp8, or uneven stages ÷ 2 chunks)."""
+    chunks = 8 if "E" in split else 2
+    text = (f"dp=8,tp=8,pp=8,cp=2,cp_kind=ring,sp=1,zero=1,zero_group=8,mb=1,recompute={recompute},"
+            f"schedule=interleaved,chunks={chunks},{split}")
+    args = ("plan", "llama3-405b", "--gpus", "1024", "--seq", "8192", "--global-batch", "512")
+    fixed = shardwise_json(*args, "--fix", text)["ranked"]
+    given = shardwise_json(*args, "--layout", text)["given"]
+    assert len(fixed) == 1 and fixed[0]["layout"] == given["layout"]
+    assert given["layout"]["partition"] == list(Layout.parse(text).partition)
+    assert fixed[0]["estimate"]["total"] == pytest.approx(given["estimate"]["total"], rel=1e-9)
+    assert fixed[0]["memory"]["total"] == pytest.approx(given["memory"]["total"], rel=1e-9)
+
+
+def test_fix_with_a_partition_that_does_not_fit_says_why():
+    result = shardwise("plan", "llama3-405b", "--gpus", "1024", "--seq", "8192",
+                       "--global-batch", "512", "--fix",
+                       "partition=16:16:16:16:16:16:16:13,chunks=2", check=False)
+    assert_one_line_error(result, "partition sums to 125 layers but n_layers=126")

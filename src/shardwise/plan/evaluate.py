@@ -31,13 +31,13 @@ from shardwise.estimate.uncertainty import generation
 from shardwise.hardware import Cluster
 from shardwise.layout import (
     CP_KINDS,
-    Balanced,
     Layout,
     Partition,
     TrainSpec,
     stage_extremes,
     ulysses_degree,
 )
+from shardwise.partition import fixed_or_balanced
 from shardwise.plan.results import PlanEntry
 from shardwise.plan.space import DEFAULT_HEADROOM
 from shardwise.schedules.registry import (
@@ -250,7 +250,7 @@ def _partition(cand: dict[str, Any]) -> Partition:
     default one."""
     if "first_less" not in cand:
         return ()
-    return Balanced(cand["first_less"], cand["last_less"])
+    return fixed_or_balanced(cand)
 
 
 def _layout_of(cand: dict[str, Any], i: int) -> Layout:

@@ -333,3 +333,19 @@ def test_fix_with_a_partition_that_does_not_fit_says_why():
                        "--global-batch", "512", "--fix",
                        "partition=16:16:16:16:16:16:16:13,chunks=2", check=False)
     assert_one_line_error(result, "partition sums to 125 layers but n_layers=126")
+
+
+def test_a_loss_only_virtual_stage_is_simulated():
+    """DeepSeek-V3's `Et|(tt|)*30L` (a loss-only last virtual stage, no decoder layer) with few
+    enough micro-batches for the event simulator: `--layout` answers (the empty stage takes no
+    time) and `--fix` with the same partition ranks the same layout first."""
+    args = ("plan", "deepseek-v3", "--gpus", "2048", "--gpu", "h800", "--seq", "4096",
+            "--global-batch", "2048")
+    text = ("dp=128,pp=16,ep=64,zero=1,zero_group=64,mb=1,recompute=full,"
+            "partition=Et|(tt|)*30L")
+    given = shardwise_json(*args, "--layout", text)["given"]
+    assert given["estimate"]["bubble_source"] == "simulator"
+    assert 0 < given["estimate"]["bubble"] < given["estimate"]["total"]
+    fixed = shardwise_json(*args, "--fix", text)["ranked"][0]
+    assert fixed["layout"] == given["layout"]
+    assert fixed["estimate"]["total"] == pytest.approx(given["estimate"]["total"], rel=1e-9)

@@ -451,5 +451,5 @@ def simulated_bubble(layout: Layout, m: int, t_f: float, t_b: float, t_w: float,
     busiest = max(layout.stage_layers(n_layers))  # over all its chunks
     timeline = stage_timeline(layout.schedule, p, m, v, t_f=max(t_f, 1e-12),
                               t_b=max(t_b, 1e-12), t_w=max(t_w, 1e-13),
-                              shares=[n / busiest for n in sizes])
+                              shares=[max(n / busiest, 1e-9) for n in sizes])  # E/L-only: ~0
     return timeline.makespan - m * (t_f + t_b)

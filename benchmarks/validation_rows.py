@@ -7,8 +7,8 @@ assumed). Each row becomes (ModelSpec, Cluster, Layout, TrainSpec) through shard
 `get_model`, `Cluster.of`, `Layout.parse`, `TrainSpec(impl=…, compile=…, tp_overlap=…,
 dp_overlap=…, attention=…)` — and is predicted with `estimate_step` and the built-in
 calibration. A row shardwise cannot express is reported with the reason: the row's own
-`not_expressible` (what the API cannot notice, e.g. sliding-window attention) or the
-`ShardwiseError` building it raised (an FP8 recipe the stack or accelerator does not run, an
+`not_expressible` (what the API cannot notice, e.g. a checkpointing share the source
+leaves unstated) or the `ShardwiseError` building it raised (an FP8 recipe the stack or accelerator does not run, an
 unknown model or accelerator, a layout the stack cannot run). Nothing is fitted or tuned here.
 
 Error = (predicted − published) / published, in the published quantity: positive means

@@ -158,6 +158,9 @@ def _train_problems(layout: Layout, train: TrainSpec, model: ModelSpec) -> list[
             out.append(f"{train.stack.name} offloads the {train.offload} with ZeRO "
                        f"{', '.join(map(str, support.zero))} only ({support.flag}), "
                        f"not zero={layout.zero}")
+    if train.recompute_share != 1 and layout.recompute != "full":
+        out.append(f"recompute_share={train.recompute_share:g} checkpoints a share of the "
+                   f"layers fully; it needs recompute=full, not {layout.recompute}")
     if "mla_up_proj" in (train.recompute_modules or ()) and not model.is_mla:
         out.append(f"recompute module mla_up_proj needs multi-latent attention; {model.name} "
                    "has none (megatron-core's TransformerConfig refuses it too)")
@@ -194,6 +197,9 @@ def memory_setting_problems(train: TrainSpec) -> list[str]:
         if unknown or not modules:
             out.append(f"recompute modules {','.join(map(str, unknown)) or '(none)'} unknown; "
                        f"valid: {', '.join(RECOMPUTE_MODULES)}")
+    share = train.recompute_share
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
+        out.append(f"recompute_share must be a share of the layers in (0, 1], got {share!r}")
     if unknown := [m for m in train.offload_modules if m not in OFFLOAD_MODULES]:
         out.append(f"offload modules {','.join(map(str, unknown))} unknown; valid: "
                    f"{', '.join(OFFLOAD_MODULES)}")

@@ -84,7 +84,7 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any 
                                modules: tuple[str, ...] | None = None,
                                act_fp8_store: bool = False,
                                offload_modules: tuple[str, ...] = (),
-                               routed_load: float = 1.0) -> Any:
+                               routed_load: float = 1.0, full_share: float = 1.0) -> Any:
     """Bytes one layer keeps for backward per micro-batch, per rank.
 
     `formula="korthikanti"`: the paper's closed form (see `korthikanti_activation_bytes`, which
@@ -99,7 +99,9 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any 
     `modules`: what selective recompute re-runs (`recompute_adjust`; None: the attention core,
     Megatron's default); `act_fp8_store`: the SwiGLU inputs kept in FP8; `offload_modules`:
     the module inputs moved to host memory (`OFFLOADED`); `routed_load`: the busiest expert
-    rank's routed copies over balanced routing (`TrainSpec.routed_load`).
+    rank's routed copies over balanced routing (`TrainSpec.routed_load`). `full_share`: under
+    full recompute, the share of layers checkpointed (`TrainSpec.recompute_share`); the
+    layer's mean is `share·full + (1 − share)·none`.
 
     `tp`, `cp`, `micro_batch`, `sp`, `a2a` and `recompute` may be NumPy arrays (`recompute`
     then holds codes: 0 none, 1 selective, 2 full, 3 op-sac) for the planner's vectorised
@@ -124,11 +126,17 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any 
                                   dtype_bytes(dtype), act_fp8_store, offload_modules)
         if modules is not None and "core_attn" not in modules:
             selective = selective & False
-    return layer_bytes(impl, model, seq_len, micro_batch, tp=tp, sp=sp, cp=cp, flash=flash,
-                       selective=selective, full=full, op_sac=op_sac, adjust=adjust,
-                       dtype_bytes_=dtype_bytes(dtype),
-                       moe=moe, etp=etp, a2a=a2a, fp8_inputs=fp8_inputs,
-                       routed_load=routed_load)
+    def saved(full: Any) -> Any:
+        return layer_bytes(impl, model, seq_len, micro_batch, tp=tp, sp=sp, cp=cp, flash=flash,
+                           selective=selective, full=full, op_sac=op_sac, adjust=adjust,
+                           dtype_bytes_=dtype_bytes(dtype),
+                           moe=moe, etp=etp, a2a=a2a, fp8_inputs=fp8_inputs,
+                           routed_load=routed_load)
+
+    if full_share == 1 or not np.any(full):
+        return saved(full)
+    kept = saved(full & False)  # the layers not checkpointed keep what `none` keeps
+    return np.where(full, full_share * saved(full) + (1 - full_share) * kept, kept)
 
 
 def gathered_kv_bytes(model: ModelSpec, train: TrainSpec, *, tp: Any, cp: Any, cp_kind: Any,

@@ -255,7 +255,7 @@ def layer_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any,
     # (`arch.ModelSpec.op_sac_recomputed_flops`)
     out_proj = linear(ctx, tokens, model.n_heads / t * model.value_head_dim, h).fwd
     op_sac = out_proj + sac_mm + memory_time(ctx, mem_f)
-    recompute = np.where(rc == 2, fwd, np.where(rc == 1, attn_fwd,
+    recompute = np.where(rc == 2, ctx.recompute_share * fwd, np.where(rc == 1, attn_fwd,
                                                 np.where(rc == 3, op_sac, 0.0)))
     return LayerCost(fwd, bwd, mm.wgrad, recompute, attn_fwd, attn_bwd,
                      mm.weights + 0.0 * fwd)

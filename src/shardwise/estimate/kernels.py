@@ -92,6 +92,7 @@ class ComputeContext:
     fp8: Fp8Recipe | None = None  # `TrainSpec.fp8`'s recipe (None: bf16 GEMMs)
     fp8_peak: float = 0.0
     generation: str = "hopper"  # the accelerator's (`estimate.uncertainty.generation`)
+    recompute_share: float = 1.0  # `TrainSpec.recompute_share`: layers full recompute replays
 
     @classmethod
     def of(cls, model: ModelSpec, accelerator: Accelerator, train: TrainSpec,
@@ -114,7 +115,8 @@ class ComputeContext:
                    settings.attention != "math", accelerator.peak_flops(train.dtype),
                    *_routing(train), mode, traffic,
                    kernels, settings.attention, recipe,
-                   accelerator.peak_flops("fp8") if recipe else 0.0, gen)
+                   accelerator.peak_flops("fp8") if recipe else 0.0, gen,
+                   train.recompute_share)
 
     @property
     def rate(self) -> float:

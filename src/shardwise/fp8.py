@@ -1,10 +1,10 @@
 """FP8 training recipes as the frameworks run them: `Fp8Recipe`, `RECIPES` (framework "te":
 Transformer Engine through Megatron-LM's `--fp8-recipe` — delayed, tensorwise, mxfp8,
-blockwise; "torchao": torchtitan 0.3.0's converters — rowwise, rowwise_with_gw_hp, mxfp8), the
-bytes each recipe's casts move and what stays in memory. The GEMMs of the linear layers run in
-FP8; attention, norms, router and (Megatron-LM) the LM head stay bf16. The derivation and its
-sources (Transformer Engine d0067d0, torchao 0.18.0): docs/concepts/fp8-offload.md, "FP8
-recipes in the code".
+blockwise; "torchao": torchtitan 0.3.0's converters — rowwise, rowwise_with_gw_hp, mxfp8 — and
+0.1.0's default tensorwise), the bytes each recipe's casts move and what stays in memory. The
+GEMMs of the linear layers run in FP8; attention, norms, router and (Megatron-LM) the LM head
+stay bf16. The derivation and its sources (Transformer Engine d0067d0, torchao 0.18.0):
+docs/concepts/fp8-offload.md, "FP8 recipes in the code".
 """
 
 from __future__ import annotations
@@ -134,6 +134,13 @@ RECIPES: dict[tuple[str, str], Fp8Recipe] = {(r.framework, r.name): r for r in (
     Fp8Recipe("mxfp8", "torchao", "MX float8 (1×32 blocks)", _AO, ("blackwell",),
               weight_cached=False, saves_fp8_inputs=False, head_fp8=True,
               experts_fp8=False, torchao_bytes=(3.0, 3.0, 6.0, 3.0, 3.0)),
+    # torchtitan 0.1.0's default (float8.recipe_name None: dynamic per-tensor scaling,
+    # components/quantization/float8.py @v0.1.0; stacks.titan_versions); the roofline's
+    # tensorwise branch: amax read, then one cast writing both float8 layouts
+    Fp8Recipe("tensorwise", "torchao", "float8 tensorwise (dynamic per-tensor scales)", _AO,
+              ("hopper", "blackwell", "cdna3"), weight_cached=False,
+              saves_fp8_inputs=False, head_fp8=True, experts_fp8=False,
+              torchao_bytes=(6.0, 0.0, 6.0, 5.0, 3.0)),
 )}
 
 

@@ -38,7 +38,7 @@ fused bias-GeLU/SwiGLU, bias-dropout-add, RoPE and softmax), one PyTorch kernel 
 
 CP_KIND_TEXT = {"ring": "ring attention", "ulysses": "Ulysses (an all-to-all over heads)",
                 "hybrid": "Ulysses inside groups with a ring across them",
-                "allgather": "an all-gather of K/V (FlexAttention)"}
+                "allgather": "an all-gather of K/V"}
 """The context-parallel kinds of `Stack.cp_kinds`, in words."""
 
 SPLITS = ("any", "torchtitan", "deepspeed")
@@ -174,8 +174,9 @@ class Stack:
 
     @property
     def label(self) -> str:
-        """`name@version`, as `--impl` accepts it."""
-        return f"{self.name}@{self.version.split()[-1]}"
+        """`name@version`, as `--impl` accepts it (a second version of a stack is registered
+        under that label as its name, `stacks.titan_versions`)."""
+        return self.name if "@" in self.name else f"{self.name}@{self.version.split()[-1]}"
 
     def fp8_recipe(self, name: str) -> Any:
         """The `fp8.Fp8Recipe` this stack runs as `name`; one line when it has none."""
@@ -348,16 +349,22 @@ def get_stack(name: str) -> Stack:
 
 
 def parse_impl(text: str) -> str:
-    """`name` or `name@version` → the stack name; the version must be the pinned one."""
+    """`name` or `name@version` → the stack's key in `STACKS`: a bare name is the stack's
+    pinned version, `name@version` that version where it is registered (as
+    `torchtitan@0.1.0`), else one line naming the versions modelled."""
     if not isinstance(text, str):
         raise ShardwiseError(f"stack must be a name, got {type(text).__name__}")
+    if text in STACKS:
+        return text
     name, _, version = text.partition("@")
     stack = STACKS.get(name)
     if stack is None:
         raise ShardwiseError(f"stack {name!r} unknown; valid: {', '.join(STACKS)}")
     if version and version != stack.label.split("@")[1]:
-        raise ShardwiseError(f"stack {name} is modelled at {stack.version} only; "
-                             f"use {stack.label} or {name}")
+        labels = [stack.label, *(key for key in STACKS if key.startswith(name + "@"))]
+        raise ShardwiseError(f"stack {name} is modelled at "
+                             f"{' and '.join(label.split('@')[1] for label in labels)} only; "
+                             f"use {', '.join(labels)} or {name}")
     return name
 
 

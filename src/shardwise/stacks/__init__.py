@@ -17,7 +17,7 @@ docs/concepts/stacks.md explains how each behaviour enters the step-time model.
 
 from __future__ import annotations
 
-import shardwise.stacks.definitions  # noqa: F401  (fills STACKS)
+import shardwise.stacks.definitions  # fills STACKS
 import shardwise.stacks.titan_versions  # noqa: F401  (torchtitan@0.1.0)
 from shardwise.stacks.splits import (
     SPLIT_RULES,

@@ -5,7 +5,8 @@ against that code without a network or torchtitan's dependencies (CI has neither
 Parses with `ast` only, from a git checkout of github.com/pytorch/torchtitan (`git show
 TAG:path`): the config dataclasses' defaults and Literal choices (config_manager.py), SDPA's
 backend priority (models/attention.py), the llama3 flavor's attention switch (args.py), the
-core model families (torchtitan/models/*) and the tag's commit.
+core model families (torchtitan/models/*), the conditions under which llama3's args and
+parallelize_llama raise, the pipeline's stage-placement rule, and the tag's commit.
 
 Run: `python scripts/torchtitan_facts.py --repo PATH [--tag v0.1.0] [--out FILE]`.
 """
@@ -23,6 +24,8 @@ OUT = Path(__file__).resolve().parents[1] / "benchmarks" / "torchtitan_v0.1.0_fa
 CONFIG = "torchtitan/config_manager.py"
 ATTENTION = "torchtitan/models/attention.py"
 ARGS = "torchtitan/models/llama3/model/args.py"
+PARALLELIZE = "torchtitan/models/llama3/infra/parallelize.py"
+PIPELINE = "torchtitan/models/llama3/infra/pipeline.py"
 SECTIONS = ("Training", "Parallelism", "ActivationCheckpoint", "Float8", "MX", "Checkpoint")
 
 
@@ -103,6 +106,34 @@ def model_args(source: str) -> dict[str, Any]:
     raise ValueError("no TransformerModelArgs")
 
 
+def guards(source: str, function: str) -> list[dict[str, Any]]:
+    """Each `raise` in `function` with the branch conditions that lead to it: [(condition
+    text, taken)] from the outermost `if`, its line, and the `if`'s line that guards it."""
+    out: list[dict[str, Any]] = []
+
+    def walk(body: list[ast.stmt], path: list[list[Any]], if_line: int) -> None:
+        for node in body:
+            if isinstance(node, ast.Raise):
+                out.append({"path": path, "line": node.lineno, "if_line": if_line,
+                            "raises": ast.unparse(node.exc) if node.exc else ""})
+            elif isinstance(node, ast.If):
+                test = ast.unparse(node.test)
+                walk(node.body, [*path, [test, True]], node.lineno)
+                walk(node.orelse, [*path, [test, False]], if_line)
+
+    fn = next(n for n in ast.walk(ast.parse(source))
+              if isinstance(n, ast.FunctionDef) and n.name == function)
+    walk(fn.body, [], 0)
+    return out
+
+
+def assignment(source: str, name: str) -> dict[str, Any]:
+    """The first `name = …` in `source`: its expression and line."""
+    node = next(n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == name for t in n.targets))
+    return {"value": ast.unparse(node.value), "line": node.lineno}
+
+
 def facts(repo: Path, tag: str) -> dict[str, Any]:
     """Every fact above, read at `tag`."""
     models = sorted({p.split("/")[2] for p in _git(repo, "ls-tree", "-r", "--name-only", tag,
@@ -113,6 +144,12 @@ def facts(repo: Path, tag: str) -> dict[str, Any]:
             "config": config_fields(_git(repo, "show", f"{tag}:{CONFIG}")),
             "sdpa_backends": sdpa_backends(_git(repo, "show", f"{tag}:{ATTENTION}")),
             "llama3_args": model_args(_git(repo, "show", f"{tag}:{ARGS}")),
+            "guards": {
+                ARGS: guards(_git(repo, "show", f"{tag}:{ARGS}"), "update_from_config"),
+                PARALLELIZE: guards(_git(repo, "show", f"{tag}:{PARALLELIZE}"),
+                                    "parallelize_llama")},
+            "pipeline_stage_style": assignment(_git(repo, "show", f"{tag}:{PIPELINE}"),
+                                               "style"),
             "core_models": models}
 
 

@@ -13,6 +13,7 @@ from shardwise.stacks import STACKS, deepspeed_split, titan_split
 from tests.integration import megatron_deepspeed
 from tests.integration.conftest import require
 from tests.integration.test_deepspeed import deepspeed_stages
+from tests.test_stacks_titan_versions import TITAN_010_CHECKS
 
 pytestmark = pytest.mark.integration
 
@@ -336,6 +337,9 @@ RULES = {
     "deepspeed/runtime/engine.py:2313 @0.19.8": deepspeed_grads_in_the_model_dtype_without_zero,
     "torchtitan/config/configs.py expert_parallel_degree @0.3.0": torchtitan_ep_from_fsdp_cp_tp,
 }
+
+
+RULES.update(TITAN_010_CHECKS)  # torchtitan@0.1.0's, against v0.1.0's code
 
 
 def test_every_rule_has_its_check():

@@ -361,10 +361,10 @@ def parse_impl(text: str) -> str:
     if stack is None:
         raise ShardwiseError(f"stack {name!r} unknown; valid: {', '.join(STACKS)}")
     if version and version != stack.label.split("@")[1]:
-        labels = [stack.label, *(key for key in STACKS if key.startswith(name + "@"))]
+        keys = [name, *(key for key in STACKS if key.startswith(name + "@"))]
         raise ShardwiseError(f"stack {name} is modelled at "
-                             f"{' and '.join(label.split('@')[1] for label in labels)} only; "
-                             f"use {', '.join(labels)} or {name}")
+                             f"{' and '.join(STACKS[key].version for key in keys)} only; use "
+                             f"{', '.join(STACKS[key].label for key in keys)} or {name}")
     return name
 
 

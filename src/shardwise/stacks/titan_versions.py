@@ -44,7 +44,7 @@ STACKS[TITAN_010] = Stack(
     "needs compile; activation_checkpoint.mode 'selective', selective_ac_option '2'; "
     "float8.recipe_name None = tensorwise), models/attention.py (ScaledDotProductAttention: "
     "flash, efficient, math; cuDNN first on sm100 only), models/llama3/model/args.py "
-    "(use_flex_attn False)" + _AT,
+    "(use_flex_attn False) " + _AT,
     profile="torchtitan", kernels="eager", compile=(False, True),
     # parallelize.py:51 "Async TP requires --training.compile"
     tp_overlap=("none", "async"), dp_overlap_zero=(0, 1, 2, 3), dp_overlap_settable=False,
@@ -82,12 +82,17 @@ STACKS[TITAN_010] = Stack(
              "runs FlexAttention without selective activation checkpointing (per-op or layer "
              "SAC) only; use attention fa2 (SDPA) or recompute none / full",
              "torchtitan/models/llama3/model/args.py:45 " + _AT),
+        # zero=0 is DDP (dp_replicate, no dp_shard), only where FSDP is off (no CP)
         Rule(lambda v, train: (np.asarray(v["zero"]) == 0) & (np.asarray(v["dp"]) > 1)
-             & ((np.asarray(v["tp"]) > 1) | (np.asarray(v["pp"]) > 1)
-                | (np.asarray(v["cp"]) > 1)),
+             & (np.asarray(v["cp"]) == 1)
+             & ((np.asarray(v["tp"]) > 1) | (np.asarray(v["pp"]) > 1)),
              "replicates without sharding (zero=0: DDP) on a one-dimensional mesh only: "
-             "tp={tp}, pp={pp}, cp={cp} need zero 2 or 3",
+             "tp={tp}, pp={pp} need zero 2 or 3",
              "torchtitan/models/llama3/infra/parallelize.py:112 " + _AT),
+        Rule(lambda v, train: (np.asarray(v["zero"]) == 0) & (np.asarray(v["cp"]) > 1),
+             "shards the weights over the context-parallel ranks whenever cp > 1 (FSDP over "
+             "dp_shard·cp): cp={cp} needs zero 2 or 3",
+             "torchtitan/models/llama3/infra/parallelize.py:82 " + _AT),
         # only ScheduleZBVZeroBubble gets the V stage placement (style "v"), any other
         # multi-stage class is looped
         Rule(lambda v, train: (np.asarray(v["pp"]) > 1)

@@ -50,7 +50,8 @@ STACKS[TITAN_010] = Stack(
     tp_overlap=("none", "async"), dp_overlap_zero=(0, 1, 2, 3), dp_overlap_settable=False,
     # SDPA under sdpa_kernel([FLASH, EFFICIENT, MATH], set_priority=True): FlashAttention-2 on
     # sm80/sm90 whatever torch's own order (cuDNN first on H100 in torch 2.5.0, pytorch#125343,
-    # opt-in again from 2.5.1, pytorch#138522); on sm100 cuDNN goes first (attention.py:206),
+    # opt-in again from 2.5.1, pytorch#138522, preferred on sm90/sm100 again from 2.9,
+    # pytorch#162073, with cuDNN > 9.15.0); on sm100 cuDNN goes first (attention.py:206),
     # timed there with the accelerator's default curve. FlexAttention: a flavor with
     # use_flex_attn=True (args.py:36), refused with selective AC and with CP (rules)
     attention=("fa2", "flex"),

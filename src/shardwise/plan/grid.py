@@ -74,7 +74,7 @@ def _partitions(model: ModelSpec, pp: int, rule: str = "any"
     the first `L mod pp` stages one layer more (`stacks.deepspeed_split`): Balanced(-1, 0)."""
     n_layers = model.n_layers
     default = stage_partition(n_layers, pp)
-    if rule == "deepspeed":
+    if rule in ("deepspeed", "neox"):  # DeepSpeed's type: partition (`stacks.splits`)
         ends = (-1, 0) if n_layers % pp else (0, 0)
         own = stage_partition(n_layers, pp, 1, Balanced(*ends))
         return {ends: () if own == default else own}

@@ -1,5 +1,5 @@
 """How stacks split the layers over pipeline stages (`Stack.split`): torchtitan's rule
-(`titan_split`, `titan_partition`), Megatron-DeepSpeed's (`deepspeed_split`), or any."""
+(`titan_split`, `titan_partition`), Megatron-DeepSpeed's and GPT-NeoX's (`deepspeed_split`), or any."""
 
 from __future__ import annotations
 
@@ -55,7 +55,11 @@ SPLIT_RULES = {
                  "'type:transformer' partition, the first L mod pp stages one block more "
                  "(megatron/model/gpt_model.py:463); 4efb479's parser has no "
                  "--pp-partition-method (BigScience's fork had one; BLOOM's "
-                 "'type:transformer|embedding' split needs that fork)"}
+                 "'type:transformer|embedding' split needs that fork)",
+    "neox": "GPT-NeoX hands DeepSpeed its pipe_partition_method, by default "
+            "'type:transformer|mlp' (megatron/neox_arguments/neox_args.py @ea7aefd), which "
+            "weighs only its ParallelTransformerLayerPipe blocks: the first L mod pp stages "
+            "one block more"}
 
 
 def stack_split(split: str, n_layers: int, pp: int, chunks: int = 1
@@ -64,7 +68,7 @@ def stack_split(split: str, n_layers: int, pp: int, chunks: int = 1
     `chunks` virtual stages each (None: it runs any): DeepSpeed's (no chunks), or torchtitan's
     over its `pp·chunks` virtual stages with the embedding and the head one layer each (its
     `first/last_stage_less_layers` default of 1)."""
-    if split == "deepspeed" and chunks == 1:
+    if split in ("deepspeed", "neox") and chunks == 1:
         return tuple(deepspeed_split(n_layers, pp))
     if split == "torchtitan" and n_layers + 2 >= 2 * pp * chunks:
         return tuple(titan_split(pp * chunks, n_layers, 1, 1))
@@ -76,7 +80,7 @@ def split_refuses(split: str, n_layers: int, sizes: tuple[int, ...], pp: int) ->
     stage, `Layout.stage_sizes`) over `pp` ranks."""
     if split == "torchtitan":
         return titan_partition(n_layers, sizes) is None
-    if split == "deepspeed":
+    if split in ("deepspeed", "neox"):
         return len(sizes) != pp or list(sizes) != deepspeed_split(n_layers, pp)
     return False
 

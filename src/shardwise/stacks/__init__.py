@@ -19,7 +19,9 @@ from __future__ import annotations
 import shardwise.stacks.definitions  # noqa: F401  (fills STACKS)
 from shardwise.stacks.splits import (
     SPLIT_RULES,
+    balanced_ends,
     deepspeed_split,
+    neox_split,
     split_refuses,
     stack_split,
     titan_partition,
@@ -56,8 +58,10 @@ __all__ = [
     "Rule",
     "Settings",
     "Stack",
+    "balanced_ends",
     "deepspeed_split",
     "get_stack",
+    "neox_split",
     "parse_impl",
     "resolve",
     "split_refuses",

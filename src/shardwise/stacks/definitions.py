@@ -39,22 +39,17 @@ HF_KERNELS = (((True, True), (40.0, 57.0)), ((False, True), (20.0, 41.0)),
               ((True, False), (39.0, 54.0)), ((False, False), (19.0, 38.0)))
 
 
-def _pipe_zero(version: str) -> Rule:
-    """DeepSpeed's pipeline engine asserts ZeRO < 2."""
-    return Rule(lambda v, train: (np.asarray(v["pp"]) > 1) & (np.asarray(v["zero"]) >= 2),
-                "runs ZeRO-{zero} without pipeline parallelism only (pp={pp}): its pipeline "
-                "engine asserts ZeRO < 2", f"deepspeed/runtime/pipe/engine.py:76 @{version}")
-
-
-def _pipe_dp_overlap(version: str) -> Rule:
-    """DeepSpeed's pipeline engine turns `enable_backward_allreduce` off and reduces the
-    gradients after the last backward (`_exec_reduce_grads`): an asked-for overlap is a
-    no-op there, said rather than timed."""
-    return Rule(lambda v, train: (np.asarray(v["pp"]) > 1)
-                & (getattr(train, "dp_overlap", None) is True),
-                "reduces gradients after the last backward under its pipeline engine (pp={pp}): "
-                "DP overlap has no effect there; drop --dp-overlap",
-                f"deepspeed/runtime/pipe/engine.py:80 @{version}")
+# DeepSpeed's pipeline engine (the same lines in GPT-NeoX's DeeperSpeed 91d1c55, :78 and :81)
+PIPE_ZERO = Rule(lambda v, train: (np.asarray(v["pp"]) > 1) & (np.asarray(v["zero"]) >= 2),
+                 "runs ZeRO-{zero} without pipeline parallelism only (pp={pp}): its pipeline "
+                 "engine asserts ZeRO < 2", "deepspeed/runtime/pipe/engine.py:76 @0.19.8")
+# it turns `enable_backward_allreduce` off and reduces after the last backward
+# (`_exec_reduce_grads`): an asked-for overlap is a no-op there, said rather than timed
+PIPE_DP_OVERLAP = Rule(lambda v, train: (np.asarray(v["pp"]) > 1)
+                       & (getattr(train, "dp_overlap", None) is True),
+                       "reduces gradients after the last backward under its pipeline engine "
+                       "(pp={pp}): DP overlap has no effect there; drop --dp-overlap",
+                       "deepspeed/runtime/pipe/engine.py:80 @0.19.8")
 
 
 def _zb_h1(v: Mapping[str, Any]) -> Any:
@@ -153,7 +148,7 @@ STACKS.update({s.name: s.validate() for s in (
                      ("fp32", ("fp32",))),
         split="deepspeed", pipe_costs="deepspeed",
         rules=(
-            _pipe_zero("0.19.8"), _pipe_dp_overlap("0.19.8"),
+            PIPE_ZERO, PIPE_DP_OVERLAP,
             Rule(lambda v, train: (np.asarray(v["cp"]) > 1)
                  & ((np.asarray(v["tp"]) > 1) | (np.asarray(v["pp"]) > 1)),
                  "runs its sequence parallelism (cp={cp}) without tensor and pipeline "
@@ -194,7 +189,7 @@ STACKS.update({s.name: s.validate() for s in (
         grad_dtypes=(("bf16", ("bf16", "fp32")), ("fp16", ("fp16", "fp32")),
                      ("fp32", ("fp32",))),
         split="neox", pipe_costs="deepspeed-neox",
-        rules=(_pipe_zero("DeeperSpeed 91d1c55"), _pipe_dp_overlap("DeeperSpeed 91d1c55")),
+        rules=(PIPE_ZERO, PIPE_DP_OVERLAP),
         notes=("its unfused defaults (bias_gelu_fusion, softmax fusions False) are timed as "
                "fused kernels: no eager table is counted on its layer code",)),
     Stack(

@@ -1,5 +1,6 @@
 """How stacks split the layers over pipeline stages (`Stack.split`): torchtitan's rule
-(`titan_split`, `titan_partition`), Megatron-DeepSpeed's and GPT-NeoX's (`deepspeed_split`), or any."""
+(`titan_split`, `titan_partition`), Megatron-DeepSpeed's (`deepspeed_split`), GPT-NeoX's (`neox_split`), or
+any."""
 
 from __future__ import annotations
 
@@ -46,6 +47,17 @@ def deepspeed_split(n_layers: int, pp: int) -> list[int]:
     return [q + (i < r) for i in range(pp)]
 
 
+def neox_split(n_layers: int, pp: int) -> list[int]:
+    """GPT-NeoX's stages: it hands DeepSpeed `partition_method='type:transformer|mlp'`
+    (neox_args.py default @ea7aefd), whose regex also matches the functions
+    `_pre_transformer_block` (after the embedding) and `_post_transformer_block` (before the
+    final norm) of GPT2ModelPipe's specs: `L + 2` units of weight 1 split like Megatron-
+    DeepSpeed's blocks, so torchtitan's rule with one unit off the first and the last stage,
+    `titan_split(pp, L, 1, 1)` (tests/test_stacks_pipe.py recomputes it with DeepSpeed's
+    `partition_balanced`)."""
+    return titan_split(pp, n_layers, 1, 1)
+
+
 SPLIT_RULES = {
     "any": "any layers per stage",
     "torchtitan": "torchtitan 0.3.0 spreads L + first + last units evenly, the extra units on "
@@ -56,10 +68,11 @@ SPLIT_RULES = {
                  "(megatron/model/gpt_model.py:463); 4efb479's parser has no "
                  "--pp-partition-method (BigScience's fork had one; BLOOM's "
                  "'type:transformer|embedding' split needs that fork)",
-    "neox": "GPT-NeoX hands DeepSpeed its pipe_partition_method, by default "
-            "'type:transformer|mlp' (megatron/neox_arguments/neox_args.py @ea7aefd), which "
-            "weighs only its ParallelTransformerLayerPipe blocks: the first L mod pp stages "
-            "one block more"}
+    "neox": "GPT-NeoX's default pipe_partition_method 'type:transformer|mlp' weighs its "
+            "blocks and the _pre/_post_transformer_block functions at the two ends: L + 2 "
+            "units, the first (L+2) mod pp stages one more, the first and the last stage one "
+            "block short (megatron/neox_arguments/neox_args.py, model/gpt2_model.py "
+            "@ea7aefd); 'uniform' and 'parameters' are not modelled"}
 
 
 def stack_split(split: str, n_layers: int, pp: int, chunks: int = 1
@@ -68,10 +81,27 @@ def stack_split(split: str, n_layers: int, pp: int, chunks: int = 1
     `chunks` virtual stages each (None: it runs any): DeepSpeed's (no chunks), or torchtitan's
     over its `pp·chunks` virtual stages with the embedding and the head one layer each (its
     `first/last_stage_less_layers` default of 1)."""
-    if split in ("deepspeed", "neox") and chunks == 1:
+    if split == "deepspeed" and chunks == 1:
         return tuple(deepspeed_split(n_layers, pp))
+    if split == "neox" and chunks == 1 and n_layers + 2 >= 2 * pp:
+        return tuple(neox_split(n_layers, pp))
     if split == "torchtitan" and n_layers + 2 >= 2 * pp * chunks:
         return tuple(titan_split(pp * chunks, n_layers, 1, 1))
+    return None
+
+
+def balanced_ends(split: str, n_layers: int, pp: int
+                  ) -> tuple[tuple[int, int], tuple[int, ...]] | None:
+    """((first_less, last_less), sizes): the `partition.Balanced` counts in [-2, 2] whose
+    `stage_partition` is the one split `split` makes over `pp` stages (`stack_split`), for the
+    planner's grid; None when the stack has none or no such counts give it."""
+    from shardwise.partition import Balanced, stage_partition
+
+    own = stack_split(split, n_layers, pp)
+    for a in range(-2, 3):
+        for z in range(-2, 3):
+            if own is not None and stage_partition(n_layers, pp, 1, Balanced(a, z)) == own:
+                return (a, z), own
     return None
 
 
@@ -80,7 +110,9 @@ def split_refuses(split: str, n_layers: int, sizes: tuple[int, ...], pp: int) ->
     stage, `Layout.stage_sizes`) over `pp` ranks."""
     if split == "torchtitan":
         return titan_partition(n_layers, sizes) is None
-    if split in ("deepspeed", "neox"):
+    if split == "deepspeed":
         return len(sizes) != pp or list(sizes) != deepspeed_split(n_layers, pp)
+    if split == "neox":
+        return len(sizes) != pp or list(sizes) != neox_split(n_layers, pp)
     return False
 

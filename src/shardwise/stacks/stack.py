@@ -44,8 +44,8 @@ CP_KIND_TEXT = {"ring": "ring attention", "ulysses": "Ulysses (an all-to-all ove
 SPLITS = ("any", "torchtitan", "deepspeed", "neox")
 """How a stack can split the layers over its pipeline stages (`Stack.split`): any count per
 (virtual) stage (Megatron-LM's `--pipeline-model-parallel-layout`), torchtitan's rule
-(`titan_split`), or DeepSpeed's `type:transformer` partition (`split_refuses`) as
-Megatron-DeepSpeed or GPT-NeoX (`type:transformer|mlp`) names it."""
+(`titan_split`), DeepSpeed's `type:transformer` partition as Megatron-DeepSpeed names it, or
+GPT-NeoX's `type:transformer|mlp` (`neox_split`; `split_refuses`)."""
 
 
 # One decoder layer's eager elementwise traffic per token (`Stack.elementwise`,

@@ -65,23 +65,27 @@ def test_megatron_deepspeed_pays_deepspeeds_pipeline_terms(monkeypatch):
         assert getattr(after, term) == getattr(before, term)
 
 
-def test_bf16_optimizer_all_reduces_the_gradients(monkeypatch):
-    """bf16 weights with fp32 gradients at ZeRO-1 run BF16_Optimizer, which all-reduces where
-    ZeRO-1 reduce-scatters: DP time grows by AR - RS of the busiest stage's fp32 gradients;
-    with bf16 gradients (the stack's default) nothing changes on the DP side."""
-    layout = "tp=2,pp=2,dp=2,mb=1,zero=1,partition=10:10"
-    fp32 = _step("megatron-deepspeed", layout, grad_dtype="fp32")
-    bf16 = _step("megatron-deepspeed", layout)
+def test_bf16_optimizer_all_reduces_and_gathers(monkeypatch):
+    """bf16 weights run BF16_Optimizer at ZeRO-1 with fp32 gradients (it all-reduces where
+    ZeRO-1 reduce-scatters: DP time grows by AR - RS of the busiest stage's fp32 gradients)
+    and at ZeRO-0 under the pipeline (its fp32 state sharded: an all-gather of the bf16
+    weights ZeRO-0 does not make); ZeRO-1 with bf16 gradients runs ZeRO's own optimizer."""
+    layout = "tp=2,pp=2,dp=2,mb=1,zero={},partition=10:10"
+    cases = {"z1 fp32": (layout.format(1), "fp32"), "z1 bf16": (layout.format(1), None),
+             "z0 bf16": (layout.format(0), None)}
+    after = {k: _step("megatron-deepspeed", lay, grad_dtype=g) for k, (lay, g) in cases.items()}
     _without_engine(monkeypatch, "megatron-deepspeed")
-    fp32_before = _step("megatron-deepspeed", layout, grad_dtype="fp32")
-    bf16_before = _step("megatron-deepspeed", layout)
+    before = {k: _step("megatron-deepspeed", lay, grad_dtype=g) for k, (lay, g) in cases.items()}
     dense, _ = busiest_stage_params(MODEL, 2, 2, 1, 1, (10, 10))
-    grads, links = float(dense) * 4, _links()
-    extra = (group_collective_time("all-reduce", grads, 2, 2, links)
-             - group_collective_time("reduce-scatter", grads, 2, 2, links))
-    assert extra > 0
-    assert fp32.dp_comm_exposed - fp32_before.dp_comm_exposed == pytest.approx(extra, rel=1e-9)
-    assert bf16.dp_comm_exposed == bf16_before.dp_comm_exposed
+    links = _links()
+    want = {"z1 fp32": group_collective_time("all-reduce", float(dense) * 4, 2, 2, links)
+            - group_collective_time("reduce-scatter", float(dense) * 4, 2, 2, links),
+            "z1 bf16": 0.0,
+            "z0 bf16": group_collective_time("all-gather", float(dense) * 2, 2, 2, links)}
+    assert want["z1 fp32"] > 0 and want["z0 bf16"] > 0
+    for key, extra in want.items():
+        got = after[key].dp_comm_exposed - before[key].dp_comm_exposed
+        assert got == pytest.approx(extra, rel=1e-9, abs=1e-15), key
 
 
 def test_only_deepspeeds_1f1b_pays_and_not_without_a_pipeline(monkeypatch):

@@ -259,7 +259,7 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     # DeepSpeed's pipeline engine: serial sends, TP gathers, tied and bf16 reductions
     pp_more, dp_more = pipe_engine_time(
         settings.stack, ctx, links, train, t=t, p=p, c=c, b=b, m=m, zero=zero, schedule=sched,
-        p2p=p2p, pp_intra=pp_intra, tp_in_node=on_node("tp"), grads=dense_params * gb_,
+        p2p=p2p, pp_intra=pp_intra, tp_in_node=on_node("tp"), params=dense_params,
         replicas=replicas, dp_in_node=in_node)
     pp_comm, dp_exposed = pp_comm + pp_more, dp_exposed + dp_more
 

@@ -33,9 +33,11 @@ class PipeEngine:
       the forward; the output, cleared after the send, and the gradient in the backward);
     * `tied_grad_reduce`: tied weights' gradients all-reduced once per step after the last
       backward (`_exec_reduce_tied_grads`: the embedding shared by first and last stage);
-    * `bf16_allreduce`: ZeRO-1 with bf16 weights and fp32 gradients runs BF16_Optimizer
-      (engine.py `_do_optimizer_sanity_check`), whose `_exec_reduce_grads` all-reduces the
-      gradients (`buffered_allreduce_fallback`) where ZeRO-1 reduce-scatters them;
+    * `bf16_allreduce`: bf16 weights run BF16_Optimizer at ZeRO-1 with fp32 gradients and,
+      under the pipeline, at ZeRO-0 with bf16 ones (engine.py `_do_optimizer_sanity_check`):
+      `_exec_reduce_grads` all-reduces the gradients (`buffered_allreduce_fallback`) where
+      ZeRO-1 reduce-scatters them, and it shards its fp32 state over the DP ranks, gathering
+      the updated weights (`update_lp_params`) where ZeRO-0 gathers nothing;
     * `min_buffers`: pipe buffers per stage at least (`TrainSchedule.num_pipe_buffers`);
     * `mask`: the model code passes its `(1, 1, s, s)` attention mask along with each
       activation (`set_has_attention_mask(True)`: sent as fp16, one more send; not with the
@@ -101,7 +103,7 @@ def get_pipe_engine(name: str) -> PipeEngine:
 
 def pipe_engine_time(stack: Any, ctx: Any, links: Any, train: Any, *, t: Any, p: Any, c: Any,
                      b: Any, m: Any, zero: Any, schedule: Any, p2p: Any, pp_intra: Any,
-                     tp_in_node: Any, grads: Any, replicas: Any, dp_in_node: Any
+                     tp_in_node: Any, params: Any, replicas: Any, dp_in_node: Any
                      ) -> tuple[Any, Any]:
     """(pipeline, data-parallel) seconds per step that `stack`'s pipeline engine adds to the
     batched 1F1B `estimate.step` charges, for layouts as numbers or arrays (zero where the
@@ -110,17 +112,20 @@ def pipe_engine_time(stack: Any, ctx: Any, links: Any, train: Any, *, t: Any, p:
         pp += (transfers - 2(m+p-1))·p2p + [t>1]·(sends-1)·transfers·α_p2p
               + [mask]·transfers/2·(α_p2p + 2s²/β_p2p)
               + [t>1]·(m+p-1)·gathers·AG_t(s/c·b·h)  + [tied]·AR_2(V·h/t · grad bytes)
-        dp += [ZeRO-1, bf16, fp32 grads]·(AR - RS)(grads over the dp·cp replicas)
+        dp += [ZeRO-1, bf16, fp32 grads]·(AR - RS)(grads)  + [ZeRO-0, bf16]·AG(weights)
 
-    `p2p`: one transfer's seconds; `grads`: the busiest stage's gradient bytes per rank.
+    over the dp·cp replicas (BF16_Optimizer; no offload). `p2p`: one transfer's seconds;
+    `params`: the busiest stage's parameters per rank.
     The gathers stretch every slot, so they count `m + p - 1` times like the compute."""
     from shardwise.estimate.links import group_collective_time, p2p_latency
+    from shardwise.estimate.memory import bytes_per_param_training
     from shardwise.schedules.registry import SCHEDULE_CODES
 
     if stack.pipe_costs is None:
         return 0.0 * t, 0.0 * t
     engine = get_pipe_engine(stack.pipe_costs)
     model = ctx.model
+    state = bytes_per_param_training(train.dtype, train.grad_dtype, train.optimizer)
     runs = (np.asarray(p) > 1) & (np.asarray(schedule) == SCHEDULE_CODES[engine.schedule])
     slots = m + p - 1
     tensor_parallel = np.asarray(t) > 1
@@ -135,15 +140,18 @@ def pipe_engine_time(stack: Any, ctx: Any, links: Any, train: Any, *, t: Any, p:
     gather = group_collective_time("all-gather", boundary, t, np.minimum(tp_in_node, t), links)
     pp = pp + np.where(tensor_parallel, slots * engine.critical_gathers(p) * gather, 0.0)
     if engine.tied_grad_reduce and model.tie_embeddings:
-        from shardwise.estimate.memory import bytes_per_param_training
-
-        grad_bytes = bytes_per_param_training(train.dtype, train.grad_dtype, train.optimizer).grad
-        tied = model.vocab * model.d_model / t * grad_bytes
+        tied = model.vocab * model.d_model / t * state.grad
         pp = pp + group_collective_time("all-reduce", tied, 2, np.where(pp_intra, 2, 1), links)
     dp = 0.0 * t
-    if (engine.bf16_allreduce and train.dtype == "bf16"
-            and (train.grad_dtype or train.dtype) == "fp32"):
-        extra = (group_collective_time("all-reduce", grads, replicas, dp_in_node, links)
-                 - group_collective_time("reduce-scatter", grads, replicas, dp_in_node, links))
-        dp = np.where((np.asarray(zero) == 1) & (np.asarray(replicas) > 1), extra, 0.0)
+    if engine.bf16_allreduce and train.dtype == "bf16" and train.offload == "none":
+        grads, weights = params * state.grad, params * state.weight
+        fp32_grads = (train.grad_dtype or train.dtype) == "fp32"
+        # ZeRO-1, fp32 gradients: all-reduced where ZeRO-1 reduce-scatters; ZeRO-0, bf16
+        # gradients: BF16_Optimizer still shards its fp32 state and all-gathers the weights
+        z1 = (group_collective_time("all-reduce", grads, replicas, dp_in_node, links)
+              - group_collective_time("reduce-scatter", grads, replicas, dp_in_node, links))
+        z0 = group_collective_time("all-gather", weights, replicas, dp_in_node, links)
+        zero = np.asarray(zero)
+        dp = np.where(np.asarray(replicas) > 1, np.where(zero == 1, z1 if fp32_grads else 0.0,
+                                                         np.where(zero == 0, z0, 0.0)), 0.0)
     return np.where(runs, pp, 0.0), np.where(runs, dp, 0.0)

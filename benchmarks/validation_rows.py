@@ -7,8 +7,8 @@ assumed). Each row becomes (ModelSpec, Cluster, Layout, TrainSpec) through shard
 `get_model`, `Cluster.of`, `Layout.parse`, `TrainSpec(impl=…, compile=…, tp_overlap=…,
 dp_overlap=…, attention=…)` — and is predicted with `estimate_step` and the built-in
 calibration. A row shardwise cannot express is reported with the reason: the row's own
-`not_expressible` (what the API cannot notice, e.g. sliding-window attention) or the
-`ShardwiseError` building it raised (an FP8 recipe the stack or accelerator does not run, an
+`not_expressible` (what the API cannot notice, e.g. a checkpointing share the source
+leaves unstated) or the `ShardwiseError` building it raised (an FP8 recipe the stack or accelerator does not run, an
 unknown model or accelerator, a layout the stack cannot run). Nothing is fitted or tuned here.
 
 Error = (predicted − published) / published, in the published quantity: positive means
@@ -81,7 +81,8 @@ def model_of(value: str | dict[str, Any]) -> ModelSpec:
         if unknown:
             raise ShardwiseError(f"ModelSpec has no field {', '.join(sorted(unknown))}")
         return ModelSpec(**value["spec"]).validate()
-    changes = {k: v for k, v in value.items() if k != "preset"}
+    changes = {k: tuple(v) if isinstance(v, list) else v  # JSON lists: the spec's tuples
+               for k, v in value.items() if k != "preset"}
     unknown = set(changes) - _MODEL_FIELDS
     if unknown:
         raise ShardwiseError(f"ModelSpec has no field {', '.join(sorted(unknown))}")
@@ -128,6 +129,7 @@ def build(row: dict[str, Any]) -> Case:
     train = TrainSpec(seq_len=row["seq"], global_batch=row["global_batch"],
                       dtype=row.get("dtype", "bf16"), grad_dtype=row.get("grad_dtype"),
                       fp8=row.get("fp8"), flash_attention=stack.get("flash", True),
+                      recompute_share=row.get("recompute_share", 1.0),
                       **{k: stack[k] for k in _STACK_KEYS if stack.get(k) is not None})
     train.validate()
     given.validate(model, cluster, train)

@@ -80,6 +80,24 @@ def test_plan_bad_inputs_exit_2_with_one_line():
                           "layout tp='x' must be an integer")
     assert_one_line_error(shardwise("plan", "--max", "schedule=zb-h1", check=False),
                           "--max takes counts")
+    assert_one_line_error(shardwise("plan", "mixtral-8x7b", "--gpus", "64", "--expert-load",
+                                    "0.5", check=False), "expert_load must be ≥ 1")
+
+
+def test_a_stated_expert_load_slows_the_experts_and_fills_the_busiest_rank():
+    """`--expert-load λ` (what `check` measures): the busiest ep rank's GEMMs, all-to-alls and
+    routed activations grow; the attention and the weights do not."""
+    def run(*extra):
+        return shardwise_json("memory", "mixtral-8x7b", "--gpus", "64", "--seq", "4096",
+                              "--tp", "2", "--pp", "2", "--ep", "8", *extra)
+    even, busy = run(), run("--expert-load", "1.5")
+    for a, b in zip(even["stages"], busy["stages"], strict=True):
+        assert b["activations"] > a["activations"] and b["weights"] == a["weights"]
+    step = [shardwise_json("plan", "mixtral-8x7b", "--gpus", "64", "--seq", "4096", "--layout",
+                           "tp=2,pp=2,ep=8", "--top", "1", *extra)["given"]["estimate"]
+            for extra in ((), ("--expert-load", "1.5"))]
+    assert step[1]["compute"] > step[0]["compute"] and step[1]["ep_comm"] > step[0]["ep_comm"]
+    assert step[1]["tp_comm"] == step[0]["tp_comm"]
 
 
 def test_plan_json_names_its_flop_convention_and_the_explanation_reads_right():

@@ -95,6 +95,13 @@ def test_moe_expert_parallel_checks():
         Layout(dp=3, ep=3).validate(mixtral)
     with pytest.raises(LayoutError, match="ep=4 must divide dp·cp=2"):
         Layout(dp=2, ep=4).validate(mixtral)
+    # Megatron's parallel folding (megatron-core parallel_state.py: the expert ranks are
+    # etp·ep·edp = tp·dp·cp): at etp = tp the experts use dp·cp only; etp=1 folds in tp too,
+    # and the refusal says so where that would fit
+    assert Layout(dp=2, tp=2, ep=4).problems(mixtral)[0].endswith(
+        "with etp=1 (Megatron's --expert-tensor-parallel-size 1) the experts fold over tp·dp·cp")
+    assert Layout(dp=2, tp=2, ep=4, etp=1).problems(mixtral) == []
+    assert "fold" not in Layout(dp=2, tp=2, ep=8).problems(mixtral)[0]
 
 
 def test_context_parallel_kinds():

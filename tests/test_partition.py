@@ -17,6 +17,7 @@ from shardwise.layout import (
     Balanced,
     Layout,
     TrainSpec,
+    accounted_partition,
     chunk_span,
     first_last_partition,
     stage_partition,
@@ -254,3 +255,97 @@ def test_loss_only_stage_holds_the_head_and_no_layers():
     dense14, expert14 = stage_params(model, layout, 14)
     assert expert == expert14 / 2  # two MoE layers' experts of the four
     assert dense - dense14 / 2 == pytest.approx(v * h + model.norm_params())  # head + final norm
+
+
+ACCOUNTED = [(126, 8, 8), (126, 16, 4), (62, 4, 8), (30, 4, 8), (94, 8, 2), (94, 8, 3),
+             (94, 8, 4), (94, 4, 12)]  # the published recipes' uneven interleaved splits
+
+
+@pytest.mark.parametrize(("layers", "pp", "vp"), ACCOUNTED)
+def test_accounted_partition_is_what_megatron_core_builds(layers, pp, vp):
+    """`--account-for-embedding/loss-in-pipeline-split` with a virtual pipeline: the layers
+    and offset of every (pp rank, vp stage) equal megatron-core 0.16.1's
+    `get_num_layers_to_build` / `get_transformer_layer_offset`, and the same split written as
+    a Megatron layout string reads back equal."""
+    pytest.importorskip("megatron.core")
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+    torch = pytest.importorskip("torch")
+
+    config = TransformerConfig(pipeline_dtype=torch.bfloat16, num_layers=layers, hidden_size=64, num_attention_heads=8,
+                               pipeline_model_parallel_size=pp,
+                               virtual_pipeline_model_parallel_size=vp,
+                               account_for_embedding_in_pipeline_split=True,
+                               account_for_loss_in_pipeline_split=True)
+    ours = accounted_partition(layers, pp, vp)
+    layout = Layout(pp=pp, chunks=vp, schedule="interleaved", partition=ours)
+    for rank in range(pp):
+        for chunk in range(vp):
+            span = chunk_span(layers, pp, vp, rank, chunk, layout.partition)
+            assert (int(span[0]), int(span[1])) == (
+                get_transformer_layer_offset(config, vp_stage=chunk, pp_rank=rank),
+                get_num_layers_to_build(config, vp_stage=chunk, pp_rank=rank))
+    per = (layers + 2) // (pp * vp)
+    text = f"E{'t' * (per - 1)}|({'t' * per}|)*{pp * vp - 2}{'t' * (per - 1)}L"
+    assert Layout.parse(f"pp={pp},partition={text}").partition == ours
+    assert not layout.problems(get_model("tiny").with_(n_layers=layers))
+
+
+def test_accounted_partition_refuses_what_megatron_core_refuses():
+    with pytest.raises(ShardwiseError, match="must divide"):
+        accounted_partition(61, 4, 4)  # 63 units over 16 virtual stages
+    pytest.importorskip("megatron.core")
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    torch = pytest.importorskip("torch")
+
+    with pytest.raises((AssertionError, ValueError), match="divisible"):
+        config = TransformerConfig(pipeline_dtype=torch.bfloat16, num_layers=61, hidden_size=64, num_attention_heads=8,
+                                   pipeline_model_parallel_size=4,
+                                   virtual_pipeline_model_parallel_size=4,
+                                   account_for_embedding_in_pipeline_split=True,
+                                   account_for_loss_in_pipeline_split=True)
+        get_num_layers_to_build(config, vp_stage=0, pp_rank=0)
+
+
+@pytest.mark.parametrize(("split", "recompute"), [
+    ("partition=Et|(tt|)*62tL", "none"),  # 64 virtual stages (Megatron's layout string)
+    ("partition=16:16:16:16:16:16:16:14", "full")])  # 8 stages, each ÷ 2 chunks
+def test_fix_uses_an_uneven_interleaved_partition_as_given(split, recompute):
+    """`--fix` takes an uneven interleaved partition the search does not enumerate and uses it
+    as given: the fixed layout's row equals what `--layout` evaluates for it (Llama 3.1 405B
+    as NeMo ran it: account-for-embedding/loss over pp8·vp8, or uneven stages ÷ 2 chunks)."""
+    chunks = 8 if "E" in split else 2
+    text = (f"dp=8,tp=8,pp=8,cp=2,cp_kind=ring,sp=1,zero=1,zero_group=8,mb=1,recompute={recompute},"
+            f"schedule=interleaved,chunks={chunks},{split}")
+    args = ("plan", "llama3-405b", "--gpus", "1024", "--seq", "8192", "--global-batch", "512")
+    fixed = shardwise_json(*args, "--fix", text)["ranked"]
+    given = shardwise_json(*args, "--layout", text)["given"]
+    assert len(fixed) == 1 and fixed[0]["layout"] == given["layout"]
+    assert given["layout"]["partition"] == list(Layout.parse(text).partition)
+    assert fixed[0]["estimate"]["total"] == pytest.approx(given["estimate"]["total"], rel=1e-9)
+    assert fixed[0]["memory"]["total"] == pytest.approx(given["memory"]["total"], rel=1e-9)
+
+
+def test_fix_with_a_partition_that_does_not_fit_says_why():
+    result = shardwise("plan", "llama3-405b", "--gpus", "1024", "--seq", "8192",
+                       "--global-batch", "512", "--fix",
+                       "partition=16:16:16:16:16:16:16:13,chunks=2", check=False)
+    assert_one_line_error(result, "partition sums to 125 layers but n_layers=126")
+
+
+def test_a_loss_only_virtual_stage_is_simulated():
+    """DeepSeek-V3's `Et|(tt|)*30L` (a loss-only last virtual stage, no decoder layer) with few
+    enough micro-batches for the event simulator: `--layout` answers (the empty stage takes no
+    time) and `--fix` with the same partition ranks the same layout first."""
+    args = ("plan", "deepseek-v3", "--gpus", "2048", "--gpu", "h800", "--seq", "4096",
+            "--global-batch", "2048")
+    text = ("dp=128,pp=16,ep=64,zero=1,zero_group=64,mb=1,recompute=full,"
+            "partition=Et|(tt|)*30L")
+    given = shardwise_json(*args, "--layout", text)["given"]
+    assert given["estimate"]["bubble_source"] == "simulator"
+    assert 0 < given["estimate"]["bubble"] < given["estimate"]["total"]
+    fixed = shardwise_json(*args, "--fix", text)["ranked"][0]
+    assert fixed["layout"] == given["layout"]
+    assert fixed["estimate"]["total"] == pytest.approx(given["estimate"]["total"], rel=1e-9)

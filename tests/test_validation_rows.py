@@ -127,3 +127,52 @@ def test_megatron_bridge_moe_rows_agree_with_their_own_tflops_column(vr, loaded)
                                                           "nemo-mbridge-26.02"}
     without = per_token[("deepseek-v3", 4096, False)][0][1]
     assert with_mtp[0][1] / without - 1 == pytest.approx(0.04, abs=0.01)  # MTP's extra block and output head
+
+
+def test_uneven_interleaved_rows_are_the_recipes_own_splits(vr, loaded):
+    """Rows whose recipe splits with Megatron's account-for-embedding/loss carry exactly the
+    split megatron-core builds (`accounted_partition`, checked against megatron-core in
+    test_partition); DeepSeek-V3 on pp4·vp4 carries Megatron-Bridge's layout_map[(4, 4)]."""
+    from shardwise.layout import accounted_partition
+
+    seen = 0
+    for row in loaded[2]:
+        if "partition=" not in row["layout"] or "chunks=" not in row["layout"]:
+            continue
+        try:
+            case = vr.build(row)
+        except ShardwiseError:  # an accelerator shardwise lacks (gb300)
+            continue
+        layout = case.layout
+        n = case.model.n_layers
+        if any("account_for_embedding" in a for a in row["assumed"]):
+            assert layout.partition == accounted_partition(n, layout.pp, layout.chunks)
+            seen += 1
+        elif row["model"] == "deepseek-v3" and (layout.pp, layout.chunks) == (4, 4):
+            assert layout.partition == (4,) + (4,) * 14 + (1,)
+            seen += 1
+    assert seen >= 20
+
+
+def test_gpt_oss_rows_are_the_models_transformers_configures(loaded, vr):
+    """The gpt-oss rows build the architecture transformers' own `GptOssConfig` gives each size
+    (its defaults are gpt-oss-120b's shapes; 20b: 24 layers, 32 experts): windows alternating
+    with full layers, sinks, the parameter count."""
+    transformers = pytest.importorskip("transformers")
+    from shardwise.arch.hf import from_hf_dict
+
+    sizes = {"gpt-oss-120b": {}, "gpt-oss-20b": {"num_hidden_layers": 24,
+                                                 "num_local_experts": 32}}
+    seen = set()
+    for row in loaded[2]:
+        if "gpt-oss" not in str(row["model"]):
+            continue
+        model = vr.model_of(row["model"])
+        config = transformers.GptOssConfig(**sizes[model.name]).to_dict()
+        theirs = from_hf_dict(config, model.name)
+        assert model.count_params().total == theirs.count_params().total
+        assert (model.layer_types, model.sliding_window, model.attention_sinks) == (
+            theirs.layer_types, theirs.sliding_window, theirs.attention_sinks)
+        assert 0 < model.sliding_window < row["seq"] and "full" in model.layer_types
+        seen.add(model.name)
+    assert seen == set(sizes)

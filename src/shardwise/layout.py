@@ -33,6 +33,7 @@ from shardwise.layout_checks import layout_problems, memory_setting_problems
 from shardwise.partition import (
     Balanced,
     Partition,
+    accounted_partition,
     chunk_span,
     first_last_partition,
     is_pipeline_layout,
@@ -51,11 +52,32 @@ from shardwise.stacks import DEFAULT_STACK, STACKS, Settings, Stack, get_stack, 
 from shardwise.units import DTYPE_BYTES
 
 __all__ = [
-    "AXES", "CP_KINDS", "MOE_COMM", "MOE_DISPATCHERS", "MOE_OVERLAPS", "OPTIMIZERS", "RECOMPUTE",
-    "RECOMPUTE_LIGHTEST_FIRST", "SCHEDULES",
-    "Balanced", "Layout", "Partition", "TrainSpec", "check_specs", "chunk_span",
-    "first_last_partition", "layers_on_stage", "parse_partition", "parse_pipeline_layout", "partition_problems",
-    "resolve_partition", "stage_extremes", "stage_partition", "stage_totals", "ulysses_degree",
+    "AXES",
+    "CP_KINDS",
+    "MOE_COMM",
+    "MOE_DISPATCHERS",
+    "MOE_OVERLAPS",
+    "OPTIMIZERS",
+    "RECOMPUTE",
+    "RECOMPUTE_LIGHTEST_FIRST",
+    "SCHEDULES",
+    "Balanced",
+    "Layout",
+    "Partition",
+    "TrainSpec",
+    "accounted_partition",
+    "check_specs",
+    "chunk_span",
+    "first_last_partition",
+    "layers_on_stage",
+    "parse_partition",
+    "parse_pipeline_layout",
+    "partition_problems",
+    "resolve_partition",
+    "stage_extremes",
+    "stage_partition",
+    "stage_totals",
+    "ulysses_degree",
 ]
 
 
@@ -128,6 +150,12 @@ class TrainSpec:
     # (--activation-func-fp8-input-store) and the multi-token prediction modules trained
     # (--mtp-num-layers)
     recompute_modules: tuple[str, ...] | None = None
+    # With `Layout.recompute="full"`: the share of the layers fully recomputed, the others
+    # keeping every activation (block-level selective checkpointing: torchtitan's
+    # `selective_ac_option="n"` checkpoints every n-th block, fms-fsdp's
+    # `selective_checkpointing=p` a share p; Megatron's `--recompute-method block
+    # --recompute-num-layers N`, N of each stage chunk's layers). 1: every layer.
+    recompute_share: float = 1.0
     exp_avg_dtype: str | None = None
     exp_avg_sq_dtype: str | None = None
     main_params_dtype: str | None = None
@@ -220,6 +248,13 @@ class TrainSpec:
         except ShardwiseError as exc:
             out.append(str(exc))
         return out
+
+    @property
+    def routed_load(self) -> float:
+        """The busiest expert-parallel rank's routed rows ÷ the balanced share `T·k`: the
+        capacity factor when experts are padded to capacity (Megatron
+        `--moe-pad-expert-input-to-capacity`, `moe_utils.get_capacity`), else `expert_load`."""
+        return float(self.moe_capacity) if self.moe_capacity is not None else self.expert_load
 
     def validate(self) -> TrainSpec:
         problems = []

@@ -99,8 +99,10 @@ def layout_problems(layout: Layout, model: ModelSpec, cluster: Cluster | None = 
     if model.is_moe and model.n_experts % layout.ep:
         out.append(f"ep={layout.ep} does not divide n_experts={model.n_experts}")
     if et == t and (layout.dp * layout.cp) % layout.ep:
+        folded = ("; with etp=1 (Megatron's --expert-tensor-parallel-size 1) the experts fold "
+                  "over tp·dp·cp" if (t * layout.dp * layout.cp) % layout.ep == 0 else "")
         out.append(f"ep={layout.ep} must divide dp·cp={layout.dp * layout.cp} (experts reuse "
-                   "data/context-parallel ranks)")
+                   f"data/context-parallel ranks){folded}")
     elif (t * layout.dp * layout.cp) % (et * layout.ep):
         out.append(f"etp·ep={et}·{layout.ep} must divide tp·dp·cp={t * layout.dp * layout.cp} "
                    "(the expert layers' ranks of a pipeline stage)")
@@ -156,6 +158,9 @@ def _train_problems(layout: Layout, train: TrainSpec, model: ModelSpec) -> list[
             out.append(f"{train.stack.name} offloads the {train.offload} with ZeRO "
                        f"{', '.join(map(str, support.zero))} only ({support.flag}), "
                        f"not zero={layout.zero}")
+    if train.recompute_share != 1 and layout.recompute != "full":
+        out.append(f"recompute_share={train.recompute_share:g} checkpoints a share of the "
+                   f"layers fully; it needs recompute=full, not {layout.recompute}")
     if "mla_up_proj" in (train.recompute_modules or ()) and not model.is_mla:
         out.append(f"recompute module mla_up_proj needs multi-latent attention; {model.name} "
                    "has none (megatron-core's TransformerConfig refuses it too)")
@@ -192,6 +197,9 @@ def memory_setting_problems(train: TrainSpec) -> list[str]:
         if unknown or not modules:
             out.append(f"recompute modules {','.join(map(str, unknown)) or '(none)'} unknown; "
                        f"valid: {', '.join(RECOMPUTE_MODULES)}")
+    share = train.recompute_share
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
+        out.append(f"recompute_share must be a share of the layers in (0, 1], got {share!r}")
     if unknown := [m for m in train.offload_modules if m not in OFFLOAD_MODULES]:
         out.append(f"offload modules {','.join(map(str, unknown))} unknown; valid: "
                    f"{', '.join(OFFLOAD_MODULES)}")

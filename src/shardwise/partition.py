@@ -47,6 +47,27 @@ class Balanced:
 Partition = tuple[int, ...] | Balanced
 """An explicit partition (layers per stage; () for the default) or a `Balanced` one."""
 
+FIXED = (-9, -9)
+"""The planner's `(first_less, last_less)` key of a partition `--fix` pins that its grid does
+not enumerate (uneven interleaved ones): the partition is used as given (`fixed_or_balanced`)."""
+
+
+def fixed_or_balanced(cand: dict[str, Any]) -> Partition:
+    """The partition of the planner's arrays of layouts: the one `--fix` pinned (`FIXED`), or
+    `Balanced(first_less, last_less)`."""
+    if np.any(np.asarray(cand["first_less"]) == FIXED[0]):
+        return next(split for (_, a, _z), split in cand["_partitions"].items() if a == FIXED[0])
+    return Balanced(cand["first_less"], cand["last_less"])
+
+
+def _one(value: Any) -> int:
+    """`value` as one integer: an explicit partition is one layout's, so the planner's arrays
+    that come with it hold a single pp (chunks)."""
+    values = np.unique(np.asarray(value))
+    if len(values) != 1:
+        raise ShardwiseError(f"an explicit partition belongs to one layout, got {values}")
+    return int(values[0])
+
 
 def parse_partition(text: str) -> tuple[int, ...]:
     """`"7,8,8,7"` → (7, 8, 8, 7): layers per pipeline stage, first to last (every item a
@@ -87,6 +108,28 @@ def first_last_partition(n_layers: int, pp: int, first: int | None, last: int | 
             f"middle stages of pp={pp}; they must divide evenly (n_layers={n_layers})")
     each = rest // middle if middle else 0
     return tuple([*([f] if f >= 0 else []), *[each] * middle, *([g] if g >= 0 else [])])
+
+
+def accounted_partition(n_layers: int, pp: int, chunks: int = 1, embedding: bool = True,
+                        loss: bool = True) -> tuple[int, ...]:
+    """Megatron's `--account-for-embedding-in-pipeline-split` / `--account-for-loss-in-
+    pipeline-split`: the embedding and the loss count one layer each, every one of the `pp·v`
+    virtual stages gets `(L + e + l)/(pp·v)` units, and the first (last) virtual stage builds
+    one Transformer layer fewer (megatron-core 0.16.1 `get_num_layers_to_build`, which also
+    requires the division). Layers per virtual stage in model order (`Layout.partition`)."""
+    units = n_layers + int(embedding) + int(loss)
+    stages = pp * chunks
+    if pp < 2 or units % stages:
+        raise ShardwiseError(
+            f"accounting for the embedding/loss gives {units} layer units, which pp·chunks="
+            f"{pp}·{chunks} must divide (megatron-core's rule); valid pp·chunks: divisors of "
+            f"{units}")
+    counts = [units // stages] * stages
+    counts[0] -= int(embedding)
+    counts[-1] -= int(loss)
+    if min(counts) < 0:
+        raise ShardwiseError(f"{n_layers} layers cannot fill pp·chunks={stages} virtual stages")
+    return tuple(counts)
 
 
 def partition_problems(n_layers: int, pp: int, chunks: int, partition: tuple[int, ...]
@@ -165,6 +208,7 @@ def stage_totals(pp: int, chunks: int, partition: tuple[int, ...],
                  placement: Placement = "loop") -> tuple[int, ...]:
     """Layers on each stage over all its chunks, of one layout's explicit `partition` (per
     stage, or per virtual stage in model order, laid out by `placement`)."""
+    pp, chunks = _one(pp), _one(chunks)
     if len(partition) == pp:
         return partition
     return tuple(sum(partition[virtual_stage(i, c, pp, placement)] for c in range(chunks))
@@ -190,10 +234,12 @@ def chunk_span(n_layers: int, pp: Any, chunks: Any, stage: Any, chunk: Any,
     as evenly as possible, the extras on the stages after the first, then the first stage `a`
     layers short and the last `z`. Array-generic in `pp`, `chunks`, `stage` and the `Balanced`
     counts."""
+    if isinstance(partition, tuple) and partition:
+        pp, chunks = _one(pp), _one(chunks)
     if isinstance(partition, tuple) and partition and len(partition) != pp:
         sizes = np.asarray(partition, dtype=np.int64)  # per virtual stage, in model order
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        vs = virtual_stage(stage, int(chunk), int(pp), placement)
+        vs = virtual_stage(stage, _one(chunk), pp, placement)
         return starts[vs], sizes[vs]
     if isinstance(partition, tuple) and partition:
         sizes = np.asarray(partition, dtype=np.int64) // chunks

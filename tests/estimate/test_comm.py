@@ -317,3 +317,11 @@ def test_bad_input_messages_name_the_argument():
     assert message(lambda: collective_time("all-reduce", 1, 2, LINKS["ndr"], "star")) == (
         "unknown algorithm 'star'; valid: ring, tree, hierarchical")
     assert message(lambda: dp_step_comm_ops(1e9, 8, 4, 2, 2)) == "zero stage must be 0..3, got 4"
+    # every per-axis helper checks its arguments before any arithmetic: a string where a
+    # width belongs ('a' · 2 would be 'aa'), a group of 0 ranks, an unknown recompute
+    assert message(lambda: cp_comm_bytes_per_layer(4096, 1, "a", 2)).startswith("kv_dim ")
+    assert message(lambda: tp_comm_bytes_per_layer("x", 1, 4096, 2)).startswith("seq_len ")
+    assert message(lambda: ulysses_comm_bytes_per_layer(4096, 1, 128, 64, 0)).startswith("c ")
+    assert message(lambda: ep_comm_bytes_routed(-1.0, 2.0, 4096)).startswith("rows_out ")
+    assert message(lambda: cp_comm_bytes_per_layer(4096, 1, 64, 2, recompute="some")) == (
+        "recompute: unknown some; valid: none, selective, full, op-sac")

@@ -71,13 +71,15 @@ def test_gathered_kv_memory_on_mla_by_hand(rc, extra):
 
 def test_op_sac_recomputed_flops_with_shared_experts_by_hand():
     """torchtitan's per-op SAC saves every second matmul of a block, so wo and each MLP's
-    third matmul (w3) run again (`ModelSpec.op_sac_recomputed_flops`). DeepSeek-V2-Lite: 1
-    dense layer (d_ff 10944) and 26 MoE layers with 6 routed + 2 shared experts of 1408 per
-    token; wo maps a·d_v = 16·128 = 2048 to h = 2048 (MLA: not a·d_k = 3072)."""
+    third matmul (w3) run again, and in MoE layers every routed-expert matmul (grouped_mm is
+    not on its save list) and the router gate (`ModelSpec.op_sac_recomputed_flops`;
+    tests/estimate/test_compute_op_sac_moe.py runs the policy). DeepSeek-V2-Lite: 1 dense layer
+    (d_ff 10944) and 26 MoE layers with 6 routed (3 matmuls each) + 2 shared experts of 1408
+    per token and 64 experts; wo maps a·d_v = 16·128 = 2048 to h = 2048 (MLA: not 3072)."""
     model = _deepseek_v2_lite()
     assert (model.n_dense_layers, model.n_moe_layers, model.top_k, model.n_shared_experts,
             model.d_model, model.d_ff, model.expert_d_ff) == (1, 26, 6, 2, 2048, 10944, 1408)
     wo = 16 * 128 * 2048
     dense = wo + 2048 * 10944
-    moe = wo + (6 + 2) * 2048 * 1408
+    moe = wo + (6 * 3 + 2) * 2048 * 1408 + 2048 * 64
     assert model.op_sac_recomputed_flops() == 2.0 * (1 * dense + 26 * moe)

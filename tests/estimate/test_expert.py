@@ -244,3 +244,104 @@ def test_capacity_factor_pads_every_expert():
     loaded = _step(replace(base, expert_load=factor))
     assert padded.total == pytest.approx(loaded.total, rel=1e-12)
     assert padded.total > _step(base).total
+
+
+def test_sm_count_by_part_and_generation():
+    """The SM share overlap costs uses the part's own SMs where it has fewer than its
+    generation's flagship (H100 whitepaper: SXM5 132, PCIe 114; H20 78), else the generation's
+    (B200 148, A100 108, MI300X 304 CUs, MI355X 256)."""
+    from shardwise.estimate.expert import sm_count
+    from shardwise.hardware import get_accelerator
+    counts = {name: sm_count(get_accelerator(name)) for name in
+              ("h100-sxm", "h100-pcie", "h800", "h20", "b200", "a100-80gb", "mi300x", "mi355x")}
+    assert counts == {"h100-sxm": 132, "h100-pcie": 114, "h800": 132, "h20": 78, "b200": 148,
+                      "a100-80gb": 108, "mi300x": 304, "mi355x": 256}
+
+
+def test_h20_overlap_costs_its_own_sm_share():
+    """1F1B EP overlap on 64 H20: each of the m - 1 paired micro-batches still pays C·σ/S of
+    its hidden communication C (the first is unpaired), so ep_comm = C·((m-1)·σ/S + 1); the
+    same part counted at Hopper's 132 SMs must give the same C with S = 132 — the H20's 78
+    make the hidden share 132/78 times as dear."""
+    from shardwise.estimate.step import estimate_step
+    from shardwise.hardware import get_accelerator
+    model = get_model("deepseek-v2-lite")
+    train = TrainSpec(seq_len=4096, global_batch=512, impl="megatron-te", moe_dispatcher="flex",
+                      moe_overlap="1f1b")
+    lay = Layout.parse("pp=2,ep=8,zero=1")
+    lay = replace(lay, dp=32)
+    h20 = get_accelerator("h20")
+    as_flagship = replace(h20, name="h20-as-h100", calibrated_as=h20.calibration_name)
+    own = estimate_step(model, Cluster.of(64, h20), lay, train)
+    flagship = estimate_step(model, Cluster.of(64, as_flagship), lay, train)
+    assert own.compute == flagship.compute
+    m, sigma = own.microbatches, COMM_SMS
+    comm = flagship.ep_comm / ((m - 1) * sigma / 132 + 1)
+    assert own.ep_comm == pytest.approx(comm * ((m - 1) * sigma / 78 + 1), rel=1e-9)
+
+
+@pytest.mark.parametrize("ep, et, point", [(4, 2, "before_ep_alltoall"),
+                                           (1, 1, "before_permutation_2")])
+def test_dispatcher_blocks_the_host_once_per_forward(monkeypatch, ep, et, point):
+    """Megatron-Core 0.16.1's dropless alltoall dispatcher waits once per forward on its
+    device→host copy of the routing counts (`d2h_event.synchronize()`: before the EP
+    all-to-all with ep·tp > 1, else before sorting rows by local expert without
+    `moe_permute_fusion`); `layer_cost` charges an MoE layer's
+    forward that one round trip — the host link's latency and one relaunch — and nothing to its
+    backward or to a dense layer (both far from host-bound here)."""
+    from megatron.core import utils
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from shardwise.calibration import default_calibration
+    from shardwise.estimate.compute import ComputeContext, layer_cost
+    from shardwise.hardware import get_accelerator, get_link
+
+    h, k, n_exp, tokens = MOE.d_model, MOE.top_k, MOE.n_experts, 24
+    cfg = TransformerConfig(num_layers=2, hidden_size=h, num_attention_heads=4,
+                            num_moe_experts=n_exp, moe_router_topk=k,
+                            moe_token_dispatcher_type="alltoall", expert_model_parallel_size=ep,
+                            expert_tensor_parallel_size=et, tensor_model_parallel_size=et,
+                            sequence_parallel=et > 1, add_bias_linear=False, bf16=True,
+                            params_dtype=torch.bfloat16)
+    waits = []
+    stream = _Stream()
+    monkeypatch.setattr(stream, "synchronize", lambda: waits.append(1), raising=False)
+    monkeypatch.setattr(utils, "get_pg_size", lambda group=None: group.size())
+    monkeypatch.setattr(utils, "get_pg_rank", lambda group=None: group.rank())
+    counts = torch.cat([_balanced_routing(tokens, n_exp, k, i).sum(0).long()
+                        for i in range(ep * et)])
+    monkeypatch.setattr(td, "gather_from_sequence_parallel_region",
+                        lambda x, group=None, output_split_sizes=None, **_: counts
+                        if x.dtype == torch.long else torch.cat([x] * group.size()))
+    monkeypatch.setattr(td, "all_to_all", lambda group, x, out, inp: x if out is None else
+                        torch.zeros((int(sum(out)), *x.shape[1:]), dtype=x.dtype))
+    monkeypatch.setattr(td.MoEAlltoAllTokenDispatcher, "cuda_dtoh_stream", stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    local = n_exp // ep
+    pgs = type("PG", (), {"ep": _Group(ep, 0), "expt_tp": _Group(et, 0),
+                          "tp_ep": _Group(ep * et, 0)})()
+    d = td.MoEAlltoAllTokenDispatcher(local, list(range(local)), cfg, pg_collection=pgs)
+    rmap = _balanced_routing(tokens, n_exp, k, 0)
+    hidden, p = d.dispatch_preprocess(torch.randn(tokens, h, dtype=torch.bfloat16), rmap,
+                                      torch.rand(tokens, n_exp, dtype=torch.bfloat16) * rmap)
+    d.dispatch_postprocess(*d.token_dispatch(hidden, p))
+    assert len(waits) == 1
+    assert d.cuda_sync_point == point
+
+    model = get_model("mixtral-8x7b")
+    h100 = get_accelerator("h100-sxm")
+    train = TrainSpec(seq_len=4096, impl="megatron-te")
+    cal = default_calibration(h100.calibration_name)
+
+    def cost(acc, overhead: float, moe: bool):
+        ctx = ComputeContext.of(model, acc, train, replace(cal, kernel_overhead=overhead))
+        return layer_cost(ctx, et, 1, 1, et > 1, 0, moe=moe, ep=ep)
+
+    slow, fast = cost(h100, 5e-5, True), cost(h100, 5e-6, True)
+    assert float(slow.fwd - fast.fwd) == pytest.approx(4.5e-5, rel=1e-9)
+    assert float(slow.bwd) == float(fast.bwd)
+    assert float(cost(h100, 5e-5, False).fwd) == float(cost(h100, 5e-6, False).fwd)
+    c2c = replace(h100, host="c2c-gh200")
+    gap = get_link("pcie5").latency - get_link("c2c-gh200").latency
+    assert float(fast.fwd - cost(c2c, 5e-6, True).fwd) == pytest.approx(gap, rel=1e-9)

@@ -268,3 +268,23 @@ def test_offloaded_inputs_leave_the_gpu():
     assert held(()) - held(("core_attn",)) == S * (A / T) * (D_QK + D_QK + D_V) * 2
     assert held(("core_attn",)) - held(("core_attn", "attn_proj")) == S * (A / T) * D_V * 2
     assert held(()) - held(("expert_fc1",)) == COPIES * H * 2
+
+
+@pytest.mark.parametrize("train", [TrainSpec(seq_len=S, expert_load=1.25),
+                                   TrainSpec(seq_len=S, moe_capacity=1.25)],
+                         ids=["imbalanced", "capacity"])
+def test_routed_copies_scale_with_the_busiest_ranks_load(train):
+    """Dropless routing's busiest rank (or padding to a capacity factor) holds λ times the
+    balanced routed copies `k·s·etp/t`; each keeps (megatron-te, moe/experts.py) its input
+    `h`, gate, up and the SwiGLU product `3·f/etp` in bf16 and its fp32 probability — shared
+    experts, router and attention do not grow. Closed form against λ = 1."""
+    h, f, k = MODEL.d_model, MODEL.expert_d_ff / ETP, MODEL.top_k
+    per_copy = 2 * h + 3 * 2 * f + 4
+    copies = k * S * ETP / T
+
+    def layer(load):
+        return activation_bytes_per_layer(
+            MODEL, S, 1, tp=T, sp=True, recompute="selective", flash=True, moe=True,
+            impl="megatron-te", etp=ETP, routed_load=load)
+    assert train.routed_load == 1.25
+    assert layer(train.routed_load) - layer(1.0) == pytest.approx(0.25 * copies * per_copy)

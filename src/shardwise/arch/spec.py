@@ -484,9 +484,12 @@ class ModelSpec:
         (torchtitan 0.3.0 distributed/activation_checkpoint.py, `SelectiveAC`), and a Llama
         block calls qkv (fused), wo, w1, w3, w2 (models/common: `FusedQKVLinear`,
         `FeedForward.forward = w2(silu(w1 x) · w3 x)`), so wo and w3 (w2 without a gate) run
-        again — per token `2·(a·d_v·h + h·f)`, the routed and shared experts' in MoE layers."""
+        again — per token `2·(a·d_v·h + h·f)`; MoE layers: the shared experts' w3, and every
+        routed-expert matmul (`aten._grouped_mm`, not on its save list) and the router gate
+        (`force_recompute_mm_shapes_by_fqns`)."""
         out_proj = self.o_dim * self.d_model  # wo: a·d_v → h (MLA: d_v ≠ d)
-        experts = (self.top_k + self.n_shared_experts) * self.d_model * self.expert_d_ff
+        routed = self.top_k * (3 if self.gated_mlp else 2) + self.n_shared_experts
+        experts = routed * self.d_model * self.expert_d_ff + self.d_model * self.n_experts
         return 2.0 * (self.n_dense_layers * (out_proj + self.d_model * self.d_ff)
                       + self.n_moe_layers * (out_proj + experts))
 

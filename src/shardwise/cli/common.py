@@ -132,7 +132,8 @@ def precision_options(auto: bool = False) -> Callable:
     return add
 
 
-MOE_COMM_KW = ("moe_dispatcher", "moe_overlap", "moe_dispatch_fp8", "moe_capacity", "comm_sms")
+MOE_COMM_KW = ("moe_dispatcher", "moe_overlap", "moe_dispatch_fp8", "moe_capacity", "comm_sms",
+               "expert_load")
 
 
 def moe_comm_options() -> list[Callable]:
@@ -153,6 +154,10 @@ def moe_comm_options() -> list[Callable]:
                      help="Expert capacity factor, padded to capacity [default: dropless]."),
         click.option("--comm-sms", default=None, type=int,
                      help="SMs the overlapped expert-parallel kernels hold [default: 20]."),
+        click.option("--expert-load", default=1.0, show_default=True, type=float,
+                     help="Router load imbalance: the busiest expert-parallel rank's routed "
+                          "rows ÷ the balanced share (≥ 1; 1: balanced), in its GEMMs, "
+                          "all-to-alls and activations; `shardwise check` measures it."),
     ]
 
 

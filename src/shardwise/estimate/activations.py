@@ -46,7 +46,7 @@ def saved_tensors_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any, *,
                             sp: Any = False, cp: Any = 1, flash: bool = False,
                             selective: Any = False, dtype_bytes_: float = 2,
                             moe: bool = False, impl: str = "shardwise", etp: Any = 0,
-                            a2a: Any = 1
+                            a2a: Any = 1, routed_load: float = 1.0
                             ) -> dict[str, Any]:
     """The generalised count: every tensor one layer saves for backward, in bytes per rank.
 
@@ -56,8 +56,8 @@ def saved_tensors_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any, *,
     (softmax output, plus mask and dropout output with dropout) only without FlashAttention or
     selective recompute, FlashAttention's log-sum-exp (not with selective recompute, which
     re-runs the whole attention core in backward). MoE layers save the router's
-    probabilities and, per routed copy, the expert input, hidden and output. Statistics,
-    log-sum-exp and router probabilities are kept in at least fp32.
+    probabilities and, per routed copy (× `routed_load`), the expert input, hidden and output.
+    Statistics, log-sum-exp and router probabilities are kept in at least fp32.
 
     Replicated tensors (norm inputs, the inputs of QKV and of the MLP, dropout masks) are ÷t
     only with sequence parallelism; head- or f-sharded ones are always ÷t. K and V hold
@@ -72,7 +72,7 @@ def saved_tensors_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any, *,
     """
     return saved_tensors(impl, model, seq_len, micro_batch, tp=tp, sp=sp, cp=cp, flash=flash,
                          selective=selective, dtype_bytes_=dtype_bytes_, moe=moe, etp=etp,
-                         a2a=a2a)
+                         a2a=a2a, routed_load=routed_load)
 
 
 def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any = 1, *,
@@ -83,7 +83,8 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any 
                                etp: Any = 0, a2a: Any = 1, fp8_inputs: float = 0.0,
                                modules: tuple[str, ...] | None = None,
                                act_fp8_store: bool = False,
-                               offload_modules: tuple[str, ...] = ()) -> Any:
+                               offload_modules: tuple[str, ...] = (),
+                               routed_load: float = 1.0, full_share: float = 1.0) -> Any:
     """Bytes one layer keeps for backward per micro-batch, per rank.
 
     `formula="korthikanti"`: the paper's closed form (see `korthikanti_activation_bytes`, which
@@ -97,7 +98,10 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any 
 
     `modules`: what selective recompute re-runs (`recompute_adjust`; None: the attention core,
     Megatron's default); `act_fp8_store`: the SwiGLU inputs kept in FP8; `offload_modules`:
-    the module inputs moved to host memory (`OFFLOADED`).
+    the module inputs moved to host memory (`OFFLOADED`); `routed_load`: the busiest expert
+    rank's routed copies over balanced routing (`TrainSpec.routed_load`). `full_share`: under
+    full recompute, the share of layers checkpointed (`TrainSpec.recompute_share`); the
+    layer's mean is `share·full + (1 − share)·none`.
 
     `tp`, `cp`, `micro_batch`, `sp`, `a2a` and `recompute` may be NumPy arrays (`recompute`
     then holds codes: 0 none, 1 selective, 2 full, 3 op-sac) for the planner's vectorised
@@ -122,10 +126,17 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: Any 
                                   dtype_bytes(dtype), act_fp8_store, offload_modules)
         if modules is not None and "core_attn" not in modules:
             selective = selective & False
-    return layer_bytes(impl, model, seq_len, micro_batch, tp=tp, sp=sp, cp=cp, flash=flash,
-                       selective=selective, full=full, op_sac=op_sac, adjust=adjust,
-                       dtype_bytes_=dtype_bytes(dtype),
-                       moe=moe, etp=etp, a2a=a2a, fp8_inputs=fp8_inputs)
+    def saved(full: Any) -> Any:
+        return layer_bytes(impl, model, seq_len, micro_batch, tp=tp, sp=sp, cp=cp, flash=flash,
+                           selective=selective, full=full, op_sac=op_sac, adjust=adjust,
+                           dtype_bytes_=dtype_bytes(dtype),
+                           moe=moe, etp=etp, a2a=a2a, fp8_inputs=fp8_inputs,
+                           routed_load=routed_load)
+
+    if full_share == 1 or not np.any(full):
+        return saved(full)
+    kept = saved(full & False)  # the layers not checkpointed keep what `none` keeps
+    return np.where(full, full_share * saved(full) + (1 - full_share) * kept, kept)
 
 
 def gathered_kv_bytes(model: ModelSpec, train: TrainSpec, *, tp: Any, cp: Any, cp_kind: Any,

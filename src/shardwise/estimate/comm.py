@@ -16,11 +16,19 @@ the gathered (full) size for reduce-scatter and all-gather.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import shardwise.validate as validate
+from shardwise.choices import RECOMPUTE
 from shardwise.errors import ShardwiseError
 from shardwise.hardware import Link
+
+F = TypeVar("F", bound=Callable[..., Any])
+RANKS = frozenset({"n", "t", "c", "e", "p", "tp", "a2a"})  # ranks of a group: 1 ≤ x ≤ MAX_DEGREE
 
 OPS = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "broadcast")
 ALGORITHMS = ("ring", "tree", "hierarchical")
@@ -33,6 +41,30 @@ def _check(op: str, n: int, *size: float) -> None:
     validate.degree(n, "n (ranks in the collective)")
     for value in size:
         validate.size(value, "size (bytes)")
+
+
+def traffic(fn: F) -> F:
+    """The public boundary of a per-axis traffic helper: rank counts (`RANKS`) are degrees,
+    other numbers finite sizes ≥ 0, `recompute` one of `RECOMPUTE` — a bad
+    argument raises `ShardwiseError` naming it, before any arithmetic. Vectorised callers'
+    numpy arrays pass unchecked (they are checked once where the search begins)."""
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        for name, value in signature.bind(*args, **kwargs).arguments.items():
+            if name == "recompute":
+                validate.known([value], RECOMPUTE, "recompute")
+            elif name == "zero":
+                continue  # dp_step_comm_ops names the valid stages
+            elif isinstance(value, bool) or value is None or hasattr(value, "shape"):
+                continue
+            elif name in RANKS:
+                validate.degree(value, name)
+            else:
+                validate.size(value, name)
+        return fn(*args, **kwargs)
+    return checked  # type: ignore[return-value]
 
 
 def ring_steps(op: str, n: int) -> int:
@@ -97,6 +129,7 @@ def hierarchical_all_reduce_time(size: float, nodes: int, gpus_per_node: int, in
 
 
 # ------------------------------------------------------------------- traffic per parallelism
+@traffic
 def dp_step_comm_bytes(n_params: float, n: int, zero: int = 0, grad_bytes: float = 2,
                        weight_bytes: float | None = None, microbatches: int = 1) -> float:
     """Bytes each data-parallel rank sends per optimizer step (SPEC §2).
@@ -116,6 +149,7 @@ def dp_step_comm_bytes(n_params: float, n: int, zero: int = 0, grad_bytes: float
                                                         microbatches))
 
 
+@traffic
 def dp_step_comm_ops(n_params: float, n: int, zero: int, grad_bytes: float,
                      weight_bytes: float, microbatches: int = 1) -> list[tuple[str, float]]:
     """The collectives of one data-parallel step and the bytes each sends per rank."""
@@ -131,6 +165,7 @@ def dp_step_comm_ops(n_params: float, n: int, zero: int, grad_bytes: float,
     ] * gathers
 
 
+@traffic
 def tp_comm_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, t: int,
                             dtype_bytes: float = 2, sp: bool = False,
                             backward: bool = True, *, regather: bool = False) -> float:
@@ -154,6 +189,7 @@ def tp_comm_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, t: int,
     return sum(bytes_ for _, bytes_, _ in ops) if backward else forward
 
 
+@traffic
 def tp_comm_ops_per_layer(seq_len: int, micro_batch: int, hidden: int, t: int,
                           dtype_bytes: float = 2, sp: bool = False, *, mlp_pair: bool = True,
                           recompute: str = "none", regather: bool = True
@@ -199,6 +235,7 @@ def tp_comm_ops_per_layer(seq_len: int, micro_batch: int, hidden: int, t: int,
     return ops
 
 
+@traffic
 def vocab_parallel_comm_ops(seq_len: int, micro_batch: int, hidden: int, t: int,
                             dtype_bytes: float = 2, sp: bool = False, *,
                             embedding: bool = True, head: bool = True,
@@ -232,6 +269,7 @@ def vocab_parallel_comm_ops(seq_len: int, micro_batch: int, hidden: int, t: int,
     return ops
 
 
+@traffic
 def sequence_parallel_grad_comm_bytes(n_params: float, t: int, grad_bytes: float = 2) -> float:
     """Per step: parameters replicated over tp that see only a sequence slice under sequence
     parallelism (the norms) have partial gradients, summed with an all-reduce over tp before
@@ -239,6 +277,7 @@ def sequence_parallel_grad_comm_bytes(n_params: float, t: int, grad_bytes: float
     return ring_bytes_on_wire("all-reduce", n_params * grad_bytes, t)
 
 
+@traffic
 def tied_embedding_comm_bytes(vocab: int, hidden: int, p: int, t: int = 1,
                               grad_bytes: float = 2) -> float:
     """Per step, every pipeline rank: tied input and output embeddings live on the first and
@@ -247,6 +286,7 @@ def tied_embedding_comm_bytes(vocab: int, hidden: int, p: int, t: int = 1,
     return ring_bytes_on_wire("all-reduce", vocab / t * hidden * grad_bytes, p)
 
 
+@traffic
 def pp_comm_bytes_per_microbatch(seq_len: int, micro_batch: int, hidden: int,
                                  dtype_bytes: float = 2, tp: int = 1,
                                  scatter_gather: bool = False) -> float:
@@ -256,6 +296,7 @@ def pp_comm_bytes_per_microbatch(seq_len: int, micro_batch: int, hidden: int,
     return 2 * seq_len * micro_batch * hidden * dtype_bytes / split
 
 
+@traffic
 def pp_send_bytes_per_step(seq_len: int, micro_batch: int, hidden: int, microbatches: int,
                            p: int, stage: int, chunks: int = 1, dtype_bytes: float = 2,
                            tp: int = 1, scatter_gather: bool = False) -> float:
@@ -272,6 +313,7 @@ def pp_send_bytes_per_step(seq_len: int, micro_batch: int, hidden: int, microbat
     return microbatches * boundaries * one_way
 
 
+@traffic
 def cp_comm_bytes_per_layer(seq_len: int, micro_batch: int, kv_dim: float, c: int,
                             dtype_bytes: float = 2, backward: bool = True,
                             recompute: str = "none") -> float:
@@ -284,6 +326,7 @@ def cp_comm_bytes_per_layer(seq_len: int, micro_batch: int, kv_dim: float, c: in
     return forward * ((3 + replays) if backward else 1)
 
 
+@traffic
 def ulysses_comm_bytes_per_layer(seq_len: int, micro_batch: int, q_dim: float, kv_dim: float,
                                  c: int, a2a: int | None = None, dtype_bytes: float = 2,
                                  backward: bool = True, recompute: str = "none") -> float:
@@ -305,6 +348,7 @@ def ulysses_comm_bytes_per_layer(seq_len: int, micro_batch: int, q_dim: float, k
     return forward * ((2 + replays) if backward else 1)
 
 
+@traffic
 def ep_comm_bytes_per_layer(tokens: int, top_k: int, hidden: int, e: int,
                             dtype_bytes: float = 2, backward: bool = True) -> float:
     """Expert parallelism: dispatch and combine all-to-alls per MoE layer forward (and two
@@ -313,6 +357,7 @@ def ep_comm_bytes_per_layer(tokens: int, top_k: int, hidden: int, e: int,
     return ep_comm_bytes_routed(rows, rows, hidden, dtype_bytes, backward)
 
 
+@traffic
 def ep_comm_bytes_routed(rows_out: float, rows_in: float, hidden: int, dtype_bytes: float = 2,
                          backward: bool = True, recompute: str = "none") -> float:
     """The same for the routing actually drawn: dispatch sends the `rows_out` token copies
@@ -326,6 +371,7 @@ def ep_comm_bytes_routed(rows_out: float, rows_in: float, hidden: int, dtype_byt
     return forward + (one_pass if backward else 0.0)
 
 
+@traffic
 def ep_count_exchange_bytes(n_experts: int, e: int, count_bytes: int = 8,
                             recompute: str = "none") -> float:
     """Before the dispatch every rank tells every other how many rows it will send to each of

@@ -19,6 +19,7 @@ from shardwise.estimate.host import (
     _OPS_HEAD,
     _OPS_LAYER,
     _with_host,
+    dispatch_sync,
     host_ops,
     host_overhead,
     optimizer_host_ops,
@@ -221,8 +222,12 @@ def layer_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any,
         permute = 4 * ab * routed * h  # into and out of expert order
         # the MLP activation's rows: routed copies at f, shared experts' at f_shared
         mlp_elements = routed * load * f + model.n_shared_experts * tokens * f_shared
-        # op-sac runs each running expert's (and shared expert's) third matmul again
-        sac_mm = (local * linear(ctx, rows, h, f, fp8=experts_fp8).fwd
+        # op-sac (torchtitan 0.3.0 `SelectiveAC`) runs again: every routed-expert GEMM (their
+        # `aten._grouped_mm` is in neither its save list nor torch's compute-intensive ops),
+        # the router gate (`force_recompute_mm_shapes_by_fqns`), the shared experts' w3
+        sac_mm = (linear(ctx, tokens, h, e, fp8=False).fwd
+                  + local * (linear(ctx, rows, h, n_in * f, fp8=experts_fp8).fwd
+                             + linear(ctx, rows, f, h, fp8=experts_fp8).fwd)
                   + model.n_shared_experts * linear(ctx, tokens, h, f_shared).fwd)
     else:
         f = model.d_ff / t
@@ -241,13 +246,16 @@ def layer_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any,
     attn_fwd, attn_bwd = _attention_core(ctx, t, c, b)
     ops_fwd, ops_bwd = host_ops(ctx, t, c, sp, moe, ep)
     fwd = _with_host(ctx, mm.fwd + attn_fwd + memory_time(ctx, mem_f), ops_fwd)
+    if moe:  # the dispatcher's blocking copy of the routing counts (`host.dispatch_sync`)
+        fwd = fwd + dispatch_sync(ctx)
     bwd = _with_host(ctx, mm.dgrad + mm.wgrad + attn_bwd + memory_time(ctx, mem_b), ops_bwd)
     # recompute before the backward: selective the attention core, full the whole forward,
-    # op-sac (torchtitan) what it does not save: wo, the third MLP matmul and every
-    # memory-bound op (`arch.ModelSpec.op_sac_recomputed_flops`)
+    # op-sac (torchtitan) what it does not save: wo, the third MLP matmul (MoE: the routed
+    # experts' and the router's too) and every memory-bound op
+    # (`arch.ModelSpec.op_sac_recomputed_flops`)
     out_proj = linear(ctx, tokens, model.n_heads / t * model.value_head_dim, h).fwd
     op_sac = out_proj + sac_mm + memory_time(ctx, mem_f)
-    recompute = np.where(rc == 2, fwd, np.where(rc == 1, attn_fwd,
+    recompute = np.where(rc == 2, ctx.recompute_share * fwd, np.where(rc == 1, attn_fwd,
                                                 np.where(rc == 3, op_sac, 0.0)))
     return LayerCost(fwd, bwd, mm.wgrad, recompute, attn_fwd, attn_bwd,
                      mm.weights + 0.0 * fwd)

@@ -21,23 +21,29 @@ import numpy as np
 from shardwise.arch import ModelSpec
 from shardwise.estimate.kernels import ComputeContext, linear
 from shardwise.estimate.links import Links, group_collective_time
-from shardwise.hardware import generation
+from shardwise.hardware import Accelerator, generation
 from shardwise.layout import MOE_DISPATCHERS, TrainSpec
 from shardwise.placement import expert_tp_degree
 
-__all__ = ["COMM_SMS", "SMS", "ep_time", "ep_volumes", "gpus_reached", "nodes_reached",
-           "paired"]
+__all__ = ["COMM_SMS", "SMS", "SMS_BY_ACCELERATOR", "ep_time", "ep_volumes", "gpus_reached",
+           "nodes_reached", "paired", "sm_count"]
 
 COMM_SMS = 20
 """SMs the overlapped expert-parallel kernels take: DeepSeek-V3 technical report §3.2.2 (20
 of the H800's 132 SMs suffice for IB + NVLink all-to-all), Megatron-Core 0.16.1
 `TransformerConfig.moe_deepep_num_sms = 20` (DeepEP's default in Megatron)."""
 
-SMS = {"hopper": 132, "blackwell": 148, "ampere": 108, "cdna3": 304}
+SMS = {"hopper": 132, "blackwell": 148, "ampere": 108, "cdna3": 304, "cdna4": 256}
 """Streaming multiprocessors (compute units) per GPU by generation: H100/H800/H200 SXM 132
 (NVIDIA H100 Tensor Core GPU Architecture whitepaper, 2022), B200 148 (NVIDIA Blackwell
 architecture technical brief), A100 108 (NVIDIA A100 whitepaper), MI300X 304 CUs (AMD CDNA 3
-white paper)."""
+white paper), MI355X 256 CUs (AMD CDNA 4 white paper)."""
+
+SMS_BY_ACCELERATOR = {"h100-pcie": 114, "h20": 78}
+"""Parts of a generation with fewer SMs than its flagship: H100 PCIe 114 of GH100's 144 (NVIDIA
+H100 Tensor Core GPU Architecture whitepaper, 2022: SXM5 132, PCIe 114); H20 78 (NVIDIA
+publishes none: its Geekbench 6 listing, as reported by Wccftech, 2024). Every other part takes
+its generation's count (`SMS`)."""
 
 FP8_DISPATCH_BYTES = 1 + 4 / 128
 """Bytes per element of an FP8 dispatch: e4m3 values and one fp32 scale per 1×128 tile
@@ -109,8 +115,7 @@ def ep_volumes(model: ModelSpec, train: TrainSpec, *, tokens: Any, e: Any, et: A
     elements over IB and NVLink per pass), "dispatch_bytes" (per element: FP8 with its scales, or the activation dtype).
     """
     k, h = model.top_k, model.d_model
-    load = train.moe_capacity if train.moe_capacity is not None else train.expert_load
-    rows = tokens * k * load
+    rows = tokens * k * train.routed_load
     dispatch_b = FP8_DISPATCH_BYTES if train.moe_dispatch_fp8 else act_bytes
     # Megatron's alltoall dispatcher sends each copy's routing probability beside it
     # (`token_dispatch`: `global_probs = all_to_all(...)`, the router's dtype); torchtitan
@@ -127,9 +132,16 @@ def ep_volumes(model: ModelSpec, train: TrainSpec, *, tokens: Any, e: Any, et: A
     # `MoEFlexTokenDispatcher._initialize_metadata`), balanced over the group
     remote = nodes_reached(model, nodes) * (nodes - 1) / nodes
     local = gpus_reached(model, nodes, ep_in_node) * et * (1 - 1 / (nodes * ep_in_node * et))
-    out["inter"] = tokens * load * remote * h  # elements per pass
-    out["intra"] = tokens * load * local * h
+    out["inter"] = tokens * train.routed_load * remote * h  # elements per pass
+    out["intra"] = tokens * train.routed_load * local * h
     return out
+
+
+def sm_count(accelerator: Accelerator) -> int:
+    """Streaming multiprocessors of `accelerator`: its own count (`SMS_BY_ACCELERATOR`), else
+    its generation's (`SMS`), else 132."""
+    own = SMS_BY_ACCELERATOR.get(accelerator.name)
+    return own if own is not None else SMS.get(generation(accelerator.name), 132)
 
 
 def paired(comm: Any, work: Any, sms: float, busy: float) -> Any:
@@ -212,7 +224,7 @@ def ep_time(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, c: A
     overlap = train.moe_overlap
     if overlap == "none":
         return comm_f, comm_b
-    sms = SMS.get(generation(ctx.accelerator.calibration_name), 132)
+    sms = sm_count(ctx.accelerator)
     busy = float(train.comm_sms or COMM_SMS)
     if overlap == "shared":
         f_shared = model.expert_d_ff / t

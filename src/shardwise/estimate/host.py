@@ -2,7 +2,8 @@
 count of the GPU stacks, or the aten operations shardwise's runtime dispatches on the "this
 machine" preset) and their fixed cost each (`host_overhead`, `Calibration.kernel_overhead`).
 On a GPU the host runs ahead of the device, so a pass takes the slower of the two; on the
-"this machine" preset the CPU does both (`_with_host`).
+"this machine" preset the CPU does both (`_with_host`). An MoE layer's token dispatcher stops
+the host once per forward for the routing counts (`dispatch_sync`).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import numpy as np
 
 from shardwise.arch import ModelSpec
 from shardwise.estimate.kernels import ComputeContext
+from shardwise.hardware import get_link
 
-__all__ = ["host_ops", "host_overhead", "optimizer_host_ops"]
+__all__ = ["dispatch_sync", "host_ops", "host_overhead", "optimizer_host_ops"]
 
 # Kernels launched per layer forward: QKV, out-proj, two MLP GEMMs (gate+up fused), two norms,
 # two residual/dropout adds, activation, QKV post-processing; attention core 1 (flash) or 4
@@ -134,3 +136,20 @@ def _with_host(ctx: ComputeContext, device: Any, ops: Any) -> Any:
         return device + host
     return np.maximum(device, host)
 
+
+
+def dispatch_sync(ctx: ComputeContext) -> float:
+    """Device time lost once per MoE layer forward (and its full-recompute replay) to the token
+    dispatcher's blocking device→host copy of the routing counts, which the host needs to size
+    the all-to-all and the grouped GEMMs: the device drains, the copy crosses the host link
+    (its latency) and the host launches again (one `kernel_overhead`) before the device has
+    work. Every dropless dispatcher blocks so: Megatron-Core 0.16.1's alltoall
+    (`token_dispatcher.py`: `d2h_event.synchronize()` at `cuda_sync_point`: before the EP
+    all-to-all, or later with ep = tp = 1), allgather (`.cpu()` of the counts) and flex
+    (DeepEP returns the received counts as a host list, `fused_a2a.py`), torchtitan 0.3.0's
+    (`.tolist()` of the splits, `token_dispatcher.py`). 0 on the "this machine" preset (no
+    device to wait for)."""
+    if ctx.calibration.op_count == "runtime":
+        return 0.0
+    host = get_link(ctx.accelerator.host, ctx.accelerator.links)
+    return host.latency + ctx.calibration.kernel_overhead

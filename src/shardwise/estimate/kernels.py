@@ -26,24 +26,47 @@ from shardwise.hardware import Accelerator, get_accelerator
 from shardwise.layout import TrainSpec
 from shardwise.units import dtype_bytes
 
-__all__ = ["ComputeContext", "Gemms", "attention_efficiency", "fp8_on", "gemm_efficiency",
-           "linear", "matmul_efficiency", "matmul_time", "memory_time"]
+__all__ = ["ComputeContext", "Gemms", "attention_efficiency", "compiled_traffic", "fp8_on",
+           "gemm_efficiency", "linear", "matmul_efficiency", "matmul_time", "memory_time"]
 
 
 # Memory-bound traffic of one layer per token, bytes at bf16 activations, as coefficients of
 # (h, q + kv, f): h the norms and residual adds (÷t only under sequence parallelism), q + kv
 # the attention's per-head work (RoPE on q and k, layout copies; q = a·d, kv = a_kv·d), f the
 # MLP's activation (per expert row in MoE layers); forward, backward.
-# "compiled": torch.compile's Inductor fuses every chain of pointwise ops and reductions
-# between two GEMMs / attention calls into one kernel that reads its inputs and writes its
-# outputs once: RMSNorm (read x, write y) 4h, residual add fused with the next norm 8h, the
-# closing residual 6h, RoPE on q and k 4(q + kv), silu(gate)·up 6f; backward the matching
-# gradient kernels, 32h + 4(q + kv) + 10f (derived from the fusion rule, not measured here).
-# Eager stacks carry their own measured table (`Stack.elementwise`).
-_COMPILED_TRAFFIC = ((18.0, 4.0, 6.0), (32.0, 4.0, 10.0))
-# Kernels per layer forward (backward: `_KERNELS_BWD`) besides GEMMs and attention:
-# compiled, about one per fused region above (norm, RoPE, add+norm, activation, add).
-_KERNELS_COMPILED = 5
+# "compiled": `compiled_traffic` (the fusion rule, checked against Inductor's own kernels on
+# CPU); eager stacks carry their own counted table (`Stack.elementwise`).
+# Projections reading each norm's output in the blocks `--compile` runs: wq, wk, wv, then w1
+# and w3 (w1 alone without a gated MLP) — torchtitan 0.3.0 models/common/attention.py
+# `QKVLinear`, feed_forward.py; transformers 5.24.0 LlamaAttention q/k/v_proj, LlamaMLP.
+_NORM_READERS_ATTN = 3
+
+
+def compiled_traffic(model: ModelSpec) -> tuple[tuple[tuple[float, float, float],
+                                                      tuple[float, float, float]],
+                                                tuple[float, float]]:
+    """torch.compile's memory-bound bytes per token of one layer as `(h, q + kv, f)`
+    coefficients (forward, backward; bf16) and its kernels per layer (forward, backward).
+
+    Inductor fuses every chain of pointwise ops and reductions between two GEMMs / attention
+    calls into one kernel that reads its inputs and writes its outputs once, and recomputes a
+    cheap value (the first residual sum) rather than writing it. Forward: norm 4h, residual
+    add + norm 6h, closing residual 8h (18h); RoPE on q and k 4(q + kv); the activation 6f
+    gated (read gate, up; write), 4f not. Backward, with `n_a` / `n_m` projections reading
+    the two norms' outputs: each norm's input-gradient kernel reads the residual gradient,
+    its `n` projections' input gradients and its recomputed input, and writes one gradient
+    (6 + 2n_a, 8 + 2n_m); the norm weights' gradients reduce over tokens in a kernel of
+    their own that reads those `n_a + n_m` gradients and the inputs again (4 + 2(n_a + n_m)):
+    18 + 4(n_a + n_m) h (38h for Llama); RoPE 4(q + kv); the activation 10f gated, 6f not.
+    Kernels: two norms, one closing add, one activation, two RoPE (q, k) forward; two norm
+    gradients, one norm-weight reduction, one activation and two RoPE backward. Derivation
+    and the kernels read: docs/concepts/stacks.md ("Kernels")."""
+    rope = 0.0 if model.learned_positions else 1.0
+    gated = bool(model.gated_mlp)
+    readers = _NORM_READERS_ATTN + (2 if gated else 1)
+    fwd = (18.0, 4.0 * rope, 6.0 if gated else 4.0)
+    bwd = (18.0 + 4.0 * readers, 4.0 * rope, 10.0 if gated else 6.0)
+    return (fwd, bwd), (4.0 + 2.0 * rope, 4.0 + 2.0 * rope)
 
 
 @dataclass(frozen=True)
@@ -69,6 +92,7 @@ class ComputeContext:
     fp8: Fp8Recipe | None = None  # `TrainSpec.fp8`'s recipe (None: bf16 GEMMs)
     fp8_peak: float = 0.0
     generation: str = "hopper"  # the accelerator's (`estimate.uncertainty.generation`)
+    recompute_share: float = 1.0  # `TrainSpec.recompute_share`: layers full recompute replays
 
     @classmethod
     def of(cls, model: ModelSpec, accelerator: Accelerator, train: TrainSpec,
@@ -82,8 +106,7 @@ class ComputeContext:
         recipe = check(train, accelerator, gen)  # attention kernel and FP8 recipe run here
         mode = settings.kernels
         if mode == "compiled":
-            traffic, kernels = _COMPILED_TRAFFIC, (1.0 * _KERNELS_COMPILED,
-                                                   2.0 * _KERNELS_COMPILED)
+            traffic, kernels = compiled_traffic(model)
         elif mode == "eager" and settings.stack.elementwise is not None:
             traffic, kernels = settings.stack.eager_traffic(model)
         else:  # fused kernels, or the shardwise runtime (whose traffic `calibrate` times per op)
@@ -92,7 +115,8 @@ class ComputeContext:
                    settings.attention != "math", accelerator.peak_flops(train.dtype),
                    *_routing(train), mode, traffic,
                    kernels, settings.attention, recipe,
-                   accelerator.peak_flops("fp8") if recipe else 0.0, gen)
+                   accelerator.peak_flops("fp8") if recipe else 0.0, gen,
+                   train.recompute_share)
 
     @property
     def rate(self) -> float:
@@ -120,9 +144,7 @@ def _routing(train: TrainSpec) -> tuple[float, float]:
     """(expert_load, experts_active) the experts' GEMMs see: the run's routing, or with a
     capacity factor padded to capacity (Megatron `--moe-pad-expert-input-to-capacity`: every
     expert runs `capacity = factor·T·k/E` rows, `moe_utils.get_capacity`), all of them."""
-    if train.moe_capacity is not None:
-        return float(train.moe_capacity), 1.0
-    return train.expert_load, train.experts_active
+    return train.routed_load, 1.0 if train.moe_capacity is not None else train.experts_active
 
 
 @dataclass(frozen=True)

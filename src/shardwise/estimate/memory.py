@@ -242,7 +242,8 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
                 impl=train.profile, etp=etp, a2a=ulysses_degree(cp, cp_kind, ulysses),
                 fp8_inputs=recipe.saved_input_bytes() if recipe else 0.0,
                 modules=train.recompute_modules, act_fp8_store=train.act_fp8_store,
-                offload_modules=train.offload_modules)
+                offload_modules=train.offload_modules, routed_load=train.routed_load,
+                full_share=train.recompute_share)
         act = {"dense": per_layer(False), "moe": per_layer(True) if model.is_moe else 0.0}
     gathered = gathered_kv_bytes(model, train, tp=tp, cp=cp, cp_kind=cp_kind,
                                  recompute=recompute, micro_batch=micro_batch)

@@ -30,9 +30,10 @@ __all__ = ["CPU_OPTIMIZERS", "GPUS_PER_HOST_CPU", "cpu_step_time", "host_link", 
 # DeepSpeedCPUAdam 11.6e9 parameters in 8.2 s and torch.optim.Adam in 56 s on the same host
 # (an 11.6B-parameter GPT-2 under ZeRO-Offload; deepspeedai/DeepSpeed PR #735, 2021-02-08,
 # by CPU-Adam's author). torch's fused CPU AdamW (torchtitan's default implementation
-# "fused", a vectorised kernel since torch 2.4) is taken at DeepSpeedCPUAdam's rate; Megatron's
-# HybridDeviceOptimizer builds torch.optim.AdamW with its defaults, the per-op loop on CPU
-# tensors (torch/utils/_foreach_utils.py: no foreach kernels on CPU). One 2021 dual-socket
+# "fused", a vectorised kernel since torch 2.4; Megatron-Core 0.16.1's HybridDeviceOptimizer
+# passes `fused=True` too, core/optimizer/__init__.py) is taken at DeepSpeedCPUAdam's rate;
+# torch.optim.AdamW with its defaults runs the per-op loop on CPU tensors
+# (torch/utils/_foreach_utils.py: no foreach kernels on CPU). One 2021 dual-socket
 # Xeon host: a newer host CPU is faster — the figure is a floor, stated where it is used.
 CPU_OPTIMIZERS: dict[str, float] = {
     "deepspeed-cpu-adam": 11.6e9 / 8.2,

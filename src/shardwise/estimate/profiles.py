@@ -170,7 +170,7 @@ def fused_attention(profile: Profile | str, flash: bool) -> bool:
 def saved_tensors(profile: Profile | str, model: ModelSpec, seq_len: int, micro_batch: Any, *,
                   tp: Any = 1, sp: Any = False, cp: Any = 1, flash: bool = False,
                   selective: Any = False, dtype_bytes_: float = 2, moe: bool = False,
-                  etp: Any = 0, a2a: Any = 1) -> dict[str, Any]:
+                  etp: Any = 0, a2a: Any = 1, routed_load: float = 1.0) -> dict[str, Any]:
     """Bytes per rank of every tensor one layer saves for backward under `profile`.
 
     `tp`, `cp`, `micro_batch`, `a2a` may be arrays, `sp` and `selective` boolean arrays (then
@@ -178,6 +178,7 @@ def saved_tensors(profile: Profile | str, model: ModelSpec, seq_len: int, micro_
     exist are listed. For `shardwise` this is SPEC §3's generalised count (see
     `estimate.memory.saved_tensors_per_layer`). `a2a`: the context-parallel all-to-all
     (Ulysses) degree, `Layout.ulysses_degree`; above 1 the attention output is kept twice.
+    `routed_load`: the routed copies' factor over balanced routing (`TrainSpec.routed_load`).
     """
     prof = get_profile(profile) if isinstance(profile, str) else profile
     ab = dtype_bytes_
@@ -258,7 +259,7 @@ def saved_tensors(profile: Profile | str, model: ModelSpec, seq_len: int, micro_
         add("attention_residual_dropout_mask", sb * h / rep)
     norm("norm2", "mlp_input")
     if moe:
-        out.update(_moe_saved(prof, model, sb, tp, ab, etp))
+        out.update(_moe_saved(prof, model, sb, tp, ab, etp, routed_load))
     else:
         out.update(_mlp_saved(prof, model, sb, model.d_ff / tp, ab, "mlp"))
     if model.dropout and prof.residual_dropout:
@@ -314,17 +315,18 @@ def _mlp_saved(prof: Profile, model: ModelSpec, tokens: Any, f: Any, ab: float, 
             f"{prefix}_down_input": tokens * f * ab}
 
 
-def _moe_saved(prof: Profile, model: ModelSpec, tokens: Any, tp: Any, ab: float, etp: Any = 0
-               ) -> dict[str, Any]:
+def _moe_saved(prof: Profile, model: ModelSpec, tokens: Any, tp: Any, ab: float, etp: Any = 0,
+               load: float = 1.0) -> dict[str, Any]:
     """Router probabilities (fp32) and, per routed copy (top_k per token, balanced routing),
     the expert's input, its hidden activations and its output (kept for the gate product; the
     fp32 weight instead where the profile applies it inside the activation).
     With expert tensor parallelism (`etp`, 0 for tp) a rank holds the routed copies of its etp
     group's share of the tp group's tokens, `etp/tp` of them, at `f/etp`; shared experts run
-    every token at `f/tp`."""
+    every token at `f/tp`. `load`: the busiest rank holds `load` times the balanced copies
+    (imbalanced routing, or padding to a capacity factor)."""
     h, k = model.d_model, model.top_k
     expert_tp = expert_tp_degree(etp, tp)
-    copies = k * tokens * expert_tp / tp
+    copies = k * tokens * expert_tp / tp * load
     out = {"router_probs": tokens * model.n_experts * max(4.0, ab)}
     if prof.routing_per_copy or prof.routing_per_token:
         out["router_indices_and_weights"] = tokens * (k * prof.routing_per_copy
@@ -401,7 +403,7 @@ def layer_bytes(profile: Profile | str, model: ModelSpec, seq_len: int, micro_ba
                 tp: Any = 1, sp: Any = False, cp: Any = 1, flash: bool = False,
                 selective: Any = False, full: Any = False, op_sac: Any = False,
                 dtype_bytes_: float = 2, moe: bool = False, etp: Any = 0, a2a: Any = 1,
-                fp8_inputs: float = 0.0,
+                fp8_inputs: float = 0.0, routed_load: float = 1.0,
                 adjust: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> Any:
     """Sum of `saved_tensors`; under full recompute (`full`, scalar or boolean array) the
     layer input only, `s/c·b·h·bytes` (÷t with SP) — every profile checkpoints the layer;
@@ -410,7 +412,7 @@ def layer_bytes(profile: Profile | str, model: ModelSpec, seq_len: int, micro_ba
     rewrites the saved tensors first (per-module recompute)."""
     saved = saved_tensors(profile, model, seq_len, micro_batch, tp=tp, sp=sp, cp=cp,
                           flash=flash, selective=selective, dtype_bytes_=dtype_bytes_, moe=moe,
-                          etp=etp, a2a=a2a)
+                          etp=etp, a2a=a2a, routed_load=routed_load)
     if adjust is not None:  # what per-module recompute frees (`estimate.activations`)
         saved = adjust(saved)
     total = sum(saved.values())

@@ -116,7 +116,8 @@ def busiest_stage_params(model: ModelSpec, t: Any, p: Any, e: Any, v: Any,
     busiest when the balanced split gives it an extra layer) and the last (head) — the others
     hold no more layers than the second and neither end."""
     explicit = isinstance(partition, tuple) and partition
-    stages = np.arange(p) if explicit else np.stack([0 * p, np.minimum(1, p - 1), p - 1])
+    stages = (np.arange(int(np.max(p))).reshape((-1,) + (1,) * np.ndim(p)) if explicit
+              else np.stack([0 * p, np.minimum(1, p - 1), p - 1]))  # explicit: one pp
     dense, expert = stage_param_counts(model, tp=t, pp=p, ep=e, chunks=v, stage=stages,
                                        partition=partition, etp=etp, placement=placement)
     dense, expert = np.broadcast_arrays(dense, expert)
@@ -457,5 +458,5 @@ def simulated_bubble(layout: Layout, m: int, t_f: float, t_b: float, t_w: float,
     busiest = max(layout.stage_layers(n_layers))  # over all its chunks
     timeline = stage_timeline(layout.schedule, p, m, v, t_f=max(t_f, 1e-12),
                               t_b=max(t_b, 1e-12), t_w=max(t_w, 1e-13),
-                              shares=[n / busiest for n in sizes])
+                              shares=[max(n / busiest, 1e-9) for n in sizes])  # E/L-only: ~0
     return timeline.makespan - m * (t_f + t_b)

@@ -31,13 +31,13 @@ from shardwise.estimate.uncertainty import generation
 from shardwise.hardware import Cluster
 from shardwise.layout import (
     CP_KINDS,
-    Balanced,
     Layout,
     Partition,
     TrainSpec,
     stage_extremes,
     ulysses_degree,
 )
+from shardwise.partition import fixed_or_balanced
 from shardwise.plan.results import PlanEntry
 from shardwise.plan.space import DEFAULT_HEADROOM
 from shardwise.schedules.registry import (
@@ -185,7 +185,8 @@ def _per_pair(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[s
             a2a=small["a2a"],
             fp8_inputs=ctx.fp8.saved_input_bytes() if ctx.fp8 else 0.0,
             modules=train.recompute_modules, act_fp8_store=train.act_fp8_store,
-            offload_modules=train.offload_modules)
+            offload_modules=train.offload_modules, routed_load=train.routed_load,
+            full_share=train.recompute_share)
 
     act = {"dense": per_layer(False), "moe": per_layer(True) if model.is_moe else 0.0}
     return _PerPair(ctx, Links.of(cluster, cal), costs, act, inverse, len(g_idx))
@@ -250,7 +251,7 @@ def _partition(cand: dict[str, Any]) -> Partition:
     default one."""
     if "first_less" not in cand:
         return ()
-    return Balanced(cand["first_less"], cand["last_less"])
+    return fixed_or_balanced(cand)
 
 
 def _layout_of(cand: dict[str, Any], i: int) -> Layout:

@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 
 from shardwise.arch import ModelSpec
-from shardwise.errors import ShardwiseError
 from shardwise.estimate.memory import layer_params
 from shardwise.hardware import Cluster
 from shardwise.layout import CP_KINDS, Balanced, Layout, TrainSpec, stage_partition
+from shardwise.partition import FIXED, partition_problems
 from shardwise.plan.results import Rejection
 from shardwise.plan.space import Constraint, SearchSpace
 from shardwise.schedules.registry import (
@@ -117,7 +117,8 @@ def _structures(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sea
     split_wanted = dict(rule.fixed).get("partition")  # () is the default partition
     if split_wanted:  # written out, the default partition is still the default
         n_stages = len(split_wanted)
-        if split_wanted == stage_partition(model.n_layers, n_stages):
+        if dict(rule.fixed).get("pp", n_stages) == n_stages and (  # not pp·chunks counts
+                split_wanted == stage_partition(model.n_layers, n_stages)):
             split_wanted = ()
     n_gpus, gb, s = cluster.n_gpus, train.global_batch, train.seq_len
     assert gb is not None
@@ -133,9 +134,10 @@ def _structures(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sea
     partitions = {p: _partitions(model, p, stack.split) for p in full["pp"]}
     default_split = {p: stage_partition(model.n_layers, p) for p in full["pp"]}
     if split_wanted and not any(split_wanted in options.values() for options in partitions.values()):
-        raise ShardwiseError(  # the grid holds Balanced one-chunk splits only (issue 43)
-            f"--fix partition={':'.join(map(str, split_wanted))}: the search enumerates only "
-            f"its balanced one-chunk stage splits, not this one; --layout evaluates it")
+        # a fixed partition the grid does not enumerate is used as given (`partition.FIXED`):
+        # the one option of the fixed pp (pp·chunks virtual stages), else of pp = its counts
+        one = dict(rule.fixed).get("pp", len(split_wanted))
+        partitions = {p: {FIXED: split_wanted} if p == one > 1 else {} for p in full["pp"]}
     per_structure = math.prod(inner)
     per_full = math.prod(len(full[k]) for k in inner_keys)
     cp_kinds = [(c, k) for c in full["cp"] for k in (full["cp_kind"] if c > 1 else [0])]
@@ -237,10 +239,20 @@ def _expand(model: ModelSpec, train: TrainSpec, rows: list[tuple[int, ...]], gri
                    category="duplicate")
     inter = select(code, lambda info: info.chunked).astype(bool)  # interleaved
     bad_layers = ~single & inter & (model.n_layers % (p3 * v) != 0)
-    rejections.add("pp·chunks does not divide the layers", int(bad_layers.sum()) * rest,
-                   _example(bad_layers, lambda i: f"pp={p3[i]} chunks={v[i]}"))
+    fixed = [split for options in partitions.values() for ends, split in options.items()
+             if ends == FIXED]
+    problems: dict[tuple[int, int], list[str]] = {}
+    if fixed:  # a fixed partition: where `partition_problems` accepts it, as given
+        problems = {(p, c): partition_problems(model.n_layers, p, c, fixed[0])
+                    for p, c in {(int(p), int(c)) for p, c in zip(p3, v, strict=True)}}
+        bad_layers = ~single & np.array([bool(problems[int(p), int(c)])
+                                         for p, c in zip(p3, v, strict=True)], dtype=bool)
+    rejections.add("the fixed partition does not fit pp·chunks" if fixed else
+                   "pp·chunks does not divide the layers", int(bad_layers.sum()) * rest,
+                   _example(bad_layers, lambda i: f"pp={p3[i]} chunks={v[i]}" + "".join(
+                       f": {problems[int(p3[i]), int(v[i])][0]}" for _ in fixed[:1])))
     a3, z3 = pairs["first_less"][p_idx], pairs["last_less"][p_idx]
-    uneven_inter = (~single & inter & ~bad_layers
+    uneven_inter = (~single & inter & ~bad_layers & (a3 != FIXED[0])
                     & Balanced(a3, z3).searched(model.n_layers, p3))
 
     def stages(i: int) -> str:

@@ -27,6 +27,7 @@ from shardwise.layout import (
     Layout,
     stage_extremes,
 )
+from shardwise.partition import fixed_or_balanced
 from shardwise.plan.evaluate import _layout_of, simulated
 from shardwise.schedules.registry import DEFAULT_SCHEDULE, SCHEDULE_CODES, select
 
@@ -210,7 +211,7 @@ class Ranking:
 
 
 def _partition(cand: dict[str, Any]) -> Any:
-    return Balanced(*_ends(cand)) if "first_less" in cand else ()
+    return fixed_or_balanced(cand) if "first_less" in cand else ()
 
 
 def _find(cand: dict[str, Any], layout: Layout, n_layers: int) -> int | None:

@@ -140,7 +140,8 @@ def memory_payload(spec: ModelSpec, *, gpus: int = 8, gpu: str | Accelerator = "
     layer = saved_tensors_per_layer(  # one (MoE, if any) layer, one micro-batch, this rank
         spec, seq, layout.micro_batch, tp=layout.tp, sp=layout.sp, cp=layout.cp,
         flash=flash, selective=layout.recompute == "selective",
-        dtype_bytes_=dtype_bytes(dtype), moe=spec.is_moe, impl=profile)
+        dtype_bytes_=dtype_bytes(dtype), moe=spec.is_moe, impl=profile, etp=layout.etp,
+        a2a=layout.ulysses_degree, routed_load=train.routed_load)
     budget = cluster.accelerator.memory_bytes * headroom
     worst = max(stages, key=lambda s: s.total)
     hints = fit_hints(spec, cluster, train, layout, budget, formula)

@@ -37,6 +37,15 @@ HF_TRAFFIC: tuple[tuple[tuple[bool, bool], Traffic], ...] = (
 )
 HF_KERNELS = (((True, True), (40.0, 57.0)), ((False, True), (20.0, 41.0)),
               ((True, False), (39.0, 54.0)), ((False, False), (19.0, 38.0)))
+# pytorch-fsdp's blocks: Llama (RoPE) as IBM fms-fsdp writes it, whose RMSNorm is composite in
+# eager (foundation-model-stack fms/modules/layernorm.py LayerNormParameterized: pow, mean,
+# rsqrt, mul, type_as, weight mul) — HF's counted LlamaDecoderLayer, the same composite norm
+# (fms's complex-number RoPE moves about as much as HF's rotate-half); without RoPE as
+# llm-foundry's MPT (fused F.layer_norm, GeLU) — torchtitan's table.
+FSDP_TRAFFIC = tuple(r for r in HF_TRAFFIC if r[0][0]) + tuple(
+    r for r in TORCHTITAN_TRAFFIC if not r[0][0])
+FSDP_KERNELS = tuple(r for r in HF_KERNELS if r[0][0]) + tuple(
+    r for r in TORCHTITAN_KERNELS if not r[0][0])
 
 
 # DeepSpeed's pipeline engine (the same lines in GPT-NeoX's DeeperSpeed 91d1c55, :78 and :81)
@@ -82,11 +91,12 @@ STACKS.update({s.name: s.validate() for s in (
         p2p_overlap="interleaved", dtypes=("bf16", "fp16", "fp32"), export="megatron",
         # transformer_config.py fp8_recipe: tensorwise | delayed | mxfp8 | blockwise; the
         # optimizer offload: --optimizer-cpu-offload (with --use-precision-aware-optimizer and
-        # the distributed optimizer; a torch.optim.AdamW on the CPU, core/optimizer/__init__.py;
+        # the distributed optimizer; torch.optim.AdamW(fused=True) on the CPU,
+        # core/optimizer/__init__.py `optimizer_defaults`;
         # HybridDeviceOptimizer pipelines D2H, step and H2D with
         # --overlap-cpu-optimizer-d2h-h2d; --optimizer-offload-fraction keeps a share on GPU)
         fp8=("delayed", "tensorwise", "mxfp8", "blockwise"), fp8_framework="te",
-        offloads=(Offload("optimizer", (1,), "torch-adamw", "pipelined",
+        offloads=(Offload("optimizer", (1,), "torch-adamw-fused", "pipelined",
                           "--optimizer-cpu-offload", fraction=True),),
         # bf16: --grad-reduce-in-bf16 or fp32 (validate_args sets accumulate_allreduce_grads_
         # in_fp32 for bf16 unless --grad-reduce-in-bf16); fp16: fp16 or
@@ -279,9 +289,7 @@ STACKS.update({s.name: s.validate() for s in (
         recompute=("none", "full"), zero=(0, 2, 3), zero_hybrid=(2, 3), cp_kinds=(),
         cp_overlap=False, axes=(), pipeline_engine=None, p2p_overlap="never",
         dtypes=("bf16", "fp16", "fp32"), export=None,
-        # the same eager PyTorch ops as torchtitan's counted block, in the model's variant
-        # (RoPE or learned positions, SwiGLU or GeLU)
-        elementwise=TORCHTITAN_TRAFFIC, eager_kernels=TORCHTITAN_KERNELS),
+        elementwise=FSDP_TRAFFIC, eager_kernels=FSDP_KERNELS),
     Stack(
         "shardwise", "shardwise runtime", "shardwise 0.1.0",
         "shardwise.runtime (blocking collectives on gloo/NCCL; bucketed gradient reducer)",

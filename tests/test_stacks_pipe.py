@@ -14,7 +14,7 @@ from shardwise.estimate.links import Links, group_collective_time
 from shardwise.estimate.step import busiest_stage_params, estimate_step
 from shardwise.hardware import Cluster
 from shardwise.layout import Layout, TrainSpec
-from shardwise.stacks import STACKS, neox_split, split_refuses, stack_split
+from shardwise.stacks import STACKS, neox_split, neox_uniform, split_refuses, stack_split
 from tests.schedules.test_deepspeed_pipe import replay
 
 # GQA, d_ff not 4h, tied embeddings: every term distinguishable
@@ -127,6 +127,15 @@ def test_neox_split_is_deepspeeds_partition_of_its_specs(n_layers, pp):
     assert not split_refuses("neox", n_layers, tuple(theirs), pp)
     if theirs != sorted(theirs, reverse=True):  # not Megatron-DeepSpeed's split
         assert split_refuses("deepspeed", n_layers, tuple(theirs), pp)
+    # pipe_partition_method "uniform": DeepSpeed's partition_uniform over the same specs
+    parts = utils.partition_uniform(num_items=len(names), num_parts=pp)
+    uniform = [names[parts[i]:parts[i + 1]].count("ParallelTransformerLayerPipe")
+               for i in range(pp)]
+    assert neox_uniform(n_layers, pp) == uniform
+    assert not split_refuses("neox", n_layers, tuple(uniform), pp)
+    others = [(n_layers - pp + 1, *[1] * (pp - 1))]  # neither method's
+    assert all(split_refuses("neox", n_layers, o, pp) for o in others
+               if list(o) not in (theirs, uniform))
 
 
 def test_neox_refuses_what_its_engine_cannot_run():
@@ -140,5 +149,8 @@ def test_neox_refuses_what_its_engine_cannot_run():
     for stack in ("gpt-neox", "megatron-deepspeed"):
         with pytest.raises(ShardwiseError, match="DP overlap has no effect"):
             _step(stack, "tp=1,pp=2,dp=4,mb=1,zero=1,partition=10:10", dp_overlap=True)
+    # its "uniform" method's split runs (the search keeps to the default method's)
+    assert neox_uniform(20, 4) == [5, 6, 6, 3]
+    assert _step("gpt-neox", "tp=2,pp=4,dp=1,mb=2,zero=1,partition=5:6:6:3").total > 0
     # without a pipeline the engine is not there and the overlap is ZeRO's overlap_comm
     assert _step("gpt-neox", "tp=2,pp=1,dp=4,mb=1,zero=1", dp_overlap=True).total > 0

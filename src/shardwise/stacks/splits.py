@@ -4,6 +4,8 @@ any."""
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 
 def titan_split(stages: int, n_layers: int, first_less: int, last_less: int) -> list[int]:
     """Layers per virtual stage as torchtitan 0.3.0 splits them (distributed/
@@ -58,6 +60,16 @@ def neox_split(n_layers: int, pp: int) -> list[int]:
     return titan_split(pp, n_layers, 1, 1)
 
 
+def neox_uniform(n_layers: int, pp: int) -> list[int]:
+    """GPT-NeoX's stages with `pipe_partition_method: uniform`: DeepSpeed's
+    `partition_uniform` over GPT2ModelPipe's `L + 5` specs (embedding, _pre_transformer_block,
+    the blocks, _post_transformer_block, norm, head), `N // pp` each and the first `N mod pp`
+    one more; the blocks each stage gets (items 2 … L+1)."""
+    q, r = divmod(n_layers + 5, pp)
+    bounds = [k * q + min(k, r) for k in range(pp + 1)]
+    return [max(0, min(hi, n_layers + 2) - max(lo, 2)) for lo, hi in pairwise(bounds)]
+
+
 SPLIT_RULES = {
     "any": "any layers per stage",
     "torchtitan": "torchtitan 0.3.0 spreads L + first + last units evenly, the extra units on "
@@ -72,7 +84,7 @@ SPLIT_RULES = {
             "blocks and the _pre/_post_transformer_block functions at the two ends: L + 2 "
             "units, the first (L+2) mod pp stages one more, the first and the last stage one "
             "block short (megatron/neox_arguments/neox_args.py, model/gpt2_model.py "
-            "@ea7aefd); 'uniform' and 'parameters' are not modelled"}
+            "@ea7aefd), or with 'uniform' L + 5 specs evenly; 'parameters' is not modelled"}
 
 
 def stack_split(split: str, n_layers: int, pp: int, chunks: int = 1
@@ -113,6 +125,7 @@ def split_refuses(split: str, n_layers: int, sizes: tuple[int, ...], pp: int) ->
     if split == "deepspeed":
         return len(sizes) != pp or list(sizes) != deepspeed_split(n_layers, pp)
     if split == "neox":
-        return len(sizes) != pp or list(sizes) != neox_split(n_layers, pp)
+        return len(sizes) != pp or list(sizes) not in (neox_split(n_layers, pp),
+                                                       neox_uniform(n_layers, pp))
     return False
 

@@ -21,7 +21,10 @@ import shardwise.stacks.definitions  # fills STACKS
 import shardwise.stacks.titan_versions  # noqa: F401  (torchtitan@0.1.0)
 from shardwise.stacks.splits import (
     SPLIT_RULES,
+    balanced_ends,
     deepspeed_split,
+    neox_split,
+    neox_uniform,
     split_refuses,
     stack_split,
     titan_partition,
@@ -58,8 +61,11 @@ __all__ = [
     "Rule",
     "Settings",
     "Stack",
+    "balanced_ends",
     "deepspeed_split",
     "get_stack",
+    "neox_split",
+    "neox_uniform",
     "parse_impl",
     "resolve",
     "split_refuses",

@@ -5,7 +5,8 @@ so tests/integration/test_composer_fp8.py checks the pytorch-fsdp stack's FP8 re
 (`shardwise.fp8.RECIPES[("composer", "delayed")]`) against this table, parsed with `ast` from
 the sources at the commits the benchmark table names: Composer's `amp_fp8` default recipe
 (composer/core/precision.py), TE's `DelayedScaling` defaults and `te.Linear`'s weight casts and
-saved tensors, llm-foundry's `fc_type: te` for FP8 runs and which MPT layers it reaches.
+saved tensors, llm-foundry's `fc_type: te` for FP8 runs, which MPT layers it reaches and the
+MLP type (not TE's fused LayerNorm-MLP).
 
 Run from the repository root with git clones (bare is fine) of the three repositories:
 
@@ -101,7 +102,18 @@ def foundry_facts(git: str) -> dict[str, Any]:
     args = config.args
     defaults = dict(zip([a.arg for a in args.args][-len(args.defaults):],
                         [ast.unparse(d) for d in args.defaults]))
-    return {"commit": FOUNDRY, "fp8_sets": fp8_sets, "fc_registered": registered,
+    module = _tree(git, FOUNDRY, "llmfoundry/models/mpt/configuration_mpt.py")
+    ffn = next(n.value for n in module.body if isinstance(n, ast.AnnAssign)
+               and ast.unparse(n.target) == "ffn_config_defaults")
+    assert isinstance(ffn, ast.Dict)
+    ffn_defaults = {ast.literal_eval(k): ast.unparse(v) for k, v in zip(ffn.keys, ffn.values)
+                    if k is not None}
+    yamls = {size: "ffn_config" in subprocess.run(
+                 ["git", "--git-dir", git, "show",
+                  f"{FOUNDRY}:scripts/train/yamls/pretrain/mpt-{size}.yaml"],
+                 check=True, capture_output=True, text=True).stdout for size in ("1b", "3b")}
+    return {"commit": FOUNDRY, "fp8_sets": fp8_sets, "ffn_type_default":
+            ffn_defaults["ffn_type"], "yaml_sets_ffn_config": yamls, "fc_registered": registered,
             "built_with_fc_type": built, "call_keywords": calls, "lm_head_if": head_if,
             "tie_word_embeddings_default": defaults["tie_word_embeddings"]}
 

@@ -80,6 +80,10 @@ def test_fp8_layers_are_the_four_fc_type_linears_and_not_the_tied_head():
     assert FOUNDRY["lm_head_if"] == "not config.tie_word_embeddings"
     assert FOUNDRY["tie_word_embeddings_default"] == "True" and MPT1B.tie_embeddings
     assert not RECIPE.head_fp8
+    # the MLP is MPTMLP (torch GeLU between two te.Linear), not TE's fused LayerNorm-MLP: the
+    # block's memory-bound traffic stays the bf16 table's, plus the casts
+    assert FOUNDRY["ffn_type_default"] == "'mptmlp'"
+    assert FOUNDRY["yaml_sets_ffn_config"] == {"1b": False, "3b": False}
     h, f = MPT1B.d_model, MPT1B.d_ff
     weights, _, gemms, _ = fp8_linear_params(MPT1B, RECIPE, 1, 1)
     assert gemms == sum(len(v) for v in built.values()) == 4

@@ -289,7 +289,12 @@ STACKS.update({s.name: s.validate() for s in (
         recompute=("none", "full"), zero=(0, 2, 3), zero_hybrid=(2, 3), cp_kinds=(),
         cp_overlap=False, axes=(), pipeline_engine=None, p2p_overlap="never",
         dtypes=("bf16", "fp16", "fp32"), export=None,
-        elementwise=FSDP_TRAFFIC, eager_kernels=FSDP_KERNELS),
+        elementwise=FSDP_TRAFFIC, eager_kernels=FSDP_KERNELS,
+        # llm-foundry's FP8 runs (4952183768 scripts/train/benchmarking/submit_benchmarks.py:
+        # precision amp_fp8 sets model.fc_type 'te'): MPT's Wqkv, out_proj, up and down
+        # projections are te.Linear (llmfoundry/models/layers/fc.py), the tied LM head stays
+        # bf16 (SharedEmbedding, F.linear), norms torch's; Composer's fp8_autocast recipe
+        fp8=("delayed",), fp8_framework="composer"),
     Stack(
         "shardwise", "shardwise runtime", "shardwise 0.1.0",
         "shardwise.runtime (blocking collectives on gloo/NCCL; bucketed gradient reducer)",

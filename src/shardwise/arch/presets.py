@@ -107,6 +107,10 @@ _NEWER = (
     _hub("gpt-oss-120b", "gpt_oss", num_hidden_layers=36, hidden_size=2880,
          num_attention_heads=64, num_key_value_heads=8, head_dim=64, intermediate_size=2880,
          num_local_experts=128, num_experts_per_tok=4, vocab_size=201088, sliding_window=128),
+    # openai/gpt-oss-20b config.json: gpt-oss-120b's blocks, 24 layers, 32 experts.
+    _hub("gpt-oss-20b", "gpt_oss", num_hidden_layers=24, hidden_size=2880,
+         num_attention_heads=64, num_key_value_heads=8, head_dim=64, intermediate_size=2880,
+         num_local_experts=32, num_experts_per_tok=4, vocab_size=201088, sliding_window=128),
     # meta-llama/Llama-4-Scout-17B-16E's text_config (transformers 5.24's Llama4TextConfig
     # defaults are Scout's sizes): 16 experts (top-1) + a shared expert in every layer,
     # chunked attention (8192) with every 4th layer global and without RoPE.

@@ -2,7 +2,7 @@
 `torchrun` line and every argument the plan assumes (model shape, vocabulary, degrees, virtual
 stages or an explicit pipeline layout, SP, recompute, ZeRO as the distributed optimizer or
 Megatron-FSDP and their shard groups, precision and gradient dtype, the stack's overlap
-settings, attention backend); MLA and DeepSeekMoE. Tested against Megatron-LM's own parser
+settings, attention backend); MLA and DeepSeekMoE; Qwen3's per-head QK-norm. Tested against Megatron-LM's own parser
 (tests/integration/test_megatron.py)."""
 
 from __future__ import annotations
@@ -156,6 +156,10 @@ def megatron_args(model: ModelSpec, layout: Layout, train: TrainSpec,
     if model.gated_mlp:
         args.append("--swiglu")
     args.append("--normalization " + ("RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"))
+    if model.norm_eps != 1e-5:  # Megatron-LM's --norm-epsilon default
+        args.append(f"--norm-epsilon {model.norm_eps:g}")
+    if model.qk_norm == "head" and not model.is_mla:  # Qwen3: the norm over each head's d
+        args.append("--qk-layernorm")  # (megatron-core gpt_layer_specs q/k_layernorm)
     if model.learned_positions:
         args.append("--position-embedding-type learned_absolute")
     else:

@@ -241,7 +241,7 @@ def test_attention_time_follows_the_window():
 
 NEW_PRESETS = ["qwen3-235b-a22b", "qwen3-30b-a3b", "qwen3-8b", "kimi-k2", "gemma3-27b",
                "gemma2-27b", "gpt-oss-120b", "llama4-scout", "phi-4", "olmo2-32b",
-               "granite-3.3-8b", "smollm3-3b", "glm-4.5"]
+               "granite-3.3-8b", "smollm3-3b", "glm-4.5", "llama4-maverick", "gpt-oss-20b"]
 
 
 @pytest.mark.parametrize("name", NEW_PRESETS)

@@ -1,8 +1,9 @@
 """Exports of the newer model types (issue 51 item 4), read back by the frameworks' own code as
 test_torchtitan.py and test_megatron*.py read the others: torchtitan 0.3.0's qwen3 30B-A3B and
 gpt_oss 20b/120b configs (built on the meta device: the plan's parameter total, its windows,
-sinks and router), Megatron-LM's Qwen3 and GLM-4.5 (`--qk-layernorm`, `--kv-channels`,
-`--norm-epsilon` as megatron-core's TransformerConfig and Megatron-LM's parser take them),
+sinks and router), Megatron-LM's Qwen3, SmolLM3 and GLM-4.5 (`--qk-layernorm`, `--no-rope-freq`,
+`--kv-channels`, `--norm-epsilon` as megatron-core's TransformerConfig and Megatron-LM's parser
+take them),
 and the one-line refusals of what neither framework builds."""
 
 import pytest
@@ -49,8 +50,8 @@ def test_torchtitan_reads_back_the_new_models(capsys, run):
             assert attention.sliding_window_size == (span or None)
             assert 0 < span < int(out.plan["seq_len"]) or model.layer_kind(i) == "full"
         else:  # qwen3: QK-norm over each head's d
-            assert attention.qk_norm.normalized_shape == model.d_head
-        assert attention.head_dim == model.d_head
+            assert attention.qk_norm.normalized_shape == model.head_dim
+        assert attention.head_dim == model.head_dim
         assert (attention.n_heads, attention.n_kv_heads) == (model.n_heads, model.n_kv_heads)
 
 
@@ -77,6 +78,9 @@ MEGATRON = {
                  "--layout", "tp=2,sp=1,zero=1,recompute=selective"],
     "qwen3-30b-a3b": ["qwen3-30b-a3b", "--gpus", "64", "--seq", "4096", "--global-batch",
                       "256", "--layout", "tp=2,sp=1,ep=8,zero=1,recompute=full"],
+    # every 4th layer without RoPE (--no-rope-freq 4), tied embeddings, no QK-norm
+    "smollm3-3b": ["smollm3-3b", "--gpus", "16", "--seq", "4096", "--global-batch", "128",
+                   "--layout", "tp=2,pp=2,zero=1,recompute=full"],
     # head_dim 128 ≠ 5120 / 96: --kv-channels; sigmoid router with expert bias, 3 dense layers
     "glm-4.5": ["glm-4.5", "--gpus", "512", "--seq", "4096", "--global-batch", "1024",
                 "--layout", "tp=2,sp=1,pp=8,ep=32,zero=1,recompute=full"],
@@ -84,7 +88,7 @@ MEGATRON = {
 
 
 @pytest.mark.parametrize("run", list(MEGATRON))
-def test_megatron_reads_back_qwen3_and_glm(capsys, run):
+def test_megatron_reads_back_qwen3_smollm3_and_glm(capsys, run):
     require("megatron")
     out = Emit(capsys, MEGATRON[run], "megatron")
     assert out.code == 0, out.err
@@ -94,8 +98,11 @@ def test_megatron_reads_back_qwen3_and_glm(capsys, run):
     _, config, _ = _config(argv)
     # per-head QK-norm and the heads' width as megatron-core holds them (the norms' epsilon
     # is Megatron-LM's --norm-epsilon, dest layernorm_epsilon: read by its parser below)
-    assert config.qk_layernorm and model.qk_norm == "head"
-    assert config.kv_channels == model.d_head  # h/a unless --kv-channels says otherwise
+    assert config.qk_layernorm == (model.qk_norm == "head")
+    # the layers megatron-core's attention runs without RoPE (no_rope_freq, per layer)
+    assert [bool(x) for x in config.no_rope_freq or [0] * model.n_layers] == [
+        i in model.nope_layers for i in range(model.n_layers)]
+    assert config.kv_channels == model.head_dim  # h/a unless --kv-channels says otherwise
     assert config.add_qkv_bias == model.qkv_bias
     if model.is_moe:
         assert (config.moe_router_topk, config.moe_ffn_hidden_size) == (model.top_k,
@@ -105,15 +112,17 @@ def test_megatron_reads_back_qwen3_and_glm(capsys, run):
         assert (config.moe_shared_expert_intermediate_size or 0) == (
             model.n_shared_experts * model.expert_d_ff)
     args = megatron_lm_args(out)  # Megatron-LM's parser and validate_args rules
-    assert args.qk_layernorm and args.layernorm_epsilon == model.norm_eps
-    assert args.kv_channels == (model.d_head if model.d_head != model.d_model // model.n_heads
+    assert args.qk_layernorm == (model.qk_norm == "head")
+    assert args.layernorm_epsilon == model.norm_eps
+    assert args.untie_embeddings_and_output_weights == (not model.tie_embeddings)
+    assert args.kv_channels == (model.head_dim if model.head_dim != model.d_model // model.n_heads
                                 else None)
 
 
 @pytest.mark.parametrize("model,phrase", [
     ("gemma3-27b", "sandwich-norm blocks"), ("gemma2-27b", "attention logit soft-capping"),
     ("olmo2-32b", "QK-norm over 'full'"), ("granite-3.3-8b", "scalar multipliers"),
-    ("smollm3-3b", "layers without RoPE"), ("gpt-oss-120b", "attention sinks"),
+    ("gpt-oss-120b", "attention sinks"),
     ("llama4-scout", "QK-norm over 'l2'")])
 def test_megatron_refuses_what_it_does_not_build_in_one_line(capsys, model, phrase):
     out = Emit(capsys, [model, "--gpus", "64", "--seq", "1024", "--global-batch", "64"],

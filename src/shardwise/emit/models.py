@@ -91,6 +91,17 @@ def deepspeed_moe_refusal(model: ModelSpec) -> str | None:
     return None
 
 
+def nope_every(model: ModelSpec) -> int:
+    """N when exactly every N-th layer (1-based) skips RoPE, as megatron-core's `no_rope_freq`
+    N builds it (transformer_config.py: pattern [0]·(N-1) + [1], N dividing the layers; read
+    by attention.py per layer); else 0."""
+    if not model.nope_layers:
+        return 0
+    every = model.nope_layers[0] + 1
+    pattern = tuple(i for i in range(model.n_layers) if (i + 1) % every == 0)
+    return every if model.n_layers % every == 0 and model.nope_layers == pattern else 0
+
+
 def model_refusal(framework: str, model: ModelSpec, train: TrainSpec) -> str | None:
     """What no layout fixes: the framework does not run this model as planned (the stack's
     dtypes are checked by `TrainSpec.validate`)."""
@@ -106,6 +117,8 @@ def model_refusal(framework: str, model: ModelSpec, train: TrainSpec) -> str | N
             variants.remove("QK-norm")
         elif model.qk_norm in ("full", "l2"):  # OLMo 2: one norm over all heads' a·d
             variants[variants.index("QK-norm")] = f"QK-norm over {model.qk_norm!r}"
+        if framework == "megatron" and nope_every(model):  # --no-rope-freq N (SmolLM3)
+            variants.remove("layers without RoPE")
         if variants:
             head = (" (its --qk-layernorm normalises each head alone)" if model.qk_norm
                     and framework == "megatron" else "")

@@ -149,21 +149,27 @@ _NEWER = (
          intermediate_size_mlp=16384, num_local_experts=128, num_experts_per_tok=1,
          interleave_moe_layer_step=2, vocab_size=202048, attention_chunk_size=8192,
          max_position_embeddings=1048576, use_qk_norm=False, rope_scaling=None),
-    # microsoft/phi-4 config.json (model_type phi3): fused QKV and gate-up, no window.
+    # microsoft/phi-4 config.json (model_type phi3): fused QKV and gate-up, no window. Not
+    # found vendored in a citable repository; its sizes as quoted in third-party code agree.
     _hub("phi-4", "phi3", num_hidden_layers=40, hidden_size=5120, num_attention_heads=40,
          num_key_value_heads=10, intermediate_size=17920, vocab_size=100352,
          max_position_embeddings=16384, rope_theta=250000.0),
-    # allenai/OLMo-2-0325-32B config.json: post-norm blocks, QK-norm over a·d and a_kv·d.
+    # allenai/OLMo-2-0325-32B config.json (mlc-ai/mlc-llm@79d603f python/mlc_llm/model/
+    # model_preset.py "olmo2_32b"): post-norm blocks, QK-norm over a·d and a_kv·d.
     _hub("olmo2-32b", "olmo2", num_hidden_layers=64, hidden_size=5120, num_attention_heads=40,
          num_key_value_heads=8, intermediate_size=27648, vocab_size=100352,
          max_position_embeddings=4096, rope_theta=500000.0, rms_norm_eps=1e-6),
-    # ibm-granite/granite-3.3-8b-base config.json: Granite's four multipliers, tied.
+    # ibm-granite/granite-3.3-8b-base config.json: Granite's four multipliers, tied. Not
+    # found vendored in a citable repository; a granite 8B config.json quoted in third-party
+    # notes (transformers 4.49.0) has these values.
     _hub("granite-3.3-8b", "granite", num_hidden_layers=40, hidden_size=4096,
          num_attention_heads=32, num_key_value_heads=8, intermediate_size=12800,
          vocab_size=49159, tie_word_embeddings=True, embedding_multiplier=12.0,
          residual_multiplier=0.22, attention_multiplier=0.0078125, logits_scaling=16.0,
          max_position_embeddings=131072, rope_theta=10000000.0),
-    # HuggingFaceTB/SmolLM3-3B config.json: every 4th layer without RoPE, tied.
+    # HuggingFaceTB/SmolLM3-3B config.json: every 4th layer without RoPE, tied. The config.json
+    # itself not found in a citable repository; huggingface/blog@124475d smollm3.md states
+    # tied embeddings, 4 KV groups, NoPE every 4th layer, θ raised to 5M for 64k positions.
     _hub("smollm3-3b", "smollm3", num_hidden_layers=36, hidden_size=2048,
          num_attention_heads=16, num_key_value_heads=4, intermediate_size=11008,
          vocab_size=128256, max_position_embeddings=65536, rope_theta=5000000.0),

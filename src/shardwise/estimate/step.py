@@ -53,6 +53,7 @@ from shardwise.estimate.links import (
 )
 from shardwise.estimate.memory import bytes_per_param_training, placement_of, stage_param_counts
 from shardwise.estimate.offload import offload_step
+from shardwise.estimate.pipe_engine import pipe_engine_time
 from shardwise.estimate.uncertainty import Uncertainty, uncertainty
 from shardwise.hardware import Cluster
 from shardwise.layout import (
@@ -67,7 +68,6 @@ from shardwise.layout import (
 from shardwise.placement import expert_tp_degree, members_per_node
 from shardwise.schedules.actions import Placement
 from shardwise.schedules.registry import SCHEDULE_CODES
-from shardwise.stacks.pipe_engine import pipe_engine_time
 
 __all__ = [  # with the names of `estimate.links` and `estimate.axes` it re-exports
     "FLOP_CONVENTION",

@@ -52,7 +52,8 @@ def hf_model(kind: str, seed: int = 0):
         config = transformers.Gemma3TextConfig(**GEMMA, attn_implementation="sdpa")
         cls = transformers.Gemma3ForCausalLM
     else:
-        config = transformers.GptOssConfig(**OSS, attn_implementation="eager")
+        config = transformers.GptOssConfig(**OSS, attn_implementation="eager",
+                                           experts_implementation="eager")
         cls = transformers.GptOssForCausalLM
     torch.manual_seed(seed)
     model = cls(config).to(torch.float64)

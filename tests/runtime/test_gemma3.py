@@ -20,6 +20,7 @@ transformers = pytest.importorskip("transformers")
 from tests.runtime.hf_variant_models import SEQ, hf_model, tokens  # noqa: E402
 
 from shardwise.arch import from_hf_config, from_hf_dict  # noqa: E402
+from shardwise.arch.variants import runtime_lacks  # noqa: E402
 from shardwise.estimate.memory import saved_tensors_per_layer  # noqa: E402
 from shardwise.layout import Layout  # noqa: E402
 from shardwise.runtime import hf, hf_variants  # noqa: E402
@@ -65,7 +66,7 @@ def test_config_is_non_degenerate():
     spec = from_hf_dict(hf_model(KIND).config.to_dict(), "g")
     assert spec.layer_types == ("sliding", "full", "sliding") and spec.sliding_window < SEQ
     assert spec.rope_local_theta != spec.rope_theta and spec.qk_norm == "head"
-    assert spec.runtime_variants() == []
+    assert runtime_lacks(spec) == []
 
 
 @pytest.mark.parametrize("flash", [True, False])
@@ -122,3 +123,22 @@ def test_unsupported_parallelism_is_refused():
         problems = runtime_problems(layout, spec, SEQ)
         assert problems and "QK-norm" in problems[0] and "not supported" in problems[0]
     assert any("sliding-window" in p for p in runtime_problems(Layout(cp=2), spec, SEQ))
+
+
+@pytest.mark.parametrize("flash", [True, False])
+def test_mistral_window_shorter_than_the_sequence_equals_transformers(flash):
+    """Mistral's window (every layer sliding) below the sequence: the runtime's banded core
+    gives `MistralForCausalLM`'s logits (float64, `test_hf`'s islands removed)."""
+    from tests.runtime.test_hf import TINY, _fp64_islands, runtime_from
+
+    config = transformers.MistralConfig(**TINY, sliding_window=5, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = transformers.MistralForCausalLM(config).to(torch.float64).eval()
+    _fp64_islands(model)
+    ours = runtime_from(model)
+    if not flash:
+        ours = Transformer(ours.spec, dtype=torch.float64, flash=False).requires_grad_(False)
+        ours.load_state_dict(runtime_from(model).state_dict())
+    x = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert (ours(x) - model(x).logits).abs().max().item() <= 1e-12

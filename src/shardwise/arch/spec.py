@@ -74,8 +74,7 @@ class ModelSpec:
     # Multi-token prediction modules (num_nextn_predict_layers), counted apart (`mtp_params`).
     mtp_layers: int = 0
     # Sliding-window attention (Mistral's sliding_window): a query sees the last `w` keys;
-    # 0: all. Not implemented beyond the window: a sequence longer than it is refused
-    # (`seq_problems`), since up to it the window changes nothing.
+    # 0: all (the runtime's attention core masks the band, `ops.attention.window_bias`).
     sliding_window: int = 0
     # Position and residual variants no framework export reproduces unless named: ALiBi
     # attention biases instead of rotary or learned positions (BLOOM; no parameters), RoPE on
@@ -329,9 +328,11 @@ class ModelSpec:
 
     def seq_problems(self, seq_len: int) -> list[str]:
         """What the training runtime cannot run of this model at sequence length `seq_len`:
-        the variants it does not implement (`runtime_variants`), attention past a chunk (up to
+        the variants it does not implement (`runtime_lacks`), attention past a chunk (up to
         the chunk it is full causal attention). The analytic side models them."""
-        variants = self.runtime_variants()
+        from shardwise.arch.variants import runtime_lacks
+
+        variants = runtime_lacks(self)
         if variants:
             return [f"{self.name} has {', '.join(variants)}, which the training runtime does not "
                     "implement (memory, plan and time model them)"]

@@ -125,8 +125,8 @@ def to_runtime_name(name: str, sandwich: bool = False) -> str:
     top = {v: k for k, v in _TOP.items()}
     if module in top:
         return f"{top[module]}.{leaf}"
-    raise ShardwiseError(f"checkpoint tensor {name!r} is not a Llama/Mistral/Qwen2/Mixtral/"
-                         "Gemma 3/gpt-oss weight shardwise knows")
+    raise ShardwiseError(f"checkpoint tensor {name!r} is not a Llama/Mistral/Qwen2/Mixtral "
+                         "weight shardwise knows (nor a Gemma 3 or gpt-oss one)")
 
 
 # Files that hold weights in the formats shardwise does not read (PyTorch pickles, TF, Flax,

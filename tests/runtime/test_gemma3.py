@@ -77,7 +77,7 @@ def test_logits_and_grads_equal_transformers_fp64(tmp_path, flash):
 
 def test_window_changes_the_answer(tmp_path):
     """The window bites: with it widened to the sequence the logits differ."""
-    model, _, ours = loaded(tmp_path)
+    _, _, ours = loaded(tmp_path)
     wide = Transformer(ours.spec.with_(sliding_window=SEQ), dtype=torch.float64)
     wide.load_state_dict(ours.state_dict())
     with torch.no_grad():

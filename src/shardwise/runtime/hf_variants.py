@@ -12,6 +12,7 @@ up interleaved along the last dim (`GptOssExperts._apply_gate`: `gate_up[..., ::
 from __future__ import annotations
 
 import re
+
 import torch
 
 from shardwise.arch import ModelSpec

@@ -5,7 +5,8 @@ mask, one block's forward and backward, and the exact merge of partial results.
 Partial results merge exactly with the online softmax (Milakov & Gimelshein 2018): each query
 row keeps a running max `m`, denominator `ℓ` and unnormalised output `o` as blocks of scores
 are absorbed, and at the end `O = o / ℓ`, `lse = m + log ℓ` (the update formulas, and the
-merge of normalised `(O_b, lse_b)` pairs, are in the design notes).
+merge of normalised `(O_b, lse_b)` pairs, are in the design notes). The fused kernels also run
+sliding windows (`window_bias`) and attention sinks (`add_sinks`, `sink_grad`).
 
 Design notes: docs/concepts/runtime.md#ops-attention.
 """
@@ -246,6 +247,7 @@ def fused_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
     devices run the reference `block_forward` (CUDA's fused kernels would need their own
     accounting of what they keep; not measured here).
     """
+    window = window if window < q.shape[1] else 0  # a window ≥ the sequence: causal
     if q.device.type == "cpu":
         bias = window_bias(q.shape[1], window, q.device, q.dtype) if window else None
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
@@ -266,6 +268,7 @@ def fused_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     """Gradients of `fused_forward` from its saved output and log-sum-exp (FlashAttention-2's
     backward, `D = rowsum(dO ∘ O)` computed inside): dq (b, n, h_q, d), dk, dv (b, m, h_kv, d).
     CPU: torch's flash backward kernel; elsewhere `block_backward`."""
+    window = window if window < q.shape[1] else 0
     if q.device.type == "cpu":
         bias = window_bias(q.shape[1], window, q.device, q.dtype) if window else None
         grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(

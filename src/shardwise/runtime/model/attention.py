@@ -49,7 +49,7 @@ def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float,
     """q: (b, a, s_q, d), k: (b, a, s_k, d) -> scaled scores (b, a, s_q, s_k), future (and,
     with a `window`, keys more than `window - 1` back) masked."""
     scores = q @ k.transpose(-1, -2) * scale
-    if window:
+    if 0 < window < scores.shape[-1]:
         return scores + window_bias(scores.shape[-1], window, scores.device, scores.dtype)
     if causal:
         s_q, s_k = scores.shape[-2:]

@@ -32,7 +32,10 @@ def separate_linears(x: torch.Tensor, weights: tuple[torch.Tensor, ...]
 
 class RMSNormFunction(torch.autograd.Function):
     """`y = x · rstd · (w + o)`, `rstd = 1/sqrt(mean(x²) + ε)` (Zhang & Sennrich 2019); the
-    offset `o` is 0, or 1 for Gemma's `(1 + w)` (transformers 5.24 `Gemma3RMSNorm`).
+    offset `o` is 0, or 1 for Gemma's `(1 + w)` (transformers 5.24 `Gemma3RMSNorm`). The
+    statistic is computed and kept in at least fp32 (SPEC §3's count; fused norm kernels keep
+    rstd in fp32), `x·rstd` rounded to x's dtype before the weight multiplies it (as
+    transformers' `LlamaRMSNorm`).
 
     Backward with `x̂ = x·rstd`, `g = dy·(w + o)`: `dx = rstd·(g - x̂·mean(g·x̂))`,
     `dw = Σ dy·x̂`.
@@ -41,19 +44,20 @@ class RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float,
                 offset: float = 0.0) -> torch.Tensor:
-        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)  # (..., 1)
+        wide = x.to(torch.promote_types(x.dtype, torch.float32))
+        rstd = torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)  # (..., 1)
         ctx.save_for_backward(x, rstd, weight)
         ctx.offset = offset
-        return x * rstd * (weight + offset if offset else weight)
+        return (wide * rstd).to(x.dtype) * (weight + offset if offset else weight)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         x, rstd, weight = ctx.saved_tensors
-        x_hat = x * rstd
-        g = dy * (weight + ctx.offset if ctx.offset else weight)
+        x_hat = x.to(rstd.dtype) * rstd
+        g = dy.to(rstd.dtype) * (weight + ctx.offset if ctx.offset else weight)
         dx = rstd * (g - x_hat * (g * x_hat).mean(-1, keepdim=True))
-        dw = (dy * x_hat).reshape(-1, x.shape[-1]).sum(0)
-        return dx, dw, None, None
+        dw = (dy.to(rstd.dtype) * x_hat).reshape(-1, x.shape[-1]).sum(0)
+        return dx.to(x.dtype), dw.to(weight.dtype), None, None
 
 
 class RMSNorm(nn.Module):

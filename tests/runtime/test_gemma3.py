@@ -142,3 +142,15 @@ def test_mistral_window_shorter_than_the_sequence_equals_transformers(flash):
     x = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert (ours(x) - model(x).logits).abs().max().item() <= 1e-12
+
+
+def test_a_config_that_would_describe_another_model_is_refused():
+    """hf_config writes only what reads back as the same model: a Gemma 3 spec without its
+    QK-norm, or a Llama with one variant, is refused in one line, never saved as another."""
+    from shardwise.errors import ShardwiseError
+
+    spec = from_hf_dict(hf_model(KIND).config.to_dict(), "g")
+    for other in (spec.with_(qk_norm=""), spec.with_(block_norms="pre", gated_act="silu")):
+        with pytest.raises(ShardwiseError, match="Hugging Face format") as info:
+            hf.hf_config(other)
+        assert "\n" not in str(info.value)

@@ -299,6 +299,10 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
     else `llama` (Mistral's weights are Llama's)."""
     if hf_variants.family(spec):
         return hf_variants.hf_config(spec)
+    if spec.runtime_variants():
+        raise ShardwiseError(f"{spec.name} has {', '.join(spec.runtime_variants())}: only "
+                             "Gemma 3's and gpt-oss's variants can be saved in the Hugging Face "
+                             "format")
     mixtral = spec.is_moe
     if (spec.bias or spec.norm != "rmsnorm" or not spec.gated_mlp or (mixtral and (
             spec.n_shared_experts or spec.moe_every != 1 or spec.qkv_bias or spec.out_bias))

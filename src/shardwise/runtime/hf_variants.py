@@ -16,6 +16,7 @@ import re
 import torch
 
 from shardwise.arch import ModelSpec
+from shardwise.errors import ShardwiseError
 
 _OSS = re.compile(r"model\.layers\.(\d+)\.mlp\.(router\.weight|router\.bias|experts\."
                   r"(?:gate_up_proj|gate_up_proj_bias|down_proj|down_proj_bias))")
@@ -136,7 +137,20 @@ def _types(spec: ModelSpec) -> list[str]:
 
 def hf_config(spec: ModelSpec) -> dict[str, object]:
     """A `config.json` transformers 5.24 reads back as the same Gemma 3 / gpt-oss model (the
-    fields `arch.hf_families.read_family` reads)."""
+    fields `arch.hf_families.read_family` reads); a spec it would not describe exactly (read
+    back as another spec) is refused."""
+    from shardwise.arch import from_hf_dict
+
+    config = _config(spec)
+    if from_hf_dict(config, spec.name) != spec:
+        raise ShardwiseError(f"{spec.name}: a {config['model_type']} config.json cannot "
+                             "describe this model exactly (it differs from the model "
+                             "transformers builds); it cannot be saved in the Hugging Face "
+                             "format")
+    return config
+
+
+def _config(spec: ModelSpec) -> dict[str, object]:
     rope: dict[str, object] = {"rope_theta": spec.rope_theta, "rope_type": "default"}
     rope.update(dict(spec.rope_scaling))
     given = dict(spec.multipliers)

@@ -39,9 +39,15 @@ def test_config_is_non_degenerate():
     assert spec.rope_type == "yarn" and runtime_lacks(spec) == []
 
 
-@pytest.mark.parametrize("flash", [True, False])
-def test_logits_and_grads_equal_transformers_fp64(tmp_path, flash):
-    model, _, ours = loaded(tmp_path, KIND, flash=flash)
+@pytest.mark.parametrize("flash", [True, False, "reference"])
+def test_logits_and_grads_equal_transformers_fp64(tmp_path, monkeypatch, flash):
+    """"reference": the fused path's kernels off the CPU (`block_forward`/`block_backward`
+    with the window's mask), run here on the CPU."""
+    if flash == "reference":
+        import shardwise.ops.attention as ops_attention
+
+        monkeypatch.setattr(ops_attention, "fused_kernel", lambda q: False)
+    model, _, ours = loaded(tmp_path, KIND, flash=bool(flash))
     assert all(p.abs().min() > 0 for n, p in model.named_parameters() if n.endswith("sinks"))
     compare_logits_and_grads(model, ours)
 

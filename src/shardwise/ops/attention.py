@@ -231,6 +231,12 @@ def window_bias(n: int, window: int, device: torch.device, dtype: torch.dtype
     return torch.zeros(n, n, dtype=dtype, device=device).masked_fill(~allowed, float("-inf"))
 
 
+def fused_kernel(q: torch.Tensor) -> bool:
+    """Whether `fused_forward`/`fused_backward` run torch's CPU flash kernel for q (on CPU),
+    else the reference `block_forward`/`block_backward`."""
+    return q.device.type == "cpu"
+
+
 def fused_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                   causal: bool, window: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """`block_forward` (over one whole block, causal top-left aligned or unmasked) in a fused
@@ -248,7 +254,7 @@ def fused_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
     accounting of what they keep; not measured here).
     """
     window = window if window < q.shape[1] else 0  # a window ≥ the sequence: causal
-    if q.device.type == "cpu":
+    if fused_kernel(q):
         bias = window_bias(q.shape[1], window, q.device, q.dtype) if window else None
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             *_heads_first(q, k, v), 0.0, causal and not window, attn_mask=bias, scale=scale)
@@ -269,7 +275,7 @@ def fused_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     backward, `D = rowsum(dO ∘ O)` computed inside): dq (b, n, h_q, d), dk, dv (b, m, h_kv, d).
     CPU: torch's flash backward kernel; elsewhere `block_backward`."""
     window = window if window < q.shape[1] else 0
-    if q.device.type == "cpu":
+    if fused_kernel(q):
         bias = window_bias(q.shape[1], window, q.device, q.dtype) if window else None
         grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             *_heads_first(dout, q, k, v, out), lse, 0.0, causal and not window,

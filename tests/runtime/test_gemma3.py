@@ -23,7 +23,7 @@ from shardwise.arch import from_hf_config, from_hf_dict  # noqa: E402
 from shardwise.arch.variants import runtime_lacks  # noqa: E402
 from shardwise.estimate.memory import saved_tensors_per_layer  # noqa: E402
 from shardwise.layout import Layout  # noqa: E402
-from shardwise.runtime import hf, hf_variants  # noqa: E402
+from shardwise.runtime import hf  # noqa: E402
 from shardwise.runtime.measure import LayerRecorder  # noqa: E402
 from shardwise.runtime.model import Transformer  # noqa: E402
 from shardwise.runtime.parallelize import runtime_problems  # noqa: E402
@@ -51,7 +51,7 @@ def compare_logits_and_grads(model, ours) -> None:
     ce = torch.nn.functional.cross_entropy
     ce(theirs.flatten(0, 1), targets.flatten()).backward()
     ours.loss(x, targets).backward()
-    grads = hf_variants.hf_state({n: p.grad for n, p in ours.named_parameters()}, ours.spec)
+    grads = hf.hf_state({n: p.grad for n, p in ours.named_parameters()}, ours.spec)
     hf_grads = {n: p.grad for n, p in model.named_parameters()}
     if ours.spec.tie_embeddings:
         hf_grads.pop("lm_head.weight", None)
@@ -109,7 +109,7 @@ def test_checkpoint_round_trip(tmp_path):
     config = hf.hf_config(ours.spec)
     assert from_hf_dict(json.loads(json.dumps(config)), ours.spec.name) == ours.spec
     getattr(transformers, config["architectures"][0]).config_class(**config)
-    written = hf_variants.hf_state(dict(ours.named_parameters()), ours.spec)
+    written = hf.hf_state(dict(ours.named_parameters()), ours.spec)
     on_disk = load_file(str(src / "model.safetensors"))
     assert written.keys() == on_disk.keys()
     for name, tensor in on_disk.items():

@@ -25,7 +25,7 @@ from shardwise.arch.variants import runtime_lacks  # noqa: E402
 from shardwise.estimate.memory import saved_tensors_per_layer  # noqa: E402
 from shardwise.layout import Layout  # noqa: E402
 from shardwise.ops.swiglu import gated  # noqa: E402
-from shardwise.runtime import hf, hf_variants  # noqa: E402
+from shardwise.runtime import hf  # noqa: E402
 from shardwise.runtime.measure import LayerRecorder  # noqa: E402
 from shardwise.runtime.parallelize import runtime_problems  # noqa: E402
 
@@ -94,7 +94,7 @@ def test_checkpoint_round_trip(tmp_path):
     config = hf.hf_config(ours.spec)
     assert from_hf_dict(json.loads(json.dumps(config)), ours.spec.name) == ours.spec
     getattr(transformers, config["architectures"][0]).config_class(**config)
-    written = hf_variants.hf_state(dict(ours.named_parameters()), ours.spec)
+    written = hf.hf_state(dict(ours.named_parameters()), ours.spec)
     on_disk = load_file(str(src / "model.safetensors"))
     assert written.keys() == on_disk.keys()
     for name, tensor in on_disk.items():

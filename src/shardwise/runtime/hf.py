@@ -28,8 +28,8 @@ from shardwise.arch import ModelSpec
 from shardwise.errors import ShardwiseError
 from shardwise.runtime import hf_target, hf_variants
 
-__all__ = ["check_hf_weights", "hf_config", "hf_weight_files", "load_hf_weights", "save_hf",
-           "to_hf_name", "to_hf_tensors", "to_runtime_name"]
+__all__ = ["check_hf_weights", "hf_config", "hf_state", "hf_weight_files", "load_hf_weights",
+           "save_hf", "to_hf_name", "to_hf_tensors", "to_runtime_name"]
 
 _INDEX = hf_target.INDEX
 _BLOCK = {  # runtime name inside blocks.i ↔ HF name inside model.layers.i
@@ -94,6 +94,22 @@ def to_hf_tensors(name: str, tensor: torch.Tensor, sandwich: bool = False
     linear = {v: k for k, v in _EXPERT.items()}[m.group(2)]
     return {f"{base}.experts.{i}.{linear}.weight": tensor[i].T.contiguous()
             for i in range(tensor.shape[0])}
+
+
+def hf_state(full: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str, torch.Tensor]:
+    """Runtime parameters (by name) → the tensors `save_pretrained` writes for this model."""
+    gemma = hf_variants.family(spec) == "gemma3_text"
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in full.items():
+        oss = hf_variants.gpt_oss_tensors(name, full)
+        out.update(oss if oss is not None else to_hf_tensors(name, tensor, gemma))
+    return out
+
+
+def _hf_name_of(name: str, row: int | None, params: dict[str, torch.Tensor]) -> str:
+    """The Hugging Face name of runtime parameter `name` (expert `row`), for messages."""
+    return hf_variants.gpt_oss_name(name, params) or list(to_hf_tensors(
+        name, params[name].detach(), hf_variants.sandwich(params)))[row or 0]
 
 
 def to_hf_name(name: str, sandwich: bool = False) -> str:
@@ -241,7 +257,7 @@ def load_hf_weights(model: torch.nn.Module, directory: str | Path, *,
             _check_mapped(path, names, mapped)
     expected = {(n, r) for n, p in params.items()
                 for r in (range(p.shape[0]) if _STACKED.fullmatch(n) else [None])}
-    missing = sorted(hf_variants.hf_name_of(n, r, params) for n, r in expected - seen.keys())
+    missing = sorted(_hf_name_of(n, r, params) for n, r in expected - seen.keys())
     if missing:
         fused = " (or the fused experts.gate_up_proj / down_proj)" if any(
             ".experts." in m for m in missing) else ""
@@ -370,7 +386,7 @@ def save_hf(parallel: Any, directory: str | Path) -> None:
     problem = None
     if writer:
         tensors = {k: v.detach().cpu().contiguous()
-                   for k, v in hf_variants.hf_state(full, parallel.model.spec).items()}
+                   for k, v in hf_state(full, parallel.model.spec).items()}
         try:
             save_file(tensors, str(out / names[coord.get("pp", 0)]), metadata={"format": "pt"})
         except (OSError, RuntimeError) as exc:  # safetensors reports I/O as either

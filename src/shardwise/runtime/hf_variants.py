@@ -93,38 +93,29 @@ def reorder(hf_name: str, tensor: torch.Tensor, params: dict[str, torch.Tensor]
     return pairs.movedim(-1, 1).mT.flatten(1, 2)  # (E, h, f, 2) -> (E, 2, f, h) -> (E, 2f, h)
 
 
-def hf_state(full: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str, torch.Tensor]:
-    """Runtime parameters → the tensors `save_pretrained` writes for this model."""
-    from shardwise.runtime.hf import to_hf_tensors
-
-    if family(spec) != "gpt_oss":
-        gemma = family(spec) == "gemma3_text"
-        return {k: v for n, t in full.items() for k, v in to_hf_tensors(n, t, gemma).items()}
-    out: dict[str, torch.Tensor] = {}
-    for name, t in full.items():
-        m = re.fullmatch(r"blocks\.(\d+)\.mlp\.(\w+)", name)
-        if m is None:
-            out.update(to_hf_tensors(name, t))
-            continue
-        key, leaf = f"model.layers.{m.group(1)}.mlp.{_OSS_NAMES[m.group(2)]}", m.group(2)
-        if leaf in ("w_gate", "b_gate"):  # (E, [h,] f) twice -> (E, [h,] 2f) interleaved
-            up = full[name.replace("_gate", "_up")]
-            out[key] = torch.stack([t, up], dim=-1).flatten(-2)
-        elif leaf in ("w_down", "b_down", "router_bias"):
-            out[key] = t
-        elif leaf == "router":
-            out[key] = t.T
-    return out
+def gpt_oss_tensors(name: str, full: dict[str, torch.Tensor]
+                    ) -> dict[str, torch.Tensor] | None:
+    """The tensors `save_pretrained` writes for runtime parameter `name` of a gpt-oss MoE
+    layer (gate and up fused and interleaved, written with the gate: {} for the up); None
+    for any other parameter. `full`: every parameter of the layer, by runtime name."""
+    m = re.fullmatch(r"blocks\.(\d+)\.mlp\.(\w+)", name)
+    if m is None or not _oss(full, m.group(1)) or m.group(2) not in _OSS_NAMES:
+        return None
+    leaf, t = m.group(2), full[name]
+    key = f"model.layers.{m.group(1)}.mlp.{_OSS_NAMES[leaf]}"
+    if leaf in ("w_up", "b_up"):
+        return {}
+    if leaf in ("w_gate", "b_gate"):  # (E, [h,] f) twice -> (E, [h,] 2f) interleaved
+        return {key: torch.stack([t, full[name.replace("_gate", "_up")]], dim=-1).flatten(-2)}
+    return {key: t.T if leaf == "router" else t}
 
 
-def hf_name_of(name: str, row: int | None, params: dict[str, torch.Tensor]) -> str:
-    """The Hugging Face name of runtime parameter `name` (expert `row`), for messages."""
-    from shardwise.runtime.hf import to_hf_tensors
-
+def gpt_oss_name(name: str, params: dict[str, torch.Tensor]) -> str | None:
+    """The gpt-oss tensor holding runtime parameter `name` (for messages); None if none."""
     m = re.fullmatch(r"blocks\.(\d+)\.mlp\.(\w+)", name)
     if m and _oss(params, m.group(1)) and m.group(2) in _OSS_NAMES:
         return f"model.layers.{m.group(1)}.mlp.{_OSS_NAMES[m.group(2)]}"
-    return list(to_hf_tensors(name, params[name].detach(), sandwich(params)))[row or 0]
+    return None
 
 
 def _int_if_whole(x: float) -> float | int:

@@ -4,9 +4,9 @@ float64 with HF's float32 islands removed, for the runtime's tests against them
 
 The islands (transformers 5.24): `Gemma3RMSNorm` / `GptOssRMSNorm` compute in `x.float()`;
 both rotary modules compute their inverse frequencies and angles in float32; Gemma's
-embedding scale √h is a float32 buffer. Each is replaced by the same formula in float64
-(gpt-oss's YaRN frequencies by HF's own `_compute_yarn_parameters` run with `torch.float`
-meaning float64); nothing else of HF's code changes.
+embedding scale √h is a float32 buffer. Each is replaced by the same formula in float64 (the
+inverse frequencies by HF's own RoPE functions — default, linear, YaRN — run with
+`torch.float` meaning float64); nothing else of HF's code changes.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ WINDOW = 4
 GEMMA = dict(vocab_size=300, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
              num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=WINDOW,
              sliding_window_pattern=2, query_pre_attn_scalar=12, rms_norm_eps=1e-6,
-             rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+             rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0,
+                                                 "rope_theta": 1e6},
                               "sliding_attention": {"rope_type": "default",
                                                     "rope_theta": 1e4}})
 # swiglu_limit 1: the clamps bite on random weights; YaRN with a small original context
@@ -75,31 +76,33 @@ def _fp64_islands(model, kind: str) -> None:
             module.gemma_ = name.startswith("Gemma")
             module.forward = _norm_forward.__get__(module)
     config, rotary = model.config, model.model.rotary_emb
-    if kind == "gemma3_text":
-        model.model.embed_tokens.embed_scale = torch.tensor(math.sqrt(config.hidden_size),
-                                                            dtype=torch.float64)
+    patch = pytest.MonkeyPatch()
+    for module in (modeling_rope_utils, sys.modules[type(rotary).__module__]):
+        patch.setattr(module, "torch", _F64())  # HF's own RoPE code, `torch.float` → float64
+    try:
+        if kind == "gemma3_text":
+            model.model.embed_tokens.embed_scale = torch.tensor(math.sqrt(config.hidden_size),
+                                                                dtype=torch.float64)
+            tables = {}
+            for layer_type, params in config.rope_parameters.items():
+                init = (rotary.compute_default_rope_parameters
+                        if params["rope_type"] == "default"
+                        else modeling_rope_utils.ROPE_INIT_FUNCTIONS[params["rope_type"]])
+                tables[layer_type] = init(config, None, layer_type=layer_type)
+        else:
+            tables = {None: modeling_rope_utils.ROPE_INIT_FUNCTIONS["yarn"](config)}
+    finally:
+        patch.undo()
+    assert all(inv.dtype == torch.float64 for inv, _ in tables.values())
 
-        def gemma_rotary(x, position_ids, layer_type):
-            theta = config.rope_parameters[layer_type]["rope_theta"]
-            d = config.head_dim
-            inv = theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-            freqs = position_ids[..., None].to(torch.float64) * inv
-            emb = torch.cat((freqs, freqs), dim=-1)
-            return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-
-        rotary.forward = gemma_rotary
-        return
-    with pytest.MonkeyPatch.context() as patch:  # HF's own YaRN, `torch.float` → float64
-        for module in (modeling_rope_utils, sys.modules[type(rotary).__module__]):
-            patch.setattr(module, "torch", _F64())
-        inv_freq, scale = modeling_rope_utils.ROPE_INIT_FUNCTIONS["yarn"](config)
-    assert inv_freq.dtype == torch.float64
-
-    def oss_rotary(x, position_ids):  # gpt-oss's halves: cos, sin (…, d/2)
+    def rotary_forward(x, position_ids, layer_type=None):  # HF's formula, float64 angles
+        inv_freq, scale = tables[layer_type]
         freqs = position_ids[..., None].to(torch.float64) * inv_freq
+        if kind == "gemma3_text":  # gpt-oss rotates halves: cos, sin (…, d/2)
+            freqs = torch.cat((freqs, freqs), dim=-1)
         return (freqs.cos() * scale).to(x.dtype), (freqs.sin() * scale).to(x.dtype)
 
-    rotary.forward = oss_rotary
+    rotary.forward = rotary_forward
 
 
 def tokens(seed: int = 1, batch: int = 2) -> torch.Tensor:

@@ -107,3 +107,25 @@ def test_unsupported_parallelism_is_refused():
     for layout in (Layout(tp=2), Layout(dp=2, ep=2), Layout(cp=2)):
         problems = runtime_problems(layout, spec, SEQ)
         assert problems and "attention sinks" in problems[0], layout
+
+
+@pytest.mark.parametrize("kind", ["yarn", "linear"])
+def test_inverse_frequencies_match_hf(kind):
+    """YaRN (gpt-oss) and linear scaling (Gemma 3's global layers) against transformers'
+    own float32 functions (≤ 1e-6 relative: fp32 rounding), and YaRN's cos/sin factor."""
+    from transformers import modeling_rope_utils
+
+    from shardwise.runtime.model import inverse_frequencies
+    from shardwise.runtime.model.layers import rope_attention_factor
+
+    if kind == "yarn":
+        config = hf_model(KIND).config
+    else:
+        config = transformers.LlamaConfig(head_dim=8, rope_parameters={
+            "rope_type": "linear", "factor": 8.0, "rope_theta": 1e6})
+    spec = from_hf_dict(config.to_dict(), kind)
+    theirs, factor = modeling_rope_utils.ROPE_INIT_FUNCTIONS[kind](config)
+    ours = inverse_frequencies(spec.head_dim, spec.rope_theta, spec.rope_scaling)
+    assert not torch.allclose(ours, inverse_frequencies(spec.head_dim, spec.rope_theta))
+    torch.testing.assert_close(ours, theirs.to(torch.float64), rtol=1e-6, atol=0)
+    assert rope_attention_factor(spec.rope_scaling) == pytest.approx(factor, rel=1e-12)

@@ -82,7 +82,7 @@ def inverse_frequencies(head_dim: int, base: float = 10000.0,
     as transformers' `_compute_llama3_parameters`): with wavelength λ = 2π/ω and the original
     context C, λ < C/high_freq_factor keeps ω, λ > C/low_freq_factor divides it by `factor`,
     and between them `ω·((1-α)/factor + α)`, `α = (C/λ - low)/(high - low)`; or YaRN's
-    (`yarn_frequencies`)."""
+    (`yarn_frequencies`), or linear scaling's `ω/factor`."""
     inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
     params = dict(scaling)
     kind = params.get("rope_type", "default")
@@ -93,6 +93,8 @@ def inverse_frequencies(head_dim: int, base: float = 10000.0,
         return inv_freq
     if kind == "yarn":
         return yarn_frequencies(inv_freq, head_dim, base, params)
+    if kind == "linear":  # positions ÷ factor (Gemma 3's global layers; transformers 5.24
+        return inv_freq / float(params["factor"])  # _compute_linear_scaling_rope_parameters)
     factor, low, high = (float(params[k]) for k in ("factor", "low_freq_factor",  # type: ignore
                                                     "high_freq_factor"))
     context = float(params["original_max_position_embeddings"])  # type: ignore[arg-type]
@@ -103,7 +105,7 @@ def inverse_frequencies(head_dim: int, base: float = 10000.0,
                        torch.where(wavelength > context / low, inv_freq / factor, smoothed))
 
 
-ROPE_TYPES = ("default", "llama3", "yarn")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 def yarn_frequencies(inv_freq: torch.Tensor, head_dim: int, base: float,

@@ -154,3 +154,27 @@ def test_a_config_that_would_describe_another_model_is_refused():
         with pytest.raises(ShardwiseError, match="Hugging Face format") as info:
             hf.hf_config(other)
         assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_recompute_saves_the_count(tmp_path, mode):
+    """Under full recompute each layer keeps its input alone, and the pass keeps both kinds'
+    RoPE tables once (global and local: one (4, s, d) storage every checkpoint shares);
+    under selective recompute each layer saves SPEC §3's count without the attention core's."""
+    from shardwise.runtime.parallelize import apply_recompute
+
+    _, _, ours = loaded(tmp_path)
+    apply_recompute(ours, mode)
+    state = {p.untyped_storage().data_ptr() for p in ours.parameters()}
+    recorder = LayerRecorder(ours, lambda t: t.untyped_storage().data_ptr() in state)
+    x = tokens()
+    with recorder:
+        ours.loss(x, x).backward()
+    spec = ours.spec
+    if mode == "full":
+        assert [c.saved for c in recorder.calls] == [SEQ * 2 * spec.d_model * 8] * 3
+        assert recorder.shared == [4 * SEQ * spec.head_dim * 8]
+    else:
+        expected = saved_tensors_per_layer(spec, SEQ, 2, flash=True, dtype_bytes_=8,
+                                           selective=True)
+        assert [c.saved for c in recorder.calls] == [sum(expected.values())] * 3

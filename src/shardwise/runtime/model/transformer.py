@@ -130,8 +130,10 @@ class Transformer(nn.Module):
                    positions: torch.Tensor) -> torch.Tensor:
         """Blocks `layers` on activations x (b, s, h); a pipeline stage runs a subset."""
         tables = {False: self.rotary(positions)}
-        if self.spec.rope_local_theta:
-            tables[True] = self.rotary(positions, local=True)
+        if self.spec.rope_local_theta:  # both kinds' tables in one storage (4, s, d): under
+            # full recompute every layer's checkpoint keeps it, a pass's shared constant
+            both = torch.stack([*tables[False], *self.rotary(positions, local=True)])
+            tables = {False: (both[0], both[1]), True: (both[2], both[3])}
         for k in layers:
             local = self.spec.rope_local_theta > 0 and self.spec.layer_kind(k) == "sliding"
             x = self.blocks[k](x, *tables[local])

@@ -123,5 +123,5 @@ def test_ranks_hold_what_the_memory_model_counts_with_biases_and_head_dim(text):
 
 
 def test_unsupported_rope_scaling_is_refused_by_the_runtime():
-    yarn = get_model("tiny").with_(rope_scaling=(("factor", 4.0), ("rope_type", "yarn")))
-    assert any("RoPE scaling 'yarn'" in p for p in runtime_problems(Layout(), yarn))
+    dynamic = get_model("tiny").with_(rope_scaling=(("factor", 4.0), ("rope_type", "dynamic")))
+    assert any("RoPE scaling 'dynamic'" in p for p in runtime_problems(Layout(), dynamic))

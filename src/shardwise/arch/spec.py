@@ -74,8 +74,7 @@ class ModelSpec:
     # Multi-token prediction modules (num_nextn_predict_layers), counted apart (`mtp_params`).
     mtp_layers: int = 0
     # Sliding-window attention (Mistral's sliding_window): a query sees the last `w` keys;
-    # 0: all. Not implemented beyond the window: a sequence longer than it is refused
-    # (`seq_problems`), since up to it the window changes nothing.
+    # 0: all (the runtime's attention core masks the band, `ops.attention.window_bias`).
     sliding_window: int = 0
     # Position and residual variants no framework export reproduces unless named: ALiBi
     # attention biases instead of rotary or learned positions (BLOOM; no parameters), RoPE on
@@ -329,20 +328,20 @@ class ModelSpec:
 
     def seq_problems(self, seq_len: int) -> list[str]:
         """What the training runtime cannot run of this model at sequence length `seq_len`:
-        the variants it does not implement (`runtime_variants`), attention past a sliding
-        window (up to the window it is full causal attention). The analytic side models them."""
-        variants = self.runtime_variants()
+        the variants it does not implement (`runtime_lacks`), attention past a chunk (up to
+        the chunk it is full causal attention). The analytic side models them."""
+        from shardwise.arch.variants import runtime_lacks
+
+        variants = runtime_lacks(self)
         if variants:
             return [f"{self.name} has {', '.join(variants)}, which the training runtime does not "
                     "implement (memory, plan and time model them)"]
-        spans = {self.attention_span(i) for i in range(self.n_layers)} - {0}
-        if spans and seq_len > min(spans):
-            field = ("sliding_window" if min(spans) == self.sliding_window
-                     else "attention_chunk")
-            return [f"sequence length {seq_len} exceeds {self.name}'s {field} {min(spans)}: "
-                    f"the training runtime attends over every earlier key (full causal "
-                    f"attention equals windowed or chunked attention only up to the window); "
-                    f"use a sequence length ≤ {min(spans)} to train it"]
+        chunked = "chunked" in self.layer_types  # sliding windows run (runtime/model)
+        if chunked and seq_len > self.attention_chunk:
+            return [f"sequence length {seq_len} exceeds {self.name}'s attention_chunk "
+                    f"{self.attention_chunk}: the training runtime attends over every earlier "
+                    f"key (full causal attention equals chunked attention only up to the "
+                    f"chunk); use a sequence length ≤ {self.attention_chunk} to train it"]
         return []
 
     def with_(self, **changes: object) -> ModelSpec:

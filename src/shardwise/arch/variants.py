@@ -82,10 +82,34 @@ def variant_problems(model: ModelSpec) -> list[str]:
 
 
 def runtime_variants(model: ModelSpec) -> list[str]:
-    """The variants `model` has that the training runtime does not implement (the analytic
-    side models them all); windows and chunks are limits on the sequence instead
-    (`ModelSpec.seq_problems`)."""
+    """The variants `model` has beyond Llama's block (the analytic side models them all;
+    exports refuse them without a verified option); windows and chunks are limits on the
+    sequence instead. Of these the training runtime runs Gemma 3's and gpt-oss's
+    (`runtime_lacks`)."""
     out = [why for field, why in _RUNTIME_LACKS.items() if getattr(model, field)]
     out += [f"{model.block_norms}-norm blocks"] if model.block_norms != "pre" else []
     out += [f"{model.gated_act} MLP"] if model.gated_act != "silu" else []
+    return out
+
+
+# what the training runtime runs (runtime/model: Gemma 3's and gpt-oss's, tested against
+# transformers' own models in tests/runtime/test_gemma3.py, test_gpt_oss.py)
+_RUNTIME_RUNS = {"QK-norm", "attention sinks", "a second RoPE θ for sliding layers",
+                 "a router bias", "sandwich-norm blocks", "gelu_tanh MLP", "swiglu_clamp MLP"}
+_RUNTIME_MULTIPLIERS = ("embedding_multiplier", "query_pre_attn_scalar", "swiglu_alpha",
+                        "swiglu_limit")
+
+
+def runtime_lacks(model: ModelSpec) -> list[str]:
+    """The variants of `runtime_variants` the training runtime does not implement: all but
+    Gemma 3's per-head QK-norm with (1 + w), sandwich norms and GeGLU, gpt-oss's sinks,
+    expert and router biases and clamped SwiGLU (on MoE layers), the local RoPE θ and the
+    named multipliers."""
+    gemma_qk = model.qk_norm == "head" and model.block_norms == "sandwich"
+    out = [v for v in runtime_variants(model) if v not in _RUNTIME_RUNS
+           and v not in ("MLP biases", "scalar multipliers")]
+    out += ["QK-norm"] if model.qk_norm and not gemma_qk else []
+    out += ["MLP biases on dense layers"] if model.mlp_bias and model.n_dense_layers else []
+    out += ["scalar multipliers"] if any(
+        k not in _RUNTIME_MULTIPLIERS for k, _ in model.multipliers) else []
     return out

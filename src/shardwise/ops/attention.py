@@ -5,7 +5,8 @@ mask, one block's forward and backward, and the exact merge of partial results.
 Partial results merge exactly with the online softmax (Milakov & Gimelshein 2018): each query
 row keeps a running max `m`, denominator `ℓ` and unnormalised output `o` as blocks of scores
 are absorbed, and at the end `O = o / ℓ`, `lse = m + log ℓ` (the update formulas, and the
-merge of normalised `(O_b, lse_b)` pairs, are in the design notes).
+merge of normalised `(O_b, lse_b)` pairs, are in the design notes). The fused kernels also run
+sliding windows (`window_bias`) and attention sinks (`add_sinks`, `sink_grad`).
 
 Design notes: docs/concepts/runtime.md#ops-attention.
 """
@@ -220,10 +221,28 @@ def _causal_mask(n: int, m: int, device: torch.device) -> torch.Tensor:
     return torch.ones(n, m, dtype=torch.bool, device=device).tril()
 
 
+def window_bias(n: int, window: int, device: torch.device, dtype: torch.dtype
+                ) -> torch.Tensor:
+    """Additive mask (n, n) of causal sliding-window attention: query i sees keys j with
+    `i - w < j ≤ i` (the last `w` keys, itself included: transformers 5.24
+    `masking_utils.sliding_window_overlay`), 0 there and -inf elsewhere."""
+    i = torch.arange(n, device=device)
+    allowed = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)
+    return torch.zeros(n, n, dtype=dtype, device=device).masked_fill(~allowed, float("-inf"))
+
+
+def fused_kernel(q: torch.Tensor) -> bool:
+    """Whether `fused_forward`/`fused_backward` run torch's CPU flash kernel for q (on CPU),
+    else the reference `block_forward`/`block_backward`."""
+    return q.device.type == "cpu"
+
+
 def fused_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                  causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                  causal: bool, window: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """`block_forward` (over one whole block, causal top-left aligned or unmasked) in a fused
     kernel: q (b, n, h_q, d), k/v (b, m, h_kv, d) -> O (b, n, h_q, d), lse (b, h_q, n).
+    `window` > 0 (with `causal`, n = m): each query sees its last `window` keys
+    (`window_bias`, passed to the kernel as its additive mask).
 
     On CPU this is torch's flash kernel, the one `F.scaled_dot_product_attention` dispatches to
     there (`aten._scaled_dot_product_flash_attention_for_cpu`, torch ≥ 2.2): grouped-query
@@ -234,28 +253,58 @@ def fused_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
     devices run the reference `block_forward` (CUDA's fused kernels would need their own
     accounting of what they keep; not measured here).
     """
-    if q.device.type == "cpu":
+    window = window if window < q.shape[1] else 0  # a window ≥ the sequence: causal
+    if fused_kernel(q):
+        bias = window_bias(q.shape[1], window, q.device, q.dtype) if window else None
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            *_heads_first(q, k, v), 0.0, causal, scale=scale)
+            *_heads_first(q, k, v), 0.0, causal and not window, attn_mask=bias, scale=scale)
         return out.transpose(1, 2), lse  # (b, h_q, n, d) view -> (b, n, h_q, d)
-    mask = _causal_mask(q.shape[1], k.shape[1], q.device) if causal else None
-    return block_forward(q, k, v, scale, mask)
+    return block_forward(q, k, v, scale, _mask(q, k, causal, window))
+
+
+def _mask(q: torch.Tensor, k: torch.Tensor, causal: bool, window: int) -> torch.Tensor | None:
+    if window:
+        return torch.isfinite(window_bias(q.shape[1], window, q.device, q.dtype))
+    return _causal_mask(q.shape[1], k.shape[1], q.device) if causal else None
 
 
 def fused_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   out: torch.Tensor, lse: torch.Tensor, scale: float, causal: bool
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   out: torch.Tensor, lse: torch.Tensor, scale: float, causal: bool,
+                   window: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of `fused_forward` from its saved output and log-sum-exp (FlashAttention-2's
     backward, `D = rowsum(dO ∘ O)` computed inside): dq (b, n, h_q, d), dk, dv (b, m, h_kv, d).
     CPU: torch's flash backward kernel; elsewhere `block_backward`."""
-    if q.device.type == "cpu":
+    window = window if window < q.shape[1] else 0
+    if fused_kernel(q):
+        bias = window_bias(q.shape[1], window, q.device, q.dtype) if window else None
         grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            *_heads_first(dout, q, k, v, out), lse, 0.0, causal, scale=scale)
+            *_heads_first(dout, q, k, v, out), lse, 0.0, causal and not window,
+            attn_mask=bias, scale=scale)
         dq, dk, dv = _heads_first(*grads)
         return dq, dk, dv
     delta = (dout * out).sum(dim=-1).transpose(1, 2)  # (b, n, h_q) -> (b, h_q, n)
-    mask = _causal_mask(q.shape[1], k.shape[1], q.device) if causal else None
-    return block_backward(dout, q, k, v, lse, delta, scale, mask)
+    return block_backward(dout, q, k, v, lse, delta, scale, _mask(q, k, causal, window))
+
+
+def add_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention sinks (gpt-oss; transformers 5.24 `GptOssAttention`): one learned logit
+    `σ_h` per head joins each row's softmax denominator and attends to nothing,
+    `lse' = log(e^lse + e^σ)`, `O' = O·e^(lse - lse')`. out (b, n, h, d), lse (b, h, n),
+    sinks (h,) -> (O', lse'). Backward of the kernel from (O', lse') is then exact for Q, K,
+    V (P = exp(S - lse') leaves the sink's share out; D = rowsum(dO∘O')), and `sink_grad`
+    gives dσ."""
+    new_lse = torch.logaddexp(lse, sinks.to(lse.dtype)[None, :, None])  # (b, h, n)
+    return out * _per_query(torch.exp(lse - new_lse)).to(out.dtype), new_lse
+
+
+def sink_grad(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+              sinks: torch.Tensor) -> torch.Tensor:
+    """dσ_h = -Σ_rows p_sink·rowsum(dO∘O'), p_sink = e^(σ_h - lse') (the sink's softmax
+    share): from `add_sinks`'s outputs; dout, out (b, n, h, d), lse (b, h, n) -> (h,)."""
+    delta = (dout * out).sum(dim=-1).transpose(1, 2)  # (b, n, h) -> (b, h, n)
+    share = torch.exp(sinks.to(lse.dtype)[None, :, None] - lse)
+    return -(share * delta).sum(dim=(0, 2)).to(sinks.dtype)
 
 
 # ------------------------------------------------------------------- online softmax step

@@ -20,18 +20,35 @@ import torch
 import torch.nn.functional as F
 
 from shardwise.errors import ShardwiseError
-from shardwise.ops.swiglu import SwiGLUFunction
+from shardwise.ops.swiglu import gated
 
 
 # ------------------------------------------------------------------------------- params
 @dataclass
 class MoEParams:
-    """Router and SwiGLU experts: router (h, E); w_gate, w_up (E, h, f); w_down (E, f, h)."""
+    """Router and SwiGLU experts: router (h, E); w_gate, w_up (E, h, f); w_down (E, f, h).
+    gpt-oss adds biases, router_bias (E,), b_gate, b_up (E, f), b_down (E, h), and its
+    clamped activation (`act`: `ops.swiglu.gated`'s, with `act_params` (alpha, limit))."""
 
     router: torch.Tensor
     w_gate: torch.Tensor
     w_up: torch.Tensor
     w_down: torch.Tensor
+    router_bias: torch.Tensor | None = None
+    b_gate: torch.Tensor | None = None
+    b_up: torch.Tensor | None = None
+    b_down: torch.Tensor | None = None
+    act: str = "silu"
+    act_params: tuple[float, float] = (1.702, 7.0)
+
+    def expert(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        """Expert `i` on rows x (n, h) -> (n, h) (`expert_mlp`)."""
+        def row(b: torch.Tensor | None) -> torch.Tensor | None:
+            return None if b is None else b[i]
+
+        return expert_mlp(x, self.w_gate[i], self.w_up[i], self.w_down[i],
+                          (row(self.b_gate), row(self.b_up), row(self.b_down)), self.act,
+                          self.act_params)
 
     @property
     def num_experts(self) -> int:
@@ -78,13 +95,14 @@ def route(x: torch.Tensor, router: torch.Tensor, top_k: int, normalize: bool = T
     return Routing(probs, *rule.choose(probs))
 
 
-def router_probs(x: torch.Tensor, router: torch.Tensor, score: str = "softmax") -> torch.Tensor:
+def router_probs(x: torch.Tensor, router: torch.Tensor, score: str = "softmax",
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
     """`softmax(x W_r)` (or `sigmoid`, DeepSeek-V3), (T, h) @ (h, E) -> (T, E), in at least
     fp32: bf16 logits are cast up first, as Hugging Face's Mixtral (`softmax(router_logits,
     dtype=torch.float)`), DeepSeek-V3 and Megatron-LM's routers do; the gates scale the expert
     outputs in their dtype. Autograd keeps x and the scores (both functions save their
-    output)."""
-    logits = x @ router
+    output). `bias` (E,): gpt-oss's router bias, added to the logits."""
+    logits = x @ router if bias is None else torch.addmm(bias, x, router)
     if score == "sigmoid":
         return torch.sigmoid(logits.to(torch.promote_types(x.dtype, torch.float32)))
     return torch.softmax(logits, dim=-1, dtype=torch.promote_types(x.dtype, torch.float32))
@@ -154,10 +172,18 @@ def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor,
 
 
 def expert_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
-               w_down: torch.Tensor) -> torch.Tensor:
+               w_down: torch.Tensor,
+               biases: tuple[torch.Tensor | None, ...] = (None, None, None),
+               act: str = "silu", act_params: tuple[float, float] = (1.702, 7.0)
+               ) -> torch.Tensor:
     """One SwiGLU expert: `(SiLU(x W_g) ⊙ x W_u) W_d`, x (n, h) -> (n, h); saves x, the gate
-    and up projections and the down projection's input (SPEC §3)."""
-    return SwiGLUFunction.apply(x @ w_gate, x @ w_up) @ w_down
+    and up projections and the down projection's input (SPEC §3). `biases` (b_g, b_u, b_d)
+    are added after each projection; `act`: the gated activation (`ops.swiglu.gated`)."""
+    b_gate, b_up, b_down = biases
+    gate = x @ w_gate if b_gate is None else torch.addmm(b_gate, x, w_gate)
+    up = x @ w_up if b_up is None else torch.addmm(b_up, x, w_up)
+    hidden = gated(gate, up, act, *act_params)
+    return hidden @ w_down if b_down is None else torch.addmm(b_down, hidden, w_down)
 
 
 # ------------------------------------------------------------------------ single device
@@ -204,11 +230,11 @@ def moe_layer(x: torch.Tensor, params: MoEParams, top_k: int, *,
                    capacity_factor=capacity_factor)
     outs, losses, routed, kept = [], [], [], []
     for xg in x.chunk(groups):
-        probs = rule.probs(xg, params.router)
+        probs = rule.probs(xg, params.router, params.router_bias)
         group_rule = rule.for_group(probs, shards)
         choice, plan = group_rule.plan(probs)
         rows = gather_rows(xg, probs, plan, group_rule)  # (N, h), sorted by expert
-        outputs = [expert_mlp(chunk, params.w_gate[i], params.w_up[i], params.w_down[i])
+        outputs = [params.expert(chunk, i)
                    for i, chunk in enumerate(rows.split(plan.per_expert.tolist()))
                    if chunk.shape[0]]
         expert_out = torch.cat(outputs) if outputs else rows
@@ -281,10 +307,13 @@ class RoutingRule:
     topk_groups: int = 1
     bias: torch.Tensor | None = None  # (E,) added to the scores for the choice only
 
-    def probs(self, x: torch.Tensor, router: torch.Tensor) -> torch.Tensor:
-        """`softmax(x W_r)` or `sigmoid` (T, E); autograd saves x and the scores only."""
+    def probs(self, x: torch.Tensor, router: torch.Tensor,
+              router_bias: torch.Tensor | None = None) -> torch.Tensor:
+        """`softmax(x W_r + b_r)` or `sigmoid` (T, E); autograd saves x and the scores only.
+        gpt-oss's softmax over its top-k logits is this softmax's top k renormalised
+        (`normalize`): e^l_i / Σ_top e^l_j = p_i / Σ_top p_j."""
         _check_top_k(self.top_k, router.shape[1])
-        return router_probs(x, router, self.score)
+        return router_probs(x, router, self.score, router_bias)
 
     def choose(self, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """probs (T, E) -> the k chosen experts (T, k) and their gates (T, k): the k largest

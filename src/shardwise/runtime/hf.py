@@ -1,6 +1,8 @@
 """Hugging Face checkpoints in and out: `config.json` + safetensors (one file, or shards with
 `model.safetensors.index.json`) for Llama, Mistral and Qwen2 (`LlamaForCausalLM`,
-`MistralForCausalLM`, `Qwen2ForCausalLM`: the same module tree).
+`MistralForCausalLM`, `Qwen2ForCausalLM`: the same module tree), Mixtral, Gemma 3
+(`Gemma3ForCausalLM`: sandwich norms, QK-norm) and gpt-oss (`GptOssForCausalLM`: sinks, its
+experts' interleaved gate/up and biases; `hf_variants`).
 
 Either prefix (`block_sparse_moe` or `mlp`) goes with either layout, as in transformers.
 `save_hf` writes the per-expert layout under `block_sparse_moe`: what transformers 5.24's
@@ -24,10 +26,10 @@ import torch
 
 from shardwise.arch import ModelSpec
 from shardwise.errors import ShardwiseError
-from shardwise.runtime import hf_target
+from shardwise.runtime import hf_target, hf_variants
 
-__all__ = ["check_hf_weights", "hf_config", "hf_weight_files", "load_hf_weights", "save_hf",
-           "to_hf_name", "to_hf_tensors", "to_runtime_name"]
+__all__ = ["check_hf_weights", "hf_config", "hf_state", "hf_weight_files", "load_hf_weights",
+           "save_hf", "to_hf_name", "to_hf_tensors", "to_runtime_name"]
 
 _INDEX = hf_target.INDEX
 _BLOCK = {  # runtime name inside blocks.i ↔ HF name inside model.layers.i
@@ -36,6 +38,11 @@ _BLOCK = {  # runtime name inside blocks.i ↔ HF name inside model.layers.i
     "attention.wv": "self_attn.v_proj", "attention.wo": "self_attn.o_proj",
     "mlp.w_gate": "mlp.gate_proj", "mlp.w_up": "mlp.up_proj", "mlp.w_down": "mlp.down_proj",
 }
+_BLOCK |= {"attention.q_norm": "self_attn.q_norm", "attention.k_norm": "self_attn.k_norm",
+           "mlp_out_norm": "post_feedforward_layernorm"}
+# Gemma's sandwich: the runtime's attention_out_norm and mlp_norm (the pre-MLP norm)
+_SANDWICH = _BLOCK | {"attention_out_norm": "post_attention_layernorm",
+                      "mlp_norm": "pre_feedforward_layernorm"}
 _TOP = {"embedding": "model.embed_tokens", "norm": "model.norm", "head": "lm_head"}
 _EXPERT = {"w1": "w_gate", "w3": "w_up", "w2": "w_down"}  # Mixtral expert linear ↔ runtime
 _MOE = re.compile(r"model\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.(?:gate\.weight|"
@@ -43,14 +50,19 @@ _MOE = re.compile(r"model\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.(?:gate\.wei
 _STACKED = re.compile(r"blocks\.\d+\.mlp\.w_(gate|up|down)")  # (E, ·, ·): one row per expert
 
 
-def _destinations(hf_name: str, params: dict[str, torch.Tensor]
-                  ) -> list[tuple[str, int | None, torch.Tensor]]:
+Views = list[tuple[str, int | None, torch.Tensor]]
+
+
+def _destinations(hf_name: str, params: dict[str, torch.Tensor]) -> Views:
     """Where a checkpoint tensor goes: (runtime parameter, expert row or None for all of it,
     a view of it in the checkpoint's orientation). Several views (the fused `gate_up_proj`)
-    take consecutive slices of the tensor along dim -2."""
+    take consecutive slices of the tensor along dim -2 (gpt-oss's after `hf_variants.reorder`)."""
+    oss = hf_variants.gpt_oss_views(hf_name, params)
+    if oss is not None:
+        return oss
     m = _MOE.fullmatch(hf_name)
     if m is None:
-        name = to_runtime_name(hf_name)
+        name = to_runtime_name(hf_name, hf_variants.sandwich(params))
         return [(name, None, params[name])] if name in params else []
     layer, expert, linear, fused = m.groups()
     mlp = f"blocks.{layer}.mlp"
@@ -68,12 +80,14 @@ def _destinations(hf_name: str, params: dict[str, torch.Tensor]
     return [(name, row, params[name][row].T)]  # (f, h) or (h, f)
 
 
-def to_hf_tensors(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+def to_hf_tensors(name: str, tensor: torch.Tensor, sandwich: bool = False
+                  ) -> dict[str, torch.Tensor]:
     """A runtime parameter as the Hugging Face tensor(s) holding it (an MoE layer's stacked
-    experts become one (out, in) tensor per expert)."""
+    experts become one (out, in) tensor per expert; gpt-oss's: `hf_variants.gpt_oss_tensors`).
+    `sandwich`: Gemma's norm names."""
     m = re.fullmatch(r"blocks\.(\d+)\.mlp\.(router|w_gate|w_up|w_down)", name)
     if m is None:
-        return {to_hf_name(name): tensor}
+        return {to_hf_name(name, sandwich): tensor}
     base = f"model.layers.{m.group(1)}.block_sparse_moe"
     if m.group(2) == "router":
         return {f"{base}.gate.weight": tensor.T.contiguous()}  # (h, E) -> (E, h)
@@ -82,11 +96,31 @@ def to_hf_tensors(name: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
             for i in range(tensor.shape[0])}
 
 
-def to_hf_name(name: str) -> str:
-    """Runtime parameter name → Hugging Face name."""
+def hf_state(full: dict[str, torch.Tensor], spec: ModelSpec) -> dict[str, torch.Tensor]:
+    """Runtime parameters (by name) → the tensors `save_pretrained` writes for this model."""
+    gemma = hf_variants.family(spec) == "gemma3_text"
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in full.items():
+        oss = hf_variants.gpt_oss_tensors(name, full)
+        out.update(oss if oss is not None else to_hf_tensors(name, tensor, gemma))
+    return out
+
+
+def _hf_name_of(name: str, row: int | None, params: dict[str, torch.Tensor]) -> str:
+    """The Hugging Face name of runtime parameter `name` (expert `row`), for messages."""
+    return hf_variants.gpt_oss_name(name, params) or list(to_hf_tensors(
+        name, params[name].detach(), hf_variants.sandwich(params)))[row or 0]
+
+
+def to_hf_name(name: str, sandwich: bool = False) -> str:
+    """Runtime parameter name → Hugging Face name (`sandwich`: Gemma's norm names)."""
+    block = _SANDWICH if sandwich else _BLOCK
     m = re.fullmatch(r"blocks\.(\d+)\.(.+)\.(weight|bias)", name)
-    if m and m.group(2) in _BLOCK:
-        return f"model.layers.{m.group(1)}.{_BLOCK[m.group(2)]}.{m.group(3)}"
+    if m and m.group(2) in block:
+        return f"model.layers.{m.group(1)}.{block[m.group(2)]}.{m.group(3)}"
+    m = re.fullmatch(r"blocks\.(\d+)\.attention\.sinks", name)
+    if m:
+        return f"model.layers.{m.group(1)}.self_attn.sinks"
     module, _, leaf = name.rpartition(".")
     if module in _TOP:
         return f"{_TOP[module]}.{leaf}"
@@ -94,18 +128,21 @@ def to_hf_name(name: str) -> str:
                          "layer's: to_hf_tensors)")
 
 
-def to_runtime_name(name: str) -> str:
-    """Hugging Face name → runtime parameter name."""
+def to_runtime_name(name: str, sandwich: bool = False) -> str:
+    """Hugging Face name → runtime parameter name (`sandwich`: Gemma's norm names)."""
     m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)", name)
-    inverse = {v: k for k, v in _BLOCK.items()}
+    inverse = {v: k for k, v in (_SANDWICH if sandwich else _BLOCK).items()}
     if m and m.group(2) in inverse:
         return f"blocks.{m.group(1)}.{inverse[m.group(2)]}.{m.group(3)}"
+    m = re.fullmatch(r"model\.layers\.(\d+)\.self_attn\.sinks", name)
+    if m:
+        return f"blocks.{m.group(1)}.attention.sinks"
     module, _, leaf = name.rpartition(".")
     top = {v: k for k, v in _TOP.items()}
     if module in top:
         return f"{top[module]}.{leaf}"
     raise ShardwiseError(f"checkpoint tensor {name!r} is not a Llama/Mistral/Qwen2/Mixtral "
-                         "weight shardwise knows")
+                         "weight shardwise knows (nor a Gemma 3 or gpt-oss one)")
 
 
 # Files that hold weights in the formats shardwise does not read (PyTorch pickles, TF, Flax,
@@ -220,8 +257,7 @@ def load_hf_weights(model: torch.nn.Module, directory: str | Path, *,
             _check_mapped(path, names, mapped)
     expected = {(n, r) for n, p in params.items()
                 for r in (range(p.shape[0]) if _STACKED.fullmatch(n) else [None])}
-    missing = sorted(list(to_hf_tensors(n, params[n].detach()))[r or 0]  # its HF name
-                     for n, r in expected - seen.keys())
+    missing = sorted(_hf_name_of(n, r, params) for n, r in expected - seen.keys())
     if missing:
         fused = " (or the fused experts.gate_up_proj / down_proj)" if any(
             ".experts." in m for m in missing) else ""
@@ -253,9 +289,12 @@ def _place(hf_name: str, tensor_shape: tuple[int, ...], tensor: torch.Tensor | N
     shape = views[0][2].shape  # the views stacked along dim -2
     if len(views) > 1:
         shape = (*shape[:-2], sum(v.shape[-2] for _, _, v in views), shape[-1])
+    shape = hf_variants.file_shape(hf_name, tuple(shape), params)
     if tensor_shape != tuple(shape):
         raise ShardwiseError(f"{path.name}: {hf_name} has shape {tensor_shape}, "
                              f"config.json implies {tuple(shape)}")
+    if tensor is not None:
+        tensor = hf_variants.reorder(hf_name, tensor, params)
     pieces = ([None] * len(views) if tensor is None else
               tensor.split([v.shape[-2] for _, _, v in views], dim=-2)
               if len(views) > 1 else [tensor])
@@ -274,6 +313,12 @@ def hf_config(spec: ModelSpec) -> dict[str, Any]:
     """A `config.json` transformers reads back as the same model: `mixtral` for an MoE model,
     `qwen2` when the spec has Q/K/V biases without an O bias, `mistral` with a sliding window,
     else `llama` (Mistral's weights are Llama's)."""
+    if hf_variants.family(spec):
+        return hf_variants.hf_config(spec)
+    if spec.runtime_variants():
+        raise ShardwiseError(f"{spec.name} has {', '.join(spec.runtime_variants())}: only "
+                             "Gemma 3's and gpt-oss's variants can be saved in the Hugging Face "
+                             "format")
     mixtral = spec.is_moe
     if (spec.bias or spec.norm != "rmsnorm" or not spec.gated_mlp or (mixtral and (
             spec.n_shared_experts or spec.moe_every != 1 or spec.qkv_bias or spec.out_bias))
@@ -340,8 +385,8 @@ def save_hf(parallel: Any, directory: str | Path) -> None:
     out = Path(folder)
     problem = None
     if writer:
-        tensors = {k: v.detach().cpu().contiguous() for n, t in full.items()
-                   for k, v in to_hf_tensors(n, t).items()}
+        tensors = {k: v.detach().cpu().contiguous()
+                   for k, v in hf_state(full, parallel.model.spec).items()}
         try:
             save_file(tensors, str(out / names[coord.get("pp", 0)]), metadata={"format": "pt"})
         except (OSError, RuntimeError) as exc:  # safetensors reports I/O as either

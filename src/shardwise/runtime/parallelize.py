@@ -22,6 +22,8 @@ from shardwise.runtime.data_parallel import GradientReducer
 from shardwise.runtime.launch import group_timeout
 from shardwise.runtime.mesh import AxisGroup, Mesh
 from shardwise.runtime.model import MoE, Transformer
+from shardwise.runtime.model.layers import ROPE_TYPES
+from shardwise.runtime.model.variants import variant_problems
 from shardwise.runtime.parallel_axes import (
     _tp_dim,
     apply_context_parallel,
@@ -41,15 +43,16 @@ __all__ = ["apply_context_parallel", "apply_expert_parallel", "apply_recompute",
 
 
 # ------------------------------------------------------------------------ what is refused
-def runtime_problems(layout: Layout, model: ModelSpec) -> list[str]:
+def runtime_problems(layout: Layout, model: ModelSpec, seq_len: int | None = None
+                     ) -> list[str]:
     """What this runtime cannot run, beyond `Layout.problems` (one sentence each)."""
-    out = []
+    out = variant_problems(layout, model, seq_len)
     if not model.gated_mlp or model.norm != "rmsnorm" or model.bias or model.learned_positions:
         out.append(f"the training runtime runs Llama-style models (RMSNorm, SwiGLU, RoPE, no "
                    f"biases); {model.name} is not one")
-    if model.rope_type not in ("default", "llama3"):
+    if model.rope_type not in ROPE_TYPES:
         out.append(f"RoPE scaling {model.rope_type!r} is not supported by the training runtime; "
-                   "valid: default, llama3")
+                   f"valid: {', '.join(ROPE_TYPES)}")
     if model.out_bias and layout.tp > 1:
         out.append("an output-projection bias (attention_bias) with tp > 1 is not supported by "
                    "the training runtime")
@@ -92,7 +95,7 @@ def parallelize(model: Transformer, mesh: Mesh, layout: Layout, seq_len: int,
     time; `seq_len` is the full sequence length (RoPE positions under CP). `grad_dtype`: the
     dtype gradients are accumulated and reduced in (None: the weights'; fp32 with bf16
     weights: `mixed_precision.accumulate_in_fp32` on every parameter, or ZeRO's per unit)."""
-    problems = runtime_problems(layout, model.spec)
+    problems = runtime_problems(layout, model.spec, seq_len)
     if problems:
         raise LayoutError(problems)
     tp, cp, ep, pp = (mesh.axis(a) for a in ("tp", "cp", "ep", "pp"))

@@ -117,7 +117,7 @@ class TrainConfig:
         if out:
             return out
         return (self.layout.problems(self.model, train=self.train_spec())
-                or runtime_problems(self.layout, self.model))
+                or runtime_problems(self.layout, self.model, self.seq_len))
 
     def _number_problems(self) -> list[str]:
         """Every setting of the right type and finite, in range (`shardwise.validate`)."""

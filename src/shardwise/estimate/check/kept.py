@@ -61,16 +61,15 @@ def activation_note(row: CheckRow, layout: Layout, train: TrainSpec,
     c, ab = layout.cp, dtype_bytes(train.dtype)
     if (model is not None and ab < 4 and train.impl == RUNTIME_IMPL
             and not row.what.endswith("MoE")):  # (the router's probabilities are fp32 in both)
-        # the count keeps statistics in fp32; the runtime's bf16 kernels keep them in bf16
+        # the count keeps statistics in fp32, as the runtime's RMSNorm and CPU flash kernel
+        # do; its reference kernel off the CPU keeps the log-sum-exp in bf16
         rows = train.seq_len / c * layout.micro_batch
-        t, sp = layout.tp, layout.sp and layout.tp > 1
-        lse = (max(model.n_heads // t, 1) * rows
+        lse = (max(model.n_heads // layout.tp, 1) * rows
                if train.flash_attention and layout.recompute != "selective" else 0)
-        latent = (1 + bool(model.q_lora_rank)) if model.is_mla else 0  # MLA's latent norms
-        what, n = "RMSNorm's rstd and attention's log-sum-exp", (2 / (t if sp else 1)
-                                                                 + latent) * rows + lse
-        notes.append(f"{train.dtype}: the runtime keeps {what} in {train.dtype}, the count in "
-                     f"fp32: −{n * (4 - ab):,.0f} B")
+        if lse:
+            notes.append(f"{train.dtype}: the runtime keeps attention's log-sum-exp in "
+                         f"{train.dtype} off the CPU, the count in fp32: "
+                         f"−{lse * (4 - ab):,.0f} B")
     if c > layout.ulysses_degree:  # ring attention (the hybrid's too)
         notes.append(f"ring attention also saves the zigzag token positions, (c, s/c) int64: "
                      f"+{8 * train.seq_len:,} B")

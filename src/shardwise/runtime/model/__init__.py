@@ -1,5 +1,7 @@
 """A small Llama-style decoder (RMSNorm, RoPE, GQA attention, SwiGLU or top-k MoE layers, tied
-or untied embeddings) defined once for one device, built from a `ModelSpec`.
+or untied embeddings) defined once for one device, built from a `ModelSpec`; with Gemma 3's
+and gpt-oss's variants (sliding windows, sinks, QK-norm, sandwich norms, GeGLU, clamped SwiGLU
+with biases: docs/concepts/attention.md#what-runs-where).
 
 Each op that keeps tensors for backward saves exactly what SPEC §3 counts
 (`estimate.memory.saved_tensors_per_layer`); the parallel versions (`runtime.parallelize`)

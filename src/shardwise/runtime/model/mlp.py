@@ -12,16 +12,24 @@ from torch import nn
 
 from shardwise.arch import ModelSpec
 from shardwise.ops.moe import MoEParams, RoutingRule, SequenceShards, expert_mlp, moe_layer
-from shardwise.ops.swiglu import SwiGLUFunction
+from shardwise.ops.swiglu import gated
 from shardwise.runtime.model.layers import Projection, TensorMap, identity, separate_linears
 
 
-class SwiGLU(nn.Module):
-    """`W_down(silu(W_gate x)·W_up x)`; tensor parallelism splits f and sets `enter`/`leave`
-    (and, with sequence parallelism, `project`: gate and up from the entered input)."""
+def activation(spec: ModelSpec) -> tuple[str, tuple[float, float]]:
+    """The gated MLP's activation and gpt-oss's (alpha, limit) (`ops.swiglu.gated`)."""
+    given = dict(spec.multipliers)
+    return spec.gated_act, (given.get("swiglu_alpha", 1.702), given.get("swiglu_limit", 7.0))
 
-    def __init__(self, d_model: int, d_ff: int, dtype: torch.dtype):
+
+class SwiGLU(nn.Module):
+    """`W_down(silu(W_gate x)·W_up x)` (`act`: or GeGLU's gelu_tanh, `ops.swiglu.gated`);
+    tensor parallelism splits f and sets `enter`/`leave` (and, with sequence parallelism,
+    `project`: gate and up from the entered input)."""
+
+    def __init__(self, d_model: int, d_ff: int, dtype: torch.dtype, act: str = "silu"):
         super().__init__()
+        self.act = act
         self.w_gate = nn.Linear(d_model, d_ff, bias=False, dtype=dtype)
         self.w_up = nn.Linear(d_model, d_ff, bias=False, dtype=dtype)
         self.w_down = nn.Linear(d_ff, d_model, bias=False, dtype=dtype)
@@ -31,7 +39,7 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.project(self.enter(x), (self.w_gate.weight, self.w_up.weight))
-        return self.leave(self.w_down(SwiGLUFunction.apply(gate, up)))
+        return self.leave(self.w_down(gated(gate, up, self.act)))
 
 
 class AuxLossAutoScaler(torch.autograd.Function):
@@ -61,7 +69,8 @@ class MoE(nn.Module):
         y = Σ_{s shared} E_s(x) + Σ_{i ∈ topk(softmax(x W_r)), kept} g_i · E_i(x)
 
     per token. Parameters as `ops.moe.MoEParams`: router (h, E), w_gate, w_up (E, h, f),
-    w_down (E, f, h); shared_gate, shared_up (S, h, f), shared_down (S, f, h).
+    w_down (E, f, h); shared_gate, shared_up (S, h, f), shared_down (S, f, h); gpt-oss's
+    router_bias (E,), b_gate, b_up (E, f), b_down (E, h) and clamped SwiGLU (`activation`).
 
     `capacity_factor` (None: no limit, nothing dropped) caps every expert at
     `⌈cf · T·k / E⌉` assignments from the T tokens of one call — one micro-batch on one rank
@@ -91,6 +100,13 @@ class MoE(nn.Module):
         self.w_gate = nn.Parameter(torch.empty(e, h, f, dtype=dtype))
         self.w_up = nn.Parameter(torch.empty(e, h, f, dtype=dtype))
         self.w_down = nn.Parameter(torch.empty(e, f, h, dtype=dtype))
+        self.act, self.act_params = activation(spec)
+        self.router_bias = (nn.Parameter(torch.zeros(e, dtype=dtype)) if spec.router_bias
+                            else None)
+        if spec.mlp_bias:
+            self.b_gate = nn.Parameter(torch.zeros(e, f, dtype=dtype))
+            self.b_up = nn.Parameter(torch.zeros(e, f, dtype=dtype))
+            self.b_down = nn.Parameter(torch.zeros(e, h, dtype=dtype))
         if s:
             self.shared_gate = nn.Parameter(torch.empty(s, h, f, dtype=dtype))
             self.shared_up = nn.Parameter(torch.empty(s, h, f, dtype=dtype))
@@ -123,7 +139,9 @@ class MoE(nn.Module):
         return RoutingRule(self.top_k, bias=self.score_bias, **self.routing)
 
     def all_experts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        params = MoEParams(self.router, self.w_gate, self.w_up, self.w_down)
+        params = MoEParams(self.router, self.w_gate, self.w_up, self.w_down, self.router_bias,
+                           getattr(self, "b_gate", None), getattr(self, "b_up", None),
+                           getattr(self, "b_down", None), self.act, self.act_params)
         result = moe_layer(x, params, self.top_k, capacity_factor=self.capacity_factor,
                            shards=self.routing_shards, routing=self.rule())
         self.dropped, self.expert_rows = result.dropped, result.kept

@@ -135,8 +135,9 @@ def _blocks(cand: dict[str, Any]) -> list[tuple[Any, Any, Any]] | None:
 
 
 class _PerPair(NamedTuple):
-    """Compute costs and activation bytes per distinct (structure, micro-batch) × (sp, rc),
-    and each layout's index into them before its (sp, rc) offset (`inverse`)."""
+    """Compute costs and activation bytes per distinct `(t, c, b, e, etp, all-to-all degree)`
+    × (sp, rc), each layout's index into them before its (sp, rc) offset (`inverse`), and on
+    the planner's grid each (structure, micro-batch) pair's index (`of_pair`)."""
 
     ctx: ComputeContext
     links: Links
@@ -144,19 +145,25 @@ class _PerPair(NamedTuple):
     act: dict[str, Any]
     inverse: Any
     size: int
+    of_pair: Any = None
 
 
 def _per_pair(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[str, Any],
               cal: Calibration) -> _PerPair:
     ctx = ComputeContext.of(model, cluster.accelerator, train, cal)
-    # distinct (t, c, b, e, etp, all-to-all degree): the enumeration's (structure,
-    # micro-batch) pairs when known, else a packed integer key
+    # distinct (t, c, b, e, etp, all-to-all degree): of the enumeration's (structure,
+    # micro-batch) pairs when known (many pairs differ only in pp, dp or the partition),
+    # else of a packed integer key; the costs are elementwise, so evaluating each once and
+    # gathering gives the same bits
+    of_pair = None
     if "pair" in cand and "_pairs" in cand:
         pairs = cand["_pairs"]
-        uniq = np.stack([pairs["tp"], pairs["cp"], pairs["micro_batch"], pairs["ep"],
+        keys = np.stack([pairs["tp"], pairs["cp"], pairs["micro_batch"], pairs["ep"],
                          pairs["etp"],
                          ulysses_degree(pairs["cp"], pairs["cp_kind"], pairs["ulysses"])])
-        inverse = np.asarray(cand["pair"])
+        uniq, of_pair = np.unique(keys, axis=1, return_inverse=True)
+        of_pair = of_pair.ravel()
+        inverse = of_pair[np.asarray(cand["pair"])]
     else:
         a2a = ulysses_degree(cand["cp"], cand["cp_kind"], cand["ulysses"])
         cols = [np.asarray(cand[k], dtype=np.int64)
@@ -188,7 +195,7 @@ def _per_pair(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[s
             offload_modules=train.offload_modules)
 
     act = {"dense": per_layer(False), "moe": per_layer(True) if model.is_moe else 0.0}
-    return _PerPair(ctx, Links.of(cluster, cal), costs, act, inverse, len(g_idx))
+    return _PerPair(ctx, Links.of(cluster, cal), costs, act, inverse, len(g_idx), of_pair)
 
 
 def _terms(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[str, Any],
@@ -368,5 +375,5 @@ def flat_cells(cand: dict[str, Any], rows: Any, cols: Any) -> dict[str, Any]:
 def cell_terms(model: ModelSpec, cluster: Cluster, train: TrainSpec, cells: dict[str, Any],
                shared: _PerPair, keys: Sequence[str]) -> dict[str, Any]:
     """`evaluate_candidates`' `keys` of flat cells (`flat_cells`), with the costs `shared`."""
-    terms = _terms(model, cluster, train, cells, shared, np.asarray(cells["pair"]))
+    terms = _terms(model, cluster, train, cells, shared, shared.of_pair[cells["pair"]])
     return {k: np.asarray(terms[k], dtype=float) for k in keys}

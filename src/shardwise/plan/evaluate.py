@@ -17,6 +17,7 @@ from shardwise.estimate.goodput import Reliability, checkpoint_timing, estimate_
 from shardwise.estimate.memory import (
     activation_bytes_per_layer,
     peak_stage_total,
+    peak_stage_total_runs,
     training_memory_per_gpu,
 )
 from shardwise.estimate.step import (
@@ -318,11 +319,16 @@ def memory_grid(model: ModelSpec, train: TrainSpec, cand: dict[str, Any], shared
     """Peak per-stage memory (`peak_stage_total`) of the grid's `rows` × every (sp, rc)
     column; `rows` should share one pp, so that only its stages are evaluated."""
     sub = _take(cand, rows, None)
-    index = shared.inverse[rows] * 2 * len(RC_CODES) + sub["sp"] * len(RC_CODES) \
+    # runs: rows that differ only in the ZeRO stage and group (`peak_stage_total_runs`)
+    key = [np.asarray(sub[k])[:, 0] for k in ("pair", "schedule", "chunks")]
+    code = (key[0] * (int(key[1].max()) + 1) + key[1]) * (int(key[2].max()) + 1) + key[2]
+    _, first, run = np.unique(code, return_index=True, return_inverse=True)
+    index = shared.inverse[rows[first]] * 2 * len(RC_CODES) + sub["sp"] * len(RC_CODES) \
         + sub["recompute"]
     act = {k: np.broadcast_to(v, (shared.size,))[index] for k, v in shared.act.items()}
-    return peak_stage_total(model, train, **{k: sub[k] for k in _STEP_KEYS}, act=act,
-                            partition=_partition(sub), generation=shared.ctx.generation)
+    return peak_stage_total_runs(model, train, **{k: sub[k] for k in _STEP_KEYS},
+                                 first=first, run=run.ravel(), act=act,
+                                 partition=_partition(sub), generation=shared.ctx.generation)
 
 
 # the step-time terms that depend on neither the ZeRO stage (beyond FP8 weight casts under

@@ -291,9 +291,11 @@ def _expand(model: ModelSpec, train: TrainSpec, rows: list[tuple[int, ...]], gri
                    _example(bad_sp.any(axis=1), lambda i: f"tp={t5[i, 0]} cp={c5[i, 0]}, "
                                                           f"s={s}"))
     valid = ~(no_tp | bad_sp)
-    cand: dict[str, Any] = {key: pairs[key][pr][:, None]
-                            for key in ("tp", "pp", "cp", "ep", "etp", "dp", "micro_batch",
-                                        "m", "first_less", "last_less", "cp_kind", "ulysses")}
+    # the pairs' fields, one gather of them all: (fields, pairs) -> (fields, rows)
+    fields = ("tp", "pp", "cp", "ep", "etp", "dp", "micro_batch", "m", "first_less",
+              "last_less", "cp_kind", "ulysses")
+    gathered = np.stack([pairs[key] for key in fields]).take(pr, axis=1)
+    cand: dict[str, Any] = {key: gathered[i][:, None] for i, key in enumerate(fields)}
     cand.update(schedule=lvl3["schedule"][l3][:, None], chunks=lvl3["chunks"][l3][:, None],
                 zero=lvl4["zero"][:, None], zero_group=lvl4["zero_group"][:, None], sp=sp,
                 recompute=rc,
@@ -302,7 +304,7 @@ def _expand(model: ModelSpec, train: TrainSpec, rows: list[tuple[int, ...]], gri
     for stack_rule, refused in stack.refused(cand, train):
         bad = np.broadcast_to(refused, valid.shape) & valid
         if bad.any():
-            at = tuple(np.argwhere(bad)[0])
+            at = np.unravel_index(int(np.argmax(bad)), bad.shape)  # the first, row-major
             rejections.add(f"{stack.name} cannot run it ({stack_rule.source})", int(bad.sum()),
                            stack_rule.message(stack.name, {
                                k: int(np.broadcast_to(v, valid.shape)[at])

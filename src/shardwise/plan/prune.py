@@ -121,13 +121,22 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
     valid = cand["_valid"]
     n_rows, n_cols = valid.shape
     shared = shared_costs(model, cluster, train, cand, calib)
-    memory = np.full(valid.shape, np.inf)
     step = max(1, BLOCK_CELLS // n_cols)
     blocks = [rows[start:start + step] for rows in _by_stages(cand, np.arange(n_rows))
               for start in range(0, len(rows), step)]
+    # the memory grid is reduced block by block, never held whole: which cells fit, the
+    # least per row and per column, and the leanest cell (least, then first row-major)
+    fits = np.zeros(valid.shape, dtype=bool)
+    row_low = np.full(n_rows, np.inf)
 
-    def fill(block: np.ndarray, grid: np.ndarray = memory) -> None:
-        grid[block] = memory_grid(model, train, cand, shared, block)
+    def fill(block: np.ndarray) -> tuple[np.ndarray, tuple[float, int]]:
+        memory = memory_grid(model, train, cand, shared, block)
+        memory[~valid[block]] = np.inf
+        fits[block] = memory <= budget
+        row_low[block] = _row_min(memory)
+        at = int(np.argmin(memory))  # the block's rows ascend: its first least cell
+        return memory.min(axis=0), (float(memory.ravel()[at]),
+                                    int(block[at // n_cols]) * n_cols + at % n_cols)
 
     # the floor: once per run of rows that differ only in ZeRO (stage, group)
     key = np.stack([np.asarray(cand[k])[:, 0] for k in ("pair", "schedule", "chunks")])
@@ -142,25 +151,23 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
                                                  block) * (1 - 1e-6)
 
     with ThreadPoolExecutor(_THREADS) as pool:  # numpy's loops release the GIL
-        list(pool.map(fill, blocks))
+        reduced = list(pool.map(fill, blocks))
         list(pool.map(fill_floor, range(0, len(first), step)))
     floor = per_run[run]
     del run, key
-    memory[~valid] = np.inf
     floor[~valid] = np.inf
-    fits = valid & (memory <= budget)
     state = _State(model, cluster, train, cand, shared, floor, fits, valid)
     codes = {axis: _codes(cand, axis) for axis in (*_ROW_AXES, *_COL_AXES)}
     lines = {True: valid.any(axis=1), False: valid.any(axis=0)}  # per row, per column
     values = {axis: _present(codes[axis], lines, axis) for axis in codes}
-    lines = {True: memory.min(axis=1), False: memory.min(axis=0)}
+    lines = {True: row_low, False: np.min([col for col, _ in reduced], axis=0)}
     least: dict[tuple[str, int], float] = {}
     for axis, present in values.items():
         per = _least(codes[axis], lines)
         least |= {(axis, v): float(per[v]) for v in present}
     del lines
-    leanest = int(np.argmin(memory))
-    del memory  # the cells timed carry their own (`cell_terms`)
+    leanest = min(lean for _, lean in reduced)[1]
+    del reduced  # the cells timed carry their memory (`cell_terms`)
     # seeds: the least memory (named when nothing fits), the ranked layouts, the fitting
     # layouts of least floor, and for each axis value the fitting layout of least floor and
     # the valid one of least floor that does not fit: every threshold below is then finite
@@ -297,8 +304,11 @@ class _Live:
                 row_thr = np.maximum(row_thr, best[codes[axis][:, 0]])
             else:
                 col_thr = np.maximum(col_thr, best[codes[axis][0]])
-        # float32 like the floor, rounded up (the thresholds only widen)
-        thr = (np.maximum(row_thr[:, None], col_thr[None, :]) * (1 + 1e-6)).astype(np.float32)
+        # float32 like the floor, rounded up (the thresholds only widen); rounding and the
+        # cast are monotone, so scaling and casting each line before the maximum gives the
+        # same numbers without a float64 grid
+        row32, col32 = ((x * (1 + 1e-6)).astype(np.float32) for x in (row_thr, col_thr))
+        thr = np.maximum(row32[:, None], col32[None, :])
         np.copyto(thr, np.float32(fastest_over * (1 + 1e-6)), where=~state.fits)
         left &= state.floor <= thr
         self.index = np.flatnonzero(left)
@@ -451,7 +461,7 @@ class _Least:
 
     def __init__(self, grid: np.ndarray) -> None:
         self.n_cols = grid.shape[1]
-        self.low = {True: grid.min(axis=1), False: grid.min(axis=0)}
+        self.low = {True: _row_min(grid), False: grid.min(axis=0)}
         self.arg = {True: grid.argmin(axis=1), False: grid.argmin(axis=0)}
 
     def cells(self, code: np.ndarray, present: list[int]) -> list[int]:
@@ -474,6 +484,15 @@ def _least(code: np.ndarray, low: dict[bool, np.ndarray]) -> np.ndarray:
     if code.shape[1] == 1:
         return _group_min(code[:, 0], low[True])
     return _group_min(code[0], low[False])
+
+
+def _row_min(grid: np.ndarray) -> np.ndarray:
+    """`grid.min(axis=1)` of a grid of few columns, a column at a time (numpy reduces a
+    short inner axis slowly); the same numbers."""
+    out = grid[:, 0].copy()
+    for j in range(1, grid.shape[1]):
+        np.minimum(out, grid[:, j], out=out)
+    return out
 
 
 def _group_min(code: np.ndarray, value: np.ndarray) -> np.ndarray:

@@ -8,6 +8,7 @@ import pytest
 
 from shardwise.arch import get_model
 from shardwise.calibration import default_calibration
+from shardwise.errors import ShardwiseError
 from shardwise.hardware import Cluster
 from shardwise.layout import Balanced, TrainSpec, stage_extremes
 from shardwise.plan import SearchSpace, _enumerate, _flatten, _Rejections, evaluate_candidates
@@ -95,3 +96,16 @@ def test_search_size_bounds_the_cells_the_search_holds():
     assert size.grid == grid
     assert cand["_valid"].size <= size.cells <= 20 * cand["_valid"].size
     assert size.bytes > size.cells
+
+
+def test_pruned_search_says_what_the_exhaustive_one_says_when_nothing_fits():
+    """Nothing fits: the same one-line error (the leanest layout, by how much it misses)."""
+    spec = get_model("mixtral-8x7b")
+    options = dict(gpus=4, seq=4096, global_batch="16")
+    messages = []
+    for prune_above in (EXHAUSTIVE, 0):
+        with pytest.raises(ShardwiseError) as caught:
+            run_plan(spec, **options, prune_above=prune_above)
+        messages.append(str(caught.value))
+    assert messages[0] == messages[1]
+    assert "GiB" in messages[0]

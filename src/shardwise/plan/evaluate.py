@@ -200,8 +200,9 @@ def _per_pair(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[s
 
 
 def _terms(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[str, Any],
-           shared: _PerPair, inverse: Any) -> dict[str, Any]:
-    """`evaluate_candidates` of the layouts `cand`, their per-pair indices `inverse`."""
+           shared: _PerPair, inverse: Any, memory: bool = True) -> dict[str, Any]:
+    """`evaluate_candidates` of the layouts `cand`, their per-pair indices `inverse` (the
+    peak memory only with `memory`)."""
     ctx, n_rc = shared.ctx, len(RC_CODES)
     index = inverse * 2 * n_rc + cand["sp"] * n_rc + cand["recompute"]
 
@@ -217,9 +218,10 @@ def _terms(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[str,
     tokens = cand["m"] * cand["micro_batch"] * cand["dp"] * train.seq_len
     terms.update(finish(terms, model_flops, hw, tokens, cluster.n_gpus, ctx.peak,
                         flops_per_token(model, train.seq_len, causal=True)[0]))
-    terms["memory"] = peak_stage_total(model, train, **{k: cand[k] for k in _STEP_KEYS},
-                                       act={k: gather(v) for k, v in shared.act.items()},
-                                       partition=partition, generation=ctx.generation)
+    if memory:
+        terms["memory"] = peak_stage_total(model, train, **{k: cand[k] for k in _STEP_KEYS},
+                                           act={k: gather(v) for k, v in shared.act.items()},
+                                           partition=partition, generation=ctx.generation)
     return terms
 
 
@@ -380,6 +382,14 @@ def flat_cells(cand: dict[str, Any], rows: Any, cols: Any) -> dict[str, Any]:
 
 def cell_terms(model: ModelSpec, cluster: Cluster, train: TrainSpec, cells: dict[str, Any],
                shared: _PerPair, keys: Sequence[str]) -> dict[str, Any]:
-    """`evaluate_candidates`' `keys` of flat cells (`flat_cells`), with the costs `shared`."""
-    terms = _terms(model, cluster, train, cells, shared, shared.of_pair[cells["pair"]])
+    """`evaluate_candidates`' `keys` of flat cells (`flat_cells`), with the costs `shared`
+    (`memory` alone: the peak memory without the step time)."""
+    inverse = shared.of_pair[cells["pair"]]
+    if tuple(keys) == ("memory",):
+        index = inverse * 2 * len(RC_CODES) + cells["sp"] * len(RC_CODES) + cells["recompute"]
+        act = {k: _gathered(v, shared.size, index) for k, v in shared.act.items()}
+        return {"memory": np.asarray(peak_stage_total(
+            model, train, **{k: cells[k] for k in _STEP_KEYS}, act=act,
+            partition=_partition(cells), generation=shared.ctx.generation), dtype=float)}
+    terms = _terms(model, cluster, train, cells, shared, inverse, memory="memory" in keys)
     return {k: np.asarray(terms[k], dtype=float) for k in keys}

@@ -99,7 +99,7 @@ class Pruned:
     aggregates the report needs."""
 
     cand: dict[str, Any]
-    terms: dict[str, Any]
+    terms: dict[str, Any]  # `memory` only where the layout does not fit (NaN where it fits)
     fits: np.ndarray
     n_valid: int
     n_fit: int
@@ -229,18 +229,24 @@ class _State:
             return
         n_cols = self.valid.shape[1]
         rows, cols = np.divmod(flat, n_cols)
-        parts, where = [], []
+        # the peak memory only where the cell does not fit: the report reads it there (the
+        # fastest such layout, or the leanest when nothing fits); NaN where the cell fits
+        over = ~self.fits.ravel()[flat]
+        new = {k: np.full(len(flat), np.nan) for k in _KEYS}
         for pick in _by_stages(self.cand, rows):  # positions in `rows` of one (pp, chunks)
             for start in range(0, len(pick), BLOCK_CELLS):
                 chunk = pick[start:start + BLOCK_CELLS]
                 cells = flat_cells(self.cand, rows[chunk], cols[chunk])
-                parts.append(cell_terms(self.model, self.cluster, self.train, cells,
-                                        self.shared, _KEYS))
-                where.append(chunk)
-        new = {k: np.empty(len(flat)) for k in _KEYS}
-        for chunk, terms in zip(where, parts, strict=True):
-            for k in _KEYS:
-                new[k][chunk] = terms[k]
+                terms = cell_terms(self.model, self.cluster, self.train, cells, self.shared,
+                                   [k for k in _KEYS if k != "memory"])
+                for k, value in terms.items():
+                    new[k][chunk] = value
+                lean = chunk[over[chunk]]
+                if len(lean):
+                    new["memory"][lean] = cell_terms(
+                        self.model, self.cluster, self.train,
+                        flat_cells(self.cand, rows[lean], cols[lean]), self.shared,
+                        ("memory",))["memory"]
         below = new["total"] < self.floor.ravel()[flat] * (1 - 1e-9)
         if below.any():
             raise BoundBroken(f"step time under its compute floor at cell {flat[below][0]}")
@@ -316,7 +322,14 @@ class _Live:
         rows, cols = np.divmod(self.index, state.valid.shape[1])
         self.floor = state.floor.ravel()[self.index]
         self.fits = state.fits.ravel()[self.index]
-        self.codes = {axis: code[rows, 0] if axis in _ROW_AXES else code[0, cols]
+        # each cell's row among the live rows and its column: a threshold is worked out per
+        # line and gathered once, not per axis and cell
+        starts = np.empty(len(rows), dtype=bool)  # `rows` ascend (flat indices do)
+        starts[:1] = True
+        np.not_equal(rows[1:], rows[:-1], out=starts[1:])
+        self.lines, self.rid = rows[starts], np.cumsum(starts) - 1
+        self.cid = cols.astype(np.int16)
+        self.codes = {axis: code[self.lines, 0] if axis in _ROW_AXES else code[0]
                       for axis, code in codes.items()}
         self.done = np.zeros(len(self.index), dtype=bool)
 
@@ -326,10 +339,15 @@ class _Live:
         timed, those furthest under their threshold; none when every threshold is
         settled."""
         fit_threshold, per_axis, fastest_over = thresholds
-        thr = np.full(len(self.index), fit_threshold)
-        for axis, best in per_axis.items():
-            thr = np.maximum(thr, best[self.codes[axis]])
-        thr = np.where(self.fits, thr, fastest_over)
+        row_thr = np.full(len(self.lines), fit_threshold)
+        col_thr = np.full(len(self.codes[_COL_AXES[0]]), -np.inf)
+        for axis, best in per_axis.items():  # the maximum of them all, line by line
+            if axis in _ROW_AXES:
+                row_thr = np.maximum(row_thr, best[self.codes[axis]])
+            else:
+                col_thr = np.maximum(col_thr, best[self.codes[axis]])
+        thr = np.where(self.fits, np.maximum(row_thr[self.rid], col_thr[self.cid]),
+                       fastest_over)
         under = ~self.done & (self.floor <= thr)
         pick = np.flatnonzero(under)
         batch = max(len(state.index), SEED_CELLS)
@@ -342,7 +360,7 @@ class _Live:
         if 2 * len(out) + 2 * int(under.sum()) < len(under):
             self.index, self.floor, self.fits = (x[under] for x in
                                                  (self.index, self.floor, self.fits))
-            self.codes = {axis: code[under] for axis, code in self.codes.items()}
+            self.rid, self.cid = self.rid[under], self.cid[under]
             self.done = np.zeros(len(self.index), dtype=bool)
         else:
             self.done[pick] = True

@@ -160,10 +160,11 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
     codes = {axis: _codes(cand, axis) for axis in (*_ROW_AXES, *_COL_AXES)}
     lines = {True: valid.any(axis=1), False: valid.any(axis=0)}  # per row, per column
     values = {axis: _present(codes[axis], lines, axis) for axis in codes}
+    groups = {axis: _Groups(code) for axis, code in codes.items()}
     lines = {True: row_low, False: np.min([col for col, _ in reduced], axis=0)}
     least: dict[tuple[str, int], float] = {}
     for axis, present in values.items():
-        per = _least(codes[axis], lines)
+        per = groups[axis].min(lines[groups[axis].on_rows])
         least |= {(axis, v): float(per[v]) for v in present}
     del lines
     leanest = min(lean for _, lean in reduced)[1]
@@ -177,8 +178,8 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
                               for layout in layouts) if hit is not None]
     fit_floor = np.where(fits, floor, np.float32(np.inf))
     least_of = _Least(fit_floor)
-    for axis, code in codes.items():
-        seeds += least_of.cells(code, values[axis])
+    for axis, grouped in groups.items():
+        seeds += least_of.cells(grouped, values[axis])
     over_floor = np.where(fits, np.float32(np.inf), floor).ravel()
     if np.isfinite(over_floor.min(initial=np.inf)):
         seeds.append(int(np.argmin(over_floor)))
@@ -473,6 +474,35 @@ def _present(code: np.ndarray, any_valid: dict[bool, np.ndarray], axis: str) -> 
     return [int(v) for v in out if not (axis == "cp_kind" and v == len(CP_KINDS))]
 
 
+class _Groups:
+    """The positions of a line (an axis' code per row, or per column) grouped by code, each
+    group in its own order (a stable sort: int16 codes sort in linear time)."""
+
+    def __init__(self, code: np.ndarray) -> None:
+        self.on_rows = code.shape[1] == 1
+        line = code[:, 0] if self.on_rows else code[0]
+        self.order = np.argsort(line, kind="stable")
+        ordered = line[self.order]
+        self.starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
+        self.ends = np.append(self.starts[1:], len(line))
+        self.codes = ordered[self.starts]
+        self.size = int(line.max()) + 1 if len(line) else 0
+
+    def min(self, value: np.ndarray) -> np.ndarray:
+        """The least `value` (one per position of the line) of each code `0..max` (inf
+        where none)."""
+        per = np.full(self.size, np.inf)
+        if len(self.order):
+            per[self.codes] = np.minimum.reduceat(value[self.order], self.starts)
+        return per
+
+    def first(self, value: np.ndarray, code: int, target: float) -> int:
+        """The first position of the line with `code` whose `value` is `target`."""
+        k = int(np.searchsorted(self.codes, code))
+        at = self.order[self.starts[k]:self.ends[k]]
+        return int(at[np.argmax(value[at] == target)])
+
+
 class _Least:
     """The least value of a grid per row and per column, and where: for each code of an axis,
     the flat index of a cell of least value (`cells`)."""
@@ -482,26 +512,18 @@ class _Least:
         self.low = {True: _row_min(grid), False: grid.min(axis=0)}
         self.arg = {True: grid.argmin(axis=1), False: grid.argmin(axis=0)}
 
-    def cells(self, code: np.ndarray, present: list[int]) -> list[int]:
-        on_rows = code.shape[1] == 1
-        low, arg, line = self.low[on_rows], self.arg[on_rows], code[:, 0] if on_rows else code[0]
-        best = _group_min(line, low)
+    def cells(self, groups: _Groups, present: list[int]) -> list[int]:
+        on_rows = groups.on_rows
+        low, arg = self.low[on_rows], self.arg[on_rows]
+        best = groups.min(low)
         out = []
         for v in present:
             if not np.isfinite(best[v]):
                 continue
-            at = int(np.flatnonzero((line == v) & (low == best[v]))[0])
+            at = groups.first(low, v, best[v])
             out.append(at * self.n_cols + int(arg[at]) if on_rows
                        else int(arg[at]) * self.n_cols + at)
         return out
-
-
-def _least(code: np.ndarray, low: dict[bool, np.ndarray]) -> np.ndarray:
-    """The least of a grid over the cells of each code (`low`: the grid's least per row
-    (True) and per column (False))."""
-    if code.shape[1] == 1:
-        return _group_min(code[:, 0], low[True])
-    return _group_min(code[0], low[False])
 
 
 def _row_min(grid: np.ndarray) -> np.ndarray:
@@ -511,16 +533,6 @@ def _row_min(grid: np.ndarray) -> np.ndarray:
     for j in range(1, grid.shape[1]):
         np.minimum(out, grid[:, j], out=out)
     return out
-
-
-def _group_min(code: np.ndarray, value: np.ndarray) -> np.ndarray:
-    """The least `value` of each code `0..max(code)` (inf where none): `np.minimum.at`, one
-    masked pass per code present (an axis has few values, the lines are long)."""
-    count = np.bincount(code)
-    per = np.full(len(count), np.inf)
-    for v in np.flatnonzero(count):  # the codes present: a few values of an axis
-        per[v] = value[code == v].min()
-    return per
 
 
 def _kth_best(cand: dict[str, Any], rows: np.ndarray, cols: np.ndarray, total: np.ndarray,

@@ -109,3 +109,30 @@ def test_pruned_search_says_what_the_exhaustive_one_says_when_nothing_fits():
         messages.append(str(caught.value))
     assert messages[0] == messages[1]
     assert "GiB" in messages[0]
+
+
+# DeepSeek-V2-Lite: 27 layers with a dense first one (every pp > 1 splits unevenly, searched
+# partitions beside the default), MLA, shared experts; expert tensor parallelism fixed to 1
+# under tp = 2 (etp ≠ tp), every variant shown (ZeRO groups, partitions)
+MOE_CASES = [
+    dict(gpus=16, seq=4096, global_batch="64", top=8),
+    dict(gpus=32, seq=4096, global_batch="128", top=6, fix_text="etp=1", all_variants=True),
+]
+
+
+@pytest.mark.parametrize("options", MOE_CASES)
+def test_pruned_search_equals_the_exhaustive_one_on_uneven_moe_pipelines(options):
+    spec = get_model("deepseek-v2-lite")
+    exhaustive = run_plan(spec, **options, prune_above=EXHAUSTIVE)
+    pruned = run_plan(spec, **options, prune_above=0)
+    assert pruned.stats.timed < exhaustive.stats.timed == exhaustive.stats.evaluated
+    assert _comparable(pruned) == _comparable(exhaustive)
+    # not degenerate: the rows shown hold what the case is about
+    rows = [entry.layout for entry in exhaustive.ranked]
+    assert spec.first_dense_layers and spec.n_shared_experts and spec.n_layers % 2
+    assert any(row.ep > 1 for row in rows) and len({row.zero_group for row in rows}) > 1
+    if "fix_text" in options:
+        assert all(row.etp == 1 and row.tp > 1 and row.ep > 1 for row in rows)
+    else:
+        assert any(row.pp > 1 for row in rows)  # an uneven split of 27 layers
+        assert {a.axis for a in exhaustive.alternatives if a.best_total} >= {"pp", "zero", "ep"}

@@ -362,19 +362,24 @@ def peak_stage_total_runs(model: ModelSpec, train: TrainSpec, *, pp: Any, first:
     def at_first(value: Any) -> Any:
         return value[first] if np.ndim(value) == 2 and np.shape(value)[0] == rows else value
 
+    def at_run(value: Any) -> Any:
+        return value[run] if np.ndim(value) == 2 else value
+
     partition = layout.pop("partition", ())
-    geos = distinct_geometries(model, pp, candidate_stages(model, pp), chunks=layout["chunks"],
-                               schedule=layout["schedule"], m=layout["m"], partition=partition)
     narrow = layout | {"sp": layout["sp"][:, :1], "recompute": layout["recompute"][:, :1]}
     one = {k: at_first(v) for k, v in layout.items()}
     one_partition = (Balanced(at_first(partition.first_less), at_first(partition.last_less))
                      if isinstance(partition, Balanced) else partition)
+    # the stages' geometry depends on the run only: worked out for its first row, spread
+    geos = distinct_geometries(model, at_first(pp), candidate_stages(model, at_first(pp)),
+                               chunks=one["chunks"], schedule=one["schedule"], m=one["m"],
+                               partition=one_partition)
     totals = []
-    for geo in geos:
+    for geo_first in geos:
+        geo = replace(geo_first, **{f.name: at_run(getattr(geo_first, f.name))
+                                    for f in fields(geo_first) if f.name != "placement"})
         held = stage_memory(model, train, pp=pp, stage=geo.stage, geometry=geo,
                             act={"dense": 0.0, "moe": 0.0}, partition=partition, **narrow)
-        geo_first = replace(geo, **{f.name: at_first(getattr(geo, f.name))
-                                    for f in fields(geo) if f.name != "placement"})
         acts = stage_memory(model, train, pp=at_first(pp), stage=geo_first.stage,
                             geometry=geo_first, act=act, partition=one_partition,
                             **one)["activations"]

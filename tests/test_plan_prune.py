@@ -8,6 +8,7 @@ import pytest
 
 from shardwise.arch import get_model
 from shardwise.calibration import default_calibration
+from shardwise.errors import ShardwiseError
 from shardwise.hardware import Cluster
 from shardwise.layout import Balanced, TrainSpec, stage_extremes
 from shardwise.plan import SearchSpace, _enumerate, _flatten, _Rejections, evaluate_candidates
@@ -95,3 +96,43 @@ def test_search_size_bounds_the_cells_the_search_holds():
     assert size.grid == grid
     assert cand["_valid"].size <= size.cells <= 20 * cand["_valid"].size
     assert size.bytes > size.cells
+
+
+def test_pruned_search_says_what_the_exhaustive_one_says_when_nothing_fits():
+    """Nothing fits: the same one-line error (the leanest layout, by how much it misses)."""
+    spec = get_model("mixtral-8x7b")
+    options = dict(gpus=4, seq=4096, global_batch="16")
+    messages = []
+    for prune_above in (EXHAUSTIVE, 0):
+        with pytest.raises(ShardwiseError) as caught:
+            run_plan(spec, **options, prune_above=prune_above)
+        messages.append(str(caught.value))
+    assert messages[0] == messages[1]
+    assert "GiB" in messages[0]
+
+
+# DeepSeek-V2-Lite: 27 layers with a dense first one (every pp > 1 splits unevenly, searched
+# partitions beside the default), MLA, shared experts; expert tensor parallelism fixed to 1
+# under tp = 2 (etp ≠ tp), every variant shown (ZeRO groups, partitions)
+MOE_CASES = [
+    dict(gpus=16, seq=4096, global_batch="64", top=8),
+    dict(gpus=32, seq=4096, global_batch="128", top=6, fix_text="etp=1", all_variants=True),
+]
+
+
+@pytest.mark.parametrize("options", MOE_CASES)
+def test_pruned_search_equals_the_exhaustive_one_on_uneven_moe_pipelines(options):
+    spec = get_model("deepseek-v2-lite")
+    exhaustive = run_plan(spec, **options, prune_above=EXHAUSTIVE)
+    pruned = run_plan(spec, **options, prune_above=0)
+    assert pruned.stats.timed < exhaustive.stats.timed == exhaustive.stats.evaluated
+    assert _comparable(pruned) == _comparable(exhaustive)
+    # not degenerate: the rows shown hold what the case is about
+    rows = [entry.layout for entry in exhaustive.ranked]
+    assert spec.first_dense_layers and spec.n_shared_experts and spec.n_layers % 2
+    assert any(row.ep > 1 for row in rows) and len({row.zero_group for row in rows}) > 1
+    if "fix_text" in options:
+        assert all(row.etp == 1 and row.tp > 1 and row.ep > 1 for row in rows)
+    else:
+        assert any(row.pp > 1 for row in rows)  # an uneven split of 27 layers
+        assert {a.axis for a in exhaustive.alternatives if a.best_total} >= {"pp", "zero", "ep"}

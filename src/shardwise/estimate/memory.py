@@ -12,7 +12,7 @@ This module re-exports the names of the split modules. docs/concepts/memory.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -55,7 +55,7 @@ from shardwise.estimate.state import (
     zero_stage_table,
     zero_state_bytes,
 )
-from shardwise.layout import Layout, Partition, TrainSpec, check_specs, ulysses_degree
+from shardwise.layout import Balanced, Layout, Partition, TrainSpec, check_specs, ulysses_degree
 from shardwise.placement import expert_tp_degree
 from shardwise.units import dtype_bytes
 
@@ -347,6 +347,46 @@ def peak_stage_total(model: ModelSpec, train: TrainSpec, *, pp: Any, **layout: A
                                partition=layout.get("partition", ()))
     return np.max([stage_memory(model, train, pp=pp, stage=geo.stage, geometry=geo,
                                 **layout)["total"] for geo in geos], axis=0)
+
+
+def peak_stage_total_runs(model: ModelSpec, train: TrainSpec, *, pp: Any, first: Any,
+                          run: Any, act: dict[str, Any], **layout: Any) -> Any:
+    """`peak_stage_total` of rows × columns (the planner's grid: `layout`'s row fields
+    `(rows, 1)`, `sp` and `recompute` `(1, cols)`) whose rows fall into runs that differ only
+    in the ZeRO stage and group (`first`: one row of each run, `run`: each row's run), bit-
+    identical and cheaper: a stage's activations depend on neither, so they are evaluated
+    once per run (`act`: the per-layer bytes of the `first` rows × columns), its state,
+    FP8 copies, logits and ZeRO-3 workspace depend on no column, so once per row; the sum
+    adds the same numbers in `stage_memory`'s order."""
+    rows = np.shape(pp)[0]
+
+    def at_first(value: Any) -> Any:
+        return value[first] if np.ndim(value) == 2 and np.shape(value)[0] == rows else value
+
+    def at_run(value: Any) -> Any:
+        return value[run] if np.ndim(value) == 2 else value
+
+    partition = layout.pop("partition", ())
+    narrow = layout | {"sp": layout["sp"][:, :1], "recompute": layout["recompute"][:, :1]}
+    one = {k: at_first(v) for k, v in layout.items()}
+    one_partition = (Balanced(at_first(partition.first_less), at_first(partition.last_less))
+                     if isinstance(partition, Balanced) else partition)
+    # the stages' geometry depends on the run only: worked out for its first row, spread
+    geos = distinct_geometries(model, at_first(pp), candidate_stages(model, at_first(pp)),
+                               chunks=one["chunks"], schedule=one["schedule"], m=one["m"],
+                               partition=one_partition)
+    totals = []
+    for geo_first in geos:
+        geo = replace(geo_first, **{f.name: at_run(getattr(geo_first, f.name))
+                                    for f in fields(geo_first) if f.name != "placement"})
+        held = stage_memory(model, train, pp=pp, stage=geo.stage, geometry=geo,
+                            act={"dense": 0.0, "moe": 0.0}, partition=partition, **narrow)
+        acts = stage_memory(model, train, pp=at_first(pp), stage=geo_first.stage,
+                            geometry=geo_first, act=act, partition=one_partition,
+                            **one)["activations"]
+        totals.append(held["weights"] + held["grads"] + held["optimizer"] + held["fp8"]
+                      + acts[run] + held["logits"] + held["workspace"])
+    return np.max(totals, axis=0)
 
 
 def training_memory_per_gpu(model: ModelSpec, layout: Layout, train: TrainSpec | None = None,

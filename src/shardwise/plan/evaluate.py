@@ -17,6 +17,7 @@ from shardwise.estimate.goodput import Reliability, checkpoint_timing, estimate_
 from shardwise.estimate.memory import (
     activation_bytes_per_layer,
     peak_stage_total,
+    peak_stage_total_runs,
     training_memory_per_gpu,
 )
 from shardwise.estimate.step import (
@@ -135,8 +136,9 @@ def _blocks(cand: dict[str, Any]) -> list[tuple[Any, Any, Any]] | None:
 
 
 class _PerPair(NamedTuple):
-    """Compute costs and activation bytes per distinct (structure, micro-batch) × (sp, rc),
-    and each layout's index into them before its (sp, rc) offset (`inverse`)."""
+    """Compute costs and activation bytes per distinct `(t, c, b, e, etp, all-to-all degree)`
+    × (sp, rc), each layout's index into them before its (sp, rc) offset (`inverse`), and on
+    the planner's grid each (structure, micro-batch) pair's index (`of_pair`)."""
 
     ctx: ComputeContext
     links: Links
@@ -144,19 +146,25 @@ class _PerPair(NamedTuple):
     act: dict[str, Any]
     inverse: Any
     size: int
+    of_pair: Any = None
 
 
 def _per_pair(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[str, Any],
               cal: Calibration) -> _PerPair:
     ctx = ComputeContext.of(model, cluster.accelerator, train, cal)
-    # distinct (t, c, b, e, etp, all-to-all degree): the enumeration's (structure,
-    # micro-batch) pairs when known, else a packed integer key
+    # distinct (t, c, b, e, etp, all-to-all degree): of the enumeration's (structure,
+    # micro-batch) pairs when known (many pairs differ only in pp, dp or the partition),
+    # else of a packed integer key; the costs are elementwise, so evaluating each once and
+    # gathering gives the same bits
+    of_pair = None
     if "pair" in cand and "_pairs" in cand:
         pairs = cand["_pairs"]
-        uniq = np.stack([pairs["tp"], pairs["cp"], pairs["micro_batch"], pairs["ep"],
+        keys = np.stack([pairs["tp"], pairs["cp"], pairs["micro_batch"], pairs["ep"],
                          pairs["etp"],
                          ulysses_degree(pairs["cp"], pairs["cp_kind"], pairs["ulysses"])])
-        inverse = np.asarray(cand["pair"])
+        uniq, of_pair = np.unique(keys, axis=1, return_inverse=True)
+        of_pair = of_pair.ravel()
+        inverse = of_pair[np.asarray(cand["pair"])]
     else:
         a2a = ulysses_degree(cand["cp"], cand["cp_kind"], cand["ulysses"])
         cols = [np.asarray(cand[k], dtype=np.int64)
@@ -189,12 +197,13 @@ def _per_pair(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[s
             full_share=train.recompute_share)
 
     act = {"dense": per_layer(False), "moe": per_layer(True) if model.is_moe else 0.0}
-    return _PerPair(ctx, Links.of(cluster, cal), costs, act, inverse, len(g_idx))
+    return _PerPair(ctx, Links.of(cluster, cal), costs, act, inverse, len(g_idx), of_pair)
 
 
 def _terms(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[str, Any],
-           shared: _PerPair, inverse: Any) -> dict[str, Any]:
-    """`evaluate_candidates` of the layouts `cand`, their per-pair indices `inverse`."""
+           shared: _PerPair, inverse: Any, memory: bool = True) -> dict[str, Any]:
+    """`evaluate_candidates` of the layouts `cand`, their per-pair indices `inverse` (the
+    peak memory only with `memory`)."""
     ctx, n_rc = shared.ctx, len(RC_CODES)
     index = inverse * 2 * n_rc + cand["sp"] * n_rc + cand["recompute"]
 
@@ -210,9 +219,10 @@ def _terms(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[str,
     tokens = cand["m"] * cand["micro_batch"] * cand["dp"] * train.seq_len
     terms.update(finish(terms, model_flops, hw, tokens, cluster.n_gpus, ctx.peak,
                         flops_per_token(model, train.seq_len, causal=True)[0]))
-    terms["memory"] = peak_stage_total(model, train, **{k: cand[k] for k in _STEP_KEYS},
-                                       act={k: gather(v) for k, v in shared.act.items()},
-                                       partition=partition, generation=ctx.generation)
+    if memory:
+        terms["memory"] = peak_stage_total(model, train, **{k: cand[k] for k in _STEP_KEYS},
+                                           act={k: gather(v) for k, v in shared.act.items()},
+                                           partition=partition, generation=ctx.generation)
     return terms
 
 
@@ -312,11 +322,16 @@ def memory_grid(model: ModelSpec, train: TrainSpec, cand: dict[str, Any], shared
     """Peak per-stage memory (`peak_stage_total`) of the grid's `rows` × every (sp, rc)
     column; `rows` should share one pp, so that only its stages are evaluated."""
     sub = _take(cand, rows, None)
-    index = shared.inverse[rows] * 2 * len(RC_CODES) + sub["sp"] * len(RC_CODES) \
+    # runs: rows that differ only in the ZeRO stage and group (`peak_stage_total_runs`)
+    key = [np.asarray(sub[k])[:, 0] for k in ("pair", "schedule", "chunks")]
+    code = (key[0] * (int(key[1].max()) + 1) + key[1]) * (int(key[2].max()) + 1) + key[2]
+    _, first, run = np.unique(code, return_index=True, return_inverse=True)
+    index = shared.inverse[rows[first]] * 2 * len(RC_CODES) + sub["sp"] * len(RC_CODES) \
         + sub["recompute"]
     act = {k: np.broadcast_to(v, (shared.size,))[index] for k, v in shared.act.items()}
-    return peak_stage_total(model, train, **{k: sub[k] for k in _STEP_KEYS}, act=act,
-                            partition=_partition(sub), generation=shared.ctx.generation)
+    return peak_stage_total_runs(model, train, **{k: sub[k] for k in _STEP_KEYS},
+                                 first=first, run=run.ravel(), act=act,
+                                 partition=_partition(sub), generation=shared.ctx.generation)
 
 
 # the step-time terms that depend on neither the ZeRO stage (beyond FP8 weight casts under
@@ -368,6 +383,14 @@ def flat_cells(cand: dict[str, Any], rows: Any, cols: Any) -> dict[str, Any]:
 
 def cell_terms(model: ModelSpec, cluster: Cluster, train: TrainSpec, cells: dict[str, Any],
                shared: _PerPair, keys: Sequence[str]) -> dict[str, Any]:
-    """`evaluate_candidates`' `keys` of flat cells (`flat_cells`), with the costs `shared`."""
-    terms = _terms(model, cluster, train, cells, shared, np.asarray(cells["pair"]))
+    """`evaluate_candidates`' `keys` of flat cells (`flat_cells`), with the costs `shared`
+    (`memory` alone: the peak memory without the step time)."""
+    inverse = shared.of_pair[cells["pair"]]
+    if tuple(keys) == ("memory",):
+        index = inverse * 2 * len(RC_CODES) + cells["sp"] * len(RC_CODES) + cells["recompute"]
+        act = {k: _gathered(v, shared.size, index) for k, v in shared.act.items()}
+        return {"memory": np.asarray(peak_stage_total(
+            model, train, **{k: cells[k] for k in _STEP_KEYS}, act=act,
+            partition=_partition(cells), generation=shared.ctx.generation), dtype=float)}
+    terms = _terms(model, cluster, train, cells, shared, inverse, memory="memory" in keys)
     return {k: np.asarray(terms[k], dtype=float) for k in keys}

@@ -273,11 +273,11 @@ def _expand(model: ModelSpec, train: TrainSpec, rows: list[tuple[int, ...]], gri
     lvl3 = {"pair": p_idx[keep], "schedule": code[keep], "chunks": v[keep]}
 
     # level 4: × ZeRO (stage, hybrid group)
+    # as a (level-3 rows, ZeRO options) grid, flattened row-major at the end
     zero = np.array(axes["zero"], dtype=np.int64).reshape(-1, 2)
-    a_idx, z_idx = np.divmod(np.arange(len(keep) * len(zero)), len(zero))
-    pr = lvl3["pair"][a_idx]
-    replicas = pairs["dp"][pr] * pairs["cp"][pr]
-    z, zg = zero[z_idx, 0], zero[z_idx, 1]
+    pr = lvl3["pair"]
+    replicas = (pairs["dp"][pr] * pairs["cp"][pr])[:, None]
+    z, zg = zero[None, :, 0], zero[None, :, 1]
     rest = math.prod(inner[3:])
     lone = (replicas == 1) & (z > 0)
     rejections.add("ZeRO with a single data-parallel replica (same as stage 0)",
@@ -287,9 +287,10 @@ def _expand(model: ModelSpec, train: TrainSpec, rows: list[tuple[int, ...]], gri
                    category="duplicate")
     bad_zg = ~lone & ~whole & (zg > 0) & (replicas % np.maximum(zg, 1) != 0)
     rejections.add("hybrid shard group does not divide dp·cp", int(bad_zg.sum()) * rest,
-                   _example(bad_zg, lambda i: f"zero_group={zg[i]}, dp·cp={replicas[i]}"))
-    keep4 = np.nonzero(~(lone | whole | bad_zg))[0]
-    lvl4 = {"l3": a_idx[keep4], "zero": z[keep4], "zero_group": zg[keep4]}
+                   _example(bad_zg.ravel(), lambda i: f"zero_group={zero[i % len(zero), 1]}, "
+                                                      f"dp·cp={replicas[i // len(zero), 0]}"))
+    a_idx, z_idx = np.divmod(np.flatnonzero(~(lone | whole | bad_zg)), len(zero))
+    lvl4 = {"l3": a_idx, "zero": zero[z_idx, 0], "zero_group": zero[z_idx, 1]}
 
     # level 5: × sequence parallel × recompute, kept as a broadcast inner axis: the outer
     # combinations are rows, the (sp, rc) pairs columns, and `valid` marks the layouts
@@ -306,9 +307,11 @@ def _expand(model: ModelSpec, train: TrainSpec, rows: list[tuple[int, ...]], gri
                    _example(bad_sp.any(axis=1), lambda i: f"tp={t5[i, 0]} cp={c5[i, 0]}, "
                                                           f"s={s}"))
     valid = ~(no_tp | bad_sp)
-    cand: dict[str, Any] = {key: pairs[key][pr][:, None]
-                            for key in ("tp", "pp", "cp", "ep", "etp", "dp", "micro_batch",
-                                        "m", "first_less", "last_less", "cp_kind", "ulysses")}
+    # the pairs' fields, one gather of them all: (fields, pairs) -> (fields, rows)
+    fields = ("tp", "pp", "cp", "ep", "etp", "dp", "micro_batch", "m", "first_less",
+              "last_less", "cp_kind", "ulysses")
+    gathered = np.stack([pairs[key] for key in fields]).take(pr, axis=1)
+    cand: dict[str, Any] = {key: gathered[i][:, None] for i, key in enumerate(fields)}
     cand.update(schedule=lvl3["schedule"][l3][:, None], chunks=lvl3["chunks"][l3][:, None],
                 zero=lvl4["zero"][:, None], zero_group=lvl4["zero_group"][:, None], sp=sp,
                 recompute=rc,
@@ -317,7 +320,7 @@ def _expand(model: ModelSpec, train: TrainSpec, rows: list[tuple[int, ...]], gri
     for stack_rule, refused in stack.refused(cand, train):
         bad = np.broadcast_to(refused, valid.shape) & valid
         if bad.any():
-            at = tuple(np.argwhere(bad)[0])
+            at = np.unravel_index(int(np.argmax(bad)), bad.shape)  # the first, row-major
             rejections.add(f"{stack.name} cannot run it ({stack_rule.source})", int(bad.sum()),
                            stack_rule.message(stack.name, {
                                k: int(np.broadcast_to(v, valid.shape)[at])

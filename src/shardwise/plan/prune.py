@@ -99,7 +99,7 @@ class Pruned:
     aggregates the report needs."""
 
     cand: dict[str, Any]
-    terms: dict[str, Any]
+    terms: dict[str, Any]  # `memory` only where the layout does not fit (NaN where it fits)
     fits: np.ndarray
     n_valid: int
     n_fit: int
@@ -121,13 +121,22 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
     valid = cand["_valid"]
     n_rows, n_cols = valid.shape
     shared = shared_costs(model, cluster, train, cand, calib)
-    memory = np.full(valid.shape, np.inf)
     step = max(1, BLOCK_CELLS // n_cols)
     blocks = [rows[start:start + step] for rows in _by_stages(cand, np.arange(n_rows))
               for start in range(0, len(rows), step)]
+    # the memory grid is reduced block by block, never held whole: which cells fit, the
+    # least per row and per column, and the leanest cell (least, then first row-major)
+    fits = np.zeros(valid.shape, dtype=bool)
+    row_low = np.full(n_rows, np.inf)
 
-    def fill(block: np.ndarray, grid: np.ndarray = memory) -> None:
-        grid[block] = memory_grid(model, train, cand, shared, block)
+    def fill(block: np.ndarray) -> tuple[np.ndarray, tuple[float, int]]:
+        memory = memory_grid(model, train, cand, shared, block)
+        memory[~valid[block]] = np.inf
+        fits[block] = memory <= budget
+        row_low[block] = _row_min(memory)
+        at = int(np.argmin(memory))  # the block's rows ascend: its first least cell
+        return memory.min(axis=0), (float(memory.ravel()[at]),
+                                    int(block[at // n_cols]) * n_cols + at % n_cols)
 
     # the floor: once per run of rows that differ only in ZeRO (stage, group)
     key = np.stack([np.asarray(cand[k])[:, 0] for k in ("pair", "schedule", "chunks")])
@@ -142,25 +151,24 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
                                                  block) * (1 - 1e-6)
 
     with ThreadPoolExecutor(_THREADS) as pool:  # numpy's loops release the GIL
-        list(pool.map(fill, blocks))
+        reduced = list(pool.map(fill, blocks))
         list(pool.map(fill_floor, range(0, len(first), step)))
     floor = per_run[run]
     del run, key
-    memory[~valid] = np.inf
     floor[~valid] = np.inf
-    fits = valid & (memory <= budget)
     state = _State(model, cluster, train, cand, shared, floor, fits, valid)
     codes = {axis: _codes(cand, axis) for axis in (*_ROW_AXES, *_COL_AXES)}
     lines = {True: valid.any(axis=1), False: valid.any(axis=0)}  # per row, per column
     values = {axis: _present(codes[axis], lines, axis) for axis in codes}
-    lines = {True: memory.min(axis=1), False: memory.min(axis=0)}
+    groups = {axis: _Groups(code) for axis, code in codes.items()}
+    lines = {True: row_low, False: np.min([col for col, _ in reduced], axis=0)}
     least: dict[tuple[str, int], float] = {}
     for axis, present in values.items():
-        per = _least(codes[axis], lines)
+        per = groups[axis].min(lines[groups[axis].on_rows])
         least |= {(axis, v): float(per[v]) for v in present}
     del lines
-    leanest = int(np.argmin(memory))
-    del memory  # the cells timed carry their own (`cell_terms`)
+    leanest = min(lean for _, lean in reduced)[1]
+    del reduced  # the cells timed carry their memory (`cell_terms`)
     # seeds: the least memory (named when nothing fits), the ranked layouts, the fitting
     # layouts of least floor, and for each axis value the fitting layout of least floor and
     # the valid one of least floor that does not fit: every threshold below is then finite
@@ -170,8 +178,8 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
                               for layout in layouts) if hit is not None]
     fit_floor = np.where(fits, floor, np.float32(np.inf))
     least_of = _Least(fit_floor)
-    for axis, code in codes.items():
-        seeds += least_of.cells(code, values[axis])
+    for axis, grouped in groups.items():
+        seeds += least_of.cells(grouped, values[axis])
     over_floor = np.where(fits, np.float32(np.inf), floor).ravel()
     if np.isfinite(over_floor.min(initial=np.inf)):
         seeds.append(int(np.argmin(over_floor)))
@@ -222,18 +230,24 @@ class _State:
             return
         n_cols = self.valid.shape[1]
         rows, cols = np.divmod(flat, n_cols)
-        parts, where = [], []
+        # the peak memory only where the cell does not fit: the report reads it there (the
+        # fastest such layout, or the leanest when nothing fits); NaN where the cell fits
+        over = ~self.fits.ravel()[flat]
+        new = {k: np.full(len(flat), np.nan) for k in _KEYS}
         for pick in _by_stages(self.cand, rows):  # positions in `rows` of one (pp, chunks)
             for start in range(0, len(pick), BLOCK_CELLS):
                 chunk = pick[start:start + BLOCK_CELLS]
                 cells = flat_cells(self.cand, rows[chunk], cols[chunk])
-                parts.append(cell_terms(self.model, self.cluster, self.train, cells,
-                                        self.shared, _KEYS))
-                where.append(chunk)
-        new = {k: np.empty(len(flat)) for k in _KEYS}
-        for chunk, terms in zip(where, parts, strict=True):
-            for k in _KEYS:
-                new[k][chunk] = terms[k]
+                terms = cell_terms(self.model, self.cluster, self.train, cells, self.shared,
+                                   [k for k in _KEYS if k != "memory"])
+                for k, value in terms.items():
+                    new[k][chunk] = value
+                lean = chunk[over[chunk]]
+                if len(lean):
+                    new["memory"][lean] = cell_terms(
+                        self.model, self.cluster, self.train,
+                        flat_cells(self.cand, rows[lean], cols[lean]), self.shared,
+                        ("memory",))["memory"]
         below = new["total"] < self.floor.ravel()[flat] * (1 - 1e-9)
         if below.any():
             raise BoundBroken(f"step time under its compute floor at cell {flat[below][0]}")
@@ -297,8 +311,11 @@ class _Live:
                 row_thr = np.maximum(row_thr, best[codes[axis][:, 0]])
             else:
                 col_thr = np.maximum(col_thr, best[codes[axis][0]])
-        # float32 like the floor, rounded up (the thresholds only widen)
-        thr = (np.maximum(row_thr[:, None], col_thr[None, :]) * (1 + 1e-6)).astype(np.float32)
+        # float32 like the floor, rounded up (the thresholds only widen); rounding and the
+        # cast are monotone, so scaling and casting each line before the maximum gives the
+        # same numbers without a float64 grid
+        row32, col32 = ((x * (1 + 1e-6)).astype(np.float32) for x in (row_thr, col_thr))
+        thr = np.maximum(row32[:, None], col32[None, :])
         np.copyto(thr, np.float32(fastest_over * (1 + 1e-6)), where=~state.fits)
         left &= state.floor <= thr
         self.index = np.flatnonzero(left)
@@ -306,7 +323,14 @@ class _Live:
         rows, cols = np.divmod(self.index, state.valid.shape[1])
         self.floor = state.floor.ravel()[self.index]
         self.fits = state.fits.ravel()[self.index]
-        self.codes = {axis: code[rows, 0] if axis in _ROW_AXES else code[0, cols]
+        # each cell's row among the live rows and its column: a threshold is worked out per
+        # line and gathered once, not per axis and cell
+        starts = np.empty(len(rows), dtype=bool)  # `rows` ascend (flat indices do)
+        starts[:1] = True
+        np.not_equal(rows[1:], rows[:-1], out=starts[1:])
+        self.lines, self.rid = rows[starts], np.cumsum(starts) - 1
+        self.cid = cols.astype(np.int16)
+        self.codes = {axis: code[self.lines, 0] if axis in _ROW_AXES else code[0]
                       for axis, code in codes.items()}
         self.done = np.zeros(len(self.index), dtype=bool)
 
@@ -316,10 +340,15 @@ class _Live:
         timed, those furthest under their threshold; none when every threshold is
         settled."""
         fit_threshold, per_axis, fastest_over = thresholds
-        thr = np.full(len(self.index), fit_threshold)
-        for axis, best in per_axis.items():
-            thr = np.maximum(thr, best[self.codes[axis]])
-        thr = np.where(self.fits, thr, fastest_over)
+        row_thr = np.full(len(self.lines), fit_threshold)
+        col_thr = np.full(len(self.codes[_COL_AXES[0]]), -np.inf)
+        for axis, best in per_axis.items():  # the maximum of them all, line by line
+            if axis in _ROW_AXES:
+                row_thr = np.maximum(row_thr, best[self.codes[axis]])
+            else:
+                col_thr = np.maximum(col_thr, best[self.codes[axis]])
+        thr = np.where(self.fits, np.maximum(row_thr[self.rid], col_thr[self.cid]),
+                       fastest_over)
         under = ~self.done & (self.floor <= thr)
         pick = np.flatnonzero(under)
         batch = max(len(state.index), SEED_CELLS)
@@ -332,7 +361,7 @@ class _Live:
         if 2 * len(out) + 2 * int(under.sum()) < len(under):
             self.index, self.floor, self.fits = (x[under] for x in
                                                  (self.index, self.floor, self.fits))
-            self.codes = {axis: code[under] for axis, code in self.codes.items()}
+            self.rid, self.cid = self.rid[under], self.cid[under]
             self.done = np.zeros(len(self.index), dtype=bool)
         else:
             self.done[pick] = True
@@ -445,45 +474,65 @@ def _present(code: np.ndarray, any_valid: dict[bool, np.ndarray], axis: str) -> 
     return [int(v) for v in out if not (axis == "cp_kind" and v == len(CP_KINDS))]
 
 
+class _Groups:
+    """The positions of a line (an axis' code per row, or per column) grouped by code, each
+    group in its own order (a stable sort: int16 codes sort in linear time)."""
+
+    def __init__(self, code: np.ndarray) -> None:
+        self.on_rows = code.shape[1] == 1
+        line = code[:, 0] if self.on_rows else code[0]
+        self.order = np.argsort(line, kind="stable")
+        ordered = line[self.order]
+        self.starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
+        self.ends = np.append(self.starts[1:], len(line))
+        self.codes = ordered[self.starts]
+        self.size = int(line.max()) + 1 if len(line) else 0
+
+    def min(self, value: np.ndarray) -> np.ndarray:
+        """The least `value` (one per position of the line) of each code `0..max` (inf
+        where none)."""
+        per = np.full(self.size, np.inf)
+        if len(self.order):
+            per[self.codes] = np.minimum.reduceat(value[self.order], self.starts)
+        return per
+
+    def first(self, value: np.ndarray, code: int, target: float) -> int:
+        """The first position of the line with `code` whose `value` is `target`."""
+        k = int(np.searchsorted(self.codes, code))
+        at = self.order[self.starts[k]:self.ends[k]]
+        return int(at[np.argmax(value[at] == target)])
+
+
 class _Least:
     """The least value of a grid per row and per column, and where: for each code of an axis,
     the flat index of a cell of least value (`cells`)."""
 
     def __init__(self, grid: np.ndarray) -> None:
         self.n_cols = grid.shape[1]
-        self.low = {True: grid.min(axis=1), False: grid.min(axis=0)}
+        self.low = {True: _row_min(grid), False: grid.min(axis=0)}
         self.arg = {True: grid.argmin(axis=1), False: grid.argmin(axis=0)}
 
-    def cells(self, code: np.ndarray, present: list[int]) -> list[int]:
-        on_rows = code.shape[1] == 1
-        low, arg, line = self.low[on_rows], self.arg[on_rows], code[:, 0] if on_rows else code[0]
-        best = _group_min(line, low)
+    def cells(self, groups: _Groups, present: list[int]) -> list[int]:
+        on_rows = groups.on_rows
+        low, arg = self.low[on_rows], self.arg[on_rows]
+        best = groups.min(low)
         out = []
         for v in present:
             if not np.isfinite(best[v]):
                 continue
-            at = int(np.flatnonzero((line == v) & (low == best[v]))[0])
+            at = groups.first(low, v, best[v])
             out.append(at * self.n_cols + int(arg[at]) if on_rows
                        else int(arg[at]) * self.n_cols + at)
         return out
 
 
-def _least(code: np.ndarray, low: dict[bool, np.ndarray]) -> np.ndarray:
-    """The least of a grid over the cells of each code (`low`: the grid's least per row
-    (True) and per column (False))."""
-    if code.shape[1] == 1:
-        return _group_min(code[:, 0], low[True])
-    return _group_min(code[0], low[False])
-
-
-def _group_min(code: np.ndarray, value: np.ndarray) -> np.ndarray:
-    """The least `value` of each code `0..max(code)` (inf where none): `np.minimum.at`, one
-    masked pass per code present (an axis has few values, the lines are long)."""
-    count = np.bincount(code)
-    per = np.full(len(count), np.inf)
-    for v in np.flatnonzero(count):  # the codes present: a few values of an axis
-        per[v] = value[code == v].min()
-    return per
+def _row_min(grid: np.ndarray) -> np.ndarray:
+    """`grid.min(axis=1)` of a grid of few columns, a column at a time (numpy reduces a
+    short inner axis slowly); the same numbers."""
+    out = grid[:, 0].copy()
+    for j in range(1, grid.shape[1]):
+        np.minimum(out, grid[:, j], out=out)
+    return out
 
 
 def _kth_best(cand: dict[str, Any], rows: np.ndarray, cols: np.ndarray, total: np.ndarray,

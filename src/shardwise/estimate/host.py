@@ -16,7 +16,7 @@ from shardwise.arch import ModelSpec
 from shardwise.estimate.kernels import ComputeContext
 from shardwise.hardware import get_link
 
-__all__ = ["dispatch_sync", "host_ops", "host_overhead", "optimizer_host_ops"]
+__all__ = ["dispatch_sync", "expert_launches", "host_ops", "host_overhead", "optimizer_host_ops"]
 
 # Kernels launched per layer forward: QKV, out-proj, two MLP GEMMs (gate+up fused), two norms,
 # two residual/dropout adds, activation, QKV post-processing; attention core 1 (flash) or 4
@@ -77,12 +77,42 @@ def host_ops(ctx: ComputeContext, t: Any, c: Any, sp: Any, moe: bool = False, ep
     attention = _KERNELS_ATTN_FLASH if ctx.flash else _KERNELS_ATTN_MATERIALISED
     if ctx.traffic is None:
         fwd = _KERNELS_FWD + _mla_kernels(ctx.model) + attention
-        return fwd, 2 * fwd
+        if not moe:
+            return fwd, 2 * fwd
+        expert_fwd, expert_bwd = expert_launches(
+            ctx, ctx.model.n_experts / ep * ctx.experts_active)
+        return fwd + expert_fwd, 2 * fwd + expert_bwd
     # eager / compiled: the stack's kernels besides GEMMs and attention, its five GEMMs
     # (three per expert that runs in an MoE layer) and the attention core
     gemms = 2 + (3 * ctx.model.n_experts / ep * ctx.experts_active + 1 if moe else 3)
     return (ctx.layer_kernels[0] + _mla_kernels(ctx.model) + gemms + attention,
             ctx.layer_kernels[1] + _mla_kernels(ctx.model) + 2 * gemms + attention)
+
+
+# Transformer Engine's GroupedLinear (Megatron-Core 0.16.1 `TEGroupedMLP`: linear_fc1 and
+# linear_fc2 are TE GroupedLinear modules, one GEMM per local expert). TE v2.9
+# `pytorch/module/grouped_linear.py` hands the per-expert operands to `general_grouped_gemm`,
+# whose `common/gemm/cublaslt_gemm.cu` `multi_stream_cublas_gemm` loops `for i < num_gemms`
+# launching one cuBLASLt GEMM each (descriptors built and the heuristic queried per call):
+# per expert fc1 and fc2 forward (2), their dgrad and wgrad (4). The FP8 casts of the GEMM
+# operands (`tex.split_quantize` → `csrc/extensions/cast.cpp`): one fused multi-tensor
+# cast-transpose for all experts under delayed scaling (`nvte_multi_cast_transpose`), else a
+# quantize per expert: current scaling (`tensorwise`) 3 kernels (`quantizer.cpp`
+# Float8CurrentScalingQuantizer: compute_amax, compute_scale_from_amax, quantize), MXFP8 and
+# blockwise 1 (`nvte_quantize_v2`) — fc1's and fc2's inputs forward, their output gradients
+# backward (the weights are cast once per step, `is_first_microbatch`).
+_EXPERT_GEMMS = (2, 4)
+_QUANTIZE_KERNELS = {"delayed": 0, "tensorwise": 3, "mxfp8": 1, "blockwise": 1}
+
+
+def expert_launches(ctx: ComputeContext, local: Any) -> tuple[Any, Any]:
+    """(forward, backward) kernels the host launches one by one for `local` experts that
+    receive rows, per micro-batch, in a fused (Megatron-Core + Transformer Engine) MoE layer:
+    `_EXPERT_GEMMS` GEMMs each and, with an FP8 recipe that quantises the experts, 2 casts of
+    `_QUANTIZE_KERNELS[recipe]` kernels each way (TE v2.9 GroupedLinear, comment above)."""
+    fp8 = ctx.fp8 is not None and ctx.fp8.experts_fp8
+    quant = 2 * _QUANTIZE_KERNELS.get(ctx.fp8.name, 1) if fp8 and ctx.fp8 else 0
+    return local * (_EXPERT_GEMMS[0] + quant), local * (_EXPERT_GEMMS[1] + quant)
 
 
 def _mla_kernels(model: ModelSpec) -> int:

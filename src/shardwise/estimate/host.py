@@ -16,7 +16,7 @@ from shardwise.arch import ModelSpec
 from shardwise.estimate.kernels import ComputeContext
 from shardwise.hardware import get_link
 
-__all__ = ["dispatch_sync", "expert_launches", "host_ops", "host_overhead", "optimizer_host_ops"]
+__all__ = ["dispatch_sync", "expert_host", "expert_launches", "host_ops", "host_overhead", "optimizer_host_ops"]
 
 # Kernels launched per layer forward: QKV, out-proj, two MLP GEMMs (gate+up fused), two norms,
 # two residual/dropout adds, activation, QKV post-processing; attention core 1 (flash) or 4
@@ -77,11 +77,7 @@ def host_ops(ctx: ComputeContext, t: Any, c: Any, sp: Any, moe: bool = False, ep
     attention = _KERNELS_ATTN_FLASH if ctx.flash else _KERNELS_ATTN_MATERIALISED
     if ctx.traffic is None:
         fwd = _KERNELS_FWD + _mla_kernels(ctx.model) + attention
-        if not moe:
-            return fwd, 2 * fwd
-        expert_fwd, expert_bwd = expert_launches(
-            ctx, ctx.model.n_experts / ep * ctx.experts_active)
-        return fwd + expert_fwd, 2 * fwd + expert_bwd
+        return fwd, 2 * fwd
     # eager / compiled: the stack's kernels besides GEMMs and attention, its five GEMMs
     # (three per expert that runs in an MoE layer) and the attention core
     gemms = 2 + (3 * ctx.model.n_experts / ep * ctx.experts_active + 1 if moe else 3)
@@ -103,6 +99,23 @@ def host_ops(ctx: ComputeContext, t: Any, c: Any, sp: Any, moe: bool = False, ep
 # backward (the weights are cast once per step, `is_first_microbatch`).
 _EXPERT_GEMMS = (2, 4)
 _QUANTIZE_KERNELS = {"delayed": 0, "tensorwise": 3, "mxfp8": 1, "blockwise": 1}
+
+
+# Host time of one expert GEMM through TE's multi-stream cuBLASLt loop: TE PR #3134's
+# benchmark (benchmarks/linear/benchmark_grouped_linear.py, SM100, "pure" multi-stream row,
+# 8 experts × 128 tokens, N = K = 2048: 0.267 ms for 8 GEMMs whose math takes ~1 µs each).
+_GROUPED_GEMM_HOST = 0.267e-3 / 8
+
+
+def expert_host(ctx: ComputeContext, local: Any) -> tuple[Any, Any]:
+    """(forward, backward) host seconds of `expert_launches`: `_GROUPED_GEMM_HOST` per GEMM,
+    `kernel_overhead` per cast kernel; 0 outside the fused GPU stacks."""
+    if ctx.calibration.op_count == "runtime" or ctx.traffic is not None:
+        return 0.0 * local, 0.0 * local
+    (fwd, bwd), (gf, gb) = expert_launches(ctx, local), _EXPERT_GEMMS
+    cost = ctx.calibration.kernel_overhead
+    return (local * gf * _GROUPED_GEMM_HOST + (fwd - local * gf) * cost,
+            local * gb * _GROUPED_GEMM_HOST + (bwd - local * gb) * cost)
 
 
 def expert_launches(ctx: ComputeContext, local: Any) -> tuple[Any, Any]:

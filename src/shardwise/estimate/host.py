@@ -3,7 +3,9 @@ count of the GPU stacks, or the aten operations shardwise's runtime dispatches o
 machine" preset) and their fixed cost each (`host_overhead`, `Calibration.kernel_overhead`).
 On a GPU the host runs ahead of the device, so a pass takes the slower of the two; on the
 "this machine" preset the CPU does both (`_with_host`). An MoE layer's token dispatcher stops
-the host once per forward for the routing counts (`dispatch_sync`).
+the host once per forward for the routing counts (`dispatch_sync`); on the fused stack the
+experts' GEMMs and FP8 casts are then launched one per local expert (`expert_launches`,
+`expert_host`), so small experts can leave the device waiting on the host.
 """
 
 from __future__ import annotations

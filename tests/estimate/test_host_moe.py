@@ -108,6 +108,34 @@ def test_host_bound_experts_set_the_forward_after_the_sync():
     assert costs[1].fwd - costs[2].fwd == pytest.approx(delta_f, rel=0.05)
 
 
+def test_device_bound_attention_cannot_hide_the_experts_launches():
+    """A wide attention part keeps the device busy longer than the host needs to launch it,
+    but the dispatcher's sync drains the device before the experts: their host time adds
+    to the forward instead of hiding under the attention's GEMMs (a single max over the
+    whole layer would hide it)."""
+    wide = ModelSpec(name="wide-attn-small-experts", n_layers=2, d_model=4096, n_heads=32,
+                     n_kv_heads=8, d_ff=8192, vocab=256, max_seq=4096, n_experts=64,
+                     top_k=2, d_ff_expert=64, n_shared_experts=1).validate()
+    train = TrainSpec(seq_len=4096, global_batch=8, impl="megatron-te")
+    ctx = ComputeContext.of(wide, get_accelerator("b200"), train)
+    bf16 = layer_cost(ctx, 1, 1, 1, False, 0, moe=True, ep=1)
+    host_f, _ = expert_host(ctx, wide.n_experts)
+    ops_f, _ = host_ops(ctx, 1, 1, False, True, 1)
+    from shardwise.estimate.compute import linear
+
+    tokens = 4096
+    rows = tokens * wide.top_k / wide.n_experts
+    experts = wide.n_experts * (linear(ctx, rows, 4096, 2 * 64) + linear(ctx, rows, 64, 4096))
+    assert experts.fwd < host_f  # the experts are host-bound ...
+    first = bf16.fwd - dispatch_sync(ctx) - host_f
+    assert first > host_overhead(ctx, ops_f)  # ... the layer's first part device-bound
+    kv = 8 * 128
+    gemms = linear(ctx, tokens, 4096, 4096 + 2 * kv).fwd + linear(ctx, tokens, 4096, 4096).fwd
+    assert first >= gemms  # at least its QKV and output projections
+    one_max = max(first + experts.fwd, host_overhead(ctx, ops_f) + host_f) + dispatch_sync(ctx)
+    assert bf16.fwd - one_max > 0.5 * min(first, host_f)
+
+
 def test_dense_layer_and_runtime_preset_unchanged():
     """A dense layer's passes stay max(device, host) of the fused kernel count, and the
     "this machine" preset's runtime count carries no TE expert term."""

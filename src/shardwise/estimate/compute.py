@@ -249,17 +249,17 @@ def layer_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any,
     ops_fwd, ops_bwd = host_ops(ctx, t, c, sp, moe, ep)
     dev_f = mm.fwd + attn_fwd + memory_time(ctx, mem_f)
     dev_b = mm.dgrad + mm.wgrad + attn_bwd + memory_time(ctx, mem_b)
-    if moe:
+    fwd, bwd = _with_host(ctx, dev_f, ops_fwd), _with_host(ctx, dev_b, ops_bwd)
+    if moe and ctx.traffic is None and ctx.calibration.op_count == "fused":
         # the dispatcher's blocking copy of the routing counts (`host.dispatch_sync`) drains
-        # the device: the host cannot launch the experts ahead of the layer's first part
+        # the device: the host launches the experts one by one (`host.expert_host`) only
+        # after the layer's first part has run; the backward has no such sync
         host_f, host_b = expert_host(ctx, local)
         expert_f = experts.fwd + memory_time(ctx, experts.cast_fwd)
-        fwd = (_with_host(ctx, dev_f - expert_f, ops_fwd) + dispatch_sync(ctx)
-               + np.maximum(expert_f, host_f))
-        bwd = np.maximum(_with_host(ctx, dev_b, ops_bwd), host_overhead(ctx, ops_bwd) + host_b)
-    else:
-        fwd = _with_host(ctx, dev_f, ops_fwd)
-        bwd = _with_host(ctx, dev_b, ops_bwd)
+        fwd = _with_host(ctx, dev_f - expert_f, ops_fwd) + np.maximum(expert_f, host_f)
+        bwd = np.maximum(dev_b, host_overhead(ctx, ops_bwd) + host_b)
+    if moe:
+        fwd = fwd + dispatch_sync(ctx)
     # recompute before the backward: selective the attention core, full the whole forward,
     # op-sac (torchtitan) what it does not save: wo, the third MLP matmul (MoE: the routed
     # experts' and the router's too) and every memory-bound op

@@ -112,7 +112,7 @@ _GROUPED_GEMM_HOST = 0.267e-3 / 8
 def expert_host(ctx: ComputeContext, local: Any) -> tuple[Any, Any]:
     """(forward, backward) host seconds of `expert_launches`: `_GROUPED_GEMM_HOST` per GEMM,
     `kernel_overhead` per cast kernel; 0 outside the fused GPU stacks."""
-    if ctx.calibration.op_count == "runtime" or ctx.traffic is not None:
+    if ctx.calibration.op_count != "fused" or ctx.traffic is not None:
         return 0.0 * local, 0.0 * local
     (fwd, bwd), (gf, gb) = expert_launches(ctx, local), _EXPERT_GEMMS
     cost = ctx.calibration.kernel_overhead

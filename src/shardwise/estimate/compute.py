@@ -250,7 +250,8 @@ def layer_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any,
     dev_f = mm.fwd + attn_fwd + memory_time(ctx, mem_f)
     dev_b = mm.dgrad + mm.wgrad + attn_bwd + memory_time(ctx, mem_b)
     fwd, bwd = _with_host(ctx, dev_f, ops_fwd), _with_host(ctx, dev_b, ops_bwd)
-    if moe and ctx.traffic is None and ctx.calibration.op_count == "fused":
+    if (moe and ctx.traffic is None and ctx.calibration.op_count == "fused"
+            and "moe" not in ctx.cuda_graph):
         # the dispatcher's blocking copy of the routing counts (`host.dispatch_sync`) drains
         # the device: the host launches the experts one by one (`host.expert_host`) only
         # after the layer's first part has run; the backward has no such sync

@@ -24,6 +24,7 @@ __all__ = ["dispatch_sync", "expert_host", "expert_launches", "host_ops", "host_
 # two residual/dropout adds, activation, QKV post-processing; attention core 1 (flash) or 4
 # (two batched GEMMs, softmax, dropout). Backward launches about twice as many.
 _KERNELS_FWD = 10
+_KERNELS_MLP = 4  # of which the MLP's: two GEMMs, the activation, its residual add
 _KERNELS_ATTN_FLASH = 1
 _KERNELS_ATTN_MATERIALISED = 4
 
@@ -78,8 +79,13 @@ def host_ops(ctx: ComputeContext, t: Any, c: Any, sp: Any, moe: bool = False, ep
         return total / 3, 2 * total / 3
     attention = _KERNELS_ATTN_FLASH if ctx.flash else _KERNELS_ATTN_MATERIALISED
     if ctx.traffic is None:
-        fwd = _KERNELS_FWD + _mla_kernels(ctx.model) + attention
-        return fwd, 2 * fwd
+        # a CUDA-graphed scope (`shardwise.cuda_graph`) is one graph launch each way
+        attn = _KERNELS_FWD - _KERNELS_MLP + _mla_kernels(ctx.model) + attention
+        mlp = _KERNELS_MLP
+        graphs = ctx.cuda_graph
+        attn = 1 if "attn" in graphs else attn
+        mlp = 1 if ("moe" if moe else "mlp") in graphs else mlp
+        return attn + mlp, 2 * (attn + mlp)
     # eager / compiled: the stack's kernels besides GEMMs and attention, its five GEMMs
     # (three per expert that runs in an MoE layer) and the attention core
     gemms = 2 + (3 * ctx.model.n_experts / ep * ctx.experts_active + 1 if moe else 3)
@@ -111,8 +117,9 @@ _GROUPED_GEMM_HOST = 0.267e-3 / 8
 
 def expert_host(ctx: ComputeContext, local: Any) -> tuple[Any, Any]:
     """(forward, backward) host seconds of `expert_launches`: `_GROUPED_GEMM_HOST` per GEMM,
-    `kernel_overhead` per cast kernel; 0 outside the fused GPU stacks."""
-    if ctx.calibration.op_count != "fused" or ctx.traffic is not None:
+    `kernel_overhead` per cast kernel; 0 outside the fused GPU stacks and when the MoE layer
+    replays as a CUDA graph (`cuda_graph` moe)."""
+    if ctx.calibration.op_count != "fused" or ctx.traffic is not None or "moe" in ctx.cuda_graph:
         return 0.0 * local, 0.0 * local
     (fwd, bwd), (gf, gb) = expert_launches(ctx, local), _EXPERT_GEMMS
     cost = ctx.calibration.kernel_overhead
@@ -193,8 +200,9 @@ def dispatch_sync(ctx: ComputeContext) -> float:
     all-to-all, or later with ep = tp = 1), allgather (`.cpu()` of the counts) and flex
     (DeepEP returns the received counts as a host list, `fused_a2a.py`), torchtitan 0.3.0's
     (`.tolist()` of the splits, `token_dispatcher.py`). 0 on the "this machine" preset (no
-    device to wait for)."""
-    if ctx.calibration.op_count == "runtime":
+    device to wait for) and under a `moe` CUDA graph (drop-and-pad: Megatron's
+    `cuda_sync_point` "no_sync")."""
+    if ctx.calibration.op_count == "runtime" or "moe" in ctx.cuda_graph:
         return 0.0
     host = get_link(ctx.accelerator.host, ctx.accelerator.links)
     return host.latency + ctx.calibration.kernel_overhead

@@ -258,9 +258,27 @@ def test_datasheet_figures_of_the_parts_users_run_beside_the_catalogue():
     assert h20.peak_fp8 == 2 * h20.peak_bf16 and h20.memory_bytes == 96 * 2**30
 
 
+def test_gb300_is_its_nvl72_rack_over_72_gpus():
+    """NVIDIA's GB300 NVL72 rack figures: 360 PF FP8 for training (dense), 20.7 TB HBM3e at
+    576 TB/s, NVLink 5 at 130 TB/s (rounded from 72 × 1.8 TB/s both ways), one 800 Gb/s
+    ConnectX-8 per GPU; against the GB200 NVL72: the same NVLink and C2C host link, 288 GB of
+    HBM3e per GPU where GB200 has 186 GB, 1.4 kW where GB200 draws 1.2 kW."""
+    gb300, gb200 = get_accelerator("gb300"), get_accelerator("gb200")
+    rack = Cluster.of(72, "gb300", gpus_per_node=72)
+    assert 72 * gb300.peak_fp8 == pytest.approx(360e15)
+    assert 72 * gb300.peak_bf16 == pytest.approx(180e15)
+    assert 72 * gb300.hbm_bandwidth == pytest.approx(576e12)
+    assert 72 * gb300.memory_bytes / 1e12 == pytest.approx(22.3, abs=0.05)  # 288 binary GB
+    assert 72 * 2 * rack.intra.bandwidth == pytest.approx(129.6e12)  # "130 TB/s"
+    assert rack.inter.bandwidth * 8 == pytest.approx(800e9)  # ConnectX-8, per direction
+    assert (gb300.host, gb300.intra) == (gb200.host, gb200.intra)
+    assert gb300.memory_bytes == 288 / 186 * gb200.memory_bytes and gb300.tdp_w == 1400
+
+
 @pytest.mark.parametrize(("name", "borrows", "generation_", "phrase"), [
     ("h20", "h100-sxm", "hopper", "h20 GPUs (timed with h100-sxm's constants)"),
     ("b300", "b200", "blackwell", "b300 GPUs (timed with b200's constants)"),
+    ("gb300", "gb200", "blackwell", "gb300 GPUs (timed with gb200's constants)"),
     ("mi355x", "mi325x", "cdna4", "cdna4 GPUs")])
 def test_a_part_timed_with_anothers_calibration_is_marked_unvalidated(name, borrows,
                                                                       generation_, phrase):

@@ -241,7 +241,7 @@ def test_attention_time_follows_the_window():
 
 NEW_PRESETS = ["qwen3-235b-a22b", "qwen3-30b-a3b", "qwen3-8b", "kimi-k2", "gemma3-27b",
                "gemma2-27b", "gpt-oss-120b", "llama4-scout", "phi-4", "olmo2-32b",
-               "granite-3.3-8b", "smollm3-3b", "glm-4.5"]
+               "granite-3.3-8b", "smollm3-3b", "glm-4.5", "llama4-maverick", "gpt-oss-20b"]
 
 
 @pytest.mark.parametrize("name", NEW_PRESETS)
@@ -297,7 +297,7 @@ def test_runtime_refuses_what_it_does_not_implement(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("name", "seq", "why"), [
-    ("qwen3-8b", 4096, "QK-norm"), ("gemma3-27b", 4096, "sandwich-norm"),
+    ("olmo2-32b", 4096, "QK-norm over 'full'"), ("gemma3-27b", 4096, "sandwich-norm"),
     ("mistral-window", 8192, "windowed or chunked below --seq 8192")])
 def test_exports_refuse_what_they_cannot_express(tmp_path, capsys, name, seq, why):
     """An export never trains another model: variants without a verified option, and windows

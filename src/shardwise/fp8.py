@@ -1,25 +1,35 @@
 """FP8 training recipes as the frameworks run them: `Fp8Recipe`, `RECIPES` (framework "te":
 Transformer Engine through Megatron-LM's `--fp8-recipe` — delayed, tensorwise, mxfp8,
-blockwise; "torchao": torchtitan 0.3.0's converters — rowwise, rowwise_with_gw_hp, mxfp8), the
-bytes each recipe's casts move and what stays in memory. The GEMMs of the linear layers run in
-FP8; attention, norms, router and (Megatron-LM) the LM head stay bf16. The derivation and its
-sources (Transformer Engine d0067d0, torchao 0.18.0): docs/concepts/fp8-offload.md, "FP8
-recipes in the code".
+blockwise; "torchao": torchtitan 0.3.0's converters — rowwise, rowwise_with_gw_hp, mxfp8 — and
+0.1.0's default tensorwise; "composer": Composer's `amp_fp8` over TE's `te.Linear`, llm-foundry's
+`fc_type: te` — delayed), the bytes each recipe's casts move and what stays in memory. The
+GEMMs of the linear layers run in FP8; attention, norms, router and (Megatron-LM) the LM head
+stay bf16. The derivation and its sources (Transformer Engine d0067d0, torchao 0.18.0):
+docs/concepts/fp8-offload.md, "FP8 recipes in the code".
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from shardwise.errors import ShardwiseError
 
-__all__ = ["AMAX_HISTORY", "RECIPES", "CastBytes", "Fp8Recipe", "get_recipe", "recipe_names"]
+__all__ = ["AMAX_HISTORY", "COMPOSER_AMAX_HISTORY", "RECIPES", "CastBytes", "Fp8Recipe", "get_recipe", "recipe_names"]
 
 AMAX_HISTORY = 1024
 """Delayed scaling's amax history length: Transformer Engine's `DelayedScaling` default and
 NeMo's recipes (Megatron-LM's `--fp8-amax-history-len` defaults to 1; `--emit megatron` writes
 1024 with `--fp8-amax-compute-algo max`)."""
+
+COMPOSER_AMAX_HISTORY = 16
+"""Composer's `amp_fp8` recipe when the run gives no `precision_config`:
+`DelayedScaling(fp8_format=Format.HYBRID, amax_history_len=16, amax_compute_algo="max")`
+(composer/core/precision.py `get_precision_context`, mosaicml 0.17.2 — llm-foundry 5e85bd62's
+pin, its FP8 table's commit — through 0.21.3, 4952183768's)."""
+
+TE_STATE_FRAMEWORKS = ("te", "composer")
+"""The frameworks whose recipes keep Transformer Engine's fp8_meta scaling state."""
 
 SCALED_TENSORS = 5
 """Tensors with a scale per FP8 GEMM in Transformer Engine's fp8_meta: input, weight, output
@@ -103,7 +113,8 @@ class Fp8Recipe:
     def scaling_state_bytes(self) -> float:
         """fp32 bytes of scaling state per FP8 GEMM: amax history (delayed) and the scale and
         inverse scale of each of its `SCALED_TENSORS` tensors."""
-        return SCALED_TENSORS * (self.history + 2) * 4.0 if self.framework == "te" else 0.0
+        return (SCALED_TENSORS * (self.history + 2) * 4.0
+                if self.framework in TE_STATE_FRAMEWORKS else 0.0)
 
 
 _TE = "Transformer Engine 2.x (common/recipe/__init__.py, pytorch/csrc/quantizer.cpp @ d0067d0)"
@@ -134,7 +145,29 @@ RECIPES: dict[tuple[str, str], Fp8Recipe] = {(r.framework, r.name): r for r in (
     Fp8Recipe("mxfp8", "torchao", "MX float8 (1×32 blocks)", _AO, ("blackwell",),
               weight_cached=False, saves_fp8_inputs=False, head_fp8=True,
               experts_fp8=False, torchao_bytes=(3.0, 3.0, 6.0, 3.0, 3.0)),
+    # torchtitan 0.1.0's default (float8.recipe_name None: dynamic per-tensor scaling,
+    # components/quantization/float8.py @v0.1.0; stacks.titan_versions); the roofline's
+    # tensorwise branch: amax read, then one cast writing both float8 layouts
+    Fp8Recipe("tensorwise", "torchao", "float8 tensorwise (dynamic per-tensor scales)", _AO,
+              ("hopper", "blackwell", "cdna3"), weight_cached=False,
+              saves_fp8_inputs=False, head_fp8=True, experts_fp8=False,
+              torchao_bytes=(6.0, 0.0, 6.0, 5.0, 3.0)),
 )}
+
+
+# Composer + Transformer Engine 0.10 (llm-foundry's FP8 benchmarks): TE's delayed scaling with
+# Composer's history; MPT calls te.Linear without `is_first_microbatch`, so TE 0.10
+# (pytorch/module/linear.py: update_fp8_weights = is_first_microbatch is None or ...) casts
+# and transposes each weight every micro-batch and keeps no FP8 weight cache
+_DELAYED = RECIPES[("te", "delayed")]
+RECIPES[("composer", "delayed")] = replace(
+    _DELAYED, framework="composer",
+    title="DelayedScaling (HYBRID, amax history 16, max) through Composer amp_fp8",
+    source=("Composer 0.17.2-0.21.3 composer/core/precision.py; Transformer Engine v0.10 "
+            "common/recipe.py, pytorch/module/linear.py; llm-foundry 4952183768 "
+            "scripts/train/benchmarking/submit_benchmarks.py (fc_type 'te'), "
+            "llmfoundry/models/layers/fc.py"),
+    history=COMPOSER_AMAX_HISTORY, weight_cached=False)
 
 
 def recipe_names(framework: str | None = None) -> tuple[str, ...]:
@@ -143,7 +176,7 @@ def recipe_names(framework: str | None = None) -> tuple[str, ...]:
 
 
 def get_recipe(framework: str, name: str) -> Fp8Recipe:
-    """The recipe `name` of `framework` ("te" or "torchao")."""
+    """The recipe `name` of `framework` ("te", "torchao" or "composer")."""
     recipe = RECIPES.get((framework, name))
     if recipe is None:
         raise ShardwiseError(f"no FP8 recipe {name!r} in {framework}; valid: "

@@ -232,6 +232,16 @@ ACCELERATORS: dict[str, Accelerator] = {
         # (unvalidated, `BORROWED`).
         Accelerator("b300", 288 * GiB, 8.0e12, 2250 * TFLOPS, 4500 * TFLOPS, 75 * TFLOPS,
                     "nvlink5", "xdr", None, 1100, "b200"),
+        # NVIDIA GB300 NVL72 (Blackwell Ultra with Grace), per GPU: 2.5 PF BF16 dense, 5 PF FP8
+        # dense, 80 TF FP32, 1.4 kW, 8 TB/s (verda.com/blog/gb300-nvl72-architecture, per-GPU
+        # table "without sparsity"); 288 GB HBM3e (12-high stacks; the rack's 20.7 TB / 72) and
+        # the rack as NVIDIA's GB300 NVL72 page gives it (glennklockwood.com/garden/processors/
+        # B300): 360 PF FP8 for training, 20 TB HBM at 576 TB/s, NVLink 5 at 130 TB/s (1.8 TB/s
+        # per GPU both ways), 72 ConnectX-8 NICs (800 Gb/s XDR each); NVLink-C2C to Grace as on
+        # GB200. No boost clock in these sources. Its NVLink domain spans the rack (plan it with
+        # --gpus-per-node 72). Calibration borrowed from the GB200 (unvalidated, `BORROWED`).
+        Accelerator("gb300", 288 * GiB, 8.0e12, 2500 * TFLOPS, 5000 * TFLOPS, 80 * TFLOPS,
+                    "nvlink5", "xdr", None, 1400, "gb200", host="c2c-gb200"),
         # Google Cloud TPU v5p: 459 TFLOP/s BF16, 918 TOPS INT8, 95 GB HBM2e, 2,765 GB/s. The
         # chips of a pod (up to 8,960) share one ICI 3D torus, so ICI is also the "inter" link.
         Accelerator("tpu-v5p", 95 * GiB, 2.765e12, 459 * TFLOPS, 918 * TFLOPS, None,
@@ -367,7 +377,7 @@ def accelerator_from_dict(data: Any, source: str) -> Accelerator:
 
 
 THIS_MACHINE = "this-machine"  # the accelerator `shardwise calibrate` measures (calibration)
-BORROWED = frozenset({"h20", "b300", "mi355x"})
+BORROWED = frozenset({"h20", "b300", "gb300", "mi355x"})
 """Presets timed with another part's calibration (`calibrated_as`) that no published run or
 component benchmark measured: `estimate.uncertainty.unvalidated` names them (†)."""
 
@@ -395,7 +405,7 @@ def check_constants(data: Any, source: str, names: tuple[str, ...] = ()) -> None
 
 def generation(accelerator: str) -> str:
     """The generation of an accelerator preset by name (`h100-sxm`, `h200`, `h800`, `h20` and
-    `gh200` are Hopper; `b200`, `gb200`, `b300` Blackwell; `mi355x` CDNA 4, the
+    `gh200` are Hopper; `b200`, `gb200`, `b300`, `gb300` Blackwell; `mi355x` CDNA 4, the
     MI300X/MI325X CDNA 3; …): the validation groups' span and the FP8 recipes' support
     (`fp8.Fp8Recipe.architectures`). Callers timing a step pass `calibration_name`, so a
     borrowed calibration's generation is the one its constants come from."""

@@ -107,7 +107,9 @@ def test_bytes_per_param_by_stack():
     weights (2) where the stack saves them too. Every stack lands in the issue's 12–18."""
     bf16 = {name: checkpoint_bytes_per_param(TrainSpec(impl=name)) for name in STACKS}
     assert bf16 == {"megatron-te": 2 + 4 + 8, "megatron-deepspeed": 14, "torchtitan": 4 + 8,
-                    "hf-sdpa": 12, "hf-eager": 12, "pytorch-fsdp": 12, "shardwise": 14}
+                    "hf-sdpa": 12, "hf-eager": 12, "pytorch-fsdp": 12, "shardwise": 14,
+                    "torchtitan@0.1.0": 4 + 8,
+                    "gpt-neox": 14}
     assert all(12 <= b <= 18 for b in bf16.values())
     assert set(CHECKPOINTS) == set(STACKS)
     # ZeRO-3 DeepSpeed saves no gathered 16-bit module: the fp32 partitions are the weights

@@ -225,7 +225,7 @@ def test_cli_bad_impl_is_one_line():
     assert_one_line_error(shardwise("memory", "--impl", "deepspeed", check=False),
                           "stack 'deepspeed' unknown; valid: megatron-te")
     assert_one_line_error(shardwise("memory", "--impl", "torchtitan@0.2", check=False),
-                          "modelled at torchtitan 0.3.0 only")
+                          "modelled at torchtitan 0.3.0 and torchtitan 0.1.0 only")
 
 
 @pytest.mark.slow

@@ -113,7 +113,8 @@ def _validate(args: argparse.Namespace, world: int, env: dict[str, str]) -> None
             args.accumulate_allreduce_grads_in_fp32 = False
         elif args.main_grads_dtype == "fp32":
             args.accumulate_allreduce_grads_in_fp32 = True
-    assert args.hidden_size % args.num_attention_heads == 0  # L1332
+    if args.kv_channels is None:  # L1331-1333: else the heads' width is --kv-channels
+        assert args.hidden_size % args.num_attention_heads == 0
     if cp > 1:  # L1335-1338
         assert args.seq_length % (2 * cp) == 0
     assert args.max_position_embeddings >= args.seq_length  # L1354

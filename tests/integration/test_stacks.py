@@ -2,6 +2,7 @@
 the gradient-reduce dtypes, the stage splits (torchtitan's and DeepSpeed's own functions over
 a sweep), and every combination a stack refuses (`Stack.rules`) refused by the framework."""
 
+import inspect
 import itertools
 import json
 import typing
@@ -13,6 +14,7 @@ from shardwise.stacks import STACKS, deepspeed_split, titan_split
 from tests.integration import megatron_deepspeed
 from tests.integration.conftest import require
 from tests.integration.test_deepspeed import deepspeed_stages
+from tests.test_stacks_titan_versions import TITAN_010_CHECKS
 
 pytestmark = pytest.mark.integration
 
@@ -322,7 +324,27 @@ def torchtitan_varlen_without_cp():
     assert not rule.refuses({"cp": 2}, flex)
 
 
+def deepspeed_no_dp_overlap_under_pp():
+    """DeepSpeed's pipeline engine turns the backward all-reduce off and reduces the gradients
+    in the schedule's last slot only (deepspeed/runtime/pipe/engine.py:80, schedule.py)."""
+    require("deepspeed")
+    from deepspeed.runtime.pipe import schedule
+    from deepspeed.runtime.pipe.engine import PipelineEngine
+
+    from shardwise.layout import TrainSpec
+
+    assert "self.enable_backward_allreduce = False" in inspect.getsource(PipelineEngine.__init__)
+    steps = list(schedule.TrainSchedule(micro_batches=4, stages=2, stage_id=1).steps())
+    assert [type(c).__name__ for c in steps[-1]][-2] == "ReduceGrads"
+    for stack in ("megatron-deepspeed", "gpt-neox"):
+        rule = _rule(stack, "deepspeed/runtime/pipe/engine.py:80 @0.19.8")
+        on, unset = TrainSpec(impl=stack, dp_overlap=True), TrainSpec(impl=stack)
+        assert rule.refuses({"pp": 2}, on) and not rule.refuses({"pp": 1}, on)
+        assert not rule.refuses({"pp": 2}, unset)
+
+
 RULES = {
+    "deepspeed/runtime/pipe/engine.py:80 @0.19.8": deepspeed_no_dp_overlap_under_pp,
     "Megatron-LM megatron/training/arguments.py:1441 @d98e8a6": megatron_tp_overlap_needs_sp,
     "torchtitan/distributed/context_parallel/api.py:104 @0.3.0": torchtitan_varlen_without_cp,
     "megatron/core/parallel_state.py:1447 @d98e8a6": megatron_ep_in_shard_groups,
@@ -336,6 +358,9 @@ RULES = {
     "deepspeed/runtime/engine.py:2313 @0.19.8": deepspeed_grads_in_the_model_dtype_without_zero,
     "torchtitan/config/configs.py expert_parallel_degree @0.3.0": torchtitan_ep_from_fsdp_cp_tp,
 }
+
+
+RULES.update(TITAN_010_CHECKS)  # torchtitan@0.1.0's, against v0.1.0's code
 
 
 def test_every_rule_has_its_check():

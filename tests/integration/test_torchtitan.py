@@ -50,7 +50,7 @@ def reads_back(out: Emit, model) -> None:
         _get_pipeline_metadata,
         _get_pp_rank_to_stage_indices_mapping,
     )
-    from torchtitan.models.common.attention import FlexAttention
+    from torchtitan.models.common.attention import FlexAttention, VarlenAttention
 
     layout, plan = out.layout, out.plan
     stack = plan["stack"]
@@ -66,7 +66,8 @@ def reads_back(out: Emit, model) -> None:
     spec = config.model_spec.model
     assert (len(spec.layers), spec.dim, spec.vocab_size) == (model.n_layers, model.d_model,
                                                              model.vocab)
-    assert stack["attention"] == "flex" and any(spec.traverse(FlexAttention.Config))
+    kernel = {"flex": FlexAttention, "fa3": VarlenAttention}[stack["attention"]]
+    assert any(spec.traverse(kernel.Config))  # gpt_oss builds varlen (emit.TITAN_ATTENTION)
     if model.is_moe:
         moe_reads_back(spec, model)
     # parallel degrees: the mesh has the planned dp·cp·tp·pp and ep
@@ -130,7 +131,7 @@ def moe_reads_back(spec, model) -> None:
         built = spec.build()
     assert sum(p.numel() for p in built.parameters()) == model.count_params().total
     moe = [layer.moe for layer in spec.layers if layer.moe is not None]
-    assert len(moe) == model.n_moe_layers and not spec.mtp_layers
+    assert len(moe) == model.n_moe_layers and not getattr(spec, "mtp_layers", None)
     assert [layer.moe is not None for layer in spec.layers] == [
         model.is_moe_layer(i) for i in range(model.n_layers)]
     router = {f.name: getattr(moe[0].router, f.name) for f in dataclasses.fields(moe[0].router)}

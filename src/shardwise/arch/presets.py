@@ -50,20 +50,31 @@ _LLAMA31_ROPE = (("factor", 8.0), ("high_freq_factor", 4.0), ("low_freq_factor",
                  ("original_max_position_embeddings", 8192), ("rope_type", "llama3"))
 
 
+# The config.json values each hub preset is read from (`_hub`): tests build transformers'
+# own model from them on the meta device and compare the parameter count.
+HUB_CONFIGS: dict[str, dict[str, Any]] = {}
+
+
 def _hub(name: str, kind: str, **fields: Any) -> ModelSpec:
     """A preset as its Hugging Face config.json reads (`fields`: the checkpoint's values of
     the fields that differ from transformers 5.24's defaults for `kind`), through the same
     reader as a user's file."""
-    return from_hf_dict({"model_type": kind, **fields}, name, f"preset {name}")
+    HUB_CONFIGS[name] = {"model_type": kind, **fields}
+    return from_hf_dict(HUB_CONFIGS[name], name, f"preset {name}")
 
 
 _QWEN3 = {"head_dim": 128, "rms_norm_eps": 1e-6, "rope_theta": 1e6, "vocab_size": 151936,
           "max_position_embeddings": 40960, "tie_word_embeddings": False}
+# Each hub preset below was checked field by field against its published config.json as
+# vendored verbatim by the repository named (path, commit) beside it; HUB_CONFIGS' counts
+# equal transformers 5.24's model on the meta device (tests/test_presets.py).
+# AIC: ai-dynamo/aiconfigurator at commit 095f58a, aic-core/src/aiconfigurator_core/model_configs
 _NEWER = (
-    # Qwen/Qwen3-235B-A22B, Qwen3-30B-A3B, Qwen3-8B config.json (the MoE sizes also in
-    # THUDM/slime scripts/models/qwen3-235B-A22B.sh, qwen3-30B-A3B.sh): QK-norm, head_dim 128,
-    # every layer MoE (decoder_sparse_step 1, mlp_only_layers []), no shared expert, top-k
-    # gates renormalised, untied.
+    # Qwen/Qwen3-235B-A22B, Qwen3-30B-A3B, Qwen3-8B config.json (AIC/Qwen--Qwen3-235B-
+    # A22B_config.json, Qwen--Qwen3-30B-A3B_config.json, Qwen--Qwen3-8B_config.json): QK-norm,
+    # head_dim 128, every layer MoE (decoder_sparse_step 1, mlp_only_layers []), no shared
+    # expert, top-k gates renormalised, untied, 40960 positions, θ 1e6 (the 2507 releases:
+    # θ 5e6/1e7, 262144 positions).
     _hub("qwen3-235b-a22b", "qwen3_moe", **_QWEN3, num_hidden_layers=94, hidden_size=4096,
          num_attention_heads=64, num_key_value_heads=4, intermediate_size=12288,
          moe_intermediate_size=1536, num_experts=128, num_experts_per_tok=8,
@@ -74,7 +85,8 @@ _NEWER = (
          norm_topk_prob=True),
     _hub("qwen3-8b", "qwen3", **_QWEN3, num_hidden_layers=36, hidden_size=4096,
          num_attention_heads=32, num_key_value_heads=8, intermediate_size=12288),
-    # moonshotai/Kimi-K2-Base config.json: DeepSeek-V3's architecture (model_type
+    # moonshotai/Kimi-K2-Base config.json (the Instruct release's, same architecture:
+    # AIC/moonshotai--Kimi-K2-Instruct_config.json): DeepSeek-V3's architecture (model_type
     # deepseek_v3) with 64 heads, 384 routed + 1 shared experts (8 per token, one group),
     # one dense layer, gates × 2.827, vocabulary 163840, RoPE θ 50000 with YaRN ×32, no MTP
     # module in the release. Kimi K2's tech report (arXiv:2507.20534) gives 1.04 T total and
@@ -88,27 +100,39 @@ _NEWER = (
          rope_scaling={"type": "yarn", "factor": 32.0, "beta_fast": 1.0, "beta_slow": 1.0,
                        "mscale": 1.0, "mscale_all_dim": 1.0,
                        "original_max_position_embeddings": 4096}, rope_theta=50000.0),
-    # google/gemma-3-27b-pt's text_config: 62 layers, 5 sliding (window 1024) then 1 global,
-    # QK-norm, sandwich norms, GeGLU, scores × 168^-½, global RoPE θ 1e6 with linear ×8.
+    # google/gemma-3-27b-pt's text_config (quoted as the hub writes it in NVIDIA/TensorRT-LLM
+    # @fe6fa01 tests/unittest/_torch/modeling/test_modeling_gemma3.py GEMMA3_27B_CONFIG; the
+    # fields it omits are Gemma3TextConfig's defaults: vocabulary 262208, θ 1e6 global / 1e4
+    # local, 131072 positions): 62 layers, 5 sliding (window 1024) then 1 global, QK-norm,
+    # sandwich norms, GeGLU, scores × 168^-½, global RoPE with linear ×8.
     _hub("gemma3-27b", "gemma3_text", num_hidden_layers=62, hidden_size=5376,
          num_attention_heads=32, num_key_value_heads=16, head_dim=128,
          intermediate_size=21504, vocab_size=262208, sliding_window=1024,
          sliding_window_pattern=6, query_pre_attn_scalar=168,
          rope_scaling={"rope_type": "linear", "factor": 8.0}, rope_theta=1e6,
          rope_local_base_freq=10000.0),
-    # google/gemma-2-27b config.json: alternating sliding (4096) and global layers, score and
-    # logit soft-capping (50, 30), scores × 144^-½.
+    # google/gemma-2-27b config.json (AI-Hypercomputer/maxtext@14b30db src/MaxText/utils/
+    # ckpt_conversion/utils/hf_model_configs.py gemma2_27b_config): alternating sliding
+    # (4096) and global layers, score and logit soft-capping (50, 30), scores × 144^-½.
     _hub("gemma2-27b", "gemma2", num_hidden_layers=46, hidden_size=4608,
          num_attention_heads=32, num_key_value_heads=16, head_dim=128,
          intermediate_size=36864, vocab_size=256000, sliding_window=4096,
          query_pre_attn_scalar=144),
-    # openai/gpt-oss-120b config.json: 36 layers alternating a 128-token window and full
-    # attention, sinks, 128 experts (4 per token) with biases, YaRN ×32 over θ 150000.
+    # openai/gpt-oss-120b config.json (AIC/openai--gpt-oss-120b_config.json; maxtext
+    # @14b30db hf_model_configs.py gpt_oss_120b_dict; the rest are GptOssConfig's defaults:
+    # YaRN ×32 over θ 150000 from 4096, swiglu_limit 7, attention biases): 36 layers
+    # alternating a 128-token window and full attention, sinks, 128 experts (4 per token).
     _hub("gpt-oss-120b", "gpt_oss", num_hidden_layers=36, hidden_size=2880,
          num_attention_heads=64, num_key_value_heads=8, head_dim=64, intermediate_size=2880,
          num_local_experts=128, num_experts_per_tok=4, vocab_size=201088, sliding_window=128),
-    # meta-llama/Llama-4-Scout-17B-16E's text_config (transformers 5.24's Llama4TextConfig
-    # defaults are Scout's sizes): 16 experts (top-1) + a shared expert in every layer,
+    # openai/gpt-oss-20b config.json (AIC/openai--gpt-oss-20b_config.json): gpt-oss-120b's
+    # blocks, 24 layers, 32 experts.
+    _hub("gpt-oss-20b", "gpt_oss", num_hidden_layers=24, hidden_size=2880,
+         num_attention_heads=64, num_key_value_heads=8, head_dim=64, intermediate_size=2880,
+         num_local_experts=32, num_experts_per_tok=4, vocab_size=201088, sliding_window=128),
+    # meta-llama/Llama-4-Scout-17B-16E's text_config (AIC/meta-llama--Llama-4-Scout-17B-
+    # 16E-Instruct_config.json; transformers 5.24's Llama4TextConfig defaults are Scout's
+    # sizes): 16 experts (top-1) + a shared expert in every layer,
     # chunked attention (8192) with every 4th layer global and without RoPE.
     _hub("llama4-scout", "llama4_text", num_hidden_layers=48, hidden_size=5120,
          num_attention_heads=40, num_key_value_heads=8, head_dim=128, intermediate_size=8192,
@@ -117,21 +141,35 @@ _NEWER = (
          max_position_embeddings=10485760,
          rope_scaling={"rope_type": "llama3", "factor": 16.0, "high_freq_factor": 1.0,
                        "low_freq_factor": 1.0, "original_max_position_embeddings": 8192}),
-    # microsoft/phi-4 config.json (model_type phi3): fused QKV and gate-up, no window.
+    # meta-llama/Llama-4-Maverick-17B-128E's text_config (AIC/meta-llama--Llama-4-Maverick-
+    # 17B-128E-Instruct_config.json): Scout's blocks, 128 experts (top-1) + a shared expert in
+    # every 2nd layer (the others dense, f 16384), no QK-norm, no RoPE scaling, 1M positions.
+    _hub("llama4-maverick", "llama4_text", num_hidden_layers=48, hidden_size=5120,
+         num_attention_heads=40, num_key_value_heads=8, head_dim=128, intermediate_size=8192,
+         intermediate_size_mlp=16384, num_local_experts=128, num_experts_per_tok=1,
+         interleave_moe_layer_step=2, vocab_size=202048, attention_chunk_size=8192,
+         max_position_embeddings=1048576, use_qk_norm=False, rope_scaling=None),
+    # microsoft/phi-4 config.json (model_type phi3): fused QKV and gate-up, no window. Not
+    # found vendored in a citable repository; its sizes as quoted in third-party code agree.
     _hub("phi-4", "phi3", num_hidden_layers=40, hidden_size=5120, num_attention_heads=40,
          num_key_value_heads=10, intermediate_size=17920, vocab_size=100352,
          max_position_embeddings=16384, rope_theta=250000.0),
-    # allenai/OLMo-2-0325-32B config.json: post-norm blocks, QK-norm over a·d and a_kv·d.
+    # allenai/OLMo-2-0325-32B config.json (mlc-ai/mlc-llm@79d603f python/mlc_llm/model/
+    # model_preset.py "olmo2_32b"): post-norm blocks, QK-norm over a·d and a_kv·d.
     _hub("olmo2-32b", "olmo2", num_hidden_layers=64, hidden_size=5120, num_attention_heads=40,
          num_key_value_heads=8, intermediate_size=27648, vocab_size=100352,
          max_position_embeddings=4096, rope_theta=500000.0, rms_norm_eps=1e-6),
-    # ibm-granite/granite-3.3-8b-base config.json: Granite's four multipliers, tied.
+    # ibm-granite/granite-3.3-8b-base config.json: Granite's four multipliers, tied. Not
+    # found vendored in a citable repository; a granite 8B config.json quoted in third-party
+    # notes (transformers 4.49.0) has these values.
     _hub("granite-3.3-8b", "granite", num_hidden_layers=40, hidden_size=4096,
          num_attention_heads=32, num_key_value_heads=8, intermediate_size=12800,
          vocab_size=49159, tie_word_embeddings=True, embedding_multiplier=12.0,
          residual_multiplier=0.22, attention_multiplier=0.0078125, logits_scaling=16.0,
          max_position_embeddings=131072, rope_theta=10000000.0),
-    # HuggingFaceTB/SmolLM3-3B config.json: every 4th layer without RoPE, tied.
+    # HuggingFaceTB/SmolLM3-3B config.json: every 4th layer without RoPE, tied. The config.json
+    # itself not found in a citable repository; huggingface/blog@124475d smollm3.md states
+    # tied embeddings, 4 KV groups, NoPE every 4th layer, θ raised to 5M for 64k positions.
     _hub("smollm3-3b", "smollm3", num_hidden_layers=36, hidden_size=2048,
          num_attention_heads=16, num_key_value_heads=4, intermediate_size=11008,
          vocab_size=128256, max_position_embeddings=65536, rope_theta=5000000.0),

@@ -2,7 +2,8 @@
 `torchrun` line and every argument the plan assumes (model shape, vocabulary, degrees, virtual
 stages or an explicit pipeline layout, SP, recompute, ZeRO as the distributed optimizer or
 Megatron-FSDP and their shard groups, precision and gradient dtype, the stack's overlap
-settings, attention backend); MLA and DeepSeekMoE. Tested against Megatron-LM's own parser
+settings, attention backend); MLA and DeepSeekMoE; Qwen3's per-head QK-norm,
+SmolLM3's layers without RoPE. Tested against Megatron-LM's own parser
 (tests/integration/test_megatron.py)."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from shardwise.emit.common import (
     _launched,
     _vocab_divisor,
 )
+from shardwise.emit.models import nope_every
 from shardwise.errors import ShardwiseError
 from shardwise.hardware import Cluster
 from shardwise.layout import Layout, TrainSpec
@@ -156,12 +158,18 @@ def megatron_args(model: ModelSpec, layout: Layout, train: TrainSpec,
     if model.gated_mlp:
         args.append("--swiglu")
     args.append("--normalization " + ("RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"))
+    if model.norm_eps != 1e-5:  # Megatron-LM's --norm-epsilon default
+        args.append(f"--norm-epsilon {model.norm_eps:g}")
+    if model.qk_norm == "head" and not model.is_mla:  # Qwen3: the norm over each head's d
+        args.append("--qk-layernorm")  # (megatron-core gpt_layer_specs q/k_layernorm)
     if model.learned_positions:
         args.append("--position-embedding-type learned_absolute")
     else:
         args += ["--position-embedding-type rope", f"--rotary-base {int(model.rope_theta)}"]
         if model.rotary_percent != 1.0:
             args.append(f"--rotary-percent {model.rotary_percent:g}")
+        if model.nope_layers:  # every N-th layer without RoPE (emit.models.nope_every)
+            args.append(f"--no-rope-freq {nope_every(model)}")
         if model.rope_type == "llama3":  # Llama 3.1's frequency scaling, factor 8
             args += ["--use-rope-scaling",
                      f"--rope-scaling-factor {dict(model.rope_scaling)['factor']:g}"]

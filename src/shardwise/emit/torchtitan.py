@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from shardwise.arch import ModelSpec
 from shardwise.emit.common import Emitted, _checked, _header, _launched
-from shardwise.emit.models import _TITAN_CONFIGS
+from shardwise.emit.models import _TITAN_CONFIGS, TITAN_ATTENTION
 from shardwise.errors import ShardwiseError
 from shardwise.hardware import Cluster
 from shardwise.layout import Layout, TrainSpec
@@ -92,7 +92,7 @@ def torchtitan_args(model: ModelSpec, layout: Layout, train: TrainSpec,
         args.append("--compile.enable")
         if settings.tp_overlap == "async" and layout.tp > 1:
             args.append("--compile.enable_async_tensor_parallel")
-    if settings.attention != "flex":  # the varlen backend (stacks.definitions)
+    if settings.attention != TITAN_ATTENTION.get(module, "flex"):  # varlen: stacks.definitions
         raise ShardwiseError(
             f"torchtitan 0.3 picks the attention backend ({settings.attention}: "
             "attn_backend='varlen') in a config function (model_registry(flavor, "
@@ -105,6 +105,10 @@ def torchtitan_args(model: ModelSpec, layout: Layout, train: TrainSpec,
                      "V2-Lite's config.json: 0.707) and balances its experts with a router bias "
                      "(MoE load_balance_coeff 1e-3), not DeepSeek-V2's auxiliary losses: the "
                      "same parameters, FLOPs and traffic")
+    if module in ("qwen3", "gpt_oss"):  # models/common/config_utils.py make_moe_config
+        notes.append(f"torchtitan's {module} balances its experts with a router bias (MoE "
+                     "load_balance_coeff 1e-3), not the checkpoint's auxiliary loss "
+                     "(router_aux_loss_coef): the same parameters, FLOPs and traffic")
     args.append(f"activation-checkpoint:{_TITAN_RECOMPUTE[layout.recompute]}")
     text, launch = _launched(_header("torchtitan", model, layout, train, gb), [],
                              ("-m", "torchtitan.train"), args, layout, gpus_per_node)

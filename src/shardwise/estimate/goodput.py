@@ -123,6 +123,11 @@ CHECKPOINTS: dict[str, CheckpointFormat] = {
         "mixed precision, exp_avg, exp_avg_sq; DCP writes each replicated chunk once)"),
 }
 CHECKPOINTS["hf-eager"] = CHECKPOINTS["hf-sdpa"]
+# the same DCP save and checkpoint.async_mode (components/checkpoint.py, torchtitan v0.1.0)
+CHECKPOINTS["torchtitan@0.1.0"] = CHECKPOINTS["torchtitan"]
+# GPT-NeoX saves through DeepSpeed's engine (megatron/checkpointing.py save_ds_checkpoint →
+# model.save_checkpoint, gpt-neox ea7aefd)
+CHECKPOINTS["gpt-neox"] = CHECKPOINTS["megatron-deepspeed"]
 CHECKPOINTS["pytorch-fsdp"] = CheckpointFormat(
     "PyTorch FSDP sharded checkpoint (DCP)", (), "spread", None,
     "torch.distributed.checkpoint with FSDP's SHARDED_STATE_DICT (llm-foundry/Composer's "

@@ -67,6 +67,7 @@ from shardwise.layout import (
 from shardwise.placement import expert_tp_degree, members_per_node
 from shardwise.schedules.actions import Placement
 from shardwise.schedules.registry import SCHEDULE_CODES
+from shardwise.stacks.pipe_engine import pipe_engine_time
 
 __all__ = [  # with the names of `estimate.links` and `estimate.axes` it re-exports
     "FLOP_CONVENTION",
@@ -256,6 +257,12 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
         in_node=in_node, group=group, zero=zero, m=m, layers=layers, window_b=window_b,
         window_f=window_f, big_f=big_f, big_b=big_b, grad_bytes=gb_, weight_bytes=wb,
         host_copy=host_copy)
+    # DeepSpeed's pipeline engine: serial sends, TP gathers, tied and bf16 reductions
+    pp_more, dp_more = pipe_engine_time(
+        settings.stack, ctx, links, train, t=t, p=p, c=c, b=b, m=m, zero=zero, schedule=sched,
+        p2p=p2p, pp_intra=pp_intra, tp_in_node=on_node("tp"), params=dense_params,
+        replicas=replicas, dp_in_node=in_node)
+    pp_comm, dp_exposed = pp_comm + pp_more, dp_exposed + dp_more
 
     # ---- optimizer step over the parameters this rank updates (offloaded: on the CPU)
     opt_dense = dense_params / np.where(zero >= 1, group, 1)

@@ -23,7 +23,7 @@ from shardwise.schedules.registry import (
     SCHEDULE_REGISTRY,
     select,
 )
-from shardwise.stacks import SPLIT_RULES, split_refuses
+from shardwise.stacks import SPLIT_RULES, balanced_ends, split_refuses
 
 
 class _Rejections:
@@ -74,6 +74,9 @@ def _partitions(model: ModelSpec, pp: int, rule: str = "any"
     the first `L mod pp` stages one layer more (`stacks.deepspeed_split`): Balanced(-1, 0)."""
     n_layers = model.n_layers
     default = stage_partition(n_layers, pp)
+    if rule == "neox":  # GPT-NeoX's one split as a Balanced one (`stacks.balanced_ends`)
+        found = balanced_ends(rule, n_layers, pp)
+        return {} if found is None else {found[0]: () if found[1] == default else found[1]}
     if rule == "deepspeed":
         ends = (-1, 0) if n_layers % pp else (0, 0)
         own = stage_partition(n_layers, pp, 1, Balanced(*ends))

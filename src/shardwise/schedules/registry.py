@@ -174,8 +174,8 @@ class ScheduleInfo:
     * `trainable`: the Transformer training runtime (`runtime.parallelize`) runs it — the V
       placement puts embedding and head on one rank, which its stage split does not do; the
       pipeline executor (`runtime.pipeline`) runs every schedule;
-    * `megatron`, `torchtitan`, `deepspeed`: how each framework selects it (None: it has no
-      such schedule);
+    * `megatron`, `torchtitan`, `deepspeed`, `neox`: how each framework selects it (None: it
+      has no such schedule; `neox`: GPT-NeoX, whose DeeperSpeed has no ZB-H1);
     * `no_stack`: why no stack runs it, when none does (shown where a layout asks for it).
     """
 
@@ -198,6 +198,7 @@ class ScheduleInfo:
     megatron: str | None = None
     torchtitan: str | None = None
     deepspeed: str | None = None
+    neox: str | None = None
     no_stack: str = ""
 
     @property
@@ -244,7 +245,8 @@ _REGISTRY: tuple[ScheduleInfo, ...] = (
     ScheduleInfo("1f1b", 1, lambda p, m, v: one_f_one_b(p, m), "1F1B",
                  "Narayanan et al. 2021 (PipeDream-Flush)", splits_backward=False,
                  bubble=_ideal_bubble, in_flight=_one_f_one_b_in_flight,
-                 megatron="default (no flag)", torchtitan="1F1B", deepspeed="TrainSchedule"),
+                 megatron="default (no flag)", torchtitan="1F1B", deepspeed="TrainSchedule",
+                 neox="TrainSchedule (pipe_parallel_size ≥ 1)"),
     ScheduleInfo("interleaved", 2, interleaved_1f1b, "interleaved 1F1B",
                  "Narayanan et al. 2021, §2.2", splits_backward=False,
                  bubble=_interleaved_bubble, in_flight=_interleaved_in_flight, chunks=None,

@@ -10,16 +10,21 @@ which framework `--emit` writes for it. `TrainSpec.impl` holds the stack's name;
 its argument parser or config class defaults to) and says which were assumed.
 
 The type is `stacks.stack`, the per-stack facts and their sources `STACKS` in
-`stacks.definitions`, the pipeline split rules `stacks.splits`; this module is the registry.
+`stacks.definitions` (an earlier torchtitan: `stacks.titan_versions`), the pipeline split
+rules `stacks.splits`; this module is the registry.
 docs/concepts/stacks.md explains how each behaviour enters the step-time model.
 """
 
 from __future__ import annotations
 
-import shardwise.stacks.definitions  # noqa: F401  (fills STACKS)
+import shardwise.stacks.definitions  # fills STACKS
+import shardwise.stacks.titan_versions  # noqa: F401  (torchtitan@0.1.0)
 from shardwise.stacks.splits import (
     SPLIT_RULES,
+    balanced_ends,
     deepspeed_split,
+    neox_split,
+    neox_uniform,
     split_refuses,
     stack_split,
     titan_partition,
@@ -56,8 +61,11 @@ __all__ = [
     "Rule",
     "Settings",
     "Stack",
+    "balanced_ends",
     "deepspeed_split",
     "get_stack",
+    "neox_split",
+    "neox_uniform",
     "parse_impl",
     "resolve",
     "split_refuses",

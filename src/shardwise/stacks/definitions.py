@@ -14,6 +14,7 @@ from shardwise.stacks.stack import STACKS, Offload, Rule, Stack, Traffic
 
 _MEGATRON = "megatron-core 0.16.1; Megatron-LM main d98e8a6"
 _MDS = "Megatron-DeepSpeed 4efb479"  # github.com/deepspeedai/Megatron-DeepSpeed, 2025-07-16
+_NEOX = "gpt-neox ea7aefd"  # github.com/EleutherAI/gpt-neox, 2026-05-19 (pins DeeperSpeed)
 # Counted with a TorchDispatchMode over one decoder layer's forward and backward on CPU in bf16
 # (tests/estimate/test_stack_traffic.py recounts them): bytes read + written per token by the
 # ops that are neither GEMMs nor attention, fitted as (h, q + kv, f) coefficients over five
@@ -45,6 +46,19 @@ FSDP_TRAFFIC = tuple(r for r in HF_TRAFFIC if r[0][0]) + tuple(
     r for r in TORCHTITAN_TRAFFIC if not r[0][0])
 FSDP_KERNELS = tuple(r for r in HF_KERNELS if r[0][0]) + tuple(
     r for r in TORCHTITAN_KERNELS if not r[0][0])
+
+
+# DeepSpeed's pipeline engine (the same lines in GPT-NeoX's DeeperSpeed 91d1c55, :78 and :81)
+PIPE_ZERO = Rule(lambda v, train: (np.asarray(v["pp"]) > 1) & (np.asarray(v["zero"]) >= 2),
+                 "runs ZeRO-{zero} without pipeline parallelism only (pp={pp}): its pipeline "
+                 "engine asserts ZeRO < 2", "deepspeed/runtime/pipe/engine.py:76 @0.19.8")
+# it turns `enable_backward_allreduce` off and reduces after the last backward
+# (`_exec_reduce_grads`): an asked-for overlap is a no-op there, said rather than timed
+PIPE_DP_OVERLAP = Rule(lambda v, train: (np.asarray(v["pp"]) > 1)
+                       & (getattr(train, "dp_overlap", None) is True),
+                       "reduces gradients after the last backward under its pipeline engine "
+                       "(pp={pp}): DP overlap has no effect there; drop --dp-overlap",
+                       "deepspeed/runtime/pipe/engine.py:80 @0.19.8")
 
 
 def _zb_h1(v: Mapping[str, Any]) -> Any:
@@ -142,11 +156,9 @@ STACKS.update({s.name: s.validate() for s in (
         # data_types.grad_accum_dtype: the model dtype, or fp32 with ZeRO (rule below)
         grad_dtypes=(("bf16", ("bf16", "fp32")), ("fp16", ("fp16", "fp32")),
                      ("fp32", ("fp32",))),
-        split="deepspeed",
+        split="deepspeed", pipe_costs="deepspeed",
         rules=(
-            Rule(lambda v, train: (np.asarray(v["pp"]) > 1) & (np.asarray(v["zero"]) >= 2),
-                 "runs ZeRO-{zero} without pipeline parallelism only (pp={pp}): its pipeline "
-                 "engine asserts ZeRO < 2", "deepspeed/runtime/pipe/engine.py:76 @0.19.8"),
+            PIPE_ZERO, PIPE_DP_OVERLAP,
             Rule(lambda v, train: (np.asarray(v["cp"]) > 1)
                  & ((np.asarray(v["tp"]) > 1) | (np.asarray(v["pp"]) > 1)),
                  "runs its sequence parallelism (cp={cp}) without tensor and pipeline "
@@ -168,6 +180,28 @@ STACKS.update({s.name: s.validate() for s in (
                  "runs DeepSpeed-MoE (ep={ep}) without ZeRO-3 only",
                  "deepspeed/runtime/engine.py:2215 @0.19.8"),
         )),
+    Stack(
+        "gpt-neox", "GPT-NeoX (DeepSpeed's pipeline engine, ZeRO, Megatron-style TP)",
+        f"DeeperSpeed 91d1c55; {_NEOX}",
+        "megatron/neox_arguments/neox_args.py (pipe_partition_method 'type:transformer|mlp', "
+        "checkpoint_activations False, the softmax / bias-GeLU / bias-dropout / RoPE fusions "
+        "False, attention_config [[['global'], L]]: its own baddbmm + softmax, 'flash' "
+        "flash-attn 2), arguments.py (ZERO_DEFAULTS stage 0, overlap_comm False), "
+        "megatron/training.py (PipelineEngine whenever pipe_parallel_size >= 1; the "
+        "attention mask sent with each activation)",
+        profile="megatron-te", kernels="fused", compile=(False,), tp_overlap=("none",),
+        dp_overlap_zero=(), dp_overlap_settable=True, attention=("math", "fa2"),
+        recompute=("none", "full"), zero=(0, 1, 2, 3), zero_hybrid=(), cp_kinds=(),
+        cp_overlap=False, axes=("tp", "pp"), pipeline_engine="neox", p2p_overlap="never",
+        dtypes=("bf16", "fp16", "fp32"), export=None,
+        # data_types.grad_accum_dtype unset: the model dtype (arguments.py warns that bf16
+        # with ZeRO-1 under the pipeline needs "fp32"); precision unset: fp32
+        grad_dtypes=(("bf16", ("bf16", "fp32")), ("fp16", ("fp16", "fp32")),
+                     ("fp32", ("fp32",))),
+        split="neox", pipe_costs="deepspeed-neox",
+        rules=(PIPE_ZERO, PIPE_DP_OVERLAP),
+        notes=("its unfused defaults (bias_gelu_fusion, softmax fusions False) are timed as "
+               "fused kernels: no eager table is counted on its layer code",)),
     Stack(
         "torchtitan", "torchtitan", "torchtitan 0.3.0",
         "torchtitan/config/configs.py (CompileConfig.enable False, enable_async_tensor_parallel "
@@ -255,7 +289,12 @@ STACKS.update({s.name: s.validate() for s in (
         recompute=("none", "full"), zero=(0, 2, 3), zero_hybrid=(2, 3), cp_kinds=(),
         cp_overlap=False, axes=(), pipeline_engine=None, p2p_overlap="never",
         dtypes=("bf16", "fp16", "fp32"), export=None,
-        elementwise=FSDP_TRAFFIC, eager_kernels=FSDP_KERNELS),
+        elementwise=FSDP_TRAFFIC, eager_kernels=FSDP_KERNELS,
+        # llm-foundry's FP8 runs (4952183768 scripts/train/benchmarking/submit_benchmarks.py:
+        # precision amp_fp8 sets model.fc_type 'te'): MPT's Wqkv, out_proj, up and down
+        # projections are te.Linear (llmfoundry/models/layers/fc.py), the tied LM head stays
+        # bf16 (SharedEmbedding, F.linear), norms torch's; Composer's fp8_autocast recipe
+        fp8=("delayed",), fp8_framework="composer"),
     Stack(
         "shardwise", "shardwise runtime", "shardwise 0.1.0",
         "shardwise.runtime (blocking collectives on gloo/NCCL; bucketed gradient reducer)",

@@ -1,7 +1,10 @@
 """How stacks split the layers over pipeline stages (`Stack.split`): torchtitan's rule
-(`titan_split`, `titan_partition`), Megatron-DeepSpeed's (`deepspeed_split`), or any."""
+(`titan_split`, `titan_partition`), Megatron-DeepSpeed's (`deepspeed_split`), GPT-NeoX's (`neox_split`), or
+any."""
 
 from __future__ import annotations
+
+from itertools import pairwise
 
 
 def titan_split(stages: int, n_layers: int, first_less: int, last_less: int) -> list[int]:
@@ -46,6 +49,27 @@ def deepspeed_split(n_layers: int, pp: int) -> list[int]:
     return [q + (i < r) for i in range(pp)]
 
 
+def neox_split(n_layers: int, pp: int) -> list[int]:
+    """GPT-NeoX's stages: it hands DeepSpeed `partition_method='type:transformer|mlp'`
+    (neox_args.py default @ea7aefd), whose regex also matches the functions
+    `_pre_transformer_block` (after the embedding) and `_post_transformer_block` (before the
+    final norm) of GPT2ModelPipe's specs: `L + 2` units of weight 1 split like Megatron-
+    DeepSpeed's blocks, so torchtitan's rule with one unit off the first and the last stage,
+    `titan_split(pp, L, 1, 1)` (tests/test_stacks_pipe.py recomputes it with DeepSpeed's
+    `partition_balanced`)."""
+    return titan_split(pp, n_layers, 1, 1)
+
+
+def neox_uniform(n_layers: int, pp: int) -> list[int]:
+    """GPT-NeoX's stages with `pipe_partition_method: uniform`: DeepSpeed's
+    `partition_uniform` over GPT2ModelPipe's `L + 5` specs (embedding, _pre_transformer_block,
+    the blocks, _post_transformer_block, norm, head), `N // pp` each and the first `N mod pp`
+    one more; the blocks each stage gets (items 2 … L+1)."""
+    q, r = divmod(n_layers + 5, pp)
+    bounds = [k * q + min(k, r) for k in range(pp + 1)]
+    return [max(0, min(hi, n_layers + 2) - max(lo, 2)) for lo, hi in pairwise(bounds)]
+
+
 SPLIT_RULES = {
     "any": "any layers per stage",
     "torchtitan": "torchtitan 0.3.0 spreads L + first + last units evenly, the extra units on "
@@ -55,7 +79,12 @@ SPLIT_RULES = {
                  "'type:transformer' partition, the first L mod pp stages one block more "
                  "(megatron/model/gpt_model.py:463); 4efb479's parser has no "
                  "--pp-partition-method (BigScience's fork had one; BLOOM's "
-                 "'type:transformer|embedding' split needs that fork)"}
+                 "'type:transformer|embedding' split needs that fork)",
+    "neox": "GPT-NeoX's default pipe_partition_method 'type:transformer|mlp' weighs its "
+            "blocks and the _pre/_post_transformer_block functions at the two ends: L + 2 "
+            "units, the first (L+2) mod pp stages one more, the first and the last stage one "
+            "block short (megatron/neox_arguments/neox_args.py, model/gpt2_model.py "
+            "@ea7aefd), or with 'uniform' L + 5 specs evenly; 'parameters' is not modelled"}
 
 
 def stack_split(split: str, n_layers: int, pp: int, chunks: int = 1
@@ -66,8 +95,25 @@ def stack_split(split: str, n_layers: int, pp: int, chunks: int = 1
     `first/last_stage_less_layers` default of 1)."""
     if split == "deepspeed" and chunks == 1:
         return tuple(deepspeed_split(n_layers, pp))
+    if split == "neox" and chunks == 1 and n_layers + 2 >= 2 * pp:
+        return tuple(neox_split(n_layers, pp))
     if split == "torchtitan" and n_layers + 2 >= 2 * pp * chunks:
         return tuple(titan_split(pp * chunks, n_layers, 1, 1))
+    return None
+
+
+def balanced_ends(split: str, n_layers: int, pp: int
+                  ) -> tuple[tuple[int, int], tuple[int, ...]] | None:
+    """((first_less, last_less), sizes): the `partition.Balanced` counts in [-2, 2] whose
+    `stage_partition` is the one split `split` makes over `pp` stages (`stack_split`), for the
+    planner's grid; None when the stack has none or no such counts give it."""
+    from shardwise.partition import Balanced, stage_partition
+
+    own = stack_split(split, n_layers, pp)
+    for a in range(-2, 3):
+        for z in range(-2, 3):
+            if own is not None and stage_partition(n_layers, pp, 1, Balanced(a, z)) == own:
+                return (a, z), own
     return None
 
 
@@ -78,5 +124,8 @@ def split_refuses(split: str, n_layers: int, sizes: tuple[int, ...], pp: int) ->
         return titan_partition(n_layers, sizes) is None
     if split == "deepspeed":
         return len(sizes) != pp or list(sizes) != deepspeed_split(n_layers, pp)
+    if split == "neox":
+        return len(sizes) != pp or list(sizes) not in (neox_split(n_layers, pp),
+                                                       neox_uniform(n_layers, pp))
     return False
 

@@ -38,13 +38,14 @@ fused bias-GeLU/SwiGLU, bias-dropout-add, RoPE and softmax), one PyTorch kernel 
 
 CP_KIND_TEXT = {"ring": "ring attention", "ulysses": "Ulysses (an all-to-all over heads)",
                 "hybrid": "Ulysses inside groups with a ring across them",
-                "allgather": "an all-gather of K/V (FlexAttention)"}
+                "allgather": "an all-gather of K/V"}
 """The context-parallel kinds of `Stack.cp_kinds`, in words."""
 
-SPLITS = ("any", "torchtitan", "deepspeed")
+SPLITS = ("any", "torchtitan", "deepspeed", "neox")
 """How a stack can split the layers over its pipeline stages (`Stack.split`): any count per
 (virtual) stage (Megatron-LM's `--pipeline-model-parallel-layout`), torchtitan's rule
-(`titan_split`), or DeepSpeed's `type:transformer` partition (`split_refuses`)."""
+(`titan_split`), DeepSpeed's `type:transformer` partition as Megatron-DeepSpeed names it, or
+GPT-NeoX's `type:transformer|mlp` (`neox_split`; `split_refuses`)."""
 
 
 # One decoder layer's eager elementwise traffic per token (`Stack.elementwise`,
@@ -99,7 +100,8 @@ class Stack:
     layers over pipeline stages (`SPLITS`). `rules`: the combinations it refuses (`Rule`).
     `cp_gather_kept`: with `cp_kind` "allgather" the attention keeps the gathered K/V for
     backward (torchtitan's FlexAttention) instead of gathering them again (Transformer Engine's
-    `AttnFuncWithCPAndKVAllGather`).
+    `AttnFuncWithCPAndKVAllGather`). `pipe_costs`: the `stacks.pipe_engine.PIPE_ENGINES` entry
+    whose costs its pipeline adds to Megatron's batched 1F1B (None: none).
     """
 
     name: str
@@ -138,6 +140,7 @@ class Stack:
     fp8: tuple[str, ...] = ()
     fp8_framework: str = ""
     offloads: tuple[Offload, ...] = ()
+    pipe_costs: str | None = None
 
     def validate(self) -> Stack:
         problems = []
@@ -160,6 +163,10 @@ class Stack:
                      if o.kind not in OFFLOADS[1:]]
         if self.split not in SPLITS:
             problems.append(f"split {self.split!r} not in {SPLITS}")
+        from shardwise.stacks.pipe_engine import PIPE_ENGINES
+
+        if self.pipe_costs is not None and self.pipe_costs not in PIPE_ENGINES:
+            problems.append(f"pipe_costs {self.pipe_costs!r} not in {tuple(PIPE_ENGINES)}")
         if self.grad_dtypes is not None and {d for d, _ in self.grad_dtypes} != set(self.dtypes):
             problems.append(f"grad_dtypes {self.grad_dtypes} do not cover {self.dtypes}")
         if problems:
@@ -174,8 +181,9 @@ class Stack:
 
     @property
     def label(self) -> str:
-        """`name@version`, as `--impl` accepts it."""
-        return f"{self.name}@{self.version.split()[-1]}"
+        """`name@version`, as `--impl` accepts it (a second version of a stack is registered
+        under that label as its name, `stacks.titan_versions`)."""
+        return self.name if "@" in self.name else f"{self.name}@{self.version.split()[-1]}"
 
     def fp8_recipe(self, name: str) -> Any:
         """The `fp8.Fp8Recipe` this stack runs as `name`; one line when it has none."""
@@ -348,16 +356,22 @@ def get_stack(name: str) -> Stack:
 
 
 def parse_impl(text: str) -> str:
-    """`name` or `name@version` → the stack name; the version must be the pinned one."""
+    """`name` or `name@version` → the stack's key in `STACKS`: a bare name is the stack's
+    pinned version, `name@version` that version where it is registered (as
+    `torchtitan@0.1.0`), else one line naming the versions modelled."""
     if not isinstance(text, str):
         raise ShardwiseError(f"stack must be a name, got {type(text).__name__}")
+    if text in STACKS:
+        return text
     name, _, version = text.partition("@")
     stack = STACKS.get(name)
     if stack is None:
         raise ShardwiseError(f"stack {name!r} unknown; valid: {', '.join(STACKS)}")
     if version and version != stack.label.split("@")[1]:
-        raise ShardwiseError(f"stack {name} is modelled at {stack.version} only; "
-                             f"use {stack.label} or {name}")
+        keys = [name, *(key for key in STACKS if key.startswith(name + "@"))]
+        raise ShardwiseError(f"stack {name} is modelled at "
+                             f"{' and '.join(STACKS[key].version for key in keys)} only; use "
+                             f"{', '.join(STACKS[key].label for key in keys)} or {name}")
     return name
 
 

@@ -27,6 +27,7 @@ from shardwise.choices import (
     RECOMPUTE_LIGHTEST_FIRST,
     ulysses_degree,
 )
+from shardwise.cuda_graph import cuda_graph_problems
 from shardwise.errors import LayoutError, ShardwiseError
 from shardwise.hardware import Cluster
 from shardwise.layout_checks import layout_problems, memory_setting_problems
@@ -187,6 +188,8 @@ class TrainSpec:
     moe_dispatch_fp8: bool = False
     moe_capacity: float | None = None
     comm_sms: int | None = None
+    # megatron-te's CUDA-graphed scopes (`shardwise.cuda_graph`; empty: none)
+    cuda_graph: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.offload_modules, list | str):
@@ -194,6 +197,10 @@ class TrainSpec:
             object.__setattr__(self, "offload_modules", tuple(
                 offloaded.replace(",", " ").split() if isinstance(offloaded, str)
                 else offloaded))
+        if isinstance(self.cuda_graph, list | str):
+            graphs = self.cuda_graph
+            object.__setattr__(self, "cuda_graph", tuple(
+                graphs.replace(",", " ").split() if isinstance(graphs, str) else graphs))
         if isinstance(self.recompute_modules, list | str):
             modules = self.recompute_modules
             object.__setattr__(self, "recompute_modules", tuple(
@@ -316,7 +323,7 @@ class TrainSpec:
                 problems.append(f"{self.stack.name} does not train in {self.dtype}; valid: "
                                 f"{', '.join(self.stack.dtypes)}")
             problems += self._fp8_offload_problems()
-            problems += _moe_comm_problems(self)
+            problems += _moe_comm_problems(self) + cuda_graph_problems(self)
             problems += memory_setting_problems(self)
             grads = self.stack.grad_choices(self.dtype)
             if grads and (self.grad_dtype or self.dtype) not in grads:

@@ -21,6 +21,7 @@ from shardwise.choices import (
     RECOMPUTE,
     RECOMPUTE_MODULES,
 )
+from shardwise.cuda_graph import cuda_graph_layout_problems
 from shardwise.errors import ShardwiseError
 from shardwise.hardware import Cluster
 from shardwise.partition import partition_problems
@@ -158,6 +159,7 @@ def _train_problems(layout: Layout, train: TrainSpec, model: ModelSpec) -> list[
             out.append(f"{train.stack.name} offloads the {train.offload} with ZeRO "
                        f"{', '.join(map(str, support.zero))} only ({support.flag}), "
                        f"not zero={layout.zero}")
+    out += cuda_graph_layout_problems(layout, model, train)
     if train.recompute_share != 1 and layout.recompute != "full":
         out.append(f"recompute_share={train.recompute_share:g} checkpoints a share of the "
                    f"layers fully; it needs recompute=full, not {layout.recompute}")

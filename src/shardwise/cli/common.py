@@ -15,6 +15,7 @@ from rich.console import Console
 
 from shardwise.arch import DEFAULT_MODEL
 from shardwise.choices import MOMENT_DTYPES, OFFLOAD_MODULES, RECOMPUTE_MODULES
+from shardwise.cuda_graph import CUDA_GRAPH_SCOPES
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.goodput import (
     DEFAULT_CHECKPOINT_BANDWIDTH,
@@ -133,7 +134,7 @@ def precision_options(auto: bool = False) -> Callable:
 
 
 MOE_COMM_KW = ("moe_dispatcher", "moe_overlap", "moe_dispatch_fp8", "moe_capacity", "comm_sms",
-               "expert_load")
+               "expert_load", "cuda_graph")
 
 
 def moe_comm_options() -> list[Callable]:
@@ -158,6 +159,11 @@ def moe_comm_options() -> list[Callable]:
                      help="Router load imbalance: the busiest expert-parallel rank's routed "
                           "rows ÷ the balanced share (≥ 1; 1: balanced), in its GEMMs, "
                           "all-to-alls and activations; `shardwise check` measures it."),
+        click.option("--cuda-graph-scope", "cuda_graph", default="",
+                     help="megatron-te: scopes replayed as CUDA graphs (Megatron "
+                          "--cuda-graph-impl transformer_engine --cuda-graph-scope), "
+                          "comma-separated, from " + ", ".join(CUDA_GRAPH_SCOPES)
+                          + "; their kernels then cost the host one launch [default: none]."),
     ]
 
 

@@ -20,6 +20,7 @@ from shardwise.estimate.host import (
     _OPS_LAYER,
     _with_host,
     dispatch_sync,
+    expert_host,
     host_ops,
     host_overhead,
     optimizer_host_ops,
@@ -212,8 +213,9 @@ def layer_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any,
         local = e / ep * active  # experts that run
         experts_fp8 = ctx.fp8 is not None and ctx.fp8.experts_fp8
         mm = mm + linear(ctx, tokens, h, e, fp8=False)
-        mm = mm + local * (linear(ctx, rows, h, n_in * f, fp8=experts_fp8)
+        experts = local * (linear(ctx, rows, h, n_in * f, fp8=experts_fp8)
                            + linear(ctx, rows, f, h, fp8=experts_fp8))
+        mm = mm + experts
         f_shared = model.expert_d_ff / t
         if model.n_shared_experts:
             mm = mm + model.n_shared_experts * (linear(ctx, tokens, h, n_in * f_shared)
@@ -245,10 +247,20 @@ def layer_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any,
     mem_f, mem_b = mem_f + mm.cast_fwd, mem_b + mm.cast_bwd  # FP8 quantisation (0 in bf16)
     attn_fwd, attn_bwd = _attention_core(ctx, t, c, b)
     ops_fwd, ops_bwd = host_ops(ctx, t, c, sp, moe, ep)
-    fwd = _with_host(ctx, mm.fwd + attn_fwd + memory_time(ctx, mem_f), ops_fwd)
-    if moe:  # the dispatcher's blocking copy of the routing counts (`host.dispatch_sync`)
+    dev_f = mm.fwd + attn_fwd + memory_time(ctx, mem_f)
+    dev_b = mm.dgrad + mm.wgrad + attn_bwd + memory_time(ctx, mem_b)
+    fwd, bwd = _with_host(ctx, dev_f, ops_fwd), _with_host(ctx, dev_b, ops_bwd)
+    if (moe and ctx.traffic is None and ctx.calibration.op_count == "fused"
+            and "moe" not in ctx.cuda_graph):
+        # the dispatcher's blocking copy of the routing counts (`host.dispatch_sync`) drains
+        # the device: the host launches the experts one by one (`host.expert_host`) only
+        # after the layer's first part has run; the backward has no such sync
+        host_f, host_b = expert_host(ctx, local)
+        expert_f = experts.fwd + memory_time(ctx, experts.cast_fwd)
+        fwd = _with_host(ctx, dev_f - expert_f, ops_fwd) + np.maximum(expert_f, host_f)
+        bwd = np.maximum(dev_b, host_overhead(ctx, ops_bwd) + host_b)
+    if moe:
         fwd = fwd + dispatch_sync(ctx)
-    bwd = _with_host(ctx, mm.dgrad + mm.wgrad + attn_bwd + memory_time(ctx, mem_b), ops_bwd)
     # recompute before the backward: selective the attention core, full the whole forward,
     # op-sac (torchtitan) what it does not save: wo, the third MLP matmul (MoE: the routed
     # experts' and the router's too) and every memory-bound op

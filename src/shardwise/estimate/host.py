@@ -3,7 +3,9 @@ count of the GPU stacks, or the aten operations shardwise's runtime dispatches o
 machine" preset) and their fixed cost each (`host_overhead`, `Calibration.kernel_overhead`).
 On a GPU the host runs ahead of the device, so a pass takes the slower of the two; on the
 "this machine" preset the CPU does both (`_with_host`). An MoE layer's token dispatcher stops
-the host once per forward for the routing counts (`dispatch_sync`).
+the host once per forward for the routing counts (`dispatch_sync`); on the fused stack the
+experts' GEMMs and FP8 casts are then launched one per local expert (`expert_launches`,
+`expert_host`), so small experts can leave the device waiting on the host.
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ from shardwise.arch import ModelSpec
 from shardwise.estimate.kernels import ComputeContext
 from shardwise.hardware import get_link
 
-__all__ = ["dispatch_sync", "host_ops", "host_overhead", "optimizer_host_ops"]
+__all__ = ["dispatch_sync", "expert_host", "expert_launches", "host_ops", "host_overhead", "optimizer_host_ops"]
 
 # Kernels launched per layer forward: QKV, out-proj, two MLP GEMMs (gate+up fused), two norms,
 # two residual/dropout adds, activation, QKV post-processing; attention core 1 (flash) or 4
 # (two batched GEMMs, softmax, dropout). Backward launches about twice as many.
 _KERNELS_FWD = 10
+_KERNELS_MLP = 4  # of which the MLP's: two GEMMs, the activation, its residual add
 _KERNELS_ATTN_FLASH = 1
 _KERNELS_ATTN_MATERIALISED = 4
 
@@ -76,13 +79,62 @@ def host_ops(ctx: ComputeContext, t: Any, c: Any, sp: Any, moe: bool = False, ep
         return total / 3, 2 * total / 3
     attention = _KERNELS_ATTN_FLASH if ctx.flash else _KERNELS_ATTN_MATERIALISED
     if ctx.traffic is None:
-        fwd = _KERNELS_FWD + _mla_kernels(ctx.model) + attention
-        return fwd, 2 * fwd
+        # a CUDA-graphed scope (`shardwise.cuda_graph`) is one graph launch each way
+        attn = _KERNELS_FWD - _KERNELS_MLP + _mla_kernels(ctx.model) + attention
+        mlp = _KERNELS_MLP
+        graphs = ctx.cuda_graph
+        attn = 1 if "attn" in graphs else attn
+        mlp = 1 if ("moe" if moe else "mlp") in graphs else mlp
+        return attn + mlp, 2 * (attn + mlp)
     # eager / compiled: the stack's kernels besides GEMMs and attention, its five GEMMs
     # (three per expert that runs in an MoE layer) and the attention core
     gemms = 2 + (3 * ctx.model.n_experts / ep * ctx.experts_active + 1 if moe else 3)
     return (ctx.layer_kernels[0] + _mla_kernels(ctx.model) + gemms + attention,
             ctx.layer_kernels[1] + _mla_kernels(ctx.model) + 2 * gemms + attention)
+
+
+# Transformer Engine's GroupedLinear (Megatron-Core 0.16.1 `TEGroupedMLP`: linear_fc1 and
+# linear_fc2 are TE GroupedLinear modules, one GEMM per local expert). TE v2.9
+# `pytorch/module/grouped_linear.py` hands the per-expert operands to `general_grouped_gemm`,
+# whose `common/gemm/cublaslt_gemm.cu` `multi_stream_cublas_gemm` loops `for i < num_gemms`
+# launching one cuBLASLt GEMM each (descriptors built and the heuristic queried per call):
+# per expert fc1 and fc2 forward (2), their dgrad and wgrad (4). The FP8 casts of the GEMM
+# operands (`tex.split_quantize` → `csrc/extensions/cast.cpp`): one fused multi-tensor
+# cast-transpose for all experts under delayed scaling (`nvte_multi_cast_transpose`), else a
+# quantize per expert: current scaling (`tensorwise`) 3 kernels (`quantizer.cpp`
+# Float8CurrentScalingQuantizer: compute_amax, compute_scale_from_amax, quantize), MXFP8 and
+# blockwise 1 (`nvte_quantize_v2`) — fc1's and fc2's inputs forward, their output gradients
+# backward (the weights are cast once per step, `is_first_microbatch`).
+_EXPERT_GEMMS = (2, 4)
+_QUANTIZE_KERNELS = {"delayed": 0, "tensorwise": 3, "mxfp8": 1, "blockwise": 1}
+
+
+# Host time of one expert GEMM through TE's multi-stream cuBLASLt loop: TE PR #3134's
+# benchmark (benchmarks/linear/benchmark_grouped_linear.py, SM100, "pure" multi-stream row,
+# 8 experts × 128 tokens, N = K = 2048: 0.267 ms for 8 GEMMs whose math takes ~1 µs each).
+_GROUPED_GEMM_HOST = 0.267e-3 / 8
+
+
+def expert_host(ctx: ComputeContext, local: Any) -> tuple[Any, Any]:
+    """(forward, backward) host seconds of `expert_launches`: `_GROUPED_GEMM_HOST` per GEMM,
+    `kernel_overhead` per cast kernel; 0 outside the fused GPU stacks and when the MoE layer
+    replays as a CUDA graph (`cuda_graph` moe)."""
+    if ctx.calibration.op_count != "fused" or ctx.traffic is not None or "moe" in ctx.cuda_graph:
+        return 0.0 * local, 0.0 * local
+    (fwd, bwd), (gf, gb) = expert_launches(ctx, local), _EXPERT_GEMMS
+    cost = ctx.calibration.kernel_overhead
+    return (local * gf * _GROUPED_GEMM_HOST + (fwd - local * gf) * cost,
+            local * gb * _GROUPED_GEMM_HOST + (bwd - local * gb) * cost)
+
+
+def expert_launches(ctx: ComputeContext, local: Any) -> tuple[Any, Any]:
+    """(forward, backward) kernels the host launches one by one for `local` experts that
+    receive rows, per micro-batch, in a fused (Megatron-Core + Transformer Engine) MoE layer:
+    `_EXPERT_GEMMS` GEMMs each and, with an FP8 recipe that quantises the experts, 2 casts of
+    `_QUANTIZE_KERNELS[recipe]` kernels each way (TE v2.9 GroupedLinear, comment above)."""
+    fp8 = ctx.fp8 is not None and ctx.fp8.experts_fp8
+    quant = 2 * _QUANTIZE_KERNELS.get(ctx.fp8.name, 1) if fp8 and ctx.fp8 else 0
+    return local * (_EXPERT_GEMMS[0] + quant), local * (_EXPERT_GEMMS[1] + quant)
 
 
 def _mla_kernels(model: ModelSpec) -> int:
@@ -148,8 +200,9 @@ def dispatch_sync(ctx: ComputeContext) -> float:
     all-to-all, or later with ep = tp = 1), allgather (`.cpu()` of the counts) and flex
     (DeepEP returns the received counts as a host list, `fused_a2a.py`), torchtitan 0.3.0's
     (`.tolist()` of the splits, `token_dispatcher.py`). 0 on the "this machine" preset (no
-    device to wait for)."""
-    if ctx.calibration.op_count == "runtime":
+    device to wait for) and under a `moe` CUDA graph (drop-and-pad: Megatron's
+    `cuda_sync_point` "no_sync")."""
+    if ctx.calibration.op_count == "runtime" or "moe" in ctx.cuda_graph:
         return 0.0
     host = get_link(ctx.accelerator.host, ctx.accelerator.links)
     return host.latency + ctx.calibration.kernel_overhead

@@ -93,6 +93,7 @@ class ComputeContext:
     fp8_peak: float = 0.0
     generation: str = "hopper"  # the accelerator's (`estimate.uncertainty.generation`)
     recompute_share: float = 1.0  # `TrainSpec.recompute_share`: layers full recompute replays
+    cuda_graph: tuple[str, ...] = ()  # `TrainSpec.cuda_graph`: scopes the host replays as graphs
 
     @classmethod
     def of(cls, model: ModelSpec, accelerator: Accelerator, train: TrainSpec,
@@ -116,7 +117,7 @@ class ComputeContext:
                    *_routing(train), mode, traffic,
                    kernels, settings.attention, recipe,
                    accelerator.peak_flops("fp8") if recipe else 0.0, gen,
-                   train.recompute_share)
+                   train.recompute_share, train.cuda_graph)
 
     @property
     def rate(self) -> float:

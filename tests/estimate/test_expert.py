@@ -280,15 +280,17 @@ def test_h20_overlap_costs_its_own_sm_share():
     assert own.ep_comm == pytest.approx(comm * ((m - 1) * sigma / 78 + 1), rel=1e-9)
 
 
-@pytest.mark.parametrize("ep, et, point", [(4, 2, "before_ep_alltoall"),
-                                           (1, 1, "before_permutation_2")])
-def test_dispatcher_blocks_the_host_once_per_forward(monkeypatch, ep, et, point):
+@pytest.mark.parametrize("ep, et, point, capacity", [(4, 2, "before_ep_alltoall", None),
+                                                     (1, 1, "before_permutation_2", None),
+                                                     (4, 2, "no_sync", 1.25)])
+def test_dispatcher_blocks_the_host_once_per_forward(monkeypatch, ep, et, point, capacity):
     """Megatron-Core 0.16.1's dropless alltoall dispatcher waits once per forward on its
     device→host copy of the routing counts (`d2h_event.synchronize()`: before the EP
     all-to-all with ep·tp > 1, else before sorting rows by local expert without
     `moe_permute_fusion`); `layer_cost` charges an MoE layer's
     forward that one round trip — the host link's latency and one relaunch — and nothing to its
-    backward or to a dense layer (both far from host-bound here)."""
+    backward or to a dense layer (both far from host-bound here). Padded to a capacity
+    (drop-and-pad) it never waits, and nothing is charged."""
     from megatron.core import utils
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -302,7 +304,8 @@ def test_dispatcher_blocks_the_host_once_per_forward(monkeypatch, ep, et, point)
                             moe_token_dispatcher_type="alltoall", expert_model_parallel_size=ep,
                             expert_tensor_parallel_size=et, tensor_model_parallel_size=et,
                             sequence_parallel=et > 1, add_bias_linear=False, bf16=True,
-                            params_dtype=torch.bfloat16)
+                            params_dtype=torch.bfloat16, moe_expert_capacity_factor=capacity,
+                            moe_pad_expert_input_to_capacity=capacity is not None)
     waits = []
     stream = _Stream()
     monkeypatch.setattr(stream, "synchronize", lambda: waits.append(1), raising=False)
@@ -326,12 +329,12 @@ def test_dispatcher_blocks_the_host_once_per_forward(monkeypatch, ep, et, point)
     hidden, p = d.dispatch_preprocess(torch.randn(tokens, h, dtype=torch.bfloat16), rmap,
                                       torch.rand(tokens, n_exp, dtype=torch.bfloat16) * rmap)
     d.dispatch_postprocess(*d.token_dispatch(hidden, p))
-    assert len(waits) == 1
+    assert len(waits) == (0 if capacity else 1)
     assert d.cuda_sync_point == point
 
     model = get_model("mixtral-8x7b")
     h100 = get_accelerator("h100-sxm")
-    train = TrainSpec(seq_len=4096, impl="megatron-te")
+    train = TrainSpec(seq_len=4096, impl="megatron-te", moe_capacity=capacity)
     cal = default_calibration(h100.calibration_name)
 
     def cost(acc, overhead: float, moe: bool):
@@ -339,6 +342,9 @@ def test_dispatcher_blocks_the_host_once_per_forward(monkeypatch, ep, et, point)
         return layer_cost(ctx, et, 1, 1, et > 1, 0, moe=moe, ep=ep)
 
     slow, fast = cost(h100, 5e-5, True), cost(h100, 5e-6, True)
+    if capacity:
+        assert float(slow.fwd) == float(fast.fwd) and float(slow.bwd) == float(fast.bwd)
+        return
     assert float(slow.fwd - fast.fwd) == pytest.approx(4.5e-5, rel=1e-9)
     assert float(slow.bwd) == float(fast.bwd)
     assert float(cost(h100, 5e-5, False).fwd) == float(cost(h100, 5e-6, False).fwd)

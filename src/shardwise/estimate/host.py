@@ -200,9 +200,9 @@ def dispatch_sync(ctx: ComputeContext) -> float:
     all-to-all, or later with ep = tp = 1), allgather (`.cpu()` of the counts) and flex
     (DeepEP returns the received counts as a host list, `fused_a2a.py`), torchtitan 0.3.0's
     (`.tolist()` of the splits, `token_dispatcher.py`). 0 on the "this machine" preset (no
-    device to wait for) and under a `moe` CUDA graph (drop-and-pad: Megatron's
-    `cuda_sync_point` "no_sync")."""
-    if ctx.calibration.op_count == "runtime" or "moe" in ctx.cuda_graph:
+    device to wait for), under a `moe` CUDA graph and for Megatron's alltoall padded to
+    capacity (drop-and-pad: `cuda_sync_point` "no_sync", `ComputeContext.counts_sync`)."""
+    if ctx.calibration.op_count == "runtime" or "moe" in ctx.cuda_graph or not ctx.counts_sync:
         return 0.0
     host = get_link(ctx.accelerator.host, ctx.accelerator.links)
     return host.latency + ctx.calibration.kernel_overhead

@@ -117,7 +117,7 @@ class ComputeContext:
                    *_routing(train), mode, traffic,
                    kernels, settings.attention, recipe,
                    accelerator.peak_flops("fp8") if recipe else 0.0, gen,
-                   train.recompute_share, train.cuda_graph)
+                   train.recompute_share, train.cuda_graph, _counts_sync(train))
 
     @property
     def rate(self) -> float:
@@ -139,6 +139,16 @@ class ComputeContext:
     def hbm(self) -> float:
         """Achievable HBM bandwidth (bytes/s)."""
         return self.accelerator.hbm_bandwidth * self.calibration.hbm_efficiency
+
+
+def _counts_sync(train: TrainSpec) -> bool:
+    """Whether the token dispatcher copies the routing counts to the host: every dropless one
+    does; Megatron-Core 0.16.1's alltoall dispatcher padded to capacity
+    (`--moe-pad-expert-input-to-capacity`, `drop_and_pad`) sizes everything from the capacity
+    and sets `cuda_sync_point = "no_sync"` (token_dispatcher.py); allgather's `.cpu()` and
+    DeepEP's host counts stay."""
+    padded = train.moe_capacity is not None and train.impl == "megatron-te"
+    return not (padded and (train.moe_dispatcher or "alltoall") == "alltoall")
 
 
 def _routing(train: TrainSpec) -> tuple[float, float]:

@@ -94,6 +94,9 @@ class ComputeContext:
     generation: str = "hopper"  # the accelerator's (`estimate.uncertainty.generation`)
     recompute_share: float = 1.0  # `TrainSpec.recompute_share`: layers full recompute replays
     cuda_graph: tuple[str, ...] = ()  # `TrainSpec.cuda_graph`: scopes the host replays as graphs
+    # the MoE dispatcher blocks on the routing counts (`host.dispatch_sync`): not Megatron's
+    # alltoall padded to capacity, whose sizes are static (`cuda_sync_point = "no_sync"`)
+    counts_sync: bool = True
 
     @classmethod
     def of(cls, model: ModelSpec, accelerator: Accelerator, train: TrainSpec,

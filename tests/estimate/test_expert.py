@@ -245,7 +245,7 @@ def test_capacity_factor_pads_every_expert():
     padded = _step(replace(base, moe_capacity=factor))
     loaded = _step(replace(base, expert_load=factor))
     assert padded.ep_comm == pytest.approx(loaded.ep_comm, rel=1e-12)
-    assert 0 < loaded.compute - padded.compute < 1e-3 * loaded.compute
+    assert 0 < loaded.compute - padded.compute < 1e-2 * loaded.compute
     assert padded.total > _step(base).total
 
 

@@ -194,12 +194,16 @@ class _Unit:
         the unit before it prefetched; the module views them too, for a full recompute's
         replay of the forward (cleared once the unit's gradient is complete). The buffer
         requires grad, as the forward's did, so the replay saves what the forward saved; no
-        gradient reaches it (the forward's graph carries them to `_GatherUnit`)."""
+        gradient reaches it (the forward's graph carries them to `_GatherUnit`). The views
+        are taken with grad enabled: this runs in a backward hook (grad off), and a view taken
+        there has no autograd edge, so an op using it directly (the router's `x @ W_r`) would
+        not save its other operand in the replay (a different count: checkpoint's error)."""
         if self.gathered is None:
             buf = self.gather()
             assert buf is not None
             self.gathered = buf.requires_grad_()
-            self.set_views(buf)
+            with torch.enable_grad():
+                self.set_views(buf)
             before = self.index - 1
             if self.engine.config.prefetch and before >= 0:
                 unit = self.engine.units[before]

@@ -8,7 +8,8 @@ mutants count as survivors; equivalent ones are listed by hand in mutation.json'
 "equivalent" (mutant → reason). Results per group, with commit, date, machine and command,
 live in docs/accuracy/mutation.json; docs/accuracy/mutation.md is written from it.
 
-Run on demand (the `mutation` extra): `.venv/bin/python benchmarks/mutation.py` (every group),
+CI runs the offload group whole (tests/test_mutation_subset.py). Run on demand (the
+`mutation` extra): `.venv/bin/python benchmarks/mutation.py` (every group),
 `--sample 200`, `--only comm memory`, `--list` (groups and their tests), `--report` (the page
 from the JSON); `mutmut show NAME` in the scratch copy prints a survivor's diff.
 """
@@ -38,7 +39,7 @@ MODULES = {
     "comm": ["estimate/comm.py"], "memory": ["estimate/memory.py"],
     "compute": ["estimate/compute.py"], "step": ["estimate/step.py"],
     "context": ["estimate/context.py"], "profiles": ["estimate/profiles.py"],
-    "check": ["estimate/check.py"], "state": ["estimate/state.py"],
+    "check": ["estimate/check/*"], "state": ["estimate/state.py"],
     "activations": ["estimate/activations.py"], "axes": ["estimate/axes.py"],
     "geometry": ["estimate/geometry.py"], "links": ["estimate/links.py"],
     "host": ["estimate/host.py"], "kernels": ["estimate/kernels.py"],
@@ -154,10 +155,20 @@ def _constants(path: Path) -> list[tuple[int, int, int, str]]:
     return out
 
 
-def run_constants(where: Path, group: str, timeout: float = 600) -> dict[str, str]:
-    """{constant mutant: status}: each literal of `_constants` changed in turn in the scratch
-    copy's src/ and the group's tests run on it (in-process tests, stop at the first failure):
-    killed when they fail, survived when they pass, "no tests" when none is selected."""
+def constant_names(group: str) -> list[str]:
+    """The names of the group's constant mutants (`_constants`), as `run_constants` gives them."""
+    files, _ = GROUPS[group]
+    paths = sorted({p for f in files for p in SRC.glob(f) if p.suffix == ".py"})
+    return [f"{_dotted(str(path.relative_to(SRC)))}.constant_L{line}_C{start}"
+            for path in paths for line, start, _, _ in _constants(path)]
+
+
+def run_constants(where: Path, group: str, timeout: float = 600,
+                  chosen: set[str] | None = None) -> dict[str, str]:
+    """{constant mutant: status}: each literal of `_constants` (those in `chosen` if given)
+    changed in turn in the scratch copy's src/ and the group's tests run on it (in-process
+    tests, stop at the first failure): killed when they fail, survived when they pass, "no
+    tests" when none is selected."""
     files, tests = GROUPS[group]
     env = dict(os.environ, PYTHONPATH=str(where / "src"))
     command = [sys.executable, "-m", "pytest", "-x", *PYTEST_ARGS, *tests]
@@ -174,6 +185,8 @@ def run_constants(where: Path, group: str, timeout: float = 600) -> dict[str, st
             mutated[line - 1] = text[:start] + new + text[end:]
             path.write_text("".join(mutated))
             name = f"{module}.constant_L{line}_C{start}"
+            if chosen is not None and name not in chosen:
+                continue
             try:
                 run = subprocess.run(command, cwd=where, env=env, capture_output=True,
                                      timeout=timeout)
@@ -188,22 +201,27 @@ def run_constants(where: Path, group: str, timeout: float = 600) -> dict[str, st
 def run_group(group: str, sample: int | None, seed: int) -> dict[str, object]:
     where = _scratch(group)
     start = time.monotonic()
+    picked: set[str] | None = None  # constant mutants to run (None: every one)
     if sample is None:
         _mutmut(where, "run")
-    else:  # generate every mutant (and the test map), then run a seeded sample of them
+    else:  # generate every mutant (and the test map), then run a seeded sample of them and
+        # of the constant mutants together
         _mutmut(where, "run", "no-such-mutant", check=False)  # exits 1: no such mutant
-        names = sorted(_results(where))
+        names = sorted(_results(where)) + constant_names(group)
         chosen = random.Random(seed).sample(names, min(sample, len(names)))
-        for i in range(0, len(chosen), 200):  # keep the command line short
-            _mutmut(where, "run", *chosen[i:i + 200])
-    results = _results(where) | run_constants(where, group)
+        picked = {name for name in chosen if ".constant_L" in name}
+        mutmut_names = sorted(set(chosen) - picked)
+        for i in range(0, len(mutmut_names), 200):  # keep the command line short
+            _mutmut(where, "run", *mutmut_names[i:i + 200])
+    generated = _results(where)
+    results = generated | run_constants(where, group, chosen=picked)
     checked = {name: status for name, status in results.items() if status != "not checked"}
     counts = {status: sum(s == status for s in checked.values()) for status in STATUSES}
     constants = {s: sum(st == s for n, st in checked.items() if ".constant_L" in n)
                  for s in ("killed", "survived", "no tests", "timeout")}
     files, tests = GROUPS[group]
     return {"group": group, "where": str(where), "files": files, "tests": tests,
-            "mutants": len(results),
+            "mutants": len(generated) + len(constant_names(group)),
             "checked": len(checked), "counts": counts, "constants": constants,
             "seconds": time.monotonic() - start,
             "survivors": sorted(name for name, s in checked.items()
@@ -261,9 +279,9 @@ def write_report(records: dict[str, dict[str, object]]) -> None:
              "tests; the multi-process ones, tests/runtime's launches and the CLI's "
              "subprocesses, are out of mutmut's reach, so what only they check survives "
              "here). Mutants listed by hand as equivalent (mutation.json, \"equivalent\": "
-             "mutant → reason) leave the numerator and the denominator. No subset runs in CI yet: "
-             "the smallest group run so far (goodput_sim, ~1,000 mutants) takes ~10 minutes "
-             "on the shared 2-core machine, over the 3 minutes a CI check may take.", "",
+             "mutant → reason) leave the numerator and the denominator. CI mutates the offload "
+             "group whole (tests/test_mutation_subset.py, ~1 minute on a loaded 2-core "
+             "machine) and fails on any survivor not listed as equivalent.", "",
              "Runs:", ""]
     machine = re.sub(r", load average [\d.]+ at the end", "", str(groups[-1]["machine"])
                      ) if groups else "?"

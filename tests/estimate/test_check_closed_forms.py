@@ -14,8 +14,13 @@ from shardwise.estimate.check import (
     CheckRow,
     Counted,
     Term,
+    activation_note,
+    checkpoint_rows,
     comm_rows,
     merge_rows,
+    peak_row,
+    predicted_comm,
+    predicted_saved,
     ring_factor,
     state_rows,
     zero_units,
@@ -175,3 +180,198 @@ def test_payload_rows_per_step_and_what_the_model_or_the_run_lacks():
     wire = [r for r in rows if r.item == "wire"]
     assert [r.what for r in wire] == ["dp all-reduce", "pp send", "tp broadcast"]
     assert [r.predicted for r in wire] == [pytest.approx(1600.0), 500.0, 0.0]
+
+
+# ------------------------------------------------------- predicted traffic, term by term
+F64 = 8  # the CPU runtime's dtype: activations, gradients and weights in fp64
+
+
+def _by_label(model, layout, stage=0, seq=32, batch=8, **kw):
+    train = TrainSpec(seq_len=seq, global_batch=batch, dtype="fp64")
+    out: dict[tuple[str, str, str], float] = {}
+    for term in predicted_comm(model, Layout.parse(layout), train, stage, **kw):
+        key = (term.axis, term.op, term.label)
+        out[key] = out.get(key, 0.0) + term.bytes
+    return out
+
+
+def _ring(op, size, n):  # SPEC §5: 2(N−1)/N·S for an all-reduce, (N−1)/N·S otherwise
+    return (2 if op == "all-reduce" else 1) * (n - 1) / n * size
+
+
+def test_deepseek_under_tp_sp_and_ep_term_by_term():
+    """tiny-deepseek at tp = 2 with SP, ep = 2 over dp = 4, one stage, 2 micro-batches of 32:
+    the replicated weights' partial gradients (SP: 7 norms and 2 routers; MLA: 3 layers'
+    down-projections and latent norms), the routing drawn (16 rows out, 18 in), the count
+    exchange, the load-balancing counts and the capacity's choices over the SP ranks, and the
+    dense and expert gradient all-reduces."""
+    routing = [(1, 10, 14), (2, 6, 4)]
+    terms = _by_label(TINY_DS, "tp=2,sp=1,ep=2,dp=4", routing=routing, aux_loss=True,
+                      capacity=True)
+    sp = ("tp", "all-reduce", "SP: norm (and router) gradients")
+    assert terms[sp] == _ring("all-reduce", ((2 * 3 + 1) * 64 + 2 * 8 * 64) * F64, 2)
+    mla = ("tp", "all-reduce", "MLA: down-projection and latent-norm gradients")
+    assert terms[mla] == _ring("all-reduce", 3 * (64 * 32 + 64 * 24 + 32 + 16) * F64, 2)
+    balanced = 2 * 2 * 2 * 2 * _ring("all-to-all", 32 * 2, 2) * 64 * F64  # m·moe·(2 ways)·fb
+    dispatch = ("ep", "all-to-all", f"dispatch/combine of the routing drawn (16 rows out, 18 "
+                f"in per step; balanced routing, SPEC §5: {balanced:,.0f} B)")
+    assert terms[dispatch] == (16 + 18) * 64 * F64 * 2  # forward and backward
+    counts = ("ep", "all-to-all (counts)", "per-expert row counts before each dispatch")
+    assert terms[counts] == 2 * _ring("all-to-all", 8 * 8, 2)  # 2 calls of E int64
+    calls = 2 * 2  # micro-batches × MoE layers
+    assert terms[("tp", "all-reduce (routing counts)", "MoE load-balancing loss: per-expert "
+                  "counts summed over the ranks sharing the sequences")] == calls * _ring(
+        "all-reduce", 8 * 8, 2)
+    assert terms[("tp", "all-gather (routing)", "MoE capacity: the expert choices of the ranks "
+                  "sharing the sequences")] == calls * _ring("all-gather", 32 * 1 * 2 * 8, 2)
+    # dense: the embedding and head (V/t·h), 3 layers at tp = 2, the final norm; experts: half
+    # of each MoE layer's 8 over ep, ÷ tp
+    attention = 64 * 32 + 64 * 24 + 48 + (32 * 96 + 16 * 128 + 64 * 64) / 2 + 128
+    dense = 2 * 128 * 64 + (attention + 3 * 64 * 128 / 2) + 2 * (
+        attention + 8 * 64 + 3 * 64 * 32 / 2) + 64
+    experts = 2 * 8 * 3 * 64 * 32 / 4
+    assert terms[("dp", "all-reduce", "gradient average")] == _ring("all-reduce", dense * F64, 4)
+    assert terms[("edp", "all-reduce", "gradient average")] == _ring("all-reduce",
+                                                                      experts * F64, 2)
+    # full recompute replays each forward all-to-all and the routing calls
+    full = _by_label(TINY_DS, "tp=2,sp=1,ep=2,dp=4,recompute=full", routing=routing,
+                     aux_loss=True)
+    assert full[counts] == 2 * terms[counts]
+    assert sum(v for k, v in full.items() if k[0] == "ep" and k[1] == "all-to-all") == (
+        16 + 18) * 64 * F64 * 3
+    assert full[("tp", "all-reduce (routing counts)", "MoE load-balancing loss: per-expert "
+                 "counts summed over the ranks sharing the sequences")] == 2 * calls * _ring(
+        "all-reduce", 8 * 8, 2)
+
+
+def test_routing_calls_over_cp_gather_the_whole_sequence():
+    terms = _by_label(TINY_DS, "cp=2,dp=1", seq=64, aux_loss=True, capacity=True)
+    calls = 8 * 2  # 8 micro-batches × 2 MoE layers
+    assert terms[("cp", "all-gather (routing)", "MoE capacity: the expert choices of the ranks "
+                  "sharing the sequences")] == calls * _ring("all-gather", 64 * 2 * 8, 2)
+    assert ("tp", "all-reduce (routing counts)") not in {k[:2] for k in terms}
+    assert not [k for k in _by_label(TINY, "cp=2", seq=64, aux_loss=True) if "routing" in k[1]]
+
+
+def test_replicated_kv_heads_under_zero_sum_the_shards():
+    """tiny (2 kv heads) at tp = 4 with ZeRO-1 over 2: per layer unit (its tp = 4 share,
+    10,368 parameters) an all-reduce over tp of a_kv = 2 copies of the unit's shard."""
+    unit = 2 * 64 * 64 / 4 + 2 * 64 * 16 + 128 + 3 * 64 * 128 / 4
+    terms = _by_label(TINY, "tp=4,dp=2,zero=1")
+    key = ("tp", "all-reduce", "replicated kv heads: K, V elements of the ZeRO shards summed "
+           "over replicas")
+    assert terms[key] == 4 * _ring("all-reduce", 2 * unit / 2 * F64, 4)
+
+
+def test_tied_embedding_gradients_over_the_pipeline_zero_shard_padded():
+    tied = TINY.with_(tie_embeddings=True)
+    plain = _by_label(tied, "pp=2,dp=3", batch=6)
+    assert plain[("pp", "all-reduce", "tied embedding gradients")] == _ring(
+        "all-reduce", 256 * 64 * F64, 2)
+    # ZeRO over 3: the rank's shard of the gradient, 16,384 padded to 16,386, ÷ 3
+    zero = _by_label(tied, "pp=2,dp=3,zero=1", batch=6)
+    assert zero[("pp", "all-reduce", "tied embedding gradients (ZeRO: this rank's shard)")] == (
+        pytest.approx(_ring("all-reduce", 256 * 64 * F64, 2) * 5462 / 16384))
+    # tp = 2 halves the vocabulary: 8,192 padded to 8,193 ÷ 3 = 2,731
+    tp = _by_label(tied, "pp=2,tp=2,dp=3,zero=1", batch=6)
+    assert tp[("pp", "all-reduce", "tied embedding gradients (ZeRO: this rank's shard)")] == (
+        pytest.approx(_ring("all-reduce", 128 * 64 * F64, 2) * 2731 / 8192))
+    assert tp[("pp", "send", "activations and their gradients")] > 0
+
+
+def test_hybrid_zero_shards_in_groups_and_averages_the_shards_over_them():
+    """tiny, ZeRO-2 in groups of 2 of dp = 4, 2 micro-batches: reduce-scatter and all-gather
+    within the group, and after each reduce-scatter the shard all-reduced over the 2 groups."""
+    p = 4 * T_LAYER + 2 * T_VOCAB + 64  # every unit even: no padding
+    terms = _by_label(TINY, "dp=4,zero=2,zero_group=2")
+    assert terms[("zero_replica", "all-reduce", "hybrid ZeRO: gradient shards averaged over "
+                  "the groups")] == 2 * _ring("all-reduce", p / 2 * F64, 2)
+    assert terms[("zero_shard", "reduce-scatter", "ZeRO-2")] == 2 * _ring("reduce-scatter",
+                                                                          p * F64, 2)
+    assert terms[("zero_shard", "all-gather", "ZeRO-2")] == _ring("all-gather", p * F64, 2)
+    # ZeRO-1: one reduction per step; experts over edp groups of max(k/e, 1)
+    one = _by_label(TINY, "dp=4,zero=1,zero_group=2")
+    assert one[("zero_replica", "all-reduce", "hybrid ZeRO: gradient shards averaged over "
+                "the groups")] == _ring("all-reduce", p / 2 * F64, 2)
+    moe = _by_label(TINY_DS, "dp=8,ep=2,zero=1,zero_group=4")
+    experts = 2 * DS_EXPERTS / 2  # two MoE layers' halves
+    assert moe[("edp_replica", "all-reduce", "hybrid ZeRO: gradient shards averaged over the "
+                "groups")] == _ring("all-reduce", experts / 2 * F64, 2)
+    assert moe[("edp_shard", "reduce-scatter", "ZeRO-1")] == _ring("reduce-scatter",
+                                                                   experts * F64, 2)
+
+
+# ------------------------------------------------------------------------- what is kept
+RUNTIME64 = TrainSpec(seq_len=32, global_batch=4, dtype="fp64", impl="shardwise")
+
+
+def test_predicted_saved_splits_the_moe_block_and_counts_per_expert_row():
+    _, moe, per_row = predicted_saved(TINY_DS, Layout.parse("dp=1"), RUNTIME64, True)
+    # per row an expert runs: its input (h) and SwiGLU's gate, up and down input (f_e each)
+    assert per_row == (64 + 3 * 32) * F64
+    assert moe is not None and moe > 64 * per_row  # 2 of 32 rows per token: 64 rows at least
+    assert predicted_saved(TINY, Layout.parse("dp=1"), RUNTIME64, False)[1:] == (None, 0.0)
+    # full recompute keeps the layer input, (s, b, h)
+    full = predicted_saved(TINY_DS, Layout.parse("dp=1,recompute=full"), RUNTIME64, True)
+    assert full == (32 * 64 * F64, None, 0.0)
+    two = predicted_saved(TINY_DS, Layout.parse("dp=1,recompute=full,mb=2"),
+                          TrainSpec(seq_len=32, global_batch=4, dtype="fp64",
+                                    impl="shardwise"), True)
+    assert two[0] == 2 * 32 * 64 * F64
+
+
+def test_activation_notes_size_each_runtime_fact():
+    row = CheckRow("activations", "layer 0", 1000.0, 990.0, "1%")
+    bf16 = TrainSpec(seq_len=64, global_batch=4, dtype="bf16", impl="shardwise")
+    # tp = 2 with SP, cp = 2 ring: rows s/c·b = 32; RMSNorm's rstd twice ÷ t, FlashAttention's
+    # log-sum-exp per local head (4/2) — kept in bf16 by the runtime, fp32 by the count
+    notes = activation_note(row, Layout.parse("tp=2,sp=1,cp=2"), bf16, TINY)
+    n = (2 / 2) * 32 + 2 * 32
+    assert notes == [f"bf16: the runtime keeps RMSNorm's rstd and attention's log-sum-exp in "
+                     f"bf16, the count in fp32: −{n * 2:,.0f} B",
+                     "ring attention also saves the zigzag token positions, (c, s/c) int64: "
+                     "+512 B"]
+    # MLA's two latent norms add a row each; selective recompute keeps no log-sum-exp
+    mla = activation_note(row, Layout.parse("dp=1,recompute=selective"), bf16, TINY_DS)
+    assert mla == [f"bf16: the runtime keeps RMSNorm's rstd and attention's log-sum-exp in "
+                   f"bf16, the count in fp32: −{(2 + 2) * 64 * 2:,.0f} B"]
+    # no note where the row is exact, under full recompute, for an MoE row's fp32 router
+    assert activation_note(CheckRow("activations", "l", 5.0, 5.0), Layout(), bf16, TINY) == []
+    assert activation_note(row, Layout.parse("dp=1,recompute=full"), bf16, TINY) == []
+    moe_row = CheckRow("activations", "layer 1 MoE", 1000.0, 990.0, "1%")
+    assert activation_note(moe_row, Layout.parse("dp=1"), bf16, TINY_DS) == []
+    # without FlashAttention ring attention keeps its output and log-sum-exp, not scores
+    eager = TrainSpec(seq_len=64, global_batch=4, dtype="fp64", impl="shardwise",
+                      flash_attention=False)
+    assert activation_note(row, Layout.parse("cp=2"), eager, TINY)[-1] == (
+        "ring attention keeps its output and log-sum-exp, never the scores")
+
+
+def test_checkpoint_rows_against_goodput_bytes_by_hand():
+    measured = dict(bandwidth=2e9, state=1.0, other=2.0, busiest_rank_bytes=3.0,
+                    disk_bytes=4.0, seconds=5.0, disk_test_bytes=2**21)
+    rows = checkpoint_rows(TINY, Layout.parse("dp=2"), RUNTIME64, measured)
+    whole = P_TINY * (8 + 16)  # fp64 weights and torch's two fp64 Adam moments, no master
+    assert [(r.what, r.predicted, r.measured, r.target) for r in rows] == [
+        ("weights, masters, moments (bytes)", whole, 1.0, "exact"),
+        ("step counters, RNG (bytes)", None, 2.0, "-"),
+        ("busiest rank's file (bytes)", whole / 2, 3.0, "-"),  # DCP spreads the replicas
+        ("on disk (bytes)", None, 4.0, "-"),
+        ("write (s)", whole / 2e9, 5.0, "-")]
+    assert rows[0].note.startswith("180,800 params × 24 B (fp64, the shardwise runtime's")
+    assert "this disk's 2,000 MB/s (2 MiB written" in rows[-1].note
+
+
+def test_peak_row_is_reported_with_its_basis():
+    cpu = peak_row(TINY, Layout.parse("dp=2"), RUNTIME64, 0, None)
+    assert (cpu.item, cpu.what, cpu.measured, cpu.target, cpu.ok) == (
+        "peak memory", "max_memory_allocated", None, "-", True)
+    assert cpu.note.startswith("no GPU: this run is on CPU (gloo)")
+    gpu = peak_row(TINY, Layout.parse("dp=2"), RUNTIME64, 0, 123.0)
+    assert (gpu.predicted, gpu.measured) == (cpu.predicted, 123.0)
+    assert gpu.note.startswith("allocator peak: the model's state and activations")
+    assert cpu.predicted > whole_state(TINY)
+
+
+def whole_state(model):
+    return model.count_params().total * (8 + 8 + 16)  # fp64 weights, gradients, moments

@@ -14,6 +14,7 @@ from shardwise.estimate.check import (
     CheckRow,
     Counted,
     Term,
+    Traffic,
     activation_note,
     checkpoint_rows,
     comm_rows,
@@ -375,3 +376,64 @@ def test_peak_row_is_reported_with_its_basis():
 
 def whole_state(model):
     return model.count_params().total * (8 + 8 + 16)  # fp64 weights, gradients, moments
+
+
+def test_context_parallel_terms_per_kind():
+    """tiny (2 kv heads of 16: kv 32; q 64), s 64, 8 micro-batches × 4 layers. Ring over c:
+    (c−1)·2·(s/c)·b·kv·bytes forward, ×3 with backward (Liu et al. 2023); Ulysses over u:
+    (u−1)/u·(s/c)·b·(2q + 2kv)·bytes, ×2 (Jacobs et al. 2023 §3.2); the hybrid a ring of c/u
+    ranks over s·u/c rows with kv/u, after the all-to-alls in groups of u."""
+    calls = 8 * 4
+    ring = _by_label(TINY, "cp=2", seq=64)
+    assert ring[("cp", "send", "ring attention K, V and dK, dV")] == calls * (
+        1 * 2 * 32 * 32 * F64 * 3)
+    ulysses = _by_label(TINY, "cp=2,cp_kind=ulysses", seq=64)
+    assert ulysses[("cp", "all-to-all", "Ulysses: Q, K, V and the attention output, their "
+                    "gradients back")] == calls * (1 / 2 * 32 * (2 * 64 + 2 * 32) * F64 * 2)
+    hybrid = _by_label(TINY, "cp=4,cp_kind=hybrid,ulysses=2", seq=64)
+    assert hybrid[("cp_ring", "send", "ring attention K, V and dK, dV")] == calls * (
+        1 * 2 * (64 * 2 / 4) * (32 / 2) * F64 * 3)
+    assert hybrid[("cp_a2a", "all-to-all", "Ulysses: Q, K, V and the attention output, their "
+                   "gradients back")] == calls * (1 / 2 * 16 * (2 * 64 + 2 * 32) * F64 * 2)
+    # tp = 2 halves q and the kv heads (2 of 2: one each)
+    tp = _by_label(TINY, "cp=2,tp=2,cp_kind=ulysses", seq=64)
+    assert tp[("cp", "all-to-all", "Ulysses: Q, K, V and the attention output, their "
+               "gradients back")] == calls * (1 / 2 * 32 * (2 * 32 + 2 * 16) * F64 * 2)
+
+
+def test_traffic_adds_up_and_uncounted_bytes_are_reported():
+    total = Traffic(1.0, 2.0, 52, 3.0) + Traffic(10.0, 20.0, 40, 30.0)
+    assert total == Traffic(11.0, 22.0, 40, 33.0) and total.wire == 11 + 22 * 40
+    assert (Traffic(5.0, 1.0, 52) + Traffic()).header == 52
+    counted = Counted({("dp", "all-reduce"): 1200.0}, {("dp", "all-reduce"): 1}, {"dp": 3})
+    wire = {("dp", "all-reduce"): Traffic(1600.0 + 100, 10, 52),
+            ("?", "?"): Traffic(100.0, 1, 52), ("world", "all-reduce"): Traffic(48.0, 1, 52)}
+    rows = comm_rows([Term("dp", "all-reduce", 1600.0, "g")], counted, 2,
+                     Layout.parse("dp=3"), wire)
+    last = rows[-1]
+    assert (last.item, last.what, last.predicted, last.target) == ("wire", "not counted", None,
+                                                                   "-")
+    assert last.measured == (152 + 100) / 2
+    assert last.note == ("bytes on the wire of calls outside the model and the counters: "
+                         "before any call 76 B, world all-reduce 50 B")
+
+
+def test_wire_row_neither_algorithm_keeps_the_backends_bounds():
+    """4 MB reduce-scatter on 4 ranks, 2 calls, data at 1·payload: neither the ring's 0.75 nor
+    gloo's 1.5 — the verdict uses gloo's algorithm (its bounds), and says both factors."""
+    counted = Counted({("dp", "reduce-scatter"): 4e6}, {("dp", "reduce-scatter"): 2}, {"dp": 4})
+    wire = {("dp", "reduce-scatter"): Traffic(4e6, 60, 52)}
+    row = comm_rows([Term("dp", "reduce-scatter", 3e6, "ZeRO")], counted, 1,
+                    Layout.parse("dp=4"), wire)[1]
+    assert not row.ok and row.allowed == (1.5 * 4e6 + 60 * 52, 1.5 * 4e6 + 60 * 52 + 1024 * 3 * 2)
+    assert row.note.endswith("data 1·payload, not the ring's 0.75 nor the 1.5 of the backend's "
+                             "own algorithm")
+    counted = Counted({("dp", "all-gather"): 4e6}, {("dp", "all-gather"): 2}, {"dp": 4})
+    row = comm_rows([Term("dp", "all-gather", 3e6, "ZeRO")], counted, 1, Layout.parse("dp=4"),
+                    {("dp", "all-gather"): Traffic(4e6, 60, 52)})[1]
+    assert row.note.endswith("data 1·payload, not the ring's 0.75")
+    assert row.allowed == (0.75 * 4e6 + 60 * 52, 0.75 * 4e6 + 60 * 52 + 1024 * 3 * 2)
+    # a call never counted on a group never called: no slack, reported as measured
+    lone = comm_rows([Term("pp", "send", 500.0, "a")], Counted({}, {}, {}), 1,
+                     Layout.parse("pp=2"), {("pp", "send"): Traffic(500.0, 1, 52)})[1]
+    assert (lone.target, lone.measured) == ("-", 552.0)

@@ -123,3 +123,34 @@ def test_kv_cache_per_token():
     assert kv_cache_bytes_per_token(get_model("deepseek-v3")) == 61 * (512 + 64) * 2
     # tiny-deepseek: K and V widths differ (24 and 16 per head), the cache is the latent's
     assert kv_cache_bytes_per_token(get_model("tiny-deepseek"), "fp32") == 3 * (16 + 8) * 4
+
+
+def test_precision_aware_fields_read_from_any_train_object():
+    """`train_state_bytes` reads the optional fields where the object has them (a TrainSpec)
+    and takes the defaults where it does not (an object with the three basic fields)."""
+    from types import SimpleNamespace
+
+    plain = SimpleNamespace(dtype="bf16", grad_dtype="fp32", optimizer="adam")
+    assert train_state_bytes(plain) == StateBytes(2, 4, 4, 8)
+    narrow = TrainSpec(seq_len=4096, global_batch=8, dtype="bf16", grad_dtype="fp32",
+                       main_params_dtype="fp16")
+    assert train_state_bytes(narrow) == StateBytes(2, 4, 2, 8)  # an fp16 master copy
+    sq = TrainSpec(seq_len=4096, global_batch=8, dtype="bf16", grad_dtype="fp32",
+                   exp_avg_sq_dtype="bf16")
+    assert train_state_bytes(sq) == StateBytes(2, 4, 4, 6)
+
+
+def test_zero_memory_and_table_with_their_own_state_bytes():
+    """fp32 weights with bf16 gradients (4 + 2 + 0 + 8): the table's bytes and traffic follow
+    the state given — stages 1-2 reduce-scatter the 2-byte gradients and all-gather the
+    4-byte weights once, (N−1)/N·Ψ·(2 + 4); stage 3 gathers them twice, (N−1)/N·Ψ·(2 + 2·4);
+    stage 0's all-reduce 2(N−1)/N·Ψ·2."""
+    state = StateBytes(4, 2, 0, 8)
+    assert zero_memory_per_device(PSI, N, 1, state) == pytest.approx(4 * PSI + 2 * PSI
+                                                                     + 8 * PSI / N)
+    rows = zero_stage_table(PSI, N, state)
+    assert [r.bytes_per_device for r in rows] == pytest.approx(
+        [14 * PSI, 6 * PSI + 8 * PSI / N, 4 * PSI + 10 * PSI / N, 14 * PSI / N])
+    ring = (N - 1) / N * PSI
+    assert [r.comm_bytes_per_step for r in rows] == pytest.approx(
+        [2 * ring * 2, ring * (2 + 4), ring * (2 + 4), ring * (2 + 2 * 4)])

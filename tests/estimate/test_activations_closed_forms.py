@@ -146,3 +146,83 @@ def test_recompute_adjust_frees_stores_in_fp8_and_offloads():
     # arrays of layouts: freed where selective holds
     out = recompute_adjust(ds, ("moe_act",), True, np.array([True, False]), 2.0, False)(saved)
     assert list(out["expert_down_input"]) == [0.0, 8.0] and out["expert_gate"] == 8.0
+
+
+LLAMA = get_model("tiny")
+DS = get_model("tiny-deepseek")
+
+
+def _sum(saved):
+    return sum(saved.values())
+
+
+def test_a_layer_keeps_the_sum_of_its_saved_tensors_with_the_documented_defaults():
+    # defaults: one sequence, no parallelism, no recompute, FlashAttention off, bf16
+    assert activation_bytes_per_layer(LLAMA, 64) == _sum(saved_tensors_per_layer(
+        LLAMA, 64, 1, tp=1, sp=False, cp=1, flash=False, selective=False, dtype_bytes_=2,
+        moe=False))
+    # the MoE layer by default for an MoE model; experts split over etp = tp unless given
+    kw = dict(tp=2, sp=True, cp=2, flash=True, dtype="fp32")
+    ref = dict(tp=2, sp=True, cp=2, flash=True, dtype_bytes_=4, a2a=1)
+    assert activation_bytes_per_layer(DS, 64, 2, **kw) == pytest.approx(_sum(
+        saved_tensors_per_layer(DS, 64, 2, moe=True, etp=2, **ref)))
+    assert activation_bytes_per_layer(DS, 64, 2, moe=False, etp=1, a2a=2, **kw) == (
+        pytest.approx(_sum(saved_tensors_per_layer(DS, 64, 2, moe=False, etp=1,
+                                                   **ref | {"a2a": 2}))))
+    # selective recompute drops the attention core's tensors; FP8 inputs are 1 byte
+    sel = activation_bytes_per_layer(DS, 64, 1, recompute="selective", flash=True)
+    assert sel == pytest.approx(_sum(saved_tensors_per_layer(DS, 64, 1, flash=True,
+                                                             selective=True, moe=True)))
+    fp8 = activation_bytes_per_layer(LLAMA, 64, 1, flash=True, fp8_inputs=1.0)
+    plain = activation_bytes_per_layer(LLAMA, 64, 1, flash=True)
+    # QKV's and fc1's norm outputs and fc2's input at 1 byte, not 2, and the out-projection's
+    # FP8 copy beside the attention output: −s·h − s·h − s·f + s·h
+    assert plain - fp8 == pytest.approx(64 * (64 + 128))
+    # op-sac (code 3) keeps less than nothing recomputed
+    assert activation_bytes_per_layer(DS, 64, 1, recompute=np.array([3]))[0] < (
+        activation_bytes_per_layer(DS, 64, 1))
+
+
+def test_megatron_recompute_modules_and_stores_through_the_layer_entry():
+    saved = saved_tensors_per_layer(DS, 64, 1, moe=True, flash=True)
+    # modules without core_attn: the attention core kept, only the experts' fc2 input freed
+    only = activation_bytes_per_layer(DS, 64, 1, recompute="selective", flash=True,
+                                      modules=("moe_act",))
+    assert only == pytest.approx(_sum(saved) - saved["expert_down_input"])
+    core = saved_tensors_per_layer(DS, 64, 1, moe=True, flash=True, selective=True)
+    both = activation_bytes_per_layer(DS, 64, 1, recompute="selective", flash=True,
+                                      modules=("core_attn", "moe_act"))
+    assert both == pytest.approx(_sum(core) - core["expert_down_input"])
+    # nothing recomputed: the modules free nothing
+    assert activation_bytes_per_layer(DS, 64, 1, flash=True, modules=("moe_act",)) == (
+        pytest.approx(_sum(saved)))
+    # SwiGLU inputs stored in FP8: the gate and up tensors at 1 byte of 2
+    stored = activation_bytes_per_layer(DS, 64, 1, flash=True, act_fp8_store=True)
+    gate_up = sum(saved[n] for n in ("expert_gate", "expert_up", "shared_gate", "shared_up"))
+    assert stored == pytest.approx(_sum(saved) - gate_up / 2)
+    # offloaded module inputs leave the GPU
+    off = activation_bytes_per_layer(DS, 64, 1, flash=True, offload_modules=("attn_norm",
+                                                                             "expert_fc1"))
+    assert off == pytest.approx(_sum(saved) - saved["norm1_input"] - saved["expert_inputs"])
+
+
+def test_recompute_modules_combine():
+    assert recompute_dropped(DS, ("layernorm", "mla_up_proj"), False) == {
+        "norm1_stats", "qkv_input", "norm2_stats", "mlp_input", "q", "k", "v"}
+    assert recompute_dropped(DS, ("moe_act", "shared_experts"), True) == {
+        "expert_down_input", "shared_gate", "shared_up", "shared_down_input"}
+    assert recompute_dropped(DS, ("layernorm", "moe_act"), True) == {
+        "norm1_stats", "qkv_input", "norm2_stats", "mlp_input", "expert_down_input"}
+    assert recompute_dropped(DS, ("layernorm", "moe"), True) >= {"norm1_stats", "router_probs"}
+
+
+def test_recompute_adjust_keeps_latent_names_unless_mla_up_proj_on_one_layout():
+    saved = {"q_latent_normed": 8.0, "expert_down_input": 8.0, "norm1_input": 0.0}
+    # MLA without mla_up_proj: the latents keep their (FP8-saved) name
+    out = recompute_adjust(DS, ("moe_act",), True, True, 2.0, False, ("attn_norm",))(saved)
+    assert out == {"q_latent_normed": 8.0, "expert_down_input": 0.0, "norm1_input": 0.0}
+    # arrays of layouts keep the name (the lighter FP8 count), and free per layout
+    out = recompute_adjust(DS, ("mla_up_proj", "moe_act"), True, np.array([True, False]), 2.0,
+                           False)(saved)
+    assert set(out) == set(saved)
+    assert list(out["expert_down_input"]) == [0.0, 8.0]

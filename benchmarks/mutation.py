@@ -4,8 +4,8 @@
 Each module group is mutated on its own, in a scratch copy of the repository, against every
 test file that imports it (in-process tests only). Module- and class-level numeric constants
 are mutated too by a small operator of our own (int n → n + 1, float x → 1.1·x). Unreached
-mutants count as survivors; equivalent ones are listed by hand in mutation.json's
-"equivalent" (mutant → reason). Results per group, with commit, date, machine and command,
+mutants count as survivors; equivalent ones are listed by hand in `EQUIVALENT` (mutant →
+reason). Results per group, with commit, date, machine and command,
 live in docs/accuracy/mutation.json; docs/accuracy/mutation.md is written from it.
 
 CI runs the offload group whole (tests/test_mutation_subset.py). Run on demand (the
@@ -51,6 +51,31 @@ MODULES = {
     "checkpoint": ["runtime/checkpoint/*"], "reducers": ["runtime/collectives/*"],
 }
 SRC = ROOT / "src" / "shardwise"
+# Mutants no test can kill because the program computes the same thing (mutant -> why), read
+# by hand from `mutmut show NAME`; they leave the numerator and the denominator. mutmut numbers
+# a function's mutants in order: an edit to the function renumbers them, so recheck the list
+# after changing a listed module.
+_S, _A = "shardwise.estimate.state.x_", "shardwise.estimate.activations.x_"
+_LOWER = "dtype_bytes lower-cases the name: the same dtype"
+EQUIVALENT: dict[str, str] = {
+    f"{_S}bytes_per_param_training__mutmut_2": _LOWER + " (default \"BF16\")",
+    f"{_S}bytes_per_param_training__mutmut_28": "weight >= 4: at 4 bytes the moments' factor "
+                                                "weight/4 is 1",
+    f"{_S}bytes_per_param_training__mutmut_29": "weight > 5: dtypes are 0.5, 1, 2, 4 or 8 bytes, "
+                                                "none in (4, 5]",
+    f"{_S}bytes_per_param_training__mutmut_44": _LOWER + " (\"FP32\")",
+    f"{_S}bytes_per_param_training__mutmut_48": _LOWER + " (\"FP32\")",
+    f"{_S}kv_cache_bytes_per_token__mutmut_2": _LOWER + " (default \"BF16\")",
+    f"{_A}activation_bytes_per_layer__mutmut_9": _LOWER + " (default \"BF16\")",
+    f"{_A}korthikanti_activation_bytes__mutmut_3": "default recompute renamed: any name but "
+                                                   "full or selective is no recompute",
+    f"{_A}korthikanti_activation_bytes__mutmut_4": "default recompute \"NONE\": any name but "
+                                                   "full or selective is no recompute",
+    f"{_A}gathered_kv_bytes__mutmut_9": "n_kv / tp for n_kv // tp: a valid layout's tp divides "
+                                        "n_kv or exceeds it, and max(·, 1) then agrees",
+    f"{_A}recompute_adjust__mutmut_26": "np.where on a scalar selective: a 0-d array of the same "
+                                        "value",
+}
 
 
 def _dotted(pattern: str) -> str:
@@ -263,7 +288,7 @@ def write_report(records: dict[str, dict[str, object]]) -> None:
     """docs/accuracy/mutation.md from every group's latest record, in GROUPS order."""
     import mutmut
 
-    equivalent: dict[str, str] = dict(records.get("equivalent", {}))  # type: ignore[arg-type]
+    equivalent = EQUIVALENT | dict(records.get("equivalent", {}))  # type: ignore[arg-type]
     groups = [records[g] for g in GROUPS if g in records]
     runs: dict[tuple[str, str, str], list[str]] = {}  # (command, commit, date) -> groups
     for g in groups:
@@ -280,8 +305,8 @@ def write_report(records: dict[str, dict[str, object]]) -> None:
              "Each group runs against every test file that imports its modules (in-process "
              "tests; the multi-process ones, tests/runtime's launches and the CLI's "
              "subprocesses, are out of mutmut's reach, so what only they check survives "
-             "here). Mutants listed by hand as equivalent (mutation.json, \"equivalent\": "
-             "mutant → reason) leave the numerator and the denominator. CI mutates the offload "
+             "here). Mutants listed by hand as equivalent (the script's EQUIVALENT: mutant → "
+             "reason) leave the numerator and the denominator. CI mutates the offload "
              "group whole (tests/test_mutation_subset.py, ~1 minute on a loaded 2-core "
              "machine) and fails on any survivor not listed as equivalent.", "",
              "Runs:", ""]

@@ -1,12 +1,10 @@
 """The mutation figure cannot go stale (issue 45): CI mutates one analytic group whole,
 estimate/offload.py (`benchmarks/mutation.py`'s `run_group`, the same mutmut run, constant
 operator and test selection as `python benchmarks/mutation.py --only offload`), against the
-group's real test files, and fails on any survivor not listed as equivalent in
-docs/accuracy/mutation.json. ~130 mutants, ~40 s on a quiet 2-core machine (ran 1 to 2 minutes
+group's real test files, and fails on any survivor not listed in the script's EQUIVALENT. ~130 mutants, ~40 s on a quiet 2-core machine (ran 1 to 2 minutes
 under load). `slow`: deselected locally with -m "not slow", run in CI."""
 
 import importlib.util
-import json
 import os
 import shutil
 from pathlib import Path
@@ -38,7 +36,7 @@ def test_every_offload_mutant_is_killed_or_listed_as_equivalent():
             "tests/estimate/test_fp8_offload.py"} <= set(tests)
     record = mutation.run_group(GROUP, None, 0)
     shutil.rmtree(str(record["where"]), ignore_errors=True)
-    equivalent = json.loads(mutation.RECORDS.read_text()).get("equivalent", {})
+    equivalent = mutation.EQUIVALENT
     alive = [name for name in record["survivors"] if name not in equivalent]
     # every mutant generated was run (mutmut's and the constants'), none left unchecked
     assert record["checked"] == record["mutants"] > 100

@@ -1,8 +1,9 @@
 """The mutation figure cannot go stale (issue 45): CI mutates one analytic group whole,
 estimate/offload.py (`benchmarks/mutation.py`'s `run_group`, the same mutmut run, constant
 operator and test selection as `python benchmarks/mutation.py --only offload`), against the
-group's real test files, and fails on any survivor not listed in the script's EQUIVALENT. ~130 mutants, ~40 s on a quiet 2-core machine (ran 1 to 2 minutes
-under load). `slow`: deselected locally with -m "not slow", run in CI."""
+group's real test files, and fails on any survivor not in the script's `EQUIVALENT`. 120
+mutants: 58 s at load average 2.7 and 152 s at 11 on the shared 2-core machine. `slow`:
+deselected locally with -m "not slow", run in CI."""
 
 import importlib.util
 import os

@@ -437,3 +437,21 @@ def test_wire_row_neither_algorithm_keeps_the_backends_bounds():
     lone = comm_rows([Term("pp", "send", 500.0, "a")], Counted({}, {}, {}), 1,
                      Layout.parse("pp=2"), {("pp", "send"): Traffic(500.0, 1, 52)})[1]
     assert (lone.target, lone.measured) == ("-", 552.0)
+
+
+def test_a_missed_tp_all_reduce_under_zero_with_sp_or_mla_says_why():
+    counted = Counted({("tp", "all-reduce"): 900.0}, {("tp", "all-reduce"): 3}, {"tp": 2})
+    terms = [Term("tp", "all-reduce", 1600.0, "SP: norm (and router) gradients")]
+    why = ("; ZeRO + SP or MLA: the runtime all-reduces over tp the whole ZeRO shard of every "
+           "unit holding a weight whose gradient is partial over tp (other elements masked to "
+           "zero), not only those weights' gradients")
+    for layout, said in (("tp=2,sp=1,zero=1,dp=2", True), ("tp=2,sp=1,dp=2", False),
+                         ("tp=2,zero=1,dp=2", False)):
+        row = comm_rows(terms, counted, 1, Layout.parse(layout))[0]
+        assert row.note == "SP: norm (and router) gradients" + (why if said else ""), layout
+    mla = [Term("tp", "all-reduce", 1600.0, "MLA: down-projection and latent-norm gradients")]
+    assert comm_rows(mla, counted, 1, Layout.parse("tp=2,zero=1,dp=2"))[0].note.endswith(why)
+    # met: no note
+    met = Counted({("tp", "all-reduce"): 1600.0}, {("tp", "all-reduce"): 3}, {"tp": 2})
+    assert comm_rows(terms, met, 1, Layout.parse("tp=2,sp=1,zero=1,dp=2"))[0].note == (
+        "SP: norm (and router) gradients")

@@ -75,6 +75,8 @@ EQUIVALENT: dict[str, str] = {
                                         "n_kv or exceeds it, and max(·, 1) then agrees",
     f"{_A}recompute_adjust__mutmut_26": "np.where on a scalar selective: a 0-d array of the same "
                                         "value",
+    **{f"shardwise.estimate.uncertainty.x_resolution__mutmut_{n}": "the message of a raise "
+       "after the \"all runs\" level, which always returns: unreachable" for n in (32, 33)},
 }
 
 

@@ -153,3 +153,67 @@ def test_resolution_from_same_source_pairs(data):
                             "(hopper · megatron-te)")
     # too few pairs on ampere (1): every run of all
     assert unc.resolution("a100", "megatron-deepspeed")[1].startswith("80% of 17 same-source")
+
+
+def test_band_rounding_factor_and_its_json(data):
+    # 8 runs with six-decimal errors: the 8th |error| 0.123456 × the group's factor 1.2
+    group = "hopper · megatron-te · tp+pp"
+    data["runs"] = [_run("tp+pp", e, "s1") for e in
+                    (0.01, -0.02, 0.03, 0.04, -0.05, 0.06, 0.07, -0.123456)]
+    data["band_factors"] = {"0.8": {group: 1.2}}
+    layout = Layout(tp=2, pp=2, dp=2, recompute="selective")
+    sure = unc.uncertainty("h100", STACK, layout, TrainSpec(seq_len=4096, global_batch=64))
+    assert sure.band == round(0.123456 * 1.2, 4) == 0.1481
+    assert sure.basis == (f"80% conformal quantile of the 8 leave-one-source-out errors of "
+                          f"{group}, × 1.2 for its sources' spread")
+    assert sure.to_dict() == {
+        "band": 0.1481, "group": group, "runs": 8, "unvalidated": [], "band_95": None,
+        "group_95": "", "coverage": 0.8, "validated": True, "basis": sure.basis,
+        "docs": "docs/accuracy/bands.md"}
+    # without any factors recorded the band is the bare quantile
+    del data["band_factors"]
+    assert unc.uncertainty("h100", STACK, layout, TrainSpec(seq_len=4096, global_batch=64)
+                           ).band == 0.1235
+
+
+def test_a_group_too_wide_is_not_validated_and_says_so(data):
+    data["runs"] = [_run("tp+pp", 0.6 + i / 100, "s1") for i in range(5)]
+    layout = Layout(tp=2, pp=2, dp=2, recompute="selective")
+    sure = unc.uncertainty("h100", STACK, layout, TrainSpec(seq_len=4096, global_batch=64))
+    assert (sure.band, sure.group, sure.runs, sure.band_95, sure.group_95, sure.coverage,
+            sure.validated) == (None, "hopper · megatron-te · tp+pp", 0, None, "", 0.8, False)
+    assert sure.basis == ("the out-of-sample errors of hopper · megatron-te · tp+pp (5 runs) "
+                          "exceed ±50%: not validated")
+
+
+def test_resolution_falls_back_level_by_level(data):
+    # hopper · megatron-te: s1's 5 runs, exactly 10 pairs (the threshold)
+    data["runs"] = [_run("tp+pp", e, "s1") for e in (0.01, 0.02, 0.03, 0.04, 0.05)] + [
+        _run("dp", e, "s2", gen="ampere") for e in (0.1, 0.2, 0.3, 0.4)]
+    unc._pair_errors.cache_clear()
+    assert unc.resolution("h100", STACK)[1].startswith("80% of 10 same-source pairs of "
+                                                        "published runs (hopper · megatron-te)")
+    # ampere · megatron-te has 6 pairs: the stack's 16
+    assert unc.resolution("a100", STACK)[1].startswith("80% of 16 same-source pairs of "
+                                                        "published runs (megatron-te)")
+    # another stack, fewer than 10 pairs anywhere: every run's
+    data["runs"] = data["runs"][:4]
+    unc._pair_errors.cache_clear()
+    value, basis = unc.resolution("h100", "torchtitan")
+    assert basis == ("80% of 6 same-source pairs of published runs (all runs) have their "
+                     "step-time ratio predicted within it")
+    assert value > 0
+
+
+def test_the_band_uses_the_calibration_it_was_timed_with(data):
+    """b200's built-in constants time cuDNN attention with FA4's curve (a borrowed kernel: one
+    feature more); constants that measured cuDNN attention (H100's) borrow nothing."""
+    from shardwise.calibration import default_calibration
+
+    layout = Layout(tp=2, pp=2, dp=2, recompute="selective")
+    train = TrainSpec(seq_len=4096, global_batch=64)
+    borrowed = unc.uncertainty("b200", STACK, layout, train)
+    own = unc.uncertainty("b200", STACK, layout, train, default_calibration("h100-sxm"))
+    assert borrowed.unvalidated == ("cudnn attention (no kernel benchmark on b200: timed with "
+                                    "fa4's curve)", "blackwell GPUs")
+    assert own.unvalidated == ("blackwell GPUs",)

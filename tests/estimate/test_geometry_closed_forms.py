@@ -8,6 +8,7 @@ import pytest
 
 from shardwise.arch import from_hf_dict, get_model
 from shardwise.estimate.geometry import (
+    candidate_stages,
     fp8_linear_params,
     in_flight_per_stage,
     layer_params,
@@ -151,3 +152,20 @@ def test_fp8_linear_params_leave_norms_and_router_in_bf16():
     assert te.experts_fp8
     dense_t, _, _ = layer_params(TINY, 2, 1)
     assert fp8_linear_params(TINY, te, 2, 1)[0::2] == (dense_t - 2 * 64, 2 + 2)
+
+
+def test_candidate_stages_for_the_peak():
+    """A model whose stages differ only at the ends: the first (embedding), the second (the
+    most in flight after it) and the last (head, logits); an MoE model with dense first
+    layers: every stage (its MoE layers per stage vary)."""
+    import numpy as np
+
+    assert [int(s) for s in candidate_stages(TINY, 4)] == [0, 1, 3]
+    assert [int(s) for s in candidate_stages(TINY, 1)] == [0, 0, 0]
+    assert [int(s) for s in candidate_stages(TINY_DS, 3)] == [0, 1, 2]
+    every_other = TINY.with_(n_experts=4, top_k=2, moe_every=2)
+    assert [int(s) for s in candidate_stages(every_other, 4)] == [0, 1, 2, 3]
+    assert [int(s) for s in candidate_stages(get_model("tiny-moe"), 4)] == [0, 1, 3]
+    # arrays of pp: each stage index capped at pp - 1
+    stages = candidate_stages(TINY_DS, np.array([1, 3]))
+    assert [list(s) for s in stages] == [[0, 0], [0, 1], [0, 2]]

@@ -317,7 +317,8 @@ def write_report(records: dict[str, dict[str, object]]) -> None:
     for (command, commit, date), where in runs.items():
         lines.append(f"- `{command}` — commit {commit}, {date}: {', '.join(where)}")
     missing = [g for g in GROUPS if g not in records]
-    latest = max(groups, key=lambda g: (str(g["date"]), str(g["commit"])), default=None)
+    # the latest run: by its UTC time (runs before it was recorded: by date only)
+    latest = max(groups, key=lambda g: (str(g["date"]), str(g.get("time", ""))), default=None)
     if latest is not None:
         now = [str(g["group"]) for g in groups if g["commit"] == latest["commit"]]
         older = [str(g["group"]) for g in groups if g["commit"] != latest["commit"]]
@@ -408,6 +409,8 @@ def main() -> int:
             result.pop("where")
         records[group] = result | {"command": command.strip(), "commit": commit,
                                    "date": datetime.date.today().isoformat(),
+                                   "time": datetime.datetime.now(datetime.timezone.utc)
+                                   .strftime("%H:%M UTC"),
                                    "machine": _machine()}
         RECORDS.parent.mkdir(parents=True, exist_ok=True)
         RECORDS.write_text(json.dumps(records, indent=1, ensure_ascii=False) + "\n")

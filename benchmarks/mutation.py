@@ -290,7 +290,7 @@ def write_report(records: dict[str, dict[str, object]]) -> None:
     """docs/accuracy/mutation.md from every group's latest record, in GROUPS order."""
     import mutmut
 
-    equivalent = EQUIVALENT | dict(records.get("equivalent", {}))  # type: ignore[arg-type]
+    equivalent = EQUIVALENT | {k: str(v) for k, v in records.get("equivalent", {}).items()}
     groups = [records[g] for g in GROUPS if g in records]
     runs: dict[tuple[str, str, str], list[str]] = {}  # (command, commit, date) -> groups
     for g in groups:

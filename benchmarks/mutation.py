@@ -75,6 +75,13 @@ EQUIVALENT: dict[str, str] = {
                                         "n_kv or exceeds it, and max(·, 1) then agrees",
     f"{_A}recompute_adjust__mutmut_26": "np.where on a scalar selective: a 0-d array of the same "
                                         "value",
+    f"{_A}activation_bytes_per_layer__mutmut_106": "selective None for selective & False: "
+                                                   "both false wherever layer_bytes reads it",
+    **{f"{_A}activation_bytes_per_layer__mutmut_{n}": "the default module renamed: "
+       "recompute_dropped reads no \"core_attn\" (the attention core is the profile's "
+       "selective)" for n in (98, 99)},
+    f"{_A}recompute_dropped__mutmut_5": "drop = … for drop |= …: the first update of an "
+                                        "empty set",
     **{f"shardwise.estimate.uncertainty.x_resolution__mutmut_{n}": "the message of a raise "
        "after the \"all runs\" level, which always returns: unreachable" for n in (32, 33)},
 }

@@ -46,6 +46,8 @@ def test_korthikanti_table_2(kw, per_sbh):
 def test_korthikanti_formula_through_the_layer_entry_divides_by_cp():
     one = activation_bytes_per_layer(GPT3, S, B, tp=8, sp=True, formula="korthikanti")
     assert one == pytest.approx(SBH * (34 / 8 + SCORES / 8))
+    flash = activation_bytes_per_layer(GPT3, S, B, formula="korthikanti", flash=True)
+    assert flash == pytest.approx(SBH * 34)  # FlashAttention keeps no scores
     two = activation_bytes_per_layer(GPT3, S, 2, tp=8, cp=2, recompute=1, formula="korthikanti")
     assert two == pytest.approx(S * 2 * H * (10 + 24 / 8) / 2)
 
@@ -200,6 +202,11 @@ def test_megatron_recompute_modules_and_stores_through_the_layer_entry():
     both = activation_bytes_per_layer(DS, 64, 1, recompute="selective", flash=True,
                                       modules=("core_attn", "moe_act"))
     assert both == pytest.approx(_sum(core) - core["expert_down_input"])
+    # layernorm (MLA's separate input norm, an MoE model's pre-MLP norm) through the entry
+    norms = activation_bytes_per_layer(DS, 64, 1, recompute="selective", flash=True,
+                                       modules=("layernorm",))
+    assert norms == pytest.approx(_sum(saved) - sum(saved[n] for n in (
+        "norm1_stats", "qkv_input", "norm2_stats", "mlp_input")))
     # nothing recomputed: the modules free nothing
     assert activation_bytes_per_layer(DS, 64, 1, flash=True, modules=("moe_act",)) == (
         pytest.approx(_sum(saved)))

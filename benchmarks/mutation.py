@@ -82,6 +82,12 @@ EQUIVALENT: dict[str, str] = {
        "selective)" for n in (98, 99)},
     f"{_A}recompute_dropped__mutmut_5": "drop = … for drop |= …: the first update of an "
                                         "empty set",
+    "shardwise.estimate.check.rows.x_merge_rows__mutmut_38": "peak memory's order 3 → 4: "
+                                                             "still after state (2), before "
+                                                             "any other item (9)",
+    **{f"shardwise.estimate.check.traffic.x__wire_row__mutmut_{n}": "a default for an axis or "
+       "call the counters lack: CommCounter counts a payload, its calls and its group's size "
+       "together, so a counted payload always has both" for n in (24, 32)},
     **{f"shardwise.estimate.uncertainty.x_resolution__mutmut_{n}": "the message of a raise "
        "after the \"all runs\" level, which always returns: unreachable" for n in (32, 33)},
 }

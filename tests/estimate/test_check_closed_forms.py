@@ -138,7 +138,7 @@ def test_merge_orders_items_and_puts_a_missed_target_first():
         return CheckRow(item, what, 100.0, measured, target, rank=rank, stage=stage)
 
     merged = merge_rows([
-        [row("peak memory", "p", 90.0, "-"), row("state", "w", 100.0), row("other", "o", 1.0),
+        [row("other", "o", 1.0), row("peak memory", "p", 90.0, "-"), row("state", "w", 100.0),
          row("activations", "l", 100.5, "1%"), row("comm", "tp", 100.0)],
         # rank 1: a larger error that meets its target, and one that misses it
         [row("activations", "l", 100.9, "1%", rank=1), row("state", "w", 100.0, rank=1),
@@ -455,3 +455,75 @@ def test_a_missed_tp_all_reduce_under_zero_with_sp_or_mla_says_why():
     met = Counted({("tp", "all-reduce"): 1600.0}, {("tp", "all-reduce"): 3}, {"tp": 2})
     assert comm_rows(terms, met, 1, Layout.parse("tp=2,sp=1,zero=1,dp=2"))[0].note == (
         "SP: norm (and router) gradients")
+
+
+def test_tp_pairs_per_layer_kind_and_replicated_kv_without_zero():
+    """tp = 2 (no SP), 8 micro-batches of (32, 1, 64) fp64: a dense layer's attention and MLP
+    pairs all-reduce twice each (f backward, g forward); an MoE layer's attention pair only
+    (the experts' dispatch replaces the MLP's): 4 + 2 + 2 all-reduces of s·b·h per
+    micro-batch, each sending 2(t−1)/t = 1× its payload."""
+    terms = _by_label(TINY_DS, "tp=2")
+    assert terms[("tp", "all-reduce", "f/g of the layers' pairs")] == 8 * 8 * 32 * 64 * F64
+    # tiny at tp = 4 without ZeRO: each layer's K and V gradients, (a_kv, d, h), summed over tp
+    kv = _by_label(TINY, "tp=4")
+    assert kv[("tp", "all-reduce", "replicated kv heads: K, V gradients summed over "
+               "replicas")] == _ring("all-reduce", 4 * 2 * 32 * 64 * F64, 4)
+
+
+def test_hybrid_zero_with_experts_names_both_shard_groups():
+    moe = _by_label(TINY_DS, "dp=8,ep=2,zero=1,zero_group=4")
+    dense = 2 * T_VOCAB + DS_DENSE + 2 * DS_MOE + 64
+    assert moe[("zero_shard", "reduce-scatter", "ZeRO-1")] == _ring("reduce-scatter",
+                                                                   dense * F64, 4)
+    assert moe[("zero_replica", "all-reduce", "hybrid ZeRO: gradient shards averaged over the "
+                "groups")] == _ring("all-reduce", dense / 4 * F64, 2)
+    # groups of 2 with ep = 2: each expert shard on max(2/2, 1) = 1 rank, nothing to scatter
+    small = _by_label(TINY_DS, "dp=8,ep=2,zero=1,zero_group=2")
+    assert not [k for k in small if k[0] == "edp_shard"]
+    assert small[("edp_replica", "all-reduce", "hybrid ZeRO: gradient shards averaged over the "
+                  "groups")] == _ring("all-reduce", DS_EXPERTS * F64, 4)
+
+
+def test_state_and_checkpoint_rows_say_what_they_hold():
+    rows = state_rows(TINY, Layout.parse("dp=3,zero=1"), RUNTIME64, 0,
+                      {"weights": 1, "grads": 2, "master": 3, "optimizer": 4})
+    assert {r.item for r in rows} == {"state"}
+    assert rows[0].note == ("180,800 dense + 0 expert params; 8/8/0/16 B per param "
+                            "(weights/grads/master/moments), ZeRO-1 over 3: 7 flat units padded "
+                            "to 180,810 elements, 60,270 per shard; gradients held after the "
+                            "step: the shard")
+    assert rows[3].note.startswith("AdamW's two moments; 180,800 dense")
+    measured = dict(bandwidth=2e9, state=1.0, other=2.0, busiest_rank_bytes=3.0,
+                    disk_bytes=4.0, seconds=5.0, disk_test_bytes=2**21)
+    rows = checkpoint_rows(TINY, Layout.parse("dp=2"), RUNTIME64, measured)
+    assert {r.item for r in rows} == {"checkpoint"}
+    assert [r.note for r in rows] == [
+        "180,800 params × 24 B (fp64, the shardwise runtime's format); measured: the chunks "
+        "DCP's .metadata lists, each once",
+        "AdamW's step count per parameter and the CPU generator's state: outside the "
+        "per-parameter model",
+        "predicted: an even share of its stage (DCP gives each replicated chunk to the rank "
+        "with the least planned so far); measured: its .distcp file, torch.save's framing of "
+        "every chunk included",
+        "every file: the tensors in torch.save framing, DCP's .metadata, shardwise.json and "
+        "the checksum manifest",
+        "predicted: the tensors ÷ this disk's 2,000 MB/s (2 MiB written and fsync'ed into the "
+        "same directory just before); measured: the whole save, with DCP's planning and "
+        "serialisation, the manifest's SHA-256 of every file, the fsyncs and the atomic "
+        "publish"]
+    # the peak row names the transient its peak adds: the loss's fp32 buffer s·b·V·4 =
+    # 32,768 B outweighs FlashAttention's dq accumulator s·b·h·4 = 8,192 B
+    peak = peak_row(TINY, Layout.parse("dp=2"), RUNTIME64, 0, 1.0)
+    assert "(modelled: loss buffer; not modelled:" in peak.note
+
+
+def test_predicted_saved_under_sp_and_selective_recompute():
+    from shardwise.estimate.activations import saved_tensors_per_layer
+
+    full = predicted_saved(TINY, Layout.parse("tp=2,sp=1,recompute=full"), RUNTIME64, False)
+    assert full == (32 * 64 * F64 / 2, None, 0.0)  # the layer input ÷ t under SP
+    dense, moe, _ = predicted_saved(TINY_DS, Layout.parse("dp=1,recompute=selective"),
+                                    RUNTIME64, True)
+    saved = saved_tensors_per_layer(TINY_DS, 32, 1, flash=True, selective=True,
+                                    dtype_bytes_=F64, moe=True)
+    assert dense + moe == pytest.approx(sum(saved.values()))

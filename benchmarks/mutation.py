@@ -88,6 +88,18 @@ EQUIVALENT: dict[str, str] = {
     **{f"shardwise.estimate.check.traffic.x__wire_row__mutmut_{n}": "a default for an axis or "
        "call the counters lack: CommCounter counts a payload, its calls and its group's size "
        "together, so a counted payload always has both" for n in (24, 32)},
+    "shardwise.estimate.memory.x_stage_memory__mutmut_71": "the MoE layer's bytes also worked "
+                                                           "out for a dense model, which never "
+                                                           "reads them",
+    "shardwise.estimate.memory.x_peak_stage_total__mutmut_29": "partition None for (): neither "
+                                                               "is an explicit partition",
+    "shardwise.estimate.memory.x_peak_stage_total__mutmut_45": "the stage's geometry worked out "
+                                                               "again instead of passed: the "
+                                                               "same geometry",
+    "shardwise.estimate.memory.x_training_memory_per_gpu__mutmut_4": "default generation "
+                                                                     "\"HOPPER\": only "
+                                                                     "\"blackwell\" is told "
+                                                                     "apart",
     **{f"shardwise.estimate.uncertainty.x_resolution__mutmut_{n}": "the message of a raise "
        "after the \"all runs\" level, which always returns: unreachable" for n in (32, 33)},
 }

@@ -7,6 +7,7 @@ layers, 1F1B's in-flight micro-batches; and the peak's rule on breakdowns writte
 import pytest
 
 from shardwise.arch import get_model
+from shardwise.errors import ShardwiseError
 from shardwise.estimate.memory import (
     MemoryBreakdown,
     activation_bytes_per_layer,
@@ -99,3 +100,31 @@ def test_peak_is_the_larger_of_backward_and_the_optimizer_step():
     assert bare.as_dict() == {"weights": 1.0, "grads": 2.0, "optimizer": 3.0, "fp8": 7.0,
                               "activations": 4.0, "logits": 5.0, "workspace": 6.0,
                               "total": 28.0, "host": 9.0}
+
+
+def test_peak_with_few_transients():
+    held = dict(weights=10.0, grads=10.0, optimizer=40.0)
+
+    def stage(transients, workspace=0.0):
+        return MemoryBreakdown(0, 1, *held.values(), 0.0, 0.0, workspace, 1, transients)
+
+    # no optimizer-step buffer recorded: the backward peak, its one transient
+    one = stage((("loss buffer", 0.5),))
+    assert (one.peak, one.peak_transient) == (60.5, "loss buffer")
+    # only the optimizer step's buffer: no backward transient, the step's peak
+    step = stage((("optimizer step", 2.0),))
+    assert (step.peak, step.peak_transient, step.peak_term) == (62.0, "optimizer step",
+                                                                "optimizer")
+    # ZeRO-3's gathered layers as the largest term
+    z3 = stage((("loss buffer", 0.5), ("ZeRO-3 gather", 50.0)), workspace=50.0)
+    assert (z3.peak, z3.peak_term) == (110.5, "ZeRO-3 gather")
+
+
+def test_training_memory_arguments():
+    tiny = get_model("tiny")
+    with pytest.raises(ShardwiseError) as err:
+        training_memory_per_gpu("tiny", Layout())
+    assert str(err.value) == ("model must be a ModelSpec (shardwise.get_model), got 'tiny'")
+    # train may be left out: the default TrainSpec
+    assert training_memory_per_gpu(tiny, Layout(dp=2)) == training_memory_per_gpu(
+        tiny, Layout(dp=2), TrainSpec())

@@ -128,3 +128,23 @@ def test_training_memory_arguments():
     # train may be left out: the default TrainSpec
     assert training_memory_per_gpu(tiny, Layout(dp=2)) == training_memory_per_gpu(
         tiny, Layout(dp=2), TrainSpec())
+
+
+def test_mtp_module_on_the_head_stage_with_its_embedding_copy():
+    """DeepSeek-V3's MTP module (one MoE layer + eh_proj 2h → h + three norms, tp = ep = 1:
+    19,632 + 49,152 + 8,192 + 192 parameters) sits on the stage holding the head; with pp > 1
+    that stage keeps its own copy of the embedding (V·h = 16,384)."""
+    module = DS_MOE1 + 8 * 3 * 64 * 32 + 2 * 64 * 64 + 3 * 64
+
+    def weights(layout, mtp):
+        train = TrainSpec(seq_len=32, global_batch=8, dtype="fp64", impl="shardwise",
+                          mtp_layers=mtp)
+        return [s.weights for s in training_memory_per_gpu(DS, Layout.parse(layout), train)]
+
+    one, plain = weights("dp=1", 1), weights("dp=1", 0)
+    assert one[0] - plain[0] == F64 * module
+    two, plain2 = weights("pp=2", 1), weights("pp=2", 0)
+    assert two[0] == plain2[0] and two[1] - plain2[1] == F64 * (module + 256 * 64)
+
+
+DS_MOE1 = 12848 + 2 * 64 + 8 * 64 + 3 * 64 * 32  # tp = 1: attention, norms, router, shared

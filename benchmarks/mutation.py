@@ -100,9 +100,6 @@ EQUIVALENT: dict[str, str] = {
                                                                      "\"HOPPER\": only "
                                                                      "\"blackwell\" is told "
                                                                      "apart",
-    "shardwise.estimate.memory.x_stage_memory__mutmut_203": "/ for // in the expert ZeRO "
-                                                            "group: ep·etp divides dp·cp·tp in "
-                                                            "every valid layout",
     **{f"shardwise.estimate.uncertainty.x_resolution__mutmut_{n}": "the message of a raise "
        "after the \"all runs\" level, which always returns: unreachable" for n in (32, 33)},
 }

@@ -148,3 +148,28 @@ def test_mtp_module_on_the_head_stage_with_its_embedding_copy():
 
 
 DS_MOE1 = 12848 + 2 * 64 + 8 * 64 + 3 * 64 * 32  # tp = 1: attention, norms, router, shared
+
+
+def test_transient_buffers_and_mtp_activations_by_hand():
+    """tiny at tp = 2, s 32, b 1: the loss's fp32 buffer s·b·V·4/t = 16,384 B; the attention
+    workspace FlashAttention's fp32 dq s·b·h·4/t = 4,096 B, or without it the fp32 gradient of
+    the scores a/t·s²·b·4 = 8,192 B."""
+    tiny = get_model("tiny")
+    for flash, workspace in ((True, 4096.0), (False, 8192.0)):
+        train = TrainSpec(seq_len=32, global_batch=8, dtype="fp64", impl="shardwise",
+                          flash_attention=flash)
+        (stage,) = training_memory_per_gpu(tiny, Layout.parse("tp=2"), train)
+        transients = dict(stage.transients)
+        assert (transients["loss buffer"], transients["attention workspace"]) == (
+            16384.0, workspace)
+        assert stage.logits == 16384.0  # (s·b, V/t) fp32 for the micro-batch at the loss
+    # the MTP module's activations: its MoE layer, eh_proj's 2h input and three norms (5·s·b·h)
+    def last(mtp):
+        train = TrainSpec(seq_len=32, global_batch=8, dtype="fp64", impl="shardwise",
+                          mtp_layers=mtp)
+        return training_memory_per_gpu(DS, Layout.parse("dp=1"), train)[0]
+
+    layer = activation_bytes_per_layer(DS, 32, 1, flash=True, dtype="fp64", moe=True)
+    assert last(1).activations - last(0).activations == pytest.approx(
+        layer + 5 * 32 * 64 * F64)
+    assert last(1).logits == 2 * last(0).logits  # the MTP head's logits beside the model's

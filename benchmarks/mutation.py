@@ -100,6 +100,10 @@ EQUIVALENT: dict[str, str] = {
                                                                      "\"HOPPER\": only "
                                                                      "\"blackwell\" is told "
                                                                      "apart",
+    "shardwise.estimate.uncertainty.x_conformal__mutmut_17": "0 <= k for 0 < k: k = ⌈(n+1)·c⌉ "
+                                                             "is at least 1 for any n ≥ 0, c > 0",
+    "shardwise.estimate.uncertainty.x_uncertainty__mutmut_106": "COVERAGES[+1] for [-1]: the "
+                                                                "same element of a pair",
     **{f"shardwise.estimate.uncertainty.x_resolution__mutmut_{n}": "the message of a raise "
        "after the \"all runs\" level, which always returns: unreachable" for n in (32, 33)},
 }

@@ -4,11 +4,12 @@
 Each module group is mutated on its own, in a scratch copy of the repository, against every
 test file that imports it (in-process tests only). Module- and class-level numeric constants
 are mutated too by a small operator of our own (int n → n + 1, float x → 1.1·x). Unreached
-mutants count as survivors; equivalent ones are listed by hand in mutation.json's
-"equivalent" (mutant → reason). Results per group, with commit, date, machine and command,
+mutants count as survivors; equivalent ones are listed by hand in `EQUIVALENT` (mutant →
+reason). Results per group, with commit, date, machine and command,
 live in docs/accuracy/mutation.json; docs/accuracy/mutation.md is written from it.
 
-Run on demand (the `mutation` extra): `.venv/bin/python benchmarks/mutation.py` (every group),
+CI runs the offload group whole (tests/test_mutation_subset.py). Run on demand (the
+`mutation` extra): `.venv/bin/python benchmarks/mutation.py` (every group),
 `--sample 200`, `--only comm memory`, `--list` (groups and their tests), `--report` (the page
 from the JSON); `mutmut show NAME` in the scratch copy prints a survivor's diff.
 """
@@ -38,7 +39,7 @@ MODULES = {
     "comm": ["estimate/comm.py"], "memory": ["estimate/memory.py"],
     "compute": ["estimate/compute.py"], "step": ["estimate/step.py"],
     "context": ["estimate/context.py"], "profiles": ["estimate/profiles.py"],
-    "check": ["estimate/check.py"], "state": ["estimate/state.py"],
+    "check": ["estimate/check/*"], "state": ["estimate/state.py"],
     "activations": ["estimate/activations.py"], "axes": ["estimate/axes.py"],
     "geometry": ["estimate/geometry.py"], "links": ["estimate/links.py"],
     "host": ["estimate/host.py"], "kernels": ["estimate/kernels.py"],
@@ -50,6 +51,62 @@ MODULES = {
     "checkpoint": ["runtime/checkpoint/*"], "reducers": ["runtime/collectives/*"],
 }
 SRC = ROOT / "src" / "shardwise"
+# Mutants no test can kill because the program computes the same thing (mutant -> why), read
+# by hand from `mutmut show NAME`; they leave the numerator and the denominator. mutmut numbers
+# a function's mutants in order: an edit to the function renumbers them, so recheck the list
+# after changing a listed module.
+_S, _A = "shardwise.estimate.state.x_", "shardwise.estimate.activations.x_"
+_LOWER = "dtype_bytes lower-cases the name: the same dtype"
+EQUIVALENT: dict[str, str] = {
+    f"{_S}bytes_per_param_training__mutmut_2": _LOWER + " (default \"BF16\")",
+    f"{_S}bytes_per_param_training__mutmut_28": "weight >= 4: at 4 bytes the moments' factor "
+                                                "weight/4 is 1",
+    f"{_S}bytes_per_param_training__mutmut_29": "weight > 5: dtypes are 0.5, 1, 2, 4 or 8 bytes, "
+                                                "none in (4, 5]",
+    f"{_S}bytes_per_param_training__mutmut_44": _LOWER + " (\"FP32\")",
+    f"{_S}bytes_per_param_training__mutmut_48": _LOWER + " (\"FP32\")",
+    f"{_S}kv_cache_bytes_per_token__mutmut_2": _LOWER + " (default \"BF16\")",
+    f"{_A}activation_bytes_per_layer__mutmut_9": _LOWER + " (default \"BF16\")",
+    f"{_A}korthikanti_activation_bytes__mutmut_3": "default recompute renamed: any name but "
+                                                   "full or selective is no recompute",
+    f"{_A}korthikanti_activation_bytes__mutmut_4": "default recompute \"NONE\": any name but "
+                                                   "full or selective is no recompute",
+    f"{_A}gathered_kv_bytes__mutmut_9": "n_kv / tp for n_kv // tp: a valid layout's tp divides "
+                                        "n_kv or exceeds it, and max(·, 1) then agrees",
+    f"{_A}recompute_adjust__mutmut_26": "np.where on a scalar selective: a 0-d array of the same "
+                                        "value",
+    f"{_A}activation_bytes_per_layer__mutmut_106": "selective None for selective & False: "
+                                                   "both false wherever layer_bytes reads it",
+    **{f"{_A}activation_bytes_per_layer__mutmut_{n}": "the default module renamed: "
+       "recompute_dropped reads no \"core_attn\" (the attention core is the profile's "
+       "selective)" for n in (98, 99)},
+    f"{_A}recompute_dropped__mutmut_5": "drop = … for drop |= …: the first update of an "
+                                        "empty set",
+    "shardwise.estimate.check.rows.x_merge_rows__mutmut_38": "peak memory's order 3 → 4: "
+                                                             "still after state (2), before "
+                                                             "any other item (9)",
+    **{f"shardwise.estimate.check.traffic.x__wire_row__mutmut_{n}": "a default for an axis or "
+       "call the counters lack: CommCounter counts a payload, its calls and its group's size "
+       "together, so a counted payload always has both" for n in (24, 32)},
+    "shardwise.estimate.memory.x_stage_memory__mutmut_71": "the MoE layer's bytes also worked "
+                                                           "out for a dense model, which never "
+                                                           "reads them",
+    "shardwise.estimate.memory.x_peak_stage_total__mutmut_29": "partition None for (): neither "
+                                                               "is an explicit partition",
+    "shardwise.estimate.memory.x_peak_stage_total__mutmut_45": "the stage's geometry worked out "
+                                                               "again instead of passed: the "
+                                                               "same geometry",
+    "shardwise.estimate.memory.x_training_memory_per_gpu__mutmut_4": "default generation "
+                                                                     "\"HOPPER\": only "
+                                                                     "\"blackwell\" is told "
+                                                                     "apart",
+    "shardwise.estimate.uncertainty.x_conformal__mutmut_17": "0 <= k for 0 < k: k = ⌈(n+1)·c⌉ "
+                                                             "is at least 1 for any n ≥ 0, c > 0",
+    "shardwise.estimate.uncertainty.x_uncertainty__mutmut_106": "COVERAGES[+1] for [-1]: the "
+                                                                "same element of a pair",
+    **{f"shardwise.estimate.uncertainty.x_resolution__mutmut_{n}": "the message of a raise "
+       "after the \"all runs\" level, which always returns: unreachable" for n in (32, 33)},
+}
 
 
 def _dotted(pattern: str) -> str:
@@ -154,13 +211,25 @@ def _constants(path: Path) -> list[tuple[int, int, int, str]]:
     return out
 
 
-def run_constants(where: Path, group: str, timeout: float = 600) -> dict[str, str]:
-    """{constant mutant: status}: each literal of `_constants` changed in turn in the scratch
-    copy's src/ and the group's tests run on it (in-process tests, stop at the first failure):
-    killed when they fail, survived when they pass, "no tests" when none is selected."""
+def constant_names(group: str) -> list[str]:
+    """The names of the group's constant mutants (`_constants`), as `run_constants` gives them."""
+    files, _ = GROUPS[group]
+    paths = sorted({p for f in files for p in SRC.glob(f) if p.suffix == ".py"})
+    return [f"{_dotted(str(path.relative_to(SRC)))}.constant_L{line}_C{start}"
+            for path in paths for line, start, _, _ in _constants(path)]
+
+
+def run_constants(where: Path, group: str, timeout: float = 600,
+                  chosen: set[str] | None = None) -> dict[str, str]:
+    """{constant mutant: status}: each literal of `_constants` (those in `chosen` if given)
+    changed in turn in the scratch copy's src/ and the group's tests run on it (in-process
+    tests, stop at the first failure): killed when they fail, survived when they pass, "no
+    tests" when none is selected."""
     files, tests = GROUPS[group]
     env = dict(os.environ, PYTHONPATH=str(where / "src"))
-    command = [sys.executable, "-m", "pytest", "-x", *PYTEST_ARGS, *tests]
+    # the files running torch in-process last: `-x` stops at a kill sooner
+    torch_last = sorted(tests, key=lambda t: t.split("/")[1] in ("runtime", "emulate", "demos"))
+    command = [sys.executable, "-m", "pytest", "-x", *PYTEST_ARGS, *torch_last]
     results = {}
     paths = sorted({p for f in files for p in (where / "src" / "shardwise").glob(f)
                     if p.suffix == ".py"})
@@ -174,6 +243,8 @@ def run_constants(where: Path, group: str, timeout: float = 600) -> dict[str, st
             mutated[line - 1] = text[:start] + new + text[end:]
             path.write_text("".join(mutated))
             name = f"{module}.constant_L{line}_C{start}"
+            if chosen is not None and name not in chosen:
+                continue
             try:
                 run = subprocess.run(command, cwd=where, env=env, capture_output=True,
                                      timeout=timeout)
@@ -188,22 +259,27 @@ def run_constants(where: Path, group: str, timeout: float = 600) -> dict[str, st
 def run_group(group: str, sample: int | None, seed: int) -> dict[str, object]:
     where = _scratch(group)
     start = time.monotonic()
+    picked: set[str] | None = None  # constant mutants to run (None: every one)
     if sample is None:
         _mutmut(where, "run")
-    else:  # generate every mutant (and the test map), then run a seeded sample of them
+    else:  # generate every mutant (and the test map), then run a seeded sample of them and
+        # of the constant mutants together
         _mutmut(where, "run", "no-such-mutant", check=False)  # exits 1: no such mutant
-        names = sorted(_results(where))
+        names = sorted(_results(where)) + constant_names(group)
         chosen = random.Random(seed).sample(names, min(sample, len(names)))
-        for i in range(0, len(chosen), 200):  # keep the command line short
-            _mutmut(where, "run", *chosen[i:i + 200])
-    results = _results(where) | run_constants(where, group)
+        picked = {name for name in chosen if ".constant_L" in name}
+        mutmut_names = sorted(set(chosen) - picked)
+        for i in range(0, len(mutmut_names), 200):  # keep the command line short
+            _mutmut(where, "run", *mutmut_names[i:i + 200])
+    generated = _results(where)
+    results = generated | run_constants(where, group, chosen=picked)
     checked = {name: status for name, status in results.items() if status != "not checked"}
     counts = {status: sum(s == status for s in checked.values()) for status in STATUSES}
     constants = {s: sum(st == s for n, st in checked.items() if ".constant_L" in n)
                  for s in ("killed", "survived", "no tests", "timeout")}
     files, tests = GROUPS[group]
     return {"group": group, "where": str(where), "files": files, "tests": tests,
-            "mutants": len(results),
+            "mutants": len(generated) + len(constant_names(group)),
             "checked": len(checked), "counts": counts, "constants": constants,
             "seconds": time.monotonic() - start,
             "survivors": sorted(name for name, s in checked.items()
@@ -243,7 +319,7 @@ def write_report(records: dict[str, dict[str, object]]) -> None:
     """docs/accuracy/mutation.md from every group's latest record, in GROUPS order."""
     import mutmut
 
-    equivalent: dict[str, str] = dict(records.get("equivalent", {}))  # type: ignore[arg-type]
+    equivalent = EQUIVALENT | {k: str(v) for k, v in records.get("equivalent", {}).items()}
     groups = [records[g] for g in GROUPS if g in records]
     runs: dict[tuple[str, str, str], list[str]] = {}  # (command, commit, date) -> groups
     for g in groups:
@@ -260,17 +336,18 @@ def write_report(records: dict[str, dict[str, object]]) -> None:
              "Each group runs against every test file that imports its modules (in-process "
              "tests; the multi-process ones, tests/runtime's launches and the CLI's "
              "subprocesses, are out of mutmut's reach, so what only they check survives "
-             "here). Mutants listed by hand as equivalent (mutation.json, \"equivalent\": "
-             "mutant → reason) leave the numerator and the denominator. No subset runs in CI yet: "
-             "the smallest group run so far (goodput_sim, ~1,000 mutants) takes ~10 minutes "
-             "on the shared 2-core machine, over the 3 minutes a CI check may take.", "",
+             "here). Mutants listed by hand as equivalent (the script's EQUIVALENT: mutant → "
+             "reason) leave the numerator and the denominator. CI mutates the offload "
+             "group whole (tests/test_mutation_subset.py, ~1 minute on a loaded 2-core "
+             "machine) and fails on any survivor not listed as equivalent.", "",
              "Runs:", ""]
     machine = re.sub(r", load average [\d.]+ at the end", "", str(groups[-1]["machine"])
                      ) if groups else "?"
     for (command, commit, date), where in runs.items():
         lines.append(f"- `{command}` — commit {commit}, {date}: {', '.join(where)}")
     missing = [g for g in GROUPS if g not in records]
-    latest = max(groups, key=lambda g: (str(g["date"]), str(g["commit"])), default=None)
+    # the latest run: by its UTC time (runs before it was recorded: by date only)
+    latest = max(groups, key=lambda g: (str(g["date"]), str(g.get("time", ""))), default=None)
     if latest is not None:
         now = [str(g["group"]) for g in groups if g["commit"] == latest["commit"]]
         older = [str(g["group"]) for g in groups if g["commit"] != latest["commit"]]
@@ -361,6 +438,8 @@ def main() -> int:
             result.pop("where")
         records[group] = result | {"command": command.strip(), "commit": commit,
                                    "date": datetime.date.today().isoformat(),
+                                   "time": datetime.datetime.now(datetime.timezone.utc)
+                                   .strftime("%H:%M UTC"),
                                    "machine": _machine()}
         RECORDS.parent.mkdir(parents=True, exist_ok=True)
         RECORDS.write_text(json.dumps(records, indent=1, ensure_ascii=False) + "\n")

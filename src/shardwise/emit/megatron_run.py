@@ -40,12 +40,15 @@ def _moe_comm(model: ModelSpec, layout: Layout, train: TrainSpec) -> list[str]:
     `--moe-flex-dispatcher-backend deepep`), the collectives' overlap
     (`--moe-shared-expert-overlap`; `--overlap-moe-expert-parallel-comm`, whose
     `TransformerConfig.__post_init__` rules are checked here), the capacity factor padded to
-    capacity (`--moe-expert-capacity-factor F --moe-pad-expert-input-to-capacity`) and DeepEP's
-    SMs (`--moe-deepep-num-sms`, TransformerConfig.moe_deepep_num_sms)."""
+    capacity (`--moe-expert-capacity-factor F --moe-pad-expert-input-to-capacity`), DeepEP's
+    SMs (`--moe-deepep-num-sms`, TransformerConfig.moe_deepep_num_sms) and the grouped-GEMM
+    experts (`--moe-grouped-gemm`)."""
     if not model.is_moe:
         return []
     dispatcher = train.moe_dispatcher or "alltoall"
-    args: list[str] = []
+    # TEGroupedMLP, the experts the plan times (estimate.profiles, estimate.host); without
+    # the flag megatron-core builds SequentialMLP, a loop over the local experts
+    args = ["--moe-grouped-gemm"]
     if layout.ep > 1 or train.moe_dispatcher is not None:  # Megatron's default: allgather
         args.append(f"--moe-token-dispatcher-type {dispatcher}")
         if dispatcher == "flex":

@@ -46,7 +46,8 @@ def _titan_refusals(model: ModelSpec, train: TrainSpec) -> None:
     AdamW in its configs), the MoE dispatcher (`model_registry(moe_comm_backend=…)`,
     models/common/config_utils.py `make_token_dispatcher_config`), a padded capacity factor
     (its all-to-all and DeepEP dispatchers are dropless), DeepEP's SMs, multi-token
-    prediction (its deepseek_v3 builds no MTP module) and a share of layers under full
+    prediction (`model_registry(num_mtp_layers=…)`, 0 in every config but the debug model's)
+    and a share of layers under full
     recompute (0.3.0's activation checkpointing is FullAC, SelectiveAC per op or
     MemoryBudgetAC: no every-n-th-block option)."""
     mtp = model.mtp_layers if train.mtp_layers is None else train.mtp_layers
@@ -61,8 +62,10 @@ def _titan_refusals(model: ModelSpec, train: TrainSpec) -> None:
              None, "its all-to-all and DeepEP dispatchers are dropless; no padded capacity"),
             (f"comm_sms {train.comm_sms}", model.is_moe and train.comm_sms is not None,
              "it has no setting for the SMs of the expert-parallel kernels"),
-            (f"mtp_layers {mtp}", bool(mtp), "torchtitan 0.3's models build no multi-token-"
-             "prediction module"),
+            (f"mtp_layers {mtp}", bool(mtp), "torchtitan 0.3 builds multi-token-prediction "
+             "modules only through a config function (deepseek_v3 model_registry("
+             "num_mtp_layers=…)), and its shipped configs build none: plan with "
+             "--mtp-num-layers 0"),
             (f"recompute_share {train.recompute_share:g}", train.recompute_share != 1,
              "0.3.0's activation checkpointing has no every-n-th-block mode (full, per-op "
              "selective or memory budget)")):

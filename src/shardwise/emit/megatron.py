@@ -250,6 +250,8 @@ def megatron_args(model: ModelSpec, layout: Layout, train: TrainSpec,
     # asserts it is not set (training/arguments.py validate_args)
     env = ["CUDA_DEVICE_MAX_CONNECTIONS=1"] if (layout.tp > 1 or layout.cp > 1) and not fsdp \
         else []
+    if train.offload_modules:  # TE ≥ 2.10 would offload weights too (arguments.py:1935-1940)
+        env.append("NVTE_CPU_OFFLOAD_V1=1")
     text, launch = _launched(_header("megatron", model, layout, train, gb), env,
                              ("pretrain_gpt.py",), args, layout, gpus_per_node)
     return Emitted("megatron", text, tuple(notes), launch)

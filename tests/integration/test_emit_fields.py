@@ -90,6 +90,12 @@ MEGATRON = [
               lambda a, c: c.recompute_granularity == "selective"
               and c.recompute_modules == ["moe_act", "mla_up_proj"],
               run=("deepseek-v2-lite", MOE[1] | {"recompute": "selective"})),
+    _megatron("recompute_modules", ("core_attn", "layernorm"), REFUSED,  # delayed FP8
+              run=("llama3-8b", DENSE[1] | {"recompute": "selective"}),
+              also=[("fp8", "delayed")]),
+    _megatron("recompute_modules", ("shared_experts", "moe_act"), REFUSED,
+              run=("deepseek-v2-lite", MOE[1] | {"recompute": "selective"}),
+              also=[("moe_overlap", "shared")]),
     # 32 layers over pp=2: 16 per stage, half of them: the first 8 of each
     _megatron("recompute_share", 0.5, lambda a, c: (c.recompute_granularity, c.recompute_method,
                                                     c.recompute_num_layers) == ("full", "block", 8),
@@ -276,3 +282,30 @@ def test_every_run_setting_has_a_case():
         covered = {c.field for c in CASES if c.framework == framework}
         assert covered == names - set(NOT_RUN_SETTINGS), framework
 
+
+
+@pytest.mark.parametrize("case,flags", [
+    # what the refused setting would add, on the run exported without it
+    (_megatron("recompute_modules", ("shared_experts", "moe_act"), REFUSED,
+               run=("deepseek-v2-lite", MOE[1] | {"recompute": "selective"}),
+               also=[("moe_overlap", "shared")]),
+     ["--recompute-granularity", "selective", "--recompute-modules", "shared_experts",
+      "moe_act"]),
+    (_megatron("moe_capacity", 1.25, REFUSED, run=MOE, also=[("moe_dispatcher", "flex")]),
+     ["--moe-expert-capacity-factor", "1.25", "--moe-pad-expert-input-to-capacity"]),
+    (_megatron("moe_overlap", "1f1b", REFUSED, run=("deepseek-v2-lite", {
+        "dp": 16, "pp": 2, "ep": 8, "zero": 1})), ["--overlap-moe-expert-parallel-comm"]),
+    (_megatron("act_fp8_store", True, REFUSED), ["--activation-func-fp8-input-store"]),
+], ids=lambda x: x.id if isinstance(x, Case) else "")
+def test_megatron_refuses_what_the_export_refuses(case, flags):
+    """The export's refusals are megatron-core's or Megatron-LM's own: the flag added to the
+    exported run fails their parser or config class."""
+    import argparse
+
+    with pytest.raises(ShardwiseError):
+        _emitted(case)
+    out = _emitted(case, default=True)
+    words = [w for w in _argv(out.launch.args) if w != "--recompute-activations"] + flags
+    with pytest.raises((ValueError, AssertionError, argparse.ArgumentError)):
+        _parse([*words, *USER])
+        _config(words)

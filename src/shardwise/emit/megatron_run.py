@@ -107,6 +107,17 @@ def _recompute(model: ModelSpec, layout: Layout, train: TrainSpec,
     if layout.recompute == "selective":
         if train.recompute_modules is None:
             return ["--recompute-activations"]
+        modules = set(train.recompute_modules)
+        recipe = train.stack.fp8_recipe(train.fp8).name if train.fp8 is not None else None
+        for bad, why in (
+                (recipe == "delayed" and bool(modules & {"moe_act", "layernorm"}),
+                 "delayed FP8 scaling cannot recompute moe_act or layernorm"),
+                ("shared_experts" in modules and train.moe_overlap == "shared"
+                 and model.n_shared_experts > 0,
+                 "shared_experts recompute cannot run with --moe-shared-expert-overlap")):
+            if bad:
+                raise _refuse("recompute_modules " + ",".join(train.recompute_modules),
+                              f"megatron-core 0.16.1: {why} (transformer_config.py)")
         return ["--recompute-granularity selective",
                 "--recompute-modules " + " ".join(train.recompute_modules)]
     if layout.recompute != "full":

@@ -309,3 +309,19 @@ def test_megatron_refuses_what_the_export_refuses(case, flags):
     with pytest.raises((ValueError, AssertionError, argparse.ArgumentError)):
         _parse([*words, *USER])
         _config(words)
+
+
+def test_recompute_modules_without_selective_recompute_are_a_note():
+    """Without selective recompute the modules change neither the plan's memory nor
+    Megatron's run: the export leaves `--recompute-modules` out and says so."""
+    from shardwise.estimate.memory import training_memory_per_gpu
+
+    model, layout = get_model(MOE[0]), Layout(**MOE[1] | {"recompute": "full"})
+    case = _megatron("recompute_modules", ("moe_act", "mlp"), None, run=(MOE[0], {
+        **MOE[1], "recompute": "full"}))
+    out, plain = _emitted(case), _emitted(case, default=True)
+    assert out.launch.args == plain.launch.args
+    assert any("recompute_modules moe_act,mlp apply with selective" in n for n in out.notes)
+    train = TrainSpec(global_batch=256, seq_len=4096)
+    assert training_memory_per_gpu(model, layout, train) == training_memory_per_gpu(
+        model, layout, dataclasses.replace(train, recompute_modules=("moe_act", "mlp")))

@@ -325,3 +325,27 @@ def test_recompute_modules_without_selective_recompute_are_a_note():
     train = TrainSpec(global_batch=256, seq_len=4096)
     assert training_memory_per_gpu(model, layout, train) == training_memory_per_gpu(
         model, layout, dataclasses.replace(train, recompute_modules=("moe_act", "mlp")))
+
+
+def test_the_cli_carries_the_run_settings_to_megatron_lm(capsys):
+    """`shardwise plan … --emit megatron` with the stack options: Megatron-LM's parser and
+    megatron-core read each of them back (EP over 16 GPUs of 2 nodes, DeepEP)."""
+    from tests.integration.conftest import Emit
+    from tests.integration.test_megatron_lm import megatron_lm_args
+
+    out = Emit(capsys, ["deepseek-v2-lite", "--gpus", "32", "--seq", "4096", "--global-batch",
+                        "256", "--layout", "ep=16,zero=1,recompute=selective",
+                        "--moe-dispatcher", "flex", "--moe-overlap", "1f1b", "--comm-sms", "24",
+                        "--recompute-modules", "moe_act,mla_up_proj", "--exp-avg-dtype", "bf16",
+                        "--offload-modules", "expert_fc1", "--cuda-graph-scope", "attn"],
+               "megatron")
+    args = megatron_lm_args(out)
+    env, words = out.command()
+    config = _config(words[words.index("pretrain_gpt.py") + 1:])[1]
+    assert (config.moe_token_dispatcher_type, config.moe_flex_dispatcher_backend,
+            config.overlap_moe_expert_parallel_comm, config.moe_deepep_num_sms) == (
+        "flex", "deepep", True, 24)
+    assert config.recompute_modules == ["moe_act", "mla_up_proj"]
+    assert args.use_precision_aware_optimizer and args.exp_avg_dtype == "bf16"
+    assert config.offload_modules == ["expert_fc1"] and env["NVTE_CPU_OFFLOAD_V1"] == "1"
+    assert [s.name for s in config.cuda_graph_scope] == ["attn"]

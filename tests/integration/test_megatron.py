@@ -75,11 +75,13 @@ def _config(argv):
                 args[f"decoder_{stage}_pipeline_num_layers"])
     if "group_query_attention" not in args:
         kwargs.pop("num_query_groups", None)
-    if "hierarchical_context_parallel_sizes" in args:  # nargs="+": every value after the flag
-        start = argv.index("--hierarchical-context-parallel-sizes") + 1
-        end = next(i for i in range(start, len(argv) + 1)
-                   if i == len(argv) or argv[i].startswith("--"))
-        kwargs["hierarchical_context_parallel_sizes"] = [int(w) for w in argv[start:end]]
+    for name in ("hierarchical_context_parallel_sizes", "recompute_modules", "offload_modules",
+                 "cuda_graph_scope"):  # nargs="+": every value after the flag
+        if name in args:
+            start = argv.index("--" + name.replace("_", "-")) + 1
+            end = next(i for i in range(start, len(argv) + 1)
+                       if i == len(argv) or argv[i].startswith("--"))
+            kwargs[name] = [_value(w) for w in argv[start:end]]
     config = TransformerConfig(**kwargs)
     fsdp = "use_megatron_fsdp" in args
     ddp = DistributedDataParallelConfig(

@@ -124,6 +124,10 @@ def _validate(args: argparse.Namespace, world: int, env: dict[str, str]) -> None
         args.sequence_parallel = False
     if args.tp_comm_overlap:  # L1441
         assert args.sequence_parallel
+    if args.optimizer_cpu_offload:  # L1884
+        assert args.use_precision_aware_optimizer
+    if args.fine_grained_activation_offloading:  # L1935-1940 (with TE >= 2.10)
+        assert env.get("NVTE_CPU_OFFLOAD_V1") == "1"
 
 
 def megatron_lm_args(out: Emit) -> argparse.Namespace:

@@ -10,6 +10,8 @@ import json
 from shardwise.arch import ModelSpec
 from shardwise.emit.common import Emitted, _checked, _header, _nodes, _vocab_divisor
 from shardwise.emit.launchers import Launch
+from shardwise.emit.megatron_run import megatron_optimizer
+from shardwise.errors import ShardwiseError
 from shardwise.hardware import Cluster
 from shardwise.layout import Layout, TrainSpec
 
@@ -38,7 +40,7 @@ def _deepspeed_launch(model: ModelSpec, layout: Layout, train: TrainSpec, gb: in
         args.append("--disable-bias-linear")
     if not model.dropout:
         args += ["--attention-dropout 0.0", "--hidden-dropout 0.0"]
-    args += _deepspeed_moe(model, layout)
+    args += _deepspeed_moe(model, layout, train)
     args += [f"--micro-batch-size {layout.micro_batch}", f"--global-batch-size {gb}",
              f"--tensor-model-parallel-size {layout.tp}",
              f"--pipeline-model-parallel-size {layout.pp}", f"--zero-stage {layout.zero}"]
@@ -51,17 +53,52 @@ def _deepspeed_launch(model: ModelSpec, layout: Layout, train: TrainSpec, gb: in
     if layout.cp > 1:
         args.append(f"--ds-sequence-parallel-size {layout.cp}")
     if layout.recompute == "full":
-        args += ["--recompute-granularity full", "--recompute-method uniform",
-                 "--recompute-num-layers 1"]
+        args.append("--recompute-granularity full")
+        if train.recompute_share == 1:
+            args += ["--recompute-method uniform", "--recompute-num-layers 1"]
     elif layout.recompute == "selective":
         args.append("--recompute-activations")
     args += {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": []}[train.dtype]
+    args += _deepspeed_run(model, layout, train)
     if train.settings().attention == "fa2":
         args.append("--use-flash-attn-v2")
     return [*args, "--deepspeed", "--deepspeed_config ds_config.json"]
 
 
-def _deepspeed_moe(model: ModelSpec, layout: Layout) -> list[str]:
+def _deepspeed_run(model: ModelSpec, layout: Layout, train: TrainSpec) -> list[str]:
+    """The run settings a megatron-deepspeed plan accepts, as Megatron-DeepSpeed 4efb479
+    runs them: the optimizer (`emit.megatron_run.megatron_optimizer`), a share of layers
+    fully recomputed as `--recompute-method block` (ParallelTransformer checkpoints its first
+    N layers; exact without the pipeline engine, where one module holds them all). Refused
+    in one line: Megatron-Core's memory settings it lacks, DeepEP's SMs, MTP."""
+    args = megatron_optimizer(train, "deepspeed")
+    mtp = model.mtp_layers if train.mtp_layers is None else train.mtp_layers
+    core = [name for name in ("recompute_modules", "exp_avg_dtype", "exp_avg_sq_dtype",
+                              "main_params_dtype") if getattr(train, name) is not None]
+    core += [name for name in ("act_fp8_store", "offload_modules") if getattr(train, name)]
+    for field, bad, why in (
+            (", ".join(core), bool(core), "Megatron-Core settings (--recompute-modules, the "
+             "precision-aware optimizer, --activation-func-fp8-input-store, fine-grained "
+             "activation offloading) that Megatron-DeepSpeed 4efb479 does not have"),
+            (f"comm_sms {train.comm_sms}", model.is_moe and train.comm_sms is not None,
+             "DeepSpeed-MoE's all-to-all is NCCL's, with no SM setting"),
+            (f"mtp_layers {mtp}", bool(mtp), "Megatron-DeepSpeed builds no multi-token-"
+             "prediction module")):
+        if bad:
+            raise ShardwiseError(f"--emit deepspeed cannot run {field} as planned: {why}")
+    if layout.recompute == "full" and train.recompute_share != 1:
+        count = train.recompute_share * model.n_layers
+        if layout.pp > 1 or abs(count - round(count)) > 1e-9:
+            raise ShardwiseError(
+                f"--emit deepspeed cannot run recompute_share {train.recompute_share:g} as "
+                "planned: Megatron-DeepSpeed's --recompute-method block recomputes a whole "
+                "number of each module's first layers, exact here only without pipeline "
+                f"stages and with share·{model.n_layers} layers whole")
+        args += ["--recompute-method block", f"--recompute-num-layers {round(count)}"]
+    return args
+
+
+def _deepspeed_moe(model: ModelSpec, layout: Layout, train: TrainSpec) -> list[str]:
     """DeepSpeed-MoE as Megatron-DeepSpeed builds it (megatron/model/transformer.py:1066-1083
     @4efb479), dropless as planned: `--disable-moe-token-dropping` (capacity = the busiest
     expert's count, sharded_moe.py), the second expert chosen by the scores, not Gumbel-sampled
@@ -72,7 +109,11 @@ def _deepspeed_moe(model: ModelSpec, layout: Layout) -> list[str]:
         return []
     args = [f"--num-experts {model.n_experts}", f"--expert-interval {model.moe_every}",
             f"--topk {model.top_k}", f"--moe-expert-parallel-size {layout.ep}",
-            "--disable-moe-token-dropping", "--create-moe-param-group"]
+            "--create-moe-param-group"]
+    # dropless, or the planned capacity factor (sharded_moe.py: each expert's buffer holds
+    # factor·k·T/E rows, the all-to-all sends them all)
+    args.append("--disable-moe-token-dropping" if train.moe_capacity is None
+                else f"--moe-train-capacity-factor {train.moe_capacity:g}")
     if model.top_k == 2:
         args.append("--disable-moe-top2-2nd-expert-sampling")
     if layout.tp > 1:

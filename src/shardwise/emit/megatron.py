@@ -2,9 +2,11 @@
 `torchrun` line and every argument the plan assumes (model shape, vocabulary, degrees, virtual
 stages or an explicit pipeline layout, SP, recompute, ZeRO as the distributed optimizer or
 Megatron-FSDP and their shard groups, precision and gradient dtype, the stack's overlap
-settings, attention backend); MLA and DeepSeekMoE; Qwen3's per-head QK-norm,
-SmolLM3's layers without RoPE. Tested against Megatron-LM's own parser
-(tests/integration/test_megatron.py)."""
+settings, attention backend, and the run settings of `emit.megatron_run`: dispatcher,
+MoE overlap, capacity, recompute modules or share, precision-aware optimizer, activation
+offloading, CUDA graphs); MLA and DeepSeekMoE; Qwen3's per-head QK-norm, SmolLM3's layers
+without RoPE. Tested against Megatron-LM's own parser (tests/integration/test_megatron.py,
+test_emit_fields.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from shardwise.emit.common import (
     _launched,
     _vocab_divisor,
 )
+from shardwise.emit.megatron_run import megatron_run_settings
 from shardwise.emit.models import nope_every
 from shardwise.errors import ShardwiseError
 from shardwise.hardware import Cluster
@@ -53,7 +56,7 @@ def _megatron_partition(model: ModelSpec, layout: Layout) -> list[str]:
 _MEGATRON_CP = {"ring": "p2p", "ulysses": "a2a", "hybrid": "a2a+p2p", "allgather": "all_gather"}
 
 
-def _megatron_deepseek(model: ModelSpec, notes: list[str]) -> list[str]:
+def _megatron_deepseek(model: ModelSpec, train: TrainSpec, notes: list[str]) -> list[str]:
     """Multi-head latent attention and DeepSeekMoE as Megatron-LM arguments (MLATransformerConfig
     and TransformerConfig fields of megatron-core 0.16.1, their flags in Megatron-LM's
     arguments.py): `--multi-latent-attention`, the latent ranks and head widths (Megatron's
@@ -62,7 +65,8 @@ def _megatron_deepseek(model: ModelSpec, notes: list[str]) -> list[str]:
     `--mscale`, `--mscale-all-dim`; its other constants are MLATransformerConfig's defaults,
     DeepSeek's), the dense first layers (`--moe-layer-freq` as a pattern), shared experts (one
     MLP of `n_shared · f`), the router (score function; expert bias for sigmoid; scaling;
-    group-limited top-k) and `--mtp-num-layers`. Refused in one line: what Megatron's router
+    group-limited top-k) and `--mtp-num-layers` (`TrainSpec.mtp_layers`, else the model's).
+    Refused in one line: what Megatron's router
     cannot compute (sigmoid gates left unnormalised: it normalises top-k > 1)."""
     args: list[str] = []
     if model.is_mla:
@@ -107,11 +111,12 @@ def _megatron_deepseek(model: ModelSpec, notes: list[str]) -> list[str]:
     if model.is_moe and model.expert_groups > 1:
         args += [f"--moe-router-num-groups {model.expert_groups}",
                  f"--moe-router-group-topk {model.topk_groups}"]
-    if model.mtp_layers:
-        args.append(f"--mtp-num-layers {model.mtp_layers}")
-        notes.append(f"--mtp-num-layers {model.mtp_layers}: Megatron trains the multi-token-"
-                     "prediction module(s) too; the plan counts their parameters apart "
-                     "(ModelSpec.mtp_params) and not their time or memory")
+    mtp = model.mtp_layers if train.mtp_layers is None else train.mtp_layers
+    if mtp:
+        args.append(f"--mtp-num-layers {mtp}")
+        notes.append(f"--mtp-num-layers {mtp}: Megatron trains the multi-token-prediction "
+                     "module(s) on the last stage; the plan counts their memory there "
+                     "(parameters, activations, logits: estimate.memory) but not their time")
     return args
 
 
@@ -186,9 +191,7 @@ def megatron_args(model: ModelSpec, layout: Layout, train: TrainSpec,
     if model.is_moe:
         args += [f"--num-experts {model.n_experts}", f"--moe-router-topk {model.top_k}",
                  f"--moe-ffn-hidden-size {model.expert_d_ff}"]
-        if layout.ep > 1:
-            args.append("--moe-token-dispatcher-type alltoall")
-    args += _megatron_deepseek(model, notes)
+    args += _megatron_deepseek(model, train, notes)
     args += [f"--seq-length {train.seq_len}",
              f"--max-position-embeddings {max(train.seq_len, model.max_seq)}",
              f"--micro-batch-size {layout.micro_batch}", f"--global-batch-size {gb}",
@@ -218,11 +221,6 @@ def megatron_args(model: ModelSpec, layout: Layout, train: TrainSpec,
         else:
             notes.append("TP overlap applies with --sequence-parallel only (training/arguments."
                          "py); as planned, this layout's TP communication is charged exposed")
-    if layout.recompute == "selective":
-        args.append("--recompute-activations")
-    elif layout.recompute == "full":
-        args += ["--recompute-granularity full", "--recompute-method uniform",
-                 "--recompute-num-layers 1"]
     fsdp = layout.zero >= 2
     overlap = ["--overlap-grad-reduce"] if settings.dp_overlapped(layout.zero) else []
     overlap_both = overlap + (["--overlap-param-gather"] if overlap else [])
@@ -246,10 +244,14 @@ def megatron_args(model: ModelSpec, layout: Layout, train: TrainSpec,
         args.append("--accumulate-allreduce-grads-in-fp32")
     args.append(f"--attention-backend {_MEGATRON_ATTENTION[settings.attention]}")
     args += _megatron_fp8_offload(train)
+    args += megatron_run_settings(model, layout, train, notes,
+                                  offloaded="--optimizer-cpu-offload" in args)
     # Megatron orders TP/CP communication before compute with one hardware queue; FSDP
     # asserts it is not set (training/arguments.py validate_args)
     env = ["CUDA_DEVICE_MAX_CONNECTIONS=1"] if (layout.tp > 1 or layout.cp > 1) and not fsdp \
         else []
+    if train.offload_modules:  # TE ≥ 2.10 would offload weights too (arguments.py:1935-1940)
+        env.append("NVTE_CPU_OFFLOAD_V1=1")
     text, launch = _launched(_header("megatron", model, layout, train, gb), env,
                              ("pretrain_gpt.py",), args, layout, gpus_per_node)
     return Emitted("megatron", text, tuple(notes), launch)

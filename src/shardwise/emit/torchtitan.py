@@ -40,6 +40,39 @@ def _titan_fp8_offload(config: str, train: TrainSpec, notes: list[str]) -> list[
     return args
 
 
+def _titan_refusals(model: ModelSpec, train: TrainSpec) -> None:
+    """The run settings a torchtitan plan accepts that torchtitan 0.3.0's command line cannot
+    set, each refused in one line: the optimizer (`OptimizersContainer.Config.param_groups`,
+    AdamW in its configs), the MoE dispatcher (`model_registry(moe_comm_backend=…)`,
+    models/common/config_utils.py `make_token_dispatcher_config`), a padded capacity factor
+    (its all-to-all and DeepEP dispatchers are dropless), DeepEP's SMs, multi-token
+    prediction (`model_registry(num_mtp_layers=…)`, 0 in every config but the debug model's)
+    and a share of layers under full
+    recompute (0.3.0's activation checkpointing is FullAC, SelectiveAC per op or
+    MemoryBudgetAC: no every-n-th-block option)."""
+    mtp = model.mtp_layers if train.mtp_layers is None else train.mtp_layers
+    for field, bad, why in (
+            (f"optimizer {train.optimizer}", train.optimizer != "adam",
+             "its optimizer is set in a config function's param_groups (AdamW), not on the "
+             "command line"),
+            (f"moe_dispatcher {train.moe_dispatcher}", model.is_moe and train.moe_dispatcher
+             not in (None, "alltoall"), "the token dispatcher is a config function's "
+             "model_registry(moe_comm_backend=…), not a command-line option"),
+            (f"moe_capacity {train.moe_capacity}", model.is_moe and train.moe_capacity is not
+             None, "its all-to-all and DeepEP dispatchers are dropless; no padded capacity"),
+            (f"comm_sms {train.comm_sms}", model.is_moe and train.comm_sms is not None,
+             "it has no setting for the SMs of the expert-parallel kernels"),
+            (f"mtp_layers {mtp}", bool(mtp), "torchtitan 0.3 builds multi-token-prediction "
+             "modules only through a config function (deepseek_v3 model_registry("
+             "num_mtp_layers=…)), and its shipped configs build none: plan with "
+             "--mtp-num-layers 0"),
+            (f"recompute_share {train.recompute_share:g}", train.recompute_share != 1,
+             "0.3.0's activation checkpointing has no every-n-th-block mode (full, per-op "
+             "selective or memory budget)")):
+        if bad:
+            raise ShardwiseError(f"--emit torchtitan cannot run {field} as planned: {why}")
+
+
 def torchtitan_args(model: ModelSpec, layout: Layout, train: TrainSpec,
                     gpus_per_node: int = 8, cluster: Cluster | None = None) -> Emitted:
     """torchtitan 0.3.0 `torchrun -m torchtitan.train` command line for `layout`.
@@ -49,6 +82,7 @@ def torchtitan_args(model: ModelSpec, layout: Layout, train: TrainSpec,
     forward never / always, HSDP across the groups; gradients reduce in float32.
     """
     gb, _ = _checked("torchtitan", model, layout, train, cluster, gpus_per_node)
+    _titan_refusals(model, train)
     module, config = _TITAN_CONFIGS[model.name]
     group = (layout.zero_group or layout.dp * layout.cp) if layout.zero else layout.cp
     shard = group // layout.cp

@@ -101,11 +101,15 @@ def test_each_layer_saves_the_count(tmp_path, flash):
 
 
 def test_checkpoint_round_trip(tmp_path):
+    checkpoint_round_trip(tmp_path, KIND)
+
+
+def checkpoint_round_trip(tmp_path, kind: str) -> None:
     """hf_config reads back as the same spec (transformers accepts it), and the tensors the
     runtime would write are the file's."""
     from safetensors.torch import load_file
 
-    _, src, ours = loaded(tmp_path)
+    _, src, ours = loaded(tmp_path, kind)
     config = hf.hf_config(ours.spec)
     assert from_hf_dict(json.loads(json.dumps(config)), ours.spec.name) == ours.spec
     getattr(transformers, config["architectures"][0]).config_class(**config)

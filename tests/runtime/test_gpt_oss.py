@@ -10,22 +10,23 @@ softmax; each layer saves SPEC §3's count; config and tensors round-trip.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from tests.runtime.hf_variant_models import SEQ, hf_model, tokens  # noqa: E402
-from tests.runtime.test_gemma3 import compare_logits_and_grads, loaded  # noqa: E402
+from tests.runtime.test_gemma3 import (  # noqa: E402
+    checkpoint_round_trip,
+    compare_logits_and_grads,
+    loaded,
+)
 
 from shardwise.arch import from_hf_dict  # noqa: E402
 from shardwise.arch.variants import runtime_lacks  # noqa: E402
 from shardwise.estimate.memory import saved_tensors_per_layer  # noqa: E402
 from shardwise.layout import Layout  # noqa: E402
 from shardwise.ops.swiglu import gated  # noqa: E402
-from shardwise.runtime import hf  # noqa: E402
 from shardwise.runtime.measure import LayerRecorder  # noqa: E402
 from shardwise.runtime.parallelize import runtime_problems  # noqa: E402
 
@@ -88,17 +89,7 @@ def test_each_layer_saves_the_count(tmp_path, flash):
 
 
 def test_checkpoint_round_trip(tmp_path):
-    from safetensors.torch import load_file
-
-    _, src, ours = loaded(tmp_path, KIND)
-    config = hf.hf_config(ours.spec)
-    assert from_hf_dict(json.loads(json.dumps(config)), ours.spec.name) == ours.spec
-    getattr(transformers, config["architectures"][0]).config_class(**config)
-    written = hf.hf_state(dict(ours.named_parameters()), ours.spec)
-    on_disk = load_file(str(src / "model.safetensors"))
-    assert written.keys() == on_disk.keys()
-    for name, tensor in on_disk.items():
-        assert torch.equal(written[name].detach(), tensor), name
+    checkpoint_round_trip(tmp_path, KIND)
 
 
 def test_unsupported_parallelism_is_refused():

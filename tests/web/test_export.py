@@ -124,3 +124,26 @@ def test_each_launcher_download_is_the_cli_job(client, impl, framework, fix):
         assert under_header(file["text"], job), file["text"][:400]
     assert emits["jobs"]["slurm"]["filename"] == f"{framework}.sbatch"
     assert "#SBATCH --nodes=4" in emits["jobs"]["slurm"]["text"]
+
+
+def test_the_moe_and_memory_flags_of_a_megatron_export_are_explained():
+    """The flags a DeepSeek-V3-style plan adds (dispatcher, overlap, recompute modules, the
+    precision-aware optimizer, activation offload) each get a line in the file's header."""
+    from shardwise.arch import get_model
+    from shardwise.emit import emit
+    from shardwise.layout import Layout, TrainSpec
+    from shardwise.web.export import flag_notes
+
+    train = TrainSpec(seq_len=4096, global_batch=1024, impl="megatron-te", fp8="blockwise",
+                      moe_dispatcher="alltoall", moe_overlap="shared", exp_avg_dtype="bf16",
+                      exp_avg_sq_dtype="bf16", recompute_modules=("mla_up_proj", "moe_act"),
+                      offload_modules=("expert_fc1",))
+    layout = Layout.parse("dp=16,pp=4,ep=16,zero=1,recompute=selective")
+    config = emit("megatron", get_model("deepseek-v3"), layout, train, 8).text
+    explained = {line.split(" ")[0].rstrip(":") for line in flag_notes(config)}
+    run_flags = {"--moe-token-dispatcher-type", "--moe-grouped-gemm", "--moe-shared-expert-overlap",
+                 "--recompute-modules", "--use-precision-aware-optimizer", "--exp-avg-dtype",
+                 "--exp-avg-sq-dtype", "--fine-grained-activation-offloading",
+                 "--offload-modules", "--fp8-recipe"}
+    assert run_flags <= set(re.findall(r"--[\w-]+", config))  # the plan's settings are written
+    assert run_flags <= explained, run_flags - explained

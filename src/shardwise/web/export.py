@@ -70,6 +70,27 @@ FLAG_NOTES: dict[str, str] = {
     "--fp8-recipe": "FP8 scaling recipe",
     "--optimizer-cpu-offload": "optimizer state and step on the host",
     "--optimizer-offload-fraction": "the share of the optimizer kept on the host",
+    "--moe-token-dispatcher-type": "how tokens reach their experts (alltoall, allgather, or "
+                                   "flex: DeepEP's node-aware all-to-all)",
+    "--moe-flex-dispatcher-backend": "the flex dispatcher's library (deepep)",
+    "--moe-grouped-gemm": "each rank's experts run as one grouped GEMM (TEGroupedMLP)",
+    "--moe-shared-expert-overlap": "expert-parallel communication hidden behind the shared "
+                                   "experts' GEMMs",
+    "--overlap-moe-expert-parallel-comm": "one micro-batch's expert all-to-alls overlapped "
+                                          "with another's compute",
+    "--moe-expert-capacity-factor": "rows each expert takes, as a multiple of the balanced share",
+    "--moe-pad-expert-input-to-capacity": "every expert padded to its capacity (static sizes)",
+    "--moe-deepep-num-sms": "SMs DeepEP's kernels hold",
+    "--recompute-modules": "the modules selective recompute runs again in backward",
+    "--use-precision-aware-optimizer": "optimizer state kept at the dtypes below",
+    "--exp-avg-dtype": "Adam's first moment dtype",
+    "--exp-avg-sq-dtype": "Adam's second moment dtype",
+    "--main-params-dtype": "master weights dtype",
+    "--fine-grained-activation-offloading": "the listed modules' inputs offloaded to the host",
+    "--offload-modules": "the modules whose inputs go to host memory",
+    "--cuda-graph-impl": "CUDA graphs: the captured scopes replay without host launches",
+    "--cuda-graph-scope": "the parts of each layer captured as CUDA graphs",
+    "--mtp-num-layers": "multi-token-prediction modules trained beside the head",
     "CUDA_DEVICE_MAX_CONNECTIONS=1": "one CUDA work queue, so communication kernels start in "
                                      "the order Megatron issues them (needed with sequence "
                                      "parallelism and overlap)",

@@ -76,6 +76,31 @@ def test_memory_and_step_time_between_none_and_full():
     assert sh.compute == pytest.approx((s0.compute + s1.compute) / 2, rel=1e-9)
 
 
+@pytest.mark.parametrize("layout", ["tp=4,cp=2,pp=2", "tp=2,ep=8,pp=2"])
+def test_communication_replayed_by_the_share(layout):
+    """Full recompute replays the forward's tensor-, context- and expert-parallel collectives of
+    the layers it recomputes, so a share of 0.5 exposes the midpoint of none and full: each
+    backward term is linear in the replayed layers (no overlap on megatron-te's defaults).
+    DeepSeek-V2-Lite: MLA (d_k ≠ d_v) and shared experts."""
+    model = get_model("deepseek-v2-lite")
+    cluster = Cluster.of(64, "h100")
+
+    def run(recompute: str, share: float = 1.0):
+        train = TrainSpec(seq_len=8192, global_batch=256, impl="megatron-te",
+                          recompute_share=share)
+        lay = Layout.parse(f"{layout},recompute={recompute}")
+        lay = Layout.parse(f"{layout},recompute={recompute},"
+                           f"dp={64 // (lay.tp * lay.cp * lay.pp)}")
+        return estimate_step(model, cluster, lay, train)
+
+    none, full, half = run("none"), run("full"), run("full", 0.5)
+    terms = ("tp_comm", "cp_comm_exposed", "ep_comm")
+    assert any(getattr(full, k) > getattr(none, k) for k in terms)
+    for k in terms:
+        assert getattr(half, k) == pytest.approx((getattr(none, k) + getattr(full, k)) / 2,
+                                                 rel=1e-9), k
+
+
 def test_a_share_needs_full_recompute_and_a_share():
     model, train = get_model("llama3-8b"), TrainSpec(recompute_share=0.5)
     with pytest.raises(LayoutError, match="needs recompute=full"):

@@ -30,7 +30,7 @@ def _deepseek_v2_lite():
 
 
 def _cp(model, train: TrainSpec, rc: str):
-    ctx = SimpleNamespace(model=model, seq_len=S, act_bytes=2.0,
+    ctx = SimpleNamespace(model=model, seq_len=S, act_bytes=2.0, recompute_share=1.0,
                           calibration=SimpleNamespace(overlap_contention=0.0))
     links = Links(intra_bw=BW, intra_lat=ALPHA, inter_bw=BW / 4, inter_lat=4 * ALPHA,
                   gpus_per_node=8)

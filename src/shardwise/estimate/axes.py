@@ -44,7 +44,7 @@ def tp_time(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, sp: 
     `estimate.expert`); the attention's pair is in every layer."""
     model, cal, ab = ctx.model, ctx.calibration, ctx.act_bytes
     settings = train.settings()
-    full = rc == RC_CODES["full"]
+    full = (rc == RC_CODES["full"]) * ctx.recompute_share  # the share of layers replayed
     activation = ctx.seq_len / c * b * model.d_model * ab
     # SP: a reduce-scatter + all-gather pair per all-reduce — the same ring rounds and bytes
     # (SPEC §5), but two calls where a fixed cost per call was measured
@@ -270,12 +270,14 @@ def cp_time(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, c: A
         exposed = np.maximum(0.0, transfer - block)
         return exposed + kappa * busy * (transfer - exposed)
 
-    # selective and full recompute replay the attention (op-sac keeps its output)
-    replays = (rc == 1) | (rc == 2)
+    # selective and full recompute replay the attention (op-sac keeps its output); full
+    # recompute of a share of the layers (`TrainSpec.recompute_share`) replays that share
+    replays = np.where(rc == RC_CODES["selective"], 1.0,
+                       np.where(rc == RC_CODES["full"], ctx.recompute_share, 0.0))
     hop_f = hidden(hop, per_layer_f / r)  # one forward hop; a replay repeats it
     ring_f = layers * (r - 1) * hop_f
     ring_b = layers * (r - 1) * (hidden(2 * hop, per_layer_b / r)
-                                 + np.where(replays, hop_f, 0.0))
+                                 + replays * hop_f)
     # the all-to-alls of this rank's (s/c)·b tokens: Q and the output q wide, K and V kv wide
     a2a_in = members_per_node("cp_a2a", **where)
     token_bytes = s / c * b * ab
@@ -283,7 +285,7 @@ def cp_time(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, c: A
                                                      u, a2a_in, links)
                                + group_collective_time("all-to-all", token_bytes * kv, u,
                                                        a2a_in, links)), 0.0)
-    fwd, bwd = ring_f + layers * a2a, ring_b + layers * a2a * np.where(replays, 2, 1)
+    fwd, bwd = ring_f + layers * a2a, ring_b + layers * a2a * (1 + replays)
     if not np.any(gather):
         return fwd, bwd
     # K and V of the whole sequence, s·b·kv_heads·(d_k + d_v)·bytes, gathered over cp
@@ -293,7 +295,8 @@ def cp_time(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, c: A
              for d in (model.head_dim, model.value_head_dim))
     rs = sum(group_collective_time("reduce-scatter", whole * d, c, cp_in, links)
              for d in (model.head_dim, model.value_head_dim))
-    gathers = np.where(rc != RC_CODES["none"], 1, 0) + int(not train.settings().stack.cp_gather_kept)
+    replayed = np.where(rc == RC_CODES["full"], ctx.recompute_share, (rc != RC_CODES["none"]) * 1.0)
+    gathers = replayed + int(not train.settings().stack.cp_gather_kept)
     return (np.where(gather, layers * ag, fwd),
             np.where(gather, layers * (rs + gathers * ag), bwd))
 

@@ -220,7 +220,7 @@ def ep_time(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, c: A
         fwd = pass_ + np.where(et * e > 1, count, 0.0)
         bwd_one = pass_
     comm_f = n_moe * fwd
-    comm_b = n_moe * (bwd_one + np.where(full, fwd, 0.0))
+    comm_b = n_moe * (bwd_one + full * fwd)
     overlap = train.moe_overlap
     if overlap == "none":
         return comm_f, comm_b
@@ -237,7 +237,7 @@ def ep_time(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, c: A
         # combine first and the shared experts' backward (2x the forward GEMMs) beside them
         exposed_f = n_moe * (paired(fwd, shared, sms, busy) - shared)
         exposed_b = n_moe * (paired(bwd_one, 2 * shared, sms, busy) - 2 * shared
-                             + np.where(full, paired(fwd, shared, sms, busy) - shared, 0.0))
+                             + full * (paired(fwd, shared, sms, busy) - shared))
         return exposed_f, exposed_b
     # "1f1b": m-1 pairs (F of one micro-batch beside B of another), the first alone
     both = comm_f + comm_b

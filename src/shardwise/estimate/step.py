@@ -149,7 +149,7 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     h, gpn = model.d_model, links.gpus_per_node
     state = bytes_per_param_training(train.dtype, train.grad_dtype, train.optimizer)
     wb, gb_ = state.weight, state.grad
-    full = rc == RC_CODES["full"]
+    full = (rc == RC_CODES["full"]) * ctx.recompute_share  # the share of layers replayed
     offload = settings.stack.offload_support(train.offload)
 
     def host_copy(n_bytes: Any) -> Any:

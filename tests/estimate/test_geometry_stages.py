@@ -167,3 +167,31 @@ def test_distinct_stages_of_one_layout():
     reps = distinct_stages(model, 4, [0, 1, 2, 3], chunks=1, schedule=1, m=8,
                            partition=(1, 2, 3, 2))
     assert sorted(int(r) for r in reps) == [0, 1, 2, 3]
+
+
+def test_distinct_stages_of_arrays_with_uneven_ends():
+    """Balanced(1, 0): 8 layers + 1 unit over 4 stages, 2 each and the extra on stage 1, the
+    first a layer short: [1, 3, 2, 2] — every stage a kind of its own, none dominated."""
+    model = get_model("tiny").with_(n_layers=8)
+    one, pp, m = np.array([1, 1]), np.array([4, 4]), np.array([8, 8])
+    stages = [np.array([s, s]) for s in range(4)]
+    partition = Balanced(np.array([1, 1]), np.array([0, 0]))
+    reps = distinct_stages(model, pp, stages, chunks=one, schedule=one, m=m,
+                           partition=partition)
+    assert sorted(int(r[0]) for r in reps) == [0, 1, 2, 3]
+    geos = distinct_geometries(model, pp, stages, chunks=one, schedule=one, m=m,
+                               partition=partition)
+    assert sorted((int(g.stage[0]), int(g.layers[0])) for g in geos) == [
+        (0, 1), (1, 3), (2, 2), (3, 2)]
+
+
+def test_an_explicit_virtual_stage_partition_in_the_v():
+    """ZBV, pp = 2, four virtual stages of (1, 2, 2, 3) layers: stage 0 runs virtual stages
+    0 and 3 (layer 0, dense, and layers 5-7), stage 1 runs 1 and 2 (layers 1-4)."""
+    layout = Layout.parse("pp=2,schedule=zbv,chunks=2,tp=2,ep=2,dp=2,partition=1:2:2:3")
+    assert stage_layers(DS8, layout, 0) == [0, 5, 6, 7]
+    zero = StageGeometry.of_layout(DS8, layout, 4, 0)
+    one = StageGeometry.of_layout(DS8, layout, 4, 1)
+    assert (zero.layers, zero.moe_layers, one.layers, one.moe_layers) == (4, 3, 4, 4)
+    assert stage_params(DS8, layout, 0) == (DENSE + 3 * MOE + EMBED + HEAD + NORM,
+                                            3 * EXPERTS)

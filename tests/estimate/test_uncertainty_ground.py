@@ -104,3 +104,45 @@ def test_each_phrase_widens_the_band_by_five_percent(data):
     assert off.unvalidated == ("the gpipe schedule", "ZeRO-3")
     assert off.band == pytest.approx(0.1 * 1.5 + 2 * 0.05)
     assert "+ 5% × 2 unvalidated" in off.basis and "× 1.5^1" in off.basis
+    assert "sources' spread" not in off.basis  # no factor for the group: none named
+    assert off.basis.endswith("× 1.5^1 (the nearest group with enough runs whose sources "
+                              "cover each other), + 5% × 2 unvalidated")
+
+
+def test_a_preset_at_a_set_clock_is_still_borrowed(data):
+    calibration = unc.default_calibration("h100-sxm")  # what h20 is timed with
+    assert unc.unvalidated("h20@1500MHz", STACK, Layout(dp=4), TRAIN, calibration) == (
+        "h20@1500MHz GPUs (timed with h100-sxm's constants)",)
+
+
+def test_a_band_at_the_cap_is_given(data):
+    """The cap is ±50 %: a group whose 8th |error| of 8 is exactly 0.5 still gets its band."""
+    data["runs"] = [_run("tp+pp", e, f"s{i % 3}") for i, e in
+                    enumerate((0.01, -0.02, 0.03, 0.04, -0.05, 0.06, 0.08, -0.5))]
+    sure = unc.uncertainty("h100", STACK, Layout(tp=2, pp=2, dp=2, sp=True), TRAIN)
+    assert (sure.band, sure.validated) == (0.5, True)
+
+
+def test_no_group_says_why(data):
+    data["runs"] = data["runs"][:4]  # 4 runs: fewer than the 5 the 80 % band needs
+    sure = unc.uncertainty("h100", STACK, Layout(tp=2, pp=2, dp=2, sp=True), TRAIN)
+    assert sure.basis == ("no group of published runs on megatron-te has 5 runs whose "
+                          "sources cover each other: not validated")
+
+
+def test_a_95_band_equal_to_the_80_one_keeps_its_own_group(data):
+    """80 %: tp+pp's 8 runs, 8th |error| 0.1, × its factor 1.5; 95 %: the parent's 19 runs
+    (19th |error| 0.1) one step up, × 1.5 — the same width, from its own group."""
+    tp_pp = [_run("tp+pp", e, "a") for e in (0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.1)]
+    dp = [_run("dp", e, "b") for e in (0.01,) * 10 + (-0.1,)]
+    factors = {"0.8": {"hopper · megatron-te · tp+pp": 1.5}}
+    names = unc.group_names("hopper", STACK, "tp+pp")
+    out = unc.bands(tp_pp + dp, names, factors)
+    assert out[0.8] == (0.1 * 1.5, "hopper · megatron-te · tp+pp", 8, 0)
+    assert out[0.95] == (0.1 * 1.5, "hopper · megatron-te", 19, 1)
+    # the factor named in the basis; the 95 % band rounded to 4 places
+    data["runs"], data["band_factors"] = tp_pp + dp, factors
+    data["runs"][-1] = _run("dp", -0.123456, "b")  # the parent's 19th: 0.123456 · 1.5
+    sure = unc.uncertainty("h100", STACK, Layout(tp=2, pp=2, dp=2, sp=True), TRAIN)
+    assert "× 1.5 for its sources' spread" in sure.basis
+    assert sure.band_95 == 0.1852  # round(0.185184, 4)

@@ -83,3 +83,23 @@ def test_peak_on_parts_written_out():
     # a ZeRO-3 workspace larger than any other term is the peak's largest
     big = _breakdown([("optimizer step", 1.0), ("ZeRO-3 gather", 100.0)], workspace=100.0)
     assert big.peak == 40 + 30 + 5 + 100 and big.peak_term == "ZeRO-3 gather"
+
+
+def test_mtp_activations_with_full_recompute():
+    """Sequence parallel at tp = 2 (s·b·h tensors ÷ 2), full recompute (a layer keeps its bf16
+    input, 2·s·b·h bytes): stage 0 holds 2 in flight × 4 layers; the last stage 1 × 4 layers,
+    the final norm's two tensors and the MTP module's layer input plus its eh_proj's 2h input,
+    enorm, hnorm and final norm (5·s·b·h bf16)."""
+    train = TrainSpec(seq_len=128, global_batch=16, mtp_layers=1)
+    layout = Layout.parse("pp=2,tp=2,ep=2,dp=2,sp=1,recompute=full")
+    first, last = training_memory_per_gpu(DS8, layout, train)
+    sbh = 128 * 64
+    layer = 2 * sbh / 2
+    assert first.activations == 2 * 4 * layer
+    assert last.activations == 4 * layer + 2 * sbh * 2 / 2 + (layer + 5 * sbh * 2 / 2)
+
+
+def test_the_train_spec_defaults_when_left_out():
+    tiny = get_model("tiny")
+    (stage,) = training_memory_per_gpu(tiny, Layout(dp=2))
+    assert stage.weights == stage.grads == 2 * tiny.count_params().total  # bf16 each

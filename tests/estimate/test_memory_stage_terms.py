@@ -103,3 +103,23 @@ def test_the_train_spec_defaults_when_left_out():
     tiny = get_model("tiny")
     (stage,) = training_memory_per_gpu(tiny, Layout(dp=2))
     assert stage.weights == stage.grads == 2 * tiny.count_params().total  # bf16 each
+
+
+def test_plumbing_the_per_layer_settings_reach_the_activations():
+    """Plumbing (the per-layer bytes are activations.py's, checked against closed forms in
+    test_activations_closed_forms.py): stage 0 (1 dense and 3 MoE layers, 2 in flight, no
+    dropout) holds 2 × (dense + 3 × MoE) layers' bytes worked out with the layout's etp and
+    the run's recompute modules, which both change them here."""
+    from shardwise.estimate.activations import activation_bytes_per_layer
+
+    train = TrainSpec(seq_len=128, global_batch=16, recompute_modules=("mlp",))
+    layout = Layout.parse("pp=2,tp=2,ep=2,etp=1,dp=2,sp=1,recompute=selective")
+
+    def layer(moe, etp=1, modules=("mlp",)):
+        return activation_bytes_per_layer(DS8, 128, 1, tp=2, sp=True, recompute="selective",
+                                          flash=train.flash_attention, impl=train.profile,
+                                          moe=moe, etp=etp, modules=modules)
+
+    first = training_memory_per_gpu(DS8, layout, train)[0]
+    assert first.activations == 2 * (layer(False) + 3 * layer(True))
+    assert layer(True, etp=0) != layer(True) and layer(True, modules=None) != layer(True)

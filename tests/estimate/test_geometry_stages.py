@@ -186,12 +186,13 @@ def test_distinct_stages_of_arrays_with_uneven_ends():
 
 
 def test_an_explicit_virtual_stage_partition_in_the_v():
-    """ZBV, pp = 2, four virtual stages of (1, 3, 2, 2) layers: stage 0 runs virtual stages
-    0 and 3 (layer 0, dense, and layers 6-7), stage 1 runs 1 and 2 (layers 1-5)."""
-    layout = Layout.parse("pp=2,schedule=zbv,chunks=2,tp=2,ep=2,dp=2,partition=1:3:2:2")
-    assert stage_layers(DS8, layout, 0) == [0, 6, 7]
+    """ZBV, pp = 2, four virtual stages of (2, 2, 1, 3) layers: stage 0 runs virtual stages
+    0 and 3 (layers 0-1, the first dense, and 5-7: 4 MoE; the loop order's 0 and 2 would
+    give 2, the even split 3), stage 1 runs 1 and 2 (layers 2-4)."""
+    layout = Layout.parse("pp=2,schedule=zbv,chunks=2,tp=2,ep=2,dp=2,partition=2:2:1:3")
+    assert stage_layers(DS8, layout, 0) == [0, 1, 5, 6, 7]
     zero = StageGeometry.of_layout(DS8, layout, 4, 0)
     one = StageGeometry.of_layout(DS8, layout, 4, 1)
-    assert (zero.layers, zero.moe_layers, one.layers, one.moe_layers) == (3, 2, 5, 5)
-    assert stage_params(DS8, layout, 0) == (DENSE + 2 * MOE + EMBED + HEAD + NORM,
-                                            2 * EXPERTS)
+    assert (zero.layers, zero.moe_layers, one.layers, one.moe_layers) == (5, 4, 3, 3)
+    assert stage_params(DS8, layout, 0) == (DENSE + 4 * MOE + EMBED + HEAD + NORM,
+                                            4 * EXPERTS)

@@ -120,6 +120,12 @@ EQUIVALENT: dict[str, str] = {
                                           "stage_layer_count__mutmut_2")},
     f"{_G}stage_param_counts__mutmut_47": "placement None in a geometry whose params() "
                                           "never reads its placement",
+    "shardwise.estimate.memory.x_stage_memory__mutmut_7": "default generation \"HOPPER\": "
+                                                          "only \"blackwell\" is told apart",
+    "shardwise.estimate.memory.x_peak_stage_total_runs__mutmut_96": "partition None: with a "
+        "geometry passed, stage_memory reads the partition only in StageGeometry.of, skipped",
+    "shardwise.estimate.memory.x_peak_stage_total_runs__mutmut_101": "the geometry worked "
+        "out again per row: it depends on no field a run varies (ZeRO stage and group)",
 }
 
 

@@ -123,3 +123,17 @@ def test_plumbing_the_per_layer_settings_reach_the_activations():
     first = training_memory_per_gpu(DS8, layout, train)[0]
     assert first.activations == 2 * (layer(False) + 3 * layer(True))
     assert layer(True, etp=0) != layer(True) and layer(True, modules=None) != layer(True)
+
+
+def test_an_expert_tensor_degree_apart_from_tp_in_mtp_and_the_zero3_workspace():
+    """etp = 1 at tp = 2: a layer's routed experts are 8/ep · 3·64·32 whole, twice the etp =
+    tp share. The MTP module's experts count so on the last stage, and ZeRO-3's workspace
+    holds two gathered layers, the larger an MoE layer with its experts (bf16)."""
+    experts = 8 / 2 * 3 * 64 * 32
+    train = TrainSpec(seq_len=128, global_batch=16, mtp_layers=1)
+    layout = Layout.parse("pp=2,tp=2,ep=2,etp=1,dp=2,sp=1")
+    last = training_memory_per_gpu(DS8, layout, train)[1]
+    mtp = MOE + 2 * 64 * 64 / 2 + 3 * 64
+    assert last.weights == 2 * (LAST[0] + mtp + EMBED + 4 * experts + experts)
+    zero3 = Layout.parse("pp=2,tp=2,ep=2,etp=1,dp=2,sp=1,zero=3")
+    assert training_memory_per_gpu(DS8, zero3, TRAIN)[0].workspace == 2 * (MOE + experts) * 2

@@ -56,6 +56,7 @@ SRC = ROOT / "src" / "shardwise"
 # a function's mutants in order: an edit to the function renumbers them, so recheck the list
 # after changing a listed module.
 _S, _A = "shardwise.estimate.state.x_", "shardwise.estimate.activations.x_"
+_G = "shardwise.estimate.geometry.x_"
 _LOWER = "dtype_bytes lower-cases the name: the same dtype"
 EQUIVALENT: dict[str, str] = {
     f"{_S}bytes_per_param_training__mutmut_2": _LOWER + " (default \"BF16\")",
@@ -106,6 +107,25 @@ EQUIVALENT: dict[str, str] = {
                                                                 "same element of a pair",
     **{f"shardwise.estimate.uncertainty.x_resolution__mutmut_{n}": "the message of a raise "
        "after the \"all runs\" level, which always returns: unreachable" for n in (32, 33)},
+    f"{_G}_distinct__mutmut_24": "dtype None for int64: the fields are ints and bools, and "
+                                 "the key's int + bool arithmetic gives the same ints",
+    f"{_G}distinct_geometries__mutmut_49": "dtype None for int64: every column (pp, chunks, "
+                                           "codes, m, Balanced ends, stages) is already int",
+    f"{_G}distinct_geometries__mutmut_67": "spread every field: StageGeometry.of on 1-D "
+                                           "arrays gives 1-D fields only (else unreachable)",
+    f"{_G}_unique_rows__mutmut_14": "1 << 63 for 1 << 62: a code is below the radices' "
+                                    "product, so under 2^63 it still fits in int64",
+    **{f"{_G}{name}": "\"LOOP\" for \"loop\": virtual_stage treats every placement but "
+       "\"v\" as the loop" for name in ("placement_of__mutmut_9",
+                                          "stage_layer_count__mutmut_2")},
+    f"{_G}stage_param_counts__mutmut_47": "placement None in a geometry whose params() "
+                                          "never reads its placement",
+    "shardwise.estimate.memory.x_stage_memory__mutmut_7": "default generation \"HOPPER\": "
+                                                          "only \"blackwell\" is told apart",
+    "shardwise.estimate.memory.x_peak_stage_total_runs__mutmut_96": "partition None: with a "
+        "geometry passed, stage_memory reads the partition only in StageGeometry.of, skipped",
+    "shardwise.estimate.memory.x_peak_stage_total_runs__mutmut_101": "the geometry worked "
+        "out again per row: it depends on no field a run varies (ZeRO stage and group)",
 }
 
 

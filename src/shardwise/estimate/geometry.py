@@ -181,12 +181,15 @@ def stage_param_counts(model: ModelSpec, *, tp: Any, pp: Any, ep: Any, chunks: A
 
 
 def stage_params(model: ModelSpec, layout: Layout, stage: int) -> tuple[float, float]:
-    """`stage_param_counts` of one layout: (dense, expert) parameters on one rank of `stage`."""
+    """`stage_param_counts` of one layout: (dense, expert) parameters on one rank of `stage`
+    (DualPipe: both directions' stages, `StageGeometry.of`)."""
+    geometry = (StageGeometry.of_layout(model, layout, 1, stage)  # params read no in_flight
+                if get_schedule(layout.schedule).bidirectional else None)
     dense, expert = stage_param_counts(model, tp=layout.tp, pp=layout.pp, ep=layout.ep,
                                        chunks=layout.chunks, stage=stage,
                                        partition=layout.partition, etp=layout.etp,
                                        last=get_schedule(layout.schedule).last_stage(layout.pp),
-                                       placement=layout.placement)
+                                       placement=layout.placement, geometry=geometry)
     return float(dense), float(expert)
 
 

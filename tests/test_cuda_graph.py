@@ -105,7 +105,8 @@ def test_cli_refuses_a_bad_scope_in_one_line(capsys):
 
 def test_graphed_scopes_cost_the_host_one_launch_each():
     """attn: the attention block's kernels (all but the MLP's 4) become one launch; a `moe`
-    graph (drop-and-pad) removes the experts' host loop and the dispatcher's sync."""
+    graph (drop-and-pad) removes the experts' host loop; drop-and-pad never syncs on the
+    routing counts, graphed or not (`test_dispatcher_blocks_the_host_once_per_forward`)."""
     model = _model("moe", False)
     acc = get_accelerator("b200")
 
@@ -121,7 +122,7 @@ def test_graphed_scopes_cost_the_host_one_launch_each():
     assert host_ops(moe, 1, 1, False, True, 2) == (2, 4)
     assert host_ops(attn, 1, 1, False, False, 1) == (5, 10)  # dense layer: attn only
     assert expert_host(attn, 4.0)[0] > 0 and expert_host(moe, 4.0) == (0.0, 0.0)
-    assert dispatch_sync(attn) > 0 and dispatch_sync(moe) == 0.0
+    assert dispatch_sync(attn) == 0.0 and dispatch_sync(moe) == 0.0
     slow = layer_cost(attn, 1, 1, 1, False, 0, moe=True, ep=2)
     fast = layer_cost(moe, 1, 1, 1, False, 0, moe=True, ep=2)
-    assert fast.fwd < slow.fwd - dispatch_sync(attn) + 1e-12
+    assert fast.fwd < slow.fwd

@@ -64,7 +64,8 @@ def test_recipe_flags_as_the_frameworks_set_them():
     # Float8LinearConverter converts the head and leaves GroupedExperts bf16
     for (framework, _), recipe in RECIPES.items():
         assert recipe.head_fp8 is (framework == "torchao")
-        assert recipe.experts_fp8 is (framework == "te")
+        # Composer's recipe is Transformer Engine's te.Linear underneath (llm-foundry)
+        assert recipe.experts_fp8 is (framework in ("te", "composer"))
     assert get_recipe("te", "tensorwise").amax_reduction_tp
     assert not get_recipe("te", "delayed").amax_reduction_tp
     assert not get_recipe("torchao", "rowwise_with_gw_hp").wgrad_fp8
@@ -75,7 +76,9 @@ def test_recipe_flags_as_the_frameworks_set_them():
 
 def test_recipe_names_and_unknown_recipes():
     assert recipe_names("te") == ("delayed", "tensorwise", "mxfp8", "blockwise")
-    assert recipe_names("torchao") == ("rowwise", "rowwise_with_gw_hp", "mxfp8")
+    # tensorwise: torchao's dynamic per-tensor scaling, torchtitan v0.1.0's default
+    assert recipe_names("torchao") == ("rowwise", "rowwise_with_gw_hp", "mxfp8", "tensorwise")
+    assert recipe_names("composer") == ("delayed",)
     assert recipe_names() == ("delayed", "tensorwise", "mxfp8", "blockwise", "rowwise",
                               "rowwise_with_gw_hp")
     with pytest.raises(ShardwiseError) as err:

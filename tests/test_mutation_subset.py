@@ -32,9 +32,8 @@ def test_every_offload_mutant_is_killed_or_listed_as_equivalent():
         pytest.skip("mutmut is not installed (pip install -e '.[dev]')")
     mutation = _script()
     files, tests = mutation.GROUPS[GROUP]
-    # the group runs its real test files: the offload closed forms and the FP8/offload ones
-    assert {"tests/estimate/test_offload_steps.py",
-            "tests/estimate/test_fp8_offload.py"} <= set(tests)
+    # the group runs its real test files (those importing estimate.offload): the closed forms
+    assert "tests/estimate/test_offload_steps.py" in tests
     record = mutation.run_group(GROUP, None, 0)
     shutil.rmtree(str(record["where"]), ignore_errors=True)
     equivalent = mutation.EQUIVALENT

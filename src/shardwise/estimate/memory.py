@@ -12,8 +12,8 @@ This module re-exports the names of the split modules. docs/concepts/memory.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -249,20 +249,12 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
                                  recompute=recompute, micro_batch=micro_batch)
     if np.any(gathered):
         act = {kind: saved + gathered for kind, saved in act.items()}
-    zero_n = np.where(zero_group > 0, zero_group, dp * cp)
     geo = geometry if geometry is not None else StageGeometry.of(
         model, pp=pp, chunks=chunks, stage=stage, schedule=schedule, m=m, partition=partition)
-    dense_params, expert_params = geo.params(model, tp, ep, etp)
+    held = _zero_held(train, _StageParams.of(model, train, geo, tp, ep, etp), tp=tp, ep=ep,
+                      etp=etp, dp=dp, cp=cp, zero=zero, zero_group=zero_group,
+                      generation=generation)
     mtp = model.mtp_layers if train.mtp_layers is None else train.mtp_layers
-    if mtp:  # DeepSeek-V3's MTP modules on the stage holding the head (`mtp_params`)
-        mtp_dense, mtp_expert = mtp_params(model, tp, ep, etp)
-        embedding = np.where(geo.last_stage != 0, model.vocab * model.d_model / tp, 0.0)
-        dense_params = dense_params + np.where(geo.last, mtp * mtp_dense + embedding, 0.0)
-        expert_params = expert_params + np.where(geo.last, mtp * mtp_expert, 0.0)
-    w, g, o = zero_state_bytes(dense_params, zero_n, zero, state)
-    expert_tp = expert_tp_degree(etp, tp)
-    we, ge, oe = zero_state_bytes(expert_params,
-                                  np.maximum(zero_n * tp // (expert_tp * ep), 1), zero, state)
     in_flight = geo.in_flight
     per_micro_batch = (geo.per_layer_kind(act["dense"], act["moe"]) if model.is_moe
                        else geo.layers * act["dense"]) / chunks
@@ -280,20 +272,7 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
         mtp_act = (act["moe"] if model.is_moe else act["dense"]) + 5 * sb * h * ab / rep
         activations = activations + np.where(last, mtp * last_in_flight * mtp_act, 0.0)
     dense_layer, moe_layer, expert_layer = layer_params(model, tp, ep, etp)
-    workspace = np.where(zero == 3, 2 * np.maximum(dense_layer, moe_layer + expert_layer)
-                         * state.weight, 0.0)
-    fp8 = 0.0 * zero
-    if recipe is not None:
-        lin_dense, lin_moe, gemm_dense, gemm_moe = fp8_linear_params(model, recipe, tp, ep, etp)
-        weights_fp8 = geo.per_layer_kind(lin_dense, lin_moe)
-        if recipe.head_fp8:
-            weights_fp8 = weights_fp8 + np.where(last, model.vocab * h / tp, 0.0)
-        copy = np.where(zero == 3, recipe.weight_copy_bytes(generation, fsdp=True),
-                        recipe.weight_copy_bytes(generation))
-        fp8 = (copy * weights_fp8 + recipe.scaling_state_bytes()
-               * geo.per_layer_kind(gemm_dense, gemm_moe))
-    held = offload_state(train.offload, train.offload_fraction, w + we, g + ge, o + oe,
-                         state.optimizer)
+    fp8, workspace = held["fp8"], held["workspace"]
     parts = {"weights": held["weights"], "grads": held["grads"],
              "optimizer": held["optimizer"], "fp8": fp8, "activations": activations,
              "logits": logits, "workspace": workspace, "host": held["host"]}
@@ -313,6 +292,69 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
                            else 0.0 * stepped),
     }
     return parts | {"in_flight": in_flight, "stage": stage + 0 * pp}
+
+
+class _StageParams(NamedTuple):
+    """What a stage's ZeRO-dependent bytes (`_zero_held`) take from its layout but the ZeRO
+    stage and group: its dense and expert parameters (DeepSeek-V3's MTP modules on the stage
+    holding the head, `mtp_params`), its largest layer's (ZeRO-3's gather), and with an FP8
+    recipe its FP8 weights and GEMMs' scaling state (`fp8_linear_params`)."""
+
+    dense: Any
+    expert: Any
+    layer_most: Any
+    weights_fp8: Any = 0.0
+    scaling: Any = 0.0
+
+    @classmethod
+    def of(cls, model: ModelSpec, train: TrainSpec, geo: StageGeometry, tp: Any, ep: Any,
+           etp: Any) -> _StageParams:
+        dense_params, expert_params = geo.params(model, tp, ep, etp)
+        mtp = model.mtp_layers if train.mtp_layers is None else train.mtp_layers
+        if mtp:
+            mtp_dense, mtp_expert = mtp_params(model, tp, ep, etp)
+            embedding = np.where(geo.last_stage != 0, model.vocab * model.d_model / tp, 0.0)
+            dense_params = dense_params + np.where(geo.last, mtp * mtp_dense + embedding, 0.0)
+            expert_params = expert_params + np.where(geo.last, mtp * mtp_expert, 0.0)
+        dense_layer, moe_layer, expert_layer = layer_params(model, tp, ep, etp)
+        out = cls(dense_params, expert_params, np.maximum(dense_layer, moe_layer + expert_layer))
+        recipe = train.stack.fp8_recipe(train.fp8) if train.fp8 else None
+        if recipe is None:
+            return out
+        lin_dense, lin_moe, gemm_dense, gemm_moe = fp8_linear_params(model, recipe, tp, ep, etp)
+        weights_fp8 = geo.per_layer_kind(lin_dense, lin_moe)
+        if recipe.head_fp8:
+            weights_fp8 = weights_fp8 + np.where(geo.last, model.vocab * model.d_model / tp, 0.0)
+        return out._replace(weights_fp8=weights_fp8,
+                            scaling=recipe.scaling_state_bytes()
+                            * geo.per_layer_kind(gemm_dense, gemm_moe))
+
+    def take(self, index: Any) -> _StageParams:
+        """The fields of 2-D arrays at rows `index` (the planner's runs spread to their rows)."""
+        return _StageParams(*(v[index] if np.ndim(v) == 2 else v for v in self))
+
+
+def _zero_held(train: TrainSpec, params: _StageParams, *, tp: Any, ep: Any, etp: Any, dp: Any,
+               cp: Any, zero: Any, zero_group: Any, generation: str) -> dict[str, Any]:
+    """The bytes of a stage that depend on the ZeRO stage and group (`stage_memory`): weights,
+    grads and optimizer on the GPU and on the host (`offload_state`), the FP8 weight copies
+    (ZeRO-3's FSDP casts) and ZeRO-3's gather workspace."""
+    state = train_state_bytes(train)
+    zero_n = np.where(zero_group > 0, zero_group, dp * cp)
+    w, g, o = zero_state_bytes(params.dense, zero_n, zero, state)
+    expert_tp = expert_tp_degree(etp, tp)
+    we, ge, oe = zero_state_bytes(params.expert,
+                                  np.maximum(zero_n * tp // (expert_tp * ep), 1), zero, state)
+    workspace = np.where(zero == 3, 2 * params.layer_most * state.weight, 0.0)
+    fp8 = 0.0 * zero
+    recipe = train.stack.fp8_recipe(train.fp8) if train.fp8 else None
+    if recipe is not None:
+        copy = np.where(zero == 3, recipe.weight_copy_bytes(generation, fsdp=True),
+                        recipe.weight_copy_bytes(generation))
+        fp8 = copy * params.weights_fp8 + params.scaling
+    held = offload_state(train.offload, train.offload_fraction, w + we, g + ge, o + oe,
+                         state.optimizer)
+    return held | {"fp8": fp8, "workspace": workspace}
 
 
 def peak_stage_memory(model: ModelSpec, train: TrainSpec, *, pp: Any, stages: Any = None,
@@ -354,11 +396,12 @@ def peak_stage_total_runs(model: ModelSpec, train: TrainSpec, *, pp: Any, first:
     """`peak_stage_total` of rows × columns (the planner's grid: `layout`'s row fields
     `(rows, 1)`, `sp` and `recompute` `(1, cols)`) whose rows fall into runs that differ only
     in the ZeRO stage and group (`first`: one row of each run, `run`: each row's run), bit-
-    identical and cheaper: a stage's activations depend on neither, so they are evaluated
-    once per run (`act`: the per-layer bytes of the `first` rows × columns), its state,
-    FP8 copies, logits and ZeRO-3 workspace depend on no column, so once per row; the sum
-    adds the same numbers in `stage_memory`'s order."""
+    identical and cheaper: all but the ZeRO-dependent bytes (`_zero_held`) are evaluated once
+    per run (`act`: the per-layer bytes of the `first` rows × columns), those once per row;
+    the sum adds the same numbers in `stage_memory`'s order."""
     rows = np.shape(pp)[0]
+
+    cols = np.shape(layout["sp"])[1]
 
     def at_first(value: Any) -> Any:
         return value[first] if np.ndim(value) == 2 and np.shape(value)[0] == rows else value
@@ -367,26 +410,29 @@ def peak_stage_total_runs(model: ModelSpec, train: TrainSpec, *, pp: Any, first:
         return value[run] if np.ndim(value) == 2 else value
 
     partition = layout.pop("partition", ())
-    narrow = layout | {"sp": layout["sp"][:, :1], "recompute": layout["recompute"][:, :1]}
     one = {k: at_first(v) for k, v in layout.items()}
     one_partition = (Balanced(at_first(partition.first_less), at_first(partition.last_less))
                      if isinstance(partition, Balanced) else partition)
-    # the stages' geometry depends on the run only: worked out for its first row, spread
+    zero_keys = ("tp", "ep", "etp", "dp", "cp", "zero", "zero_group")
+    row = {k: layout[k] for k in zero_keys} | {"generation": layout.get("generation", "hopper")}
+    # the stages' geometry depends on the run only: worked out for its first row
     geos = distinct_geometries(model, at_first(pp), candidate_stages(model, at_first(pp)),
                                chunks=one["chunks"], schedule=one["schedule"], m=one["m"],
                                partition=one_partition)
-    totals = []
-    for geo_first in geos:
-        geo = replace(geo_first, **{f.name: at_run(getattr(geo_first, f.name))
-                                    for f in fields(geo_first) if f.name != "placement"})
-        held = stage_memory(model, train, pp=pp, stage=geo.stage, geometry=geo,
-                            act={"dense": 0.0, "moe": 0.0}, partition=partition, **narrow)
-        acts = stage_memory(model, train, pp=at_first(pp), stage=geo_first.stage,
-                            geometry=geo_first, act=act, partition=one_partition,
-                            **one)["activations"]
-        totals.append(held["weights"] + held["grads"] + held["optimizer"] + held["fp8"]
-                      + acts[run] + held["logits"] + held["workspace"])
-    return np.max(totals, axis=0)
+    best = None
+    for geo in geos:
+        parts = stage_memory(model, train, pp=at_first(pp), stage=geo.stage, geometry=geo,
+                             act=act, partition=one_partition, **one)
+        params = _StageParams.of(model, train, geo, one["tp"], one["ep"], one["etp"])
+        held = _zero_held(train, params.take(run), **row)  # (rows, 1)
+        state = held["weights"] + held["grads"] + held["optimizer"] + held["fp8"]
+        # (rows, cols): state + activations + logits + workspace, in `stage_memory`'s order
+        total = np.broadcast_to(parts["activations"], (len(first), cols))[run]
+        np.add(state, total, out=total)
+        np.add(total, at_run(parts["logits"]), out=total)
+        np.add(total, held["workspace"], out=total)
+        best = total if best is None else np.maximum(best, total, out=best)
+    return best
 
 
 def training_memory_per_gpu(model: ModelSpec, layout: Layout, train: TrainSpec | None = None,

@@ -323,14 +323,20 @@ class _Live:
         rows, cols = np.divmod(self.index, state.valid.shape[1])
         self.floor = state.floor.ravel()[self.index]
         self.fits = state.fits.ravel()[self.index]
-        # each cell's row among the live rows and its column: a threshold is worked out per
-        # line and gathered once, not per axis and cell
+        # each cell's combination of row-axis values among the live rows' (`rid`) and its
+        # column: a threshold is worked out per combination and gathered once, not per axis
+        # and cell
         starts = np.empty(len(rows), dtype=bool)  # `rows` ascend (flat indices do)
         starts[:1] = True
         np.not_equal(rows[1:], rows[:-1], out=starts[1:])
-        self.lines, self.rid = rows[starts], np.cumsum(starts) - 1
+        lines, line_of = rows[starts], np.cumsum(starts) - 1
+        combo = _dense_ids([codes[axis][lines, 0] for axis in _ROW_AXES]) if len(lines) \
+            else np.zeros(0, dtype=np.int64)
+        at = np.zeros(int(combo.max(initial=-1)) + 1, dtype=np.int64)
+        at[combo] = lines  # a line of each combination
+        self.rid = combo[line_of].astype(np.int32)
         self.cid = cols.astype(np.int16)
-        self.codes = {axis: code[self.lines, 0] if axis in _ROW_AXES else code[0]
+        self.codes = {axis: code[at, 0] if axis in _ROW_AXES else code[0]
                       for axis, code in codes.items()}
         self.done = np.zeros(len(self.index), dtype=bool)
 
@@ -340,7 +346,7 @@ class _Live:
         timed, those furthest under their threshold; none when every threshold is
         settled."""
         fit_threshold, per_axis, fastest_over = thresholds
-        row_thr = np.full(len(self.lines), fit_threshold)
+        row_thr = np.full(len(self.codes[_ROW_AXES[0]]), fit_threshold)
         col_thr = np.full(len(self.codes[_COL_AXES[0]]), -np.inf)
         for axis, best in per_axis.items():  # the maximum of them all, line by line
             if axis in _ROW_AXES:
@@ -509,8 +515,9 @@ class _Least:
 
     def __init__(self, grid: np.ndarray) -> None:
         self.n_cols = grid.shape[1]
-        self.low = {True: _row_min(grid), False: grid.min(axis=0)}
-        self.arg = {True: grid.argmin(axis=1), False: grid.argmin(axis=0)}
+        row_low, row_arg = _row_argmin(grid)
+        self.low = {True: row_low, False: grid.min(axis=0)}
+        self.arg = {True: row_arg, False: grid.argmin(axis=0)}
 
     def cells(self, groups: _Groups, present: list[int]) -> list[int]:
         on_rows = groups.on_rows
@@ -533,6 +540,17 @@ def _row_min(grid: np.ndarray) -> np.ndarray:
     for j in range(1, grid.shape[1]):
         np.minimum(out, grid[:, j], out=out)
     return out
+
+
+def _row_argmin(grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(`grid.min(axis=1)`, `grid.argmin(axis=1)`: the first column of the least) of a grid of
+    few columns, a column at a time; the same numbers."""
+    low, arg = grid[:, 0].copy(), np.zeros(grid.shape[0], dtype=np.intp)
+    for j in range(1, grid.shape[1]):
+        less = grid[:, j] < low
+        np.copyto(low, grid[:, j], where=less)
+        arg[less] = j
+    return low, arg
 
 
 def _kth_best(cand: dict[str, Any], rows: np.ndarray, cols: np.ndarray, total: np.ndarray,

@@ -99,7 +99,7 @@ class Pruned:
     aggregates the report needs."""
 
     cand: dict[str, Any]
-    terms: dict[str, Any]  # `memory` only where the layout does not fit (NaN where it fits)
+    terms: dict[str, Any]  # `memory` only where the report reads it (`_State.memory_of`)
     fits: np.ndarray
     n_valid: int
     n_fit: int
@@ -201,6 +201,7 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
         if not len(need):
             break
         state.add(need)
+    state.memory_of()
     idx = np.sort(state.index)
     cells = flat_cells(cand, *np.divmod(idx, n_cols))
     terms = {k: state.terms[k][np.argsort(state.index)] for k in _KEYS}
@@ -230,10 +231,7 @@ class _State:
             return
         n_cols = self.valid.shape[1]
         rows, cols = np.divmod(flat, n_cols)
-        # the peak memory only where the cell does not fit: the report reads it there (the
-        # fastest such layout, or the leanest when nothing fits); NaN where the cell fits
-        over = ~self.fits.ravel()[flat]
-        new = {k: np.full(len(flat), np.nan) for k in _KEYS}
+        new = {k: np.full(len(flat), np.nan) for k in _KEYS}  # memory: `memory_of`
         for pick in _by_stages(self.cand, rows):  # positions in `rows` of one (pp, chunks)
             for start in range(0, len(pick), BLOCK_CELLS):
                 chunk = pick[start:start + BLOCK_CELLS]
@@ -242,18 +240,28 @@ class _State:
                                    [k for k in _KEYS if k != "memory"])
                 for k, value in terms.items():
                     new[k][chunk] = value
-                lean = chunk[over[chunk]]
-                if len(lean):
-                    new["memory"][lean] = cell_terms(
-                        self.model, self.cluster, self.train,
-                        flat_cells(self.cand, rows[lean], cols[lean]), self.shared,
-                        ("memory",))["memory"]
         below = new["total"] < self.floor.ravel()[flat] * (1 - 1e-9)
         if below.any():
             raise BoundBroken(f"step time under its compute floor at cell {flat[below][0]}")
         self.done.ravel()[flat] = True
         self.index = np.concatenate([self.index, flat])
         self.terms = {k: np.concatenate([self.terms[k], new[k]]) for k in _KEYS}
+
+    def memory_of(self) -> None:
+        """The peak memory where the report reads it (`Pruned.terms`): of the fastest timed
+        layouts that do not fit (ties all), or when nothing fits of every timed layout (the
+        leanest among them)."""
+        over = ~self.fits.ravel()[self.index]
+        if not over.any():
+            return
+        total = self.terms["total"]
+        if self.fits.any():
+            over &= total == total[over].min()
+        at = np.flatnonzero(over)
+        rows, cols = np.divmod(self.index[at], self.valid.shape[1])
+        self.terms["memory"][at] = cell_terms(self.model, self.cluster, self.train,
+                                              flat_cells(self.cand, rows, cols), self.shared,
+                                              ("memory",))["memory"]
 
     def thresholds(self, top: int, fold: bool, within: float, codes: dict[str, Any],
                    values: dict[str, Any], positions: list[float | None]

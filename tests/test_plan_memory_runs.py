@@ -2,7 +2,7 @@
 `estimate.memory.peak_stage_total_runs`: activations once per run of ZeRO variants, the
 state once per row) against `peak_stage_total` evaluated on every cell of the grid, bit for
 bit, on MoE grids with tp·ep > 1, etp, every ZeRO stage and group, searched uneven
-partitions, MTP, an FP8 recipe and an optimizer offload."""
+partitions, MTP, an FP8 recipe, an optimizer offload and a parameter offload."""
 
 import numpy as np
 import pytest
@@ -23,6 +23,9 @@ from shardwise.plan.prune import _by_stages
     ("tiny-deepseek", 16, TrainSpec(seq_len=64, global_batch=64, fp8="tensorwise",
                                     offload="optimizer", offload_fraction=0.5)),
     ("mixtral-8x7b", 16, TrainSpec(seq_len=4096, global_batch=64)),
+    # torchtitan offloads the parameters too: every state class leaves the GPU
+    ("tiny-deepseek", 16, TrainSpec(seq_len=64, global_batch=64, impl="torchtitan",
+                                    offload="params")),
 ])
 def test_bulk_memory_equals_every_cell(name, gpus, train):
     spec, cluster = get_model(name), Cluster.of(gpus, "h100")

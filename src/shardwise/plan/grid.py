@@ -297,15 +297,16 @@ def _expand(model: ModelSpec, train: TrainSpec, rows: list[tuple[int, ...]], gri
     sp_rc = np.array([(sp, rc) for sp in axes["sp"] for rc in axes["recompute"]], dtype=np.int64)
     l3 = lvl4["l3"]
     pr = lvl3["pair"][l3]
-    t5, c5 = pairs["tp"][pr][:, None], pairs["cp"][pr][:, None]
     sp, rc = sp_rc[:, 0][None, :], sp_rc[:, 1][None, :]
-    no_tp = (sp == 1) & (t5 == 1)
+    # per pair, gathered per row: tp = 1, and tp·cp not dividing the sequence
+    lone_tp = (pairs["tp"] == 1)[pr][:, None]
+    no_tp = (sp == 1) & lone_tp
     rejections.add("sequence parallelism without tp (same as without)", int(no_tp.sum()),
                    category="duplicate")
-    bad_sp = ~no_tp & (sp == 1) & (s % (t5 * c5) != 0)
+    bad_sp = ~lone_tp & (sp == 1) & (s % (pairs["tp"] * pairs["cp"]) != 0)[pr][:, None]
     rejections.add("tp·cp does not divide the sequence (sequence parallel)", int(bad_sp.sum()),
-                   _example(bad_sp.any(axis=1), lambda i: f"tp={t5[i, 0]} cp={c5[i, 0]}, "
-                                                          f"s={s}"))
+                   _example(bad_sp.any(axis=1), lambda i: f"tp={pairs['tp'][pr[i]]} "
+                                                          f"cp={pairs['cp'][pr[i]]}, s={s}"))
     valid = ~(no_tp | bad_sp)
     # the pairs' fields, one gather of them all: (fields, pairs) -> (fields, rows)
     fields = ("tp", "pp", "cp", "ep", "etp", "dp", "micro_batch", "m", "first_less",

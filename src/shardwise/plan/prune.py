@@ -40,6 +40,7 @@ from shardwise.plan.space import SearchSpace
 # valid layouts above which `plan` prunes (below it evaluates every step time: cheaper)
 PRUNE_ABOVE = 400_000
 BLOCK_CELLS = 1 << 17  # cells per memory / floor block (bounds the temporaries)
+_THREAD_CELLS = 16_384  # the least cells a thread times at once (below: not worth a start)
 SEED_CELLS = 4_096  # the first step times: the fitting layouts of smallest floor
 POSITION_CELLS = 100_000  # step times a rank may add before it is reported as bounds
 MARGIN = 1e-6  # relative slack on every threshold (the ranking's ties are 1e-9)
@@ -232,14 +233,26 @@ class _State:
         n_cols = self.valid.shape[1]
         rows, cols = np.divmod(flat, n_cols)
         new = {k: np.full(len(flat), np.nan) for k in _KEYS}  # memory: `memory_of`
-        for pick in _by_stages(self.cand, rows):  # positions in `rows` of one (pp, chunks)
-            for start in range(0, len(pick), BLOCK_CELLS):
-                chunk = pick[start:start + BLOCK_CELLS]
-                cells = flat_cells(self.cand, rows[chunk], cols[chunk])
-                terms = cell_terms(self.model, self.cluster, self.train, cells, self.shared,
-                                   [k for k in _KEYS if k != "memory"])
-                for k, value in terms.items():
-                    new[k][chunk] = value
+        # positions in `rows` of one (pp, chunks), in pieces of at most `BLOCK_CELLS`, at
+        # least a few per thread when there are enough cells (elementwise: the same numbers)
+        chunks = []
+        for pick in _by_stages(self.cand, rows):
+            step = min(BLOCK_CELLS, max(_THREAD_CELLS, -(-len(pick) // _THREADS)))
+            chunks += [pick[start:start + step] for start in range(0, len(pick), step)]
+
+        def run(chunk: np.ndarray) -> dict[str, Any]:
+            cells = flat_cells(self.cand, rows[chunk], cols[chunk])
+            return cell_terms(self.model, self.cluster, self.train, cells, self.shared,
+                              [k for k in _KEYS if k != "memory"])
+
+        if len(chunks) > 1:
+            with ThreadPoolExecutor(min(_THREADS, len(chunks))) as pool:
+                results = list(pool.map(run, chunks))
+        else:
+            results = [run(chunk) for chunk in chunks]
+        for chunk, terms in zip(chunks, results, strict=True):
+            for k, value in terms.items():
+                new[k][chunk] = value
         below = new["total"] < self.floor.ravel()[flat] * (1 - 1e-9)
         if below.any():
             raise BoundBroken(f"step time under its compute floor at cell {flat[below][0]}")

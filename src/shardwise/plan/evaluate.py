@@ -39,6 +39,7 @@ from shardwise.layout import (
     ulysses_degree,
 )
 from shardwise.partition import fixed_or_balanced
+from shardwise.plan.grid import _wide
 from shardwise.plan.results import PlanEntry
 from shardwise.plan.space import DEFAULT_HEADROOM
 from shardwise.schedules.registry import (
@@ -88,6 +89,7 @@ def evaluate_candidates(model: ModelSpec, cluster: Cluster, train: TrainSpec,
     blocks on a few threads (`_blocks`).
     """
     cal = calib or default_calibration(cluster.accelerator.calibration_name)
+    cand = {k: v if k.startswith("_") else _wide(v) for k, v in cand.items()}
     shared = _per_pair(model, cluster, train, cand, cal)
     blocks = _blocks(cand)
     if blocks is None:
@@ -252,6 +254,7 @@ def _take(cand: dict[str, Any], rows: Any, columns: Any) -> dict[str, Any]:
             value = value[rows] if np.shape(value)[0] == n_rows else value
             if columns is not None and np.shape(value)[1] == n_cols:
                 value = value[:, columns]
+            value = _wide(value)
         out[key] = value
     return out
 
@@ -374,9 +377,9 @@ def flat_cells(cand: dict[str, Any], rows: Any, cols: Any) -> dict[str, Any]:
         if key.startswith("_"):
             out[key] = value
         elif np.shape(value)[1] == n_cols and np.shape(value)[0] == 1:
-            out[key] = value[0, cols]
+            out[key] = _wide(value[0, cols])
         else:
-            out[key] = value[rows, 0]
+            out[key] = _wide(value[rows, 0])
     out.pop("_valid", None)
     return out
 

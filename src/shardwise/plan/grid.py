@@ -311,12 +311,18 @@ def _expand(model: ModelSpec, train: TrainSpec, rows: list[tuple[int, ...]], gri
     # the pairs' fields, one gather of them all: (fields, pairs) -> (fields, rows)
     fields = ("tp", "pp", "cp", "ep", "etp", "dp", "micro_batch", "m", "first_less",
               "last_less", "cp_kind", "ulysses")
-    gathered = np.stack([pairs[key] for key in fields]).take(pr, axis=1)
+    # int32 per row where every value fits (half the bytes of the grid's largest arrays;
+    # `evaluate._wide` widens what the models compute with)
+    table = np.stack([pairs[key] for key in fields])
+    narrow = np.int32 if max(int(table.max()), len(pairs["tp"]), int(zero.max())) < 2**31 \
+        else np.int64
+    gathered = table.astype(narrow).take(pr, axis=1)
     cand: dict[str, Any] = {key: gathered[i][:, None] for i, key in enumerate(fields)}
-    cand.update(schedule=lvl3["schedule"][l3][:, None], chunks=lvl3["chunks"][l3][:, None],
-                zero=lvl4["zero"][:, None], zero_group=lvl4["zero_group"][:, None], sp=sp,
-                recompute=rc,
-                pair=pr[:, None])
+    cand.update(schedule=lvl3["schedule"].astype(narrow)[l3][:, None],
+                chunks=lvl3["chunks"].astype(narrow)[l3][:, None],
+                zero=lvl4["zero"].astype(narrow)[:, None],
+                zero_group=lvl4["zero_group"].astype(narrow)[:, None], sp=sp, recompute=rc,
+                pair=pr.astype(narrow)[:, None])
     # the combinations the stack refuses (`Stack.rules`), counted where the rest is valid
     for stack_rule, refused in stack.refused(cand, train):
         bad = np.broadcast_to(refused, valid.shape) & valid
@@ -346,8 +352,8 @@ def _flatten(cand: dict[str, Any], terms: dict[str, Any] | None = None,
     def pick(value: Any) -> Any:
         value = np.asarray(value)
         if per_row is not None and value.shape == (valid.shape[0], 1):
-            return np.repeat(value[:, 0], per_row)  # a row's value once per valid cell
-        return np.broadcast_to(value, valid.shape)[valid]
+            return _wide(np.repeat(value[:, 0], per_row))  # a row's value once per valid cell
+        return _wide(np.broadcast_to(value, valid.shape)[valid])
 
     flat = {k: pick(v) for k, v in cand.items() if not k.startswith("_")}
     flat |= {k: v for k, v in cand.items() if k.startswith("_") and k != "_valid"}
@@ -360,6 +366,12 @@ def _flatten(cand: dict[str, Any], terms: dict[str, Any] | None = None,
         out[key] = ({k: pick(v) for k, v in value.items()} if isinstance(value, dict)
                     else pick(value))
     return flat, out
+
+
+def _wide(value: Any) -> Any:
+    """An integer array as int64: the grid stores its fields as int32 (`_expand`), the models
+    compute in int64 (products of degrees, batches and lengths)."""
+    return value.astype(np.int64) if getattr(value, "dtype", None) == np.int32 else value
 
 
 def _example(mask: np.ndarray, describe: Callable[[int], str]) -> str:

@@ -11,7 +11,14 @@ from shardwise.calibration import default_calibration
 from shardwise.errors import ShardwiseError
 from shardwise.hardware import Cluster
 from shardwise.layout import Balanced, TrainSpec, stage_extremes
-from shardwise.plan import SearchSpace, _enumerate, _flatten, _Rejections, evaluate_candidates
+from shardwise.plan import (
+    SearchSpace,
+    _enumerate,
+    _flatten,
+    _Rejections,
+    evaluate_candidates,
+    prune,
+)
 from shardwise.plan.evaluate import shared_costs, simulated, step_floor
 from shardwise.plan.prune import search_size
 from shardwise.report.builders import run_plan
@@ -136,3 +143,16 @@ def test_pruned_search_equals_the_exhaustive_one_on_uneven_moe_pipelines(options
     else:
         assert any(row.pp > 1 for row in rows)  # an uneven split of 27 layers
         assert {a.axis for a in exhaustive.alternatives if a.best_total} >= {"pp", "zero", "ep"}
+
+
+def test_pruned_search_is_the_same_in_small_blocks_on_threads(monkeypatch):
+    """The memory grid, the floors and the step times evaluated in many small blocks, several
+    on threads at once (`prune.BLOCK_CELLS`, `prune._THREAD_CELLS`), give the exhaustive
+    search's answer: every layout's numbers are its own, whatever block it is in."""
+    spec, options = get_model(CASES[0][0]), CASES[0][1]
+    exhaustive = run_plan(spec, **options, prune_above=EXHAUSTIVE)
+    monkeypatch.setattr(prune, "BLOCK_CELLS", 96)
+    monkeypatch.setattr(prune, "_THREAD_CELLS", 8)
+    pruned = run_plan(spec, **options, prune_above=0)
+    assert _comparable(pruned) == _comparable(exhaustive)
+    assert pruned.stats.timed > 2 * 96  # the step times too took several blocks

@@ -54,6 +54,9 @@ MOE_SCENARIOS = [
     ("DeepSeek-V2-Lite, 256 H100, s=4096 (until the Qwen3 preset)", "deepseek-v2-lite", 256,
      "h100", 4096, 1024),
     ("Mixtral-8x22B, 1,024 H100, s=4096", "mixtral-8x22b", 1024, "h100", 4096, 1024),
+    # the largest MoE search of the presets on 16,384 GPUs (2026-12-05: most cells and step
+    # times of kimi-k2, qwen3, llama4, gpt-oss, deepseek, mixtral and glm at a 16,384 batch)
+    ("Llama-4-Maverick, 16,384 H100, s=4096", "llama4-maverick", 16384, "h100", 4096, 16384),
 ]
 
 

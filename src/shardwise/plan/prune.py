@@ -581,7 +581,12 @@ def _kth_best(cand: dict[str, Any], rows: np.ndarray, cols: np.ndarray, total: n
     if not len(total):
         return np.inf
     if fold:
-        keys = [np.asarray(cand[k])[rows, 0] for k in (*_PAIR_FAMILY, *_ROW_FAMILY)]
+        # the pair's fields of a family as one id per pair (few pairs), then the row's and
+        # the column's: the same families as the fields one by one
+        pairs = cand["_pairs"]
+        of_pair = _dense_ids([np.asarray(pairs[k]) for k in _PAIR_FAMILY])
+        keys = [of_pair[np.asarray(cand["pair"])[rows, 0]]]
+        keys += [np.asarray(cand[k])[rows, 0] for k in _ROW_FAMILY]
         keys += [np.asarray(cand[k])[0, cols] for k in ("sp", "recompute")]
         family = _dense_ids(keys)
         best = np.full(int(family.max()) + 1, np.inf)

@@ -184,13 +184,16 @@ def test_step_dispatchers_and_overlap_order():
     """On DeepSeek-V2-Lite (shared experts, top-6, ep = 8 over 64 H100): DeepEP (flex) moves
     fewer inter-node bytes than NCCL's all-to-all, FP8 dispatch fewer still, and 1F1B overlap
     (or the shared experts') hides some of it but never all (the SM share); compute does not
-    move."""
+    move (one stage: with pp the critical stage is chosen with its EP time, so the dispatcher
+    may move it between the busiest stage and the head's)."""
     base = TrainSpec(seq_len=4096, global_batch=256, impl="megatron-te")
-    a2a = _step(base)
-    flex = _step(replace(base, moe_dispatcher="flex"))
-    fp8 = _step(replace(base, moe_dispatcher="flex", moe_dispatch_fp8=True))
-    both = _step(replace(base, moe_dispatcher="flex", moe_dispatch_fp8=True, moe_overlap="1f1b"))
-    shared = _step(replace(base, moe_overlap="shared"))
+    lay = "pp=1,ep=8,zero=1"
+    a2a = _step(base, lay)
+    flex = _step(replace(base, moe_dispatcher="flex"), lay)
+    fp8 = _step(replace(base, moe_dispatcher="flex", moe_dispatch_fp8=True), lay)
+    both = _step(replace(base, moe_dispatcher="flex", moe_dispatch_fp8=True, moe_overlap="1f1b"),
+                 lay)
+    shared = _step(replace(base, moe_overlap="shared"), lay)
     assert a2a.ep_comm > flex.ep_comm > fp8.ep_comm > both.ep_comm > 0
     assert a2a.ep_comm > shared.ep_comm > 0
     assert a2a.compute == flex.compute == both.compute == shared.compute

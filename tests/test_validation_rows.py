@@ -218,3 +218,22 @@ def test_dgxc_deepseek_rows_carry_the_nemo_recipe_split_and_attention(vr, loaded
         assert case.train.flash_attention is not unfused
         seen += 1
     assert seen == 5
+
+
+def test_dgxc_gb200_nvlink_domain_is_nemos_slurm_segment(vr, loaded):
+    """NeMo's performance-script executor (scripts/performance/utils.py at the dgxc recipes'
+    NeMo commits) asks Slurm for `--segment` = the largest divisor ≤ 18 of the tray count when
+    a GB200 job (4 GPUs per tray) spans more than 18 trays: each segment shares one NVL72's
+    NVLink domain. Every dgxc GB200 row's `gpus_per_node` (shardwise's NVLink domain) is that
+    segment's GPUs, or the whole job within one rack."""
+    def segment_gpus(gpus: int) -> int:
+        trays = gpus // 4
+        if trays <= 18:
+            return gpus
+        return 4 * next(s for s in range(18, 0, -1) if trays % s == 0)
+
+    rows = [r for r in loaded[2]
+            if r["source"].startswith("dgxc") and r.get("accelerator") == "gb200"]
+    assert len(rows) >= 30
+    for row in rows:
+        assert vr.build(row).cluster.gpus_per_node == segment_gpus(row["gpus"]), row["id"]

@@ -40,6 +40,9 @@ from shardwise.layout import Layout, TrainSpec
 DATA = Path(__file__).with_name("validation_runs.json")
 _MODEL_FIELDS = {f.name for f in fields(ModelSpec)}
 _STACK_KEYS = ("impl", "compile", "tp_overlap", "dp_overlap", "attention")
+_MOE_KEYS = ("moe_dispatcher", "moe_overlap", "moe_capacity", "mtp_layers", "recompute_modules")
+"""The row's `stack` keys that become `TrainSpec` fields of the same name as given (the recipe's
+MoE settings: dispatcher, EP overlap, capacity factor, MTP depth, selective-recompute modules)."""
 
 
 @dataclass(frozen=True)
@@ -130,7 +133,9 @@ def build(row: dict[str, Any]) -> Case:
                       dtype=row.get("dtype", "bf16"), grad_dtype=row.get("grad_dtype"),
                       fp8=row.get("fp8"), flash_attention=stack.get("flash", True),
                       recompute_share=row.get("recompute_share", 1.0),
-                      **{k: stack[k] for k in _STACK_KEYS if stack.get(k) is not None})
+                      **{k: stack[k] for k in _STACK_KEYS if stack.get(k) is not None},
+                      **{k: tuple(stack[k]) if isinstance(stack[k], list) else stack[k]
+                         for k in _MOE_KEYS if stack.get(k) is not None})
     train.validate()
     given.validate(model, cluster, train)
     if train.fp8:  # the recipe runs on this accelerator (one line where it does not)

@@ -176,3 +176,64 @@ def test_gpt_oss_rows_are_the_models_transformers_configures(loaded, vr):
         assert 0 < model.sliding_window < row["seq"] and "full" in model.layer_types
         seen.add(model.name)
     assert seen == set(sizes)
+
+
+def test_row_moe_settings_reach_the_train_spec(vr, loaded):
+    """A row's stated MoE settings (dispatcher, EP overlap, capacity, MTP, recompute modules)
+    become the TrainSpec fields `estimate_step` reads, and the capacity reaches the routed
+    rows: Megatron pads each expert to `capacity = factor·T·k/E` (`moe_utils.get_capacity`),
+    so every rank sends `factor·T·k` rows."""
+    from shardwise.estimate.expert import ep_volumes
+
+    row = next(r for r in loaded[2] if r["id"] == "dgxc-v25.05:deepseek-v3-h100-sxm-g1024")
+    train = vr.build(row).train
+    assert (train.moe_dispatcher, train.moe_overlap, train.moe_capacity, train.mtp_layers,
+            train.recompute_modules) == ("alltoall", "shared", 1.0, 1, ("mla_up_proj",))
+    padded = vr.build({**row, "stack": {**row["stack"], "moe_capacity": 1.25}})
+    model = padded.model
+    vol = ep_volumes(model, padded.train, tokens=2048.0, e=64, et=1, ep_in_node=4,
+                     act_bytes=2.0)
+    assert vol["rows"] == pytest.approx(2048 * model.top_k * 1.25)
+    assert vol["combine"] == pytest.approx(2048 * model.top_k * 1.25 * model.d_model * 2)
+
+
+def test_dgxc_deepseek_rows_carry_the_nemo_recipe_split_and_attention(vr, loaded):
+    """NeMo r2.3.0's pretrain_deepseek_v3.py puts 64/pp − 1 layers on the first stage and
+    64/pp − 2 on the last (the middle ones 64/pp: 61 in all); on Blackwell, Transformer
+    Engine 2.2 runs MLA unfused (FlashAttention refuses head_dim_qk ≠ head_dim_v, cuDNN's
+    arbitrary-seqlen kernel refuses head_dim_qk > 128 on sm_arch ≥ 100), on Hopper fused."""
+    from shardwise.hardware import generation
+
+    seen = 0
+    for row in loaded[2]:
+        if not row["id"].startswith("dgxc-v25.05:deepseek-v3-"):
+            continue
+        case = vr.build(row)
+        p, mid = case.layout.pp, 64 // case.layout.pp
+        assert case.layout.partition == (mid - 1,) + (mid,) * (p - 2) + (mid - 2,)
+        assert sum(case.layout.partition) == case.model.n_layers == 61
+        model = case.model
+        unfused = (generation(case.cluster.accelerator.name) == "blackwell"
+                   and model.head_dim > 128 and model.head_dim != model.value_head_dim)
+        assert case.train.flash_attention is not unfused
+        seen += 1
+    assert seen == 5
+
+
+def test_dgxc_gb200_nvlink_domain_is_nemos_slurm_segment(vr, loaded):
+    """NeMo's performance-script executor (scripts/performance/utils.py at the dgxc recipes'
+    NeMo commits) asks Slurm for `--segment` = the largest divisor ≤ 18 of the tray count when
+    a GB200 job (4 GPUs per tray) spans more than 18 trays: each segment shares one NVL72's
+    NVLink domain. Every dgxc GB200 row's `gpus_per_node` (shardwise's NVLink domain) is that
+    segment's GPUs, or the whole job within one rack."""
+    def segment_gpus(gpus: int) -> int:
+        trays = gpus // 4
+        if trays <= 18:
+            return gpus
+        return 4 * next(s for s in range(18, 0, -1) if trays % s == 0)
+
+    rows = [r for r in loaded[2]
+            if r["source"].startswith("dgxc") and r.get("accelerator") == "gb200"]
+    assert len(rows) >= 30
+    for row in rows:
+        assert vr.build(row).cluster.gpus_per_node == segment_gpus(row["gpus"]), row["id"]

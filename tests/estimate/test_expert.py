@@ -13,6 +13,7 @@ from shardwise.arch import ModelSpec, get_model
 from shardwise.estimate.expert import (
     COMM_SMS,
     SMS,
+    ep_time,
     ep_volumes,
     gpus_reached,
     nodes_reached,
@@ -131,6 +132,77 @@ def test_alltoall_dispatcher_bytes_match_megatron(monkeypatch):
         assert rows * shape[0] * 2 == pytest.approx(expected["gather"])
 
 
+def test_padded_dispatch_exchanges_no_counts_as_megatron_runs_it(monkeypatch):
+    """Padded to capacity (`--moe-expert-capacity-factor 1 --moe-pad-expert-input-to-capacity`),
+    Megatron-Core 0.16.1's `MoEAlltoAllTokenDispatcher.preprocess` returns before gathering the
+    token counts over tp_ep (every rank sends `capacity` rows to every expert): the dispatch
+    gathers no counts, sends `capacity·E` = T·k rows, and `ep_time` charges exactly the count
+    all-gather less than dropless routing with the same rows."""
+    from megatron.core import utils
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    ep, et, h, k, n_exp = 4, 2, MOE.d_model, MOE.top_k, MOE.n_experts
+    tokens = 24
+    cfg = TransformerConfig(num_layers=2, hidden_size=h, num_attention_heads=4,
+                            num_moe_experts=n_exp, moe_router_topk=k,
+                            moe_token_dispatcher_type="alltoall", expert_model_parallel_size=ep,
+                            expert_tensor_parallel_size=et, tensor_model_parallel_size=et,
+                            sequence_parallel=True, add_bias_linear=False, bf16=True,
+                            params_dtype=torch.bfloat16, moe_expert_capacity_factor=1.0,
+                            moe_pad_expert_input_to_capacity=True)
+    calls: dict[str, list] = {"counts": [], "a2a": []}
+
+    def gather(x, group=None, output_split_sizes=None, **_):
+        if x.dtype == torch.long:
+            calls["counts"].append(x.shape)
+        rows = sum(output_split_sizes) if output_split_sizes else x.shape[0] * group.size()
+        return torch.zeros((rows, *x.shape[1:]), dtype=x.dtype)
+
+    def all_to_all(group, x, output_splits, input_splits):
+        calls["a2a"].append(x.shape[0])
+        return torch.zeros((x.shape[0], *x.shape[1:]), dtype=x.dtype)
+
+    stream = _Stream()
+    monkeypatch.setattr(utils, "get_pg_size", lambda group=None: group.size())
+    monkeypatch.setattr(utils, "get_pg_rank", lambda group=None: group.rank())
+    monkeypatch.setattr(td, "gather_from_sequence_parallel_region", gather)
+    monkeypatch.setattr(td, "all_to_all", all_to_all)
+    monkeypatch.setattr(td.MoEAlltoAllTokenDispatcher, "cuda_dtoh_stream", stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    pgs = type("PG", (), {"ep": _Group(ep, 1), "expt_tp": _Group(et, 0),
+                          "tp_ep": _Group(ep * et, et)})()
+    local = n_exp // ep
+    d = td.MoEAlltoAllTokenDispatcher(local, list(range(local, 2 * local)), cfg,
+                                      pg_collection=pgs)
+    rmap = _balanced_routing(tokens, n_exp, k, 1)
+    probs = torch.rand(tokens, n_exp, dtype=torch.bfloat16) * rmap
+    hidden, p = d.dispatch_preprocess(torch.randn(tokens, h, dtype=torch.bfloat16), rmap, probs)
+    d.token_dispatch(hidden, p)
+    assert calls["counts"] == []
+    padded = TrainSpec(impl="megatron-te", moe_capacity=1.0)
+    assert calls["a2a"][0] == ep_volumes(MOE, padded, tokens=tokens, e=ep, et=et,
+                                         ep_in_node=ep, act_bytes=2)["rows"]
+
+    from shardwise.calibration import default_calibration
+    from shardwise.estimate.kernels import ComputeContext
+    from shardwise.estimate.links import Links, group_collective_time
+
+    cluster = Cluster.of(16, "h100")
+    cal = default_calibration(cluster.accelerator.calibration_name)
+    links = Links.of(cluster, cal)
+    kw = dict(t=2, c=1, b=1, sp=1, e=ep, etp=et, full=0.0, n_moe=3, ep_in_node=ep, m=4,
+              work_f=1.0, work_b=2.0)
+    times = {}
+    for name, cap in (("dropless", None), ("padded", 1.0)):
+        train = TrainSpec(seq_len=1024, global_batch=8, impl="megatron-te", moe_capacity=cap)
+        ctx = ComputeContext.of(MOE, cluster.accelerator, train, cal)
+        times[name] = ep_time(ctx, links, train, **kw)
+    count = group_collective_time("all-gather", 8.0 * n_exp * et * ep, et * ep, 8, links)
+    assert times["dropless"][0] - times["padded"][0] == pytest.approx(3 * count, rel=1e-9)
+    assert times["dropless"][1] == pytest.approx(times["padded"][1], rel=1e-12)
+
+
 @pytest.mark.parametrize("n_experts,k,groups,chosen,nodes", [
     (256, 8, 8, 4, 8),   # DeepSeek-V3: a group per node, 4 of 8 nodes
     (256, 8, 8, 4, 4),   # two groups per node
@@ -184,13 +256,16 @@ def test_step_dispatchers_and_overlap_order():
     """On DeepSeek-V2-Lite (shared experts, top-6, ep = 8 over 64 H100): DeepEP (flex) moves
     fewer inter-node bytes than NCCL's all-to-all, FP8 dispatch fewer still, and 1F1B overlap
     (or the shared experts') hides some of it but never all (the SM share); compute does not
-    move."""
+    move (one stage: with pp the critical stage is chosen with its EP time, so the dispatcher
+    may move it between the busiest stage and the head's)."""
     base = TrainSpec(seq_len=4096, global_batch=256, impl="megatron-te")
-    a2a = _step(base)
-    flex = _step(replace(base, moe_dispatcher="flex"))
-    fp8 = _step(replace(base, moe_dispatcher="flex", moe_dispatch_fp8=True))
-    both = _step(replace(base, moe_dispatcher="flex", moe_dispatch_fp8=True, moe_overlap="1f1b"))
-    shared = _step(replace(base, moe_overlap="shared"))
+    lay = "pp=1,ep=8,zero=1"
+    a2a = _step(base, lay)
+    flex = _step(replace(base, moe_dispatcher="flex"), lay)
+    fp8 = _step(replace(base, moe_dispatcher="flex", moe_dispatch_fp8=True), lay)
+    both = _step(replace(base, moe_dispatcher="flex", moe_dispatch_fp8=True, moe_overlap="1f1b"),
+                 lay)
+    shared = _step(replace(base, moe_overlap="shared"), lay)
     assert a2a.ep_comm > flex.ep_comm > fp8.ep_comm > both.ep_comm > 0
     assert a2a.ep_comm > shared.ep_comm > 0
     assert a2a.compute == flex.compute == both.compute == shared.compute
@@ -234,8 +309,9 @@ def test_capacity_factor_pads_every_expert():
     """A capacity factor with padding (Megatron `get_capacity`: `ceil(T·k/E · factor)` rows
     per expert, `moe_pad_expert_input_to_capacity`) sends and computes `factor · T · k` rows
     per rank whatever the routing: the same step as balanced routing at expert_load = factor,
-    less the dispatcher's host round trip, which drop-and-pad skips (its sizes are static;
-    `test_dispatcher_blocks_the_host_once_per_forward`)."""
+    less the dispatcher's host round trip and its count all-gather, which drop-and-pad skips
+    (its sizes are static; `test_dispatcher_blocks_the_host_once_per_forward`,
+    `test_padded_dispatch_exchanges_no_counts_as_megatron_runs_it`)."""
     from megatron.core.transformer.moe.moe_utils import get_capacity
 
     tokens, k, n_exp, factor = 4096, MOE.top_k, MOE.n_experts, 1.25
@@ -244,7 +320,7 @@ def test_capacity_factor_pads_every_expert():
     base = TrainSpec(seq_len=4096, global_batch=256, impl="megatron-te")
     padded = _step(replace(base, moe_capacity=factor))
     loaded = _step(replace(base, expert_load=factor))
-    assert padded.ep_comm == pytest.approx(loaded.ep_comm, rel=1e-12)
+    assert padded.ep_comm < loaded.ep_comm < 1.02 * padded.ep_comm  # the counts' all-gather
     assert 0 < loaded.compute - padded.compute < 1e-2 * loaded.compute
     assert padded.total > _step(base).total
 

@@ -100,26 +100,38 @@ def dp_time(links: Links, train: TrainSpec, kappa: float, bucket: float, *, grou
     # what the same traffic would cost at the node's link speed: the contention it causes
     # (`busy_fraction`) follows the bytes it moves through the GPU, not the wall time
     nvlink = Links(links.intra_bw, links.intra_lat, links.intra_bw, links.intra_lat, gpn)
-    dp_total, dp_exposed, dp_busy = 0.0 * m, 0.0 * m, 0.0 * m
+    # Each group's collectives (dense over dp·cp, experts over their expert-data-parallel group)
+    # as its buckets fill; the groups run beside each other through the same links and share
+    # one overlap window, so the exposure is taken over their sums (Megatron-Core DDP: a bucket
+    # group per parameter kind, all reduced during the same last backward)
+    sums: dict[str, Any] = {}
+
+    def add(name: str, value: Any, live: Any) -> None:
+        sums[name] = sums.get(name, 0.0 * m) + np.where(live, value, 0.0)
+
+    across_live = 0.0 * m
     for params, n_shift in groups:
         n = replicas / n_shift
+        live = n > 1
         g_all = np.maximum(in_node // n_shift, 1)
         grp = np.maximum(group / n_shift, 1)
         grp_in = np.maximum(group_in // n_shift, 1)
         grads, weights = params * grad_bytes, params * weight_bytes
         # stage 0: bucketed all-reduce
         ar, buckets = _bucketed("all-reduce", grads, n, g_all, links, bucket)
-        z0 = np.maximum(ar / buckets, ar - window_b)
+        add("ar", ar, live)
+        add("ar_last", ar / buckets, live)
         # stages 1-2: reduce-scatter inside the shard group (+ all-reduce of the shard across
         # groups when hybrid), all-gather of the updated weights
         rs, buckets = _bucketed("reduce-scatter", grads, grp, grp_in, links, bucket)
         xr, _ = _bucketed("all-reduce", grads / grp, across, across_in, links, bucket)
         ag, ag_buckets = _bucketed("all-gather", weights, grp, grp_in, links, bucket)
-        rs_exposed = np.maximum(rs / buckets, rs - window_b)
-        xr_exposed = np.maximum(xr / buckets, xr - np.maximum(window_b - rs, 0.0))
-        ag_exposed = np.maximum(ag / ag_buckets, ag - window_f)
-        reductions = np.where(zero == 2, m, 1)
-        z12 = reductions * rs_exposed + np.where(across > 1, xr_exposed, 0.0) + ag_exposed
+        add("rs", rs, live)
+        add("rs_last", rs / buckets, live)
+        add("xr", xr, live & (across > 1))
+        add("xr_last", xr / buckets, live & (across > 1))  # per reduce-scatter bucket
+        add("ag", ag, live)
+        add("ag_last", ag / ag_buckets, live)
         # stage 3: per-layer gathers (forward, backward) and reduce-scatters, prefetched;
         # parameter offload copies each layer's shard to the GPU before its gather and its
         # gradient shard back after the reduce-scatter, on the same streams
@@ -129,21 +141,36 @@ def dp_time(links: Links, train: TrainSpec, kappa: float, bucket: float, *, grou
         if offload is not None and offload.kind == "params":
             ag_u = ag_u + host_copy(weights / units / grp)
             rs_u = rs_u + host_copy(grads / units / grp)
-        fwd_u, bwd_u = big_f / units, big_b / units
-        z3_mb = (units * np.maximum(0.0, ag_u - fwd_u) + ag_u
-                 + units * np.maximum(0.0, ag_u + rs_u - bwd_u) + rs_u)
-        z3 = m * z3_mb + np.where(across > 1, xr_exposed, 0.0)
-        exposed = np.where(zero == 0, z0, np.where(zero == 3, z3, z12))
-        total = np.where(zero == 0, ar,
-                         np.where(zero == 3, m * units * (2 * ag_u + rs_u),
-                                  reductions * rs + ag) + np.where(across > 1, xr, 0.0))
+        add("ag_u", ag_u, live)
+        add("rs_u", rs_u, live)
         # the busy share of the overlapped part: the shard group's (or, stage 0, the
         # replicas') reduce-scatter at node speed over its time on the real links
         sizes = np.where(zero == 0, n, grp), np.where(zero == 0, g_all, grp_in)
-        busy = busy_fraction(grads, *sizes, links, nvlink)
-        dp_exposed = dp_exposed + np.where(n > 1, exposed, 0.0)
-        dp_total = dp_total + np.where(n > 1, total, 0.0)
-        dp_busy = dp_busy + np.where(n > 1, busy * np.maximum(total - exposed, 0.0), 0.0)
+        total_g = np.where(zero == 0, ar,
+                           np.where(zero == 3, m * units * (2 * ag_u + rs_u),
+                                    np.where(zero == 2, m, 1) * rs + ag)
+                           + np.where(across > 1, xr, 0.0))
+        add("total", total_g, live)
+        add("busy", busy_fraction(grads, *sizes, links, nvlink) * total_g, live)
+        across_live = np.maximum(across_live, np.where(live & (across > 1), 1.0, 0.0))
+    zs = {k: sums.get(k, 0.0 * m) for k in ("ar", "ar_last", "rs", "rs_last", "xr", "xr_last",
+                                           "ag", "ag_last", "ag_u", "rs_u", "total", "busy")}
+    units = np.maximum(layers, 1.0)
+    z0 = np.maximum(zs["ar_last"], zs["ar"] - window_b)
+    rs_exposed = np.maximum(zs["rs_last"], zs["rs"] - window_b)
+    xr_exposed = np.maximum(zs["xr_last"], zs["xr"] - np.maximum(window_b - zs["rs"], 0.0))
+    ag_exposed = np.maximum(zs["ag_last"], zs["ag"] - window_f)
+    reductions = np.where(zero == 2, m, 1)
+    z12 = reductions * rs_exposed + xr_exposed * across_live + ag_exposed
+    fwd_u, bwd_u = big_f / units, big_b / units
+    z3_mb = (units * np.maximum(0.0, zs["ag_u"] - fwd_u) + zs["ag_u"]
+             + units * np.maximum(0.0, zs["ag_u"] + zs["rs_u"] - bwd_u) + zs["rs_u"])
+    z3 = m * z3_mb + xr_exposed * across_live
+    exposed = np.where(zero == 0, z0, np.where(zero == 3, z3, z12))
+    dp_total = zs["total"]
+    dp_exposed = np.where(dp_total > 0, exposed, 0.0)
+    hidden = np.maximum(dp_total - dp_exposed, 0.0) / np.maximum(dp_total, 1e-30)
+    dp_busy = zs["busy"] * hidden
     # Overlapped traffic still slows the GEMMs it runs beside (SM and HBM contention); without
     # --overlap-grad-reduce / --overlap-param-gather every byte is on the critical path.
     dp_exposed = np.where(settings.dp_overlapped(zero), dp_exposed + kappa * dp_busy, dp_total)

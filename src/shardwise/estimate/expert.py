@@ -212,10 +212,14 @@ def ep_time(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, c: A
         scatter = np.where(megatron & (et > 1), group_collective_time(
             "reduce-scatter", vol["gather"], et, et_in, links), 0.0)
         # the counts per expert before the dispatch: Megatron all-gathers them over tp_ep
-        # (`preprocess`), torchtitan and the runtime swap them with an all-to-all
+        # (`preprocess`), torchtitan and the runtime swap them with an all-to-all; padded to
+        # capacity, Megatron's `preprocess` returns before any exchange (every rank sends
+        # `capacity` rows to every expert: the splits are known)
         count = (group_collective_time("all-gather", counts * et * e, et * e, group_in, links)
                  if megatron else
                  group_collective_time("all-to-all", counts, e, ep_in_node, links))
+        if megatron and train.moe_capacity is not None:
+            count = 0.0 * count
         pass_ = np.where(e > 1, a2a_d + a2a_c, 0.0) + gather + scatter
         fwd = pass_ + np.where(et * e > 1, count, 0.0)
         bwd_one = pass_

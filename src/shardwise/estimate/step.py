@@ -42,6 +42,7 @@ from shardwise.estimate.compute import (
     optimizer_time,
 )
 from shardwise.estimate.expert import ep_time
+from shardwise.estimate.kernels import linear
 from shardwise.estimate.links import (
     Links,
     _bucketed,
@@ -185,11 +186,39 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     f_last = f_mid * last / most + head_f + np.where(single, emb_f, 0.0)
     b_last = b_mid * last / most + head_b + np.where(single, emb_b, 0.0)
     f_first, b_first = f_mid * first / most + emb_f, b_mid * first / most + emb_b
-    # the slowest stage: the last unless an uneven partition makes the first or the busiest one
-    pick_first = ~single & (f_first + b_first > f_last + b_last)
+    # multi-token prediction on the stage holding the head (megatron-core `GPTModel.forward`,
+    # `MultiTokenPredictionLayer`; DeepSeek-V3 §2.2): per module `eh_proj` (T×2h)·(2h×h/t), one
+    # more layer of the decoder's last kind (MoE in an MoE model) and the LM head with its loss
+    mtp = model.mtp_layers if train.mtp_layers is None else train.mtp_layers
+    mtp_moe = mtp if model.n_moe_layers else 0
+    if mtp:
+        kind = costs["moe"] if model.n_moe_layers else dense
+        proj = linear(ctx, s / c * b, 2 * h, h / t)
+        f_last = f_last + mtp * (kind.fwd + proj.fwd + head_f)
+        b_last = b_last + mtp * (kind.bwd + kind.recompute + proj.dgrad + proj.wgrad + head_b)
+
+    # ---- expert parallel: the dispatcher's collectives per MoE layer, exposed or overlapped
+    if model.n_moe_layers:
+        ep_f, ep_b = ep_time(ctx, links, train, t=t, c=c, b=b, sp=sp, e=e, etp=etp, full=full,
+                             n_moe=n_moe, ep_in_node=on_node("ep"), m=m,
+                             work_f=f_mid, work_b=b_mid)
+    else:
+        ep_f = ep_b = 0.0 * t
+    # per MoE layer, so that each stage is charged its own MoE layers' (the MTP's included)
+    ep_layer = (ep_f + ep_b) / np.maximum(n_moe, 1e-30)
+    moe_first, moe_last = (first * model.n_moe_layers / p,
+                           last * model.n_moe_layers / p + mtp_moe)
+
+    # the slowest stage (compute and its EP collectives): the last unless an uneven partition
+    # makes the first or the busiest one
+    pick_first = ~single & (f_first + b_first + moe_first * ep_layer
+                            > f_last + b_last + moe_last * ep_layer)
     f_crit, b_crit = np.where(pick_first, f_first, f_last), np.where(pick_first, b_first, b_last)
-    pick_mid = f_mid + b_mid > f_crit + b_crit
+    moe_crit = np.where(pick_first, moe_first, moe_last)
+    pick_mid = f_mid + b_mid + n_moe * ep_layer > f_crit + b_crit + moe_crit * ep_layer
     f_crit, b_crit = np.where(pick_mid, f_mid, f_crit), np.where(pick_mid, b_mid, b_crit)
+    # the critical stage's EP time: the busiest stage's (`ep_time`) scaled to its MoE layers
+    ep_scale = np.where(pick_mid, 1.0, moe_crit / np.maximum(n_moe, 1e-30))
 
     # ---- tensor parallel: all-reduces of the (s/c, b, h) activation, on the critical path
     layers = most * model.n_layers / p
@@ -209,14 +238,6 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
                          gather=cp_kind == CP_KINDS.index("allgather"),
                          b=b, rc=rc, layers=layers, attn_f=attn_f, attn_b=attn_b, dp=dp, p=p,
                          e=e)
-
-    # ---- expert parallel: the dispatcher's collectives per MoE layer, exposed or overlapped
-    if model.n_moe_layers:
-        ep_f, ep_b = ep_time(ctx, links, train, t=t, c=c, b=b, sp=sp, e=e, etp=etp, full=full,
-                             n_moe=n_moe, ep_in_node=on_node("ep"), m=m,
-                             work_f=f_mid, work_b=b_mid)
-    else:
-        ep_f = ep_b = 0.0 * t
 
     # ---- pipeline: p2p per micro-batch and virtual stage, and the bubble
     pp_intra = on_node("pp") == p
@@ -290,7 +311,7 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     compute = m * (f_crit + b_crit) + fp8_casts
     tp_comm = m * tp_crit
     cp_comm = m * (cp_f + cp_b)
-    ep_comm = m * (ep_f + ep_b)
+    ep_comm = m * (ep_f + ep_b) * ep_scale
     total = compute + tp_comm + cp_comm + ep_comm + pp_comm + bubble + dp_exposed + optimizer
     return {
         "compute": compute, "tp_comm": tp_comm, "cp_comm_exposed": cp_comm,

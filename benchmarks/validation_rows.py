@@ -40,6 +40,9 @@ from shardwise.layout import Layout, TrainSpec
 DATA = Path(__file__).with_name("validation_runs.json")
 _MODEL_FIELDS = {f.name for f in fields(ModelSpec)}
 _STACK_KEYS = ("impl", "compile", "tp_overlap", "dp_overlap", "attention")
+# the run's MoE communication, CUDA graphs and selective-recompute modules where its recipe
+# states them (`TrainSpec` fields of the same names; the row cites the recipe's line)
+_TRAIN_KEYS = ("moe_dispatcher", "moe_overlap", "cuda_graph", "recompute_modules")
 
 
 @dataclass(frozen=True)
@@ -130,7 +133,8 @@ def build(row: dict[str, Any]) -> Case:
                       dtype=row.get("dtype", "bf16"), grad_dtype=row.get("grad_dtype"),
                       fp8=row.get("fp8"), flash_attention=stack.get("flash", True),
                       recompute_share=row.get("recompute_share", 1.0),
-                      **{k: stack[k] for k in _STACK_KEYS if stack.get(k) is not None})
+                      **{k: stack[k] for k in _STACK_KEYS if stack.get(k) is not None},
+                      **{k: stack[k] for k in _TRAIN_KEYS if stack.get(k) is not None})
     train.validate()
     given.validate(model, cluster, train)
     if train.fp8:  # the recipe runs on this accelerator (one line where it does not)
@@ -239,6 +243,12 @@ def features(row: dict[str, Any]) -> list[str]:
         out.append(f"tp-overlap:{stack['tp_overlap']}")
     if stack.get("compile"):
         out.append("compile")
+    if stack.get("moe_dispatcher"):
+        out.append(f"dispatcher:{stack['moe_dispatcher']}")
+    if stack.get("moe_overlap") not in (None, "none"):
+        out.append(f"moe-overlap:{stack['moe_overlap']}")
+    if stack.get("cuda_graph"):
+        out.append("cuda-graph:" + "+".join(stack["cuda_graph"]))
     if stack.get("flash") is False:
         out.append("no-flash")
     elif stack.get("attention"):

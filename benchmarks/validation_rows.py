@@ -40,9 +40,11 @@ from shardwise.layout import Layout, TrainSpec
 DATA = Path(__file__).with_name("validation_runs.json")
 _MODEL_FIELDS = {f.name for f in fields(ModelSpec)}
 _STACK_KEYS = ("impl", "compile", "tp_overlap", "dp_overlap", "attention")
-_MOE_KEYS = ("moe_dispatcher", "moe_overlap", "moe_capacity", "mtp_layers", "recompute_modules")
+_MOE_KEYS = ("moe_dispatcher", "moe_overlap", "moe_capacity", "mtp_layers", "cuda_graph",
+             "recompute_modules")
 """The row's `stack` keys that become `TrainSpec` fields of the same name as given (the recipe's
-MoE settings: dispatcher, EP overlap, capacity factor, MTP depth, selective-recompute modules)."""
+MoE settings: dispatcher, EP overlap, capacity factor, MTP depth, CUDA-graph scopes, selective-
+recompute modules; the row cites the recipe's line)."""
 
 
 @dataclass(frozen=True)
@@ -244,6 +246,12 @@ def features(row: dict[str, Any]) -> list[str]:
         out.append(f"tp-overlap:{stack['tp_overlap']}")
     if stack.get("compile"):
         out.append("compile")
+    if stack.get("moe_dispatcher"):
+        out.append(f"dispatcher:{stack['moe_dispatcher']}")
+    if stack.get("moe_overlap") not in (None, "none"):
+        out.append(f"moe-overlap:{stack['moe_overlap']}")
+    if stack.get("cuda_graph"):
+        out.append("cuda-graph:" + "+".join(stack["cuda_graph"]))
     if stack.get("flash") is False:
         out.append("no-flash")
     elif stack.get("attention"):

@@ -237,3 +237,32 @@ def test_dgxc_gb200_nvlink_domain_is_nemos_slurm_segment(vr, loaded):
     assert len(rows) >= 30
     for row in rows:
         assert vr.build(row).cluster.gpus_per_node == segment_gpus(row["gpus"]), row["id"]
+
+
+def test_recipe_moe_settings_reach_the_estimate_and_deepep_rows_run_expert_parallel(vr, loaded):
+    """A row's dispatcher, EP overlap and CUDA-graph scopes (its recipe's, cited in `assumed`)
+    arrive in the TrainSpec `estimate_step` reads; every row that runs DeepEP/HybridEP — its
+    stack's flex dispatcher or a 'DeepEP' kernel note (NeMo AutoModel's table) — has
+    tp·ep > 1, which megatron-core 0.16.1 asserts for the flex dispatcher
+    (token_dispatcher.py `MoEFlexTokenDispatcher`: "Flex token dispatcher requires TPxEP > 1")
+    and DeepEP needs to have ranks to exchange with."""
+    keys = {"moe_dispatcher": "flex", "moe_overlap": "1f1b", "cuda_graph": None}
+    carried = deepep = 0
+    for row in loaded[2]:
+        stack = row["stack"]
+        try:
+            case = vr.build(row)
+        except ShardwiseError:  # an accelerator or split shardwise cannot express
+            continue
+        for key in keys:
+            if key in stack:
+                want = tuple(stack[key]) if key == "cuda_graph" else stack[key]
+                assert getattr(case.train, key) == want, (row["id"], key)
+                assert row.get("settings_source") or any(
+                    "Recipe settings" in a or "enable_deepep" in a for a in row["assumed"]), row["id"]
+                carried += 1
+        if stack.get("moe_dispatcher") == "flex" or "deepep" in row.get("notes", "").lower():
+            assert case.layout.tp * case.layout.ep > 1, row["id"]
+            assert case.train.moe_dispatcher == "flex", row["id"]
+            deepep += 1
+    assert carried >= 20 and deepep >= 10

@@ -61,6 +61,7 @@ __all__ = [  # with the names of `estimate.kernels` and `estimate.host` it re-ex
     "memory_time",
     "optimizer_host_ops",
     "optimizer_time",
+    "selective_recompute",
 ]
 
 RC_CODES = {name: code for code, name in enumerate(RECOMPUTE)}  # none 0, selective 1, full 2
@@ -267,10 +268,51 @@ def layer_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any,
     # (`arch.ModelSpec.op_sac_recomputed_flops`)
     out_proj = linear(ctx, tokens, model.n_heads / t * model.value_head_dim, h).fwd
     op_sac = out_proj + sac_mm + memory_time(ctx, mem_f)
-    recompute = np.where(rc == 2, ctx.recompute_share * fwd, np.where(rc == 1, attn_fwd,
+    if moe:
+        # the MoE layer's forward less the attention block's (`moe`), the routed experts'
+        # activation (`moe_act`: read gate and up rows, write), the shared experts' (`shared_experts`)
+        shared = (model.n_shared_experts * (linear(ctx, tokens, h, n_in * f_shared).fwd
+                                            + linear(ctx, tokens, f_shared, h).fwd)
+                  if model.n_shared_experts else 0.0)
+        parts = {"moe": experts.fwd + linear(ctx, tokens, h, e, fp8=False).fwd + shared
+                 + memory_time(ctx, permute + (n_in + 1) * ab * mlp_elements),
+                 "moe_act": memory_time(ctx, (n_in + 1) * ab * routed * load * f),
+                 "shared_experts": shared}
+    else:
+        parts = {"mlp": linear(ctx, tokens, h, n_in * f).fwd + linear(ctx, tokens, f, h).fwd
+                 + memory_time(ctx, (n_in + 1) * ab * mlp_elements)}
+    selective = selective_recompute(ctx, t, tokens, replicated, attn_fwd, parts)
+    recompute = np.where(rc == 2, ctx.recompute_share * fwd, np.where(rc == 1, selective,
                                                 np.where(rc == 3, op_sac, 0.0)))
     return LayerCost(fwd, bwd, mm.wgrad, recompute, attn_fwd, attn_bwd,
                      mm.weights + 0.0 * fwd)
+
+
+def selective_recompute(ctx: ComputeContext, t: Any, tokens: Any, replicated: Any,
+                        attn_fwd: Any, parts: dict[str, Any]) -> Any:
+    """Seconds selective recompute replays before a layer's backward: the forward of each
+    module in `ctx.recompute_modules` (megatron-core 0.16.1 `--recompute-modules`, default
+    core_attn): core_attn the attention core (`attn_fwd`); layernorm the two norms
+    (transformer_layer.py `recompute_input_layernorm` / `recompute_pre_mlp_layernorm`: read and
+    write `R = T·h` each, ÷t under sequence parallelism: `4·ab·R`); mla_up_proj MLA's q and kv
+    up-projections and RoPE (multi_latent_attention.py `qkv_up_proj_and_rope_apply`); mlp, moe,
+    moe_act, shared_experts from `parts` (those the layer has; moe_act: experts.py
+    `activation_checkpoint`)."""
+    model, ab, modules = ctx.model, ctx.act_bytes, ctx.recompute_modules
+    out = attn_fwd * ("core_attn" in modules)
+    if "layernorm" in modules:
+        out = out + memory_time(ctx, 4 * ab * replicated)
+    if "mla_up_proj" in modules and model.is_mla:
+        heads = model.n_heads / t
+        d, d_v = model.head_dim, model.value_head_dim
+        q_in = model.q_lora_rank or model.d_model
+        up = (linear(ctx, tokens, q_in, heads * d).fwd
+              + linear(ctx, tokens, model.kv_lora_rank, heads * (model.qk_nope_head_dim + d_v)).fwd)
+        out = out + up + memory_time(ctx, 2 * ab * tokens * heads * (2 * d + d_v))
+    for name, seconds in parts.items():
+        if name in modules:
+            out = out + seconds
+    return out
 
 
 def head_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any) -> tuple[Any, Any, Any]:

@@ -97,6 +97,9 @@ class ComputeContext:
     # the MoE dispatcher blocks on the routing counts (`host.dispatch_sync`): not Megatron's
     # alltoall padded to capacity, whose sizes are static (`cuda_sync_point = "no_sync"`)
     counts_sync: bool = True
+    # `TrainSpec.recompute_modules`: what selective recompute replays (megatron-core 0.16.1's
+    # default `("core_attn",)`; `estimate.compute.selective_recompute`)
+    recompute_modules: tuple[str, ...] = ("core_attn",)
 
     @classmethod
     def of(cls, model: ModelSpec, accelerator: Accelerator, train: TrainSpec,
@@ -120,7 +123,8 @@ class ComputeContext:
                    *_routing(train), mode, traffic,
                    kernels, settings.attention, recipe,
                    accelerator.peak_flops("fp8") if recipe else 0.0, gen,
-                   train.recompute_share, train.cuda_graph, _counts_sync(train))
+                   train.recompute_share, train.cuda_graph, _counts_sync(train),
+                   tuple(train.recompute_modules or ("core_attn",)))
 
     @property
     def rate(self) -> float:

@@ -1,0 +1,75 @@
+"""Selective recompute replays the forward of the modules Megatron's `--recompute-modules`
+names (megatron-core 0.16.1: transformer_layer.py layernorm, experts.py moe_act,
+multi_latent_attention.py mla_up_proj, the default core_attn): the time `layer_cost` adds
+before the backward is the closed-form cost of exactly those modules' forward kernels."""
+
+from __future__ import annotations
+
+import pytest
+
+from shardwise.arch import get_model
+from shardwise.estimate.compute import (
+    RC_CODES,
+    ComputeContext,
+    _attention_core,
+    layer_cost,
+    matmul_time,
+    memory_time,
+)
+from shardwise.hardware import get_accelerator
+from shardwise.layout import TrainSpec
+
+SEL = RC_CODES["selective"]
+T_, B, EP, SEQ = 2, 2, 8, 4096  # tp 2 with sequence parallelism, 2 sequences, ep 8
+
+
+def _ctx(modules: tuple[str, ...] | None, model: str = "deepseek-v3") -> ComputeContext:
+    train = TrainSpec(seq_len=SEQ, global_batch=64, impl="megatron-te",
+                      recompute_modules=modules)
+    return ComputeContext.of(get_model(model), get_accelerator("h100-sxm"), train)
+
+
+def _recompute(ctx: ComputeContext, moe: bool = True) -> float:
+    return float(layer_cost(ctx, T_, 1, B, True, SEL, moe=moe, ep=EP).recompute)
+
+
+def test_the_default_replays_the_attention_core_alone():
+    ctx = _ctx(None)
+    assert ctx.recompute_modules == ("core_attn",)
+    assert _recompute(ctx) == pytest.approx(float(_attention_core(ctx, T_, 1, B)[0]), rel=1e-12)
+
+
+def test_layernorm_and_moe_act_replay_the_norms_and_the_experts_activation():
+    # DeepSeek-V3: 1 shared expert, routed experts top-8 of 2048 each; tp 2 with sp: the norms
+    # see T·h/t rows, each tp rank runs T·k/t routed rows of the full expert width (etp 1)
+    model = get_model("deepseek-v3")
+    assert model.n_shared_experts and model.gated_mlp
+    ctx = _ctx(("layernorm", "moe_act"))
+    tokens = SEQ * B
+    ab = ctx.act_bytes
+    norms = 2 * 2 * ab * tokens * model.d_model / T_  # two norms, read + write, ÷t (sp)
+    act = 3 * ab * tokens * model.top_k / T_ * model.expert_d_ff  # read gate, up; write
+    assert _recompute(ctx) == pytest.approx(float(memory_time(ctx, norms + act)), rel=1e-9)
+    # the attention core is no longer replayed, and neither module costs nothing
+    assert 0 < float(memory_time(ctx, act)) < _recompute(ctx)
+    assert _recompute(_ctx(("layernorm",))) == pytest.approx(float(memory_time(ctx, norms)))
+
+
+def test_mla_up_proj_replays_the_up_projections_and_rope():
+    model = get_model("deepseek-v3")
+    assert model.is_mla and model.q_lora_rank
+    ctx = _ctx(("core_attn", "mla_up_proj"))
+    tokens, heads = SEQ * B, model.n_heads / T_
+    d, d_v = model.head_dim, model.value_head_dim
+    up = (matmul_time(ctx, tokens, model.q_lora_rank, heads * d)
+          + matmul_time(ctx, tokens, model.kv_lora_rank, heads * (model.qk_nope_head_dim + d_v)))
+    rope = memory_time(ctx, 2 * ctx.act_bytes * tokens * heads * (2 * d + d_v))
+    want = float(_attention_core(ctx, T_, 1, B)[0] + up + rope)
+    assert _recompute(ctx) == pytest.approx(want, rel=1e-9)
+
+
+def test_a_module_the_layer_lacks_replays_nothing():
+    # mlp in an MoE layer, moe_act and shared_experts in a dense one: no such module there
+    assert _recompute(_ctx(("mlp",)), moe=True) == 0.0
+    assert _recompute(_ctx(("moe_act", "shared_experts")), moe=False) == 0.0
+    assert _recompute(_ctx(("mlp",)), moe=False) > 0 < _recompute(_ctx(("moe_act",)), moe=True)

@@ -5,6 +5,7 @@ chunk shades, centred labels, and a time axis of round steps covering the makesp
 
 from __future__ import annotations
 
+import itertools
 import math
 import xml.etree.ElementTree as ET
 
@@ -72,7 +73,7 @@ def test_each_box_is_its_event_on_the_time_axis(case):
     assert sorted(rows) == list(range(timeline.stages))
     assert all(len(r) == 1 for r in rows.values())
     tops = [next(iter(rows[s])) for s in range(timeline.stages)]
-    assert all(a[0] + a[1] <= b[0] for a, b in zip(tops, tops[1:]))
+    assert all(a[0] + a[1] <= b[0] for a, b in itertools.pairwise(tops))
     labels = {t.text: float(t.get("y")) for t in root.iter(f"{NS}text")
               if (t.text or "").startswith("stage ")}
     for stage, (y, h) in enumerate(tops):
@@ -145,7 +146,7 @@ def test_a_bidirectional_schedule_is_drawn_as_simulated_both_ways():
     schedule = make_schedule("dualpipe", 4, 8)
     timeline = simulate(schedule, 1.0, 2.0, 1.0, placement="v", bidirectional=True)
     root = ET.fromstring(render_svg(schedule, placement="v", bidirectional=True))
-    ticks, x0, scale = _axis(root)
+    _, x0, scale = _axis(root)
     rects = root.findall(f"{NS}rect")
     assert len(rects) == len(timeline.events)
     for rect, event in zip(rects, timeline.events, strict=True):

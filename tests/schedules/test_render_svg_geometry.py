@@ -18,7 +18,7 @@ from shardwise.schedules.simulate import simulate
 NS = "{http://www.w3.org/2000/svg}"
 # interleaved 1F1B p=3, m=6, v=2: unequal F/B times so boxes differ; zb-h1: F, B and W kinds
 CASES = [("interleaved", 3, 6, 2, 1.0, 2.5, None), ("zb-h1", 4, 8, 1, 1.5, 3.0, 1.25),
-         ("zbv", 3, 6, 2, 2.0, 3.0, 1.0)]
+         ("zbv", 3, 6, 2, 2.0, 3.0, 1.0), ("interleaved", 2, 4, 3, 1.0, 2.0, None)]
 
 
 def _chart(name, p, m, v, t_f, t_b, t_w):
@@ -78,8 +78,9 @@ def test_each_box_is_its_event_on_the_time_axis(case):
               if (t.text or "").startswith("stage ")}
     for stage, (y, h) in enumerate(tops):
         assert y < labels[f"stage {stage}"] < y + h
-    # the axis line spans the makespan
+    # the axis line spans the makespan, under the last row
     line = root.findall(f"{NS}line")[0]
+    assert float(line.get("y1")) == float(line.get("y2")) >= tops[-1][0] + tops[-1][1]
     assert float(line.get("x1")) == pytest.approx(x0, abs=0.01)
     assert float(line.get("x2")) == pytest.approx(x0 + timeline.makespan * scale, abs=0.01)
     assert float(root.get("width")) > float(line.get("x2"))
@@ -101,6 +102,8 @@ def test_labels_sit_centred_in_the_boxes_wide_enough(case):
         assert len(inside) == 1
         bx, bw, _, _, event = inside[0]
         assert x == pytest.approx(bx + bw / 2, abs=0.01)
+        by, bh = inside[0][2], inside[0][3]  # the baseline a font's half-height below centre
+        assert by + bh / 2 < y <= by + bh / 2 + 5
         want = f"{event.action.kind}{event.action.micro_batch}" + (
             f".{event.action.chunk}" if chunked else "")
         assert text == want

@@ -97,3 +97,49 @@ def test_a_deadlock_after_a_finished_stage_still_names_the_stuck_one():
     with pytest.raises(ValueError) as info:
         simulate(schedule, 1.0, 1.0)
     assert str(info.value) == "schedule deadlocks: stage 1 at B1 waits for F1 which no stage runs"
+
+
+def test_simulator_and_stage_timeline_messages_name_what_is_wrong():
+    """Each refusal as the one line users read (the same words a web 4xx carries)."""
+    from shardwise.schedules.generators import zb_h1
+    from shardwise.schedules.registry import stage_timeline
+
+    cases = [
+        (lambda: simulate({0: []}, 1.0, 1.0), "the schedule has no actions"),
+        (lambda: simulate(zb_h1(2, 2), [1.0, 1.0, 1.0], 2.0, 1.0),
+         "t_f: 3 times given, one per virtual stage (2) needed"),
+        (lambda: simulate(zb_h1(2, 2), 1.0, 2.0, 1.0, p2p_latency=-1),
+         "p2p_latency must be a finite number ≥ 0, got -1"),
+        (lambda: stage_timeline("1f1b", 2, 4, t_f=1.0, t_b=-1.0),
+         "t_b must be a finite number > 0, got -1.0"),
+        (lambda: stage_timeline("zb-h1", 2, 4, t_f=1.0, t_b=2.0, t_w=3.0),
+         "t_w (3) must be less than t_b (2): it is the weight-gradient part of the backward"),
+        (lambda: stage_timeline("1f1b", 2, 4, shares=[1.0]),
+         "1 shares given, one per virtual stage (2) needed"),
+    ]
+    for call, message in cases:
+        with pytest.raises(ValueError) as info:
+            call()
+        assert str(info.value) == message
+
+
+def test_stage_timeline_charges_the_p2p_latency_per_boundary():
+    """1F1B, p = 2, m = 1, unit F and B: F0 on stage 0 (0–1), the hop (ℓ), F0 and B0 on stage
+    1, the hop back, B0 on stage 0: makespan 4 + 2ℓ."""
+    from shardwise.schedules.registry import stage_timeline
+
+    for latency in (0.0, 0.25):
+        timeline = stage_timeline("1f1b", 2, 1, t_f=1.0, t_b=1.0, p2p_latency=latency)
+        assert timeline.makespan == pytest.approx(4 + 2 * latency)
+
+
+@pytest.mark.parametrize(("p", "m"), [(4, 8), (6, 12)])
+def test_dualpipe_mirrors_its_overlapped_pairs(p, m):
+    """DualPipe (DeepSeek-V3 report §3.2.1, Figure 5) is symmetric: rank i runs the other
+    direction's stage p-1-i, so rank i and rank p-1-i overlap as many F&B pairs — the mirrored
+    half keeps its pairs when the generator swaps the directions' chunks."""
+    from shardwise.schedules.registry import make_schedule
+
+    schedule = make_schedule("dualpipe", p, m)
+    pairs = [sum(a.with_next for a in schedule[i]) for i in range(p)]
+    assert all(pairs) and pairs == pairs[::-1]

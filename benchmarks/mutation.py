@@ -126,6 +126,21 @@ EQUIVALENT: dict[str, str] = {
         "geometry passed, stage_memory reads the partition only in StageGeometry.of, skipped",
     "shardwise.estimate.memory.x_peak_stage_total_runs__mutmut_101": "the geometry worked "
         "out again per row: it depends on no field a run varies (ZeRO stage and group)",
+    # pipe-fix (schedules)
+    "shardwise.schedules.registry.x__dualpipe_in_flight__mutmut_1": "+ 0·stage only gives the "
+        "result the stage's array shape: - 0·stage is the same",
+    "shardwise.schedules.registry.x__dualpipev_in_flight__mutmut_1": "+ 0·stage only gives the "
+        "result the stage's array shape: - 0·stage is the same",
+    "shardwise.schedules.metrics.x_microbatches_for_bubble__mutmut_8": "check_dimensions(p, 1, "
+        "v) checks p and v; m = 1 is a placeholder, and m = 2 is as valid",
+    "shardwise.schedules.validate.x_validate_schedule__mutmut_47": "the simulation only tells "
+        "a deadlock from a finished run, which list scheduling decides by the order alone, "
+        "whatever the positive durations (t_b 2 or 3)",
+    "shardwise.schedules.simulate.x__deadlock_message__mutmut_1": "the one caller (simulate) "
+        "passes span: the default is never used",
+    "shardwise.schedules.simulate.x__deadlock_message__mutmut_41": "last=None only adds B(vs+1) "
+        "after F(vs) for a backward at the last virtual stage; such a stuck action misses its "
+        "F(vs) (else it, or its pair, would have run), which is named first either way",
 }
 
 
@@ -169,17 +184,17 @@ def _toml_list(items: list[str]) -> str:
 
 
 def _scratch(group: str) -> Path:
-    """A copy of src/, tests/, benchmarks/ (some tests read its published figures) and
-    pyproject.toml with mutmut's settings for `group`."""
+    """A copy of src/, tests/, benchmarks/ (some tests read its published figures), scripts/
+    (tests run its fact readers) and pyproject.toml with mutmut's settings for `group`."""
     files, tests = GROUPS[group]
     where = Path(tempfile.mkdtemp(prefix=f"shardwise-mutation-{group}-"))
-    for name in ("src", "tests", "benchmarks"):
+    for name in ("src", "tests", "benchmarks", "scripts"):
         shutil.copytree(ROOT / name, where / name,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     config = (ROOT / "pyproject.toml").read_text() + f"""
 [tool.mutmut]
 source_paths = ["src/shardwise/"]
-also_copy = ["benchmarks/"]
+also_copy = ["benchmarks/", "scripts/"]
 only_mutate = {_toml_list([f"src/shardwise/{f}" for f in files])}
 pytest_add_cli_args_test_selection = {_toml_list(tests)}
 pytest_add_cli_args = {_toml_list(PYTEST_ARGS)}

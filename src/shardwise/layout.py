@@ -46,6 +46,7 @@ from shardwise.partition import (
     stage_extremes,
     stage_partition,
     stage_totals,
+    virtual_sizes,
 )
 from shardwise.schedules.actions import Placement
 from shardwise.schedules.registry import DEFAULT_SCHEDULE, SCHEDULE_REGISTRY, SCHEDULES
@@ -508,10 +509,11 @@ class Layout:
 
     def stage_sizes(self, n_layers: int) -> tuple[int, ...]:
         """Layers of each of the `pp·chunks` virtual stages, in model order: a partition of
-        virtual stages as given; else virtual stage `c·p + i` is chunk `c` of stage `i`, each
-        chunk of stage `i` holding `1/chunks` of its layers."""
-        if self.virtual_stages:
-            return self.partition
+        virtual stages as given, `pp` counts each chunk of stage `i` holding `1/chunks` of its
+        layers on the virtual stage the schedule's placement gives it (`virtual_sizes`);
+        else the even or balanced split, virtual stage `c·p + i` chunk `c` of stage `i`."""
+        if self.partition:  # `pp` counts laid out by the schedule's placement
+            return virtual_sizes(self.pp, self.chunks, self.partition, self.placement)
         return self.stage_partition(n_layers) * self.chunks
 
     @property

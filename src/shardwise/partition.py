@@ -208,7 +208,7 @@ def stage_totals(pp: int, chunks: int, partition: tuple[int, ...],
                  placement: Placement = "loop") -> tuple[int, ...]:
     """Layers on each stage over all its chunks, of one layout's explicit `partition` (per
     stage, or per virtual stage in model order, laid out by `placement`)."""
-    pp, chunks = _one(pp), _one(chunks)
+    pp, chunks, placement = _one(pp), _one(chunks), _one_placement(placement)
     if len(partition) == pp:
         return partition
     return tuple(sum(partition[virtual_stage(i, c, pp, placement)] for c in range(chunks))
@@ -224,32 +224,28 @@ def layers_on_stage(n_layers: int, pp: Any, chunks: Any, stage: Any,
 
 def chunk_span(n_layers: int, pp: Any, chunks: Any, stage: Any, chunk: Any,
                partition: Partition = (), placement: Placement = "loop") -> tuple[Any, Any]:
-    """(first layer, layers) of virtual chunk `chunk` on pipeline `stage`: even stages hold
-    `[(c·p + stage)·n, … + n)`, `n = L/(p·v)`; uneven ones are contiguous in virtual-stage
-    order, chunk `c` of stage `i` holding `partition[i]/v` layers from
-    `c·L/v + Σ_{j<i} partition[j]/v` (megatron-core's `get_transformer_layer_offset` with
-    first/last-stage layers and a virtual pipeline), or with `pp·v` counts (`virtual_stages`)
-    the count of the virtual stage it runs (`schedules.actions.virtual_stage` in `placement`);
+    """(first layer, layers) of virtual chunk `chunk` on pipeline `stage`, the chunk running
+    virtual stage `s = virtual_stage(stage, chunk, p, placement)` ("loop" `c·p + stage`; "v",
+    ZBV and DualPipeV, `2p-1-stage` for chunk 1; `placement` may be an array of them): even
+    stages hold `[s·n, s·n + n)`, `n = L/(p·v)`; explicit ones the run of virtual stage `s` in
+    `virtual_sizes` (per stage: each chunk `partition[i]/v`, megatron-core's
+    `get_transformer_layer_offset` under "loop");
     a `Balanced` one (chunks = 1; the default is `Balanced.default`) spreads `L + a + z` units
     as evenly as possible, the extras on the stages after the first, then the first stage `a`
     layers short and the last `z`. Array-generic in `pp`, `chunks`, `stage` and the `Balanced`
     counts."""
     if isinstance(partition, tuple) and partition:
         pp, chunks = _one(pp), _one(chunks)
-    if isinstance(partition, tuple) and partition and len(partition) != pp:
-        sizes = np.asarray(partition, dtype=np.int64)  # per virtual stage, in model order
+        sizes = np.asarray(virtual_sizes(pp, chunks, partition, _one_placement(placement)),
+                           dtype=np.int64)  # per virtual stage, in model order
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        vs = virtual_stage(stage, _one(chunk), pp, placement)
+        vs = virtual_stage(stage, _one(chunk), pp, _one_placement(placement))
         return starts[vs], sizes[vs]
-    if isinstance(partition, tuple) and partition:
-        sizes = np.asarray(partition, dtype=np.int64) // chunks
-        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        return chunk * (n_layers // chunks) + starts[stage], sizes[stage]
-    if not any(np.ndim(x) for x in (pp, chunks, stage, chunk)) and not (
+    if not any(np.ndim(x) for x in (pp, chunks, stage, chunk, placement)) and not (
             isinstance(partition, Balanced) and np.ndim(partition.first_less)
             + np.ndim(partition.last_less)):
         return _chunk_span_of_one(n_layers, int(pp), int(chunks), int(stage), int(chunk),
-                                  partition)
+                                  partition, str(placement))  # type: ignore[arg-type]
     per = n_layers // (pp * chunks)
     divides = n_layers % (pp * chunks) == 0
     ends = partition if isinstance(partition, Balanced) else Balanced.default(n_layers, pp, chunks)
@@ -259,14 +255,45 @@ def chunk_span(n_layers: int, pp: Any, chunks: Any, stage: Any, chunk: Any,
     first, last = stage == 0, stage == pp - 1
     count = q + ((stage >= 1) & (stage <= r)) - a * first - z * last
     start = stage * q + np.clip(np.minimum(stage - 1, r), 0, None) - a * (stage > 0)
+    runs = np.where(np.asarray(placement) == "v", virtual_stage(stage, chunk, pp, "v"),
+                    virtual_stage(stage, chunk, pp, "loop"))  # the virtual stage it runs
     if not np.ndim(even) and even:
-        return (chunk * pp + stage) * per, per
-    return (np.where(even, (chunk * pp + stage) * per, start),
+        return runs * per, per
+    return (np.where(even, runs * per, start),
             np.where(even, per, count))
 
 
+def _one_placement(placement: Any) -> Placement:
+    """The placement of one layout (an explicit partition's; the planner's arrays that come
+    with it hold one)."""
+    if isinstance(placement, str):
+        return placement  # type: ignore[return-value]
+    values = np.unique(np.asarray(placement))
+    if len(values) != 1:
+        raise ShardwiseError(f"an explicit partition belongs to one layout, got placements "
+                             f"{values}")
+    return str(values[0])  # type: ignore[return-value]
+
+
+def virtual_sizes(pp: int, chunks: int, partition: tuple[int, ...],
+                  placement: Placement = "loop") -> tuple[int, ...]:
+    """Layers of each of the `pp·chunks` virtual stages in model order, of an explicit
+    `partition`: `pp·chunks` counts as given; `pp` counts each chunk of stage `i` holding
+    `partition[i]/chunks`, the chunk running virtual stage `virtual_stage(i, c, pp,
+    placement)` — "loop" `c·pp + i` (megatron-core's `get_transformer_layer_offset`), "v"
+    mirrored on odd chunks (torchtitan's `_get_pp_rank_to_stage_indices_mapping`)."""
+    if len(partition) != pp:
+        return tuple(partition)
+    sizes = [0] * (pp * chunks)
+    for i, n in enumerate(partition):
+        for c in range(chunks):
+            sizes[virtual_stage(i, c, pp, placement)] = n // chunks
+    return tuple(sizes)
+
+
 def _chunk_span_of_one(n_layers: int, pp: int, chunks: int, stage: int, chunk: int,
-                       partition: Partition) -> tuple[int, int]:
+                       partition: Partition, placement: Placement = "loop"
+                       ) -> tuple[int, int]:
     """`chunk_span` of one layout in plain integers (the simulator asks it per stage);
     `partition` a `Balanced` one or () (an explicit one never reaches here)."""
     per, rest = divmod(n_layers, pp * chunks)
@@ -275,7 +302,7 @@ def _chunk_span_of_one(n_layers: int, pp: int, chunks: int, stage: int, chunk: i
     else:
         a = z = int(rest != 0)
     if rest == 0 and a == z == 0:
-        return (chunk * pp + stage) * per, per
+        return virtual_stage(stage, chunk, pp, placement) * per, per
     q, r = divmod(n_layers + a + z, pp)
     count = q + (1 <= stage <= r) - a * (stage == 0) - z * (stage == pp - 1)
     return stage * q + max(min(stage - 1, r), 0) - a * (stage > 0), count

@@ -167,7 +167,7 @@ def moe_comm_options() -> list[Callable]:
     ]
 
 
-MEMORY_SETTINGS = ("recompute_modules", "exp_avg_dtype", "exp_avg_sq_dtype",
+MEMORY_SETTINGS = ("recompute_modules", "recompute_share", "exp_avg_dtype", "exp_avg_sq_dtype",
                    "main_params_dtype", "act_fp8_store", "mtp_layers", "offload_modules")
 
 
@@ -179,6 +179,12 @@ def memory_setting_options() -> list[Callable]:
                      help="With --recompute selective (or recompute=selective in --layout): "
                           "the modules re-run in backward, comma-separated, from "
                           + ", ".join(RECOMPUTE_MODULES) + " [default: core_attn]."),
+        click.option("--recompute-share", "recompute_share", default=1.0, show_default=True,
+                     callback=checked(fraction),
+                     help="With --recompute full (or recompute=full in --layout): the share "
+                          "P in (0, 1] of the layers fully recomputed, the rest keeping every "
+                          "activation (Megatron's --recompute-method block, torchtitan's "
+                          "every n-th block; `TrainSpec.recompute_share`)."),
         click.option("--exp-avg-dtype", default=None, type=click.Choice(MOMENT_DTYPES),
                      help="Adam's first moment (Megatron's precision-aware optimizer) "
                           "[default: fp32]."),

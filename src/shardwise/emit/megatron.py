@@ -18,6 +18,7 @@ from shardwise.emit.common import (
     _launched,
     _vocab_divisor,
 )
+from shardwise.emit.megatron_oss import all_biases, gpt_oss_args
 from shardwise.emit.megatron_run import megatron_run_settings
 from shardwise.emit.models import nope_every
 from shardwise.errors import ShardwiseError
@@ -160,7 +161,7 @@ def megatron_args(model: ModelSpec, layout: Layout, train: TrainSpec,
         args.append(f"--kv-channels {model.d_head}")
     if model.n_kv_heads != model.n_heads:
         args += ["--group-query-attention", f"--num-query-groups {model.n_kv_heads}"]
-    if model.gated_mlp:
+    if model.gated_mlp and model.gated_act != "swiglu_clamp":  # that one: gpt_oss_args
         args.append("--swiglu")
     args.append("--normalization " + ("RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"))
     if model.norm_eps != 1e-5:  # Megatron-LM's --norm-epsilon default
@@ -182,16 +183,17 @@ def megatron_args(model: ModelSpec, layout: Layout, train: TrainSpec,
              f"--make-vocab-size-divisible-by {_vocab_divisor(model, layout.tp)}"]
     if not model.tie_embeddings:
         args.append("--untie-embeddings-and-output-weights")
-    if not model.bias:
+    if not all_biases(model):
         args.append("--disable-bias-linear")
-    if model.qkv_bias:
-        args.append("--add-qkv-bias")
+        if model.qkv_bias:
+            args.append("--add-qkv-bias")
     if not model.dropout:
         args += ["--attention-dropout 0.0", "--hidden-dropout 0.0"]
     if model.is_moe:
         args += [f"--num-experts {model.n_experts}", f"--moe-router-topk {model.top_k}",
                  f"--moe-ffn-hidden-size {model.expert_d_ff}"]
     args += _megatron_deepseek(model, train, notes)
+    args += gpt_oss_args(model, layout, train)
     args += [f"--seq-length {train.seq_len}",
              f"--max-position-embeddings {max(train.seq_len, model.max_seq)}",
              f"--micro-batch-size {layout.micro_batch}", f"--global-batch-size {gb}",

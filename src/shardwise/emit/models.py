@@ -5,6 +5,7 @@ Megatron-DeepSpeed's DeepSpeed-MoE."""
 from __future__ import annotations
 
 from shardwise.arch import ModelSpec
+from shardwise.emit.megatron_oss import megatron_builds, megatron_lacks, window_args
 from shardwise.layout import TrainSpec
 
 FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
@@ -113,6 +114,8 @@ def model_refusal(framework: str, model: ModelSpec, train: TrainSpec) -> str | N
             return (f"{model.name} adds ALiBi attention biases, which {name} has no option for "
                     "(its positions are learned or rotary): an export would train another model")
         variants = model.runtime_variants()  # QK-norm, sinks, sandwich norms, GeGLU, …
+        if framework == "megatron":  # gpt-oss's block (emit.megatron_oss)
+            variants = [v for v in variants if v not in megatron_builds(model)]
         if framework == "megatron" and model.qk_norm == "head":  # --qk-layernorm (Qwen3)
             variants.remove("QK-norm")
         elif model.qk_norm in ("full", "l2"):  # OLMo 2: one norm over all heads' a·d
@@ -124,7 +127,10 @@ def model_refusal(framework: str, model: ModelSpec, train: TrainSpec) -> str | N
                     and framework == "megatron" else "")
             return (f"{model.name} has {', '.join(variants)}; {name} has no option this "
                     f"export has verified to build them{head}: it would train another model")
-        if any(0 < model.attention_span(i) < train.seq_len for i in range(model.n_layers)):
+        if framework == "megatron" and (lacks := megatron_lacks(model)):
+            return lacks
+        if any(0 < model.attention_span(i) < train.seq_len for i in range(model.n_layers)) and (
+                framework != "megatron" or window_args(model) is None):
             return (f"{model.name}'s attention is windowed or chunked below --seq "
                     f"{train.seq_len}; the export's attention is full causal attention: it "
                     "would train another model (use a sequence length within the window)")

@@ -75,12 +75,14 @@ def stage_layer_count(model: ModelSpec, pp: Any, chunks: Any, stage: Any,
     return chunk_span(model.n_layers, pp, chunks, stage, 0, partition)[1] * chunks
 
 
-def placement_of(schedule: Any, partition: Partition) -> Placement:
-    """The placement ("loop" or "v") that lays out one layout's explicit `partition` (its
-    `schedule` code); "loop" for arrays of layouts, whose partitions are never explicit."""
-    if isinstance(partition, tuple) and partition and np.ndim(schedule) == 0:
+def placement_of(schedule: Any, partition: Partition = ()) -> Any:
+    """The placement ("loop" or "v", `actions.virtual_stage`) of each layout's `schedule`
+    code: which virtual stage each chunk runs, for even and explicit partitions alike
+    (ZBV and DualPipeV put chunks `i` and `2p-1-i` on stage `i`). A `Placement` for one code,
+    an array of them for an array of codes. `partition` is not read (kept for callers)."""
+    if np.ndim(schedule) == 0:
         return get_schedule(int(schedule)).placement
-    return "loop"
+    return np.where(select(schedule, lambda info: info.placement == "v"), "v", "loop")
 
 
 def moe_layers_on_stage(model: ModelSpec, pp: Any, chunks: Any, stage: Any,
@@ -343,7 +345,7 @@ def distinct_geometries(model: ModelSpec, pp: Any, stages: list[Any], *, chunks:
                                schedule=u[2], m=u[3], partition=part_u)
         out.append(replace(geo, **{f: spread(getattr(geo, f)) for f in (
             "stage", "layers", "moe_layers", "chunks", "in_flight", "last_in_flight",
-            "first", "last", "last_stage")}))
+            "first", "last", "last_stage", "placement")}))
     return out
 
 

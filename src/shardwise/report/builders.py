@@ -350,7 +350,8 @@ def run_plan(spec: ModelSpec, *, gpus: int = 64, gpu: str | Accelerator = "h100"
                          async_checkpoint)
     inputs.check_stack(train)
     space = SearchSpace(constraint=Constraint.parse(fix_text, max_text),
-                        offload=train.stack.offload_kinds() if auto else None)
+                        offload=train.stack.offload_kinds() if auto else None,
+                        recompute=("full",) if train.recompute_share != 1 else None)  # a share of it
     from shardwise.budget import check_search
     from shardwise.plan.prune import PRUNE_ABOVE
 

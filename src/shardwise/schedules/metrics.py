@@ -43,9 +43,7 @@ def microbatches_for_bubble(p: int, target: float, v: int = 1) -> int:
     check_dimensions(p, 1, v)
     validate.finite(target, "target bubble fraction", low=0, high=1, low_open=True,
                     high_open=True)
-    beta = Fraction(str(target))
-    if not 0 < beta < 1:
-        raise ShardwiseError(f"target bubble fraction must be in (0, 1), got {target!r}")
+    beta = Fraction(str(target))  # in (0, 1): `finite` refused the rest
     m = max(1, math.ceil((p - 1) * (1 - beta) / (v * beta)))
     return -(-m // p) * p if v > 1 else m
 
@@ -64,11 +62,9 @@ def partition_layers(n_layers: int, n_stages: int, *, first_stage_extra: float =
     validate.degree(n_stages, "n_stages")
     validate.finite(first_stage_extra, "first_stage_extra", low=0)
     validate.finite(last_stage_extra, "last_stage_extra", low=0)
-    if n_stages < 1 or n_layers < n_stages:
-        raise ShardwiseError(f"need at least one layer per stage and one stage: n_layers={n_layers}, "
-                         f"n_stages={n_stages}")
-    if first_stage_extra < 0 or last_stage_extra < 0:
-        raise ShardwiseError("first_stage_extra and last_stage_extra must be ≥ 0")
+    if n_layers < n_stages:
+        raise ShardwiseError(f"need at least one layer per stage: n_layers={n_layers}, "
+                             f"n_stages={n_stages}")
     sizes = [1] * n_stages
     extras = [0.0] * n_stages
     extras[0] += first_stage_extra

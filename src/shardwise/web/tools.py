@@ -156,6 +156,8 @@ def hardware() -> Any:
 FUSED_KERNELS = tuple(k for k in ATTENTION_KERNELS if k != "math")
 STACK_CHOICES = ("compile", "tp_overlap", "dp_overlap", "attention")
 """The stack's time choices besides `impl` (`TrainSpec`; `shardwise plan --compile …`)."""
+TRAIN_KW = (*STACK_CHOICES, "recompute_share")
+"""What `TrainFields.stack_kw` hands to `TrainSpec` (the CLI's `pop_stack_kw`)."""
 
 
 class LayoutFields(_In):
@@ -205,6 +207,8 @@ class TrainFields(_In):
     dp_overlap: bool | None = Field(None, description="DP/ZeRO overlap [default: the stack's].")
     attention: Literal[FUSED_KERNELS] | None = Field(  # type: ignore[valid-type]
         None, description="Fused attention kernel [default: the stack's].")
+    recompute_share: float = Field(1.0, gt=0, le=1, description="With recompute full: the "
+                                   "share of the layers recomputed (`--recompute-share`).")
 
     @field_validator(*STACK_CHOICES, mode="before")
     @classmethod
@@ -213,8 +217,9 @@ class TrainFields(_In):
         return None if value == "" else value
 
     def stack_kw(self) -> dict[str, Any]:
-        """The stack's choices as `TrainSpec` takes them."""
-        return {k: getattr(self, k) for k in STACK_CHOICES}
+        """The stack's choices and the recompute share as `TrainSpec` takes them (the CLI's
+        `pop_stack_kw`)."""
+        return {k: getattr(self, k) for k in TRAIN_KW}
 
 
 class MemoryRequest(ModelChoice, TrainFields, LayoutFields):
@@ -262,7 +267,7 @@ class MemoryResponse(_Out):
 @router.post("/memory", response_model=MemoryResponse)
 def memory(request: MemoryRequest) -> Any:
     """Per-GPU memory stage by stage (`shardwise memory --json`); bytes."""
-    fields = request.model_dump(exclude={"model", "hf_config", *STACK_CHOICES})
+    fields = request.model_dump(exclude={"model", "hf_config", *TRAIN_KW})
     return builders.memory_payload(request.spec(), stack_kw=request.stack_kw(), **fields)
 
 
@@ -486,7 +491,7 @@ class PlanResponse(_Out):
 def plan_sync(request: PlanRequest) -> dict[str, Any]:
     """The search and its payload, as `shardwise plan --json` computes them."""
     options = request.model_dump(exclude={"model", "hf_config", "layout", "fix", "max",
-                                          "link", "image", *STACK_CHOICES})
+                                          "link", "image", *TRAIN_KW})
     options["stack_kw"] = request.stack_kw()
     result = builders.run_plan(request.spec(), layout_text=request.layout, fix_text=request.fix,
                                max_text=request.max, memory_budget=PLAN_REQUEST_BYTES,

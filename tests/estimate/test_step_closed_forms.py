@@ -239,3 +239,41 @@ def test_zero_one_optimizer_and_the_no_overlap_default():
                      **layout.codes())
     assert float(off["dp_comm_exposed"]) == pytest.approx(float(off["dp_comm_total"]))
     assert float(off["dp_comm_total"]) == pytest.approx(on["dp_comm_total"], rel=1e-12)
+
+
+def test_estimate_step_rates_by_their_definitions():
+    """`estimate_step` on llama3-8b, dp 2 · tp 2 · pp 2 (1F1B), micro-batch 2, full recompute:
+    tokens per step m·b·dp·s; model FLOP/s per GPU = 3 × forward with full s² attention
+    (6N' + 12·L·h·s per token, N' the matmul parameters) × tokens / (step · GPUs); MFU over
+    the H100's 989 TFLOP/s dense BF16 (datasheet); HFU adds full recompute's forward (4/3 of
+    the model FLOPs' matmul part and attention); mfu_causal the causal half of the square;
+    the bubble fraction bubble / step; the band ± the uncertainty's half-width."""
+    from shardwise.arch import get_model
+    from shardwise.estimate.step import estimate_step
+
+    model, s, gb = get_model("llama3-8b"), 4096, 64
+    layout = Layout.parse("dp=2,tp=2,pp=2,sp=1,mb=2,recompute=full")
+    est = estimate_step(model, Cluster.of(8, "h100"), layout, TrainSpec(s, gb))
+    m = gb // (2 * 2)
+    assert est.microbatches == m == 16 and est.n_gpus == 8
+    assert est.tokens_per_step == m * 2 * 2 * s
+    assert est.tokens_per_s == pytest.approx(m * 2 * 2 * s / est.total, rel=1e-12)
+    params = model.count_params()
+    matmul = params.total - model.vocab * model.d_model - params.norms  # embedding: a lookup
+    attention = 12 * model.n_layers * model.d_model * s
+    per_token = 6 * matmul + attention
+    assert est.model_flops_per_gpu == pytest.approx(per_token * m * 2 * 2 * s / (est.total * 8),
+                                                    rel=1e-9)
+    assert est.mfu == pytest.approx(est.model_flops_per_gpu / 989e12, rel=1e-9)
+    head = 2 * model.vocab * model.d_model  # the LM head's forward: not recomputed
+    hw = per_token + (2 * matmul - head + attention / 3)
+    assert est.hfu == pytest.approx(est.mfu * hw / per_token, rel=1e-6)
+    causal = per_token - attention / 2
+    assert est.mfu_causal == pytest.approx(est.mfu * causal / per_token, rel=1e-9)
+    assert est.bubble_fraction == pytest.approx(est.bubble / est.total, rel=1e-12)
+    assert est.bubble > 0
+    width = est.uncertainty.band
+    assert est.band == pytest.approx((est.total * (1 - width), est.total * (1 + width)))
+    assert est.breakdown()["bubble"] == est.bubble and sum(est.breakdown().values()) == (
+        pytest.approx(est.total, rel=1e-12))
+    assert est.to_dict()["microbatches"] == m

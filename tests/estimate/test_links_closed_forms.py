@@ -148,10 +148,12 @@ def test_p2p_latency_and_small_calls_follow_the_measured_table():
     lat = np.array([A_IN, A_OUT])
     assert p2p_latency(LINKS, A_OUT) == A_OUT
     timed = Links(B_IN, A_IN, B_OUT, A_OUT, 2, call=(("all-gather/2", 4e-4),
+                                                     ("all-reduce/1", 1e-4),
                                                      ("all-reduce/4", 5e-4),
                                                      ("all-reduce/8", 9e-4), ("p2p/2", 3e-4)))
     assert p2p_latency(timed, A_OUT) == 3e-4
     assert p2p_latency(timed, lat) == pytest.approx([3e-4, 3e-4])
+    assert p2p_latency(timed, 0.0) == 3e-4  # a link without latency: still the measured cost
     assert small_calls(timed, "all-reduce", 8, 2) == pytest.approx(2 * 9e-4)
     assert small_calls(timed, "all-reduce", np.array([1, 4, 8, 16]), 3) == pytest.approx(
         [0.0, 3 * 5e-4, 3 * 9e-4, 0.0])
@@ -177,3 +179,9 @@ def test_links_of_a_cluster_are_the_datasheet_figures_times_the_calibration():
     assert (links.gpus_per_node, links.host, links.call) == (8, "pcie5", ())
     four = Links.of(Cluster.of(16, "h100", gpus_per_node=4), cal)
     assert four.gpus_per_node == 4
+
+
+def test_links_without_a_host_link_have_none():
+    """A `Links` made without the host link's figures has none (0 B/s, 0 s): offload is not
+    timed on a made-up link; `Links.of` fills it from the accelerator."""
+    assert (LINKS.host_bw, LINKS.host_lat, LINKS.host) == (0.0, 0.0, "")

@@ -82,6 +82,10 @@ def test_zero_stages_and_gradient_dtypes_by_hand():
     assert _run(zero=0, replicas=8, dp_in_node=4)[1] == pytest.approx(
         coll("all-gather", weights, 8, 4), rel=1e-12)
     assert _run(zero=1)[1] == 0.0
+    # two replicas, one a node: the smallest group that reduces
+    grads = PARAMS * 4
+    assert _run(zero=1, grad_dtype="fp32", replicas=2, dp_in_node=1)[1] == pytest.approx(
+        coll("all-reduce", grads, 2, 1) - coll("reduce-scatter", grads, 2, 1), rel=1e-12)
     assert _run(zero=2, grad_dtype="fp32")[1] == 0.0
     assert _run(zero=1, grad_dtype="fp32", replicas=1, dp_in_node=1)[1] == 0.0
     # the pipeline part does not depend on ZeRO

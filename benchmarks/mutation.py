@@ -222,13 +222,13 @@ def _scratch(group: str) -> Path:
     pyproject.toml with mutmut's settings for `group`."""
     files, tests = GROUPS[group]
     where = Path(tempfile.mkdtemp(prefix=f"shardwise-mutation-{group}-"))
-    for name in ("src", "tests", "benchmarks"):
+    for name in ("src", "tests", "benchmarks", "scripts"):  # scripts: tests read facts there
         shutil.copytree(ROOT / name, where / name,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     config = (ROOT / "pyproject.toml").read_text() + f"""
 [tool.mutmut]
 source_paths = ["src/shardwise/"]
-also_copy = ["benchmarks/"]
+also_copy = ["benchmarks/", "scripts/"]
 only_mutate = {_toml_list([f"src/shardwise/{f}" for f in files])}
 pytest_add_cli_args_test_selection = {_toml_list(tests)}
 pytest_add_cli_args = {_toml_list(PYTEST_ARGS)}

@@ -308,3 +308,38 @@ def test_simulated_bubble_runs_each_stage_at_its_share_of_the_busiest():
     # one stage: nothing to simulate
     one = estimate_step(model, cluster, Layout.parse("tp=2,dp=4,sp=1"), train, simulate=True)
     assert one.bubble == 0.0 and one.bubble_source == "closed form"
+
+
+@pytest.mark.parametrize("impl, pairs", [("megatron-te", (1 + (1 - 3 / 4)) / 2),
+                                         ("torchtitan", 1.0)])
+def test_moe_layers_without_shared_experts_make_no_mlp_pair_on_megatron(impl, pairs):
+    """Megatron-Core's MoE layer without shared experts makes no TP pair for its MLP (the
+    routed tokens stay sequence-sharded; the dispatcher gathers over expert-TP): of a
+    stage's 4 layers, 3 MoE, the MLP pairs are 1 - 3/4 of them, the attention's all 4.
+    torchtitan's MoE block all-reduces (or RS+AG) its output as a dense MLP would."""
+    model = replace(MODEL, n_shared_experts=0, name="step-moe-routed").validate()
+    train = TrainSpec(seq_len=S, global_batch=M * 4, impl=impl)
+    cal = default_calibration("h100-sxm")
+    ctx = ComputeContext.of(model, Cluster.of(32, "h100").accelerator, train, cal)
+    layout = Layout.parse("tp=2,pp=2,dp=8,ep=4,sp=1,zero=1")
+    costs = {"dense": DENSE, "moe": MOE, "head": (0.8e-3, 1.5e-3),
+             "embedding": (0.05e-3, 0.07e-3)}
+    terms = step_terms(ctx, LINKS, train, m=M, costs=costs, **layout.codes())
+    act = S * 1 * 1024 * 2
+    ar = coll("reduce-scatter", act, 2, 2) + coll("all-gather", act, 2, 2)
+    ce = 3 * coll("all-reduce", S * 4, 2, 2)
+    layers = 4
+    want = M * (layers * pairs * 2 * ar * 2 + ar + ce)
+    assert float(terms["tp_comm"]) == pytest.approx(want, rel=1e-12)
+
+
+def test_experts_replicated_once_keep_their_whole_optimizer_state():
+    """dp·cp = 4 replicas and ep 4 (etp = tp): the experts' data-parallel group is
+    4/(4·2/2) = 1, so ZeRO-1 leaves each rank all its experts' state (dense over 4)."""
+    layout = Layout.parse("tp=2,cp=2,pp=2,dp=2,ep=4,sp=1,zero=1,schedule=interleaved,"
+                          "chunks=2")
+    terms, ctx, _ = _terms(layout=layout)
+    dense_p, expert_p = busiest_stage_params(MODEL, 2, 2, 4, 2)
+    assert terms["optimizer"] == pytest.approx(
+        (dense_p / 4 + expert_p / 1) * 30 / ctx.hbm + 3 * ctx.calibration.kernel_overhead,
+        rel=1e-12)

@@ -220,6 +220,14 @@ def test_busiest_stage_params_by_hand():
     got = busiest_stage_params(MODEL, t, 2, e, 1, partition=(2, 6))
     assert (float(got[0]), float(got[1])) == pytest.approx(
         (6 * moe_dense + h + V * h / t, 6 * moe_expert), rel=1e-12)
+    # pp 4, partition 1:1:5:1, ep 1 (all 8 experts a rank): a middle stage (5 MoE layers)
+    # holds the most, neither end nor the second
+    expert1 = 8 * 3 * h * 512 / t
+    got = busiest_stage_params(MODEL, t, 4, 1, 1, partition=(1, 1, 5, 1))
+    assert 5 * (moe_dense + expert1) > max(V * h / t + dense_layer,
+                                           moe_dense + expert1 + h + V * h / t)
+    assert (float(got[0]), float(got[1])) == pytest.approx((5 * moe_dense, 5 * expert1),
+                                                           rel=1e-12)
 
 
 def test_zero_one_optimizer_and_the_no_overlap_default():
@@ -343,3 +351,54 @@ def test_experts_replicated_once_keep_their_whole_optimizer_state():
     assert terms["optimizer"] == pytest.approx(
         (dense_p / 4 + expert_p / 1) * 30 / ctx.hbm + 3 * ctx.calibration.kernel_overhead,
         rel=1e-12)
+
+
+@pytest.mark.parametrize("zero", [1, 3])
+def test_fp8_weight_casts_once_per_step_or_per_micro_batch_under_zero3(zero):
+    """FP8 (Transformer Engine's delayed scaling, weights cached): the busiest stage's FP8
+    weights (1 dense layer's and 3 MoE layers' worth at their average share) are cast once
+    per step at the recipe's bytes per element — every micro-batch under ZeRO-3, whose
+    gathered weights TE casts again — memory-bound at the HBM's rate, inside `compute`."""
+    dense = SimpleNamespace(**{**vars(DENSE), "fp8_weights": 3.0e6})
+    moe = SimpleNamespace(**{**vars(MOE), "fp8_weights": 5.0e6})
+    layout = replace(LAYOUT, zero=zero)
+    train = TrainSpec(seq_len=S, global_batch=M * 4, fp8="delayed")
+    cal = default_calibration("h100-sxm")
+    ctx = ComputeContext.of(MODEL, Cluster.of(32, "h100").accelerator, train, cal)
+    costs = {"dense": dense, "moe": moe, "head": (0.8e-3, 1.5e-3),
+             "embedding": (0.05e-3, 0.07e-3)}
+    terms = step_terms(ctx, LINKS, train, m=M, costs=costs, **layout.codes())
+    per_cast = ctx.fp8.cast_bytes(ctx.generation).weight_step
+    assert per_cast > 0
+    weights = 1 * 3.0e6 + 3 * 5.0e6
+    casts = per_cast * weights * (M if zero == 3 else 1) / ctx.hbm
+    f_crit = DENSE.fwd + 3 * MOE.fwd + 0.8e-3
+    b_crit = DENSE.bwd + DENSE.recompute + 3 * (MOE.bwd + MOE.recompute) + 1.5e-3
+    assert float(terms["compute"]) == pytest.approx(M * (f_crit + b_crit) + casts, rel=1e-12)
+
+
+@pytest.mark.parametrize("optimizer, moments", [("sgd", 0.0), ("sgd-momentum", 4.0),
+                                                ("adafactor", None)])
+def test_the_optimizer_step_moves_its_own_state(optimizer, moments):
+    """Per parameter the step reads the gradient twice (clipping, the update), writes the
+    weight, reads and writes the fp32 master and the moments: 2·2 + 2 + 2·(4 + moments)
+    bytes (bf16 weights and gradients); SGD keeps no moment, momentum SGD one fp32 buffer."""
+    from shardwise.estimate.state import MOMENT_BYTES
+
+    moments = MOMENT_BYTES[optimizer] if moments is None else moments
+    terms, ctx, _ = _terms(optimizer=optimizer)
+    dense_p, expert_p = busiest_stage_params(MODEL, 2, 2, 4, 2)
+    per_param = 2 * 2 + 2 + 2 * (4 + moments)
+    assert terms["optimizer"] == pytest.approx(
+        (dense_p / 8 + expert_p / 2) * per_param / ctx.hbm
+        + 3 * ctx.calibration.kernel_overhead, rel=1e-12)
+
+
+def test_an_optimizer_offload_of_nothing_costs_nothing():
+    """Megatron's --optimizer-offload-fraction 0: no parameter's state on the host, so no
+    copy (not even a copy's latency) and no CPU step: every term as without offload."""
+    layout = Layout.parse("tp=2,cp=2,pp=2,dp=4,ep=4,sp=1,zero=1,schedule=interleaved,"
+                          "chunks=2")
+    none, _, _ = _terms(layout=layout)
+    kept, _, _ = _terms(layout=layout, offload="optimizer", offload_fraction=0.0)
+    assert kept == pytest.approx(none, rel=1e-12)

@@ -175,6 +175,8 @@ EQUIVALENT: dict[str, str] = {
                                                          "call + 0.0·latency: the same",
     "shardwise.estimate.links.x_small_calls__mutmut_8": "0.0 / ranks for 0.0 * ranks: ranks "
                                                         "≥ 1",
+    "shardwise.estimate.step.x_compute_costs__mutmut_1": "etp's default 1 for 0: every "
+        "caller (step_terms, plan.evaluate) passes etp",
 }
 
 

@@ -177,6 +177,9 @@ EQUIVALENT: dict[str, str] = {
                                                         "≥ 1",
     "shardwise.estimate.step.x_compute_costs__mutmut_1": "etp's default 1 for 0: every "
         "caller (step_terms, plan.evaluate) passes etp",
+    **{f"shardwise.estimate.step.constant_L{line}_C{col}": "a StepEstimate field's default "
+       "(dp_comm_total, t_forward, t_backward, bubble_fraction): estimate_step, its only "
+       "maker, passes every one" for line, col in ((352, 27), (353, 23), (354, 24), (355, 29))},
 }
 
 

@@ -381,7 +381,7 @@ def test_context_parallel_edges():
     none = cp_time(_mla_ctx(0.4), links(8), TrainSpec(seq_len=S), t=2, c=1, u=1, b=1, rc=0,
                    layers=2, attn_f=0.0, attn_b=0.0, dp=1, p=1, e=1)
     assert [float(x) for x in none] == [0.0, 0.0]
-    kappa, c, b, layers, attn_f, attn_b = 0.4, 4, 2, 0.5, 0.9e-3, 2.1e-3
+    kappa, c, b, layers, attn_f, attn_b = 0.4, 4, 2, 0.5, 2e-6, 5e-6  # blocks < hops
     block = S / c * b * 8 * (192 + 128) * AB
     hop = A_IN + block / B_IN
 
@@ -392,7 +392,17 @@ def test_context_parallel_edges():
                   layers=layers, attn_f=attn_f, attn_b=attn_b, dp=1, p=1, e=1)
     want = [layers * 3 * hidden(hop, attn_f / layers / c),
             layers * 3 * hidden(2 * hop, attn_b / layers / c)]
+    assert attn_b / layers / c < hop
     assert [float(x) for x in got] == pytest.approx(want, rel=1e-12)
+    # arrays of layouts, all-gather CP beside the ring (the planner's batches)
+    both = cp_time(_mla_ctx(kappa), links(8), TrainSpec(seq_len=S, impl="torchtitan"), t=2,
+                   c=c, u=1, b=b, rc=0, layers=layers, attn_f=attn_f, attn_b=attn_b, dp=1,
+                   p=1, e=1, gather=np.array([True, False]))
+    whole = S * b * 8 * AB
+    ag = sum(coll("all-gather", whole * d, c, 4) for d in (192, 128))
+    rs = sum(coll("reduce-scatter", whole * d, c, 4) for d in (192, 128))
+    assert both[0] == pytest.approx([layers * ag, want[0]], rel=1e-12)
+    assert both[1] == pytest.approx([layers * rs, want[1]], rel=1e-12)
 
 
 def test_sp_pairs_are_two_calls_where_a_call_cost_was_measured():

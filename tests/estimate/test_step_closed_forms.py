@@ -285,6 +285,10 @@ def test_estimate_step_rates_by_their_definitions():
     assert est.breakdown()["bubble"] == est.bubble and sum(est.breakdown().values()) == (
         pytest.approx(est.total, rel=1e-12))
     assert est.to_dict()["microbatches"] == m
+    # the "this machine" preset (the runtime's op count) carries no band: `check` validates it
+    runtime = replace(default_calibration("h100-sxm"), op_count="runtime")
+    assert estimate_step(model, Cluster.of(8, "h100"), layout, TrainSpec(s, gb),
+                         runtime).uncertainty is None
     # no band: none known (no uncertainty) or "not validated" (band None)
     assert replace(est, uncertainty=None).band == (est.total, est.total)
     unbacked = replace(est, uncertainty=replace(est.uncertainty, band=None))
@@ -292,24 +296,25 @@ def test_estimate_step_rates_by_their_definitions():
 
 
 def test_simulated_bubble_runs_each_stage_at_its_share_of_the_busiest():
-    """`simulate=True` with an explicit partition 12:20 of llama3-8b's 32 layers (1F1B, pp 2):
-    the schedule simulator runs stage 0 at 12/20 of the busiest stage's per-micro-batch times
-    and stage 1 at 20/20; the bubble is its makespan minus the busiest stage's busy time
+    """`simulate=True` with an explicit partition 20:12 of llama3-8b's 32 layers (1F1B, pp 2):
+    the schedule simulator runs stage 0 at 20/20 of the busiest stage's per-micro-batch times
+    and stage 1 at 12/20 (the closed form is only an upper bound here); the bubble is its makespan minus the busiest stage's busy time
     m·(t_f + t_b), and the total moves by the difference from the closed form."""
     from shardwise.arch import get_model
     from shardwise.estimate.step import estimate_step
     from shardwise.schedules import stage_timeline
 
     model, cluster = get_model("llama3-8b"), Cluster.of(8, "h100")
-    layout = Layout.parse("tp=2,pp=2,dp=2,sp=1,partition=12:20")
+    layout = Layout.parse("tp=2,pp=2,dp=2,sp=1,partition=20:12")
     train = TrainSpec(4096, 16)
     closed = estimate_step(model, cluster, layout, train)
     sim = estimate_step(model, cluster, layout, train, simulate=True)
     m = 8
     timeline = stage_timeline("1f1b", 2, m, 1, t_f=closed.t_forward, t_b=closed.t_backward,
-                              shares=[12 / 20, 1.0])
+                              shares=[1.0, 12 / 20])
     want = timeline.makespan - m * (closed.t_forward + closed.t_backward)
     assert sim.bubble == pytest.approx(want, rel=1e-9)
+    assert sim.bubble < 0.9 * closed.bubble
     assert sim.bubble_source == "simulator" and closed.bubble_source == "closed form"
     assert sim.total == pytest.approx(closed.total - closed.bubble + want, rel=1e-12)
     assert sim.bubble_fraction == pytest.approx(want / sim.total, rel=1e-9)

@@ -49,6 +49,7 @@ MODULES = {
     "fp8": ["fp8.py"], "plan": ["plan/*"], "stacks": ["stacks/*"], "arch": ["arch/*"],
     "layout": ["layout.py"], "schedules": ["schedules/*"], "emit": ["emit/*"],
     "checkpoint": ["runtime/checkpoint/*"], "reducers": ["runtime/collectives/*"],
+    "pipe_engine": ["estimate/pipe_engine.py"],
 }
 SRC = ROOT / "src" / "shardwise"
 # Mutants no test can kill because the program computes the same thing (mutant -> why), read
@@ -141,6 +142,59 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.schedules.simulate.x__deadlock_message__mutmut_41": "last=None only adds B(vs+1) "
         "after F(vs) for a backward at the last virtual stage; such a stuck action misses its "
         "F(vs) (else it, or its pair, would have run), which is named first either way",
+    # mut-b
+    **{f"shardwise.estimate.{name}": "0.0 / x for 0.0 * x: x is a degree (t, m) ≥ 1, "
+       "so both are 0" for name in (
+           "axes.x_tp_time__mutmut_141", "axes.x_dp_time__mutmut_31",
+           "axes.x_dp_time__mutmut_33", "pipe_engine.x_pipe_engine_time__mutmut_2",
+           "pipe_engine.x_pipe_engine_time__mutmut_4",
+           "pipe_engine.x_pipe_engine_time__mutmut_142")},
+    **{f"shardwise.estimate.{name}": "a threshold moved from > 1 to ≥ 1 ranks: a collective "
+       "over one rank is 0 in the α-β form (no round, and no call: small_calls charges "
+       "none either)" for name in (
+           "axes.x_tp_time__mutmut_69", "axes.x_tp_time__mutmut_119",
+           "axes.x_tp_time__mutmut_155", "axes.x_tp_time__mutmut_225",
+           "axes.x_cp_time__mutmut_5", "axes.x_cp_time__mutmut_177",
+           "axes.x_dp_time__mutmut_178", "axes.x_dp_time__mutmut_261",
+           "axes.x_dp_time__mutmut_312", "pipe_engine.x_pipe_engine_time__mutmut_209")},
+    "shardwise.estimate.axes.x_tp_overlapped__mutmut_13": "max(t, 2) for max(t, 1): at t = 1 "
+                                                          "the window's t - 1 is 0 anyway",
+    "shardwise.estimate.axes.x_cp_time__mutmut_16": "c / u for c // u: u divides c "
+                                                    "(MeshShape refuses any other ulysses)",
+    "shardwise.estimate.axes.x_cp_time__mutmut_37": "n_kv / t for n_kv // t: a valid layout's "
+                                                    "tp divides n_kv or exceeds it, and "
+                                                    "max(·, 1) then agrees",
+    "shardwise.estimate.axes.x_cp_time__mutmut_87": "busy 2.0 without CP overlap: hidden() "
+                                                    "returns the transfer without reading it",
+    **{f"shardwise.estimate.axes.x_dp_time__mutmut_{n}": "the node size dropped from the "
+       "node-speed Links: group_collective_time and busy_fraction never read gpus_per_node"
+       for n in (4, 24)},
+    **{f"shardwise.estimate.axes.x_dp_time__mutmut_{n}": "busy's group at ZeRO-0: no stack "
+       "shards ZeRO-0 in groups (Stack.zero_hybrid), so the group is every replica and "
+       "(grp, grp_in) = (n, g_all)" for n in (316, 324, 330, 331)},
+    "shardwise.estimate.pipe_engine.x_pipe_engine_time__mutmut_15": "the optimizer dropped "
+        "(default adam): it sets only the master and moment bytes, which the engine's terms "
+        "never read",
+    **{f"shardwise.estimate.links.x_{name}": "a default None for NaN, or no declared output "
+       "type, in an np.vectorize over call costs: NaN either way, and the measured costs are "
+       "floats (seconds)" for name in (
+           "group_collective_time__mutmut_6", "group_collective_time__mutmut_8",
+           "group_collective_time__mutmut_11", "group_collective_time__mutmut_13",
+           "small_calls__mutmut_12", "small_calls__mutmut_14")},
+    "shardwise.estimate.links.x_group_collective_time__mutmut_16": "always through the "
+        "measured branch: where no call of op was measured every element takes the plain "
+        "α-β time there too",
+    "shardwise.estimate.links.x_group_collective_time__mutmut_20": "call None for (): the "
+        "plain Links' call is only tested for truth, and both are false",
+    "shardwise.estimate.links.x_p2p_latency__mutmut_11": "call - 0.0·latency for "
+                                                         "call + 0.0·latency: the same",
+    "shardwise.estimate.links.x_small_calls__mutmut_8": "0.0 / ranks for 0.0 * ranks: ranks "
+                                                        "≥ 1",
+    "shardwise.estimate.step.x_compute_costs__mutmut_1": "etp's default 1 for 0: every "
+        "caller (step_terms, plan.evaluate) passes etp",
+    **{f"shardwise.estimate.step.constant_L{line}_C{col}": "a StepEstimate field's default "
+       "(dp_comm_total, t_forward, t_backward, bubble_fraction): estimate_step, its only "
+       "maker, passes every one" for line, col in ((352, 27), (353, 23), (354, 24), (355, 29))},
 }
 
 

@@ -301,3 +301,21 @@ def test_no_progress_is_one_clear_error():
     fleet = single_class(60, 1.0)  # a failure every 60 s
     with pytest.raises(ShardwiseError, match="did not finish"):
         simulate(600.0, fleet, Policy("sync", interval_s=600.0, stall_s=600.0), runs=2)
+
+
+def test_defaults_are_the_documented_policy():
+    """docs/concepts/goodput.md: the in-memory policy is Gemini-style, storage every 10th, a
+    peer's copy surviving failures of ≤ 8 GPUs, restarting in a fifth of the full restart (as
+    the elastic restart does); the full restart is the plan's (`goodput.DEFAULT_RESTART_S`);
+    an asynchronous lag, detection and interval are opt-in; a class's blast is its own GPUs."""
+    from shardwise.estimate.goodput import DEFAULT_RESTART_S
+
+    p = Policy()
+    assert p.kind == "sync" and p.interval_s is None and p.lag_s == 0.0 and not p.elastic
+    assert p.restart_s == DEFAULT_RESTART_S
+    assert p.memory_restart_s == p.elastic_restart_s == p.restart_s / 5
+    assert (p.storage_every, p.peer_gpus, p.replica_gpus) == (10, 8, 8)
+    cls = FailureClass("gpu", 1.0)
+    assert cls.gpus_each == 1 and cls.blast == 1 and cls.blast_gpus is None
+    fleet = Fleet(8, (cls,))
+    assert fleet.spares is None and fleet.detect_s == 0.0

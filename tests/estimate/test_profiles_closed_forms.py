@@ -352,3 +352,30 @@ def test_by_component_sums_in_walk_order():
     assert grouped["norm"] == pytest.approx(sum(v for n, v in saved.items()
                                                 if n.startswith(("norm1", "norm2"))))
     assert sum(grouped.values()) == pytest.approx(sum(saved.values()), rel=1e-12)
+
+
+def test_single_device_defaults_by_hand():
+    """No keyword: one GPU (tp 1, cp 1, no SP), materialised attention, bf16, a dense layer,
+    no recompute — Megatron-Core's walk of DENSE for s = 256, b = 1, in bytes."""
+    s = rows = 256
+    norm = rows * (2 * H * 2 + 8)  # input and output bf16, LayerNorm's mean and rstd fp32
+    attention = rows * 384 * 2 + 2 * rows * 4 * 48 * 2  # q (a·d = 384), k, v (4 kv heads)
+    attention += 8 * rows * s * (2 + 1 + 2)  # softmax, its dropout mask and output
+    attention += rows * 384 * 2  # the out-projection's input
+    mlp = 3 * rows * 880 * 2  # gate, up, the down-projection's input
+    masks = 2 * rows * H  # residual dropout after attention and after the MLP
+    expected = 2 * norm + attention + mlp + masks
+    assert layer_bytes("megatron-te", DENSE, s, 1) == pytest.approx(expected, rel=1e-12)
+    assert sum(saved_tensors("megatron-te", DENSE, s, 1).values()) == pytest.approx(
+        expected, rel=1e-12)
+
+
+def test_profile_names_in_registry_order():
+    from shardwise.estimate.profiles import DEFAULT_IMPL, get_profile, profile_names
+
+    assert profile_names() == ("shardwise", "megatron-te", "torchtitan", "hf-sdpa", "hf-eager")
+    assert DEFAULT_IMPL == "megatron-te" and get_profile(DEFAULT_IMPL) is PROFILES[DEFAULT_IMPL]
+    with pytest.raises(ShardwiseError, match=r"^implementation profile 'x' unknown; valid: "
+                                             r"shardwise, megatron-te, torchtitan, hf-sdpa, "
+                                             r"hf-eager$"):
+        get_profile("x")

@@ -379,3 +379,35 @@ def test_profile_names_in_registry_order():
                                              r"shardwise, megatron-te, torchtitan, hf-sdpa, "
                                              r"hf-eager$"):
         get_profile("x")
+
+
+@pytest.mark.parametrize("qk", ["head", "full"])
+@pytest.mark.parametrize("impl", ["megatron-te", "torchtitan", "hf-sdpa"])
+def test_qk_norm_and_sandwich_norms_by_hand(impl, qk):
+    """QK-norm keeps its inputs Q (a/t·d wide) and K (a_kv/t·d), one fp32 rstd per head row
+    ("head") or per row ("full"); Gemma's sandwich norms keep input and statistics per row of
+    h (÷t with SP); unfused norms also the normalised rows — fp32 for HF's Gemma/OLMo 2
+    RMSNorms, which then keep fp32 rows for norm1 and norm2 as well (their extra 2 B each)."""
+    import dataclasses
+
+    model = dataclasses.replace(DENSE, qk_norm=qk, block_norms="sandwich")
+    base = saved_tensors(impl, DENSE, S, B, tp=TP, sp=True, cp=CP, flash=True)
+    saved = saved_tensors(impl, model, S, B, tp=TP, sp=True, cp=CP, flash=True)
+    extra = {k: v for k, v in saved.items() if k not in base}
+    upcast = TRAITS[impl][0]
+    rows = {"megatron-te": 0, "torchtitan": 4, "hf-sdpa": 4}[impl]
+    heads, kv_heads = 8 / TP, 4 // TP
+    exp = {"q_norm_input": SB * 192 * upcast, "k_norm_input": SB * 96 * upcast,
+           "q_norm_stats": SB * 4 * (heads if qk == "head" else 1),
+           "k_norm_stats": SB * 4 * (kv_heads if qk == "head" else 1)}
+    for name in ("post_attention_norm", "post_mlp_norm"):
+        exp[f"{name}_input"] = SB * H * upcast / TP
+        exp[f"{name}_stats"] = SB * 8 / TP  # LayerNorm: mean and rstd
+    if rows:
+        exp |= {"q_norm_normalized": SB * 192 * rows, "k_norm_normalized": SB * 96 * rows,
+                "post_attention_norm_normalized": SB * H / TP * rows,
+                "post_mlp_norm_normalized": SB * H / TP * rows}
+    if impl == "hf-sdpa":
+        exp["norm_fp32_rows"] = 2 * SB * H * (4 - 2) / TP
+    assert extra == pytest.approx(exp, rel=1e-12)
+    assert {k: saved[k] for k in base} == base  # nothing else changes

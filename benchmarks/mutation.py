@@ -192,6 +192,9 @@ def _mutmut(where: Path, *args: str, check: bool = True) -> str:
     # mutmut puts mutants/src first on the path itself (a PYTHONPATH entry that does not
     # exist yet when Python starts would be cached as empty)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # torch on one thread: mutmut forks a child per mutant, and a child's first parallel torch
+    # op hangs (futex) once the parent has run one with OpenMP threads
+    env["OMP_NUM_THREADS"] = "1"
     run = subprocess.run([str(Path(sys.executable).with_name("mutmut")), *args], cwd=where,
                          env=env, capture_output=True, text=True)
     if check and run.returncode:

@@ -20,9 +20,6 @@ SPEC = ModelSpec("mla-moe", 2, 64, 4, 4, 96, 64, max_seq=32, n_experts=4, top_k=
                  qk_nope_head_dim=12, qk_rope_head_dim=4, v_head_dim=8)
 
 
-# slow: the runtime model's forward hangs in a child forked after it ran (mutmut forks one
-# per mutant), so in-process mutation runs must leave it out; CI runs it (about 2 s)
-@pytest.mark.slow
 @pytest.mark.parametrize("flash", [True, False])
 def test_mla_moe_layer_equals_what_torch_saves(flash):
     torch.manual_seed(0)

@@ -1,0 +1,128 @@
+"""The checkpoint manifest's pure parts in one process, against hashlib and hand-written
+directories: names, ordering (numeric, past six digits), the metadata checks one by one, the
+manifest's SHA-256 of a file several hash chunks long and damage found in its last chunk,
+and the data fingerprint of a text larger than the hash chunk."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+
+from shardwise.errors import ShardwiseError
+from shardwise.runtime.checkpoint import manifest as m
+
+
+def _meta(**over):
+    meta = {"format": m.FORMAT, "step": 12, "world_size": 4,
+            "config": {"model": {}, "dtype": "bf16", "seq_len": 64, "global_batch": 8,
+                       "seed": 0, "data": None}}
+    for key, value in over.items():
+        if key.startswith("config_"):
+            meta["config"][key.removeprefix("config_")] = value
+        else:
+            meta[key] = value
+    return meta
+
+
+def _checkpoint(root, step: int, meta=None):
+    path = root / m.checkpoint_name(step)
+    path.mkdir()
+    (path / m.MARKER).write_text("")
+    (path / m.METADATA).write_text(json.dumps(meta or _meta(step=step)))
+    return path
+
+
+def test_names_and_the_order_of_complete_checkpoints(tmp_path):
+    assert m.checkpoint_name(7) == "step-000007"
+    assert m.checkpoint_name(1_234_567) == "step-1234567"
+    for step in (1_000_000, 9, 10, 200):
+        _checkpoint(tmp_path, step)
+    (tmp_path / "step-000300").mkdir()  # not ours: no marker
+    unfinished = tmp_path / "step-000400.tmp-0123456789abcdef0123456789abcdef"
+    unfinished.mkdir()
+    (unfinished / m.MARKER).write_text("")
+    no_meta = tmp_path / "step-000500"
+    no_meta.mkdir()
+    (no_meta / m.MARKER).write_text("")
+    found = m.complete_checkpoints(tmp_path)
+    assert [p.name for p in found] == ["step-000009", "step-000010", "step-000200",
+                                       "step-1000000"]
+    assert m.latest_checkpoint(tmp_path).name == "step-1000000"
+    assert m.complete_checkpoints(tmp_path / "absent") == []
+    assert m.latest_checkpoint(tmp_path / "absent") is None
+
+
+@pytest.mark.parametrize(("meta", "problem"), [
+    ([1], "shardwise.json holds a list, not an object"),
+    ({k: v for k, v in _meta().items() if k != "world_size"}, "has no 'world_size'"),
+    (_meta(step="3"), "step is '3', not an integer"),
+    (_meta(step=True), "step is True, not an integer"),
+    (_meta(config_seq_len=None), "config.seq_len is None, not an integer"),
+    (_meta(config_dtype=2), "config.dtype is 2, not of type <class 'str'>"),
+    (_meta(format=m.FORMAT + 1), f"is of format {m.FORMAT + 1}; this version of shardwise "
+                                 f"reads format {m.FORMAT}"),
+    (_meta(step=-1), "step -1 or world_size 4 is invalid"),
+    (_meta(world_size=0), "step 12 or world_size 0 is invalid"),
+])
+def test_each_metadata_problem_is_named(tmp_path, meta, problem):
+    assert problem in m._metadata_problem(meta)
+    path = tmp_path / "c"
+    path.mkdir()
+    (path / m.METADATA).write_text(json.dumps(meta))
+    with pytest.raises(ShardwiseError, match=f"^checkpoint {path}: "):
+        m.read_metadata(path)
+
+
+def test_valid_metadata_reads_back(tmp_path):
+    assert m._metadata_problem(_meta()) is None
+    assert m._metadata_problem(_meta(step=0, world_size=1, config_data="corpus.txt")) is None
+    path = _checkpoint(tmp_path, 12)
+    assert m.read_metadata(path) == _meta()
+
+
+def test_manifest_hashes_files_longer_than_the_chunk_and_finds_late_damage(tmp_path):
+    assert m.HASH_CHUNK == 1 << 20
+    path = _checkpoint(tmp_path, 12)
+    big = bytes(range(256)) * ((3 * m.HASH_CHUNK + 1234) // 256)  # three chunks and a bit
+    (path / "__0_0.distcp").write_bytes(big)
+    (path / "sub").mkdir()
+    (path / "sub" / "x.bin").write_bytes(b"abc")
+    (path / m.DCP_METADATA).write_bytes(b"not read: the checksums fail first")
+    m.write_manifest(path)
+    files = json.loads((path / m.MANIFEST).read_text())["files"]
+    assert files["__0_0.distcp"] == {"bytes": len(big),
+                                     "sha256": hashlib.sha256(big).hexdigest()}
+    assert files["sub/x.bin"]["sha256"] == hashlib.sha256(b"abc").hexdigest()
+    assert m.MANIFEST not in files and {m.MARKER, m.METADATA} <= set(files)
+    # one byte changed in the last chunk, the size kept
+    damaged = bytearray(big)
+    damaged[-5] ^= 0xFF
+    (path / "__0_0.distcp").write_bytes(bytes(damaged))
+    assert m._sha256(path / "__0_0.distcp") == hashlib.sha256(bytes(damaged)).hexdigest()
+    assert m.damage(path) == ("__0_0.distcp fails its SHA-256 checksum (bytes changed since "
+                              "the save)")
+    (path / "__0_0.distcp").write_bytes(big[:-1])
+    assert m.damage(path) == (f"__0_0.distcp is {len(big) - 1} bytes, {len(big)} when saved "
+                              "(truncated or overwritten)")
+    (path / "__0_0.distcp").write_bytes(big)
+    (path / "extra").write_bytes(b"")
+    assert m.damage(path) == "extra is not in its manifest (added or renamed since the save)"
+    # a manifest naming a file outside the checkpoint is refused
+    (path / m.MANIFEST).write_text(json.dumps({"files": {"../x": {"bytes": 1, "sha256": ""}}}))
+    assert "outside the checkpoint" in m.damage(path)
+
+
+def test_data_fingerprint_reads_past_the_first_chunk(tmp_path):
+    text = tmp_path / "corpus.txt"
+    body = b"a" * (m.HASH_CHUNK + 10)
+    text.write_bytes(body)
+    assert m.data_fingerprint(str(text)) == hashlib.sha256(body).hexdigest()
+    text.write_bytes(body[:-1] + b"b")  # the change is past the first chunk
+    assert m.data_fingerprint(str(text)) == hashlib.sha256(body[:-1] + b"b").hexdigest()
+    assert m.data_fingerprint(str(tmp_path / "absent")) is None
+    assert m.data_fingerprint(str(tmp_path)) is None  # a directory is not read
+    assert len(m.data_fingerprint(None)) == 64

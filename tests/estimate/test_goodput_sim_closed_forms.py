@@ -257,29 +257,30 @@ def test_spares_in_simulation_at_the_threshold():
 
 
 @pytest.mark.parametrize(("make", "fragment"), [
-    (lambda: FailureClass("gpu", 0.0).validate(), r"gpu\.mtbf_hours"),
-    (lambda: FailureClass("gpu", 1.0, gpus_each=0).validate(), r"gpu\.gpus_each"),
-    (lambda: FailureClass("gpu", 1.0, blast_gpus=0).validate(), r"gpu\.blast_gpus"),
-    (lambda: FailureClass("gpu", 1.0, repair_hours=0.0).validate(), r"gpu\.repair_hours"),
-    (lambda: FailureClass("gpu", 2e9).validate(), r"gpu\.mtbf_hours"),
+    (lambda: FailureClass("gpu", 0.0).validate(), r"^gpu\.mtbf_hours must be"),
+    (lambda: FailureClass("gpu", 1.0, gpus_each=0).validate(), r"^gpu\.gpus_each must be"),
+    (lambda: FailureClass("gpu", 1.0, blast_gpus=0).validate(), r"^gpu\.blast_gpus must be"),
+    (lambda: FailureClass("gpu", 1.0, repair_hours=0.0).validate(),
+     r"^gpu\.repair_hours must be"),
+    (lambda: FailureClass("gpu", 2e9).validate(), r"^gpu\.mtbf_hours must be"),
     (lambda: Policy("tape").validate(), r"unknown checkpoint policy 'tape'; valid: sync, "
                                         r"async, memory"),
-    (lambda: Policy(stall_s=-1.0).validate(), "stall_s"),
-    (lambda: Policy(lag_s=-1.0).validate(), "lag_s"),
-    (lambda: Policy(restart_s=2e7).validate(), "restart_s"),
-    (lambda: Policy(memory_restart_s=-1.0).validate(), "memory_restart_s"),
-    (lambda: Policy(elastic_restart_s=-1.0).validate(), "elastic_restart_s"),
-    (lambda: Policy(interval_s=0.0).validate(), "interval_s"),
-    (lambda: Policy(storage_every=0).validate(), "storage_every"),
-    (lambda: Policy(peer_gpus=0).validate(), "peer_gpus"),
-    (lambda: Policy(replica_gpus=0).validate(), "replica_gpus"),
-    (lambda: Fleet(0, (GPU,)).validate(), "gpus"),
+    (lambda: Policy(stall_s=-1.0).validate(), r"^stall_s must be"),
+    (lambda: Policy(lag_s=-1.0).validate(), r"^lag_s must be"),
+    (lambda: Policy(restart_s=2e7).validate(), r"^restart_s must be"),
+    (lambda: Policy(memory_restart_s=-1.0).validate(), r"^memory_restart_s must be"),
+    (lambda: Policy(elastic_restart_s=-1.0).validate(), r"^elastic_restart_s must be"),
+    (lambda: Policy(interval_s=0.0).validate(), r"^interval_s must be"),
+    (lambda: Policy(storage_every=0).validate(), r"^storage_every must be"),
+    (lambda: Policy(peer_gpus=0).validate(), r"^peer_gpus must be"),
+    (lambda: Policy(replica_gpus=0).validate(), r"^replica_gpus must be"),
+    (lambda: Fleet(0, (GPU,)).validate(), r"^gpus must be"),
     (lambda: Fleet(8, ()).validate(), "at least one component class"),
-    (lambda: Fleet(8, (FailureClass("nic", -1.0),)).validate(), r"nic\.mtbf_hours"),
-    (lambda: Fleet(8, (GPU,), spares=-1).validate(), "spares"),
-    (lambda: Fleet(8, (GPU,), detect_s=-1.0).validate(), "detect_s"),
-    (lambda: simulate(0.0, FLEET, Policy()), "work"),
-    (lambda: simulate(1.0, FLEET, Policy(), runs=0), "runs"),
+    (lambda: Fleet(8, (FailureClass("nic", -1.0),)).validate(), r"^nic\.mtbf_hours must be"),
+    (lambda: Fleet(8, (GPU,), spares=-1).validate(), r"^spares must be"),
+    (lambda: Fleet(8, (GPU,), detect_s=-1.0).validate(), r"^detect_s must be"),
+    (lambda: simulate(0.0, FLEET, Policy()), r"^work must be"),
+    (lambda: simulate(1.0, FLEET, Policy(), runs=0), r"^runs must be"),
 ])
 def test_each_bad_field_is_named(make, fragment):
     with pytest.raises(ShardwiseError, match=fragment):
@@ -319,3 +320,37 @@ def test_defaults_are_the_documented_policy():
     assert cls.gpus_each == 1 and cls.blast == 1 and cls.blast_gpus is None
     fleet = Fleet(8, (cls,))
     assert fleet.spares is None and fleet.detect_s == 0.0
+
+
+def test_timeline_marks_restarts_and_storage_recoveries():
+    """A synchronous run's failures recover from storage; every failure but a last one cut
+    short is followed by its restart window, however short (here 0.5 s)."""
+    from shardwise.estimate.goodput_sim import timeline
+
+    fleet = single_class(4096, 4096 * 3.0)  # a failure every 3 h
+    run = timeline(2 * DAY, fleet, Policy("sync", interval_s=1800.0, stall_s=30.0,
+                                          restart_s=0.5), seed=1)
+    assert run["interruptions"] > 3
+    assert {f["recovery"] for f in run["failures"]} == {"storage"}
+    assert len(run["restarts"]) == run["interruptions"]
+    assert all(b - a == pytest.approx(0.5) for a, b in run["restarts"])
+    with pytest.raises(ShardwiseError, match=r"^straggler must be"):
+        timeline(3600.0, fleet, Policy(), straggler=0.5)
+
+
+def test_files_name_what_they_are(tmp_path):
+    from shardwise.estimate.goodput_sim import load_failure_model, measured_stragglers
+
+    with pytest.raises(ShardwiseError, match=r"^training run \(shardwise train --json\) "):
+        measured_stragglers(tmp_path / "absent.json")
+    (tmp_path / "x.json").write_text('{"ranks": 2}')
+    with pytest.raises(ShardwiseError, match=r"not the output of `shardwise train --json` "
+                                             r"\(records with seconds, ranks\)$"):
+        measured_stragglers(tmp_path / "x.json")
+    (tmp_path / "f.json").write_text('{"classes": [{"name": "gpu", "mtbf_hours": 1000}], '
+                                     '"detect_s": 120, "spares": 3}')
+    fleet, policy = load_failure_model(tmp_path / "f.json", 64)
+    assert (fleet.detect_s, fleet.spares, fleet.gpus, policy) == (120.0, 3, 64, Policy())
+    (tmp_path / "f.json").write_text('[1]')
+    with pytest.raises(ShardwiseError, match="a failure model is a JSON object"):
+        load_failure_model(tmp_path / "f.json", 64)

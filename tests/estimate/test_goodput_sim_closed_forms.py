@@ -279,6 +279,11 @@ def test_spares_in_simulation_at_the_threshold():
     (lambda: Fleet(8, (FailureClass("nic", -1.0),)).validate(), r"^nic\.mtbf_hours must be"),
     (lambda: Fleet(8, (GPU,), spares=-1).validate(), r"^spares must be"),
     (lambda: Fleet(8, (GPU,), detect_s=-1.0).validate(), r"^detect_s must be"),
+    (lambda: Fleet(8, (GPU,), detect_s=2e7).validate(), r"^detect_s must be"),
+    (lambda: FailureClass("gpu", 1.0, gpus_each=10**7 + 1).validate(), r"^gpu\.gpus_each"),
+    (lambda: FailureClass("gpu", 1.0, blast_gpus=10**7 + 1).validate(), r"^gpu\.blast_gpus"),
+    (lambda: Fleet(10**7 + 1, (GPU,)).validate(), r"^gpus must be"),
+    (lambda: Fleet(8, (GPU,), spares=10**7 + 1).validate(), r"^spares must be"),
     (lambda: simulate(0.0, FLEET, Policy()), r"^work must be"),
     (lambda: simulate(1.0, FLEET, Policy(), runs=0), r"^runs must be"),
 ])

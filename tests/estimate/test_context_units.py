@@ -23,7 +23,7 @@ def _accepted(layout: Layout, seq_len: int) -> bool:
 @pytest.mark.parametrize("layout", [
     Layout(), Layout(tp=4), Layout(tp=4, sp=True), Layout(cp=2), Layout(cp=3),
     Layout(tp=2, sp=True, cp=3), Layout(tp=8, sp=True, cp=2), Layout(tp=4, sp=True, cp=6),
-    Layout(tp=2, cp=5),
+    Layout(tp=2, cp=5), Layout(tp=3, sp=True, cp=2),  # lcm(4, 6) = 12, not tp·cp
 ], ids=lambda l: f"tp{l.tp}{'-sp' if l.sp else ''}-cp{l.cp}")
 def test_the_unit_is_the_step_of_the_lengths_the_layout_accepts(layout):
     unit = sequence_unit(layout)

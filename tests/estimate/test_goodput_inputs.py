@@ -65,3 +65,50 @@ def test_young_and_daly_written_out():
     got = daly_interval(np.array([60.0, 500.0]), np.array([3600.0, 200.0]))
     np.testing.assert_allclose(got, [math.sqrt(2 * 60 * 3600) * (1 + math.sqrt(60 / 7200) / 3
                                                                  + 60 / 7200 / 9) - 60, 200.0])
+
+
+def test_interval_curve_grid_and_bad_restart():
+    """121 log-spaced intervals from δ/10 (at least the lag) to M; a negative restart is one
+    line."""
+    from shardwise.estimate.goodput import interval_curve
+
+    curve = interval_curve(0.002, 500.0, 30.0)
+    taus = np.array(curve["interval_s"])
+    assert len(taus) == 121
+    assert taus[0] == pytest.approx(0.0002) and taus[-1] == pytest.approx(500.0)
+    np.testing.assert_allclose(np.diff(np.log(taus)), math.log(500.0 / 0.0002) / 120)
+    lagged = interval_curve(60.0, 3600.0, 30.0, lag=100.0, points=11)
+    assert lagged["interval_s"][0] == pytest.approx(100.0) and len(lagged["interval_s"]) == 11
+    with pytest.raises(ShardwiseError, match=r"^restart must be"):
+        interval_curve(60.0, 3600.0, -1.0)
+    with pytest.raises(ShardwiseError, match=r"^lag must be"):
+        interval_curve(60.0, 3600.0, 1.0, lag=-1.0)
+
+
+def test_goodput_as_json_by_hand():
+    """`Goodput.to_dict` (what `plan --json` prints): each derived figure from its formula —
+    interruptions a day 86,400/M, the interval in whole steps, step ÷ goodput, the dominant
+    share, the loss per interruption M·(restart + lost work shares)."""
+    from shardwise.estimate.goodput import Goodput
+
+    g = Goodput("megatron-te", 512, 50_000.0, 7200.0, 1e12, 14.0, 2e9, 1.6e10, 1e9, "pcie5",
+                3.0, 19.0, 19.0, 0.0, 600.0, 500.0, 480.0, 510.0, 4.0, 0.9,
+                {"checkpoint": 0.03, "restart": 0.05, "lost work": 0.02}, False)
+    d = g.to_dict()
+    assert d["job_mtbf_hours"] == 2.0 and d["interruptions_per_day"] == 12.0
+    assert d["checkpoint_every_steps"] == 128 and d["effective_step_s"] == pytest.approx(4 / 0.9)
+    assert d["dominant"] == "restart"
+    assert d["lost_per_interruption_s"] == pytest.approx(7200.0 * 0.07)
+    assert (d["checkpoint_rank_bytes"], d["checkpoint_node_bytes"], d["checkpoint_bandwidth"],
+            d["checkpoint_copy_s"], d["checkpoint_write_s"], d["checkpoint_stall_s"],
+            d["durability_lag_s"], d["checkpoint_interval_s"]) == (
+        2e9, 1.6e10, 1e9, 3.0, 19.0, 19.0, 0.0, 510.0)
+    assert (d["stack"], d["gpus"], d["mtbf_gpu_hours"], d["checkpoint_bytes"],
+            d["bytes_per_param"], d["host_link"], d["restart_s"], d["young_interval_s"],
+            d["daly_interval_s"], d["step_s"], d["goodput"], d["async_checkpoint"]) == (
+        "megatron-te", 512, 50_000.0, 1e12, 14.0, "pcie5", 600.0, 500.0, 480.0, 4.0, 0.9,
+        False)
+    assert d["shares"] == g.shares and d["shares"] is not g.shares
+    assert g.budget(0.9 * 86400) == {"seconds": 86400.0, "days": 1.0,
+                                     "expected_interruptions": 12.0}
+    assert Goodput(**{**vars(g), "interval_s": 1.0}).every_steps == 1  # at least one step

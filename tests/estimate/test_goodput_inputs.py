@@ -112,3 +112,26 @@ def test_goodput_as_json_by_hand():
     assert g.budget(0.9 * 86400) == {"seconds": 86400.0, "days": 1.0,
                                      "expected_interruptions": 12.0}
     assert Goodput(**{**vars(g), "interval_s": 1.0}).every_steps == 1  # at least one step
+
+
+def test_the_curves_minimum_and_the_upper_edges():
+    from shardwise.estimate.goodput import interval_curve
+
+    curve = interval_curve(60.0, 4 * 3600.0, 600.0, lag=30.0)
+    totals = np.array(curve["total"])
+    assert curve["best_total"] == pytest.approx(totals.min(), rel=1e-12)
+    assert curve["best_interval_s"] == curve["interval_s"][int(totals.argmin())]
+    assert 0 < curve["best_total"] == pytest.approx(curve["daly_total"], rel=0.01)  # ~ optimum
+    with pytest.raises(ShardwiseError, match=r"^mtbf_gpu_hours \(GPU-hours\) must be"):
+        Reliability(mtbf_gpu_hours=1e12 + 0.5).validate()
+
+
+def test_a_zero_step_is_named():
+    from shardwise.arch import PRESETS
+    from shardwise.estimate.goodput import estimate_goodput
+    from shardwise.hardware import Cluster
+    from shardwise.layout import Layout
+
+    with pytest.raises(ShardwiseError, match=r"^step_s must be"):
+        estimate_goodput(PRESETS["llama3-8b"], Cluster.of(8, "h100", 8), Layout(dp=8), TrainSpec(),
+                         0.0)

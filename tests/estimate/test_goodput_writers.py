@@ -95,3 +95,51 @@ def test_shares_of_lost_time_by_hand():
                            Reliability(20_000.0, 2e9, 0.0), **layout.codes())
     assert float(t0["shares"]["restart"]) == 0.0 and float(t0["shares"]["lost work"]) > 0
     np.testing.assert_allclose(sum(float(v) for v in shares.values()) + g, 1.0, rtol=1e-12)
+
+
+def test_an_explicit_partition_under_the_v_placement():
+    """ZB-V with an explicit partition (4, 12, 10, 6) over pp 2 × 2 chunks: stage 0 holds
+    chunks 0 and 3 (the V), 10 layers, the embedding and the head; stage 1 chunks 1 and 2, 22
+    layers — not the loop's 14 and 18. The busiest stage's rank writes its state ÷ dp at
+    14 B/param, through `checkpoint_writes` and through `estimate_goodput`."""
+    from shardwise.estimate.goodput import estimate_goodput
+
+    model = PRESETS["llama3-8b"]
+    layout = Layout(tp=2, dp=2, pp=2, chunks=2, schedule="zbv", partition=(4, 12, 10, 6))
+
+    def busiest(placement: str) -> float:
+        return max(sum(stage_param_counts(model, tp=2, pp=2, ep=1, chunks=2, stage=s,
+                                          partition=layout.partition, placement=placement))
+                   for s in range(2)) * 14 / 2
+
+    assert busiest("v") != pytest.approx(busiest("loop"), rel=1e-3)
+    rank, node = checkpoint_writes(model, 8, TrainSpec(), **layout.codes(),
+                                   partition=layout.partition)
+    assert float(rank) == pytest.approx(busiest("v"), rel=1e-12)
+    assert float(node) == pytest.approx(8 * busiest("v"), rel=1e-12)  # one 8-GPU node
+    g = estimate_goodput(model, Cluster.of(8, "h100", 8), layout, TrainSpec(), 5.0)
+    assert g.rank_bytes == pytest.approx(busiest("v"), rel=1e-12)
+
+
+def test_bytes_per_param_at_each_zero_stage():
+    """Megatron and shardwise save the 16-bit weights beside the fp32 master at every ZeRO
+    stage (2 + 4 + 8 = 14 B); DeepSpeed's ZeRO-3 saves no gathered 16-bit module (12 B);
+    torchtitan and Hugging Face keep fp32 weights as the master (12 B). A stack without a
+    modelled checkpoint is one line naming those that have one."""
+    from shardwise.errors import ShardwiseError
+    from shardwise.estimate.goodput import (
+        CHECKPOINTS,
+        checkpoint_bytes_per_param,
+        checkpoint_format,
+    )
+
+    for zero in (0, 1, 2, 3):
+        assert checkpoint_bytes_per_param(TrainSpec(impl="shardwise"), zero) == 14.0
+        assert checkpoint_bytes_per_param(TrainSpec(impl="megatron-te"), zero) == 14.0
+        assert checkpoint_bytes_per_param(TrainSpec(impl="torchtitan"), zero) == 12.0
+        assert checkpoint_bytes_per_param(TrainSpec(impl="megatron-deepspeed"), zero) == (
+            12.0 if zero == 3 else 14.0)
+    with pytest.raises(ShardwiseError) as info:
+        checkpoint_format(TrainSpec(impl="deepspeed"))
+    assert str(info.value) == ("no checkpoint format is modelled for stack 'deepspeed'; "
+                               f"modelled: {', '.join(CHECKPOINTS)}")

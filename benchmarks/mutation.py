@@ -126,6 +126,16 @@ EQUIVALENT: dict[str, str] = {
         "geometry passed, stage_memory reads the partition only in StageGeometry.of, skipped",
     "shardwise.estimate.memory.x_peak_stage_total_runs__mutmut_101": "the geometry worked "
         "out again per row: it depends on no field a run varies (ZeRO stage and group)",
+    # mut-c
+    "shardwise.estimate.goodput.x_checkpoint_bytes_per_param__mutmut_1": "default ZeRO 2 for "
+        "1: no stack's model_copy_at tells stage 1 from 2 (all list both or neither)",
+    **{f"shardwise.estimate.goodput.x_checkpoint_writes__mutmut_{n}": "0.0 / tp for 0.0 * tp: "
+       "both zero (tp >= 1), there only for the arrays' shape" for n in (25, 30, 32)},
+    "shardwise.estimate.goodput.x_checkpoint_writes__mutmut_31": "the busiest rank's running "
+        "max starts at tp bytes instead of 0: every stage's rank writes far more (a layer's "
+        "norm alone is d_model·14 B)",
+    "shardwise.estimate.goodput.x_wall_per_useful__mutmut_12": "x <= 30 for x < 30: at "
+        "x = 30 exactly ln(e^30 - 1) and 30 differ by 9e-14 (3e-15 relative)",
 }
 
 

@@ -126,3 +126,76 @@ def test_data_fingerprint_reads_past_the_first_chunk(tmp_path):
     assert m.data_fingerprint(str(tmp_path / "absent")) is None
     assert m.data_fingerprint(str(tmp_path)) is None  # a directory is not read
     assert len(m.data_fingerprint(None)) == 64
+
+
+# ------------------------------------------------- starting a save and a run (one process)
+def _config(tmp_path, **kw):
+    from shardwise.arch import get_model
+    from shardwise.layout import Layout
+    from shardwise.runtime.state import TrainConfig
+
+    fields = {"steps": 10, "seq_len": 32, "global_batch": 8, "dtype": "fp64",
+              "checkpoint_dir": str(tmp_path), "checkpoint_every": 4} | kw
+    return TrainConfig(get_model("tiny"), Layout(dp=2), **fields)
+
+
+def test_a_save_starts_in_a_fresh_marked_directory_and_clears_leftovers(tmp_path):
+    from shardwise.runtime.checkpoint.save import _start_save
+
+    leftover = tmp_path / "run" / "step-000002.tmp-0123456789abcdef0123456789abcdef"
+    leftover.mkdir(parents=True)
+    (leftover / m.MARKER).write_text("")
+    name, failure = _start_save(tmp_path / "run" / "step-000003")
+    assert failure is None and not leftover.exists()
+    tmp = tmp_path / "run" / name.rsplit("/", 1)[-1]
+    assert m._OUR_TMP.fullmatch(tmp.name) and tmp.name.startswith("step-000003.tmp-")
+    assert (tmp / m.MARKER).is_file()
+    _, failure = _start_save(tmp_path / "a" / "b" / "step-000001")  # parents made
+    assert failure is None and (tmp_path / "a" / "b").is_dir()
+    (tmp_path / "run" / "step-000005").mkdir()  # not ours
+    name, failure = _start_save(tmp_path / "run" / "step-000005")
+    assert name is None and failure.startswith(f"cannot save checkpoint {tmp_path}/run/"
+                                               "step-000005: ")
+
+
+def test_the_lock_makes_its_directory(tmp_path):
+    from shardwise.runtime.checkpoint.directory import DirectoryLock
+
+    with DirectoryLock(tmp_path / "x" / "y") as lock:
+        assert lock.held and (tmp_path / "x" / "y" / m.LOCK).is_file()
+    assert not (tmp_path / "x" / "y" / m.LOCK).exists()
+
+
+def test_saves_this_run_would_make_are_checked_for_foreign_directories(tmp_path):
+    """steps 10, every 4, resuming at step 4: it saves steps 8 and 10 — a directory there
+    that shardwise did not write is refused; one at 2 (before), 9 (not a save) or 12 (after
+    the run) is not."""
+    from shardwise.runtime.checkpoint.start import _check_saves
+
+    cfg = _config(tmp_path)
+    for step in (2, 9, 12):
+        (tmp_path / m.checkpoint_name(step)).mkdir()
+    _check_saves(cfg, tmp_path, 4)
+    for step in (8, 10):
+        (tmp_path / m.checkpoint_name(step)).mkdir()
+        with pytest.raises(ShardwiseError, match=f"would save checkpoint step-0000{step:02d}"):
+            _check_saves(cfg, tmp_path, 4)
+        (tmp_path / m.checkpoint_name(step)).rmdir()
+
+
+@pytest.mark.parametrize(("key", "value", "option"), [
+    ("seq_len", 64, "--seq 32"), ("global_batch", 16, "--global-batch 8"),
+    ("seed", 7, "--seed 0"), ("data", "other.txt", "--data None")])
+def test_a_resume_names_the_option_that_restores_the_data(tmp_path, key, value, option):
+    from shardwise.runtime.checkpoint.start import _check_compatible
+    from shardwise.runtime.state import json_config
+
+    saved = _config(tmp_path)
+    meta = {"format": m.FORMAT, "step": 4, "world_size": 2, "config": json_config(saved)}
+    changed = _config(tmp_path, **{key: value})
+    with pytest.raises(ShardwiseError, match=f"; resume with {option}$"):
+        _check_compatible(tmp_path, meta, changed)
+    # the text itself: the built-in corpus named as such
+    meta["data_sha256"] = "0" * 64
+    with pytest.raises(ShardwiseError, match="other text: the built-in corpus changed"):
+        _check_compatible(tmp_path, meta, saved)

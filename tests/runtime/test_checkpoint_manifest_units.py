@@ -199,3 +199,59 @@ def test_a_resume_names_the_option_that_restores_the_data(tmp_path, key, value, 
     meta["data_sha256"] = "0" * 64
     with pytest.raises(ShardwiseError, match="other text: the built-in corpus changed"):
         _check_compatible(tmp_path, meta, saved)
+
+
+def test_a_failed_save_is_one_line_with_its_cause(tmp_path):
+    """The per-rank failures of a DCP error and their causes are searched: a full disk (ENOSPC
+    anywhere in the chain) says so; another OS error names its reason and file; anything else
+    its type and first line; the previous checkpoint is named as kept."""
+    import errno
+
+    from shardwise.runtime.checkpoint.save import _errors, _save_failure
+
+    class Dcp(Exception):
+        def __init__(self, failures):
+            super().__init__("checkpoint failed")
+            self.failures = failures
+
+    full = OSError(errno.ENOSPC, "No space left on device", "x.distcp")
+    denied = OSError(errno.EACCES, "Permission denied", "y.distcp")
+    try:
+        try:
+            raise denied
+        except OSError as inner:
+            raise Dcp({1: (full, "trace")}) from inner
+    except Dcp as exc:
+        chain = _errors(exc)
+    assert chain[0].args == ("checkpoint failed",) and full in chain and denied in chain
+    assert len(chain) == len({id(e) for e in chain})  # each once
+    previous = _checkpoint(tmp_path, 4)
+    final = tmp_path / m.checkpoint_name(8)
+    line = _save_failure(Dcp({0: full}), final)
+    assert line.startswith("no space left on device ") and f"saving checkpoint {final}" in line
+    assert f"the previous checkpoint {previous} is kept" in line
+    line = _save_failure(denied, final)
+    assert line == (f"cannot save checkpoint {final}: Permission denied (y.distcp); the "
+                    f"previous checkpoint {previous} is kept")
+    line = _save_failure(ValueError("bad\nsecond line"), tmp_path / "empty" / "step-000001")
+    assert line.endswith(": ValueError: bad; no checkpoint kept")
+
+
+def test_adamw_state_before_the_first_step_is_torchs():
+    """What torch.optim.AdamW creates lazily: a 0-d fp32 step and zero moments like p."""
+    import torch
+
+    from shardwise.runtime.checkpoint.reshard import _adamw_zeros
+
+    p = torch.nn.Parameter(torch.ones(3, 2, dtype=torch.float64))
+    zeros = _adamw_zeros(p)
+    opt = torch.optim.AdamW([p], foreach=False)
+    p.grad = torch.zeros_like(p)
+    opt.step()
+    real = opt.state[p]
+    assert set(zeros) == set(real) == {"step", "exp_avg", "exp_avg_sq"}
+    for key in ("exp_avg", "exp_avg_sq"):
+        assert zeros[key].dtype == real[key].dtype and zeros[key].shape == real[key].shape
+        assert not zeros[key].any()
+    assert zeros["step"].dtype == real["step"].dtype and zeros["step"].shape == ()
+    assert float(zeros["step"]) == 0.0 and float(real["step"]) == 1.0

@@ -136,6 +136,8 @@ EQUIVALENT: dict[str, str] = {
         "norm alone is d_model·14 B)",
     "shardwise.estimate.goodput.x_wall_per_useful__mutmut_12": "x <= 30 for x < 30: at "
         "x = 30 exactly ln(e^30 - 1) and 30 differ by 9e-14 (3e-15 relative)",
+    "shardwise.runtime.checkpoint.directory.xǁDirectoryLockǁ_refuse_or_clear__mutmut_18": "pid "
+        "> 1 for pid > 0: pid 1 (init) is always alive, so neither clears its lock",
 }
 
 

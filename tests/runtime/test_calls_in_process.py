@@ -39,6 +39,10 @@ class _Hub:
         self.me = threading.local()
         self.boxes = {(s, d): [] for s in range(n) for d in range(n)}
         self.cond = threading.Condition()
+        self.group = object()  # the process group every call must name
+
+    def _check(self, group, async_op=True) -> None:
+        assert group is self.group and async_op is True
 
     def _gather(self, t: torch.Tensor) -> list[torch.Tensor]:
         self.slots[self.me.rank] = t.detach().clone()
@@ -53,20 +57,24 @@ class _Hub:
 
     def module(self) -> SimpleNamespace:
         def all_reduce(tensor, op=SUM, group=None, async_op=False):
+            self._check(group, async_op)
             tensor.copy_(self._reduce(self._gather(tensor), op))
             return _Work()
 
         def reduce_scatter_tensor(output, input, op=SUM, group=None, async_op=False):
+            self._check(group, async_op)
             total = self._reduce(self._gather(input), op)
             output.copy_(torch.tensor_split(total, self.n)[self.me.rank])
             return _Work()
 
         def all_gather_into_tensor(output, input, group=None, async_op=False):
+            self._check(group, async_op)
             output.copy_(torch.cat(self._gather(input)))
             return _Work()
 
         def all_to_all_single(output, input, out_splits=None, in_splits=None, group=None,
                               async_op=False):
+            self._check(group, async_op)
             everyone = self._gather(input)
             splits = self._gather(torch.tensor(in_splits or [input.shape[0] // self.n] * self.n))
             r = self.me.rank
@@ -75,23 +83,27 @@ class _Hub:
             return _Work()
 
         def broadcast(tensor, src, group=None):
+            self._check(group)
             tensor.copy_(self._gather(tensor)[src])
 
         def send(tensor, dst, group=None):
+            self._check(group)
             with self.cond:
                 self.boxes[(self.me.rank, dst)].append(tensor.clone())
                 self.cond.notify_all()
 
         def recv(tensor, src, group=None):
+            self._check(group)
             with self.cond:
                 self.cond.wait_for(lambda: self.boxes[(src, self.me.rank)], timeout=30)
                 tensor.copy_(self.boxes[(src, self.me.rank)].pop(0))
 
         def isend(tensor, dst, group=None):
-            send(tensor, dst)
+            send(tensor, dst, group)
             return _Work()
 
         def irecv(tensor, src, group=None):
+            self._check(group)
             hub = self
 
             class _Recv(_Work):
@@ -107,7 +119,7 @@ class _Hub:
             all_reduce=all_reduce, reduce_scatter_tensor=reduce_scatter_tensor,
             all_gather_into_tensor=all_gather_into_tensor, all_to_all_single=all_to_all_single,
             broadcast=broadcast, send=send, recv=recv, isend=isend, irecv=irecv,
-            barrier=lambda group=None: self.meet.wait(), is_initialized=lambda: False,
+            barrier=lambda group=None: (self._check(group), self.meet.wait()), is_initialized=lambda: False,
             ReduceOp=SimpleNamespace(SUM=SUM, MAX=MAX, MIN="min", AVG="avg", PRODUCT="prod"))
 
 
@@ -123,7 +135,7 @@ def _run(n: int, body, monkeypatch) -> list:
     def rank(r: int) -> None:
         hub.me.rank = r
         try:
-            results[r] = body(AxisGroup("tp", object(), n, r, tuple(range(n))), r)
+            results[r] = body(AxisGroup("tp", hub.group, n, r, tuple(range(n))), r)
         except BaseException as exc:  # reported below, in the test's thread
             errors.append(exc)
             hub.meet.abort()
@@ -193,13 +205,18 @@ def test_max_all_reduce_and_the_ring_impl(monkeypatch):
     xs = [torch.tensor([1.0, 5.0, -2.0]) * (r - 1) for r in range(3)]
 
     def body(g, r):
-        a, b = xs[r].clone(), xs[r].clone()
+        a, b = xs[r].clone().view(3, 1), xs[r].clone()
         calls.all_reduce(a, g, op="max")
-        calls.all_reduce(b, g, op="max", impl="ring")
-        return a, b
+        c = CommCounter()
+        calls.all_reduce(b, g, op="max", impl="ring", counter=c)
+        assert c.bytes("tp", "all-reduce") == 2 * 2 * 4  # 2(N−1) chunks of one float
+        out = torch.empty(1)
+        assert calls.reduce_scatter(out, xs[r], g, impl="ring", async_op=True).wait()
+        return a.view(-1), b, out
 
-    for a, b in _run(3, body, monkeypatch):
+    for r, (a, b, out) in enumerate(_run(3, body, monkeypatch)):
         assert torch.equal(a, torch.tensor([1.0, 5.0, 2.0])) and torch.equal(a, b)
+        assert torch.equal(out, torch.stack(xs).sum(0)[r:r + 1])
 
 
 def test_all_to_all_broadcast_send_count_what_leaves_the_rank(monkeypatch):

@@ -44,13 +44,16 @@ class _Mailboxes:
         self.boxes = {(s, d): queue.Queue() for s in range(n) for d in range(n)}
         self.me = threading.local()
         self.sizes: list[int] = []
+        self.group = object()  # the process group every message must name
 
     def isend(self, tensor, dst, group=None):
+        assert group is self.group
         self.sizes.append(tensor.numel())
         self.boxes[(self.me.rank, dst)].put(tensor.clone())
         return _Done()
 
     def irecv(self, tensor, src, group=None):
+        assert group is self.group
         return _Recv(self.boxes[(src, self.me.rank)], tensor)
 
 
@@ -65,7 +68,7 @@ def _run(n: int, body, monkeypatch) -> tuple[list, _Mailboxes]:
     def rank(r: int) -> None:
         mail.me.rank = r
         try:
-            g = AxisGroup("dp", object(), n, r, tuple(range(n)))
+            g = AxisGroup("dp", mail.group, n, r, tuple(range(n)))
             results[r] = body(g, r)
         except BaseException as exc:  # reported below, in the test's thread
             errors.append(exc)

@@ -138,6 +138,11 @@ EQUIVALENT: dict[str, str] = {
         "x = 30 exactly ln(e^30 - 1) and 30 differ by 9e-14 (3e-15 relative)",
     "shardwise.runtime.checkpoint.directory.xǁDirectoryLockǁ_refuse_or_clear__mutmut_18": "pid "
         "> 1 for pid > 0: pid 1 (init) is always alive, so neither clears its lock",
+    "shardwise.runtime.collectives.calls.x_reduce_scatter__mutmut_4": "default impl "
+        "\"NATIVE\": every impl but \"ring\" is the backend's",
+    "shardwise.runtime.collectives.calls.x_reduce_scatter__mutmut_34": "numel / N for "
+        "numel % N: an even split then also takes the p2p ring, which gives the same values "
+        "and counts the same (N-1)/N·S bytes and payload (a speed difference only)",
 }
 
 

@@ -123,8 +123,8 @@ class _Hub:
             ReduceOp=SimpleNamespace(SUM=SUM, MAX=MAX, MIN="min", AVG="avg", PRODUCT="prod"))
 
 
-def _run(n: int, body, monkeypatch) -> list:
-    hub = _Hub(n)
+def _run(n: int, body, monkeypatch, hub: _Hub | None = None) -> list:
+    hub = hub or _Hub(n)
     fake = hub.module()
     monkeypatch.setattr(calls, "dist", fake)
     monkeypatch.setattr(rings, "dist", fake)
@@ -289,3 +289,57 @@ def test_a_group_of_one_copies_or_returns():
     with calls.ranks_running(3):
         assert calls._RUNNING[-1] == 3
     assert not calls._RUNNING
+
+
+class _FakeMeter:
+    """Stands for `runtime.wire.Meter`: records each call's open, close and mark per rank."""
+
+    def __init__(self, hub: _Hub):
+        self.hub, self.events, self.lock, self.ncalls = hub, [], threading.Lock(), 0
+
+    def event(self, what, g, op, call=0):
+        with self.lock:
+            if not call:
+                self.ncalls += 1
+                call = self.ncalls
+            self.events.append((self.hub.me.rank, what, g.name, op, call))
+        return call
+
+
+def test_the_wire_meter_sees_each_call_open_and_close(monkeypatch):
+    """Under a wire meter every call completes before the next (an async handle comes back
+    done) and is opened and closed under its op; a send issued outside the layer is marked."""
+    from shardwise.runtime import wire
+    from shardwise.runtime.collectives import meter as M
+
+    def body(g, r):
+        t = torch.ones(8)
+        handle = calls.all_reduce(t, g, async_op=True)
+        assert not isinstance(handle, calls.Pending)  # completed at once
+        calls.all_reduce(t, g, impl="ring")
+        calls.reduce_scatter(torch.empty(4), torch.ones(8), g)
+        calls.all_gather(torch.empty(8), torch.ones(4), g)
+        # (no `labelled` here: its stack is per process, and these ranks are threads)
+        calls.all_to_all_single(torch.empty(2), torch.ones(2), group=g)
+        calls.broadcast(torch.ones(3), 0, g)
+        if r == 0:
+            calls.send(torch.ones(2), 1, g)
+        else:
+            calls.recv(torch.empty(2), 0, g)
+        M.note_send(g, 4.0, counter=M.CommCounter())
+        return True
+
+    hub = _Hub(2)
+    fake = _FakeMeter(hub)
+    monkeypatch.setattr(wire, "_METERS", [fake])
+    assert _run(2, body, monkeypatch, hub) == [True, True]
+    ops = ["all-reduce", "all-reduce", "reduce-scatter", "all-gather", "all-to-all",
+           "broadcast", "send"]
+    for r in range(2):
+        mine = [(what, op, call) for rank, what, _, op, call in fake.events if rank == r]
+        opens = [(op, call) for what, op, call in mine if what == "open"]
+        closes = [(op, call) for what, op, call in mine if what == "close"]
+        assert [op for op, _ in opens] == ops, opens
+        assert closes == opens
+        assert [(what, op) for what, op, _ in mine if what == "mark"] == [("mark", "send")]
+        assert all(g == "tp" for rank, _, g, _, _ in fake.events if rank == r)

@@ -143,3 +143,12 @@ def test_bytes_per_param_at_each_zero_stage():
         checkpoint_format(TrainSpec(impl="deepspeed"))
     assert str(info.value) == ("no checkpoint format is modelled for stack 'deepspeed'; "
                                f"modelled: {', '.join(CHECKPOINTS)}")
+
+
+def test_spread_writers_when_each_expert_shard_has_one_writer():
+    """tp 1, dp 2, ep 2: each expert shard lives on one rank (tp·dp·cp/(etp·ep) = 1), which
+    writes all of it; the dense state is split over the 2 replicas."""
+    layout = Layout(tp=1, dp=2, pp=1, ep=2, zero=1)
+    rank, _ = checkpoint_writes(MOE, 8, TrainSpec(), **layout.codes())
+    d, e = stage_param_counts(MOE, tp=1, pp=1, ep=2, chunks=1, stage=0)
+    assert float(rank) == pytest.approx((d / 2 + e / 1) * 14, rel=1e-12)

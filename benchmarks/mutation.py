@@ -143,6 +143,13 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.runtime.collectives.calls.x_reduce_scatter__mutmut_34": "numel / N for "
         "numel % N: an even split then also takes the p2p ring, which gives the same values "
         "and counts the same (N-1)/N·S bytes and payload (a speed difference only)",
+    **{f"shardwise.runtime.collectives.calls.x_recv__mutmut_{n}": "the group passed on a "
+       "group of one too: AxisGroup's group is None exactly when its size is 1"
+       for n in (17, 18)},
+    "shardwise.runtime.collectives.calls.x_wait__mutmut_11": "the poll's deadline with <= for "
+        "<: the same polling up to one clock tick, then the same blocking wait",
+    "shardwise.runtime.collectives.rings.x_ring_all_reduce_p2p__mutmut_8": "always through a "
+        "contiguous copy: the same values, copied back into the tensor",
 }
 
 

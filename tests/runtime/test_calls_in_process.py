@@ -319,6 +319,8 @@ def test_the_wire_meter_sees_each_call_open_and_close(monkeypatch):
         calls.all_reduce(t, g, impl="ring")
         calls.reduce_scatter(torch.empty(4), torch.ones(8), g)
         calls.all_gather(torch.empty(8), torch.ones(4), g)
+        calls.reduce_scatter(torch.empty(4 - r), torch.ones(7), g)  # uneven: the p2p ring
+        calls.all_gather(torch.empty(7), torch.ones(4 - r), g)
         # (no `labelled` here: its stack is per process, and these ranks are threads)
         calls.all_to_all_single(torch.empty(2), torch.ones(2), group=g)
         calls.broadcast(torch.ones(3), 0, g)
@@ -333,8 +335,8 @@ def test_the_wire_meter_sees_each_call_open_and_close(monkeypatch):
     fake = _FakeMeter(hub)
     monkeypatch.setattr(wire, "_METERS", [fake])
     assert _run(2, body, monkeypatch, hub) == [True, True]
-    ops = ["all-reduce", "all-reduce", "reduce-scatter", "all-gather", "all-to-all",
-           "broadcast", "send"]
+    ops = ["all-reduce", "all-reduce", "reduce-scatter", "all-gather", "reduce-scatter",
+           "all-gather", "all-to-all", "broadcast", "send"]
     for r in range(2):
         mine = [(what, op, call) for rank, what, _, op, call in fake.events if rank == r]
         opens = [(op, call) for what, op, call in mine if what == "open"]
@@ -343,3 +345,29 @@ def test_the_wire_meter_sees_each_call_open_and_close(monkeypatch):
         assert closes == opens
         assert [(what, op) for what, op, _ in mine if what == "mark"] == [("mark", "send")]
         assert all(g == "tp" for rank, _, g, _, _ in fake.events if rank == r)
+
+
+def test_returns_handles_and_the_clock(monkeypatch):
+    """Synchronous calls return their output tensor; a waited async handle charges its wait to
+    the call's axis; a raw backend handle can be waited too; None and "world" name the world."""
+    from shardwise.runtime.collectives import meter as M
+
+    def body(g, r):
+        out = torch.empty(8)
+        assert calls.all_gather(out, torch.ones(4), g) is out
+        a2a = torch.empty(2)
+        assert calls.all_to_all_single(a2a, torch.ones(2), group=g) is a2a
+        with M.clocking() as clock:
+            handle = calls.all_reduce(torch.ones(4), g, async_op=True)
+            assert isinstance(handle, calls.Pending) and handle.wait()
+        calls.wait(_Work())  # a backend handle, no axis to charge
+        return dict(clock)
+
+    for clock in _run(2, body, monkeypatch):
+        assert "tp" in clock
+    world = AxisGroup("world", None, 1, 0, (0,))
+    monkeypatch.setattr(M.AxisGroup, "world", classmethod(lambda cls: world))
+    assert M.resolve(None) is world and M.resolve("world") is world
+    with M.counting() as c:
+        M.note_send(world, 12.0)
+    assert c.bytes("world", "send") == 12.0 and c.calls("world", "send") == 1

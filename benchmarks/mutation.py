@@ -150,6 +150,8 @@ EQUIVALENT: dict[str, str] = {
         "<: the same polling up to one clock tick, then the same blocking wait",
     "shardwise.runtime.collectives.rings.x_ring_all_reduce_p2p__mutmut_8": "always through a "
         "contiguous copy: the same values, copied back into the tensor",
+    "shardwise.runtime.checkpoint.save.x_save_checkpoint__mutmut_74": "shardwise.json without "
+        "indentation: the same JSON to every reader (the manifest hashes the file as written)",
 }
 
 

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 dist = torch.distributed
 
 from shardwise.arch import get_model  # noqa: E402
+from shardwise.errors import ShardwiseError  # noqa: E402
 from shardwise.layout import Layout  # noqa: E402
 from shardwise.runtime import train as T  # noqa: E402
 from shardwise.runtime.checkpoint import (  # noqa: E402
@@ -65,6 +66,13 @@ def test_save_then_resume_is_bit_identical(world_of_one, tmp_path, dtype):
     T.train_step(fresh)
     for a, b in zip(reference.model.parameters(), fresh.model.parameters(), strict=True):
         assert torch.equal(a, b)
+    # the checkpoint directory itself loads too; a damaged one is named with its damage
+    direct = T.build(replace(cfg, resume=True))
+    assert load_checkpoint(direct, path) is True and direct.step == 2
+    other = T.build(replace(cfg, resume=True, seq_len=32))
+    with pytest.raises(ShardwiseError, match=r"trained with seq_len=16, this run has 32; "
+                                             r"resume with --seq 16$"):
+        load_checkpoint(other, path)
     # a second save keeps one checkpoint (keep=1)
     save_checkpoint(fresh, tmp_path / "ck", keep=1)
     assert [p.name for p in (tmp_path / "ck").iterdir() if p.name.startswith("step-")] == [
@@ -76,3 +84,20 @@ def test_an_empty_directory_loads_nothing(world_of_one, tmp_path):
                       dtype="fp64")
     state = T.build(cfg)
     assert load_checkpoint(state, tmp_path) is False and state.step == 0
+
+
+def test_a_fresh_run_refuses_a_directory_with_checkpoints_or_foreign_saves(tmp_path):
+    """One line each: checkpoints there (resume or choose another), a directory shardwise did
+    not write where this run would save (step 4 of every 4)."""
+    from shardwise.runtime.checkpoint import check_start
+
+    cfg = TrainConfig(get_model("tiny"), Layout(), steps=8, seq_len=16, global_batch=2,
+                      dtype="fp64", checkpoint_dir=str(tmp_path), checkpoint_every=4)
+    (tmp_path / "step-000004").mkdir()  # not ours: no marker, manifest or metadata
+    with pytest.raises(ShardwiseError, match=r"would save checkpoint step-000004, but "):
+        check_start(cfg)
+    (tmp_path / "step-000004" / "shardwise.json").write_text("{}")
+    with pytest.raises(ShardwiseError) as info:
+        check_start(cfg)
+    assert str(info.value) == (f"{tmp_path} already holds checkpoints (newest: step-000004); "
+                               "resume from them (--resume) or choose an empty directory")

@@ -195,6 +195,32 @@ EQUIVALENT: dict[str, str] = {
     **{f"shardwise.estimate.step.constant_L{line}_C{col}": "a StepEstimate field's default "
        "(dp_comm_total, t_forward, t_backward, bubble_fraction): estimate_step, its only "
        "maker, passes every one" for line, col in ((352, 27), (353, 23), (354, 24), (355, 29))},
+    # mut-c
+    "shardwise.estimate.goodput.x_checkpoint_bytes_per_param__mutmut_1": "default ZeRO 2 for "
+        "1: no stack's model_copy_at tells stage 1 from 2 (all list both or neither)",
+    **{f"shardwise.estimate.goodput.x_checkpoint_writes__mutmut_{n}": "0.0 / tp for 0.0 * tp: "
+       "both zero (tp >= 1), there only for the arrays' shape" for n in (25, 30, 32)},
+    "shardwise.estimate.goodput.x_checkpoint_writes__mutmut_31": "the busiest rank's running "
+        "max starts at tp bytes instead of 0: every stage's rank writes far more (a layer's "
+        "norm alone is d_model·14 B)",
+    "shardwise.estimate.goodput.x_wall_per_useful__mutmut_12": "x <= 30 for x < 30: at "
+        "x = 30 exactly ln(e^30 - 1) and 30 differ by 9e-14 (3e-15 relative)",
+    "shardwise.runtime.checkpoint.directory.xǁDirectoryLockǁ_refuse_or_clear__mutmut_18": "pid "
+        "> 1 for pid > 0: pid 1 (init) is always alive, so neither clears its lock",
+    "shardwise.runtime.collectives.calls.x_reduce_scatter__mutmut_4": "default impl "
+        "\"NATIVE\": every impl but \"ring\" is the backend's",
+    "shardwise.runtime.collectives.calls.x_reduce_scatter__mutmut_34": "numel / N for "
+        "numel % N: an even split then also takes the p2p ring, which gives the same values "
+        "and counts the same (N-1)/N·S bytes and payload (a speed difference only)",
+    **{f"shardwise.runtime.collectives.calls.x_recv__mutmut_{n}": "the group passed on a "
+       "group of one too: AxisGroup's group is None exactly when its size is 1"
+       for n in (17, 18)},
+    "shardwise.runtime.collectives.calls.x_wait__mutmut_11": "the poll's deadline with <= for "
+        "<: the same polling up to one clock tick, then the same blocking wait",
+    "shardwise.runtime.collectives.rings.x_ring_all_reduce_p2p__mutmut_8": "always through a "
+        "contiguous copy: the same values, copied back into the tensor",
+    "shardwise.runtime.checkpoint.save.x_save_checkpoint__mutmut_74": "shardwise.json without "
+        "indentation: the same JSON to every reader (the manifest hashes the file as written)",
 }
 
 
@@ -261,6 +287,9 @@ def _mutmut(where: Path, *args: str, check: bool = True) -> str:
     # mutmut puts mutants/src first on the path itself (a PYTHONPATH entry that does not
     # exist yet when Python starts would be cached as empty)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # torch on one thread: mutmut forks a child per mutant, and a child's first parallel torch
+    # op hangs (futex) once the parent has run one with OpenMP threads
+    env["OMP_NUM_THREADS"] = "1"
     run = subprocess.run([str(Path(sys.executable).with_name("mutmut")), *args], cwd=where,
                          env=env, capture_output=True, text=True)
     if check and run.returncode:

@@ -188,7 +188,8 @@ def simulate(work_s: float, fleet: Fleet, policy: Policy, *, runs: int = 1000,
     lost, count = np.zeros(runs), np.zeros(runs, dtype=np.int64)
     pause = np.zeros(runs)  # not working yet after the last failure (detect, wait, restart)
     slow_until, slow_rate = np.zeros(runs), np.ones(runs)  # elastic: fewer replicas until
-    returns, back = np.full((runs, _PENDING), np.inf), np.zeros((runs, _PENDING))  # spares
+    # spares: repairs under way (return time, GPUs); an unused slot has returned (-inf)
+    returns, back = np.full((runs, _PENDING), -np.inf), np.zeros((runs, _PENDING))
     active = np.ones(runs, dtype=bool)
     for _ in range(int(min(100 * (work_s / mtbf + 10), 10**7))):
         idx = np.flatnonzero(active)

@@ -168,7 +168,9 @@ def dp_time(links: Links, train: TrainSpec, kappa: float, bucket: float, *, grou
     z3 = m * z3_mb + xr_exposed * across_live
     exposed = np.where(zero == 0, z0, np.where(zero == 3, z3, z12))
     dp_total = zs["total"]
-    dp_exposed = np.where(dp_total > 0, exposed, 0.0)
+    # never more exposed than moved (ZeRO-3's first gather and last reduce-scatter are
+    # already in its per-layer terms when no window hides anything)
+    dp_exposed = np.where(dp_total > 0, np.minimum(exposed, dp_total), 0.0)
     hidden = np.maximum(dp_total - dp_exposed, 0.0) / np.maximum(dp_total, 1e-30)
     dp_busy = zs["busy"] * hidden
     # Overlapped traffic still slows the GEMMs it runs beside (SM and HBM contention); without

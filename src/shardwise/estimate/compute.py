@@ -193,7 +193,7 @@ def layer_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any,
     tokens = ctx.seq_len / c * b
     replicated = tokens * h / np.where(sp, t, 1)
     kv = _kv_heads(model, t) * model.head_dim
-    q = h / t
+    q = model.q_dim / t  # a·d: ≠ h where the config names d_head (Qwen3-MoE, Gemma)
     n_in = 2 if model.gated_mlp else 1
 
     mem = (4 * ab + 6 * ab + (2 if model.dropout else 0)) * replicated

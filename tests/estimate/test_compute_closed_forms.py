@@ -342,3 +342,62 @@ def test_array_layouts_agree_with_scalar_ones_plumbing():
         one = layer_cost(ctx, int(t[i]), 1, 1, bool(sp[i]), int(rc[i]), moe=True, ep=2)
         for field in one._fields:
             assert np.asarray(getattr(many, field))[i] == pytest.approx(getattr(one, field))
+
+
+def test_ring_attention_runs_the_online_softmax_kernel_even_without_flash():
+    """c > 1 always merges blocks with the online softmax (flash-style FLOPs, causal half,
+    backward 2.5 ×), whatever the attention setting; c = 1 without flash materialises the
+    scores (no causal saving)."""
+    peak = 1e9
+    ctx = _ctx(GQA, peak=peak, flash=False)
+    ring = layer_cost(ctx, 2, 2, 1, True, 0)
+    core = 2 * (SEQ / 2) * (SEQ / 2) * (8 / 2) * 2 * 48
+    assert ring.attn_fwd * peak == pytest.approx(core, rel=1e-12)
+    assert ring.attn_bwd * peak == pytest.approx(2.5 * core, rel=1e-12)
+    whole = layer_cost(ctx, 2, 1, 1, True, 0)
+    # QKᵀ and P·V over all s² scores: twice the causal half, on twice the queries
+    assert whole.attn_fwd * peak == pytest.approx(4 * core, rel=1e-12)
+
+
+def test_mla_without_a_q_latent_projects_q_from_h():
+    """DeepSeek-V2-Lite's MLA: no q latent, Q is `h × a·d_qk` split by heads; only the kv
+    down-projection is duplicated over tp."""
+    peak, t = 1e9, 2
+    model = MLA_MOE.with_(q_lora_rank=0, name="mla-noq")
+    ctx = _ctx(model, peak=peak)
+    h, a = 256, 8 / t
+    gemms = (2 * SEQ / t * h * (64 + 16) + 2 * SEQ * (h * a * 48 + 64 * a * (32 + 24))
+             + 2 * SEQ * a * 24 * h + 2 * SEQ * 3 * h * 640 / t)
+    assert layer_cost(ctx, t, 1, 1, True, 0).wgrad * peak == pytest.approx(gemms, rel=1e-12)
+
+
+def test_fp8_gemms_run_at_the_fp8_rate_but_the_router_and_bf16_experts():
+    """An FP8 recipe quantises the projections and the shared experts; the router stays
+    bf16; the routed experts follow `Fp8Recipe.experts_fp8`; op-sac reruns them alike."""
+    peak, fp8_peak = 1e9, 4e9
+    base = replace(_ctx(MLA_MOE, peak=peak, fp8="tensorwise", expert_load=LOAD,
+                        experts_active=ACTIVE), fp8_peak=fp8_peak)
+    fast = base.fp8_rate
+    assert fast > peak
+    t, sp, ep = 2, True, 4
+    gemms, core, sac = _mla_moe_flops(t, sp)
+    router = 2 * SEQ * 256 * 16
+    routed = 2 * SEQ * 4 * LOAD * 3 * 256 * 96 / t
+    for experts_fp8 in (True, False):
+        ctx = replace(base, fp8=replace(base.fp8, experts_fp8=experts_fp8))
+        slow = router + (0 if experts_fp8 else routed)
+        cost = layer_cost(ctx, t, 1, 1, sp, 0, moe=True, ep=ep)
+        assert cost.fwd - _sync(ctx) == pytest.approx(
+            (slow + core) / peak + (gemms - slow) / fast, rel=1e-12)
+        op_sac = layer_cost(ctx, t, 1, 1, sp, 3, moe=True, ep=ep).recompute
+        assert op_sac == pytest.approx(slow / peak + (sac - slow) / fast, rel=1e-12)
+
+
+def test_head_launches_on_the_runtime_count():
+    """The "this machine" preset: embedding, head and loss dispatch 64 aten ops per
+    micro-batch, ⅓ forward and ⅔ backward, added to the device time."""
+    ko = 1e-3
+    ctx = _ctx(GQA, overhead=ko)
+    runtime = replace(ctx, calibration=replace(ctx.calibration, op_count="runtime"))
+    fwd, bwd, _ = head_cost(runtime, 1, 1, 1, False)
+    assert (fwd, bwd) == pytest.approx((64 / 3 * ko, 2 * 64 / 3 * ko), rel=1e-9)

@@ -26,7 +26,8 @@ from shardwise.estimate.expert import (
     nodes_reached,
 )
 from shardwise.estimate.kernels import ComputeContext, linear
-from shardwise.estimate.links import Links, group_collective_time as coll
+from shardwise.estimate.links import Links
+from shardwise.estimate.links import group_collective_time as coll
 from shardwise.hardware import Cluster, get_accelerator
 from shardwise.layout import TrainSpec
 

@@ -287,52 +287,7 @@ def test_compiled_traffic_table_coefficients():
                                            + bf * tokens * f + 2 * gemms, rel=1e-9)
 
 
-# --------------------------------------------------------------------------- the host
-def test_host_bound_layers_cost_their_launches():
-    """Free device work: a fused dense layer is 10 kernels + 1 flash core forward, twice as
-    many backward, at `kernel_overhead` each; MLA adds 5 (two down-projections, their two
-    latent norms, a second up-projection); an MoE layer adds the dispatcher's sync and the
-    experts' GEMMs through TE's multi-stream loop (TE PR #3134: 0.267 ms for 8 GEMMs),
-    2 per local expert with rows forward, 4 backward."""
-    ko = 1e-3
-    dense = layer_cost(_ctx(GQA, overhead=ko), 2, 1, 1, True, 0)
-    assert (dense.fwd, dense.bwd) == pytest.approx((11 * ko, 22 * ko), rel=1e-12)
-    ctx = _ctx(MLA_MOE, overhead=ko, expert_load=LOAD, experts_active=ACTIVE)
-    cost = layer_cost(ctx, 2, 1, 1, True, 0, moe=True, ep=4)
-    local, gemm = 16 / 4 * ACTIVE, 0.267e-3 / 8
-    assert cost.fwd == pytest.approx(16 * ko + _sync(ctx) + 2 * local * gemm, rel=1e-12)
-    assert cost.bwd == pytest.approx(32 * ko + 4 * local * gemm, rel=1e-12)
-    # full recompute replays the forward, sync included
-    full = layer_cost(ctx, 2, 1, 1, True, RC_CODES["full"], moe=True, ep=4)
-    assert full.recompute == pytest.approx(cost.fwd, rel=1e-12)
-    # the runtime preset: the CPU runs device work and launches one after the other
-    runtime = replace(ctx, calibration=replace(ctx.calibration, op_count="runtime"),
-                      accelerator=replace(ctx.accelerator, hbm_bandwidth=1e6))
-    slow = layer_cost(runtime, 1, 1, 1, False, 0)
-    fast = layer_cost(replace(runtime, calibration=replace(runtime.calibration,
-                                                           kernel_overhead=0.0)), 1, 1, 1,
-                      False, 0)
-    assert slow.fwd - fast.fwd == pytest.approx(190 / 3 * ko, rel=1e-9)
-    assert slow.bwd - fast.bwd == pytest.approx(2 * 190 / 3 * ko, rel=1e-9)
-
-
-def test_experts_host_time_waits_for_the_sync_not_for_the_attention():
-    """The experts' launches start after the dispatcher's sync: a device-bound first part
-    and host-bound experts add, forward = device(first part) + sync + experts' host; the
-    backward, without a sync, is the slower of device and host over the whole layer."""
-    peak = 2e13
-    ctx = _ctx(MLA_MOE, peak=peak, overhead=1e-7)
-    cost = layer_cost(ctx, 1, 1, 1, False, 0, moe=True, ep=1)
-    gemms, core, _ = _mla_moe_flops(1, False, load=1.0)
-    experts = 2 * SEQ * 4 * 3 * 256 * 96
-    host = 16 * 2 * 0.267e-3 / 8
-    assert experts / peak < host  # the experts are host-bound, the rest is not
-    first = (gemms - experts + core) / peak
-    assert cost.fwd == pytest.approx(first + host + _sync(ctx), rel=1e-9)
-    assert cost.bwd == pytest.approx(max((2 * gemms + 2.5 * core) / peak,
-                                         32 * 1e-7 + 16 * 4 * 0.267e-3 / 8), rel=1e-9)
-
-
+# --------------------------------------------------------------------------- paths
 def test_array_layouts_agree_with_scalar_ones_plumbing():
     """plumbing: the vectorised planner's arrays give each scalar layout's cost."""
     ctx = _ctx(MLA_MOE, peak=1e12, hbm=1e11, overhead=1e-6)
@@ -391,13 +346,3 @@ def test_fp8_gemms_run_at_the_fp8_rate_but_the_router_and_bf16_experts():
             (slow + core) / peak + (gemms - slow) / fast, rel=1e-12)
         op_sac = layer_cost(ctx, t, 1, 1, sp, 3, moe=True, ep=ep).recompute
         assert op_sac == pytest.approx(slow / peak + (sac - slow) / fast, rel=1e-12)
-
-
-def test_head_launches_on_the_runtime_count():
-    """The "this machine" preset: embedding, head and loss dispatch 64 aten ops per
-    micro-batch, ⅓ forward and ⅔ backward, added to the device time."""
-    ko = 1e-3
-    ctx = _ctx(GQA, overhead=ko)
-    runtime = replace(ctx, calibration=replace(ctx.calibration, op_count="runtime"))
-    fwd, bwd, _ = head_cost(runtime, 1, 1, 1, False)
-    assert (fwd, bwd) == pytest.approx((64 / 3 * ko, 2 * 64 / 3 * ko), rel=1e-9)

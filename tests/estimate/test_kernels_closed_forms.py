@@ -75,6 +75,8 @@ def test_bf16_gemm_roofline_both_bounds():
         traffic = batch * 2 * (m * k + k * n + m * n) / ctx.hbm
         assert matmul_time(ctx, m, k, n, batch) == pytest.approx(max(flops, traffic),
                                                                  rel=1e-12)
+        assert matmul_time(ctx, m, k, n) == pytest.approx(max(flops, traffic) / batch,
+                                                          rel=1e-12)  # one GEMM by default
     assert memory_time(ctx, 3e9) == pytest.approx(3e9 / ctx.hbm, rel=1e-12)
 
 
@@ -99,13 +101,15 @@ def test_fp8_gemm_roofline_and_rate():
     assert _ctx().fp8_peak == 0.0  # no recipe, no FP8 rate
 
 
-@pytest.mark.parametrize("recipe, accelerator", [("tensorwise", H100), ("delayed", H100),
-                                                 ("mxfp8", B200)])
-def test_linear_fp8_casts_per_operand(recipe, accelerator):
+@pytest.mark.parametrize("recipe, accelerator, impl", [
+    ("tensorwise", H100, "megatron-te"), ("tensorwise", B200, "megatron-te"),
+    ("delayed", H100, "megatron-te"), ("mxfp8", B200, "megatron-te"),
+    ("rowwise", H100, "torchtitan")])  # torchao: weights cast each pass, both directions
+def test_linear_fp8_casts_per_operand(recipe, accelerator, impl):
     """The three GEMMs of a linear layer and its casts: the input `m·k` (forward and
     backward), the output gradient `m·n` (backward), the weight `k·n` (per pass or once per
     step), each × `batch`; the weight gradient in FP8 only when the recipe says so."""
-    ctx = _ctx(recipe, accelerator)
+    ctx = _ctx(recipe, accelerator, impl=impl)
     m, k, n, batch = 3000, 700, 1100, 3
     g = linear(ctx, m, k, n, batch)
     t8 = matmul_time(ctx, m, k, n, batch, fp8=True)
@@ -113,14 +117,15 @@ def test_linear_fp8_casts_per_operand(recipe, accelerator):
     assert t8 != bf16
     assert (g.fwd, g.dgrad) == (t8, t8)
     assert g.wgrad == (t8 if ctx.fp8.wgrad_fp8 else bf16)
-    c = ctx.fp8.cast_bytes(ctx.generation)
+    c = ctx.fp8.cast_bytes("blackwell" if accelerator is B200 else "hopper")
     w = batch * k * n
     assert g.cast_fwd == pytest.approx(batch * c.input_fwd * m * k + c.weight_fwd * w)
     assert g.cast_bwd == pytest.approx(batch * (c.input_bwd * m * k + c.grad_bwd * m * n)
                                        + c.weight_bwd * w)
     assert g.weights == w
     plain = linear(ctx, m, k, n, batch, fp8=False)  # a layer the recipe leaves in bf16
-    assert plain == Gemms(bf16, bf16, bf16)
+    assert (plain.fwd, plain.dgrad, plain.wgrad) == (bf16, bf16, bf16)
+    assert (plain.cast_fwd, plain.cast_bwd, plain.weights) == (0, 0, 0)  # no casts in bf16
 
 
 def test_gemms_add_and_scale_every_field_plumbing():

@@ -127,6 +127,13 @@ EQUIVALENT: dict[str, str] = {
         "geometry passed, stage_memory reads the partition only in StageGeometry.of, skipped",
     "shardwise.estimate.memory.x_peak_stage_total_runs__mutmut_101": "the geometry worked "
         "out again per row: it depends on no field a run varies (ZeRO stage and group)",
+    # mut-a
+    "shardwise.estimate.compute.constant_L86_C23": "LayerCost's default fp8_weights: its "
+        "only constructor (layer_cost) passes it",
+    "shardwise.estimate.kernels.constant_L90_C47": "ComputeContext's default layer_kernels: "
+        "read only with a traffic table, which ComputeContext.of passes with its kernels",
+    "shardwise.estimate.kernels.constant_L93_C22": "ComputeContext's default fp8_peak: read "
+        "only by FP8 GEMMs, which need a recipe, which ComputeContext.of passes with its peak",
 }
 
 

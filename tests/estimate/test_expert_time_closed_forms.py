@@ -11,6 +11,7 @@ recompute's replay, m micro-batches. The collective cost of one call
 from __future__ import annotations
 
 from dataclasses import replace
+from math import comb
 
 import numpy as np
 import pytest
@@ -186,3 +187,36 @@ def test_1f1b_overlap_pairs_all_but_the_first_microbatch(work):
     assert f == pytest.approx(mean * comm_f / both, rel=1e-12)
     assert b == pytest.approx(mean * comm_b / both, rel=1e-12)
     assert np.all(np.asarray(f) > 0)
+
+
+def _no_hit(total: int, per: int, draws: int) -> float:
+    """Chance that `draws` distinct picks from `total` miss a given `per` of them."""
+    return comb(total - per, draws) / comb(total, draws)
+
+
+@pytest.mark.parametrize("units", [1, 2, 4, 8, 16])
+def test_units_reached_without_a_node_limit(units):
+    """Top-k of E experts laid out over N units in order, one group: `N·(1 - C(E - E/N, k) /
+    C(E, k))` distinct units (0 missed when a unit holds more than E - k experts)."""
+    model = MOE  # 16 experts, top-4, one group
+    expected = units * (1 - (_no_hit(16, 16 // units, 4) if 16 - 16 // units >= 4 else 0.0))
+    assert float(nodes_reached(model, units)) == pytest.approx(expected, rel=1e-12)
+    assert float(gpus_reached(model, max(units // 2, 1), 2 if units > 1 else 1)) == \
+        pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("units", [2, 4, 8, 16, 32])
+def test_units_reached_under_node_limited_routing(units):
+    """8 groups of 4 experts, top-6 from 3 chosen groups (2 distinct experts in each):
+    groups no larger than a unit (r = G/N per unit): `N·(1 - C(G - r, M)/C(G, M))`; groups
+    spanning q = N/G units: `M·q·(1 - C(E/G - E/N, k/M)/C(E/G, k/M))`."""
+    model = MOE.with_(n_experts=32, top_k=6, expert_groups=8, topk_groups=3, name="limited")
+    if units <= 8:
+        expected = units * (1 - _no_hit(8, 8 // units, 3))
+    else:
+        q = units / 8
+        expected = 3 * q * (1 - _no_hit(4, 32 // units, 2))
+    assert float(nodes_reached(model, units)) == pytest.approx(expected, rel=1e-12)
+    many = nodes_reached(model, np.array([units, units, 1]))
+    assert many.shape == (3,) and float(many[0]) == pytest.approx(expected, rel=1e-12)
+    assert float(many[2]) == pytest.approx(1.0, rel=1e-12)  # one unit holds every expert

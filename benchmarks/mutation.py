@@ -134,6 +134,9 @@ EQUIVALENT: dict[str, str] = {
         "read only with a traffic table, which ComputeContext.of passes with its kernels",
     "shardwise.estimate.kernels.constant_L93_C22": "ComputeContext's default fp8_peak: read "
         "only by FP8 GEMMs, which need a recipe, which ComputeContext.of passes with its peak",
+    **{f"shardwise.estimate.expert.x_ep_time__mutmut_{n}": "a collective over a group of one "
+       "rank (allgather's tp·ep = 1, expert-TP et = 1) costs 0 (group_collective_time)"
+       for n in (123, 219)},
 }
 
 

@@ -25,6 +25,7 @@ from shardwise.estimate.expert import (
     ep_volumes,
     gpus_reached,
     nodes_reached,
+    paired,
 )
 from shardwise.estimate.kernels import ComputeContext, linear
 from shardwise.estimate.links import Links
@@ -220,3 +221,41 @@ def test_units_reached_under_node_limited_routing(units):
     many = nodes_reached(model, np.array([units, units, 1]))
     assert many.shape == (3,) and float(many[0]) == pytest.approx(expected, rel=1e-12)
     assert float(many[2]) == pytest.approx(1.0, rel=1e-12)  # one unit holds every expert
+
+
+def test_context_parallel_and_single_rank_groups():
+    """Each cp rank routes its s/c share of the micro-batch; an EP and expert-TP group of one
+    rank moves nothing (alltoall), two ranks under allgather do; another stack (the shardwise
+    runtime) routes the whole micro-batch on each rank."""
+    ctx, links, spec = _setup(impl="megatron-te")
+    fwd, _ = _megatron_alltoall(links, SEQ / 2 * B / T)
+    f, _ = ep_time(ctx, links, spec, t=T, c=2, b=B, sp=1, e=E, etp=ET, full=0, n_moe=N_MOE,
+                   ep_in_node=EP_IN_NODE, m=M, work_f=0.0, work_b=0.0)
+    assert f == pytest.approx(N_MOE * fwd, rel=1e-12)
+    alone = ep_time(ctx, links, spec, t=1, c=1, b=B, sp=1, e=1, etp=1, full=FULL, n_moe=N_MOE,
+                    ep_in_node=1, m=M, work_f=0.0, work_b=0.0)
+    assert alone == (0.0, 0.0)
+    ctx, links, spec = _setup(impl="megatron-te", moe_dispatcher="allgather")
+    tokens = SEQ * B
+    pair = (coll("all-gather", 2 * tokens * (256 * 2 + 16 * 3), 2, 2, links)
+            + coll("reduce-scatter", 2 * tokens * 256 * 2, 2, 2, links))
+    f, _ = ep_time(ctx, links, spec, t=1, c=1, b=B, sp=1, e=2, etp=1, full=0, n_moe=1,
+                   ep_in_node=2, m=M, work_f=0.0, work_b=0.0)
+    assert f == pytest.approx(pair, rel=1e-12)
+
+
+def test_runtime_stack_routes_the_whole_microbatch():
+    ctx, links, spec = _setup(impl="shardwise")
+    h, ab = 256, 2
+    rows = SEQ * B * 4 * LOAD  # not ÷ t: the runtime does not shard the routed input
+    passes = 2 * coll("all-to-all", rows * h * ab, E, EP_IN_NODE, links)
+    fwd = passes + coll("all-to-all", 8.0 * 16, E, EP_IN_NODE, links)
+    f, _ = _run(ctx, links, spec, full=0)
+    assert f == pytest.approx(N_MOE * fwd, rel=1e-12)
+
+
+def test_paired_slows_the_compute_by_the_sms_left():
+    """Work between C·(S-σ)/S and C: the slowed compute outlasts the communication."""
+    s, busy = 132, COMM_SMS
+    assert float(paired(1.0, 0.95, s, busy)) == pytest.approx(0.95 + busy / s, rel=1e-12)
+    assert float(paired(1.0, 0.8, s, busy)) == pytest.approx(1.0, rel=1e-12)

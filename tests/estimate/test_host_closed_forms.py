@@ -45,6 +45,17 @@ MLA_NOQ = ModelSpec(name="mla-noq", n_layers=3, d_model=64, n_heads=4, n_kv_head
                     qk_rope_head_dim=8, v_head_dim=12, first_dense_layers=1).validate()
 QKV_BIAS = ModelSpec(name="qkv-bias", n_layers=2, d_model=64, n_heads=4, n_kv_heads=2,
                      d_ff=128, vocab=128, qkv_bias=True, max_seq=128).validate()
+_SMALL = dict(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_ff=128, vocab=128,
+              max_seq=128)
+RUNTIME_MODELS = {
+    "qkv-bias": QKV_BIAS, "mla-noq": MLA_NOQ,
+    # every bias (q, k, v, o; the runtime's dense MLP has none), tied head
+    "biased-tied": ModelSpec(name="biased-tied", bias=True, tie_embeddings=True, **_SMALL),
+    "out-bias": ModelSpec(name="out-bias", out_bias=True, mlp_bias=True, **_SMALL),
+    # gpt-oss-like experts: router bias, stacked expert biases
+    "moe-bias": ModelSpec(name="moe-bias", n_experts=4, top_k=2, d_ff_expert=32,
+                          mlp_bias=True, router_bias=True, out_bias=True, **_SMALL),
+}
 
 
 def _ctx(model: ModelSpec, runtime: bool = False, **train) -> ComputeContext:
@@ -54,7 +65,7 @@ def _ctx(model: ModelSpec, runtime: bool = False, **train) -> ComputeContext:
     return ctx
 
 
-@pytest.mark.parametrize("name", ["tiny", "tiny-moe", "tiny-deepseek", "qkv-bias", "mla-noq"])
+@pytest.mark.parametrize("name", ["tiny", "tiny-moe", "tiny-deepseek", *RUNTIME_MODELS])
 def test_optimizer_ops_are_14_per_tensor_of_the_runtime_model(name):
     """`_OPS_OPT_TENSOR` = 14 aten ops (AdamW foreach=False 10, the global norm 3, the clip
     1) per parameter tensor of the runtime's model on the rank — its MoE experts are stacked
@@ -63,7 +74,7 @@ def test_optimizer_ops_are_14_per_tensor_of_the_runtime_model(name):
     torch = pytest.importorskip("torch")
     from shardwise.runtime.model.transformer import Transformer
 
-    model = {"qkv-bias": QKV_BIAS, "mla-noq": MLA_NOQ}.get(name) or get_model(name)
+    model = RUNTIME_MODELS.get(name) or get_model(name)
     with torch.device("meta"):
         tensors = len(list(Transformer(model).parameters()))
     ctx = _ctx(model, runtime=True)
@@ -73,6 +84,7 @@ def test_optimizer_ops_are_14_per_tensor_of_the_runtime_model(name):
     assert optimizer_host_ops(ctx, model.n_dense_layers, model.n_moe_layers, 1,
                               False) == 14 * (tensors - 1)
     assert optimizer_host_ops(_ctx(model), 3, 1, 1, True) == 0
+    assert optimizer_host_ops(_ctx(model), 0, 2, 1, True) == 0  # a stage of MoE layers
 
 
 def test_runtime_op_counts_are_the_counted_ones():

@@ -162,12 +162,15 @@ def optimizer_host_ops(ctx: ComputeContext, n_dense: Any, n_moe: Any, ep: Any, s
         return 0.0 * n_dense
     model = ctx.model
     norm = 2 if model.norm == "layernorm" else 1
-    mlp = (3 if model.gated_mlp else 2) * (2 if model.bias else 1)
+    mlp = 3 if model.gated_mlp else 2  # the runtime's dense MLP has no biases
     # q, k, v, o; MLA: q (or q-down, q-norm, q-up), kv-down, kv-norm, kv-up, o
     projections = (7 if model.q_lora_rank else 5) if model.is_mla else 4
-    attn = 2 * norm + projections + 3 * model.qkv_bias + model.out_bias
-    # the experts' matrices stacked, one tensor each for the local and the shared experts
-    moe = attn + 1 + mlp * (1 + (model.n_shared_experts > 0))
+    attn = (2 * norm + projections + 3 * (model.bias or model.qkv_bias)
+            + (model.bias or model.out_bias))
+    # the router (and its bias); the experts' matrices stacked, one tensor each for the
+    # local experts (their biases too with mlp_bias, gpt-oss) and for the shared ones
+    moe = (attn + 1 + model.router_bias + mlp * (1 + model.mlp_bias)
+           + mlp * (model.n_shared_experts > 0))
     ends = norm + (0 if model.tie_embeddings else 1) + np.where(single, 1, 0)
     return _OPS_OPT_TENSOR * (n_dense * (attn + mlp) + n_moe * moe + ends)
 

@@ -137,6 +137,11 @@ EQUIVALENT: dict[str, str] = {
     **{f"shardwise.estimate.expert.x_ep_time__mutmut_{n}": "a collective over a group of one "
        "rank (allgather's tp·ep = 1, expert-TP et = 1) costs 0 (group_collective_time)"
        for n in (123, 219)},
+    "shardwise.estimate.host.x_expert_host__mutmut_10": "0/local for 0·local: local = "
+        "E/ep·a > 0 experts (experts_active is validated positive)",
+    **{f"shardwise.estimate.host.x_expert_launches__mutmut_{n}": "the default kernels of a "
+       "recipe outside _QUANTIZE_KERNELS: no stack runs the fused count with one (every "
+       "impl × recipe × accelerator × compile tried)" for n in (12, 13)},
 }
 
 

@@ -134,6 +134,17 @@ EQUIVALENT: dict[str, str] = {
         "read only with a traffic table, which ComputeContext.of passes with its kernels",
     "shardwise.estimate.kernels.constant_L93_C22": "ComputeContext's default fp8_peak: read "
         "only by FP8 GEMMs, which need a recipe, which ComputeContext.of passes with its peak",
+    **{f"shardwise.estimate.kernels.constant_L{line}": f"ComputeContext's default {name}: "
+       "ComputeContext.of passes it; the contexts tests build by hand (test_host_ops) call "
+       "host_ops only, which reads neither" for line, name in (
+           ("86_C25", "expert_load"), ("95_C29", "recompute_share"),
+           ("90_C42", "layer_kernels (read only with a traffic table)"))},
+    "shardwise.estimate.kernels.constant_L87_C28": "ComputeContext's default experts_active: "
+        "ComputeContext.of passes it; a context built by hand (test_host_ops) sets it or "
+        "counts a dense layer, which does not read it",
+    **{f"shardwise.estimate.kernels.constant_L{line}": f"Gemms' default {name}: every Gemms "
+       "built (linear, +, *) passes fwd, dgrad and wgrad" for line, name in (
+           ("170_C15", "fwd"), ("171_C17", "dgrad"), ("172_C17", "wgrad"))},
     **{f"shardwise.estimate.expert.x_ep_time__mutmut_{n}": "a collective over a group of one "
        "rank (allgather's tp·ep = 1, expert-TP et = 1) costs 0 (group_collective_time)"
        for n in (123, 219)},

@@ -50,6 +50,7 @@ MODULES = {
     "layout": ["layout.py"], "schedules": ["schedules/*"], "emit": ["emit/*"],
     "checkpoint": ["runtime/checkpoint/*"], "reducers": ["runtime/collectives/*"],
     "pipe_engine": ["estimate/pipe_engine.py"],
+    "expert": ["estimate/expert.py"], "cuda_graph": ["cuda_graph.py"],
 }
 SRC = ROOT / "src" / "shardwise"
 # Mutants no test can kill because the program computes the same thing (mutant -> why), read
@@ -221,6 +222,32 @@ EQUIVALENT: dict[str, str] = {
         "contiguous copy: the same values, copied back into the tensor",
     "shardwise.runtime.checkpoint.save.x_save_checkpoint__mutmut_74": "shardwise.json without "
         "indentation: the same JSON to every reader (the manifest hashes the file as written)",
+    # mut-a
+    "shardwise.estimate.compute.constant_L86_C23": "LayerCost's default fp8_weights: its "
+        "only constructor (layer_cost) passes it",
+    "shardwise.estimate.kernels.constant_L90_C47": "ComputeContext's default layer_kernels: "
+        "read only with a traffic table, which ComputeContext.of passes with its kernels",
+    "shardwise.estimate.kernels.constant_L93_C22": "ComputeContext's default fp8_peak: read "
+        "only by FP8 GEMMs, which need a recipe, which ComputeContext.of passes with its peak",
+    **{f"shardwise.estimate.kernels.constant_L{line}": f"ComputeContext's default {name}: "
+       "ComputeContext.of passes it; the contexts tests build by hand (test_host_ops) call "
+       "host_ops only, which reads neither" for line, name in (
+           ("86_C25", "expert_load"), ("95_C29", "recompute_share"),
+           ("90_C42", "layer_kernels (read only with a traffic table)"))},
+    "shardwise.estimate.kernels.constant_L87_C28": "ComputeContext's default experts_active: "
+        "ComputeContext.of passes it; a context built by hand (test_host_ops) sets it or "
+        "counts a dense layer, which does not read it",
+    **{f"shardwise.estimate.kernels.constant_L{line}": f"Gemms' default {name}: every Gemms "
+       "built (linear, +, *) passes fwd, dgrad and wgrad" for line, name in (
+           ("170_C15", "fwd"), ("171_C17", "dgrad"), ("172_C17", "wgrad"))},
+    **{f"shardwise.estimate.expert.x_ep_time__mutmut_{n}": "a collective over a group of one "
+       "rank (allgather's tp·ep = 1, expert-TP et = 1) costs 0 (group_collective_time)"
+       for n in (123, 219)},
+    "shardwise.estimate.host.x_expert_host__mutmut_10": "0/local for 0·local: local = "
+        "E/ep·a > 0 experts (experts_active is validated positive)",
+    **{f"shardwise.estimate.host.x_expert_launches__mutmut_{n}": "the default kernels of a "
+       "recipe outside _QUANTIZE_KERNELS: no stack runs the fused count with one (every "
+       "impl × recipe × accelerator × compile tried)" for n in (12, 13)},
 }
 
 

@@ -170,8 +170,8 @@ def layer_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any,
     Per rank the GEMMs see `T = s·b/c` token rows (sequence parallelism gathers the sequence
     before each GEMM) and tensor-parallel shards of the weights:
 
-        QKV       (T × h)·(h × (h + 2·kv_r)/t… )   kv_r = max(a_kv/t, 1)·d per rank
-        out-proj  (T × h/t)·(h/t × h)
+        QKV       (T × h)·(h × (a·d/t + 2·kv_r))   kv_r = max(a_kv/t, 1)·d per rank
+        out-proj  (T × a·d/t)·(a·d/t × h)         (a·d = h unless the config names d_head)
         MLP in    (T × h)·(h × n_in·f/t)            n_in = 2 gated (SwiGLU), 1 otherwise
         MLP out   (T × f/t)·(f/t × h)
 
@@ -194,7 +194,7 @@ def layer_cost(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any,
     tokens = ctx.seq_len / c * b
     replicated = tokens * h / np.where(sp, t, 1)
     kv = _kv_heads(model, t) * model.head_dim
-    q = h / t
+    q = model.q_dim / t  # a·d: ≠ h where the config names d_head (Qwen3-MoE, Gemma)
     n_in = 2 if model.gated_mlp else 1
 
     mem = (4 * ab + 6 * ab + (2 if model.dropout else 0)) * replicated

@@ -155,17 +155,22 @@ def optimizer_host_ops(ctx: ComputeContext, n_dense: Any, n_moe: Any, ep: Any, s
     (`op_count == "runtime"`; 0 for the fused GPU presets, whose optimizer is a few fused
     kernels): `_OPS_OPT_TENSOR` per parameter tensor — `n_dense` dense and `n_moe` MoE
     layers (norms, q/k/v/o, the MLP's 2-3 matrices, biases where the model has them; an MoE
-    layer its router and local + shared experts' MLPs), the final norm and LM head, and the
+    layer its router and the 2-3 stacked matrices of its local experts and of its shared
+    ones, `runtime.model.mlp.MoE`), the final norm and LM head, and the
     embedding with one stage (`single`)."""
     if ctx.calibration.op_count != "runtime":
         return 0.0 * n_dense
     model = ctx.model
     norm = 2 if model.norm == "layernorm" else 1
-    mlp = (3 if model.gated_mlp else 2) * (2 if model.bias else 1)
+    mlp = 3 if model.gated_mlp else 2  # the runtime's dense MLP has no biases
     # q, k, v, o; MLA: q (or q-down, q-norm, q-up), kv-down, kv-norm, kv-up, o
     projections = (7 if model.q_lora_rank else 5) if model.is_mla else 4
-    attn = 2 * norm + projections + 3 * model.qkv_bias + model.out_bias
-    moe = attn + 1 + mlp * (model.n_experts / ep + model.n_shared_experts)
+    attn = (2 * norm + projections + 3 * (model.bias or model.qkv_bias)
+            + (model.bias or model.out_bias))
+    # the router (and its bias); the experts' matrices stacked, one tensor each for the
+    # local experts (their biases too with mlp_bias, gpt-oss) and for the shared ones
+    moe = (attn + 1 + model.router_bias + mlp * (1 + model.mlp_bias)
+           + mlp * (model.n_shared_experts > 0))
     ends = norm + (0 if model.tie_embeddings else 1) + np.where(single, 1, 0)
     return _OPS_OPT_TENSOR * (n_dense * (attn + mlp) + n_moe * moe + ends)
 

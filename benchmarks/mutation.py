@@ -49,6 +49,7 @@ MODULES = {
     "fp8": ["fp8.py"], "plan": ["plan/*"], "stacks": ["stacks/*"], "arch": ["arch/*"],
     "layout": ["layout.py"], "schedules": ["schedules/*"], "emit": ["emit/*"],
     "checkpoint": ["runtime/checkpoint/*"], "reducers": ["runtime/collectives/*"],
+    "partition": ["partition.py"],
 }
 SRC = ROOT / "src" / "shardwise"
 # Mutants no test can kill because the program computes the same thing (mutant -> why), read

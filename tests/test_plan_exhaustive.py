@@ -12,6 +12,7 @@ d_k ≠ d_v, a shared expert, a dense first layer, 8 routed experts) with tp·cp
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 
@@ -70,6 +71,16 @@ def _key(layout: Layout) -> tuple:
             layout.zero, layout.zero_group, layout.sp, layout.recompute)
 
 
+def _at(peak: float) -> float:
+    """The headroom whose budget (GPU memory × headroom) is `peak`, rounded up by an ulp or
+    two so that the float product is not below it."""
+    capacity = CLUSTER.accelerator.memory_bytes
+    headroom = peak / capacity
+    while capacity * headroom < peak:
+        headroom = math.nextafter(headroom, 1.0)
+    return headroom
+
+
 def _budget_plan(headroom: float):
     return plan(MODEL, CLUSTER, TRAIN, top=10_000, space=SPACE, all_variants=True,
                 baseline=False, headroom=headroom)
@@ -79,7 +90,7 @@ def test_the_rows_are_every_fitting_layout_fastest_first(enumerated):
     """Headroom at the median peak: about half the layouts fit. The rows are exactly those
     whose peak is within the budget, each with the scalar step time and memory, sorted."""
     peaks = sorted(p for _, p, _ in enumerated)
-    headroom = peaks[len(peaks) // 2] / CLUSTER.accelerator.memory_bytes
+    headroom = _at(peaks[len(peaks) // 2])
     budget = CLUSTER.accelerator.memory_bytes * headroom
     fitting = {_key(layout): (step, peak) for step, peak, layout in enumerated
                if peak <= budget}
@@ -110,7 +121,7 @@ def test_the_budget_edge_admits_equal_and_refuses_one_byte_more(enumerated):
     capacity = CLUSTER.accelerator.memory_bytes
     lean_peak = min(p for _, p, _ in enumerated)
     leanest = {_key(layout) for _, p, layout in enumerated if p == lean_peak}
-    result = _budget_plan(lean_peak / capacity)
+    result = _budget_plan(_at(lean_peak))
     assert {_key(e.layout) for e in result.ranked} == leanest
     below = lean_peak * (1 - 1e-6)
     with pytest.raises(ShardwiseError) as info:
@@ -130,3 +141,57 @@ def test_the_winner_is_the_enumerations_fastest_at_full_headroom(enumerated):
                   baseline=False, headroom=0.85)
     assert [e.estimate.total for e in result.ranked] == pytest.approx(order[:3], rel=1e-9)
     assert result.stats.grid >= len(enumerated)
+
+
+def _spec_candidates():
+    """SPEC §7's order, written out: for cp = 1, 2, 4, … (while 2·cp divides the sequence),
+    ZeRO-1 then ZeRO-3, (tp, pp) by tp·pp then the larger tp, tp | heads (and kv heads) and
+    d_ff within the node, pp | layers; ep the most experts dividing dp·cp; selective
+    recompute, SP with tp > 1, micro-batch 1, 1F1B. (peak bytes, layout) of the valid ones."""
+    tps = [t for t in (1, 2, 4, 8) if MODEL.n_heads % t == 0 and MODEL.d_ff % t == 0
+           and (MODEL.n_kv_heads % t == 0 or t % MODEL.n_kv_heads == 0)]
+    pps = [p for p in range(1, MODEL.n_layers + 1) if MODEL.n_layers % p == 0]
+    out, c, n = [], 1, CLUSTER.n_gpus
+    while c <= n and (c == 1 or TRAIN.seq_len % (2 * c) == 0):
+        pairs = sorted(((t, p) for t in tps for p in pps if n % (t * p * c) == 0),
+                       key=lambda tp: (tp[0] * tp[1], -tp[0]))
+        for zero, (t, p) in itertools.product((1, 3), pairs):
+            dp = n // (t * p * c)
+            ep = max(e for e in range(1, MODEL.n_experts + 1)
+                     if MODEL.n_experts % e == 0 and dp * c % e == 0)
+            layout = Layout(dp=dp, tp=t, pp=p, cp=c, ep=ep, zero=zero if dp * c > 1 else 0,
+                            sp=t > 1, recompute="selective", micro_batch=1)
+            if not layout.problems(MODEL, CLUSTER, TRAIN):
+                peak = max(m.total for m in training_memory_per_gpu(MODEL, layout, TRAIN))
+                out.append((peak, layout))
+        c *= 2
+    return out
+
+
+def test_the_baseline_is_the_first_in_spec_order_that_fits_at_each_threshold():
+    """A budget equal to a candidate's peak that undercuts every earlier one: the baseline is
+    that candidate; a hair below, the next in order that fits; below the leanest, one line
+    naming it."""
+    from shardwise.plan import choose_parallelism
+
+    capacity = CLUSTER.accelerator.memory_bytes
+    candidates = _spec_candidates()
+    assert len({layout.tp for _, layout in candidates}) > 1
+    picked = 0
+    for k, (peak, layout) in enumerate(candidates):
+        if k and peak < min(p for p, _ in candidates[:k]):
+            assert choose_parallelism(MODEL, CLUSTER, TRAIN, headroom=_at(peak)) == layout
+            budget = peak * (1 - 1e-9)
+            later = [lay for p, lay in candidates[k + 1:] if p <= budget]
+            if later:
+                assert choose_parallelism(MODEL, CLUSTER, TRAIN,
+                                          headroom=budget / capacity) == later[0]
+            picked += 1
+    assert picked >= 2
+    assert choose_parallelism(MODEL, CLUSTER, TRAIN) == candidates[0][1]
+    lean_peak, leanest = min(candidates, key=lambda x: x[0])
+    with pytest.raises(ShardwiseError) as info:
+        choose_parallelism(MODEL, CLUSTER, TRAIN, headroom=lean_peak * 0.999 / capacity)
+    assert str(info.value) == (f"nothing fits: the leanest ({leanest.short()}) needs "
+                               f"{lean_peak / 2**30:.1f} GiB of "
+                               f"{lean_peak * 0.999 / 2**30:.1f} GiB")

@@ -30,10 +30,25 @@ V2_LITE = {"num_layers": 27, "hidden_size": 2048, "ffn_hidden_size": 10944,
            "num_attention_heads": 16, "kv_lora_rank": 512, "qk_head_dim": 128,
            "qk_pos_emb_head_dim": 64, "v_head_dim": 128, "q_lora_rank": None,
            "num_experts": 64, "moe_router_topk": 6, "moe_ffn_hidden_size": 1408,
-           "moe_shared_expert_intermediate_size": 2 * 1408, "vocab_size": 102400}
+           "moe_shared_expert_intermediate_size": 2 * 1408, "vocab_size": 102400,
+           "layernorm_epsilon": 1e-6, "qk_layernorm": True, "no_rope_freq": None}
 # Llama 3 8B's config.json: 32 layers, d 4096, 8 KV heads of 32, d_ff 14336, V 128256
 LLAMA3_8B = {"num_layers": 32, "hidden_size": 4096, "ffn_hidden_size": 14336,
-             "num_attention_heads": 32, "num_query_groups": 8, "vocab_size": 128256}
+             "num_attention_heads": 32, "num_query_groups": 8, "vocab_size": 128256,
+             "rotary_base": 500000, "layernorm_epsilon": 1e-5, "qk_layernorm": False,
+             "no_rope_freq": None}
+# Qwen3-8B's config.json: head_dim 128, QK-norm per head (Megatron's --qk-layernorm),
+# RMSNorm ε 1e-6, θ 1e6; SmolLM3-3B's: RoPE left out of every 4th layer
+# (no_rope_layer_interval 4: Megatron's --no-rope-freq 4), θ 5e6
+QWEN3_8B = {"num_layers": 36, "hidden_size": 4096, "ffn_hidden_size": 12288,
+            "num_attention_heads": 32, "num_query_groups": 8,
+            "vocab_size": 151936, "rotary_base": 1000000, "layernorm_epsilon": 1e-6,
+            "qk_layernorm": True, "no_rope_freq": None}
+SMOLLM3_3B = {"num_layers": 36, "hidden_size": 2048, "ffn_hidden_size": 11008,
+              "num_attention_heads": 16, "num_query_groups": 4, "vocab_size": 128256,
+              "rotary_base": 5000000, "qk_layernorm": False, "no_rope_freq": "4"}
+PUBLISHED = {"deepseek-v2-lite": V2_LITE, "llama3-8b": LLAMA3_8B, "qwen3-8b": QWEN3_8B,
+             "smollm3-3b": SMOLLM3_3B}
 
 
 class Exported:
@@ -75,6 +90,8 @@ MEGATRON = {
     # the distributed optimizer in 2 instances (groups of 8 of dp·cp 16), hybrid CP
     "8b-zero1-group8-hybrid": ("llama3-8b", dict(dp=4, cp=4, tp=2, zero=1, zero_group=8,
                                                  cp_kind="hybrid", ulysses=2, sp=True)),
+    "qwen3-8b-tp2": ("qwen3-8b", dict(dp=4, tp=2, zero=1, sp=True)),
+    "smollm3-pp2": ("smollm3-3b", dict(dp=4, pp=2, zero=1)),
 }
 
 
@@ -121,14 +138,16 @@ def test_megatron_lm_reads_back_the_degrees_and_the_published_shape(run):
     assert args.sequence_parallel == layout.sp
     assert (args.recompute_granularity or "none") == layout.recompute
     assert args.vocab_size % (args.make_vocab_size_divisible_by * layout.tp) == 0
-    published = V2_LITE if model == "deepseek-v2-lite" else LLAMA3_8B
-    for name, value in published.items():
+    for name, value in PUBLISHED[model].items():  # (--no-rope-freq: text, a custom type)
         assert getattr(args, name) == value, name
-    assert args.group_query_attention == (model == "llama3-8b")
+    # head width: --kv-channels, else Megatron's h / a (128 in each of these models)
+    assert (args.kv_channels or args.hidden_size // args.num_attention_heads) == (
+        128 if model != "deepseek-v2-lite" else 2048 // 16)
+    assert args.group_query_attention == (model != "deepseek-v2-lite")
     assert args.micro_batch_size * args.data_parallel_size * (
         256 // (args.micro_batch_size * layout.dp)) == args.global_batch_size == 256
     if model == "deepseek-v2-lite":
-        assert args.multi_latent_attention and args.qk_layernorm
+        assert args.multi_latent_attention
         # the dense first layer, then MoE in every layer (config.json first_k_dense_replace 1)
         assert ast.literal_eval(args.moe_layer_freq) == [0] + [1] * 26
         # V2-Lite's router: softmax over all experts, top-k unnormalised, no scaling, 1 group

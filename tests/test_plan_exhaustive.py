@@ -130,6 +130,10 @@ def test_the_budget_edge_admits_equal_and_refuses_one_byte_more(enumerated):
     assert "\n" not in message and "no layout of tiny-deepseek fits 8×" in message
     assert f"needs {lean_peak / 2**30:.1f} GiB per GPU" in message
     assert f"{(lean_peak - below) / 2**30:.1f} GiB over the {below / 2**30:.1f} GiB" in message
+    # what would help: the state of a few hundred thousand parameters needs no more GPUs
+    assert message.endswith("would help: more GPUs (more ways to shard); a shorter sequence "
+                            "or a smaller global batch per replica; an 8-bit optimizer")
+    assert f"GiB budget ({below / capacity:.0%} of {capacity / 2**30:.0f} GiB)" in message
 
 
 def test_the_winner_is_the_enumerations_fastest_at_full_headroom(enumerated):

@@ -120,8 +120,15 @@ def test_k8s_pytorchjob(export):
     assert replicas["Master"]["replicas"] == 1
     assert replicas.get("Worker", {"replicas": 0})["replicas"] == launch.nodes - 1
     for role in replicas.values():
-        container, = role["template"]["spec"]["containers"]
-        assert container["image"] == "img:1"
+        pod = role["template"]["spec"]
+        container, = pod["containers"]
+        # the training operator finds its container by the name "pytorch"; /dev/shm is an
+        # in-memory emptyDir (Kubernetes' medium "Memory") mounted by the volume's name
+        assert container["name"] == "pytorch" and container["image"] == "img:1"
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        for mount in container["volumeMounts"]:
+            assert volumes[mount["name"]]["emptyDir"] == {"medium": "Memory"}
+            assert mount["mountPath"] == "/dev/shm"
         assert container["resources"]["limits"]["nvidia.com/gpu"] == str(launch.gpus_per_node)
         assert [f"{e['name']}={e['value']}" for e in container.get("env", [])] == list(
             launch.env)
@@ -162,3 +169,5 @@ def test_ranks_that_do_not_fill_the_nodes_are_one_line(launcher):
         message = str(info.value)
         assert "\n" not in message and f"plan's {wrong} GPUs do not fill {launch.nodes} " \
             f"nodes of {launch.gpus_per_node} GPUs ({ranks} ranks would start)" in message
+        assert message.endswith(f"plan for a multiple of {launch.gpus_per_node} GPUs or set "
+                                "--gpus-per-node to match the nodes you have")

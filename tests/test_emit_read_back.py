@@ -260,3 +260,26 @@ def test_deepspeed_reads_back_every_planned_value(run, monkeypatch, tmp_path):
     env, _, nodes, gpus = test_deepspeed.launch(out)
     assert nodes * gpus == out.layout.world_size and gpus == min(8, out.layout.world_size)
     assert (env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1") == out.layout.sp
+
+
+def test_megatron_takes_yarn_defaults_that_are_its_own_and_refuses_others():
+    """Megatron-LM's MLA has no flags for YaRN's beta_fast, beta_slow and original context
+    (its MLATransformerConfig fixes 32, 1, 4096): a config.json that leaves them out (the
+    YaRN paper's defaults, the same values) exports; one that sets another is refused."""
+    from shardwise.errors import ShardwiseError
+
+    model = get_model("deepseek-v2-lite")
+    fixed = ("beta_fast", "beta_slow", "original_max_position_embeddings")
+    rope = dict(model.rope_scaling)
+    assert rope["rope_type"] == "yarn" and all(key in rope for key in fixed)
+    train = TrainSpec(impl="megatron-te", global_batch=256, seq_len=4096)
+    layout = Layout(**MEGATRON["v2lite-tp2-cp2-ep4"][1])
+    bare = model.with_(rope_scaling=tuple((k, v) for k, v in model.rope_scaling
+                                          if k not in fixed))
+    assert emit("megatron", bare, layout, train).launch.args == emit(
+        "megatron", model, layout, train).launch.args
+    for key, value in zip(fixed, (16, 2, 8192), strict=True):
+        other = model.with_(rope_scaling=tuple(sorted((rope | {key: value}).items())))
+        with pytest.raises(ShardwiseError) as info:
+            emit("megatron", other, layout, train)
+        assert "\n" not in str(info.value) and "(32, 1, 4096)" in str(info.value)

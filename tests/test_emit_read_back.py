@@ -283,3 +283,33 @@ def test_megatron_takes_yarn_defaults_that_are_its_own_and_refuses_others():
         with pytest.raises(ShardwiseError) as info:
             emit("megatron", other, layout, train)
         assert "\n" not in str(info.value) and "(32, 1, 4096)" in str(info.value)
+
+
+def test_a_refusal_names_the_fastest_fitting_layout_one_field_away():
+    """torchtitan has no selective recompute: the nearest layout it runs changes only the
+    recompute policy (one field), and of its policies (none, full, op-sac) it is the
+    fastest that fits 85 % of an H100 — each checked with the scalar estimate and memory."""
+    import re
+
+    from shardwise.errors import ShardwiseError
+    from shardwise.estimate.memory import training_memory_per_gpu
+    from shardwise.estimate.step import estimate_step
+    from shardwise.hardware import Cluster
+
+    model, cluster = get_model("llama3-8b"), Cluster.of(8, "h100")
+    train = TrainSpec(impl="torchtitan", global_batch=256, seq_len=4096)
+    layout = Layout(dp=8, zero=3, recompute="selective")
+    with pytest.raises(ShardwiseError) as info:
+        emit("torchtitan", model, layout, train)
+    found = re.search(r"nearest it runs: [^(]*\(--layout ([^)]*)\), ([\d.]+) s per step",
+                      str(info.value))
+    assert found is not None, str(info.value)
+    named = Layout.parse(found.group(1), dp=8)
+    budget = 0.85 * cluster.accelerator.memory_bytes
+    options = [layout.with_(recompute=r) for r in ("none", "full", "op-sac")]
+    fitting = [o for o in options
+               if max(m.total for m in training_memory_per_gpu(model, o, train)) <= budget]
+    best = min(fitting, key=lambda o: estimate_step(model, cluster, o, train).total)
+    assert named == best
+    assert float(found.group(2)) == pytest.approx(
+        estimate_step(model, cluster, best, train).total, abs=0.05)

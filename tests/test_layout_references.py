@@ -27,7 +27,8 @@ def test_microbatches_are_megatron_cores(gb, dp, mb):
 @pytest.mark.parametrize(("text", "pp"), [
     ("E|t*3|t*5|t*4|t*4|t*5|t*3|L", 4),   # 8 virtual stages: 2 per rank, the ends empty
     ("Et*2|(t*3|)*4t*2L", 3),              # 6 virtual stages, 2 per rank
-    ("Et*6|t*8|t*8|t*6L", 4)])             # one per rank: uneven, not interleaved
+    ("Et*6|t*8|t*8|t*6L", 4)],             # one per rank: uneven, not interleaved
+    ids=["pp4-v2-empty-ends", "pp3-v2", "pp4-uneven"])
 def test_a_megatron_layout_partition_is_megatron_cores(text, pp):
     """`Layout.parse("pp=P,partition=<layout>")`: chunks = virtual stages / pp and the
     interleaved schedule when there are more than pp; layers per virtual stage in model

@@ -156,7 +156,7 @@ def test_accounting_refused_where_megatron_core_refuses():
 
 @pytest.mark.parametrize(("text", "pp"), [
     ("Et|(tt|)*4,tL", 2), ("E|t*4|t*4|tL", 4), ("Et|(t*2|)*4tmL", 3),
-    ("E(t|)*7t*2L", 8)])
+    ("E(t|)*7t*2L", 8)], ids=["pp2-repeat", "pp4-empty-ends", "pp3-mtp", "pp8-nested"])
 def test_pipeline_layouts_read_as_megatron_core_reads_them(text, pp):
     pytest.importorskip("megatron.core")
     from megatron.core.transformer.enums import LayerType

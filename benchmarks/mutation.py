@@ -127,6 +127,10 @@ EQUIVALENT: dict[str, str] = {
         "geometry passed, stage_memory reads the partition only in StageGeometry.of, skipped",
     "shardwise.estimate.memory.x_peak_stage_total_runs__mutmut_101": "the geometry worked "
         "out again per row: it depends on no field a run varies (ZeRO stage and group)",
+    # mut-d
+    "shardwise.emit.launchers.x_slurm_script__mutmut_15": "words[i + 1:i - 1] = … for "
+        "words[i + 1:i + 1] = …: a slice whose stop is before its start is the empty slice "
+        "at its start, so the same insertion",
 }
 
 

@@ -14,6 +14,7 @@ import re
 import pytest
 
 import shardwise.emit  # noqa: F401 (the module these tests check)
+from shardwise.errors import ShardwiseError
 from tests.integration import test_emit_fields as fields
 from tests.integration.conftest import FRAMEWORKS
 
@@ -40,6 +41,12 @@ def _id(case) -> str:
 def test_each_run_setting_comes_back_or_is_refused(case, tmp_path, monkeypatch):
     pytest.importorskip(FRAMEWORKS[case.framework])
     fields.test_the_framework_reads_back_each_run_setting(case, tmp_path, _Request(monkeypatch))
+    if case.check is fields.REFUSED:  # an export's own refusal names the refused setting
+        with pytest.raises(ShardwiseError) as info:
+            fields._emitted(case)
+        head, _, why = str(info.value).partition(" as planned: ")
+        if head.startswith(f"--emit {case.framework} cannot run "):
+            assert case.field in head and why
 
 
 def test_each_export_has_a_case_per_run_setting():

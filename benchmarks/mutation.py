@@ -131,6 +131,8 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.emit.launchers.x_slurm_script__mutmut_15": "words[i + 1:i - 1] = … for "
         "words[i + 1:i + 1] = …: a slice whose stop is before its start is the empty slice "
         "at its start, so the same insertion",
+    "shardwise.partition.x_first_last_partition__mutmut_12": "g = -2 for -1 when no last "
+        "stage is given: g is read only as g >= 0 and max(g, 0), the same for both",
 }
 
 

@@ -84,6 +84,9 @@ MEGATRON = {
     # uneven stages with equal middles (first/last flags) and without (an explicit layout)
     "8b-pp4-7-9-9-7": ("llama3-8b", dict(dp=2, tp=2, pp=4, zero=1, partition=(7, 9, 9, 7))),
     "8b-pp4-6-10-8-8": ("llama3-8b", dict(dp=2, tp=2, pp=4, zero=1, partition=(6, 10, 8, 8))),
+    # an embedding-only first stage: megatron-core refuses 0 by the first-stage flag
+    "8b-pp4-0-11-11-10": ("llama3-8b", dict(dp=2, tp=2, pp=4, zero=1,
+                                            partition=(0, 11, 11, 10))),
     # Megatron-FSDP: ZeRO-3 in shard groups of 4 of dp·cp = 16 (HSDP), ZeRO-2 over all
     "8b-zero3-group4-cp2": ("llama3-8b", dict(dp=8, cp=2, zero=3, zero_group=4)),
     "8b-zero2-tp2": ("llama3-8b", dict(dp=8, tp=2, zero=2, sp=True, recompute="full")),

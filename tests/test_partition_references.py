@@ -168,3 +168,40 @@ def test_pipeline_layouts_read_as_megatron_core_reads_them(text, pp):
     chunks = len(parsed[0])
     theirs = [parsed[i][c].count(LayerType.decoder) for c in range(chunks) for i in range(pp)]
     assert list(parse_pipeline_layout(text, pp)) == theirs
+
+
+@pytest.mark.parametrize("text", ["t*4|Et*4|t*4|tL", "Et*4|t*4|t*4|t", "Et*4|t*4|tmL|tL",
+                                  "Et*4|t*4|t*4|tL|E", "Et*4|t*4|t*4L"])
+def test_layouts_megatron_core_refuses_are_refused(text):
+    """The embedding not opening the first stage, the loss not closing the last, a layer
+    after the MTP layers, a second embedding, stages not a multiple of pp: megatron-core's
+    own validation refuses each; ours is one line."""
+    pytest.importorskip("megatron.core")
+    from megatron.core.transformer.pipeline_parallel_layer_layout import (
+        PipelineParallelLayerLayout,
+    )
+
+    with pytest.raises((AssertionError, ValueError)):
+        layout = PipelineParallelLayerLayout(text, 2)
+        layout.validate_layer_layout(num_layers=text.count("t") + 12, mtp_num_layers=text.count(
+            "m") or None)
+    with pytest.raises(ShardwiseError) as info:
+        parse_pipeline_layout(text, 2)
+    assert "\n" not in str(info.value)
+
+
+def test_the_cli_forms_of_a_partition():
+    """`--partition 7,9,9,7`, a Megatron layout string, or `--first/--last-stage-layers`
+    (Megatron's), never two of them."""
+    from shardwise.partition import resolve_partition
+
+    assert resolve_partition(32, 4, "7,9,9,7") == (7, 9, 9, 7)
+    assert resolve_partition(32, 4, "Et*3|t*5|t*4|t*4|t*4|t*4|t*5|t*3L") == (
+        3, 5, 4, 4, 4, 4, 5, 3)
+    assert resolve_partition(30, 4, first=6, last=8) == (6, 8, 8, 8)
+    assert resolve_partition(30, 4, last=6) == (8, 8, 8, 6)
+    assert resolve_partition(30, 4) == ()
+    with pytest.raises(ShardwiseError, match="not both"):
+        resolve_partition(30, 4, "6,8,8,8", first=6)
+    with pytest.raises(ShardwiseError, match="must divide evenly"):
+        resolve_partition(30, 4, first=5, last=6)

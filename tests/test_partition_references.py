@@ -205,3 +205,37 @@ def test_the_cli_forms_of_a_partition():
         resolve_partition(30, 4, "6,8,8,8", first=6)
     with pytest.raises(ShardwiseError, match="must divide evenly"):
         resolve_partition(30, 4, first=5, last=6)
+
+
+@pytest.mark.parametrize(("n_layers", "pp", "chunks", "partition", "problems"), [
+    # valid: per stage (the ends may be empty), per virtual stage (any may be empty)
+    (24, 4, 1, (0, 8, 8, 8), []), (24, 4, 2, (4, 8, 6, 6), []),
+    (24, 2, 2, (6, 0, 12, 6), []), (24, 4, 1, (), []), (26, 4, 1, (), []),
+    # a count of stages that is neither pp nor pp·chunks
+    (24, 4, 1, (8, 8, 8), ["partition has 3 stages but pp=4"]),
+    (24, 4, 2, (6, 6, 6, 2, 2, 2), ["partition has 6 stages but pp=4 (or pp·chunks=8 "
+                                    "virtual stages)"]),
+    (24, 4, 1, (6, 6, 6, 7), ["partition sums to 25 layers but n_layers=24"]),
+    (24, 4, 1, (8, 0, 8, 8), ["every pipeline stage but the first (embedding only) and the "
+                              "last (loss only) needs ≥ 1 layer, got partition 8,0,8,8"]),
+    (24, 2, 1, (25, -1), ["every pipeline stage but the first (embedding only) and the last "
+                          "(loss only) needs ≥ 1 layer, got partition 25,-1"]),
+    (24, 4, 2, (5, 7, 6, 6), ["with chunks=2 every stage's layers must be a multiple of 2 "
+                              "(each chunk holds an equal share, Megatron's rule), got "
+                              "partition 5,7,6,6"]),
+    (26, 4, 2, (), ["pp·chunks=4·2 does not divide n_layers=26; give uneven interleaved "
+                    "stages explicitly (partition=…: 4 stages each a multiple of 2 layers, or "
+                    "8 virtual stages)"]),
+    (5, 4, 1, (), ["pp=4 does not divide n_layers=5 and the balanced partition would leave a "
+                   "stage without layers; use a smaller pp"])])
+def test_partition_problems_are_the_documented_rules(n_layers, pp, chunks, partition,
+                                                     problems):
+    """`partition_problems`' rules, each at its threshold (an empty inner stage, one layer
+    too many, a stage one short of a multiple of chunks, L + 2 < 2·pp); the interleaved
+    multiple-of-chunks rule is megatron-core's (it refuses 5, 7 over two chunks)."""
+    from shardwise.partition import partition_problems
+
+    assert partition_problems(n_layers, pp, chunks, partition) == problems
+    if problems and chunks == 2 and len(partition) == pp and sum(partition) == n_layers:
+        with pytest.raises((AssertionError, ValueError)):
+            _megatron(n_layers, pp, chunks, partition[0], partition[-1])

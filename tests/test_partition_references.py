@@ -190,7 +190,7 @@ def test_layouts_megatron_core_refuses_are_refused(text):
     assert "\n" not in str(info.value)
 
 
-def test_the_cli_forms_of_a_partition():
+def test_the_command_line_forms_of_a_partition():
     """`--partition 7,9,9,7`, a Megatron layout string, or `--first/--last-stage-layers`
     (Megatron's), never two of them."""
     from shardwise.partition import resolve_partition
@@ -205,6 +205,11 @@ def test_the_cli_forms_of_a_partition():
         resolve_partition(30, 4, "6,8,8,8", first=6)
     with pytest.raises(ShardwiseError, match="must divide evenly"):
         resolve_partition(30, 4, first=5, last=6)
+    # an empty end (the embedding or the loss alone) is a stage of 0 layers
+    assert resolve_partition(24, 4, first=0, last=8) == (0, 8, 8, 8)
+    assert resolve_partition(24, 4, first=8, last=0) == (8, 8, 8, 0)
+    with pytest.raises(ShardwiseError, match="not a multiple of pp=4"):
+        resolve_partition(32, 4, "Et*3|t*5|t*4|t*4|t*4|t*4|t*5L")
 
 
 @pytest.mark.parametrize(("n_layers", "pp", "chunks", "partition", "problems"), [

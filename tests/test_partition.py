@@ -13,10 +13,9 @@ from shardwise.errors import LayoutError, ShardwiseError
 from shardwise.estimate.memory import stage_params, training_memory_per_gpu
 from shardwise.estimate.step import estimate_step
 from shardwise.hardware import Cluster
-from shardwise.layout import (
+from shardwise.layout import Layout, TrainSpec
+from shardwise.partition import (
     Balanced,
-    Layout,
-    TrainSpec,
     accounted_partition,
     chunk_span,
     first_last_partition,

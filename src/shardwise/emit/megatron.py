@@ -43,7 +43,9 @@ def _megatron_partition(model: ModelSpec, layout: Layout) -> list[str]:
     if len(set(parts)) == 1 and not layout.virtual_stages:
         return []
     first, *middle, last = parts
-    if len(set(middle)) <= 1 and not layout.virtual_stages:
+    # megatron-core 0.16.1 refuses a first/last stage of 0 layers by these flags
+    # (TransformerConfig: "must be larger than 0"); its layout string takes an empty end
+    if len(set(middle)) <= 1 and not layout.virtual_stages and min(first, last) > 0:
         return [f"--decoder-first-pipeline-num-layers {first}",
                 f"--decoder-last-pipeline-num-layers {last}"]
     sizes = layout.stage_sizes(model.n_layers)

@@ -156,7 +156,7 @@ EQUIVALENT: dict[str, str] = {
        "none either)" for name in (
            "axes.x_tp_time__mutmut_69", "axes.x_tp_time__mutmut_119",
            "axes.x_tp_time__mutmut_155", "axes.x_tp_time__mutmut_225",
-           "axes.x_cp_time__mutmut_5", "axes.x_cp_time__mutmut_177",
+           "axes.x_cp_time__mutmut_5", "axes.x_cp_time__mutmut_180",
            "axes.x_dp_time__mutmut_178", "axes.x_dp_time__mutmut_261",
            "axes.x_dp_time__mutmut_312", "pipe_engine.x_pipe_engine_time__mutmut_209")},
     "shardwise.estimate.axes.x_tp_overlapped__mutmut_13": "max(t, 2) for max(t, 1): at t = 1 "
@@ -166,7 +166,7 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.estimate.axes.x_cp_time__mutmut_37": "n_kv / t for n_kv // t: a valid layout's "
                                                     "tp divides n_kv or exceeds it, and "
                                                     "max(·, 1) then agrees",
-    "shardwise.estimate.axes.x_cp_time__mutmut_87": "busy 2.0 without CP overlap: hidden() "
+    "shardwise.estimate.axes.x_cp_time__mutmut_85": "busy 2.0 without CP overlap: hidden() "
                                                     "returns the transfer without reading it",
     **{f"shardwise.estimate.axes.x_dp_time__mutmut_{n}": "the node size dropped from the "
        "node-speed Links: group_collective_time and busy_fraction never read gpus_per_node"

@@ -379,6 +379,37 @@ def test_ulysses_and_hybrid_all_to_alls_on_gqa_by_hand(gpn, hybrid):
     assert [float(x) for x in got] == pytest.approx([fwd, bwd], rel=1e-12)
 
 
+@pytest.mark.parametrize("gqa", [False, True])
+def test_ulysses_all_to_alls_at_mla_widths_by_hand(gqa):
+    """Ulysses over c = u = 4 at tp 2, one node of 8 (the group's stride is tp: 4 a node), on
+    deepseek-v2-lite (16 heads, 16 kv heads, d 192, d_v 128) and on the same widths with GQA
+    (32 heads, 8 kv heads): per layer four all-to-alls of this rank's s/c·b tokens, each at
+    its own width per tp rank — Q a/t·d, K a_kv/t·d, V a_kv/t·d_v, the output a/t·d_v —
+    each `(u-1)·α + (u-1)/u·S/β`; backward the conjugates, the forward's again under
+    selective recompute."""
+    model = get_model("deepseek-v2-lite")
+    if gqa:  # the analytic side reads only these
+        model = SimpleNamespace(n_heads=32, n_kv_heads=8, head_dim=192, value_head_dim=128,
+                                q_dim=32 * 192, o_dim=32 * 128)
+    ctx = SimpleNamespace(model=model, seq_len=S, act_bytes=AB, recompute_share=0.25,
+                          calibration=SimpleNamespace(overlap_contention=0.0))
+    c = u = 4
+    t, b, layers = 2, 2, 3
+    heads, kv_heads = (16, 4) if gqa else (8, 8)  # per tp rank
+    tokens = S / c * b * AB
+
+    def a2a(width):
+        return (u - 1) * A_IN + tokens * width * (u - 1) / u / B_IN
+
+    per = a2a(heads * 192) + a2a(kv_heads * 192) + a2a(kv_heads * 128) + a2a(heads * 128)
+    for rc, replays in (("none", 0), ("selective", 1)):
+        got = cp_time(ctx, links(8), TrainSpec(seq_len=S), t=t, c=c, u=u, b=b,
+                      rc=RECOMPUTE.index(rc), layers=layers, attn_f=0.3, attn_b=0.6, dp=1,
+                      p=1, e=1)
+        assert [float(x) for x in got] == pytest.approx(
+            [layers * per, layers * per * (1 + replays)], rel=1e-12)
+
+
 @pytest.mark.parametrize("impl, rc, gathers", [("torchtitan", "none", 0), ("torchtitan", "full", 0.25),
                                                 ("megatron-te", "none", 1),
                                                 ("megatron-te", "selective", 2)])

@@ -400,6 +400,25 @@ def test_context_parallel_terms_per_kind():
                "gradients back")] == calls * (1 / 2 * 32 * (2 * 32 + 2 * 16) * F64 * 2)
 
 
+def test_context_parallel_terms_at_mla_widths():
+    """tiny-deepseek (MLA: 4 heads and 4 kv heads, d = 16 nope + 8 RoPE = 24, d_v 16), s 64,
+    8 micro-batches × 3 layers: Ulysses moves Q and K at d, V and the output at d_v,
+    (u−1)/u·(s/c)·b·(96 + 96 + 64 + 64)·bytes, ×2; the hybrid's ring K at d and V at d_v,
+    (s·u/c)·b·(96 + 64)/u·bytes a hop."""
+    assert (TINY_DS.n_heads, TINY_DS.n_kv_heads, TINY_DS.head_dim, TINY_DS.value_head_dim) == (
+        4, 4, 24, 16)
+    calls = 8 * 3
+    label = "Ulysses: Q, K, V and the attention output, their gradients back"
+    ulysses = _by_label(TINY_DS, "cp=2,cp_kind=ulysses", seq=64)
+    assert ulysses[("cp", "all-to-all", label)] == calls * (
+        1 / 2 * 32 * (96 + 96 + 64 + 64) * F64 * 2)
+    hybrid = _by_label(TINY_DS, "cp=4,cp_kind=hybrid,ulysses=2", seq=64)
+    assert hybrid[("cp_a2a", "all-to-all", label)] == calls * (
+        1 / 2 * 16 * (96 + 96 + 64 + 64) * F64 * 2)
+    assert hybrid[("cp_ring", "send", "ring attention K, V and dK, dV")] == calls * (
+        1 * (64 * 2 / 4) * (96 + 64) / 2 * F64 * 3)
+
+
 def test_traffic_adds_up_and_uncounted_bytes_are_reported():
     total = Traffic(1.0, 2.0, 52, 3.0) + Traffic(10.0, 20.0, 40, 30.0)
     assert total == Traffic(11.0, 22.0, 40, 33.0) and total.wire == 11 + 22 * 40

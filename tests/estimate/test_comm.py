@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from shardwise.arch import get_model
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import (
     bus_bandwidth,
@@ -132,6 +133,27 @@ def test_ulysses_all_to_all_bytes():
         volume = ulysses_comm_bytes_per_layer(n_tokens, 1, h, h, p, dtype_bytes=1,
                                               backward=False)
         assert volume == pytest.approx((p - 1) / p * 4 * n_tokens * h / p, rel=1e-12)
+
+
+def test_ulysses_moves_mla_values_and_output_at_the_value_width():
+    """MLA (DeepSeek-V3: 128 heads, d = 128 nope + 64 RoPE = 192, d_v = 128) at tp 8, cp 4:
+    per tp rank Q and K 16·192 = 3072 wide, V and the output 16·128 = 2048 — each all-to-all
+    at its own width, `(u-1)/u · (s/c)·b·(3072 + 3072 + 2048 + 2048)·bytes`; GQA with
+    d_v = 3/4·d (q 4096, k 1024, v 768, o 3072): every width distinct."""
+    model = get_model("deepseek-v3")
+    t = 8
+    assert (model.n_heads // t * model.head_dim, model.n_heads // t * model.value_head_dim) == (
+        3072, 2048)
+    rows, b = 32768 / 4, 2
+    forward = 3 / 4 * rows * b * (3072 + 3072 + 2048 + 2048) * 2
+    got = ulysses_comm_bytes_per_layer(32768, b, model.q_dim / t, model.kv_dim / t, 4,
+                                       backward=False, v_dim=model.v_dim / t,
+                                       o_dim=model.o_dim / t)
+    assert got == forward
+    assert got < ulysses_comm_bytes_per_layer(32768, b, 3072, 3072, 4, backward=False)
+    gqa = ulysses_comm_bytes_per_layer(4096, 1, 4096, 1024, 8, 2, v_dim=768, o_dim=3072,
+                                       recompute="selective")
+    assert gqa == 3 * (1 / 2 * 4096 / 8 * (4096 + 1024 + 768 + 3072) * 2)
 
 
 def test_zero_2_and_3_communicate_every_micro_batch():

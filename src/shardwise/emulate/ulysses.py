@@ -42,9 +42,9 @@ def ulysses_attention(q: list[torch.Tensor], k: list[torch.Tensor], v: list[torc
                       ) -> tuple[list[torch.Tensor], int]:
     """Each device's output block and the bytes one device sends (forward).
 
-    q[p] (b, n, H_q, d), k[p]/v[p] (b, n, H_kv, d): device p's tokens in `layout`;
-    `attention(q, k, v)` on (b, s, H/c, d) tensors in position order (e.g. causal softmax
-    attention)."""
+    q[p] (b, n, H_q, d), k[p] (b, n, H_kv, d), v[p] (b, n, H_kv, d_v; MLA: d_v < d): device
+    p's tokens in `layout`; `attention(q, k, v)` on (b, s, H/c, ·) tensors in position order
+    (e.g. causal softmax attention)."""
     c = len(q)
     if q[0].shape[2] % c or k[0].shape[2] % c:
         raise ShardwiseError(f"Ulysses over {c} devices splits the heads: {c} must divide "

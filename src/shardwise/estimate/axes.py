@@ -251,7 +251,7 @@ def cp_time(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, c: A
     layers whose attention takes `attn_f` / `attn_b`, for ring attention, Ulysses or their
     hybrid: `u` = `Layout.ulysses_degree` (1 ring, c Ulysses), the ring over `r = c/u` ranks.
 
-    Ring (Liu et al. 2023): each rank's K/V block `2·(s/c)·b·kv·bytes` (kv = a_kv·d/t; after
+    Ring (Liu et al. 2023): each rank's K/V block `(s/c)·b·a_kv/t·(d + d_v)·bytes` (after
     the hybrid's all-to-all a rank holds u× the tokens of 1/u of the heads: the same bytes)
     hops `r-1` times per layer forward, twice as much backward (K/V again, dK/dV back), once
     more when recompute replays the forward. Each hop hides behind one block of attention,
@@ -259,8 +259,9 @@ def cp_time(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, c: A
     block): `max(0, hop - block)` exposed, plus the contention share of the hidden part.
 
     All-to-all over the `u` ranks of a `cp_a2a` group (Jacobs et al. 2023;
-    `comm.ulysses_comm_bytes_per_layer`): Q, K, V and the output per layer forward, their
-    conjugates backward, the forward's again with recompute — each on the critical path
+    `comm.ulysses_comm_bytes_per_layer`): Q, K, V and the output per layer forward, each at
+    its own width (Q, K at d; V, the output at d_v), their conjugates backward, the
+    forward's again with recompute — each on the critical path
     (DeepSpeed's `DistributedAttention` without an `sp_stream`, and Transformer Engine's
     `AttnFuncWithCPAndQKVOA2A`, wait for them before and after the attention kernel).
 
@@ -278,7 +279,6 @@ def cp_time(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, c: A
     where = {"gpus_per_node": links.gpus_per_node, "pp": p, "dp": dp, "cp": c, "tp": t, "ep": e,
              "ulysses": u}
     kv_heads = np.maximum(model.n_kv_heads // t, 1)
-    kv = kv_heads * model.head_dim
     kv_block = s / c * b * kv_heads * (model.head_dim + model.value_head_dim) * ab  # K at d,
     # V at d_v (MLA: d_v < d)
     ring_intra = members_per_node("cp_ring", **where) == r
@@ -307,13 +307,14 @@ def cp_time(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, c: A
     ring_f = layers * (r - 1) * hop_f
     ring_b = layers * (r - 1) * (hidden(2 * hop, per_layer_b / r)
                                  + replays * hop_f)
-    # the all-to-alls of this rank's (s/c)·b tokens: Q and the output q wide, K and V kv wide
+    # the all-to-alls of this rank's (s/c)·b tokens, each at its width per tp rank: Q a·d,
+    # K a_kv·d, V a_kv·d_v, the output a·d_v (MLA: d_v < d)
     a2a_in = members_per_node("cp_a2a", **where)
     token_bytes = s / c * b * ab
-    a2a = np.where(u > 1, 2 * (group_collective_time("all-to-all", token_bytes * model.q_dim / t,
-                                                     u, a2a_in, links)
-                               + group_collective_time("all-to-all", token_bytes * kv, u,
-                                                       a2a_in, links)), 0.0)
+    widths = (model.q_dim / t, kv_heads * model.head_dim, kv_heads * model.value_head_dim,
+              model.o_dim / t)
+    a2a = np.where(u > 1, sum(group_collective_time("all-to-all", token_bytes * w, u, a2a_in,
+                                                    links) for w in widths), 0.0)
     fwd, bwd = ring_f + layers * a2a, ring_b + layers * a2a * (1 + replays)
     if not np.any(gather):
         return fwd, bwd

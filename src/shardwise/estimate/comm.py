@@ -329,13 +329,17 @@ def cp_comm_bytes_per_layer(seq_len: int, micro_batch: int, kv_dim: float, c: in
 @traffic
 def ulysses_comm_bytes_per_layer(seq_len: int, micro_batch: int, q_dim: float, kv_dim: float,
                                  c: int, a2a: int | None = None, dtype_bytes: float = 2,
-                                 backward: bool = True, recompute: str = "none") -> float:
+                                 backward: bool = True, recompute: str = "none", *,
+                                 v_dim: float | None = None, o_dim: float | None = None
+                                 ) -> float:
     """DeepSpeed-Ulysses (Jacobs et al. 2023, §3.2): per layer forward four all-to-alls over the
     `u = a2a` ranks (all `c` by default; the hybrid's groups of `u`), of Q, K, V before the
     attention (sequence-sharded → head-sharded) and of its output after (back): each rank
-    sends `(u-1)/u` of its `(s/c)·b` rows of `q_dim + 2·kv_dim + q_dim` (per tp rank):
+    sends `(u-1)/u` of its `(s/c)·b` rows of each, at its own width (per tp rank): Q
+    `q_dim = a·d`, K `kv_dim = a_kv·d`, V `v_dim = a_kv·d_v`, O `o_dim = a·d_v` (`v_dim`,
+    `o_dim` default to `kv_dim`, `q_dim`: d_v = d; MLA's d_v < d, DeepSeek-V3 128 vs 192):
 
-        (u-1)/u · (s/c)·b·(2·q_dim + 2·kv_dim)·bytes
+        (u-1)/u · (s/c)·b·(q_dim + kv_dim + v_dim + o_dim)·bytes
 
     — the paper's "aggregate volume per link 4Nh/P" for MHA (N = s·b tokens, P = c) as u grows.
     Backward runs the conjugate all-to-alls of dO, dQ, dK, dV: the same bytes. Selective or
@@ -343,7 +347,9 @@ def ulysses_comm_bytes_per_layer(seq_len: int, micro_batch: int, q_dim: float, k
     `core_attn` recompute wraps Transformer Engine's attention, which holds them)."""
     u = c if a2a is None else a2a
     rows = seq_len / c * micro_batch
-    forward = ring_bytes_on_wire("all-to-all", rows * (2 * q_dim + 2 * kv_dim) * dtype_bytes, u)
+    width = (q_dim + kv_dim + (kv_dim if v_dim is None else v_dim)
+             + (q_dim if o_dim is None else o_dim))
+    forward = ring_bytes_on_wire("all-to-all", rows * width * dtype_bytes, u)
     replays = 0 if recompute == "none" else 1
     return forward * ((2 + replays) if backward else 1)
 

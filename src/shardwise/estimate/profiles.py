@@ -249,7 +249,7 @@ def saved_tensors(profile: Profile | str, model: ModelSpec, seq_len: int, micro_
             add("attention_dropout_mask", scores * 1, not_selective)
             add("attention_dropout_output", scores * ab, not_selective)
     add("attention_output", sb * model.n_heads * d_v * ab / tp)
-    if fused:  # Ulysses: a fused kernel keeps its head-sharded output (b, s, a/(t·u), d),
+    if fused:  # Ulysses: a fused kernel keeps its head-sharded output (b, s, a/(t·u), d_v),
         # the out-projection the sequence-sharded one the all-to-all returns: the same bytes
         # twice (TE's AttnFuncWithCPAndQKVOA2A saves `out` before its all-to-all); selective
         # recompute keeps neither, a materialised softmax keeps P, not the output

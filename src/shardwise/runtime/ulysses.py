@@ -6,7 +6,8 @@ Before the attention an all-to-all trades tokens for heads, `(b, n, H, d) → (b
 for Q, K and V, so each rank attends `1/u` of the heads over the group's `u·n` tokens (the
 whole sequence when `u = c`); a fourth all-to-all returns the output to the sequence blocks,
 and backward runs the conjugate all-to-alls. Bytes a rank sends per layer forward, and the
-same backward (`estimate.comm.ulysses_comm_bytes_per_layer`): `(u-1)/u · n·b·(2q + 2kv)·bytes`.
+same backward (`estimate.comm.ulysses_comm_bytes_per_layer`): `(u-1)/u · n·b·(2q + 2kv)·bytes`
+(V and the output at K's and Q's widths here; MLA's narrower V, d_v < d, is refused).
 
 Design notes: docs/concepts/runtime.md#runtime-ulysses.
 """

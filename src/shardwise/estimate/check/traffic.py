@@ -169,16 +169,18 @@ def _cp_terms(model: ModelSpec, layout: Layout, train: TrainSpec, calls: int) ->
     attention's K/V hops on "cp" (the hybrid's ring on "cp_ring", over cp/u ranks with 1/u of
     the heads), Ulysses' all-to-alls on "cp" (the hybrid's on "cp_a2a", over u ranks)."""
     t, c, u = layout.tp, layout.cp, layout.ulysses_degree
-    kv = max(model.n_kv_heads // t, 1) * model.head_dim
+    kv_heads = max(model.n_kv_heads // t, 1)
+    kv, v = kv_heads * model.head_dim, kv_heads * model.value_head_dim  # K at d, V at d_v
     ab, s, b, rc = dtype_bytes(train.dtype), train.seq_len, layout.micro_batch, layout.recompute
     ring, a2a = ("cp", "cp") if layout.cp_kind != "hybrid" else ("cp_ring", "cp_a2a")
     terms = []
     if u < c:
         terms.append(Term(ring, "send", calls * cp_comm_bytes_per_layer(
-            s, b, kv / u, c // u, ab, recompute=rc), "ring attention K, V and dK, dV"))
+            s, b, (kv + v) / 2 / u, c // u, ab, recompute=rc),  # K, V: 2 × their mean width
+            "ring attention K, V and dK, dV"))
     if u > 1:
         terms.append(Term(a2a, "all-to-all", calls * ulysses_comm_bytes_per_layer(
-            s, b, model.q_dim / t, kv, c, u, ab, recompute=rc),
+            s, b, model.q_dim / t, kv, c, u, ab, recompute=rc, v_dim=v, o_dim=model.o_dim / t),
             "Ulysses: Q, K, V and the attention output, their gradients back"))
     return terms
 

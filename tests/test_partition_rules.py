@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import shardwise.validate as validate
 from shardwise.errors import ShardwiseError
 from shardwise.partition import (
     FIXED,
@@ -66,6 +67,16 @@ def test_the_planners_pinned_partition_is_used_as_given():
     assert list(got.first_less) == [0, 1, 2] and list(got.last_less) == [0, 1, 1]
 
 
+def test_balanced_counts_as_an_array_on_one_end_only():
+    """The planner's arrays may vary only first_less: 10 layers over 4 stages, stage 1, the
+    first stage 0, 1 or 2 layers short and the last 1 — by the documented rule (`L + a + z`
+    units, q each, the r extras on stages 1…r): units 11, 12, 13."""
+    first, count = chunk_span(10, 4, 1, 1, 0, Balanced(np.array([0, 1, 2]), 1))
+    assert list(count) == [3, 3, 4] and list(first) == [2, 2, 1]
+    first, count = chunk_span(10, 4, 1, 3, 0, Balanced(1, np.array([0, 1, 2])))
+    assert list(count) == [3, 2, 1] and list(first) == [7, 8, 9]
+
+
 def test_an_explicit_partition_belongs_to_one_layout():
     """With an explicit partition the planner's arrays hold one pp, chunks and placement;
     several are one line each."""
@@ -73,6 +84,9 @@ def test_an_explicit_partition_belongs_to_one_layout():
     first, count = chunk_span(24, np.array([4, 4]), np.array([1, 1]), 2, np.array([0, 0]),
                               split, np.array(["loop", "loop"]))
     assert (int(first), int(count)) == (12, 6)
+    # one placement in an array: "v" puts chunk 1 of stage 0 on the last virtual stage
+    first, count = chunk_span(11, np.array([2, 2]), 2, 0, 1, (1, 2, 3, 5), np.array(["v", "v"]))
+    assert (int(first), int(count)) == (6, 5)
     with pytest.raises(ShardwiseError, match=r"one layout, got \[2 4\]"):
         chunk_span(24, np.array([2, 4]), 1, 0, 0, split)
     with pytest.raises(ShardwiseError, match="one layout, got placements"):
@@ -104,6 +118,7 @@ def test_array_chunks_under_the_v_placement():
     first, count = chunk_span(16, np.full(4, 4), np.full(4, 2), stages, np.ones(4, int),
                               (), np.full(4, "v"))
     assert list(first) == [(7 - i) * 2 for i in range(4)] and list(count) == [2] * 4
+    assert first.dtype.kind == count.dtype.kind == "i"  # whole layers, not 2.0
     first, _ = chunk_span(16, np.full(4, 4), np.full(4, 2), stages, np.ones(4, int), (),
                           np.full(4, "loop"))
     assert list(first) == [(4 + i) * 2 for i in range(4)]
@@ -112,6 +127,8 @@ def test_array_chunks_under_the_v_placement():
 def test_stage_partition_refuses_what_it_cannot_split():
     with pytest.raises(ShardwiseError, match="n_layers"):
         stage_partition(0, 2)
+    with pytest.raises(ShardwiseError, match="n_layers"):
+        stage_partition(validate.MAX_LAYERS + 1, 2)
     with pytest.raises(ShardwiseError, match="tuple of layer counts"):
         stage_partition(24, 4, 1, [6, 6, 6, 6])  # type: ignore[arg-type]
     with pytest.raises(ShardwiseError, match="tuple of layer counts"):
@@ -123,9 +140,8 @@ def test_stage_partition_refuses_what_it_cannot_split():
     with pytest.raises(ShardwiseError, match=r"cannot fill pp=4 stages × 1 chunk\(s\) \(a "
                                              r"stage would hold -1\); use pp·chunks ≤ 1"):
         stage_partition(1, 4)
-    # L + 2 = 2·pp: one layer each on the middle stages, the ends the embedding/head only
-    # plus nothing — 2 layers, pp 2: units 4, two each, each end one short
-    assert stage_partition(2, 2) == (1, 1)
+    # two layers over four stages: L + 2 = 4 units, one each, the ends one short (empty)
+    assert stage_partition(2, 4) == (0, 1, 1, 0)
     assert stage_partition(24, 4, 2, (4, 8, 6, 6)) == (2, 4, 3, 3)  # per chunk
 
 
@@ -229,6 +245,7 @@ def test_nested_repetitions_and_spaces_are_ours():
     ("E(t|)*tL", "pipeline layout 'E(t|)*tL': '*' needs a count"),
     ("Ext|tLy", "pipeline layout 'Ext|tLy': unknown layer character(s) xy; known: E "
                 "(embedding), t (layer), m (MTP), L (loss)"),
+    ("EtL|t", "the embedding E must open the first stage and the loss L close the last"),
     ("Et|tL|L", "the embedding E must open the first stage and the loss L close the last"),
     ("Et|tmtL", "MTP layers m come after every Transformer layer t"),
     ("Et|t|tL", "pipeline layout 'Et|t|tL' has 3 stages, not a multiple of pp=2")])

@@ -1,0 +1,73 @@
+"""shardwise.stacks' own rules against references written here: the pipeline engines'
+blocking transfers in their documented closed forms (serial DeepSpeed p2p, batched), and a
+stack definition's refusals, one named problem each, joined on one line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from shardwise.errors import ShardwiseError
+from shardwise.stacks.pipe_engine import DEEPSPEED_PIPE, get_pipe_engine
+from shardwise.stacks.stack import get_stack, stack_names
+
+
+@pytest.mark.parametrize(("p", "m", "serial"), [
+    (1, 8, 0), (4, 1, 2 * 3), (2, 5, 2 * 5), (4, 8, 4 * 8 + 2 * 4 - 8), (3, 7, 4 * 7 - 2)])
+def test_serial_p2p_transfers_in_closed_form(p, m, serial):
+    """DeepSpeed's serial p2p: none on one stage, 2(p-1) for one micro-batch, 2m over two
+    stages, else 4m + 2p - 8; batched (Megatron's) 2(m + p - 1) — by hand."""
+    assert int(DEEPSPEED_PIPE.transfers(p, m)) == serial
+    batched = replace(DEEPSPEED_PIPE, serial_p2p=False)
+    assert int(batched.transfers(p, m)) == 2 * (m + p - 1)
+    got = DEEPSPEED_PIPE.transfers(np.array([p, p]), np.array([m, m]))
+    assert list(got) == [serial, serial]
+
+
+def test_unknown_pipeline_engine_names_the_valid_ones():
+    assert get_pipe_engine("deepspeed") is DEEPSPEED_PIPE
+    with pytest.raises(ShardwiseError, match="pipeline engine 'x' unknown; valid: deepspeed, "
+                                             "deepspeed-neox"):
+        get_pipe_engine("x")
+
+
+def test_a_stack_definition_refuses_each_wrong_field():
+    """Kernels neither fused nor eager, an unknown TP overlap, async TP without
+    torch.compile, an unknown pipeline engine — each named, several on one line."""
+    titan = get_stack("torchtitan")
+    for kernels in ("fused", "eager"):
+        assert replace(titan, kernels=kernels).validate().kernels == kernels
+    assert replace(titan, pipe_costs=None).validate().pipe_costs is None
+    assert replace(titan, tp_overlap=("none", "async"), compile=(True,)).validate()
+    assert replace(titan, tp_overlap=("none",), compile=(False,)).validate()
+    cases = [({"kernels": "xla"}, "kernels 'xla' must be fused or eager"),
+             ({"tp_overlap": ("none", "ring")}, "tp_overlap ('none', 'ring') not in ('none', "
+                                                "'bulk', 'async')"),
+             ({"tp_overlap": ("async",), "compile": (False,)}, "async TP needs torch.compile"),
+             ({"pipe_costs": "gpipe"}, "pipe_costs 'gpipe' not in ('deepspeed', "
+                                       "'deepspeed-neox')")]
+    for fields, message in cases:
+        with pytest.raises(ShardwiseError) as info:
+            replace(titan, **fields).validate()
+        assert str(info.value) == f"stack torchtitan: {message}"
+    with pytest.raises(ShardwiseError) as info:
+        replace(titan, kernels="xla", pipe_costs="gpipe").validate()
+    assert str(info.value) == ("stack torchtitan: kernels 'xla' must be fused or eager; "
+                               "pipe_costs 'gpipe' not in ('deepspeed', 'deepspeed-neox')")
+
+
+def test_offload_kinds_refused_by_name():
+    titan = get_stack("torchtitan")
+    assert titan.offload_support("none") is None
+    assert titan.offload_support("params").kind == "params"
+    with pytest.raises(ShardwiseError, match=r"offload 'disk' unknown; valid: none, "
+                                             r"optimizer, params$"):
+        titan.offload_support("disk")
+    with pytest.raises(ShardwiseError, match=r"torchtitan has no optimizer offload \(it "
+                                             r"offloads: params\); stacks that offload the "
+                                             r"optimizer: megatron-te, megatron-deepspeed$"):
+        titan.offload_support("optimizer")
+    assert {"megatron-te", "torchtitan", "megatron-deepspeed"} <= set(stack_names())

@@ -71,3 +71,46 @@ def test_offload_kinds_refused_by_name():
                                              r"optimizer: megatron-te, megatron-deepspeed$"):
         titan.offload_support("optimizer")
     assert {"megatron-te", "torchtitan", "megatron-deepspeed"} <= set(stack_names())
+
+
+def test_stack_splits_at_their_thresholds():
+    """GPT-NeoX's L + 2 units need L + 2 ≥ 2·pp (else a stage is empty: None); DeepSpeed's
+    blocks, the first L mod pp stages one more — by hand; any other split makes none."""
+    from shardwise.stacks.splits import stack_split
+
+    assert stack_split("neox", 6, 4) == (1, 2, 2, 1)  # 8 units, 2 each, ends one short
+    assert stack_split("neox", 5, 4) is None
+    assert stack_split("deepspeed", 10, 4) == (3, 3, 2, 2)
+    assert stack_split("torchtitan", 6, 2, 2) == (1, 2, 2, 1)
+    assert stack_split("torchtitan", 5, 2, 2) is None
+    assert stack_split("any", 10, 4) is None
+
+
+@pytest.mark.parametrize(("split", "n_layers", "pp", "sizes"), [
+    ("deepspeed", 10, 4, (3, 3, 2, 2)), ("deepspeed", 8, 4, (2, 2, 2, 2)),
+    ("neox", 6, 4, (1, 2, 2, 1)), ("torchtitan", 9, 4, (2, 3, 3, 1))])
+def test_balanced_ends_reproduce_the_stacks_split(split, n_layers, pp, sizes):
+    """The planner's Balanced counts for a stack's own split: counts in [-2, 2] whose
+    documented rule (`L + a + z` units, q each, the r extras on stages 1…r, the first stage
+    `a` short and the last `z`, written out here) gives the split worked by hand."""
+    from shardwise.stacks.splits import balanced_ends
+
+    (a, z), got = balanced_ends(split, n_layers, pp)
+    assert got == sizes and -2 <= a <= 2 and -2 <= z <= 2
+    q, r = divmod(n_layers + a + z, pp)
+    assert [q + (1 <= i <= r) - a * (i == 0) - z * (i == pp - 1) for i in range(pp)] == list(
+        sizes)
+    assert balanced_ends("any", n_layers, pp) is None
+
+
+def test_one_layer_per_stage_is_torchtitans_one_layer_per_stage():
+    """sizes (1, 1, 1, 1): torchtitan's layers_per_stage 1 with no stage shortened; checked
+    with torchtitan 0.3.0's own split."""
+    pytest.importorskip("torchtitan")
+    from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part
+
+    from shardwise.stacks.splits import titan_partition
+
+    assert titan_partition(4, (1, 1, 1, 1)) == (1, 0, 0)
+    parts = _generate_llm_fqn_per_model_part(4, 4, 0, 0)
+    assert [sum(n.startswith("layers.") for n in part) for part in parts] == [1, 1, 1, 1]

@@ -114,3 +114,15 @@ def test_one_layer_per_stage_is_torchtitans_one_layer_per_stage():
     assert titan_partition(4, (1, 1, 1, 1)) == (1, 0, 0)
     parts = _generate_llm_fqn_per_model_part(4, 4, 0, 0)
     assert [sum(n.startswith("layers.") for n in part) for part in parts] == [1, 1, 1, 1]
+
+
+def test_megatron_deepspeed_refuses_zb_h1_with_sequence_parallelism_only():
+    """Megatron-DeepSpeed (megatron/arguments.py:81 @4efb479) asserts ZB-H1 runs without
+    sequence parallelism; only a pipelined ZB-H1 run with SP is refused."""
+    from shardwise.schedules.registry import SCHEDULE_CODES
+
+    rule = next(r for r in get_stack("megatron-deepspeed").rules if "ZB-H1" in r.reason)
+    zb, other = SCHEDULE_CODES["zb-h1"], SCHEDULE_CODES["1f1b"]
+    v = {"pp": np.array([2, 2, 2, 1]), "schedule": np.array([zb, other, zb, zb]),
+         "sp": np.array([1, 1, 0, 1])}
+    assert list(rule.refuses(v, None)) == [True, False, False, False]

@@ -126,3 +126,24 @@ def test_megatron_deepspeed_refuses_zb_h1_with_sequence_parallelism_only():
     v = {"pp": np.array([2, 2, 2, 1]), "schedule": np.array([zb, other, zb, zb]),
          "sp": np.array([1, 1, 0, 1])}
     assert list(rule.refuses(v, None)) == [True, False, False, False]
+
+
+def test_resolved_settings_name_what_the_run_left_to_the_stack():
+    """`resolve`: each choice not given takes the stack's default and is listed as assumed;
+    a choice the stack lacks names the setting in words and the valid ones."""
+    from shardwise.stacks.stack import resolve
+
+    every = resolve("torchtitan")
+    assert every.assumed == ("compile", "tp_overlap", "dp_overlap", "attention")
+    assert (every.compile, every.tp_overlap) == (False, "none")
+    some = resolve("torchtitan", compile=True, tp_overlap="async", dp_overlap=True)
+    assert some.assumed == ("attention",) and some.kernels == "compiled"
+    with pytest.raises(ShardwiseError, match=r"^megatron-te has no kernel mode torch\.compile; "
+                                             r"valid: eager$"):
+        resolve("megatron-te", compile=True)
+    with pytest.raises(ShardwiseError, match=r"^megatron-te has no TP overlap async; valid: "
+                                             r"none, bulk; async TP needs torch\.compile"):
+        resolve("megatron-te", tp_overlap="async")
+    with pytest.raises(ShardwiseError, match=r"^attention flash is a fused kernel; --no-flash "
+                                             r"means math"):
+        resolve("torchtitan", attention="flash", flash=False)

@@ -254,6 +254,12 @@ EQUIVALENT: dict[str, str] = {
         "at its start, so the same insertion",
     "shardwise.partition.x_first_last_partition__mutmut_12": "g = -2 for -1 when no last "
         "stage is given: g is read only as g >= 0 and max(g, 0), the same for both",
+    # mut-e
+    "shardwise.partition.constant_L50_C14": "FIXED's last_less sentinel -9 → -10: every "
+        "reader compares with FIXED itself (a key of _partitions) or its first_less, and no "
+        "real count is negative",
+    "shardwise.partition.x_chunk_span__mutmut_9": "dtype None for int64 in np.asarray of a "
+        "tuple of Python ints: numpy's default integer, int64 on the 64-bit platforms run",
 }
 
 

@@ -255,8 +255,11 @@ def chunk_span(n_layers: int, pp: Any, chunks: Any, stage: Any, chunk: Any,
     first, last = stage == 0, stage == pp - 1
     count = q + ((stage >= 1) & (stage <= r)) - a * first - z * last
     start = stage * q + np.clip(np.minimum(stage - 1, r), 0, None) - a * (stage > 0)
-    runs = np.where(np.asarray(placement) == "v", virtual_stage(stage, chunk, pp, "v"),
-                    virtual_stage(stage, chunk, pp, "loop"))  # the virtual stage it runs
+    # the virtual stage it runs ("v" tests the chunk's parity: per element for an array)
+    mirrored = (virtual_stage(stage, chunk, pp, "v") if not np.ndim(chunk)
+                else np.vectorize(virtual_stage)(stage, chunk, pp, "v"))
+    runs = np.where(np.asarray(placement) == "v", mirrored,
+                    virtual_stage(stage, chunk, pp, "loop"))
     if not np.ndim(even) and even:
         return runs * per, per
     return (np.where(even, runs * per, start),

@@ -4,7 +4,7 @@
 Each module group is mutated on its own, in a scratch copy of the repository, against every
 test file that imports it (in-process tests only). Module- and class-level numeric constants
 are mutated too by a small operator of our own (int n → n + 1, float x → 1.1·x). Unreached
-mutants count as survivors; equivalent ones are listed by hand in `EQUIVALENT` (mutant →
+mutants count as survivors; equivalent ones are listed by hand in mutation_equivalent.py (mutant →
 reason). Results per group, with commit, date, machine and command,
 live in docs/accuracy/mutation.json; docs/accuracy/mutation.md is written from it.
 
@@ -54,213 +54,8 @@ MODULES = {
     "partition": ["partition.py"],
 }
 SRC = ROOT / "src" / "shardwise"
-# Mutants no test can kill because the program computes the same thing (mutant -> why), read
-# by hand from `mutmut show NAME`; they leave the numerator and the denominator. mutmut numbers
-# a function's mutants in order: an edit to the function renumbers them, so recheck the list
-# after changing a listed module.
-_S, _A = "shardwise.estimate.state.x_", "shardwise.estimate.activations.x_"
-_G = "shardwise.estimate.geometry.x_"
-_LOWER = "dtype_bytes lower-cases the name: the same dtype"
-EQUIVALENT: dict[str, str] = {
-    f"{_S}bytes_per_param_training__mutmut_2": _LOWER + " (default \"BF16\")",
-    f"{_S}bytes_per_param_training__mutmut_28": "weight >= 4: at 4 bytes the moments' factor "
-                                                "weight/4 is 1",
-    f"{_S}bytes_per_param_training__mutmut_29": "weight > 5: dtypes are 0.5, 1, 2, 4 or 8 bytes, "
-                                                "none in (4, 5]",
-    f"{_S}bytes_per_param_training__mutmut_44": _LOWER + " (\"FP32\")",
-    f"{_S}bytes_per_param_training__mutmut_48": _LOWER + " (\"FP32\")",
-    f"{_S}kv_cache_bytes_per_token__mutmut_2": _LOWER + " (default \"BF16\")",
-    f"{_A}activation_bytes_per_layer__mutmut_9": _LOWER + " (default \"BF16\")",
-    f"{_A}korthikanti_activation_bytes__mutmut_3": "default recompute renamed: any name but "
-                                                   "full or selective is no recompute",
-    f"{_A}korthikanti_activation_bytes__mutmut_4": "default recompute \"NONE\": any name but "
-                                                   "full or selective is no recompute",
-    f"{_A}gathered_kv_bytes__mutmut_9": "n_kv / tp for n_kv // tp: a valid layout's tp divides "
-                                        "n_kv or exceeds it, and max(·, 1) then agrees",
-    f"{_A}recompute_adjust__mutmut_26": "np.where on a scalar selective: a 0-d array of the same "
-                                        "value",
-    f"{_A}activation_bytes_per_layer__mutmut_108": "selective None for selective & False: "
-                                                   "both false wherever layer_bytes reads it",
-    **{f"{_A}activation_bytes_per_layer__mutmut_{n}": "the default module renamed: "
-       "recompute_dropped reads no \"core_attn\" (the attention core is the profile's "
-       "selective)" for n in (100, 101)},
-    f"{_A}recompute_dropped__mutmut_5": "drop = … for drop |= …: the first update of an "
-                                        "empty set",
-    "shardwise.estimate.check.rows.x_merge_rows__mutmut_38": "peak memory's order 3 → 4: "
-                                                             "still after state (2), before "
-                                                             "any other item (9)",
-    **{f"shardwise.estimate.check.traffic.x__wire_row__mutmut_{n}": "a default for an axis or "
-       "call the counters lack: CommCounter counts a payload, its calls and its group's size "
-       "together, so a counted payload always has both" for n in (24, 32)},
-    "shardwise.estimate.memory.x_stage_memory__mutmut_71": "the MoE layer's bytes also worked "
-                                                           "out for a dense model, which never "
-                                                           "reads them",
-    "shardwise.estimate.memory.x_peak_stage_total__mutmut_29": "partition None for (): neither "
-                                                               "is an explicit partition",
-    "shardwise.estimate.memory.x_peak_stage_total__mutmut_45": "the stage's geometry worked out "
-                                                               "again instead of passed: the "
-                                                               "same geometry",
-    "shardwise.estimate.memory.x_training_memory_per_gpu__mutmut_4": "default generation "
-                                                                     "\"HOPPER\": only "
-                                                                     "\"blackwell\" is told "
-                                                                     "apart",
-    "shardwise.estimate.uncertainty.x_conformal__mutmut_17": "0 <= k for 0 < k: k = ⌈(n+1)·c⌉ "
-                                                             "is at least 1 for any n ≥ 0, c > 0",
-    "shardwise.estimate.uncertainty.x_uncertainty__mutmut_106": "COVERAGES[+1] for [-1]: the "
-                                                                "same element of a pair",
-    **{f"shardwise.estimate.uncertainty.x_resolution__mutmut_{n}": "the message of a raise "
-       "after the \"all runs\" level, which always returns: unreachable" for n in (32, 33)},
-    f"{_G}_distinct__mutmut_24": "dtype None for int64: the fields are ints and bools, and "
-                                 "the key's int + bool arithmetic gives the same ints",
-    f"{_G}distinct_geometries__mutmut_49": "dtype None for int64: every column (pp, chunks, "
-                                           "codes, m, Balanced ends, stages) is already int",
-    f"{_G}distinct_geometries__mutmut_67": "spread every field: StageGeometry.of on 1-D "
-                                           "arrays gives 1-D fields only (else unreachable)",
-    f"{_G}_unique_rows__mutmut_14": "1 << 63 for 1 << 62: a code is below the radices' "
-                                    "product, so under 2^63 it still fits in int64",
-    **{f"{_G}{name}": "\"LOOP\" for \"loop\": virtual_stage treats every placement but "
-       "\"v\" as the loop" for name in ("placement_of__mutmut_23",
-                                          "stage_layer_count__mutmut_2")},
-    f"{_G}stage_param_counts__mutmut_47": "placement None in a geometry whose params() "
-                                          "never reads its placement",
-    "shardwise.estimate.memory.x_stage_memory__mutmut_7": "default generation \"HOPPER\": "
-                                                          "only \"blackwell\" is told apart",
-    "shardwise.estimate.memory.x_peak_stage_total_runs__mutmut_103": "partition None: with a "
-        "geometry passed, stage_memory reads the partition only in StageGeometry.of, skipped",
-    "shardwise.estimate.memory.x_peak_stage_total_runs__mutmut_101": "the geometry worked "
-        "out again per row: it depends on no field a run varies (ZeRO stage and group)",
-    # pipe-fix (schedules)
-    "shardwise.schedules.registry.x__dualpipe_in_flight__mutmut_1": "+ 0·stage only gives the "
-        "result the stage's array shape: - 0·stage is the same",
-    "shardwise.schedules.registry.x__dualpipev_in_flight__mutmut_1": "+ 0·stage only gives the "
-        "result the stage's array shape: - 0·stage is the same",
-    "shardwise.schedules.metrics.x_microbatches_for_bubble__mutmut_8": "check_dimensions(p, 1, "
-        "v) checks p and v; m = 1 is a placeholder, and m = 2 is as valid",
-    "shardwise.schedules.validate.x_validate_schedule__mutmut_47": "the simulation only tells "
-        "a deadlock from a finished run, which list scheduling decides by the order alone, "
-        "whatever the positive durations (t_b 2 or 3)",
-    "shardwise.schedules.simulate.x__deadlock_message__mutmut_1": "the one caller (simulate) "
-        "passes span: the default is never used",
-    "shardwise.schedules.simulate.x__deadlock_message__mutmut_41": "last=None only adds B(vs+1) "
-        "after F(vs) for a backward at the last virtual stage; such a stuck action misses its "
-        "F(vs) (else it, or its pair, would have run), which is named first either way",
-    # mut-b
-    **{f"shardwise.estimate.{name}": "0.0 / x for 0.0 * x: x is a degree (t, m) ≥ 1, "
-       "so both are 0" for name in (
-           "axes.x_tp_time__mutmut_141", "axes.x_dp_time__mutmut_37",
-           "axes.x_dp_time__mutmut_47", "axes.x_dp_time__mutmut_383",
-           "pipe_engine.x_pipe_engine_time__mutmut_2",
-           "pipe_engine.x_pipe_engine_time__mutmut_4",
-           "pipe_engine.x_pipe_engine_time__mutmut_142")},
-    **{f"shardwise.estimate.{name}": "a threshold moved from > 1 to ≥ 1 ranks: a collective "
-       "over one rank is 0 in the α-β form (no round, and no call: small_calls charges "
-       "none either)" for name in (
-           "axes.x_tp_time__mutmut_69", "axes.x_tp_time__mutmut_119",
-           "axes.x_tp_time__mutmut_155", "axes.x_tp_time__mutmut_225",
-           "axes.x_cp_time__mutmut_5", "axes.x_cp_time__mutmut_180",
-           "axes.x_dp_time__mutmut_182", "axes.x_dp_time__mutmut_194",
-           "axes.x_dp_time__mutmut_335", "pipe_engine.x_pipe_engine_time__mutmut_209")},
-    "shardwise.estimate.axes.x_tp_overlapped__mutmut_13": "max(t, 2) for max(t, 1): at t = 1 "
-                                                          "the window's t - 1 is 0 anyway",
-    "shardwise.estimate.axes.x_cp_time__mutmut_16": "c / u for c // u: u divides c "
-                                                    "(MeshShape refuses any other ulysses)",
-    "shardwise.estimate.axes.x_cp_time__mutmut_37": "n_kv / t for n_kv // t: a valid layout's "
-                                                    "tp divides n_kv or exceeds it, and "
-                                                    "max(·, 1) then agrees",
-    "shardwise.estimate.axes.x_cp_time__mutmut_85": "busy 2.0 without CP overlap: hidden() "
-                                                    "returns the transfer without reading it",
-    **{f"shardwise.estimate.axes.x_dp_time__mutmut_{n}": "the node size dropped from the "
-       "node-speed Links: group_collective_time and busy_fraction never read gpus_per_node"
-       for n in (4, 24)},
-    "shardwise.estimate.pipe_engine.x_pipe_engine_time__mutmut_15": "the optimizer dropped "
-        "(default adam): it sets only the master and moment bytes, which the engine's terms "
-        "never read",
-    **{f"shardwise.estimate.links.x_{name}": "a default None for NaN, or no declared output "
-       "type, in an np.vectorize over call costs: NaN either way, and the measured costs are "
-       "floats (seconds)" for name in (
-           "group_collective_time__mutmut_6", "group_collective_time__mutmut_8",
-           "group_collective_time__mutmut_11", "group_collective_time__mutmut_13",
-           "small_calls__mutmut_12", "small_calls__mutmut_14")},
-    "shardwise.estimate.links.x_group_collective_time__mutmut_16": "always through the "
-        "measured branch: where no call of op was measured every element takes the plain "
-        "α-β time there too",
-    "shardwise.estimate.links.x_group_collective_time__mutmut_20": "call None for (): the "
-        "plain Links' call is only tested for truth, and both are false",
-    "shardwise.estimate.links.x_p2p_latency__mutmut_11": "call - 0.0·latency for "
-                                                         "call + 0.0·latency: the same",
-    "shardwise.estimate.links.x_small_calls__mutmut_8": "0.0 / ranks for 0.0 * ranks: ranks "
-                                                        "≥ 1",
-    "shardwise.estimate.step.x_compute_costs__mutmut_1": "etp's default 1 for 0: every "
-        "caller (step_terms, plan.evaluate) passes etp",
-    **{f"shardwise.estimate.step.constant_L{line}_C{col}": "a StepEstimate field's default "
-       "(dp_comm_total, t_forward, t_backward, bubble_fraction): estimate_step, its only "
-       "maker, passes every one" for line, col in ((373, 27), (374, 23), (375, 24), (376, 29))},
-    # mut-c
-    "shardwise.estimate.goodput.x_checkpoint_bytes_per_param__mutmut_1": "default ZeRO 2 for "
-        "1: no stack's model_copy_at tells stage 1 from 2 (all list both or neither)",
-    **{f"shardwise.estimate.goodput.x_checkpoint_writes__mutmut_{n}": "0.0 / tp for 0.0 * tp: "
-       "both zero (tp >= 1), there only for the arrays' shape" for n in (25, 30, 32)},
-    "shardwise.estimate.goodput.x_checkpoint_writes__mutmut_31": "the busiest rank's running "
-        "max starts at tp bytes instead of 0: every stage's rank writes far more (a layer's "
-        "norm alone is d_model·14 B)",
-    "shardwise.estimate.goodput.x_wall_per_useful__mutmut_12": "x <= 30 for x < 30: at "
-        "x = 30 exactly ln(e^30 - 1) and 30 differ by 9e-14 (3e-15 relative)",
-    "shardwise.runtime.checkpoint.directory.xǁDirectoryLockǁ_refuse_or_clear__mutmut_18": "pid "
-        "> 1 for pid > 0: pid 1 (init) is always alive, so neither clears its lock",
-    "shardwise.runtime.collectives.calls.x_reduce_scatter__mutmut_4": "default impl "
-        "\"NATIVE\": every impl but \"ring\" is the backend's",
-    "shardwise.runtime.collectives.calls.x_reduce_scatter__mutmut_34": "numel / N for "
-        "numel % N: an even split then also takes the p2p ring, which gives the same values "
-        "and counts the same (N-1)/N·S bytes and payload (a speed difference only)",
-    **{f"shardwise.runtime.collectives.calls.x_recv__mutmut_{n}": "the group passed on a "
-       "group of one too: AxisGroup's group is None exactly when its size is 1"
-       for n in (17, 18)},
-    "shardwise.runtime.collectives.calls.x_wait__mutmut_11": "the poll's deadline with <= for "
-        "<: the same polling up to one clock tick, then the same blocking wait",
-    "shardwise.runtime.collectives.rings.x_ring_all_reduce_p2p__mutmut_8": "always through a "
-        "contiguous copy: the same values, copied back into the tensor",
-    "shardwise.runtime.checkpoint.save.x_save_checkpoint__mutmut_74": "shardwise.json without "
-        "indentation: the same JSON to every reader (the manifest hashes the file as written)",
-    # mut-a
-    "shardwise.estimate.compute.constant_L87_C23": "LayerCost's default fp8_weights: its "
-        "only constructor (layer_cost) passes it",
-    **{f"shardwise.estimate.kernels.constant_L90_C{col}": "ComputeContext's default "
-       "layer_kernels: ComputeContext.of, its only maker in src/, always passes the kernels "
-       "(host_ops reads them); only test_host_ops' hand-built contexts, outside this "
-       "group's tests, take the default" for col in (42, 47)},
-    "shardwise.estimate.kernels.constant_L93_C22": "ComputeContext's default fp8_peak: read "
-        "only by FP8 GEMMs, which need a recipe, which ComputeContext.of passes with its peak",
-    **{f"shardwise.estimate.kernels.constant_L{line}": f"ComputeContext's default {name}: "
-       "ComputeContext.of passes it; the contexts tests build by hand (test_host_ops) call "
-       "host_ops only, which reads neither" for line, name in (
-           ("86_C25", "expert_load"), ("95_C29", "recompute_share"))},
-    "shardwise.estimate.kernels.constant_L87_C28": "ComputeContext's default experts_active: "
-        "ComputeContext.of passes it; a context built by hand (test_host_ops) sets it or "
-        "counts a dense layer, which does not read it",
-    **{f"shardwise.estimate.kernels.constant_L{line}": f"Gemms' default {name}: every Gemms "
-       "built (linear, +, *) passes fwd, dgrad and wgrad" for line, name in (
-           ("174_C15", "fwd"), ("175_C17", "dgrad"), ("176_C17", "wgrad"))},
-    **{f"shardwise.estimate.expert.x_ep_time__mutmut_{n}": "a collective over a group of one "
-       "rank (allgather's tp·ep = 1, expert-TP et = 1) costs 0 (group_collective_time)"
-       for n in (123, 219)},
-    "shardwise.estimate.host.x_expert_host__mutmut_10": "0/local for 0·local: local = "
-        "E/ep·a > 0 experts (experts_active is validated positive)",
-    **{f"shardwise.estimate.host.x_expert_launches__mutmut_{n}": "the default kernels of a "
-       "recipe outside _QUANTIZE_KERNELS: no stack runs the fused count with one (every "
-       "impl × recipe × accelerator × compile tried)" for n in (12, 13)},
-    # mut-d
-    "shardwise.emit.launchers.x_slurm_script__mutmut_15": "words[i + 1:i - 1] = … for "
-        "words[i + 1:i + 1] = …: a slice whose stop is before its start is the empty slice "
-        "at its start, so the same insertion",
-    "shardwise.partition.x_first_last_partition__mutmut_12": "g = -2 for -1 when no last "
-        "stage is given: g is read only as g >= 0 and max(g, 0), the same for both",
-    # mut-e
-    "shardwise.partition.constant_L50_C14": "FIXED's last_less sentinel -9 → -10: every "
-        "reader compares with FIXED itself (a key of _partitions) or its first_less, and no "
-        "real count is negative",
-    "shardwise.partition.x_chunk_span__mutmut_9": "dtype None for int64 in np.asarray of a "
-        "tuple of Python ints: numpy's default integer, int64 on the 64-bit platforms run",
-}
+sys.path.insert(0, str(ROOT / "benchmarks"))  # beside this script, however it is loaded
+from mutation_equivalent import EQUIVALENT  # noqa: E402  (mutant -> why it is equivalent)
 
 
 def _dotted(pattern: str) -> str:
@@ -495,7 +290,7 @@ def write_report(records: dict[str, dict[str, object]]) -> None:
              "Each group runs against every test file that imports its modules (in-process "
              "tests; the multi-process ones, tests/runtime's launches and the CLI's "
              "subprocesses, are out of mutmut's reach, so what only they check survives "
-             "here). Mutants listed by hand as equivalent (the script's EQUIVALENT: mutant → "
+             "here). Mutants listed by hand as equivalent (benchmarks/mutation_equivalent.py: mutant → "
              "reason) leave the numerator and the denominator. CI mutates the offload "
              "group whole (tests/test_mutation_subset.py, ~1 minute on a loaded 2-core "
              "machine) and fails on any survivor not listed as equivalent.", "",

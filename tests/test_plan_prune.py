@@ -122,7 +122,7 @@ def test_pruned_search_says_what_the_exhaustive_one_says_when_nothing_fits():
 # partitions beside the default), MLA, shared experts; expert tensor parallelism fixed to 1
 # under tp = 2 (etp ≠ tp), every variant shown (ZeRO groups, partitions)
 MOE_CASES = [
-    dict(gpus=16, seq=4096, global_batch="64", top=8),
+    dict(gpus=16, seq=4096, global_batch="64", top=16),
     dict(gpus=32, seq=4096, global_batch="128", top=6, fix_text="etp=1", all_variants=True),
 ]
 

@@ -71,7 +71,11 @@ def test_the_clock_charges_the_axis_blocked_in():
     assert not meter._CLOCKS
 
 
-def test_unknown_ops_and_axes_are_one_line():
+def test_unknown_ops_and_axes_are_one_line(monkeypatch):
+    # no mesh in this process (an earlier in-process test may have left one current)
+    import shardwise.runtime.mesh as mesh_module
+
+    monkeypatch.setattr(mesh_module, "_CURRENT", None)
     with pytest.raises(ShardwiseError, match=r"^reduce op 'mean' unknown; valid: sum, max, "
                                              r"min, avg, product$"):
         meter._reduce_op("mean")

@@ -146,3 +146,26 @@ def test_device_names_map_to_hardware_presets(name, memory, preset):
 
     label = gpu_check.accelerator_label(name, memory * 2**30)
     assert label == preset and (label is None or label in ACCELERATORS)
+
+
+def test_stand_in_rates_put_the_best_cpu_gemm_and_copy_at_the_presets_efficiencies():
+    """A loaded CPU (0.8 TFLOP/s best bf16 GEMM: 0.0008 of an H200, under the file's 0.001
+    floor) still fits and loads in the dry run; the ratios between points are kept."""
+    from gpu_check.calibration import stand_in_rates
+
+    from shardwise.calibration import default_calibration
+    from shardwise.hardware import get_accelerator
+
+    acc, cal = get_accelerator("h200"), default_calibration("h200")
+    results = {"gemm": {"a": {"tflops": 0.8, "m": 256}, "b": {"tflops": 0.2, "m": 64}},
+               "attention": {"fa2": [{"tflops": 0.1, "pass": "fwd"}]},
+               "hbm": {"copy 1": {"kernel": "copy", "gbps": 20.0}, "copy 2": {"gbps": 5.0}}}
+    out = stand_in_rates(results, "h200")
+    top = acc.peak_bf16 * cal.matmul_efficiency / 1e12
+    assert out["gemm"]["a"]["tflops"] == pytest.approx(top)
+    assert out["gemm"]["b"]["tflops"] == pytest.approx(top / 4)
+    assert out["attention"]["fa2"][0]["tflops"] == pytest.approx(top / 8)
+    assert out["gemm"]["b"]["m"] == 64
+    assert out["hbm"]["copy 1"]["gbps"] == pytest.approx(
+        acc.hbm_bandwidth * cal.hbm_efficiency / 1e9)
+    assert out["hbm"]["copy 2"]["gbps"] == pytest.approx(out["hbm"]["copy 1"]["gbps"] / 4)

@@ -184,6 +184,39 @@ materialised path) and the runtime's core are fitted and reported only
 (fit_components.NOT_SHIPPED)."""
 
 
+def stand_in_rates(results: dict[str, dict[str, Any]], label: str) -> dict[str, dict[str, Any]]:
+    """The dry run's CPU points standing in for accelerator `label`: every `tflops` scaled so
+    the best GEMM runs at the preset's `matmul_efficiency` of `peak_bf16`, every `gbps` so the
+    best copy runs at its `hbm_efficiency` of `hbm_bandwidth`. A CPU is ~10³× slower than the
+    GPU it stands in for, so unscaled its fit sits at (or under, when the machine is loaded)
+    the calibration file's 0.001 floor; scaled, the fit and the load run on in-range numbers
+    with the shape of the CPU's curves."""
+    from shardwise.calibration import default_calibration
+    from shardwise.hardware import get_accelerator
+
+    acc, preset = get_accelerator(label), default_calibration(label)
+    points = [p for v in results.values() for x in v.values()
+              for p in (x if isinstance(x, list) else [x]) if isinstance(p, dict)]
+    best_gemm = max((p["tflops"] for p in results.get("gemm", {}).values() if "tflops" in p),
+                    default=None)
+    best_copy = max((p["gbps"] for p in points if "gbps" in p), default=None)
+    scale = {"tflops": acc.peak_bf16 * preset.matmul_efficiency / 1e12 / best_gemm
+             if best_gemm else 1.0,
+             "gbps": acc.hbm_bandwidth * preset.hbm_efficiency / 1e9 / best_copy
+             if best_copy else 1.0}
+
+    def scaled(point: Any) -> Any:
+        if isinstance(point, list):
+            return [scaled(p) for p in point]
+        if not isinstance(point, dict):
+            return point
+        return {k: v * scale[k] if k in scale and isinstance(v, (int, float)) else v
+                for k, v in point.items()}
+
+    return {name: {key: scaled(v) for key, v in group.items()}
+            for name, group in results.items()}
+
+
 def fit_calibration(results: dict[str, dict[str, Any]], label: str, out: Path,
                     environment: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Fit this GPU's component constants with benchmarks/fit_components.py's fits, write

@@ -10,7 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpu_check.calibration import attention_rank, fit_calibration, flex_rank, gemm_rank, hbm_rank
+from gpu_check.calibration import (
+    attention_rank,
+    fit_calibration,
+    flex_rank,
+    gemm_rank,
+    hbm_rank,
+    stand_in_rates,
+)
 from gpu_check.config import DRY, GPU, Context
 from gpu_check.correctness import compare_train, env_rank, reference_rank, train_rank
 from gpu_check.kernels import kernels_rank
@@ -100,7 +107,14 @@ def _fit_step(ctx: Context, timeout: float, results: dict[str, Any]
     measured = {name: results.get(f"calibration.{name}", {})
                 for name in ("gemm", "attention", "hbm", "flex")}
     out = Path(results["__out__"]) / f"calibration-{ctx.accelerator}.json"
-    return fit_calibration(measured, ctx.accelerator, out, results.get("environment.env", {}))
+    if ctx.dry_run:
+        measured = stand_in_rates(measured, ctx.accelerator)
+    summary, checks = fit_calibration(measured, ctx.accelerator, out,
+                                      results.get("environment.env", {}))
+    if ctx.dry_run:
+        summary["dry run"] = (f"CPU rates scaled to stand in for {ctx.accelerator} "
+                              "(gpu_check.calibration.stand_in_rates)")
+    return summary, checks
 
 
 def _calibrate_step(ctx: Context, timeout: float, results: dict[str, Any]

@@ -139,7 +139,7 @@ def test_a_partition_is_every_item_or_refused(text):
 def test_divisors_by_factorisation(n):
     start = time.monotonic()
     found = _divisors(n)
-    assert time.monotonic() - start < 0.5
+    assert time.monotonic() - start < 5  # a hang guard: counting to n would take hours
     if n <= 5000:
         assert found == [d for d in range(1, n + 1) if n % d == 0]
     else:
@@ -181,7 +181,7 @@ def test_a_json_file_that_is_no_json_file_is_one_line(tmp_path, kind):
     start = time.monotonic()
     with pytest.raises(ShardwiseError) as info:
         read_json(path, "config file")
-    assert time.monotonic() - start < 2 and "\n" not in str(info.value)
+    assert time.monotonic() - start < 10 and "\n" not in str(info.value)
 
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=3)

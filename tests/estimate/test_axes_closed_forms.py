@@ -30,21 +30,7 @@ from shardwise.estimate.links import Links
 from shardwise.layout import TrainSpec
 from shardwise.schedules import stage_timeline
 from shardwise.schedules.registry import SCHEDULE_CODES
-
-B_IN, A_IN, B_OUT, A_OUT = 300e9, 3e-6, 40e9, 11e-6
-
-
-def ring(rounds, size, n, bw, lat):
-    """SPEC §5: `rounds·(n-1)·(α + S/(n·β))`."""
-    return rounds * (n - 1) * (lat + size / (n * bw))
-
-
-def coll(op, size, n, g):
-    """Hierarchical collective over n ranks, g per node: inside, then S/g across n/g nodes."""
-    k = n / g
-    if op == "all-reduce":
-        return 2 * ring(1, size, g, B_IN, A_IN) + ring(2, size / g, k, B_OUT, A_OUT)
-    return ring(1, size, g, B_IN, A_IN) + ring(1, size / g, k, B_OUT, A_OUT)
+from tests.estimate.closed_forms import A_IN, A_OUT, B_IN, B_OUT, coll, ring
 
 
 def links(gpn):

@@ -23,15 +23,10 @@ from shardwise.estimate.links import (
     small_calls,
 )
 from shardwise.hardware import Cluster
+from tests.estimate.closed_forms import A_IN, A_OUT, B_IN, B_OUT, ring
 
-B_IN, A_IN, B_OUT, A_OUT = 300e9, 3e-6, 40e9, 11e-6  # intra / inter: bytes/s, s
 LINKS = Links(B_IN, A_IN, B_OUT, A_OUT, 8)
 S = 3.0e8  # bytes
-
-
-def ring(rounds: int, size: float, n: float, bw: float, lat: float) -> float:
-    """SPEC §5: each of `rounds·(n-1)` steps sends S/n bytes after one latency."""
-    return rounds * (n - 1) * (lat + size / (n * bw))
 
 
 @pytest.mark.parametrize("n, g", [(8, 8), (16, 8), (32, 8), (16, 1), (4, 1), (8, 4),

@@ -19,23 +19,14 @@ from shardwise.estimate.pipe_engine import pipe_engine_time
 from shardwise.layout import TrainSpec
 from shardwise.schedules.registry import SCHEDULE_CODES
 from shardwise.stacks import STACKS
+from tests.estimate.closed_forms import A_IN, A_OUT, B_IN, B_OUT, coll
 
-B_IN, A_IN, B_OUT, A_OUT = 300e9, 3e-6, 40e9, 11e-6
 LINKS = Links(B_IN, A_IN, B_OUT, A_OUT, 8)
 S, H, V, AB = 2048, 1024, 32000, 2.0
 P2P = 7e-4
 PARAMS = 2.5e8
 
 
-def ring(rounds, size, n, bw, lat):
-    return rounds * (n - 1) * (lat + size / (n * bw))
-
-
-def coll(op, size, n, g):
-    k = n / g
-    if op == "all-reduce":
-        return 2 * ring(1, size, g, B_IN, A_IN) + ring(2, size / g, k, B_OUT, A_OUT)
-    return ring(1, size, g, B_IN, A_IN) + ring(1, size / g, k, B_OUT, A_OUT)
 
 
 def _ctx(tied=True):

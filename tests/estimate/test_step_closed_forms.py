@@ -25,26 +25,17 @@ from shardwise.estimate.links import Links
 from shardwise.estimate.step import busiest_stage_params, step_terms
 from shardwise.hardware import Cluster
 from shardwise.layout import Layout, TrainSpec
+from tests.estimate.closed_forms import A_IN, A_OUT, B_IN, B_OUT, coll
 
 MODEL = ModelSpec("step-moe", n_layers=8, d_model=1024, n_heads=16, n_kv_heads=4, d_ff=4096,
                   vocab=32000, n_experts=8, top_k=2, d_ff_expert=512, n_shared_experts=1,
                   first_dense_layers=2).validate()
 S, M = 4096, 8
-B_IN, A_IN, B_OUT, A_OUT = 300e9, 3e-6, 40e9, 11e-6
 LINKS = Links(B_IN, A_IN, B_OUT, A_OUT, 8, host_bw=50e9, host_lat=5e-6, host="pcie5")
 LAYOUT = Layout.parse("tp=2,cp=2,pp=2,dp=4,ep=4,sp=1,zero=3,schedule=interleaved,chunks=2,"
                       "recompute=selective")
 
 
-def ring(rounds, size, n, bw, lat):
-    return rounds * (n - 1) * (lat + size / (n * bw))
-
-
-def coll(op, size, n, g):
-    k = n / g
-    if op == "all-reduce":
-        return 2 * ring(1, size, g, B_IN, A_IN) + ring(2, size / g, k, B_OUT, A_OUT)
-    return ring(1, size, g, B_IN, A_IN) + ring(1, size / g, k, B_OUT, A_OUT)
 
 
 def _cost(fwd, bwd, recompute, wgrad, attn_fwd, attn_bwd):

@@ -8,146 +8,26 @@ sizes take the p2p ring. The real process groups: tests/runtime/test_collectives
 from __future__ import annotations
 
 import threading
-from types import SimpleNamespace
 
 import pytest
 
 torch = pytest.importorskip("torch")
+
+from tests.runtime.in_process import MAX, SUM, Hub, Work, run_ranks  # noqa: E402
 
 from shardwise.errors import ShardwiseError  # noqa: E402
 from shardwise.runtime.collectives import calls, rings  # noqa: E402
 from shardwise.runtime.collectives.meter import CommCounter  # noqa: E402
 from shardwise.runtime.mesh import AxisGroup  # noqa: E402
 
-SUM, MAX = "sum", "max"
 
-
-class _Work:
-    def wait(self) -> bool:
-        return True
-
-    def is_completed(self) -> bool:
-        return True
-
-
-class _Hub:
-    """In-memory collectives for `n` threads, one call at a time in the same order."""
-
-    def __init__(self, n: int):
-        self.n, self.slots = n, [None] * n
-        self.meet = threading.Barrier(n, timeout=30)
-        self.me = threading.local()
-        self.boxes = {(s, d): [] for s in range(n) for d in range(n)}
-        self.cond = threading.Condition()
-        self.group = object()  # the process group every call must name
-
-    def _check(self, group, async_op=True) -> None:
-        assert group is self.group and async_op is True
-
-    def _gather(self, t: torch.Tensor) -> list[torch.Tensor]:
-        self.slots[self.me.rank] = t.detach().clone()
-        self.meet.wait()
-        got = list(self.slots)
-        self.meet.wait()
-        return got
-
-    def _reduce(self, ts: list[torch.Tensor], op) -> torch.Tensor:
-        stacked = torch.stack(ts)
-        return {"sum": stacked.sum(0), "max": stacked.max(0).values}[op]
-
-    def module(self) -> SimpleNamespace:
-        def all_reduce(tensor, op=SUM, group=None, async_op=False):
-            self._check(group, async_op)
-            tensor.copy_(self._reduce(self._gather(tensor), op))
-            return _Work()
-
-        def reduce_scatter_tensor(output, input, op=SUM, group=None, async_op=False):
-            self._check(group, async_op)
-            total = self._reduce(self._gather(input), op)
-            output.copy_(torch.tensor_split(total, self.n)[self.me.rank])
-            return _Work()
-
-        def all_gather_into_tensor(output, input, group=None, async_op=False):
-            self._check(group, async_op)
-            output.copy_(torch.cat(self._gather(input)))
-            return _Work()
-
-        def all_to_all_single(output, input, out_splits=None, in_splits=None, group=None,
-                              async_op=False):
-            self._check(group, async_op)
-            everyone = self._gather(input)
-            splits = self._gather(torch.tensor(in_splits or [input.shape[0] // self.n] * self.n))
-            r = self.me.rank
-            parts = [torch.split(x, s.tolist())[r] for x, s in zip(everyone, splits, strict=True)]
-            output.copy_(torch.cat(parts))
-            return _Work()
-
-        def broadcast(tensor, src, group=None):
-            self._check(group)
-            tensor.copy_(self._gather(tensor)[src])
-
-        def send(tensor, dst, group=None):
-            self._check(group)
-            with self.cond:
-                self.boxes[(self.me.rank, dst)].append(tensor.clone())
-                self.cond.notify_all()
-
-        def recv(tensor, src, group=None):
-            self._check(group)
-            with self.cond:
-                self.cond.wait_for(lambda: self.boxes[(src, self.me.rank)], timeout=30)
-                tensor.copy_(self.boxes[(src, self.me.rank)].pop(0))
-
-        def isend(tensor, dst, group=None):
-            send(tensor, dst, group)
-            return _Work()
-
-        def irecv(tensor, src, group=None):
-            self._check(group)
-            hub = self
-
-            class _Recv(_Work):
-                def wait(self) -> bool:
-                    with hub.cond:
-                        hub.cond.wait_for(lambda: hub.boxes[(src, hub.me.rank)], timeout=30)
-                        tensor.copy_(hub.boxes[(src, hub.me.rank)].pop(0))
-                    return True
-
-            return _Recv()
-
-        return SimpleNamespace(
-            all_reduce=all_reduce, reduce_scatter_tensor=reduce_scatter_tensor,
-            all_gather_into_tensor=all_gather_into_tensor, all_to_all_single=all_to_all_single,
-            broadcast=broadcast, send=send, recv=recv, isend=isend, irecv=irecv,
-            barrier=lambda group=None: (self._check(group), self.meet.wait()), is_initialized=lambda: False,
-            ReduceOp=SimpleNamespace(SUM=SUM, MAX=MAX, MIN="min", AVG="avg", PRODUCT="prod"))
-
-
-def _run(n: int, body, monkeypatch, hub: _Hub | None = None) -> list:
-    hub = hub or _Hub(n)
+def _run(n: int, body, monkeypatch, hub: Hub | None = None) -> list:
+    hub = hub or Hub(n)
     fake = hub.module()
     monkeypatch.setattr(calls, "dist", fake)
     monkeypatch.setattr(rings, "dist", fake)
     monkeypatch.setattr(calls, "_reduce_op", lambda op: {"sum": SUM, "max": MAX}[op])
-    results: list = [None] * n
-    errors: list = []
-
-    def rank(r: int) -> None:
-        hub.me.rank = r
-        try:
-            results[r] = body(AxisGroup("tp", hub.group, n, r, tuple(range(n))), r)
-        except BaseException as exc:  # reported below, in the test's thread
-            errors.append(exc)
-            hub.meet.abort()
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    if errors:
-        raise errors[0]
-    return results
+    return run_ranks(hub, "tp", body)
 
 
 def _x(r: int, numel: int) -> torch.Tensor:
@@ -294,7 +174,7 @@ def test_a_group_of_one_copies_or_returns():
 class _FakeMeter:
     """Stands for `runtime.wire.Meter`: records each call's open, close and mark per rank."""
 
-    def __init__(self, hub: _Hub):
+    def __init__(self, hub: Hub):
         self.hub, self.events, self.lock, self.ncalls = hub, [], threading.Lock(), 0
 
     def event(self, what, g, op, call=0):
@@ -331,7 +211,7 @@ def test_the_wire_meter_sees_each_call_open_and_close(monkeypatch):
         M.note_send(g, 4.0, counter=M.CommCounter())
         return True
 
-    hub = _Hub(2)
+    hub = Hub(2)
     fake = _FakeMeter(hub)
     monkeypatch.setattr(wire, "_METERS", [fake])
     assert _run(2, body, monkeypatch, hub) == [True, True]
@@ -360,7 +240,7 @@ def test_returns_handles_and_the_clock(monkeypatch):
         with M.clocking() as clock:
             handle = calls.all_reduce(torch.ones(4), g, async_op=True)
             assert isinstance(handle, calls.Pending) and handle.wait()
-        calls.wait(_Work())  # a backend handle, no axis to charge
+        calls.wait(Work())  # a backend handle, no axis to charge
         return dict(clock)
 
     for clock in _run(2, body, monkeypatch):

@@ -7,12 +7,11 @@ rings over real process groups: tests/runtime/test_collectives.py (multi-process
 
 from __future__ import annotations
 
-import queue
-import threading
-
 import pytest
 
 torch = pytest.importorskip("torch")
+
+from tests.runtime.in_process import Hub, run_ranks  # noqa: E402
 
 from shardwise.errors import ShardwiseError  # noqa: E402
 from shardwise.runtime.collectives import rings  # noqa: E402
@@ -23,64 +22,12 @@ PER_SEGMENT = rings.SEGMENT_BYTES // 4  # float32 elements in one segment
 SMALL = 256  # bytes: the segment size the ring tests set, so that small tensors span several
 
 
-class _Done:
-    def wait(self) -> bool:
-        return True
-
-
-class _Recv:
-    def __init__(self, box: queue.Queue, into: torch.Tensor):
-        self.box, self.into = box, into
-
-    def wait(self) -> bool:
-        self.into.copy_(self.box.get(timeout=30))
-        return True
-
-
-class _Mailboxes:
-    """`dist.isend` / `dist.irecv` between threads; records every message's size."""
-
-    def __init__(self, n: int):
-        self.boxes = {(s, d): queue.Queue() for s in range(n) for d in range(n)}
-        self.me = threading.local()
-        self.sizes: list[int] = []
-        self.group = object()  # the process group every message must name
-
-    def isend(self, tensor, dst, group=None):
-        assert group is self.group
-        self.sizes.append(tensor.numel())
-        self.boxes[(self.me.rank, dst)].put(tensor.clone())
-        return _Done()
-
-    def irecv(self, tensor, src, group=None):
-        assert group is self.group
-        return _Recv(self.boxes[(src, self.me.rank)], tensor)
-
-
-def _run(n: int, body, monkeypatch) -> tuple[list, _Mailboxes]:
-    mail = _Mailboxes(n)
+def _run(n: int, body, monkeypatch) -> tuple[list, Hub]:
+    """`body` on n ranks whose `torch.distributed` has only `isend` and `irecv`."""
+    hub = Hub(n)
     monkeypatch.setattr(rings, "SEGMENT_BYTES", SMALL)
-    monkeypatch.setattr(rings.dist, "isend", mail.isend)
-    monkeypatch.setattr(rings.dist, "irecv", mail.irecv)
-    results: list = [None] * n
-    errors: list = []
-
-    def rank(r: int) -> None:
-        mail.me.rank = r
-        try:
-            g = AxisGroup("dp", mail.group, n, r, tuple(range(n)))
-            results[r] = body(g, r)
-        except BaseException as exc:  # reported below, in the test's thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    if errors:
-        raise errors[0]
-    return results, mail
+    monkeypatch.setattr(rings, "dist", hub.module("isend", "irecv"))
+    return run_ranks(hub, "dp", body), hub
 
 
 def _inputs(n: int, numel: int) -> list[torch.Tensor]:
@@ -102,7 +49,7 @@ def test_all_reduce_equals_the_single_device_reduction(n, op, monkeypatch):
         t = xs[r].clone().view(3, -1) if numel % 3 == 0 else xs[r].clone()
         return rings.ring_all_reduce_p2p(t, g, op=op, counter=counters[r]).reshape(-1)
 
-    out, mail = _run(n, body, monkeypatch)
+    out, hub = _run(n, body, monkeypatch)
     for r in range(n):
         torch.testing.assert_close(out[r], expected, rtol=1e-5, atol=1e-5)
     # each rank sends 2(N−1) chunks: (N−1)·S/N twice, chunks as tensor_split cuts them
@@ -115,7 +62,7 @@ def test_all_reduce_equals_the_single_device_reduction(n, op, monkeypatch):
         assert c.calls("dp", "all-reduce") == 1
     # the reduce-scatter moves its chunks in segments of at most SEGMENT_BYTES
     # (the all-gather sends each chunk whole)
-    assert sorted(set(mail.sizes)) == sorted({SMALL // 4, 7 // n + (7 % n > 0), 7 // n,
+    assert sorted(set(hub.sizes)) == sorted({SMALL // 4, 7 // n + (7 % n > 0), 7 // n,
                                               *sizes} - {0})
 
 

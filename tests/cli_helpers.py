@@ -1,4 +1,5 @@
-"""Run the real `shardwise` entry point in a subprocess."""
+"""Run the real `shardwise` entry point: in a subprocess, or (`run_in_process`) its function
+in this process."""
 
 import json
 import os
@@ -27,3 +28,17 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) 
     assert "Traceback" not in result.stderr
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
+
+
+def run_in_process(capsys, *args: str) -> tuple[int, str, str]:
+    """`shardwise ARGS` through the console entry point's function, in this process: its exit
+    code, stdout and stderr."""
+    from shardwise.cli import main
+
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out = capsys.readouterr()
+    return code, out.out, out.err

@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 
 from shardwise import validate
 from shardwise.arch import get_model
-from shardwise.cli import main
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import collective_time, ring_bytes_on_wire, ring_steps
 from shardwise.estimate.memory import in_flight_per_stage
@@ -28,17 +27,7 @@ from shardwise.layout import Layout, TrainSpec
 from shardwise.schedules import make_schedule, simulate
 from shardwise.schedules.metrics import microbatches_for_bubble, partition_layers
 from shardwise.units import parse_batch
-
-
-def run(capsys, *args: str) -> tuple[int, str, str]:
-    """`shardwise ARGS` through the console entry point, in this process."""
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out, out.err
+from tests.cli_helpers import run_in_process as run
 
 
 def assert_one_line(capsys, args: tuple[str, ...], *fragments: str) -> None:

@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 
 from shardwise import validate
 from shardwise.arch import ModelSpec, count_params, from_hf_dict, get_model
-from shardwise.cli import main
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.comm import collective_time
 from shardwise.estimate.memory import training_memory_per_gpu
@@ -32,18 +31,9 @@ from shardwise.plan import plan
 from shardwise.plan.space import _divisors
 from shardwise.schedules import make_schedule
 from shardwise.units import parse_batch, parse_count, parse_size
+from tests.cli_helpers import run_in_process as run
 
 FIXTURE = settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-def run(capsys, *args: str) -> tuple[int, str, str]:
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def numbers_in(text: str) -> list[float]:

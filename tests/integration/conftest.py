@@ -109,3 +109,16 @@ def flags(argv: list[str]) -> dict[str, str | None]:
             nxt = argv[i + 1] if i + 1 < len(argv) else None
             out[word] = None if nxt is None or nxt.startswith("--") else nxt
     return out
+
+
+def arg_value(raw: str | None) -> bool | int | float | str:
+    """An argument's text (a `flags` value) as argparse's `type=` reads it: a switch, int,
+    float or text."""
+    if raw is None:
+        return True
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw

@@ -12,7 +12,7 @@ import pytest
 from shardwise.arch import get_model
 from shardwise.fp8 import RECIPES, get_recipe
 from shardwise.stacks import STACKS
-from tests.integration.conftest import Emit, flags, require
+from tests.integration.conftest import Emit, arg_value, flags, require
 
 pytestmark = pytest.mark.integration
 
@@ -28,17 +28,6 @@ PLANS = {  # the search confined to the given layout, so each plan takes a secon
         "--layout", "tp=2,ep=8,zero=1,sp=1,recompute=full",
         "--fix", f"tp=2,pp=1,ep=8,{_FIX}", "--fp8", "tensorwise"],
 }
-
-
-def _value(raw):
-    if raw is None:
-        return True
-    for kind in (int, float):
-        try:
-            return kind(raw)
-        except ValueError:
-            pass
-    return raw
 
 
 @pytest.mark.parametrize("plan", list(PLANS))
@@ -61,7 +50,7 @@ def test_megatron_core_reads_back_mla_fp8_and_offload(capsys, monkeypatch, plan)
     args = {k[2:].replace("-", "_"): v for k, v in flags(argv).items()}
     model = get_model(PLANS[plan][0])
     names = {f.name for f in dataclasses.fields(MLATransformerConfig)}
-    kwargs = {k: _value(v) for k, v in args.items() if k in names and k not in ("bf16",)}
+    kwargs = {k: arg_value(v) for k, v in args.items() if k in names and k not in ("bf16",)}
     # Megatron-LM's parser default for an absent --q-lora-rank (arguments.py: None, a plain
     # q projection), which core_transformer_config_from_args copies over the dataclass's 512
     kwargs.setdefault("q_lora_rank", None)

@@ -14,25 +14,13 @@ import pytest
 from shardwise.arch import get_model
 from shardwise.layout import chunk_span
 from shardwise.schedules.registry import get_schedule
-from tests.integration.conftest import Emit, emit, flags, require
+from tests.integration.conftest import Emit, arg_value, emit, flags, require
 from tests.integration.plans import EXPECTED, MEGATRON_EXTRA, PLANS
 
 pytestmark = pytest.mark.integration
 
 # the plan's attention kernel as Megatron's --attention-backend (emit._MEGATRON_ATTENTION)
 BACKENDS = {"cudnn": "fused", "fa2": "flash", "fa3": "flash", "math": "unfused"}
-
-
-def _value(raw):
-    """An argument's text as argparse's `type=` reads it: a switch, int, float or text."""
-    if raw is None:
-        return True
-    for kind in (int, float):
-        try:
-            return kind(raw)
-        except ValueError:
-            pass
-    return raw
 
 
 def _config(argv):
@@ -45,7 +33,7 @@ def _config(argv):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     args = {k[2:].replace("-", "_"): v for k, v in flags(argv).items()}
-    kwargs = {field.name: _value(args[field.name]) for field in dataclasses.fields(TransformerConfig)
+    kwargs = {field.name: arg_value(args[field.name]) for field in dataclasses.fields(TransformerConfig)
               if field.name in args and field.name not in ("bf16", "fp16")}
     # renamed arguments, as core_transformer_config_from_args maps them
     dtype = torch.bfloat16 if "bf16" in args else torch.float16 if "fp16" in args else torch.float32
@@ -81,7 +69,7 @@ def _config(argv):
             start = argv.index("--" + name.replace("_", "-")) + 1
             end = next(i for i in range(start, len(argv) + 1)
                        if i == len(argv) or argv[i].startswith("--"))
-            kwargs[name] = [_value(w) for w in argv[start:end]]
+            kwargs[name] = [arg_value(w) for w in argv[start:end]]
     config = TransformerConfig(**kwargs)
     fsdp = "use_megatron_fsdp" in args
     ddp = DistributedDataParallelConfig(

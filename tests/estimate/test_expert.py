@@ -56,6 +56,35 @@ class _Stream:
         pass
 
 
+def _alltoall_config(ep: int, et: int, sequence_parallel: bool = True, **extra):
+    """Megatron-Core's `TransformerConfig` of MOE's alltoall dispatcher at expert-parallel
+    `ep` and expert-TP `et` (= TP), bf16."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    return TransformerConfig(num_layers=2, hidden_size=MOE.d_model, num_attention_heads=4,
+                             num_moe_experts=MOE.n_experts, moe_router_topk=MOE.top_k,
+                             moe_token_dispatcher_type="alltoall", expert_model_parallel_size=ep,
+                             expert_tensor_parallel_size=et, tensor_model_parallel_size=et,
+                             sequence_parallel=sequence_parallel, add_bias_linear=False,
+                             bf16=True, params_dtype=torch.bfloat16, **extra)
+
+
+def _dispatch_on_cpu(monkeypatch, gather, all_to_all, stream=None) -> None:
+    """Megatron-Core's token dispatcher on CPU, rank by rank: its groups' size and rank from
+    `_Group`, its SP gather and all-to-all the test's `gather` and `all_to_all`, its CUDA
+    streams `stream` (a `_Stream` by default)."""
+    from megatron.core import utils
+
+    stream = stream or _Stream()
+    monkeypatch.setattr(utils, "get_pg_size", lambda group=None: group.size())
+    monkeypatch.setattr(utils, "get_pg_rank", lambda group=None: group.rank())
+    monkeypatch.setattr(td, "gather_from_sequence_parallel_region", gather)
+    monkeypatch.setattr(td, "all_to_all", all_to_all)
+    monkeypatch.setattr(td.MoEAlltoAllTokenDispatcher, "cuda_dtoh_stream", stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+
+
 def _balanced_routing(tokens: int, n_experts: int, k: int, shift: int) -> "torch.Tensor":
     """[tokens, E] bool: token i to experts (i + shift + j·E/k) mod E, j < k — every expert
     receives tokens·k/E of this rank's tokens, k distinct experts per token."""
@@ -70,17 +99,9 @@ def test_alltoall_dispatcher_bytes_match_megatron(monkeypatch):
     tp_ep group of 8 ranks), top-2 of 8 experts: every rank's all-to-all payload leaving it
     (its `input_splits` to the other ep ranks: rows of h plus the routing probability) and
     its expert-TP all-gather's output (`output_splits_tp`) equal `ep_volumes`."""
-    from megatron.core import utils
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
     ep, et, h, k, n_exp = 4, 2, MOE.d_model, MOE.top_k, MOE.n_experts
     tokens = 24  # this rank's sequence shard (s·b/(c·t) under SP)
-    cfg = TransformerConfig(num_layers=2, hidden_size=h, num_attention_heads=4,
-                            num_moe_experts=n_exp, moe_router_topk=k,
-                            moe_token_dispatcher_type="alltoall", expert_model_parallel_size=ep,
-                            expert_tensor_parallel_size=et, tensor_model_parallel_size=et,
-                            sequence_parallel=True, add_bias_linear=False, bf16=True,
-                            params_dtype=torch.bfloat16)
+    cfg = _alltoall_config(ep, et)
     routing = {(ep_i, tp_i): _balanced_routing(tokens, n_exp, k, 3 * ep_i + tp_i)
                for ep_i in range(ep) for tp_i in range(et)}
     counts = torch.cat([routing[(e_i, t_i)].sum(0).long()
@@ -98,14 +119,7 @@ def test_alltoall_dispatcher_bytes_match_megatron(monkeypatch):
         sent["a2a"].append((list(map(int, input_splits)), x.shape[1:], x.dtype))
         return torch.zeros((int(sum(output_splits)), *x.shape[1:]), dtype=x.dtype)
 
-    stream = _Stream()
-    monkeypatch.setattr(utils, "get_pg_size", lambda group=None: group.size())
-    monkeypatch.setattr(utils, "get_pg_rank", lambda group=None: group.rank())
-    monkeypatch.setattr(td, "gather_from_sequence_parallel_region", gather)
-    monkeypatch.setattr(td, "all_to_all", all_to_all)
-    monkeypatch.setattr(td.MoEAlltoAllTokenDispatcher, "cuda_dtoh_stream", stream)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda: stream)
-    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    _dispatch_on_cpu(monkeypatch, gather, all_to_all)
 
     train = TrainSpec(impl="megatron-te")
     expected = ep_volumes(MOE, train, tokens=tokens, e=ep, et=et, ep_in_node=ep, act_bytes=2)
@@ -138,18 +152,10 @@ def test_padded_dispatch_exchanges_no_counts_as_megatron_runs_it(monkeypatch):
     token counts over tp_ep (every rank sends `capacity` rows to every expert): the dispatch
     gathers no counts, sends `capacity·E` = T·k rows, and `ep_time` charges exactly the count
     all-gather less than dropless routing with the same rows."""
-    from megatron.core import utils
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
     ep, et, h, k, n_exp = 4, 2, MOE.d_model, MOE.top_k, MOE.n_experts
     tokens = 24
-    cfg = TransformerConfig(num_layers=2, hidden_size=h, num_attention_heads=4,
-                            num_moe_experts=n_exp, moe_router_topk=k,
-                            moe_token_dispatcher_type="alltoall", expert_model_parallel_size=ep,
-                            expert_tensor_parallel_size=et, tensor_model_parallel_size=et,
-                            sequence_parallel=True, add_bias_linear=False, bf16=True,
-                            params_dtype=torch.bfloat16, moe_expert_capacity_factor=1.0,
-                            moe_pad_expert_input_to_capacity=True)
+    cfg = _alltoall_config(ep, et, moe_expert_capacity_factor=1.0,
+                           moe_pad_expert_input_to_capacity=True)
     calls: dict[str, list] = {"counts": [], "a2a": []}
 
     def gather(x, group=None, output_split_sizes=None, **_):
@@ -162,14 +168,7 @@ def test_padded_dispatch_exchanges_no_counts_as_megatron_runs_it(monkeypatch):
         calls["a2a"].append(x.shape[0])
         return torch.zeros((x.shape[0], *x.shape[1:]), dtype=x.dtype)
 
-    stream = _Stream()
-    monkeypatch.setattr(utils, "get_pg_size", lambda group=None: group.size())
-    monkeypatch.setattr(utils, "get_pg_rank", lambda group=None: group.rank())
-    monkeypatch.setattr(td, "gather_from_sequence_parallel_region", gather)
-    monkeypatch.setattr(td, "all_to_all", all_to_all)
-    monkeypatch.setattr(td.MoEAlltoAllTokenDispatcher, "cuda_dtoh_stream", stream)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda: stream)
-    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    _dispatch_on_cpu(monkeypatch, gather, all_to_all)
     pgs = type("PG", (), {"ep": _Group(ep, 1), "expt_tp": _Group(et, 0),
                           "tp_ep": _Group(ep * et, et)})()
     local = n_exp // ep
@@ -370,36 +369,25 @@ def test_dispatcher_blocks_the_host_once_per_forward(monkeypatch, ep, et, point,
     forward that one round trip — the host link's latency and one relaunch — and nothing to its
     backward or to a dense layer (both far from host-bound here). Padded to a capacity
     (drop-and-pad) it never waits, and nothing is charged."""
-    from megatron.core import utils
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
     from shardwise.calibration import default_calibration
     from shardwise.estimate.compute import ComputeContext, layer_cost
     from shardwise.hardware import get_accelerator, get_link
 
     h, k, n_exp, tokens = MOE.d_model, MOE.top_k, MOE.n_experts, 24
-    cfg = TransformerConfig(num_layers=2, hidden_size=h, num_attention_heads=4,
-                            num_moe_experts=n_exp, moe_router_topk=k,
-                            moe_token_dispatcher_type="alltoall", expert_model_parallel_size=ep,
-                            expert_tensor_parallel_size=et, tensor_model_parallel_size=et,
-                            sequence_parallel=et > 1, add_bias_linear=False, bf16=True,
-                            params_dtype=torch.bfloat16, moe_expert_capacity_factor=capacity,
-                            moe_pad_expert_input_to_capacity=capacity is not None)
+    cfg = _alltoall_config(ep, et, sequence_parallel=et > 1,
+                           moe_expert_capacity_factor=capacity,
+                           moe_pad_expert_input_to_capacity=capacity is not None)
     waits = []
     stream = _Stream()
     monkeypatch.setattr(stream, "synchronize", lambda: waits.append(1), raising=False)
-    monkeypatch.setattr(utils, "get_pg_size", lambda group=None: group.size())
-    monkeypatch.setattr(utils, "get_pg_rank", lambda group=None: group.rank())
     counts = torch.cat([_balanced_routing(tokens, n_exp, k, i).sum(0).long()
                         for i in range(ep * et)])
-    monkeypatch.setattr(td, "gather_from_sequence_parallel_region",
-                        lambda x, group=None, output_split_sizes=None, **_: counts
-                        if x.dtype == torch.long else torch.cat([x] * group.size()))
-    monkeypatch.setattr(td, "all_to_all", lambda group, x, out, inp: x if out is None else
-                        torch.zeros((int(sum(out)), *x.shape[1:]), dtype=x.dtype))
-    monkeypatch.setattr(td.MoEAlltoAllTokenDispatcher, "cuda_dtoh_stream", stream)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda: stream)
-    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    _dispatch_on_cpu(monkeypatch,
+                     lambda x, group=None, output_split_sizes=None, **_: counts
+                     if x.dtype == torch.long else torch.cat([x] * group.size()),
+                     lambda group, x, out, inp: x if out is None else
+                     torch.zeros((int(sum(out)), *x.shape[1:]), dtype=x.dtype),
+                     stream=stream)
     local = n_exp // ep
     pgs = type("PG", (), {"ep": _Group(ep, 0), "expt_tp": _Group(et, 0),
                           "tp_ep": _Group(ep * et, 0)})()

@@ -333,6 +333,12 @@ def _expand(model: ModelSpec, train: TrainSpec, rows: list[tuple[int, ...]], gri
                                k: int(np.broadcast_to(v, valid.shape)[at])
                                for k, v in cand.items()}))
         valid = valid & ~bad
+    # rows without a valid cell (a whole row the stack refuses) are dropped, in order: every
+    # later pass skips them, and the first valid cell row-major stays the first
+    keep = valid.any(axis=1)
+    if keep.any() and not keep.all():
+        cand = {k: v[keep] if np.shape(v)[0] == len(keep) else v for k, v in cand.items()}
+        valid = valid[keep]
     cand["_pairs"] = pairs
     cand["_n_layers"] = model.n_layers
     cand["_partitions"] = {(p, a, z): split for p, options in partitions.items()

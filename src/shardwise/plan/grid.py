@@ -337,8 +337,10 @@ def _expand(model: ModelSpec, train: TrainSpec, rows: list[tuple[int, ...]], gri
     # later pass skips them, and the first valid cell row-major stays the first
     keep = valid.any(axis=1)
     if keep.any() and not keep.all():
-        cand = {k: v[keep] if np.shape(v)[0] == len(keep) else v for k, v in cand.items()}
-        valid = valid[keep]
+        kept = np.flatnonzero(keep)
+        cand = {k: v.take(kept, axis=0) if np.shape(v)[0] == len(keep) else v
+                for k, v in cand.items()}
+        valid = valid.take(kept, axis=0)
     cand["_pairs"] = pairs
     cand["_n_layers"] = model.n_layers
     cand["_partitions"] = {(p, a, z): split for p, options in partitions.items()

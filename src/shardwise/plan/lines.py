@@ -18,14 +18,31 @@ _ROW_FAMILY = ("schedule", "chunks", "zero")
 
 
 def _dense_ids(columns: list[np.ndarray]) -> np.ndarray:
-    """Ids 0..k-1 of the distinct rows of `columns` (1-D arrays of one length)."""
+    """Ids 0..k-1 of the distinct rows of `columns` (1-D arrays of one length), in the rows'
+    lexicographic order (`np.unique`'s): small integer columns by their offset from the
+    least value, the ids by a table of the codes present (`_ranks`)."""
     code = np.zeros(len(columns[0]), dtype=np.int64)
     for column in columns:
-        values, inverse = np.unique(column, return_inverse=True)
-        code = code * len(values) + inverse.ravel()
+        low, high = (int(column.min()), int(column.max())) if len(column) else (0, 0)
+        if column.dtype.kind in "iu" and high - low < 1 << 16:
+            code = code * (high - low + 1) + (column.astype(np.int64) - low)
+        else:
+            values, inverse = np.unique(column, return_inverse=True)
+            code = code * len(values) + inverse.ravel()
         if code.max(initial=0) > 2**40:
-            code = np.unique(code, return_inverse=True)[1].ravel()
-    return np.unique(code, return_inverse=True)[1].ravel()
+            code = _ranks(code)
+    return _ranks(code)
+
+
+def _ranks(code: np.ndarray) -> np.ndarray:
+    """`np.unique(code, return_inverse=True)[1]` of non-negative int64 codes: through a table
+    of the codes present where the codes are few enough to index one."""
+    top = int(code.max(initial=0))
+    if top > 4 * len(code) + 1024:
+        return np.unique(code, return_inverse=True)[1].ravel()
+    present = np.zeros(top + 1, dtype=bool)
+    present[code] = True
+    return (np.cumsum(present) - 1)[code]
 
 
 def _codes(cand: dict[str, Any], axis: str) -> np.ndarray:

@@ -22,7 +22,7 @@ import time
 
 from results import markdown_table, write_result
 
-from shardwise.arch import PRESETS, ModelSpec, get_model
+from shardwise.arch import ModelSpec, get_model
 from shardwise.hardware import Cluster
 from shardwise.layout import TrainSpec
 from shardwise.plan import SearchSpace, _enumerate, _flatten, _Rejections, evaluate_candidates, plan
@@ -45,14 +45,10 @@ SCENARIOS = [
 ]
 
 MOE_REPEATS = 3
-# (scenario, preset, GPUs, accelerator, sequence length, global batch in sequences); the
-# Qwen3-235B row runs where the preset exists, DeepSeek-V2-Lite on the same GPUs meanwhile
-QWEN3 = next((name for name in PRESETS if name.startswith("qwen3-235b")), None)
+# (scenario, preset, GPUs, accelerator, sequence length, global batch in sequences)
 MOE_SCENARIOS = [
     ("DeepSeek-V3, 2,048 H800, s=4096", "deepseek-v3", 2048, "h800", 4096, 15360),
-    ("Qwen3-235B-A22B, 256 H100, s=4096", QWEN3, 256, "h100", 4096, 1024) if QWEN3 else
-    ("DeepSeek-V2-Lite, 256 H100, s=4096 (until the Qwen3 preset)", "deepseek-v2-lite", 256,
-     "h100", 4096, 1024),
+    ("Qwen3-235B-A22B, 256 H100, s=4096", "qwen3-235b-a22b", 256, "h100", 4096, 1024),
     ("Mixtral-8x22B, 1,024 H100, s=4096", "mixtral-8x22b", 1024, "h100", 4096, 1024),
     # the largest MoE search of the presets on 16,384 GPUs (2026-12-05: most cells and step
     # times of kimi-k2, qwen3, llama4, gpt-oss, deepseek, mixtral and glm at a 16,384 batch)

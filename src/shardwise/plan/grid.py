@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -316,29 +316,77 @@ def _expand(model: ModelSpec, train: TrainSpec, rows: list[tuple[int, ...]], gri
     table = np.stack([pairs[key] for key in fields])
     narrow = np.int32 if max(int(table.max()), len(pairs["tp"]), int(zero.max())) < 2**31 \
         else np.int64
-    gathered = table.astype(narrow).take(pr, axis=1)
-    cand: dict[str, Any] = {key: gathered[i][:, None] for i, key in enumerate(fields)}
-    cand.update(schedule=lvl3["schedule"].astype(narrow)[l3][:, None],
-                chunks=lvl3["chunks"].astype(narrow)[l3][:, None],
-                zero=lvl4["zero"].astype(narrow)[:, None],
-                zero_group=lvl4["zero_group"].astype(narrow)[:, None], sp=sp, recompute=rc,
-                pair=pr.astype(narrow)[:, None])
-    # the combinations the stack refuses (`Stack.rules`), counted where the rest is valid
-    for stack_rule, refused in stack.refused(cand, train):
+    table = table.astype(narrow)
+    per_row = {"schedule": lvl3["schedule"].astype(narrow)[l3],
+               "chunks": lvl3["chunks"].astype(narrow)[l3],
+               "zero": lvl4["zero"].astype(narrow), "zero_group": lvl4["zero_group"].astype(narrow),
+               "pair": pr.astype(narrow)}
+
+    def rows_of(at: Any) -> dict[str, Any]:
+        """The grid's fields of rows `at` (all: a slice), each `(rows, 1)`; sp, rc `(1, cols)`."""
+        gathered = table.take(pr[at], axis=1)
+        out: dict[str, Any] = {key: gathered[i][:, None] for i, key in enumerate(fields)}
+        return out | {k: v[at][:, None] for k, v in per_row.items()} | {"sp": sp, "recompute": rc}
+
+    # the combinations the stack refuses (`Stack.rules`), counted where the rest is valid; a
+    # rule gathers only the fields it reads (`_Fields`)
+    lazy = _Fields(table, fields, pr, per_row, {"sp": sp, "recompute": rc})
+    for stack_rule, refused in stack.refused(lazy, train):
         bad = np.broadcast_to(refused, valid.shape) & valid
         if bad.any():
             at = np.unravel_index(int(np.argmax(bad)), bad.shape)  # the first, row-major
+            one = rows_of(np.array([at[0]]))
             rejections.add(f"{stack.name} cannot run it ({stack_rule.source})", int(bad.sum()),
                            stack_rule.message(stack.name, {
-                               k: int(np.broadcast_to(v, valid.shape)[at])
-                               for k, v in cand.items()}))
+                               k: int(np.broadcast_to(v, (1, valid.shape[1]))[0, at[1]])
+                               for k, v in one.items()}))
         valid = valid & ~bad
+    del lazy
+    # rows without a valid cell (a whole row the stack refuses) are left out, in order: every
+    # later pass skips them, and the first valid cell row-major stays the first
+    keep = valid.any(axis=1)
+    if keep.any() and not keep.all():
+        kept = np.flatnonzero(keep)
+        cand = rows_of(kept)
+        valid = valid.take(kept, axis=0)
+    else:
+        cand = rows_of(slice(None))
     cand["_pairs"] = pairs
     cand["_n_layers"] = model.n_layers
     cand["_partitions"] = {(p, a, z): split for p, options in partitions.items()
                            for (a, z), split in options.items()}
     cand["_valid"] = valid
     return cand, grid
+
+
+class _Fields(Mapping[str, Any]):
+    """The grid's fields by name as `_expand` builds them, each gathered from the pairs' and
+    the rows' tables when first read (a stack's rules read a few)."""
+
+    def __init__(self, table: np.ndarray, fields: Sequence[str], pair: np.ndarray,
+                 per_row: dict[str, np.ndarray], columns: dict[str, np.ndarray]) -> None:
+        self.table, self.fields, self.pair = table, list(fields), pair
+        self.per_row, self.columns = per_row, columns
+        self.memo: dict[str, Any] = {}
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self.memo:
+            if key in self.columns:
+                self.memo[key] = self.columns[key]
+            elif key in self.per_row:
+                self.memo[key] = self.per_row[key][:, None]
+            else:  # KeyError for a name the grid lacks
+                row = self.table[self.fields.index(key)] if key in self.fields else None
+                if row is None:
+                    raise KeyError(key)
+                self.memo[key] = row.take(self.pair)[:, None]
+        return self.memo[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([*self.fields, *self.per_row, *self.columns])
+
+    def __len__(self) -> int:
+        return len(self.fields) + len(self.per_row) + len(self.columns)
 
 
 def _flatten(cand: dict[str, Any], terms: dict[str, Any] | None = None,

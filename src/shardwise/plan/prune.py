@@ -25,7 +25,7 @@ from shardwise.arch import ModelSpec
 from shardwise.calibration import Calibration
 from shardwise.errors import ShardwiseError
 from shardwise.hardware import Cluster
-from shardwise.layout import CP_KINDS, Layout, TrainSpec
+from shardwise.layout import Layout, TrainSpec
 from shardwise.plan.evaluate import (
     _THREADS,
     cell_terms,
@@ -35,6 +35,18 @@ from shardwise.plan.evaluate import (
     step_floor,
 )
 from shardwise.plan.grid import _Rejections, _structures
+from shardwise.plan.lines import (
+    _PAIR_FAMILY,
+    _ROW_FAMILY,
+    _codes,
+    _dense_ids,
+    _Groups,
+    _kth_best,
+    _Least,
+    _pair_family,
+    _present,
+    _row_min,
+)
 from shardwise.plan.space import SearchSpace
 
 # valid layouts above which `plan` prunes (below it evaluates every step time: cheaper)
@@ -47,9 +59,6 @@ MARGIN = 1e-6  # relative slack on every threshold (the ranking's ties are 1e-9)
 _KEYS = ("total", "memory", "bubble", "t_forward", "t_backward", "t_wgrad")
 _ROW_AXES = ("tp", "pp", "cp", "ep", "cp_kind", "zero", "schedule", "micro_batch")
 _COL_AXES = ("recompute", "sp")
-# the fields that name a family (`rank._FIRST_ORDER`): all but zero_group and the partition
-_PAIR_FAMILY = ("tp", "pp", "cp", "ep", "etp", "cp_kind", "ulysses", "micro_batch")
-_ROW_FAMILY = ("schedule", "chunks", "zero")
 
 
 # the search's resident memory: the interpreter and its modules, and per cell of
@@ -224,6 +233,7 @@ class _State:
         self.done = np.zeros(valid.shape, dtype=bool)
         self.index = np.zeros(0, dtype=np.int64)
         self.terms: dict[str, Any] = {k: np.zeros(0) for k in _KEYS}
+        self.of_pair: np.ndarray | None = None
 
     def add(self, flat: np.ndarray) -> None:
         """Evaluate the valid, not yet evaluated cells `flat` (flat grid indices)."""
@@ -287,7 +297,10 @@ class _State:
         idx, total = self.index, self.terms["total"]
         rows, cols = np.divmod(idx, n_cols)
         fit = self.fits.ravel()[idx]
-        ahead = _kth_best(self.cand, rows[fit], cols[fit], total[fit], top, fold)
+        if self.of_pair is None:  # the pairs' family ids, the same every round
+            self.of_pair = _pair_family(self.cand)
+        ahead = _kth_best(self.cand, rows[fit], cols[fit], total[fit], top, fold,
+                          self.of_pair)
         fit_threshold = ahead * (1 + within) * (1 + MARGIN)  # inf: fewer rows than asked
         for threshold in positions:
             if threshold is not None:
@@ -455,17 +468,6 @@ def _by_stages(cand: dict[str, Any], rows: np.ndarray) -> list[np.ndarray]:
     return np.split(order, bounds)
 
 
-def _dense_ids(columns: list[np.ndarray]) -> np.ndarray:
-    """Ids 0..k-1 of the distinct rows of `columns` (1-D arrays of one length)."""
-    code = np.zeros(len(columns[0]), dtype=np.int64)
-    for column in columns:
-        values, inverse = np.unique(column, return_inverse=True)
-        code = code * len(values) + inverse.ravel()
-        if code.max(initial=0) > 2**40:
-            code = np.unique(code, return_inverse=True)[1].ravel()
-    return np.unique(code, return_inverse=True)[1].ravel()
-
-
 def _pair_rows(cand: dict[str, Any], want: dict[str, int]) -> list[np.ndarray]:
     """For each (structure, micro-batch) pair matching `want`, its grid rows (the grid's rows
     are sorted by pair)."""
@@ -480,119 +482,3 @@ def _pair_rows(cand: dict[str, Any], want: dict[str, int]) -> list[np.ndarray]:
         if hi > lo:
             out.append(np.arange(lo, hi))
     return out
-
-
-def _codes(cand: dict[str, Any], axis: str) -> np.ndarray:
-    """Small non-negative codes of `axis` on the grid ((rows, 1) or (1, cols)); cp_kind of
-    layouts without context parallelism gets a code of its own (no alternative)."""
-    value = np.asarray(cand[axis], dtype=np.int64)
-    if axis == "cp_kind":
-        value = np.where(np.asarray(cand["cp"]) > 1, value, len(CP_KINDS))
-    # int16 where the values allow (GPU counts ≤ 16,384): a quarter of the bytes to gather
-    return value.astype(np.int16) if value.max(initial=0) < 1 << 15 else value
-
-
-def _present(code: np.ndarray, any_valid: dict[bool, np.ndarray], axis: str) -> list[int]:
-    """The codes of `axis` some valid layout has (`any_valid`: per row (True) and per column
-    (False), whether any cell is valid)."""
-    line = any_valid[code.shape[1] == 1]
-    flat = code[:, 0] if code.shape[1] == 1 else code[0]
-    out = np.unique(flat[line]) if line.any() else np.zeros(0, dtype=np.int64)
-    return [int(v) for v in out if not (axis == "cp_kind" and v == len(CP_KINDS))]
-
-
-class _Groups:
-    """The positions of a line (an axis' code per row, or per column) grouped by code, each
-    group in its own order (a stable sort: int16 codes sort in linear time)."""
-
-    def __init__(self, code: np.ndarray) -> None:
-        self.on_rows = code.shape[1] == 1
-        line = code[:, 0] if self.on_rows else code[0]
-        self.order = np.argsort(line, kind="stable")
-        ordered = line[self.order]
-        self.starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
-        self.ends = np.append(self.starts[1:], len(line))
-        self.codes = ordered[self.starts]
-        self.size = int(line.max()) + 1 if len(line) else 0
-
-    def min(self, value: np.ndarray) -> np.ndarray:
-        """The least `value` (one per position of the line) of each code `0..max` (inf
-        where none)."""
-        per = np.full(self.size, np.inf)
-        if len(self.order):
-            per[self.codes] = np.minimum.reduceat(value[self.order], self.starts)
-        return per
-
-    def first(self, value: np.ndarray, code: int, target: float) -> int:
-        """The first position of the line with `code` whose `value` is `target`."""
-        k = int(np.searchsorted(self.codes, code))
-        at = self.order[self.starts[k]:self.ends[k]]
-        return int(at[np.argmax(value[at] == target)])
-
-
-class _Least:
-    """The least value of a grid per row and per column, and where: for each code of an axis,
-    the flat index of a cell of least value (`cells`)."""
-
-    def __init__(self, grid: np.ndarray) -> None:
-        self.n_cols = grid.shape[1]
-        row_low, row_arg = _row_argmin(grid)
-        self.low = {True: row_low, False: grid.min(axis=0)}
-        self.arg = {True: row_arg, False: grid.argmin(axis=0)}
-
-    def cells(self, groups: _Groups, present: list[int]) -> list[int]:
-        on_rows = groups.on_rows
-        low, arg = self.low[on_rows], self.arg[on_rows]
-        best = groups.min(low)
-        out = []
-        for v in present:
-            if not np.isfinite(best[v]):
-                continue
-            at = groups.first(low, v, best[v])
-            out.append(at * self.n_cols + int(arg[at]) if on_rows
-                       else int(arg[at]) * self.n_cols + at)
-        return out
-
-
-def _row_min(grid: np.ndarray) -> np.ndarray:
-    """`grid.min(axis=1)` of a grid of few columns, a column at a time (numpy reduces a
-    short inner axis slowly); the same numbers."""
-    out = grid[:, 0].copy()
-    for j in range(1, grid.shape[1]):
-        np.minimum(out, grid[:, j], out=out)
-    return out
-
-
-def _row_argmin(grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(`grid.min(axis=1)`, `grid.argmin(axis=1)`: the first column of the least) of a grid of
-    few columns, a column at a time; the same numbers."""
-    low, arg = grid[:, 0].copy(), np.zeros(grid.shape[0], dtype=np.intp)
-    for j in range(1, grid.shape[1]):
-        less = grid[:, j] < low
-        np.copyto(low, grid[:, j], where=less)
-        arg[less] = j
-    return low, arg
-
-
-def _kth_best(cand: dict[str, Any], rows: np.ndarray, cols: np.ndarray, total: np.ndarray,
-              top: int, fold: bool) -> float:
-    """The `top`-th smallest step time of the evaluated fitting layouts (of their families'
-    bests when folding); inf when there are fewer."""
-    if not len(total):
-        return np.inf
-    if fold:
-        # the pair's fields of a family as one id per pair (few pairs), then the row's and
-        # the column's: the same families as the fields one by one
-        pairs = cand["_pairs"]
-        of_pair = _dense_ids([np.asarray(pairs[k]) for k in _PAIR_FAMILY])
-        keys = [of_pair[np.asarray(cand["pair"])[rows, 0]]]
-        keys += [np.asarray(cand[k])[rows, 0] for k in _ROW_FAMILY]
-        keys += [np.asarray(cand[k])[0, cols] for k in ("sp", "recompute")]
-        family = _dense_ids(keys)
-        best = np.full(int(family.max()) + 1, np.inf)
-        np.minimum.at(best, family, total)
-    else:
-        best = total
-    if len(best) < top:
-        return np.inf
-    return float(np.partition(best, top - 1)[top - 1])

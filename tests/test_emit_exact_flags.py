@@ -205,7 +205,8 @@ def test_gpt_oss_flags_as_megatron_reads_them():
     assert args.softmax_type == "learnable" and args.add_bias_linear
     assert not args.bias_dropout_fusion and args.quick_geglu
     assert (args.glu_linear_offset, args.activation_func_clamp_value) == (1.0, 7.0)
-    assert _refusal("megatron", model, layout, attention="fa3") == (
+    assert _refusal("megatron", model, layout, attention="fa2") == _refusal(
+        "megatron", model, layout, attention="fa3") == (
         "Transformer Engine runs attention sinks (--softmax-type learnable) in its cuDNN and "
         "unfused attention only: plan with --attention cudnn")
     assert _refusal("megatron", model, Layout(dp=8, tp=2, ep=8, sp=True),
@@ -364,8 +365,11 @@ def test_torchtitan_runs_fp8_through_llama3_405bs_config_only():
     assert _flag(out, "--config") == "llama3_405b"
     assert out.notes == ("llama3_405b's Float8 converter leaves lm_head in bf16 (filter_fqns); "
                          "the plan charged the head's GEMMs in FP8",)
-    message = _refusal("torchtitan", get_model("llama3-70b"), layout, fp8="rowwise")
-    assert message.startswith("torchtitan 0.3 turns on FP8 (rowwise) in a config function")
+    assert _refusal("torchtitan", get_model("llama3-70b"), layout, fp8="rowwise") == (
+        "torchtitan 0.3 turns on FP8 (rowwise) in a config function (model_registry(..., "
+        "converters=[Float8LinearConverter.Config(recipe_name=…)])), not on the command line; "
+        "only its llama3_405b config has one (rowwise): write your own, or emit for "
+        "Megatron-LM")
 
 
 # --- the nearest search's edits -------------------------------------------------------------
@@ -605,3 +609,44 @@ def test_torchtitans_deepseek_flavor_note():
         "config.json: 0.707) and balances its experts with a router bias (MoE "
         "load_balance_coeff 1e-3), not DeepSeek-V2's auxiliary losses: the same parameters, "
         "FLOPs and traffic",)
+
+
+def test_deepspeed_moe_every_third_layer_as_megatron_deepspeed_places_it():
+    """Megatron-DeepSpeed makes 1-based layer n MoE when n % --expert-interval == 0
+    (its pinned `get_num_experts_per_layer`, tests/integration/megatron_deepspeed.moe_layers):
+    MoE at 0-based 2, 5, 8, … exports; the same interval shifted by one is refused."""
+    from tests.integration import megatron_deepspeed
+
+    model = get_model("mixtral-8x7b").with_(moe_every=3)
+    out = emit("deepspeed", model, Layout(dp=16, ep=8, zero=2), _train("deepspeed"))
+    placed = megatron_deepspeed.moe_layers(_megatron_deepspeed(out, 16))
+    assert placed == [model.is_moe_layer(i) for i in range(model.n_layers)]
+    assert placed[:6] == [False, False, True, False, False, True]
+
+
+def test_deepspeed_moe_refusals_exact():
+    message = _refusal("deepspeed", get_model("mixtral-8x7b"), Layout(dp=16, ep=8, zero=3))
+    assert "; DeepSpeed refuses its MoE under ZeRO-3 (deepspeed/runtime/engine.py:2215 "\
+           "@0.19.8); use zero ≤ 2" in message
+    assert _refusal("deepspeed", get_model(V2), Layout(dp=8, ep=8, zero=2)).endswith(
+        "cannot run this plan: deepseek-v2-lite has 2 shared expert(s); DeepSpeed-MoE has none "
+        "(its --mlp-type residual is PR-MoE's residual MLP mixed by a learned coefficient, "
+        "another model)")
+
+
+def test_one_layer_per_stage_recomputed_is_block_1():
+    """A share of 1/8 over 4 stages of 8 layers: the first layer of each, N = 1."""
+    out = emit("megatron", get_model("llama3-8b"), Layout(dp=2, tp=2, pp=4, zero=1,
+                                                          recompute="full"),
+               _train("megatron", recompute_share=0.125))
+    assert (_flag(out, "--recompute-method"), _flag(out, "--recompute-num-layers")) == (
+        "block", "1")
+
+
+def test_torchtitan_refuses_a_sequence_past_its_configs_rope_table():
+    assert _refusal("torchtitan", get_model(V2), Layout(dp=8, zero=2, ep=8),
+                    seq_len=32768) == (
+        "torchtitan (torchtitan 0.3.0) cannot run this plan: torchtitan 0.3.0's "
+        "deepseek_v3_16b precomputes RoPE for 16384 positions and refuses a longer seq_len "
+        "(models/common/decoder.py update_from_config); plan with --seq ≤ 16384, or with "
+        "--impl megatron-te for Megatron-LM")

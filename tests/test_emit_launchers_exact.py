@@ -77,3 +77,4 @@ def test_skypilot_envs_keep_values_with_equals_signs():
     task = yaml.safe_load(launcher_script("skypilot", launch, 8, name="run",
                                           accelerator="h100-sxm"))
     assert task["envs"] == {"NCCL_DEBUG": "INFO", "XLA_FLAGS": "--xla_gpu_enable=true=1"}
+

@@ -6,7 +6,8 @@ test file that imports it (in-process tests only). Module- and class-level numer
 are mutated too by a small operator of our own (int n → n + 1, float x → 1.1·x). Unreached
 mutants count as survivors; equivalent ones are listed by hand in mutation_equivalent.py (mutant →
 reason). Results per group, with commit, date, machine and command,
-live in docs/accuracy/mutation.json; docs/accuracy/mutation.md is written from it.
+live in docs/accuracy/mutation.json; docs/accuracy/mutation.md is written from it. A group
+whose mutmut pass fails is recorded as failed, with the reason in one line, and the next runs.
 
 CI runs the offload group whole (tests/test_mutation_subset.py). Run on demand (the
 `mutation` extra): `.venv/bin/python benchmarks/mutation.py` (every group),
@@ -240,6 +241,25 @@ def run_group(group: str, sample: int | None, seed: int) -> dict[str, object]:
                                 if s in ("survived", "no tests"))}
 
 
+def run_group_or_failure(group: str, sample: int | None, seed: int) -> dict[str, object]:
+    """`run_group`'s record, or, when it raises (a mutmut pass failing on one group), a record
+    of the failure: the group's files and tests, no counts, and `failed` = the error's first
+    line and mutmut's last, so that the other groups still run."""
+    start = time.monotonic()
+    try:
+        return run_group(group, sample, seed)
+    except Exception as error:  # any failure of one group: record it, go on
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        reason = lines[0] if lines else type(error).__name__
+        if len(lines) > 1:  # mutmut's own last word (its output's last line)
+            reason += f" … {lines[-1]}"
+        where = re.search(r" in (\S+):", reason)
+        files, tests = GROUPS[group]
+        return {"group": group, "where": where.group(1) if where else "", "files": files,
+                "tests": tests, "failed": f"{type(error).__name__}: {reason}",
+                "seconds": time.monotonic() - start}
+
+
 def _commit() -> str:
     head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT,
                           capture_output=True, text=True).stdout.strip()
@@ -317,6 +337,12 @@ def write_report(records: dict[str, dict[str, object]]) -> None:
     for g in groups:
         files, tests = g.get("files"), g.get("tests")  # as run (not today's GROUPS)
         assert isinstance(files, list) and isinstance(tests, list)
+        shown = tests if len(tests) <= 3 else [*tests[:3], f"… {len(tests) - 3} more"]
+        if "failed" in g:  # the run of this group failed: its reason, no counts
+            lines.append(f"| {g['group']} | {', '.join(files)} | {', '.join(shown)} | "
+                         f"failed: {str(g['failed']).replace('|', '/')} |  |  |  |  |  |  |  "
+                         f"| - | {float(str(g['seconds'])) / 60:.1f} |")
+            continue
         c = g["counts"]
         assert isinstance(c, dict)
         alive, denominator = survival(g, equivalent)
@@ -324,7 +350,6 @@ def write_report(records: dict[str, dict[str, object]]) -> None:
         k = g.get("constants") or {}
         assert isinstance(k, dict)
         consts = f"{k.get('killed', 0)}/{sum(k.values())}" if k else "-"
-        shown = tests if len(tests) <= 3 else [*tests[:3], f"… {len(tests) - 3} more"]
         rate = f"{alive / denominator:.1%}" if denominator else "-"
         lines.append(f"| {g['group']} | {', '.join(files)} | {', '.join(shown)} | "
                      f"{g['mutants']} | {g['checked']} | {c['killed']} | {c['survived']} | "
@@ -342,6 +367,9 @@ def write_report(records: dict[str, dict[str, object]]) -> None:
               "(`--keep`) prints one; `constant_L<line>_C<col>` is the script's constant "
               "mutant at that place.", ""]
     for g in groups:
+        if "failed" in g:
+            lines.append(f"- **{g['group']}**: the run failed ({g['failed']})")
+            continue
         every = g["survivors"]
         assert isinstance(every, list)
         survivors = [n for n in every if n not in equivalent]
@@ -382,10 +410,13 @@ def main() -> int:
     command = "python benchmarks/mutation.py " + " ".join(sys.argv[1:])
     for group in args.only:
         commit = _commit()  # what the scratch copy is made of
-        result = run_group(group, args.sample, args.seed)
-        print(f"{group:<10} {result['checked']:>5} of {result['mutants']:>5} mutants: "
-              f"{result['counts']} ({float(str(result['seconds'])):.0f} s, {result['where']})",
-              flush=True)
+        result = run_group_or_failure(group, args.sample, args.seed)
+        if "failed" in result:
+            print(f"{group:<10} failed: {result['failed']}", flush=True)
+        else:
+            print(f"{group:<10} {result['checked']:>5} of {result['mutants']:>5} mutants: "
+                  f"{result['counts']} ({float(str(result['seconds'])):.0f} s, "
+                  f"{result['where']})", flush=True)
         if not args.keep:
             shutil.rmtree(str(result.pop("where")), ignore_errors=True)
         else:

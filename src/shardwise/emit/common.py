@@ -249,9 +249,9 @@ def _header(framework: str, model: ModelSpec, layout: Layout, train: TrainSpec, 
 
 
 def _vocab_divisor(model: ModelSpec, tp: int) -> int:
-    """The `--make-vocab-size-divisible-by` that keeps V unpadded: the largest d ≤ 128 with
-    `d·tp | V` (Megatron pads V to a multiple of d·tp, default d = 128; V % tp == 0 is
-    checked before, `_vocab_problems`)."""
+    """The `--make-vocab-size-divisible-by` that keeps V unpadded: the largest power of two
+    d ≤ 128 with `d·tp | V`, gcd(V/tp, 128) (Megatron pads V to a multiple of d·tp, default
+    d = 128; V % tp == 0 is checked before, `_vocab_problems`)."""
     return math.gcd(model.vocab // tp, 128)
 
 

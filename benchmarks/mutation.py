@@ -94,7 +94,8 @@ def tests_of(files: list[str]) -> list[str]:
 # those modules' behaviour — arch: parameter counts against transformers' own models,
 # config.json readers, presets; layout: parsing, derived degrees, validation messages
 SUBJECT_TESTS = {
-    "arch": ["tests/test_arch.py", "tests/test_arch_components.py", "tests/test_deepseek.py",
+    "arch": ["tests/test_arch.py", "tests/test_arch_components.py",
+             "tests/test_arch_hub_defaults.py", "tests/test_deepseek.py",
              "tests/test_model_types.py", "tests/test_presets.py"],
     "layout": ["tests/test_bad_input.py", "tests/test_hardware_layout.py",
                "tests/test_layout_fields.py", "tests/test_layout_references.py"],

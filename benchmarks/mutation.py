@@ -98,7 +98,8 @@ SUBJECT_TESTS = {
              "tests/test_arch_hub_defaults.py", "tests/test_deepseek.py",
              "tests/test_model_types.py", "tests/test_presets.py"],
     "layout": ["tests/test_bad_input.py", "tests/test_hardware_layout.py",
-               "tests/test_layout_fields.py", "tests/test_layout_references.py"],
+               "tests/test_layout_fields.py", "tests/test_layout_references.py",
+               "tests/test_layout_train_spec.py"],
 }
 GROUPS = {name: (files, SUBJECT_TESTS.get(name) or tests_of(files))
           for name, files in MODULES.items()}

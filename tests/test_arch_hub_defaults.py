@@ -113,6 +113,13 @@ def test_deepseek_v3_router_rope_and_mtp_are_the_config_classes():
     assert (v3.router_score, v3.norm_topk, v3.rope_interleave, v3.mtp_layers) == (
         "sigmoid", config.norm_topk_prob, config.rope_interleave, 1)
     assert v3.count_params().total == _meta_params(config)
+    # deepseek-ai/DeepSeek-V3 config.json writes "moe_layer_freq": 1, which transformers does
+    # not read (every layer from first_k_dense_replace on is MoE): 1 is read, 2 refused
+    assert from_hf_dict({"model_type": "deepseek_v3", **mla, "moe_layer_freq": 1},
+                        "v3").n_experts == 8
+    with pytest.raises(ShardwiseError, match="moe_layer_freq=2 is not supported") as err:
+        from_hf_dict({"model_type": "deepseek_v3", **mla, "moe_layer_freq": 2}, "v3")
+    assert "\n" not in str(err.value)
     v2 = from_hf_dict({"model_type": "deepseek_v2", **mla, "norm_topk_prob": True}, "v2")
     assert (v2.router_score, v2.norm_topk, v2.rope_interleave, v2.mtp_layers) == (
         "softmax", False, True, 0)

@@ -33,7 +33,7 @@ def _meta_params(config: object) -> int:
 def test_gemma3_rope_thetas_are_the_config_classes():
     """Gemma 3: the global θ defaults to 1e6 and the local one to 10000 unless
     rope_local_base_freq says otherwise (Gemma3TextConfig's rope_parameters per layer type)."""
-    for extra in ({}, {"rope_local_base_freq": 20000.0}):
+    for extra in ({}, {"rope_local_base_freq": 20000.0}, {"rope_theta": 5e5}):
         hub = {"model_type": "gemma3_text", "num_hidden_layers": 7, **_SMALL, **extra}
         config = transformers.Gemma3TextConfig(**{k: v for k, v in hub.items()
                                                   if k != "model_type"})
@@ -46,10 +46,16 @@ def test_gemma3_rope_thetas_are_the_config_classes():
 def test_gpt_oss_and_glm_defaults_are_the_config_classes():
     """gpt-oss: θ 150000 (GptOssConfig); GLM-4.5: RoPE on half of each head by default, or
     the share the file gives."""
-    hub = {"model_type": "gpt_oss", "num_hidden_layers": 2, **_SMALL, "num_local_experts": 4,
-           "num_experts_per_tok": 2}
-    config = transformers.GptOssConfig(**{k: v for k, v in hub.items() if k != "model_type"})
-    assert from_hf_dict(hub, "o").rope_theta == config.rope_parameters["rope_theta"] == 150000
+    for theta in (None, 20000.0):
+        hub = {"model_type": "gpt_oss", "num_hidden_layers": 2, **_SMALL,
+               "num_local_experts": 4, "num_experts_per_tok": 2}
+        if theta is not None:
+            hub["rope_theta"] = theta
+        config = transformers.GptOssConfig(**{k: v for k, v in hub.items()
+                                              if k != "model_type"})
+        spec = from_hf_dict(hub, "o")
+        assert spec.rope_theta == config.rope_parameters["rope_theta"] == (theta or 150000)
+        assert spec.rotary_percent == 1.0  # RoPE over the whole head
     for share in (None, 0.25):
         hub = {"model_type": "glm4_moe", "num_hidden_layers": 3, **_SMALL,
                "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 40}
@@ -57,8 +63,13 @@ def test_gpt_oss_and_glm_defaults_are_the_config_classes():
             hub["partial_rotary_factor"] = share
         config = transformers.Glm4MoeConfig(**{k: v for k, v in hub.items()
                                                if k != "model_type"})
-        assert from_hf_dict(hub, "glm").rotary_percent == config.rope_parameters[
+        spec = from_hf_dict(hub, "glm")
+        assert spec.rotary_percent == config.rope_parameters[
             "partial_rotary_factor"] == (share or 0.5)
+        # Glm4MoeConfig's defaults: one dense first layer, one MTP layer
+        assert spec.first_dense_layers == config.first_k_dense_replace == 1
+        assert spec.mtp_layers == config.num_nextn_predict_layers == 1
+        assert spec.count_params().total == _meta_params(config)
 
 
 @pytest.mark.parametrize(("kind", "cls", "extra"), [
@@ -66,6 +77,7 @@ def test_gpt_oss_and_glm_defaults_are_the_config_classes():
                                   "sliding_window": 16, "no_rope_layer_interval": 3}),
     ("smollm3", "SmolLM3Config", {"num_hidden_layers": 8, "use_sliding_window": True,
                                   "sliding_window": 16}),
+    ("smollm3", "SmolLM3Config", {"num_hidden_layers": 8, "sliding_window": 16}),
     ("llama4_text", "Llama4TextConfig", {"num_hidden_layers": 8, "attention_chunk_size": 16,
                                          "num_local_experts": 4}),
     ("llama4_text", "Llama4TextConfig", {"num_hidden_layers": 9, "attention_chunk_size": 16,
@@ -84,6 +96,7 @@ def test_layer_kinds_and_nope_layers_are_the_config_classes(kind, cls, extra):
     else:  # Llama 4: chunked attention on the RoPE layers (Llama4TextAttention)
         expected = ["chunked" if r else "full" for r in config.no_rope_layers]
     assert [spec.layer_kind(i) for i in range(spec.n_layers)] == expected
+    assert spec.layer_types == (() if set(expected) == {"full"} else tuple(expected))
     assert spec.nope_layers == tuple(i for i, r in enumerate(config.no_rope_layers) if not r)
     assert spec.count_params().total == _meta_params(config)
 
@@ -163,6 +176,11 @@ _MLA = dict(name="m", n_layers=4, d_model=64, n_heads=4, n_kv_heads=4, d_ff=96, 
                         "and v_head_dim ≥ 1"),
     ({"first_dense_layers": 5}, "first_dense_layers must be in 0..n_layers=4, got 5"),
     ({"name": 3}, "name must be a string, got 3"),
+    ({"kv_lora_rank": 0, "qk_nope_head_dim": 0, "qk_rope_head_dim": 0, "v_head_dim": 0},
+     "q_lora_rank need kv_lora_rank > 0 (multi-head latent attention)"),
+    ({"kv_lora_rank": 0, "q_lora_rank": 0, "qk_nope_head_dim": 0, "qk_rope_head_dim": 0,
+      "v_head_dim": 0, "alibi": True, "learned_positions": 128},
+     "ALiBi takes no learned positions and no rotary_percent"),
     ({"routed_scaling": 0.0}, "routed_scaling"),
 ])
 def test_spec_refusals_are_one_line(change, message):
@@ -171,7 +189,12 @@ def test_spec_refusals_are_one_line(change, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-@pytest.fixture(scope="module")
+def test_every_layer_dense_is_valid():
+    """first_dense_layers = n_layers: the bounds are 0..n_layers inclusive."""
+    assert ModelSpec(**(_MLA | {"first_dense_layers": 4})).validate().n_moe_layers == 0
+
+
+@pytest.fixture
 def fresh_presets():
     """presets.py executed anew under its own name (not registered in sys.modules)."""
     spec = importlib.util.spec_from_file_location(presets_module.__name__,

@@ -205,4 +205,8 @@ EQUIVALENT: dict[str, str] = {
         "real count is negative",
     "shardwise.partition.x_chunk_span__mutmut_9": "dtype None for int64 in np.asarray of a "
         "tuple of Python ints: numpy's default integer, int64 on the 64-bit platforms run",
+    # mut-arch-layout
+    "shardwise.layout.xǁLayoutǁparse_fields__mutmut_26": "staged = None for (): it is read "
+        "only as `if staged and …` (None and () both false) until a Megatron layout string "
+        "assigns it",
 }

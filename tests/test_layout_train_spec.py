@@ -129,7 +129,8 @@ def test_short_names_the_cp_kind_only_when_cp_splits():
 
 def test_spec_type_checks_name_the_argument():
     model = get_model("tiny")
-    with pytest.raises(ShardwiseError, match=r"model .*\(shardwise.get_model\)"):
+    with pytest.raises(ShardwiseError, match=r"^model must be a ModelSpec "
+                                             r"\(shardwise.get_model\), got 'llama3-8b'$"):
         Layout().problems("llama3-8b")  # type: ignore[arg-type]
     with pytest.raises(ShardwiseError, match=r"cluster .*\(Cluster.of\(gpus, gpu\)\)"):
         Layout().problems(model, cluster="8xh100")  # type: ignore[arg-type]

@@ -40,6 +40,8 @@ def test_gemma3_rope_thetas_are_the_config_classes():
         spec = from_hf_dict(hub, "g")
         assert spec.rope_theta == config.rope_parameters["full_attention"]["rope_theta"]
         assert spec.rope_local_theta == config.rope_parameters["sliding_attention"]["rope_theta"]
+        assert [spec.layer_kind(i) for i in range(7)] == [  # sliding_window_pattern 6
+            t.removesuffix("_attention") for t in config.layer_types]
         assert spec.count_params().total == _meta_params(config)
 
 
@@ -69,6 +71,7 @@ def test_gpt_oss_and_glm_defaults_are_the_config_classes():
         # Glm4MoeConfig's defaults: one dense first layer, one MTP layer
         assert spec.first_dense_layers == config.first_k_dense_replace == 1
         assert spec.mtp_layers == config.num_nextn_predict_layers == 1
+        assert spec.max_seq == config.max_position_embeddings
         assert spec.count_params().total == _meta_params(config)
 
 
@@ -125,6 +128,9 @@ def test_deepseek_v3_router_rope_and_mtp_are_the_config_classes():
     config = transformers.DeepseekV3Config(**mla, rope_interleave=False, norm_topk_prob=False)
     assert (v3.router_score, v3.norm_topk, v3.rope_interleave, v3.mtp_layers) == (
         "sigmoid", config.norm_topk_prob, config.rope_interleave, 1)
+    default = transformers.DeepseekV3Config()  # the MTP modules when the file names none
+    assert from_hf_dict({"model_type": "deepseek_v3", **mla}, "v3").mtp_layers == (
+        default.num_nextn_predict_layers)
     assert v3.count_params().total == _meta_params(config)
     # deepseek-ai/DeepSeek-V3 config.json writes "moe_layer_freq": 1, which transformers does
     # not read (every layer from first_k_dense_replace on is MoE): 1 is read, 2 refused
@@ -230,3 +236,63 @@ def test_fresh_deepseek_presets_equal_published_figures(fresh_presets):
     lite = fresh_presets["deepseek-v2-lite"]
     assert lite.count_params().total / 1e9 == pytest.approx(15.7, abs=0.05)
     assert dict(lite.rope_scaling)["mscale"] == 0.707
+
+
+def test_older_readers_defaults_and_rope_scaling():
+    """BLOOM's attention dropout alone turns dropout on; GPT-NeoX's θ from rotary_emb_base and
+    its LayerNorm ε default (GPTNeoXConfig's 1e-5); a rope_scaling dict's rope_type and
+    original_max_position_embeddings (the file's max_position_embeddings when unset)."""
+    bloom = {"model_type": "bloom", "hidden_size": 64, "n_head": 4, "n_layer": 2,
+             "vocab_size": 300}
+    assert from_hf_dict(bloom | {"attention_dropout": 0.1}, "b").dropout
+    assert not from_hf_dict(bloom, "b").dropout
+    neox = {"model_type": "gpt_neox", "hidden_size": 64, "num_attention_heads": 4,
+            "intermediate_size": 96, "vocab_size": 300, "num_hidden_layers": 2,
+            "rotary_emb_base": 20000}
+    spec = from_hf_dict(neox, "n")
+    assert spec.rope_theta == 20000
+    assert spec.norm_eps == transformers.GPTNeoXConfig().layer_norm_eps
+    llama = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+             "intermediate_size": 96, "vocab_size": 300, "num_hidden_layers": 2,
+             "max_position_embeddings": 2048,
+             "rope_scaling": {"rope_type": "linear", "factor": 2.0}}
+    assert dict(from_hf_dict(llama, "l").rope_scaling) == {
+        "factor": 2.0, "rope_type": "linear", "original_max_position_embeddings": 2048}
+
+
+def test_newer_readers_multipliers_softcaps_and_windows():
+    """Granite's multipliers other than 1 kept; Gemma 2's final soft-cap as written; Qwen3-MoE
+    drops the window without use_sliding_window (Qwen3MoeConfig)."""
+    granite = {"model_type": "granite", "num_hidden_layers": 2, **_SMALL,
+               "embedding_multiplier": 12.0, "residual_multiplier": 0.22}
+    assert dict(from_hf_dict(granite, "g").multipliers) == {"embedding_multiplier": 12.0,
+                                                            "residual_multiplier": 0.22}
+    gemma2 = {"model_type": "gemma2", "num_hidden_layers": 2, **_SMALL,
+              "final_logit_softcapping": 25.0}
+    assert from_hf_dict(gemma2, "g2").final_softcap == 25.0
+    qwen = {"model_type": "qwen3_moe", "num_hidden_layers": 2, **_SMALL, "num_experts": 4,
+            "num_experts_per_tok": 2, "sliding_window": 16}
+    spec = from_hf_dict(qwen, "q")
+    assert spec.sliding_window == 0 and spec.layer_types == ()
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"layer_types": ("sliding", "full", "full", "full")},
+     "sliding layers need sliding_window > 0"),
+    ({"nope_layers": (True,)}, "nope_layers must list layer indices in 0..3"),
+    ({"block_norms": "mid"}, "block_norms must be one of 'pre', 'post', 'sandwich', got 'mid'"),
+])
+def test_variant_refusals_name_what_is_valid(change, message):
+    with pytest.raises(ShardwiseError) as err:
+        ModelSpec(**(_MLA | change)).validate()
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_fresh_mixtral_and_deepseek_structure(fresh_presets):
+    """Mixtral 8x7B: 46.7 B total, 12.9 B active (Mistral AI's release post); DeepSeek-V3
+    rotates interleaved pairs (DeepseekV3Config's rope_interleave default)."""
+    mixtral = fresh_presets["mixtral-8x7b"].count_params()
+    assert mixtral.total / 1e9 == pytest.approx(46.7, abs=0.05)
+    assert mixtral.active / 1e9 == pytest.approx(12.9, abs=0.05)
+    assert fresh_presets["deepseek-v3"].rope_interleave == (
+        transformers.DeepseekV3Config().rope_interleave)

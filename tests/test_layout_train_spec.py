@@ -131,9 +131,9 @@ def test_spec_type_checks_name_the_argument():
     model = get_model("tiny")
     with pytest.raises(ShardwiseError, match=r"^model must be a ModelSpec "
                                              r"\(shardwise.get_model\), got 'llama3-8b'$"):
-        Layout().problems("llama3-8b")  # type: ignore[arg-type]
+        Layout().problems("llama3-8b")
     with pytest.raises(ShardwiseError, match=r"cluster .*\(Cluster.of\(gpus, gpu\)\)"):
-        Layout().problems(model, cluster="8xh100")  # type: ignore[arg-type]
+        Layout().problems(model, cluster="8xh100")
     with pytest.raises(ShardwiseError, match=r"layout .*Layout.parse\('tp=8'\)"):
         check_specs(layout="tp=8")
     assert Layout().problems(model, Cluster.of(1, "h100-sxm"), TrainSpec(seq_len=64)) == []
@@ -142,7 +142,7 @@ def test_spec_type_checks_name_the_argument():
 def test_a_huge_bad_partition_gives_a_short_line():
     """The refusal quotes the value cut to 200 characters, however long the input."""
     with pytest.raises(ShardwiseError) as err:
-        Layout(partition=("x" * 50,) * 100)  # type: ignore[arg-type]
+        Layout(partition=("x" * 50,) * 100)
     text = str(err.value)
     assert text.startswith("partition must be whole layer counts per stage, got ")
     assert len(text) <= 200 and "\n" not in text

@@ -209,4 +209,7 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.layout.xǁLayoutǁparse_fields__mutmut_26": "staged = None for (): it is read "
         "only as `if staged and …` (None and () both false) until a Megatron layout string "
         "assigns it",
+    "shardwise.arch.spec.xǁModelSpecǁ_moe_problems__mutmut_33": "k·n_experts / g for "
+        "// g: read only after `n_experts % g` is 0 (the `or` stops before), where both are "
+        "the same whole number",
 }

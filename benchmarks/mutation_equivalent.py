@@ -212,4 +212,7 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.arch.spec.xǁModelSpecǁ_moe_problems__mutmut_33": "k·n_experts / g for "
         "// g: read only after `n_experts % g` is 0 (the `or` stops before), where both are "
         "the same whole number",
+    "shardwise.arch.spec.xǁModelSpecǁ_moe_problems__mutmut_14": "routed_scaling >= 0 for "
+        "> 0: _moe_problems runs only when the field checks found nothing, and they refuse "
+        "routed_scaling ≤ 0 (finite, low 0, open)",
 }

@@ -187,7 +187,7 @@ _MLA = dict(name="m", n_layers=4, d_model=64, n_heads=4, n_kv_heads=4, d_ff=96, 
     ({"kv_lora_rank": 0, "q_lora_rank": 0, "qk_nope_head_dim": 0, "qk_rope_head_dim": 0,
       "v_head_dim": 0, "alibi": True, "learned_positions": 128},
      "ALiBi takes no learned positions and no rotary_percent"),
-    ({"routed_scaling": 0.0}, "routed_scaling must be > 0, got 0.0"),
+    ({"routed_scaling": 0.0}, "routed_scaling must be a finite number > 0, got 0.0"),
 ])
 def test_spec_refusals_are_one_line(change, message):
     with pytest.raises(ShardwiseError) as err:

@@ -42,6 +42,7 @@ def test_gemma3_rope_thetas_are_the_config_classes():
         assert spec.rope_local_theta == config.rope_parameters["sliding_attention"]["rope_theta"]
         assert [spec.layer_kind(i) for i in range(7)] == [  # sliding_window_pattern 6
             t.removesuffix("_attention") for t in config.layer_types]
+        assert dict(spec.multipliers)["query_pre_attn_scalar"] == config.query_pre_attn_scalar
         assert spec.count_params().total == _meta_params(config)
 
 
@@ -296,3 +297,16 @@ def test_fresh_mixtral_and_deepseek_structure(fresh_presets):
     assert mixtral.active / 1e9 == pytest.approx(12.9, abs=0.05)
     assert fresh_presets["deepseek-v3"].rope_interleave == (
         transformers.DeepseekV3Config().rope_interleave)
+
+
+def test_qwen2_window_from_max_window_layers():
+    """Qwen2 without layer_types: the window on layers max_window_layers.. when
+    use_sliding_window (Qwen2Config's derived layer_types)."""
+    fields = {"num_hidden_layers": 4, **_SMALL, "sliding_window": 16,
+              "use_sliding_window": True, "max_window_layers": 2}
+    fields.pop("head_dim")
+    config = transformers.Qwen2Config(**fields)
+    spec = from_hf_dict({"model_type": "qwen2", **fields}, "q2")
+    assert "sliding_attention" in config.layer_types and spec.sliding_window == 16
+    assert from_hf_dict({"model_type": "qwen2", **fields, "use_sliding_window": False},
+                        "q2").sliding_window == 0

@@ -2,8 +2,9 @@
 (an operator swapped, a constant moved by one, a condition negated…) the unit tests notice.
 
 Each module group is mutated on its own, in a scratch copy of the repository, against every
-test file that imports it (in-process tests only). Module- and class-level numeric constants
-are mutated too by a small operator of our own (int n → n + 1, float x → 1.1·x). Unreached
+test file that imports it (in-process tests only; arch and layout, which nearly every test
+imports, against the tests whose subject they are: SUBJECT_TESTS). Module- and class-level
+numeric constants are mutated too by our own operator (int n → n + 1, float x → 1.1·x). Unreached
 mutants count as survivors; equivalent ones are listed by hand in mutation_equivalent.py (mutant →
 reason). Results per group, with commit, date, machine and command,
 live in docs/accuracy/mutation.json; docs/accuracy/mutation.md is written from it. A group
@@ -89,7 +90,21 @@ def tests_of(files: list[str]) -> list[str]:
     return sorted(str(p.relative_to(ROOT)) for p in direct if p.name != "test_layers.py")
 
 
-GROUPS = {name: (files, tests_of(files)) for name, files in MODULES.items()}
+# groups whose modules nearly every test imports (~100 files each, too slow for mutmut's
+# stats pass and per-mutant runs): the tests whose subject they are, chosen by what checks
+# those modules' behaviour — arch: parameter counts against transformers' own models,
+# config.json readers, presets; layout: parsing, derived degrees, validation messages
+SUBJECT_TESTS = {
+    "arch": ["tests/test_arch.py", "tests/test_arch_components.py",
+             "tests/test_arch_hub_defaults.py", "tests/test_deepseek.py",
+             "tests/test_model_types.py", "tests/test_presets.py",
+             "tests/estimate/test_compute_op_sac_moe.py"],  # ModelSpec.op_sac_recomputed_flops
+    "layout": ["tests/test_bad_input.py", "tests/test_hardware_layout.py",
+               "tests/test_layout_fields.py", "tests/test_layout_references.py",
+               "tests/test_layout_train_spec.py"],
+}
+GROUPS = {name: (files, SUBJECT_TESTS.get(name) or tests_of(files))
+          for name, files in MODULES.items()}
 PYTEST_ARGS = ["-p", "no:cacheprovider", "-q", "-m", "not slow and not integration",
                "-k", "not cli"]  # the CLI tests run a subprocess, which mutmut cannot trace
 STATUSES = ("killed", "survived", "timeout", "no tests", "suspicious", "segfault",
@@ -307,8 +322,11 @@ def write_report(records: dict[str, dict[str, object]]) -> None:
              "numeric constant (the script's own operator: an int n → n + 1, a float "
              "x → 1.1·x); *killed* means a test failed on it, *survived* that none did, "
              "*no tests* that none of the group's tests runs it — counted as a survivor. "
-             "Each group runs against every test file that imports its modules (in-process "
-             "tests; the multi-process ones, tests/runtime's launches and the CLI's "
+             "Each group runs against every test file that imports its modules, except arch and "
+             "layout, which nearly every test imports: they run against the tests whose "
+             "subject they are (SUBJECT_TESTS: arch's counts against transformers' models, "
+             "config.json readers and presets; layout's parsing, derived degrees and "
+             "validation messages) (in-process tests; the multi-process ones, tests/runtime's launches and the CLI's "
              "subprocesses, are out of mutmut's reach, so what only they check survives "
              "here). Mutants listed by hand as equivalent (benchmarks/mutation_equivalent.py: mutant → "
              "reason) leave the numerator and the denominator. CI mutates the offload "

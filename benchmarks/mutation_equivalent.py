@@ -223,4 +223,14 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.emit.deepspeed.x__deepspeed_run__mutmut_73": "abs(count − round(count)) ≥ "
         "1e-9 for > 1e-9: the two differ only at a distance of exactly 1e-9 (a float "
         "share·L that is 1e-9 from whole), which no share a user gives produces",
+    # mut-arch-layout
+    "shardwise.layout.xǁLayoutǁparse_fields__mutmut_26": "staged = None for (): it is read "
+        "only as `if staged and …` (None and () both false) until a Megatron layout string "
+        "assigns it",
+    "shardwise.arch.spec.xǁModelSpecǁ_moe_problems__mutmut_33": "k·n_experts / g for "
+        "// g: read only after `n_experts % g` is 0 (the `or` stops before), where both are "
+        "the same whole number",
+    "shardwise.arch.spec.xǁModelSpecǁ_moe_problems__mutmut_14": "routed_scaling >= 0 for "
+        "> 0: _moe_problems runs only when the field checks found nothing, and they refuse "
+        "routed_scaling ≤ 0 (finite, low 0, open)",
 }

@@ -81,8 +81,8 @@ def _layer_types(c: dict, kind: str, layers: int, window: int) -> tuple[str, ...
     elif kind == "qwen3":
         types = ["sliding" if window and i >= c["max_window_layers"] else "full"
                  for i in range(layers)]
-    elif kind == "smollm3":
-        types = ["sliding" if window and _rope_layers(c, layers)[i] else "full"
+    elif kind == "smollm3":  # the window on the NoPE layers (SmolLM3Config)
+        types = ["sliding" if window and not _rope_layers(c, layers)[i] else "full"
                  for i in range(layers)]
     elif kind == "llama4_text":
         chunked = c["attention_chunk_size"]

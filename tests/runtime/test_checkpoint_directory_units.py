@@ -1,0 +1,221 @@
+"""The checkpoint directory's bookkeeping in one process, against what each test wrote itself:
+which `*.tmp-*` entries count as an interrupted save's leftovers (`_leftovers`), what a
+crash in the middle of a delete leaves (`_remove`: a checkpoint renamed to a `.tmp-` name
+first, a leftover not renamed again), the size of the previous checkpoint that decides
+whether a failed save was a full disk (`_size`, `_save_failure`: files past 1 MiB in a
+subdirectory), which checkpoint a resume picks once DCP failed to load one (`_choose`), the
+shardwise.json size limit (a sparse file one byte past it), and a real save/resume of a world
+of one whose newest checkpoint verifies but does not load (`load_checkpoint`'s fallback)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import tempfile
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = torch.distributed
+
+from tests.runtime.checkpoint_files import write_checkpoint  # noqa: E402
+
+from shardwise.arch import get_model  # noqa: E402
+from shardwise.errors import ShardwiseError  # noqa: E402
+from shardwise.layout import Layout  # noqa: E402
+from shardwise.runtime.checkpoint import directory as D  # noqa: E402
+from shardwise.runtime.checkpoint import load as L  # noqa: E402
+from shardwise.runtime.checkpoint import manifest as M  # noqa: E402
+from shardwise.runtime.checkpoint import save as S  # noqa: E402
+from shardwise.runtime.state import TrainConfig, json_config  # noqa: E402
+
+
+def _cfg(directory: Path, **kw) -> TrainConfig:
+    return TrainConfig(get_model("tiny"), Layout(), seq_len=16, global_batch=2, dtype="fp64",
+                       checkpoint_dir=str(directory), **({"steps": 8, "resume": True} | kw))
+
+
+def _fake(root: Path, step: int, config: TrainConfig, extra=None) -> Path:
+    meta = {"format": M.FORMAT, "step": step, "world_size": 1, "config": json_config(config),
+            "data_sha256": M.data_fingerprint(config.data)}
+    return write_checkpoint(root / M.checkpoint_name(step), meta, extra)
+
+
+# ----------------------------------------------------------------------------- leftovers
+def test_leftovers_are_our_tmp_directories_and_pointer_files_only(tmp_path):
+    hexname = uuid.uuid4().hex
+    ours_marked = tmp_path / "step-000002.tmp-half-deleted"  # any .tmp- name, with MARKER
+    ours_marked.mkdir()
+    (ours_marked / M.MARKER).write_text("")
+    ours_empty = tmp_path / f"step-000003.tmp-{hexname}"  # a name we pick, empty
+    ours_empty.mkdir()
+    pointer = tmp_path / f"latest.tmp-{hexname}"
+    pointer.write_text("step-000003\n")
+    # not leftovers: empty directories under other names, an unmarked one under our name
+    # with a user's file in it, a pointer name that is a directory
+    for name in ("empty", "step-000004", "step-000005.tmp-mine", f"latest.tmp-{hexname[::-1]}"):
+        (tmp_path / name).mkdir()
+    kept = tmp_path / f"step-000006.tmp-{hexname[::-1]}"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("a user's")
+    assert D._leftovers(tmp_path) == sorted([ours_marked, ours_empty, pointer])
+    assert D._leftovers(tmp_path / "absent") == []
+
+
+# ------------------------------------------------------------- a crash in the middle of a delete
+def _crash_in_rmtree(monkeypatch):
+    def rmtree(path, *a, **k):
+        raise OSError(errno.EIO, "simulated crash", str(path))
+    monkeypatch.setattr(D.shutil, "rmtree", rmtree)
+
+
+def test_a_crash_mid_delete_never_leaves_a_checkpoint_name(tmp_path, monkeypatch):
+    path = _fake(tmp_path, 4, _cfg(tmp_path), {"sub": b""})
+    (path / "sub").unlink()
+    (path / "sub").mkdir()
+    (path / "sub" / "x.distcp").write_bytes(b"x")
+    _crash_in_rmtree(monkeypatch)
+    with pytest.raises(OSError, match="simulated crash"):
+        D._remove(path)
+    assert not path.exists()
+    (left,) = tmp_path.iterdir()
+    assert M._OUR_TMP.fullmatch(left.name) and left.name.startswith("step-000004.tmp-")
+    assert (left / M.MARKER).is_file()  # still recognisably ours
+    assert D._leftovers(tmp_path) == [left]
+    # a leftover being removed keeps its name (it is not renamed again)
+    with pytest.raises(OSError, match="simulated crash"):
+        D._remove(left)
+    assert [p.name for p in tmp_path.iterdir()] == [left.name]
+    monkeypatch.undo()
+    D._remove(left)
+    assert list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------- a full disk or not
+MIB = 1 << 20
+
+
+def test_size_counts_every_file_below_the_checkpoint(tmp_path):
+    sizes = {"a.distcp": 3 * MIB + 17, "sub/b.distcp": MIB + 5, "sub/deeper/c": 9}
+    for name, n in sizes.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"\1" * n)
+    assert S._size(tmp_path) == sum(sizes.values())
+    assert S._size(None) == 0
+
+
+@pytest.mark.parametrize(("free", "full"), [(2 * MIB, True), (3 * MIB, False),
+                                            (MIB - 1, True)])
+def test_a_failed_save_is_a_full_disk_when_less_than_the_previous_checkpoint_is_free(
+        tmp_path, monkeypatch, free, full):
+    """The previous checkpoint is 2 MiB + ~21 KiB (a 2 MiB shard in a subdirectory, DCP's
+    files, shardwise.json, the manifest): 2 MiB free is less (a full disk, whatever the
+    error said); 3 MiB is not (the error's own reason); under 1 MiB always is."""
+    config = _cfg(tmp_path)
+    previous = _fake(tmp_path, 4, config, {"deep": b""})
+    (previous / "deep").unlink()
+    (previous / "deep").mkdir()
+    (previous / "deep" / "shard.distcp").write_bytes(b"\0" * (2 * MIB))
+    size = sum(p.stat().st_size for p in previous.rglob("*") if p.is_file())
+    assert 2 * MIB < size < 3 * MIB
+    usage = os.statvfs(tmp_path)
+    monkeypatch.setattr(S.shutil, "disk_usage",
+                        lambda _: S.shutil._ntuple_diskusage(usage.f_blocks, 0, free))
+    final = tmp_path / M.checkpoint_name(8)
+    line = S._save_failure(ValueError("pos 17 out of range"), final)
+    if full:
+        assert line == (f"no space left on device {S._mount_point(tmp_path)} "
+                        f"({free / MIB:.1f} MiB free) while saving checkpoint {final}; the "
+                        f"previous checkpoint {previous} is kept; free space or use another "
+                        "--checkpoint-dir")
+    else:
+        assert line == (f"cannot save checkpoint {final}: ValueError: pos 17 out of range; "
+                        f"the previous checkpoint {previous} is kept")
+
+
+# ------------------------------------------------------------ which checkpoint a resume picks
+def test_a_resume_skips_the_checkpoints_dcp_failed_to_load(tmp_path):
+    config = _cfg(tmp_path)
+    old, new = _fake(tmp_path, 2, config), _fake(tmp_path, 4, config)
+    assert L._choose(tmp_path, config, ()) == (str(new), None)
+    assert L._choose(tmp_path, config, (new,)) == (str(old), None)
+    assert L._choose(tmp_path, config, (new, old)) == (
+        None, f"no checkpoint in {tmp_path} loads: {new}, {old} failed")
+    # a checkpoint named directly: loaded, or refused once DCP failed on it
+    assert L._choose(new, config, ()) == (str(new), None)
+    assert L._choose(new, config, (new,)) == (
+        None, f"checkpoint {new} is damaged: DCP could not load it")
+    # one that does not fit this run names itself
+    other = replace(config, seq_len=32)
+    assert L._choose(tmp_path, other, ()) == (
+        None, f"{new} was trained with seq_len=16, this run has 32; resume with --seq 16")
+    assert L._choose(tmp_path / "none", config, ()) == (None, None)
+
+
+# ------------------------------------------------------------------------ shardwise.json
+def test_shardwise_json_past_its_size_limit_is_refused_by_name(tmp_path):
+    path = _fake(tmp_path, 4, _cfg(tmp_path))
+    meta = path / M.METADATA
+    os.truncate(meta, M._MAX_JSON + 1)  # sparse: nothing written
+    assert M._MAX_JSON == 64 * MIB
+    with pytest.raises(ShardwiseError) as info:
+        M.read_metadata(path)
+    assert str(info.value) == (f"checkpoint {path}: shardwise.json {str(meta)!r} is "
+                               f"{M._MAX_JSON + 1:,} bytes; at most {M._MAX_JSON:,} are read")
+    meta.unlink()
+    meta.mkdir()
+    with pytest.raises(ShardwiseError) as info:
+        M.read_metadata(path)
+    assert str(info.value) == (f"checkpoint {path}: shardwise.json {str(meta)!r} is a "
+                               "directory, not a file")
+
+
+# ---------------------------------------- a real save and resume, in a world of one rank
+@pytest.fixture
+def world_of_one():
+    store = Path(tempfile.mkdtemp())
+    dist.init_process_group("gloo", init_method=f"file://{store}/store", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_checkpoint_that_verifies_but_does_not_load_falls_back_to_the_older(world_of_one,
+                                                                            tmp_path):
+    """Three saves (steps 1, 2, 3) with the default keep (2): steps 2 and 3 remain. Step 3's shard is cut to
+    its first 1 MiB + 1 bytes (more than our hash chunk) and its manifest rewritten, so it
+    verifies; DCP fails on it, and the resume loads step 2, saying why."""
+    from shardwise.runtime import train as T
+    from shardwise.runtime.checkpoint import damage, load_checkpoint, save_checkpoint
+
+    config = _cfg(tmp_path / "ck", resume=False)
+    state = T.build(config)
+    T.train_step(state)
+    for step in (1, 2, 3):  # the same weights under three step numbers (the step is a label)
+        state.step = step
+        save_checkpoint(state, tmp_path / "ck")
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [
+        "latest", "step-000002", "step-000003"]
+    assert (tmp_path / "ck" / "latest").read_text() == "step-000003\n"
+    newest = tmp_path / "ck" / "step-000003"
+    (shard,) = newest.glob("*.distcp")
+    assert shard.stat().st_size > 2 * M.HASH_CHUNK  # tiny in fp64 with AdamW: ~2.4 MB
+    os.truncate(shard, M.HASH_CHUNK + 1)
+    M.write_manifest(newest)
+    assert damage(newest) is None
+    heard = []
+    fresh = T.build(replace(config, resume=True))
+    assert load_checkpoint(fresh, tmp_path / "ck", report=heard.append) is True
+    assert fresh.step == 2
+    (line,) = heard
+    prefix = f"checkpoint {newest} cannot be loaded ("
+    assert line.startswith(prefix) and line.endswith("); trying an older one")
+    reason = line[len(prefix):-len("); trying an older one")]
+    kind, _, text = reason.partition(": ")
+    assert kind.isidentifier() and text.strip()  # the error's type and its first line
+    assert json.loads((newest / M.METADATA).read_text())["step"] == 3

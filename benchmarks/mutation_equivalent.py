@@ -205,4 +205,13 @@ EQUIVALENT: dict[str, str] = {
         "real count is negative",
     "shardwise.partition.x_chunk_span__mutmut_9": "dtype None for int64 in np.asarray of a "
         "tuple of Python ints: numpy's default integer, int64 on the 64-bit platforms run",
+    # mut-ckpt-stacks
+    "shardwise.runtime.checkpoint.reshard.x__blocks__mutmut_51": "start <= stop for start < "
+        "stop before the partial last row: at start == stop it recurses on [0, 0), which "
+        "returns [] at once (start >= stop)",
+    "shardwise.stacks.splits.x_balanced_ends__mutmut_17": "last_less searched in [0, 2] "
+        "instead of [-2, 2]: for every split (deepspeed, neox, torchtitan), 2 <= L < 130 and "
+        "2 <= pp <= 16 a count z >= 0 gives the same stage sizes (checked); its one caller "
+        "(plan.grid._partitions) keys those sizes by the counts and a searched layout takes "
+        "the sizes (plan.evaluate._layout_of)",
 }

@@ -209,6 +209,22 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.runtime.checkpoint.reshard.x__blocks__mutmut_51": "start <= stop for start < "
         "stop before the partial last row: at start == stop it recurses on [0, 0), which "
         "returns [] at once (start >= stop)",
+    **{f"shardwise.runtime.checkpoint.{name}": "DCP's no_dist given as None (or False in "
+       "read_parameters): torch 2.13's dcp.save/load set no_dist = no_dist or not "
+       "dist.is_initialized() (state_dict_saver.py:184, state_dict_loader.py:158), and "
+       "read_parameters, which no code in src calls, runs where no group or a group of one "
+       "is initialized" for name in ("load.x__load__mutmut_24", "save.x_save_checkpoint__mutmut_44",
+                                    "load.x_read_parameters__mutmut_24")},
+    **{f"shardwise.runtime.checkpoint.manifest.x__write_durably__mutmut_{n}": "the encoding "
+       "left to the locale or spelled UTF-8: every text written is ASCII (json.dumps escapes "
+       "the rest; step-N names; the marker line)" for n in (4, 8)},
+    "shardwise.runtime.checkpoint.directory.xǁDirectoryLockǁ_refuse_or_clear__mutmut_3":
+        "rpartition for partition of the lock's 'pid host': one space, hostnames hold none",
+    "shardwise.runtime.checkpoint.reshard.x__adamw_zeros__mutmut_6": "the step's dtype left "
+        "to torch's default, float32: nothing in shardwise sets another default dtype",
+    "shardwise.runtime.checkpoint.reshard.x__place__mutmut_18": "tp_replicas also divides "
+        "the ep offset: only the kv projections wk, wv have tp_replicas > 1 "
+        "(parallel_axes.py), never an expert weight",
     "shardwise.stacks.splits.x_balanced_ends__mutmut_17": "last_less searched in [0, 2] "
         "instead of [-2, 2]: for every split (deepspeed, neox, torchtitan), 2 <= L < 130 and "
         "2 <= pp <= 16 a count z >= 0 gives the same stage sizes (checked); its one caller "

@@ -219,3 +219,87 @@ def test_a_checkpoint_that_verifies_but_does_not_load_falls_back_to_the_older(wo
     kind, _, text = reason.partition(": ")
     assert kind.isidentifier() and text.strip()  # the error's type and its first line
     assert json.loads((newest / M.METADATA).read_text())["step"] == 3
+
+
+# ------------------------------------------------------------------------------ publishing
+def _tmp_save(root: Path, step: int, config: TrainConfig, payload: bytes) -> tuple[Path, Path]:
+    """An unpublished save of `step` (as `_start_save` names it) holding `payload`."""
+    final = root / M.checkpoint_name(step)
+    tmp = _fake(root / "writing", step, config, {"payload.bin": payload})
+    tmp = tmp.rename(final.with_name(f"{final.name}.tmp-{uuid.uuid4().hex}"))
+    (root / "writing").rmdir()
+    return tmp, final
+
+
+def test_publish_replaces_the_same_step_and_prunes_only_up_to_it(tmp_path):
+    """Steps 2, 4 and 8 published; step 6 saved again after a resume from 4 (keep=1): 6 is
+    published and `latest` names it, 2 and 4 go (older), 8 stays (newer than what was just
+    published: not this run's to judge). Then 6 saved once more replaces itself."""
+    config = _cfg(tmp_path)
+    for step in (2, 4, 8):
+        _fake(tmp_path, step, config)
+    tmp, final = _tmp_save(tmp_path, 6, config, b"first")
+    D._publish(tmp, final, keep=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-000006",
+                                                          "step-000008"]
+    assert (tmp_path / M.LATEST).read_text() == "step-000006\n"
+    assert M.damage(final) is None and (final / "payload.bin").read_bytes() == b"first"
+    tmp, again = _tmp_save(tmp_path, 6, config, b"second")
+    D._publish(tmp, again, keep=1)
+    assert (final / "payload.bin").read_bytes() == b"second" and M.damage(final) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-000006",
+                                                          "step-000008"]
+
+
+def test_a_directory_shardwise_did_not_write_is_never_replaced(tmp_path):
+    config = _cfg(tmp_path)
+    mine = tmp_path / M.checkpoint_name(6)
+    mine.mkdir()
+    (mine / "results.csv").write_text("a person's")
+    assert D._foreign(mine) == (f"{mine} exists and was not written by shardwise (no "
+                                f"{M.MARKER}); move it away or use another --checkpoint-dir")
+    assert D._foreign(tmp_path / M.checkpoint_name(7)) is None
+    tmp, final = _tmp_save(tmp_path, 6, config, b"x")
+    with pytest.raises(ShardwiseError) as info:
+        D._publish(tmp, final, keep=2)
+    assert str(info.value) == D._foreign(mine)
+    assert (mine / "results.csv").read_text() == "a person's"
+
+
+# -------------------------------------------------------------- messages a resume refuses with
+def test_a_malformed_shardwise_json_is_named(tmp_path):
+    path = _fake(tmp_path, 4, _cfg(tmp_path))
+    (path / M.METADATA).write_text('{"format": 1,')
+    with pytest.raises(ShardwiseError, match=rf"^checkpoint {path}: shardwise\.json is not "
+                                             "valid JSON: "):
+        M.read_metadata(path)
+
+
+def test_a_changed_schedule_or_text_is_refused_in_one_line(tmp_path):
+    """Saved at step 4 with weight decay 0.1 and clipping 1.0: the new 0.0 and 0.5 are both
+    named, saved → new, with the --override that accepts them; then another text."""
+    from shardwise.runtime.checkpoint.start import _check_compatible
+
+    saved = _cfg(tmp_path, weight_decay=0.1, clip=1.0)
+    meta = {"format": M.FORMAT, "step": 4, "world_size": 1, "config": json_config(saved)}
+    changed = _cfg(tmp_path, weight_decay=0.0, clip=0.5)
+    with pytest.raises(ShardwiseError) as info:
+        _check_compatible(tmp_path, meta, changed)
+    assert str(info.value) == (
+        f"{tmp_path} took its 4 step(s) with another optimizer schedule (weight_decay=0.1 → "
+        "0.0, clip=1.0 → 0.5); resume with the same settings, or say the change is meant "
+        "with --override weight_decay,clip")
+    _check_compatible(tmp_path, meta, replace(changed, override=("weight_decay", "clip")))
+    text = tmp_path / "corpus.txt"
+    text.write_text("one text")
+    with_data = _cfg(tmp_path, data=str(text))
+    meta = {"format": M.FORMAT, "step": 4, "world_size": 1, "config": json_config(with_data),
+            "data_sha256": M.data_fingerprint(str(text))}
+    _check_compatible(tmp_path, meta, with_data)
+    text.write_text("another text")
+    with pytest.raises(ShardwiseError) as info:
+        _check_compatible(tmp_path, meta, with_data)
+    assert str(info.value) == (
+        f"{tmp_path} was trained on other text: the text of --data {text} changed since the "
+        "checkpoint (SHA-256 differs); resume on the original text or start a new run in an "
+        "empty directory")

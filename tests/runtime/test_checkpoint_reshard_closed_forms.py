@@ -50,7 +50,9 @@ def _model(shards: dict[str, ParamShard], tp=(0, 1), ep=(0, 1), zero=None):
 ])
 def test_place_puts_a_shard_at_rank_times_its_size(shard, tp, ep, local, full, base):
     model = _model({"w": shard}, tp=tp, ep=ep)
-    assert R._place(model, "w", local) == ("w", full, base)
+    key, got_full, got_base = R._place(model, "w", local)
+    assert (key, got_full, got_base) == ("w", full, base)
+    assert all(type(n) is int for n in got_full + got_base)  # a shape: torch.Size needs ints
 
 
 def test_a_tied_copy_is_stored_as_the_embedding_it_copies():

@@ -303,3 +303,42 @@ def test_a_changed_schedule_or_text_is_refused_in_one_line(tmp_path):
         f"{tmp_path} was trained on other text: the text of --data {text} changed since the "
         "checkpoint (SHA-256 differs); resume on the original text or start a new run in an "
         "empty directory")
+
+
+def test_check_start_refusals_are_whole_sentences(tmp_path):
+    """A checkpoint of step 4 (fp64, 8 steps): another model, dtype, or a run of 4 steps is
+    refused with its full sentence; a directory shardwise did not write where this run would
+    save (step 8, the last; step 6, every 2) too — not at 5 (no save) or 10 (past the run)."""
+    from shardwise.runtime.checkpoint import check_start
+
+    config = _cfg(tmp_path, checkpoint_every=2)
+    path = _fake(tmp_path, 4, config)
+    cases = [
+        (replace(config, model=get_model("tiny-moe")),
+         f"{path} holds model 'tiny', not 'tiny-moe' (or with other dimensions); it cannot "
+         "resume this run"),
+        (replace(config, dtype="fp32"), f"{path} was trained in fp64, this run in fp32; use "
+                                        "dtype fp64"),
+        (replace(config, steps=4), f"{path} is already at step 4 of steps=4; train for more "
+                                   "steps to continue"),
+        (replace(config, resume=False), f"{tmp_path} already holds checkpoints (newest: "
+                                        "step-000004); resume from them (--resume) or choose "
+                                        "an empty directory"),
+    ]
+    for changed, message in cases:
+        with pytest.raises(ShardwiseError) as info:
+            check_start(changed)
+        assert str(info.value) == message
+    assert check_start(config) == path
+    (tmp_path / "step-000005").mkdir()  # not a save of this run (every 2)
+    assert check_start(config) == path
+    for step in (6, 8):
+        foreign = tmp_path / M.checkpoint_name(step)
+        foreign.mkdir()
+        with pytest.raises(ShardwiseError) as info:
+            check_start(config)
+        assert str(info.value) == (f"this run would save checkpoint {foreign.name}, but "
+                                   f"{D._foreign(foreign)}")
+        foreign.rmdir()
+    (tmp_path / M.checkpoint_name(10)).mkdir()  # past the run's 8 steps
+    assert check_start(config) == path

@@ -342,3 +342,82 @@ def test_check_start_refusals_are_whole_sentences(tmp_path):
         foreign.rmdir()
     (tmp_path / M.checkpoint_name(10)).mkdir()  # past the run's 8 steps
     assert check_start(config) == path
+
+
+# ---------------------------------------------------------------- damage, one sentence each
+BIG = 3 * M.HASH_CHUNK + 7  # a shard of three hash chunks and a bit
+
+
+def _big_checkpoint(root: Path) -> Path:
+    payload = bytes((i * 131 + 7) % 251 for i in range(BIG))
+    return _fake(root, 4, _cfg(root), {"__1_0.distcp": payload})
+
+
+@pytest.mark.parametrize("at", [M.HASH_CHUNK - 1, M.HASH_CHUNK, 2 * M.HASH_CHUNK, BIG - 1])
+def test_a_byte_changed_at_a_hash_chunk_boundary_fails_the_checksum(tmp_path, at):
+    path = _big_checkpoint(tmp_path)
+    assert M.damage(path) is None
+    shard = path / "__1_0.distcp"
+    with shard.open("r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 0x01]))
+    assert M.damage(path) == ("__1_0.distcp fails its SHA-256 checksum (bytes changed since "
+                              "the save)")
+
+
+def test_each_damage_is_one_sentence(tmp_path):
+    path = _big_checkpoint(tmp_path)
+    shard = path / "__1_0.distcp"
+    os.truncate(shard, BIG - M.HASH_CHUNK)
+    assert M.damage(path) == (f"__1_0.distcp is {BIG - M.HASH_CHUNK} bytes, {BIG} when saved "
+                              "(truncated or overwritten)")
+    shard.unlink()
+    assert M.damage(path) == "__1_0.distcp is missing"
+    manifest = json.loads((path / M.MANIFEST).read_text())
+    for name, what in ((M.MARKER, "shardwise's marker"), (M.METADATA, "shardwise's metadata"),
+                       (M.DCP_METADATA, "DCP's metadata")):
+        files = {k: v for k, v in manifest["files"].items() if k != name}
+        (path / M.MANIFEST).write_text(json.dumps({"files": files}))
+        assert M.damage(path) == (f"its manifest does not cover {name} ({what}): not a "
+                                  "checkpoint shardwise wrote, or damaged")
+    # DCP's own shard dropped from disk and manifest alike: .metadata still names it
+    (path / "__0_0.distcp").unlink()
+    M.write_manifest(path)
+    assert M.damage(path) == ("DCP's .metadata names __0_0.distcp, which its manifest does "
+                              "not cover")
+    (path / M.DCP_METADATA).write_bytes(b"\x80not a pickle")
+    M.write_manifest(path)
+    assert M.damage(path).startswith("DCP's .metadata cannot be read (")
+    (path / M.MANIFEST).write_text('{"files": {"x": {"bytes": "many"}}}')
+    assert M.damage(path).startswith(f"its checksum manifest {M.MANIFEST} is unreadable or "
+                                     "malformed (")
+    (path / M.MANIFEST).unlink()
+    assert M.damage(path) == f"its checksum manifest {M.MANIFEST} is missing"
+
+
+def test_a_renamed_checkpoint_is_damage(tmp_path):
+    path = _big_checkpoint(tmp_path).rename(tmp_path / "step-000099")
+    assert M.damage(path) == ("shardwise.json says step 4 but the directory is step-000099 "
+                              "(renamed or copied: its step cannot be trusted)")
+    other = path.rename(tmp_path / "kept-aside")  # not a step name: its step is not checked
+    assert M.damage(other) is None
+
+
+# -------------------------------------------------------------------------------- the lock
+def test_a_lock_that_cannot_be_read_or_keeps_being_taken_is_refused(tmp_path, monkeypatch):
+    lock = tmp_path / M.LOCK
+    lock.write_text("not a pid\n")
+    with pytest.raises(ShardwiseError) as info:
+        D.DirectoryLock(tmp_path).__enter__()
+    assert str(info.value) == (f"{tmp_path} is in use by another run (an unreadable lock); "
+                               "wait for it or use another --checkpoint-dir (if no such run "
+                               f"is alive, delete {lock})")
+    tries = []
+    monkeypatch.setattr(D.DirectoryLock, "_refuse_or_clear", lambda self: tries.append(1))
+    with pytest.raises(ShardwiseError) as info:  # cleared each time, and each time retaken
+        D.DirectoryLock(tmp_path).__enter__()
+    assert str(info.value) == f"could not lock {tmp_path} (another run keeps taking it)"
+    assert len(tries) == 3 and lock.read_text() == "not a pid\n"
+    assert [p.name for p in tmp_path.iterdir()] == [M.LOCK]  # its temporary file removed

@@ -225,6 +225,8 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.runtime.checkpoint.reshard.x__place__mutmut_18": "tp_replicas also divides "
         "the ep offset: only the kv projections wk, wv have tp_replicas > 1 "
         "(parallel_axes.py), never an expert weight",
+    "shardwise.stacks.stack.xǁStackǁrefused__mutmut_2": "np.asarray without dtype=bool: "
+        "every rule's refuses() is comparisons joined by & (a bool array or numpy bool)",
     "shardwise.stacks.splits.x_balanced_ends__mutmut_17": "last_less searched in [0, 2] "
         "instead of [-2, 2]: for every split (deepspeed, neox, torchtitan), 2 <= L < 130 and "
         "2 <= pp <= 16 a count z >= 0 gives the same stage sizes (checked); its one caller "

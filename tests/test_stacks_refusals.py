@@ -120,3 +120,18 @@ def test_a_stack_definition_names_each_wrong_field():
         assert _refused(lambda f=fields: replace(titan, **f).validate()) == (
             f"stack torchtitan: {message}")
     assert replace(titan, grad_dtypes=None).validate().grad_dtypes is None
+
+
+def test_a_pipeline_the_stacks_engine_cannot_run_is_named():
+    """Megatron-DeepSpeed over 2 stages: DeepSpeed's 'type:transformer' partition gives the
+    first stage the odd block of 7 (4, 3), so the balanced default 3,4 is refused and 4,3 is
+    not; its engine runs 1F1B and ZB-H1, not the interleaved schedule."""
+    from shardwise.stacks import SPLIT_RULES
+
+    ds = get_stack("megatron-deepspeed")
+    assert ds.layout_problems(Layout(dp=2, pp=2), n_layers=7) == [
+        f"megatron-deepspeed cannot split 7 layers as 3,4 ({SPLIT_RULES['deepspeed']})"]
+    assert ds.layout_problems(Layout(dp=2, pp=2, partition=(4, 3)), n_layers=7) == []
+    assert ds.layout_problems(Layout(dp=2, pp=2), n_layers=None) == []  # not checked
+    assert ds.layout_problems(Layout(dp=2, pp=2, chunks=2, schedule="interleaved")) == [
+        "megatron-deepspeed has no interleaved pipeline schedule; valid: 1f1b, zb-h1"]

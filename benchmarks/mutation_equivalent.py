@@ -227,6 +227,23 @@ EQUIVALENT: dict[str, str] = {
         "(parallel_axes.py), never an expert weight",
     "shardwise.stacks.stack.xǁStackǁrefused__mutmut_2": "np.asarray without dtype=bool: "
         "every rule's refuses() is comparisons joined by & (a bool array or numpy bool)",
+    "shardwise.runtime.checkpoint.directory.x__remove__mutmut_14": "missing_ok None for "
+        "True when unlinking a child just listed: it exists (no other process touches the "
+        "directory while this run holds its lock)",
+    "shardwise.runtime.checkpoint.directory.xǁDirectoryLockǁ__enter____mutmut_15": "encoding "
+        "UTF-8 for utf-8: the same codec",
+    "shardwise.runtime.checkpoint.reshard.x__blocks__mutmut_25": "out = … for out += … on "
+        "the partial first row: out is still empty there",
+    "shardwise.runtime.checkpoint.save.x_save_checkpoint__mutmut_47": "DCP's no_dist left to "
+        "its default: torch 2.13 sets no_dist = no_dist or not dist.is_initialized() "
+        "(state_dict_saver.py:184)",
+    "shardwise.runtime.checkpoint.save.x_save_checkpoint__mutmut_75": "shardwise.json "
+        "indented by 2 for 1: the same JSON to every reader (the manifest hashes the file as "
+        "written)",
+    "shardwise.stacks.stack.xǁSettingsǁdp_overlapped__mutmut_11": "np.isin for a scalar "
+        "stage too: a 0-d bool array, true exactly where `in` is",
+    "shardwise.stacks.titan_versions.x__selective__mutmut_14": "default recompute_share 2.0 "
+        "for 1.0 (train without one): both are >= 1, so neither is layer SAC",
     "shardwise.stacks.splits.x_balanced_ends__mutmut_17": "last_less searched in [0, 2] "
         "instead of [-2, 2]: for every split (deepspeed, neox, torchtitan), 2 <= L < 130 and "
         "2 <= pp <= 16 a count z >= 0 gives the same stage sizes (checked); its one caller "

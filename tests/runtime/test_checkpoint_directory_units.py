@@ -421,3 +421,17 @@ def test_a_lock_that_cannot_be_read_or_keeps_being_taken_is_refused(tmp_path, mo
     assert str(info.value) == f"could not lock {tmp_path} (another run keeps taking it)"
     assert len(tries) == 3 and lock.read_text() == "not a pid\n"
     assert [p.name for p in tmp_path.iterdir()] == [M.LOCK]  # its temporary file removed
+
+
+def test_a_lock_naming_pid_0_is_unreadable_and_never_released_by_a_refused_run(tmp_path):
+    """pid 0 is no process (kill(0, …) signals the caller's group): such a lock is refused
+    as unreadable, not taken over; a lock object that never held it leaves it in place."""
+    import socket
+
+    lock = tmp_path / M.LOCK
+    lock.write_text(f"0 {socket.gethostname()}\n")
+    refused = D.DirectoryLock(tmp_path)
+    with pytest.raises(ShardwiseError, match=r"in use by another run \(an unreadable lock\)"):
+        refused.__enter__()
+    refused.__exit__(None, None, None)
+    assert lock.read_text() == f"0 {socket.gethostname()}\n"

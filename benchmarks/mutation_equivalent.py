@@ -233,4 +233,48 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.arch.spec.xǁModelSpecǁ_moe_problems__mutmut_14": "routed_scaling >= 0 for "
         "> 0: _moe_problems runs only when the field checks found nothing, and they refuse "
         "routed_scaling ≤ 0 (finite, low 0, open)",
+    # mut-ckpt-stacks
+    "shardwise.runtime.checkpoint.reshard.x__blocks__mutmut_51": "start <= stop for start < "
+        "stop before the partial last row: at start == stop it recurses on [0, 0), which "
+        "returns [] at once (start >= stop)",
+    **{f"shardwise.runtime.checkpoint.{name}": "DCP's no_dist given as None (or False in "
+       "read_parameters): torch 2.13's dcp.save/load set no_dist = no_dist or not "
+       "dist.is_initialized() (state_dict_saver.py:184, state_dict_loader.py:158), and "
+       "read_parameters, which no code in src calls, runs where no group or a group of one "
+       "is initialized" for name in ("load.x__load__mutmut_24", "save.x_save_checkpoint__mutmut_44",
+                                    "load.x_read_parameters__mutmut_24")},
+    **{f"shardwise.runtime.checkpoint.manifest.x__write_durably__mutmut_{n}": "the encoding "
+       "left to the locale or spelled UTF-8: every text written is ASCII (json.dumps escapes "
+       "the rest; step-N names; the marker line)" for n in (4, 8)},
+    "shardwise.runtime.checkpoint.directory.xǁDirectoryLockǁ_refuse_or_clear__mutmut_3":
+        "rpartition for partition of the lock's 'pid host': one space, hostnames hold none",
+    "shardwise.runtime.checkpoint.reshard.x__adamw_zeros__mutmut_6": "the step's dtype left "
+        "to torch's default, float32: nothing in shardwise sets another default dtype",
+    "shardwise.runtime.checkpoint.reshard.x__place__mutmut_18": "tp_replicas also divides "
+        "the ep offset: only the kv projections wk, wv have tp_replicas > 1 "
+        "(parallel_axes.py), never an expert weight",
+    "shardwise.stacks.stack.xǁStackǁrefused__mutmut_2": "np.asarray without dtype=bool: "
+        "every rule's refuses() is comparisons joined by & (a bool array or numpy bool)",
+    "shardwise.runtime.checkpoint.directory.x__remove__mutmut_14": "missing_ok None for "
+        "True when unlinking a child just listed: it exists (no other process touches the "
+        "directory while this run holds its lock)",
+    "shardwise.runtime.checkpoint.directory.xǁDirectoryLockǁ__enter____mutmut_15": "encoding "
+        "UTF-8 for utf-8: the same codec",
+    "shardwise.runtime.checkpoint.reshard.x__blocks__mutmut_25": "out = … for out += … on "
+        "the partial first row: out is still empty there",
+    "shardwise.runtime.checkpoint.save.x_save_checkpoint__mutmut_47": "DCP's no_dist left to "
+        "its default: torch 2.13 sets no_dist = no_dist or not dist.is_initialized() "
+        "(state_dict_saver.py:184)",
+    "shardwise.runtime.checkpoint.save.x_save_checkpoint__mutmut_75": "shardwise.json "
+        "indented by 2 for 1: the same JSON to every reader (the manifest hashes the file as "
+        "written)",
+    "shardwise.stacks.stack.xǁSettingsǁdp_overlapped__mutmut_11": "np.isin for a scalar "
+        "stage too: a 0-d bool array, true exactly where `in` is",
+    "shardwise.stacks.titan_versions.x__selective__mutmut_14": "default recompute_share 2.0 "
+        "for 1.0 (train without one): both are >= 1, so neither is layer SAC",
+    "shardwise.stacks.splits.x_balanced_ends__mutmut_17": "last_less searched in [0, 2] "
+        "instead of [-2, 2]: for every split (deepspeed, neox, torchtitan), 2 <= L < 130 and "
+        "2 <= pp <= 16 a count z >= 0 gives the same stage sizes (checked); its one caller "
+        "(plan.grid._partitions) keys those sizes by the counts and a searched layout takes "
+        "the sizes (plan.evaluate._layout_of)",
 }

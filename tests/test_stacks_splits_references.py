@@ -72,6 +72,12 @@ def test_titan_partition_gives_torchtitan_the_split(n_layers, pp):
             continue
         per_stage, a, z = found
         assert math.ceil((n_layers + a + z) / per_stage) == pp
+        # the most symmetric of the first/last weights that give the split (titan_split is
+        # torchtitan's, test above)
+        options = [(x, y) for x, y in itertools.product(range(max(sizes) + 1), repeat=2)
+                   if (n_layers + x + y) // pp >= max(x, y, 1)
+                   and titan_split(pp, n_layers, x, y) == list(sizes)]
+        assert abs(a - z) == min(abs(x - y) for x, y in options), (options, found)
         assert tuple(_titan(pp, n_layers, a, z)) == sizes
         assert not split_refuses("torchtitan", n_layers, sizes, pp)
     if pp >= 3 and n_layers >= 2 * pp:  # one layer moved into a middle stage

@@ -178,11 +178,11 @@ def test_torchtitan_eager_traffic_is_its_blocks(monkeypatch, rope, gated):
     with backward:            # the forward's Function)
         y.sum().backward()
     predicted, kernels = _predicted("torchtitan", rope, gated, b * s)
-    assert forward.bytes == pytest.approx(predicted[0], rel=0.03)
-    assert backward.bytes == pytest.approx(predicted[1], rel=0.03)
+    # the table is fitted within 1 % (stacks.definitions) on other shapes
+    assert forward.bytes == pytest.approx(predicted[0], rel=0.01)
+    assert backward.bytes == pytest.approx(predicted[1], rel=0.01)
     # and the kernels it launches besides GEMMs and attention
-    assert forward.ops == kernels[0]
-    assert backward.ops == pytest.approx(kernels[1], abs=2)
+    assert (forward.ops, backward.ops) == kernels
 
 
 @pytest.mark.parametrize(("rope", "gated"), VARIANTS)

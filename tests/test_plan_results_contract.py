@@ -1,0 +1,85 @@
+"""Contracts of the search's outputs against references outside the planner: the web API's
+response schema (`web.tools.PlanResponse`, what FastAPI validates `/api/plan` against) for
+`plan --json`'s payload; the best over host offloads as the fastest of one search per kind;
+a `--fix` of an unknown schedule named with the registry's list; and the id of distinct
+rows (`prune._dense_ids`) as numpy's own row-unique where the mixed-radix code would
+overflow int64."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shardwise.arch import get_model
+from shardwise.errors import ShardwiseError
+from shardwise.hardware import Cluster
+from shardwise.layout import TrainSpec
+from shardwise.plan import SearchSpace, plan
+from shardwise.plan.prune import _dense_ids
+from shardwise.plan.space import Constraint
+from shardwise.schedules.registry import SCHEDULES
+
+MODEL = get_model("tiny-deepseek")  # MLA, a shared expert, a dense first layer
+
+
+def test_plan_payload_validates_against_the_web_apis_response_schema():
+    from shardwise.report.builders import plan_payload, run_plan
+    from shardwise.web.tools import PlanEntryOut, PlanResponse
+
+    result = run_plan(MODEL, gpus=16, seq=64, global_batch="64", top=3,
+                      layout_text="tp=2,pp=1,ep=4,zero=1", max_text="pp=2")
+    payload = plan_payload(result)
+    response = PlanResponse.model_validate(payload)  # every required key, of its type
+    assert response.constraint == "max pp=2" and payload["all_variants"] is False
+    for row in (*payload["ranked"], payload["baseline"], payload["given"]):
+        entry = PlanEntryOut.model_validate(row)
+        assert entry.fits == (entry.memory["total"] <= entry.budget_bytes)
+        assert entry.budget_bytes == pytest.approx(result.budget)
+
+
+def test_the_best_over_offloads_is_the_fastest_search_per_kind():
+    """torchtitan runs no offload and FSDP's parameter offload: `space.offload` searches
+    both and keeps the faster best; a kind the stack lacks is skipped."""
+    cluster = Cluster.of(8, "h100")
+    train = TrainSpec(seq_len=64, global_batch=16, impl="torchtitan")
+    space = SearchSpace(tp=(1, 2), pp=(1,), micro_batch=(1, 2), recompute=("none",))
+    each = {kind: plan(MODEL, cluster, TrainSpec(seq_len=64, global_batch=16,
+                                                 impl="torchtitan", offload=kind),
+                       top=1, space=space, baseline=False)
+            for kind in ("none", "params")}
+    totals = {kind: r.best.estimate.total for kind, r in each.items()}
+    assert totals["none"] != totals["params"]
+    from dataclasses import replace
+
+    best = plan(MODEL, cluster, train, top=1, baseline=False,
+                space=replace(space, offload=("params", "optimizer", "none")))
+    fastest = min(totals, key=totals.get)
+    assert best.best.estimate.total == pytest.approx(totals[fastest], rel=1e-12)
+    assert best.train.offload == fastest
+    with pytest.raises(ShardwiseError, match="torchtitan has none of the offloads optimizer"):
+        plan(MODEL, cluster, train, top=1, space=replace(space, offload=("optimizer",)))
+
+
+def test_fixing_an_unknown_schedule_names_the_registry():
+    with pytest.raises(ShardwiseError) as info:
+        Constraint.parse("schedule=zigzag")
+    assert str(info.value) == ("--fix schedule='zigzag' unknown; valid: "
+                               + ", ".join(SCHEDULES))
+    assert "gpipe" in SCHEDULES and "dualpipev" in SCHEDULES
+
+
+def test_dense_ids_number_distinct_rows_in_order_past_int64():
+    """Eight columns of ~3000 distinct values each: the product of their counts (~6e27) is
+    far past int64, so the code must renumber on the way; the ids are numpy's row-unique
+    inverse (rows sorted lexicographically, first column most significant)."""
+    rng = np.random.default_rng(7)
+    n = 4000
+    columns = [rng.integers(0, 10**9, size=n) for _ in range(8)]
+    columns[0][: n // 2] = columns[0][n // 2:]  # some rows share a prefix...
+    for c in columns[1:]:
+        c[n - 50:] = c[:50]
+    columns[0][n - 50:] = columns[0][:50]  # ...and 50 rows are repeated whole
+    expected = np.unique(np.stack(columns, axis=1), axis=0, return_inverse=True)[1].ravel()
+    got = _dense_ids(columns)
+    assert int(got.max()) + 1 == n - 50
+    assert (got == expected).all()

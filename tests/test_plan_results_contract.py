@@ -83,3 +83,27 @@ def test_dense_ids_number_distinct_rows_in_order_past_int64():
     got = _dense_ids(columns)
     assert int(got.max()) + 1 == n - 50
     assert (got == expected).all()
+
+
+@pytest.mark.parametrize("prune_above", [0, 10**12])  # pruned (`prune.find_cell`), every one
+def test_a_given_layout_with_its_default_partition_written_out_is_found(prune_above):
+    """`--layout …,partition=3:3` for 6 layers over pp 2 is the default split: the search
+    holds it (the same rank as without the partition), and a split it does not search is
+    outside the search space."""
+    from shardwise.layout import Layout
+
+    model = MODEL.with_(n_layers=6)
+    cluster, train = Cluster.of(8, "h100"), TrainSpec(seq_len=64, global_batch=16)
+    space = SearchSpace(tp=(1, 2), pp=(1, 2), ep=(1, 2), micro_batch=(1, 2),
+                        recompute=("none",))
+    bare = Layout.parse("dp=2,tp=2,pp=2,ep=2,zero=1")
+    found = {}
+    for text in ("", ",partition=3:3", ",partition=4:2"):
+        layout = Layout.parse(f"dp=2,tp=2,pp=2,ep=2,zero=1{text}")
+        result = plan(model, cluster, train, top=2, space=space, layout=layout,
+                      baseline=False, prune_above=prune_above)
+        found[text] = (result.given.rank, result.given_note)
+    assert found[""][0] is not None and found[""][1].startswith(f"rank {found[''][0]} of ")
+    assert found[",partition=3:3"] == found[""]
+    assert found[",partition=4:2"] == (None, "outside the search space")
+    assert bare.stage_partition(6) == (3, 3)

@@ -107,3 +107,31 @@ def test_a_given_layout_with_its_default_partition_written_out_is_found(prune_ab
     assert found[",partition=3:3"] == found[""]
     assert found[",partition=4:2"] == (None, "outside the search space")
     assert bare.stage_partition(6) == (3, 3)
+
+
+def test_fit_hint_and_search_size_dicts_carry_their_bytes():
+    """A fit hint's dict: the largest stage of its layout (the scalar memory model) and what
+    it leaves of the budget; a search size's dict: the grid, the cells and the bytes that
+    `budget` compares (`BASE_BYTES + BYTES_PER_CELL · cells`)."""
+    from shardwise.estimate.memory import training_memory_per_gpu
+    from shardwise.layout import Layout
+    from shardwise.plan import search_size
+    from shardwise.plan.fit import fit_hints
+    from shardwise.plan.prune import BASE_BYTES, BYTES_PER_CELL
+
+    cluster, train = Cluster.of(8, "h100"), TrainSpec(seq_len=64, global_batch=16)
+    layout = Layout(dp=2, tp=2, pp=2, ep=2, recompute="none")
+    peak = max(s.total for s in training_memory_per_gpu(MODEL, layout, train))
+    budget = peak * 0.97
+    hints = fit_hints(MODEL, cluster, train, layout, budget)
+    assert hints
+    for hint in hints:
+        out = hint.to_dict()
+        total = max(s.total for s in training_memory_per_gpu(MODEL, hint.layout, train))
+        assert out["total_bytes"] == pytest.approx(total, rel=1e-12)
+        assert out["margin_bytes"] == pytest.approx(budget - total, rel=1e-12) and total <= budget
+        assert out["change"] == f"{hint.knob}={out['value']}"
+    size = search_size(MODEL, cluster, train)
+    assert size.to_dict() == {"grid": size.grid, "cells": size.cells,
+                              "bytes": pytest.approx(BASE_BYTES + BYTES_PER_CELL * size.cells)}
+    assert size.grid > size.cells > 0

@@ -60,3 +60,33 @@ def test_the_floor_is_the_scalar_zero_independent_terms_and_bubble():
     assert any(uneven and partition for _, _, partition, uneven, _, _ in kinds)
     assert any(s == "interleaved" for _, s, _, _, _, _ in kinds)
     assert any(tpep and zero for *_, tpep, zero in kinds)
+
+
+def test_the_pruned_searchs_cell_memory_is_the_scalar_model_on_blackwell():
+    """`cell_terms(("memory",))` (the peak the pruned search reports for layouts that do not
+    fit) against `training_memory_per_gpu` cell by cell, on a B200 (Blackwell: TE keeps one
+    cached FP8 copy of a weight with the tensorwise recipe, Hopper two) — the generation must
+    reach the memory model."""
+    from shardwise.estimate.memory import training_memory_per_gpu
+    from shardwise.plan.evaluate import cell_terms, flat_cells
+
+    cluster = Cluster.of(16, "b200")
+    train = TrainSpec(seq_len=64, global_batch=32, fp8="tensorwise").validate()
+    space = SearchSpace(tp=(1, 2), pp=(1, 2), cp=(1,), ep=(1, 4), etp=(0,),
+                        micro_batch=(1,), zero=(0, 3), recompute=("none",),
+                        schedules=("1f1b",))
+    cand, _ = _enumerate(MODEL, cluster, train, space, _Rejections())
+    cal = default_calibration(cluster.accelerator.calibration_name)
+    shared = shared_costs(MODEL, cluster, train, cand, cal)
+    rows, cols = np.nonzero(cand["_valid"])
+    cells = flat_cells(cand, rows, cols)
+    memory = cell_terms(MODEL, cluster, train, cells, shared, ("memory",))["memory"]
+    assert len(memory) > 4
+    for i in range(len(memory)):
+        layout = _layout_of(cells, i)
+        blackwell = max(s.total for s in training_memory_per_gpu(MODEL, layout, train,
+                                                                 generation="blackwell"))
+        hopper = max(s.total for s in training_memory_per_gpu(MODEL, layout, train,
+                                                              generation="hopper"))
+        assert memory[i] == pytest.approx(blackwell, rel=1e-12), layout.short()
+        assert layout.zero == 3 or hopper > blackwell  # FSDP holds no cached copy

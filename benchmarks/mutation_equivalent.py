@@ -205,4 +205,10 @@ EQUIVALENT: dict[str, str] = {
         "real count is negative",
     "shardwise.partition.x_chunk_span__mutmut_9": "dtype None for int64 in np.asarray of a "
         "tuple of Python ints: numpy's default integer, int64 on the 64-bit platforms run",
+    # mut-plan (code at branch point 80a1629; search-speed changes src/shardwise/plan/*:
+    # recheck these after merging it)
+    "shardwise.plan.rank.xǁRankingǁ_simulate__mutmut_88": "pending[exact] = None for False: "
+        "numpy stores None in a bool array as False",
+    "shardwise.plan.prune.x_find_cell__mutmut_12": "cand.get(\"_partitions\") without the {} "
+        "default: every grid find_cell reads comes from grid._expand, which sets _partitions",
 }

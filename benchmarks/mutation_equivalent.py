@@ -211,4 +211,6 @@ EQUIVALENT: dict[str, str] = {
         "numpy stores None in a bool array as False",
     "shardwise.plan.prune.x_find_cell__mutmut_12": "cand.get(\"_partitions\") without the {} "
         "default: every grid find_cell reads comes from grid._expand, which sets _partitions",
+    "shardwise.plan.rank.xǁRankingǁ__init____mutmut_72": ".astype(None) for .astype(bool): "
+        "float 0.0/1.0, read only as np.where's condition (nonzero is true)",
 }

@@ -35,3 +35,41 @@ def test_only_uneven_pipelines_are_simulated(layers):
         scalar = evaluate_layout(model, CLUSTER, TRAIN, entry.layout, result.calibration,
                                  result.headroom)
         assert entry.estimate.total == pytest.approx(scalar.estimate.total, rel=1e-9)
+
+
+def test_the_top_rows_are_the_fastest_by_the_scalar_figure_with_searched_splits():
+    """A model whose head costs about four layers (so pp 2 and 4 search shortened last
+    stages, whose bubble the simulator gives): the rows `plan` shows are the fastest of
+    every valid layout by `evaluate_layout`'s figure (the simulated bubble where the stages
+    are uneven), enumerated here over the axes."""
+    import itertools
+
+    from shardwise.arch import ModelSpec
+    from shardwise.layout import Layout
+
+    model = ModelSpec("big-vocab", 16, 1024, 16, 16, 4096, 64000)
+    cluster = Cluster.of(8, "h100")
+    train = TrainSpec(seq_len=512, global_batch=16, impl="shardwise")
+    space = SearchSpace(tp=(1,), pp=(2, 4), cp=(1,), micro_batch=(1, 2), zero=(1,),
+                        sp=(False,), recompute=("none",), schedules=("1f1b", "zb-h1"))
+    cal = None
+    figures = []
+    for pp, mb, schedule in itertools.product((2, 4), (1, 2), ("1f1b", "zb-h1")):
+        splits = {(8, 8): [(), (10, 6)],  # (L + a + z)/pp units, less a first and z last
+                  (4,) * 4: [(), (3, 5, 5, 3), (5, 5, 5, 1)]}[(16 // pp,) * pp]
+        # ZeRO-1 flat, or over groups of 2 or 4 of the dp ranks (fewer than all of them)
+        for split, group in itertools.product(splits, (0, 2, 4)):
+            if group >= 8 // pp:
+                continue
+            layout = Layout(dp=8 // pp, pp=pp, micro_batch=mb, zero=1, zero_group=group,
+                            schedule=schedule, partition=split)
+            entry = evaluate_layout(model, cluster, train, layout, cal, 0.85)
+            if entry.fits:
+                figures.append((entry.estimate.total, layout))
+    figures.sort(key=lambda x: x[0])
+    result = plan(model, cluster, train, top=4, space=space, baseline=False,
+                  all_variants=True)
+    assert [e.estimate.total for e in result.ranked] == pytest.approx(
+        [f for f, _ in figures[:4]], rel=1e-9)
+    assert result.stats.fits == len(figures)
+    assert any(layout.partition for _, layout in figures[:4])

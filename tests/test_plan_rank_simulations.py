@@ -73,3 +73,32 @@ def test_the_top_rows_are_the_fastest_by_the_scalar_figure_with_searched_splits(
         [f for f, _ in figures[:4]], rel=1e-9)
     assert result.stats.fits == len(figures)
     assert any(layout.partition for _, layout in figures[:4])
+
+
+def test_the_ring_alternative_has_context_parallelism():
+    """Llama-3-8B at 32k tokens, 4 sequences on 8 GPUs: the winner runs Ulysses over cp 2;
+    the explanation's alternative `cp_kind=ring` is the fastest fitting layout with cp > 1
+    and ring attention (only layouts with context parallelism have a kind), timed here by
+    `evaluate_layout` over the grid written out."""
+    import itertools
+
+    from shardwise.arch import get_model
+    from shardwise.layout import Layout
+
+    model, cluster = get_model("llama3-8b"), Cluster.of(8, "h100")
+    train = TrainSpec(seq_len=32768, global_batch=4, impl="shardwise")
+    space = SearchSpace(tp=(1, 2), pp=(1,), cp=(1, 2), micro_batch=(1,), zero=(1, 3),
+                        recompute=("none", "full"), cp_kinds=("ring", "ulysses"))
+    result = plan(model, cluster, train, top=1, space=space, baseline=False)
+    assert (result.best.layout.cp, result.best.layout.cp_kind) == (2, "ulysses")
+    ring = []
+    for tp, zero, rc, sp in itertools.product((1, 2), (1, 3), ("none", "full"), (False, True)):
+        if sp and tp == 1:
+            continue
+        layout = Layout(dp=4 // tp, tp=tp, cp=2, zero=zero, recompute=rc, sp=sp)
+        entry = evaluate_layout(model, cluster, train, layout, result.calibration, 0.85)
+        if entry.fits:
+            ring.append((entry.estimate.total, layout.short()))
+    (alt,) = [a for a in result.alternatives if a.axis == "cp_kind" and a.value == "ring"]
+    assert (alt.best_total, alt.best_layout) == (pytest.approx(min(ring)[0], rel=1e-9),
+                                                 min(ring)[1])

@@ -135,3 +135,22 @@ def test_fit_hint_and_search_size_dicts_carry_their_bytes():
     assert size.to_dict() == {"grid": size.grid, "cells": size.cells,
                               "bytes": pytest.approx(BASE_BYTES + BYTES_PER_CELL * size.cells)}
     assert size.grid > size.cells > 0
+
+
+def test_default_rows_and_the_baseline():
+    """`plan` shows 10 rows by default (`--top`'s default, docs/cli.md) when more families
+    fit, and carries the §7 baseline: `choose_parallelism`'s layout, as `evaluate_layout`
+    times it, with its rank among the fitting layouts."""
+    from shardwise.plan import choose_parallelism
+    from shardwise.plan.evaluate import evaluate_layout
+
+    cluster = Cluster.of(16, "h100")
+    train = TrainSpec(seq_len=64, global_batch=64, impl="shardwise")
+    result = plan(MODEL, cluster, train)
+    assert len(result.ranked) == 10 < result.stats.fits
+    chosen = choose_parallelism(MODEL, cluster, train)
+    assert result.baseline is not None and result.baseline.layout == chosen
+    scalar = evaluate_layout(MODEL, cluster, train, chosen, result.calibration, 0.85)
+    assert result.baseline.estimate.total == pytest.approx(scalar.estimate.total, rel=1e-12)
+    assert result.baseline_note.startswith("rank ") and result.baseline_note.endswith(
+        f" of {result.stats.fits:,} fitting layouts")

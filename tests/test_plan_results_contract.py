@@ -138,7 +138,7 @@ def test_fit_hint_and_search_size_dicts_carry_their_bytes():
 
 
 def test_default_rows_and_the_baseline():
-    """`plan` shows 10 rows by default (`--top`'s default, docs/cli.md) when more families
+    """`plan` shows 10 rows by default (as the CLI's `--top`, cli/planner.py) when more families
     fit, and carries the §7 baseline: `choose_parallelism`'s layout, as `evaluate_layout`
     times it, with its rank among the fitting layouts."""
     from shardwise.plan import choose_parallelism

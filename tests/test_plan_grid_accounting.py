@@ -12,6 +12,7 @@ dp·cp, sequence parallelism where tp·cp does not divide the sequence, and ever
 from __future__ import annotations
 
 import itertools
+import re
 from collections import Counter
 
 import pytest
@@ -161,6 +162,15 @@ def test_rejections_are_sorted_by_count_with_one_example_and_category_each(searc
         "zero_group=4, dp·cp=6"
     assert by["more data-parallel replicas than sequences per step"].example == \
         f"dp={N_GPUS} > global batch {TRAIN.global_batch}"
+    # a micro-batch count the interleaved schedule cannot run: m not a multiple of pp
+    example = by["interleaved 1F1B needs micro-batches divisible by pp (groups of p per "
+                 "chunk)"].example
+    found = re.fullmatch(r"pp=(\d+), (\d+) micro-batch(es)?", example)
+    assert found, example
+    p, m = int(found.group(1)), int(found.group(2))
+    assert m % p and (found.group(3) is not None) == (m != 1)
+    assert by["pp·chunks does not divide the layers"].example in (
+        f"pp={p} chunks={v}" for p in PP for v in (2, 3) if MODEL.n_layers % (p * v))
 
 
 def test_rejections_add_counts_and_keep_the_first_example():

@@ -213,4 +213,7 @@ EQUIVALENT: dict[str, str] = {
         "default: every grid find_cell reads comes from grid._expand, which sets _partitions",
     "shardwise.plan.rank.xǁRankingǁ__init____mutmut_72": ".astype(None) for .astype(bool): "
         "float 0.0/1.0, read only as np.where's condition (nonzero is true)",
+    "shardwise.plan.grid.x__example__mutmut_9": "\"XXXX\" for \"\" when no cell is hit: each "
+        "_example is drawn from the mask its region's count sums, and _Rejections.add drops a "
+        "region of count 0 before reading its example",
 }

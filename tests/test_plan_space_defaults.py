@@ -59,3 +59,21 @@ def test_divisors_and_the_default_headroom():
     assert result.headroom == DEFAULT_HEADROOM == 0.85
     assert result.budget == cluster.accelerator.memory_bytes * 0.85
     assert result.best.budget == result.budget
+
+
+@pytest.mark.parametrize("layers", [7, 8, 10, 11])
+@pytest.mark.parametrize("pp", [2, 3, 4])
+def test_a_deepspeed_stack_searches_its_one_split(layers, pp):
+    """Megatron-DeepSpeed's stages (DeepSpeed's `partition_balanced` on the blocks alone):
+    `L // pp` layers each, the first `L mod pp` stages one more — written out here; the
+    default partition (written `()`) where that is the balanced default too."""
+    from shardwise.layout import stage_partition
+    from shardwise.plan.grid import _partitions
+
+    model = get_model("tiny-deepseek").with_(n_layers=layers)
+    q, r = divmod(layers, pp)
+    split = tuple(q + (i < r) for i in range(pp))
+    ((ends, got),) = _partitions(model, pp, "deepspeed").items()
+    assert (got or stage_partition(layers, pp)) == split
+    assert (got == ()) == (split == stage_partition(layers, pp))
+    assert ends == ((-1, 0) if r else (0, 0))

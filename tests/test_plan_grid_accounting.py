@@ -15,8 +15,6 @@ import itertools
 import re
 from collections import Counter
 
-import pytest
-
 from shardwise.arch import get_model
 from shardwise.hardware import Cluster
 from shardwise.layout import CP_KINDS, Layout, TrainSpec
@@ -117,16 +115,17 @@ def _reference() -> tuple[Counter, Counter]:
     return rejected, kept
 
 
-@pytest.fixture(scope="module")
-def searched():
+def _searched() -> tuple[_Rejections, int, dict]:
+    """The planner's enumeration of the grid (called in each test, not a fixture: mutmut
+    maps a mutant to the tests whose own call reaches it)."""
     rejections = _Rejections()
     cand, grid = _enumerate(MODEL, CLUSTER, TRAIN, SPACE, rejections)
     flat, _ = _flatten(cand)
     return rejections, grid, flat
 
 
-def test_every_grid_point_is_kept_or_rejected_once_for_the_first_rule_it_breaks(searched):
-    rejections, grid, flat = searched
+def test_every_grid_point_is_kept_or_rejected_once_for_the_first_rule_it_breaks():
+    rejections, grid, flat = _searched()
     rejected, kept = _reference()
     assert grid == sum(rejected.values()) + sum(kept.values())
     # not degenerate: every region of the reference is reached, and a searched uneven split
@@ -141,8 +140,8 @@ def test_every_grid_point_is_kept_or_rejected_once_for_the_first_rule_it_breaks(
     assert (flat["dp"] * flat["micro_batch"] * flat["m"] == TRAIN.global_batch).all()
 
 
-def test_rejections_are_sorted_by_count_with_one_example_and_category_each(searched):
-    rejections, _, _ = searched
+def test_rejections_are_sorted_by_count_with_one_example_and_category_each():
+    rejections, _, _ = _searched()
     result = rejections.result()
     counts = [r.count for r in result]
     assert counts == sorted(counts, reverse=True)

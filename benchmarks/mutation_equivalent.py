@@ -216,4 +216,7 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.plan.grid.x__example__mutmut_9": "\"XXXX\" for \"\" when no cell is hit: each "
         "_example is drawn from the mask its region's count sums, and _Rejections.add drops a "
         "region of count 0 before reading its example",
+    "shardwise.plan.prune.constant_L43_C16": "_THREAD_CELLS 16384 → 16385: only how the "
+        "cells to time are cut into thread chunks; each cell's terms are elementwise and put "
+        "back by index, the same numbers in any chunking",
 }

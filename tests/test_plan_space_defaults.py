@@ -77,3 +77,22 @@ def test_a_deepspeed_stack_searches_its_one_split(layers, pp):
     assert (got or stage_partition(layers, pp)) == split
     assert (got == ()) == (split == stage_partition(layers, pp))
     assert ends == ((-1, 0) if r else (0, 0))
+
+
+def test_a_fixed_schedule_or_chunk_count_the_grid_lacks_is_searched():
+    """`--fix schedule=gpipe` (GPipe is not in the default grid) searches GPipe alone;
+    `--fix chunks=3` keeps only interleaving with 3 chunks per stage."""
+    from shardwise.plan import plan
+    from shardwise.plan.space import Constraint
+
+    model = get_model("tiny-deepseek").with_(n_layers=12)
+    cluster = Cluster.of(8, "h100")
+    train = TrainSpec(seq_len=64, global_batch=32, impl="shardwise")
+    base = dict(tp=(1,), pp=(2,), ep=(4,), micro_batch=(1,), zero=(1,), recompute=("none",))
+    gpipe = plan(model, cluster, train, top=5, baseline=False, all_variants=True,
+                 space=SearchSpace(**base, constraint=Constraint.parse("schedule=gpipe")))
+    assert {e.layout.schedule for e in gpipe.ranked} == {"gpipe"}
+    three = plan(model, cluster, train, top=5, baseline=False, all_variants=True,
+                 space=SearchSpace(**base, chunks=(2, 3, 4),
+                                   constraint=Constraint.parse("chunks=3")))
+    assert {(e.layout.schedule, e.layout.chunks) for e in three.ranked} == {("interleaved", 3)}

@@ -277,4 +277,18 @@ EQUIVALENT: dict[str, str] = {
         "2 <= pp <= 16 a count z >= 0 gives the same stage sizes (checked); its one caller "
         "(plan.grid._partitions) keys those sizes by the counts and a searched layout takes "
         "the sizes (plan.evaluate._layout_of)",
+    # mut-plan (code at branch point 80a1629; search-speed changes src/shardwise/plan/*:
+    # recheck these after merging it)
+    "shardwise.plan.rank.xǁRankingǁ_simulate__mutmut_88": "pending[exact] = None for False: "
+        "numpy stores None in a bool array as False",
+    "shardwise.plan.prune.x_find_cell__mutmut_12": "cand.get(\"_partitions\") without the {} "
+        "default: every grid find_cell reads comes from grid._expand, which sets _partitions",
+    "shardwise.plan.rank.xǁRankingǁ__init____mutmut_72": ".astype(None) for .astype(bool): "
+        "float 0.0/1.0, read only as np.where's condition (nonzero is true)",
+    "shardwise.plan.grid.x__example__mutmut_9": "\"XXXX\" for \"\" when no cell is hit: each "
+        "_example is drawn from the mask its region's count sums, and _Rejections.add drops a "
+        "region of count 0 before reading its example",
+    "shardwise.plan.prune.constant_L43_C16": "_THREAD_CELLS 16384 → 16385: only how the "
+        "cells to time are cut into thread chunks; each cell's terms are elementwise and put "
+        "back by index, the same numbers in any chunking",
 }

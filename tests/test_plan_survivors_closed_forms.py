@@ -1,0 +1,96 @@
+"""Planner details the sampled mutation run of `plan` left unchecked (mut-plan2), each against
+a rule written here: `--fix` values added to the grid and nothing else allowed (ZeRO's implied
+stage 1 with a group, stage 0 without), the rejected-regions text (a tuple shown as `a:b:c`,
+the region of a `Layout.problems` sentence, the first etp-without-ep point's numbers, the
+memory region's `needs X, X − B over the B budget` arithmetic in GiB = 2**30 bytes), and the
+cluster block of `PlanResult.to_dict`. Non-degenerate: an MoE with a shared expert and a dense
+first layer (tiny-deepseek), tp·cp·ep > 1 in the searched grid, nodes of 4."""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import pytest
+
+from shardwise.arch import get_model
+from shardwise.hardware import Cluster
+from shardwise.layout import TrainSpec
+from shardwise.partition import partition_problems
+from shardwise.plan import SearchSpace, _enumerate, _Rejections, plan
+from shardwise.plan.grid import _structure_reason
+from shardwise.plan.space import Constraint
+
+MODEL = get_model("tiny-deepseek").with_(n_layers=6, vocab=2048)
+CLUSTER = Cluster.of(8, "h100", gpus_per_node=4)
+AXES = {"tp": [1, 2, 4], "pp": [1, 2], "cp": [1, 2], "ep": [1, 2, 4], "etp": [0, 1],
+        "micro_batch": [1, 2], "schedule": [(1, 1)], "zero": [(3, 8)], "sp": [0, 1],
+        "recompute": [0, 2]}
+
+
+def test_a_fixed_ep_outside_the_grid_is_added_and_is_the_only_one_allowed():
+    grid, allowed = SearchSpace(constraint=Constraint.parse("ep=3,tp=4")).constrained(AXES)
+    assert grid["ep"] == [1, 2, 3, 4] and allowed["ep"] == [3]
+    assert grid["tp"] == [1, 2, 4] and allowed["tp"] == [4]
+    assert allowed["cp"] == [1, 2]  # unconstrained axes keep every value
+
+
+@pytest.mark.parametrize("fix, pair", [
+    ("zero_group=0", (0, 0)),  # no group, no stage: plain data parallelism
+    ("zero_group=4", (1, 4)),  # a group alone implies ZeRO-1 (stage 1 within the group)
+    ("zero=2", (2, 0)),
+    ("zero=3,zero_group=2", (3, 2)),
+])
+def test_a_fixed_zero_form_is_added_to_the_grid_and_is_the_only_one_allowed(fix, pair):
+    # the axes' only ZeRO form (3, 8) differs from every fixed one: the added pair is visible
+    rule = Constraint(tuple(Constraint.parse(fix).fixed))
+    grid, allowed = SearchSpace(constraint=rule).constrained(AXES)
+    assert grid["zero"] == [(3, 8), pair]
+    assert allowed["zero"] == ([pair] if "zero=" in fix.replace("zero_group=", "") else
+                               [(z, g) for z, g in grid["zero"]
+                                if g == dict(rule.fixed)["zero_group"]])
+
+
+def test_a_fixed_partition_is_described_colon_separated():
+    rule = Constraint.parse("partition=1:2:3,tp=2", "cp=2")
+    assert rule.describe() == "fix partition=1:2:3,tp=2; max cp=2"
+
+
+def test_a_partition_that_does_not_sum_to_the_layers_is_the_pp_region():
+    problems = partition_problems(MODEL.n_layers, 2, 1, (2, MODEL.n_layers))
+    assert problems and f"n_layers={MODEL.n_layers}" in problems[0]
+    assert _structure_reason(problems[0]) == "pp does not split the layers"
+
+
+def test_the_etp_without_ep_region_names_the_first_such_point():
+    space = SearchSpace(tp=(1, 2, 4), pp=(1,), cp=(1,), ep=(1, 2, 4), etp=(0, 1),
+                        micro_batch=(1,), zero=(0,), sp=(False,), recompute=("none",),
+                        schedules=("1f1b",))
+    rejections = _Rejections()
+    _enumerate(MODEL, CLUSTER, TrainSpec(seq_len=64, global_batch=8, impl="shardwise"), space,
+               rejections)
+    # the search's order: tp, pp, cp, ep, etp; etp = tp is its own region (a duplicate of 0)
+    t, _e, et = next((t, e, et) for t, e, et in itertools.product((1, 2, 4), (1, 2, 4), (0, 1))
+                    if et and et != t and e == 1)
+    by = {r.reason: r for r in rejections.result()}
+    region = by["etp without ep (routed experts replicated over tp; not searched)"]
+    assert region.example == f"tp={t} etp={et} ep=1"
+
+
+def test_the_memory_region_shows_need_minus_budget_in_gib_and_the_cluster_block():
+    headroom = 0.01  # a budget of 0.8 GiB of the H100's 80 GiB: some layouts do not fit
+    train = TrainSpec(seq_len=32768, global_batch=16, impl="shardwise")
+    result = plan(MODEL, CLUSTER, train, top=3, headroom=headroom,
+                  space=SearchSpace(tp=(1, 2), pp=(1, 2), cp=(1, 2), ep=(1, 2)))
+    budget = headroom * CLUSTER.accelerator.memory_bytes / 2**30
+    memory = [r for r in result.rejected if r.category == "memory"]
+    assert memory
+    need, over, shown = map(float, re.search(
+        r"needs ([\d.]+) GiB, ([\d.]+) GiB over the ([\d.]+) GiB budget",
+        memory[0].example).groups())
+    assert shown == pytest.approx(budget, abs=0.051)
+    assert need - over == pytest.approx(budget, abs=0.11)  # each rounded to 0.1 GiB
+    assert over > 0.2 and need > budget + 0.2
+    cluster = result.to_dict()["cluster"]
+    assert (cluster["intra"], cluster["inter"]) == (CLUSTER.intra.name, CLUSTER.inter.name)
+    assert cluster["intra"] != cluster["inter"]

@@ -11,15 +11,19 @@ from __future__ import annotations
 import itertools
 import re
 
+import numpy as np
 import pytest
 
 from shardwise.arch import get_model
+from shardwise.estimate.compute import RC_CODES
 from shardwise.hardware import Cluster
 from shardwise.layout import TrainSpec
 from shardwise.partition import partition_problems
 from shardwise.plan import SearchSpace, _enumerate, _Rejections, plan
 from shardwise.plan.grid import _structure_reason
+from shardwise.plan.rank import _ordinal, simplicity
 from shardwise.plan.space import Constraint
+from shardwise.schedules.registry import SCHEDULE_CODES
 
 MODEL = get_model("tiny-deepseek").with_(n_layers=6, vocab=2048)
 CLUSTER = Cluster.of(8, "h100", gpus_per_node=4)
@@ -94,3 +98,42 @@ def test_the_memory_region_shows_need_minus_budget_in_gib_and_the_cluster_block(
     cluster = result.to_dict()["cluster"]
     assert (cluster["intra"], cluster["inter"]) == (CLUSTER.intra.name, CLUSTER.inter.name)
     assert cluster["intra"] != cluster["inter"]
+
+
+def _rows(**columns):
+    """A candidate table of len(pp) layouts: the given columns, every other axis at 1 / 0 and
+    the default schedule (1F1B) and recompute (none)."""
+    n = len(columns["pp"])
+    cand = {k: np.full(n, v) for k, v in (("cp", 1), ("tp", 1), ("ep", 1), ("cp_kind", 0),
+                                           ("etp", 0), ("zero", 0), ("zero_group", 0),
+                                           ("recompute", RC_CODES["none"]), ("sp", 0),
+                                           ("schedule", SCHEDULE_CODES["1f1b"]), ("chunks", 1),
+                                           ("micro_batch", 1))}
+    return cand | {k: np.asarray(v) for k, v in columns.items()}
+
+
+def test_the_default_stage_split_is_simpler_than_a_searched_one():
+    # 6 layers on pp 4: the default is Balanced(1, 1) (embedding and head one layer each), so
+    # (0, 1) is searched although its last_less equals the default's; on pp 2 (0, 0) is the
+    # default and (1, 0) is searched
+    cand = _rows(pp=[4, 4, 2, 2], first_less=[1, 0, 0, 1], last_less=[1, 1, 0, 0],
+                 _n_layers=6)
+    order = simplicity(cand)
+    assert order[0] < order[1] and order[2] < order[3]
+    assert order[2] < order[0]  # fewer stages first (SIMPLER: cp, then pp)
+
+
+def test_simplicity_without_searched_partitions_orders_by_cp_then_pp_then_tp():
+    cand = _rows(pp=[2, 1, 1, 1], cp=[1, 2, 1, 1], tp=[1, 1, 4, 1], _n_layers=6)
+    assert list(np.argsort(simplicity(cand))) == [3, 2, 0, 1]
+
+
+def test_ordinal_sorts_like_tuples_beyond_64_bits():
+    # 8 columns of radix 1024 (2**80 combinations): the mixed-radix code must renumber
+    rng = np.random.default_rng(7)
+    columns = [rng.integers(0, 1024, 60) for _ in range(8)]
+    columns[3][:2] = 0  # a column whose minimum is not its first value's
+    code = _ordinal(columns)
+    rows = list(zip(*(c.tolist() for c in columns), strict=True))
+    assert sorted(range(60), key=lambda i: rows[i]) == sorted(range(60), key=lambda i: code[i])
+    assert len(set(code.tolist())) == len(set(rows))

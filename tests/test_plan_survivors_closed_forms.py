@@ -19,7 +19,7 @@ from shardwise.estimate.compute import RC_CODES
 from shardwise.hardware import Cluster
 from shardwise.layout import TrainSpec
 from shardwise.partition import partition_problems
-from shardwise.plan import SearchSpace, _enumerate, _Rejections, plan
+from shardwise.plan import SearchSpace, _enumerate, _flatten, _Rejections, plan
 from shardwise.plan.grid import _structure_reason
 from shardwise.plan.rank import _ordinal, simplicity
 from shardwise.plan.space import Constraint
@@ -137,3 +137,16 @@ def test_ordinal_sorts_like_tuples_beyond_64_bits():
     rows = list(zip(*(c.tolist() for c in columns), strict=True))
     assert sorted(range(60), key=lambda i: rows[i]) == sorted(range(60), key=lambda i: code[i])
     assert len(set(code.tolist())) == len(set(rows))
+
+
+def test_a_written_out_default_partition_searches_the_default_split():
+    # 6 layers on pp 2: the default split is 3,3 (pp divides the layers); fixing it written out
+    # keeps exactly the layouts of `--fix pp=2` with the default partition
+    space = dict(tp=(1, 2), pp=(1, 2), cp=(1,), ep=(1, 2), etp=(0,), micro_batch=(1,),
+                 zero=(0,), sp=(False,), recompute=("none",), schedules=("1f1b",))
+    train = TrainSpec(seq_len=64, global_batch=8, impl="shardwise")
+    written = SearchSpace(**space, constraint=Constraint.parse("pp=2,partition=3:3"))
+    cand, _ = _enumerate(MODEL, CLUSTER, train, written, _Rejections())
+    flat, _ = _flatten(cand)
+    assert len(flat["pp"]) and set(flat["pp"].tolist()) == {2}
+    assert set(flat["tp"].tolist()) == {1, 2} and set(flat["ep"].tolist()) == {1, 2}

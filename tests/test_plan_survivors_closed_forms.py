@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from shardwise.layout import TrainSpec
 from shardwise.partition import partition_problems
 from shardwise.plan import SearchSpace, _enumerate, _flatten, _Rejections, plan
 from shardwise.plan.grid import _structure_reason
+from shardwise.plan.lines import _Groups
 from shardwise.plan.rank import _ordinal, simplicity
 from shardwise.plan.space import Constraint
 from shardwise.schedules.registry import SCHEDULE_CODES
@@ -150,3 +152,34 @@ def test_a_written_out_default_partition_searches_the_default_split():
     flat, _ = _flatten(cand)
     assert len(flat["pp"]) and set(flat["pp"].tolist()) == {2}
     assert set(flat["tp"].tolist()) == {1, 2} and set(flat["ep"].tolist()) == {1, 2}
+
+
+def test_comparing_offloads_still_reports_the_baseline_unless_asked_not_to():
+    # plan(offload=[...]) is one plan per offload, the fastest kept (docs/concepts/planner.md);
+    # the recipe baseline (baseline=True, the default) comes with it, as with one offload
+    space = SearchSpace(tp=(1, 2), pp=(1, 2), cp=(1, 2), ep=(1, 2), micro_batch=(1, 2))
+    train = TrainSpec(seq_len=512, global_batch=16, impl="shardwise")
+    compared = plan(MODEL, CLUSTER, train, top=3,
+                    space=replace(space, offload=("none", "optimizer")))
+    single = plan(MODEL, CLUSTER, replace(train, offload=compared.train.offload), top=3,
+                  space=space)
+    assert single.baseline is not None and compared.baseline is not None
+    assert compared.baseline.layout == single.baseline.layout
+    assert plan(MODEL, CLUSTER, train, top=3, baseline=False,
+                space=replace(space, offload=("none", "optimizer"))).baseline is None
+
+
+def test_line_groups_hold_each_codes_positions_and_least_value():
+    # a column of codes (one per row) and a row of codes (one per column), unsorted, with a
+    # missing code (3): positions per code in their own order, inf where no position
+    for code in (np.array([[2], [0], [2], [4], [0], [1]], dtype=np.int16),
+                 np.array([[2, 0, 2, 4, 0, 1]], dtype=np.int16)):
+        groups = _Groups(code)
+        line = code.ravel()
+        value = np.array([5.0, 7.0, 1.0, 2.0, 3.0, 9.0])
+        want = [min((value[i] for i in range(6) if line[i] == c), default=np.inf)
+                for c in range(5)]
+        assert groups.min(value).tolist() == want
+        assert [groups.order[s:e].tolist() for s, e in zip(groups.starts, groups.ends,
+                                                           strict=True)] == \
+            [[i for i in range(6) if line[i] == c] for c in (0, 1, 2, 4)]

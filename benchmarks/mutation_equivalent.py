@@ -291,4 +291,12 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.plan.prune.constant_L43_C16": "_THREAD_CELLS 16384 → 16385: only how the "
         "cells to time are cut into thread chunks; each cell's terms are elementwise and put "
         "back by index, the same numbers in any chunking",
+    # mut-plan2 (code at 3d4fe7e; grid._example 9 above is still "" → "XXXX", the same mutant)
+    "shardwise.plan.grid.x__flatten__mutmut_6": "`valid.ndim == 2 or True`: _enumerate's "
+        "_valid is always the 2-D (rows × inner cells) mask (grid.py builds it with axis=1 "
+        "reductions) and search.plan is _flatten's only caller, so the condition is always true",
+    "shardwise.plan.prune.xǁ_Stateǁadd__mutmut_94": "BoundBroken check at floor·(1 + 1e-9) "
+        "for floor·(1 − 1e-9): the floor is stored 1e-6 under evaluate.step_floor, a lower "
+        "bound of the exact step, so no exact figure falls in the 2e-9 band between the two; "
+        "and a raise only sends search.plan to evaluate every layout, the same ranking",
 }

@@ -12,3 +12,19 @@ from __future__ import annotations
 import pytest
 
 pytest.importorskip("torch")
+
+
+@pytest.fixture
+def world_of_one():
+    """A gloo process group of one rank in this process (file store), destroyed afterwards."""
+    import tempfile
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    store = Path(tempfile.mkdtemp())
+    dist.init_process_group("gloo", init_method=f"file://{store}/store", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

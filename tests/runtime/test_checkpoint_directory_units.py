@@ -12,7 +12,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import tempfile
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -175,16 +174,6 @@ def test_shardwise_json_past_its_size_limit_is_refused_by_name(tmp_path):
 
 
 # ---------------------------------------- a real save and resume, in a world of one rank
-@pytest.fixture
-def world_of_one():
-    store = Path(tempfile.mkdtemp())
-    dist.init_process_group("gloo", init_method=f"file://{store}/store", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 def test_a_checkpoint_that_verifies_but_does_not_load_falls_back_to_the_older(world_of_one,
                                                                             tmp_path):
     """Three saves (steps 1, 2, 3) with the default keep (2): steps 2 and 3 remain. Step 3's shard is cut to

@@ -6,9 +6,7 @@ Multi-rank saves and resumes on other layouts: tests/runtime/test_checkpoint.py.
 from __future__ import annotations
 
 import copy
-import tempfile
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -27,16 +25,6 @@ from shardwise.runtime.checkpoint import (  # noqa: E402
     save_checkpoint,
 )
 from shardwise.runtime.state import TrainConfig  # noqa: E402
-
-
-@pytest.fixture
-def world_of_one():
-    store = Path(tempfile.mkdtemp())
-    dist.init_process_group("gloo", init_method=f"file://{store}/store", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("dtype", ["fp64", "bf16"])  # bf16: fp32 masters beside the weights

@@ -10,10 +10,8 @@ a real ZeRO-3 save of a world of one checks the same spans end to end."""
 
 from __future__ import annotations
 
-import tempfile
 import warnings
 from dataclasses import replace
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -181,16 +179,6 @@ def test_dcp_reads_chunks_written_on_one_split_into_another(tmp_path):
 
 
 # ------------------------------------------------------- a real ZeRO-3 save, one rank
-@pytest.fixture
-def world_of_one():
-    store = Path(tempfile.mkdtemp())
-    dist.init_process_group("gloo", init_method=f"file://{store}/store", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 def test_a_zero3_checkpoint_holds_the_single_device_weights_and_resumes(world_of_one,
                                                                           tmp_path):
     """ZeRO-3 keeps only flat shards: the saved `model.*` tensors are each parameter's

@@ -375,11 +375,10 @@ class _Fields(Mapping[str, Any]):
                 self.memo[key] = self.columns[key]
             elif key in self.per_row:
                 self.memo[key] = self.per_row[key][:, None]
-            else:  # KeyError for a name the grid lacks
-                row = self.table[self.fields.index(key)] if key in self.fields else None
-                if row is None:
-                    raise KeyError(key)
-                self.memo[key] = row.take(self.pair)[:, None]
+            elif key in self.fields:
+                self.memo[key] = self.table[self.fields.index(key)].take(self.pair)[:, None]
+            else:
+                raise KeyError(key)
         return self.memo[key]
 
     def __iter__(self) -> Iterator[str]:

@@ -347,3 +347,24 @@ def test_bad_input_messages_name_the_argument():
     assert message(lambda: ep_comm_bytes_routed(-1.0, 2.0, 4096)).startswith("rows_out ")
     assert message(lambda: cp_comm_bytes_per_layer(4096, 1, 64, 2, recompute="some")) == (
         "recompute: unknown some; valid: none, selective, full, op-sac")
+
+
+def test_every_path_checks_its_arguments_and_names_the_fix():
+    """The tree and hierarchical paths and `bus_bandwidth` check the size themselves (the ring
+    path's helpers would re-check it); a wrong link names its argument and where links come
+    from; MAX_DEGREE itself is a valid group (a million GPUs, one per node)."""
+    ndr, nvlink = LINKS["ndr"], LINKS["nvlink4"]
+    for call in (lambda: collective_time("all-reduce", math.nan, 4, ndr, "tree"),
+                 lambda: collective_time("all-reduce", -1.0, 4, ndr, "hierarchical",
+                                         nodes=2, inter=ndr),
+                 lambda: bus_bandwidth("all-reduce", -1.0, 4, 1.0)):
+        with pytest.raises(ShardwiseError, match=r"size \(bytes\)"):
+            call()
+    for kwargs, name in (({"link": "ndr"}, "link"), ({"link": ndr, "inter": "ib"}, "inter")):
+        with pytest.raises(ShardwiseError) as info:
+            collective_time("all-reduce", 1e6, 4, algorithm="ring", **kwargs)
+        shown = repr(kwargs[name])
+        assert str(info.value) == f"{name} must be a Link (hardware.get_link), got {shown}"
+    n, size = 2**20, 1e9  # nodes = MAX_DEGREE: a plain ring across them on the inter link
+    assert hierarchical_all_reduce_time(size, n, 1, nvlink, ndr) == pytest.approx(
+        2 * (n - 1) * ndr.latency + 2 * (n - 1) / n * size / ndr.bandwidth)

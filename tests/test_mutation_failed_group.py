@@ -9,21 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("mutation", ROOT / "benchmarks" / "mutation.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_a_failing_group_is_recorded_and_the_next_one_runs(tmp_path, monkeypatch):
     if importlib.util.find_spec("mutmut") is None:
         pytest.skip("mutmut is not installed (pip install -e '.[dev]')")
-    mutation = _script()
+    mutation = load_script("benchmarks/mutation.py")
     scratch = tmp_path / "shardwise-mutation-comm-x"
     scratch.mkdir()
     ran = []

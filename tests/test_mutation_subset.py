@@ -12,16 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 GROUP = "offload"
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("mutation", ROOT / "benchmarks" / "mutation.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.slow
@@ -30,7 +24,7 @@ def test_every_offload_mutant_is_killed_or_listed_as_equivalent():
         if os.environ.get("CI"):
             pytest.fail("mutmut is not installed (the dev extra pins it)")
         pytest.skip("mutmut is not installed (pip install -e '.[dev]')")
-    mutation = _script()
+    mutation = load_script("benchmarks/mutation.py")
     files, tests = mutation.GROUPS[GROUP]
     # the group runs its real test files (those importing estimate.offload): the closed forms
     assert "tests/estimate/test_offload_steps.py" in tests

@@ -13,7 +13,6 @@ import itertools
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -27,6 +26,7 @@ from shardwise.layout import Layout, TrainSpec
 from shardwise.schedules.registry import SCHEDULE_CODES, SCHEDULE_REGISTRY
 from shardwise.stacks import STACKS, parse_impl, resolve
 from tests.cli_helpers import assert_one_line_error, shardwise, shardwise_json
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 FACTS = json.loads((ROOT / "benchmarks" / "torchtitan_v0.1.0_facts.json").read_text())
@@ -38,11 +38,7 @@ REPO = Path(os.environ.get("TORCHTITAN_REPO", "/work/.mirror/pytorch+torchtitan/
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("torchtitan_facts",
-                                                  ROOT / "scripts" / "torchtitan_facts.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/torchtitan_facts.py")
 
 
 def test_the_vendored_facts_are_the_tags_code():
@@ -250,11 +246,7 @@ def test_impl_picks_the_version():
 
 @pytest.fixture(scope="module")
 def rows():
-    spec = importlib.util.spec_from_file_location("validation_rows",
-                                                  ROOT / "benchmarks" / "validation_rows.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    module = load_script("benchmarks/validation_rows.py", register=True)
     return module, module.load()[2]
 
 

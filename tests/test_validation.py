@@ -8,10 +8,8 @@ out-of-sample errors, widened for every relaxation and every feature no run meas
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import statistics
-import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -31,17 +29,14 @@ from shardwise.estimate.uncertainty import (
 from shardwise.hardware import Cluster
 from shardwise.layout import Layout, TrainSpec
 from tests.cli_helpers import shardwise, shardwise_json
+from tests.scripts import load_script
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def _harness(name: str = "validate_published"):
     """A benchmark script of benchmarks/ as a module."""
-    sys.path.insert(0, str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(f"benchmarks/{name}.py")
 
 
 def test_the_recorded_errors_are_the_models_errors_now():

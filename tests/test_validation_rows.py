@@ -4,25 +4,19 @@ transcribed figures and FLOP conventions agree with the sources' own derived col
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
 from shardwise.errors import ShardwiseError
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def vr():
-    path = ROOT / "benchmarks" / "validation_rows.py"
-    spec = importlib.util.spec_from_file_location("validation_rows", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/validation_rows.py", register=True)
 
 
 @pytest.fixture(scope="module")

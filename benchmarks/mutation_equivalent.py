@@ -40,6 +40,10 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.estimate.memory.x_stage_memory__mutmut_71": "the MoE layer's bytes also worked "
                                                            "out for a dense model, which never "
                                                            "reads them",
+    "shardwise.estimate.memory.x_stage_memory__mutmut_156": "per-layer-kind sum for a dense "
+                                                            "model too: its stages hold no MoE "
+                                                            "layer, so dense_layers × dense = "
+                                                            "layers × dense",
     "shardwise.estimate.memory.x_peak_stage_total__mutmut_29": "partition None for (): neither "
                                                                "is an explicit partition",
     "shardwise.estimate.memory.x_peak_stage_total__mutmut_45": "the stage's geometry worked out "

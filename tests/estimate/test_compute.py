@@ -21,6 +21,7 @@ from shardwise.estimate.compute import (
     matmul_time,
     optimizer_time,
 )
+from shardwise.estimate.kernels import linear
 from shardwise.hardware import ACCELERATORS, get_accelerator, get_link
 from shardwise.layout import TrainSpec
 
@@ -264,3 +265,21 @@ def test_kv_heads_per_rank_are_split_or_one_replicated():
     model = get_model("llama3-8b")
     assert _kv_heads(model, np.array([2, 8, 16])).tolist() == [4, 1, 1]
     assert _kv_heads(model, 3) == 2  # ⌊8/3⌋ heads: whole heads only
+
+
+def test_recomputing_the_shared_experts_replays_their_forward():
+    """`--recompute-modules shared_experts` adds the shared experts' two GEMMs per expert
+    (T × h)·(h × 2f/t) and (T × f/t)·(f/t × h) to the selective replay (two shared experts,
+    gated, tp = 2 with SP: T = s·b)."""
+    model = replace(get_model("tiny-deepseek"), n_shared_experts=2).validate()
+
+    def selective(modules):
+        train = TrainSpec(seq_len=512, impl="megatron-te", recompute_modules=modules)
+        ctx = ComputeContext.of(model, H100, train)
+        return ctx, layer_cost(ctx, 2, 1, 2, True, 1, moe=True, ep=2).recompute
+
+    ctx, with_shared = selective(("core_attn", "shared_experts"))
+    _, without = selective(("core_attn",))
+    tokens, h, f = 512 * 2, model.d_model, model.expert_d_ff / 2
+    gemms = linear(ctx, tokens, h, 2 * f).fwd + linear(ctx, tokens, f, h).fwd
+    assert with_shared - without == pytest.approx(2 * gemms)

@@ -148,3 +148,21 @@ def test_dense_layer_and_runtime_preset_unchanged():
 
     runtime = replace(ctx, calibration=replace(ctx.calibration, op_count="runtime"))
     assert expert_host(runtime, 8.0) == (0.0, 0.0)
+
+
+def test_the_runtime_count_of_an_expert_parallel_layer_in_its_cost():
+    """"this machine" (runtime op count, host and device one after the other): the host part of
+    an MoE layer's forward at ep = 2 is `kernel_overhead` × the runtime's ops with the EP
+    exchange and its E/ep = 16 local experts (all receiving rows), not ep = 1's 32 without."""
+    from dataclasses import replace
+
+    from shardwise.estimate.host import _OPS_EP, _OPS_EP_EXPERT, _OPS_EXPERT, _OPS_MOE_LAYER
+
+    ctx = _ctx()
+    runtime = replace(ctx, calibration=replace(ctx.calibration, op_count="runtime"),
+                      experts_active=1.0)
+    free = replace(runtime, calibration=replace(runtime.calibration, kernel_overhead=0.0))
+    host = (layer_cost(runtime, 1, 1, 1, False, 0, moe=True, ep=2).fwd
+            - layer_cost(free, 1, 1, 1, False, 0, moe=True, ep=2).fwd)
+    ops = _OPS_MOE_LAYER + _OPS_EXPERT * 16 + _OPS_EP + _OPS_EP_EXPERT * 16
+    assert host == pytest.approx(runtime.calibration.kernel_overhead * ops / 3)

@@ -12,6 +12,7 @@ from shardwise.estimate.memory import (
     MemoryBreakdown,
     activation_bytes_per_layer,
     stage_layers,
+    stage_memory,
     training_memory_per_gpu,
 )
 from shardwise.layout import Layout, TrainSpec
@@ -173,3 +174,28 @@ def test_transient_buffers_and_mtp_activations_by_hand():
     assert last(1).activations - last(0).activations == pytest.approx(
         layer + 5 * 32 * 64 * F64)
     assert last(1).logits == 2 * last(0).logits  # the MTP head's logits beside the model's
+
+
+def test_stage_terms_at_their_defaults_and_edges():
+    """`stage_memory`'s expert-TP default is Megatron-Core's (etp = tp, here 2), not 1; plain
+    SGD in fp32 holds no optimizer state, so its step takes no buffer and the peak stays
+    finite; ZeRO-3 without an FP8 recipe holds no FP8 copy, not a byte of it."""
+    codes = Layout.parse("tp=2,ep=2,dp=2").codes()
+    del codes["etp"]
+    at = dict(codes, m=4, stage=0)
+    default = stage_memory(DS, TRAIN, **at)
+    assert default["weights"] == stage_memory(DS, TRAIN, **at, etp=2)["weights"]
+    assert default["weights"] < stage_memory(DS, TRAIN, **at, etp=1)["weights"]
+    sgd = TrainSpec(seq_len=32, global_batch=16, dtype="fp32", optimizer="sgd",
+                    impl="shardwise")
+    bare = training_memory_per_gpu(DS, Layout.parse("tp=2,ep=2,dp=2"), sgd)[0]
+    assert bare.optimizer == 0.0 and dict(bare.transients)["optimizer step"] == 0.0
+    assert bare.peak == bare.total + max(v for k, v in bare.transients
+                                         if k in ("loss buffer", "attention workspace"))
+    z3 = training_memory_per_gpu(DS, Layout.parse("tp=2,ep=2,dp=2,zero=3"), TRAIN)[0]
+    assert z3.fp8 == 0.0
+
+
+def test_the_peak_names_the_gradients_when_they_are_its_largest_term():
+    grads = MemoryBreakdown(0, 1, 10.0, 50.0, 20.0, 5.0, 0.0, 0.0, 1, (("loss buffer", 1.0),))
+    assert (grads.peak, grads.peak_term) == (86.0, "grads")

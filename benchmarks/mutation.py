@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "accuracy" / "mutation.md"
@@ -208,13 +209,13 @@ def run_constants(where: Path, group: str, timeout: float = 600,
         lines = original.splitlines(keepends=True)
         module = _dotted(str(path.relative_to(where / "src" / "shardwise")))
         for line, start, end, new in _constants(path):
+            name = f"{module}.constant_L{line}_C{start}"
+            if chosen is not None and name not in chosen:
+                continue
             mutated = list(lines)
             text = mutated[line - 1]
             mutated[line - 1] = text[:start] + new + text[end:]
             path.write_text("".join(mutated))
-            name = f"{module}.constant_L{line}_C{start}"
-            if chosen is not None and name not in chosen:
-                continue
             try:
                 run = subprocess.run(command, cwd=where, env=env, capture_output=True,
                                      timeout=timeout)
@@ -275,6 +276,33 @@ def run_group_or_failure(group: str, sample: int | None, seed: int) -> dict[str,
                 "seconds": time.monotonic() - start}
 
 
+def recheck(group: str, record: dict[str, object]) -> dict[str, Any] | None:
+    """The record's survivors (those not listed equivalent) run again against today's tests:
+    {commit, date, killed}; None when the group's sources changed since the record's commit
+    (its mutants' names would then name other mutants)."""
+    commit = str(record["commit"])
+    files, _ = GROUPS[group]
+    changed = subprocess.run(["git", "diff", "--quiet", commit.split()[0], "--",
+                              *(f"src/shardwise/{f}" for f in files)], cwd=ROOT).returncode
+    if changed or " " in commit:  # or the record's own sources were uncommitted
+        return None
+    survivors = record["survivors"]
+    assert isinstance(survivors, list)
+    names = [name for name in survivors if name not in EQUIVALENT]
+    generated = [name for name in names if ".constant_L" not in name]
+    where = _scratch(group)
+    try:
+        _mutmut(where, "run", "no-such-mutant", check=False)  # exits 1: no such mutant
+        if generated:
+            _mutmut(where, "run", *generated)
+        results = {n: s for n, s in _results(where).items() if n in generated}
+        results |= run_constants(where, group, chosen=set(names) - set(generated))
+    finally:
+        shutil.rmtree(str(where), ignore_errors=True)
+    return {"commit": _commit(), "date": datetime.date.today().isoformat(),
+            "killed": sorted(n for n, s in results.items() if s in ("killed", "timeout"))}
+
+
 def _commit() -> str:
     head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT,
                           capture_output=True, text=True).stdout.strip()
@@ -302,6 +330,15 @@ def survival(record: dict[str, object], equivalent: dict[str, str]) -> tuple[int
     listed = sum(name in equivalent for name in survivors)
     reached = c["killed"] + c["survived"] + c["timeout"] + c["no tests"]
     return c["survived"] + c["no tests"] - listed, reached - listed
+
+
+def _killed_since(record: dict[str, object], equivalent: dict[str, str]) -> set[str]:
+    """The record's survivors (not listed equivalent) its recheck found killed."""
+    again = record.get("recheck")
+    killed = set(again["killed"]) if isinstance(again, dict) else set()
+    survivors = record["survivors"]
+    assert isinstance(survivors, list)
+    return {name for name in survivors if name in killed and name not in equivalent}
 
 
 def write_report(records: dict[str, dict[str, object]]) -> None:
@@ -337,6 +374,14 @@ def write_report(records: dict[str, dict[str, object]]) -> None:
                      ) if groups else "?"
     for (command, commit, date), where in runs.items():
         lines.append(f"- `{command}` — commit {commit}, {date}: {', '.join(where)}")
+    rechecks: dict[tuple[str, str, str], list[str]] = {}
+    for g in groups:
+        if isinstance(again := g.get("recheck"), dict):
+            rechecks.setdefault((str(again["command"]), str(again["commit"]),
+                                 str(again["date"])), []).append(str(g["group"]))
+    for (command, commit, date), where in rechecks.items():
+        lines.append(f"- `{command}` — the survivors of {', '.join(where)} run again against "
+                     f"the tests at commit {commit}, {date} (column *after recheck*)")
     missing = [g for g in GROUPS if g not in records]
     # the latest run: by its UTC time (runs before it was recorded: by date only)
     latest = max(groups, key=lambda g: (str(g["date"]), str(g.get("time", ""))), default=None)
@@ -349,8 +394,8 @@ def write_report(records: dict[str, dict[str, object]]) -> None:
     lines += ["", f"Machine: {machine}.", "",
               "Never run: " + (", ".join(missing) or "none") + "."]
     lines += ["", "| group | mutated | tests | mutants | checked | killed | survived | no tests "
-              "| timeout | equivalent | constants killed/all | survival | minutes |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| timeout | equivalent | constants killed/all | survival | after recheck | minutes |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     total = [0, 0]
     for g in groups:
         files, tests = g.get("files"), g.get("tests")  # as run (not today's GROUPS)
@@ -359,7 +404,7 @@ def write_report(records: dict[str, dict[str, object]]) -> None:
         if "failed" in g:  # the run of this group failed: its reason, no counts
             lines.append(f"| {g['group']} | {', '.join(files)} | {', '.join(shown)} | "
                          f"failed: {str(g['failed']).replace('|', '/')} |  |  |  |  |  |  |  "
-                         f"| - | {float(str(g['seconds'])) / 60:.1f} |")
+                         f"| - | - | {float(str(g['seconds'])) / 60:.1f} |")
             continue
         c = g["counts"]
         assert isinstance(c, dict)
@@ -369,9 +414,11 @@ def write_report(records: dict[str, dict[str, object]]) -> None:
         assert isinstance(k, dict)
         consts = f"{k.get('killed', 0)}/{sum(k.values())}" if k else "-"
         rate = f"{alive / denominator:.1%}" if denominator else "-"
+        later = (f"{(alive - len(_killed_since(g, equivalent))) / denominator:.1%}"
+                 if denominator and "recheck" in g else "-")
         lines.append(f"| {g['group']} | {', '.join(files)} | {', '.join(shown)} | "
                      f"{g['mutants']} | {g['checked']} | {c['killed']} | {c['survived']} | "
-                     f"{c['no tests']} | {c['timeout']} | {listed} | {consts} | {rate} | "
+                     f"{c['no tests']} | {c['timeout']} | {listed} | {consts} | {rate} | {later} | "
                      f"{float(str(g['seconds'])) / 60:.1f} |")
         total[0] += alive
         total[1] += denominator
@@ -390,13 +437,15 @@ def write_report(records: dict[str, dict[str, object]]) -> None:
             continue
         every = g["survivors"]
         assert isinstance(every, list)
-        survivors = [n for n in every if n not in equivalent]
+        since = _killed_since(g, equivalent)
+        survivors = [n for n in every if n not in equivalent and n not in since]
         per_function: dict[str, int] = {}
         for name in survivors:
             function = re.sub(r"^x_?|__mutmut_\d+$", "", name.split(".")[-1])
             function = function.replace("ǁ", ".").strip(".")
             per_function[function] = per_function.get(function, 0) + 1
-        lines.append(f"- **{g['group']}** ({len(survivors)}): " + (", ".join(
+        killed = f", {len(since)} more killed since" if since else ""
+        lines.append(f"- **{g['group']}** ({len(survivors)}{killed}): " + (", ".join(
             f"`{f}` {n}" for f, n in sorted(per_function.items(), key=lambda kv: -kv[1]))
             or "none"))
     if equivalent:
@@ -413,6 +462,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", action="store_true", help="keep the scratch copies")
     parser.add_argument("--list", action="store_true", help="print the groups and tests")
+    parser.add_argument("--recheck", action="store_true",
+                        help="run each recorded group's survivors again against today's "
+                             "tests (sources unchanged since its run)")
     parser.add_argument("--report", action="store_true",
                         help="rewrite the page from mutation.json only (after listing "
                              "equivalent mutants by hand)")
@@ -426,6 +478,17 @@ def main() -> int:
         return 0
     records = json.loads(RECORDS.read_text()) if RECORDS.exists() else {}
     command = "python benchmarks/mutation.py " + " ".join(sys.argv[1:])
+    if args.recheck:
+        for group in (g for g in args.only if g in records and "failed" not in records[g]):
+            again = recheck(group, records[group])
+            print(f"{group:<10} " + (f"{len(again['killed'])} survivors killed since"
+                                     if again else "not rechecked: its sources changed"),
+                  flush=True)
+            if again:
+                records[group]["recheck"] = again | {"command": command.strip()}
+                RECORDS.write_text(json.dumps(records, indent=1, ensure_ascii=False) + "\n")
+        write_report(records)
+        return 0
     for group in args.only:
         commit = _commit()  # what the scratch copy is made of
         result = run_group_or_failure(group, args.sample, args.seed)

@@ -50,7 +50,7 @@ def test_a_failing_group_is_recorded_and_the_next_one_runs(tmp_path, monkeypatch
     assert "counts" not in records["comm"] and records["memory"]["counts"]["survived"] == 1
     page = (tmp_path / "mutation.md").read_text()
     row = next(line for line in page.splitlines() if line.startswith("| comm |"))
-    assert f"failed: {failed}" in row and row.count("|") == 14  # the table's 13 columns
+    assert f"failed: {failed}" in row and row.count("|") == 15  # the table's 14 columns
     assert "- **comm**: the run failed" in page
     memory = next(line for line in page.splitlines() if line.startswith("| memory |"))
     assert "| 25.0% |" in memory  # 1 survivor of 4 checked

@@ -45,7 +45,7 @@ def test_the_page_counts_the_survivors_killed_since(mutation, tmp_path, monkeypa
               "commit": "abc", "date": "2026-12-06", "machine": "2 cores, load average 1.0",
               "recheck": {"command": "python benchmarks/mutation.py --recheck",
                           "commit": "def", "date": "2026-12-06",
-                          "killed": names[:3] + ["shardwise.estimate.comm.x_g__mutmut_9"]}}
+                          "killed": [*names[:3], "shardwise.estimate.comm.x_g__mutmut_9"]}}
     monkeypatch.setattr(mutation, "OUT", tmp_path / "mutation.md")
     monkeypatch.setattr(mutation, "EQUIVALENT", {names[5]: "the same number"})
     mutation.write_report({"comm": record})

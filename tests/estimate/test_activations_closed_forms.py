@@ -243,3 +243,17 @@ def test_recompute_adjust_keeps_latent_names_unless_mla_up_proj_on_one_layout():
                            False)(saved)
     assert set(out) == set(saved)
     assert list(out["expert_down_input"]) == [0.0, 8.0]
+
+
+def test_routed_load_and_a_share_of_full_recompute_by_hand():
+    """tiny-deepseek's MoE layer (top-2, h 64, expert f 32, bf16, s 32): each routed copy
+    keeps its input and output (h) and its gate, up and down input (f), so a routed load of
+    1.5 adds 0.5·32·2·(2·64 + 3·32)·2 B; with full recompute of half the layers (recompute
+    codes as arrays) a full layer keeps ½·full + ½·none and a none layer what none keeps."""
+    ds = get_model("tiny-deepseek")
+    more = (activation_bytes_per_layer(ds, 32, 1, moe=True, routed_load=1.5)
+            - activation_bytes_per_layer(ds, 32, 1, moe=True))
+    assert more == 0.5 * 32 * 2 * (2 * 64 + 3 * 32) * 2
+    none, full = (activation_bytes_per_layer(ds, 32, 1, recompute=rc) for rc in ("none", "full"))
+    mixed = activation_bytes_per_layer(ds, 32, 1, recompute=np.array([0, 2]), full_share=0.5)
+    assert list(mixed) == [none, 0.5 * full + 0.5 * none]

@@ -5,12 +5,16 @@ Q/K, a dense first layer, a shared expert beside 8 routed ones) under ep = 2, th
 at their edges and the merge's order. The measured side: tests/runtime/test_measure.py."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from shardwise.arch import get_model
 from shardwise.estimate.check import (
+    EXACT,
     FRAMED,
+    FRAMING_PER_PEER,
+    ROUTING_GATHER_OP,
     CheckRow,
     Counted,
     Term,
@@ -545,3 +549,44 @@ def test_predicted_saved_under_sp_and_selective_recompute():
     saved = saved_tensors_per_layer(TINY_DS, 32, 1, flash=True, selective=True,
                                     dtype_bytes_=F64, moe=True)
     assert dense + moe == pytest.approx(sum(saved.values()))
+
+
+def test_wire_row_at_each_edge_of_the_framing_allowance():
+    """4 MB reduce-scatter on 4 ranks, 2 calls: data at exactly the ring's 0.75·payload, and
+    at it plus the whole allowance FRAMING_PER_PEER·(n−1)·calls, is the ring; a byte past
+    either edge is not. The comm row above it is exact (the counters' payload)."""
+    counted = Counted({("dp", "reduce-scatter"): 4e6}, {("dp", "reduce-scatter"): 2}, {"dp": 4})
+    slack = FRAMING_PER_PEER * 3 * 2
+    for data, ring in ((3e6, True), (3e6 + slack, True), (3e6 - 1, False),
+                       (3e6 + slack + 1, False)):
+        comm, wire = comm_rows([Term("dp", "reduce-scatter", 3e6, "ZeRO")], counted, 1,
+                               Layout.parse("dp=4"),
+                               {("dp", "reduce-scatter"): Traffic(data, 60, 52)})[:2]
+        assert comm.target == EXACT and comm.predicted == 4e6
+        said = wire.note.endswith("data = SPEC §5's 0.75·payload + message headers")
+        assert said is ring, data
+
+
+def test_pipeline_sends_scatter_over_tp_with_sp_and_routing_gathers_only_with_capacity():
+    """tiny at tp = 2 with SP, pp = 2, 8 micro-batches of 32 (fp64): stage 0 sends each
+    micro-batch's (s, b, h) activation forward, split over tp by the scatter/gather
+    optimisation: 8·32·64·8/2 B. tiny-deepseek at tp = 2 with SP, ep = 2: the expert choices
+    are all-gathered over tp only when a capacity factor drops tokens, not dropless."""
+    sends = _by_label(TINY, "tp=2,sp=1,pp=2")[("pp", "send", "activations and their gradients")]
+    assert sends == 8 * 32 * 64 * 8 / 2
+
+    def gathered(capacity):
+        terms = _by_label(TINY_DS, "tp=2,sp=1,ep=2,dp=2", capacity=capacity)
+        return sum(v for (axis, op, _), v in terms.items() if op == ROUTING_GATHER_OP)
+
+    # 4 micro-batches × 2 MoE layers, every token's top-k int64 choices over tp = 2
+    assert gathered(True) == 4 * 2 * _ring("all-gather", 32 * TINY_DS.top_k * 8, 2)
+    assert gathered(False) == 0
+
+
+def test_zero_units_count_learned_positions_in_the_embedding_unit():
+    """A model with learned positions (32 × h) at tp = 2: the first unit is the vocabulary-
+    parallel embedding V·h/t plus the whole position table."""
+    model = replace(TINY, learned_positions=32).validate()
+    first = zero_units(model, Layout.parse("tp=2,dp=2,zero=1"), 0)[0]
+    assert first == (256 * 64 / 2 + 32 * 64, 2, False)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shardwise.arch import ModelSpec
+from shardwise.arch import ModelSpec, get_model
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.profiles import (
     FP8_SAVED_INPUTS,
@@ -411,3 +411,16 @@ def test_qk_norm_and_sandwich_norms_by_hand(impl, qk):
         exp["norm_fp32_rows"] = 2 * SB * H * (4 - 2) / TP
     assert extra == pytest.approx(exp, rel=1e-12)
     assert {k: saved[k] for k in base} == base  # nothing else changes
+
+
+def test_selective_recompute_lists_no_attention_intermediates():
+    """With scalar arguments only the tensors that exist are listed: under selective recompute
+    the core's log-sum-exp (flash) and softmax and its cast (eager) are not saved, so they
+    are absent — not listed at 0 bytes."""
+    tiny = get_model("tiny")
+    for profile, flash, names in (("shardwise", True, {"flash_logsumexp"}),
+                                  ("hf-eager", False, {"softmax_output",
+                                                       "softmax_output_cast"})):
+        kept = saved_tensors(profile, tiny, 32, 1, flash=flash, selective=False)
+        replayed = saved_tensors(profile, tiny, 32, 1, flash=flash, selective=True)
+        assert names <= set(kept) and not names & set(replayed), profile

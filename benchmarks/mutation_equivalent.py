@@ -40,6 +40,18 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.estimate.memory.x_stage_memory__mutmut_71": "the MoE layer's bytes also worked "
                                                            "out for a dense model, which never "
                                                            "reads them",
+    f"{_G}_distinct__mutmut_36": "layers·(L+1) − moe_layers for + moe_layers: with "
+                                  "0 ≤ moe_layers ≤ L both keys are one-to-one",
+    f"{_G}layer_params__mutmut_58": "the expert term worked out for a dense model too: "
+                                    "its n_experts = 0 makes it 0",
+    f"{_G}mtp_params__mutmut_23": "1 × expert_layer for 0 × it on a dense model, whose "
+                                  "expert_layer is 0",
+    "shardwise.estimate.axes.x_dp_time__mutmut_380": "default None for a missing sum: every "
+                                                     "group adds every key, so none is missing",
+    "shardwise.estimate.profiles.x_saved_tensors__mutmut_146": "None for False: falsy "
+                                                               "wherever `add` reads it (a "
+                                                               "scalar is skipped, np.where "
+                                                               "picks the same)",
     "shardwise.estimate.memory.x_stage_memory__mutmut_156": "per-layer-kind sum for a dense "
                                                             "model too: its stages hold no MoE "
                                                             "layer, so dense_layers × dense = "

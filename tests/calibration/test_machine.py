@@ -62,6 +62,18 @@ def test_predicted_step_is_the_step_model_on_the_files_figures(calibration):
         expected.total, rel=1e-12)
 
 
+def test_constants_under_the_machines_own_accelerator_section_count(calibration, tmp_path):
+    """`load_calibration`'s file shape with the constants under accelerators.this-machine
+    (not "default") predicts the same step: the machine's section is read."""
+    model, layout = get_model("tiny"), Layout(tp=2, dp=2)
+    train = TrainSpec(seq_len=64, global_batch=8, dtype="fp32")
+    own = tmp_path / "own.json"
+    own.write_text(json.dumps({"accelerators": {"this-machine": CONSTANTS},
+                               "machine": MACHINE}))
+    assert predict_step(model, layout, train, str(own)).total == pytest.approx(
+        predict_step(model, layout, train, calibration).total, rel=1e-12)
+
+
 def test_a_run_in_another_dtype_is_refused(calibration):
     with pytest.raises(ShardwiseError, match="measured in fp32"):
         predict_step(get_model("tiny"), Layout(), TrainSpec(seq_len=64, global_batch=8,

@@ -4,16 +4,20 @@ than Q/K, a dense first layer, a shared expert, QKV biases), their tensor/expert
 shards by hand, the stages' parameters summing to the model's count, the MoE layers of a stage
 counted layer by layer, and each schedule's in-flight micro-batches by its paper's rule."""
 
+import numpy as np
 import pytest
 
 from shardwise.arch import from_hf_dict, get_model
+from shardwise.errors import ShardwiseError
 from shardwise.estimate.geometry import (
+    StageGeometry,
     candidate_stages,
     fp8_linear_params,
     in_flight_per_stage,
     layer_params,
     moe_layers_on_stage,
     mtp_params,
+    placement_of,
     stage_layer_count,
     stage_layers,
     stage_params,
@@ -158,8 +162,6 @@ def test_candidate_stages_for_the_peak():
     """A model whose stages differ only at the ends: the first (embedding), the second (the
     most in flight after it) and the last (head, logits); an MoE model with dense first
     layers: every stage (its MoE layers per stage vary)."""
-    import numpy as np
-
     assert [int(s) for s in candidate_stages(TINY, 4)] == [0, 1, 3]
     assert [int(s) for s in candidate_stages(TINY, 1)] == [0, 0, 0]
     assert [int(s) for s in candidate_stages(TINY_DS, 3)] == [0, 1, 2]
@@ -169,3 +171,29 @@ def test_candidate_stages_for_the_peak():
     # arrays of pp: each stage index capped at pp - 1
     stages = candidate_stages(TINY_DS, np.array([1, 3]))
     assert [list(s) for s in stages] == [[0, 0], [0, 1], [0, 2]]
+
+
+def test_mtp_and_fp8_linears_of_an_moe_with_expert_tp_apart():
+    """tiny-deepseek (8 experts of f 32, h 64, one shared expert; MLA with a q latent) at
+    tp = 2, ep = 2, etp = 1: an MTP module's experts are whole on each rank, 4·3·64·32; a
+    recipe without FP8 experts (torchao's rowwise) runs the MoE layer's attention GEMMs (5)
+    and the shared expert's two in FP8, Transformer Engine's blockwise also each local
+    expert's two (2·8/2) and their weights (4·3·64·32/2 at etp = tp)."""
+    assert mtp_params(TINY_DS, 2, 2, 1)[1] == 4 * 3 * 64 * 32
+    no_experts = fp8_linear_params(TINY_DS, get_recipe("torchao", "rowwise"), 2, 2)
+    experts = fp8_linear_params(TINY_DS, get_recipe("te", "blockwise"), 2, 2)
+    assert (no_experts[3], experts[3]) == (5 + 2, 5 + 2 + 2 * 8 / 2)
+    assert experts[1] - no_experts[1] == 4 * 3 * 64 * 32 / 2
+
+
+def test_dualpipe_heads_sit_on_the_last_stage_and_one_f_one_b_loops():
+    """DualPipe's geometry names stage p−1 as the last (each direction's head apart from its
+    embedding); a unidirectional schedule places its chunks in Megatron's loop; the
+    micro-batch count is named when it is not positive."""
+    layout = Layout.parse("pp=4,dp=2,schedule=dualpipe")
+    assert StageGeometry.of_layout(TINY, layout, 8, 1).last_stage == 3
+    codes = [Layout.parse(text).codes()["schedule"]
+             for text in ("pp=4", "pp=4,schedule=zbv,chunks=2")]
+    assert list(placement_of(np.array(codes))) == ["loop", "v"]  # an array of layouts
+    with pytest.raises(ShardwiseError, match=r"^m \(micro-batches\) "):
+        in_flight_per_stage("1f1b", 4, 0)

@@ -17,10 +17,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from shardwise.arch import ModelSpec
+from shardwise.arch import ModelSpec, get_model
 from shardwise.calibration import default_calibration
 from shardwise.estimate.axes import dp_time
 from shardwise.estimate.compute import ComputeContext
+from shardwise.estimate.geometry import stage_param_counts
 from shardwise.estimate.links import Links
 from shardwise.estimate.step import busiest_stage_params, step_terms
 from shardwise.hardware import Cluster
@@ -398,3 +399,18 @@ def test_an_optimizer_offload_of_nothing_costs_nothing():
     none, _, _ = _terms(layout=layout)
     kept, _, _ = _terms(layout=layout, offload="optimizer", offload_fraction=0.0)
     assert kept == pytest.approx(none, rel=1e-12)
+
+
+@pytest.mark.parametrize(("name", "pp"), [("deepseek-v3", 16), ("deepseek-v3", 32),
+                                           ("kimi-k2", 32), ("llama4-maverick", 12),
+                                           ("llama3-8b", 5), ("tiny-deepseek", 3)])
+def test_the_busiest_stage_is_the_most_of_every_stage(name, pp):
+    """The DP/ZeRO traffic and the optimizer step count the stage holding the most
+    parameters: the most over every stage of the memory model's per-stage counts, for MoE
+    models whose dense first layers (DeepSeek-V3: 3, Kimi K2: 1) or alternating MoE layers
+    (Llama 4 Maverick) put more on a middle stage than on the second, and for dense ones."""
+    model = get_model(name)
+    every = [sum(stage_param_counts(model, tp=2, pp=pp, ep=8 if model.is_moe else 1,
+                                    chunks=1, stage=s)) for s in range(pp)]
+    dense, expert = busiest_stage_params(model, 2, pp, 8 if model.is_moe else 1, 1)
+    assert dense + expert == max(every)

@@ -52,7 +52,12 @@ from shardwise.estimate.links import (
     p2p_latency,
     small_calls,
 )
-from shardwise.estimate.memory import bytes_per_param_training, placement_of, stage_param_counts
+from shardwise.estimate.memory import (
+    bytes_per_param_training,
+    candidate_stages,
+    placement_of,
+    stage_param_counts,
+)
 from shardwise.estimate.offload import offload_step
 from shardwise.estimate.pipe_engine import pipe_engine_time
 from shardwise.estimate.uncertainty import Uncertainty, uncertainty
@@ -113,12 +118,13 @@ def busiest_stage_params(model: ModelSpec, t: Any, p: Any, e: Any, v: Any,
                          ) -> tuple[Any, Any]:
     """(dense, expert) parameters per rank of the pipeline stage holding the most, counted
     per stage by the memory model (`memory.stage_param_counts`): every stage of an explicit
-    partition; of a `Balanced` one (the default) the first (embedding), the second (the
-    busiest when the balanced split gives it an extra layer) and the last (head) — the others
-    hold no more layers than the second and neither end."""
+    partition; of a `Balanced` one (the default) the memory model's `candidate_stages` — the
+    first (embedding), the second (the busiest when the balanced split gives it an extra
+    layer) and the last (head), or every stage where MoE layers are not spread evenly (dense
+    first layers, `moe_every > 1`: DeepSeek-V3's pp = 16 stage 2 holds more than stage 1)."""
     explicit = isinstance(partition, tuple) and partition
     stages = (np.arange(int(np.max(p))).reshape((-1,) + (1,) * np.ndim(p)) if explicit
-              else np.stack([0 * p, np.minimum(1, p - 1), p - 1]))  # explicit: one pp
+              else np.stack(candidate_stages(model, p)))  # explicit: one pp
     dense, expert = stage_param_counts(model, tp=t, pp=p, ep=e, chunks=v, stage=stages,
                                        partition=partition, etp=etp, placement=placement)
     dense, expert = np.broadcast_arrays(dense, expert)

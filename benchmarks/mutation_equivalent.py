@@ -46,6 +46,15 @@ EQUIVALENT: dict[str, str] = {
                                     "its n_experts = 0 makes it 0",
     f"{_G}mtp_params__mutmut_23": "1 × expert_layer for 0 × it on a dense model, whose "
                                   "expert_layer is 0",
+    **{f"shardwise.estimate.host.x_optimizer_host_ops__mutmut_{n}": "the runtime op count "
+       "serves the runtime's model only, which is Llama-style (RMSNorm, SwiGLU): "
+       "`runtime.model.Transformer` refuses LayerNorm and a two-matrix MLP" for n in (12, 19)},
+    "shardwise.estimate.host.x_expert_launches__mutmut_10": "default None for 1: every TE "
+                                                            "recipe that quantises the experts "
+                                                            "is in _QUANTIZE_KERNELS",
+    "shardwise.estimate.step.x_step_terms__mutmut_706": "offload_fraction for 1.0 under "
+                                                        "parameter offload: TrainSpec refuses "
+                                                        "a fraction below 1 there",
     "shardwise.estimate.axes.x_dp_time__mutmut_380": "default None for a missing sum: every "
                                                      "group adds every key, so none is missing",
     "shardwise.estimate.profiles.x_saved_tensors__mutmut_146": "None for False: falsy "

@@ -283,3 +283,11 @@ def test_recomputing_the_shared_experts_replays_their_forward():
     tokens, h, f = 512 * 2, model.d_model, model.expert_d_ff / 2
     gemms = linear(ctx, tokens, h, 2 * f).fwd + linear(ctx, tokens, f, h).fwd
     assert with_shared - without == pytest.approx(2 * gemms)
+
+
+def test_selective_recompute_by_default_replays_the_attention_core():
+    """Megatron's default `--recompute-modules` is core_attn: with none named, selective
+    recompute replays exactly the attention core's forward."""
+    ctx = ctx_for("llama3-8b")
+    cost = layer_cost(ctx, 2, 1, 1, True, 1)
+    assert cost.recompute == cost.attn_fwd > 0

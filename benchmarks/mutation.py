@@ -13,7 +13,9 @@ whose mutmut pass fails is recorded as failed, with the reason in one line, and 
 CI runs the offload group whole (tests/test_mutation_subset.py). Run on demand (the
 `mutation` extra): `.venv/bin/python benchmarks/mutation.py` (every group),
 `--sample 200`, `--only comm memory`, `--list` (groups and their tests), `--report` (the page
-from the JSON); `mutmut show NAME` in the scratch copy prints a survivor's diff.
+from the JSON), `--recheck` (each record's survivors again, against today's tests, while the
+group's sources are the record's); `mutmut show NAME` in the scratch copy prints a survivor's
+diff.
 """
 
 from __future__ import annotations

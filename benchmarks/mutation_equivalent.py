@@ -55,6 +55,18 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.estimate.step.x_step_terms__mutmut_706": "offload_fraction for 1.0 under "
                                                         "parameter offload: TrainSpec refuses "
                                                         "a fraction below 1 there",
+    "shardwise.estimate.goodput_sim.x__spares_wait__mutmut_19": "argsort's default axis -1 "
+                                                                "is axis 1 of the 2-D "
+                                                                "returns",
+    "shardwise.estimate.goodput_sim.x_simulate__mutmut_79": "float ones for bool ones: "
+                                                            "`active` is only assigned False "
+                                                            "and read by flatnonzero",
+    "shardwise.estimate.uncertainty.x_unvalidated__mutmut_114": "\"NONE\" for \"none\": every "
+                                                                "validated stack's ground "
+                                                                "lists \"none\", so no note either way",
+    "shardwise.estimate.uncertainty.x_unvalidated__mutmut_9": "no default for the ground's "
+                                                              "stacks: validation.json's "
+                                                              "ground always has them",
     "shardwise.estimate.axes.x_dp_time__mutmut_380": "default None for a missing sum: every "
                                                      "group adds every key, so none is missing",
     "shardwise.estimate.profiles.x_saved_tensors__mutmut_146": "None for False: falsy "

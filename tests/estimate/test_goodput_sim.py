@@ -263,3 +263,23 @@ def test_measured_stragglers_by_hand(tmp_path):
             measured_stragglers(path)
     path.write_text(json.dumps({"ranks": 2, "records": [{"seconds": 1.0}] * 3}))
     assert measured_stragglers(path)[0].tolist() == [1.0, 1.0]
+
+
+def test_timeline_edges_async_lag_memory_recovery_and_the_default_runs():
+    """Work an exact multiple of the interval checkpoints at each interval, the last at the
+    end (6, not 7); an asynchronous policy's last save finishes its lag after the work's end
+    is reached, so it is drawn `lag` before it; a GPU failure (blast 1 GPU ≤ a peer group of
+    8) under the in-memory policy is recovered from memory; `simulate` draws 1,000 runs by
+    default."""
+    quiet = single_class(8, 1e9)
+    exact = timeline(3600.0, quiet, Policy("sync", interval_s=600.0, stall_s=30.0))
+    assert len(exact["checkpoints"]) == 6 and exact["wall_s"] == pytest.approx(3600 + 6 * 30)
+    lagged = timeline(3600.0, quiet, Policy("async", interval_s=600.0, stall_s=10.0,
+                                            lag_s=120.0))
+    assert lagged["checkpoints"][-1] == pytest.approx(lagged["work"][-1][1] - 120.0)
+    gpus = Fleet(16_384, (FailureClass("gpu", 50_677.0),))
+    memory = timeline(3 * DAY, gpus, Policy("memory", stall_s=10.0, restart_s=600.0,
+                                            peer_gpus=8), runs=5, seed=3)
+    assert memory["failures"] and {f["recovery"] for f in memory["failures"]} == {"memory"}
+    assert simulate(3600.0, quiet, Policy("sync", interval_s=600.0, stall_s=30.0)
+                    ).wall_s.shape == (1000,)

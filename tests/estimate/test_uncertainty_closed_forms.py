@@ -217,3 +217,11 @@ def test_the_band_uses_the_calibration_it_was_timed_with(data):
     assert borrowed.unvalidated == ("cudnn attention (no kernel benchmark on b200: timed with "
                                     "fa4's curve)", "blackwell GPUs")
     assert own.unvalidated == ("blackwell GPUs",)
+
+
+def test_a_kernel_without_any_curve_says_it_is_timed_with_the_generic_efficiency():
+    """TPU v5p's constants hold no attention-kernel curve: FlashAttention-2 there is timed with
+    the generic attention efficiency, and the phrase says so."""
+    assert unc._borrowed_kernel("tpu-v5p", "fa2", None) == (
+        "fa2 attention (no kernel benchmark on tpu-v5p: timed with the generic attention "
+        "efficiency)",)

@@ -67,6 +67,13 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.estimate.uncertainty.x_unvalidated__mutmut_9": "no default for the ground's "
                                                               "stacks: validation.json's "
                                                               "ground always has them",
+    "shardwise.plan.lines.x__ranks__mutmut_8": "5·n for 4·n: where the table or np.unique "
+                                               "is used; both give the same ranks",
+    "shardwise.plan.prune.x_prune_evaluate__mutmut_21": "max(2, …) for max(1, …): "
+                                                        "BLOCK_CELLS // n_cols is thousands "
+                                                        "(n_cols ≤ 8)",
+    "shardwise.plan.evaluate.x_step_floor__mutmut_10": "np.zeros_like(None) is an object 0: "
+                                                       "ZeRO stage 0 all the same",
     "shardwise.estimate.axes.x_dp_time__mutmut_380": "default None for a missing sum: every "
                                                      "group adds every key, so none is missing",
     "shardwise.estimate.profiles.x_saved_tensors__mutmut_146": "None for False: falsy "

@@ -70,3 +70,13 @@ def test_parse_aliases_types_and_refusals():
     with pytest.raises(ShardwiseError) as err:
         Layout(partition=(1.5, 2))
     assert str(err.value) == "partition must be whole layer counts per stage, got (1.5, 2)"
+
+
+def test_a_partition_of_comma_separated_counts_is_those_counts():
+    """`partition=3,1` inside the comma-separated layout text is two stages of 3 and 1 layers
+    (was read as one stage of 31: the counts were joined without their comma); colons and
+    Megatron's layout string, whose commas are cosmetic, read as before."""
+    assert Layout.parse("pp=2,partition=3,1,tp=2").partition == (3, 1)
+    assert Layout.parse("pp=4,partition=7:8:8:7").partition == (7, 8, 8, 7)
+    megatron = Layout.parse("pp=2,partition=Et|t,tL")
+    assert megatron.partition == Layout.parse("pp=2,partition=Et|ttL").partition == (1, 2)

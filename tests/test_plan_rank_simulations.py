@@ -102,3 +102,19 @@ def test_the_ring_alternative_has_context_parallelism():
     (alt,) = [a for a in result.alternatives if a.axis == "cp_kind" and a.value == "ring"]
     assert (alt.best_total, alt.best_layout) == (pytest.approx(min(ring)[0], rel=1e-9),
                                                  min(ring)[1])
+
+
+def test_zero_bubble_rows_simulate_the_input_and_weight_gradients_apart():
+    """Only ZB-H1 in the space, 6 layers on pp = 4 (uneven): the simulated rows split each
+    backward into its input gradient (B − W) and weight gradient (W) as the scalar
+    `evaluate_layout` does; every shown row's figure is its figure."""
+    model = get_model("tiny-deepseek").with_(n_layers=6)
+    space = SearchSpace(tp=(1,), pp=(4,), cp=(1,), ep=(1, 4), etp=(0,), micro_batch=(1, 2),
+                        zero=(0, 1), recompute=("none",), schedules=("zb-h1",))
+    result = plan(model, CLUSTER, TRAIN, top=4, space=space, baseline=False)
+    assert result.stats.simulated > 0
+    for entry in result.ranked:
+        assert entry.layout.schedule == "zb-h1"
+        scalar = evaluate_layout(model, CLUSTER, TRAIN, entry.layout, result.calibration,
+                                 result.headroom)
+        assert entry.estimate.total == pytest.approx(scalar.estimate.total, rel=1e-9)

@@ -183,3 +183,46 @@ def test_line_groups_hold_each_codes_positions_and_least_value():
         assert [groups.order[s:e].tolist() for s, e in zip(groups.starts, groups.ends,
                                                            strict=True)] == \
             [[i for i in range(6) if line[i] == c] for c in (0, 1, 2, 4)]
+
+
+def test_a_fixed_partition_the_grid_does_not_enumerate_is_searched_as_given():
+    """`--fix pp=2,partition=1,3` (layer counts, comma-separated as the error message shows):
+    tiny's 4 layers split 1 + 3, a split the grid does not search, is used as given."""
+    result = plan(get_model("tiny"), Cluster.of(8, "h100"),
+                  TrainSpec(seq_len=256, global_batch=16),
+                  space=SearchSpace(constraint=Constraint.parse("pp=2,partition=1,3")))
+    assert result.best.layout.partition == (1, 3) and result.best.layout.pp == 2
+
+
+def test_goodput_that_makes_no_progress_names_the_gpus_and_the_way_out():
+    """Ranked by goodput with one failure every few seconds across 64 GPUs: one line naming
+    the GPU count, the failure interval and the options that help."""
+    from shardwise.errors import ShardwiseError
+    from shardwise.estimate.goodput import Reliability
+
+    with pytest.raises(ShardwiseError, match=r"^with 0\.0001 GPU-hours between failures per "
+                                             r"GPU, 64 GPUs fail every .* give a larger "
+                                             r"--mtbf-gpu-hours or fewer GPUs$"):
+        plan(get_model("llama3-8b"), Cluster.of(64, "h100"),
+             TrainSpec(seq_len=4096, global_batch=256), rank_by="goodput",
+             reliability=Reliability(mtbf_gpu_hours=1e-4))
+
+
+def test_row_argmin_and_ordinal_agree_with_numpy_where_the_first_column_is_least():
+    from shardwise.plan.lines import _row_argmin
+
+    grid = np.array([[1.0, 3.0, 2.0], [5.0, 4.0, 4.0], [0.5, 0.5, 9.0]])
+    low, arg = _row_argmin(grid)
+    assert list(low) == list(grid.min(axis=1)) and list(arg) == list(grid.argmin(axis=1))
+    assert _ordinal([np.zeros(0, dtype=np.int64)]).shape == (0,)  # no rows: no codes
+
+
+def test_an_unknown_choice_of_recommendation_names_the_valid_ones():
+    from shardwise.errors import ShardwiseError
+    from shardwise.plan.tiers import CHOOSE, tiering
+
+    result = plan(get_model("tiny"), Cluster.of(8, "h100"), TrainSpec(seq_len=256,
+                                                                       global_batch=16))
+    with pytest.raises(ShardwiseError) as info:
+        tiering(replace(result, choose="cheapest"))
+    assert str(info.value) == f"choose must be one of {', '.join(CHOOSE)}, got 'cheapest'"

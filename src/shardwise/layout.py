@@ -464,7 +464,9 @@ class Layout:
         items: list[str] = []
         for part in filter(None, (part.strip() for part in text.split(","))):
             if "=" not in part and items and items[-1].startswith("partition="):
-                items[-1] += part  # a Megatron layout's cosmetic comma ("…*29,m|L")
+                # layer counts `7,8,8,7`, or a Megatron layout's cosmetic comma ("…*29,m|L",
+                # which its parser drops)
+                items[-1] += "," + part
             else:
                 items.append(part)
         for item in items:

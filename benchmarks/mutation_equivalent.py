@@ -74,6 +74,8 @@ EQUIVALENT: dict[str, str] = {
                                                         "(n_cols ≤ 8)",
     "shardwise.plan.evaluate.x_step_floor__mutmut_10": "np.zeros_like(None) is an object 0: "
                                                        "ZeRO stage 0 all the same",
+    "shardwise.estimate.goodput.x_checkpoint_writes__mutmut_22": "- 0.0·tp for + 0.0·tp: "
+                                                                 "the same array",
     "shardwise.estimate.axes.x_dp_time__mutmut_380": "default None for a missing sum: every "
                                                      "group adds every key, so none is missing",
     "shardwise.estimate.profiles.x_saved_tensors__mutmut_146": "None for False: falsy "

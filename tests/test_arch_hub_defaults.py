@@ -46,6 +46,19 @@ def test_gemma3_rope_thetas_are_the_config_classes():
         assert spec.count_params().total == _meta_params(config)
 
 
+@pytest.mark.parametrize("pattern", [{"sliding_window_pattern": 3},
+                                     {"_sliding_window_pattern": 3}, {}])
+def test_gemma3_layer_types_without_a_list_are_the_config_classes(pattern):
+    """Without `layer_types`, Gemma3TextConfig builds them from `sliding_window_pattern`
+    (default 6) and overwrites a `_sliding_window_pattern` a saved config.json carries."""
+    hub = {"model_type": "gemma3_text", "num_hidden_layers": 8, **_SMALL, **pattern}
+    config = transformers.Gemma3TextConfig(**{k: v for k, v in hub.items()
+                                              if k != "model_type"})
+    spec = from_hf_dict(hub, "g")
+    assert [spec.layer_kind(i) for i in range(8)] == [
+        t.removesuffix("_attention") for t in config.layer_types]
+
+
 def test_gpt_oss_and_glm_defaults_are_the_config_classes():
     """gpt-oss: θ 150000 (GptOssConfig); GLM-4.5: RoPE on half of each head by default, or
     the share the file gives."""

@@ -260,3 +260,19 @@ def test_bad_inputs_are_one_clear_error(inputs, message):
 def test_a_job_that_cannot_progress_is_refused():
     with pytest.raises(ShardwiseError, match="makes no progress"):
         estimate_goodput(*LLAMA3_405B, step_s=10.0, reliability=Reliability(1e-6))
+
+
+def test_the_job_mtbf_counts_every_rank_and_youngs_interval_is_reported():
+    """llama3-8b at tp = cp = pp = dp = 2: the job holds tp·pp·dp·cp = 16 GPUs, so it fails
+    every MTBF·3600/16 s; Young's interval √(2·δ·M) is reported beside Daly's; a bad MTBF
+    in the explainer's curve is named."""
+    model, cluster = get_model("llama3-8b"), Cluster.of(16, "h100")
+    layout = Layout(tp=2, cp=2, pp=2, dp=2, zero=1)
+    rel = Reliability(mtbf_gpu_hours=50_000.0)
+    timing = checkpoint_timing(model, cluster, TrainSpec(), rel, **layout.codes())
+    assert float(timing["job_mtbf_s"]) == pytest.approx(50_000 * 3600 / 16, rel=1e-12)
+    out = estimate_goodput(model, cluster, layout, TrainSpec(), 5.0, rel)
+    assert out.young_interval_s == pytest.approx(
+        math.sqrt(2 * float(timing["stall_s"]) * 50_000 * 3600 / 16), rel=1e-12)
+    with pytest.raises(ShardwiseError, match="^mtbf "):
+        interval_curve(10.0, -1.0, 60.0)

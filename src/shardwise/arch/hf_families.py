@@ -75,8 +75,9 @@ def _layer_types(c: dict, kind: str, layers: int, window: int) -> tuple[str, ...
         types = [_KINDS[t] for t in given]
     elif kind in ("gemma2", "gpt_oss"):  # even layers sliding
         types = ["sliding" if (i + 1) % 2 else "full" for i in range(layers)]
-    elif kind == "gemma3_text":  # (pattern - 1) sliding, then one full
-        pattern = c.get("_sliding_window_pattern") or c["sliding_window_pattern"]
+    elif kind == "gemma3_text":  # (pattern - 1) sliding, then one full; Gemma3TextConfig
+        # reads `sliding_window_pattern` and sets its own `_sliding_window_pattern` from it
+        pattern = c["sliding_window_pattern"]
         types = ["sliding" if (i + 1) % pattern else "full" for i in range(layers)]
     elif kind == "qwen3":
         types = ["sliding" if window and i >= c["max_window_layers"] else "full"

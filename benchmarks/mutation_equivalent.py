@@ -76,6 +76,14 @@ EQUIVALENT: dict[str, str] = {
                                                        "ZeRO stage 0 all the same",
     "shardwise.estimate.goodput.x_checkpoint_writes__mutmut_22": "- 0.0·tp for + 0.0·tp: "
                                                                  "the same array",
+    "shardwise.estimate.expert.x__reached__mutmut_10": "no float dtype: np.maximum with "
+                                                       "1.0 makes the units float anyway",
+    "shardwise.estimate.expert.x__reached__mutmut_15": "groups < 1 for groups <= 1: one group "
+                                                       "has topk_groups ≥ 1 = groups, so the "
+                                                       "same branch is taken",
+    "shardwise.estimate.expert.x_ep_time__mutmut_31": "e >= 1 for e > 1 under torchtitan: with "
+                                                      "ep = 1 no dispatcher collective runs, "
+                                                      "0 whatever the shard",
     "shardwise.estimate.axes.x_dp_time__mutmut_380": "default None for a missing sum: every "
                                                      "group adds every key, so none is missing",
     "shardwise.estimate.profiles.x_saved_tensors__mutmut_146": "None for False: falsy "

@@ -259,3 +259,14 @@ def test_paired_slows_the_compute_by_the_sms_left():
     s, busy = 132, COMM_SMS
     assert float(paired(1.0, 0.95, s, busy)) == pytest.approx(0.95 + busy / s, rel=1e-12)
     assert float(paired(1.0, 0.8, s, busy)) == pytest.approx(1.0, rel=1e-12)
+
+
+def test_1f1b_overlap_with_one_microbatch_pairs_nothing():
+    """One micro-batch has no other to pair with: the 1F1B overlap exposes all of its
+    forward and backward communication (the first micro-batch is always alone)."""
+    ctx, links, spec = _setup(impl="megatron-te", moe_overlap="1f1b")
+    fwd, bwd = _megatron_alltoall(links, SEQ * B / T)
+    f, b = ep_time(ctx, links, spec, t=T, c=1, b=B, sp=1, e=E, etp=ET, full=FULL, n_moe=N_MOE,
+                   ep_in_node=EP_IN_NODE, m=1, work_f=1.0, work_b=1.0)
+    assert f == pytest.approx(N_MOE * fwd, rel=1e-12)
+    assert b == pytest.approx(N_MOE * (bwd + FULL * fwd), rel=1e-12)

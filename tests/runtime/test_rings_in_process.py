@@ -131,3 +131,21 @@ def test_chunk_sizes_are_tensor_splits():
     for numel, n in ((10, 3), (7, 7), (3, 5), (PER_SEGMENT + 5, 4)):
         assert chunk_sizes(numel, n) == [c.numel() for c in torch.tensor_split(
             torch.empty(numel), n)]
+
+
+def test_all_reduce_of_a_strided_tensor_writes_the_sum_into_it(monkeypatch):
+    """A non-contiguous tensor (a transposed view) is reduced in a contiguous copy and the
+    result written back into it, in place, as for a contiguous one."""
+    n, numel = 3, 2 * 3 * (SMALL // 4)
+    xs = _inputs(n, numel)
+    expected = torch.stack(xs).sum(0).view(-1, 2).t()
+
+    def body(g, r):
+        strided = xs[r].clone().view(-1, 2).t()  # (2, numel/2), strides (1, 2)
+        assert not strided.is_contiguous()
+        rings.ring_all_reduce_p2p(strided, g)
+        return strided
+
+    out, _ = _run(n, body, monkeypatch)
+    for r in range(n):
+        torch.testing.assert_close(out[r], expected, rtol=1e-5, atol=1e-5)

@@ -84,6 +84,17 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.estimate.expert.x_ep_time__mutmut_31": "e >= 1 for e > 1 under torchtitan: with "
                                                       "ep = 1 no dispatcher collective runs, "
                                                       "0 whatever the shard",
+    "shardwise.schedules.metrics.x_partition_layers__mutmut_55": "every stage's starting "
+                                                                 "cost one higher: the heap's "
+                                                                 "order, so the split, is the "
+                                                                 "same",
+    "shardwise.schedules.simulate.x_simulate__mutmut_209": "count / p for count // p: every "
+                                                           "stage runs the same chunks, so p "
+                                                           "divides count",
+    "shardwise.partition.x_first_last_partition__mutmut_6": "-2 for -1 as the 'not given' "
+                                                            "mark: only f >= 0 is tested",
+    "shardwise.partition.x_virtual_sizes__mutmut_2": "default \"LOOP\": virtual_stage "
+                                                     "treats anything but \"v\" as the loop",
     "shardwise.estimate.axes.x_dp_time__mutmut_380": "default None for a missing sum: every "
                                                      "group adds every key, so none is missing",
     "shardwise.estimate.profiles.x_saved_tensors__mutmut_146": "None for False: falsy "

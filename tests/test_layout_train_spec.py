@@ -146,3 +146,31 @@ def test_a_huge_bad_partition_gives_a_short_line():
     text = str(err.value)
     assert text.startswith("partition must be whole layer counts per stage, got ")
     assert len(text) <= 200 and "\n" not in text
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"moe_overlap": "shared", "moe_dispatcher": "flex"},
+     "moe_overlap shared needs the alltoall dispatcher (Megatron-Core transformer_config.py: "
+     "moe_shared_expert_overlap only works with alltoall)"),
+    ({"moe_overlap": "1f1b", "moe_dispatcher": "allgather"},
+     "moe_overlap 1f1b needs the alltoall or flex dispatcher"),
+    ({"fp8": "blockwise", "dtype": "fp16"},
+     "FP8 recipes run beside bf16 weights and activations; use --dtype bf16 with --fp8 "
+     "blockwise, not fp16"),
+])
+def test_megatron_moe_and_fp8_settings_refused_with_their_reason(settings, message):
+    with pytest.raises(ShardwiseError) as info:
+        TrainSpec(impl="megatron-te", **settings).validate()
+    assert message in str(info.value)
+
+
+def test_the_allowed_neighbours_of_those_settings_are_accepted():
+    """The allgather dispatcher without an overlap, and FP8 in bf16: no problem."""
+    TrainSpec(impl="megatron-te", moe_overlap="none", moe_dispatcher="allgather").validate()
+    TrainSpec(impl="megatron-te", fp8="blockwise").validate()
+
+
+def test_a_layout_checked_against_a_train_that_is_not_a_trainspec_is_told_so():
+    with pytest.raises(ShardwiseError) as info:
+        Layout().problems(get_model("tiny"), None, "x")
+    assert str(info.value) == "train must be a TrainSpec (TrainSpec(seq_len=…)), got 'x'"

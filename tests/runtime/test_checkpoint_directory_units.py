@@ -424,3 +424,21 @@ def test_a_lock_naming_pid_0_is_unreadable_and_never_released_by_a_refused_run(t
         refused.__enter__()
     refused.__exit__(None, None, None)
     assert lock.read_text() == f"0 {socket.gethostname()}\n"
+
+
+def test_a_lock_holders_liveness_is_probed_without_a_signal():
+    """`_alive` asks the kernel whether the holder exists (signal 0) and leaves it running:
+    a live child is alive and still running afterwards (SIGHUP would end it), a reaped one is
+    not alive."""
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert D._alive(child.pid)
+        with pytest.raises(subprocess.TimeoutExpired):  # not signalled: still running
+            child.wait(timeout=0.5)
+    finally:
+        child.kill()
+        child.wait()
+    assert not D._alive(child.pid)

@@ -58,7 +58,8 @@ def test_a_backward_without_its_w_is_whole():
 def test_overlapped_pair_must_be_two_single_actions():
     schedule = parse_schedule("0: F0 F1&B0 B1\n1: F0 B0 F1 B1")
     validate_schedule(schedule, 2, 2)
-    with pytest.raises(ValueError, match="stage 0: action B1 overlaps with the next"):
+    with pytest.raises(ValueError, match="^stage 0: action B1 overlaps with the next, which "
+                                         "must be a single action$"):
         validate_schedule({**schedule, 0: [*schedule[0][:-1], Action("B", 1, with_next=True)]},
                           2, 2)
 

@@ -158,6 +158,9 @@ def _dp_collectives(links: Links, train: TrainSpec, bucket: float, *, groups: An
         sums[name] = sums.get(name, 0.0 * m) + np.where(live, value, 0.0)
 
     across_live = 0.0 * m
+    # the stages to evaluate: all for the exposure; for the total alone, those in `zero`
+    # (a stage's collectives enter only its own total; the others stay 0 and unread)
+    need = [parts or bool(np.any(zero == k)) for k in range(4)]
     for params, n_shift in groups:
         n = replicas / n_shift
         live = n > 1
@@ -166,19 +169,26 @@ def _dp_collectives(links: Links, train: TrainSpec, bucket: float, *, groups: An
         grp_in = np.maximum(group_in // n_shift, 1)
         grads, weights = params * grad_bytes, params * weight_bytes
         # stage 0: bucketed all-reduce
-        ar, ar_buckets = _bucketed("all-reduce", grads, n, g_all, links, bucket)
+        none = (0.0, 1.0)
+        ar, ar_buckets = (_bucketed("all-reduce", grads, n, g_all, links, bucket) if need[0]
+                          else none)
         # stages 1-2: reduce-scatter inside the shard group (+ all-reduce of the shard across
         # groups when hybrid), all-gather of the updated weights
-        rs, buckets = _bucketed("reduce-scatter", grads, grp, grp_in, links, bucket)
-        xr, _ = _bucketed("all-reduce", grads / grp, across, across_in, links, bucket)
-        ag, ag_buckets = _bucketed("all-gather", weights, grp, grp_in, links, bucket)
+        rs, buckets, ag, ag_buckets = none + none
+        if need[1] or need[2]:
+            rs, buckets = _bucketed("reduce-scatter", grads, grp, grp_in, links, bucket)
+            ag, ag_buckets = _bucketed("all-gather", weights, grp, grp_in, links, bucket)
+        xr, _ = (_bucketed("all-reduce", grads / grp, across, across_in, links, bucket)
+                 if any(need[1:]) else none)
         # stage 3: per-layer gathers (forward, backward) and reduce-scatters, prefetched;
         # parameter offload copies each layer's shard to the GPU before its gather and its
         # gradient shard back after the reduce-scatter, on the same streams
         units = np.maximum(layers, 1.0)
-        ag_u = group_collective_time("all-gather", weights / units, grp, grp_in, links)
-        rs_u = group_collective_time("reduce-scatter", grads / units, grp, grp_in, links)
-        if offload is not None and offload.kind == "params":
+        ag_u = rs_u = 0.0
+        if need[3]:
+            ag_u = group_collective_time("all-gather", weights / units, grp, grp_in, links)
+            rs_u = group_collective_time("reduce-scatter", grads / units, grp, grp_in, links)
+        if need[3] and offload is not None and offload.kind == "params":
             ag_u = ag_u + host_copy(weights / units / grp)
             rs_u = rs_u + host_copy(grads / units / grp)
         total_g = np.where(zero == 0, ar,

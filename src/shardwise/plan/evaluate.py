@@ -20,9 +20,11 @@ from shardwise.estimate.memory import (
     peak_stage_total_runs,
     training_memory_per_gpu,
 )
+from shardwise.estimate.stages import StageShape, stage_shape
 from shardwise.estimate.step import (
     Links,
     compute_costs,
+    dp_total,
     estimate_step,
     finish,
     flops_per_token,
@@ -345,11 +347,12 @@ FLOOR_TERMS = ("compute", "tp_comm", "cp_comm_exposed", "ep_comm", "pp_comm")
 def step_floor(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[str, Any],
                shared: _PerPair, rows: Any) -> Any:
     """A lower bound on the figure of every ZeRO variant of the grid's `rows` (× the (sp, rc)
-    columns): `FLOOR_TERMS` of `estimate.step.step_terms` at ZeRO stage 0, plus the bubble
-    except for the uneven pipelines the ranking simulates — the step time is their sum plus
-    the bubble, the exposed DP/ZeRO traffic and the optimizer step, each ≥ 0, and the
-    ranking's figure is the step time, or for those pipelines at least the step time less its
-    closed-form bubble (`rank`). `prune` checks the bound on every layout it times."""
+    columns) less its exposed DP/ZeRO traffic (`dp_floor` bounds that): `FLOOR_TERMS` of
+    `estimate.step.step_terms` at ZeRO stage 0, plus the bubble except for the uneven
+    pipelines the ranking simulates — the step time is their sum plus the bubble, the exposed
+    DP/ZeRO traffic and the optimizer step, each ≥ 0, and the ranking's figure is the step
+    time, or for those pipelines at least the step time less its closed-form bubble
+    (`rank`). `prune` checks the bound on every layout it times."""
     sub = _take(cand, rows, None)
     sub["zero"] = np.zeros_like(sub["zero"])
     sub["zero_group"] = np.zeros_like(sub["zero_group"])
@@ -367,6 +370,40 @@ def step_floor(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[
     most = stage_extremes(model.n_layers, sub["pp"], sub["chunks"], _partition(sub))[0]
     exact = ~(simulated(sub) & (most * sub["pp"] != model.n_layers))
     return floor + np.where(exact, np.asarray(terms["bubble"], dtype=float), 0.0)
+
+
+def run_shapes(model: ModelSpec, cand: dict[str, Any], shared: _PerPair, rows: Any
+               ) -> StageShape:
+    """`estimate.stages.stage_shape` of the grid's `rows` (flat arrays, one per row): the
+    same for every ZeRO variant and (sp, rc) column of a row."""
+    cells = flat_cells(cand, rows, np.zeros_like(rows))
+    shape = stage_shape(model, shared.links.gpus_per_node, tp=cells["tp"], pp=cells["pp"],
+                        cp=cells["cp"], ep=cells["ep"], dp=cells["dp"], chunks=cells["chunks"],
+                        schedule=cells["schedule"], partition=_partition(cells),
+                        etp=cells["etp"])
+    return StageShape(*(np.broadcast_to(x, np.shape(rows)) for x in shape))
+
+
+def dp_floor(train: TrainSpec, cand: dict[str, Any], shared: _PerPair, shapes: StageShape,
+             rows: Any, of_row: Any) -> Any:
+    """A lower bound on the exposed DP/ZeRO seconds of every (sp, rc) column of the grid's
+    `rows`, whose stage shapes are `shapes` at `of_row` (`run_shapes`): `dp_comm_total`
+    (`estimate.step.dp_total`) where the stack does not overlap the row's ZeRO stage —
+    `axes.dp_time` exposes all of it, and the pipeline engine's extra DP time only adds —
+    and 0 where it does. It depends on no column."""
+    zero = _wide(np.asarray(cand["zero"])[rows, 0])
+    out = np.zeros(len(rows))
+    overlapped = train.settings().dp_overlapped
+    for stage in range(4):  # one stage at a time: `dp_total` evaluates only its collectives
+        pick = np.flatnonzero(zero == stage)
+        if not len(pick) or overlapped(stage):
+            continue
+        at = rows[pick]
+        shape = StageShape(*(x[of_row[pick]] for x in shapes))
+        out[pick] = dp_total(shared.ctx, shared.links, train, shape, zero=stage,
+                             zero_group=_wide(np.asarray(cand["zero_group"])[at, 0]),
+                             m=_wide(np.asarray(cand["m"])[at, 0]))
+    return out
 
 
 def flat_cells(cand: dict[str, Any], rows: Any, cols: Any) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 Every valid layout's peak memory is evaluated (in blocks of one pp and chunk count, so only
 their stages are), so the counts of fitting layouts, the least memory per axis value and the
 variants stay exact. A step time is at least its terms that depend on neither the ZeRO stage
-nor its group (`evaluate.step_floor`, once per run of ZeRO variants), so a layout whose floor
+nor its group (`evaluate.step_floor`, once per run of ZeRO variants) plus its DP/ZeRO traffic
+where the stack does not overlap it (`evaluate.dp_floor`, per row), so a layout whose floor
 is above every threshold the report asks about — the `top`-th row's step time plus the 1 %
 the simplest layout may lose, each axis value's best, the fastest layout that does not fit, a
 ranked layout's own — cannot change it. The thresholds come from timed layouts (upper bounds

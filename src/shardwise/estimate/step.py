@@ -140,7 +140,8 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
                cp: Any, ep: Any, dp: Any, zero: Any, zero_group: Any, sp: Any, schedule: Any,
                chunks: Any, recompute: Any, micro_batch: Any, m: Any,
                costs: dict[str, Any] | None = None, partition: Partition = (), etp: Any = 0,
-               cp_kind: Any = 0, ulysses: Any = 0) -> dict[str, Any]:
+               cp_kind: Any = 0, ulysses: Any = 0, shape: StageShape | None = None
+               ) -> dict[str, Any]:
     """Every term of the step-time model for layouts given as numbers or arrays, keyed by the
     `Layout` field names (codes for `recompute` and `schedule`: `layout_codes`; `zero_group`
     = 0 for ZeRO over all dp·cp ranks) and `m` micro-batches. Returns seconds (and
@@ -149,8 +150,9 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
 
     `costs` may carry the compute costs already evaluated for these layouts (`compute_costs`;
     the planner evaluates them once per distinct `(tp, cp, micro_batch, sp, recompute, ep)`
-    and gathers). `partition`: one layout's explicit stage partition, or a `Balanced` one for
-    arrays of layouts (the planner's searched partitions); () the default
+    and gathers); `shape` their `stages.stage_shape` (the planner's floor shares it with its
+    DP/ZeRO bound). `partition`: one layout's explicit stage partition, or a `Balanced` one
+    for arrays of layouts (the planner's searched partitions); () the default
     (`Layout.stage_partition`)."""
     # the papers' notation from here on
     t, p, c, e, zg, sched, v, rc, b = (tp, pp, cp, ep, zero_group, schedule, chunks, recompute,
@@ -174,8 +176,9 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     dense = costs["dense"]
     # uneven stages: the busiest, first and last stage's layers relative to L/p; MoE layers
     # at their average share
-    shape = stage_shape(model, gpn, tp=t, pp=p, cp=c, ep=e, dp=dp, chunks=v, schedule=sched,
-                        partition=partition, etp=etp)
+    if shape is None:
+        shape = stage_shape(model, gpn, tp=t, pp=p, cp=c, ep=e, dp=dp, chunks=v,
+                            schedule=sched, partition=partition, etp=etp)
     most, first, last = shape.most, shape.first, shape.last
     n_dense, n_moe = most * model.n_dense_layers / p, most * model.n_moe_layers / p
     f_mid = n_dense * dense.fwd

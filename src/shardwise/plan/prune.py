@@ -464,12 +464,12 @@ def _floor(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[str,
 
     def fill(start: int) -> None:
         block, stop = first[start:start + step], ends[start:start + step]
-        per_run[start:start + step] = step_floor(model, cluster, train, cand, shared,
-                                                 block) * (1 - 1e-6)
+        shapes = run_shapes(model, cand, shared, block)
+        per_run[start:start + step] = step_floor(model, cluster, train, cand, shared, block,
+                                                 shapes) * (1 - 1e-6)
         rows = np.arange(block[0], stop[-1])
         of_row = np.repeat(np.arange(len(block)), stop - block)  # each row's run in `block`
-        per_row[rows] = dp_floor(train, cand, shared, run_shapes(model, cand, shared, block),
-                                 rows, of_row) * (1 - 1e-6)
+        per_row[rows] = dp_floor(train, cand, shared, shapes, rows, of_row) * (1 - 1e-6)
 
     list(pool.map(fill, range(0, len(first), step)))
     floor = np.repeat(per_run, ends - first, axis=0)  # the run's floor on each of its rows

@@ -103,7 +103,7 @@ def search_size(model: ModelSpec, cluster: Cluster, train: TrainSpec,
 
 
 class BoundBroken(Exception):
-    """A step time below its compute floor: the step model changed; search exhaustively."""
+    """A step time below its floor: the step model changed; search exhaustively."""
 
 
 @dataclass
@@ -253,7 +253,7 @@ class _State:
                 new[k][chunk] = value
         below = new["total"] < self.floor.ravel()[flat] * (1 - 1e-9)
         if below.any():
-            raise BoundBroken(f"step time under its compute floor at cell {flat[below][0]}")
+            raise BoundBroken(f"step time under its floor at cell {flat[below][0]}")
         self.done.ravel()[flat] = True
         self.index = np.concatenate([self.index, flat])
         self.terms = {k: np.concatenate([self.terms[k], new[k]]) for k in _KEYS}

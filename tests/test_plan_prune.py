@@ -3,12 +3,15 @@ CLI and the web app call): the same rows, counts, notes, alternatives, simplest 
 ranks on MoE grids small enough to enumerate; its floor under every step time; the size
 estimate against the grid it predicts."""
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 
 from shardwise.arch import get_model
 from shardwise.calibration import default_calibration
 from shardwise.errors import ShardwiseError
+from shardwise.estimate.step import estimate_step
 from shardwise.hardware import Cluster
 from shardwise.layout import Balanced, TrainSpec, stage_extremes
 from shardwise.plan import (
@@ -19,7 +22,15 @@ from shardwise.plan import (
     evaluate_candidates,
     prune,
 )
-from shardwise.plan.evaluate import shared_costs, simulated, step_floor
+from shardwise.plan.evaluate import (
+    _layout_of,
+    dp_floor,
+    flat_cells,
+    run_shapes,
+    shared_costs,
+    simulated,
+    step_floor,
+)
 from shardwise.plan.prune import search_size
 from shardwise.report.builders import run_plan
 
@@ -156,3 +167,92 @@ def test_pruned_search_is_the_same_in_small_blocks_on_threads(monkeypatch):
     pruned = run_plan(spec, **options, prune_above=0)
     assert _comparable(pruned) == _comparable(exhaustive)
     assert pruned.stats.timed > 2 * 96  # the step times too took several blocks
+
+
+# The DP/ZeRO term decides: DeepSeek-V2-Lite (MoE with shared experts: a dense and an expert
+# parameter group, the experts' data-parallel group dp·cp/ep) on 16 H100 (2 nodes: dp·cp
+# across them), s=1024, where the DP/ZeRO traffic is ~6 % of the step; ZeRO 0-3 with hybrid
+# groups. Megatron-LM does not overlap DP traffic by default (the floor holds all of it),
+# --overlap-grad-reduce (dp_overlap) hides it (the floor holds none), Megatron-DeepSpeed
+# overlaps ZeRO-3 only (`dp_overlap_zero=(3,)`) and adds its pipeline engine's DP time.
+DP_CASES = [
+    ("megatron-te", {}),
+    ("megatron-te", {"dp_overlap": True}),
+    ("megatron-deepspeed", {}),
+]
+
+
+@pytest.mark.parametrize(("impl", "stack_kw"), DP_CASES)
+def test_the_dp_floor_is_the_exposed_dp_traffic_where_it_is_not_overlapped(impl, stack_kw):
+    """The floor `prune` searches with (`step_floor` + `dp_floor`) is at most the ranking's
+    lower bound on every layout (`evaluate_candidates`) and at most `estimate_step` (the
+    scalar path) on layouts of every ZeRO stage and group; its DP part is `estimate_step`'s
+    `dp_comm_total` where the stack does not overlap the stage and 0 where it does; and the
+    pruned search gives the exhaustive one's answer with fewer step times than without it."""
+    spec, cluster = get_model("deepseek-v2-lite"), Cluster.of(16, "h100")
+    train = TrainSpec(seq_len=1024, global_batch=64, impl=impl, **stack_kw)
+    cand, _ = _enumerate(spec, cluster, train, SearchSpace(), _Rejections())
+    cal = default_calibration(cluster.accelerator.calibration_name)
+    shared = shared_costs(spec, cluster, train, cand, cal)
+    with ThreadPoolExecutor(2) as pool:
+        floor = prune._floor(spec, cluster, train, cand, shared, pool)
+    valid = cand["_valid"]
+    rows = np.arange(valid.shape[0])
+    dp = dp_floor(train, cand, shared, run_shapes(spec, cand, shared, rows), rows, rows)
+    terms = evaluate_candidates(spec, cluster, train, cand, cal,
+                                keys=("total", "bubble", "dp_comm_total"))
+    flat, _ = _flatten(cand)
+    most = stage_extremes(spec.n_layers, flat["pp"], flat["chunks"],
+                          Balanced(flat["first_less"], flat["last_less"]))[0]
+    pending = simulated(flat) & (most * flat["pp"] != spec.n_layers)
+    lower = terms["total"][valid] - np.where(pending, terms["bubble"][valid], 0.0)
+    assert np.all(floor[valid] <= lower)
+    zero, group = (np.asarray(cand[k])[:, 0] for k in ("zero", "zero_group"))
+    overlapped = np.asarray(train.settings().dp_overlapped(zero), dtype=bool)
+    exposed = np.where(overlapped[:, None], 0.0, terms["dp_comm_total"])
+    np.testing.assert_allclose(np.broadcast_to(dp[:, None], valid.shape)[valid],
+                               np.broadcast_to(exposed, valid.shape)[valid], rtol=1e-12)
+    # layout by layout on the scalar path: every ZeRO stage and group, 1F1B and interleaved
+    cells = np.argwhere(valid)
+    combos = np.stack([zero[cells[:, 0]], group[cells[:, 0]],
+                       np.asarray(cand["chunks"])[cells[:, 0], 0]])
+    _, firsts = np.unique(combos, axis=1, return_index=True)
+    pick = cells[np.concatenate([firsts, np.minimum(firsts + 1, len(cells) - 1)])]
+    one = flat_cells(cand, pick[:, 0], pick[:, 1])
+    for i, (row, col) in enumerate(pick):
+        layout = _layout_of(one, i)
+        step = estimate_step(spec, cluster, layout, train, cal,
+                             simulate=bool(simulated({"pp": layout.pp, "chunks": layout.chunks,
+                                                      "m": layout.microbatches(train)})))
+        assert floor[row, col] <= step.total
+        assert dp[row] == pytest.approx(0.0 if overlapped[row] else step.dp_comm_total,
+                                        rel=1e-12, abs=0.0)
+        assert dp[row] <= step.dp_comm_exposed
+    # not degenerate: the DP part is a share of the floor at every non-overlapped ZeRO stage,
+    # with hybrid shard groups, replicas across nodes, and expert parallelism (the experts'
+    # data-parallel group apart from the dense one)
+    bare = ~overlapped
+    assert set(zero[bare & (dp > 0)]) == {0, 1, 2, 3} - set(zero[overlapped])
+    dp_cp = np.asarray(cand["dp"])[:, 0] * np.asarray(cand["cp"])[:, 0]
+    ep = np.asarray(cand["ep"])[:, 0]
+    if bare.any():
+        assert ((dp_cp > cluster.gpus_per_node) & (ep > 1) & (dp > 0)).any()
+        share = dp[bare] / np.min(np.where(valid, floor, np.inf), axis=1)[bare]
+        assert np.median(share) > 0.02
+    if impl == "megatron-te":
+        assert (bare & (group > 0) & (group < dp_cp) & (dp > 0)).any() or not bare.any()
+    # the search: the exhaustive answer, and fewer step times than without the DP part
+    options = dict(gpus=16, seq=1024, global_batch="64", impl=impl, stack_kw=stack_kw,
+                   top=6)
+    exhaustive = run_plan(spec, **options, prune_above=EXHAUSTIVE)
+    pruned = run_plan(spec, **options, prune_above=0)
+    assert pruned.stats.timed < exhaustive.stats.timed  # no `BoundBroken` fallback
+    assert _comparable(pruned) == _comparable(exhaustive)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(prune, "dp_floor", lambda *args: np.zeros(len(args[4])))
+        without = run_plan(spec, **options, prune_above=0)
+    assert _comparable(without) == _comparable(exhaustive)
+    if overlapped.all():
+        assert pruned.stats.timed == without.stats.timed
+    else:
+        assert pruned.stats.timed < without.stats.timed

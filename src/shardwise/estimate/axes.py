@@ -26,8 +26,8 @@ from shardwise.layout import TrainSpec
 from shardwise.placement import members_per_node
 from shardwise.schedules.registry import select
 
-__all__ = ["cp_time", "dp_time", "interleaved_window", "p2p_exposed", "pipeline_bubble",
-           "tp_overlapped", "tp_time"]
+__all__ = ["cp_time", "dp_time", "dp_traffic", "interleaved_window", "p2p_exposed",
+           "pipeline_bubble", "tp_overlapped", "tp_time"]
 
 
 def tp_time(ctx: ComputeContext, links: Links, train: TrainSpec, *, t: Any, sp: Any,
@@ -88,73 +88,14 @@ def dp_time(links: Links, train: TrainSpec, kappa: float, bucket: float, *, grou
     shift): the dense parameters (shift 1) and the experts' over the expert-data-parallel
     group dp·cp/shift. Stage 0 all-reduces, stages 1-2 reduce-scatter (stage 2 every
     micro-batch) and all-gather, stage 3 gathers and reduce-scatters per layer, prefetched;
-    hybrid shard all-reduces the shard across groups. Overlapped (`dp_overlapped`) behind
-    `window_b` / `window_f` with the contention share of the hidden part (`busy_fraction`);
-    else all of it is exposed (docs/concepts/step-time.md)."""
+    hybrid shard all-reduces the shard across groups (`dp_traffic`). Overlapped
+    (`dp_overlapped`) behind `window_b` / `window_f` with the contention share of the hidden
+    part (`busy_fraction`); else all of it is exposed (docs/concepts/step-time.md)."""
     settings = train.settings()
-    offload = settings.stack.offload_support(train.offload)
-    gpn = links.gpus_per_node
-    group_in = np.minimum(group, in_node)
-    across = replicas / group  # hybrid shard: replicas of each shard
-    across_in = np.maximum(in_node // group, 1)
-    # what the same traffic would cost at the node's link speed: the contention it causes
-    # (`busy_fraction`) follows the bytes it moves through the GPU, not the wall time
-    nvlink = Links(links.intra_bw, links.intra_lat, links.intra_bw, links.intra_lat, gpn)
-    # Each group's collectives (dense over dp·cp, experts over their expert-data-parallel group)
-    # as its buckets fill; the groups run beside each other through the same links and share
-    # one overlap window, so the exposure is taken over their sums (Megatron-Core DDP: a bucket
-    # group per parameter kind, all reduced during the same last backward)
-    sums: dict[str, Any] = {}
-
-    def add(name: str, value: Any, live: Any) -> None:
-        sums[name] = sums.get(name, 0.0 * m) + np.where(live, value, 0.0)
-
-    across_live = 0.0 * m
-    for params, n_shift in groups:
-        n = replicas / n_shift
-        live = n > 1
-        g_all = np.maximum(in_node // n_shift, 1)
-        grp = np.maximum(group / n_shift, 1)
-        grp_in = np.maximum(group_in // n_shift, 1)
-        grads, weights = params * grad_bytes, params * weight_bytes
-        # stage 0: bucketed all-reduce
-        ar, buckets = _bucketed("all-reduce", grads, n, g_all, links, bucket)
-        add("ar", ar, live)
-        add("ar_last", ar / buckets, live)
-        # stages 1-2: reduce-scatter inside the shard group (+ all-reduce of the shard across
-        # groups when hybrid), all-gather of the updated weights
-        rs, buckets = _bucketed("reduce-scatter", grads, grp, grp_in, links, bucket)
-        xr, _ = _bucketed("all-reduce", grads / grp, across, across_in, links, bucket)
-        ag, ag_buckets = _bucketed("all-gather", weights, grp, grp_in, links, bucket)
-        add("rs", rs, live)
-        add("rs_last", rs / buckets, live)
-        add("xr", xr, live & (across > 1))
-        add("xr_last", xr / buckets, live & (across > 1))  # per reduce-scatter bucket
-        add("ag", ag, live)
-        add("ag_last", ag / ag_buckets, live)
-        # stage 3: per-layer gathers (forward, backward) and reduce-scatters, prefetched;
-        # parameter offload copies each layer's shard to the GPU before its gather and its
-        # gradient shard back after the reduce-scatter, on the same streams
-        units = np.maximum(layers, 1.0)
-        ag_u = group_collective_time("all-gather", weights / units, grp, grp_in, links)
-        rs_u = group_collective_time("reduce-scatter", grads / units, grp, grp_in, links)
-        if offload is not None and offload.kind == "params":
-            ag_u = ag_u + host_copy(weights / units / grp)
-            rs_u = rs_u + host_copy(grads / units / grp)
-        add("ag_u", ag_u, live)
-        add("rs_u", rs_u, live)
-        # the busy share of the overlapped part: the shard group's (or, stage 0, the
-        # replicas') reduce-scatter at node speed over its time on the real links
-        sizes = np.where(zero == 0, n, grp), np.where(zero == 0, g_all, grp_in)
-        total_g = np.where(zero == 0, ar,
-                           np.where(zero == 3, m * units * (2 * ag_u + rs_u),
-                                    np.where(zero == 2, m, 1) * rs + ag)
-                           + np.where(across > 1, xr, 0.0))
-        add("total", total_g, live)
-        add("busy", busy_fraction(grads, *sizes, links, nvlink) * total_g, live)
-        across_live = np.maximum(across_live, np.where(live & (across > 1), 1.0, 0.0))
-    zs = {k: sums.get(k, 0.0 * m) for k in ("ar", "ar_last", "rs", "rs_last", "xr", "xr_last",
-                                           "ag", "ag_last", "ag_u", "rs_u", "total", "busy")}
+    zs, across_live = _dp_collectives(
+        links, train, bucket, groups=groups, replicas=replicas, in_node=in_node, group=group,
+        zero=zero, m=m, layers=layers, grad_bytes=grad_bytes, weight_bytes=weight_bytes,
+        host_copy=host_copy, parts=True)
     units = np.maximum(layers, 1.0)
     z0 = np.maximum(zs["ar_last"], zs["ar"] - window_b)
     rs_exposed = np.maximum(zs["rs_last"], zs["rs"] - window_b)
@@ -177,6 +118,104 @@ def dp_time(links: Links, train: TrainSpec, kappa: float, bucket: float, *, grou
     # --overlap-grad-reduce / --overlap-param-gather every byte is on the critical path.
     dp_exposed = np.where(settings.dp_overlapped(zero), dp_exposed + kappa * dp_busy, dp_total)
     return dp_exposed, dp_total
+
+
+def dp_traffic(links: Links, train: TrainSpec, bucket: float, *, groups: Any, replicas: Any,
+               in_node: Any, group: Any, zero: Any, m: Any, layers: Any, grad_bytes: float,
+               weight_bytes: float, host_copy: Callable[[Any], Any]) -> Any:
+    """`dp_time`'s total (its second value) without the overlap arithmetic: the seconds of
+    every DP/ZeRO collective of a step, which no window needs (the planner's floor, where
+    the stack does not overlap them, `plan.evaluate.dp_floor`)."""
+    return _dp_collectives(links, train, bucket, groups=groups, replicas=replicas,
+                           in_node=in_node, group=group, zero=zero, m=m, layers=layers,
+                           grad_bytes=grad_bytes, weight_bytes=weight_bytes,
+                           host_copy=host_copy, parts=False)[0]["total"]
+
+
+def _dp_collectives(links: Links, train: TrainSpec, bucket: float, *, groups: Any,
+                    replicas: Any, in_node: Any, group: Any, zero: Any, m: Any, layers: Any,
+                    grad_bytes: float, weight_bytes: float, host_copy: Callable[[Any], Any],
+                    parts: bool) -> tuple[dict[str, Any], Any]:
+    """The DP/ZeRO collectives of `dp_time`, summed over `groups`: `total` (each stage's
+    traffic per step) and, with `parts`, each collective's seconds and its last bucket's
+    (`ar`, `rs`, `xr`, `ag`, `ag_u`, `rs_u` and `*_last`), the contention-weighted total
+    (`busy`); and where any group's shard has replicas across hybrid groups (1.0, else 0.0)."""
+    offload = train.settings().stack.offload_support(train.offload)
+    gpn = links.gpus_per_node
+    group_in = np.minimum(group, in_node)
+    across = replicas / group  # hybrid shard: replicas of each shard
+    across_in = np.maximum(in_node // group, 1)
+    # what the same traffic would cost at the node's link speed: the contention it causes
+    # (`busy_fraction`) follows the bytes it moves through the GPU, not the wall time
+    nvlink = Links(links.intra_bw, links.intra_lat, links.intra_bw, links.intra_lat, gpn)
+    # Each group's collectives (dense over dp·cp, experts over their expert-data-parallel group)
+    # as its buckets fill; the groups run beside each other through the same links and share
+    # one overlap window, so the exposure is taken over their sums (Megatron-Core DDP: a bucket
+    # group per parameter kind, all reduced during the same last backward)
+    sums: dict[str, Any] = {}
+
+    def add(name: str, value: Any, live: Any) -> None:
+        sums[name] = sums.get(name, 0.0 * m) + np.where(live, value, 0.0)
+
+    across_live = 0.0 * m
+    # the stages to evaluate: all for the exposure; for the total alone, those in `zero`
+    # (a stage's collectives enter only its own total; the others stay 0 and unread)
+    need = [parts or bool(np.any(zero == k)) for k in range(4)]
+    for params, n_shift in groups:
+        n = replicas / n_shift
+        live = n > 1
+        g_all = np.maximum(in_node // n_shift, 1)
+        grp = np.maximum(group / n_shift, 1)
+        grp_in = np.maximum(group_in // n_shift, 1)
+        grads, weights = params * grad_bytes, params * weight_bytes
+        # stage 0: bucketed all-reduce
+        none = (0.0, 1.0)
+        ar, ar_buckets = (_bucketed("all-reduce", grads, n, g_all, links, bucket) if need[0]
+                          else none)
+        # stages 1-2: reduce-scatter inside the shard group (+ all-reduce of the shard across
+        # groups when hybrid), all-gather of the updated weights
+        rs, buckets, ag, ag_buckets = none + none
+        if need[1] or need[2]:
+            rs, buckets = _bucketed("reduce-scatter", grads, grp, grp_in, links, bucket)
+            ag, ag_buckets = _bucketed("all-gather", weights, grp, grp_in, links, bucket)
+        xr, _ = (_bucketed("all-reduce", grads / grp, across, across_in, links, bucket)
+                 if any(need[1:]) else none)
+        # stage 3: per-layer gathers (forward, backward) and reduce-scatters, prefetched;
+        # parameter offload copies each layer's shard to the GPU before its gather and its
+        # gradient shard back after the reduce-scatter, on the same streams
+        units = np.maximum(layers, 1.0)
+        ag_u = rs_u = 0.0
+        if need[3]:
+            ag_u = group_collective_time("all-gather", weights / units, grp, grp_in, links)
+            rs_u = group_collective_time("reduce-scatter", grads / units, grp, grp_in, links)
+        if need[3] and offload is not None and offload.kind == "params":
+            ag_u = ag_u + host_copy(weights / units / grp)
+            rs_u = rs_u + host_copy(grads / units / grp)
+        total_g = np.where(zero == 0, ar,
+                           np.where(zero == 3, m * units * (2 * ag_u + rs_u),
+                                    np.where(zero == 2, m, 1) * rs + ag)
+                           + np.where(across > 1, xr, 0.0))
+        add("total", total_g, live)
+        across_live = np.maximum(across_live, np.where(live & (across > 1), 1.0, 0.0))
+        if not parts:
+            continue
+        add("ar", ar, live)
+        add("ar_last", ar / ar_buckets, live)
+        add("rs", rs, live)
+        add("rs_last", rs / buckets, live)
+        add("xr", xr, live & (across > 1))
+        add("xr_last", xr / buckets, live & (across > 1))  # per reduce-scatter bucket
+        add("ag", ag, live)
+        add("ag_last", ag / ag_buckets, live)
+        add("ag_u", ag_u, live)
+        add("rs_u", rs_u, live)
+        # the busy share of the overlapped part: the shard group's (or, stage 0, the
+        # replicas') reduce-scatter at node speed over its time on the real links
+        sizes = np.where(zero == 0, n, grp), np.where(zero == 0, g_all, grp_in)
+        add("busy", busy_fraction(grads, *sizes, links, nvlink) * total_g, live)
+    keys = ("ar", "ar_last", "rs", "rs_last", "xr", "xr_last", "ag", "ag_last", "ag_u", "rs_u",
+            "total", "busy") if parts else ("total",)
+    return {k: sums.get(k, 0.0 * m) for k in keys}, across_live
 
 
 def pipeline_bubble(sched: Any, p: Any, v: Any, m: Any, t_f: Any, t_b: Any, t_w: Any) -> Any:

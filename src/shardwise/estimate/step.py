@@ -15,6 +15,7 @@ placement: docs/concepts/step-time.md.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ from shardwise.calibration import Calibration, default_calibration
 from shardwise.estimate.axes import (
     cp_time,
     dp_time,
+    dp_traffic,
     interleaved_window,
     p2p_exposed,
     pipeline_bubble,
@@ -52,14 +54,10 @@ from shardwise.estimate.links import (
     p2p_latency,
     small_calls,
 )
-from shardwise.estimate.memory import (
-    bytes_per_param_training,
-    candidate_stages,
-    placement_of,
-    stage_param_counts,
-)
+from shardwise.estimate.memory import bytes_per_param_training
 from shardwise.estimate.offload import offload_step
 from shardwise.estimate.pipe_engine import pipe_engine_time
+from shardwise.estimate.stages import StageShape, busiest_stage_params, stage_shape
 from shardwise.estimate.uncertainty import Uncertainty, uncertainty
 from shardwise.hardware import Cluster
 from shardwise.layout import (
@@ -68,11 +66,9 @@ from shardwise.layout import (
     Partition,
     TrainSpec,
     check_specs,
-    stage_extremes,
     ulysses_degree,
 )
-from shardwise.placement import expert_tp_degree, members_per_node
-from shardwise.schedules.actions import Placement
+from shardwise.placement import members_per_node
 from shardwise.schedules.registry import SCHEDULE_CODES
 
 __all__ = [  # with the names of `estimate.links` and `estimate.axes` it re-exports
@@ -82,6 +78,7 @@ __all__ = [  # with the names of `estimate.links` and `estimate.axes` it re-expo
     "Links",
     "StepEstimate",
     "_bucketed",
+    "busiest_stage_params",
     "busy_fraction",
     "compute_costs",
     "cp_time",
@@ -113,30 +110,38 @@ BREAKDOWN = ("compute", "tp_comm", "cp_comm_exposed", "ep_comm", "pp_comm", "bub
 
 
 # ------------------------------------------------------------------------- the step model
-def busiest_stage_params(model: ModelSpec, t: Any, p: Any, e: Any, v: Any,
-                         partition: Partition = (), etp: Any = 0, placement: Placement = "loop"
-                         ) -> tuple[Any, Any]:
-    """(dense, expert) parameters per rank of the pipeline stage holding the most, counted
-    per stage by the memory model (`memory.stage_param_counts`): every stage of an explicit
-    partition; of a `Balanced` one (the default) the memory model's `candidate_stages` — the
-    first (embedding), the second (the busiest when the balanced split gives it an extra
-    layer) and the last (head), or every stage where MoE layers are not spread evenly (dense
-    first layers, `moe_every > 1`: DeepSeek-V3's pp = 16 stage 2 holds more than stage 1)."""
-    explicit = isinstance(partition, tuple) and partition
-    stages = (np.arange(int(np.max(p))).reshape((-1,) + (1,) * np.ndim(p)) if explicit
-              else np.stack(candidate_stages(model, p)))  # explicit: one pp
-    dense, expert = stage_param_counts(model, tp=t, pp=p, ep=e, chunks=v, stage=stages,
-                                       partition=partition, etp=etp, placement=placement)
-    dense, expert = np.broadcast_arrays(dense, expert)
-    pick = np.expand_dims(np.argmax(dense + expert, axis=0), 0)
-    return (np.take_along_axis(dense, pick, 0)[0], np.take_along_axis(expert, pick, 0)[0])
+def host_copy_time(links: Links, n_bytes: Any) -> Any:
+    """One host↔device copy of `n_bytes` (numbers or arrays) on the host link."""
+    return np.where(n_bytes > 0, links.host_lat + n_bytes / max(links.host_bw, 1e-30), 0.0)
+
+
+def _dp_inputs(model: ModelSpec, links: Links, cal: Calibration, train: TrainSpec,
+               shape: StageShape, *, zero: Any, group: Any, m: Any) -> dict[str, Any]:
+    """The arguments `axes.dp_time` and `axes.dp_traffic` share, of layouts of `shape`, ZeRO
+    stage `zero`, shard group `group` (`StageShape.shard_group`) and `m` micro-batches."""
+    state = bytes_per_param_training(train.dtype, train.grad_dtype, train.optimizer)
+    return {"links": links, "train": train, "bucket": cal.dp_bucket_bytes,
+            "groups": shape.param_groups(model), "replicas": shape.replicas,
+            "in_node": shape.in_node, "group": group, "zero": zero, "m": m,
+            "layers": shape.layers, "grad_bytes": state.grad, "weight_bytes": state.weight,
+            "host_copy": partial(host_copy_time, links)}
+
+
+def dp_total(ctx: ComputeContext, links: Links, train: TrainSpec, shape: StageShape, *,
+             zero: Any, zero_group: Any, m: Any) -> Any:
+    """`step_terms`' `dp_comm_total` (every DP/ZeRO collective's seconds, before any overlap)
+    of layouts of `shape` at ZeRO stage `zero` and group `zero_group`, without the rest of
+    the step: the planner's floor (`plan.evaluate.dp_floor`)."""
+    return dp_traffic(**_dp_inputs(ctx.model, links, ctx.calibration, train, shape, zero=zero,
+                                   group=shape.shard_group(zero_group), m=m))
 
 
 def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, pp: Any,
                cp: Any, ep: Any, dp: Any, zero: Any, zero_group: Any, sp: Any, schedule: Any,
                chunks: Any, recompute: Any, micro_batch: Any, m: Any,
                costs: dict[str, Any] | None = None, partition: Partition = (), etp: Any = 0,
-               cp_kind: Any = 0, ulysses: Any = 0) -> dict[str, Any]:
+               cp_kind: Any = 0, ulysses: Any = 0, shape: StageShape | None = None
+               ) -> dict[str, Any]:
     """Every term of the step-time model for layouts given as numbers or arrays, keyed by the
     `Layout` field names (codes for `recompute` and `schedule`: `layout_codes`; `zero_group`
     = 0 for ZeRO over all dp·cp ranks) and `m` micro-batches. Returns seconds (and
@@ -145,8 +150,9 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
 
     `costs` may carry the compute costs already evaluated for these layouts (`compute_costs`;
     the planner evaluates them once per distinct `(tp, cp, micro_batch, sp, recompute, ep)`
-    and gathers). `partition`: one layout's explicit stage partition, or a `Balanced` one for
-    arrays of layouts (the planner's searched partitions); () the default
+    and gathers); `shape` their `stages.stage_shape` (the planner's floor shares it with its
+    DP/ZeRO bound). `partition`: one layout's explicit stage partition, or a `Balanced` one
+    for arrays of layouts (the planner's searched partitions); () the default
     (`Layout.stage_partition`)."""
     # the papers' notation from here on
     t, p, c, e, zg, sched, v, rc, b = (tp, pp, cp, ep, zero_group, schedule, chunks, recompute,
@@ -159,9 +165,7 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     full = (rc == RC_CODES["full"]) * ctx.recompute_share  # the share of layers replayed
     offload = settings.stack.offload_support(train.offload)
 
-    def host_copy(n_bytes: Any) -> Any:
-        """One host↔device copy of `n_bytes` (numbers or arrays) on the host link."""
-        return np.where(n_bytes > 0, links.host_lat + n_bytes / max(links.host_bw, 1e-30), 0.0)
+    host_copy = partial(host_copy_time, links)
 
     def on_node(axis: str) -> Any:
         """Members of one `axis` group on a node (`placement`, the runtime's rank order)."""
@@ -170,11 +174,12 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     # ---- compute per micro-batch: one dense layer, one MoE layer, head, embedding
     costs = costs if costs is not None else compute_costs(ctx, t, c, b, sp, rc, e, etp)
     dense = costs["dense"]
-    placement = placement_of(sched, partition)
-    # uneven stages: the layers of the busiest, the first and the last stage relative to L/p
-    # (exactly 1 for even stages); MoE layers at their average share
-    most, first, last = (n * p / model.n_layers
-                         for n in stage_extremes(model.n_layers, p, v, partition, placement))
+    # uneven stages: the busiest, first and last stage's layers relative to L/p; MoE layers
+    # at their average share
+    if shape is None:
+        shape = stage_shape(model, gpn, tp=t, pp=p, cp=c, ep=e, dp=dp, chunks=v,
+                            schedule=sched, partition=partition, etp=etp)
+    most, first, last = shape.most, shape.first, shape.last
     n_dense, n_moe = most * model.n_dense_layers / p, most * model.n_moe_layers / p
     f_mid = n_dense * dense.fwd
     b_mid = n_dense * (dense.bwd + dense.recompute)
@@ -227,7 +232,7 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     ep_scale = np.where(pick_mid, 1.0, moe_crit / np.maximum(n_moe, 1e-30))
 
     # ---- tensor parallel: all-reduces of the (s/c, b, h) activation, on the critical path
-    layers = most * model.n_layers / p
+    layers = shape.layers
     kappa = cal.overlap_contention
     # Megatron-Core's MoE layers without shared experts make no MLP pair (`tp_time`;
     # Megatron-DeepSpeed runs DeepSpeed-MoE, whose layer is not this one)
@@ -263,11 +268,9 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     bubble = np.where(p > 1, others * pipeline_bubble(sched, p, v, m, big_f, big_b, w_mid), 0.0)
 
     # ---- data parallel / ZeRO over the dp·cp replicas
-    dense_params, expert_params = busiest_stage_params(model, t, p, e, v, partition, etp,
-                                                       placement)
-    replicas = dp * c
-    in_node = on_node("dp_cp")
-    group = np.where(zg > 0, zg, replicas)
+    dense_params, expert_params = shape.dense, shape.expert
+    replicas, in_node, shift = shape.replicas, shape.in_node, shape.shift
+    group = shape.shard_group(zg)
     # The overlap window: the last micro-batch's backward (the next step's first forward for
     # the parameter all-gather). Interleaved (v chunks), each chunk's gradients are final
     # `p` chunk-backwards apart in the cool-down (chunk v-1 first), so the reduction of all
@@ -276,14 +279,9 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     widen = interleaved_window(p, v)
     window_b = widen * (b_crit + tp_b)
     window_f = widen * (f_crit + tp_f)
-    # the experts' replicas: the expert-data-parallel group tp·dp·cp/(etp·ep) = dp·cp/shift
-    shift = e * expert_tp_degree(etp, t) / t
-    groups = [(dense_params, 1)] + ([(expert_params, shift)] if model.n_moe_layers else [])
-    dp_exposed, dp_total = dp_time(
-        links, train, kappa, cal.dp_bucket_bytes, groups=groups, replicas=replicas,
-        in_node=in_node, group=group, zero=zero, m=m, layers=layers, window_b=window_b,
-        window_f=window_f, big_f=big_f, big_b=big_b, grad_bytes=gb_, weight_bytes=wb,
-        host_copy=host_copy)
+    dp_exposed, dp_traffic_s = dp_time(
+        kappa=kappa, window_b=window_b, window_f=window_f, big_f=big_f, big_b=big_b,
+        **_dp_inputs(model, links, cal, train, shape, zero=zero, group=group, m=m))
     # DeepSpeed's pipeline engine: serial sends, TP gathers, tied and bf16 reductions
     pp_more, dp_more = pipe_engine_time(
         settings.stack, ctx, links, train, t=t, p=p, c=c, b=b, m=m, zero=zero, schedule=sched,
@@ -323,7 +321,7 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
         "compute": compute, "tp_comm": tp_comm, "cp_comm_exposed": cp_comm,
         "ep_comm": ep_comm, "pp_comm": pp_comm, "bubble": bubble,
         "dp_comm_exposed": dp_exposed, "optimizer": optimizer, "total": total,
-        "dp_comm_total": dp_total, "t_forward": big_f, "t_backward": big_b, "t_wgrad": w_mid,
+        "dp_comm_total": dp_traffic_s, "t_forward": big_f, "t_backward": big_b, "t_wgrad": w_mid,
     }
 
 

@@ -20,9 +20,11 @@ from shardwise.estimate.memory import (
     peak_stage_total_runs,
     training_memory_per_gpu,
 )
+from shardwise.estimate.stages import StageShape, stage_shape
 from shardwise.estimate.step import (
     Links,
     compute_costs,
+    dp_total,
     estimate_step,
     finish,
     flops_per_token,
@@ -343,13 +345,15 @@ FLOOR_TERMS = ("compute", "tp_comm", "cp_comm_exposed", "ep_comm", "pp_comm")
 
 
 def step_floor(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[str, Any],
-               shared: _PerPair, rows: Any) -> Any:
+               shared: _PerPair, rows: Any, shapes: StageShape | None = None) -> Any:
     """A lower bound on the figure of every ZeRO variant of the grid's `rows` (× the (sp, rc)
-    columns): `FLOOR_TERMS` of `estimate.step.step_terms` at ZeRO stage 0, plus the bubble
-    except for the uneven pipelines the ranking simulates — the step time is their sum plus
-    the bubble, the exposed DP/ZeRO traffic and the optimizer step, each ≥ 0, and the
-    ranking's figure is the step time, or for those pipelines at least the step time less its
-    closed-form bubble (`rank`). `prune` checks the bound on every layout it times."""
+    columns) less its exposed DP/ZeRO traffic (`dp_floor` bounds that): `FLOOR_TERMS` of
+    `estimate.step.step_terms` at ZeRO stage 0, plus the bubble except for the uneven
+    pipelines the ranking simulates — the step time is their sum plus the bubble, the exposed
+    DP/ZeRO traffic and the optimizer step, each ≥ 0, and the ranking's figure is the step
+    time, or for those pipelines at least the step time less its closed-form bubble
+    (`rank`). `prune` checks the bound on every layout it times. `shapes`: the rows'
+    `run_shapes`, when already evaluated."""
     sub = _take(cand, rows, None)
     sub["zero"] = np.zeros_like(sub["zero"])
     sub["zero_group"] = np.zeros_like(sub["zero_group"])
@@ -359,14 +363,85 @@ def step_floor(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[
     def gather(value: Any) -> Any:
         return _gathered(value, shared.size, index)
 
+    shape = None if shapes is None else StageShape(*(np.asarray(x)[:, None] for x in shapes))
     terms = step_terms(shared.ctx, shared.links, train, **{k: sub[k] for k in _STEP_KEYS},
                        costs={k: gather(v) for k, v in shared.costs.items()},
-                       partition=_partition(sub))
+                       partition=_partition(sub), shape=shape)
     floor = sum(np.asarray(terms[k], dtype=float) for k in FLOOR_TERMS)
     # the closed-form bubble is the figure's too, except where the ranking simulates it
     most = stage_extremes(model.n_layers, sub["pp"], sub["chunks"], _partition(sub))[0]
     exact = ~(simulated(sub) & (most * sub["pp"] != model.n_layers))
     return floor + np.where(exact, np.asarray(terms["bubble"], dtype=float), 0.0)
+
+
+def run_shapes(model: ModelSpec, cand: dict[str, Any], shared: _PerPair, rows: Any
+               ) -> StageShape:
+    """`estimate.stages.stage_shape` of the grid's `rows` (flat arrays, one per row): the
+    same for every ZeRO variant and (sp, rc) column of a row."""
+    cells = flat_cells(cand, rows, np.zeros_like(rows))
+    shape = stage_shape(model, shared.links.gpus_per_node, tp=cells["tp"], pp=cells["pp"],
+                        cp=cells["cp"], ep=cells["ep"], dp=cells["dp"], chunks=cells["chunks"],
+                        schedule=cells["schedule"], partition=_partition(cells),
+                        etp=cells["etp"])
+    return StageShape(*(np.broadcast_to(x, np.shape(rows)) for x in shape))
+
+
+def dp_floor(train: TrainSpec, cand: dict[str, Any], shared: _PerPair, shapes: StageShape,
+             rows: Any, of_row: Any) -> Any:
+    """A lower bound on the exposed DP/ZeRO seconds of every (sp, rc) column of the grid's
+    `rows`, whose stage shapes are `shapes` at `of_row` (`run_shapes`): `dp_comm_total`
+    (`estimate.step.dp_total`) where the stack does not overlap the row's ZeRO stage —
+    `axes.dp_time` exposes all of it, and the pipeline engine's extra DP time only adds —
+    and 0 where it does. It depends on no column. Rows with equal inputs (every field of
+    the shape, m, the ZeRO stage and group: runs that differ in the partition or the CP kind
+    often share them) are evaluated once; the function is elementwise, so the bits agree."""
+    zero, group, m = (_wide(np.asarray(cand[k])[rows, 0]) for k in ("zero", "zero_group", "m"))
+    key = _packed([_distinct([np.asarray(x, dtype=float) for x in shapes])[of_row], m, zero,
+                   group])
+    if key is None:  # too many distinct values to pack: every row
+        first, inverse = np.arange(len(rows)), np.arange(len(rows))
+    else:
+        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    out = np.zeros(len(first))
+    overlapped = train.settings().dp_overlapped
+    for stage in range(4):  # one stage at a time: `dp_total` evaluates only its collectives
+        mine = zero[first] == stage
+        pick = first[mine]
+        if not len(pick) or overlapped(stage):
+            continue
+        shape = StageShape(*(x[of_row[pick]] for x in shapes))
+        out[mine] = dp_total(shared.ctx, shared.links, train, shape, zero=stage,
+                             zero_group=group[pick], m=m[pick])
+    return out[inverse.ravel()]
+
+
+def _distinct(columns: list[Any]) -> Any:
+    """An id per position of equal-length arrays, equal where every array's value is."""
+    if not len(columns[0]):
+        return np.zeros(0, dtype=np.int64)
+    order = np.lexsort(columns[::-1])
+    new = np.zeros(len(order), dtype=bool)
+    new[0] = True
+    for column in columns:
+        ordered = column[order]
+        new[1:] |= ordered[1:] != ordered[:-1]
+    ids = np.empty(len(order), dtype=np.int64)
+    ids[order] = np.cumsum(new) - 1
+    return ids
+
+
+def _packed(columns: list[Any]) -> Any:
+    """Non-negative integer arrays packed into one int64 key per position (equal where all
+    are), or None where their ranges do not fit 63 bits."""
+    key = np.zeros(len(columns[0]), dtype=np.int64)
+    span = 1
+    for column in columns:
+        width = int(column.max(initial=0)) + 1
+        span *= width
+        if span >= 1 << 62 or (len(column) and int(column.min()) < 0):
+            return None
+        key = key * width + column
+    return key
 
 
 def flat_cells(cand: dict[str, Any], rows: Any, cols: Any) -> dict[str, Any]:

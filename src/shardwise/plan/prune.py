@@ -3,7 +3,8 @@
 Every valid layout's peak memory is evaluated (in blocks of one pp and chunk count, so only
 their stages are), so the counts of fitting layouts, the least memory per axis value and the
 variants stay exact. A step time is at least its terms that depend on neither the ZeRO stage
-nor its group (`evaluate.step_floor`, once per run of ZeRO variants), so a layout whose floor
+nor its group (`evaluate.step_floor`, once per run of ZeRO variants) plus its DP/ZeRO traffic
+where the stack does not overlap it (`evaluate.dp_floor`, per row), so a layout whose floor
 is above every threshold the report asks about — the `top`-th row's step time plus the 1 %
 the simplest layout may lose, each axis value's best, the fastest layout that does not fit, a
 ranked layout's own — cannot change it. The thresholds come from timed layouts (upper bounds
@@ -29,8 +30,10 @@ from shardwise.layout import Layout, TrainSpec
 from shardwise.plan.evaluate import (
     _THREADS,
     cell_terms,
+    dp_floor,
     flat_cells,
     memory_grid,
+    run_shapes,
     shared_costs,
     step_floor,
 )
@@ -100,7 +103,7 @@ def search_size(model: ModelSpec, cluster: Cluster, train: TrainSpec,
 
 
 class BoundBroken(Exception):
-    """A step time below its compute floor: the step model changed; search exhaustively."""
+    """A step time below its floor: the step model changed; search exhaustively."""
 
 
 @dataclass
@@ -148,24 +151,9 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
         return memory.min(axis=0), (float(memory.ravel()[at]),
                                     int(block[at // n_cols]) * n_cols + at % n_cols)
 
-    # the floor: once per run of rows that differ only in ZeRO (stage, group)
-    key = np.stack([np.asarray(cand[k])[:, 0] for k in ("pair", "schedule", "chunks")])
-    first = np.flatnonzero(np.concatenate([[True], (np.diff(key, axis=1) != 0).any(axis=0)]))
-    run = np.cumsum(np.isin(np.arange(n_rows), first)) - 1
-    per_run = np.empty((len(first), n_cols), dtype=np.float32)
-
-    def fill_floor(start: int) -> None:
-        block = first[start:start + step]
-        # float32 to halve the grid's bytes, rounded down so that it stays a lower bound
-        per_run[start:start + step] = step_floor(model, cluster, train, cand, shared,
-                                                 block) * (1 - 1e-6)
-
     with ThreadPoolExecutor(_THREADS) as pool:  # numpy's loops release the GIL
         reduced = list(pool.map(fill, blocks))
-        list(pool.map(fill_floor, range(0, len(first), step)))
-    floor = per_run[run]
-    del run, key
-    floor[~valid] = np.inf
+        floor = _floor(model, cluster, train, cand, shared, pool)
     state = _State(model, cluster, train, cand, shared, floor, fits, valid)
     codes = {axis: _codes(cand, axis) for axis in (*_ROW_AXES, *_COL_AXES)}
     lines = {True: valid.any(axis=1), False: valid.any(axis=0)}  # per row, per column
@@ -265,7 +253,7 @@ class _State:
                 new[k][chunk] = value
         below = new["total"] < self.floor.ravel()[flat] * (1 - 1e-9)
         if below.any():
-            raise BoundBroken(f"step time under its compute floor at cell {flat[below][0]}")
+            raise BoundBroken(f"step time under its floor at cell {flat[below][0]}")
         self.done.ravel()[flat] = True
         self.index = np.concatenate([self.index, flat])
         self.terms = {k: np.concatenate([self.terms[k], new[k]]) for k in _KEYS}
@@ -457,6 +445,37 @@ def find_cell(cand: dict[str, Any], layout: Layout, n_layers: int) -> int | None
             if len(hits):
                 return int(hits[0]) * n_cols + int(col[0])
     return None
+
+
+def _floor(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[str, Any],
+           shared: Any, pool: ThreadPoolExecutor) -> np.ndarray:
+    """Each cell's floor, in float32 rounded down so that it stays a lower bound (inf where
+    not valid): `evaluate.step_floor` once per run of rows that differ only in ZeRO (stage,
+    group), plus each row's `evaluate.dp_floor` from its run's stage shape; in blocks of
+    runs on `pool`'s threads."""
+    valid = cand["_valid"]
+    n_rows, n_cols = valid.shape
+    step = max(1, BLOCK_CELLS // n_cols)
+    key = np.stack([np.asarray(cand[k])[:, 0] for k in ("pair", "schedule", "chunks")])
+    first = np.flatnonzero(np.concatenate([[True], (np.diff(key, axis=1) != 0).any(axis=0)]))
+    ends = np.append(first[1:], n_rows)  # each run's rows: first[i] to ends[i]
+    per_run = np.empty((len(first), n_cols), dtype=np.float32)
+    per_row = np.empty(n_rows, dtype=np.float32)
+
+    def fill(start: int) -> None:
+        block, stop = first[start:start + step], ends[start:start + step]
+        shapes = run_shapes(model, cand, shared, block)
+        per_run[start:start + step] = step_floor(model, cluster, train, cand, shared, block,
+                                                 shapes) * (1 - 1e-6)
+        rows = np.arange(block[0], stop[-1])
+        of_row = np.repeat(np.arange(len(block)), stop - block)  # each row's run in `block`
+        per_row[rows] = dp_floor(train, cand, shared, shapes, rows, of_row) * (1 - 1e-6)
+
+    list(pool.map(fill, range(0, len(first), step)))
+    floor = np.repeat(per_run, ends - first, axis=0)  # the run's floor on each of its rows
+    floor += per_row[:, None]
+    floor[~valid] = np.inf
+    return floor
 
 
 def _by_stages(cand: dict[str, Any], rows: np.ndarray) -> list[np.ndarray]:

@@ -42,6 +42,7 @@ from shardwise.layout import (
 )
 from shardwise.partition import fixed_or_balanced
 from shardwise.plan.grid import _wide
+from shardwise.plan.lines import _dense_ids
 from shardwise.plan.results import PlanEntry
 from shardwise.plan.space import DEFAULT_HEADROOM
 from shardwise.schedules.registry import (
@@ -396,12 +397,9 @@ def dp_floor(train: TrainSpec, cand: dict[str, Any], shared: _PerPair, shapes: S
     the shape, m, the ZeRO stage and group: runs that differ in the partition or the CP kind
     often share them) are evaluated once; the function is elementwise, so the bits agree."""
     zero, group, m = (_wide(np.asarray(cand[k])[rows, 0]) for k in ("zero", "zero_group", "m"))
-    key = _packed([_distinct([np.asarray(x, dtype=float) for x in shapes])[of_row], m, zero,
-                   group])
-    if key is None:  # too many distinct values to pack: every row
-        first, inverse = np.arange(len(rows)), np.arange(len(rows))
-    else:
-        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    ids = _dense_ids([_dense_ids([np.asarray(x, dtype=float) for x in shapes])[of_row], m,
+                      zero, group])
+    _, first = np.unique(ids, return_index=True)  # a row of each id, in id order
     out = np.zeros(len(first))
     overlapped = train.settings().dp_overlapped
     for stage in range(4):  # one stage at a time: `dp_total` evaluates only its collectives
@@ -412,36 +410,7 @@ def dp_floor(train: TrainSpec, cand: dict[str, Any], shared: _PerPair, shapes: S
         shape = StageShape(*(x[of_row[pick]] for x in shapes))
         out[mine] = dp_total(shared.ctx, shared.links, train, shape, zero=stage,
                              zero_group=group[pick], m=m[pick])
-    return out[inverse.ravel()]
-
-
-def _distinct(columns: list[Any]) -> Any:
-    """An id per position of equal-length arrays, equal where every array's value is."""
-    if not len(columns[0]):
-        return np.zeros(0, dtype=np.int64)
-    order = np.lexsort(columns[::-1])
-    new = np.zeros(len(order), dtype=bool)
-    new[0] = True
-    for column in columns:
-        ordered = column[order]
-        new[1:] |= ordered[1:] != ordered[:-1]
-    ids = np.empty(len(order), dtype=np.int64)
-    ids[order] = np.cumsum(new) - 1
-    return ids
-
-
-def _packed(columns: list[Any]) -> Any:
-    """Non-negative integer arrays packed into one int64 key per position (equal where all
-    are), or None where their ranges do not fit 63 bits."""
-    key = np.zeros(len(columns[0]), dtype=np.int64)
-    span = 1
-    for column in columns:
-        width = int(column.max(initial=0)) + 1
-        span *= width
-        if span >= 1 << 62 or (len(column) and int(column.min()) < 0):
-            return None
-        key = key * width + column
-    return key
+    return out[ids]
 
 
 def flat_cells(cand: dict[str, Any], rows: Any, cols: Any) -> dict[str, Any]:

@@ -292,6 +292,8 @@ def recheck(group: str, record: dict[str, object]) -> dict[str, Any] | None:
     assert isinstance(survivors, list)
     names = [name for name in survivors if name not in EQUIVALENT]
     generated = [name for name in names if ".constant_L" not in name]
+    if not names:  # nothing to run again
+        return {"commit": _commit(), "date": datetime.date.today().isoformat(), "killed": []}
     where = _scratch(group)
     try:
         _mutmut(where, "run", "no-such-mutant", check=False)  # exits 1: no such mutant

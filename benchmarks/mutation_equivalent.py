@@ -95,6 +95,9 @@ EQUIVALENT: dict[str, str] = {
                                                             "mark: only f >= 0 is tested",
     "shardwise.partition.x_virtual_sizes__mutmut_2": "default \"LOOP\": virtual_stage "
                                                      "treats anything but \"v\" as the loop",
+    "shardwise.plan.evaluate.x__blocks__mutmut_63": "one block of every row and column "
+                                                    "for None: the grid evaluated as it is "
+                                                    "either way",
     "shardwise.estimate.axes.x_dp_time__mutmut_380": "default None for a missing sum: every "
                                                      "group adds every key, so none is missing",
     "shardwise.estimate.profiles.x_saved_tensors__mutmut_146": "None for False: falsy "

@@ -226,3 +226,14 @@ def test_an_unknown_choice_of_recommendation_names_the_valid_ones():
     with pytest.raises(ShardwiseError) as info:
         tiering(replace(result, choose="cheapest"))
     assert str(info.value) == f"choose must be one of {', '.join(CHOOSE)}, got 'cheapest'"
+
+
+def test_the_baseline_skips_a_layout_the_batch_refuses_and_takes_the_next():
+    """SPEC §7's procedure on 8 GPUs with a global batch of 4: tp·pp = 1 leaves dp = 8, which
+    does not divide the batch, so the next smallest tp·pp (tp = 2, dp = 4) is the baseline,
+    not a context-parallel one."""
+    from shardwise.plan.baseline import choose_parallelism
+
+    layout = choose_parallelism(get_model("tiny"), Cluster.of(8, "h100"),
+                                TrainSpec(seq_len=256, global_batch=4))
+    assert (layout.tp, layout.pp, layout.cp, layout.dp) == (2, 1, 1, 4)

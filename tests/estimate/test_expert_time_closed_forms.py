@@ -53,7 +53,9 @@ def _run(ctx, links, spec, work_f=0.0, work_b=0.0, sp=1, full=FULL):
                    n_moe=N_MOE, ep_in_node=EP_IN_NODE, m=M, work_f=work_f, work_b=work_b)
 
 
-def _paired(comm: float, work: float, sms: float = 132, busy: float = COMM_SMS) -> float:
+# the SMs the overlapped all-to-all kernels take: 20 of the H800's 132 (DeepSeek-V3 technical
+# report §3.2.2), the figure `expert.COMM_SMS` cites
+def _paired(comm: float, work: float, sms: float = 132, busy: float = 20) -> float:
     return comm if comm * (sms - busy) / sms >= work else work + comm * busy / sms
 
 

@@ -113,6 +113,8 @@ def test_zero_bubble_rows_simulate_the_input_and_weight_gradients_apart():
                         zero=(0, 1), recompute=("none",), schedules=("zb-h1",))
     result = plan(model, CLUSTER, TRAIN, top=4, space=space, baseline=False)
     assert result.stats.simulated > 0
+    totals = [entry.estimate.total for entry in result.ranked]
+    assert totals == sorted(totals)  # ranked by the figure the scalar path gives
     for entry in result.ranked:
         assert entry.layout.schedule == "zb-h1"
         scalar = evaluate_layout(model, CLUSTER, TRAIN, entry.layout, result.calibration,

@@ -484,7 +484,12 @@ def main() -> int:
     command = "python benchmarks/mutation.py " + " ".join(sys.argv[1:])
     if args.recheck:
         for group in (g for g in args.only if g in records and "failed" not in records[g]):
-            again = recheck(group, records[group])
+            try:
+                again = recheck(group, records[group])
+            except Exception as error:  # one group's failure: say so, go on with the next
+                print(f"{group:<10} not rechecked: {type(error).__name__}: "
+                      f"{str(error).splitlines()[0] if str(error) else ''}", flush=True)
+                continue
             print(f"{group:<10} " + (f"{len(again['killed'])} survivors killed since"
                                      if again else "not rechecked: its sources changed"),
                   flush=True)

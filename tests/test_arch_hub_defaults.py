@@ -323,3 +323,23 @@ def test_qwen2_window_from_max_window_layers():
     assert "sliding_attention" in config.layer_types and spec.sliding_window == 16
     assert from_hf_dict({"model_type": "qwen2", **fields, "use_sliding_window": False},
                         "q2").sliding_window == 0
+
+
+def _family_tables():
+    from shardwise.arch.hf import _DEEPSEEK_DEFAULTS
+    from shardwise.arch.hf_families import _DEFAULTS
+
+    return [(kind, values) for table in (_DEFAULTS, _DEEPSEEK_DEFAULTS)
+            for kind, values in sorted(table.items())]
+
+
+@pytest.mark.parametrize(("kind", "values"), _family_tables(),
+                         ids=[kind for kind, _ in _family_tables()])
+def test_every_family_default_is_its_config_class_default(kind, values):
+    """The defaults a config.json may leave out, family by family, are transformers 5.24's
+    config classes' own (`AutoConfig.for_model`; a private `_name` attribute where the class
+    keeps one; Qwen3 keeps its 4096 window only with use_sliding_window)."""
+    extra = {"use_sliding_window": True} if kind in ("qwen3", "qwen3_moe") else {}
+    config = transformers.AutoConfig.for_model(kind, **extra)
+    for key, value in values.items():
+        assert getattr(config, key, getattr(config, "_" + key, None)) == value, key

@@ -98,6 +98,13 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.plan.evaluate.x__blocks__mutmut_63": "one block of every row and column "
                                                     "for None: the grid evaluated as it is "
                                                     "either way",
+    "shardwise.arch.hf_families.x__layer_types__mutmut_24": "(i - 1) % 2 for (i + 1) % 2: "
+                                                            "the same parity",
+    "shardwise.arch.hf_families.x__layer_types__mutmut_100": "sliding without a window: "
+                                                             "the next line makes every "
+                                                             "window-less sliding layer full",
+    "shardwise.arch.spec.xǁModelSpecǁmtp_params__mutmut_8": "active=None for False: falsy, "
+                                                            "every expert counted either way",
     "shardwise.estimate.axes.x_dp_time__mutmut_380": "default None for a missing sum: every "
                                                      "group adds every key, so none is missing",
     "shardwise.estimate.profiles.x_saved_tensors__mutmut_146": "None for False: falsy "

@@ -241,3 +241,23 @@ def test_a_config_json_transformers_saves_is_read(kind):
     with pytest.raises(ShardwiseError, match="'per_layer_config'") as err:
         from_hf_dict(saved | {"per_layer_config": {"0": {}}}, kind)
     assert "\n" not in str(err.value)
+
+
+def test_mla_head_widths_of_one_are_the_smallest_valid():
+    """MLA needs qk_nope, qk_rope and v head widths ≥ 1: 1 is valid for the no-RoPE and value
+    parts (the RoPE part must be even: 2), 0 is refused."""
+    mla = dict(name="mla-edge", n_layers=2, d_model=64, n_heads=4, n_kv_heads=4, d_ff=128,
+               vocab=128, kv_lora_rank=16, qk_nope_head_dim=1, qk_rope_head_dim=2,
+               v_head_dim=1)
+    ModelSpec(**mla).validate()
+    with pytest.raises(ShardwiseError, match="v_head_dim ≥ 1"):
+        ModelSpec(**(mla | {"v_head_dim": 0})).validate()
+
+
+def test_the_runtime_names_dense_mlp_biases_it_lacks():
+    """A model with MLP biases and dense layers: the runtime says it lacks them, by name."""
+    from shardwise.arch.variants import runtime_lacks
+
+    biased = ModelSpec("mlp-bias", 2, 64, 4, 4, 128, 128, mlp_bias=True).validate()
+    assert "MLP biases on dense layers" in runtime_lacks(biased)
+    assert "MLP biases on dense layers" not in runtime_lacks(get_model("tiny"))

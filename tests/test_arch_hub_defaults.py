@@ -323,3 +323,52 @@ def test_qwen2_window_from_max_window_layers():
     assert "sliding_attention" in config.layer_types and spec.sliding_window == 16
     assert from_hf_dict({"model_type": "qwen2", **fields, "use_sliding_window": False},
                         "q2").sliding_window == 0
+
+
+def _family_tables():
+    from shardwise.arch.hf import _DEEPSEEK_DEFAULTS
+    from shardwise.arch.hf_families import _DEFAULTS
+
+    return [(kind, values) for table in (_DEFAULTS, _DEEPSEEK_DEFAULTS)
+            for kind, values in sorted(table.items())]
+
+
+@pytest.mark.parametrize(("kind", "values"), _family_tables(),
+                         ids=[kind for kind, _ in _family_tables()])
+def test_every_family_default_is_its_config_class_default(kind, values):
+    """The defaults a config.json may leave out, family by family, are transformers 5.24's
+    config classes' own (`AutoConfig.for_model`; a private `_name` attribute where the class
+    keeps one; Qwen3 keeps its 4096 window only with use_sliding_window)."""
+    extra = {"use_sliding_window": True} if kind in ("qwen3", "qwen3_moe") else {}
+    config = transformers.AutoConfig.for_model(kind, **extra)
+    for key, value in values.items():
+        assert getattr(config, key, getattr(config, "_" + key, None)) == value, key
+
+
+@pytest.mark.parametrize("use", [False, True])
+def test_qwen3_windows_and_given_layer_types_are_the_config_classes(use):
+    """Qwen3 keeps its sliding window only with use_sliding_window, then on the layers from
+    max_window_layers on (Qwen3Config.layer_types); a config.json's own layer_types list is
+    taken as written (Gemma 3 with an irregular list)."""
+    hub = {"model_type": "qwen3", "num_hidden_layers": 5, **_SMALL, "sliding_window": 64,
+           "max_window_layers": 2, "use_sliding_window": use}
+    config = transformers.Qwen3Config(**{k: v for k, v in hub.items() if k != "model_type"})
+    spec = from_hf_dict(hub, "q")
+    assert [spec.layer_kind(i) for i in range(5)] == [
+        t.removesuffix("_attention") for t in config.layer_types]
+    assert ("sliding" in config.layer_types[-1]) is use  # both cases distinguishable
+    listed = ["full_attention", "full_attention", "sliding_attention", "full_attention",
+              "sliding_attention"]
+    gemma = {"model_type": "gemma3_text", "num_hidden_layers": 5, **_SMALL,
+             "layer_types": listed}
+    assert [from_hf_dict(gemma, "g").layer_kind(i) for i in range(5)] == [
+        t.removesuffix("_attention") for t in transformers.Gemma3TextConfig(
+            **{k: v for k, v in gemma.items() if k != "model_type"}).layer_types]
+
+
+def test_gemma_scales_its_embeddings_by_the_root_of_the_width():
+    """Gemma's embedding output × √h (transformers' Gemma3TextScaledWordEmbedding embed_scale
+    = hidden_size ** 0.5)."""
+    hub = {"model_type": "gemma3_text", "num_hidden_layers": 2, **_SMALL}
+    spec = from_hf_dict(hub, "g")
+    assert dict(spec.multipliers)["embedding_multiplier"] == pytest.approx(64 ** 0.5)

@@ -378,13 +378,19 @@ def step_floor(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[
 def run_shapes(model: ModelSpec, cand: dict[str, Any], shared: _PerPair, rows: Any
                ) -> StageShape:
     """`estimate.stages.stage_shape` of the grid's `rows` (flat arrays, one per row): the
-    same for every ZeRO variant and (sp, rc) column of a row."""
+    same for every ZeRO variant and (sp, rc) column of a row. Rows with equal inputs (runs
+    that differ only in the micro-batch often share them) are evaluated once: the function
+    is elementwise and the rows kept hold every pp and chunk count, so the bits agree."""
     cells = flat_cells(cand, rows, np.zeros_like(rows))
-    shape = stage_shape(model, shared.links.gpus_per_node, tp=cells["tp"], pp=cells["pp"],
-                        cp=cells["cp"], ep=cells["ep"], dp=cells["dp"], chunks=cells["chunks"],
-                        schedule=cells["schedule"], partition=_partition(cells),
-                        etp=cells["etp"])
-    return StageShape(*(np.broadcast_to(x, np.shape(rows)) for x in shape))
+    keys = ("tp", "pp", "cp", "ep", "dp", "chunks", "schedule", "etp", "first_less",
+            "last_less")
+    ids = _dense_ids([cells[k] for k in keys if k in cells])
+    _, first = np.unique(ids, return_index=True)  # a row of each id, in id order
+    one = {k: v if k.startswith("_") else v[first] for k, v in cells.items()}
+    shape = stage_shape(model, shared.links.gpus_per_node, tp=one["tp"], pp=one["pp"],
+                        cp=one["cp"], ep=one["ep"], dp=one["dp"], chunks=one["chunks"],
+                        schedule=one["schedule"], partition=_partition(one), etp=one["etp"])
+    return StageShape(*(np.broadcast_to(x, np.shape(first))[ids] for x in shape))
 
 
 def dp_floor(train: TrainSpec, cand: dict[str, Any], shared: _PerPair, shapes: StageShape,

@@ -144,15 +144,18 @@ def _structures(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sea
     grid = (len(full["tp"]) * sum(map(len, partitions.values())) * len(cp_kinds)
             * len(full["ep"]) * len(full["etp"]) * per_full)
     rows: list[tuple[int, ...]] = []
+    # each axis' values the constraint allows, asked once per value, not per structure
+    allowed = {k: {v for v in full[k] if rule.allows(k, v)} for k in ("tp", "pp", "cp", "ep",
+                                                                     "etp")}
+    allowed["cp_kind"] = {k for k in range(len(CP_KINDS)) if rule.allows("cp_kind", CP_KINDS[k])}
     for t, p, (c, kind), e, et in itertools.product(full["tp"], full["pp"], cp_kinds,
                                                     full["ep"], full["etp"]):
         whole = per_full * len(partitions[p])
         dp = n_gpus // (t * p * c)
         kept = [ends for ends, split in partitions[p].items()
                 if split_wanted is None or split_wanted == split]
-        if (not all(rule.allows(k, v) for k, v in (("tp", t), ("pp", p), ("cp", c), ("ep", e),
-                                                     ("etp", et),
-                                                     ("cp_kind", CP_KINDS[kind])))
+        if (not (t in allowed["tp"] and p in allowed["pp"] and c in allowed["cp"]
+                 and e in allowed["ep"] and et in allowed["etp"] and kind in allowed["cp_kind"])
                 or (n_gpus % (t * p * c) == 0 and not rule.allows("dp", dp))):
             kept = []
         region = per_structure * len(kept)

@@ -100,8 +100,9 @@ class _Least:
     def __init__(self, grid: np.ndarray) -> None:
         self.n_cols = grid.shape[1]
         row_low, row_arg = _row_argmin(grid)
-        self.low = {True: row_low, False: grid.min(axis=0)}
-        self.arg = {True: row_arg, False: grid.argmin(axis=0)}
+        col_low, col_arg = _col_argmin(grid)
+        self.low = {True: row_low, False: col_low}
+        self.arg = {True: row_arg, False: col_arg}
 
     def cells(self, groups: _Groups, present: list[int]) -> list[int]:
         on_rows = groups.on_rows
@@ -135,6 +136,14 @@ def _row_argmin(grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         np.copyto(low, grid[:, j], where=less)
         arg[less] = j
     return low, arg
+
+
+def _col_argmin(grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(`grid.min(axis=0)`, `grid.argmin(axis=0)`) of a grid of few columns, a column at a
+    time (numpy copies the grid to reduce its outer axis); the least is the value at the
+    first index of the least, so the same numbers."""
+    arg = np.array([int(np.argmin(grid[:, j])) for j in range(grid.shape[1])], dtype=np.intp)
+    return grid[arg, np.arange(grid.shape[1])], arg
 
 
 def _pair_family(cand: dict[str, Any]) -> np.ndarray:

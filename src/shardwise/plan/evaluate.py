@@ -167,8 +167,10 @@ def _per_pair(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[s
         keys = np.stack([pairs["tp"], pairs["cp"], pairs["micro_batch"], pairs["ep"],
                          pairs["etp"],
                          ulysses_degree(pairs["cp"], pairs["cp_kind"], pairs["ulysses"])])
-        uniq, of_pair = np.unique(keys, axis=1, return_inverse=True)
-        of_pair = of_pair.ravel()
+        of_pair = _dense_ids(list(keys))  # `np.unique(keys, axis=1)`'s ids, without its sort
+        at = np.zeros(int(of_pair.max(initial=-1)) + 1, dtype=np.int64)
+        at[of_pair] = np.arange(len(of_pair))  # a pair of each id
+        uniq = keys[:, at]
         inverse = of_pair[np.asarray(cand["pair"])]
     else:
         a2a = ulysses_degree(cand["cp"], cand["cp_kind"], cand["ulysses"])

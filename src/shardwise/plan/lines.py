@@ -60,7 +60,11 @@ def _present(code: np.ndarray, any_valid: dict[bool, np.ndarray], axis: str) -> 
     (False), whether any cell is valid)."""
     line = any_valid[code.shape[1] == 1]
     flat = code[:, 0] if code.shape[1] == 1 else code[0]
-    out = np.unique(flat[line]) if line.any() else np.zeros(0, dtype=np.int64)
+    seen = flat[line]
+    if len(seen) and seen.min() >= 0 and seen.max() < 1 << 16:  # small codes: no sort
+        out = np.flatnonzero(np.bincount(seen))
+    else:
+        out = np.unique(seen)
     return [int(v) for v in out if not (axis == "cp_kind" and v == len(CP_KINDS))]
 
 

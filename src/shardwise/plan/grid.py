@@ -15,6 +15,7 @@ from shardwise.estimate.memory import layer_params
 from shardwise.hardware import Cluster
 from shardwise.layout import CP_KINDS, Balanced, Layout, TrainSpec, stage_partition
 from shardwise.partition import FIXED, partition_problems
+from shardwise.plan.lines import _row_any
 from shardwise.plan.results import Rejection
 from shardwise.plan.space import Constraint, SearchSpace
 from shardwise.schedules.registry import (
@@ -308,7 +309,7 @@ def _expand(model: ModelSpec, train: TrainSpec, rows: list[tuple[int, ...]], gri
                    category="duplicate")
     bad_sp = ~lone_tp & (sp == 1) & (s % (pairs["tp"] * pairs["cp"]) != 0)[pr][:, None]
     rejections.add("tp·cp does not divide the sequence (sequence parallel)", int(bad_sp.sum()),
-                   _example(bad_sp.any(axis=1), lambda i: f"tp={pairs['tp'][pr[i]]} "
+                   _example(_row_any(bad_sp), lambda i: f"tp={pairs['tp'][pr[i]]} "
                                                           f"cp={pairs['cp'][pr[i]]}, s={s}"))
     valid = ~(no_tp | bad_sp)
     # the pairs' fields, one gather of them all: (fields, pairs) -> (fields, rows)
@@ -347,7 +348,7 @@ def _expand(model: ModelSpec, train: TrainSpec, rows: list[tuple[int, ...]], gri
     del lazy
     # rows without a valid cell (a whole row the stack refuses) are left out, in order: every
     # later pass skips them, and the first valid cell row-major stays the first
-    keep = valid.any(axis=1)
+    keep = _row_any(valid)
     if keep.any() and not keep.all():
         kept = np.flatnonzero(keep)
         cand = rows_of(kept)

@@ -131,6 +131,14 @@ def _row_min(grid: np.ndarray) -> np.ndarray:
     return out
 
 
+def _row_any(grid: np.ndarray) -> np.ndarray:
+    """`grid.any(axis=1)` of a boolean grid of few columns, a column at a time."""
+    out = grid[:, 0].copy()
+    for j in range(1, grid.shape[1]):
+        np.logical_or(out, grid[:, j], out=out)
+    return out
+
+
 def _row_argmin(grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(`grid.min(axis=1)`, `grid.argmin(axis=1)`: the first column of the least) of a grid of
     few columns, a column at a time; the same numbers."""

@@ -48,6 +48,7 @@ from shardwise.plan.lines import (
     _Least,
     _pair_family,
     _present,
+    _row_any,
     _row_min,
 )
 from shardwise.plan.space import SearchSpace
@@ -156,7 +157,7 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
         floor = _floor(model, cluster, train, cand, shared, pool)
     state = _State(model, cluster, train, cand, shared, floor, fits, valid)
     codes = {axis: _codes(cand, axis) for axis in (*_ROW_AXES, *_COL_AXES)}
-    lines = {True: valid.any(axis=1), False: valid.any(axis=0)}  # per row, per column
+    lines = {True: _row_any(valid), False: valid.any(axis=0)}  # per row, per column
     values = {axis: _present(codes[axis], lines, axis) for axis in codes}
     groups = {axis: _Groups(code) for axis, code in codes.items()}
     lines = {True: row_low, False: np.min([col for col, _ in reduced], axis=0)}

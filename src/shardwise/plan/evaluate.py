@@ -42,7 +42,7 @@ from shardwise.layout import (
 )
 from shardwise.partition import fixed_or_balanced
 from shardwise.plan.grid import _wide
-from shardwise.plan.lines import _dense_ids
+from shardwise.plan.lines import _dense_ids, _one_of_each
 from shardwise.plan.results import PlanEntry
 from shardwise.plan.space import DEFAULT_HEADROOM
 from shardwise.schedules.registry import (
@@ -168,9 +168,7 @@ def _per_pair(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[s
                          pairs["etp"],
                          ulysses_degree(pairs["cp"], pairs["cp_kind"], pairs["ulysses"])])
         of_pair = _dense_ids(list(keys))  # `np.unique(keys, axis=1)`'s ids, without its sort
-        at = np.zeros(int(of_pair.max(initial=-1)) + 1, dtype=np.int64)
-        at[of_pair] = np.arange(len(of_pair))  # a pair of each id
-        uniq = keys[:, at]
+        uniq = keys[:, _one_of_each(of_pair)]
         inverse = of_pair[np.asarray(cand["pair"])]
     else:
         a2a = ulysses_degree(cand["cp"], cand["cp_kind"], cand["ulysses"])
@@ -387,7 +385,7 @@ def run_shapes(model: ModelSpec, cand: dict[str, Any], shared: _PerPair, rows: A
     keys = ("tp", "pp", "cp", "ep", "dp", "chunks", "schedule", "etp", "first_less",
             "last_less")
     ids = _dense_ids([cells[k] for k in keys if k in cells])
-    _, first = np.unique(ids, return_index=True)  # a row of each id, in id order
+    first = _one_of_each(ids)  # a row of each id, in id order
     one = {k: v if k.startswith("_") else v[first] for k, v in cells.items()}
     shape = stage_shape(model, shared.links.gpus_per_node, tp=one["tp"], pp=one["pp"],
                         cp=one["cp"], ep=one["ep"], dp=one["dp"], chunks=one["chunks"],
@@ -407,7 +405,7 @@ def dp_floor(train: TrainSpec, cand: dict[str, Any], shared: _PerPair, shapes: S
     zero, group, m = (_wide(np.asarray(cand[k])[rows, 0]) for k in ("zero", "zero_group", "m"))
     ids = _dense_ids([_dense_ids([np.asarray(x, dtype=float) for x in shapes])[of_row], m,
                       zero, group])
-    _, first = np.unique(ids, return_index=True)  # a row of each id, in id order
+    first = _one_of_each(ids)  # a row of each id, in id order
     out = np.zeros(len(first))
     overlapped = train.settings().dp_overlapped
     for stage in range(4):  # one stage at a time: `dp_total` evaluates only its collectives

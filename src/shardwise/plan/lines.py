@@ -34,6 +34,14 @@ def _dense_ids(columns: list[np.ndarray]) -> np.ndarray:
     return _ranks(code)
 
 
+def _one_of_each(ids: np.ndarray) -> np.ndarray:
+    """A position of each id 0..k-1 of dense `ids` (`_dense_ids`; the last), in id order:
+    `np.unique(ids, return_index=True)[1]` up to which of equal rows, without its sort."""
+    at = np.zeros(int(ids.max(initial=-1)) + 1, dtype=np.int64)
+    at[ids] = np.arange(len(ids))
+    return at
+
+
 def _ranks(code: np.ndarray) -> np.ndarray:
     """`np.unique(code, return_inverse=True)[1]` of non-negative int64 codes: through a table
     of the codes present where the codes are few enough to index one."""

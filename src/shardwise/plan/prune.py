@@ -46,6 +46,7 @@ from shardwise.plan.lines import (
     _Groups,
     _kth_best,
     _Least,
+    _one_of_each,
     _pair_family,
     _present,
     _row_any,
@@ -355,8 +356,7 @@ class _Live:
         lines, line_of = rows[starts], np.cumsum(starts) - 1
         combo = _dense_ids([codes[axis][lines, 0] for axis in _ROW_AXES]) if len(lines) \
             else np.zeros(0, dtype=np.int64)
-        at = np.zeros(int(combo.max(initial=-1)) + 1, dtype=np.int64)
-        at[combo] = lines  # a line of each combination
+        at = lines[_one_of_each(combo)]  # a line of each combination
         self.rid = combo[line_of].astype(np.int32)
         self.cid = cols.astype(np.int16)
         self.codes = {axis: code[at, 0] if axis in _ROW_AXES else code[0]

@@ -42,7 +42,7 @@ from shardwise.layout import (
 )
 from shardwise.partition import fixed_or_balanced
 from shardwise.plan.grid import _wide
-from shardwise.plan.lines import _dense_ids
+from shardwise.plan.lines import _dense_ids, _one_of_each
 from shardwise.plan.results import PlanEntry
 from shardwise.plan.space import DEFAULT_HEADROOM
 from shardwise.schedules.registry import (
@@ -167,8 +167,8 @@ def _per_pair(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[s
         keys = np.stack([pairs["tp"], pairs["cp"], pairs["micro_batch"], pairs["ep"],
                          pairs["etp"],
                          ulysses_degree(pairs["cp"], pairs["cp_kind"], pairs["ulysses"])])
-        uniq, of_pair = np.unique(keys, axis=1, return_inverse=True)
-        of_pair = of_pair.ravel()
+        of_pair = _dense_ids(list(keys))  # `np.unique(keys, axis=1)`'s ids, without its sort
+        uniq = keys[:, _one_of_each(of_pair)]
         inverse = of_pair[np.asarray(cand["pair"])]
     else:
         a2a = ulysses_degree(cand["cp"], cand["cp_kind"], cand["ulysses"])
@@ -378,13 +378,19 @@ def step_floor(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[
 def run_shapes(model: ModelSpec, cand: dict[str, Any], shared: _PerPair, rows: Any
                ) -> StageShape:
     """`estimate.stages.stage_shape` of the grid's `rows` (flat arrays, one per row): the
-    same for every ZeRO variant and (sp, rc) column of a row."""
+    same for every ZeRO variant and (sp, rc) column of a row. Rows with equal inputs (runs
+    that differ only in the micro-batch often share them) are evaluated once: the function
+    is elementwise and the rows kept hold every pp and chunk count, so the bits agree."""
     cells = flat_cells(cand, rows, np.zeros_like(rows))
-    shape = stage_shape(model, shared.links.gpus_per_node, tp=cells["tp"], pp=cells["pp"],
-                        cp=cells["cp"], ep=cells["ep"], dp=cells["dp"], chunks=cells["chunks"],
-                        schedule=cells["schedule"], partition=_partition(cells),
-                        etp=cells["etp"])
-    return StageShape(*(np.broadcast_to(x, np.shape(rows)) for x in shape))
+    keys = ("tp", "pp", "cp", "ep", "dp", "chunks", "schedule", "etp", "first_less",
+            "last_less")
+    ids = _dense_ids([cells[k] for k in keys if k in cells])
+    first = _one_of_each(ids)  # a row of each id, in id order
+    one = {k: v if k.startswith("_") else v[first] for k, v in cells.items()}
+    shape = stage_shape(model, shared.links.gpus_per_node, tp=one["tp"], pp=one["pp"],
+                        cp=one["cp"], ep=one["ep"], dp=one["dp"], chunks=one["chunks"],
+                        schedule=one["schedule"], partition=_partition(one), etp=one["etp"])
+    return StageShape(*(np.broadcast_to(x, np.shape(first))[ids] for x in shape))
 
 
 def dp_floor(train: TrainSpec, cand: dict[str, Any], shared: _PerPair, shapes: StageShape,
@@ -399,7 +405,7 @@ def dp_floor(train: TrainSpec, cand: dict[str, Any], shared: _PerPair, shapes: S
     zero, group, m = (_wide(np.asarray(cand[k])[rows, 0]) for k in ("zero", "zero_group", "m"))
     ids = _dense_ids([_dense_ids([np.asarray(x, dtype=float) for x in shapes])[of_row], m,
                       zero, group])
-    _, first = np.unique(ids, return_index=True)  # a row of each id, in id order
+    first = _one_of_each(ids)  # a row of each id, in id order
     out = np.zeros(len(first))
     overlapped = train.settings().dp_overlapped
     for stage in range(4):  # one stage at a time: `dp_total` evaluates only its collectives

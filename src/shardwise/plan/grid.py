@@ -15,6 +15,7 @@ from shardwise.estimate.memory import layer_params
 from shardwise.hardware import Cluster
 from shardwise.layout import CP_KINDS, Balanced, Layout, TrainSpec, stage_partition
 from shardwise.partition import FIXED, partition_problems
+from shardwise.plan.lines import _row_any
 from shardwise.plan.results import Rejection
 from shardwise.plan.space import Constraint, SearchSpace
 from shardwise.schedules.registry import (
@@ -144,15 +145,18 @@ def _structures(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sea
     grid = (len(full["tp"]) * sum(map(len, partitions.values())) * len(cp_kinds)
             * len(full["ep"]) * len(full["etp"]) * per_full)
     rows: list[tuple[int, ...]] = []
+    # each axis' values the constraint allows, asked once per value, not per structure
+    allowed = {k: {v for v in full[k] if rule.allows(k, v)} for k in ("tp", "pp", "cp", "ep",
+                                                                     "etp")}
+    allowed["cp_kind"] = {k for k in range(len(CP_KINDS)) if rule.allows("cp_kind", CP_KINDS[k])}
     for t, p, (c, kind), e, et in itertools.product(full["tp"], full["pp"], cp_kinds,
                                                     full["ep"], full["etp"]):
         whole = per_full * len(partitions[p])
         dp = n_gpus // (t * p * c)
         kept = [ends for ends, split in partitions[p].items()
                 if split_wanted is None or split_wanted == split]
-        if (not all(rule.allows(k, v) for k, v in (("tp", t), ("pp", p), ("cp", c), ("ep", e),
-                                                     ("etp", et),
-                                                     ("cp_kind", CP_KINDS[kind])))
+        if (not (t in allowed["tp"] and p in allowed["pp"] and c in allowed["cp"]
+                 and e in allowed["ep"] and et in allowed["etp"] and kind in allowed["cp_kind"])
                 or (n_gpus % (t * p * c) == 0 and not rule.allows("dp", dp))):
             kept = []
         region = per_structure * len(kept)
@@ -305,7 +309,7 @@ def _expand(model: ModelSpec, train: TrainSpec, rows: list[tuple[int, ...]], gri
                    category="duplicate")
     bad_sp = ~lone_tp & (sp == 1) & (s % (pairs["tp"] * pairs["cp"]) != 0)[pr][:, None]
     rejections.add("tp·cp does not divide the sequence (sequence parallel)", int(bad_sp.sum()),
-                   _example(bad_sp.any(axis=1), lambda i: f"tp={pairs['tp'][pr[i]]} "
+                   _example(_row_any(bad_sp), lambda i: f"tp={pairs['tp'][pr[i]]} "
                                                           f"cp={pairs['cp'][pr[i]]}, s={s}"))
     valid = ~(no_tp | bad_sp)
     # the pairs' fields, one gather of them all: (fields, pairs) -> (fields, rows)
@@ -344,7 +348,7 @@ def _expand(model: ModelSpec, train: TrainSpec, rows: list[tuple[int, ...]], gri
     del lazy
     # rows without a valid cell (a whole row the stack refuses) are left out, in order: every
     # later pass skips them, and the first valid cell row-major stays the first
-    keep = valid.any(axis=1)
+    keep = _row_any(valid)
     if keep.any() and not keep.all():
         kept = np.flatnonzero(keep)
         cand = rows_of(kept)

@@ -34,6 +34,14 @@ def _dense_ids(columns: list[np.ndarray]) -> np.ndarray:
     return _ranks(code)
 
 
+def _one_of_each(ids: np.ndarray) -> np.ndarray:
+    """A position of each id 0..k-1 of dense `ids` (`_dense_ids`; the last), in id order:
+    `np.unique(ids, return_index=True)[1]` up to which of equal rows, without its sort."""
+    at = np.zeros(int(ids.max(initial=-1)) + 1, dtype=np.int64)
+    at[ids] = np.arange(len(ids))
+    return at
+
+
 def _ranks(code: np.ndarray) -> np.ndarray:
     """`np.unique(code, return_inverse=True)[1]` of non-negative int64 codes: through a table
     of the codes present where the codes are few enough to index one."""
@@ -60,7 +68,11 @@ def _present(code: np.ndarray, any_valid: dict[bool, np.ndarray], axis: str) -> 
     (False), whether any cell is valid)."""
     line = any_valid[code.shape[1] == 1]
     flat = code[:, 0] if code.shape[1] == 1 else code[0]
-    out = np.unique(flat[line]) if line.any() else np.zeros(0, dtype=np.int64)
+    seen = flat[line]
+    if len(seen) and seen.min() >= 0 and seen.max() < 1 << 16:  # small codes: no sort
+        out = np.flatnonzero(np.bincount(seen))
+    else:
+        out = np.unique(seen)
     return [int(v) for v in out if not (axis == "cp_kind" and v == len(CP_KINDS))]
 
 
@@ -100,8 +112,9 @@ class _Least:
     def __init__(self, grid: np.ndarray) -> None:
         self.n_cols = grid.shape[1]
         row_low, row_arg = _row_argmin(grid)
-        self.low = {True: row_low, False: grid.min(axis=0)}
-        self.arg = {True: row_arg, False: grid.argmin(axis=0)}
+        col_low, col_arg = _col_argmin(grid)
+        self.low = {True: row_low, False: col_low}
+        self.arg = {True: row_arg, False: col_arg}
 
     def cells(self, groups: _Groups, present: list[int]) -> list[int]:
         on_rows = groups.on_rows
@@ -126,6 +139,14 @@ def _row_min(grid: np.ndarray) -> np.ndarray:
     return out
 
 
+def _row_any(grid: np.ndarray) -> np.ndarray:
+    """`grid.any(axis=1)` of a boolean grid of few columns, a column at a time."""
+    out = grid[:, 0].copy()
+    for j in range(1, grid.shape[1]):
+        np.logical_or(out, grid[:, j], out=out)
+    return out
+
+
 def _row_argmin(grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(`grid.min(axis=1)`, `grid.argmin(axis=1)`: the first column of the least) of a grid of
     few columns, a column at a time; the same numbers."""
@@ -135,6 +156,14 @@ def _row_argmin(grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         np.copyto(low, grid[:, j], where=less)
         arg[less] = j
     return low, arg
+
+
+def _col_argmin(grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(`grid.min(axis=0)`, `grid.argmin(axis=0)`) of a grid of few columns, a column at a
+    time (numpy copies the grid to reduce its outer axis); the least is the value at the
+    first index of the least, so the same numbers."""
+    arg = np.array([int(np.argmin(grid[:, j])) for j in range(grid.shape[1])], dtype=np.intp)
+    return grid[arg, np.arange(grid.shape[1])], arg
 
 
 def _pair_family(cand: dict[str, Any]) -> np.ndarray:

@@ -46,8 +46,10 @@ from shardwise.plan.lines import (
     _Groups,
     _kth_best,
     _Least,
+    _one_of_each,
     _pair_family,
     _present,
+    _row_any,
     _row_min,
 )
 from shardwise.plan.space import SearchSpace
@@ -156,7 +158,7 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
         floor = _floor(model, cluster, train, cand, shared, pool)
     state = _State(model, cluster, train, cand, shared, floor, fits, valid)
     codes = {axis: _codes(cand, axis) for axis in (*_ROW_AXES, *_COL_AXES)}
-    lines = {True: valid.any(axis=1), False: valid.any(axis=0)}  # per row, per column
+    lines = {True: _row_any(valid), False: valid.any(axis=0)}  # per row, per column
     values = {axis: _present(codes[axis], lines, axis) for axis in codes}
     groups = {axis: _Groups(code) for axis, code in codes.items()}
     lines = {True: row_low, False: np.min([col for col, _ in reduced], axis=0)}
@@ -354,8 +356,7 @@ class _Live:
         lines, line_of = rows[starts], np.cumsum(starts) - 1
         combo = _dense_ids([codes[axis][lines, 0] for axis in _ROW_AXES]) if len(lines) \
             else np.zeros(0, dtype=np.int64)
-        at = np.zeros(int(combo.max(initial=-1)) + 1, dtype=np.int64)
-        at[combo] = lines  # a line of each combination
+        at = lines[_one_of_each(combo)]  # a line of each combination
         self.rid = combo[line_of].astype(np.int32)
         self.cid = cols.astype(np.int16)
         self.codes = {axis: code[at, 0] if axis in _ROW_AXES else code[0]

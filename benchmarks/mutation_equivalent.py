@@ -105,6 +105,13 @@ EQUIVALENT: dict[str, str] = {
                                                              "window-less sliding layer full",
     "shardwise.arch.spec.xǁModelSpecǁmtp_params__mutmut_8": "active=None for False: falsy, "
                                                             "every expert counted either way",
+    "shardwise.estimate.step.x_estimate_step__mutmut_169": "the guard for busy = 0 dropped: "
+                                                           "busy = m·(t_f + t_b) > 0 for every "
+                                                           "layout",
+    "shardwise.estimate.step.x_step_terms__mutmut_173": "one MTP MoE layer on a dense model's "
+                                                        "last stage: its EP time per layer is 0",
+    "shardwise.estimate.step.x_step_terms__mutmut_329": "n_moe_layers >= 0: a dense model's "
+                                                        "MLP share 1 − 0/layers is 1 as before",
     "shardwise.estimate.axes.x_dp_time__mutmut_380": "default None for a missing sum: every "
                                                      "group adds every key, so none is missing",
     "shardwise.estimate.profiles.x_saved_tensors__mutmut_146": "None for False: falsy "

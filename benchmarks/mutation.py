@@ -232,20 +232,17 @@ def run_constants(where: Path, group: str, timeout: float = 600,
 def run_group(group: str, sample: int | None, seed: int) -> dict[str, object]:
     where = _scratch(group)
     start = time.monotonic()
-    picked: set[str] | None = None  # constant mutants to run (None: every one)
     if sample is None:
         _mutmut(where, "run")
+        constant_runs = run_constants(where, group)
     else:  # generate every mutant (and the test map), then run a seeded sample of them and
         # of the constant mutants together
         _mutmut(where, "run", "no-such-mutant", check=False)  # exits 1: no such mutant
         names = sorted(_results(where)) + constant_names(group)
-        chosen = random.Random(seed).sample(names, min(sample, len(names)))
-        picked = {name for name in chosen if ".constant_L" in name}
-        mutmut_names = sorted(set(chosen) - picked)
-        for i in range(0, len(mutmut_names), 200):  # keep the command line short
-            _mutmut(where, "run", *mutmut_names[i:i + 200])
+        constant_runs = _run_named(where, group,
+                                   random.Random(seed).sample(names, min(sample, len(names))))
     generated = _results(where)
-    results = generated | run_constants(where, group, chosen=picked)
+    results = generated | constant_runs
     checked = {name: status for name, status in results.items() if status != "not checked"}
     counts = {status: sum(s == status for s in checked.values()) for status in STATUSES}
     constants = {s: sum(st == s for n, st in checked.items() if ".constant_L" in n)
@@ -257,6 +254,17 @@ def run_group(group: str, sample: int | None, seed: int) -> dict[str, object]:
             "seconds": time.monotonic() - start,
             "survivors": sorted(name for name, s in checked.items()
                                 if s in ("survived", "no tests"))}
+
+
+def _run_named(where: Path, group: str, names: list[str]) -> dict[str, str]:
+    """Run the mutants `names` in a scratch copy whose mutants are generated: mutmut's (it
+    keeps their statuses, `_results`) and the script's constant ones, whose {name: status} it
+    returns."""
+    picked = {name for name in names if ".constant_L" in name}
+    mutmut_names = sorted(set(names) - picked)
+    for i in range(0, len(mutmut_names), 200):  # keep the command line short
+        _mutmut(where, "run", *mutmut_names[i:i + 200])
+    return run_constants(where, group, chosen=picked)
 
 
 def run_group_or_failure(group: str, sample: int | None, seed: int) -> dict[str, object]:
@@ -291,20 +299,17 @@ def recheck(group: str, record: dict[str, object]) -> dict[str, Any] | None:
     survivors = record["survivors"]
     assert isinstance(survivors, list)
     names = [name for name in survivors if name not in EQUIVALENT]
-    generated = [name for name in names if ".constant_L" not in name]
-    if not names:  # nothing to run again
-        return {"commit": _commit(), "date": datetime.date.today().isoformat(), "killed": []}
-    where = _scratch(group)
-    try:
-        _mutmut(where, "run", "no-such-mutant", check=False)  # exits 1: no such mutant
-        if generated:
-            _mutmut(where, "run", *generated)
-        results = {n: s for n, s in _results(where).items() if n in generated}
-        results |= run_constants(where, group, chosen=set(names) - set(generated))
-    finally:
-        shutil.rmtree(str(where), ignore_errors=True)
+    results: dict[str, str] = {}
+    if names:  # else nothing to run again
+        where = _scratch(group)
+        try:
+            _mutmut(where, "run", "no-such-mutant", check=False)  # exits 1: no such mutant
+            constants = _run_named(where, group, names)
+            results = _results(where) | constants
+        finally:
+            shutil.rmtree(str(where), ignore_errors=True)
     return {"commit": _commit(), "date": datetime.date.today().isoformat(),
-            "killed": sorted(n for n, s in results.items() if s in ("killed", "timeout"))}
+            "killed": sorted(n for n in names if results.get(n) in ("killed", "timeout"))}
 
 
 def _commit() -> str:

@@ -73,11 +73,13 @@ MAX_SCHEDULE_ACTIONS_API = 2_000_000
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    return type(value) is int or (isinstance(value, numbers.Integral)
+                                  and not isinstance(value, bool))
 
 
 def _is_real(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    return type(value) in (float, int) or (isinstance(value, numbers.Real)
+                                           and not isinstance(value, bool))
 
 
 def _num(x: float) -> str:
@@ -97,29 +99,34 @@ def _interval(low: float | None, high: float | None, low_open: bool, high_open: 
 
 def integer(value: Any, name: str, *, low: int | None = None, high: int | None = None) -> int:
     """An integer (not a bool, float or string) in [low, high]."""
-    want = f"{name} must be an integer {_interval(low, high, False, False)}".rstrip()
     if not _is_int(value):
-        raise ShardwiseError(f"{want}, got {value!r}")
+        raise ShardwiseError(f"{_want_integer(name, low, high)}, got {value!r}")
     if (low is not None and value < low) or (high is not None and value > high):
         shown = repr(value) if len(str(value)) <= 30 else f"a {len(str(value))}-digit number"
-        raise ShardwiseError(f"{want}, got {shown}")
+        raise ShardwiseError(f"{_want_integer(name, low, high)}, got {shown}")
     return int(value)
+
+
+def _want_integer(name: str, low: int | None, high: int | None) -> str:
+    return f"{name} must be an integer {_interval(low, high, False, False)}".rstrip()
 
 
 def finite(value: Any, name: str, *, low: float | None = None, high: float | None = None,
            low_open: bool = False, high_open: bool = False) -> float:
     """A finite real number (not nan or ±inf, not a bool or string) in the given interval."""
-    want = (f"{name} must be a finite number "
-            f"{_interval(low, high, low_open, high_open)}").rstrip()
+    def want() -> str:  # the message, built only when it is raised
+        return (f"{name} must be a finite number "
+                f"{_interval(low, high, low_open, high_open)}").rstrip()
+
     if not _is_real(value):
-        raise ShardwiseError(f"{want}, got {value!r}")
+        raise ShardwiseError(f"{want()}, got {value!r}")
     try:
         x = float(value)
     except OverflowError:  # an int beyond a float
-        raise ShardwiseError(f"{want}, got a {len(str(value))}-digit number") from None
+        raise ShardwiseError(f"{want()}, got a {len(str(value))}-digit number") from None
     if (not math.isfinite(x) or (low is not None and (x <= low if low_open else x < low))
             or (high is not None and (x >= high if high_open else x > high))):
-        raise ShardwiseError(f"{want}, got {value!r}")
+        raise ShardwiseError(f"{want()}, got {value!r}")
     return x
 
 

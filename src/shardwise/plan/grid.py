@@ -302,16 +302,19 @@ def _expand(model: ModelSpec, train: TrainSpec, rows: list[tuple[int, ...]], gri
     l3 = lvl4["l3"]
     pr = lvl3["pair"][l3]
     sp, rc = sp_rc[:, 0][None, :], sp_rc[:, 1][None, :]
-    # per pair, gathered per row: tp = 1, and tp·cp not dividing the sequence
-    lone_tp = (pairs["tp"] == 1)[pr][:, None]
-    no_tp = (sp == 1) & lone_tp
-    rejections.add("sequence parallelism without tp (same as without)", int(no_tp.sum()),
-                   category="duplicate")
-    bad_sp = ~lone_tp & (sp == 1) & (s % (pairs["tp"] * pairs["cp"]) != 0)[pr][:, None]
-    rejections.add("tp·cp does not divide the sequence (sequence parallel)", int(bad_sp.sum()),
-                   _example(_row_any(bad_sp), lambda i: f"tp={pairs['tp'][pr[i]]} "
-                                                          f"cp={pairs['cp'][pr[i]]}, s={s}"))
-    valid = ~(no_tp | bad_sp)
+    # per pair, gathered per row once: why sp is refused there (1: tp = 1, 2: tp·cp does not
+    # divide the sequence; 0: it is not); the counts are rows × the columns with sp
+    lone_tp = pairs["tp"] == 1
+    sp_refused = np.where(lone_tp, 1, 2 * (s % (pairs["tp"] * pairs["cp"]) != 0))[pr]
+    sp_cols = int((sp == 1).sum())
+    rejections.add("sequence parallelism without tp (same as without)",
+                   int((sp_refused == 1).sum()) * sp_cols, category="duplicate")
+    bad_rows = (sp_refused == 2) & (sp_cols > 0)
+    rejections.add("tp·cp does not divide the sequence (sequence parallel)",
+                   int(bad_rows.sum()) * sp_cols,
+                   _example(bad_rows, lambda i: f"tp={pairs['tp'][pr[i]]} "
+                                                f"cp={pairs['cp'][pr[i]]}, s={s}"))
+    valid = ~((sp == 1) & (sp_refused > 0)[:, None])
     # the pairs' fields, one gather of them all: (fields, pairs) -> (fields, rows)
     fields = ("tp", "pp", "cp", "ep", "etp", "dp", "micro_batch", "m", "first_less",
               "last_less", "cp_kind", "ulysses")
@@ -336,6 +339,8 @@ def _expand(model: ModelSpec, train: TrainSpec, rows: list[tuple[int, ...]], gri
     # rule gathers only the fields it reads (`_Fields`)
     lazy = _Fields(table, fields, pr, per_row, {"sp": sp, "recompute": rc})
     for stack_rule, refused in stack.refused(lazy, train):
+        if not refused.any():  # e.g. a rule on a setting this run does not use
+            continue
         bad = np.broadcast_to(refused, valid.shape) & valid
         if bad.any():
             at = np.unravel_index(int(np.argmax(bad)), bad.shape)  # the first, row-major

@@ -14,7 +14,14 @@ from shardwise.estimate.memory import peak_stage_total
 from shardwise.hardware import Cluster
 from shardwise.layout import Balanced, TrainSpec
 from shardwise.plan import SearchSpace, _enumerate, _Rejections
-from shardwise.plan.evaluate import _STEP_KEYS, _partition, _take, memory_grid, shared_costs
+from shardwise.plan.evaluate import (
+    _STEP_KEYS,
+    RunGeometries,
+    _partition,
+    _take,
+    memory_grid,
+    shared_costs,
+)
 from shardwise.plan.prune import _by_stages
 
 
@@ -34,8 +41,14 @@ def test_bulk_memory_equals_every_cell(name, gpus, train):
     shared = shared_costs(spec, cluster, train, cand,
                           default_calibration(cluster.accelerator.calibration_name))
     n_rc = len(RC_CODES)
+    geometries = RunGeometries(spec, cand)  # one per search, shared by its blocks (`prune`)
     for rows in _by_stages(cand, np.arange(cand["_valid"].shape[0])):
         bulk = memory_grid(spec, train, cand, shared, rows)
+        # in three blocks that split runs, the geometry worked out once for the whole group
+        blocks = np.array_split(rows, 3) if len(rows) >= 3 else [rows]
+        np.testing.assert_array_equal(np.concatenate(
+            [memory_grid(spec, train, cand, shared, block, geometries) for block in blocks]),
+            bulk)
         sub = _take(cand, rows, None)
         index = shared.inverse[rows] * 2 * n_rc + sub["sp"] * n_rc + sub["recompute"]
         act = {k: np.broadcast_to(v, (shared.size,))[index] for k, v in shared.act.items()}

@@ -253,6 +253,11 @@ class StageGeometry:
         return cls.of(model, pp=layout.pp, chunks=layout.chunks, stage=stage,
                       schedule=codes["schedule"], m=m, partition=layout.partition)
 
+    def take(self, index: Any) -> StageGeometry:
+        """The geometry of layouts `index` of these (1-D arrays; numbers stay)."""
+        return replace(self, **{f: np.asarray(v)[index] for f, v in vars(self).items()
+                                if np.ndim(v) == 1})
+
     @property
     def dense_layers(self) -> Any:
         return self.layers - self.moe_layers
@@ -334,19 +339,10 @@ def distinct_geometries(model: ModelSpec, pp: Any, stages: list[Any], *, chunks:
     at, inverse = _unique_rows(columns)
     u = [column[at] for column in columns]
     part_u: Partition = Balanced(u[4], u[5]) if balanced else ()
-    inverse = np.asarray(inverse).ravel()
-
-    def spread(x: Any) -> Any:
-        return np.asarray(x)[inverse].reshape(shape) if np.ndim(x) == 1 else x
-
-    out = []
-    for k in range(len(reps)):
-        geo = StageGeometry.of(model, pp=u[0], chunks=u[1], stage=u[len(inputs) + k],
-                               schedule=u[2], m=u[3], partition=part_u)
-        out.append(replace(geo, **{f: spread(getattr(geo, f)) for f in (
-            "stage", "layers", "moe_layers", "chunks", "in_flight", "last_in_flight",
-            "first", "last", "last_stage", "placement")}))
-    return out
+    inverse = np.asarray(inverse).reshape(shape)
+    return [StageGeometry.of(model, pp=u[0], chunks=u[1], stage=u[len(inputs) + k],
+                             schedule=u[2], m=u[3], partition=part_u).take(inverse)
+            for k in range(len(reps))]
 
 
 def _unique_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

@@ -232,8 +232,7 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
     """
     state = train_state_bytes(train)
     recipe = train.stack.fp8_recipe(train.fp8) if train.fp8 else None
-    ab = dtype_bytes(train.dtype)
-    s, h = train.seq_len, model.d_model
+    s = train.seq_len
     if act is None:
         def per_layer(moe: bool) -> Any:
             return activation_bytes_per_layer(
@@ -245,32 +244,16 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
                 offload_modules=train.offload_modules, routed_load=train.routed_load,
                 full_share=train.recompute_share)
         act = {"dense": per_layer(False), "moe": per_layer(True) if model.is_moe else 0.0}
-    gathered = gathered_kv_bytes(model, train, tp=tp, cp=cp, cp_kind=cp_kind,
-                                 recompute=recompute, micro_batch=micro_batch)
-    if np.any(gathered):
-        act = {kind: saved + gathered for kind, saved in act.items()}
     geo = geometry if geometry is not None else StageGeometry.of(
         model, pp=pp, chunks=chunks, stage=stage, schedule=schedule, m=m, partition=partition)
     held = _zero_held(train, _StageParams.of(model, train, geo, tp, ep, etp), tp=tp, ep=ep,
                       etp=etp, dp=dp, cp=cp, zero=zero, zero_group=zero_group,
                       generation=generation)
-    mtp = model.mtp_layers if train.mtp_layers is None else train.mtp_layers
+    activations, logits = _held_activations(model, train, geo, act, tp=tp, cp=cp, sp=sp,
+                                            chunks=chunks, micro_batch=micro_batch,
+                                            cp_kind=cp_kind, recompute=recompute)
+    sb, last = s / cp * micro_batch, geo.last
     in_flight = geo.in_flight
-    per_micro_batch = (geo.per_layer_kind(act["dense"], act["moe"]) if model.is_moe
-                       else geo.layers * act["dense"]) / chunks
-    activations = in_flight * per_micro_batch
-    sb = s / cp * micro_batch
-    rep = np.where(sp, tp, 1)
-    first, last = geo.first, geo.last
-    if model.dropout:
-        activations = activations + np.where(first, in_flight * sb * h / rep, 0.0)
-    # the loss runs right after the last forward except when the schedule makes it wait
-    last_in_flight = geo.last_in_flight
-    activations = activations + np.where(last, last_in_flight * 2 * sb * h * ab / rep, 0.0)
-    logits = np.where(last, (1 + mtp) * last_in_flight * sb * model.vocab * 4 / tp, 0.0)
-    if mtp:  # each MTP module: its layer, eh_proj's 2h input, enorm, hnorm, final norm
-        mtp_act = (act["moe"] if model.is_moe else act["dense"]) + 5 * sb * h * ab / rep
-        activations = activations + np.where(last, mtp * last_in_flight * mtp_act, 0.0)
     dense_layer, moe_layer, expert_layer = layer_params(model, tp, ep, etp)
     fp8, workspace = held["fp8"], held["workspace"]
     parts = {"weights": held["weights"], "grads": held["grads"],
@@ -357,6 +340,38 @@ def _zero_held(train: TrainSpec, params: _StageParams, *, tp: Any, ep: Any, etp:
     return held | {"fp8": fp8, "workspace": workspace}
 
 
+def _held_activations(model: ModelSpec, train: TrainSpec, geo: StageGeometry,
+                      act: dict[str, Any], *, tp: Any, cp: Any, sp: Any, chunks: Any,
+                      micro_batch: Any, cp_kind: Any, recompute: Any) -> tuple[Any, Any]:
+    """(activations, logits) a stage holds (`stage_memory`): per-layer bytes `act` (with the
+    gathered keys and values, `gathered_kv_bytes`) × its layers ÷ chunks × micro-batches in
+    flight, the first stage's embedding dropout mask, the last's final-norm input, MTP
+    modules and fp32 logits `(1 + mtp)·s·b·V·4/t`."""
+    gathered = gathered_kv_bytes(model, train, tp=tp, cp=cp, cp_kind=cp_kind,
+                                 recompute=recompute, micro_batch=micro_batch)
+    if np.any(gathered):
+        act = {kind: saved + gathered for kind, saved in act.items()}
+    s, h, ab = train.seq_len, model.d_model, dtype_bytes(train.dtype)
+    mtp = model.mtp_layers if train.mtp_layers is None else train.mtp_layers
+    in_flight = geo.in_flight
+    per_micro_batch = (geo.per_layer_kind(act["dense"], act["moe"]) if model.is_moe
+                       else geo.layers * act["dense"]) / chunks
+    activations = in_flight * per_micro_batch
+    sb = s / cp * micro_batch
+    rep = np.where(sp, tp, 1)
+    first, last = geo.first, geo.last
+    if model.dropout:
+        activations = activations + np.where(first, in_flight * sb * h / rep, 0.0)
+    # the loss runs right after the last forward except when the schedule makes it wait
+    last_in_flight = geo.last_in_flight
+    activations = activations + np.where(last, last_in_flight * 2 * sb * h * ab / rep, 0.0)
+    logits = np.where(last, (1 + mtp) * last_in_flight * sb * model.vocab * 4 / tp, 0.0)
+    if mtp:  # each MTP module: its layer, eh_proj's 2h input, enorm, hnorm, final norm
+        mtp_act = (act["moe"] if model.is_moe else act["dense"]) + 5 * sb * h * ab / rep
+        activations = activations + np.where(last, mtp * last_in_flight * mtp_act, 0.0)
+    return activations, logits
+
+
 def peak_stage_memory(model: ModelSpec, train: TrainSpec, *, pp: Any, stages: Any = None,
                       **layout: Any) -> dict[str, Any]:
     # `layout`: `stage_memory`'s keyword arguments (the layout's codes, `generation`, …)
@@ -392,13 +407,15 @@ def peak_stage_total(model: ModelSpec, train: TrainSpec, *, pp: Any, **layout: A
 
 
 def peak_stage_total_runs(model: ModelSpec, train: TrainSpec, *, pp: Any, first: Any,
-                          run: Any, act: dict[str, Any], **layout: Any) -> Any:
+                          run: Any, act: dict[str, Any],
+                          geometries: list[StageGeometry] | None = None, **layout: Any) -> Any:
     """`peak_stage_total` of rows × columns (the planner's grid: `layout`'s row fields
     `(rows, 1)`, `sp` and `recompute` `(1, cols)`) whose rows fall into runs that differ only
     in the ZeRO stage and group (`first`: one row of each run, `run`: each row's run), bit-
     identical and cheaper: all but the ZeRO-dependent bytes (`_zero_held`) are evaluated once
     per run (`act`: the per-layer bytes of the `first` rows × columns), those once per row;
-    the sum adds the same numbers in `stage_memory`'s order."""
+    the sum adds the same numbers in `stage_memory`'s order. `geometries`: the runs'
+    `distinct_geometries` (fields `(runs, 1)`), when already worked out."""
     rows = np.shape(pp)[0]
 
     cols = np.shape(layout["sp"])[1]
@@ -416,20 +433,21 @@ def peak_stage_total_runs(model: ModelSpec, train: TrainSpec, *, pp: Any, first:
     zero_keys = ("tp", "ep", "etp", "dp", "cp", "zero", "zero_group")
     row = {k: layout[k] for k in zero_keys} | {"generation": layout.get("generation", "hopper")}
     # the stages' geometry depends on the run only: worked out for its first row
-    geos = distinct_geometries(model, at_first(pp), candidate_stages(model, at_first(pp)),
-                               chunks=one["chunks"], schedule=one["schedule"], m=one["m"],
-                               partition=one_partition)
+    geos = geometries if geometries is not None else distinct_geometries(
+        model, at_first(pp), candidate_stages(model, at_first(pp)), chunks=one["chunks"],
+        schedule=one["schedule"], m=one["m"], partition=one_partition)
     best = None
     for geo in geos:
-        parts = stage_memory(model, train, pp=at_first(pp), stage=geo.stage, geometry=geo,
-                             act=act, partition=one_partition, **one)
+        activations, logits = _held_activations(
+            model, train, geo, act, **{k: one[k] for k in (
+                "tp", "cp", "sp", "chunks", "micro_batch", "cp_kind", "recompute")})
         params = _StageParams.of(model, train, geo, one["tp"], one["ep"], one["etp"])
         held = _zero_held(train, params.take(run), **row)  # (rows, 1)
         state = held["weights"] + held["grads"] + held["optimizer"] + held["fp8"]
         # (rows, cols): state + activations + logits + workspace, in `stage_memory`'s order
-        total = np.broadcast_to(parts["activations"], (len(first), cols))[run]
+        total = np.broadcast_to(activations, (len(first), cols))[run]
         np.add(state, total, out=total)
-        np.add(total, at_run(parts["logits"]), out=total)
+        np.add(total, at_run(logits), out=total)
         np.add(total, held["workspace"], out=total)
         best = total if best is None else np.maximum(best, total, out=best)
     return best

@@ -4,6 +4,7 @@ kernel), and of one layout with the scalar models."""
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
@@ -13,6 +14,7 @@ import numpy as np
 from shardwise.arch import ModelSpec
 from shardwise.calibration import Calibration, default_calibration
 from shardwise.estimate.compute import RC_CODES, ComputeContext
+from shardwise.estimate.geometry import StageGeometry, candidate_stages, distinct_geometries
 from shardwise.estimate.goodput import Reliability, checkpoint_timing, estimate_goodput
 from shardwise.estimate.memory import (
     activation_bytes_per_layer,
@@ -323,21 +325,69 @@ def shared_costs(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dic
     return _per_pair(model, cluster, train, cand, calib)
 
 
+class RunGeometries:
+    """The stage geometries (`distinct_geometries`) of the grid's runs — rows that differ
+    only in the ZeRO stage and group — worked out once per (pp, chunks) for all its runs and
+    taken for each block of rows (`memory_grid`); thread-safe."""
+
+    def __init__(self, model: ModelSpec, cand: dict[str, Any]) -> None:
+        key = np.stack([np.asarray(cand[k])[:, 0] for k in ("pair", "schedule", "chunks")])
+        starts = np.ones(key.shape[1], dtype=bool)
+        np.any(key[:, 1:] != key[:, :-1], axis=0, out=starts[1:])
+        self.first = np.flatnonzero(starts)  # each run's first row (runs are contiguous)
+        self.run = np.cumsum(starts) - 1  # each row's run
+        self.model, self.cand = model, cand
+        self._groups: dict[tuple[int, int], tuple[np.ndarray, list[StageGeometry]]] = {}
+        self._lock = threading.Lock()
+
+    def of(self, runs: np.ndarray) -> list[StageGeometry]:
+        """The geometries of `runs` (ascending run ids of one pp and chunk count), fields
+        `(runs, 1)`; slots that only repeat the first stage for all of them left out."""
+        pp, chunks = (int(np.asarray(self.cand[k])[self.first[runs[0]], 0])
+                      for k in ("pp", "chunks"))
+        with self._lock:
+            if (pp, chunks) not in self._groups:
+                self._groups[pp, chunks] = self._group(pp, chunks)
+        position, geos = self._groups[pp, chunks]
+        at = position[runs][:, None]
+        out = [geo.take(at) for geo in geos]
+        return out[:1] + [geo for geo in out[1:] if not np.array_equal(geo.stage, out[0].stage)]
+
+    def _group(self, pp: int, chunks: int) -> tuple[np.ndarray, list[StageGeometry]]:
+        """(each run's position among the group's runs, -1 elsewhere; their geometries)."""
+        heads = {k: np.asarray(self.cand[k])[self.first, 0]
+                 for k in ("pp", "chunks", "schedule", "m", "first_less", "last_less")
+                 if k in self.cand}
+        mine = np.flatnonzero((heads["pp"] == pp) & (heads["chunks"] == chunks))
+        one = {k: _wide(v[mine]) for k, v in heads.items()}
+        position = np.full(len(self.first), -1)
+        position[mine] = np.arange(len(mine))
+        geos = distinct_geometries(self.model, one["pp"], candidate_stages(self.model, one["pp"]),
+                                   chunks=one["chunks"], schedule=one["schedule"], m=one["m"],
+                                   partition=_partition(one | {"_partitions": self.cand.get(
+                                       "_partitions", {})}))
+        return position, geos
+
+
 def memory_grid(model: ModelSpec, train: TrainSpec, cand: dict[str, Any], shared: _PerPair,
-                rows: Any) -> Any:
-    """Peak per-stage memory (`peak_stage_total`) of the grid's `rows` × every (sp, rc)
-    column; `rows` should share one pp, so that only its stages are evaluated."""
+                rows: Any, geometries: RunGeometries | None = None) -> Any:
+    """Peak per-stage memory (`peak_stage_total`) of the grid's `rows` (ascending) × every
+    (sp, rc) column; `rows` should share one pp and chunk count, so that only its stages are
+    evaluated. `geometries`: the grid's `RunGeometries`, when shared by several calls."""
     sub = _take(cand, rows, None)
     # runs: rows that differ only in the ZeRO stage and group (`peak_stage_total_runs`)
-    key = [np.asarray(sub[k])[:, 0] for k in ("pair", "schedule", "chunks")]
-    code = (key[0] * (int(key[1].max()) + 1) + key[1]) * (int(key[2].max()) + 1) + key[2]
-    _, first, run = np.unique(code, return_index=True, return_inverse=True)
+    runs = geometries or RunGeometries(model, cand)
+    of_row = runs.run[rows]
+    starts = np.ones(len(rows), dtype=bool)
+    np.not_equal(of_row[1:], of_row[:-1], out=starts[1:])
+    first, run = np.flatnonzero(starts), np.cumsum(starts) - 1
     index = shared.inverse[rows[first]] * 2 * len(RC_CODES) + sub["sp"] * len(RC_CODES) \
         + sub["recompute"]
     act = {k: np.broadcast_to(v, (shared.size,))[index] for k, v in shared.act.items()}
     return peak_stage_total_runs(model, train, **{k: sub[k] for k in _STEP_KEYS},
-                                 first=first, run=run.ravel(), act=act,
-                                 partition=_partition(sub), generation=shared.ctx.generation)
+                                 first=first, run=run, act=act, partition=_partition(sub),
+                                 generation=shared.ctx.generation,
+                                 geometries=runs.of(of_row[first]))
 
 
 # the step-time terms that depend on neither the ZeRO stage (beyond FP8 weight casts under

@@ -29,6 +29,7 @@ from shardwise.hardware import Cluster
 from shardwise.layout import Layout, TrainSpec
 from shardwise.plan.evaluate import (
     _THREADS,
+    RunGeometries,
     cell_terms,
     dp_floor,
     flat_cells,
@@ -143,9 +144,10 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
     # least per row and per column, and the leanest cell (least, then first row-major)
     fits = np.zeros(valid.shape, dtype=bool)
     row_low = np.full(n_rows, np.inf)
+    geometries = RunGeometries(model, cand)
 
     def fill(block: np.ndarray) -> tuple[np.ndarray, tuple[float, int]]:
-        memory = memory_grid(model, train, cand, shared, block)
+        memory = memory_grid(model, train, cand, shared, block, geometries)
         memory[~valid[block]] = np.inf
         fits[block] = memory <= budget
         row_low[block] = _row_min(memory)

@@ -64,3 +64,31 @@ def test_bulk_memory_equals_every_cell(name, gpus, train):
     assert (Balanced(cand["first_less"], cand["last_less"]).searched(spec.n_layers, pp)
             | (spec.n_layers % pp != 0)).any()
     assert (np.asarray(cand["pp"]) > 1).any()
+
+
+def test_rows_shared_only_where_every_input_is_equal():
+    """`_same_state_rows` against the rows worked out by hand: three runs of three rows (ZeRO
+    variants), the third equal to the first in its run values but not in one row's ZeRO
+    group; a fourth of two rows; and a fifth whose values' bits hash like the first's (a
+    constructed collision) but differ."""
+    from shardwise.estimate.memory import _same_state_rows
+
+    k1 = 0x9E3779B97F4A7C15 + 2  # the hash's multiplier of the second column
+    a = np.array([1.5, 2.5, 1.5, 1.5, 0.0])
+    bits = a.view(np.uint64).copy()
+    b = np.array([4.0, 4.0, 4.0, 4.0, 0.0])
+    b_bits = b.view(np.uint64).copy()
+    # run 4 hashes like run 0: a's bits one more, b's bits k1 less (mod 2**64)
+    bits[4] = bits[0] + np.uint64(1)
+    b_bits[4] = np.uint64((int(b_bits[0]) - k1) % 2**64)
+    per_run = [bits.view(np.float64)[:, None], b_bits.view(np.float64)[:, None]]
+    first = np.array([0, 3, 6, 9, 11])
+    run = np.repeat(np.arange(5), [3, 3, 3, 2, 3])
+    zero = np.array([0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 0, 1, 2])[:, None]
+    group = np.array([0, 0, 8, 0, 0, 8, 0, 0, 4, 0, 0, 0, 0, 8])[:, None]
+    need, of_row = _same_state_rows(per_run, [zero, group], first, run)
+    # run 2 reads run 0's first two rows, its third (group 4 ≠ 8) is its own; runs 1, 3 and 4
+    # are their own
+    expected = [0, 1, 2, 3, 4, 5, 0, 1, 8, 9, 10, 11, 12, 13]
+    np.testing.assert_array_equal(need[of_row], expected)
+    assert list(need) == sorted(set(expected))

@@ -442,15 +442,51 @@ def peak_stage_total_runs(model: ModelSpec, train: TrainSpec, *, pp: Any, first:
             model, train, geo, act, **{k: one[k] for k in (
                 "tp", "cp", "sp", "chunks", "micro_batch", "cp_kind", "recompute")})
         params = _StageParams.of(model, train, geo, one["tp"], one["ep"], one["etp"])
-        held = _zero_held(train, params.take(run), **row)  # (rows, 1)
-        state = held["weights"] + held["grads"] + held["optimizer"] + held["fp8"]
+        # rows whose `_zero_held` inputs are equal: evaluated once, gathered (the same bits)
+        need, of_row = _same_state_rows(
+            [*params, *(one[k] for k in ("tp", "ep", "etp", "dp", "cp"))],
+            [layout["zero"], layout["zero_group"]], first, run)
+        held = _zero_held(train, params.take(run[need]), **{
+            k: v[need] if np.ndim(v) == 2 else v for k, v in row.items()})  # (need, 1)
+        state = (held["weights"] + held["grads"] + held["optimizer"] + held["fp8"])[of_row]
         # (rows, cols): state + activations + logits + workspace, in `stage_memory`'s order
         total = np.broadcast_to(activations, (len(first), cols))[run]
         np.add(state, total, out=total)
         np.add(total, at_run(logits), out=total)
-        np.add(total, held["workspace"], out=total)
+        np.add(total, held["workspace"][of_row], out=total)
         best = total if best is None else np.maximum(best, total, out=best)
     return best
+
+
+def _same_state_rows(per_run: list[Any], per_row: list[Any], first: np.ndarray,
+                     run: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(rows to evaluate, each row's index among them) where a row takes the bytes of a row
+    with equal inputs: runs equal in every `per_run` value (numbers or `(runs, 1)` arrays)
+    and in length list their ZeRO variants in one order, so a row of one reads the row at
+    its offset in the other, where its `per_row` values (`(rows, 1)`) are the same. Runs
+    are matched by a hash of their values' bits and then compared, so a collision only
+    shares less."""
+    rows, runs = len(run), len(first)
+    length = np.diff(np.append(first, rows))
+    columns = [np.broadcast_to(np.asarray(v, dtype=np.float64).reshape(-1), (runs,))
+               for v in per_run] + [length.astype(np.float64)]
+    code = np.zeros(runs, dtype=np.uint64)
+    with np.errstate(over="ignore"):  # the hash wraps
+        for k, column in enumerate(columns):
+            code = code * np.uint64(0x9E3779B97F4A7C15 + 2 * k) + column.view(np.uint64)
+    _, at, inverse = np.unique(code, return_index=True, return_inverse=True)
+    rep = at[inverse.ravel()]  # each run's first run of equal hash
+    equal = np.ones(runs, dtype=bool)
+    for column in columns:
+        equal &= column[rep] == column
+    rep = np.where(equal, rep, np.arange(runs))
+    mapped = first[rep][run] + (np.arange(rows) - first[run])
+    for value in per_row:
+        value = np.asarray(value).reshape(-1)
+        mapped = np.where(value[mapped] == value, mapped, np.arange(rows))
+    present = np.zeros(rows, dtype=bool)
+    present[mapped] = True
+    return np.flatnonzero(present), (np.cumsum(present) - 1)[mapped]
 
 
 def training_memory_per_gpu(model: ModelSpec, layout: Layout, train: TrainSpec | None = None,

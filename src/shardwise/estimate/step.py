@@ -140,8 +140,8 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
                cp: Any, ep: Any, dp: Any, zero: Any, zero_group: Any, sp: Any, schedule: Any,
                chunks: Any, recompute: Any, micro_batch: Any, m: Any,
                costs: dict[str, Any] | None = None, partition: Partition = (), etp: Any = 0,
-               cp_kind: Any = 0, ulysses: Any = 0, shape: StageShape | None = None
-               ) -> dict[str, Any]:
+               cp_kind: Any = 0, ulysses: Any = 0, shape: StageShape | None = None,
+               floor: bool = False) -> dict[str, Any]:
     """Every term of the step-time model for layouts given as numbers or arrays, keyed by the
     `Layout` field names (codes for `recompute` and `schedule`: `layout_codes`; `zero_group`
     = 0 for ZeRO over all dp·cp ranks) and `m` micro-batches. Returns seconds (and
@@ -153,7 +153,8 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     and gathers); `shape` their `stages.stage_shape` (the planner's floor shares it with its
     DP/ZeRO bound). `partition`: one layout's explicit stage partition, or a `Balanced` one
     for arrays of layouts (the planner's searched partitions); () the default
-    (`Layout.stage_partition`)."""
+    (`Layout.stage_partition`). `floor`: only the terms before DP/ZeRO and the optimizer
+    (compute, tp_comm, cp_comm_exposed, ep_comm, pp_comm, bubble; the planner's floor)."""
     # the papers' notation from here on
     t, p, c, e, zg, sched, v, rc, b = (tp, pp, cp, ep, zero_group, schedule, chunks, recompute,
                                        micro_batch)
@@ -270,6 +271,31 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     # ---- data parallel / ZeRO over the dp·cp replicas
     dense_params, expert_params = shape.dense, shape.expert
     replicas, in_node, shift = shape.replicas, shape.in_node, shape.shift
+    # DeepSpeed's pipeline engine: serial sends, TP gathers, tied and bf16 reductions
+    pp_more, dp_more = pipe_engine_time(
+        settings.stack, ctx, links, train, t=t, p=p, c=c, b=b, m=m, zero=zero, schedule=sched,
+        p2p=p2p, pp_intra=pp_intra, tp_in_node=on_node("tp"), params=dense_params,
+        replicas=replicas, dp_in_node=in_node)
+    pp_comm = pp_comm + pp_more
+
+    # ---- FP8 weight casts once per step (Transformer Engine caches them over the
+    # micro-batches; under ZeRO-3 it casts every micro-batch's gathered weights)
+    fp8_casts = 0.0 * t
+    if ctx.fp8 is not None:
+        per_cast = ctx.fp8.cast_bytes(ctx.generation).weight_step
+        fp8_weights = n_dense * dense.fp8_weights + (
+            n_moe * costs["moe"].fp8_weights if model.n_moe_layers else 0.0)
+        fp8_casts = memory_time(ctx, per_cast * fp8_weights * np.where(zero == 3, m, 1))
+
+    compute = m * (f_crit + b_crit) + fp8_casts
+    tp_comm = m * tp_crit
+    cp_comm = m * (cp_f + cp_b)
+    ep_comm = m * (ep_f + ep_b) * ep_scale
+    terms = {"compute": compute, "tp_comm": tp_comm, "cp_comm_exposed": cp_comm,
+             "ep_comm": ep_comm, "pp_comm": pp_comm, "bubble": bubble}
+    if floor:
+        return terms
+
     group = shape.shard_group(zg)
     # The overlap window: the last micro-batch's backward (the next step's first forward for
     # the parameter all-gather). Interleaved (v chunks), each chunk's gradients are final
@@ -282,12 +308,7 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     dp_exposed, dp_traffic_s = dp_time(
         kappa=kappa, window_b=window_b, window_f=window_f, big_f=big_f, big_b=big_b,
         **_dp_inputs(model, links, cal, train, shape, zero=zero, group=group, m=m))
-    # DeepSpeed's pipeline engine: serial sends, TP gathers, tied and bf16 reductions
-    pp_more, dp_more = pipe_engine_time(
-        settings.stack, ctx, links, train, t=t, p=p, c=c, b=b, m=m, zero=zero, schedule=sched,
-        p2p=p2p, pp_intra=pp_intra, tp_in_node=on_node("tp"), params=dense_params,
-        replicas=replicas, dp_in_node=in_node)
-    pp_comm, dp_exposed = pp_comm + pp_more, dp_exposed + dp_more
+    dp_exposed = dp_exposed + dp_more
 
     # ---- optimizer step over the parameters this rank updates (offloaded: on the CPU)
     opt_dense = dense_params / np.where(zero >= 1, group, 1)
@@ -303,23 +324,8 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
             offload, (opt_dense + opt_expert) * on_host, gb_, wb, np.where(zero == 2, m, 1),
             window_b, settings.dp_overlapped(zero), host_copy, gpn, links.host)
 
-    # ---- FP8 weight casts once per step (Transformer Engine caches them over the
-    # micro-batches; under ZeRO-3 it casts every micro-batch's gathered weights)
-    fp8_casts = 0.0 * t
-    if ctx.fp8 is not None:
-        per_cast = ctx.fp8.cast_bytes(ctx.generation).weight_step
-        fp8_weights = n_dense * dense.fp8_weights + (
-            n_moe * costs["moe"].fp8_weights if model.n_moe_layers else 0.0)
-        fp8_casts = memory_time(ctx, per_cast * fp8_weights * np.where(zero == 3, m, 1))
-
-    compute = m * (f_crit + b_crit) + fp8_casts
-    tp_comm = m * tp_crit
-    cp_comm = m * (cp_f + cp_b)
-    ep_comm = m * (ep_f + ep_b) * ep_scale
     total = compute + tp_comm + cp_comm + ep_comm + pp_comm + bubble + dp_exposed + optimizer
-    return {
-        "compute": compute, "tp_comm": tp_comm, "cp_comm_exposed": cp_comm,
-        "ep_comm": ep_comm, "pp_comm": pp_comm, "bubble": bubble,
+    return terms | {
         "dp_comm_exposed": dp_exposed, "optimizer": optimizer, "total": total,
         "dp_comm_total": dp_traffic_s, "t_forward": big_f, "t_backward": big_b, "t_wgrad": w_mid,
     }

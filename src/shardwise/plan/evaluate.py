@@ -417,7 +417,7 @@ def step_floor(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[
     shape = None if shapes is None else StageShape(*(np.asarray(x)[:, None] for x in shapes))
     terms = step_terms(shared.ctx, shared.links, train, **{k: sub[k] for k in _STEP_KEYS},
                        costs={k: gather(v) for k, v in shared.costs.items()},
-                       partition=_partition(sub), shape=shape)
+                       partition=_partition(sub), shape=shape, floor=True)
     floor = sum(np.asarray(terms[k], dtype=float) for k in FLOOR_TERMS)
     # the closed-form bubble is the figure's too, except where the ranking simulates it
     most = stage_extremes(model.n_layers, sub["pp"], sub["chunks"], _partition(sub))[0]

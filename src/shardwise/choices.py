@@ -42,4 +42,6 @@ def ulysses_degree(cp: Any, cp_kind: Any, ulysses: Any) -> Any:
     """Ranks each all-to-all over heads spans, for layouts as numbers or arrays (`cp_kind` as
     its code in `CP_KINDS`): 1 for ring attention and the all-gather, `cp` for Ulysses,
     `ulysses` for the hybrid."""
+    if type(cp) is int and type(cp_kind) is int and type(ulysses) is int:  # one layout
+        return cp if cp_kind == 1 else max(ulysses, 1) if cp_kind == 2 else 1
     return np.where(cp_kind == 1, cp, np.where(cp_kind == 2, np.maximum(ulysses, 1), 1))

@@ -43,6 +43,7 @@ from shardwise.estimate.geometry import (
 )
 from shardwise.estimate.offload import offload_state
 from shardwise.estimate.profiles import fused_attention
+from shardwise.estimate.rows import equal_rows
 from shardwise.estimate.state import (
     MOMENT_BYTES,
     StateBytes,
@@ -462,25 +463,15 @@ def _same_state_rows(per_run: list[Any], per_row: list[Any], first: np.ndarray,
                      run: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(rows to evaluate, each row's index among them) where a row takes the bytes of a row
     with equal inputs: runs equal in every `per_run` value (numbers or `(runs, 1)` arrays)
-    and in length list their ZeRO variants in one order, so a row of one reads the row at
-    its offset in the other, where its `per_row` values (`(rows, 1)`) are the same. Runs
-    are matched by a hash of their values' bits and then compared, so a collision only
-    shares less."""
+    and in length (`rows.equal_rows`) list their ZeRO variants in one order, so a row of one
+    reads the row at its offset in the other, where its `per_row` values (`(rows, 1)`) are
+    the same."""
     rows, runs = len(run), len(first)
     length = np.diff(np.append(first, rows))
     columns = [np.broadcast_to(np.asarray(v, dtype=np.float64).reshape(-1), (runs,))
-               for v in per_run] + [length.astype(np.float64)]
-    code = np.zeros(runs, dtype=np.uint64)
-    with np.errstate(over="ignore"):  # the hash wraps
-        for k, column in enumerate(columns):
-            code = code * np.uint64(0x9E3779B97F4A7C15 + 2 * k) + column.view(np.uint64)
-    _, at, inverse = np.unique(code, return_index=True, return_inverse=True)
-    rep = at[inverse.ravel()]  # each run's first run of equal hash
-    equal = np.ones(runs, dtype=bool)
-    for column in columns:
-        equal &= column[rep] == column
-    rep = np.where(equal, rep, np.arange(runs))
-    mapped = first[rep][run] + (np.arange(rows) - first[run])
+               for v in per_run] + [length]
+    one, group = equal_rows(columns)
+    mapped = first[one[group]][run] + (np.arange(rows) - first[run])
     for value in per_row:
         value = np.asarray(value).reshape(-1)
         mapped = np.where(value[mapped] == value, mapped, np.arange(rows))

@@ -22,6 +22,7 @@ from shardwise.estimate.memory import (
     peak_stage_total_runs,
     training_memory_per_gpu,
 )
+from shardwise.estimate.rows import equal_rows
 from shardwise.estimate.stages import StageShape, stage_shape
 from shardwise.estimate.step import (
     Links,
@@ -453,8 +454,9 @@ def dp_floor(train: TrainSpec, cand: dict[str, Any], shared: _PerPair, shapes: S
     the shape, m, the ZeRO stage and group: runs that differ in the partition or the CP kind
     often share them) are evaluated once; the function is elementwise, so the bits agree."""
     zero, group, m = (_wide(np.asarray(cand[k])[rows, 0]) for k in ("zero", "zero_group", "m"))
-    ids = _dense_ids([_dense_ids([np.asarray(x, dtype=float) for x in shapes])[of_row], m,
-                      zero, group])
+    at = _one_of_each(of_row)  # a row of each run (m is the run's)
+    same_run = equal_rows([*(np.asarray(x, dtype=float) for x in shapes), m[at]])[1]
+    ids = _dense_ids([same_run[of_row], zero, group])
     first = _one_of_each(ids)  # a row of each id, in id order
     out = np.zeros(len(first))
     overlapped = train.settings().dp_overlapped

@@ -20,12 +20,16 @@ _ROW_FAMILY = ("schedule", "chunks", "zero")
 def _dense_ids(columns: list[np.ndarray]) -> np.ndarray:
     """Ids 0..k-1 of the distinct rows of `columns` (1-D arrays of one length), in the rows'
     lexicographic order (`np.unique`'s): small integer columns by their offset from the
-    least value, the ids by a table of the codes present (`_ranks`)."""
+    least value (their rank among the values present where those are sparse), the ids by a
+    table of the codes present (`_ranks`)."""
     code = np.zeros(len(columns[0]), dtype=np.int64)
     for column in columns:
         low, high = (int(column.min()), int(column.max())) if len(column) else (0, 0)
         if column.dtype.kind in "iu" and high - low < 1 << 16:
-            code = code * (high - low + 1) + (column.astype(np.int64) - low)
+            shifted = column.astype(np.int64) - low
+            if high - low > 256:  # sparse values (ZeRO groups, micro-batches): their ranks
+                shifted = _ranks(shifted)
+            code = code * (int(shifted.max(initial=0)) + 1) + shifted
         else:
             values, inverse = np.unique(column, return_inverse=True)
             code = code * len(values) + inverse.ravel()

@@ -276,24 +276,32 @@ def _expand(model: ModelSpec, train: TrainSpec, rows: list[tuple[int, ...]], gri
     keep = np.nonzero(~(single | bad_layers | bad_m))[0]
     lvl3 = {"pair": p_idx[keep], "schedule": code[keep], "chunks": v[keep]}
 
-    # level 4: × ZeRO (stage, hybrid group)
-    # as a (level-3 rows, ZeRO options) grid, flattened row-major at the end
+    # level 4: × ZeRO (stage, hybrid group): which options a row keeps depends on its dp·cp
+    # only, so worked out per distinct dp·cp (a table) and spread to the level-3 rows
     zero = np.array(axes["zero"], dtype=np.int64).reshape(-1, 2)
-    pr = lvl3["pair"]
-    replicas = (pairs["dp"][pr] * pairs["cp"][pr])[:, None]
-    z, zg = zero[None, :, 0], zero[None, :, 1]
+    counts, of_pair = np.unique(pairs["dp"] * pairs["cp"], return_inverse=True)
+    rid = of_pair.ravel()[lvl3["pair"]]  # each level-3 row's dp·cp, as its index in `counts`
+    per_count = np.bincount(rid, minlength=len(counts))
+    replicas, z, zg = counts[:, None], zero[None, :, 0], zero[None, :, 1]
     rest = math.prod(inner[3:])
     lone = (replicas == 1) & (z > 0)
     rejections.add("ZeRO with a single data-parallel replica (same as stage 0)",
-                   int(lone.sum()) * rest, category="duplicate")
+                   int(per_count @ lone.sum(axis=1)) * rest, category="duplicate")
     whole = ~lone & (zg > 0) & (zg >= replicas)
-    rejections.add("hybrid shard group ≥ dp·cp (same as full shard)", int(whole.sum()) * rest,
-                   category="duplicate")
+    rejections.add("hybrid shard group ≥ dp·cp (same as full shard)",
+                   int(per_count @ whole.sum(axis=1)) * rest, category="duplicate")
     bad_zg = ~lone & ~whole & (zg > 0) & (replicas % np.maximum(zg, 1) != 0)
-    rejections.add("hybrid shard group does not divide dp·cp", int(bad_zg.sum()) * rest,
-                   _example(bad_zg.ravel(), lambda i: f"zero_group={zero[i % len(zero), 1]}, "
-                                                      f"dp·cp={replicas[i // len(zero), 0]}"))
-    a_idx, z_idx = np.divmod(np.flatnonzero(~(lone | whole | bad_zg)), len(zero))
+    rejections.add("hybrid shard group does not divide dp·cp",
+                   int(per_count @ bad_zg.sum(axis=1)) * rest,
+                   _example(bad_zg.any(axis=1)[rid],
+                            lambda i: f"zero_group={zero[np.argmax(bad_zg[rid[i]]), 1]}, "
+                                      f"dp·cp={counts[rid[i]]}"))
+    # the kept (row, option) cells row-major: each row's options in order
+    keep = ~(lone | whole | bad_zg)
+    kept = keep.sum(axis=1)[rid]
+    a_idx = np.repeat(np.arange(len(rid)), kept)
+    at = np.arange(len(a_idx)) - np.repeat(np.cumsum(kept) - kept, kept)  # within its row
+    z_idx = np.argsort(~keep, axis=1, kind="stable")[rid[a_idx], at]
     lvl4 = {"l3": a_idx, "zero": zero[z_idx, 0], "zero_group": zero[z_idx, 1]}
 
     # level 5: × sequence parallel × recompute, kept as a broadcast inner axis: the outer
@@ -314,7 +322,9 @@ def _expand(model: ModelSpec, train: TrainSpec, rows: list[tuple[int, ...]], gri
                    int(bad_rows.sum()) * sp_cols,
                    _example(bad_rows, lambda i: f"tp={pairs['tp'][pr[i]]} "
                                                 f"cp={pairs['cp'][pr[i]]}, s={s}"))
-    valid = ~((sp == 1) & (sp_refused > 0)[:, None])
+    # a row's valid columns: all, or (sp refused) those without sp; one gather of the two
+    valid = np.stack([np.ones(sp.shape[1], dtype=bool), sp[0] != 1]).take(
+        (sp_refused > 0).astype(np.intp), axis=0)
     # the pairs' fields, one gather of them all: (fields, pairs) -> (fields, rows)
     fields = ("tp", "pp", "cp", "ep", "etp", "dp", "micro_batch", "m", "first_less",
               "last_less", "cp_kind", "ulysses")

@@ -245,8 +245,8 @@ def schedule_graph(schedule: Mapping[int, Sequence[Action]], placement: Placemen
                    for part in np.split(heads, np.searchsorted(heads, offsets[1:-1]))]
     order, ran = _list_order(stage_heads, needs)
     if len(order) < len(heads):
-        progress = [(heads[g] if g < len(heads) else offsets[s + 1]) - offsets[s]
-                    for s, (heads, g) in enumerate(zip(stage_heads, ran))]
+        progress = [(mine[g] if g < len(mine) else offsets[s + 1]) - offsets[s]
+                    for s, (mine, g) in enumerate(zip(stage_heads, ran))]  # actions run
         return replace(graph, refusal=_deadlock_message(schedule, progress, p, last,
                                                         placement, span))
     if runs:

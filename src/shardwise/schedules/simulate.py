@@ -18,12 +18,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from functools import partial
+from functools import lru_cache, partial
 from itertools import accumulate, chain
 from operator import attrgetter, sub
 from typing import NamedTuple
-
-import numpy as np
 
 import shardwise.validate as validate
 from shardwise.errors import ShardwiseError
@@ -186,53 +184,49 @@ def schedule_graph(schedule: Mapping[int, Sequence[Action]], placement: Placemen
     rows = [schedule[stage] for stage in range(p)]
     actions = tuple(chain.from_iterable(rows))
     n = len(actions)
-    code = np.fromiter(map(_KIND_CODES.__getitem__, map(_KIND, actions)), int, n)
-    chunk = np.fromiter(map(_CHUNK, actions), int, n)
-    count = p * (1 + int(chunk.max()))
-    offsets = np.cumsum([0, *map(len, rows)])  # each stage's first action's index
-    stage = np.repeat(np.arange(p), np.diff(offsets))
-    graph = ScheduleGraph(p, count, bool((code == 2).any()), actions, tuple(stage.tolist()),
-                          tuple((offsets[1:][offsets[1:] > offsets[:-1]] - 1).tolist()),
-                          (), 0, ())
+    count = p * (1 + max(map(_CHUNK, actions)))
+    offsets = [0, *accumulate(map(len, rows))]  # each stage's first action's index
+    stages = tuple(stage for stage, row in enumerate(rows) for _ in row)
+    graph = ScheduleGraph(p, count, any(a.kind == "W" for a in actions), actions, stages,
+                          tuple(offsets[s + 1] - 1 for s in range(p) if rows[s]), (), 0, ())
     if bidirectional and (count != 2 * p or placement != "v"):
         return replace(graph, refusal="a bidirectional schedule runs two chunks per stage, "
                                       "one per direction, in the \"v\" placement")
     last, span = count - 1, (p if bidirectional else 0)
-    where = np.array([[virtual_stage(s, c, p, placement) for c in range(count // p)]
-                      for s in range(p)])
-    vs = where[stage, chunk]
-    rule = code * count + vs  # kind and virtual stage
-    micro_batch = np.fromiter(map(_MICRO_BATCH, actions), int, n)
-    key = (3 * micro_batch + code) * count + vs  # F(j, vs-1) is key - 1, B(j, vs+1) key + 1, …
-    pairs = _overlapped_pairs(actions, graph.action_stages, offsets.tolist())
-    closes = np.arange(n)  # the last action of each action's group
-    closes[pairs] += 1
-    # what a key's dependents wait for: the last action of its group (the first group's)
-    keys, first = np.unique(key, return_index=True)
-    producer = np.full(3 * (int(micro_batch.max()) + 2) * count, -1)
-    producer[keys] = closes[first]
+    # an action's rule, kind code × count + vs, and key, 3·count·micro_batch + rule: the key of
+    # F(j, vs-1) is key - 1, of B(j, vs+1) key + 1, of F(j, vs) for B(j, vs) key - count
+    rules = [_KIND_CODES[a.kind] * count + where[a.chunk]
+             for stage, row in enumerate(rows)
+             for where in ([virtual_stage(stage, c, p, placement) for c in range(count // p)],)
+             for a in row]
+    keys = [3 * count * a.micro_batch + rule for a, rule in zip(actions, rules)]
+    pairs = _overlapped_pairs(actions, stages, offsets)
+    closes = list(range(n))  # the last action of each action's group
+    head_of = list(range(n))  # the first
+    for head in pairs:
+        closes[head], head_of[head + 1] = head + 1, head
+    producer = dict(zip(reversed(keys), reversed(closes)))  # the first group, if repeated
     none, never = n + 2 * len(pairs), n + 2 * len(pairs) + 1  # the slots of 0.0 and -inf
-    offset = _dependency_offsets(placement, p, count, span)[:, rule]
-    source = producer[key + offset]
-    waits = np.where(offset == 0, [[none], [none], [never]], source)  # -1: no stage runs it
-    index = np.arange(n)
-    previous = index - 1
-    previous[offsets[:-1][offsets[:-1] < n]] = none
     zero = 3 * count  # the cost slot of 0.0
-    split = (code == 1) & (producer[key + count] >= 0)  # a B whose W its stage runs
-    by_id: list[Step] = list(zip(*np.stack(  # the actions' steps, then the pairs' extra ones
-        [index, rule, np.where(split, 2 * count + vs, zero), previous, *waits]).tolist()))
-    # what each action waits for that its stage may not have run before it (all but its
-    # stage's earlier actions), by the group's first action; n: one no stage runs
-    heads = np.delete(index, np.array(pairs, dtype=int) + 1)
-    head_of = index.copy()
-    head_of[np.array(pairs, dtype=int) + 1] = pairs
-    real = np.clip(waits, 0, n - 1)
-    blocking = (waits < 0) | ((waits < n) & ((stage[real] != stage) | (waits >= index)))
-    needs: list[tuple[int, ...]] = [()] * n
-    for action, wait in zip(np.nonzero(blocking)[1].tolist(),
-                            np.where(waits < 0, n, head_of[real])[blocking].tolist()):
-        needs[action] += (wait,)
+    waits_of = _dependency_columns(placement, p, count, span)
+    by_id: list[Step] = []  # the actions' steps, then the pairs' extra ones
+    needs: list[tuple[int, ...]] = []  # what each waits for that its stage may not have run
+    for index, (key, rule, stage) in enumerate(zip(keys, rules, stages)):  # before it, by
+        waits = [none, none, never]  # group (its first action); n: one no stage runs
+        need: tuple[int, ...] = ()
+        for offset, column in waits_of[rule]:
+            source = producer.get(key + offset)
+            if source is None:
+                need += (n,)
+            else:
+                waits[column] = source
+                if column == 2 or source >= index:
+                    need += (head_of[source],)
+        less = (count + rule if count <= rule < 2 * count and key + count in producer
+                else zero)  # a B whose W its stage runs subtracts the W's cost
+        by_id.append((index, rule, less, index - 1 if index > offsets[stage] else none,
+                      *waits))
+        needs.append(need)
     runs: dict[int, tuple[int, ...]] = {}  # each pair's steps, by its first action
     for extra, head in zip(range(n, none, 2), pairs):
         x, y = by_id[head], by_id[head + 1]
@@ -241,10 +235,11 @@ def schedule_graph(schedule: Mapping[int, Sequence[Action]], placement: Placemen
         by_id[head + 1] = (head + 1, y[1], y[2], head, none, none, never)
         needs[head] += needs[head + 1]
         runs[head] = (extra, extra + 1, head, head + 1)
-    stage_heads = [part.tolist()
-                   for part in np.split(heads, np.searchsorted(heads, offsets[1:-1]))]
+    seconds = {head + 1 for head in pairs}
+    stage_heads = [[i for i in range(offsets[s], offsets[s + 1]) if i not in seconds]
+                   for s in range(p)]
     order, ran = _list_order(stage_heads, needs)
-    if len(order) < len(heads):
+    if len(order) < n - len(pairs):
         progress = [(mine[g] if g < len(mine) else offsets[s + 1]) - offsets[s]
                     for s, (mine, g) in enumerate(zip(stage_heads, ran))]  # actions run
         return replace(graph, refusal=_deadlock_message(schedule, progress, p, last,
@@ -267,21 +262,21 @@ def _overlapped_pairs(actions: Sequence[Action], stages: Sequence[int],
     return pairs
 
 
-def _dependency_offsets(placement: Placement, p: int, count: int, span: int) -> np.ndarray:
-    """Per `Step` wait column (two on the action's stage, one on another) and rule (kind code ×
-    `count` + virtual stage), its dependency's key offset (`_dependencies`); 0: none."""
-    offsets = np.zeros((3, 3 * count), dtype=int)
+@lru_cache(maxsize=256)
+def _dependency_columns(placement: Placement, p: int, count: int, span: int
+                        ) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """Per rule (kind code × `count` + virtual stage), its dependencies (`_dependencies`) as
+    (key offset, `Step` wait column: 0 and 1 on the action's stage, 2 on another)."""
+    rules = []
     for kind, code in _KIND_CODES.items():
         for vs in range(count):
-            near = 0
+            columns: list[tuple[int, int]] = []
             for dep_kind, _, dep_vs in _dependencies(kind, 0, vs, count - 1, span):
-                if stage_of(dep_vs, p, placement) != stage_of(vs, p, placement):
-                    column = 2
-                else:
-                    column, near = near, near + 1
-                offsets[column, code * count + vs] = \
-                    (_KIND_CODES[dep_kind] - code) * count + dep_vs - vs
-    return offsets
+                far = stage_of(dep_vs, p, placement) != stage_of(vs, p, placement)
+                columns.append(((_KIND_CODES[dep_kind] - code) * count + dep_vs - vs,
+                                2 if far else sum(c < 2 for _, c in columns)))
+            rules.append(tuple(columns))
+    return tuple(rules)
 
 
 def _list_order(stage_heads: list[list[int]], needs: Sequence[tuple[int, ...]]

@@ -209,10 +209,12 @@ def schedule_graph(schedule: Mapping[int, Sequence[Action]], placement: Placemen
     none, never = n + 2 * len(pairs), n + 2 * len(pairs) + 1  # the slots of 0.0 and -inf
     zero = 3 * count  # the cost slot of 0.0
     waits_of = _dependency_columns(placement, p, count, span)
-    by_id: list[Step] = []  # the actions' steps, then the pairs' extra ones
-    needs: list[tuple[int, ...]] = []  # what each waits for that its stage may not have run
-    for index, (key, rule, stage) in enumerate(zip(keys, rules, stages)):  # before it, by
-        waits = [none, none, never]  # group (its first action); n: one no stage runs
+    # per action its step, and what it waits for that its stage may not have run before it
+    # (`needs`, by group: its first action; n: an action no stage runs)
+    by_id: list[Step] = []  # then the pairs' extra steps
+    needs: list[tuple[int, ...]] = []
+    for index, (key, rule, stage) in enumerate(zip(keys, rules, stages)):
+        waits = [none, none, never]
         need: tuple[int, ...] = ()
         for offset, column in waits_of[rule]:
             source = producer.get(key + offset)
@@ -262,7 +264,7 @@ def _overlapped_pairs(actions: Sequence[Action], stages: Sequence[int],
     return pairs
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=64)
 def _dependency_columns(placement: Placement, p: int, count: int, span: int
                         ) -> tuple[tuple[tuple[int, int], ...], ...]:
     """Per rule (kind code × `count` + virtual stage), its dependencies (`_dependencies`) as

@@ -4,7 +4,8 @@ global batch 15,360), whose search ranks uneven pipelines by `simulated_bubble`.
 Prints, on this machine: the median of `REPEATS` `simulated_bubble` calls of the search's first
 simulated layout, repeated in one process; the search's calls in their order in a fresh process
 (each new schedule generated and compiled once, as in a search); and the median wall time of
-`PLAN_REPEATS` whole `plan(...)` calls, each in a fresh process (imports not counted).
+`PLAN_REPEATS` whole `plan(...)` calls, each in a fresh process (imports not counted), and
+their CPU time (less disturbed by other load on the machine).
 Run: `python benchmarks/bench_simulator.py` (about a minute).
 """
 
@@ -81,9 +82,9 @@ def main() -> None:
         each = fresh("--calls", file.name)
     print(f"the search's calls in order, fresh process: {sum(each) * 1e3:.1f} ms, median "
           f"{statistics.median(each) * 1e3:.3f} ms, first {each[0] * 1e3:.2f} ms")
-    walls = [fresh("--plan") for _ in range(PLAN_REPEATS)]
-    print(f"plan(...) wall, fresh process: median of {PLAN_REPEATS} "
-          f"{statistics.median(walls):.3f} s ({', '.join(f'{w:.3f}' for w in walls)})")
+    walls, cpus = zip(*(fresh("--plan") for _ in range(PLAN_REPEATS)))
+    print(f"plan(...), fresh process: median of {PLAN_REPEATS} {statistics.median(walls):.3f} s "
+          f"wall ({', '.join(f'{w:.3f}' for w in walls)}), {statistics.median(cpus):.3f} s CPU")
 
 
 if __name__ == "__main__":
@@ -94,6 +95,7 @@ if __name__ == "__main__":
     elif sys.argv[1:] == ["--plan"]:
         import shardwise.plan  # noqa: F401 - imported before the clock starts
 
-        print(json.dumps(seconds(search)))
+        cpu = time.process_time()
+        print(json.dumps([seconds(search), time.process_time() - cpu]))
     else:
         main()

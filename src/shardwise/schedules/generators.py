@@ -47,7 +47,8 @@ def gpipe(p: int, m: int) -> Schedule:
     activations at the turn.
     """
     check_dimensions(p, m)
-    return {i: _in_order("F", m) + _in_order("B", m) for i in range(p)}
+    order = _in_order("F", m) + _in_order("B", m)  # actions are immutable: shared by stages
+    return {i: list(order) for i in range(p)}
 
 
 def one_f_one_b(p: int, m: int) -> Schedule:
@@ -58,8 +59,8 @@ def one_f_one_b(p: int, m: int) -> Schedule:
     holds at most `min(p-i, m)` micro-batches' activations instead of `m`.
     """
     check_dimensions(p, m)
-    return {i: _one_f_one_b_order(_in_order("F", m), _in_order("B", m), min(p - 1 - i, m))
-            for i in range(p)}
+    forwards, backwards = _in_order("F", m), _in_order("B", m)  # shared by the stages' lists
+    return {i: _one_f_one_b_order(forwards, backwards, min(p - 1 - i, m)) for i in range(p)}
 
 
 def interleaved_1f1b(p: int, m: int, v: int) -> Schedule:
@@ -113,12 +114,13 @@ def zb_h1(p: int, m: int) -> Schedule:
     1F1B's `3(p-1)·t`. For other times it stays above the bound and below 1F1B.
     """
     check_dimensions(p, m)
+    forwards, backwards = _in_order("F", m), _in_order("B", m)  # shared by the stages' lists
     order: Schedule = {}
     for i in range(p):
         warmup = min(p - 1 - i, m)
         steady = m - warmup
         actions, next_w = [], 0
-        for action in _one_f_one_b_order(_in_order("F", m), _in_order("B", m), warmup):
+        for action in _one_f_one_b_order(forwards, backwards, warmup):
             actions.append(action)
             if action.kind == "B" and (action.micro_batch >= i or action.micro_batch >= steady):
                 actions.append(Action("W", next_w))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -28,7 +29,12 @@ from shardwise.schedules.generators import (
     zb_h1,
     zbv,
 )
-from shardwise.schedules.simulate import Timeline, simulate
+from shardwise.schedules.simulate import (
+    ScheduleGraph,
+    Timeline,
+    schedule_graph,
+    simulate_graph,
+)
 
 __all__ = ["DEFAULT_SCHEDULE", "SCHEDULES", "SCHEDULE_CODES", "SCHEDULE_REGISTRY",
            "SEARCHED_SCHEDULES", "ScheduleInfo", "get_schedule", "make_schedule", "select",
@@ -326,6 +332,17 @@ def make_schedule(name: str, p: int, m: int, v: int | None = None) -> Schedule:
     return info.generator(p, m, v)
 
 
+_CACHED_CELLS = 4096  # the largest p·m·v whose compiled schedule is kept (≲ 3.5 MB each)
+
+
+@lru_cache(maxsize=64, typed=True)  # typed: True is not 1 (`make_schedule` refuses a bool)
+def _graph(name: str, p: int, m: int, v: int) -> ScheduleGraph:
+    """`make_schedule(name, p, m, v)` compiled: the same for the same arguments, immutable,
+    and holding no reference to the generated lists, so callers share it."""
+    info = get_schedule(name)
+    return schedule_graph(make_schedule(name, p, m, v), info.placement, info.bidirectional)
+
+
 def stage_timeline(name: str, p: int, m: int, v: int | None = None, *, t_f: float = 1.0,
                    t_b: float = 1.0, t_w: float | None = None, p2p_latency: float = 0.0,
                    shares: Sequence[float] = ()) -> Timeline:
@@ -336,10 +353,13 @@ def stage_timeline(name: str, p: int, m: int, v: int | None = None, *, t_f: floa
     Each of the `p·v` virtual stages takes its share of its stage's time: `shares[vs]`
     (uneven stages), else `1/v` — so interleaved chunks take `t/v` and every schedule does
     `m·(t_f + t_b)` of work per stage. The one function behind `shardwise schedule`,
-    `/api/schedule`, the Learn grid and the step model's simulated bubble."""
+    `/api/schedule`, the Learn grid and the step model's simulated bubble. The schedules of the
+    last 64 `(name, p, m, v)` with `p·m·v ≤ 4096` are kept compiled (`schedule_graph`)."""
     info = get_schedule(name)
-    schedule = make_schedule(name, p, m, v)
-    chunks = 1 + max(a.chunk for actions in schedule.values() for a in actions)
+    v = info.default_chunks if v is None else v
+    check_dimensions(p, m, v)  # integers, so the cache can hash them
+    graph = (_graph if p * m * v <= _CACHED_CELLS else _graph.__wrapped__)(info.name, p, m, v)
+    chunks = graph.virtual_stages // p
     for value, label in ((t_f, "t_f"), (t_b, "t_b")):
         validate.positive(value, label)
     if info.splits_backward:
@@ -352,6 +372,6 @@ def stage_timeline(name: str, p: int, m: int, v: int | None = None, *, t_f: floa
     if len(share) != p * chunks:
         raise ShardwiseError(f"{len(share)} shares given, one per virtual stage "
                              f"({p * chunks}) needed")
-    return simulate(schedule, [t_f * s for s in share], [t_b * s for s in share],
-                    [t_w * s for s in share] if info.splits_backward and t_w else None,
-                    p2p_latency, placement=info.placement, bidirectional=info.bidirectional)
+    return simulate_graph(graph, [t_f * s for s in share], [t_b * s for s in share],
+                          [t_w * s for s in share] if info.splits_backward and t_w else None,
+                          p2p_latency)

@@ -56,7 +56,7 @@ MODULES = {
     "checkpoint": ["runtime/checkpoint/*"], "reducers": ["runtime/collectives/*"],
     "pipe_engine": ["estimate/pipe_engine.py"],
     "expert": ["estimate/expert.py"], "cuda_graph": ["cuda_graph.py"],
-    "partition": ["partition.py"],
+    "partition": ["partition.py"], "rows": ["estimate/rows.py"],
 }
 SRC = ROOT / "src" / "shardwise"
 sys.path.insert(0, str(ROOT / "benchmarks"))  # beside this script, however it is loaded

@@ -49,13 +49,19 @@ FSDP_KERNELS = tuple(r for r in HF_KERNELS if r[0][0]) + tuple(
 
 
 # DeepSpeed's pipeline engine (the same lines in GPT-NeoX's DeeperSpeed 91d1c55, :78 and :81)
+def _none(v: Any, key: str) -> np.ndarray:
+    """No layout of `v` refused (a rule whose setting this run does not use), in the shape of
+    field `key`: the rule's fields are then not combined."""
+    return np.zeros(np.shape(v[key]), dtype=bool)
+
+
 PIPE_ZERO = Rule(lambda v, train: (np.asarray(v["pp"]) > 1) & (np.asarray(v["zero"]) >= 2),
                  "runs ZeRO-{zero} without pipeline parallelism only (pp={pp}): its pipeline "
                  "engine asserts ZeRO < 2", "deepspeed/runtime/pipe/engine.py:76 @0.19.8")
 # it turns `enable_backward_allreduce` off and reduces after the last backward
 # (`_exec_reduce_grads`): an asked-for overlap is a no-op there, said rather than timed
-PIPE_DP_OVERLAP = Rule(lambda v, train: (getattr(train, "dp_overlap", None) is True)
-                       and np.asarray(v["pp"]) > 1,
+PIPE_DP_OVERLAP = Rule(lambda v, train: np.asarray(v["pp"]) > 1
+                       if getattr(train, "dp_overlap", None) is True else _none(v, "pp"),
                        "reduces gradients after the last backward under its pipeline engine "
                        "(pp={pp}): DP overlap has no effect there; drop --dp-overlap",
                        "deepspeed/runtime/pipe/engine.py:80 @0.19.8")
@@ -114,16 +120,16 @@ STACKS.update({s.name: s.validate() for s in (
                  "shards experts' ZeRO state over the expert data-parallel ranks dp·cp/ep: "
                  "with ep={ep} they must hold whole zero_group={zero_group} groups",
                  "megatron/core/parallel_state.py:1447 @d98e8a6"),
-            Rule(lambda v, train: any(
+            Rule(lambda v, train: np.asarray(v["zero"]) == 0 if any(
                      getattr(train, name, None) not in (None, "fp32") for name in
                      ("exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype"))
-                 and np.asarray(v["zero"]) == 0,
+                 else _none(v, "zero"),
                  "runs the precision-aware optimizer (moments or master weights below fp32) "
                  "with the distributed optimizer only, not zero={zero}",
                  "megatron/core/optimizer/optimizer_config.py, megatron-core 0.16.1"),
             # validate_args turns SP off without TP, then asserts SP under --tp-comm-overlap
-            Rule(lambda v, train: (getattr(train, "tp_overlap", None) == "bulk")
-                 and (np.asarray(v["tp"]) > 1) & (np.asarray(v["sp"]) == 0),
+            Rule(lambda v, train: (np.asarray(v["tp"]) > 1) & (np.asarray(v["sp"]) == 0)
+                 if getattr(train, "tp_overlap", None) == "bulk" else _none(v, "tp"),
                  "overlaps TP communication with GEMMs (--tp-comm-overlap, TP overlap bulk) "
                  "only with sequence parallelism: tp={tp} needs sp=1 or --tp-overlap none",
                  "Megatron-LM megatron/training/arguments.py:1441 @d98e8a6"),
@@ -168,9 +174,9 @@ STACKS.update({s.name: s.validate() for s in (
             Rule(lambda v, train: _zb_h1(v) & (np.asarray(v["sp"]) > 0),
                  "runs ZB-H1 without sequence parallelism only",
                  "Megatron-DeepSpeed megatron/arguments.py:81 @4efb479"),
-            Rule(lambda v, train: (
+            Rule(lambda v, train: np.asarray(v["zero"]) == 0 if (
                      train is not None and (train.grad_dtype or train.dtype) != train.dtype)
-                 and np.asarray(v["zero"]) == 0,
+                 else _none(v, "zero"),
                  "without ZeRO accumulates gradients in the model dtype only",
                  "deepspeed/runtime/engine.py:2313 @0.19.8"),
             # DeepSpeed-MoE carves its expert-parallel groups out of Megatron-DeepSpeed's
@@ -243,8 +249,8 @@ STACKS.update({s.name: s.validate() for s in (
                  "borrows expert-parallel ranks from FSDP, CP and TP: ep={ep} must divide "
                  "dp_shard·cp·tp", "torchtitan/config/configs.py expert_parallel_degree "
                  "@0.3.0"),
-            Rule(lambda v, train: (getattr(train, "attention", None) == "fa3")
-                 and np.asarray(v["cp"]) > 1,
+            Rule(lambda v, train: np.asarray(v["cp"]) > 1
+                 if getattr(train, "attention", None) == "fa3" else _none(v, "cp"),
                  "has no context parallelism (cp={cp}) with its varlen attention (fa3); use "
                  "flex", "torchtitan/distributed/context_parallel/api.py:104 @0.3.0"),
         ),

@@ -12,6 +12,7 @@ import platform
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -44,6 +45,19 @@ def _memory_gib() -> float | None:
     return kib / 2**20
 
 
+def _loop_seconds() -> float:
+    """The best of three runs of `for i in range(10**7): total += i`: the same code on every
+    run, so two stamps' figures say how fast each machine ran Python (virtual machines on
+    one kind of host differ by 2× and more)."""
+    best = float("inf")
+    for _ in range(3):
+        start, total = time.perf_counter(), 0
+        for i in range(10**7):
+            total += i
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def stamp() -> str:
     """One line: when, at which commit (`+changes` when a tracked file other than the results
     differs from it), on what machine, under what load, by which command."""
@@ -58,6 +72,7 @@ def stamp() -> str:
     if "torch" in sys.modules:
         versions += f", torch {sys.modules['torch'].__version__}"
     busy = " — the machine was busy, so times are indicative" if load >= cores / 2 else ""
+    busy += f"; a pure-Python loop of 10⁷ additions took {_loop_seconds():.2f} s (its speed)"
     script = Path(sys.argv[0]).resolve()
     where = script.relative_to(ROOT) if script.is_relative_to(ROOT) else script.name
     command = " ".join(["python", str(where), *sys.argv[1:]])

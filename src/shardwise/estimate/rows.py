@@ -13,10 +13,9 @@ def bits_hash(columns: Sequence[np.ndarray]) -> np.ndarray:
     """A uint64 per row of `columns` (1-D arrays of one length, read as float64): equal rows
     hash equal (−0.0 and 0.0 apart)."""
     code = np.zeros(len(columns[0]), dtype=np.uint64)
-    with np.errstate(over="ignore"):  # the hash wraps
-        for k, column in enumerate(columns):
-            bits = np.ascontiguousarray(column, dtype=np.float64).view(np.uint64)
-            code = code * np.uint64(0x9E3779B97F4A7C15 + 2 * k) + bits
+    for k, column in enumerate(columns):  # uint64 array arithmetic wraps, silently
+        bits = np.ascontiguousarray(column, dtype=np.float64).view(np.uint64)
+        code = code * np.uint64(0x9E3779B97F4A7C15 + 2 * k) + bits
     return code
 
 

@@ -37,9 +37,6 @@ EQUIVALENT: dict[str, str] = {
     **{f"shardwise.estimate.check.traffic.x__wire_row__mutmut_{n}": "a default for an axis or "
        "call the counters lack: CommCounter counts a payload, its calls and its group's size "
        "together, so a counted payload always has both" for n in (24, 32)},
-    "shardwise.estimate.memory.x_stage_memory__mutmut_71": "the MoE layer's bytes also worked "
-                                                           "out for a dense model, which never "
-                                                           "reads them",
     f"{_G}_distinct__mutmut_36": "layers·(L+1) − moe_layers for + moe_layers: with "
                                   "0 ≤ moe_layers ≤ L both keys are one-to-one",
     f"{_G}layer_params__mutmut_58": "the expert term worked out for a dense model too: "
@@ -52,9 +49,6 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.estimate.host.x_expert_launches__mutmut_10": "default None for 1: every TE "
                                                             "recipe that quantises the experts "
                                                             "is in _QUANTIZE_KERNELS",
-    "shardwise.estimate.step.x_step_terms__mutmut_706": "offload_fraction for 1.0 under "
-                                                        "parameter offload: TrainSpec refuses "
-                                                        "a fraction below 1 there",
     "shardwise.estimate.goodput_sim.x__spares_wait__mutmut_19": "argsort's default axis -1 "
                                                                 "is axis 1 of the 2-D "
                                                                 "returns",
@@ -88,9 +82,6 @@ EQUIVALENT: dict[str, str] = {
                                                                  "cost one higher: the heap's "
                                                                  "order, so the split, is the "
                                                                  "same",
-    "shardwise.schedules.simulate.x_simulate__mutmut_209": "count / p for count // p: every "
-                                                           "stage runs the same chunks, so p "
-                                                           "divides count",
     "shardwise.partition.x_first_last_partition__mutmut_6": "-2 for -1 as the 'not given' "
                                                             "mark: only f >= 0 is tested",
     "shardwise.partition.x_virtual_sizes__mutmut_2": "default \"LOOP\": virtual_stage "
@@ -110,18 +101,12 @@ EQUIVALENT: dict[str, str] = {
                                                            "layout",
     "shardwise.estimate.step.x_step_terms__mutmut_173": "one MTP MoE layer on a dense model's "
                                                         "last stage: its EP time per layer is 0",
-    "shardwise.estimate.step.x_step_terms__mutmut_329": "n_moe_layers >= 0: a dense model's "
-                                                        "MLP share 1 − 0/layers is 1 as before",
     "shardwise.estimate.axes.x_dp_time__mutmut_380": "default None for a missing sum: every "
                                                      "group adds every key, so none is missing",
     "shardwise.estimate.profiles.x_saved_tensors__mutmut_146": "None for False: falsy "
                                                                "wherever `add` reads it (a "
                                                                "scalar is skipped, np.where "
                                                                "picks the same)",
-    "shardwise.estimate.memory.x_stage_memory__mutmut_156": "per-layer-kind sum for a dense "
-                                                            "model too: its stages hold no MoE "
-                                                            "layer, so dense_layers × dense = "
-                                                            "layers × dense",
     "shardwise.estimate.memory.x_peak_stage_total__mutmut_29": "partition None for (): neither "
                                                                "is an explicit partition",
     "shardwise.estimate.memory.x_peak_stage_total__mutmut_45": "the stage's geometry worked out "
@@ -141,8 +126,6 @@ EQUIVALENT: dict[str, str] = {
                                  "the key's int + bool arithmetic gives the same ints",
     f"{_G}distinct_geometries__mutmut_49": "dtype None for int64: every column (pp, chunks, "
                                            "codes, m, Balanced ends, stages) is already int",
-    f"{_G}distinct_geometries__mutmut_67": "spread every field: StageGeometry.of on 1-D "
-                                           "arrays gives 1-D fields only (else unreachable)",
     f"{_G}_unique_rows__mutmut_14": "1 << 63 for 1 << 62: a code is below the radices' "
                                     "product, so under 2^63 it still fits in int64",
     **{f"{_G}{name}": "\"LOOP\" for \"loop\": virtual_stage treats every placement but "
@@ -152,10 +135,6 @@ EQUIVALENT: dict[str, str] = {
                                           "never reads its placement",
     "shardwise.estimate.memory.x_stage_memory__mutmut_7": "default generation \"HOPPER\": "
                                                           "only \"blackwell\" is told apart",
-    "shardwise.estimate.memory.x_peak_stage_total_runs__mutmut_103": "partition None: with a "
-        "geometry passed, stage_memory reads the partition only in StageGeometry.of, skipped",
-    "shardwise.estimate.memory.x_peak_stage_total_runs__mutmut_101": "the geometry worked "
-        "out again per row: it depends on no field a run varies (ZeRO stage and group)",
     # pipe-fix (schedules)
     "shardwise.schedules.registry.x__dualpipe_in_flight__mutmut_1": "+ 0·stage only gives the "
         "result the stage's array shape: - 0·stage is the same",
@@ -168,9 +147,6 @@ EQUIVALENT: dict[str, str] = {
         "whatever the positive durations (t_b 2 or 3)",
     "shardwise.schedules.simulate.x__deadlock_message__mutmut_1": "the one caller (simulate) "
         "passes span: the default is never used",
-    "shardwise.schedules.simulate.x__deadlock_message__mutmut_41": "last=None only adds B(vs+1) "
-        "after F(vs) for a backward at the last virtual stage; such a stuck action misses its "
-        "F(vs) (else it, or its pair, would have run), which is named first either way",
     # mut-b
     **{f"shardwise.estimate.{name}": "0.0 / x for 0.0 * x: x is a degree (t, m) ≥ 1, "
        "so both are 0" for name in (
@@ -221,7 +197,7 @@ EQUIVALENT: dict[str, str] = {
         "caller (step_terms, plan.evaluate) passes etp",
     **{f"shardwise.estimate.step.constant_L{line}_C{col}": "a StepEstimate field's default "
        "(dp_comm_total, t_forward, t_backward, bubble_fraction): estimate_step, its only "
-       "maker, passes every one" for line, col in ((373, 27), (374, 23), (375, 24), (376, 29))},
+       "maker, passes every one" for line, col in ((383, 27), (384, 23), (385, 24), (386, 29))},
     # mut-c
     "shardwise.estimate.goodput.x_checkpoint_bytes_per_param__mutmut_1": "default ZeRO 2 for "
         "1: no stack's model_copy_at tells stage 1 from 2 (all list both or neither)",
@@ -370,7 +346,7 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.plan.grid.x__example__mutmut_9": "\"XXXX\" for \"\" when no cell is hit: each "
         "_example is drawn from the mask its region's count sums, and _Rejections.add drops a "
         "region of count 0 before reading its example",
-    "shardwise.plan.prune.constant_L43_C16": "_THREAD_CELLS 16384 → 16385: only how the "
+    "shardwise.plan.prune.constant_L61_C16": "_THREAD_CELLS 16384 → 16385: only how the "
         "cells to time are cut into thread chunks; each cell's terms are elementwise and put "
         "back by index, the same numbers in any chunking",
     # mut-plan2 (code at 3d4fe7e; grid._example 9 above is still "" → "XXXX", the same mutant)
@@ -381,4 +357,36 @@ EQUIVALENT: dict[str, str] = {
         "for floor·(1 − 1e-9): the floor is stored 1e-6 under evaluate.step_floor, a lower "
         "bound of the exact step, so no exact figure falls in the 2e-9 band between the two; "
         "and a raise only sends search.plan to evaluate every layout, the same ranking",
+    # estimate.rows and estimate.geometry at ad0f03e (2026-12-06 morning)
+    "shardwise.estimate.rows.x_bits_hash__mutmut_14": "code·K − bits for code·K + bits: "
+        "subtracting a column's bits modulo 2⁶⁴ is as much a bijection as adding them, so "
+        "equal rows still hash equal and distinct ones as rarely together; equal_rows "
+        "compares the rows a hash groups either way",
+    **{f"shardwise.estimate.rows.x_equal_rows__mutmut_{n}": "the rows compared in their "
+       "column's own dtype instead of float64: every caller passes float64 columns and int64 "
+       "ones below 2⁵³ (lengths, micro-batches), equal in either; the own dtype is only "
+       "stricter" for n in (20, 22)},
+    "shardwise.estimate.memory.x_stage_memory__mutmut_285": "stage − 0·pp for stage + 0·pp: "
+        "both add nothing (pp only gives the stage the arrays' shape)",
+    "shardwise.estimate.memory.x__held_activations__mutmut_29": "per-layer-kind sum for a "
+        "dense model too: its stages hold no MoE layer, so dense_layers × dense = layers × "
+        "dense (act[\"moe\"] is 0.0)",
+    "shardwise.estimate.memory.x_training_memory_per_gpu__mutmut_9": "check_specs without the "
+        "model: layout.validate(model) next runs Layout.problems, whose check_specs gives the "
+        "same one-line error for a model that is not a ModelSpec "
+        "(tests/estimate/test_memory_terms.py)",
+    "shardwise.estimate.memory.x_peak_stage_total_runs__mutmut_19": "at_run gathers whatever "
+        "its value: its one argument, a stage's logits, is always (runs, 1) or (runs, cols) "
+        "(np.where over the run's `last` column)",
+    "shardwise.estimate.memory.x__same_state_rows__mutmut_16": "the per-run values kept in "
+        "their own dtype: equal_rows reads every column as float64 (bits_hash, and its "
+        "comparison), the same groups",
+    "shardwise.estimate.geometry.x_distinct_stages__mutmut_8": "shape = None: every call "
+        "takes the branch that works each layout's stages out itself (_distinct on the "
+        "arrays), the same stages, without first collapsing equal rows",
+    "shardwise.estimate.geometry.x_distinct_geometries__mutmut_28": "`or partition` for `and "
+        "partition`: a searched (Balanced) partition then takes the branch that works each "
+        "layout's geometry out itself (StageGeometry.of on the arrays), the same numbers: "
+        "the other branch runs StageGeometry.of on the distinct rows and spreads them back, "
+        "and StageGeometry.of is elementwise",
 }

@@ -25,17 +25,19 @@ from shardwise.plan.evaluate import (
 from shardwise.plan.prune import _by_stages
 
 
-@pytest.mark.parametrize(("name", "gpus", "train"), [
-    ("tiny-deepseek", 32, TrainSpec(seq_len=64, global_batch=256, mtp_layers=1)),
+@pytest.mark.parametrize(("name", "gpus", "train", "gpu"), [
+    ("tiny-deepseek", 32, TrainSpec(seq_len=64, global_batch=256, mtp_layers=1), "h100"),
     ("tiny-deepseek", 16, TrainSpec(seq_len=64, global_batch=64, fp8="tensorwise",
-                                    offload="optimizer", offload_fraction=0.5)),
-    ("mixtral-8x7b", 16, TrainSpec(seq_len=4096, global_batch=64)),
+                                    offload="optimizer", offload_fraction=0.5), "h100"),
+    ("mixtral-8x7b", 16, TrainSpec(seq_len=4096, global_batch=64), "h100"),
     # torchtitan offloads the parameters too: every state class leaves the GPU
     ("tiny-deepseek", 16, TrainSpec(seq_len=64, global_batch=64, impl="torchtitan",
-                                    offload="params")),
+                                    offload="params"), "h100"),
+    # Blackwell keeps one FP8 copy per weight where Hopper keeps two (the generation matters)
+    ("tiny-deepseek", 16, TrainSpec(seq_len=64, global_batch=64, fp8="tensorwise"), "b200"),
 ])
-def test_bulk_memory_equals_every_cell(name, gpus, train):
-    spec, cluster = get_model(name), Cluster.of(gpus, "h100")
+def test_bulk_memory_equals_every_cell(name, gpus, train, gpu):
+    spec, cluster = get_model(name), Cluster.of(gpus, gpu)
     train = train.validate()
     cand, _ = _enumerate(spec, cluster, train, SearchSpace(), _Rejections())
     shared = shared_costs(spec, cluster, train, cand,

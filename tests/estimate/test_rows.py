@@ -48,12 +48,13 @@ def test_integer_and_boolean_columns_hash_as_their_values():
 
 def test_collisions_are_groups_of_their_own():
     """Rows 1 and 2 hash like row 0 (column 0's bits one and two more, column 1's K1 and 2·K1
-    less) but differ from it and from each other: groups of their own (row 4, equal to row 2,
+    less, column 2 the same) but differ from it and from each other: groups of their own (row 4, equal to row 2,
     may be one more: a collision only groups less); row 3 repeats row 0, row 5 hashes apart."""
     a, b = _bits(1.5), _bits(4.0)
     col0 = [_float(a), _float(a + 1), _float(a + 2), _float(a), _float(a + 2), 9.0]
     col1 = [_float(b), _float(b - K1), _float(b - 2 * K1), _float(b), _float(b - 2 * K1), 9.0]
-    columns = [np.array(col0), np.array(col1)]
+    same = [3.0] * 6  # a last column the colliding rows share: every column is compared
+    columns = [np.array(col0), np.array(col1), np.array(same)]
     codes = bits_hash(columns)
     assert codes[0] == codes[1] == codes[2] != codes[5]  # the constructed collision
     first, group = equal_rows(columns)

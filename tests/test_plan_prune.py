@@ -23,6 +23,7 @@ from shardwise.plan import (
     prune,
 )
 from shardwise.plan.evaluate import (
+    RunGeometries,
     _layout_of,
     dp_floor,
     flat_cells,
@@ -195,7 +196,8 @@ def test_the_dp_floor_is_the_exposed_dp_traffic_where_it_is_not_overlapped(impl,
     cal = default_calibration(cluster.accelerator.calibration_name)
     shared = shared_costs(spec, cluster, train, cand, cal)
     with ThreadPoolExecutor(2) as pool:
-        floor = prune._floor(spec, cluster, train, cand, shared, pool)
+        floor = prune._floor(spec, cluster, train, cand, shared, pool,
+                             RunGeometries(spec, cand).first)
     valid = cand["_valid"]
     rows = np.arange(valid.shape[0])
     dp = dp_floor(train, cand, shared, run_shapes(spec, cand, shared, rows), rows, rows)

@@ -56,7 +56,7 @@ from shardwise.estimate.state import (
     zero_stage_table,
     zero_state_bytes,
 )
-from shardwise.layout import Balanced, Layout, Partition, TrainSpec, check_specs, ulysses_degree
+from shardwise.layout import Layout, Partition, TrainSpec, check_specs, ulysses_degree
 from shardwise.placement import expert_tp_degree
 from shardwise.units import dtype_bytes
 
@@ -408,15 +408,15 @@ def peak_stage_total(model: ModelSpec, train: TrainSpec, *, pp: Any, **layout: A
 
 
 def peak_stage_total_runs(model: ModelSpec, train: TrainSpec, *, pp: Any, first: Any,
-                          run: Any, act: dict[str, Any],
-                          geometries: list[StageGeometry] | None = None, **layout: Any) -> Any:
+                          run: Any, act: dict[str, Any], geometries: list[StageGeometry],
+                          **layout: Any) -> Any:
     """`peak_stage_total` of rows × columns (the planner's grid: `layout`'s row fields
     `(rows, 1)`, `sp` and `recompute` `(1, cols)`) whose rows fall into runs that differ only
     in the ZeRO stage and group (`first`: one row of each run, `run`: each row's run), bit-
     identical and cheaper: all but the ZeRO-dependent bytes (`_zero_held`) are evaluated once
     per run (`act`: the per-layer bytes of the `first` rows × columns), those once per row;
     the sum adds the same numbers in `stage_memory`'s order. `geometries`: the runs'
-    `distinct_geometries` (fields `(runs, 1)`), when already worked out."""
+    `distinct_geometries` (fields `(runs, 1)`; `plan.evaluate.RunGeometries`)."""
     rows = np.shape(pp)[0]
 
     cols = np.shape(layout["sp"])[1]
@@ -427,18 +427,11 @@ def peak_stage_total_runs(model: ModelSpec, train: TrainSpec, *, pp: Any, first:
     def at_run(value: Any) -> Any:
         return value[run] if np.ndim(value) == 2 else value
 
-    partition = layout.pop("partition", ())
     one = {k: at_first(v) for k, v in layout.items()}
-    one_partition = (Balanced(at_first(partition.first_less), at_first(partition.last_less))
-                     if isinstance(partition, Balanced) else partition)
     zero_keys = ("tp", "ep", "etp", "dp", "cp", "zero", "zero_group")
     row = {k: layout[k] for k in zero_keys} | {"generation": layout.get("generation", "hopper")}
-    # the stages' geometry depends on the run only: worked out for its first row
-    geos = geometries if geometries is not None else distinct_geometries(
-        model, at_first(pp), candidate_stages(model, at_first(pp)), chunks=one["chunks"],
-        schedule=one["schedule"], m=one["m"], partition=one_partition)
     best = None
-    for geo in geos:
+    for geo in geometries:
         activations, logits = _held_activations(
             model, train, geo, act, **{k: one[k] for k in (
                 "tp", "cp", "sp", "chunks", "micro_batch", "cp_kind", "recompute")})
@@ -468,8 +461,7 @@ def _same_state_rows(per_run: list[Any], per_row: list[Any], first: np.ndarray,
     the same."""
     rows, runs = len(run), len(first)
     length = np.diff(np.append(first, rows))
-    columns = [np.broadcast_to(np.asarray(v, dtype=np.float64).reshape(-1), (runs,))
-               for v in per_run] + [length]
+    columns = [np.broadcast_to(np.ravel(v), (runs,)) for v in per_run] + [length]
     one, group = equal_rows(columns)
     mapped = first[one[group]][run] + (np.arange(rows) - first[run])
     for value in per_row:

@@ -386,7 +386,7 @@ def memory_grid(model: ModelSpec, train: TrainSpec, cand: dict[str, Any], shared
         + sub["recompute"]
     act = {k: np.broadcast_to(v, (shared.size,))[index] for k, v in shared.act.items()}
     return peak_stage_total_runs(model, train, **{k: sub[k] for k in _STEP_KEYS},
-                                 first=first, run=run, act=act, partition=_partition(sub),
+                                 first=first, run=run, act=act,
                                  generation=shared.ctx.generation,
                                  geometries=runs.of(of_row[first]))
 

@@ -157,7 +157,7 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
 
     with ThreadPoolExecutor(_THREADS) as pool:  # numpy's loops release the GIL
         reduced = list(pool.map(fill, blocks))
-        floor = _floor(model, cluster, train, cand, shared, pool)
+        floor = _floor(model, cluster, train, cand, shared, pool, geometries.first)
     state = _State(model, cluster, train, cand, shared, floor, fits, valid)
     codes = {axis: _codes(cand, axis) for axis in (*_ROW_AXES, *_COL_AXES)}
     lines = {True: _row_any(valid), False: valid.any(axis=0)}  # per row, per column
@@ -451,16 +451,14 @@ def find_cell(cand: dict[str, Any], layout: Layout, n_layers: int) -> int | None
 
 
 def _floor(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[str, Any],
-           shared: Any, pool: ThreadPoolExecutor) -> np.ndarray:
+           shared: Any, pool: ThreadPoolExecutor, first: np.ndarray) -> np.ndarray:
     """Each cell's floor, in float32 rounded down so that it stays a lower bound (inf where
     not valid): `evaluate.step_floor` once per run of rows that differ only in ZeRO (stage,
     group), plus each row's `evaluate.dp_floor` from its run's stage shape; in blocks of
-    runs on `pool`'s threads."""
+    runs on `pool`'s threads. `first`: each run's first row (`evaluate.RunGeometries`)."""
     valid = cand["_valid"]
     n_rows, n_cols = valid.shape
     step = max(1, BLOCK_CELLS // n_cols)
-    key = np.stack([np.asarray(cand[k])[:, 0] for k in ("pair", "schedule", "chunks")])
-    first = np.flatnonzero(np.concatenate([[True], (np.diff(key, axis=1) != 0).any(axis=0)]))
     ends = np.append(first[1:], n_rows)  # each run's rows: first[i] to ends[i]
     per_run = np.empty((len(first), n_cols), dtype=np.float32)
     per_row = np.empty(n_rows, dtype=np.float32)

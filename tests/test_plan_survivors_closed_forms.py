@@ -169,7 +169,7 @@ def test_comparing_offloads_still_reports_the_baseline_unless_asked_not_to():
                 space=replace(space, offload=("none", "optimizer"))).baseline is None
 
 
-def test_line_groups_hold_each_codes_positions_and_least_value():
+def test_line_groups_give_each_codes_least_value_and_its_first_position():
     # a column of codes (one per row) and a row of codes (one per column), unsorted, with a
     # missing code (3): positions per code in their own order, inf where no position
     for code in (np.array([[2], [0], [2], [4], [0], [1]], dtype=np.int16),
@@ -180,9 +180,11 @@ def test_line_groups_hold_each_codes_positions_and_least_value():
         want = [min((value[i] for i in range(6) if line[i] == c), default=np.inf)
                 for c in range(5)]
         assert groups.min(value).tolist() == want
-        assert [groups.order[s:e].tolist() for s, e in zip(groups.starts, groups.ends,
-                                                           strict=True)] == \
-            [[i for i in range(6) if line[i] == c] for c in (0, 1, 2, 4)]
+        # the first position of each code's least value; a code whose target is inf is left out
+        target = np.array([3.0, 9.0, 1.0, np.inf, 2.0])
+        assert groups.firsts(value, target) == {0: 4, 1: 5, 2: 2, 4: 3}
+        tied = np.array([5.0, 7.0, 5.0, 2.0, 3.0, 9.0])  # code 2's least (5) at 0 and 2
+        assert groups.firsts(tied, np.array([3.0, 9.0, 5.0, np.inf, np.inf]))[2] == 0
 
 
 def test_a_fixed_partition_the_grid_does_not_enumerate_is_searched_as_given():

@@ -17,6 +17,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+
 from scripts import generate_docs
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -151,7 +151,7 @@ class MemoryBreakdown:
 
     @property
     def total(self) -> float:
-        return self.state + self.fp8 + self.activations + self.logits + self.workspace
+        return (self.state + self.fp8 + self.workspace) + (self.activations + self.logits)
 
     def _peak_parts(self) -> dict[str, float]:
         """The terms of the peak moment: state classes, activations, logits, one transient."""
@@ -260,8 +260,9 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
     parts = {"weights": held["weights"], "grads": held["grads"],
              "optimizer": held["optimizer"], "fp8": fp8, "activations": activations,
              "logits": logits, "workspace": workspace, "host": held["host"]}
-    parts["total"] = (parts["weights"] + parts["grads"] + parts["optimizer"] + fp8
-                      + activations + logits + workspace)
+    # held per row, then per activation column (the planner's grid adds them in this order)
+    parts["total"] = ((parts["weights"] + parts["grads"] + parts["optimizer"] + fp8 + workspace)
+                      + (activations + logits))
     # Transient buffers (see `MemoryBreakdown`): they set the peak, not the held total.
     dq = sb * model.q_dim * 4 / tp  # FlashAttention-2's fp32 dq accumulator (a·d: h, or MLA's)
     stepped = parts["optimizer"] / state.optimizer if state.optimizer else 0.0
@@ -407,47 +408,41 @@ def peak_stage_total(model: ModelSpec, train: TrainSpec, *, pp: Any, **layout: A
                                 **layout)["total"] for geo in geos], axis=0)
 
 
-def peak_stage_total_runs(model: ModelSpec, train: TrainSpec, *, pp: Any, first: Any,
-                          run: Any, act: dict[str, Any], geometries: list[StageGeometry],
-                          **layout: Any) -> Any:
-    """`peak_stage_total` of rows × columns (the planner's grid: `layout`'s row fields
-    `(rows, 1)`, `sp` and `recompute` `(1, cols)`) whose rows fall into runs that differ only
-    in the ZeRO stage and group (`first`: one row of each run, `run`: each row's run), bit-
-    identical and cheaper: all but the ZeRO-dependent bytes (`_zero_held`) are evaluated once
-    per run (`act`: the per-layer bytes of the `first` rows × columns), those once per row;
-    the sum adds the same numbers in `stage_memory`'s order. `geometries`: the runs'
-    `distinct_geometries` (fields `(runs, 1)`; `plan.evaluate.RunGeometries`)."""
-    rows = np.shape(pp)[0]
-
+def peak_stage_total_runs(model: ModelSpec, train: TrainSpec, *, first: Any, run: Any,
+                          act: dict[str, Any], geometries: list[StageGeometry], zero: Any,
+                          zero_group: Any, **layout: Any) -> Any:
+    """`peak_stage_total` of rows × columns (the planner's grid) whose rows fall into runs
+    that differ only in the ZeRO stage and group (`first`: one row of each run, `run`: each
+    row's run), bit-identical and cheaper: `layout`'s fields are the runs' `(runs, 1)`, `sp`
+    and `recompute` `(1, cols)`, `zero` and `zero_group` the rows' `(rows, 1)`; all but the
+    ZeRO-dependent bytes (`_zero_held`) are evaluated once per run (`act`: the per-layer bytes
+    of the runs × columns), those once per distinct row; the sum adds the same numbers in
+    `stage_memory`'s order. `geometries`: the runs' `distinct_geometries` (fields
+    `(runs, 1)`; `plan.evaluate.RunGeometries`)."""
     cols = np.shape(layout["sp"])[1]
-
-    def at_first(value: Any) -> Any:
-        return value[first] if np.ndim(value) == 2 and np.shape(value)[0] == rows else value
-
-    def at_run(value: Any) -> Any:
-        return value[run] if np.ndim(value) == 2 else value
-
-    one = {k: at_first(v) for k, v in layout.items()}
-    zero_keys = ("tp", "ep", "etp", "dp", "cp", "zero", "zero_group")
-    row = {k: layout[k] for k in zero_keys} | {"generation": layout.get("generation", "hopper")}
+    params = [_StageParams.of(model, train, geo, layout["tp"], layout["ep"], layout["etp"])
+              for geo in geometries]
+    # rows whose `_zero_held` inputs are equal on every stage: evaluated once, gathered (the
+    # same bits)
+    need, of_row = _same_state_rows(
+        [*(field for stage in params for field in stage),
+         *(layout[k] for k in ("tp", "ep", "etp", "dp", "cp"))], [zero, zero_group], first, run)
+    at = run[need]  # (need,): the run of each row evaluated
+    row = {k: layout[k][at] if np.ndim(layout[k]) == 2 else layout[k]
+           for k in ("tp", "ep", "etp", "dp", "cp")} | {
+        "zero": zero[need], "zero_group": zero_group[need],
+        "generation": layout.get("generation", "hopper")}
     best = None
-    for geo in geometries:
+    for geo, stage in zip(geometries, params, strict=True):
         activations, logits = _held_activations(
-            model, train, geo, act, **{k: one[k] for k in (
+            model, train, geo, act, **{k: layout[k] for k in (
                 "tp", "cp", "sp", "chunks", "micro_batch", "cp_kind", "recompute")})
-        params = _StageParams.of(model, train, geo, one["tp"], one["ep"], one["etp"])
-        # rows whose `_zero_held` inputs are equal: evaluated once, gathered (the same bits)
-        need, of_row = _same_state_rows(
-            [*params, *(one[k] for k in ("tp", "ep", "etp", "dp", "cp"))],
-            [layout["zero"], layout["zero_group"]], first, run)
-        held = _zero_held(train, params.take(run[need]), **{
-            k: v[need] if np.ndim(v) == 2 else v for k, v in row.items()})  # (need, 1)
-        state = (held["weights"] + held["grads"] + held["optimizer"] + held["fp8"])[of_row]
-        # (rows, cols): state + activations + logits + workspace, in `stage_memory`'s order
-        total = np.broadcast_to(activations, (len(first), cols))[run]
-        np.add(state, total, out=total)
-        np.add(total, at_run(logits), out=total)
-        np.add(total, held["workspace"][of_row], out=total)
+        held = _zero_held(train, stage.take(at), **row)
+        held_row = (held["weights"] + held["grads"] + held["optimizer"] + held["fp8"]
+                    + held["workspace"])  # (need, 1)
+        # (rows, cols): per row what it holds, plus its run's activations and logits
+        total = np.broadcast_to(activations + logits, (len(first), cols))[run]
+        np.add(total, held_row[of_row], out=total)
         best = total if best is None else np.maximum(best, total, out=best)
     return best
 

@@ -15,7 +15,7 @@ placement: docs/concepts/step-time.md.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
 import numpy as np
@@ -345,13 +345,22 @@ def compute_costs(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any,
 
 
 def flops_per_token(model: ModelSpec, seq_len: int, causal: bool = False
-                    ) -> tuple[float, dict[int, float]]:
+                    ) -> tuple[float, tuple[float, ...]]:
     """(model FLOPs per token, hardware FLOPs per token by recompute code): full attention
-    (`FLOP_CONVENTION`), or its causal half."""
+    (`FLOP_CONVENTION`), or its causal half; cached per (model, seq_len, causal)."""
+    try:
+        return _flops_per_token(model, seq_len, causal)
+    except TypeError:  # a spec built with a list where a tuple belongs: not hashable
+        return _flops_per_token.__wrapped__(model, seq_len, causal)
+
+
+@lru_cache(maxsize=64)
+def _flops_per_token(model: ModelSpec, seq_len: int, causal: bool
+                     ) -> tuple[float, tuple[float, ...]]:
     model_flops = model.training_flops_per_token(seq_len, causal=causal)
-    hardware = {code: model.training_flops_per_token(seq_len, causal=causal, recompute=name)
-                for name, code in RC_CODES.items()}
-    return model_flops, hardware
+    by_code = {code: model.training_flops_per_token(seq_len, causal=causal, recompute=name)
+               for name, code in RC_CODES.items()}
+    return model_flops, tuple(by_code[code] for code in range(len(by_code)))
 
 
 # ------------------------------------------------------------------------ scalar interface

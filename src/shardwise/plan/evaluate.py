@@ -338,14 +338,16 @@ class RunGeometries:
         self.first = np.flatnonzero(starts)  # each run's first row (runs are contiguous)
         self.run = np.cumsum(starts) - 1  # each row's run
         self.model, self.cand = model, cand
+        self._heads = {k: np.asarray(cand[k])[self.first, 0]  # each run's fields
+                       for k in ("pp", "chunks", "schedule", "m", "first_less", "last_less")
+                       if k in cand}
         self._groups: dict[tuple[int, int], tuple[np.ndarray, list[StageGeometry]]] = {}
         self._lock = threading.Lock()
 
     def of(self, runs: np.ndarray) -> list[StageGeometry]:
         """The geometries of `runs` (ascending run ids of one pp and chunk count), fields
         `(runs, 1)`; slots that only repeat the first stage for all of them left out."""
-        pp, chunks = (int(np.asarray(self.cand[k])[self.first[runs[0]], 0])
-                      for k in ("pp", "chunks"))
+        pp, chunks = (int(self._heads[k][runs[0]]) for k in ("pp", "chunks"))
         with self._lock:
             if (pp, chunks) not in self._groups:
                 self._groups[pp, chunks] = self._group(pp, chunks)
@@ -356,9 +358,7 @@ class RunGeometries:
 
     def _group(self, pp: int, chunks: int) -> tuple[np.ndarray, list[StageGeometry]]:
         """(each run's position among the group's runs, -1 elsewhere; their geometries)."""
-        heads = {k: np.asarray(self.cand[k])[self.first, 0]
-                 for k in ("pp", "chunks", "schedule", "m", "first_less", "last_less")
-                 if k in self.cand}
+        heads = self._heads
         mine = np.flatnonzero((heads["pp"] == pp) & (heads["chunks"] == chunks))
         one = {k: _wide(v[mine]) for k, v in heads.items()}
         position = np.full(len(self.first), -1)
@@ -375,17 +375,18 @@ def memory_grid(model: ModelSpec, train: TrainSpec, cand: dict[str, Any], shared
     """Peak per-stage memory (`peak_stage_total`) of the grid's `rows` (ascending) × every
     (sp, rc) column; `rows` should share one pp and chunk count, so that only its stages are
     evaluated. `geometries`: the grid's `RunGeometries`, when shared by several calls."""
-    sub = _take(cand, rows, None)
     # runs: rows that differ only in the ZeRO stage and group (`peak_stage_total_runs`)
     runs = geometries or RunGeometries(model, cand)
     of_row = runs.run[rows]
     starts = np.ones(len(rows), dtype=bool)
     np.not_equal(of_row[1:], of_row[:-1], out=starts[1:])
     first, run = np.flatnonzero(starts), np.cumsum(starts) - 1
-    index = shared.inverse[rows[first]] * 2 * len(RC_CODES) + sub["sp"] * len(RC_CODES) \
-        + sub["recompute"]
+    heads = _take(cand, rows[first], None)  # each run's fields (runs, 1); sp, rc (1, cols)
+    index = shared.inverse[rows[first]] * 2 * len(RC_CODES) + heads["sp"] * len(RC_CODES) \
+        + heads["recompute"]
     act = {k: np.broadcast_to(v, (shared.size,))[index] for k, v in shared.act.items()}
-    return peak_stage_total_runs(model, train, **{k: sub[k] for k in _STEP_KEYS},
+    zero = {k: _wide(np.asarray(cand[k])[rows]) for k in ("zero", "zero_group")}  # (rows, 1)
+    return peak_stage_total_runs(model, train, **{k: heads[k] for k in _STEP_KEYS} | zero,
                                  first=first, run=run, act=act,
                                  generation=shared.ctx.generation,
                                  geometries=runs.of(of_row[first]))

@@ -67,46 +67,48 @@ def _codes(cand: dict[str, Any], axis: str) -> np.ndarray:
     return value.astype(np.int16) if value.max(initial=0) < 1 << 15 else value
 
 
-def _present(code: np.ndarray, any_valid: dict[bool, np.ndarray], axis: str) -> list[int]:
-    """The codes of `axis` some valid layout has (`any_valid`: per row (True) and per column
-    (False), whether any cell is valid)."""
-    line = any_valid[code.shape[1] == 1]
-    flat = code[:, 0] if code.shape[1] == 1 else code[0]
-    seen = flat[line]
-    if len(seen) and seen.min() >= 0 and seen.max() < 1 << 16:  # small codes: no sort
-        out = np.flatnonzero(np.bincount(seen))
-    else:
-        out = np.unique(seen)
-    return [int(v) for v in out if not (axis == "cp_kind" and v == len(CP_KINDS))]
-
-
 class _Groups:
-    """The positions of a line (an axis' code per row, or per column) grouped by code, each
-    group in its own order (a stable sort: int16 codes sort in linear time)."""
+    """A line's positions (an axis' code per row, or per column) grouped by code: the codes
+    present, the least value per code and the first position of each code's least (no sort:
+    `ufunc.at`). `starts`: where runs of positions that share their code begin (the grid's
+    runs of ZeRO variants share every other row axis): values are reduced per run first."""
 
-    def __init__(self, code: np.ndarray) -> None:
+    def __init__(self, code: np.ndarray, starts: np.ndarray | None = None) -> None:
         self.on_rows = code.shape[1] == 1
         line = code[:, 0] if self.on_rows else code[0]
-        self.order = np.argsort(line, kind="stable")
-        ordered = line[self.order]
-        self.starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
-        self.ends = np.append(self.starts[1:], len(line))
-        self.codes = ordered[self.starts]
-        self.size = int(line.max()) + 1 if len(line) else 0
+        self.starts = starts
+        self.line = line if starts is None else line[starts]
+        self.size = int(self.line.max()) + 1 if len(self.line) else 0
+
+    def present(self, valid: np.ndarray) -> list[int]:
+        """The codes of the positions where `valid` (one per position) holds, ascending."""
+        if self.starts is not None and len(valid):
+            valid = np.logical_or.reduceat(valid, self.starts)
+        return [int(v) for v in np.flatnonzero(np.bincount(self.line[valid],
+                                                           minlength=self.size))]
 
     def min(self, value: np.ndarray) -> np.ndarray:
         """The least `value` (one per position of the line) of each code `0..max` (inf
         where none)."""
-        per = np.full(self.size, np.inf)
-        if len(self.order):
-            per[self.codes] = np.minimum.reduceat(value[self.order], self.starts)
-        return per
+        if self.starts is not None and len(value):
+            value = np.minimum.reduceat(value, self.starts)
+        per = np.full(self.size, np.inf, dtype=value.dtype)  # one dtype: ufunc.at's fast loop
+        np.minimum.at(per, self.line, value)
+        return per.astype(np.float64)
 
-    def first(self, value: np.ndarray, code: int, target: float) -> int:
-        """The first position of the line with `code` whose `value` is `target`."""
-        k = int(np.searchsorted(self.codes, code))
-        at = self.order[self.starts[k]:self.ends[k]]
-        return int(at[np.argmax(value[at] == target)])
+    def firsts(self, value: np.ndarray, target: np.ndarray) -> dict[int, int]:
+        """For each code whose `target` (one per code) is finite, the first position of the
+        line with that code whose `value` is its target."""
+        target = np.where(np.isfinite(target), target, np.nan)  # nan: equal to nothing
+        reduced = value if self.starts is None else np.minimum.reduceat(value, self.starts)
+        hits = np.flatnonzero(reduced == target[self.line])
+        codes, at = np.unique(self.line[hits], return_index=True)
+        out = {int(c): int(hits[i]) for c, i in zip(codes, at, strict=True)}
+        if self.starts is not None:  # the run's first position of its least
+            ends = np.append(self.starts[1:], len(value))
+            out = {c: int(self.starts[r]) + int(np.argmax(
+                value[self.starts[r]:ends[r]] == target[c])) for c, r in out.items()}
+        return out
 
 
 class _Least:
@@ -123,12 +125,12 @@ class _Least:
     def cells(self, groups: _Groups, present: list[int]) -> list[int]:
         on_rows = groups.on_rows
         low, arg = self.low[on_rows], self.arg[on_rows]
-        best = groups.min(low)
+        first = groups.firsts(low, groups.min(low))
         out = []
         for v in present:
-            if not np.isfinite(best[v]):
+            if v not in first:
                 continue
-            at = groups.first(low, v, best[v])
+            at = first[v]
             out.append(at * self.n_cols + int(arg[at]) if on_rows
                        else int(arg[at]) * self.n_cols + at)
         return out

@@ -26,7 +26,7 @@ from shardwise.arch import ModelSpec
 from shardwise.calibration import Calibration
 from shardwise.errors import ShardwiseError
 from shardwise.hardware import Cluster
-from shardwise.layout import Layout, TrainSpec
+from shardwise.layout import CP_KINDS, Layout, TrainSpec
 from shardwise.plan.evaluate import (
     _THREADS,
     RunGeometries,
@@ -49,7 +49,6 @@ from shardwise.plan.lines import (
     _Least,
     _one_of_each,
     _pair_family,
-    _present,
     _row_any,
     _row_min,
 )
@@ -160,9 +159,13 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
         floor = _floor(model, cluster, train, cand, shared, pool, geometries.first)
     state = _State(model, cluster, train, cand, shared, floor, fits, valid)
     codes = {axis: _codes(cand, axis) for axis in (*_ROW_AXES, *_COL_AXES)}
+    # the row axes but zero are the same on a run's rows: reduced per run, then per code
+    groups = {axis: _Groups(code, None if axis in ("zero", *_COL_AXES) else geometries.first)
+              for axis, code in codes.items()}
     lines = {True: _row_any(valid), False: valid.any(axis=0)}  # per row, per column
-    values = {axis: _present(codes[axis], lines, axis) for axis in codes}
-    groups = {axis: _Groups(code) for axis, code in codes.items()}
+    # cp_kind's code for layouts without context parallelism names no alternative
+    values = {axis: [v for v in groups[axis].present(lines[groups[axis].on_rows])
+                     if not (axis == "cp_kind" and v == len(CP_KINDS))] for axis in codes}
     lines = {True: row_low, False: np.min([col for col, _ in reduced], axis=0)}
     least: dict[tuple[str, int], float] = {}
     for axis, present in values.items():
@@ -329,9 +332,8 @@ class _Live:
     def __init__(self, state: _State, codes: dict[str, Any],
                  thresholds: tuple[float, dict[str, np.ndarray], float]) -> None:
         fit_threshold, per_axis, fastest_over = thresholds
-        left = state.valid & ~state.done
-        row_thr = np.full(left.shape[0], fit_threshold)
-        col_thr = np.full(left.shape[1], fit_threshold)
+        row_thr = np.full(state.valid.shape[0], fit_threshold)
+        col_thr = np.full(state.valid.shape[1], fit_threshold)
         for axis, best in per_axis.items():
             if axis in _ROW_AXES:
                 row_thr = np.maximum(row_thr, best[codes[axis][:, 0]])
@@ -341,12 +343,17 @@ class _Live:
         # cast are monotone, so scaling and casting each line before the maximum gives the
         # same numbers without a float64 grid
         row32, col32 = ((x * (1 + 1e-6)).astype(np.float32) for x in (row_thr, col_thr))
-        thr = np.maximum(row32[:, None], col32[None, :])
-        np.copyto(thr, np.float32(fastest_over * (1 + 1e-6)), where=~state.fits)
-        left &= state.floor <= thr
-        self.index = np.flatnonzero(left)
+        over32 = np.float32(fastest_over * (1 + 1e-6))
+        # only rows whose least floor is under their highest threshold can hold a live cell
+        most = np.maximum(row32, max(col32.max(initial=-np.inf), over32))
+        keep = np.flatnonzero(_row_min(state.floor) <= most)
+        thr = np.maximum(row32[keep, None], col32[None, :])
+        np.copyto(thr, over32, where=~state.fits[keep])
+        left = state.valid[keep] & ~state.done[keep] & (state.floor[keep] <= thr)
+        at_row, cols = np.nonzero(left)
+        rows = keep[at_row]
+        self.index = rows * state.valid.shape[1] + cols
         del thr, left
-        rows, cols = np.divmod(self.index, state.valid.shape[1])
         self.floor = state.floor.ravel()[self.index]
         self.fits = state.fits.ravel()[self.index]
         # each cell's combination of row-axis values among the live rows' (`rid`) and its

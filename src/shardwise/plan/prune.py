@@ -503,9 +503,7 @@ def _pair_rows(cand: dict[str, Any], want: dict[str, int]) -> list[np.ndarray]:
     for key, value in want.items():
         mask &= pairs[key] == value
     column = np.asarray(cand["pair"])[:, 0]
-    out = []
-    for q in np.flatnonzero(mask):
-        lo, hi = np.searchsorted(column, q), np.searchsorted(column, q, "right")
-        if hi > lo:
-            out.append(np.arange(lo, hi))
-    return out
+    want_pairs = np.flatnonzero(mask)
+    # one search for all of them (each call would copy the strided column)
+    lows, highs = (np.searchsorted(column, want_pairs, side) for side in ("left", "right"))
+    return [np.arange(lo, hi) for lo, hi in zip(lows, highs, strict=True) if hi > lo]

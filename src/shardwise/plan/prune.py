@@ -147,7 +147,7 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
 
     def fill(block: np.ndarray) -> tuple[np.ndarray, tuple[float, int]]:
         memory = memory_grid(model, train, cand, shared, block, geometries)
-        memory[~valid[block]] = np.inf
+        np.putmask(memory, ~valid[block], np.inf)
         fits[block] = memory <= budget
         row_low[block] = _row_min(memory)
         at = int(np.argmin(memory))  # the block's rows ascend: its first least cell

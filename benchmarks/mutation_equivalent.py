@@ -335,6 +335,10 @@ EQUIVALENT: dict[str, str] = {
         "2 <= pp <= 16 a count z >= 0 gives the same stage sizes (checked); its one caller "
         "(plan.grid._partitions) keys those sizes by the counts and a searched layout takes "
         "the sizes (plan.evaluate._layout_of)",
+    "shardwise.stacks.splits.x_balanced_ends__mutmut_20": "last_less searched in [-3, 2] "
+        "instead of [-2, 2]: for every split (deepspeed, neox, torchtitan), 2 <= L < 200 and "
+        "2 <= pp <= 16 it returns the same counts and sizes, or None alike (checked): no "
+        "Balanced(a, -3) reproduces a stack's split before a count in [-2, 2] does",
     # mut-plan (code at branch point 80a1629; search-speed changes src/shardwise/plan/*:
     # recheck these after merging it)
     "shardwise.plan.rank.xǁRankingǁ_simulate__mutmut_88": "pending[exact] = None for False: "

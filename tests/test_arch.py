@@ -112,6 +112,13 @@ def test_hf_config_equals_preset():
     assert from_hf_config(HF / "llama3-8b").count_params() == PRESETS["llama3-8b"].count_params()
 
 
+@pytest.mark.parametrize("name", ["llama3-8b", "llama3-70b", "llama3-405b"])
+def test_llama3_presets_keep_the_8k_context_of_their_pretraining(name):
+    # Dubey et al. 2024 §3.4.1: pre-trained at an 8K context before the long-context stage;
+    # Meta-Llama-3-8B's config.json (the fixture) max_position_embeddings 8192
+    assert PRESETS[name].max_seq == from_hf_config(HF / "llama3-8b").max_seq == 8192
+
+
 def test_hf_config_errors(tmp_path):
     bad = tmp_path / "config.json"
     bad.write_text('{"model_type": "t5", "d_model": 512}')

@@ -45,3 +45,10 @@ def test_maverick_alternates_dense_and_moe_layers_without_qk_norm():
     assert maverick.n_moe_layers == 24 and scout.n_moe_layers == 48
     assert (maverick.qk_norm, scout.qk_norm) == ("", "l2")
     assert (maverick.rope_type, scout.rope_type) == ("default", "llama3")
+
+
+def test_gemma2_27b_slides_a_4096_token_window():
+    """Gemma 2 report (Gemma Team 2024, Table 1): a sliding window of 4096 tokens on the
+    local layers; transformers' Gemma2Config defaults to the same window."""
+    assert PRESETS["gemma2-27b"].sliding_window == 4096 == transformers.Gemma2Config(
+        ).sliding_window

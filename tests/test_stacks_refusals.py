@@ -69,6 +69,19 @@ def test_layout_problems_one_sentence_each(stack, layout, problems):
     assert get_stack(stack).layout_problems(layout) == problems
 
 
+def test_a_stack_that_always_exposes_dp_traffic_says_so(monkeypatch):
+    """A stack whose DP traffic is never overlapped and cannot be (none registered today:
+    each stack without the setting overlaps at every ZeRO stage) refuses the overlap with
+    the sentence torchtitan's refusal mirrors, and runs without it."""
+    from shardwise.stacks.stack import STACKS
+
+    monkeypatch.setitem(STACKS, "serial-ddp", replace(
+        get_stack("torchtitan"), name="serial-ddp", dp_overlap_zero=()))
+    assert _refused(lambda: resolve("serial-ddp", dp_overlap=True)) == (
+        "serial-ddp always exposes DP traffic; drop the DP-overlap setting")
+    assert resolve("serial-ddp", dp_overlap=False).dp_overlap is False
+
+
 def test_stack_versions_are_named_when_another_is_asked():
     assert parse_impl("torchtitan") == "torchtitan"
     assert parse_impl("torchtitan@0.3.0") == "torchtitan"

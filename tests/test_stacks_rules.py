@@ -88,7 +88,7 @@ def test_stack_splits_at_their_thresholds():
 
 @pytest.mark.parametrize(("split", "n_layers", "pp", "sizes"), [
     ("deepspeed", 10, 4, (3, 3, 2, 2)), ("deepspeed", 8, 4, (2, 2, 2, 2)),
-    ("neox", 6, 4, (1, 2, 2, 1)), ("torchtitan", 9, 4, (2, 3, 3, 1))])
+    ("neox", 6, 4, (1, 2, 2, 1)), ("neox", 6, 2, (3, 3)), ("torchtitan", 9, 4, (2, 3, 3, 1))])
 def test_balanced_ends_reproduce_the_stacks_split(split, n_layers, pp, sizes):
     """The planner's Balanced counts for a stack's own split: counts in [-2, 2] whose
     documented rule (`L + a + z` units, q each, the r extras on stages 1…r, the first stage

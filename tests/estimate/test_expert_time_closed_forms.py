@@ -30,8 +30,9 @@ from shardwise.estimate.expert import (
 from shardwise.estimate.kernels import ComputeContext, linear
 from shardwise.estimate.links import Links
 from shardwise.estimate.links import group_collective_time as coll
+from shardwise.estimate.step import estimate_step
 from shardwise.hardware import Cluster, get_accelerator
-from shardwise.layout import TrainSpec
+from shardwise.layout import Layout, TrainSpec
 
 MOE = ModelSpec(name="ep-moe", n_layers=4, d_model=256, n_heads=8, n_kv_heads=4, d_ff=512,
                 vocab=512, max_seq=2048, n_experts=16, top_k=4, d_ff_expert=96,
@@ -59,13 +60,14 @@ def _paired(comm: float, work: float, sms: float = 132, busy: float = 20) -> flo
     return comm if comm * (sms - busy) / sms >= work else work + comm * busy / sms
 
 
-def _megatron_alltoall(links, tokens: float) -> tuple[float, float]:
+def _megatron_alltoall(links, tokens: float, ep_in_node: int = EP_IN_NODE
+                       ) -> tuple[float, float]:
     """(forward, backward pass without the count exchange) of one layer, Megatron."""
     h, ab = 256, 2
     rows = tokens * 4 * LOAD
     gather = ET * rows * h * ab
-    passes = (coll("all-to-all", rows * (h * ab + ab), E, EP_IN_NODE, links)
-              + coll("all-to-all", rows * h * ab, E, EP_IN_NODE, links)
+    passes = (coll("all-to-all", rows * (h * ab + ab), E, ep_in_node, links)
+              + coll("all-to-all", rows * h * ab, E, ep_in_node, links)
               + coll("all-gather", gather, ET, ET, links)
               + coll("reduce-scatter", gather, ET, ET, links))
     counts = coll("all-gather", 8.0 * 16 * ET * E, ET * E, min(ET * E, 8), links)
@@ -86,6 +88,19 @@ def test_megatron_alltoall_with_expert_tp(sp):
     assert b == pytest.approx(N_MOE * (bwd + FULL * fwd), rel=1e-12)
     f0, b0 = _run(ctx, links, spec, sp=sp, full=0)
     assert (f0, b0) == pytest.approx((N_MOE * fwd, N_MOE * bwd), rel=1e-12)
+
+
+def test_the_step_routes_megatrons_sequence_shard():
+    """`estimate_step` hands SP on to the dispatcher: Megatron under SP with tp = etp = 2,
+    ep = 4 on 16 GPUs (the EP group ranks 0, 2, 4, 6: one node), one stage, no recompute:
+    each of the m = 64 / (2·8) micro-batches pays its 4 MoE layers' forward and backward
+    passes over T/t rows."""
+    links = _setup()[1]
+    spec = TrainSpec(seq_len=SEQ, expert_load=LOAD, impl="megatron-te", global_batch=64)
+    layout = Layout.parse(f"tp={T},ep={E},etp={ET},dp=8,sp=1,micro_batch={B}")
+    step = estimate_step(MOE, Cluster.of(16, H100), layout, spec)
+    fwd, bwd = _megatron_alltoall(links, SEQ * B / T, ep_in_node=E)
+    assert step.ep_comm == pytest.approx(4 * MOE.n_moe_layers * (fwd + bwd), rel=1e-12)
 
 
 def test_torchtitan_alltoall_shards_over_tp_and_swaps_counts():

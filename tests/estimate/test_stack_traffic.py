@@ -185,12 +185,13 @@ def test_torchtitan_eager_traffic_is_its_blocks(monkeypatch, rope, gated):
     assert (forward.ops, backward.ops) == kernels
 
 
-@pytest.mark.parametrize(("rope", "gated"), VARIANTS)
-def test_hf_eager_traffic_is_its_layers(monkeypatch, rope, gated):
+def _hf_measured(monkeypatch, rope: bool, gated: bool, kv: int):
+    """(forward, backward) `_Traffic` of one transformers LlamaDecoderLayer at SHAPE with
+    `kv` KV heads: without RoPE its rotary embedding skipped, without a gate `w2(gelu(w1 x))`."""
     transformers = pytest.importorskip("transformers")
     import transformers.models.llama.modeling_llama as modeling_llama
 
-    h, a, kv, f, s, b = SHAPE
+    h, a, _, f, s, b = SHAPE
     if not rope:
         monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb",
                             lambda q, k, *_, **__: (q, k))
@@ -210,8 +211,13 @@ def test_hf_eager_traffic_is_its_layers(monkeypatch, rope, gated):
         return layer(x, position_embeddings=embedding, attention_mask=None,
                      position_ids=positions)
 
-    x = torch.randn(b, s, h, dtype=torch.bfloat16, requires_grad=True)
-    forward, backward = _measure(run, x)
+    return _measure(run, torch.randn(b, s, h, dtype=torch.bfloat16, requires_grad=True))
+
+
+@pytest.mark.parametrize(("rope", "gated"), VARIANTS)
+def test_hf_eager_traffic_is_its_layers(monkeypatch, rope, gated):
+    h, a, kv, f, s, b = SHAPE
+    forward, backward = _hf_measured(monkeypatch, rope, gated, kv)
     predicted, kernels = _predicted("hf-sdpa", rope, gated, b * s)
     assert forward.bytes == pytest.approx(predicted[0], rel=0.03)
     assert backward.bytes == pytest.approx(predicted[1], rel=0.03)
@@ -219,6 +225,19 @@ def test_hf_eager_traffic_is_its_layers(monkeypatch, rope, gated):
     # the eager stacks move several times the fused count: compile has something to win
     fused = b * s * (28 * h + 8 * kv * (h // a) + 6 * f)
     assert forward.bytes > (2 if rope else 1.5) * fused
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_hf_eager_traffic_without_rope_is_blind_to_the_kv_heads(monkeypatch, gated):
+    """Without RoPE no memory-bound op of the layer touches a q- or kv-shaped tensor (SDPA
+    reads K and V as the projections write them), so 4 or 12 KV heads move the same bytes,
+    counted; the table's q + kv coefficients are 0 both ways."""
+    kv = SHAPE[2]
+    few = _hf_measured(monkeypatch, False, gated, kv)
+    many = _hf_measured(monkeypatch, False, gated, 3 * kv)
+    assert [x.bytes for x in many] == [x.bytes for x in few]
+    ((_, fqk, _), (_, bqk, _)), _ = get_stack("hf-sdpa").eager_traffic(_spec(False, gated))
+    assert (fqk, bqk) == (0.0, 0.0)
 
 
 def test_torchtitan_op_sac_keeps_what_the_profile_counts(monkeypatch):

@@ -48,11 +48,12 @@ DENSE = _cost(1.0e-3, 2.1e-3, 0.3e-3, 0.9e-3, 0.25e-3, 0.6e-3)
 MOE = _cost(1.7e-3, 3.3e-3, 0.5e-3, 1.4e-3, 0.26e-3, 0.62e-3)
 
 
-def _terms(head=(0.8e-3, 1.5e-3), emb=(0.05e-3, 0.07e-3), layout=LAYOUT, **train):
+def _terms(head=(0.8e-3, 1.5e-3), emb=(0.05e-3, 0.07e-3), layout=LAYOUT, dense=DENSE, moe=MOE,
+           cal=None, **train):
     train = TrainSpec(seq_len=S, global_batch=M * layout.dp, dp_overlap=True, **train)
-    cal = default_calibration("h100-sxm")
+    cal = cal or default_calibration("h100-sxm")
     ctx = ComputeContext.of(MODEL, Cluster.of(32, "h100").accelerator, train, cal)
-    costs = {"dense": DENSE, "moe": MOE, "head": head, "embedding": emb}
+    costs = {"dense": dense, "moe": moe, "head": head, "embedding": emb}
     terms = step_terms(ctx, LINKS, train, m=M, costs=costs, partition=layout.partition,
                        **layout.codes())
     return {k: float(v) for k, v in terms.items()}, ctx, train
@@ -140,6 +141,35 @@ def test_every_term_of_the_step_by_hand():
     parts = ("compute", "tp_comm", "cp_comm_exposed", "ep_comm", "pp_comm", "bubble",
              "dp_comm_exposed", "optimizer")
     assert terms["total"] == pytest.approx(sum(terms[k] for k in parts), rel=1e-12)
+
+
+def test_the_dp_window_holds_the_critical_stages_tp_backward():
+    """Layers 100 times cheaper than DENSE and MOE, 8 MB buckets: ZeRO-1's gradient
+    reduce-scatter outlasts its window, so the exposed part is what 1.5 critical-stage
+    backward passes leave, each with its TP reduce-scatter/all-gather pairs (2 per layer of
+    the stage's 4)."""
+    t, c, p, v, h = 2, 2, 2, 2, MODEL.d_model
+    cheap = {name: SimpleNamespace(**{k: x / 100 for k, x in vars(cost).items()})
+             for name, cost in (("dense", DENSE), ("moe", MOE))}
+    head = (0.8e-5, 1.5e-5)
+    cal = replace(default_calibration("h100-sxm"), dp_bucket_bytes=8e6)
+    terms, _, train = _terms(head=head, emb=(0.05e-5, 0.07e-5), layout=replace(LAYOUT, zero=1),
+                             cal=cal, **cheap)
+    d, e = cheap["dense"], cheap["moe"]
+    f_crit = d.fwd + 3 * e.fwd + head[0]  # the last stage: 1 dense, 3 MoE layers, the head
+    b_crit = d.bwd + d.recompute + 3 * (e.bwd + e.recompute) + head[1]
+    act = S / c * h * 2
+    tp_b = 4 * 2 * (coll("reduce-scatter", act, t, 2) + coll("all-gather", act, t, 2))
+    tp_f = tp_b  # the same pairs each way
+    dense_p, expert_p = busiest_stage_params(MODEL, t, p, 4, v)
+    window = (1 + (v - 1) * p) / v
+    exposed, _ = dp_time(
+        LINKS, train, cal.overlap_contention, 8e6,
+        groups=[(dense_p, 1), (expert_p, 4)], replicas=8, in_node=4, group=8, zero=1, m=M,
+        layers=4, window_b=window * (b_crit + tp_b), window_f=window * (f_crit + tp_f),
+        big_f=terms["t_forward"], big_b=terms["t_backward"], grad_bytes=2, weight_bytes=2,
+        host_copy=lambda n: n)
+    assert terms["dp_comm_exposed"] == pytest.approx(float(exposed), rel=1e-12)
 
 
 def test_the_slowest_stage_is_the_first_when_the_embedding_costs_more():
@@ -372,6 +402,27 @@ def test_fp8_weight_casts_once_per_step_or_per_micro_batch_under_zero3(zero):
     f_crit = DENSE.fwd + 3 * MOE.fwd + 0.8e-3
     b_crit = DENSE.bwd + DENSE.recompute + 3 * (MOE.bwd + MOE.recompute) + 1.5e-3
     assert float(terms["compute"]) == pytest.approx(M * (f_crit + b_crit) + casts, rel=1e-12)
+
+
+@pytest.mark.parametrize("zero", [1, 3])
+def test_a_dense_models_fp8_weight_casts_are_its_dense_layers_only(zero):
+    """FP8 on a dense model (MODEL without experts): the busiest stage casts its 4 dense
+    layers' FP8 weights (8 layers over 2 stages), no MoE layer's, once per step or every
+    micro-batch under ZeRO-3, memory-bound at the HBM's rate."""
+    dense_model = replace(MODEL, name="step-dense", n_experts=0, top_k=0, d_ff_expert=0,
+                          n_shared_experts=0, first_dense_layers=0).validate()
+    dense = SimpleNamespace(**{**vars(DENSE), "fp8_weights": 3.0e6})
+    layout = replace(LAYOUT, ep=1, zero=zero)
+    train = TrainSpec(seq_len=S, global_batch=M * 4, fp8="delayed")
+    ctx = ComputeContext.of(dense_model, Cluster.of(32, "h100").accelerator, train,
+                            default_calibration("h100-sxm"))
+    costs = {"dense": dense, "head": (0.8e-3, 1.5e-3), "embedding": (0.05e-3, 0.07e-3)}
+    terms = step_terms(ctx, LINKS, train, m=M, costs=costs, **layout.codes())
+    per_cast = ctx.fp8.cast_bytes(ctx.generation).weight_step
+    casts = per_cast * 4 * 3.0e6 * (M if zero == 3 else 1) / ctx.hbm
+    f_crit = 4 * DENSE.fwd + 0.8e-3  # the last stage's 4 layers and the head
+    b_crit = 4 * (DENSE.bwd + DENSE.recompute) + 1.5e-3
+    assert float(terms["compute"]) - M * (f_crit + b_crit) == pytest.approx(casts, rel=1e-9)
 
 
 @pytest.mark.parametrize("optimizer, moments", [("sgd", 0.0), ("sgd-momentum", 4.0),

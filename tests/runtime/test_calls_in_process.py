@@ -99,6 +99,32 @@ def test_max_all_reduce_and_the_ring_impl(monkeypatch):
         assert torch.equal(out, torch.stack(xs).sum(0)[r:r + 1])
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_the_ring_impl_all_reduces_by_send_and_recv(n, monkeypatch):
+    """impl="ring" runs the p2p ring where the backend's all-reduce could run: 13 floats
+    over N ranks in tensor_split chunks, each rank sends 2(N−1) messages — reduce-scatter
+    chunk (r−k−1) mod N, then the reduced chunks (r−k) mod N round again — counted to the
+    byte; the sum is one device's."""
+    hub = Hub(n)
+    xs = [_x(r, 13) for r in range(n)]
+
+    def body(g, r):
+        c = CommCounter()
+        t = xs[r].clone()
+        calls.all_reduce(t, g, impl="ring", counter=c)
+        assert torch.equal(t, torch.stack(xs).sum(0))
+        return c
+
+    counters = _run(n, body, monkeypatch, hub)
+    sizes = [p.numel() for p in torch.tensor_split(torch.empty(13), n)]
+    sent = [[sizes[(r - k - 1) % n] for k in range(n - 1)]
+            + [sizes[(r - k) % n] for k in range(n - 1)] for r in range(n)]
+    assert sorted(hub.sizes) == sorted(x for chunks in sent for x in chunks)
+    for r, c in enumerate(counters):
+        assert c.bytes("tp", "all-reduce") == 4 * sum(sent[r])
+        assert c.payload_bytes("tp", "all-reduce") == 4 * 13
+
+
 def test_all_to_all_broadcast_send_count_what_leaves_the_rank(monkeypatch):
     n = 3
 

@@ -12,6 +12,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 from dataclasses import replace
@@ -194,6 +195,19 @@ def test_a_data_text_larger_than_the_hash_chunk_changed_past_its_first_chunk_is_
         check_start(config)
 
 
+@pytest.fixture
+def hangup_fails():
+    """A SIGHUP to this process fails the test instead of ending the run: the lock below
+    probes its own holder, this process, which a probe must not signal."""
+    def fail(*_: object) -> None:
+        pytest.fail("this process was sent SIGHUP")
+
+    before = signal.signal(signal.SIGHUP, fail)
+    yield
+    signal.signal(signal.SIGHUP, before)
+
+
+@pytest.mark.usefixtures("hangup_fails")
 def test_the_directory_lock_refuses_a_live_holder_and_takes_over_a_dead_ones(tmp_path):
     with DirectoryLock(tmp_path):
         assert (tmp_path / ".lock").read_text().split() == [str(os.getpid()),

@@ -89,3 +89,18 @@ def test_unknown_ops_and_axes_are_one_line(monkeypatch):
     assert meter._nbytes(meter.torch.empty(3, 5, dtype=meter.torch.float16)) == 30
     assert meter.chunk_sizes(10, 4) == [3, 3, 2, 2] and meter.chunk_sizes(3, 5) == [1, 1, 1, 0,
                                                                                   0]
+
+
+def test_a_raw_process_group_resolves_to_its_own_ranks(monkeypatch):
+    """A ProcessGroup given for an axis is counted under "group" with its own ranks and this
+    rank's place in them: global rank 3 in a group of ranks (1, 3) of a world of 4 (torch's
+    `get_process_group_ranks`, whose None is the world, stood in for)."""
+    from types import SimpleNamespace
+
+    import shardwise.runtime.mesh as mesh_module
+
+    pair = object()
+    monkeypatch.setattr(mesh_module, "dist", SimpleNamespace(
+        get_process_group_ranks=lambda g: [1, 3] if g is pair else [0, 1, 2, 3],
+        get_rank=lambda: 3))
+    assert meter.resolve(pair) == AxisGroup("group", pair, 2, 1, (1, 3))

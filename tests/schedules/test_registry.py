@@ -66,6 +66,20 @@ def test_bubble_closed_forms_equal_the_simulator_for_any_times(name, p, m, v, t_
         float(info.bubble(p, v, m, t_f, t_b, t_w)), rel=1e-9, abs=1e-9)
 
 
+@pytest.mark.parametrize("p, m", [(3, 5), (4, 8), (5, 9)])
+def test_zbv_bubble_when_the_forwards_outweigh_the_backward_parts(p, m):
+    """Chunk times f = 1.5, b = w = 1 (w ≥ b/2, (b + w)/2 ≤ f ≤ b + w): of ZBV's eight
+    critical paths (2p-3)f - (p-2)b is the longest, by hand (p = 4: 5.5, the next
+    2(p-1)f - (p-1)b - w = 5); the simulator idles as long."""
+    f, b, w = 1.5, 1.0, 1.0
+    t_f, t_b, t_w = 2 * f, 2 * (b + w), 2 * w  # a stage runs both chunks
+    bubble = (2 * p - 3) * f - (p - 2) * b
+    timeline = stage_timeline("zbv", p, m, t_f=t_f, t_b=t_b, t_w=t_w)
+    assert timeline.makespan - m * (t_f + t_b) == pytest.approx(bubble, abs=1e-12)
+    assert float(get_schedule("zbv").bubble(p, 2, m, t_f, t_b, t_w)) == pytest.approx(
+        bubble, abs=1e-12)
+
+
 @given(p=st.integers(2, 12), m=st.integers(1, 40))
 def test_v_schedules_in_flight_rules_equal_their_action_order(p, m):
     for name in ("zbv", "dualpipev"):

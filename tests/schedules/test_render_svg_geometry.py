@@ -87,6 +87,40 @@ def test_each_box_is_its_event_on_the_time_axis(case):
     assert float(root.get("height")) > max(y + h for y, h in tops)
 
 
+def test_a_small_chart_by_hand():
+    """1F1B, p = 2, m = 2, t_f = 1, t_b = 2, worked by hand: stage 0 runs F0, F1 at 0, 1 and
+    B0, B1 when stage 1's end (4, 7); stage 1 F0 1, B0 2, F1 4, B1 5; makespan
+    (m + p - 1)(t_f + t_b) = 9. The chart: 960 px of time from x = 64 (scale 960/9), rows
+    28 px apart from y = 28, boxes 22 px tall; each label's baseline 4 px under its box's
+    middle (y + 11 + 4), centred in the box; each "stage i" right-aligned 8 px left of the
+    chart (x = 56) on its row's baseline."""
+    timeline, root = _chart("1f1b", 2, 2, 1, 1.0, 2.0, None)
+    starts = {(0, "F0"): 0, (0, "F1"): 1, (0, "B0"): 4, (0, "B1"): 7,
+              (1, "F0"): 1, (1, "B0"): 2, (1, "F1"): 4, (1, "B1"): 5}
+    assert timeline.makespan == 9
+    scale = 960 / 9
+    boxes = {}
+    for rect in root.findall(f"{NS}rect"):
+        stage, action = rect.find(f"{NS}title").text.split(" from ")[0].split(": ")
+        key = (int(stage.removeprefix("stage ")), action)
+        x, y = 64 + starts[key] * scale, 28 + 28 * key[0]
+        width = (1 if action[0] == "F" else 2) * scale
+        assert (float(rect.get("x")), float(rect.get("y"))) == pytest.approx((x, y), abs=0.005)
+        assert (float(rect.get("width")), float(rect.get("height"))) == pytest.approx(
+            (width, 22), abs=0.005)
+        boxes[key] = (x + width / 2, y + 11 + 4)
+    assert sorted(boxes) == sorted(starts)
+    labels = sorted((t.text, float(t.get("x")), float(t.get("y")))
+                    for t in root.iter(f"{NS}text") if t.get("fill") == "white")
+    want = sorted((action, x, y) for (_, action), (x, y) in boxes.items())
+    assert [text for text, _, _ in labels] == [action for action, _, _ in want]
+    assert [c for _, *xy in labels for c in xy] == pytest.approx(
+        [c for _, *xy in want for c in xy], abs=0.005)
+    stages = [(t.text, float(t.get("x")), float(t.get("y")), t.get("text-anchor"))
+              for t in root.iter(f"{NS}text") if (t.text or "").startswith("stage ")]
+    assert stages == [("stage 0", 56, 28 + 15, "end"), ("stage 1", 56, 56 + 15, "end")]
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_labels_sit_centred_in_the_boxes_wide_enough(case):
     timeline, root = _chart(*case)

@@ -155,17 +155,18 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
                                     int(block[at // n_cols]) * n_cols + at % n_cols)
 
     with ThreadPoolExecutor(_THREADS) as pool:  # numpy's loops release the GIL
-        reduced = list(pool.map(fill, blocks))
+        pending = pool.map(fill, blocks)  # started; meanwhile what needs no memory
+        codes = {axis: _codes(cand, axis) for axis in (*_ROW_AXES, *_COL_AXES)}
+        # the row axes but zero are the same on a run's rows: reduced per run, then per code
+        groups = {axis: _Groups(code, None if axis in ("zero", *_COL_AXES)
+                                else geometries.first) for axis, code in codes.items()}
+        lines = {True: _row_any(valid), False: valid.any(axis=0)}  # per row, per column
+        # cp_kind's code for layouts without context parallelism names no alternative
+        values = {axis: [v for v in groups[axis].present(lines[groups[axis].on_rows])
+                         if not (axis == "cp_kind" and v == len(CP_KINDS))] for axis in codes}
         floor = _floor(model, cluster, train, cand, shared, pool, geometries.first)
+        reduced = list(pending)
     state = _State(model, cluster, train, cand, shared, floor, fits, valid)
-    codes = {axis: _codes(cand, axis) for axis in (*_ROW_AXES, *_COL_AXES)}
-    # the row axes but zero are the same on a run's rows: reduced per run, then per code
-    groups = {axis: _Groups(code, None if axis in ("zero", *_COL_AXES) else geometries.first)
-              for axis, code in codes.items()}
-    lines = {True: _row_any(valid), False: valid.any(axis=0)}  # per row, per column
-    # cp_kind's code for layouts without context parallelism names no alternative
-    values = {axis: [v for v in groups[axis].present(lines[groups[axis].on_rows])
-                     if not (axis == "cp_kind" and v == len(CP_KINDS))] for axis in codes}
     lines = {True: row_low, False: np.min([col for col, _ in reduced], axis=0)}
     least: dict[tuple[str, int], float] = {}
     for axis, present in values.items():
@@ -201,7 +202,7 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
     while True:
         thresholds = state.thresholds(top, fold, within, codes, values, positions)
         if live is None:  # the cells under the first (loosest) thresholds; later ones fall
-            live = _Live(state, codes, thresholds)
+            live = _Live(state, codes, thresholds, geometries)
         need = live.needed(state, thresholds)
         if not len(need):
             break
@@ -330,15 +331,18 @@ class _Live:
     look only at them."""
 
     def __init__(self, state: _State, codes: dict[str, Any],
-                 thresholds: tuple[float, dict[str, np.ndarray], float]) -> None:
+                 thresholds: tuple[float, dict[str, np.ndarray], float],
+                 runs: RunGeometries) -> None:
         fit_threshold, per_axis, fastest_over = thresholds
-        row_thr = np.full(state.valid.shape[0], fit_threshold)
+        # the row axes but zero are a run's: their thresholds worked out per run
+        run_thr = np.full(len(runs.first), fit_threshold)
         col_thr = np.full(state.valid.shape[1], fit_threshold)
         for axis, best in per_axis.items():
-            if axis in _ROW_AXES:
-                row_thr = np.maximum(row_thr, best[codes[axis][:, 0]])
-            else:
+            if axis in _COL_AXES:
                 col_thr = np.maximum(col_thr, best[codes[axis][0]])
+            elif axis != "zero":
+                run_thr = np.maximum(run_thr, best[codes[axis][runs.first, 0]])
+        row_thr = np.maximum(run_thr[runs.run], per_axis["zero"][codes["zero"][:, 0]])
         # float32 like the floor, rounded up (the thresholds only widen); rounding and the
         # cast are monotone, so scaling and casting each line before the maximum gives the
         # same numbers without a float64 grid
@@ -363,8 +367,10 @@ class _Live:
         starts[:1] = True
         np.not_equal(rows[1:], rows[:-1], out=starts[1:])
         lines, line_of = rows[starts], np.cumsum(starts) - 1
-        combo = _dense_ids([codes[axis][lines, 0] for axis in _ROW_AXES]) if len(lines) \
-            else np.zeros(0, dtype=np.int64)
+        run_combo = _dense_ids([codes[axis][runs.first, 0] for axis in _ROW_AXES
+                                if axis != "zero"])  # per run, then with each line's zero
+        combo = _dense_ids([run_combo[runs.run[lines]], codes["zero"][lines, 0]]) \
+            if len(lines) else np.zeros(0, dtype=np.int64)
         at = lines[_one_of_each(combo)]  # a line of each combination
         self.rid = combo[line_of].astype(np.int32)
         self.cid = cols.astype(np.int16)

@@ -187,6 +187,21 @@ def test_line_groups_give_each_codes_least_value_and_its_first_position():
         assert groups.firsts(tied, np.array([3.0, 9.0, 5.0, np.inf, np.inf]))[2] == 0
 
 
+def test_line_groups_over_runs_give_the_positions_least_and_first():
+    # rows in runs that share their code (starts 0, 2, 3, 6): per run, then per code, the
+    # same as over the rows one by one — the least, its first row, and the codes present
+    code = np.array([[1], [1], [0], [1], [1], [1], [0], [0]], dtype=np.int16)
+    starts = np.array([0, 2, 3, 6])
+    groups = _Groups(code, starts)
+    value = np.array([4.0, 2.0, 6.0, 5.0, 2.0, 3.0, 8.0, 6.0], dtype=np.float32)
+    # code 0: rows 2, 6, 7 (least 6 at row 2); code 1: rows 0, 1, 3, 4, 5 (least 2, first row 1)
+    assert groups.min(value).tolist() == [6.0, 2.0]
+    assert groups.firsts(value, np.array([6.0, 2.0])) == {0: 2, 1: 1}
+    valid = np.array([False, False, False, True, False, False, False, True])
+    assert groups.present(valid) == [0, 1]
+    assert groups.present(valid & (np.arange(8) < 5)) == [1]
+
+
 def test_a_fixed_partition_the_grid_does_not_enumerate_is_searched_as_given():
     """`--fix pp=2,partition=1,3` (layer counts, comma-separated as the error message shows):
     tiny's 4 layers split 1 + 3, a split the grid does not search, is used as given."""
@@ -239,3 +254,51 @@ def test_the_baseline_skips_a_layout_the_batch_refuses_and_takes_the_next():
     layout = choose_parallelism(get_model("tiny"), Cluster.of(8, "h100"),
                                 TrainSpec(seq_len=256, global_batch=4))
     assert (layout.tp, layout.pp, layout.cp, layout.dp) == (2, 1, 1, 4)
+
+
+def test_the_first_live_cells_are_every_cell_under_its_threshold():
+    """`prune._Live`: the unevaluated valid cells whose floor is under their threshold — a
+    fitting cell's the largest of the search's, its row axes' and its column axes' values'
+    bests, a cell that does not fit the fastest such — against that definition cell by cell
+    on a random grid of runs (ZeRO variants share every row axis but zero). Cells admitted
+    only by a column value's best, only by a ZeRO option's and only as the fastest that does
+    not fit are present."""
+    from types import SimpleNamespace
+
+    from shardwise.plan.prune import _COL_AXES, _ROW_AXES, _Live
+
+    rng = np.random.default_rng(7)
+    n_runs, per_run, n_cols = 30, 4, 6
+    n_rows = n_runs * per_run
+    first, run = np.arange(0, n_rows, per_run), np.repeat(np.arange(n_runs), per_run)
+    codes = {axis: rng.integers(0, 3, n_runs)[run][:, None].astype(np.int16)
+             for axis in _ROW_AXES if axis != "zero"}
+    codes["zero"] = np.tile(np.arange(per_run), n_runs)[:, None].astype(np.int16)
+    codes |= {axis: rng.integers(0, 2, n_cols)[None, :].astype(np.int16) for axis in _COL_AXES}
+    state = SimpleNamespace(valid=rng.random((n_rows, n_cols)) < 0.9,
+                            done=rng.random((n_rows, n_cols)) < 0.1,
+                            fits=rng.random((n_rows, n_cols)) < 0.7,
+                            floor=rng.uniform(1.0, 3.0, (n_rows, n_cols)).astype(np.float32))
+    per_axis = {axis: rng.uniform(1.0, 1.6, int(code.max()) + 1) for axis, code in codes.items()}
+    per_axis["recompute"][1] = 2.6  # a column value whose best is far above the rest
+    per_axis["zero"][3] = 2.0  # and a row's ZeRO option
+    fit_threshold, fastest_over = 1.2, 2.2
+    live = _Live(state, codes, (fit_threshold, per_axis, fastest_over),
+                 SimpleNamespace(first=first, run=run))
+
+    def threshold(i: int, j: int) -> float:
+        if not state.fits[i, j]:
+            return fastest_over
+        return max([fit_threshold] + [per_axis[a][codes[a][i, 0]] for a in _ROW_AXES]
+                   + [per_axis[a][codes[a][0, j]] for a in _COL_AXES])
+
+    want = [i * n_cols + j for i in range(n_rows) for j in range(n_cols)
+            if state.valid[i, j] and not state.done[i, j]
+            and state.floor[i, j] <= np.float32(threshold(i, j) * (1 + 1e-6))]
+    assert live.index.tolist() == want
+    by_column = [k for k in want if state.fits.flat[k] and codes["recompute"][0, k % n_cols] == 1
+                 and state.floor.flat[k] > 1.6 * (1 + 1e-6)]
+    over = [k for k in want if not state.fits.flat[k] and state.floor.flat[k] > 1.6 * (1 + 1e-6)]
+    by_zero = [k for k in want if state.fits.flat[k] and codes["zero"][k // n_cols, 0] == 3
+               and codes["recompute"][0, k % n_cols] != 1 and state.floor.flat[k] > 1.6 * (1 + 1e-6)]
+    assert by_column and over and by_zero

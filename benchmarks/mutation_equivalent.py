@@ -341,6 +341,9 @@ EQUIVALENT: dict[str, str] = {
         "Balanced(a, -3) reproduces a stack's split before a count in [-2, 2] does",
     # mut-plan (code at branch point 80a1629; search-speed changes src/shardwise/plan/*:
     # recheck these after merging it)
+    "shardwise.plan.rank.xǁRankingǁposition__mutmut_20": "figure(None).min() for "
+        "figure(idx).min() as the rounding's reference: known is inf where a layout does not "
+        "fit (idx: the fitting ones), so the least figure of all is the least fitting one",
     "shardwise.plan.rank.xǁRankingǁ_simulate__mutmut_88": "pending[exact] = None for False: "
         "numpy stores None in a bool array as False",
     "shardwise.plan.prune.x_find_cell__mutmut_12": "cand.get(\"_partitions\") without the {} "

@@ -493,6 +493,8 @@ def test_max_and_fix_of_a_value_outside_the_default_axes():
     ("tp=0", None, "--fix tp must be an integer in [1,"),
     (None, "schedule=1f1b", "--max takes counts"),
     ("recompute=some", None, "--fix recompute='some' unknown"),
+    ("zero=4", None, "--fix zero must be an integer in [0, 3], got 4"),
+    (None, "zero_group=-2", "--max zero_group must be an integer in [0, 1,048,576], got -2"),
 ])
 def test_bad_constraints_are_one_clear_error(fix, most, message):
     with pytest.raises(ShardwiseError, match=re.escape(message)):

@@ -159,6 +159,8 @@ def test_rejections_are_sorted_by_count_with_one_example_and_category_each():
     assert by["tp·pp·cp does not divide the GPU count"].example.endswith(f"∤ {N_GPUS}")
     assert by["hybrid shard group does not divide dp·cp"].example == \
         "zero_group=4, dp·cp=6"
+    assert by["2·cp does not divide the sequence length"].example == \
+        f"2·cp=8 does not divide seq_len={TRAIN.seq_len}"
     assert by["more data-parallel replicas than sequences per step"].example == \
         f"dp={N_GPUS} > global batch {TRAIN.global_batch}"
     # a micro-batch count the interleaved schedule cannot run: m not a multiple of pp

@@ -157,17 +157,20 @@ def test_pruned_search_equals_the_exhaustive_one_on_uneven_moe_pipelines(options
         assert {a.axis for a in exhaustive.alternatives if a.best_total} >= {"pp", "zero", "ep"}
 
 
-def test_pruned_search_is_the_same_in_small_blocks_on_threads(monkeypatch):
-    """The memory grid, the floors and the step times evaluated in many small blocks, several
-    on threads at once (`prune.BLOCK_CELLS`, `prune._THREAD_CELLS`), give the exhaustive
-    search's answer: every layout's numbers are its own, whatever block it is in."""
+@pytest.mark.parametrize(("block", "per_thread"), [(96, 8), (1 << 17, 512)])
+def test_pruned_search_is_the_same_in_small_blocks_on_threads(monkeypatch, block, per_thread):
+    """The memory grid, the floors and the step times evaluated in many small blocks (96
+    cells), or each round's cells of one (pp, chunks) halved between two threads (their
+    1,244 to 8,990 cells over 512), several on threads at once (`prune.BLOCK_CELLS`,
+    `prune._THREAD_CELLS`), give the exhaustive search's answer: every layout's numbers are
+    its own, whatever block it is in."""
     spec, options = get_model(CASES[0][0]), CASES[0][1]
     exhaustive = run_plan(spec, **options, prune_above=EXHAUSTIVE)
-    monkeypatch.setattr(prune, "BLOCK_CELLS", 96)
-    monkeypatch.setattr(prune, "_THREAD_CELLS", 8)
+    monkeypatch.setattr(prune, "BLOCK_CELLS", block)
+    monkeypatch.setattr(prune, "_THREAD_CELLS", per_thread)
     pruned = run_plan(spec, **options, prune_above=0)
     assert _comparable(pruned) == _comparable(exhaustive)
-    assert pruned.stats.timed > 2 * 96  # the step times too took several blocks
+    assert pruned.stats.timed > 2 * max(96, 2 * per_thread)  # in several blocks
 
 
 # The DP/ZeRO term decides: DeepSeek-V2-Lite (MoE with shared experts: a dense and an expert

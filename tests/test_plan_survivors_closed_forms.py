@@ -232,6 +232,38 @@ def test_row_argmin_and_ordinal_agree_with_numpy_where_the_first_column_is_least
     low, arg = _row_argmin(grid)
     assert list(low) == list(grid.min(axis=1)) and list(arg) == list(grid.argmin(axis=1))
     assert _ordinal([np.zeros(0, dtype=np.int64)]).shape == (0,)  # no rows: no codes
+    # negative values (a fixed partition's -1 ends): the codes sort as the rows' tuples do
+    first, second = np.array([-1, 0, -1, 2, 0, -1]), np.array([3, -5, 1, 0, -5, 1])
+    code = _ordinal([first, second])
+    rows = list(zip(first.tolist(), second.tolist(), strict=True))
+    assert sorted(range(6), key=lambda i: (code[i], i)) == \
+        sorted(range(6), key=lambda i: (rows[i], i))
+    assert [code[i] == code[j] for i, j in ((1, 4), (2, 5), (0, 2))] == [True, True, False]
+
+
+def test_the_recommendation_is_named_in_words_for_each_choice():
+    """The JSON's tiers say which row is recommended: the simplest rule's sentence, or the
+    fastest row."""
+    from shardwise.plan.tiers import SIMPLEST_RULE, tiering
+
+    result = plan(get_model("tiny"), Cluster.of(8, "h100"), TrainSpec(seq_len=256,
+                                                                       global_batch=16))
+    said = {choose: tiering(replace(result, choose=choose)).to_dict()["recommendation"]
+            for choose in ("simplest", "fastest")}
+    assert said == {"simplest": SIMPLEST_RULE, "fastest": "the fastest row"}
+
+
+def test_a_schedule_refused_at_one_micro_batch_says_one_micro_batch():
+    """Interleaving 2 chunks over pp = 2 needs micro-batches in groups of pp; 8 GPUs, dp 4
+    and a batch of 4 give one micro-batch per step: the example says "1 micro-batch"."""
+    space = SearchSpace(tp=(1,), pp=(2,), cp=(1,), ep=(1,), micro_batch=(1,),
+                        schedules=("interleaved",), chunks=(2,), zero=(0,))
+    rejections = _Rejections()
+    _enumerate(get_model("tiny"), Cluster.of(8, "h100"), TrainSpec(seq_len=256, global_batch=4),
+               space, rejections)
+    examples = {r.reason: r.example for r in rejections.result()}
+    refused = [example for reason, example in examples.items() if "micro-batches" in reason]
+    assert refused == ["pp=2, 1 micro-batch"], examples
 
 
 def test_an_unknown_choice_of_recommendation_names_the_valid_ones():

@@ -59,3 +59,22 @@ def test_a_dense_models_mtp_module_holds_a_dense_layer_and_its_inputs():
 def test_a_model_that_is_not_a_spec_is_one_clear_error():
     with pytest.raises(ShardwiseError, match="model must be a ModelSpec"):
         training_memory_per_gpu("llama3-8b", Layout())
+
+
+def test_a_tie_between_the_two_moments_names_the_forward_to_backward_one():
+    """`MemoryBreakdown.peak` is the larger of two moments: forward-to-backward (state +
+    activations + logits + the largest transient) and the optimizer step (state + its
+    buffer). At an exact tie the peak is that number either way and the forward-to-backward
+    moment is named (the optimizer step only when it holds strictly more); one byte more
+    in the step's buffer names the step."""
+    from shardwise.estimate.memory import MemoryBreakdown
+
+    weights, grads, optimizer, activations, logits, loss = 7.0, 3.0, 11.0, 40.0, 5.0, 6.0
+    tied_step = activations + logits + loss  # the two moments hold the same bytes
+    for step, transient in ((tied_step, "loss buffer"), (tied_step + 1, "optimizer step")):
+        stage = MemoryBreakdown(0, 1, weights, grads, optimizer, activations, logits,
+                                transients=(("loss buffer", loss), ("optimizer step", step)))
+        assert stage.peak == weights + grads + optimizer + max(tied_step, step)
+        assert stage.peak_transient == transient
+        assert stage.peak_term == ("activations" if transient == "loss buffer"
+                                   else "optimizer step")

@@ -20,6 +20,7 @@ from shardwise.choices import RECOMPUTE
 from shardwise.estimate.axes import (
     cp_time,
     dp_time,
+    dp_traffic,
     interleaved_window,
     p2p_exposed,
     pipeline_bubble,
@@ -224,6 +225,12 @@ def test_dp_and_zero_terms_by_hand(zero, group, overlap):
         host_copy=lambda n: 1e9 * n)  # no offload: never called
     hand_exposed, hand_total = _dp_hand(zero, 16, 4, group, window_b, window_f, kappa, overlap)
     assert float(total) == pytest.approx(hand_total, rel=1e-12)
+    # the planner's floor reads the same total with no window (`dp_traffic`)
+    moved = dp_traffic(
+        links(4), train, BUCKET, groups=[(P_DENSE, 1), (P_EXPERT, 2)], replicas=16,
+        in_node=4, group=group, zero=zero, m=M, layers=LAYERS, grad_bytes=GB,
+        weight_bytes=WB, host_copy=lambda n: 1e9 * n)
+    assert float(moved) == pytest.approx(hand_total, rel=1e-12)
     assert float(exposed) == pytest.approx(hand_exposed, rel=1e-12)
     if overlap and zero < 3:
         assert float(exposed) < float(total)

@@ -64,6 +64,8 @@ MARGIN = 1e-6  # relative slack on every threshold (the ranking's ties are 1e-9)
 _KEYS = ("total", "memory", "bubble", "t_forward", "t_backward", "t_wgrad")
 _ROW_AXES = ("tp", "pp", "cp", "ep", "cp_kind", "zero", "schedule", "micro_batch")
 _COL_AXES = ("recompute", "sp")
+# the row axes that are the same on every row of a run of ZeRO variants (all but zero)
+_RUN_AXES = tuple(axis for axis in _ROW_AXES if axis != "zero")
 
 
 # the search's resident memory: the interpreter and its modules, and per cell of
@@ -157,9 +159,9 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
     with ThreadPoolExecutor(_THREADS) as pool:  # numpy's loops release the GIL
         pending = pool.map(fill, blocks)  # started; meanwhile what needs no memory
         codes = {axis: _codes(cand, axis) for axis in (*_ROW_AXES, *_COL_AXES)}
-        # the row axes but zero are the same on a run's rows: reduced per run, then per code
-        groups = {axis: _Groups(code, None if axis in ("zero", *_COL_AXES)
-                                else geometries.first) for axis, code in codes.items()}
+        # a run's axes are reduced per run, then per code
+        groups = {axis: _Groups(code, geometries.first if axis in _RUN_AXES else None)
+                  for axis, code in codes.items()}
         lines = {True: _row_any(valid), False: valid.any(axis=0)}  # per row, per column
         # cp_kind's code for layouts without context parallelism names no alternative
         values = {axis: [v for v in groups[axis].present(lines[groups[axis].on_rows])
@@ -334,13 +336,13 @@ class _Live:
                  thresholds: tuple[float, dict[str, np.ndarray], float],
                  runs: RunGeometries) -> None:
         fit_threshold, per_axis, fastest_over = thresholds
-        # the row axes but zero are a run's: their thresholds worked out per run
+        # a run's axes' thresholds are worked out per run
         run_thr = np.full(len(runs.first), fit_threshold)
         col_thr = np.full(state.valid.shape[1], fit_threshold)
         for axis, best in per_axis.items():
             if axis in _COL_AXES:
                 col_thr = np.maximum(col_thr, best[codes[axis][0]])
-            elif axis != "zero":
+            elif axis in _RUN_AXES:
                 run_thr = np.maximum(run_thr, best[codes[axis][runs.first, 0]])
         row_thr = np.maximum(run_thr[runs.run], per_axis["zero"][codes["zero"][:, 0]])
         # float32 like the floor, rounded up (the thresholds only widen); rounding and the
@@ -367,8 +369,8 @@ class _Live:
         starts[:1] = True
         np.not_equal(rows[1:], rows[:-1], out=starts[1:])
         lines, line_of = rows[starts], np.cumsum(starts) - 1
-        run_combo = _dense_ids([codes[axis][runs.first, 0] for axis in _ROW_AXES
-                                if axis != "zero"])  # per run, then with each line's zero
+        # per run, then with each line's zero
+        run_combo = _dense_ids([codes[axis][runs.first, 0] for axis in _RUN_AXES])
         combo = _dense_ids([run_combo[runs.run[lines]], codes["zero"][lines, 0]]) \
             if len(lines) else np.zeros(0, dtype=np.int64)
         at = lines[_one_of_each(combo)]  # a line of each combination

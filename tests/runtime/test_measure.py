@@ -209,7 +209,7 @@ def test_eight_ranks_dp2_tp2_pp2_meet_every_target():
 
 # ---------------------------------------------------------------------------------- CLI
 @pytest.mark.slow
-def test_cli_check_prints_rows_and_exits_by_the_targets():
+def test_cli_check_prints_rows_that_meet_their_targets():
     met = shardwise("check", "--dp", "2", "--seq", "32", "--global-batch", "4", "--dtype",
                     "fp64", "--steps", "1")
     # (12 rows + the all-reduce's per-call cost re-timed on the layout's groups + the time
@@ -217,6 +217,10 @@ def test_cli_check_prints_rows_and_exits_by_the_targets():
     # (+ its wire row and one for the world's bookkeeping all-reduces, loss and gradient norm)
     assert "All 22 rows meet their targets." in met.stdout
     assert "dp all-reduce" in met.stdout and "no GPU" in met.stdout
+
+
+@pytest.mark.slow
+def test_cli_check_json_on_tensor_and_sequence_parallelism():
     sp = shardwise("check", "--tp", "2", "--sp", "--seq", "32", "--global-batch", "2",
                    "--steps", "1", "--json")
     out = json.loads(sp.stdout)
@@ -224,22 +228,30 @@ def test_cli_check_prints_rows_and_exits_by_the_targets():
     # 14 rows + tp's all-reduce, reduce-scatter and all-gather re-timed per call + the time
     # in tp's and the world's collectives + 5 checkpoint rows + 3 wire rows and the world's
     assert all(row["ok"] for row in out["rows"]) and len(out["rows"]) == 28
-    # Mixed precision, ZeRO-2 over 2 ranks: SPEC §2's 2P + 14P/N bytes, measured — bf16
-    # weights whole, bf16 gradient shard, fp32 master shard, fp32 Adam moments shard; with
-    # fp32 gradients (Megatron's main_grad, 18 B/param) the gradient shard is fp32: 2P + 16P/N
-    for grad_dtype, grad_bytes in (("bf16", 2), ("fp32", 4)):
-        mixed = json.loads(shardwise("check", "--dp", "2", "--zero", "2", "--dtype", "bf16",
-                                     "--grad-dtype", grad_dtype, "--seq", "32",
-                                     "--global-batch", "2", "--steps", "2", "--json").stdout)
-        assert mixed["ok"], [row for row in mixed["rows"] if not row["ok"]]
-        state = {row["what"]: row["measured"] for row in mixed["rows"] if row["item"] == "state"}
-        assert state == {"weights": 2 * P_TINY, "grads": grad_bytes * P_TINY / 2,
-                         "master": 4 * P_TINY / 2, "optimizer": 8 * P_TINY / 2}
-        assert sum(state.values()) == 2 * P_TINY + (12 + grad_bytes) * P_TINY / 2
-        # its checkpoint: bf16 weights, fp32 masters and moments, 2 + 4 + 8 B/param
-        saved = {row["what"]: row["measured"] for row in mixed["rows"]
-                 if row["item"] == "checkpoint"}
-        assert saved[CHECKPOINT] == 14 * P_TINY
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("grad_dtype", "grad_bytes"), [("bf16", 2), ("fp32", 4)])
+def test_cli_check_measures_mixed_precision_zero2_state(grad_dtype, grad_bytes):
+    """Mixed precision, ZeRO-2 over 2 ranks: SPEC §2's 2P + 14P/N bytes, measured — bf16
+    weights whole, bf16 gradient shard, fp32 master shard, fp32 Adam moments shard; with fp32
+    gradients (Megatron's main_grad, 18 B/param) the gradient shard is fp32: 2P + 16P/N."""
+    mixed = json.loads(shardwise("check", "--dp", "2", "--zero", "2", "--dtype", "bf16",
+                                 "--grad-dtype", grad_dtype, "--seq", "32",
+                                 "--global-batch", "2", "--steps", "2", "--json").stdout)
+    assert mixed["ok"], [row for row in mixed["rows"] if not row["ok"]]
+    state = {row["what"]: row["measured"] for row in mixed["rows"] if row["item"] == "state"}
+    assert state == {"weights": 2 * P_TINY, "grads": grad_bytes * P_TINY / 2,
+                     "master": 4 * P_TINY / 2, "optimizer": 8 * P_TINY / 2}
+    assert sum(state.values()) == 2 * P_TINY + (12 + grad_bytes) * P_TINY / 2
+    # its checkpoint: bf16 weights, fp32 masters and moments, 2 + 4 + 8 B/param
+    saved = {row["what"]: row["measured"] for row in mixed["rows"]
+             if row["item"] == "checkpoint"}
+    assert saved[CHECKPOINT] == 14 * P_TINY
+
+
+@pytest.mark.slow
+def test_cli_check_on_experts_meets_every_target():
     moe = shardwise("check", "--model", "tiny-moe", "--dp", "2", "--ep", "2", "--seq", "32",
                     "--global-batch", "2", "--steps", "1", "--dtype", "fp64", "--json")
     out = json.loads(moe.stdout)
@@ -251,6 +263,10 @@ def test_cli_check_prints_rows_and_exits_by_the_targets():
                     "--global-batch", "2", "--steps", "1", "--dtype", "bf16", "--json")
     rows = [row for row in json.loads(moe.stdout)["rows"] if row["what"].endswith("MoE")]
     assert len(rows) == 4 and all(row["measured"] == row["predicted"] for row in rows), rows
+
+
+@pytest.mark.slow
+def test_cli_check_exits_1_on_a_missed_target():
     missed = shardwise("check", "--dp", "2", "--tp", "2", "--sp", "--zero", "1", "--seq", "32",
                        "--global-batch", "2", "--steps", "1", "--json", check=False)
     assert missed.returncode == 1, missed.stderr

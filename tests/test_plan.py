@@ -495,10 +495,44 @@ def test_max_and_fix_of_a_value_outside_the_default_axes():
     ("recompute=some", None, "--fix recompute='some' unknown"),
     ("zero=4", None, "--fix zero must be an integer in [0, 3], got 4"),
     (None, "zero_group=-2", "--max zero_group must be an integer in [0, 1,048,576], got -2"),
+    ("etp=-1", None, "--fix etp must be an integer in [0, 1,048,576], got -1"),
+    ("cp_kind=bogus", None,
+     "--fix cp_kind='bogus' unknown; valid: ring, ulysses, hybrid, allgather"),
 ])
 def test_bad_constraints_are_one_clear_error(fix, most, message):
     with pytest.raises(ShardwiseError, match=re.escape(message)):
         Constraint.parse(fix, most)
+
+
+def test_plan_refuses_a_layout_given_as_text_before_searching():
+    said: list[str] = []  # the search's progress messages
+    with pytest.raises(ShardwiseError, match=re.escape(
+            "layout must be a Layout (Layout(tp=…) or Layout.parse('tp=8')), got 'tp=2'")):
+        plan(get_model("llama3-8b"), Cluster.of(8, "h100"),
+             TrainSpec(seq_len=2048, global_batch=16), layout="tp=2", progress=said.append)
+    assert said == []
+
+
+@pytest.mark.parametrize("impl", ["pytorch-fsdp", "hf-sdpa"])
+def test_a_stack_without_pipeline_schedules_is_planned_without_pipelines(impl):
+    """Stacks that run no pipeline schedule still have their pp = 1 layouts searched (a
+    pp = 1 layout names the schedule 1f1b), and only those."""
+    from shardwise.stacks import STACKS
+
+    assert not set(STACKS[impl].schedules()) & {"1f1b", "gpipe", "interleaved"}
+    result = plan(get_model("llama3-8b"), Cluster.of(16, "h100"),
+                  TrainSpec(seq_len=2048, global_batch=32, impl=impl), top=3, baseline=False)
+    assert result.ranked
+    assert all(e.layout.pp == 1 and e.layout.schedule == "1f1b" for e in result.ranked)
+
+
+def test_plan_json_names_the_tiers_resolution_and_its_basis():
+    from shardwise.estimate.uncertainty import resolution
+
+    cluster, train = Cluster.of(16, "h100"), TrainSpec(seq_len=2048, global_batch=32)
+    tiers = plan(get_model("llama3-8b"), cluster, train, top=3).to_dict()["tiers"]
+    value, basis = resolution(cluster.accelerator.name, train.impl)
+    assert (tiers["resolution"], tiers["basis"]) == (value, basis) and basis
 
 
 # ---------------------------------------------------------------------- what would fit

@@ -99,6 +99,16 @@ def test_op_sac_recomputes_routed_experts_and_gate(monkeypatch):
     assert flops / (B * S) == 2.0 * (3 * K * H * F + SHARED * H * F + H * E)
 
 
+def test_op_sac_hardware_flops_add_the_recomputed_matmuls():
+    """Hardware FLOPs per token under op-sac: 3 × forward plus the forward matmuls torchtitan
+    recomputes on the one-layer MoE (above): the routed experts, the shared experts' w3, the
+    gate, and the attention's output projection wo (2·h·h: o = heads·head_dim = h)."""
+    model = _moe_spec()
+    recomputed = 2.0 * (3 * K * H * F + SHARED * H * F + H * E) + 2.0 * H * H
+    assert model.training_flops_per_token(S, recompute="op-sac") == pytest.approx(
+        3 * model.forward_flops_per_token(S) + recomputed, rel=1e-12)
+
+
 def test_op_sac_layer_time_reruns_the_routed_forward():
     """`layer_cost` on an MoE layer with shared experts under tp = 2 (SP) and ep = 4 on H100:
     forward − op-sac recompute − attention core = what op-sac keeps — QKV and the shared

@@ -20,6 +20,7 @@ from shardwise.estimate.memory import (
     training_memory_per_gpu,
 )
 from shardwise.estimate.step import estimate_step
+from shardwise.estimate.uncertainty import resolution
 from shardwise.hardware import Cluster, get_accelerator
 from shardwise.layout import Layout, TrainSpec
 from shardwise.plan import (
@@ -35,6 +36,7 @@ from shardwise.plan import (
 )
 from shardwise.plan.fit import FIT_KNOBS, fit_hints
 from shardwise.plan.rank import SIMPLER, simplicity
+from shardwise.stacks import STACKS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -517,8 +519,6 @@ def test_plan_refuses_a_layout_given_as_text_before_searching():
 def test_a_stack_without_pipeline_schedules_is_planned_without_pipelines(impl):
     """Stacks that run no pipeline schedule still have their pp = 1 layouts searched (a
     pp = 1 layout names the schedule 1f1b), and only those."""
-    from shardwise.stacks import STACKS
-
     assert not set(STACKS[impl].schedules()) & {"1f1b", "gpipe", "interleaved"}
     result = plan(get_model("llama3-8b"), Cluster.of(16, "h100"),
                   TrainSpec(seq_len=2048, global_batch=32, impl=impl), top=3, baseline=False)
@@ -527,8 +527,6 @@ def test_a_stack_without_pipeline_schedules_is_planned_without_pipelines(impl):
 
 
 def test_plan_json_names_the_tiers_resolution_and_its_basis():
-    from shardwise.estimate.uncertainty import resolution
-
     cluster, train = Cluster.of(16, "h100"), TrainSpec(seq_len=2048, global_batch=32)
     tiers = plan(get_model("llama3-8b"), cluster, train, top=3).to_dict()["tiers"]
     value, basis = resolution(cluster.accelerator.name, train.impl)

@@ -84,6 +84,13 @@ def test_plan_bad_inputs_exit_2_with_one_line():
                                     "0.5", check=False), "expert_load must be ≥ 1")
 
 
+def test_a_pipeline_on_a_stack_without_pipelines_is_one_sentence():
+    """The stack's missing axis is the whole reason: no empty list of schedules after it."""
+    result = shardwise("plan", "--impl", "hf-sdpa", "--fix", "pp=2", check=False)
+    assert_one_line_error(result)
+    assert result.stderr.strip() == "error: hf-sdpa has no PP (pp=2); it runs data parallelism only"
+
+
 def test_a_stated_expert_load_slows_the_experts_and_fills_the_busiest_rank():
     """`--expert-load λ` (what `check` measures): the busiest ep rank's GEMMs, all-to-alls and
     routed activations grow; the attention and the weights do not."""

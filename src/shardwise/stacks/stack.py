@@ -243,7 +243,7 @@ class Stack:
             if getattr(layout, axis) > 1 and axis not in self.axes:
                 out.append(f"{self.name} has no {axis.upper()} ({axis}={getattr(layout, axis)}); "
                            f"it runs {', '.join(self.axes) or 'data parallelism only'}")
-        if layout.pp > 1 and layout.schedule not in self.schedules():
+        if layout.pp > 1 and "pp" in self.axes and layout.schedule not in self.schedules():
             from shardwise.schedules.registry import get_schedule
             none = get_schedule(layout.schedule).no_stack  # DualPipe: no stack runs it
             out.append(f"{self.name} has no {layout.schedule} pipeline schedule; valid: "

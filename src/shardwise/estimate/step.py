@@ -292,7 +292,8 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
     cp_comm = m * (cp_f + cp_b)
     ep_comm = m * (ep_f + ep_b) * ep_scale
     terms = {"compute": compute, "tp_comm": tp_comm, "cp_comm_exposed": cp_comm,
-             "ep_comm": ep_comm, "pp_comm": pp_comm, "bubble": bubble}
+             "ep_comm": ep_comm, "pp_comm": pp_comm, "bubble": bubble,
+             "t_forward": big_f, "t_backward": big_b, "t_wgrad": w_mid}
     if floor:
         return terms
 
@@ -325,10 +326,8 @@ def step_terms(ctx: ComputeContext, links: Links, train: TrainSpec, *, tp: Any, 
             window_b, settings.dp_overlapped(zero), host_copy, gpn, links.host)
 
     total = compute + tp_comm + cp_comm + ep_comm + pp_comm + bubble + dp_exposed + optimizer
-    return terms | {
-        "dp_comm_exposed": dp_exposed, "optimizer": optimizer, "total": total,
-        "dp_comm_total": dp_traffic_s, "t_forward": big_f, "t_backward": big_b, "t_wgrad": w_mid,
-    }
+    return terms | {"dp_comm_exposed": dp_exposed, "optimizer": optimizer, "total": total,
+                    "dp_comm_total": dp_traffic_s}
 
 
 def compute_costs(ctx: ComputeContext, t: Any, c: Any, b: Any, sp: Any, rc: Any, e: Any,
@@ -479,6 +478,41 @@ def estimate_step(model: ModelSpec, cluster: Cluster, layout: Layout,
         bubble_fraction=terms["bubble"] / (terms["bubble"] + busy) if busy > 0 else 0.0,
         bubble_source=source, uncertainty=sure,
     )
+
+
+def simulated_bubble_floor(layout: Layout, m: Any, t_f: Any, t_b: Any, t_w: Any,
+                           n_layers: int) -> Any:
+    """A lower bound on `simulated_bubble` for arrays of `m`, `t_f`, `t_b`, `t_w` on
+    `layout`'s stages, from the simulator's dependencies alone (0 for bidirectional
+    schedules). With `a_s` stage s's layers and `h_s` those of the virtual stages before its
+    first, each over the busiest stage's: s starts after micro-batch 0's forwards through
+    them and works `m(t_f + t_b)a_s`; its last input-gradient backward ends all but its
+    weight gradients and is followed by that micro-batch's through them, so
+    `makespan ≥ m(t_f + t_b)a_s + max(t_f·h_s, (t_f + t_b - t_w)h_s - m·t_w·a_s)` (`t_w` = 0
+    where the schedule does not split the backward). docs/concepts/planner.md#pruning."""
+    from shardwise.schedules.actions import stage_of
+    from shardwise.schedules.registry import get_schedule
+
+    info = get_schedule(layout.schedule)
+    work = m * (t_f + t_b)
+    if info.bidirectional:
+        return 0.0 * work
+    t_w = t_w if info.splits_backward else 0.0 * t_w
+    sizes = layout.stage_sizes(n_layers)
+    busiest = max(layout.stage_layers(n_layers))
+    p = layout.pp
+    held, before = [0] * p, [None] * p  # each stage's layers; layers before its first
+    for vs, n in enumerate(sizes):
+        stage = stage_of(vs, p, layout.placement)
+        held[stage] += n
+        if before[stage] is None:
+            before[stage] = sum(sizes[:vs])
+    makespan = 0.0 * work
+    for a, h in zip(held, before, strict=True):
+        a, h = a / busiest, h / busiest
+        makespan = np.maximum(makespan, work * a + np.maximum(
+            t_f * h, (t_f + t_b - t_w) * h - m * t_w * a))
+    return np.maximum(makespan - work, 0.0)
 
 
 def simulated_bubble(layout: Layout, m: int, t_f: float, t_b: float, t_w: float,

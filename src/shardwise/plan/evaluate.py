@@ -31,6 +31,7 @@ from shardwise.estimate.step import (
     estimate_step,
     finish,
     flops_per_token,
+    simulated_bubble_floor,
     step_terms,
 )
 from shardwise.estimate.uncertainty import generation
@@ -401,10 +402,11 @@ def step_floor(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[
                shared: _PerPair, rows: Any, shapes: StageShape | None = None) -> Any:
     """A lower bound on the figure of every ZeRO variant of the grid's `rows` (× the (sp, rc)
     columns) less its exposed DP/ZeRO traffic (`dp_floor` bounds that): `FLOOR_TERMS` of
-    `estimate.step.step_terms` at ZeRO stage 0, plus the bubble except for the uneven
-    pipelines the ranking simulates — the step time is their sum plus the bubble, the exposed
+    `estimate.step.step_terms` at ZeRO stage 0, plus the closed-form bubble, or for the
+    uneven pipelines the ranking simulates a lower bound on the simulator's
+    (`simulated_bubble_floor`) — the step time is their sum plus the bubble, the exposed
     DP/ZeRO traffic and the optimizer step, each ≥ 0, and the ranking's figure is the step
-    time, or for those pipelines at least the step time less its closed-form bubble
+    time, for those pipelines with the simulated bubble in place of the closed form's
     (`rank`). `prune` checks the bound on every layout it times. `shapes`: the rows'
     `run_shapes`, when already evaluated."""
     sub = _take(cand, rows, None)
@@ -423,8 +425,33 @@ def step_floor(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[
     floor = sum(np.asarray(terms[k], dtype=float) for k in FLOOR_TERMS)
     # the closed-form bubble is the figure's too, except where the ranking simulates it
     most = stage_extremes(model.n_layers, sub["pp"], sub["chunks"], _partition(sub))[0]
-    exact = ~(simulated(sub) & (most * sub["pp"] != model.n_layers))
-    return floor + np.where(exact, np.asarray(terms["bubble"], dtype=float), 0.0)
+    pending = simulated(sub) & (most * sub["pp"] != model.n_layers)
+    return floor + np.where(pending, _simulated_floor(model, sub, terms, pending),
+                            np.asarray(terms["bubble"], dtype=float))
+
+
+def _simulated_floor(model: ModelSpec, sub: dict[str, Any], terms: dict[str, Any],
+                     pending: Any) -> Any:
+    """`estimate.step.simulated_bubble_floor` of the `pending` rows of `sub` (`(rows, 1)`,
+    with their `step_terms` `terms`), one stage geometry at a time; 0 elsewhere."""
+    shape = np.broadcast(terms["t_forward"], sub["m"]).shape
+    t_f, t_b, t_w, m = (np.broadcast_to(np.asarray(x, dtype=float), shape) for x in (
+        terms["t_forward"], terms["t_backward"], terms["t_wgrad"], sub["m"]))
+    out = np.zeros(shape)
+    rows = np.flatnonzero(np.ravel(pending))
+    keys = [k for k in ("pp", "chunks", "schedule", "first_less", "last_less") if k in sub]
+    geometry = _dense_ids([np.asarray(sub[k])[rows, 0] for k in keys])
+    for at in _one_of_each(geometry):  # a row of each geometry
+        one = {k: int(sub[k][rows[at], 0]) for k in keys}
+        layout = Layout(pp=one["pp"], chunks=one["chunks"],
+                        schedule=get_schedule(one["schedule"]).name,
+                        partition=sub["_partitions"][one["pp"], one["first_less"],
+                                                     one["last_less"]]
+                        if "first_less" in one else ())
+        mine = rows[geometry == geometry[at]]
+        out[mine] = simulated_bubble_floor(layout, m[mine], t_f[mine], t_b[mine], t_w[mine],
+                                           model.n_layers)
+    return out
 
 
 def run_shapes(model: ModelSpec, cand: dict[str, Any], shared: _PerPair, rows: Any

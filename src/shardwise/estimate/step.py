@@ -501,15 +501,15 @@ def simulated_bubble_floor(layout: Layout, m: Any, t_f: Any, t_b: Any, t_w: Any,
     sizes = layout.stage_sizes(n_layers)
     busiest = max(layout.stage_layers(n_layers))
     p = layout.pp
-    held, before = [0] * p, [None] * p  # each stage's layers; layers before its first
+    held: list[int] = [0] * p  # each stage's layers
+    before: dict[int, int] = {}  # the layers before its first virtual stage
     for vs, n in enumerate(sizes):
         stage = stage_of(vs, p, layout.placement)
         held[stage] += n
-        if before[stage] is None:
-            before[stage] = sum(sizes[:vs])
+        before.setdefault(stage, sum(sizes[:vs]))
     makespan = 0.0 * work
-    for a, h in zip(held, before, strict=True):
-        a, h = a / busiest, h / busiest
+    for stage in range(p):
+        a, h = held[stage] / busiest, before[stage] / busiest
         makespan = np.maximum(makespan, work * a + np.maximum(
             t_f * h, (t_f + t_b - t_w) * h - m * t_w * a))
     return np.maximum(makespan - work, 0.0)

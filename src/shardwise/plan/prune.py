@@ -497,8 +497,8 @@ def _floor(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[str,
 def _by_stages(cand: dict[str, Any], rows: np.ndarray) -> list[np.ndarray]:
     """Positions in `rows` grouped by (pp, chunks): the memory model evaluates every stage
     and chunk up to the largest in its arrays, so each group costs only its own."""
-    key = np.asarray(cand["pp"])[rows, 0] * 1024 + np.asarray(cand["chunks"])[rows, 0]
-    order = np.argsort(key, kind="stable")
+    key = _dense_ids([np.asarray(cand[k])[rows, 0] for k in ("pp", "chunks")])
+    order = np.argsort(key.astype(np.uint16), kind="stable")  # few keys: a radix sort
     bounds = np.flatnonzero(np.diff(key[order])) + 1
     return np.split(order, bounds)
 

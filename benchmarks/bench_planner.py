@@ -26,6 +26,7 @@ from shardwise.arch import ModelSpec, get_model
 from shardwise.hardware import Cluster
 from shardwise.layout import TrainSpec
 from shardwise.plan import SearchSpace, _enumerate, _flatten, _Rejections, evaluate_candidates, plan
+from shardwise.plan.prune import PRUNE_ABOVE
 
 REPEATS = 5
 
@@ -91,6 +92,38 @@ def moe_table() -> tuple[str, float, float]:
     return table, slowest, largest
 
 
+# grids around `plan.prune.PRUNE_ABOVE`: (scenario, preset, GPUs, sequence length, batch)
+THRESHOLD_SCENARIOS = [
+    ("Llama-3-8B, 8 H100", "llama3-8b", 8, 4096, 64),
+    ("Llama-3-8B, 16 H100", "llama3-8b", 16, 4096, 128),
+    ("Llama-3-8B, 32 H100", "llama3-8b", 32, 4096, 256),
+    ("Mixtral-8x7B, 16 H100", "mixtral-8x7b", 16, 4096, 64),
+    ("Llama-3-8B, 64 H100", "llama3-8b", 64, 8192, 512),
+    ("Llama-3-70B, 64 H100", "llama3-70b", 64, 4096, 256),
+    ("Llama-3-70B, 512 H100", "llama3-70b", 512, 8192, 1024),
+]
+
+
+def threshold_table() -> str:
+    """Each grid searched pruned and with every step time (`prune_above` 0 and above any
+    grid), alternately, `REPEATS` times each: the medians, and which is faster."""
+    rows = []
+    for scenario, name, gpus, seq, batch in THRESHOLD_SCENARIOS:
+        model, cluster = get_model(name), Cluster.of(gpus, "h100")
+        train = TrainSpec(seq_len=seq, global_batch=batch)
+        walls: dict[int, list[float]] = {0: [], 10**15: []}
+        for _ in range(REPEATS):
+            for prune_above, times in walls.items():
+                start = time.perf_counter()
+                result = plan(model, cluster, train, top=10, prune_above=prune_above)
+                times.append(time.perf_counter() - start)
+        pruned, every = (statistics.median(walls[k]) for k in (0, 10**15))
+        rows.append([scenario, f"{result.stats.evaluated:,}", f"{pruned:.3f} s",
+                     f"{every:.3f} s", "pruned" if pruned < every else "every"])
+    return markdown_table(["grid", "valid", "pruned", "every step time", "faster"], rows,
+                          "lrrrl")
+
+
 def cpu_rate(model: ModelSpec, cluster: Cluster, train: TrainSpec) -> float:
     """Valid layouts per CPU-second of the vectorised evaluation (best of REPEATS)."""
     cand, _ = _enumerate(model, cluster, train, SearchSpace(), _Rejections())
@@ -128,7 +161,10 @@ def main() -> int:
             f"Medians of {MOE_REPEATS} searches each, each scenario in a process of its own "
             f"(peak RSS: that process's). Slowest MoE search {slowest:.2f} s, largest "
             f"{largest / 1e9:.2f} GB (targets < 2 s and < 1.5 GB: {moe_verdict}); `timed`: "
-            f"step times evaluated (`plan.prune`), `valid`: layouts whose memory was.")
+            f"step times evaluated (`plan.prune`), `valid`: layouts whose memory was.\n\n"
+            f"{threshold_table()}\n\nThe pruned search against the one that times every "
+            f"layout, medians of {REPEATS} each, alternated: `plan` prunes above "
+            f"`PRUNE_ABOVE` = {PRUNE_ABOVE:,} valid layouts.")
     print(text)
     write_result("bench_planner", text)
     return 0 if worst_search < 1.0 else 1

@@ -92,15 +92,20 @@ def moe_table() -> tuple[str, float, float]:
     return table, slowest, largest
 
 
-# grids around `plan.prune.PRUNE_ABOVE`: (scenario, preset, GPUs, sequence length, batch)
+# grids around `plan.prune.PRUNE_ABOVE`, smallest first: (scenario, model, cluster, train)
 THRESHOLD_SCENARIOS = [
-    ("Llama-3-8B, 8 H100", "llama3-8b", 8, 4096, 64),
-    ("Llama-3-8B, 16 H100", "llama3-8b", 16, 4096, 128),
-    ("Llama-3-8B, 32 H100", "llama3-8b", 32, 4096, 256),
-    ("Mixtral-8x7B, 16 H100", "mixtral-8x7b", 16, 4096, 64),
-    ("Llama-3-8B, 64 H100", "llama3-8b", 64, 8192, 512),
-    ("Llama-3-70B, 64 H100", "llama3-70b", 64, 4096, 256),
-    ("Llama-3-70B, 512 H100", "llama3-70b", 512, 8192, 1024),
+    *((f"{name}, {gpus} H100", get_model(preset), Cluster.of(gpus, "h100"),
+       TrainSpec(seq_len=seq, global_batch=batch))
+      for name, preset, gpus, seq, batch in (
+          ("Llama-3-8B", "llama3-8b", 8, 4096, 64), ("Llama-3-8B", "llama3-8b", 16, 4096, 128),
+          ("Llama-3-8B", "llama3-8b", 32, 4096, 256),
+          ("Mixtral-8x7B", "mixtral-8x7b", 16, 4096, 64),
+          ("Llama-3-8B", "llama3-8b", 64, 8192, 512),
+          ("Llama-3-70B", "llama3-70b", 64, 4096, 256))),
+    SCENARIOS[2],  # GPT-530B + FlashAttention: 209 K
+    SCENARIOS[0],  # Llama-3-405B: 369 K
+    ("Llama-3-70B, 512 H100", get_model("llama3-70b"), Cluster.of(512, "h100"),
+     TrainSpec(seq_len=8192, global_batch=1024)),
 ]
 
 
@@ -108,9 +113,7 @@ def threshold_table() -> str:
     """Each grid searched pruned and with every step time (`prune_above` 0 and above any
     grid), alternately, `REPEATS` times each: the medians, and which is faster."""
     rows = []
-    for scenario, name, gpus, seq, batch in THRESHOLD_SCENARIOS:
-        model, cluster = get_model(name), Cluster.of(gpus, "h100")
-        train = TrainSpec(seq_len=seq, global_batch=batch)
+    for scenario, model, cluster, train in THRESHOLD_SCENARIOS:
         walls: dict[int, list[float]] = {0: [], 10**15: []}
         for _ in range(REPEATS):
             for prune_above, times in walls.items():

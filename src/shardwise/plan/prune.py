@@ -54,9 +54,10 @@ from shardwise.plan.lines import (
 )
 from shardwise.plan.space import SearchSpace
 
-# valid layouts above which `plan` prunes (below it timing every layout is as fast or
-# faster: benchmarks/bench_planner.py's third table, 2026-12-06, crossing near 100-150 K)
-PRUNE_ABOVE = 150_000
+# valid layouts above which `plan` prunes: below it timing every layout is as fast or
+# faster (benchmarks/bench_planner.py's third table, 2026-12-06; from 120 K to 370 K the
+# faster one depends on the grid: its pipeline depths cost the pruned search most)
+PRUNE_ABOVE = 250_000
 BLOCK_CELLS = 1 << 17  # cells per memory / floor block (bounds the temporaries)
 _THREAD_CELLS = 16_384  # the least cells a thread times at once (below: not worth a start)
 SEED_CELLS = 4_096  # the first step times: the fitting layouts of smallest floor

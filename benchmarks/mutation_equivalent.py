@@ -101,6 +101,9 @@ EQUIVALENT: dict[str, str] = {
                                                            "layout",
     "shardwise.estimate.step.x_step_terms__mutmut_173": "one MTP MoE layer on a dense model's "
                                                         "last stage: its EP time per layer is 0",
+    "shardwise.estimate.step.x_simulated_bubble_floor__mutmut_40": "the maximum over the stages "
+        "started at m(t_f + t_b) for 0: the busiest stage's own term (a_s = 1, h_s ≥ 0) is at "
+        "least that",
     "shardwise.estimate.axes.x_dp_time__mutmut_380": "default None for a missing sum: every "
                                                      "group adds every key, so none is missing",
     "shardwise.estimate.profiles.x_saved_tensors__mutmut_146": "None for False: falsy "

@@ -164,6 +164,31 @@ def test_optimizer_offload_step_in_closed_form():
     assert b.compute == a.compute
 
 
+@pytest.mark.parametrize(("zero", "copies"), [(1, 1), (2, 32)])
+def test_deepspeed_offload_copies_the_gradients_once_or_every_micro_batch(zero, copies):
+    """DeepSpeed's ZeRO-Offload (megatron-deepspeed, DP traffic not overlapped at ZeRO 1 and
+    2): the GPU step is gone and the gradient copies, DeepSpeedCPUAdam's step and the
+    weights' copy back are added in sequence — one gradient copy per step at ZeRO-1, one per
+    micro-batch (32 of them) at ZeRO-2, whose gradients are reduced and moved as they are
+    made."""
+    cluster = Cluster.of(64, "h100")
+    layout = Layout(dp=8, tp=8, zero=zero, sp=True, recompute="selective")
+    kw = dict(seq_len=8192, global_batch=256, grad_dtype="bf16", impl="megatron-deepspeed")
+    plain, off = TrainSpec(**kw), TrainSpec(**kw, offload="optimizer")
+    assert not plain.settings().dp_overlapped(zero)
+    cal = default_calibration("h100-sxm")
+    params = training_memory_per_gpu(LLAMA70, layout, plain)[0].optimizer / 12
+    link = cal.link(get_link("pcie5"))
+    copy = link.latency + 2 * params / link.bandwidth  # bf16 gradients, bf16 weights
+    cpu = params * 8 / (11.6e9 / 8.2)
+    gpu_step = (2 * 2 + 2 + 2 * (4 + 8)) * params / (H100.hbm_bandwidth * cal.hbm_efficiency)
+    a = estimate_step(LLAMA70, cluster, layout, plain)
+    b = estimate_step(LLAMA70, cluster, layout, off)
+    assert layout.microbatches(plain) == 32
+    assert b.optimizer - a.optimizer == pytest.approx(copies * copy + cpu + copy - gpu_step,
+                                                      rel=1e-9)
+
+
 def test_params_offload_empties_the_gpu_state():
     """torchtitan FSDP2 CPU offload (ZeRO-3): weights, gradients and optimizer live on the
     host; what a rank holds there is their ZeRO-3 shard; the step gets slower."""

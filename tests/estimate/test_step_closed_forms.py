@@ -380,23 +380,47 @@ def test_experts_replicated_once_keep_their_whole_optimizer_state():
         rel=1e-12)
 
 
+def test_ring_hops_longer_than_the_attention_are_exposed_by_the_difference():
+    """The ring's hops (2 CP ranks, one node) behind attention shorter than a hop: each hop
+    is exposed past its layer's share of the attention, dense and MoE layers' attention at
+    their average share (1 dense, 3 MoE on the stage), the backward's two hops behind the
+    backward attention, plus selective recompute's replayed forward hop."""
+    short_dense = _cost(1.0e-3, 2.1e-3, 0.3e-3, 0.9e-3, 2.0e-6, 5.0e-6)
+    short_moe = _cost(1.7e-3, 3.3e-3, 0.5e-3, 1.4e-3, 2.2e-6, 5.6e-6)
+    terms, ctx, _ = _terms(dense=short_dense, moe=short_moe)
+    kappa, t, c, layers = ctx.calibration.overlap_contention, 2, 2, 4
+    hop = A_IN + S / c * (4 // t) * (64 + 64) * 2 / B_IN
+
+    def hidden(x, compute):
+        return max(0.0, x - compute) + kappa * min(x, compute)
+
+    attn_f = 1 * 2.0e-6 + 3 * 2.2e-6
+    attn_b = 1 * 5.0e-6 + 3 * 5.6e-6
+    assert attn_f / layers / c < hop and attn_b / layers / c < 2 * hop  # exposed
+    hop_f = hidden(hop, attn_f / layers / c)
+    cp_f = layers * (c - 1) * hop_f
+    cp_b = layers * (c - 1) * (hidden(2 * hop, attn_b / layers / c) + hop_f)
+    assert terms["cp_comm_exposed"] == pytest.approx(M * (cp_f + cp_b), rel=1e-12)
+
+
 @pytest.mark.parametrize("zero", [1, 3])
-def test_fp8_weight_casts_once_per_step_or_per_micro_batch_under_zero3(zero):
+@pytest.mark.parametrize(("gpu", "per_cast"), [("h100", 2 + 1 + 1), ("b200", 2 + 1)])
+def test_fp8_weight_casts_once_per_step_or_per_micro_batch_under_zero3(zero, gpu, per_cast):
     """FP8 (Transformer Engine's delayed scaling, weights cached): the busiest stage's FP8
     weights (1 dense layer's and 3 MoE layers' worth at their average share) are cast once
-    per step at the recipe's bytes per element — every micro-batch under ZeRO-3, whose
-    gathered weights TE casts again — memory-bound at the HBM's rate, inside `compute`."""
+    per step at the recipe's bytes per element — read bf16, write FP8 and on Hopper its
+    transpose, which Blackwell does not keep — every micro-batch under ZeRO-3, whose
+    gathered weights TE casts again; memory-bound at the HBM's rate, inside `compute`."""
     dense = SimpleNamespace(**{**vars(DENSE), "fp8_weights": 3.0e6})
     moe = SimpleNamespace(**{**vars(MOE), "fp8_weights": 5.0e6})
     layout = replace(LAYOUT, zero=zero)
     train = TrainSpec(seq_len=S, global_batch=M * 4, fp8="delayed")
-    cal = default_calibration("h100-sxm")
-    ctx = ComputeContext.of(MODEL, Cluster.of(32, "h100").accelerator, train, cal)
+    accelerator = Cluster.of(32, gpu).accelerator
+    cal = default_calibration(accelerator.calibration_name)
+    ctx = ComputeContext.of(MODEL, accelerator, train, cal)
     costs = {"dense": dense, "moe": moe, "head": (0.8e-3, 1.5e-3),
              "embedding": (0.05e-3, 0.07e-3)}
     terms = step_terms(ctx, LINKS, train, m=M, costs=costs, **layout.codes())
-    per_cast = ctx.fp8.cast_bytes(ctx.generation).weight_step
-    assert per_cast > 0
     weights = 1 * 3.0e6 + 3 * 5.0e6
     casts = per_cast * weights * (M if zero == 3 else 1) / ctx.hbm
     f_crit = DENSE.fwd + 3 * MOE.fwd + 0.8e-3

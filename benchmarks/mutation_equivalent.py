@@ -68,6 +68,15 @@ EQUIVALENT: dict[str, str] = {
                                                         "(n_cols ≤ 8)",
     "shardwise.plan.evaluate.x_step_floor__mutmut_10": "np.zeros_like(None) is an object 0: "
                                                        "ZeRO stage 0 all the same",
+    "shardwise.plan.grid.x__expand__mutmut_24": "np.array of Python ints without a dtype is "
+                                                "int64 (numpy 2, every platform)",
+    "shardwise.plan.lines.x__dense_ids__mutmut_19": "every column through np.unique's inverse: "
+                                                    "the same lexicographic ids, slower",
+    "shardwise.plan.prune.xǁ_Stateǁthresholds__mutmut_80": "each axis value's threshold "
+        "doubled: more layouts timed, never fewer, so the same answer with more work "
+        "(benchmarks/bench_planner.py's `timed` shows the work)",
+    "shardwise.plan.space.xǁSearchSpaceǁconstrained__mutmut_29": "chunks fixed without a "
+        "schedule: the block only adds a (schedule, chunks) pair when the schedule is fixed",
     "shardwise.estimate.goodput.x_checkpoint_writes__mutmut_22": "- 0.0·tp for + 0.0·tp: "
                                                                  "the same array",
     "shardwise.estimate.expert.x__reached__mutmut_10": "no float dtype: np.maximum with "
@@ -101,6 +110,8 @@ EQUIVALENT: dict[str, str] = {
                                                            "layout",
     "shardwise.estimate.step.x_step_terms__mutmut_173": "one MTP MoE layer on a dense model's "
                                                         "last stage: its EP time per layer is 0",
+    "shardwise.stacks.titan_versions.constant_L50_C54": "dp_overlap_zero's 1 made 2: "
+        "torchtitan 0.1.0 runs ZeRO 0, 2 and 3 only, so whether ZeRO-1 overlaps is never asked",
     "shardwise.estimate.step.x_simulated_bubble_floor__mutmut_40": "the maximum over the stages "
         "started at m(t_f + t_b) for 0: the busiest stage's own term (a_s = 1, h_s ≥ 0) is at "
         "least that",

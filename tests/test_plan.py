@@ -494,6 +494,8 @@ def test_max_and_fix_of_a_value_outside_the_default_axes():
     ("speed=3", None, "cannot read layout item"),
     ("tp=0", None, "--fix tp must be an integer in [1,"),
     (None, "schedule=1f1b", "--max takes counts"),
+    *((None, text, f"--max {text.split('=')[0]}: --max takes counts") for text in (
+        "recompute=full", "sp=1", "partition=2:2", "cp_kind=ring")),
     ("recompute=some", None, "--fix recompute='some' unknown"),
     ("zero=4", None, "--fix zero must be an integer in [0, 3], got 4"),
     (None, "zero_group=-2", "--max zero_group must be an integer in [0, 1,048,576], got -2"),

@@ -334,3 +334,56 @@ def test_the_first_live_cells_are_every_cell_under_its_threshold():
     by_zero = [k for k in want if state.fits.flat[k] and codes["zero"][k // n_cols, 0] == 3
                and codes["recompute"][0, k % n_cols] != 1 and state.floor.flat[k] > 1.6 * (1 + 1e-6)]
     assert by_column and over and by_zero
+
+
+# ------------------------------------------------- the sampled run at a49e8a0 (mut-plan3)
+def test_the_kth_best_step_time_is_the_kth_of_the_sorted_times_or_family_bests():
+    """`_kth_best` against numpy's sort: the `top`-th smallest step time, or when folding the
+    `top`-th smallest of the families' bests (a family: every field but the ZeRO group and
+    the partition); inf with fewer than `top`."""
+    from shardwise.plan.lines import _kth_best
+    from shardwise.plan.rank import _FIRST_ORDER
+
+    cand, _ = _enumerate(MODEL, CLUSTER, TrainSpec(seq_len=64, global_batch=16),
+                         SearchSpace(), _Rejections())
+    rows, cols = np.nonzero(cand["_valid"])
+    total = np.random.default_rng(3).uniform(1.0, 2.0, len(rows))
+    flat, _ = _flatten(cand)
+    family = np.unique(np.stack([flat[k] for k in _FIRST_ORDER], axis=1), axis=0,
+                       return_inverse=True)[1].ravel()
+    best = np.full(family.max() + 1, np.inf)
+    np.minimum.at(best, family, total)
+    assert len(best) < len(total)  # families hold several layouts
+    for top in (1, 2, 7):
+        assert _kth_best(cand, rows, cols, total, top, False) == np.sort(total)[top - 1]
+        assert _kth_best(cand, rows, cols, total, top, True) == np.sort(best)[top - 1]
+    assert _kth_best(cand, rows, cols, total, len(best) + 1, True) == np.inf
+
+
+def test_the_fewest_parallel_axes_counts_the_axes_above_one():
+    from shardwise.layout import Layout
+    from shardwise.plan.tiers import parallel_axes
+
+    assert parallel_axes(Layout(dp=8)) == 1
+    assert parallel_axes(Layout(dp=1)) == 0
+    assert parallel_axes(Layout(dp=4, tp=2, pp=1, cp=2, ep=4)) == 4
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"top": 10**6 + 1}, "top must be an integer in [1, 1,000,000], got 1000001"),
+    ({"headroom": 0.0}, "headroom must be in (0, 1], got 0.0"),
+])
+def test_plan_refuses_top_and_headroom_past_their_ranges(kwargs, message):
+    from shardwise.errors import ShardwiseError
+
+    with pytest.raises(ShardwiseError, match=re.escape(message)):
+        plan(MODEL, CLUSTER, TrainSpec(seq_len=64, global_batch=16), **kwargs)
+
+
+def test_the_size_of_a_search_needs_a_global_batch():
+    from shardwise.errors import ShardwiseError
+    from shardwise.plan.prune import search_size
+
+    with pytest.raises(ShardwiseError, match=re.escape(
+            "planning needs a global batch (e.g. --global-batch 4M-tokens)")):
+        search_size(MODEL, CLUSTER, TrainSpec(seq_len=64))

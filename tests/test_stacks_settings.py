@@ -121,6 +121,18 @@ def test_p2p_overlap_is_megatrons_interleaved_only_rule():
     assert resolve("megatron-deepspeed").p2p_overlapped(4) is False
 
 
+@pytest.mark.parametrize("rule", ["never", "interleaved", "always", "sometimes"])
+def test_a_stacks_p2p_rule_is_one_of_three(rule):
+    from dataclasses import replace
+
+    stack = replace(get_stack("megatron-deepspeed"), p2p_overlap=rule)
+    if rule == "sometimes":
+        with pytest.raises(ShardwiseError, match="p2p_overlap 'sometimes' unknown"):
+            stack.validate()
+    else:
+        assert stack.validate() is stack
+
+
 # -------------------------------------------------------------------- what a run prints
 def test_describe_marks_exactly_the_assumed_settings():
     assert resolve("megatron-te").describe() == (

@@ -440,9 +440,11 @@ def peak_stage_total_runs(model: ModelSpec, train: TrainSpec, *, first: Any, run
         held = _zero_held(train, stage.take(at), **row)
         held_row = (held["weights"] + held["grads"] + held["optimizer"] + held["fp8"]
                     + held["workspace"])  # (need, 1)
-        # (rows, cols): per row what it holds, plus its run's activations and logits
-        total = np.broadcast_to(activations + logits, (len(first), cols))[run]
-        np.add(total, held_row[of_row], out=total)
+        # (rows, cols): per row its run's activations and logits, plus what it holds (`take`
+        # of whole rows: several times numpy's fancy indexing of few columns)
+        total = np.ascontiguousarray(np.broadcast_to(activations + logits, (len(first), cols))
+                                     ).take(run, axis=0)
+        np.add(total, np.repeat(held_row, cols, axis=1).take(of_row, axis=0), out=total)
         best = total if best is None else np.maximum(best, total, out=best)
     return best
 

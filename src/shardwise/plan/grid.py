@@ -378,6 +378,22 @@ def _expand(model: ModelSpec, train: TrainSpec, rows: list[tuple[int, ...]], gri
     return cand, grid
 
 
+def searched_split(layout: Layout, n_layers: int) -> tuple[int, ...]:
+    """`layout`'s stage partition as the grid names it (`_partitions`): () for the default."""
+    split = layout.partition
+    if split and split == layout.with_(partition=()).stage_partition(n_layers):
+        return ()
+    return tuple(split)
+
+
+def partition_ends(cand: dict[str, Any], layout: Layout, n_layers: int) -> list[tuple[int, int]]:
+    """The (first_less, last_less) codes under which the grid `cand` holds `layout`'s stage
+    partition; [] when it holds none."""
+    split = searched_split(layout, n_layers)
+    return [(a, z) for (p, a, z), option in cand.get("_partitions", {}).items()
+            if p == layout.pp and option == split]
+
+
 class _Fields(Mapping[str, Any]):
     """The grid's fields by name as `_expand` builds them, each gathered from the pairs' and
     the rows' tables when first read (a stack's rules read a few)."""

@@ -38,11 +38,13 @@ from shardwise.plan.evaluate import (
     shared_costs,
     step_floor,
 )
-from shardwise.plan.grid import _Rejections, _structures
+from shardwise.plan.grid import _Rejections, _structures, partition_ends
 from shardwise.plan.lines import (
     _PAIR_FAMILY,
     _ROW_FAMILY,
     _codes,
+    _col_any,
+    _col_min,
     _dense_ids,
     _Groups,
     _kth_best,
@@ -151,11 +153,11 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
 
     def fill(block: np.ndarray) -> tuple[np.ndarray, tuple[float, int]]:
         memory = memory_grid(model, train, cand, shared, block, geometries)
-        np.putmask(memory, ~valid[block], np.inf)
+        np.putmask(memory, ~valid.take(block, axis=0), np.inf)
         fits[block] = memory <= budget
         row_low[block] = _row_min(memory)
         at = int(np.argmin(memory))  # the block's rows ascend: its first least cell
-        return memory.min(axis=0), (float(memory.ravel()[at]),
+        return _col_min(memory), (float(memory.ravel()[at]),
                                     int(block[at // n_cols]) * n_cols + at % n_cols)
 
     with ThreadPoolExecutor(_THREADS) as pool:  # numpy's loops release the GIL
@@ -164,7 +166,7 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
         # a run's axes are reduced per run, then per code
         groups = {axis: _Groups(code, geometries.first if axis in _RUN_AXES else None)
                   for axis, code in codes.items()}
-        lines = {True: _row_any(valid), False: valid.any(axis=0)}  # per row, per column
+        lines = {True: _row_any(valid), False: _col_any(valid)}  # per row, per column
         # cp_kind's code for layouts without context parallelism names no alternative
         values = {axis: [v for v in groups[axis].present(lines[groups[axis].on_rows])
                          if not (axis == "cp_kind" and v == len(CP_KINDS))] for axis in codes}
@@ -195,7 +197,7 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
         seeds.append(int(np.argmin(over_floor)))
     del over_floor
     fit_cells = fits.ravel()
-    k = min(SEED_CELLS, int(fit_cells.sum())) - 1
+    k = min(SEED_CELLS, int(np.count_nonzero(fit_cells))) - 1
     if k >= 0:
         values_k = np.partition(fit_floor.ravel(), k)[k]
         seeds += list(np.flatnonzero(fit_floor.ravel() <= values_k)[:4 * SEED_CELLS])
@@ -215,9 +217,10 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
     idx = np.sort(state.index)
     cells = flat_cells(cand, *np.divmod(idx, n_cols))
     terms = {k: state.terms[k][np.argsort(state.index)] for k in _KEYS}
-    return Pruned(cells, terms, fits.ravel()[idx], int(valid.sum()), int(fits.sum()),
+    return Pruned(cells, terms, fits.ravel()[idx], int(np.count_nonzero(valid)),
+                  int(np.count_nonzero(fits)),
                   {a: [int(v) for v in vals] for a, vals in values.items()}, least,
-                  int((valid & ~fits).sum()), len(idx),
+                  int(np.count_nonzero(valid & ~fits)), len(idx),
                   {"cand": cand, "fits": fits, "floor": floor, "evaluated": state.done,
                    "index": idx, "total": terms["total"]})
 
@@ -356,8 +359,10 @@ class _Live:
         most = np.maximum(row32, max(col32.max(initial=-np.inf), over32))
         keep = np.flatnonzero(_row_min(state.floor) <= most)
         thr = np.maximum(row32[keep, None], col32[None, :])
-        np.copyto(thr, over32, where=~state.fits[keep])
-        left = state.valid[keep] & ~state.done[keep] & (state.floor[keep] <= thr)
+        # (`take` of whole rows: several times numpy's fancy indexing of few columns)
+        np.copyto(thr, over32, where=~state.fits.take(keep, axis=0))
+        left = state.valid.take(keep, axis=0) & ~state.done.take(keep, axis=0) \
+            & (state.floor.take(keep, axis=0) <= thr)
         at_row, cols = np.nonzero(left)
         rows = keep[at_row]
         self.index = rows * state.valid.shape[1] + cols
@@ -445,11 +450,7 @@ def family_fits(pruned: Pruned, layout: Layout) -> int:
 def find_cell(cand: dict[str, Any], layout: Layout, n_layers: int) -> int | None:
     """The flat grid index of `layout` (`rank._find`'s rule for its partition), or None."""
     codes = layout.codes()
-    split = layout.partition
-    if split and split == layout.with_(partition=()).stage_partition(n_layers):
-        split = ()
-    ends = [(a, z) for (p, a, z), option in cand.get("_partitions", {}).items()
-            if p == layout.pp and option == split]
+    ends = partition_ends(cand, layout, n_layers)
     n_cols = np.shape(cand["sp"])[1]
     col = np.flatnonzero((np.asarray(cand["sp"])[0] == codes["sp"])
                          & (np.asarray(cand["recompute"])[0] == codes["recompute"]))

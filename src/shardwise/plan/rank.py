@@ -29,6 +29,7 @@ from shardwise.layout import (
 )
 from shardwise.partition import fixed_or_balanced
 from shardwise.plan.evaluate import _layout_of, simulated
+from shardwise.plan.grid import partition_ends, searched_split
 from shardwise.schedules.registry import DEFAULT_SCHEDULE, SCHEDULE_CODES, select
 
 TIE = 1e-9
@@ -219,16 +220,11 @@ def _find(cand: dict[str, Any], layout: Layout, n_layers: int) -> int | None:
     mask = np.ones(len(cand["tp"]), dtype=bool)
     for key, value in layout.codes().items():
         mask &= cand[key] == value
-    # the searched partitions of its pp: () for the default (`grid._partitions`)
-    split = layout.partition
-    if split and split == layout.with_(partition=()).stage_partition(n_layers):
-        split = ()
-    ends = [(a, z) for (p, a, z), option in cand.get("_partitions", {}).items()
-            if p == layout.pp and option == split]
     if "first_less" in cand:
+        ends = partition_ends(cand, layout, n_layers)
         mask &= np.any([(cand["first_less"] == a) & (cand["last_less"] == z) for a, z in ends]
                        or [False], axis=0)
-    elif split:
+    elif searched_split(layout, n_layers):  # a grid of the default split only
         return None
     hits = np.nonzero(mask)[0]
     return int(hits[0]) if len(hits) else None

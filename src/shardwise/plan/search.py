@@ -98,7 +98,7 @@ def plan(model: ModelSpec, cluster: Cluster, train: TrainSpec, top: int = 10, *,
             f"no valid layout of {model.name} on {cluster.n_gpus} GPUs with a global batch of "
             f"{train.global_batch} sequence{'s' if train.global_batch != 1 else ''}: {reasons}"
         )
-    n = int(cand["_valid"].sum())
+    n = int(np.count_nonzero(cand["_valid"]))
     say(f"evaluating {n:,} layouts")
     base_layout, base_error = None, None
     if baseline:
@@ -124,7 +124,7 @@ def plan(model: ModelSpec, cluster: Cluster, train: TrainSpec, top: int = 10, *,
         assert flat_terms is not None
         terms = flat_terms
         fits = terms["memory"] <= budget
-        n_fit = int(fits.sum())
+        n_fit = int(np.count_nonzero(fits))
     eval_seconds = time.perf_counter() - eval_start
     if n_fit < n:
         over = ~fits

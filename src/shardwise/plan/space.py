@@ -12,7 +12,7 @@ from shardwise.errors import ShardwiseError
 from shardwise.estimate.compute import RC_CODES
 from shardwise.hardware import Cluster
 from shardwise.layout import CP_KINDS, RECOMPUTE, SCHEDULES, Layout, TrainSpec
-from shardwise.schedules.registry import DEFAULT_SCHEDULE, SEARCHED_SCHEDULES, get_schedule
+from shardwise.schedules.registry import SEARCHED_SCHEDULES, get_schedule
 
 DEFAULT_HEADROOM = 0.85  # plan for 85 % of GPU memory
 
@@ -122,10 +122,10 @@ class SearchSpace:
         for key in ("tp", "pp", "cp", "ep", "etp", "micro_batch"):
             if key in fixed and fixed[key] not in grid[key]:
                 grid[key] = sorted([*grid[key], fixed[key]])
-        if "schedule" in fixed or "chunks" in fixed:
-            info = get_schedule(fixed.get("schedule", DEFAULT_SCHEDULE))
+        if "schedule" in fixed:
+            info = get_schedule(fixed["schedule"])
             pair = (info.code, fixed.get("chunks", info.default_chunks))
-            if "schedule" in fixed and pair not in grid["schedule"]:
+            if pair not in grid["schedule"]:
                 grid["schedule"].append(pair)
         if "zero" in fixed or "zero_group" in fixed:
             pair = (fixed.get("zero", 1 if fixed.get("zero_group") else 0),

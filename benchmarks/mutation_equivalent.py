@@ -75,8 +75,6 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.plan.prune.xǁ_Stateǁthresholds__mutmut_80": "each axis value's threshold "
         "doubled: more layouts timed, never fewer, so the same answer with more work "
         "(benchmarks/bench_planner.py's `timed` shows the work)",
-    "shardwise.plan.space.xǁSearchSpaceǁconstrained__mutmut_29": "chunks fixed without a "
-        "schedule: the block only adds a (schedule, chunks) pair when the schedule is fixed",
     "shardwise.estimate.goodput.x_checkpoint_writes__mutmut_22": "- 0.0·tp for + 0.0·tp: "
                                                                  "the same array",
     "shardwise.estimate.expert.x__reached__mutmut_10": "no float dtype: np.maximum with "

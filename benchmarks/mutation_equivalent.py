@@ -358,14 +358,12 @@ EQUIVALENT: dict[str, str] = {
         "fit (idx: the fitting ones), so the least figure of all is the least fitting one",
     "shardwise.plan.rank.xǁRankingǁ_simulate__mutmut_88": "pending[exact] = None for False: "
         "numpy stores None in a bool array as False",
-    "shardwise.plan.prune.x_find_cell__mutmut_12": "cand.get(\"_partitions\") without the {} "
-        "default: every grid find_cell reads comes from grid._expand, which sets _partitions",
     "shardwise.plan.rank.xǁRankingǁ__init____mutmut_72": ".astype(None) for .astype(bool): "
         "float 0.0/1.0, read only as np.where's condition (nonzero is true)",
     "shardwise.plan.grid.x__example__mutmut_9": "\"XXXX\" for \"\" when no cell is hit: each "
         "_example is drawn from the mask its region's count sums, and _Rejections.add drops a "
         "region of count 0 before reading its example",
-    "shardwise.plan.prune.constant_L61_C16": "_THREAD_CELLS 16384 → 16385: only how the "
+    "shardwise.plan.prune.constant_L64_C16": "_THREAD_CELLS 16384 → 16385: only how the "
         "cells to time are cut into thread chunks; each cell's terms are elementwise and put "
         "back by index, the same numbers in any chunking",
     # mut-plan2 (code at 3d4fe7e; grid._example 9 above is still "" → "XXXX", the same mutant)
@@ -394,12 +392,6 @@ EQUIVALENT: dict[str, str] = {
         "model: layout.validate(model) next runs Layout.problems, whose check_specs gives the "
         "same one-line error for a model that is not a ModelSpec "
         "(tests/estimate/test_memory_terms.py)",
-    "shardwise.estimate.memory.x_peak_stage_total_runs__mutmut_19": "at_run gathers whatever "
-        "its value: its one argument, a stage's logits, is always (runs, 1) or (runs, cols) "
-        "(np.where over the run's `last` column)",
-    "shardwise.estimate.memory.x__same_state_rows__mutmut_16": "the per-run values kept in "
-        "their own dtype: equal_rows reads every column as float64 (bits_hash, and its "
-        "comparison), the same groups",
     "shardwise.estimate.geometry.x_distinct_stages__mutmut_8": "shape = None: every call "
         "takes the branch that works each layout's stages out itself (_distinct on the "
         "arrays), the same stages, without first collapsing equal rows",
@@ -408,4 +400,16 @@ EQUIVALENT: dict[str, str] = {
         "layout's geometry out itself (StageGeometry.of on the arrays), the same numbers: "
         "the other branch runs StageGeometry.of on the distinct rows and spreads them back, "
         "and StageGeometry.of is elementwise",
+    "shardwise.plan.lines.x__col_any__mutmut_2": "np.array of numpy bools without dtype=bool "
+        "is bool already (the grid has at least one column)",
+    "shardwise.plan.prune.xǁ_Stateǁadd__mutmut_68": "ThreadPoolExecutor(None) for "
+        "min(_THREADS, chunks): more threads than chunks idle; each chunk's step times are "
+        "the same",
+    "shardwise.plan.prune.xǁ_Stateǁthresholds__mutmut_35": "the fitting threshold 1e-6 under "
+        "the k-th best instead of over it: a cell could be skipped only if its floor were "
+        "within 1e-6 of a step time, but the floor is taken 1e-6 down and leaves out the "
+        "optimizer step, over 1e-6 of a step below ~10⁸ tokens per GPU per step (7.5e-6 at "
+        "the least on tiny-deepseek's grid)",
+    "shardwise.plan.rank.xǁRankingǁ__init____mutmut_9": "np.asarray(scale) without "
+        "dtype=float: plan passes 1.0 or np.where(…, 1 / goodput, inf), float already",
 }

@@ -64,6 +64,8 @@ def test_recipe_flags_as_the_frameworks_set_them():
     # Float8LinearConverter converts the head and leaves GroupedExperts bf16
     for (framework, _), recipe in RECIPES.items():
         assert recipe.head_fp8 is (framework == "torchao")
+        if recipe.head_fp8:  # so the head's FP8 weights are never held (memory._StageParams)
+            assert all(recipe.weight_copy_bytes(g) == 0.0 for g in ("hopper", "blackwell"))
         # Composer's recipe is Transformer Engine's te.Linear underneath (llm-foundry)
         assert recipe.experts_fp8 is (framework in ("te", "composer"))
     assert get_recipe("te", "tensorwise").amax_reduction_tp

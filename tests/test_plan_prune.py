@@ -32,7 +32,7 @@ from shardwise.plan.evaluate import (
     simulated,
     step_floor,
 )
-from shardwise.plan.prune import search_size
+from shardwise.plan.prune import _floor, search_size
 from shardwise.report.builders import run_plan
 
 EXHAUSTIVE = 10**12  # `prune_above` above any grid: every step time evaluated
@@ -282,3 +282,24 @@ def test_the_dp_floor_is_the_exposed_dp_traffic_where_it_is_not_overlapped(impl,
         assert pruned.stats.timed == without.stats.timed
     else:
         assert pruned.stats.timed < without.stats.timed
+
+
+def test_the_grid_floor_is_float32_rounded_down_from_the_float64_bound():
+    """`prune._floor` keeps the floor in float32 (half the bytes of the grid's largest array)
+    and stays under the float64 `step_floor` it rounds (the DP floor only adds): within
+    float32's rounding after the 1e-6 it takes off; inf where the cell is not valid."""
+    spec, cluster = get_model("tiny-deepseek"), Cluster.of(32, "h100")
+    train = TrainSpec(seq_len=64, global_batch=256)
+    cand, _ = _enumerate(spec, cluster, train, SearchSpace(), _Rejections())
+    cal = default_calibration(cluster.accelerator.calibration_name)
+    shared = shared_costs(spec, cluster, train, cand, cal)
+    with ThreadPoolExecutor(2) as pool:
+        floor = _floor(spec, cluster, train, cand, shared, pool,
+                       RunGeometries(spec, cand).first)
+    valid = cand["_valid"]
+    assert floor.dtype == np.float32 and floor.shape == valid.shape
+    assert np.all(np.isinf(floor[~valid])) and np.all(np.isfinite(floor[valid]))
+    bound = step_floor(spec, cluster, train, cand, shared, np.arange(valid.shape[0]))
+    total = evaluate_candidates(spec, cluster, train, cand, cal, keys=("total",))["total"]
+    assert np.all(floor[valid] >= bound[valid] * (1 - 2e-6))
+    assert np.all(floor[valid] <= total[valid])

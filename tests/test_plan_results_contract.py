@@ -154,3 +154,24 @@ def test_default_rows_and_the_baseline():
     assert result.baseline.estimate.total == pytest.approx(scalar.estimate.total, rel=1e-12)
     assert result.baseline_note.startswith("rank ") and result.baseline_note.endswith(
         f" of {result.stats.fits:,} fitting layouts")
+
+
+def test_the_text_report_states_the_searchs_own_counts_and_times(capsys):
+    """`shardwise plan`'s closing line gives the counts and times of the search it ran, as
+    `--json` does: the evaluation is part of the whole search, so it takes no longer."""
+    import re
+
+    from tests.cli_helpers import run_in_process
+
+    args = ("plan", "tiny-deepseek", "--gpus", "16", "--seq", "64", "--global-batch", "64")
+    code, out, _ = run_in_process(capsys, *args)
+    assert code == 0
+    found = re.search(r"Searched ([\d,]+) grid points; evaluated ([\d,]+) valid layouts in "
+                      r"(\d+) ms \(([\d.]+)M layouts/s\), (\d+) ms in all", " ".join(out.split()))
+    assert found, out
+    grid, evaluated, evaluation_ms, _, total_ms = found.groups()
+    stats = plan(MODEL, Cluster.of(16, "h100"), TrainSpec(seq_len=64, global_batch=64)).stats
+    assert (int(grid.replace(",", "")), int(evaluated.replace(",", ""))) == (
+        stats.grid, stats.evaluated)
+    assert 0 < stats.evaluation_seconds <= stats.seconds
+    assert int(evaluation_ms) <= int(total_ms)

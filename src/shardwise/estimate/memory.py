@@ -307,10 +307,9 @@ class _StageParams(NamedTuple):
         if recipe is None:
             return out
         lin_dense, lin_moe, gemm_dense, gemm_moe = fp8_linear_params(model, recipe, tp, ep, etp)
-        weights_fp8 = geo.per_layer_kind(lin_dense, lin_moe)
-        if recipe.head_fp8:
-            weights_fp8 = weights_fp8 + np.where(geo.last, model.vocab * model.d_model / tp, 0.0)
-        return out._replace(weights_fp8=weights_fp8,
+        # the head's FP8 weights are never held: only torchao quantises it, and torchao keeps
+        # no FP8 copy (`Fp8Recipe.weight_copy_bytes` 0)
+        return out._replace(weights_fp8=geo.per_layer_kind(lin_dense, lin_moe),
                             scaling=recipe.scaling_state_bytes()
                             * geo.per_layer_kind(gemm_dense, gemm_moe))
 

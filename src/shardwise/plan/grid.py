@@ -390,7 +390,7 @@ def partition_ends(cand: dict[str, Any], layout: Layout, n_layers: int) -> list[
     """The (first_less, last_less) codes under which the grid `cand` holds `layout`'s stage
     partition; [] when it holds none."""
     split = searched_split(layout, n_layers)
-    return [(a, z) for (p, a, z), option in cand.get("_partitions", {}).items()
+    return [(a, z) for (p, a, z), option in cand["_partitions"].items()
             if p == layout.pp and option == split]
 
 

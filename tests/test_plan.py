@@ -19,6 +19,7 @@ from shardwise.estimate.memory import (
     peak_stage_memory,
     training_memory_per_gpu,
 )
+from shardwise.estimate.compute import RC_CODES
 from shardwise.estimate.step import estimate_step
 from shardwise.estimate.uncertainty import resolution
 from shardwise.hardware import Cluster, get_accelerator
@@ -471,6 +472,39 @@ def test_fix_searches_only_what_it_allows():
     grid = SearchSpace().resolve(model, cluster, train)
     assert structural + fixed.stats.evaluated == fixed.stats.grid
     assert fixed.stats.grid > 0 and len(grid["tp"]) > 1
+
+
+@pytest.mark.parametrize(("text", "field", "code"), [("sp=1", "sp", 1), ("sp=0", "sp", 0),
+                                                     ("recompute=full", "recompute", 2),
+                                                     ("zero=2", "zero", 2)])
+def test_fix_of_a_per_cell_field_searches_only_its_value(text, field, code):
+    """`--fix` of a field the grid varies inside each structure (sequence parallelism,
+    recompute, ZeRO stage): exactly the unconstrained search's layouts with that value
+    (filtered after the fact: the reference), and no alternative with another value."""
+    model, cluster = get_model("llama3-8b"), Cluster.of(16, "h100")
+    train = TrainSpec(seq_len=4096, global_batch=64)
+    fixed = plan(model, cluster, train, top=3,
+                 space=SearchSpace(constraint=Constraint.parse(text)))
+    free_grid, _ = _enumerate(model, cluster, train, SearchSpace(), _Rejections())
+    free, _ = _flatten(free_grid)
+    assert code == {"sp": int, "recompute": RC_CODES.get, "zero": int}[field](
+        text.split("=")[1])
+    assert fixed.stats.evaluated == int((free[field] == code).sum()) > 0
+    assert int((free[field] != code).sum()) > 0  # not degenerate: the value excludes some
+    assert not [a for a in fixed.alternatives if a.axis == field]
+
+
+@pytest.mark.parametrize("prune_above", [0, 10**12])
+def test_the_memory_rejection_counts_every_layout_that_does_not_fit(prune_above):
+    """The rejected region "does not fit in GPU memory" holds exactly the valid layouts over
+    the budget, in the pruned search and in the one that times every layout."""
+    from shardwise.report.builders import run_plan
+
+    result = run_plan(get_model("mixtral-8x22b"), gpus=32, seq=4096, global_batch="64",
+                      prune_above=prune_above)
+    (memory,) = [r for r in result.rejected if r.category == "memory"]
+    assert memory.reason == "does not fit in GPU memory"
+    assert memory.count == result.stats.evaluated - result.stats.fits > 0
 
 
 def test_max_and_fix_of_a_value_outside_the_default_axes():

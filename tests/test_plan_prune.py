@@ -32,7 +32,7 @@ from shardwise.plan.evaluate import (
     simulated,
     step_floor,
 )
-from shardwise.plan.prune import _floor, search_size
+from shardwise.plan.prune import _floor, rank_bounds, search_size
 from shardwise.report.builders import run_plan
 
 EXHAUSTIVE = 10**12  # `prune_above` above any grid: every step time evaluated
@@ -57,6 +57,9 @@ CASES = [
     ("tiny-moe", dict(gpus=32, seq=64, global_batch="128", all_variants=True, top=5)),
     ("mixtral-8x7b", dict(gpus=16, seq=4096, global_batch="64", max_text="pp=4",
                           layout_text="tp=2,pp=4,ep=2,zero=1,sp=1")),
+    # axis values no layout of which fits (pp=16, recompute none and selective): the
+    # alternatives name the least memory each needs, from the whole grid
+    ("mixtral-8x22b", dict(gpus=32, seq=4096, global_batch="64")),
 ]
 
 
@@ -79,8 +82,10 @@ def test_pruned_search_equals_the_exhaustive_one(name, options):
     assert len({value for axis, value in fitting if axis == "schedule"}) >= (
         2 if spec.n_layers >= 4 else 1)
     assert spec.n_moe_layers and (spec.n_shared_experts or name != "tiny-deepseek")
-    if name == "mixtral-8x7b":
+    if name.startswith("mixtral"):
         assert exhaustive.stats.fits < exhaustive.stats.evaluated
+    if name == "mixtral-8x22b":  # not degenerate: axis values of which nothing fits
+        assert any(a.best_total is None for a in exhaustive.alternatives)
 
 
 def _exact_figures(spec, cluster, train, cal, flat, cells):
@@ -303,3 +308,19 @@ def test_the_grid_floor_is_float32_rounded_down_from_the_float64_bound():
     total = evaluate_candidates(spec, cluster, train, cand, cal, keys=("total",))["total"]
     assert np.all(floor[valid] >= bound[valid] * (1 - 2e-6))
     assert np.all(floor[valid] <= total[valid])
+
+
+def test_rank_bounds_count_the_untimed_fitting_layouts_that_may_tie_or_beat_it():
+    """`rank_bounds`: a layout ranked `position` among the timed ones, of figure f, may have
+    behind it each fitting layout not timed whose floor is at most f (a floor equal to f
+    may still tie, and ties go to the simpler layout); timed layouts, layouts that do not
+    fit and floors above f do not count."""
+    from types import SimpleNamespace
+
+    floor = np.array([[1.0, 2.0, 0.5], [0.9, 1.0 + 1e-3, 0.25]], dtype=np.float32)
+    fits = np.array([[True, True, False], [True, True, True]])
+    evaluated = np.array([[False, False, False], [True, False, True]])
+    pruned = SimpleNamespace(grid={"fits": fits, "evaluated": evaluated, "floor": floor})
+    assert rank_bounds(pruned, 3, 1.0) == (3, 4)  # the floor of exactly 1.0 only
+    assert rank_bounds(pruned, None, 2.0) == (1, 4)  # 1.0, 1.001 and 2.0
+    assert rank_bounds(pruned, 2, 0.1) == (2, 2)

@@ -120,3 +120,52 @@ def test_zero_bubble_rows_simulate_the_input_and_weight_gradients_apart():
         scalar = evaluate_layout(model, CLUSTER, TRAIN, entry.layout, result.calibration,
                                  result.headroom)
         assert entry.estimate.total == pytest.approx(scalar.estimate.total, rel=1e-9)
+
+
+def test_a_simulation_settles_its_group_only_where_every_lane_scales_alike():
+    """`Ranking._simulate` marks another layout of the same simulated group exact when its
+    forward, input-gradient and weight-gradient times are all the same multiple of the
+    simulated one's (the whole timeline scales). Here the second layout's forward and whole
+    backward scale by 1 but its weight gradient by 0.2 (zero-bubble splits it off): its
+    figure, once known, is the event simulator's for its own times, and its bound never
+    exceeds that."""
+    import numpy as np
+
+    from shardwise.calibration import default_calibration
+    from shardwise.estimate.step import simulated_bubble
+    from shardwise.plan import _enumerate, _flatten, _Rejections, evaluate_candidates
+    from shardwise.plan.evaluate import _layout_of
+    from shardwise.plan.rank import Ranking
+
+    model = get_model("tiny-deepseek").with_(n_layers=6)
+    space = SearchSpace(tp=(1,), pp=(4,), cp=(1,), ep=(1, 4), etp=(0,), micro_batch=(1,),
+                        zero=(0, 1), recompute=("none",), schedules=("zb-h1",))
+    cand, _ = _enumerate(model, CLUSTER, TRAIN, space, _Rejections())
+    cal = default_calibration(CLUSTER.accelerator.calibration_name)
+    terms = evaluate_candidates(model, CLUSTER, TRAIN, cand, cal, keys=(
+        "total", "memory", "bubble", "t_forward", "t_backward", "t_wgrad"))
+    flat, terms = _flatten(cand, terms)
+    one, two = 0, 1  # two layouts of one group (schedule, pp, chunks, m, stage ends)
+    for key in ("pp", "chunks", "m", "schedule", "first_less", "last_less"):
+        assert flat[key][one] == flat[key][two]
+    terms = {k: np.array(v, dtype=float) for k, v in terms.items()}
+    times = {"t_forward": (1e-3, 1e-3), "t_backward": (2e-3, 2e-3), "t_wgrad": (1e-3, 2e-4)}
+    for key, (a, b) in times.items():
+        terms[key][[one, two]] = a, b
+    fits = np.zeros(len(terms["total"]), dtype=bool)
+    fits[[one, two]] = True
+    ranking = Ranking(model, flat, terms, fits)
+    assert ranking.pending[one] and ranking.pending[two]  # uneven: 6 layers on 4 stages
+
+    def exact(i):
+        layout = _layout_of(flat, i)
+        return terms["total"][i] - terms["bubble"][i] + simulated_bubble(
+            layout, int(flat["m"][i]), *(float(terms[k][i]) for k in times), model.n_layers)
+
+    ranking._simulate(one)
+    assert ranking.figure(one) == pytest.approx(exact(one), rel=1e-12)
+    assert ranking.lower[two] <= exact(two) * (1 + 1e-12)
+    if not ranking.pending[two]:  # settled by the group: it must be its own figure
+        assert ranking.figure(two) == pytest.approx(exact(two), rel=1e-12)
+    ranking.top(2)
+    assert ranking.figure(two) == pytest.approx(exact(two), rel=1e-12)

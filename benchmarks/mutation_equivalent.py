@@ -412,4 +412,19 @@ EQUIVALENT: dict[str, str] = {
         "the least on tiny-deepseek's grid)",
     "shardwise.plan.rank.xǁRankingǁ__init____mutmut_9": "np.asarray(scale) without "
         "dtype=float: plan passes 1.0 or np.where(…, 1 / goodput, inf), float already",
+    "shardwise.plan.evaluate.x_cell_terms__mutmut_19": "act None for the gathered per-layer "
+        "bytes: stage_memory gathers the same bytes itself when given none (the same numbers)",
+    "shardwise.plan.evaluate.x_flat_cells__mutmut_28": "the grid's _valid left among the "
+        "cells' tables: nothing reads _valid from flat cells (prune and search read the "
+        "grid's)",
+    "shardwise.plan.evaluate.x_step_floor__mutmut_36": "the rows' stage shapes worked out "
+        "again in step_terms instead of passed: run_shapes evaluates the same elementwise "
+        "stage_shape on the same rows",
+    "shardwise.plan.grid.x__expand__mutmut_196": "zip without strict=True: p3 and v are the "
+        "two columns of one array, equal in length",
+    "shardwise.plan.prune.x__by_stages__mutmut_14": "the (pp, chunks) ids sorted as float64 "
+        "instead of uint16: small integers, the same stable order",
+    "shardwise.plan.prune.x__floor__mutmut_27": "the DP floor per row kept in float64 until "
+        "it is added into the float32 grid: one rounding instead of two, each 1e-6 under "
+        "the bound, which it stays",
 }

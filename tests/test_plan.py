@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 
 from shardwise.arch import ModelSpec, count_params, get_model
 from shardwise.errors import ShardwiseError
+from shardwise.estimate.compute import RC_CODES
 from shardwise.estimate.memory import (
     activation_bytes_per_layer,
     peak_stage_memory,
     training_memory_per_gpu,
 )
-from shardwise.estimate.compute import RC_CODES
 from shardwise.estimate.step import estimate_step
 from shardwise.estimate.uncertainty import resolution
 from shardwise.hardware import Cluster, get_accelerator
@@ -527,7 +527,8 @@ def test_max_and_fix_of_a_value_outside_the_default_axes():
     ("tp=x", None, "layout tp='x' must be an integer"),
     ("speed=3", None, "cannot read layout item"),
     ("tp=0", None, "--fix tp must be an integer in [1,"),
-    (None, "schedule=1f1b", "--max takes counts"),
+    (None, "schedule=1f1b", "--max takes counts (dp, tp, pp, cp, ep, micro_batch, chunks, "
+                            "zero, zero_group); use --fix schedule=…"),
     *((None, text, f"--max {text.split('=')[0]}: --max takes counts") for text in (
         "recompute=full", "sp=1", "partition=2:2", "cp_kind=ring")),
     ("recompute=some", None, "--fix recompute='some' unknown"),
@@ -599,3 +600,49 @@ def test_fit_hints_are_the_smallest_change_of_each_knob():
                 option = option.with_(dp=64 // (option.tp * option.pp))
             assert option.problems(model, cluster, train) or largest(option) > budget
     assert fit_hints(model, cluster, train, hints[0].layout, budget) == []
+
+
+def test_fit_hints_reach_every_larger_divisor_up_to_the_gpus():
+    """Qwen3-30B-A3B on 8 H100 at dp = 8 does not fit; of tp (and pp) only 8, all the GPUs,
+    fits: the hint names it — the smallest larger divisor of the GPUs that fits, found here
+    by trying each divisor."""
+    model, cluster = get_model("qwen3-30b-a3b"), Cluster.of(8, "h100")
+    train = TrainSpec(seq_len=4096, global_batch=8)
+    layout = Layout(dp=8, zero=1, recompute="full")
+    budget = cluster.accelerator.memory_bytes * 0.85
+    hints = {h.knob: h for h in fit_hints(model, cluster, train, layout, budget)}
+
+    def peak(option):
+        return max(s.total for s in training_memory_per_gpu(model, option, train))
+
+    for knob in ("tp", "pp"):
+        options = [layout.with_(**{knob: d, "dp": 8 // d}) for d in (2, 4, 8)]
+        fitting = [o for o in options if peak(o) <= budget]
+        assert getattr(fitting[0], knob) == 8  # not degenerate: 2 and 4 do not fit
+        assert hints[knob].value == 8 and hints[knob].total == peak(fitting[0])
+
+
+def test_fit_hints_count_blackwells_fp8_weight_copies():
+    """On B200 with Transformer Engine's per-tensor FP8, a cached FP8 weight is one copy
+    (Blackwell transposes on the fly), two on Hopper: the hints' bytes are Blackwell's, and
+    ZeRO-2 fits only by them."""
+    model, cluster = get_model("qwen3-30b-a3b"), Cluster.of(8, "b200")
+    train = TrainSpec(seq_len=4096, global_batch=8, fp8="tensorwise", impl="megatron-te")
+    layout = Layout(dp=8, zero=1, recompute="full")
+    budget = cluster.accelerator.memory_bytes * 0.85
+    hints = fit_hints(model, cluster, train, layout, budget)
+    assert hints
+    for hint in hints:
+        peak = {gen: max(s.total for s in training_memory_per_gpu(
+            model, hint.layout, train, generation=gen)) for gen in ("blackwell", "hopper")}
+        assert hint.total == peak["blackwell"] < peak["hopper"]
+    zero = [h for h in hints if h.knob == "zero"]
+    assert zero and zero[0].value == 2
+
+
+def test_the_baseline_names_the_leanest_layout_when_nothing_fits():
+    """One GPU (dp·cp = 1, so ZeRO 1 and 3 give the same layout twice) and a 70B model: one
+    clear error naming the leanest layout tried, not a comparison of layouts."""
+    with pytest.raises(ShardwiseError, match=r"nothing fits: the leanest \(.*\) needs [\d.]+ GiB"):
+        choose_parallelism(get_model("llama3-70b"), Cluster.of(1, "h100"),
+                           TrainSpec(seq_len=4096, global_batch=8))

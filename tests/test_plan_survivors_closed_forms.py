@@ -98,6 +98,8 @@ def test_the_memory_region_shows_need_minus_budget_in_gib_and_the_cluster_block(
     assert need - over == pytest.approx(budget, abs=0.11)  # each rounded to 0.1 GiB
     assert over > 0.2 and need > budget + 0.2
     cluster = result.to_dict()["cluster"]
+    assert (cluster["gpus"], cluster["gpus_per_node"]) == (CLUSTER.n_gpus,
+                                                          CLUSTER.gpus_per_node)
     assert (cluster["intra"], cluster["inter"]) == (CLUSTER.intra.name, CLUSTER.inter.name)
     assert cluster["intra"] != cluster["inter"]
 
@@ -387,3 +389,52 @@ def test_the_size_of_a_search_needs_a_global_batch():
     with pytest.raises(ShardwiseError, match=re.escape(
             "planning needs a global batch (e.g. --global-batch 4M-tokens)")):
         search_size(MODEL, CLUSTER, TrainSpec(seq_len=64))
+
+
+def test_ordinal_keeps_the_last_column_past_float_precision():
+    """Six columns of radix 1024 (2**60 codes, under the renumbering bound of 2**62) whose
+    rows differ only in the last, least significant column: an int64 code keeps them apart
+    and in order, where float64's 53-bit mantissa would not."""
+    columns = [np.full(10, 1023) for _ in range(5)] + [np.arange(10)[::-1].copy()]
+    columns[0][0] = 0  # the first column's radix is 1024 too
+    code = _ordinal(columns)
+    rows = list(zip(*(c.tolist() for c in columns), strict=True))
+    assert sorted(range(10), key=lambda i: rows[i]) == list(np.argsort(code, kind="stable"))
+    assert len(set(code.tolist())) == 10
+
+
+def test_the_head_split_takes_the_most_head_layers_that_leave_the_last_stage_one():
+    """16 layers on pp = 4 with a head costing round(V·h / N_layer) = 15 layers (V = 240,000,
+    h = 1,024, N_layer = 16,779,264 parameters): (0, z) gives each stage (16 + z)/4 units and
+    the last z fewer layers, so z = 4 is the most that leaves it one layer: 5, 5, 5, 1."""
+    from shardwise.arch import ModelSpec
+    from shardwise.plan.grid import _partitions
+
+    model = ModelSpec("big-vocab", 16, 1024, 16, 16, 4096, 240_000)
+    assert round(model.vocab * model.d_model / 16_779_264) == 15
+    searched = _partitions(model, 4)
+    assert searched[(0, 4)] == (5, 5, 5, 1)
+    assert [z for a, z in searched if a == 0 and z > 1] == [4]
+
+
+def test_a_tp_that_splits_the_key_value_heads_unevenly_is_its_own_region():
+    """24 query heads and 6 key/value heads on nodes of 8: tp = 4 and 8 divide the query
+    heads but neither divide nor are multiples of the key/value heads; the rejected region
+    says so in words."""
+    from shardwise.arch import ModelSpec
+
+    model = ModelSpec("kv6", 4, 3072, 24, 6, 8192, 32000)
+    result = plan(model, Cluster.of(8, "h100"), TrainSpec(seq_len=1024, global_batch=8),
+                  top=1, baseline=False)
+    (region,) = [r for r in result.rejected if "key/value" in r.reason]
+    assert region.reason == "tp does not fit the key/value heads"
+    assert "n_kv_heads=6" in region.example and region.count > 0
+
+
+def test_the_grid_keeps_its_per_row_fields_in_int32_where_they_fit():
+    """`_expand` stores the per-row fields in int32 where every value fits (half the bytes of
+    the grid's largest arrays); the models widen what they compute with."""
+    cand, _ = _enumerate(get_model("mixtral-8x7b"), Cluster.of(64, "h100"),
+                         TrainSpec(seq_len=4096, global_batch=256), SearchSpace(), _Rejections())
+    for key in ("tp", "pp", "dp", "ep", "micro_batch", "m", "zero", "zero_group", "pair"):
+        assert cand[key].dtype == np.int32, key

@@ -226,7 +226,7 @@ def stage_memory(model: ModelSpec, train: TrainSpec, *, tp: Any, pp: Any, cp: An
     With an FP8 recipe (`TrainSpec.fp8`, `shardwise.fp8`) the state classes are bf16 mixed
     precision's; `fp8` adds the held FP8 weight copies (`Fp8Recipe.weight_copy_bytes` on the
     accelerator `generation`, e.g. "hopper": with transposes) of the stage's FP8 linear
-    layers (`fp8_linear_params`; the LM head when the recipe quantises it) and their scaling
+    layers (`fp8_linear_params`; never the LM head's: torchao keeps no copy) and their scaling
     state; the linear inputs are saved at the recipe's width (`fp8_inputs` of
     `activation_bytes_per_layer`). With host offload (`TrainSpec.offload`) the offloaded
     state leaves the GPU for `host` (`estimate.offload.offload_state`).

@@ -126,7 +126,6 @@ class Pruned:
     n_fit: int
     values: dict[str, list[int]]  # each alternative axis' values among valid layouts
     least: dict[tuple[str, int], float]  # least memory of the valid layouts with axis = value
-    over: int  # valid layouts that do not fit
     evaluated: int  # step times evaluated
     grid: dict[str, Any] = field(repr=False, default_factory=dict)
 
@@ -219,8 +218,7 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
     terms = {k: state.terms[k][np.argsort(state.index)] for k in _KEYS}
     return Pruned(cells, terms, fits.ravel()[idx], int(np.count_nonzero(valid)),
                   int(np.count_nonzero(fits)),
-                  {a: [int(v) for v in vals] for a, vals in values.items()}, least,
-                  int(np.count_nonzero(valid & ~fits)), len(idx),
+                  {a: [int(v) for v in vals] for a, vals in values.items()}, least, len(idx),
                   {"cand": cand, "fits": fits, "floor": floor, "evaluated": state.done,
                    "index": idx, "total": terms["total"]})
 

@@ -175,3 +175,22 @@ def test_the_text_report_states_the_searchs_own_counts_and_times(capsys):
         stats.grid, stats.evaluated)
     assert 0 < stats.evaluation_seconds <= stats.seconds
     assert int(evaluation_ms) <= int(total_ms)
+
+
+def test_the_best_over_offloads_shows_every_variant_when_asked():
+    """`all_variants` reaches the search of each offload kind: the rows are the winning
+    kind's own search with every ZeRO-group variant shown (several rows of one family)."""
+    from dataclasses import replace
+
+    cluster = Cluster.of(8, "h100")
+    space = SearchSpace(tp=(1, 2), pp=(1,), micro_batch=(1, 2), recompute=("none",))
+    best = plan(MODEL, cluster, TrainSpec(seq_len=64, global_batch=16, impl="torchtitan"),
+                top=6, baseline=False, all_variants=True,
+                space=replace(space, offload=("params", "none")))
+    alone = plan(MODEL, cluster, TrainSpec(seq_len=64, global_batch=16, impl="torchtitan",
+                                           offload=best.train.offload),
+                 top=6, space=space, baseline=False, all_variants=True)
+    rows = [e.layout.short() for e in best.ranked]
+    assert rows == [e.layout.short() for e in alone.ranked]
+    families = {e.layout.with_(zero_group=0).short() for e in best.ranked}
+    assert len(families) < len(rows)  # not degenerate: variants of one family shown

@@ -186,9 +186,6 @@ class Constraint:
         return (all(value == want for key, want in self.fixed if key == field)
                 and all(value <= cap for key, cap in self.most if key == field))
 
-    def constrains(self, field: str) -> bool:
-        return any(key == field for key, _ in (*self.fixed, *self.most))
-
     def describe(self) -> str:
         """`fix tp=8,pp=4; max cp=2`: how the rejected-regions table names it."""
         def text(items: tuple[tuple[str, Any], ...]) -> str:

@@ -286,15 +286,21 @@ def run_group_or_failure(group: str, sample: int | None, seed: int) -> dict[str,
                 "seconds": time.monotonic() - start}
 
 
+def _sources_changed(group: str, commit: str) -> bool:
+    """Whether `group`'s sources differ now from those at `commit` (a record's; uncommitted
+    sources count as changed)."""
+    files, _ = GROUPS[group]
+    return " " in commit or bool(subprocess.run(
+        ["git", "diff", "--quiet", commit.split()[0], "--",
+         *(f"src/shardwise/{f}" for f in files)], cwd=ROOT).returncode)
+
+
 def recheck(group: str, record: dict[str, object]) -> dict[str, Any] | None:
     """The record's survivors (those not listed equivalent) run again against today's tests:
     {commit, date, killed}; None when the group's sources changed since the record's commit
     (its mutants' names would then name other mutants)."""
     commit = str(record["commit"])
-    files, _ = GROUPS[group]
-    changed = subprocess.run(["git", "diff", "--quiet", commit.split()[0], "--",
-                              *(f"src/shardwise/{f}" for f in files)], cwd=ROOT).returncode
-    if changed or " " in commit:  # or the record's own sources were uncommitted
+    if _sources_changed(group, commit):
         return None
     survivors = record["survivors"]
     assert isinstance(survivors, list)
@@ -396,10 +402,14 @@ def write_report(records: dict[str, dict[str, object]]) -> None:
     latest = max(groups, key=lambda g: (str(g["date"]), str(g.get("time", ""))), default=None)
     if latest is not None:
         now = [str(g["group"]) for g in groups if g["commit"] == latest["commit"]]
-        older = [str(g["group"]) for g in groups if g["commit"] != latest["commit"]]
+        older = [g for g in groups if g["commit"] != latest["commit"]]
+        same = [str(g["group"]) for g in older
+                if not _sources_changed(str(g["group"]), str(g["commit"]))]
+        changed = [str(g["group"]) for g in older if str(g["group"]) not in same]
         lines += ["", f"Run at the latest commit ({latest['commit']}, {latest['date']}): "
-                  f"{', '.join(now)}. Not run this time (their rows are from the older "
-                  f"commits above): {', '.join(older) or 'none'}."]
+                  f"{', '.join(now)}. Not run this time, their sources the same as at their "
+                  f"rows' commits above: {', '.join(same) or 'none'}. Not run this time, "
+                  f"their sources changed since: {', '.join(changed) or 'none'}."]
     lines += ["", f"Machine: {machine}.", "",
               "Never run: " + (", ".join(missing) or "none") + "."]
     lines += ["", "| group | mutated | tests | mutants | checked | killed | survived | no tests "

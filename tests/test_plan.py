@@ -641,8 +641,8 @@ def test_fit_hints_count_blackwells_fp8_weight_copies():
 
 
 def test_the_baseline_names_the_leanest_layout_when_nothing_fits():
-    """One GPU (dp·cp = 1, so ZeRO 1 and 3 give the same layout twice) and a 70B model: one
-    clear error naming the leanest layout tried, not a comparison of layouts."""
+    """One GPU and a 70B model: one clear error naming the leanest layout tried and the
+    GiB it needs."""
     with pytest.raises(ShardwiseError, match=r"nothing fits: the leanest \(.*\) needs [\d.]+ GiB"):
         choose_parallelism(get_model("llama3-70b"), Cluster.of(1, "h100"),
                            TrainSpec(seq_len=4096, global_batch=8))

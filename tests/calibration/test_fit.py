@@ -99,6 +99,11 @@ def test_bad_measurements_are_one_clear_error(call):
         call()
 
 
+def test_a_non_physical_fit_names_the_measurement():
+    with pytest.raises(ShardwiseError, match=r"^copy α-β fit: time does not grow with size"):
+        fit_alpha_beta([1, 1, 1], [1e3, 1e5, 1e6], [1e-3, 1e-4, 1e-4], what="copy α-β fit")
+
+
 @settings(max_examples=25, deadline=None)
 @given(a2=st.floats(1e-5, 1e-2), a4=st.floats(1e-5, 1e-2), beta=st.floats(1e7, 1e10))
 def test_per_call_fit_recovers_each_collectives_fixed_cost(a2, a4, beta):

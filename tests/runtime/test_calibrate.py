@@ -17,7 +17,7 @@ from shardwise.estimate.comm import ring_bytes_on_wire, ring_steps
 from shardwise.estimate.compute import _OPS_LAYER
 from shardwise.estimate.machine import predict_step
 from shardwise.layout import Layout
-from shardwise.runtime.calibrate import REFERENCE_STEP, _dispatch, _group_seconds
+from shardwise.runtime.calibrate import REFERENCE_STEP, Plan, _dispatch, _group_seconds
 from shardwise.runtime.launch import spawn
 from shardwise.runtime.measure import (
     CALL_ROW,
@@ -50,6 +50,32 @@ def calibration(tmp_path):
                                             "attention_efficiency": 0.3},
                                 "machine": MACHINE}))
     return str(path)
+
+
+@pytest.mark.slow
+def test_a_non_physical_fit_is_measured_once_more(monkeypatch):
+    # on a loaded machine a small copy can time slower than a large one: the first
+    # measurement's copy times are reversed, so its fit has bandwidth ≤ 0
+    from shardwise.runtime.calibrate import run
+
+    measured, said = [], []
+
+    def measure(plan, progress):
+        raw = real(plan, progress)
+        if not measured:
+            times = [t for _, t in raw["copy"]][::-1]
+            raw["copy"] = [[b, t] for (b, _), t in zip(raw["copy"], times, strict=True)]
+        measured.append(raw)
+        return raw
+
+    real = run._measure
+    monkeypatch.setattr(run, "_measure", measure)
+    data = run.calibrate(Plan(quick=True), progress=said.append)
+    assert len(measured) == 2
+    assert any(m.startswith("copy α-β fit: time does not grow with size") and
+               m.endswith("measuring once more") for m in said)
+    copy = data["measurements"]["copy"]
+    assert copy[next(k for k in copy if k.startswith("points"))] == measured[1]["copy"]
 
 
 @pytest.mark.slow

@@ -130,17 +130,17 @@ class AlphaBeta:
 
 
 def fit_alpha_beta(rounds: Sequence[float], n_bytes: Sequence[float],
-                   seconds: Sequence[float]) -> AlphaBeta:
+                   seconds: Sequence[float], what: str = "alpha-beta fit") -> AlphaBeta:
     """α ≥ 0 and β > 0 of `t = rounds·α + bytes/β`, relative least squares (rows of the
     design matrix divided by t). A negative α (noise on latency-free data) is clamped to 0
     and 1/β refitted alone."""
-    r, nb, t = _points(rounds, n_bytes, seconds, what="alpha-beta fit", need=2)
+    r, nb, t = _points(rounds, n_bytes, seconds, what=what, need=2)
     design = np.stack([r / t, nb / t], axis=1)
     (alpha, inv_beta), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
     if alpha < 0:
         alpha, inv_beta = 0.0, _best_scale(nb, t)
     if inv_beta <= 0:
-        raise ShardwiseError("alpha-beta fit: time does not grow with size (bandwidth ≤ 0); "
+        raise ShardwiseError(f"{what}: time does not grow with size (bandwidth ≤ 0); "
                              "measure larger messages")
     fit = AlphaBeta(float(alpha), float(1.0 / inv_beta), ())
     return AlphaBeta(fit.alpha, fit.beta, tuple(relative_residuals(t, fit.seconds(r, nb))))

@@ -56,9 +56,10 @@ def fit_measurements(raw: dict[str, Any], plan: Plan) -> dict[str, Any]:
     # the launch is timed apart; under load a tiny GEMM can come out faster than it
     launch_s = min(raw["launch"], 0.5 * min(p[3] for p in mm))
     gemm = fit_matmul(*zip(*mm, strict=True), launch=launch_s)
-    copy = fit_alpha_beta([1] * len(raw["copy"]), *zip(*raw["copy"], strict=True))
-    kern = fit_alpha_beta([1] * len(raw["kernels"]),
-                          [p[1] for p in raw["kernels"]], [p[2] for p in raw["kernels"]])
+    copy = fit_alpha_beta([1] * len(raw["copy"]), *zip(*raw["copy"], strict=True),
+                          what="copy α-β fit")
+    kern = fit_alpha_beta([1] * len(raw["kernels"]), [p[1] for p in raw["kernels"]],
+                          [p[2] for p in raw["kernels"]], what="memory-bound kernels' α-β fit")
     hbm = _clamped(kern.beta / copy.beta, notes, "hbm_efficiency")
     # attention: t = (3.5 · 2·s²·d·heads) / (P∞ · η · d/(d+d½)) → 1/η is a scale
     unit = [3.5 * 2 * s * s * d * h / (gemm.peak * d / (d + gemm.half_dim))
@@ -80,7 +81,7 @@ def fit_measurements(raw: dict[str, Any], plan: Plan) -> dict[str, Any]:
             t.append(seconds / max(1.0, n / cores))
         return r, b, t
 
-    link = fit_alpha_beta(*rounds_bytes(coll))
+    link = fit_alpha_beta(*rounds_bytes(coll), what="collectives' α-β fit")
     per_op = {}
     for op in (*COLLECTIVES, "p2p"):  # for reference; noise may defeat a fit on few points
         try:

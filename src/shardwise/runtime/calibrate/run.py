@@ -28,8 +28,19 @@ from shardwise.runtime.calibrate.plan import COLLECTIVES, Plan
 def calibrate(plan: Plan, progress: Callable[[str], None] = lambda msg: None
               ) -> dict[str, Any]:
     """Measure (one rank: compute; `plan.ranks` ranks: collectives) and fit; returns the
-    calibration file's content."""
+    calibration file's content. A fit that comes out non-physical (on a loaded machine a
+    small point can time slower than a large one) is measured once more before it fails."""
     plan.validate()
+    try:
+        return fit_measurements(_measure(plan, progress), plan)
+    except ShardwiseError as exc:
+        progress(f"{exc}: measuring once more")
+    return fit_measurements(_measure(plan, progress), plan)
+
+
+def _measure(plan: Plan, progress: Callable[[str], None]) -> dict[str, Any]:
+    """The raw points: compute on one rank, the one-rank steps alone and kept in step, the
+    collectives on `plan.ranks` ranks."""
     progress("GEMMs, memory-bound kernels, attention, one-rank training steps")
     raw = launch.spawn(_compute_rank, 1, plan, timeout_s=600, backend=plan.backend)[0]
     ranks = plan.ranks if plan.backend == "nccl" else min(plan.ranks, len(os.sched_getaffinity(0)))
@@ -49,7 +60,7 @@ def calibrate(plan: Plan, progress: Callable[[str], None] = lambda msg: None
         raw["collectives_busy"] = launch.spawn(_collective_ranks, plan.ranks, plan, True,
                                                timeout_s=600, backend=plan.backend)[0]
     progress("fitting")
-    return fit_measurements(raw, plan)
+    return raw
 
 
 def plot_calibration(data: dict[str, Any], path: str) -> None:

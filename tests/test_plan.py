@@ -4,6 +4,7 @@ regions, the §7 baseline, errors, and the validation set."""
 
 import random
 import re
+from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
 
@@ -254,6 +255,39 @@ def test_planner_memory_equals_the_memory_model_in_every_dtype(model, gpus, seq,
         assert parts["total"][i] == pytest.approx(peak.total, rel=1e-12)
         assert parts["activations"][i] == pytest.approx(peak.activations, rel=1e-12)
         assert parts["stage"][i] == peak.stage
+
+
+def test_planner_memory_takes_every_as_trained_option():
+    """The planner's memory of each layout (its own vectorised path) takes the options a
+    recipe states — recompute modules, activation offloading, FP8-stored SwiGLU inputs, a
+    busiest-rank expert load, BF16 moments — as `training_memory_per_gpu` does, on an MLA
+    model with shared experts; each option changes the peak on its own (so none can be
+    dropped unseen). Plumbing: the memory model is checked against saved tensors elsewhere."""
+    model = replace(get_model("deepseek-v3"), n_layers=12, first_dense_layers=2,
+                    n_shared_experts=2)
+    cluster = Cluster.of(64, "h100")
+    train = TrainSpec(seq_len=4096, global_batch=256, impl="megatron-te", fp8="blockwise",
+                      recompute_modules=("layernorm", "mla_up_proj"),
+                      offload_modules=("core_attn", "expert_fc1"), act_fp8_store=True,
+                      expert_load=1.25, exp_avg_dtype="bf16", exp_avg_sq_dtype="bf16"
+                      ).validate()
+    space = SearchSpace(recompute=("selective",), micro_batch=(1, 2))
+    grid, _ = _enumerate(model, cluster, train, space, _Rejections())
+    flat, _ = _flatten(grid)
+    pick = random.Random(3).sample(range(len(flat["tp"])), min(len(flat["tp"]), 24))
+    cand = {k: flat[k][pick] for k in (*Layout().codes(), "m")}
+    memory = evaluate_candidates(model, cluster, train, cand)["memory"]
+    without = {"recompute_modules": None, "offload_modules": (), "act_fp8_store": False,
+               "expert_load": 1.0, "exp_avg_dtype": None, "exp_avg_sq_dtype": None}
+    for i in range(len(pick)):
+        layout = _layout_of(cand, i)
+
+        def peak(spec, layout=layout):
+            return max(s.total for s in training_memory_per_gpu(model, layout, spec))
+
+        assert memory[i] == pytest.approx(peak(train), rel=1e-12), layout.short()
+        for option, default in without.items():
+            assert peak(replace(train, **{option: default})) != peak(train), option
 
 
 def test_mfu_never_exceeds_one_and_fitting_means_within_budget():

@@ -238,11 +238,19 @@ def test_recompute_adjust_keeps_latent_names_unless_mla_up_proj_on_one_layout():
     # MLA without mla_up_proj: the latents keep their (FP8-saved) name
     out = recompute_adjust(DS, ("moe_act",), True, True, 2.0, False, ("attn_norm",))(saved)
     assert out == {"q_latent_normed": 8.0, "expert_down_input": 0.0, "norm1_input": 0.0}
-    # arrays of layouts keep the name (the lighter FP8 count), and free per layout
+    # arrays of layouts: each by its own rule — the latents are a bf16 checkpoint input where
+    # selective holds, FP8-saved where it does not; and freed per layout
     out = recompute_adjust(DS, ("mla_up_proj", "moe_act"), True, np.array([True, False]), 2.0,
                            False)(saved)
-    assert set(out) == set(saved)
+    assert set(out) == set(saved) | {"q_latent_normed_checkpoint"}
+    assert list(out["q_latent_normed_checkpoint"]) == [8.0, 0.0]
+    assert list(out["q_latent_normed"]) == [0.0, 8.0]
     assert list(out["expert_down_input"]) == [0.0, 8.0]
+    # so an FP8 recipe's array of layouts counts what each layout counts alone
+    fp8 = {"moe": True, "fp8_inputs": 1.0, "modules": ("mla_up_proj",), "sp": True, "tp": 2}
+    both = activation_bytes_per_layer(DS, 64, 1, recompute=np.array([1, 0]), **fp8)
+    assert list(both) == [activation_bytes_per_layer(DS, 64, 1, recompute=rc, **fp8)
+                          for rc in ("selective", "none")]
 
 
 def test_routed_load_and_a_share_of_full_recompute_by_hand():

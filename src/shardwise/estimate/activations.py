@@ -217,7 +217,8 @@ def recompute_adjust(model: ModelSpec, modules: tuple[str, ...], moe: bool, sele
                      ) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """The rewrite of a layer's saved tensors (`profiles.layer_bytes(adjust=…)`) where
     `selective` holds (scalar or boolean array): `recompute_dropped` freed; under mla_up_proj
-    the normed latents stay the checkpoint's bf16 inputs (no FP8 copy); `act_fp8_store`: the
+    the normed latents stay the checkpoint's bf16 inputs where selective holds (no FP8
+    copy); `act_fp8_store`: the
     SwiGLU inputs (gate and up) at one byte (transformer_config.py
     `activation_func_fp8_input_store`, fused `bias_swiglu`/`weighted_bias_swiglu`);
     `offload_modules`: their `OFFLOADED` inputs leave the GPU (`min_offloaded_tensor_size`
@@ -236,11 +237,13 @@ def recompute_adjust(model: ModelSpec, modules: tuple[str, ...], moe: bool, sele
             elif name in drop:
                 value = np.where(selective, 0.0, value) if np.ndim(selective) else (
                     0.0 if selective else value)
-            if keep_latents and name in _LATENTS and not (np.ndim(selective) == 0
-                                                          and not selective):
-                # a bf16 checkpoint input: out of FP8_SAVED_INPUTS (an array of layouts
-                # keeps the FP8 rule where selective does not hold: the lighter count)
-                name = f"{name}_checkpoint" if np.ndim(selective) == 0 else name
+            if keep_latents and name in _LATENTS:
+                # where selective holds, a bf16 checkpoint input: out of FP8_SAVED_INPUTS
+                if np.ndim(selective):  # an array of layouts: each by its own rule
+                    out[f"{name}_checkpoint"] = np.where(selective, value, 0.0)
+                    value = np.where(selective, 0.0, value)
+                elif selective:
+                    name = f"{name}_checkpoint"
             out[name] = value
         return out
     return adjust

@@ -427,4 +427,45 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.plan.prune.x__floor__mutmut_27": "the DP floor per row kept in float64 until "
         "it is added into the float32 grid: one rounding instead of two, each 1e-6 under "
         "the bound, which it stays",
+    # plan, seed 9's sample of 100 at fe2f3bd (the others of its 26 survivors are killed)
+    **{f"shardwise.plan.explain.x__alternatives__mutmut_{n}": "top(1, fold=True) for "
+       "fold=False: the fastest row heads its own family, so one row folded or not is the "
+       "same row" for n in (52, 56)},
+    "shardwise.plan.lines.xǁ_Leastǁcells__mutmut_19": "a column axis' seed cell at the wrong "
+        "flat index: the seeds only make the first thresholds finite; a wrong (still valid) "
+        "cell leaves them looser for a round, and the rounds time the same cells to the end",
+    "shardwise.plan.lines.x__col_any__mutmut_4": "np.array of numpy bools without dtype=bool "
+        "is bool already (the grid has at least one column)",
+    "shardwise.plan.lines.x__dense_ids__mutmut_13": "`or` for `and` on the integer check: "
+        "every caller passes integer columns, and for those the shifted path (with ranks "
+        "past 256 values) and np.unique's inverse both give each value's rank among those "
+        "present",
+    **{f"shardwise.plan.grid.x__expand__mutmut_{n}": "np.array of Python ints (and bools) "
+       "without a dtype is int64 already" for n in (113, 506)},
+    "shardwise.plan.grid.x__expand__mutmut_432": "zg > 1 for zg > 0: a ZeRO group of 1 "
+        "divides every replica count, so zg = 1 is never a bad group either way",
+    "shardwise.plan.rank.xǁRankingǁ__init____mutmut_11": "np.asarray(scale) without "
+        "dtype=float: plan passes 1.0 or np.where(…, 1 / goodput, inf), float already",
+    "shardwise.plan.rank.xǁRankingǁtop__mutmut_60": "a pending row whose lower bound equals "
+        "the threshold exactly left unsimulated: its exact figure is its bound plus a "
+        "simulated bubble > 0 (pp > 1), so once simulated it is over the threshold and "
+        "never returned either way",
+    "shardwise.plan.baseline.x_choose_parallelism__mutmut_94": "micro_batch=1 dropped: "
+        "Layout's default micro-batch is 1",
+    "shardwise.plan.baseline.x_choose_parallelism__mutmut_138": "min of (peak, layout) "
+        "tuples without the key: the peaks decide unless two differ in nothing but the "
+        "layout; identical layouts compare equal, and no two distinct candidates tied to the "
+        "byte on any preset on 2 to 16 H100s with nothing fitting (searched by hand)",
+    "shardwise.plan.evaluate.x_evaluate_candidates__mutmut_5": "_wide on the grid's own "
+        "tables too: it changes only int32 arrays' dtype, never a value",
+    "shardwise.plan.evaluate.x_flat_cells__mutmut_26": "pop(\"_valid\") without a "
+        "default: every grid flat_cells is given carries _valid (grid._expand sets it)",
+    "shardwise.plan.evaluate.x__simulated_floor__mutmut_18": "the micro-batch counts left "
+        "int64: simulated_bubble_floor only multiplies them into float times, the same floats",
+    "shardwise.plan.evaluate.constant_L57_C20": "SIMULATED_ACTIONS 4,000 → 4,001: the "
+        "cut is pp·m·chunks ≤ it with pp > 1, and 4,001 is prime, so no pipeline has "
+        "exactly 4,001 actions",
+    "shardwise.plan.prune.constant_L66_C17": "POSITION_CELLS 100,000 → 100,001: a work cap; "
+        "only a rank needing exactly 100,001 step times changes, from bounds to exact, "
+        "both true answers",
 }

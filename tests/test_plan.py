@@ -201,6 +201,24 @@ def test_the_search_compares_context_parallel_kinds():
             max(s.total for s in training_memory_per_gpu(model, layout, train)), rel=1e-9)
 
 
+
+def test_no_hybrid_context_parallelism_where_tp_fills_the_node():
+    """Nodes of 4 GPUs and tp = 4: no cp rank shares a node with another (4 // 4 = 1 cp rank
+    a node), so the hybrid would be ring attention — not searched; Ulysses over cp 4 cannot
+    split a tp rank's 2 key/value heads. Ring and the all-gather remain."""
+    model = get_model("llama3-8b")  # 8 key/value heads: 2 a tp rank
+    cluster = Cluster.of(32, "h100", gpus_per_node=4)
+    train = TrainSpec(seq_len=65536, global_batch=16)
+    space = SearchSpace(tp=(4,), pp=(1,), cp=(4,), micro_batch=(1,), zero=(1,), sp=(False,),
+                        recompute=("full",))
+    rejections = _Rejections()
+    grid, _ = _enumerate(model, cluster, train, space, rejections)
+    cand, _ = _flatten(grid)
+    kinds = {_layout_of(cand, i).cp_kind for i in range(len(cand["tp"]))}
+    assert kinds == {"ring", "allgather"}
+    assert any(r.reason.startswith("hybrid cp with every cp rank in one node or one per node")
+               for r in rejections.result())
+
 def test_memory_arrays_handle_gpipe_and_full_sharding():
     model = ModelSpec("m", 8, 512, 8, 4, 2048, 1000, dropout=True, norm="layernorm")
     train = TrainSpec(seq_len=256, global_batch=32, flash_attention=False, impl="shardwise")

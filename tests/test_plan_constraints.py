@@ -110,3 +110,38 @@ def test_max_and_fix_of_a_value_outside_the_default_axes():
 def test_bad_constraints_are_one_clear_error(fix, most, message):
     with pytest.raises(ShardwiseError, match=re.escape(message)):
         Constraint.parse(fix, most)
+
+
+@pytest.mark.parametrize("fix, most", [("dp=4", None), (None, "dp=2")])
+def test_a_data_parallel_constraint_searches_only_the_replicas_it_allows(fix, most):
+    """dp is no axis of the grid (it follows from the GPUs): `--fix dp=4` and `--max dp=2`
+    keep exactly the unconstrained search's layouts with those replicas (filtered after the
+    fact: the reference), and count every other cell of the grid as excluded by the user."""
+    model, cluster = get_model("llama3-8b"), Cluster.of(16, "h100")
+    train = TrainSpec(seq_len=4096, global_batch=64)
+    rule = Constraint.parse(fix, most)
+    fixed = plan(model, cluster, train, top=3, space=SearchSpace(constraint=rule))
+    free_grid, _ = _enumerate(model, cluster, train, SearchSpace(), _Rejections())
+    free, _ = _flatten(free_grid)
+    keep = free["dp"] == 4 if fix else free["dp"] <= 2
+    assert fixed.stats.evaluated == int(keep.sum()) > 0 and int((~keep).sum()) > 0
+    assert all(e.layout.dp == 4 if fix else e.layout.dp <= 2 for e in fixed.ranked)
+    structural = sum(r.count for r in fixed.rejected if r.category != "memory")
+    assert structural + fixed.stats.evaluated == fixed.stats.grid
+
+
+def test_a_fixed_split_the_stack_cannot_run_is_refused_by_its_rule(capsys):
+    """Megatron-DeepSpeed splits 32 blocks over 2 stages as 16 + 16 (DeepSpeed's
+    'type:transformer' partition: the first L mod pp stages one block more): `--fix` of
+    16:16 plans, of 20:12 is one line naming the stack, its rule and the split."""
+    from tests.cli_helpers import run_in_process
+
+    args = ("plan", "llama3-8b", "--gpus", "16", "--seq", "4096", "--global-batch", "64",
+            "--impl", "megatron-deepspeed", "--fix")
+    code, out, _ = run_in_process(capsys, *args, "pp=2,partition=16:16", "--json")
+    assert code == 0 and '"pp": 2' in out
+    code, _, err = run_in_process(capsys, *args, "pp=2,partition=20:12")
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert ("megatron-deepspeed cannot split the layers so (Megatron-DeepSpeed's GPTModelPipe "
+            "splits the blocks with DeepSpeed's 'type:transformer' partition") in err
+    assert err.rstrip().endswith("(pp=2, layers 20,12)")

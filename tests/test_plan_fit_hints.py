@@ -80,3 +80,22 @@ def test_fit_hints_count_blackwells_fp8_weight_copies():
         assert hint.total == peak["blackwell"] < peak["hopper"]
     zero = [h for h in hints if h.knob == "zero"]
     assert zero and zero[0].value == 2
+
+
+def test_fit_hints_size_the_layout_at_the_users_sequence():
+    """llama3-8b at dp = 8 on 8 H100: 60 GiB at the default 4,096 tokens (fits the 68 GiB
+    budget), 117 GiB at 16,384 — the hints are for the user's sequence, not the default."""
+    model, cluster = get_model("llama3-8b"), Cluster.of(8, "h100")
+    layout, budget = Layout(dp=8, zero=1), 0.85 * cluster.accelerator.memory_bytes
+
+    def largest(train):
+        return max(s.total for s in training_memory_per_gpu(model, layout, train))
+
+    long = TrainSpec(seq_len=16384)
+    assert largest(TrainSpec()) <= budget < largest(long)
+    assert fit_hints(model, cluster, TrainSpec(), layout, budget) == []
+    hints = fit_hints(model, cluster, long, layout, budget)
+    assert {h.knob for h in hints} >= {"recompute", "tp"}
+    for hint in hints:
+        peak = max(s.total for s in training_memory_per_gpu(model, hint.layout, long))
+        assert peak == pytest.approx(hint.total) and peak <= budget

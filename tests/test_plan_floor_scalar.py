@@ -73,7 +73,7 @@ def test_the_floor_is_the_scalar_zero_independent_terms_and_bubble():
 
 def test_the_pruned_searchs_cell_memory_is_the_scalar_model_on_blackwell():
     """`cell_terms(("memory",))` (the peak the pruned search reports for layouts that do not
-    fit) against `training_memory_per_gpu` cell by cell, on a B200 (Blackwell: TE keeps one
+    fit) and `cell_terms` with the step time against `training_memory_per_gpu` cell by cell, on a B200 (Blackwell: TE keeps one
     cached FP8 copy of a weight with the tensorwise recipe, Hopper two) — the generation must
     reach the memory model."""
     from shardwise.estimate.memory import training_memory_per_gpu
@@ -90,6 +90,9 @@ def test_the_pruned_searchs_cell_memory_is_the_scalar_model_on_blackwell():
     rows, cols = np.nonzero(cand["_valid"])
     cells = flat_cells(cand, rows, cols)
     memory = cell_terms(MODEL, cluster, train, cells, shared, ("memory",))["memory"]
+    # and with the step time (the exhaustive search's path, `evaluate_candidates`)
+    timed = cell_terms(MODEL, cluster, train, cells, shared, ("total", "memory"))["memory"]
+    assert np.array_equal(timed, memory)
     assert len(memory) > 4
     for i in range(len(memory)):
         layout = _layout_of(cells, i)

@@ -88,6 +88,35 @@ def test_pruned_search_equals_the_exhaustive_one(name, options):
         assert any(a.best_total is None for a in exhaustive.alternatives)
 
 
+def test_pruned_search_takes_an_axis_value_past_int16():
+    """The pruned search keeps an axis' codes in int16 where they fit: micro-batch 2¹⁵ does
+    not (int16 ends at 2¹⁵ − 1), and the search must answer as the exhaustive one does."""
+    options = dict(gpus=8, seq=64, global_batch=str(2**15 * 8), fix_text="micro_batch=32768")
+    exhaustive = run_plan(get_model("tiny-deepseek"), **options, prune_above=EXHAUSTIVE)
+    pruned = run_plan(get_model("tiny-deepseek"), **options, prune_above=0)
+    assert exhaustive.best.layout.micro_batch == 2**15 and exhaustive.stats.fits > 1
+    assert _comparable(pruned) == _comparable(exhaustive)
+
+def test_the_threshold_of_layouts_over_memory_keeps_the_fastest_timed(monkeypatch):
+    """The threshold for layouts that do not fit, watched on each round of the real search,
+    is at least the fastest such layout timed: an untimed one whose floor ties it is still
+    timed (mixtral-8x22b on 32 GPUs: most layouts do not fit)."""
+    from shardwise.plan import prune as pruning
+
+    seen = []
+    real = pruning._State.thresholds
+
+    def watched(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
+        over = ~self.fits.ravel()[self.index]  # the timed layouts that do not fit
+        if over.any():
+            seen.append(out[2] >= self.terms["total"][over].min())
+        return out
+
+    monkeypatch.setattr(pruning._State, "thresholds", watched)
+    run_plan(get_model("mixtral-8x22b"), gpus=32, seq=4096, global_batch="64", prune_above=0)
+    assert seen and all(seen)
+
 def _exact_figures(spec, cluster, train, cal, flat, cells):
     """The ranking's figure of layouts `cells` of the flat grid, on the scalar path: the step
     time with the simulated bubble where the ranking simulates it."""

@@ -127,6 +127,15 @@ def test_the_default_stage_split_is_simpler_than_a_searched_one():
     assert order[2] < order[0]  # fewer stages first (SIMPLER: cp, then pp)
 
 
+def test_distinct_searched_splits_never_tie_in_simplicity():
+    # 10 layers on pp 4: the default is Balanced(1, 1); (0, 2), (2, 0) and (2, 2) are searched
+    # splits that differ in one end or both — a tie of their step times must still have one
+    # order (SIMPLER's last key before the micro-batch is the split), never the grid's
+    cand = _rows(pp=[4, 4, 4, 4], first_less=[1, 0, 2, 2], last_less=[1, 2, 0, 2],
+                 _n_layers=10)
+    order = simplicity(cand)
+    assert len(set(order.tolist())) == 4 and order[0] == order.min()
+
 def test_simplicity_without_searched_partitions_orders_by_cp_then_pp_then_tp():
     cand = _rows(pp=[2, 1, 1, 1], cp=[1, 2, 1, 1], tp=[1, 1, 4, 1], _n_layers=6)
     assert list(np.argsort(simplicity(cand))) == [3, 2, 0, 1]

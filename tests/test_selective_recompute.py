@@ -5,6 +5,8 @@ before the backward is the closed-form cost of exactly those modules' forward ke
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from shardwise.arch import get_model
@@ -73,3 +75,26 @@ def test_a_module_the_layer_lacks_replays_nothing():
     assert _recompute(_ctx(("mlp",)), moe=True) == 0.0
     assert _recompute(_ctx(("moe_act", "shared_experts")), moe=False) == 0.0
     assert _recompute(_ctx(("mlp",)), moe=False) > 0 < _recompute(_ctx(("moe_act",)), moe=True)
+
+
+@pytest.mark.parametrize("model", [
+    replace(get_model("deepseek-v3"), n_shared_experts=2),  # two shared experts
+    get_model("mixtral-8x7b")])  # none
+def test_moe_replays_the_router_the_experts_the_shared_experts_and_their_memory(model):
+    """`--recompute-modules moe` (moe_layer.py `tensor_parallel.checkpoint` of the block):
+    the router (T × h)·(h × E) in bf16, E/ep local experts' two GEMMs on T·k·ep/E rows at
+    f/t (etp = tp = 2), each shared expert's two GEMMs on all T rows at f/t, and the bytes
+    of the permutation (4·ab·T·k·h) and of the SwiGLU (read gate and up, write: 3·ab per
+    element of every routed and shared row) — by hand, on T = s·b rows (sp gathers them)."""
+    train = TrainSpec(seq_len=SEQ, global_batch=64, impl="megatron-te",
+                      recompute_modules=("moe",))
+    ctx = ComputeContext.of(model, get_accelerator("h100-sxm"), train)
+    tokens, h, e, k = SEQ * B, model.d_model, model.n_experts, model.top_k
+    f, n_shared, ab = model.expert_d_ff / T_, model.n_shared_experts, ctx.act_bytes
+    rows = tokens * k * EP / e
+    experts = e / EP * (matmul_time(ctx, rows, h, 2 * f) + matmul_time(ctx, rows, f, h))
+    shared = n_shared * (matmul_time(ctx, tokens, h, 2 * f) + matmul_time(ctx, tokens, f, h))
+    bytes_ = 4 * ab * tokens * k * h + 3 * ab * (tokens * k * f + n_shared * tokens * f)
+    want = matmul_time(ctx, tokens, h, e) + experts + shared + memory_time(ctx, bytes_)
+    assert _recompute(ctx) == pytest.approx(float(want), rel=1e-9)
+    assert (n_shared > 0) == (model.name == "deepseek-v3")

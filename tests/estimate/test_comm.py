@@ -360,6 +360,8 @@ def test_every_path_checks_its_arguments_and_names_the_fix():
                  lambda: bus_bandwidth("all-reduce", -1.0, 4, 1.0)):
         with pytest.raises(ShardwiseError, match=r"size \(bytes\)"):
             call()
+    with pytest.raises(ShardwiseError, match=r"^seconds must be "):  # the time, by its name
+        bus_bandwidth("all-reduce", 1e9, 4, 0.0)
     for kwargs, name in (({"link": "ndr"}, "link"), ({"link": ndr, "inter": "ib"}, "inter")):
         with pytest.raises(ShardwiseError) as info:
             collective_time("all-reduce", 1e6, 4, algorithm="ring", **kwargs)

@@ -282,6 +282,11 @@ def test_hybrid_shard_group():
     full = training_memory_per_gpu(model, Layout(dp=64, zero=3), train)[0]
     hybrid = training_memory_per_gpu(model, Layout(dp=64, zero=3, zero_group=8), train)[0]
     assert hybrid.state == pytest.approx(full.state * 8)
+    # a shard group of one shards nothing: each rank holds the whole state, as without ZeRO
+    # (FSDP's HYBRID_SHARD with a shard group of 1 is DDP)
+    alone = training_memory_per_gpu(model, Layout(dp=64, zero=3, zero_group=1), train)[0]
+    replicated = training_memory_per_gpu(model, Layout(dp=64, zero=0), train)[0]
+    assert alone.state == pytest.approx(full.state * 64) == replicated.state
 
 
 @pytest.mark.parametrize(("schedule", "p", "m", "v"), [

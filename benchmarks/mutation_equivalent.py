@@ -468,4 +468,13 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.plan.prune.constant_L66_C17": "POSITION_CELLS 100,000 → 100,001: a work cap; "
         "only a rank needing exactly 100,001 step times changes, from bounds to exact, "
         "both true answers",
+    # every other group, seed 2's sample of 40 at 0d45d36
+    "shardwise.estimate.profiles.x_saved_tensors__mutmut_54": "_pick(when, value, 0.0) also "
+        "where `when` is true throughout: it gives value (np.where broadcasts it where `when` "
+        "is an array), the same sums",
+    "shardwise.estimate.profiles.x__moe_saved__mutmut_1": "_moe_saved's default etp 0 → 1: "
+        "its one caller (saved_tensors) always passes etp",
+    "shardwise.estimate.axes.x__dp_collectives__mutmut_142": "the across-group all-reduce "
+        "worked out also when no ZeRO stage ≥ 1 is asked for: only stages 1-3 read it "
+        "(np.where(zero == 0, ar, …)), and with `parts` every stage is needed anyway",
 }

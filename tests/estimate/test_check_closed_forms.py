@@ -459,6 +459,7 @@ def test_wire_row_neither_algorithm_keeps_the_backends_bounds():
     lone = comm_rows([Term("pp", "send", 500.0, "a")], Counted({}, {}, {}), 1,
                      Layout.parse("pp=2"), {("pp", "send"): Traffic(500.0, 1, 52)})[1]
     assert (lone.target, lone.measured) == ("-", 552.0)
+    assert lone.predicted == 500.0  # the model's bytes still shown beside what was measured
 
 
 def test_a_missed_tp_all_reduce_under_zero_with_sp_or_mla_says_why():

@@ -262,6 +262,14 @@ def test_full_recompute_and_op_sac_totals():
     assert op_sac_saved(DENSE, S, B, tp=TP, sp=True, cp=CP) == pytest.approx(sac, rel=1e-12)
     assert layer_bytes("torchtitan", DENSE, S, B, tp=TP, sp=True, cp=CP, op_sac=True
                        ) == pytest.approx(sum(sac.values()), rel=1e-12)
+    # tp = 4: at tp = 2 the block input ÷t and the reduce-scatter output ÷t add up to one
+    # unsharded copy, so a lost ÷t on both would not show in the total
+    sac4 = {"block_input": SB * H * 2 / 4, "qkv_output": SB * (384 / 4 + 2 * 48) * 2,
+            "attention_output": SB * 384 / 4 * 2, "flash_logsumexp": 8 / 4 * SB * 4,
+            "mlp_w1_output": SB * 880 / 4 * 2, "mlp_w2_output": SB * H * 2,
+            "mlp_reduce_scatter_output": SB * H * 2 / 4}
+    assert layer_bytes("torchtitan", DENSE, S, B, tp=4, sp=True, cp=CP, op_sac=True
+                       ) == pytest.approx(sum(sac4.values()), rel=1e-12)
     no_sp = op_sac_saved(DENSE, S, B, tp=TP, sp=False, cp=CP)
     assert no_sp["mlp_reduce_scatter_output"] == 0.0 and no_sp["block_input"] == SB * H * 2
     moe = op_sac_saved(MLA_MOE, S, B, tp=TP, sp=True, cp=CP, moe=True)

@@ -489,3 +489,47 @@ def test_the_busiest_stage_is_the_most_of_every_stage(name, pp):
                                     chunks=1, stage=s)) for s in range(pp)]
     dense, expert = busiest_stage_params(model, 2, pp, 8 if model.is_moe else 1, 1)
     assert dense + expert == max(every)
+
+
+def test_a_host_copy_pays_the_links_latency_for_any_bytes_and_nothing_for_none():
+    from shardwise.estimate.step import host_copy_time
+
+    got = host_copy_time(LINKS, np.array([0.0, 1.0, 1e9]))
+    assert got.tolist() == pytest.approx([0.0, 5e-6 + 1 / 50e9, 5e-6 + 1e9 / 50e9], rel=1e-12)
+
+
+def test_the_first_stages_expert_traffic_is_its_own_moe_layers_not_the_mtp_stages():
+    """With the embedding costly the first stage is critical; a multi-token-prediction module
+    adds one MoE layer to the last stage only, so the first stage's compute and its EP term
+    are the same with it and without it (the EP term: the busiest stage's scaled to the
+    critical stage's own MoE layers)."""
+    emb = (10e-3, 20e-3)
+    without, _, _ = _terms(emb=emb, mtp_layers=0)
+    with_mtp, _, _ = _terms(emb=emb, mtp_layers=1)
+    f_mid = DENSE.fwd + 3 * MOE.fwd
+    b_mid = DENSE.bwd + DENSE.recompute + 3 * (MOE.bwd + MOE.recompute)
+    for terms in (without, with_mtp):  # the first stage is critical in both
+        assert terms["compute"] == pytest.approx(M * (f_mid + b_mid + sum(emb)), rel=1e-12)
+    assert with_mtp["ep_comm"] == pytest.approx(without["ep_comm"], rel=1e-12)
+    assert without["ep_comm"] > 0
+
+
+def test_a_dense_models_mtp_module_runs_a_dense_layer():
+    """A dense model's multi-token-prediction module on the last stage: its eh_proj
+    (T × 2h)·(2h × h/t), one more dense layer and the head again (not an MoE layer, whose
+    costs a dense model's table may still hold)."""
+    from shardwise.estimate.compute import linear
+
+    model = replace(MODEL, name="step-dense", n_experts=0, top_k=0, d_ff_expert=0,
+                    n_shared_experts=0, first_dense_layers=0).validate()
+    layout = Layout.parse("tp=2,pp=2,dp=8,sp=1")
+    train = TrainSpec(seq_len=S, global_batch=M * layout.dp, mtp_layers=1)
+    ctx = ComputeContext.of(model, Cluster.of(32, "h100").accelerator, train)
+    head = (0.8e-3, 1.5e-3)
+    costs = {"dense": DENSE, "moe": MOE, "head": head, "embedding": (0.05e-3, 0.07e-3)}
+    terms = step_terms(ctx, LINKS, train, m=M, costs=costs, **layout.codes())
+    proj = linear(ctx, S * 1, 2 * model.d_model, model.d_model / 2)
+    f = 4 * DENSE.fwd + head[0] + DENSE.fwd + proj.fwd + head[0]
+    b = (4 * (DENSE.bwd + DENSE.recompute) + head[1]
+         + DENSE.bwd + DENSE.recompute + proj.dgrad + proj.wgrad + head[1])
+    assert float(terms["compute"]) == pytest.approx(M * (f + b), rel=1e-12)

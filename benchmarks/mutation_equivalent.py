@@ -45,7 +45,7 @@ EQUIVALENT: dict[str, str] = {
                                   "expert_layer is 0",
     **{f"shardwise.estimate.host.x_optimizer_host_ops__mutmut_{n}": "the runtime op count "
        "serves the runtime's model only, which is Llama-style (RMSNorm, SwiGLU): "
-       "`runtime.model.Transformer` refuses LayerNorm and a two-matrix MLP" for n in (12, 19)},
+       "`runtime.model.Transformer` refuses LayerNorm and a two-matrix MLP" for n in (8, 12, 19)},
     "shardwise.estimate.host.x_expert_launches__mutmut_10": "default None for 1: every TE "
                                                             "recipe that quantises the experts "
                                                             "is in _QUANTIZE_KERNELS",
@@ -474,6 +474,14 @@ EQUIVALENT: dict[str, str] = {
         "is an array), the same sums",
     "shardwise.estimate.profiles.x__moe_saved__mutmut_1": "_moe_saved's default etp 0 → 1: "
         "its one caller (saved_tensors) always passes etp",
+    "shardwise.estimate.geometry.x_layer_params__mutmut_63": "0 / tp for 0 * tp on a dense "
+        "model: zero either way (a float zero), the same sums",
+    "shardwise.estimate.geometry.x_distinct_stages__mutmut_35": "the key columns without the "
+        "int64 cast: pp, chunks, schedule codes, m and the Balanced ends are integers "
+        "already, the same rows",
+    "shardwise.estimate.geometry.x__distinct__mutmut_26": "the composition fields without the "
+        "int64 cast: layers, MoE layers and in-flight counts are integers and first/last "
+        "booleans, whose key arithmetic gives the same numbers",
     "shardwise.estimate.axes.x__dp_collectives__mutmut_142": "the across-group all-reduce "
         "worked out also when no ZeRO stage ≥ 1 is asked for: only stages 1-3 read it "
         "(np.where(zero == 0, ar, …)), and with `parts` every stage is needed anyway",

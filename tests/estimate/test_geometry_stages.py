@@ -196,3 +196,22 @@ def test_an_explicit_virtual_stage_partition_in_the_v():
     assert (zero.layers, zero.moe_layers, one.layers, one.moe_layers) == (5, 4, 3, 3)
     assert stage_params(DS8, layout, 0) == (DENSE + 4 * MOE + EMBED + HEAD + NORM,
                                             4 * EXPERTS)
+
+
+def test_a_last_stage_one_moe_layer_short_of_another_keeps_its_own_composition():
+    """15 layers, MoE every second (layers 1, 3, …), pp 5 of 3 layers: stages hold 1, 2, 1, 2
+    and 1 MoE layers. By hand the compositions are stage 0 (first, 1 MoE), stages 1 and 3
+    (2 MoE), stage 2 (1 MoE) and stage 4 (last, 1 MoE); under 1F1B stage 1 has more in
+    flight than stage 3, so the stages that can hold the most are 0, 1, 2 and 4 — the last
+    stage, with the head, is no middle stage's duplicate."""
+    from shardwise.arch import ModelSpec
+    from shardwise.estimate.geometry import candidate_stages
+
+    model = ModelSpec("alt-moe", 15, 512, 8, 8, 2048, 262144, n_experts=8, top_k=2,
+                      d_ff_expert=1024, moe_every=2).validate()
+    pp = np.array([5, 5])
+    kept = distinct_stages(model, pp, candidate_stages(model, pp), chunks=np.array([1, 1]),
+                           schedule=np.array([1, 1]), m=np.array([8, 16]))
+    assert [moe_layers_on_stage(model, 5, 1, s) for s in range(5)] == [1, 2, 1, 2, 1]
+    for row in range(2):
+        assert sorted({int(k[row]) for k in kept}) == [0, 1, 2, 4]

@@ -119,3 +119,19 @@ def test_links_take_their_fitted_alpha_and_efficiency():
     assert nvlink4.latency == cal.link_latency["nvlink4"]
     # a link with no fitted α keeps its preset's
     assert cal.link(get_link("pcie5")).latency == get_link("pcie5").latency
+
+
+def test_an_attention_point_is_predicted_with_the_calibration_given():
+    """`predict("attention", point, cal)`: the kernel's curve of `cal`, not the built-in one —
+    the fitting's own residuals are worked out with the constants being tried."""
+    from dataclasses import replace
+
+    from shardwise.calibration.points import accelerator_of
+
+    point = next(p for p in load_components()["attention"]
+                 if p["kernel"] == "fa3" and p["accelerator"].startswith("h100"))
+    cal = default_calibration(accelerator_of(point["accelerator"]).calibration_name)
+    halved = replace(cal, attention_kernels={k: dict(v, efficiency=v["efficiency"] / 2)
+                                             for k, v in cal.attention_kernels.items()})
+    assert predict("attention", point, halved) == pytest.approx(
+        predict("attention", point, cal) / 2, rel=1e-12)

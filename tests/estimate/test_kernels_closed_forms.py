@@ -153,6 +153,9 @@ def test_attention_efficiency_curve():
     assert attention_efficiency(kernel, 128, s, True, H100, calibration=huge) == 1.0
     with pytest.raises(ShardwiseError, match="no fitted attention kernel 'nope'"):
         attention_efficiency("nope", 128, s, True, H100)
+    with pytest.raises(ShardwiseError, match=r"kernel 'fa3' for .*; fitted: none$"):
+        attention_efficiency("fa3", 128, s, True, H100,
+                             calibration=replace(cal, attention_kernels={}))
 
 
 def test_context_from_the_run_settings():

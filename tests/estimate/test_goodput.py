@@ -118,6 +118,10 @@ def test_bytes_per_param_by_stack():
     for name in STACKS:
         assert checkpoint_bytes_per_param(TrainSpec(impl=name, dtype="fp32")) == 12
     assert checkpoint_bytes_per_param(TrainSpec(impl="shardwise", dtype="fp64")) == 8 + 16
+    # the optimizer's own state: SGD with momentum one fp32 buffer, plain SGD none
+    assert checkpoint_bytes_per_param(TrainSpec(impl="megatron-te", optimizer="sgd-momentum")) \
+        == 2 + 4 + 4
+    assert checkpoint_bytes_per_param(TrainSpec(impl="torchtitan", optimizer="sgd")) == 4
 
 
 def test_who_writes_what_by_hand():
@@ -195,6 +199,7 @@ def test_llama3_405b_on_16384_h100s():
     assert g.interval_s == pytest.approx(math.sqrt(2 * delta * m) * (1 + math.sqrt(x) / 3 + x / 9)
                                          - delta)
     assert abs(g.interval_s / math.sqrt(2 * delta * m) - 1) < 0.05
+    assert g.daly_interval_s == g.interval_s and g.lag_s == 0.0  # no lag: Daly's is used
     assert 12 <= g.checkpoint_bytes / LLAMA3_405B[0].count_params().total <= 18
     # Megatron's spread write: the busiest node holds 8 ranks' even share of the busiest stage
     assert g.node_bandwidth == DEFAULT_CHECKPOINT_BANDWIDTH

@@ -485,6 +485,9 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.estimate.goodput.x_checkpoint_timing__mutmut_90": "None for 0.0 where restarts "
         "+ rework is 0: never taken, as the MTBF is finite (≤ 1e12 GPU-hours, validated), so "
         "each interval loses some rework (wall per useful second > 1 + δ/τ)",
+    "shardwise.estimate.goodput_sim.x_simulate__mutmut_92": "the rounds' cap 100·(expected "
+        "failures + 10) → + 11: a guard; every run ends long before it (the loop stops when "
+        "no run is active, and a run that cannot finish is refused first)",
     "shardwise.estimate.axes.x__dp_collectives__mutmut_142": "the across-group all-reduce "
         "worked out also when no ZeRO stage ≥ 1 is asked for: only stages 1-3 read it "
         "(np.where(zero == 0, ar, …)), and with `parts` every stage is needed anyway",

@@ -533,3 +533,23 @@ def test_a_dense_models_mtp_module_runs_a_dense_layer():
     b = (4 * (DENSE.bwd + DENSE.recompute) + head[1]
          + DENSE.bwd + DENSE.recompute + proj.dgrad + proj.wgrad + head[1])
     assert float(terms["compute"]) == pytest.approx(M * (f + b), rel=1e-12)
+
+
+def test_the_critical_stage_weighs_its_own_expert_traffic_under_one_moe_layer_a_stage():
+    """pp 8 over 8 layers: each stage holds 6/8 of an MoE layer on average, the last one more
+    with the MTP module. The first stage (the embedding) becomes critical exactly where its
+    compute and its own share of the EP traffic (6/8 ÷ (6/8 + 1) of the last stage's)
+    overtake the last stage's — found here from the last stage's reported terms; 0.2 % either
+    side of that embedding cost decides it."""
+    layout = Layout.parse("tp=2,cp=2,pp=8,dp=2,ep=4,sp=1,zero=1,recompute=selective")
+    last, _, _ = _terms(emb=(0.05e-3, 0.07e-3), layout=layout, mtp_layers=1)
+    n_dense, n_moe = 2 / 8, 6 / 8
+    f_mid = n_dense * DENSE.fwd + n_moe * MOE.fwd
+    b_mid = n_dense * (DENSE.bwd + DENSE.recompute) + n_moe * (MOE.bwd + MOE.recompute)
+    ep_first = last["ep_comm"] * n_moe / (n_moe + 1)
+    edge = (last["compute"] + last["ep_comm"] - ep_first) / M - (f_mid + b_mid)
+    below, _, _ = _terms(emb=(0.499 * edge, 0.499 * edge), layout=layout, mtp_layers=1)
+    above, _, _ = _terms(emb=(0.501 * edge, 0.501 * edge), layout=layout, mtp_layers=1)
+    assert below["compute"] == last["compute"]  # still the last stage
+    assert above["compute"] == pytest.approx(M * (f_mid + b_mid + 1.002 * edge), rel=1e-12)
+    assert above["ep_comm"] == pytest.approx(ep_first, rel=1e-12)

@@ -488,6 +488,8 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.estimate.goodput_sim.x_simulate__mutmut_92": "the rounds' cap 100·(expected "
         "failures + 10) → + 11: a guard; every run ends long before it (the loop stops when "
         "no run is active, and a run that cannot finish is refused first)",
+    "shardwise.estimate.uncertainty.x_bands__mutmut_17": "COVERAGES[+1] for COVERAGES[-1]: "
+        "the two coverages (0.8, 0.95), so both are the last",
     "shardwise.estimate.axes.x__dp_collectives__mutmut_142": "the across-group all-reduce "
         "worked out also when no ZeRO stage ≥ 1 is asked for: only stages 1-3 read it "
         "(np.where(zero == 0, ar, …)), and with `parts` every stage is needed anyway",

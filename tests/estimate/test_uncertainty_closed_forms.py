@@ -23,6 +23,9 @@ def test_family_and_group_names():
     assert unc.family(1, 1, 1, 1, 0) == "dp"
     assert unc.family(2, 4, 2, 8, 3) == "tp+pp+cp+ep+fsdp"
     assert unc.family(1, 2, 1, 1, 1) == "pp" and unc.family(1, 1, 1, 1, 2) == "dp"
+    # each axis at its threshold, 2, alone: it is non-trivial
+    assert [unc.family(*(2 if i == j else 1 for i in range(4)), 0) for j in range(4)] == [
+        "tp", "pp", "cp", "ep"]
     assert unc.group_names(GEN, STACK, "tp+pp") == ("hopper · megatron-te · tp+pp",
                                                     "hopper · megatron-te", "megatron-te")
 

@@ -142,6 +142,35 @@ def test_unknown_model_suggests_close_names():
 def test_invalid_spec_is_reported():
     with pytest.raises(ShardwiseError, match="n_heads=5 does not divide d_model=64"):
         ModelSpec("bad", 2, 64, 5, 5, 128, 100).validate()
+    # every problem in one line
+    with pytest.raises(ShardwiseError) as info:
+        ModelSpec("bad", 2, 64, 5, 3, 128, 100).validate()
+    assert str(info.value) == ("model bad: n_heads=5 does not divide d_model=64; n_kv_heads=3 "
+                               "does not divide n_heads=5")
+
+
+def test_sigmoid_group_routing_needs_two_experts_a_group():
+    """DeepSeek-V3's group-limited routing scores a group by the sum of its two best sigmoid
+    affinities (§2.1.2; transformers' `DeepseekV3TopkRouter`): 8 experts in 8 groups cannot;
+    softmax scores (DeepSeek-V2's group max) can."""
+    def spec(score):
+        return ModelSpec("g", 2, 64, 4, 4, 128, 100, n_experts=8, top_k=2, d_ff_expert=32,
+                         router_score=score, expert_groups=8, topk_groups=2)
+
+    with pytest.raises(ShardwiseError, match="expert_groups=8 needs ≥ 2 experts each"):
+        spec("sigmoid").validate()
+    spec("softmax").validate()
+
+
+def test_op_sac_recomputed_flops_of_a_two_matrix_moe_by_hand():
+    """Per token 2·(dense: wo + w2 (no gate: w2 runs again); MoE: wo, every routed matmul —
+    two per copy without a gate — the shared experts' second matmul and the router)."""
+    model = ModelSpec("ng", 4, 64, 4, 4, 128, 100, n_experts=8, top_k=2, d_ff_expert=32,
+                      n_shared_experts=1, gated_mlp=False, first_dense_layers=1).validate()
+    h, wo = 64, 64 * 64
+    dense = wo + h * 128
+    moe = wo + (2 * 2 + 1) * h * 32 + h * 8
+    assert model.op_sac_recomputed_flops() == 2.0 * (1 * dense + 3 * moe)
 
 
 def test_flops_per_token_closed_form():

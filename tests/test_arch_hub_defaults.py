@@ -325,6 +325,48 @@ def test_qwen2_window_from_max_window_layers():
                         "q2").sliding_window == 0
 
 
+@pytest.mark.parametrize(("use", "types"), [
+    (False, ["full_attention", "sliding_attention", "sliding_attention", "full_attention"]),
+    (True, ["full_attention"] * 4), (True, ["full_attention", "sliding_attention"] * 2)])
+def test_qwen2_window_with_layer_types_is_the_config_classes(use, types):
+    """Qwen2 with `layer_types`: the window applies on the sliding layers it names, and only
+    under use_sliding_window (Qwen2Config sets sliding_window to None otherwise), whatever
+    max_window_layers says."""
+    fields = {"num_hidden_layers": 4, **_SMALL, "sliding_window": 16, "max_window_layers": 1,
+              "use_sliding_window": use, "layer_types": types}
+    fields.pop("head_dim")
+    config = transformers.Qwen2Config(**fields)
+    spec = from_hf_dict({"model_type": "qwen2", **fields}, "q2")
+    windowed = config.sliding_window is not None and "sliding_attention" in config.layer_types
+    assert spec.sliding_window == (config.sliding_window if windowed else 0)
+
+
+@pytest.mark.parametrize(("theta", "qk_norm", "chunk"), [(None, None, 16),
+                                                       (20000.0, False, 0)])
+def test_llama4_theta_qk_norm_and_chunking_are_the_config_classes(theta, qk_norm, chunk):
+    """Llama 4: θ 500000 unless the file says (Llama4TextConfig), the L2 QK norm when
+    use_qk_norm (its default: on), chunked attention only with a chunk size."""
+    hub = {"model_type": "llama4_text", "num_hidden_layers": 4, **_SMALL,
+           "num_local_experts": 4, "attention_chunk_size": chunk}
+    hub |= {k: v for k, v in (("rope_theta", theta), ("use_qk_norm", qk_norm)) if v is not None}
+    config = transformers.Llama4TextConfig(**{k: v for k, v in hub.items() if k != "model_type"})
+    spec = from_hf_dict(hub, "l4")
+    assert spec.rope_theta == config.rope_parameters["rope_theta"] == (theta or 500000.0)
+    assert spec.qk_norm == ("l2" if config.use_qk_norm else "")
+    assert spec.attention_chunk == config.attention_chunk_size == chunk
+    assert spec.count_params().total == _meta_params(config)
+
+
+def test_qwen3_moe_expert_count_defaults_to_the_config_classes():
+    """A Qwen3-MoE config.json without num_experts: Qwen3MoeConfig's 128 experts."""
+    hub = {"model_type": "qwen3_moe", "num_hidden_layers": 2, **_SMALL,
+           "num_experts_per_tok": 2, "moe_intermediate_size": 8}
+    config = transformers.Qwen3MoeConfig(**{k: v for k, v in hub.items() if k != "model_type"})
+    spec = from_hf_dict(hub, "q3")
+    assert spec.n_experts == config.num_experts == 128
+    assert spec.count_params().total == _meta_params(config)
+
+
 def _family_tables():
     from shardwise.arch.hf import _DEEPSEEK_DEFAULTS
     from shardwise.arch.hf_families import _DEFAULTS

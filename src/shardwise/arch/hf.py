@@ -17,15 +17,16 @@ from shardwise.files import read_json
 
 def _window(cfg: dict, kind: str) -> int:
     """The sliding-window width the config's attention uses in some layer (0: none):
-    Mistral's and Mixtral's `sliding_window`; Qwen2's when `use_sliding_window` gives layers
-    from `max_window_layers` on, or `layer_types` names "sliding_attention" (transformers
-    5.24's Qwen2Config)."""
+    Mistral's and Mixtral's `sliding_window`; Qwen2's only under `use_sliding_window` (else
+    Qwen2Config drops the window), on the layers `layer_types` names "sliding_attention" or,
+    without them, from `max_window_layers` on (transformers 5.24's Qwen2Config)."""
     width = cfg.get("sliding_window") or 0
     if kind == "qwen2":
+        if not cfg.get("use_sliding_window", False):
+            return 0
         layers = cfg.get("layer_types") or []
         windowed = "sliding_attention" in layers or (
-            not layers and cfg.get("use_sliding_window", False)
-            and cfg.get("max_window_layers", 28) < cfg["num_hidden_layers"])
+            not layers and cfg.get("max_window_layers", 28) < cfg["num_hidden_layers"])
         return width if windowed else 0
     return width
 

@@ -490,6 +490,9 @@ EQUIVALENT: dict[str, str] = {
         "no run is active, and a run that cannot finish is refused first)",
     "shardwise.estimate.uncertainty.x_bands__mutmut_17": "COVERAGES[+1] for COVERAGES[-1]: "
         "the two coverages (0.8, 0.95), so both are the last",
+    "shardwise.schedules.render.x_render_ascii__mutmut_20": "min(durations) without a "
+        "default: never empty — simulate refuses times ≤ 0 and the runtime's measured events "
+        "last > 0, and a timeline without events fails on its label width first",
     "shardwise.estimate.axes.x__dp_collectives__mutmut_142": "the across-group all-reduce "
         "worked out also when no ZeRO stage ≥ 1 is asked for: only stages 1-3 read it "
         "(np.where(zero == 0, ar, …)), and with `parts` every stage is needed anyway",

@@ -60,6 +60,7 @@ def test_parse_aliases_types_and_refusals():
             ("zz=1", "cannot read layout item 'zz=1'"),
             ("tp=2,tp=4", "layout 'tp=2,tp=4' sets tp twice; give each key once"),
             ("tp=two", "layout tp='two' must be an integer"),
+            ("tp=2=3", "layout tp='2=3' must be an integer"),  # the key ends at the first =
             ("sp=maybe", "layout sp='maybe' must be one of")):
         with pytest.raises(ShardwiseError) as err:
             Layout.parse(text)

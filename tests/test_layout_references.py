@@ -69,3 +69,15 @@ def test_the_zero_group_is_megatron_cores_optimizer_shard(dp, cp, group):
         shards = groups.get("INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP") or groups[
             "DATA_PARALLEL_GROUP_WITH_CP"]
         assert {len(ranks) for ranks in shards} == {layout.zero_degree}
+
+
+def test_stage_counts_under_a_v_schedule_are_torchs_v_mapping():
+    """ZBV with a count per rank: each rank's two chunks hold half its layers each, on the
+    virtual stages torch's V mapping gives it (`generate_stage_to_rank_mapping(style="v")`:
+    rank i runs stages i and 2p-1-i)."""
+    pipelining = pytest.importorskip("torch.distributed.pipelining._utils")
+    ref = pipelining.generate_stage_to_rank_mapping(4, 8, style="v")
+    counts = (8, 10, 8, 6)
+    sizes = Layout(pp=4, dp=2, chunks=2, schedule="zbv", partition=counts).stage_sizes(32)
+    for rank in range(4):
+        assert [n for vs, n in enumerate(sizes) if ref[vs] == rank] == [counts[rank] // 2] * 2

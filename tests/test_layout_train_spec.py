@@ -66,6 +66,8 @@ def test_dtype_and_optimizer_refusals_name_the_valid_values():
     _refused("megatron-te has no FP8 recipe 'bogus'; valid: delayed", fp8="bogus")
     _refused("offload 'bogus' unknown; valid: none, optimizer, params", offload="bogus")
     _refused("dtype 'fp7' unknown; valid: ", dtype="fp7")
+    assert _refused("torchtitan does not train in fp16", impl="torchtitan", dtype="fp16"
+                    ).endswith("torchtitan does not train in fp16; valid: bf16, fp32")
     text = _refused("expert_load must be ≥ 1", expert_load=0.5)
     assert "0.5" in text
     TrainSpec(expert_load=1.0).validate()
@@ -98,6 +100,9 @@ def test_moe_communication_per_stack():
         TrainSpec(comm_sms=sms).validate()
     for sms in (0, 65, 2.5):
         _refused(f"comm_sms must be an integer in 1..64 or None, got {sms!r}", comm_sms=sms)
+    # a capacity factor pads to at least the balanced share: below 1 it would drop tokens
+    _refused("moe_capacity must be a factor ≥ 1 or None (dropless), got 0.5", moe_capacity=0.5)
+    TrainSpec(moe_capacity=1.0).validate()
 
 
 def test_offload_fraction_refusals():

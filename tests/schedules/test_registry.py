@@ -80,6 +80,20 @@ def test_zbv_bubble_when_the_forwards_outweigh_the_backward_parts(p, m):
         bubble, abs=1e-12)
 
 
+@pytest.mark.parametrize("p, m", [(3, 5), (4, 8), (5, 9)])
+def test_zbv_bubble_when_the_input_gradient_and_weight_outweigh_the_forward(p, m):
+    """Chunk times f = 1.2, b = 1, w = 0.3 (f > b, b + w > f, p·b > f + (2p-3)w): of ZBV's
+    eight critical paths (2p-3)f + b - 2(p-1)w is the longest, by hand (p = 4: 5.2, the next
+    2(p-1)f - (2p-1)w = 5.1); the simulator idles as long."""
+    f, b, w = 1.2, 1.0, 0.3
+    t_f, t_b, t_w = 2 * f, 2 * (b + w), 2 * w  # a stage runs both chunks
+    bubble = (2 * p - 3) * f + b - 2 * (p - 1) * w
+    timeline = stage_timeline("zbv", p, m, t_f=t_f, t_b=t_b, t_w=t_w)
+    assert timeline.makespan - m * (t_f + t_b) == pytest.approx(bubble, abs=1e-12)
+    assert float(get_schedule("zbv").bubble(p, 2, m, t_f, t_b, t_w)) == pytest.approx(
+        bubble, abs=1e-12)
+
+
 @given(p=st.integers(2, 12), m=st.integers(1, 40))
 def test_v_schedules_in_flight_rules_equal_their_action_order(p, m):
     for name in ("zbv", "dualpipev"):

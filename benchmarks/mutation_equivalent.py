@@ -493,6 +493,9 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.schedules.render.x_render_ascii__mutmut_20": "min(durations) without a "
         "default: never empty — simulate refuses times ≤ 0 and the runtime's measured events "
         "last > 0, and a timeline without events fails on its label width first",
+    "shardwise.runtime.collectives.calls.x_all_to_all_single__mutmut_17": "_nbytes(None) for "
+        "a 0-d input on more than one rank: such an input cannot be split along dim 0 and "
+        "fails either way (input.shape[0] or the backend's all_to_all_single)",
     "shardwise.estimate.axes.x__dp_collectives__mutmut_142": "the across-group all-reduce "
         "worked out also when no ZeRO stage ≥ 1 is asked for: only stages 1-3 read it "
         "(np.where(zero == 0, ar, …)), and with `parts` every stage is needed anyway",

@@ -125,6 +125,25 @@ def test_the_ring_impl_all_reduces_by_send_and_recv(n, monkeypatch):
         assert c.payload_bytes("tp", "all-reduce") == 4 * 13
 
 
+def test_the_ring_impl_all_gathers_by_send_and_recv_and_wants_contiguous_tensors(monkeypatch):
+    """impl="ring" runs the p2p ring even where the backend's all-gather could (12 floats over
+    3 ranks): each rank sends its chunk of 4 and then the 4 it received, N−1 messages; a
+    strided input is refused in one line before anything is sent."""
+    n, hub = 3, Hub(3)
+    xs = [_x(r, 12) for r in range(n)]
+
+    def body(g, r):
+        whole = torch.empty(12)
+        calls.all_gather(whole, torch.tensor_split(xs[0], n)[r], g, impl="ring")
+        with pytest.raises(ShardwiseError, match="contiguous tensors"):
+            rings.ring_all_gather_p2p(torch.empty(24), torch.zeros(16)[::2], g)
+        return whole
+
+    for whole in _run(n, body, monkeypatch, hub):
+        assert torch.equal(whole, xs[0])
+    assert sorted(hub.sizes) == [4] * (n * (n - 1))
+
+
 def test_all_to_all_broadcast_send_count_what_leaves_the_rank(monkeypatch):
     n = 3
 

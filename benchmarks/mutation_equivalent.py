@@ -496,6 +496,8 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.runtime.collectives.calls.x_all_to_all_single__mutmut_17": "_nbytes(None) for "
         "a 0-d input on more than one rank: such an input cannot be split along dim 0 and "
         "fails either way (input.shape[0] or the backend's all_to_all_single)",
+    "shardwise.partition.x_chunk_span__mutmut_1": "default placement \"XXloopXX\": "
+        "virtual_stage treats anything but \"v\" as the loop",
     "shardwise.estimate.axes.x__dp_collectives__mutmut_142": "the across-group all-reduce "
         "worked out also when no ZeRO stage ≥ 1 is asked for: only stages 1-3 read it "
         "(np.where(zero == 0, ar, …)), and with `parts` every stage is needed anyway",

@@ -23,6 +23,7 @@ from shardwise.partition import (
     is_pipeline_layout,
     parse_partition,
     parse_pipeline_layout,
+    partition_problems,
     stage_extremes,
     stage_partition,
     stage_totals,
@@ -253,3 +254,16 @@ def test_layout_strings_refused_in_one_line(text, message):
     with pytest.raises(ShardwiseError) as info:
         parse_pipeline_layout(text, 2)
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(("n_layers", "pp", "chunks"), [(8, 2, 2), (4, 4, 1), (12, 3, 4)])
+def test_a_default_partition_that_divides_is_no_problem(n_layers, pp, chunks):
+    """pp·chunks dividing the layers: nothing to say — even where the balanced rule's own
+    checks (uneven interleaving, L + 2 < 2·pp: 4 layers on pp 4) would speak."""
+    assert partition_problems(n_layers, pp, chunks, ()) == []
+
+
+def test_even_spans_of_an_array_of_stages_by_hand():
+    """8 layers on pp 4, one chunk: stage s holds layers [2s, 2s + 2)."""
+    start, count = chunk_span(8, 4, 1, np.array([0, 1, 2, 3]), 0)
+    assert start.tolist() == [0, 2, 4, 6] and count == 2

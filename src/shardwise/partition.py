@@ -124,11 +124,9 @@ def accounted_partition(n_layers: int, pp: int, chunks: int = 1, embedding: bool
             f"accounting for the embedding/loss gives {units} layer units, which pp·chunks="
             f"{pp}·{chunks} must divide (megatron-core's rule); valid pp·chunks: divisors of "
             f"{units}")
-    counts = [units // stages] * stages
+    counts = [units // stages] * stages  # ≥ 1 each: units is a positive multiple of stages
     counts[0] -= int(embedding)
     counts[-1] -= int(loss)
-    if min(counts) < 0:
-        raise ShardwiseError(f"{n_layers} layers cannot fill pp·chunks={stages} virtual stages")
     return tuple(counts)
 
 

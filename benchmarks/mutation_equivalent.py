@@ -498,6 +498,12 @@ EQUIVALENT: dict[str, str] = {
         "fails either way (input.shape[0] or the backend's all_to_all_single)",
     "shardwise.partition.x_chunk_span__mutmut_1": "default placement \"XXloopXX\": "
         "virtual_stage treats anything but \"v\" as the loop",
+    "shardwise.arch.hf.x__window__mutmut_12": "use_sliding_window's default None for False: "
+        "both falsy, read only by `not`",
+    "shardwise.partition.x_fixed_or_balanced__mutmut_6": "FIXED[1] for FIXED[0]: the pinned "
+        "partition's mark is (-9, -9), both the same",
+    "shardwise.partition.x_stage_extremes__mutmut_30": "0 / pp for 0 * pp: the first stage "
+        "as 0.0, the same index in every comparison and product of `count`",
     "shardwise.estimate.axes.x__dp_collectives__mutmut_142": "the across-group all-reduce "
         "worked out also when no ZeRO stage ≥ 1 is asked for: only stages 1-3 read it "
         "(np.where(zero == 0, ar, …)), and with `parts` every stage is needed anyway",

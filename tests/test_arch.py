@@ -137,6 +137,9 @@ def test_hf_config_errors(tmp_path):
 def test_unknown_model_suggests_close_names():
     with pytest.raises(ShardwiseError, match="did you mean llama3-8b"):
         get_model("lama3-8b")
+    # every preset within difflib's ratio 0.5, best first
+    with pytest.raises(ShardwiseError, match="did you mean deepseek-v3, tiny-deepseek?"):
+        get_model("deeps")
 
 
 def test_invalid_spec_is_reported():
@@ -160,6 +163,10 @@ def test_sigmoid_group_routing_needs_two_experts_a_group():
     with pytest.raises(ShardwiseError, match="expert_groups=8 needs ≥ 2 experts each"):
         spec("sigmoid").validate()
     spec("softmax").validate()
+    # at the threshold: two groups of one expert each
+    with pytest.raises(ShardwiseError, match="expert_groups=2 needs ≥ 2 experts each"):
+        ModelSpec("g", 2, 64, 4, 4, 128, 100, n_experts=2, top_k=1, d_ff_expert=32,
+                  router_score="sigmoid", expert_groups=2, topk_groups=1).validate()
 
 
 def test_op_sac_recomputed_flops_of_a_two_matrix_moe_by_hand():
@@ -184,6 +191,11 @@ def test_flops_per_token_closed_form():
     assert model.training_flops_per_token(s) == 3 * forward
     causal = 2 * matmul + 2 * s * model.d_model * model.n_layers
     assert model.forward_flops_per_token(s, causal=True) == causal
+    # the longest sequence counted is validate.MAX_SEQUENCES (2⁴⁰)
+    assert model.forward_flops_per_token(2**40) > 0
+    with pytest.raises(ShardwiseError, match=r"^seq_len must be an integer in \[1, "
+                                             r"1,099,511,627,776\]"):
+        model.forward_flops_per_token(2**40 + 1)
 
 
 def test_narayanan_hardware_flops_with_full_recompute():

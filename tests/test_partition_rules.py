@@ -134,6 +134,9 @@ def test_stage_partition_refuses_what_it_cannot_split():
         stage_partition(24, 4, 1, [6, 6, 6, 6])  # type: ignore[arg-type]
     with pytest.raises(ShardwiseError, match="tuple of layer counts"):
         stage_partition(24, 2, 1, (25, -1))
+    with pytest.raises(ShardwiseError, match="tuple of layer counts") as info:
+        stage_partition(24, 2, 1, [6] * 500)  # type: ignore[arg-type]
+    assert len(str(info.value)) <= 200  # the value quoted, cut
     with pytest.raises(ShardwiseError, match="partition has 3 counts; give pp=4 or "
                                              "pp·chunks=8"):
         stage_partition(24, 4, 2, (8, 8, 8))
@@ -158,10 +161,11 @@ def test_first_last_stage_layers_at_each_edge(n_layers, pp, first, last, expecte
 
 @pytest.mark.parametrize(("n_layers", "pp", "first", "last", "rest", "middle"), [
     (12, 2, 5, 5, 2, 0), (13, 2, None, None, 13, 2), (12, 1, 6, None, 6, 0),
-    (12, 3, 8, 8, -4, 1), (15, 4, 4, 4, 7, 2)])
+    (12, 3, 8, 8, -4, 1), (15, 4, 4, 4, 7, 2), (8, 1, 8, None, 0, 0)])
 def test_first_last_stage_layers_refused(n_layers, pp, first, last, rest, middle):
-    """Layers left over with no middle stage, an odd middle, pp = 1, more layers at the
-    ends than the model has, a middle that does not divide (7 over 2)."""
+    """Layers left over with no middle stage, an odd middle, pp = 1 (with layers left over
+    or none), more layers at the ends than the model has, a middle that does not divide (7
+    over 2)."""
     with pytest.raises(ShardwiseError) as info:
         first_last_partition(n_layers, pp, first, last)
     assert (f"leave {rest} layers for {middle} middle stages of pp={pp}; they must divide "

@@ -194,3 +194,20 @@ def test_the_best_over_offloads_shows_every_variant_when_asked():
     assert rows == [e.layout.short() for e in alone.ranked]
     families = {e.layout.with_(zero_group=0).short() for e in best.ranked}
     assert len(families) < len(rows)  # not degenerate: variants of one family shown
+
+
+def test_a_given_layout_over_memory_is_said_not_to_fit():
+    """llama3-8b at dp = 8, ZeRO-1 on 8 H100 holds 117 GiB at 16,384 tokens, over the 68 GiB
+    budget (the memory model): the given layout has no rank, and the note says why."""
+    from shardwise.arch import get_model
+    from shardwise.estimate.memory import training_memory_per_gpu
+    from shardwise.layout import Layout
+
+    model, cluster = get_model("llama3-8b"), Cluster.of(8, "h100")
+    train = TrainSpec(seq_len=16384, global_batch=64)
+    layout = Layout(dp=8, zero=1)
+    peak = max(s.total for s in training_memory_per_gpu(model, layout, train))
+    assert peak > 0.85 * cluster.accelerator.memory_bytes
+    result = plan(model, cluster, train, top=2, layout=layout, baseline=False)
+    assert not result.given.fits and result.given.rank is None
+    assert result.given_note == "does not fit in GPU memory"

@@ -553,3 +553,19 @@ def test_the_critical_stage_weighs_its_own_expert_traffic_under_one_moe_layer_a_
     assert below["compute"] == last["compute"]  # still the last stage
     assert above["compute"] == pytest.approx(M * (f_mid + b_mid + 1.002 * edge), rel=1e-12)
     assert above["ep_comm"] == pytest.approx(ep_first, rel=1e-12)
+
+
+def test_stages_one_node_apart_send_over_the_inter_node_link():
+    """tp 2 · cp 2 · dp 2: consecutive stages are 8 ranks apart on nodes of 8, so each stage
+    fills a node and the pipeline's p2p crosses nodes (the closed form of the full layout
+    above, on the inter-node link)."""
+    layout = Layout.parse("tp=2,cp=2,pp=2,dp=2,ep=4,sp=1,zero=3,schedule=interleaved,"
+                          "chunks=2,recompute=selective")
+    terms, ctx, _ = _terms(layout=layout)
+    t, c, b, h, p, v = 2, 2, 1, MODEL.d_model, 2, 2
+    kappa = ctx.calibration.overlap_contention
+    size = S / c * b * h * 2 / t
+    p2p = A_OUT + size / B_OUT
+    busy = (A_IN + size / B_IN) / p2p
+    pp = 2 * (p - 1) * p2p + kappa * busy * 2 * v * M * p2p
+    assert terms["pp_comm"] == pytest.approx(pp, rel=1e-12)

@@ -218,9 +218,9 @@ def recompute_adjust(model: ModelSpec, modules: tuple[str, ...], moe: bool, sele
     """The rewrite of a layer's saved tensors (`profiles.layer_bytes(adjust=…)`) where
     `selective` holds (scalar or boolean array): `recompute_dropped` freed; under mla_up_proj
     the normed latents stay the checkpoint's bf16 inputs where selective holds (no FP8
-    copy); `act_fp8_store`: the
-    SwiGLU inputs (gate and up) at one byte (transformer_config.py
-    `activation_func_fp8_input_store`, fused `bias_swiglu`/`weighted_bias_swiglu`);
+    copy); `act_fp8_store`: the SwiGLU inputs (gate and up) at one byte
+    (transformer_config.py `activation_func_fp8_input_store`, fused
+    `bias_swiglu`/`weighted_bias_swiglu`);
     `offload_modules`: their `OFFLOADED` inputs leave the GPU (`min_offloaded_tensor_size`
     and the layer in flight on the GPU are not modelled)."""
     drop = recompute_dropped(model, modules, moe)

@@ -58,7 +58,7 @@ def test_a_non_physical_fit_is_measured_once_more(monkeypatch):
     # measurement's copy times are reversed, so its fit has bandwidth ≤ 0
     from shardwise.runtime.calibrate import run
 
-    measured, said = [], []
+    measured, said, real = [], [], run._measure
 
     def measure(plan, progress):
         raw = real(plan, progress)
@@ -68,7 +68,6 @@ def test_a_non_physical_fit_is_measured_once_more(monkeypatch):
         measured.append(raw)
         return raw
 
-    real = run._measure
     monkeypatch.setattr(run, "_measure", measure)
     data = run.calibrate(Plan(quick=True), progress=said.append)
     assert len(measured) == 2

@@ -22,7 +22,6 @@ from shardwise.plan.evaluate import (
     memory_grid,
     shared_costs,
 )
-from shardwise.plan.prune import _by_stages
 
 
 @pytest.mark.parametrize(("name", "gpus", "train", "gpu"), [
@@ -44,7 +43,7 @@ def test_bulk_memory_equals_every_cell(name, gpus, train, gpu):
                           default_calibration(cluster.accelerator.calibration_name))
     n_rc = len(RC_CODES)
     geometries = RunGeometries(spec, cand)  # one per search, shared by its blocks (`prune`)
-    for rows in _by_stages(cand, np.arange(cand["_valid"].shape[0])):
+    for rows in geometries.by_stages():
         bulk = memory_grid(spec, train, cand, shared, rows)
         # in three blocks that split runs, the geometry worked out once for the whole group
         blocks = np.array_split(rows, 3) if len(rows) >= 3 else [rows]

@@ -22,7 +22,7 @@ from shardwise.layout import TrainSpec
 from shardwise.partition import partition_problems
 from shardwise.plan import SearchSpace, _enumerate, _flatten, _Rejections, plan
 from shardwise.plan.grid import _structure_reason
-from shardwise.plan.lines import _Groups
+from shardwise.plan.lines import _Groups, _Runs
 from shardwise.plan.rank import _ordinal, simplicity
 from shardwise.plan.space import Constraint
 from shardwise.schedules.registry import SCHEDULE_CODES
@@ -203,7 +203,7 @@ def test_line_groups_over_runs_give_the_positions_least_and_first():
     # same as over the rows one by one — the least, its first row, and the codes present
     code = np.array([[1], [1], [0], [1], [1], [1], [0], [0]], dtype=np.int16)
     starts = np.array([0, 2, 3, 6])
-    groups = _Groups(code, starts)
+    groups = _Groups(code, _Runs(starts))
     value = np.array([4.0, 2.0, 6.0, 5.0, 2.0, 3.0, 8.0, 6.0], dtype=np.float32)
     # code 0: rows 2, 6, 7 (least 6 at row 2); code 1: rows 0, 1, 3, 4, 5 (least 2, first row 1)
     assert groups.min(value).tolist() == [6.0, 2.0]

@@ -345,6 +345,19 @@ class RunGeometries:
         self._groups: dict[tuple[int, int], tuple[np.ndarray, list[StageGeometry]]] = {}
         self._lock = threading.Lock()
 
+    def by_stages(self) -> list[np.ndarray]:
+        """The grid's rows grouped by (pp, chunks), each group's ascending: the memory model
+        evaluates every stage and chunk up to the largest in its arrays, so each group costs
+        only its own (`memory_grid`). Worked out per run: a run shares them."""
+        key = _dense_ids([self._heads[k] for k in ("pp", "chunks")])
+        order = np.argsort(key.astype(np.uint16), kind="stable")  # few keys: a radix sort
+        length = np.diff(np.append(self.first, len(self.run)))  # each run's rows
+        out = []
+        for runs in np.split(order, np.flatnonzero(np.diff(key[order])) + 1):
+            n = length[runs]  # row r of the group: its run's first row + its place in the run
+            out.append(np.arange(n.sum()) + np.repeat(self.first[runs] - (np.cumsum(n) - n), n))
+        return out
+
     def of(self, runs: np.ndarray) -> list[StageGeometry]:
         """The geometries of `runs` (ascending run ids of one pp and chunk count), fields
         `(runs, 1)`; slots that only repeat the first stage for all of them left out."""

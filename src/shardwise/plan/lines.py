@@ -67,31 +67,48 @@ def _codes(cand: dict[str, Any], axis: str) -> np.ndarray:
     return value.astype(np.int16) if value.max(initial=0) < 1 << 15 else value
 
 
+class _Runs:
+    """Values per row reduced per run of rows (`starts`: where each run begins; the grid's
+    runs of ZeRO variants share every other row axis). The last line reduced is kept: the
+    groups of several axes reduce the same line in turn."""
+
+    def __init__(self, starts: np.ndarray) -> None:
+        self.starts = starts
+        self._last: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def reduce(self, ufunc: np.ufunc, value: np.ndarray) -> np.ndarray:
+        """`ufunc.reduceat(value, starts)` (`value` non-empty), of the same `value` once."""
+        last = self._last.get(ufunc.__name__)
+        if last is None or last[0] is not value:
+            last = self._last[ufunc.__name__] = (value, ufunc.reduceat(value, self.starts))
+        return last[1]
+
+
 class _Groups:
     """A line's positions (an axis' code per row, or per column) grouped by code: the codes
     present, the least value per code and the first position of each code's least (no sort:
-    `ufunc.at`). `starts`: where runs of positions that share their code begin (the grid's
-    runs of ZeRO variants share every other row axis): values are reduced per run first."""
+    `ufunc.at`). `runs`: the rows' runs (`_Runs`), where each run shares its code: values
+    are reduced per run first."""
 
-    def __init__(self, code: np.ndarray, starts: np.ndarray | None = None) -> None:
+    def __init__(self, code: np.ndarray, runs: _Runs | None = None) -> None:
         self.on_rows = code.shape[1] == 1
         line = code[:, 0] if self.on_rows else code[0]
-        self.starts = starts
-        self.line = line if starts is None else line[starts]
+        self.runs = runs
+        self.line = line if runs is None else line[runs.starts]
         self.size = int(self.line.max()) + 1 if len(self.line) else 0
 
     def present(self, valid: np.ndarray) -> list[int]:
         """The codes of the positions where `valid` (one per position) holds, ascending."""
-        if self.starts is not None and len(valid):
-            valid = np.logical_or.reduceat(valid, self.starts)
+        if self.runs is not None and len(valid):
+            valid = self.runs.reduce(np.logical_or, valid)
         return [int(v) for v in np.flatnonzero(np.bincount(self.line[valid],
                                                            minlength=self.size))]
 
     def min(self, value: np.ndarray) -> np.ndarray:
         """The least `value` (one per position of the line) of each code `0..max` (inf
         where none)."""
-        if self.starts is not None and len(value):
-            value = np.minimum.reduceat(value, self.starts)
+        if self.runs is not None and len(value):
+            value = self.runs.reduce(np.minimum, value)
         per = np.full(self.size, np.inf, dtype=value.dtype)  # one dtype: ufunc.at's fast loop
         np.minimum.at(per, self.line, value)
         return per.astype(np.float64)
@@ -100,27 +117,28 @@ class _Groups:
         """For each code whose `target` (one per code) is finite, the first position of the
         line with that code whose `value` is its target."""
         target = np.where(np.isfinite(target), target, np.nan)  # nan: equal to nothing
-        reduced = value if self.starts is None else np.minimum.reduceat(value, self.starts)
+        reduced = value if self.runs is None else self.runs.reduce(np.minimum, value)
         hits = np.flatnonzero(reduced == target[self.line])
         codes, at = np.unique(self.line[hits], return_index=True)
         out = {int(c): int(hits[i]) for c, i in zip(codes, at, strict=True)}
-        if self.starts is not None:  # the run's first position of its least
-            ends = np.append(self.starts[1:], len(value))
-            out = {c: int(self.starts[r]) + int(np.argmax(
-                value[self.starts[r]:ends[r]] == target[c])) for c, r in out.items()}
+        if self.runs is not None:  # the run's first position of its least
+            starts = self.runs.starts
+            ends = np.append(starts[1:], len(value))
+            out = {c: int(starts[r]) + int(np.argmax(
+                value[starts[r]:ends[r]] == target[c])) for c, r in out.items()}
         return out
 
 
 class _Least:
-    """The least value of a grid per row and per column, and where: for each code of an axis,
-    the flat index of a cell of least value (`cells`)."""
+    """The least value of a grid per row and per column, and where (`_row_argmin`,
+    `_col_argmin` of the grid, given as `rows` and `cols`): for each code of an axis, the
+    flat index of a cell of least value (`cells`)."""
 
-    def __init__(self, grid: np.ndarray) -> None:
-        self.n_cols = grid.shape[1]
-        row_low, row_arg = _row_argmin(grid)
-        col_low, col_arg = _col_argmin(grid)
-        self.low = {True: row_low, False: col_low}
-        self.arg = {True: row_arg, False: col_arg}
+    def __init__(self, rows: tuple[np.ndarray, np.ndarray], cols: tuple[np.ndarray, np.ndarray]
+                 ) -> None:
+        self.n_cols = len(cols[0])
+        self.low = {True: rows[0], False: cols[0]}
+        self.arg = {True: rows[1], False: cols[1]}
 
     def cells(self, groups: _Groups, present: list[int]) -> list[int]:
         on_rows = groups.on_rows

@@ -44,6 +44,7 @@ from shardwise.plan.lines import (
     _ROW_FAMILY,
     _codes,
     _col_any,
+    _col_argmin,
     _col_min,
     _dense_ids,
     _Groups,
@@ -52,7 +53,9 @@ from shardwise.plan.lines import (
     _one_of_each,
     _pair_family,
     _row_any,
+    _row_argmin,
     _row_min,
+    _Runs,
 )
 from shardwise.plan.space import SearchSpace
 
@@ -141,14 +144,14 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
     valid = cand["_valid"]
     n_rows, n_cols = valid.shape
     shared = shared_costs(model, cluster, train, cand, calib)
+    geometries = RunGeometries(model, cand)
     step = max(1, BLOCK_CELLS // n_cols)
-    blocks = [rows[start:start + step] for rows in _by_stages(cand, np.arange(n_rows))
+    blocks = [rows[start:start + step] for rows in geometries.by_stages()
               for start in range(0, len(rows), step)]
     # the memory grid is reduced block by block, never held whole: which cells fit, the
     # least per row and per column, and the leanest cell (least, then first row-major)
     fits = np.zeros(valid.shape, dtype=bool)
     row_low = np.full(n_rows, np.inf)
-    geometries = RunGeometries(model, cand)
 
     def fill(block: np.ndarray) -> tuple[np.ndarray, tuple[float, int]]:
         memory = memory_grid(model, train, cand, shared, block, geometries)
@@ -163,7 +166,8 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
         pending = pool.map(fill, blocks)  # started; meanwhile what needs no memory
         codes = {axis: _codes(cand, axis) for axis in (*_ROW_AXES, *_COL_AXES)}
         # a run's axes are reduced per run, then per code
-        groups = {axis: _Groups(code, geometries.first if axis in _RUN_AXES else None)
+        runs = _Runs(geometries.first)
+        groups = {axis: _Groups(code, runs if axis in _RUN_AXES else None)
                   for axis, code in codes.items()}
         lines = {True: _row_any(valid), False: _col_any(valid)}  # per row, per column
         # cp_kind's code for layouts without context parallelism names no alternative
@@ -187,20 +191,11 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
     seeds = [leanest]
     seeds += [hit for hit in (find_cell(cand, layout, model.n_layers) if layout else None
                               for layout in layouts) if hit is not None]
-    fit_floor = np.where(fits, floor, np.float32(np.inf))
-    least_of = _Least(fit_floor)
+    least_of, over, smallest = _floor_lines(fits, floor)
     for axis, grouped in groups.items():
         seeds += least_of.cells(grouped, values[axis])
-    over_floor = np.where(fits, np.float32(np.inf), floor).ravel()
-    if np.isfinite(over_floor.min(initial=np.inf)):
-        seeds.append(int(np.argmin(over_floor)))
-    del over_floor
-    fit_cells = fits.ravel()
-    k = min(SEED_CELLS, int(np.count_nonzero(fit_cells))) - 1
-    if k >= 0:
-        values_k = np.partition(fit_floor.ravel(), k)[k]
-        seeds += list(np.flatnonzero(fit_floor.ravel() <= values_k)[:4 * SEED_CELLS])
-    del fit_floor
+    seeds += [] if over is None else [over]
+    seeds += list(smallest)
     state.add(np.unique(np.array(seeds, dtype=np.int64)))
     positions = [state.rank_threshold(layout) for layout in layouts]
     live = None
@@ -244,12 +239,12 @@ class _State:
         n_cols = self.valid.shape[1]
         rows, cols = np.divmod(flat, n_cols)
         new = {k: np.full(len(flat), np.nan) for k in _KEYS}  # memory: `memory_of`
-        # positions in `rows` of one (pp, chunks), in pieces of at most `BLOCK_CELLS`, at
-        # least a few per thread when there are enough cells (elementwise: the same numbers)
-        chunks = []
-        for pick in _by_stages(self.cand, rows):
-            step = min(BLOCK_CELLS, max(_THREAD_CELLS, -(-len(pick) // _THREADS)))
-            chunks += [pick[start:start + step] for start in range(0, len(pick), step)]
+        # pieces of at most `BLOCK_CELLS`, at least a few per thread when there are enough
+        # cells: the step time is elementwise and, unlike the memory grid, evaluates no
+        # stage one by one, so pipelines of every depth share a piece (the same numbers)
+        step = min(BLOCK_CELLS, max(_THREAD_CELLS, -(-len(flat) // _THREADS)))
+        chunks = [np.arange(start, min(start + step, len(flat)))
+                  for start in range(0, len(flat), step)]
 
         def run(chunk: np.ndarray) -> dict[str, Any]:
             cells = flat_cells(self.cand, rows[chunk], cols[chunk])
@@ -495,13 +490,54 @@ def _floor(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[str,
     return floor
 
 
-def _by_stages(cand: dict[str, Any], rows: np.ndarray) -> list[np.ndarray]:
-    """Positions in `rows` grouped by (pp, chunks): the memory model evaluates every stage
-    and chunk up to the largest in its arrays, so each group costs only its own."""
-    key = _dense_ids([np.asarray(cand[k])[rows, 0] for k in ("pp", "chunks")])
-    order = np.argsort(key.astype(np.uint16), kind="stable")  # few keys: a radix sort
-    bounds = np.flatnonzero(np.diff(key[order])) + 1
-    return np.split(order, bounds)
+def _floor_lines(fits: np.ndarray, floor: np.ndarray
+                 ) -> tuple[_Least, int | None, np.ndarray]:
+    """The seeds' reductions of the floors, over slices of rows on threads (numpy's loops
+    release the GIL): of the fitting cells' floors (inf elsewhere) the least per row and per
+    column and where (`_Least`), and the cells (flat, ascending, at most 4·`SEED_CELLS`)
+    whose floor is at most the `SEED_CELLS`-th least; the first cell of least floor that
+    does not fit (None when none is finite). Each slice keeps the cells at most its own
+    `SEED_CELLS`-th least, which holds every cell at most the grid's."""
+    n_rows, n_cols = fits.shape
+    k = min(SEED_CELLS, int(np.count_nonzero(fits))) - 1
+    step = max(1, 8 * BLOCK_CELLS // n_cols)  # rows per slice
+    starts = range(0, n_rows, step)
+    row_low = np.empty(n_rows, dtype=floor.dtype)
+    row_arg = np.empty(n_rows, dtype=np.intp)
+
+    def reduce(start: int) -> tuple[Any, Any, float, int, Any, Any]:
+        stop = min(start + step, n_rows)
+        fit = fits[start:stop]
+        fit_floor = np.where(fit, floor[start:stop], np.float32(np.inf))
+        row_low[start:stop], row_arg[start:stop] = _row_argmin(fit_floor)
+        col = _col_argmin(fit_floor)
+        over = np.where(fit, np.float32(np.inf), floor[start:stop]).ravel()
+        at = int(np.argmin(over))
+        flat = fit_floor.ravel()
+        n_fit = int(np.count_nonzero(fit))
+        if k < 0:
+            few = np.zeros(0, dtype=np.int64)
+        elif n_fit <= k + 1:  # every fitting cell of the slice
+            few = np.flatnonzero(fit.ravel())
+        else:
+            few = np.flatnonzero(flat <= np.partition(flat, k)[k])
+        return (col[0], col[1] + start, float(over[at]), start * n_cols + at,
+                flat[few], few + start * n_cols)
+
+    with ThreadPoolExecutor(_THREADS) as pool:
+        parts = list(pool.map(reduce, starts))
+    col_lows = np.array([p[0] for p in parts])
+    first = np.argmin(col_lows, axis=0)  # the first slice of each column's least
+    cols = np.arange(n_cols)
+    least = _Least((row_low, row_arg), (col_lows[first, cols],
+                                        np.array([p[1] for p in parts])[first, cols]))
+    over_low = np.array([p[2] for p in parts])
+    over = int(parts[int(np.argmin(over_low))][3]) if np.isfinite(over_low.min()) else None
+    if k < 0:
+        return least, over, np.zeros(0, dtype=np.int64)
+    values, cells = (np.concatenate([p[i] for p in parts]) for i in (4, 5))
+    smallest = cells[values <= np.partition(values, k)[k]][:4 * SEED_CELLS]
+    return least, over, smallest
 
 
 def _pair_rows(cand: dict[str, Any], want: dict[str, int]) -> list[np.ndarray]:

@@ -507,4 +507,21 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.estimate.axes.x__dp_collectives__mutmut_142": "the across-group all-reduce "
         "worked out also when no ZeRO stage ≥ 1 is asked for: only stages 1-3 read it "
         "(np.where(zero == 0, ar, …)), and with `parts` every stage is needed anyway",
+    "shardwise.plan.lines.xǁ_Groupsǁmin__mutmut_14": "the per-code minima in float64 for "
+        "the line's float32: float64 holds each float32 exactly and the result is float64 "
+        "either way (only ufunc.at's loop is slower)",
+    "shardwise.plan.lines.x__col_min__mutmut_4": "the column minima without the grid's "
+        "dtype: numpy scalars of that dtype make an array of it",
+    "shardwise.plan.grid.x__expand__mutmut_640": "the pair count left out of the int32 "
+        "choice: 2**31 pairs of 12 fields (100 GB) cannot be enumerated; the pair ids are "
+        "below the count",
+    "shardwise.plan.evaluate.x__per_pair__mutmut_120": "the (sp, rc) table without "
+        "dtype=int64: numpy 2's default integer is int64 on every platform",
+    "shardwise.plan.evaluate.x__without_sp__mutmut_25": "splitting off the sp = 0 columns "
+        "also when it saves exactly _SPLIT_MIN_CELLS: a speed choice, the same numbers "
+        "either way (evaluate_candidates' blocks are elementwise)",
+    "shardwise.plan.evaluate.xǁRunGeometriesǁof__mutmut_19": "the second stage geometry "
+        "listed twice: the memory grid takes the largest over them, the same",
+    "shardwise.plan.evaluate.x_run_shapes__mutmut_18": "dp left out of the rows' shape "
+        "key: in one grid dp = GPUs / (tp·pp·cp), and tp, pp and cp are in the key",
 }

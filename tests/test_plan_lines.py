@@ -46,8 +46,8 @@ def test_floor_lines_over_row_slices_are_the_whole_grids():
     """`prune._floor_lines` reduces slices of rows on threads and merges them: the same cells
     as over the whole grid, on grids of several slices (8·BLOCK_CELLS cells each) whose few
     distinct floors tie across slices (the first row wins), with a first slice holding fewer
-    fitting cells than SEED_CELLS, more tied cells than 4·SEED_CELLS, and grids where nothing
-    or everything fits."""
+    fitting cells than SEED_CELLS, more tied cells than 4·SEED_CELLS, grids where nothing or
+    everything fits, and floors that never tie."""
     from shardwise.plan.prune import BLOCK_CELLS, SEED_CELLS, _floor_lines
 
     rng = np.random.default_rng(3)
@@ -59,9 +59,11 @@ def test_floor_lines_over_row_slices_are_the_whole_grids():
     fits[:first] &= rng.random((first, n_cols)) < 0.001
     floor[:first] += 1  # no least floor in it: each least is first found in a later slice
     floor[5, 2], fits[5, 2] = np.inf, False  # an invalid cell: no floor, does not fit
-    for case in (fits, np.zeros_like(fits), np.ones_like(fits)):
-        least, over, smallest = _floor_lines(case, floor)
-        rows, cols, over_want, smallest_want = _floor_reference(case, floor)
+    distinct = rng.permutation(floor.size).reshape(floor.shape).astype(np.float32)
+    for case, values in ((fits, floor), (np.zeros_like(fits), floor), (np.ones_like(fits), floor),
+                         (fits, distinct)):  # no ties: exactly SEED_CELLS cells, none twice
+        least, over, smallest = _floor_lines(case, values)
+        rows, cols, over_want, smallest_want = _floor_reference(case, values)
         for on_rows, (low, arg) in ((True, rows), (False, cols)):
             np.testing.assert_array_equal(least.low[on_rows], low)
             np.testing.assert_array_equal(least.arg[on_rows], arg)

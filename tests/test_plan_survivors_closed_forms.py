@@ -163,6 +163,15 @@ def test_a_written_out_default_partition_searches_the_default_split():
     flat, _ = _flatten(cand)
     assert len(flat["pp"]) and set(flat["pp"].tolist()) == {2}
     assert set(flat["tp"].tolist()) == {1, 2} and set(flat["ep"].tolist()) == {1, 2}
+    # without pp fixed the written-out split is the default of its own pp: its pp = 2 layouts
+    # are the same, with the default partition's codes (not a fixed partition's)
+    alone, _ = _flatten(_enumerate(MODEL, CLUSTER, train, SearchSpace(
+        **space, constraint=Constraint.parse("partition=3:3")), _Rejections())[0])
+    two = alone["pp"] == 2
+    assert alone.keys() == flat.keys() and two.sum() == len(flat["pp"])
+    for key, value in flat.items():
+        if not key.startswith("_") and key != "pair":  # (the grid's own pair ids)
+            np.testing.assert_array_equal(alone[key][two], value, err_msg=key)
 
 
 def test_comparing_offloads_still_reports_the_baseline_unless_asked_not_to():
@@ -426,18 +435,24 @@ def test_the_head_split_takes_the_most_head_layers_that_leave_the_last_stage_one
     assert [z for a, z in searched if a == 0 and z > 1] == [4]
 
 
-def test_a_tp_that_splits_the_key_value_heads_unevenly_is_its_own_region():
-    """24 query heads and 6 key/value heads on nodes of 8: tp = 4 and 8 divide the query
-    heads but neither divide nor are multiples of the key/value heads; the rejected region
-    says so in words."""
+@pytest.mark.parametrize(("heads", "kv_heads", "d_ff", "reason", "example"), [
+    # 24 query heads and 6 key/value heads: tp = 4 and 8 divide the query heads but neither
+    # divide nor are multiples of the key/value heads
+    (24, 6, 8192, "tp does not fit the key/value heads", "n_kv_heads=6"),
+    # an FFN width of 4·2049: tp = 8 divides every head count but not the width
+    (24, 24, 8196, "tp does not divide the FFN width", "d_ff=8196"),
+])
+def test_a_tp_the_model_refuses_is_its_own_region_in_words(heads, kv_heads, d_ff, reason,
+                                                          example):
+    """On nodes of 8, each tp the model's widths refuse is a rejected region named in words,
+    its example the numbers."""
     from shardwise.arch import ModelSpec
 
-    model = ModelSpec("kv6", 4, 3072, 24, 6, 8192, 32000)
+    model = ModelSpec("refuses", 4, 3072, heads, kv_heads, d_ff, 32000)
     result = plan(model, Cluster.of(8, "h100"), TrainSpec(seq_len=1024, global_batch=8),
                   top=1, baseline=False)
-    (region,) = [r for r in result.rejected if "key/value" in r.reason]
-    assert region.reason == "tp does not fit the key/value heads"
-    assert "n_kv_heads=6" in region.example and region.count > 0
+    (region,) = [r for r in result.rejected if r.reason == reason]
+    assert example in region.example and region.count > 0
 
 
 def test_the_grid_keeps_its_per_row_fields_in_int32_where_they_fit():
@@ -447,3 +462,44 @@ def test_the_grid_keeps_its_per_row_fields_in_int32_where_they_fit():
                          TrainSpec(seq_len=4096, global_batch=256), SearchSpace(), _Rejections())
     for key in ("tp", "pp", "dp", "ep", "micro_batch", "m", "zero", "zero_group", "pair"):
         assert cand[key].dtype == np.int32, key
+
+
+def test_find_cell_finds_each_valid_layout_of_the_grid_at_its_own_cell():
+    """`prune.find_cell` (the pruned search's rank of the baseline and of a given layout):
+    every valid cell's layout is found at that cell — in a grid of ZeRO stages and groups,
+    schedules with chunks, searched partitions and both sp and recompute columns, where a
+    pair's rows differ in each of those."""
+    from shardwise.plan.evaluate import _layout_of, flat_cells
+    from shardwise.plan.prune import find_cell
+
+    cand, _ = _enumerate(MODEL, CLUSTER, TrainSpec(seq_len=64, global_batch=16),
+                         SearchSpace(), _Rejections())
+    n_cols = cand["_valid"].shape[1]
+    flat = np.flatnonzero(cand["_valid"].ravel())
+    pick = flat[np.random.default_rng(4).permutation(len(flat))[:300]]
+    cells = flat_cells(cand, *np.divmod(pick, n_cols))
+    for i, at in enumerate(pick):
+        assert find_cell(cand, _layout_of(cells, i), MODEL.n_layers) == at
+    # not degenerate: the rows of a pair differ in the ZeRO stage, its group, the schedule
+    rows = np.divmod(pick, n_cols)[0]
+    for key in ("zero", "zero_group", "schedule", "first_less"):
+        assert len(set(np.asarray(cand[key])[rows, 0].tolist())) > 1, key
+
+
+def test_tiers_of_a_goodput_ranking_are_of_the_effective_step():
+    """Ranked by goodput, the tiers are of what is ranked, step ÷ goodput: three rows one
+    step-time tier apart in goodput (0.9, 0.6, 0.4) are three tiers; by step time alone they
+    would be one."""
+    from shardwise.estimate.goodput import Reliability
+    from shardwise.estimate.uncertainty import resolution
+    from shardwise.plan.tiers import tiering, tiers
+
+    result = plan(get_model("tiny"), Cluster.of(8, "h100"),
+                  TrainSpec(seq_len=256, global_batch=16), top=3, rank_by="goodput",
+                  reliability=Reliability(mtbf_gpu_hours=1.0))
+    ranked = [replace(entry, goodput=replace(entry.goodput, goodput=g))
+              for entry, g in zip(result.ranked, (0.9, 0.6, 0.4), strict=True)]
+    spread = replace(result, ranked=ranked)
+    value = resolution(result.cluster.accelerator.name, result.train.impl)[0]
+    assert tiers([e.figure() for e in ranked], value) == [1, 1, 1]  # one step-time tier
+    assert list(tiering(spread).tier) == [1, 2, 3]

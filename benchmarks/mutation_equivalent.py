@@ -524,4 +524,20 @@ EQUIVALENT: dict[str, str] = {
         "listed twice: the memory grid takes the largest over them, the same",
     "shardwise.plan.evaluate.x_run_shapes__mutmut_18": "dp left out of the rows' shape "
         "key: in one grid dp = GPUs / (tp·pp·cp), and tp, pp and cp are in the key",
+    "shardwise.estimate.step.x_step_terms__mutmut_241": "0.0 / t for 0.0 * t without "
+        "experts: t is the tp degree (≥ 1), zeros of the same shape either way",
+    "shardwise.estimate.memory.x_stage_memory__mutmut_78": "the stage's geometry worked "
+        "out again from the same arguments instead of taken: the callers pass "
+        "StageGeometry.of's own (distinct_geometries), the same fields",
+    "shardwise.estimate.memory.x_peak_stage_total_runs__mutmut_169": "np.maximum into a new "
+        "array instead of in place: the same values",
+    "shardwise.estimate.geometry.x_stage_layer_count__mutmut_26": "chunk 1's count for "
+        "chunk 0's: under the default and Balanced partitions every chunk of a stage holds "
+        "as many layers (interleaving needs pp·chunks to divide them; Balanced splits run "
+        "one chunk, whose spans any chunk index reads alike)",
+    "shardwise.estimate.geometry.x_moe_layers_on_stage__mutmut_2": "default placement "
+        "\"LOOP\": virtual_stage treats anything but \"v\" as the loop",
+    "shardwise.estimate.expert.x_ep_time__mutmut_294": "0.0 / count for 0.0 * count under "
+        "a capacity factor: the count exchange takes time wherever it is added (et·ep > 1); "
+        "elsewhere the np.where that follows drops 0/0's nan",
 }

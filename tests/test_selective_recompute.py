@@ -98,3 +98,38 @@ def test_moe_replays_the_router_the_experts_the_shared_experts_and_their_memory(
     want = matmul_time(ctx, tokens, h, e) + experts + shared + memory_time(ctx, bytes_)
     assert _recompute(ctx) == pytest.approx(float(want), rel=1e-9)
     assert (n_shared > 0) == (model.name == "deepseek-v3")
+
+
+def test_mlp_replays_the_dense_mlp_and_its_activation():
+    """`--recompute-modules mlp` on a dense SwiGLU layer: the gate-and-up GEMM (T × h)·(h × 2f)
+    and the down GEMM (T × f)·(f × h) at f = d_ff/t, and the activation's bytes (read gate and
+    up, write: 3·ab per element of T·f) — by hand, on T = s·b rows (sp gathers them)."""
+    model = get_model("llama3-8b")
+    ctx = _ctx(("mlp",), "llama3-8b")
+    tokens, h, f, ab = SEQ * B, model.d_model, model.d_ff / T_, ctx.act_bytes
+    want = (matmul_time(ctx, tokens, h, 2 * f) + matmul_time(ctx, tokens, f, h)
+            + memory_time(ctx, 3 * ab * tokens * f))
+    assert _recompute(ctx, moe=False) == pytest.approx(float(want), rel=1e-9)
+    assert model.gated_mlp and f != h
+
+
+@pytest.mark.parametrize("dropout", [False, True])
+def test_the_materialised_attention_core_moves_the_scores_bytes(dropout):
+    """Without FlashAttention (c = 1) the core is two batched GEMMs over b·a/t heads, QKᵀ
+    (s×d)·(d×s) and P·V (s×s)·(s×d_v), and the softmax's read and write of the b·(a/t)·s²
+    scores; dropout adds a read, a write and a 1-byte mask; backward 2 × the GEMMs, the
+    softmax's 3 accesses and dropout's again — by hand (d = 128, 32 heads over t = 2)."""
+    model = replace(get_model("llama3-8b"), dropout=dropout)
+    train = TrainSpec(seq_len=SEQ, global_batch=64, impl="megatron-te", flash_attention=False)
+    ctx = ComputeContext.of(model, get_accelerator("h100-sxm"), train)
+    s, ab, batch = SEQ, ctx.act_bytes, B * model.n_heads / T_
+    d, d_v = model.head_dim, model.value_head_dim
+    gemms = matmul_time(ctx, s, d, s, batch) + matmul_time(ctx, s, s, d_v, batch)
+    scores = batch * s * s
+    drop = (2 * ab + 1) * scores if dropout else 0.0
+    fwd, bwd = _attention_core(ctx, T_, 1, B)
+    # (no absolute slack: a byte more is 3.5e-13 s)
+    assert float(fwd) == pytest.approx(float(gemms + memory_time(ctx, 2 * ab * scores + drop)),
+                                       rel=1e-12, abs=0)
+    assert float(bwd) == pytest.approx(
+        float(2 * gemms + memory_time(ctx, 3 * ab * scores + drop)), rel=1e-12, abs=0)

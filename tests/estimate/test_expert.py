@@ -334,6 +334,9 @@ def test_sm_count_by_part_and_generation():
               ("h100-sxm", "h100-pcie", "h800", "h20", "b200", "a100-80gb", "mi300x", "mi355x")}
     assert counts == {"h100-sxm": 132, "h100-pcie": 114, "h800": 132, "h20": 78, "b200": 148,
                       "a100-80gb": 108, "mi300x": 304, "mi355x": 256}
+    # a part of no known generation (a user's own accelerator) takes the documented 132
+    custom = replace(get_accelerator("h100-sxm"), name="npu-x1")
+    assert sm_count(custom) == 132
 
 
 def test_h20_overlap_costs_its_own_sm_share():

@@ -49,8 +49,8 @@ def _setup(**train):
     return ctx, links, spec
 
 
-def _run(ctx, links, spec, work_f=0.0, work_b=0.0, sp=1, full=FULL):
-    return ep_time(ctx, links, spec, t=T, c=1, b=B, sp=sp, e=E, etp=ET, full=full,
+def _run(ctx, links, spec, work_f=0.0, work_b=0.0, sp=1, full=FULL, c=1):
+    return ep_time(ctx, links, spec, t=T, c=c, b=B, sp=sp, e=E, etp=ET, full=full,
                    n_moe=N_MOE, ep_in_node=EP_IN_NODE, m=M, work_f=work_f, work_b=work_b)
 
 
@@ -172,20 +172,22 @@ def test_flex_dispatcher_rdma_and_nvlink(fp8):
                                       / links.intra_bw, rel=1e-12)
 
 
-def test_shared_expert_overlap_hides_behind_the_shared_gemms():
+@pytest.mark.parametrize("c", [1, 2])
+def test_shared_expert_overlap_hides_behind_the_shared_gemms(c):
     """`--moe-shared-expert-overlap`: each dispatch and combine beside the shared experts'
-    forward GEMMs (all T rows at f_e/t; the backward beside twice those), at the SM share
-    its kernels take; full recompute's replay paired again with the forward's."""
+    forward GEMMs (all T = s/c·b rows of the rank at f_e/t; the backward beside twice
+    those), at the SM share its kernels take; full recompute's replay paired again with the
+    forward's."""
     ctx, links, spec = _setup(impl="megatron-te", moe_overlap="shared")
-    fwd, bwd = _megatron_alltoall(links, SEQ * B / T)
-    rows, f = SEQ * B, 96 / T
+    fwd, bwd = _megatron_alltoall(links, SEQ / c * B / T)
+    rows, f = SEQ / c * B, 96 / T
     shared = 2 * (linear(ctx, rows, 256, 2 * f).fwd + linear(ctx, rows, f, 256).fwd)
-    f_exp, b_exp = _run(ctx, links, spec)
+    f_exp, b_exp = _run(ctx, links, spec, c=c)
     assert f_exp == pytest.approx(N_MOE * (_paired(fwd, shared) - shared), rel=1e-12)
     assert b_exp == pytest.approx(N_MOE * (_paired(bwd, 2 * shared) - 2 * shared + FULL * (
         _paired(fwd, shared) - shared)), rel=1e-12)
     busy = replace(spec, comm_sms=32)
-    f32, _ = _run(ctx, links, busy)
+    f32, _ = _run(ctx, links, busy, c=c)
     assert f32 == pytest.approx(N_MOE * (_paired(fwd, shared, busy=32) - shared), rel=1e-12)
 
 

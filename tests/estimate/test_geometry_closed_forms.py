@@ -197,3 +197,16 @@ def test_dualpipe_heads_sit_on_the_last_stage_and_one_f_one_b_loops():
     assert list(placement_of(np.array(codes))) == ["loop", "v"]  # an array of layouts
     with pytest.raises(ShardwiseError, match=r"^m \(micro-batches\) "):
         in_flight_per_stage("1f1b", 4, 0)
+
+
+def test_a_dualpipe_stage_holds_its_own_and_its_mirrors_layers():
+    """DualPipe (chunks 2) runs stages i and p−1−i of each direction's p-way split on rank i:
+    30 layers over 4 stages split 7, 8, 8, 7 each way, so the ranks hold 14, 16, 16, 14 and,
+    with one dense first layer, 13, 16, 16, 13 MoE layers (an uneven split, by hand)."""
+    model = get_model("tiny-deepseek").with_(n_layers=30)
+    layout = Layout(pp=4, schedule="dualpipe", chunks=2, dp=2)
+    one_way = Layout(pp=4).stage_layers(30)
+    assert one_way == (7, 8, 8, 7) and model.first_dense_layers == 1
+    geometry = [StageGeometry.of_layout(model, layout, 8, stage) for stage in range(4)]
+    assert [int(g.layers) for g in geometry] == [one_way[s] + one_way[3 - s] for s in range(4)]
+    assert [int(g.moe_layers) for g in geometry] == [13, 16, 16, 13]

@@ -362,18 +362,19 @@ def test_the_generalised_count_takes_every_argument():
     assert any(name.startswith("router_") for name in moe)
 
 
-def test_each_stage_reports_its_index_layers_and_transients_in_order():
+@pytest.mark.parametrize(("tp", "cp", "b"), [(1, 1, 1), (2, 2, 2)])
+def test_each_stage_reports_its_index_layers_and_transients_in_order(tp, cp, b):
     """tiny (4 layers, h 64, V 256) over 2 stages, s = 32, fp32, FlashAttention: stage i holds
-    layers 2i, 2i+1; the last stage's loss buffer is one fp32 (s, b, V) tensor, every stage's
-    attention workspace FlashAttention's fp32 dq accumulator (s, b, h)."""
+    layers 2i, 2i+1; the last stage's loss buffer is one fp32 (s/cp, b, V/tp) tensor, every
+    stage's attention workspace FlashAttention's fp32 dq accumulator (s/cp, b, h/tp)."""
     tiny = get_model("tiny")
-    stages = training_memory_per_gpu(tiny, Layout(pp=2), TrainSpec(seq_len=32, global_batch=8,
-                                                                     dtype="fp32"))
+    stages = training_memory_per_gpu(tiny, Layout(pp=2, tp=tp, cp=cp, micro_batch=b),
+                                     TrainSpec(seq_len=32, global_batch=8, dtype="fp32"))
     assert [(m.stage, m.layers) for m in stages] == [(0, 2), (1, 2)]
     for m in stages:
         assert [name for name, _ in m.transients] == ["loss buffer", "attention workspace",
                                                       "ZeRO-3 gather", "gradient bucket",
                                                       "optimizer step"]
-        assert dict(m.transients)["attention workspace"] == 32 * 64 * 4
+        assert dict(m.transients)["attention workspace"] == 32 / cp * b * 64 * 4 / tp
     assert dict(stages[0].transients)["loss buffer"] == 0
-    assert dict(stages[1].transients)["loss buffer"] == 32 * 256 * 4
+    assert dict(stages[1].transients)["loss buffer"] == 32 / cp * b * 256 * 4 / tp

@@ -521,3 +521,20 @@ def test_torchtitans_varlen_attention_is_timed_with_fa3s_curve_on_hopper():
         flops / peak * (1 / (0.9 * eff("fa2", False)) - 1 / eff("fa3", False)), rel=1e-6)
     assert flex.t_backward - fa3.t_backward == pytest.approx(
         2.5 * flops / peak * (1 / (0.85 * eff("fa2", True)) - 1 / eff("fa3", True)), rel=1e-6)
+
+
+def test_flops_per_token_of_an_unhashable_spec_are_its_own():
+    """A spec with a list where a tuple belongs (rope_scaling from a JSON config) cannot key
+    the cache: `flops_per_token` counts it directly — the model's own FLOPs per token, and
+    per recompute code (an MoE with shared experts and MLA; causal and full)."""
+    from shardwise.estimate.compute import RC_CODES
+    from shardwise.estimate.step import flops_per_token
+
+    model = replace(get_model("tiny-deepseek"), rope_scaling=[("factor", 8.0)])
+    with pytest.raises(TypeError):
+        hash(model)
+    for causal in (False, True):
+        flops, by_code = flops_per_token(model, 256, causal)
+        assert flops == model.training_flops_per_token(256, causal=causal)
+        assert by_code == tuple(model.training_flops_per_token(256, causal=causal, recompute=name)
+                                for name in sorted(RC_CODES, key=RC_CODES.get))

@@ -63,7 +63,7 @@ EQUIVALENT: dict[str, str] = {
                                                               "ground always has them",
     "shardwise.plan.lines.x__ranks__mutmut_8": "5·n for 4·n: where the table or np.unique "
                                                "is used; both give the same ranks",
-    "shardwise.plan.prune.x_prune_evaluate__mutmut_21": "max(2, …) for max(1, …): "
+    "shardwise.plan.prune.x_prune_evaluate__mutmut_26": "max(2, …) for max(1, …): "
                                                         "BLOCK_CELLS // n_cols is thousands "
                                                         "(n_cols ≤ 8)",
     "shardwise.plan.evaluate.x_step_floor__mutmut_10": "np.zeros_like(None) is an object 0: "
@@ -370,7 +370,7 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.plan.grid.x__flatten__mutmut_6": "`valid.ndim == 2 or True`: _enumerate's "
         "_valid is always the 2-D (rows × inner cells) mask (grid.py builds it with axis=1 "
         "reductions) and search.plan is _flatten's only caller, so the condition is always true",
-    "shardwise.plan.prune.xǁ_Stateǁadd__mutmut_94": "BoundBroken check at floor·(1 + 1e-9) "
+    "shardwise.plan.prune.xǁ_Stateǁadd__mutmut_96": "BoundBroken check at floor·(1 + 1e-9) "
         "for floor·(1 − 1e-9): the floor is stored 1e-6 under evaluate.step_floor, a lower "
         "bound of the exact step, so no exact figure falls in the 2e-9 band between the two; "
         "and a raise only sends search.plan to evaluate every layout, the same ranking",
@@ -402,7 +402,7 @@ EQUIVALENT: dict[str, str] = {
         "and StageGeometry.of is elementwise",
     "shardwise.plan.lines.x__col_any__mutmut_2": "np.array of numpy bools without dtype=bool "
         "is bool already (the grid has at least one column)",
-    "shardwise.plan.prune.xǁ_Stateǁadd__mutmut_68": "ThreadPoolExecutor(None) for "
+    "shardwise.plan.prune.xǁ_Stateǁadd__mutmut_70": "ThreadPoolExecutor(None) for "
         "min(_THREADS, chunks): more threads than chunks idle; each chunk's step times are "
         "the same",
     "shardwise.plan.prune.xǁ_Stateǁthresholds__mutmut_35": "the fitting threshold 1e-6 under "
@@ -422,8 +422,6 @@ EQUIVALENT: dict[str, str] = {
         "stage_shape on the same rows",
     "shardwise.plan.grid.x__expand__mutmut_196": "zip without strict=True: p3 and v are the "
         "two columns of one array, equal in length",
-    "shardwise.plan.prune.x__by_stages__mutmut_14": "the (pp, chunks) ids sorted as float64 "
-        "instead of uint16: small integers, the same stable order",
     "shardwise.plan.prune.x__floor__mutmut_27": "the DP floor per row kept in float64 until "
         "it is added into the float32 grid: one rounding instead of two, each 1e-6 under "
         "the bound, which it stays",

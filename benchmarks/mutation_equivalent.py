@@ -538,4 +538,16 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.estimate.expert.x_ep_time__mutmut_294": "0.0 / count for 0.0 * count under "
         "a capacity factor: the count exchange takes time wherever it is added (et·ep > 1); "
         "elsewhere the np.where that follows drops 0/0's nan",
+    "shardwise.emit.deepspeed.x_deepspeed_config__mutmut_59": "\"GRADIENT_CLIPPING\" for "
+        "\"gradient_clipping\": DeepSpeed 0.19.8's DeepSpeedConfig reads the key in any case "
+        "(1.0 either way, checked with its parser)",
+    "shardwise.stacks.splits.x_balanced_ends__mutmut_21": "z = 3 tried after every z in "
+        "[-2, 2]: no stack's split of 2-129 layers over 2-16 stages is Balanced(a, 3) "
+        "without being one of those (searched by hand)",
+    "shardwise.schedules.render.x_render_ascii__mutmut_18": "min(durations, default=None): "
+        "simulate refuses times that are not > 0, so every timeline has an action of "
+        "positive duration and the default is never taken",
+    "shardwise.schedules.registry.x__zbv_bubble__mutmut_70": "None for 0.0 where p = 1: "
+        "ZBV needs pp ≥ 2, and the step model's np.where(p > 1, …, 0.0) takes 0 wherever "
+        "p = 1 (an object array there, the same numbers)",
 }

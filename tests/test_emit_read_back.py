@@ -260,6 +260,14 @@ def test_deepspeed_reads_back_every_planned_value(run, monkeypatch, tmp_path):
     assert (zero.offload_param is not None) == (offloaded == "params")
     if offloaded:
         assert zero.offload_optimizer.device == "cpu" and zero.offload_optimizer.pin_memory
+    # Megatron-LM's --clip-grad default (1.0) as DeepSpeed reads it; the buckets DeepSpeed's
+    # own defaults (the plan's DP model assumes no other)
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    assert config.gradient_clipping == 1.0
+    default = DeepSpeedZeroConfig()
+    assert (zero.reduce_bucket_size, zero.allgather_bucket_size) == (
+        default.reduce_bucket_size, default.allgather_bucket_size)
     env, _, nodes, gpus = test_deepspeed.launch(out)
     assert nodes * gpus == out.layout.world_size and gpus == min(8, out.layout.world_size)
     assert (env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1") == out.layout.sp

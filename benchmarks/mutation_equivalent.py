@@ -550,4 +550,11 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.schedules.registry.x__zbv_bubble__mutmut_70": "None for 0.0 where p = 1: "
         "ZBV needs pp ≥ 2, and the step model's np.where(p > 1, …, 0.0) takes 0 wherever "
         "p = 1 (an object array there, the same numbers)",
+    "shardwise.estimate.activations.x_activation_bytes_per_layer__mutmut_148": "the blend "
+        "also when full_share = 1 or no layer is fully checkpointed: 1·x + 0·y is x, and "
+        "where a layer is not checkpointed saved(full) is what it keeps — the same bits",
+    "shardwise.estimate.goodput.x__per_param__mutmut_3": "the checkpoint's bytes per "
+        "parameter without the grad dtype: it sets only the gradient bytes, which no "
+        "checkpoint holds (weight, master and moments alike for every grad dtype, bf16, fp16 "
+        "and fp32 × adam and sgd, checked)",
 }

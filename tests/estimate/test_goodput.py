@@ -281,3 +281,13 @@ def test_the_job_mtbf_counts_every_rank_and_youngs_interval_is_reported():
         math.sqrt(2 * float(timing["stall_s"]) * 50_000 * 3600 / 16), rel=1e-12)
     with pytest.raises(ShardwiseError, match="^mtbf "):
         interval_curve(10.0, -1.0, 60.0)
+
+
+def test_the_interval_curve_takes_a_restart_of_no_time():
+    """A job that restarts instantly (R = 0, allowed: `restart` ≥ 0) loses nothing to
+    restarts, e^(R/M) − 1 = 0 on every interval, and its total is the checkpoints' δ/τ plus
+    the lost work's (1 + δ/τ)·(rework factor − 1) alone."""
+    curve = interval_curve(10.0, 3600.0, 0.0)
+    assert np.all(np.asarray(curve["restart"]) == 0.0)
+    np.testing.assert_allclose(curve["total"], np.asarray(curve["checkpoint"])
+                               + np.asarray(curve["lost"]), rtol=1e-12)

@@ -539,8 +539,8 @@ EQUIVALENT: dict[str, str] = {
         "a capacity factor: the count exchange takes time wherever it is added (et·ep > 1); "
         "elsewhere the np.where that follows drops 0/0's nan",
     "shardwise.emit.deepspeed.x_deepspeed_config__mutmut_59": "\"GRADIENT_CLIPPING\" for "
-        "\"gradient_clipping\": DeepSpeed 0.19.8's DeepSpeedConfig reads the key in any case "
-        "(1.0 either way, checked with its parser)",
+        "\"gradient_clipping\": DeepSpeed 0.19.8 ignores the unknown key and clips at its "
+        "default, 1.0 (runtime/constants.py GRADIENT_CLIPPING_DEFAULT), the value written",
     "shardwise.stacks.splits.x_balanced_ends__mutmut_21": "z = 3 tried after every z in "
         "[-2, 2]: no stack's split of 2-129 layers over 2-16 stages is Balanced(a, 3) "
         "without being one of those (searched by hand)",

@@ -3,7 +3,8 @@ distinct rows of several columns are `np.unique(..., axis=0)`'s inverse."""
 
 import numpy as np
 
-from shardwise.plan.lines import _dense_ids
+from shardwise.plan.lines import _dense_ids, _Groups, _Runs
+from shardwise.plan.prune import BLOCK_CELLS, SEED_CELLS, _floor_lines
 
 
 def test_dense_ids_are_numpys_unique_rows_inverse():
@@ -30,8 +31,6 @@ def _floor_reference(fits: np.ndarray, floor: np.ndarray):
     """The seeds' reductions written plainly over the whole grid: numpy's min and first
     argmin per row and per column of the fitting floors, the first least non-fitting cell,
     the cells at most the SEED_CELLS-th least fitting floor (first 4·SEED_CELLS)."""
-    from shardwise.plan.prune import SEED_CELLS
-
     fit_floor = np.where(fits, floor, np.float32(np.inf))
     over = np.where(fits, np.float32(np.inf), floor).ravel()
     k = min(SEED_CELLS, int(fits.sum())) - 1
@@ -48,8 +47,6 @@ def test_floor_lines_over_row_slices_are_the_whole_grids():
     distinct floors tie across slices (the first row wins), with a first slice holding fewer
     fitting cells than SEED_CELLS, more tied cells than 4·SEED_CELLS, grids where nothing or
     everything fits, and floors that never tie."""
-    from shardwise.plan.prune import BLOCK_CELLS, SEED_CELLS, _floor_lines
-
     rng = np.random.default_rng(3)
     n_cols = 6
     n_rows = 3 * 8 * BLOCK_CELLS // n_cols + 1_000  # three full slices and a short one
@@ -82,8 +79,6 @@ def test_floor_lines_over_row_slices_are_the_whole_grids():
 def test_groups_sharing_runs_reduce_each_line_given():
     """Several axes' groups share one `_Runs`, which keeps the last line it reduced: a new
     line in between is reduced afresh (numpy's per-code least over the rows one by one)."""
-    from shardwise.plan.lines import _Groups, _Runs
-
     rng = np.random.default_rng(5)
     starts = np.array([0, 3, 4, 9, 10])  # runs of 3, 1, 5, 1 and 2 rows
     run = np.repeat(np.arange(5), np.diff(np.append(starts, 12)))

@@ -14,13 +14,14 @@ from shardwise.calibration import default_calibration
 from shardwise.errors import ShardwiseError
 from shardwise.estimate.step import estimate_step
 from shardwise.hardware import Cluster
-from shardwise.layout import Balanced, TrainSpec, stage_extremes
+from shardwise.layout import Balanced, Layout, TrainSpec, stage_extremes
 from shardwise.plan import (
     SearchSpace,
     _enumerate,
     _flatten,
     _Rejections,
     evaluate_candidates,
+    plan,
     prune,
 )
 from shardwise.plan.evaluate import (
@@ -361,9 +362,6 @@ def test_the_pruned_search_at_deepseek_v3s_published_scale_beats_its_scalar_base
     the models multiply them): the best row is no slower than the §7 baseline evaluated by
     the scalar model, whose rank lies within the fitting layouts, and the published layout
     without DeepSeek's memory techniques is refused as the scalar memory model refuses it."""
-    from shardwise.layout import Layout
-    from shardwise.plan import plan
-
     result = plan(get_model("deepseek-v3"), Cluster.of(2048, "h800"),
                   TrainSpec(seq_len=4096, global_batch=15360), top=3,
                   layout=Layout(dp=128, pp=16, ep=64, zero=1))

@@ -172,14 +172,23 @@ def stage_param_counts(model: ModelSpec, *, tp: Any, pp: Any, ep: Any, chunks: A
     (`layer_params`); the first stage adds the vocabulary-parallel embedding `V·h/t`, the
     stage `last` holding the head (default `pp-1`; 0 in the V of ZBV and DualPipeV,
     `ScheduleInfo.last_stage`) the final norm and the head `V·h/t` (a tied head is a second
-    copy when that is not stage 0). `geometry`: the stage's, when already built."""
+    copy when that is not stage 0). `geometry`: the stage's, when already built
+    (`param_geometry`)."""
     if geometry is None:
-        last = pp - 1 if last is None else last
-        layers = stage_layer_count(model, pp, chunks, stage, partition, placement)
-        moe_layers = moe_layers_on_stage(model, pp, chunks, stage, partition, placement)
-        geometry = StageGeometry(stage, layers, moe_layers, chunks, 0, 0, stage == 0,
-                                 stage == last, last, placement)
+        geometry = param_geometry(model, pp, chunks, stage, partition, last, placement)
     return geometry.params(model, tp, ep, etp)
+
+
+def param_geometry(model: ModelSpec, pp: Any, chunks: Any, stage: Any,
+                   partition: Partition = (), last: Any = None, placement: Placement = "loop"
+                   ) -> StageGeometry:
+    """The `StageGeometry` that `stage_param_counts` reads (`last`: the stage holding the
+    head, default `pp-1`; nothing in flight)."""
+    last = pp - 1 if last is None else last
+    layers = stage_layer_count(model, pp, chunks, stage, partition, placement)
+    moe_layers = moe_layers_on_stage(model, pp, chunks, stage, partition, placement)
+    return StageGeometry(stage, layers, moe_layers, chunks, 0, 0, stage == 0, stage == last,
+                         last, placement)
 
 
 def stage_params(model: ModelSpec, layout: Layout, stage: int) -> tuple[float, float]:

@@ -12,8 +12,11 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from shardwise.arch import ModelSpec
+from shardwise.estimate.geometry import StageGeometry, param_geometry
 from shardwise.estimate.memory import candidate_stages, placement_of, stage_param_counts
+from shardwise.estimate.rows import equal_rows
 from shardwise.layout import Partition, stage_extremes
+from shardwise.partition import Balanced
 from shardwise.placement import expert_tp_degree, members_per_node
 from shardwise.schedules.actions import Placement
 
@@ -26,15 +29,40 @@ def busiest_stage_params(model: ModelSpec, t: Any, p: Any, e: Any, v: Any,
     partition; of a `Balanced` one (the default) the memory model's `candidate_stages` — the
     first (embedding), the second (the busiest when the balanced split gives it an extra
     layer) and the last (head), or every stage where MoE layers are not spread evenly (dense
-    first layers, `moe_every > 1`: DeepSeek-V3's pp = 16 stage 2 holds more than stage 1)."""
+    first layers, `moe_every > 1`: DeepSeek-V3's pp = 16 stage 2 holds more than stage 1).
+    Their layers are counted once per distinct pipeline (`_candidate_geometry`)."""
     explicit = isinstance(partition, tuple) and partition
+    geometry = None if explicit else _candidate_geometry(model, p, v, partition, placement)
     stages = (np.arange(int(np.max(p))).reshape((-1,) + (1,) * np.ndim(p)) if explicit
-              else np.stack(candidate_stages(model, p)))  # explicit: one pp
+              else geometry.stage)  # explicit: one pp
     dense, expert = stage_param_counts(model, tp=t, pp=p, ep=e, chunks=v, stage=stages,
-                                       partition=partition, etp=etp, placement=placement)
+                                       partition=partition, etp=etp, placement=placement,
+                                       geometry=geometry)
     dense, expert = np.broadcast_arrays(dense, expert)
     pick = np.expand_dims(np.argmax(dense + expert, axis=0), 0)
     return (np.take_along_axis(dense, pick, 0)[0], np.take_along_axis(expert, pick, 0)[0])
+
+
+def _candidate_geometry(model: ModelSpec, p: Any, v: Any, partition: Partition,
+                        placement: Placement) -> StageGeometry:
+    """`param_geometry` of the `candidate_stages` (stacked on a first axis) of layouts with a
+    `Balanced` or the default partition, worked out once per distinct (pp, chunks,
+    placement, ends) and spread back: the same numbers, elementwise."""
+    ends = (partition.first_less, partition.last_less) if isinstance(partition, Balanced) else ()
+    inputs = (p, v, np.asarray(placement) == "v", *ends)
+    shape = np.broadcast_shapes(*(np.shape(x) for x in inputs))
+    if not shape:
+        return param_geometry(model, p, v, np.stack(candidate_stages(model, p)), partition,
+                              placement=placement)
+    columns = [np.broadcast_to(x, shape).ravel() for x in inputs]
+    first, group = equal_rows(columns)
+    pp, chunks, v_placed, *ends_of = (column[first] for column in columns)
+    stages = np.stack(candidate_stages(model, pp))  # (stages, distinct)
+    one = param_geometry(model, pp, chunks, stages, Balanced(*ends_of) if ends else (),
+                         placement=np.where(v_placed, "v", "loop"))
+    return StageGeometry(**{
+        name: value if not np.ndim(value) else np.broadcast_to(value, stages.shape)[:, group]
+        .reshape(stages.shape[:1] + shape) for name, value in vars(one).items()})
 
 
 class StageShape(NamedTuple):

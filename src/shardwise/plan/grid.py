@@ -14,6 +14,7 @@ from shardwise.arch import ModelSpec
 from shardwise.estimate.memory import layer_params
 from shardwise.hardware import Cluster
 from shardwise.layout import CP_KINDS, Balanced, Layout, TrainSpec, stage_partition
+from shardwise.layout_checks import layout_problems
 from shardwise.partition import FIXED, partition_problems
 from shardwise.plan.lines import _row_any
 from shardwise.plan.results import Rejection
@@ -149,12 +150,22 @@ def _structures(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sea
     allowed = {k: {v for v in full[k] if rule.allows(k, v)} for k in ("tp", "pp", "cp", "ep",
                                                                      "etp")}
     allowed["cp_kind"] = {k for k in range(len(CP_KINDS)) if rule.allows("cp_kind", CP_KINDS[k])}
+    # per pp: the partitions the constraint keeps, those the stack can split, and an example
+    # of one it cannot
+    wanted = {p: [ends for ends, split in options.items()
+                  if split_wanted is None or split_wanted == split]
+              for p, options in partitions.items()}
+    splits = {p: [ends for ends in kept if p == 1 or not split_refuses(
+        stack.split, model.n_layers, partitions[p][ends] or default_split[p], p)]
+        for p, kept in wanted.items()}
+    refused = {p: ",".join(map(str, next((partitions[p][ends] or default_split[p]
+                                          for ends in kept if ends not in splits[p]), ())))
+               for p, kept in wanted.items()}
     for t, p, (c, kind), e, et in itertools.product(full["tp"], full["pp"], cp_kinds,
                                                     full["ep"], full["etp"]):
         whole = per_full * len(partitions[p])
         dp = n_gpus // (t * p * c)
-        kept = [ends for ends, split in partitions[p].items()
-                if split_wanted is None or split_wanted == split]
+        kept = wanted[p]
         if (not (t in allowed["tp"] and p in allowed["pp"] and c in allowed["cp"]
                  and e in allowed["ep"] and et in allowed["etp"] and kind in allowed["cp_kind"])
                 or (n_gpus % (t * p * c) == 0 and not rule.allows("dp", dp))):
@@ -179,8 +190,8 @@ def _structures(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sea
             rejections.add("hybrid cp with every cp rank in one node or one per node (same as "
                            "Ulysses or ring)", region, category="duplicate")
             continue
-        problems = Layout(dp=dp, tp=t, pp=p, cp=c, ep=e, etp=et, cp_kind=CP_KINDS[kind],
-                          ulysses=u).problems(model)
+        problems = layout_problems(Layout(dp=dp, tp=t, pp=p, cp=c, ep=e, etp=et,
+                                          cp_kind=CP_KINDS[kind], ulysses=u), model)
         if c > 1 and not train.flash_attention:
             problems.append("context parallelism (ring attention) needs FlashAttention")
         elif c > 1 and s % (2 * c):
@@ -192,14 +203,10 @@ def _structures(model: ModelSpec, cluster: Cluster, train: TrainSpec, space: Sea
             rejections.add("more data-parallel replicas than sequences per step", region,
                            f"dp={dp} > global batch {gb}")
             continue
-        split = [ends for ends in kept if p == 1 or not split_refuses(
-            stack.split, model.n_layers, partitions[p][ends] or default_split[p], p)]
         rejections.add(f"{stack.name} cannot split the layers so ({SPLIT_RULES[stack.split]})",
-                       per_structure * (len(kept) - len(split)),
-                       f"pp={p}, layers " + ",".join(map(str, next(
-                           (partitions[p][ends] or default_split[p] for ends in kept
-                            if ends not in split), ()))))
-        rows += [(t, p, c, e, dp, a, z, et, kind, u) for a, z in split]
+                       per_structure * (len(kept) - len(splits[p])),
+                       f"pp={p}, layers {refused[p]}")
+        rows += [(t, p, c, e, dp, a, z, et, kind, u) for a, z in splits[p]]
     return rows, grid, axes, partitions
 
 

@@ -63,7 +63,11 @@ from shardwise.plan.space import SearchSpace
 # faster (benchmarks/bench_planner.py's third table, 2026-12-06; from 120 K to 370 K the
 # faster one depends on the grid: its pipeline depths cost the pruned search most)
 PRUNE_ABOVE = 250_000
-BLOCK_CELLS = 1 << 17  # cells per memory / floor block (bounds the temporaries)
+BLOCK_CELLS = 1 << 17  # cells per floor block and timed piece (bounds the temporaries)
+# cells per memory block: its per-run work is many short numpy calls, which hold the GIL
+# between them; blocks this large keep the threads in numpy's loops (2 M cells: ~16 MB per
+# float64 temporary)
+MEMORY_BLOCK_CELLS = 1 << 21
 _THREAD_CELLS = 16_384  # the least cells a thread times at once (below: not worth a start)
 SEED_CELLS = 4_096  # the first step times: the fitting layouts of smallest floor
 POSITION_CELLS = 100_000  # step times a rank may add before it is reported as bounds
@@ -145,7 +149,7 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
     n_rows, n_cols = valid.shape
     shared = shared_costs(model, cluster, train, cand, calib)
     geometries = RunGeometries(model, cand)
-    step = max(1, BLOCK_CELLS // n_cols)
+    step = max(1, MEMORY_BLOCK_CELLS // n_cols)
     blocks = [rows[start:start + step] for rows in geometries.by_stages()
               for start in range(0, len(rows), step)]
     # the memory grid is reduced block by block, never held whole: which cells fit, the

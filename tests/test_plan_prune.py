@@ -262,7 +262,7 @@ def test_the_dp_floor_is_the_exposed_dp_traffic_where_it_is_not_overlapped(impl,
     shared = shared_costs(spec, cluster, train, cand, cal)
     with ThreadPoolExecutor(2) as pool:
         floor = prune._floor(spec, cluster, train, cand, shared, pool,
-                             RunGeometries(spec, cand).first)
+                             RunGeometries(spec, cand).first)()
     valid = cand["_valid"]
     rows = np.arange(valid.shape[0])
     dp = dp_floor(train, cand, shared, run_shapes(spec, cand, shared, rows), rows, rows)
@@ -331,7 +331,7 @@ def test_the_grid_floor_is_float32_rounded_down_from_the_float64_bound():
     shared = shared_costs(spec, cluster, train, cand, cal)
     with ThreadPoolExecutor(2) as pool:
         floor = _floor(spec, cluster, train, cand, shared, pool,
-                       RunGeometries(spec, cand).first)
+                       RunGeometries(spec, cand).first)()
     valid = cand["_valid"]
     assert floor.dtype == np.float32 and floor.shape == valid.shape
     assert np.all(np.isinf(floor[~valid])) and np.all(np.isfinite(floor[valid]))

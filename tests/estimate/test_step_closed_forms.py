@@ -569,3 +569,28 @@ def test_stages_one_node_apart_send_over_the_inter_node_link():
     busy = (A_IN + size / B_IN) / p2p
     pp = 2 * (p - 1) * p2p + kappa * busy * 2 * v * M * p2p
     assert terms["pp_comm"] == pytest.approx(pp, rel=1e-12)
+
+
+def test_busiest_stage_params_of_arrays_of_pipelines_each_as_its_own_layout():
+    """Arrays of layouts that repeat and mix their pipelines (pp 2 and 4, chunks 1 and 2, the
+    loop and the V placement, balanced ends (1, 1), (0, 1) and (0, 0)) and their tp, ep: each
+    element is the most over every stage of its own layout's per-stage counts, one layout
+    at a time. MLA with a dense first layer and a shared expert, MoE every second layer
+    after it (layers 1, 3, 5, 7): the loop's stage 1 of pp 4 × 2 chunks holds layers 1 and 5,
+    the V's 1 and 6; pp 4 holds 3 layers on its busiest stage with ends (1, 1) or (0, 1), 2 with (0, 0)."""
+    from shardwise.partition import Balanced
+
+    model = get_model("tiny-deepseek").with_(n_layers=8, moe_every=2)
+    rows = [(2, 4, 1, "loop", 1, 1, 2), (1, 2, 1, "loop", 0, 1, 4), (2, 4, 2, "v", 0, 0, 2),
+            (2, 4, 1, "loop", 1, 1, 4), (1, 4, 2, "loop", 0, 0, 2), (2, 2, 2, "v", 0, 0, 4),
+            (1, 2, 1, "loop", 0, 1, 2), (2, 4, 2, "v", 0, 0, 4), (2, 4, 2, "loop", 0, 0, 2),
+            (2, 4, 1, "loop", 0, 0, 2), (2, 4, 1, "loop", 0, 1, 2)]
+    t, p, v, placement, a, z, e = (np.array(column) for column in zip(*rows, strict=True))
+    dense, expert = busiest_stage_params(model, t, p, e, v, Balanced(a, z), 0, placement)
+    for i, (ti, pi, vi, pl, ai, zi, ei) in enumerate(rows):
+        every = [stage_param_counts(model, tp=ti, pp=pi, ep=ei, chunks=vi, stage=s,
+                                    partition=Balanced(ai, zi), placement=pl)
+                 for s in range(pi)]
+        want = max(every, key=lambda counts: counts[0] + counts[1])
+        assert (float(dense[i]), float(expert[i])) == (float(want[0]), float(want[1]))
+    assert len({(float(d), float(x)) for d, x in zip(dense, expert, strict=True)}) > 3

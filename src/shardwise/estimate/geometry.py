@@ -180,10 +180,11 @@ def stage_param_counts(model: ModelSpec, *, tp: Any, pp: Any, ep: Any, chunks: A
 
 
 def param_geometry(model: ModelSpec, pp: Any, chunks: Any, stage: Any,
-                   partition: Partition = (), last: Any = None, placement: Placement = "loop"
+                   partition: Partition = (), last: Any = None, placement: Any = "loop"
                    ) -> StageGeometry:
     """The `StageGeometry` that `stage_param_counts` reads (`last`: the stage holding the
-    head, default `pp-1`; nothing in flight)."""
+    head, default `pp-1`; `placement` a `Placement` or an array of them; nothing in
+    flight)."""
     last = pp - 1 if last is None else last
     layers = stage_layer_count(model, pp, chunks, stage, partition, placement)
     moe_layers = moe_layers_on_stage(model, pp, chunks, stage, partition, placement)

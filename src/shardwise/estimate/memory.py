@@ -443,7 +443,7 @@ def peak_stage_total_runs(model: ModelSpec, train: TrainSpec, *, first: Any, run
         # of whole rows: several times numpy's fancy indexing of few columns)
         total = np.ascontiguousarray(np.broadcast_to(activations + logits, (len(first), cols))
                                      ).take(run, axis=0)
-        np.add(total, np.repeat(held_row, cols, axis=1).take(of_row, axis=0), out=total)
+        np.add(total, held_row.take(of_row, axis=0), out=total)  # (rows, 1) broadcast
         best = total if best is None else np.maximum(best, total, out=best)
     return best
 

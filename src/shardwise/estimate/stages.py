@@ -31,20 +31,20 @@ def busiest_stage_params(model: ModelSpec, t: Any, p: Any, e: Any, v: Any,
     layer) and the last (head), or every stage where MoE layers are not spread evenly (dense
     first layers, `moe_every > 1`: DeepSeek-V3's pp = 16 stage 2 holds more than stage 1).
     Their layers are counted once per distinct pipeline (`_candidate_geometry`)."""
-    explicit = isinstance(partition, tuple) and partition
-    geometry = None if explicit else _candidate_geometry(model, p, v, partition, placement)
-    stages = (np.arange(int(np.max(p))).reshape((-1,) + (1,) * np.ndim(p)) if explicit
-              else geometry.stage)  # explicit: one pp
-    dense, expert = stage_param_counts(model, tp=t, pp=p, ep=e, chunks=v, stage=stages,
-                                       partition=partition, etp=etp, placement=placement,
-                                       geometry=geometry)
+    if isinstance(partition, tuple) and partition:  # explicit: one pp
+        stages = np.arange(int(np.max(p))).reshape((-1,) + (1,) * np.ndim(p))
+        dense, expert = stage_param_counts(model, tp=t, pp=p, ep=e, chunks=v, stage=stages,
+                                           partition=partition, etp=etp, placement=placement)
+    else:
+        dense, expert = _candidate_geometry(model, p, v, partition, placement).params(
+            model, t, e, etp)
     dense, expert = np.broadcast_arrays(dense, expert)
     pick = np.expand_dims(np.argmax(dense + expert, axis=0), 0)
     return (np.take_along_axis(dense, pick, 0)[0], np.take_along_axis(expert, pick, 0)[0])
 
 
 def _candidate_geometry(model: ModelSpec, p: Any, v: Any, partition: Partition,
-                        placement: Placement) -> StageGeometry:
+                        placement: Any) -> StageGeometry:
     """`param_geometry` of the `candidate_stages` (stacked on a first axis) of layouts with a
     `Balanced` or the default partition, worked out once per distinct (pp, chunks,
     placement, ends) and spread back: the same numbers, elementwise."""
@@ -60,9 +60,10 @@ def _candidate_geometry(model: ModelSpec, p: Any, v: Any, partition: Partition,
     stages = np.stack(candidate_stages(model, pp))  # (stages, distinct)
     one = param_geometry(model, pp, chunks, stages, Balanced(*ends_of) if ends else (),
                          placement=np.where(v_placed, "v", "loop"))
-    return StageGeometry(**{
+    spread: dict[str, Any] = {
         name: value if not np.ndim(value) else np.broadcast_to(value, stages.shape)[:, group]
-        .reshape(stages.shape[:1] + shape) for name, value in vars(one).items()})
+        .reshape(stages.shape[:1] + shape) for name, value in vars(one).items()}
+    return StageGeometry(**spread)
 
 
 class StageShape(NamedTuple):

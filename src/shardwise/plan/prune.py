@@ -16,6 +16,7 @@ step times is given as the bounds it lies between. Details: docs/concepts/planne
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -167,7 +168,9 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
                                     int(block[at // n_cols]) * n_cols + at % n_cols)
 
     with ThreadPoolExecutor(_THREADS) as pool:  # numpy's loops release the GIL
-        pending = pool.map(fill, blocks)  # started; meanwhile what needs no memory
+        # started, the floor's blocks first (the longer ones); meanwhile what needs neither
+        floor_of = _floor(model, cluster, train, cand, shared, pool, geometries.first)
+        pending = pool.map(fill, blocks)
         codes = {axis: _codes(cand, axis) for axis in (*_ROW_AXES, *_COL_AXES)}
         # a run's axes are reduced per run, then per code
         runs = _Runs(geometries.first)
@@ -177,7 +180,7 @@ def prune_evaluate(model: ModelSpec, cluster: Cluster, train: TrainSpec,
         # cp_kind's code for layouts without context parallelism names no alternative
         values = {axis: [v for v in groups[axis].present(lines[groups[axis].on_rows])
                          if not (axis == "cp_kind" and v == len(CP_KINDS))] for axis in codes}
-        floor = _floor(model, cluster, train, cand, shared, pool, geometries.first)
+        floor = floor_of()
         reduced = list(pending)
     state = _State(model, cluster, train, cand, shared, floor, fits, valid)
     lines = {True: row_low, False: np.min([col for col, _ in reduced], axis=0)}
@@ -466,11 +469,13 @@ def find_cell(cand: dict[str, Any], layout: Layout, n_layers: int) -> int | None
 
 
 def _floor(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[str, Any],
-           shared: Any, pool: ThreadPoolExecutor, first: np.ndarray) -> np.ndarray:
+           shared: Any, pool: ThreadPoolExecutor, first: np.ndarray
+           ) -> Callable[[], np.ndarray]:
     """Each cell's floor, in float32 rounded down so that it stays a lower bound (inf where
     not valid): `evaluate.step_floor` once per run of rows that differ only in ZeRO (stage,
     group), plus each row's `evaluate.dp_floor` from its run's stage shape; in blocks of
-    runs on `pool`'s threads. `first`: each run's first row (`evaluate.RunGeometries`)."""
+    runs started on `pool`'s threads, assembled by the function returned (which waits for
+    them). `first`: each run's first row (`evaluate.RunGeometries`)."""
     valid = cand["_valid"]
     n_rows, n_cols = valid.shape
     step = max(1, BLOCK_CELLS // n_cols)
@@ -487,11 +492,16 @@ def _floor(model: ModelSpec, cluster: Cluster, train: TrainSpec, cand: dict[str,
         of_row = np.repeat(np.arange(len(block)), stop - block)  # each row's run in `block`
         per_row[rows] = dp_floor(train, cand, shared, shapes, rows, of_row) * (1 - 1e-6)
 
-    list(pool.map(fill, range(0, len(first), step)))
-    floor = np.repeat(per_run, ends - first, axis=0)  # the run's floor on each of its rows
-    floor += per_row[:, None]
-    floor[~valid] = np.inf
-    return floor
+    pending = pool.map(fill, range(0, len(first), step))
+
+    def assemble() -> np.ndarray:
+        list(pending)
+        floor = np.repeat(per_run, ends - first, axis=0)  # the run's floor on each of its rows
+        floor += per_row[:, None]
+        floor[~valid] = np.inf
+        return floor
+
+    return assemble
 
 
 def _floor_lines(fits: np.ndarray, floor: np.ndarray

@@ -42,7 +42,7 @@ RECORDS = OUT.with_suffix(".json")
 # tests are every test file that imports one of them (`tests_of`)
 MODULES = {
     "comm": ["estimate/comm.py"], "memory": ["estimate/memory.py"],
-    "compute": ["estimate/compute.py"], "step": ["estimate/step.py"],
+    "compute": ["estimate/compute.py"], "step": ["estimate/step.py", "estimate/stages.py"],
     "context": ["estimate/context.py"], "profiles": ["estimate/profiles.py"],
     "check": ["estimate/check/*"], "state": ["estimate/state.py"],
     "activations": ["estimate/activations.py"], "axes": ["estimate/axes.py"],

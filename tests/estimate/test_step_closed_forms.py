@@ -594,3 +594,29 @@ def test_busiest_stage_params_of_arrays_of_pipelines_each_as_its_own_layout():
         want = max(every, key=lambda counts: counts[0] + counts[1])
         assert (float(dense[i]), float(expert[i])) == (float(want[0]), float(want[1]))
     assert len({(float(d), float(x)) for d, x in zip(dense, expert, strict=True)}) > 3
+
+
+def test_busiest_stage_params_of_an_explicit_partition_over_arrays_of_layouts():
+    """An explicit partition (the planner's fixed one, `--fix partition=…`) with arrays of
+    three layouts of that pp: each element is the most over the partition's stages of its
+    own tp and ep (stage 1 holds 4 of the 8 layers: 3 MoE), one layout at a time."""
+    model = get_model("tiny-deepseek").with_(n_layers=8)
+    split = (2, 4, 1, 1)
+    t, e = np.array([1, 2, 2]), np.array([2, 2, 4])
+    dense, expert = busiest_stage_params(model, t, np.array([4, 4, 4]), e, np.array([1, 1, 1]),
+                                         split)
+    for i in range(3):
+        every = [stage_param_counts(model, tp=int(t[i]), pp=4, ep=int(e[i]), chunks=1, stage=s,
+                                    partition=split) for s in range(4)]
+        want = max(every, key=lambda counts: counts[0] + counts[1])
+        assert (float(dense[i]), float(expert[i])) == (float(want[0]), float(want[1]))
+
+
+def test_estimate_step_without_a_training_spec_runs_the_default_one():
+    """`train` left out is `TrainSpec()`, the documented default."""
+    from shardwise.estimate.step import estimate_step
+
+    model, cluster = get_model("tiny-deepseek"), Cluster.of(8, "h100")
+    layout = Layout(dp=2, tp=2, pp=2, ep=2)
+    assert estimate_step(model, cluster, layout).total == \
+        estimate_step(model, cluster, layout, TrainSpec()).total

@@ -199,3 +199,25 @@ def test_stage_terms_at_their_defaults_and_edges():
 def test_the_peak_names_the_gradients_when_they_are_its_largest_term():
     grads = MemoryBreakdown(0, 1, 10.0, 50.0, 20.0, 5.0, 0.0, 0.0, 1, (("loss buffer", 1.0),))
     assert (grads.peak, grads.peak_term) == (86.0, "grads")
+
+
+def test_the_peak_names_the_weights_when_they_are_its_largest_term():
+    weights = MemoryBreakdown(0, 1, 60.0, 10.0, 20.0, 5.0, 0.0, 0.0, 1, (("loss buffer", 1.0),))
+    assert (weights.peak, weights.peak_term) == (96.0, "weights")
+
+
+def test_the_gradient_bucket_holds_the_largest_layer_with_its_experts_split_by_etp():
+    """ZeRO-2's gradient bucket: the largest layer's gradients (fp64), the MoE layer with its
+    local experts, which etp = 1 leaves whole (8/ep = 4 of d_ff 32; tp = 2 splits only the
+    shared expert and attention)."""
+    layout = Layout.parse("tp=2,ep=2,etp=1,dp=4,zero=2")
+    stage = training_memory_per_gpu(DS, layout, TRAIN)[0]
+    experts = 8 / 2 * 3 * 64 * 32  # ÷ ep only
+    assert dict(stage.transients)["gradient bucket"] == max(DENSE, MOE + experts) * F64
+
+
+def test_a_layout_the_training_spec_refuses_is_refused():
+    """The global batch (16) is no multiple of dp·micro_batch = 3·1: refused with the
+    training spec's reason, not estimated."""
+    with pytest.raises(ShardwiseError, match="global batch 16 is not a multiple"):
+        training_memory_per_gpu(get_model("tiny"), Layout(dp=3), TRAIN)

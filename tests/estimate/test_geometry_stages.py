@@ -215,3 +215,47 @@ def test_a_last_stage_one_moe_layer_short_of_another_keeps_its_own_composition()
     assert [moe_layers_on_stage(model, 5, 1, s) for s in range(5)] == [1, 2, 1, 2, 1]
     for row in range(2):
         assert sorted({int(k[row]) for k in kept}) == [0, 1, 2, 4]
+
+
+def test_stage_zero_of_an_array_mixing_dualpipe_and_1f1b_holds_the_embedding():
+    """Stage 0 of both: DualPipe's rank holds stages 0 and 3 (both ends), 1F1B's the first."""
+    codes = np.array([Layout.parse("pp=4,schedule=dualpipe").codes()["schedule"],
+                      Layout.parse("pp=4").codes()["schedule"]])
+    geo = StageGeometry.of(DS8, pp=np.array([4, 4]), chunks=np.array([1, 1]),
+                           stage=np.array([0, 0]), schedule=codes, m=np.array([8, 8]))
+    assert [bool(x) for x in geo.first] == [True, True]
+    assert [bool(x) for x in geo.last] == [True, False]
+    dense, _ = geo.params(DS8, 2, 2)
+    assert float(dense[1]) == DENSE + MOE + EMBED  # layers 0 (dense) and 1
+
+
+def test_gpt_oss_attention_sinks_split_over_tp():
+    """gpt-oss's attention holds one sink logit per query head (`sinks`, shape (a,)), split
+    with the heads: a/t per rank."""
+    from shardwise.estimate.geometry import layer_params
+
+    model = get_model("gpt-oss-20b")
+    with_sinks = layer_params(model, 2, 1)[0]
+    without = layer_params(model.with_(attention_sinks=False), 2, 1)[0]
+    assert with_sinks - without == model.n_heads / 2
+
+
+def test_a_middle_stage_and_the_last_of_one_moe_count_stay_apart():
+    """7 layers over pp = 3 as (1, 4, 2), MoE every third layer (2 and 5): stage 1 holds
+    layers 1-4 (one MoE), the last layers 5-6 (one MoE) and the head — two compositions,
+    both evaluated though stage 1 holds more in flight; the peak is the most of every
+    stage's total."""
+    from shardwise.estimate.memory import peak_stage_total, training_memory_per_gpu
+    from shardwise.layout import TrainSpec
+
+    model = get_model("tiny-deepseek").with_(n_layers=7, moe_every=3, first_dense_layers=0,
+                                             vocab=32000)
+    layout = Layout.parse("pp=3,tp=2,ep=2,dp=2").with_(partition=(1, 4, 2))
+    train = TrainSpec(seq_len=64, global_batch=16)
+    reps = distinct_stages(model, 3, [0, 1, 2], chunks=1, schedule=1, m=8,
+                           partition=(1, 4, 2))
+    assert sorted(int(r) for r in reps) == [0, 1, 2]
+    stages = training_memory_per_gpu(model, layout, train)
+    assert stages[2].total > stages[1].total  # the head's logits
+    codes = layout.codes() | {"m": layout.microbatches(train), "partition": (1, 4, 2)}
+    assert float(peak_stage_total(model, train, **codes)) == max(s.total for s in stages)

@@ -503,3 +503,58 @@ def test_tiers_of_a_goodput_ranking_are_of_the_effective_step():
     value = resolution(result.cluster.accelerator.name, result.train.impl)[0]
     assert tiers([e.figure() for e in ranked], value) == [1, 1, 1]  # one step-time tier
     assert list(tiering(spread).tier) == [1, 2, 3]
+
+
+@pytest.mark.parametrize(("key", "value"), [("tp", 8), ("pp", 3), ("cp", 4), ("ep", 8),
+                                            ("etp", 2), ("micro_batch", 3)])
+def test_each_fixed_degree_outside_the_grid_is_added_and_is_the_only_one_allowed(key, value):
+    grid, allowed = SearchSpace(constraint=Constraint.parse(f"{key}={value}")).constrained(AXES)
+    assert grid[key] == sorted([*AXES[key], value]) and allowed[key] == [value]
+
+
+def test_a_deepspeed_stack_searches_its_own_split_of_an_odd_layer_count():
+    """Megatron-DeepSpeed over pp = 2 splits 7 layers 4, 3 (the first `L mod pp` stages one
+    more): the grid holds that split, which no other stack's searched partitions include."""
+    from shardwise.layout import Layout
+    from shardwise.plan.grid import partition_ends
+
+    model = MODEL.with_(n_layers=7)
+    train = TrainSpec(seq_len=64, global_batch=16, impl="megatron-deepspeed")
+    cand, _ = _enumerate(model, CLUSTER, train, SearchSpace(), _Rejections())
+    layout = Layout(pp=2, dp=4, partition=(4, 3))
+    ((a, z),) = partition_ends(cand, layout, 7)
+    at_pp2 = np.asarray(cand["pp"])[:, 0] == 2
+    assert at_pp2.any()
+    assert set(zip(np.asarray(cand["first_less"])[at_pp2, 0],
+                   np.asarray(cand["last_less"])[at_pp2, 0], strict=True)) == {(a, z)}
+
+
+def test_the_grid_widens_its_fields_where_a_value_passes_int32():
+    """A global batch of 3·2**30 sequences on one GPU: micro-batch 1 runs 3·2**30 of them,
+    past int32 (2**31 - 1), so the grid keeps int64 and the count exact."""
+    cand, _ = _enumerate(get_model("tiny"), Cluster.of(1, "h100"),
+                         TrainSpec(seq_len=64, global_batch=3 * 2**30), SearchSpace(),
+                         _Rejections())
+    assert int(np.max(cand["m"])) == 3 * 2**30
+
+
+def test_the_baseline_says_when_no_layout_satisfies_the_divisibility_rules():
+    """One sequence per step on 8 GPUs: dp = 1, so tp·pp = 8 — but 4 heads allow tp ≤ 4 and
+    3 layers pp ∈ {1, 3}, and a sequence of 66 no context parallelism (2·cp must divide
+    it): no layout."""
+    from shardwise.errors import ShardwiseError
+    from shardwise.plan import choose_parallelism
+
+    with pytest.raises(ShardwiseError) as err:
+        choose_parallelism(get_model("tiny").with_(n_layers=3), Cluster.of(8, "h100"),
+                           TrainSpec(seq_len=66, global_batch=1))
+    assert str(err.value) == "no layout satisfies the divisibility rules"
+
+
+def test_a_fixed_recompute_the_stack_does_not_search_is_refused_with_its_options():
+    train = TrainSpec(seq_len=64, global_batch=16, impl="megatron-deepspeed")
+    space = SearchSpace(constraint=Constraint.parse("recompute=op-sac"))
+    with pytest.raises(Exception) as err:
+        space.resolve(MODEL, CLUSTER, train)
+    assert str(err.value) == ("--fix recompute=op-sac: the megatron-deepspeed search has no "
+                              "op-sac recompute; valid: none, selective, full")

@@ -64,8 +64,8 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.plan.lines.x__ranks__mutmut_8": "5·n for 4·n: where the table or np.unique "
                                                "is used; both give the same ranks",
     "shardwise.plan.prune.x_prune_evaluate__mutmut_26": "max(2, …) for max(1, …): "
-                                                        "BLOCK_CELLS // n_cols is thousands "
-                                                        "(n_cols ≤ 8)",
+                                                        "MEMORY_BLOCK_CELLS // n_cols is "
+                                                        "hundreds of thousands (n_cols ≤ 8)",
     "shardwise.plan.evaluate.x_step_floor__mutmut_10": "np.zeros_like(None) is an object 0: "
                                                        "ZeRO stage 0 all the same",
     "shardwise.plan.grid.x__expand__mutmut_24": "np.array of Python ints without a dtype is "
@@ -143,8 +143,8 @@ EQUIVALENT: dict[str, str] = {
     **{f"{_G}{name}": "\"LOOP\" for \"loop\": virtual_stage treats every placement but "
        "\"v\" as the loop" for name in ("placement_of__mutmut_23",
                                           "stage_layer_count__mutmut_2")},
-    f"{_G}stage_param_counts__mutmut_47": "placement None in a geometry whose params() "
-                                          "never reads its placement",
+    f"{_G}param_geometry__mutmut_44": "placement None in a geometry whose params() never "
+                                      "reads its placement",
     "shardwise.estimate.memory.x_stage_memory__mutmut_7": "default generation \"HOPPER\": "
                                                           "only \"blackwell\" is told apart",
     # pipe-fix (schedules)
@@ -527,8 +527,8 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.estimate.memory.x_stage_memory__mutmut_78": "the stage's geometry worked "
         "out again from the same arguments instead of taken: the callers pass "
         "StageGeometry.of's own (distinct_geometries), the same fields",
-    "shardwise.estimate.memory.x_peak_stage_total_runs__mutmut_169": "np.maximum into a new "
-        "array instead of in place: the same values",
+    **{f"shardwise.estimate.memory.x_peak_stage_total_runs__mutmut_{n}": "np.maximum into "
+       "a new array instead of in place: the same values" for n in (159, 162)},
     "shardwise.estimate.geometry.x_stage_layer_count__mutmut_26": "chunk 1's count for "
         "chunk 0's: under the default and Balanced partitions every chunk of a stage holds "
         "as many layers (interleaving needs pp·chunks to divide them; Balanced splits run "
@@ -557,4 +557,27 @@ EQUIVALENT: dict[str, str] = {
         "parameter without the grad dtype: it sets only the gradient bytes, which no "
         "checkpoint holds (weight, master and moments alike for every grad dtype, bf16, fp16 "
         "and fp32 × adam and sgd, checked)",
+    # memory and geometry, seed 11's samples of 60 (the others of their survivors are killed)
+    "shardwise.estimate.memory.xǁMemoryBreakdownǁ_peak_parts__mutmut_27": "default (\"\", "
+        "1.0) when no transient runs during the backward: its value is read only under "
+        "`if name:`, and its name is \"\"",
+    "shardwise.estimate.memory.x_training_memory_per_gpu__mutmut_3": "default generation "
+        "\"XXhopperXX\": only \"blackwell\" is told apart",
+    f"{_G}moe_layers_on_stage__mutmut_1": "default placement \"XXloopXX\": virtual_stage "
+                                          "treats anything but \"v\" as the loop",
+    f"{_G}param_geometry__mutmut_35": "stage None in the geometry: params() never reads the "
+                                      "stage (its callers pass the stages they count)",
+    f"{_G}distinct_stages__mutmut_9": "the rows' shape taken as (): the arrays go to "
+                                      "_distinct as given, every row's stages worked out "
+                                      "without grouping equal rows, the same representatives",
+    f"{_G}_unique_rows__mutmut_39": "zip without strict=True: one radix per column",
+    f"{_G}_distinct__mutmut_126": "order[k:k + 2] for order[k:k + 1]: take_along_axis(…)[0] "
+                                  "reads row k either way",
+    # plan, seed 11's sample of 100 (the others of its 8 survivors are killed)
+    "shardwise.plan.prune.xǁ_Liveǁneeded__mutmut_57": "None for False into a bool array: "
+        "numpy stores None as False",
+    "shardwise.plan.evaluate.x__per_pair__mutmut_93": "np.zeros_like(None), an object 0: "
+        "the packed codes become Python ints, the same keys, np.unique's same order",
+    "shardwise.plan.evaluate.x_cell_terms__mutmut_63": "np.asarray without dtype=float: "
+        "every term step_terms returns for the grid's cells is float64 already",
 }

@@ -561,6 +561,8 @@ EQUIVALENT: dict[str, str] = {
     "shardwise.estimate.memory.xǁMemoryBreakdownǁ_peak_parts__mutmut_27": "default (\"\", "
         "1.0) when no transient runs during the backward: its value is read only under "
         "`if name:`, and its name is \"\"",
+    "shardwise.estimate.memory.constant_L291_C23": "_StageParams.weights_fp8's default 1.0 "
+        "for 0.0: read only under an FP8 recipe, where `_StageParams.of` sets it",
     "shardwise.estimate.memory.x_training_memory_per_gpu__mutmut_3": "default generation "
         "\"XXhopperXX\": only \"blackwell\" is told apart",
     f"{_G}moe_layers_on_stage__mutmut_1": "default placement \"XXloopXX\": virtual_stage "
